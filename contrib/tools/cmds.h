@@ -1,0 +1,16 @@
+/* cmds.h: the subcommands of resident-model, one function each. */
+#ifndef RESIDENT_CMDS_H
+#define RESIDENT_CMDS_H
+
+/*
+ * Each takes the arguments from the subcommand's name on (argv[0] is the
+ * name), prints its errors to stderr as "resident-model NAME: message",
+ * and returns the process exit code.
+ */
+
+/* dequant FILE OUTDIR: writes tensor i of a GGUF as OUTDIR/<i>.f32. */
+int cmd_dequant(int argc, char **argv);
+/* quantize TYPE IN.f32 OUT.bin: raw float32 in, raw blocks out. */
+int cmd_quantize(int argc, char **argv);
+
+#endif

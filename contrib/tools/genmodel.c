@@ -1,0 +1,553 @@
+/*
+ * genmodel.c: writes random-weight models of named shapes.
+ *
+ * Every value is a function of (seed, GGUF tensor name, row, column) only, so
+ * the GGUF and safetensors files of one shape and seed hold the same weights
+ * and rows can be generated in parallel without changing the output. The
+ * quantization plan follows llama.cpp's Q4_K_M, so the files look like the
+ * ones users download.
+ */
+#include "config.h"
+#include "genmodel.h"
+#include "genvocab.h"
+#include "chat.h"
+#include "gguf.h"
+#include "model.h"
+#include "quant.h"
+#include "safetensors.h"
+#include "util.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+struct gen_shape {
+	const char *name;
+	enum model_arch arch;
+	const char *vocab;   /* genvocab flavour */
+	int32_t n_vocab, n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, n_ctx;
+	float rope_theta, norm_eps;
+	int32_t sliding_window;
+	int tied;
+};
+
+static const struct gen_shape shapes[] = {
+	{ "tiny", ARCH_LLAMA, "llama3", 1024, 256, 2, 4, 2, 64, 512, 2048, 500000, 1e-5f, 0, 0 },
+	{ "tiny-qwen2", ARCH_QWEN2, "qwen2", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 1 },
+	{ "tiny-qwen3", ARCH_QWEN3, "qwen2", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 1 },
+	{ "tiny-gemma3", ARCH_GEMMA3, "gemma", 1024, 256, 6, 4, 1, 64, 512, 2048, 1e6f, 1e-6f, 16, 1 },
+	{ "llama3-1b", ARCH_LLAMA, "llama3", 128256, 2048, 16, 32, 8, 64, 8192, 131072, 500000, 1e-5f, 0, 1 },
+	{ "llama3-8b", ARCH_LLAMA, "llama3", 128256, 4096, 32, 32, 8, 128, 14336, 131072, 500000, 1e-5f, 0, 0 },
+	{ "qwen2-0.5b", ARCH_QWEN2, "qwen2", 151936, 896, 24, 14, 2, 64, 4864, 32768, 1e6f, 1e-6f, 0, 1 },
+	{ "qwen3-0.6b", ARCH_QWEN3, "qwen2", 151936, 1024, 28, 16, 8, 128, 3072, 40960, 1e6f, 1e-6f, 0, 1 },
+	{ "gemma3-270m", ARCH_GEMMA3, "gemma", 262144, 640, 18, 4, 1, 256, 2048, 32768, 1e6f, 1e-6f, 512, 1 },
+};
+
+/* What a tensor holds decides how its values are drawn. */
+enum gen_kind { K_EMBD, K_LINEAR, K_NORM, K_BIAS };
+
+struct gen_tensor {
+	char name[96];
+	enum gen_kind kind;
+	int n_dims;
+	int64_t ne[2];
+	int layer;          /* -1 for global tensors */
+	int permute_heads;  /* GGUF llama Q/K: rows permuted for ROPE_NORM; the head count */
+	uint32_t type;
+};
+
+enum gen_type { G_F32, G_F16, G_BF16, G_Q8_0, G_Q4_K_M };
+
+static const struct { const char *name; enum gen_type t; uint32_t file_type; } gen_types[] = {
+	{ "f32", G_F32, 0 }, { "f16", G_F16, 1 }, { "bf16", G_BF16, 32 },
+	{ "q8_0", G_Q8_0, 7 }, { "q4_k_m", G_Q4_K_M, 15 },
+};
+
+void
+genmodel_list_shapes(void)
+{
+	size_t i;
+
+	for (i = 0; i < ARRAY_LEN(shapes); i++) {
+		const struct gen_shape *s = &shapes[i];
+
+		printf("%-12s %-7s vocab %6d  embd %5d  layers %2d  heads %2d/%d  ff %5d\n", s->name,
+		    model_arch_name(s->arch), s->n_vocab, s->n_embd, s->n_layer, s->n_head,
+		    s->n_head_kv, s->n_ff);
+	}
+}
+
+/* ---- values ---- */
+
+/* splitmix64: a well-mixed 64-bit step, for seeding. */
+static uint64_t
+mix64(uint64_t x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+/* FNV-1a of a tensor name. */
+static uint64_t
+name_hash(const char *s)
+{
+	uint64_t h = 1469598103934665603ull;
+
+	while (*s)
+		h = (h ^ (uint8_t)*s++) * 1099511628211ull;
+	return h;
+}
+
+/* Row index of the Hugging Face layout that GGUF llama row r holds (convert_hf_to_gguf's permute). */
+static int64_t
+hf_row(const struct gen_tensor *t, int64_t r)
+{
+	int64_t hd, h, rem;
+
+	if (t->permute_heads == 0)
+		return r;
+	hd = t->ne[1] / t->permute_heads;
+	h = r / hd;
+	rem = r % hd;
+	return h * hd + (rem % 2) * (hd / 2) + rem / 2;
+}
+
+/*
+ * Fills one row (in the Hugging Face layout's numbering) with values in
+ * [-a, a): a keeps activations near unit scale through random layers.
+ */
+static void
+fill_row(const struct gen_tensor *t, const struct gen_shape *s, uint64_t seed, int64_t row,
+    int gguf_norm, float *dst)
+{
+	uint64_t x = mix64(seed ^ mix64(name_hash(t->name) + (uint64_t)row));
+	float a, base = 0;
+	int64_t i;
+
+	switch (t->kind) {
+	case K_EMBD:
+		a = s->arch == ARCH_GEMMA3 ? sqrtf(3.0f / (float)s->n_embd) : 1.0f;
+		break;
+	case K_LINEAR:
+		a = sqrtf(3.0f / (float)t->ne[0]);
+		break;
+	case K_NORM:
+		a = 0.1f;
+		/* gemma stores w and computes 1 + w; GGUF stores 1 + w (as convert_hf_to_gguf) */
+		base = s->arch == ARCH_GEMMA3 && !gguf_norm ? 0.0f : 1.0f;
+		break;
+	default:
+		a = 0.1f;
+		break;
+	}
+	for (i = 0; i < t->ne[0]; i++) {
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		dst[i] = base + a * ((float)(x >> 40) * (2.0f / 16777216.0f) - 1.0f);
+	}
+}
+
+/* ---- tensor list ---- */
+
+/* Adds a tensor to the list. */
+static struct gen_tensor *
+add_tensor(struct gen_tensor *ts, int *n, const char *name, enum gen_kind k, int64_t ne0,
+    int64_t ne1, int layer)
+{
+	struct gen_tensor *t = &ts[(*n)++];
+
+	memset(t, 0, sizeof *t);
+	snprintf(t->name, sizeof t->name, "%s", name);
+	t->kind = k;
+	t->ne[0] = ne0;
+	t->ne[1] = ne1;
+	t->n_dims = ne1 > 1 ? 2 : 1;
+	t->layer = layer;
+	return t;
+}
+
+/* Adds the weights of layer l. */
+static void
+add_layer(struct gen_tensor *ts, int *n, const struct gen_shape *s, int l, int gguf)
+{
+	int64_t q = (int64_t)s->n_head * s->head_dim, kv = (int64_t)s->n_head_kv * s->head_dim;
+	int permute = gguf && s->arch == ARCH_LLAMA;
+	char b[96];
+
+#define T(suffix, kind, a, c) (snprintf(b, sizeof b, "blk.%d.%s", l, suffix), add_tensor(ts, n, b, kind, a, c, l))
+	T("attn_norm.weight", K_NORM, s->n_embd, 1);
+	T("attn_q.weight", K_LINEAR, s->n_embd, q)->permute_heads = permute ? s->n_head : 0;
+	T("attn_k.weight", K_LINEAR, s->n_embd, kv)->permute_heads = permute ? s->n_head_kv : 0;
+	T("attn_v.weight", K_LINEAR, s->n_embd, kv);
+	T("attn_output.weight", K_LINEAR, q, s->n_embd);
+	if (s->arch == ARCH_QWEN2) {
+		T("attn_q.bias", K_BIAS, q, 1);
+		T("attn_k.bias", K_BIAS, kv, 1);
+		T("attn_v.bias", K_BIAS, kv, 1);
+	}
+	if (s->arch == ARCH_QWEN3 || s->arch == ARCH_GEMMA3) {
+		T("attn_q_norm.weight", K_NORM, s->head_dim, 1);
+		T("attn_k_norm.weight", K_NORM, s->head_dim, 1);
+	}
+	if (s->arch == ARCH_GEMMA3)
+		T("post_attention_norm.weight", K_NORM, s->n_embd, 1);
+	T("ffn_norm.weight", K_NORM, s->n_embd, 1);
+	T("ffn_gate.weight", K_LINEAR, s->n_embd, s->n_ff);
+	T("ffn_up.weight", K_LINEAR, s->n_embd, s->n_ff);
+	T("ffn_down.weight", K_LINEAR, s->n_ff, s->n_embd);
+	if (s->arch == ARCH_GEMMA3)
+		T("post_ffw_norm.weight", K_NORM, s->n_embd, 1);
+#undef T
+}
+
+/* llama.cpp's use_more_bits: the layers Q4_K_M gives Q6_K. */
+static int
+more_bits(int i, int n)
+{
+	return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+}
+
+/* The storage type of a tensor under a plan (llama.cpp's choices for Q4_K_M). */
+static uint32_t
+plan_type(const struct gen_tensor *t, const struct gen_shape *s, enum gen_type g)
+{
+	static const uint32_t dense[] = { [G_F32] = TT_F32, [G_F16] = TT_F16, [G_BF16] = TT_BF16,
+		[G_Q8_0] = TT_Q8_0 };
+	uint32_t type = TT_Q4_K;
+
+	if (t->n_dims == 1)
+		return TT_F32;
+	if (g != G_Q4_K_M)
+		return dense[g];
+	if (strcmp(t->name, "output.weight") == 0 || (s->tied && t->kind == K_EMBD))
+		type = TT_Q6_K;
+	else if ((strstr(t->name, "attn_v.weight") || strstr(t->name, "ffn_down.weight")) &&
+	    more_bits(t->layer, s->n_layer))
+		type = TT_Q6_K;
+	/* rows that K-quant blocks do not divide fall back as llama.cpp does */
+	if (t->ne[0] % QK_K != 0)
+		type = type == TT_Q6_K ? TT_Q8_0 : TT_Q5_0;
+	return type;
+}
+
+/* The whole tensor list of a shape. Returns the count; ts has room for all. */
+static int
+build_tensors(struct gen_tensor *ts, const struct gen_shape *s, enum gen_type g, int gguf)
+{
+	int n = 0, l, i;
+
+	add_tensor(ts, &n, "token_embd.weight", K_EMBD, s->n_embd, s->n_vocab, -1);
+	for (l = 0; l < s->n_layer; l++)
+		add_layer(ts, &n, s, l, gguf);
+	add_tensor(ts, &n, "output_norm.weight", K_NORM, s->n_embd, 1, -1);
+	if (!s->tied)
+		add_tensor(ts, &n, "output.weight", K_LINEAR, s->n_embd, s->n_vocab, -1);
+	for (i = 0; i < n; i++)
+		ts[i].type = plan_type(&ts[i], s, g);
+	return n;
+}
+
+/* ---- parallel generation ---- */
+
+struct gen_job {
+	const struct gen_tensor *t;
+	const struct gen_shape *s;
+	uint64_t seed;
+	int gguf;
+	uint8_t *out;
+	size_t row_bytes;
+	atomic_llong next_row;
+	atomic_int failed;
+};
+
+#define ROWS_PER_TAKE 64
+
+/* A worker: takes rows until none are left, draws and quantizes them. */
+static void *
+gen_worker(void *arg)
+{
+	struct gen_job *j = arg;
+	float *row = xmalloc((size_t)j->t->ne[0] * sizeof *row);
+	long long r0, r;
+
+	while ((r0 = atomic_fetch_add(&j->next_row, ROWS_PER_TAKE)) < j->t->ne[1]) {
+		for (r = r0; r < r0 + ROWS_PER_TAKE && r < j->t->ne[1]; r++) {
+			fill_row(j->t, j->s, j->seed, j->gguf ? hf_row(j->t, r) : r, j->gguf, row);
+			if (quant_quantize(j->t->type, row, j->out + (size_t)r * j->row_bytes, j->t->ne[0]) != 0)
+				atomic_store(&j->failed, 1);
+		}
+	}
+	free(row);
+	return NULL;
+}
+
+/* Draws and stores a whole tensor into a malloc'd buffer of *bytes. */
+static int
+gen_tensor_data(const struct gen_tensor *t, const struct gen_shape *s, uint64_t seed, int gguf,
+    int threads, uint8_t **data, size_t *bytes, char *err)
+{
+	struct gen_job j = { .t = t, .s = s, .seed = seed, .gguf = gguf };
+	pthread_t tid[64];
+	int i, n = MIN(threads, (int)ARRAY_LEN(tid));
+
+	if (quant_row_bytes(t->type, t->ne[0], &j.row_bytes) != 0)
+		return err_set(err, ERR_INVAL, "%s: rows of %lld cannot be type %s", t->name,
+		    (long long)t->ne[0], quant_traits(t->type)->name);
+	*bytes = j.row_bytes * (size_t)t->ne[1];
+	j.out = *data = xmalloc(*bytes);
+	atomic_init(&j.next_row, 0);
+	atomic_init(&j.failed, 0);
+	for (i = 0; i < n; i++)
+		if (pthread_create(&tid[i], NULL, gen_worker, &j) != 0)
+			fatal("pthread_create failed");
+	for (i = 0; i < n; i++)
+		pthread_join(tid[i], NULL);
+	if (atomic_load(&j.failed)) {
+		free(*data);
+		return err_set(err, ERR_UNSUPPORTED, "%s: cannot quantize to %s", t->name,
+		    quant_traits(t->type)->name);
+	}
+	return 0;
+}
+
+/* ---- GGUF ---- */
+
+/* Writes "<arch>.<key>". */
+static void
+w_hp_u32(struct gguf_writer *w, const struct gen_shape *s, const char *key, uint32_t v)
+{
+	char full[128];
+
+	snprintf(full, sizeof full, "%s.%s", model_arch_name(s->arch), key);
+	gguf_w_u32(w, full, v);
+}
+
+static void
+w_hp_f32(struct gguf_writer *w, const struct gen_shape *s, const char *key, float v)
+{
+	char full[128];
+
+	snprintf(full, sizeof full, "%s.%s", model_arch_name(s->arch), key);
+	gguf_w_f32(w, full, v);
+}
+
+/* The chat template family of a shape's vocabulary. */
+static enum chat_tmpl
+shape_chat(const struct gen_shape *s)
+{
+	if (strcmp(s->vocab, "gemma") == 0)
+		return CHAT_GEMMA;
+	if (strcmp(s->vocab, "qwen2") == 0)
+		return CHAT_CHATML;
+	return CHAT_LLAMA3;
+}
+
+/* Metadata keys of a GGUF model. */
+static void
+gguf_metadata(struct gguf_writer *w, const struct gen_shape *s, uint32_t file_type)
+{
+	char name[96];
+
+	snprintf(name, sizeof name, "resident random %s", s->name);
+	gguf_w_str(w, "general.architecture", model_arch_name(s->arch));
+	gguf_w_str(w, "general.name", name);
+	gguf_w_u32(w, "general.file_type", file_type);
+	gguf_w_u32(w, "general.quantization_version", 2);
+	w_hp_u32(w, s, "context_length", (uint32_t)s->n_ctx);
+	w_hp_u32(w, s, "embedding_length", (uint32_t)s->n_embd);
+	w_hp_u32(w, s, "block_count", (uint32_t)s->n_layer);
+	w_hp_u32(w, s, "feed_forward_length", (uint32_t)s->n_ff);
+	w_hp_u32(w, s, "attention.head_count", (uint32_t)s->n_head);
+	w_hp_u32(w, s, "attention.head_count_kv", (uint32_t)s->n_head_kv);
+	w_hp_u32(w, s, "attention.key_length", (uint32_t)s->head_dim);
+	w_hp_u32(w, s, "attention.value_length", (uint32_t)s->head_dim);
+	w_hp_f32(w, s, "attention.layer_norm_rms_epsilon", s->norm_eps);
+	w_hp_f32(w, s, "rope.freq_base", s->rope_theta);
+	w_hp_u32(w, s, "rope.dimension_count", (uint32_t)s->head_dim);
+	if (s->sliding_window > 0)
+		w_hp_u32(w, s, "attention.sliding_window", (uint32_t)s->sliding_window);
+	gguf_w_str(w, "tokenizer.chat_template", chat_tmpl_source(shape_chat(s)));
+}
+
+/* Writes the model as one GGUF file. */
+static int
+write_gguf(const struct genmodel_opts *o, const struct gen_shape *s, const struct genvocab *v,
+    uint32_t file_type, struct gen_tensor *ts, int n, int threads, char *err)
+{
+	struct gguf_writer *w = gguf_writer_new();
+	uint8_t *data;
+	size_t bytes;
+	int i, rc = 0;
+
+	gguf_metadata(w, s, file_type);
+	if ((rc = genvocab_write_gguf(v, w, err)) != 0)
+		goto out;
+	for (i = 0; i < n && rc == 0; i++)
+		rc = gguf_w_tensor(w, ts[i].name, ts[i].type, ts[i].n_dims, ts[i].ne, err);
+	if (rc != 0 || (rc = gguf_writer_begin(w, o->out, err)) != 0)
+		goto out;
+	for (i = 0; i < n && rc == 0; i++) {
+		if (o->verbose)
+			fprintf(stderr, "\r[%3d/%3d] %-32s %-5s", i + 1, n, ts[i].name,
+			    quant_traits(ts[i].type)->name);
+		if ((rc = gen_tensor_data(&ts[i], s, o->seed, 1, threads, &data, &bytes, err)) != 0)
+			break;
+		rc = gguf_writer_data(w, data, bytes, err);
+		free(data);
+	}
+	if (o->verbose)
+		fputc('\n', stderr);
+	if (rc == 0)
+		rc = gguf_writer_end(w, err);
+out:
+	gguf_writer_free(w);
+	return rc;
+}
+
+/* ---- safetensors ---- */
+
+/* config.json of a Hugging Face model directory. */
+static int
+write_config(const char *dir, const struct gen_shape *s, const char *dtype, char *err)
+{
+	static const char *const model_type[] = { [ARCH_LLAMA] = "llama", [ARCH_QWEN2] = "qwen2",
+		[ARCH_QWEN3] = "qwen3", [ARCH_GEMMA3] = "gemma3_text" };
+	char path[4096];
+	json_t *c = json_object();
+	int rc = 0;
+
+	json_object_set_new(c, "model_type", json_string(model_type[s->arch]));
+	json_object_set_new(c, "vocab_size", json_integer(s->n_vocab));
+	json_object_set_new(c, "hidden_size", json_integer(s->n_embd));
+	json_object_set_new(c, "num_hidden_layers", json_integer(s->n_layer));
+	json_object_set_new(c, "num_attention_heads", json_integer(s->n_head));
+	json_object_set_new(c, "num_key_value_heads", json_integer(s->n_head_kv));
+	json_object_set_new(c, "head_dim", json_integer(s->head_dim));
+	json_object_set_new(c, "intermediate_size", json_integer(s->n_ff));
+	json_object_set_new(c, "max_position_embeddings", json_integer(s->n_ctx));
+	json_object_set_new(c, "rms_norm_eps", json_real(s->norm_eps));
+	json_object_set_new(c, "rope_theta", json_real(s->rope_theta));
+	json_object_set_new(c, "tie_word_embeddings", json_boolean(s->tied));
+	json_object_set_new(c, "torch_dtype", json_string(dtype));
+	json_object_set_new(c, "hidden_act", json_string(s->arch == ARCH_GEMMA3 ? "gelu_pytorch_tanh" : "silu"));
+	if (s->arch == ARCH_LLAMA)
+		json_object_set_new(c, "attention_bias", json_false());
+	if (s->arch == ARCH_GEMMA3) {
+		json_object_set_new(c, "sliding_window", json_integer(s->sliding_window));
+		json_object_set_new(c, "sliding_window_pattern", json_integer(6));
+		json_object_set_new(c, "rope_local_base_freq", json_real(10000.0));
+		json_object_set_new(c, "query_pre_attn_scalar", json_integer(s->head_dim));
+	}
+	snprintf(path, sizeof path, "%s/config.json", dir);
+	if (json_dump_file(c, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
+		rc = err_set(err, ERR_IO, "%s: cannot write", path);
+	json_decref(c);
+	return rc;
+}
+
+/* Adds chat_template to the tokenizer_config.json genvocab wrote. */
+static int
+add_chat_template(const char *dir, const struct gen_shape *s, char *err)
+{
+	char path[4096];
+	json_error_t jerr;
+	json_t *c;
+	int rc = 0;
+
+	snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+	if ((c = json_load_file(path, 0, &jerr)) == NULL)
+		return err_set(err, ERR_FORMAT, "%s: %s", path, jerr.text);
+	json_object_set_new(c, "chat_template", json_string(chat_tmpl_source(shape_chat(s))));
+	if (json_dump_file(c, path, JSON_INDENT(2)) != 0)
+		rc = err_set(err, ERR_IO, "%s: cannot write", path);
+	json_decref(c);
+	return rc;
+}
+
+/* Writes a Hugging Face directory: config, tokenizer, model.safetensors. */
+static int
+write_safetensors(const struct genmodel_opts *o, const struct gen_shape *s, const struct genvocab *v,
+    struct gen_tensor *ts, int n, int threads, char *err)
+{
+	struct st_writer *w;
+	char path[4096], *hf;
+	uint8_t *data;
+	size_t bytes;
+	int i, rc;
+
+	if (mkdir(o->out, 0755) != 0 && errno != EEXIST)
+		return err_set(err, ERR_IO, "%s: %s", o->out, strerror(errno));
+	if ((rc = write_config(o->out, s, o->type, err)) != 0 ||
+	    (rc = genvocab_write_json(v, o->out, err)) != 0 ||
+	    (rc = add_chat_template(o->out, s, err)) != 0)
+		return rc;
+	w = st_writer_new();
+	for (i = 0; i < n && rc == 0; i++) {
+		if ((rc = gen_tensor_data(&ts[i], s, o->seed, 0, threads, &data, &bytes, err)) != 0)
+			break;
+		hf = model_name_to_hf(ts[i].name, s->arch);
+		rc = st_w_tensor(w, hf, ts[i].type, ts[i].n_dims, ts[i].ne, data, bytes, err);
+		free(hf);
+		free(data);
+	}
+	snprintf(path, sizeof path, "%s/model.safetensors", o->out);
+	if (rc == 0)
+		rc = st_writer_save(w, path, err);
+	st_writer_free(w);
+	return rc;
+}
+
+/* ---- entry ---- */
+
+/* Looks up a shape by name. */
+static const struct gen_shape *
+find_shape(const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < ARRAY_LEN(shapes); i++)
+		if (strcmp(shapes[i].name, name) == 0)
+			return &shapes[i];
+	return NULL;
+}
+
+int
+genmodel_run(const struct genmodel_opts *o, char *err)
+{
+	const struct gen_shape *s = find_shape(o->shape);
+	struct gen_tensor *ts;
+	struct genvocab v;
+	int gguf, n, rc, threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+	size_t ti;
+
+	if (s == NULL)
+		return err_set(err, ERR_INVAL, "unknown shape '%s' (see 'resident-model shapes')", o->shape);
+	for (ti = 0; ti < ARRAY_LEN(gen_types) && strcmp(gen_types[ti].name, o->type) != 0; ti++)
+		;
+	if (ti == ARRAY_LEN(gen_types))
+		return err_set(err, ERR_INVAL, "unknown type '%s' (f32, f16, bf16, q8_0, q4_k_m)", o->type);
+	if (strcmp(o->format, "gguf") != 0 && strcmp(o->format, "safetensors") != 0)
+		return err_set(err, ERR_INVAL, "unknown format '%s' (gguf, safetensors)", o->format);
+	gguf = strcmp(o->format, "gguf") == 0;
+	if (!gguf && gen_types[ti].t > G_BF16)
+		return err_set(err, ERR_INVAL, "safetensors holds f32, f16 or bf16, not %s", o->type);
+	if ((rc = genvocab_make(&v, s->vocab, s->n_vocab, o->seed, err)) != 0)
+		return rc;
+	ts = xcalloc((size_t)s->n_layer * 20 + 8, sizeof *ts);
+	n = build_tensors(ts, s, gen_types[ti].t, gguf);
+	if (gguf)
+		rc = write_gguf(o, s, &v, gen_types[ti].file_type, ts, n, threads, err);
+	else
+		rc = write_safetensors(o, s, &v, ts, n, threads, err);
+	free(ts);
+	genvocab_free(&v);
+	return rc;
+}

@@ -1,0 +1,85 @@
+/*
+ * chat.h: chat templates. A model's Jinja chat template is recognised as one
+ * of a few known families and rendered by C code that produces, byte for byte,
+ * what the official template renders with transformers' apply_chat_template
+ * (tests/unit/test_chat.c holds the proof, tests/data/chat_templates the
+ * templates). We do not interpret Jinja: a template of no known family is
+ * refused, and the user can pick a family by name or use raw prompts.
+ */
+#ifndef RESIDENT_CHAT_H
+#define RESIDENT_CHAT_H
+
+#include <stddef.h>
+
+enum chat_tmpl {
+	CHAT_RAW,     /* no template: the contents, concatenated */
+	CHAT_LLAMA3,  /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+	CHAT_CHATML,  /* <|im_start|>role\n...<|im_end|>\n (Qwen, SmolLM...) */
+	CHAT_GEMMA,   /* <start_of_turn>user|model\n...<end_of_turn>\n */
+	CHAT_MISTRAL, /* [INST] ...[/INST] ...</s>: Mistral's "v3" template */
+	CHAT_LLAMA2,  /* [INST] <<SYS>>...<</SYS>> ... [/INST] ... </s> */
+};
+
+struct chat_msg {
+	const char *role;    /* "system", "user" or "assistant" */
+	const char *content; /* UTF-8 */
+};
+
+/*
+ * Recognises the family of a Jinja chat template (GGUF
+ * tokenizer.chat_template, or tokenizer_config.json's chat_template) by
+ * its distinctive markers, in the order llama.cpp's
+ * llm_chat_detect_template checks them. Returns 0 and *out;
+ * ERR_NOTFOUND if src is NULL or empty (the model has no template);
+ * ERR_UNSUPPORTED with a message quoting the template's start if it is of
+ * no family we render exactly (including Mistral's v1, Tekken and v7
+ * variants, and ChatML look-alikes such as Phi-4).
+ */
+int chat_detect(const char *src, enum chat_tmpl *out, char *err);
+
+/* The family's name: "raw", "llama3", "chatml", "gemma", "mistral", "llama2". */
+const char *chat_tmpl_name(enum chat_tmpl t);
+
+/* The family of a name as chat_tmpl_name writes it (a config override). 0 or ERR_INVAL. */
+int chat_tmpl_from_name(const char *name, enum chat_tmpl *out, char *err);
+
+/*
+ * Renders a conversation into the prompt text. *out is malloc'd,
+ * NUL-terminated, *out_len bytes long; the caller frees it.
+ *
+ * Contract with the tokenizer: the text contains the special tokens as text
+ * (BOS included where the family's template writes it: llama3, gemma,
+ * mistral, llama2). The caller tokenizes it with parse_special and adds no
+ * BOS of its own. bos_text is the model's BOS token text ("<|begin_of_text|>",
+ * "<bos>", "<s>"); NULL means the family's usual one. ChatML uses no BOS.
+ * Llama 2 and Mistral end assistant turns with "</s>", the EOS text of every
+ * vocabulary of those families. CHAT_RAW writes the contents as they are,
+ * with no BOS: there the caller adds BOS if the tokenizer asks for it.
+ *
+ * add_generation_prompt appends the header of an assistant turn (llama3,
+ * chatml, gemma); the Mistral and Llama 2 templates have none, as the
+ * official ones.
+ *
+ * Errors (ERR_INVAL, the message says which message is wrong): an unknown
+ * role, a NULL or non-UTF-8 content, no messages (except CHAT_RAW), and,
+ * for gemma, mistral and llama2, whatever the official template rejects:
+ * after an optional first system message, turns must alternate user,
+ * assistant, user... A system message anywhere but first is refused for
+ * these three too (their templates would drop it or render a malformed
+ * turn). Templates differ on what they do with details, reproduced here:
+ * gemma puts the system text in the first user turn; mistral puts it in the
+ * last user turn, and drops it when the conversation ends with an assistant
+ * turn; llama3 and gemma strip whitespace around contents, mistral around
+ * assistant contents, llama2 around whole turns (as Python's str.strip).
+ *
+ * Reference templates: Meta-Llama-3-8B-Instruct, Qwen2.5-Instruct (ChatML;
+ * its default system prompt for conversations without one is not
+ * inserted), gemma-3-*-it, Mistral-7B-Instruct-v0.3, Llama-2-*-chat.
+ * Llama 3.1+ templates are rendered as Llama 3 (without the date preamble
+ * they add to the system turn).
+ */
+int chat_render(enum chat_tmpl t, const struct chat_msg *msgs, size_t n,
+    int add_generation_prompt, const char *bos_text, char **out,
+    size_t *out_len, char *err);
+
+#endif

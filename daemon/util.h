@@ -1,0 +1,62 @@
+/* util.h: error reporting and checked allocation shared by every subsystem. */
+#ifndef RESIDENT_UTIL_H
+#define RESIDENT_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/*
+ * Error convention: a function that can fail returns 0 or a negative ERR_*
+ * code, and writes a message for the user into `err`, a buffer of ERR_LEN
+ * bytes owned by the caller (NULL is allowed where the caller does not care).
+ */
+#define ERR_LEN 256
+
+enum err_code {
+	ERR_OK = 0,
+	ERR_INVAL = -1,       /* a wrong argument or parameter */
+	ERR_NOMEM = -2,       /* an allocation failed */
+	ERR_IO = -3,          /* open/read/write/mmap failed */
+	ERR_FORMAT = -4,      /* a file or frame is malformed */
+	ERR_UNSUPPORTED = -5, /* well-formed but not something we handle */
+	ERR_NOTFOUND = -6,    /* a key, tensor, session or model is missing */
+	ERR_RANGE = -7,       /* a value beyond a limit */
+	ERR_DEVICE = -8,      /* the GPU or another backend failed */
+};
+
+/* Formats the message into err (if not NULL) and returns code. */
+int err_set(char *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Prepends "prefix: " to the message already in err. Returns code. */
+int err_prefix(char *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* For broken invariants and out-of-memory only: prints and aborts. */
+void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+
+void *xmalloc(size_t n);
+void *xcalloc(size_t n, size_t size);
+void *xrealloc(void *p, size_t n);
+char *xstrdup(const char *s);
+char *xstrndup(const char *s, size_t n);
+
+/* a*b without overflow; returns -1 when it would exceed SIZE_MAX. */
+int mul_size(size_t a, size_t b, size_t *out);
+
+/* Reads a whole file into a NUL-terminated malloc'd buffer. */
+int read_file(const char *path, char **data, size_t *len, char *err);
+
+/* Length of the valid UTF-8 sequence starting at s (1..4), or 0 if invalid or truncated. */
+int utf8_seq_len(const unsigned char *s, size_t avail);
+/* 1 if the n bytes are entirely valid UTF-8. */
+int utf8_valid(const char *s, size_t n);
+
+/* Monotonic time in nanoseconds. */
+uint64_t now_ns(void);
+
+#define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define MIN(a, b) ((a) < (b) ? (a) : (b))
+#define MAX(a, b) ((a) > (b) ? (a) : (b))
+
+#endif

@@ -1,0 +1,27 @@
+#!/bin/sh
+# The whole test suite: a normal build and an ASan+UBSan build, each with
+# `make check` (unit tests, end-to-end tests, comparisons with independent
+# implementations). GPU tests run too where a GPU is present, and say they
+# are skipped where not.
+set -eu
+top=$(cd "$(dirname "$0")/.." && pwd)
+jobs=$(nproc 2>/dev/null || echo 2)
+cd "$top"
+[ -x configure ] || autoreconf -fi >/dev/null 2>&1
+for variant in release asan; do
+	dir="$top/build/$variant"
+	mkdir -p "$dir"
+	cd "$dir"
+	flags=
+	[ "$variant" = asan ] && flags="--enable-asan --disable-cuda"
+	[ -f Makefile ] || "$top/configure" -q $flags
+	echo "== $variant build"
+	make -s -j"$jobs"
+	echo "== $variant make check"
+	if ! make -s -j"$jobs" check; then
+		find . -name '*.log' -path '*tests*' -newer Makefile -exec grep -l -E '^(FAIL|ERROR)' {} + |
+			while read -r log; do echo "---- $log"; tail -n 40 "$log"; done
+		exit 1
+	fi
+done
+echo "all test suites passed"
