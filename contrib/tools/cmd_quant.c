@@ -122,6 +122,9 @@ quantize_file(uint32_t type, const char *in, const char *out, char *err)
 	free(data);
 	if (rc == 0)
 		rc = write_file(out, q, bytes, err);
+	else if (rc == ERR_INVAL)
+		err_set(err, rc, "%s: a value is NaN or infinite, which %s cannot "
+		    "hold", in, qt->name);
 	else
 		err_set(err, rc, "cannot quantize to %s", qt->name);
 	free(q);

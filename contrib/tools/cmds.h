@@ -13,4 +13,11 @@ int cmd_dequant(int argc, char **argv);
 /* quantize TYPE IN.f32 OUT.bin: raw float32 in, raw blocks out. */
 int cmd_quantize(int argc, char **argv);
 
+/* run MODEL PROMPT [options]: generates and streams text. */
+int cmd_run(int argc, char **argv);
+/* logits MODEL --out FILE ID...: every position's logits, raw float32. */
+int cmd_logits(int argc, char **argv);
+/* perplexity MODEL TEXTFILE: the model's perplexity on a text. */
+int cmd_perplexity(int argc, char **argv);
+
 #endif

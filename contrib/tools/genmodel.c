@@ -5,12 +5,12 @@
  * the GGUF and safetensors files of one shape and seed hold the same weights
  * and rows can be generated in parallel without changing the output. The
  * quantization plan follows llama.cpp's Q4_K_M, so the files look like the
- * ones users download.
+ * ones users download. Like the real Gemma 3 GGUF, the files carry no chat
+ * template: the loader infers the family from the vocabulary's special tokens.
  */
 #include "config.h"
 #include "genmodel.h"
 #include "genvocab.h"
-#include "chat.h"
 #include "gguf.h"
 #include "model.h"
 #include "quant.h"
@@ -339,17 +339,6 @@ w_hp_f32(struct gguf_writer *w, const struct gen_shape *s, const char *key, floa
 	gguf_w_f32(w, full, v);
 }
 
-/* The chat template family of a shape's vocabulary. */
-static enum chat_tmpl
-shape_chat(const struct gen_shape *s)
-{
-	if (strcmp(s->vocab, "gemma") == 0)
-		return CHAT_GEMMA;
-	if (strcmp(s->vocab, "qwen2") == 0)
-		return CHAT_CHATML;
-	return CHAT_LLAMA3;
-}
-
 /* Metadata keys of a GGUF model. */
 static void
 gguf_metadata(struct gguf_writer *w, const struct gen_shape *s, uint32_t file_type)
@@ -374,7 +363,6 @@ gguf_metadata(struct gguf_writer *w, const struct gen_shape *s, uint32_t file_ty
 	w_hp_u32(w, s, "rope.dimension_count", (uint32_t)s->head_dim);
 	if (s->sliding_window > 0)
 		w_hp_u32(w, s, "attention.sliding_window", (uint32_t)s->sliding_window);
-	gguf_w_str(w, "tokenizer.chat_template", chat_tmpl_source(shape_chat(s)));
 }
 
 /* Writes the model as one GGUF file. */
@@ -453,25 +441,6 @@ write_config(const char *dir, const struct gen_shape *s, const char *dtype, char
 	return rc;
 }
 
-/* Adds chat_template to the tokenizer_config.json genvocab wrote. */
-static int
-add_chat_template(const char *dir, const struct gen_shape *s, char *err)
-{
-	char path[4096];
-	json_error_t jerr;
-	json_t *c;
-	int rc = 0;
-
-	snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
-	if ((c = json_load_file(path, 0, &jerr)) == NULL)
-		return err_set(err, ERR_FORMAT, "%s: %s", path, jerr.text);
-	json_object_set_new(c, "chat_template", json_string(chat_tmpl_source(shape_chat(s))));
-	if (json_dump_file(c, path, JSON_INDENT(2)) != 0)
-		rc = err_set(err, ERR_IO, "%s: cannot write", path);
-	json_decref(c);
-	return rc;
-}
-
 /* Writes a Hugging Face directory: config, tokenizer, model.safetensors. */
 static int
 write_safetensors(const struct genmodel_opts *o, const struct gen_shape *s, const struct genvocab *v,
@@ -486,8 +455,7 @@ write_safetensors(const struct genmodel_opts *o, const struct gen_shape *s, cons
 	if (mkdir(o->out, 0755) != 0 && errno != EEXIST)
 		return err_set(err, ERR_IO, "%s: %s", o->out, strerror(errno));
 	if ((rc = write_config(o->out, s, o->type, err)) != 0 ||
-	    (rc = genvocab_write_json(v, o->out, err)) != 0 ||
-	    (rc = add_chat_template(o->out, s, err)) != 0)
+	    (rc = genvocab_write_json(v, o->out, err)) != 0)
 		return rc;
 	w = st_writer_new();
 	for (i = 0; i < n && rc == 0; i++) {

@@ -10,6 +10,9 @@
  *   resident-model tokenize [--special] [--no-bos] MODEL TEXTFILE
  *   resident-model detokenize MODEL ID...
  *   resident-model vocab FLAVOUR N SEED OUTDIR
+ *   resident-model run MODEL PROMPT [options]
+ *   resident-model logits MODEL --out FILE.f32 [--chunk N] ID...
+ *   resident-model perplexity MODEL TEXTFILE
  */
 #include "config.h"
 #include "cmds.h"
@@ -46,6 +49,10 @@ static const struct {
 	{ "tokenize", cmd_tokenize, "tokenize [--special] [--no-bos] MODEL TEXTFILE" },
 	{ "detokenize", cmd_detokenize, "detokenize MODEL ID..." },
 	{ "vocab", cmd_vocab, "vocab FLAVOUR N SEED OUTDIR" },
+	{ "run", cmd_run, "run MODEL PROMPT [--chat] [--max-tokens N] [--temp T] [--top-k K] [--top-p P] "
+	    "[--min-p P] [--repeat-penalty R] [--seed S] [--stop STR]... [--ids] [--threads N]" },
+	{ "logits", cmd_logits, "logits MODEL --out FILE.f32 [--chunk N] ID..." },
+	{ "perplexity", cmd_perplexity, "perplexity MODEL TEXTFILE" },
 };
 
 /* Prints every subcommand's usage. */

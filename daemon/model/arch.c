@@ -199,19 +199,31 @@ gguf_tensors(const struct gguf_file *f, struct model_desc *m)
 	}
 }
 
+/*
+ * With no template in the file (the Gemma 3 GGUF has none), the family
+ * whose turn markers the vocabulary holds is the one the model was tuned on.
+ */
+static enum chat_tmpl
+infer_chat(const struct tokenizer *tok)
+{
+	if (tok_find(tok, "<start_of_turn>") >= 0 && tok_find(tok, "<end_of_turn>") >= 0)
+		return CHAT_GEMMA;
+	if (tok_find(tok, "<|start_header_id|>") >= 0 && tok_find(tok, "<|eot_id|>") >= 0)
+		return CHAT_LLAMA3;
+	if (tok_find(tok, "<|im_start|>") >= 0 && tok_find(tok, "<|im_end|>") >= 0)
+		return CHAT_CHATML;
+	return CHAT_RAW;
+}
+
 /* Picks the chat template from the file's Jinja source; an unknown one is kept as an error for chat requests. */
 static void
 detect_chat(struct model_desc *m, const char *src)
 {
 	char err[ERR_LEN];
-	int rc;
+	int rc = src != NULL ? chat_detect(src, &m->chat, err) : ERR_NOTFOUND;
 
-	m->chat = CHAT_RAW;
-	if (src == NULL)
-		return;
-	rc = chat_detect(src, &m->chat, err);
 	if (rc == ERR_NOTFOUND)
-		m->chat = CHAT_RAW;
+		m->chat = infer_chat(m->tok);
 	else if (rc != 0)
 		m->chat_error = xstrdup(err);
 }

@@ -35,6 +35,8 @@ struct blk_q4_1 { uint16_t d, m; uint8_t qs[QK / 2]; };
 struct blk_q5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; };
 struct blk_q5_1 { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK / 2]; };
 struct blk_q8_0 { uint16_t d; int8_t qs[QK]; };
+/* ggml's current Q8_1, fp16 d and s (the gguf package's size table still
+ * has the older float d, s: 40 bytes); only dot products use it. */
 struct blk_q8_1 { uint16_t d, s; int8_t qs[QK]; };
 struct blk_q2_K { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uint16_t d, dmin; };
 struct blk_q3_K { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; };
@@ -79,6 +81,7 @@ static void deq_q8_K(const void *, float *, int64_t);
 static void q_f32(const float *, void *, int64_t);
 static void q_f16(const float *, void *, int64_t);
 static void q_bf16(const float *, void *, int64_t);
+static void q_q5_0(const float *, void *, int64_t);
 static void q_q8_0(const float *, void *, int64_t);
 static void q_q4_K(const float *, void *, int64_t);
 static void q_q5_K(const float *, void *, int64_t);
@@ -98,7 +101,7 @@ static const struct qtype qtypes[TT_COUNT_] = {
 	[TT_BF16] = QT("BF16", 1, uint16_t, deq_bf16, q_bf16),
 	[TT_Q4_0] = QT("Q4_0", QK, struct blk_q4_0, deq_q4_0, NULL),
 	[TT_Q4_1] = QT("Q4_1", QK, struct blk_q4_1, deq_q4_1, NULL),
-	[TT_Q5_0] = QT("Q5_0", QK, struct blk_q5_0, deq_q5_0, NULL),
+	[TT_Q5_0] = QT("Q5_0", QK, struct blk_q5_0, deq_q5_0, q_q5_0),
 	[TT_Q5_1] = QT("Q5_1", QK, struct blk_q5_1, deq_q5_1, NULL),
 	[TT_Q8_0] = QT("Q8_0", QK, struct blk_q8_0, deq_q8_0, q_q8_0),
 	[TT_Q8_1] = QT("Q8_1", QK, struct blk_q8_1, deq_q8_1, NULL),
@@ -115,21 +118,23 @@ static const struct qtype qtypes[TT_COUNT_] = {
 
 /* The entry for a type id, or NULL. */
 static const struct qtype *
-qtype(uint32_t type)
+type_entry(uint32_t type)
 {
 	if (type >= TT_COUNT_ || qtypes[type].t.name == NULL)
 		return NULL;
 	return &qtypes[type];
 }
 
+/* Public face of type_entry(). */
 const struct quant_traits *
 quant_traits(uint32_t type)
 {
-	const struct qtype *q = qtype(type);
+	const struct qtype *q = type_entry(type);
 
 	return q ? &q->t : NULL;
 }
 
+/* Linear search: there are fifteen names. */
 int
 quant_type_from_name(const char *name)
 {
@@ -141,10 +146,11 @@ quant_type_from_name(const char *name)
 	return -1;
 }
 
+/* Whole blocks only; the product is checked for overflow. */
 int
 quant_row_bytes(uint32_t type, int64_t n, size_t *bytes)
 {
-	const struct qtype *q = qtype(type);
+	const struct qtype *q = type_entry(type);
 
 	if (q == NULL || n < 0 || n % q->t.block_elems != 0)
 		return ERR_INVAL;
@@ -156,10 +162,14 @@ quant_row_bytes(uint32_t type, int64_t n, size_t *bytes)
 	return 0;
 }
 
+/*
+ * Callers size their buffers with quant_row_bytes first, so a bad type or
+ * count here is a broken invariant, not an input error.
+ */
 void
 quant_dequantize(uint32_t type, const void *src, float *dst, int64_t n)
 {
-	const struct qtype *q = qtype(type);
+	const struct qtype *q = type_entry(type);
 
 	if (q == NULL || n < 0 || n % q->t.block_elems != 0)
 		fatal("quant_dequantize: type %u with %lld elements",
@@ -167,15 +177,20 @@ quant_dequantize(uint32_t type, const void *src, float *dst, int64_t n)
 	q->dequant(src, dst, n / q->t.block_elems);
 }
 
+/* Checks the request, then runs the type's quantizer over whole blocks. */
 int
 quant_quantize(uint32_t type, const float *src, void *dst, int64_t n)
 {
-	const struct qtype *q = qtype(type);
+	const struct qtype *q = type_entry(type);
 
 	if (q == NULL || q->quant == NULL)
 		return ERR_UNSUPPORTED;
 	if (n < 0 || n % q->t.block_elems != 0)
 		return ERR_INVAL;
+	/* A block's scale is fitted to its values: one inf or NaN ruins it. */
+	for (int64_t i = 0; q->t.block_elems > 1 && i < n; i++)
+		if (!isfinite(src[i]))
+			return ERR_INVAL;
 	q->quant(src, dst, n / q->t.block_elems);
 	return 0;
 }
@@ -616,6 +631,41 @@ q_bf16(const float *x, void *dst, int64_t nb)
 }
 
 /* Q8_0 (ggml's quantize_row_q8_0_ref): d = amax/127, q = roundf(x/d). */
+/*
+ * Q5_0, as llama.cpp's Q4_K_M stores K-quant tensors whose rows are not a
+ * multiple of 256: the signed extreme maps to -16, values to 0..31.
+ */
+static void
+q_q5_0(const float *x, void *dst, int64_t nb)
+{
+	struct blk_q5_0 *b = dst;
+
+	for (int64_t i = 0; i < nb; i++, b++, x += QK) {
+		float amax = 0, max = 0;
+		uint32_t qh = 0;
+
+		for (int j = 0; j < QK; j++) {
+			if (amax < fabsf(x[j])) {
+				amax = fabsf(x[j]);
+				max = x[j];
+			}
+		}
+		float d = max / -16;
+		float id = d != 0 ? 1.0f / d : 0.0f;
+
+		b->d = fp32_to_fp16(d);
+		for (int j = 0; j < QK / 2; j++) {
+			int v0 = MIN(31, (int)(int8_t)(x[j] * id + 16.5f));
+			int v1 = MIN(31, (int)(int8_t)(x[QK / 2 + j] * id + 16.5f));
+
+			b->qs[j] = (uint8_t)((v0 & 0x0f) | ((v1 & 0x0f) << 4));
+			qh |= (uint32_t)((v0 & 0x10) >> 4) << j;
+			qh |= (uint32_t)((v1 & 0x10) >> 4) << (j + QK / 2);
+		}
+		memcpy(b->qh, &qh, sizeof qh);
+	}
+}
+
 static void
 q_q8_0(const float *x, void *dst, int64_t nb)
 {

@@ -50,9 +50,11 @@ void quant_dequantize(uint32_t type, const void *src, float *dst, int64_t n);
 
 /*
  * Quantizes n elements (a multiple of the block size) of src into dst.
- * Supported targets: F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K. The K-quant
+ * Supported targets: F32, F16, BF16, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K. The K-quant
  * search is the one llama.cpp uses without an importance matrix, so files we
- * write dequantize as llama.cpp's would. Returns 0, or ERR_UNSUPPORTED.
+ * write dequantize as llama.cpp's would. Returns 0, ERR_UNSUPPORTED, or
+ * ERR_INVAL if n is not a whole number of blocks or, for a block type, a
+ * value is NaN or infinite (the float types carry those as they are).
  */
 int quant_quantize(uint32_t type, const float *src, void *dst, int64_t n);
 

@@ -10,8 +10,8 @@
 #include <stdint.h>
 
 #define ST_MAX_DIMS 4
-/* Header (and index file) size limit, as the reference implementation's. */
-#define ST_MAX_HEADER (100u << 20)
+/* Header (and index file) size limit: the reference implementation's. */
+#define ST_MAX_HEADER 100000000u
 
 struct st_tensor {
 	const char *name;          /* NUL-terminated, owned by the model */
@@ -43,10 +43,12 @@ struct st_model;
  * dtypes, shapes (up to 4 dims), data_offsets covering the data section
  * exactly, without gap or overlap, each as long as shape x dtype size
  * (overflow-checked); shard names without '/' or ".."; index and shards
- * agreeing on every tensor, none twice. Returns 0 and *out; ERR_NOTFOUND
- * if the directory has neither file; ERR_UNSUPPORTED for a tensor of a
- * dtype other than F32, F16, BF16 (naming both); ERR_FORMAT, ERR_IO
- * otherwise, with a message naming the file and what is wrong.
+ * agreeing on every tensor, none twice (the index's "metadata" and the
+ * files' "__metadata__" are ignored). Returns 0 and *out; ERR_NOTFOUND if
+ * the directory has neither file; ERR_UNSUPPORTED for a tensor of a dtype
+ * other than F32, F16, BF16 (naming both) or of more than 4 dimensions;
+ * ERR_FORMAT, ERR_IO otherwise, with a message naming the file and what is
+ * wrong.
  */
 int st_open_dir(const char *dir, struct st_model **out, char *err);
 

@@ -246,7 +246,7 @@ test_types(void **state)
 	assert_int_equal(quant_row_bytes(TT_F32, INT64_MAX / 2 + 1, &b), ERR_INVAL);
 }
 
-/* quant_quantize refuses what it cannot write. */
+/* quant_quantize refuses what it cannot write: types, partial blocks, NaN/inf. */
 static void
 test_quantize_refusals(void **state)
 {
@@ -259,6 +259,12 @@ test_quantize_refusals(void **state)
 	assert_int_equal(quant_quantize(4, x, out, 32), ERR_UNSUPPORTED);
 	assert_int_equal(quant_quantize(TT_Q8_0, x, out, 33), ERR_INVAL);
 	assert_int_equal(quant_quantize(TT_Q4_K, x, out, 128), ERR_INVAL);
+	x[7] = NAN;
+	assert_int_equal(quant_quantize(TT_Q8_0, x, out, 32), ERR_INVAL);
+	x[7] = -INFINITY;
+	assert_int_equal(quant_quantize(TT_Q6_K, x, out, QK_K), ERR_INVAL);
+	assert_int_equal(quant_quantize(TT_F16, x, out, 32), 0); /* carried */
+	assert_int_equal(out[14] | out[15] << 8, 0xfc00);
 }
 
 /*

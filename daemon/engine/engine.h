@@ -1,0 +1,130 @@
+/*
+ * engine.h: the backend-neutral driver. It owns a model, a backend and the
+ * KV block pool, and advances sequences one forward step at a time: prefill
+ * chunks and decode tokens of many sequences share each step. Which
+ * sequences go into a step, and in what order, is the caller's (the
+ * scheduler's) decision.
+ *
+ * Life of a sequence:
+ *
+ *   engine_seq_new ---> PREFILL --(prompt all in KV)--> DECODE --+--> DONE
+ *                          ^                              |     |
+ *                          +------ engine_seq_extend -----+     |
+ *                                  (next turn, DONE too)  <------+
+ *
+ * PREFILL: tokens not yet in the KV cache remain; each step takes a chunk.
+ * DECODE: the last sampled token is fed back; each step samples one more.
+ * DONE: finished (a stop, the length limit, an error); its KV blocks stay
+ * until engine_seq_free, so that a next turn can extend it.
+ */
+#ifndef RESIDENT_ENGINE_H
+#define RESIDENT_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sample.h"
+#include "tokenizer.h"
+
+struct model_desc;
+struct engine;
+
+struct engine_opts {
+	const char *device;     /* "cpu" or "cuda"; NULL: cuda when there is a GPU */
+	int n_threads;          /* CPU threads; 0: all cores */
+	int32_t n_ctx;          /* longest sequence; 0: the model's, at most 8192 */
+	int32_t kv_tokens;      /* size of the KV pool in tokens; 0: 4 x n_ctx */
+	int32_t max_step_tokens;/* tokens per forward step; 0: 512 */
+	int32_t max_seqs;       /* sequences per step; 0: 64 */
+};
+
+enum seq_state { SEQ_PREFILL, SEQ_DECODE, SEQ_DONE };
+
+enum finish_reason {
+	FINISH_NONE,
+	FINISH_STOP,     /* an end-of-generation token or a stop string */
+	FINISH_LENGTH,   /* max_tokens reached */
+	FINISH_CONTEXT,  /* the context (n_ctx) is full */
+	FINISH_CANCEL,   /* the caller cancelled */
+	FINISH_ERROR,    /* the backend failed; seq->error says why */
+};
+
+struct seq_params {
+	struct sample_params sample;
+	int32_t max_tokens;     /* generated tokens at most; 0: until the context is full */
+	const char *const *stop;/* stop strings (copied) */
+	int n_stop;
+	int logprobs;           /* report each token's log-probability */
+};
+
+struct seq {
+	enum seq_state state;
+	enum finish_reason finish;
+	char error[256];
+	int32_t *tokens;        /* prompt(s) and generated tokens */
+	int32_t n_tokens, cap_tokens;
+	int32_t n_cached;       /* tokens whose K/V are in the pool */
+	int32_t n_prompt;       /* tokens given by the caller (all turns) */
+	int32_t n_generated;    /* this turn */
+	int32_t *blocks;        /* block table */
+	int32_t n_blocks, cap_blocks;
+	/* output of the last step: at most one token, and the text it completed */
+	int32_t new_token;      /* -1 if none this step */
+	float new_logprob;
+	char *piece;            /* NUL-terminated, whole UTF-8 (may be empty) */
+	size_t piece_len;
+	/* this turn's text and how much of it was handed out */
+	char *text;
+	size_t text_len, text_cap, text_emitted;
+	struct sampler sampler;
+	struct tok_stream stream;
+	struct seq_params params;
+	char **stop;
+	int32_t turn_start;     /* index of this turn's first generated token */
+};
+
+int engine_open(const char *model_path, const struct engine_opts *o, struct engine **out, char *err);
+void engine_close(struct engine *e);
+const struct model_desc *engine_model(const struct engine *e);
+const char *engine_device(const struct engine *e);
+int32_t engine_n_ctx(const struct engine *e);
+int32_t engine_free_blocks(const struct engine *e);
+int32_t engine_max_step_tokens(const struct engine *e);
+
+/*
+ * A new sequence over a prompt (1..n_ctx tokens). Returns 0 or a negative
+ * code (ERR_INVAL for bad parameters or token ids, ERR_RANGE if the prompt
+ * does not fit the context).
+ */
+int engine_seq_new(struct engine *e, const int32_t *prompt, int32_t n, const struct seq_params *p,
+    struct seq **out, char *err);
+
+/*
+ * Starts the next turn of a finished (or decoding) sequence: appends tokens
+ * to what it has; the tokens already in the KV cache are kept and only the
+ * new ones will be prefilled.
+ */
+int engine_seq_extend(struct engine *e, struct seq *s, const int32_t *tokens, int32_t n,
+    const struct seq_params *p, char *err);
+
+/* Marks a sequence finished with the reason (for cancel). */
+void engine_seq_finish(struct seq *s, enum finish_reason why);
+
+/* Releases a sequence and its KV blocks. */
+void engine_seq_free(struct engine *e, struct seq *s);
+
+/*
+ * One forward step over the sequences given (those not DONE), in the order
+ * given: decoding ones take one token each, prefilling ones a chunk of what
+ * budget is left (at most max_step_tokens in all). Sequences left out of
+ * the budget are untouched. Afterwards each sequence's new_token / piece /
+ * state tell what happened. Returns the number of tokens processed, or a
+ * negative code if the backend failed (the sequences of the step are then
+ * finished with FINISH_ERROR).
+ */
+int engine_step(struct engine *e, struct seq **seqs, int n, char *err);
+
+/* Text of a finish reason: "stop", "length", "context", "cancel", "error". */
+const char *engine_finish_name(enum finish_reason r);
+
+#endif

@@ -1,0 +1,48 @@
+/* sample.h: choosing the next token from logits. */
+#ifndef RESIDENT_SAMPLE_H
+#define RESIDENT_SAMPLE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct sample_params {
+	float temperature;      /* 0: greedy */
+	int32_t top_k;          /* 0: off */
+	float top_p;            /* 1: off */
+	float min_p;            /* 0: off */
+	float repeat_penalty;   /* 1: off; divides positive logits of seen tokens, multiplies negative */
+	float presence_penalty; /* 0: off; subtracted once from each seen token */
+	float frequency_penalty;/* 0: off; subtracted per occurrence */
+	int32_t penalty_last_n; /* how many recent tokens the penalties look at; -1: all */
+	uint64_t seed;
+};
+
+/* Defaults: greedy, no penalties, seed 0. */
+void sample_params_default(struct sample_params *p);
+/* Checks ranges; ERR_INVAL with a message naming the parameter. */
+int sample_params_check(const struct sample_params *p, char *err);
+
+struct sampler {
+	struct sample_params p;
+	uint64_t rng[4];
+	/* scratch, n_vocab long */
+	int32_t *idx;
+	float *prob;
+	int32_t *count;         /* occurrences in the penalty window */
+	int32_t n_vocab;
+};
+
+void sampler_init(struct sampler *s, const struct sample_params *p, int32_t n_vocab);
+void sampler_free(struct sampler *s);
+
+/*
+ * Picks a token from logits (n_vocab, modified in place by the penalties)
+ * given the tokens so far (for the penalties). With a fixed seed the same
+ * logits and history give the same token. *logprob, if not NULL, gets the
+ * log-probability of the pick under the temperature-scaled distribution
+ * (temperature 1 for greedy).
+ */
+int32_t sampler_pick(struct sampler *s, float *logits, const int32_t *history, size_t n_history,
+    float *logprob);
+
+#endif

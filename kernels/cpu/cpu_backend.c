@@ -1,0 +1,457 @@
+/*
+ * cpu_backend.c: the reference backend. One forward step over a batch of
+ * sequences, straight from the stored weights, float32 activations and a
+ * float32 KV pool. Written to be read next to the architecture definitions;
+ * the speed comes from cpu_ops.c (SIMD) and cpu_pool.c (threads).
+ */
+#include "config.h"
+#include "kernels.h"
+#include "cpu_ops.h"
+#include "cpu_pool.h"
+#include "model.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* 1-D weights as float, converted once at load. */
+struct cpu_layer {
+	float *attn_norm, *ffn_norm, *post_attn_norm, *post_ffn_norm;
+	float *q_norm, *k_norm, *bq, *bk, *bv;
+};
+
+struct backend {
+	const struct model_desc *m;
+	struct cpu_pool *pool;
+	struct cpu_layer *layers;
+	float *out_norm;
+	int max_tokens;
+	/* KV pool: [block][layer][K|V][KV_BLOCK_TOKENS][n_head_kv * head_dim] */
+	float *kv;
+	int64_t kv_blocks;
+	size_t kv_stride;   /* floats of one block's K (or V) of one layer */
+	/* activations, max_tokens rows each */
+	float *x, *h, *q, *k, *v, *att, *gate, *up, *ffn_out;
+	float *mm_scratch;
+	float *scores;      /* per thread: one row of attention scores */
+	int64_t scores_len;
+	/* per step: where each token sits */
+	int32_t *tok_seq, *tok_pos;
+};
+
+/* Converts a 1-D weight to a malloc'd float array (NULL stays NULL). */
+static float *
+to_float(const struct model_tensor *t)
+{
+	float *f;
+
+	if (t == NULL)
+		return NULL;
+	f = xmalloc((size_t)t->ne[0] * sizeof *f);
+	cpu_get_row(t, 0, f);
+	return f;
+}
+
+/* The float copies of one layer's small weights. */
+static void
+load_layer(const struct model_layer *L, struct cpu_layer *c)
+{
+	c->attn_norm = to_float(L->attn_norm);
+	c->ffn_norm = to_float(L->ffn_norm);
+	c->post_attn_norm = to_float(L->post_attn_norm);
+	c->post_ffn_norm = to_float(L->post_ffn_norm);
+	c->q_norm = to_float(L->q_norm);
+	c->k_norm = to_float(L->k_norm);
+	c->bq = to_float(L->bq);
+	c->bk = to_float(L->bk);
+	c->bv = to_float(L->bv);
+}
+
+static void
+free_layer(struct cpu_layer *c)
+{
+	free(c->attn_norm), free(c->ffn_norm), free(c->post_attn_norm), free(c->post_ffn_norm);
+	free(c->q_norm), free(c->k_norm), free(c->bq), free(c->bk), free(c->bv);
+}
+
+/* Allocates a zeroed array of n floats, refusing sizes that overflow. */
+static float *
+alloc_floats(size_t a, size_t b, char *err, int *rc)
+{
+	size_t n;
+	float *p;
+
+	if (mul_size(a, b, &n) != 0 || mul_size(n, sizeof(float), &n) != 0) {
+		*rc = err_set(err, ERR_RANGE, "buffer of %zu x %zu floats is too large", a, b);
+		return NULL;
+	}
+	if ((p = calloc(1, n ? n : 1)) == NULL)
+		*rc = err_set(err, ERR_NOMEM, "out of memory allocating %zu MiB", n >> 20);
+	return p;
+}
+
+static void cpu_free(struct backend *b);
+
+/* Allocates the activations for max_tokens rows and the KV pool. */
+static int
+alloc_buffers(struct backend *b, char *err)
+{
+	const struct model_hparams *hp = &b->m->hp;
+	size_t T = (size_t)b->max_tokens, nq = (size_t)hp->n_head * hp->head_dim;
+	size_t nkv = (size_t)hp->n_head_kv * hp->head_dim;
+	size_t widest = MAX(MAX((size_t)hp->n_embd, (size_t)hp->n_ff), nq);
+	int rc = 0;
+
+	b->kv_stride = KV_BLOCK_TOKENS * nkv;
+	b->kv = alloc_floats((size_t)b->kv_blocks * (size_t)hp->n_layer * 2, b->kv_stride, err, &rc);
+	b->x = alloc_floats(T, (size_t)hp->n_embd, err, &rc);
+	b->h = alloc_floats(T, widest, err, &rc);
+	b->q = alloc_floats(T, nq, err, &rc);
+	b->k = alloc_floats(T, nkv, err, &rc);
+	b->v = alloc_floats(T, nkv, err, &rc);
+	b->att = alloc_floats(T, nq, err, &rc);
+	b->gate = alloc_floats(T, (size_t)hp->n_ff, err, &rc);
+	b->up = alloc_floats(T, (size_t)hp->n_ff, err, &rc);
+	b->ffn_out = alloc_floats(T, (size_t)hp->n_embd, err, &rc);
+	b->mm_scratch = alloc_floats((size_t)cpu_pool_threads(b->pool) * CPU_MM_ROWS, widest, err, &rc);
+	b->tok_seq = xcalloc(T, sizeof *b->tok_seq);
+	b->tok_pos = xcalloc(T, sizeof *b->tok_pos);
+	return rc;
+}
+
+static int
+cpu_load(const struct model_desc *m, const struct backend_opts *o, struct backend **out, char *err)
+{
+	struct backend *b = xcalloc(1, sizeof *b);
+	int l, rc, threads = o->n_threads > 0 ? o->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+
+	if (o->max_tokens < 1 || o->kv_blocks < 1) {
+		free(b);
+		return err_set(err, ERR_INVAL, "max_tokens and kv_blocks must be positive");
+	}
+	cpu_ops_init();
+	b->m = m;
+	b->max_tokens = o->max_tokens;
+	b->kv_blocks = o->kv_blocks;
+	b->pool = cpu_pool_new(threads);
+	b->layers = xcalloc((size_t)m->hp.n_layer, sizeof *b->layers);
+	for (l = 0; l < m->hp.n_layer; l++)
+		load_layer(&m->layers[l], &b->layers[l]);
+	b->out_norm = to_float(m->out_norm);
+	if ((rc = alloc_buffers(b, err)) != 0) {
+		cpu_free(b);
+		return rc;
+	}
+	*out = b;
+	return 0;
+}
+
+static void
+cpu_free(struct backend *b)
+{
+	int l;
+
+	if (b == NULL)
+		return;
+	for (l = 0; l < b->m->hp.n_layer; l++)
+		free_layer(&b->layers[l]);
+	free(b->layers);
+	free(b->out_norm);
+	free(b->kv), free(b->x), free(b->h), free(b->q), free(b->k), free(b->v), free(b->att);
+	free(b->gate), free(b->up), free(b->ffn_out), free(b->mm_scratch), free(b->scores);
+	free(b->tok_seq), free(b->tok_pos);
+	cpu_pool_free(b->pool);
+	free(b);
+}
+
+/* Checks a step against the pool and the model before touching anything. */
+static int
+check_batch(const struct backend *b, const struct fwd_batch *batch, int64_t *max_len, char *err)
+{
+	int32_t s, i, total = 0;
+
+	if (batch->n_tokens < 1 || batch->n_tokens > b->max_tokens)
+		return err_set(err, ERR_RANGE, "a step of %d tokens (1..%d allowed)", batch->n_tokens,
+		    b->max_tokens);
+	*max_len = 0;
+	for (s = 0; s < batch->n_seqs; s++) {
+		const struct fwd_seq *q = &batch->seqs[s];
+		int64_t len = (int64_t)q->pos0 + q->n_new;
+
+		if (q->n_new < 1 || q->pos0 < 0 || q->logits < 0 || q->logits > q->n_new ||
+		    (q->logits != 0 && q->logits != 1 && q->logits != q->n_new))
+			return err_set(err, ERR_INVAL, "sequence %d: bad token or logit counts", s);
+		if ((int64_t)q->n_blocks * KV_BLOCK_TOKENS < len)
+			return err_set(err, ERR_INVAL, "sequence %d: %d blocks cannot hold %lld positions",
+			    s, q->n_blocks, (long long)len);
+		for (i = 0; i < q->n_blocks; i++)
+			if (q->block_table[i] < 0 || q->block_table[i] >= b->kv_blocks)
+				return err_set(err, ERR_INVAL, "sequence %d: block %d out of the pool", s,
+				    q->block_table[i]);
+		*max_len = MAX(*max_len, len);
+		total += q->n_new;
+	}
+	if (total != batch->n_tokens)
+		return err_set(err, ERR_INVAL, "sequences carry %d tokens, the batch %d", total,
+		    batch->n_tokens);
+	for (i = 0; i < batch->n_tokens; i++)
+		if (batch->tokens[i] < 0 || batch->tokens[i] >= b->m->hp.n_vocab)
+			return err_set(err, ERR_INVAL, "token id %d out of the vocabulary", batch->tokens[i]);
+	return 0;
+}
+
+/* Where position pos of a sequence keeps its K (kv = 0) or V (kv = 1) at layer l. */
+static float *
+kv_slot(const struct backend *b, const struct fwd_seq *q, int l, int kv, int64_t pos)
+{
+	int64_t block = q->block_table[pos / KV_BLOCK_TOKENS];
+	size_t nkv = (size_t)b->m->hp.n_head_kv * (size_t)b->m->hp.head_dim;
+
+	return b->kv + (((size_t)block * (size_t)b->m->hp.n_layer + (size_t)l) * 2 + (size_t)kv) *
+	    b->kv_stride + (size_t)(pos % KV_BLOCK_TOKENS) * nkv;
+}
+
+struct step {
+	struct backend *b;
+	const struct fwd_batch *batch;
+	int l;
+};
+
+/* Token embeddings, scaled. */
+static void
+embed(struct backend *b, const struct fwd_batch *batch)
+{
+	const struct model_hparams *hp = &b->m->hp;
+	int32_t t;
+	int64_t i;
+
+	for (t = 0; t < batch->n_tokens; t++) {
+		float *x = b->x + (size_t)t * hp->n_embd;
+
+		cpu_get_row(b->m->tok_embd, batch->tokens[t], x);
+		if (hp->embd_scale != 1.0f)
+			for (i = 0; i < hp->n_embd; i++)
+				x[i] *= hp->embd_scale;
+	}
+}
+
+/* Task t: bias, QK norm and RoPE of token t's heads, then its K/V into the pool. */
+static void
+qk_task(void *arg, int64_t t, int thread)
+{
+	const struct step *st = arg;
+	struct backend *b = st->b;
+	const struct model_hparams *hp = &b->m->hp;
+	const struct cpu_layer *c = &b->layers[st->l];
+	const struct fwd_seq *q = &st->batch->seqs[b->tok_seq[t]];
+	int swa = model_layer_is_swa(hp, st->l), hd = hp->head_dim, h;
+	float theta = swa ? hp->rope_theta_local : hp->rope_theta;
+	float pos = (float)b->tok_pos[t] / (swa ? 1.0f : hp->rope_scale);
+	float *qt = b->q + (size_t)t * hp->n_head * hd, *kt = b->k + (size_t)t * hp->n_head_kv * hd;
+	float *vt = b->v + (size_t)t * hp->n_head_kv * hd;
+	size_t nkv = (size_t)hp->n_head_kv * hd;
+
+	if (c->bq != NULL) {
+		cpu_add(qt, c->bq, (int64_t)hp->n_head * hd);
+		cpu_add(kt, c->bk, (int64_t)nkv);
+		cpu_add(vt, c->bv, (int64_t)nkv);
+	}
+	for (h = 0; h < hp->n_head; h++) {
+		if (c->q_norm != NULL)
+			cpu_rmsnorm(qt + h * hd, c->q_norm, hp->norm_offset, hp->norm_eps, hd, qt + h * hd);
+		cpu_rope(qt + h * hd, hd, pos, theta, hp->rope == ROPE_NEOX);
+	}
+	for (h = 0; h < hp->n_head_kv; h++) {
+		if (c->k_norm != NULL)
+			cpu_rmsnorm(kt + h * hd, c->k_norm, hp->norm_offset, hp->norm_eps, hd, kt + h * hd);
+		cpu_rope(kt + h * hd, hd, pos, theta, hp->rope == ROPE_NEOX);
+	}
+	memcpy(kv_slot(b, q, st->l, 0, b->tok_pos[t]), kt, nkv * sizeof(float));
+	memcpy(kv_slot(b, q, st->l, 1, b->tok_pos[t]), vt, nkv * sizeof(float));
+}
+
+/* Task (token, head): softmax(q.K / scale) V over the positions the token sees. */
+static void
+attn_task(void *arg, int64_t task, int thread)
+{
+	const struct step *st = arg;
+	struct backend *b = st->b;
+	const struct model_hparams *hp = &b->m->hp;
+	int64_t t = task / hp->n_head, h = task % hp->n_head, p, p0 = 0, pos = b->tok_pos[t];
+	const struct fwd_seq *q = &st->batch->seqs[b->tok_seq[t]];
+	int hd = hp->head_dim, kvh = (int)(h / (hp->n_head / hp->n_head_kv));
+	const float *qh = b->q + ((size_t)t * hp->n_head + (size_t)h) * hd;
+	float *out = b->att + ((size_t)t * hp->n_head + (size_t)h) * hd;
+	float *sc = b->scores + (size_t)thread * (size_t)b->scores_len, mx = -INFINITY, sum = 0;
+	int i;
+
+	if (model_layer_is_swa(hp, st->l) && pos >= hp->sliding_window)
+		p0 = pos - hp->sliding_window + 1;
+	for (p = p0; p <= pos; p++) {
+		sc[p - p0] = cpu_dot(qh, kv_slot(b, q, st->l, 0, p) + (size_t)kvh * hd, hd) * hp->attn_scale;
+		mx = MAX(mx, sc[p - p0]);
+	}
+	for (p = p0; p <= pos; p++) {
+		sc[p - p0] = expf(sc[p - p0] - mx);
+		sum += sc[p - p0];
+	}
+	memset(out, 0, (size_t)hd * sizeof *out);
+	for (p = p0; p <= pos; p++) {
+		const float *vh = kv_slot(b, q, st->l, 1, p) + (size_t)kvh * hd;
+		float w = sc[p - p0] / sum;
+
+		for (i = 0; i < hd; i++)
+			out[i] += w * vh[i];
+	}
+}
+
+/* Task t: RMSNorm of row t of src into dst (widths n), optionally added to x. */
+struct norm_ctx {
+	const float *src, *w;
+	float *dst;
+	int64_t n;
+	const struct model_hparams *hp;
+};
+
+static void
+norm_task(void *arg, int64_t t, int thread)
+{
+	const struct norm_ctx *c = arg;
+
+	cpu_rmsnorm(c->src + t * c->n, c->w, c->hp->norm_offset, c->hp->norm_eps, c->n, c->dst + t * c->n);
+}
+
+/* RMSNorm of T rows. */
+static void
+norm_rows(struct backend *b, const float *src, const float *w, float *dst, int T)
+{
+	struct norm_ctx c = { src, w, dst, b->m->hp.n_embd, &b->m->hp };
+
+	cpu_pool_run(b->pool, T, norm_task, &c);
+}
+
+/* x += f(rows), where the sandwich norm, if any, is applied to rows first. */
+static void
+residual(struct backend *b, float *rows, const float *post_norm, int T)
+{
+	int64_t n = b->m->hp.n_embd;
+
+	if (post_norm != NULL)
+		norm_rows(b, rows, post_norm, rows, T);
+	cpu_add(b->x, rows, n * T);
+}
+
+/* The attention half of layer l. */
+static void
+attention(struct backend *b, const struct fwd_batch *batch, int l)
+{
+	const struct model_hparams *hp = &b->m->hp;
+	const struct model_layer *L = &b->m->layers[l];
+	struct step st = { b, batch, l };
+	int T = batch->n_tokens;
+	int64_t nq = (int64_t)hp->n_head * hp->head_dim, nkv = (int64_t)hp->n_head_kv * hp->head_dim;
+
+	norm_rows(b, b->x, b->layers[l].attn_norm, b->h, T);
+	cpu_matmul(b->pool, L->wq, b->h, hp->n_embd, T, b->q, nq, b->mm_scratch);
+	cpu_matmul(b->pool, L->wk, b->h, hp->n_embd, T, b->k, nkv, b->mm_scratch);
+	cpu_matmul(b->pool, L->wv, b->h, hp->n_embd, T, b->v, nkv, b->mm_scratch);
+	cpu_pool_run(b->pool, T, qk_task, &st);
+	cpu_pool_run(b->pool, (int64_t)T * hp->n_head, attn_task, &st);
+	cpu_matmul(b->pool, L->wo, b->att, nq, T, b->ffn_out, hp->n_embd, b->mm_scratch);
+	residual(b, b->ffn_out, b->layers[l].post_attn_norm, T);
+}
+
+/* The feed-forward half of layer l. */
+static void
+feed_forward(struct backend *b, int T, int l)
+{
+	const struct model_hparams *hp = &b->m->hp;
+	const struct model_layer *L = &b->m->layers[l];
+
+	norm_rows(b, b->x, b->layers[l].ffn_norm, b->h, T);
+	cpu_matmul(b->pool, L->w_gate, b->h, hp->n_embd, T, b->gate, hp->n_ff, b->mm_scratch);
+	cpu_matmul(b->pool, L->w_up, b->h, hp->n_embd, T, b->up, hp->n_ff, b->mm_scratch);
+	cpu_glu(b->gate, b->up, (int64_t)T * hp->n_ff, hp->gelu);
+	cpu_matmul(b->pool, L->w_down, b->gate, hp->n_ff, T, b->ffn_out, hp->n_embd, b->mm_scratch);
+	residual(b, b->ffn_out, b->layers[l].post_ffn_norm, T);
+}
+
+/* Final norm of the rows that want logits, then the output projection. */
+static void
+output(struct backend *b, const struct fwd_batch *batch, float *logits)
+{
+	const struct model_hparams *hp = &b->m->hp;
+	int32_t s, t = 0, n = 0, r;
+
+	for (s = 0; s < batch->n_seqs; s++) {
+		const struct fwd_seq *q = &batch->seqs[s];
+
+		for (r = q->n_new - q->logits; r < q->n_new; r++, n++)
+			cpu_rmsnorm(b->x + (size_t)(t + r) * hp->n_embd, b->out_norm, hp->norm_offset,
+			    hp->norm_eps, hp->n_embd, b->h + (size_t)n * hp->n_embd);
+		t += q->n_new;
+	}
+	if (n > 0)
+		cpu_matmul(b->pool, b->m->output, b->h, hp->n_embd, n, logits, hp->n_vocab, b->mm_scratch);
+}
+
+/* Records each token's sequence and position; sizes the score rows. */
+static void
+place_tokens(struct backend *b, const struct fwd_batch *batch, int64_t max_len)
+{
+	int32_t s, i, t = 0;
+
+	for (s = 0; s < batch->n_seqs; s++)
+		for (i = 0; i < batch->seqs[s].n_new; i++, t++) {
+			b->tok_seq[t] = s;
+			b->tok_pos[t] = batch->seqs[s].pos0 + i;
+		}
+	if (max_len > b->scores_len) {
+		b->scores_len = max_len;
+		free(b->scores);
+		b->scores = xmalloc((size_t)cpu_pool_threads(b->pool) * (size_t)max_len * sizeof(float));
+	}
+}
+
+static int
+cpu_forward(struct backend *b, const struct fwd_batch *batch, float *logits, char *err)
+{
+	int64_t max_len;
+	int l, rc;
+
+	if ((rc = check_batch(b, batch, &max_len, err)) != 0)
+		return rc;
+	place_tokens(b, batch, max_len);
+	embed(b, batch);
+	for (l = 0; l < b->m->hp.n_layer; l++) {
+		attention(b, batch, l);
+		feed_forward(b, batch->n_tokens, l);
+	}
+	output(b, batch, logits);
+	return 0;
+}
+
+static int
+cpu_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char *err)
+{
+	size_t nkv = (size_t)b->m->hp.n_head_kv * (size_t)b->m->hp.head_dim, i;
+
+	if (src < 0 || src >= b->kv_blocks || dst < 0 || dst >= b->kv_blocks ||
+	    n_tokens < 0 || n_tokens > KV_BLOCK_TOKENS)
+		return err_set(err, ERR_INVAL, "kv_copy %d -> %d of %d tokens: out of range", src, dst, n_tokens);
+	for (i = 0; i < (size_t)b->m->hp.n_layer * 2; i++)
+		memcpy(b->kv + ((size_t)dst * (size_t)b->m->hp.n_layer * 2 + i) * b->kv_stride,
+		    b->kv + ((size_t)src * (size_t)b->m->hp.n_layer * 2 + i) * b->kv_stride,
+		    (size_t)n_tokens * nkv * sizeof(float));
+	return 0;
+}
+
+const struct backend_ops cpu_backend = {
+	.name = "cpu",
+	.load = cpu_load,
+	.forward = cpu_forward,
+	.kv_copy = cpu_kv_copy,
+	.free = cpu_free,
+};

@@ -1,0 +1,70 @@
+/*
+ * kernels.h: the backend interface. A backend runs whole forward steps, so
+ * that it can fuse, batch and capture graphs as it likes; the engine above
+ * it only decides what goes into a step.
+ *
+ * The KV cache is a pool of fixed-size blocks owned by the backend (device
+ * memory for CUDA). Block b holds, for every layer, the keys and values of
+ * KV_BLOCK_TOKENS consecutive positions of one sequence. A sequence's block
+ * table lists its blocks in position order; kv.c decides which blocks a
+ * sequence owns and shares.
+ */
+#ifndef RESIDENT_KERNELS_H
+#define RESIDENT_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct model_desc;
+
+#define KV_BLOCK_TOKENS 16
+
+struct backend_opts {
+	int n_threads;     /* CPU: worker threads (0: all cores) */
+	int64_t kv_blocks; /* blocks in the KV pool */
+	int max_tokens;    /* most tokens one forward step may carry */
+	int max_seqs;      /* most sequences one step may carry */
+	int device;        /* CUDA: device ordinal */
+};
+
+/* One sequence's part of a step: n_new tokens at positions pos0.. */
+struct fwd_seq {
+	int32_t n_new;
+	int32_t pos0;                /* position of the first new token = tokens already cached */
+	const int32_t *block_table;  /* blocks covering positions 0 .. pos0 + n_new - 1 */
+	int32_t n_blocks;
+	int32_t logits;              /* rows of logits wanted: 0, 1 (the last token) or n_new */
+};
+
+/*
+ * A step: the new tokens of every sequence, concatenated in sequence order.
+ * Logits are written row after row in the same order, n_vocab floats each,
+ * for the rows each sequence asked for.
+ */
+struct fwd_batch {
+	int32_t n_seqs;
+	const struct fwd_seq *seqs;
+	int32_t n_tokens;
+	const int32_t *tokens;
+};
+
+struct backend;
+
+struct backend_ops {
+	const char *name;
+	/* Uploads / prepares the weights and allocates the KV pool. */
+	int (*load)(const struct model_desc *m, const struct backend_opts *o,
+	    struct backend **out, char *err);
+	/* Runs one step: writes the new tokens' K/V into their blocks, returns logits. */
+	int (*forward)(struct backend *b, const struct fwd_batch *batch, float *logits, char *err);
+	/* Copies the first n_tokens positions of block src into block dst (copy on write). */
+	int (*kv_copy)(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char *err);
+	void (*free)(struct backend *b);
+};
+
+extern const struct backend_ops cpu_backend;
+#ifdef HAVE_CUDA
+extern const struct backend_ops cuda_backend;
+#endif
+
+#endif
