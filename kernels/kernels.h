@@ -63,8 +63,5 @@ struct backend_ops {
 };
 
 extern const struct backend_ops cpu_backend;
-#ifdef HAVE_CUDA
-extern const struct backend_ops cuda_backend;
-#endif
 
 #endif

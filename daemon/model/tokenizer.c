@@ -92,6 +92,7 @@ struct tokenizer {
 	int add_bos, add_eos;
 	enum prefix_mode prefix;
 	int escape_space;     /* ' ' becomes U+2581 before encoding */
+	int escape_added;     /* ... before added tokens are matched, too (SentencePiece) */
 	int unescape_space;   /* and back when decoding */
 	int strip_first;      /* decoding drops the leading space of the text */
 	int byte_level;       /* GPT-2 byte alphabet */
@@ -145,6 +146,7 @@ struct enc {
 	size_t cap_sym;
 	struct hent *heap;
 	size_t n_heap, cap_heap;
+	struct buf esc;      /* the text with spaces escaped, for escape_added */
 	struct buf norm;
 	struct ranges w, w2;
 	pcre2_match_data *md;
@@ -689,21 +691,44 @@ set_byte_tokens(struct tokenizer *t, char *err)
 	return 0;
 }
 
-/* Added tokens (user-defined, control, unknown) go into the trie. */
+/* Appends s with every space escaped as U+2581. */
+static void
+put_escaped(struct buf *d, const char *s, size_t n)
+{
+	size_t i, k;
+
+	for (i = 0; i < n; i = k + 1) {
+		for (k = i; k < n && s[k] != ' '; k++)
+			;
+		buf_put(d, s + i, k - i);
+		if (k < n)
+			buf_put(d, SPACE_ESC, 3);
+	}
+}
+
+/* Added tokens (user-defined, control, unknown) go into the trie, escaped if text will be. */
 static void
 set_added(struct tokenizer *t)
 {
 	const struct tok_entry *e;
+	struct buf key = { 0 };
 	int32_t i;
 
 	for (i = 0; i < t->n; i++) {
 		e = &t->e[i];
 		if (e->len == 0 || !utf8_valid(t->text + e->off, e->len))
 			continue;
-		if (e->type == TOK_TYPE_USER_DEFINED || e->type == TOK_TYPE_CONTROL ||
-		    e->type == TOK_TYPE_UNKNOWN)
-			trie_add(&t->added, t->text + e->off, e->len, i);
+		if (e->type != TOK_TYPE_USER_DEFINED && e->type != TOK_TYPE_CONTROL &&
+		    e->type != TOK_TYPE_UNKNOWN)
+			continue;
+		key.n = 0;
+		if (t->escape_added)
+			put_escaped(&key, t->text + e->off, e->len);
+		else
+			buf_put(&key, t->text + e->off, e->len);
+		trie_add(&t->added, key.p, key.n, i);
 	}
+	free(key.p);
 }
 
 /* Marks the tokens that end a turn: eos, eot, and control tokens named like it. */
@@ -967,6 +992,7 @@ gguf_model(struct tokenizer *t, const struct gguf_file *f, char *err)
 	if (gguf_str_eq(model, "llama")) {
 		t->kind = TOK_SPM;
 		t->escape_space = t->unescape_space = t->byte_fallback = 1;
+		t->escape_added = 1;
 		t->add_bos = 1;
 		t->prefix = PREFIX_ALWAYS;
 		return 0;
@@ -1052,13 +1078,19 @@ jtoken_text(const json_t *v)
 	return json_is_object(v) ? jstr(v, "content") : json_string_value(v);
 }
 
-/* Loads a JSON file, with jansson's line and column on failure. */
+/* Loads a JSON file (read whole: jansson's own file reading goes a byte at a time). */
 static int
 jload(const char *path, json_t **out, char *err)
 {
 	json_error_t je;
+	size_t len;
+	char *data;
+	int rc;
 
-	*out = json_load_file(path, JSON_ALLOW_NUL, &je);
+	if ((rc = read_file(path, &data, &len, err)) != 0)
+		return rc;
+	*out = json_loadb(data, len, JSON_ALLOW_NUL, &je);
+	free(data);
 	if (*out == NULL)
 		return err_set(err, ERR_FORMAT, "%s:%d:%d: %s", path, je.line, je.column, je.text);
 	if (!json_is_object(*out)) {
@@ -1956,22 +1988,14 @@ static void
 normalize(const struct tokenizer *t, struct enc *x, const char *s, size_t n, int at_start)
 {
 	const char *sp = t->escape_space ? SPACE_ESC : " ";
-	size_t i, k;
 
 	x->norm.n = 0;
 	if (wants_prefix(t, s, n, at_start))
 		buf_put(&x->norm, sp, strlen(sp));
-	if (!t->escape_space) {
+	if (t->escape_space)
+		put_escaped(&x->norm, s, n);
+	else
 		buf_put(&x->norm, s, n);
-		return;
-	}
-	for (i = 0; i < n; i = k + 1) {
-		for (k = i; k < n && s[k] != ' '; k++)
-			;
-		buf_put(&x->norm, s + i, k - i);
-		if (k < n)
-			buf_put(&x->norm, SPACE_ESC, 3);
-	}
 }
 
 /* Encodes a fragment of plain text (between added tokens). */
@@ -2081,6 +2105,7 @@ enc_free(struct enc *x)
 {
 	free(x->sym);
 	free(x->heap);
+	free(x->esc.p);
 	free(x->norm.p);
 	free(x->w.a);
 	free(x->w2.a);
@@ -2103,7 +2128,11 @@ tok_encode(const struct tokenizer *t, const char *text, size_t len, int parse_sp
 		x.md = pcre2_match_data_create(1, NULL);
 	if (add_special && t->add_bos && t->bos >= 0)
 		enc_push(&x, t->bos);
-	if (len > 0)
+	if (len > 0 && t->escape_added) {
+		/* SentencePiece matches user-defined pieces in the escaped text */
+		put_escaped(&x.esc, text, len);
+		rc = partition(t, &x, x.esc.p, x.esc.n, parse_special, err);
+	} else if (len > 0)
 		rc = partition(t, &x, text, len, parse_special, err);
 	if (rc == 0 && add_special && t->add_eos && t->eos >= 0)
 		enc_push(&x, t->eos);
@@ -2200,6 +2229,19 @@ stream_byte(struct tok_stream *s, unsigned char c, char *out)
 	return w;
 }
 
+/* How many bytes feeding p[0..n) would write, without changing the stream. */
+static size_t
+stream_len(const struct tok_stream *s, const unsigned char *p, size_t n)
+{
+	struct tok_stream dry = *s;
+	char tmp[8];
+	size_t i, w = 0;
+
+	for (i = 0; i < n; i++)
+		w += stream_byte(&dry, p[i], tmp);
+	return w;
+}
+
 int
 tok_stream_push(const struct tokenizer *t, struct tok_stream *s, int32_t id,
     int render_special, char *out, size_t cap)
@@ -2215,15 +2257,14 @@ tok_stream_push(const struct tokenizer *t, struct tok_stream *s, int32_t id,
 		return 0;
 	p = (const unsigned char *)t->dec + e->doff;
 	n = e->dlen;
-	if (cap < 3 * (n + (size_t)s->n_pending) + 1)
-		return ERR_RANGE;
-	if (n > 0 && s->first) {
-		s->first = 0;
-		if (t->strip_first && p[0] == ' ') {
-			p++;
-			n--;
-		}
+	if (n > 0 && s->first && t->strip_first && p[0] == ' ') {
+		p++;
+		n--;
 	}
+	if (stream_len(s, p, n) > cap)
+		return ERR_RANGE;
+	if (e->dlen > 0)
+		s->first = 0;
 	for (i = 0; i < n; i++)
 		w += stream_byte(s, p[i], out + w);
 	return (int)w;

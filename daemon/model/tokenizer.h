@@ -86,16 +86,18 @@ struct tok_stream {
 };
 
 void tok_stream_init(struct tok_stream *s);
-/* The output capacity tok_stream_push needs for any token of t. */
+/* An output capacity that is enough for tok_stream_push with any token of t. */
 size_t tok_stream_cap(const struct tokenizer *t);
 /*
- * Appends the complete UTF-8 produced by token id to out (capacity cap, at
- * least tok_stream_cap(t)). Returns the number of bytes written (not
- * NUL-terminated), ERR_RANGE for an out-of-range id or a too small cap.
+ * Appends the complete UTF-8 produced by token id to out (capacity cap;
+ * tok_stream_cap(t) always suffices, the bytes actually completed are
+ * enough). Returns the number of bytes written (not NUL-terminated), or
+ * ERR_RANGE, with the stream unchanged, for an out-of-range id or a cap too
+ * small for this token.
  */
 int tok_stream_push(const struct tokenizer *t, struct tok_stream *s, int32_t id,
     int render_special, char *out, size_t cap);
-/* Flushes held bytes at the end of a stream (leftovers become U+FFFD); cap >= 4. */
+/* Flushes held bytes at the end of a stream (leftovers become U+FFFD); cap >= 3. */
 int tok_stream_flush(struct tok_stream *s, char *out, size_t cap);
 
 /* Decodes a whole id sequence into a malloc'd NUL-terminated string. */

@@ -418,7 +418,7 @@ place_tokens(struct backend *b, const struct fwd_batch *batch, int64_t max_len)
 static int
 cpu_forward(struct backend *b, const struct fwd_batch *batch, float *logits, char *err)
 {
-	int64_t max_len;
+	int64_t max_len = 0;
 	int l, rc;
 
 	if ((rc = check_batch(b, batch, &max_len, err)) != 0)

@@ -1,0 +1,219 @@
+/*
+ * test_batch.c: batch invariance of the CPU backend, for every family.
+ *
+ * A sequence's logits must not depend on what else shares its steps: the
+ * same whether its prompt is prefilled in one chunk or in chunks of 7, and
+ * whether it decodes alone or beside 15 other sequences (some prefilling,
+ * some decoding). Models are generated into a temporary directory.
+ */
+#include "config.h"
+#include "genmodel.h"
+#include "kernels.h"
+#include "model.h"
+#include "util.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#define PROMPT 23
+#define OTHERS 15
+#define MAX_BLOCKS 8
+#define TOL 1e-5
+
+struct fixture {
+	char dir[64];
+	char path[128];
+	struct model_desc *m;
+	struct backend *be;
+	int32_t n_vocab;
+};
+
+/* Generates SHAPE as GGUF q8_0 and loads it on the CPU backend. */
+static int
+setup_shape(void **state, const char *shape, const char *type)
+{
+	struct fixture *f = xcalloc(1, sizeof *f);
+	struct genmodel_opts o = { .shape = shape, .format = "gguf", .type = type, .seed = 3, .threads = 2 };
+	struct backend_opts bo = { .n_threads = 2, .kv_blocks = (OTHERS + 1) * MAX_BLOCKS,
+		.max_tokens = 256, .max_seqs = OTHERS + 1 };
+	char err[ERR_LEN];
+
+	snprintf(f->dir, sizeof f->dir, "/tmp/test_batch_XXXXXX");
+	assert_non_null(mkdtemp(f->dir));
+	snprintf(f->path, sizeof f->path, "%s/m.gguf", f->dir);
+	o.out = f->path;
+	if (genmodel_run(&o, err) != 0 || model_open(f->path, &f->m, err) != 0 ||
+	    cpu_backend.load(f->m, &bo, &f->be, err) != 0)
+		fail_msg("%s: %s", shape, err);
+	f->n_vocab = f->m->hp.n_vocab;
+	*state = f;
+	return 0;
+}
+
+static int setup_llama(void **s) { return setup_shape(s, "tiny", "q8_0"); }
+static int setup_qwen2(void **s) { return setup_shape(s, "tiny-qwen2", "f16"); }
+static int setup_qwen3(void **s) { return setup_shape(s, "tiny-qwen3", "q4_k_m"); }
+static int setup_gemma3(void **s) { return setup_shape(s, "tiny-gemma3", "q4_k_m"); }
+
+static int
+teardown(void **state)
+{
+	struct fixture *f = *state;
+
+	cpu_backend.free(f->be);
+	model_close(f->m);
+	unlink(f->path);
+	rmdir(f->dir);
+	free(f);
+	return 0;
+}
+
+/* Block table of sequence s: its own MAX_BLOCKS blocks. */
+static int32_t *
+table_of(int s)
+{
+	static int32_t t[OTHERS + 1][MAX_BLOCKS];
+	int i;
+
+	for (i = 0; i < MAX_BLOCKS; i++)
+		t[s][i] = s * MAX_BLOCKS + i;
+	return t[s];
+}
+
+/* Deterministic token ids of sequence s. */
+static int32_t
+tok(int s, int i, int32_t n_vocab)
+{
+	return (int32_t)(((uint32_t)s * 7919u + (uint32_t)i * 104729u + 17u) % (uint32_t)n_vocab);
+}
+
+/*
+ * Runs one step: sequence k (k < n) gets new[k] tokens from position pos[k],
+ * with every row's logits. Returns the logits (malloc'd), rows in order.
+ */
+static float *
+step(struct fixture *f, int n, const int *seq_id, const int *pos, const int *n_new)
+{
+	struct fwd_seq fs[OTHERS + 1];
+	int32_t toks[256];
+	int k, i, t = 0;
+	struct fwd_batch b = { n, fs, 0, toks };
+	float *logits;
+	char err[ERR_LEN];
+
+	for (k = 0; k < n; k++) {
+		fs[k] = (struct fwd_seq){ n_new[k], pos[k], table_of(seq_id[k]), MAX_BLOCKS, n_new[k] };
+		for (i = 0; i < n_new[k]; i++)
+			toks[t++] = tok(seq_id[k], pos[k] + i, f->n_vocab);
+	}
+	b.n_tokens = t;
+	logits = xmalloc((size_t)t * (size_t)f->n_vocab * sizeof *logits);
+	if (cpu_backend.forward(f->be, &b, logits, err) != 0)
+		fail_msg("forward: %s", err);
+	return logits;
+}
+
+/* max |a - b| / max |b| over one row. */
+static double
+rel_err(const float *a, const float *b, int32_t n)
+{
+	double d = 0, m = 0;
+	int32_t i;
+
+	for (i = 0; i < n; i++) {
+		d = fmax(d, fabs((double)a[i] - b[i]));
+		m = fmax(m, fabs((double)b[i]));
+	}
+	return d / m;
+}
+
+/* Sequence 0 alone: its prompt in one chunk, then one decode token. */
+static float *
+alone(struct fixture *f, float **decode)
+{
+	int id = 0, pos = 0, n = PROMPT, one = 1;
+	float *prompt = step(f, 1, &id, &pos, &n);
+
+	pos = PROMPT;
+	*decode = step(f, 1, &id, &pos, &one);
+	return prompt;
+}
+
+static void
+test_chunked_prefill(void **state)
+{
+	struct fixture *f = *state;
+	float *ref_dec, *ref = alone(f, &ref_dec), *got;
+	int id = 0, pos, n, r;
+
+	for (pos = 0; pos < PROMPT; pos += n) {
+		n = MIN(7, PROMPT - pos);
+		got = step(f, 1, &id, &pos, &n);
+		for (r = 0; r < n; r++)
+			if (rel_err(got + (size_t)r * f->n_vocab, ref + (size_t)(pos + r) * f->n_vocab, f->n_vocab) > TOL)
+				fail_msg("position %d differs when prefilled in chunks of 7", pos + r);
+		free(got);
+	}
+	free(ref);
+	free(ref_dec);
+}
+
+static void
+test_batched_with_others(void **state)
+{
+	struct fixture *f = *state;
+	float *ref_dec, *ref = alone(f, &ref_dec), *got;
+	int ids[OTHERS + 1], pos[OTHERS + 1], n_new[OTHERS + 1], k, r, row;
+
+	/* prompt of sequence 0 beside 15 prompts of other lengths */
+	for (k = 0; k <= OTHERS; k++) {
+		ids[k] = k;
+		pos[k] = 0;
+		n_new[k] = k == 0 ? PROMPT : 1 + (k * 5) % 13;
+	}
+	got = step(f, OTHERS + 1, ids, pos, n_new);
+	for (r = 0; r < PROMPT; r++)
+		if (rel_err(got + (size_t)r * f->n_vocab, ref + (size_t)r * f->n_vocab, f->n_vocab) > TOL)
+			fail_msg("prompt position %d differs in a batch of 16", r);
+	free(got);
+	/* then a decode step of sequence 0 in the middle of 15 others, some decoding, some prefilling */
+	for (k = 0; k <= OTHERS; k++) {
+		ids[k] = (k + 7) % (OTHERS + 1);
+		pos[k] = ids[k] == 0 ? PROMPT : 1 + (ids[k] * 5) % 13;
+		n_new[k] = ids[k] == 0 || k % 2 ? 1 : 3;
+	}
+	got = step(f, OTHERS + 1, ids, pos, n_new);
+	for (k = 0, row = 0; ids[k] != 0; k++)
+		row += n_new[k];
+	if (rel_err(got + (size_t)row * f->n_vocab, ref_dec, f->n_vocab) > TOL)
+		fail_msg("the decode token differs in a batch of 16");
+	free(got);
+	free(ref);
+	free(ref_dec);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_chunked_prefill, setup_llama, teardown),
+		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_llama, teardown),
+		cmocka_unit_test_setup_teardown(test_chunked_prefill, setup_qwen2, teardown),
+		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_qwen2, teardown),
+		cmocka_unit_test_setup_teardown(test_chunked_prefill, setup_qwen3, teardown),
+		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_qwen3, teardown),
+		cmocka_unit_test_setup_teardown(test_chunked_prefill, setup_gemma3, teardown),
+		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_gemma3, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
