@@ -424,8 +424,10 @@ write_config(const char *dir, const struct gen_shape *s, const char *dtype, char
 	json_object_set_new(c, "rms_norm_eps", json_real(s->norm_eps));
 	json_object_set_new(c, "rope_theta", json_real(s->rope_theta));
 	json_object_set_new(c, "tie_word_embeddings", json_boolean(s->tied));
-	json_object_set_new(c, "torch_dtype", json_string(dtype));
-	json_object_set_new(c, "hidden_act", json_string(s->arch == ARCH_GEMMA3 ? "gelu_pytorch_tanh" : "silu"));
+	json_object_set_new(c, "torch_dtype", json_string(strcmp(dtype, "f32") == 0 ? "float32" :
+	    strcmp(dtype, "f16") == 0 ? "float16" : "bfloat16"));
+	json_object_set_new(c, s->arch == ARCH_GEMMA3 ? "hidden_activation" : "hidden_act",
+	    json_string(s->arch == ARCH_GEMMA3 ? "gelu_pytorch_tanh" : "silu"));
 	if (s->arch == ARCH_LLAMA)
 		json_object_set_new(c, "attention_bias", json_false());
 	if (s->arch == ARCH_GEMMA3) {

@@ -2141,7 +2141,8 @@ tok_encode(const struct tokenizer *t, const char *text, size_t len, int parse_sp
 		free(x.ids);
 		return rc;
 	}
-	*ids = x.ids;
+	/* never NULL, even for no ids, so that callers may memcpy and free freely */
+	*ids = x.ids != NULL ? x.ids : xmalloc(sizeof **ids);
 	*n_ids = x.n_ids;
 	return 0;
 }
