@@ -162,22 +162,24 @@ cmp_desc(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* Keeps the k best candidates in idx[0..k), sorted. Returns k. */
+/*
+ * The candidates in idx[], best first, at most k of them (k <= 0: no
+ * limit). Tokens whose probability relative to the best is below e^-40
+ * cannot change a float32 softmax, so they are dropped before sorting: with
+ * a vocabulary of 262144 that leaves a few hundred to sort.
+ */
 static int32_t
 top_candidates(struct sampler *s, const float *logits, int32_t k)
 {
-	int32_t i, n = s->n_vocab;
+	float floor = logits[argmax(logits, s->n_vocab)] - 40.0f * s->p.temperature;
+	int32_t i, n = 0;
 
-	for (i = 0; i < n; i++)
-		s->idx[i] = i;
+	for (i = 0; i < s->n_vocab; i++)
+		if (logits[i] >= floor)
+			s->idx[n++] = i;
 	sort_logits = logits;
-	if (k <= 0 || k >= n) {
-		qsort(s->idx, (size_t)n, sizeof *s->idx, cmp_desc);
-		return n;
-	}
-	/* partial: select the k best by a heap-free threshold pass, then sort them */
 	qsort(s->idx, (size_t)n, sizeof *s->idx, cmp_desc);
-	return k;
+	return k > 0 && k < n ? k : n;
 }
 
 /* Softmax over the candidates, then the top-p and min-p cuts. Returns how many remain. */

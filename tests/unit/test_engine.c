@@ -1,0 +1,259 @@
+/*
+ * test_engine.c: sequences through the engine on a generated model: streamed
+ * text, stop strings, limits, a next turn that reuses the cache, many
+ * sequences at once, a full KV pool.
+ */
+#include "config.h"
+#include "engine.h"
+#include "genmodel.h"
+#include "model.h"
+#include "util.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+static char dir[64], path[128];
+
+static int
+setup(void **state)
+{
+	struct genmodel_opts o = { .shape = "tiny", .format = "gguf", .type = "q8_0", .seed = 5, .threads = 2 };
+	char err[ERR_LEN];
+
+	snprintf(dir, sizeof dir, "/tmp/test_engine_XXXXXX");
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof path, "%s/m.gguf", dir);
+	o.out = path;
+	if (genmodel_run(&o, err) != 0)
+		fail_msg("%s", err);
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	unlink(path);
+	rmdir(dir);
+	return 0;
+}
+
+/* An engine on the model with a small pool. */
+static struct engine *
+open_engine(int32_t kv_tokens)
+{
+	struct engine_opts o = { .n_threads = 2, .n_ctx = 256, .kv_tokens = kv_tokens, .max_step_tokens = 64 };
+	struct engine *e;
+	char err[ERR_LEN];
+
+	if (engine_open(path, &o, &e, err) != 0)
+		fail_msg("%s", err);
+	return e;
+}
+
+static void
+greedy(struct seq_params *p, int max_tokens)
+{
+	memset(p, 0, sizeof *p);
+	sample_params_default(&p->sample);
+	p->max_tokens = max_tokens;
+}
+
+/* Steps one sequence to the end; returns the concatenated pieces (malloc'd). */
+static char *
+run_to_end(struct engine *e, struct seq *s)
+{
+	char err[ERR_LEN], *out = xcalloc(1, 1);
+	size_t len = 0;
+
+	while (s->state != SEQ_DONE) {
+		if (engine_step(e, &s, 1, err) < 0)
+			fail_msg("step: %s", err);
+		assert_true(utf8_valid(s->piece, s->piece_len));
+		out = xrealloc(out, len + s->piece_len + 1);
+		memcpy(out + len, s->piece, s->piece_len + 1);
+		len += s->piece_len;
+	}
+	return out;
+}
+
+static const int32_t prompt[] = { 5, 77, 300, 12, 901, 44, 3 };
+#define NP ((int32_t)ARRAY_LEN(prompt))
+
+static void
+test_stream_and_length(void **state)
+{
+	struct engine *e = open_engine(1024);
+	struct seq_params p;
+	struct seq *s;
+	char err[ERR_LEN], *text;
+
+	greedy(&p, 12);
+	assert_int_equal(engine_seq_new(e, prompt, NP, &p, &s, err), 0);
+	text = run_to_end(e, s);
+	assert_int_equal(s->finish, FINISH_LENGTH);
+	assert_int_equal(s->n_generated, 12);
+	assert_string_equal(text, s->text);
+	assert_int_equal(s->n_tokens, NP + 12);
+	free(text);
+	engine_seq_free(e, s);
+	engine_close(e);
+}
+
+static void
+test_stop_string(void **state)
+{
+	struct engine *e = open_engine(1024);
+	struct seq_params p;
+	struct seq *s;
+	char err[ERR_LEN], stop[8], *full, *text;
+	const char *stops[1] = { stop };
+	size_t at;
+
+	greedy(&p, 40);
+	assert_int_equal(engine_seq_new(e, prompt, NP, &p, &s, err), 0);
+	full = run_to_end(e, s);
+	engine_seq_free(e, s);
+	assert_true(strlen(full) > 12);
+	/* a stop string taken from the middle of what greedy decoding writes */
+	at = strlen(full) / 2;
+	while (at > 0 && ((unsigned char)full[at] & 0xc0) == 0x80)
+		at--;
+	memcpy(stop, full + at, 3);
+	stop[3] = '\0';
+	while (!utf8_valid(stop, strlen(stop)))
+		stop[strlen(stop) - 1] = '\0';
+	p.stop = stops;
+	p.n_stop = 1;
+	assert_int_equal(engine_seq_new(e, prompt, NP, &p, &s, err), 0);
+	text = run_to_end(e, s);
+	assert_int_equal(s->finish, FINISH_STOP);
+	assert_int_equal(strncmp(text, full, strlen(text)), 0);
+	assert_ptr_equal(strstr(full, stop), full + strlen(text));
+	free(text);
+	free(full);
+	engine_seq_free(e, s);
+	engine_close(e);
+}
+
+static void
+test_next_turn_reuses_cache(void **state)
+{
+	struct engine *e = open_engine(1024);
+	struct seq_params p;
+	struct seq *a, *b;
+	char err[ERR_LEN], *ta, *tb;
+	const int32_t more[] = { 9, 10, 11 };
+	int32_t cached, *all;
+
+	greedy(&p, 6);
+	assert_int_equal(engine_seq_new(e, prompt, NP, &p, &a, err), 0);
+	free(run_to_end(e, a));
+	assert_int_equal(engine_seq_extend(e, a, more, 3, &p, err), 0);
+	cached = a->n_cached;
+	assert_int_equal(cached, NP + 5); /* everything but the last sampled token */
+	ta = run_to_end(e, a);
+	/* the same history as one fresh prompt gives the same continuation */
+	all = xmalloc((size_t)(NP + 9) * sizeof *all);
+	memcpy(all, a->tokens, (size_t)(NP + 9) * sizeof *all);
+	assert_int_equal(engine_seq_new(e, all, NP + 9, &p, &b, err), 0);
+	tb = run_to_end(e, b);
+	assert_string_equal(ta, tb);
+	assert_int_equal(a->finish, b->finish);
+	assert_int_equal(a->n_tokens, b->n_tokens);
+	assert_memory_equal(a->tokens, b->tokens, (size_t)a->n_tokens * sizeof(int32_t));
+	free(ta), free(tb), free(all);
+	engine_seq_free(e, a);
+	engine_seq_free(e, b);
+	engine_close(e);
+}
+
+static void
+test_many_at_once(void **state)
+{
+	struct engine *e = open_engine(2048);
+	struct seq_params p;
+	struct seq *s[16], *one;
+	char err[ERR_LEN], *alone[16];
+	int32_t pr[16][5];
+	int i, j, live;
+
+	greedy(&p, 10);
+	for (i = 0; i < 16; i++) {
+		for (j = 0; j < 5; j++)
+			pr[i][j] = (i * 31 + j * 7) % 1000 + 3;
+		assert_int_equal(engine_seq_new(e, pr[i], 5, &p, &one, err), 0);
+		alone[i] = run_to_end(e, one);
+		engine_seq_free(e, one);
+		assert_int_equal(engine_seq_new(e, pr[i], 5, &p, &s[i], err), 0);
+	}
+	for (live = 1; live;) {
+		assert_true(engine_step(e, s, 16, err) >= 0);
+		for (live = 0, i = 0; i < 16; i++)
+			live |= s[i]->state != SEQ_DONE;
+	}
+	for (i = 0; i < 16; i++) {
+		assert_string_equal(s[i]->text, alone[i]);
+		free(alone[i]);
+		engine_seq_free(e, s[i]);
+	}
+	assert_int_equal(engine_free_blocks(e), 2048 / 16);
+	engine_close(e);
+}
+
+static void
+test_bad_input_and_full_pool(void **state)
+{
+	struct engine *e = open_engine(256);
+	struct seq_params p;
+	struct seq *s, *t;
+	char err[ERR_LEN];
+	int32_t bad[] = { 1, 5000 }, *big;
+	int i;
+
+	greedy(&p, 4);
+	assert_int_equal(engine_seq_new(e, bad, 2, &p, &s, err), ERR_INVAL);
+	assert_non_null(strstr(err, "vocabulary"));
+	assert_int_equal(engine_seq_new(e, bad, 0, &p, &s, err), ERR_INVAL);
+	big = xcalloc(300, sizeof *big);
+	assert_int_equal(engine_seq_new(e, big, 300, &p, &s, err), ERR_RANGE);
+	p.sample.temperature = -2;
+	assert_int_equal(engine_seq_new(e, prompt, NP, &p, &s, err), ERR_INVAL);
+	greedy(&p, 4);
+	/* two sequences of 200 tokens cannot both fit a pool of 256 */
+	for (i = 0; i < 200; i++)
+		big[i] = i + 1;
+	assert_int_equal(engine_seq_new(e, big, 200, &p, &s, err), 0);
+	assert_int_equal(engine_seq_new(e, big, 200, &p, &t, err), 0);
+	free(run_to_end(e, s));
+	free(run_to_end(e, t));
+	assert_int_equal(s->finish, FINISH_LENGTH);
+	assert_int_equal(t->finish, FINISH_ERROR);
+	assert_non_null(strstr(t->error, "KV cache"));
+	engine_seq_free(e, t);
+	engine_seq_free(e, s);
+	assert_int_equal(engine_free_blocks(e), 16);
+	free(big);
+	engine_close(e);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_stream_and_length),
+		cmocka_unit_test(test_stop_string),
+		cmocka_unit_test(test_next_turn_reuses_cache),
+		cmocka_unit_test(test_many_at_once),
+		cmocka_unit_test(test_bad_input_and_full_pool),
+	};
+
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
