@@ -49,6 +49,7 @@ load(const char *model, struct loaded *l, char *err)
 	return rc;
 }
 
+/* Frees what load made. */
 static void
 unload(struct loaded *l)
 {

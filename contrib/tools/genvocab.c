@@ -151,6 +151,7 @@ struct vb {
 	size_t mask;
 };
 
+/* FNV-1a, 64 bits. */
 static uint64_t
 hash_n(const char *s, size_t n)
 {
@@ -258,6 +259,7 @@ vb_add_str(struct vb *b, const char *s)
 	return vb_add(b, s, strlen(s));
 }
 
+/* An empty token list. */
 static void
 vb_init(struct vb *b)
 {
@@ -265,6 +267,7 @@ vb_init(struct vb *b)
 	vb_slots(b, 1024);
 }
 
+/* Frees the list and the texts still in it. */
 static void
 vb_free(struct vb *b)
 {
@@ -305,6 +308,7 @@ struct words {
 /* Character classes of the word splitter, a rough stand-in for the split regexes. */
 enum { CL_SPACE, CL_BREAK, CL_LETTER, CL_DIGIT, CL_OTHER };
 
+/* The class of the character at s (len bytes); spm: U+2581 is the space. */
 static int
 char_class(const char *s, int len, int spm)
 {
@@ -402,6 +406,7 @@ words_build(struct words *w, const char *text, const struct vb *b, const int32_t
 	words_add(w, sym, ns);
 }
 
+/* Frees the words. */
 static void
 words_free(struct words *w)
 {
@@ -428,12 +433,14 @@ table_mask_for(size_t n)
 	return cap - 1;
 }
 
+/* The key of a pair: both ids in one word. */
 static uint64_t
 pkey(int32_t a, int32_t b)
 {
 	return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
 }
 
+/* Adds c occurrences of pair k. */
 static void
 pairs_add(struct pairs *p, uint64_t k, int64_t c)
 {
@@ -847,6 +854,7 @@ genvocab_free(struct genvocab *v)
 
 /* ---- writers ---- */
 
+/* The flavour a vocabulary was made with, or NULL. */
 static const struct gv_flavour *
 flavour_of(const struct genvocab *v)
 {
@@ -965,6 +973,7 @@ struct strv {
 	int32_t n, cap;
 };
 
+/* Appends s, taken over. */
 static void
 strv_add(struct strv *v, char *s)
 {
@@ -975,6 +984,7 @@ strv_add(struct strv *v, char *s)
 	v->s[v->n++] = s;
 }
 
+/* Frees the strings and the buffer. */
 static void
 strv_free(struct strv *v)
 {

@@ -244,19 +244,61 @@ engine_seq_new(struct engine *e, const int32_t *prompt, int32_t n, const struct 
 	return 0;
 }
 
+/* Drops the blocks beyond what n_keep tokens need. */
+static void
+seq_trim_blocks(struct engine *e, struct seq *s, int32_t n_keep)
+{
+	int32_t keep = (n_keep + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+
+	while (s->n_blocks > keep)
+		kv_unref(&e->kv, s->blocks[--s->n_blocks]);
+}
+
 int
-engine_seq_extend(struct engine *e, struct seq *s, const int32_t *tokens, int32_t n,
+engine_seq_reuse(struct engine *e, struct seq *s, const int32_t *tokens, int32_t n,
     const struct seq_params *p, char *err)
 {
+	int32_t keep = 0;
 	int rc;
 
-	if ((rc = check_tokens(e, s, tokens, n, err)) != 0 || (rc = seq_set_params(e, s, p, err)) != 0)
+	if (s->state != SEQ_DONE)
+		return err_set(err, ERR_INVAL, "the sequence is still generating");
+	if ((rc = check_tokens(e, NULL, tokens, n, err)) != 0 || (rc = seq_set_params(e, s, p, err)) != 0)
 		return rc;
+	while (keep < n - 1 && keep < s->n_cached && s->tokens[keep] == tokens[keep])
+		keep++;
+	s->n_tokens = 0;
+	s->n_cached = keep;
+	seq_trim_blocks(e, s, keep);
 	seq_push_tokens(s, tokens, n);
-	s->n_prompt += n;
-	s->turn_start = s->n_tokens;
+	s->n_prompt = n;
+	s->turn_start = n;
 	s->state = SEQ_PREFILL;
-	return 0;
+	return keep;
+}
+
+struct seq *
+engine_seq_fork(struct engine *e, const struct seq *parent)
+{
+	struct seq *s = xcalloc(1, sizeof *s);
+	int32_t i;
+
+	s->piece = xmalloc(PIECE_CAP);
+	s->piece[0] = '\0';
+	s->new_token = -1;
+	s->state = SEQ_DONE;
+	seq_push_tokens(s, parent->tokens, parent->n_tokens);
+	s->n_cached = parent->n_cached;
+	s->n_prompt = parent->n_prompt;
+	s->cap_blocks = MAX(parent->n_blocks, 1);
+	s->blocks = xmalloc((size_t)s->cap_blocks * sizeof *s->blocks);
+	for (i = 0; i < parent->n_blocks; i++) {
+		kv_ref(&e->kv, parent->blocks[i]);
+		s->blocks[s->n_blocks++] = parent->blocks[i];
+	}
+	sampler_init(&s->sampler, &parent->params.sample, e->m->hp.n_vocab);
+	s->stop = xcalloc(1, sizeof *s->stop);
+	return s;
 }
 
 void
@@ -280,15 +322,30 @@ engine_seq_free(struct engine *e, struct seq *s)
 	free(s);
 }
 
-/* Makes blocks cover positions 0..n-1. Returns 0, or -1 if the pool is full. */
+/*
+ * Makes blocks cover positions 0..n-1 and gives the sequence its own copy
+ * of any shared block that positions n_cached.. will be written into.
+ * Returns 0, or -1 if the pool is full.
+ */
 static int
 seq_reserve(struct engine *e, struct seq *s, int32_t n)
 {
-	int32_t need = (n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS, b;
+	int32_t need = (n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS, b, i;
+	char err[ERR_LEN];
 
 	if (need > s->cap_blocks) {
 		s->cap_blocks = MAX(need, s->cap_blocks * 2);
 		s->blocks = xrealloc(s->blocks, (size_t)s->cap_blocks * sizeof *s->blocks);
+	}
+	for (i = s->n_cached / KV_BLOCK_TOKENS; i < s->n_blocks; i++) {
+		if (e->kv.ref[s->blocks[i]] == 1)
+			continue;
+		if ((b = kv_alloc(&e->kv)) < 0)
+			return -1;
+		if (e->ops->kv_copy(e->be, s->blocks[i], b, KV_BLOCK_TOKENS, err) != 0)
+			fatal("kv_copy within the pool failed: %s", err);
+		kv_unref(&e->kv, s->blocks[i]);
+		s->blocks[i] = b;
 	}
 	while (s->n_blocks < need) {
 		if ((b = kv_alloc(&e->kv)) < 0)

@@ -8,14 +8,17 @@
  * Life of a sequence:
  *
  *   engine_seq_new ---> PREFILL --(prompt all in KV)--> DECODE --+--> DONE
- *                          ^                              |     |
- *                          +------ engine_seq_extend -----+     |
- *                                  (next turn, DONE too)  <------+
+ *                          ^                                    |
+ *                          +-------- engine_seq_reuse ----------+
+ *                                    (the next turn)
  *
  * PREFILL: tokens not yet in the KV cache remain; each step takes a chunk.
  * DECODE: the last sampled token is fed back; each step samples one more.
  * DONE: finished (a stop, the length limit, an error); its KV blocks stay
- * until engine_seq_free, so that a next turn can extend it.
+ * until engine_seq_free, so that a next turn can reuse them.
+ *
+ * Blocks can be shared between sequences (engine_seq_fork); a step that
+ * writes into a shared block first copies it (copy on write).
  */
 #ifndef RESIDENT_ENGINE_H
 #define RESIDENT_ENGINE_H
@@ -100,12 +103,17 @@ int engine_seq_new(struct engine *e, const int32_t *prompt, int32_t n, const str
     struct seq **out, char *err);
 
 /*
- * Starts the next turn of a finished (or decoding) sequence: appends tokens
- * to what it has; the tokens already in the KV cache are kept and only the
- * new ones will be prefilled.
+ * Starts the next turn of a finished sequence: its history becomes tokens
+ * (the whole conversation). The longest common prefix with what it held
+ * stays in the KV cache (all but the last token at most, whose logits are
+ * needed); the rest is prefilled. Returns the number of cached tokens kept,
+ * or a negative code.
  */
-int engine_seq_extend(struct engine *e, struct seq *s, const int32_t *tokens, int32_t n,
+int engine_seq_reuse(struct engine *e, struct seq *s, const int32_t *tokens, int32_t n,
     const struct seq_params *p, char *err);
+
+/* A finished sequence with the same history, sharing its KV blocks. */
+struct seq *engine_seq_fork(struct engine *e, const struct seq *parent);
 
 /* Marks a sequence finished with the reason (for cancel). */
 void engine_seq_finish(struct seq *s, enum finish_reason why);

@@ -86,7 +86,6 @@ struct tokenizer {
 	struct smap by_text;  /* every non-empty token */
 	struct smap by_dec;   /* byte-level ignore_merges: normal tokens by their bytes */
 	struct pmap merges;   /* no merges: SPM, merged by score */
-	int32_t n_merges;
 	int32_t byte_tok[256];
 	int32_t bos, eos, eot, unk;
 	int add_bos, add_eos;
@@ -308,6 +307,7 @@ table_size(size_t n)
 	return cap;
 }
 
+/* An empty text map for n tokens. */
 static void
 smap_init(struct smap *m, size_t n)
 {
@@ -362,18 +362,21 @@ smap_put(struct smap *m, const struct tokenizer *t, int dec, int32_t id)
 	return -1;
 }
 
+/* The key of a pair: both ids in one word. */
 static uint64_t
 pair_key(int32_t a, int32_t b)
 {
 	return ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
 }
 
+/* Fibonacci hashing of a pair key. */
 static size_t
 pair_hash(uint64_t k, size_t mask)
 {
 	return (size_t)((k * 0x9e3779b97f4a7c15ull) >> 17) & mask;
 }
 
+/* An empty merge map for n merges. */
 static void
 pmap_init(struct pmap *m, size_t n)
 {
@@ -418,6 +421,7 @@ pmap_get(const struct pmap *m, int32_t a, int32_t b)
 
 /* ---- the added-token trie ---- */
 
+/* A new node for byte c, unlinked. */
 static int32_t
 trie_new_node(struct trie *tr, unsigned char c)
 {
@@ -445,6 +449,7 @@ trie_step(const struct trie *tr, int32_t node, unsigned char c)
 	return -1;
 }
 
+/* Adds the text s[0..n) of token id. */
 static void
 trie_add(struct trie *tr, const char *s, size_t n, int32_t id)
 {
@@ -468,6 +473,7 @@ trie_add(struct trie *tr, const char *s, size_t n, int32_t id)
 		tr->id[node] = id;
 }
 
+/* Frees the nodes. */
 static void
 trie_free(struct trie *tr)
 {
@@ -479,6 +485,7 @@ trie_free(struct trie *tr)
 
 /* ---- construction ---- */
 
+/* An empty tokenizer: no special tokens, no byte tokens. */
 static struct tokenizer *
 tok_new(void)
 {
@@ -510,6 +517,7 @@ tok_free(struct tokenizer *t)
 	free(t);
 }
 
+/* Appends n bytes, keeping room for a NUL after them. */
 static void
 buf_put(struct buf *b, const void *s, size_t n)
 {
@@ -563,20 +571,30 @@ find_text(const struct tokenizer *t, const char *s, size_t n)
 	return smap_get(&t->by_text, t, 0, s, n);
 }
 
+/* The value of a hex digit, or -1. */
+static int
+hex_digit(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	return -1;
+}
+
 /* Parses "<0xXX>"; returns the byte or -1. */
 static int
 hex_byte_token(const char *s, size_t n)
 {
-	unsigned v;
-	char tail;
+	int hi, lo;
 
-	if (n != 6 || strncmp(s, "<0x", 3) != 0 || s[5] != '>')
+	if (n != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>')
 		return -1;
-	if (!isxdigit((unsigned char)s[3]) || !isxdigit((unsigned char)s[4]))
-		return -1;
-	if (sscanf(s + 3, "%2x%c", &v, &tail) != 2 || tail != '>')
-		return -1;
-	return (int)v;
+	hi = hex_digit(s[3]);
+	lo = hex_digit(s[4]);
+	return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
 
 /* Appends the bytes that a byte-level token's characters stand for; 0 if one is foreign. */
@@ -667,7 +685,7 @@ set_decoded(struct tokenizer *t)
 	t->dec = d.p;
 }
 
-/* Byte-level vocabularies must spell all 256 bytes; SPM ones may lack some. */
+/* Byte-level vocabularies must spell all 256 bytes; byte fallback ones may lack some. */
 static int
 set_byte_tokens(struct tokenizer *t, char *err)
 {
@@ -681,7 +699,7 @@ set_byte_tokens(struct tokenizer *t, char *err)
 			if (t->byte_tok[b] < 0)
 				return err_set(err, ERR_FORMAT,
 				    "byte-level vocabulary has no token for byte 0x%02x", b);
-		} else {
+		} else if (t->byte_fallback) {
 			snprintf(s, sizeof s, "<0x%02X>", b);
 			t->byte_tok[b] = find_text(t, s, 6);
 			if (t->byte_tok[b] >= 0 && t->e[t->byte_tok[b]].type == TOK_TYPE_NORMAL)
@@ -909,7 +927,6 @@ gguf_merges(struct tokenizer *t, const struct gguf_file *f, char *err)
 	if (n > TOK_MAX_VOCAB * 4ull)
 		return err_set(err, ERR_FORMAT, "%llu merges", (unsigned long long)n);
 	pmap_init(&t->merges, n);
-	t->n_merges = (int32_t)n;
 	for (j = 0; j < n && rc == 0; j++) {
 		s = gguf_arr_str(f, mi, j);
 		if (split_merge(s.s, s.n, &a, &b) != 0)
@@ -1190,7 +1207,6 @@ json_merges(struct tokenizer *t, const json_t *model, char *err)
 	else
 		json_incref((json_t *)merges);
 	pmap_init(&t->merges, json_array_size(merges));
-	t->n_merges = (int32_t)json_array_size(merges);
 	json_array_foreach(merges, i, m) {
 		if (json_is_string(m) && split_merge(json_string_value(m), json_string_length(m),
 		    &a, &b) == 0) {
@@ -1280,6 +1296,9 @@ json_pre_one(struct tokenizer *t, const json_t *p, char *err)
 		return err_set(err, ERR_FORMAT, "pre_tokenizer without a type");
 	if (strcmp(type, "ByteLevel") == 0) {
 		t->byte_level = 1;
+		/* after a Split, HF would prefix every piece of it, not just every fragment */
+		if (jbool(p, "add_prefix_space", 0) && t->n_re > 0)
+			return err_set(err, ERR_UNSUPPORTED, "ByteLevel add_prefix_space after a Split");
 		if (jbool(p, "add_prefix_space", 0))
 			t->prefix = PREFIX_MISSING;
 		return jbool(p, "use_regex", 1) ?
@@ -1597,6 +1616,7 @@ tok_type(const struct tokenizer *t, int32_t id)
 
 /* ---- encoding ---- */
 
+/* Appends an id to the output. */
 static void
 enc_push(struct enc *x, int32_t id)
 {
@@ -1618,6 +1638,7 @@ enc_reserve(struct enc *x, size_t n)
 	x->n_heap = 0;
 }
 
+/* Appends the range [a, b). */
 static void
 ranges_add(struct ranges *r, size_t a, size_t b)
 {
@@ -1636,6 +1657,7 @@ hent_less(const struct hent *a, const struct hent *b)
 	return a->key < b->key || (a->key == b->key && a->left < b->left);
 }
 
+/* Queues a candidate merge. */
 static void
 heap_push(struct enc *x, const struct hent *h)
 {
@@ -1744,7 +1766,7 @@ spm_try(const struct tokenizer *t, struct enc *x, const char *w, int32_t l, int3
 
 /* SPM: emits the final symbols, falling back to bytes for those that are no piece. */
 static int
-spm_emit(const struct tokenizer *t, struct enc *x, const char *w)
+spm_emit(const struct tokenizer *t, struct enc *x, const char *w, char *err)
 {
 	int32_t i, id;
 	uint32_t k;
@@ -1757,7 +1779,7 @@ spm_emit(const struct tokenizer *t, struct enc *x, const char *w)
 			continue;
 		}
 		for (k = 0; k < x->sym[i].len; k++)
-			if ((rc = push_byte(t, x, (unsigned char)w[x->sym[i].off + k], NULL)) != 0)
+			if ((rc = push_byte(t, x, (unsigned char)w[x->sym[i].off + k], err)) != 0)
 				return rc;
 	}
 	return 0;
@@ -1770,7 +1792,6 @@ spm_word(const struct tokenizer *t, struct enc *x, const char *w, size_t n, char
 	size_t i, ns = 0;
 	struct hent h;
 	struct sym *s;
-	int rc;
 
 	enc_reserve(x, n);
 	s = x->sym;
@@ -1793,9 +1814,7 @@ spm_word(const struct tokenizer *t, struct enc *x, const char *w, size_t n, char
 		spm_try(t, x, w, s[h.left].prev, h.left);
 		spm_try(t, x, w, h.left, s[h.left].next);
 	}
-	rc = spm_emit(t, x, w);
-	return rc ? err_set(err, rc, "byte cannot be encoded: the vocabulary has neither byte "
-	    "tokens nor <unk>") : 0;
+	return spm_emit(t, x, w, err);
 }
 
 /* BPE: queues the merge of symbols l and r if the pair is ranked. */
@@ -2100,6 +2119,7 @@ utf8_bad_at(const char *s, size_t n)
 	return i;
 }
 
+/* Frees the scratch state (not the ids, which go to the caller). */
 static void
 enc_free(struct enc *x)
 {

@@ -143,6 +143,16 @@ test_stop_string(void **state)
 	engine_close(e);
 }
 
+/* Greedy continuation of a fresh sequence over tokens. */
+static char *
+fresh(struct engine *e, const int32_t *t, int32_t n, const struct seq_params *p, struct seq **out)
+{
+	char err[ERR_LEN];
+
+	assert_int_equal(engine_seq_new(e, t, n, p, out, err), 0);
+	return run_to_end(e, *out);
+}
+
 static void
 test_next_turn_reuses_cache(void **state)
 {
@@ -151,27 +161,66 @@ test_next_turn_reuses_cache(void **state)
 	struct seq *a, *b;
 	char err[ERR_LEN], *ta, *tb;
 	const int32_t more[] = { 9, 10, 11 };
-	int32_t cached, *all;
+	int32_t *all, n;
 
 	greedy(&p, 6);
-	assert_int_equal(engine_seq_new(e, prompt, NP, &p, &a, err), 0);
-	free(run_to_end(e, a));
-	assert_int_equal(engine_seq_extend(e, a, more, 3, &p, err), 0);
-	cached = a->n_cached;
-	assert_int_equal(cached, NP + 5); /* everything but the last sampled token */
+	free(fresh(e, prompt, NP, &p, &a));
+	n = a->n_tokens + 3;
+	all = xmalloc((size_t)n * sizeof *all);
+	memcpy(all, a->tokens, (size_t)a->n_tokens * sizeof *all);
+	memcpy(all + a->n_tokens, more, sizeof more);
+	/* everything but the last sampled token was in the cache */
+	assert_int_equal(engine_seq_reuse(e, a, all, n, &p, err), NP + 5);
 	ta = run_to_end(e, a);
 	/* the same history as one fresh prompt gives the same continuation */
-	all = xmalloc((size_t)(NP + 9) * sizeof *all);
-	memcpy(all, a->tokens, (size_t)(NP + 9) * sizeof *all);
-	assert_int_equal(engine_seq_new(e, all, NP + 9, &p, &b, err), 0);
-	tb = run_to_end(e, b);
+	tb = fresh(e, all, n, &p, &b);
 	assert_string_equal(ta, tb);
 	assert_int_equal(a->finish, b->finish);
 	assert_int_equal(a->n_tokens, b->n_tokens);
 	assert_memory_equal(a->tokens, b->tokens, (size_t)a->n_tokens * sizeof(int32_t));
+	/* a history that departs early keeps only the common prefix */
+	all[2] ^= 1;
+	assert_int_equal(engine_seq_reuse(e, a, all, n, &p, err), 2);
+	assert_int_equal(engine_seq_reuse(e, a, all, n, &p, err), ERR_INVAL); /* still prefilling */
 	free(ta), free(tb), free(all);
 	engine_seq_free(e, a);
 	engine_seq_free(e, b);
+	engine_close(e);
+}
+
+static void
+test_fork_shares_blocks(void **state)
+{
+	struct engine *e = open_engine(1024);
+	struct seq_params p;
+	struct seq *a, *c, *x, *y;
+	char err[ERR_LEN], *tc, *tx, *ta, *ty;
+	int32_t base[40], ta_toks[43], tc_toks[43], i, free0;
+
+	greedy(&p, 1);
+	for (i = 0; i < 40; i++)
+		base[i] = 100 + i * 3;
+	free(fresh(e, base, 40, &p, &a));
+	free0 = engine_free_blocks(e);
+	c = engine_seq_fork(e, a);
+	assert_int_equal(engine_free_blocks(e), free0); /* nothing copied yet */
+	memcpy(ta_toks, a->tokens, 41 * sizeof(int32_t));
+	memcpy(tc_toks, a->tokens, 41 * sizeof(int32_t));
+	ta_toks[41] = 7, ta_toks[42] = 8;
+	tc_toks[41] = 9, tc_toks[42] = 10;
+	greedy(&p, 5);
+	assert_int_equal(engine_seq_reuse(e, a, ta_toks, 43, &p, err), 40);
+	assert_int_equal(engine_seq_reuse(e, c, tc_toks, 43, &p, err), 40);
+	ta = run_to_end(e, a);
+	tc = run_to_end(e, c);
+	/* the partly filled last block was copied for one of them, the full ones still shared */
+	tx = fresh(e, ta_toks, 43, &p, &x);
+	ty = fresh(e, tc_toks, 43, &p, &y);
+	assert_string_equal(ta, tx);
+	assert_string_equal(tc, ty);
+	engine_seq_free(e, a), engine_seq_free(e, c), engine_seq_free(e, x), engine_seq_free(e, y);
+	assert_int_equal(engine_free_blocks(e), 1024 / 16);
+	free(ta), free(tc), free(tx), free(ty);
 	engine_close(e);
 }
 
@@ -251,6 +300,7 @@ main(void)
 		cmocka_unit_test(test_stream_and_length),
 		cmocka_unit_test(test_stop_string),
 		cmocka_unit_test(test_next_turn_reuses_cache),
+		cmocka_unit_test(test_fork_shares_blocks),
 		cmocka_unit_test(test_many_at_once),
 		cmocka_unit_test(test_bad_input_and_full_pool),
 	};

@@ -45,6 +45,7 @@ static char tmpdir[64];
 
 /* ---- random text ---- */
 
+/* splitmix64: the texts are the same on every run. */
 static uint64_t
 rnd(uint64_t *s)
 {
@@ -153,6 +154,7 @@ load_json(struct fixture *x, const char *dir)
 		fail_msg("%s: %s", j, err);
 }
 
+/* Makes every flavour's vocabulary and loads it both ways. */
 static int
 setup(void **state)
 {
@@ -176,6 +178,7 @@ setup(void **state)
 	return 0;
 }
 
+/* Frees the tokenizers and removes the files. */
 static int
 teardown(void **state)
 {

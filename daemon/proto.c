@@ -1,0 +1,639 @@
+/*
+ * proto.c: frames to requests and replies to frames.
+ *
+ * A frame is first walked by a small structural scanner that checks every
+ * container count against the bytes left and the nesting depth, so that
+ * msgpack-c is never asked to allocate for an array a short frame only
+ * claims to hold. Then each op's fields are read by one table-driven
+ * routine: the type, the range, and UTF-8 of every string.
+ */
+#include "config.h"
+#include "proto.h"
+#include "util.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_DEPTH 16
+
+static const char *const op_names[OP_COUNT_] = {
+	[OP_HELLO] = "hello", [OP_GENERATE] = "generate", [OP_CANCEL] = "cancel",
+	[OP_SESSION_NEW] = "session.new", [OP_SESSION_LIST] = "session.list",
+	[OP_SESSION_GET] = "session.get", [OP_SESSION_FORK] = "session.fork",
+	[OP_SESSION_RENAME] = "session.rename", [OP_SESSION_DELETE] = "session.delete",
+	[OP_MODEL_LIST] = "model.list", [OP_MODEL_LOAD] = "model.load", [OP_MODEL_UNLOAD] = "model.unload",
+	[OP_TOKENIZE] = "tokenize", [OP_DETOKENIZE] = "detokenize", [OP_STATUS] = "status",
+};
+
+static const char *const err_names[PE_COUNT_] = {
+	[PE_NONE] = "none", [PE_BAD_FRAME] = "bad_frame", [PE_FRAME_TOO_LARGE] = "frame_too_large",
+	[PE_BAD_REQUEST] = "bad_request", [PE_UNKNOWN_OP] = "unknown_op",
+	[PE_INVALID_PARAM] = "invalid_param", [PE_INVALID_UTF8] = "invalid_utf8",
+	[PE_CONTEXT_EXCEEDED] = "context_exceeded", [PE_NOT_FOUND] = "not_found",
+	[PE_DUPLICATE_ID] = "duplicate_id", [PE_OVERLOADED] = "overloaded",
+	[PE_MODEL_ERROR] = "model_error", [PE_SHUTTING_DOWN] = "shutting_down",
+	[PE_INTERNAL] = "internal",
+};
+
+const char *
+proto_err_name(enum proto_err e)
+{
+	return err_names[e];
+}
+
+const char *
+proto_op_name(enum proto_op op)
+{
+	return op_names[op];
+}
+
+/* ---- structural scan ---- */
+
+/* Big-endian integer of n bytes at p. */
+static uint64_t
+be(const uint8_t *p, int n)
+{
+	uint64_t v = 0;
+	int i;
+
+	for (i = 0; i < n; i++)
+		v = v << 8 | p[i];
+	return v;
+}
+
+/*
+ * Reads one msgpack header at p: *skip is the bytes of payload after the
+ * header (strings, bins, numbers), *items the objects that follow
+ * (container elements). Returns the header size, or 0 if malformed or
+ * truncated.
+ */
+static size_t
+scan_header(const uint8_t *p, size_t left, uint64_t *skip, uint64_t *items)
+{
+	static const struct { uint8_t lo, hi; uint8_t hdr; int len_bytes; int kind; } forms[] = {
+		/* kind: 0 fixed payload (len_bytes = payload size), 1 length-prefixed bytes,
+		 * 2 array of len, 3 map of len, 4 ext with len + type byte, 5 fixext */
+		{ 0xc0, 0xc0, 1, 0, 0 }, { 0xc2, 0xc3, 1, 0, 0 },
+		{ 0xc4, 0xc4, 2, 1, 1 }, { 0xc5, 0xc5, 3, 2, 1 }, { 0xc6, 0xc6, 5, 4, 1 },
+		{ 0xc7, 0xc7, 3, 1, 4 }, { 0xc8, 0xc8, 4, 2, 4 }, { 0xc9, 0xc9, 6, 4, 4 },
+		{ 0xca, 0xca, 1, 4, 0 }, { 0xcb, 0xcb, 1, 8, 0 },
+		{ 0xcc, 0xcc, 1, 1, 0 }, { 0xcd, 0xcd, 1, 2, 0 }, { 0xce, 0xce, 1, 4, 0 }, { 0xcf, 0xcf, 1, 8, 0 },
+		{ 0xd0, 0xd0, 1, 1, 0 }, { 0xd1, 0xd1, 1, 2, 0 }, { 0xd2, 0xd2, 1, 4, 0 }, { 0xd3, 0xd3, 1, 8, 0 },
+		{ 0xd4, 0xd4, 1, 2, 0 }, { 0xd5, 0xd5, 1, 3, 0 }, { 0xd6, 0xd6, 1, 5, 0 }, { 0xd7, 0xd7, 1, 9, 0 },
+		{ 0xd8, 0xd8, 1, 17, 0 },
+		{ 0xd9, 0xd9, 2, 1, 1 }, { 0xda, 0xda, 3, 2, 1 }, { 0xdb, 0xdb, 5, 4, 1 },
+		{ 0xdc, 0xdc, 3, 2, 2 }, { 0xdd, 0xdd, 5, 4, 2 }, { 0xde, 0xde, 3, 2, 3 }, { 0xdf, 0xdf, 5, 4, 3 },
+	};
+	uint8_t c = p[0];
+	size_t i;
+
+	*skip = *items = 0;
+	if (c <= 0x7f || c >= 0xe0)
+		return 1;
+	if (c >= 0xa0 && c <= 0xbf) {
+		*skip = c & 0x1f;
+		return 1;
+	}
+	if (c >= 0x90 && c <= 0x9f) {
+		*items = c & 0x0f;
+		return 1;
+	}
+	if (c >= 0x80 && c <= 0x8f) {
+		*items = 2u * (c & 0x0f);
+		return 1;
+	}
+	for (i = 0; i < ARRAY_LEN(forms); i++) {
+		if (c < forms[i].lo || c > forms[i].hi)
+			continue;
+		if (left < forms[i].hdr)
+			return 0;
+		switch (forms[i].kind) {
+		case 0: *skip = (uint64_t)forms[i].len_bytes; return 1;
+		case 1: *skip = be(p + 1, forms[i].len_bytes); return forms[i].hdr;
+		case 2: *items = be(p + 1, forms[i].len_bytes); return forms[i].hdr;
+		case 3: *items = 2 * be(p + 1, forms[i].len_bytes); return forms[i].hdr;
+		default: *skip = be(p + 1, forms[i].len_bytes) + 1; return forms[i].hdr;
+		}
+	}
+	return 0; /* 0xc1 is never used */
+}
+
+/*
+ * Walks the objects of buf with an explicit stack of "objects still owed"
+ * per level. Returns 1 if buf holds exactly one well-formed object whose
+ * containers fit the bytes (each element takes at least one byte) and nest
+ * at most MAX_DEPTH deep.
+ */
+static int
+scan_frame(const uint8_t *buf, size_t len)
+{
+	uint64_t owed[MAX_DEPTH + 1], skip, items;
+	size_t pos = 0, h;
+	int depth = 0;
+
+	owed[0] = 1;
+	while (depth > 0 || owed[0] > 0) {
+		if (owed[depth] == 0) {
+			depth--;
+			continue;
+		}
+		if (pos >= len || (h = scan_header(buf + pos, len - pos, &skip, &items)) == 0)
+			return 0;
+		owed[depth]--;
+		pos += h;
+		if (skip > len - pos || items > len - pos)
+			return 0;
+		pos += (size_t)skip;
+		if (items > 0) {
+			if (depth == MAX_DEPTH)
+				return 0;
+			owed[++depth] = items;
+		}
+	}
+	return pos == len;
+}
+
+/* ---- field access ---- */
+
+/* The value of key k in map m, or NULL. */
+static const msgpack_object *
+map_get(const msgpack_object *m, const char *k)
+{
+	size_t n = strlen(k);
+	uint32_t i;
+
+	for (i = 0; i < m->via.map.size; i++) {
+		const msgpack_object *key = &m->via.map.ptr[i].key;
+
+		if (key->type == MSGPACK_OBJECT_STR && key->via.str.size == n &&
+		    memcmp(key->via.str.ptr, k, n) == 0)
+			return &m->via.map.ptr[i].val;
+	}
+	return NULL;
+}
+
+/* A copy of a msgpack string, checked for UTF-8. */
+static int
+get_str_obj(const msgpack_object *o, const char *what, char **out, char *err)
+{
+	if (o->type != MSGPACK_OBJECT_STR)
+		return err_set(err, PE_BAD_REQUEST, "%s must be a string", what);
+	if (!utf8_valid(o->via.str.ptr, o->via.str.size))
+		return err_set(err, PE_INVALID_UTF8, "%s is not valid UTF-8", what);
+	if (memchr(o->via.str.ptr, '\0', o->via.str.size) != NULL)
+		return err_set(err, PE_INVALID_PARAM, "%s contains a NUL character", what);
+	*out = xstrndup(o->via.str.ptr, o->via.str.size);
+	return 0;
+}
+
+/* An optional (or required) string field. */
+static int
+get_str(const msgpack_object *m, const char *k, int required, char **out, char *err)
+{
+	const msgpack_object *o = map_get(m, k);
+
+	if (o == NULL || o->type == MSGPACK_OBJECT_NIL)
+		return required ? err_set(err, PE_BAD_REQUEST, "field '%s' is required", k) : 0;
+	return get_str_obj(o, k, out, err);
+}
+
+/* An optional unsigned integer field within [0, max]. *found tells if it was there. */
+static int
+get_uint(const msgpack_object *m, const char *k, uint64_t max, uint64_t *out, int *found, char *err)
+{
+	const msgpack_object *o = map_get(m, k);
+
+	*found = 0;
+	if (o == NULL || o->type == MSGPACK_OBJECT_NIL)
+		return 0;
+	if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+		return err_set(err, PE_INVALID_PARAM, "%s must not be negative", k);
+	if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER)
+		return err_set(err, PE_BAD_REQUEST, "%s must be an unsigned integer", k);
+	if (o->via.u64 > max)
+		return err_set(err, PE_INVALID_PARAM, "%s = %llu is too large (at most %llu)", k,
+		    (unsigned long long)o->via.u64, (unsigned long long)max);
+	*out = o->via.u64;
+	*found = 1;
+	return 0;
+}
+
+/* An optional number field (integer or float), finite. */
+static int
+get_float(const msgpack_object *m, const char *k, float *out, int *found, char *err)
+{
+	const msgpack_object *o = map_get(m, k);
+	double v;
+
+	*found = 0;
+	if (o == NULL || o->type == MSGPACK_OBJECT_NIL)
+		return 0;
+	if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64)
+		v = o->via.f64;
+	else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+		v = (double)o->via.u64;
+	else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+		v = (double)o->via.i64;
+	else
+		return err_set(err, PE_BAD_REQUEST, "%s must be a number", k);
+	if (!isfinite(v) || fabs(v) > 1e30)
+		return err_set(err, PE_INVALID_PARAM, "%s must be a finite number", k);
+	*out = (float)v;
+	*found = 1;
+	return 0;
+}
+
+/* An optional boolean field. */
+static int
+get_bool(const msgpack_object *m, const char *k, int *out, char *err)
+{
+	const msgpack_object *o = map_get(m, k);
+
+	if (o == NULL || o->type == MSGPACK_OBJECT_NIL)
+		return 0;
+	if (o->type != MSGPACK_OBJECT_BOOLEAN)
+		return err_set(err, PE_BAD_REQUEST, "%s must be a boolean", k);
+	*out = o->via.boolean;
+	return 0;
+}
+
+/* ---- generate ---- */
+
+/* messages: [{role, content}, ...] */
+static int
+get_messages(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	const msgpack_object *a = map_get(m, "messages"), *e;
+	uint32_t i;
+	int rc;
+
+	if (a == NULL || a->type == MSGPACK_OBJECT_NIL)
+		return 0;
+	if (a->type != MSGPACK_OBJECT_ARRAY)
+		return err_set(err, PE_BAD_REQUEST, "messages must be an array");
+	if (a->via.array.size == 0 || a->via.array.size > PROTO_MAX_MSGS)
+		return err_set(err, PE_INVALID_PARAM, "messages must hold 1..%d messages", PROTO_MAX_MSGS);
+	r->msgs = xcalloc(a->via.array.size, sizeof *r->msgs);
+	for (i = 0; i < a->via.array.size; i++) {
+		e = &a->via.array.ptr[i];
+		if (e->type != MSGPACK_OBJECT_MAP)
+			return err_set(err, PE_BAD_REQUEST, "messages[%u] must be a map", i);
+		r->n_msgs = (int)i + 1;
+		if ((rc = get_str(e, "role", 1, &r->msgs[i].role, err)) != 0 ||
+		    (rc = get_str(e, "content", 1, &r->msgs[i].content, err)) != 0)
+			return err_prefix(err, rc, "messages[%u]", i);
+		if (strcmp(r->msgs[i].role, "system") != 0 && strcmp(r->msgs[i].role, "user") != 0 &&
+		    strcmp(r->msgs[i].role, "assistant") != 0)
+			return err_set(err, PE_INVALID_PARAM, "messages[%u]: role must be system, user or assistant", i);
+	}
+	return 0;
+}
+
+/* stop: [string, ...] */
+static int
+get_stop(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	const msgpack_object *a = map_get(m, "stop");
+	uint32_t i;
+	int rc;
+
+	if (a == NULL || a->type == MSGPACK_OBJECT_NIL)
+		return 0;
+	if (a->type != MSGPACK_OBJECT_ARRAY)
+		return err_set(err, PE_BAD_REQUEST, "stop must be an array of strings");
+	if (a->via.array.size > PROTO_MAX_STOP)
+		return err_set(err, PE_INVALID_PARAM, "at most %d stop strings", PROTO_MAX_STOP);
+	for (i = 0; i < a->via.array.size; i++) {
+		if ((rc = get_str_obj(&a->via.array.ptr[i], "stop", &r->stop[i], err)) != 0)
+			return rc;
+		r->n_stop = (int)i + 1;
+		if (strlen(r->stop[i]) < 1 || strlen(r->stop[i]) > 256)
+			return err_set(err, PE_INVALID_PARAM, "stop strings must be 1..256 bytes");
+	}
+	return 0;
+}
+
+/* The sampling fields; each one given is marked in r->set. */
+static int
+get_sampling(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	static const struct { const char *k; size_t off; unsigned bit; } floats[] = {
+		{ "temperature", offsetof(struct sample_params, temperature), SET_TEMPERATURE },
+		{ "top_p", offsetof(struct sample_params, top_p), SET_TOP_P },
+		{ "min_p", offsetof(struct sample_params, min_p), SET_MIN_P },
+		{ "repeat_penalty", offsetof(struct sample_params, repeat_penalty), SET_REPEAT },
+		{ "presence_penalty", offsetof(struct sample_params, presence_penalty), SET_PRESENCE },
+		{ "frequency_penalty", offsetof(struct sample_params, frequency_penalty), SET_FREQUENCY },
+	};
+	uint64_t u;
+	size_t i;
+	int found, rc;
+
+	for (i = 0; i < ARRAY_LEN(floats); i++) {
+		if ((rc = get_float(m, floats[i].k, (float *)((char *)&r->sample + floats[i].off), &found, err)) != 0)
+			return rc;
+		r->set |= found ? floats[i].bit : 0;
+	}
+	if ((rc = get_uint(m, "top_k", 1u << 20, &u, &found, err)) != 0)
+		return rc;
+	if (found)
+		r->sample.top_k = (int32_t)u, r->set |= SET_TOP_K;
+	if ((rc = get_uint(m, "seed", UINT64_MAX, &u, &found, err)) != 0)
+		return rc;
+	if (found)
+		r->sample.seed = u, r->set |= SET_SEED;
+	if ((rc = get_uint(m, "max_tokens", 1u << 24, &u, &found, err)) != 0)
+		return rc;
+	if (found && u == 0)
+		return err_set(err, PE_INVALID_PARAM, "max_tokens must be at least 1");
+	if (found)
+		r->max_tokens = (int32_t)u, r->set |= SET_MAX_TOKENS;
+	return 0;
+}
+
+static int
+decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	char *prio = NULL;
+	int rc;
+
+	proto_sample_defaults(r);
+	r->stream = 1;
+	if ((rc = get_str(m, "prompt", 0, &r->prompt, err)) || (rc = get_messages(m, r, err)) ||
+	    (rc = get_str(m, "session", 0, &r->session, err)) || (rc = get_str(m, "model", 0, &r->model, err)) ||
+	    (rc = get_sampling(m, r, err)) || (rc = get_stop(m, r, err)) ||
+	    (rc = get_bool(m, "stream", &r->stream, err)) || (rc = get_bool(m, "logprobs", &r->logprobs, err)) ||
+	    (rc = get_str(m, "priority", 0, &prio, err)))
+		return rc;
+	if (prio != NULL) {
+		if (strcmp(prio, "background") == 0)
+			r->priority = PRIO_BACKGROUND;
+		else if (strcmp(prio, "interactive") != 0)
+			rc = err_set(err, PE_INVALID_PARAM, "priority must be \"interactive\" or \"background\"");
+		free(prio);
+		if (rc != 0)
+			return rc;
+	}
+	if ((r->prompt != NULL) == (r->msgs != NULL))
+		return err_set(err, PE_BAD_REQUEST, "give exactly one of 'prompt' and 'messages'");
+	if (r->session != NULL && r->prompt != NULL)
+		return err_set(err, PE_BAD_REQUEST, "a session continues with 'messages', not 'prompt'");
+	return 0;
+}
+
+/* ---- other ops ---- */
+
+/* Turns the defaults map of session.new into JSON text (its sampling fields only). */
+static int
+decode_defaults(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	const msgpack_object *d = map_get(m, "defaults");
+	struct proto_req tmp;
+	json_t *j;
+	int rc;
+
+	if (d == NULL || d->type == MSGPACK_OBJECT_NIL)
+		return 0;
+	if (d->type != MSGPACK_OBJECT_MAP)
+		return err_set(err, PE_BAD_REQUEST, "defaults must be a map");
+	memset(&tmp, 0, sizeof tmp);
+	proto_sample_defaults(&tmp);
+	if ((rc = get_sampling(d, &tmp, err)) != 0)
+		return err_prefix(err, rc, "defaults");
+	j = json_object();
+	if (tmp.set & SET_TEMPERATURE) json_object_set_new(j, "temperature", json_real(tmp.sample.temperature));
+	if (tmp.set & SET_TOP_K) json_object_set_new(j, "top_k", json_integer(tmp.sample.top_k));
+	if (tmp.set & SET_TOP_P) json_object_set_new(j, "top_p", json_real(tmp.sample.top_p));
+	if (tmp.set & SET_MIN_P) json_object_set_new(j, "min_p", json_real(tmp.sample.min_p));
+	if (tmp.set & SET_REPEAT) json_object_set_new(j, "repeat_penalty", json_real(tmp.sample.repeat_penalty));
+	if (tmp.set & SET_PRESENCE) json_object_set_new(j, "presence_penalty", json_real(tmp.sample.presence_penalty));
+	if (tmp.set & SET_FREQUENCY) json_object_set_new(j, "frequency_penalty", json_real(tmp.sample.frequency_penalty));
+	if (tmp.set & SET_SEED) json_object_set_new(j, "seed", json_integer((json_int_t)tmp.sample.seed));
+	if (tmp.set & SET_MAX_TOKENS) json_object_set_new(j, "max_tokens", json_integer(tmp.max_tokens));
+	r->defaults = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+	json_decref(j);
+	if ((rc = sample_params_check(&tmp.sample, err)) != 0)
+		return err_set(err, PE_INVALID_PARAM, "defaults: %s", err);
+	return 0;
+}
+
+/* tokens: [uint, ...] */
+static int
+get_tokens(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	const msgpack_object *a = map_get(m, "tokens");
+	uint32_t i;
+
+	if (a == NULL || a->type != MSGPACK_OBJECT_ARRAY)
+		return err_set(err, PE_BAD_REQUEST, "tokens must be an array of token ids");
+	r->tokens = xmalloc((a->via.array.size ? a->via.array.size : 1) * sizeof *r->tokens);
+	r->n_tokens = a->via.array.size;
+	for (i = 0; i < a->via.array.size; i++) {
+		if (a->via.array.ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+		    a->via.array.ptr[i].via.u64 > INT32_MAX)
+			return err_set(err, PE_INVALID_PARAM, "tokens[%u] is not a token id", i);
+		r->tokens[i] = (int32_t)a->via.array.ptr[i].via.u64;
+	}
+	return 0;
+}
+
+/* The fields of every op but generate. */
+static int
+decode_other(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	uint64_t u;
+	int found, rc = 0, need_session;
+
+	need_session = r->op == OP_SESSION_GET || r->op == OP_SESSION_FORK ||
+	    r->op == OP_SESSION_RENAME || r->op == OP_SESSION_DELETE;
+	r->bos = -1;
+	r->limit = 100;
+	if ((rc = get_str(m, "session", need_session, &r->session, err)) ||
+	    (rc = get_str(m, "model", r->op == OP_MODEL_LOAD || r->op == OP_MODEL_UNLOAD, &r->model, err)) ||
+	    (rc = get_str(m, "title", r->op == OP_SESSION_RENAME, &r->title, err)) ||
+	    (rc = get_str(m, "system", 0, &r->system, err)) ||
+	    (rc = get_str(m, "client", 0, &r->client, err)) ||
+	    (rc = get_bool(m, "special", &r->special, err)) || (rc = get_bool(m, "bos", &r->bos, err)))
+		return rc;
+	switch (r->op) {
+	case OP_SESSION_NEW:
+		return decode_defaults(m, r, err);
+	case OP_SESSION_LIST:
+		if ((rc = get_uint(m, "limit", 10000, &u, &found, err)) != 0)
+			return rc;
+		r->limit = found ? (int)u : 100;
+		if ((rc = get_uint(m, "offset", INT32_MAX, &u, &found, err)) != 0)
+			return rc;
+		r->offset = found ? (int)u : 0;
+		return 0;
+	case OP_CANCEL:
+		if ((rc = get_uint(m, "target", UINT64_MAX, &r->target, &found, err)) != 0)
+			return rc;
+		return found ? 0 : err_set(err, PE_BAD_REQUEST, "field 'target' is required");
+	case OP_TOKENIZE:
+		return get_str(m, "text", 1, &r->text, err);
+	case OP_DETOKENIZE:
+		return get_tokens(m, r, err);
+	default:
+		return 0;
+	}
+}
+
+int
+proto_decode(const char *buf, size_t len, struct proto_req *r, int *has_id, char *err)
+{
+	msgpack_unpacked u;
+	const msgpack_object *m, *id, *op;
+	size_t off = 0;
+	int i, rc = 0;
+
+	memset(r, 0, sizeof *r);
+	*has_id = 0;
+	if (!scan_frame((const uint8_t *)buf, len))
+		return err_set(err, PE_BAD_FRAME, "the frame is not one well-formed msgpack object");
+	msgpack_unpacked_init(&u);
+	if (msgpack_unpack_next(&u, buf, len, &off) != MSGPACK_UNPACK_SUCCESS || off != len) {
+		msgpack_unpacked_destroy(&u);
+		return err_set(err, PE_BAD_FRAME, "the frame is not one msgpack object");
+	}
+	m = &u.data;
+	if (m->type != MSGPACK_OBJECT_MAP) {
+		rc = err_set(err, PE_BAD_FRAME, "the frame is not a msgpack map");
+		goto out;
+	}
+	id = map_get(m, "id");
+	if (id == NULL || id->type != MSGPACK_OBJECT_POSITIVE_INTEGER) {
+		rc = err_set(err, PE_BAD_REQUEST, "field 'id' (an unsigned integer) is required");
+		goto out;
+	}
+	r->id = id->via.u64;
+	*has_id = 1;
+	op = map_get(m, "op");
+	if (op == NULL || op->type != MSGPACK_OBJECT_STR) {
+		rc = err_set(err, PE_BAD_REQUEST, "field 'op' (a string) is required");
+		goto out;
+	}
+	for (i = 0; i < OP_COUNT_; i++)
+		if (strlen(op_names[i]) == op->via.str.size && memcmp(op_names[i], op->via.str.ptr, op->via.str.size) == 0)
+			break;
+	if (i == OP_COUNT_) {
+		rc = err_set(err, PE_UNKNOWN_OP, "unknown op '%.*s'", (int)MIN(op->via.str.size, 40),
+		    utf8_valid(op->via.str.ptr, op->via.str.size) ? op->via.str.ptr : "?");
+		goto out;
+	}
+	r->op = (enum proto_op)i;
+	rc = r->op == OP_GENERATE ? decode_generate(m, r, err) : decode_other(m, r, err);
+out:
+	msgpack_unpacked_destroy(&u);
+	return rc;
+}
+
+void
+proto_req_free(struct proto_req *r)
+{
+	int i;
+
+	for (i = 0; i < r->n_msgs; i++)
+		free(r->msgs[i].role), free(r->msgs[i].content);
+	for (i = 0; i < r->n_stop; i++)
+		free(r->stop[i]);
+	free(r->msgs), free(r->client), free(r->prompt), free(r->session), free(r->model);
+	free(r->title), free(r->system), free(r->defaults), free(r->text), free(r->tokens);
+	memset(r, 0, sizeof *r);
+}
+
+void
+proto_sample_defaults(struct proto_req *r)
+{
+	sample_params_default(&r->sample);
+	r->sample.temperature = 0.8f;
+	r->sample.top_k = 40;
+	r->sample.top_p = 0.95f;
+	r->sample.min_p = 0.05f;
+	r->max_tokens = 512;
+}
+
+/* ---- replies ---- */
+
+void
+proto_reply_begin(msgpack_sbuffer *sb, msgpack_packer *pk, int has_id, uint64_t id,
+    const char *type, size_t n_more)
+{
+	static const char len_placeholder[4];
+
+	msgpack_sbuffer_init(sb);
+	msgpack_sbuffer_write(sb, len_placeholder, 4);
+	msgpack_packer_init(pk, sb, msgpack_sbuffer_write);
+	msgpack_pack_map(pk, 2 + n_more);
+	proto_pack_str(pk, "id");
+	if (has_id)
+		msgpack_pack_uint64(pk, id);
+	else
+		msgpack_pack_nil(pk);
+	proto_pack_kv_str(pk, "type", type);
+}
+
+void
+proto_reply_end(msgpack_sbuffer *sb)
+{
+	uint32_t n = (uint32_t)(sb->size - 4);
+
+	sb->data[0] = (char)(n >> 24);
+	sb->data[1] = (char)(n >> 16);
+	sb->data[2] = (char)(n >> 8);
+	sb->data[3] = (char)n;
+}
+
+void
+proto_pack_str(msgpack_packer *pk, const char *s)
+{
+	size_t n = strlen(s);
+
+	msgpack_pack_str(pk, n);
+	msgpack_pack_str_body(pk, s, n);
+}
+
+void
+proto_pack_kv_str(msgpack_packer *pk, const char *k, const char *v)
+{
+	proto_pack_str(pk, k);
+	proto_pack_str(pk, v ? v : "");
+}
+
+void
+proto_pack_kv_uint(msgpack_packer *pk, const char *k, uint64_t v)
+{
+	proto_pack_str(pk, k);
+	msgpack_pack_uint64(pk, v);
+}
+
+void
+proto_pack_kv_float(msgpack_packer *pk, const char *k, double v)
+{
+	proto_pack_str(pk, k);
+	msgpack_pack_double(pk, v);
+}
+
+void
+proto_pack_kv_bool(msgpack_packer *pk, const char *k, int v)
+{
+	proto_pack_str(pk, k);
+	if (v)
+		msgpack_pack_true(pk);
+	else
+		msgpack_pack_false(pk);
+}
+
+void
+proto_error(msgpack_sbuffer *sb, int has_id, uint64_t id, enum proto_err code, const char *msg)
+{
+	msgpack_packer pk;
+
+	proto_reply_begin(sb, &pk, has_id, id, "error", 2);
+	proto_pack_kv_str(&pk, "code", err_names[code]);
+	proto_pack_kv_str(&pk, "message", msg);
+	proto_reply_end(sb);
+}

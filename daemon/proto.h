@@ -1,0 +1,113 @@
+/*
+ * proto.h: the wire protocol (libclient/PROTOCOL.md) as C: frames in,
+ * validated requests out; replies built with msgpack-c. Bump
+ * PROTO_VERSION when a change would break an existing client.
+ */
+#ifndef RESIDENT_PROTO_H
+#define RESIDENT_PROTO_H
+
+#include <msgpack.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sample.h"
+
+#define PROTO_VERSION 1
+#define PROTO_MAX_FRAME_DEFAULT (16u << 20)
+#define PROTO_MAX_STOP 16
+#define PROTO_MAX_MSGS 4096
+
+enum proto_op {
+	OP_HELLO, OP_GENERATE, OP_CANCEL,
+	OP_SESSION_NEW, OP_SESSION_LIST, OP_SESSION_GET, OP_SESSION_FORK, OP_SESSION_RENAME,
+	OP_SESSION_DELETE,
+	OP_MODEL_LIST, OP_MODEL_LOAD, OP_MODEL_UNLOAD,
+	OP_TOKENIZE, OP_DETOKENIZE, OP_STATUS,
+	OP_COUNT_
+};
+
+/* Stable error codes; their strings are the protocol's. */
+enum proto_err {
+	PE_NONE,
+	PE_BAD_FRAME, PE_FRAME_TOO_LARGE, PE_BAD_REQUEST, PE_UNKNOWN_OP, PE_INVALID_PARAM,
+	PE_INVALID_UTF8, PE_CONTEXT_EXCEEDED, PE_NOT_FOUND, PE_DUPLICATE_ID, PE_OVERLOADED,
+	PE_MODEL_ERROR, PE_SHUTTING_DOWN, PE_INTERNAL,
+	PE_COUNT_
+};
+
+enum proto_priority { PRIO_INTERACTIVE, PRIO_BACKGROUND };
+
+struct proto_msg {
+	char *role;
+	char *content;
+};
+
+/* Which sampling fields a request set (a session's defaults fill the others). */
+enum {
+	SET_TEMPERATURE = 1 << 0, SET_TOP_K = 1 << 1, SET_TOP_P = 1 << 2, SET_MIN_P = 1 << 3,
+	SET_REPEAT = 1 << 4, SET_PRESENCE = 1 << 5, SET_FREQUENCY = 1 << 6, SET_SEED = 1 << 7,
+	SET_MAX_TOKENS = 1 << 8,
+};
+
+/* A decoded request; strings are malloc'd, NUL-terminated, valid UTF-8. */
+struct proto_req {
+	uint64_t id;
+	enum proto_op op;
+	/* hello */
+	char *client;
+	/* generate */
+	char *prompt;
+	struct proto_msg *msgs;
+	int n_msgs;
+	struct sample_params sample;
+	int32_t max_tokens;
+	unsigned set;           /* SET_* */
+	char *stop[PROTO_MAX_STOP];
+	int n_stop;
+	enum proto_priority priority;
+	int stream;
+	int logprobs;
+	/* shared by several ops */
+	char *session;
+	char *model;
+	char *title;
+	char *system;
+	char *defaults;         /* session.new: the sampling defaults as JSON text */
+	uint64_t target;        /* cancel */
+	int limit, offset;      /* session.list */
+	char *text;             /* tokenize */
+	int special;
+	int bos;                /* -1: the model's choice */
+	int32_t *tokens;        /* detokenize */
+	size_t n_tokens;
+};
+
+/*
+ * Decodes one frame's payload. Returns 0, or a PE_* code with a message in
+ * err; *has_id tells whether req->id could be read (for the error reply).
+ */
+int proto_decode(const char *buf, size_t len, struct proto_req *req, int *has_id, char *err);
+void proto_req_free(struct proto_req *req);
+
+const char *proto_err_name(enum proto_err e);
+const char *proto_op_name(enum proto_op op);
+
+/* Fills a request's sampling fields with the protocol defaults (generate without a session). */
+void proto_sample_defaults(struct proto_req *req);
+
+/*
+ * Replies. A reply is built into a msgpack_sbuffer that starts with 4 bytes
+ * reserved for the frame length; proto_reply_end fills them in.
+ */
+void proto_reply_begin(msgpack_sbuffer *sb, msgpack_packer *pk, int has_id, uint64_t id,
+    const char *type, size_t n_more_fields);
+void proto_reply_end(msgpack_sbuffer *sb);
+void proto_pack_str(msgpack_packer *pk, const char *s);
+void proto_pack_kv_str(msgpack_packer *pk, const char *k, const char *v);
+void proto_pack_kv_uint(msgpack_packer *pk, const char *k, uint64_t v);
+void proto_pack_kv_float(msgpack_packer *pk, const char *k, double v);
+void proto_pack_kv_bool(msgpack_packer *pk, const char *k, int v);
+/* A whole error reply. */
+void proto_error(msgpack_sbuffer *sb, int has_id, uint64_t id, enum proto_err code, const char *msg);
+
+#endif
