@@ -45,6 +45,9 @@
 
 /* Dequantizes n elements (whole blocks) of one type into dst. */
 typedef void (*row_deq_fn)(const void *src, float *dst, int64_t n);
+/* y[r] = the dot of row r (of n elements, row_bytes apart) with x, r < nr. */
+typedef void (*row_dot1_fn)(const uint8_t *w, size_t row_bytes, int64_t nr, const float *x,
+    int64_t n, float *y);
 
 static float dot_portable(const float *, const float *, int64_t);
 static void mm_chunk_portable(const float *, int64_t, int, const float *, int64_t, int,
@@ -114,6 +117,12 @@ static void deq_q8_0_avx2(const void *, float *, int64_t);
 static void deq_q4_K_avx2(const void *, float *, int64_t);
 static void deq_q5_K_avx2(const void *, float *, int64_t);
 static void deq_q6_K_avx2(const void *, float *, int64_t);
+static void dot1_q4_0_avx2(const uint8_t *, size_t, int64_t, const float *, int64_t, float *);
+static void dot1_q5_0_avx2(const uint8_t *, size_t, int64_t, const float *, int64_t, float *);
+static void dot1_q8_0_avx2(const uint8_t *, size_t, int64_t, const float *, int64_t, float *);
+static void dot1_q4_K_avx2(const uint8_t *, size_t, int64_t, const float *, int64_t, float *);
+static void dot1_q5_K_avx2(const uint8_t *, size_t, int64_t, const float *, int64_t, float *);
+static void dot1_q6_K_avx2(const uint8_t *, size_t, int64_t, const float *, int64_t, float *);
 
 /* The end of dot_avx2: the 8-wide and scalar tails from i, then the sum. */
 AVX2_INLINE float
@@ -150,9 +159,12 @@ dot_avx2(const float *a, const float *b, int64_t n)
 	return dot_end_avx2(s0, s1, a, b, i, n);
 }
 
-#ifndef KEEP
+/*
+ * Pins v to a register: gcc would rather fold its load into every FMA that
+ * uses it, which takes a tile of R rows by T tokens from R + T loads per
+ * step to R * T + R, more than the two a cycle the core can do.
+ */
 #define KEEP(v) __asm__("" : "+x"(v))
-#endif
 
 /*
  * R rows (n floats, lda apart) by T tokens: y[t * ldy + r] = dot_avx2(row r,
@@ -204,30 +216,22 @@ mm_tile_avx2(const float *a, int64_t lda, const float *x, int64_t ldx, float *y,
 			    x + t * ldx, i, n);
 }
 
-#ifndef MT_R
-#define MT_R 3
-#define MT_T 2
-#endif
-
-/* Rows [r, nr) for the T tokens at x, MT_R at a time. */
+/* Rows [r, nr) for the T tokens at x, two at a time. */
 AVX2_INLINE void
-mm_group_avx2(const float *a, int64_t lda, int r, int nr, const float *x, int64_t ldx, float *y,
+mm_pairs_avx2(const float *a, int64_t lda, int r, int nr, const float *x, int64_t ldx, float *y,
     int64_t ldy, const int T)
 {
-	for (; r + MT_R <= nr; r += MT_R)
-		mm_tile_avx2(a + r * lda, lda, x, ldx, y + r, ldy, lda, MT_R, T);
-	if (MT_R > 2 && r + 2 <= nr) {
+	for (; r + 2 <= nr; r += 2)
 		mm_tile_avx2(a + r * lda, lda, x, ldx, y + r, ldy, lda, 2, T);
-		r += 2;
-	}
 	if (r < nr)
 		mm_tile_avx2(a + r * lda, lda, x, ldx, y + r, ldy, lda, 1, T);
 }
 
 /*
- * The AVX2 twin of mm_chunk_portable. One token goes by tiles of 4 rows;
- * several by tiles of MT_R rows by MT_T tokens, all the rows for each
- * MT_T tokens, which then stay in L1.
+ * The AVX2 twin of mm_chunk_portable. One token goes by tiles of 4 rows.
+ * Several go by tiles of 2 rows by 3 tokens (12 accumulators, 3 token
+ * vectors and a row vector: the 16 registers), over all the rows for each
+ * 3 tokens, which then stay in L1.
  */
 AVX2 static void
 mm_chunk_avx2(const float *a, int64_t lda, int nr, const float *x, int64_t ldx, int n_tok,
@@ -238,15 +242,15 @@ mm_chunk_avx2(const float *a, int64_t lda, int nr, const float *x, int64_t ldx, 
 	if (n_tok == 1) {
 		for (; r + 4 <= nr; r += 4)
 			mm_tile_avx2(a + r * lda, lda, x, ldx, y + r, ldy, lda, 4, 1);
-		mm_group_avx2(a, lda, r, nr, x, ldx, y, ldy, 1);
+		mm_pairs_avx2(a, lda, r, nr, x, ldx, y, ldy, 1);
 		return;
 	}
-	for (t = 0; t + MT_T <= n_tok; t += MT_T)
-		mm_group_avx2(a, lda, 0, nr, x + t * ldx, ldx, y + t * ldy, ldy, MT_T);
-	if (MT_T > 2 && n_tok - t == 2)
-		mm_group_avx2(a, lda, 0, nr, x + t * ldx, ldx, y + t * ldy, ldy, 2);
+	for (t = 0; t + 3 <= n_tok; t += 3)
+		mm_pairs_avx2(a, lda, 0, nr, x + t * ldx, ldx, y + t * ldy, ldy, 3);
+	if (n_tok - t == 2)
+		mm_pairs_avx2(a, lda, 0, nr, x + t * ldx, ldx, y + t * ldy, ldy, 2);
 	else if (n_tok - t == 1)
-		mm_group_avx2(a, lda, 0, nr, x + t * ldx, ldx, y + t * ldy, ldy, 1);
+		mm_pairs_avx2(a, lda, 0, nr, x + t * ldx, ldx, y + t * ldy, ldy, 1);
 }
 
 /* ---- dequantizers: quant.c's arithmetic, eight floats at a time ---- */
@@ -269,28 +273,25 @@ i8_ps(__m128i v)
 	return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
 }
 
-/* y[0..31] = d * (float)q[0..31], q signed bytes: quant.c's d * (float)q. */
+/* The 32 signed bytes of q as four vectors of floats. */
 AVX2_INLINE void
-put_scaled(float *y, __m256i q, __m256 d)
+i8x32_ps(__m256i q, __m256 v[4])
 {
 	__m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
 
-	_mm256_storeu_ps(y, _mm256_mul_ps(d, i8_ps(lo)));
-	_mm256_storeu_ps(y + 8, _mm256_mul_ps(d, i8_ps(_mm_unpackhi_epi64(lo, lo))));
-	_mm256_storeu_ps(y + 16, _mm256_mul_ps(d, i8_ps(hi)));
-	_mm256_storeu_ps(y + 24, _mm256_mul_ps(d, i8_ps(_mm_unpackhi_epi64(hi, hi))));
+	v[0] = i8_ps(lo);
+	v[1] = i8_ps(_mm_unpackhi_epi64(lo, lo));
+	v[2] = i8_ps(hi);
+	v[3] = i8_ps(_mm_unpackhi_epi64(hi, hi));
 }
 
-/* y[0..31] = dl * (float)q - ml, q bytes 0..31: quant.c's Q4_K/Q5_K step. */
+/* v = d * (float)q for 32 signed bytes: quant.c's d * (float)q. */
 AVX2_INLINE void
-put_scaled_min(float *y, __m256i q, __m256 dl, __m256 ml)
+grp_scaled(__m256i q, __m256 d, __m256 v[4])
 {
-	__m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
-
-	_mm256_storeu_ps(y, _mm256_sub_ps(_mm256_mul_ps(dl, i8_ps(lo)), ml));
-	_mm256_storeu_ps(y + 8, _mm256_sub_ps(_mm256_mul_ps(dl, i8_ps(_mm_unpackhi_epi64(lo, lo))), ml));
-	_mm256_storeu_ps(y + 16, _mm256_sub_ps(_mm256_mul_ps(dl, i8_ps(hi)), ml));
-	_mm256_storeu_ps(y + 24, _mm256_sub_ps(_mm256_mul_ps(dl, i8_ps(_mm_unpackhi_epi64(hi, hi))), ml));
+	i8x32_ps(q, v);
+	for (int k = 0; k < 4; k++)
+		v[k] = _mm256_mul_ps(d, v[k]);
 }
 
 /* 16 bytes of nibbles as 32: the low nibbles, then the high ones. */
@@ -301,6 +302,153 @@ nibbles(const uint8_t *qs)
 
 	return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
 }
+
+/*
+ * The group decoders: the 32 floats of elements 32g..32g+31 of a row, as
+ * four vectors, each what quant.c's dequantizer stores there.
+ */
+typedef void (*grp_fn)(const uint8_t *row, int64_t g, __m256 v[4]);
+
+/* Q4_0: d * (float)(q - 8). */
+F16C_INLINE void
+grp_q4_0(const uint8_t *row, int64_t g, __m256 v[4])
+{
+	const struct blk_q4_0 *b = (const struct blk_q4_0 *)row + g;
+
+	grp_scaled(_mm256_sub_epi8(nibbles(b->qs), _mm256_set1_epi8(8)),
+	    _mm256_set1_ps(scale_f16(b->d)), v);
+}
+
+/* Q5_0: d * (float)(q - 16), bit 4 of element e being bit e of qh. */
+F16C_INLINE void
+grp_q5_0(const uint8_t *row, int64_t g, __m256 v[4])
+{
+	const struct blk_q5_0 *b = (const struct blk_q5_0 *)row + g;
+	/* byte e takes byte e/8 of qh, then tests bit e%8 */
+	const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+	    0x0101010101010101, 0);
+	const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+	__m256i h;
+	uint32_t qh;
+
+	memcpy(&qh, b->qh, sizeof qh);
+	h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
+	h = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit), _mm256_set1_epi8(0x10));
+	grp_scaled(_mm256_sub_epi8(_mm256_or_si256(nibbles(b->qs), h), _mm256_set1_epi8(16)),
+	    _mm256_set1_ps(scale_f16(b->d)), v);
+}
+
+/* Q8_0: d * (float)q. */
+F16C_INLINE void
+grp_q8_0(const uint8_t *row, int64_t g, __m256 v[4])
+{
+	const struct blk_q8_0 *b = (const struct blk_q8_0 *)row + g;
+	__m256 d = _mm256_set1_ps(scale_f16(b->d));
+
+	for (int k = 0; k < 4; k++)
+		v[k] = _mm256_mul_ps(d, i8_ps(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * k))));
+}
+
+/* Scale and min of sub-block j of a Q4_K/Q5_K block: quant.c's k4_scale_min. */
+static inline void
+k4_scale_min(int j, const uint8_t q[12], uint8_t *sc, uint8_t *m)
+{
+	if (j < 4) {
+		*sc = q[j] & 63;
+		*m = q[j + 4] & 63;
+	} else {
+		*sc = (q[j + 4] & 0xf) | (q[j - 4] >> 6) << 4;
+		*m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+	}
+}
+
+/* Sub-block j, levels q: (d * sc) * (float)q - dmin * m, as quant.c. */
+F16C_INLINE void
+k4_values(__m256i q, const uint8_t scales[12], int j, uint16_t d, uint16_t dmin, __m256 v[4])
+{
+	uint8_t sc, m;
+	__m256 dl, ml;
+
+	k4_scale_min(j, scales, &sc, &m);
+	dl = _mm256_set1_ps(scale_f16(d) * (float)sc);
+	ml = _mm256_set1_ps(scale_f16(dmin) * (float)m);
+	i8x32_ps(q, v);
+	for (int k = 0; k < 4; k++)
+		v[k] = _mm256_sub_ps(_mm256_mul_ps(dl, v[k]), ml);
+}
+
+/* Q4_K: sub-block j of block g/8 is nibble j%2 of qs[32 * (j/2) + l]. */
+F16C_INLINE void
+grp_q4_K(const uint8_t *row, int64_t g, __m256 v[4])
+{
+	const struct blk_q4_K *b = (const struct blk_q4_K *)row + g / 8;
+	int j = (int)(g % 8);
+	__m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * (j / 2)));
+
+	q = _mm256_and_si256(_mm256_srli_epi16(q, 4 * (j % 2)), _mm256_set1_epi8(0x0f));
+	k4_values(q, b->scales, j, b->d, b->dmin, v);
+}
+
+/* Q5_K: Q4_K with bit j of qh[l] as bit 4. */
+F16C_INLINE void
+grp_q5_K(const uint8_t *row, int64_t g, __m256 v[4])
+{
+	const struct blk_q5_K *b = (const struct blk_q5_K *)row + g / 8;
+	int j = (int)(g % 8);
+	__m256i q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * (j / 2)));
+	__m256i h = _mm256_loadu_si256((const __m256i *)b->qh);
+
+	q = _mm256_and_si256(_mm256_srli_epi16(q, 4 * (j % 2)), _mm256_set1_epi8(0x0f));
+	h = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, j), _mm256_set1_epi8(1)), 4);
+	k4_values(_mm256_or_si256(q, h), b->scales, j, b->d, b->dmin, v);
+}
+
+/*
+ * Q6_K: (d * sc) * (float)(q - 32), sc per 16 elements. Quarter s of half
+ * h (group 4h + s of the block): nibble s/2 of ql[64h + 32(s%2) + l], bits
+ * 2s of qh[32h + l].
+ */
+F16C_INLINE void
+grp_q6_K(const uint8_t *row, int64_t g, __m256 v[4])
+{
+	const struct blk_q6_K *b = (const struct blk_q6_K *)row + g / 8;
+	int h = (int)(g % 8) / 4, s = (int)(g % 4);
+	const int8_t *sc = b->scales + 8 * h + 2 * s;
+	const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+	__m256i q = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32 * (s % 2)));
+	__m256i hi = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+	float d = scale_f16(b->d);
+	__m256 dl0 = _mm256_set1_ps(d * (float)sc[0]), dl1 = _mm256_set1_ps(d * (float)sc[1]);
+
+	q = _mm256_and_si256(_mm256_srli_epi16(q, 4 * (s / 2)), m4);
+	hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hi, 2 * s), m2), 4);
+	i8x32_ps(_mm256_sub_epi8(_mm256_or_si256(q, hi), _mm256_set1_epi8(32)), v);
+	v[0] = _mm256_mul_ps(dl0, v[0]);
+	v[1] = _mm256_mul_ps(dl0, v[1]);
+	v[2] = _mm256_mul_ps(dl1, v[2]);
+	v[3] = _mm256_mul_ps(dl1, v[3]);
+}
+
+/* n elements (whole groups) of a row through a group decoder into y. */
+F16C_INLINE void
+deq_groups(const void *src, float *y, int64_t n, grp_fn grp)
+{
+	__m256 v[4];
+	int64_t g;
+
+	for (g = 0; g < n / 32; g++, y += 32) {
+		grp(src, g, v);
+		for (int k = 0; k < 4; k++)
+			_mm256_storeu_ps(y + 8 * k, v[k]);
+	}
+}
+
+F16C static void deq_q4_0_avx2(const void *s, float *y, int64_t n) { deq_groups(s, y, n, grp_q4_0); }
+F16C static void deq_q5_0_avx2(const void *s, float *y, int64_t n) { deq_groups(s, y, n, grp_q5_0); }
+F16C static void deq_q8_0_avx2(const void *s, float *y, int64_t n) { deq_groups(s, y, n, grp_q8_0); }
+F16C static void deq_q4_K_avx2(const void *s, float *y, int64_t n) { deq_groups(s, y, n, grp_q4_K); }
+F16C static void deq_q5_K_avx2(const void *s, float *y, int64_t n) { deq_groups(s, y, n, grp_q5_K); }
+F16C static void deq_q6_K_avx2(const void *s, float *y, int64_t n) { deq_groups(s, y, n, grp_q6_K); }
 
 /*
  * F16: exact widening by F16C; a NaN is rebuilt from its bits as
@@ -344,169 +492,63 @@ deq_bf16_avx2(const void *src, float *y, int64_t n)
 		y[i] = bf16_to_fp32(h[i]);
 }
 
-/* Q4_0: d * (float)(q - 8). */
-F16C static void
-deq_q4_0_avx2(const void *src, float *y, int64_t n)
-{
-	const struct blk_q4_0 *b = src;
-	int64_t i;
-
-	for (i = 0; i < n; i += 32, b++, y += 32)
-		put_scaled(y, _mm256_sub_epi8(nibbles(b->qs), _mm256_set1_epi8(8)),
-		    _mm256_set1_ps(scale_f16(b->d)));
-}
-
-/* Q5_0: d * (float)(q - 16), bit 4 of element e being bit e of qh. */
-F16C static void
-deq_q5_0_avx2(const void *src, float *y, int64_t n)
-{
-	const struct blk_q5_0 *b = src;
-	/* byte e takes byte e/8 of qh, then tests bit e%8 */
-	const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-	    0x0101010101010101, 0);
-	const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-	__m256i h;
-	uint32_t qh;
-	int64_t i;
-
-	for (i = 0; i < n; i += 32, b++, y += 32) {
-		memcpy(&qh, b->qh, sizeof qh);
-		h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
-		h = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit),
-		    _mm256_set1_epi8(0x10));
-		put_scaled(y, _mm256_sub_epi8(_mm256_or_si256(nibbles(b->qs), h), _mm256_set1_epi8(16)),
-		    _mm256_set1_ps(scale_f16(b->d)));
-	}
-}
-
-/* Q8_0: d * (float)q. */
-F16C static void
-deq_q8_0_avx2(const void *src, float *y, int64_t n)
-{
-	const struct blk_q8_0 *b = src;
-	int64_t i;
-
-	for (i = 0; i < n; i += 32, b++, y += 32)
-		put_scaled(y, _mm256_loadu_si256((const __m256i *)b->qs), _mm256_set1_ps(scale_f16(b->d)));
-}
-
-/* Scale and min of sub-block j of a Q4_K/Q5_K block: quant.c's k4_scale_min. */
-static inline void
-k4_scale_min(int j, const uint8_t q[12], uint8_t *sc, uint8_t *m)
-{
-	if (j < 4) {
-		*sc = q[j] & 63;
-		*m = q[j + 4] & 63;
-	} else {
-		*sc = (q[j + 4] & 0xf) | (q[j - 4] >> 6) << 4;
-		*m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
-	}
-}
-
-/* Sub-block g of a Q4_K/Q5_K block: dl = d * sc, ml = dmin * m, as quant.c. */
-AVX2_INLINE void
-k4_put(float *y, __m256i q, const uint8_t scales[12], int g, float d, float dmin)
-{
-	uint8_t sc, m;
-
-	k4_scale_min(g, scales, &sc, &m);
-	put_scaled_min(y, q, _mm256_set1_ps(d * (float)sc), _mm256_set1_ps(dmin * (float)m));
-}
-
-/* Q4_K: (d * sc) * q - dmin * m per sub-block of 32; 32 bytes hold two. */
-F16C static void
-deq_q4_K_avx2(const void *src, float *y, int64_t n)
-{
-	const struct blk_q4_K *b = src;
-	const __m256i m4 = _mm256_set1_epi8(0x0f);
-	__m256i v;
-	float d, dmin;
-	int64_t i;
-	int j;
-
-	for (i = 0; i < n; i += QK_K, b++, y += QK_K) {
-		d = scale_f16(b->d);
-		dmin = scale_f16(b->dmin);
-		for (j = 0; j < 4; j++) {
-			v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * j));
-			k4_put(y + 64 * j, _mm256_and_si256(v, m4), b->scales, 2 * j, d, dmin);
-			k4_put(y + 64 * j + 32, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-			    b->scales, 2 * j + 1, d, dmin);
-		}
-	}
-}
-
-/* Q5_K: Q4_K with bit g of qh[e % 32] as bit 4 of sub-block g. */
-F16C static void
-deq_q5_K_avx2(const void *src, float *y, int64_t n)
-{
-	const struct blk_q5_K *b = src;
-	const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-	__m256i v, h, hb;
-	float d, dmin;
-	int64_t i;
-	int j;
-
-	for (i = 0; i < n; i += QK_K, b++, y += QK_K) {
-		d = scale_f16(b->d);
-		dmin = scale_f16(b->dmin);
-		h = _mm256_loadu_si256((const __m256i *)b->qh);
-		for (j = 0; j < 4; j++) {
-			v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * j));
-			hb = _mm256_slli_epi16(_mm256_and_si256(h, one), 4);
-			k4_put(y + 64 * j, _mm256_or_si256(_mm256_and_si256(v, m4), hb), b->scales,
-			    2 * j, d, dmin);
-			h = _mm256_srli_epi16(h, 1);
-			hb = _mm256_slli_epi16(_mm256_and_si256(h, one), 4);
-			k4_put(y + 64 * j + 32, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), hb),
-			    b->scales, 2 * j + 1, d, dmin);
-			h = _mm256_srli_epi16(h, 1);
-		}
-	}
-}
-
 /*
- * Q6_K: (d * sc) * (q - 32), sc per 16 elements. Quarter s of each half
- * of 128: nibble s/2 of ql[(s%2)*32 + l], bits 2s of qh[l].
+ * One token by R rows (row_bytes apart) of n elements, decoded in
+ * registers: each group of 32 feeds s0, s1, s0, s1 as dot_avx2 would
+ * from the dequantized row.
  */
-F16C static void
-deq_q6_K_avx2(const void *src, float *y, int64_t n)
+F16C_INLINE void
+dot1_tile(const uint8_t *w, size_t row_bytes, const float *x, int64_t n, float *y, const int R,
+    grp_fn grp)
 {
-	const struct blk_q6_K *b = src;
-	const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
-	const __m256i off = _mm256_set1_epi8(32);
-	__m256i ql[2], qh, q;
-	__m128i lo, hi;
-	__m256 dl0, dl1;
-	const int8_t *sc;
-	float d;
-	int64_t i;
-	int h, s;
+	__m256 s0[4], s1[4], v[4];
+	int64_t g;
+	int r;
 
-	for (i = 0; i < n; i += QK_K, b++) {
-		d = scale_f16(b->d);
-		for (h = 0; h < 2; h++) {
-			ql[0] = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h));
-			ql[1] = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32));
-			qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
-			for (s = 0; s < 4; s++, y += 32) {
-				q = _mm256_and_si256(s < 2 ? ql[s] : _mm256_srli_epi16(ql[s - 2], 4), m4);
-				q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(
-				    _mm256_srli_epi16(qh, 2 * s), m2), 4));
-				q = _mm256_sub_epi8(q, off);
-				sc = b->scales + 8 * h + 2 * s;
-				dl0 = _mm256_set1_ps(d * (float)sc[0]);
-				dl1 = _mm256_set1_ps(d * (float)sc[1]);
-				lo = _mm256_castsi256_si128(q);
-				hi = _mm256_extracti128_si256(q, 1);
-				_mm256_storeu_ps(y, _mm256_mul_ps(dl0, i8_ps(lo)));
-				_mm256_storeu_ps(y + 8, _mm256_mul_ps(dl0, i8_ps(_mm_unpackhi_epi64(lo, lo))));
-				_mm256_storeu_ps(y + 16, _mm256_mul_ps(dl1, i8_ps(hi)));
-				_mm256_storeu_ps(y + 24, _mm256_mul_ps(dl1, i8_ps(_mm_unpackhi_epi64(hi, hi))));
-			}
+#pragma GCC unroll 4
+	for (r = 0; r < R; r++)
+		s0[r] = s1[r] = _mm256_setzero_ps();
+	for (g = 0; g < n / 32; g++) {
+#pragma GCC unroll 4
+		for (r = 0; r < R; r++) {
+			grp(w + r * row_bytes, g, v);
+			s0[r] = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(x + 32 * g), s0[r]);
+			s1[r] = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(x + 32 * g + 8), s1[r]);
+			s0[r] = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(x + 32 * g + 16), s0[r]);
+			s1[r] = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(x + 32 * g + 24), s1[r]);
 		}
 	}
+#pragma GCC unroll 4
+	for (r = 0; r < R; r++)
+		y[r] = dot_end_avx2(s0[r], s1[r], x, x, n, n);
 }
+
+/* nr rows of one token, 4 at a time, straight from the weights. */
+F16C_INLINE void
+dot1_rows(const uint8_t *w, size_t row_bytes, int64_t nr, const float *x, int64_t n, float *y,
+    grp_fn grp)
+{
+	int64_t r;
+
+	for (r = 0; r + 4 <= nr; r += 4)
+		dot1_tile(w + r * row_bytes, row_bytes, x, n, y + r, 4, grp);
+	for (; r < nr; r++)
+		dot1_tile(w + r * row_bytes, row_bytes, x, n, y + r, 1, grp);
+}
+
+#define DOT1(name) \
+F16C static void \
+dot1_##name##_avx2(const uint8_t *w, size_t rb, int64_t nr, const float *x, int64_t n, float *y) \
+{ \
+	dot1_rows(w, rb, nr, x, n, y, grp_##name); \
+}
+DOT1(q4_0)
+DOT1(q5_0)
+DOT1(q8_0)
+DOT1(q4_K)
+DOT1(q5_K)
+DOT1(q6_K)
+#undef DOT1
 #endif
 
 static float (*dot_impl)(const float *, const float *, int64_t) = dot_portable;
@@ -514,6 +556,8 @@ static void (*mm_chunk_impl)(const float *, int64_t, int, const float *, int64_t
     int64_t) = mm_chunk_portable;
 /* SIMD dequantizers by type; NULL: quant_dequantize. */
 static row_deq_fn deq_impl[TT_COUNT_];
+/* One-token products decoding the weights in registers, by type; or NULL. */
+static row_dot1_fn dot1_impl[TT_COUNT_];
 static const char *isa = "portable";
 
 void
@@ -535,6 +579,12 @@ cpu_ops_init(void)
 		deq_impl[TT_Q4_K] = deq_q4_K_avx2;
 		deq_impl[TT_Q5_K] = deq_q5_K_avx2;
 		deq_impl[TT_Q6_K] = deq_q6_K_avx2;
+		dot1_impl[TT_Q4_0] = dot1_q4_0_avx2;
+		dot1_impl[TT_Q5_0] = dot1_q5_0_avx2;
+		dot1_impl[TT_Q8_0] = dot1_q8_0_avx2;
+		dot1_impl[TT_Q4_K] = dot1_q4_K_avx2;
+		dot1_impl[TT_Q5_K] = dot1_q5_K_avx2;
+		dot1_impl[TT_Q6_K] = dot1_q6_K_avx2;
 	}
 #endif
 }
@@ -588,6 +638,11 @@ mm_task(void *arg, int64_t task, int thread)
 	const float *rows;
 	float *scratch = c->scratch + (size_t)thread * CPU_MM_ROWS * (size_t)in;
 
+	if (c->n_tok == 1 && dot1_impl[c->w->type] != NULL) {
+		dot1_impl[c->w->type]((const uint8_t *)c->w->data + (size_t)r * c->row_bytes,
+		    c->row_bytes, end - r, c->x, in, c->y + r);
+		return;
+	}
 	for (; r < end; r += nr) {
 		nr = MIN(c->n_tok == 1 ? MM_SUB_ROWS : CPU_MM_ROWS, end - r);
 		src = (const uint8_t *)c->w->data + (size_t)r * c->row_bytes;

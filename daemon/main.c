@@ -1,0 +1,302 @@
+/*
+ * residentd: flags and configuration, start and orderly stop.
+ *
+ * Settings come from built-in defaults, then the config file
+ * ($XDG_CONFIG_HOME/resident/residentd.json, or --config), then flags.
+ * SIGTERM or SIGINT stops it: no new requests, running ones end with
+ * finish "cancel" (committed turns are never touched), replies are flushed,
+ * the database is closed.
+ */
+#include "config.h"
+#include "log.h"
+#include "proto.h"
+#include "sched.h"
+#include "server.h"
+#include "store.h"
+#include "util.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <event2/thread.h>
+#include <getopt.h>
+#include <grp.h>
+#include <jansson.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct settings {
+	char *socket_path, *db_path, *model, *device, *group, *log_level, *config;
+	int threads, ctx, kv_tokens, max_seqs, max_queue, max_step_tokens;
+	long max_frame;
+};
+
+static void
+usage(FILE *fp)
+{
+	fprintf(fp,
+	    "usage: residentd [options]\n"
+	    "  -m, --model PATH        default model (.gguf file or Hugging Face directory)\n"
+	    "  -s, --socket PATH       socket (default $XDG_RUNTIME_DIR/resident/socket)\n"
+	    "      --group NAME        let this group use the socket (0660) for a shared daemon\n"
+	    "      --db PATH           database (default $XDG_DATA_HOME/resident/resident.db)\n"
+	    "  -c, --config FILE       JSON settings (default $XDG_CONFIG_HOME/resident/residentd.json)\n"
+	    "      --device cpu|cuda   backend (default: cuda when built with it and a GPU is present)\n"
+	    "  -t, --threads N         CPU threads (default: all cores)\n"
+	    "      --ctx N             context length (default: the model's, at most 8192)\n"
+	    "      --kv-tokens N       KV cache size in tokens (default: 4 x context)\n"
+	    "      --max-seqs N        sequences decoding together (default 64)\n"
+	    "      --max-queue N       waiting requests before 'overloaded' (default 256)\n"
+	    "      --max-frame BYTES   largest request frame (default 16 MiB)\n"
+	    "  -l, --log-level LEVEL   error, warn, info (default), debug\n"
+	    "  -h, --help\n");
+}
+
+/* $VAR/rest, or $HOME/fallback/rest. */
+static char *
+xdg_path(const char *var, const char *fallback, const char *rest)
+{
+	const char *base = getenv(var), *home = getenv("HOME");
+	char buf[PATH_MAX];
+
+	if (base != NULL && base[0] == '/')
+		snprintf(buf, sizeof buf, "%s/%s", base, rest);
+	else if (strcmp(var, "XDG_RUNTIME_DIR") == 0)
+		snprintf(buf, sizeof buf, "/tmp/resident-%u/%s", (unsigned)getuid(), rest);
+	else
+		snprintf(buf, sizeof buf, "%s/%s/%s", home ? home : "/tmp", fallback, rest);
+	return xstrdup(buf);
+}
+
+/* Sets *dst from a string field of the config unless a flag already did. */
+static int
+cfg_str(json_t *cfg, const char *key, char **dst, char *err)
+{
+	json_t *v = json_object_get(cfg, key);
+
+	if (v == NULL || *dst != NULL)
+		return 0;
+	if (!json_is_string(v))
+		return err_set(err, ERR_INVAL, "config: %s must be a string", key);
+	*dst = xstrdup(json_string_value(v));
+	return 0;
+}
+
+static int
+cfg_int(json_t *cfg, const char *key, int *dst, char *err)
+{
+	json_t *v = json_object_get(cfg, key);
+
+	if (v == NULL || *dst != 0)
+		return 0;
+	if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT_MAX)
+		return err_set(err, ERR_INVAL, "config: %s must be a non-negative integer", key);
+	*dst = (int)json_integer_value(v);
+	return 0;
+}
+
+/* Reads the config file; a missing default file is fine, a missing named one is not. */
+static int
+read_config(struct settings *s, char *err)
+{
+	char *path = s->config ? xstrdup(s->config) : xdg_path("XDG_CONFIG_HOME", ".config", "resident/residentd.json");
+	json_error_t jerr;
+	json_t *cfg;
+	int rc = 0;
+
+	if (access(path, F_OK) != 0) {
+		rc = s->config ? err_set(err, ERR_NOTFOUND, "%s: no such config file", path) : 0;
+		free(path);
+		return rc;
+	}
+	if ((cfg = json_load_file(path, 0, &jerr)) == NULL || !json_is_object(cfg)) {
+		rc = err_set(err, ERR_FORMAT, "%s: line %d: %s", path, jerr.line, cfg ? "not an object" : jerr.text);
+		json_decref(cfg);
+		free(path);
+		return rc;
+	}
+	if ((rc = cfg_str(cfg, "socket", &s->socket_path, err)) || (rc = cfg_str(cfg, "db", &s->db_path, err)) ||
+	    (rc = cfg_str(cfg, "model", &s->model, err)) || (rc = cfg_str(cfg, "device", &s->device, err)) ||
+	    (rc = cfg_str(cfg, "group", &s->group, err)) || (rc = cfg_str(cfg, "log_level", &s->log_level, err)) ||
+	    (rc = cfg_int(cfg, "threads", &s->threads, err)) || (rc = cfg_int(cfg, "ctx", &s->ctx, err)) ||
+	    (rc = cfg_int(cfg, "kv_tokens", &s->kv_tokens, err)) || (rc = cfg_int(cfg, "max_seqs", &s->max_seqs, err)) ||
+	    (rc = cfg_int(cfg, "max_queue", &s->max_queue, err)))
+		err_prefix(err, rc, "%s", path);
+	json_decref(cfg);
+	free(path);
+	return rc;
+}
+
+static int
+parse_args(int argc, char **argv, struct settings *s)
+{
+	enum { O_GROUP = 256, O_DB, O_DEVICE, O_CTX, O_KV, O_SEQS, O_QUEUE, O_FRAME };
+	static const struct option lo[] = {
+		{ "model", required_argument, NULL, 'm' }, { "socket", required_argument, NULL, 's' },
+		{ "group", required_argument, NULL, O_GROUP }, { "db", required_argument, NULL, O_DB },
+		{ "config", required_argument, NULL, 'c' }, { "device", required_argument, NULL, O_DEVICE },
+		{ "threads", required_argument, NULL, 't' }, { "ctx", required_argument, NULL, O_CTX },
+		{ "kv-tokens", required_argument, NULL, O_KV }, { "max-seqs", required_argument, NULL, O_SEQS },
+		{ "max-queue", required_argument, NULL, O_QUEUE }, { "max-frame", required_argument, NULL, O_FRAME },
+		{ "log-level", required_argument, NULL, 'l' }, { "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	int c;
+
+	while ((c = getopt_long(argc, argv, "m:s:c:t:l:h", lo, NULL)) != -1) {
+		switch (c) {
+		case 'm': s->model = xstrdup(optarg); break;
+		case 's': s->socket_path = xstrdup(optarg); break;
+		case 'c': s->config = xstrdup(optarg); break;
+		case 't': s->threads = atoi(optarg); break;
+		case 'l': s->log_level = xstrdup(optarg); break;
+		case O_GROUP: s->group = xstrdup(optarg); break;
+		case O_DB: s->db_path = xstrdup(optarg); break;
+		case O_DEVICE: s->device = xstrdup(optarg); break;
+		case O_CTX: s->ctx = atoi(optarg); break;
+		case O_KV: s->kv_tokens = atoi(optarg); break;
+		case O_SEQS: s->max_seqs = atoi(optarg); break;
+		case O_QUEUE: s->max_queue = atoi(optarg); break;
+		case O_FRAME: s->max_frame = atol(optarg); break;
+		case 'h': usage(stdout); exit(0);
+		default: usage(stderr); return -1;
+		}
+	}
+	if (optind != argc) {
+		usage(stderr);
+		return -1;
+	}
+	return 0;
+}
+
+/* Fills what neither flags nor config set; checks the values. */
+static int
+finish_settings(struct settings *s, gid_t *gid, char *err)
+{
+	struct group *g;
+	int lvl;
+
+	if (s->socket_path == NULL)
+		s->socket_path = xdg_path("XDG_RUNTIME_DIR", "", "resident/socket");
+	if (s->db_path == NULL)
+		s->db_path = xdg_path("XDG_DATA_HOME", ".local/share", "resident/resident.db");
+	if (s->max_frame == 0)
+		s->max_frame = PROTO_MAX_FRAME_DEFAULT;
+	if (s->max_frame < 64 || s->max_frame > (1L << 30))
+		return err_set(err, ERR_INVAL, "--max-frame must be between 64 bytes and 1 GiB");
+	if (s->threads < 0 || s->ctx < 0 || s->kv_tokens < 0 || s->max_seqs < 0 || s->max_queue < 0)
+		return err_set(err, ERR_INVAL, "numeric settings must not be negative");
+	*gid = (gid_t)-1;
+	if (s->group != NULL) {
+		if ((g = getgrnam(s->group)) == NULL)
+			return err_set(err, ERR_NOTFOUND, "no group named %s", s->group);
+		*gid = g->gr_gid;
+	}
+	if (s->log_level != NULL) {
+		if ((lvl = log_level_from_name(s->log_level)) < 0)
+			return err_set(err, ERR_INVAL, "unknown log level %s", s->log_level);
+		log_set_level((enum log_level)lvl);
+	}
+	return 0;
+}
+
+static void
+stop_cb(evutil_socket_t sig, short what, void *arg)
+{
+	log_info("signal %d: stopping", (int)sig);
+	event_base_loopbreak(arg);
+}
+
+/* After a stop was asked: cancel what runs, deliver the last replies, flush. */
+static void
+drain(struct event_base *base, struct server *srv, struct sched *sc)
+{
+	uint64_t deadline = now_ns() + 3000000000ull;
+
+	server_shutdown(srv);
+	sched_stop_thread(sc);
+	server_deliver(srv);
+	while (server_flushing(srv) && now_ns() < deadline)
+		event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+}
+
+/* Basename of a model path, for sessions created without naming one. */
+static char *
+default_model_name(const char *path)
+{
+	const char *b = path ? strrchr(path, '/') : NULL;
+	size_t n;
+
+	if (path == NULL)
+		return NULL;
+	b = b && b[1] ? b + 1 : path;
+	n = strlen(b);
+	if (n > 5 && strcmp(b + n - 5, ".gguf") == 0)
+		n -= 5;
+	return xstrndup(b, n);
+}
+
+int
+main(int argc, char **argv)
+{
+	struct settings s = { 0 };
+	struct event_base *base = NULL;
+	struct event *sigterm = NULL, *sigint = NULL;
+	struct store *st = NULL;
+	struct server *srv = NULL;
+	struct sched *sc = NULL;
+	struct sched_opts so;
+	struct server_opts vo;
+	char err[ERR_LEN];
+	int rc = 1;
+
+	signal(SIGPIPE, SIG_IGN);
+	if (parse_args(argc, argv, &s) != 0)
+		return 2;
+	if (read_config(&s, err) != 0 || finish_settings(&s, &vo.group, err) != 0) {
+		fprintf(stderr, "residentd: %s\n", err);
+		return 2;
+	}
+	evthread_use_pthreads();
+	base = event_base_new();
+	vo.socket_path = s.socket_path;
+	vo.max_frame = (size_t)s.max_frame;
+	vo.max_output = 8u << 20;
+	vo.default_model = default_model_name(s.model);
+	so = (struct sched_opts){ s.model, s.device, s.threads, s.ctx, s.kv_tokens, s.max_step_tokens,
+		s.max_seqs, s.max_queue };
+	if (store_open(s.db_path, &st, err) != 0 || server_start(base, &vo, st, &srv, err) != 0 ||
+	    sched_start(&so, server_wake, srv, &sc, err) != 0) {
+		log_error("%s", err);
+		goto out;
+	}
+	server_set_sched(srv, sc);
+	sigterm = evsignal_new(base, SIGTERM, stop_cb, base);
+	sigint = evsignal_new(base, SIGINT, stop_cb, base);
+	event_add(sigterm, NULL);
+	event_add(sigint, NULL);
+	log_info("residentd %s listening on %s (database %s, model %s)", PACKAGE_VERSION, s.socket_path,
+	    s.db_path, s.model ? s.model : "none");
+	event_base_dispatch(base);
+	drain(base, srv, sc);
+	rc = 0;
+out:
+	server_free(srv);
+	if (sc != NULL)
+		sched_stop(sc);
+	store_close(st);
+	if (sigterm)
+		event_free(sigterm);
+	if (sigint)
+		event_free(sigint);
+	if (base)
+		event_base_free(base);
+	free((char *)vo.default_model);
+	free(s.socket_path), free(s.db_path), free(s.model), free(s.device), free(s.group);
+	free(s.log_level), free(s.config);
+	log_info("stopped");
+	return rc;
+}

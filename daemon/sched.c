@@ -1,0 +1,1202 @@
+/*
+ * sched.c: the engine thread. It takes jobs from the loop thread, keeps the
+ * models and the sessions' sequences, and runs forward steps that batch
+ * every running request of a model together.
+ *
+ * A generate request moves through:
+ *
+ *   QUEUED --admit()--> RUNNING --(its sequence finishes)--> freed
+ *      |                   |
+ *      +--cancel/gone------+--> the sequence is finished at the next step
+ *
+ * admit() renders and tokenizes the prompt and finds the session's cached
+ * sequence, if any; it takes requests round-robin across connections,
+ * interactive ones first, while fewer than max_seqs run. Each step puts the
+ * decoding sequences first (one token each, so a long prompt never holds up
+ * a stream) and then prefill chunks in rotating order. Finished sessions
+ * keep their sequence (and its KV blocks) until the pool needs the blocks:
+ * then the least recently used idle one is evicted.
+ */
+#include "config.h"
+#include "sched.h"
+#include "engine.h"
+#include "model.h"
+#include "store.h"
+#include "tokenizer.h"
+#include "util.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+enum gen_state { GEN_QUEUED, GEN_RUNNING };
+
+struct model_slot;
+
+/* A generate request inside the scheduler. */
+struct gen {
+	struct sched_job *job;
+	enum gen_state state;
+	struct model_slot *slot;
+	struct seq *seq;
+	struct resident *res;       /* the session's cached sequence, while running */
+	int cancelled, gone;
+	int32_t n_prompt, n_cached;
+	uint64_t t_first;           /* first token */
+	struct gen *next;
+};
+
+/* A session's sequence kept between turns. */
+struct resident {
+	char uuid[37];
+	struct seq *seq;
+	int busy;
+	uint64_t last_used;
+	struct resident *next;
+};
+
+struct model_slot {
+	char *name, *path;
+	struct engine *e;
+	struct resident *residents;
+	struct model_slot *next;
+};
+
+enum ctl_type { CTL_CANCEL, CTL_GONE, CTL_DROP, CTL_FORK };
+
+struct ctl {
+	enum ctl_type type;
+	uint64_t conn, req_id, cancel_id;
+	char a[37], b[37];
+	struct ctl *next;
+};
+
+struct sched {
+	struct sched_opts o;
+	char *device;
+	pthread_t thread;
+	int running;                          /* the thread was started and not joined */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int stopping;
+	struct sched_job *jobs, **jobs_tail;   /* in, from the loop thread */
+	struct ctl *ctls, **ctls_tail;
+	struct sched_event *events, **events_tail; /* out */
+	void (*wake)(void *);
+	void *wake_arg;
+	/* engine thread only */
+	struct model_slot *models, *default_model;
+	struct gen *gens;                     /* queued and running, in arrival order */
+	int n_queued;
+	uint64_t rr_conn;                     /* round-robin position */
+	uint64_t tick;
+	uint64_t t_start;
+	uint64_t steps, step_tokens, step_seqs;
+	int max_batch;
+};
+
+/* ---- events ---- */
+
+/* Queues an event for the loop thread and wakes it. */
+static void
+post(struct sched *s, struct sched_event *ev)
+{
+	pthread_mutex_lock(&s->mu);
+	ev->next = NULL;
+	*s->events_tail = ev;
+	s->events_tail = &ev->next;
+	pthread_mutex_unlock(&s->mu);
+	s->wake(s->wake_arg);
+}
+
+/* A new event for a request; the caller packs the frame. */
+static struct sched_event *
+new_event(uint64_t conn, uint64_t req_id, int last)
+{
+	struct sched_event *ev = xcalloc(1, sizeof *ev);
+
+	ev->conn = conn;
+	ev->req_id = req_id;
+	ev->last = last;
+	return ev;
+}
+
+/* Posts an error reply that ends a job's request. */
+static void
+post_error(struct sched *s, const struct sched_job *job, enum proto_err code, const char *msg)
+{
+	struct sched_event *ev = new_event(job->conn, job->req.id, 1);
+
+	proto_error(&ev->frame, 1, job->req.id, code, msg);
+	post(s, ev);
+}
+
+/* Posts a result whose map was packed by fill. */
+static void
+post_result(struct sched *s, const struct sched_job *job, size_t n_fields,
+    void (*fill)(struct sched *, const struct sched_job *, msgpack_packer *), const char *extra_model)
+{
+	struct sched_event *ev = new_event(job->conn, job->req.id, 1);
+	msgpack_packer pk;
+
+	proto_reply_begin(&ev->frame, &pk, 1, job->req.id, "result", n_fields);
+	if (fill != NULL)
+		fill(s, job, &pk);
+	proto_reply_end(&ev->frame);
+	if (extra_model != NULL)
+		ev->model_loaded = xstrdup(extra_model);
+	post(s, ev);
+}
+
+struct sched_event *
+sched_take_events(struct sched *s)
+{
+	struct sched_event *ev;
+
+	pthread_mutex_lock(&s->mu);
+	ev = s->events;
+	s->events = NULL;
+	s->events_tail = &s->events;
+	pthread_mutex_unlock(&s->mu);
+	return ev;
+}
+
+void
+sched_event_free(struct sched_event *ev)
+{
+	msgpack_sbuffer_destroy(&ev->frame);
+	store_turns_free(ev->turns, ev->n_turns);
+	free(ev->model_loaded);
+	free(ev);
+}
+
+void
+sched_job_free(struct sched_job *job)
+{
+	int i;
+
+	proto_req_free(&job->req);
+	for (i = 0; i < job->n_history; i++)
+		free(job->history[i].role), free(job->history[i].content);
+	free(job->history);
+	free(job->session_system);
+	free(job->session_model);
+	free(job->clients);
+	free(job);
+}
+
+/* ---- models ---- */
+
+/* The name of a model: its file or directory name without .gguf. */
+static char *
+model_name_of(const char *path)
+{
+	const char *b;
+	size_t n;
+
+	n = strlen(path);
+	while (n > 1 && path[n - 1] == '/')
+		n--;
+	for (b = path + n; b > path && b[-1] != '/'; b--)
+		;
+	n -= (size_t)(b - path);
+	if (n > 5 && memcmp(b + n - 5, ".gguf", 5) == 0)
+		n -= 5;
+	return xstrndup(b, n);
+}
+
+/* Finds a model by name or path; with a path to an existing file, registers it. */
+static struct model_slot *
+find_model(struct sched *s, const char *name_or_path)
+{
+	struct model_slot *m;
+	struct stat st;
+	char *name;
+
+	if (name_or_path == NULL)
+		return s->default_model;
+	for (m = s->models; m != NULL; m = m->next)
+		if (strcmp(m->name, name_or_path) == 0 || strcmp(m->path, name_or_path) == 0)
+			return m;
+	if (strchr(name_or_path, '/') == NULL || stat(name_or_path, &st) != 0)
+		return NULL;
+	name = model_name_of(name_or_path);
+	for (m = s->models; m != NULL; m = m->next) {
+		if (strcmp(m->name, name) == 0) {
+			free(name);
+			return NULL; /* another file already has this name */
+		}
+	}
+	m = xcalloc(1, sizeof *m);
+	m->name = name;
+	m->path = xstrdup(name_or_path);
+	m->next = s->models;
+	s->models = m;
+	return m;
+}
+
+/* Loads a model if it is not loaded. */
+static int
+load_model(struct sched *s, struct model_slot *m, char *err)
+{
+	struct engine_opts eo = { .device = s->o.device, .n_threads = s->o.n_threads, .n_ctx = s->o.n_ctx,
+		.kv_tokens = s->o.kv_tokens, .max_step_tokens = s->o.max_step_tokens, .max_seqs = s->o.max_seqs };
+
+	if (m->e != NULL)
+		return 0;
+	return engine_open(m->path, &eo, &m->e, err);
+}
+
+/* Frees every cached session sequence of a model. */
+static void
+drop_residents(struct model_slot *m)
+{
+	struct resident *r;
+
+	while ((r = m->residents) != NULL) {
+		m->residents = r->next;
+		engine_seq_free(m->e, r->seq);
+		free(r);
+	}
+}
+
+/* ---- admission ---- */
+
+/* The chat history plus this turn's messages, with the session's system prompt first. */
+static struct chat_msg *
+conversation(const struct sched_job *job, size_t *n)
+{
+	const struct proto_req *r = &job->req;
+	size_t i, k = 0, total = (size_t)job->n_history + (size_t)r->n_msgs + 1;
+	struct chat_msg *m = xcalloc(total, sizeof *m);
+	int has_system = (job->n_history > 0 && strcmp(job->history[0].role, "system") == 0) ||
+	    (job->n_history == 0 && r->n_msgs > 0 && strcmp(r->msgs[0].role, "system") == 0);
+
+	if (job->session_system != NULL && job->session_system[0] != '\0' && !has_system)
+		m[k++] = (struct chat_msg){ "system", job->session_system };
+	for (i = 0; i < (size_t)job->n_history; i++)
+		m[k++] = (struct chat_msg){ job->history[i].role, job->history[i].content };
+	for (i = 0; i < (size_t)r->n_msgs; i++)
+		m[k++] = (struct chat_msg){ r->msgs[i].role, r->msgs[i].content };
+	*n = k;
+	return m;
+}
+
+/* The prompt's tokens: raw text, or the conversation through the chat template. */
+static int
+prompt_tokens(const struct model_desc *md, const struct sched_job *job, int32_t **ids, size_t *n,
+    enum proto_err *pe, char *err)
+{
+	struct chat_msg *msgs;
+	size_t n_msgs, len;
+	char *text;
+	int rc;
+
+	*pe = PE_INVALID_PARAM;
+	if (job->req.prompt != NULL)
+		return tok_encode(md->tok, job->req.prompt, strlen(job->req.prompt), 0, tok_add_bos(md->tok),
+		    ids, n, err);
+	if (md->chat_error != NULL)
+		return err_set(err, ERR_UNSUPPORTED, "%s", md->chat_error);
+	if (md->chat == CHAT_RAW)
+		return err_set(err, ERR_UNSUPPORTED, "model %s has no chat template: send a raw 'prompt'", md->name);
+	msgs = conversation(job, &n_msgs);
+	rc = chat_render(md->chat, msgs, n_msgs, 1, tok_piece(md->tok, tok_bos(md->tok)), &text, &len, err);
+	free(msgs);
+	if (rc != 0)
+		return rc;
+	rc = tok_encode(md->tok, text, len, 1, 0, ids, n, err);
+	free(text);
+	return rc;
+}
+
+/* The sequence parameters of a job. */
+static void
+job_params(const struct sched_job *job, struct seq_params *p)
+{
+	memset(p, 0, sizeof *p);
+	p->sample = job->req.sample;
+	p->max_tokens = job->req.max_tokens;
+	p->stop = (const char *const *)job->req.stop;
+	p->n_stop = job->req.n_stop;
+	p->logprobs = job->req.logprobs;
+}
+
+/* The cached sequence of a session on a model, or NULL. */
+static struct resident *
+find_resident(struct model_slot *m, const char *uuid)
+{
+	struct resident *r;
+
+	for (r = m->residents; r != NULL; r = r->next)
+		if (strcmp(r->uuid, uuid) == 0)
+			return r;
+	return NULL;
+}
+
+/* Creates or reuses the sequence of a generate request. */
+static int
+start_seq(struct sched *s, struct gen *g, const int32_t *ids, size_t n, char *err)
+{
+	struct seq_params p;
+	struct resident *r = NULL;
+	int rc;
+
+	job_params(g->job, &p);
+	if (g->job->req.session != NULL && (r = find_resident(g->slot, g->job->req.session)) != NULL) {
+		if (r->busy)
+			return err_set(err, ERR_INVAL, "session %s is already generating", r->uuid);
+		if ((rc = engine_seq_reuse(g->slot->e, r->seq, ids, (int32_t)n, &p, err)) < 0)
+			return rc;
+		g->n_cached = rc;
+		g->seq = r->seq;
+	} else {
+		if ((rc = engine_seq_new(g->slot->e, ids, (int32_t)n, &p, &g->seq, err)) != 0)
+			return rc;
+		if (g->job->req.session != NULL) {
+			r = xcalloc(1, sizeof *r);
+			snprintf(r->uuid, sizeof r->uuid, "%s", g->job->req.session);
+			r->seq = g->seq;
+			r->next = g->slot->residents;
+			g->slot->residents = r;
+		}
+	}
+	if (r != NULL) {
+		r->busy = 1;
+		r->last_used = ++s->tick;
+	}
+	g->res = r;
+	g->n_prompt = (int32_t)n;
+	return 0;
+}
+
+/* Turns a queued generate into a running sequence, or fails it. */
+static int
+admit(struct sched *s, struct gen *g)
+{
+	struct sched_job *job = g->job;
+	const char *want = job->req.model ? job->req.model : job->session_model;
+	enum proto_err pe = PE_INVALID_PARAM;
+	char err[ERR_LEN];
+	int32_t *ids = NULL;
+	size_t n = 0;
+	int rc;
+
+	if ((g->slot = find_model(s, want)) == NULL) {
+		post_error(s, job, PE_NOT_FOUND, want ? "no such model" : "no model is configured");
+		return -1;
+	}
+	if ((rc = load_model(s, g->slot, err)) != 0) {
+		post_error(s, job, PE_MODEL_ERROR, err);
+		return -1;
+	}
+	rc = prompt_tokens(engine_model(g->slot->e), job, &ids, &n, &pe, err);
+	if (rc == 0 && (int64_t)n + 1 > engine_n_ctx(g->slot->e)) {
+		snprintf(err, sizeof err, "the prompt has %zu tokens; the context holds %d", n,
+		    engine_n_ctx(g->slot->e));
+		rc = ERR_RANGE, pe = PE_CONTEXT_EXCEEDED;
+	}
+	if (rc == 0 && (rc = start_seq(s, g, ids, n, err)) != 0)
+		pe = rc == ERR_RANGE ? PE_CONTEXT_EXCEEDED : PE_INVALID_PARAM;
+	free(ids);
+	if (rc != 0) {
+		post_error(s, job, rc == ERR_INVAL && strstr(err, "UTF-8") ? PE_INVALID_UTF8 : pe, err);
+		return -1;
+	}
+	g->state = GEN_RUNNING;
+	return 0;
+}
+
+/* ---- running ---- */
+
+/* Packs a token reply. */
+static void
+emit_token(struct sched *s, struct gen *g)
+{
+	struct sched_event *ev = new_event(g->job->conn, g->job->req.id, 0);
+	msgpack_packer pk;
+
+	proto_reply_begin(&ev->frame, &pk, 1, g->job->req.id, "token", g->job->req.logprobs ? 3 : 2);
+	proto_pack_str(&pk, "text");
+	msgpack_pack_str(&pk, g->seq->piece_len);
+	msgpack_pack_str_body(&pk, g->seq->piece, g->seq->piece_len);
+	proto_pack_kv_uint(&pk, "token", (uint64_t)g->seq->new_token);
+	if (g->job->req.logprobs)
+		proto_pack_kv_float(&pk, "logprob", g->seq->new_logprob);
+	proto_reply_end(&ev->frame);
+	post(s, ev);
+}
+
+/* The rows of a finished session turn: the new messages and the reply. */
+static void
+turn_rows(const struct gen *g, struct sched_event *ev)
+{
+	const struct proto_req *r = &g->job->req;
+	const struct seq *q = g->seq;
+	struct store_turn *t = xcalloc((size_t)r->n_msgs + 1, sizeof *t);
+	int i;
+
+	for (i = 0; i < r->n_msgs; i++) {
+		t[i].role = xstrdup(r->msgs[i].role);
+		t[i].content = xstrdup(r->msgs[i].content);
+	}
+	/* the prompt tokens this turn added are accounted to its first message */
+	t[0].n_tokens = MAX(0, g->n_prompt - g->job->history_tokens);
+	t[0].tokens = xmalloc((size_t)MAX(t[0].n_tokens, 1) * sizeof(int32_t));
+	memcpy(t[0].tokens, q->tokens + g->n_prompt - t[0].n_tokens, (size_t)t[0].n_tokens * sizeof(int32_t));
+	t[i].role = xstrdup("assistant");
+	t[i].content = xstrndup(q->text, q->text_len);
+	t[i].n_tokens = q->n_tokens - g->n_prompt;
+	t[i].tokens = xmalloc((size_t)MAX(t[i].n_tokens, 1) * sizeof(int32_t));
+	memcpy(t[i].tokens, q->tokens + g->n_prompt, (size_t)t[i].n_tokens * sizeof(int32_t));
+	ev->turns = t;
+	ev->n_turns = r->n_msgs + 1;
+	snprintf(ev->session, sizeof ev->session, "%s", r->session);
+	ev->uid = g->job->uid;
+}
+
+/*
+ * Packs the done reply (and the rows to commit for a completed session
+ * turn). A request cancelled while queued has no sequence yet.
+ */
+static void
+emit_done(struct sched *s, struct gen *g)
+{
+	static const struct seq none = { .state = SEQ_DONE, .finish = FINISH_CANCEL, .text = "" };
+	const struct seq *q = g->seq ? g->seq : &none;
+	struct sched_event *ev = new_event(g->job->conn, g->job->req.id, 1);
+	uint64_t now = now_ns();
+	double gen_s = g->t_first ? (double)(now - g->t_first) / 1e9 : 0;
+	int with_text = !g->job->req.stream, with_session = g->job->req.session != NULL;
+	msgpack_packer pk;
+
+	if (q->finish == FINISH_ERROR) {
+		proto_error(&ev->frame, 1, g->job->req.id, PE_MODEL_ERROR, q->error);
+		post(s, ev);
+		return;
+	}
+	proto_reply_begin(&ev->frame, &pk, 1, g->job->req.id, "done", 2 + with_text + with_session);
+	proto_pack_kv_str(&pk, "finish", engine_finish_name(q->finish));
+	proto_pack_str(&pk, "usage");
+	msgpack_pack_map(&pk, 5);
+	proto_pack_kv_uint(&pk, "prompt_tokens", (uint64_t)g->n_prompt);
+	proto_pack_kv_uint(&pk, "cached_tokens", (uint64_t)g->n_cached);
+	proto_pack_kv_uint(&pk, "generated_tokens", (uint64_t)q->n_generated);
+	proto_pack_kv_float(&pk, "ttft_ms", g->t_first ? (double)(g->t_first - g->job->t_submit) / 1e6 : 0);
+	proto_pack_kv_float(&pk, "tokens_per_s", gen_s > 0 ? (q->n_generated - 1) / gen_s : 0);
+	if (with_text) {
+		proto_pack_str(&pk, "text");
+		msgpack_pack_str(&pk, q->text_len);
+		msgpack_pack_str_body(&pk, q->text, q->text_len);
+	}
+	if (with_session)
+		proto_pack_kv_str(&pk, "session", g->job->req.session);
+	proto_reply_end(&ev->frame);
+	if (with_session && q->finish != FINISH_CANCEL)
+		turn_rows(g, ev);
+	post(s, ev);
+}
+
+/* Unlinks a gen and frees it; a session keeps its sequence. */
+static void
+gen_free(struct sched *s, struct gen *g)
+{
+	struct gen **pp;
+
+	for (pp = &s->gens; *pp != g; pp = &(*pp)->next)
+		;
+	*pp = g->next;
+	if (g->state == GEN_QUEUED)
+		s->n_queued--;
+	if (g->res != NULL) {
+		g->res->busy = 0;
+		g->res->last_used = ++s->tick;
+	} else if (g->seq != NULL) {
+		engine_seq_free(g->slot->e, g->seq);
+	}
+	sched_job_free(g->job);
+	free(g);
+}
+
+/* Evicts idle cached sessions (least recently used first) until `need` blocks are free. */
+static void
+make_room(struct model_slot *m, int32_t need)
+{
+	struct resident **pp, **lru, *r;
+
+	while (engine_free_blocks(m->e) < need) {
+		lru = NULL;
+		for (pp = &m->residents; *pp != NULL; pp = &(*pp)->next)
+			if (!(*pp)->busy && (lru == NULL || (*pp)->last_used < (*lru)->last_used))
+				lru = pp;
+		if (lru == NULL)
+			return;
+		r = *lru;
+		*lru = r->next;
+		engine_seq_free(m->e, r->seq);
+		free(r);
+	}
+}
+
+/*
+ * The sequences of one model for the next step: decoding ones first, then
+ * prefilling ones, interactive before background, each group starting
+ * after the connection served first last time.
+ */
+static int
+pick(struct sched *s, struct model_slot *m, struct seq **out, struct gen **gens, int max)
+{
+	int n = 0, pass, prio;
+	struct gen *g;
+	int32_t need = 0;
+
+	for (pass = 0; pass < 2; pass++)
+		for (prio = PRIO_INTERACTIVE; prio <= PRIO_BACKGROUND; prio++)
+			for (g = s->gens; g != NULL && n < max; g = g->next) {
+				if (g->state != GEN_RUNNING || g->slot != m || (int)g->job->req.priority != prio ||
+				    (g->seq->state == SEQ_DECODE) != (pass == 0))
+					continue;
+				gens[n] = g;
+				out[n++] = g->seq;
+				need += (g->seq->n_tokens - g->seq->n_cached + 15) / 16 + 1;
+			}
+	make_room(m, need);
+	return n;
+}
+
+/* Finishes the sequences whose request was cancelled or whose client left. */
+static void
+reap_cancelled(struct sched *s)
+{
+	struct gen *g, *next;
+
+	for (g = s->gens; g != NULL; g = next) {
+		next = g->next;
+		if (!g->cancelled && !g->gone)
+			continue;
+		if (g->state == GEN_RUNNING && g->seq->state != SEQ_DONE)
+			engine_seq_finish(g->seq, FINISH_CANCEL);
+		if (!g->gone)
+			emit_done(s, g);
+		gen_free(s, g);
+	}
+}
+
+/* Runs one step of a model and sends what it produced. */
+static void
+step_model(struct sched *s, struct model_slot *m)
+{
+	int cap = engine_max_step_tokens(m->e), n, i, rc;
+	struct seq **seqs = xmalloc((size_t)cap * sizeof *seqs);
+	struct gen **gens = xmalloc((size_t)cap * sizeof *gens);
+	char err[ERR_LEN];
+
+	n = pick(s, m, seqs, gens, MIN(cap, s->o.max_seqs > 0 ? s->o.max_seqs : 64));
+	if (n > 0 && (rc = engine_step(m->e, seqs, n, err)) >= 0) {
+		s->steps++;
+		s->step_tokens += (uint64_t)rc;
+		s->step_seqs += (uint64_t)n;
+		s->max_batch = MAX(s->max_batch, n);
+	}
+	for (i = 0; i < n; i++) {
+		struct gen *g = gens[i];
+
+		if (g->seq->new_token >= 0) {
+			if (g->t_first == 0)
+				g->t_first = now_ns();
+			if (g->job->req.stream && (g->seq->piece_len > 0 || g->seq->state != SEQ_DONE))
+				emit_token(s, g);
+		}
+		if (g->seq->state == SEQ_DONE) {
+			emit_done(s, g);
+			gen_free(s, g);
+		}
+	}
+	free(seqs);
+	free(gens);
+}
+
+/* Admits queued requests round-robin across connections while there is room. */
+static void
+admit_queued(struct sched *s)
+{
+	int running = 0, limit = s->o.max_seqs > 0 ? s->o.max_seqs : 64, prio, progress = 1;
+	struct gen *g, *best;
+
+	for (g = s->gens; g != NULL; g = g->next)
+		running += g->state == GEN_RUNNING;
+	while (running < limit && progress) {
+		progress = 0;
+		for (prio = PRIO_INTERACTIVE; prio <= PRIO_BACKGROUND && !progress; prio++) {
+			/* the first queued request of the next connection after rr_conn */
+			best = NULL;
+			for (g = s->gens; g != NULL; g = g->next) {
+				if (g->state != GEN_QUEUED || (int)g->job->req.priority != prio)
+					continue;
+				if (best == NULL || (g->job->conn > s->rr_conn && (best->job->conn <= s->rr_conn ||
+				    g->job->conn < best->job->conn)))
+					best = g;
+			}
+			if (best == NULL)
+				continue;
+			s->rr_conn = best->job->conn;
+			progress = 1;
+			best->state = GEN_RUNNING;
+			s->n_queued--;
+			if (admit(s, best) == 0) {
+				running++;
+			} else {
+				best->state = GEN_QUEUED;
+				s->n_queued++;
+				gen_free(s, best);
+			}
+		}
+	}
+}
+
+/* ---- the other ops ---- */
+
+/* Packs a model map. */
+static void
+pack_model(struct sched *s, msgpack_packer *pk, const struct model_slot *m)
+{
+	const struct model_desc *md = m->e ? engine_model(m->e) : NULL;
+
+	msgpack_pack_map(pk, md ? 7 : 5);
+	proto_pack_kv_str(pk, "name", m->name);
+	proto_pack_kv_str(pk, "path", m->path);
+	proto_pack_kv_bool(pk, "loaded", m->e != NULL);
+	proto_pack_kv_bool(pk, "default", m == s->default_model);
+	proto_pack_kv_str(pk, "device", m->e ? engine_device(m->e) : "");
+	if (md != NULL) {
+		proto_pack_kv_str(pk, "arch", model_arch_name(md->arch));
+		proto_pack_kv_uint(pk, "size", md->weight_bytes);
+	}
+}
+
+static void
+fill_model_list(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
+{
+	const struct model_slot *m;
+	uint32_t n = 0;
+
+	for (m = s->models; m != NULL; m = m->next)
+		n++;
+	proto_pack_str(pk, "models");
+	msgpack_pack_array(pk, n);
+	for (m = s->models; m != NULL; m = m->next)
+		pack_model(s, pk, m);
+}
+
+static void
+fill_model(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
+{
+	proto_pack_str(pk, "model");
+	pack_model(s, pk, find_model(s, job->req.model));
+}
+
+/* model.load: progress, then the model. */
+static void
+op_model_load(struct sched *s, struct sched_job *job)
+{
+	struct model_slot *m = find_model(s, job->req.model);
+	struct sched_event *ev;
+	msgpack_packer pk;
+	char err[ERR_LEN];
+	struct stat st;
+	uint64_t total = m && stat(m->path, &st) == 0 ? (uint64_t)st.st_size : 0;
+	int i;
+
+	if (m == NULL) {
+		post_error(s, job, PE_NOT_FOUND, "no such model (give a name from model.list or a path)");
+		return;
+	}
+	for (i = 0; i < 2 && m->e == NULL; i++) {
+		ev = new_event(job->conn, job->req.id, 0);
+		proto_reply_begin(&ev->frame, &pk, 1, job->req.id, "progress", 2);
+		proto_pack_kv_uint(&pk, "done", i == 0 ? 0 : total);
+		proto_pack_kv_uint(&pk, "total", total);
+		proto_reply_end(&ev->frame);
+		post(s, ev);
+		if (i == 0 && load_model(s, m, err) != 0) {
+			post_error(s, job, PE_MODEL_ERROR, err);
+			return;
+		}
+	}
+	post_result(s, job, 1, fill_model, strchr(job->req.model, '/') ? m->path : NULL);
+}
+
+/* model.unload: cancels what runs on it, drops its sessions' caches. */
+static void
+op_model_unload(struct sched *s, struct sched_job *job)
+{
+	struct model_slot *m = find_model(s, job->req.model);
+	struct gen *g, *next;
+
+	if (m == NULL) {
+		post_error(s, job, PE_NOT_FOUND, "no such model");
+		return;
+	}
+	for (g = s->gens; g != NULL; g = next) {
+		next = g->next;
+		if (g->slot == m && g->state == GEN_RUNNING) {
+			engine_seq_finish(g->seq, FINISH_CANCEL);
+			if (!g->gone)
+				emit_done(s, g);
+			gen_free(s, g);
+		}
+	}
+	if (m->e != NULL) {
+		drop_residents(m);
+		engine_close(m->e);
+		m->e = NULL;
+	}
+	post_result(s, job, 0, NULL, NULL);
+}
+
+static void
+fill_tokens(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
+{
+	const struct model_desc *md = engine_model(find_model(s, job->req.model)->e);
+	int32_t *ids = NULL;
+	size_t n = 0, i;
+	int bos = job->req.bos >= 0 ? job->req.bos : tok_add_bos(md->tok);
+
+	tok_encode(md->tok, job->req.text, strlen(job->req.text), job->req.special, bos, &ids, &n, NULL);
+	proto_pack_str(pk, "tokens");
+	msgpack_pack_array(pk, (uint32_t)n);
+	for (i = 0; i < n; i++)
+		msgpack_pack_uint32(pk, (uint32_t)ids[i]);
+	free(ids);
+}
+
+static void
+fill_text(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
+{
+	const struct model_desc *md = engine_model(find_model(s, job->req.model)->e);
+	char *text = NULL;
+	size_t len = 0;
+
+	tok_decode(md->tok, job->req.tokens, job->req.n_tokens, job->req.special, &text, &len, NULL);
+	proto_pack_str(pk, "text");
+	msgpack_pack_str(pk, len);
+	msgpack_pack_str_body(pk, text ? text : "", len);
+	free(text);
+}
+
+/* tokenize / detokenize: checked here so that fill_* cannot fail. */
+static void
+op_tokens(struct sched *s, struct sched_job *job)
+{
+	struct model_slot *m = find_model(s, job->req.model);
+	const struct model_desc *md;
+	char err[ERR_LEN];
+	size_t i;
+
+	if (m == NULL) {
+		post_error(s, job, PE_NOT_FOUND, "no such model");
+		return;
+	}
+	if (load_model(s, m, err) != 0) {
+		post_error(s, job, PE_MODEL_ERROR, err);
+		return;
+	}
+	md = engine_model(m->e);
+	free(job->req.model);
+	job->req.model = xstrdup(m->name);
+	if (job->req.op == OP_DETOKENIZE) {
+		for (i = 0; i < job->req.n_tokens; i++)
+			if (job->req.tokens[i] >= md->hp.n_vocab) {
+				post_error(s, job, PE_INVALID_PARAM, "a token id is outside the vocabulary");
+				return;
+			}
+		post_result(s, job, 1, fill_text, NULL);
+		return;
+	}
+	post_result(s, job, 1, fill_tokens, NULL);
+}
+
+static void
+fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
+{
+	const struct model_slot *m;
+	const struct gen *g;
+	uint32_t n_models = 0, active = 0, queued = 0, ma, mq;
+	int i;
+
+	for (m = s->models; m != NULL; m = m->next)
+		n_models++;
+	for (g = s->gens; g != NULL; g = g->next)
+		g->state == GEN_RUNNING ? active++ : queued++;
+	proto_pack_kv_uint(pk, "version", PROTO_VERSION);
+	proto_pack_kv_float(pk, "uptime_s", (double)(now_ns() - s->t_start) / 1e9);
+	proto_pack_kv_uint(pk, "active", active);
+	proto_pack_kv_uint(pk, "queued", queued);
+	proto_pack_str(pk, "models");
+	msgpack_pack_array(pk, n_models);
+	for (m = s->models; m != NULL; m = m->next) {
+		for (ma = mq = 0, g = s->gens; g != NULL; g = g->next)
+			if (g->slot == m)
+				g->state == GEN_RUNNING ? ma++ : mq++;
+		msgpack_pack_map(pk, 6);
+		proto_pack_kv_str(pk, "name", m->name);
+		proto_pack_kv_str(pk, "device", m->e ? engine_device(m->e) : "");
+		proto_pack_kv_uint(pk, "weights_bytes", m->e ? engine_model(m->e)->weight_bytes : 0);
+		proto_pack_kv_uint(pk, "kv_free_blocks", m->e ? (uint64_t)engine_free_blocks(m->e) : 0);
+		proto_pack_kv_uint(pk, "active", ma);
+		proto_pack_kv_uint(pk, "queued", mq);
+	}
+	proto_pack_str(pk, "clients");
+	msgpack_pack_array(pk, (uint32_t)job->n_clients);
+	for (i = 0; i < job->n_clients; i++) {
+		msgpack_pack_map(pk, 4);
+		proto_pack_kv_uint(pk, "pid", (uint64_t)job->clients[i].pid);
+		proto_pack_kv_uint(pk, "uid", job->clients[i].uid);
+		proto_pack_kv_str(pk, "client", job->clients[i].client);
+		proto_pack_kv_uint(pk, "requests", (uint64_t)job->clients[i].requests);
+	}
+	proto_pack_str(pk, "steps");
+	msgpack_pack_map(pk, 4);
+	proto_pack_kv_uint(pk, "count", s->steps);
+	proto_pack_kv_uint(pk, "tokens", s->step_tokens);
+	proto_pack_kv_uint(pk, "max_batch", (uint64_t)s->max_batch);
+	proto_pack_kv_float(pk, "mean_batch", s->steps ? (double)s->step_seqs / (double)s->steps : 0);
+}
+
+/* Takes a job: generate requests queue, the rest run now. */
+static void
+take_job(struct sched *s, struct sched_job *job)
+{
+	struct gen *g, **pp;
+
+	switch (job->req.op) {
+	case OP_GENERATE:
+		if (s->n_queued >= (s->o.max_queue > 0 ? s->o.max_queue : 256)) {
+			post_error(s, job, PE_OVERLOADED, "too many requests are waiting; try again later");
+			break;
+		}
+		g = xcalloc(1, sizeof *g);
+		g->job = job;
+		for (pp = &s->gens; *pp != NULL; pp = &(*pp)->next)
+			;
+		*pp = g;
+		s->n_queued++;
+		return;
+	case OP_MODEL_LIST: post_result(s, job, 1, fill_model_list, NULL); break;
+	case OP_MODEL_LOAD: op_model_load(s, job); break;
+	case OP_MODEL_UNLOAD: op_model_unload(s, job); break;
+	case OP_TOKENIZE: case OP_DETOKENIZE: op_tokens(s, job); break;
+	case OP_STATUS: post_result(s, job, 7, fill_status, NULL); break;
+	default: post_error(s, job, PE_INTERNAL, "op not handled by the scheduler"); break;
+	}
+	sched_job_free(job);
+}
+
+/* ---- control messages ---- */
+
+/* The request req_id of conn, or NULL. */
+static struct gen *
+find_gen(struct sched *s, uint64_t conn, uint64_t req_id)
+{
+	struct gen *g;
+
+	for (g = s->gens; g != NULL; g = g->next)
+		if (g->job->conn == conn && g->job->req.id == req_id)
+			return g;
+	return NULL;
+}
+
+/* Forks a cached session sequence under the child's uuid. */
+static void
+fork_resident(struct sched *s, const char *parent, const char *child)
+{
+	struct model_slot *m;
+	struct resident *p, *c;
+
+	for (m = s->models; m != NULL; m = m->next) {
+		if ((p = find_resident(m, parent)) == NULL || p->busy)
+			continue;
+		c = xcalloc(1, sizeof *c);
+		snprintf(c->uuid, sizeof c->uuid, "%s", child);
+		c->seq = engine_seq_fork(m->e, p->seq);
+		c->last_used = ++s->tick;
+		c->next = m->residents;
+		m->residents = c;
+	}
+}
+
+/* Drops a session's cached sequences. */
+static void
+drop_resident(struct sched *s, const char *uuid)
+{
+	struct model_slot *m;
+	struct resident **pp, *r;
+
+	for (m = s->models; m != NULL; m = m->next)
+		for (pp = &m->residents; (r = *pp) != NULL;) {
+			if (strcmp(r->uuid, uuid) == 0 && !r->busy) {
+				*pp = r->next;
+				engine_seq_free(m->e, r->seq);
+				free(r);
+			} else {
+				pp = &r->next;
+			}
+		}
+}
+
+/* Applies a control message. */
+static void
+take_ctl(struct sched *s, struct ctl *c)
+{
+	struct sched_event *ev;
+	struct gen *g;
+	msgpack_packer pk;
+
+	switch (c->type) {
+	case CTL_CANCEL:
+		g = find_gen(s, c->conn, c->req_id);
+		ev = new_event(c->conn, c->cancel_id, 1);
+		if (g == NULL) {
+			proto_error(&ev->frame, 1, c->cancel_id, PE_NOT_FOUND, "no such request in flight");
+		} else {
+			g->cancelled = 1;
+			proto_reply_begin(&ev->frame, &pk, 1, c->cancel_id, "result", 0);
+			proto_reply_end(&ev->frame);
+		}
+		post(s, ev);
+		break;
+	case CTL_GONE:
+		for (g = s->gens; g != NULL; g = g->next)
+			if (g->job->conn == c->conn)
+				g->gone = 1;
+		break;
+	case CTL_DROP:
+		drop_resident(s, c->a);
+		break;
+	case CTL_FORK:
+		fork_resident(s, c->a, c->b);
+		break;
+	}
+	free(c);
+}
+
+/* ---- the thread ---- */
+
+/* Whether any request is waiting or running. */
+static int
+has_work(const struct sched *s)
+{
+	return s->gens != NULL;
+}
+
+/* Takes everything the loop thread sent; waits when there is nothing to do. */
+static int
+take_input(struct sched *s)
+{
+	struct sched_job *jobs;
+	struct ctl *ctls, *c;
+	int stopping;
+
+	pthread_mutex_lock(&s->mu);
+	while (!s->stopping && s->jobs == NULL && s->ctls == NULL && !has_work(s))
+		pthread_cond_wait(&s->cv, &s->mu);
+	jobs = s->jobs, ctls = s->ctls;
+	s->jobs = NULL, s->jobs_tail = &s->jobs;
+	s->ctls = NULL, s->ctls_tail = &s->ctls;
+	stopping = s->stopping;
+	pthread_mutex_unlock(&s->mu);
+	/* jobs first: a cancel or a hang-up may concern a job sent just before it */
+	while (jobs != NULL) {
+		struct sched_job *j = jobs;
+
+		jobs = j->next;
+		take_job(s, j);
+	}
+	while ((c = ctls) != NULL) {
+		ctls = c->next;
+		take_ctl(s, c);
+	}
+	return stopping;
+}
+
+/* Ends every request as cancelled (shutdown). */
+static void
+cancel_all(struct sched *s)
+{
+	struct gen *g;
+
+	for (g = s->gens; g != NULL; g = g->next)
+		g->cancelled = 1;
+	reap_cancelled(s);
+}
+
+static void *
+sched_main(void *arg)
+{
+	struct sched *s = arg;
+	struct model_slot *m;
+
+	while (!take_input(s)) {
+		reap_cancelled(s);
+		admit_queued(s);
+		for (m = s->models; m != NULL; m = m->next)
+			if (m->e != NULL)
+				step_model(s, m);
+	}
+	cancel_all(s);
+	return NULL;
+}
+
+int
+sched_start(const struct sched_opts *o, void (*wake)(void *), void *wake_arg, struct sched **out,
+    char *err)
+{
+	struct sched *s = xcalloc(1, sizeof *s);
+	int rc;
+
+	s->o = *o;
+	s->o.device = s->device = o->device ? xstrdup(o->device) : NULL;
+	s->wake = wake;
+	s->wake_arg = wake_arg;
+	s->jobs_tail = &s->jobs;
+	s->ctls_tail = &s->ctls;
+	s->events_tail = &s->events;
+	s->t_start = now_ns();
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->cv, NULL);
+	if (o->default_model != NULL) {
+		s->default_model = find_model(s, o->default_model);
+		if (s->default_model == NULL || (rc = load_model(s, s->default_model, err)) != 0) {
+			if (s->default_model == NULL)
+				err_set(err, ERR_NOTFOUND, "%s: no such model file", o->default_model);
+			sched_stop(s);
+			return ERR_NOTFOUND;
+		}
+	}
+	if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
+		sched_stop(s);
+		return err_set(err, ERR_NOMEM, "cannot start the engine thread");
+	}
+	s->running = 1;
+	*out = s;
+	return 0;
+}
+
+void
+sched_stop_thread(struct sched *s)
+{
+	if (!s->running)
+		return;
+	pthread_mutex_lock(&s->mu);
+	s->stopping = 1;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	pthread_join(s->thread, NULL);
+	s->running = 0;
+}
+
+void
+sched_stop(struct sched *s)
+{
+	struct model_slot *m;
+	struct sched_event *ev;
+
+	sched_stop_thread(s);
+	while (s->jobs != NULL) {
+		struct sched_job *j = s->jobs;
+
+		s->jobs = j->next;
+		sched_job_free(j);
+	}
+	while (s->ctls != NULL) {
+		struct ctl *c = s->ctls;
+
+		s->ctls = c->next;
+		free(c);
+	}
+	while ((ev = s->events) != NULL) {
+		s->events = ev->next;
+		sched_event_free(ev);
+	}
+	while ((m = s->models) != NULL) {
+		s->models = m->next;
+		if (m->e != NULL) {
+			drop_residents(m);
+			engine_close(m->e);
+		}
+		free(m->name), free(m->path), free(m);
+	}
+	pthread_mutex_destroy(&s->mu);
+	pthread_cond_destroy(&s->cv);
+	free(s->device);
+	free(s);
+}
+
+/* Queues a control message for the engine thread. */
+static void
+send_ctl(struct sched *s, struct ctl *c)
+{
+	pthread_mutex_lock(&s->mu);
+	c->next = NULL;
+	*s->ctls_tail = c;
+	s->ctls_tail = &c->next;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
+void
+sched_submit(struct sched *s, struct sched_job *job)
+{
+	pthread_mutex_lock(&s->mu);
+	job->next = NULL;
+	*s->jobs_tail = job;
+	s->jobs_tail = &job->next;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
+void
+sched_cancel(struct sched *s, uint64_t conn, uint64_t req_id, uint64_t cancel_req_id)
+{
+	struct ctl *c = xcalloc(1, sizeof *c);
+
+	c->type = CTL_CANCEL;
+	c->conn = conn;
+	c->req_id = req_id;
+	c->cancel_id = cancel_req_id;
+	send_ctl(s, c);
+}
+
+void
+sched_conn_gone(struct sched *s, uint64_t conn)
+{
+	struct ctl *c = xcalloc(1, sizeof *c);
+
+	c->type = CTL_GONE;
+	c->conn = conn;
+	send_ctl(s, c);
+}
+
+void
+sched_session_dropped(struct sched *s, const char *uuid)
+{
+	struct ctl *c = xcalloc(1, sizeof *c);
+
+	c->type = CTL_DROP;
+	snprintf(c->a, sizeof c->a, "%s", uuid);
+	send_ctl(s, c);
+}
+
+void
+sched_session_forked(struct sched *s, const char *parent, const char *child)
+{
+	struct ctl *c = xcalloc(1, sizeof *c);
+
+	c->type = CTL_FORK;
+	snprintf(c->a, sizeof c->a, "%s", parent);
+	snprintf(c->b, sizeof c->b, "%s", child);
+	send_ctl(s, c);
+}

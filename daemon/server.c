@@ -1,0 +1,750 @@
+/*
+ * server.c: the loop thread. One libevent base serves the listening
+ * socket, every connection, the scheduler's wake-ups and signals.
+ *
+ * A connection's input is parsed as frames: the 4-byte length is checked
+ * against the limit before the body is buffered (bufferevent's read
+ * watermark keeps at most one frame in memory), then the body is decoded
+ * and dispatched. A malformed frame gets an error and the connection lives
+ * on; an oversized one gets an error and the connection is closed after
+ * it is flushed, since the stream cannot be resynchronised. A connection
+ * whose unsent replies exceed max_output is dropped as too slow, so a stuck
+ * client never makes the daemon buffer without bound.
+ *
+ *   CONN_OPEN --(bad frame length)--> CONN_CLOSING --(flushed)--> CONN_DEAD --> freed
+ *       \--------------(EOF, error, too slow)---------------------------/
+ *
+ * A connection is never freed inside one of its own callbacks: conn_kill
+ * marks it dead and a zero timeout frees it from the loop afterwards.
+ */
+#include "config.h"
+#include "server.h"
+#include "log.h"
+#include "proto.h"
+#include "sched.h"
+#include "store.h"
+#include "util.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+enum conn_state { CONN_OPEN, CONN_CLOSING, CONN_DEAD };
+
+struct conn {
+	uint64_t id;
+	enum conn_state state;
+	struct server *srv;
+	struct bufferevent *bev;
+	uid_t uid;
+	pid_t pid;
+	char client[64];
+	uint64_t *inflight;         /* ids of requests not finished */
+	int n_inflight, cap_inflight;
+	struct conn *next;
+};
+
+struct server {
+	struct event_base *base;
+	struct server_opts o;
+	char *socket_path;
+	char *default_model;
+	struct evconnlistener *listener;
+	struct event *wake_ev;
+	struct store *store;
+	struct sched *sched;
+	struct conn *conns;
+	uint64_t next_id;
+	int shutting_down;
+};
+
+static void conn_read_cb(struct bufferevent *bev, void *arg);
+static void conn_write_cb(struct bufferevent *bev, void *arg);
+static void conn_event_cb(struct bufferevent *bev, short what, void *arg);
+
+/* ---- connections ---- */
+
+/* Finds a live connection by id. */
+static struct conn *
+conn_find(struct server *srv, uint64_t id)
+{
+	struct conn *c;
+
+	for (c = srv->conns; c != NULL; c = c->next)
+		if (c->id == id && c->state != CONN_DEAD)
+			return c;
+	return NULL;
+}
+
+/* Unlinks and frees a connection. */
+static void
+conn_free(struct conn *c)
+{
+	struct conn **pp;
+
+	for (pp = &c->srv->conns; *pp != c; pp = &(*pp)->next)
+		;
+	*pp = c->next;
+	bufferevent_free(c->bev);
+	free(c->inflight);
+	free(c);
+}
+
+static void
+conn_free_cb(evutil_socket_t fd, short what, void *arg)
+{
+	conn_free(arg);
+}
+
+/* The connection is over: its requests stop, it is freed once the loop is out of its callbacks. */
+static void
+conn_kill(struct conn *c)
+{
+	static const struct timeval now = { 0, 0 };
+
+	if (c->state == CONN_DEAD)
+		return;
+	c->state = CONN_DEAD;
+	bufferevent_disable(c->bev, EV_READ | EV_WRITE);
+	if (c->srv->sched != NULL)
+		sched_conn_gone(c->srv->sched, c->id);
+	log_debug("client %llu (pid %d) gone", (unsigned long long)c->id, (int)c->pid);
+	event_base_once(c->srv->base, -1, EV_TIMEOUT, conn_free_cb, c, &now);
+}
+
+/* Stops reading; the connection closes once its output is flushed. */
+static void
+conn_close_after_flush(struct conn *c)
+{
+	c->state = CONN_CLOSING;
+	bufferevent_disable(c->bev, EV_READ);
+	if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
+		conn_kill(c);
+}
+
+/* Queues a finished reply frame on a connection. */
+static void
+conn_send(struct conn *c, msgpack_sbuffer *frame)
+{
+	if (c->state == CONN_DEAD)
+		return;
+	bufferevent_write(c->bev, frame->data, frame->size);
+	if (evbuffer_get_length(bufferevent_get_output(c->bev)) > c->srv->o.max_output) {
+		log_warn("client %llu (pid %d) reads too slowly; dropping it", (unsigned long long)c->id, (int)c->pid);
+		conn_kill(c);
+	}
+}
+
+/* Sends an error reply (and frees the frame). */
+static void
+conn_error(struct conn *c, int has_id, uint64_t id, enum proto_err code, const char *msg)
+{
+	msgpack_sbuffer sb;
+
+	proto_error(&sb, has_id, id, code, msg);
+	conn_send(c, &sb);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+/* Whether request id is in flight on the connection. */
+static int
+inflight_has(const struct conn *c, uint64_t id)
+{
+	int i;
+
+	for (i = 0; i < c->n_inflight; i++)
+		if (c->inflight[i] == id)
+			return 1;
+	return 0;
+}
+
+static void
+inflight_add(struct conn *c, uint64_t id)
+{
+	if (c->n_inflight == c->cap_inflight) {
+		c->cap_inflight = c->cap_inflight ? c->cap_inflight * 2 : 8;
+		c->inflight = xrealloc(c->inflight, (size_t)c->cap_inflight * sizeof *c->inflight);
+	}
+	c->inflight[c->n_inflight++] = id;
+}
+
+static void
+inflight_del(struct conn *c, uint64_t id)
+{
+	int i;
+
+	for (i = 0; i < c->n_inflight; i++)
+		if (c->inflight[i] == id) {
+			c->inflight[i] = c->inflight[--c->n_inflight];
+			return;
+		}
+}
+
+/* ---- replies built here ---- */
+
+/* Packs a session map. */
+static void
+pack_session(msgpack_packer *pk, const struct store_session *ss)
+{
+	msgpack_pack_map(pk, 8);
+	proto_pack_kv_str(pk, "session", ss->uuid);
+	proto_pack_kv_str(pk, "title", ss->title);
+	proto_pack_kv_str(pk, "model", ss->model);
+	proto_pack_kv_str(pk, "system", ss->system);
+	proto_pack_kv_uint(pk, "created", (uint64_t)ss->created);
+	proto_pack_kv_uint(pk, "updated", (uint64_t)ss->updated);
+	proto_pack_kv_uint(pk, "tokens", (uint64_t)ss->n_tokens);
+	proto_pack_kv_uint(pk, "turns", (uint64_t)ss->n_turns);
+}
+
+/* Maps a store error to a protocol error. */
+static enum proto_err
+store_pe(int rc)
+{
+	return rc == ERR_NOTFOUND ? PE_NOT_FOUND : rc == ERR_INVAL ? PE_INVALID_PARAM : PE_INTERNAL;
+}
+
+/* A result holding one session. */
+static void
+reply_session(struct conn *c, uint64_t id, const struct store_session *ss)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+
+	proto_reply_begin(&sb, &pk, 1, id, "result", 1);
+	proto_pack_str(&pk, "session");
+	pack_session(&pk, ss);
+	proto_reply_end(&sb);
+	conn_send(c, &sb);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+/* A result with nothing in it. */
+static void
+reply_empty(struct conn *c, uint64_t id)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+
+	proto_reply_begin(&sb, &pk, 1, id, "result", 0);
+	proto_reply_end(&sb);
+	conn_send(c, &sb);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+static void
+op_hello(struct conn *c, struct proto_req *r)
+{
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+
+	if (r->client != NULL)
+		snprintf(c->client, sizeof c->client, "%s", r->client);
+	proto_reply_begin(&sb, &pk, 1, r->id, "result", 5);
+	proto_pack_kv_uint(&pk, "version", PROTO_VERSION);
+	proto_pack_kv_str(&pk, "server", "residentd " PACKAGE_VERSION);
+	proto_pack_kv_uint(&pk, "max_frame", c->srv->o.max_frame);
+	proto_pack_kv_uint(&pk, "uid", c->uid);
+	proto_pack_str(&pk, "capabilities");
+	msgpack_pack_array(&pk, 0);
+	proto_reply_end(&sb);
+	conn_send(c, &sb);
+	msgpack_sbuffer_destroy(&sb);
+}
+
+static void
+op_session_list(struct conn *c, struct proto_req *r)
+{
+	struct store_session *ss = NULL;
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	char err[ERR_LEN];
+	int n = 0, i, rc;
+
+	if ((rc = store_session_list(c->srv->store, c->uid, r->limit, r->offset, &ss, &n, err)) != 0) {
+		conn_error(c, 1, r->id, store_pe(rc), err);
+		return;
+	}
+	proto_reply_begin(&sb, &pk, 1, r->id, "result", 1);
+	proto_pack_str(&pk, "sessions");
+	msgpack_pack_array(&pk, (uint32_t)n);
+	for (i = 0; i < n; i++)
+		pack_session(&pk, &ss[i]);
+	proto_reply_end(&sb);
+	conn_send(c, &sb);
+	msgpack_sbuffer_destroy(&sb);
+	store_sessions_free(ss, n);
+}
+
+static void
+op_session_get(struct conn *c, struct proto_req *r)
+{
+	struct store_session ss;
+	struct store_turn *t = NULL;
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	char err[ERR_LEN];
+	int n = 0, i, rc;
+
+	if ((rc = store_session_get(c->srv->store, c->uid, r->session, &ss, err)) != 0 ||
+	    (rc = store_turns(c->srv->store, c->uid, r->session, &t, &n, err)) != 0) {
+		store_session_clear(&ss);
+		conn_error(c, 1, r->id, store_pe(rc), err);
+		return;
+	}
+	proto_reply_begin(&sb, &pk, 1, r->id, "result", 2);
+	proto_pack_str(&pk, "session");
+	pack_session(&pk, &ss);
+	proto_pack_str(&pk, "turns");
+	msgpack_pack_array(&pk, (uint32_t)n);
+	for (i = 0; i < n; i++) {
+		msgpack_pack_map(&pk, 3);
+		proto_pack_kv_str(&pk, "role", t[i].role);
+		proto_pack_kv_str(&pk, "content", t[i].content);
+		proto_pack_kv_uint(&pk, "tokens", (uint64_t)t[i].n_tokens);
+	}
+	proto_reply_end(&sb);
+	conn_send(c, &sb);
+	msgpack_sbuffer_destroy(&sb);
+	store_session_clear(&ss);
+	store_turns_free(t, n);
+}
+
+/* session.new, .fork, .rename, .delete: one store call each. */
+static void
+op_session_change(struct conn *c, struct proto_req *r)
+{
+	struct store *st = c->srv->store;
+	struct store_session ss;
+	char err[ERR_LEN];
+	int rc;
+
+	memset(&ss, 0, sizeof ss);
+	switch (r->op) {
+	case OP_SESSION_NEW:
+		rc = store_session_new(st, c->uid, r->model ? r->model : c->srv->default_model, r->title,
+		    r->system, r->defaults, &ss, err);
+		break;
+	case OP_SESSION_FORK:
+		if ((rc = store_session_fork(st, c->uid, r->session, r->title, &ss, err)) == 0)
+			sched_session_forked(c->srv->sched, r->session, ss.uuid);
+		break;
+	case OP_SESSION_RENAME:
+		if ((rc = store_session_rename(st, c->uid, r->session, r->title, err)) == 0)
+			rc = store_session_get(st, c->uid, r->session, &ss, err);
+		break;
+	default:
+		if ((rc = store_session_delete(st, c->uid, r->session, err)) == 0)
+			sched_session_dropped(c->srv->sched, r->session);
+		break;
+	}
+	if (rc != 0)
+		conn_error(c, 1, r->id, store_pe(rc), err);
+	else if (r->op == OP_SESSION_DELETE)
+		reply_empty(c, r->id);
+	else
+		reply_session(c, r->id, &ss);
+	store_session_clear(&ss);
+}
+
+/* Applies a session's stored sampling defaults to the fields the request left out. */
+static void
+apply_defaults(struct proto_req *r, const char *json)
+{
+	struct proto_req d;
+	json_t *j = json ? json_loads(json, 0, NULL) : NULL, *v;
+
+	if (j == NULL)
+		return;
+	memset(&d, 0, sizeof d);
+	proto_sample_defaults(&d);
+#define DEF(bit, key, field, conv) \
+	if (!(r->set & (bit)) && (v = json_object_get(j, key)) != NULL) r->field = conv(v)
+	DEF(SET_TEMPERATURE, "temperature", sample.temperature, (float)json_number_value);
+	DEF(SET_TOP_K, "top_k", sample.top_k, (int32_t)json_integer_value);
+	DEF(SET_TOP_P, "top_p", sample.top_p, (float)json_number_value);
+	DEF(SET_MIN_P, "min_p", sample.min_p, (float)json_number_value);
+	DEF(SET_REPEAT, "repeat_penalty", sample.repeat_penalty, (float)json_number_value);
+	DEF(SET_PRESENCE, "presence_penalty", sample.presence_penalty, (float)json_number_value);
+	DEF(SET_FREQUENCY, "frequency_penalty", sample.frequency_penalty, (float)json_number_value);
+	DEF(SET_SEED, "seed", sample.seed, (uint64_t)json_integer_value);
+	DEF(SET_MAX_TOKENS, "max_tokens", max_tokens, (int32_t)json_integer_value);
+#undef DEF
+	json_decref(j);
+}
+
+/* Reads a session's history into the job. Returns 0 or sends the error. */
+static int
+load_session(struct conn *c, struct sched_job *job)
+{
+	struct store_session ss;
+	struct store_turn *t = NULL;
+	char err[ERR_LEN];
+	int n = 0, i, rc;
+
+	if ((rc = store_session_get(c->srv->store, c->uid, job->req.session, &ss, err)) != 0 ||
+	    (rc = store_turns(c->srv->store, c->uid, job->req.session, &t, &n, err)) != 0) {
+		store_session_clear(&ss);
+		conn_error(c, 1, job->req.id, store_pe(rc), err);
+		return -1;
+	}
+	job->history = xcalloc((size_t)(n ? n : 1), sizeof *job->history);
+	for (i = 0; i < n; i++) {
+		job->history[i].role = t[i].role, t[i].role = NULL;
+		job->history[i].content = t[i].content, t[i].content = NULL;
+	}
+	job->n_history = n;
+	job->history_tokens = ss.n_tokens;
+	job->session_system = ss.system, ss.system = NULL;
+	job->session_model = ss.model[0] ? ss.model : NULL;
+	ss.model = job->session_model ? NULL : ss.model;
+	apply_defaults(&job->req, ss.defaults);
+	store_turns_free(t, n);
+	store_session_clear(&ss);
+	return 0;
+}
+
+/* Copies the connections' descriptions for status. */
+static void
+add_clients(struct server *srv, struct sched_job *job)
+{
+	struct conn *c;
+	int n = 0;
+
+	for (c = srv->conns; c != NULL; c = c->next)
+		n++;
+	job->clients = xcalloc((size_t)(n ? n : 1), sizeof *job->clients);
+	for (c = srv->conns; c != NULL; c = c->next, job->n_clients++) {
+		struct sched_client *k = &job->clients[job->n_clients];
+
+		k->pid = (int)c->pid;
+		k->uid = c->uid;
+		snprintf(k->client, sizeof k->client, "%s", c->client);
+		k->requests = c->n_inflight;
+	}
+}
+
+/* Hands a request to the scheduler; it replies through events. */
+static void
+submit(struct conn *c, struct proto_req *r)
+{
+	struct sched_job *job = xcalloc(1, sizeof *job);
+
+	job->conn = c->id;
+	job->req = *r;
+	memset(r, 0, sizeof *r);
+	job->uid = c->uid;
+	job->t_submit = now_ns();
+	if (job->req.op == OP_GENERATE && job->req.session != NULL && load_session(c, job) != 0) {
+		sched_job_free(job);
+		return;
+	}
+	if (job->req.op == OP_STATUS)
+		add_clients(c->srv, job);
+	inflight_add(c, job->req.id);
+	sched_submit(c->srv->sched, job);
+}
+
+/* Runs one decoded request. */
+static void
+dispatch(struct conn *c, struct proto_req *r)
+{
+	if (inflight_has(c, r->id)) {
+		conn_error(c, 1, r->id, PE_DUPLICATE_ID, "a request with this id is still in flight");
+		return;
+	}
+	if (c->srv->shutting_down) {
+		conn_error(c, 1, r->id, PE_SHUTTING_DOWN, "the daemon is stopping");
+		return;
+	}
+	switch (r->op) {
+	case OP_HELLO: op_hello(c, r); break;
+	case OP_CANCEL: sched_cancel(c->srv->sched, c->id, r->target, r->id); inflight_add(c, r->id); break;
+	case OP_SESSION_LIST: op_session_list(c, r); break;
+	case OP_SESSION_GET: op_session_get(c, r); break;
+	case OP_SESSION_NEW: case OP_SESSION_FORK: case OP_SESSION_RENAME: case OP_SESSION_DELETE:
+		op_session_change(c, r);
+		break;
+	default: submit(c, r); break;
+	}
+}
+
+/* ---- input ---- */
+
+/* Parses and dispatches every complete frame in the input buffer. */
+static void
+conn_read_cb(struct bufferevent *bev, void *arg)
+{
+	struct conn *c = arg;
+	struct evbuffer *in = bufferevent_get_input(bev);
+	struct proto_req r;
+	unsigned char hdr[4];
+	char err[ERR_LEN], *body;
+	uint32_t len;
+	int has_id, rc;
+
+	while (c->state == CONN_OPEN && evbuffer_get_length(in) >= 4) {
+		evbuffer_copyout(in, hdr, 4);
+		len = (uint32_t)hdr[0] << 24 | (uint32_t)hdr[1] << 16 | (uint32_t)hdr[2] << 8 | hdr[3];
+		if (len == 0 || len > c->srv->o.max_frame) {
+			snprintf(err, sizeof err, "a frame of %u bytes (1..%zu allowed)", len, c->srv->o.max_frame);
+			conn_error(c, 0, 0, PE_FRAME_TOO_LARGE, err);
+			conn_close_after_flush(c);
+			return;
+		}
+		if (evbuffer_get_length(in) < 4 + (size_t)len)
+			return;
+		evbuffer_drain(in, 4);
+		body = (char *)evbuffer_pullup(in, len);
+		rc = proto_decode(body, len, &r, &has_id, err);
+		evbuffer_drain(in, len);
+		if (rc != 0)
+			conn_error(c, has_id, r.id, (enum proto_err)rc, err);
+		else
+			dispatch(c, &r);
+		proto_req_free(&r);
+	}
+}
+
+static void
+conn_write_cb(struct bufferevent *bev, void *arg)
+{
+	struct conn *c = arg;
+
+	if (c->state == CONN_CLOSING && evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+		conn_kill(c);
+}
+
+static void
+conn_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+	if (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))
+		conn_kill(arg);
+}
+
+/* A new client: who it is (SO_PEERCRED), then frames. */
+static void
+accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg)
+{
+	struct server *srv = arg;
+	struct ucred cred;
+	socklen_t clen = sizeof cred;
+	struct conn *c;
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &clen) != 0) {
+		log_warn("SO_PEERCRED: %s; refusing the client", strerror(errno));
+		close(fd);
+		return;
+	}
+	c = xcalloc(1, sizeof *c);
+	c->id = ++srv->next_id;
+	c->srv = srv;
+	c->uid = cred.uid;
+	c->pid = cred.pid;
+	c->bev = bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
+	/* never buffer more than one frame of input */
+	bufferevent_setwatermark(c->bev, EV_READ, 0, 4 + srv->o.max_frame);
+	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+	c->next = srv->conns;
+	srv->conns = c;
+	log_debug("client %llu: pid %d uid %u", (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid);
+}
+
+/* ---- events from the scheduler ---- */
+
+/* Commits a finished session turn; on failure the done becomes an error. */
+static void
+commit_turn(struct server *srv, struct sched_event *ev)
+{
+	char err[ERR_LEN];
+
+	if (store_append_turns(srv->store, ev->uid, ev->session, ev->turns, ev->n_turns, err) == 0)
+		return;
+	log_error("saving a turn of session %s: %s", ev->session, err);
+	msgpack_sbuffer_destroy(&ev->frame);
+	proto_error(&ev->frame, 1, ev->req_id, PE_INTERNAL, "the turn could not be saved");
+}
+
+void
+server_deliver(struct server *srv)
+{
+	struct sched_event *ev, *next;
+	struct conn *c;
+	char err[ERR_LEN];
+
+	for (ev = sched_take_events(srv->sched); ev != NULL; ev = next) {
+		next = ev->next;
+		if (ev->n_turns > 0)
+			commit_turn(srv, ev);
+		if (ev->model_loaded != NULL && store_model_upsert(srv->store, ev->model_loaded, ev->model_loaded,
+		    "", "", 0, err) != 0)
+			log_warn("recording model %s: %s", ev->model_loaded, err);
+		if ((c = conn_find(srv, ev->conn)) != NULL) {
+			if (ev->last)
+				inflight_del(c, ev->req_id);
+			conn_send(c, &ev->frame);
+		}
+		sched_event_free(ev);
+	}
+}
+
+static void
+wake_cb(evutil_socket_t fd, short what, void *arg)
+{
+	server_deliver(arg);
+}
+
+void
+server_wake(void *arg)
+{
+	struct server *srv = arg;
+
+	event_active(srv->wake_ev, EV_READ, 0);
+}
+
+/* ---- the socket ---- */
+
+/* Refuses to replace a socket another daemon answers on; removes a stale one. */
+static int
+claim_path(const char *path, char *err)
+{
+	struct sockaddr_un sa;
+	int fd, rc;
+
+	if (access(path, F_OK) != 0)
+		return 0;
+	memset(&sa, 0, sizeof sa);
+	sa.sun_family = AF_UNIX;
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
+		return err_set(err, ERR_IO, "socket: %s", strerror(errno));
+	rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
+	close(fd);
+	if (rc == 0)
+		return err_set(err, ERR_IO, "%s: another residentd is already running there", path);
+	if (unlink(path) != 0)
+		return err_set(err, ERR_IO, "%s: cannot remove the stale socket: %s", path, strerror(errno));
+	return 0;
+}
+
+/* Creates the socket's directory (0700) if it is missing. */
+static int
+make_parent(const char *path, char *err)
+{
+	char *dir = xstrdup(path), *p;
+	int rc = 0;
+
+	for (p = dir + 1; (p = strchr(p, '/')) != NULL; p++) {
+		*p = '\0';
+		if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+			rc = err_set(err, ERR_IO, "%s: %s", dir, strerror(errno));
+		*p = '/';
+		if (rc != 0)
+			break;
+	}
+	free(dir);
+	return rc;
+}
+
+int
+server_start(struct event_base *base, const struct server_opts *o, struct store *st,
+    struct server **out, char *err)
+{
+	struct server *srv;
+	struct sockaddr_un sa;
+	mode_t old;
+	int rc;
+
+	if (strlen(o->socket_path) >= sizeof sa.sun_path)
+		return err_set(err, ERR_INVAL, "socket path %s is too long", o->socket_path);
+	if ((rc = make_parent(o->socket_path, err)) != 0 || (rc = claim_path(o->socket_path, err)) != 0)
+		return rc;
+	memset(&sa, 0, sizeof sa);
+	sa.sun_family = AF_UNIX;
+	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", o->socket_path);
+	srv = xcalloc(1, sizeof *srv);
+	srv->base = base;
+	srv->o = *o;
+	srv->socket_path = xstrdup(o->socket_path);
+	srv->default_model = xstrdup(o->default_model ? o->default_model : "");
+	srv->o.socket_path = srv->socket_path;
+	srv->store = st;
+	/* the socket is born 0600: no moment where others could connect */
+	old = umask(0177);
+	srv->listener = evconnlistener_new_bind(base, accept_cb, srv,
+	    LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 64, (struct sockaddr *)&sa, sizeof sa);
+	umask(old);
+	if (srv->listener == NULL) {
+		rc = err_set(err, ERR_IO, "%s: cannot listen: %s", o->socket_path, strerror(errno));
+		server_free(srv);
+		return rc;
+	}
+	if (o->group != (gid_t)-1 && (chown(o->socket_path, (uid_t)-1, o->group) != 0 ||
+	    chmod(o->socket_path, 0660) != 0)) {
+		rc = err_set(err, ERR_IO, "%s: cannot give the socket to group %u: %s", o->socket_path,
+		    (unsigned)o->group, strerror(errno));
+		server_free(srv);
+		return rc;
+	}
+	srv->wake_ev = event_new(base, -1, 0, wake_cb, srv);
+	*out = srv;
+	return 0;
+}
+
+void
+server_set_sched(struct server *srv, struct sched *s)
+{
+	srv->sched = s;
+}
+
+void
+server_shutdown(struct server *srv)
+{
+	srv->shutting_down = 1;
+	if (srv->listener != NULL) {
+		evconnlistener_free(srv->listener);
+		srv->listener = NULL;
+		unlink(srv->socket_path);
+	}
+}
+
+int
+server_flushing(const struct server *srv)
+{
+	const struct conn *c;
+
+	for (c = srv->conns; c != NULL; c = c->next)
+		if (evbuffer_get_length(bufferevent_get_output(c->bev)) > 0)
+			return 1;
+	return 0;
+}
+
+void
+server_free(struct server *srv)
+{
+	if (srv == NULL)
+		return;
+	srv->sched = NULL;
+	while (srv->conns != NULL)
+		conn_free(srv->conns);
+	if (srv->listener != NULL) {
+		evconnlistener_free(srv->listener);
+		unlink(srv->socket_path);
+	}
+	if (srv->wake_ev != NULL)
+		event_free(srv->wake_ev);
+	free(srv->socket_path);
+	free(srv->default_model);
+	free(srv);
+}

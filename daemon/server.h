@@ -1,0 +1,40 @@
+/* server.h: the loop thread: the socket, connections, frames, sessions. */
+#ifndef RESIDENT_SERVER_H
+#define RESIDENT_SERVER_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+struct event_base;
+struct sched;
+struct store;
+struct server;
+
+struct server_opts {
+	const char *socket_path;
+	gid_t group;                 /* (gid_t)-1: the socket is 0600, else 0660 for this group */
+	size_t max_frame;
+	size_t max_output;           /* bytes queued for a client before it is dropped as too slow */
+	const char *default_model;   /* its name, for sessions created without one */
+};
+
+/*
+ * Binds the socket (refusing to steal one another daemon is serving) and
+ * starts accepting on base. Returns 0 or a negative code with a message.
+ */
+int server_start(struct event_base *base, const struct server_opts *o, struct store *st,
+    struct server **out, char *err);
+/* Attaches the scheduler (events from it wake the loop through server_wake). */
+void server_set_sched(struct server *srv, struct sched *s);
+/* For sched_start: wakes the loop thread to deliver the scheduler's events. Thread-safe. */
+void server_wake(void *srv);
+/* Stops accepting and refuses new work; existing replies still flow. */
+void server_shutdown(struct server *srv);
+/* Delivers the scheduler's pending events now (used while shutting down). */
+void server_deliver(struct server *srv);
+/* 1 while some connection still has output to flush. */
+int server_flushing(const struct server *srv);
+/* Closes every connection and the socket, removes the socket file. */
+void server_free(struct server *srv);
+
+#endif
