@@ -883,7 +883,9 @@ db_setup(struct store *s, char *err)
 	if (strcmp(v, "wal") != 0)
 		return err_set(err, ERR_UNSUPPORTED,
 		    "cannot use WAL journal mode (got \"%s\")", v);
-	rc = sqlite3_exec(s->db, "PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON",
+	/* the WAL file is trimmed back to 64 MiB after a checkpoint */
+	rc = sqlite3_exec(s->db, "PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;"
+	    " PRAGMA journal_size_limit = 67108864",
 	    NULL, NULL, NULL);
 	if (rc != SQLITE_OK)
 		return sql_err(s, rc, "setting pragmas", err);
@@ -920,19 +922,18 @@ migrate(struct store *s, char *err)
 {
 	int rc, version;
 
-	for (;;) {
-		if ((rc = schema_check(s, &version, err)) < 0)
-			return rc;
-		if (version == store_schema_version())
-			return 0;
+	if ((rc = schema_check(s, &version, err)) < 0)
+		return rc;
+	while (version < store_schema_version()) {
 		if ((rc = tx_begin(s, 1, err)) < 0)
 			return rc;
 		rc = schema_check(s, &version, err);
 		if (rc == 0 && version < store_schema_version())
-			rc = migrate_one(s, version, err);
+			rc = migrate_one(s, version++, err);
 		if ((rc = tx_end(s, rc, err)) < 0)
 			return rc;
 	}
+	return 0;
 }
 
 /* Prepares statements [from, to) to be kept until close. */
