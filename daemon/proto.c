@@ -115,7 +115,8 @@ scan_header(const uint8_t *p, size_t left, uint64_t *skip, uint64_t *items)
 		case 1: *skip = be(p + 1, forms[i].len_bytes); return forms[i].hdr;
 		case 2: *items = be(p + 1, forms[i].len_bytes); return forms[i].hdr;
 		case 3: *items = 2 * be(p + 1, forms[i].len_bytes); return forms[i].hdr;
-		default: *skip = be(p + 1, forms[i].len_bytes) + 1; return forms[i].hdr;
+		/* ext: hdr already counts the type byte; the length is the data's */
+		default: *skip = be(p + 1, forms[i].len_bytes); return forms[i].hdr;
 		}
 	}
 	return 0; /* 0xc1 is never used */
@@ -416,7 +417,7 @@ decode_defaults(const msgpack_object *m, struct proto_req *r, char *err)
 	r->defaults = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
 	json_decref(j);
 	if ((rc = sample_params_check(&tmp.sample, err)) != 0)
-		return err_set(err, PE_INVALID_PARAM, "defaults: %s", err);
+		return err_prefix(err, PE_INVALID_PARAM, "defaults");
 	return 0;
 }
 
@@ -520,8 +521,15 @@ proto_decode(const char *buf, size_t len, struct proto_req *r, int *has_id, char
 		if (strlen(op_names[i]) == op->via.str.size && memcmp(op_names[i], op->via.str.ptr, op->via.str.size) == 0)
 			break;
 	if (i == OP_COUNT_) {
-		rc = err_set(err, PE_UNKNOWN_OP, "unknown op '%.*s'", (int)MIN(op->via.str.size, 40),
-		    utf8_valid(op->via.str.ptr, op->via.str.size) ? op->via.str.ptr : "?");
+		/* at most 40 bytes of the name, cut at a character boundary */
+		size_t n = MIN(op->via.str.size, 40);
+
+		while (n > 0 && n < op->via.str.size && ((uint8_t)op->via.str.ptr[n] & 0xc0) == 0x80)
+			n--;
+		if (utf8_valid(op->via.str.ptr, op->via.str.size))
+			rc = err_set(err, PE_UNKNOWN_OP, "unknown op '%.*s'", (int)n, op->via.str.ptr);
+		else
+			rc = err_set(err, PE_UNKNOWN_OP, "unknown op '?'");
 		goto out;
 	}
 	r->op = (enum proto_op)i;
@@ -632,8 +640,15 @@ proto_error(msgpack_sbuffer *sb, int has_id, uint64_t id, enum proto_err code, c
 {
 	msgpack_packer pk;
 
+	size_t n = msg ? strlen(msg) : 0;
+
+	/* a message cut at ERR_LEN may end inside a character: strings must be UTF-8 */
+	while (n > 0 && !utf8_valid(msg, n))
+		n--;
 	proto_reply_begin(sb, &pk, has_id, id, "error", 2);
 	proto_pack_kv_str(&pk, "code", err_names[code]);
-	proto_pack_kv_str(&pk, "message", msg);
+	proto_pack_str(&pk, "message");
+	msgpack_pack_str(&pk, n);
+	msgpack_pack_str_body(&pk, msg ? msg : "", n);
 	proto_reply_end(sb);
 }

@@ -85,6 +85,8 @@ struct sched {
 	struct sched_job *jobs, **jobs_tail;   /* in, from the loop thread */
 	struct ctl *ctls, **ctls_tail;
 	struct sched_event *events, **events_tail; /* out */
+	char **known;                         /* names and paths of registered models */
+	int n_known;
 	void (*wake)(void *);
 	void *wake_arg;
 	/* engine thread only */
@@ -182,6 +184,7 @@ sched_job_free(struct sched_job *job)
 	for (i = 0; i < job->n_history; i++)
 		free(job->history[i].role), free(job->history[i].content);
 	free(job->history);
+	free(job->history_ids);
 	free(job->session_system);
 	free(job->session_model);
 	free(job->clients);
@@ -235,6 +238,11 @@ find_model(struct sched *s, const char *name_or_path)
 	m->path = xstrdup(name_or_path);
 	m->next = s->models;
 	s->models = m;
+	pthread_mutex_lock(&s->mu);
+	s->known = xrealloc(s->known, (size_t)(s->n_known + 2) * sizeof *s->known);
+	s->known[s->n_known++] = xstrdup(m->name);
+	s->known[s->n_known++] = xstrdup(m->path);
+	pthread_mutex_unlock(&s->mu);
 	return m;
 }
 
@@ -285,14 +293,56 @@ conversation(const struct sched_job *job, size_t *n)
 	return m;
 }
 
+/* Renders messages [0, n) through the model's template into a malloc'd string. */
+static int
+render(const struct model_desc *md, const struct chat_msg *m, size_t n, int gen, char **text, size_t *len,
+    char *err)
+{
+	return chat_render(md->chat, m, n, gen, tok_piece(md->tok, tok_bos(md->tok)), text, len, err);
+}
+
+/*
+ * A session's prompt: its stored token ids, then the tokens of the text the
+ * template adds for this turn's messages. So a resumed session sees exactly
+ * the tokens it saw (and generated) before, whether its KV cache survived or
+ * is rebuilt after a restart. Where the template does not simply append
+ * (Mistral moves the system prompt to the last user turn), the whole
+ * conversation is rendered again instead.
+ */
+static int
+session_tokens(const struct model_desc *md, const struct sched_job *job, const struct chat_msg *m,
+    size_t n_msgs, size_t n_prev, int32_t **ids, size_t *n, char *err)
+{
+	char *all = NULL, *prev = NULL;
+	size_t all_len, prev_len, n_new = 0;
+	int32_t *new_ids = NULL;
+	int rc;
+
+	if ((rc = render(md, m, n_msgs, 1, &all, &all_len, err)) != 0)
+		return rc;
+	if (job->history_tokens > 0 && render(md, m, n_prev, 0, &prev, &prev_len, err) == 0 &&
+	    prev_len <= all_len && memcmp(prev, all, prev_len) == 0) {
+		rc = tok_encode(md->tok, all + prev_len, all_len - prev_len, 1, 0, &new_ids, &n_new, err);
+		if (rc == 0) {
+			*n = (size_t)job->history_tokens + n_new;
+			*ids = xmalloc(*n * sizeof **ids);
+			memcpy(*ids, job->history_ids, (size_t)job->history_tokens * sizeof **ids);
+			memcpy(*ids + job->history_tokens, new_ids, n_new * sizeof **ids);
+		}
+	} else {
+		rc = tok_encode(md->tok, all, all_len, 1, 0, ids, n, err);
+	}
+	free(all), free(prev), free(new_ids);
+	return rc;
+}
+
 /* The prompt's tokens: raw text, or the conversation through the chat template. */
 static int
 prompt_tokens(const struct model_desc *md, const struct sched_job *job, int32_t **ids, size_t *n,
     enum proto_err *pe, char *err)
 {
 	struct chat_msg *msgs;
-	size_t n_msgs, len;
-	char *text;
+	size_t n_msgs;
 	int rc;
 
 	*pe = PE_INVALID_PARAM;
@@ -304,13 +354,41 @@ prompt_tokens(const struct model_desc *md, const struct sched_job *job, int32_t 
 	if (md->chat == CHAT_RAW)
 		return err_set(err, ERR_UNSUPPORTED, "model %s has no chat template: send a raw 'prompt'", md->name);
 	msgs = conversation(job, &n_msgs);
-	rc = chat_render(md->chat, msgs, n_msgs, 1, tok_piece(md->tok, tok_bos(md->tok)), &text, &len, err);
+	rc = session_tokens(md, job, msgs, n_msgs, n_msgs - (size_t)job->req.n_msgs, ids, n, err);
 	free(msgs);
-	if (rc != 0)
-		return rc;
-	rc = tok_encode(md->tok, text, len, 1, 0, ids, n, err);
-	free(text);
 	return rc;
+}
+
+/*
+ * The template's text after a reply (Gemma's "<end_of_turn>\n"), as tokens,
+ * so that a session's stored history is what the template would render.
+ * An end-of-turn token the model generated itself is not repeated.
+ */
+static void
+closing_tokens(const struct model_desc *md, const struct sched_job *job, const struct seq *q,
+    int32_t **ids, size_t *n)
+{
+	struct chat_msg *m, *m2;
+	size_t n_msgs, a_len, b_len, skip = 0;
+	char *a = NULL, *b = NULL;
+	const char *last;
+
+	*ids = NULL, *n = 0;
+	m = conversation(job, &n_msgs);
+	m2 = xcalloc(n_msgs + 1, sizeof *m2);
+	memcpy(m2, m, n_msgs * sizeof *m);
+	m2[n_msgs] = (struct chat_msg){ "assistant", q->text };
+	if (render(md, m, n_msgs, 1, &b, &b_len, NULL) == 0 && render(md, m2, n_msgs + 1, 0, &a, &a_len, NULL) == 0 &&
+	    a_len >= b_len + q->text_len && memcmp(a, b, b_len) == 0 && memcmp(a + b_len, q->text, q->text_len) == 0) {
+		last = q->n_tokens > 0 && tok_is_eog(md->tok, q->tokens[q->n_tokens - 1]) ?
+		    tok_piece(md->tok, q->tokens[q->n_tokens - 1]) : NULL;
+		if (last != NULL && strncmp(a + b_len + q->text_len, last, strlen(last)) == 0)
+			skip = strlen(last);
+		if (a_len > b_len + q->text_len + skip)
+			tok_encode(md->tok, a + b_len + q->text_len + skip, a_len - b_len - q->text_len - skip, 1, 0,
+			    ids, n, NULL);
+	}
+	free(a), free(b), free(m), free(m2);
 }
 
 /* The sequence parameters of a job. */
@@ -394,7 +472,12 @@ admit(struct sched *s, struct gen *g)
 		return -1;
 	}
 	rc = prompt_tokens(engine_model(g->slot->e), job, &ids, &n, &pe, err);
-	if (rc == 0 && (int64_t)n + 1 > engine_n_ctx(g->slot->e)) {
+	/* PROTOCOL.md: max_tokens is 1..context (the default may exceed a small context) */
+	if (rc == 0 && (job->req.set & SET_MAX_TOKENS) && job->req.max_tokens > engine_n_ctx(g->slot->e)) {
+		snprintf(err, sizeof err, "max_tokens = %d is more than the context (%d)", (int)job->req.max_tokens,
+		    engine_n_ctx(g->slot->e));
+		rc = ERR_RANGE, pe = PE_INVALID_PARAM;
+	} else if (rc == 0 && (int64_t)n + 1 > engine_n_ctx(g->slot->e)) {
 		snprintf(err, sizeof err, "the prompt has %zu tokens; the context holds %d", n,
 		    engine_n_ctx(g->slot->e));
 		rc = ERR_RANGE, pe = PE_CONTEXT_EXCEEDED;
@@ -430,28 +513,39 @@ emit_token(struct sched *s, struct gen *g)
 	post(s, ev);
 }
 
-/* The rows of a finished session turn: the new messages and the reply. */
+/*
+ * The rows of a finished session turn: the new messages (the prompt tokens
+ * this turn added are accounted to the first) and the reply (generated
+ * tokens and the template's closing tokens, which the cached sequence also
+ * takes, so it stays equal to the stored history).
+ */
 static void
-turn_rows(const struct gen *g, struct sched_event *ev)
+turn_rows(struct gen *g, struct sched_event *ev)
 {
 	const struct proto_req *r = &g->job->req;
-	const struct seq *q = g->seq;
+	struct seq *q = g->seq;
 	struct store_turn *t = xcalloc((size_t)r->n_msgs + 1, sizeof *t);
+	int32_t *close_ids, n_gen = q->n_tokens - g->n_prompt;
+	size_t n_close;
 	int i;
 
+	closing_tokens(engine_model(g->slot->e), g->job, q, &close_ids, &n_close);
 	for (i = 0; i < r->n_msgs; i++) {
 		t[i].role = xstrdup(r->msgs[i].role);
 		t[i].content = xstrdup(r->msgs[i].content);
 	}
-	/* the prompt tokens this turn added are accounted to its first message */
 	t[0].n_tokens = MAX(0, g->n_prompt - g->job->history_tokens);
 	t[0].tokens = xmalloc((size_t)MAX(t[0].n_tokens, 1) * sizeof(int32_t));
 	memcpy(t[0].tokens, q->tokens + g->n_prompt - t[0].n_tokens, (size_t)t[0].n_tokens * sizeof(int32_t));
 	t[i].role = xstrdup("assistant");
 	t[i].content = xstrndup(q->text, q->text_len);
-	t[i].n_tokens = q->n_tokens - g->n_prompt;
+	t[i].n_tokens = n_gen + (int32_t)n_close;
 	t[i].tokens = xmalloc((size_t)MAX(t[i].n_tokens, 1) * sizeof(int32_t));
-	memcpy(t[i].tokens, q->tokens + g->n_prompt, (size_t)t[i].n_tokens * sizeof(int32_t));
+	memcpy(t[i].tokens, q->tokens + g->n_prompt, (size_t)n_gen * sizeof(int32_t));
+	memcpy(t[i].tokens + n_gen, close_ids, n_close * sizeof(int32_t));
+	if (g->res != NULL)
+		engine_seq_append(q, close_ids, (int32_t)n_close);
+	free(close_ids);
 	ev->turns = t;
 	ev->n_turns = r->n_msgs + 1;
 	snprintf(ev->session, sizeof ev->session, "%s", r->session);
@@ -665,7 +759,7 @@ pack_model(struct sched *s, msgpack_packer *pk, const struct model_slot *m)
 {
 	const struct model_desc *md = m->e ? engine_model(m->e) : NULL;
 
-	msgpack_pack_map(pk, md ? 7 : 5);
+	msgpack_pack_map(pk, md ? 8 : 5);
 	proto_pack_kv_str(pk, "name", m->name);
 	proto_pack_kv_str(pk, "path", m->path);
 	proto_pack_kv_bool(pk, "loaded", m->e != NULL);
@@ -674,6 +768,7 @@ pack_model(struct sched *s, msgpack_packer *pk, const struct model_slot *m)
 	if (md != NULL) {
 		proto_pack_kv_str(pk, "arch", model_arch_name(md->arch));
 		proto_pack_kv_uint(pk, "size", md->weight_bytes);
+		proto_pack_kv_str(pk, "format", md->format == MODEL_SAFETENSORS ? "safetensors" : "gguf");
 	}
 }
 
@@ -841,10 +936,12 @@ fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 		for (ma = mq = 0, g = s->gens; g != NULL; g = g->next)
 			if (g->slot == m)
 				g->state == GEN_RUNNING ? ma++ : mq++;
-		msgpack_pack_map(pk, 6);
+		msgpack_pack_map(pk, 8);
 		proto_pack_kv_str(pk, "name", m->name);
 		proto_pack_kv_str(pk, "device", m->e ? engine_device(m->e) : "");
 		proto_pack_kv_uint(pk, "weights_bytes", m->e ? engine_model(m->e)->weight_bytes : 0);
+		proto_pack_kv_uint(pk, "kv_bytes", m->e ? engine_kv_bytes(m->e) : 0);
+		proto_pack_kv_uint(pk, "kv_blocks", m->e ? (uint64_t)engine_kv_blocks(m->e) : 0);
 		proto_pack_kv_uint(pk, "kv_free_blocks", m->e ? (uint64_t)engine_free_blocks(m->e) : 0);
 		proto_pack_kv_uint(pk, "active", ma);
 		proto_pack_kv_uint(pk, "queued", mq);
@@ -1129,6 +1226,9 @@ sched_stop(struct sched *s)
 		}
 		free(m->name), free(m->path), free(m);
 	}
+	while (s->n_known > 0)
+		free(s->known[--s->n_known]);
+	free(s->known);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->cv);
 	free(s->device);
@@ -1145,6 +1245,19 @@ send_ctl(struct sched *s, struct ctl *c)
 	s->ctls_tail = &c->next;
 	pthread_cond_signal(&s->cv);
 	pthread_mutex_unlock(&s->mu);
+}
+
+int
+sched_model_known(struct sched *s, const char *name_or_path)
+{
+	struct stat st;
+	int i, found = 0;
+
+	pthread_mutex_lock(&s->mu);
+	for (i = 0; i < s->n_known && !found; i++)
+		found = strcmp(s->known[i], name_or_path) == 0;
+	pthread_mutex_unlock(&s->mu);
+	return found || (strchr(name_or_path, '/') != NULL && stat(name_or_path, &st) == 0);
 }
 
 void

@@ -51,7 +51,8 @@ struct sched_job {
 	int n_history;
 	char *session_system;
 	char *session_model;
-	int32_t history_tokens;     /* tokens the stored turns account for */
+	int32_t *history_ids;       /* the stored turns' token ids, concatenated */
+	int32_t history_tokens;
 	/* status: the loop thread's part */
 	struct sched_client *clients;
 	int n_clients;
@@ -85,6 +86,8 @@ void sched_stop_thread(struct sched *s);
 void sched_stop(struct sched *s);
 
 void sched_submit(struct sched *s, struct sched_job *job);
+/* Whether a model name (or an existing file's path) can be used. Thread-safe. */
+int sched_model_known(struct sched *s, const char *name_or_path);
 /* Cancels request req_id of conn (a `done` with finish "cancel" follows, or not_found). */
 void sched_cancel(struct sched *s, uint64_t conn, uint64_t req_id, uint64_t cancel_req_id);
 /* The connection is gone: its requests stop at the next step, no events for it. */

@@ -196,7 +196,28 @@ inflight_del(struct conn *c, uint64_t id)
 static void
 pack_session(msgpack_packer *pk, const struct store_session *ss)
 {
-	msgpack_pack_map(pk, 8);
+	/* PROTOCOL.md: sampling defaults, if set, appear as `defaults` */
+	json_t *d = ss->defaults ? json_loads(ss->defaults, 0, NULL) : NULL;
+	const char *k;
+	json_t *v;
+
+	if (d != NULL && (!json_is_object(d) || json_object_size(d) == 0)) {
+		json_decref(d);
+		d = NULL;
+	}
+	msgpack_pack_map(pk, d ? 9 : 8);
+	if (d != NULL) {
+		proto_pack_str(pk, "defaults");
+		msgpack_pack_map(pk, (uint32_t)json_object_size(d));
+		json_object_foreach(d, k, v) {
+			proto_pack_str(pk, k);
+			if (json_is_integer(v) && json_integer_value(v) >= 0)
+				msgpack_pack_uint64(pk, (uint64_t)json_integer_value(v));
+			else
+				msgpack_pack_double(pk, json_number_value(v));
+		}
+		json_decref(d);
+	}
 	proto_pack_kv_str(pk, "session", ss->uuid);
 	proto_pack_kv_str(pk, "title", ss->title);
 	proto_pack_kv_str(pk, "model", ss->model);
@@ -332,6 +353,10 @@ op_session_change(struct conn *c, struct proto_req *r)
 	memset(&ss, 0, sizeof ss);
 	switch (r->op) {
 	case OP_SESSION_NEW:
+		if (r->model != NULL && !sched_model_known(c->srv->sched, r->model)) {
+			rc = err_set(err, ERR_NOTFOUND, "no such model: %s", r->model);
+			break;
+		}
 		rc = store_session_new(st, c->uid, r->model ? r->model : c->srv->default_model, r->title,
 		    r->system, r->defaults, &ss, err);
 		break;
@@ -399,12 +424,15 @@ load_session(struct conn *c, struct sched_job *job)
 		return -1;
 	}
 	job->history = xcalloc((size_t)(n ? n : 1), sizeof *job->history);
+	job->history_ids = xmalloc((size_t)MAX(ss.n_tokens, 1) * sizeof *job->history_ids);
 	for (i = 0; i < n; i++) {
 		job->history[i].role = t[i].role, t[i].role = NULL;
 		job->history[i].content = t[i].content, t[i].content = NULL;
+		if (job->history_tokens + t[i].n_tokens <= ss.n_tokens)
+			memcpy(job->history_ids + job->history_tokens, t[i].tokens, (size_t)t[i].n_tokens * sizeof(int32_t));
+		job->history_tokens += t[i].n_tokens;
 	}
 	job->n_history = n;
-	job->history_tokens = ss.n_tokens;
 	job->session_system = ss.system, ss.system = NULL;
 	job->session_model = ss.model[0] ? ss.model : NULL;
 	ss.model = job->session_model ? NULL : ss.model;

@@ -52,6 +52,7 @@ struct backend;
 
 struct backend_ops {
 	const char *name;
+	int kv_elem_bytes;  /* bytes of one K or V element in the pool */
 	/* Uploads / prepares the weights and allocates the KV pool. */
 	int (*load)(const struct model_desc *m, const struct backend_opts *o,
 	    struct backend **out, char *err);

@@ -141,6 +141,21 @@ engine_free_blocks(const struct engine *e)
 }
 
 int32_t
+engine_kv_blocks(const struct engine *e)
+{
+	return e->kv.n_blocks;
+}
+
+uint64_t
+engine_kv_bytes(const struct engine *e)
+{
+	const struct model_hparams *hp = &e->m->hp;
+
+	return (uint64_t)e->kv.n_blocks * KV_BLOCK_TOKENS * (uint64_t)hp->n_layer * 2u *
+	    (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * (uint64_t)e->ops->kv_elem_bytes;
+}
+
+int32_t
 engine_max_step_tokens(const struct engine *e)
 {
 	return e->max_step_tokens;
@@ -275,6 +290,12 @@ engine_seq_reuse(struct engine *e, struct seq *s, const int32_t *tokens, int32_t
 	s->turn_start = n;
 	s->state = SEQ_PREFILL;
 	return keep;
+}
+
+void
+engine_seq_append(struct seq *s, const int32_t *tokens, int32_t n)
+{
+	seq_push_tokens(s, tokens, n);
 }
 
 struct seq *

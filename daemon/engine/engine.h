@@ -92,6 +92,9 @@ const struct model_desc *engine_model(const struct engine *e);
 const char *engine_device(const struct engine *e);
 int32_t engine_n_ctx(const struct engine *e);
 int32_t engine_free_blocks(const struct engine *e);
+int32_t engine_kv_blocks(const struct engine *e);
+/* Bytes of the whole KV pool. */
+uint64_t engine_kv_bytes(const struct engine *e);
 int32_t engine_max_step_tokens(const struct engine *e);
 
 /*
@@ -111,6 +114,9 @@ int engine_seq_new(struct engine *e, const int32_t *prompt, int32_t n, const str
  */
 int engine_seq_reuse(struct engine *e, struct seq *s, const int32_t *tokens, int32_t n,
     const struct seq_params *p, char *err);
+
+/* Appends tokens to a finished sequence's history (not computed until its next turn). */
+void engine_seq_append(struct seq *s, const int32_t *tokens, int32_t n);
 
 /* A finished sequence with the same history, sharing its KV blocks. */
 struct seq *engine_seq_fork(struct engine *e, const struct seq *parent);

@@ -450,6 +450,7 @@ cpu_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char 
 
 const struct backend_ops cpu_backend = {
 	.name = "cpu",
+	.kv_elem_bytes = sizeof(float),
 	.load = cpu_load,
 	.forward = cpu_forward,
 	.kv_copy = cpu_kv_copy,

@@ -1,0 +1,523 @@
+"""rsd.py: a minimal client of the resident protocol (libclient/PROTOCOL.md)
+and a context manager that runs residentd on a temporary socket and database,
+for the end-to-end tests. Written from PROTOCOL.md alone; its only dependency
+is PyPI msgpack.
+
+Environment: RESIDENT_BUILDDIR (where residentd and resident-model are),
+RESIDENT_DAEMON (another residentd, e.g. an ASan build), RESIDENT_E2E_VERBOSE
+(print the daemon's log at the end).
+"""
+import collections
+import os
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+try:
+    import msgpack
+except ImportError:  # pragma: no cover
+    msgpack = None
+
+SKIP = 77
+
+
+class Skip(Exception):
+    """Raised to skip a test (exit 77) with a reason."""
+
+
+class ProtoError(Exception):
+    """An `error` reply: .code is the stable code, .reply the whole map."""
+
+    def __init__(self, reply):
+        self.reply = reply
+        self.code = reply.get("code")
+        super().__init__("%s: %s" % (self.code, reply.get("message")))
+
+
+class Closed(Exception):
+    """The daemon closed the connection."""
+
+
+def frame(obj):
+    """One frame: 4-byte big-endian length, then one msgpack map."""
+    body = msgpack.packb(obj, use_bin_type=True)
+    return struct.pack(">I", len(body)) + body
+
+
+def raw_frame(body):
+    return struct.pack(">I", len(body)) + body
+
+
+# --------------------------------------------------------------------------
+# the client
+
+class Client:
+    """One connection. Replies are read by `next(id)`, which routes every
+    frame it reads to the queue of its request id, so that many requests can
+    be in flight and their replies interleave freely."""
+
+    def __init__(self, path, timeout=30.0, hello=None):
+        self.path = path
+        self.timeout = timeout
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # a socket with a timeout is non-blocking underneath: a full listen
+        # backlog gives EAGAIN at once, so connect in blocking mode
+        self.sock.settimeout(None)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.sock.connect(path)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        self.sock.settimeout(timeout)
+        self.unpacker = msgpack.Unpacker(raw=False, strict_map_key=True)
+        self.buf = b""
+        self.queues = collections.defaultdict(collections.deque)
+        self.next_id = 1
+        self.closed = False
+        if hello is not None:
+            self.call("hello", client=hello, version=1)
+
+    def close(self):
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *a):
+        self.close()
+
+    # ---- sending
+    def new_id(self):
+        i = self.next_id
+        self.next_id += 1
+        return i
+
+    def send_raw(self, data):
+        self.sock.sendall(data)
+
+    def send(self, obj):
+        self.sock.sendall(frame(obj))
+
+    def request(self, op, rid=None, **fields):
+        """Sends a request; returns its id."""
+        if rid is None:
+            rid = self.new_id()
+        req = {"id": rid, "op": op}
+        req.update(fields)
+        self.send(req)
+        return rid
+
+    # ---- receiving
+    def _read_frame(self, deadline):
+        """Reads the next whole frame (a dict)."""
+        while True:
+            if len(self.buf) >= 4:
+                n = struct.unpack(">I", self.buf[:4])[0]
+                if len(self.buf) >= 4 + n:
+                    body, self.buf = self.buf[4:4 + n], self.buf[4 + n:]
+                    obj = msgpack.unpackb(body, raw=False)
+                    if not isinstance(obj, dict) or "id" not in obj or "type" not in obj:
+                        raise AssertionError("malformed reply %r" % (obj,))
+                    return obj
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no reply within %.1fs" % self.timeout)
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(1 << 16)
+            except socket.timeout:
+                raise TimeoutError("no reply within %.1fs" % self.timeout)
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                self.closed = True
+                raise Closed("connection closed by the daemon")
+            self.buf += data
+
+    def next(self, rid, timeout=None):
+        """The next reply of request rid (id None: replies to unreadable ids)."""
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while not self.queues[rid]:
+            r = self._read_frame(deadline)
+            self.queues[r["id"]].append(r)
+        return self.queues[rid].popleft()
+
+    def any(self, timeout=None):
+        """The next reply of any request (queued first)."""
+        for k, q in self.queues.items():
+            if q:
+                return q.popleft()
+        return self._read_frame(time.monotonic() + (timeout or self.timeout))
+
+    def result(self, rid, timeout=None):
+        """Waits for rid's result (skipping progress); raises ProtoError."""
+        progress = []
+        while True:
+            r = self.next(rid, timeout)
+            if r["type"] == "progress":
+                progress.append(r)
+                continue
+            if r["type"] == "error":
+                raise ProtoError(r)
+            if r["type"] != "result":
+                raise AssertionError("expected a result, got %r" % (r,))
+            r["_progress"] = progress
+            return r
+
+    def call(self, op, timeout=None, **fields):
+        return self.result(self.request(op, **fields), timeout)
+
+    def error(self, op, timeout=None, **fields):
+        """Sends a request that must fail; returns the error reply."""
+        rid = self.request(op, **fields)
+        r = self.next(rid, timeout)
+        if r["type"] != "error":
+            raise AssertionError("%s %r: expected an error, got %r" % (op, fields, r))
+        return r
+
+    # ---- generate
+    def start_generate(self, rid=None, **fields):
+        return self.request("generate", rid=rid, **fields)
+
+    def collect(self, rid, timeout=None):
+        """Reads rid's replies to its end: returns a Gen; raises ProtoError."""
+        g = Gen(rid)
+        while True:
+            r = self.next(rid, timeout)
+            t = r["type"]
+            if t == "token":
+                g.tokens.append(r)
+            elif t == "done":
+                g.done = r
+                return g
+            elif t == "error":
+                raise ProtoError(r)
+            else:
+                raise AssertionError("unexpected reply to generate: %r" % (r,))
+
+    def generate(self, timeout=None, **fields):
+        return self.collect(self.start_generate(**fields), timeout)
+
+
+class Gen:
+    """What one generate returned."""
+
+    def __init__(self, rid):
+        self.id = rid
+        self.tokens = []
+        self.done = None
+
+    @property
+    def text(self):
+        if self.done is not None and "text" in self.done:
+            return self.done["text"]
+        return "".join(t["text"] for t in self.tokens)
+
+    @property
+    def ids(self):
+        return [t["token"] for t in self.tokens]
+
+    @property
+    def finish(self):
+        return self.done["finish"]
+
+    @property
+    def usage(self):
+        return self.done["usage"]
+
+
+# --------------------------------------------------------------------------
+# the daemon
+
+_live = []
+
+
+def builddir():
+    return os.environ.get("RESIDENT_BUILDDIR") or os.path.abspath(
+        os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+def tool(name):
+    p = os.path.join(builddir(), name)
+    if not os.access(p, os.X_OK):
+        raise Skip("%s not built (set RESIDENT_BUILDDIR)" % p)
+    return p
+
+
+def daemon_path():
+    p = os.environ.get("RESIDENT_DAEMON") or os.path.join(builddir(), "residentd")
+    if not os.access(p, os.X_OK):
+        raise Skip("%s not built (set RESIDENT_BUILDDIR or RESIDENT_DAEMON)" % p)
+    return p
+
+
+def gen_model(path, seed=1, shape="tiny", qtype="q8_0"):
+    subprocess.run([tool("resident-model"), "gen", shape, path, "--type", qtype, "--quiet",
+                    "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)
+    return path
+
+
+class Daemon:
+    """residentd on a temporary socket and database.
+
+        with Daemon(extra=["--ctx", "64"]) as d:
+            c = d.client()
+
+    `stop()` sends SIGTERM and asserts exit status 0; `kill9()` crashes it;
+    `start()` again restarts it on the same database (and model)."""
+
+    def __init__(self, extra=(), seed=1, model=None, tmp=None, db=None, threads=None,
+                 sock_name="sock"):
+        if msgpack is None:
+            raise Skip("PyPI msgpack is not installed")
+        daemon_path()
+        if model is None:
+            tool("resident-model")
+        self.own_tmp = tmp is None
+        self.tmp = tmp or tempfile.mkdtemp(prefix="rsd-e2e-")
+        try:
+            self.model = model or gen_model(os.path.join(self.tmp, "tiny.gguf"), seed)
+        except BaseException:
+            if self.own_tmp:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+        self.sock = os.path.join(self.tmp, sock_name)
+        self.db = db or os.path.join(self.tmp, "resident.db")
+        self.extra = list(extra)
+        self.threads = threads
+        self.proc = None
+        self.logs = []
+        self.n_starts = 0
+
+    def argv(self):
+        a = [daemon_path(), "-m", self.model, "-s", self.sock, "--db", self.db]
+        if self.threads:
+            a += ["-t", str(self.threads)]
+        return a + self.extra
+
+    def start(self, timeout=60):
+        self.n_starts += 1
+        log = os.path.join(self.tmp, "daemon.%d.log" % self.n_starts)
+        self.logs.append(log)
+        env = dict(os.environ)
+        env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
+        self.logf = open(log, "wb")
+        self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=self.logf,
+                                     stderr=subprocess.STDOUT, env=env)
+        _live.append(self)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError("residentd exited with %d while starting:\n%s" %
+                                     (self.proc.returncode, self.log_text()))
+            try:
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                s.connect(self.sock)
+                s.close()
+                return self
+            except OSError:
+                s.close()
+            if time.monotonic() > deadline:
+                raise AssertionError("residentd did not listen within %ds" % timeout)
+            time.sleep(0.02)
+
+    def log_text(self, which=-1):
+        try:
+            with open(self.logs[which], "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except (OSError, IndexError):
+            return ""
+
+    def client(self, **kw):
+        return Client(self.sock, **kw)
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout=20):
+        """SIGTERM; asserts that it stops by itself with status 0."""
+        p, self.proc = self.proc, None
+        if p is None:
+            return None
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            raise AssertionError("residentd did not stop within %ds of SIGTERM" % timeout)
+        finally:
+            self.logf.close()
+            if self in _live:
+                _live.remove(self)
+        if rc != 0:
+            raise AssertionError("residentd exited with status %d:\n%s" % (rc, self.log_text()[-4000:]))
+        return rc
+
+    def kill9(self):
+        p, self.proc = self.proc, None
+        if p is None:
+            return
+        p.kill()
+        p.wait()
+        self.logf.close()
+        if self in _live:
+            _live.remove(self)
+
+    def cleanup(self):
+        if self.proc is not None:
+            self.kill9()
+        if os.environ.get("RESIDENT_E2E_VERBOSE"):
+            for i in range(len(self.logs)):
+                sys.stderr.write("---- %s\n%s" % (self.logs[i], self.log_text(i)))
+        if self.own_tmp and os.environ.get("RESIDENT_E2E_KEEP"):
+            print("kept %s" % self.tmp, flush=True)
+        elif self.own_tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self):
+        try:
+            return self.start()
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def __exit__(self, et, ev, tb):
+        try:
+            if et is None:
+                self.stop()
+        finally:
+            self.cleanup()
+
+
+def _kill_all():
+    for d in list(_live):
+        try:
+            d.kill9()
+        except Exception:
+            pass
+
+
+# --------------------------------------------------------------------------
+# test scaffolding
+
+class Checks:
+    """Soft assertions: a test records every failed check and goes on."""
+
+    def __init__(self):
+        self.failed = []
+        self.n = 0
+
+    def ok(self, cond, what):
+        self.n += 1
+        if not cond:
+            self.failed.append(what)
+            print("FAIL:", what, flush=True)
+        return bool(cond)
+
+    def eq(self, got, want, what):
+        return self.ok(got == want, "%s: got %r, want %r" % (what, got, want))
+
+    def section(self, name):
+        """with checks.section("x"): ...  an exception there is a failure, not the end."""
+        return _Section(self, name)
+
+    def code(self, fn, want, what):
+        """fn() must raise ProtoError with code want."""
+        try:
+            r = fn()
+        except ProtoError as e:
+            return self.eq(e.code, want, what)
+        return self.ok(False, "%s: expected error %s, got %r" % (what, want, r))
+
+
+class _Section:
+    def __init__(self, checks, name):
+        self.c, self.name = checks, name
+
+    def __enter__(self):
+        print("--", self.name, flush=True)
+        return self
+
+    def __exit__(self, et, ev, tb):
+        if et is None:
+            return False
+        if et is Skip:
+            return False
+        self.c.failed.append("%s: %s: %s" % (self.name, et.__name__, ev))
+        print("FAIL: %s raised:" % self.name, flush=True)
+        traceback.print_exception(et, ev, tb)
+        return True
+
+
+def main(fn):
+    """Runs fn(); exits 0 pass, 77 skip (with the reason), 1 fail. fn may
+    return a Checks; daemons left running are killed in any case."""
+    t0 = time.monotonic()
+    try:
+        if msgpack is None:
+            raise Skip("PyPI msgpack is not installed")
+        r = fn()
+        if isinstance(r, Checks) and r.failed:
+            print("%d of %d checks failed:" % (len(r.failed), r.n))
+            for f in r.failed:
+                print("  -", f)
+            rc = 1
+        else:
+            print("PASS (%.1fs)" % (time.monotonic() - t0))
+            rc = 0
+    except Skip as e:
+        print("SKIP:", e)
+        rc = SKIP
+    except BaseException:
+        traceback.print_exc()
+        print("FAIL")
+        rc = 1
+    finally:
+        _kill_all()
+    sys.stdout.flush()
+    sys.exit(rc)
+
+
+def long_prompt(c, n=300, messages=False, model=None, tag="long"):
+    """A prompt (or, with messages, a user message) whose greedy reply on this
+    model runs at least n tokens: a request with it is still running when the
+    test acts on it (cancel, kill, unload). The tiny random models often end a
+    greedy reply early with an end-of-turn token, so this searches."""
+    for i in range(64):
+        text = "%s request number %d" % (tag, i)
+        kw = {"messages": [{"role": "user", "content": text}]} if messages else {"prompt": text}
+        if model is not None:
+            kw["model"] = model
+        if c.generate(max_tokens=n, temperature=0, **kw).finish == "length":
+            return text
+    raise AssertionError("no prompt gives a greedy reply of %d tokens" % n)
+
+
+def status(c):
+    return c.call("status")
+
+
+def wait_for(pred, timeout=5.0, step=0.05):
+    """Polls pred() until true; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v or time.monotonic() > deadline:
+            return v
+        time.sleep(step)

@@ -1,0 +1,364 @@
+"""End-to-end test of the `resident` CLI (and so of libresident) against a real
+residentd: a generated tiny model, a temporary socket and database. Every
+command is run, text and --json output checked (JSON parsed with json.load),
+a session made by `chat` from stdin is resumed, Ctrl-C cancels a generation,
+--start launches a daemon, and the daemon stops on SIGTERM with status 0.
+Automake runs it with RESIDENT_BUILDDIR set (exit 0 pass, 1 fail)."""
+import atexit
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "py"))
+from common import binary, fail  # noqa: E402
+
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+TIMEOUT = 30  # seconds for one CLI command
+
+tmp = tempfile.mkdtemp(prefix="resident-e2e.")
+daemons = []  # Popen objects, or pids of daemons that are not our children
+
+
+def cleanup():
+    """Stops every daemon this test started, then removes the temporary files."""
+    for d in daemons:
+        try:
+            if isinstance(d, int):
+                os.kill(d, signal.SIGKILL)
+            elif d.poll() is None:
+                d.kill()
+                d.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+atexit.register(cleanup)
+# automake's harness or a user may stop the test: still clean up
+for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    signal.signal(sig, lambda s, f: sys.exit(128 + s))
+
+
+def check(cond, what, detail=""):
+    if not cond:
+        fail(f"{what}{': ' + str(detail) if detail else ''}")
+
+
+def resident(*args, stdin=None, sock=None, rc=0):
+    """Runs the CLI; checks its exit status (None: any). Returns (stdout, stderr, status)."""
+    argv = [binary("resident"), "--socket", sock or SOCK, *args]
+    r = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=TIMEOUT,
+                       errors="replace")
+    if rc is not None and r.returncode != rc:
+        fail(f"`resident {' '.join(args)}` exited {r.returncode}, expected {rc}\n"
+             f"stdout: {r.stdout[-2000:]}\nstderr: {r.stderr[-2000:]}")
+    return r.stdout, r.stderr, r.returncode
+
+
+def resident_json(*args, **kw):
+    out, _, _ = resident(*args, "--json", **kw)
+    try:
+        return json.loads(out)
+    except ValueError as e:
+        fail(f"`resident {' '.join(args)} --json` printed no JSON ({e}): {out[:500]!r}")
+
+
+def wait_for_socket(path, proc, what):
+    """Waits until a daemon accepts on path."""
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            fail(f"{what} exited with {proc.returncode}: {open(LOG).read()[-2000:]}")
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.connect(path)
+                return
+        except OSError:
+            time.sleep(0.05)
+    fail(f"{what} did not listen on {path}")
+
+
+def ok(msg):
+    print(f"ok  {msg}", flush=True)
+
+
+SOCK = os.path.join(tmp, "sock")
+DB = os.path.join(tmp, "db.sqlite")
+LOG = os.path.join(tmp, "residentd.log")
+MODEL = os.path.join(tmp, "tiny.gguf")
+
+
+def test_not_running():
+    _, err, _ = resident("status", rc=3)
+    check(f"residentd is not running (no socket at {SOCK})" in err, "no-socket message", err)
+    check("residentd -m MODEL" in err and "systemctl --user start residentd" in err,
+          "the message says how to start it", err)
+    # a socket file nobody listens on (a daemon that died)
+    stale = os.path.join(tmp, "stale")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(stale)
+    _, err, _ = resident("sessions", "list", sock=stale, rc=3)
+    check("nobody listens" in err, "stale-socket message", err)
+    ok("not running: exit 3 with a clear message")
+
+
+def test_usage():
+    out, _, _ = resident("--version")
+    check(out.startswith("resident ") and "protocol 1" in out, "--version", out)
+    out, _, _ = resident("--help")
+    check("sessions fork" in out and "exit status" in out, "--help", out)
+    for args in (["frobnicate"], ["sessions"], ["sessions", "show"], ["sessions", "bogus"],
+                 ["models", "load"], ["run", "--top-k", "many", "hi"], ["run", "--raw",
+                 "--session", "x", "hi"], ["chat", "extra"], ["status", "extra"],
+                 ["sessions", "list", "--limit", "x"]):
+        _, err, _ = resident(*args, rc=2)
+        check(err.startswith("resident: "), f"usage error message of {args}", err)
+    r = subprocess.run([binary("resident")], capture_output=True, timeout=TIMEOUT)
+    check(r.returncode == 2, "no command: exit 2", r)
+    ok("usage errors: exit 2")
+
+
+def test_status():
+    out, _, _ = resident("status")
+    for word in ("residentd", "protocol 1", "tiny", "MODEL", "PID", "resident", "batches"):
+        check(word in out, f"status shows {word}", out)
+    st = resident_json("status")
+    check(st["version"] == 1 and st["uptime_s"] >= 0, "status version, uptime", st)
+    check([m["name"] for m in st["models"]] == ["tiny"], "status models", st)
+    check(st["models"][0]["weights_bytes"] > 0, "status weights_bytes", st)
+    check(any(c["client"] == "resident" and c["pid"] > 0 for c in st["clients"]), "status clients", st)
+    check(set(st["steps"]) >= {"count", "tokens", "max_batch", "mean_batch"}, "status steps", st)
+    check(st["active"] == 0 and st["queued"] == 0, "status idle", st)
+    ok("status, text and JSON")
+
+
+def test_models():
+    out, _, _ = resident("models", "list")
+    check(re.search(r"^tiny\s+yes\s+\*\s+cpu\s+llama", out, re.M), "models list row", out)
+    ms = resident_json("models", "list")["models"]
+    check(len(ms) == 1 and ms[0]["name"] == "tiny" and ms[0]["loaded"] and ms[0]["default"]
+          and ms[0]["path"] == MODEL, "models list JSON", ms)
+    out, _, _ = resident("models", "unload", "tiny")
+    check(out == "", "unload prints nothing", out)
+    check(not resident_json("models", "list")["models"][0]["loaded"], "unloaded")
+    out, err, _ = resident("models", "load", "tiny")
+    check(out.startswith("loaded tiny (llama, "), "load message", out)
+    check(resident_json("models", "list")["models"][0]["loaded"], "loaded again")
+    m = resident_json("models", "load", MODEL)["model"]       # by path
+    check(m["name"] == "tiny" and m["loaded"], "load by path, JSON", m)
+    check(resident_json("models", "unload", "tiny") == {}, "unload JSON is {}")
+    resident("models", "load", "tiny")
+    _, err, _ = resident("models", "load", "no-such-model", rc=1)
+    check("not_found" in err, "loading an unknown model", err)
+    _, err, _ = resident("models", "unload", "no-such-model", rc=1)
+    check("not_found" in err, "unloading an unknown model", err)
+    ok("models list / load / unload")
+
+
+def test_run():
+    out, _, _ = resident("run", "--raw", "-t", "0", "-n", "12", "1 2 3")
+    again, _, _ = resident("run", "--raw", "--temperature", "0", "--max-tokens", "12", "1", "2", "3")
+    check(out == again and out.endswith("\n") and len(out) > 1, "greedy run is repeatable", (out, again))
+    d = resident_json("run", "--raw", "-t", "0", "-n", "12", "1 2 3")
+    check(d["finish"] in ("stop", "length") and d["usage"]["generated_tokens"] <= 12, "done JSON", d)
+    check(out in (d["text"], d["text"] + "\n"), "streamed text equals done's text", (out, d["text"]))
+    u = d["usage"]
+    check(u["prompt_tokens"] > 0 and u["ttft_ms"] > 0 and "cached_tokens" in u and "tokens_per_s" in u,
+          "usage fields", u)
+    # seeded sampling is repeatable; the prompt may come from stdin
+    a = resident_json("run", "--seed", "42", "-n", "8", "--top-k", "20", "--top-p", "0.9", "--min-p", "0.01",
+                      "--repeat-penalty", "1.1", "-", stdin="tell me something")
+    b = resident_json("run", "--seed", "42", "-n", "8", "--top-k", "20", "--top-p", "0.9", "--min-p", "0.01",
+                      "--repeat-penalty", "1.1", stdin="tell me something")
+    check(a["text"] == b["text"] and a["usage"]["generated_tokens"] <= 8, "seeded run", (a, b))
+    # --stop: cut a known greedy output before a piece of it
+    long = resident_json("run", "--raw", "-t", "0", "-n", "40", "1 2 3")["text"]
+    m = re.search(r"[a-z]{3}", long[2:])
+    check(m is not None, "a word to stop at in the greedy output", long)
+    cut = resident_json("run", "--raw", "-t", "0", "-n", "40", "--stop", m.group(0), "--stop", "zzzq",
+                        "1 2 3")
+    check(cut["finish"] == "stop" and cut["text"] == long[:long.index(m.group(0))], "--stop",
+          (m.group(0), long, cut))
+    # -v prints the usage on stderr; --system with a chat message
+    _, err, _ = resident("run", "-v", "-n", "3", "--system", "be brief", "hi")
+    check(re.search(r"\[(stop|length)\] \d+ prompt tokens \(\d+ cached\), \d+ generated", err), "-v", err)
+    # the daemon refuses bad values: exit 1 with its code
+    _, err, _ = resident("run", "--top-p", "5", "hi", rc=1)
+    check("invalid_param" in err, "invalid top_p", err)
+    _, err, _ = resident("run", "--model", "nope", "hi", rc=1)
+    check("not_found" in err, "unknown model", err)
+    ok("run: streaming, --json, --raw, sampling options, --stop, errors")
+
+
+def test_run_cancel():
+    """Ctrl-C during `run` cancels the generation: exit 130, the done says cancel."""
+    p = subprocess.Popen([binary("resident"), "--socket", SOCK, "run", "--raw", "-t", "0", "-n", "2000",
+                          "-v", "once upon a time"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = p.stdout.read(1)               # generation has started
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=TIMEOUT)
+    check(first and p.returncode == 130, "run exits 130 after Ctrl-C", (p.returncode, err))
+    check(b"[cancel]" in err, "the generation ended as cancelled", err)
+    st = resident_json("status")
+    check(st["active"] == 0, "nothing left running after the cancel", st)
+    ok("run: Ctrl-C cancels")
+
+
+CHAT_INPUT = 'first message\nsecond \\\nline\n\n"""\nblock line 1\n\nblock line 2\n"""\n'
+
+
+def test_chat():
+    """A chat from stdin makes a session; it is then resumed. Returns its id."""
+    out, err, _ = resident("chat", "-n", "4", "--seed", "3", "--system", "You are terse.", stdin=CHAT_INPUT)
+    m = re.search(r"new session (" + UUID.pattern + r")", err)
+    check(m and f"resident chat --session {m.group(1)}" in err, "chat prints the new session id", err)
+    sid = m.group(1)
+    got = resident_json("sessions", "show", sid)
+    s, turns = got["session"], got["turns"]
+    check(s["system"] == "You are terse." and s["title"] == "first message", "chat session fields", s)
+    check([t["role"] for t in turns] == ["user", "assistant"] * 3, "three exchanges", turns)
+    check([t["content"] for t in turns[::2]] == ["first message", "second \nline",
+                                                 "block line 1\n\nblock line 2"],
+          "backslash continuation and \"\"\" blocks", turns)
+    check(all(t["tokens"] > 0 for t in turns), "turn token counts", turns)
+    for t in turns[1::2]:
+        check(t["content"].strip()[:5] in out, "the replies were printed", (t["content"], out))
+    # resume: the last turns are shown, the new exchange is appended
+    out, err, _ = resident("chat", "--session", sid, "-n", "4", stdin="third\n")
+    check(f"session {sid}: first message" in err, "resume header", err)
+    check("user: first message" in out and "user: block line 1" in out, "resume shows the last turns", out)
+    turns = resident_json("sessions", "show", sid)["turns"]
+    check(len(turns) == 8 and turns[6]["content"] == "third", "resumed turn appended", turns)
+    # the same session continues through `run --session`
+    d = resident_json("run", "--session", sid, "-n", "3", stdin="fourth")
+    check(d["session"] == sid and d["usage"]["cached_tokens"] > 0, "run --session reuses the cache", d)
+    check(resident_json("sessions", "show", sid)["session"]["turns"] == 10, "run --session appends")
+    _, err, _ = resident("chat", "--session", "00000000-0000-4000-8000-000000000000", stdin="", rc=1)
+    check("not_found" in err, "resuming an unknown session", err)
+    ok("chat: session from stdin, multi-line input, resume, run --session")
+    return sid
+
+
+def test_chat_cancel():
+    """Ctrl-C while a reply streams cancels that turn only; the chat goes on."""
+    p = subprocess.Popen([binary("resident"), "--socket", SOCK, "chat", "-t", "0", "-n", "1000"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdin.write(b"abc\n")
+    p.stdin.flush()
+    first = p.stdout.read(1)
+    p.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    out, err = p.communicate(b"after\n", timeout=TIMEOUT)
+    check(first and p.returncode == 0, "chat survives Ctrl-C", (p.returncode, err))
+    check(b"[cancelled" in err, "the turn was cancelled", err)
+    sid = UUID.search(err.decode()).group(0)
+    turns = resident_json("sessions", "show", sid)["turns"]
+    check([t["content"] for t in turns[::2]] == ["after"], "the cancelled turn is not kept", turns)
+    ok("chat: Ctrl-C cancels a reply, not the chat")
+
+
+def test_sessions(sid):
+    out, _, _ = resident("sessions", "list")
+    check(out.startswith("SESSION") and sid in out and "first message" in out, "sessions list", out)
+    ss = resident_json("sessions", "list")["sessions"]
+    mine = [s for s in ss if s["session"] == sid]
+    check(len(mine) == 1 and mine[0]["turns"] == 10 and mine[0]["model"] == "tiny", "list JSON", ss)
+    check(len(resident_json("sessions", "list", "--limit", "1")["sessions"]) == 1, "--limit")
+    check(len(resident_json("sessions", "list", "--offset", "1000")["sessions"]) == 0, "--offset")
+    out, _, _ = resident("sessions", "show", sid)
+    check(f"session  {sid}" in out and "system   You are terse." in out and "assistant: " in out,
+          "sessions show", out)
+    # fork: prints the new id; with and without a title
+    out, _, _ = resident("sessions", "fork", sid, "my fork")
+    fork = out.strip()
+    check(UUID.fullmatch(fork) and fork != sid, "fork prints the new id", out)
+    f = resident_json("sessions", "show", fork)
+    check(f["session"]["title"] == "my fork" and len(f["turns"]) == 10, "the fork has the history", f)
+    f2 = resident_json("sessions", "fork", fork)["session"]
+    check(f2["title"] == "my fork (fork)", "default fork title", f2)
+    # rename
+    out, _, _ = resident("sessions", "rename", fork, "renamed fork")
+    check(out.strip() == f"{fork}  renamed fork", "rename output", out)
+    check(resident_json("sessions", "rename", f2["session"], "r2")["session"]["title"] == "r2", "rename JSON")
+    # rm
+    out, _, _ = resident("sessions", "rm", fork)
+    check(out == "", "rm prints nothing", out)
+    check(resident_json("sessions", "rm", f2["session"]) == {}, "rm JSON is {}")
+    _, err, _ = resident("sessions", "show", fork, rc=1)
+    check("not_found" in err, "a removed session is gone", err)
+    _, err, _ = resident("sessions", "rm", fork, rc=1)
+    check("not_found" in err, "removing twice", err)
+    _, err, _ = resident("sessions", "show", "not-a-uuid", rc=1)
+    check("invalid_param" in err, "a malformed uuid", err)
+    check(sid in [s["session"] for s in resident_json("sessions", "list")["sessions"]], "the original stays")
+    ok("sessions list / show / fork / rename / rm")
+
+
+def test_start_daemon():
+    """--start runs $RESIDENT_DAEMON -s SOCKET when nobody listens."""
+    sock2, pidfile = os.path.join(tmp, "sock2"), os.path.join(tmp, "pid2")
+    wrapper = os.path.join(tmp, "start-residentd")
+    with open(wrapper, "w") as f:
+        f.write(f"#!/bin/sh\necho $$ > '{pidfile}'\n"
+                f"exec '{binary('residentd')}' -m '{MODEL}' --db '{tmp}/db2.sqlite' -t 1 \"$@\"\n")
+    os.chmod(wrapper, 0o755)
+    env = dict(os.environ, RESIDENT_DAEMON=wrapper)
+    r = subprocess.run([binary("resident"), "--socket", sock2, "--start", "models", "list", "--json"],
+                       capture_output=True, text=True, env=env, timeout=TIMEOUT)
+    if os.path.exists(pidfile):
+        daemons.append(int(open(pidfile).read()))
+    check(r.returncode == 0 and json.loads(r.stdout)["models"][0]["name"] == "tiny", "--start", r)
+    pid = daemons[-1]
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.time() + 10
+    while time.time() < deadline and os.path.exists(f"/proc/{pid}") and \
+            "zombie" not in open(f"/proc/{pid}/status").read():
+        time.sleep(0.05)
+    check(not os.path.exists(sock2), "the started daemon stopped and removed its socket")
+    ok("--start launches residentd")
+
+
+def test_stop(daemon):
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        rc = daemon.wait(15)
+    except subprocess.TimeoutExpired:
+        fail("residentd did not stop on SIGTERM")
+    check(rc == 0, "residentd exits 0 on SIGTERM", open(LOG).read()[-2000:])
+    check(not os.path.exists(SOCK), "the socket is removed")
+    _, err, _ = resident("status", rc=3)
+    check("residentd is not running" in err, "after the stop: not running", err)
+    ok("SIGTERM stops residentd with status 0")
+
+
+def main():
+    r = subprocess.run([binary("resident-model"), "gen", "tiny", MODEL, "--type", "q8_0", "--quiet"],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, "generating the tiny model", r.stderr)
+    test_not_running()
+    test_usage()
+    with open(LOG, "w") as log:
+        daemon = subprocess.Popen([binary("residentd"), "-m", MODEL, "-s", SOCK, "--db", DB, "-t", "2"],
+                                  stdout=log, stderr=subprocess.STDOUT)
+    daemons.append(daemon)
+    wait_for_socket(SOCK, daemon, "residentd")
+    test_status()
+    test_models()
+    test_run()
+    test_run_cancel()
+    sid = test_chat()
+    test_chat_cancel()
+    test_sessions(sid)
+    test_start_daemon()
+    test_stop(daemon)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""test_concurrent.py: 16 clients at once, each with its own session,
+generate greedily on one model. Every stream must be complete and identical
+to the same request run alone (on a separate, fresh daemon, one request at a
+time), and `status` must show that the daemon batched them
+(steps.max_batch > 1 and steps.mean_batch > 1).
+"""
+import os
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rsd  # noqa: E402
+from rsd import Checks, Daemon  # noqa: E402
+
+N_CLIENTS = 16
+MAX_TOKENS = 32
+TOPICS = ["rivers", "mountains", "the sea", "bread", "clocks", "owls", "trains", "snow", "copper",
+          "jazz", "tea", "bridges", "moths", "glass", "maps", "salt"]
+
+
+def request(i):
+    # different prompts of different lengths, so prefill and decode mix in a step
+    text = "Client %d asks: tell me about %s. " % (i, TOPICS[i]) + "Please. " * (i % 5)
+    return dict(messages=[{"role": "user", "content": text}], max_tokens=MAX_TOKENS, temperature=0,
+                logprobs=True)
+
+
+def run_one(d, i):
+    """One client: its own session and one generate. Returns (text, ids, done, n_token_replies)."""
+    with d.client(timeout=60) as c:
+        c.call("hello", client="concurrent-%d" % i)
+        s = c.call("session.new", title="client %d" % i)["session"]["session"]
+        g = c.generate(session=s, **request(i))
+        return g
+
+
+def main():
+    ck = Checks()
+    tmp = None
+    # 1. each request alone, one after the other, on a fresh daemon
+    with Daemon() as d:
+        tmp = d.tmp
+        alone = [run_one(d, i) for i in range(N_CLIENTS)]
+        st = d.client().call("status")
+        ck.eq(st["steps"]["max_batch"], 1, "run alone: batches of one")
+        model = d.model
+        # 2. all at once on another fresh daemon (same model file), so that its
+        # status counts only the concurrent steps
+        os.makedirs(os.path.join(tmp, "b"))
+        with Daemon(tmp=os.path.join(tmp, "b"), model=model) as d2:
+            results = [None] * N_CLIENTS
+            errors = []
+            barrier = threading.Barrier(N_CLIENTS)
+
+            def worker(i):
+                try:
+                    with d2.client(timeout=120) as c:
+                        c.call("hello", client="concurrent-%d" % i)
+                        s = c.call("session.new", title="client %d" % i)["session"]["session"]
+                        barrier.wait(30)
+                        results[i] = c.generate(session=s, **request(i))
+                except Exception as e:  # noqa: BLE001
+                    errors.append((i, repr(e)))
+                    try:
+                        barrier.abort()
+                    except Exception:  # noqa: BLE001
+                        pass
+
+            threads = [threading.Thread(target=worker, args=(i,)) for i in range(N_CLIENTS)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(180)
+            ck.eq(errors, [], "every client finished without an error")
+            for i in range(N_CLIENTS):
+                a, g = alone[i], results[i]
+                if g is None:
+                    ck.ok(False, "client %d has no result" % i)
+                    continue
+                ck.eq(g.finish, a.finish, "client %d: finish" % i)
+                ck.eq(g.usage["generated_tokens"], len(g.tokens), "client %d: one token reply per token" % i)
+                ck.ok(a.finish != "length" or len(g.tokens) == MAX_TOKENS,
+                      "client %d: a complete stream of %d tokens (got %d)" % (i, MAX_TOKENS, len(g.tokens)))
+                ck.eq(g.ids, a.ids, "client %d: the same tokens as alone" % i)
+                ck.eq(g.text, a.text, "client %d: the same text as alone" % i)
+                ck.eq(g.usage["prompt_tokens"], a.usage["prompt_tokens"], "client %d: prompt tokens" % i)
+                # logprobs agree closely (batched arithmetic may round differently)
+                lp = [abs(x["logprob"] - y["logprob"]) for x, y in zip(g.tokens, a.tokens)]
+                ck.ok(not lp or max(lp) < 1e-2, "client %d: logprobs match alone (max diff %.3g)" %
+                      (i, max(lp) if lp else 0))
+            with d2.client() as c:
+                st = c.call("status")
+                steps = st["steps"]
+                print("   status.steps:", steps)
+                ck.ok(steps["max_batch"] > 1, "steps.max_batch > 1: %r" % steps)
+                ck.ok(steps["mean_batch"] > 1, "steps.mean_batch > 1: %r" % steps)
+                ck.eq((st["active"], st["queued"]), (0, 0), "nothing active at the end")
+                ck.eq(len(c.call("session.list")["sessions"]), N_CLIENTS, "one session per client")
+                # every session holds its committed turn
+                for x in c.call("session.list")["sessions"]:
+                    ck.eq(x["turns"], 2, "session %s has its turn" % x["title"])
+    return ck
+
+
+if __name__ == "__main__":
+    rsd.main(main)

@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""test_isolation.py: a session belongs to the uid that created it.
+
+As root: the daemon is started with --group nogroup (socket 0660), and a
+forked child that setuid()s to another uid (65534) checks that it can neither
+list, get, resume (generate on), rename, fork nor delete root's session: each
+must be `not_found` with the same message as a uuid that does not exist. Its
+own sessions work. Root then checks that its session is untouched and that it
+cannot see the child's. Skipped (77) when not root.
+"""
+import grp
+import json
+import os
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rsd  # noqa: E402
+from rsd import Checks, Daemon, ProtoError, Skip  # noqa: E402
+
+OTHER_UID = 65534
+MISSING = "0badc0de-0000-4000-8000-000000000000"
+
+
+def user(t):
+    return [{"role": "user", "content": t}]
+
+
+def err_of(fn):
+    try:
+        fn()
+    except ProtoError as e:
+        return e.code, e.reply.get("message", "")
+    return ("no error", "")
+
+
+def child(sock, victim, victim_rid_hint):
+    """Runs as OTHER_UID; returns (checks failed, own session uuid)."""
+    ck = Checks()
+    with rsd.Client(sock, timeout=30) as c:
+        ck.eq(c.call("hello", client="intruder")["uid"], OTHER_UID, "the daemon sees the other uid")
+        ck.ok(victim not in [s["session"] for s in c.call("session.list", limit=10000)["sessions"]],
+              "session.list does not show another uid's session")
+        ops = [
+            ("session.get", lambda u: c.call("session.get", session=u)),
+            ("generate (resume)", lambda u: c.generate(session=u, messages=user("let me in"), max_tokens=2)),
+            ("session.rename", lambda u: c.call("session.rename", session=u, title="pwned")),
+            ("session.fork", lambda u: c.call("session.fork", session=u)),
+            ("session.delete", lambda u: c.call("session.delete", session=u)),
+        ]
+        for name, fn in ops:
+            got = err_of(lambda: fn(victim))
+            ref = err_of(lambda: fn(MISSING))
+            ck.eq(got[0], "not_found", "%s of another uid's session" % name)
+            ck.eq(got[1].replace(victim, "<uuid>"), ref[1].replace(MISSING, "<uuid>"),
+                  "%s: the same message as for a missing uuid" % name)
+        ck.code(lambda: c.call("cancel", target=victim_rid_hint), "not_found",
+                "cancel of another client's request id")
+        # its own sessions work
+        mine = c.call("session.new", title="mine")["session"]
+        ck.eq(mine["title"], "mine", "own session.new")
+        g = c.generate(session=mine["session"], messages=user("hello"), max_tokens=3, temperature=0)
+        ck.eq(g.done.get("session"), mine["session"], "own generate")
+        ck.eq(len(c.call("session.get", session=mine["session"])["turns"]), 2, "own session.get")
+        ck.eq(c.call("session.rename", session=mine["session"], title="mine2")["session"]["title"], "mine2",
+              "own rename")
+        f = c.call("session.fork", session=mine["session"])["session"]
+        ck.eq(sorted(s["session"] for s in c.call("session.list")["sessions"]),
+              sorted([mine["session"], f["session"]]), "session.list shows exactly its own sessions")
+        c.call("session.delete", session=f["session"])
+        ck.eq([s["session"] for s in c.call("session.list")["sessions"]], [mine["session"]], "own delete")
+    print("   as uid %d: %d checks, %d failed" % (OTHER_UID, ck.n, len(ck.failed)), flush=True)
+    return ck.failed, mine["session"]
+
+
+def run_child(sock, victim, rid, gid):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            os.setgroups([gid])
+            os.setgid(gid)
+            os.setuid(OTHER_UID)
+            out = child(sock, victim, rid)
+        except BaseException:  # noqa: BLE001
+            out = (["child raised: " + traceback.format_exc()], None)
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while True:
+        b = os.read(r, 65536)
+        if not b:
+            break
+        data += b
+    os.close(r)
+    os.waitpid(pid, 0)
+    return json.loads(data.decode()) if data else (["the child reported nothing"], None)
+
+
+def main():
+    if os.geteuid() != 0:
+        raise Skip("needs root to setuid() to another uid (running as uid %d)" % os.geteuid())
+    try:
+        gid = grp.getgrnam("nogroup").gr_gid
+        gname = "nogroup"
+    except KeyError:
+        raise Skip("no group 'nogroup' to share the socket with")
+    ck = Checks()
+    with Daemon(extra=["--group", gname]) as d:
+        os.chmod(d.tmp, 0o711)  # let the other uid reach the socket inside
+        st = os.stat(d.sock)
+        ck.eq((oct(st.st_mode & 0o777), st.st_gid), (oct(0o660), gid), "--group: socket 0660 of the group")
+        c = d.client()
+        s = c.call("session.new", title="root's secret", system="classified")["session"]["session"]
+        g = c.generate(session=s, messages=user("the launch codes are"), max_tokens=4, temperature=0)
+        before = c.call("session.get", session=s)
+        # a request in flight of root's, to try to cancel from the other uid
+        rid = c.start_generate(prompt=rsd.long_prompt(c, n=1000), max_tokens=1000, temperature=0)
+        failed, theirs = run_child(d.sock, s, rid, gid)
+        ck.eq(c.call("status")["active"], 1, "root's request is still running after the other uid's cancel")
+        c.call("cancel", target=rid)
+        while True:
+            r = c.next(rid)
+            if r["type"] in ("done", "error"):
+                break
+        ck.eq((r["type"], r.get("finish")), ("done", "cancel"), "root cancels its own request")
+        for f in failed:
+            ck.ok(False, "as uid %d: %s" % (OTHER_UID, f))
+        after = c.call("session.get", session=s)
+        ck.eq(after, dict(before, id=after["id"]), "root's session is untouched")
+        ck.eq(g.done.get("session"), s, "root's generate")
+        if theirs:
+            ck.code(lambda: c.call("session.get", session=theirs), "not_found",
+                    "root cannot get the other uid's session either")
+            ck.ok(theirs not in [x["session"] for x in c.call("session.list")["sessions"]],
+                  "root's session.list does not show the other uid's session")
+        c.close()
+    return ck
+
+
+if __name__ == "__main__":
+    rsd.main(main)
