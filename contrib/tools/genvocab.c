@@ -391,7 +391,7 @@ words_build(struct words *w, const char *text, const struct vb *b, const int32_t
 			continue;
 		if (!spm) {
 			for (k = 0; k < l; k++)
-				sym[ns++] = byte_id[(unsigned char)text[i + k]];
+				sym[ns++] = byte_id[(unsigned char)text[i + (size_t)k]];
 			continue;
 		}
 		memcpy(ch, text + i, (size_t)l);
@@ -512,7 +512,7 @@ apply_merge(struct words *w, int32_t a, int32_t b, int32_t id)
  * Greedy BPE training: up to max_new merges of the most frequent pair, each
  * making a new token. The merged pairs go to pair_a/pair_b (for BPE merges).
  */
-static int32_t
+static void
 learn(struct vb *b, struct words *w, int32_t max_new, int32_t *pair_a, int32_t *pair_b)
 {
 	struct pairs p;
@@ -547,7 +547,6 @@ learn(struct vb *b, struct words *w, int32_t max_new, int32_t *pair_a, int32_t *
 	free(ban);
 	free(p.key);
 	free(p.count);
-	return made;
 }
 
 /* ---- random merges ---- */

@@ -8,7 +8,7 @@
  *   resident-model dequant FILE.gguf OUTDIR
  *   resident-model quantize TYPE IN.f32 OUT.bin
  *   resident-model tokenize [--special] [--no-bos] MODEL TEXTFILE
- *   resident-model detokenize MODEL ID...
+ *   resident-model detokenize [--special] MODEL ID...
  *   resident-model vocab FLAVOUR N SEED OUTDIR
  *   resident-model run MODEL PROMPT [options]
  *   resident-model logits MODEL --out FILE.f32 [--chunk N] ID...
@@ -47,7 +47,7 @@ static const struct {
 	{ "dequant", cmd_dequant, "dequant FILE.gguf OUTDIR" },
 	{ "quantize", cmd_quantize, "quantize TYPE IN.f32 OUT.bin" },
 	{ "tokenize", cmd_tokenize, "tokenize [--special] [--no-bos] MODEL TEXTFILE" },
-	{ "detokenize", cmd_detokenize, "detokenize MODEL ID..." },
+	{ "detokenize", cmd_detokenize, "detokenize [--special] MODEL ID..." },
 	{ "vocab", cmd_vocab, "vocab FLAVOUR N SEED OUTDIR" },
 	{ "run", cmd_run, "run MODEL PROMPT [--chat] [--max-tokens N] [--temp T] [--top-k K] [--top-p P] "
 	    "[--min-p P] [--repeat-penalty R] [--seed S] [--stop STR]... [--ids] [--threads N]" },
