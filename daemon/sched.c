@@ -793,33 +793,41 @@ fill_model(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 	pack_model(s, pk, find_model(s, job->req.model));
 }
 
-/* model.load: progress, then the model. */
+/* A progress reply of model.load. */
+static void
+post_progress(struct sched *s, const struct sched_job *job, uint64_t done, uint64_t total)
+{
+	struct sched_event *ev = new_event(job->conn, job->req.id, 0);
+	msgpack_packer pk;
+
+	proto_reply_begin(&ev->frame, &pk, 1, job->req.id, "progress", 2);
+	proto_pack_kv_uint(&pk, "done", done);
+	proto_pack_kv_uint(&pk, "total", total);
+	proto_reply_end(&ev->frame);
+	post(s, ev);
+}
+
+/* model.load: progress before and after the load, then the model. */
 static void
 op_model_load(struct sched *s, struct sched_job *job)
 {
 	struct model_slot *m = find_model(s, job->req.model);
-	struct sched_event *ev;
-	msgpack_packer pk;
 	char err[ERR_LEN];
 	struct stat st;
-	uint64_t total = m && stat(m->path, &st) == 0 ? (uint64_t)st.st_size : 0;
-	int i;
+	uint64_t total;
 
 	if (m == NULL) {
 		post_error(s, job, PE_NOT_FOUND, "no such model (give a name from model.list or a path)");
 		return;
 	}
-	for (i = 0; i < 2 && m->e == NULL; i++) {
-		ev = new_event(job->conn, job->req.id, 0);
-		proto_reply_begin(&ev->frame, &pk, 1, job->req.id, "progress", 2);
-		proto_pack_kv_uint(&pk, "done", i == 0 ? 0 : total);
-		proto_pack_kv_uint(&pk, "total", total);
-		proto_reply_end(&ev->frame);
-		post(s, ev);
-		if (i == 0 && load_model(s, m, err) != 0) {
+	if (m->e == NULL) {
+		total = stat(m->path, &st) == 0 ? (uint64_t)st.st_size : 0;
+		post_progress(s, job, 0, total);
+		if (load_model(s, m, err) != 0) {
 			post_error(s, job, PE_MODEL_ERROR, err);
 			return;
 		}
+		post_progress(s, job, total, total);
 	}
 	post_result(s, job, 1, fill_model, strchr(job->req.model, '/') ? m->path : NULL);
 }

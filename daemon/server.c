@@ -136,10 +136,14 @@ conn_close_after_flush(struct conn *c)
 static void
 conn_send(struct conn *c, msgpack_sbuffer *frame)
 {
+	size_t queued;
+
 	if (c->state == CONN_DEAD)
 		return;
+	/* what was queued before this frame: one large reply is no sign of a slow reader */
+	queued = evbuffer_get_length(bufferevent_get_output(c->bev));
 	bufferevent_write(c->bev, frame->data, frame->size);
-	if (evbuffer_get_length(bufferevent_get_output(c->bev)) > c->srv->o.max_output) {
+	if (queued > c->srv->o.max_output) {
 		log_warn("client %llu (pid %d) reads too slowly; dropping it", (unsigned long long)c->id, (int)c->pid);
 		conn_kill(c);
 	}

@@ -8,6 +8,7 @@ import atexit
 import json
 import os
 import re
+import select
 import shutil
 import signal
 import socket
@@ -83,6 +84,14 @@ def wait_for_socket(path, proc, what):
         except OSError:
             time.sleep(0.05)
     fail(f"{what} did not listen on {path}")
+
+
+def first_output(p):
+    """Waits for the first byte a CLI process writes to stdout (generation has started)."""
+    if not select.select([p.stdout], [], [], TIMEOUT)[0]:
+        p.kill()
+        fail("no output from the generation")
+    return p.stdout.read(1)
 
 
 def ok(msg):
@@ -201,7 +210,7 @@ def test_run_cancel():
     """Ctrl-C during `run` cancels the generation: exit 130, the done says cancel."""
     p = subprocess.Popen([binary("resident"), "--socket", SOCK, "run", "--raw", "-t", "0", "-n", "2000",
                           "-v", "once upon a time"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    first = p.stdout.read(1)               # generation has started
+    first = first_output(p)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=TIMEOUT)
     check(first and p.returncode == 130, "run exits 130 after Ctrl-C", (p.returncode, err))
@@ -252,7 +261,7 @@ def test_chat_cancel():
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     p.stdin.write(b"abc\n")
     p.stdin.flush()
-    first = p.stdout.read(1)
+    first = first_output(p)
     p.send_signal(signal.SIGINT)
     time.sleep(0.3)
     out, err = p.communicate(b"after\n", timeout=TIMEOUT)

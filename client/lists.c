@@ -1,0 +1,379 @@
+/*
+ * lists.c: `resident sessions`, `resident models` and `resident status`:
+ * one request each, printed as a table or, with --json, as the daemon's
+ * result in JSON.
+ */
+#include "config.h"
+#include "cli.h"
+
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { O_JSON = 256, O_SOCKET, O_LIMIT, O_OFFSET };
+
+/*
+ * Parses the options every listing command takes. Afterwards the
+ * positional arguments are argv[optind..argc). Returns 0 or EXIT_USAGE.
+ */
+static int
+list_opts(struct cli *cli, int argc, char **argv, uint64_t *limit, uint64_t *offset)
+{
+	static const struct option lo[] = {
+		{ "json", no_argument, NULL, O_JSON }, { "socket", required_argument, NULL, O_SOCKET },
+		{ "limit", required_argument, NULL, O_LIMIT }, { "offset", required_argument, NULL, O_OFFSET },
+		{ NULL, 0, NULL, 0 },
+	};
+	int c;
+
+	optind = 0;
+	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+		switch (c) {
+		case O_JSON: cli->json = 1; break;
+		case O_SOCKET: cli->socket = optarg; break;
+		case O_LIMIT:
+		case O_OFFSET:
+			if (limit == NULL || cli_parse_uint(optarg, c == O_LIMIT ? limit : offset) != 0)
+				return cli_usage_error("%s: bad --%s", argv[0], c == O_LIMIT ? "limit" : "offset");
+			break;
+		default:
+			return cli_usage_error("%s: unknown option", argv[0]);
+		}
+	}
+	return 0;
+}
+
+/* Checks the count of positional arguments of a subcommand (argv[optind] is its name). */
+static int
+want_args(int argc, char **argv, int min, int max, const char *synopsis)
+{
+	int n = argc - optind - 1;
+
+	if (n < min || n > max)
+		return cli_usage_error("usage: resident %s %s", argv[0], synopsis);
+	return 0;
+}
+
+/* ---- sessions ---- */
+
+/* Prints the sessions of a session.list result as a table. */
+static void
+print_sessions(const rs_value *list)
+{
+	struct table *t = table_new(6, "SESSION", "UPDATED", "TURNS", "TOKENS", "MODEL", "TITLE");
+	char when[32], turns[24], tokens[24];
+	size_t i;
+
+	for (i = 0; i < rs_len(list); i++) {
+		const rs_value *s = rs_at(list, i);
+
+		snprintf(turns, sizeof turns, "%llu", (unsigned long long)rs_uint(rs_get(s, "turns")));
+		snprintf(tokens, sizeof tokens, "%llu", (unsigned long long)rs_uint(rs_get(s, "tokens")));
+		table_add(t, cli_str(s, "session"), cli_time(rs_uint(rs_get(s, "updated")), when), turns,
+		    tokens, cli_str(s, "model"), cli_str(s, "title"));
+	}
+	table_print(t, stdout);
+	table_free(t);
+}
+
+void
+cli_print_turns(const rs_value *turns, size_t last)
+{
+	size_t i, n = rs_len(turns), from = last && n > last ? n - last : 0;
+	const char *text;
+
+	if (from > 0)
+		printf("(%zu earlier turns)\n\n", from);
+	for (i = from; i < n; i++) {
+		text = cli_str(rs_at(turns, i), "content");
+		printf("%s: %s%s\n", cli_str(rs_at(turns, i), "role"), text,
+		    text[0] && text[strlen(text) - 1] == '\n' ? "" : "\n");
+	}
+	fflush(stdout);
+}
+
+/* A session.get result: the session's fields, then its turns. */
+static void
+print_session(const rs_value *r)
+{
+	const rs_value *s = rs_get(r, "session");
+	char a[32], b[32];
+
+	printf("session  %s\n", cli_str(s, "session"));
+	printf("title    %s\n", cli_str(s, "title"));
+	printf("model    %s\n", cli_str(s, "model"));
+	if (cli_str(s, "system")[0])
+		printf("system   %s\n", cli_str(s, "system"));
+	printf("created  %s\n", cli_time(rs_uint(rs_get(s, "created")), a));
+	printf("updated  %s\n", cli_time(rs_uint(rs_get(s, "updated")), b));
+	printf("tokens   %llu in %llu turns\n\n", (unsigned long long)rs_uint(rs_get(s, "tokens")),
+	    (unsigned long long)rs_uint(rs_get(s, "turns")));
+	cli_print_turns(rs_get(r, "turns"), 0);
+}
+
+/* The subcommands of `sessions`, with their argument counts. */
+static const struct subcmd {
+	const char *name, *alias, *synopsis;
+	int min, max;
+} session_subs[] = {
+	{ "list", "ls", "list [--limit N] [--offset N]", 0, 0 },
+	{ "show", NULL, "show UUID", 1, 1 },
+	{ "rm", "delete", "rm UUID", 1, 1 },
+	{ "rename", NULL, "rename UUID TITLE", 2, 2 },
+	{ "fork", NULL, "fork UUID [TITLE]", 1, 2 },
+}, model_subs[] = {
+	{ "list", "ls", "list", 0, 0 },
+	{ "load", NULL, "load NAME_OR_PATH", 1, 1 },
+	{ "unload", NULL, "unload NAME", 1, 1 },
+};
+
+/*
+ * Finds the subcommand at argv[optind] and checks its arguments. Returns
+ * it, or NULL after printing a usage error.
+ */
+static const struct subcmd *
+find_sub(const struct subcmd *subs, size_t n, int argc, char **argv)
+{
+	const char *name = optind < argc ? argv[optind] : NULL;
+	size_t i;
+
+	for (i = 0; name != NULL && i < n; i++) {
+		if (strcmp(name, subs[i].name) != 0 && (subs[i].alias == NULL || strcmp(name, subs[i].alias) != 0))
+			continue;
+		if (want_args(argc, argv, subs[i].min, subs[i].max, subs[i].synopsis) != 0)
+			return NULL;
+		return &subs[i];
+	}
+	if (name == NULL)
+		cli_usage_error("usage: resident %s COMMAND ...", argv[0]);
+	else
+		cli_usage_error("%s: unknown command '%s'", argv[0], name);
+	return NULL;
+}
+
+int
+cmd_sessions(struct cli *cli, int argc, char **argv)
+{
+	const struct subcmd *sub;
+	uint64_t limit = 0, offset = 0;
+	const char *uuid;
+	rs_value *out = NULL;
+	rs_status st;
+	int rc;
+
+	if ((rc = list_opts(cli, argc, argv, &limit, &offset)) != 0)
+		return rc;
+	if ((sub = find_sub(session_subs, sizeof session_subs / sizeof *session_subs, argc, argv)) == NULL)
+		return EXIT_USAGE;
+	if (limit > 10000 || offset > INT32_MAX)
+		return cli_usage_error("sessions: --limit is at most 10000, --offset at most %d", INT32_MAX);
+	if ((rc = cli_connect(cli)) != EXIT_OK)
+		return rc;
+
+	uuid = argv[optind + 1];
+	switch (sub - session_subs) {
+	case 0: st = rs_session_list(cli->c, (unsigned)limit, (unsigned)offset, &out); break;
+	case 1: st = rs_session_get(cli->c, uuid, &out); break;
+	case 2: st = rs_session_delete(cli->c, uuid); break;
+	case 3: st = rs_session_rename(cli->c, uuid, argv[optind + 2], &out); break;
+	default: st = rs_session_fork(cli->c, uuid, optind + 2 < argc ? argv[optind + 2] : NULL, &out); break;
+	}
+	if (st != RS_OK)
+		return cli_fail(cli, st, sub->name);
+
+	if (cli->json) {
+		out ? cli_print_json(out) : cli_print_json_new(json_object());
+	} else {
+		switch (sub - session_subs) {
+		case 0: print_sessions(rs_get(out, "sessions")); break;
+		case 1: print_session(out); break;
+		case 3:
+			printf("%s  %s\n", cli_str(rs_get(out, "session"), "session"),
+			    cli_str(rs_get(out, "session"), "title"));
+			break;
+		case 4: printf("%s\n", cli_str(rs_get(out, "session"), "session")); break;
+		}
+	}
+	rs_value_free(out);
+	return EXIT_OK;
+}
+
+/* ---- models ---- */
+
+static void
+print_models(const rs_value *list)
+{
+	struct table *t = table_new(7, "NAME", "LOADED", "DEFAULT", "DEVICE", "ARCH", "SIZE", "PATH");
+	char size[32];
+	size_t i;
+
+	for (i = 0; i < rs_len(list); i++) {
+		const rs_value *m = rs_at(list, i);
+
+		table_add(t, cli_str(m, "name"), rs_bool(rs_get(m, "loaded")) ? "yes" : "no",
+		    rs_bool(rs_get(m, "default")) ? "*" : "", cli_str(m, "device")[0] ? cli_str(m, "device") : "-",
+		    cli_str(m, "arch")[0] ? cli_str(m, "arch") : "-",
+		    rs_get(m, "size") ? cli_size(rs_uint(rs_get(m, "size")), size) : "-", cli_str(m, "path"));
+	}
+	table_print(t, stdout);
+	table_free(t);
+}
+
+/* What the progress bar needs between replies. */
+struct bar {
+	const char *name;
+	int shown;
+};
+
+/* Draws "loading NAME [#####-----]  45%  12.0 MiB / 27.0 MiB" on stderr. */
+static void
+draw_bar(struct bar *b, uint64_t done, uint64_t total)
+{
+	char d[32], t[32], cells[31];
+	int pct = total ? (int)(done * 100 / total) : 0, i, fill = pct * 30 / 100;
+
+	for (i = 0; i < 30; i++)
+		cells[i] = i < fill ? '#' : '-';
+	cells[30] = '\0';
+	fprintf(stderr, "\rloading %s [%s] %3d%%  %s / %s ", b->name, cells, pct, cli_size(done, d),
+	    cli_size(total, t));
+	b->shown = 1;
+}
+
+static void
+progress_cb(uint64_t done, uint64_t total, void *user)
+{
+	struct bar *b = user;
+
+	if (b != NULL)
+		draw_bar(b, done > total ? total : done, total);
+}
+
+int
+cmd_models(struct cli *cli, int argc, char **argv)
+{
+	const struct subcmd *sub;
+	struct bar bar = { 0 };
+	rs_value *out = NULL;
+	const rs_value *m;
+	rs_status st;
+	char size[32];
+	int rc;
+
+	if ((rc = list_opts(cli, argc, argv, NULL, NULL)) != 0)
+		return rc;
+	if ((sub = find_sub(model_subs, sizeof model_subs / sizeof *model_subs, argc, argv)) == NULL)
+		return EXIT_USAGE;
+	if ((rc = cli_connect(cli)) != EXIT_OK)
+		return rc;
+
+	switch (sub - model_subs) {
+	case 0:
+		st = rs_model_list(cli->c, &out);
+		break;
+	case 1:
+		bar.name = argv[optind + 1];
+		st = rs_model_load(cli->c, bar.name, progress_cb, isatty(2) ? &bar : NULL, &out);
+		if (bar.shown && st == RS_OK) {     /* the bar ends full */
+			m = rs_get(out, "model");
+			draw_bar(&bar, rs_uint(rs_get(m, "size")), rs_uint(rs_get(m, "size")));
+		}
+		if (bar.shown)
+			fputc('\n', stderr);
+		break;
+	default:
+		st = rs_model_unload(cli->c, argv[optind + 1]);
+		break;
+	}
+	if (st != RS_OK)
+		return cli_fail(cli, st, sub->name);
+
+	if (cli->json) {
+		out ? cli_print_json(out) : cli_print_json_new(json_object());
+	} else if (sub == &model_subs[0]) {
+		print_models(rs_get(out, "models"));
+	} else if (sub == &model_subs[1]) {
+		m = rs_get(out, "model");
+		printf("loaded %s (%s, %s, %s)\n", cli_str(m, "name"), cli_str(m, "arch"),
+		    cli_size(rs_uint(rs_get(m, "size")), size), cli_str(m, "device"));
+	}
+	rs_value_free(out);
+	return EXIT_OK;
+}
+
+/* ---- status ---- */
+
+static void
+print_status(const rs_value *hello, const rs_value *s)
+{
+	const rs_value *models = rs_get(s, "models"), *clients = rs_get(s, "clients"), *steps = rs_get(s, "steps");
+	char up[32], w[32], kv[64], a[24], q[24];
+	struct table *t;
+	size_t i;
+
+	printf("%s, protocol %llu, up %s\n", cli_str(hello, "server"),
+	    (unsigned long long)rs_uint(rs_get(s, "version")), cli_duration(rs_float(rs_get(s, "uptime_s")), up));
+	printf("sequences  %llu active, %llu queued\n", (unsigned long long)rs_uint(rs_get(s, "active")),
+	    (unsigned long long)rs_uint(rs_get(s, "queued")));
+	printf("batches    %llu steps, %llu tokens, largest %llu sequences, mean %.2f\n",
+	    (unsigned long long)rs_uint(rs_get(steps, "count")), (unsigned long long)rs_uint(rs_get(steps, "tokens")),
+	    (unsigned long long)rs_uint(rs_get(steps, "max_batch")), rs_float(rs_get(steps, "mean_batch")));
+
+	printf("\n");
+	t = table_new(7, "MODEL", "DEVICE", "WEIGHTS", "KV CACHE", "KV BLOCKS FREE", "ACTIVE", "QUEUED");
+	for (i = 0; i < rs_len(models); i++) {
+		const rs_value *m = rs_at(models, i);
+		char blocks[48];
+
+		if (rs_get(m, "kv_blocks") != NULL)
+			snprintf(blocks, sizeof blocks, "%llu / %llu", (unsigned long long)rs_uint(rs_get(m, "kv_free_blocks")),
+			    (unsigned long long)rs_uint(rs_get(m, "kv_blocks")));
+		else
+			snprintf(blocks, sizeof blocks, "%llu", (unsigned long long)rs_uint(rs_get(m, "kv_free_blocks")));
+		snprintf(a, sizeof a, "%llu", (unsigned long long)rs_uint(rs_get(m, "active")));
+		snprintf(q, sizeof q, "%llu", (unsigned long long)rs_uint(rs_get(m, "queued")));
+		table_add(t, cli_str(m, "name"), cli_str(m, "device")[0] ? cli_str(m, "device") : "(unloaded)",
+		    cli_size(rs_uint(rs_get(m, "weights_bytes")), w),
+		    rs_get(m, "kv_bytes") ? cli_size(rs_uint(rs_get(m, "kv_bytes")), kv) : "-", blocks, a, q);
+	}
+	table_print(t, stdout);
+	table_free(t);
+
+	printf("\n");
+	t = table_new(4, "PID", "UID", "CLIENT", "REQUESTS");
+	for (i = 0; i < rs_len(clients); i++) {
+		const rs_value *c = rs_at(clients, i);
+		char pid[24], uid[24];
+
+		snprintf(pid, sizeof pid, "%llu", (unsigned long long)rs_uint(rs_get(c, "pid")));
+		snprintf(uid, sizeof uid, "%llu", (unsigned long long)rs_uint(rs_get(c, "uid")));
+		snprintf(a, sizeof a, "%llu", (unsigned long long)rs_uint(rs_get(c, "requests")));
+		table_add(t, pid, uid, cli_str(c, "client")[0] ? cli_str(c, "client") : "-", a);
+	}
+	table_print(t, stdout);
+	table_free(t);
+}
+
+int
+cmd_status(struct cli *cli, int argc, char **argv)
+{
+	rs_value *out;
+	rs_status st;
+	int rc;
+
+	if ((rc = list_opts(cli, argc, argv, NULL, NULL)) != 0)
+		return rc;
+	if (optind < argc)
+		return cli_usage_error("usage: resident status [--json]");
+	if ((rc = cli_connect(cli)) != EXIT_OK)
+		return rc;
+	if ((st = rs_server_status(cli->c, &out)) != RS_OK)
+		return cli_fail(cli, st, "status");
+	if (cli->json)
+		cli_print_json(out);
+	else
+		print_status(cli->hello, out);
+	rs_value_free(out);
+	return EXIT_OK;
+}
