@@ -542,9 +542,11 @@ turn_rows(struct gen *g, struct sched_event *ev)
 	t[i].n_tokens = n_gen + (int32_t)n_close;
 	t[i].tokens = xmalloc((size_t)MAX(t[i].n_tokens, 1) * sizeof(int32_t));
 	memcpy(t[i].tokens, q->tokens + g->n_prompt, (size_t)n_gen * sizeof(int32_t));
-	memcpy(t[i].tokens + n_gen, close_ids, n_close * sizeof(int32_t));
-	if (g->res != NULL)
-		engine_seq_append(q, close_ids, (int32_t)n_close);
+	if (n_close > 0) {
+		memcpy(t[i].tokens + n_gen, close_ids, n_close * sizeof(int32_t));
+		if (g->res != NULL)
+			engine_seq_append(q, close_ids, (int32_t)n_close);
+	}
 	free(close_ids);
 	ev->turns = t;
 	ev->n_turns = r->n_msgs + 1;

@@ -48,16 +48,25 @@ engine_finish_name(enum finish_reason r)
 	return finish_names[r];
 }
 
-/* The backend named by device (NULL: the best available). */
+/* The backend named by device (NULL: CUDA when built and a GPU is present, else the CPU). */
 static int
 pick_backend(const char *device, const struct backend_ops **ops, char *err)
 {
+#ifdef HAVE_CUDA
+	if ((device == NULL && cuda_backend_devices() > 0) ||
+	    (device != NULL && strcmp(device, "cuda") == 0)) {
+		*ops = &cuda_backend;
+		return 0;
+	}
+#endif
 	if (device == NULL || strcmp(device, "cpu") == 0) {
 		*ops = &cpu_backend;
 		return 0;
 	}
+#ifndef HAVE_CUDA
 	if (strcmp(device, "cuda") == 0)
-		return err_set(err, ERR_UNSUPPORTED, "the CUDA backend is not built yet");
+		return err_set(err, ERR_UNSUPPORTED, "this build has no CUDA backend (configure found no nvcc)");
+#endif
 	return err_set(err, ERR_INVAL, "unknown device '%s' (cpu, cuda)", device);
 }
 
@@ -210,6 +219,11 @@ seq_set_params(const struct engine *e, struct seq *s, const struct seq_params *p
 	s->params.stop = NULL;
 	sampler_init(&s->sampler, &p->sample, e->m->hp.n_vocab);
 	tok_stream_init(&s->stream);
+	if (s->text == NULL) {
+		s->text_cap = 256;
+		s->text = xmalloc(s->text_cap);
+	}
+	s->text[0] = '\0';
 	s->text_len = s->text_emitted = 0;
 	s->n_generated = 0;
 	s->finish = FINISH_NONE;
