@@ -21,8 +21,9 @@ float cpu_dot(const float *a, const float *b, int64_t n);
 /*
  * y[t * ldy + o] = sum_i W[o][i] * x[t * ldx + i] for t < n_tok and every
  * output row o of the weight (ne[1] rows of ne[0]); scratch holds
- * n_threads * CPU_MM_ROWS * ne[0] floats. Each y element is computed by one
- * cpu_dot over the dequantized row, so it does not depend on n_tok.
+ * n_threads * CPU_MM_ROWS * ne[0] floats. Each y element has the bits of
+ * cpu_dot over the dequantized row (quant_dequantize), whatever kernel
+ * computed it, so it does not depend on n_tok.
  */
 void cpu_matmul(struct cpu_pool *pool, const struct model_tensor *w, const float *x, int64_t ldx,
     int n_tok, float *y, int64_t ldy, float *scratch);
