@@ -10,6 +10,7 @@
 #include "util.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 
@@ -147,6 +148,7 @@ cpu_pool_run(struct cpu_pool *p, int64_t n_tasks, cpu_task_fn fn, void *ctx)
 	pthread_cond_broadcast(&p->wake);
 	pthread_mutex_unlock(&p->mu);
 	drain(p, 0);
+	/* a worker pushed off its core must not cost the caller a whole time slice */
 	while (atomic_load(&p->busy) > 0)
-		;
+		sched_yield();
 }
