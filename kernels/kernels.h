@@ -64,5 +64,10 @@ struct backend_ops {
 };
 
 extern const struct backend_ops cpu_backend;
+#ifdef HAVE_CUDA
+extern const struct backend_ops cuda_backend;
+/* CUDA devices present (0 when there is no driver or no GPU). */
+int cuda_backend_devices(void);
+#endif
 
 #endif

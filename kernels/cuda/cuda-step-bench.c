@@ -1,0 +1,170 @@
+/*
+ * cuda-step-bench: the CUDA backend's forward step alone, without the
+ * engine (no sampling, no detokenizing): a prefill of P tokens into one
+ * sequence, then decode steps of B sequences that each add one token at
+ * context depth D, for every B given. Each row is the median of the timed
+ * steps; RESIDENT_CUDA_TIMING=1 adds the backend's GPU time per phase.
+ *
+ *   cuda-step-bench MODEL [P [D [B ...]]]     (defaults: 512 128 1 8 16 64)
+ */
+#include "config.h"
+#include "kernels.h"
+#include "model.h"
+#include "util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_B 256
+#define REPS 20
+
+static int
+cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+/* Median of n doubles (sorts them). */
+static double
+median(double *v, int n)
+{
+	qsort(v, (size_t)n, sizeof *v, cmp_double);
+	return v[n / 2];
+}
+
+/* Deterministic token ids. */
+static int32_t
+tok(int s, int i, int32_t n_vocab)
+{
+	return (int32_t)(((uint32_t)s * 7919u + (uint32_t)i * 104729u + 17u) % (uint32_t)n_vocab);
+}
+
+/*
+ * n_seqs sequences at positions pos0 (n_new tokens each, blocks nb apart),
+ * last-token logits when want; returns the seconds the step took.
+ */
+static double
+step(struct backend *be, const struct model_desc *m, int n_seqs, int pos0, int n_new, int nb,
+    int32_t *tables, int want, float *logits)
+{
+	struct fwd_seq *fs = xcalloc((size_t)n_seqs, sizeof *fs);
+	int32_t *toks = xmalloc((size_t)n_seqs * (size_t)n_new * sizeof *toks);
+	struct fwd_batch b = { n_seqs, fs, n_seqs * n_new, toks };
+	char err[ERR_LEN];
+	uint64_t t0;
+	int s, i;
+
+	for (s = 0; s < n_seqs; s++) {
+		fs[s] = (struct fwd_seq){ n_new, pos0, tables + (size_t)s * nb, nb, want };
+		for (i = 0; i < n_new; i++)
+			toks[s * n_new + i] = tok(s, pos0 + i, m->hp.n_vocab);
+	}
+	t0 = now_ns();
+	if (cuda_backend.forward(be, &b, logits, err) != 0) {
+		fprintf(stderr, "forward: %s\n", err);
+		exit(1);
+	}
+	t0 = now_ns() - t0;
+	free(fs);
+	free(toks);
+	return (double)t0 / 1e9;
+}
+
+/* Loads the model for n_seqs sequences of len positions and steps of max_tokens. */
+static struct backend *
+load(const struct model_desc *m, int n_seqs, int len, int max_tokens, int32_t **tables, int *nb)
+{
+	struct backend_opts o = { 0 };
+	struct backend *be;
+	char err[ERR_LEN];
+	int i;
+
+	*nb = (len + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+	o.kv_blocks = (int64_t)n_seqs * *nb;
+	o.max_tokens = max_tokens;
+	o.max_seqs = n_seqs;
+	if (cuda_backend.load(m, &o, &be, err) != 0) {
+		fprintf(stderr, "load: %s\n", err);
+		exit(1);
+	}
+	*tables = xmalloc((size_t)o.kv_blocks * sizeof **tables);
+	for (i = 0; i < o.kv_blocks; i++)
+		(*tables)[i] = i;
+	return be;
+}
+
+/* Prefill of p tokens into one sequence, logits of the last. */
+static void
+bench_prefill(const struct model_desc *m, int p, float *logits)
+{
+	int32_t *tables;
+	int nb, r;
+	struct backend *be = load(m, 1, p, p, &tables, &nb);
+	double t[REPS];
+
+	step(be, m, 1, 0, p, nb, tables, 1, logits); /* warm-up */
+	for (r = 0; r < 5; r++)
+		t[r] = step(be, m, 1, 0, p, nb, tables, 1, logits);
+	printf("| prefill  | %5d | %5d | %9.3f | %10.1f |\n", p, 1, median(t, 5) * 1e3,
+	    p / median(t, 5));
+	fflush(stdout);
+	cuda_backend.free(be);
+	free(tables);
+}
+
+/* b sequences with depth positions of context, each decoding one token a step. */
+static void
+bench_decode(const struct model_desc *m, int b, int depth, float *logits)
+{
+	int32_t *tables;
+	int nb, r, chunk = MAX(1, 512 / depth);
+	struct backend *be = load(m, b, depth + REPS + 4, MAX(b, MIN(b, chunk) * depth), &tables, &nb);
+	double t[REPS];
+
+	for (r = 0; r < b; r += chunk) /* the context, several sequences a step */
+		step(be, m, MIN(chunk, b - r), 0, depth, nb, tables + (size_t)r * nb, 0, logits);
+	for (r = 0; r < 3; r++)
+		step(be, m, b, depth + r, 1, nb, tables, 1, logits);
+	for (r = 0; r < REPS; r++)
+		t[r] = step(be, m, b, depth + 3 + r, 1, nb, tables, 1, logits);
+	printf("| decode   | %5d | %5d | %9.3f | %10.1f |\n", depth, b, median(t, REPS) * 1e3,
+	    b / median(t, REPS));
+	fflush(stdout);
+	cuda_backend.free(be);
+	free(tables);
+}
+
+int
+main(int argc, char **argv)
+{
+	struct model_desc *m;
+	char err[ERR_LEN];
+	int p = argc > 2 ? atoi(argv[2]) : 512, depth = argc > 3 ? atoi(argv[3]) : 128, i;
+	static const int def_b[] = { 1, 8, 16, 64 };
+	float *logits;
+
+	if (argc < 2 || p < 1 || depth < 1) {
+		fprintf(stderr, "usage: cuda-step-bench MODEL [P [D [B ...]]]\n");
+		return 2;
+	}
+	if (model_open(argv[1], &m, err) != 0) {
+		fprintf(stderr, "%s\n", err);
+		return 1;
+	}
+	logits = xmalloc((size_t)MAX_B * (size_t)m->hp.n_vocab * sizeof *logits);
+	printf("| step     | ctx   | seqs  | ms/step   | tokens/s   |\n");
+	printf("|----------|-------|-------|-----------|------------|\n");
+	bench_prefill(m, p, logits);
+	for (i = 0; i < (argc > 4 ? argc - 4 : 4); i++) {
+		int b = argc > 4 ? atoi(argv[4 + i]) : def_b[i];
+
+		if (b >= 1 && b <= MAX_B)
+			bench_decode(m, b, depth, logits);
+	}
+	free(logits);
+	model_close(m);
+	return 0;
+}

@@ -1,0 +1,987 @@
+/*
+ * cuda_backend.cu: the CUDA backend. The same forward step as the CPU
+ * reference (kernels/cpu/cpu_backend.c), on one GPU:
+ *
+ * - load uploads every matrix once as stored (quantized blocks, one
+ *   allocation), the norms, biases and RoPE frequencies as float (a
+ *   second), and allocates the fp16 KV pool, the activations for
+ *   max_tokens rows, the fp16 scratch of the tensor-core path and a pinned
+ *   staging area for each step's token data; nothing is allocated per step
+ *   (the block-table area only grows, if a step ever needs more);
+ * - forward copies the step's tokens, positions and block tables in one
+ *   transfer, runs the layers as a stream of kernels (matmul.cu, norm.cu,
+ *   attention.cu), and copies the logits back; the one synchronisation is
+ *   at the end;
+ * - every CUDA call is checked: a failure is a negative return code with
+ *   file, line and CUDA's message, never an abort.
+ *
+ * KV pool: [block][layer][K|V][KV_BLOCK_TOKENS][n_head_kv * head_dim], fp16.
+ */
+#include "attention.cuh"
+#include "cuda_common.cuh"
+#include "dequant.cuh"
+#include "matmul.cuh"
+#include "norm.cuh"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Logit rows computed per pass of the output matrix. */
+#define LOGIT_ROWS 64
+/* cuBLAS workspace (what it wants on Hopper). */
+#define BLAS_WORKSPACE ((size_t)32 << 20)
+/* Allocations are rounded up to this, so that every row start is 16-byte aligned. */
+#define DEV_ALIGN 256
+/* First size of the block-table area, in entries, unless the pool needs less. */
+#define TABLE_CAP0 (1 << 20)
+/* Default largest token count for the matrix-vector kernels. */
+#define MMV_MAX_DEFAULT 8 /* measured: 8 tokens faster here, 16 faster on cuBLAS */
+/* Steps of up to this many tokens replay a captured CUDA graph. */
+#define GRAPH_MAX_TOKENS 64
+/* Graphs kept, one per (tokens, logit rows) shape, least recently used replaced. */
+#define GRAPH_CACHE 32
+/* Most phase marks timed in one step (RESIDENT_CUDA_TIMING). */
+#define PROF_EVENTS 1024
+
+/* What the GPU does between two marks. */
+enum phase { PH_STAGE, PH_MATMUL, PH_ATTN, PH_NORM, PH_OUTPUT, PH_END, PH_COUNT };
+
+static const char *const phase_names[PH_COUNT] = {
+	"staging", "matmul", "attention", "norm/act", "output", "end",
+};
+
+/*
+ * RESIDENT_CUDA_TIMING=1: events between the phases of every step; their
+ * GPU time is summed per phase and printed to stderr when the backend is
+ * freed (=2: and after every step). Steps are then not run as graphs. Off,
+ * it costs a branch per phase.
+ */
+struct prof {
+	int on, n;
+	cudaEvent_t ev[PROF_EVENTS];
+	enum phase ph[PROF_EVENTS];
+	double ms[PH_COUNT];
+	int64_t steps, tokens;
+};
+
+/* One layer on the GPU: matrices as stored, small weights as float (or NULL). */
+struct cuda_layer {
+	struct cuda_weight wq, wk, wv, wo, w_gate, w_up, w_down;
+	float *attn_norm, *ffn_norm, *post_attn_norm, *post_ffn_norm;
+	float *q_norm, *k_norm, *bq, *bk, *bv;
+};
+
+/*
+ * A step's kernels captured once for its shape: the buffers are fixed and
+ * the positions, tokens and block tables are read from the staging area,
+ * so one graph serves every step of the same token and logit-row counts.
+ */
+struct graph {
+	int n_tok, n_logits;
+	uint64_t used;
+	cudaGraphExec_t exec;
+};
+
+/* The step's integer data, in the pinned staging area and its device twin. */
+struct step_ints {
+	int32_t *tokens, *pos, *tab, *lrows, *tables;
+};
+
+struct backend {
+	const struct model_desc *m;
+	int device;
+	cudaStream_t stream;
+	struct cuda_mm mm;
+	uint8_t *weights;            /* every matrix, as stored */
+	float *smalls;               /* norms, biases, RoPE frequencies */
+	struct cuda_layer *layers;
+	struct cuda_weight tok_embd, output;
+	float *out_norm;
+	float *inv_freq[2];          /* RoPE of full-attention and of sliding-window layers */
+	__half *kv;
+	int64_t kv_blocks;
+	size_t kv_stride;            /* elements of one block's K (or V) of one layer */
+	int max_tokens;
+	/* activations, max_tokens rows each (logits: LOGIT_ROWS) */
+	float *x, *h, *q, *k, *v, *att, *gate, *up, *ffn_out, *logits;
+	void *blas_ws;
+	/* staging: tokens, positions, table offsets, logit rows, then the tables */
+	int32_t *host_ints, *dev_ints;
+	int64_t table_cap;
+	struct graph graphs[GRAPH_CACHE];
+	uint64_t graph_clock;
+	int use_graphs;              /* RESIDENT_CUDA_GRAPHS=0 turns them off */
+	struct prof prof;
+};
+
+int
+cuda_fail(char *err, const char *file, int line, const char *what, const char *msg)
+{
+	const char *base = strrchr(file, '/');
+
+	return err_set(err, ERR_DEVICE, "%s:%d: %s: %s", base ? base + 1 : file, line, what, msg);
+}
+
+/* Rounds n up to DEV_ALIGN. */
+static size_t
+align_up(size_t n)
+{
+	return (n + DEV_ALIGN - 1) / DEV_ALIGN * DEV_ALIGN;
+}
+
+/* Bytes of GPU memory for n floats, aligned. */
+static size_t
+floats_bytes(size_t n)
+{
+	return align_up(n * sizeof(float));
+}
+
+/* ---- timing ---- */
+
+/* Creates the events if RESIDENT_CUDA_TIMING is set. */
+static int
+prof_open(struct prof *p, char *err)
+{
+	const char *s = getenv("RESIDENT_CUDA_TIMING");
+
+	if (s == NULL || *s == '\0' || *s == '0')
+		return 0;
+	for (int i = 0; i < PROF_EVENTS; i++)
+		CK(cudaEventCreate(&p->ev[i]));
+	p->on = atoi(s) > 1 ? 2 : 1;
+	return 0;
+}
+
+/* The work queued from here on belongs to phase ph. */
+static void
+prof_mark(struct backend *b, enum phase ph)
+{
+	struct prof *p = &b->prof;
+
+	if (!p->on || p->n >= PROF_EVENTS)
+		return;
+	p->ph[p->n] = ph;
+	cudaEventRecord(p->ev[p->n++], b->stream);
+}
+
+/* After the step's synchronisation: adds each interval to its phase. */
+static int
+prof_step(struct prof *p, int n_tok, char *err)
+{
+	float ms;
+
+	if (!p->on)
+		return 0;
+	for (int i = 1; i < p->n; i++) {
+		CK(cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]));
+		p->ms[p->ph[i - 1]] += ms;
+	}
+	if (p->on > 1) {
+		fprintf(stderr, "cuda step of %d tokens:", n_tok);
+		for (int ph = 0; ph < PH_END; ph++) {
+			float sum = 0;
+
+			for (int i = 1; i < p->n; i++)
+				if (p->ph[i - 1] == (enum phase)ph) {
+					CK(cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]));
+					sum += ms;
+				}
+			fprintf(stderr, " %s %.3f", phase_names[ph], sum);
+		}
+		fprintf(stderr, " ms\n");
+	}
+	p->n = 0;
+	p->steps++;
+	p->tokens += n_tok;
+	return 0;
+}
+
+/* Prints the sums per step and destroys the events. */
+static void
+prof_close(struct prof *p)
+{
+	double all = 0;
+
+	if (!p->on)
+		return;
+	for (int i = 0; i < PH_COUNT; i++)
+		all += p->ms[i];
+	fprintf(stderr, "cuda timing: %lld steps, %lld tokens, %.3f ms of GPU time per step:",
+	    (long long)p->steps, (long long)p->tokens, p->steps ? all / (double)p->steps : 0.0);
+	for (int i = 0; i < PH_END; i++)
+		fprintf(stderr, " %s %.3f", phase_names[i], p->steps ? p->ms[i] / (double)p->steps : 0.0);
+	fprintf(stderr, "\n");
+	for (int i = 0; i < PROF_EVENTS; i++)
+		cudaEventDestroy(p->ev[i]);
+}
+
+/* ---- sizes ---- */
+
+/* The widths the activations need. */
+struct dims {
+	size_t T, embd, nq, nkv, ff, widest, vocab;
+};
+
+static struct dims
+model_dims(const struct model_hparams *hp, int max_tokens)
+{
+	struct dims d;
+
+	d.T = (size_t)max_tokens;
+	d.embd = (size_t)hp->n_embd;
+	d.nq = (size_t)hp->n_head * (size_t)hp->head_dim;
+	d.nkv = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
+	d.ff = (size_t)hp->n_ff;
+	d.widest = MAX(MAX(d.embd, d.ff), d.nq);
+	d.vocab = (size_t)hp->n_vocab;
+	return d;
+}
+
+/* Bytes of the activations and their fp16 copy. */
+static size_t
+activation_bytes(const struct dims *d)
+{
+	size_t logit_rows = MIN(d->T, (size_t)LOGIT_ROWS);
+
+	return floats_bytes(d->T * d->embd) * 2 + floats_bytes(d->T * d->widest) +
+	    floats_bytes(d->T * d->nq) * 2 + floats_bytes(d->T * d->nkv) * 2 +
+	    floats_bytes(d->T * d->ff) * 2 + floats_bytes(logit_rows * d->vocab) +
+	    align_up(d->T * d->widest * sizeof(__half)) + floats_bytes(d->T);
+}
+
+/* The matrices of the model, tok_embd first; the output only when not tied. */
+static int
+list_matrices(const struct model_desc *m, const struct model_tensor **out)
+{
+	int n = 0;
+
+	out[n++] = m->tok_embd;
+	if (m->output != m->tok_embd)
+		out[n++] = m->output;
+	for (int l = 0; l < m->hp.n_layer; l++) {
+		const struct model_layer *L = &m->layers[l];
+
+		out[n++] = L->wq, out[n++] = L->wk, out[n++] = L->wv, out[n++] = L->wo;
+		out[n++] = L->w_gate, out[n++] = L->w_up, out[n++] = L->w_down;
+	}
+	return n;
+}
+
+/* Refuses what the kernels do not handle, before anything is allocated. */
+static int
+check_model(const struct model_desc *m, const struct model_tensor **mats, int n, char *err)
+{
+	const struct model_hparams *hp = &m->hp;
+
+	if (hp->head_dim % WARP != 0 || hp->head_dim > 8 * WARP)
+		return err_set(err, ERR_UNSUPPORTED, "head_dim %d: the CUDA backend wants a multiple of "
+		    "32 up to 256", hp->head_dim);
+	if (hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv != 0)
+		return err_set(err, ERR_UNSUPPORTED, "%d heads over %d KV heads", hp->n_head, hp->n_head_kv);
+	for (int i = 0; i < n; i++) {
+		const struct quant_traits *qt = quant_traits(mats[i]->type);
+
+		if (!cuda_type_supported(mats[i]->type))
+			return err_set(err, ERR_UNSUPPORTED, "%s: type %s has no CUDA kernel", mats[i]->name,
+			    qt ? qt->name : "unknown");
+		if (mats[i]->ne[0] % 8 != 0)
+			return err_set(err, ERR_UNSUPPORTED, "%s: rows of %lld (a multiple of 8 only)",
+			    mats[i]->name, (long long)mats[i]->ne[0]);
+	}
+	return 0;
+}
+
+/* Floats of the small weights: norms, biases, two RoPE tables (each aligned). */
+static size_t
+small_floats(const struct model_desc *m)
+{
+	const struct model_tensor *t[10];
+	size_t n = 0, a = DEV_ALIGN / sizeof(float);
+
+	for (int l = 0; l < m->hp.n_layer; l++) {
+		const struct model_layer *L = &m->layers[l];
+		int k = 0;
+
+		t[k++] = L->attn_norm, t[k++] = L->ffn_norm, t[k++] = L->post_attn_norm;
+		t[k++] = L->post_ffn_norm, t[k++] = L->q_norm, t[k++] = L->k_norm;
+		t[k++] = L->bq, t[k++] = L->bk, t[k++] = L->bv;
+		for (int i = 0; i < k; i++)
+			if (t[i] != NULL)
+				n += ((size_t)t[i]->ne[0] + a - 1) / a * a;
+	}
+	n += ((size_t)m->out_norm->ne[0] + a - 1) / a * a;
+	return n + 2 * (((size_t)m->hp.head_dim / 2 + a - 1) / a * a);
+}
+
+/* ---- load ---- */
+
+static void cuda_free(struct backend *b);
+
+/* A CUDA device is there and usable. */
+static int
+open_device(struct backend *b, int device, char *err)
+{
+	int n = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
+
+	if (e != cudaSuccess || n == 0)
+		return err_set(err, ERR_DEVICE, "no CUDA device: %s",
+		    e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+	if (device < 0 || device >= n)
+		return err_set(err, ERR_INVAL, "CUDA device %d does not exist (%d found)", device, n);
+	b->device = device;
+	CK(cudaSetDevice(device));
+	CK(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
+	return 0;
+}
+
+/* Refuses a model that does not fit, saying how much was needed and how much was free. */
+static int
+check_memory(size_t need, size_t weights, size_t kv, size_t act, char *err)
+{
+	size_t free_b = 0, total = 0;
+
+	CK(cudaMemGetInfo(&free_b, &total));
+	if (need > free_b)
+		return err_set(err, ERR_NOMEM, "the model needs %.1f MiB of GPU memory (weights %.1f, "
+		    "KV pool %.1f, activations and scratch %.1f), %.1f MiB free of %.1f",
+		    need / 1048576.0, weights / 1048576.0, kv / 1048576.0, act / 1048576.0,
+		    free_b / 1048576.0, total / 1048576.0);
+	return 0;
+}
+
+/* cudaMalloc with a message that says what and how much. */
+static int
+dev_alloc(void **p, size_t bytes, const char *what, char *err)
+{
+	cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
+
+	if (e != cudaSuccess) {
+		*p = NULL;
+		return err_set(err, ERR_NOMEM, "cudaMalloc of %.1f MiB for %s: %s", bytes / 1048576.0,
+		    what, cudaGetErrorString(e));
+	}
+	return 0;
+}
+
+/* Uploads the matrices into one allocation; fills the cuda_weight of each. */
+static int
+upload_matrices(struct backend *b, const struct model_tensor **mats, int n, size_t total, char *err)
+{
+	size_t off = 0;
+	int rc;
+
+	if ((rc = dev_alloc((void **)&b->weights, total, "the weights", err)) != 0)
+		return rc;
+	for (int i = 0; i < n; i++) {
+		CK(cudaMemcpy(b->weights + off, mats[i]->data, mats[i]->bytes, cudaMemcpyHostToDevice));
+		off += align_up(mats[i]->bytes);
+	}
+	return 0;
+}
+
+/* The cuda_weight of matrix t, found among the uploaded ones. */
+static struct cuda_weight
+weight_of(const struct backend *b, const struct model_tensor **mats, int n,
+    const struct model_tensor *t)
+{
+	struct cuda_weight w = { NULL, t->type, t->ne[0], t->ne[1], 0 };
+	size_t off = 0;
+
+	quant_row_bytes(t->type, t->ne[0], &w.row_bytes);
+	for (int i = 0; i < n; i++) {
+		if (mats[i] == t) {
+			w.d = b->weights + off;
+			break;
+		}
+		off += align_up(mats[i]->bytes);
+	}
+	return w;
+}
+
+/* Appends a 1-D weight as float to the host buffer; returns its device address. */
+static float *
+add_small(const struct model_tensor *t, float *host, size_t *used, float *dev)
+{
+	size_t a = DEV_ALIGN / sizeof(float), at = *used;
+
+	if (t == NULL)
+		return NULL;
+	quant_dequantize(t->type, t->data, host + at, t->ne[0]);
+	*used += ((size_t)t->ne[0] + a - 1) / a * a;
+	return dev + at;
+}
+
+/* RoPE frequencies of base theta, as cpu_rope computes them; returns the device address. */
+static float *
+add_rope(float theta, int d, float *host, size_t *used, float *dev)
+{
+	size_t a = DEV_ALIGN / sizeof(float), at = *used;
+
+	for (int i = 0; i < d / 2; i++)
+		host[at + i] = 1.0f / powf(theta, (float)(2 * i) / (float)d);
+	*used += ((size_t)d / 2 + a - 1) / a * a;
+	return dev + at;
+}
+
+/* Uploads the norms, biases and RoPE tables; points the layers at them. */
+static int
+upload_smalls(struct backend *b, char *err)
+{
+	const struct model_desc *m = b->m;
+	const struct model_hparams *hp = &m->hp;
+	size_t n = small_floats(m), used = 0;
+	float *host = (float *)xcalloc(n, sizeof(float)), *dev;
+	float local = hp->rope_theta_local > 0 ? hp->rope_theta_local : hp->rope_theta;
+	int rc;
+
+	if ((rc = dev_alloc((void **)&b->smalls, n * sizeof(float), "norms and biases", err)) != 0) {
+		free(host);
+		return rc;
+	}
+	dev = b->smalls;
+	for (int l = 0; l < hp->n_layer; l++) {
+		const struct model_layer *L = &m->layers[l];
+		struct cuda_layer *c = &b->layers[l];
+
+		c->attn_norm = add_small(L->attn_norm, host, &used, dev);
+		c->ffn_norm = add_small(L->ffn_norm, host, &used, dev);
+		c->post_attn_norm = add_small(L->post_attn_norm, host, &used, dev);
+		c->post_ffn_norm = add_small(L->post_ffn_norm, host, &used, dev);
+		c->q_norm = add_small(L->q_norm, host, &used, dev);
+		c->k_norm = add_small(L->k_norm, host, &used, dev);
+		c->bq = add_small(L->bq, host, &used, dev);
+		c->bk = add_small(L->bk, host, &used, dev);
+		c->bv = add_small(L->bv, host, &used, dev);
+	}
+	b->out_norm = add_small(m->out_norm, host, &used, dev);
+	b->inv_freq[0] = add_rope(hp->rope_theta, hp->head_dim, host, &used, dev);
+	b->inv_freq[1] = add_rope(local, hp->head_dim, host, &used, dev);
+	cudaError_t e = cudaMemcpy(b->smalls, host, n * sizeof(float), cudaMemcpyHostToDevice);
+	free(host);
+	CK(e);
+	return 0;
+}
+
+/* The activations, the KV pool and the scratch. */
+static int
+alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t wh_elems, char *err)
+{
+	size_t T = d->T;
+	int rc = 0;
+
+	if ((rc = dev_alloc((void **)&b->kv, kv_bytes, "the KV pool", err)) != 0)
+		return rc;
+	CK(cudaMemset(b->kv, 0, kv_bytes));
+	(void)((rc = dev_alloc((void **)&b->x, floats_bytes(T * d->embd), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->h, floats_bytes(T * d->widest), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->q, floats_bytes(T * d->nq), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->att, floats_bytes(T * d->nq), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->k, floats_bytes(T * d->nkv), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->v, floats_bytes(T * d->nkv), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->gate, floats_bytes(T * d->ff), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->up, floats_bytes(T * d->ff), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->ffn_out, floats_bytes(T * d->embd), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->logits, floats_bytes(MIN(T, (size_t)LOGIT_ROWS) * d->vocab),
+	    "logits", err)) ||
+	    (rc = dev_alloc((void **)&b->mm.xh, T * d->widest * sizeof(__half), "fp16 activations", err)) ||
+	    (rc = dev_alloc((void **)&b->mm.xscale, floats_bytes(T), "fp16 activations", err)) ||
+	    (rc = dev_alloc((void **)&b->mm.wh, (size_t)wh_elems * sizeof(__half), "fp16 weight tiles",
+	    err)) ||
+	    (rc = dev_alloc(&b->blas_ws, BLAS_WORKSPACE, "the cuBLAS workspace", err)));
+	b->mm.wh_elems = wh_elems;
+	return rc;
+}
+
+/* Forgets every captured graph. */
+static void
+drop_graphs(struct backend *b)
+{
+	for (int i = 0; i < GRAPH_CACHE; i++)
+		if (b->graphs[i].exec != NULL) {
+			cudaGraphExecDestroy(b->graphs[i].exec);
+			b->graphs[i].exec = NULL;
+		}
+}
+
+/* The pinned staging area and its device twin, for table_cap table entries. */
+static int
+alloc_staging(struct backend *b, int64_t table_cap, char *err)
+{
+	size_t bytes = ((size_t)4 * (size_t)b->max_tokens + (size_t)table_cap) * sizeof(int32_t);
+	int rc;
+
+	if (b->host_ints != NULL) {
+		drop_graphs(b); /* they read the old staging area */
+		CK(cudaStreamSynchronize(b->stream));
+		CK(cudaFreeHost(b->host_ints));
+		CK(cudaFree(b->dev_ints));
+		b->host_ints = b->dev_ints = NULL;
+	}
+	CK(cudaMallocHost((void **)&b->host_ints, bytes));
+	if ((rc = dev_alloc((void **)&b->dev_ints, bytes, "the step's block tables", err)) != 0)
+		return rc;
+	b->table_cap = table_cap;
+	return 0;
+}
+
+/* cuBLAS on the backend's stream, with its workspace given once. */
+static int
+open_blas(struct backend *b, char *err)
+{
+	cublasStatus_t s = cublasCreate(&b->mm.blas);
+
+	if (s != CUBLAS_STATUS_SUCCESS) {
+		b->mm.blas = NULL;
+		return err_set(err, ERR_DEVICE, "cublasCreate: %s", cublasGetStatusString(s));
+	}
+	if ((s = cublasSetStream(b->mm.blas, b->stream)) != CUBLAS_STATUS_SUCCESS ||
+	    (s = cublasSetWorkspace(b->mm.blas, b->blas_ws, BLAS_WORKSPACE)) != CUBLAS_STATUS_SUCCESS)
+		return err_set(err, ERR_DEVICE, "cuBLAS setup: %s", cublasGetStatusString(s));
+	b->mm.stream = b->stream;
+	return 0;
+}
+
+/* The largest token count that goes to the matrix-vector kernels (RESIDENT_CUDA_MMV_MAX). */
+static int
+mmv_max(void)
+{
+	const char *s = getenv("RESIDENT_CUDA_MMV_MAX");
+
+	return s != NULL && *s != '\0' ? atoi(s) : MMV_MAX_DEFAULT;
+}
+
+/* Everything load does, in order; on failure the caller frees what was made. */
+static int
+load_all(struct backend *b, const struct backend_opts *o, char *err)
+{
+	const struct model_desc *m = b->m;
+	const struct model_tensor **mats = (const struct model_tensor **)xcalloc(
+	    2 + 7 * (size_t)m->hp.n_layer, sizeof *mats);
+	struct dims d = model_dims(&m->hp, o->max_tokens);
+	size_t wbytes = 0, kv_bytes, act, need;
+	int64_t wh = 1, seqs = o->max_seqs > 0 ? MIN(o->max_seqs, o->max_tokens) : o->max_tokens;
+	int n = list_matrices(m, mats), rc;
+
+	if ((rc = check_model(m, mats, n, err)) != 0 || (rc = open_device(b, o->device, err)) != 0)
+		goto out;
+	for (int i = 0; i < n; i++) {
+		struct cuda_weight w = { NULL, mats[i]->type, mats[i]->ne[0], mats[i]->ne[1], 0 };
+
+		wbytes += align_up(mats[i]->bytes);
+		wh = MAX(wh, cuda_matmul_tile_elems(&w));
+	}
+	b->kv_stride = KV_BLOCK_TOKENS * d.nkv;
+	kv_bytes = (size_t)o->kv_blocks * (size_t)m->hp.n_layer * 2 * b->kv_stride * sizeof(__half);
+	act = activation_bytes(&d) + (size_t)wh * sizeof(__half) + BLAS_WORKSPACE +
+	    floats_bytes(small_floats(m));
+	need = wbytes + kv_bytes + act;
+	if ((rc = check_memory(need, wbytes, kv_bytes, act, err)) != 0 ||
+	    (rc = upload_matrices(b, mats, n, wbytes, err)) != 0 ||
+	    (rc = upload_smalls(b, err)) != 0 ||
+	    (rc = alloc_buffers(b, &d, kv_bytes, wh, err)) != 0 ||
+	    (rc = alloc_staging(b, MIN(seqs * o->kv_blocks, (int64_t)TABLE_CAP0), err)) != 0 ||
+	    (rc = open_blas(b, err)) != 0 || (rc = prof_open(&b->prof, err)) != 0)
+		goto out;
+	b->tok_embd = weight_of(b, mats, n, m->tok_embd);
+	b->output = weight_of(b, mats, n, m->output);
+	for (int l = 0; l < m->hp.n_layer; l++) {
+		const struct model_layer *L = &m->layers[l];
+		struct cuda_layer *c = &b->layers[l];
+
+		c->wq = weight_of(b, mats, n, L->wq), c->wk = weight_of(b, mats, n, L->wk);
+		c->wv = weight_of(b, mats, n, L->wv), c->wo = weight_of(b, mats, n, L->wo);
+		c->w_gate = weight_of(b, mats, n, L->w_gate), c->w_up = weight_of(b, mats, n, L->w_up);
+		c->w_down = weight_of(b, mats, n, L->w_down);
+	}
+	b->mm.mmv_max = mmv_max();
+	b->use_graphs = getenv("RESIDENT_CUDA_GRAPHS") == NULL || atoi(getenv("RESIDENT_CUDA_GRAPHS")) != 0;
+	rc = 0;
+out:
+	free(mats);
+	return rc;
+}
+
+static int
+cuda_load(const struct model_desc *m, const struct backend_opts *o, struct backend **out, char *err)
+{
+	struct backend *b;
+	int rc;
+
+	if (o->max_tokens < 1 || o->kv_blocks < 1)
+		return err_set(err, ERR_INVAL, "max_tokens and kv_blocks must be positive");
+	b = (struct backend *)xcalloc(1, sizeof *b);
+	b->m = m;
+	b->max_tokens = o->max_tokens;
+	b->kv_blocks = o->kv_blocks;
+	b->device = o->device;
+	b->layers = (struct cuda_layer *)xcalloc((size_t)m->hp.n_layer, sizeof *b->layers);
+	if ((rc = load_all(b, o, err)) != 0) {
+		cuda_free(b);
+		return rc;
+	}
+	*out = b;
+	return 0;
+}
+
+static void
+cuda_free(struct backend *b)
+{
+	if (b == NULL)
+		return;
+	cudaSetDevice(b->device);
+	if (b->stream != NULL)
+		cudaStreamSynchronize(b->stream);
+	prof_close(&b->prof);
+	drop_graphs(b);
+	if (b->mm.blas != NULL)
+		cublasDestroy(b->mm.blas);
+	cudaFree(b->weights), cudaFree(b->smalls), cudaFree(b->kv);
+	cudaFree(b->x), cudaFree(b->h), cudaFree(b->q), cudaFree(b->k), cudaFree(b->v);
+	cudaFree(b->att), cudaFree(b->gate), cudaFree(b->up), cudaFree(b->ffn_out), cudaFree(b->logits);
+	cudaFree(b->mm.xh), cudaFree(b->mm.xscale), cudaFree(b->mm.wh), cudaFree(b->blas_ws);
+	cudaFree(b->dev_ints);
+	if (b->host_ints != NULL)
+		cudaFreeHost(b->host_ints);
+	if (b->stream != NULL)
+		cudaStreamDestroy(b->stream);
+	free(b->layers);
+	free(b);
+}
+
+/* ---- forward ---- */
+
+/* Checks a step against the pool and the model before touching anything (as the CPU backend). */
+static int
+check_batch(const struct backend *b, const struct fwd_batch *batch, int64_t *n_tab, char *err)
+{
+	int32_t s, i, total = 0;
+
+	if (batch->n_tokens < 1 || batch->n_tokens > b->max_tokens)
+		return err_set(err, ERR_RANGE, "a step of %d tokens (1..%d allowed)", batch->n_tokens,
+		    b->max_tokens);
+	*n_tab = 0;
+	for (s = 0; s < batch->n_seqs; s++) {
+		const struct fwd_seq *q = &batch->seqs[s];
+		int64_t len = (int64_t)q->pos0 + q->n_new;
+
+		if (q->n_new < 1 || q->pos0 < 0 || q->logits < 0 || q->logits > q->n_new ||
+		    (q->logits != 0 && q->logits != 1 && q->logits != q->n_new))
+			return err_set(err, ERR_INVAL, "sequence %d: bad token or logit counts", s);
+		if ((int64_t)q->n_blocks * KV_BLOCK_TOKENS < len)
+			return err_set(err, ERR_INVAL, "sequence %d: %d blocks cannot hold %lld positions",
+			    s, q->n_blocks, (long long)len);
+		for (i = 0; i < q->n_blocks; i++)
+			if (q->block_table[i] < 0 || q->block_table[i] >= b->kv_blocks)
+				return err_set(err, ERR_INVAL, "sequence %d: block %d out of the pool", s,
+				    q->block_table[i]);
+		*n_tab += (len + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+		total += q->n_new;
+	}
+	if (total != batch->n_tokens)
+		return err_set(err, ERR_INVAL, "sequences carry %d tokens, the batch %d", total,
+		    batch->n_tokens);
+	for (i = 0; i < batch->n_tokens; i++)
+		if (batch->tokens[i] < 0 || batch->tokens[i] >= b->m->hp.n_vocab)
+			return err_set(err, ERR_INVAL, "token id %d out of the vocabulary", batch->tokens[i]);
+	return 0;
+}
+
+/* Where each part of the staging area starts, host or device. */
+static struct step_ints
+step_ints(const struct backend *b, int32_t *base)
+{
+	size_t T = (size_t)b->max_tokens;
+	struct step_ints s = { base, base + T, base + 2 * T, base + 3 * T, base + 4 * T };
+
+	return s;
+}
+
+/*
+ * Fills the staging area (tokens, positions, table offsets, logit rows,
+ * the block tables each token needs) and sends it. Returns the logit rows.
+ */
+static int
+stage_step(struct backend *b, const struct fwd_batch *batch, int64_t n_tab, int *n_logits, char *err)
+{
+	struct step_ints h;
+	int32_t s, i, t = 0, tab = 0, nl = 0;
+	int rc;
+
+	if (n_tab > b->table_cap && (rc = alloc_staging(b, MAX(n_tab, 2 * b->table_cap), err)) != 0)
+		return rc;
+	h = step_ints(b, b->host_ints);
+	for (s = 0; s < batch->n_seqs; s++) {
+		const struct fwd_seq *q = &batch->seqs[s];
+		int32_t nb = (q->pos0 + q->n_new + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+
+		memcpy(h.tables + tab, q->block_table, (size_t)nb * sizeof(int32_t));
+		for (i = 0; i < q->n_new; i++, t++) {
+			h.tokens[t] = batch->tokens[t];
+			h.pos[t] = q->pos0 + i;
+			h.tab[t] = tab;
+			if (i >= q->n_new - q->logits)
+				h.lrows[nl++] = t;
+		}
+		tab += nb;
+	}
+	CK(cudaMemcpyAsync(b->dev_ints, b->host_ints,
+	    ((size_t)4 * (size_t)b->max_tokens + (size_t)tab) * sizeof(int32_t),
+	    cudaMemcpyHostToDevice, b->stream));
+	*n_logits = nl;
+	return 0;
+}
+
+/* Layer l's heads: sliding window, RoPE base and scaling. */
+static struct cuda_heads
+heads_of(const struct backend *b, int l)
+{
+	const struct model_hparams *hp = &b->m->hp;
+	const struct cuda_layer *c = &b->layers[l];
+	int swa = model_layer_is_swa(hp, l);
+	struct cuda_heads hd;
+
+	hd.n_head = hp->n_head;
+	hd.n_head_kv = hp->n_head_kv;
+	hd.head_dim = hp->head_dim;
+	hd.bq = c->bq, hd.bk = c->bk, hd.bv = c->bv;
+	hd.q_norm = c->q_norm, hd.k_norm = c->k_norm;
+	hd.nm.offset = hp->norm_offset, hd.nm.eps = hp->norm_eps;
+	hd.inv_freq = b->inv_freq[swa];
+	hd.pos_div = swa ? 1.0f : hp->rope_scale;
+	hd.neox = hp->rope == ROPE_NEOX;
+	hd.scale = hp->attn_scale;
+	hd.window = swa ? hp->sliding_window : 0;
+	return hd;
+}
+
+/* The attention half of layer l; h holds the normed input, x gets the residual. */
+static int
+attention(struct backend *b, int T, int l, const struct step_ints *dev, char *err)
+{
+	const struct model_hparams *hp = &b->m->hp;
+	const struct cuda_layer *c = &b->layers[l];
+	struct cuda_heads hd = heads_of(b, l);
+	struct cuda_kv kv = { b->kv, b->kv_stride, hp->n_layer, l, dev->pos, dev->tab, dev->tables };
+	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
+	int embd = hp->n_embd, nq = hp->n_head * hp->head_dim, nkv = hp->n_head_kv * hp->head_dim, rc;
+
+	prof_mark(b, PH_MATMUL);
+	if ((rc = cuda_matmul(&b->mm, &c->wq, b->h, embd, T, b->q, nq, 0, err)) != 0 ||
+	    (rc = cuda_matmul(&b->mm, &c->wk, b->h, embd, T, b->k, nkv, 1, err)) != 0 ||
+	    (rc = cuda_matmul(&b->mm, &c->wv, b->h, embd, T, b->v, nkv, 1, err)) != 0)
+		return rc;
+	prof_mark(b, PH_ATTN);
+	if ((rc = cuda_qk(b->q, b->k, b->v, T, &hd, &kv, b->stream, err)) != 0 ||
+	    (rc = cuda_attention(b->q, b->att, T, &hd, &kv, b->stream, err)) != 0)
+		return rc;
+	prof_mark(b, PH_MATMUL);
+	if ((rc = cuda_matmul(&b->mm, &c->wo, b->att, nq, T, b->ffn_out, embd, 0, err)) != 0)
+		return rc;
+	prof_mark(b, PH_NORM);
+	return cuda_residual_norm(b->x, b->ffn_out, c->post_attn_norm, c->ffn_norm, b->h, T, embd, nm,
+	    b->stream, err);
+}
+
+/* The feed-forward half of layer l; ends with the next layer's input norm in h. */
+static int
+feed_forward(struct backend *b, int T, int l, char *err)
+{
+	const struct model_hparams *hp = &b->m->hp;
+	const struct cuda_layer *c = &b->layers[l];
+	const float *next = l + 1 < hp->n_layer ? b->layers[l + 1].attn_norm : NULL;
+	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
+	int embd = hp->n_embd, ff = hp->n_ff, rc;
+
+	prof_mark(b, PH_MATMUL);
+	if ((rc = cuda_matmul(&b->mm, &c->w_gate, b->h, embd, T, b->gate, ff, 0, err)) != 0 ||
+	    (rc = cuda_matmul(&b->mm, &c->w_up, b->h, embd, T, b->up, ff, 1, err)) != 0)
+		return rc;
+	prof_mark(b, PH_NORM);
+	if ((rc = cuda_glu(b->gate, b->up, (int64_t)T * ff, hp->gelu, b->stream, err)) != 0)
+		return rc;
+	prof_mark(b, PH_MATMUL);
+	if ((rc = cuda_matmul(&b->mm, &c->w_down, b->gate, ff, T, b->ffn_out, embd, 0, err)) != 0)
+		return rc;
+	prof_mark(b, PH_NORM);
+	return cuda_residual_norm(b->x, b->ffn_out, c->post_ffn_norm, next, b->h, T, embd, nm,
+	    b->stream, err);
+}
+
+/* Logit rows [r0, r0 + nr) (normed in h) projected into the logits buffer. */
+static int
+output_rows(struct backend *b, int r0, int nr, char *err)
+{
+	const struct model_hparams *hp = &b->m->hp;
+
+	return cuda_matmul(&b->mm, &b->output, b->h + (size_t)r0 * hp->n_embd, hp->n_embd, nr, b->logits,
+	    hp->n_vocab, 0, err);
+}
+
+/*
+ * Every kernel of a step, queued on the stream: the embeddings, the layers,
+ * the final norm of the rows that want logits and the projection of the
+ * first LOGIT_ROWS of them. Nothing here synchronises or touches host
+ * memory, so that it can be captured into a graph.
+ */
+static int
+step_kernels(struct backend *b, int T, int n_logits, const struct step_ints *dev, char *err)
+{
+	const struct model_hparams *hp = &b->m->hp;
+	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
+	int rc;
+
+	prof_mark(b, PH_NORM);
+	if ((rc = cuda_embed(&b->tok_embd, dev->tokens, T, hp->embd_scale, b->x, b->stream, err)) != 0 ||
+	    (rc = cuda_residual_norm(b->x, NULL, NULL, b->layers[0].attn_norm, b->h, T, hp->n_embd, nm,
+	    b->stream, err)) != 0)
+		return rc;
+	for (int l = 0; l < hp->n_layer; l++)
+		if ((rc = attention(b, T, l, dev, err)) != 0 || (rc = feed_forward(b, T, l, err)) != 0)
+			return rc;
+	prof_mark(b, PH_OUTPUT);
+	if (n_logits == 0)
+		return 0;
+	if ((rc = cuda_norm_rows(b->x, dev->lrows, b->out_norm, b->h, n_logits, hp->n_embd, nm,
+	    b->stream, err)) != 0)
+		return rc;
+	return output_rows(b, 0, MIN(n_logits, MIN(b->max_tokens, LOGIT_ROWS)), err);
+}
+
+/* The cached graph of this shape, or a slot to capture it in (the least recently used). */
+static struct graph *
+find_graph(struct backend *b, int T, int n_logits, int *hit)
+{
+	struct graph *victim = &b->graphs[0];
+
+	for (int i = 0; i < GRAPH_CACHE; i++) {
+		struct graph *g = &b->graphs[i];
+
+		if (g->exec != NULL && g->n_tok == T && g->n_logits == n_logits) {
+			*hit = 1;
+			return g;
+		}
+		if (victim->exec != NULL && (g->exec == NULL || g->used < victim->used))
+			victim = g;
+	}
+	*hit = 0;
+	return victim;
+}
+
+/*
+ * Runs step_kernels as a graph: replayed when this shape was seen before,
+ * else captured first. One launch instead of a few hundred: small steps are
+ * bound by launches, not by the GPU.
+ */
+static int
+graph_step(struct backend *b, int T, int n_logits, const struct step_ints *dev, char *err)
+{
+	int hit, rc;
+	struct graph *g = find_graph(b, T, n_logits, &hit);
+	cudaGraph_t graph = NULL;
+	cudaError_t e;
+
+	if (!hit) {
+		if (g->exec != NULL) {
+			cudaGraphExecDestroy(g->exec);
+			g->exec = NULL;
+		}
+		CK(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
+		rc = step_kernels(b, T, n_logits, dev, err);
+		e = cudaStreamEndCapture(b->stream, &graph); /* always: the stream must leave capture */
+		if (rc != 0) {
+			if (graph != NULL)
+				cudaGraphDestroy(graph);
+			return rc;
+		}
+		CK(e);
+		e = cudaGraphInstantiate(&g->exec, graph, 0);
+		cudaGraphDestroy(graph);
+		if (e != cudaSuccess) {
+			g->exec = NULL;
+			CK(e);
+		}
+		g->n_tok = T;
+		g->n_logits = n_logits;
+	}
+	g->used = ++b->graph_clock;
+	CK(cudaGraphLaunch(g->exec, b->stream));
+	return 0;
+}
+
+static int
+cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, char *err)
+{
+	size_t V = (size_t)b->m->hp.n_vocab;
+	struct step_ints dev;
+	int64_t n_tab = 0;
+	int T = batch->n_tokens, n_logits = 0, rows = MIN(b->max_tokens, LOGIT_ROWS), rc;
+
+	if ((rc = check_batch(b, batch, &n_tab, err)) != 0)
+		return rc;
+	CK(cudaSetDevice(b->device));
+	b->prof.n = 0;
+	prof_mark(b, PH_STAGE);
+	if ((rc = stage_step(b, batch, n_tab, &n_logits, err)) != 0)
+		return rc;
+	dev = step_ints(b, b->dev_ints);
+	if (b->use_graphs && !b->prof.on && T <= GRAPH_MAX_TOKENS && n_logits <= rows)
+		rc = graph_step(b, T, n_logits, &dev, err);
+	else
+		rc = step_kernels(b, T, n_logits, &dev, err);
+	if (rc != 0)
+		return rc;
+	/* the logits, a buffer at a time; the kernels above did the first */
+	for (int r0 = 0; r0 < n_logits; r0 += rows) {
+		int nr = MIN(rows, n_logits - r0);
+
+		if (r0 > 0 && (rc = output_rows(b, r0, nr, err)) != 0)
+			return rc;
+		CK(cudaMemcpyAsync(logits + (size_t)r0 * V, b->logits, (size_t)nr * V * sizeof(float),
+		    cudaMemcpyDeviceToHost, b->stream));
+	}
+	prof_mark(b, PH_END);
+	CK(cudaStreamSynchronize(b->stream));
+	return prof_step(&b->prof, T, err);
+}
+
+static int
+cuda_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char *err)
+{
+	size_t nkv = (size_t)b->m->hp.n_head_kv * (size_t)b->m->hp.head_dim;
+	size_t pitch = b->kv_stride * sizeof(__half), per_block = (size_t)b->m->hp.n_layer * 2 * b->kv_stride;
+
+	if (src < 0 || src >= b->kv_blocks || dst < 0 || dst >= b->kv_blocks ||
+	    n_tokens < 0 || n_tokens > KV_BLOCK_TOKENS)
+		return err_set(err, ERR_INVAL, "kv_copy %d -> %d of %d tokens: out of range", src, dst, n_tokens);
+	if (n_tokens == 0 || src == dst)
+		return 0;
+	CK(cudaSetDevice(b->device));
+	/* the block's K and V of every layer: 2 * n_layer rows of n_tokens positions, a pitch apart */
+	CK(cudaMemcpy2DAsync(b->kv + (size_t)dst * per_block, pitch, b->kv + (size_t)src * per_block, pitch,
+	    (size_t)n_tokens * nkv * sizeof(__half), (size_t)b->m->hp.n_layer * 2,
+	    cudaMemcpyDeviceToDevice, b->stream));
+	return 0;
+}
+
+extern "C" int
+cuda_backend_devices(void)
+{
+	int n = 0;
+
+	if (cudaGetDeviceCount(&n) != cudaSuccess) {
+		cudaGetLastError(); /* clear it */
+		return 0;
+	}
+	return n;
+}
+
+extern "C" const struct backend_ops cuda_backend = {
+	"cuda",
+	(int)sizeof(__half),
+	cuda_load,
+	cuda_forward,
+	cuda_kv_copy,
+	cuda_free,
+};

@@ -1,0 +1,54 @@
+/*
+ * matmul.cuh: y = W x for a weight in its stored (quantized) form and a
+ * few or many tokens. Host entry points only.
+ */
+#ifndef RESIDENT_CUDA_MATMUL_CUH
+#define RESIDENT_CUDA_MATMUL_CUH
+
+#include "cuda_common.cuh"
+
+#include <cublas_v2.h>
+
+/* Tokens one matrix-vector kernel carries; more go in groups of this. */
+#define MMV_TOKENS 8
+
+/* A weight on the GPU: n rows of k elements, row_bytes apart. */
+struct cuda_weight {
+	const uint8_t *d;
+	uint32_t type;
+	int64_t k, n;
+	size_t row_bytes;
+};
+
+/*
+ * Scratch of the tensor-core path, allocated once at load: the activations
+ * as fp16 (each row scaled by a power of two into fp16 range) and a tile
+ * of the weight dequantized to fp16.
+ */
+struct cuda_mm {
+	cublasHandle_t blas;
+	cudaStream_t stream;
+	__half *xh;        /* max_tokens x widest input */
+	float *xscale;     /* max_tokens: the power of two each row of xh was divided by */
+	__half *wh;        /* wh_elems: rows of a weight, dequantized */
+	int64_t wh_elems;
+	int mmv_max;       /* up to this many tokens: matrix-vector kernels; above: cuBLAS */
+};
+
+/*
+ * y[t * ldy + o] = sum_i W[o][i] * x[t * ldx + i] for t < n_tok and every
+ * row o of the weight, on m->stream. With reuse_x, x is the x of the
+ * previous call (same rows, same values): its fp16 copy is reused.
+ * Returns 0 or ERR_DEVICE with a message.
+ */
+int cuda_matmul(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_tok,
+    float *y, int ldy, int reuse_x, char *err);
+
+/* out[t][i] = row tokens[t] of an embedding matrix, times scale, for t < n_tok. */
+int cuda_embed(const struct cuda_weight *w, const int32_t *tokens, int n_tok, float scale,
+    float *out, cudaStream_t st, char *err);
+
+/* Elements of fp16 scratch the tensor-core path wants for this weight. */
+int64_t cuda_matmul_tile_elems(const struct cuda_weight *w);
+
+#endif

@@ -1,0 +1,106 @@
+/*
+ * norm.cu: RMSNorm with residual adds fused around it, and the gated
+ * activation. A block per row; each thread keeps to the same elements in
+ * every pass, so it reads back only what it wrote itself.
+ */
+#include "norm.cuh"
+
+#define NORM_THREADS 256
+#define GLU_THREADS 256
+
+/* 1 / rms of the row, as cpu_rmsnorm computes it. */
+static __device__ __forceinline__ float
+inv_rms(float sumsq, int n, float eps, float *red)
+{
+	return 1.0f / sqrtf(block_sum(sumsq, red) / (float)n + eps);
+}
+
+__global__ void
+residual_norm_kernel(float *__restrict__ x, const float *__restrict__ r, const float *__restrict__ post,
+    const float *__restrict__ w, float *__restrict__ h, int n, struct cuda_norm nm)
+{
+	__shared__ float red[WARP];
+	float *xr = x + (size_t)blockIdx.x * n, ss = 0.0f, sc;
+	const float *rr = r ? r + (size_t)blockIdx.x * n : NULL;
+	int i;
+
+	if (rr != NULL) {
+		if (post != NULL) {
+			for (i = threadIdx.x; i < n; i += blockDim.x)
+				ss += rr[i] * rr[i];
+			sc = inv_rms(ss, n, nm.eps, red);
+			for (i = threadIdx.x; i < n; i += blockDim.x)
+				xr[i] += rr[i] * sc * (post[i] + nm.offset);
+		} else {
+			for (i = threadIdx.x; i < n; i += blockDim.x)
+				xr[i] += rr[i];
+		}
+	}
+	if (w == NULL)
+		return;
+	ss = 0.0f;
+	for (i = threadIdx.x; i < n; i += blockDim.x)
+		ss += xr[i] * xr[i];
+	sc = inv_rms(ss, n, nm.eps, red);
+	for (i = threadIdx.x; i < n; i += blockDim.x)
+		h[(size_t)blockIdx.x * n + i] = xr[i] * sc * (w[i] + nm.offset);
+}
+
+__global__ void
+norm_rows_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
+    const float *__restrict__ w, float *__restrict__ h, int n, struct cuda_norm nm)
+{
+	__shared__ float red[WARP];
+	const float *xr = x + (size_t)rows[blockIdx.x] * n;
+	float ss = 0.0f, sc;
+	int i;
+
+	for (i = threadIdx.x; i < n; i += blockDim.x)
+		ss += xr[i] * xr[i];
+	sc = inv_rms(ss, n, nm.eps, red);
+	for (i = threadIdx.x; i < n; i += blockDim.x)
+		h[(size_t)blockIdx.x * n + i] = xr[i] * sc * (w[i] + nm.offset);
+}
+
+__global__ void
+glu_kernel(float *__restrict__ a, const float *__restrict__ b, int64_t n, int gelu)
+{
+	const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+	int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	float v;
+
+	if (i >= n)
+		return;
+	v = a[i];
+	if (gelu)
+		v = 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+	else
+		v = v / (1.0f + expf(-v));
+	a[i] = v * b[i];
+}
+
+int
+cuda_residual_norm(float *x, const float *r, const float *post, const float *w, float *h, int n_rows,
+    int n, struct cuda_norm nm, cudaStream_t st, char *err)
+{
+	residual_norm_kernel<<<n_rows, NORM_THREADS, 0, st>>>(x, r, post, w, h, n, nm);
+	CK_LAUNCH("residual_norm_kernel");
+	return 0;
+}
+
+int
+cuda_norm_rows(const float *x, const int32_t *rows, const float *w, float *h, int n_rows, int n,
+    struct cuda_norm nm, cudaStream_t st, char *err)
+{
+	norm_rows_kernel<<<n_rows, NORM_THREADS, 0, st>>>(x, rows, w, h, n, nm);
+	CK_LAUNCH("norm_rows_kernel");
+	return 0;
+}
+
+int
+cuda_glu(float *a, const float *b, int64_t n, int gelu, cudaStream_t st, char *err)
+{
+	glu_kernel<<<(unsigned)((n + GLU_THREADS - 1) / GLU_THREADS), GLU_THREADS, 0, st>>>(a, b, n, gelu);
+	CK_LAUNCH("glu_kernel");
+	return 0;
+}

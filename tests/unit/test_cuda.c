@@ -1,0 +1,390 @@
+/*
+ * test_cuda.c: the CUDA backend against the CPU reference, whole-model
+ * logits, for every family and weight type the generator writes.
+ *
+ * Each model runs one schedule of steps on the CPU backend and on two CUDA
+ * backends: one that sends every product to the tensor-core path (cuBLAS)
+ * and one that sends every product to the matrix-vector kernels
+ * (RESIDENT_CUDA_MMV_MAX). The schedule mixes prefill chunks and decode
+ * tokens of seven sequences in one step, reaches positions well past the
+ * gemma sliding window (16), forks a sequence in the middle of a block
+ * (kv_copy) and ends with one- and sixteen-token steps. Every logits row
+ * must agree with the CPU's within TOL: max |gpu - cpu| / max |cpu| per
+ * row; the CUDA KV pool is fp16 and the tensor-core path rounds its inputs
+ * to fp16, the rest is float32.
+ *
+ * The real Gemma 3 270M file runs too when RESIDENT_GEMMA names it.
+ * Without a CUDA device the program says so and exits 77 (a skip).
+ * TEST_CUDA_ONLY="tiny/q8_0,tiny-gemma3/q4_k_m" runs only those models
+ * (for slow tools such as compute-sanitizer).
+ */
+#include "config.h"
+#include "genmodel.h"
+#include "kernels.h"
+#include "model.h"
+#include "quant.h"
+#include "util.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#define SEQS 6          /* sequences of the schedule; a seventh is forked */
+#define MAX_BLOCKS 8    /* blocks per sequence: 128 positions */
+#define MAX_STEP 256
+#define DECODE_TO 84    /* sequence 0 decodes up to this length */
+#define TOL 1e-2
+#define N_GPU 2         /* the two CUDA variants */
+
+static const char *const gpu_names[N_GPU] = { "cublas", "matvec" };
+static const char *const gpu_mmv[N_GPU] = { "0", "1000000" };
+
+struct fixture {
+	char dir[64];
+	char path[128];
+	int generated;
+	struct model_desc *m;
+	struct backend *cpu, *gpu[N_GPU];
+	int32_t n_vocab;
+	double worst[N_GPU];
+	int rows;
+};
+
+/* One step of the schedule: sequence id[k] gets n_new[k] tokens from pos[k]. */
+struct plan {
+	int n;
+	int id[SEQS + 1], pos[SEQS + 1], n_new[SEQS + 1];
+};
+
+static int32_t tables[SEQS + 1][MAX_BLOCKS];
+
+static struct backend_opts
+opts(void)
+{
+	struct backend_opts bo = { .n_threads = 0, .kv_blocks = (SEQS + 1) * MAX_BLOCKS,
+		.max_tokens = MAX_STEP, .max_seqs = SEQS + 1, .device = 0 };
+
+	return bo;
+}
+
+/* Loads m on the CPU and on both CUDA variants. */
+static void
+load_all(struct fixture *f)
+{
+	struct backend_opts bo = opts();
+	char err[ERR_LEN];
+	int g;
+
+	if (cpu_backend.load(f->m, &bo, &f->cpu, err) != 0)
+		fail_msg("cpu load: %s", err);
+	for (g = 0; g < N_GPU; g++) {
+		setenv("RESIDENT_CUDA_MMV_MAX", gpu_mmv[g], 1);
+		if (cuda_backend.load(f->m, &bo, &f->gpu[g], err) != 0)
+			fail_msg("cuda load (%s): %s", gpu_names[g], err);
+	}
+	unsetenv("RESIDENT_CUDA_MMV_MAX");
+	f->n_vocab = f->m->hp.n_vocab;
+}
+
+/* 0 if TEST_CUDA_ONLY ("shape/type,...") is set and does not name this model. */
+static int
+selected(const char *shape, const char *type)
+{
+	const char *only = getenv("TEST_CUDA_ONLY");
+	char name[64];
+
+	snprintf(name, sizeof name, "%s/%s", shape, type);
+	for (const char *p = only; p != NULL && *p != '\0'; p += strcspn(p, ",") + (p[strcspn(p, ",")] != '\0'))
+		if (strncmp(p, name, strcspn(p, ",")) == 0 && strlen(name) == strcspn(p, ","))
+			return 1;
+	return only == NULL || *only == '\0';
+}
+
+/*
+ * Generates SHAPE in TYPE into a temporary directory and loads it
+ * everywhere; leaves the state NULL (the test skips) if not selected.
+ */
+static int
+setup_model(void **state, const char *shape, const char *type)
+{
+	struct fixture *f;
+	struct genmodel_opts o = { .shape = shape, .format = "gguf", .type = type, .seed = 11, .threads = 0 };
+	char err[ERR_LEN];
+
+	*state = NULL;
+	if (!selected(shape, type))
+		return 0;
+	f = xcalloc(1, sizeof *f);
+	snprintf(f->dir, sizeof f->dir, "/tmp/test_cuda_XXXXXX");
+	assert_non_null(mkdtemp(f->dir));
+	snprintf(f->path, sizeof f->path, "%s/m.gguf", f->dir);
+	f->generated = 1;
+	o.out = f->path;
+	if (genmodel_run(&o, err) != 0 || model_open(f->path, &f->m, err) != 0)
+		fail_msg("%s %s: %s", shape, type, err);
+	load_all(f);
+	*state = f;
+	return 0;
+}
+
+static int
+teardown(void **state)
+{
+	struct fixture *f = *state;
+	int g;
+
+	if (f == NULL)
+		return 0;
+	cpu_backend.free(f->cpu);
+	for (g = 0; g < N_GPU; g++)
+		cuda_backend.free(f->gpu[g]);
+	model_close(f->m);
+	if (f->generated) {
+		unlink(f->path);
+		rmdir(f->dir);
+	}
+	free(f);
+	return 0;
+}
+
+/* Deterministic token ids of sequence s. */
+static int32_t
+tok(int s, int i, int32_t n_vocab)
+{
+	return (int32_t)(((uint32_t)s * 7919u + (uint32_t)i * 104729u + 17u) % (uint32_t)n_vocab);
+}
+
+/* max |a - b| / max |b| over one row; infinite if a has a NaN or an infinity. */
+static double
+rel_err(const float *a, const float *b, int32_t n)
+{
+	double d = 0, m = 0;
+	int32_t i;
+
+	for (i = 0; i < n; i++) {
+		if (!isfinite(a[i]))
+			return INFINITY;
+		d = fmax(d, fabs((double)a[i] - b[i]));
+		m = fmax(m, fabs((double)b[i]));
+	}
+	return d / m;
+}
+
+/* Runs one step with every row's logits on backend be; returns them (malloc'd). */
+static float *
+run_step(const struct backend_ops *ops, struct backend *be, const struct plan *p, int32_t n_vocab,
+    int *n_rows)
+{
+	struct fwd_seq fs[SEQS + 1];
+	int32_t toks[MAX_STEP];
+	int k, i, t = 0;
+	struct fwd_batch b = { p->n, fs, 0, toks };
+	float *logits;
+	char err[ERR_LEN];
+
+	for (k = 0; k < p->n; k++) {
+		fs[k] = (struct fwd_seq){ p->n_new[k], p->pos[k], tables[p->id[k]], MAX_BLOCKS, p->n_new[k] };
+		for (i = 0; i < p->n_new[k]; i++)
+			toks[t++] = tok(p->id[k], p->pos[k] + i, n_vocab);
+	}
+	assert_true(t <= MAX_STEP);
+	b.n_tokens = t;
+	logits = xmalloc((size_t)t * (size_t)n_vocab * sizeof *logits);
+	for (i = 0; i < t * n_vocab; i++)
+		logits[i] = NAN; /* every row must be written */
+	if (ops->forward(be, &b, logits, err) != 0)
+		fail_msg("%s forward: %s", ops->name, err);
+	*n_rows = t;
+	return logits;
+}
+
+/* Runs a step everywhere and compares every row with the CPU's. */
+static void
+step_all(struct fixture *f, const struct plan *p)
+{
+	int rows, g, r;
+	float *ref = run_step(&cpu_backend, f->cpu, p, f->n_vocab, &rows), *got;
+
+	for (g = 0; g < N_GPU; g++) {
+		got = run_step(&cuda_backend, f->gpu[g], p, f->n_vocab, &rows);
+		for (r = 0; r < rows; r++) {
+			double e = rel_err(got + (size_t)r * f->n_vocab, ref + (size_t)r * f->n_vocab, f->n_vocab);
+
+			f->worst[g] = fmax(f->worst[g], isnan(e) ? INFINITY : e);
+			if (!(e < TOL))
+				fail_msg("%s: row %d of a %d-token step: relative error %g", gpu_names[g], r,
+				    rows, e);
+		}
+		free(got);
+	}
+	f->rows += rows;
+	free(ref);
+}
+
+/* Copies the first n positions of block src into dst on every backend. */
+static void
+kv_copy_all(struct fixture *f, int32_t src, int32_t dst, int32_t n)
+{
+	char err[ERR_LEN];
+	int g;
+
+	if (cpu_backend.kv_copy(f->cpu, src, dst, n, err) != 0)
+		fail_msg("cpu kv_copy: %s", err);
+	for (g = 0; g < N_GPU; g++)
+		if (cuda_backend.kv_copy(f->gpu[g], src, dst, n, err) != 0)
+			fail_msg("cuda kv_copy: %s", err);
+}
+
+/* Adds sequence s with n_new tokens to the plan. */
+static void
+plan_add(struct plan *p, int s, int pos, int n_new)
+{
+	p->id[p->n] = s;
+	p->pos[p->n] = pos;
+	p->n_new[p->n] = n_new;
+	p->n++;
+}
+
+/* The whole schedule (see the top of the file). */
+static void
+run_schedule(struct fixture *f)
+{
+	static const int prompt[SEQS] = { 37, 5, 23, 61, 1, 44 };
+	int done[SEQS + 1] = { 0 }, s, i, busy, chunk = 24, fork_at;
+	struct plan p;
+
+	for (s = 0; s <= SEQS; s++)
+		for (i = 0; i < MAX_BLOCKS; i++)
+			tables[s][i] = s * MAX_BLOCKS + i;
+	/* prompts in chunks, beside the decodes of the sequences already done */
+	do {
+		memset(&p, 0, sizeof p);
+		for (busy = 0, s = 0; s < SEQS; s++) {
+			int n = done[s] < prompt[s] ? MIN(chunk, prompt[s] - done[s]) : 1;
+
+			busy |= done[s] < prompt[s];
+			plan_add(&p, s, done[s], n);
+			done[s] += n;
+		}
+		step_all(f, &p);
+		chunk = chunk == 24 ? 13 : 24;
+	} while (busy);
+	/* sequence 6 forks sequence 0 in the middle of a block: shared full blocks, a copied partial one */
+	fork_at = done[0] % KV_BLOCK_TOKENS ? done[0] : done[0] - 3;
+	for (i = 0; i < fork_at / KV_BLOCK_TOKENS; i++)
+		tables[SEQS][i] = tables[0][i];
+	kv_copy_all(f, tables[0][i], tables[SEQS][i], fork_at % KV_BLOCK_TOKENS);
+	done[SEQS] = fork_at;
+	/* everyone decodes until sequence 0 is DECODE_TO long */
+	while (done[0] < DECODE_TO) {
+		memset(&p, 0, sizeof p);
+		for (s = 0; s <= SEQS; s++) {
+			plan_add(&p, (s + done[0]) % (SEQS + 1), done[(s + done[0]) % (SEQS + 1)], 1);
+		}
+		for (s = 0; s <= SEQS; s++)
+			done[s]++;
+		step_all(f, &p);
+	}
+	/* one token alone, then a step of sixteen */
+	memset(&p, 0, sizeof p);
+	plan_add(&p, 4, done[4]++, 1);
+	step_all(f, &p);
+	memset(&p, 0, sizeof p);
+	plan_add(&p, 1, done[1], 12);
+	done[1] += 12;
+	for (s = 2; s < 6; s++)
+		plan_add(&p, s, done[s]++, 1);
+	step_all(f, &p);
+}
+
+static void
+test_model(void **state)
+{
+	struct fixture *f = *state;
+	const struct quant_traits *qt;
+
+	if (f == NULL)
+		skip();
+	qt = quant_traits(f->m->tok_embd->type);
+	if (!f->rows)
+		run_schedule(f);
+	print_message("%-12s %-5s embd %-5s: %4d rows, max relative error: cublas %.2e, matvec %.2e\n",
+	    f->m->name, model_arch_name(f->m->arch), qt ? qt->name : "?", f->rows, f->worst[0],
+	    f->worst[1]);
+}
+
+/* The real Gemma 3 270M file: a 40-token prompt in chunks, then decoding, one sequence. */
+static void
+test_real_gemma(void **state)
+{
+	const char *path = getenv("RESIDENT_GEMMA");
+	struct fixture *f;
+	struct plan p;
+	char err[ERR_LEN];
+	int pos = 0, n;
+
+	if (path == NULL || *path == '\0') {
+		print_message("RESIDENT_GEMMA not set: the real Gemma 3 270M is not compared\n");
+		skip();
+	}
+	f = xcalloc(1, sizeof *f);
+	*state = f;
+	if (model_open(path, &f->m, err) != 0)
+		fail_msg("%s: %s", path, err);
+	load_all(f);
+	for (n = 0; n < MAX_BLOCKS; n++)
+		tables[0][n] = n;
+	while (pos < 60) {
+		memset(&p, 0, sizeof p);
+		n = pos < 40 ? MIN(17, 40 - pos) : 1;
+		plan_add(&p, 0, pos, n);
+		pos += n;
+		step_all(f, &p);
+	}
+	test_model(state);
+}
+
+static int setup_llama_f32(void **s) { return setup_model(s, "tiny", "f32"); }
+static int setup_llama_f16(void **s) { return setup_model(s, "tiny", "f16"); }
+static int setup_llama_bf16(void **s) { return setup_model(s, "tiny", "bf16"); }
+static int setup_llama_q8(void **s) { return setup_model(s, "tiny", "q8_0"); }
+static int setup_llama_q4km(void **s) { return setup_model(s, "tiny", "q4_k_m"); }
+static int setup_qwen2_f16(void **s) { return setup_model(s, "tiny-qwen2", "f16"); }
+static int setup_qwen2_q4km(void **s) { return setup_model(s, "tiny-qwen2", "q4_k_m"); }
+static int setup_qwen3_q8(void **s) { return setup_model(s, "tiny-qwen3", "q8_0"); }
+static int setup_qwen3_q4km(void **s) { return setup_model(s, "tiny-qwen3", "q4_k_m"); }
+static int setup_gemma3_f32(void **s) { return setup_model(s, "tiny-gemma3", "f32"); }
+static int setup_gemma3_q4km(void **s) { return setup_model(s, "tiny-gemma3", "q4_k_m"); }
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_model, setup_llama_f32, teardown),
+		cmocka_unit_test_setup_teardown(test_model, setup_llama_f16, teardown),
+		cmocka_unit_test_setup_teardown(test_model, setup_llama_bf16, teardown),
+		cmocka_unit_test_setup_teardown(test_model, setup_llama_q8, teardown),
+		cmocka_unit_test_setup_teardown(test_model, setup_llama_q4km, teardown),
+		cmocka_unit_test_setup_teardown(test_model, setup_qwen2_f16, teardown),
+		cmocka_unit_test_setup_teardown(test_model, setup_qwen2_q4km, teardown),
+		cmocka_unit_test_setup_teardown(test_model, setup_qwen3_q8, teardown),
+		cmocka_unit_test_setup_teardown(test_model, setup_qwen3_q4km, teardown),
+		cmocka_unit_test_setup_teardown(test_model, setup_gemma3_f32, teardown),
+		cmocka_unit_test_setup_teardown(test_model, setup_gemma3_q4km, teardown),
+		cmocka_unit_test_teardown(test_real_gemma, teardown),
+	};
+
+	if (cuda_backend_devices() <= 0) {
+		printf("SKIP: no CUDA device\n");
+		return 77;
+	}
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
