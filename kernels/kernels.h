@@ -48,6 +48,15 @@ struct fwd_batch {
 	const int32_t *tokens;
 };
 
+/*
+ * Checks a step against a backend's limits before any work: token and logit
+ * counts, block tables inside the pool and long enough for their sequence,
+ * token ids inside the vocabulary. *max_len gets the longest sequence,
+ * *n_table the block-table entries the step covers. 0 or ERR_INVAL/ERR_RANGE.
+ */
+int fwd_batch_check(const struct fwd_batch *batch, int32_t max_tokens, int64_t kv_blocks, int32_t n_vocab,
+    int64_t *max_len, int64_t *n_table, char *err);
+
 struct backend;
 
 struct backend_ops {

@@ -166,42 +166,6 @@ cpu_free(struct backend *b)
 	free(b);
 }
 
-/* Checks a step against the pool and the model before touching anything. */
-static int
-check_batch(const struct backend *b, const struct fwd_batch *batch, int64_t *max_len, char *err)
-{
-	int32_t s, i, total = 0;
-
-	if (batch->n_tokens < 1 || batch->n_tokens > b->max_tokens)
-		return err_set(err, ERR_RANGE, "a step of %d tokens (1..%d allowed)", batch->n_tokens,
-		    b->max_tokens);
-	*max_len = 0;
-	for (s = 0; s < batch->n_seqs; s++) {
-		const struct fwd_seq *q = &batch->seqs[s];
-		int64_t len = (int64_t)q->pos0 + q->n_new;
-
-		if (q->n_new < 1 || q->pos0 < 0 || q->logits < 0 || q->logits > q->n_new ||
-		    (q->logits != 0 && q->logits != 1 && q->logits != q->n_new))
-			return err_set(err, ERR_INVAL, "sequence %d: bad token or logit counts", s);
-		if ((int64_t)q->n_blocks * KV_BLOCK_TOKENS < len)
-			return err_set(err, ERR_INVAL, "sequence %d: %d blocks cannot hold %lld positions",
-			    s, q->n_blocks, (long long)len);
-		for (i = 0; i < q->n_blocks; i++)
-			if (q->block_table[i] < 0 || q->block_table[i] >= b->kv_blocks)
-				return err_set(err, ERR_INVAL, "sequence %d: block %d out of the pool", s,
-				    q->block_table[i]);
-		*max_len = MAX(*max_len, len);
-		total += q->n_new;
-	}
-	if (total != batch->n_tokens)
-		return err_set(err, ERR_INVAL, "sequences carry %d tokens, the batch %d", total,
-		    batch->n_tokens);
-	for (i = 0; i < batch->n_tokens; i++)
-		if (batch->tokens[i] < 0 || batch->tokens[i] >= b->m->hp.n_vocab)
-			return err_set(err, ERR_INVAL, "token id %d out of the vocabulary", batch->tokens[i]);
-	return 0;
-}
-
 /* Where position pos of a sequence keeps its K (kv = 0) or V (kv = 1) at layer l. */
 static float *
 kv_slot(const struct backend *b, const struct fwd_seq *q, int l, int kv, int64_t pos)
@@ -418,10 +382,11 @@ place_tokens(struct backend *b, const struct fwd_batch *batch, int64_t max_len)
 static int
 cpu_forward(struct backend *b, const struct fwd_batch *batch, float *logits, char *err)
 {
-	int64_t max_len = 0;
+	int64_t max_len = 0, n_table;
 	int l, rc;
 
-	if ((rc = check_batch(b, batch, &max_len, err)) != 0)
+	if ((rc = fwd_batch_check(batch, b->max_tokens, b->kv_blocks, b->m->hp.n_vocab, &max_len, &n_table,
+	    err)) != 0)
 		return rc;
 	place_tokens(b, batch, max_len);
 	embed(b, batch);

@@ -652,42 +652,6 @@ cuda_free(struct backend *b)
 
 /* ---- forward ---- */
 
-/* Checks a step against the pool and the model before touching anything (as the CPU backend). */
-static int
-check_batch(const struct backend *b, const struct fwd_batch *batch, int64_t *n_tab, char *err)
-{
-	int32_t s, i, total = 0;
-
-	if (batch->n_tokens < 1 || batch->n_tokens > b->max_tokens)
-		return err_set(err, ERR_RANGE, "a step of %d tokens (1..%d allowed)", batch->n_tokens,
-		    b->max_tokens);
-	*n_tab = 0;
-	for (s = 0; s < batch->n_seqs; s++) {
-		const struct fwd_seq *q = &batch->seqs[s];
-		int64_t len = (int64_t)q->pos0 + q->n_new;
-
-		if (q->n_new < 1 || q->pos0 < 0 || q->logits < 0 || q->logits > q->n_new ||
-		    (q->logits != 0 && q->logits != 1 && q->logits != q->n_new))
-			return err_set(err, ERR_INVAL, "sequence %d: bad token or logit counts", s);
-		if ((int64_t)q->n_blocks * KV_BLOCK_TOKENS < len)
-			return err_set(err, ERR_INVAL, "sequence %d: %d blocks cannot hold %lld positions",
-			    s, q->n_blocks, (long long)len);
-		for (i = 0; i < q->n_blocks; i++)
-			if (q->block_table[i] < 0 || q->block_table[i] >= b->kv_blocks)
-				return err_set(err, ERR_INVAL, "sequence %d: block %d out of the pool", s,
-				    q->block_table[i]);
-		*n_tab += (len + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
-		total += q->n_new;
-	}
-	if (total != batch->n_tokens)
-		return err_set(err, ERR_INVAL, "sequences carry %d tokens, the batch %d", total,
-		    batch->n_tokens);
-	for (i = 0; i < batch->n_tokens; i++)
-		if (batch->tokens[i] < 0 || batch->tokens[i] >= b->m->hp.n_vocab)
-			return err_set(err, ERR_INVAL, "token id %d out of the vocabulary", batch->tokens[i]);
-	return 0;
-}
-
 /* Where each part of the staging area starts, host or device. */
 static struct step_ints
 step_ints(const struct backend *b, int32_t *base)
@@ -915,10 +879,11 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 {
 	size_t V = (size_t)b->m->hp.n_vocab;
 	struct step_ints dev;
-	int64_t n_tab = 0;
+	int64_t n_tab = 0, max_len;
 	int T = batch->n_tokens, n_logits = 0, rows = MIN(b->max_tokens, LOGIT_ROWS), rc;
 
-	if ((rc = check_batch(b, batch, &n_tab, err)) != 0)
+	if ((rc = fwd_batch_check(batch, b->max_tokens, b->kv_blocks, b->m->hp.n_vocab, &max_len, &n_tab,
+	    err)) != 0)
 		return rc;
 	CK(cudaSetDevice(b->device));
 	b->prof.n = 0;

@@ -1,0 +1,39 @@
+/* batch.c: what every backend checks of a step before it runs it. */
+#include "config.h"
+#include "kernels.h"
+#include "util.h"
+
+int
+fwd_batch_check(const struct fwd_batch *batch, int32_t max_tokens, int64_t kv_blocks, int32_t n_vocab,
+    int64_t *max_len, int64_t *n_table, char *err)
+{
+	int32_t s, i, total = 0;
+
+	if (batch->n_tokens < 1 || batch->n_tokens > max_tokens)
+		return err_set(err, ERR_RANGE, "a step of %d tokens (1..%d allowed)", batch->n_tokens, max_tokens);
+	*max_len = *n_table = 0;
+	for (s = 0; s < batch->n_seqs; s++) {
+		const struct fwd_seq *q = &batch->seqs[s];
+		int64_t len = (int64_t)q->pos0 + q->n_new;
+
+		if (q->n_new < 1 || q->pos0 < 0 || q->logits < 0 || q->logits > q->n_new ||
+		    (q->logits != 0 && q->logits != 1 && q->logits != q->n_new))
+			return err_set(err, ERR_INVAL, "sequence %d: bad token or logit counts", s);
+		if ((int64_t)q->n_blocks * KV_BLOCK_TOKENS < len)
+			return err_set(err, ERR_INVAL, "sequence %d: %d blocks cannot hold %lld positions",
+			    s, q->n_blocks, (long long)len);
+		for (i = 0; i < q->n_blocks; i++)
+			if (q->block_table[i] < 0 || q->block_table[i] >= kv_blocks)
+				return err_set(err, ERR_INVAL, "sequence %d: block %d out of the pool", s,
+				    q->block_table[i]);
+		*max_len = MAX(*max_len, len);
+		*n_table += (len + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+		total += q->n_new;
+	}
+	if (total != batch->n_tokens)
+		return err_set(err, ERR_INVAL, "sequences carry %d tokens, the batch %d", total, batch->n_tokens);
+	for (i = 0; i < batch->n_tokens; i++)
+		if (batch->tokens[i] < 0 || batch->tokens[i] >= n_vocab)
+			return err_set(err, ERR_INVAL, "token id %d out of the vocabulary", batch->tokens[i]);
+	return 0;
+}
