@@ -100,9 +100,10 @@ engine_open(const char *model_path, const struct engine_opts *o, struct engine *
 	bo.max_tokens = e->max_step_tokens;
 	bo.max_seqs = e->max_seqs;
 	if ((rc = e->ops->load(e->m, &bo, &e->be, err)) != 0) {
+		err_prefix(err, rc, "%s backend", e->ops->name);
 		model_close(e->m);
 		free(e);
-		return err_prefix(err, rc, "%s backend", o->device ? o->device : "cpu");
+		return rc;
 	}
 	kv_init(&e->kv, (int32_t)bo.kv_blocks);
 	e->fseqs = xcalloc((size_t)e->max_seqs, sizeof *e->fseqs);
