@@ -9,6 +9,7 @@
  */
 #include "config.h"
 #include "log.h"
+#include "model.h"
 #include "proto.h"
 #include "sched.h"
 #include "server.h"
@@ -223,22 +224,6 @@ drain(struct event_base *base, struct server *srv, struct sched *sc)
 		event_base_loop(base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
 }
 
-/* Basename of a model path, for sessions created without naming one. */
-static char *
-default_model_name(const char *path)
-{
-	const char *b = path ? strrchr(path, '/') : NULL;
-	size_t n;
-
-	if (path == NULL)
-		return NULL;
-	b = b && b[1] ? b + 1 : path;
-	n = strlen(b);
-	if (n > 5 && strcmp(b + n - 5, ".gguf") == 0)
-		n -= 5;
-	return xstrndup(b, n);
-}
-
 int
 main(int argc, char **argv)
 {
@@ -265,7 +250,7 @@ main(int argc, char **argv)
 	vo.socket_path = s.socket_path;
 	vo.max_frame = (size_t)s.max_frame;
 	vo.max_output = 8u << 20;
-	vo.default_model = default_model_name(s.model);
+	vo.default_model = s.model ? model_file_name(s.model) : NULL;
 	so = (struct sched_opts){ s.model, s.device, s.threads, s.ctx, s.kv_tokens, s.max_step_tokens,
 		s.max_seqs, s.max_queue };
 	if (store_open(s.db_path, &st, err) != 0 || server_start(base, &vo, st, &srv, err) != 0 ||

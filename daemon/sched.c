@@ -193,24 +193,6 @@ sched_job_free(struct sched_job *job)
 
 /* ---- models ---- */
 
-/* The name of a model: its file or directory name without .gguf. */
-static char *
-model_name_of(const char *path)
-{
-	const char *b;
-	size_t n;
-
-	n = strlen(path);
-	while (n > 1 && path[n - 1] == '/')
-		n--;
-	for (b = path + n; b > path && b[-1] != '/'; b--)
-		;
-	n -= (size_t)(b - path);
-	if (n > 5 && memcmp(b + n - 5, ".gguf", 5) == 0)
-		n -= 5;
-	return xstrndup(b, n);
-}
-
 /* Finds a model by name or path; with a path to an existing file, registers it. */
 static struct model_slot *
 find_model(struct sched *s, const char *name_or_path)
@@ -226,7 +208,7 @@ find_model(struct sched *s, const char *name_or_path)
 			return m;
 	if (strchr(name_or_path, '/') == NULL || stat(name_or_path, &st) != 0)
 		return NULL;
-	name = model_name_of(name_or_path);
+	name = model_file_name(name_or_path);
 	for (m = s->models; m != NULL; m = m->next) {
 		if (strcmp(m->name, name) == 0) {
 			free(name);

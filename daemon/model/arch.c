@@ -664,16 +664,18 @@ bind_all(struct model_desc *m, char *err)
 	return 0;
 }
 
-/* The last path component, without a .gguf suffix. */
-static char *
-base_name(const char *path)
+char *
+model_file_name(const char *path)
 {
-	const char *b = strrchr(path, '/');
-	size_t n;
+	const char *b;
+	size_t n = strlen(path);
 
-	b = b ? b + 1 : path;
-	n = strlen(b);
-	if (n > 5 && strcmp(b + n - 5, ".gguf") == 0)
+	while (n > 1 && path[n - 1] == '/')
+		n--;
+	for (b = path + n; b > path && b[-1] != '/'; b--)
+		;
+	n -= (size_t)(b - path);
+	if (n > 5 && memcmp(b + n - 5, ".gguf", 5) == 0)
 		n -= 5;
 	return xstrndup(b, n);
 }
@@ -698,7 +700,7 @@ model_open(const char *path, struct model_desc **out, char *err)
 		return rc;
 	}
 	if (m->name == NULL)
-		m->name = base_name(path);
+		m->name = model_file_name(path);
 	for (i = 0; i < m->n_tensors; i++)
 		m->weight_bytes += m->tensors[i].bytes;
 	*out = m;

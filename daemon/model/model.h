@@ -105,6 +105,11 @@ int model_open(const char *path, struct model_desc **out, char *err);
 void model_close(struct model_desc *m);
 
 const char *model_arch_name(enum model_arch a);
+/*
+ * The name a model goes by: its file or directory name without ".gguf"
+ * ("/m/gemma-3-270m.gguf" -> "gemma-3-270m"). malloc'd.
+ */
+char *model_file_name(const char *path);
 /* Parses "llama", "qwen2", "qwen3", "gemma3"; -1 if unknown. */
 int model_arch_from_name(const char *s);
 /*
