@@ -157,6 +157,7 @@ static int uuid_check(const char *uuid, char *err);
 static int uuid_new(char out[37], char *err);
 static char *col_str(sqlite3_stmt *st, int i);
 static void session_read(sqlite3_stmt *st, struct store_session *ss);
+static int session_row(struct store *s, sqlite3_stmt *st, uint32_t uid, const char *uuid, char *err);
 static int session_fetch(struct store *s, uint32_t uid, const char *uuid,
     struct store_session *out, char *err);
 static int session_counts(struct store *s, uint32_t uid, const char *uuid,
@@ -382,6 +383,23 @@ session_read(sqlite3_stmt *st, struct store_session *ss)
 	ss->n_turns = sqlite3_column_int(st, 9);
 }
 
+/*
+ * Steps a statement keyed by (uuid, uid) to uid's session row. Returns 0
+ * with the row ready, or the error (not found when the row is missing).
+ */
+static int
+session_row(struct store *s, sqlite3_stmt *st, uint32_t uid, const char *uuid, char *err)
+{
+	int rc;
+
+	bind_text(s, st, 1, uuid);
+	bind_int(s, st, 2, uid);
+	rc = stmt_step(s, st, "reading a session", err);
+	if (rc == 0)
+		return not_found(err);
+	return rc < 0 ? rc : 0;
+}
+
 /* Reads uid's session uuid into out. */
 static int
 session_fetch(struct store *s, uint32_t uid, const char *uuid,
@@ -390,12 +408,7 @@ session_fetch(struct store *s, uint32_t uid, const char *uuid,
 	sqlite3_stmt *st = s->st[ST_SESSION_GET];
 	int rc;
 
-	bind_text(s, st, 1, uuid);
-	bind_int(s, st, 2, uid);
-	rc = stmt_step(s, st, "reading a session", err);
-	if (rc == 0)
-		return not_found(err);
-	if (rc < 0)
+	if ((rc = session_row(s, st, uid, uuid, err)) != 0)
 		return rc;
 	session_read(st, out);
 	stmt_done(s, st);
@@ -410,12 +423,7 @@ session_counts(struct store *s, uint32_t uid, const char *uuid,
 	sqlite3_stmt *st = s->st[ST_SESSION_COUNTS];
 	int rc;
 
-	bind_text(s, st, 1, uuid);
-	bind_int(s, st, 2, uid);
-	rc = stmt_step(s, st, "reading a session", err);
-	if (rc == 0)
-		return not_found(err);
-	if (rc < 0)
+	if ((rc = session_row(s, st, uid, uuid, err)) != 0)
 		return rc;
 	if (n_turns != NULL)
 		*n_turns = sqlite3_column_int(st, 0);
