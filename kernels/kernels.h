@@ -25,6 +25,8 @@ struct backend_opts {
 	int max_tokens;    /* most tokens one forward step may carry */
 	int max_seqs;      /* most sequences one step may carry */
 	int device;        /* CUDA: device ordinal */
+	int exact;         /* CPU: float activations in every product (the reference mode);
+	                      else quantized weights meet 8-bit activations */
 };
 
 /* One sequence's part of a step: n_new tokens at positions pos0.. */

@@ -32,7 +32,7 @@ struct run_opts {
 
 enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_PRES, OPT_FREQ, OPT_SEED,
 	OPT_MAXTOK, OPT_STOP, OPT_CHAT, OPT_IDS, OPT_CHUNK, OPT_THREADS, OPT_DEVICE, OPT_CTX,
-	OPT_OUT, OPT_SPECIAL };
+	OPT_OUT, OPT_SPECIAL, OPT_EXACT };
 
 static const struct option run_longopts[] = {
 	{ "temp", required_argument, NULL, OPT_TEMP }, { "top-k", required_argument, NULL, OPT_TOPK },
@@ -45,7 +45,7 @@ static const struct option run_longopts[] = {
 	{ "ids", no_argument, NULL, OPT_IDS }, { "chunk", required_argument, NULL, OPT_CHUNK },
 	{ "threads", required_argument, NULL, OPT_THREADS }, { "device", required_argument, NULL, OPT_DEVICE },
 	{ "ctx", required_argument, NULL, OPT_CTX }, { "out", required_argument, NULL, OPT_OUT },
-	{ "special", no_argument, NULL, OPT_SPECIAL },
+	{ "special", no_argument, NULL, OPT_SPECIAL }, { "exact", no_argument, NULL, OPT_EXACT },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -83,6 +83,7 @@ parse_run_opts(int argc, char **argv, struct run_opts *o)
 		case OPT_CTX: o->eng.n_ctx = atoi(optarg); break;
 		case OPT_OUT: o->out = optarg; break;
 		case OPT_SPECIAL: o->special = 1; break;
+		case OPT_EXACT: o->eng.exact = 1; break;
 		default: return -1;
 		}
 	}
@@ -141,7 +142,7 @@ cmd_run(int argc, char **argv)
 	if (i < 0 || argc - i != 2) {
 		fprintf(stderr, "usage: resident-model run MODEL PROMPT [--chat] [--max-tokens N] [--temp T] "
 		    "[--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--stop STR]... "
-		    "[--ids] [--threads N] [--ctx N] [--device cpu|cuda]\n");
+		    "[--ids] [--threads N] [--ctx N] [--device cpu|cuda] [--exact]\n");
 		return 2;
 	}
 	t0 = now_ns();
@@ -182,7 +183,7 @@ static int
 forward_all(const struct model_desc *m, const struct engine_opts *eo, const int32_t *tok, int32_t n,
     int32_t chunk, float *logits, char *err)
 {
-	struct backend_opts bo = { .n_threads = eo->n_threads, .max_seqs = 1 };
+	struct backend_opts bo = { .n_threads = eo->n_threads, .max_seqs = 1, .exact = eo->exact };
 	struct backend *be;
 	struct fwd_seq fs;
 	struct fwd_batch b = { 1, &fs, 0, NULL };
@@ -234,7 +235,7 @@ cmd_logits(int argc, char **argv)
 	int i = parse_run_opts(argc, argv, &o), rc;
 
 	if (i < 0 || argc - i < 2 || o.out == NULL) {
-		fprintf(stderr, "usage: resident-model logits MODEL --out FILE.f32 [--chunk N] [--threads N] ID...\n");
+		fprintf(stderr, "usage: resident-model logits MODEL --out FILE.f32 [--chunk N] [--threads N] [--exact] ID...\n");
 		return 2;
 	}
 	if (model_open(argv[i], &m, err) != 0) {
@@ -288,7 +289,7 @@ cmd_perplexity(int argc, char **argv)
 	int i = parse_run_opts(argc, argv, &o), rc;
 
 	if (i < 0 || argc - i != 2) {
-		fprintf(stderr, "usage: resident-model perplexity MODEL TEXTFILE [--threads N]\n");
+		fprintf(stderr, "usage: resident-model perplexity MODEL TEXTFILE [--threads N] [--exact]\n");
 		return 2;
 	}
 	if ((rc = model_open(argv[i], &m, err)) != 0) {

@@ -99,6 +99,7 @@ engine_open(const char *model_path, const struct engine_opts *o, struct engine *
 	bo.kv_blocks = (kv_tokens + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
 	bo.max_tokens = e->max_step_tokens;
 	bo.max_seqs = e->max_seqs;
+	bo.exact = o->exact;
 	if ((rc = e->ops->load(e->m, &bo, &e->be, err)) != 0) {
 		err_prefix(err, rc, "%s backend", e->ops->name);
 		model_close(e->m);

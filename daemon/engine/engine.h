@@ -39,6 +39,8 @@ struct engine_opts {
 	int32_t kv_tokens;      /* size of the KV pool in tokens; 0: 4 x n_ctx */
 	int32_t max_step_tokens;/* tokens per forward step; 0: 512 */
 	int32_t max_seqs;       /* sequences per step; 0: 64 */
+	int exact;              /* CPU: float activations in every product, the reference
+	                           numerics; else quantized weights meet 8-bit activations */
 };
 
 enum seq_state { SEQ_PREFILL, SEQ_DECODE, SEQ_DONE };
