@@ -194,12 +194,14 @@ MM_C(q6_K)
 
 #ifdef HAVE_X86
 /*
- * The kernels below take one weight row and T <= Q8_TILE tokens: each
+ * The kernels below take one weight row and T <= Q8_TILE tokens (8 for
+ * the 32-element types, 4 for the K types, whose tiles hold more
+ * registers a token): each
  * block is decoded once for the T tokens, and each token keeps its own
  * accumulators, fed in the same order whatever T is, so a result does not
  * depend on the tokens beside it.
  */
-#define Q8_TILE 4
+#define Q8_TILE 8
 
 /* The activation block i of token t: rows ab bytes apart. */
 #define ACT(type, a, ab, t, i) ((const type *)((a) + (size_t)(t) * (ab)) + (i))
@@ -218,13 +220,13 @@ tile_##name(const blk_t *x, const uint8_t *a, size_t ab, int64_t nb, float *y, i
 	__m256 acc[Q8_TILE]; \
 	__m256i q, u, p; \
 	float dw; \
-	_Pragma("GCC unroll 4") for (int t = 0; t < T; t++) \
+	_Pragma("GCC unroll 8") for (int t = 0; t < T; t++) \
 		acc[t] = _mm256_setzero_ps(); \
 	for (int64_t i = 0; i < nb; i++) { \
 		q = levels(&x[i]); \
 		u = _mm256_sign_epi8(q, q); \
 		dw = scale_f16(x[i].d); \
-		_Pragma("GCC unroll 4") for (int t = 0; t < T; t++) { \
+		_Pragma("GCC unroll 8") for (int t = 0; t < T; t++) { \
 			const struct q8_act32 *yb = ACT(struct q8_act32, a, ab, t, i); \
 			p = _mm256_maddubs_epi16(u, _mm256_sign_epi8( \
 			    _mm256_loadu_si256((const __m256i *)yb->qs), q)); \
@@ -232,7 +234,7 @@ tile_##name(const blk_t *x, const uint8_t *a, size_t ab, int64_t nb, float *y, i
 			    _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones)), acc[t]); \
 		} \
 	} \
-	_Pragma("GCC unroll 4") for (int t = 0; t < T; t++) \
+	_Pragma("GCC unroll 8") for (int t = 0; t < T; t++) \
 		y[t * ldy] = hsum_avx2(acc[t]); \
 }
 
@@ -253,23 +255,31 @@ TILE_32(q5_0, struct blk_q5_0, q5_0_levels)
 TILE_32(q8_0, struct blk_q8_0, q8_0_levels)
 #undef TILE_32
 
-/* sum_j m_j * (sum of y over sub-block j), the 8 terms of a Q4_K/Q5_K block. */
+/* sum_j m_j * (sum of y over sub-block j): the 8 terms of a Q4_K/Q5_K block, mins as int32. */
 AVX2_INLINE __m256i
-k4_mins(const uint8_t sm[16], const struct blk_q8_K *y)
+k4_mins(__m256i mins, const struct blk_q8_K *y)
 {
 	__m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums),
 	    _mm256_set1_epi16(1));
 
-	return _mm256_mullo_epi32(bs, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 8))));
+	return _mm256_mullo_epi32(bs, mins);
 }
 
-/* Sub-block j (levels q, unsigned) of a Q4_K/Q5_K block times y and its scale, added to s. */
+/* int16 j of each 128-bit lane of v in every int16 of that lane (j, k constants: one shuffle). */
 AVX2_INLINE __m256i
-k4_sub(__m256i s, __m256i q, const struct blk_q8_K *y, const uint8_t sm[16], int j)
+lanes_i16(__m256i v, int j, int k)
 {
-	__m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)(y->qs + 32 * j)));
+	return _mm256_shuffle_epi8(v, _mm256_set_m128i(_mm_set1_epi16((short)((2 * k + 1) << 8 | 2 * k)),
+	    _mm_set1_epi16((short)((2 * j + 1) << 8 | 2 * j))));
+}
 
-	return _mm256_add_epi32(s, _mm256_madd_epi16(p, _mm256_set1_epi16(sm[j])));
+/* Sub-block levels q (unsigned) times y's 32 bytes at yq, times the scale in sc, added to s. */
+AVX2_INLINE __m256i
+k_sub(__m256i s, __m256i q, const int8_t *yq, __m256i sc)
+{
+	__m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)yq));
+
+	return _mm256_add_epi32(s, _mm256_madd_epi16(p, sc));
 }
 
 /*
@@ -282,7 +292,8 @@ tile_k4(const uint8_t *x, size_t bb, const uint8_t *a, size_t ab, int64_t nb, fl
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0f);
 	__m256 acc[Q8_TILE], macc[Q8_TILE];
-	__m256i s[Q8_TILE], q, h = _mm256_setzero_si256(), lo, hi;
+	__m256i s[Q8_TILE], q, h = _mm256_setzero_si256(), lo, hi, sc16, mins, sl, sh;
+	__m128i v;
 	uint8_t sm[16];
 
 #pragma GCC unroll 4
@@ -293,11 +304,15 @@ tile_k4(const uint8_t *x, size_t bb, const uint8_t *a, size_t ab, int64_t nb, fl
 		const struct blk_q5_K *b5 = (const struct blk_q5_K *)(x + i * bb);
 
 		k4_unpack(b4->scales, sm); /* d, dmin, scales: the same place in both */
+		v = _mm_loadu_si128((const __m128i *)sm);
+		sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(v));
+		mins = _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8));
 		if (q5)
 			h = _mm256_loadu_si256((const __m256i *)b5->qh);
 #pragma GCC unroll 4
 		for (int t = 0; t < T; t++)
 			s[t] = _mm256_setzero_si256();
+#pragma GCC unroll 4
 		for (int k = 0; k < 4; k++) {
 			if (q5) {
 				q5_K_levels(b5, h, k, &lo, &hi);
@@ -306,10 +321,13 @@ tile_k4(const uint8_t *x, size_t bb, const uint8_t *a, size_t ab, int64_t nb, fl
 				lo = _mm256_and_si256(q, m4);
 				hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
 			}
+			sl = lanes_i16(sc16, 2 * k, 2 * k);
+			sh = lanes_i16(sc16, 2 * k + 1, 2 * k + 1);
 #pragma GCC unroll 4
 			for (int t = 0; t < T; t++) {
-				s[t] = k4_sub(s[t], lo, ACT(struct blk_q8_K, a, ab, t, i), sm, 2 * k);
-				s[t] = k4_sub(s[t], hi, ACT(struct blk_q8_K, a, ab, t, i), sm, 2 * k + 1);
+				const int8_t *yq = ACT(struct blk_q8_K, a, ab, t, i)->qs + 64 * k;
+
+				s[t] = k_sub(k_sub(s[t], lo, yq, sl), hi, yq + 32, sh);
 			}
 		}
 #pragma GCC unroll 4
@@ -319,7 +337,7 @@ tile_k4(const uint8_t *x, size_t bb, const uint8_t *a, size_t ab, int64_t nb, fl
 			acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(scale_f16(b4->d) * yb->d),
 			    _mm256_cvtepi32_ps(s[t]), acc[t]);
 			macc[t] = _mm256_fmadd_ps(_mm256_set1_ps(scale_f16(b4->dmin) * yb->d),
-			    _mm256_cvtepi32_ps(k4_mins(sm, yb)), macc[t]);
+			    _mm256_cvtepi32_ps(k4_mins(mins, yb)), macc[t]);
 		}
 	}
 #pragma GCC unroll 4
@@ -350,34 +368,33 @@ tile_q6_K(const struct blk_q6_K *x, const uint8_t *a, size_t ab, int64_t nb, flo
     const int T)
 {
 	__m256 acc[Q8_TILE];
-	__m256i s[Q8_TILE], ql[2], qh, q, sc, sc16;
+	__m256i s[Q8_TILE], ql[2], qh, q, sc, sc16, half[2];
 
 #pragma GCC unroll 4
 	for (int t = 0; t < T; t++)
 		acc[t] = _mm256_setzero_ps();
 	for (int64_t i = 0; i < nb; i++) {
 		sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+		half[0] = _mm256_permute2x128_si256(sc16, sc16, 0x00); /* scales 0..7 in both lanes */
+		half[1] = _mm256_permute2x128_si256(sc16, sc16, 0x11); /* 8..15 */
 #pragma GCC unroll 4
 		for (int t = 0; t < T; t++) {
 			s[t] = _mm256_madd_epi16(_mm256_loadu_si256(
 			    (const __m256i *)ACT(struct blk_q8_K, a, ab, t, i)->bsums), sc16);
 			s[t] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(s[t], 5));
 		}
+#pragma GCC unroll 2
 		for (int h = 0; h < 2; h++) {
 			ql[0] = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h));
 			ql[1] = _mm256_loadu_si256((const __m256i *)(x[i].ql + 64 * h + 32));
 			qh = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
 			for (int k = 0; k < 4; k++) {
 				q = q6_K_levels(ql, qh, k);
-				sc = _mm256_set_m128i(_mm_set1_epi16(x[i].scales[8 * h + 2 * k + 1]),
-				    _mm_set1_epi16(x[i].scales[8 * h + 2 * k]));
+				sc = lanes_i16(half[h], 2 * k, 2 * k + 1);
 #pragma GCC unroll 4
 				for (int t = 0; t < T; t++) {
-					const int8_t *yq = ACT(struct blk_q8_K, a, ab, t, i)->qs;
-					__m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256(
-					    (const __m256i *)(yq + 128 * h + 32 * k)));
-
-					s[t] = _mm256_add_epi32(s[t], _mm256_madd_epi16(p, sc));
+					s[t] = k_sub(s[t], q, ACT(struct blk_q8_K, a, ab, t, i)->qs + 128 * h + 32 * k,
+					    sc);
 				}
 			}
 		}
@@ -391,34 +408,44 @@ tile_q6_K(const struct blk_q6_K *x, const uint8_t *a, size_t ab, int64_t nb, flo
 		y[t * ldy] = hsum_avx2(acc[t]);
 }
 
+/* Tiles of S tokens from token *t on, over all nr rows. */
+#define TILES(name, blk_t, S) \
+	for (; *t + (S) <= n_tok; *t += (S)) \
+		for (int64_t r = 0; r < nr; r++) \
+			tile_##name((const blk_t *)(w + r * rb), a + *t * ab, ab, nb, y + *t * ldy + r, \
+			    ldy, (S))
+
 /*
- * A kernel for nr rows by n_tok tokens: Q8_TILE tokens at a time over all
- * the rows (which the caller keeps few enough to stay in L1), then the
- * remaining ones. A single token asks for the next row ahead of use.
+ * A kernel for nr rows by n_tok tokens: tiles of TT tokens over all the
+ * rows (which the caller keeps few enough to stay in L1), then of 4, 2
+ * and 1 for the rest. A single token asks for the next row ahead of use.
  */
-#define MM_AVX2(name, blk_t) \
+#define MM_AVX2(name, blk_t, TT) \
 F16C static void \
 mm_##name##_avx2(const uint8_t *w, size_t rb, int64_t nr, const uint8_t *a, size_t ab, int n_tok, \
     int64_t nb, float *y, int64_t ldy) \
 { \
-	int t = 0; \
-	for (; t + Q8_TILE <= n_tok; t += Q8_TILE) \
-		for (int64_t r = 0; r < nr; r++) \
-			tile_##name((const blk_t *)(w + r * rb), a + t * ab, ab, nb, y + t * ldy + r, ldy, \
-			    Q8_TILE); \
-	for (; t < n_tok; t++) \
+	int t0 = 0, *t = &t0; \
+	if (n_tok == 1) { \
 		for (int64_t r = 0; r < nr; r++) { \
-			if (n_tok == 1 && r + 1 < nr) \
+			if (r + 1 < nr) \
 				prefetch_row(w + (r + 1) * rb, rb); \
-			tile_##name((const blk_t *)(w + r * rb), a + t * ab, ab, nb, y + t * ldy + r, ldy, 1); \
+			tile_##name((const blk_t *)(w + r * rb), a, ab, nb, y + r, ldy, 1); \
 		} \
+		return; \
+	} \
+	TILES(name, blk_t, TT); \
+	if ((TT) > 4) \
+		TILES(name, blk_t, 4); \
+	TILES(name, blk_t, 2); \
+	TILES(name, blk_t, 1); \
 }
-MM_AVX2(q4_0, struct blk_q4_0)
-MM_AVX2(q5_0, struct blk_q5_0)
-MM_AVX2(q8_0, struct blk_q8_0)
-MM_AVX2(q4_K, struct blk_q4_K)
-MM_AVX2(q5_K, struct blk_q5_K)
-MM_AVX2(q6_K, struct blk_q6_K)
+MM_AVX2(q4_0, struct blk_q4_0, 8)
+MM_AVX2(q5_0, struct blk_q5_0, 8)
+MM_AVX2(q8_0, struct blk_q8_0, 8)
+MM_AVX2(q4_K, struct blk_q4_K, 4)
+MM_AVX2(q5_K, struct blk_q5_K, 4)
+MM_AVX2(q6_K, struct blk_q6_K, 4)
 #undef MM_AVX2
 #endif
 
