@@ -175,26 +175,30 @@ cmd_run(int argc, char **argv)
 }
 
 /*
- * Runs the backend over tokens in chunks of `chunk`, with logits for every
- * position into logits (n x n_vocab). Not through the engine: the engine
- * only asks for the rows it samples from.
+ * Runs the backend eo->device names (the CPU if none) over tokens in
+ * chunks of `chunk`, with logits for every position into logits (n x
+ * n_vocab). Not through the engine: the engine only asks for the rows it
+ * samples from.
  */
 static int
 forward_all(const struct model_desc *m, const struct engine_opts *eo, const int32_t *tok, int32_t n,
     int32_t chunk, float *logits, char *err)
 {
 	struct backend_opts bo = { .n_threads = eo->n_threads, .max_seqs = 1, .exact = eo->exact };
+	const struct backend_ops *ops;
 	struct backend *be;
 	struct fwd_seq fs;
 	struct fwd_batch b = { 1, &fs, 0, NULL };
 	int32_t *table, i, done;
 	int rc;
 
+	if ((rc = engine_pick_backend(eo->device ? eo->device : "cpu", &ops, err)) != 0)
+		return rc;
 	chunk = chunk > 0 ? MIN(chunk, n) : n;
 	bo.kv_blocks = (n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
 	bo.max_tokens = chunk;
-	if ((rc = cpu_backend.load(m, &bo, &be, err)) != 0)
-		return rc;
+	if ((rc = ops->load(m, &bo, &be, err)) != 0)
+		return err_prefix(err, rc, "%s backend", ops->name);
 	table = xmalloc((size_t)bo.kv_blocks * sizeof *table);
 	for (i = 0; i < bo.kv_blocks; i++)
 		table[i] = i;
@@ -202,10 +206,10 @@ forward_all(const struct model_desc *m, const struct engine_opts *eo, const int3
 		b.n_tokens = MIN(chunk, n - done);
 		b.tokens = tok + done;
 		fs = (struct fwd_seq){ b.n_tokens, done, table, (int32_t)bo.kv_blocks, b.n_tokens };
-		rc = cpu_backend.forward(be, &b, logits + (size_t)done * (size_t)m->hp.n_vocab, err);
+		rc = ops->forward(be, &b, logits + (size_t)done * (size_t)m->hp.n_vocab, err);
 	}
 	free(table);
-	cpu_backend.free(be);
+	ops->free(be);
 	return rc;
 }
 
@@ -235,7 +239,8 @@ cmd_logits(int argc, char **argv)
 	int i = parse_run_opts(argc, argv, &o), rc;
 
 	if (i < 0 || argc - i < 2 || o.out == NULL) {
-		fprintf(stderr, "usage: resident-model logits MODEL --out FILE.f32 [--chunk N] [--threads N] [--exact] ID...\n");
+		fprintf(stderr, "usage: resident-model logits MODEL --out FILE.f32 [--chunk N] [--threads N] "
+		    "[--device cpu|cuda] [--exact] ID...\n");
 		return 2;
 	}
 	if (model_open(argv[i], &m, err) != 0) {
@@ -289,7 +294,8 @@ cmd_perplexity(int argc, char **argv)
 	int i = parse_run_opts(argc, argv, &o), rc;
 
 	if (i < 0 || argc - i != 2) {
-		fprintf(stderr, "usage: resident-model perplexity MODEL TEXTFILE [--threads N] [--exact]\n");
+		fprintf(stderr, "usage: resident-model perplexity MODEL TEXTFILE [--threads N] "
+		    "[--device cpu|cuda] [--exact]\n");
 		return 2;
 	}
 	if ((rc = model_open(argv[i], &m, err)) != 0) {

@@ -48,9 +48,8 @@ engine_finish_name(enum finish_reason r)
 	return finish_names[r];
 }
 
-/* The backend named by device (NULL: CUDA when built and a GPU is present, else the CPU). */
-static int
-pick_backend(const char *device, const struct backend_ops **ops, char *err)
+int
+engine_pick_backend(const char *device, const struct backend_ops **ops, char *err)
 {
 #ifdef HAVE_CUDA
 	if ((device == NULL && cuda_backend_devices() > 0) ||
@@ -89,7 +88,7 @@ engine_open(const char *model_path, const struct engine_opts *o, struct engine *
 	int32_t kv_tokens;
 	int rc;
 
-	if ((rc = pick_backend(o->device, &e->ops, err)) != 0 ||
+	if ((rc = engine_pick_backend(o->device, &e->ops, err)) != 0 ||
 	    (rc = model_open(model_path, &e->m, err)) != 0) {
 		free(e);
 		return rc;

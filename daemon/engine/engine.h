@@ -88,6 +88,12 @@ struct seq {
 	int32_t turn_start;     /* index of this turn's first generated token */
 };
 
+struct backend_ops;
+/*
+ * The backend named by device, "cpu" or "cuda" (NULL: CUDA when built and a
+ * GPU is present, else the CPU). 0, or ERR_UNSUPPORTED / ERR_INVAL.
+ */
+int engine_pick_backend(const char *device, const struct backend_ops **ops, char *err);
 int engine_open(const char *model_path, const struct engine_opts *o, struct engine **out, char *err);
 void engine_close(struct engine *e);
 const struct model_desc *engine_model(const struct engine *e);
