@@ -230,16 +230,12 @@ qk_task(void *arg, int64_t t, int thread)
 		cpu_add(kt, c->bk, (int64_t)nkv);
 		cpu_add(vt, c->bv, (int64_t)nkv);
 	}
-	for (h = 0; h < hp->n_head; h++) {
-		if (c->q_norm != NULL)
-			cpu_rmsnorm(qt + h * hd, c->q_norm, hp->norm_offset, hp->norm_eps, hd, qt + h * hd);
-		cpu_rope(qt + h * hd, hd, pos, theta, hp->rope == ROPE_NEOX);
-	}
-	for (h = 0; h < hp->n_head_kv; h++) {
-		if (c->k_norm != NULL)
-			cpu_rmsnorm(kt + h * hd, c->k_norm, hp->norm_offset, hp->norm_eps, hd, kt + h * hd);
-		cpu_rope(kt + h * hd, hd, pos, theta, hp->rope == ROPE_NEOX);
-	}
+	for (h = 0; c->q_norm != NULL && h < hp->n_head; h++)
+		cpu_rmsnorm(qt + h * hd, c->q_norm, hp->norm_offset, hp->norm_eps, hd, qt + h * hd);
+	for (h = 0; c->k_norm != NULL && h < hp->n_head_kv; h++)
+		cpu_rmsnorm(kt + h * hd, c->k_norm, hp->norm_offset, hp->norm_eps, hd, kt + h * hd);
+	cpu_rope(qt, hp->n_head, hd, pos, theta, hp->rope == ROPE_NEOX);
+	cpu_rope(kt, hp->n_head_kv, hd, pos, theta, hp->rope == ROPE_NEOX);
 	memcpy(kv_slot(b, q, st->l, 0, b->tok_pos[t]), kt, nkv * sizeof(float));
 	memcpy(kv_slot(b, q, st->l, 1, b->tok_pos[t]), vt, nkv * sizeof(float));
 }

@@ -931,9 +931,9 @@ cpu_rmsnorm(const float *x, const float *w, float w_offset, float eps, int64_t n
 }
 
 void
-cpu_rope(float *x, int d, float pos, float theta, int neox)
+cpu_rope(float *x, int n_heads, int d, float pos, float theta, int neox)
 {
-	int half = d / 2, i, a, b;
+	int half = d / 2, i, h, a, b;
 	float ang, c, s, x0, x1;
 
 	for (i = 0; i < half; i++) {
@@ -943,10 +943,12 @@ cpu_rope(float *x, int d, float pos, float theta, int neox)
 		s = sinf(ang);
 		a = neox ? i : 2 * i;
 		b = neox ? i + half : 2 * i + 1;
-		x0 = x[a];
-		x1 = x[b];
-		x[a] = x0 * c - x1 * s;
-		x[b] = x0 * s + x1 * c;
+		for (h = 0; h < n_heads; h++, a += d, b += d) {
+			x0 = x[a];
+			x1 = x[b];
+			x[a] = x0 * c - x1 * s;
+			x[b] = x0 * s + x1 * c;
+		}
 	}
 }
 

@@ -62,8 +62,8 @@ void cpu_get_row(const struct model_tensor *w, int64_t r, float *out);
 /* out = x / rms(x) * (w + w_offset), n elements; out may be x. */
 void cpu_rmsnorm(const float *x, const float *w, float w_offset, float eps, int64_t n, float *out);
 
-/* Rotates one head of dimension d at position pos (scaled) with base theta. */
-void cpu_rope(float *x, int d, float pos, float theta, int neox);
+/* Rotates n_heads heads of dimension d (one after the other) at position pos with base theta. */
+void cpu_rope(float *x, int n_heads, int d, float pos, float theta, int neox);
 
 /* a[i] = silu(a[i]) * b[i], or gelu_tanh(a[i]) * b[i]. */
 void cpu_glu(float *a, const float *b, int64_t n, int gelu);

@@ -604,7 +604,7 @@ cpu_head(float *x, const float *bias, const float *nw, const struct cuda_probe_h
 		cpu_add(x, bias, hd->head_dim);
 	if (nw != NULL)
 		cpu_rmsnorm(x, nw, hd->norm_offset, hd->norm_eps, hd->head_dim, x);
-	cpu_rope(x, hd->head_dim, (float)pos / hd->pos_div, hd->theta, hd->neox);
+	cpu_rope(x, 1, hd->head_dim, (float)pos / hd->pos_div, hd->theta, hd->neox);
 }
 
 /* Checks one K or V head in the pool against its reference (fp16 rounding allowed); clears its mask. */
