@@ -473,13 +473,22 @@ quantize32_c(const float *x, int64_t nb, struct q8_act32 *y)
 }
 
 #ifdef HAVE_X86
+/* 32 int32 of q (4 vectors of 8) as 32 bytes in order: packs interleave the 128-bit lanes. */
+AVX2_INLINE __m256i
+pack_i8(const __m256i q[4])
+{
+	__m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+
+	return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 AVX2 static int
 quantize32_avx2(const float *x, int64_t nb, struct q8_act32 *y)
 {
 	const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
 	__m256 v[4], m;
 	__m128 h;
-	__m256i q[4], p;
+	__m256i q[4];
 	float amax, d, id;
 
 	for (int64_t i = 0; i < nb; i++, x += 32) {
@@ -498,16 +507,73 @@ quantize32_avx2(const float *x, int64_t nb, struct q8_act32 *y)
 		y[i].d = d;
 		for (int k = 0; k < 4; k++)
 			q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(id)));
-		/* packs interleave the 128-bit lanes; the permute puts them back in order */
-		p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-		p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-		_mm256_storeu_si256((__m256i *)y[i].qs, p);
+		_mm256_storeu_si256((__m256i *)y[i].qs, pack_i8(q));
+	}
+	return 0;
+}
+
+/*
+ * Q8_K blocks with quant.c's bytes (q_q8_K): the scale from the first
+ * element of the largest magnitude, levels rounded to nearest even, and
+ * the sums of each 16.
+ */
+AVX2 static int
+quantize_k_avx2(const float *x, int64_t nb, struct blk_q8_K *y)
+{
+	const __m256 sign = _mm256_set1_ps(-0.0f), big = _mm256_set1_ps(FLT_MAX);
+	const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+	__m256 m, v, is;
+	__m256i q[4], p;
+	__m128i s;
+	__m128 h;
+	float amax, max = 0;
+
+	for (int64_t i = 0; i < nb; i++, x += QK_K) {
+		m = _mm256_setzero_ps();
+		for (int k = 0; k < QK_K; k += 8) {
+			v = _mm256_andnot_ps(sign, _mm256_loadu_ps(x + k));
+			if (_mm256_movemask_ps(_mm256_cmp_ps(v, big, _CMP_NLE_UQ)))
+				return ERR_INVAL;
+			m = _mm256_max_ps(m, v);
+		}
+		h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+		h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+		amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+		memset(&y[i], 0, sizeof y[i]);
+		if (amax == 0)
+			continue;
+		for (int j = 0; j < QK_K; j++)
+			if (fabsf(x[j]) == amax) {
+				max = x[j];
+				break;
+			}
+		is = _mm256_set1_ps(-127.f / max);
+		for (int k = 0; k < QK_K; k += 32) {
+			for (int c = 0; c < 4; c++)
+				q[c] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + k + 8 * c), is));
+			p = pack_i8(q);
+			_mm256_storeu_si256((__m256i *)(y[i].qs + k), p);
+			/* sums of 16: bytes in pairs, pairs in fours, then the two halves' fours */
+			p = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, p), ones16);
+			s = _mm_hadd_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+			s = _mm_hadd_epi32(s, s);
+			y[i].bsums[k / 16] = (int16_t)_mm_cvtsi128_si32(s);
+			y[i].bsums[k / 16 + 1] = (int16_t)_mm_extract_epi32(s, 1);
+		}
+		y[i].d = 1 / (-127.f / max);
 	}
 	return 0;
 }
 #endif
 
+static int
+quantize_k_c(const float *x, int64_t nb, struct blk_q8_K *y)
+{
+	return quant_quantize(TT_Q8_K, x, y, nb * QK_K);
+}
+
 static int (*quantize32)(const float *, int64_t, struct q8_act32 *) = quantize32_c;
+static int (*quantize_k)(const float *, int64_t, struct blk_q8_K *) = quantize_k_c;
 
 size_t
 cpu_q8_act_bytes(int act, int64_t n)
@@ -522,7 +588,7 @@ cpu_q8_quantize(int act, const float *x, int64_t n, void *dst)
 {
 	if (act == Q8_ACT_32)
 		return quantize32(x, n / 32, dst);
-	return quant_quantize(TT_Q8_K, x, dst, n);
+	return quantize_k(x, n / QK_K, dst);
 }
 
 /* ---- choice ---- */
@@ -562,9 +628,11 @@ cpu_q8_init(int avx2)
 	mm_impl[TT_Q5_K] = mm_q5_K_c;
 	mm_impl[TT_Q6_K] = mm_q6_K_c;
 	quantize32 = quantize32_c;
+	quantize_k = quantize_k_c;
 #ifdef HAVE_X86
 	if (avx2) {
 		quantize32 = quantize32_avx2;
+		quantize_k = quantize_k_avx2;
 		mm_impl[TT_Q4_0] = mm_q4_0_avx2;
 		mm_impl[TT_Q5_0] = mm_q5_0_avx2;
 		mm_impl[TT_Q8_0] = mm_q8_0_avx2;

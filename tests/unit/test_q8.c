@@ -246,6 +246,36 @@ test_quantize32(void **state)
 	}
 }
 
+/*
+ * Q8_K activations: the AVX2 quantizer gives quant.c's bytes, including
+ * a block whose extremes are +m and -m (the first one sets the sign) and
+ * an all-zero block.
+ */
+static void
+test_quantize_k(void **state)
+{
+	enum { N = QK_K * 6 };
+	float x[N];
+	struct blk_q8_K a[N / QK_K], b[N / QK_K];
+
+	(void)state;
+	for (int i = 0; i < N; i++)
+		x[i] = uniform(-20, 20);
+	x[5] = -30, x[9] = 30;            /* block 0: -30 first */
+	x[QK_K + 3] = 30, x[QK_K + 8] = -30; /* block 1: +30 first */
+	for (int i = 2 * QK_K; i < 3 * QK_K; i++)
+		x[i] = 0;
+	for (int i = 3 * QK_K; i < 4 * QK_K; i++)
+		x[i] = (float)(i % 64) - 31.5f; /* ties */
+	unsetenv("RESIDENT_CPU_ISA");
+	cpu_ops_init();
+	assert_int_equal(cpu_q8_quantize(Q8_ACT_K, x, N, a), 0);
+	assert_int_equal(quant_quantize(TT_Q8_K, x, b, N), 0);
+	assert_memory_equal(a, b, sizeof a);
+	x[QK_K * 5 + 7] = NAN;
+	assert_int_equal(cpu_q8_quantize(Q8_ACT_K, x, N, a), ERR_INVAL);
+}
+
 int
 main(void)
 {
@@ -254,6 +284,7 @@ main(void)
 		cmocka_unit_test(test_portable),
 		cmocka_unit_test(test_act_types),
 		cmocka_unit_test(test_quantize32),
+		cmocka_unit_test(test_quantize_k),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
