@@ -196,8 +196,11 @@ def compare(ck, model, tmp, cpu_res, gpu_res, prompt_ids):
 
 
 def check_device(ck, st, device):
+    """The daemon runs on the device it was given, and served the sessions together."""
     devs = [m["device"] for m in st["models"]]
+    print("   %s daemon: status models on %s, steps %r" % (device, devs, st["steps"]))
     ck.eq(devs, [device], "the %s daemon's status names its device" % device)
+    ck.ok(st["steps"]["max_batch"] > 1, "the %s daemon batched the sessions: %r" % (device, st["steps"]))
 
 
 def main():
