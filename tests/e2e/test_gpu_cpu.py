@@ -83,17 +83,25 @@ def gemma_chat_text(content):
 
 
 def start_daemon(tmp, model, device):
+    """A daemon on the device that has loaded the model. residentd listens
+    before it loads its default model and exits if the load fails, so a
+    daemon that cannot use the device shows as one that answers nothing."""
     os.makedirs(os.path.join(tmp, device))
     d = Daemon(tmp=os.path.join(tmp, device), model=model,
                extra=["--device", device, "--ctx", "512", "--kv-tokens", "4096"])
     try:
-        return d.start(timeout=300)
-    except AssertionError:
+        d.start(timeout=300)
+        with d.client(timeout=300) as c:
+            c.call("status")
+        return d
+    except (AssertionError, OSError, rsd.Closed, TimeoutError):
+        if d.proc is not None:
+            d.proc.wait(30)
         log = d.log_text()
         d.cleanup()
         if device == "cuda" and "no CUDA backend" in log:
             raise Skip("residentd was built without the CUDA backend:\n" + log.strip())
-        raise
+        raise AssertionError("residentd --device %s did not start:\n%s" % (device, log.strip()))
 
 
 def run_sessions(d):
@@ -210,10 +218,11 @@ def main():
     ck = Checks()
     tmp = tempfile.mkdtemp(prefix="rsd-gpu-cpu-")
     try:
-        cpu_res, prompt_ids, st = run_device(tmp, model, "cpu")
-        check_device(ck, st, "cpu")
+        # the GPU first: a build without CUDA skips before the CPU's work
         gpu_res, _, st = run_device(tmp, model, "cuda")
         check_device(ck, st, "cuda")
+        cpu_res, prompt_ids, st = run_device(tmp, model, "cpu")
+        check_device(ck, st, "cpu")
         same, ties = compare(ck, model, tmp, cpu_res, gpu_res, prompt_ids)
         print("   %d of %d streams identical for %d tokens, %d diverged at a tie within %g" %
               (same, N_SESSIONS, MAX_TOKENS, ties, TIE))
