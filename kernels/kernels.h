@@ -79,6 +79,8 @@ extern const struct backend_ops cpu_backend;
 extern const struct backend_ops cuda_backend;
 /* CUDA devices present (0 when there is no driver or no GPU). */
 int cuda_backend_devices(void);
+/* Measured read bandwidth of a device in GB/s (kernels/cuda/cuda_bw.cu), and its name. */
+int cuda_bw_measure(int device, double *gb_s, char *name, size_t name_len, char *err);
 #endif
 
 #endif
