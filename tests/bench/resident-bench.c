@@ -391,6 +391,8 @@ usage(FILE *fp)
 	    "  -t N                 CPU threads (default: all cores)\n"
 	    "  -c N                 context length (default: what the largest test needs)\n"
 	    "      --device cpu|cuda  backend (default: cuda when built with it and a GPU is present)\n"
+	    "      --exact          CPU: float activations in every product (default: 8-bit ones\n"
+	    "                       for quantized weights)\n"
 	    "  -h, --help\n"
 	    "A header line names the device and its measured read bandwidth; tg rows show the\n"
 	    "bytes a decode step reads (weights + KV) per second, and that as %% of the bandwidth.\n");
@@ -401,7 +403,8 @@ static int
 parse_opts(int argc, char **argv, struct bench_opts *o)
 {
 	static const struct option lo[] = { { "device", required_argument, NULL, 'D' },
-		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 } };
+		{ "exact", no_argument, NULL, 'E' }, { "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 } };
 	int c;
 
 	memset(o, 0, sizeof *o);
@@ -421,6 +424,7 @@ parse_opts(int argc, char **argv, struct bench_opts *o)
 		case 'r': o->reps = MAX(1, MIN(atoi(optarg), MAX_REPS)); break;
 		case 'c': o->eng.n_ctx = atoi(optarg); break;
 		case 'D': o->eng.device = optarg; break;
+		case 'E': o->eng.exact = 1; break;
 		case 'h': return 1;
 		default: return -1;
 		}
