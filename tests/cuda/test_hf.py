@@ -36,7 +36,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "py"))
-from common import SKIP, binary, fail, skip  # noqa: E402
+from common import SKIP, Checks, binary, fail, skip  # noqa: E402
 
 try:
     import numpy as np
@@ -59,14 +59,7 @@ DTYPES = [("f32", torch.float32), ("bf16", torch.bfloat16)]
 NO_GPU = ("no CUDA device", "has no CUDA backend")
 
 TOOL = binary("resident-model")
-failures = []
-
-
-def check(ok, what):
-    print(f"{'ok  ' if ok else 'FAIL'} {what}", flush=True)
-    if not ok:
-        failures.append(what)
-    return ok
+check = Checks()
 
 
 def make_model(cls, tied, dtype, seed, out):
@@ -160,8 +153,7 @@ def main():
                                          extra, CUDA_TOL)
     print(f"done in {time.time() - t0:.1f} s (torch {torch.__version__}, "
           f"transformers {transformers.__version__})")
-    if failures:
-        fail(f"{len(failures)} check(s) failed, first: {failures[0]}")
+    check.finish()
     if no_gpu is not None:
         print(f"SKIP: the CUDA half did not run ({no_gpu}); the CPU backend matched torch")
         return SKIP

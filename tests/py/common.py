@@ -35,3 +35,21 @@ def binary(name):
     if not os.access(path, os.X_OK):
         fail(f"{path} not found or not executable (build it first, or set RESIDENT_BUILDDIR)")
     return path
+
+
+class Checks:
+    """Named checks that go on after a failure: check(ok, what) prints the
+    result and returns ok; finish() fails the test if any check failed."""
+
+    def __init__(self):
+        self.failures = []
+
+    def __call__(self, ok, what):
+        print(f"{'ok  ' if ok else 'FAIL'} {what}", flush=True)
+        if not ok:
+            self.failures.append(what)
+        return ok
+
+    def finish(self):
+        if self.failures:
+            fail(f"{len(self.failures)} check(s) failed, first: {self.failures[0]}")

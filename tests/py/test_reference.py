@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-from common import binary, fail, skip, srcdir
+from common import Checks, binary, skip, srcdir
 
 try:
     import numpy as np
@@ -59,14 +59,7 @@ FAST_TOL = 5e-2
 FLOAT_TYPES = ("f32", "f16", "bf16")
 
 TOOL = binary("resident-model")
-failures = []
-
-
-def check(ok, what):
-    print(f"{'ok  ' if ok else 'FAIL'} {what}", flush=True)
-    if not ok:
-        failures.append(what)
-    return ok
+check = Checks()
 
 
 def run(args, what):
@@ -160,10 +153,8 @@ def main():
                                      f"rel err {et:.3e} (< {TWIN_TOL:g})")
             else:
                 check(False, f"{shape}: gguf f32 / safetensors f32 twins not both available")
-    n_fail = len(failures)
     print(f"done in {time.time() - t0:.1f} s")
-    if n_fail:
-        fail(f"{n_fail} check(s) failed, first: {failures[0]}")
+    check.finish()
     print("PASS: engine logits match the reference")
     return 0
 
