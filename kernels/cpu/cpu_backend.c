@@ -323,13 +323,12 @@ attention(struct backend *b, const struct fwd_batch *batch, int l)
 
 	norm_rows(b, b->x, b->layers[l].attn_norm, b->h, T);
 	input(b, &in, b->h, hp->n_embd, T);
-	cpu_matmul(b->pool, L->wq, &in, b->q, nq, b->mm_scratch);
-	cpu_matmul(b->pool, L->wk, &in, b->k, nkv, b->mm_scratch);
-	cpu_matmul(b->pool, L->wv, &in, b->v, nkv, b->mm_scratch);
+	cpu_matmul(b->pool, &in, 3, (const struct model_tensor *[]){ L->wq, L->wk, L->wv },
+	    (float *[]){ b->q, b->k, b->v }, (int64_t[]){ nq, nkv, nkv }, b->mm_scratch);
 	cpu_pool_run(b->pool, T, qk_task, &st);
 	cpu_pool_run(b->pool, (int64_t)T * hp->n_head, attn_task, &st);
 	input(b, &in, b->att, nq, T);
-	cpu_matmul(b->pool, L->wo, &in, b->ffn_out, hp->n_embd, b->mm_scratch);
+	cpu_matmul(b->pool, &in, 1, &L->wo, &b->ffn_out, (int64_t[]){ hp->n_embd }, b->mm_scratch);
 	residual(b, b->ffn_out, b->layers[l].post_attn_norm, T);
 }
 
@@ -343,11 +342,11 @@ feed_forward(struct backend *b, int T, int l)
 
 	norm_rows(b, b->x, b->layers[l].ffn_norm, b->h, T);
 	input(b, &in, b->h, hp->n_embd, T);
-	cpu_matmul(b->pool, L->w_gate, &in, b->gate, hp->n_ff, b->mm_scratch);
-	cpu_matmul(b->pool, L->w_up, &in, b->up, hp->n_ff, b->mm_scratch);
+	cpu_matmul(b->pool, &in, 2, (const struct model_tensor *[]){ L->w_gate, L->w_up },
+	    (float *[]){ b->gate, b->up }, (int64_t[]){ hp->n_ff, hp->n_ff }, b->mm_scratch);
 	cpu_glu(b->gate, b->up, (int64_t)T * hp->n_ff, hp->gelu);
 	input(b, &in, b->gate, hp->n_ff, T);
-	cpu_matmul(b->pool, L->w_down, &in, b->ffn_out, hp->n_embd, b->mm_scratch);
+	cpu_matmul(b->pool, &in, 1, &L->w_down, &b->ffn_out, (int64_t[]){ hp->n_embd }, b->mm_scratch);
 	residual(b, b->ffn_out, b->layers[l].post_ffn_norm, T);
 }
 
@@ -370,7 +369,7 @@ output(struct backend *b, const struct fwd_batch *batch, float *logits)
 		struct cpu_act in;
 
 		input(b, &in, b->h, hp->n_embd, n);
-		cpu_matmul(b->pool, b->m->output, &in, logits, hp->n_vocab, b->mm_scratch);
+		cpu_matmul(b->pool, &in, 1, &b->m->output, &logits, (int64_t[]){ hp->n_vocab }, b->mm_scratch);
 	}
 }
 

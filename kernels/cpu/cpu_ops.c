@@ -891,24 +891,54 @@ use_q8(struct mm_ctx *c, struct cpu_act *a)
 	c->nb = a->n / quant_traits(c->w->type)->block_elems;
 }
 
-void
-cpu_matmul(struct cpu_pool *pool, const struct model_tensor *w, struct cpu_act *x, float *y,
-    int64_t ldy, float *scratch)
+/* Sets c up for one weight; returns its number of tasks. */
+static int64_t
+mm_prepare(struct mm_ctx *c, struct cpu_pool *pool, const struct model_tensor *w, struct cpu_act *x,
+    float *y, int64_t ldy, float *scratch)
 {
-	struct mm_ctx c = { .w = w, .x = x->x, .ldx = x->ld, .n_tok = x->n_tok, .y = y, .ldy = ldy,
-	    .scratch = scratch, .chunks_per_task = 1 };
-	int n_tok = x->n_tok;
-	int64_t chunk_work = CPU_MM_ROWS * w->ne[0] * (int64_t)MAX(n_tok, 1), most;
+	int64_t chunk_work = CPU_MM_ROWS * w->ne[0] * (int64_t)MAX(x->n_tok, 1), most;
 
-	quant_row_bytes(w->type, w->ne[0], &c.row_bytes);
-	use_q8(&c, x);
-	if (c.qmm == NULL && n_tok == 1 && w->type < TT_COUNT_)
-		c.dot1 = dot1_impl[w->type];
+	*c = (struct mm_ctx){ .w = w, .x = x->x, .ldx = x->ld, .n_tok = x->n_tok, .y = y, .ldy = ldy,
+	    .scratch = scratch, .chunks_per_task = 1 };
+	quant_row_bytes(w->type, w->ne[0], &c->row_bytes);
+	use_q8(c, x);
+	if (c->qmm == NULL && x->n_tok == 1 && w->type < TT_COUNT_)
+		c->dot1 = dot1_impl[w->type];
 	/* the grouping only decides which thread computes which rows */
-	c.n_chunks = (w->ne[1] + CPU_MM_ROWS - 1) / CPU_MM_ROWS;
-	most = MAX(1, c.n_chunks / (MM_TASKS_PER_THREAD * cpu_pool_threads(pool)));
-	c.chunks_per_task = MIN(most, MAX(1, MM_TASK_WORK / chunk_work));
-	cpu_pool_run(pool, (c.n_chunks + c.chunks_per_task - 1) / c.chunks_per_task, mm_task, &c);
+	c->n_chunks = (w->ne[1] + CPU_MM_ROWS - 1) / CPU_MM_ROWS;
+	most = MAX(1, c->n_chunks / (MM_TASKS_PER_THREAD * cpu_pool_threads(pool)));
+	c->chunks_per_task = MIN(most, MAX(1, MM_TASK_WORK / chunk_work));
+	return (c->n_chunks + c->chunks_per_task - 1) / c->chunks_per_task;
+}
+
+/* The products of one input: weight j's tasks are first[j] .. first[j + 1] - 1. */
+struct mm_set {
+	struct mm_ctx c[CPU_MM_MAX];
+	int64_t first[CPU_MM_MAX + 1];
+};
+
+static void
+mm_set_task(void *arg, int64_t task, int thread)
+{
+	struct mm_set *s = arg;
+	int j = 0;
+
+	while (task >= s->first[j + 1])
+		j++;
+	mm_task(&s->c[j], task - s->first[j], thread);
+}
+
+void
+cpu_matmul(struct cpu_pool *pool, struct cpu_act *x, int n, const struct model_tensor *const *w,
+    float *const *y, const int64_t *ldy, float *scratch)
+{
+	struct mm_set s;
+	int j;
+
+	s.first[0] = 0;
+	for (j = 0; j < n; j++)
+		s.first[j + 1] = s.first[j] + mm_prepare(&s.c[j], pool, w[j], x, y[j], ldy[j], scratch);
+	cpu_pool_run(pool, s.first[n], mm_set_task, &s);
 }
 
 void

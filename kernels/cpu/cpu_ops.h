@@ -44,17 +44,23 @@ size_t cpu_act_bytes(int64_t n, int64_t n_tok);
 void cpu_act_init(struct cpu_act *a, const float *x, int64_t ld, int n_tok, int64_t n,
     uint8_t *const *q8);
 
+/* Most weights one cpu_matmul takes. */
+#define CPU_MM_MAX 3
+
 /*
- * y[t * ldy + o] = sum_i W[o][i] * x[t * ld + i] for the n_tok tokens of
- * the input and every output row o of the weight (ne[1] rows of ne[0] =
- * the input's n); scratch holds n_threads * CPU_MM_ROWS * ne[0] floats.
- * On the float path each y element has the bits of cpu_dot over the
- * dequantized row (quant_dequantize), whatever kernel computed it; on the
- * 8-bit path, those of the row's integer dot product with the token's
- * 8-bit copy. Either way it does not depend on n_tok.
+ * For each of the n <= CPU_MM_MAX weights w[j] (ne[1] rows of ne[0] = the
+ * input's n): y[j][t * ldy[j] + o] = sum_i W[o][i] * x[t * ld + i] for
+ * the input's n_tok tokens and every output row o, all in one pool run
+ * (the products of one input, as Q/K/V or gate/up, share the threads'
+ * start and end). scratch holds n_threads * CPU_MM_ROWS * (widest ne[0])
+ * floats. On the float path each y element has the bits of cpu_dot over
+ * the dequantized row (quant_dequantize), whatever kernel computed it; on
+ * the 8-bit path, those of the row's integer dot product with the token's
+ * 8-bit copy. Either way it does not depend on n_tok or on the other
+ * weights.
  */
-void cpu_matmul(struct cpu_pool *pool, const struct model_tensor *w, struct cpu_act *x, float *y,
-    int64_t ldy, float *scratch);
+void cpu_matmul(struct cpu_pool *pool, struct cpu_act *x, int n, const struct model_tensor *const *w,
+    float *const *y, const int64_t *ldy, float *scratch);
 
 /* Dequantizes row r of a weight (an embedding lookup). */
 void cpu_get_row(const struct model_tensor *w, int64_t r, float *out);

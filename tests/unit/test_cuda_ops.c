@@ -273,7 +273,7 @@ check_matmul(const struct model_tensor *t, const float *wf, const float *x, int 
 	if (cuda_probe_matmul(probe, &w, x, n_tok, path, tile_rows, reuse_x, y, err) != 0)
 		fail_msg("matmul %s %s: %s", pname, quant_traits(t->type)->name, err);
 	cpu_act_init(&in, x, k, n_tok, k, NULL); /* float activations: the exact product */
-	cpu_matmul(pool, t, &in, ref, n, scratch);
+	cpu_matmul(pool, &in, 1, &t, &ref, &n, scratch);
 	for (int tk = 0; tk < n_tok; tk++)
 		for (int64_t o = 0; o < n; o++) {
 			double size = 0, e;
