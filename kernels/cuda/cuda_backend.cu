@@ -105,6 +105,8 @@ struct backend {
 	int max_tokens;
 	/* activations, max_tokens rows each (logits: LOGIT_ROWS) */
 	float *x, *h, *q, *k, *v, *att, *gate, *up, *ffn_out, *logits;
+	float *att_part;             /* the pieces of split attention */
+	int64_t att_part_rows;
 	void *blas_ws;
 	/* staging: tokens, positions, table offsets, logit rows, then the tables */
 	int32_t *host_ints, *dev_ints;
@@ -464,6 +466,14 @@ upload_smalls(struct backend *b, char *err)
 	return 0;
 }
 
+/* Bytes of the split-attention scratch (sets att_part_rows). */
+static size_t
+part_bytes(struct backend *b)
+{
+	b->att_part_rows = cuda_attention_part_rows(b->device);
+	return floats_bytes((size_t)b->att_part_rows * ((size_t)b->m->hp.head_dim + 2));
+}
+
 /* The activations, the KV pool and the scratch. */
 static int
 alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t wh_elems, char *err)
@@ -489,7 +499,8 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    (rc = dev_alloc((void **)&b->mm.xscale, floats_bytes(T), "fp16 activations", err)) ||
 	    (rc = dev_alloc((void **)&b->mm.wh, (size_t)wh_elems * sizeof(__half), "fp16 weight tiles",
 	    err)) ||
-	    (rc = dev_alloc(&b->blas_ws, BLAS_WORKSPACE, "the cuBLAS workspace", err)));
+	    (rc = dev_alloc(&b->blas_ws, BLAS_WORKSPACE, "the cuBLAS workspace", err)) ||
+	    (rc = dev_alloc((void **)&b->att_part, part_bytes(b), "split attention", err)));
 	b->mm.wh_elems = wh_elems;
 	return rc;
 }
@@ -574,7 +585,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	}
 	b->kv_stride = KV_BLOCK_TOKENS * d.nkv;
 	kv_bytes = (size_t)o->kv_blocks * (size_t)m->hp.n_layer * 2 * b->kv_stride * sizeof(__half);
-	act = activation_bytes(&d) + (size_t)wh * sizeof(__half) + BLAS_WORKSPACE +
+	act = activation_bytes(&d) + (size_t)wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(b) +
 	    floats_bytes(small_floats(m));
 	need = wbytes + kv_bytes + act;
 	if ((rc = check_memory(need, wbytes, kv_bytes, act, err)) != 0 ||
@@ -641,7 +652,7 @@ cuda_free(struct backend *b)
 	cudaFree(b->x), cudaFree(b->h), cudaFree(b->q), cudaFree(b->k), cudaFree(b->v);
 	cudaFree(b->att), cudaFree(b->gate), cudaFree(b->up), cudaFree(b->ffn_out), cudaFree(b->logits);
 	cudaFree(b->mm.xh), cudaFree(b->mm.xscale), cudaFree(b->mm.wh), cudaFree(b->blas_ws);
-	cudaFree(b->dev_ints);
+	cudaFree(b->dev_ints), cudaFree(b->att_part);
 	if (b->host_ints != NULL)
 		cudaFreeHost(b->host_ints);
 	if (b->stream != NULL)
@@ -727,7 +738,8 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	const struct model_hparams *hp = &b->m->hp;
 	const struct cuda_layer *c = &b->layers[l];
 	struct cuda_heads hd = heads_of(b, l);
-	struct cuda_kv kv = { b->kv, b->kv_stride, hp->n_layer, l, dev->pos, dev->tab, dev->tables };
+	struct cuda_kv kv = { b->kv, b->kv_stride, hp->n_layer, l, dev->pos, dev->tab, dev->tables,
+		b->att_part, b->att_part_rows };
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
 	int embd = hp->n_embd, nq = hp->n_head * hp->head_dim, nkv = hp->n_head_kv * hp->head_dim, rc;
 
