@@ -6,6 +6,8 @@
  * registers, and dots them with up to MMV_TOKENS tokens at once, so the
  * weight is read once per group of tokens and each token load serves four
  * rows. The weight's bytes are the cost; the tokens come from L1/L2.
+ * Several weights of the same input stored one after the other (Q/K/V,
+ * gate/up) run as one kernel that sends each row to its own output.
  *
  * Many tokens (prefill): the tokens are converted to fp16 once per input
  * (each row divided by a power of two when it would overflow fp16, and
@@ -33,6 +35,34 @@
 	} while (0)
 
 /*
+ * Where the rows of one product go: rows [start[i], start[i + 1]) to y[i],
+ * token t's row ldy[i] floats after token t - 1's.
+ */
+struct mm_out {
+	float *y[MM_MAX_OUT];
+	int ldy[MM_MAX_OUT];
+	int start[MM_MAX_OUT + 1];
+	int n;
+};
+
+/* Stores token t's value of row o. */
+static __device__ __forceinline__ void
+mm_store(const struct mm_out &out, int o, int t, float v)
+{
+	float *y = out.y[0];
+	int ld = out.ldy[0], r = o;
+
+#pragma unroll
+	for (int j = 1; j < MM_MAX_OUT; j++) /* constant indices: the struct stays in registers */
+		if (j < out.n && o >= out.start[j]) {
+			y = out.y[j];
+			ld = out.ldy[j];
+			r = o - out.start[j];
+		}
+	y[(size_t)t * ld + r] = v;
+}
+
+/*
  * MMV_ROWS rows by NT tokens per block: the block's threads split the rows'
  * chunks of 8 elements, each dequantizes its chunk of every row in
  * registers and feeds it to every token, so one load of x serves
@@ -42,7 +72,7 @@
 template <int TY, int NT>
 __global__ void __launch_bounds__(MMV_WARPS * WARP)
 mmv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n,
-    const float *__restrict__ x, int ldx, float *__restrict__ y, int ldy)
+    const float *__restrict__ x, int ldx, struct mm_out out)
 {
 	__shared__ float red[MMV_WARPS][MMV_ROWS * NT];
 	int row0 = blockIdx.x * MMV_ROWS, lane = threadIdx.x % WARP, wp = threadIdx.x / WARP;
@@ -92,7 +122,7 @@ mmv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n,
 #pragma unroll
 		for (int q = 0; q < MMV_WARPS; q++)
 			s += red[q][j];
-		y[(size_t)t * ldy + row0 + i] = s;
+		mm_store(out, row0 + i, t, s);
 	}
 }
 
@@ -171,8 +201,8 @@ embed_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, const int32
 /* The matrix-vector kernel of type TY for nt (1..MMV_TOKENS) tokens. */
 template <int TY>
 static void
-mmv_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const float *x, int ldx, float *y,
-    int ldy)
+mmv_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const float *x, int ldx,
+    const struct mm_out *out)
 {
 	dim3 grid((unsigned)((w->n + MMV_ROWS - 1) / MMV_ROWS)), block(MMV_WARPS * WARP);
 	int k = (int)w->k, n = (int)w->n;
@@ -180,25 +210,30 @@ mmv_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const float *x,
 	switch (nt) {
 #define NT_CASE(N) \
 	case N: \
-		mmv_kernel<TY, N><<<grid, block, 0, st>>>(w->d, w->row_bytes, k, n, x, ldx, y, ldy); \
+		mmv_kernel<TY, N><<<grid, block, 0, st>>>(w->d, w->row_bytes, k, n, x, ldx, *out); \
 		break;
 	NT_CASE(1) NT_CASE(2) NT_CASE(3) NT_CASE(4) NT_CASE(5) NT_CASE(6) NT_CASE(7) NT_CASE(8)
 #undef NT_CASE
 	}
 }
 
-/* Matrix-vector kernels over groups of MMV_TOKENS tokens. */
+/*
+ * Matrix-vector kernels over groups of MMV_TOKENS tokens for w (the rows of
+ * every output of out, stored one after the other).
+ */
 static int
-matvec(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_tok, float *y,
-    int ldy, char *err)
+matvec(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_tok,
+    const struct mm_out *out, char *err)
 {
 	for (int t = 0; t < n_tok; t += MMV_TOKENS) {
 		int nt = MIN(MMV_TOKENS, n_tok - t);
 		const float *xt = x + (size_t)t * ldx;
-		float *yt = y + (size_t)t * ldy;
+		struct mm_out o = *out;
 
+		for (int i = 0; i < o.n; i++)
+			o.y[i] += (size_t)t * o.ldy[i];
 		switch (w->type) {
-#define TY_CASE(TY) case TY: mmv_launch<TY>(nt, m->stream, w, xt, ldx, yt, ldy); break;
+#define TY_CASE(TY) case TY: mmv_launch<TY>(nt, m->stream, w, xt, ldx, &o); break;
 		DEQ_TYPES(TY_CASE)
 #undef TY_CASE
 		default:
@@ -267,12 +302,56 @@ gemm(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, in
 }
 
 int
+cuda_weight_follows(const struct cuda_weight *a, const struct cuda_weight *b)
+{
+	return a->type == b->type && a->k == b->k && a->row_bytes == b->row_bytes &&
+	    a->d + (size_t)a->n * a->row_bytes == b->d;
+}
+
+int
 cuda_matmul(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_tok,
     float *y, int ldy, int reuse_x, char *err)
 {
+	struct mm_out out = { { y }, { ldy }, { 0, (int)w->n }, 1 };
+
 	if (n_tok <= m->mmv_max)
-		return matvec(m, w, x, ldx, n_tok, y, ldy, err);
+		return matvec(m, w, x, ldx, n_tok, &out, err);
 	return gemm(m, w, x, ldx, n_tok, y, ldy, reuse_x, err);
+}
+
+int
+cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x,
+    int ldx, int n_tok, float *const *y, const int *ldy, char *err)
+{
+	int rc;
+
+	if (n_w < 1 || n_w > MM_MAX_OUT)
+		return err_set(err, ERR_INVAL, "%d weights in one product (1..%d)", n_w, MM_MAX_OUT);
+	for (int i = 0; i < n_w;) {
+		struct cuda_weight all = *w[i];
+		struct mm_out out = { { NULL }, { 0 }, { 0 }, 0 };
+		int j = i, rows = 0;
+
+		if (n_tok > m->mmv_max) {
+			if ((rc = gemm(m, w[i], x, ldx, n_tok, y[i], ldy[i], i > 0, err)) != 0)
+				return rc;
+			i++;
+			continue;
+		}
+		/* the run of weights that follow one another: one kernel */
+		for (; j < n_w && (j == i || cuda_weight_follows(w[j - 1], w[j])); j++) {
+			out.y[out.n] = y[j];
+			out.ldy[out.n] = ldy[j];
+			out.start[out.n++] = rows;
+			rows += (int)w[j]->n;
+		}
+		out.start[out.n] = rows;
+		all.n = rows;
+		if ((rc = matvec(m, &all, x, ldx, n_tok, &out, err)) != 0)
+			return rc;
+		i = j;
+	}
+	return 0;
 }
 
 int
