@@ -250,7 +250,8 @@ activation_bytes(const struct dims *d)
 	return floats_bytes(d->T * d->embd) * 2 + floats_bytes(d->T * d->widest) +
 	    floats_bytes(d->T * d->nq) * 2 + floats_bytes(d->T * d->nkv) * 2 +
 	    floats_bytes(d->T * d->ff) * 2 + floats_bytes(logit_rows * d->vocab) +
-	    align_up(d->T * d->widest * sizeof(__half)) + floats_bytes(d->T);
+	    align_up(d->T * d->widest * sizeof(__half)) + floats_bytes(d->T) +
+	    align_up(d->T * 2 * d->widest) + align_up(d->T * d->widest / 32 * sizeof(float2));
 }
 
 /* The matrices of the model, tok_embd first; the output only when not tied. */
@@ -513,6 +514,8 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    "logits", err)) ||
 	    (rc = dev_alloc((void **)&b->mm.xh, T * d->widest * sizeof(__half), "fp16 activations", err)) ||
 	    (rc = dev_alloc((void **)&b->mm.xscale, floats_bytes(T), "fp16 activations", err)) ||
+	    (rc = dev_alloc((void **)&b->mm.xq, T * 2 * d->widest, "int8 activations", err)) ||
+	    (rc = dev_alloc((void **)&b->mm.xd, T * d->widest / 32 * sizeof(float2), "int8 activations", err)) ||
 	    (rc = dev_alloc((void **)&b->mm.wh, (size_t)wh_elems * sizeof(__half), "fp16 weight tiles",
 	    err)) ||
 	    (rc = dev_alloc(&b->blas_ws, BLAS_WORKSPACE, "the cuBLAS workspace", err)) ||
@@ -673,6 +676,7 @@ cuda_free(struct backend *b)
 	cudaFree(b->x), cudaFree(b->h), cudaFree(b->q), cudaFree(b->k), cudaFree(b->v);
 	cudaFree(b->att), cudaFree(b->gate), cudaFree(b->up), cudaFree(b->ffn_out), cudaFree(b->logits);
 	cudaFree(b->mm.xh), cudaFree(b->mm.xscale), cudaFree(b->mm.wh), cudaFree(b->blas_ws);
+	cudaFree(b->mm.xq), cudaFree(b->mm.xd);
 	cudaFree(b->dev_ints), cudaFree(b->att_part), cudaFree(b->dev_argmax);
 	if (b->host_argmax != NULL)
 		cudaFreeHost(b->host_argmax);

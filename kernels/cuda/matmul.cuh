@@ -33,6 +33,14 @@ struct cuda_mm {
 	__half *wh;        /* wh_elems: rows of a weight, dequantized */
 	int64_t wh_elems;
 	int mmv_max;       /* up to this many tokens: matrix-vector kernels; above: cuBLAS */
+	/*
+	 * The activations as two int8 rows (max_tokens x 2 x widest input)
+	 * with a scale and a sum per 32 (max_tokens x widest / 32), for the
+	 * integer matrix-vector kernels. NULL: those kernels are not used.
+	 */
+	int8_t *xq;
+	float2 *xd;
+	int xq_ready;      /* xq holds the x of the last call */
 };
 
 /* Most weights of one cuda_matmul_multi. */
