@@ -352,17 +352,47 @@ cuda_attention_part_rows(int device)
 	return (int64_t)ATT_WAVES * sms * ATT_GROUP;
 }
 
-/* Launches attn_kernel<E> with its shared memory (raising the limit past 48 KB when needed). */
+/* Lets attn_kernel<E> have its shared memory on the current device (past 48 KB it must be asked for). */
 template <int E>
 static int
-attn_launch(dim3 grid, const float *q, float *out, float *part, int n_split, const struct cuda_heads *hd,
-    const struct cuda_kv *kv, cudaStream_t st, char *err)
+attn_smem_limit(char *err)
 {
 	size_t smem = attn_smem_bytes(WARP * E);
 
 	if (smem > 48 * 1024)
 		CK(cudaFuncSetAttribute(attn_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	attn_kernel<E><<<grid, ATT_WARPS * WARP, smem, st>>>(q, out, part, n_split, *hd, *kv);
+	return 0;
+}
+
+int
+cuda_attention_setup(int head_dim, char *err)
+{
+	switch (head_dim / WARP) {
+#define E_CASE(E) case E: return attn_smem_limit<E>(err);
+	E_CASE(1) E_CASE(2) E_CASE(3) E_CASE(4) E_CASE(5) E_CASE(6) E_CASE(7) E_CASE(8)
+#undef E_CASE
+	default:
+		return err_set(err, ERR_UNSUPPORTED, "head_dim %d (a multiple of 32 up to 256 only)", head_dim);
+	}
+}
+
+/*
+ * Launches attn_kernel<E> with its shared memory; raises the limit first
+ * unless the stream is being captured into a graph (cuda_attention_setup
+ * did it then).
+ */
+template <int E>
+static int
+attn_launch(dim3 grid, const float *q, float *out, float *part, int n_split, const struct cuda_heads *hd,
+    const struct cuda_kv *kv, cudaStream_t st, char *err)
+{
+	cudaStreamCaptureStatus cs;
+	int rc;
+
+	CK(cudaStreamIsCapturing(st, &cs));
+	if (cs == cudaStreamCaptureStatusNone && (rc = attn_smem_limit<E>(err)) != 0)
+		return rc;
+	attn_kernel<E><<<grid, ATT_WARPS * WARP, attn_smem_bytes(WARP * E), st>>>(q, out, part, n_split, *hd, *kv);
 	CK_LAUNCH("attn_kernel");
 	return 0;
 }

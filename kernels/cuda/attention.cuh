@@ -57,6 +57,12 @@ int cuda_qk(float *q, float *k, const float *v, int n_tok, const struct cuda_hea
 int cuda_attention(const float *q, float *out, int n_tok, const struct cuda_heads *hd,
     const struct cuda_kv *kv, cudaStream_t st, char *err);
 
+/*
+ * Readies cuda_attention for head_dim on the current device: once, before
+ * a stream that will call it is captured into a graph.
+ */
+int cuda_attention_setup(int head_dim, char *err);
+
 /* Rows of kv->part that let cuda_attention split as much as it wants on this device. */
 int64_t cuda_attention_part_rows(int device);
 

@@ -598,7 +598,8 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	int64_t wh = 1, seqs = o->max_seqs > 0 ? MIN(o->max_seqs, o->max_tokens) : o->max_tokens;
 	int n = list_matrices(m, mats), rc;
 
-	if ((rc = check_model(m, mats, n, err)) != 0 || (rc = open_device(b, o->device, err)) != 0)
+	if ((rc = check_model(m, mats, n, err)) != 0 || (rc = open_device(b, o->device, err)) != 0 ||
+	    (rc = cuda_attention_setup(m->hp.head_dim, err)) != 0)
 		goto out;
 	wbytes = matrix_offsets(mats, n, off);
 	for (int i = 0; i < n; i++) {
