@@ -1,8 +1,10 @@
 #!/bin/sh
 # device-check.sh: the CUDA backend on a GPU machine in one go: the tests
-# against the CPU backend, compute-sanitizer's memcheck over a few models,
-# and resident-bench on a generated llama3-1b Q4_K_M. Logs go to OUTDIR;
-# a short table is printed last.
+# against the CPU backend (with a generated gemma3-270m as the "real" Gemma,
+# for head_dim 256), compute-sanitizer's memcheck over a few models, and
+# cuda-step-bench (depths 128, 4096, 16384; GPU argmax checked against the
+# host's) and resident-bench on a generated llama3-8b Q4_K_M. Logs go to
+# OUTDIR; a short table is printed last. About 6 minutes on an H100.
 #
 #   kernels/cuda/device-check.sh BINDIR OUTDIR
 #
@@ -29,53 +31,45 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 missing=$(ldd "$t" "$rb" "$rm" 2>&1 | grep 'not found' | sort -u)
 [ -n "$missing" ] && echo "missing libraries: $missing"
 
-echo "== test_cuda"
+echo "== test_cuda (RESIDENT_GEMMA: a generated gemma3-270m, head_dim 256)"
 start=$(date +%s)
-"$t" > "$out/test_cuda.log" 2>&1
+"$rm" gen gemma3-270m /tmp/g.gguf --type q4_k_m --quiet > "$out/gen.log" 2>&1 || cat "$out/gen.log"
+RESIDENT_GEMMA=/tmp/g.gguf "$t" > "$out/test_cuda.log" 2>&1
 test_rc=$?
 grep -E 'max relative|PASSED|FAILED|SKIP|ERROR|error' "$out/test_cuda.log" | head -40
 echo "test_cuda rc=$test_rc ($(( $(date +%s) - start )) s)"
 
 echo "== compute-sanitizer memcheck"
 start=$(date +%s)
-TEST_CUDA_ONLY="tiny-gemma3/q4_k_m,tiny-qwen2/f16,tiny/q8_0" timeout 240 \
+TEST_CUDA_ONLY="tiny-gemma3/q4_k_m,tiny-qwen2/f16,tiny/q8_0" timeout 150 \
 	compute-sanitizer --tool memcheck --error-exitcode 9 "$t" > "$out/memcheck.log" 2>&1
 san_rc=$?
 grep -E 'ERROR SUMMARY|Invalid|max relative|PASSED|FAILED' "$out/memcheck.log" | head -20
 echo "memcheck rc=$san_rc ($(( $(date +%s) - start )) s)"
 
-echo "== bench"
+echo "== bench: llama3-8b Q4_K_M"
 start=$(date +%s)
-"$rm" gen llama3-1b /tmp/l.gguf --type q4_k_m --quiet > "$out/gen.log" 2>&1 || cat "$out/gen.log"
-"$rm" gen gemma3-270m /tmp/g.gguf --type q4_k_m --quiet >> "$out/gen.log" 2>&1 || cat "$out/gen.log"
+"$rm" gen llama3-8b /tmp/l8.gguf --type q4_k_m --quiet >> "$out/gen.log" 2>&1 || cat "$out/gen.log"
 echo "generated in $(( $(date +%s) - start )) s"
-: > "$out/bench.log"
-for mmv in 16; do
-	echo "-- resident-bench, RESIDENT_CUDA_MMV_MAX=$mmv" | tee -a "$out/bench.log"
-	RESIDENT_CUDA_MMV_MAX=$mmv timeout 150 "$rb" -m /tmp/l.gguf --device cuda -p 512 -n 128 -b 1,16 \
-		>> "$out/bench.log" 2>&1
-	echo "bench rc=$?" >> "$out/bench.log"
-done
 sb="$bin/cuda-step-bench"
 : > "$out/step.log"
-for cfg in "1 16" "0 16"; do
-	set -- $cfg
-	echo "-- cuda-step-bench llama3-1b q4_k_m, RESIDENT_CUDA_GRAPHS=$1 RESIDENT_CUDA_MMV_MAX=$2" >> "$out/step.log"
-	RESIDENT_CUDA_GRAPHS=$1 RESIDENT_CUDA_MMV_MAX=$2 timeout 100 "$sb" /tmp/l.gguf 512 128 1 8 16 64 \
-		>> "$out/step.log" 2>&1
+for d in 128 4096; do
+	echo "-- cuda-step-bench, depth $d" >> "$out/step.log"
+	timeout 90 "$sb" /tmp/l8.gguf 512 $d 1 4 8 16 64 >> "$out/step.log" 2>&1
+	echo "   rc=$?" >> "$out/step.log"
 done
-echo "-- cuda-step-bench gemma3-270m q4_k_m" >> "$out/step.log"
-timeout 100 "$sb" /tmp/g.gguf 512 128 1 16 64 >> "$out/step.log" 2>&1
-echo "-- GPU time per phase (RESIDENT_CUDA_TIMING=2, no graphs), llama3-1b" >> "$out/step.log"
-RESIDENT_CUDA_TIMING=2 timeout 100 "$sb" /tmp/l.gguf 512 128 1 64 > "$out/phases.log" 2>&1
-grep -v 'cuda step of' "$out/phases.log" >> "$out/step.log"
-for n in 512 1 64; do # the last step of each size: warm, past the one-time costs
-	grep "cuda step of $n tokens" "$out/phases.log" | tail -n 1 >> "$out/step.log"
-done
+echo "-- cuda-step-bench, depth 16384" >> "$out/step.log"
+timeout 60 "$sb" /tmp/l8.gguf 512 16384 1 >> "$out/step.log" 2>&1
+echo "-- GPU time per phase (RESIDENT_CUDA_TIMING=2, no graphs), b=1, depth 128" >> "$out/step.log"
+RESIDENT_CUDA_TIMING=2 timeout 60 "$sb" /tmp/l8.gguf 64 128 1 > "$out/phases.log" 2>&1
+grep 'cuda step of 1 tokens' "$out/phases.log" | tail -n 1 >> "$out/step.log"
+timeout 120 "$rb" -m /tmp/l8.gguf --device cuda -p 512 -n 128 -b 1,4,16,64 -r 2 > "$out/bench.log" 2>&1
+echo "bench rc=$?" >> "$out/bench.log"
 
 echo "== summary"
 cat "$out/gpu.txt"
 echo "test_cuda rc=$test_rc, memcheck rc=$san_rc"
 grep -E 'max relative' "$out/test_cuda.log"
 grep -E 'ERROR SUMMARY' "$out/memcheck.log"
-cat "$out/bench.log" "$out/step.log"
+grep -v '^|--' "$out/step.log"
+tail -n 7 "$out/bench.log"
