@@ -48,6 +48,12 @@ struct fwd_batch {
 	const struct fwd_seq *seqs;
 	int32_t n_tokens;
 	const int32_t *tokens;
+	/*
+	 * Only with a backend whose has_argmax is 1, else NULL: gets the id of
+	 * the largest logit of each logits row (the lowest id among equals, as
+	 * the greedy sampler picks), and forward's logits may then be NULL.
+	 */
+	int32_t *argmax;
 };
 
 /*
@@ -72,6 +78,7 @@ struct backend_ops {
 	/* Copies the first n_tokens positions of block src into block dst (copy on write). */
 	int (*kv_copy)(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char *err);
 	void (*free)(struct backend *b);
+	int has_argmax;     /* forward fills fwd_batch.argmax on the device (only ids cross to the host) */
 };
 
 extern const struct backend_ops cpu_backend;

@@ -35,6 +35,7 @@ struct engine {
 	struct seq **fseq_of;   /* the sequence of each fwd_seq */
 	int32_t *tokens;
 	float *logits;          /* max_seqs rows */
+	int32_t *argmax;        /* max_seqs: the greedy picks, when the backend makes them */
 };
 
 static const char *const finish_names[] = {
@@ -110,6 +111,7 @@ engine_open(const char *model_path, const struct engine_opts *o, struct engine *
 	e->fseq_of = xcalloc((size_t)e->max_seqs, sizeof *e->fseq_of);
 	e->tokens = xcalloc((size_t)e->max_step_tokens, sizeof *e->tokens);
 	e->logits = xmalloc((size_t)e->max_seqs * (size_t)e->m->hp.n_vocab * sizeof *e->logits);
+	e->argmax = xcalloc((size_t)e->max_seqs, sizeof *e->argmax);
 	*out = e;
 	return 0;
 }
@@ -122,7 +124,7 @@ engine_close(struct engine *e)
 	e->ops->free(e->be);
 	kv_destroy(&e->kv);
 	model_close(e->m);
-	free(e->fseqs), free(e->fseq_of), free(e->tokens), free(e->logits);
+	free(e->fseqs), free(e->fseq_of), free(e->tokens), free(e->logits), free(e->argmax);
 	free(e);
 }
 
@@ -516,9 +518,30 @@ plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *n_fseqs, int3
 	return take;
 }
 
-/* Samples for every sequence whose last token was in the step. */
+/*
+ * 1 if every sequence that samples in this step picks greedily with no
+ * penalties and wants no log-probabilities: then the backend's argmax is
+ * the whole of sampling, and the logits need not leave it.
+ */
+static int
+step_greedy(const struct engine *e, int32_t n_fseqs)
+{
+	if (!e->ops->has_argmax)
+		return 0;
+	for (int32_t i = 0; i < n_fseqs; i++) {
+		const struct seq *s = e->fseq_of[i];
+		const struct sample_params *p = &s->sampler.p;
+
+		if (e->fseqs[i].logits && (p->temperature != 0 || p->repeat_penalty != 1.0f ||
+		    p->presence_penalty != 0 || p->frequency_penalty != 0 || s->params.logprobs))
+			return 0;
+	}
+	return 1;
+}
+
+/* Samples for every sequence whose last token was in the step (picked already when greedy). */
 static void
-sample_step(struct engine *e, int32_t n_fseqs)
+sample_step(struct engine *e, int32_t n_fseqs, int greedy)
 {
 	int32_t i, row = 0;
 	float lp, *logits;
@@ -530,11 +553,16 @@ sample_step(struct engine *e, int32_t n_fseqs)
 		s->n_cached += e->fseqs[i].n_new;
 		if (!e->fseqs[i].logits)
 			continue;
-		logits = e->logits + (size_t)row++ * (size_t)e->m->hp.n_vocab;
 		s->state = SEQ_DECODE;
-		tok = sampler_pick(&s->sampler, logits, s->tokens, (size_t)s->n_tokens,
-		    s->params.logprobs ? &lp : NULL);
-		s->new_logprob = s->params.logprobs ? lp : 0;
+		if (greedy) {
+			tok = e->argmax[row++];
+			s->new_logprob = 0;
+		} else {
+			logits = e->logits + (size_t)row++ * (size_t)e->m->hp.n_vocab;
+			tok = sampler_pick(&s->sampler, logits, s->tokens, (size_t)s->n_tokens,
+			    s->params.logprobs ? &lp : NULL);
+			s->new_logprob = s->params.logprobs ? lp : 0;
+		}
 		seq_accept(e, s, tok);
 	}
 }
@@ -544,7 +572,7 @@ engine_step(struct engine *e, struct seq **seqs, int n, char *err)
 {
 	struct fwd_batch batch;
 	int32_t n_fseqs = 0, n_tok = 0, i;
-	int rc;
+	int rc, greedy;
 
 	for (i = 0; i < n; i++) {
 		seqs[i]->new_token = -1;
@@ -560,13 +588,15 @@ engine_step(struct engine *e, struct seq **seqs, int n, char *err)
 	batch.seqs = e->fseqs;
 	batch.n_tokens = n_tok;
 	batch.tokens = e->tokens;
-	if ((rc = e->ops->forward(e->be, &batch, e->logits, err)) != 0) {
+	greedy = step_greedy(e, n_fseqs);
+	batch.argmax = greedy ? e->argmax : NULL;
+	if ((rc = e->ops->forward(e->be, &batch, greedy ? NULL : e->logits, err)) != 0) {
 		for (i = 0; i < n_fseqs; i++) {
 			snprintf(e->fseq_of[i]->error, sizeof e->fseq_of[i]->error, "%s", err);
 			engine_seq_finish(e->fseq_of[i], FINISH_ERROR);
 		}
 		return rc;
 	}
-	sample_step(e, n_fseqs);
+	sample_step(e, n_fseqs, greedy);
 	return n_tok;
 }

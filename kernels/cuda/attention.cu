@@ -1,19 +1,25 @@
 /*
  * attention.cu: RoPE and the KV write, then paged attention.
  *
- * cuda_attention gives each (token, head) a warp, four heads of a token to
- * a block (with grouped-query attention they share their K/V rows through
- * L1). The warp walks the token's visible positions 32 at a time: lane j
- * dots the query with the key of position c0 + j (the query sits in shared
- * memory), the chunk's scores update a running max and sum (online
- * softmax), then every lane adds the 32 weighted value rows for its
- * head_dim / 32 dimensions. Keys and values are read through the
- * sequence's block table, so a sequence's blocks need not be contiguous.
+ * cuda_attention is flash decoding: a block takes one token, the (up to
+ * four) query heads that share a KV head, and a share of the token's
+ * visible positions. The context is split into several shares when too few
+ * (token, KV head) pairs would fill the GPU (decode), so a long context is
+ * read by many blocks at once; a merge kernel then combines the shares by
+ * their softmax maxima and sums. The block copies tiles of 32 K and V rows
+ * into shared memory asynchronously, a tile ahead, through the sequence's
+ * block table (a sequence's blocks need not be contiguous); each K and V
+ * row is read from memory once for all the heads of its group.
  */
 #include "attention.cuh"
 
 #define QK_WARPS 4
-#define ATT_WARPS 4
+#define ATT_GROUP 4      /* query heads of one KV head per attention block, a warp each */
+#define ATT_WARPS ATT_GROUP
+#define ATT_TILE 32      /* positions per tile: one per lane */
+#define KV_PAD 8         /* halves after each row of a tile in shared memory: no bank conflicts */
+#define ATT_WAVES 4      /* attention blocks per multiprocessor worth splitting a context for */
+#define ATT_MAX_SPLITS 64
 #define MAX_PAIRS 4 /* head_dim <= 256: at most 4 rotation pairs per lane */
 
 /* Element e of position p's K (kv 0) or V (kv 1) head kvh. */
@@ -136,68 +142,183 @@ load_halves(const __half *p, float *out)
 	}
 }
 
-/* head_dim = 32 * E. */
+/* 16 bytes from global to shared memory without passing through registers. */
+static __device__ __forceinline__ void
+cp_async16(void *smem, const void *gmem)
+{
+	unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
+}
+
+static __device__ __forceinline__ void
+cp_async_commit(void)
+{
+	asm volatile("cp.async.commit_group;\n" ::);
+}
+
+/* Waits until at most N groups of this thread's copies are still in flight. */
+template <int N>
+static __device__ __forceinline__ void
+cp_async_wait(void)
+{
+	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* Shared memory of attn_kernel for head_dim d: two stages of K and V tiles, the queries. */
+static size_t
+attn_smem_bytes(int d)
+{
+	return (size_t)2 * 2 * ATT_TILE * (d + KV_PAD) * sizeof(__half) + (size_t)ATT_GROUP * d * sizeof(float);
+}
+
+/*
+ * Copies the K and V rows of positions c0 .. c0 + nv - 1 (nv <= ATT_TILE) of
+ * KV head offset koff into a stage: every thread of the block issues its
+ * share of 16-byte copies, all in flight at once.
+ */
+template <int D>
+static __device__ __forceinline__ void
+attn_load_tile(__half *ks, __half *vs, const struct cuda_kv &kv, const int32_t *tab, int c0, int nv,
+    int nkv, int koff)
+{
+	constexpr int PIECES = D / 8, RS = D + KV_PAD;
+
+	for (int i = threadIdx.x; i < nv * PIECES; i += ATT_WARPS * WARP) {
+		int r = i / PIECES, c = (i % PIECES) * 8;
+		size_t ko = kv_index(kv, tab, c0 + r, 0, nkv, koff + c);
+
+		cp_async16(ks + r * RS + c, kv.pool + ko);
+		cp_async16(vs + r * RS + c, kv.pool + ko + kv.kv_stride);
+	}
+}
+
+/*
+ * Flash decoding over the paged pool. Block (token t, split s) of
+ * blockIdx.x, and a group of up to ATT_GROUP query heads sharing one KV
+ * head (blockIdx.y): the block walks its share of the token's visible
+ * positions ATT_TILE at a time, the tiles copied into shared memory
+ * asynchronously one ahead of their use; warp g keeps query head g's
+ * running max, sum and weighted values (online softmax): lane j scores
+ * position j of the tile, then each lane accumulates its E dimensions over
+ * the tile's values. With one split the output is normalized in place;
+ * else the piece (weighted values, max, sum) goes to part for attn_merge.
+ */
 template <int E>
 __global__ void __launch_bounds__(ATT_WARPS * WARP)
-attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_heads hp, struct cuda_kv kv)
+attn_kernel(const float *__restrict__ q, float *__restrict__ out, float *__restrict__ part, int n_split,
+    struct cuda_heads hp, struct cuda_kv kv)
 {
-	constexpr int D = WARP * E;
-	__shared__ __align__(16) float qs[ATT_WARPS][D];
-	int t = blockIdx.x, w = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-	int h = blockIdx.y * ATT_WARPS + w, nkv = hp.n_head_kv * D;
-	int pos = kv.tok_pos[t], p0 = 0;
+	constexpr int D = WARP * E, RS = D + KV_PAD;
+	extern __shared__ __align__(16) unsigned char smem[];
+	__half *ks = (__half *)smem, *vs = ks + 2 * ATT_TILE * RS;
+	float *qs = (float *)(vs + 2 * ATT_TILE * RS);
+	int t = blockIdx.x / n_split, split = blockIdx.x % n_split;
+	int g = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+	int group = hp.n_head / hp.n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP;
+	int kvh = blockIdx.y / ngb, h0 = kvh * group + (blockIdx.y % ngb) * ATT_GROUP;
+	int ng = min(ATT_GROUP, (kvh + 1) * group - h0), h = h0 + g, nkv = hp.n_head_kv * D;
+	int pos = kv.tok_pos[t], p0 = hp.window > 0 && pos >= hp.window ? pos - hp.window + 1 : 0;
+	int per = ((pos - p0 + 1 + n_split - 1) / n_split + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+	int lo = p0 + split * per, hi = min(lo + per, pos + 1);
 	const int32_t *tab = kv.tables + kv.tok_tab[t];
 	float m = -INFINITY, l = 0.0f, acc[E];
 
-	if (h >= hp.n_head)
-		return;
-	int koff = h / (hp.n_head / hp.n_head_kv) * D;
-	if (hp.window > 0 && pos >= hp.window)
-		p0 = pos - hp.window + 1;
-	for (int i = lane; i < D; i += WARP)
-		qs[w][i] = q[((size_t)t * hp.n_head + h) * D + i];
-	__syncwarp();
+	for (int i = threadIdx.x; i < ATT_GROUP * D; i += ATT_WARPS * WARP)
+		qs[i] = i / D < ng ? q[((size_t)t * hp.n_head + h0) * D + i] * hp.scale : 0.0f;
 #pragma unroll
 	for (int e = 0; e < E; e++)
 		acc[e] = 0.0f;
-	for (int c0 = p0; c0 <= pos; c0 += WARP) {
-		int nv = min(WARP, pos - c0 + 1);
-		float s = -INFINITY, pw, mn, corr;
+	if (lo < hi)
+		attn_load_tile<D>(ks, vs, kv, tab, lo, min(ATT_TILE, hi - lo), nkv, kvh * D);
+	cp_async_commit();
+	for (int c0 = lo, st = 0; c0 < hi; c0 += ATT_TILE, st ^= 1) {
+		int nv = min(ATT_TILE, hi - c0);
+		const __half *kt = ks + st * ATT_TILE * RS, *vt = vs + st * ATT_TILE * RS;
 
-		if (lane < nv) {
-			const __half *kp = kv.pool + kv_index(kv, tab, c0 + lane, 0, nkv, koff);
-			float dot = 0.0f, kf[8];
+		if (c0 + ATT_TILE < hi)
+			attn_load_tile<D>(ks + (st ^ 1) * ATT_TILE * RS, vs + (st ^ 1) * ATT_TILE * RS, kv, tab,
+			    c0 + ATT_TILE, min(ATT_TILE, hi - c0 - ATT_TILE), nkv, kvh * D);
+		cp_async_commit();
+		cp_async_wait<1>();
+		__syncthreads();
+		if (g < ng) {
+			float s = -INFINITY, p, mn, corr;
+
+			if (lane < nv) {
+				float dot = 0.0f, kf[8];
 
 #pragma unroll 4
-			for (int i = 0; i < D; i += 8) {
-				load_halves<8>(kp + i, kf);
-#pragma unroll
-				for (int e = 0; e < 8; e++)
-					dot += qs[w][i + e] * kf[e];
+				for (int i = 0; i < D; i += 8) {
+					float4 qa = *(const float4 *)(qs + g * D + i), qb = *(const float4 *)(qs + g * D + i + 4);
+
+					load_halves<8>(kt + lane * RS + i, kf);
+					dot += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
+					    qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+				}
+				s = dot;
 			}
-			s = dot * hp.scale;
-		}
-		mn = fmaxf(m, warp_max(s));
-		corr = expf(m - mn);
-		pw = lane < nv ? expf(s - mn) : 0.0f;
-		l = l * corr + warp_sum(pw);
-		m = mn;
-#pragma unroll
-		for (int e = 0; e < E; e++)
-			acc[e] *= corr;
-#pragma unroll 4
-		for (int jj = 0; jj < nv; jj++) {
-			float wj = __shfl_sync(FULL_MASK, pw, jj), vf[E];
-
-			load_halves<E>(kv.pool + kv_index(kv, tab, c0 + jj, 1, nkv, koff + lane * E), vf);
+			mn = fmaxf(m, warp_max(s));
+			corr = expf(m - mn);
+			p = lane < nv ? expf(s - mn) : 0.0f;
+			l = l * corr + warp_sum(p);
+			m = mn;
 #pragma unroll
 			for (int e = 0; e < E; e++)
-				acc[e] += wj * vf[e];
+				acc[e] *= corr;
+#pragma unroll 8
+			for (int j = 0; j < nv; j++) {
+				float pj = __shfl_sync(FULL_MASK, p, j), vf[E];
+
+				load_halves<E>(vt + j * RS + lane * E, vf);
+#pragma unroll
+				for (int e = 0; e < E; e++)
+					acc[e] += pj * vf[e];
+			}
 		}
+		__syncthreads(); /* the stage is refilled next */
 	}
+	cp_async_wait<0>();
+	if (g >= ng)
+		return;
+	size_t row = (size_t)t * hp.n_head + h;
+	if (n_split == 1) {
+#pragma unroll
+		for (int e = 0; e < E; e++)
+			out[row * D + lane * E + e] = acc[e] / l;
+		return;
+	}
+	float *pr = part + (row * n_split + split) * (D + 2);
 #pragma unroll
 	for (int e = 0; e < E; e++)
-		out[((size_t)t * hp.n_head + h) * D + lane * E + e] = acc[e] / l;
+		pr[lane * E + e] = acc[e];
+	if (lane == 0)
+		pr[D] = m, pr[D + 1] = l;
+}
+
+/*
+ * The pieces of (token, head) blockIdx.x merged: each weighted by
+ * e^(its max - the max of all) (log-sum-exp), divided by the weighted sum.
+ * Piece 0 is never empty; empty ones have max -inf and weigh nothing.
+ */
+__global__ void
+attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, int n_split, int d)
+{
+	const float *pr = part + (size_t)blockIdx.x * n_split * (d + 2);
+	float mx = -INFINITY, l = 0.0f, acc = 0.0f;
+
+	for (int s = 0; s < n_split; s++)
+		mx = fmaxf(mx, pr[s * (d + 2) + d]);
+	for (int s = 0; s < n_split; s++) {
+		const float *ps = pr + s * (d + 2);
+		float w = ps[d] == -INFINITY ? 0.0f : expf(ps[d] - mx);
+
+		l += w * ps[d + 1];
+		if (threadIdx.x < d)
+			acc += w * ps[threadIdx.x];
+	}
+	if (threadIdx.x < d)
+		out[(size_t)blockIdx.x * d + threadIdx.x] = acc / l;
 }
 
 int
@@ -211,20 +332,101 @@ cuda_qk(float *q, float *k, const float *v, int n_tok, const struct cuda_heads *
 	return 0;
 }
 
+/* Blocks of attention that keep the device busy: ATT_WAVES per multiprocessor. */
+static int
+attn_target_blocks(int device, char *err)
+{
+	int sms = 0;
+
+	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+	return ATT_WAVES * sms;
+}
+
+int64_t
+cuda_attention_part_rows(int device)
+{
+	int sms = 0;
+
+	if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+		return 0;
+	return (int64_t)ATT_WAVES * sms * ATT_GROUP;
+}
+
+/* Lets attn_kernel<E> have its shared memory on the current device (past 48 KB it must be asked for). */
+template <int E>
+static int
+attn_smem_limit(char *err)
+{
+	size_t smem = attn_smem_bytes(WARP * E);
+
+	if (smem > 48 * 1024)
+		CK(cudaFuncSetAttribute(attn_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+	return 0;
+}
+
+int
+cuda_attention_setup(int head_dim, char *err)
+{
+	switch (head_dim / WARP) {
+#define E_CASE(E) case E: return attn_smem_limit<E>(err);
+	E_CASE(1) E_CASE(2) E_CASE(3) E_CASE(4) E_CASE(5) E_CASE(6) E_CASE(7) E_CASE(8)
+#undef E_CASE
+	default:
+		return err_set(err, ERR_UNSUPPORTED, "head_dim %d (a multiple of 32 up to 256 only)", head_dim);
+	}
+}
+
+/*
+ * Launches attn_kernel<E> with its shared memory; raises the limit first
+ * unless the stream is being captured into a graph (cuda_attention_setup
+ * did it then).
+ */
+template <int E>
+static int
+attn_launch(dim3 grid, const float *q, float *out, float *part, int n_split, const struct cuda_heads *hd,
+    const struct cuda_kv *kv, cudaStream_t st, char *err)
+{
+	cudaStreamCaptureStatus cs;
+	int rc;
+
+	CK(cudaStreamIsCapturing(st, &cs));
+	if (cs == cudaStreamCaptureStatusNone && (rc = attn_smem_limit<E>(err)) != 0)
+		return rc;
+	attn_kernel<E><<<grid, ATT_WARPS * WARP, attn_smem_bytes(WARP * E), st>>>(q, out, part, n_split, *hd, *kv);
+	CK_LAUNCH("attn_kernel");
+	return 0;
+}
+
 int
 cuda_attention(const float *q, float *out, int n_tok, const struct cuda_heads *hd,
     const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
-	dim3 grid((unsigned)n_tok, (unsigned)((hd->n_head + ATT_WARPS - 1) / ATT_WARPS));
+	int group = hd->n_head / hd->n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP, dev, rc;
+	int64_t base = (int64_t)n_tok * hd->n_head_kv * ngb, n_split = 1, target;
+
+	CK(cudaGetDevice(&dev));
+	if ((target = attn_target_blocks(dev, err)) < 0)
+		return (int)target;
+	if (kv->part != NULL && base < target)
+		n_split = MIN(MIN(target / base, (int64_t)ATT_MAX_SPLITS), kv->part_rows / ((int64_t)n_tok * hd->n_head));
+	n_split = MAX(n_split, 1);
+	dim3 grid((unsigned)(n_tok * n_split), (unsigned)(hd->n_head_kv * ngb));
 
 	switch (hd->head_dim / WARP) {
-#define E_CASE(E) case E: attn_kernel<E><<<grid, ATT_WARPS * WARP, 0, st>>>(q, out, *hd, *kv); break;
+#define E_CASE(E) \
+	case E: \
+		rc = attn_launch<E>(grid, q, out, kv->part, (int)n_split, hd, kv, st, err); \
+		break;
 	E_CASE(1) E_CASE(2) E_CASE(3) E_CASE(4) E_CASE(5) E_CASE(6) E_CASE(7) E_CASE(8)
 #undef E_CASE
 	default:
 		return err_set(err, ERR_UNSUPPORTED, "head_dim %d (a multiple of 32 up to 256 only)",
 		    hd->head_dim);
 	}
-	CK_LAUNCH("attn_kernel");
+	if (rc != 0 || n_split == 1)
+		return rc;
+	attn_merge_kernel<<<(unsigned)(n_tok * hd->n_head), hd->head_dim, 0, st>>>(kv->part, out, (int)n_split,
+	    hd->head_dim);
+	CK_LAUNCH("attn_merge_kernel");
 	return 0;
 }

@@ -19,6 +19,12 @@ struct cuda_kv {
 	size_t kv_stride;  /* elements of one block's K (or V) of one layer */
 	int n_layer, layer;
 	const int32_t *tok_pos, *tok_tab, *tables;
+	/*
+	 * Scratch of split attention: part_rows rows of head_dim + 2 floats
+	 * (one per token, head and split). NULL: each (token, head) in one piece.
+	 */
+	float *part;
+	int64_t part_rows;
 };
 
 /* One layer's heads. */
@@ -42,8 +48,22 @@ struct cuda_heads {
 int cuda_qk(float *q, float *k, const float *v, int n_tok, const struct cuda_heads *hd,
     const struct cuda_kv *kv, cudaStream_t st, char *err);
 
-/* out[t][h] = softmax(q[t][h] . K / scale) V over the positions token t sees. */
+/*
+ * out[t][h] = softmax(scale * q[t][h] . K) V over the positions token t
+ * sees. When few (token, KV head) pairs would leave the GPU idle, each
+ * token's positions are split into pieces done by separate blocks and
+ * merged after (kv->part holds the pieces).
+ */
 int cuda_attention(const float *q, float *out, int n_tok, const struct cuda_heads *hd,
     const struct cuda_kv *kv, cudaStream_t st, char *err);
+
+/*
+ * Readies cuda_attention for head_dim on the current device: once, before
+ * a stream that will call it is captured into a graph.
+ */
+int cuda_attention_setup(int head_dim, char *err);
+
+/* Rows of kv->part that let cuda_attention split as much as it wants on this device. */
+int64_t cuda_attention_part_rows(int device);
 
 #endif

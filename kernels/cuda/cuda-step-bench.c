@@ -4,6 +4,10 @@
  * sequence, then decode steps of B sequences that each add one token at
  * context depth D, for every B given. Each row is the median of the timed
  * steps; RESIDENT_CUDA_TIMING=1 adds the backend's GPU time per phase.
+ * Decode is timed twice: with the logits copied back, and with only their
+ * argmax (the engine's greedy path); a first step asks for both and
+ * checks the GPU's argmax against the host's (the bench fails on a
+ * difference).
  *
  *   cuda-step-bench MODEL [P [D [B ...]]]     (defaults: 512 128 1 8 16 64)
  */
@@ -42,17 +46,30 @@ tok(int s, int i, int32_t n_vocab)
 	return (int32_t)(((uint32_t)s * 7919u + (uint32_t)i * 104729u + 17u) % (uint32_t)n_vocab);
 }
 
+/* Index of the largest of n floats, the first of equals (the host sampler's rule). */
+static int32_t
+host_argmax(const float *v, int32_t n)
+{
+	int32_t best = 0;
+
+	for (int32_t i = 1; i < n; i++)
+		if (v[i] > v[best])
+			best = i;
+	return best;
+}
+
 /*
  * n_seqs sequences at positions pos0 (n_new tokens each, blocks nb apart),
- * last-token logits when want; returns the seconds the step took.
+ * last-token logits when want, into logits and/or (if not NULL) their
+ * argmax into ids; returns the seconds the step took.
  */
 static double
 step(struct backend *be, const struct model_desc *m, int n_seqs, int pos0, int n_new, int nb,
-    int32_t *tables, int want, float *logits)
+    int32_t *tables, int want, float *logits, int32_t *ids)
 {
 	struct fwd_seq *fs = xcalloc((size_t)n_seqs, sizeof *fs);
 	int32_t *toks = xmalloc((size_t)n_seqs * (size_t)n_new * sizeof *toks);
-	struct fwd_batch b = { n_seqs, fs, n_seqs * n_new, toks };
+	struct fwd_batch b = { n_seqs, fs, n_seqs * n_new, toks, ids };
 	char err[ERR_LEN];
 	uint64_t t0;
 	int s, i;
@@ -105,10 +122,10 @@ bench_prefill(const struct model_desc *m, int p, float *logits)
 	struct backend *be = load(m, 1, p, p, &tables, &nb);
 	double t[REPS];
 
-	step(be, m, 1, 0, p, nb, tables, 1, logits); /* warm-up */
+	step(be, m, 1, 0, p, nb, tables, 1, logits, NULL); /* warm-up */
 	for (r = 0; r < 5; r++)
-		t[r] = step(be, m, 1, 0, p, nb, tables, 1, logits);
-	printf("| prefill  | %5d | %5d | %9.3f | %10.1f |\n", p, 1, median(t, 5) * 1e3,
+		t[r] = step(be, m, 1, 0, p, nb, tables, 1, logits, NULL);
+	printf("| prefill  | %5d | %5d | %9.3f | %10.1f |           |\n", p, 1, median(t, 5) * 1e3,
 	    p / median(t, 5));
 	fflush(stdout);
 	cuda_backend.free(be);
@@ -119,19 +136,28 @@ bench_prefill(const struct model_desc *m, int p, float *logits)
 static void
 bench_decode(const struct model_desc *m, int b, int depth, float *logits)
 {
-	int32_t *tables;
-	int nb, r, chunk = MAX(1, 512 / depth);
-	struct backend *be = load(m, b, depth + REPS + 4, MAX(b, MIN(b, chunk) * depth), &tables, &nb);
-	double t[REPS];
+	int32_t *tables, ids[MAX_B];
+	int nb, r, s, chunk = MAX(1, 512 / depth);
+	struct backend *be = load(m, b, depth + 2 * REPS + 4, MAX(b, MIN(b, chunk) * depth), &tables, &nb);
+	double t[REPS], tg[REPS], tl, ta;
 
 	for (r = 0; r < b; r += chunk) /* the context, several sequences a step */
-		step(be, m, MIN(chunk, b - r), 0, depth, nb, tables + (size_t)r * nb, 0, logits);
+		step(be, m, MIN(chunk, b - r), 0, depth, nb, tables + (size_t)r * nb, 0, logits, NULL);
 	for (r = 0; r < 3; r++)
-		step(be, m, b, depth + r, 1, nb, tables, 1, logits);
+		step(be, m, b, depth + r, 1, nb, tables, 1, logits, ids);
+	for (s = 0; s < b; s++)
+		if (ids[s] != host_argmax(logits + (size_t)s * m->hp.n_vocab, m->hp.n_vocab)) {
+			fprintf(stderr, "row %d: GPU argmax %d, host %d\n", s, ids[s],
+			    host_argmax(logits + (size_t)s * m->hp.n_vocab, m->hp.n_vocab));
+			exit(1);
+		}
 	for (r = 0; r < REPS; r++)
-		t[r] = step(be, m, b, depth + 3 + r, 1, nb, tables, 1, logits);
-	printf("| decode   | %5d | %5d | %9.3f | %10.1f |\n", depth, b, median(t, REPS) * 1e3,
-	    b / median(t, REPS));
+		t[r] = step(be, m, b, depth + 3 + r, 1, nb, tables, 1, logits, NULL);
+	for (r = 0; r < REPS; r++)
+		tg[r] = step(be, m, b, depth + 3 + REPS + r, 1, nb, tables, 1, NULL, ids);
+	tl = median(t, REPS);
+	ta = median(tg, REPS);
+	printf("| decode   | %5d | %5d | %9.3f | %10.1f | %9.3f |\n", depth, b, tl * 1e3, b / tl, ta * 1e3);
 	fflush(stdout);
 	cuda_backend.free(be);
 	free(tables);
@@ -155,8 +181,8 @@ main(int argc, char **argv)
 		return 1;
 	}
 	logits = xmalloc((size_t)MAX_B * (size_t)m->hp.n_vocab * sizeof *logits);
-	printf("| step     | ctx   | seqs  | ms/step   | tokens/s   |\n");
-	printf("|----------|-------|-------|-----------|------------|\n");
+	printf("| step     | ctx   | seqs  | ms/step   | tokens/s   | ms argmax |\n");
+	printf("|----------|-------|-------|-----------|------------|-----------|\n");
 	bench_prefill(m, p, logits);
 	for (i = 0; i < (argc > 4 ? argc - 4 : 4); i++) {
 		int b = argc > 4 ? atoi(argv[4 + i]) : def_b[i];

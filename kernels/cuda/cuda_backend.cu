@@ -105,6 +105,9 @@ struct backend {
 	int max_tokens;
 	/* activations, max_tokens rows each (logits: LOGIT_ROWS) */
 	float *x, *h, *q, *k, *v, *att, *gate, *up, *ffn_out, *logits;
+	float *att_part;             /* the pieces of split attention */
+	int32_t *dev_argmax, *host_argmax; /* the greedy picks of a step's logits rows (host: pinned) */
+	int64_t att_part_rows;
 	void *blas_ws;
 	/* staging: tokens, positions, table offsets, logit rows, then the tables */
 	int32_t *host_ints, *dev_ints;
@@ -247,7 +250,8 @@ activation_bytes(const struct dims *d)
 	return floats_bytes(d->T * d->embd) * 2 + floats_bytes(d->T * d->widest) +
 	    floats_bytes(d->T * d->nq) * 2 + floats_bytes(d->T * d->nkv) * 2 +
 	    floats_bytes(d->T * d->ff) * 2 + floats_bytes(logit_rows * d->vocab) +
-	    align_up(d->T * d->widest * sizeof(__half)) + floats_bytes(d->T);
+	    align_up(d->T * d->widest * sizeof(__half)) + floats_bytes(d->T) +
+	    align_up(d->T * 2 * d->widest) + align_up(d->T * d->widest / 32 * sizeof(float2));
 }
 
 /* The matrices of the model, tok_embd first; the output only when not tied. */
@@ -365,38 +369,53 @@ dev_alloc(void **p, size_t bytes, const char *what, char *err)
 	return 0;
 }
 
-/* Uploads the matrices into one allocation; fills the cuda_weight of each. */
-static int
-upload_matrices(struct backend *b, const struct model_tensor **mats, int n, size_t total, char *err)
+/*
+ * Where each matrix goes in the weights allocation; returns the total. A
+ * matrix of the same type and width as the one before it starts right
+ * where that one ends, so that Q/K/V and gate/up can run as one product
+ * (cuda_matmul_multi); the others start aligned.
+ */
+static size_t
+matrix_offsets(const struct model_tensor **mats, int n, size_t *off)
 {
-	size_t off = 0;
+	size_t end = 0;
+
+	for (int i = 0; i < n; i++) {
+		int follows = i > 0 && mats[i]->type == mats[i - 1]->type && mats[i]->ne[0] == mats[i - 1]->ne[0];
+
+		off[i] = follows ? end : align_up(end);
+		end = off[i] + mats[i]->bytes;
+	}
+	return align_up(end);
+}
+
+/* Uploads the matrices into one allocation at their offsets. */
+static int
+upload_matrices(struct backend *b, const struct model_tensor **mats, int n, const size_t *off, size_t total,
+    char *err)
+{
 	int rc;
 
 	if ((rc = dev_alloc((void **)&b->weights, total, "the weights", err)) != 0)
 		return rc;
-	for (int i = 0; i < n; i++) {
-		CK(cudaMemcpy(b->weights + off, mats[i]->data, mats[i]->bytes, cudaMemcpyHostToDevice));
-		off += align_up(mats[i]->bytes);
-	}
+	for (int i = 0; i < n; i++)
+		CK(cudaMemcpy(b->weights + off[i], mats[i]->data, mats[i]->bytes, cudaMemcpyHostToDevice));
 	return 0;
 }
 
 /* The cuda_weight of matrix t, found among the uploaded ones. */
 static struct cuda_weight
-weight_of(const struct backend *b, const struct model_tensor **mats, int n,
+weight_of(const struct backend *b, const struct model_tensor **mats, int n, const size_t *off,
     const struct model_tensor *t)
 {
 	struct cuda_weight w = { NULL, t->type, t->ne[0], t->ne[1], 0 };
-	size_t off = 0;
 
 	quant_row_bytes(t->type, t->ne[0], &w.row_bytes);
-	for (int i = 0; i < n; i++) {
+	for (int i = 0; i < n; i++)
 		if (mats[i] == t) {
-			w.d = b->weights + off;
+			w.d = b->weights + off[i];
 			break;
 		}
-		off += align_up(mats[i]->bytes);
-	}
 	return w;
 }
 
@@ -464,6 +483,14 @@ upload_smalls(struct backend *b, char *err)
 	return 0;
 }
 
+/* Bytes of the split-attention scratch (sets att_part_rows). */
+static size_t
+part_bytes(struct backend *b)
+{
+	b->att_part_rows = cuda_attention_part_rows(b->device);
+	return floats_bytes((size_t)b->att_part_rows * ((size_t)b->m->hp.head_dim + 2));
+}
+
 /* The activations, the KV pool and the scratch. */
 static int
 alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t wh_elems, char *err)
@@ -487,9 +514,15 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    "logits", err)) ||
 	    (rc = dev_alloc((void **)&b->mm.xh, T * d->widest * sizeof(__half), "fp16 activations", err)) ||
 	    (rc = dev_alloc((void **)&b->mm.xscale, floats_bytes(T), "fp16 activations", err)) ||
+	    (rc = dev_alloc((void **)&b->mm.xq, T * 2 * d->widest, "int8 activations", err)) ||
+	    (rc = dev_alloc((void **)&b->mm.xd, T * d->widest / 32 * sizeof(float2), "int8 activations", err)) ||
 	    (rc = dev_alloc((void **)&b->mm.wh, (size_t)wh_elems * sizeof(__half), "fp16 weight tiles",
 	    err)) ||
-	    (rc = dev_alloc(&b->blas_ws, BLAS_WORKSPACE, "the cuBLAS workspace", err)));
+	    (rc = dev_alloc(&b->blas_ws, BLAS_WORKSPACE, "the cuBLAS workspace", err)) ||
+	    (rc = dev_alloc((void **)&b->att_part, part_bytes(b), "split attention", err)) ||
+	    (rc = dev_alloc((void **)&b->dev_argmax, T * sizeof(int32_t), "argmax", err)));
+	if (rc == 0)
+		CK(cudaMallocHost((void **)&b->host_argmax, T * sizeof(int32_t)));
 	b->mm.wh_elems = wh_elems;
 	return rc;
 }
@@ -559,47 +592,50 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	const struct model_desc *m = b->m;
 	const struct model_tensor **mats = (const struct model_tensor **)xcalloc(
 	    2 + 7 * (size_t)m->hp.n_layer, sizeof *mats);
+	size_t *off = (size_t *)xcalloc(2 + 7 * (size_t)m->hp.n_layer, sizeof *off);
 	struct dims d = model_dims(&m->hp, o->max_tokens);
-	size_t wbytes = 0, kv_bytes, act, need;
+	size_t wbytes, kv_bytes, act, need;
 	int64_t wh = 1, seqs = o->max_seqs > 0 ? MIN(o->max_seqs, o->max_tokens) : o->max_tokens;
 	int n = list_matrices(m, mats), rc;
 
-	if ((rc = check_model(m, mats, n, err)) != 0 || (rc = open_device(b, o->device, err)) != 0)
+	if ((rc = check_model(m, mats, n, err)) != 0 || (rc = open_device(b, o->device, err)) != 0 ||
+	    (rc = cuda_attention_setup(m->hp.head_dim, err)) != 0)
 		goto out;
+	wbytes = matrix_offsets(mats, n, off);
 	for (int i = 0; i < n; i++) {
 		struct cuda_weight w = { NULL, mats[i]->type, mats[i]->ne[0], mats[i]->ne[1], 0 };
 
-		wbytes += align_up(mats[i]->bytes);
 		wh = MAX(wh, cuda_matmul_tile_elems(&w));
 	}
 	b->kv_stride = KV_BLOCK_TOKENS * d.nkv;
 	kv_bytes = (size_t)o->kv_blocks * (size_t)m->hp.n_layer * 2 * b->kv_stride * sizeof(__half);
-	act = activation_bytes(&d) + (size_t)wh * sizeof(__half) + BLAS_WORKSPACE +
+	act = activation_bytes(&d) + (size_t)wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(b) +
 	    floats_bytes(small_floats(m));
 	need = wbytes + kv_bytes + act;
 	if ((rc = check_memory(need, wbytes, kv_bytes, act, err)) != 0 ||
-	    (rc = upload_matrices(b, mats, n, wbytes, err)) != 0 ||
+	    (rc = upload_matrices(b, mats, n, off, wbytes, err)) != 0 ||
 	    (rc = upload_smalls(b, err)) != 0 ||
 	    (rc = alloc_buffers(b, &d, kv_bytes, wh, err)) != 0 ||
 	    (rc = alloc_staging(b, MIN(seqs * o->kv_blocks, (int64_t)TABLE_CAP0), err)) != 0 ||
 	    (rc = open_blas(b, err)) != 0 || (rc = prof_open(&b->prof, err)) != 0)
 		goto out;
-	b->tok_embd = weight_of(b, mats, n, m->tok_embd);
-	b->output = weight_of(b, mats, n, m->output);
+	b->tok_embd = weight_of(b, mats, n, off, m->tok_embd);
+	b->output = weight_of(b, mats, n, off, m->output);
 	for (int l = 0; l < m->hp.n_layer; l++) {
 		const struct model_layer *L = &m->layers[l];
 		struct cuda_layer *c = &b->layers[l];
 
-		c->wq = weight_of(b, mats, n, L->wq), c->wk = weight_of(b, mats, n, L->wk);
-		c->wv = weight_of(b, mats, n, L->wv), c->wo = weight_of(b, mats, n, L->wo);
-		c->w_gate = weight_of(b, mats, n, L->w_gate), c->w_up = weight_of(b, mats, n, L->w_up);
-		c->w_down = weight_of(b, mats, n, L->w_down);
+		c->wq = weight_of(b, mats, n, off, L->wq), c->wk = weight_of(b, mats, n, off, L->wk);
+		c->wv = weight_of(b, mats, n, off, L->wv), c->wo = weight_of(b, mats, n, off, L->wo);
+		c->w_gate = weight_of(b, mats, n, off, L->w_gate), c->w_up = weight_of(b, mats, n, off, L->w_up);
+		c->w_down = weight_of(b, mats, n, off, L->w_down);
 	}
 	b->mm.mmv_max = mmv_max();
 	b->use_graphs = getenv("RESIDENT_CUDA_GRAPHS") == NULL || atoi(getenv("RESIDENT_CUDA_GRAPHS")) != 0;
 	rc = 0;
 out:
 	free(mats);
+	free(off);
 	return rc;
 }
 
@@ -641,7 +677,10 @@ cuda_free(struct backend *b)
 	cudaFree(b->x), cudaFree(b->h), cudaFree(b->q), cudaFree(b->k), cudaFree(b->v);
 	cudaFree(b->att), cudaFree(b->gate), cudaFree(b->up), cudaFree(b->ffn_out), cudaFree(b->logits);
 	cudaFree(b->mm.xh), cudaFree(b->mm.xscale), cudaFree(b->mm.wh), cudaFree(b->blas_ws);
-	cudaFree(b->dev_ints);
+	cudaFree(b->mm.xq), cudaFree(b->mm.xd);
+	cudaFree(b->dev_ints), cudaFree(b->att_part), cudaFree(b->dev_argmax);
+	if (b->host_argmax != NULL)
+		cudaFreeHost(b->host_argmax);
 	if (b->host_ints != NULL)
 		cudaFreeHost(b->host_ints);
 	if (b->stream != NULL)
@@ -727,14 +766,16 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	const struct model_hparams *hp = &b->m->hp;
 	const struct cuda_layer *c = &b->layers[l];
 	struct cuda_heads hd = heads_of(b, l);
-	struct cuda_kv kv = { b->kv, b->kv_stride, hp->n_layer, l, dev->pos, dev->tab, dev->tables };
+	struct cuda_kv kv = { b->kv, b->kv_stride, hp->n_layer, l, dev->pos, dev->tab, dev->tables,
+		b->att_part, b->att_part_rows };
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
 	int embd = hp->n_embd, nq = hp->n_head * hp->head_dim, nkv = hp->n_head_kv * hp->head_dim, rc;
+	const struct cuda_weight *wqkv[3] = { &c->wq, &c->wk, &c->wv };
+	float *qkv[3] = { b->q, b->k, b->v };
+	int ld[3] = { nq, nkv, nkv };
 
 	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul(&b->mm, &c->wq, b->h, embd, T, b->q, nq, 0, err)) != 0 ||
-	    (rc = cuda_matmul(&b->mm, &c->wk, b->h, embd, T, b->k, nkv, 1, err)) != 0 ||
-	    (rc = cuda_matmul(&b->mm, &c->wv, b->h, embd, T, b->v, nkv, 1, err)) != 0)
+	if ((rc = cuda_matmul_multi(&b->mm, wqkv, 3, b->h, embd, T, qkv, ld, err)) != 0)
 		return rc;
 	prof_mark(b, PH_ATTN);
 	if ((rc = cuda_qk(b->q, b->k, b->v, T, &hd, &kv, b->stream, err)) != 0 ||
@@ -756,11 +797,12 @@ feed_forward(struct backend *b, int T, int l, char *err)
 	const struct cuda_layer *c = &b->layers[l];
 	const float *next = l + 1 < hp->n_layer ? b->layers[l + 1].attn_norm : NULL;
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
-	int embd = hp->n_embd, ff = hp->n_ff, rc;
+	int embd = hp->n_embd, ff = hp->n_ff, rc, ld[2] = { ff, ff };
+	const struct cuda_weight *wgu[2] = { &c->w_gate, &c->w_up };
+	float *gu[2] = { b->gate, b->up };
 
 	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul(&b->mm, &c->w_gate, b->h, embd, T, b->gate, ff, 0, err)) != 0 ||
-	    (rc = cuda_matmul(&b->mm, &c->w_up, b->h, embd, T, b->up, ff, 1, err)) != 0)
+	if ((rc = cuda_matmul_multi(&b->mm, wgu, 2, b->h, embd, T, gu, ld, err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
 	if ((rc = cuda_glu(b->gate, b->up, (int64_t)T * ff, hp->gelu, b->stream, err)) != 0)
@@ -897,17 +939,26 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 		rc = step_kernels(b, T, n_logits, &dev, err);
 	if (rc != 0)
 		return rc;
-	/* the logits, a buffer at a time; the kernels above did the first */
+	/* the logits (or their argmax), a buffer at a time; the kernels above did the first */
 	for (int r0 = 0; r0 < n_logits; r0 += rows) {
 		int nr = MIN(rows, n_logits - r0);
 
 		if (r0 > 0 && (rc = output_rows(b, r0, nr, err)) != 0)
 			return rc;
-		CK(cudaMemcpyAsync(logits + (size_t)r0 * V, b->logits, (size_t)nr * V * sizeof(float),
-		    cudaMemcpyDeviceToHost, b->stream));
+		if (batch->argmax != NULL &&
+		    (rc = cuda_argmax(b->logits, nr, (int)V, b->dev_argmax + r0, b->stream, err)) != 0)
+			return rc;
+		if (logits != NULL)
+			CK(cudaMemcpyAsync(logits + (size_t)r0 * V, b->logits, (size_t)nr * V * sizeof(float),
+			    cudaMemcpyDeviceToHost, b->stream));
 	}
+	if (batch->argmax != NULL && n_logits > 0)
+		CK(cudaMemcpyAsync(b->host_argmax, b->dev_argmax, (size_t)n_logits * sizeof(int32_t),
+		    cudaMemcpyDeviceToHost, b->stream));
 	prof_mark(b, PH_END);
 	CK(cudaStreamSynchronize(b->stream));
+	if (batch->argmax != NULL)
+		memcpy(batch->argmax, b->host_argmax, (size_t)n_logits * sizeof(int32_t));
 	return prof_step(&b->prof, T, err);
 }
 
@@ -949,4 +1000,5 @@ extern "C" const struct backend_ops cuda_backend = {
 	cuda_forward,
 	cuda_kv_copy,
 	cuda_free,
+	1,
 };

@@ -1,11 +1,16 @@
 /*
  * matmul.cu: matrix products straight from the stored weights.
  *
- * Few tokens (decoding): a block of threads takes four output rows and
- * walks them eight elements per thread at a time, dequantizing in
- * registers, and dots them with up to MMV_TOKENS tokens at once, so the
- * weight is read once per group of tokens and each token load serves four
- * rows. The weight's bytes are the cost; the tokens come from L1/L2.
+ * Few tokens (decoding): the types that have one (Q4_K, Q6_K, Q8_0) go to
+ * an integer kernel: the tokens are quantized once per input to two rows
+ * of int8 with a float scale per 32 (see QLO), a warp takes a row and each
+ * lane dots chunks of it with dp4a, straight from the stored blocks, for
+ * up to MMV_TOKENS tokens at once, so the weight is read once per group of
+ * tokens with 16-byte loads where the blocks allow. Other types: a block
+ * of threads takes four rows and walks them eight elements per thread,
+ * dequantizing in registers. Several weights of the same input stored one
+ * after the other (Q/K/V, gate/up) run as one kernel that sends each row
+ * to its own output.
  *
  * Many tokens (prefill): the tokens are converted to fp16 once per input
  * (each row divided by a power of two when it would overflow fp16, and
@@ -18,6 +23,8 @@
 
 #define MMV_WARPS 4
 #define MMV_ROWS 4  /* rows of one block of the matrix-vector kernel */
+#define MMQ_WARPS 4 /* warps of one block of the integer kernel */
+#define Q8_WARPS 8  /* groups of 32 (a warp each) per block of the quantizing kernel */
 #define ROW_THREADS 256
 /* fp16 scratch for one tile of a dequantized weight: 64 MiB. */
 #define WTILE_ELEMS ((int64_t)32 << 20)
@@ -33,6 +40,34 @@
 	} while (0)
 
 /*
+ * Where the rows of one product go: rows [start[i], start[i + 1]) to y[i],
+ * token t's row ldy[i] floats after token t - 1's.
+ */
+struct mm_out {
+	float *y[MM_MAX_OUT];
+	int ldy[MM_MAX_OUT];
+	int start[MM_MAX_OUT + 1];
+	int n;
+};
+
+/* Stores token t's value of row o. */
+static __device__ __forceinline__ void
+mm_store(const struct mm_out &out, int o, int t, float v)
+{
+	float *y = out.y[0];
+	int ld = out.ldy[0], r = o;
+
+#pragma unroll
+	for (int j = 1; j < MM_MAX_OUT; j++) /* constant indices: the struct stays in registers */
+		if (j < out.n && o >= out.start[j]) {
+			y = out.y[j];
+			ld = out.ldy[j];
+			r = o - out.start[j];
+		}
+	y[(size_t)t * ld + r] = v;
+}
+
+/*
  * MMV_ROWS rows by NT tokens per block: the block's threads split the rows'
  * chunks of 8 elements, each dequantizes its chunk of every row in
  * registers and feeds it to every token, so one load of x serves
@@ -42,7 +77,7 @@
 template <int TY, int NT>
 __global__ void __launch_bounds__(MMV_WARPS * WARP)
 mmv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n,
-    const float *__restrict__ x, int ldx, float *__restrict__ y, int ldy)
+    const float *__restrict__ x, int ldx, struct mm_out out)
 {
 	__shared__ float red[MMV_WARPS][MMV_ROWS * NT];
 	int row0 = blockIdx.x * MMV_ROWS, lane = threadIdx.x % WARP, wp = threadIdx.x / WARP;
@@ -92,8 +127,306 @@ mmv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n,
 #pragma unroll
 		for (int q = 0; q < MMV_WARPS; q++)
 			s += red[q][j];
-		y[(size_t)t * ldy + row0 + i] = s;
+		mm_store(out, row0 + i, t, s);
 	}
+}
+
+/* N little-endian words from a 2-byte aligned address: N + 1 aligned loads, funnel-shifted. */
+template <int N>
+static __device__ __forceinline__ void
+words_a2(const uint8_t *p, uint32_t *o)
+{
+	const uint32_t *w = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+	int sh = (int)((uintptr_t)p & 3) * 8;
+	uint32_t prev = __ldg(w);
+
+#pragma unroll
+	for (int i = 0; i < N; i++) {
+		uint32_t next = i + 1 < N || sh ? __ldg(w + i + 1) : 0u; /* never past an aligned end */
+
+		o[i] = __funnelshift_r(prev, next, sh);
+		prev = next;
+	}
+}
+
+/* 1 if the integer kernel reads this type. */
+static int
+mmq_type(uint32_t type)
+{
+	return type == TT_Q4_K || type == TT_Q6_K || type == TT_Q8_0;
+}
+
+/*
+ * The integer kernels' activations: token t's row of k is stored as two
+ * int8 rows, hi at xq + 2 t k and lo k bytes after, with a scale d per 32
+ * (and the float sum of the 32) in xd + t k / 32: x = d (QLO hi + lo).
+ * The second row makes the rounding error of x about d / 2, where one row
+ * of int8 alone (llama.cpp's Q8_1) errs by QLO times that: enough to move
+ * logits by ~1% on small models.
+ */
+#define QLO 254
+
+/* hi . w and lo . w as one integer: QLO * (hi . w) + lo . w, for 4 x 4 bytes at a time. */
+static __device__ __forceinline__ int
+dot2(const int *w, const uint4 *hi, const uint4 *lo, int n4)
+{
+	int sh = 0, sl = 0;
+
+#pragma unroll
+	for (int i = 0; i < n4; i++) {
+		const uint4 a = hi[i / 4], b = lo[i / 4];
+		const uint32_t ha[4] = { a.x, a.y, a.z, a.w }, lb[4] = { b.x, b.y, b.z, b.w };
+
+		sh = __dp4a(w[i], (int)ha[i % 4], sh);
+		sl = __dp4a(w[i], (int)lb[i % 4], sl);
+	}
+	return QLO * sh + sl;
+}
+
+/*
+ * A type's integer kernel, a chunk of n elements at a time: load() reads
+ * chunk c of a row and decodes it to integers and scales (W), loadx() reads
+ * the same chunk of token t's activations (X), dot() is their product.
+ */
+template <int TY> struct qt;
+
+/* Q4_K, a pair of sub-blocks: the low nibbles of 32 bytes are the first, the high ones the second. */
+template <> struct qt<TT_Q4_K> {
+	static constexpr int n = 64;
+	struct W {
+		int w0[8], w1[8];
+		float a0, a1, m0, m1;  /* d * scale and dmin * min of the two */
+	};
+	struct X {
+		uint4 h[4], l[4];
+		float2 d0, d1;
+	};
+	static __device__ __forceinline__ void
+	load(const uint8_t *__restrict__ row, int c, W &o)
+	{
+		const uint8_t *b = row + (size_t)(c >> 2) * 144;
+		int p = c & 3, sc0, m0, sc1, m1;
+		uint4 qa = __ldg((const uint4 *)(b + 16 + 32 * p)), qb = __ldg((const uint4 *)(b + 32 + 32 * p));
+		const uint32_t qw[8] = { qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w };
+		uint32_t dd = __ldg((const uint32_t *)b);
+		float d = __half2float(__ushort_as_half((unsigned short)(dd & 0xffff)));
+		float dmin = __half2float(__ushort_as_half((unsigned short)(dd >> 16)));
+
+		k4_scale_min(b + 4, 2 * p, &sc0, &m0);
+		k4_scale_min(b + 4, 2 * p + 1, &sc1, &m1);
+		o.a0 = d * (float)sc0, o.a1 = d * (float)sc1;
+		o.m0 = dmin * (float)m0, o.m1 = dmin * (float)m1;
+#pragma unroll
+		for (int i = 0; i < 8; i++) {
+			o.w0[i] = (int)(qw[i] & 0x0f0f0f0fu);
+			o.w1[i] = (int)((qw[i] >> 4) & 0x0f0f0f0fu);
+		}
+	}
+	static __device__ __forceinline__ void
+	loadx(const int8_t *__restrict__ xq, const float2 *__restrict__ xd, int k, int t, int c, X &x)
+	{
+		const uint4 *xh = (const uint4 *)(xq + (size_t)t * 2 * k + 64 * c), *xl = xh + k / 16;
+
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			x.h[i] = __ldg(xh + i), x.l[i] = __ldg(xl + i);
+		x.d0 = __ldg(xd + (size_t)t * (k / 32) + 2 * c);
+		x.d1 = __ldg(xd + (size_t)t * (k / 32) + 2 * c + 1);
+	}
+	static __device__ __forceinline__ float
+	dot(const W &w, const X &x)
+	{
+		return w.a0 * x.d0.x * (float)dot2(w.w0, x.h, x.l, 8) + w.a1 * x.d1.x * (float)dot2(w.w1, x.h + 2, x.l + 2, 8) -
+		    (w.m0 * x.d0.y + w.m1 * x.d1.y);
+	}
+};
+
+/*
+ * Q6_K, eight positions l0 .. l0 + 7 of one half of a block in each of its
+ * four quarters (32 elements): the quarters share their ql and qh bytes.
+ */
+template <> struct qt<TT_Q6_K> {
+	static constexpr int n = 32;
+	struct W {
+		int v[4][2];
+		float sc[4];
+	};
+	struct X {
+		uint2 h[4], l[4];
+		float d[4];
+	};
+	static __device__ __forceinline__ void
+	load(const uint8_t *__restrict__ row, int c, W &o)
+	{
+		const uint8_t *b = row + (size_t)(c >> 3) * 210;
+		int h = (c >> 2) & 1, l0 = (c & 3) * 8;
+		uint32_t la[2], lb[2], qh[2];
+		float d = f16_at(b + 208);
+
+		words_a2<2>(b + 64 * h + l0, la);
+		words_a2<2>(b + 64 * h + 32 + l0, lb);
+		words_a2<2>(b + 128 + 32 * h + l0, qh);
+#pragma unroll
+		for (int s = 0; s < 4; s++) {
+			o.sc[s] = d * (float)(int8_t)__ldg(b + 192 + 8 * h + 2 * s + (l0 >> 4));
+#pragma unroll
+			for (int i = 0; i < 2; i++) {
+				uint32_t lo = ((s & 1 ? lb[i] : la[i]) >> (4 * (s >> 1))) & 0x0f0f0f0fu;
+				uint32_t hi = (qh[i] >> (2 * s)) & 0x03030303u;
+
+				o.v[s][i] = (int)__vsubss4(lo | hi << 4, 0x20202020u);
+			}
+		}
+	}
+	static __device__ __forceinline__ void
+	loadx(const int8_t *__restrict__ xq, const float2 *__restrict__ xd, int k, int t, int c, X &x)
+	{
+		int e0 = (c >> 3) * 256 + ((c >> 2) & 1) * 128 + (c & 3) * 8;
+		const int8_t *xt = xq + (size_t)t * 2 * k + e0;
+
+#pragma unroll
+		for (int s = 0; s < 4; s++) {
+			x.h[s] = __ldg((const uint2 *)(xt + 32 * s));
+			x.l[s] = __ldg((const uint2 *)(xt + k + 32 * s));
+			x.d[s] = __ldg(&xd[(size_t)t * (k / 32) + e0 / 32 + s].x);
+		}
+	}
+	static __device__ __forceinline__ float
+	dot(const W &w, const X &x)
+	{
+		float r = 0.0f;
+
+#pragma unroll
+		for (int s = 0; s < 4; s++) {
+			int sh = __dp4a(w.v[s][1], (int)x.h[s].y, __dp4a(w.v[s][0], (int)x.h[s].x, 0));
+			int sl = __dp4a(w.v[s][1], (int)x.l[s].y, __dp4a(w.v[s][0], (int)x.l[s].x, 0));
+
+			r += w.sc[s] * x.d[s] * (float)(QLO * sh + sl);
+		}
+		return r;
+	}
+};
+
+/* Q8_0: one block, d * q. */
+template <> struct qt<TT_Q8_0> {
+	static constexpr int n = 32;
+	struct W {
+		int q[8];
+		float d;
+	};
+	struct X {
+		uint4 h[2], l[2];
+		float d;
+	};
+	static __device__ __forceinline__ void
+	load(const uint8_t *__restrict__ row, int c, W &o)
+	{
+		const uint8_t *b = row + (size_t)c * 34;
+
+		o.d = f16_at(b);
+		words_a2<8>(b + 2, (uint32_t *)o.q);
+	}
+	static __device__ __forceinline__ void
+	loadx(const int8_t *__restrict__ xq, const float2 *__restrict__ xd, int k, int t, int c, X &x)
+	{
+		const uint4 *xh = (const uint4 *)(xq + (size_t)t * 2 * k + 32 * c), *xl = xh + k / 16;
+
+		x.h[0] = __ldg(xh), x.h[1] = __ldg(xh + 1), x.l[0] = __ldg(xl), x.l[1] = __ldg(xl + 1);
+		x.d = __ldg(&xd[(size_t)t * (k / 32) + c].x);
+	}
+	static __device__ __forceinline__ float
+	dot(const W &w, const X &x)
+	{
+		return w.d * x.d * (float)dot2(w.q, x.h, x.l, 8);
+	}
+};
+
+/*
+ * Rows of one warp of the integer kernel for NT tokens: the chunks of x
+ * are read from L1 once per row group, which bounds several tokens (four
+ * rows keep that under the weight's own traffic).
+ */
+template <int NT> struct mmq_rows { static constexpr int n = NT >= 4 ? 4 : 2; };
+
+/*
+ * The integer matrix-vector kernel: warp w of the block takes R rows from
+ * (blockIdx.x * MMQ_WARPS + w) * R, its lanes their chunks in turn; each
+ * token's chunk of x, loaded once, serves every row.
+ */
+template <int TY, int NT>
+__global__ void __launch_bounds__(MMQ_WARPS * WARP)
+mmq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n, const int8_t *__restrict__ xq,
+    const float2 *__restrict__ xd, struct mm_out out)
+{
+	using Q = qt<TY>;
+	constexpr int MMQ_ROWS = mmq_rows<NT>::n;
+	int row0 = (blockIdx.x * MMQ_WARPS + threadIdx.x / WARP) * MMQ_ROWS, lane = threadIdx.x % WARP;
+	const uint8_t *r[MMQ_ROWS];
+	float acc[MMQ_ROWS][NT];
+
+	if (row0 >= n)
+		return;
+#pragma unroll
+	for (int i = 0; i < MMQ_ROWS; i++) {
+		r[i] = w + (size_t)min(row0 + i, n - 1) * row_bytes; /* a missing last row repeats one */
+#pragma unroll
+		for (int t = 0; t < NT; t++)
+			acc[i][t] = 0.0f;
+	}
+	for (int c = lane; c < k / Q::n; c += WARP) {
+		typename Q::W wc[MMQ_ROWS];
+
+#pragma unroll
+		for (int i = 0; i < MMQ_ROWS; i++)
+			Q::load(r[i], c, wc[i]);
+#pragma unroll
+		for (int t = 0; t < NT; t++) {
+			typename Q::X x;
+
+			Q::loadx(xq, xd, k, t, c, x);
+#pragma unroll
+			for (int i = 0; i < MMQ_ROWS; i++)
+				acc[i][t] += Q::dot(wc[i], x);
+		}
+	}
+#pragma unroll
+	for (int i = 0; i < MMQ_ROWS; i++)
+#pragma unroll
+		for (int t = 0; t < NT; t++) {
+			float s = warp_sum(acc[i][t]);
+
+			if (lane == 0 && row0 + i < n)
+				mm_store(out, row0 + i, t, s);
+		}
+}
+
+/*
+ * Row t of x (k wide) quantized for the integer kernels (see QLO): per
+ * group of 32, D = max |x| / 127, hi = round(x / D), lo = round((x - D hi)
+ * QLO / D), d = D / QLO; xd gets d and the group's sum. A warp per group.
+ */
+__global__ void
+quant_q8_kernel(const float *__restrict__ x, int ldx, int k, int8_t *__restrict__ xq,
+    float2 *__restrict__ xd)
+{
+	int g = blockIdx.x * Q8_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP, t = blockIdx.y;
+	float v, amax, d, sum;
+	int hi = 0, lo = 0;
+
+	if (g >= k / 32)
+		return;
+	v = x[(size_t)t * ldx + 32 * g + lane];
+	amax = warp_max(fabsf(v));
+	d = amax / 127.0f;
+	if (amax > 0.0f) {
+		hi = __float2int_rn(v / d);
+		lo = max(-127, min(127, __float2int_rn((v - d * (float)hi) * (float)QLO / d)));
+	}
+	xq[(size_t)t * 2 * k + 32 * g + lane] = (int8_t)hi;
+	xq[(size_t)t * 2 * k + k + 32 * g + lane] = (int8_t)lo;
+	sum = warp_sum(v);
+	if (lane == 0)
+		xd[(size_t)t * (k / 32) + g] = make_float2(d / (float)QLO, sum);
 }
 
 /* Row t of x as fp16 in xh (k apart), divided by a power of two kept in xscale[t]. */
@@ -171,8 +504,8 @@ embed_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, const int32
 /* The matrix-vector kernel of type TY for nt (1..MMV_TOKENS) tokens. */
 template <int TY>
 static void
-mmv_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const float *x, int ldx, float *y,
-    int ldy)
+mmv_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const float *x, int ldx,
+    const struct mm_out *out)
 {
 	dim3 grid((unsigned)((w->n + MMV_ROWS - 1) / MMV_ROWS)), block(MMV_WARPS * WARP);
 	int k = (int)w->k, n = (int)w->n;
@@ -180,31 +513,79 @@ mmv_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const float *x,
 	switch (nt) {
 #define NT_CASE(N) \
 	case N: \
-		mmv_kernel<TY, N><<<grid, block, 0, st>>>(w->d, w->row_bytes, k, n, x, ldx, y, ldy); \
+		mmv_kernel<TY, N><<<grid, block, 0, st>>>(w->d, w->row_bytes, k, n, x, ldx, *out); \
 		break;
 	NT_CASE(1) NT_CASE(2) NT_CASE(3) NT_CASE(4) NT_CASE(5) NT_CASE(6) NT_CASE(7) NT_CASE(8)
 #undef NT_CASE
 	}
 }
 
-/* Matrix-vector kernels over groups of MMV_TOKENS tokens. */
-static int
-matvec(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_tok, float *y,
-    int ldy, char *err)
+/* The integer kernel of type TY for nt tokens whose quantized rows start at xq, xd. */
+template <int TY>
+static void
+mmq_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const int8_t *xq, const float2 *xd,
+    const struct mm_out *out)
 {
+	dim3 grid(1), block(MMQ_WARPS * WARP);
+	int k = (int)w->k, n = (int)w->n;
+
+	switch (nt) {
+#define NT_CASE(N) \
+	case N: \
+		grid.x = (unsigned)((w->n + MMQ_WARPS * mmq_rows<N>::n - 1) / (MMQ_WARPS * mmq_rows<N>::n)); \
+		mmq_kernel<TY, N><<<grid, block, 0, st>>>(w->d, w->row_bytes, k, n, xq, xd, *out); \
+		break;
+	NT_CASE(1) NT_CASE(2) NT_CASE(3) NT_CASE(4) NT_CASE(5) NT_CASE(6) NT_CASE(7) NT_CASE(8)
+#undef NT_CASE
+	}
+}
+
+/* The n_tok rows of x (k wide) into m->xq / m->xd, unless they are there already. */
+static int
+quantize_x(struct cuda_mm *m, const float *x, int ldx, int k, int n_tok, char *err)
+{
+	dim3 grid((unsigned)((k / 32 + Q8_WARPS - 1) / Q8_WARPS), (unsigned)n_tok);
+
+	if (m->xq_ready)
+		return 0;
+	quant_q8_kernel<<<grid, Q8_WARPS * WARP, 0, m->stream>>>(x, ldx, k, m->xq, m->xd);
+	CK_LAUNCH("quant_q8_kernel");
+	m->xq_ready = 1;
+	return 0;
+}
+
+/*
+ * Matrix-vector kernels over groups of MMV_TOKENS tokens for w (the rows of
+ * every output of out, stored one after the other).
+ */
+static int
+matvec(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_tok,
+    const struct mm_out *out, char *err)
+{
+	int q = m->xq != NULL && mmq_type(w->type), rc;
+
+	if (q && (rc = quantize_x(m, x, ldx, (int)w->k, n_tok, err)) != 0)
+		return rc;
 	for (int t = 0; t < n_tok; t += MMV_TOKENS) {
 		int nt = MIN(MMV_TOKENS, n_tok - t);
 		const float *xt = x + (size_t)t * ldx;
-		float *yt = y + (size_t)t * ldy;
+		const int8_t *xq = m->xq + (size_t)t * 2 * w->k;
+		const float2 *xd = m->xd + (size_t)t * (w->k / 32);
+		struct mm_out o = *out;
 
-		switch (w->type) {
-#define TY_CASE(TY) case TY: mmv_launch<TY>(nt, m->stream, w, xt, ldx, yt, ldy); break;
+		for (int i = 0; i < o.n; i++)
+			o.y[i] += (size_t)t * o.ldy[i];
+		switch (q ? -(int)w->type - 1 : (int)w->type) {
+#define TY_CASE(TY) case TY: mmv_launch<TY>(nt, m->stream, w, xt, ldx, &o); break;
 		DEQ_TYPES(TY_CASE)
 #undef TY_CASE
+#define TQ_CASE(TY) case -TY - 1: mmq_launch<TY>(nt, m->stream, w, xq, xd, &o); break;
+		TQ_CASE(TT_Q4_K) TQ_CASE(TT_Q6_K) TQ_CASE(TT_Q8_0)
+#undef TQ_CASE
 		default:
 			return err_set(err, ERR_UNSUPPORTED, "no GPU kernel for weight type %u", w->type);
 		}
-		CK_LAUNCH("mmv_kernel");
+		CK_LAUNCH(q ? "mmq_kernel" : "mmv_kernel");
 	}
 	return 0;
 }
@@ -267,12 +648,59 @@ gemm(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, in
 }
 
 int
+cuda_weight_follows(const struct cuda_weight *a, const struct cuda_weight *b)
+{
+	return a->type == b->type && a->k == b->k && a->row_bytes == b->row_bytes &&
+	    a->d + (size_t)a->n * a->row_bytes == b->d;
+}
+
+int
 cuda_matmul(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_tok,
     float *y, int ldy, int reuse_x, char *err)
 {
+	struct mm_out out = { { y }, { ldy }, { 0, (int)w->n }, 1 };
+
+	if (!reuse_x)
+		m->xq_ready = 0;
 	if (n_tok <= m->mmv_max)
-		return matvec(m, w, x, ldx, n_tok, y, ldy, err);
+		return matvec(m, w, x, ldx, n_tok, &out, err);
 	return gemm(m, w, x, ldx, n_tok, y, ldy, reuse_x, err);
+}
+
+int
+cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x,
+    int ldx, int n_tok, float *const *y, const int *ldy, char *err)
+{
+	int rc;
+
+	if (n_w < 1 || n_w > MM_MAX_OUT)
+		return err_set(err, ERR_INVAL, "%d weights in one product (1..%d)", n_w, MM_MAX_OUT);
+	m->xq_ready = 0;
+	for (int i = 0; i < n_w;) {
+		struct cuda_weight all = *w[i];
+		struct mm_out out = { { NULL }, { 0 }, { 0 }, 0 };
+		int j = i, rows = 0;
+
+		if (n_tok > m->mmv_max) {
+			if ((rc = gemm(m, w[i], x, ldx, n_tok, y[i], ldy[i], i > 0, err)) != 0)
+				return rc;
+			i++;
+			continue;
+		}
+		/* the run of weights that follow one another: one kernel */
+		for (; j < n_w && (j == i || cuda_weight_follows(w[j - 1], w[j])); j++) {
+			out.y[out.n] = y[j];
+			out.ldy[out.n] = ldy[j];
+			out.start[out.n++] = rows;
+			rows += (int)w[j]->n;
+		}
+		out.start[out.n] = rows;
+		all.n = rows;
+		if ((rc = matvec(m, &all, x, ldx, n_tok, &out, err)) != 0)
+			return rc;
+		i = j;
+	}
+	return 0;
 }
 
 int

@@ -33,7 +33,18 @@ struct cuda_mm {
 	__half *wh;        /* wh_elems: rows of a weight, dequantized */
 	int64_t wh_elems;
 	int mmv_max;       /* up to this many tokens: matrix-vector kernels; above: cuBLAS */
+	/*
+	 * The activations as two int8 rows (max_tokens x 2 x widest input)
+	 * with a scale and a sum per 32 (max_tokens x widest / 32), for the
+	 * integer matrix-vector kernels. NULL: those kernels are not used.
+	 */
+	int8_t *xq;
+	float2 *xd;
+	int xq_ready;      /* xq holds the x of the last call */
 };
+
+/* Most weights of one cuda_matmul_multi. */
+#define MM_MAX_OUT 3
 
 /*
  * y[t * ldy + o] = sum_i W[o][i] * x[t * ldx + i] for t < n_tok and every
@@ -43,6 +54,18 @@ struct cuda_mm {
  */
 int cuda_matmul(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_tok,
     float *y, int ldy, int reuse_x, char *err);
+
+/*
+ * y[i] = w[i] x for n_w (<= MM_MAX_OUT) weights of the same input, as
+ * cuda_matmul with y[i] ldy[i] apart. Weights stored one after the other
+ * with the same type and width (cuda_weight_follows) are one kernel on the
+ * matrix-vector path.
+ */
+int cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x,
+    int ldx, int n_tok, float *const *y, const int *ldy, char *err);
+
+/* 1 if b's rows start where a's end, with the same type and width. */
+int cuda_weight_follows(const struct cuda_weight *a, const struct cuda_weight *b);
 
 /* out[t][i] = row tokens[t] of an embedding matrix, times scale, for t < n_tok. */
 int cuda_embed(const struct cuda_weight *w, const int32_t *tokens, int n_tok, float scale,

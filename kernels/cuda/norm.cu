@@ -1,12 +1,15 @@
 /*
- * norm.cu: RMSNorm with residual adds fused around it, and the gated
- * activation. A block per row; each thread keeps to the same elements in
+ * norm.cu: RMSNorm with residual adds fused around it, the gated
+ * activation, and the argmax of logits rows. A block per row; each thread keeps to the same elements in
  * every pass, so it reads back only what it wrote itself.
  */
 #include "norm.cuh"
 
+#include <limits.h>
+
 #define NORM_THREADS 256
 #define GLU_THREADS 256
+#define ARGMAX_THREADS 1024
 
 /* 1 / rms of the row, as cpu_rmsnorm computes it. */
 static __device__ __forceinline__ float
@@ -79,6 +82,53 @@ glu_kernel(float *__restrict__ a, const float *__restrict__ b, int64_t n, int ge
 	a[i] = v * b[i];
 }
 
+/* (v, i) beats (bv, bi): larger, or equal with a lower index. */
+static __device__ __forceinline__ int
+argmax_better(float v, int i, float bv, int bi)
+{
+	return v > bv || (v == bv && i < bi);
+}
+
+/* Block r: the index of row r's largest value, the lowest among equals (the host sampler's rule). */
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+argmax_kernel(const float *__restrict__ x, int n, int32_t *__restrict__ ids)
+{
+	__shared__ float sv[WARP];
+	__shared__ int si[WARP];
+	const float *r = x + (size_t)blockIdx.x * n;
+	int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, bi = INT_MAX;
+	float bv = -INFINITY;
+
+	for (int i = threadIdx.x; i < n; i += blockDim.x)
+		if (bi == INT_MAX || r[i] > bv) /* rising i: the first of equals stays */
+			bv = r[i], bi = i;
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) {
+		float v = __shfl_xor_sync(FULL_MASK, bv, o);
+		int i = __shfl_xor_sync(FULL_MASK, bi, o);
+
+		if (argmax_better(v, i, bv, bi))
+			bv = v, bi = i;
+	}
+	if (lane == 0)
+		sv[w] = bv, si[w] = bi;
+	__syncthreads();
+	if (w != 0)
+		return;
+	bv = lane < (int)(blockDim.x / WARP) ? sv[lane] : -INFINITY;
+	bi = lane < (int)(blockDim.x / WARP) ? si[lane] : INT_MAX;
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) {
+		float v = __shfl_xor_sync(FULL_MASK, bv, o);
+		int i = __shfl_xor_sync(FULL_MASK, bi, o);
+
+		if (argmax_better(v, i, bv, bi))
+			bv = v, bi = i;
+	}
+	if (lane == 0)
+		ids[blockIdx.x] = bi;
+}
+
 int
 cuda_residual_norm(float *x, const float *r, const float *post, const float *w, float *h, int n_rows,
     int n, struct cuda_norm nm, cudaStream_t st, char *err)
@@ -102,5 +152,13 @@ cuda_glu(float *a, const float *b, int64_t n, int gelu, cudaStream_t st, char *e
 {
 	glu_kernel<<<(unsigned)((n + GLU_THREADS - 1) / GLU_THREADS), GLU_THREADS, 0, st>>>(a, b, n, gelu);
 	CK_LAUNCH("glu_kernel");
+	return 0;
+}
+
+int
+cuda_argmax(const float *x, int n_rows, int n, int32_t *ids, cudaStream_t st, char *err)
+{
+	argmax_kernel<<<n_rows, ARGMAX_THREADS, 0, st>>>(x, n, ids);
+	CK_LAUNCH("argmax_kernel");
 	return 0;
 }

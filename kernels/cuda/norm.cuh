@@ -1,6 +1,7 @@
 /*
  * norm.cuh: row-wise kernels of the residual stream (RMSNorm, residual
- * adds, the gated activation). Host entry points only; all on stream st.
+ * adds, the gated activation) and the greedy pick over logits rows. Host
+ * entry points only; all on stream st.
  */
 #ifndef RESIDENT_CUDA_NORM_CUH
 #define RESIDENT_CUDA_NORM_CUH
@@ -25,5 +26,8 @@ int cuda_norm_rows(const float *x, const int32_t *rows, const float *w, float *h
 
 /* a[i] = silu(a[i]) * b[i], or gelu_tanh(a[i]) * b[i], for i < n. */
 int cuda_glu(float *a, const float *b, int64_t n, int gelu, cudaStream_t st, char *err);
+
+/* ids[r] = the index of the largest of row r's n floats (the lowest among equals), r < n_rows. */
+int cuda_argmax(const float *x, int n_rows, int n, int32_t *ids, cudaStream_t st, char *err);
 
 #endif
