@@ -96,10 +96,12 @@ q5_K_levels(const struct blk_q5_K *b, __m256i h, int k, __m256i *lo, __m256i *hi
 AVX2_INLINE __m256i
 q6_K_levels(const __m256i ql[2], __m256i qh, int s)
 {
-	const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
+	const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
 	__m256i q = _mm256_and_si256(_mm256_srli_epi16(ql[s % 2], 4 * (s / 2)), m4);
 
-	return _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * s), m2), 4));
+	/* bits 2s, 2s+1 of each qh byte to bits 4, 5: one shift (none for s = 2) and a mask */
+	qh = s < 2 ? _mm256_slli_epi16(qh, 4 - 2 * s) : s == 3 ? _mm256_srli_epi16(qh, 2) : qh;
+	return _mm256_or_si256(q, _mm256_and_si256(qh, m30));
 }
 #endif
 
