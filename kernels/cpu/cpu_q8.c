@@ -255,14 +255,14 @@ TILE_32(q5_0, struct blk_q5_0, q5_0_levels)
 TILE_32(q8_0, struct blk_q8_0, q8_0_levels)
 #undef TILE_32
 
-/* sum_j m_j * (sum of y over sub-block j): the 8 terms of a Q4_K/Q5_K block, mins as int32. */
+/*
+ * m_j * (sum of y over sub-block j), the 8 terms of a Q4_K/Q5_K block, in
+ * one madd: mins16 holds each min twice, against y's two sums of 16.
+ */
 AVX2_INLINE __m256i
-k4_mins(__m256i mins, const struct blk_q8_K *y)
+k4_mins(__m256i mins16, const struct blk_q8_K *y)
 {
-	__m256i bs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums),
-	    _mm256_set1_epi16(1));
-
-	return _mm256_mullo_epi32(bs, mins);
+	return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), mins16);
 }
 
 /* int16 j of v's low lane in every int16 of that lane, int16 k of its high lane in the high one. */
@@ -323,7 +323,7 @@ tile_k4(const uint8_t *x, size_t bb, const uint8_t *a, size_t ab, int64_t nb, fl
 		k4_unpack(b4->scales, sm); /* d, dmin, scales: the same place in both */
 		v = _mm_loadu_si128((const __m128i *)sm);
 		sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(v));
-		mins = _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8));
+		mins = _mm256_cvtepu8_epi16(_mm_unpackhi_epi8(v, v)); /* m0 m0 m1 m1 .. m7 m7 */
 		if (q5)
 			h = _mm256_loadu_si256((const __m256i *)b5->qh);
 #pragma GCC unroll 4
