@@ -31,7 +31,7 @@
 
 struct settings {
 	char *socket_path, *db_path, *model, *device, *group, *log_level, *config;
-	int threads, ctx, kv_tokens, max_seqs, max_queue, max_step_tokens;
+	int threads, ctx, kv_tokens, max_seqs, max_queue, max_step_tokens, exact;
 	long max_frame;
 };
 
@@ -47,6 +47,8 @@ usage(FILE *fp)
 	    "  -c, --config FILE       JSON settings (default $XDG_CONFIG_HOME/resident/residentd.json)\n"
 	    "      --device cpu|cuda   backend (default: cuda when built with it and a GPU is present)\n"
 	    "  -t, --threads N         CPU threads (default: all cores)\n"
+	    "      --exact             CPU: float activations in every product (slower; the\n"
+	    "                          reference numerics) instead of 8-bit ones\n"
 	    "      --ctx N             context length (default: the model's, at most 8192)\n"
 	    "      --kv-tokens N       KV cache size in tokens (default: 4 x context)\n"
 	    "      --max-seqs N        sequences decoding together (default 64)\n"
@@ -83,6 +85,19 @@ cfg_str(json_t *cfg, const char *key, char **dst, char *err)
 	if (!json_is_string(v))
 		return err_set(err, ERR_INVAL, "config: %s must be a string", key);
 	*dst = xstrdup(json_string_value(v));
+	return 0;
+}
+
+static int
+cfg_bool(json_t *cfg, const char *key, int *dst, char *err)
+{
+	json_t *v = json_object_get(cfg, key);
+
+	if (v == NULL || *dst != 0)
+		return 0;
+	if (!json_is_boolean(v))
+		return err_set(err, ERR_INVAL, "config: %s must be true or false", key);
+	*dst = json_is_true(v);
 	return 0;
 }
 
@@ -124,7 +139,7 @@ read_config(struct settings *s, char *err)
 	    (rc = cfg_str(cfg, "group", &s->group, err)) || (rc = cfg_str(cfg, "log_level", &s->log_level, err)) ||
 	    (rc = cfg_int(cfg, "threads", &s->threads, err)) || (rc = cfg_int(cfg, "ctx", &s->ctx, err)) ||
 	    (rc = cfg_int(cfg, "kv_tokens", &s->kv_tokens, err)) || (rc = cfg_int(cfg, "max_seqs", &s->max_seqs, err)) ||
-	    (rc = cfg_int(cfg, "max_queue", &s->max_queue, err)))
+	    (rc = cfg_int(cfg, "max_queue", &s->max_queue, err)) || (rc = cfg_bool(cfg, "exact", &s->exact, err)))
 		err_prefix(err, rc, "%s", path);
 	json_decref(cfg);
 	free(path);
@@ -134,7 +149,7 @@ read_config(struct settings *s, char *err)
 static int
 parse_args(int argc, char **argv, struct settings *s)
 {
-	enum { O_GROUP = 256, O_DB, O_DEVICE, O_CTX, O_KV, O_SEQS, O_QUEUE, O_FRAME };
+	enum { O_GROUP = 256, O_DB, O_DEVICE, O_CTX, O_KV, O_SEQS, O_QUEUE, O_FRAME, O_EXACT };
 	static const struct option lo[] = {
 		{ "model", required_argument, NULL, 'm' }, { "socket", required_argument, NULL, 's' },
 		{ "group", required_argument, NULL, O_GROUP }, { "db", required_argument, NULL, O_DB },
@@ -142,7 +157,8 @@ parse_args(int argc, char **argv, struct settings *s)
 		{ "threads", required_argument, NULL, 't' }, { "ctx", required_argument, NULL, O_CTX },
 		{ "kv-tokens", required_argument, NULL, O_KV }, { "max-seqs", required_argument, NULL, O_SEQS },
 		{ "max-queue", required_argument, NULL, O_QUEUE }, { "max-frame", required_argument, NULL, O_FRAME },
-		{ "log-level", required_argument, NULL, 'l' }, { "help", no_argument, NULL, 'h' },
+		{ "exact", no_argument, NULL, O_EXACT }, { "log-level", required_argument, NULL, 'l' },
+		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -162,6 +178,7 @@ parse_args(int argc, char **argv, struct settings *s)
 		case O_SEQS: s->max_seqs = atoi(optarg); break;
 		case O_QUEUE: s->max_queue = atoi(optarg); break;
 		case O_FRAME: s->max_frame = atol(optarg); break;
+		case O_EXACT: s->exact = 1; break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
 		}
@@ -252,7 +269,7 @@ main(int argc, char **argv)
 	vo.max_output = 8u << 20;
 	vo.default_model = s.model ? model_file_name(s.model) : NULL;
 	so = (struct sched_opts){ s.model, s.device, s.threads, s.ctx, s.kv_tokens, s.max_step_tokens,
-		s.max_seqs, s.max_queue };
+		s.max_seqs, s.max_queue, s.exact };
 	if (store_open(s.db_path, &st, err) != 0 || server_start(base, &vo, st, &srv, err) != 0 ||
 	    sched_start(&so, server_wake, srv, &sc, err) != 0) {
 		log_error("%s", err);

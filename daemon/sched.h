@@ -27,6 +27,7 @@ struct sched_opts {
 	int32_t max_step_tokens;
 	int32_t max_seqs;           /* sequences decoding at once per model */
 	int max_queue;              /* waiting requests before `overloaded` */
+	int exact;                  /* CPU: float activations everywhere (engine_opts) */
 };
 
 /* What a client looks like in `status`. */

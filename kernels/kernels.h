@@ -25,6 +25,8 @@ struct backend_opts {
 	int max_tokens;    /* most tokens one forward step may carry */
 	int max_seqs;      /* most sequences one step may carry */
 	int device;        /* CUDA: device ordinal */
+	int exact;         /* CPU: float activations in every product (the reference mode);
+	                      else quantized weights meet 8-bit activations */
 };
 
 /* One sequence's part of a step: n_new tokens at positions pos0.. */
@@ -84,6 +86,8 @@ extern const struct backend_ops cpu_backend;
 extern const struct backend_ops cuda_backend;
 /* CUDA devices present (0 when there is no driver or no GPU). */
 int cuda_backend_devices(void);
+/* Measured read bandwidth of a device in GB/s (kernels/cuda/cuda_bw.cu), and its name. */
+int cuda_bw_measure(int device, double *gb_s, char *name, size_t name_len, char *err);
 #endif
 
 #endif

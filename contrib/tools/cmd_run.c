@@ -32,7 +32,7 @@ struct run_opts {
 
 enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_PRES, OPT_FREQ, OPT_SEED,
 	OPT_MAXTOK, OPT_STOP, OPT_CHAT, OPT_IDS, OPT_CHUNK, OPT_THREADS, OPT_DEVICE, OPT_CTX,
-	OPT_OUT, OPT_SPECIAL };
+	OPT_OUT, OPT_SPECIAL, OPT_EXACT };
 
 static const struct option run_longopts[] = {
 	{ "temp", required_argument, NULL, OPT_TEMP }, { "top-k", required_argument, NULL, OPT_TOPK },
@@ -45,7 +45,7 @@ static const struct option run_longopts[] = {
 	{ "ids", no_argument, NULL, OPT_IDS }, { "chunk", required_argument, NULL, OPT_CHUNK },
 	{ "threads", required_argument, NULL, OPT_THREADS }, { "device", required_argument, NULL, OPT_DEVICE },
 	{ "ctx", required_argument, NULL, OPT_CTX }, { "out", required_argument, NULL, OPT_OUT },
-	{ "special", no_argument, NULL, OPT_SPECIAL },
+	{ "special", no_argument, NULL, OPT_SPECIAL }, { "exact", no_argument, NULL, OPT_EXACT },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -83,6 +83,7 @@ parse_run_opts(int argc, char **argv, struct run_opts *o)
 		case OPT_CTX: o->eng.n_ctx = atoi(optarg); break;
 		case OPT_OUT: o->out = optarg; break;
 		case OPT_SPECIAL: o->special = 1; break;
+		case OPT_EXACT: o->eng.exact = 1; break;
 		default: return -1;
 		}
 	}
@@ -141,7 +142,7 @@ cmd_run(int argc, char **argv)
 	if (i < 0 || argc - i != 2) {
 		fprintf(stderr, "usage: resident-model run MODEL PROMPT [--chat] [--max-tokens N] [--temp T] "
 		    "[--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--stop STR]... "
-		    "[--ids] [--threads N] [--ctx N] [--device cpu|cuda]\n");
+		    "[--ids] [--threads N] [--ctx N] [--device cpu|cuda] [--exact]\n");
 		return 2;
 	}
 	t0 = now_ns();
@@ -174,26 +175,30 @@ cmd_run(int argc, char **argv)
 }
 
 /*
- * Runs the backend over tokens in chunks of `chunk`, with logits for every
- * position into logits (n x n_vocab). Not through the engine: the engine
- * only asks for the rows it samples from.
+ * Runs the backend eo->device names (the CPU if none) over tokens in
+ * chunks of `chunk`, with logits for every position into logits (n x
+ * n_vocab). Not through the engine: the engine only asks for the rows it
+ * samples from.
  */
 static int
 forward_all(const struct model_desc *m, const struct engine_opts *eo, const int32_t *tok, int32_t n,
     int32_t chunk, float *logits, char *err)
 {
-	struct backend_opts bo = { .n_threads = eo->n_threads, .max_seqs = 1 };
+	struct backend_opts bo = { .n_threads = eo->n_threads, .max_seqs = 1, .exact = eo->exact };
+	const struct backend_ops *ops;
 	struct backend *be;
 	struct fwd_seq fs;
 	struct fwd_batch b = { 1, &fs, 0, NULL };
 	int32_t *table, i, done;
 	int rc;
 
+	if ((rc = engine_pick_backend(eo->device ? eo->device : "cpu", &ops, err)) != 0)
+		return rc;
 	chunk = chunk > 0 ? MIN(chunk, n) : n;
 	bo.kv_blocks = (n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
 	bo.max_tokens = chunk;
-	if ((rc = cpu_backend.load(m, &bo, &be, err)) != 0)
-		return rc;
+	if ((rc = ops->load(m, &bo, &be, err)) != 0)
+		return err_prefix(err, rc, "%s backend", ops->name);
 	table = xmalloc((size_t)bo.kv_blocks * sizeof *table);
 	for (i = 0; i < bo.kv_blocks; i++)
 		table[i] = i;
@@ -201,10 +206,10 @@ forward_all(const struct model_desc *m, const struct engine_opts *eo, const int3
 		b.n_tokens = MIN(chunk, n - done);
 		b.tokens = tok + done;
 		fs = (struct fwd_seq){ b.n_tokens, done, table, (int32_t)bo.kv_blocks, b.n_tokens };
-		rc = cpu_backend.forward(be, &b, logits + (size_t)done * (size_t)m->hp.n_vocab, err);
+		rc = ops->forward(be, &b, logits + (size_t)done * (size_t)m->hp.n_vocab, err);
 	}
 	free(table);
-	cpu_backend.free(be);
+	ops->free(be);
 	return rc;
 }
 
@@ -234,7 +239,8 @@ cmd_logits(int argc, char **argv)
 	int i = parse_run_opts(argc, argv, &o), rc;
 
 	if (i < 0 || argc - i < 2 || o.out == NULL) {
-		fprintf(stderr, "usage: resident-model logits MODEL --out FILE.f32 [--chunk N] [--threads N] ID...\n");
+		fprintf(stderr, "usage: resident-model logits MODEL --out FILE.f32 [--chunk N] [--threads N] "
+		    "[--device cpu|cuda] [--exact] ID...\n");
 		return 2;
 	}
 	if (model_open(argv[i], &m, err) != 0) {
@@ -288,7 +294,8 @@ cmd_perplexity(int argc, char **argv)
 	int i = parse_run_opts(argc, argv, &o), rc;
 
 	if (i < 0 || argc - i != 2) {
-		fprintf(stderr, "usage: resident-model perplexity MODEL TEXTFILE [--threads N]\n");
+		fprintf(stderr, "usage: resident-model perplexity MODEL TEXTFILE [--threads N] "
+		    "[--device cpu|cuda] [--exact]\n");
 		return 2;
 	}
 	if ((rc = model_open(argv[i], &m, err)) != 0) {

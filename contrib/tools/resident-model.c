@@ -11,7 +11,7 @@
  *   resident-model detokenize [--special] MODEL ID...
  *   resident-model vocab FLAVOUR N SEED OUTDIR
  *   resident-model run MODEL PROMPT [options]
- *   resident-model logits MODEL --out FILE.f32 [--chunk N] ID...
+ *   resident-model logits MODEL --out FILE.f32 [--chunk N] [--device cpu|cuda] ID...
  *   resident-model perplexity MODEL TEXTFILE
  */
 #include "config.h"
@@ -51,7 +51,7 @@ static const struct {
 	{ "vocab", cmd_vocab, "vocab FLAVOUR N SEED OUTDIR" },
 	{ "run", cmd_run, "run MODEL PROMPT [--chat] [--max-tokens N] [--temp T] [--top-k K] [--top-p P] "
 	    "[--min-p P] [--repeat-penalty R] [--seed S] [--stop STR]... [--ids] [--threads N]" },
-	{ "logits", cmd_logits, "logits MODEL --out FILE.f32 [--chunk N] ID..." },
+	{ "logits", cmd_logits, "logits MODEL --out FILE.f32 [--chunk N] [--device cpu|cuda] ID..." },
 	{ "perplexity", cmd_perplexity, "perplexity MODEL TEXTFILE" },
 };
 

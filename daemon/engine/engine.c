@@ -49,9 +49,8 @@ engine_finish_name(enum finish_reason r)
 	return finish_names[r];
 }
 
-/* The backend named by device (NULL: CUDA when built and a GPU is present, else the CPU). */
-static int
-pick_backend(const char *device, const struct backend_ops **ops, char *err)
+int
+engine_pick_backend(const char *device, const struct backend_ops **ops, char *err)
 {
 #ifdef HAVE_CUDA
 	if ((device == NULL && cuda_backend_devices() > 0) ||
@@ -90,7 +89,7 @@ engine_open(const char *model_path, const struct engine_opts *o, struct engine *
 	int32_t kv_tokens;
 	int rc;
 
-	if ((rc = pick_backend(o->device, &e->ops, err)) != 0 ||
+	if ((rc = engine_pick_backend(o->device, &e->ops, err)) != 0 ||
 	    (rc = model_open(model_path, &e->m, err)) != 0) {
 		free(e);
 		return rc;
@@ -100,6 +99,7 @@ engine_open(const char *model_path, const struct engine_opts *o, struct engine *
 	bo.kv_blocks = (kv_tokens + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
 	bo.max_tokens = e->max_step_tokens;
 	bo.max_seqs = e->max_seqs;
+	bo.exact = o->exact;
 	if ((rc = e->ops->load(e->m, &bo, &e->be, err)) != 0) {
 		err_prefix(err, rc, "%s backend", e->ops->name);
 		model_close(e->m);

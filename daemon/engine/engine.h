@@ -39,6 +39,8 @@ struct engine_opts {
 	int32_t kv_tokens;      /* size of the KV pool in tokens; 0: 4 x n_ctx */
 	int32_t max_step_tokens;/* tokens per forward step; 0: 512 */
 	int32_t max_seqs;       /* sequences per step; 0: 64 */
+	int exact;              /* CPU: float activations in every product, the reference
+	                           numerics; else quantized weights meet 8-bit activations */
 };
 
 enum seq_state { SEQ_PREFILL, SEQ_DECODE, SEQ_DONE };
@@ -86,6 +88,12 @@ struct seq {
 	int32_t turn_start;     /* index of this turn's first generated token */
 };
 
+struct backend_ops;
+/*
+ * The backend named by device, "cpu" or "cuda" (NULL: CUDA when built and a
+ * GPU is present, else the CPU). 0, or ERR_UNSUPPORTED / ERR_INVAL.
+ */
+int engine_pick_backend(const char *device, const struct backend_ops **ops, char *err);
 int engine_open(const char *model_path, const struct engine_opts *o, struct engine **out, char *err);
 void engine_close(struct engine *e);
 const struct model_desc *engine_model(const struct engine *e);

@@ -337,6 +337,44 @@ hf_rope_scaling(json_t *cfg, struct model_hparams *hp, char *err)
 	return json_f32(rs, "factor", &hp->rope_scale, err);
 }
 
+/* One RoPE object of rope_parameters: its base, and a linear scaling if it has one. */
+static int
+hf_rope_object(json_t *o, float *theta, float *scale, char *err)
+{
+	const char *type = json_string_value(json_object_get(o, "rope_type"));
+	int rc;
+
+	if (o == NULL)
+		return 0;
+	if ((rc = json_f32(o, "rope_theta", theta, err)) != 0)
+		return rc;
+	if (type == NULL || strcmp(type, "default") == 0)
+		return 0;
+	if (strcmp(type, "linear") != 0)
+		return err_set(err, ERR_UNSUPPORTED, "config.json: rope_parameters type '%s' is not supported",
+		    type);
+	return json_f32(o, "factor", scale, err);
+}
+
+/*
+ * transformers 5 writes rope_parameters instead of rope_theta and
+ * rope_scaling: {"rope_type", "rope_theta", "factor"}, or for Gemma 3 one
+ * such object per layer type ("full_attention", "sliding_attention").
+ */
+static int
+hf_rope_parameters(json_t *cfg, struct model_hparams *hp, char *err)
+{
+	json_t *rp = json_object_get(cfg, "rope_parameters");
+	json_t *full = json_object_get(rp, "full_attention"), *local = json_object_get(rp, "sliding_attention");
+	int rc;
+
+	if (full == NULL && local == NULL)
+		return hf_rope_object(rp, &hp->rope_theta, &hp->rope_scale, err);
+	if ((rc = hf_rope_object(full, &hp->rope_theta, &hp->rope_scale, err)) != 0)
+		return rc;
+	return json_f32(local, "rope_theta", &hp->rope_theta_local, err);
+}
+
 /* Hyperparameters from config.json. */
 static int
 hf_hparams(json_t *cfg, struct model_desc *m, char *err)
@@ -368,6 +406,8 @@ hf_hparams(json_t *cfg, struct model_desc *m, char *err)
 		if (qpas > 0)
 			hp->attn_scale = 1.0f / sqrtf(qpas);
 	}
+	if ((rc = hf_rope_parameters(cfg, hp, err)) != 0)
+		return rc;
 	if (m->arch == ARCH_QWEN2 && json_is_boolean(json_object_get(cfg, "attention_bias")))
 		hp->qkv_bias = json_is_true(json_object_get(cfg, "attention_bias"));
 	if (m->arch == ARCH_LLAMA && json_is_true(json_object_get(cfg, "attention_bias")))

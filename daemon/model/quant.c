@@ -16,6 +16,7 @@
  */
 #include "config.h"
 #include "quant.h"
+#include "quant_blocks.h"
 #include "util.h"
 
 #include <math.h>
@@ -26,37 +27,7 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-#define QK 32                 /* elements per block of the non-K types */
 #define GROUP_MAX_EPS 1e-15f  /* ggml's "all zero" threshold */
-
-/* The blocks, field for field as in ggml-common.h; f16 fields are raw bits. */
-struct blk_q4_0 { uint16_t d; uint8_t qs[QK / 2]; };
-struct blk_q4_1 { uint16_t d, m; uint8_t qs[QK / 2]; };
-struct blk_q5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[QK / 2]; };
-struct blk_q5_1 { uint16_t d, m; uint8_t qh[4]; uint8_t qs[QK / 2]; };
-struct blk_q8_0 { uint16_t d; int8_t qs[QK]; };
-/* ggml's current Q8_1, fp16 d and s (the gguf package's size table still
- * has the older float d, s: 40 bytes); only dot products use it. */
-struct blk_q8_1 { uint16_t d, s; int8_t qs[QK]; };
-struct blk_q2_K { uint8_t scales[QK_K / 16]; uint8_t qs[QK_K / 4]; uint16_t d, dmin; };
-struct blk_q3_K { uint8_t hmask[QK_K / 8]; uint8_t qs[QK_K / 4]; uint8_t scales[12]; uint16_t d; };
-struct blk_q4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; };
-struct blk_q5_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; };
-struct blk_q6_K { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; };
-struct blk_q8_K { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; };
-
-_Static_assert(sizeof(struct blk_q4_0) == 18, "q4_0 layout");
-_Static_assert(sizeof(struct blk_q4_1) == 20, "q4_1 layout");
-_Static_assert(sizeof(struct blk_q5_0) == 22, "q5_0 layout");
-_Static_assert(sizeof(struct blk_q5_1) == 24, "q5_1 layout");
-_Static_assert(sizeof(struct blk_q8_0) == 34, "q8_0 layout");
-_Static_assert(sizeof(struct blk_q8_1) == 36, "q8_1 layout");
-_Static_assert(sizeof(struct blk_q2_K) == 84, "q2_K layout");
-_Static_assert(sizeof(struct blk_q3_K) == 110, "q3_K layout");
-_Static_assert(sizeof(struct blk_q4_K) == 144, "q4_K layout");
-_Static_assert(sizeof(struct blk_q5_K) == 176, "q5_K layout");
-_Static_assert(sizeof(struct blk_q6_K) == 210, "q6_K layout");
-_Static_assert(sizeof(struct blk_q8_K) == 292, "q8_K layout");
 
 /* Converters over nb whole blocks. */
 typedef void (*dequant_fn)(const void *src, float *y, int64_t nb);
@@ -99,12 +70,12 @@ static const struct qtype qtypes[TT_COUNT_] = {
 	[TT_F32] = QT("F32", 1, float, deq_f32, q_f32),
 	[TT_F16] = QT("F16", 1, uint16_t, deq_f16, q_f16),
 	[TT_BF16] = QT("BF16", 1, uint16_t, deq_bf16, q_bf16),
-	[TT_Q4_0] = QT("Q4_0", QK, struct blk_q4_0, deq_q4_0, NULL),
-	[TT_Q4_1] = QT("Q4_1", QK, struct blk_q4_1, deq_q4_1, NULL),
-	[TT_Q5_0] = QT("Q5_0", QK, struct blk_q5_0, deq_q5_0, q_q5_0),
-	[TT_Q5_1] = QT("Q5_1", QK, struct blk_q5_1, deq_q5_1, NULL),
-	[TT_Q8_0] = QT("Q8_0", QK, struct blk_q8_0, deq_q8_0, q_q8_0),
-	[TT_Q8_1] = QT("Q8_1", QK, struct blk_q8_1, deq_q8_1, NULL),
+	[TT_Q4_0] = QT("Q4_0", QK_0, struct blk_q4_0, deq_q4_0, NULL),
+	[TT_Q4_1] = QT("Q4_1", QK_0, struct blk_q4_1, deq_q4_1, NULL),
+	[TT_Q5_0] = QT("Q5_0", QK_0, struct blk_q5_0, deq_q5_0, q_q5_0),
+	[TT_Q5_1] = QT("Q5_1", QK_0, struct blk_q5_1, deq_q5_1, NULL),
+	[TT_Q8_0] = QT("Q8_0", QK_0, struct blk_q8_0, deq_q8_0, q_q8_0),
+	[TT_Q8_1] = QT("Q8_1", QK_0, struct blk_q8_1, deq_q8_1, NULL),
 	[TT_Q2_K] = QT("Q2_K", QK_K, struct blk_q2_K, deq_q2_K, NULL),
 	[TT_Q3_K] = QT("Q3_K", QK_K, struct blk_q3_K, deq_q3_K, NULL),
 	[TT_Q4_K] = QT("Q4_K", QK_K, struct blk_q4_K, deq_q4_K, q_q4_K),
@@ -319,12 +290,12 @@ deq_q4_0(const void *src, float *y, int64_t nb)
 {
 	const struct blk_q4_0 *b = src;
 
-	for (int64_t i = 0; i < nb; i++, b++, y += QK) {
+	for (int64_t i = 0; i < nb; i++, b++, y += QK_0) {
 		float d = fp16_to_fp32(b->d);
 
-		for (int j = 0; j < QK / 2; j++) {
+		for (int j = 0; j < QK_0 / 2; j++) {
 			y[j] = d * (float)((b->qs[j] & 0xf) - 8);
-			y[j + QK / 2] = d * (float)((b->qs[j] >> 4) - 8);
+			y[j + QK_0 / 2] = d * (float)((b->qs[j] >> 4) - 8);
 		}
 	}
 }
@@ -335,26 +306,26 @@ deq_q4_1(const void *src, float *y, int64_t nb)
 {
 	const struct blk_q4_1 *b = src;
 
-	for (int64_t i = 0; i < nb; i++, b++, y += QK) {
+	for (int64_t i = 0; i < nb; i++, b++, y += QK_0) {
 		float d = fp16_to_fp32(b->d), m = fp16_to_fp32(b->m);
 
-		for (int j = 0; j < QK / 2; j++) {
+		for (int j = 0; j < QK_0 / 2; j++) {
 			y[j] = d * (float)(b->qs[j] & 0xf) + m;
-			y[j + QK / 2] = d * (float)(b->qs[j] >> 4) + m;
+			y[j + QK_0 / 2] = d * (float)(b->qs[j] >> 4) + m;
 		}
 	}
 }
 
 /* The 5-bit values of a Q5_0/Q5_1 block: nibbles plus bit j of qh. */
 static void
-q5_values(const uint8_t *qs, const uint8_t qh_bytes[4], int q[QK])
+q5_values(const uint8_t *qs, const uint8_t qh_bytes[4], int q[QK_0])
 {
 	uint32_t qh;
 
 	memcpy(&qh, qh_bytes, sizeof qh);
-	for (int j = 0; j < QK / 2; j++) {
+	for (int j = 0; j < QK_0 / 2; j++) {
 		q[j] = (qs[j] & 0xf) | (int)(qh >> j & 1) << 4;
-		q[j + QK / 2] = (qs[j] >> 4) | (int)(qh >> (j + QK / 2) & 1) << 4;
+		q[j + QK_0 / 2] = (qs[j] >> 4) | (int)(qh >> (j + QK_0 / 2) & 1) << 4;
 	}
 }
 
@@ -363,13 +334,13 @@ static void
 deq_q5_0(const void *src, float *y, int64_t nb)
 {
 	const struct blk_q5_0 *b = src;
-	int q[QK];
+	int q[QK_0];
 
-	for (int64_t i = 0; i < nb; i++, b++, y += QK) {
+	for (int64_t i = 0; i < nb; i++, b++, y += QK_0) {
 		float d = fp16_to_fp32(b->d);
 
 		q5_values(b->qs, b->qh, q);
-		for (int j = 0; j < QK; j++)
+		for (int j = 0; j < QK_0; j++)
 			y[j] = d * (float)(q[j] - 16);
 	}
 }
@@ -379,13 +350,13 @@ static void
 deq_q5_1(const void *src, float *y, int64_t nb)
 {
 	const struct blk_q5_1 *b = src;
-	int q[QK];
+	int q[QK_0];
 
-	for (int64_t i = 0; i < nb; i++, b++, y += QK) {
+	for (int64_t i = 0; i < nb; i++, b++, y += QK_0) {
 		float d = fp16_to_fp32(b->d), m = fp16_to_fp32(b->m);
 
 		q5_values(b->qs, b->qh, q);
-		for (int j = 0; j < QK; j++)
+		for (int j = 0; j < QK_0; j++)
 			y[j] = d * (float)q[j] + m;
 	}
 }
@@ -396,10 +367,10 @@ deq_q8_0(const void *src, float *y, int64_t nb)
 {
 	const struct blk_q8_0 *b = src;
 
-	for (int64_t i = 0; i < nb; i++, b++, y += QK) {
+	for (int64_t i = 0; i < nb; i++, b++, y += QK_0) {
 		float d = fp16_to_fp32(b->d);
 
-		for (int j = 0; j < QK; j++)
+		for (int j = 0; j < QK_0; j++)
 			y[j] = d * (float)b->qs[j];
 	}
 }
@@ -410,10 +381,10 @@ deq_q8_1(const void *src, float *y, int64_t nb)
 {
 	const struct blk_q8_1 *b = src;
 
-	for (int64_t i = 0; i < nb; i++, b++, y += QK) {
+	for (int64_t i = 0; i < nb; i++, b++, y += QK_0) {
 		float d = fp16_to_fp32(b->d);
 
-		for (int j = 0; j < QK; j++)
+		for (int j = 0; j < QK_0; j++)
 			y[j] = d * (float)b->qs[j];
 	}
 }
@@ -485,23 +456,6 @@ deq_q3_K(const void *src, float *y, int64_t nb)
 				y[e] = dl * (float)(k_2bit(b->qs, e) - (hbit ? 0 : 4));
 			}
 		}
-	}
-}
-
-/*
- * Scale and min of sub-block j of a Q4_K/Q5_K block, 6 bits each: j < 4 in
- * the low bits of bytes j and j+4; j >= 4 in the nibbles of byte j+4 and the
- * top two bits of bytes j-4 and j.
- */
-static void
-k4_scale_min(int j, const uint8_t q[12], uint8_t *sc, uint8_t *m)
-{
-	if (j < 4) {
-		*sc = q[j] & 63;
-		*m = q[j + 4] & 63;
-	} else {
-		*sc = (q[j + 4] & 0xf) | (q[j - 4] >> 6) << 4;
-		*m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
 	}
 }
 
@@ -640,11 +594,11 @@ q_q5_0(const float *x, void *dst, int64_t nb)
 {
 	struct blk_q5_0 *b = dst;
 
-	for (int64_t i = 0; i < nb; i++, b++, x += QK) {
+	for (int64_t i = 0; i < nb; i++, b++, x += QK_0) {
 		float amax = 0, max = 0;
 		uint32_t qh = 0;
 
-		for (int j = 0; j < QK; j++) {
+		for (int j = 0; j < QK_0; j++) {
 			if (amax < fabsf(x[j])) {
 				amax = fabsf(x[j]);
 				max = x[j];
@@ -654,13 +608,13 @@ q_q5_0(const float *x, void *dst, int64_t nb)
 		float id = d != 0 ? 1.0f / d : 0.0f;
 
 		b->d = fp32_to_fp16(d);
-		for (int j = 0; j < QK / 2; j++) {
+		for (int j = 0; j < QK_0 / 2; j++) {
 			int v0 = MIN(31, (int)(int8_t)(x[j] * id + 16.5f));
-			int v1 = MIN(31, (int)(int8_t)(x[QK / 2 + j] * id + 16.5f));
+			int v1 = MIN(31, (int)(int8_t)(x[QK_0 / 2 + j] * id + 16.5f));
 
 			b->qs[j] = (uint8_t)((v0 & 0x0f) | ((v1 & 0x0f) << 4));
 			qh |= (uint32_t)((v0 & 0x10) >> 4) << j;
-			qh |= (uint32_t)((v1 & 0x10) >> 4) << (j + QK / 2);
+			qh |= (uint32_t)((v1 & 0x10) >> 4) << (j + QK_0 / 2);
 		}
 		memcpy(b->qh, &qh, sizeof qh);
 	}
@@ -671,16 +625,16 @@ q_q8_0(const float *x, void *dst, int64_t nb)
 {
 	struct blk_q8_0 *b = dst;
 
-	for (int64_t i = 0; i < nb; i++, b++, x += QK) {
+	for (int64_t i = 0; i < nb; i++, b++, x += QK_0) {
 		float amax = 0;
 
-		for (int j = 0; j < QK; j++)
+		for (int j = 0; j < QK_0; j++)
 			amax = MAX(amax, fabsf(x[j]));
 		float d = amax / 127;
 		float id = d != 0 ? 1.0f / d : 0.0f;
 
 		b->d = fp32_to_fp16(d);
-		for (int j = 0; j < QK; j++)
+		for (int j = 0; j < QK_0; j++)
 			b->qs[j] = (int8_t)roundf(x[j] * id);
 	}
 }

@@ -28,6 +28,7 @@ struct backend {
 	struct cpu_layer *layers;
 	float *out_norm;
 	int max_tokens;
+	int exact;          /* float activations everywhere: the reference mode */
 	/* KV pool: [block][layer][K|V][KV_BLOCK_TOKENS][n_head_kv * head_dim] */
 	float *kv;
 	int64_t kv_blocks;
@@ -35,6 +36,7 @@ struct backend {
 	/* activations, max_tokens rows each */
 	float *x, *h, *q, *k, *v, *att, *gate, *up, *ffn_out;
 	float *mm_scratch;
+	uint8_t *q8[2];     /* 8-bit copies of a product's input (fast mode); NULL: exact mode */
 	float *scores;      /* per thread: one row of attention scores */
 	int64_t scores_len;
 	/* per step: where each token sits */
@@ -116,6 +118,10 @@ alloc_buffers(struct backend *b, char *err)
 	b->up = alloc_floats(T, (size_t)hp->n_ff, err, &rc);
 	b->ffn_out = alloc_floats(T, (size_t)hp->n_embd, err, &rc);
 	b->mm_scratch = alloc_floats((size_t)cpu_pool_threads(b->pool) * CPU_MM_ROWS, widest, err, &rc);
+	if (!b->exact)
+		for (int k = 0; k < 2; k++)
+			if ((b->q8[k] = malloc(cpu_act_bytes((int64_t)widest, (int64_t)T))) == NULL)
+				rc = err_set(err, ERR_NOMEM, "out of memory for 8-bit activations");
 	b->tok_seq = xcalloc(T, sizeof *b->tok_seq);
 	b->tok_pos = xcalloc(T, sizeof *b->tok_pos);
 	return rc;
@@ -135,6 +141,7 @@ cpu_load(const struct model_desc *m, const struct backend_opts *o, struct backen
 	b->m = m;
 	b->max_tokens = o->max_tokens;
 	b->kv_blocks = o->kv_blocks;
+	b->exact = o->exact;
 	b->pool = cpu_pool_new(threads);
 	b->layers = xcalloc((size_t)m->hp.n_layer, sizeof *b->layers);
 	for (l = 0; l < m->hp.n_layer; l++)
@@ -161,6 +168,7 @@ cpu_free(struct backend *b)
 	free(b->out_norm);
 	free(b->kv), free(b->x), free(b->h), free(b->q), free(b->k), free(b->v), free(b->att);
 	free(b->gate), free(b->up), free(b->ffn_out), free(b->mm_scratch), free(b->scores);
+	free(b->q8[0]), free(b->q8[1]);
 	free(b->tok_seq), free(b->tok_pos);
 	cpu_pool_free(b->pool);
 	free(b);
@@ -222,16 +230,12 @@ qk_task(void *arg, int64_t t, int thread)
 		cpu_add(kt, c->bk, (int64_t)nkv);
 		cpu_add(vt, c->bv, (int64_t)nkv);
 	}
-	for (h = 0; h < hp->n_head; h++) {
-		if (c->q_norm != NULL)
-			cpu_rmsnorm(qt + h * hd, c->q_norm, hp->norm_offset, hp->norm_eps, hd, qt + h * hd);
-		cpu_rope(qt + h * hd, hd, pos, theta, hp->rope == ROPE_NEOX);
-	}
-	for (h = 0; h < hp->n_head_kv; h++) {
-		if (c->k_norm != NULL)
-			cpu_rmsnorm(kt + h * hd, c->k_norm, hp->norm_offset, hp->norm_eps, hd, kt + h * hd);
-		cpu_rope(kt + h * hd, hd, pos, theta, hp->rope == ROPE_NEOX);
-	}
+	for (h = 0; c->q_norm != NULL && h < hp->n_head; h++)
+		cpu_rmsnorm(qt + h * hd, c->q_norm, hp->norm_offset, hp->norm_eps, hd, qt + h * hd);
+	for (h = 0; c->k_norm != NULL && h < hp->n_head_kv; h++)
+		cpu_rmsnorm(kt + h * hd, c->k_norm, hp->norm_offset, hp->norm_eps, hd, kt + h * hd);
+	cpu_rope(qt, hp->n_head, hd, pos, theta, hp->rope == ROPE_NEOX);
+	cpu_rope(kt, hp->n_head_kv, hd, pos, theta, hp->rope == ROPE_NEOX);
 	memcpy(kv_slot(b, q, st->l, 0, b->tok_pos[t]), kt, nkv * sizeof(float));
 	memcpy(kv_slot(b, q, st->l, 1, b->tok_pos[t]), vt, nkv * sizeof(float));
 }
@@ -248,8 +252,7 @@ attn_task(void *arg, int64_t task, int thread)
 	int hd = hp->head_dim, kvh = (int)(h / (hp->n_head / hp->n_head_kv));
 	const float *qh = b->q + ((size_t)t * hp->n_head + (size_t)h) * hd;
 	float *out = b->att + ((size_t)t * hp->n_head + (size_t)h) * hd;
-	float *sc = b->scores + (size_t)thread * (size_t)b->scores_len, mx = -INFINITY, sum = 0;
-	int i;
+	float *sc = b->scores + (size_t)thread * (size_t)b->scores_len, mx = -INFINITY, sum;
 
 	if (model_layer_is_swa(hp, st->l) && pos >= hp->sliding_window)
 		p0 = pos - hp->sliding_window + 1;
@@ -257,18 +260,10 @@ attn_task(void *arg, int64_t task, int thread)
 		sc[p - p0] = cpu_dot(qh, kv_slot(b, q, st->l, 0, p) + (size_t)kvh * hd, hd) * hp->attn_scale;
 		mx = MAX(mx, sc[p - p0]);
 	}
-	for (p = p0; p <= pos; p++) {
-		sc[p - p0] = expf(sc[p - p0] - mx);
-		sum += sc[p - p0];
-	}
+	sum = cpu_exp_sum(sc, pos - p0 + 1, mx);
 	memset(out, 0, (size_t)hd * sizeof *out);
-	for (p = p0; p <= pos; p++) {
-		const float *vh = kv_slot(b, q, st->l, 1, p) + (size_t)kvh * hd;
-		float w = sc[p - p0] / sum;
-
-		for (i = 0; i < hd; i++)
-			out[i] += w * vh[i];
-	}
+	for (p = p0; p <= pos; p++)
+		cpu_axpy(out, sc[p - p0] / sum, kv_slot(b, q, st->l, 1, p) + (size_t)kvh * hd, hd);
 }
 
 /* Task t: RMSNorm of row t of src into dst (widths n), optionally added to x. */
@@ -296,6 +291,13 @@ norm_rows(struct backend *b, const float *src, const float *w, float *dst, int T
 	cpu_pool_run(b->pool, T, norm_task, &c);
 }
 
+/* T rows of n floats as the input of products, 8-bit copies allowed unless exact. */
+static void
+input(struct backend *b, struct cpu_act *in, const float *x, int64_t n, int T)
+{
+	cpu_act_init(in, x, n, T, n, b->exact ? NULL : b->q8);
+}
+
 /* x += f(rows), where the sandwich norm, if any, is applied to rows first. */
 static void
 residual(struct backend *b, float *rows, const float *post_norm, int T)
@@ -317,13 +319,17 @@ attention(struct backend *b, const struct fwd_batch *batch, int l)
 	int T = batch->n_tokens;
 	int64_t nq = (int64_t)hp->n_head * hp->head_dim, nkv = (int64_t)hp->n_head_kv * hp->head_dim;
 
+	struct cpu_act in;
+
 	norm_rows(b, b->x, b->layers[l].attn_norm, b->h, T);
-	cpu_matmul(b->pool, L->wq, b->h, hp->n_embd, T, b->q, nq, b->mm_scratch);
-	cpu_matmul(b->pool, L->wk, b->h, hp->n_embd, T, b->k, nkv, b->mm_scratch);
-	cpu_matmul(b->pool, L->wv, b->h, hp->n_embd, T, b->v, nkv, b->mm_scratch);
+	input(b, &in, b->h, hp->n_embd, T);
+	cpu_matmul(b->pool, L->wq, &in, b->q, nq, b->mm_scratch);
+	cpu_matmul(b->pool, L->wk, &in, b->k, nkv, b->mm_scratch);
+	cpu_matmul(b->pool, L->wv, &in, b->v, nkv, b->mm_scratch);
 	cpu_pool_run(b->pool, T, qk_task, &st);
 	cpu_pool_run(b->pool, (int64_t)T * hp->n_head, attn_task, &st);
-	cpu_matmul(b->pool, L->wo, b->att, nq, T, b->ffn_out, hp->n_embd, b->mm_scratch);
+	input(b, &in, b->att, nq, T);
+	cpu_matmul(b->pool, L->wo, &in, b->ffn_out, hp->n_embd, b->mm_scratch);
 	residual(b, b->ffn_out, b->layers[l].post_attn_norm, T);
 }
 
@@ -333,12 +339,15 @@ feed_forward(struct backend *b, int T, int l)
 {
 	const struct model_hparams *hp = &b->m->hp;
 	const struct model_layer *L = &b->m->layers[l];
+	struct cpu_act in;
 
 	norm_rows(b, b->x, b->layers[l].ffn_norm, b->h, T);
-	cpu_matmul(b->pool, L->w_gate, b->h, hp->n_embd, T, b->gate, hp->n_ff, b->mm_scratch);
-	cpu_matmul(b->pool, L->w_up, b->h, hp->n_embd, T, b->up, hp->n_ff, b->mm_scratch);
+	input(b, &in, b->h, hp->n_embd, T);
+	cpu_matmul(b->pool, L->w_gate, &in, b->gate, hp->n_ff, b->mm_scratch);
+	cpu_matmul(b->pool, L->w_up, &in, b->up, hp->n_ff, b->mm_scratch);
 	cpu_glu(b->gate, b->up, (int64_t)T * hp->n_ff, hp->gelu);
-	cpu_matmul(b->pool, L->w_down, b->gate, hp->n_ff, T, b->ffn_out, hp->n_embd, b->mm_scratch);
+	input(b, &in, b->gate, hp->n_ff, T);
+	cpu_matmul(b->pool, L->w_down, &in, b->ffn_out, hp->n_embd, b->mm_scratch);
 	residual(b, b->ffn_out, b->layers[l].post_ffn_norm, T);
 }
 
@@ -357,8 +366,12 @@ output(struct backend *b, const struct fwd_batch *batch, float *logits)
 			    hp->norm_eps, hp->n_embd, b->h + (size_t)n * hp->n_embd);
 		t += q->n_new;
 	}
-	if (n > 0)
-		cpu_matmul(b->pool, b->m->output, b->h, hp->n_embd, n, logits, hp->n_vocab, b->mm_scratch);
+	if (n > 0) {
+		struct cpu_act in;
+
+		input(b, &in, b->h, hp->n_embd, n);
+		cpu_matmul(b->pool, b->m->output, &in, logits, hp->n_vocab, b->mm_scratch);
+	}
 }
 
 /* Records each token's sequence and position; sizes the score rows. */

@@ -25,18 +25,17 @@
 #include "config.h"
 #include "cpu_ops.h"
 #include "cpu_pool.h"
+#include "cpu_q8.h"
 #include "model.h"
 #include "quant.h"
+#include "quant_blocks.h"
 #include "util.h"
 
-#include <math.h>
-#include <string.h>
+#include "cpu_simd.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#include <immintrin.h>
-#define HAVE_X86 1
-#endif
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #ifdef __clang__
 #pragma STDC FP_CONTRACT OFF
@@ -88,39 +87,11 @@ mm_chunk_portable(const float *a, int64_t lda, int nr, const float *x, int64_t l
 }
 
 #ifdef HAVE_X86
-#define AVX2 __attribute__((target("avx2,fma")))
-#define AVX2_INLINE __attribute__((target("avx2,fma"), always_inline)) static inline
-#define F16C __attribute__((target("avx2,fma,f16c")))
-#define F16C_INLINE __attribute__((target("avx2,fma,f16c"), always_inline)) static inline
 
 /* Bounds on the rows and tokens of a register tile (4 x 1 and 2 x 3 are used). */
 #define TILE_R 4
 #define TILE_T 3
 
-/* The blocks read here, as quant.c and ggml lay them out. */
-struct blk_q4_0 { uint16_t d; uint8_t qs[16]; };
-struct blk_q5_0 { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; };
-struct blk_q8_0 { uint16_t d; int8_t qs[32]; };
-struct blk_q4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; };
-struct blk_q5_K {
-	uint16_t d, dmin;
-	uint8_t scales[12];
-	uint8_t qh[QK_K / 8];
-	uint8_t qs[QK_K / 2];
-};
-struct blk_q6_K {
-	uint8_t ql[QK_K / 2];
-	uint8_t qh[QK_K / 4];
-	int8_t scales[QK_K / 16];
-	uint16_t d;
-};
-
-_Static_assert(sizeof(struct blk_q4_0) == 18, "q4_0 layout");
-_Static_assert(sizeof(struct blk_q5_0) == 22, "q5_0 layout");
-_Static_assert(sizeof(struct blk_q8_0) == 34, "q8_0 layout");
-_Static_assert(sizeof(struct blk_q4_K) == 144, "q4_K layout");
-_Static_assert(sizeof(struct blk_q5_K) == 176, "q5_K layout");
-_Static_assert(sizeof(struct blk_q6_K) == 210, "q6_K layout");
 
 static float dot_avx2(const float *, const float *, int64_t);
 static void mm_chunk_avx2(const float *, int64_t, int, const float *, int64_t, int,
@@ -144,18 +115,13 @@ static void dot1_q6_K_avx2(const uint8_t *, size_t, int64_t, const float *, int6
 AVX2_INLINE float
 dot_end_avx2(__m256 s0, __m256 s1, const float *a, const float *b, int64_t i, int64_t n)
 {
-	__m128 lo;
 	float tail = 0;
 
 	for (; i + 8 <= n; i += 8)
 		s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
 	for (; i < n; i++)
 		tail += a[i] * b[i];
-	s0 = _mm256_add_ps(s0, s1);
-	lo = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
-	lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-	lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-	return _mm_cvtss_f32(lo) + tail;
+	return hsum_avx2(_mm256_add_ps(s0, s1)) + tail;
 }
 
 /*
@@ -271,17 +237,6 @@ mm_chunk_avx2(const float *a, int64_t lda, int nr, const float *x, int64_t ldx, 
 
 /* ---- dequantizers: quant.c's arithmetic, eight floats at a time ---- */
 
-/*
- * A block scale by F16C. It equals fp16_to_fp32 except that a signalling
- * NaN comes out quiet, and quant.c multiplies every scale before use,
- * which quiets it the same way.
- */
-F16C_INLINE float
-scale_f16(uint16_t h)
-{
-	return _cvtsh_ss(h);
-}
-
 /* Eight signed bytes (the low half of v) as floats. */
 AVX2_INLINE __m256
 i8_ps(__m128i v)
@@ -329,15 +284,6 @@ lane(__m256 v, int j)
 	return _mm256_permutevar8x32_ps(v, _mm256_set1_epi32(j));
 }
 
-/* 16 bytes of nibbles as 32: the low nibbles, then the high ones. */
-AVX2_INLINE __m256i
-nibbles(const uint8_t *qs)
-{
-	__m128i v = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(0x0f);
-
-	return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
-}
-
 /*
  * The block decoders: block i of a row, each float what quant.c's
  * dequantizer computes for it, by the same float operations, to emit().
@@ -359,25 +305,14 @@ blk_q4_0(BLK_ARGS)
 	emit(v, y, x, 0, s0, s1, fma);
 }
 
-/* Q5_0: d * (float)(q - 16), bit 4 of element e being bit e of qh. */
+/* Q5_0: d * (float)(q - 16). */
 F16C_INLINE void
 blk_q5_0(BLK_ARGS)
 {
 	const struct blk_q5_0 *b = (const struct blk_q5_0 *)row + i;
-	/* byte e takes byte e/8 of qh, then tests bit e%8 */
-	const __m256i spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-	    0x0101010101010101, 0);
-	const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
 	__m256 d = _mm256_set1_ps(scale_f16(b->d)), v[4];
-	__m256i h;
-	uint32_t qh;
 
-	memcpy(&qh, b->qh, sizeof qh);
-	h = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread);
-	h = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
-	/* q - 16 is the nibble with bit 4 set, else the nibble - 16: its byte | 0xf0 */
-	h = _mm256_andnot_si256(h, _mm256_set1_epi8((char)0xf0));
-	i8x32_ps(_mm256_or_si256(nibbles(b->qs), h), v);
+	i8x32_ps(q5_0_levels(b), v);
 #pragma GCC unroll 4
 	for (int k = 0; k < 4; k++)
 		v[k] = _mm256_mul_ps(d, v[k]);
@@ -405,16 +340,11 @@ blk_q8_0(BLK_ARGS)
 F16C_INLINE void
 k4_scales(const uint8_t scales[12], uint16_t d, uint16_t dmin, __m256 *dl, __m256 *ml)
 {
-	uint32_t u[4], aux;
+	uint8_t u[16];
 	__m128i sm;
 
-	memcpy(u, scales, 12);
-	u[3] = ((u[2] >> 4) & 0x0f0f0f0f) | ((u[1] >> 6) & 0x03030303) << 4;
-	aux = u[1] & 0x3f3f3f3f;
-	u[1] = (u[2] & 0x0f0f0f0f) | ((u[0] >> 6) & 0x03030303) << 4;
-	u[2] = aux;
-	u[0] &= 0x3f3f3f3f;
-	sm = _mm_loadu_si128((const __m128i *)u); /* 8 scales, then 8 mins */
+	k4_unpack(scales, u);
+	sm = _mm_loadu_si128((const __m128i *)u);
 	*dl = _mm256_mul_ps(_mm256_set1_ps(scale_f16(d)),
 	    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sm)));
 	*ml = _mm256_mul_ps(_mm256_set1_ps(scale_f16(dmin)),
@@ -461,18 +391,13 @@ F16C_INLINE void
 blk_q5_K(BLK_ARGS)
 {
 	const struct blk_q5_K *b = (const struct blk_q5_K *)row + i;
-	const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-	__m256i q, h = _mm256_loadu_si256((const __m256i *)b->qh), lo, hi;
+	__m256i h = _mm256_loadu_si256((const __m256i *)b->qh), lo, hi;
 	__m256 dl, ml;
 
 	k4_scales(b->scales, b->d, b->dmin, &dl, &ml);
 #pragma GCC unroll 4
 	for (int k = 0; k < 4; k++) {
-		q = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * k));
-		lo = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * k), one), 4);
-		hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * k + 1), one), 4);
-		lo = _mm256_or_si256(_mm256_and_si256(q, m4), lo);
-		hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), hi);
+		q5_K_levels(b, h, k, &lo, &hi);
 		k4_emit(lo, dl, ml, 2 * k, y, x, s0, s1, fma);
 		k4_emit(hi, dl, ml, 2 * k + 1, y, x, s0, s1, fma);
 	}
@@ -486,7 +411,6 @@ F16C_INLINE void
 blk_q6_K(BLK_ARGS)
 {
 	const struct blk_q6_K *b = (const struct blk_q6_K *)row + i;
-	const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3);
 	__m128i sc = _mm_loadu_si128((const __m128i *)b->scales);
 	__m256 d = _mm256_set1_ps(scale_f16(b->d)), dl[2], d0, d1, v[4];
 	__m256i ql[2], qh, q;
@@ -500,9 +424,7 @@ blk_q6_K(BLK_ARGS)
 		qh = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
 #pragma GCC unroll 4
 		for (int s = 0; s < 4; s++) {
-			q = _mm256_and_si256(_mm256_srli_epi16(ql[s % 2], 4 * (s / 2)), m4);
-			q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(
-			    _mm256_srli_epi16(qh, 2 * s), m2), 4));
+			q = q6_K_levels(ql, qh, s);
 			i8x32_ps(_mm256_sub_epi8(q, _mm256_set1_epi8(32)), v);
 			d0 = lane(dl[h], 2 * s);
 			d1 = lane(dl[h], 2 * s + 1);
@@ -640,6 +562,131 @@ deq_bf16_avx2(const void *src, float *y, int64_t n)
 
 #endif
 
+/* One element of cpu_glu, by libm. */
+static float
+glu1(float a, float b, int gelu)
+{
+	const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+
+	if (gelu)
+		a = 0.5f * a * (1.0f + tanhf(k * (a + 0.044715f * a * a * a)));
+	else
+		a = a / (1.0f + expf(-a));
+	return a * b;
+}
+
+static void
+glu_portable(float *a, const float *b, int64_t n, int gelu)
+{
+	for (int64_t i = 0; i < n; i++)
+		a[i] = glu1(a[i], b[i], gelu);
+}
+
+static float
+exp_sum_portable(float *sc, int64_t n, float mx)
+{
+	float sum = 0;
+
+	for (int64_t i = 0; i < n; i++) {
+		sc[i] = expf(sc[i] - mx);
+		sum += sc[i];
+	}
+	return sum;
+}
+
+static void
+axpy_portable(float *y, float a, const float *x, int64_t n)
+{
+	for (int64_t i = 0; i < n; i++)
+		y[i] += a * x[i];
+}
+
+#ifdef HAVE_X86
+/*
+ * exp of 8 floats: 2^n times a degree-7 polynomial of the remainder (the
+ * Cephes expf), within 2 ulp of libm over the range; NaN stays NaN.
+ */
+AVX2_INLINE __m256
+exp_avx2(__m256 x)
+{
+	const __m256 c1 = _mm256_set1_ps(0.693359375f), c2 = _mm256_set1_ps(-2.12194440e-4f);
+	__m256 n, r, y;
+
+	x = _mm256_min_ps(_mm256_set1_ps(88.3762626647949f), _mm256_max_ps(_mm256_set1_ps(-87.3365447f), x));
+	n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+	    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	r = _mm256_fnmadd_ps(n, c2, _mm256_fnmadd_ps(n, c1, x));
+	y = _mm256_set1_ps(1.9875691500e-4f);
+	y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+	y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+	y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+	y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+	y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+	y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+	return _mm256_mul_ps(y, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(
+	    _mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23)));
+}
+
+/* SiLU(a) = a / (1 + e^-a); the tanh GELU is a / (1 + e^-2u), u its tanh argument. */
+AVX2 static void
+glu_avx2(float *a, const float *b, int64_t n, int gelu)
+{
+	const __m256 one = _mm256_set1_ps(1.0f), k = _mm256_set1_ps(-2 * 0.7978845608028654f);
+	const __m256 c = _mm256_set1_ps(0.044715f);
+	__m256 x, e;
+	int64_t i;
+
+	for (i = 0; i + 8 <= n; i += 8) {
+		x = _mm256_loadu_ps(a + i);
+		if (gelu) /* -2u = -2k (x + c x^3) */
+			e = _mm256_mul_ps(k, _mm256_fmadd_ps(_mm256_mul_ps(c, x), _mm256_mul_ps(x, x), x));
+		else
+			e = _mm256_sub_ps(_mm256_setzero_ps(), x);
+		x = _mm256_div_ps(x, _mm256_add_ps(one, exp_avx2(e)));
+		_mm256_storeu_ps(a + i, _mm256_mul_ps(x, _mm256_loadu_ps(b + i)));
+	}
+	for (; i < n; i++)
+		a[i] = glu1(a[i], b[i], gelu);
+}
+
+/* The sum is over 8 lanes, then across them: one fixed order for every n. */
+AVX2 static float
+exp_sum_avx2(float *sc, int64_t n, float mx)
+{
+	__m256 m = _mm256_set1_ps(mx), acc = _mm256_setzero_ps(), e;
+	float tail[8], sum;
+	int64_t i;
+
+	for (i = 0; i + 8 <= n; i += 8) {
+		e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(sc + i), m));
+		_mm256_storeu_ps(sc + i, e);
+		acc = _mm256_add_ps(acc, e);
+	}
+	sum = hsum_avx2(acc);
+	if (i < n) {
+		memcpy(tail, sc + i, (size_t)(n - i) * sizeof *tail);
+		_mm256_storeu_ps(tail, exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(tail), m)));
+		for (int64_t j = 0; i + j < n; j++) {
+			sc[i + j] = tail[j];
+			sum += tail[j];
+		}
+	}
+	return sum;
+}
+
+AVX2 static void
+axpy_avx2(float *y, float a, const float *x, int64_t n)
+{
+	__m256 av = _mm256_set1_ps(a);
+	int64_t i;
+
+	for (i = 0; i + 8 <= n; i += 8)
+		_mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+	for (; i < n; i++)
+		y[i] += a * x[i];
+}
+#endif
+
 static float (*dot_impl)(const float *, const float *, int64_t) = dot_portable;
 static void (*mm_chunk_impl)(const float *, int64_t, int, const float *, int64_t, int, float *,
     int64_t) = mm_chunk_portable;
@@ -647,6 +694,9 @@ static void (*mm_chunk_impl)(const float *, int64_t, int, const float *, int64_t
 static row_deq_fn deq_impl[TT_COUNT_];
 /* One-token products decoding the weights in registers, by type; or NULL. */
 static row_dot1_fn dot1_impl[TT_COUNT_];
+static void (*glu_impl)(float *, const float *, int64_t, int) = glu_portable;
+static float (*exp_sum_impl)(float *, int64_t, float) = exp_sum_portable;
+static void (*axpy_impl)(float *, float, const float *, int64_t) = axpy_portable;
 static const char *isa = "portable";
 
 #ifdef HAVE_X86
@@ -663,14 +713,28 @@ has_f16c(void)
 void
 cpu_ops_init(void)
 {
+	const char *want = getenv("RESIDENT_CPU_ISA");
+	int avx2 = 0;
+
+	dot_impl = dot_portable;
+	mm_chunk_impl = mm_chunk_portable;
+	glu_impl = glu_portable;
+	exp_sum_impl = exp_sum_portable;
+	axpy_impl = axpy_portable;
+	memset(deq_impl, 0, sizeof deq_impl);
+	memset(dot1_impl, 0, sizeof dot1_impl);
+	isa = "portable";
 #ifdef HAVE_X86
 	__builtin_cpu_init();
-	if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+	avx2 = (want == NULL || strcmp(want, "portable") != 0) && __builtin_cpu_supports("avx2") &&
+	    __builtin_cpu_supports("fma") && has_f16c();
+	if (avx2) {
 		dot_impl = dot_avx2;
 		mm_chunk_impl = mm_chunk_avx2;
+		glu_impl = glu_avx2;
+		exp_sum_impl = exp_sum_avx2;
+		axpy_impl = axpy_avx2;
 		isa = "avx2";
-	}
-	if (dot_impl == dot_avx2 && has_f16c()) {
 		deq_impl[TT_F16] = deq_f16_avx2;
 		deq_impl[TT_BF16] = deq_bf16_avx2;
 		deq_impl[TT_Q4_0] = deq_q4_0_avx2;
@@ -686,7 +750,10 @@ cpu_ops_init(void)
 		dot1_impl[TT_Q5_K] = dot1_q5_K_avx2;
 		dot1_impl[TT_Q6_K] = dot1_q6_K_avx2;
 	}
+#else
+	(void)want;
 #endif
+	cpu_q8_init(avx2);
 }
 
 const char *
@@ -722,7 +789,26 @@ struct mm_ctx {
 	float *scratch;
 	int64_t n_chunks, chunks_per_task;
 	row_dot1_fn dot1;	/* one token, decoded in registers; or NULL */
+	cpu_q8_mm_fn qmm;	/* the 8-bit path: integer products with xq; or NULL */
+	const uint8_t *xq;
+	size_t xq_bytes;	/* of one token's 8-bit row */
+	int64_t nb;		/* blocks of a weight row */
 };
+
+/*
+ * A task of the 8-bit path: rows [r, end) by every token. Several tokens
+ * go CPU_MM_ROWS rows at a time, which stay in L1 across the tokens.
+ */
+static void
+mm_q8_rows(const struct mm_ctx *c, int64_t r, int64_t end)
+{
+	const uint8_t *w = (const uint8_t *)c->w->data;
+	int64_t n = c->n_tok == 1 ? end - r : CPU_MM_ROWS;
+
+	for (; r < end; r += n)
+		c->qmm(w + (size_t)r * c->row_bytes, c->row_bytes, MIN(n, end - r), c->xq, c->xq_bytes,
+		    c->n_tok, c->nb, c->y + r, c->ldy);
+}
 
 /*
  * One task: chunks_per_task chunks of CPU_MM_ROWS output rows, every token.
@@ -740,6 +826,10 @@ mm_task(void *arg, int64_t task, int thread)
 	const float *rows;
 	float *scratch = c->scratch + (size_t)thread * CPU_MM_ROWS * (size_t)in;
 
+	if (c->qmm != NULL) {
+		mm_q8_rows(c, r, end);
+		return;
+	}
 	if (c->dot1 != NULL) {
 		c->dot1((const uint8_t *)c->w->data + (size_t)r * c->row_bytes, c->row_bytes,
 		    end - r, c->x, in, c->y + r);
@@ -758,15 +848,61 @@ mm_task(void *arg, int64_t task, int thread)
 	}
 }
 
-void
-cpu_matmul(struct cpu_pool *pool, const struct model_tensor *w, const float *x, int64_t ldx,
-    int n_tok, float *y, int64_t ldy, float *scratch)
+size_t
+cpu_act_bytes(int64_t n, int64_t n_tok)
 {
-	struct mm_ctx c = { w, 0, x, ldx, n_tok, y, ldy, scratch, 0, 1, NULL };
+	int64_t up = (n + QK_K - 1) / QK_K * QK_K; /* Q8_K takes more per element */
+
+	return MAX(cpu_q8_act_bytes(Q8_ACT_K, up), cpu_q8_act_bytes(Q8_ACT_32, up)) * (size_t)n_tok;
+}
+
+void
+cpu_act_init(struct cpu_act *a, const float *x, int64_t ld, int n_tok, int64_t n,
+    uint8_t *const *q8)
+{
+	*a = (struct cpu_act){ x, ld, n, n_tok, q8, { 0, 0 } };
+}
+
+/*
+ * Points c at the input's 8-bit copy for c's weight, making it if need be,
+ * when the weight has an integer kernel. Activations that are not finite
+ * stay on the float path, which carries them as the reference does.
+ */
+static void
+use_q8(struct mm_ctx *c, struct cpu_act *a)
+{
+	int at = cpu_q8_act_type(c->w->type), k = at == Q8_ACT_K;
+	cpu_q8_mm_fn mm = cpu_q8_mm(c->w->type);
+	int t;
+
+	if (a->q8 == NULL || at == Q8_ACT_NONE || mm == NULL)
+		return;
+	c->xq_bytes = cpu_q8_act_bytes(at, a->n);
+	if (!a->made[k]) {
+		for (t = 0; t < a->n_tok; t++)
+			if (cpu_q8_quantize(at, a->x + t * a->ld, a->n, a->q8[k] + (size_t)t * c->xq_bytes) != 0)
+				break;
+		a->made[k] = t == a->n_tok ? 1 : -1;
+	}
+	if (a->made[k] < 0)
+		return;
+	c->qmm = mm;
+	c->xq = a->q8[k];
+	c->nb = a->n / quant_traits(c->w->type)->block_elems;
+}
+
+void
+cpu_matmul(struct cpu_pool *pool, const struct model_tensor *w, struct cpu_act *x, float *y,
+    int64_t ldy, float *scratch)
+{
+	struct mm_ctx c = { .w = w, .x = x->x, .ldx = x->ld, .n_tok = x->n_tok, .y = y, .ldy = ldy,
+	    .scratch = scratch, .chunks_per_task = 1 };
+	int n_tok = x->n_tok;
 	int64_t chunk_work = CPU_MM_ROWS * w->ne[0] * (int64_t)MAX(n_tok, 1), most;
 
 	quant_row_bytes(w->type, w->ne[0], &c.row_bytes);
-	if (n_tok == 1 && w->type < TT_COUNT_)
+	use_q8(&c, x);
+	if (c.qmm == NULL && n_tok == 1 && w->type < TT_COUNT_)
 		c.dot1 = dot1_impl[w->type];
 	/* the grouping only decides which thread computes which rows */
 	c.n_chunks = (w->ne[1] + CPU_MM_ROWS - 1) / CPU_MM_ROWS;
@@ -795,9 +931,9 @@ cpu_rmsnorm(const float *x, const float *w, float w_offset, float eps, int64_t n
 }
 
 void
-cpu_rope(float *x, int d, float pos, float theta, int neox)
+cpu_rope(float *x, int n_heads, int d, float pos, float theta, int neox)
 {
-	int half = d / 2, i, a, b;
+	int half = d / 2, i, h, a, b;
 	float ang, c, s, x0, x1;
 
 	for (i = 0; i < half; i++) {
@@ -807,28 +943,31 @@ cpu_rope(float *x, int d, float pos, float theta, int neox)
 		s = sinf(ang);
 		a = neox ? i : 2 * i;
 		b = neox ? i + half : 2 * i + 1;
-		x0 = x[a];
-		x1 = x[b];
-		x[a] = x0 * c - x1 * s;
-		x[b] = x0 * s + x1 * c;
+		for (h = 0; h < n_heads; h++, a += d, b += d) {
+			x0 = x[a];
+			x1 = x[b];
+			x[a] = x0 * c - x1 * s;
+			x[b] = x0 * s + x1 * c;
+		}
 	}
 }
 
 void
 cpu_glu(float *a, const float *b, int64_t n, int gelu)
 {
-	const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
-	int64_t i;
-	float v;
+	glu_impl(a, b, n, gelu);
+}
 
-	for (i = 0; i < n; i++) {
-		v = a[i];
-		if (gelu)
-			v = 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
-		else
-			v = v / (1.0f + expf(-v));
-		a[i] = v * b[i];
-	}
+float
+cpu_exp_sum(float *sc, int64_t n, float mx)
+{
+	return exp_sum_impl(sc, n, mx);
+}
+
+void
+cpu_axpy(float *y, float a, const float *x, int64_t n)
+{
+	axpy_impl(y, a, x, n);
 }
 
 void

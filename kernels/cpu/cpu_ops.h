@@ -1,7 +1,8 @@
-/* cpu_ops.h: the CPU backend's numeric kernels, float32 throughout. */
+/* cpu_ops.h: the CPU backend's numeric kernels: float32, and 8-bit activations for products. */
 #ifndef RESIDENT_CPU_OPS_H
 #define RESIDENT_CPU_OPS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct cpu_pool;
@@ -10,7 +11,10 @@ struct model_tensor;
 /* Rows of a weight dequantized at a time by one task. */
 #define CPU_MM_ROWS 16
 
-/* Picks the SIMD variants this processor runs (AVX2/FMA or portable C). */
+/*
+ * Picks the SIMD variants this processor runs (AVX2/FMA or portable C);
+ * RESIDENT_CPU_ISA=portable in the environment forces portable C.
+ */
 void cpu_ops_init(void);
 /* "avx2" or "portable". */
 const char *cpu_ops_isa(void);
@@ -19,14 +23,38 @@ const char *cpu_ops_isa(void);
 float cpu_dot(const float *a, const float *b, int64_t n);
 
 /*
- * y[t * ldy + o] = sum_i W[o][i] * x[t * ldx + i] for t < n_tok and every
- * output row o of the weight (ne[1] rows of ne[0]); scratch holds
- * n_threads * CPU_MM_ROWS * ne[0] floats. Each y element has the bits of
- * cpu_dot over the dequantized row (quant_dequantize), whatever kernel
- * computed it, so it does not depend on n_tok.
+ * The input of products: n_tok rows of n floats, ld apart. With q8 set
+ * (fast mode), a product with a weight that has an integer kernel
+ * (cpu_q8.h) takes the rows quantized to 8 bits, made on first use, once
+ * for each 8-bit type: q8[0] holds the Q8_0 copy, q8[1] the Q8_K one,
+ * cpu_act_bytes each. With q8 NULL every product is float (exact mode).
  */
-void cpu_matmul(struct cpu_pool *pool, const struct model_tensor *w, const float *x, int64_t ldx,
-    int n_tok, float *y, int64_t ldy, float *scratch);
+struct cpu_act {
+	const float *x;
+	int64_t ld, n;
+	int n_tok;
+	uint8_t *const *q8;
+	int made[2];
+};
+
+/* Bytes of one 8-bit copy of n_tok rows of n floats, either type. */
+size_t cpu_act_bytes(int64_t n, int64_t n_tok);
+
+/* An input over x (see struct cpu_act); q8 NULL for the float path. */
+void cpu_act_init(struct cpu_act *a, const float *x, int64_t ld, int n_tok, int64_t n,
+    uint8_t *const *q8);
+
+/*
+ * y[t * ldy + o] = sum_i W[o][i] * x[t * ld + i] for the n_tok tokens of
+ * the input and every output row o of the weight (ne[1] rows of ne[0] =
+ * the input's n); scratch holds n_threads * CPU_MM_ROWS * ne[0] floats.
+ * On the float path each y element has the bits of cpu_dot over the
+ * dequantized row (quant_dequantize), whatever kernel computed it; on the
+ * 8-bit path, those of the row's integer dot product with the token's
+ * 8-bit copy. Either way it does not depend on n_tok.
+ */
+void cpu_matmul(struct cpu_pool *pool, const struct model_tensor *w, struct cpu_act *x, float *y,
+    int64_t ldy, float *scratch);
 
 /* Dequantizes row r of a weight (an embedding lookup). */
 void cpu_get_row(const struct model_tensor *w, int64_t r, float *out);
@@ -34,11 +62,17 @@ void cpu_get_row(const struct model_tensor *w, int64_t r, float *out);
 /* out = x / rms(x) * (w + w_offset), n elements; out may be x. */
 void cpu_rmsnorm(const float *x, const float *w, float w_offset, float eps, int64_t n, float *out);
 
-/* Rotates one head of dimension d at position pos (scaled) with base theta. */
-void cpu_rope(float *x, int d, float pos, float theta, int neox);
+/* Rotates n_heads heads of dimension d (one after the other) at position pos with base theta. */
+void cpu_rope(float *x, int n_heads, int d, float pos, float theta, int neox);
 
 /* a[i] = silu(a[i]) * b[i], or gelu_tanh(a[i]) * b[i]. */
 void cpu_glu(float *a, const float *b, int64_t n, int gelu);
+
+/* sc[i] = exp(sc[i] - mx) for i < n; returns their sum, added in one fixed order. */
+float cpu_exp_sum(float *sc, int64_t n, float mx);
+
+/* y[i] += a * x[i] */
+void cpu_axpy(float *y, float a, const float *x, int64_t n);
 
 /* a[i] += b[i] */
 void cpu_add(float *a, const float *b, int64_t n);

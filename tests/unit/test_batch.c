@@ -4,7 +4,9 @@
  * A sequence's logits must not depend on what else shares its steps: the
  * same whether its prompt is prefilled in one chunk or in chunks of 7, and
  * whether it decodes alone or beside 15 other sequences (some prefilling,
- * some decoding). Models are generated into a temporary directory.
+ * some decoding). Models are generated into a temporary directory. Both
+ * CPU modes: the default one (quantized weights meet 8-bit activations)
+ * and the exact one (float activations).
  */
 #include "config.h"
 #include "genmodel.h"
@@ -39,12 +41,12 @@ struct fixture {
 
 /* Generates SHAPE as GGUF q8_0 and loads it on the CPU backend. */
 static int
-setup_shape(void **state, const char *shape, const char *type)
+setup_shape(void **state, const char *shape, const char *type, int exact)
 {
 	struct fixture *f = xcalloc(1, sizeof *f);
 	struct genmodel_opts o = { .shape = shape, .format = "gguf", .type = type, .seed = 3, .threads = 2 };
 	struct backend_opts bo = { .n_threads = 2, .kv_blocks = (OTHERS + 1) * MAX_BLOCKS,
-		.max_tokens = 256, .max_seqs = OTHERS + 1 };
+		.max_tokens = 256, .max_seqs = OTHERS + 1, .exact = exact };
 	char err[ERR_LEN];
 
 	snprintf(f->dir, sizeof f->dir, "/tmp/test_batch_XXXXXX");
@@ -59,10 +61,13 @@ setup_shape(void **state, const char *shape, const char *type)
 	return 0;
 }
 
-static int setup_llama(void **s) { return setup_shape(s, "tiny", "q8_0"); }
-static int setup_qwen2(void **s) { return setup_shape(s, "tiny-qwen2", "f16"); }
-static int setup_qwen3(void **s) { return setup_shape(s, "tiny-qwen3", "q4_k_m"); }
-static int setup_gemma3(void **s) { return setup_shape(s, "tiny-gemma3", "q4_k_m"); }
+/* The default mode (8-bit activations for quantized weights), and --exact. */
+static int setup_llama(void **s) { return setup_shape(s, "tiny", "q8_0", 0); }
+static int setup_qwen2(void **s) { return setup_shape(s, "tiny-qwen2", "f16", 0); }
+static int setup_qwen3(void **s) { return setup_shape(s, "tiny-qwen3", "q4_k_m", 0); }
+static int setup_gemma3(void **s) { return setup_shape(s, "tiny-gemma3", "q4_k_m", 0); }
+static int setup_llama_exact(void **s) { return setup_shape(s, "tiny", "q8_0", 1); }
+static int setup_gemma3_exact(void **s) { return setup_shape(s, "tiny-gemma3", "q4_k_m", 1); }
 
 static int
 teardown(void **state)
@@ -213,6 +218,10 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_qwen3, teardown),
 		cmocka_unit_test_setup_teardown(test_chunked_prefill, setup_gemma3, teardown),
 		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_gemma3, teardown),
+		cmocka_unit_test_setup_teardown(test_chunked_prefill, setup_llama_exact, teardown),
+		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_llama_exact, teardown),
+		cmocka_unit_test_setup_teardown(test_chunked_prefill, setup_gemma3_exact, teardown),
+		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_gemma3_exact, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -70,7 +70,7 @@ static struct backend_opts
 opts(void)
 {
 	struct backend_opts bo = { .n_threads = 0, .kv_blocks = (SEQS + 1) * MAX_BLOCKS,
-		.max_tokens = MAX_STEP, .max_seqs = SEQS + 1, .device = 0 };
+		.max_tokens = MAX_STEP, .max_seqs = SEQS + 1, .device = 0, .exact = 1 };
 
 	return bo;
 }

@@ -1,0 +1,545 @@
+/*
+ * cuda_probe.cu: the CUDA backend's kernels one at a time, on host data
+ * (cuda_probe.h says what each call does). For tests only: each call
+ * allocates its device buffers, runs one host entry point of matmul.cuh,
+ * norm.cuh or attention.cuh exactly as cuda_backend.cu calls it, and frees
+ * them again. The fp16 scratch of the tensor-core path outlives a call, so
+ * that a second product can reuse the first one's fp16 activations.
+ */
+#include "attention.cuh"
+#include "cuda_common.cuh"
+#include "dequant.cuh"
+#include "matmul.cuh"
+#include "norm.cuh"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "cuda_probe.h"
+}
+
+/* Bytes of 0xff kept after every buffer a kernel writes; any other value there is a stray write. */
+#define GUARD 256
+/* Device buffers one call may hold. */
+#define MAX_BUFS 16
+
+/* A device buffer of `bytes` followed by GUARD bytes of 0xff. */
+struct dbuf {
+	void *d;
+	size_t bytes, cap;
+};
+
+/* The device buffers of one call, freed together at its end. */
+struct bufs {
+	struct dbuf b[MAX_BUFS];
+	int written[MAX_BUFS]; /* the kernel writes it: its guard is checked */
+	int n;
+};
+
+struct cuda_probe {
+	cudaStream_t stream;
+	struct cuda_mm mm;
+	struct dbuf xh, xscale, wh;  /* the tensor-core path's scratch, behind mm's pointers */
+	int x_valid;                 /* xh holds the fp16 copy of an x of x_k x x_tok */
+	int64_t x_k;
+	int x_tok;
+};
+
+/* Fills the buffer and its guard with 0xff, on the probe's stream. */
+static int
+poison(struct cuda_probe *p, struct dbuf *b, char *err)
+{
+	CK(cudaMemsetAsync(b->d, 0xff, b->cap + GUARD, p->stream));
+	return 0;
+}
+
+/* Makes b at least `bytes` long (contents lost when it grows), poisoned if it grew. */
+static int
+dbuf_reserve(struct cuda_probe *p, struct dbuf *b, size_t bytes, char *err)
+{
+	b->bytes = bytes;
+	if (b->d != NULL && bytes <= b->cap)
+		return 0;
+	CK(cudaStreamSynchronize(p->stream));
+	CK(cudaFree(b->d));
+	b->d = NULL;
+	b->cap = 0;
+	CK(cudaMalloc(&b->d, bytes + GUARD));
+	b->cap = bytes;
+	return poison(p, b, err);
+}
+
+/* 0 if the GUARD bytes after b's contents are all still 0xff. */
+static int
+guard_check(struct cuda_probe *p, const struct dbuf *b, const char *what, char *err)
+{
+	uint8_t g[GUARD];
+
+	CK(cudaMemcpyAsync(g, (const uint8_t *)b->d + b->bytes, GUARD, cudaMemcpyDeviceToHost, p->stream));
+	CK(cudaStreamSynchronize(p->stream));
+	for (int i = 0; i < GUARD; i++)
+		if (g[i] != 0xff)
+			return err_set(err, ERR_DEVICE, "%s: byte %d past the end of a buffer of %zu was written",
+			    what, i, b->bytes);
+	return 0;
+}
+
+/*
+ * A new device buffer of `bytes`, poisoned, then holding host's bytes if
+ * host is not NULL; written: the kernel may write it (its guard is checked
+ * by finish).
+ */
+static int
+buf_new(struct cuda_probe *p, struct bufs *bs, const void *host, size_t bytes, int written, void **out,
+    char *err)
+{
+	struct dbuf *b;
+	int rc;
+
+	if (bs->n == MAX_BUFS)
+		return err_set(err, ERR_INVAL, "cuda_probe: more than %d buffers", MAX_BUFS);
+	b = &bs->b[bs->n];
+	bs->written[bs->n++] = written;
+	if ((rc = dbuf_reserve(p, b, bytes, err)) != 0)
+		return rc;
+	if (host != NULL && bytes > 0)
+		CK(cudaMemcpyAsync(b->d, host, bytes, cudaMemcpyHostToDevice, p->stream));
+	*out = b->d;
+	return 0;
+}
+
+/* As buf_new, but NULL stays NULL. */
+static int
+buf_opt(struct cuda_probe *p, struct bufs *bs, const void *host, size_t bytes, void **out, char *err)
+{
+	*out = NULL;
+	return host == NULL ? 0 : buf_new(p, bs, host, bytes, 0, out, err);
+}
+
+static void
+bufs_free(struct bufs *bs)
+{
+	for (int i = 0; i < bs->n; i++)
+		cudaFree(bs->b[i].d);
+	bs->n = 0;
+}
+
+/* Waits for the kernels, then checks the guard of every buffer they may write. */
+static int
+finish(struct cuda_probe *p, const struct bufs *bs, const char *what, char *err)
+{
+	int rc;
+
+	CK(cudaStreamSynchronize(p->stream));
+	for (int i = 0; i < bs->n; i++)
+		if (bs->written[i] && (rc = guard_check(p, &bs->b[i], what, err)) != 0)
+			return rc;
+	return 0;
+}
+
+/* Copies a device buffer back to the host. */
+static int
+fetch(struct cuda_probe *p, void *host, const void *dev, size_t bytes, char *err)
+{
+	CK(cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, p->stream));
+	CK(cudaStreamSynchronize(p->stream));
+	return 0;
+}
+
+extern "C" int
+cuda_probe_open(struct cuda_probe **out, char *err)
+{
+	struct cuda_probe *p;
+	cublasStatus_t s;
+	int n = 0;
+
+	if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+		cudaGetLastError();
+		return err_set(err, ERR_DEVICE, "no CUDA device");
+	}
+	CK(cudaSetDevice(0));
+	p = (struct cuda_probe *)xcalloc(1, sizeof *p);
+	if (cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking) != cudaSuccess) {
+		free(p);
+		return err_set(err, ERR_DEVICE, "cudaStreamCreate failed");
+	}
+	if ((s = cublasCreate(&p->mm.blas)) != CUBLAS_STATUS_SUCCESS ||
+	    (s = cublasSetStream(p->mm.blas, p->stream)) != CUBLAS_STATUS_SUCCESS) {
+		cuda_probe_close(p);
+		return err_set(err, ERR_DEVICE, "cuBLAS setup: %s", cublasGetStatusString(s));
+	}
+	p->mm.stream = p->stream;
+	*out = p;
+	return 0;
+}
+
+extern "C" void
+cuda_probe_close(struct cuda_probe *p)
+{
+	if (p == NULL)
+		return;
+	cudaStreamSynchronize(p->stream);
+	if (p->mm.blas != NULL)
+		cublasDestroy(p->mm.blas);
+	cudaFree(p->xh.d), cudaFree(p->xscale.d), cudaFree(p->wh.d);
+	cudaStreamDestroy(p->stream);
+	free(p);
+}
+
+/* The weight's device form (data at d), or ERR_UNSUPPORTED for what the backend refuses. */
+static int
+weight_of(const struct cuda_probe_weight *w, struct cuda_weight *cw, char *err)
+{
+	*cw = (struct cuda_weight){ NULL, w->type, w->k, w->n, 0 };
+	if (!cuda_type_supported(w->type) || w->k % 8 != 0 || w->n < 1 ||
+	    quant_row_bytes(w->type, w->k, &cw->row_bytes) != 0)
+		return err_set(err, ERR_UNSUPPORTED, "cuda_probe: no kernel for %lld x %lld of type %u",
+		    (long long)w->n, (long long)w->k, w->type);
+	return 0;
+}
+
+/*
+ * The tensor-core path's scratch for n_tok x k activations and a weight
+ * tile of tile_elems, as cuda_backend.cu sizes it; poisoned, except the
+ * fp16 activations a reusing call reads.
+ */
+static int
+mm_scratch(struct cuda_probe *p, int64_t k, int n_tok, int64_t tile_elems, int reuse_x, char *err)
+{
+	int rc;
+
+	if (reuse_x && (!p->x_valid || p->x_k != k || p->x_tok != n_tok))
+		return err_set(err, ERR_INVAL, "cuda_probe: reuse_x without a previous cuBLAS product of "
+		    "%d x %lld", n_tok, (long long)k);
+	if ((rc = dbuf_reserve(p, &p->xh, (size_t)n_tok * (size_t)k * sizeof(__half), err)) != 0 ||
+	    (rc = dbuf_reserve(p, &p->xscale, (size_t)n_tok * sizeof(float), err)) != 0 ||
+	    (rc = dbuf_reserve(p, &p->wh, (size_t)MAX(tile_elems, 1) * sizeof(__half), err)) != 0 ||
+	    (rc = poison(p, &p->wh, err)) != 0)
+		return rc;
+	if (!reuse_x && ((rc = poison(p, &p->xh, err)) != 0 || (rc = poison(p, &p->xscale, err)) != 0))
+		return rc;
+	p->mm.xh = (__half *)p->xh.d;
+	p->mm.xscale = (float *)p->xscale.d;
+	p->mm.wh = (__half *)p->wh.d;
+	p->mm.wh_elems = MAX(tile_elems, 1);
+	return 0;
+}
+
+static int
+matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w, const float *x,
+    int n_tok, enum cuda_probe_path path, int64_t tile_rows, int reuse_x, float *y, char *err)
+{
+	struct cuda_weight cw;
+	void *dw, *dx, *dy;
+	size_t ybytes = (size_t)n_tok * (size_t)w->n * sizeof(float);
+	int rc;
+
+	if ((rc = weight_of(w, &cw, err)) != 0)
+		return rc;
+	if (n_tok < 1)
+		return err_set(err, ERR_INVAL, "cuda_probe: %d tokens", n_tok);
+	if ((rc = buf_new(p, bs, w->data, cw.row_bytes * (size_t)w->n, 0, &dw, err)) != 0 ||
+	    (rc = buf_new(p, bs, x, (size_t)n_tok * (size_t)w->k * sizeof(float), 0, &dx, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, ybytes, 1, &dy, err)) != 0)
+		return rc;
+	cw.d = (const uint8_t *)dw;
+	if ((rc = mm_scratch(p, w->k, n_tok, tile_rows > 0 ? tile_rows * w->k : cuda_matmul_tile_elems(&cw),
+	    reuse_x, err)) != 0)
+		return rc;
+	p->x_valid = 0;
+	p->mm.mmv_max = path == CUDA_PROBE_MATVEC ? INT_MAX : 0;
+	if ((rc = cuda_matmul(&p->mm, &cw, (const float *)dx, (int)w->k, n_tok, (float *)dy, (int)w->n,
+	    reuse_x, err)) != 0 || (rc = finish(p, bs, "cuda_matmul", err)) != 0 ||
+	    (rc = guard_check(p, &p->xh, "cuda_matmul fp16 activations", err)) != 0 ||
+	    (rc = guard_check(p, &p->xscale, "cuda_matmul row scales", err)) != 0 ||
+	    (rc = guard_check(p, &p->wh, "cuda_matmul weight tile", err)) != 0)
+		return rc;
+	if (path == CUDA_PROBE_CUBLAS) {
+		p->x_valid = 1;
+		p->x_k = w->k;
+		p->x_tok = n_tok;
+	}
+	return fetch(p, y, dy, ybytes, err);
+}
+
+extern "C" int
+cuda_probe_matmul(struct cuda_probe *p, const struct cuda_probe_weight *w, const float *x, int n_tok,
+    enum cuda_probe_path path, int64_t tile_rows, int reuse_x, float *y, char *err)
+{
+	struct bufs bs = {};
+	int rc = matmul_run(p, &bs, w, x, n_tok, path, tile_rows, reuse_x, y, err);
+
+	bufs_free(&bs);
+	return rc;
+}
+
+static int
+embed_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w, const int32_t *tokens,
+    int n_tok, float scale, float *out, char *err)
+{
+	struct cuda_weight cw;
+	void *dw, *dt, *dout;
+	size_t obytes = (size_t)n_tok * (size_t)w->k * sizeof(float);
+	int rc;
+
+	if ((rc = weight_of(w, &cw, err)) != 0)
+		return rc;
+	for (int t = 0; t < n_tok; t++)
+		if (tokens[t] < 0 || tokens[t] >= w->n)
+			return err_set(err, ERR_INVAL, "cuda_probe: token %d of %lld rows", tokens[t],
+			    (long long)w->n);
+	if ((rc = buf_new(p, bs, w->data, cw.row_bytes * (size_t)w->n, 0, &dw, err)) != 0 ||
+	    (rc = buf_new(p, bs, tokens, (size_t)n_tok * sizeof(int32_t), 0, &dt, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, obytes, 1, &dout, err)) != 0)
+		return rc;
+	cw.d = (const uint8_t *)dw;
+	if ((rc = cuda_embed(&cw, (const int32_t *)dt, n_tok, scale, (float *)dout, p->stream, err)) != 0 ||
+	    (rc = finish(p, bs, "cuda_embed", err)) != 0)
+		return rc;
+	return fetch(p, out, dout, obytes, err);
+}
+
+extern "C" int
+cuda_probe_embed(struct cuda_probe *p, const struct cuda_probe_weight *w, const int32_t *tokens, int n_tok,
+    float scale, float *out, char *err)
+{
+	struct bufs bs = {};
+	int rc = embed_run(p, &bs, w, tokens, n_tok, scale, out, err);
+
+	bufs_free(&bs);
+	return rc;
+}
+
+static int
+residual_norm_run(struct cuda_probe *p, struct bufs *bs, float *x, const float *r, const float *post,
+    const float *w, float *h, int n_rows, int n, struct cuda_norm nm, char *err)
+{
+	size_t rows = (size_t)n_rows * (size_t)n * sizeof(float), row = (size_t)n * sizeof(float);
+	void *dx, *dr, *dpost, *dw, *dh = NULL;
+	int rc;
+
+	if ((rc = buf_new(p, bs, x, rows, 1, &dx, err)) != 0 ||
+	    (rc = buf_opt(p, bs, r, rows, &dr, err)) != 0 ||
+	    (rc = buf_opt(p, bs, post, row, &dpost, err)) != 0 ||
+	    (rc = buf_opt(p, bs, w, row, &dw, err)) != 0 ||
+	    (w != NULL && (rc = buf_new(p, bs, NULL, rows, 1, &dh, err)) != 0))
+		return rc;
+	if ((rc = cuda_residual_norm((float *)dx, (const float *)dr, (const float *)dpost, (const float *)dw,
+	    (float *)dh, n_rows, n, nm, p->stream, err)) != 0 ||
+	    (rc = finish(p, bs, "cuda_residual_norm", err)) != 0 || (rc = fetch(p, x, dx, rows, err)) != 0)
+		return rc;
+	return w != NULL ? fetch(p, h, dh, rows, err) : 0;
+}
+
+extern "C" int
+cuda_probe_residual_norm(struct cuda_probe *p, float *x, const float *r, const float *post, const float *w,
+    float *h, int n_rows, int n, float offset, float eps, char *err)
+{
+	struct bufs bs = {};
+	struct cuda_norm nm = { offset, eps };
+	int rc = residual_norm_run(p, &bs, x, r, post, w, h, n_rows, n, nm, err);
+
+	bufs_free(&bs);
+	return rc;
+}
+
+static int
+norm_rows_run(struct cuda_probe *p, struct bufs *bs, const float *x, int n_x, const int32_t *rows,
+    int n_rows, int n, const float *w, struct cuda_norm nm, float *h, char *err)
+{
+	size_t hbytes = (size_t)n_rows * (size_t)n * sizeof(float);
+	void *dx, *drows, *dw, *dh;
+	int rc;
+
+	for (int i = 0; i < n_rows; i++)
+		if (rows[i] < 0 || rows[i] >= n_x)
+			return err_set(err, ERR_INVAL, "cuda_probe: row %d of %d", rows[i], n_x);
+	if ((rc = buf_new(p, bs, x, (size_t)n_x * (size_t)n * sizeof(float), 0, &dx, err)) != 0 ||
+	    (rc = buf_new(p, bs, rows, (size_t)n_rows * sizeof(int32_t), 0, &drows, err)) != 0 ||
+	    (rc = buf_new(p, bs, w, (size_t)n * sizeof(float), 0, &dw, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, hbytes, 1, &dh, err)) != 0)
+		return rc;
+	if ((rc = cuda_norm_rows((const float *)dx, (const int32_t *)drows, (const float *)dw, (float *)dh,
+	    n_rows, n, nm, p->stream, err)) != 0 || (rc = finish(p, bs, "cuda_norm_rows", err)) != 0)
+		return rc;
+	return fetch(p, h, dh, hbytes, err);
+}
+
+extern "C" int
+cuda_probe_norm_rows(struct cuda_probe *p, const float *x, int n_x, const int32_t *rows, int n_rows, int n,
+    const float *w, float offset, float eps, float *h, char *err)
+{
+	struct bufs bs = {};
+	struct cuda_norm nm = { offset, eps };
+	int rc = norm_rows_run(p, &bs, x, n_x, rows, n_rows, n, w, nm, h, err);
+
+	bufs_free(&bs);
+	return rc;
+}
+
+static int
+glu_run(struct cuda_probe *p, struct bufs *bs, float *a, const float *b, int64_t n, int gelu, char *err)
+{
+	size_t bytes = (size_t)n * sizeof(float);
+	void *da, *db;
+	int rc;
+
+	if ((rc = buf_new(p, bs, a, bytes, 1, &da, err)) != 0 ||
+	    (rc = buf_new(p, bs, b, bytes, 0, &db, err)) != 0 ||
+	    (rc = cuda_glu((float *)da, (const float *)db, n, gelu, p->stream, err)) != 0 ||
+	    (rc = finish(p, bs, "cuda_glu", err)) != 0)
+		return rc;
+	return fetch(p, a, da, bytes, err);
+}
+
+extern "C" int
+cuda_probe_glu(struct cuda_probe *p, float *a, const float *b, int64_t n, int gelu, char *err)
+{
+	struct bufs bs = {};
+	int rc = glu_run(p, &bs, a, b, n, gelu, err);
+
+	bufs_free(&bs);
+	return rc;
+}
+
+/* Elements of the whole pool. */
+static size_t
+pool_elems(const struct cuda_probe_heads *hd, const struct cuda_probe_kv *kv)
+{
+	return (size_t)kv->n_blocks * (size_t)kv->n_layer * 2 * KV_BLOCK_TOKENS * (size_t)hd->n_head_kv *
+	    (size_t)hd->head_dim;
+}
+
+/* Refuses heads and token placements that would send a kernel outside its buffers. */
+static int
+check_heads(const struct cuda_probe_heads *hd, const struct cuda_probe_kv *kv, int n_tok, char *err)
+{
+	if (hd->n_head_kv < 1 || hd->n_head % hd->n_head_kv != 0 || hd->head_dim % 2 != 0 ||
+	    hd->head_dim > 8 * WARP || kv->layer < 0 || kv->layer >= kv->n_layer || n_tok < 1)
+		return err_set(err, ERR_INVAL, "cuda_probe: %d heads over %d, head_dim %d, layer %d of %d, "
+		    "%d tokens", hd->n_head, hd->n_head_kv, hd->head_dim, kv->layer, kv->n_layer, n_tok);
+	for (int t = 0; t < n_tok; t++) {
+		int64_t e = (int64_t)kv->tok_tab[t] + kv->tok_pos[t] / KV_BLOCK_TOKENS;
+
+		if (kv->tok_pos[t] < 0 || kv->tok_tab[t] < 0 || e >= kv->n_tables)
+			return err_set(err, ERR_INVAL, "cuda_probe: token %d at position %d, table %d of %d",
+			    t, kv->tok_pos[t], kv->tok_tab[t], kv->n_tables);
+	}
+	for (int i = 0; i < kv->n_tables; i++)
+		if (kv->tables[i] < 0 || kv->tables[i] >= kv->n_blocks)
+			return err_set(err, ERR_INVAL, "cuda_probe: block %d of %d", kv->tables[i], kv->n_blocks);
+	return 0;
+}
+
+/*
+ * The device form of the heads and the KV placement: small weights, the
+ * RoPE table (as cuda_backend.cu's add_rope and cpu_rope compute it), the
+ * pool and the token tables, all copied to the GPU.
+ */
+static int
+heads_upload(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_heads *hd,
+    const struct cuda_probe_kv *kv, int n_tok, int pool_written, struct cuda_heads *ch, struct cuda_kv *ck,
+    char *err)
+{
+	size_t qb = (size_t)hd->n_head * (size_t)hd->head_dim * sizeof(float);
+	size_t kb = (size_t)hd->n_head_kv * (size_t)hd->head_dim * sizeof(float);
+	size_t db = (size_t)hd->head_dim * sizeof(float), ib = (size_t)n_tok * sizeof(int32_t);
+	float freq[4 * WARP];
+	void *d[10];
+	int rc;
+
+	for (int i = 0; i < hd->head_dim / 2; i++)
+		freq[i] = 1.0f / powf(hd->theta, (float)(2 * i) / (float)hd->head_dim);
+	if ((rc = buf_opt(p, bs, hd->bq, qb, &d[0], err)) != 0 ||
+	    (rc = buf_opt(p, bs, hd->bk, kb, &d[1], err)) != 0 ||
+	    (rc = buf_opt(p, bs, hd->bv, kb, &d[2], err)) != 0 ||
+	    (rc = buf_opt(p, bs, hd->q_norm, db, &d[3], err)) != 0 ||
+	    (rc = buf_opt(p, bs, hd->k_norm, db, &d[4], err)) != 0 ||
+	    (rc = buf_new(p, bs, freq, db / 2, 0, &d[5], err)) != 0 ||
+	    (rc = buf_new(p, bs, kv->pool, pool_elems(hd, kv) * sizeof(__half), pool_written, &d[6],
+	    err)) != 0 ||
+	    (rc = buf_new(p, bs, kv->tok_pos, ib, 0, &d[7], err)) != 0 ||
+	    (rc = buf_new(p, bs, kv->tok_tab, ib, 0, &d[8], err)) != 0 ||
+	    (rc = buf_new(p, bs, kv->tables, (size_t)kv->n_tables * sizeof(int32_t), 0, &d[9], err)) != 0)
+		return rc;
+	ch->n_head = hd->n_head, ch->n_head_kv = hd->n_head_kv, ch->head_dim = hd->head_dim;
+	ch->bq = (const float *)d[0], ch->bk = (const float *)d[1], ch->bv = (const float *)d[2];
+	ch->q_norm = (const float *)d[3], ch->k_norm = (const float *)d[4];
+	ch->nm.offset = hd->norm_offset, ch->nm.eps = hd->norm_eps;
+	ch->inv_freq = (const float *)d[5];
+	ch->pos_div = hd->pos_div, ch->neox = hd->neox, ch->scale = hd->scale, ch->window = hd->window;
+	ck->pool = (__half *)d[6];
+	ck->kv_stride = KV_BLOCK_TOKENS * (size_t)hd->n_head_kv * (size_t)hd->head_dim;
+	ck->n_layer = kv->n_layer, ck->layer = kv->layer;
+	ck->tok_pos = (const int32_t *)d[7], ck->tok_tab = (const int32_t *)d[8];
+	ck->tables = (const int32_t *)d[9];
+	return 0;
+}
+
+static int
+qk_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_heads *hd, struct cuda_probe_kv *kv,
+    float *q, const float *k, const float *v, int n_tok, char *err)
+{
+	size_t qb = (size_t)n_tok * (size_t)hd->n_head * (size_t)hd->head_dim * sizeof(float);
+	size_t kb = (size_t)n_tok * (size_t)hd->n_head_kv * (size_t)hd->head_dim * sizeof(float);
+	struct cuda_heads ch;
+	struct cuda_kv ck;
+	void *dq, *dk, *dv;
+	int rc;
+
+	if ((rc = check_heads(hd, kv, n_tok, err)) != 0 ||
+	    (rc = heads_upload(p, bs, hd, kv, n_tok, 1, &ch, &ck, err)) != 0 ||
+	    (rc = buf_new(p, bs, q, qb, 1, &dq, err)) != 0 ||
+	    (rc = buf_new(p, bs, k, kb, 1, &dk, err)) != 0 ||
+	    (rc = buf_new(p, bs, v, kb, 0, &dv, err)) != 0)
+		return rc;
+	if ((rc = cuda_qk((float *)dq, (float *)dk, (const float *)dv, n_tok, &ch, &ck, p->stream, err)) != 0 ||
+	    (rc = finish(p, bs, "cuda_qk", err)) != 0 || (rc = fetch(p, q, dq, qb, err)) != 0)
+		return rc;
+	return fetch(p, kv->pool, ck.pool, pool_elems(hd, kv) * sizeof(__half), err);
+}
+
+extern "C" int
+cuda_probe_qk(struct cuda_probe *p, const struct cuda_probe_heads *hd, struct cuda_probe_kv *kv, float *q,
+    const float *k, const float *v, int n_tok, char *err)
+{
+	struct bufs bs = {};
+	int rc = qk_run(p, &bs, hd, kv, q, k, v, n_tok, err);
+
+	bufs_free(&bs);
+	return rc;
+}
+
+static int
+attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_heads *hd,
+    const struct cuda_probe_kv *kv, const float *q, int n_tok, float *out, char *err)
+{
+	size_t qb = (size_t)n_tok * (size_t)hd->n_head * (size_t)hd->head_dim * sizeof(float);
+	struct cuda_heads ch;
+	struct cuda_kv ck;
+	void *dq, *dout;
+	int rc;
+
+	if ((rc = check_heads(hd, kv, n_tok, err)) != 0 ||
+	    (rc = heads_upload(p, bs, hd, kv, n_tok, 0, &ch, &ck, err)) != 0 ||
+	    (rc = buf_new(p, bs, q, qb, 0, &dq, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, qb, 1, &dout, err)) != 0)
+		return rc;
+	if ((rc = cuda_attention((const float *)dq, (float *)dout, n_tok, &ch, &ck, p->stream, err)) != 0 ||
+	    (rc = finish(p, bs, "cuda_attention", err)) != 0)
+		return rc;
+	return fetch(p, out, dout, qb, err);
+}
+
+extern "C" int
+cuda_probe_attention(struct cuda_probe *p, const struct cuda_probe_heads *hd, const struct cuda_probe_kv *kv,
+    const float *q, int n_tok, float *out, char *err)
+{
+	struct bufs bs = {};
+	int rc = attention_run(p, &bs, hd, kv, q, n_tok, out, err);
+
+	bufs_free(&bs);
+	return rc;
+}

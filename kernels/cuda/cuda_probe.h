@@ -1,0 +1,115 @@
+/*
+ * cuda_probe.h: single kernels of the CUDA backend run on host data, for
+ * the kernel tests (tests/unit/test_cuda_ops.c). A C interface to the host
+ * entry points of matmul.cuh, norm.cuh and attention.cuh.
+ *
+ * Every call copies its inputs to the GPU, fills its outputs and the
+ * scratch the kernel uses with 0xff bytes (NaN as float and as fp16) so
+ * that an element the kernel fails to write shows up as NaN, runs the
+ * kernel on the probe's stream, waits for it, checks that a guard zone of
+ * 0xff bytes after every buffer the kernel writes is intact, and copies
+ * the outputs back. Each returns 0 or a negative ERR_* code with a
+ * message in err (ERR_LEN bytes): ERR_DEVICE for a CUDA failure or a
+ * write past the end of a buffer.
+ */
+#ifndef RESIDENT_CUDA_PROBE_H
+#define RESIDENT_CUDA_PROBE_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct cuda_probe;
+
+/* A stream and a cuBLAS handle on device 0. */
+int cuda_probe_open(struct cuda_probe **out, char *err);
+void cuda_probe_close(struct cuda_probe *p);
+
+/* A weight as stored: n rows of k elements of type, quant_row_bytes(type, k) apart. */
+struct cuda_probe_weight {
+	uint32_t type;
+	int64_t k, n;
+	const void *data;
+};
+
+/* The two paths of cuda_matmul. */
+enum cuda_probe_path {
+	CUDA_PROBE_MATVEC, /* the matrix-vector kernels, whatever the token count */
+	CUDA_PROBE_CUBLAS, /* fp16 activations, fp16 weight tiles, cuBLAS */
+};
+
+/*
+ * y[t * n + o] = W[o] . x[t * k ..] for t < n_tok (x: n_tok x k, y: n_tok
+ * x n). tile_rows > 0 limits the rows the cuBLAS path dequantizes at a
+ * time (0: as much as the backend would give it). reuse_x says x is the
+ * previous call's x, same k and n_tok: the cuBLAS path then reuses its
+ * fp16 copy, as the backend does for K and V.
+ */
+int cuda_probe_matmul(struct cuda_probe *p, const struct cuda_probe_weight *w, const float *x,
+    int n_tok, enum cuda_probe_path path, int64_t tile_rows, int reuse_x, float *y, char *err);
+
+/* out[t * k ..] = row tokens[t] of w, times scale, for t < n_tok. */
+int cuda_probe_embed(struct cuda_probe *p, const struct cuda_probe_weight *w, const int32_t *tokens,
+    int n_tok, float scale, float *out, char *err);
+
+/*
+ * cuda_residual_norm on n_rows rows of width n: x is updated in place;
+ * r, post and w may each be NULL (then h is not written and may be NULL).
+ */
+int cuda_probe_residual_norm(struct cuda_probe *p, float *x, const float *r, const float *post,
+    const float *w, float *h, int n_rows, int n, float offset, float eps, char *err);
+
+/* h[i * n ..] = norm(x[rows[i] * n ..]) * (w + offset), for i < n_rows; x has n_x rows. */
+int cuda_probe_norm_rows(struct cuda_probe *p, const float *x, int n_x, const int32_t *rows,
+    int n_rows, int n, const float *w, float offset, float eps, float *h, char *err);
+
+/* a[i] = silu(a[i]) * b[i] (gelu: gelu_tanh) for i < n, in place. */
+int cuda_probe_glu(struct cuda_probe *p, float *a, const float *b, int64_t n, int gelu, char *err);
+
+/* One layer's heads, as struct cuda_heads but with the RoPE base instead of a table. */
+struct cuda_probe_heads {
+	int n_head, n_head_kv, head_dim;
+	const float *bq, *bk, *bv;      /* n_head * head_dim, n_head_kv * head_dim; or NULL */
+	const float *q_norm, *k_norm;   /* head_dim each; or NULL */
+	float norm_offset, norm_eps;
+	float theta;                    /* RoPE base: frequencies 1 / theta^(2i/d), as cpu_rope */
+	float pos_div;                  /* positions are divided by it */
+	int neox;
+	float scale;                    /* of q.k */
+	int window;                     /* sliding window; 0: none */
+};
+
+/*
+ * The fp16 KV pool (raw fp16 bits), [block][layer][K|V][KV_BLOCK_TOKENS]
+ * [n_head_kv * head_dim] for n_blocks blocks and n_layer layers, of which
+ * `layer` is used, and where each token sits: token t is at position
+ * tok_pos[t] of the sequence whose block table starts at tables +
+ * tok_tab[t] (n_tables entries in all). The pool goes to the GPU as given
+ * and cuda_probe_qk copies it back whole.
+ */
+struct cuda_probe_kv {
+	uint16_t *pool;
+	int n_blocks, n_layer, layer;
+	const int32_t *tok_pos, *tok_tab, *tables;
+	int n_tables;
+};
+
+/*
+ * cuda_qk for n_tok tokens: q (n_tok x n_head x head_dim) gets its bias,
+ * norm and rotation in place; k and v (n_tok x n_head_kv x head_dim) go
+ * into the pool, k rotated, both with their biases.
+ */
+int cuda_probe_qk(struct cuda_probe *p, const struct cuda_probe_heads *hd, struct cuda_probe_kv *kv,
+    float *q, const float *k, const float *v, int n_tok, char *err);
+
+/* cuda_attention: out (n_tok x n_head x head_dim) from q over the pool. */
+int cuda_probe_attention(struct cuda_probe *p, const struct cuda_probe_heads *hd,
+    const struct cuda_probe_kv *kv, const float *q, int n_tok, float *out, char *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

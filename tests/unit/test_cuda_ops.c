@@ -1,0 +1,850 @@
+/*
+ * test_cuda_ops.c: the CUDA backend's kernels one at a time against the
+ * CPU backend's (kernels/cpu/cpu_ops.h) or a plain reference, through
+ * kernels/cuda/cuda_probe.h.
+ *
+ * Inputs are fresh random numbers every run; the seed is printed, and
+ * TEST_CUDA_OPS_SEED=N repeats a run. Quantized weights are random bytes
+ * with block scales that keep the values near [-1, 1], so every bit of the
+ * packed quants and sub-block scales is exercised. Shapes are chosen not
+ * to be multiples of the kernels' tiles: rows not multiples of 4, token
+ * counts not multiples of 8, rows of 8-element chunks not multiples of the
+ * 128 threads, widths not multiples of 256, sequence lengths not multiples
+ * of the 16-token KV block, head counts not multiples of 4. The probe
+ * fills every output with NaN bytes before the kernel runs and checks the
+ * bytes after each buffer, so a missed or a stray write fails.
+ *
+ * Tolerances, and why:
+ * - dequantization (embedding rows): the same float operations as
+ *   quant.c, but the compiler may fuse a product and a difference: 1e-6 of
+ *   the row's largest value;
+ * - products, against cpu_matmul, as a fraction of sum |w_i x_i| (the
+ *   size of the dot product's terms, which bounds any rounding error):
+ *   matrix-vector kernels (float32 throughout, another summation order)
+ *   2e-5; the cuBLAS path, which rounds both operands to fp16 (at most
+ *   2^-10 of each product) and accumulates in float32, 2e-3;
+ * - norms, GLU, RoPE: float32 with other reduction orders and CUDA's
+ *   expf/tanhf/sinf/cosf (2 ulp): 1e-5 relative;
+ * - K and V in the fp16 pool: half an fp16 ulp (2^-11) of the value, plus
+ *   the float32 error above;
+ * - attention, against a float64 softmax over the same fp16 K/V: 1e-5 of
+ *   the largest value it averages.
+ *
+ * Without a CUDA device the program says so and exits 77 (a skip).
+ */
+#include "config.h"
+#include "cpu_ops.h"
+#include "cpu_pool.h"
+#include "cuda_probe.h"
+#include "kernels.h"
+#include "model.h"
+#include "quant.h"
+#include "util.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#define TOL_DEQ 1e-6
+#define TOL_MATVEC 2e-5
+#define TOL_CUBLAS 2e-3
+#define TOL_F32 1e-5
+#define TOL_ATTN 1e-5
+#define CPU_THREADS 4
+#define MAX_SEQS 8
+#define MAX_TOK 128
+#define MAX_TAB 64
+#define N_LAYER 3       /* layers of the KV pool; the heads use the middle one */
+#define POISON16 0xffff /* an fp16 NaN: what the pool holds where nothing was written */
+
+static uint64_t rng_state;
+static struct cuda_probe *probe;
+static struct cpu_pool *pool;
+
+/* splitmix64: the next 64 random bits. */
+static uint64_t
+rnd(void)
+{
+	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+/* Uniform in [lo, hi). */
+static float
+unif(float lo, float hi)
+{
+	return lo + (hi - lo) * (float)((double)(rnd() >> 11) / 9007199254740992.0);
+}
+
+/* n floats uniform in [lo, hi), malloc'd. */
+static float *
+rand_floats(size_t n, float lo, float hi)
+{
+	float *f = xmalloc((n ? n : 1) * sizeof *f);
+
+	for (size_t i = 0; i < n; i++)
+		f[i] = unif(lo, hi);
+	return f;
+}
+
+/* n floats, all NaN: what an output holds before the call that fills it. */
+static float *
+nan_floats(size_t n)
+{
+	float *f = xmalloc((n ? n : 1) * sizeof *f);
+
+	for (size_t i = 0; i < n; i++)
+		f[i] = NAN;
+	return f;
+}
+
+static double
+max_abs(const float *a, size_t n)
+{
+	double m = 0;
+
+	for (size_t i = 0; i < n; i++)
+		m = fmax(m, fabs((double)a[i]));
+	return m;
+}
+
+/* ---- weights ---- */
+
+static const uint32_t all_types[] = {
+	TT_F32, TT_F16, TT_BF16, TT_Q8_0, TT_Q4_0, TT_Q5_0, TT_Q4_K, TT_Q5_K, TT_Q6_K,
+};
+
+/*
+ * Where a block type keeps its fp16 scales, and the largest multiple of d
+ * its quants reach (so that d = 1 / range keeps the values within +-1).
+ */
+static const struct {
+	uint32_t type;
+	int d_off, dmin_off; /* dmin_off -1: none */
+	float range;
+} block_scales[] = {
+	{ TT_Q8_0, 0, -1, 127 }, { TT_Q4_0, 0, -1, 8 }, { TT_Q5_0, 0, -1, 16 },
+	{ TT_Q4_K, 0, 2, 63 * 15 }, { TT_Q5_K, 0, 2, 63 * 31 }, { TT_Q6_K, 208, -1, 128 * 32 },
+};
+
+static void
+put_f16(uint8_t *p, float f)
+{
+	uint16_t h = fp32_to_fp16(f);
+
+	memcpy(p, &h, sizeof h);
+}
+
+/* A row length for type: a multiple of its block whose 8-element chunks are not a multiple of 128. */
+static int64_t
+row_len(uint32_t type, int small)
+{
+	int be = quant_traits(type)->block_elems;
+
+	if (small)
+		return be == 1 ? 8 : be;
+	return be == 1 ? 8 * 149 : be == 32 ? 32 * 37 : 256 * 5;
+}
+
+/*
+ * n random rows of k elements of type, as stored (malloc'd): float types
+ * from uniform values, block types random bytes with sane scales. *f gets
+ * the rows dequantized (malloc'd), as the CPU backend reads them.
+ */
+static struct model_tensor
+random_weight(uint32_t type, int64_t k, int64_t n, float **f)
+{
+	const struct quant_traits *qt = quant_traits(type);
+	struct model_tensor t = { "w", type, 2, { k, n, 1, 1 }, NULL, 0 };
+	size_t row_bytes, nb, i;
+	uint8_t *d;
+
+	assert_int_equal(quant_row_bytes(type, k, &row_bytes), 0);
+	t.bytes = row_bytes * (size_t)n;
+	d = xmalloc(t.bytes);
+	if (qt->block_elems == 1) {
+		float *src = rand_floats((size_t)(k * n), -1, 1);
+
+		assert_int_equal(quant_quantize(type, src, d, k * n), 0);
+		free(src);
+	} else {
+		for (i = 0; i < t.bytes; i++)
+			d[i] = (uint8_t)rnd();
+		nb = t.bytes / (size_t)qt->block_bytes;
+		for (size_t s = 0; s < ARRAY_LEN(block_scales); s++) {
+			if (block_scales[s].type != type)
+				continue;
+			for (i = 0; i < nb; i++) {
+				uint8_t *b = d + i * (size_t)qt->block_bytes;
+
+				put_f16(b + block_scales[s].d_off, unif(0.5f, 1.0f) / block_scales[s].range);
+				if (block_scales[s].dmin_off >= 0)
+					put_f16(b + block_scales[s].dmin_off, unif(0.0f, 1.0f) / 63.0f);
+			}
+		}
+	}
+	t.data = d;
+	*f = xmalloc((size_t)(k * n) * sizeof **f);
+	quant_dequantize(type, d, *f, k * n);
+	return t;
+}
+
+static struct cuda_probe_weight
+probe_weight(const struct model_tensor *t)
+{
+	struct cuda_probe_weight w = { t->type, t->ne[0], t->ne[1], t->data };
+
+	return w;
+}
+
+/* ---- embedding rows ---- */
+
+static void
+test_embed(void **state)
+{
+	char err[ERR_LEN];
+
+	(void)state;
+	for (size_t ti = 0; ti < ARRAY_LEN(all_types); ti++) {
+		uint32_t type = all_types[ti];
+		int64_t k = row_len(type, 0), n = 37;
+		int32_t tokens[11] = { 0, 36 };
+		float *wf, *ref = xmalloc((size_t)k * sizeof *ref), *out = nan_floats(11 * (size_t)k);
+		float scale = ti % 2 ? 1.0f : unif(0.5f, 4.0f);
+		struct model_tensor t = random_weight(type, k, n, &wf);
+		struct cuda_probe_weight w = probe_weight(&t);
+		double worst = 0;
+
+		for (int i = 2; i < 11; i++)
+			tokens[i] = (int32_t)(rnd() % (uint64_t)n);
+		if (cuda_probe_embed(probe, &w, tokens, 11, scale, out, err) != 0)
+			fail_msg("embed %s: %s", quant_traits(type)->name, err);
+		for (int i = 0; i < 11; i++) {
+			double m;
+
+			cpu_get_row(&t, tokens[i], ref);
+			for (int64_t j = 0; j < k; j++)
+				ref[j] = scale != 1.0f ? ref[j] * scale : ref[j];
+			m = max_abs(ref, (size_t)k);
+			for (int64_t j = 0; j < k; j++) {
+				double e = fabs((double)out[(size_t)i * k + j] - ref[j]) / m;
+
+				if (!(e <= TOL_DEQ))
+					fail_msg("embed %s: token %d (row %d) element %lld: gpu %g cpu %g",
+					    quant_traits(type)->name, i, tokens[i], (long long)j,
+					    out[(size_t)i * k + j], ref[j]);
+				worst = fmax(worst, e);
+			}
+		}
+		print_message("embed  %-5s k %5lld: max error / row max %.2e (bound %.0e)\n",
+		    quant_traits(type)->name, (long long)k, worst, TOL_DEQ);
+		free((void *)t.data), free(wf), free(ref), free(out);
+	}
+}
+
+/* ---- products ---- */
+
+/* One product on a path, checked against cpu_matmul; returns the worst error / sum |w x|. */
+static double
+check_matmul(const struct model_tensor *t, const float *wf, const float *x, int n_tok,
+    enum cuda_probe_path path, int64_t tile_rows, int reuse_x)
+{
+	int64_t k = t->ne[0], n = t->ne[1];
+	float *y = nan_floats((size_t)(n * n_tok)), *ref = nan_floats((size_t)(n * n_tok));
+	float *scratch = xmalloc((size_t)(CPU_THREADS * CPU_MM_ROWS * k) * sizeof *scratch);
+	struct cuda_probe_weight w = probe_weight(t);
+	double tol = path == CUDA_PROBE_MATVEC ? TOL_MATVEC : TOL_CUBLAS, worst = 0;
+	const char *pname = path == CUDA_PROBE_MATVEC ? "matvec" : "cublas";
+	struct cpu_act in;
+	char err[ERR_LEN];
+
+	if (cuda_probe_matmul(probe, &w, x, n_tok, path, tile_rows, reuse_x, y, err) != 0)
+		fail_msg("matmul %s %s: %s", pname, quant_traits(t->type)->name, err);
+	cpu_act_init(&in, x, k, n_tok, k, NULL); /* float activations: the exact product */
+	cpu_matmul(pool, t, &in, ref, n, scratch);
+	for (int tk = 0; tk < n_tok; tk++)
+		for (int64_t o = 0; o < n; o++) {
+			double size = 0, e;
+
+			for (int64_t i = 0; i < k; i++)
+				size += fabs((double)wf[o * k + i] * x[(size_t)tk * k + i]);
+			e = fabs((double)y[(size_t)tk * n + o] - ref[(size_t)tk * n + o]) / size;
+			if (!(e <= tol))
+				fail_msg("matmul %s %s %lld x %lld, %d tokens (tile %lld, reuse %d): token %d row "
+				    "%lld: gpu %g cpu %g, error %.2e of sum |w x| %g", pname,
+				    quant_traits(t->type)->name, (long long)n, (long long)k, n_tok,
+				    (long long)tile_rows, reuse_x, tk, (long long)o, y[(size_t)tk * n + o],
+				    ref[(size_t)tk * n + o], e, size);
+			worst = fmax(worst, e);
+		}
+	free(y), free(ref), free(scratch);
+	return worst;
+}
+
+/* Rows, tokens and cuBLAS tile rows of the products tried on each path. */
+static const struct { int n, n_tok, tile, small_k, big_row; } mv_shapes[] = {
+	{ 1, 1, 0, 1, 0 }, { 37, 1, 0, 0, 0 }, { 130, 3, 0, 1, 0 }, { 259, 13, 0, 0, 0 }, { 6, 8, 0, 0, 0 },
+}, mm_shapes[] = {
+	{ 37, 9, 0, 0, 0 }, { 259, 33, 64, 0, 1 }, { 130, 70, 7, 1, 0 }, { 5, 17, 0, 0, 1 },
+};
+
+/* Every type on one path over its shapes; on cuBLAS a second weight reuses the fp16 x. */
+static void
+matmul_path(enum cuda_probe_path path)
+{
+	int n_shapes = path == CUDA_PROBE_MATVEC ? (int)ARRAY_LEN(mv_shapes) : (int)ARRAY_LEN(mm_shapes);
+
+	for (size_t ti = 0; ti < ARRAY_LEN(all_types); ti++) {
+		uint32_t type = all_types[ti];
+		double worst = 0;
+
+		for (int s = 0; s < n_shapes; s++) {
+			int n = path == CUDA_PROBE_MATVEC ? mv_shapes[s].n : mm_shapes[s].n;
+			int n_tok = path == CUDA_PROBE_MATVEC ? mv_shapes[s].n_tok : mm_shapes[s].n_tok;
+			int tile = path == CUDA_PROBE_MATVEC ? 0 : mm_shapes[s].tile;
+			int small = path == CUDA_PROBE_MATVEC ? mv_shapes[s].small_k : mm_shapes[s].small_k;
+			int big = path == CUDA_PROBE_MATVEC ? 0 : mm_shapes[s].big_row;
+			int64_t k = row_len(type, small);
+			float *wf, *wf2, *x = rand_floats((size_t)(n_tok * k), -1, 1);
+			struct model_tensor t = random_weight(type, k, n, &wf);
+
+			/* a last token beyond fp16's range: the cuBLAS path scales it by a power of two */
+			for (int64_t i = 0; big && i < k; i++)
+				x[(size_t)(n_tok - 1) * k + i] *= 1e5f;
+			worst = fmax(worst, check_matmul(&t, wf, x, n_tok, path, tile, 0));
+			if (path == CUDA_PROBE_CUBLAS) {
+				struct model_tensor t2 = random_weight(type, k, n + 3, &wf2);
+
+				worst = fmax(worst, check_matmul(&t2, wf2, x, n_tok, path, tile, 1));
+				free((void *)t2.data), free(wf2);
+			}
+			free((void *)t.data), free(wf), free(x);
+		}
+		print_message("matmul %-6s %-5s: max error / sum |w x| %.2e (bound %.0e)\n",
+		    path == CUDA_PROBE_MATVEC ? "matvec" : "cublas", quant_traits(type)->name, worst,
+		    path == CUDA_PROBE_MATVEC ? TOL_MATVEC : TOL_CUBLAS);
+	}
+}
+
+static void
+test_matvec(void **state)
+{
+	(void)state;
+	matmul_path(CUDA_PROBE_MATVEC);
+}
+
+static void
+test_cublas(void **state)
+{
+	(void)state;
+	matmul_path(CUDA_PROBE_CUBLAS);
+}
+
+/* ---- norms and GLU ---- */
+
+/* Fails unless every row of got is within TOL_F32 of ref, relative to the row's largest value. */
+static double
+check_rows(const char *what, const float *got, const float *ref, int n_rows, int n)
+{
+	double worst = 0;
+
+	for (int r = 0; r < n_rows; r++) {
+		double m = max_abs(ref + (size_t)r * n, (size_t)n);
+
+		for (int i = 0; i < n; i++) {
+			double e = fabs((double)got[(size_t)r * n + i] - ref[(size_t)r * n + i]) / m;
+
+			if (!(e <= TOL_F32))
+				fail_msg("%s: row %d element %d: gpu %g cpu %g", what, r, i, got[(size_t)r * n + i],
+				    ref[(size_t)r * n + i]);
+			worst = fmax(worst, e);
+		}
+	}
+	return worst;
+}
+
+/* The CPU backend's residual step: x += (post ? rmsnorm(r) * post : r); h = rmsnorm(x) * w. */
+static void
+cpu_residual_norm(float *x, const float *r, const float *post, const float *w, float *h, int n_rows, int n,
+    float offset, float eps)
+{
+	float *tmp = xmalloc((size_t)n * sizeof *tmp);
+
+	for (int row = 0; row < n_rows; row++) {
+		float *xr = x + (size_t)row * n;
+
+		if (r != NULL) {
+			memcpy(tmp, r + (size_t)row * n, (size_t)n * sizeof *tmp);
+			if (post != NULL)
+				cpu_rmsnorm(tmp, post, offset, eps, n, tmp);
+			cpu_add(xr, tmp, n);
+		}
+		if (w != NULL)
+			cpu_rmsnorm(xr, w, offset, eps, n, h + (size_t)row * n);
+	}
+	free(tmp);
+}
+
+static void
+test_residual_norm(void **state)
+{
+	static const struct { int r, post, w; } variants[] = {
+		{ 0, 0, 1 }, { 1, 0, 1 }, { 1, 1, 1 }, { 1, 1, 0 }, { 1, 0, 0 },
+	};
+	static const int widths[] = { 7, 256, 1000, 2307 };
+	const int n_rows = 5;
+	char err[ERR_LEN], what[128];
+	double worst = 0;
+
+	(void)state;
+	for (size_t v = 0; v < ARRAY_LEN(variants); v++)
+		for (size_t wi = 0; wi < ARRAY_LEN(widths); wi++) {
+			int n = widths[wi];
+			size_t all = (size_t)n_rows * n;
+			float offset = wi % 2 ? 1.0f : 0.0f, eps = 1e-6f;
+			float *x = rand_floats(all, -3, 3), *xr = xmalloc(all * sizeof *xr);
+			float *r = variants[v].r ? rand_floats(all, -3, 3) : NULL;
+			float *post = variants[v].post ? rand_floats((size_t)n, -1, 1) : NULL;
+			float *w = variants[v].w ? rand_floats((size_t)n, -1, 1) : NULL;
+			float *h = nan_floats(all), *hr = nan_floats(all);
+
+			memcpy(xr, x, all * sizeof *x);
+			snprintf(what, sizeof what, "residual_norm r %d post %d w %d, width %d, offset %g",
+			    variants[v].r, variants[v].post, variants[v].w, n, offset);
+			if (cuda_probe_residual_norm(probe, x, r, post, w, w ? h : NULL, n_rows, n, offset, eps,
+			    err) != 0)
+				fail_msg("%s: %s", what, err);
+			cpu_residual_norm(xr, r, post, w, hr, n_rows, n, offset, eps);
+			worst = fmax(worst, check_rows(what, x, xr, n_rows, n));
+			if (w != NULL)
+				worst = fmax(worst, check_rows(what, h, hr, n_rows, n));
+			free(x), free(xr), free(r), free(post), free(w), free(h), free(hr);
+		}
+	print_message("residual_norm: max relative error %.2e (bound %.0e)\n", worst, TOL_F32);
+}
+
+static void
+test_norm_rows(void **state)
+{
+	const int n_x = 9, n = 1000, n_rows = 4;
+	const int32_t rows[4] = { 8, 0, 3, 3 };
+	float *x = rand_floats((size_t)n_x * n, -2, 2), *w = rand_floats((size_t)n, -1, 1);
+	float *h = nan_floats((size_t)n_rows * n), *hr = nan_floats((size_t)n_rows * n);
+	char err[ERR_LEN];
+	double worst;
+
+	(void)state;
+	if (cuda_probe_norm_rows(probe, x, n_x, rows, n_rows, n, w, 1.0f, 1e-6f, h, err) != 0)
+		fail_msg("norm_rows: %s", err);
+	for (int i = 0; i < n_rows; i++)
+		cpu_rmsnorm(x + (size_t)rows[i] * n, w, 1.0f, 1e-6f, n, hr + (size_t)i * n);
+	worst = check_rows("norm_rows", h, hr, n_rows, n);
+	print_message("norm_rows: max relative error %.2e (bound %.0e)\n", worst, TOL_F32);
+	free(x), free(w), free(h), free(hr);
+}
+
+static void
+test_glu(void **state)
+{
+	const int64_t n = 3007;
+	char err[ERR_LEN];
+
+	(void)state;
+	for (int gelu = 0; gelu < 2; gelu++) {
+		float *a = rand_floats((size_t)n, -10, 10), *b = rand_floats((size_t)n, -2, 2);
+		float *g = xmalloc((size_t)n * sizeof *g), *r = xmalloc((size_t)n * sizeof *r);
+		double worst = 0;
+
+		memcpy(g, a, (size_t)n * sizeof *a);
+		memcpy(r, a, (size_t)n * sizeof *a);
+		if (cuda_probe_glu(probe, g, b, n, gelu, err) != 0)
+			fail_msg("glu: %s", err);
+		cpu_glu(r, b, n, gelu);
+		for (int64_t i = 0; i < n; i++) {
+			/* relative, but absolute near 0 where 1 + tanh or 1 + exp cancel */
+			double bound = TOL_F32 * fabs((double)r[i]) + 0.1 * TOL_F32 * fabs((double)a[i] * b[i]);
+			double e = fabs((double)g[i] - r[i]);
+
+			if (!(e <= bound))
+				fail_msg("glu %s: element %lld (a %g, b %g): gpu %g cpu %g", gelu ? "gelu" : "silu",
+				    (long long)i, a[i], b[i], g[i], r[i]);
+			worst = fmax(worst, e / (bound / TOL_F32));
+		}
+		print_message("glu %s: max error %.2e of the bound's scale (bound %.0e)\n",
+		    gelu ? "gelu" : "silu", worst, TOL_F32);
+		free(a), free(b), free(g), free(r);
+	}
+}
+
+/* ---- heads: RoPE, the KV write, attention ---- */
+
+/* Sequences of a step: len positions in all, of which the last n_new are this step's tokens. */
+struct seq_spec {
+	int len, n_new;
+};
+
+/* Where a step's tokens sit: as struct cuda_probe_kv's fields, with the blocks shuffled. */
+struct place {
+	int n_tok, n_tables, n_blocks, n_seqs;
+	int32_t tok_pos[MAX_TOK], tok_tab[MAX_TOK], tables[MAX_TAB];
+	int len[MAX_SEQS], tab0[MAX_SEQS];
+};
+
+/* Lays the sequences out in a pool with two spare blocks, the blocks in a random order. */
+static void
+place_seqs(struct place *pl, const struct seq_spec *s, int n_seqs)
+{
+	int32_t perm[MAX_TAB];
+
+	memset(pl, 0, sizeof *pl);
+	pl->n_seqs = n_seqs;
+	for (int q = 0; q < n_seqs; q++)
+		pl->n_tables += (s[q].len + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+	pl->n_blocks = pl->n_tables + 2;
+	assert_true(pl->n_blocks <= MAX_TAB);
+	for (int i = 0; i < pl->n_blocks; i++)
+		perm[i] = i;
+	for (int i = pl->n_blocks - 1; i > 0; i--) {
+		int j = (int)(rnd() % (uint64_t)(i + 1));
+		int32_t tmp = perm[i];
+
+		perm[i] = perm[j];
+		perm[j] = tmp;
+	}
+	memcpy(pl->tables, perm, (size_t)pl->n_tables * sizeof *perm);
+	for (int q = 0, tab = 0; q < n_seqs; q++) {
+		pl->len[q] = s[q].len;
+		pl->tab0[q] = tab;
+		for (int i = s[q].len - s[q].n_new; i < s[q].len; i++) {
+			assert_true(pl->n_tok < MAX_TOK);
+			pl->tok_pos[pl->n_tok] = i;
+			pl->tok_tab[pl->n_tok++] = tab;
+		}
+		tab += (s[q].len + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+	}
+}
+
+/* Index in the pool of element i of head h of K (kv 0) or V (kv 1) at position pos (the layout of kernels.h). */
+static size_t
+pool_at(const struct cuda_probe_heads *hd, const struct place *pl, int tab, int pos, int kv, int h, int i)
+{
+	size_t nkv = (size_t)hd->n_head_kv * (size_t)hd->head_dim;
+	size_t block = (size_t)pl->tables[tab + pos / KV_BLOCK_TOKENS];
+
+	return ((block * N_LAYER + 1) * 2 + (size_t)kv) * KV_BLOCK_TOKENS * nkv +
+	    (size_t)(pos % KV_BLOCK_TOKENS) * nkv + (size_t)h * (size_t)hd->head_dim + (size_t)i;
+}
+
+static size_t
+pool_len(const struct cuda_probe_heads *hd, const struct place *pl)
+{
+	return (size_t)pl->n_blocks * N_LAYER * 2 * KV_BLOCK_TOKENS * (size_t)hd->n_head_kv *
+	    (size_t)hd->head_dim;
+}
+
+static struct cuda_probe_kv
+probe_kv(struct place *pl, uint16_t *pool_data)
+{
+	struct cuda_probe_kv kv = { pool_data, pl->n_blocks, N_LAYER, 1, pl->tok_pos, pl->tok_tab, pl->tables,
+		pl->n_tables };
+
+	return kv;
+}
+
+/* Head shapes, biases, norms and RoPE settings tried. */
+static const struct {
+	int head_dim, n_head, n_head_kv, neox, bias, qk_norm;
+	float offset, theta, pos_div;
+	int window;
+} head_cfgs[] = {
+	{ 64, 8, 2, 0, 0, 0, 0.0f, 10000.0f, 1.0f, 0 },
+	{ 128, 4, 4, 1, 1, 0, 0.0f, 1000000.0f, 1.0f, 0 },
+	{ 256, 8, 1, 1, 0, 1, 1.0f, 10000.0f, 8.0f, 20 },
+	{ 96, 6, 3, 0, 1, 1, 0.0f, 500000.0f, 1.0f, 0 },
+	{ 32, 5, 1, 1, 0, 0, 0.0f, 10000.0f, 1.0f, 5 },
+};
+
+/* A step of several sequences: a prefill chunk, a first token, decodes, a whole prompt. */
+static const struct seq_spec step_seqs[] = { { 45, 13 }, { 1, 1 }, { 100, 1 }, { 33, 33 }, { 17, 2 } };
+
+static struct cuda_probe_heads
+heads_cfg(size_t c, float *bq, float *bk, float *bv, float *qn, float *kn)
+{
+	struct cuda_probe_heads hd = {
+		.n_head = head_cfgs[c].n_head, .n_head_kv = head_cfgs[c].n_head_kv,
+		.head_dim = head_cfgs[c].head_dim,
+		.bq = head_cfgs[c].bias ? bq : NULL, .bk = head_cfgs[c].bias ? bk : NULL,
+		.bv = head_cfgs[c].bias ? bv : NULL,
+		.q_norm = head_cfgs[c].qk_norm ? qn : NULL, .k_norm = head_cfgs[c].qk_norm ? kn : NULL,
+		.norm_offset = head_cfgs[c].offset, .norm_eps = 1e-6f, .theta = head_cfgs[c].theta,
+		.pos_div = head_cfgs[c].pos_div, .neox = head_cfgs[c].neox,
+		.scale = 1.0f / sqrtf((float)head_cfgs[c].head_dim), .window = head_cfgs[c].window,
+	};
+
+	return hd;
+}
+
+/* The CPU backend's qk_task on one head: bias, norm, rotation. */
+static void
+cpu_head(float *x, const float *bias, const float *nw, const struct cuda_probe_heads *hd, int pos)
+{
+	if (bias != NULL)
+		cpu_add(x, bias, hd->head_dim);
+	if (nw != NULL)
+		cpu_rmsnorm(x, nw, hd->norm_offset, hd->norm_eps, hd->head_dim, x);
+	cpu_rope(x, 1, hd->head_dim, (float)pos / hd->pos_div, hd->theta, hd->neox);
+}
+
+/* Checks one K or V head in the pool against its reference (fp16 rounding allowed); clears its mask. */
+static double
+check_pool_head(const char *what, const uint16_t *pool_data, uint8_t *written, const float *ref,
+    const struct cuda_probe_heads *hd, const struct place *pl, int t, int kv, int h)
+{
+	double m = max_abs(ref, (size_t)hd->head_dim), worst = 0;
+
+	for (int i = 0; i < hd->head_dim; i++) {
+		size_t at = pool_at(hd, pl, pl->tok_tab[t], pl->tok_pos[t], kv, h, i);
+		double g = fp16_to_fp32(pool_data[at]), bound = ldexp(fabs((double)ref[i]), -11) + TOL_F32 * m;
+
+		if (!(fabs(g - ref[i]) <= bound))
+			fail_msg("%s: token %d %s head %d element %d: gpu %g cpu %g", what, t, kv ? "V" : "K",
+			    h, i, g, ref[i]);
+		worst = fmax(worst, fabs(g - ref[i]) / m);
+		written[at] = 1;
+	}
+	return worst;
+}
+
+/* One head configuration of cuda_qk: q in place, K and V in the pool, nothing else written. */
+static double
+qk_case(size_t c)
+{
+	struct place pl;
+	float *bq = rand_floats(8 * 256, -0.5f, 0.5f), *bk = rand_floats(8 * 256, -0.5f, 0.5f);
+	float *bv = rand_floats(8 * 256, -0.5f, 0.5f), *qn = rand_floats(256, 0.5f, 1.5f);
+	float *kn = rand_floats(256, 0.5f, 1.5f);
+	struct cuda_probe_heads hd = heads_cfg(c, bq, bk, bv, qn, kn);
+	int d = hd.head_dim, nq, nkv;
+	struct cuda_probe_kv kv;
+	float *q, *k, *v, *qr;
+	uint16_t *pool_data;
+	uint8_t *written;
+	size_t np;
+	char err[ERR_LEN], what[96];
+	double worst = 0;
+
+	place_seqs(&pl, step_seqs, (int)ARRAY_LEN(step_seqs));
+	nq = hd.n_head * d;
+	nkv = hd.n_head_kv * d;
+	np = pool_len(&hd, &pl);
+	q = rand_floats((size_t)pl.n_tok * nq, -2, 2);
+	k = rand_floats((size_t)pl.n_tok * nkv, -2, 2);
+	v = rand_floats((size_t)pl.n_tok * nkv, -2, 2);
+	qr = xmalloc((size_t)pl.n_tok * nq * sizeof *qr);
+	memcpy(qr, q, (size_t)pl.n_tok * nq * sizeof *q);
+	pool_data = xmalloc(np * sizeof *pool_data);
+	written = xcalloc(np, 1);
+	for (size_t i = 0; i < np; i++)
+		pool_data[i] = POISON16;
+	kv = probe_kv(&pl, pool_data);
+	snprintf(what, sizeof what, "qk head_dim %d, %d/%d heads, neox %d, bias %d, qk_norm %d", d,
+	    hd.n_head, hd.n_head_kv, hd.neox, hd.bq != NULL, hd.q_norm != NULL);
+	if (cuda_probe_qk(probe, &hd, &kv, q, k, v, pl.n_tok, err) != 0)
+		fail_msg("%s: %s", what, err);
+	for (int t = 0; t < pl.n_tok; t++) {
+		for (int h = 0; h < hd.n_head; h++)
+			cpu_head(qr + ((size_t)t * hd.n_head + h) * d, hd.bq ? hd.bq + h * d : NULL, hd.q_norm, &hd,
+			    pl.tok_pos[t]);
+		worst = fmax(worst, check_rows(what, q + (size_t)t * nq, qr + (size_t)t * nq, hd.n_head, d));
+		for (int h = 0; h < hd.n_head_kv; h++) {
+			float *kh = k + ((size_t)t * hd.n_head_kv + h) * d, *vh = v + ((size_t)t * hd.n_head_kv + h) * d;
+
+			cpu_head(kh, hd.bk ? hd.bk + h * d : NULL, hd.k_norm, &hd, pl.tok_pos[t]);
+			if (hd.bv != NULL)
+				cpu_add(vh, hd.bv + h * d, d);
+			worst = fmax(worst, check_pool_head(what, pool_data, written, kh, &hd, &pl, t, 0, h));
+			worst = fmax(worst, check_pool_head(what, pool_data, written, vh, &hd, &pl, t, 1, h));
+		}
+	}
+	for (size_t i = 0; i < np; i++)
+		if (!written[i] && pool_data[i] != POISON16)
+			fail_msg("%s: pool element %zu was written (0x%04x) but belongs to no token's K/V", what, i,
+			    pool_data[i]);
+	free(bq), free(bk), free(bv), free(qn), free(kn), free(q), free(k), free(v), free(qr);
+	free(pool_data), free(written);
+	return worst;
+}
+
+static void
+test_qk(void **state)
+{
+	double worst = 0;
+
+	(void)state;
+	for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++)
+		worst = fmax(worst, qk_case(c));
+	print_message("qk: max error / head max %.2e (bound %.0e, plus fp16 rounding in the pool)\n", worst,
+	    TOL_F32);
+}
+
+/* softmax(q . K * scale) V over the positions [p0, pos] of a sequence, in float64. */
+static void
+ref_attention(const float *qh, const uint16_t *pool_data, const struct cuda_probe_heads *hd,
+    const struct place *pl, int tab, int pos, int kvh, float *out, double *vmax)
+{
+	int d = hd->head_dim, p0 = hd->window > 0 && pos >= hd->window ? pos - hd->window + 1 : 0;
+	double *s = xmalloc((size_t)(pos + 1) * sizeof *s), mx = -INFINITY, sum = 0;
+	double *acc = xcalloc((size_t)d, sizeof *acc);
+
+	*vmax = 0;
+	for (int p = p0; p <= pos; p++) {
+		double dot = 0;
+
+		for (int i = 0; i < d; i++)
+			dot += (double)qh[i] * fp16_to_fp32(pool_data[pool_at(hd, pl, tab, p, 0, kvh, i)]);
+		s[p] = dot * hd->scale;
+		mx = fmax(mx, s[p]);
+	}
+	for (int p = p0; p <= pos; p++) {
+		s[p] = exp(s[p] - mx);
+		sum += s[p];
+	}
+	for (int p = p0; p <= pos; p++)
+		for (int i = 0; i < d; i++) {
+			double vv = fp16_to_fp32(pool_data[pool_at(hd, pl, tab, p, 1, kvh, i)]);
+
+			acc[i] += s[p] / sum * vv;
+			*vmax = fmax(*vmax, fabs(vv));
+		}
+	for (int i = 0; i < d; i++)
+		out[i] = (float)acc[i];
+	free(s), free(acc);
+}
+
+/* One head configuration of cuda_attention over a pool of random fp16 K/V (NaN where no position is). */
+static double
+attention_case(size_t c)
+{
+	struct place pl;
+	struct cuda_probe_heads hd = heads_cfg(c, NULL, NULL, NULL, NULL, NULL);
+	int d = hd.head_dim, nq = hd.n_head * d, group = hd.n_head / hd.n_head_kv;
+	float *q, *out, *ref = xmalloc((size_t)d * sizeof *ref);
+	uint16_t *pool_data;
+	size_t np;
+	char err[ERR_LEN];
+	double worst = 0, vmax;
+
+	place_seqs(&pl, step_seqs, (int)ARRAY_LEN(step_seqs));
+	np = pool_len(&hd, &pl);
+	pool_data = xmalloc(np * sizeof *pool_data);
+	for (size_t i = 0; i < np; i++)
+		pool_data[i] = POISON16;
+	for (int s = 0; s < pl.n_seqs; s++)
+		for (int p = 0; p < pl.len[s]; p++)
+			for (int kvs = 0; kvs < 2; kvs++)
+				for (int h = 0; h < hd.n_head_kv; h++)
+					for (int i = 0; i < d; i++)
+						pool_data[pool_at(&hd, &pl, pl.tab0[s], p, kvs, h, i)] =
+						    fp32_to_fp16(unif(-1, 1));
+	/* queries large enough that the softmax is far from uniform */
+	q = rand_floats((size_t)pl.n_tok * nq, -4, 4);
+	out = nan_floats((size_t)pl.n_tok * nq);
+	struct cuda_probe_kv kv = probe_kv(&pl, pool_data);
+	if (cuda_probe_attention(probe, &hd, &kv, q, pl.n_tok, out, err) != 0)
+		fail_msg("attention head_dim %d: %s", d, err);
+	for (int t = 0; t < pl.n_tok; t++)
+		for (int h = 0; h < hd.n_head; h++) {
+			const float *got = out + ((size_t)t * hd.n_head + h) * d;
+
+			ref_attention(q + ((size_t)t * hd.n_head + h) * d, pool_data, &hd, &pl, pl.tok_tab[t],
+			    pl.tok_pos[t], h / group, ref, &vmax);
+			for (int i = 0; i < d; i++) {
+				double e = fabs((double)got[i] - ref[i]) / vmax;
+
+				if (!(e <= TOL_ATTN))
+					fail_msg("attention head_dim %d, %d/%d heads, window %d: token %d (position %d) "
+					    "head %d element %d: gpu %g reference %g", d, hd.n_head, hd.n_head_kv,
+					    hd.window, t, pl.tok_pos[t], h, i, got[i], ref[i]);
+				worst = fmax(worst, e);
+			}
+		}
+	free(q), free(out), free(ref), free(pool_data);
+	return worst;
+}
+
+static void
+test_attention(void **state)
+{
+	double worst = 0;
+
+	(void)state;
+	for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++)
+		worst = fmax(worst, attention_case(c));
+	print_message("attention: max error / max |V| %.2e (bound %.0e)\n", worst, TOL_ATTN);
+}
+
+/* ---- setup ---- */
+
+static int
+group_setup(void **state)
+{
+	char err[ERR_LEN];
+
+	(void)state;
+	if (cuda_probe_open(&probe, err) != 0) {
+		print_error("cuda_probe_open: %s\n", err);
+		return -1;
+	}
+	cpu_ops_init();
+	pool = cpu_pool_new(CPU_THREADS);
+	return 0;
+}
+
+static int
+group_teardown(void **state)
+{
+	(void)state;
+	cuda_probe_close(probe);
+	cpu_pool_free(pool);
+	return 0;
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_embed),
+		cmocka_unit_test(test_matvec),
+		cmocka_unit_test(test_cublas),
+		cmocka_unit_test(test_residual_norm),
+		cmocka_unit_test(test_norm_rows),
+		cmocka_unit_test(test_glu),
+		cmocka_unit_test(test_qk),
+		cmocka_unit_test(test_attention),
+	};
+	const char *s = getenv("TEST_CUDA_OPS_SEED");
+	uint64_t seed;
+
+	if (cuda_backend_devices() <= 0) {
+		printf("SKIP: no CUDA device\n");
+		return 77;
+	}
+	seed = s != NULL && *s != '\0' ? strtoull(s, NULL, 0) : (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+	printf("test_cuda_ops: seed %llu (TEST_CUDA_OPS_SEED=%llu repeats this run)\n", (unsigned long long)seed,
+	    (unsigned long long)seed);
+	fflush(stdout);
+	rng_state = seed;
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
