@@ -26,7 +26,9 @@ struct backend_opts {
 	int max_seqs;      /* most sequences one step may carry */
 	int device;        /* CUDA: device ordinal */
 	int exact;         /* CPU: float activations in every product (the reference mode);
-	                      else quantized weights meet 8-bit activations */
+	                      else quantized weights meet 8-bit activations.
+	                      CUDA: an fp32 KV pool and fp32 activations in every
+	                      product (else fp16 KV, fp16 activations for cuBLAS) */
 };
 
 /* One sequence's part of a step: n_new tokens at positions pos0.. */
@@ -69,7 +71,8 @@ struct backend;
 
 struct backend_ops {
 	const char *name;
-	int kv_elem_bytes;  /* bytes of one K or V element in the pool */
+	/* Bytes of one K or V element in b's pool (the mode b was loaded in may change it). */
+	int (*kv_elem_bytes)(const struct backend *b);
 	/* Uploads / prepares the weights and allocates the KV pool. */
 	int (*load)(const struct model_desc *m, const struct backend_opts *o,
 	    struct backend **out, char *err);

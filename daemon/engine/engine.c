@@ -164,7 +164,7 @@ engine_kv_bytes(const struct engine *e)
 	const struct model_hparams *hp = &e->m->hp;
 
 	return (uint64_t)e->kv.n_blocks * KV_BLOCK_TOKENS * (uint64_t)hp->n_layer * 2u *
-	    (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * (uint64_t)e->ops->kv_elem_bytes;
+	    (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * (uint64_t)e->ops->kv_elem_bytes(e->be);
 }
 
 int32_t

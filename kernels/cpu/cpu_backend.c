@@ -425,9 +425,17 @@ cpu_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char 
 	return 0;
 }
 
+/* The CPU pool is float in both modes. */
+static int
+cpu_kv_elem_bytes(const struct backend *b)
+{
+	(void)b;
+	return (int)sizeof(float);
+}
+
 const struct backend_ops cpu_backend = {
 	.name = "cpu",
-	.kv_elem_bytes = sizeof(float),
+	.kv_elem_bytes = cpu_kv_elem_bytes,
 	.load = cpu_load,
 	.forward = cpu_forward,
 	.kv_copy = cpu_kv_copy,

@@ -17,7 +17,7 @@
 #define ATT_GROUP 4      /* query heads of one KV head per attention block, a warp each */
 #define ATT_WARPS ATT_GROUP
 #define ATT_TILE 32      /* positions per tile: one per lane */
-#define KV_PAD 8         /* halves after each row of a tile in shared memory: no bank conflicts */
+#define KV_PAD_BYTES 16  /* after each row of a tile in shared memory: no bank conflicts */
 #define ATT_WAVES 4      /* attention blocks per multiprocessor worth splitting a context for */
 #define ATT_MAX_SPLITS 64
 #define MAX_PAIRS 4 /* head_dim <= 256: at most 4 rotation pairs per lane */
@@ -37,10 +37,23 @@ kv_index(const struct cuda_kv &kv, const int32_t *tab, int p, int kvsel, int nkv
  * head for j < n_head, else key head j - n_head (whose value head is stored
  * with it). Lane l rotates pairs l, l + 32, ...
  */
+/* x as a pool element of type T. */
+template <typename T>
+static __device__ __forceinline__ T
+kv_elem(float x)
+{
+	if constexpr (sizeof(T) == sizeof(float))
+		return x;
+	else
+		return __float2half_rn(x);
+}
+
+template <typename T>
 __global__ void __launch_bounds__(QK_WARPS * WARP)
 qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict__ v,
     struct cuda_heads hp, struct cuda_kv kv)
 {
+	T *pool = (T *)kv.pool;
 	int t = blockIdx.x, j = blockIdx.y * QK_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP;
 	int d = hp.head_dim, half = d / 2, nkv = hp.n_head_kv * d;
 	int isq = j < hp.n_head, head = isq ? j : j - hp.n_head;
@@ -98,8 +111,8 @@ qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict_
 			vec[ia[u]] = x0;
 			vec[ib[u]] = x1;
 		} else {
-			kv.pool[ko + ia[u]] = __float2half_rn(x0);
-			kv.pool[ko + ib[u]] = __float2half_rn(x1);
+			pool[ko + ia[u]] = kv_elem<T>(x0);
+			pool[ko + ib[u]] = kv_elem<T>(x1);
 		}
 	}
 	if (isq)
@@ -108,13 +121,31 @@ qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict_
 	const float *vr = v + (size_t)t * nkv + (size_t)head * d;
 	size_t vo = kv_index(kv, tab, kv.tok_pos[t], 1, nkv, head * d);
 	for (int i = lane; i < d; i += WARP)
-		kv.pool[vo + i] = __float2half_rn(vr[i] + (hp.bv != NULL ? hp.bv[(size_t)head * d + i] : 0.0f));
+		pool[vo + i] = kv_elem<T>(vr[i] + (hp.bv != NULL ? hp.bv[(size_t)head * d + i] : 0.0f));
 }
 
-/* E consecutive halves at p as floats. */
+/* E consecutive pool elements at p as floats. */
 template <int E>
 static __device__ __forceinline__ void
-load_halves(const __half *p, float *out)
+load_kv(const float *p, float *out)
+{
+	if constexpr (E % 4 == 0) {
+#pragma unroll
+		for (int i = 0; i < E; i += 4) {
+			float4 f = *(const float4 *)(p + i);
+
+			out[i] = f.x, out[i + 1] = f.y, out[i + 2] = f.z, out[i + 3] = f.w;
+		}
+	} else {
+#pragma unroll
+		for (int i = 0; i < E; i++)
+			out[i] = p[i];
+	}
+}
+
+template <int E>
+static __device__ __forceinline__ void
+load_kv(const __half *p, float *out)
 {
 	if constexpr (E % 8 == 0) {
 #pragma unroll
@@ -165,11 +196,20 @@ cp_async_wait(void)
 	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/* Elements of pool type T after each row of a shared-memory tile. */
+template <typename T>
+static constexpr __host__ __device__ int
+kv_pad(void)
+{
+	return KV_PAD_BYTES / (int)sizeof(T);
+}
+
 /* Shared memory of attn_kernel for head_dim d: two stages of K and V tiles, the queries. */
+template <typename T>
 static size_t
 attn_smem_bytes(int d)
 {
-	return (size_t)2 * 2 * ATT_TILE * (d + KV_PAD) * sizeof(__half) + (size_t)ATT_GROUP * d * sizeof(float);
+	return (size_t)2 * 2 * ATT_TILE * (d + kv_pad<T>()) * sizeof(T) + (size_t)ATT_GROUP * d * sizeof(float);
 }
 
 /*
@@ -177,19 +217,20 @@ attn_smem_bytes(int d)
  * KV head offset koff into a stage: every thread of the block issues its
  * share of 16-byte copies, all in flight at once.
  */
-template <int D>
+template <int D, typename T>
 static __device__ __forceinline__ void
-attn_load_tile(__half *ks, __half *vs, const struct cuda_kv &kv, const int32_t *tab, int c0, int nv,
+attn_load_tile(T *ks, T *vs, const struct cuda_kv &kv, const int32_t *tab, int c0, int nv,
     int nkv, int koff)
 {
-	constexpr int PIECES = D / 8, RS = D + KV_PAD;
+	constexpr int PER = 16 / (int)sizeof(T), PIECES = D / PER, RS = D + kv_pad<T>();
+	const T *pool = (const T *)kv.pool;
 
 	for (int i = threadIdx.x; i < nv * PIECES; i += ATT_WARPS * WARP) {
-		int r = i / PIECES, c = (i % PIECES) * 8;
+		int r = i / PIECES, c = (i % PIECES) * PER;
 		size_t ko = kv_index(kv, tab, c0 + r, 0, nkv, koff + c);
 
-		cp_async16(ks + r * RS + c, kv.pool + ko);
-		cp_async16(vs + r * RS + c, kv.pool + ko + kv.kv_stride);
+		cp_async16(ks + r * RS + c, pool + ko);
+		cp_async16(vs + r * RS + c, pool + ko + kv.kv_stride);
 	}
 }
 
@@ -204,14 +245,14 @@ attn_load_tile(__half *ks, __half *vs, const struct cuda_kv &kv, const int32_t *
  * the tile's values. With one split the output is normalized in place;
  * else the piece (weighted values, max, sum) goes to part for attn_merge.
  */
-template <int E>
+template <int E, typename T>
 __global__ void __launch_bounds__(ATT_WARPS * WARP)
 attn_kernel(const float *__restrict__ q, float *__restrict__ out, float *__restrict__ part, int n_split,
     struct cuda_heads hp, struct cuda_kv kv)
 {
-	constexpr int D = WARP * E, RS = D + KV_PAD;
+	constexpr int D = WARP * E, RS = D + kv_pad<T>();
 	extern __shared__ __align__(16) unsigned char smem[];
-	__half *ks = (__half *)smem, *vs = ks + 2 * ATT_TILE * RS;
+	T *ks = (T *)smem, *vs = ks + 2 * ATT_TILE * RS;
 	float *qs = (float *)(vs + 2 * ATT_TILE * RS);
 	int t = blockIdx.x / n_split, split = blockIdx.x % n_split;
 	int g = threadIdx.x / WARP, lane = threadIdx.x % WARP;
@@ -230,14 +271,14 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, float *__restr
 	for (int e = 0; e < E; e++)
 		acc[e] = 0.0f;
 	if (lo < hi)
-		attn_load_tile<D>(ks, vs, kv, tab, lo, min(ATT_TILE, hi - lo), nkv, kvh * D);
+		attn_load_tile<D, T>(ks, vs, kv, tab, lo, min(ATT_TILE, hi - lo), nkv, kvh * D);
 	cp_async_commit();
 	for (int c0 = lo, st = 0; c0 < hi; c0 += ATT_TILE, st ^= 1) {
 		int nv = min(ATT_TILE, hi - c0);
-		const __half *kt = ks + st * ATT_TILE * RS, *vt = vs + st * ATT_TILE * RS;
+		const T *kt = ks + st * ATT_TILE * RS, *vt = vs + st * ATT_TILE * RS;
 
 		if (c0 + ATT_TILE < hi)
-			attn_load_tile<D>(ks + (st ^ 1) * ATT_TILE * RS, vs + (st ^ 1) * ATT_TILE * RS, kv, tab,
+			attn_load_tile<D, T>(ks + (st ^ 1) * ATT_TILE * RS, vs + (st ^ 1) * ATT_TILE * RS, kv, tab,
 			    c0 + ATT_TILE, min(ATT_TILE, hi - c0 - ATT_TILE), nkv, kvh * D);
 		cp_async_commit();
 		cp_async_wait<1>();
@@ -252,7 +293,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, float *__restr
 				for (int i = 0; i < D; i += 8) {
 					float4 qa = *(const float4 *)(qs + g * D + i), qb = *(const float4 *)(qs + g * D + i + 4);
 
-					load_halves<8>(kt + lane * RS + i, kf);
+					load_kv<8>(kt + lane * RS + i, kf);
 					dot += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
 					    qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
 				}
@@ -270,7 +311,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, float *__restr
 			for (int j = 0; j < nv; j++) {
 				float pj = __shfl_sync(FULL_MASK, p, j), vf[E];
 
-				load_halves<E>(vt + j * RS + lane * E, vf);
+				load_kv<E>(vt + j * RS + lane * E, vf);
 #pragma unroll
 				for (int e = 0; e < E; e++)
 					acc[e] += pj * vf[e];
@@ -327,7 +368,10 @@ cuda_qk(float *q, float *k, const float *v, int n_tok, const struct cuda_heads *
 {
 	dim3 grid((unsigned)n_tok, (unsigned)((hd->n_head + hd->n_head_kv + QK_WARPS - 1) / QK_WARPS));
 
-	qk_kernel<<<grid, QK_WARPS * WARP, 0, st>>>(q, k, v, *hd, *kv);
+	if (kv->f32)
+		qk_kernel<float><<<grid, QK_WARPS * WARP, 0, st>>>(q, k, v, *hd, *kv);
+	else
+		qk_kernel<__half><<<grid, QK_WARPS * WARP, 0, st>>>(q, k, v, *hd, *kv);
 	CK_LAUNCH("qk_kernel");
 	return 0;
 }
@@ -352,23 +396,33 @@ cuda_attention_part_rows(int device)
 	return (int64_t)ATT_WAVES * sms * ATT_GROUP;
 }
 
-/* Lets attn_kernel<E> have its shared memory on the current device (past 48 KB it must be asked for). */
-template <int E>
+/* Lets attn_kernel<E, T> have its shared memory on the current device (past 48 KB it must be asked for). */
+template <int E, typename T>
 static int
 attn_smem_limit(char *err)
 {
-	size_t smem = attn_smem_bytes(WARP * E);
+	size_t smem = attn_smem_bytes<T>(WARP * E);
 
 	if (smem > 48 * 1024)
-		CK(cudaFuncSetAttribute(attn_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		CK(cudaFuncSetAttribute(attn_kernel<E, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 	return 0;
+}
+
+/* Both pool element types: graph capture must not meet a first cudaFuncSetAttribute. */
+template <int E>
+static int
+attn_smem_limits(char *err)
+{
+	int rc = attn_smem_limit<E, __half>(err);
+
+	return rc != 0 ? rc : attn_smem_limit<E, float>(err);
 }
 
 int
 cuda_attention_setup(int head_dim, char *err)
 {
 	switch (head_dim / WARP) {
-#define E_CASE(E) case E: return attn_smem_limit<E>(err);
+#define E_CASE(E) case E: return attn_smem_limits<E>(err);
 	E_CASE(1) E_CASE(2) E_CASE(3) E_CASE(4) E_CASE(5) E_CASE(6) E_CASE(7) E_CASE(8)
 #undef E_CASE
 	default:
@@ -377,24 +431,36 @@ cuda_attention_setup(int head_dim, char *err)
 }
 
 /*
- * Launches attn_kernel<E> with its shared memory; raises the limit first
+ * Launches attn_kernel<E, T> with its shared memory; raises the limit first
  * unless the stream is being captured into a graph (cuda_attention_setup
  * did it then).
  */
-template <int E>
+template <int E, typename T>
 static int
-attn_launch(dim3 grid, const float *q, float *out, float *part, int n_split, const struct cuda_heads *hd,
+attn_launch_t(dim3 grid, const float *q, float *out, float *part, int n_split, const struct cuda_heads *hd,
     const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
 	cudaStreamCaptureStatus cs;
 	int rc;
 
 	CK(cudaStreamIsCapturing(st, &cs));
-	if (cs == cudaStreamCaptureStatusNone && (rc = attn_smem_limit<E>(err)) != 0)
+	if (cs == cudaStreamCaptureStatusNone && (rc = attn_smem_limit<E, T>(err)) != 0)
 		return rc;
-	attn_kernel<E><<<grid, ATT_WARPS * WARP, attn_smem_bytes(WARP * E), st>>>(q, out, part, n_split, *hd, *kv);
+	attn_kernel<E, T><<<grid, ATT_WARPS * WARP, attn_smem_bytes<T>(WARP * E), st>>>(q, out, part, n_split,
+	    *hd, *kv);
 	CK_LAUNCH("attn_kernel");
 	return 0;
+}
+
+/* attn_launch_t for the pool's element type. */
+template <int E>
+static int
+attn_launch(dim3 grid, const float *q, float *out, float *part, int n_split, const struct cuda_heads *hd,
+    const struct cuda_kv *kv, cudaStream_t st, char *err)
+{
+	if (kv->f32)
+		return attn_launch_t<E, float>(grid, q, out, part, n_split, hd, kv, st, err);
+	return attn_launch_t<E, __half>(grid, q, out, part, n_split, hd, kv, st, err);
 }
 
 int

@@ -10,12 +10,13 @@
 #include "norm.cuh"
 
 /*
- * The KV pool, fp16: [block][layer][K|V][KV_BLOCK_TOKENS][n_head_kv * head_dim],
- * and where this step's tokens sit in it: token t is at position
- * tok_pos[t] of the sequence whose block table starts at tables + tok_tab[t].
+ * The KV pool, fp16 (or fp32 with f32, the exact mode):
+ * [block][layer][K|V][KV_BLOCK_TOKENS][n_head_kv * head_dim], and where
+ * this step's tokens sit in it: token t is at position tok_pos[t] of the
+ * sequence whose block table starts at tables + tok_tab[t].
  */
 struct cuda_kv {
-	__half *pool;
+	void *pool;        /* __half, or float with f32 */
 	size_t kv_stride;  /* elements of one block's K (or V) of one layer */
 	int n_layer, layer;
 	const int32_t *tok_pos, *tok_tab, *tables;
@@ -25,6 +26,7 @@ struct cuda_kv {
 	 */
 	float *part;
 	int64_t part_rows;
+	int f32;           /* the pool holds floats */
 };
 
 /* One layer's heads. */

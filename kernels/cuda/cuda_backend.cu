@@ -16,6 +16,11 @@
  *   file, line and CUDA's message, never an abort.
  *
  * KV pool: [block][layer][K|V][KV_BLOCK_TOKENS][n_head_kv * head_dim], fp16.
+ *
+ * Exact mode (backend_opts.exact): the pool holds fp32 and every product
+ * takes the fp32 matrix-vector path whatever the token count (never the
+ * int8 kernels), so that no activation is rounded to fp16 or int8 and the
+ * step differs from the CPU's exact mode by float order alone.
  */
 #include "attention.cuh"
 #include "cuda_common.cuh"
@@ -23,6 +28,7 @@
 #include "matmul.cuh"
 #include "norm.cuh"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,7 +105,8 @@ struct backend {
 	struct cuda_weight tok_embd, output;
 	float *out_norm;
 	float *inv_freq[2];          /* RoPE of full-attention and of sliding-window layers */
-	__half *kv;
+	void *kv;                    /* __half, or float with kv_f32 */
+	int kv_f32;                  /* exact mode */
 	int64_t kv_blocks;
 	size_t kv_stride;            /* elements of one block's K (or V) of one layer */
 	int max_tokens;
@@ -514,8 +521,10 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    "logits", err)) ||
 	    (rc = dev_alloc((void **)&b->mm.xh, T * d->widest * sizeof(__half), "fp16 activations", err)) ||
 	    (rc = dev_alloc((void **)&b->mm.xscale, floats_bytes(T), "fp16 activations", err)) ||
-	    (rc = dev_alloc((void **)&b->mm.xq, T * 2 * d->widest, "int8 activations", err)) ||
-	    (rc = dev_alloc((void **)&b->mm.xd, T * d->widest / 32 * sizeof(float2), "int8 activations", err)) ||
+	    /* exact mode keeps float activations: no int8 copies, so the int8 kernels stay off */
+	    (!b->kv_f32 && (rc = dev_alloc((void **)&b->mm.xq, T * 2 * d->widest, "int8 activations", err))) ||
+	    (!b->kv_f32 && (rc = dev_alloc((void **)&b->mm.xd, T * d->widest / 32 * sizeof(float2),
+	    "int8 activations", err))) ||
 	    (rc = dev_alloc((void **)&b->mm.wh, (size_t)wh_elems * sizeof(__half), "fp16 weight tiles",
 	    err)) ||
 	    (rc = dev_alloc(&b->blas_ws, BLAS_WORKSPACE, "the cuBLAS workspace", err)) ||
@@ -576,13 +585,26 @@ open_blas(struct backend *b, char *err)
 	return 0;
 }
 
-/* The largest token count that goes to the matrix-vector kernels (RESIDENT_CUDA_MMV_MAX). */
+/*
+ * The largest token count that goes to the matrix-vector kernels
+ * (RESIDENT_CUDA_MMV_MAX); in exact mode every count, since cuBLAS takes
+ * fp16 activations.
+ */
 static int
-mmv_max(void)
+mmv_max(int exact)
 {
 	const char *s = getenv("RESIDENT_CUDA_MMV_MAX");
 
+	if (exact)
+		return INT_MAX;
 	return s != NULL && *s != '\0' ? atoi(s) : MMV_MAX_DEFAULT;
+}
+
+/* Bytes of one K or V element of the pool. */
+static int
+kv_elem_size(const struct backend *b)
+{
+	return b->kv_f32 ? (int)sizeof(float) : (int)sizeof(__half);
 }
 
 /* Everything load does, in order; on failure the caller frees what was made. */
@@ -608,7 +630,8 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 		wh = MAX(wh, cuda_matmul_tile_elems(&w));
 	}
 	b->kv_stride = KV_BLOCK_TOKENS * d.nkv;
-	kv_bytes = (size_t)o->kv_blocks * (size_t)m->hp.n_layer * 2 * b->kv_stride * sizeof(__half);
+	b->kv_f32 = o->exact != 0;
+	kv_bytes = (size_t)o->kv_blocks * (size_t)m->hp.n_layer * 2 * b->kv_stride * (size_t)kv_elem_size(b);
 	act = activation_bytes(&d) + (size_t)wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(b) +
 	    floats_bytes(small_floats(m));
 	need = wbytes + kv_bytes + act;
@@ -630,7 +653,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 		c->w_gate = weight_of(b, mats, n, off, L->w_gate), c->w_up = weight_of(b, mats, n, off, L->w_up);
 		c->w_down = weight_of(b, mats, n, off, L->w_down);
 	}
-	b->mm.mmv_max = mmv_max();
+	b->mm.mmv_max = mmv_max(o->exact);
 	b->use_graphs = getenv("RESIDENT_CUDA_GRAPHS") == NULL || atoi(getenv("RESIDENT_CUDA_GRAPHS")) != 0;
 	rc = 0;
 out:
@@ -767,7 +790,7 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	const struct cuda_layer *c = &b->layers[l];
 	struct cuda_heads hd = heads_of(b, l);
 	struct cuda_kv kv = { b->kv, b->kv_stride, hp->n_layer, l, dev->pos, dev->tab, dev->tables,
-		b->att_part, b->att_part_rows };
+		b->att_part, b->att_part_rows, b->kv_f32 };
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
 	int embd = hp->n_embd, nq = hp->n_head * hp->head_dim, nkv = hp->n_head_kv * hp->head_dim, rc;
 	const struct cuda_weight *wqkv[3] = { &c->wq, &c->wk, &c->wv };
@@ -966,7 +989,9 @@ static int
 cuda_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char *err)
 {
 	size_t nkv = (size_t)b->m->hp.n_head_kv * (size_t)b->m->hp.head_dim;
-	size_t pitch = b->kv_stride * sizeof(__half), per_block = (size_t)b->m->hp.n_layer * 2 * b->kv_stride;
+	size_t el = (size_t)kv_elem_size(b), pitch = b->kv_stride * el;
+	size_t per_block = (size_t)b->m->hp.n_layer * 2 * pitch;
+	char *kv = (char *)b->kv;
 
 	if (src < 0 || src >= b->kv_blocks || dst < 0 || dst >= b->kv_blocks ||
 	    n_tokens < 0 || n_tokens > KV_BLOCK_TOKENS)
@@ -975,8 +1000,8 @@ cuda_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char
 		return 0;
 	CK(cudaSetDevice(b->device));
 	/* the block's K and V of every layer: 2 * n_layer rows of n_tokens positions, a pitch apart */
-	CK(cudaMemcpy2DAsync(b->kv + (size_t)dst * per_block, pitch, b->kv + (size_t)src * per_block, pitch,
-	    (size_t)n_tokens * nkv * sizeof(__half), (size_t)b->m->hp.n_layer * 2,
+	CK(cudaMemcpy2DAsync(kv + (size_t)dst * per_block, pitch, kv + (size_t)src * per_block, pitch,
+	    (size_t)n_tokens * nkv * el, (size_t)b->m->hp.n_layer * 2,
 	    cudaMemcpyDeviceToDevice, b->stream));
 	return 0;
 }
@@ -995,7 +1020,7 @@ cuda_backend_devices(void)
 
 extern "C" const struct backend_ops cuda_backend = {
 	"cuda",
-	(int)sizeof(__half),
+	kv_elem_size,
 	cuda_load,
 	cuda_forward,
 	cuda_kv_copy,

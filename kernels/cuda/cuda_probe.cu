@@ -227,9 +227,39 @@ mm_scratch(struct cuda_probe *p, int64_t k, int n_tok, int64_t tile_elems, int r
 	return 0;
 }
 
+/*
+ * y = W x as n_parts weights of consecutive rows of cw (the last takes the
+ * rest), each writing its columns of y: one cuda_matmul_multi, which fuses
+ * them on the matrix-vector path; n_parts 1: cuda_matmul.
+ */
 static int
-matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w, const float *x,
-    int n_tok, enum cuda_probe_path path, int64_t tile_rows, int reuse_x, float *y, char *err)
+matmul_parts(struct cuda_probe *p, const struct cuda_weight *cw, int n_parts, const float *x, int n_tok,
+    float *y, int reuse_x, char *err)
+{
+	struct cuda_weight part[MM_MAX_OUT];
+	const struct cuda_weight *wp[MM_MAX_OUT];
+	float *yp[MM_MAX_OUT];
+	int ld[MM_MAX_OUT];
+	int64_t per = cw->n / n_parts, r0 = 0;
+
+	if (n_parts == 1)
+		return cuda_matmul(&p->mm, cw, x, (int)cw->k, n_tok, y, (int)cw->n, reuse_x, err);
+	if (n_parts < 1 || n_parts > MM_MAX_OUT || per < 1 || reuse_x)
+		return err_set(err, ERR_INVAL, "cuda_probe: %lld rows in %d parts (reuse %d)", (long long)cw->n,
+		    n_parts, reuse_x);
+	for (int i = 0; i < n_parts; i++) {
+		part[i] = *cw;
+		part[i].d = cw->d + (size_t)r0 * cw->row_bytes;
+		part[i].n = i == n_parts - 1 ? cw->n - r0 : per;
+		wp[i] = &part[i], yp[i] = y + r0, ld[i] = (int)cw->n;
+		r0 += part[i].n;
+	}
+	return cuda_matmul_multi(&p->mm, wp, n_parts, x, (int)cw->k, n_tok, yp, ld, err);
+}
+
+static int
+matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w, int n_parts,
+    const float *x, int n_tok, enum cuda_probe_path path, int64_t tile_rows, int reuse_x, float *y, char *err)
 {
 	struct cuda_weight cw;
 	void *dw, *dx, *dy;
@@ -250,8 +280,8 @@ matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight
 		return rc;
 	p->x_valid = 0;
 	p->mm.mmv_max = path == CUDA_PROBE_MATVEC ? INT_MAX : 0;
-	if ((rc = cuda_matmul(&p->mm, &cw, (const float *)dx, (int)w->k, n_tok, (float *)dy, (int)w->n,
-	    reuse_x, err)) != 0 || (rc = finish(p, bs, "cuda_matmul", err)) != 0 ||
+	if ((rc = matmul_parts(p, &cw, n_parts, (const float *)dx, n_tok, (float *)dy, reuse_x, err)) != 0 ||
+	    (rc = finish(p, bs, "cuda_matmul", err)) != 0 ||
 	    (rc = guard_check(p, &p->xh, "cuda_matmul fp16 activations", err)) != 0 ||
 	    (rc = guard_check(p, &p->xscale, "cuda_matmul row scales", err)) != 0 ||
 	    (rc = guard_check(p, &p->wh, "cuda_matmul weight tile", err)) != 0)
@@ -265,11 +295,11 @@ matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight
 }
 
 extern "C" int
-cuda_probe_matmul(struct cuda_probe *p, const struct cuda_probe_weight *w, const float *x, int n_tok,
-    enum cuda_probe_path path, int64_t tile_rows, int reuse_x, float *y, char *err)
+cuda_probe_matmul(struct cuda_probe *p, const struct cuda_probe_weight *w, int n_parts, const float *x,
+    int n_tok, enum cuda_probe_path path, int64_t tile_rows, int reuse_x, float *y, char *err)
 {
 	struct bufs bs = {};
-	int rc = matmul_run(p, &bs, w, x, n_tok, path, tile_rows, reuse_x, y, err);
+	int rc = matmul_run(p, &bs, w, n_parts, x, n_tok, path, tile_rows, reuse_x, y, err);
 
 	bufs_free(&bs);
 	return rc;
@@ -404,12 +434,12 @@ cuda_probe_glu(struct cuda_probe *p, float *a, const float *b, int64_t n, int ge
 	return rc;
 }
 
-/* Elements of the whole pool. */
+/* Bytes of the whole pool. */
 static size_t
-pool_elems(const struct cuda_probe_heads *hd, const struct cuda_probe_kv *kv)
+pool_bytes(const struct cuda_probe_heads *hd, const struct cuda_probe_kv *kv)
 {
 	return (size_t)kv->n_blocks * (size_t)kv->n_layer * 2 * KV_BLOCK_TOKENS * (size_t)hd->n_head_kv *
-	    (size_t)hd->head_dim;
+	    (size_t)hd->head_dim * (kv->f32 ? sizeof(float) : sizeof(__half));
 }
 
 /* Refuses heads and token placements that would send a kernel outside its buffers. */
@@ -458,8 +488,7 @@ heads_upload(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_head
 	    (rc = buf_opt(p, bs, hd->q_norm, db, &d[3], err)) != 0 ||
 	    (rc = buf_opt(p, bs, hd->k_norm, db, &d[4], err)) != 0 ||
 	    (rc = buf_new(p, bs, freq, db / 2, 0, &d[5], err)) != 0 ||
-	    (rc = buf_new(p, bs, kv->pool, pool_elems(hd, kv) * sizeof(__half), pool_written, &d[6],
-	    err)) != 0 ||
+	    (rc = buf_new(p, bs, kv->pool, pool_bytes(hd, kv), pool_written, &d[6], err)) != 0 ||
 	    (rc = buf_new(p, bs, kv->tok_pos, ib, 0, &d[7], err)) != 0 ||
 	    (rc = buf_new(p, bs, kv->tok_tab, ib, 0, &d[8], err)) != 0 ||
 	    (rc = buf_new(p, bs, kv->tables, (size_t)kv->n_tables * sizeof(int32_t), 0, &d[9], err)) != 0)
@@ -470,7 +499,10 @@ heads_upload(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_head
 	ch->nm.offset = hd->norm_offset, ch->nm.eps = hd->norm_eps;
 	ch->inv_freq = (const float *)d[5];
 	ch->pos_div = hd->pos_div, ch->neox = hd->neox, ch->scale = hd->scale, ch->window = hd->window;
-	ck->pool = (__half *)d[6];
+	ck->pool = d[6];
+	ck->f32 = kv->f32;
+	ck->part = NULL;
+	ck->part_rows = 0;
 	ck->kv_stride = KV_BLOCK_TOKENS * (size_t)hd->n_head_kv * (size_t)hd->head_dim;
 	ck->n_layer = kv->n_layer, ck->layer = kv->layer;
 	ck->tok_pos = (const int32_t *)d[7], ck->tok_tab = (const int32_t *)d[8];
@@ -498,7 +530,7 @@ qk_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_heads *hd,
 	if ((rc = cuda_qk((float *)dq, (float *)dk, (const float *)dv, n_tok, &ch, &ck, p->stream, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_qk", err)) != 0 || (rc = fetch(p, q, dq, qb, err)) != 0)
 		return rc;
-	return fetch(p, kv->pool, ck.pool, pool_elems(hd, kv) * sizeof(__half), err);
+	return fetch(p, kv->pool, ck.pool, pool_bytes(hd, kv), err);
 }
 
 extern "C" int
@@ -527,6 +559,15 @@ attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_hea
 	    (rc = buf_new(p, bs, q, qb, 0, &dq, err)) != 0 ||
 	    (rc = buf_new(p, bs, NULL, qb, 1, &dout, err)) != 0)
 		return rc;
+	if (kv->split) {
+		void *part;
+
+		ck.part_rows = cuda_attention_part_rows(0);
+		if ((rc = buf_new(p, bs, NULL, (size_t)ck.part_rows * (size_t)(hd->head_dim + 2) * sizeof(float), 1,
+		    &part, err)) != 0)
+			return rc;
+		ck.part = (float *)part;
+	}
 	if ((rc = cuda_attention((const float *)dq, (float *)dout, n_tok, &ch, &ck, p->stream, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_attention", err)) != 0)
 		return rc;
@@ -539,6 +580,34 @@ cuda_probe_attention(struct cuda_probe *p, const struct cuda_probe_heads *hd, co
 {
 	struct bufs bs = {};
 	int rc = attention_run(p, &bs, hd, kv, q, n_tok, out, err);
+
+	bufs_free(&bs);
+	return rc;
+}
+
+static int
+argmax_run(struct cuda_probe *p, struct bufs *bs, const float *x, int n_rows, int n, int32_t *ids, char *err)
+{
+	size_t ib = (size_t)n_rows * sizeof(int32_t);
+	void *dx, *di;
+	int rc;
+
+	if (n_rows < 1 || n < 1)
+		return err_set(err, ERR_INVAL, "cuda_probe: argmax of %d rows of %d", n_rows, n);
+	if ((rc = buf_new(p, bs, x, (size_t)n_rows * (size_t)n * sizeof(float), 0, &dx, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, ib, 1, &di, err)) != 0)
+		return rc;
+	if ((rc = cuda_argmax((const float *)dx, n_rows, n, (int32_t *)di, p->stream, err)) != 0 ||
+	    (rc = finish(p, bs, "cuda_argmax", err)) != 0)
+		return rc;
+	return fetch(p, ids, di, ib, err);
+}
+
+extern "C" int
+cuda_probe_argmax(struct cuda_probe *p, const float *x, int n_rows, int n, int32_t *ids, char *err)
+{
+	struct bufs bs = {};
+	int rc = argmax_run(p, &bs, x, n_rows, n, ids, err);
 
 	bufs_free(&bs);
 	return rc;

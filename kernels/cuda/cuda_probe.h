@@ -42,13 +42,19 @@ enum cuda_probe_path {
 
 /*
  * y[t * n + o] = W[o] . x[t * k ..] for t < n_tok (x: n_tok x k, y: n_tok
- * x n). tile_rows > 0 limits the rows the cuBLAS path dequantizes at a
+ * x n). n_parts (1 to 3): W's rows cut into that many weights stored one
+ * after the other (n / n_parts rows each, the last the rest), multiplied
+ * by one cuda_matmul_multi, as the backend does Q, K and V (one fused
+ * kernel on the matrix-vector path); 1: cuda_matmul. tile_rows > 0 limits the rows the cuBLAS path dequantizes at a
  * time (0: as much as the backend would give it). reuse_x says x is the
  * previous call's x, same k and n_tok: the cuBLAS path then reuses its
  * fp16 copy, as the backend does for K and V.
  */
-int cuda_probe_matmul(struct cuda_probe *p, const struct cuda_probe_weight *w, const float *x,
+int cuda_probe_matmul(struct cuda_probe *p, const struct cuda_probe_weight *w, int n_parts, const float *x,
     int n_tok, enum cuda_probe_path path, int64_t tile_rows, int reuse_x, float *y, char *err);
+
+/* ids[r] = the index of the largest of row r of x (n_rows x n), the lowest among equals: cuda_argmax. */
+int cuda_probe_argmax(struct cuda_probe *p, const float *x, int n_rows, int n, int32_t *ids, char *err);
 
 /* out[t * k ..] = row tokens[t] of w, times scale, for t < n_tok. */
 int cuda_probe_embed(struct cuda_probe *p, const struct cuda_probe_weight *w, const int32_t *tokens,
@@ -82,18 +88,24 @@ struct cuda_probe_heads {
 };
 
 /*
- * The fp16 KV pool (raw fp16 bits), [block][layer][K|V][KV_BLOCK_TOKENS]
- * [n_head_kv * head_dim] for n_blocks blocks and n_layer layers, of which
- * `layer` is used, and where each token sits: token t is at position
- * tok_pos[t] of the sequence whose block table starts at tables +
- * tok_tab[t] (n_tables entries in all). The pool goes to the GPU as given
- * and cuda_probe_qk copies it back whole.
+ * The KV pool, raw fp16 bits (floats with f32, the exact mode),
+ * [block][layer][K|V][KV_BLOCK_TOKENS][n_head_kv * head_dim] for n_blocks
+ * blocks and n_layer layers, of which `layer` is used, and where each
+ * token sits: token t is at position tok_pos[t] of the sequence whose
+ * block table starts at tables + tok_tab[t] (n_tables entries in all). The
+ * pool goes to the GPU as given and cuda_probe_qk copies it back whole.
+ * split: cuda_probe_attention gives the kernel the scratch of split
+ * attention, as many rows as the backend gives it (its pieces and their
+ * merge run when few tokens would leave the GPU idle); 0: none, each
+ * (token, head) in one piece.
  */
 struct cuda_probe_kv {
-	uint16_t *pool;
+	void *pool;
 	int n_blocks, n_layer, layer;
 	const int32_t *tok_pos, *tok_tab, *tables;
 	int n_tables;
+	int f32;
+	int split;
 };
 
 /*

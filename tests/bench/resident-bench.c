@@ -391,8 +391,9 @@ usage(FILE *fp)
 	    "  -t N                 CPU threads (default: all cores)\n"
 	    "  -c N                 context length (default: what the largest test needs)\n"
 	    "      --device cpu|cuda  backend (default: cuda when built with it and a GPU is present)\n"
-	    "      --exact          CPU: float activations in every product (default: 8-bit ones\n"
-	    "                       for quantized weights)\n"
+	    "      --exact          float activations in every product (default: 8-bit ones for\n"
+	    "                       quantized weights on the CPU; on CUDA fp16 ones for long\n"
+	    "                       prompts and an fp16 KV cache, here fp32)\n"
 	    "  -h, --help\n"
 	    "A header line names the device and its measured read bandwidth; tg rows show the\n"
 	    "bytes a decode step reads (weights + KV) per second, and that as %% of the bandwidth.\n");

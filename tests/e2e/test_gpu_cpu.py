@@ -4,10 +4,17 @@ through residentd on the GPU as on the CPU. Two daemons, one started with
 --device cpu and one with --device cuda, each serve 16 sessions at once (16
 different prompts, 64 tokens each); the streams must agree token for token.
 
+Both daemons run with --exact: the CPU's default mode multiplies with
+8-bit activations, which alone moves Gemma's logits by about 0.1, and the
+GPU's default keeps K/V in fp16 (up to 2.4e-3 of the largest logit) and
+rounds the activations of long prefills to fp16 for cuBLAS. In exact mode
+both compute in float32 throughout (the GPU with an fp32 KV pool), so what
+is left between them is the order of float sums.
+
 Float sums in another order may tip a near tie the other way, so a stream
 may diverge where the CPU's two best logits differ by less than TIE: at the
 first differing position the test computes the CPU's logits of the prompt
-and the common prefix (`resident-model logits`, the CPU backend) and passes
+and the common prefix (`resident-model logits --exact`, the CPU backend) and passes
 that stream only if the GPU's token is within TIE of the CPU's best one.
 Anything else fails, printing the prompt, the position and both tokens.
 
@@ -88,7 +95,7 @@ def start_daemon(tmp, model, device):
     daemon that cannot use the device shows as one that answers nothing."""
     os.makedirs(os.path.join(tmp, device))
     d = Daemon(tmp=os.path.join(tmp, device), model=model,
-               extra=["--device", device, "--ctx", "512", "--kv-tokens", "4096"])
+               extra=["--device", device, "--exact", "--ctx", "512", "--kv-tokens", "4096"])
     try:
         d.start(timeout=300)
         with d.client(timeout=300) as c:
@@ -149,7 +156,8 @@ def run_device(tmp, model, device):
 def cpu_logits_row(model, ids, tmp):
     """The CPU backend's logits after ids (the last row of `resident-model logits`)."""
     out = os.path.join(tmp, "logits.f32")
-    subprocess.run([rsd.tool("resident-model"), "logits", model, "--out", out] + [str(t) for t in ids],
+    subprocess.run([rsd.tool("resident-model"), "logits", model, "--exact", "--out", out] +
+                   [str(t) for t in ids],
                    check=True, stdout=subprocess.DEVNULL)
     with open(out, "rb") as f:
         data = f.read()

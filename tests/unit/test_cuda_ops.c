@@ -26,9 +26,12 @@
  * - norms, GLU, RoPE: float32 with other reduction orders and CUDA's
  *   expf/tanhf/sinf/cosf (2 ulp): 1e-5 relative;
  * - K and V in the fp16 pool: half an fp16 ulp (2^-11) of the value, plus
- *   the float32 error above;
- * - attention, against a float64 softmax over the same fp16 K/V: 1e-5 of
- *   the largest value it averages.
+ *   the float32 error above; in the fp32 pool (exact mode) the float32
+ *   error alone;
+ * - attention, against a float64 softmax over the same K/V (fp16 or fp32
+ *   pool, one piece or split and merged): 1e-5 of the largest value it
+ *   averages;
+ * - argmax: exact, the lowest index among equal maxima.
  *
  * Without a CUDA device the program says so and exits 77 (a skip).
  */
@@ -65,6 +68,7 @@
 #define MAX_TAB 64
 #define N_LAYER 3       /* layers of the KV pool; the heads use the middle one */
 #define POISON16 0xffff /* an fp16 NaN: what the pool holds where nothing was written */
+#define POISON32 0xffffffffu /* the same in an fp32 pool */
 
 static uint64_t rng_state;
 static struct cuda_probe *probe;
@@ -259,7 +263,7 @@ test_embed(void **state)
 /* One product on a path, checked against cpu_matmul; returns the worst error / sum |w x|. */
 static double
 check_matmul(const struct model_tensor *t, const float *wf, const float *x, int n_tok,
-    enum cuda_probe_path path, int64_t tile_rows, int reuse_x)
+    enum cuda_probe_path path, int64_t tile_rows, int reuse_x, int n_parts)
 {
 	int64_t k = t->ne[0], n = t->ne[1];
 	float *y = nan_floats((size_t)(n * n_tok)), *ref = nan_floats((size_t)(n * n_tok));
@@ -270,8 +274,8 @@ check_matmul(const struct model_tensor *t, const float *wf, const float *x, int 
 	struct cpu_act in;
 	char err[ERR_LEN];
 
-	if (cuda_probe_matmul(probe, &w, x, n_tok, path, tile_rows, reuse_x, y, err) != 0)
-		fail_msg("matmul %s %s: %s", pname, quant_traits(t->type)->name, err);
+	if (cuda_probe_matmul(probe, &w, n_parts, x, n_tok, path, tile_rows, reuse_x, y, err) != 0)
+		fail_msg("matmul %s %s in %d parts: %s", pname, quant_traits(t->type)->name, n_parts, err);
 	cpu_act_init(&in, x, k, n_tok, k, NULL); /* float activations: the exact product */
 	cpu_matmul(pool, &in, 1, &t, &ref, &n, scratch);
 	for (int tk = 0; tk < n_tok; tk++)
@@ -282,10 +286,10 @@ check_matmul(const struct model_tensor *t, const float *wf, const float *x, int 
 				size += fabs((double)wf[o * k + i] * x[(size_t)tk * k + i]);
 			e = fabs((double)y[(size_t)tk * n + o] - ref[(size_t)tk * n + o]) / size;
 			if (!(e <= tol))
-				fail_msg("matmul %s %s %lld x %lld, %d tokens (tile %lld, reuse %d): token %d row "
-				    "%lld: gpu %g cpu %g, error %.2e of sum |w x| %g", pname,
+				fail_msg("matmul %s %s %lld x %lld, %d tokens (tile %lld, reuse %d, %d parts): token "
+				    "%d row %lld: gpu %g cpu %g, error %.2e of sum |w x| %g", pname,
 				    quant_traits(t->type)->name, (long long)n, (long long)k, n_tok,
-				    (long long)tile_rows, reuse_x, tk, (long long)o, y[(size_t)tk * n + o],
+				    (long long)tile_rows, reuse_x, n_parts, tk, (long long)o, y[(size_t)tk * n + o],
 				    ref[(size_t)tk * n + o], e, size);
 			worst = fmax(worst, e);
 		}
@@ -323,11 +327,14 @@ matmul_path(enum cuda_probe_path path)
 			/* a last token beyond fp16's range: the cuBLAS path scales it by a power of two */
 			for (int64_t i = 0; big && i < k; i++)
 				x[(size_t)(n_tok - 1) * k + i] *= 1e5f;
-			worst = fmax(worst, check_matmul(&t, wf, x, n_tok, path, tile, 0));
+			worst = fmax(worst, check_matmul(&t, wf, x, n_tok, path, tile, 0, 1));
+			/* as Q, K and V: three weights one after the other, one launch on the matrix-vector path */
+			if (n >= 3)
+				worst = fmax(worst, check_matmul(&t, wf, x, n_tok, path, tile, 0, 3));
 			if (path == CUDA_PROBE_CUBLAS) {
 				struct model_tensor t2 = random_weight(type, k, n + 3, &wf2);
 
-				worst = fmax(worst, check_matmul(&t2, wf2, x, n_tok, path, tile, 1));
+				worst = fmax(worst, check_matmul(&t2, wf2, x, n_tok, path, tile, 1, 1));
 				free((void *)t2.data), free(wf2);
 			}
 			free((void *)t.data), free(wf), free(x);
@@ -554,11 +561,54 @@ pool_len(const struct cuda_probe_heads *hd, const struct place *pl)
 	    (size_t)hd->head_dim;
 }
 
-static struct cuda_probe_kv
-probe_kv(struct place *pl, uint16_t *pool_data)
+/* A KV pool on the host: fp16 bits, or floats (f32) as the exact mode keeps them. */
+struct kv_pool {
+	void *data;
+	size_t n;
+	int f32;
+};
+
+/* n elements, all poison. */
+static struct kv_pool
+pool_new(size_t n, int f32)
 {
-	struct cuda_probe_kv kv = { pool_data, pl->n_blocks, N_LAYER, 1, pl->tok_pos, pl->tok_tab, pl->tables,
-		pl->n_tables };
+	struct kv_pool kp = { xmalloc(n * (f32 ? 4 : 2)), n, f32 };
+
+	for (size_t i = 0; i < n; i++)
+		if (f32)
+			((uint32_t *)kp.data)[i] = POISON32;
+		else
+			((uint16_t *)kp.data)[i] = POISON16;
+	return kp;
+}
+
+static double
+pool_get(const struct kv_pool *kp, size_t i)
+{
+	return kp->f32 ? (double)((const float *)kp->data)[i] : fp16_to_fp32(((const uint16_t *)kp->data)[i]);
+}
+
+/* Stores x as the pool's type holds it. */
+static void
+pool_set(struct kv_pool *kp, size_t i, float x)
+{
+	if (kp->f32)
+		((float *)kp->data)[i] = x;
+	else
+		((uint16_t *)kp->data)[i] = fp32_to_fp16(x);
+}
+
+static int
+pool_poisoned(const struct kv_pool *kp, size_t i)
+{
+	return kp->f32 ? ((const uint32_t *)kp->data)[i] == POISON32 : ((const uint16_t *)kp->data)[i] == POISON16;
+}
+
+static struct cuda_probe_kv
+probe_kv(struct place *pl, struct kv_pool *kp, int split)
+{
+	struct cuda_probe_kv kv = { kp->data, pl->n_blocks, N_LAYER, 1, pl->tok_pos, pl->tok_tab, pl->tables,
+		pl->n_tables, kp->f32, split };
 
 	return kv;
 }
@@ -607,16 +657,20 @@ cpu_head(float *x, const float *bias, const float *nw, const struct cuda_probe_h
 	cpu_rope(x, 1, hd->head_dim, (float)pos / hd->pos_div, hd->theta, hd->neox);
 }
 
-/* Checks one K or V head in the pool against its reference (fp16 rounding allowed); clears its mask. */
+/*
+ * Checks one K or V head in the pool against its reference (fp16 rounding
+ * allowed in an fp16 pool); marks it written.
+ */
 static double
-check_pool_head(const char *what, const uint16_t *pool_data, uint8_t *written, const float *ref,
+check_pool_head(const char *what, const struct kv_pool *kp, uint8_t *written, const float *ref,
     const struct cuda_probe_heads *hd, const struct place *pl, int t, int kv, int h)
 {
 	double m = max_abs(ref, (size_t)hd->head_dim), worst = 0;
 
 	for (int i = 0; i < hd->head_dim; i++) {
 		size_t at = pool_at(hd, pl, pl->tok_tab[t], pl->tok_pos[t], kv, h, i);
-		double g = fp16_to_fp32(pool_data[at]), bound = ldexp(fabs((double)ref[i]), -11) + TOL_F32 * m;
+		double g = pool_get(kp, at);
+		double bound = (kp->f32 ? 0 : ldexp(fabs((double)ref[i]), -11)) + TOL_F32 * m;
 
 		if (!(fabs(g - ref[i]) <= bound))
 			fail_msg("%s: token %d %s head %d element %d: gpu %g cpu %g", what, t, kv ? "V" : "K",
@@ -629,7 +683,7 @@ check_pool_head(const char *what, const uint16_t *pool_data, uint8_t *written, c
 
 /* One head configuration of cuda_qk: q in place, K and V in the pool, nothing else written. */
 static double
-qk_case(size_t c)
+qk_case(size_t c, int f32)
 {
 	struct place pl;
 	float *bq = rand_floats(8 * 256, -0.5f, 0.5f), *bk = rand_floats(8 * 256, -0.5f, 0.5f);
@@ -639,7 +693,7 @@ qk_case(size_t c)
 	int d = hd.head_dim, nq, nkv;
 	struct cuda_probe_kv kv;
 	float *q, *k, *v, *qr;
-	uint16_t *pool_data;
+	struct kv_pool kp;
 	uint8_t *written;
 	size_t np;
 	char err[ERR_LEN], what[96];
@@ -654,13 +708,11 @@ qk_case(size_t c)
 	v = rand_floats((size_t)pl.n_tok * nkv, -2, 2);
 	qr = xmalloc((size_t)pl.n_tok * nq * sizeof *qr);
 	memcpy(qr, q, (size_t)pl.n_tok * nq * sizeof *q);
-	pool_data = xmalloc(np * sizeof *pool_data);
+	kp = pool_new(np, f32);
 	written = xcalloc(np, 1);
-	for (size_t i = 0; i < np; i++)
-		pool_data[i] = POISON16;
-	kv = probe_kv(&pl, pool_data);
-	snprintf(what, sizeof what, "qk head_dim %d, %d/%d heads, neox %d, bias %d, qk_norm %d", d,
-	    hd.n_head, hd.n_head_kv, hd.neox, hd.bq != NULL, hd.q_norm != NULL);
+	kv = probe_kv(&pl, &kp, 0);
+	snprintf(what, sizeof what, "qk head_dim %d, %d/%d heads, neox %d, bias %d, qk_norm %d, %s pool", d,
+	    hd.n_head, hd.n_head_kv, hd.neox, hd.bq != NULL, hd.q_norm != NULL, f32 ? "fp32" : "fp16");
 	if (cuda_probe_qk(probe, &hd, &kv, q, k, v, pl.n_tok, err) != 0)
 		fail_msg("%s: %s", what, err);
 	for (int t = 0; t < pl.n_tok; t++) {
@@ -674,34 +726,36 @@ qk_case(size_t c)
 			cpu_head(kh, hd.bk ? hd.bk + h * d : NULL, hd.k_norm, &hd, pl.tok_pos[t]);
 			if (hd.bv != NULL)
 				cpu_add(vh, hd.bv + h * d, d);
-			worst = fmax(worst, check_pool_head(what, pool_data, written, kh, &hd, &pl, t, 0, h));
-			worst = fmax(worst, check_pool_head(what, pool_data, written, vh, &hd, &pl, t, 1, h));
+			worst = fmax(worst, check_pool_head(what, &kp, written, kh, &hd, &pl, t, 0, h));
+			worst = fmax(worst, check_pool_head(what, &kp, written, vh, &hd, &pl, t, 1, h));
 		}
 	}
 	for (size_t i = 0; i < np; i++)
-		if (!written[i] && pool_data[i] != POISON16)
-			fail_msg("%s: pool element %zu was written (0x%04x) but belongs to no token's K/V", what, i,
-			    pool_data[i]);
+		if (!written[i] && !pool_poisoned(&kp, i))
+			fail_msg("%s: pool element %zu was written (%g) but belongs to no token's K/V", what, i,
+			    pool_get(&kp, i));
 	free(bq), free(bk), free(bv), free(qn), free(kn), free(q), free(k), free(v), free(qr);
-	free(pool_data), free(written);
+	free(kp.data), free(written);
 	return worst;
 }
 
 static void
 test_qk(void **state)
 {
-	double worst = 0;
-
 	(void)state;
-	for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++)
-		worst = fmax(worst, qk_case(c));
-	print_message("qk: max error / head max %.2e (bound %.0e, plus fp16 rounding in the pool)\n", worst,
-	    TOL_F32);
+	for (int f32 = 0; f32 < 2; f32++) {
+		double worst = 0;
+
+		for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++)
+			worst = fmax(worst, qk_case(c, f32));
+		print_message("qk, %s pool: max error / head max %.2e (bound %.0e%s)\n", f32 ? "fp32" : "fp16",
+		    worst, TOL_F32, f32 ? "" : ", plus fp16 rounding in the pool");
+	}
 }
 
 /* softmax(q . K * scale) V over the positions [p0, pos] of a sequence, in float64. */
 static void
-ref_attention(const float *qh, const uint16_t *pool_data, const struct cuda_probe_heads *hd,
+ref_attention(const float *qh, const struct kv_pool *kp, const struct cuda_probe_heads *hd,
     const struct place *pl, int tab, int pos, int kvh, float *out, double *vmax)
 {
 	int d = hd->head_dim, p0 = hd->window > 0 && pos >= hd->window ? pos - hd->window + 1 : 0;
@@ -713,7 +767,7 @@ ref_attention(const float *qh, const uint16_t *pool_data, const struct cuda_prob
 		double dot = 0;
 
 		for (int i = 0; i < d; i++)
-			dot += (double)qh[i] * fp16_to_fp32(pool_data[pool_at(hd, pl, tab, p, 0, kvh, i)]);
+			dot += (double)qh[i] * pool_get(kp, pool_at(hd, pl, tab, p, 0, kvh, i));
 		s[p] = dot * hd->scale;
 		mx = fmax(mx, s[p]);
 	}
@@ -723,7 +777,7 @@ ref_attention(const float *qh, const uint16_t *pool_data, const struct cuda_prob
 	}
 	for (int p = p0; p <= pos; p++)
 		for (int i = 0; i < d; i++) {
-			double vv = fp16_to_fp32(pool_data[pool_at(hd, pl, tab, p, 1, kvh, i)]);
+			double vv = pool_get(kp, pool_at(hd, pl, tab, p, 1, kvh, i));
 
 			acc[i] += s[p] / sum * vv;
 			*vmax = fmax(*vmax, fabs(vv));
@@ -733,66 +787,111 @@ ref_attention(const float *qh, const uint16_t *pool_data, const struct cuda_prob
 	free(s), free(acc);
 }
 
-/* One head configuration of cuda_attention over a pool of random fp16 K/V (NaN where no position is). */
+/*
+ * One head configuration of cuda_attention over a pool of random K/V (NaN
+ * where no position is) for a step of sequences; split: with the scratch
+ * of split attention.
+ */
 static double
-attention_case(size_t c)
+attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int split)
 {
 	struct place pl;
 	struct cuda_probe_heads hd = heads_cfg(c, NULL, NULL, NULL, NULL, NULL);
 	int d = hd.head_dim, nq = hd.n_head * d, group = hd.n_head / hd.n_head_kv;
 	float *q, *out, *ref = xmalloc((size_t)d * sizeof *ref);
-	uint16_t *pool_data;
-	size_t np;
+	struct kv_pool kp;
 	char err[ERR_LEN];
 	double worst = 0, vmax;
 
-	place_seqs(&pl, step_seqs, (int)ARRAY_LEN(step_seqs));
-	np = pool_len(&hd, &pl);
-	pool_data = xmalloc(np * sizeof *pool_data);
-	for (size_t i = 0; i < np; i++)
-		pool_data[i] = POISON16;
+	place_seqs(&pl, seqs, n_seqs);
+	kp = pool_new(pool_len(&hd, &pl), f32);
 	for (int s = 0; s < pl.n_seqs; s++)
 		for (int p = 0; p < pl.len[s]; p++)
 			for (int kvs = 0; kvs < 2; kvs++)
 				for (int h = 0; h < hd.n_head_kv; h++)
 					for (int i = 0; i < d; i++)
-						pool_data[pool_at(&hd, &pl, pl.tab0[s], p, kvs, h, i)] =
-						    fp32_to_fp16(unif(-1, 1));
+						pool_set(&kp, pool_at(&hd, &pl, pl.tab0[s], p, kvs, h, i), unif(-1, 1));
 	/* queries large enough that the softmax is far from uniform */
 	q = rand_floats((size_t)pl.n_tok * nq, -4, 4);
 	out = nan_floats((size_t)pl.n_tok * nq);
-	struct cuda_probe_kv kv = probe_kv(&pl, pool_data);
+	struct cuda_probe_kv kv = probe_kv(&pl, &kp, split);
 	if (cuda_probe_attention(probe, &hd, &kv, q, pl.n_tok, out, err) != 0)
-		fail_msg("attention head_dim %d: %s", d, err);
+		fail_msg("attention head_dim %d, %s pool, split %d: %s", d, f32 ? "fp32" : "fp16", split, err);
 	for (int t = 0; t < pl.n_tok; t++)
 		for (int h = 0; h < hd.n_head; h++) {
 			const float *got = out + ((size_t)t * hd.n_head + h) * d;
 
-			ref_attention(q + ((size_t)t * hd.n_head + h) * d, pool_data, &hd, &pl, pl.tok_tab[t],
+			ref_attention(q + ((size_t)t * hd.n_head + h) * d, &kp, &hd, &pl, pl.tok_tab[t],
 			    pl.tok_pos[t], h / group, ref, &vmax);
 			for (int i = 0; i < d; i++) {
 				double e = fabs((double)got[i] - ref[i]) / vmax;
 
 				if (!(e <= TOL_ATTN))
-					fail_msg("attention head_dim %d, %d/%d heads, window %d: token %d (position %d) "
-					    "head %d element %d: gpu %g reference %g", d, hd.n_head, hd.n_head_kv,
-					    hd.window, t, pl.tok_pos[t], h, i, got[i], ref[i]);
+					fail_msg("attention head_dim %d, %d/%d heads, window %d, %s pool, split %d: token "
+					    "%d (position %d) head %d element %d: gpu %g reference %g", d, hd.n_head,
+					    hd.n_head_kv, hd.window, f32 ? "fp32" : "fp16", split, t, pl.tok_pos[t], h, i,
+					    got[i], ref[i]);
 				worst = fmax(worst, e);
 			}
 		}
-	free(q), free(out), free(ref), free(pool_data);
+	free(q), free(out), free(ref), free(kp.data);
 	return worst;
 }
+
+/* Decodes only: one token each over long contexts, where split attention cuts them into many pieces. */
+static const struct seq_spec decode_seqs[] = { { 700, 1 }, { 1, 1 }, { 130, 1 } };
 
 static void
 test_attention(void **state)
 {
-	double worst = 0;
+	(void)state;
+	for (int f32 = 0; f32 < 2; f32++)
+		for (int split = 0; split < 2; split++) {
+			double worst = 0;
+
+			for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++) {
+				worst = fmax(worst, attention_case(c, step_seqs, (int)ARRAY_LEN(step_seqs), f32, split));
+				worst = fmax(worst, attention_case(c, decode_seqs, (int)ARRAY_LEN(decode_seqs), f32,
+				    split));
+			}
+			print_message("attention, %s pool, %s: max error / max |V| %.2e (bound %.0e)\n",
+			    f32 ? "fp32" : "fp16", split ? "split and merged" : "one piece", worst, TOL_ATTN);
+		}
+}
+
+/* ---- greedy argmax ---- */
+
+static void
+test_argmax(void **state)
+{
+	/* rows of a vocabulary's width and odd ones; small integers, so that maxima tie */
+	static const int widths[] = { 1, 31, 1000, 262144 + 7 };
 
 	(void)state;
-	for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++)
-		worst = fmax(worst, attention_case(c));
-	print_message("attention: max error / max |V| %.2e (bound %.0e)\n", worst, TOL_ATTN);
+	for (size_t wi = 0; wi < ARRAY_LEN(widths); wi++) {
+		int n = widths[wi], n_rows = 5;
+		float *x = xmalloc((size_t)n_rows * n * sizeof *x);
+		int32_t ids[5];
+		char err[ERR_LEN];
+
+		for (size_t i = 0; i < (size_t)n_rows * n; i++)
+			x[i] = (float)(int)unif(-20, 20);
+		x[(size_t)(n_rows - 1) * n + n - 1] = 100; /* the last element of the last row alone */
+		if (cuda_probe_argmax(probe, x, n_rows, n, ids, err) != 0)
+			fail_msg("argmax of %d: %s", n, err);
+		for (int r = 0; r < n_rows; r++) {
+			const float *row = x + (size_t)r * n;
+			int best = 0;
+
+			for (int i = 1; i < n; i++)
+				if (row[i] > row[best])
+					best = i;
+			if (ids[r] != best)
+				fail_msg("argmax row %d of %d: gpu %d (%g), cpu %d (%g)", r, n, ids[r], row[ids[r]], best,
+				    row[best]);
+		}
+		free(x);
+	}
 }
 
 /* ---- setup ---- */
@@ -833,6 +932,7 @@ main(void)
 		cmocka_unit_test(test_glu),
 		cmocka_unit_test(test_qk),
 		cmocka_unit_test(test_attention),
+		cmocka_unit_test(test_argmax),
 	};
 	const char *s = getenv("TEST_CUDA_OPS_SEED");
 	uint64_t seed;
