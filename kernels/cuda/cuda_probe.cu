@@ -42,6 +42,7 @@ struct cuda_probe {
 	cudaStream_t stream;
 	struct cuda_mm mm;
 	struct dbuf xh, xscale, wh;  /* the tensor-core path's scratch, behind mm's pointers */
+	struct dbuf xq, xd;          /* the int8 activations of CUDA_PROBE_INT8 */
 	int x_valid;                 /* xh holds the fp16 copy of an x of x_k x x_tok */
 	int64_t x_k;
 	int x_tok;
@@ -183,7 +184,7 @@ cuda_probe_close(struct cuda_probe *p)
 	cudaStreamSynchronize(p->stream);
 	if (p->mm.blas != NULL)
 		cublasDestroy(p->mm.blas);
-	cudaFree(p->xh.d), cudaFree(p->xscale.d), cudaFree(p->wh.d);
+	cudaFree(p->xh.d), cudaFree(p->xscale.d), cudaFree(p->wh.d), cudaFree(p->xq.d), cudaFree(p->xd.d);
 	cudaStreamDestroy(p->stream);
 	free(p);
 }
@@ -224,6 +225,28 @@ mm_scratch(struct cuda_probe *p, int64_t k, int n_tok, int64_t tile_elems, int r
 	p->mm.xscale = (float *)p->xscale.d;
 	p->mm.wh = (__half *)p->wh.d;
 	p->mm.wh_elems = MAX(tile_elems, 1);
+	return 0;
+}
+
+/*
+ * The int8 activations of n_tok x k, sized as cuda_backend.cu sizes them
+ * (two int8 rows a token, a float2 per 32), poisoned, for CUDA_PROBE_INT8;
+ * the other paths run with none, as the backend's exact mode does.
+ */
+static int
+int8_scratch(struct cuda_probe *p, enum cuda_probe_path path, int64_t k, int n_tok, char *err)
+{
+	int rc;
+
+	p->mm.xq = NULL, p->mm.xd = NULL, p->mm.xq_ready = 0;
+	if (path != CUDA_PROBE_INT8)
+		return 0;
+	if ((rc = dbuf_reserve(p, &p->xq, (size_t)n_tok * 2 * (size_t)k, err)) != 0 ||
+	    (rc = dbuf_reserve(p, &p->xd, (size_t)n_tok * (size_t)(k / 32) * sizeof(float2), err)) != 0 ||
+	    (rc = poison(p, &p->xq, err)) != 0 || (rc = poison(p, &p->xd, err)) != 0)
+		return rc;
+	p->mm.xq = (int8_t *)p->xq.d;
+	p->mm.xd = (float2 *)p->xd.d;
 	return 0;
 }
 
@@ -279,12 +302,16 @@ matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight
 	    reuse_x, err)) != 0)
 		return rc;
 	p->x_valid = 0;
-	p->mm.mmv_max = path == CUDA_PROBE_MATVEC ? INT_MAX : 0;
+	p->mm.mmv_max = path == CUDA_PROBE_CUBLAS ? 0 : INT_MAX;
+	if ((rc = int8_scratch(p, path, w->k, n_tok, err)) != 0)
+		return rc;
 	if ((rc = matmul_parts(p, &cw, n_parts, (const float *)dx, n_tok, (float *)dy, reuse_x, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_matmul", err)) != 0 ||
 	    (rc = guard_check(p, &p->xh, "cuda_matmul fp16 activations", err)) != 0 ||
 	    (rc = guard_check(p, &p->xscale, "cuda_matmul row scales", err)) != 0 ||
-	    (rc = guard_check(p, &p->wh, "cuda_matmul weight tile", err)) != 0)
+	    (rc = guard_check(p, &p->wh, "cuda_matmul weight tile", err)) != 0 ||
+	    (path == CUDA_PROBE_INT8 && ((rc = guard_check(p, &p->xq, "cuda_matmul int8 activations", err)) != 0 ||
+	    (rc = guard_check(p, &p->xd, "cuda_matmul int8 scales", err)) != 0)))
 		return rc;
 	if (path == CUDA_PROBE_CUBLAS) {
 		p->x_valid = 1;

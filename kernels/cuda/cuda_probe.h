@@ -36,8 +36,10 @@ struct cuda_probe_weight {
 
 /* The two paths of cuda_matmul. */
 enum cuda_probe_path {
-	CUDA_PROBE_MATVEC, /* the matrix-vector kernels, whatever the token count */
+	CUDA_PROBE_MATVEC, /* the fp32 matrix-vector kernels, whatever the token count */
 	CUDA_PROBE_CUBLAS, /* fp16 activations, fp16 weight tiles, cuBLAS */
+	CUDA_PROBE_INT8,   /* the matrix-vector kernels with int8 activations where the type has
+	                      an integer kernel (Q4_K, Q6_K, Q8_0; the others stay fp32) */
 };
 
 /*

@@ -60,6 +60,13 @@
 #define TOL_DEQ 1e-6
 #define TOL_MATVEC 2e-5
 #define TOL_CUBLAS 2e-3
+/*
+ * int8 activations with an int8 remainder: about 15 bits per value, relative
+ * to each 32's largest (1/127 of it, then 1/254 of that step): ~3e-5 of
+ * the block's scale per term, so 5e-4 of sum |w x| leaves room for blocks
+ * whose largest value dwarfs the rest, and stays 4x under cuBLAS's fp16.
+ */
+#define TOL_INT8 5e-4
 #define TOL_F32 1e-5
 #define TOL_ATTN 1e-5
 #define CPU_THREADS 4
@@ -260,6 +267,18 @@ test_embed(void **state)
 
 /* ---- products ---- */
 
+static double
+path_tol(enum cuda_probe_path path)
+{
+	return path == CUDA_PROBE_MATVEC ? TOL_MATVEC : path == CUDA_PROBE_INT8 ? TOL_INT8 : TOL_CUBLAS;
+}
+
+static const char *
+path_name(enum cuda_probe_path path)
+{
+	return path == CUDA_PROBE_MATVEC ? "matvec" : path == CUDA_PROBE_INT8 ? "int8" : "cublas";
+}
+
 /* One product on a path, checked against cpu_matmul; returns the worst error / sum |w x|. */
 static double
 check_matmul(const struct model_tensor *t, const float *wf, const float *x, int n_tok,
@@ -269,8 +288,8 @@ check_matmul(const struct model_tensor *t, const float *wf, const float *x, int 
 	float *y = nan_floats((size_t)(n * n_tok)), *ref = nan_floats((size_t)(n * n_tok));
 	float *scratch = xmalloc((size_t)(CPU_THREADS * CPU_MM_ROWS * k) * sizeof *scratch);
 	struct cuda_probe_weight w = probe_weight(t);
-	double tol = path == CUDA_PROBE_MATVEC ? TOL_MATVEC : TOL_CUBLAS, worst = 0;
-	const char *pname = path == CUDA_PROBE_MATVEC ? "matvec" : "cublas";
+	double tol = path_tol(path), worst = 0;
+	const char *pname = path_name(path);
 	struct cpu_act in;
 	char err[ERR_LEN];
 
@@ -308,18 +327,19 @@ static const struct { int n, n_tok, tile, small_k, big_row; } mv_shapes[] = {
 static void
 matmul_path(enum cuda_probe_path path)
 {
-	int n_shapes = path == CUDA_PROBE_MATVEC ? (int)ARRAY_LEN(mv_shapes) : (int)ARRAY_LEN(mm_shapes);
+	int mv = path != CUDA_PROBE_CUBLAS;
+	int n_shapes = mv ? (int)ARRAY_LEN(mv_shapes) : (int)ARRAY_LEN(mm_shapes);
 
 	for (size_t ti = 0; ti < ARRAY_LEN(all_types); ti++) {
 		uint32_t type = all_types[ti];
 		double worst = 0;
 
 		for (int s = 0; s < n_shapes; s++) {
-			int n = path == CUDA_PROBE_MATVEC ? mv_shapes[s].n : mm_shapes[s].n;
-			int n_tok = path == CUDA_PROBE_MATVEC ? mv_shapes[s].n_tok : mm_shapes[s].n_tok;
-			int tile = path == CUDA_PROBE_MATVEC ? 0 : mm_shapes[s].tile;
-			int small = path == CUDA_PROBE_MATVEC ? mv_shapes[s].small_k : mm_shapes[s].small_k;
-			int big = path == CUDA_PROBE_MATVEC ? 0 : mm_shapes[s].big_row;
+			int n = mv ? mv_shapes[s].n : mm_shapes[s].n;
+			int n_tok = mv ? mv_shapes[s].n_tok : mm_shapes[s].n_tok;
+			int tile = mv ? 0 : mm_shapes[s].tile;
+			int small = mv ? mv_shapes[s].small_k : mm_shapes[s].small_k;
+			int big = mv ? 0 : mm_shapes[s].big_row;
 			int64_t k = row_len(type, small);
 			float *wf, *wf2, *x = rand_floats((size_t)(n_tok * k), -1, 1);
 			struct model_tensor t = random_weight(type, k, n, &wf);
@@ -340,8 +360,7 @@ matmul_path(enum cuda_probe_path path)
 			free((void *)t.data), free(wf), free(x);
 		}
 		print_message("matmul %-6s %-5s: max error / sum |w x| %.2e (bound %.0e)\n",
-		    path == CUDA_PROBE_MATVEC ? "matvec" : "cublas", quant_traits(type)->name, worst,
-		    path == CUDA_PROBE_MATVEC ? TOL_MATVEC : TOL_CUBLAS);
+		    path_name(path), quant_traits(type)->name, worst, path_tol(path));
 	}
 }
 
@@ -357,6 +376,13 @@ test_cublas(void **state)
 {
 	(void)state;
 	matmul_path(CUDA_PROBE_CUBLAS);
+}
+
+static void
+test_int8(void **state)
+{
+	(void)state;
+	matmul_path(CUDA_PROBE_INT8);
 }
 
 /* ---- norms and GLU ---- */
@@ -927,6 +953,7 @@ main(void)
 		cmocka_unit_test(test_embed),
 		cmocka_unit_test(test_matvec),
 		cmocka_unit_test(test_cublas),
+		cmocka_unit_test(test_int8),
 		cmocka_unit_test(test_residual_norm),
 		cmocka_unit_test(test_norm_rows),
 		cmocka_unit_test(test_glu),
