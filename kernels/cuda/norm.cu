@@ -89,6 +89,20 @@ argmax_better(float v, int i, float bv, int bi)
 	return v > bv || (v == bv && i < bi);
 }
 
+/* The best (value, index) of the warp's lanes, in every lane. */
+static __device__ __forceinline__ void
+warp_argmax(float *bv, int *bi)
+{
+#pragma unroll
+	for (int o = 16; o > 0; o >>= 1) {
+		float v = __shfl_xor_sync(FULL_MASK, *bv, o);
+		int i = __shfl_xor_sync(FULL_MASK, *bi, o);
+
+		if (argmax_better(v, i, *bv, *bi))
+			*bv = v, *bi = i;
+	}
+}
+
 /* Block r: the index of row r's largest value, the lowest among equals (the host sampler's rule). */
 __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_kernel(const float *__restrict__ x, int n, int32_t *__restrict__ ids)
@@ -102,14 +116,7 @@ argmax_kernel(const float *__restrict__ x, int n, int32_t *__restrict__ ids)
 	for (int i = threadIdx.x; i < n; i += blockDim.x)
 		if (bi == INT_MAX || r[i] > bv) /* rising i: the first of equals stays */
 			bv = r[i], bi = i;
-#pragma unroll
-	for (int o = 16; o > 0; o >>= 1) {
-		float v = __shfl_xor_sync(FULL_MASK, bv, o);
-		int i = __shfl_xor_sync(FULL_MASK, bi, o);
-
-		if (argmax_better(v, i, bv, bi))
-			bv = v, bi = i;
-	}
+	warp_argmax(&bv, &bi);
 	if (lane == 0)
 		sv[w] = bv, si[w] = bi;
 	__syncthreads();
@@ -117,14 +124,7 @@ argmax_kernel(const float *__restrict__ x, int n, int32_t *__restrict__ ids)
 		return;
 	bv = lane < (int)(blockDim.x / WARP) ? sv[lane] : -INFINITY;
 	bi = lane < (int)(blockDim.x / WARP) ? si[lane] : INT_MAX;
-#pragma unroll
-	for (int o = 16; o > 0; o >>= 1) {
-		float v = __shfl_xor_sync(FULL_MASK, bv, o);
-		int i = __shfl_xor_sync(FULL_MASK, bi, o);
-
-		if (argmax_better(v, i, bv, bi))
-			bv = v, bi = i;
-	}
+	warp_argmax(&bv, &bi);
 	if (lane == 0)
 		ids[blockIdx.x] = bi;
 }

@@ -17,6 +17,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 
@@ -269,6 +270,32 @@ def gen_model(path, seed=1, shape="tiny", qtype="q8_0"):
     subprocess.run([tool("resident-model"), "gen", shape, path, "--type", qtype, "--quiet",
                     "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)
     return path
+
+
+def sessions_at_once(d, n, name, request, timeout):
+    """n clients of daemon d, each with a new session, generate at once (a
+    barrier lets them go together): client i sends generate(**request(i)).
+    Returns (the Gen results in client order, [(i, error)])."""
+    results, errors = [None] * n, []
+    barrier = threading.Barrier(n)
+
+    def worker(i):
+        try:
+            with d.client(timeout=timeout) as c:
+                c.call("hello", client="%s-%d" % (name, i))
+                s = c.call("session.new", title="%s %d" % (name, i))["session"]["session"]
+                barrier.wait(60)
+                results[i] = c.generate(session=s, **request(i))
+        except Exception as e:  # noqa: BLE001 (any failure is reported)
+            errors.append((i, repr(e)))
+            barrier.abort()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout * 1.5)
+    return results, errors
 
 
 class Daemon:

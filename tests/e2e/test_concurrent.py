@@ -7,11 +7,10 @@ time), and `status` must show that the daemon batched them
 """
 import os
 import sys
-import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
-from rsd import Checks, Daemon  # noqa: E402
+from rsd import Checks, Daemon, sessions_at_once  # noqa: E402
 
 N_CLIENTS = 16
 MAX_TOKENS = 32
@@ -49,29 +48,7 @@ def main():
         # status counts only the concurrent steps
         os.makedirs(os.path.join(tmp, "b"))
         with Daemon(tmp=os.path.join(tmp, "b"), model=model) as d2:
-            results = [None] * N_CLIENTS
-            errors = []
-            barrier = threading.Barrier(N_CLIENTS)
-
-            def worker(i):
-                try:
-                    with d2.client(timeout=120) as c:
-                        c.call("hello", client="concurrent-%d" % i)
-                        s = c.call("session.new", title="client %d" % i)["session"]["session"]
-                        barrier.wait(30)
-                        results[i] = c.generate(session=s, **request(i))
-                except Exception as e:  # noqa: BLE001
-                    errors.append((i, repr(e)))
-                    try:
-                        barrier.abort()
-                    except Exception:  # noqa: BLE001
-                        pass
-
-            threads = [threading.Thread(target=worker, args=(i,)) for i in range(N_CLIENTS)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(180)
+            results, errors = sessions_at_once(d2, N_CLIENTS, "concurrent", request, 120)
             ck.eq(errors, [], "every client finished without an error")
             for i in range(N_CLIENTS):
                 a, g = alone[i], results[i]

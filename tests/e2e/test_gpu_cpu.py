@@ -31,11 +31,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
-from rsd import Checks, Daemon, Skip  # noqa: E402
+from rsd import Checks, Daemon, Skip, sessions_at_once  # noqa: E402
 
 N_SESSIONS = 16
 MAX_TOKENS = 64
@@ -113,26 +112,11 @@ def start_daemon(tmp, model, device):
 
 def run_sessions(d):
     """16 sessions generating at once; returns their Gen results in prompt order."""
-    results, errors = [None] * N_SESSIONS, []
-    barrier = threading.Barrier(N_SESSIONS)
-
-    def worker(i):
-        try:
-            with d.client(timeout=600) as c:
-                c.call("hello", client="gpu-cpu-%d" % i)
-                s = c.call("session.new", title="prompt %d" % i)["session"]["session"]
-                barrier.wait(60)
-                results[i] = c.generate(session=s, messages=[{"role": "user", "content": PROMPTS[i]}],
-                                        max_tokens=MAX_TOKENS, temperature=0)
-        except Exception as e:  # noqa: BLE001
-            errors.append((i, repr(e)))
-            barrier.abort()
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(N_SESSIONS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(900)
+    results, errors = sessions_at_once(
+        d, N_SESSIONS, "gpu-cpu",
+        lambda i: dict(messages=[{"role": "user", "content": PROMPTS[i]}], max_tokens=MAX_TOKENS,
+                       temperature=0),
+        600)
     if errors:
         raise AssertionError("sessions failed on %s: %r" % (d.extra[1], errors))
     return results
