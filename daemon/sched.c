@@ -929,9 +929,10 @@ fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 		for (ma = mq = 0, g = s->gens; g != NULL; g = g->next)
 			if (g->slot == m)
 				g->state == GEN_RUNNING ? ma++ : mq++;
-		msgpack_pack_map(pk, 8);
+		msgpack_pack_map(pk, 9);
 		proto_pack_kv_str(pk, "name", m->name);
 		proto_pack_kv_str(pk, "device", m->e ? engine_device(m->e) : "");
+		proto_pack_kv_bool(pk, "exact", m->e != NULL && engine_exact(m->e));
 		proto_pack_kv_uint(pk, "weights_bytes", m->e ? engine_model(m->e)->weight_bytes : 0);
 		proto_pack_kv_uint(pk, "kv_bytes", m->e ? engine_kv_bytes(m->e) : 0);
 		proto_pack_kv_uint(pk, "kv_blocks", m->e ? (uint64_t)engine_kv_blocks(m->e) : 0);

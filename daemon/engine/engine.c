@@ -25,6 +25,7 @@
 struct engine {
 	struct model_desc *m;
 	const struct backend_ops *ops;
+	int exact;          /* the backend runs its exact numerics (engine_opts) */
 	struct backend *be;
 	struct kv_pool kv;
 	int32_t n_ctx;
@@ -100,6 +101,7 @@ engine_open(const char *model_path, const struct engine_opts *o, struct engine *
 	bo.max_tokens = e->max_step_tokens;
 	bo.max_seqs = e->max_seqs;
 	bo.exact = o->exact;
+	e->exact = o->exact != 0;
 	if ((rc = e->ops->load(e->m, &bo, &e->be, err)) != 0) {
 		err_prefix(err, rc, "%s backend", e->ops->name);
 		model_close(e->m);
@@ -138,6 +140,12 @@ const char *
 engine_device(const struct engine *e)
 {
 	return e->ops->name;
+}
+
+int
+engine_exact(const struct engine *e)
+{
+	return e->exact;
 }
 
 int32_t

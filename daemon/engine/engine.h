@@ -98,6 +98,8 @@ int engine_open(const char *model_path, const struct engine_opts *o, struct engi
 void engine_close(struct engine *e);
 const struct model_desc *engine_model(const struct engine *e);
 const char *engine_device(const struct engine *e);
+/* 1 if the backend runs its exact numerics (engine_opts.exact). */
+int engine_exact(const struct engine *e);
 int32_t engine_n_ctx(const struct engine *e);
 int32_t engine_free_blocks(const struct engine *e);
 int32_t engine_kv_blocks(const struct engine *e);

@@ -436,7 +436,7 @@ def t_status(d, ck):
         ms = st.get("models", [])
         ck.ok(len(ms) >= 1, "status.models")
         for m in ms:
-            for k, t in (("name", str), ("device", str), ("weights_bytes", int), ("kv_bytes", int),
+            for k, t in (("name", str), ("device", str), ("exact", bool), ("weights_bytes", int), ("kv_bytes", int),
                          ("kv_blocks", int), ("kv_free_blocks", int), ("active", int), ("queued", int)):
                 ck.ok(isinstance(m.get(k), t), "status.models[] field %s (%s) in %r" % (k, t.__name__, m))
             if isinstance(m.get("kv_blocks"), int) and isinstance(m.get("kv_free_blocks"), int):
