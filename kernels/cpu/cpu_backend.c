@@ -37,7 +37,7 @@ struct backend {
 	float *x, *h, *q, *k, *v, *att, *gate, *up, *ffn_out;
 	float *mm_scratch;
 	uint8_t *q8[2];     /* 8-bit copies of a product's input (fast mode); NULL: exact mode */
-	float *scores;      /* per thread: one row of attention scores */
+	float *scores;      /* per thread: the attention scores of one task (attn_task) */
 	int64_t scores_len;
 	/* per step: where each token sits */
 	int32_t *tok_seq, *tok_pos;
@@ -240,30 +240,45 @@ qk_task(void *arg, int64_t t, int thread)
 	memcpy(kv_slot(b, q, st->l, 1, b->tok_pos[t]), vt, nkv * sizeof(float));
 }
 
-/* Task (token, head): softmax(q.K / scale) V over the positions the token sees. */
+/*
+ * Task (token, KV head): softmax(q.K / scale) V over the positions the
+ * token sees, for each query head of the KV head's group. Each K and V row
+ * is read once for the whole group; each head's sums run as they would
+ * alone, so the results do not depend on the grouping.
+ */
 static void
 attn_task(void *arg, int64_t task, int thread)
 {
 	const struct step *st = arg;
 	struct backend *b = st->b;
 	const struct model_hparams *hp = &b->m->hp;
-	int64_t t = task / hp->n_head, h = task % hp->n_head, p, p0 = 0, pos = b->tok_pos[t];
+	int64_t t = task / hp->n_head_kv, kvh = task % hp->n_head_kv, p, p0 = 0, pos = b->tok_pos[t], n;
 	const struct fwd_seq *q = &st->batch->seqs[b->tok_seq[t]];
-	int hd = hp->head_dim, kvh = (int)(h / (hp->n_head / hp->n_head_kv));
-	const float *qh = b->q + ((size_t)t * hp->n_head + (size_t)h) * hd;
-	float *out = b->att + ((size_t)t * hp->n_head + (size_t)h) * hd;
-	float *sc = b->scores + (size_t)thread * (size_t)b->scores_len, mx = -INFINITY, sum;
+	int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, g;
+	size_t h0 = (size_t)t * hp->n_head + (size_t)kvh * group; /* the group's first head */
+	const float *qh = b->q + h0 * hd, *kv;
+	float *out = b->att + h0 * hd, *sc = b->scores + (size_t)thread * (size_t)b->scores_len, *sum, mx;
 
 	if (model_layer_is_swa(hp, st->l) && pos >= hp->sliding_window)
 		p0 = pos - hp->sliding_window + 1;
+	n = pos - p0 + 1;
+	sum = sc + (size_t)group * n;
 	for (p = p0; p <= pos; p++) {
-		sc[p - p0] = cpu_dot(qh, kv_slot(b, q, st->l, 0, p) + (size_t)kvh * hd, hd) * hp->attn_scale;
-		mx = MAX(mx, sc[p - p0]);
+		kv = kv_slot(b, q, st->l, 0, p) + kvh * hd;
+		for (g = 0; g < group; g++)
+			sc[g * n + p - p0] = cpu_dot(qh + (size_t)g * hd, kv, hd) * hp->attn_scale;
 	}
-	sum = cpu_exp_sum(sc, pos - p0 + 1, mx);
-	memset(out, 0, (size_t)hd * sizeof *out);
-	for (p = p0; p <= pos; p++)
-		cpu_axpy(out, sc[p - p0] / sum, kv_slot(b, q, st->l, 1, p) + (size_t)kvh * hd, hd);
+	for (g = 0; g < group; g++) {
+		for (mx = -INFINITY, p = 0; p < n; p++)
+			mx = MAX(mx, sc[g * n + p]);
+		sum[g] = cpu_exp_sum(sc + g * n, n, mx);
+	}
+	memset(out, 0, (size_t)group * hd * sizeof *out);
+	for (p = p0; p <= pos; p++) {
+		kv = kv_slot(b, q, st->l, 1, p) + kvh * hd;
+		for (g = 0; g < group; g++)
+			cpu_axpy(out + (size_t)g * hd, sc[g * n + p - p0] / sum[g], kv, hd);
+	}
 }
 
 /* Task t: RMSNorm of row t of src into dst (widths n), optionally added to x. */
@@ -326,7 +341,7 @@ attention(struct backend *b, const struct fwd_batch *batch, int l)
 	cpu_matmul(b->pool, &in, 3, (const struct model_tensor *[]){ L->wq, L->wk, L->wv },
 	    (float *[]){ b->q, b->k, b->v }, (int64_t[]){ nq, nkv, nkv }, b->mm_scratch);
 	cpu_pool_run(b->pool, T, qk_task, &st);
-	cpu_pool_run(b->pool, (int64_t)T * hp->n_head, attn_task, &st);
+	cpu_pool_run(b->pool, (int64_t)T * hp->n_head_kv, attn_task, &st);
 	input(b, &in, b->att, nq, T);
 	cpu_matmul(b->pool, &in, 1, &L->wo, &b->ffn_out, (int64_t[]){ hp->n_embd }, b->mm_scratch);
 	residual(b, b->ffn_out, b->layers[l].post_attn_norm, T);
@@ -378,16 +393,19 @@ static void
 place_tokens(struct backend *b, const struct fwd_batch *batch, int64_t max_len)
 {
 	int32_t s, i, t = 0;
+	int64_t need;
 
 	for (s = 0; s < batch->n_seqs; s++)
 		for (i = 0; i < batch->seqs[s].n_new; i++, t++) {
 			b->tok_seq[t] = s;
 			b->tok_pos[t] = batch->seqs[s].pos0 + i;
 		}
-	if (max_len > b->scores_len) {
-		b->scores_len = max_len;
+	/* per thread: the scores of a KV head's group of query heads, then their sums */
+	need = (int64_t)(b->m->hp.n_head / b->m->hp.n_head_kv) * (max_len + 1);
+	if (need > b->scores_len) {
+		b->scores_len = need;
 		free(b->scores);
-		b->scores = xmalloc((size_t)cpu_pool_threads(b->pool) * (size_t)max_len * sizeof(float));
+		b->scores = xmalloc((size_t)cpu_pool_threads(b->pool) * (size_t)need * sizeof(float));
 	}
 }
 
