@@ -2,12 +2,13 @@
  * cpu_q8.c: integer dot products for the fast products of the CPU backend.
  *
  * The float path (cpu_ops.c) converts every weight to float for every
- * token, and that conversion, not memory, bounds it. Here the activations
- * of a product come quantized to 8 bits a block (Q8_0 for the 32-element
- * types, Q8_K for the K types, the pairs llama.cpp uses) and a weight
- * block meets them in integer multiply-adds: only one sum per block (per
- * 32 for Q4_K/Q5_K, per 256 for Q6_K) becomes float. The price is the
- * activations' rounding, about 1e-3 of a logit.
+ * token, and that conversion, not memory, bounds its decoding. Here the
+ * activations of a product come quantized to 8 bits a block (blocks of 32
+ * with a float scale for the 32-element types, Q8_K for the K types, as
+ * llama.cpp pairs them) and a weight block meets them in integer
+ * multiply-adds: only one sum per block becomes float (per 32 elements for
+ * the 32-element types, per 256 for the K types). The price is the
+ * activations' rounding: Gemma 3 270M's perplexity 10.49 against 10.46.
  *
  * Integer sums are exact and the block sums are added in one fixed order,
  * so a result depends only on the row and the token's 8-bit copy: batches
@@ -196,10 +197,9 @@ MM_C(q6_K)
 /*
  * The kernels below take one weight row and T <= Q8_TILE tokens (8 for
  * the 32-element types, 4 for the K types, whose tiles hold more
- * registers a token): each
- * block is decoded once for the T tokens, and each token keeps its own
- * accumulators, fed in the same order whatever T is, so a result does not
- * depend on the tokens beside it.
+ * registers a token): each block is decoded once for the T tokens, and
+ * each token keeps its own accumulators, fed in the same order whatever T
+ * is, so a result does not depend on the tokens beside it.
  */
 #define Q8_TILE 8
 
