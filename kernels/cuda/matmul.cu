@@ -15,8 +15,9 @@
  * Many tokens (prefill): the tokens are converted to fp16 once per input
  * (each row divided by a power of two when it would overflow fp16, and
  * multiplied back afterwards), the weight is dequantized to fp16 a tile of
- * rows at a time (fp16 weights are used as they are), and cuBLAS multiplies
- * them on the tensor cores with float32 accumulation.
+ * rows at a time (fp16 weights, and weights with an fp16 copy made at load,
+ * are used as they are), and cuBLAS multiplies them on the tensor cores
+ * with float32 accumulation.
  */
 #include "matmul.cuh"
 #include "dequant.cuh"
@@ -590,9 +591,9 @@ matvec(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, 
 	return 0;
 }
 
-/* Rows [r0, r0 + nr) of w into m->wh as fp16. */
+/* Rows [r0, r0 + nr) of w into out as fp16, on st. */
 static int
-dequant_tile(struct cuda_mm *m, const struct cuda_weight *w, int64_t r0, int64_t nr, char *err)
+dequant_rows(const struct cuda_weight *w, int64_t r0, int64_t nr, __half *out, cudaStream_t st, char *err)
 {
 	int64_t chunks = nr * (w->k / 8);
 	unsigned blocks = (unsigned)((chunks + ROW_THREADS - 1) / ROW_THREADS);
@@ -601,8 +602,7 @@ dequant_tile(struct cuda_mm *m, const struct cuda_weight *w, int64_t r0, int64_t
 	switch (w->type) {
 #define TY_CASE(TY) \
 	case TY: \
-		deq_f16_kernel<TY><<<blocks, ROW_THREADS, 0, m->stream>>>(src, w->row_bytes, (int)w->k, \
-		    chunks, m->wh); \
+		deq_f16_kernel<TY><<<blocks, ROW_THREADS, 0, st>>>(src, w->row_bytes, (int)w->k, chunks, out); \
 		break;
 	DEQ_TYPES(TY_CASE)
 #undef TY_CASE
@@ -613,13 +613,17 @@ dequant_tile(struct cuda_mm *m, const struct cuda_weight *w, int64_t r0, int64_t
 	return 0;
 }
 
-/* The tensor-core path: fp16 tokens, fp16 weight tiles, cuBLAS, float32 out. */
+/*
+ * The tensor-core path: fp16 tokens, fp16 weights (the matrix itself, its
+ * fp16 copy, or tiles dequantized into m->wh), cuBLAS, float32 out.
+ */
 static int
 gemm(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_tok, float *y,
     int ldy, int reuse_x, char *err)
 {
 	const float one = 1.0f, zero = 0.0f;
-	int64_t tile = w->type == TT_F16 ? w->n : MIN(w->n, m->wh_elems / w->k);
+	const __half *whole = w->type == TT_F16 ? (const __half *)w->d : w->h;
+	int64_t tile = whole != NULL ? w->n : MIN(w->n, m->wh_elems / w->k);
 	int k = (int)w->k, rc;
 
 	if (tile < 1)
@@ -630,13 +634,12 @@ gemm(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, in
 	}
 	for (int64_t r0 = 0; r0 < w->n; r0 += tile) {
 		int64_t nr = MIN(tile, w->n - r0);
-		const __half *a = (const __half *)(w->d + (size_t)r0 * w->row_bytes);
+		const __half *a = m->wh;
 
-		if (w->type != TT_F16) {
-			if ((rc = dequant_tile(m, w, r0, nr, err)) != 0)
-				return rc;
-			a = m->wh;
-		}
+		if (whole != NULL)
+			a = whole + (size_t)r0 * (size_t)k;
+		else if ((rc = dequant_rows(w, r0, nr, m->wh, m->stream, err)) != 0)
+			return rc;
 		/* column-major: y^T (nr x n_tok) = (w tile, k x nr)^T . (x^T, k x n_tok) */
 		CKB(cublasGemmEx(m->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n_tok, k, &one, a, CUDA_R_16F,
 		    k, m->xh, CUDA_R_16F, k, &zero, y + r0, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
@@ -726,4 +729,10 @@ int64_t
 cuda_matmul_tile_elems(const struct cuda_weight *w)
 {
 	return w->type == TT_F16 ? 0 : MIN(w->n * w->k, MAX(WTILE_ELEMS, w->k));
+}
+
+int
+cuda_dequant_f16(const struct cuda_weight *w, __half *out, cudaStream_t st, char *err)
+{
+	return dequant_rows(w, 0, w->n, out, st, err);
 }

@@ -12,12 +12,18 @@
 /* Tokens one matrix-vector kernel carries; more go in groups of this. */
 #define MMV_TOKENS 8
 
-/* A weight on the GPU: n rows of k elements, row_bytes apart. */
+/*
+ * A weight on the GPU: n rows of k elements, row_bytes apart. h: NULL, or
+ * the whole matrix dequantized to fp16 (n rows of k), which the
+ * tensor-core path then reads in place of dequantizing tiles; the
+ * matrix-vector kernels read d alone.
+ */
 struct cuda_weight {
 	const uint8_t *d;
 	uint32_t type;
 	int64_t k, n;
 	size_t row_bytes;
+	const __half *h;
 };
 
 /*
@@ -71,7 +77,10 @@ int cuda_weight_follows(const struct cuda_weight *a, const struct cuda_weight *b
 int cuda_embed(const struct cuda_weight *w, const int32_t *tokens, int n_tok, float scale,
     float *out, cudaStream_t st, char *err);
 
-/* Elements of fp16 scratch the tensor-core path wants for this weight. */
+/* Elements of fp16 scratch the tensor-core path wants for this weight without an fp16 copy. */
 int64_t cuda_matmul_tile_elems(const struct cuda_weight *w);
+
+/* Dequantizes all of w into out (n x k fp16) on st: the copy that w->h may point at. */
+int cuda_dequant_f16(const struct cuda_weight *w, __half *out, cudaStream_t st, char *err);
 
 #endif
