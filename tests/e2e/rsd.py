@@ -21,12 +21,15 @@ import threading
 import time
 import traceback
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "py"))
+import common  # noqa: E402  (tests/py: helpers shared with the other Python tests)
+
 try:
     import msgpack
 except ImportError:  # pragma: no cover
     msgpack = None
 
-SKIP = 77
+SKIP = common.SKIP
 
 
 class Skip(Exception):
@@ -443,22 +446,11 @@ def _kill_all():
 # --------------------------------------------------------------------------
 # test scaffolding
 
-class Checks:
-    """Soft assertions: a test records every failed check and goes on."""
+class Checks(common.Checks):
+    """common.Checks, quiet, with sections and protocol error checks."""
 
     def __init__(self):
-        self.failed = []
-        self.n = 0
-
-    def ok(self, cond, what):
-        self.n += 1
-        if not cond:
-            self.failed.append(what)
-            print("FAIL:", what, flush=True)
-        return bool(cond)
-
-    def eq(self, got, want, what):
-        return self.ok(got == want, "%s: got %r, want %r" % (what, got, want))
+        super().__init__(quiet=True)
 
     def section(self, name):
         """with checks.section("x"): ...  an exception there is a failure, not the end."""

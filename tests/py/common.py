@@ -38,18 +38,28 @@ def binary(name):
 
 
 class Checks:
-    """Named checks that go on after a failure: check(ok, what) prints the
-    result and returns ok; finish() fails the test if any check failed."""
+    """Soft assertions: each check is recorded and the test goes on.
+    ok(cond, what) (also check(cond, what)) returns cond; failures are
+    printed, passes too unless quiet; finish() fails the test if any failed."""
 
-    def __init__(self):
-        self.failures = []
+    def __init__(self, quiet=False):
+        self.failed = []
+        self.n = 0
+        self.quiet = quiet
 
-    def __call__(self, ok, what):
-        print(f"{'ok  ' if ok else 'FAIL'} {what}", flush=True)
-        if not ok:
-            self.failures.append(what)
-        return ok
+    def ok(self, cond, what):
+        self.n += 1
+        if not cond:
+            self.failed.append(what)
+        if not cond or not self.quiet:
+            print(f"{'ok  ' if cond else 'FAIL'} {what}", flush=True)
+        return bool(cond)
+
+    __call__ = ok
+
+    def eq(self, got, want, what):
+        return self.ok(got == want, "%s: got %r, want %r" % (what, got, want))
 
     def finish(self):
-        if self.failures:
-            fail(f"{len(self.failures)} check(s) failed, first: {self.failures[0]}")
+        if self.failed:
+            fail(f"{len(self.failed)} check(s) failed, first: {self.failed[0]}")

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 
-from common import binary, skip
+from common import Checks, binary, skip
 
 try:
     import numpy as np
@@ -45,13 +45,7 @@ PY_QUANTIZABLE = [T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
 ERROR_BOUND = {T.Q4_K: 0.082, T.Q5_K: 0.041, T.Q6_K: 0.021}
 
 rng = np.random.default_rng(20240917)
-results = []
-
-
-def check(ok, what):
-    """Records and prints one check."""
-    results.append(ok)
-    print(f"{'ok  ' if ok else 'FAIL'} {what}")
+check = Checks()
 
 
 def finite_f16(n):
@@ -204,9 +198,9 @@ def main():
     with tempfile.TemporaryDirectory(prefix="resident-dequant-") as tmp:
         check_dequant(tool, tmp)
         check_quantize(tool, tmp)
-    failed = results.count(False)
-    print(f"{len(results) - failed} passed, {failed} failed")
-    return 1 if failed else 0
+    print(f"{check.n - len(check.failed)} passed, {len(check.failed)} failed")
+    check.finish()
+    return 0
 
 
 if __name__ == "__main__":
