@@ -113,8 +113,8 @@ struct backend {
 	struct cuda_weight tok_embd, output;
 	float *out_norm;
 	float *inv_freq[2];          /* RoPE of full-attention and of sliding-window layers */
-	void *kv;                    /* __half, or float with kv_f32 */
-	int kv_f32;                  /* exact mode */
+	void *kv;                    /* __half, or float in exact mode */
+	int exact;                   /* backend_opts.exact: fp32 pool, fp32 products only */
 	int64_t kv_blocks;
 	size_t kv_stride;            /* elements of one block's K (or V) of one layer */
 	int max_tokens;
@@ -584,8 +584,8 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    (rc = dev_alloc((void **)&b->mm.xh, T * d->widest * sizeof(__half), "fp16 activations", err)) ||
 	    (rc = dev_alloc((void **)&b->mm.xscale, floats_bytes(T), "fp16 activations", err)) ||
 	    /* exact mode keeps float activations: no int8 copies, so the int8 kernels stay off */
-	    (!b->kv_f32 && (rc = dev_alloc((void **)&b->mm.xq, T * 2 * d->widest, "int8 activations", err))) ||
-	    (!b->kv_f32 && (rc = dev_alloc((void **)&b->mm.xd, T * d->widest / 32 * sizeof(float2),
+	    (!b->exact && (rc = dev_alloc((void **)&b->mm.xq, T * 2 * d->widest, "int8 activations", err))) ||
+	    (!b->exact && (rc = dev_alloc((void **)&b->mm.xd, T * d->widest / 32 * sizeof(float2),
 	    "int8 activations", err))) ||
 	    (rc = dev_alloc((void **)&b->mm.wh, (size_t)wh_elems * sizeof(__half), "fp16 weight tiles",
 	    err)) ||
@@ -666,7 +666,7 @@ mmv_max(int exact)
 static int
 kv_elem_size(const struct backend *b)
 {
-	return b->kv_f32 ? (int)sizeof(float) : (int)sizeof(__half);
+	return b->exact ? (int)sizeof(float) : (int)sizeof(__half);
 }
 
 /* Everything load does, in order; on failure the caller frees what was made. */
@@ -686,8 +686,9 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	if ((rc = check_model(m, mats, n, err)) != 0 || (rc = open_device(b, o->device, err)) != 0 ||
 	    (rc = cuda_attention_setup(m->hp.head_dim, err)) != 0)
 		goto out;
+	b->exact = o->exact != 0;
 	wbytes = matrix_offsets(mats, n, off);
-	cbytes = copy_offsets(m, mats, n, o->fp16_weights && !o->exact, hoff);
+	cbytes = copy_offsets(m, mats, n, o->fp16_weights && !b->exact, hoff);
 	for (int i = 0; i < n; i++) {
 		struct cuda_weight w = { NULL, mats[i]->type, mats[i]->ne[0], mats[i]->ne[1], 0, NULL };
 
@@ -695,7 +696,6 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 			wh = MAX(wh, cuda_matmul_tile_elems(&w));
 	}
 	b->kv_stride = KV_BLOCK_TOKENS * d.nkv;
-	b->kv_f32 = o->exact != 0;
 	kv_bytes = (size_t)o->kv_blocks * (size_t)m->hp.n_layer * 2 * b->kv_stride * (size_t)kv_elem_size(b);
 	act = activation_bytes(&d) + (size_t)wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(b) +
 	    floats_bytes(small_floats(m));
@@ -722,7 +722,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 		c->w_up = weight_of(b, mats, n, off, hoff, L->w_up);
 		c->w_down = weight_of(b, mats, n, off, hoff, L->w_down);
 	}
-	b->mm.mmv_max = mmv_max(o->exact);
+	b->mm.mmv_max = mmv_max(b->exact);
 	b->use_graphs = getenv("RESIDENT_CUDA_GRAPHS") == NULL || atoi(getenv("RESIDENT_CUDA_GRAPHS")) != 0;
 	rc = 0;
 out:
@@ -860,7 +860,7 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	const struct cuda_layer *c = &b->layers[l];
 	struct cuda_heads hd = heads_of(b, l);
 	struct cuda_kv kv = { b->kv, b->kv_stride, hp->n_layer, l, dev->pos, dev->tab, dev->tables,
-		b->att_part, b->att_part_rows, b->kv_f32 };
+		b->att_part, b->att_part_rows, b->exact };
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
 	int embd = hp->n_embd, nq = hp->n_head * hp->head_dim, nkv = hp->n_head_kv * hp->head_dim, rc;
 	const struct cuda_weight *wqkv[3] = { &c->wq, &c->wk, &c->wv };

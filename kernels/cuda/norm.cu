@@ -1,7 +1,8 @@
 /*
  * norm.cu: RMSNorm with residual adds fused around it, the gated
- * activation, and the argmax of logits rows. A block per row; each thread keeps to the same elements in
- * every pass, so it reads back only what it wrote itself.
+ * activation, and the argmax of logits rows. A block per row; each thread
+ * keeps to the same elements in every pass, so it reads back only what it
+ * wrote itself.
  */
 #include "norm.cuh"
 
@@ -16,6 +17,21 @@ static __device__ __forceinline__ float
 inv_rms(float sumsq, int n, float eps, float *red)
 {
 	return 1.0f / sqrtf(block_sum(sumsq, red) / (float)n + eps);
+}
+
+/* out = xr / rms(xr) * (w + offset), n elements, by the whole block. */
+static __device__ __forceinline__ void
+norm_row(const float *xr, const float *__restrict__ w, float *__restrict__ out, int n,
+    const struct cuda_norm &nm, float *red)
+{
+	float ss = 0.0f, sc;
+	int i;
+
+	for (i = threadIdx.x; i < n; i += blockDim.x)
+		ss += xr[i] * xr[i];
+	sc = inv_rms(ss, n, nm.eps, red);
+	for (i = threadIdx.x; i < n; i += blockDim.x)
+		out[i] = xr[i] * sc * (w[i] + nm.offset);
 }
 
 __global__ void
@@ -39,14 +55,8 @@ residual_norm_kernel(float *__restrict__ x, const float *__restrict__ r, const f
 				xr[i] += rr[i];
 		}
 	}
-	if (w == NULL)
-		return;
-	ss = 0.0f;
-	for (i = threadIdx.x; i < n; i += blockDim.x)
-		ss += xr[i] * xr[i];
-	sc = inv_rms(ss, n, nm.eps, red);
-	for (i = threadIdx.x; i < n; i += blockDim.x)
-		h[(size_t)blockIdx.x * n + i] = xr[i] * sc * (w[i] + nm.offset);
+	if (w != NULL)
+		norm_row(xr, w, h + (size_t)blockIdx.x * n, n, nm, red);
 }
 
 __global__ void
@@ -54,15 +64,8 @@ norm_rows_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
     const float *__restrict__ w, float *__restrict__ h, int n, struct cuda_norm nm)
 {
 	__shared__ float red[WARP];
-	const float *xr = x + (size_t)rows[blockIdx.x] * n;
-	float ss = 0.0f, sc;
-	int i;
 
-	for (i = threadIdx.x; i < n; i += blockDim.x)
-		ss += xr[i] * xr[i];
-	sc = inv_rms(ss, n, nm.eps, red);
-	for (i = threadIdx.x; i < n; i += blockDim.x)
-		h[(size_t)blockIdx.x * n + i] = xr[i] * sc * (w[i] + nm.offset);
+	norm_row(x + (size_t)rows[blockIdx.x] * n, w, h + (size_t)blockIdx.x * n, n, nm, red);
 }
 
 __global__ void
