@@ -43,6 +43,13 @@ int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Parses a whole unsigned decimal / a float into *out; 0, or -1 if malformed. */
 int cli_parse_uint(const char *s, uint64_t *out);
 int cli_parse_float(const char *s, double *out);
+/*
+ * A model argument as the daemon should see it: a file or directory that
+ * exists here becomes its absolute path (residentd runs in another
+ * directory), anything else is a model's name and stays as given. buf
+ * holds PATH_MAX bytes.
+ */
+const char *cli_model_arg(const char *arg, char *buf);
 
 /* ---- generate.c: run and chat ---- */
 

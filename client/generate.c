@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -26,6 +27,7 @@
 /* What run and chat were asked for. */
 struct gen_opts {
 	const char *model, *session, *system;
+	char model_path[PATH_MAX];
 	int raw, verbose;
 	struct {                    /* the sampling options given, in order */
 		const char *key;
@@ -258,7 +260,7 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 			continue;
 		}
 		switch (c) {
-		case 'm': o->model = optarg; break;
+		case 'm': o->model = cli_model_arg(optarg, o->model_path); break;
 		case 's': o->session = optarg; break;
 		case O_SYSTEM: o->system = optarg; break;
 		case O_RAW: o->raw = 1; break;

@@ -7,6 +7,7 @@
 #include "cli.h"
 
 #include <getopt.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -258,7 +259,7 @@ cmd_models(struct cli *cli, int argc, char **argv)
 	rs_value *out = NULL;
 	const rs_value *m;
 	rs_status st;
-	char size[32];
+	char size[32], path[PATH_MAX];
 	int rc;
 
 	if ((rc = list_opts(cli, argc, argv, NULL, NULL)) != 0)
@@ -273,7 +274,7 @@ cmd_models(struct cli *cli, int argc, char **argv)
 		st = rs_model_list(cli->c, &out);
 		break;
 	case 1:
-		bar.name = argv[optind + 1];
+		bar.name = cli_model_arg(argv[optind + 1], path);
 		st = rs_model_load(cli->c, bar.name, progress_cb, isatty(2) ? &bar : NULL, &out);
 		if (bar.shown && st == RS_OK) {     /* the bar ends full */
 			m = rs_get(out, "model");

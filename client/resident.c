@@ -72,6 +72,12 @@ cli_usage_error(const char *fmt, ...)
 	return EXIT_USAGE;
 }
 
+const char *
+cli_model_arg(const char *arg, char *buf)
+{
+	return realpath(arg, buf) != NULL ? buf : arg;
+}
+
 int
 cli_parse_uint(const char *s, uint64_t *out)
 {

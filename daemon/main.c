@@ -11,6 +11,7 @@
 #include "log.h"
 #include "model.h"
 #include "proto.h"
+#include "resident.h"
 #include "sched.h"
 #include "server.h"
 #include "store.h"
@@ -32,6 +33,7 @@
 struct settings {
 	char *socket_path, *db_path, *model, *device, *group, *log_level, *config;
 	int threads, ctx, kv_tokens, max_seqs, max_queue, max_step_tokens, exact, fp16_weights;
+	int socket_private;   /* the default path: its directory must be ours alone */
 	long max_frame;
 };
 
@@ -41,7 +43,8 @@ usage(FILE *fp)
 	fprintf(fp,
 	    "usage: residentd [options]\n"
 	    "  -m, --model PATH        default model (.gguf file or Hugging Face directory)\n"
-	    "  -s, --socket PATH       socket (default $XDG_RUNTIME_DIR/resident/socket)\n"
+	    "  -s, --socket PATH       socket (default $RESIDENT_SOCKET, else\n"
+	    "                          $XDG_RUNTIME_DIR/resident/socket, else /tmp/resident-UID/socket)\n"
 	    "      --group NAME        let this group use the socket (0660) for a shared daemon\n"
 	    "      --db PATH           database (default $XDG_DATA_HOME/resident/resident.db)\n"
 	    "  -c, --config FILE       JSON settings (default $XDG_CONFIG_HOME/resident/residentd.json)\n"
@@ -71,11 +74,29 @@ xdg_path(const char *var, const char *fallback, const char *rest)
 
 	if (base != NULL && base[0] == '/')
 		snprintf(buf, sizeof buf, "%s/%s", base, rest);
-	else if (strcmp(var, "XDG_RUNTIME_DIR") == 0)
-		snprintf(buf, sizeof buf, "/tmp/resident-%u/%s", (unsigned)getuid(), rest);
 	else
 		snprintf(buf, sizeof buf, "%s/%s/%s", home ? home : "/tmp", fallback, rest);
 	return xstrdup(buf);
+}
+
+/*
+ * The model named by -m: an existing file or directory, made absolute so
+ * that it reads the same whatever directory a client asks from.
+ */
+static int
+resolve_model(char **model, char *err)
+{
+	char cwd[PATH_MAX], *abs;
+
+	if ((abs = realpath(*model, NULL)) != NULL) {
+		free(*model);
+		*model = abs;
+		return 0;
+	}
+	if ((*model)[0] == '/' || getcwd(cwd, sizeof cwd) == NULL)
+		return err_set(err, ERR_NOTFOUND, "model %s: %s", *model, strerror(errno));
+	return err_set(err, ERR_NOTFOUND, "model %s: %s (looked for %s/%s)", *model, strerror(errno), cwd,
+	    *model);
 }
 
 /* Sets *dst from a string field of the config unless a flag already did. */
@@ -203,8 +224,16 @@ finish_settings(struct settings *s, gid_t *gid, char *err)
 	struct group *g;
 	int lvl;
 
-	if (s->socket_path == NULL)
-		s->socket_path = xdg_path("XDG_RUNTIME_DIR", "", "resident/socket");
+	if (s->socket_path == NULL) {
+		char buf[PATH_MAX];
+
+		if (rs_default_socket(buf, sizeof buf) != 0)
+			return err_set(err, ERR_INVAL, "the default socket path is too long; give one with -s");
+		s->socket_path = xstrdup(buf);
+		s->socket_private = 1;
+	}
+	if (s->model != NULL && resolve_model(&s->model, err) != 0)
+		return ERR_NOTFOUND;
 	if (s->db_path == NULL)
 		s->db_path = xdg_path("XDG_DATA_HOME", ".local/share", "resident/resident.db");
 	if (s->max_frame == 0)
@@ -271,6 +300,7 @@ main(int argc, char **argv)
 	evthread_use_pthreads();
 	base = event_base_new();
 	vo.socket_path = s.socket_path;
+	vo.private_dir = s.socket_private;
 	vo.max_frame = (size_t)s.max_frame;
 	vo.max_output = 8u << 20;
 	vo.default_model = s.model ? model_file_name(s.model) : NULL;

@@ -25,12 +25,15 @@
 #include "tokenizer.h"
 #include "util.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 enum gen_state { GEN_QUEUED, GEN_RUNNING };
 
@@ -193,31 +196,58 @@ sched_job_free(struct sched_job *job)
 
 /* ---- models ---- */
 
-/* Finds a model by name or path; with a path to an existing file, registers it. */
+/* Says why name_or_path names no model: what was looked for, and where. */
+static void
+model_not_found(const char *name_or_path, int e, char *err)
+{
+	char cwd[PATH_MAX];
+
+	if (name_or_path[0] == '/' || getcwd(cwd, sizeof cwd) == NULL)
+		err_set(err, ERR_NOTFOUND, "no model named '%s' (model.list has the names), and %s: %s",
+		    name_or_path, name_or_path, strerror(e));
+	else
+		err_set(err, ERR_NOTFOUND, "no model named '%s' (model.list has the names), and no file "
+		    "%s in residentd's directory %s: %s", name_or_path, name_or_path, cwd, strerror(e));
+}
+
+/*
+ * Finds a model by name or path; a path to an existing file or directory
+ * (relative ones from residentd's directory) is registered under its
+ * absolute path. NULL with a message in err when there is none.
+ */
 static struct model_slot *
-find_model(struct sched *s, const char *name_or_path)
+find_model(struct sched *s, const char *name_or_path, char *err)
 {
 	struct model_slot *m;
-	struct stat st;
-	char *name;
+	char *name, *path;
 
-	if (name_or_path == NULL)
+	if (name_or_path == NULL) {
+		if (s->default_model == NULL)
+			err_set(err, ERR_NOTFOUND, "no model is configured (start residentd with -m MODEL)");
 		return s->default_model;
+	}
 	for (m = s->models; m != NULL; m = m->next)
 		if (strcmp(m->name, name_or_path) == 0 || strcmp(m->path, name_or_path) == 0)
 			return m;
-	if (strchr(name_or_path, '/') == NULL || stat(name_or_path, &st) != 0)
+	if ((path = realpath(name_or_path, NULL)) == NULL) {
+		model_not_found(name_or_path, errno, err);
 		return NULL;
-	name = model_file_name(name_or_path);
+	}
+	name = model_file_name(path);
 	for (m = s->models; m != NULL; m = m->next) {
-		if (strcmp(m->name, name) == 0) {
-			free(name);
-			return NULL; /* another file already has this name */
+		if (strcmp(m->path, path) == 0 || strcmp(m->name, name) == 0) {
+			if (strcmp(m->path, path) != 0) {
+				err_set(err, ERR_INVAL, "%s: the model named '%s' is another file (%s)", path,
+				    name, m->path);
+				m = NULL;
+			}
+			free(name), free(path);
+			return m;
 		}
 	}
 	m = xcalloc(1, sizeof *m);
 	m->name = name;
-	m->path = xstrdup(name_or_path);
+	m->path = path;
 	m->next = s->models;
 	s->models = m;
 	pthread_mutex_lock(&s->mu);
@@ -446,8 +476,8 @@ admit(struct sched *s, struct gen *g)
 	size_t n = 0;
 	int rc;
 
-	if ((g->slot = find_model(s, want)) == NULL) {
-		post_error(s, job, PE_NOT_FOUND, want ? "no such model" : "no model is configured");
+	if ((g->slot = find_model(s, want, err)) == NULL) {
+		post_error(s, job, PE_NOT_FOUND, err);
 		return -1;
 	}
 	if ((rc = load_model(s, g->slot, err)) != 0) {
@@ -775,7 +805,9 @@ static void
 fill_model(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 {
 	proto_pack_str(pk, "model");
-	pack_model(s, pk, find_model(s, job->req.model));
+	char err[ERR_LEN];
+
+	pack_model(s, pk, find_model(s, job->req.model, err));
 }
 
 /* A progress reply of model.load. */
@@ -796,13 +828,13 @@ post_progress(struct sched *s, const struct sched_job *job, uint64_t done, uint6
 static void
 op_model_load(struct sched *s, struct sched_job *job)
 {
-	struct model_slot *m = find_model(s, job->req.model);
 	char err[ERR_LEN];
+	struct model_slot *m = find_model(s, job->req.model, err);
 	struct stat st;
 	uint64_t total;
 
 	if (m == NULL) {
-		post_error(s, job, PE_NOT_FOUND, "no such model (give a name from model.list or a path)");
+		post_error(s, job, PE_NOT_FOUND, err);
 		return;
 	}
 	if (m->e == NULL) {
@@ -814,18 +846,19 @@ op_model_load(struct sched *s, struct sched_job *job)
 		}
 		post_progress(s, job, total, total);
 	}
-	post_result(s, job, 1, fill_model, strchr(job->req.model, '/') ? m->path : NULL);
+	post_result(s, job, 1, fill_model, strcmp(job->req.model, m->name) != 0 ? m->path : NULL);
 }
 
 /* model.unload: cancels what runs on it, drops its sessions' caches. */
 static void
 op_model_unload(struct sched *s, struct sched_job *job)
 {
-	struct model_slot *m = find_model(s, job->req.model);
+	char err[ERR_LEN];
+	struct model_slot *m = find_model(s, job->req.model, err);
 	struct gen *g, *next;
 
 	if (m == NULL) {
-		post_error(s, job, PE_NOT_FOUND, "no such model");
+		post_error(s, job, PE_NOT_FOUND, err);
 		return;
 	}
 	for (g = s->gens; g != NULL; g = next) {
@@ -848,7 +881,8 @@ op_model_unload(struct sched *s, struct sched_job *job)
 static void
 fill_tokens(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 {
-	const struct model_desc *md = engine_model(find_model(s, job->req.model)->e);
+	char err[ERR_LEN];
+	const struct model_desc *md = engine_model(find_model(s, job->req.model, err)->e);
 	int32_t *ids = NULL;
 	size_t n = 0, i;
 	int bos = job->req.bos >= 0 ? job->req.bos : tok_add_bos(md->tok);
@@ -864,7 +898,8 @@ fill_tokens(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 static void
 fill_text(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 {
-	const struct model_desc *md = engine_model(find_model(s, job->req.model)->e);
+	char err[ERR_LEN];
+	const struct model_desc *md = engine_model(find_model(s, job->req.model, err)->e);
 	char *text = NULL;
 	size_t len = 0;
 
@@ -879,13 +914,13 @@ fill_text(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 static void
 op_tokens(struct sched *s, struct sched_job *job)
 {
-	struct model_slot *m = find_model(s, job->req.model);
-	const struct model_desc *md;
 	char err[ERR_LEN];
+	struct model_slot *m = find_model(s, job->req.model, err);
+	const struct model_desc *md;
 	size_t i;
 
 	if (m == NULL) {
-		post_error(s, job, PE_NOT_FOUND, "no such model");
+		post_error(s, job, PE_NOT_FOUND, err);
 		return;
 	}
 	if (load_model(s, m, err) != 0) {
@@ -1159,10 +1194,8 @@ sched_start(const struct sched_opts *o, void (*wake)(void *), void *wake_arg, st
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->cv, NULL);
 	if (o->default_model != NULL) {
-		s->default_model = find_model(s, o->default_model);
+		s->default_model = find_model(s, o->default_model, err);
 		if (s->default_model == NULL || (rc = load_model(s, s->default_model, err)) != 0) {
-			if (s->default_model == NULL)
-				err_set(err, ERR_NOTFOUND, "%s: no such model file", o->default_model);
 			sched_stop(s);
 			return ERR_NOTFOUND;
 		}
@@ -1251,7 +1284,7 @@ sched_model_known(struct sched *s, const char *name_or_path)
 	for (i = 0; i < s->n_known && !found; i++)
 		found = strcmp(s->known[i], name_or_path) == 0;
 	pthread_mutex_unlock(&s->mu);
-	return found || (strchr(name_or_path, '/') != NULL && stat(name_or_path, &st) == 0);
+	return found || stat(name_or_path, &st) == 0;
 }
 
 void

@@ -670,11 +670,30 @@ claim_path(const char *path, char *err)
 	return 0;
 }
 
+/*
+ * Refuses a socket directory another user could write to or own: in /tmp,
+ * anyone may create /tmp/resident-UID first and swap our socket for theirs.
+ */
+static int
+check_private(const char *dir, char *err)
+{
+	struct stat st;
+
+	if (lstat(dir, &st) != 0)
+		return err_set(err, ERR_IO, "%s: %s", dir, strerror(errno));
+	if (!S_ISDIR(st.st_mode) || st.st_uid != getuid() || (st.st_mode & 077) != 0)
+		return err_set(err, ERR_IO,
+		    "%s: unsafe socket directory (owner uid %u, mode %03o): it must be a directory of uid "
+		    "%u with mode 0700; remove it or give a socket path with -s",
+		    dir, (unsigned)st.st_uid, (unsigned)(st.st_mode & 0777), (unsigned)getuid());
+	return 0;
+}
+
 /* Creates the socket's directory (0700) if it is missing. */
 static int
-make_parent(const char *path, char *err)
+make_parent(const char *path, int private_dir, char *err)
 {
-	char *dir = xstrdup(path), *p;
+	char *dir = xstrdup(path), *p, *last;
 	int rc = 0;
 
 	for (p = dir + 1; (p = strchr(p, '/')) != NULL; p++) {
@@ -684,6 +703,10 @@ make_parent(const char *path, char *err)
 		*p = '/';
 		if (rc != 0)
 			break;
+	}
+	if (rc == 0 && private_dir && (last = strrchr(dir, '/')) != NULL && last != dir) {
+		*last = '\0';
+		rc = check_private(dir, err);
 	}
 	free(dir);
 	return rc;
@@ -700,7 +723,7 @@ server_start(struct event_base *base, const struct server_opts *o, struct store 
 
 	if (strlen(o->socket_path) >= sizeof sa.sun_path)
 		return err_set(err, ERR_INVAL, "socket path %s is too long", o->socket_path);
-	if ((rc = make_parent(o->socket_path, err)) != 0 || (rc = claim_path(o->socket_path, err)) != 0)
+	if ((rc = make_parent(o->socket_path, o->private_dir, err)) != 0 || (rc = claim_path(o->socket_path, err)) != 0)
 		return rc;
 	memset(&sa, 0, sizeof sa);
 	sa.sun_family = AF_UNIX;

@@ -12,6 +12,7 @@ struct server;
 
 struct server_opts {
 	const char *socket_path;
+	int private_dir;             /* the socket's directory must be the user's alone (the default path) */
 	gid_t group;                 /* (gid_t)-1: the socket is 0600, else 0660 for this group */
 	size_t max_frame;
 	size_t max_output;           /* bytes queued for a client before it is dropped as too slow */

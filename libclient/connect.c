@@ -38,21 +38,6 @@ set_error(rs_error *err, rs_status code, const char *fmt, ...)
 	va_end(ap);
 }
 
-int
-rs_default_socket(char *buf, size_t size)
-{
-	const char *env = getenv("RESIDENT_SOCKET"), *run = getenv("XDG_RUNTIME_DIR");
-	int n;
-
-	if (env != NULL && env[0] != '\0')
-		n = snprintf(buf, size, "%s", env);
-	else if (run != NULL && run[0] == '/')
-		n = snprintf(buf, size, "%s/resident/socket", run);
-	else
-		n = snprintf(buf, size, "/tmp/resident-%u/socket", (unsigned)getuid());
-	return n < 0 || (size_t)n >= size ? -1 : 0;
-}
-
 /* One connect attempt. Returns the fd, or -1 with errno set. */
 static int
 try_connect(const struct sockaddr_un *sa)
