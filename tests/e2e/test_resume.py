@@ -2,9 +2,9 @@
 """test_resume.py: sessions survive turns, crashes and restarts.
 
 1. A session's second turn reuses the first turn's KV cache: its
-   usage.cached_tokens is at least the first turn's prompt_tokens, and (the
-   design's "only new tokens are prefilled") at least the whole first turn the
-   daemon computed itself (prompt + generated - 1).
+   usage.cached_tokens is at least the first turn's prompt_tokens, and (only
+   new tokens are prefilled: docs/ARCHITECTURE.md, "KV memory") at least the
+   whole first turn the daemon computed itself (prompt + generated - 1).
 2. Turn 3 is started with a long generation and the daemon is killed with
    SIGKILL mid-stream. Restarted on the same database, session.get shows
    turns 1-2 intact and no trace of turn 3, and turn 3 repeated (greedy, same
