@@ -12,6 +12,7 @@
  * row is read from memory once for all the heads of its group.
  */
 #include "attention.cuh"
+#include "tc.cuh"
 
 #define QK_WARPS 4
 #define ATT_GROUP 4      /* query heads of one KV head per attention block, a warp each */
@@ -171,29 +172,6 @@ load_kv(const __half *p, float *out)
 		for (int i = 0; i < E; i++)
 			out[i] = __half2float(p[i]);
 	}
-}
-
-/* 16 bytes from global to shared memory without passing through registers. */
-static __device__ __forceinline__ void
-cp_async16(void *smem, const void *gmem)
-{
-	unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
-}
-
-static __device__ __forceinline__ void
-cp_async_commit(void)
-{
-	asm volatile("cp.async.commit_group;\n" ::);
-}
-
-/* Waits until at most N groups of this thread's copies are still in flight. */
-template <int N>
-static __device__ __forceinline__ void
-cp_async_wait(void)
-{
-	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 /* Elements of pool type T after each row of a shared-memory tile. */

@@ -352,6 +352,7 @@ open_device(struct backend *b, int device, char *err)
 	b->device = device;
 	CK(cudaSetDevice(device));
 	CK(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
+	CK(cudaDeviceGetAttribute(&b->mm.sms, cudaDevAttrMultiProcessorCount, device));
 	return 0;
 }
 
@@ -591,7 +592,9 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    err)) ||
 	    (rc = dev_alloc(&b->blas_ws, BLAS_WORKSPACE, "the cuBLAS workspace", err)) ||
 	    (rc = dev_alloc((void **)&b->att_part, part_bytes(b), "split attention", err)) ||
-	    (rc = dev_alloc((void **)&b->dev_argmax, T * sizeof(int32_t), "argmax", err)));
+	    (rc = dev_alloc((void **)&b->dev_argmax, T * sizeof(int32_t), "argmax", err)) ||
+	    (!b->exact && (rc = dev_alloc((void **)&b->mm.part, (size_t)b->mm.part_elems * sizeof(float),
+	    "split sums", err))));
 	if (rc == 0)
 		CK(cudaMallocHost((void **)&b->host_argmax, T * sizeof(int32_t)));
 	b->mm.wh_elems = wh_elems;
@@ -684,9 +687,10 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	int n = list_matrices(m, mats), rc;
 
 	if ((rc = check_model(m, mats, n, err)) != 0 || (rc = open_device(b, o->device, err)) != 0 ||
-	    (rc = cuda_attention_setup(m->hp.head_dim, err)) != 0)
+	    (rc = cuda_attention_setup(m->hp.head_dim, err)) != 0 || (rc = cuda_qgemm_setup(err)) != 0)
 		goto out;
 	b->exact = o->exact != 0;
+	b->mm.part_elems = b->exact ? 0 : cuda_qgemm_part_elems(b->mm.sms);
 	wbytes = matrix_offsets(mats, n, off);
 	cbytes = copy_offsets(m, mats, n, o->fp16_weights && !b->exact, hoff);
 	for (int i = 0; i < n; i++) {
@@ -698,7 +702,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	b->kv_stride = KV_BLOCK_TOKENS * d.nkv;
 	kv_bytes = (size_t)o->kv_blocks * (size_t)m->hp.n_layer * 2 * b->kv_stride * (size_t)kv_elem_size(b);
 	act = activation_bytes(&d) + (size_t)wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(b) +
-	    floats_bytes(small_floats(m));
+	    floats_bytes(small_floats(m)) + floats_bytes((size_t)b->mm.part_elems);
 	need = wbytes + cbytes + kv_bytes + act;
 	if ((rc = check_memory(need, wbytes, cbytes, kv_bytes, act, err)) != 0 ||
 	    (rc = upload_matrices(b, mats, n, off, wbytes, err)) != 0 ||
@@ -770,7 +774,7 @@ cuda_free(struct backend *b)
 	cudaFree(b->x), cudaFree(b->h), cudaFree(b->q), cudaFree(b->k), cudaFree(b->v);
 	cudaFree(b->att), cudaFree(b->gate), cudaFree(b->up), cudaFree(b->ffn_out), cudaFree(b->logits);
 	cudaFree(b->mm.xh), cudaFree(b->mm.xscale), cudaFree(b->mm.wh), cudaFree(b->blas_ws);
-	cudaFree(b->mm.xq), cudaFree(b->mm.xd);
+	cudaFree(b->mm.xq), cudaFree(b->mm.xd), cudaFree(b->mm.part);
 	cudaFree(b->dev_ints), cudaFree(b->att_part), cudaFree(b->dev_argmax);
 	if (b->host_argmax != NULL)
 		cudaFreeHost(b->host_argmax);

@@ -43,6 +43,8 @@ struct cuda_probe {
 	struct cuda_mm mm;
 	struct dbuf xh, xscale, wh;  /* the tensor-core path's scratch, behind mm's pointers */
 	struct dbuf xq, xd;          /* the int8 activations of CUDA_PROBE_INT8 */
+	struct dbuf part;            /* the tensor-core kernel's split sums */
+	int sms;                     /* the device's multiprocessors */
 	int x_valid;                 /* xh holds the fp16 copy of an x of x_k x x_tok */
 	int64_t x_k;
 	int x_tok;
@@ -154,7 +156,7 @@ cuda_probe_open(struct cuda_probe **out, char *err)
 {
 	struct cuda_probe *p;
 	cublasStatus_t s;
-	int n = 0;
+	int n = 0, rc;
 
 	if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
 		cudaGetLastError();
@@ -172,6 +174,14 @@ cuda_probe_open(struct cuda_probe **out, char *err)
 		return err_set(err, ERR_DEVICE, "cuBLAS setup: %s", cublasGetStatusString(s));
 	}
 	p->mm.stream = p->stream;
+	if (cudaDeviceGetAttribute(&p->sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) {
+		cuda_probe_close(p);
+		return err_set(err, ERR_DEVICE, "cuda_probe: no multiprocessor count");
+	}
+	if ((rc = cuda_qgemm_setup(err)) != 0) {
+		cuda_probe_close(p);
+		return rc;
+	}
 	*out = p;
 	return 0;
 }
@@ -185,6 +195,7 @@ cuda_probe_close(struct cuda_probe *p)
 	if (p->mm.blas != NULL)
 		cublasDestroy(p->mm.blas);
 	cudaFree(p->xh.d), cudaFree(p->xscale.d), cudaFree(p->wh.d), cudaFree(p->xq.d), cudaFree(p->xd.d);
+	cudaFree(p->part.d);
 	cudaStreamDestroy(p->stream);
 	free(p);
 }
@@ -225,6 +236,12 @@ mm_scratch(struct cuda_probe *p, int64_t k, int n_tok, int64_t tile_elems, int r
 	p->mm.xscale = (float *)p->xscale.d;
 	p->mm.wh = (__half *)p->wh.d;
 	p->mm.wh_elems = MAX(tile_elems, 1);
+	/* the split sums, sized as cuda_backend.cu sizes them */
+	p->mm.part_elems = cuda_qgemm_part_elems(p->sms);
+	if ((rc = dbuf_reserve(p, &p->part, (size_t)p->mm.part_elems * sizeof(float), err)) != 0 ||
+	    (rc = poison(p, &p->part, err)) != 0)
+		return rc;
+	p->mm.part = (float *)p->part.d;
 	return 0;
 }
 
@@ -302,7 +319,8 @@ matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight
 	    reuse_x, err)) != 0)
 		return rc;
 	p->x_valid = 0;
-	p->mm.mmv_max = path == CUDA_PROBE_CUBLAS ? 0 : INT_MAX;
+	p->mm.mmv_max = path == CUDA_PROBE_GEMM || path == CUDA_PROBE_GEMM_WHOLE ? 0 : INT_MAX;
+	p->mm.sms = path == CUDA_PROBE_GEMM_WHOLE ? 0 : p->sms; /* no multiprocessors to fill: no split */
 	if ((rc = int8_scratch(p, path, w->k, n_tok, err)) != 0)
 		return rc;
 	if ((rc = matmul_parts(p, &cw, n_parts, (const float *)dx, n_tok, (float *)dy, reuse_x, err)) != 0 ||
@@ -310,10 +328,11 @@ matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight
 	    (rc = guard_check(p, &p->xh, "cuda_matmul fp16 activations", err)) != 0 ||
 	    (rc = guard_check(p, &p->xscale, "cuda_matmul row scales", err)) != 0 ||
 	    (rc = guard_check(p, &p->wh, "cuda_matmul weight tile", err)) != 0 ||
+	    (rc = guard_check(p, &p->part, "cuda_matmul split sums", err)) != 0 ||
 	    (path == CUDA_PROBE_INT8 && ((rc = guard_check(p, &p->xq, "cuda_matmul int8 activations", err)) != 0 ||
 	    (rc = guard_check(p, &p->xd, "cuda_matmul int8 scales", err)) != 0)))
 		return rc;
-	if (path == CUDA_PROBE_CUBLAS) {
+	if (p->mm.mmv_max == 0) {
 		p->x_valid = 1;
 		p->x_k = w->k;
 		p->x_tok = n_tok;

@@ -34,10 +34,14 @@ struct cuda_probe_weight {
 	const void *data;
 };
 
-/* The two paths of cuda_matmul. */
+/* The paths of cuda_matmul. */
 enum cuda_probe_path {
 	CUDA_PROBE_MATVEC, /* the fp32 matrix-vector kernels, whatever the token count */
-	CUDA_PROBE_CUBLAS, /* fp16 activations, fp16 weight tiles, cuBLAS */
+	CUDA_PROBE_GEMM,   /* steps of many tokens, whatever the count: fp16 activations; quantized
+	                      weights on the tensor-core kernel (K split as the device's
+	                      multiprocessor count makes the backend split it), the others
+	                      (and rows not whole units of their blocks) on cuBLAS */
+	CUDA_PROBE_GEMM_WHOLE, /* as CUDA_PROBE_GEMM, K never split */
 	CUDA_PROBE_INT8,   /* the matrix-vector kernels with int8 activations where the type has
 	                      an integer kernel (Q4_K, Q6_K, Q8_0; the others stay fp32) */
 };
@@ -49,8 +53,8 @@ enum cuda_probe_path {
  * by one cuda_matmul_multi, as the backend does Q, K and V (one fused
  * kernel on the matrix-vector path); 1: cuda_matmul. tile_rows > 0 limits the rows the cuBLAS path dequantizes at a
  * time (0: as much as the backend would give it). reuse_x says x is the
- * previous call's x, same k and n_tok: the cuBLAS path then reuses its
- * fp16 copy, as the backend does for K and V.
+ * previous call's x, same k and n_tok: the many-token paths then reuse its
+ * fp16 copy.
  */
 int cuda_probe_matmul(struct cuda_probe *p, const struct cuda_probe_weight *w, int n_parts, const float *x,
     int n_tok, enum cuda_probe_path path, int64_t tile_rows, int reuse_x, float *y, char *err);

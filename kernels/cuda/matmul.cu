@@ -12,12 +12,13 @@
  * after the other (Q/K/V, gate/up) run as one kernel that sends each row
  * to its own output.
  *
- * Many tokens (prefill): the tokens are converted to fp16 once per input
- * (each row divided by a power of two when it would overflow fp16, and
- * multiplied back afterwards), the weight is dequantized to fp16 a tile of
- * rows at a time (fp16 weights, and weights with an fp16 copy made at load,
- * are used as they are), and cuBLAS multiplies them on the tensor cores
- * with float32 accumulation.
+ * Many tokens (batched decoding, prefill): the tokens are converted to
+ * fp16 once per input (each row divided by a power of two when it would
+ * overflow fp16, and multiplied back afterwards). Quantized weights go to
+ * the tensor-core kernel of qgemm.cu, which decodes their blocks in shared
+ * memory; float weights (and fp16 copies made at load) to cuBLAS, BF16 and
+ * F32 ones converted to fp16 a tile of rows at a time, all with float32
+ * accumulation.
  */
 #include "matmul.cuh"
 #include "dequant.cuh"
@@ -39,34 +40,6 @@
 		if (s_ != CUBLAS_STATUS_SUCCESS) \
 			return cuda_fail(err, __FILE__, __LINE__, #call, cublasGetStatusString(s_)); \
 	} while (0)
-
-/*
- * Where the rows of one product go: rows [start[i], start[i + 1]) to y[i],
- * token t's row ldy[i] floats after token t - 1's.
- */
-struct mm_out {
-	float *y[MM_MAX_OUT];
-	int ldy[MM_MAX_OUT];
-	int start[MM_MAX_OUT + 1];
-	int n;
-};
-
-/* Stores token t's value of row o. */
-static __device__ __forceinline__ void
-mm_store(const struct mm_out &out, int o, int t, float v)
-{
-	float *y = out.y[0];
-	int ld = out.ldy[0], r = o;
-
-#pragma unroll
-	for (int j = 1; j < MM_MAX_OUT; j++) /* constant indices: the struct stays in registers */
-		if (j < out.n && o >= out.start[j]) {
-			y = out.y[j];
-			ld = out.ldy[j];
-			r = o - out.start[j];
-		}
-	y[(size_t)t * ld + r] = v;
-}
 
 /*
  * MMV_ROWS rows by NT tokens per block: the block's threads split the rows'
@@ -613,13 +586,29 @@ dequant_rows(const struct cuda_weight *w, int64_t r0, int64_t nr, __half *out, c
 	return 0;
 }
 
+/* The n_tok rows of x (k wide) as fp16 rows in m->xh, with their scales in m->xscale. */
+static int
+to_f16(struct cuda_mm *m, const float *x, int ldx, int k, int n_tok, char *err)
+{
+	to_f16_kernel<<<n_tok, ROW_THREADS, 0, m->stream>>>(x, ldx, k, m->xh, m->xscale);
+	CK_LAUNCH("to_f16_kernel");
+	return 0;
+}
+
+/* 1 if the quantized tensor-core kernel multiplies by w (an fp16 copy, when w has one, goes to cuBLAS). */
+static int
+tensor_path(const struct cuda_weight *w)
+{
+	return w->h == NULL && cuda_qgemm_type(w);
+}
+
 /*
- * The tensor-core path: fp16 tokens, fp16 weights (the matrix itself, its
- * fp16 copy, or tiles dequantized into m->wh), cuBLAS, float32 out.
+ * cuBLAS on fp16 tokens (m->xh, made by to_f16) and fp16 weights (the
+ * matrix itself, its fp16 copy, or tiles dequantized into m->wh), float32
+ * out.
  */
 static int
-gemm(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_tok, float *y,
-    int ldy, int reuse_x, char *err)
+gemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, float *y, int ldy, char *err)
 {
 	const float one = 1.0f, zero = 0.0f;
 	const __half *whole = w->type == TT_F16 ? (const __half *)w->d : w->h;
@@ -628,10 +617,6 @@ gemm(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, in
 
 	if (tile < 1)
 		return err_set(err, ERR_DEVICE, "fp16 scratch too small for rows of %d", k);
-	if (!reuse_x) {
-		to_f16_kernel<<<n_tok, ROW_THREADS, 0, m->stream>>>(x, ldx, k, m->xh, m->xscale);
-		CK_LAUNCH("to_f16_kernel");
-	}
 	for (int64_t r0 = 0; r0 < w->n; r0 += tile) {
 		int64_t nr = MIN(tile, w->n - r0);
 		const __half *a = m->wh;
@@ -657,41 +642,36 @@ cuda_weight_follows(const struct cuda_weight *a, const struct cuda_weight *b)
 	    a->d + (size_t)a->n * a->row_bytes == b->d;
 }
 
-int
-cuda_matmul(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_tok,
-    float *y, int ldy, int reuse_x, char *err)
+/*
+ * The products of n_w weights of one input (with reuse_x, the input of
+ * the previous call, already in fp16 and int8 form): runs of weights stored one after the other go to one
+ * kernel on the matrix-vector and tensor-core paths, the rest to cuBLAS
+ * one by one.
+ */
+static int
+products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x, int ldx, int n_tok,
+    float *const *y, const int *ldy, int reuse_x, char *err)
 {
-	struct mm_out out = { { y }, { ldy }, { 0, (int)w->n }, 1 };
+	int many = n_tok > m->mmv_max, have_h = reuse_x, rc;
 
 	if (!reuse_x)
 		m->xq_ready = 0;
-	if (n_tok <= m->mmv_max)
-		return matvec(m, w, x, ldx, n_tok, &out, err);
-	return gemm(m, w, x, ldx, n_tok, y, ldy, reuse_x, err);
-}
-
-int
-cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x,
-    int ldx, int n_tok, float *const *y, const int *ldy, char *err)
-{
-	int rc;
-
-	if (n_w < 1 || n_w > MM_MAX_OUT)
-		return err_set(err, ERR_INVAL, "%d weights in one product (1..%d)", n_w, MM_MAX_OUT);
-	m->xq_ready = 0;
 	for (int i = 0; i < n_w;) {
 		struct cuda_weight all = *w[i];
 		struct mm_out out = { { NULL }, { 0 }, { 0 }, 0 };
 		int j = i, rows = 0;
 
-		if (n_tok > m->mmv_max) {
-			if ((rc = gemm(m, w[i], x, ldx, n_tok, y[i], ldy[i], i > 0, err)) != 0)
+		if (many && !have_h && (rc = to_f16(m, x, ldx, (int)w[i]->k, n_tok, err)) != 0)
+			return rc;
+		have_h |= many;
+		if (many && !tensor_path(w[i])) {
+			if ((rc = gemm(m, w[i], n_tok, y[i], ldy[i], err)) != 0)
 				return rc;
 			i++;
 			continue;
 		}
-		/* the run of weights that follow one another: one kernel */
-		for (; j < n_w && (j == i || cuda_weight_follows(w[j - 1], w[j])); j++) {
+		for (; j < n_w && (j == i || (cuda_weight_follows(w[j - 1], w[j]) && (!many || tensor_path(w[j]))));
+		    j++) {
 			out.y[out.n] = y[j];
 			out.ldy[out.n] = ldy[j];
 			out.start[out.n++] = rows;
@@ -699,11 +679,31 @@ cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w
 		}
 		out.start[out.n] = rows;
 		all.n = rows;
-		if ((rc = matvec(m, &all, x, ldx, n_tok, &out, err)) != 0)
+		rc = many ? cuda_qgemm(m, &all, n_tok, &out, err) : matvec(m, &all, x, ldx, n_tok, &out, err);
+		if (rc != 0)
 			return rc;
 		i = j;
 	}
 	return 0;
+}
+
+int
+cuda_matmul(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_tok,
+    float *y, int ldy, int reuse_x, char *err)
+{
+	const struct cuda_weight *ws[1] = { w };
+	float *ys[1] = { y };
+
+	return products(m, ws, 1, x, ldx, n_tok, ys, &ldy, reuse_x, err);
+}
+
+int
+cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x,
+    int ldx, int n_tok, float *const *y, const int *ldy, char *err)
+{
+	if (n_w < 1 || n_w > MM_MAX_OUT)
+		return err_set(err, ERR_INVAL, "%d weights in one product (1..%d)", n_w, MM_MAX_OUT);
+	return products(m, w, n_w, x, ldx, n_tok, y, ldy, 0, err);
 }
 
 int
@@ -728,7 +728,7 @@ cuda_embed(const struct cuda_weight *w, const int32_t *tokens, int n_tok, float 
 int64_t
 cuda_matmul_tile_elems(const struct cuda_weight *w)
 {
-	return w->type == TT_F16 ? 0 : MIN(w->n * w->k, MAX(WTILE_ELEMS, w->k));
+	return w->type == TT_F16 || tensor_path(w) ? 0 : MIN(w->n * w->k, MAX(WTILE_ELEMS, w->k));
 }
 
 int

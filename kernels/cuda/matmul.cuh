@@ -47,10 +47,43 @@ struct cuda_mm {
 	int8_t *xq;
 	float2 *xd;
 	int xq_ready;      /* xq holds the x of the last call */
+	/* the tensor-core kernels' split sums (part_elems floats), and the multiprocessors they fill */
+	float *part;
+	int64_t part_elems;
+	int sms;
 };
 
 /* Most weights of one cuda_matmul_multi. */
 #define MM_MAX_OUT 3
+
+/*
+ * Where the rows of one product go: rows [start[i], start[i + 1]) to y[i],
+ * token t's row ldy[i] floats after token t - 1's.
+ */
+struct mm_out {
+	float *y[MM_MAX_OUT];
+	int ldy[MM_MAX_OUT];
+	int start[MM_MAX_OUT + 1];
+	int n;
+};
+
+/* Stores token t's value of row o. */
+static __device__ __forceinline__ void
+mm_store(const struct mm_out &out, int o, int t, float v)
+{
+	float *y = out.y[0];
+	int ld = out.ldy[0], r = o;
+
+#pragma unroll
+	for (int j = 1; j < MM_MAX_OUT; j++) /* constant indices: the struct stays in registers */
+		if (j < out.n && o >= out.start[j]) {
+			y = out.y[j];
+			ld = out.ldy[j];
+			r = o - out.start[j];
+		}
+	y[(size_t)t * ld + r] = v;
+}
+
 
 /*
  * y[t * ldy + o] = sum_i W[o][i] * x[t * ldx + i] for t < n_tok and every
@@ -76,6 +109,24 @@ int cuda_weight_follows(const struct cuda_weight *a, const struct cuda_weight *b
 /* out[t][i] = row tokens[t] of an embedding matrix, times scale, for t < n_tok. */
 int cuda_embed(const struct cuda_weight *w, const int32_t *tokens, int n_tok, float scale,
     float *out, cudaStream_t st, char *err);
+
+/* ---- qgemm.cu: many tokens on the tensor cores, straight from the quantized blocks ---- */
+
+/* 1 if cuda_qgemm multiplies by w (its type, and rows whole units of its blocks). */
+int cuda_qgemm_type(const struct cuda_weight *w);
+
+/*
+ * The rows of w (every output of out, stored one after the other) times
+ * n_tok tokens whose fp16 rows are in m->xh (k apart, divided by
+ * m->xscale[t]), into out; on m->stream, using m->part for split sums.
+ */
+int cuda_qgemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct mm_out *out, char *err);
+
+/* Readies the kernels' shared memory on the current device: once, before any graph capture. */
+int cuda_qgemm_setup(char *err);
+
+/* Floats of split sums cuda_qgemm wants on a device of sms multiprocessors (cuda_mm.part). */
+int64_t cuda_qgemm_part_elems(int sms);
 
 /* Elements of fp16 scratch the tensor-core path wants for this weight without an fp16 copy. */
 int64_t cuda_matmul_tile_elems(const struct cuda_weight *w);

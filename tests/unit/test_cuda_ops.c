@@ -21,8 +21,9 @@
  * - products, against cpu_matmul, as a fraction of sum |w_i x_i| (the
  *   size of the dot product's terms, which bounds any rounding error):
  *   matrix-vector kernels (float32 throughout, another summation order)
- *   2e-5; the cuBLAS path, which rounds both operands to fp16 (at most
- *   2^-10 of each product) and accumulates in float32, 2e-3;
+ *   2e-5; the many-token paths (the tensor-core kernel on quantized
+ *   blocks, cuBLAS on the others), which round both operands to fp16 (at
+ *   most 2^-10 of each product) and accumulate in float32, 2e-3;
  * - norms, GLU, RoPE: float32 with other reduction orders and CUDA's
  *   expf/tanhf/sinf/cosf (2 ulp): 1e-5 relative;
  * - K and V in the fp16 pool: half an fp16 ulp (2^-11) of the value, plus
@@ -59,7 +60,7 @@
 
 #define TOL_DEQ 1e-6
 #define TOL_MATVEC 2e-5
-#define TOL_CUBLAS 2e-3
+#define TOL_GEMM 2e-3
 /*
  * int8 activations with an int8 remainder: about 15 bits per value, relative
  * to each 32's largest (1/127 of it, then 1/254 of that step): ~3e-5 of
@@ -158,16 +159,25 @@ put_f16(uint8_t *p, float f)
 	memcpy(p, &h, sizeof h);
 }
 
-/* A row length for type: a multiple of its block whose 8-element chunks are not a multiple of 128. */
+/* Widths of the products: one block (or unit), several, and for 32-blocks a width of no whole 64. */
+enum width { W_SMALL, W_MID, W_ODD };
+
+/*
+ * Elements of a row of type for a width: a multiple of its block whose
+ * 8-element chunks are not a multiple of 128.
+ */
 static int64_t
-row_len(uint32_t type, int small)
+row_len(uint32_t type, enum width w)
 {
 	int be = quant_traits(type)->block_elems;
 
-	if (small)
-		return be == 1 ? 8 : be;
-	return be == 1 ? 8 * 149 : be == 32 ? 32 * 37 : 256 * 5;
+	if (w == W_SMALL)
+		return be == 1 ? 8 : be == 32 ? 64 : be;
+	if (w == W_ODD && be == 32)
+		return 32 * 37;
+	return be == 1 ? 8 * 149 : be == 32 ? 64 * 19 : 256 * 5;
 }
+
 
 /*
  * n random rows of k elements of type, as stored (malloc'd): float types
@@ -230,7 +240,7 @@ test_embed(void **state)
 	(void)state;
 	for (size_t ti = 0; ti < ARRAY_LEN(all_types); ti++) {
 		uint32_t type = all_types[ti];
-		int64_t k = row_len(type, 0), n = 37;
+		int64_t k = row_len(type, W_ODD), n = 37;
 		int32_t tokens[11] = { 0, 36 };
 		float *wf, *ref = xmalloc((size_t)k * sizeof *ref), *out = nan_floats(11 * (size_t)k);
 		float scale = ti % 2 ? 1.0f : unif(0.5f, 4.0f);
@@ -270,13 +280,14 @@ test_embed(void **state)
 static double
 path_tol(enum cuda_probe_path path)
 {
-	return path == CUDA_PROBE_MATVEC ? TOL_MATVEC : path == CUDA_PROBE_INT8 ? TOL_INT8 : TOL_CUBLAS;
+	return path == CUDA_PROBE_MATVEC ? TOL_MATVEC : path == CUDA_PROBE_INT8 ? TOL_INT8 : TOL_GEMM;
 }
 
 static const char *
 path_name(enum cuda_probe_path path)
 {
-	return path == CUDA_PROBE_MATVEC ? "matvec" : path == CUDA_PROBE_INT8 ? "int8" : "cublas";
+	return path == CUDA_PROBE_MATVEC ? "matvec" : path == CUDA_PROBE_INT8 ? "int8" :
+	    path == CUDA_PROBE_GEMM ? "gemm" : "gemm-whole";
 }
 
 /* One product on a path, checked against cpu_matmul; returns the worst error / sum |w x|. */
@@ -316,18 +327,26 @@ check_matmul(const struct model_tensor *t, const float *wf, const float *x, int 
 	return worst;
 }
 
-/* Rows, tokens and cuBLAS tile rows of the products tried on each path. */
-static const struct { int n, n_tok, tile, small_k, big_row; } mv_shapes[] = {
-	{ 1, 1, 0, 1, 0 }, { 37, 1, 0, 0, 0 }, { 130, 3, 0, 1, 0 }, { 259, 13, 0, 0, 0 }, { 6, 8, 0, 0, 0 },
+/*
+ * Rows, tokens, cuBLAS tile rows, width and an fp16-overflowing last token
+ * of the products tried on each path. The many-token shapes cut the
+ * tensor-core kernel's tiles (64 or 128 rows, 16 to 128 tokens) unevenly,
+ * split K or not, and reach 4,100 rows and 4,100 tokens.
+ */
+static const struct { int n, n_tok, tile; enum width w; int big_row; } mv_shapes[] = {
+	{ 1, 1, 0, W_SMALL, 0 }, { 37, 1, 0, W_MID, 0 }, { 130, 3, 0, W_SMALL, 0 }, { 259, 13, 0, W_MID, 0 },
+	{ 6, 8, 0, W_MID, 0 },
 }, mm_shapes[] = {
-	{ 37, 9, 0, 0, 0 }, { 259, 33, 64, 0, 1 }, { 130, 70, 7, 1, 0 }, { 5, 17, 0, 0, 1 },
+	{ 37, 9, 0, W_MID, 0 }, { 259, 33, 64, W_MID, 1 }, { 130, 100, 7, W_SMALL, 0 }, { 5, 17, 0, W_MID, 1 },
+	{ 64, 64, 0, W_MID, 0 }, { 100, 513, 0, W_MID, 0 }, { 4100, 17, 0, W_MID, 0 }, { 9, 4100, 0, W_SMALL, 0 },
+	{ 33, 40, 5, W_ODD, 0 },
 };
 
-/* Every type on one path over its shapes; on cuBLAS a second weight reuses the fp16 x. */
+/* Every type on one path over its shapes; on the many-token paths a second weight reuses the fp16 x. */
 static void
 matmul_path(enum cuda_probe_path path)
 {
-	int mv = path != CUDA_PROBE_CUBLAS;
+	int mv = path == CUDA_PROBE_MATVEC || path == CUDA_PROBE_INT8;
 	int n_shapes = mv ? (int)ARRAY_LEN(mv_shapes) : (int)ARRAY_LEN(mm_shapes);
 
 	for (size_t ti = 0; ti < ARRAY_LEN(all_types); ti++) {
@@ -338,20 +357,20 @@ matmul_path(enum cuda_probe_path path)
 			int n = mv ? mv_shapes[s].n : mm_shapes[s].n;
 			int n_tok = mv ? mv_shapes[s].n_tok : mm_shapes[s].n_tok;
 			int tile = mv ? 0 : mm_shapes[s].tile;
-			int small = mv ? mv_shapes[s].small_k : mm_shapes[s].small_k;
+			enum width wd = mv ? mv_shapes[s].w : mm_shapes[s].w;
 			int big = mv ? 0 : mm_shapes[s].big_row;
-			int64_t k = row_len(type, small);
+			int64_t k = row_len(type, wd);
 			float *wf, *wf2, *x = rand_floats((size_t)(n_tok * k), -1, 1);
 			struct model_tensor t = random_weight(type, k, n, &wf);
 
-			/* a last token beyond fp16's range: the cuBLAS path scales it by a power of two */
+			/* a last token beyond fp16's range: the many-token paths scale it by a power of two */
 			for (int64_t i = 0; big && i < k; i++)
 				x[(size_t)(n_tok - 1) * k + i] *= 1e5f;
 			worst = fmax(worst, check_matmul(&t, wf, x, n_tok, path, tile, 0, 1));
-			/* as Q, K and V: three weights one after the other, one launch on the matrix-vector path */
+			/* as Q, K and V: three weights one after the other, one launch */
 			if (n >= 3)
 				worst = fmax(worst, check_matmul(&t, wf, x, n_tok, path, tile, 0, 3));
-			if (path == CUDA_PROBE_CUBLAS) {
+			if (!mv) {
 				struct model_tensor t2 = random_weight(type, k, n + 3, &wf2);
 
 				worst = fmax(worst, check_matmul(&t2, wf2, x, n_tok, path, tile, 1, 1));
@@ -359,7 +378,7 @@ matmul_path(enum cuda_probe_path path)
 			}
 			free((void *)t.data), free(wf), free(x);
 		}
-		print_message("matmul %-6s %-5s: max error / sum |w x| %.2e (bound %.0e)\n",
+		print_message("matmul %-10s %-5s: max error / sum |w x| %.2e (bound %.0e)\n",
 		    path_name(path), quant_traits(type)->name, worst, path_tol(path));
 	}
 }
@@ -372,10 +391,17 @@ test_matvec(void **state)
 }
 
 static void
-test_cublas(void **state)
+test_gemm(void **state)
 {
 	(void)state;
-	matmul_path(CUDA_PROBE_CUBLAS);
+	matmul_path(CUDA_PROBE_GEMM);
+}
+
+static void
+test_gemm_whole(void **state)
+{
+	(void)state;
+	matmul_path(CUDA_PROBE_GEMM_WHOLE);
 }
 
 static void
@@ -952,7 +978,8 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_embed),
 		cmocka_unit_test(test_matvec),
-		cmocka_unit_test(test_cublas),
+		cmocka_unit_test(test_gemm),
+		cmocka_unit_test(test_gemm_whole),
 		cmocka_unit_test(test_int8),
 		cmocka_unit_test(test_residual_norm),
 		cmocka_unit_test(test_norm_rows),

@@ -1,0 +1,88 @@
+/*
+ * tc.cuh: the instructions the tensor-core kernels share (sm_80 and newer):
+ * asynchronous copies from global to shared memory, ldmatrix, and the fp16
+ * mma.sync with float accumulation. Device functions only.
+ *
+ * Fragments of mma.sync.m16n8k16 (g = lane / 4, c = 2 * (lane % 4)):
+ * A (16 x 16, row-major) a[0] = A[g][c..c+1], a[1] = A[g+8][c..c+1],
+ * a[2] = A[g][c+8..c+9], a[3] = A[g+8][c+8..c+9]; B (16 x 8) b[0] =
+ * B[c..c+1][g], b[1] = B[c+8..c+9][g]; C (16 x 8) d[0..1] = C[g][c..c+1],
+ * d[2..3] = C[g+8][c..c+1].
+ */
+#ifndef RESIDENT_CUDA_TC_CUH
+#define RESIDENT_CUDA_TC_CUH
+
+#include "cuda_common.cuh"
+
+/* 16 bytes from global to shared memory without passing through registers. */
+static __device__ __forceinline__ void
+cp_async16(void *smem, const void *gmem)
+{
+	unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
+}
+
+/* As cp_async16, but only the first n (0 or 16) bytes are read; the rest of the 16 are zeros. */
+static __device__ __forceinline__ void
+cp_async16_zfill(void *smem, const void *gmem, int n)
+{
+	unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(n));
+}
+
+static __device__ __forceinline__ void
+cp_async_commit(void)
+{
+	asm volatile("cp.async.commit_group;\n" ::);
+}
+
+/* Waits until at most N groups of this thread's copies are still in flight. */
+template <int N>
+static __device__ __forceinline__ void
+cp_async_wait(void)
+{
+	asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* Four 8 x 8 matrices of 16-bit elements; lane l gives the address of row l % 8 of matrix l / 8. */
+static __device__ __forceinline__ void
+ldmatrix_x4(uint32_t r[4], const void *smem)
+{
+	unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+	    : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(sa));
+}
+
+/* As ldmatrix_x4, each matrix transposed (for an operand stored the other way round). */
+static __device__ __forceinline__ void
+ldmatrix_x4_trans(uint32_t r[4], const void *smem)
+{
+	unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+	    : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(sa));
+}
+
+/* d += a b: one m16n8k16 product of fp16 fragments, accumulated in float. */
+static __device__ __forceinline__ void
+mma16816(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+	    "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+	    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+	    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* Two floats as one register of two fp16 (the first in the low half). */
+static __device__ __forceinline__ uint32_t
+pack_half2(float lo, float hi)
+{
+	__half2 h = __floats2half2_rn(lo, hi);
+
+	return *(const uint32_t *)&h;
+}
+
+#endif
