@@ -9,7 +9,9 @@
  * their softmax maxima and sums. The block copies tiles of 32 K and V rows
  * into shared memory asynchronously, a tile ahead, through the sequence's
  * block table (a sequence's blocks need not be contiguous); each K and V
- * row is read from memory once for all the heads of its group.
+ * row is read from memory once for all the heads of its group. Prefill
+ * tiles (kv->fa_tiles) go to flash.cu's tensor-core kernel first; the
+ * kernels here leave their tokens out.
  */
 #include "attention.cuh"
 #include "tc.cuh"
@@ -22,16 +24,6 @@
 #define ATT_WAVES 4      /* attention blocks per multiprocessor worth splitting a context for */
 #define ATT_MAX_SPLITS 64
 #define MAX_PAIRS 4 /* head_dim <= 256: at most 4 rotation pairs per lane */
-
-/* Element e of position p's K (kv 0) or V (kv 1) head kvh. */
-static __device__ __forceinline__ size_t
-kv_index(const struct cuda_kv &kv, const int32_t *tab, int p, int kvsel, int nkv, int head_off)
-{
-	size_t block = (size_t)tab[p / KV_BLOCK_TOKENS];
-
-	return ((block * (size_t)kv.n_layer + (size_t)kv.layer) * 2 + (size_t)kvsel) * kv.kv_stride +
-	    (size_t)(p % KV_BLOCK_TOKENS) * (size_t)nkv + (size_t)head_off;
-}
 
 /*
  * Warp j of the grid's y dimension: head j of token blockIdx.x, a query
@@ -237,6 +229,8 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, float *__restr
 	int group = hp.n_head / hp.n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP;
 	int kvh = blockIdx.y / ngb, h0 = kvh * group + (blockIdx.y % ngb) * ATT_GROUP;
 	int ng = min(ATT_GROUP, (kvh + 1) * group - h0), h = h0 + g, nkv = hp.n_head_kv * D;
+	if (kv.fa_tok != NULL && kv.fa_tok[t])
+		return; /* the tensor-core kernel has it */
 	int pos = kv.tok_pos[t], p0 = hp.window > 0 && pos >= hp.window ? pos - hp.window + 1 : 0;
 	int per = ((pos - p0 + 1 + n_split - 1) / n_split + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
 	int lo = p0 + split * per, hi = min(lo + per, pos + 1);
@@ -321,10 +315,14 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, float *__restr
  * Piece 0 is never empty; empty ones have max -inf and weigh nothing.
  */
 __global__ void
-attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, int n_split, int d)
+attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, int n_split, int d, int n_head,
+    const int32_t *__restrict__ fa_tok)
 {
 	const float *pr = part + (size_t)blockIdx.x * n_split * (d + 2);
 	float mx = -INFINITY, l = 0.0f, acc = 0.0f;
+
+	if (fa_tok != NULL && fa_tok[blockIdx.x / n_head])
+		return;
 
 	for (int s = 0; s < n_split; s++)
 		mx = fmaxf(mx, pr[s * (d + 2) + d]);
@@ -399,6 +397,10 @@ attn_smem_limits(char *err)
 int
 cuda_attention_setup(int head_dim, char *err)
 {
+	int rc = cuda_flash_setup(head_dim, err);
+
+	if (rc != 0)
+		return rc;
 	switch (head_dim / WARP) {
 #define E_CASE(E) case E: return attn_smem_limits<E>(err);
 	E_CASE(1) E_CASE(2) E_CASE(3) E_CASE(4) E_CASE(5) E_CASE(6) E_CASE(7) E_CASE(8)
@@ -448,6 +450,8 @@ cuda_attention(const float *q, float *out, int n_tok, const struct cuda_heads *h
 	int group = hd->n_head / hd->n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP, dev, rc;
 	int64_t base = (int64_t)n_tok * hd->n_head_kv * ngb, n_split = 1, target;
 
+	if (kv->fa_tiles != NULL && (rc = cuda_flash(q, out, hd, kv, st, err)) != 0)
+		return rc;
 	CK(cudaGetDevice(&dev));
 	if ((target = attn_target_blocks(dev, err)) < 0)
 		return (int)target;
@@ -470,7 +474,7 @@ cuda_attention(const float *q, float *out, int n_tok, const struct cuda_heads *h
 	if (rc != 0 || n_split == 1)
 		return rc;
 	attn_merge_kernel<<<(unsigned)(n_tok * hd->n_head), hd->head_dim, 0, st>>>(kv->part, out, (int)n_split,
-	    hd->head_dim);
+	    hd->head_dim, hd->n_head, kv->fa_tok);
 	CK_LAUNCH("attn_merge_kernel");
 	return 0;
 }

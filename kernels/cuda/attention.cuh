@@ -27,7 +27,35 @@ struct cuda_kv {
 	float *part;
 	int64_t part_rows;
 	int f32;           /* the pool holds floats */
+	/*
+	 * Prefill on the tensor cores (flash.cu): fa_tiles[0] tiles follow,
+	 * each FLASH_TILE(first token, tokens) of one sequence's new tokens,
+	 * and fa_tok[t] is 1 for every token they cover (the split kernel
+	 * leaves those out). fa_grid, fixed for a step's shape, bounds
+	 * fa_tiles[0]. fa_tiles NULL: every token goes to the split kernel.
+	 */
+	const int32_t *fa_tiles, *fa_tok;
+	int fa_grid;
 };
+
+/* A prefill tile of n (1..64) tokens from token t0 of the step, and its parts. */
+#define FLASH_TILE(t0, n) ((t0) << 7 | (n))
+#define FLASH_T0(x) ((x) >> 7)
+#define FLASH_N(x) ((x) & 127)
+/* Query rows of one tile: its tokens times the query heads of a KV head. */
+#define FLASH_ROWS 64
+/* Sequences with at least this many new tokens in a step go to the tensor-core kernel. */
+#define FLASH_MIN_TOKENS 16
+
+/* Element e of position p's K (kvsel 0) or V (kvsel 1) in the pool, head offset head_off. */
+static __device__ __forceinline__ size_t
+kv_index(const struct cuda_kv &kv, const int32_t *tab, int p, int kvsel, int nkv, int head_off)
+{
+	size_t block = (size_t)tab[p / KV_BLOCK_TOKENS];
+
+	return ((block * (size_t)kv.n_layer + (size_t)kv.layer) * 2 + (size_t)kvsel) * kv.kv_stride +
+	    (size_t)(p % KV_BLOCK_TOKENS) * (size_t)nkv + (size_t)head_off;
+}
 
 /* One layer's heads. */
 struct cuda_heads {
@@ -67,5 +95,19 @@ int cuda_attention_setup(int head_dim, char *err);
 
 /* Rows of kv->part that let cuda_attention split as much as it wants on this device. */
 int64_t cuda_attention_part_rows(int device);
+
+/*
+ * 1 if the tensor-core prefill kernel serves these heads (fp16 pool, a
+ * group of query heads per KV head that divides FLASH_ROWS); *tile_tokens
+ * gets the tokens of one tile.
+ */
+int cuda_flash_usable(const struct cuda_heads *hd, int f32, int *tile_tokens);
+
+/* The prefill tiles of kv (fa_tiles), on st; cuda_attention calls it. */
+int cuda_flash(const float *q, float *out, const struct cuda_heads *hd, const struct cuda_kv *kv,
+    cudaStream_t st, char *err);
+
+/* Readies cuda_flash for head_dim on the current device, before any graph capture. */
+int cuda_flash_setup(int head_dim, char *err);
 
 #endif

@@ -96,10 +96,17 @@ struct graph {
 	cudaGraphExec_t exec;
 };
 
-/* The step's integer data, in the pinned staging area and its device twin. */
+/*
+ * The step's integer data, in the pinned staging area and its device twin:
+ * max_tokens each of tokens, positions, table offsets, logit rows and
+ * flags of the tokens in prefill tiles, max_tokens + 1 for the tiles
+ * (their count first), then the block tables.
+ */
 struct step_ints {
-	int32_t *tokens, *pos, *tab, *lrows, *tables;
+	int32_t *tokens, *pos, *tab, *lrows, *fa_tok, *fa_tiles, *tables;
 };
+/* int32 of the staging area before the tables. */
+#define STEP_INTS(T) (6 * (size_t)(T) + 1)
 
 struct backend {
 	const struct model_desc *m;
@@ -130,6 +137,7 @@ struct backend {
 	struct graph graphs[GRAPH_CACHE];
 	uint64_t graph_clock;
 	int use_graphs;              /* RESIDENT_CUDA_GRAPHS=0 turns them off */
+	int flash_tokens;            /* tokens of a prefill tile of flash.cu's kernel; 0: not used */
 	struct prof prof;
 };
 
@@ -616,7 +624,7 @@ drop_graphs(struct backend *b)
 static int
 alloc_staging(struct backend *b, int64_t table_cap, char *err)
 {
-	size_t bytes = ((size_t)4 * (size_t)b->max_tokens + (size_t)table_cap) * sizeof(int32_t);
+	size_t bytes = (STEP_INTS(b->max_tokens) + (size_t)table_cap) * sizeof(int32_t);
 	int rc;
 
 	if (b->host_ints != NULL) {
@@ -670,6 +678,24 @@ static int
 kv_elem_size(const struct backend *b)
 {
 	return b->exact ? (int)sizeof(float) : (int)sizeof(__half);
+}
+
+/*
+ * Tokens of a prefill tile of the tensor-core attention kernel for these
+ * heads; 0 when it cannot serve them (exact mode's fp32 pool, groups of
+ * query heads that do not divide a tile) or RESIDENT_CUDA_FLASH=0.
+ */
+static int
+flash_tokens(const struct model_hparams *hp, int exact)
+{
+	struct cuda_heads hd = {};
+	const char *env = getenv("RESIDENT_CUDA_FLASH");
+	int n = 0;
+
+	hd.n_head = hp->n_head, hd.n_head_kv = hp->n_head_kv, hd.head_dim = hp->head_dim;
+	if ((env != NULL && atoi(env) == 0) || !cuda_flash_usable(&hd, exact, &n))
+		return 0;
+	return n;
 }
 
 /* Everything load does, in order; on failure the caller frees what was made. */
@@ -728,6 +754,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	}
 	b->mm.mmv_max = mmv_max(b->exact);
 	b->use_graphs = getenv("RESIDENT_CUDA_GRAPHS") == NULL || atoi(getenv("RESIDENT_CUDA_GRAPHS")) != 0;
+	b->flash_tokens = flash_tokens(&m->hp, b->exact);
 	rc = 0;
 out:
 	free(mats);
@@ -793,14 +820,43 @@ static struct step_ints
 step_ints(const struct backend *b, int32_t *base)
 {
 	size_t T = (size_t)b->max_tokens;
-	struct step_ints s = { base, base + T, base + 2 * T, base + 3 * T, base + 4 * T };
+	struct step_ints s = { base, base + T, base + 2 * T, base + 3 * T, base + 4 * T, base + 5 * T,
+		base + STEP_INTS(T) };
 
 	return s;
 }
 
+/* A sequence's new tokens from token t of the step as prefill tiles, if it has enough of them. */
+static void
+stage_tiles(const struct backend *b, const struct step_ints *h, int32_t t, int32_t n_new)
+{
+	int on = b->flash_tokens > 0 && n_new >= FLASH_MIN_TOKENS;
+
+	for (int32_t i = 0; i < n_new; i++)
+		h->fa_tok[t + i] = on;
+	if (!on)
+		return;
+	for (int32_t i = 0; i < n_new; i += b->flash_tokens)
+		h->fa_tiles[1 + h->fa_tiles[0]++] = FLASH_TILE(t + i, MIN(b->flash_tokens, n_new - i));
+}
+
+/*
+ * The bound on a step's prefill tiles, by its token count alone (one graph
+ * serves every step of a count): whole tiles, plus a part-tile for each
+ * sequence long enough to have one; 0 when no sequence can be.
+ */
+static int
+flash_grid(const struct backend *b, int T)
+{
+	if (b->flash_tokens == 0 || T < FLASH_MIN_TOKENS)
+		return 0;
+	return T / b->flash_tokens + T / FLASH_MIN_TOKENS + 1;
+}
+
 /*
  * Fills the staging area (tokens, positions, table offsets, logit rows,
- * the block tables each token needs) and sends it. Returns the logit rows.
+ * prefill tiles, the block tables each token needs) and sends it. Returns
+ * the logit rows.
  */
 static int
 stage_step(struct backend *b, const struct fwd_batch *batch, int64_t n_tab, int *n_logits, char *err)
@@ -812,10 +868,12 @@ stage_step(struct backend *b, const struct fwd_batch *batch, int64_t n_tab, int 
 	if (n_tab > b->table_cap && (rc = alloc_staging(b, MAX(n_tab, 2 * b->table_cap), err)) != 0)
 		return rc;
 	h = step_ints(b, b->host_ints);
+	h.fa_tiles[0] = 0;
 	for (s = 0; s < batch->n_seqs; s++) {
 		const struct fwd_seq *q = &batch->seqs[s];
 		int32_t nb = (q->pos0 + q->n_new + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
 
+		stage_tiles(b, &h, t, q->n_new);
 		memcpy(h.tables + tab, q->block_table, (size_t)nb * sizeof(int32_t));
 		for (i = 0; i < q->n_new; i++, t++) {
 			h.tokens[t] = batch->tokens[t];
@@ -826,8 +884,7 @@ stage_step(struct backend *b, const struct fwd_batch *batch, int64_t n_tab, int 
 		}
 		tab += nb;
 	}
-	CK(cudaMemcpyAsync(b->dev_ints, b->host_ints,
-	    ((size_t)4 * (size_t)b->max_tokens + (size_t)tab) * sizeof(int32_t),
+	CK(cudaMemcpyAsync(b->dev_ints, b->host_ints, (STEP_INTS(b->max_tokens) + (size_t)tab) * sizeof(int32_t),
 	    cudaMemcpyHostToDevice, b->stream));
 	*n_logits = nl;
 	return 0;
@@ -863,8 +920,9 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	const struct model_hparams *hp = &b->m->hp;
 	const struct cuda_layer *c = &b->layers[l];
 	struct cuda_heads hd = heads_of(b, l);
+	int fa = flash_grid(b, T);
 	struct cuda_kv kv = { b->kv, b->kv_stride, hp->n_layer, l, dev->pos, dev->tab, dev->tables,
-		b->att_part, b->att_part_rows, b->exact };
+		b->att_part, b->att_part_rows, b->exact, fa ? dev->fa_tiles : NULL, fa ? dev->fa_tok : NULL, fa };
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
 	int embd = hp->n_embd, nq = hp->n_head * hp->head_dim, nkv = hp->n_head_kv * hp->head_dim, rc;
 	const struct cuda_weight *wqkv[3] = { &c->wq, &c->wk, &c->wv };

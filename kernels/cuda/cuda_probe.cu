@@ -553,7 +553,45 @@ heads_upload(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_head
 	ck->n_layer = kv->n_layer, ck->layer = kv->layer;
 	ck->tok_pos = (const int32_t *)d[7], ck->tok_tab = (const int32_t *)d[8];
 	ck->tables = (const int32_t *)d[9];
+	ck->fa_tiles = ck->fa_tok = NULL;
+	ck->fa_grid = 0;
 	return 0;
+}
+
+/*
+ * The prefill tiles of kv's tokens, as cuda_backend.cu's stage_tiles makes
+ * them, uploaded into ck (nothing when the kernel does not serve the heads).
+ */
+static int
+flash_tiles(struct cuda_probe *p, struct bufs *bs, const struct cuda_heads *ch, const struct cuda_probe_kv *kv,
+    int n_tok, struct cuda_kv *ck, char *err)
+{
+	int32_t *tiles = (int32_t *)xcalloc((size_t)n_tok + 1, sizeof *tiles);
+	int32_t *flags = (int32_t *)xcalloc((size_t)n_tok, sizeof *flags);
+	void *dt = NULL, *df = NULL;
+	int per = 0, rc;
+
+	if (kv->flash && cuda_flash_usable(ch, kv->f32, &per)) {
+		for (int t0 = 0, t1; t0 < n_tok; t0 = t1) {
+			for (t1 = t0 + 1; t1 < n_tok && kv->tok_tab[t1] == kv->tok_tab[t0]; t1++)
+				;
+			for (int t = t0; t < t1 && t1 - t0 >= FLASH_MIN_TOKENS; t += per) {
+				tiles[1 + tiles[0]++] = FLASH_TILE(t, MIN(per, t1 - t));
+				for (int i = t; i < t + MIN(per, t1 - t); i++)
+					flags[i] = 1;
+			}
+		}
+	}
+	rc = buf_new(p, bs, tiles, ((size_t)n_tok + 1) * sizeof *tiles, 0, &dt, err);
+	if (rc == 0)
+		rc = buf_new(p, bs, flags, (size_t)n_tok * sizeof *flags, 0, &df, err);
+	if (rc == 0 && tiles[0] > 0) {
+		ck->fa_tiles = (const int32_t *)dt;
+		ck->fa_tok = (const int32_t *)df;
+		ck->fa_grid = tiles[0] + 3;
+	}
+	free(tiles), free(flags);
+	return rc;
 }
 
 static int
@@ -614,6 +652,8 @@ attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_hea
 			return rc;
 		ck.part = (float *)part;
 	}
+	if ((rc = flash_tiles(p, bs, &ch, kv, n_tok, &ck, err)) != 0)
+		return rc;
 	if ((rc = cuda_attention((const float *)dq, (float *)dout, n_tok, &ch, &ck, p->stream, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_attention", err)) != 0)
 		return rc;

@@ -103,7 +103,13 @@ struct cuda_probe_heads {
  * split: cuda_probe_attention gives the kernel the scratch of split
  * attention, as many rows as the backend gives it (its pieces and their
  * merge run when few tokens would leave the GPU idle); 0: none, each
- * (token, head) in one piece.
+ * (token, head) in one piece. flash: the tokens of sequences with at
+ * least FLASH_MIN_TOKENS (attention.cuh) new ones go to the tensor-core
+ * prefill kernel in tiles, as the backend sends them, where it serves the
+ * heads (fp16 pool, a group of query heads that divides a tile); the
+ * launch has a few blocks more than tiles, as a step's fixed launch has.
+ * Tokens of one sequence are consecutive, with one table and consecutive
+ * positions.
  */
 struct cuda_probe_kv {
 	void *pool;
@@ -112,6 +118,7 @@ struct cuda_probe_kv {
 	int n_tables;
 	int f32;
 	int split;
+	int flash;
 };
 
 /*

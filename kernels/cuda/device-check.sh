@@ -4,7 +4,7 @@
 # packages): every kernel and whole models against the CPU backend
 # (test_cuda_ops, test_cuda), logits against transformers (test_hf.py),
 # the daemon on the GPU and on the CPU (test_gpu_cpu.py), compute-
-# sanitizer's memcheck over both C tests, then resident-bench on a generated
+# sanitizer's memcheck and racecheck, then resident-bench on a generated
 # llama3-8b Q4_K_M. Logs go to OUTDIR; a short summary is printed last.
 #
 #   kernels/cuda/device-check.sh BINDIR OUTDIR
@@ -17,20 +17,28 @@
 #   make tests/unit/test_cuda tests/unit/test_cuda_ops
 #   mkdir -p ../.carry/b/lib && cp residentd resident-model resident-bench \
 #     tests/unit/test_cuda tests/unit/test_cuda_ops ../.carry/b &&
+#   strip ../.carry/b/* ;
 #   cp -L $(ldd residentd tests/unit/test_cuda | grep -oE '/[^ ]*lib(cmocka|jansson|pcre2-8|event[a-z_]*-2[^ ]*|msgpackc|sqlite3)\.so[^ ]*' | sort -u) ../.carry/b/lib
 #
-# and this runs with .carry/b carried. The real Gemma 3 270M (253 MB) is
-# more than one call carries: split it into pieces of 50 MB, carry one per
-# call and copy it to /tmp while the machine stays warm, join them in the
-# last call and name the file in RESIDENT_GEMMA (test_cuda and
+# and this runs with .carry/b carried. A resident-bench-old in BINDIR (a
+# build of an earlier commit) is benchmarked too, in the same run, so that
+# before and after are measured on one machine. The real Gemma 3 270M
+# (253 MB) is more than one call carries: split it into pieces of 50 MB,
+# carry one per call and copy it to /tmp while the machine stays warm, join
+# them in the last call and name the file in RESIDENT_GEMMA (test_cuda and
 # test_gpu_cpu.py use it; without it they say what they skipped).
-# DEVICE_CHECK_BENCH=0 skips the benchmark (about 5 minutes on an H100).
+#
+# DEVICE_CHECK_STEPS (default "ops cuda hf gpu_cpu memcheck bench") picks
+# the steps; DEVICE_CHECK_BENCH (default below) the bench's rows.
 set -u
 bin=$(cd "$1" && pwd)
 out=$2
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export RESIDENT_BUILDDIR="$bin" PYTHONUNBUFFERED=1
+steps=${DEVICE_CHECK_STEPS:-ops cuda hf gpu_cpu memcheck bench}
+bench_rows=${DEVICE_CHECK_BENCH:--p 512,4096 -n 128 -b 1,4,16,32,64 -r 2}
+model=/tmp/l8.gguf
 
 # run NAME SECONDS COMMAND...: the command's output in OUTDIR/NAME.log, its status and time printed
 run() {
@@ -41,26 +49,48 @@ run() {
 	echo "$n rc=$? ($(( $(date +%s) - t0 )) s)" | tee -a "$out/summary.txt"
 }
 
+has() {
+	case " $steps " in *" $1 "*) return 0 ;; esac
+	return 1
+}
+
 : > "$out/summary.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$out/summary.txt"
-run test_cuda_ops 150 "$bin/test_cuda_ops"
-run test_cuda 300 "$bin/test_cuda"
-run test_hf 300 python3 tests/cuda/test_hf.py
-run test_gpu_cpu 300 python3 tests/e2e/test_gpu_cpu.py
-run memcheck_ops 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda_ops"
-run memcheck_cuda 600 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda"
-
-if [ "${DEVICE_CHECK_BENCH:-1}" != 0 ]; then
-	[ -f /tmp/l8.gguf ] || run gen 300 "$bin/resident-model" gen llama3-8b /tmp/l8.gguf --type q4_k_m --quiet
-	run bench 300 "$bin/resident-bench" -m /tmp/l8.gguf --device cuda -p 512,4096 -n 128 -b 1,4,16,32,64 -r 3
-	run bench_depth 300 "$bin/resident-bench" -m /tmp/l8.gguf --device cuda -p '' -n 128 -b 1 \
-	    -d 4096,16384 -r 2
+# the model is generated on all cores while the GPU tests run
+gen_pid=
+if has bench && [ ! -f $model ]; then
+	( timeout 400 "$bin/resident-model" gen llama3-8b $model.part --type q4_k_m --quiet > "$out/gen.log" 2>&1 &&
+	    mv $model.part $model ) &
+	gen_pid=$!
+fi
+has ops && run test_cuda_ops 240 "$bin/test_cuda_ops"
+has cuda && run test_cuda 300 "$bin/test_cuda"
+has hf && run test_hf 300 python3 tests/cuda/test_hf.py
+has gpu_cpu && run test_gpu_cpu 300 python3 tests/e2e/test_gpu_cpu.py
+if has memcheck; then
+	run memcheck_ops 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda_ops"
+	run racecheck_ops 400 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_cuda_ops"
+	TEST_CUDA_ONLY=${CUDA_MEMCHECK_ONLY:-tiny-gemma3/q4_k_m,tiny-qwen2/f16,tiny/q8_0,tiny-qwen3/q4_k_m}
+	export TEST_CUDA_ONLY
+	run memcheck_cuda 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda"
+	unset TEST_CUDA_ONLY
+fi
+if has bench; then
+	[ -n "$gen_pid" ] && wait $gen_pid
+	echo "gen: $(ls -la $model 2>&1)" >> "$out/summary.txt"
+	# shellcheck disable=SC2086 # the rows are words
+	[ -x "$bin/resident-bench-old" ] &&
+	    run bench_old 300 "$bin/resident-bench-old" -m $model --device cuda $bench_rows
+	# shellcheck disable=SC2086
+	run bench 300 "$bin/resident-bench" -m $model --device cuda $bench_rows
 fi
 
 echo "== summary"
-grep -hE 'max error|max relative|worst' "$out/test_cuda_ops.log" "$out/test_cuda.log"
-grep -hE 'cuda|^PASS|^FAIL|SKIP' "$out/test_hf.log" "$out/test_gpu_cpu.log" | tail -n 14
-grep -hE 'ERROR SUMMARY' "$out/memcheck_ops.log" "$out/memcheck_cuda.log"
+grep -hE 'max error|max relative|worst' "$out/test_cuda_ops.log" "$out/test_cuda.log" 2>/dev/null
+grep -hE 'cuda|^PASS|^FAIL|SKIP' "$out/test_hf.log" "$out/test_gpu_cpu.log" 2>/dev/null | tail -n 14
+grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$out"/memcheck_*.log "$out"/racecheck_*.log 2>/dev/null
 cat "$out/summary.txt"
-[ -f "$out/bench.log" ] && cat "$out/bench.log" && tail -n 2 "$out/bench_depth.log"
+for b in bench_old bench; do
+	[ -f "$out/$b.log" ] && echo "-- $b" && cat "$out/$b.log"
+done
 exit 0

@@ -31,7 +31,8 @@
  *   error alone;
  * - attention, against a float64 softmax over the same K/V (fp16 or fp32
  *   pool, one piece or split and merged): 1e-5 of the largest value it
- *   averages;
+ *   averages; prefill tiles on the tensor cores (fp16 queries and
+ *   weights): 3e-3;
  * - argmax: exact, the lowest index among equal maxima.
  *
  * Without a CUDA device the program says so and exits 77 (a skip).
@@ -70,10 +71,16 @@
 #define TOL_INT8 5e-4
 #define TOL_F32 1e-5
 #define TOL_ATTN 1e-5
+/*
+ * Prefill attention on the tensor cores rounds the scaled queries and the
+ * softmax weights to fp16 (2^-11 relative each) and sums in float: scores
+ * of these tests reach ~10, so a weight errs by ~1e-3 of itself at worst.
+ */
+#define TOL_FLASH 3e-3
 #define CPU_THREADS 4
 #define MAX_SEQS 8
-#define MAX_TOK 128
-#define MAX_TAB 64
+#define MAX_TOK 256
+#define MAX_TAB 128
 #define N_LAYER 3       /* layers of the KV pool; the heads use the middle one */
 #define POISON16 0xffff /* an fp16 NaN: what the pool holds where nothing was written */
 #define POISON32 0xffffffffu /* the same in an fp32 pool */
@@ -657,10 +664,10 @@ pool_poisoned(const struct kv_pool *kp, size_t i)
 }
 
 static struct cuda_probe_kv
-probe_kv(struct place *pl, struct kv_pool *kp, int split)
+probe_kv(struct place *pl, struct kv_pool *kp, int split, int flash)
 {
 	struct cuda_probe_kv kv = { kp->data, pl->n_blocks, N_LAYER, 1, pl->tok_pos, pl->tok_tab, pl->tables,
-		pl->n_tables, kp->f32, split };
+		pl->n_tables, kp->f32, split, flash };
 
 	return kv;
 }
@@ -762,7 +769,7 @@ qk_case(size_t c, int f32)
 	memcpy(qr, q, (size_t)pl.n_tok * nq * sizeof *q);
 	kp = pool_new(np, f32);
 	written = xcalloc(np, 1);
-	kv = probe_kv(&pl, &kp, 0);
+	kv = probe_kv(&pl, &kp, 0, 0);
 	snprintf(what, sizeof what, "qk head_dim %d, %d/%d heads, neox %d, bias %d, qk_norm %d, %s pool", d,
 	    hd.n_head, hd.n_head_kv, hd.neox, hd.bq != NULL, hd.q_norm != NULL, f32 ? "fp32" : "fp16");
 	if (cuda_probe_qk(probe, &hd, &kv, q, k, v, pl.n_tok, err) != 0)
@@ -845,7 +852,7 @@ ref_attention(const float *qh, const struct kv_pool *kp, const struct cuda_probe
  * of split attention.
  */
 static double
-attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int split)
+attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int split, int flash)
 {
 	struct place pl;
 	struct cuda_probe_heads hd = heads_cfg(c, NULL, NULL, NULL, NULL, NULL);
@@ -866,9 +873,11 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int s
 	/* queries large enough that the softmax is far from uniform */
 	q = rand_floats((size_t)pl.n_tok * nq, -4, 4);
 	out = nan_floats((size_t)pl.n_tok * nq);
-	struct cuda_probe_kv kv = probe_kv(&pl, &kp, split);
+	struct cuda_probe_kv kv = probe_kv(&pl, &kp, split, flash);
+	double tol = flash ? TOL_FLASH : TOL_ATTN;
 	if (cuda_probe_attention(probe, &hd, &kv, q, pl.n_tok, out, err) != 0)
-		fail_msg("attention head_dim %d, %s pool, split %d: %s", d, f32 ? "fp32" : "fp16", split, err);
+		fail_msg("attention head_dim %d, %s pool, split %d, flash %d: %s", d, f32 ? "fp32" : "fp16", split,
+		    flash, err);
 	for (int t = 0; t < pl.n_tok; t++)
 		for (int h = 0; h < hd.n_head; h++) {
 			const float *got = out + ((size_t)t * hd.n_head + h) * d;
@@ -878,11 +887,11 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int s
 			for (int i = 0; i < d; i++) {
 				double e = fabs((double)got[i] - ref[i]) / vmax;
 
-				if (!(e <= TOL_ATTN))
-					fail_msg("attention head_dim %d, %d/%d heads, window %d, %s pool, split %d: token "
-					    "%d (position %d) head %d element %d: gpu %g reference %g", d, hd.n_head,
-					    hd.n_head_kv, hd.window, f32 ? "fp32" : "fp16", split, t, pl.tok_pos[t], h, i,
-					    got[i], ref[i]);
+				if (!(e <= tol))
+					fail_msg("attention head_dim %d, %d/%d heads, window %d, %s pool, split %d, flash %d: "
+					    "token %d (position %d) head %d element %d: gpu %g reference %g", d, hd.n_head,
+					    hd.n_head_kv, hd.window, f32 ? "fp32" : "fp16", split, flash, t, pl.tok_pos[t], h,
+					    i, got[i], ref[i]);
 				worst = fmax(worst, e);
 			}
 		}
@@ -902,13 +911,33 @@ test_attention(void **state)
 			double worst = 0;
 
 			for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++) {
-				worst = fmax(worst, attention_case(c, step_seqs, (int)ARRAY_LEN(step_seqs), f32, split));
+				worst = fmax(worst, attention_case(c, step_seqs, (int)ARRAY_LEN(step_seqs), f32, split, 0));
 				worst = fmax(worst, attention_case(c, decode_seqs, (int)ARRAY_LEN(decode_seqs), f32,
-				    split));
+				    split, 0));
 			}
 			print_message("attention, %s pool, %s: max error / max |V| %.2e (bound %.0e)\n",
 			    f32 ? "fp32" : "fp16", split ? "split and merged" : "one piece", worst, TOL_ATTN);
 		}
+}
+
+/* Prefill chunks long enough for the tensor-core kernel (one past a window, one exactly the minimum) beside decodes. */
+static const struct seq_spec prefill_seqs[] = { { 300, 100 }, { 70, 17 }, { 16, 16 }, { 1, 1 }, { 40, 3 } };
+
+/* The tensor-core prefill kernel (fp16 pool only) beside the split kernel, which takes the other tokens. */
+static void
+test_flash(void **state)
+{
+	(void)state;
+	for (int split = 0; split < 2; split++) {
+		double worst = 0;
+
+		for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++) {
+			worst = fmax(worst, attention_case(c, prefill_seqs, (int)ARRAY_LEN(prefill_seqs), 0, split, 1));
+			worst = fmax(worst, attention_case(c, step_seqs, (int)ARRAY_LEN(step_seqs), 0, split, 1));
+		}
+		print_message("attention, fp16 pool, prefill on the tensor cores, %s: max error / max |V| %.2e "
+		    "(bound %.0e)\n", split ? "decodes split and merged" : "decodes in one piece", worst, TOL_FLASH);
+	}
 }
 
 /* ---- greedy argmax ---- */
@@ -986,6 +1015,7 @@ main(void)
 		cmocka_unit_test(test_glu),
 		cmocka_unit_test(test_qk),
 		cmocka_unit_test(test_attention),
+		cmocka_unit_test(test_flash),
 		cmocka_unit_test(test_argmax),
 	};
 	const char *s = getenv("TEST_CUDA_OPS_SEED");

@@ -1,0 +1,315 @@
+/*
+ * flash.cu: attention of prefill chunks on the tensor cores (flash
+ * attention over the paged fp16 pool).
+ *
+ * A block takes a tile of FLASH_ROWS query rows: FLASH_ROWS / G consecutive
+ * new tokens of one sequence times the G query heads that share a KV head
+ * (GQA), so each K and V row it loads serves every head of the group. Its
+ * four warps own 16 rows each. The block walks the positions its tokens
+ * see, 64 at a time: the K and V rows are copied into shared memory through
+ * the sequence's block table with cp.async, a tile ahead; S = Q K^T and
+ * O += P V are mma.sync m16n8k16 on fp16 with float accumulation; the
+ * softmax is online (a running max and sum per row, in base 2 with log2(e)
+ * folded into the query scale), P going from the accumulators of S to the
+ * A fragments of P V in registers. Causal and sliding-window masks are
+ * applied per row; positions past the tile's last token are zeros.
+ *
+ * Tiles come from the host per step (kv->fa_tiles); the blocks of a launch
+ * beyond their count return at once, so that one launch shape (one graph)
+ * serves every step of a token count. Tiles run longest context first.
+ */
+#include "attention.cuh"
+#include "tc.cuh"
+
+#define FA_WARPS (FLASH_ROWS / 16)
+#define FA_KV 64     /* positions per K/V tile */
+#define FA_PAD 8     /* fp16 after each shared-memory row: ldmatrix meets no bank conflicts */
+#define LOG2E 1.4426950408889634f
+
+/* Shared memory of fa_kernel<D>: the queries, two stages of K and of V. */
+static constexpr size_t
+fa_smem_bytes(int d)
+{
+	return (size_t)(FLASH_ROWS + 4 * FA_KV) * (size_t)(d + FA_PAD) * sizeof(__half);
+}
+
+/* Copies the K and V rows of positions c0 .. c0 + FA_KV - 1 into a stage; those past last are zeros. */
+template <int D>
+static __device__ __forceinline__ void
+fa_load_kv(__half *ks, __half *vs, const struct cuda_kv &kv, const int32_t *tab, int c0, int last, int nkv,
+    int koff)
+{
+	constexpr int LD = D + FA_PAD, PIECES = D / 8;
+	const __half *pool = (const __half *)kv.pool;
+
+	for (int i = threadIdx.x; i < FA_KV * PIECES; i += FA_WARPS * WARP) {
+		int r = i / PIECES, c = (i % PIECES) * 8, p = c0 + r;
+
+		if (p <= last) {
+			size_t ko = kv_index(kv, tab, p, 0, nkv, koff + c);
+
+			cp_async16(ks + r * LD + c, pool + ko);
+			cp_async16(vs + r * LD + c, pool + ko + kv.kv_stride);
+		} else {
+			*(uint4 *)(ks + r * LD + c) = make_uint4(0, 0, 0, 0);
+			*(uint4 *)(vs + r * LD + c) = make_uint4(0, 0, 0, 0);
+		}
+	}
+}
+
+/* The tile's queries as fp16 rows, times the score scale and log2(e); rows past its tokens are zeros. */
+template <int D>
+static __device__ __forceinline__ void
+fa_load_q(__half *qs, const float *__restrict__ q, const struct cuda_heads &hp, int t0, int nt, int kvh,
+    int group)
+{
+	constexpr int LD = D + FA_PAD;
+	float sc = hp.scale * LOG2E;
+
+	for (int i = threadIdx.x; i < FLASH_ROWS * D / 8; i += FA_WARPS * WARP) {
+		int r = i / (D / 8), c = (i % (D / 8)) * 8, tok = r / group, h = kvh * group + r % group;
+		uint4 v = make_uint4(0, 0, 0, 0);
+
+		if (tok < nt) {
+			const float4 *src = (const float4 *)(q + ((size_t)(t0 + tok) * hp.n_head + h) * D + c);
+			float4 a = src[0], b = src[1];
+
+			v.x = pack_half2(a.x * sc, a.y * sc), v.y = pack_half2(a.z * sc, a.w * sc);
+			v.z = pack_half2(b.x * sc, b.y * sc), v.w = pack_half2(b.z * sc, b.w * sc);
+		}
+		*(uint4 *)(qs + r * LD + c) = v;
+	}
+}
+
+/* Max and sum over the four lanes that share a row of an mma fragment. */
+static __device__ __forceinline__ float
+quad_max(float v)
+{
+	v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, 1));
+	return fmaxf(v, __shfl_xor_sync(FULL_MASK, v, 2));
+}
+
+static __device__ __forceinline__ float
+quad_sum(float v)
+{
+	v += __shfl_xor_sync(FULL_MASK, v, 1);
+	return v + __shfl_xor_sync(FULL_MASK, v, 2);
+}
+
+/*
+ * What one query row of a thread sees: its position, the first position
+ * its window lets in, and whether it is one of the tile's tokens.
+ */
+struct fa_row {
+	int pos, first, live;
+	float m, l;        /* running max (base 2) and this thread's share of the sum */
+};
+
+/* Masks one row's scores of a tile and folds them into the running max; returns the correction of the old terms. */
+static __device__ __forceinline__ float
+fa_softmax_row(struct fa_row &r, float (&s)[8][4], int half, int c0, int lane)
+{
+	float mx = -INFINITY, mn, corr;
+
+#pragma unroll
+	for (int j = 0; j < 8; j++)
+#pragma unroll
+		for (int e = 0; e < 2; e++) {
+			int col = c0 + 8 * j + 2 * (lane % 4) + e;
+			float &v = s[j][2 * half + e];
+
+			if (!r.live || col > r.pos || col < r.first)
+				v = -INFINITY;
+			mx = fmaxf(mx, v);
+		}
+	mn = fmaxf(r.m, quad_max(mx));
+	/* a row that has seen nothing yet keeps max -inf: nothing to correct, nothing to add */
+	corr = mn == -INFINITY ? 1.0f : exp2f(r.m - mn);
+	r.l *= corr;
+#pragma unroll
+	for (int j = 0; j < 8; j++)
+#pragma unroll
+		for (int e = 0; e < 2; e++) {
+			float &v = s[j][2 * half + e];
+
+			v = mn == -INFINITY ? 0.0f : exp2f(v - mn);
+			r.l += v;
+		}
+	r.m = mn;
+	return corr;
+}
+
+/* S = Q K^T for the warp's 16 rows and a stage's 64 positions. */
+template <int D>
+static __device__ __forceinline__ void
+fa_scores(const __half *qs, const __half *ks, int warp, int lane, float (&s)[8][4])
+{
+	constexpr int LD = D + FA_PAD;
+
+#pragma unroll
+	for (int j = 0; j < 8; j++)
+		s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+	for (int kk = 0; kk < D; kk += 16) {
+		uint32_t a[4];
+
+		ldmatrix_x4(a, qs + (16 * warp + lane % 16) * LD + kk + (lane / 16) * 8);
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			uint32_t b[4];
+
+			ldmatrix_x4(b, ks + (16 * j + lane % 8 + (lane / 16) * 8) * LD + kk + ((lane / 8) % 2) * 8);
+			mma16816(s[2 * j], a, b);
+			mma16816(s[2 * j + 1], a, b + 2);
+		}
+	}
+}
+
+/* O += P V for the warp's rows, P the softmaxed scores of a stage. */
+template <int D>
+static __device__ __forceinline__ void
+fa_values(const __half *vs, const float (&s)[8][4], int lane, float (&o)[D / 8][4])
+{
+	constexpr int LD = D + FA_PAD;
+
+#pragma unroll
+	for (int kk = 0; kk < 4; kk++) {
+		/* the accumulators of two n8 tiles of S are the A fragment of one k16 step of P V */
+		uint32_t a[4] = { pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
+			pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]) };
+
+#pragma unroll
+		for (int j = 0; j < D / 16; j++) {
+			uint32_t b[4];
+
+			ldmatrix_x4_trans(b, vs + (16 * kk + ((lane / 8) % 2) * 8 + lane % 8) * LD + 16 * j + (lane / 16) * 8);
+			mma16816(o[2 * j], a, b);
+			mma16816(o[2 * j + 1], a, b + 2);
+		}
+	}
+}
+
+/* Block (tile blockIdx.x counted from the last, KV head blockIdx.y). */
+template <int D>
+__global__ void __launch_bounds__(FA_WARPS * WARP)
+fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_heads hp, struct cuda_kv kv)
+{
+	constexpr int LD = D + FA_PAD;
+	extern __shared__ __align__(16) unsigned char smem[];
+	__half *qs = (__half *)smem, *ks = qs + FLASH_ROWS * LD, *vs = ks + 2 * FA_KV * LD;
+	int n_tiles = kv.fa_tiles[0];
+
+	if ((int)blockIdx.x >= n_tiles)
+		return;
+	int tile = kv.fa_tiles[n_tiles - blockIdx.x]; /* the last tiles see the most positions: first */
+	int t0 = FLASH_T0(tile), nt = FLASH_N(tile), kvh = blockIdx.y, group = hp.n_head / hp.n_head_kv;
+	int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+	int p0 = kv.tok_pos[t0], last = p0 + nt - 1, nkv = hp.n_head_kv * D;
+	int lo = hp.window > 0 ? max(0, p0 - hp.window + 1) : 0, c_begin = lo / FA_KV * FA_KV;
+	const int32_t *tab = kv.tables + kv.tok_tab[t0];
+	struct fa_row rows[2];
+	float o[D / 8][4];
+
+	for (int i = 0; i < 2; i++) {
+		int tok = (16 * warp + lane / 4 + 8 * i) / group;
+
+		rows[i].pos = p0 + tok;
+		rows[i].first = hp.window > 0 ? rows[i].pos - hp.window + 1 : 0;
+		rows[i].live = tok < nt;
+		rows[i].m = -INFINITY;
+		rows[i].l = 0.0f;
+	}
+#pragma unroll
+	for (int j = 0; j < D / 8; j++)
+		o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+	fa_load_q<D>(qs, q, hp, t0, nt, kvh, group);
+	fa_load_kv<D>(ks, vs, kv, tab, c_begin, last, nkv, kvh * D);
+	cp_async_commit();
+	for (int c0 = c_begin, st = 0; c0 <= last; c0 += FA_KV, st ^= 1) {
+		float s[8][4], corr[2];
+
+		if (c0 + FA_KV <= last)
+			fa_load_kv<D>(ks + (st ^ 1) * FA_KV * LD, vs + (st ^ 1) * FA_KV * LD, kv, tab, c0 + FA_KV, last,
+			    nkv, kvh * D);
+		cp_async_commit();
+		cp_async_wait<1>();
+		__syncthreads();
+		fa_scores<D>(qs, ks + st * FA_KV * LD, warp, lane, s);
+		corr[0] = fa_softmax_row(rows[0], s, 0, c0, lane);
+		corr[1] = fa_softmax_row(rows[1], s, 1, c0, lane);
+#pragma unroll
+		for (int j = 0; j < D / 8; j++) {
+			o[j][0] *= corr[0], o[j][1] *= corr[0];
+			o[j][2] *= corr[1], o[j][3] *= corr[1];
+		}
+		fa_values<D>(vs + st * FA_KV * LD, s, lane, o);
+		__syncthreads(); /* the stage is refilled next */
+	}
+	cp_async_wait<0>();
+	for (int i = 0; i < 2; i++) {
+		int r = 16 * warp + lane / 4 + 8 * i, tok = r / group, h = kvh * group + r % group;
+		float l = quad_sum(rows[i].l);
+
+		if (!rows[i].live)
+			continue;
+		float *dst = out + ((size_t)(t0 + tok) * hp.n_head + h) * D + 2 * (lane % 4);
+#pragma unroll
+		for (int j = 0; j < D / 8; j++)
+			*(float2 *)(dst + 8 * j) = make_float2(o[j][2 * i] / l, o[j][2 * i + 1] / l);
+	}
+}
+
+int
+cuda_flash_usable(const struct cuda_heads *hd, int f32, int *tile_tokens)
+{
+	int group = hd->n_head / hd->n_head_kv;
+
+	if (f32 || hd->head_dim % 32 != 0 || hd->head_dim > 256 || FLASH_ROWS % group != 0)
+		return 0;
+	*tile_tokens = FLASH_ROWS / group;
+	return 1;
+}
+
+/* Launches fa_kernel<D>. */
+template <int D>
+static int
+fa_launch(const float *q, float *out, const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st,
+    char *err)
+{
+	dim3 grid((unsigned)kv->fa_grid, (unsigned)hd->n_head_kv);
+
+	fa_kernel<D><<<grid, FA_WARPS * WARP, fa_smem_bytes(D), st>>>(q, out, *hd, *kv);
+	CK_LAUNCH("fa_kernel");
+	return 0;
+}
+
+int
+cuda_flash(const float *q, float *out, const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st,
+    char *err)
+{
+	if (kv->fa_grid < 1)
+		return 0;
+	switch (hd->head_dim) {
+#define D_CASE(D) case D: return fa_launch<D>(q, out, hd, kv, st, err);
+	D_CASE(32) D_CASE(64) D_CASE(96) D_CASE(128) D_CASE(160) D_CASE(192) D_CASE(224) D_CASE(256)
+#undef D_CASE
+	default:
+		return err_set(err, ERR_UNSUPPORTED, "flash attention: head_dim %d", hd->head_dim);
+	}
+}
+
+int
+cuda_flash_setup(int head_dim, char *err)
+{
+	switch (head_dim) {
+#define D_CASE(D) \
+	case D: \
+		CK(cudaFuncSetAttribute(fa_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+		    (int)fa_smem_bytes(D))); \
+		return 0;
+	D_CASE(32) D_CASE(64) D_CASE(96) D_CASE(128) D_CASE(160) D_CASE(192) D_CASE(224) D_CASE(256)
+#undef D_CASE
+	default:
+		return 0; /* not usable: cuda_flash_usable says so */
+	}
+}
