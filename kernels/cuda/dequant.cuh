@@ -8,37 +8,21 @@
  * as their size allows: Q8_0 (34 bytes), Q4_0 (18), Q5_0 (22) and Q6_K
  * (210) are read 2 bytes at a time, Q4_K (144) and Q5_K (176) 8 at a time,
  * the float types 16 at a time.
- *
- * deq8<TYPE, false> reads the same bytes from shared memory (blocks copied
- * there at their global alignment modulo 16), where deq8<TYPE> reads
- * global memory through the read-only cache.
  */
 #ifndef RESIDENT_CUDA_DEQUANT_CUH
 #define RESIDENT_CUDA_DEQUANT_CUH
 
 #include "cuda_common.cuh"
 
-/* *p, through the read-only cache when G (global memory), else a plain load (shared memory). */
-template <bool G, typename T>
-static __device__ __forceinline__ T
-ldq(const T *p)
-{
-	if constexpr (G)
-		return __ldg(p);
-	else
-		return *p;
-}
-
 /* Eight bytes at a 2-byte aligned address, as two little-endian words. */
-template <bool G = true>
 static __device__ __forceinline__ uint2
 load8_a2(const uint8_t *p)
 {
 	const uint16_t *h = (const uint16_t *)p;
 	uint2 r;
 
-	r.x = (uint32_t)ldq<G>(h) | (uint32_t)ldq<G>(h + 1) << 16;
-	r.y = (uint32_t)ldq<G>(h + 2) | (uint32_t)ldq<G>(h + 3) << 16;
+	r.x = (uint32_t)__ldg(h) | (uint32_t)__ldg(h + 1) << 16;
+	r.y = (uint32_t)__ldg(h + 2) | (uint32_t)__ldg(h + 3) << 16;
 	return r;
 }
 
@@ -50,134 +34,111 @@ byte_of(uint2 w, int i)
 }
 
 /* An fp16 scale at a 2-byte aligned address. */
-template <bool G = true>
 static __device__ __forceinline__ float
 f16_at(const uint8_t *p)
 {
-	return __half2float(__ushort_as_half(ldq<G>((const unsigned short *)p)));
+	return __half2float(__ushort_as_half(__ldg((const unsigned short *)p)));
 }
 
-/* The decoder of one type: run<G>(row, c, v) is deq8<TYPE, G>. */
-template <int TYPE> struct deq8_t;
+template <int TYPE> __device__ __forceinline__ void deq8(const uint8_t *__restrict__ row, int c, float *v);
 
-/* Elements 8c .. 8c+7 of a row of TYPE into v; G: the row is in global memory. */
-template <int TYPE, bool G = true>
-static __device__ __forceinline__ void
-deq8(const uint8_t *__restrict__ row, int c, float *v)
+template <>
+__device__ __forceinline__ void
+deq8<TT_F32>(const uint8_t *__restrict__ row, int c, float *v)
 {
-	deq8_t<TYPE>::template run<G>(row, c, v);
+	const float4 *p = (const float4 *)row + 2 * c;
+	float4 a = __ldg(p), b = __ldg(p + 1);
+
+	v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+	v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
 
-template <> struct deq8_t<TT_F32> {
-	template <bool G>
-	static __device__ __forceinline__ void
-	run(const uint8_t *__restrict__ row, int c, float *v)
-	{
-		const float4 *p = (const float4 *)row + 2 * c;
-		float4 a = ldq<G>(p), b = ldq<G>(p + 1);
-
-		v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-		v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-	}
-};
-
-template <> struct deq8_t<TT_F16> {
-	template <bool G>
-	static __device__ __forceinline__ void
-	run(const uint8_t *__restrict__ row, int c, float *v)
-	{
-		uint4 u = ldq<G>((const uint4 *)row + c);
-		const uint32_t w[4] = { u.x, u.y, u.z, u.w };
+template <>
+__device__ __forceinline__ void
+deq8<TT_F16>(const uint8_t *__restrict__ row, int c, float *v)
+{
+	uint4 u = __ldg((const uint4 *)row + c);
+	const uint32_t w[4] = { u.x, u.y, u.z, u.w };
 
 #pragma unroll
-		for (int i = 0; i < 4; i++) {
-			v[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffff)));
-			v[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
-		}
+	for (int i = 0; i < 4; i++) {
+		v[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffff)));
+		v[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
 	}
-};
+}
 
-template <> struct deq8_t<TT_BF16> {
-	template <bool G>
-	static __device__ __forceinline__ void
-	run(const uint8_t *__restrict__ row, int c, float *v)
-	{
-		uint4 u = ldq<G>((const uint4 *)row + c);
-		const uint32_t w[4] = { u.x, u.y, u.z, u.w };
+template <>
+__device__ __forceinline__ void
+deq8<TT_BF16>(const uint8_t *__restrict__ row, int c, float *v)
+{
+	uint4 u = __ldg((const uint4 *)row + c);
+	const uint32_t w[4] = { u.x, u.y, u.z, u.w };
 
 #pragma unroll
-		for (int i = 0; i < 4; i++) {
-			v[2 * i] = __uint_as_float(w[i] << 16);
-			v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-		}
+	for (int i = 0; i < 4; i++) {
+		v[2 * i] = __uint_as_float(w[i] << 16);
+		v[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
 	}
-};
+}
 
 /* Q8_0: 34-byte blocks of 32, d * q. */
-template <> struct deq8_t<TT_Q8_0> {
-	template <bool G>
-	static __device__ __forceinline__ void
-	run(const uint8_t *__restrict__ row, int c, float *v)
-	{
-		const uint8_t *b = row + (size_t)(c >> 2) * 34;
-		float d = f16_at<G>(b);
-		uint2 q = load8_a2<G>(b + 2 + 8 * (c & 3));
+template <>
+__device__ __forceinline__ void
+deq8<TT_Q8_0>(const uint8_t *__restrict__ row, int c, float *v)
+{
+	const uint8_t *b = row + (size_t)(c >> 2) * 34;
+	float d = f16_at(b);
+	uint2 q = load8_a2(b + 2 + 8 * (c & 3));
 
 #pragma unroll
-		for (int i = 0; i < 8; i++)
-			v[i] = d * (float)(int8_t)byte_of(q, i);
-	}
-};
+	for (int i = 0; i < 8; i++)
+		v[i] = d * (float)(int8_t)byte_of(q, i);
+}
 
 /* Q4_0: 18-byte blocks; elements 0..15 are the low nibbles, 16..31 the high ones. */
-template <> struct deq8_t<TT_Q4_0> {
-	template <bool G>
-	static __device__ __forceinline__ void
-	run(const uint8_t *__restrict__ row, int c, float *v)
-	{
-		const uint8_t *b = row + (size_t)(c >> 2) * 18;
-		int j = c & 3, sh = j < 2 ? 0 : 4;
-		float d = f16_at<G>(b);
-		uint2 q = load8_a2<G>(b + 2 + 8 * (j & 1));
+template <>
+__device__ __forceinline__ void
+deq8<TT_Q4_0>(const uint8_t *__restrict__ row, int c, float *v)
+{
+	const uint8_t *b = row + (size_t)(c >> 2) * 18;
+	int j = c & 3, sh = j < 2 ? 0 : 4;
+	float d = f16_at(b);
+	uint2 q = load8_a2(b + 2 + 8 * (j & 1));
 
 #pragma unroll
-		for (int i = 0; i < 8; i++)
-			v[i] = d * (float)(((byte_of(q, i) >> sh) & 0xf) - 8);
-	}
-};
+	for (int i = 0; i < 8; i++)
+		v[i] = d * (float)(((byte_of(q, i) >> sh) & 0xf) - 8);
+}
 
 /* Q5_0: 22-byte blocks: d, 32 high bits, nibbles as Q4_0; d * (q - 16). */
-template <> struct deq8_t<TT_Q5_0> {
-	template <bool G>
-	static __device__ __forceinline__ void
-	run(const uint8_t *__restrict__ row, int c, float *v)
-	{
-		const uint8_t *b = row + (size_t)(c >> 2) * 22;
-		int j = c & 3, sh = j < 2 ? 0 : 4, e0 = 8 * j;
-		float d = f16_at<G>(b);
-		uint32_t qh = (uint32_t)ldq<G>((const uint16_t *)(b + 2)) |
-		    (uint32_t)ldq<G>((const uint16_t *)(b + 4)) << 16;
-		uint2 q = load8_a2<G>(b + 6 + 8 * (j & 1));
+template <>
+__device__ __forceinline__ void
+deq8<TT_Q5_0>(const uint8_t *__restrict__ row, int c, float *v)
+{
+	const uint8_t *b = row + (size_t)(c >> 2) * 22;
+	int j = c & 3, sh = j < 2 ? 0 : 4, e0 = 8 * j;
+	float d = f16_at(b);
+	uint32_t qh = (uint32_t)__ldg((const uint16_t *)(b + 2)) |
+	    (uint32_t)__ldg((const uint16_t *)(b + 4)) << 16;
+	uint2 q = load8_a2(b + 6 + 8 * (j & 1));
 
 #pragma unroll
-		for (int i = 0; i < 8; i++) {
-			int lo = (byte_of(q, i) >> sh) & 0xf, hi = (int)(qh >> (e0 + i)) & 1;
+	for (int i = 0; i < 8; i++) {
+		int lo = (byte_of(q, i) >> sh) & 0xf, hi = (int)(qh >> (e0 + i)) & 1;
 
-			v[i] = d * (float)((lo | hi << 4) - 16);
-		}
+		v[i] = d * (float)((lo | hi << 4) - 16);
 	}
-};
+}
 
 /* Scale and min of sub-block g of a Q4_K/Q5_K block (quant.c's k4_scale_min). */
-template <bool G = true>
 static __device__ __forceinline__ void
 k4_scale_min(const uint8_t *scales, int g, int *sc, int *m)
 {
 	if (g < 4) {
-		*sc = ldq<G>(scales + g) & 63;
-		*m = ldq<G>(scales + g + 4) & 63;
+		*sc = __ldg(scales + g) & 63;
+		*m = __ldg(scales + g + 4) & 63;
 	} else {
-		int a = ldq<G>(scales + g + 4), lo = ldq<G>(scales + g - 4), hi = ldq<G>(scales + g);
+		int a = __ldg(scales + g + 4), lo = __ldg(scales + g - 4), hi = __ldg(scales + g);
 
 		*sc = (a & 0xf) | (lo >> 6) << 4;
 		*m = (a >> 4) | (hi >> 6) << 4;
@@ -185,76 +146,70 @@ k4_scale_min(const uint8_t *scales, int g, int *sc, int *m)
 }
 
 /* Q4_K: 144-byte blocks of 256, (d * sc) * q - dmin * m per sub-block of 32. */
-template <> struct deq8_t<TT_Q4_K> {
-	template <bool G>
-	static __device__ __forceinline__ void
-	run(const uint8_t *__restrict__ row, int c, float *v)
-	{
-		const uint8_t *b = row + (size_t)(c >> 5) * 144;
-		int cc = c & 31, g = cc >> 2, l0 = (cc & 3) * 8, sc, m, sh = (g & 1) * 4;
-		uint32_t dd = ldq<G>((const uint32_t *)b);
-		uint2 q = ldq<G>((const uint2 *)(b + 16 + (g >> 1) * 32 + l0));
-		float d = __half2float(__ushort_as_half((unsigned short)(dd & 0xffff)));
-		float dmin = __half2float(__ushort_as_half((unsigned short)(dd >> 16)));
+template <>
+__device__ __forceinline__ void
+deq8<TT_Q4_K>(const uint8_t *__restrict__ row, int c, float *v)
+{
+	const uint8_t *b = row + (size_t)(c >> 5) * 144;
+	int cc = c & 31, g = cc >> 2, l0 = (cc & 3) * 8, sc, m, sh = (g & 1) * 4;
+	uint32_t dd = __ldg((const uint32_t *)b);
+	uint2 q = __ldg((const uint2 *)(b + 16 + (g >> 1) * 32 + l0));
+	float d = __half2float(__ushort_as_half((unsigned short)(dd & 0xffff)));
+	float dmin = __half2float(__ushort_as_half((unsigned short)(dd >> 16)));
 
-		k4_scale_min<G>(b + 4, g, &sc, &m);
-		float dl = d * (float)sc, ml = dmin * (float)m;
+	k4_scale_min(b + 4, g, &sc, &m);
+	float dl = d * (float)sc, ml = dmin * (float)m;
 #pragma unroll
-		for (int i = 0; i < 8; i++)
-			v[i] = dl * (float)((byte_of(q, i) >> sh) & 0xf) - ml;
-	}
-};
+	for (int i = 0; i < 8; i++)
+		v[i] = dl * (float)((byte_of(q, i) >> sh) & 0xf) - ml;
+}
 
 /* Q5_K: Q4_K plus a fifth bit, bit g of qh[e % 32]. */
-template <> struct deq8_t<TT_Q5_K> {
-	template <bool G>
-	static __device__ __forceinline__ void
-	run(const uint8_t *__restrict__ row, int c, float *v)
-	{
-		const uint8_t *b = row + (size_t)(c >> 5) * 176;
-		int cc = c & 31, g = cc >> 2, l0 = (cc & 3) * 8, sc, m, sh = (g & 1) * 4;
-		uint32_t dd = ldq<G>((const uint32_t *)b);
-		uint2 q = ldq<G>((const uint2 *)(b + 48 + (g >> 1) * 32 + l0));
-		uint2 h = ldq<G>((const uint2 *)(b + 16 + l0));
-		float d = __half2float(__ushort_as_half((unsigned short)(dd & 0xffff)));
-		float dmin = __half2float(__ushort_as_half((unsigned short)(dd >> 16)));
+template <>
+__device__ __forceinline__ void
+deq8<TT_Q5_K>(const uint8_t *__restrict__ row, int c, float *v)
+{
+	const uint8_t *b = row + (size_t)(c >> 5) * 176;
+	int cc = c & 31, g = cc >> 2, l0 = (cc & 3) * 8, sc, m, sh = (g & 1) * 4;
+	uint32_t dd = __ldg((const uint32_t *)b);
+	uint2 q = __ldg((const uint2 *)(b + 48 + (g >> 1) * 32 + l0));
+	uint2 h = __ldg((const uint2 *)(b + 16 + l0));
+	float d = __half2float(__ushort_as_half((unsigned short)(dd & 0xffff)));
+	float dmin = __half2float(__ushort_as_half((unsigned short)(dd >> 16)));
 
-		k4_scale_min<G>(b + 4, g, &sc, &m);
-		float dl = d * (float)sc, ml = dmin * (float)m;
+	k4_scale_min(b + 4, g, &sc, &m);
+	float dl = d * (float)sc, ml = dmin * (float)m;
 #pragma unroll
-		for (int i = 0; i < 8; i++) {
-			int qv = ((byte_of(q, i) >> sh) & 0xf) | ((byte_of(h, i) >> g) & 1) << 4;
+	for (int i = 0; i < 8; i++) {
+		int qv = ((byte_of(q, i) >> sh) & 0xf) | ((byte_of(h, i) >> g) & 1) << 4;
 
-			v[i] = dl * (float)qv - ml;
-		}
+		v[i] = dl * (float)qv - ml;
 	}
-};
+}
 
 /*
  * Q6_K: 210-byte blocks of 256: in each half of 128, quarter s takes
  * nibble s/2 of ql[64h + 32(s%2) + l] and bits 2s of qh[32h + l];
  * (d * sc) * (q - 32), sc a signed byte per 16 elements.
  */
-template <> struct deq8_t<TT_Q6_K> {
-	template <bool G>
-	static __device__ __forceinline__ void
-	run(const uint8_t *__restrict__ row, int c, float *v)
-	{
-		const uint8_t *b = row + (size_t)(c >> 5) * 210;
-		int cc = c & 31, h = cc >> 4, s = (cc >> 2) & 3, l0 = (cc & 3) * 8;
-		uint2 ql = load8_a2<G>(b + h * 64 + (s & 1) * 32 + l0);
-		uint2 qh = load8_a2<G>(b + 128 + h * 32 + l0);
-		float d = f16_at<G>(b + 208);
-		float dl = d * (float)(int8_t)ldq<G>(b + 192 + (cc >> 1));
+template <>
+__device__ __forceinline__ void
+deq8<TT_Q6_K>(const uint8_t *__restrict__ row, int c, float *v)
+{
+	const uint8_t *b = row + (size_t)(c >> 5) * 210;
+	int cc = c & 31, h = cc >> 4, s = (cc >> 2) & 3, l0 = (cc & 3) * 8;
+	uint2 ql = load8_a2(b + h * 64 + (s & 1) * 32 + l0);
+	uint2 qh = load8_a2(b + 128 + h * 32 + l0);
+	float d = f16_at(b + 208);
+	float dl = d * (float)(int8_t)__ldg(b + 192 + (cc >> 1));
 
 #pragma unroll
-		for (int i = 0; i < 8; i++) {
-			int lo = (byte_of(ql, i) >> (4 * (s >> 1))) & 0xf, hi = (byte_of(qh, i) >> (2 * s)) & 3;
+	for (int i = 0; i < 8; i++) {
+		int lo = (byte_of(ql, i) >> (4 * (s >> 1))) & 0xf, hi = (byte_of(qh, i) >> (2 * s)) & 3;
 
-			v[i] = dl * (float)((lo | hi << 4) - 32);
-		}
+		v[i] = dl * (float)((lo | hi << 4) - 32);
 	}
-};
+}
 
 /* X(type) for every type the GPU reads: the cases of a run-time dispatch. */
 #define DEQ_TYPES(X) X(TT_F32) X(TT_F16) X(TT_BF16) X(TT_Q8_0) X(TT_Q4_0) X(TT_Q5_0) \

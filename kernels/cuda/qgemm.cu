@@ -11,10 +11,17 @@
  * unit) and the tokens' fp16 tile are copied into shared memory with
  * cp.async, QG_AHEAD sub-steps ahead of their use. Each sub-step the
  * block's threads decode the weight tile of the next sub-step into fp16
- * (deq8<TYPE, false>: quant.c's arithmetic, then rounded to fp16, as the
- * cuBLAS path rounded its dequantized tiles) while the warps multiply the
- * current one with mma.sync m16n8k16 (fp16 in, float32 accumulation), so
- * the decoding hides under the tensor cores and the copies under both.
+ * while the warps multiply the current one with mma.sync m16n8k16 (fp16
+ * in, float32 accumulation), a quarter of each interleaved with the other
+ * in every warp, so the decoding hides under the tensor cores and the
+ * copies under both. The decoding is fp16 arithmetic alone (no conversion
+ * instructions, which run at a quarter of the rate): a byte b of quants
+ * becomes the fp16 1024 + b by a byte permute with 0x64 (the exponent
+ * of 1024 leaves an ulp of 1), 1024 plus the type's offset is
+ * subtracted exactly, and one multiply (and subtract, for the K types'
+ * mins) by the block's fp16 scales rounds once: the weight differs from
+ * quant.c's float value by the fp16 rounding of the value and of its
+ * scale (d * sc for the K types), a few parts in 2^11.
  * Nothing is dequantized to device memory: the weight is read once per
  * token tile, in its stored size.
  *
@@ -25,8 +32,9 @@
  * them in a fixed order (the result does not depend on timing).
  */
 #include "matmul.cuh"
-#include "dequant.cuh"
 #include "tc.cuh"
+
+#include <string.h>
 
 /* Sub-steps of copies in flight ahead of the one being multiplied. */
 #define QG_AHEAD 3
@@ -42,6 +50,8 @@ struct qg_cfg {
 	static constexpr int THREADS = WM * WN * WARP;
 	static constexpr int MT = BM / WM / 16; /* m16 tiles of a warp */
 	static constexpr int NT = BN / WN / 8;  /* n8 tiles of a warp */
+	/* each thread decodes one 8-element chunk beside each of a sub-step's four k16 steps */
+	static_assert(BM * 8 == 4 * THREADS, "a tile shape decodes four chunks per thread a sub-step");
 };
 
 using qg_c16 = qg_cfg<64, 16, 4, 1>;
@@ -130,62 +140,252 @@ qg_issue(const struct qg_args &a, unsigned char *smem, int m0, int n0, int s0, i
 	cp_async_commit();
 }
 
-/* Decodes sub-step g's 64 elements of the block's BM rows from their raw unit into fp16 tile buf. */
+/* ---- decoding raw blocks to fp16 ---- */
+
+static __device__ __forceinline__ __half2
+as_h2(uint32_t u)
+{
+	__half2 h;
+
+	memcpy(&h, &u, sizeof h);
+	return h;
+}
+
+static __device__ __forceinline__ uint32_t
+as_u32(__half2 h)
+{
+	uint32_t u;
+
+	memcpy(&u, &h, sizeof u);
+	return u;
+}
+
+/* fp16 pairs 0x6400 | n: the values 1024 + n, exact for n < 1024. */
+#define H_1024 0x64006400u
+#define H_1032 0x64086408u /* 1024 + 8: Q4_0's offset */
+#define H_1040 0x64106410u /* 1024 + 16: Q5_0's */
+#define H_1056 0x64206420u /* 1024 + 32: Q6_K's */
+#define H_1152 0x64806480u /* 1024 + 128: Q8_0's bytes, xor 0x80 */
+
+/* Bytes 0 and 1 (lo) or 2 and 3 (hi) of w as the fp16 pair 1024 + byte. */
+static __device__ __forceinline__ __half2
+magic_lo(uint32_t w)
+{
+	return as_h2(__byte_perm(w, 0x64646464u, 0x4140));
+}
+
+static __device__ __forceinline__ __half2
+magic_hi(uint32_t w)
+{
+	return as_h2(__byte_perm(w, 0x64646464u, 0x4342));
+}
+
+/* Eight unsigned bytes of w minus off (fp16 1024 + offset), times scale. */
+static __device__ __forceinline__ void
+h8_scale(const uint32_t w[2], uint32_t off, __half2 scale, uint32_t out[4])
+{
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		out[2 * i] = as_u32(__hmul2(__hsub2(magic_lo(w[i]), as_h2(off)), scale));
+		out[2 * i + 1] = as_u32(__hmul2(__hsub2(magic_hi(w[i]), as_h2(off)), scale));
+	}
+}
+
+/* Eight unsigned bytes of w times scale, minus min: the K types' (d sc) q - dmin m. */
+static __device__ __forceinline__ void
+h8_fma(const uint32_t w[2], __half2 scale, __half2 min, uint32_t out[4])
+{
+	__half2 nmin = __hneg2(min);
+
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		out[2 * i] = as_u32(__hfma2(__hsub2(magic_lo(w[i]), as_h2(H_1024)), scale, nmin));
+		out[2 * i + 1] = as_u32(__hfma2(__hsub2(magic_hi(w[i]), as_h2(H_1024)), scale, nmin));
+	}
+}
+
+/* Eight bytes at a 2-byte aligned shared address, as two words. */
+static __device__ __forceinline__ void
+smem8_a2(const uint8_t *p, uint32_t w[2])
+{
+	const uint16_t *h = (const uint16_t *)p;
+
+	w[0] = (uint32_t)h[0] | (uint32_t)h[1] << 16;
+	w[1] = (uint32_t)h[2] | (uint32_t)h[3] << 16;
+}
+
+/* An fp16 scalar at a 2-byte aligned shared address, in both halves of a pair. */
+static __device__ __forceinline__ __half2
+smem_f16x2(const uint8_t *p)
+{
+	uint32_t u = *(const uint16_t *)p;
+
+	return as_h2(u | u << 16);
+}
+
+/* The fp16 pair (sc, m) of sub-block g of a Q4_K/Q5_K block's 12 scale bytes, times (d, dmin) at b. */
+static __device__ __forceinline__ __half2
+k4_dm(const uint8_t *b, int g)
+{
+	const uint8_t *q = b + 4;
+	uint32_t sc, m;
+
+	if (g < 4) {
+		sc = q[g] & 63u;
+		m = q[g + 4] & 63u;
+	} else {
+		sc = (q[g + 4] & 0xfu) | (uint32_t)(q[g - 4] >> 6) << 4;
+		m = (uint32_t)(q[g + 4] >> 4) | (uint32_t)(q[g] >> 6) << 4;
+	}
+	return __hmul2(as_h2(*(const uint32_t *)b), __hsub2(as_h2(H_1024 | sc | m << 16), as_h2(H_1024)));
+}
+
+/* Bit i of the low four bits of b into bit 0 of byte i (distinct partial products: no carries). */
+static __device__ __forceinline__ uint32_t
+spread4(uint32_t b)
+{
+	return ((b & 15u) * 0x00204081u) & 0x01010101u;
+}
+
+/* chunk(unit, c, out): elements 8c .. 8c+7 of a unit in shared memory as four fp16 pairs. */
+template <int TY> struct qg_dec;
+
+template <> struct qg_dec<TT_Q4_K> {
+	static __device__ __forceinline__ void
+	chunk(const uint8_t *b, int c, uint32_t out[4])
+	{
+		int g = c >> 2, sh = (g & 1) * 4;
+		__half2 dm = k4_dm(b, g);
+		uint2 q = *(const uint2 *)(b + 16 + (g >> 1) * 32 + (c & 3) * 8);
+		uint32_t w[2] = { (q.x >> sh) & 0x0f0f0f0fu, (q.y >> sh) & 0x0f0f0f0fu };
+
+		h8_fma(w, __low2half2(dm), __high2half2(dm), out);
+	}
+};
+
+template <> struct qg_dec<TT_Q5_K> {
+	static __device__ __forceinline__ void
+	chunk(const uint8_t *b, int c, uint32_t out[4])
+	{
+		int g = c >> 2, sh = (g & 1) * 4, l0 = (c & 3) * 8;
+		__half2 dm = k4_dm(b, g);
+		uint2 q = *(const uint2 *)(b + 48 + (g >> 1) * 32 + l0), hb = *(const uint2 *)(b + 16 + l0);
+		uint32_t w[2] = { ((q.x >> sh) & 0x0f0f0f0fu) | ((hb.x >> g) & 0x01010101u) << 4,
+			((q.y >> sh) & 0x0f0f0f0fu) | ((hb.y >> g) & 0x01010101u) << 4 };
+
+		h8_fma(w, __low2half2(dm), __high2half2(dm), out);
+	}
+};
+
+template <> struct qg_dec<TT_Q6_K> {
+	static __device__ __forceinline__ void
+	chunk(const uint8_t *b, int c, uint32_t out[4])
+	{
+		int h = c >> 4, s = (c >> 2) & 3, l0 = (c & 3) * 8;
+		uint32_t ql[2], qh[2], w[2];
+		uint32_t sc = (uint32_t)(b[192 + (c >> 1)] ^ 0x80u); /* the signed scale + 128 */
+		__half2 scale = __hmul2(smem_f16x2(b + 208), __hsub2(as_h2(H_1024 | sc | sc << 16), as_h2(H_1152)));
+
+		smem8_a2(b + 64 * h + 32 * (s & 1) + l0, ql);
+		smem8_a2(b + 128 + 32 * h + l0, qh);
+#pragma unroll
+		for (int i = 0; i < 2; i++)
+			w[i] = ((ql[i] >> (4 * (s >> 1))) & 0x0f0f0f0fu) | ((qh[i] >> (2 * s)) & 0x03030303u) << 4;
+		h8_scale(w, H_1056, scale, out);
+	}
+};
+
+template <> struct qg_dec<TT_Q8_0> {
+	static __device__ __forceinline__ void
+	chunk(const uint8_t *b, int c, uint32_t out[4])
+	{
+		const uint8_t *blk = b + (c >> 2) * 34;
+		uint32_t w[2];
+
+		smem8_a2(blk + 2 + 8 * (c & 3), w);
+		w[0] ^= 0x80808080u, w[1] ^= 0x80808080u; /* q + 128, unsigned */
+		h8_scale(w, H_1152, smem_f16x2(blk), out);
+	}
+};
+
+template <> struct qg_dec<TT_Q4_0> {
+	static __device__ __forceinline__ void
+	chunk(const uint8_t *b, int c, uint32_t out[4])
+	{
+		const uint8_t *blk = b + (c >> 2) * 18;
+		int j = c & 3, sh = j < 2 ? 0 : 4;
+		uint32_t w[2];
+
+		smem8_a2(blk + 2 + 8 * (j & 1), w);
+		w[0] = (w[0] >> sh) & 0x0f0f0f0fu, w[1] = (w[1] >> sh) & 0x0f0f0f0fu;
+		h8_scale(w, H_1032, smem_f16x2(blk), out);
+	}
+};
+
+template <> struct qg_dec<TT_Q5_0> {
+	static __device__ __forceinline__ void
+	chunk(const uint8_t *b, int c, uint32_t out[4])
+	{
+		const uint8_t *blk = b + (c >> 2) * 22;
+		int j = c & 3, sh = j < 2 ? 0 : 4;
+		const uint16_t *qh16 = (const uint16_t *)(blk + 2);
+		uint32_t bits = (((uint32_t)qh16[0] | (uint32_t)qh16[1] << 16) >> (8 * j)) & 0xffu, w[2];
+
+		smem8_a2(blk + 6 + 8 * (j & 1), w);
+		w[0] = ((w[0] >> sh) & 0x0f0f0f0fu) | spread4(bits) << 4;
+		w[1] = ((w[1] >> sh) & 0x0f0f0f0fu) | spread4(bits >> 4) << 4;
+		h8_scale(w, H_1040, smem_f16x2(blk), out);
+	}
+};
+
+/*
+ * Decodes chunk i (of BM x 8 chunks of 8 elements) of sub-step g's 64
+ * elements of the block's rows, from its raw unit into fp16 tile buf.
+ */
 template <int TY, class C>
 static __device__ __forceinline__ void
-qg_decode(const struct qg_args &a, unsigned char *smem, int m0, int s0, int g, int buf)
+qg_decode(const struct qg_args &a, unsigned char *smem, int m0, int s0, int g, int buf, int i)
 {
 	using L = qg_smem<TY, C>;
 	using U = qg_unit<TY>;
 	const uint8_t *raw = smem + L::R_OFF + (size_t)((g / L::SUB) % L::RR) * C::BM * L::RAW;
 	__half *as = (__half *)(smem + L::A_OFF) + (size_t)buf * C::BM * QG_LDS;
 	size_t unit = (size_t)((s0 + g) / L::SUB) * U::BYTES;
-	int part = g % L::SUB;
+	int r = i / 8, c = i % 8;
+	uintptr_t p = (uintptr_t)(a.w + (size_t)min(m0 + r, a.n_rows - 1) * a.row_bytes + unit);
+	uint32_t h[4];
 
-	for (int i = threadIdx.x; i < C::BM * 8; i += C::THREADS) {
-		int r = i / 8, c = i % 8;
-		uintptr_t p = (uintptr_t)(a.w + (size_t)min(m0 + r, a.n_rows - 1) * a.row_bytes + unit);
-		float v[8];
-		uint4 h;
-
-		deq8<TY, false>(raw + r * L::RAW + (p & 15), 8 * part + c, v);
-		h.x = pack_half2(v[0], v[1]), h.y = pack_half2(v[2], v[3]);
-		h.z = pack_half2(v[4], v[5]), h.w = pack_half2(v[6], v[7]);
-		*(uint4 *)(as + r * QG_LDS + 8 * c) = h;
-	}
+	qg_dec<TY>::chunk(raw + r * L::RAW + (p & 15), 8 * (g % L::SUB) + c, h);
+	*(uint4 *)(as + r * QG_LDS + 8 * c) = make_uint4(h[0], h[1], h[2], h[3]);
 }
 
-/* One sub-step of the warp's products: 4 x k16 over the decoded tile buf and token tile g. */
+/* k16 step kk of the warp's products over decoded tile buf and token tile g. */
 template <int TY, class C>
 static __device__ __forceinline__ void
-qg_mma(unsigned char *smem, int g, int buf, int wm0, int wn0, float (&acc)[C::MT][C::NT][4])
+qg_mma(unsigned char *smem, int g, int buf, int kk, int wm0, int wn0, float (&acc)[C::MT][C::NT][4])
 {
 	using L = qg_smem<TY, C>;
 	const __half *as = (const __half *)(smem + L::A_OFF) + (size_t)buf * C::BM * QG_LDS;
 	const __half *bs = (const __half *)(smem + L::B_OFF) + (size_t)(g % L::BR) * C::BN * QG_LDS;
 	int lane = threadIdx.x % WARP;
+	uint32_t af[C::MT][4], bf[C::NT][2];
 
 #pragma unroll
-	for (int kk = 0; kk < 64; kk += 16) {
-		uint32_t af[C::MT][4], bf[C::NT][2];
+	for (int mt = 0; mt < C::MT; mt++)
+		ldmatrix_x4(af[mt], as + (wm0 + 16 * mt + lane % 16) * QG_LDS + 16 * kk + (lane / 16) * 8);
+#pragma unroll
+	for (int j = 0; j < C::NT / 2; j++) {
+		uint32_t r[4];
 
-#pragma unroll
-		for (int mt = 0; mt < C::MT; mt++)
-			ldmatrix_x4(af[mt], as + (wm0 + 16 * mt + lane % 16) * QG_LDS + kk + (lane / 16) * 8);
-#pragma unroll
-		for (int j = 0; j < C::NT / 2; j++) {
-			uint32_t r[4];
-
-			ldmatrix_x4(r, bs + (wn0 + 16 * j + lane % 8 + (lane / 16) * 8) * QG_LDS + kk + ((lane / 8) % 2) * 8);
-			bf[2 * j][0] = r[0], bf[2 * j][1] = r[1];
-			bf[2 * j + 1][0] = r[2], bf[2 * j + 1][1] = r[3];
-		}
-#pragma unroll
-		for (int mt = 0; mt < C::MT; mt++)
-#pragma unroll
-			for (int nt = 0; nt < C::NT; nt++)
-				mma16816(acc[mt][nt], af[mt], bf[nt]);
+		ldmatrix_x4(r, bs + (wn0 + 16 * j + lane % 8 + (lane / 16) * 8) * QG_LDS + 16 * kk + ((lane / 8) % 2) * 8);
+		bf[2 * j][0] = r[0], bf[2 * j][1] = r[1];
+		bf[2 * j + 1][0] = r[2], bf[2 * j + 1][1] = r[3];
 	}
+#pragma unroll
+	for (int mt = 0; mt < C::MT; mt++)
+#pragma unroll
+		for (int nt = 0; nt < C::NT; nt++)
+			mma16816(acc[mt][nt], af[mt], bf[nt]);
 }
 
 /*
@@ -217,15 +417,19 @@ qgemm_kernel(struct qg_args a)
 		qg_issue<TY, C>(a, smem, m0, n0, s0, g, S);
 	cp_async_wait<QG_AHEAD - 1>();
 	__syncthreads();
-	if (S > 0)
-		qg_decode<TY, C>(a, smem, m0, s0, 0, 0);
+	for (int i = threadIdx.x; S > 0 && i < C::BM * 8; i += C::THREADS)
+		qg_decode<TY, C>(a, smem, m0, s0, 0, 0, i);
 	for (int g = 0; g < S; g++) {
 		cp_async_wait<QG_AHEAD - 2>();
 		__syncthreads();
 		qg_issue<TY, C>(a, smem, m0, n0, s0, g + QG_AHEAD, S);
-		if (g + 1 < S)
-			qg_decode<TY, C>(a, smem, m0, s0, g + 1, (g + 1) & 1);
-		qg_mma<TY, C>(smem, g, g & 1, wm0, wn0, acc);
+		/* a quarter of the next tile's decoding beside each k16 step of this one's products */
+#pragma unroll
+		for (int kk = 0; kk < 4; kk++) {
+			if (g + 1 < S)
+				qg_decode<TY, C>(a, smem, m0, s0, g + 1, (g + 1) & 1, threadIdx.x + kk * C::THREADS);
+			qg_mma<TY, C>(smem, g, g & 1, kk, wm0, wn0, acc);
+		}
 	}
 	cp_async_wait<0>();
 
