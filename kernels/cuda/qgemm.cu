@@ -9,7 +9,9 @@
  * elements at a time (a sub-step); the raw blocks of the weight (a whole
  * super-block of 256 for the K types, two blocks of 32 for the others: a
  * unit) and the tokens' fp16 tile are copied into shared memory with
- * cp.async, QG_AHEAD sub-steps ahead of their use. Each sub-step the
+ * cp.async, the raw units a shape's RAW_AHEAD sub-steps ahead of their
+ * use (enough bytes in flight to stream the weight at the memory's rate),
+ * the token tiles (which the L2 cache holds) QG_AHEAD. Each sub-step the
  * block's threads decode the weight tile of the next sub-step into fp16
  * while the warps multiply the current one with mma.sync m16n8k16 (fp16
  * in, float32 accumulation), a quarter of each interleaved with the other
@@ -36,17 +38,20 @@
 
 #include <string.h>
 
-/* Sub-steps of copies in flight ahead of the one being multiplied. */
+/* Sub-steps of token-tile copies in flight ahead of the one being multiplied. */
 #define QG_AHEAD 3
 /* fp16 elements of a shared-memory tile row: 64 and 8 of padding, so ldmatrix meets no bank conflicts. */
 #define QG_LDS 72
 /* Most splits of K. */
 #define QG_MAX_SPLIT 8
 
-/* A tile shape: BM weight rows by BN tokens, warps WM x WN. */
-template <int BM_, int BN_, int WM_, int WN_>
+/*
+ * A tile shape: BM weight rows by BN tokens, warps WM x WN, raw units
+ * copied RAW_AHEAD sub-steps ahead.
+ */
+template <int BM_, int BN_, int WM_, int WN_, int RAW_AHEAD_>
 struct qg_cfg {
-	static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_;
+	static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, RAW_AHEAD = RAW_AHEAD_;
 	static constexpr int THREADS = WM * WN * WARP;
 	static constexpr int MT = BM / WM / 16; /* m16 tiles of a warp */
 	static constexpr int NT = BN / WN / 8;  /* n8 tiles of a warp */
@@ -54,10 +59,16 @@ struct qg_cfg {
 	static_assert(BM * 8 == 4 * THREADS, "a tile shape decodes four chunks per thread a sub-step");
 };
 
-using qg_c16 = qg_cfg<64, 16, 4, 1>;
-using qg_c32 = qg_cfg<64, 32, 4, 1>;
-using qg_c64 = qg_cfg<64, 64, 4, 1>;
-using qg_c128 = qg_cfg<128, 128, 2, 4>;
+/*
+ * 128 weight rows a block: the tokens' tile is read from L2 once per 128
+ * rows, no more bytes than the rows' own quants at 16 and 32 tokens. The
+ * decode shapes stream the weight (raw units 8 sub-steps ahead); prefill's
+ * is bound by the tensor cores and keeps its shared memory for tiles.
+ */
+using qg_c16 = qg_cfg<128, 16, 8, 1, 8>;
+using qg_c32 = qg_cfg<128, 32, 8, 1, 8>;
+using qg_c64 = qg_cfg<128, 64, 4, 2, 8>;
+using qg_c128 = qg_cfg<128, 128, 2, 4, 4>;
 
 /* A type's unit of raw copies: UNIT elements of a row in BYTES. */
 template <int TY> struct qg_unit;
@@ -74,7 +85,8 @@ template <> struct qg_unit<TT_Q5_0> { static constexpr int UNIT = 64, BYTES = 44
 /*
  * Shared-memory layout of one (type, shape): the token tiles (ring of
  * QG_AHEAD + 1), two decoded weight tiles, and the raw units (a ring deep
- * enough that the unit being refilled is never one still being decoded).
+ * enough that the unit being refilled is never one still in flight or
+ * being decoded).
  * A unit's bytes are copied as the 16-byte aligned words covering them, so
  * a row's slot holds BYTES + 15 rounded up to 16.
  */
@@ -82,7 +94,8 @@ template <int TY, class C>
 struct qg_smem {
 	static constexpr int SUB = qg_unit<TY>::UNIT / 64;
 	static constexpr int BR = QG_AHEAD + 1;
-	static constexpr int RR = SUB > 1 ? 2 : QG_AHEAD;
+	static constexpr int RR = (C::RAW_AHEAD + SUB - 1) / SUB + 1;
+	static_assert(C::RAW_AHEAD > QG_AHEAD, "a decode's raw unit arrives before its tokens' tile");
 	static constexpr int RAW = (qg_unit<TY>::BYTES + 15 + 15) / 16 * 16;
 	static constexpr size_t B_OFF = 0;
 	static constexpr size_t A_OFF = B_OFF + (size_t)BR * C::BN * QG_LDS * sizeof(__half);
@@ -101,43 +114,45 @@ struct qg_args {
 	float *part;       /* split sums: [split][token][row], or NULL when not split */
 };
 
-/*
- * Queues the copies of sub-step g of this block's K range (g < S): the
- * tokens' fp16 tile, and the raw unit when g starts one. Always commits a
- * group, so that group g is sub-step g's.
- */
+/* Queues the copy of the tokens' fp16 tile of sub-step g of this block's K range (g < S). */
 template <int TY, class C>
 static __device__ __forceinline__ void
-qg_issue(const struct qg_args &a, unsigned char *smem, int m0, int n0, int s0, int g, int S)
+qg_issue_x(const struct qg_args &a, unsigned char *smem, int n0, int s0, int g, int S)
+{
+	using L = qg_smem<TY, C>;
+	__half *bs = (__half *)(smem + L::B_OFF) + (size_t)(g % L::BR) * C::BN * QG_LDS;
+	int k0 = (s0 + g) * 64;
+
+	if (g >= S)
+		return;
+	for (int i = threadIdx.x; i < C::BN * 8; i += C::THREADS) {
+		int r = i / 8, c = i % 8, n = n0 + r;
+		const __half *src = a.xh + (size_t)min(n, a.n_tok - 1) * a.k + k0 + 8 * c;
+
+		cp_async16_zfill(bs + r * QG_LDS + 8 * c, src, n < a.n_tok ? 16 : 0);
+	}
+}
+
+/* Queues the copy of the raw unit that sub-step g starts, if it starts one (g < S). */
+template <int TY, class C>
+static __device__ __forceinline__ void
+qg_issue_w(const struct qg_args &a, unsigned char *smem, int m0, int s0, int g, int S)
 {
 	using L = qg_smem<TY, C>;
 	using U = qg_unit<TY>;
+	uint8_t *raw = smem + L::R_OFF + (size_t)((g / L::SUB) % L::RR) * C::BM * L::RAW;
+	size_t unit = (size_t)((s0 + g) / L::SUB) * U::BYTES;
 
-	if (g < S) {
-		__half *bs = (__half *)(smem + L::B_OFF) + (size_t)(g % L::BR) * C::BN * QG_LDS;
-		int k0 = (s0 + g) * 64;
+	if (g >= S || g % L::SUB != 0)
+		return;
+	for (int i = threadIdx.x; i < C::BM * (L::RAW / 16); i += C::THREADS) {
+		int r = i / (L::RAW / 16), j = i % (L::RAW / 16);
+		const uint8_t *p = a.w + (size_t)min(m0 + r, a.n_rows - 1) * a.row_bytes + unit;
+		const uint8_t *base = (const uint8_t *)((uintptr_t)p & ~(uintptr_t)15);
 
-		for (int i = threadIdx.x; i < C::BN * 8; i += C::THREADS) {
-			int r = i / 8, c = i % 8, n = n0 + r;
-			const __half *src = a.xh + (size_t)min(n, a.n_tok - 1) * a.k + k0 + 8 * c;
-
-			cp_async16_zfill(bs + r * QG_LDS + 8 * c, src, n < a.n_tok ? 16 : 0);
-		}
-		if (g % L::SUB == 0) {
-			uint8_t *raw = smem + L::R_OFF + (size_t)((g / L::SUB) % L::RR) * C::BM * L::RAW;
-			size_t unit = (size_t)((s0 + g) / L::SUB) * U::BYTES;
-
-			for (int i = threadIdx.x; i < C::BM * (L::RAW / 16); i += C::THREADS) {
-				int r = i / (L::RAW / 16), j = i % (L::RAW / 16);
-				const uint8_t *p = a.w + (size_t)min(m0 + r, a.n_rows - 1) * a.row_bytes + unit;
-				const uint8_t *base = (const uint8_t *)((uintptr_t)p & ~(uintptr_t)15);
-
-				if (16 * j < (int)((uintptr_t)p & 15) + U::BYTES)
-					cp_async16(raw + r * L::RAW + 16 * j, base + 16 * j);
-			}
-		}
+		if (16 * j < (int)((uintptr_t)p & 15) + U::BYTES)
+			cp_async16(raw + r * L::RAW + 16 * j, base + 16 * j);
 	}
-	cp_async_commit();
 }
 
 /* ---- decoding raw blocks to fp16 ---- */
@@ -390,9 +405,10 @@ qg_mma(unsigned char *smem, int g, int buf, int kk, int wm0, int wn0, float (&ac
 
 /*
  * Block (blockIdx.x: BM rows, blockIdx.y: BN tokens, blockIdx.z: a split
- * of K's units). Pipeline, per sub-step g: wait for group g + 1 (the raw
- * unit the next decode reads) and the barrier; queue group g + QG_AHEAD;
- * decode g + 1 into the other fp16 tile; multiply g.
+ * of K's units). Pipeline, per sub-step g: wait for token tile g (the
+ * raw unit of g + 1 was queued earlier still) and the barrier; queue token
+ * tile g + QG_AHEAD and the raw unit of g + RAW_AHEAD in one group;
+ * decode g + 1 into the other fp16 tile while multiplying g.
  */
 template <int TY, class C>
 __global__ void __launch_bounds__(C::THREADS)
@@ -413,16 +429,24 @@ qgemm_kernel(struct qg_args a)
 #pragma unroll
 		for (int nt = 0; nt < C::NT; nt++)
 			acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
-	for (int g = 0; g < QG_AHEAD; g++)
-		qg_issue<TY, C>(a, smem, m0, n0, s0, g, S);
+	/* group 0: the first RAW_AHEAD sub-steps' raw units and token tile 0; groups 1 .. QG_AHEAD-1: tiles */
+	for (int g = 0; g < C::RAW_AHEAD; g++)
+		qg_issue_w<TY, C>(a, smem, m0, s0, g, S);
+	for (int g = 0; g < QG_AHEAD; g++) {
+		qg_issue_x<TY, C>(a, smem, n0, s0, g, S);
+		cp_async_commit();
+	}
 	cp_async_wait<QG_AHEAD - 1>();
 	__syncthreads();
 	for (int i = threadIdx.x; S > 0 && i < C::BM * 8; i += C::THREADS)
 		qg_decode<TY, C>(a, smem, m0, s0, 0, 0, i);
 	for (int g = 0; g < S; g++) {
-		cp_async_wait<QG_AHEAD - 2>();
+		/* token tile g (queued QG_AHEAD iterations ago) and the raw unit of g + 1 (earlier) are in */
+		cp_async_wait<QG_AHEAD - 1>();
 		__syncthreads();
-		qg_issue<TY, C>(a, smem, m0, n0, s0, g + QG_AHEAD, S);
+		qg_issue_x<TY, C>(a, smem, n0, s0, g + QG_AHEAD, S);
+		qg_issue_w<TY, C>(a, smem, m0, s0, g + C::RAW_AHEAD, S);
+		cp_async_commit();
 		/* a quarter of the next tile's decoding beside each k16 step of this one's products */
 #pragma unroll
 		for (int kk = 0; kk < 4; kk++) {
@@ -586,6 +610,6 @@ cuda_qgemm_setup(char *err)
 int64_t
 cuda_qgemm_part_elems(int sms)
 {
-	/* enough for (blocks x splits) <= 4 blocks of 64 x 64 or one of 128 x 128 per multiprocessor */
-	return (int64_t)sms * MAX(4 * qg_c64::BM * qg_c64::BN, qg_c128::BM * qg_c128::BN);
+	/* a split grid has at most a multiprocessor's worth of tiles per multiprocessor: 128 x 128 of sums */
+	return (int64_t)sms * qg_c128::BM * qg_c128::BN;
 }
