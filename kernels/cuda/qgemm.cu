@@ -39,8 +39,6 @@
 
 /* Sub-steps of token-tile copies in flight ahead of the one being multiplied. */
 #define QG_AHEAD 2
-/* fp16 elements of a shared-memory token row: 64 and 8 of padding, so ldmatrix meets no bank conflicts. */
-#define QG_LDS 72
 /* Most splits of K. */
 #define QG_MAX_SPLIT 8
 /* Weight rows of a block. */
@@ -98,23 +96,28 @@ as_u32(__half2 h)
 #define H_1152 0x64806480u /* 1024 + 128: Q8_0's bytes, xor 0x80 */
 
 /*
- * Quants for the two A registers of one row: x holds four unsigned byte
- * values, those of k slots (2t, 2t+1) in bytes 0-1 and (2t+8, 2t+9) in
- * bytes 2-3; each pair becomes the fp16 pair 1024 + byte, less off, times
+ * The A fragments take the k slots of a k16 step in the order of the
+ * quants in memory: lane t of a row group holds elements 4t .. 4t+3 of the
+ * 16 (slots 2t, 2t+1 and 2t+8, 2t+9), and its B fragment the tokens'
+ * values of the same elements, one 8-byte load. So one 32-bit word of a
+ * block's quant bytes gives a lane both A registers of a row.
+ *
+ * qg_pairs: x holds four unsigned byte values, those of the lane's four
+ * elements; each pair becomes the fp16 pair 1024 + byte, less off, times
  * scale, plus add (the K types' - dmin m; 0 for the others).
  */
 static __device__ __forceinline__ void
-qg_pairs(uint32_t x, uint32_t off, __half2 scale, __half2 add, uint32_t &lo, uint32_t &hi)
+qg_pairs(uint32_t x, uint32_t off, __half2 scale, __half2 add, uint32_t a[2])
 {
-	lo = as_u32(__hfma2(__hsub2(as_h2(__byte_perm(x, 0x64646464u, 0x4140)), as_h2(off)), scale, add));
-	hi = as_u32(__hfma2(__hsub2(as_h2(__byte_perm(x, 0x64646464u, 0x4342)), as_h2(off)), scale, add));
+	a[0] = as_u32(__hfma2(__hsub2(as_h2(__byte_perm(x, 0x64646464u, 0x4140)), as_h2(off)), scale, add));
+	a[1] = as_u32(__hfma2(__hsub2(as_h2(__byte_perm(x, 0x64646464u, 0x4342)), as_h2(off)), scale, add));
 }
 
-/* Bytes p[0..1] and p[8..9] (p 2-byte aligned, shared memory) as one word. */
+/* Four bytes at a 2-byte aligned shared address, as one word. */
 static __device__ __forceinline__ uint32_t
-qg_bytes(const uint8_t *p)
+qg_word2(const uint8_t *p)
 {
-	return (uint32_t)*(const uint16_t *)p | (uint32_t)*(const uint16_t *)(p + 8) << 16;
+	return (uint32_t)*(const uint16_t *)p | (uint32_t)*(const uint16_t *)(p + 2) << 16;
 }
 
 /* An fp16 scalar at a 2-byte aligned shared address, in both halves of a pair. */
@@ -126,186 +129,227 @@ smem_f16x2(const uint8_t *p)
 	return as_h2(u | u << 16);
 }
 
-/* The fp16 pair (sc, m) of sub-block g of a Q4_K/Q5_K block (12 scale bytes at b + 4), times (d, dmin) at b. */
-static __device__ __forceinline__ __half2
-k4_dm(const uint8_t *b, int g)
+/*
+ * The table of a Q4_K/Q5_K block (d, dmin at b, 12 scale bytes at b + 4):
+ * for each sub-block g, words 2g and 2g + 1 of tab are (d sc, d sc) and
+ * (-dmin m, -dmin m), the 6-bit sc and m unpacked as quant.c's
+ * k4_scale_min does, for all eight at once.
+ */
+static __device__ __forceinline__ void
+k4_table(const uint8_t *b, uint32_t *tab)
 {
-	const uint8_t *q = b + 4;
-	uint32_t sc, m;
+	uint32_t q0 = *(const uint32_t *)(b + 4), q1 = *(const uint32_t *)(b + 8), q2 = *(const uint32_t *)(b + 12);
+	/* the sc and m bytes of sub-blocks 0-3, then 4-7 */
+	uint32_t sc[2] = { q0 & 0x3f3f3f3fu, (q2 & 0x0f0f0f0fu) | ((q0 >> 2) & 0x30303030u) };
+	uint32_t m[2] = { q1 & 0x3f3f3f3fu, ((q2 >> 4) & 0x0f0f0f0fu) | ((q1 >> 2) & 0x30303030u) };
+	__half2 dd = as_h2(*(const uint32_t *)b);
+	__half2 d = __low2half2(dd), ndmin = __hneg2(__high2half2(dd));
 
-	if (g < 4) {
-		sc = q[g] & 63u;
-		m = q[g + 4] & 63u;
-	} else {
-		sc = (q[g + 4] & 0xfu) | (uint32_t)(q[g - 4] >> 6) << 4;
-		m = (uint32_t)(q[g + 4] >> 4) | (uint32_t)(q[g] >> 6) << 4;
-	}
-	return __hmul2(as_h2(*(const uint32_t *)b), __hsub2(as_h2(H_1024 | sc | m << 16), as_h2(H_1024)));
+#pragma unroll
+	for (int h = 0; h < 2; h++)
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			uint32_t s1 = (sc[h] >> (8 * i)) & 0xffu, m1 = (m[h] >> (8 * i)) & 0xffu;
+			__half2 sm = __hsub2(as_h2(H_1024 | s1 | s1 << 16), as_h2(H_1024));
+			__half2 mm = __hsub2(as_h2(H_1024 | m1 | m1 << 16), as_h2(H_1024));
+
+			tab[2 * (4 * h + i)] = as_u32(__hmul2(d, sm));
+			tab[2 * (4 * h + i) + 1] = as_u32(__hmul2(ndmin, mm));
+		}
 }
 
-/* Bits 0, 1, 8 and 9 of b into bit 4 of bytes 0 .. 3 (distinct partial products: no carries). */
+/* Bit i of the low four bits of b into bit 4 of byte i (distinct partial products: no carries). */
 static __device__ __forceinline__ uint32_t
-q5_high(uint32_t b)
+spread4(uint32_t b)
 {
-	uint32_t four = (b & 3u) | (b >> 6 & 12u);
-
-	return ((four * 0x00204081u) & 0x01010101u) << 4;
+	return ((b & 15u) * 0x00204081u & 0x01010101u) << 4;
 }
 
 /*
  * A type's unit of raw copies (UNIT elements of a row in BYTES), its table
- * of scales (TAB words a row a unit, made by table(), 0 when the fragments
- * read their scales from the blocks), and frag(): the A registers of one
- * row, k16 step kk of sub-step part of the unit, for lane t (of 4) of a
- * row group: a[0] for k slots (2t, 2t+1), a[1] for (2t+8, 2t+9).
+ * of scales (TAB words a row a unit, filled by table(); none when the
+ * fragments read their scales from the blocks), and frags():
+ * the A registers of one row, a[kk] for k16 step kk of sub-step part of
+ * the unit, for lane t (of 4) of a row group.
  */
 template <int TY> struct qg_type;
 
 /* Q4_K: sub-block g's 32 quants are the low (g even) or high nibbles of 32 bytes at 16 + 32 (g / 2). */
 template <> struct qg_type<TT_Q4_K> {
 	static constexpr int UNIT = 256, BYTES = 144, TAB = 16;
-	/* word 2g: (d sc, d sc); 2g + 1: (-dmin m, -dmin m) */
-	static __device__ __forceinline__ uint32_t
-	table(const uint8_t *b, int j)
+	static __device__ __forceinline__ void
+	table(const uint8_t *b, uint32_t *tab)
 	{
-		__half2 dm = k4_dm(b, j / 2);
-
-		return as_u32(j & 1 ? __hneg2(__high2half2(dm)) : __low2half2(dm));
+		k4_table(b, tab);
 	}
 	static __device__ __forceinline__ void
-	frag(const uint8_t *b, const uint32_t *tab, int part, int kk, int t, uint32_t a[2])
+	frags(const uint8_t *b, const uint32_t *tab, int part, int t, uint32_t a[4][2])
 	{
-		int g = 2 * part + kk / 2;
-		uint32_t x = (qg_bytes(b + 16 + 32 * part + 16 * (kk & 1) + 2 * t) >> (4 * (kk / 2))) & 0x0f0f0f0fu;
+		const uint8_t *q = b + 16 + 32 * part + 4 * t;
 
-		qg_pairs(x, H_1024, as_h2(tab[2 * g]), as_h2(tab[2 * g + 1]), a[0], a[1]);
+#pragma unroll
+		for (int kk = 0; kk < 4; kk++) {
+			int g = 2 * part + kk / 2;
+			uint32_t x = (*(const uint32_t *)(q + 16 * (kk & 1)) >> (4 * (kk / 2))) & 0x0f0f0f0fu;
+
+			qg_pairs(x, H_1024, as_h2(tab[2 * g]), as_h2(tab[2 * g + 1]), a[kk]);
+		}
 	}
 };
 
 /* Q5_K: Q4_K's nibbles at 48 + 32 (g / 2), plus bit g of byte l of the 32 at 16. */
 template <> struct qg_type<TT_Q5_K> {
 	static constexpr int UNIT = 256, BYTES = 176, TAB = 16;
-	static __device__ __forceinline__ uint32_t
-	table(const uint8_t *b, int j)
+	static __device__ __forceinline__ void
+	table(const uint8_t *b, uint32_t *tab)
 	{
-		return qg_type<TT_Q4_K>::table(b, j);
+		k4_table(b, tab);
 	}
 	static __device__ __forceinline__ void
-	frag(const uint8_t *b, const uint32_t *tab, int part, int kk, int t, uint32_t a[2])
+	frags(const uint8_t *b, const uint32_t *tab, int part, int t, uint32_t a[4][2])
 	{
-		int g = 2 * part + kk / 2, l = 16 * (kk & 1) + 2 * t;
-		uint32_t x = (qg_bytes(b + 48 + 32 * part + l) >> (4 * (kk / 2))) & 0x0f0f0f0fu;
+		const uint8_t *q = b + 48 + 32 * part + 4 * t, *qh = b + 16 + 4 * t;
 
-		x |= ((qg_bytes(b + 16 + l) >> g) & 0x01010101u) << 4;
-		qg_pairs(x, H_1024, as_h2(tab[2 * g]), as_h2(tab[2 * g + 1]), a[0], a[1]);
+#pragma unroll
+		for (int kk = 0; kk < 4; kk++) {
+			int g = 2 * part + kk / 2;
+			uint32_t x = (*(const uint32_t *)(q + 16 * (kk & 1)) >> (4 * (kk / 2))) & 0x0f0f0f0fu;
+
+			x |= ((*(const uint32_t *)(qh + 16 * (kk & 1)) >> g) & 0x01010101u) << 4;
+			qg_pairs(x, H_1024, as_h2(tab[2 * g]), as_h2(tab[2 * g + 1]), a[kk]);
+		}
 	}
 };
 
 /*
  * Q6_K: in half h (128 elements) quarter s takes nibble s / 2 of the 32
  * bytes at 64 h + 32 (s % 2) and bits 2s of the 32 at 128 + 32 h; a signed
- * byte scale per 16 at 192, d at 208.
+ * byte scale per 16 at 192, d at 208. Only 2-byte aligned.
  */
 template <> struct qg_type<TT_Q6_K> {
 	static constexpr int UNIT = 256, BYTES = 210, TAB = 16;
 	/* word j: (d sc_j, d sc_j) */
-	static __device__ __forceinline__ uint32_t
-	table(const uint8_t *b, int j)
+	static __device__ __forceinline__ void
+	table(const uint8_t *b, uint32_t *tab)
 	{
-		uint32_t sc = (uint32_t)(b[192 + j] ^ 0x80u); /* the signed scale + 128 */
+		__half2 d = smem_f16x2(b + 208);
 
-		return as_u32(__hmul2(smem_f16x2(b + 208), __hsub2(as_h2(H_1024 | sc | sc << 16), as_h2(H_1152))));
+#pragma unroll
+		for (int j = 0; j < 16; j += 2) {
+			uint32_t sc = qg_word2(b + 192 + j) ^ 0x8080u; /* two signed scales + 128 */
+
+			tab[j] = as_u32(__hmul2(d, __hsub2(as_h2(__byte_perm(sc, 0x64646464u, 0x4040)), as_h2(H_1152))));
+			tab[j + 1] = as_u32(__hmul2(d, __hsub2(as_h2(__byte_perm(sc, 0x64646464u, 0x4141)), as_h2(H_1152))));
+		}
 	}
 	static __device__ __forceinline__ void
-	frag(const uint8_t *b, const uint32_t *tab, int part, int kk, int t, uint32_t a[2])
+	frags(const uint8_t *b, const uint32_t *tab, int part, int t, uint32_t a[4][2])
 	{
-		int h = part / 2, s = 2 * (part & 1) + kk / 2, l = 16 * (kk & 1) + 2 * t;
-		uint32_t x = ((qg_bytes(b + 64 * h + 32 * (s & 1) + l) >> (4 * (s >> 1))) & 0x0f0f0f0fu) |
-		    ((qg_bytes(b + 128 + 32 * h + l) >> (2 * s)) & 0x03030303u) << 4;
+		int h = part / 2;
 
-		qg_pairs(x, H_1056, as_h2(tab[4 * part + kk]), as_h2(0u), a[0], a[1]);
+#pragma unroll
+		for (int kk = 0; kk < 4; kk++) {
+			int s = 2 * (part & 1) + kk / 2, l = 16 * (kk & 1) + 4 * t;
+			uint32_t x = ((qg_word2(b + 64 * h + 32 * (kk / 2) + l) >> (4 * (part & 1))) & 0x0f0f0f0fu) |
+			    ((qg_word2(b + 128 + 32 * h + l) >> (2 * s)) & 0x03030303u) << 4;
+
+			qg_pairs(x, H_1056, as_h2(tab[4 * part + kk]), as_h2(0u), a[kk]);
+		}
 	}
 };
 
-/* Q8_0: two 34-byte blocks, d then 32 signed bytes. */
+/* Q8_0: two 34-byte blocks, d then 32 signed bytes. Only 2-byte aligned. */
 template <> struct qg_type<TT_Q8_0> {
 	static constexpr int UNIT = 64, BYTES = 68, TAB = 0;
-	static __device__ __forceinline__ uint32_t
-	table(const uint8_t *, int)
+	static __device__ __forceinline__ void
+	table(const uint8_t *, uint32_t *)
 	{
-		return 0;
 	}
 	static __device__ __forceinline__ void
-	frag(const uint8_t *b, const uint32_t *, int, int kk, int t, uint32_t a[2])
+	frags(const uint8_t *b, const uint32_t *, int, int t, uint32_t a[4][2])
 	{
-		const uint8_t *blk = b + 34 * (kk / 2);
+#pragma unroll
+		for (int kk = 0; kk < 4; kk++) {
+			const uint8_t *blk = b + 34 * (kk / 2);
 
-		qg_pairs(qg_bytes(blk + 2 + 16 * (kk & 1) + 2 * t) ^ 0x80808080u, H_1152, smem_f16x2(blk), as_h2(0u),
-		    a[0], a[1]);
+			qg_pairs(qg_word2(blk + 2 + 16 * (kk & 1) + 4 * t) ^ 0x80808080u, H_1152, smem_f16x2(blk), as_h2(0u),
+			    a[kk]);
+		}
 	}
 };
 
 /* Q4_0: two 18-byte blocks, d then 16 bytes: elements 0..15 the low nibbles, 16..31 the high ones. */
 template <> struct qg_type<TT_Q4_0> {
 	static constexpr int UNIT = 64, BYTES = 36, TAB = 0;
-	static __device__ __forceinline__ uint32_t
-	table(const uint8_t *, int)
+	static __device__ __forceinline__ void
+	table(const uint8_t *, uint32_t *)
 	{
-		return 0;
 	}
 	static __device__ __forceinline__ void
-	frag(const uint8_t *b, const uint32_t *, int, int kk, int t, uint32_t a[2])
+	frags(const uint8_t *b, const uint32_t *, int, int t, uint32_t a[4][2])
 	{
-		const uint8_t *blk = b + 18 * (kk / 2);
+#pragma unroll
+		for (int kk = 0; kk < 4; kk++) {
+			const uint8_t *blk = b + 18 * (kk / 2);
 
-		qg_pairs((qg_bytes(blk + 2 + 2 * t) >> (4 * (kk & 1))) & 0x0f0f0f0fu, H_1032, smem_f16x2(blk),
-		    as_h2(0u), a[0], a[1]);
+			qg_pairs((qg_word2(blk + 2 + 4 * t) >> (4 * (kk & 1))) & 0x0f0f0f0fu, H_1032, smem_f16x2(blk),
+			    as_h2(0u), a[kk]);
+		}
 	}
 };
 
 /* Q5_0: two 22-byte blocks, d, 32 high bits, then Q4_0's nibbles. */
 template <> struct qg_type<TT_Q5_0> {
 	static constexpr int UNIT = 64, BYTES = 44, TAB = 0;
-	static __device__ __forceinline__ uint32_t
-	table(const uint8_t *, int)
+	static __device__ __forceinline__ void
+	table(const uint8_t *, uint32_t *)
 	{
-		return 0;
 	}
 	static __device__ __forceinline__ void
-	frag(const uint8_t *b, const uint32_t *, int, int kk, int t, uint32_t a[2])
+	frags(const uint8_t *b, const uint32_t *, int, int t, uint32_t a[4][2])
 	{
-		const uint8_t *blk = b + 22 * (kk / 2);
-		const uint16_t *qh = (const uint16_t *)(blk + 2);
-		int e = 16 * (kk & 1) + 2 * t;
-		uint32_t bits = ((uint32_t)qh[0] | (uint32_t)qh[1] << 16) >> e;
-		uint32_t x = ((qg_bytes(blk + 6 + 2 * t) >> (4 * (kk & 1))) & 0x0f0f0f0fu) | q5_high(bits);
+#pragma unroll
+		for (int kk = 0; kk < 4; kk++) {
+			const uint8_t *blk = b + 22 * (kk / 2);
+			uint32_t qh = qg_word2(blk + 2) >> (16 * (kk & 1) + 4 * t);
+			uint32_t x = ((qg_word2(blk + 6 + 4 * t) >> (4 * (kk & 1))) & 0x0f0f0f0fu) | spread4(qh);
 
-		qg_pairs(x, H_1040, smem_f16x2(blk), as_h2(0u), a[0], a[1]);
+			qg_pairs(x, H_1040, smem_f16x2(blk), as_h2(0u), a[kk]);
+		}
 	}
 };
 
 /* The types qgemm reads, as X(type) cases. */
 #define QG_TYPES(X) X(TT_Q4_K) X(TT_Q5_K) X(TT_Q6_K) X(TT_Q8_0) X(TT_Q4_0) X(TT_Q5_0)
 
+/* fp16 elements of a shared-memory token row: 64 and 16 of padding, so 8-byte fragment loads meet no bank conflicts. */
+#define QG_LDB 80
+
 /*
- * Shared-memory layout of one (type, shape): the token tiles (ring of
- * QG_AHEAD + 1), the raw units (a ring deep enough that the unit being
- * refilled is never one still in flight or being decoded) and two units'
- * tables of scales. A unit's bytes are copied as the 16-byte aligned words
- * covering them, so a row's slot holds BYTES + 15 rounded up to 16, the
- * unit starting at its global address modulo 16.
+ * Shared-memory layout of one (type, shape), with what each thread copies
+ * and reads: the token tiles (ring of QG_AHEAD + 1), the raw units (a ring
+ * deep enough that the unit being refilled is never one still in flight or
+ * being decoded) and two units' tables of scales. A unit's bytes are
+ * copied as the 16-byte aligned words covering them, so a row's slot holds
+ * BYTES + 15 rounded up to 16, the unit starting at its global address
+ * modulo 16.
  */
 template <int TY, class C>
 struct qg_smem {
-	static constexpr int SUB = qg_type<TY>::UNIT / 64;
+	using T = qg_type<TY>;
+	static constexpr int SUB = T::UNIT / 64;
 	static constexpr int BR = QG_AHEAD + 1;
 	static constexpr int RR = (C::RAW_AHEAD + SUB - 1) / SUB + 1;
 	static_assert(C::RAW_AHEAD > QG_AHEAD, "a unit arrives a sub-step before its first token tile");
-	static constexpr int RAW = (qg_type<TY>::BYTES + 15 + 15) / 16 * 16;
+	static constexpr int RAW = (T::BYTES + 15 + 15) / 16 * 16, CH = RAW / 16;
 	static constexpr size_t B_OFF = 0;
-	static constexpr size_t R_OFF = B_OFF + (size_t)BR * C::BN * QG_LDS * sizeof(__half);
+	static constexpr size_t R_OFF = B_OFF + (size_t)BR * C::BN * QG_LDB * sizeof(__half);
 	static constexpr size_t T_OFF = R_OFF + (size_t)RR * C::BM * RAW;
-	static constexpr size_t BYTES = T_OFF + (size_t)2 * C::BM * qg_type<TY>::TAB * sizeof(uint32_t);
+	static constexpr size_t BYTES = T_OFF + (size_t)2 * C::BM * T::TAB * sizeof(uint32_t);
+	/* copies and table entries of each thread */
+	static constexpr int XC = (C::BN * 8 + C::THREADS - 1) / C::THREADS;
+	static constexpr int WC = (C::BM * CH + C::THREADS - 1) / C::THREADS;
+	static constexpr int TC = (C::BM + C::THREADS - 1) / C::THREADS;
 };
 
 /* Everything one launch reads. */
@@ -319,130 +363,162 @@ struct qg_args {
 	float *part;       /* split sums: [split][token][row], or NULL when not split */
 };
 
+/*
+ * What a thread copies, decodes and tabulates, worked out once: the
+ * source, destination and size of its token-tile copies; the rows and
+ * 16-byte words of its raw copies; the shared-memory rows (and their
+ * global alignment) of its fragments and table entries.
+ */
+template <int TY, class C>
+struct qg_plan {
+	using L = qg_smem<TY, C>;
+	const __half *xsrc[L::XC];
+	int xdst[L::XC], xbytes[L::XC];
+	const uint8_t *wrow[L::WC];
+	int wdst[L::WC];
+	int frow[C::MT][2], f15[C::MT][2];
+	int trow[L::TC], t15[L::TC];
+
+	__device__ __forceinline__ void
+	init(const struct qg_args &a, int m0, int n0, int wm0)
+	{
+		int lane = threadIdx.x % WARP;
+
+#pragma unroll
+		for (int j = 0; j < L::XC; j++) {
+			int i = threadIdx.x + j * C::THREADS, r = (i / 8) % C::BN, c = i % 8;
+
+			xsrc[j] = a.xh + (size_t)min(n0 + r, a.n_tok - 1) * a.k + 8 * c;
+			xdst[j] = r * QG_LDB + 8 * c;
+			xbytes[j] = i < C::BN * 8 && n0 + r < a.n_tok ? 16 : 0;
+			if (i >= C::BN * 8)
+				xdst[j] = -1;
+		}
+#pragma unroll
+		for (int j = 0; j < L::WC; j++) {
+			int i = threadIdx.x + j * C::THREADS, r = (i / L::CH) % C::BM;
+
+			wrow[j] = a.w + (size_t)min(m0 + r, a.n_rows - 1) * a.row_bytes;
+			wdst[j] = i < C::BM * L::CH ? r * L::RAW + 16 * (i % L::CH) : -1;
+		}
+#pragma unroll
+		for (int mt = 0; mt < C::MT; mt++)
+#pragma unroll
+			for (int h = 0; h < 2; h++) {
+				int r = wm0 + 16 * mt + lane / 4 + 8 * h;
+
+				frow[mt][h] = r;
+				f15[mt][h] = (int)((uintptr_t)(a.w + (size_t)min(m0 + r, a.n_rows - 1) * a.row_bytes) & 15);
+			}
+#pragma unroll
+		for (int j = 0; j < L::TC; j++) {
+			int r = threadIdx.x + j * C::THREADS;
+
+			trow[j] = r < C::BM && L::T::TAB > 0 ? r : -1;
+			t15[j] = (int)((uintptr_t)(a.w + (size_t)min(m0 + r % C::BM, a.n_rows - 1) * a.row_bytes) & 15);
+		}
+	}
+};
+
 /* Queues the copy of the tokens' fp16 tile of sub-step g of this block's K range (g < S). */
 template <int TY, class C>
 static __device__ __forceinline__ void
-qg_issue_x(const struct qg_args &a, unsigned char *smem, int n0, int s0, int g, int S)
+qg_issue_x(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g, int S)
 {
 	using L = qg_smem<TY, C>;
-	__half *bs = (__half *)(smem + L::B_OFF) + (size_t)(g % L::BR) * C::BN * QG_LDS;
-	int k0 = (s0 + g) * 64;
+	__half *bs = (__half *)(smem + L::B_OFF) + (size_t)(g % L::BR) * C::BN * QG_LDB;
 
 	if (g >= S)
 		return;
-	for (int i = threadIdx.x; i < C::BN * 8; i += C::THREADS) {
-		int r = i / 8, c = i % 8, n = n0 + r;
-		const __half *src = a.xh + (size_t)min(n, a.n_tok - 1) * a.k + k0 + 8 * c;
-
-		cp_async16_zfill(bs + r * QG_LDS + 8 * c, src, n < a.n_tok ? 16 : 0);
-	}
-}
-
-/* Where row r's bytes of unit u start in global memory (rows past the end repeat the last). */
-template <int TY>
-static __device__ __forceinline__ uintptr_t
-qg_at(const struct qg_args &a, int r, int u)
-{
-	return (uintptr_t)(a.w + (size_t)min(r, a.n_rows - 1) * a.row_bytes + (size_t)u * qg_type<TY>::BYTES);
+#pragma unroll
+	for (int j = 0; j < L::XC; j++)
+		if (pl.xdst[j] >= 0)
+			cp_async16_zfill(bs + pl.xdst[j], pl.xsrc[j] + (size_t)(s0 + g) * 64, pl.xbytes[j]);
 }
 
 /* Queues the copy of the raw unit that sub-step g starts, if it starts one (g < S). */
 template <int TY, class C>
 static __device__ __forceinline__ void
-qg_issue_w(const struct qg_args &a, unsigned char *smem, int m0, int s0, int g, int S)
+qg_issue_w(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g, int S)
 {
 	using L = qg_smem<TY, C>;
-	constexpr int CH = L::RAW / 16;
 	uint8_t *raw = smem + L::R_OFF + (size_t)((g / L::SUB) % L::RR) * C::BM * L::RAW;
-	int u = (s0 + g) / L::SUB;
+	size_t unit = (size_t)((s0 + g) / L::SUB) * L::T::BYTES;
 
 	if (g >= S || g % L::SUB != 0)
 		return;
 #pragma unroll
-	for (int i = threadIdx.x; i < C::BM * CH; i += C::THREADS) {
-		int r = i / CH, j = i % CH;
-		uintptr_t p = qg_at<TY>(a, m0 + r, u);
+	for (int j = 0; j < L::WC; j++) {
+		uintptr_t p = (uintptr_t)(pl.wrow[j] + unit);
+		int word = pl.wdst[j] % L::RAW;
 
-		if (16 * j < (int)(p & 15) + qg_type<TY>::BYTES)
-			cp_async16(raw + r * L::RAW + 16 * j, (const void *)((p & ~(uintptr_t)15) + 16 * j));
+		if (pl.wdst[j] >= 0 && word < (int)(p & 15) + L::T::BYTES)
+			cp_async16(raw + pl.wdst[j], (const void *)((p & ~(uintptr_t)15) + word));
 	}
 }
 
-/* Fills the table of scales of the unit sub-step g starts (the unit is in shared memory), if the type has one. */
+/* Fills the table of scales of the unit sub-step g starts (in shared memory by now), if the type has one. */
 template <int TY, class C>
 static __device__ __forceinline__ void
-qg_table(const struct qg_args &a, unsigned char *smem, int m0, int s0, int g)
+qg_table(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g)
 {
 	using L = qg_smem<TY, C>;
-	constexpr int TAB = qg_type<TY>::TAB;
+	constexpr int TAB = L::T::TAB;
 	const uint8_t *raw = smem + L::R_OFF + (size_t)((g / L::SUB) % L::RR) * C::BM * L::RAW;
 	uint32_t *tab = (uint32_t *)(smem + L::T_OFF) + (size_t)((g / L::SUB) & 1) * C::BM * TAB;
-	int u = (s0 + g) / L::SUB;
+	int ub = (int)(((size_t)((s0 + g) / L::SUB) * L::T::BYTES) & 15);
 
 	if constexpr (TAB > 0) {
 #pragma unroll
-		for (int i = threadIdx.x; i < C::BM * TAB; i += C::THREADS) {
-			int r = i / TAB;
+		for (int j = 0; j < L::TC; j++) {
+			int r = pl.trow[j];
 
-			tab[i] = qg_type<TY>::table(raw + r * L::RAW + (qg_at<TY>(a, m0 + r, u) & 15), i % TAB);
+			if (r >= 0)
+				L::T::table(raw + r * L::RAW + ((pl.t15[j] + ub) & 15), tab + r * TAB);
 		}
 	}
 }
 
 /*
- * Sub-step g's products of one warp: for each k16 step, its rows' A
- * fragments decoded from the raw unit, the tokens' B fragments by
- * ldmatrix, the mma.sync of every (m16, n8) tile.
+ * Sub-step g's products of one warp: its rows' A fragments decoded from
+ * the raw unit, then for each k16 step the tokens' B fragments (8-byte
+ * loads) and the mma.sync of every (m16, n8) tile.
  */
 template <int TY, class C>
 static __device__ __forceinline__ void
-qg_step(const struct qg_args &a, unsigned char *smem, int m0, int s0, int g, int wm0, int wn0,
-    float (&acc)[C::MT][C::NT][4])
+qg_step(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g, int wn0, float (&acc)[C::MT][C::NT][4])
 {
 	using L = qg_smem<TY, C>;
-	constexpr int TAB = qg_type<TY>::TAB;
+	constexpr int TAB = L::T::TAB;
 	const uint8_t *raw = smem + L::R_OFF + (size_t)((g / L::SUB) % L::RR) * C::BM * L::RAW;
 	const uint32_t *tab = (const uint32_t *)(smem + L::T_OFF) + (size_t)((g / L::SUB) & 1) * C::BM * TAB;
-	const __half *bs = (const __half *)(smem + L::B_OFF) + (size_t)(g % L::BR) * C::BN * QG_LDS;
-	int lane = threadIdx.x % WARP, u = (s0 + g) / L::SUB, part = g % L::SUB;
-	const uint8_t *rb[C::MT][2];
-	const uint32_t *rt[C::MT][2];
+	const __half *bs = (const __half *)(smem + L::B_OFF) + (size_t)(g % L::BR) * C::BN * QG_LDB;
+	int lane = threadIdx.x % WARP, t = lane % 4, part = g % L::SUB;
+	int ub = (int)(((size_t)((s0 + g) / L::SUB) * L::T::BYTES) & 15);
+	uint32_t fr[C::MT][2][4][2];
 
 #pragma unroll
 	for (int mt = 0; mt < C::MT; mt++)
 #pragma unroll
 		for (int h = 0; h < 2; h++) {
-			int r = wm0 + 16 * mt + lane / 4 + 8 * h;
+			int r = pl.frow[mt][h];
 
-			rb[mt][h] = raw + r * L::RAW + (qg_at<TY>(a, m0 + r, u) & 15);
-			rt[mt][h] = tab + r * TAB;
+			L::T::frags(raw + r * L::RAW + ((pl.f15[mt][h] + ub) & 15), tab + r * TAB, part, t, fr[mt][h]);
 		}
 #pragma unroll
-	for (int kk = 0; kk < 4; kk++) {
-		uint32_t af[C::MT][4], bf[C::NT][2];
+	for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+		for (int nt = 0; nt < C::NT; nt++) {
+			uint2 bv = *(const uint2 *)(bs + (wn0 + 8 * nt + lane / 4) * QG_LDB + 16 * kk + 4 * t);
+			uint32_t b[2] = { bv.x, bv.y };
 
 #pragma unroll
-		for (int mt = 0; mt < C::MT; mt++) {
-			uint32_t r0[2], r1[2];
+			for (int mt = 0; mt < C::MT; mt++) {
+				uint32_t af[4] = { fr[mt][0][kk][0], fr[mt][1][kk][0], fr[mt][0][kk][1], fr[mt][1][kk][1] };
 
-			qg_type<TY>::frag(rb[mt][0], rt[mt][0], part, kk, lane % 4, r0);
-			qg_type<TY>::frag(rb[mt][1], rt[mt][1], part, kk, lane % 4, r1);
-			af[mt][0] = r0[0], af[mt][1] = r1[0], af[mt][2] = r0[1], af[mt][3] = r1[1];
+				mma16816(acc[mt][nt], af, b);
+			}
 		}
-#pragma unroll
-		for (int j = 0; j < C::NT / 2; j++) {
-			uint32_t r[4];
-
-			ldmatrix_x4(r, bs + (wn0 + 16 * j + lane % 8 + (lane / 16) * 8) * QG_LDS + 16 * kk + ((lane / 8) % 2) * 8);
-			bf[2 * j][0] = r[0], bf[2 * j][1] = r[1];
-			bf[2 * j + 1][0] = r[2], bf[2 * j + 1][1] = r[3];
-		}
-#pragma unroll
-		for (int mt = 0; mt < C::MT; mt++)
-#pragma unroll
-			for (int nt = 0; nt < C::NT; nt++)
-				mma16816(acc[mt][nt], af[mt], bf[nt]);
-	}
 }
 
 /*
@@ -460,13 +536,15 @@ qgemm_kernel(struct qg_args a)
 	using L = qg_smem<TY, C>;
 	extern __shared__ __align__(16) unsigned char smem[];
 	int m0 = blockIdx.x * C::BM, n0 = blockIdx.y * C::BN;
-	int units = a.k / qg_type<TY>::UNIT;
+	int units = a.k / L::T::UNIT;
 	int u0 = (int)((int64_t)units * blockIdx.z / gridDim.z), u1 = (int)((int64_t)units * (blockIdx.z + 1) / gridDim.z);
 	int s0 = u0 * L::SUB, S = (u1 - u0) * L::SUB;
 	int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
 	int wm0 = (warp / C::WN) * (C::BM / C::WM), wn0 = (warp % C::WN) * (C::BN / C::WN);
+	qg_plan<TY, C> pl;
 	float acc[C::MT][C::NT][4];
 
+	pl.init(a, m0, n0, wm0);
 #pragma unroll
 	for (int mt = 0; mt < C::MT; mt++)
 #pragma unroll
@@ -474,25 +552,25 @@ qgemm_kernel(struct qg_args a)
 			acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
 	/* group 0: the first RAW_AHEAD sub-steps' raw units and token tile 0; groups 1 .. QG_AHEAD-1: tiles */
 	for (int g = 0; g < C::RAW_AHEAD; g++)
-		qg_issue_w<TY, C>(a, smem, m0, s0, g, S);
+		qg_issue_w<TY, C>(pl, smem, s0, g, S);
 	for (int g = 0; g < QG_AHEAD; g++) {
-		qg_issue_x<TY, C>(a, smem, n0, s0, g, S);
+		qg_issue_x<TY, C>(pl, smem, s0, g, S);
 		cp_async_commit();
 	}
 	cp_async_wait<QG_AHEAD - 1>();
 	__syncthreads();
 	if (S > 0)
-		qg_table<TY, C>(a, smem, m0, s0, 0);
+		qg_table<TY, C>(pl, smem, s0, 0);
 	for (int g = 0; g < S; g++) {
 		/* token tile g (queued QG_AHEAD iterations ago) and the raw unit of g + 1 (earlier) are in */
 		cp_async_wait<QG_AHEAD - 1>();
 		__syncthreads();
-		qg_issue_x<TY, C>(a, smem, n0, s0, g + QG_AHEAD, S);
-		qg_issue_w<TY, C>(a, smem, m0, s0, g + C::RAW_AHEAD, S);
+		qg_issue_x<TY, C>(pl, smem, s0, g + QG_AHEAD, S);
+		qg_issue_w<TY, C>(pl, smem, s0, g + C::RAW_AHEAD, S);
 		cp_async_commit();
 		if (g + 1 < S && (g + 1) % L::SUB == 0)
-			qg_table<TY, C>(a, smem, m0, s0, g + 1);
-		qg_step<TY, C>(a, smem, m0, s0, g, wm0, wn0, acc);
+			qg_table<TY, C>(pl, smem, s0, g + 1);
+		qg_step<TY, C>(pl, smem, s0, g, wn0, acc);
 	}
 	cp_async_wait<0>();
 
