@@ -129,6 +129,7 @@ struct backend {
 	float *x, *h, *q, *k, *v, *att, *gate, *up, *ffn_out, *logits;
 	float *att_part;             /* the pieces of split attention */
 	int32_t *dev_argmax, *host_argmax; /* the greedy picks of a step's logits rows (host: pinned) */
+	float2 *argmax_part;         /* their partial picks */
 	int64_t att_part_rows;
 	void *blas_ws;
 	/* staging: tokens, positions, table offsets, logit rows, then the tables */
@@ -274,7 +275,8 @@ activation_bytes(const struct dims *d)
 	    floats_bytes(d->T * d->nq) * 2 + floats_bytes(d->T * d->nkv) * 2 +
 	    floats_bytes(d->T * d->ff) * 2 + floats_bytes(logit_rows * d->vocab) +
 	    align_up(d->T * d->widest * sizeof(__half)) + floats_bytes(d->T) +
-	    align_up(d->T * 2 * d->widest) + align_up(d->T * d->widest / 32 * sizeof(float2));
+	    align_up(d->T * 2 * d->widest) + align_up(d->T * d->widest / 32 * sizeof(float2)) +
+	    align_up(CUDA_ARGMAX_PARTS(logit_rows) * sizeof(float2));
 }
 
 /* The matrices of the model, tok_embd first; the output only when not tied. */
@@ -306,6 +308,9 @@ check_model(const struct model_desc *m, const struct model_tensor **mats, int n,
 		    "32 up to 256", hp->head_dim);
 	if (hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv != 0)
 		return err_set(err, ERR_UNSUPPORTED, "%d heads over %d KV heads", hp->n_head, hp->n_head_kv);
+	if (!cuda_row_fits(hp->n_embd) || !cuda_row_fits(hp->n_ff) || !cuda_row_fits(hp->n_head * hp->head_dim))
+		return err_set(err, ERR_UNSUPPORTED, "rows of %d, %d and %d: the CUDA row kernels take multiples of 4 "
+		    "up to 32768", hp->n_embd, hp->n_ff, hp->n_head * hp->head_dim);
 	for (int i = 0; i < n; i++) {
 		const struct quant_traits *qt = quant_traits(mats[i]->type);
 
@@ -601,6 +606,8 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    (rc = dev_alloc(&b->blas_ws, BLAS_WORKSPACE, "the cuBLAS workspace", err)) ||
 	    (rc = dev_alloc((void **)&b->att_part, part_bytes(b), "split attention", err)) ||
 	    (rc = dev_alloc((void **)&b->dev_argmax, T * sizeof(int32_t), "argmax", err)) ||
+	    (rc = dev_alloc((void **)&b->argmax_part, CUDA_ARGMAX_PARTS(MIN(T, (size_t)LOGIT_ROWS)) * sizeof(float2),
+	    "argmax", err)) ||
 	    (!b->exact && (rc = dev_alloc((void **)&b->mm.part, (size_t)b->mm.part_elems * sizeof(float),
 	    "split sums", err))));
 	if (rc == 0)
@@ -802,7 +809,7 @@ cuda_free(struct backend *b)
 	cudaFree(b->att), cudaFree(b->gate), cudaFree(b->up), cudaFree(b->ffn_out), cudaFree(b->logits);
 	cudaFree(b->mm.xh), cudaFree(b->mm.xscale), cudaFree(b->mm.wh), cudaFree(b->blas_ws);
 	cudaFree(b->mm.xq), cudaFree(b->mm.xd), cudaFree(b->mm.part);
-	cudaFree(b->dev_ints), cudaFree(b->att_part), cudaFree(b->dev_argmax);
+	cudaFree(b->dev_ints), cudaFree(b->att_part), cudaFree(b->dev_argmax), cudaFree(b->argmax_part);
 	if (b->host_argmax != NULL)
 		cudaFreeHost(b->host_argmax);
 	if (b->host_ints != NULL)
@@ -913,7 +920,23 @@ heads_of(const struct backend *b, int l)
 	return hd;
 }
 
-/* The attention half of layer l; h holds the normed input, x gets the residual. */
+/*
+ * Where a row kernel puts its output for the products of a step of T
+ * tokens: their fp16 form (which the products of many tokens read) when
+ * the step is above the matrix-vector kernels' count, else nowhere (h
+ * takes the float rows).
+ */
+static struct cuda_h16
+h16_of(const struct backend *b, int T)
+{
+	struct cuda_h16 h = { NULL, NULL };
+
+	if (T > b->mm.mmv_max)
+		h.h = b->mm.xh, h.scale = b->mm.xscale;
+	return h;
+}
+
+/* The attention half of layer l; h (or its fp16 form) holds the normed input, x gets the residual. */
 static int
 attention(struct backend *b, int T, int l, const struct step_ints *dev, char *err)
 {
@@ -930,7 +953,7 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	int ld[3] = { nq, nkv, nkv };
 
 	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul_multi(&b->mm, wqkv, 3, b->h, embd, T, qkv, ld, err)) != 0)
+	if ((rc = cuda_matmul_multi(&b->mm, wqkv, 3, b->h, embd, T, qkv, ld, h16_of(b, T).h != NULL, err)) != 0)
 		return rc;
 	prof_mark(b, PH_ATTN);
 	if ((rc = cuda_qk(b->q, b->k, b->v, T, &hd, &kv, b->stream, err)) != 0 ||
@@ -940,8 +963,8 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	if ((rc = cuda_matmul(&b->mm, &c->wo, b->att, nq, T, b->ffn_out, embd, 0, err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
-	return cuda_residual_norm(b->x, b->ffn_out, c->post_attn_norm, c->ffn_norm, b->h, T, embd, nm,
-	    b->stream, err);
+	return cuda_residual_norm(b->x, b->ffn_out, c->post_attn_norm, c->ffn_norm, b->h, h16_of(b, T), T, embd,
+	    nm, b->stream, err);
 }
 
 /* The feed-forward half of layer l; ends with the next layer's input norm in h. */
@@ -956,18 +979,20 @@ feed_forward(struct backend *b, int T, int l, char *err)
 	const struct cuda_weight *wgu[2] = { &c->w_gate, &c->w_up };
 	float *gu[2] = { b->gate, b->up };
 
+	struct cuda_h16 h16 = h16_of(b, T);
+
 	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul_multi(&b->mm, wgu, 2, b->h, embd, T, gu, ld, err)) != 0)
+	if ((rc = cuda_matmul_multi(&b->mm, wgu, 2, b->h, embd, T, gu, ld, h16.h != NULL, err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
-	if ((rc = cuda_glu(b->gate, b->up, (int64_t)T * ff, hp->gelu, b->stream, err)) != 0)
+	if ((rc = cuda_glu(b->gate, b->up, T, ff, hp->gelu, h16, b->stream, err)) != 0)
 		return rc;
 	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul(&b->mm, &c->w_down, b->gate, ff, T, b->ffn_out, embd, 0, err)) != 0)
+	if ((rc = cuda_matmul(&b->mm, &c->w_down, b->gate, ff, T, b->ffn_out, embd, h16.h != NULL, err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
-	return cuda_residual_norm(b->x, b->ffn_out, c->post_ffn_norm, next, b->h, T, embd, nm,
-	    b->stream, err);
+	return cuda_residual_norm(b->x, b->ffn_out, c->post_ffn_norm, next, b->h, h16, T, embd, nm, b->stream,
+	    err);
 }
 
 /* Logit rows [r0, r0 + nr) (normed in h) projected into the logits buffer. */
@@ -995,8 +1020,8 @@ step_kernels(struct backend *b, int T, int n_logits, const struct step_ints *dev
 
 	prof_mark(b, PH_NORM);
 	if ((rc = cuda_embed(&b->tok_embd, dev->tokens, T, hp->embd_scale, b->x, b->stream, err)) != 0 ||
-	    (rc = cuda_residual_norm(b->x, NULL, NULL, b->layers[0].attn_norm, b->h, T, hp->n_embd, nm,
-	    b->stream, err)) != 0)
+	    (rc = cuda_residual_norm(b->x, NULL, NULL, b->layers[0].attn_norm, b->h, h16_of(b, T), T, hp->n_embd,
+	    nm, b->stream, err)) != 0)
 		return rc;
 	for (int l = 0; l < hp->n_layer; l++)
 		if ((rc = attention(b, T, l, dev, err)) != 0 || (rc = feed_forward(b, T, l, err)) != 0)
@@ -1101,7 +1126,7 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 		if (r0 > 0 && (rc = output_rows(b, r0, nr, err)) != 0)
 			return rc;
 		if (batch->argmax != NULL &&
-		    (rc = cuda_argmax(b->logits, nr, (int)V, b->dev_argmax + r0, b->stream, err)) != 0)
+		    (rc = cuda_argmax(b->logits, nr, (int)V, b->dev_argmax + r0, b->argmax_part, b->stream, err)) != 0)
 			return rc;
 		if (logits != NULL)
 			CK(cudaMemcpyAsync(logits + (size_t)r0 * V, b->logits, (size_t)nr * V * sizeof(float),

@@ -294,7 +294,7 @@ matmul_parts(struct cuda_probe *p, const struct cuda_weight *cw, int n_parts, co
 		wp[i] = &part[i], yp[i] = y + r0, ld[i] = (int)cw->n;
 		r0 += part[i].n;
 	}
-	return cuda_matmul_multi(&p->mm, wp, n_parts, x, (int)cw->k, n_tok, yp, ld, err);
+	return cuda_matmul_multi(&p->mm, wp, n_parts, x, (int)cw->k, n_tok, yp, ld, 0, err);
 }
 
 static int
@@ -388,11 +388,40 @@ cuda_probe_embed(struct cuda_probe *p, const struct cuda_probe_weight *w, const 
 	return rc;
 }
 
+/* Device buffers for n_rows rows of n in fp16 form (poisoned, guarded), when hh asks for them. */
+static int
+h16_new(struct cuda_probe *p, struct bufs *bs, const uint16_t *hh, int n_rows, int n, struct cuda_h16 *h16,
+    char *err)
+{
+	void *dh = NULL, *ds = NULL;
+	int rc;
+
+	*h16 = (struct cuda_h16){ NULL, NULL };
+	if (hh == NULL)
+		return 0;
+	if ((rc = buf_new(p, bs, NULL, (size_t)n_rows * (size_t)n * sizeof(__half), 1, &dh, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, (size_t)n_rows * sizeof(float), 1, &ds, err)) != 0)
+		return rc;
+	*h16 = (struct cuda_h16){ (__half *)dh, (float *)ds };
+	return 0;
+}
+
+/* Copies the fp16 rows and their scales back. */
+static int
+h16_fetch(struct cuda_probe *p, const struct cuda_h16 *h16, uint16_t *hh, float *hscale, int n_rows, int n,
+    char *err)
+{
+	int rc = fetch(p, hh, h16->h, (size_t)n_rows * (size_t)n * sizeof(__half), err);
+
+	return rc != 0 ? rc : fetch(p, hscale, h16->scale, (size_t)n_rows * sizeof(float), err);
+}
+
 static int
 residual_norm_run(struct cuda_probe *p, struct bufs *bs, float *x, const float *r, const float *post,
-    const float *w, float *h, int n_rows, int n, struct cuda_norm nm, char *err)
+    const float *w, float *h, uint16_t *hh, float *hscale, int n_rows, int n, struct cuda_norm nm, char *err)
 {
 	size_t rows = (size_t)n_rows * (size_t)n * sizeof(float), row = (size_t)n * sizeof(float);
+	struct cuda_h16 h16;
 	void *dx, *dr, *dpost, *dw, *dh = NULL;
 	int rc;
 
@@ -400,22 +429,25 @@ residual_norm_run(struct cuda_probe *p, struct bufs *bs, float *x, const float *
 	    (rc = buf_opt(p, bs, r, rows, &dr, err)) != 0 ||
 	    (rc = buf_opt(p, bs, post, row, &dpost, err)) != 0 ||
 	    (rc = buf_opt(p, bs, w, row, &dw, err)) != 0 ||
-	    (w != NULL && (rc = buf_new(p, bs, NULL, rows, 1, &dh, err)) != 0))
+	    (w != NULL && hh == NULL && (rc = buf_new(p, bs, NULL, rows, 1, &dh, err)) != 0) ||
+	    (rc = h16_new(p, bs, w != NULL ? hh : NULL, n_rows, n, &h16, err)) != 0)
 		return rc;
 	if ((rc = cuda_residual_norm((float *)dx, (const float *)dr, (const float *)dpost, (const float *)dw,
-	    (float *)dh, n_rows, n, nm, p->stream, err)) != 0 ||
+	    (float *)dh, h16, n_rows, n, nm, p->stream, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_residual_norm", err)) != 0 || (rc = fetch(p, x, dx, rows, err)) != 0)
 		return rc;
-	return w != NULL ? fetch(p, h, dh, rows, err) : 0;
+	if (w == NULL)
+		return 0;
+	return hh != NULL ? h16_fetch(p, &h16, hh, hscale, n_rows, n, err) : fetch(p, h, dh, rows, err);
 }
 
 extern "C" int
 cuda_probe_residual_norm(struct cuda_probe *p, float *x, const float *r, const float *post, const float *w,
-    float *h, int n_rows, int n, float offset, float eps, char *err)
+    float *h, uint16_t *hh, float *hscale, int n_rows, int n, float offset, float eps, char *err)
 {
 	struct bufs bs = {};
 	struct cuda_norm nm = { offset, eps };
-	int rc = residual_norm_run(p, &bs, x, r, post, w, h, n_rows, n, nm, err);
+	int rc = residual_norm_run(p, &bs, x, r, post, w, h, hh, hscale, n_rows, n, nm, err);
 
 	bufs_free(&bs);
 	return rc;
@@ -456,25 +488,29 @@ cuda_probe_norm_rows(struct cuda_probe *p, const float *x, int n_x, const int32_
 }
 
 static int
-glu_run(struct cuda_probe *p, struct bufs *bs, float *a, const float *b, int64_t n, int gelu, char *err)
+glu_run(struct cuda_probe *p, struct bufs *bs, float *a, const float *b, int n_rows, int n, int gelu,
+    uint16_t *hh, float *hscale, char *err)
 {
-	size_t bytes = (size_t)n * sizeof(float);
+	size_t bytes = (size_t)n_rows * (size_t)n * sizeof(float);
+	struct cuda_h16 h16;
 	void *da, *db;
 	int rc;
 
 	if ((rc = buf_new(p, bs, a, bytes, 1, &da, err)) != 0 ||
 	    (rc = buf_new(p, bs, b, bytes, 0, &db, err)) != 0 ||
-	    (rc = cuda_glu((float *)da, (const float *)db, n, gelu, p->stream, err)) != 0 ||
+	    (rc = h16_new(p, bs, hh, n_rows, n, &h16, err)) != 0 ||
+	    (rc = cuda_glu((float *)da, (const float *)db, n_rows, n, gelu, h16, p->stream, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_glu", err)) != 0)
 		return rc;
-	return fetch(p, a, da, bytes, err);
+	return hh != NULL ? h16_fetch(p, &h16, hh, hscale, n_rows, n, err) : fetch(p, a, da, bytes, err);
 }
 
 extern "C" int
-cuda_probe_glu(struct cuda_probe *p, float *a, const float *b, int64_t n, int gelu, char *err)
+cuda_probe_glu(struct cuda_probe *p, float *a, const float *b, int n_rows, int n, int gelu, uint16_t *hh,
+    float *hscale, char *err)
 {
 	struct bufs bs = {};
-	int rc = glu_run(p, &bs, a, b, n, gelu, err);
+	int rc = glu_run(p, &bs, a, b, n_rows, n, gelu, hh, hscale, err);
 
 	bufs_free(&bs);
 	return rc;
@@ -675,15 +711,16 @@ static int
 argmax_run(struct cuda_probe *p, struct bufs *bs, const float *x, int n_rows, int n, int32_t *ids, char *err)
 {
 	size_t ib = (size_t)n_rows * sizeof(int32_t);
-	void *dx, *di;
+	void *dx, *di, *dpart;
 	int rc;
 
 	if (n_rows < 1 || n < 1)
 		return err_set(err, ERR_INVAL, "cuda_probe: argmax of %d rows of %d", n_rows, n);
 	if ((rc = buf_new(p, bs, x, (size_t)n_rows * (size_t)n * sizeof(float), 0, &dx, err)) != 0 ||
-	    (rc = buf_new(p, bs, NULL, ib, 1, &di, err)) != 0)
+	    (rc = buf_new(p, bs, NULL, ib, 1, &di, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, CUDA_ARGMAX_PARTS(n_rows) * sizeof(float2), 1, &dpart, err)) != 0)
 		return rc;
-	if ((rc = cuda_argmax((const float *)dx, n_rows, n, (int32_t *)di, p->stream, err)) != 0 ||
+	if ((rc = cuda_argmax((const float *)dx, n_rows, n, (int32_t *)di, (float2 *)dpart, p->stream, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_argmax", err)) != 0)
 		return rc;
 	return fetch(p, ids, di, ib, err);

@@ -22,6 +22,7 @@
  */
 #include "matmul.cuh"
 #include "dequant.cuh"
+#include "norm.cuh"
 
 #define MMV_WARPS 4
 #define MMV_ROWS 4  /* rows of one block of the matrix-vector kernel */
@@ -30,8 +31,6 @@
 #define ROW_THREADS 256
 /* fp16 scratch for one tile of a dequantized weight: 64 MiB. */
 #define WTILE_ELEMS ((int64_t)32 << 20)
-/* Rows whose largest magnitude is above this are scaled down for fp16. */
-#define F16_SAFE 32768.0f
 
 /* Runs a cuBLAS call; on failure returns from the calling function. */
 #define CKB(call) \
@@ -403,28 +402,6 @@ quant_q8_kernel(const float *__restrict__ x, int ldx, int k, int8_t *__restrict_
 		xd[(size_t)t * (k / 32) + g] = make_float2(d / (float)QLO, sum);
 }
 
-/* Row t of x as fp16 in xh (k apart), divided by a power of two kept in xscale[t]. */
-__global__ void
-to_f16_kernel(const float *__restrict__ x, int ldx, int k, __half *__restrict__ xh,
-    float *__restrict__ xscale)
-{
-	__shared__ float red[WARP];
-	const float *xr = x + (size_t)blockIdx.x * ldx;
-	__half *out = xh + (size_t)blockIdx.x * k;
-	float mx = 0.0f, s = 1.0f;
-	int i;
-
-	for (i = threadIdx.x; i < k; i += blockDim.x)
-		mx = fmaxf(mx, fabsf(xr[i]));
-	mx = block_max(mx, red);
-	if (mx > F16_SAFE && isfinite(mx))
-		s = exp2f(ceilf(log2f(mx / F16_SAFE)));
-	for (i = threadIdx.x; i < k; i += blockDim.x)
-		out[i] = __float2half_rn(xr[i] / s);
-	if (threadIdx.x == 0)
-		xscale[blockIdx.x] = s;
-}
-
 /* Multiplies row t of y (n wide) back by xscale[t]. */
 __global__ void
 unscale_kernel(float *__restrict__ y, int ldy, int n, const float *__restrict__ xscale)
@@ -590,9 +567,9 @@ dequant_rows(const struct cuda_weight *w, int64_t r0, int64_t nr, __half *out, c
 static int
 to_f16(struct cuda_mm *m, const float *x, int ldx, int k, int n_tok, char *err)
 {
-	to_f16_kernel<<<n_tok, ROW_THREADS, 0, m->stream>>>(x, ldx, k, m->xh, m->xscale);
-	CK_LAUNCH("to_f16_kernel");
-	return 0;
+	struct cuda_h16 h16 = { m->xh, m->xscale };
+
+	return cuda_to_f16(x, ldx, k, n_tok, h16, m->stream, err);
 }
 
 /* 1 if the quantized tensor-core kernel multiplies by w (an fp16 copy, when w has one, goes to cuBLAS). */
@@ -699,11 +676,11 @@ cuda_matmul(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int 
 
 int
 cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x,
-    int ldx, int n_tok, float *const *y, const int *ldy, char *err)
+    int ldx, int n_tok, float *const *y, const int *ldy, int reuse_x, char *err)
 {
 	if (n_w < 1 || n_w > MM_MAX_OUT)
 		return err_set(err, ERR_INVAL, "%d weights in one product (1..%d)", n_w, MM_MAX_OUT);
-	return products(m, w, n_w, x, ldx, n_tok, y, ldy, 0, err);
+	return products(m, w, n_w, x, ldx, n_tok, y, ldy, reuse_x, err);
 }
 
 int

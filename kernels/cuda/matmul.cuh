@@ -97,11 +97,12 @@ int cuda_matmul(struct cuda_mm *m, const struct cuda_weight *w, const float *x, 
 /*
  * y[i] = w[i] x for n_w (<= MM_MAX_OUT) weights of the same input, as
  * cuda_matmul with y[i] ldy[i] apart. Weights stored one after the other
- * with the same type and width (cuda_weight_follows) are one kernel on the
- * matrix-vector path.
+ * with the same type and width (cuda_weight_follows) are one kernel. With
+ * reuse_x, the fp16 form of x (m->xh, m->xscale) was already made, by the
+ * previous product or by the kernel that wrote x.
  */
 int cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x,
-    int ldx, int n_tok, float *const *y, const int *ldy, char *err);
+    int ldx, int n_tok, float *const *y, const int *ldy, int reuse_x, char *err);
 
 /* 1 if b's rows start where a's end, with the same type and width. */
 int cuda_weight_follows(const struct cuda_weight *a, const struct cuda_weight *b);

@@ -1,88 +1,204 @@
 /*
- * norm.cu: RMSNorm with residual adds fused around it, the gated
- * activation, and the argmax of logits rows. A block per row; each thread
- * keeps to the same elements in every pass, so it reads back only what it
- * wrote itself.
+ * norm.cu: the row-wise kernels of the residual stream: RMSNorm with
+ * residual adds fused around it, the gated activation, rows to fp16 for
+ * the products of many tokens (fused into the first two where they feed
+ * such a product), and the argmax of logits rows.
  */
 #include "norm.cuh"
 
 #include <limits.h>
+#include <string.h>
 
-#define NORM_THREADS 256
-#define GLU_THREADS 256
-#define ARGMAX_THREADS 1024
+#define ROW_THREADS_MAX 512
+#define ARGMAX_THREADS 256
+/* Rows whose largest magnitude is above this are divided by a power of two for fp16. */
+#define F16_SAFE 32768.0f
 
-/* 1 / rms of the row, as cpu_rmsnorm computes it. */
-static __device__ __forceinline__ float
-inv_rms(float sumsq, int n, float eps, float *red)
-{
-	return 1.0f / sqrtf(block_sum(sumsq, red) / (float)n + eps);
-}
-
-/* out = xr / rms(xr) * (w + offset), n elements, by the whole block. */
+/*
+ * A row of n floats (n a multiple of 4) is held in registers by one
+ * block: thread i keeps float4 number i + j * blockDim.x, j < V. Every
+ * kernel here reads its row once, reduces, and writes: one memory latency
+ * a pass, where a loop over the row in global memory paid one per element
+ * a thread touched (a decode step has a single row per kernel).
+ */
+template <int V>
 static __device__ __forceinline__ void
-norm_row(const float *xr, const float *__restrict__ w, float *__restrict__ out, int n,
-    const struct cuda_norm &nm, float *red)
+row_load(const float *__restrict__ p, int n4, float4 (&v)[V])
 {
-	float ss = 0.0f, sc;
-	int i;
+#pragma unroll
+	for (int j = 0; j < V; j++) {
+		int i = threadIdx.x + j * blockDim.x;
 
-	for (i = threadIdx.x; i < n; i += blockDim.x)
-		ss += xr[i] * xr[i];
-	sc = inv_rms(ss, n, nm.eps, red);
-	for (i = threadIdx.x; i < n; i += blockDim.x)
-		out[i] = xr[i] * sc * (w[i] + nm.offset);
+		v[j] = i < n4 ? ((const float4 *)p)[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+	}
 }
 
-__global__ void
-residual_norm_kernel(float *__restrict__ x, const float *__restrict__ r, const float *__restrict__ post,
-    const float *__restrict__ w, float *__restrict__ h, int n, struct cuda_norm nm)
+template <int V>
+static __device__ __forceinline__ void
+row_store(float *__restrict__ p, int n4, const float4 (&v)[V])
 {
-	__shared__ float red[WARP];
-	float *xr = x + (size_t)blockIdx.x * n, ss = 0.0f, sc;
-	const float *rr = r ? r + (size_t)blockIdx.x * n : NULL;
-	int i;
+#pragma unroll
+	for (int j = 0; j < V; j++) {
+		int i = threadIdx.x + j * blockDim.x;
 
-	if (rr != NULL) {
-		if (post != NULL) {
-			for (i = threadIdx.x; i < n; i += blockDim.x)
-				ss += rr[i] * rr[i];
-			sc = inv_rms(ss, n, nm.eps, red);
-			for (i = threadIdx.x; i < n; i += blockDim.x)
-				xr[i] += rr[i] * sc * (post[i] + nm.offset);
-		} else {
-			for (i = threadIdx.x; i < n; i += blockDim.x)
-				xr[i] += rr[i];
+		if (i < n4)
+			((float4 *)p)[i] = v[j];
+	}
+}
+
+template <int V>
+static __device__ __forceinline__ float
+row_sumsq(const float4 (&v)[V], float *red)
+{
+	float ss = 0.0f;
+
+#pragma unroll
+	for (int j = 0; j < V; j++)
+		ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+	return block_sum(ss, red);
+}
+
+/* v = v / rms(v) * (w + offset), as cpu_rmsnorm computes it. */
+template <int V>
+static __device__ __forceinline__ void
+row_norm(float4 (&v)[V], const float *__restrict__ w, int n, const struct cuda_norm &nm, float *red)
+{
+	float sc = 1.0f / sqrtf(row_sumsq(v, red) / (float)n + nm.eps);
+
+#pragma unroll
+	for (int j = 0; j < V; j++) {
+		int i = threadIdx.x + j * blockDim.x;
+
+		if (i < n / 4) {
+			float4 g = ((const float4 *)w)[i];
+
+			v[j].x = v[j].x * sc * (g.x + nm.offset), v[j].y = v[j].y * sc * (g.y + nm.offset);
+			v[j].z = v[j].z * sc * (g.z + nm.offset), v[j].w = v[j].w * sc * (g.w + nm.offset);
 		}
 	}
-	if (w != NULL)
-		norm_row(xr, w, h + (size_t)blockIdx.x * n, n, nm, red);
 }
 
-__global__ void
+/*
+ * The row as fp16 at out, divided by a power of two when its largest
+ * magnitude would overflow fp16 (that divisor to *scale): the form the
+ * products of many tokens read.
+ */
+template <int V>
+static __device__ __forceinline__ void
+row_store_f16(const float4 (&v)[V], int n4, __half *__restrict__ out, float *__restrict__ scale, float *red)
+{
+	float mx = 0.0f, s = 1.0f;
+
+#pragma unroll
+	for (int j = 0; j < V; j++)
+		mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)), fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
+	mx = block_max(mx, red);
+	if (mx > F16_SAFE && isfinite(mx))
+		s = exp2f(ceilf(log2f(mx / F16_SAFE)));
+#pragma unroll
+	for (int j = 0; j < V; j++) {
+		int i = threadIdx.x + j * blockDim.x;
+
+		if (i < n4) {
+			__half2 a = __floats2half2_rn(v[j].x / s, v[j].y / s), b = __floats2half2_rn(v[j].z / s, v[j].w / s);
+			uint2 u;
+
+			memcpy(&u.x, &a, 4);
+			memcpy(&u.y, &b, 4);
+			((uint2 *)out)[i] = u;
+		}
+	}
+	if (threadIdx.x == 0)
+		*scale = s;
+}
+
+template <int V>
+__global__ void __launch_bounds__(ROW_THREADS_MAX)
+residual_norm_kernel(float *__restrict__ x, const float *__restrict__ r, const float *__restrict__ post,
+    const float *__restrict__ w, float *__restrict__ h, struct cuda_h16 h16, int n, struct cuda_norm nm)
+{
+	__shared__ float red[WARP];
+	float *xr = x + (size_t)blockIdx.x * n;
+	float4 v[V];
+	int n4 = n / 4;
+
+	row_load<V>(xr, n4, v);
+	if (r != NULL) {
+		float4 rv[V];
+
+		row_load<V>(r + (size_t)blockIdx.x * n, n4, rv);
+		if (post != NULL)
+			row_norm<V>(rv, post, n, nm, red);
+#pragma unroll
+		for (int j = 0; j < V; j++)
+			v[j].x += rv[j].x, v[j].y += rv[j].y, v[j].z += rv[j].z, v[j].w += rv[j].w;
+		row_store<V>(xr, n4, v);
+	}
+	if (w == NULL)
+		return;
+	row_norm<V>(v, w, n, nm, red);
+	if (h16.h != NULL)
+		row_store_f16<V>(v, n4, h16.h + (size_t)blockIdx.x * n, h16.scale + blockIdx.x, red);
+	else
+		row_store<V>(h + (size_t)blockIdx.x * n, n4, v);
+}
+
+template <int V>
+__global__ void __launch_bounds__(ROW_THREADS_MAX)
 norm_rows_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
     const float *__restrict__ w, float *__restrict__ h, int n, struct cuda_norm nm)
 {
 	__shared__ float red[WARP];
+	float4 v[V];
 
-	norm_row(x + (size_t)rows[blockIdx.x] * n, w, h + (size_t)blockIdx.x * n, n, nm, red);
+	row_load<V>(x + (size_t)rows[blockIdx.x] * n, n / 4, v);
+	row_norm<V>(v, w, n, nm, red);
+	row_store<V>(h + (size_t)blockIdx.x * n, n / 4, v);
 }
 
-__global__ void
-glu_kernel(float *__restrict__ a, const float *__restrict__ b, int64_t n, int gelu)
+/* silu(v) or gelu_tanh(v), as cpu_ops computes them. */
+static __device__ __forceinline__ float
+act(float v, int gelu)
 {
 	const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
-	int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-	float v;
 
-	if (i >= n)
-		return;
-	v = a[i];
 	if (gelu)
-		v = 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+		return 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+	return v / (1.0f + expf(-v));
+}
+
+/* Row blockIdx.x: a = act(a) * b, into a or, with h16, as fp16 rows. */
+template <int V>
+__global__ void __launch_bounds__(ROW_THREADS_MAX)
+glu_kernel(float *__restrict__ a, const float *__restrict__ b, int n, int gelu, struct cuda_h16 h16)
+{
+	__shared__ float red[WARP];
+	float4 v[V], u[V];
+	int n4 = n / 4;
+
+	row_load<V>(a + (size_t)blockIdx.x * n, n4, v);
+	row_load<V>(b + (size_t)blockIdx.x * n, n4, u);
+#pragma unroll
+	for (int j = 0; j < V; j++) {
+		v[j].x = act(v[j].x, gelu) * u[j].x, v[j].y = act(v[j].y, gelu) * u[j].y;
+		v[j].z = act(v[j].z, gelu) * u[j].z, v[j].w = act(v[j].w, gelu) * u[j].w;
+	}
+	if (h16.h != NULL)
+		row_store_f16<V>(v, n4, h16.h + (size_t)blockIdx.x * n, h16.scale + blockIdx.x, red);
 	else
-		v = v / (1.0f + expf(-v));
-	a[i] = v * b[i];
+		row_store<V>(a + (size_t)blockIdx.x * n, n4, v);
+}
+
+/* Row blockIdx.x of x (ldx apart) as fp16 rows of k. */
+template <int V>
+__global__ void __launch_bounds__(ROW_THREADS_MAX)
+to_f16_kernel(const float *__restrict__ x, int ldx, int k, struct cuda_h16 h16)
+{
+	__shared__ float red[WARP];
+	float4 v[V];
+
+	row_load<V>(x + (size_t)blockIdx.x * ldx, k / 4, v);
+	row_store_f16<V>(v, k / 4, h16.h + (size_t)blockIdx.x * k, h16.scale + blockIdx.x, red);
 }
 
 /* (v, i) beats (bv, bi): larger, or equal with a lower index. */
@@ -106,17 +222,23 @@ warp_argmax(float *bv, int *bi)
 	}
 }
 
-/* Block r: the index of row r's largest value, the lowest among equals (the host sampler's rule). */
+/*
+ * Part blockIdx.y of row blockIdx.x: the best (value, index) of its share
+ * of the row, into part[row][blockIdx.y]. Many blocks read a vocabulary
+ * row at once; argmax_final_kernel picks among the parts.
+ */
 __global__ void __launch_bounds__(ARGMAX_THREADS)
-argmax_kernel(const float *__restrict__ x, int n, int32_t *__restrict__ ids)
+argmax_part_kernel(const float *__restrict__ x, int n, float2 *__restrict__ part)
 {
 	__shared__ float sv[WARP];
 	__shared__ int si[WARP];
 	const float *r = x + (size_t)blockIdx.x * n;
+	int per = (n + ARGMAX_PARTS - 1) / ARGMAX_PARTS, lo = blockIdx.y * per, hi = min(n, lo + per);
 	int lane = threadIdx.x % WARP, w = threadIdx.x / WARP, bi = INT_MAX;
 	float bv = -INFINITY;
 
-	for (int i = threadIdx.x; i < n; i += blockDim.x)
+#pragma unroll 4
+	for (int i = lo + threadIdx.x; i < hi; i += blockDim.x)
 		if (bi == INT_MAX || r[i] > bv) /* rising i: the first of equals stays */
 			bv = r[i], bi = i;
 	warp_argmax(&bv, &bi);
@@ -129,15 +251,65 @@ argmax_kernel(const float *__restrict__ x, int n, int32_t *__restrict__ ids)
 	bi = lane < (int)(blockDim.x / WARP) ? si[lane] : INT_MAX;
 	warp_argmax(&bv, &bi);
 	if (lane == 0)
+		part[(size_t)blockIdx.x * ARGMAX_PARTS + blockIdx.y] = make_float2(bv, __int_as_float(bi));
+}
+
+/* Row blockIdx.x's pick among its parts (a warp). */
+__global__ void
+argmax_final_kernel(const float2 *__restrict__ part, int32_t *__restrict__ ids)
+{
+	float bv = -INFINITY;
+	int bi = INT_MAX;
+
+	for (int i = threadIdx.x; i < ARGMAX_PARTS; i += WARP) {
+		float2 p = part[(size_t)blockIdx.x * ARGMAX_PARTS + i];
+
+		if (argmax_better(p.x, __float_as_int(p.y), bv, bi))
+			bv = p.x, bi = __float_as_int(p.y);
+	}
+	warp_argmax(&bv, &bi);
+	if (threadIdx.x == 0)
 		ids[blockIdx.x] = bi;
 }
 
-int
-cuda_residual_norm(float *x, const float *r, const float *post, const float *w, float *h, int n_rows,
-    int n, struct cuda_norm nm, cudaStream_t st, char *err)
+/* Threads and float4s a thread of a row kernel for rows of n floats; 0 when a row does not fit. */
+static int
+row_shape(int n, int *threads)
 {
-	residual_norm_kernel<<<n_rows, NORM_THREADS, 0, st>>>(x, r, post, w, h, n, nm);
-	CK_LAUNCH("residual_norm_kernel");
+	int n4 = n / 4, t = MIN(ROW_THREADS_MAX, (n4 + WARP - 1) / WARP * WARP), v = (n4 + t - 1) / t;
+
+	*threads = t;
+	return v <= 1 ? 1 : v <= 2 ? 2 : v <= 4 ? 4 : v <= 8 ? 8 : v <= 16 ? 16 : 0;
+}
+
+int
+cuda_row_fits(int n)
+{
+	int t;
+
+	return n % 4 == 0 && row_shape(n, &t) != 0;
+}
+
+/* Launches KERNEL<V>(args) for rows of n on n_rows blocks; NAME for its errors. */
+#define ROW_LAUNCH(KERNEL, n, n_rows, st, ...) \
+	do { \
+		int t_, v_ = row_shape((n), &t_); \
+		switch (v_) { \
+		case 1: KERNEL<1><<<(n_rows), t_, 0, (st)>>>(__VA_ARGS__); break; \
+		case 2: KERNEL<2><<<(n_rows), t_, 0, (st)>>>(__VA_ARGS__); break; \
+		case 4: KERNEL<4><<<(n_rows), t_, 0, (st)>>>(__VA_ARGS__); break; \
+		case 8: KERNEL<8><<<(n_rows), t_, 0, (st)>>>(__VA_ARGS__); break; \
+		case 16: KERNEL<16><<<(n_rows), t_, 0, (st)>>>(__VA_ARGS__); break; \
+		default: return err_set(err, ERR_UNSUPPORTED, #KERNEL ": rows of %d floats", (int)(n)); \
+		} \
+		CK_LAUNCH(#KERNEL); \
+	} while (0)
+
+int
+cuda_residual_norm(float *x, const float *r, const float *post, const float *w, float *h, struct cuda_h16 h16,
+    int n_rows, int n, struct cuda_norm nm, cudaStream_t st, char *err)
+{
+	ROW_LAUNCH(residual_norm_kernel, n, n_rows, st, x, r, post, w, h, h16, n, nm);
 	return 0;
 }
 
@@ -145,23 +317,30 @@ int
 cuda_norm_rows(const float *x, const int32_t *rows, const float *w, float *h, int n_rows, int n,
     struct cuda_norm nm, cudaStream_t st, char *err)
 {
-	norm_rows_kernel<<<n_rows, NORM_THREADS, 0, st>>>(x, rows, w, h, n, nm);
-	CK_LAUNCH("norm_rows_kernel");
+	ROW_LAUNCH(norm_rows_kernel, n, n_rows, st, x, rows, w, h, n, nm);
 	return 0;
 }
 
 int
-cuda_glu(float *a, const float *b, int64_t n, int gelu, cudaStream_t st, char *err)
+cuda_glu(float *a, const float *b, int n_rows, int n, int gelu, struct cuda_h16 h16, cudaStream_t st, char *err)
 {
-	glu_kernel<<<(unsigned)((n + GLU_THREADS - 1) / GLU_THREADS), GLU_THREADS, 0, st>>>(a, b, n, gelu);
-	CK_LAUNCH("glu_kernel");
+	ROW_LAUNCH(glu_kernel, n, n_rows, st, a, b, n, gelu, h16);
 	return 0;
 }
 
 int
-cuda_argmax(const float *x, int n_rows, int n, int32_t *ids, cudaStream_t st, char *err)
+cuda_to_f16(const float *x, int ldx, int k, int n_rows, struct cuda_h16 h16, cudaStream_t st, char *err)
 {
-	argmax_kernel<<<n_rows, ARGMAX_THREADS, 0, st>>>(x, n, ids);
-	CK_LAUNCH("argmax_kernel");
+	ROW_LAUNCH(to_f16_kernel, k, n_rows, st, x, ldx, k, h16);
+	return 0;
+}
+
+int
+cuda_argmax(const float *x, int n_rows, int n, int32_t *ids, float2 *part, cudaStream_t st, char *err)
+{
+	argmax_part_kernel<<<dim3((unsigned)n_rows, ARGMAX_PARTS), ARGMAX_THREADS, 0, st>>>(x, n, part);
+	CK_LAUNCH("argmax_part_kernel");
+	argmax_final_kernel<<<(unsigned)n_rows, WARP, 0, st>>>(part, ids);
+	CK_LAUNCH("argmax_final_kernel");
 	return 0;
 }

@@ -14,20 +14,49 @@ struct cuda_norm {
 };
 
 /*
- * For each of n_rows rows of width n: if r, x += (post ? norm(r) * post : r);
- * then, if w, h = norm(x) * w. Either step may be absent.
+ * Rows as fp16, each divided by a power of two when its largest magnitude
+ * would overflow fp16 (the divisor in scale[row]): the form the products
+ * of many tokens read (cuda_mm.xh, .xscale). h NULL: not wanted.
  */
-int cuda_residual_norm(float *x, const float *r, const float *post, const float *w, float *h,
+struct cuda_h16 {
+	__half *h;
+	float *scale;
+};
+
+/* 1 if the row kernels take rows of n floats (a multiple of 4, at most 32768). */
+int cuda_row_fits(int n);
+
+/*
+ * For each of n_rows rows of width n: if r, x += (post ? norm(r) * post : r);
+ * then, if w, h = norm(x) * w, or its fp16 form into h16 when h16.h is set.
+ * Either step may be absent.
+ */
+int cuda_residual_norm(float *x, const float *r, const float *post, const float *w, float *h, struct cuda_h16 h16,
     int n_rows, int n, struct cuda_norm nm, cudaStream_t st, char *err);
 
 /* h[i] = norm(x[rows[i]]) * w for i < n_rows (rows on the GPU). */
 int cuda_norm_rows(const float *x, const int32_t *rows, const float *w, float *h, int n_rows, int n,
     struct cuda_norm nm, cudaStream_t st, char *err);
 
-/* a[i] = silu(a[i]) * b[i], or gelu_tanh(a[i]) * b[i], for i < n. */
-int cuda_glu(float *a, const float *b, int64_t n, int gelu, cudaStream_t st, char *err);
+/*
+ * For each of n_rows rows of n: a = silu(a) * b, or gelu_tanh(a) * b, in
+ * place, or its fp16 form into h16 when h16.h is set.
+ */
+int cuda_glu(float *a, const float *b, int n_rows, int n, int gelu, struct cuda_h16 h16, cudaStream_t st,
+    char *err);
 
-/* ids[r] = the index of the largest of row r's n floats (the lowest among equals), r < n_rows. */
-int cuda_argmax(const float *x, int n_rows, int n, int32_t *ids, cudaStream_t st, char *err);
+/* n_rows rows of x (k wide, ldx apart) in fp16 form. */
+int cuda_to_f16(const float *x, int ldx, int k, int n_rows, struct cuda_h16 h16, cudaStream_t st, char *err);
+
+/* Blocks sharing one row's argmax (a vocabulary row is read by many multiprocessors at once). */
+#define ARGMAX_PARTS 32
+/* Scratch of cuda_argmax, in float2, for n_rows rows. */
+#define CUDA_ARGMAX_PARTS(n_rows) ((size_t)(n_rows) * ARGMAX_PARTS)
+
+/*
+ * ids[r] = the index of the largest of row r's n floats (the lowest among
+ * equals), r < n_rows; part holds CUDA_ARGMAX_PARTS(n_rows).
+ */
+int cuda_argmax(const float *x, int n_rows, int n, int32_t *ids, float2 *part, cudaStream_t st, char *err);
 
 #endif

@@ -441,6 +441,35 @@ check_rows(const char *what, const float *got, const float *ref, int n_rows, int
 	return worst;
 }
 
+/*
+ * Fails unless every fp16-form row (hh, divided by hscale[row]) is ref
+ * within fp16's rounding (2^-11 of the value) plus TOL_F32 of the row's
+ * largest, and the divisor is 1 unless the row would overflow fp16 (then a
+ * power of two that brings it under 32768). Returns the worst error /
+ * that bound.
+ */
+static double
+check_rows_f16(const char *what, const uint16_t *hh, const float *hscale, const float *ref, int n_rows, int n)
+{
+	double worst = 0;
+
+	for (int r = 0; r < n_rows; r++) {
+		double m = max_abs(ref + (size_t)r * n, (size_t)n), s = hscale[r];
+
+		if (!(m <= 32768 ? s == 1 : s >= m / 32768 && s < m / 16384 && s == exp2(round(log2(s)))))
+			fail_msg("%s: row %d of largest %g: divisor %g", what, r, m, s);
+		for (int i = 0; i < n; i++) {
+			double ref_i = ref[(size_t)r * n + i], got = fp16_to_fp32(hh[(size_t)r * n + i]) * s;
+			double bound = ldexp(fabs(ref_i), -11) + TOL_F32 * m, e = fabs(got - ref_i);
+
+			if (!(e <= bound))
+				fail_msg("%s (fp16): row %d element %d: gpu %g cpu %g", what, r, i, got, ref_i);
+			worst = fmax(worst, e / bound);
+		}
+	}
+	return worst;
+}
+
 /* The CPU backend's residual step: x += (post ? rmsnorm(r) * post : r); h = rmsnorm(x) * w. */
 static void
 cpu_residual_norm(float *x, const float *r, const float *post, const float *w, float *h, int n_rows, int n,
@@ -469,36 +498,45 @@ test_residual_norm(void **state)
 	static const struct { int r, post, w; } variants[] = {
 		{ 0, 0, 1 }, { 1, 0, 1 }, { 1, 1, 1 }, { 1, 1, 0 }, { 1, 0, 0 },
 	};
-	static const int widths[] = { 7, 256, 1000, 2307 };
+	/* widths in float4s not multiples of a warp, up to rows kept in 16 float4s a thread */
+	static const int widths[] = { 4, 252, 1000, 2308, 14336, 32768 };
 	const int n_rows = 5;
 	char err[ERR_LEN], what[128];
-	double worst = 0;
+	double worst = 0, worst16 = 0;
 
 	(void)state;
 	for (size_t v = 0; v < ARRAY_LEN(variants); v++)
-		for (size_t wi = 0; wi < ARRAY_LEN(widths); wi++) {
-			int n = widths[wi];
-			size_t all = (size_t)n_rows * n;
-			float offset = wi % 2 ? 1.0f : 0.0f, eps = 1e-6f;
-			float *x = rand_floats(all, -3, 3), *xr = xmalloc(all * sizeof *xr);
-			float *r = variants[v].r ? rand_floats(all, -3, 3) : NULL;
-			float *post = variants[v].post ? rand_floats((size_t)n, -1, 1) : NULL;
-			float *w = variants[v].w ? rand_floats((size_t)n, -1, 1) : NULL;
-			float *h = nan_floats(all), *hr = nan_floats(all);
+		for (size_t wi = 0; wi < ARRAY_LEN(widths); wi++)
+			for (int f16 = 0; f16 < 1 + variants[v].w; f16++) {
+				int n = widths[wi];
+				size_t all = (size_t)n_rows * n;
+				float offset = wi % 2 ? 1.0f : 0.0f, eps = 1e-6f;
+				float *x = rand_floats(all, -3, 3), *xr = xmalloc(all * sizeof *xr);
+				float *r = variants[v].r ? rand_floats(all, -3, 3) : NULL;
+				float *post = variants[v].post ? rand_floats((size_t)n, -1, 1) : NULL;
+				float *w = variants[v].w ? rand_floats((size_t)n, -1, 1) : NULL;
+				float *h = nan_floats(all), *hr = nan_floats(all), hs[5];
+				uint16_t *hh = xmalloc(all * sizeof *hh);
 
-			memcpy(xr, x, all * sizeof *x);
-			snprintf(what, sizeof what, "residual_norm r %d post %d w %d, width %d, offset %g",
-			    variants[v].r, variants[v].post, variants[v].w, n, offset);
-			if (cuda_probe_residual_norm(probe, x, r, post, w, w ? h : NULL, n_rows, n, offset, eps,
-			    err) != 0)
-				fail_msg("%s: %s", what, err);
-			cpu_residual_norm(xr, r, post, w, hr, n_rows, n, offset, eps);
-			worst = fmax(worst, check_rows(what, x, xr, n_rows, n));
-			if (w != NULL)
-				worst = fmax(worst, check_rows(what, h, hr, n_rows, n));
-			free(x), free(xr), free(r), free(post), free(w), free(h), free(hr);
-		}
-	print_message("residual_norm: max relative error %.2e (bound %.0e)\n", worst, TOL_F32);
+				/* a row past fp16's range: the fp16 form divides it by a power of two */
+				for (int i = 0; w != NULL && i < n; i++)
+					w[i] *= i % 3 == 0 ? 1e5f : 1.0f;
+				memcpy(xr, x, all * sizeof *x);
+				snprintf(what, sizeof what, "residual_norm r %d post %d w %d, width %d, offset %g",
+				    variants[v].r, variants[v].post, variants[v].w, n, offset);
+				if (cuda_probe_residual_norm(probe, x, r, post, w, w && !f16 ? h : NULL, f16 ? hh : NULL,
+				    f16 ? hs : NULL, n_rows, n, offset, eps, err) != 0)
+					fail_msg("%s: %s", what, err);
+				cpu_residual_norm(xr, r, post, w, hr, n_rows, n, offset, eps);
+				worst = fmax(worst, check_rows(what, x, xr, n_rows, n));
+				if (w != NULL && !f16)
+					worst = fmax(worst, check_rows(what, h, hr, n_rows, n));
+				if (f16)
+					worst16 = fmax(worst16, check_rows_f16(what, hh, hs, hr, n_rows, n));
+				free(x), free(xr), free(r), free(post), free(w), free(h), free(hr), free(hh);
+			}
+	print_message("residual_norm: max relative error %.2e (bound %.0e); fp16 form %.2f of its bound\n", worst,
+	    TOL_F32, worst16);
 }
 
 static void
@@ -524,33 +562,39 @@ test_norm_rows(void **state)
 static void
 test_glu(void **state)
 {
-	const int64_t n = 3007;
+	const int n_rows = 3, n = 3008;
+	const size_t all = (size_t)n_rows * n;
 	char err[ERR_LEN];
 
 	(void)state;
 	for (int gelu = 0; gelu < 2; gelu++) {
-		float *a = rand_floats((size_t)n, -10, 10), *b = rand_floats((size_t)n, -2, 2);
-		float *g = xmalloc((size_t)n * sizeof *g), *r = xmalloc((size_t)n * sizeof *r);
-		double worst = 0;
+		float *a = rand_floats(all, -10, 10), *b = rand_floats(all, -2, 2), hs[3];
+		float *g = xmalloc(all * sizeof *g), *r = xmalloc(all * sizeof *r);
+		uint16_t *hh = xmalloc(all * sizeof *hh);
+		double worst = 0, worst16;
 
-		memcpy(g, a, (size_t)n * sizeof *a);
-		memcpy(r, a, (size_t)n * sizeof *a);
-		if (cuda_probe_glu(probe, g, b, n, gelu, err) != 0)
+		memcpy(g, a, all * sizeof *a);
+		memcpy(r, a, all * sizeof *a);
+		if (cuda_probe_glu(probe, g, b, n_rows, n, gelu, NULL, NULL, err) != 0)
 			fail_msg("glu: %s", err);
-		cpu_glu(r, b, n, gelu);
-		for (int64_t i = 0; i < n; i++) {
+		cpu_glu(r, b, (int64_t)all, gelu);
+		for (size_t i = 0; i < all; i++) {
 			/* relative, but absolute near 0 where 1 + tanh or 1 + exp cancel */
 			double bound = TOL_F32 * fabs((double)r[i]) + 0.1 * TOL_F32 * fabs((double)a[i] * b[i]);
 			double e = fabs((double)g[i] - r[i]);
 
 			if (!(e <= bound))
-				fail_msg("glu %s: element %lld (a %g, b %g): gpu %g cpu %g", gelu ? "gelu" : "silu",
-				    (long long)i, a[i], b[i], g[i], r[i]);
+				fail_msg("glu %s: element %zu (a %g, b %g): gpu %g cpu %g", gelu ? "gelu" : "silu", i, a[i],
+				    b[i], g[i], r[i]);
 			worst = fmax(worst, e / (bound / TOL_F32));
 		}
-		print_message("glu %s: max error %.2e of the bound's scale (bound %.0e)\n",
-		    gelu ? "gelu" : "silu", worst, TOL_F32);
-		free(a), free(b), free(g), free(r);
+		memcpy(g, a, all * sizeof *a);
+		if (cuda_probe_glu(probe, g, b, n_rows, n, gelu, hh, hs, err) != 0)
+			fail_msg("glu fp16: %s", err);
+		worst16 = check_rows_f16(gelu ? "glu gelu" : "glu silu", hh, hs, r, n_rows, n);
+		print_message("glu %s: max error %.2e of the bound's scale (bound %.0e); fp16 form %.2f of its bound\n",
+		    gelu ? "gelu" : "silu", worst, TOL_F32, worst16);
+		free(a), free(b), free(g), free(r), free(hh);
 	}
 }
 
