@@ -312,27 +312,32 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, float *__restr
 /*
  * The pieces of (token, head) blockIdx.x merged: each weighted by
  * e^(its max - the max of all) (log-sum-exp), divided by the weighted sum.
- * Piece 0 is never empty; empty ones have max -inf and weigh nothing.
+ * Piece 0 is never empty; empty ones have max -inf and weigh nothing. The
+ * maxima and sums are read once into shared memory, so that the values'
+ * loads, one per piece and thread, are all independent.
  */
 __global__ void
 attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, int n_split, int d, int n_head,
     const int32_t *__restrict__ fa_tok)
 {
+	__shared__ float wm[ATT_MAX_SPLITS], wl[ATT_MAX_SPLITS];
 	const float *pr = part + (size_t)blockIdx.x * n_split * (d + 2);
 	float mx = -INFINITY, l = 0.0f, acc = 0.0f;
 
 	if (fa_tok != NULL && fa_tok[blockIdx.x / n_head])
 		return;
-
+	for (int s = threadIdx.x; s < n_split; s += blockDim.x)
+		wm[s] = pr[s * (d + 2) + d], wl[s] = pr[s * (d + 2) + d + 1];
+	__syncthreads();
 	for (int s = 0; s < n_split; s++)
-		mx = fmaxf(mx, pr[s * (d + 2) + d]);
+		mx = fmaxf(mx, wm[s]);
+#pragma unroll 8
 	for (int s = 0; s < n_split; s++) {
-		const float *ps = pr + s * (d + 2);
-		float w = ps[d] == -INFINITY ? 0.0f : expf(ps[d] - mx);
+		float w = wm[s] == -INFINITY ? 0.0f : expf(wm[s] - mx);
 
-		l += w * ps[d + 1];
+		l += w * wl[s];
 		if (threadIdx.x < d)
-			acc += w * ps[threadIdx.x];
+			acc += w * pr[s * (d + 2) + threadIdx.x];
 	}
 	if (threadIdx.x < d)
 		out[(size_t)blockIdx.x * d + threadIdx.x] = acc / l;
