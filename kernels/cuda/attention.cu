@@ -22,7 +22,6 @@
 #define ATT_TILE 32      /* positions per tile: one per lane */
 #define KV_PAD_BYTES 16  /* after each row of a tile in shared memory: no bank conflicts */
 #define ATT_WAVES 4      /* attention blocks per multiprocessor worth splitting a context for */
-#define ATT_MAX_SPLITS 64
 #define MAX_PAIRS 4 /* head_dim <= 256: at most 4 rotation pairs per lane */
 
 /*
@@ -462,6 +461,7 @@ cuda_attention(const float *q, float *out, int n_tok, const struct cuda_heads *h
 		return (int)target;
 	if (kv->part != NULL && base < target)
 		n_split = MIN(MIN(target / base, (int64_t)ATT_MAX_SPLITS), kv->part_rows / ((int64_t)n_tok * hd->n_head));
+	n_split = MIN(n_split, ((int64_t)kv->max_len + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN);
 	n_split = MAX(n_split, 1);
 	dim3 grid((unsigned)(n_tok * n_split), (unsigned)(hd->n_head_kv * ngb));
 

@@ -36,7 +36,17 @@ struct cuda_kv {
 	 */
 	const int32_t *fa_tiles, *fa_tok;
 	int fa_grid;
+	/*
+	 * At least the longest sequence of the step: a context is split in
+	 * pieces of no fewer than ATT_SPLIT_MIN positions (fixed for a step's
+	 * shape, like fa_grid, so that a graph serves every step under it).
+	 */
+	int max_len;
 };
+
+/* Fewest positions in one piece of a split context, and most pieces. */
+#define ATT_SPLIT_MIN 256
+#define ATT_MAX_SPLITS 64
 
 /* A prefill tile of n (1..64) tokens from token t0 of the step, and its parts. */
 #define FLASH_TILE(t0, n) ((t0) << 7 | (n))

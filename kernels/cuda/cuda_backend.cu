@@ -91,7 +91,7 @@ struct cuda_layer {
  * so one graph serves every step of the same token and logit-row counts.
  */
 struct graph {
-	int n_tok, n_logits;
+	int n_tok, n_logits, att_len;
 	uint64_t used;
 	cudaGraphExec_t exec;
 };
@@ -139,6 +139,7 @@ struct backend {
 	uint64_t graph_clock;
 	int use_graphs;              /* RESIDENT_CUDA_GRAPHS=0 turns them off */
 	int flash_tokens;            /* tokens of a prefill tile of flash.cu's kernel; 0: not used */
+	int att_len;                 /* this step's longest sequence, rounded up to split pieces (cuda_kv.max_len) */
 	struct prof prof;
 };
 
@@ -609,7 +610,11 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    (rc = dev_alloc((void **)&b->argmax_part, CUDA_ARGMAX_PARTS(MIN(T, (size_t)LOGIT_ROWS)) * sizeof(float2),
 	    "argmax", err)) ||
 	    (!b->exact && (rc = dev_alloc((void **)&b->mm.part, (size_t)b->mm.part_elems * sizeof(float),
-	    "split sums", err))));
+	    "split sums", err))) ||
+	    (!b->exact && (rc = dev_alloc((void **)&b->mm.tile_count, (size_t)b->mm.tile_count_elems * sizeof(int),
+	    "split counters", err))));
+	if (rc == 0 && b->mm.tile_count != NULL)
+		CK(cudaMemset(b->mm.tile_count, 0, (size_t)b->mm.tile_count_elems * sizeof(int)));
 	if (rc == 0)
 		CK(cudaMallocHost((void **)&b->host_argmax, T * sizeof(int32_t)));
 	b->mm.wh_elems = wh_elems;
@@ -724,6 +729,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 		goto out;
 	b->exact = o->exact != 0;
 	b->mm.part_elems = b->exact ? 0 : cuda_qgemm_part_elems(b->mm.sms);
+	b->mm.tile_count_elems = b->exact ? 0 : cuda_qgemm_tiles(b->mm.sms);
 	wbytes = matrix_offsets(mats, n, off);
 	cbytes = copy_offsets(m, mats, n, o->fp16_weights && !b->exact, hoff);
 	for (int i = 0; i < n; i++) {
@@ -735,7 +741,8 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	b->kv_stride = KV_BLOCK_TOKENS * d.nkv;
 	kv_bytes = (size_t)o->kv_blocks * (size_t)m->hp.n_layer * 2 * b->kv_stride * (size_t)kv_elem_size(b);
 	act = activation_bytes(&d) + (size_t)wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(b) +
-	    floats_bytes(small_floats(m)) + floats_bytes((size_t)b->mm.part_elems);
+	    floats_bytes(small_floats(m)) + floats_bytes((size_t)b->mm.part_elems) +
+	    floats_bytes((size_t)b->mm.tile_count_elems);
 	need = wbytes + cbytes + kv_bytes + act;
 	if ((rc = check_memory(need, wbytes, cbytes, kv_bytes, act, err)) != 0 ||
 	    (rc = upload_matrices(b, mats, n, off, wbytes, err)) != 0 ||
@@ -808,7 +815,7 @@ cuda_free(struct backend *b)
 	cudaFree(b->x), cudaFree(b->h), cudaFree(b->q), cudaFree(b->k), cudaFree(b->v);
 	cudaFree(b->att), cudaFree(b->gate), cudaFree(b->up), cudaFree(b->ffn_out), cudaFree(b->logits);
 	cudaFree(b->mm.xh), cudaFree(b->mm.xscale), cudaFree(b->mm.wh), cudaFree(b->blas_ws);
-	cudaFree(b->mm.xq), cudaFree(b->mm.xd), cudaFree(b->mm.part);
+	cudaFree(b->mm.xq), cudaFree(b->mm.xd), cudaFree(b->mm.part), cudaFree(b->mm.tile_count);
 	cudaFree(b->dev_ints), cudaFree(b->att_part), cudaFree(b->dev_argmax), cudaFree(b->argmax_part);
 	if (b->host_argmax != NULL)
 		cudaFreeHost(b->host_argmax);
@@ -945,7 +952,8 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	struct cuda_heads hd = heads_of(b, l);
 	int fa = flash_grid(b, T);
 	struct cuda_kv kv = { b->kv, b->kv_stride, hp->n_layer, l, dev->pos, dev->tab, dev->tables,
-		b->att_part, b->att_part_rows, b->exact, fa ? dev->fa_tiles : NULL, fa ? dev->fa_tok : NULL, fa };
+		b->att_part, b->att_part_rows, b->exact, fa ? dev->fa_tiles : NULL, fa ? dev->fa_tok : NULL, fa,
+		b->att_len };
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
 	int embd = hp->n_embd, nq = hp->n_head * hp->head_dim, nkv = hp->n_head_kv * hp->head_dim, rc;
 	const struct cuda_weight *wqkv[3] = { &c->wq, &c->wk, &c->wv };
@@ -1044,7 +1052,7 @@ find_graph(struct backend *b, int T, int n_logits, int *hit)
 	for (int i = 0; i < GRAPH_CACHE; i++) {
 		struct graph *g = &b->graphs[i];
 
-		if (g->exec != NULL && g->n_tok == T && g->n_logits == n_logits) {
+		if (g->exec != NULL && g->n_tok == T && g->n_logits == n_logits && g->att_len == b->att_len) {
 			*hit = 1;
 			return g;
 		}
@@ -1090,6 +1098,7 @@ graph_step(struct backend *b, int T, int n_logits, const struct step_ints *dev, 
 		}
 		g->n_tok = T;
 		g->n_logits = n_logits;
+		g->att_len = b->att_len;
 	}
 	g->used = ++b->graph_clock;
 	CK(cudaGraphLaunch(g->exec, b->stream));
@@ -1108,6 +1117,8 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 	    err)) != 0)
 		return rc;
 	CK(cudaSetDevice(b->device));
+	/* pieces of split attention grow with the context; past the most pieces, one shape serves all */
+	b->att_len = (int)MIN((max_len + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN, ATT_MAX_SPLITS) * ATT_SPLIT_MIN;
 	b->prof.n = 0;
 	prof_mark(b, PH_STAGE);
 	if ((rc = stage_step(b, batch, n_tab, &n_logits, err)) != 0)

@@ -167,10 +167,20 @@ act(float v, int gelu)
 	return v / (1.0f + expf(-v));
 }
 
-/* Row blockIdx.x: a = act(a) * b, into a or, with h16, as fp16 rows. */
+/* a[i] = act(a[i]) * b[i] over n elements, spread over the whole GPU (the rows' float form). */
+__global__ void
+glu_kernel(float *__restrict__ a, const float *__restrict__ b, int64_t n, int gelu)
+{
+	int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+
+	if (i < n)
+		a[i] = act(a[i], gelu) * b[i];
+}
+
+/* Row blockIdx.x: act(a) * b as an fp16 row. */
 template <int V>
 __global__ void __launch_bounds__(ROW_THREADS_MAX)
-glu_kernel(float *__restrict__ a, const float *__restrict__ b, int n, int gelu, struct cuda_h16 h16)
+glu_f16_kernel(const float *__restrict__ a, const float *__restrict__ b, int n, int gelu, struct cuda_h16 h16)
 {
 	__shared__ float red[WARP];
 	float4 v[V], u[V];
@@ -183,10 +193,7 @@ glu_kernel(float *__restrict__ a, const float *__restrict__ b, int n, int gelu, 
 		v[j].x = act(v[j].x, gelu) * u[j].x, v[j].y = act(v[j].y, gelu) * u[j].y;
 		v[j].z = act(v[j].z, gelu) * u[j].z, v[j].w = act(v[j].w, gelu) * u[j].w;
 	}
-	if (h16.h != NULL)
-		row_store_f16<V>(v, n4, h16.h + (size_t)blockIdx.x * n, h16.scale + blockIdx.x, red);
-	else
-		row_store<V>(a + (size_t)blockIdx.x * n, n4, v);
+	row_store_f16<V>(v, n4, h16.h + (size_t)blockIdx.x * n, h16.scale + blockIdx.x, red);
 }
 
 /* Row blockIdx.x of x (ldx apart) as fp16 rows of k. */
@@ -324,7 +331,14 @@ cuda_norm_rows(const float *x, const int32_t *rows, const float *w, float *h, in
 int
 cuda_glu(float *a, const float *b, int n_rows, int n, int gelu, struct cuda_h16 h16, cudaStream_t st, char *err)
 {
-	ROW_LAUNCH(glu_kernel, n, n_rows, st, a, b, n, gelu, h16);
+	int64_t all = (int64_t)n_rows * n;
+
+	if (h16.h != NULL) {
+		ROW_LAUNCH(glu_f16_kernel, n, n_rows, st, a, b, n, gelu, h16);
+		return 0;
+	}
+	glu_kernel<<<(unsigned)((all + 255) / 256), 256, 0, st>>>(a, b, all, gelu);
+	CK_LAUNCH("glu_kernel");
 	return 0;
 }
 
