@@ -610,11 +610,7 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    (rc = dev_alloc((void **)&b->argmax_part, CUDA_ARGMAX_PARTS(MIN(T, (size_t)LOGIT_ROWS)) * sizeof(float2),
 	    "argmax", err)) ||
 	    (!b->exact && (rc = dev_alloc((void **)&b->mm.part, (size_t)b->mm.part_elems * sizeof(float),
-	    "split sums", err))) ||
-	    (!b->exact && (rc = dev_alloc((void **)&b->mm.tile_count, (size_t)b->mm.tile_count_elems * sizeof(int),
-	    "split counters", err))));
-	if (rc == 0 && b->mm.tile_count != NULL)
-		CK(cudaMemset(b->mm.tile_count, 0, (size_t)b->mm.tile_count_elems * sizeof(int)));
+	    "split sums", err))));
 	if (rc == 0)
 		CK(cudaMallocHost((void **)&b->host_argmax, T * sizeof(int32_t)));
 	b->mm.wh_elems = wh_elems;
@@ -729,7 +725,6 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 		goto out;
 	b->exact = o->exact != 0;
 	b->mm.part_elems = b->exact ? 0 : cuda_qgemm_part_elems(b->mm.sms);
-	b->mm.tile_count_elems = b->exact ? 0 : cuda_qgemm_tiles(b->mm.sms);
 	wbytes = matrix_offsets(mats, n, off);
 	cbytes = copy_offsets(m, mats, n, o->fp16_weights && !b->exact, hoff);
 	for (int i = 0; i < n; i++) {
@@ -741,8 +736,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	b->kv_stride = KV_BLOCK_TOKENS * d.nkv;
 	kv_bytes = (size_t)o->kv_blocks * (size_t)m->hp.n_layer * 2 * b->kv_stride * (size_t)kv_elem_size(b);
 	act = activation_bytes(&d) + (size_t)wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(b) +
-	    floats_bytes(small_floats(m)) + floats_bytes((size_t)b->mm.part_elems) +
-	    floats_bytes((size_t)b->mm.tile_count_elems);
+	    floats_bytes(small_floats(m)) + floats_bytes((size_t)b->mm.part_elems);
 	need = wbytes + cbytes + kv_bytes + act;
 	if ((rc = check_memory(need, wbytes, cbytes, kv_bytes, act, err)) != 0 ||
 	    (rc = upload_matrices(b, mats, n, off, wbytes, err)) != 0 ||
@@ -815,7 +809,7 @@ cuda_free(struct backend *b)
 	cudaFree(b->x), cudaFree(b->h), cudaFree(b->q), cudaFree(b->k), cudaFree(b->v);
 	cudaFree(b->att), cudaFree(b->gate), cudaFree(b->up), cudaFree(b->ffn_out), cudaFree(b->logits);
 	cudaFree(b->mm.xh), cudaFree(b->mm.xscale), cudaFree(b->mm.wh), cudaFree(b->blas_ws);
-	cudaFree(b->mm.xq), cudaFree(b->mm.xd), cudaFree(b->mm.part), cudaFree(b->mm.tile_count);
+	cudaFree(b->mm.xq), cudaFree(b->mm.xd), cudaFree(b->mm.part);
 	cudaFree(b->dev_ints), cudaFree(b->att_part), cudaFree(b->dev_argmax), cudaFree(b->argmax_part);
 	if (b->host_argmax != NULL)
 		cudaFreeHost(b->host_argmax);

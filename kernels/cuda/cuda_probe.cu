@@ -43,7 +43,7 @@ struct cuda_probe {
 	struct cuda_mm mm;
 	struct dbuf xh, xscale, wh;  /* the tensor-core path's scratch, behind mm's pointers */
 	struct dbuf xq, xd;          /* the int8 activations of CUDA_PROBE_INT8 */
-	struct dbuf part, count;     /* the tensor-core kernel's split sums and tile counters */
+	struct dbuf part;            /* the tensor-core kernel's split sums */
 	int sms;                     /* the device's multiprocessors */
 	int x_valid;                 /* xh holds the fp16 copy of an x of x_k x x_tok */
 	int64_t x_k;
@@ -87,25 +87,6 @@ guard_check(struct cuda_probe *p, const struct dbuf *b, const char *what, char *
 			return err_set(err, ERR_DEVICE, "%s: byte %d past the end of a buffer of %zu was written",
 			    what, i, b->bytes);
 	return 0;
-}
-
-/* 0 if b's contents are all zero bytes (counters a kernel must leave as it found them). */
-static int
-zero_check(struct cuda_probe *p, const struct dbuf *b, const char *what, char *err)
-{
-	uint8_t *h = (uint8_t *)xmalloc(b->bytes);
-	cudaError_t e = cudaMemcpyAsync(h, b->d, b->bytes, cudaMemcpyDeviceToHost, p->stream);
-	int rc = 0;
-
-	if (e == cudaSuccess)
-		e = cudaStreamSynchronize(p->stream);
-	if (e != cudaSuccess)
-		rc = cuda_fail(err, __FILE__, __LINE__, what, cudaGetErrorString(e));
-	for (size_t i = 0; i < b->bytes && rc == 0; i++)
-		if (h[i] != 0)
-			rc = err_set(err, ERR_DEVICE, "%s: byte %zu left %u, not 0", what, i, h[i]);
-	free(h);
-	return rc;
 }
 
 /*
@@ -214,7 +195,7 @@ cuda_probe_close(struct cuda_probe *p)
 	if (p->mm.blas != NULL)
 		cublasDestroy(p->mm.blas);
 	cudaFree(p->xh.d), cudaFree(p->xscale.d), cudaFree(p->wh.d), cudaFree(p->xq.d), cudaFree(p->xd.d);
-	cudaFree(p->part.d), cudaFree(p->count.d);
+	cudaFree(p->part.d);
 	cudaStreamDestroy(p->stream);
 	free(p);
 }
@@ -261,14 +242,6 @@ mm_scratch(struct cuda_probe *p, int64_t k, int n_tok, int64_t tile_elems, int r
 	    (rc = poison(p, &p->part, err)) != 0)
 		return rc;
 	p->mm.part = (float *)p->part.d;
-	/* the counters are zeroed once, as at load, and every product must leave them zero */
-	p->mm.tile_count_elems = cuda_qgemm_tiles(p->sms);
-	if (p->count.d == NULL) {
-		if ((rc = dbuf_reserve(p, &p->count, (size_t)p->mm.tile_count_elems * sizeof(int), err)) != 0)
-			return rc;
-		CK(cudaMemsetAsync(p->count.d, 0, p->count.bytes, p->stream));
-	}
-	p->mm.tile_count = (int *)p->count.d;
 	return 0;
 }
 
@@ -356,8 +329,7 @@ matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight
 	    (rc = guard_check(p, &p->xscale, "cuda_matmul row scales", err)) != 0 ||
 	    (rc = guard_check(p, &p->wh, "cuda_matmul weight tile", err)) != 0 ||
 	    (rc = guard_check(p, &p->part, "cuda_matmul split sums", err)) != 0 ||
-	    (rc = guard_check(p, &p->count, "cuda_matmul split counters", err)) != 0 ||
-	    (rc = zero_check(p, &p->count, "cuda_matmul split counters", err)) != 0 ||
+
 	    (path == CUDA_PROBE_INT8 && ((rc = guard_check(p, &p->xq, "cuda_matmul int8 activations", err)) != 0 ||
 	    (rc = guard_check(p, &p->xd, "cuda_matmul int8 scales", err)) != 0)))
 		return rc;

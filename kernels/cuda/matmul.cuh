@@ -50,8 +50,6 @@ struct cuda_mm {
 	/* the tensor-core kernels' split sums (part_elems floats), and the multiprocessors they fill */
 	float *part;
 	int64_t part_elems;
-	int *tile_count;   /* splits done per tile (cuda_qgemm_tiles of them), zeroed at load */
-	int64_t tile_count_elems;
 	int sms;
 };
 
@@ -130,8 +128,6 @@ int cuda_qgemm_setup(char *err);
 
 /* Floats of split sums cuda_qgemm wants on a device of sms multiprocessors (cuda_mm.part). */
 int64_t cuda_qgemm_part_elems(int sms);
-/* Tile counters it wants (cuda_mm.tile_count, zeroed once). */
-int64_t cuda_qgemm_tiles(int sms);
 
 /* Elements of fp16 scratch the tensor-core path wants for this weight without an fp16 copy. */
 int64_t cuda_matmul_tile_elems(const struct cuda_weight *w);

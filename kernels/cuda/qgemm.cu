@@ -29,8 +29,8 @@
  * Tile shapes follow the token count: 16, 32 or 64 tokens (eight warps of
  * 16 rows), or 128 for prefill (eight warps of 32 rows by 64 tokens). When
  * the tiles do not fill the GPU the K range is split: each split writes its
- * partial sums, and the last block of a tile to finish adds them in split
- * order (the result does not depend on timing).
+ * partial sums and a second kernel adds them in a fixed order (the result
+ * does not depend on timing).
  */
 #include "matmul.cuh"
 #include "tc.cuh"
@@ -361,7 +361,6 @@ struct qg_args {
 	const float *xscale;
 	struct mm_out out;
 	float *part;       /* split sums: [split][token][row], or NULL when not split */
-	int *count;        /* splits done of each tile (grid.x * grid.y), all 0 between products */
 };
 
 /*
@@ -523,43 +522,6 @@ qg_step(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g, int wn0, f
 }
 
 /*
- * Split K's last block of a tile: after every split has written its sums
- * (the counter of the tile says how many have), the block that finishes
- * last adds them in split order (so the result does not depend on which
- * block that is), scales them back and stores them, and resets the
- * counter for the next product.
- */
-static __device__ __forceinline__ void
-qg_fixup(const struct qg_args &a, int bm, int bn, int threads)
-{
-	__shared__ int last;
-	int *count = a.count + blockIdx.y * gridDim.x + blockIdx.x;
-	int m0 = blockIdx.x * bm, n0 = blockIdx.y * bn;
-
-	__threadfence(); /* this block's sums are seen before its count */
-	__syncthreads();
-	if (threadIdx.x == 0) {
-		last = atomicAdd(count, 1) == (int)gridDim.z - 1;
-		if (last)
-			*count = 0;
-	}
-	__syncthreads();
-	if (!last)
-		return;
-	__threadfence(); /* and the other blocks' sums after their counts */
-	for (int i = threadIdx.x; i < bm * bn; i += threads) {
-		int row = m0 + i % bm, tok = n0 + i / bm;
-		float s = 0.0f;
-
-		if (row >= a.n_rows || tok >= a.n_tok)
-			continue;
-		for (int z = 0; z < (int)gridDim.z; z++)
-			s += __ldcg(&a.part[((size_t)z * a.n_tok + tok) * a.n_rows + row]);
-		mm_store(a.out, row, tok, s * a.xscale[tok]);
-	}
-}
-
-/*
  * Block (blockIdx.x: 128 rows, blockIdx.y: BN tokens, blockIdx.z: a split
  * of K's units). Pipeline, per sub-step g: wait for token tile g (the raw
  * unit of g + 1 was queued earlier still) and the barrier; queue token tile
@@ -629,8 +591,22 @@ qgemm_kernel(struct qg_args a)
 				else
 					mm_store(a.out, row, tok, acc[mt][nt][i] * a.xscale[tok]);
 			}
-	if (a.part != NULL)
-		qg_fixup(a, C::BM, C::BN, C::THREADS);
+}
+
+/* The split sums of (token, row) added in split order, scaled back, stored. */
+__global__ void
+qg_reduce_kernel(const float *__restrict__ part, int n_split, int n_tok, int n_rows,
+    const float *__restrict__ xscale, struct mm_out out)
+{
+	int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	int tok = (int)(i / n_rows), row = (int)(i % n_rows);
+	float s = 0.0f;
+
+	if (i >= (int64_t)n_tok * n_rows)
+		return;
+	for (int z = 0; z < n_split; z++)
+		s += part[((size_t)z * n_tok + tok) * n_rows + row];
+	mm_store(out, row, tok, s * xscale[tok]);
 }
 
 /* Blocks of one shape that fit on a multiprocessor at once, by shared memory (at least 1). */
@@ -651,7 +627,7 @@ qg_splits(const struct cuda_mm *m, int64_t blocks, int per_sm, int units, int64_
 {
 	int64_t want = (int64_t)m->sms * per_sm, s = 1;
 
-	if (blocks < want && blocks <= m->tile_count_elems)
+	if (blocks < want)
 		s = MIN(want / blocks, (int64_t)QG_MAX_SPLIT);
 	s = MIN(s, (int64_t)units);
 	while (s > 1 && s * part_per_split > m->part_elems)
@@ -670,12 +646,14 @@ qg_launch(struct cuda_mm *m, struct qg_args a, char *err)
 	grid.z = (unsigned)qg_splits(m, (int64_t)grid.x * grid.y, qg_per_sm<TY, C>(), units,
 	    (int64_t)a.n_tok * a.n_rows);
 	a.part = grid.z > 1 ? m->part : NULL;
-	a.count = m->tile_count;
-	if (grid.z > 1 && (int64_t)grid.x * grid.y > m->tile_count_elems)
-		return err_set(err, ERR_DEVICE, "qgemm: %u tiles split, counters for %lld", grid.x * grid.y,
-		    (long long)m->tile_count_elems);
 	qgemm_kernel<TY, C><<<grid, C::THREADS, qg_smem<TY, C>::BYTES, m->stream>>>(a);
 	CK_LAUNCH("qgemm_kernel");
+	if (grid.z == 1)
+		return 0;
+	int64_t n = (int64_t)a.n_tok * a.n_rows;
+	qg_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, m->stream>>>(m->part, (int)grid.z, a.n_tok,
+	    a.n_rows, a.xscale, a.out);
+	CK_LAUNCH("qg_reduce_kernel");
 	return 0;
 }
 
@@ -708,7 +686,7 @@ cuda_qgemm_type(const struct cuda_weight *w)
 int
 cuda_qgemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct mm_out *out, char *err)
 {
-	struct qg_args a = { w->d, w->row_bytes, (int)w->k, (int)w->n, n_tok, m->xh, m->xscale, *out, NULL, NULL };
+	struct qg_args a = { w->d, w->row_bytes, (int)w->k, (int)w->n, n_tok, m->xh, m->xscale, *out, NULL };
 
 	switch (w->type) {
 #define QT_CASE(TY) case TY: return qg_dispatch<TY>(m, a, err);
@@ -744,13 +722,6 @@ cuda_qgemm_setup(char *err)
 	QG_TYPES(QT_CASE)
 #undef QT_CASE
 	return rc;
-}
-
-int64_t
-cuda_qgemm_tiles(int sms)
-{
-	/* a split grid has no more tiles than blocks that fit at once: a few per multiprocessor */
-	return (int64_t)sms * 8;
 }
 
 int64_t
