@@ -3,6 +3,8 @@
  *
  * Settings come from built-in defaults, then the config file
  * ($XDG_CONFIG_HOME/resident/residentd.json, or --config), then flags.
+ * Started by systemd's socket activation, it serves the socket systemd
+ * passed instead of its own (server.c).
  * SIGTERM or SIGINT stops it: no new requests, running ones end with
  * finish "cancel" (committed turns are never touched), replies are flushed,
  * the database is closed.
@@ -44,7 +46,8 @@ usage(FILE *fp)
 	    "usage: residentd [options]\n"
 	    "  -m, --model PATH        default model (.gguf file or Hugging Face directory)\n"
 	    "  -s, --socket PATH       socket (default $RESIDENT_SOCKET, else\n"
-	    "                          $XDG_RUNTIME_DIR/resident/socket, else /tmp/resident-UID/socket)\n"
+	    "                          $XDG_RUNTIME_DIR/resident/socket, else /tmp/resident-UID/socket;\n"
+	    "                          started by systemd's socket activation, its socket instead)\n"
 	    "      --group NAME        let this group use the socket (0660) for a shared daemon\n"
 	    "      --db PATH           database (default $XDG_DATA_HOME/resident/resident.db)\n"
 	    "  -c, --config FILE       JSON settings (default $XDG_CONFIG_HOME/resident/residentd.json)\n"
@@ -297,6 +300,10 @@ main(int argc, char **argv)
 		fprintf(stderr, "residentd: %s\n", err);
 		return 2;
 	}
+	if (server_activation(&vo.listen_fd, err) != 0) {
+		fprintf(stderr, "residentd: %s\n", err);
+		return 1;
+	}
 	evthread_use_pthreads();
 	base = event_base_new();
 	vo.socket_path = s.socket_path;
@@ -316,7 +323,7 @@ main(int argc, char **argv)
 	sigint = evsignal_new(base, SIGINT, stop_cb, base);
 	event_add(sigterm, NULL);
 	event_add(sigint, NULL);
-	log_info("residentd %s listening on %s (database %s, model %s)", PACKAGE_VERSION, s.socket_path,
+	log_info("residentd %s listening on %s (database %s, model %s)", PACKAGE_VERSION, server_socket_path(srv),
 	    s.db_path, s.model ? s.model : "none");
 	event_base_dispatch(base);
 	drain(base, srv, sc);
