@@ -9,6 +9,8 @@ checks that:
     passed one is not served;
   - a passed fd that is not one listening AF_UNIX stream socket is refused
     with a message that says what it is instead;
+  - systemd's own systemd-socket-activate starts it at the first client (when
+    it is there);
   - contrib/systemd's units pass `systemd-analyze verify` (when it is there).
 Automake runs it with RESIDENT_BUILDDIR and RESIDENT_SRCDIR set."""
 import fcntl
@@ -199,6 +201,34 @@ def bad_fds(ck, tmp, model):
         s.close()
 
 
+def socket_activate(ck, tmp, model):
+    """systemd's own tool: it listens, and execs residentd at the first connection."""
+    tool = shutil.which("systemd-socket-activate")
+    if tool is None:
+        print("(systemd-socket-activate is not installed: not tried with it)")
+        return
+    with ck.section("systemd-socket-activate"):
+        path = os.path.join(tmp, "ssa.sock")
+        log = open(os.path.join(tmp, "ssa.log"), "w+")
+        p = subprocess.Popen([tool, "-l", path, rsd.daemon_path(), "-m", model, "--db", os.path.join(tmp, "db")],
+                             stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while not os.path.exists(path) and time.monotonic() < deadline and p.poll() is None:
+                time.sleep(0.02)
+            served(path, ck, "started at the first client")
+            p.send_signal(signal.SIGTERM)
+            ck.eq(p.wait(TIMEOUT), 0, "exit status on SIGTERM")
+            log.seek(0)
+            text = log.read()
+            ck("serving the socket systemd passed (%s, fd 3)" % path in text, "its log: %r" % text[-600:])
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            log.close()
+
+
 def units(ck, tmp):
     """systemd-analyze verify on the units, the service's ExecStart the built residentd."""
     src = os.path.join(srcdir(), "contrib", "systemd", "residentd.socket")
@@ -241,6 +271,7 @@ def test():
         wrong_pid(ck, tmp, model, ls, path)
         ls.close()
         bad_fds(ck, tmp, model)
+        socket_activate(ck, tmp, model)
         units(ck, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
