@@ -150,6 +150,11 @@ function steps.resume()
   vim.cmd('enew')
   vim.cmd('ResidentChat ' .. cfg.session)
   out.resumed.reopened = vim.api.nvim_get_current_buf() == buf
+  -- after :bdelete (the text is gone) it is read from the daemon again
+  vim.cmd('bdelete ' .. buf)
+  vim.b.resident_session = nil
+  vim.cmd('ResidentChat ' .. cfg.session)
+  out.resumed.after_bdelete = lines(chat_buffer())
 end
 
 -- What the user is told when things go wrong; no empty reply window is left.
@@ -169,6 +174,17 @@ function steps.errors()
   try('unknown_model', { model = 'nosuch' }, 'Resident hi')
   try('unknown_session', {}, 'ResidentChat 00000000-0000-0000-0000-000000000000')
   try('no_prompt', {}, 'Resident')
+end
+
+-- A daemon of another protocol version, whose frames come a byte at a time.
+function steps.version()
+  resident.setup({ socket = cfg.fake_socket })
+  local n = #notes
+  vim.cmd('ResidentChat')
+  wait('the refusal', function()
+    return #notes > n
+  end)
+  out.version = notes_since(n)
 end
 
 for _, name in ipairs(cfg.steps) do

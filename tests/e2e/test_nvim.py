@@ -4,14 +4,20 @@ generated tiny model, and what its buffers show is checked against the
 daemon's own greedy replies to the same requests, made here with rsd.py:
 a streamed reply, a selection as the prompt's context, a stopped reply, a
 chat session written and sent in its buffer, then resumed in another nvim
-after a daemon restart, the help file's tags, and the messages a user gets
-when the daemon is not running or answers an error.
+after a daemon restart (and after :bdelete of its buffer), the help file's
+tags, the messages a user gets when the daemon is not running or answers an
+error, and a fake daemon of another protocol version whose reply comes a
+byte at a time.
 Skips (exit 77) when nvim is not installed."""
 import json
 import os
 import shutil
+import socket
+import struct
 import subprocess
 import sys
+import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
@@ -55,6 +61,30 @@ def run_nvim(tmp, plugin, name, cfg):
         raise AssertionError("nvim wrote no results (exit %d):\n%s%s" % (r.returncode, r.stdout, r.stderr))
     with open(cfg["out"]) as f:
         return json.load(f)
+
+
+def fake_daemon(path):
+    """A daemon that answers hello with protocol version 2, a byte per write.
+    Returns the listening socket and the thread serving one client."""
+    ls = socket.socket(socket.AF_UNIX)
+    ls.bind(path)
+    ls.listen(1)
+
+    def serve():
+        conn, _ = ls.accept()
+        with conn:
+            conn.settimeout(30)
+            hdr = conn.recv(4, socket.MSG_WAITALL)
+            req = rsd.msgpack.unpackb(conn.recv(struct.unpack(">I", hdr)[0], socket.MSG_WAITALL))
+            for b in rsd.frame({"id": req["id"], "type": "result", "version": 2, "server": "residentd 9",
+                                "max_frame": 1 << 24, "uid": os.getuid(), "capabilities": []}):
+                conn.sendall(bytes([b]))
+                time.sleep(0.002)
+            conn.recv(1)  # until the plugin closes
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    return ls, t
 
 
 def check_streamed(ck, what, got, want):
@@ -170,9 +200,19 @@ def test():
             ck(want2.text != alone.text, "the history changes the reply (the check can tell)")
             ck.eq(r["after"], chat_lines(uuid, title, turns2), "the chat buffer after the second turn")
             ck(r["reopened"], ":ResidentChat of an open session goes back to its buffer")
+            ck.eq(r["after_bdelete"], r["after"], ":ResidentChat after :bdelete of its buffer")
             print("---- the chat buffer after :ResidentChat %s and a second turn:\n%s\n----" %
                   (uuid, "\n".join(r["after"])))
         c.close()
+
+        with ck.section("a daemon of another protocol version"):
+            fake = os.path.join(tmp, "fake.sock")
+            ls, t = fake_daemon(fake)
+            out3 = run_nvim(tmp, plugin, "third", dict(cfg, fake_socket=fake, steps=["version"]))
+            ck.eq(out3["version"], ["resident: residentd speaks protocol version 2; this plugin speaks 1"],
+                  "the message")
+            t.join(30)
+            ls.close()
     return ck
 
 

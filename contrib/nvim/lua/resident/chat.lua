@@ -59,7 +59,8 @@ local function open_buffer(s, turns)
       M.send(buf)
     end, { buffer = buf, desc = 'resident: send the turn' })
   end
-  vim.api.nvim_create_autocmd('BufWipeout', { buffer = buf, once = true, callback = function()
+  -- a nofile buffer unloaded (:bdelete) has lost its text: it is no chat any more
+  vim.api.nvim_create_autocmd({ 'BufUnload', 'BufWipeout' }, { buffer = buf, once = true, callback = function()
     chats[buf] = nil
   end })
   resident.show(buf)
@@ -127,6 +128,8 @@ local function resume(uuid)
       resident.show(buf)
     end
     return
+  elseif buf > 0 then
+    vim.api.nvim_buf_delete(buf, { force = true }) -- unloaded, its name is still taken
   end
   resident.conn():request({ op = 'session.get', session = uuid }, function(r)
     if r.type == 'error' then
