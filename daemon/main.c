@@ -289,7 +289,7 @@ main(int argc, char **argv)
 	struct server *srv = NULL;
 	struct sched *sc = NULL;
 	struct sched_opts so;
-	struct server_opts vo;
+	struct server_opts vo = { 0 };
 	char err[ERR_LEN];
 	int rc = 1;
 
@@ -300,9 +300,10 @@ main(int argc, char **argv)
 		fprintf(stderr, "residentd: %s\n", err);
 		return 2;
 	}
+	/* before anything opens a file: systemd's socket is fd 3 */
 	if (server_activation(&vo.listen_fd, err) != 0) {
-		fprintf(stderr, "residentd: %s\n", err);
-		return 1;
+		log_error("%s", err);
+		goto out;
 	}
 	evthread_use_pthreads();
 	base = event_base_new();
