@@ -86,10 +86,14 @@ function steps.reply()
   resident.setup({ socket = cfg.socket, max_tokens = cfg.max_tokens, temperature = 0 })
   out.reply = reply('Resident ' .. cfg.prompt)
   vim.cmd('only')
+  resident.setup({ socket = cfg.socket, max_tokens = cfg.max_tokens, temperature = 0, raw = true })
+  out.raw = reply('Resident ' .. cfg.prompt)
+  vim.cmd('only')
 end
 
 -- A characterwise selection ending on a multibyte character, then every line.
 function steps.selection()
+  resident.setup({ socket = cfg.socket, max_tokens = cfg.max_tokens, temperature = 0 })
   vim.cmd('enew')
   local src = vim.api.nvim_get_current_buf()
   vim.api.nvim_buf_set_lines(0, 0, -1, true, cfg.source)

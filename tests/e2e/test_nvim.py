@@ -2,7 +2,7 @@
 its commands (tests/e2e/nvim_driver.lua) against a real residentd with a
 generated tiny model, and what its buffers show is checked against the
 daemon's own greedy replies to the same requests, made here with rsd.py:
-a streamed reply, a selection as the prompt's context, a stopped reply, a
+a streamed reply (of a chat message and of raw text), a selection as the prompt's context, a stopped reply, a
 chat session written and sent in its buffer, then resumed in another nvim
 after a daemon restart (and after :bdelete of its buffer), the help file's
 tags, the messages a user gets when the daemon is not running or answers an
@@ -131,6 +131,8 @@ def test():
             want = greedy(c, MAX_TOKENS, messages=[{"role": "user", "content": PROMPT}])
             check_streamed(ck, ":Resident", out["reply"], want)
             ck(out["reply"]["name"].startswith("resident://reply/"), "the reply buffer's name")
+            check_streamed(ck, ":Resident with raw = true", out["raw"], greedy(c, MAX_TOKENS, prompt=PROMPT))
+            ck(out["raw"]["text"] != out["reply"]["text"], "raw text and a chat message differ")
             print("---- :Resident %s shows:\n%s\n----" % (PROMPT, out["reply"]["text"]))
 
         with ck.section("a selection is the prompt's context"):

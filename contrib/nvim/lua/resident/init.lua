@@ -12,6 +12,7 @@ local defaults = {
   temperature = nil,
   seed = nil,
   system = nil, -- a system prompt for :Resident and new chats
+  raw = false, -- :Resident sends raw text to continue, not a chat message (for base models)
   window = 'split', -- where replies and chats open: split, vsplit, tab, current
   chat_send_key = '<CR>', -- normal-mode key of chat buffers that sends the turn; false: none
 }
@@ -34,6 +35,7 @@ function M.setup(opts)
     temperature = { opts.temperature, 'number', true },
     seed = { opts.seed, 'number', true },
     system = { opts.system, 'string', true },
+    raw = { opts.raw, 'boolean', true },
     window = { opts.window, function(w)
       return w == nil or w == 'current' or WINDOW_CMDS[w] ~= nil
     end, 'split, vsplit, tab or current' },
@@ -230,15 +232,20 @@ function M.reply(prompt, range, line1, line2)
     return vim.notify("resident: usage: :Resident {prompt}, or :'<,'>Resident [prompt] on a selection",
       vim.log.levels.ERROR)
   end
-  local messages = {}
-  if M.options.system ~= nil then
-    table.insert(messages, { role = 'system', content = M.options.system })
+  local fields = { model = M.options.model }
+  if M.options.raw then
+    fields.prompt = content
+  else
+    fields.messages = {}
+    if M.options.system ~= nil then
+      table.insert(fields.messages, { role = 'system', content = M.options.system })
+    end
+    table.insert(fields.messages, { role = 'user', content = content })
   end
-  table.insert(messages, { role = 'user', content = content })
   n_replies = n_replies + 1
   local buf = M.scratch('resident://reply/' .. n_replies, 'wipe')
   M.show(buf)
-  M.stream(buf, M.sampling({ model = M.options.model, messages = messages }), function(r, valid)
+  M.stream(buf, M.sampling(fields), function(r, valid)
     -- a failure before any text leaves no empty window behind
     if r.type == 'error' and valid and vim.api.nvim_buf_line_count(buf) == 1
         and vim.api.nvim_buf_get_lines(buf, 0, 1, true)[1] == '' then
