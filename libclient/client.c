@@ -583,6 +583,30 @@ rs_generate_start(rs_client *c, const rs_params *p, rs_token_cb on_token, rs_don
 	return r->id;
 }
 
+uint64_t
+rs_call_start(rs_client *c, const char *op, const rs_params *p, rs_done_cb on_result,
+    rs_error_cb on_error, void *user)
+{
+	struct req *r;
+
+	if (c == NULL || op == NULL) {
+		if (c != NULL)
+			fail(c, RS_ERR_INVAL, "rs_call_start: no op");
+		return 0;
+	}
+	if ((r = calloc(1, sizeof *r)) == NULL) {
+		fail(c, RS_ERR_NOMEM, "out of memory");
+		return 0;
+	}
+	r->on_done = on_result, r->on_error = on_error, r->user = user;
+	if (start_req(c, r, op, p, NULL) != RS_OK) {
+		free(r);
+		return 0;
+	}
+	c->n_async++;
+	return r->id;
+}
+
 /* A params holding one uint field; NULL when out of memory. */
 static rs_params *
 params_uint(const char *key, uint64_t v)

@@ -516,6 +516,80 @@ test_async_interleaved(void **state)
 	assert_int_equal(rs_process(f->c), RS_OK);
 }
 
+/* What rs_call_start's callbacks saw. */
+struct call_seen {
+	int results, errors;
+	char title[32];
+	rs_status error;
+};
+
+static void
+on_call_result(uint64_t id, const rs_value *result, void *user)
+{
+	struct call_seen *s = user;
+
+	s->results++;
+	assert_null(rs_get(result, "id"));
+	assert_null(rs_get(result, "type"));
+	snprintf(s->title, sizeof s->title, "%s", rs_str(rs_get(result, "title")));
+}
+
+static void
+on_call_error(uint64_t id, rs_status code, const char *message, void *user)
+{
+	struct call_seen *s = user;
+
+	s->errors++;
+	s->error = code;
+}
+
+/* Any op started without waiting: its result or error reaches its callbacks, progress does not. */
+static void
+test_call_start(void **state)
+{
+	struct fake *f = *state;
+	struct call_seen a = { 0 }, b = { 0 };
+	struct frame fr;
+	rs_params *p = rs_params_new();
+	uint64_t ia, ib;
+	rs_value *req;
+
+	rs_params_set_str(p, "model", "m");
+	ia = rs_call_start(f->c, "model.load", p, on_call_result, on_call_error, &a);
+	ib = rs_call_start(f->c, "session.list", NULL, on_call_result, on_call_error, &b);
+	rs_params_free(p);
+	assert_true(ia > 0 && ib > 0 && ia != ib);
+	assert_int_equal(rs_pending(f->c), 2);
+	req = recv_request(f);
+	assert_string_equal(rs_str(rs_get(req, "op")), "model.load");
+	assert_string_equal(rs_str(rs_get(req, "model")), "m");
+	assert_null(rs_get(req, "stream"));
+	rs_value_free(req);
+	req = recv_request(f);
+	assert_string_equal(rs_str(rs_get(req, "op")), "session.list");
+	assert_int_equal(rs_len(req), 2);                  /* id and op only */
+	rs_value_free(req);
+
+	open_frame(&fr, 4);
+	kv_uint(&fr, "id", ia);
+	kv_str(&fr, "type", "progress");
+	kv_uint(&fr, "done", 1);
+	kv_uint(&fr, "total", 2);
+	fake_send(f, &fr);
+	send_error(f, ib, "internal", "broken");
+	send_result(f, ia, "title", "loaded");
+	assert_int_equal(rs_process(f->c), RS_OK);
+	assert_int_equal(a.results, 1);
+	assert_int_equal(a.errors, 0);
+	assert_string_equal(a.title, "loaded");
+	assert_int_equal(b.results, 0);
+	assert_int_equal(b.errors, 1);
+	assert_int_equal(b.error, RS_ERR_INTERNAL);
+	assert_int_equal(rs_pending(f->c), 0);
+	assert_int_equal(rs_call_start(f->c, NULL, NULL, NULL, NULL, NULL), 0);
+	assert_int_equal(rs_call_start(NULL, "status", NULL, NULL, NULL, NULL), 0);
+}
+
 /* A reply that arrives a byte at a time is assembled before dispatch. */
 static void
 test_split_frames(void **state)
@@ -896,6 +970,7 @@ main(void)
 		cmocka_unit_test(test_error_codes),
 		cmocka_unit_test(test_connect_errors),
 		cmocka_unit_test_setup_teardown(test_async_interleaved, fake_setup, fake_teardown),
+		cmocka_unit_test_setup_teardown(test_call_start, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_split_frames, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_blocking_dispatches_others, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_blocking_error, fake_setup, fake_teardown),
