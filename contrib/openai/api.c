@@ -464,7 +464,7 @@ usage_json(const struct api_usage *u)
 
 /* The fields every reply object starts with. */
 static json_t *
-reply_head(const struct api_req *r, const struct api_meta *m, const char *object)
+reply_head(const struct api_meta *m, const char *object)
 {
 	json_t *o = json_pack("{ss ss sI ss}", "id", m->id, "object", object, "created",
 	    (json_int_t)m->created, "model", m->model);
@@ -478,7 +478,7 @@ json_t *
 api_reply(const struct api_req *r, const struct api_meta *m, const char *text, const char *finish_reason,
     const struct api_usage *u)
 {
-	json_t *o = reply_head(r, m, r->kind == API_CHAT ? "chat.completion" : "text_completion"), *choice;
+	json_t *o = reply_head(m, r->kind == API_CHAT ? "chat.completion" : "text_completion"), *choice;
 
 	if (r->kind == API_CHAT)
 		choice = json_pack("{sI s{ss so} sn ss}", "index", (json_int_t)0, "message", "role", "assistant",
@@ -495,7 +495,7 @@ json_t *
 api_chunk(const struct api_req *r, const struct api_meta *m, const char *text, int role,
     const char *finish_reason)
 {
-	json_t *o = reply_head(r, m, r->kind == API_CHAT ? "chat.completion.chunk" : "text_completion");
+	json_t *o = reply_head(m, r->kind == API_CHAT ? "chat.completion.chunk" : "text_completion");
 	json_t *choice = json_pack("{sI sn}", "index", (json_int_t)0, "logprobs"), *delta;
 
 	if (r->kind == API_CHAT) {
@@ -519,7 +519,7 @@ api_chunk(const struct api_req *r, const struct api_meta *m, const char *text, i
 json_t *
 api_usage_chunk(const struct api_req *r, const struct api_meta *m, const struct api_usage *u)
 {
-	json_t *o = reply_head(r, m, r->kind == API_CHAT ? "chat.completion.chunk" : "text_completion");
+	json_t *o = reply_head(m, r->kind == API_CHAT ? "chat.completion.chunk" : "text_completion");
 
 	json_object_set_new(o, "choices", json_array());
 	json_object_set_new(o, "usage", usage_json(u));
@@ -536,41 +536,42 @@ api_model(const char *name)
 
 /* ---- errors ---- */
 
+/* A daemon's or libresident's status as an HTTP error; code NULL: the protocol's own code. */
+static const struct {
+	rs_status st;
+	int status;
+	const char *type, *param, *code;
+} status_errors[] = {
+	{ RS_ERR_BAD_FRAME, 400, "invalid_request_error", NULL, NULL },
+	{ RS_ERR_BAD_REQUEST, 400, "invalid_request_error", NULL, NULL },
+	{ RS_ERR_UNKNOWN_OP, 400, "invalid_request_error", NULL, NULL },
+	{ RS_ERR_INVALID_PARAM, 400, "invalid_request_error", NULL, NULL },
+	{ RS_ERR_INVALID_UTF8, 400, "invalid_request_error", NULL, NULL },
+	{ RS_ERR_DUPLICATE_ID, 400, "invalid_request_error", NULL, NULL },
+	{ RS_ERR_CONTEXT_EXCEEDED, 400, "invalid_request_error", "messages", "context_length_exceeded" },
+	{ RS_ERR_NOT_FOUND, 404, "invalid_request_error", NULL, NULL },
+	{ RS_ERR_FRAME_TOO_LARGE, 413, "invalid_request_error", NULL, "request_too_large" },
+	{ RS_ERR_OVERLOADED, 429, "rate_limit_error", NULL, NULL },
+	{ RS_ERR_SHUTTING_DOWN, 503, "server_error", NULL, NULL },
+	{ RS_ERR_CONNECT, 503, "server_error", NULL, "daemon_unavailable" },
+	{ RS_ERR_IO, 502, "server_error", NULL, "daemon_connection_lost" },
+	{ RS_ERR_PROTOCOL, 502, "server_error", NULL, "daemon_connection_lost" },
+};
+
 void
 api_error_from_status(rs_status st, const char *message, struct api_error *e)
 {
 	const char *code = rs_status_code(st);
+	size_t i;
 
-	switch (st) {
-	case RS_ERR_BAD_FRAME: case RS_ERR_BAD_REQUEST: case RS_ERR_UNKNOWN_OP: case RS_ERR_INVALID_PARAM:
-	case RS_ERR_INVALID_UTF8: case RS_ERR_DUPLICATE_ID:
-		api_error_set(e, 400, "invalid_request_error", NULL, code, "%s", message);
-		break;
-	case RS_ERR_CONTEXT_EXCEEDED:
-		api_error_set(e, 400, "invalid_request_error", "messages", "context_length_exceeded", "%s", message);
-		break;
-	case RS_ERR_NOT_FOUND:
-		api_error_set(e, 404, "invalid_request_error", NULL, "not_found", "%s", message);
-		break;
-	case RS_ERR_FRAME_TOO_LARGE:
-		api_error_set(e, 413, "invalid_request_error", NULL, "request_too_large", "%s", message);
-		break;
-	case RS_ERR_OVERLOADED:
-		api_error_set(e, 429, "rate_limit_error", NULL, "overloaded", "%s", message);
-		break;
-	case RS_ERR_SHUTTING_DOWN:
-		api_error_set(e, 503, "server_error", NULL, "shutting_down", "%s", message);
-		break;
-	case RS_ERR_CONNECT:
-		api_error_set(e, 503, "server_error", NULL, "daemon_unavailable", "%s", message);
-		break;
-	case RS_ERR_IO: case RS_ERR_PROTOCOL:
-		api_error_set(e, 502, "server_error", NULL, "daemon_connection_lost", "%s", message);
-		break;
-	default:        /* model_error, internal, unknown codes, no memory */
-		api_error_set(e, 500, "server_error", NULL, code ? code : "internal", "%s", message);
-		break;
-	}
+	for (i = 0; i < sizeof status_errors / sizeof status_errors[0]; i++)
+		if (status_errors[i].st == st) {
+			api_error_set(e, status_errors[i].status, status_errors[i].type, status_errors[i].param,
+			    status_errors[i].code ? status_errors[i].code : code, "%s", message);
+			return;
+		}
+	/* model_error, internal, a code from a newer daemon, no memory */
+	api_error_set(e, 500, "server_error", NULL, code ? code : "internal", "%s", message);
 }
 
 json_t *

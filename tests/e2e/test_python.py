@@ -37,18 +37,11 @@ def user(text):
 
 
 def raises(ck, fn, cls, code, what):
-    """fn() must raise cls (a ResidentError) with .code code."""
-    try:
-        fn()
-    except cls as e:
-        ck.eq(e.code, code, "%s: code" % what)
+    """fn() must raise cls (a ResidentError) with .code code and a message."""
+    e = ck.raises(fn, cls, what, code=code)
+    if e is not None:
         ck.ok(isinstance(e, resident.ResidentError) and e.message and str(e), "%s: message %r" % (what, str(e)))
-        return e
-    except Exception as e:  # noqa: BLE001
-        ck.ok(False, "%s: expected %s, got %r" % (what, cls.__name__, e))
-        return None
-    ck.ok(False, "%s: no error" % what)
-    return None
+    return e
 
 
 def check_socket_path(ck):

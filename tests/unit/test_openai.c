@@ -106,43 +106,46 @@ test_completion_request(void **state)
 	api_req_free(&r);
 }
 
+/* A chat request with one user message and these fields after it. */
+#define CHAT(rest) "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]" rest "}"
+
 static void
 test_bad_requests(void **state)
 {
-	parse_bad(API_CHAT, "{\"model\": \"m\", \"messages\": [", NULL, NULL, "not valid JSON");
-	parse_bad(API_CHAT, "[1]", NULL, NULL, "JSON object");
-	parse_bad(API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", NULL, "model", "model is required");
-	parse_bad(API_CHAT, "{\"model\": \"m\"}", NULL, "messages", "messages is required");
-	parse_bad(API_CHAT, "{\"model\": \"m\", \"messages\": []}", NULL, "messages", "non-empty");
-	parse_bad(API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", NULL,
-	    "messages", "role 'tool'");
-	parse_bad(API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\"}]}", NULL, "messages", "no content");
-	parse_bad(API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": "
-	    "[{\"type\": \"image_url\", \"image_url\": {}}]}]}", NULL, "messages", "only text parts");
-	parse_bad(API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
-	    "\"temperature\": \"hot\"}", NULL, "temperature", "must be a number");
-	parse_bad(API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
-	    "\"max_tokens\": 0}", NULL, "max_tokens", "at least 1");
-	parse_bad(API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
-	    "\"seed\": -1}", NULL, "seed", "at least 0");
-	parse_bad(API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
-	    "\"stop\": [1]}", NULL, "stop", "array of strings");
-	parse_bad(API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
-	    "\"n\": 2}", NULL, "n", "n must be 1");
-	parse_bad(API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
-	    "\"logprobs\": true}", NULL, "logprobs", "not supported");
-	parse_bad(API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
-	    "\"tools\": [{\"type\": \"function\"}]}", NULL, "tools", "not supported");
-	parse_bad(API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
-	    "\"response_format\": {\"type\": \"json_object\"}}", NULL, "response_format", "text");
-	parse_bad(API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
-	    "\"stream\": \"yes\"}", NULL, "stream", "boolean");
-	parse_bad(API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
-	    "\"stream_options\": {\"include_usage\": true}}", NULL, "stream_options", "only allowed when stream");
-	parse_bad(API_COMPLETION, "{\"model\": \"m\", \"prompt\": [1, 2]}", NULL, "prompt", "a string");
-	parse_bad(API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"echo\": true}", NULL, "echo", "not supported");
-	parse_bad(API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"best_of\": 3}", NULL, "best_of", "1");
-	parse_bad(API_CHAT, "{\"model\": \"m\", \"model\": \"n\", \"messages\": []}", NULL, NULL, "duplicate");
+	static const struct {
+		enum api_kind kind;
+		const char *body, *param, *what;
+	} bad[] = {
+		{ API_CHAT, "{\"model\": \"m\", \"messages\": [", NULL, "not valid JSON" },
+		{ API_CHAT, "[1]", NULL, "JSON object" },
+		{ API_CHAT, "{\"model\": \"m\", \"model\": \"n\", \"messages\": []}", NULL, "duplicate" },
+		{ API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", "model", "model is required" },
+		{ API_CHAT, "{\"model\": \"m\"}", "messages", "messages is required" },
+		{ API_CHAT, "{\"model\": \"m\", \"messages\": []}", "messages", "non-empty" },
+		{ API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "messages",
+		  "role 'tool'" },
+		{ API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\"}]}", "messages", "no content" },
+		{ API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": "
+		  "[{\"type\": \"image_url\", \"image_url\": {}}]}]}", "messages", "only text parts" },
+		{ API_CHAT, CHAT(", \"temperature\": \"hot\""), "temperature", "must be a number" },
+		{ API_CHAT, CHAT(", \"max_tokens\": 0"), "max_tokens", "at least 1" },
+		{ API_CHAT, CHAT(", \"seed\": -1"), "seed", "at least 0" },
+		{ API_CHAT, CHAT(", \"stop\": [1]"), "stop", "array of strings" },
+		{ API_CHAT, CHAT(", \"n\": 2"), "n", "n must be 1" },
+		{ API_CHAT, CHAT(", \"logprobs\": true"), "logprobs", "not supported" },
+		{ API_CHAT, CHAT(", \"tools\": [{\"type\": \"function\"}]"), "tools", "not supported" },
+		{ API_CHAT, CHAT(", \"response_format\": {\"type\": \"json_object\"}"), "response_format", "text" },
+		{ API_CHAT, CHAT(", \"stream\": \"yes\""), "stream", "boolean" },
+		{ API_CHAT, CHAT(", \"stream_options\": {\"include_usage\": true}"), "stream_options",
+		  "only allowed when stream" },
+		{ API_COMPLETION, "{\"model\": \"m\", \"prompt\": [1, 2]}", "prompt", "a string" },
+		{ API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"echo\": true}", "echo", "not supported" },
+		{ API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"best_of\": 3}", "best_of", "1" },
+	};
+	size_t i;
+
+	for (i = 0; i < sizeof bad / sizeof bad[0]; i++)
+		parse_bad(bad[i].kind, bad[i].body, NULL, bad[i].param, bad[i].what);
 }
 
 static void

@@ -142,3 +142,110 @@ class Done:
 
     def __repr__(self):
         return "Done(finish=%r, usage=%r, session=%r)" % (self.finish, self.usage, self.session)
+
+
+def call_step(op, reply):
+    """One reply of a call that is not a generate: its result (without id and
+    type) at the end, None for a progress reply; an error reply is raised."""
+    if reply["type"] == "progress":
+        return None
+    if reply["type"] == "error":
+        raise errors.from_reply(reply)
+    if reply["type"] == "result":
+        return result_fields(reply)
+    raise errors.ProtocolError("unexpected reply to %s: %r" % (op, reply["type"]))
+
+
+class GenerationBase:
+    """What a Generation and an AsyncGeneration share: the replies of one
+    generate turned into Token objects and, at the end, .done (a Done)."""
+
+    def __init__(self, client, rid, stream):
+        self._client = client
+        self.id = rid
+        self.stream = stream
+        self.done = None
+        self._pieces = []
+
+    def _take(self, reply):
+        """A token reply's Token; None after the done reply; raises an error reply."""
+        if reply["type"] == "token":
+            tok = Token(reply)
+            self._pieces.append(tok.text)
+            return tok
+        self._client._forget(self.id)
+        if reply["type"] == "done":
+            self.done = Done(reply, "".join(self._pieces))
+            return None
+        if reply["type"] == "error":
+            raise errors.from_reply(reply)
+        raise errors.ProtocolError("unexpected reply to generate: %r" % reply["type"])
+
+    @property
+    def text(self):
+        """The text received so far (all of it once done)."""
+        return self.done.text if self.done is not None else "".join(self._pieces)
+
+
+class Ops:
+    """The protocol's ops other than generate, written once for both clients:
+    each is one self._op(op, key, progress, **fields), which the blocking
+    Client runs to its result and the AsyncClient turns into a coroutine.
+    A field given as None is left out (the daemon's default)."""
+
+    def hello(self, client="python"):
+        """Returns version, server, max_frame, uid, capabilities."""
+        return self._op("hello", None, client=client, version=PROTOCOL_VERSION)
+
+    def cancel(self, generation):
+        """Cancels a generation in flight on this client (a Generation or its
+        id); it then ends with finish "cancel". NotFound if it is not in flight."""
+        return self._op("cancel", False, target=getattr(generation, "id", generation))
+
+    def session_new(self, model=None, title=None, system=None, defaults=None):
+        """A new session; returns it (a dict: session, title, model, system, ...)."""
+        return self._op("session.new", "session", model=model, title=title, system=system, defaults=defaults)
+
+    def session_list(self, limit=None, offset=None):
+        """Sessions, most recently updated first."""
+        return self._op("session.list", "sessions", limit=limit, offset=offset)
+
+    def session_get(self, session):
+        """{"session": the session, "turns": [{role, content, tokens}]}."""
+        return self._op("session.get", None, session=session)
+
+    def session_fork(self, session, title=None):
+        """A new session with the parent's history; returns it."""
+        return self._op("session.fork", "session", session=session, title=title)
+
+    def session_rename(self, session, title):
+        """Returns the renamed session."""
+        return self._op("session.rename", "session", session=session, title=title)
+
+    def session_delete(self, session):
+        return self._op("session.delete", False, session=session)
+
+    def model_list(self):
+        """Models: dicts of name, path, arch, format, size, loaded, default."""
+        return self._op("model.list", "models")
+
+    def model_load(self, model, progress=None):
+        """Loads a model by name or path (as the daemon sees it);
+        progress(done, total) in bytes. Returns the model."""
+        return self._op("model.load", "model", progress, model=model)
+
+    def model_unload(self, model):
+        return self._op("model.unload", False, model=model)
+
+    def tokenize(self, text, model=None, special=None, bos=None):
+        """Token ids of text. special: parse special-token texts; bos: add BOS
+        (None: the model's choice)."""
+        return self._op("tokenize", "tokens", text=text, model=model, special=special, bos=bos)
+
+    def detokenize(self, tokens, model=None, special=None):
+        """The text of token ids; special renders special tokens."""
+        return self._op("detokenize", "text", tokens=list(tokens), model=model, special=special)
+
+    def status(self):
+        """version, uptime_s, models, clients, steps, active, queued."""
+        return self._op("status", None)

@@ -11,48 +11,26 @@ import asyncio
 import inspect
 
 from . import _wire, errors
-from ._wire import Done, Token
 
 
-class AsyncGeneration:
+class AsyncGeneration(_wire.GenerationBase):
     """A generate request in flight: `async for` yields Token objects, then
     .done holds the Done. An error reply is raised from the iteration."""
-
-    def __init__(self, client, rid, stream):
-        self._client = client
-        self.id = rid
-        self.stream = stream
-        self.done = None
-        self._pieces = []
 
     def __aiter__(self):
         return self
 
     async def __anext__(self):
-        if self.done is not None:
+        tok = None if self.done is not None else self._take(await self._client._reply(self.id))
+        if tok is None:
             raise StopAsyncIteration
-        r = await self._client._reply(self.id)
-        if r["type"] == "token":
-            tok = Token(r)
-            self._pieces.append(tok.text)
-            return tok
-        self._client._forget(self.id)
-        if r["type"] == "done":
-            self.done = Done(r, "".join(self._pieces))
-            raise StopAsyncIteration
-        if r["type"] == "error":
-            raise errors.from_reply(r)
-        raise errors.ProtocolError("unexpected reply to generate: %r" % r["type"])
+        return tok
 
     async def result(self):
         """Reads the rest; returns the Done (its .text is the whole text)."""
         async for _ in self:
             pass
         return self.done
-
-    @property
-    def text(self):
-        return self.done.text if self.done is not None else "".join(self._pieces)
 
     async def cancel(self):
         """Asks the daemon to stop; the generation ends with finish "cancel".
@@ -63,8 +41,9 @@ class AsyncGeneration:
             pass
 
 
-class AsyncClient:
-    """A connection to residentd for asyncio; made by `await connect(...)`."""
+class AsyncClient(_wire.Ops):
+    """A connection to residentd for asyncio; made by `await connect(...)`.
+    Its calls are resident.Client's, each returning an awaitable."""
 
     def __init__(self, path, reader, writer):
         self.path = path
@@ -159,69 +138,25 @@ class AsyncClient:
         try:
             while True:
                 r = await self._reply(rid)
-                if r["type"] == "progress":
-                    if progress is not None:
-                        p = progress(r.get("done", 0), r.get("total", 0))
-                        if inspect.isawaitable(p):
-                            await p
-                elif r["type"] == "error":
-                    raise errors.from_reply(r)
-                elif r["type"] == "result":
-                    return _wire.result_fields(r)
-                else:
-                    raise errors.ProtocolError("unexpected reply to %s: %r" % (op, r["type"]))
+                result = _wire.call_step(op, r)
+                if result is not None:
+                    return result
+                if progress is not None:
+                    p = progress(r.get("done", 0), r.get("total", 0))
+                    if inspect.isawaitable(p):
+                        await p
         finally:
             self._forget(rid)
 
-    # ---- operations: as resident.Client's, awaited
-
-    async def hello(self, client="python"):
-        return await self.call("hello", client=client, version=_wire.PROTOCOL_VERSION)
+    async def _op(self, op, key, progress=None, **fields):
+        """An op for _wire.Ops: the result's field key (None: the whole result; False: nothing)."""
+        result = await self.call(op, progress, **fields)
+        return result if key is None else result.get(key) if key else None
 
     async def generate(self, prompt=None, messages=None, *, session=None, model=None, stream=True, **params):
         """Sends a generate; returns its AsyncGeneration (see Client.generate)."""
         rid = await self._send("generate", _wire.generate_fields(prompt, messages, session, model, stream, params))
         return AsyncGeneration(self, rid, stream)
-
-    async def cancel(self, generation):
-        await self.call("cancel", target=getattr(generation, "id", generation))
-
-    async def session_new(self, model=None, title=None, system=None, defaults=None):
-        return (await self.call("session.new", model=model, title=title, system=system,
-                                defaults=defaults))["session"]
-
-    async def session_list(self, limit=None, offset=None):
-        return (await self.call("session.list", limit=limit, offset=offset))["sessions"]
-
-    async def session_get(self, session):
-        return await self.call("session.get", session=session)
-
-    async def session_fork(self, session, title=None):
-        return (await self.call("session.fork", session=session, title=title))["session"]
-
-    async def session_rename(self, session, title):
-        return (await self.call("session.rename", session=session, title=title))["session"]
-
-    async def session_delete(self, session):
-        await self.call("session.delete", session=session)
-
-    async def model_list(self):
-        return (await self.call("model.list"))["models"]
-
-    async def model_load(self, model, progress=None):
-        return (await self.call("model.load", progress=progress, model=model))["model"]
-
-    async def model_unload(self, model):
-        await self.call("model.unload", model=model)
-
-    async def tokenize(self, text, model=None, special=None, bos=None):
-        return (await self.call("tokenize", text=text, model=model, special=special, bos=bos))["tokens"]
-
-    async def detokenize(self, tokens, model=None, special=None):
-        return (await self.call("detokenize", tokens=list(tokens), model=model, special=special))["text"]
-
-    async def status(self):
-        return await self.call("status")
 
 
 async def connect(socket_path=None, client="python"):

@@ -10,50 +10,27 @@ import socket
 import threading
 
 from . import _wire, errors
-from ._wire import Done, Token
 
 
-class Generation:
+class Generation(_wire.GenerationBase):
     """A generate request in flight. Iterating it yields Token objects as they
     come (none with stream=False); then .done holds the Done. An error reply
     is raised from the iteration."""
-
-    def __init__(self, client, rid, stream):
-        self._client = client
-        self.id = rid
-        self.stream = stream
-        self.done = None
-        self._pieces = []
 
     def __iter__(self):
         return self
 
     def __next__(self):
-        if self.done is not None:
+        tok = None if self.done is not None else self._take(self._client._reply(self.id))
+        if tok is None:
             raise StopIteration
-        r = self._client._reply(self.id)
-        if r["type"] == "token":
-            tok = Token(r)
-            self._pieces.append(tok.text)
-            return tok
-        self._client._forget(self.id)
-        if r["type"] == "done":
-            self.done = Done(r, "".join(self._pieces))
-            raise StopIteration
-        if r["type"] == "error":
-            raise errors.from_reply(r)
-        raise errors.ProtocolError("unexpected reply to generate: %r" % r["type"])
+        return tok
 
     def result(self):
         """Reads the rest; returns the Done (its .text is the whole text)."""
         for _ in self:
             pass
         return self.done
-
-    @property
-    def text(self):
-        """The text received so far (all of it once done)."""
-        return self.done.text if self.done is not None else "".join(self._pieces)
 
     def cancel(self):
         """Asks the daemon to stop; the generation then ends with finish
@@ -64,7 +41,7 @@ class Generation:
             pass
 
 
-class Client:
+class Client(_wire.Ops):
     """A connection to residentd.
 
         with resident.Client() as c:
@@ -197,23 +174,18 @@ class Client:
         try:
             while True:
                 r = self._reply(rid)
-                if r["type"] == "progress":
-                    if progress is not None:
-                        progress(r.get("done", 0), r.get("total", 0))
-                elif r["type"] == "error":
-                    raise errors.from_reply(r)
-                elif r["type"] == "result":
-                    return _wire.result_fields(r)
-                else:
-                    raise errors.ProtocolError("unexpected reply to %s: %r" % (op, r["type"]))
+                result = _wire.call_step(op, r)
+                if result is not None:
+                    return result
+                if progress is not None:
+                    progress(r.get("done", 0), r.get("total", 0))
         finally:
             self._forget(rid)
 
-    # ---- operations (PROTOCOL.md)
-
-    def hello(self, client="python"):
-        """Returns version, server, max_frame, uid, capabilities."""
-        return self.call("hello", client=client, version=_wire.PROTOCOL_VERSION)
+    def _op(self, op, key, progress=None, **fields):
+        """An op for _wire.Ops: the result's field key (None: the whole result; False: nothing)."""
+        result = self.call(op, progress, **fields)
+        return result if key is None else result.get(key) if key else None
 
     def generate(self, prompt=None, messages=None, *, session=None, model=None, stream=True, **params):
         """Starts a generation and returns its Generation at once. Exactly one
@@ -224,58 +196,6 @@ class Client:
         logprobs (PROTOCOL.md, generate)."""
         rid = self._send("generate", _wire.generate_fields(prompt, messages, session, model, stream, params))
         return Generation(self, rid, stream)
-
-    def cancel(self, generation):
-        """Cancels a generation in flight on this client (a Generation or its
-        id); it then ends with finish "cancel". NotFound if it is not in flight."""
-        self.call("cancel", target=getattr(generation, "id", generation))
-
-    def session_new(self, model=None, title=None, system=None, defaults=None):
-        """A new session; returns it (a dict: session, title, model, system, ...)."""
-        return self.call("session.new", model=model, title=title, system=system, defaults=defaults)["session"]
-
-    def session_list(self, limit=None, offset=None):
-        """Sessions, most recently updated first."""
-        return self.call("session.list", limit=limit, offset=offset)["sessions"]
-
-    def session_get(self, session):
-        """{"session": the session, "turns": [{role, content, tokens}]}."""
-        return self.call("session.get", session=session)
-
-    def session_fork(self, session, title=None):
-        """A new session with the parent's history; returns it."""
-        return self.call("session.fork", session=session, title=title)["session"]
-
-    def session_rename(self, session, title):
-        return self.call("session.rename", session=session, title=title)["session"]
-
-    def session_delete(self, session):
-        self.call("session.delete", session=session)
-
-    def model_list(self):
-        """Models: dicts of name, path, arch, format, size, loaded, default."""
-        return self.call("model.list")["models"]
-
-    def model_load(self, model, progress=None):
-        """Loads a model by name or path (as the daemon sees it);
-        progress(done, total) in bytes. Returns the model."""
-        return self.call("model.load", progress=progress, model=model)["model"]
-
-    def model_unload(self, model):
-        self.call("model.unload", model=model)
-
-    def tokenize(self, text, model=None, special=None, bos=None):
-        """Token ids of text. special: parse special-token texts; bos: add BOS
-        (None: the model's choice)."""
-        return self.call("tokenize", text=text, model=model, special=special, bos=bos)["tokens"]
-
-    def detokenize(self, tokens, model=None, special=None):
-        """The text of token ids; special renders special tokens."""
-        return self.call("detokenize", tokens=list(tokens), model=model, special=special)["text"]
-
-    def status(self):
-        """version, uptime_s, models, clients, steps, active, queued."""
-        return self.call("status")
 
 
 def connect(socket_path=None, client="python", timeout=None):
