@@ -94,13 +94,23 @@ call_seconds(const struct call *c)
 	return (double)(t.tv_sec - c->t0.tv_sec) + (t.tv_nsec - c->t0.tv_nsec) / 1e9;
 }
 
+/*
+ * The last reply is about to be sent: the watch ends first, since sending it
+ * may free the connection at once (a client that asked to close it).
+ */
+static void
+call_unwatch(struct call *c)
+{
+	http_watch_stop(c->watch);
+	c->watch = NULL;
+}
+
 /* The call is over: its reply was sent, or its client left. Freed now or after rs_process. */
 static void
 call_end(struct call *c)
 {
 	c->state = CALL_DONE;
-	http_watch_stop(c->watch);
-	c->watch = NULL;
+	call_unwatch(c);
 	c->req = NULL;
 	if (!c->in_process)
 		call_free(c);
@@ -110,6 +120,7 @@ call_end(struct call *c)
 static void
 call_fail(struct call *c, const struct api_error *e)
 {
+	call_unwatch(c);
 	if (c->req != NULL && c->streaming) {
 		/* the status is sent already: the error goes into the stream (the openai packages raise it) */
 		http_stream_send(c->req, api_error_json(e));
@@ -157,6 +168,21 @@ call_read_cb(evutil_socket_t fd, short what, void *arg)
 		call_free(c);
 }
 
+/*
+ * Names the connection for the daemon's status ("resident-openai"). Nothing
+ * waits for the answer: the requests that follow are read after it anyway.
+ */
+static void
+call_hello(struct call *c)
+{
+	rs_params *p = rs_params_new();
+
+	if (p != NULL && rs_params_set_str(p, "client", "resident-openai") == RS_OK &&
+	    rs_params_set_uint(p, "version", RS_PROTOCOL_VERSION) == RS_OK)
+		rs_call_start(c->rc, "hello", p, NULL, NULL, NULL);
+	rs_params_free(p);
+}
+
 /* A call with its own daemon connection, or NULL after answering the error. */
 static struct call *
 call_open(struct oa *oa, struct evhttp_request *req, const char *path)
@@ -181,6 +207,7 @@ call_open(struct oa *oa, struct evhttp_request *req, const char *path)
 		call_fail(c, &e);
 		return NULL;
 	}
+	call_hello(c);
 	c->rc_ev = event_new(oa->base, rs_fd(c->rc), EV_READ | EV_PERSIST, call_read_cb, c);
 	c->watch = http_watch_start(oa, req, call_gone_cb, c);
 	if (c->rc_ev == NULL || c->watch == NULL || event_add(c->rc_ev, NULL) != 0) {
@@ -277,13 +304,16 @@ models_reply(struct call *c)
 			call_no_model(c, c->model_name);
 			return;
 		}
+		call_unwatch(c);
 		http_send_json(c->req, 200, api_model(c->model_name));
 	} else {
+		call_unwatch(c);
 		data = json_array();
 		for (i = 0; i < c->oa->n_models; i++)
 			json_array_append_new(data, api_model(c->oa->models[i]));
 		http_send_json(c->req, 200, json_pack("{ss so}", "object", "list", "data", data));
 	}
+	log_info("%s 200 (%.3fs)", c->path, call_seconds(c));
 	call_end(c);
 }
 
@@ -423,11 +453,13 @@ done_cb(uint64_t id, const rs_value *done, void *arg)
 	if (c->r.stream) {
 		if (!c->streaming)
 			stream_begin(c);
+		call_unwatch(c);
 		http_stream_send(c->req, api_chunk(&c->r, &c->meta, c->r.kind == API_CHAT ? NULL : "", 0, reason));
 		if (c->r.include_usage)
 			http_stream_send(c->req, api_usage_chunk(&c->r, &c->meta, &u));
 		http_stream_end(c->req);
 	} else {
+		call_unwatch(c);
 		if (c->session[0])
 			http_add_header(c->req, "X-Resident-Session", c->session);
 		http_send_json(c->req, 200, api_reply(&c->r, &c->meta, rs_str(rs_get(done, "text")), reason, &u));

@@ -295,6 +295,8 @@ def check_disconnect(ck, b, dc, long_msgs):
     s = oc.chat.completions.create(model=MODEL, messages=long_msgs, max_tokens=LONG, temperature=0, stream=True,
                                    extra_headers={"X-Resident-Session": sid})
     next(iter(s))
+    ck.ok(any(k["client"] == "resident-openai" and k["requests"] >= 1 for k in dc.call("status")["clients"]),
+          "the daemon's status names the bridge's connection")
     s.close()
     ck.ok(rsd.wait_for(lambda: b.text().count(left) == before + 2, timeout=20),
           "the openai package closing a stream cancels it")
