@@ -245,6 +245,25 @@ call_error_cb(uint64_t id, rs_status code, const char *message, void *arg)
 	call_fail(c, &e);
 }
 
+/*
+ * A request could not be sent. libresident says why in a message; the
+ * status is rs_process's, which once the connection is over returns the
+ * reason (a frame_too_large the daemon sent before closing, a lost
+ * connection), and otherwise leaves only running out of memory.
+ */
+static void
+call_start_failed(struct call *c)
+{
+	char message[256];
+	rs_status st;
+
+	snprintf(message, sizeof message, "%s", rs_last_error(c->rc));
+	st = rs_process(c->rc);
+	if (st != RS_OK)
+		snprintf(message, sizeof message, "%s", rs_last_error(c->rc));
+	call_error_cb(0, st != RS_OK ? st : RS_ERR_NOMEM, message, c);
+}
+
 /* ---- models ---- */
 
 static int
@@ -335,7 +354,7 @@ call_after_model(struct call *c)
 	    rs_params_set_str(p, "title", SESSION_TITLE) != RS_OK ||
 	    (c->r.system != NULL && rs_params_set_str(p, "system", c->r.system) != RS_OK) ||
 	    rs_call_start(c->rc, "session.new", p, session_result_cb, call_error_cb, c) == 0)
-		call_error_cb(0, p ? RS_ERR_IO : RS_ERR_NOMEM, rs_last_error(c->rc), c);
+		call_start_failed(c);
 	rs_params_free(p);
 }
 
@@ -361,7 +380,7 @@ call_list_models(struct call *c)
 {
 	c->state = CALL_MODELS;
 	if (rs_call_start(c->rc, "model.list", NULL, models_result_cb, call_error_cb, c) == 0)
-		call_error_cb(0, RS_ERR_IO, rs_last_error(c->rc), c);
+		call_start_failed(c);
 }
 
 void
@@ -486,7 +505,7 @@ call_start_generate(struct call *c)
 	c->gen_id = rs_generate_start(c->rc, p, token_cb, done_cb, call_error_cb, c);
 	rs_params_free(p);
 	if (c->gen_id == 0)
-		call_error_cb(0, RS_ERR_IO, rs_last_error(c->rc), c);
+		call_start_failed(c);
 }
 
 void

@@ -38,6 +38,7 @@ except ImportError:
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 MODEL = "tiny"          # rsd.Daemon's model file is tiny.gguf
 LONG = 1900             # max_tokens of a generation that runs long enough to leave it
+MAX_FRAME = 65536       # the daemon's --max-frame
 
 
 class Bridge:
@@ -206,6 +207,9 @@ def check_errors(ck, oc, b):
     ck.eq(st, 400, "invalid JSON: 400")
     ck.ok(json.loads(body)["error"]["type"] == "invalid_request_error" and "application/json" in head,
           "invalid JSON: a JSON error body")
+    st, _, body = curl(b.url + "/chat/completions", "-d", json.dumps({"model": MODEL, "messages": user("x" * MAX_FRAME)}))
+    ck.ok(st == 413 and json.loads(body)["error"]["code"] == "request_too_large",
+          "a request over the daemon's frame limit: 413 (%d %s)" % (st, body[:200]))
     st, _, body = curl(b.url + "/nothing")
     ck.ok(st == 404 and json.loads(body)["error"]["code"] == "unknown_url", "an unknown URL: 404")
     st, head, body = curl("-X", "POST", b.url + "/models")
@@ -368,8 +372,11 @@ def check_api_key(ck, d, tmp):
     key = os.path.join(tmp, "key")
     with open(key, "w") as f:
         f.write("s3cret\n")
-    b = Bridge(d.sock, ["--api-key-file", key])
+    b = Bridge(d.sock, ["--api-key-file", key, "--max-body", "4096"])
     try:
+        st, _, _ = curl("-H", "Authorization: Bearer s3cret", b.url + "/completions", "-d",
+                        json.dumps({"model": MODEL, "prompt": "x" * 5000}))
+        ck.eq(st, 413, "a body over --max-body")
         status_error(ck, lambda: b.client("wrong").models.list(), openai.AuthenticationError, 401,
                      "a wrong API key", code="invalid_api_key")
         status_error(ck, lambda: b.client("s3cre").models.list(), openai.AuthenticationError, 401,
@@ -411,7 +418,7 @@ def run():
     if shutil.which("curl") is None:
         raise Skip("curl is not installed (contrib/install-deps.sh)")
     ck = Checks()
-    with Daemon() as d:
+    with Daemon(extra=["--max-frame", str(MAX_FRAME)]) as d:
         b = Bridge(d.sock)
         with d.client(timeout=60) as dc:
             long_msgs = user(rsd.long_prompt(dc, LONG, messages=True))

@@ -916,6 +916,48 @@ test_frame_too_large(void **state)
 	assert_string_equal(rs_last_error(f->c), "a frame of 99 bytes");
 }
 
+/* Read with the end of the connection in one go, frame_too_large is still the reason. */
+static void
+test_frame_too_large_async(void **state)
+{
+	struct fake *f = *state;
+	struct seen s = { 0 };
+	rs_params *p = rs_params_new();
+
+	rs_params_set_str(p, "prompt", "x");
+	assert_true(rs_generate_start(f->c, p, on_token, on_done, on_error, &s) > 0);
+	rs_params_free(p);
+	send_error(f, 0, "frame_too_large", "too big");
+	shutdown(f->fd, SHUT_WR);
+	assert_int_equal(rs_process(f->c), RS_ERR_FRAME_TOO_LARGE);
+	assert_int_equal(s.errors, 1);
+	assert_int_equal(s.error, RS_ERR_FRAME_TOO_LARGE);
+	assert_string_equal(s.message, "too big");
+}
+
+/* The daemon refuses a frame by its length and closes while the rest is being written:
+ * its frame_too_large, not the failed write, is the reason. */
+static void
+test_frame_too_large_while_writing(void **state)
+{
+	struct fake *f = *state;
+	rs_params *p = rs_params_new();
+	size_t n = 4u << 20;
+	char *big = malloc(n + 1);
+
+	memset(big, 'x', n);
+	big[n] = '\0';
+	rs_params_set_str(p, "prompt", big);
+	send_error(f, 0, "frame_too_large", "a frame of 4194330 bytes");
+	close(f->fd);
+	f->fd = -1;
+	assert_int_equal(rs_generate_start(f->c, p, NULL, NULL, NULL, NULL), 0);
+	assert_int_equal(rs_process(f->c), RS_ERR_FRAME_TOO_LARGE);
+	assert_string_equal(rs_last_error(f->c), "a frame of 4194330 bytes");
+	rs_params_free(p);
+	free(big);
+}
+
 /* A reply that is not msgpack ends the connection as a protocol error. */
 static void
 test_garbage_reply(void **state)
@@ -982,6 +1024,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_max_frame, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_connection_lost, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_frame_too_large, fake_setup, fake_teardown),
+		cmocka_unit_test_setup_teardown(test_frame_too_large_async, fake_setup, fake_teardown),
+		cmocka_unit_test_setup_teardown(test_frame_too_large_while_writing, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_garbage_reply, fake_setup, fake_teardown),
 	};
 
