@@ -5,16 +5,15 @@
  * (rs_fd, rs_process): the daemon admits requests round-robin across
  * connections, so HTTP clients share it as fairly as any other clients, and
  * a client that leaves or stalls concerns its own connection alone. A
- * connection costs about 0.2 ms (README, "OpenAI-compatible endpoint").
+ * connection adds a fraction of a millisecond (README, "OpenAI-compatible
+ * endpoint").
  *
- *   CALL_MODELS  --model.list-->  (GET /v1/models: reply, CALL_DONE)
- *        |                        (a model not in the cache: 404, CALL_DONE)
- *        v
- *   CALL_SESSION --session.new--> CALL_GENERATE --done / error--> CALL_DONE
- *        (only for session "new"; a model in the cache starts here or at CALL_GENERATE)
- *
- *   the HTTP client leaves: CALL_GENERATE sends cancel --> CALL_CANCELLING --done--> CALL_DONE;
- *                           in the other states the call ends at once.
+ *   GET /v1/models:  CALL_MODELS --model.list--> reply, CALL_DONE
+ *   a completion:    CALL_MODELS    only for a model not in the cache (404 if not listed)
+ *                    CALL_SESSION   session.new, only for session "new"
+ *                    CALL_GENERATE  --done or error--> reply, CALL_DONE
+ *   the client leaves: in CALL_GENERATE a cancel is sent --> CALL_CANCELLING --done--> CALL_DONE;
+ *                      in the other states the call ends at once.
  *
  * Model names are cached: the daemon only ever adds models, so a name in
  * the cache is a model, and a name not in it sends for a fresh list. A name

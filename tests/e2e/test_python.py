@@ -309,8 +309,7 @@ def run():
             with ck.section("asyncio"):
                 asyncio.run(async_checks(ck, d, ref, long_prompt))
         with ck.section("connection lost"):
-            check_lost(ck, d, long_prompt)
-        d.start()               # the Daemon context stops it with a check of its exit status
+            check_lost(ck, d, long_prompt)      # kills the daemon
     with ck.section("pip install"):
         check_pip_install(ck)
     return ck
