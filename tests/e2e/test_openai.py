@@ -6,11 +6,12 @@ on a generated tiny model.
 Replies are compared with what the daemon itself answers to the same
 request (greedy, so equal), streamed and not, chat and completions; stop,
 seed, top_p and max_tokens reach the daemon; two clients are served at
-once; a bad request, an unknown model or session, a missing API key, an
-unreachable daemon and bad flags get their status and OpenAI's error shape;
-a client that leaves cancels its generation (a cancelled turn leaves its
-session untouched); a session is resumed with only the new message; curl
-sees the event stream's exact framing.
+once; a bad request, an unknown model or session, a body or a frame too
+large, a full queue, a missing API key, an unreachable daemon and bad flags
+get their status and OpenAI's error shape; a client that leaves, or that
+stops reading, cancels its generation (a cancelled turn leaves its session
+untouched); a session is resumed with only the new message; curl sees the
+event stream's exact framing.
 
 Skips (exit 77) when the `openai` package or curl is missing.
 """
@@ -337,6 +338,32 @@ def check_slow_client(ck, d, dc, long_msgs):
         ck.eq(b.stop(), 0, "resident-openai stops on SIGTERM with status 0")
 
 
+def check_overloaded(ck, d, long_msgs):
+    """A daemon whose queue is full: 429, and the bridge goes on serving."""
+    tmp = os.path.join(d.tmp, "ovl")
+    os.makedirs(tmp)
+    with Daemon(extra=["--max-queue", "1", "--max-seqs", "1"], tmp=tmp, model=d.model) as d2, \
+            d2.client(timeout=30) as dc2:
+        b = Bridge(d2.sock)
+        try:
+            oc = b.client()
+            running = oc.chat.completions.create(model=MODEL, messages=long_msgs, max_tokens=LONG, temperature=0,
+                                                 stream=True)
+            next(iter(running))
+            waiting = []
+            t = threading.Thread(target=lambda: waiting.append(oc.chat.completions.create(
+                model=MODEL, messages=user("queued"), max_tokens=2)))
+            t.start()
+            ck.ok(rsd.wait_for(lambda: dc2.call("status")["queued"] == 1), "a request waits in the daemon's queue")
+            status_error(ck, lambda: oc.chat.completions.create(model=MODEL, messages=user("more"), max_tokens=2),
+                         openai.RateLimitError, 429, "a full queue", code="overloaded")
+            running.close()
+            t.join(30)
+            ck.ok(waiting and waiting[0].usage.completion_tokens == 2, "the queued request is served after")
+        finally:
+            ck.eq(b.stop(), 0, "resident-openai stops on SIGTERM with status 0")
+
+
 def check_session(ck, b, dc):
     """A session resumed with the new message only."""
     oc = b.client()
@@ -432,6 +459,7 @@ def run():
                              ("concurrent", lambda: check_concurrent(ck, b, long_msgs)),
                              ("disconnect", lambda: check_disconnect(ck, b, dc, long_msgs)),
                              ("slow client", lambda: check_slow_client(ck, d, dc, long_msgs)),
+                             ("overloaded", lambda: check_overloaded(ck, d, long_msgs)),
                              ("session", lambda: check_session(ck, b, dc)),
                              ("api key", lambda: check_api_key(ck, d, d.tmp)),
                              ("no daemon", lambda: check_no_daemon(ck, d.tmp)),
