@@ -38,7 +38,7 @@ except ImportError:
 
 UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 MODEL = "tiny"          # rsd.Daemon's model file is tiny.gguf
-LONG = 1900             # max_tokens of a generation that runs long enough to leave it
+LONG = 1500             # max_tokens of a generation that runs long enough to leave it (as test_protocol)
 MAX_FRAME = 65536       # the daemon's --max-frame
 
 
