@@ -3,6 +3,8 @@
  *
  * Settings come from built-in defaults, then the config file
  * ($XDG_CONFIG_HOME/resident/residentd.json, or --config), then flags.
+ * Started by systemd's socket activation, it serves the socket systemd
+ * passed instead of its own (server.c).
  * SIGTERM or SIGINT stops it: no new requests, running ones end with
  * finish "cancel" (committed turns are never touched), replies are flushed,
  * the database is closed.
@@ -44,7 +46,8 @@ usage(FILE *fp)
 	    "usage: residentd [options]\n"
 	    "  -m, --model PATH        default model (.gguf file or Hugging Face directory)\n"
 	    "  -s, --socket PATH       socket (default $RESIDENT_SOCKET, else\n"
-	    "                          $XDG_RUNTIME_DIR/resident/socket, else /tmp/resident-UID/socket)\n"
+	    "                          $XDG_RUNTIME_DIR/resident/socket, else /tmp/resident-UID/socket;\n"
+	    "                          started by systemd's socket activation, its socket instead)\n"
 	    "      --group NAME        let this group use the socket (0660) for a shared daemon\n"
 	    "      --db PATH           database (default $XDG_DATA_HOME/resident/resident.db)\n"
 	    "  -c, --config FILE       JSON settings (default $XDG_CONFIG_HOME/resident/residentd.json)\n"
@@ -286,7 +289,7 @@ main(int argc, char **argv)
 	struct server *srv = NULL;
 	struct sched *sc = NULL;
 	struct sched_opts so;
-	struct server_opts vo;
+	struct server_opts vo = { 0 };
 	char err[ERR_LEN];
 	int rc = 1;
 
@@ -296,6 +299,11 @@ main(int argc, char **argv)
 	if (read_config(&s, err) != 0 || finish_settings(&s, &vo.group, err) != 0) {
 		fprintf(stderr, "residentd: %s\n", err);
 		return 2;
+	}
+	/* before anything opens a file: systemd's socket is fd 3 */
+	if (server_activation(&vo.listen_fd, err) != 0) {
+		log_error("%s", err);
+		goto out;
 	}
 	evthread_use_pthreads();
 	base = event_base_new();
@@ -316,7 +324,7 @@ main(int argc, char **argv)
 	sigint = evsignal_new(base, SIGINT, stop_cb, base);
 	event_add(sigterm, NULL);
 	event_add(sigint, NULL);
-	log_info("residentd %s listening on %s (database %s, model %s)", PACKAGE_VERSION, s.socket_path,
+	log_info("residentd %s listening on %s (database %s, model %s)", PACKAGE_VERSION, server_socket_path(srv),
 	    s.db_path, s.model ? s.model : "none");
 	event_base_dispatch(base);
 	drain(base, srv, sc);

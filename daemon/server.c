@@ -1,6 +1,8 @@
 /*
  * server.c: the loop thread. One libevent base serves the listening
- * socket, every connection, the scheduler's wake-ups and signals.
+ * socket, every connection, the scheduler's wake-ups and signals. The
+ * listening socket is bound here, or passed by systemd (socket activation):
+ * then it is systemd's, and its file stays when residentd stops.
  *
  * A connection's input is parsed as frames: the 4-byte length is checked
  * against the limit before the body is buffered (bufferevent's read
@@ -26,11 +28,13 @@
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/listener.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +42,9 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+#ifdef HAVE_LIBSYSTEMD
+#include <systemd/sd-daemon.h>
+#endif
 
 enum conn_state { CONN_OPEN, CONN_CLOSING, CONN_DEAD };
 
@@ -58,6 +65,7 @@ struct server {
 	struct event_base *base;
 	struct server_opts o;
 	char *socket_path;
+	int owns_path;              /* residentd made the socket file (not systemd): it removes it */
 	char *default_model;
 	struct evconnlistener *listener;
 	struct event *wake_ev;
@@ -712,11 +720,11 @@ make_parent(const char *path, int private_dir, char *err)
 	return rc;
 }
 
-int
-server_start(struct event_base *base, const struct server_opts *o, struct store *st,
-    struct server **out, char *err)
+/* Binds and listens on the socket path of the options (created 0600, or 0660 for the group). */
+static int
+listen_path(struct server *srv, char *err)
 {
-	struct server *srv;
+	const struct server_opts *o = &srv->o;
 	struct sockaddr_un sa;
 	mode_t old;
 	int rc;
@@ -728,27 +736,164 @@ server_start(struct event_base *base, const struct server_opts *o, struct store 
 	memset(&sa, 0, sizeof sa);
 	sa.sun_family = AF_UNIX;
 	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", o->socket_path);
-	srv = xcalloc(1, sizeof *srv);
+	/* the socket is born 0600: no moment where others could connect */
+	old = umask(0177);
+	srv->listener = evconnlistener_new_bind(srv->base, accept_cb, srv,
+	    LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 64, (struct sockaddr *)&sa, sizeof sa);
+	umask(old);
+	if (srv->listener == NULL)
+		return err_set(err, ERR_IO, "%s: cannot listen: %s", o->socket_path, strerror(errno));
+	srv->owns_path = 1;
+	if (o->group != (gid_t)-1 && (chown(o->socket_path, (uid_t)-1, o->group) != 0 ||
+	    chmod(o->socket_path, 0660) != 0))
+		return err_set(err, ERR_IO, "%s: cannot give the socket to group %u: %s", o->socket_path,
+		    (unsigned)o->group, strerror(errno));
+	return 0;
+}
+
+/* ---- socket activation (systemd's LISTEN_FDS protocol, sd_listen_fds(3)) ---- */
+
+#define LISTEN_FDS_START 3
+
+/*
+ * How many sockets systemd passed, from fd 3 on: 0 when LISTEN_PID is not
+ * this process (the variables were meant for another), or a negative errno.
+ * The variables are removed so that no child takes the sockets for its own.
+ */
+static int
+activation_fds(void)
+{
+#ifdef HAVE_LIBSYSTEMD
+	return sd_listen_fds(1);
+#else
+	const char *pid = getenv("LISTEN_PID"), *fds = getenv("LISTEN_FDS");
+	char *end;
+	long n = 0;
+	int fd;
+
+	if (pid != NULL && fds != NULL) {
+		errno = 0;
+		if (strtol(pid, &end, 10) == (long)getpid() && *end == '\0' && errno == 0) {
+			n = strtol(fds, &end, 10);
+			if (*end != '\0' || end == fds || errno != 0 || n < 0 || n > INT_MAX - LISTEN_FDS_START)
+				n = -EINVAL;
+		}
+	}
+	for (fd = LISTEN_FDS_START; fd < LISTEN_FDS_START + n; fd++)
+		if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) {
+			n = -errno;
+			break;
+		}
+	unsetenv("LISTEN_PID");
+	unsetenv("LISTEN_FDS");
+	unsetenv("LISTEN_FDNAMES");
+	return (int)n;
+#endif
+}
+
+/* An int socket option of fd's. */
+static int
+sockopt_int(int fd, int opt, int *v)
+{
+	socklen_t len = sizeof *v;
+
+	return getsockopt(fd, SOL_SOCKET, opt, v, &len);
+}
+
+/* Checks that fd is a listening AF_UNIX stream socket, saying what it is not. */
+static int
+check_activated(int fd, char *err)
+{
+	struct stat st;
+	int domain, type, listening;
+
+	if (fstat(fd, &st) != 0)
+		return err_set(err, ERR_IO, "socket activation: fd %d: %s", fd, strerror(errno));
+	if (!S_ISSOCK(st.st_mode))
+		return err_set(err, ERR_INVAL, "socket activation: fd %d is not a socket", fd);
+	if (sockopt_int(fd, SO_DOMAIN, &domain) != 0 || sockopt_int(fd, SO_TYPE, &type) != 0 ||
+	    sockopt_int(fd, SO_ACCEPTCONN, &listening) != 0)
+		return err_set(err, ERR_IO, "socket activation: fd %d: %s", fd, strerror(errno));
+	if (domain != AF_UNIX)
+		return err_set(err, ERR_INVAL, "socket activation: fd %d is not a Unix socket (address family %d): "
+		    "ListenStream= must name a path", fd, domain);
+	if (type != SOCK_STREAM)
+		return err_set(err, ERR_INVAL, "socket activation: fd %d is not a stream socket (type %d): "
+		    "use ListenStream=", fd, type);
+	if (!listening)
+		return err_set(err, ERR_INVAL, "socket activation: fd %d is not listening: residentd takes the "
+		    "listening socket itself (Accept=no)", fd);
+	return 0;
+}
+
+int
+server_activation(int *fd, char *err)
+{
+	int n = activation_fds();
+
+	*fd = -1;
+	if (n < 0)
+		return err_set(err, ERR_INVAL, "socket activation: LISTEN_FDS: %s", strerror(-n));
+	if (n > 1)
+		return err_set(err, ERR_INVAL, "socket activation: systemd passed %d sockets; residentd serves one "
+		    "(a single ListenStream= in residentd.socket)", n);
+	if (n == 1) {
+		if (check_activated(LISTEN_FDS_START, err) != 0)
+			return ERR_INVAL;
+		*fd = LISTEN_FDS_START;
+	}
+	return 0;
+}
+
+/* Accepts on the socket systemd passed; its file is systemd's and stays when residentd stops. */
+static int
+listen_activated(struct server *srv, int fd, char *err)
+{
+	struct sockaddr_un sa;
+	socklen_t len = sizeof sa;
+	char name[sizeof sa.sun_path + 1];
+	int abstract;
+
+	memset(&sa, 0, sizeof sa);
+	if (getsockname(fd, (struct sockaddr *)&sa, &len) != 0)
+		return err_set(err, ERR_IO, "socket activation: fd %d: %s", fd, strerror(errno));
+	/* a name in the abstract namespace starts with a NUL; systemd writes it with an @ */
+	abstract = sa.sun_path[0] == '\0';
+	snprintf(name, sizeof name, "%s%.*s", abstract ? "@" : "", (int)sizeof sa.sun_path - abstract,
+	    sa.sun_path + abstract);
+	free(srv->socket_path);
+	srv->socket_path = xstrdup(name);
+	srv->o.socket_path = srv->socket_path;
+	/* systemd passes it blocking; the loop's accepts must not block */
+	if (evutil_make_socket_nonblocking(fd) != 0)
+		return err_set(err, ERR_IO, "socket activation: fd %d: %s", fd, strerror(errno));
+	/* backlog 0: it listens already, with systemd's Backlog= */
+	srv->listener = evconnlistener_new(srv->base, accept_cb, srv, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC,
+	    0, fd);
+	if (srv->listener == NULL)
+		return err_set(err, ERR_IO, "socket activation: fd %d: cannot accept on it", fd);
+	if (srv->o.group != (gid_t)-1)
+		log_warn("--group does not apply to the socket systemd passed: set SocketGroup= and "
+		    "SocketMode=0660 in residentd.socket");
+	log_info("socket activation: serving the socket systemd passed (%s, fd %d)", srv->socket_path, fd);
+	return 0;
+}
+
+int
+server_start(struct event_base *base, const struct server_opts *o, struct store *st,
+    struct server **out, char *err)
+{
+	struct server *srv = xcalloc(1, sizeof *srv);
+	int rc;
+
 	srv->base = base;
 	srv->o = *o;
 	srv->socket_path = xstrdup(o->socket_path);
 	srv->default_model = xstrdup(o->default_model ? o->default_model : "");
 	srv->o.socket_path = srv->socket_path;
 	srv->store = st;
-	/* the socket is born 0600: no moment where others could connect */
-	old = umask(0177);
-	srv->listener = evconnlistener_new_bind(base, accept_cb, srv,
-	    LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 64, (struct sockaddr *)&sa, sizeof sa);
-	umask(old);
-	if (srv->listener == NULL) {
-		rc = err_set(err, ERR_IO, "%s: cannot listen: %s", o->socket_path, strerror(errno));
-		server_free(srv);
-		return rc;
-	}
-	if (o->group != (gid_t)-1 && (chown(o->socket_path, (uid_t)-1, o->group) != 0 ||
-	    chmod(o->socket_path, 0660) != 0)) {
-		rc = err_set(err, ERR_IO, "%s: cannot give the socket to group %u: %s", o->socket_path,
-		    (unsigned)o->group, strerror(errno));
+	rc = o->listen_fd >= 0 ? listen_activated(srv, o->listen_fd, err) : listen_path(srv, err);
+	if (rc != 0) {
 		server_free(srv);
 		return rc;
 	}
@@ -757,21 +902,35 @@ server_start(struct event_base *base, const struct server_opts *o, struct store 
 	return 0;
 }
 
+const char *
+server_socket_path(const struct server *srv)
+{
+	return srv->socket_path;
+}
+
 void
 server_set_sched(struct server *srv, struct sched *s)
 {
 	srv->sched = s;
 }
 
+/* Stops accepting; removes the socket file if residentd made it. */
+static void
+close_listener(struct server *srv)
+{
+	if (srv->listener == NULL)
+		return;
+	evconnlistener_free(srv->listener);
+	srv->listener = NULL;
+	if (srv->owns_path)
+		unlink(srv->socket_path);
+}
+
 void
 server_shutdown(struct server *srv)
 {
 	srv->shutting_down = 1;
-	if (srv->listener != NULL) {
-		evconnlistener_free(srv->listener);
-		srv->listener = NULL;
-		unlink(srv->socket_path);
-	}
+	close_listener(srv);
 }
 
 int
@@ -793,10 +952,7 @@ server_free(struct server *srv)
 	srv->sched = NULL;
 	while (srv->conns != NULL)
 		conn_free(srv->conns);
-	if (srv->listener != NULL) {
-		evconnlistener_free(srv->listener);
-		unlink(srv->socket_path);
-	}
+	close_listener(srv);
 	if (srv->wake_ev != NULL)
 		event_free(srv->wake_ev);
 	free(srv->socket_path);

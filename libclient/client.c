@@ -207,14 +207,16 @@ pump(rs_client *c)
 /*
  * A reply that carries no id: the daemon could not read a frame of ours.
  * After frame_too_large it closes the connection; that is then the reason
- * every request fails. Others cannot be matched to a request.
+ * every request fails, also when the end of the connection (RS_ERR_IO) was
+ * seen before the reply was looked at. Others cannot be matched to a request.
  */
 static void
 dispatch_no_id(rs_client *c, const rs_value *v)
 {
 	const char *code = rs_str(rs_get(v, "code")), *msg = rs_str(rs_get(v, "message"));
 
-	if (rs_status_from_code(code) != RS_ERR_FRAME_TOO_LARGE || c->dead_status != RS_OK)
+	if (rs_status_from_code(code) != RS_ERR_FRAME_TOO_LARGE ||
+	    (c->dead_status != RS_OK && c->dead_status != RS_ERR_IO))
 		return;
 	c->dead_status = RS_ERR_FRAME_TOO_LARGE;
 	snprintf(c->dead_message, sizeof c->dead_message, "%s", msg ? msg : rs_strerror(c->dead_status));
@@ -304,6 +306,35 @@ dispatch_all(rs_client *c)
 /* ---- output ---- */
 
 /*
+ * A write failed: the daemon closed the connection. It may have said why
+ * before it did (frame_too_large, sent as soon as it read a frame's length,
+ * while the rest was still being written): that is then the reason, rather
+ * than the write's error. Replies are read and looked at, not dispatched.
+ */
+static void
+send_failed(rs_client *c, int e)
+{
+	char err[ERRMSG_LEN];
+	size_t body, off;
+	rs_value *v;
+
+	while (read_some(c) > 0)
+		;
+	for (off = c->pos; c->dead_status != RS_ERR_FRAME_TOO_LARGE &&
+	    frame_check(c->buf + off, c->len - off, FRAME_MAX_REPLY, &body) == FRAME_OK; off += 4 + body) {
+		if (frame_decode((const char *)c->buf + off + 4, body, &v, err) != RS_OK)
+			break;
+		if (rs_value_type(rs_get(v, "id")) != RS_TYPE_UINT)
+			dispatch_no_id(c, v);
+		rs_value_free(v);
+	}
+	if (c->dead_status == RS_OK) {
+		c->dead_status = RS_ERR_IO;
+		snprintf(c->dead_message, sizeof c->dead_message, "writing to residentd: %s", strerror(e));
+	}
+}
+
+/*
  * Writes a whole frame. While the socket is full it keeps reading (without
  * dispatching), so that the daemon is never blocked on us.
  */
@@ -322,11 +353,7 @@ send_all(rs_client *c, const char *p, size_t n)
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-			if (c->dead_status == RS_OK) {
-				c->dead_status = RS_ERR_IO;
-				snprintf(c->dead_message, sizeof c->dead_message, "writing to residentd: %s",
-				    strerror(errno));
-			}
+			send_failed(c, errno);
 			return RS_ERR_IO;
 		}
 		pfd.fd = c->fd;
@@ -576,6 +603,30 @@ rs_generate_start(rs_client *c, const rs_params *p, rs_token_cb on_token, rs_don
 	st = start_req(c, r, "generate", p, extra);
 	rs_params_free(extra);
 	if (st != RS_OK) {
+		free(r);
+		return 0;
+	}
+	c->n_async++;
+	return r->id;
+}
+
+uint64_t
+rs_call_start(rs_client *c, const char *op, const rs_params *p, rs_done_cb on_result,
+    rs_error_cb on_error, void *user)
+{
+	struct req *r;
+
+	if (c == NULL || op == NULL) {
+		if (c != NULL)
+			fail(c, RS_ERR_INVAL, "rs_call_start: no op");
+		return 0;
+	}
+	if ((r = calloc(1, sizeof *r)) == NULL) {
+		fail(c, RS_ERR_NOMEM, "out of memory");
+		return 0;
+	}
+	r->on_done = on_result, r->on_error = on_error, r->user = user;
+	if (start_req(c, r, op, p, NULL) != RS_OK) {
 		free(r);
 		return 0;
 	}

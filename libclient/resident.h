@@ -2,9 +2,9 @@
  * resident.h: libresident, the client library of residentd.
  *
  * One connection to the daemon is an rs_client. Requests are made either
- * with blocking calls (rs_generate, rs_session_list, ...) or, for
- * generation, started without waiting (rs_generate_start) and driven from
- * the application's own event loop (rs_fd, rs_process). Both may be mixed
+ * with blocking calls (rs_generate, rs_session_list, ...) or started
+ * without waiting (rs_generate_start, rs_call_start) and driven from the
+ * application's own event loop (rs_fd, rs_process). Both may be mixed
  * on one connection and many requests may be in flight: while a blocking
  * call waits for its reply it dispatches the replies of the others to their
  * callbacks.
@@ -185,7 +185,8 @@ void rs_value_free(rs_value *v);
  * "cancel").
  */
 typedef int (*rs_token_cb)(uint64_t id, const char *text, const rs_value *reply, void *user);
-/* The generation ended: done holds `finish`, `usage`, `session`, `text` (without streaming). */
+/* The generation ended: done holds `finish`, `usage`, `session`, `text` (without streaming).
+ * Also rs_call_start's result: then done is the op's result. */
 typedef void (*rs_done_cb)(uint64_t id, const rs_value *done, void *user);
 /* The request failed: a daemon error, or RS_ERR_IO when the connection was lost. */
 typedef void (*rs_error_cb)(uint64_t id, rs_status code, const char *message, void *user);
@@ -272,6 +273,17 @@ rs_status rs_call(rs_client *c, const char *op, const rs_params *p, rs_value **o
 uint64_t rs_generate_start(rs_client *c, const rs_params *p, rs_token_cb on_token,
     rs_done_cb on_done, rs_error_cb on_error, void *user);
 
+/*
+ * Any op with the fields in p (may be NULL), started as rs_generate_start
+ * starts a generation: returns the request id (> 0) at once, or 0 on
+ * failure (rs_last_error); its last reply comes through rs_process to
+ * exactly one of on_result (the result, as a blocking call's *out) and
+ * on_error. progress replies (model.load) are not delivered. For event
+ * loops that must not wait for session, model or status ops.
+ */
+uint64_t rs_call_start(rs_client *c, const char *op, const rs_params *p, rs_done_cb on_result,
+    rs_error_cb on_error, void *user);
+
 /* Sends a cancel for generation `target` without waiting; its done (finish "cancel")
  * arrives through rs_process. Returns RS_OK or an error sending it. */
 rs_status rs_cancel_start(rs_client *c, uint64_t target);
@@ -287,7 +299,7 @@ int rs_fd(const rs_client *c);
  */
 rs_status rs_process(rs_client *c);
 
-/* Requests started with rs_generate_start that have not ended yet. */
+/* Requests started with rs_generate_start or rs_call_start that have not ended yet. */
 size_t rs_pending(const rs_client *c);
 
 #ifdef __cplusplus

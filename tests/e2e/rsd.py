@@ -456,6 +456,20 @@ class Checks(common.Checks):
         """with checks.section("x"): ...  an exception there is a failure, not the end."""
         return _Section(self, name)
 
+    def raises(self, fn, cls, what, **want):
+        """fn() must raise cls whose attributes equal want; returns the exception or None."""
+        try:
+            fn()
+        except cls as e:
+            for k, v in want.items():
+                self.eq(getattr(e, k, None), v, "%s: %s" % (what, k))
+            return e
+        except Exception as e:  # noqa: BLE001 (any other outcome is the failure)
+            self.ok(False, "%s: expected %s, got %r" % (what, cls.__name__, e))
+            return None
+        self.ok(False, "%s: expected %s, nothing raised" % (what, cls.__name__))
+        return None
+
     def code(self, fn, want, what):
         """fn() must raise ProtoError with code want."""
         try:

@@ -516,6 +516,80 @@ test_async_interleaved(void **state)
 	assert_int_equal(rs_process(f->c), RS_OK);
 }
 
+/* What rs_call_start's callbacks saw. */
+struct call_seen {
+	int results, errors;
+	char title[32];
+	rs_status error;
+};
+
+static void
+on_call_result(uint64_t id, const rs_value *result, void *user)
+{
+	struct call_seen *s = user;
+
+	s->results++;
+	assert_null(rs_get(result, "id"));
+	assert_null(rs_get(result, "type"));
+	snprintf(s->title, sizeof s->title, "%s", rs_str(rs_get(result, "title")));
+}
+
+static void
+on_call_error(uint64_t id, rs_status code, const char *message, void *user)
+{
+	struct call_seen *s = user;
+
+	s->errors++;
+	s->error = code;
+}
+
+/* Any op started without waiting: its result or error reaches its callbacks, progress does not. */
+static void
+test_call_start(void **state)
+{
+	struct fake *f = *state;
+	struct call_seen a = { 0 }, b = { 0 };
+	struct frame fr;
+	rs_params *p = rs_params_new();
+	uint64_t ia, ib;
+	rs_value *req;
+
+	rs_params_set_str(p, "model", "m");
+	ia = rs_call_start(f->c, "model.load", p, on_call_result, on_call_error, &a);
+	ib = rs_call_start(f->c, "session.list", NULL, on_call_result, on_call_error, &b);
+	rs_params_free(p);
+	assert_true(ia > 0 && ib > 0 && ia != ib);
+	assert_int_equal(rs_pending(f->c), 2);
+	req = recv_request(f);
+	assert_string_equal(rs_str(rs_get(req, "op")), "model.load");
+	assert_string_equal(rs_str(rs_get(req, "model")), "m");
+	assert_null(rs_get(req, "stream"));
+	rs_value_free(req);
+	req = recv_request(f);
+	assert_string_equal(rs_str(rs_get(req, "op")), "session.list");
+	assert_int_equal(rs_len(req), 2);                  /* id and op only */
+	rs_value_free(req);
+
+	open_frame(&fr, 4);
+	kv_uint(&fr, "id", ia);
+	kv_str(&fr, "type", "progress");
+	kv_uint(&fr, "done", 1);
+	kv_uint(&fr, "total", 2);
+	fake_send(f, &fr);
+	send_error(f, ib, "internal", "broken");
+	send_result(f, ia, "title", "loaded");
+	assert_int_equal(rs_process(f->c), RS_OK);
+	assert_int_equal(a.results, 1);
+	assert_int_equal(a.errors, 0);
+	assert_string_equal(a.title, "loaded");
+	assert_int_equal(b.results, 0);
+	assert_int_equal(b.errors, 1);
+	assert_int_equal(b.error, RS_ERR_INTERNAL);
+	assert_int_equal(rs_pending(f->c), 0);
+	assert_int_equal(rs_call_start(f->c, NULL, NULL, NULL, NULL, NULL), 0);
+	assert_int_equal(rs_call_start(NULL, "status", NULL, NULL, NULL, NULL), 0);
+}
+
 /* A reply that arrives a byte at a time is assembled before dispatch. */
 static void
 test_split_frames(void **state)
@@ -842,6 +916,48 @@ test_frame_too_large(void **state)
 	assert_string_equal(rs_last_error(f->c), "a frame of 99 bytes");
 }
 
+/* Read with the end of the connection in one go, frame_too_large is still the reason. */
+static void
+test_frame_too_large_async(void **state)
+{
+	struct fake *f = *state;
+	struct seen s = { 0 };
+	rs_params *p = rs_params_new();
+
+	rs_params_set_str(p, "prompt", "x");
+	assert_true(rs_generate_start(f->c, p, on_token, on_done, on_error, &s) > 0);
+	rs_params_free(p);
+	send_error(f, 0, "frame_too_large", "too big");
+	shutdown(f->fd, SHUT_WR);
+	assert_int_equal(rs_process(f->c), RS_ERR_FRAME_TOO_LARGE);
+	assert_int_equal(s.errors, 1);
+	assert_int_equal(s.error, RS_ERR_FRAME_TOO_LARGE);
+	assert_string_equal(s.message, "too big");
+}
+
+/* The daemon refuses a frame by its length and closes while the rest is being written:
+ * its frame_too_large, not the failed write, is the reason. */
+static void
+test_frame_too_large_while_writing(void **state)
+{
+	struct fake *f = *state;
+	rs_params *p = rs_params_new();
+	size_t n = 4u << 20;
+	char *big = malloc(n + 1);
+
+	memset(big, 'x', n);
+	big[n] = '\0';
+	rs_params_set_str(p, "prompt", big);
+	send_error(f, 0, "frame_too_large", "a frame of 4194330 bytes");
+	close(f->fd);
+	f->fd = -1;
+	assert_int_equal(rs_generate_start(f->c, p, NULL, NULL, NULL, NULL), 0);
+	assert_int_equal(rs_process(f->c), RS_ERR_FRAME_TOO_LARGE);
+	assert_string_equal(rs_last_error(f->c), "a frame of 4194330 bytes");
+	rs_params_free(p);
+	free(big);
+}
+
 /* A reply that is not msgpack ends the connection as a protocol error. */
 static void
 test_garbage_reply(void **state)
@@ -896,6 +1012,7 @@ main(void)
 		cmocka_unit_test(test_error_codes),
 		cmocka_unit_test(test_connect_errors),
 		cmocka_unit_test_setup_teardown(test_async_interleaved, fake_setup, fake_teardown),
+		cmocka_unit_test_setup_teardown(test_call_start, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_split_frames, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_blocking_dispatches_others, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_blocking_error, fake_setup, fake_teardown),
@@ -907,6 +1024,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_max_frame, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_connection_lost, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_frame_too_large, fake_setup, fake_teardown),
+		cmocka_unit_test_setup_teardown(test_frame_too_large_async, fake_setup, fake_teardown),
+		cmocka_unit_test_setup_teardown(test_frame_too_large_while_writing, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_garbage_reply, fake_setup, fake_teardown),
 	};
 

@@ -1,0 +1,583 @@
+/*
+ * api.c: OpenAI's JSON on one side, resident's generate fields on the other.
+ * Parses and checks request bodies into a struct api_req and builds the
+ * replies, stream chunks and error bodies. No I/O.
+ *
+ * Fields resident has no use for (user, metadata, store, ...) are ignored,
+ * as the daemon ignores unknown fields; fields that would change the reply
+ * in a way resident cannot honour (n > 1, tools, logprobs, ...) are refused
+ * with a 400 that names them, so that a client never gets a reply it did
+ * not ask for. Value ranges are the daemon's to check (PROTOCOL.md): its
+ * invalid_param comes back as a 400 with its message.
+ */
+#include "config.h"
+#include "openai.h"
+
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+enum num_kind { NUM_FLOAT, NUM_UINT, NUM_POSITIVE };
+
+/* The numeric fields passed to generate; max_completion_tokens wins over max_tokens. */
+static const struct {
+	const char *field, *key;
+	enum num_kind kind;
+} num_fields[] = {
+	{ "max_completion_tokens", "max_tokens", NUM_POSITIVE },
+	{ "max_tokens", "max_tokens", NUM_POSITIVE },
+	{ "temperature", "temperature", NUM_FLOAT },
+	{ "top_p", "top_p", NUM_FLOAT },
+	{ "seed", "seed", NUM_UINT },
+	{ "presence_penalty", "presence_penalty", NUM_FLOAT },
+	{ "frequency_penalty", "frequency_penalty", NUM_FLOAT },
+	/* not OpenAI's: resident's own sampling fields, for extra_body */
+	{ "top_k", "top_k", NUM_UINT },
+	{ "min_p", "min_p", NUM_FLOAT },
+	{ "repeat_penalty", "repeat_penalty", NUM_FLOAT },
+};
+
+int
+api_error_set(struct api_error *e, int status, const char *type, const char *param, const char *code,
+    const char *fmt, ...)
+{
+	va_list ap;
+
+	e->status = status;
+	e->type = type;
+	e->param = param;
+	e->code = code;
+	va_start(ap, fmt);
+	vsnprintf(e->message, sizeof e->message, fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+/* A 400 about the field param. */
+#define bad(e, param, ...) api_error_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
+
+/* A field's value; absent and null are the same: not given. */
+static json_t *
+field(const json_t *o, const char *key)
+{
+	json_t *v = json_object_get(o, key);
+
+	return json_is_null(v) ? NULL : v;
+}
+
+/* ---- parsing ---- */
+
+/* The numeric fields, checked for type; ranges are the daemon's. */
+static int
+parse_nums(const json_t *o, struct api_req *r, struct api_error *e)
+{
+	struct api_num *n;
+	json_t *v;
+	size_t i;
+	int j, dup;
+
+	for (i = 0; i < sizeof num_fields / sizeof num_fields[0]; i++) {
+		if ((v = field(o, num_fields[i].field)) == NULL)
+			continue;
+		for (j = 0, dup = 0; j < r->n_nums; j++)
+			dup |= strcmp(r->nums[j].key, num_fields[i].key) == 0;
+		if (dup)
+			continue;
+		n = &r->nums[r->n_nums];
+		n->key = num_fields[i].key;
+		if (num_fields[i].kind == NUM_FLOAT) {
+			if (!json_is_number(v))
+				return bad(e, num_fields[i].field, "%s must be a number", num_fields[i].field);
+			n->f = json_number_value(v);
+		} else {
+			if (!json_is_integer(v) || json_integer_value(v) < (num_fields[i].kind == NUM_POSITIVE))
+				return bad(e, num_fields[i].field, "%s must be an integer of at least %d",
+				    num_fields[i].field, num_fields[i].kind == NUM_POSITIVE);
+			n->is_uint = 1;
+			n->u = (uint64_t)json_integer_value(v);
+		}
+		r->n_nums++;
+	}
+	return 0;
+}
+
+/* stop: a string or an array of strings. */
+static int
+parse_stop(const json_t *o, struct api_req *r, struct api_error *e)
+{
+	json_t *v = field(o, "stop"), *s;
+	size_t i, n;
+
+	if (v == NULL)
+		return 0;
+	if (!json_is_string(v) && !json_is_array(v))
+		return bad(e, "stop", "stop must be a string or an array of strings");
+	n = json_is_string(v) ? 1 : json_array_size(v);
+	if ((r->stop = calloc(n ? n : 1, sizeof *r->stop)) == NULL)
+		return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+	for (i = 0; i < n; i++) {
+		s = json_is_string(v) ? v : json_array_get(v, i);
+		if (!json_is_string(s))
+			return bad(e, "stop", "stop must be a string or an array of strings");
+		if ((r->stop[r->n_stop++] = strdup(json_string_value(s))) == NULL)
+			return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+	}
+	return 0;
+}
+
+/* A true or nonzero value of a field resident cannot honour. */
+static int
+given(const json_t *v)
+{
+	if (v == NULL || json_is_false(v))
+		return 0;
+	if (json_is_integer(v))
+		return json_integer_value(v) != 0;
+	if (json_is_string(v))
+		return json_string_length(v) > 0;
+	if (json_is_array(v))
+		return json_array_size(v) > 0;
+	if (json_is_object(v))
+		return json_object_size(v) > 0;
+	return 1;
+}
+
+/* Refuses the fields that ask for what resident does not do. */
+static int
+refuse_unsupported(const json_t *o, struct api_error *e)
+{
+	static const char *const fields[] = {
+		"logprobs", "top_logprobs", "echo", "suffix", "tools", "functions", "logit_bias",
+	};
+	json_t *v;
+	size_t i;
+
+	for (i = 0; i < sizeof fields / sizeof fields[0]; i++)
+		if (given(field(o, fields[i])))
+			return bad(e, fields[i], "%s is not supported by resident-openai", fields[i]);
+	if ((v = field(o, "n")) != NULL && (!json_is_integer(v) || json_integer_value(v) != 1))
+		return bad(e, "n", "n must be 1: resident-openai makes one choice per request");
+	if ((v = field(o, "best_of")) != NULL && (!json_is_integer(v) || json_integer_value(v) != 1))
+		return bad(e, "best_of", "best_of must be 1");
+	v = field(o, "response_format");
+	if (v != NULL && (!json_is_object(v) || !json_is_string(json_object_get(v, "type")) ||
+	    strcmp(json_string_value(json_object_get(v, "type")), "text") != 0))
+		return bad(e, "response_format", "response_format must be {\"type\": \"text\"}");
+	return 0;
+}
+
+/* A message's content: a string, or an array of text parts (joined by newlines). */
+static char *
+message_content(const json_t *c, size_t i, struct api_error *e)
+{
+	json_t *part, *text;
+	size_t k, len = 0, n;
+	char *s, *p;
+
+	if (json_is_string(c))
+		return strdup(json_string_value(c));
+	if (!json_is_array(c)) {
+		bad(e, "messages", "messages[%zu].content must be a string or an array of text parts", i);
+		return NULL;
+	}
+	json_array_foreach(c, k, part) {
+		text = json_object_get(part, "text");
+		if (!json_is_string(json_object_get(part, "type")) ||
+		    strcmp(json_string_value(json_object_get(part, "type")), "text") != 0 || !json_is_string(text)) {
+			bad(e, "messages", "messages[%zu].content[%zu]: only text parts are supported", i, k);
+			return NULL;
+		}
+		len += json_string_length(text) + 1;
+	}
+	if ((s = p = malloc(len + 1)) == NULL)
+		return NULL;
+	json_array_foreach(c, k, part) {
+		if (k > 0)
+			*p++ = '\n';
+		text = json_object_get(part, "text");
+		n = json_string_length(text);
+		memcpy(p, json_string_value(text), n);
+		p += n;
+	}
+	*p = '\0';
+	return s;
+}
+
+/* The role names resident knows; developer is OpenAI's newer name for system. */
+static const char *
+message_role(const char *role)
+{
+	if (strcmp(role, "system") == 0 || strcmp(role, "developer") == 0)
+		return "system";
+	if (strcmp(role, "user") == 0)
+		return "user";
+	if (strcmp(role, "assistant") == 0)
+		return "assistant";
+	return NULL;
+}
+
+static int
+parse_messages(const json_t *o, struct api_req *r, struct api_error *e)
+{
+	json_t *a = field(o, "messages"), *m, *role;
+	size_t i;
+
+	if (a == NULL)
+		return bad(e, "messages", "messages is required");
+	if (!json_is_array(a) || json_array_size(a) == 0)
+		return bad(e, "messages", "messages must be a non-empty array");
+	if ((r->msgs = calloc(json_array_size(a), sizeof *r->msgs)) == NULL)
+		return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+	json_array_foreach(a, i, m) {
+		role = json_object_get(m, "role");
+		if (!json_is_object(m) || !json_is_string(role))
+			return bad(e, "messages", "messages[%zu] must be an object with a role", i);
+		if ((r->msgs[i].role = message_role(json_string_value(role))) == NULL)
+			return bad(e, "messages", "messages[%zu]: role '%s' is not supported (system, developer, "
+			    "user, assistant)", i, json_string_value(role));
+		if (field(m, "content") == NULL)
+			return bad(e, "messages", "messages[%zu] has no content", i);
+		r->n_msgs = i + 1;
+		if ((r->msgs[i].content = message_content(json_object_get(m, "content"), i, e)) == NULL)
+			return e->message[0] ? -1 : api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+	}
+	return 0;
+}
+
+/* prompt: a string, or an array of one string. */
+static int
+parse_prompt(const json_t *o, struct api_req *r, struct api_error *e)
+{
+	json_t *p = field(o, "prompt");
+
+	if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+		p = json_array_get(p, 0);
+	if (!json_is_string(p))
+		return bad(e, "prompt", "prompt must be a string (or an array of one string)");
+	if ((r->prompt = strdup(json_string_value(p))) == NULL)
+		return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+	return 0;
+}
+
+/* A session's uuid in the protocol's form (lowercased here), or "new". */
+static int
+valid_session(char *s)
+{
+	static const char form[] = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx";
+	size_t i;
+
+	if (strcmp(s, "new") == 0)
+		return 1;
+	if (strlen(s) != sizeof form - 1)
+		return 0;
+	for (i = 0; s[i]; i++) {
+		s[i] = (char)tolower((unsigned char)s[i]);
+		if (form[i] == '-' ? s[i] != '-' : !isxdigit((unsigned char)s[i]))
+			return 0;
+	}
+	return 1;
+}
+
+/* The session named by the body's `session` and the X-Resident-Session header. */
+static int
+parse_session(const json_t *o, const char *header, struct api_req *r, struct api_error *e)
+{
+	json_t *v = field(o, "session");
+	const char *s = header;
+
+	if (v != NULL && !json_is_string(v))
+		return bad(e, "session", "session must be a string: a session's id, or \"new\"");
+	if (v != NULL && header != NULL && strcmp(json_string_value(v), header) != 0)
+		return bad(e, "session", "the session field and the X-Resident-Session header differ");
+	if (v != NULL)
+		s = json_string_value(v);
+	if (s == NULL)
+		return 0;
+	if ((r->session = strdup(s)) == NULL)
+		return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+	if (!valid_session(r->session))
+		return bad(e, "session", "session must be a session's id (8-4-4-4-12 hex digits) or \"new\"");
+	if (r->kind != API_CHAT)
+		return bad(e, "session", "a session continues a conversation: use /v1/chat/completions");
+	/* a new session keeps a leading system message as its system prompt */
+	if (strcmp(r->session, "new") == 0 && strcmp(r->msgs[0].role, "system") == 0) {
+		if (r->n_msgs < 2)
+			return bad(e, "messages", "messages must hold more than the system message");
+		r->system = r->msgs[0].content;
+		memmove(r->msgs, r->msgs + 1, --r->n_msgs * sizeof *r->msgs);
+	}
+	return 0;
+}
+
+/* stream and stream_options.include_usage. */
+static int
+parse_stream(const json_t *o, struct api_req *r, struct api_error *e)
+{
+	json_t *v = field(o, "stream"), *so = field(o, "stream_options"), *iu;
+
+	if (v != NULL && !json_is_boolean(v))
+		return bad(e, "stream", "stream must be a boolean");
+	r->stream = json_is_true(v);
+	if (so == NULL)
+		return 0;
+	if (!r->stream)
+		return bad(e, "stream_options", "stream_options is only allowed when stream is true");
+	iu = field(so, "include_usage");
+	if (!json_is_object(so) || (iu != NULL && !json_is_boolean(iu)))
+		return bad(e, "stream_options", "stream_options must be {\"include_usage\": bool}");
+	r->include_usage = json_is_true(iu);
+	return 0;
+}
+
+int
+api_parse(enum api_kind kind, const char *body, size_t len, const char *session_header,
+    struct api_req *r, struct api_error *e)
+{
+	json_error_t je;
+	json_t *o, *model;
+	int rc = -1;
+
+	memset(r, 0, sizeof *r);
+	e->message[0] = '\0';
+	r->kind = kind;
+	if ((o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je)) == NULL)
+		return bad(e, NULL, "the body is not valid JSON: %s (at byte %d)", je.text, je.position);
+	if (!json_is_object(o)) {
+		bad(e, NULL, "the body must be a JSON object");
+		goto out;
+	}
+	if (!json_is_string(model = field(o, "model")) || json_string_length(model) == 0) {
+		bad(e, "model", "model is required: one of the names of GET /v1/models");
+		goto out;
+	}
+	if ((r->model = strdup(json_string_value(model))) == NULL) {
+		api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+		goto out;
+	}
+	if ((kind == API_CHAT ? parse_messages(o, r, e) : parse_prompt(o, r, e)) != 0 ||
+	    parse_session(o, session_header, r, e) != 0 || parse_stream(o, r, e) != 0 ||
+	    parse_nums(o, r, e) != 0 || parse_stop(o, r, e) != 0 || refuse_unsupported(o, e) != 0)
+		goto out;
+	rc = 0;
+out:
+	json_decref(o);
+	if (rc != 0)
+		api_req_free(r);
+	return rc;
+}
+
+void
+api_req_free(struct api_req *r)
+{
+	size_t i;
+
+	for (i = 0; i < r->n_msgs; i++)
+		free(r->msgs[i].content);
+	for (i = 0; i < r->n_stop; i++)
+		free(r->stop[i]);
+	free(r->msgs), free(r->stop), free(r->model), free(r->session), free(r->system), free(r->prompt);
+	memset(r, 0, sizeof *r);
+}
+
+rs_params *
+api_params(const struct api_req *r)
+{
+	rs_params *p = rs_params_new();
+	rs_status st = p ? RS_OK : RS_ERR_NOMEM;
+	size_t i;
+	int j;
+
+	if (st == RS_OK)
+		st = rs_params_set_str(p, "model", r->model);
+	if (st == RS_OK && r->prompt != NULL)
+		st = rs_params_set_str(p, "prompt", r->prompt);
+	for (i = 0; st == RS_OK && i < r->n_msgs; i++)
+		st = rs_params_add_message(p, r->msgs[i].role, r->msgs[i].content);
+	for (i = 0; st == RS_OK && i < r->n_stop; i++)
+		st = rs_params_add_stop(p, r->stop[i]);
+	for (j = 0; st == RS_OK && j < r->n_nums; j++)
+		st = r->nums[j].is_uint ? rs_params_set_uint(p, r->nums[j].key, r->nums[j].u) :
+		    rs_params_set_float(p, r->nums[j].key, r->nums[j].f);
+	if (st != RS_OK) {
+		rs_params_free(p);
+		return NULL;
+	}
+	return p;
+}
+
+void
+api_meta_init(struct api_meta *m, enum api_kind kind, const char *model)
+{
+	static uint64_t counter;
+	unsigned char b[12];
+	size_t i;
+	int n;
+
+	/* ids need only be unique: a counter stands in if the kernel has no randomness to give */
+	if (getrandom(b, sizeof b, GRND_NONBLOCK) != (ssize_t)sizeof b) {
+		counter++;
+		for (i = 0; i < sizeof b; i++)
+			b[i] = (unsigned char)(i < 8 ? counter >> (8 * i) : (uint64_t)time(NULL) >> (8 * (i - 8)));
+	}
+	n = snprintf(m->id, sizeof m->id, "%s", kind == API_CHAT ? "chatcmpl-" : "cmpl-");
+	for (i = 0; i < sizeof b; i++)
+		n += snprintf(m->id + n, sizeof m->id - (size_t)n, "%02x", b[i]);
+	m->created = (long long)time(NULL);
+	m->model = model;
+	m->session = NULL;
+}
+
+/* ---- replies ---- */
+
+const char *
+api_finish_reason(const char *finish)
+{
+	if (finish == NULL)
+		return NULL;
+	if (strcmp(finish, "stop") == 0)
+		return "stop";
+	if (strcmp(finish, "length") == 0 || strcmp(finish, "context") == 0)
+		return "length";
+	return NULL;
+}
+
+/* A JSON string of daemon text (always UTF-8); "" if it were not. */
+static json_t *
+text_json(const char *s)
+{
+	json_t *j = json_string(s ? s : "");
+
+	return j ? j : json_string("");
+}
+
+static json_t *
+usage_json(const struct api_usage *u)
+{
+	return json_pack("{sI sI sI s{sI}}", "prompt_tokens", (json_int_t)u->prompt,
+	    "completion_tokens", (json_int_t)u->generated, "total_tokens", (json_int_t)(u->prompt + u->generated),
+	    "prompt_tokens_details", "cached_tokens", (json_int_t)u->cached);
+}
+
+/* The fields every reply object starts with. */
+static json_t *
+reply_head(const struct api_meta *m, const char *object)
+{
+	json_t *o = json_pack("{ss ss sI ss}", "id", m->id, "object", object, "created",
+	    (json_int_t)m->created, "model", m->model);
+
+	if (o != NULL && m->session != NULL)
+		json_object_set_new(o, "session", json_string(m->session));
+	return o;
+}
+
+json_t *
+api_reply(const struct api_req *r, const struct api_meta *m, const char *text, const char *finish_reason,
+    const struct api_usage *u)
+{
+	json_t *o = reply_head(m, r->kind == API_CHAT ? "chat.completion" : "text_completion"), *choice;
+
+	if (r->kind == API_CHAT)
+		choice = json_pack("{sI s{ss so} sn ss}", "index", (json_int_t)0, "message", "role", "assistant",
+		    "content", text_json(text), "logprobs", "finish_reason", finish_reason);
+	else
+		choice = json_pack("{sI so sn ss}", "index", (json_int_t)0, "text", text_json(text), "logprobs",
+		    "finish_reason", finish_reason);
+	json_object_set_new(o, "choices", json_pack("[o]", choice));
+	json_object_set_new(o, "usage", usage_json(u));
+	return o;
+}
+
+json_t *
+api_chunk(const struct api_req *r, const struct api_meta *m, const char *text, int role,
+    const char *finish_reason)
+{
+	json_t *o = reply_head(m, r->kind == API_CHAT ? "chat.completion.chunk" : "text_completion");
+	json_t *choice = json_pack("{sI sn}", "index", (json_int_t)0, "logprobs"), *delta;
+
+	if (r->kind == API_CHAT) {
+		delta = json_object();
+		if (role)
+			json_object_set_new(delta, "role", json_string("assistant"));
+		if (text != NULL)
+			json_object_set_new(delta, "content", text_json(text));
+		json_object_set_new(choice, "delta", delta);
+	} else {
+		json_object_set_new(choice, "text", text_json(text));
+	}
+	json_object_set_new(choice, "finish_reason", finish_reason ? json_string(finish_reason) : json_null());
+	json_object_set_new(o, "choices", json_pack("[o]", choice));
+	/* with include_usage every chunk has the field, null but in the last */
+	if (r->include_usage)
+		json_object_set_new(o, "usage", json_null());
+	return o;
+}
+
+json_t *
+api_usage_chunk(const struct api_req *r, const struct api_meta *m, const struct api_usage *u)
+{
+	json_t *o = reply_head(m, r->kind == API_CHAT ? "chat.completion.chunk" : "text_completion");
+
+	json_object_set_new(o, "choices", json_array());
+	json_object_set_new(o, "usage", usage_json(u));
+	return o;
+}
+
+json_t *
+api_model(const char *name)
+{
+	/* the daemon keeps no creation time of a model: 0 says so */
+	return json_pack("{ss ss sI ss}", "id", name, "object", "model", "created", (json_int_t)0,
+	    "owned_by", "resident");
+}
+
+/* ---- errors ---- */
+
+/* A daemon's or libresident's status as an HTTP error; code NULL: the protocol's own code. */
+static const struct {
+	rs_status st;
+	int status;
+	const char *type, *param, *code;
+} status_errors[] = {
+	{ RS_ERR_BAD_FRAME, 400, "invalid_request_error", NULL, NULL },
+	{ RS_ERR_BAD_REQUEST, 400, "invalid_request_error", NULL, NULL },
+	{ RS_ERR_UNKNOWN_OP, 400, "invalid_request_error", NULL, NULL },
+	{ RS_ERR_INVALID_PARAM, 400, "invalid_request_error", NULL, NULL },
+	{ RS_ERR_INVALID_UTF8, 400, "invalid_request_error", NULL, NULL },
+	{ RS_ERR_DUPLICATE_ID, 400, "invalid_request_error", NULL, NULL },
+	{ RS_ERR_CONTEXT_EXCEEDED, 400, "invalid_request_error", "messages", "context_length_exceeded" },
+	{ RS_ERR_NOT_FOUND, 404, "invalid_request_error", NULL, NULL },
+	{ RS_ERR_FRAME_TOO_LARGE, 413, "invalid_request_error", NULL, "request_too_large" },
+	{ RS_ERR_OVERLOADED, 429, "rate_limit_error", NULL, NULL },
+	{ RS_ERR_SHUTTING_DOWN, 503, "server_error", NULL, NULL },
+	{ RS_ERR_CONNECT, 503, "server_error", NULL, "daemon_unavailable" },
+	{ RS_ERR_IO, 502, "server_error", NULL, "daemon_connection_lost" },
+	{ RS_ERR_PROTOCOL, 502, "server_error", NULL, "daemon_connection_lost" },
+};
+
+void
+api_error_from_status(rs_status st, const char *message, struct api_error *e)
+{
+	const char *code = rs_status_code(st);
+	size_t i;
+
+	for (i = 0; i < sizeof status_errors / sizeof status_errors[0]; i++)
+		if (status_errors[i].st == st) {
+			api_error_set(e, status_errors[i].status, status_errors[i].type, status_errors[i].param,
+			    status_errors[i].code ? status_errors[i].code : code, "%s", message);
+			return;
+		}
+	/* model_error, internal, a code from a newer daemon, no memory */
+	api_error_set(e, 500, "server_error", NULL, code ? code : "internal", "%s", message);
+}
+
+json_t *
+api_error_json(const struct api_error *e)
+{
+	return json_pack("{s{so ss so so}}", "error", "message", text_json(e->message), "type", e->type,
+	    "param", e->param ? json_string(e->param) : json_null(),
+	    "code", e->code ? json_string(e->code) : json_null());
+}

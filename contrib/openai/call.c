@@ -1,0 +1,527 @@
+/*
+ * call.c: one HTTP request's life against residentd.
+ *
+ * Each request has its own daemon connection, read by the event loop
+ * (rs_fd, rs_process): the daemon admits requests round-robin across
+ * connections, so HTTP clients share it as fairly as any other clients, and
+ * a client that leaves or stalls concerns its own connection alone. A
+ * connection adds a fraction of a millisecond (README, "OpenAI-compatible
+ * endpoint").
+ *
+ *   GET /v1/models:  CALL_MODELS --model.list--> reply, CALL_DONE
+ *   a completion:    CALL_MODELS    only for a model not in the cache (404 if not listed)
+ *                    CALL_SESSION   session.new, only for session "new"
+ *                    CALL_GENERATE  --done or error--> reply, CALL_DONE
+ *   the client leaves: in CALL_GENERATE a cancel is sent --> CALL_CANCELLING --done--> CALL_DONE;
+ *                      in the other states the call ends at once.
+ *
+ * Model names are cached: the daemon only ever adds models, so a name in
+ * the cache is a model, and a name not in it sends for a fresh list. A name
+ * that is not listed is refused rather than passed on, since the daemon
+ * would take it for a file to load.
+ *
+ * libresident's callbacks run inside rs_process, where the client must not
+ * be closed: call_end marks the call CALL_DONE and the read callback frees
+ * it once rs_process has returned.
+ */
+#include "config.h"
+#include "openai.h"
+#include "log.h"
+
+#include <event2/event.h>
+#include <event2/http.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SESSION_TITLE "resident-openai"
+
+enum call_state { CALL_MODELS, CALL_SESSION, CALL_GENERATE, CALL_CANCELLING, CALL_DONE };
+
+struct call {
+	enum call_state state;
+	struct oa *oa;
+	struct evhttp_request *req;   /* NULL once answered, or once the client left */
+	struct http_watch *watch;
+	rs_client *rc;
+	struct event *rc_ev;
+	int in_process;               /* inside rs_process: libresident's callbacks may run */
+	const char *path;             /* for the log */
+	struct timespec t0;
+	/* GET /v1/models */
+	int list_models;
+	char *model_name;             /* /v1/models/NAME; NULL: the list */
+	/* completions */
+	struct api_req r;
+	struct api_meta meta;
+	char session[40];
+	uint64_t gen_id;
+	int streaming;                /* the event stream has begun */
+	struct call *next;
+};
+
+static void call_start_generate(struct call *c);
+static void session_result_cb(uint64_t id, const rs_value *result, void *arg);
+
+/* ---- life ---- */
+
+static void
+call_free(struct call *c)
+{
+	struct call **pp;
+
+	for (pp = &c->oa->calls; *pp != c; pp = &(*pp)->next)
+		;
+	*pp = c->next;
+	http_watch_stop(c->watch);
+	if (c->rc_ev != NULL)
+		event_free(c->rc_ev);
+	rs_close(c->rc);
+	api_req_free(&c->r);
+	free(c->model_name);
+	free(c);
+}
+
+/* Seconds since the request came. */
+static double
+call_seconds(const struct call *c)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (double)(t.tv_sec - c->t0.tv_sec) + (t.tv_nsec - c->t0.tv_nsec) / 1e9;
+}
+
+/*
+ * The last reply is about to be sent: the watch ends first, since sending it
+ * may free the connection at once (a client that asked to close it).
+ */
+static void
+call_unwatch(struct call *c)
+{
+	http_watch_stop(c->watch);
+	c->watch = NULL;
+}
+
+/* The call is over: its reply was sent, or its client left. Freed now or after rs_process. */
+static void
+call_end(struct call *c)
+{
+	c->state = CALL_DONE;
+	call_unwatch(c);
+	c->req = NULL;
+	if (!c->in_process)
+		call_free(c);
+}
+
+/* Answers with an error and ends the call. */
+static void
+call_fail(struct call *c, const struct api_error *e)
+{
+	call_unwatch(c);
+	if (c->req != NULL && c->streaming) {
+		/* the status is sent already: the error goes into the stream (the openai packages raise it) */
+		http_stream_send(c->req, api_error_json(e));
+		http_stream_end(c->req);
+	} else if (c->req != NULL) {
+		http_send_error(c->req, e);
+	}
+	log_info("%s %d %s (%.3fs)", c->path, e->status, e->message, call_seconds(c));
+	call_end(c);
+}
+
+/* The HTTP client left (its request is already released). */
+static void
+call_gone_cb(void *arg)
+{
+	struct call *c = arg;
+
+	c->watch = NULL;
+	c->req = NULL;
+	if (c->state == CALL_GENERATE && rs_cancel_start(c->rc, c->gen_id) == RS_OK) {
+		c->state = CALL_CANCELLING;
+		return;
+	}
+	log_info("%s: the client left (%.3fs)", c->path, call_seconds(c));
+	call_end(c);
+}
+
+/* Replies of the daemon; a call that ended inside them is freed here. */
+static void
+call_read_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct call *c = arg;
+	struct api_error e;
+	rs_status st;
+
+	c->in_process = 1;
+	st = rs_process(c->rc);
+	c->in_process = 0;
+	if (st != RS_OK && c->state != CALL_DONE) {
+		/* every request in flight has failed through its callback; this is for a call with none */
+		api_error_from_status(st, rs_last_error(c->rc), &e);
+		call_fail(c, &e);
+	}
+	if (c->state == CALL_DONE)
+		call_free(c);
+}
+
+/*
+ * Names the connection for the daemon's status ("resident-openai"). Nothing
+ * waits for the answer: the requests that follow are read after it anyway.
+ */
+static void
+call_hello(struct call *c)
+{
+	rs_params *p = rs_params_new();
+
+	if (p != NULL && rs_params_set_str(p, "client", "resident-openai") == RS_OK &&
+	    rs_params_set_uint(p, "version", RS_PROTOCOL_VERSION) == RS_OK)
+		rs_call_start(c->rc, "hello", p, NULL, NULL, NULL);
+	rs_params_free(p);
+}
+
+/* A call with its own daemon connection, or NULL after answering the error. */
+static struct call *
+call_open(struct oa *oa, struct evhttp_request *req, const char *path)
+{
+	struct call *c = calloc(1, sizeof *c);
+	struct api_error e;
+	rs_error err;
+
+	if (c == NULL) {
+		api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+		http_send_error(req, &e);
+		return NULL;
+	}
+	c->oa = oa;
+	c->req = req;
+	c->path = path;
+	clock_gettime(CLOCK_MONOTONIC, &c->t0);
+	c->next = oa->calls;
+	oa->calls = c;
+	if ((c->rc = rs_connect(oa->socket, 0, &err)) == NULL) {
+		api_error_from_status(err.code, err.message, &e);
+		call_fail(c, &e);
+		return NULL;
+	}
+	call_hello(c);
+	c->rc_ev = event_new(oa->base, rs_fd(c->rc), EV_READ | EV_PERSIST, call_read_cb, c);
+	c->watch = http_watch_start(oa, req, call_gone_cb, c);
+	if (c->rc_ev == NULL || c->watch == NULL || event_add(c->rc_ev, NULL) != 0) {
+		api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+		call_fail(c, &e);
+		return NULL;
+	}
+	return c;
+}
+
+void
+call_free_all(struct oa *oa)
+{
+	while (oa->calls != NULL)
+		call_free(oa->calls);
+}
+
+/* A failed daemon request of any state. */
+static void
+call_error_cb(uint64_t id, rs_status code, const char *message, void *arg)
+{
+	struct call *c = arg;
+	struct api_error e;
+
+	if (c->req == NULL) {
+		log_info("%s: the client left (%.3fs)", c->path, call_seconds(c));
+		call_end(c);
+		return;
+	}
+	api_error_from_status(code, message, &e);
+	if (code == RS_ERR_NOT_FOUND && c->state == CALL_GENERATE && c->r.session != NULL) {
+		e.param = "session";
+		e.code = "session_not_found";
+	}
+	call_fail(c, &e);
+}
+
+/*
+ * A request could not be sent. libresident says why in a message; the
+ * status is rs_process's, which once the connection is over returns the
+ * reason (a frame_too_large the daemon sent before closing, a lost
+ * connection), and otherwise leaves only running out of memory.
+ */
+static void
+call_start_failed(struct call *c)
+{
+	char message[256];
+	rs_status st;
+
+	snprintf(message, sizeof message, "%s", rs_last_error(c->rc));
+	st = rs_process(c->rc);
+	if (st != RS_OK)
+		snprintf(message, sizeof message, "%s", rs_last_error(c->rc));
+	call_error_cb(0, st != RS_OK ? st : RS_ERR_NOMEM, message, c);
+}
+
+/* ---- models ---- */
+
+static int
+model_known(const struct oa *oa, const char *name)
+{
+	size_t i;
+
+	for (i = 0; i < oa->n_models; i++)
+		if (strcmp(oa->models[i], name) == 0)
+			return 1;
+	return 0;
+}
+
+/* Replaces the cache with the names of a model.list result. */
+static void
+models_cache(struct oa *oa, const rs_value *models)
+{
+	size_t i, n = rs_len(models);
+	char **names = calloc(n ? n : 1, sizeof *names);
+	const char *name;
+
+	if (names == NULL)
+		return;
+	for (i = 0; i < n; i++) {
+		name = rs_str(rs_get(rs_at(models, i), "name"));
+		if ((names[i] = strdup(name ? name : "")) == NULL)
+			break;
+	}
+	n = i;
+	for (i = 0; i < oa->n_models; i++)
+		free(oa->models[i]);
+	free(oa->models);
+	oa->models = names;
+	oa->n_models = n;
+}
+
+/* 404 for a model residentd does not have. */
+static void
+call_no_model(struct call *c, const char *name)
+{
+	struct api_error e;
+
+	api_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
+	    "the model '%s' does not exist: GET /v1/models lists the models of residentd", name);
+	call_fail(c, &e);
+}
+
+/* The GET /v1/models reply. */
+static void
+models_reply(struct call *c)
+{
+	json_t *data;
+	size_t i;
+
+	if (c->model_name != NULL) {
+		if (!model_known(c->oa, c->model_name)) {
+			call_no_model(c, c->model_name);
+			return;
+		}
+		call_unwatch(c);
+		http_send_json(c->req, 200, api_model(c->model_name));
+	} else {
+		call_unwatch(c);
+		data = json_array();
+		for (i = 0; i < c->oa->n_models; i++)
+			json_array_append_new(data, api_model(c->oa->models[i]));
+		http_send_json(c->req, 200, json_pack("{ss so}", "object", "list", "data", data));
+	}
+	log_info("%s 200 (%.3fs)", c->path, call_seconds(c));
+	call_end(c);
+}
+
+/* Where a completion goes once its model is known to exist. */
+static void
+call_after_model(struct call *c)
+{
+	rs_params *p;
+
+	if (c->r.session == NULL || strcmp(c->r.session, "new") != 0) {
+		if (c->r.session != NULL)
+			snprintf(c->session, sizeof c->session, "%s", c->r.session);
+		call_start_generate(c);
+		return;
+	}
+	c->state = CALL_SESSION;
+	p = rs_params_new();
+	if (p == NULL || rs_params_set_str(p, "model", c->r.model) != RS_OK ||
+	    rs_params_set_str(p, "title", SESSION_TITLE) != RS_OK ||
+	    (c->r.system != NULL && rs_params_set_str(p, "system", c->r.system) != RS_OK) ||
+	    rs_call_start(c->rc, "session.new", p, session_result_cb, call_error_cb, c) == 0)
+		call_start_failed(c);
+	rs_params_free(p);
+}
+
+static void
+models_result_cb(uint64_t id, const rs_value *result, void *arg)
+{
+	struct call *c = arg;
+
+	models_cache(c->oa, rs_get(result, "models"));
+	if (c->req == NULL)
+		call_end(c);
+	else if (c->list_models)
+		models_reply(c);
+	else if (!model_known(c->oa, c->r.model))
+		call_no_model(c, c->r.model);
+	else
+		call_after_model(c);
+}
+
+/* Sends model.list. */
+static void
+call_list_models(struct call *c)
+{
+	c->state = CALL_MODELS;
+	if (rs_call_start(c->rc, "model.list", NULL, models_result_cb, call_error_cb, c) == 0)
+		call_start_failed(c);
+}
+
+void
+call_models(struct oa *oa, struct evhttp_request *req, const char *name)
+{
+	struct call *c = call_open(oa, req, name ? "GET /v1/models/NAME" : "GET /v1/models");
+
+	if (c == NULL)
+		return;
+	c->list_models = 1;
+	if (name != NULL && (c->model_name = strdup(name)) == NULL) {
+		call_error_cb(0, RS_ERR_NOMEM, "out of memory", c);
+		return;
+	}
+	call_list_models(c);
+}
+
+/* ---- sessions ---- */
+
+static void
+session_result_cb(uint64_t id, const rs_value *result, void *arg)
+{
+	struct call *c = arg;
+	const char *uuid = rs_str(rs_get(rs_get(result, "session"), "session"));
+
+	if (c->req == NULL) {
+		call_end(c);
+		return;
+	}
+	snprintf(c->session, sizeof c->session, "%s", uuid ? uuid : "");
+	call_start_generate(c);
+}
+
+/* ---- generation ---- */
+
+/* The status line, headers and (chat) the assistant's role: sent with the first token, so that
+ * an error before it (a prompt too long, a session not found) still gets its own status. */
+static void
+stream_begin(struct call *c)
+{
+	c->streaming = 1;
+	if (c->session[0])
+		http_add_header(c->req, "X-Resident-Session", c->session);
+	http_stream_start(c->req);
+	if (c->r.kind == API_CHAT)
+		http_stream_send(c->req, api_chunk(&c->r, &c->meta, "", 1, NULL));
+}
+
+static int
+token_cb(uint64_t id, const char *text, const rs_value *reply, void *arg)
+{
+	struct call *c = arg;
+
+	if (c->req == NULL)
+		return 0;               /* cancelling */
+	if (!c->streaming)
+		stream_begin(c);
+	if (text[0] != '\0')
+		http_stream_send(c->req, api_chunk(&c->r, &c->meta, text, 0, NULL));
+	if (http_unsent(c->req) > c->oa->max_unread) {
+		log_warn("%s: the client left %zu bytes unread: dropped", c->path, http_unsent(c->req));
+		http_watch_drop(c->watch);      /* calls call_gone_cb: the generation is cancelled */
+	}
+	return 0;
+}
+
+static void
+done_cb(uint64_t id, const rs_value *done, void *arg)
+{
+	struct call *c = arg;
+	const rs_value *uv = rs_get(done, "usage");
+	const char *finish = rs_str(rs_get(done, "finish")), *reason = api_finish_reason(finish);
+	struct api_usage u = { rs_uint(rs_get(uv, "prompt_tokens")), rs_uint(rs_get(uv, "cached_tokens")),
+	    rs_uint(rs_get(uv, "generated_tokens")) };
+	struct api_error e;
+
+	if (c->req == NULL) {
+		log_info("%s: the client left: generation cancelled after %llu tokens (%.3fs)", c->path,
+		    (unsigned long long)u.generated, call_seconds(c));
+		call_end(c);
+		return;
+	}
+	if (reason == NULL) {
+		api_error_set(&e, 503, "server_error", NULL, "cancelled", "residentd cancelled the generation "
+		    "(its model was unloaded, or it is stopping)");
+		call_fail(c, &e);
+		return;
+	}
+	if (c->r.stream) {
+		if (!c->streaming)
+			stream_begin(c);
+		call_unwatch(c);
+		http_stream_send(c->req, api_chunk(&c->r, &c->meta, c->r.kind == API_CHAT ? NULL : "", 0, reason));
+		if (c->r.include_usage)
+			http_stream_send(c->req, api_usage_chunk(&c->r, &c->meta, &u));
+		http_stream_end(c->req);
+	} else {
+		call_unwatch(c);
+		if (c->session[0])
+			http_add_header(c->req, "X-Resident-Session", c->session);
+		http_send_json(c->req, 200, api_reply(&c->r, &c->meta, rs_str(rs_get(done, "text")), reason, &u));
+	}
+	log_info("%s 200 model %s%s%s, %llu+%llu tokens (%llu cached), %s (%.3fs)", c->path, c->r.model,
+	    c->session[0] ? ", session " : "", c->session, (unsigned long long)u.prompt,
+	    (unsigned long long)u.generated, (unsigned long long)u.cached, reason, call_seconds(c));
+	call_end(c);
+}
+
+static void
+call_start_generate(struct call *c)
+{
+	rs_params *p = api_params(&c->r);
+
+	c->state = CALL_GENERATE;
+	c->meta.session = c->session[0] ? c->session : NULL;
+	if (p == NULL || (c->session[0] && rs_params_set_str(p, "session", c->session) != RS_OK) ||
+	    rs_params_set_bool(p, "stream", c->r.stream) != RS_OK) {
+		rs_params_free(p);
+		call_error_cb(0, RS_ERR_NOMEM, "out of memory", c);
+		return;
+	}
+	c->gen_id = rs_generate_start(c->rc, p, token_cb, done_cb, call_error_cb, c);
+	rs_params_free(p);
+	if (c->gen_id == 0)
+		call_start_failed(c);
+}
+
+void
+call_generate(struct oa *oa, struct evhttp_request *req, struct api_req *r)
+{
+	struct call *c = call_open(oa, req, r->kind == API_CHAT ? "POST /v1/chat/completions" :
+	    "POST /v1/completions");
+
+	if (c == NULL) {
+		api_req_free(r);
+		return;
+	}
+	c->r = *r;
+	memset(r, 0, sizeof *r);
+	api_meta_init(&c->meta, c->r.kind, c->r.model);
+	if (model_known(oa, c->r.model))
+		call_after_model(c);
+	else
+		call_list_models(c);
+}

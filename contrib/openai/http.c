@@ -1,0 +1,326 @@
+/*
+ * http.c: the HTTP side of the bridge. Routes requests, checks the API key,
+ * sends JSON bodies and event streams, and notices a client that leaves
+ * while its reply is being made.
+ *
+ * evhttp stops reading a connection while the application makes a reply,
+ * so a client that closes its connection is seen only when a write to it
+ * fails, which for a reply that is not streamed is never before the
+ * generation ends. A watch therefore waits for the connection's socket to
+ * become readable itself: end of file (or an error) means the client left.
+ * Bytes instead (a pipelined next request) end the watch; evhttp reads
+ * them after the reply. evhttp's own close callback covers the other way
+ * out, a failed write to a stream.
+ */
+#include "config.h"
+#include "openai.h"
+
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+struct http_watch {
+	struct evhttp_request *req;
+	struct evhttp_connection *conn;
+	struct event *ev;
+	void (*gone)(void *);
+	void *arg;
+};
+
+/* ---- replies ---- */
+
+static const char *
+reason(int status)
+{
+	switch (status) {
+	case 200: return "OK";
+	case 400: return "Bad Request";
+	case 401: return "Unauthorized";
+	case 404: return "Not Found";
+	case 405: return "Method Not Allowed";
+	case 413: return "Payload Too Large";
+	case 429: return "Too Many Requests";
+	case 502: return "Bad Gateway";
+	case 503: return "Service Unavailable";
+	default: return "Internal Server Error";
+	}
+}
+
+void
+http_add_header(struct evhttp_request *req, const char *name, const char *value)
+{
+	evhttp_add_header(evhttp_request_get_output_headers(req), name, value);
+}
+
+/* Appends JSON text to buf; takes the reference. */
+static void
+add_json(struct evbuffer *buf, json_t *j)
+{
+	char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+
+	evbuffer_add_printf(buf, "%s", s ? s : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+	    "\"param\":null,\"code\":null}}");
+	free(s);
+	json_decref(j);
+}
+
+void
+http_send_json(struct evhttp_request *req, int status, json_t *body)
+{
+	struct evbuffer *buf = evbuffer_new();
+
+	add_json(buf, body);
+	evbuffer_add(buf, "\n", 1);
+	http_add_header(req, "Content-Type", "application/json");
+	evhttp_send_reply(req, status, reason(status), buf);
+	evbuffer_free(buf);
+}
+
+void
+http_send_error(struct evhttp_request *req, const struct api_error *e)
+{
+	http_send_json(req, e->status, api_error_json(e));
+}
+
+void
+http_stream_start(struct evhttp_request *req)
+{
+	http_add_header(req, "Content-Type", "text/event-stream");
+	http_add_header(req, "Cache-Control", "no-cache");
+	evhttp_send_reply_start(req, 200, "OK");
+}
+
+void
+http_stream_send(struct evhttp_request *req, json_t *data)
+{
+	struct evbuffer *buf = evbuffer_new();
+
+	evbuffer_add(buf, "data: ", 6);
+	add_json(buf, data);
+	evbuffer_add(buf, "\n\n", 2);
+	evhttp_send_reply_chunk(req, buf);
+	evbuffer_free(buf);
+}
+
+void
+http_stream_end(struct evhttp_request *req)
+{
+	struct evbuffer *buf = evbuffer_new();
+
+	evbuffer_add_printf(buf, "data: [DONE]\n\n");
+	evhttp_send_reply_chunk(req, buf);
+	evbuffer_free(buf);
+	evhttp_send_reply_end(req);
+}
+
+size_t
+http_unsent(struct evhttp_request *req)
+{
+	struct evhttp_connection *conn = evhttp_request_get_connection(req);
+
+	return conn ? evbuffer_get_length(bufferevent_get_output(evhttp_connection_get_bufferevent(conn))) : 0;
+}
+
+/* ---- a client that leaves ---- */
+
+/* The client is gone: req is released (with its connection, if evhttp still holds it), then gone(). */
+static void
+watch_fire(struct http_watch *w, int free_conn)
+{
+	void (*gone)(void *) = w->gone;
+	void *arg = w->arg;
+
+	event_free(w->ev);                      /* before its socket is closed */
+	evhttp_connection_set_closecb(w->conn, NULL, NULL);
+	if (free_conn)
+		evhttp_connection_free(w->conn);    /* frees req with it */
+	else if (evhttp_request_get_connection(w->req) == NULL)
+		evhttp_request_free(w->req);        /* evhttp let go of it: it is ours to free */
+	free(w);
+	gone(arg);
+}
+
+/* The socket is readable while the reply is being made: end of file, an error, or a next request. */
+static void
+watch_read_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct http_watch *w = arg;
+	ssize_t n;
+	char c;
+
+	n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+		event_add(w->ev, NULL);
+		return;
+	}
+	if (n <= 0)
+		watch_fire(w, 1);
+	/* else: pipelined bytes; the watch stays off, the close callback stays on */
+}
+
+/* evhttp is freeing the connection: a write failed, or it timed out. */
+static void
+watch_close_cb(struct evhttp_connection *conn, void *arg)
+{
+	watch_fire(arg, 0);
+}
+
+struct http_watch *
+http_watch_start(struct oa *oa, struct evhttp_request *req, void (*gone)(void *), void *arg)
+{
+	struct http_watch *w = calloc(1, sizeof *w);
+	evutil_socket_t fd;
+
+	if (w == NULL)
+		return NULL;
+	w->req = req;
+	w->conn = evhttp_request_get_connection(req);
+	w->gone = gone;
+	w->arg = arg;
+	fd = bufferevent_getfd(evhttp_connection_get_bufferevent(w->conn));
+	if ((w->ev = event_new(oa->base, fd, EV_READ, watch_read_cb, w)) == NULL) {
+		free(w);
+		return NULL;
+	}
+	event_add(w->ev, NULL);
+	evhttp_connection_set_closecb(w->conn, watch_close_cb, w);
+	return w;
+}
+
+void
+http_watch_stop(struct http_watch *w)
+{
+	if (w == NULL)
+		return;
+	evhttp_connection_set_closecb(w->conn, NULL, NULL);
+	event_free(w->ev);
+	free(w);
+}
+
+void
+http_watch_drop(struct http_watch *w)
+{
+	watch_fire(w, 1);
+}
+
+/* ---- routing ---- */
+
+/* Compares without stopping at the first difference, so the time taken says nothing of the key. */
+static int
+key_equal(const char *given, const char *key)
+{
+	size_t i, ng = strlen(given), nk = strlen(key);
+	unsigned char d = ng != nk;
+
+	for (i = 0; i < nk; i++)
+		d |= (unsigned char)(key[i] ^ (i < ng ? given[i] : 0));
+	return d == 0;
+}
+
+/* With --api-key-file, the request must carry "Authorization: Bearer KEY". */
+static int
+authorized(const struct oa *oa, struct evhttp_request *req)
+{
+	const char *h;
+
+	if (oa->api_key == NULL)
+		return 1;
+	h = evhttp_find_header(evhttp_request_get_input_headers(req), "Authorization");
+	return h != NULL && strncmp(h, "Bearer ", 7) == 0 && key_equal(h + 7, oa->api_key);
+}
+
+/* POST /v1/chat/completions and /v1/completions. */
+static void
+route_completion(struct oa *oa, struct evhttp_request *req, enum api_kind kind)
+{
+	struct evbuffer *in = evhttp_request_get_input_buffer(req);
+	size_t len = evbuffer_get_length(in);
+	const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
+	const char *session = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Resident-Session");
+	struct api_error e;
+	struct api_req r;
+
+	if (api_parse(kind, body, len, session, &r, &e) != 0) {
+		http_send_error(req, &e);
+		return;
+	}
+	call_generate(oa, req, &r);
+}
+
+/* GET /v1/models/NAME: the name is percent-decoded. */
+static void
+route_model(struct oa *oa, struct evhttp_request *req, const char *encoded)
+{
+	char *name = evhttp_uridecode(encoded, 0, NULL);
+	struct api_error e;
+
+	if (name == NULL) {
+		api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+		http_send_error(req, &e);
+		return;
+	}
+	call_models(oa, req, name);
+	free(name);
+}
+
+/* Answers a path that exists with another method (405) or one that does not (404). */
+static void
+route_none(struct evhttp_request *req, const char *path, const char *allow)
+{
+	struct api_error e;
+
+	if (allow != NULL) {
+		http_add_header(req, "Allow", allow);
+		api_error_set(&e, 405, "invalid_request_error", NULL, "method_not_allowed",
+		    "%s takes %s requests only", path, allow);
+	} else {
+		api_error_set(&e, 404, "invalid_request_error", NULL, "unknown_url",
+		    "unknown request URL %s: resident-openai serves GET /v1/models, "
+		    "POST /v1/chat/completions and POST /v1/completions", path);
+	}
+	http_send_error(req, &e);
+}
+
+void
+http_request_cb(struct evhttp_request *req, void *arg)
+{
+	struct oa *oa = arg;
+	const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
+	int get = evhttp_request_get_command(req) == EVHTTP_REQ_GET;
+	int post = evhttp_request_get_command(req) == EVHTTP_REQ_POST;
+	struct api_error e;
+
+	if (path == NULL || path[0] == '\0')
+		path = "/";
+	if (!authorized(oa, req)) {
+		api_error_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
+		    "a valid API key is needed: send \"Authorization: Bearer KEY\" with the key of "
+		    "resident-openai's --api-key-file");
+		http_send_error(req, &e);
+	} else if (strcmp(path, "/v1/chat/completions") == 0) {
+		if (post)
+			route_completion(oa, req, API_CHAT);
+		else
+			route_none(req, path, "POST");
+	} else if (strcmp(path, "/v1/completions") == 0) {
+		if (post)
+			route_completion(oa, req, API_COMPLETION);
+		else
+			route_none(req, path, "POST");
+	} else if (strcmp(path, "/v1/models") == 0 || strncmp(path, "/v1/models/", 11) == 0) {
+		if (!get)
+			route_none(req, path, "GET");
+		else if (path[10] == '/' && path[11] != '\0')
+			route_model(oa, req, path + 11);
+		else
+			call_models(oa, req, NULL);
+	} else {
+		route_none(req, path, NULL);
+	}
+}

@@ -1,0 +1,307 @@
+/*
+ * resident-openai: OpenAI's HTTP API in front of residentd.
+ *
+ * Flags, the listening socket, signals. SIGTERM or SIGINT stops it at once:
+ * daemon connections are closed (residentd cancels their generations) and
+ * HTTP connections with them. residentd need not run when the bridge
+ * starts: until it does, requests are answered 503.
+ */
+#include "config.h"
+#include "openai.h"
+#include "log.h"
+
+#include <errno.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <getopt.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#define DEFAULT_LISTEN "127.0.0.1:8080"
+#define DEFAULT_MAX_BODY (16u << 20)
+#define DEFAULT_MAX_UNREAD (1u << 20)
+#define MAX_HEADERS (64u << 10)
+#define API_KEY_MAX 4096
+
+struct settings {
+	const char *listen, *socket, *api_key_file, *log_level;
+	unsigned long long max_body, max_unread;
+};
+
+static void
+usage(FILE *fp)
+{
+	fprintf(fp,
+	    "usage: resident-openai [options]\n"
+	    "Serves OpenAI's API (GET /v1/models, POST /v1/chat/completions, POST /v1/completions)\n"
+	    "with the models of residentd.\n"
+	    "\n"
+	    "      --listen ADDR:PORT   address to serve (default " DEFAULT_LISTEN "; [::1]:PORT for IPv6;\n"
+	    "                           port 0 takes a free one, printed at start)\n"
+	    "  -s, --socket PATH        residentd's socket (default $RESIDENT_SOCKET, else\n"
+	    "                           $XDG_RUNTIME_DIR/resident/socket, else /tmp/resident-UID/socket)\n"
+	    "      --api-key-file FILE  ask every request for \"Authorization: Bearer KEY\", KEY being\n"
+	    "                           the first line of FILE\n"
+	    "      --max-body BYTES     largest request body (default 16 MiB)\n"
+	    "      --max-unread BYTES   bytes of a stream a client may leave unread before it is\n"
+	    "                           dropped and its generation cancelled (default 1 MiB)\n"
+	    "  -l, --log-level LEVEL    error, warn, info (default: a line per request), debug\n"
+	    "  -h, --help, --version\n");
+}
+
+/* A whole decimal number of bytes, at least 1; 0 if malformed. */
+static unsigned long long
+parse_bytes(const char *s)
+{
+	unsigned long long v;
+	char *end;
+
+	if (s[0] < '0' || s[0] > '9')
+		return 0;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	return errno || *end ? 0 : v;
+}
+
+/* Returns 0, 1 (help or version printed) or 2 (a usage error, printed). */
+static int
+parse_args(int argc, char **argv, struct settings *s)
+{
+	enum { O_LISTEN = 256, O_KEY, O_BODY, O_UNREAD, O_VERSION };
+	static const struct option lo[] = {
+		{ "listen", required_argument, NULL, O_LISTEN }, { "socket", required_argument, NULL, 's' },
+		{ "api-key-file", required_argument, NULL, O_KEY }, { "max-body", required_argument, NULL, O_BODY },
+		{ "max-unread", required_argument, NULL, O_UNREAD }, { "log-level", required_argument, NULL, 'l' },
+		{ "help", no_argument, NULL, 'h' }, { "version", no_argument, NULL, O_VERSION },
+		{ NULL, 0, NULL, 0 },
+	};
+	int c;
+
+	opterr = 0;
+	while ((c = getopt_long(argc, argv, ":s:l:h", lo, NULL)) != -1) {
+		switch (c) {
+		case O_LISTEN: s->listen = optarg; break;
+		case 's': s->socket = optarg; break;
+		case O_KEY: s->api_key_file = optarg; break;
+		case 'l': s->log_level = optarg; break;
+		case O_BODY:
+		case O_UNREAD:
+			if (parse_bytes(optarg) == 0) {
+				fprintf(stderr, "resident-openai: --%s takes a number of bytes, not '%s'\n",
+				    c == O_BODY ? "max-body" : "max-unread", optarg);
+				return 2;
+			}
+			*(c == O_BODY ? &s->max_body : &s->max_unread) = parse_bytes(optarg);
+			break;
+		case 'h': usage(stdout); return 1;
+		case O_VERSION: printf("resident-openai %s\n", PACKAGE_VERSION); return 1;
+		case ':':
+			fprintf(stderr, "resident-openai: %s needs a value (see resident-openai --help)\n",
+			    argv[optind - 1]);
+			return 2;
+		default:
+			fprintf(stderr, "resident-openai: unknown option %s (see resident-openai --help)\n",
+			    argv[optind - 1]);
+			return 2;
+		}
+	}
+	if (optind != argc) {
+		fprintf(stderr, "resident-openai: unexpected argument '%s' (see --help)\n", argv[optind]);
+		return 2;
+	}
+	if (s->log_level != NULL) {
+		if ((c = log_level_from_name(s->log_level)) < 0) {
+			fprintf(stderr, "resident-openai: unknown log level '%s' (error, warn, info, debug)\n",
+			    s->log_level);
+			return 2;
+		}
+		log_set_level((enum log_level)c);
+	}
+	return 0;
+}
+
+/* Splits ADDR:PORT or [ADDR]:PORT. Returns 0, or -1 if malformed. */
+static int
+parse_listen(const char *s, char *host, size_t size, unsigned *port)
+{
+	const char *colon, *end;
+	unsigned long long p;
+
+	if (s[0] == '[') {
+		if ((end = strchr(s, ']')) == NULL || end[1] != ':')
+			return -1;
+		colon = end + 1;
+		s++;
+	} else {
+		if ((colon = strrchr(s, ':')) == NULL)
+			return -1;
+		end = colon;
+	}
+	if (end == s || (size_t)(end - s) >= size || colon[1] == '\0')
+		return -1;
+	p = colon[1] == '0' && colon[2] == '\0' ? 0 : parse_bytes(colon + 1);
+	if ((p == 0 && strcmp(colon + 1, "0") != 0) || p > 65535)
+		return -1;
+	memcpy(host, s, (size_t)(end - s));
+	host[end - s] = '\0';
+	*port = (unsigned)p;
+	return 0;
+}
+
+/* The key: the first line of the file, without its line end. NULL with a message on failure. */
+static char *
+read_api_key(const char *path)
+{
+	char buf[API_KEY_MAX + 2];
+	FILE *fp = fopen(path, "r");
+	size_t n;
+
+	if (fp == NULL) {
+		fprintf(stderr, "resident-openai: --api-key-file %s: %s\n", path, strerror(errno));
+		return NULL;
+	}
+	if (fgets(buf, sizeof buf, fp) == NULL)
+		buf[0] = '\0';
+	fclose(fp);
+	n = strcspn(buf, "\r\n");
+	buf[n] = '\0';
+	if (n == 0 || n > API_KEY_MAX) {
+		fprintf(stderr, "resident-openai: --api-key-file %s: the first line must hold a key of 1..%d bytes\n",
+		    path, API_KEY_MAX);
+		return NULL;
+	}
+	return strdup(buf);
+}
+
+/* Logs where it listens; warns when that is more than this machine without a key. */
+static void
+log_listening(const struct oa *oa, struct evhttp_bound_socket *bound)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof ss;
+	char host[NI_MAXHOST], port[NI_MAXSERV], sock[4096];
+	int v6, loopback;
+
+	if (getsockname(evhttp_bound_socket_get_fd(bound), (struct sockaddr *)&ss, &len) != 0 ||
+	    getnameinfo((struct sockaddr *)&ss, len, host, sizeof host, port, sizeof port,
+	    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+		snprintf(host, sizeof host, "?"), snprintf(port, sizeof port, "?");
+	if (oa->socket != NULL)
+		snprintf(sock, sizeof sock, "%s", oa->socket);
+	else if (rs_default_socket(sock, sizeof sock) != 0)
+		snprintf(sock, sizeof sock, "(the default)");
+	v6 = ss.ss_family == AF_INET6;
+	log_info("resident-openai %s listening on http://%s%s%s:%s/v1 (residentd at %s)", PACKAGE_VERSION,
+	    v6 ? "[" : "", host, v6 ? "]" : "", port, sock);
+	loopback = v6 ? IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)&ss)->sin6_addr) :
+	    (ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) == 127;
+	if (!loopback && oa->api_key == NULL)
+		log_warn("%s is not a loopback address and no --api-key-file is given: whoever reaches it "
+		    "can use residentd's models and this user's sessions", host);
+}
+
+/* Says at start whether residentd answers, so that a wrong socket is seen at once. */
+static void
+check_daemon(const struct oa *oa)
+{
+	rs_client *c;
+	rs_error err;
+	rs_value *hello = NULL;
+
+	if ((c = rs_connect(oa->socket, 0, &err)) == NULL) {
+		log_warn("%s; requests are answered 503 until it runs (start it with `residentd -m MODEL`)",
+		    err.message);
+		return;
+	}
+	if (rs_hello(c, "resident-openai", &hello) != RS_OK)
+		log_warn("residentd did not answer hello: %s", rs_last_error(c));
+	else if (rs_uint(rs_get(hello, "version")) != RS_PROTOCOL_VERSION)
+		log_warn("residentd speaks protocol %llu, resident-openai %d",
+		    (unsigned long long)rs_uint(rs_get(hello, "version")), RS_PROTOCOL_VERSION);
+	rs_value_free(hello);
+	rs_close(c);
+}
+
+/* libevent's own messages (a failed getaddrinfo, ...): the bridge says what failed itself. */
+static void
+libevent_log_cb(int severity, const char *msg)
+{
+	log_debug("libevent: %s", msg);
+}
+
+static void
+stop_cb(evutil_socket_t sig, short what, void *arg)
+{
+	log_info("signal %d: stopping", (int)sig);
+	event_base_loopbreak(arg);
+}
+
+int
+main(int argc, char **argv)
+{
+	struct settings s = { .listen = DEFAULT_LISTEN, .max_body = DEFAULT_MAX_BODY,
+		.max_unread = DEFAULT_MAX_UNREAD };
+	struct oa oa = { 0 };
+	struct evhttp_bound_socket *bound;
+	struct event *sigterm = NULL, *sigint = NULL;
+	char host[256];
+	unsigned port;
+	size_t i;
+	int rc;
+
+	signal(SIGPIPE, SIG_IGN);
+	event_set_log_callback(libevent_log_cb);
+	if ((rc = parse_args(argc, argv, &s)) != 0)
+		return rc == 1 ? 0 : 2;
+	if (parse_listen(s.listen, host, sizeof host, &port) != 0) {
+		fprintf(stderr, "resident-openai: --listen %s: give ADDR:PORT, e.g. 127.0.0.1:8080 or [::1]:8080\n",
+		    s.listen);
+		return 2;
+	}
+	if (s.api_key_file != NULL && (oa.api_key = read_api_key(s.api_key_file)) == NULL)
+		return 2;
+	oa.socket = s.socket;
+	oa.max_unread = (size_t)s.max_unread;
+	rc = 1;
+	if ((oa.base = event_base_new()) == NULL || (oa.http = evhttp_new(oa.base)) == NULL) {
+		fprintf(stderr, "resident-openai: cannot set up the event loop\n");
+		goto out;
+	}
+	evhttp_set_max_body_size(oa.http, (ev_ssize_t)s.max_body);
+	evhttp_set_max_headers_size(oa.http, MAX_HEADERS);
+	evhttp_set_gencb(oa.http, http_request_cb, &oa);
+	errno = 0;
+	if ((bound = evhttp_bind_socket_with_handle(oa.http, host, (ev_uint16_t)port)) == NULL) {
+		fprintf(stderr, "resident-openai: cannot listen on %s: %s\n", s.listen,
+		    errno ? strerror(errno) : "no such address");
+		goto out;
+	}
+	log_listening(&oa, bound);
+	check_daemon(&oa);
+	sigterm = evsignal_new(oa.base, SIGTERM, stop_cb, oa.base);
+	sigint = evsignal_new(oa.base, SIGINT, stop_cb, oa.base);
+	event_add(sigterm, NULL);
+	event_add(sigint, NULL);
+	event_base_dispatch(oa.base);
+	rc = 0;
+out:
+	call_free_all(&oa);
+	if (oa.http)
+		evhttp_free(oa.http);
+	if (sigterm)
+		event_free(sigterm);
+	if (sigint)
+		event_free(sigint);
+	if (oa.base)
+		event_base_free(oa.base);
+	for (i = 0; i < oa.n_models; i++)
+		free(oa.models[i]);
+	free(oa.models);
+	free(oa.api_key);
+	return rc;
+}

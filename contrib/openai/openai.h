@@ -1,0 +1,171 @@
+/*
+ * openai.h: what the files of resident-openai share. The bridge serves
+ * OpenAI's HTTP API with libevent's evhttp and talks to residentd only
+ * through libresident (resident.h), one daemon connection per HTTP request.
+ *
+ *   main.c     flags, listening, signals
+ *   http.c     routes, authentication, JSON and event-stream replies,
+ *              noticing a client that left
+ *   call.c     one request's life against the daemon (a state machine)
+ *   api.c      OpenAI's JSON <-> resident's generate fields; no I/O
+ */
+#ifndef RESIDENT_OPENAI_H
+#define RESIDENT_OPENAI_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "resident.h"
+
+struct event_base;
+struct evhttp;
+struct evhttp_request;
+struct call;
+
+/* ---- api.c ---- */
+
+enum api_kind { API_CHAT, API_COMPLETION };
+
+#define API_MAX_NUMS 16
+
+/* An error reply: HTTP status and OpenAI's {"error": {message, type, param, code}}. */
+struct api_error {
+	int status;
+	const char *type;           /* "invalid_request_error", "server_error", ... */
+	const char *param;          /* the request field at fault, or NULL */
+	const char *code;           /* a stable code string, or NULL */
+	char message[512];
+};
+
+/* A numeric generate field the request gave. */
+struct api_num {
+	const char *key;            /* the protocol's name */
+	int is_uint;
+	uint64_t u;
+	double f;
+};
+
+struct api_msg {
+	const char *role;           /* "system", "user" or "assistant" (static) */
+	char *content;
+};
+
+/* A checked request of /v1/chat/completions or /v1/completions. */
+struct api_req {
+	enum api_kind kind;
+	char *model;
+	char *session;              /* "new", a session's uuid, or NULL */
+	char *system;               /* session "new": the leading system message, for session.new */
+	char *prompt;               /* completions */
+	struct api_msg *msgs;       /* chat */
+	size_t n_msgs;
+	char **stop;
+	size_t n_stop;
+	struct api_num nums[API_MAX_NUMS];
+	int n_nums;
+	int stream, include_usage;
+};
+
+/* What identifies one reply: its id ("chatcmpl-..."), creation time, model and session. */
+struct api_meta {
+	char id[48];
+	long long created;
+	const char *model;
+	const char *session;        /* NULL when the request named none */
+};
+
+/* Token counts of a finished generation. */
+struct api_usage {
+	uint64_t prompt, cached, generated;
+};
+
+/*
+ * Parses and checks a request body. session_header is the X-Resident-Session
+ * header (NULL if absent). Returns 0 with *r filled (free it with
+ * api_req_free), or -1 with *e filled (a 400).
+ */
+int api_parse(enum api_kind kind, const char *body, size_t len, const char *session_header,
+    struct api_req *r, struct api_error *e);
+void api_req_free(struct api_req *r);
+/* The generate fields of r, less session and stream. NULL when out of memory. */
+rs_params *api_params(const struct api_req *r);
+/* A new reply id for kind ("chatcmpl-" or "cmpl-" and 24 random hex digits) and the time. */
+void api_meta_init(struct api_meta *m, enum api_kind kind, const char *model);
+
+/* OpenAI's finish_reason for a daemon's finish, or NULL for "cancel" (and unknown ones). */
+const char *api_finish_reason(const char *finish);
+/* A whole, non-streamed reply. */
+json_t *api_reply(const struct api_req *r, const struct api_meta *m, const char *text,
+    const char *finish_reason, const struct api_usage *u);
+/* A stream chunk: text (NULL: none), the assistant role (the first chat chunk), finish_reason (NULL: none). */
+json_t *api_chunk(const struct api_req *r, const struct api_meta *m, const char *text, int role,
+    const char *finish_reason);
+/* The last chunk of a stream with include_usage: no choices, the usage. */
+json_t *api_usage_chunk(const struct api_req *r, const struct api_meta *m, const struct api_usage *u);
+/* One entry of /v1/models. */
+json_t *api_model(const char *name);
+
+/* Fills e with the HTTP status and OpenAI error for a libresident status and its message. */
+void api_error_from_status(rs_status st, const char *message, struct api_error *e);
+/* Fills e; returns -1 (for `return api_error_set(...)`). */
+int api_error_set(struct api_error *e, int status, const char *type, const char *param,
+    const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* {"error": {...}} */
+json_t *api_error_json(const struct api_error *e);
+
+/* ---- http.c ---- */
+
+/* The bridge's settings and state, one per process. */
+struct oa {
+	struct event_base *base;
+	struct evhttp *http;
+	const char *socket;         /* residentd's socket; NULL: rs_default_socket */
+	char *api_key;              /* NULL: requests need no key */
+	size_t max_unread;          /* bytes of a stream a client may leave unread */
+	char **models;              /* the model names residentd listed (a cache) */
+	size_t n_models;
+	struct call *calls;         /* requests in progress */
+};
+
+/* The evhttp callback of every request. */
+void http_request_cb(struct evhttp_request *req, void *arg);
+/* Sends a JSON body with status; takes the reference. */
+void http_send_json(struct evhttp_request *req, int status, json_t *body);
+void http_send_error(struct evhttp_request *req, const struct api_error *e);
+/* Adds a reply header (before the reply is sent). */
+void http_add_header(struct evhttp_request *req, const char *name, const char *value);
+/* Starts an event stream: 200, text/event-stream. */
+void http_stream_start(struct evhttp_request *req);
+/* Sends one event "data: JSON"; takes the reference. */
+void http_stream_send(struct evhttp_request *req, json_t *data);
+/* Sends "data: [DONE]" and ends the stream. */
+void http_stream_end(struct evhttp_request *req);
+/* Bytes written to the request's client that it has not read yet. */
+size_t http_unsent(struct evhttp_request *req);
+
+/*
+ * Watches for the client of req leaving while its reply is being made
+ * (evhttp itself reads nothing until the reply is sent). When it leaves,
+ * or when http_watch_drop gives up on it, req is released and the watch
+ * freed, then gone(arg) is called: neither may be used again.
+ * http_watch_stop ends the watch (before the reply is sent) and frees it.
+ * NULL when out of memory.
+ */
+struct http_watch;
+struct http_watch *http_watch_start(struct oa *oa, struct evhttp_request *req,
+    void (*gone)(void *), void *arg);
+void http_watch_stop(struct http_watch *w);
+/* Closes the connection of a client that is not reading its stream, as if it had left. */
+void http_watch_drop(struct http_watch *w);
+
+/* ---- call.c ---- */
+
+/* GET /v1/models (name NULL) or /v1/models/NAME. */
+void call_models(struct oa *oa, struct evhttp_request *req, const char *name);
+/* A checked completion request; takes r. */
+void call_generate(struct oa *oa, struct evhttp_request *req, struct api_req *r);
+/* Ends every call (at exit): daemon connections closed, requests left to evhttp_free. */
+void call_free_all(struct oa *oa);
+
+#endif

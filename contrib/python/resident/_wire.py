@@ -1,0 +1,251 @@
+"""What the blocking and the asyncio clients share: the socket path, frames,
+request fields and the shape of replies (PROTOCOL.md)."""
+import errno
+import os
+import struct
+
+import msgpack
+
+from . import errors
+
+PROTOCOL_VERSION = 1
+# replies larger than this are taken for garbage (libresident's bound too)
+MAX_REPLY = 256 << 20
+
+
+def default_socket():
+    """The daemon's socket when none is given: $RESIDENT_SOCKET, else
+    $XDG_RUNTIME_DIR/resident/socket, else /tmp/resident-UID/socket (as
+    residentd and libresident compute it)."""
+    env = os.environ.get("RESIDENT_SOCKET")
+    if env:
+        return env
+    run = os.environ.get("XDG_RUNTIME_DIR")
+    if run and run.startswith("/"):
+        return run + "/resident/socket"
+    return "/tmp/resident-%d/socket" % os.getuid()
+
+
+def connect_error(path, exc):
+    """The ConnectError for a failed connect to path."""
+    if isinstance(exc, FileNotFoundError):
+        why = "residentd is not running (no socket at %s)" % path
+    elif isinstance(exc, ConnectionRefusedError):
+        why = "residentd is not running (nobody listens at %s)" % path
+    elif getattr(exc, "errno", None) == errno.ENAMETOOLONG or "too long" in str(exc):
+        why = "the socket path %s is too long" % path
+    else:
+        why = "cannot connect to %s: %s" % (path, getattr(exc, "strerror", None) or exc)
+    return errors.ConnectError(why)
+
+
+def encode(msg):
+    """One frame: a 4-byte big-endian length, then the msgpack map."""
+    body = msgpack.packb(msg, use_bin_type=True)
+    return struct.pack(">I", len(body)) + body
+
+
+def body_length(header):
+    """The length announced by a frame's 4-byte header; ProtocolError if impossible."""
+    n = struct.unpack(">I", header)[0]
+    if n == 0 or n > MAX_REPLY:
+        raise errors.ProtocolError("residentd sent a frame of a bad length (%d bytes)" % n)
+    return n
+
+
+def decode(body):
+    """A reply frame's body: a map with an id (None allowed) and a type."""
+    try:
+        r = msgpack.unpackb(body, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises several types for malformed input
+        raise errors.ProtocolError("residentd sent a frame that is not msgpack: %s" % e) from None
+    if not isinstance(r, dict) or not isinstance(r.get("type"), str):
+        raise errors.ProtocolError("residentd sent a reply that is not a map with a type")
+    return r
+
+
+class Decoder:
+    """Splits a byte stream into replies."""
+
+    def __init__(self):
+        self.buf = bytearray()
+
+    def feed(self, data):
+        """Adds bytes; returns the complete replies they finish."""
+        self.buf += data
+        out = []
+        while len(self.buf) >= 4:
+            n = body_length(bytes(self.buf[:4]))
+            if len(self.buf) < 4 + n:
+                break
+            out.append(decode(bytes(self.buf[4:4 + n])))
+            del self.buf[:4 + n]
+        return out
+
+
+def lost_reason(reply):
+    """For a reply without an id: the reason the connection ends, if it does
+    (frame_too_large: the daemon closes it), else None."""
+    if reply.get("type") == "error" and reply.get("code") == "frame_too_large":
+        return errors.FrameTooLarge(reply.get("message") or "a request was too large")
+    return None
+
+
+def generate_fields(prompt, messages, session, model, stream, params):
+    """The fields of a generate request. stop may be one string. Fields
+    given as None are left out (the daemon's defaults apply)."""
+    f = {"prompt": prompt, "messages": messages, "session": session, "model": model,
+         "stream": bool(stream)}
+    f.update(params)
+    if isinstance(f.get("stop"), str):
+        f["stop"] = [f["stop"]]
+    return {k: v for k, v in f.items() if v is not None}
+
+
+def fields(**kw):
+    """Request fields without those given as None."""
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+def result_fields(reply):
+    """A result or done reply without the protocol's id and type."""
+    return {k: v for k, v in reply.items() if k not in ("id", "type")}
+
+
+class Token:
+    """A generated piece: text (whole UTF-8 characters, maybe ""), id (the
+    token id), logprob (a float with logprobs=True, else None)."""
+
+    __slots__ = ("text", "id", "logprob")
+
+    def __init__(self, reply):
+        self.text = reply.get("text", "")
+        self.id = reply.get("token")
+        self.logprob = reply.get("logprob")
+
+    def __repr__(self):
+        return "Token(%r, id=%r)" % (self.text, self.id)
+
+
+class Done:
+    """The end of a generation: finish ("stop", "length", "context" or
+    "cancel"), usage (a dict: prompt_tokens, cached_tokens, generated_tokens,
+    ttft_ms, tokens_per_s), session (its uuid, or None), text (all of it)."""
+
+    __slots__ = ("finish", "usage", "session", "text")
+
+    def __init__(self, reply, text):
+        self.finish = reply.get("finish")
+        self.usage = reply.get("usage") or {}
+        self.session = reply.get("session")
+        self.text = reply.get("text", text)
+
+    def __repr__(self):
+        return "Done(finish=%r, usage=%r, session=%r)" % (self.finish, self.usage, self.session)
+
+
+def call_step(op, reply):
+    """One reply of a call that is not a generate: its result (without id and
+    type) at the end, None for a progress reply; an error reply is raised."""
+    if reply["type"] == "progress":
+        return None
+    if reply["type"] == "error":
+        raise errors.from_reply(reply)
+    if reply["type"] == "result":
+        return result_fields(reply)
+    raise errors.ProtocolError("unexpected reply to %s: %r" % (op, reply["type"]))
+
+
+class GenerationBase:
+    """What a Generation and an AsyncGeneration share: the replies of one
+    generate turned into Token objects and, at the end, .done (a Done)."""
+
+    def __init__(self, client, rid, stream):
+        self._client = client
+        self.id = rid
+        self.stream = stream
+        self.done = None
+        self._pieces = []
+
+    def _take(self, reply):
+        """A token reply's Token; None after the done reply; raises an error reply."""
+        if reply["type"] == "token":
+            tok = Token(reply)
+            self._pieces.append(tok.text)
+            return tok
+        self._client._forget(self.id)
+        if reply["type"] == "done":
+            self.done = Done(reply, "".join(self._pieces))
+            return None
+        if reply["type"] == "error":
+            raise errors.from_reply(reply)
+        raise errors.ProtocolError("unexpected reply to generate: %r" % reply["type"])
+
+    @property
+    def text(self):
+        """The text received so far (all of it once done)."""
+        return self.done.text if self.done is not None else "".join(self._pieces)
+
+
+class Ops:
+    """The protocol's ops other than generate, written once for both clients:
+    each is one self._op(op, key, progress, **fields), which the blocking
+    Client runs to its result and the AsyncClient turns into a coroutine.
+    A field given as None is left out (the daemon's default)."""
+
+    def hello(self, client="python"):
+        """Returns version, server, max_frame, uid, capabilities."""
+        return self._op("hello", None, client=client, version=PROTOCOL_VERSION)
+
+    def cancel(self, generation):
+        """Cancels a generation in flight on this client (a Generation or its
+        id); it then ends with finish "cancel". NotFound if it is not in flight."""
+        return self._op("cancel", False, target=getattr(generation, "id", generation))
+
+    def session_new(self, model=None, title=None, system=None, defaults=None):
+        """A new session; returns it (a dict: session, title, model, system, ...)."""
+        return self._op("session.new", "session", model=model, title=title, system=system, defaults=defaults)
+
+    def session_list(self, limit=None, offset=None):
+        """Sessions, most recently updated first."""
+        return self._op("session.list", "sessions", limit=limit, offset=offset)
+
+    def session_get(self, session):
+        """{"session": the session, "turns": [{role, content, tokens}]}."""
+        return self._op("session.get", None, session=session)
+
+    def session_fork(self, session, title=None):
+        """A new session with the parent's history; returns it."""
+        return self._op("session.fork", "session", session=session, title=title)
+
+    def session_rename(self, session, title):
+        """Returns the renamed session."""
+        return self._op("session.rename", "session", session=session, title=title)
+
+    def session_delete(self, session):
+        return self._op("session.delete", False, session=session)
+
+    def model_list(self):
+        """Models: dicts of name, path, arch, format, size, loaded, default."""
+        return self._op("model.list", "models")
+
+    def model_load(self, model, progress=None):
+        """Loads a model by name or path (as the daemon sees it);
+        progress(done, total) in bytes. Returns the model."""
+        return self._op("model.load", "model", progress, model=model)
+
+    def model_unload(self, model):
+        return self._op("model.unload", False, model=model)
+
+    def tokenize(self, text, model=None, special=None, bos=None):
+        """Token ids of text. special: parse special-token texts; bos: add BOS
+        (None: the model's choice)."""
+        return self._op("tokenize", "tokens", text=text, model=model, special=special, bos=bos)
+
+    def detokenize(self, tokens, model=None, special=None):
+        """The text of token ids; special renders special tokens."""
+        return self._op("detokenize", "text", tokens=list(tokens), model=model, special=special)
+
+    def status(self):
+        """version, uptime_s, models, clients, steps, active, queued."""
+        return self._op("status", None)

@@ -1,0 +1,290 @@
+/*
+ * test_openai.c: resident-openai's translation between OpenAI's JSON and
+ * resident's generate fields (contrib/openai/api.c): requests parsed and
+ * refused, replies, stream chunks and errors built.
+ */
+#include "config.h"
+#include "openai.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+static const char *const uuid = "0123abcd-4567-89ab-cdef-0123456789ab";
+
+/* Parses body; asserts success. */
+static void
+parse_ok(enum api_kind kind, const char *body, const char *header, struct api_req *r)
+{
+	struct api_error e;
+
+	if (api_parse(kind, body, strlen(body), header, r, &e) != 0)
+		fail_msg("%s: %d %s", body, e.status, e.message);
+}
+
+/* Parses body; asserts a 400 about param (NULL: none) whose message holds what. */
+static void
+parse_bad(enum api_kind kind, const char *body, const char *header, const char *param, const char *what)
+{
+	struct api_error e;
+	struct api_req r;
+
+	if (api_parse(kind, body, strlen(body), header, &r, &e) == 0)
+		fail_msg("%s: accepted", body);
+	assert_int_equal(e.status, 400);
+	assert_string_equal(e.type, "invalid_request_error");
+	if (param == NULL)
+		assert_null(e.param);
+	else
+		assert_string_equal(e.param, param);
+	if (strstr(e.message, what) == NULL)
+		fail_msg("%s: message '%s' does not say '%s'", body, e.message, what);
+}
+
+static const struct api_num *
+num(const struct api_req *r, const char *key)
+{
+	int i;
+
+	for (i = 0; i < r->n_nums; i++)
+		if (strcmp(r->nums[i].key, key) == 0)
+			return &r->nums[i];
+	return NULL;
+}
+
+static void
+test_chat_request(void **state)
+{
+	struct api_req r;
+
+	parse_ok(API_CHAT, "{\"model\": \"tiny\", \"messages\": [{\"role\": \"developer\", \"content\": \"Be brief.\"},"
+	    "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"}, {\"type\": \"text\", \"text\": \"b\"}]},"
+	    "{\"role\": \"assistant\", \"content\": \"c\", \"name\": \"x\"}, {\"role\": \"user\", \"content\": \"d\"}],"
+	    "\"max_tokens\": 7, \"max_completion_tokens\": 9, \"temperature\": 0, \"top_p\": 0.5, \"seed\": 42,"
+	    "\"stop\": \"END\", \"n\": 1, \"user\": \"ignored\", \"logprobs\": false, \"tools\": [],"
+	    "\"response_format\": {\"type\": \"text\"}, \"top_k\": 3, \"frequency_penalty\": null}", NULL, &r);
+	assert_int_equal(r.kind, API_CHAT);
+	assert_string_equal(r.model, "tiny");
+	assert_int_equal(r.n_msgs, 4);
+	assert_string_equal(r.msgs[0].role, "system");
+	assert_string_equal(r.msgs[1].content, "a\nb");
+	assert_string_equal(r.msgs[2].role, "assistant");
+	assert_string_equal(r.msgs[3].content, "d");
+	assert_null(r.prompt);
+	assert_null(r.session);
+	assert_false(r.stream);
+	/* max_completion_tokens wins over the older max_tokens */
+	assert_int_equal(num(&r, "max_tokens")->u, 9);
+	assert_true(num(&r, "temperature")->f == 0.0 && !num(&r, "temperature")->is_uint);
+	assert_true(num(&r, "top_p")->f == 0.5);
+	assert_int_equal(num(&r, "seed")->u, 42);
+	assert_int_equal(num(&r, "top_k")->u, 3);
+	assert_null(num(&r, "frequency_penalty"));       /* null is not given */
+	assert_int_equal(r.n_stop, 1);
+	assert_string_equal(r.stop[0], "END");
+	api_req_free(&r);
+}
+
+static void
+test_completion_request(void **state)
+{
+	struct api_req r;
+
+	parse_ok(API_COMPLETION, "{\"model\": \"m\", \"prompt\": [\"Once\"], \"stream\": true,"
+	    "\"stream_options\": {\"include_usage\": true}, \"stop\": [\"a\", \"b\"], \"echo\": false}", NULL, &r);
+	assert_string_equal(r.prompt, "Once");
+	assert_int_equal(r.n_msgs, 0);
+	assert_true(r.stream);
+	assert_true(r.include_usage);
+	assert_int_equal(r.n_stop, 2);
+	assert_string_equal(r.stop[1], "b");
+	api_req_free(&r);
+}
+
+/* A chat request with one user message and these fields after it. */
+#define CHAT(rest) "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]" rest "}"
+
+static void
+test_bad_requests(void **state)
+{
+	static const struct {
+		enum api_kind kind;
+		const char *body, *param, *what;
+	} bad[] = {
+		{ API_CHAT, "{\"model\": \"m\", \"messages\": [", NULL, "not valid JSON" },
+		{ API_CHAT, "[1]", NULL, "JSON object" },
+		{ API_CHAT, "{\"model\": \"m\", \"model\": \"n\", \"messages\": []}", NULL, "duplicate" },
+		{ API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", "model", "model is required" },
+		{ API_CHAT, "{\"model\": \"m\"}", "messages", "messages is required" },
+		{ API_CHAT, "{\"model\": \"m\", \"messages\": []}", "messages", "non-empty" },
+		{ API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "messages",
+		  "role 'tool'" },
+		{ API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\"}]}", "messages", "no content" },
+		{ API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": "
+		  "[{\"type\": \"image_url\", \"image_url\": {}}]}]}", "messages", "only text parts" },
+		{ API_CHAT, CHAT(", \"temperature\": \"hot\""), "temperature", "must be a number" },
+		{ API_CHAT, CHAT(", \"max_tokens\": 0"), "max_tokens", "at least 1" },
+		{ API_CHAT, CHAT(", \"seed\": -1"), "seed", "at least 0" },
+		{ API_CHAT, CHAT(", \"stop\": [1]"), "stop", "array of strings" },
+		{ API_CHAT, CHAT(", \"n\": 2"), "n", "n must be 1" },
+		{ API_CHAT, CHAT(", \"logprobs\": true"), "logprobs", "not supported" },
+		{ API_CHAT, CHAT(", \"tools\": [{\"type\": \"function\"}]"), "tools", "not supported" },
+		{ API_CHAT, CHAT(", \"response_format\": {\"type\": \"json_object\"}"), "response_format", "text" },
+		{ API_CHAT, CHAT(", \"stream\": \"yes\""), "stream", "boolean" },
+		{ API_CHAT, CHAT(", \"stream_options\": {\"include_usage\": true}"), "stream_options",
+		  "only allowed when stream" },
+		{ API_COMPLETION, "{\"model\": \"m\", \"prompt\": [1, 2]}", "prompt", "a string" },
+		{ API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"echo\": true}", "echo", "not supported" },
+		{ API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"best_of\": 3}", "best_of", "1" },
+	};
+	size_t i;
+
+	for (i = 0; i < sizeof bad / sizeof bad[0]; i++)
+		parse_bad(bad[i].kind, bad[i].body, NULL, bad[i].param, bad[i].what);
+}
+
+static void
+test_sessions(void **state)
+{
+	static const char msgs[] = "\"messages\": [{\"role\": \"system\", \"content\": \"S\"}, "
+	    "{\"role\": \"user\", \"content\": \"U\"}]";
+	char body[512];
+	struct api_req r;
+
+	/* a new session takes the leading system message as its system prompt */
+	snprintf(body, sizeof body, "{\"model\": \"m\", \"session\": \"new\", %s}", msgs);
+	parse_ok(API_CHAT, body, NULL, &r);
+	assert_string_equal(r.session, "new");
+	assert_string_equal(r.system, "S");
+	assert_int_equal(r.n_msgs, 1);
+	assert_string_equal(r.msgs[0].content, "U");
+	api_req_free(&r);
+	/* a session's id, from the header, uppercase accepted; its messages stay as sent */
+	snprintf(body, sizeof body, "{\"model\": \"m\", %s}", msgs);
+	parse_ok(API_CHAT, body, "0123ABCD-4567-89AB-CDEF-0123456789AB", &r);
+	assert_string_equal(r.session, uuid);
+	assert_null(r.system);
+	assert_int_equal(r.n_msgs, 2);
+	api_req_free(&r);
+	/* the same in the body and the header is fine */
+	snprintf(body, sizeof body, "{\"model\": \"m\", \"session\": \"%s\", %s}", uuid, msgs);
+	parse_ok(API_CHAT, body, uuid, &r);
+	api_req_free(&r);
+	parse_bad(API_CHAT, body, "new", "session", "differ");
+	snprintf(body, sizeof body, "{\"model\": \"m\", \"session\": \"abc\", %s}", msgs);
+	parse_bad(API_CHAT, body, NULL, "session", "8-4-4-4-12");
+	snprintf(body, sizeof body, "{\"model\": \"m\", \"session\": 5, %s}", msgs);
+	parse_bad(API_CHAT, body, NULL, "session", "must be a string");
+	parse_bad(API_CHAT, "{\"model\": \"m\", \"session\": \"new\", \"messages\": "
+	    "[{\"role\": \"system\", \"content\": \"S\"}]}", NULL, "messages", "more than the system message");
+	parse_bad(API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"p\"}", uuid, "session", "chat/completions");
+}
+
+/* Asserts that the JSON text of j equals want; frees j. */
+static void
+json_is(json_t *j, const char *want)
+{
+	char *s = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+
+	assert_non_null(s);
+	if (strcmp(s, want) != 0)
+		fail_msg("got  %s\nwant %s", s, want);
+	free(s);
+	json_decref(j);
+}
+
+static void
+test_replies(void **state)
+{
+	struct api_req chat = { .kind = API_CHAT }, cmpl = { .kind = API_COMPLETION, .include_usage = 1 };
+	struct api_meta m = { .id = "chatcmpl-1", .created = 5, .model = "tiny" };
+	struct api_usage u = { 10, 4, 3 };
+
+	json_is(api_reply(&chat, &m, "Hi", "stop", &u),
+	    "{\"choices\":[{\"finish_reason\":\"stop\",\"index\":0,\"logprobs\":null,\"message\":{\"content\":\"Hi\","
+	    "\"role\":\"assistant\"}}],\"created\":5,\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":"
+	    "\"chat.completion\",\"usage\":{\"completion_tokens\":3,\"prompt_tokens\":10,\"prompt_tokens_details\":"
+	    "{\"cached_tokens\":4},\"total_tokens\":13}}");
+	json_is(api_chunk(&chat, &m, "", 1, NULL),
+	    "{\"choices\":[{\"delta\":{\"content\":\"\",\"role\":\"assistant\"},\"finish_reason\":null,\"index\":0,"
+	    "\"logprobs\":null}],\"created\":5,\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":"
+	    "\"chat.completion.chunk\"}");
+	json_is(api_chunk(&chat, &m, NULL, 0, "length"),
+	    "{\"choices\":[{\"delta\":{},\"finish_reason\":\"length\",\"index\":0,\"logprobs\":null}],\"created\":5,"
+	    "\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":\"chat.completion.chunk\"}");
+	m.session = uuid;
+	json_is(api_chunk(&cmpl, &m, "x\"y", 0, NULL),
+	    "{\"choices\":[{\"finish_reason\":null,\"index\":0,\"logprobs\":null,\"text\":\"x\\\"y\"}],\"created\":5,"
+	    "\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":\"text_completion\",\"session\":"
+	    "\"0123abcd-4567-89ab-cdef-0123456789ab\",\"usage\":null}");
+	m.session = NULL;
+	json_is(api_usage_chunk(&cmpl, &m, &u),
+	    "{\"choices\":[],\"created\":5,\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":\"text_completion\","
+	    "\"usage\":{\"completion_tokens\":3,\"prompt_tokens\":10,\"prompt_tokens_details\":{\"cached_tokens\":4},"
+	    "\"total_tokens\":13}}");
+	json_is(api_model("tiny"), "{\"created\":0,\"id\":\"tiny\",\"object\":\"model\",\"owned_by\":\"resident\"}");
+	assert_string_equal(api_finish_reason("stop"), "stop");
+	assert_string_equal(api_finish_reason("context"), "length");
+	assert_null(api_finish_reason("cancel"));
+}
+
+static void
+test_meta_ids(void **state)
+{
+	struct api_meta a, b;
+
+	api_meta_init(&a, API_CHAT, "m");
+	api_meta_init(&b, API_COMPLETION, "m");
+	assert_int_equal(strncmp(a.id, "chatcmpl-", 9), 0);
+	assert_int_equal(strlen(a.id), 9 + 24);
+	assert_int_equal(strncmp(b.id, "cmpl-", 5), 0);
+	assert_string_not_equal(a.id + 9, b.id + 5);
+	assert_true(a.created > 1700000000);
+}
+
+static void
+test_errors(void **state)
+{
+	static const struct { rs_status st; int status; const char *code; } map[] = {
+		{ RS_ERR_INVALID_PARAM, 400, "invalid_param" }, { RS_ERR_CONTEXT_EXCEEDED, 400, "context_length_exceeded" },
+		{ RS_ERR_NOT_FOUND, 404, "not_found" }, { RS_ERR_FRAME_TOO_LARGE, 413, "request_too_large" },
+		{ RS_ERR_OVERLOADED, 429, "overloaded" }, { RS_ERR_SHUTTING_DOWN, 503, "shutting_down" },
+		{ RS_ERR_CONNECT, 503, "daemon_unavailable" }, { RS_ERR_IO, 502, "daemon_connection_lost" },
+		{ RS_ERR_MODEL_ERROR, 500, "model_error" }, { RS_ERR_INTERNAL, 500, "internal" },
+	};
+	struct api_error e;
+	size_t i;
+
+	for (i = 0; i < sizeof map / sizeof map[0]; i++) {
+		api_error_from_status(map[i].st, "why", &e);
+		assert_int_equal(e.status, map[i].status);
+		assert_string_equal(e.code, map[i].code);
+		assert_string_equal(e.message, "why");
+	}
+	api_error_set(&e, 404, "invalid_request_error", "model", "model_not_found", "no %s", "x");
+	json_is(api_error_json(&e), "{\"error\":{\"code\":\"model_not_found\",\"message\":\"no x\",\"param\":\"model\","
+	    "\"type\":\"invalid_request_error\"}}");
+	api_error_set(&e, 500, "server_error", NULL, NULL, "bad");
+	json_is(api_error_json(&e), "{\"error\":{\"code\":null,\"message\":\"bad\",\"param\":null,\"type\":\"server_error\"}}");
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_chat_request),
+		cmocka_unit_test(test_completion_request),
+		cmocka_unit_test(test_bad_requests),
+		cmocka_unit_test(test_sessions),
+		cmocka_unit_test(test_replies),
+		cmocka_unit_test(test_meta_ids),
+		cmocka_unit_test(test_errors),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
