@@ -264,7 +264,7 @@ load_model(struct sched *s, struct model_slot *m, char *err)
 {
 	struct engine_opts eo = { .device = s->o.device, .n_threads = s->o.n_threads, .n_ctx = s->o.n_ctx,
 		.kv_tokens = s->o.kv_tokens, .max_step_tokens = s->o.max_step_tokens, .max_seqs = s->o.max_seqs,
-		.exact = s->o.exact, .fp16_weights = s->o.fp16_weights };
+		.exact = s->o.exact };
 
 	if (m->e != NULL)
 		return 0;

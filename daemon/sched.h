@@ -28,7 +28,6 @@ struct sched_opts {
 	int32_t max_seqs;           /* sequences decoding at once per model */
 	int max_queue;              /* waiting requests before `overloaded` */
 	int exact;                  /* CPU: float activations everywhere (engine_opts) */
-	int fp16_weights;           /* CUDA: fp16 copies of the quantized matrices (engine_opts) */
 };
 
 /* What a client looks like in `status`. */

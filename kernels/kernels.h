@@ -29,10 +29,6 @@ struct backend_opts {
 	                      else quantized weights meet 8-bit activations.
 	                      CUDA: an fp32 KV pool and fp32 activations in every
 	                      product (else fp16 KV, fp16 activations for cuBLAS) */
-	int fp16_weights;  /* CUDA: keep an fp16 copy of each quantized matrix, made at
-	                      load (about 2 bytes more per weight), which cuBLAS reads
-	                      in place of dequantizing tiles at every step; no effect
-	                      in exact mode */
 };
 
 /* One sequence's part of a step: n_new tokens at positions pos0.. */

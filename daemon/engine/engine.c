@@ -101,7 +101,6 @@ engine_open(const char *model_path, const struct engine_opts *o, struct engine *
 	bo.max_tokens = e->max_step_tokens;
 	bo.max_seqs = e->max_seqs;
 	bo.exact = o->exact;
-	bo.fp16_weights = o->fp16_weights;
 	e->exact = o->exact != 0;
 	if ((rc = e->ops->load(e->m, &bo, &e->be, err)) != 0) {
 		err_prefix(err, rc, "%s backend", e->ops->name);

@@ -41,8 +41,6 @@ struct engine_opts {
 	int32_t max_seqs;       /* sequences per step; 0: 64 */
 	int exact;              /* CPU: float activations in every product, the reference
 	                           numerics; else quantized weights meet 8-bit activations */
-	int fp16_weights;       /* CUDA: an fp16 copy of each quantized matrix for cuBLAS
-	                           (backend_opts.fp16_weights) */
 };
 
 enum seq_state { SEQ_PREFILL, SEQ_DECODE, SEQ_DONE };

@@ -17,13 +17,6 @@
  *
  * KV pool: [block][layer][K|V][KV_BLOCK_TOKENS][n_head_kv * head_dim], fp16.
  *
- * fp16 copies (backend_opts.fp16_weights): each quantized matrix that the
- * tensor-core path multiplies gets a second copy, dequantized to fp16 once
- * at load (about 2 bytes more per weight), which cuBLAS reads in place as
- * it reads F16 weights, instead of dequantizing the matrix a tile at a
- * time at every step of more than mmv_max tokens; the matrix-vector
- * kernels still read the stored blocks. Off in exact mode (no cuBLAS).
- *
  * Exact mode (backend_opts.exact): the pool holds fp32 and every product
  * takes the fp32 matrix-vector path whatever the token count (never the
  * int8 kernels), so that no activation is rounded to fp16 or int8 and the
@@ -114,7 +107,6 @@ struct backend {
 	cudaStream_t stream;
 	struct cuda_mm mm;
 	uint8_t *weights;            /* every matrix, as stored */
-	uint8_t *copies;             /* fp16 copies of the quantized matrices, or NULL */
 	float *smalls;               /* norms, biases, RoPE frequencies */
 	struct cuda_layer *layers;
 	struct cuda_weight tok_embd, output;
@@ -372,18 +364,15 @@ open_device(struct backend *b, int device, char *err)
 
 /* Refuses a model that does not fit, saying how much was needed and how much was free. */
 static int
-check_memory(size_t need, size_t weights, size_t copies, size_t kv, size_t act, char *err)
+check_memory(size_t need, size_t weights, size_t kv, size_t act, char *err)
 {
 	size_t free_b = 0, total = 0;
-	char extra[64] = "";
 
 	CK(cudaMemGetInfo(&free_b, &total));
-	if (copies > 0)
-		snprintf(extra, sizeof extra, ", their fp16 copies %.1f", copies / 1048576.0);
 	if (need > free_b)
-		return err_set(err, ERR_NOMEM, "the model needs %.1f MiB of GPU memory (weights %.1f%s, "
+		return err_set(err, ERR_NOMEM, "the model needs %.1f MiB of GPU memory (weights %.1f, "
 		    "KV pool %.1f, activations and scratch %.1f), %.1f MiB free of %.1f",
-		    need / 1048576.0, weights / 1048576.0, extra, kv / 1048576.0, act / 1048576.0,
+		    need / 1048576.0, weights / 1048576.0, kv / 1048576.0, act / 1048576.0,
 		    free_b / 1048576.0, total / 1048576.0);
 	return 0;
 }
@@ -436,72 +425,29 @@ upload_matrices(struct backend *b, const struct model_tensor **mats, int n, cons
 	return 0;
 }
 
-/* 1 if the tensor-core path may multiply by t: every matrix but an embedding not tied to the output. */
+/* 1 if t is multiplied (every matrix but an embedding not tied to the output): it may want weight tiles. */
 static int
 is_product(const struct model_desc *m, const struct model_tensor *t)
 {
 	return t != m->tok_embd || t == m->output;
 }
 
-/*
- * Where each matrix's fp16 copy goes in the copies allocation (NO_COPY:
- * none); returns the total, 0 when copies are off. Only quantized
- * matrices of products get one: F16 ones are read as they are.
- */
-#define NO_COPY SIZE_MAX
-static size_t
-copy_offsets(const struct model_desc *m, const struct model_tensor **mats, int n, int on, size_t *hoff)
-{
-	size_t end = 0;
-
-	for (int i = 0; i < n; i++) {
-		hoff[i] = NO_COPY;
-		if (on && mats[i]->type != TT_F16 && is_product(m, mats[i])) {
-			hoff[i] = end;
-			end += align_up((size_t)mats[i]->ne[0] * (size_t)mats[i]->ne[1] * sizeof(__half));
-		}
-	}
-	return end;
-}
-
-/* The cuda_weight of matrix t, found among the uploaded ones (with its copy, if it has one). */
+/* The cuda_weight of matrix t, found among the uploaded ones. */
 static struct cuda_weight
 weight_of(const struct backend *b, const struct model_tensor **mats, int n, const size_t *off,
-    const size_t *hoff, const struct model_tensor *t)
+    const struct model_tensor *t)
 {
-	struct cuda_weight w = { NULL, t->type, t->ne[0], t->ne[1], 0, NULL };
+	struct cuda_weight w = { NULL, t->type, t->ne[0], t->ne[1], 0 };
 
 	quant_row_bytes(t->type, t->ne[0], &w.row_bytes);
 	for (int i = 0; i < n; i++)
 		if (mats[i] == t) {
 			w.d = b->weights + off[i];
-			if (hoff[i] != NO_COPY)
-				w.h = (const __half *)(b->copies + hoff[i]);
 			break;
 		}
 	return w;
 }
 
-/* Allocates the fp16 copies (total bytes) and dequantizes each matrix into its own. */
-static int
-make_copies(struct backend *b, const struct model_tensor **mats, int n, const size_t *off, const size_t *hoff,
-    size_t total, char *err)
-{
-	int rc;
-
-	if (total == 0)
-		return 0;
-	if ((rc = dev_alloc((void **)&b->copies, total, "fp16 copies of the weights", err)) != 0)
-		return rc;
-	for (int i = 0; i < n; i++) {
-		struct cuda_weight w = weight_of(b, mats, n, off, hoff, mats[i]);
-
-		if (w.h != NULL && (rc = cuda_dequant_f16(&w, (__half *)w.h, b->stream, err)) != 0)
-			return rc;
-	}
-	CK(cudaStreamSynchronize(b->stream));
-	return 0;
-}
 
 /* Appends a 1-D weight as float to the host buffer; returns its device address. */
 static float *
@@ -714,9 +660,8 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	const struct model_tensor **mats = (const struct model_tensor **)xcalloc(
 	    2 + 7 * (size_t)m->hp.n_layer, sizeof *mats);
 	size_t *off = (size_t *)xcalloc(2 + 7 * (size_t)m->hp.n_layer, sizeof *off);
-	size_t *hoff = (size_t *)xcalloc(2 + 7 * (size_t)m->hp.n_layer, sizeof *hoff);
 	struct dims d = model_dims(&m->hp, o->max_tokens);
-	size_t wbytes, cbytes, kv_bytes, act, need;
+	size_t wbytes, kv_bytes, act, need;
 	int64_t wh = 1, seqs = o->max_seqs > 0 ? MIN(o->max_seqs, o->max_tokens) : o->max_tokens;
 	int n = list_matrices(m, mats), rc;
 
@@ -726,39 +671,37 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	b->exact = o->exact != 0;
 	b->mm.part_elems = b->exact ? 0 : cuda_qgemm_part_elems(b->mm.sms);
 	wbytes = matrix_offsets(mats, n, off);
-	cbytes = copy_offsets(m, mats, n, o->fp16_weights && !b->exact, hoff);
 	for (int i = 0; i < n; i++) {
-		struct cuda_weight w = { NULL, mats[i]->type, mats[i]->ne[0], mats[i]->ne[1], 0, NULL };
+		struct cuda_weight w = { NULL, mats[i]->type, mats[i]->ne[0], mats[i]->ne[1], 0 };
 
-		if (is_product(m, mats[i]) && hoff[i] == NO_COPY) /* a copy needs no tiles */
+		if (is_product(m, mats[i]))
 			wh = MAX(wh, cuda_matmul_tile_elems(&w));
 	}
 	b->kv_stride = KV_BLOCK_TOKENS * d.nkv;
 	kv_bytes = (size_t)o->kv_blocks * (size_t)m->hp.n_layer * 2 * b->kv_stride * (size_t)kv_elem_size(b);
 	act = activation_bytes(&d) + (size_t)wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(b) +
 	    floats_bytes(small_floats(m)) + floats_bytes((size_t)b->mm.part_elems);
-	need = wbytes + cbytes + kv_bytes + act;
-	if ((rc = check_memory(need, wbytes, cbytes, kv_bytes, act, err)) != 0 ||
+	need = wbytes + kv_bytes + act;
+	if ((rc = check_memory(need, wbytes, kv_bytes, act, err)) != 0 ||
 	    (rc = upload_matrices(b, mats, n, off, wbytes, err)) != 0 ||
-	    (rc = make_copies(b, mats, n, off, hoff, cbytes, err)) != 0 ||
 	    (rc = upload_smalls(b, err)) != 0 ||
 	    (rc = alloc_buffers(b, &d, kv_bytes, wh, err)) != 0 ||
 	    (rc = alloc_staging(b, MIN(seqs * o->kv_blocks, (int64_t)TABLE_CAP0), err)) != 0 ||
 	    (rc = open_blas(b, err)) != 0 || (rc = prof_open(&b->prof, err)) != 0)
 		goto out;
-	b->tok_embd = weight_of(b, mats, n, off, hoff, m->tok_embd);
-	b->output = weight_of(b, mats, n, off, hoff, m->output);
+	b->tok_embd = weight_of(b, mats, n, off, m->tok_embd);
+	b->output = weight_of(b, mats, n, off, m->output);
 	for (int l = 0; l < m->hp.n_layer; l++) {
 		const struct model_layer *L = &m->layers[l];
 		struct cuda_layer *c = &b->layers[l];
 
-		c->wq = weight_of(b, mats, n, off, hoff, L->wq);
-		c->wk = weight_of(b, mats, n, off, hoff, L->wk);
-		c->wv = weight_of(b, mats, n, off, hoff, L->wv);
-		c->wo = weight_of(b, mats, n, off, hoff, L->wo);
-		c->w_gate = weight_of(b, mats, n, off, hoff, L->w_gate);
-		c->w_up = weight_of(b, mats, n, off, hoff, L->w_up);
-		c->w_down = weight_of(b, mats, n, off, hoff, L->w_down);
+		c->wq = weight_of(b, mats, n, off, L->wq);
+		c->wk = weight_of(b, mats, n, off, L->wk);
+		c->wv = weight_of(b, mats, n, off, L->wv);
+		c->wo = weight_of(b, mats, n, off, L->wo);
+		c->w_gate = weight_of(b, mats, n, off, L->w_gate);
+		c->w_up = weight_of(b, mats, n, off, L->w_up);
+		c->w_down = weight_of(b, mats, n, off, L->w_down);
 	}
 	b->mm.mmv_max = mmv_max(b->exact);
 	b->use_graphs = getenv("RESIDENT_CUDA_GRAPHS") == NULL || atoi(getenv("RESIDENT_CUDA_GRAPHS")) != 0;
@@ -767,7 +710,6 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 out:
 	free(mats);
 	free(off);
-	free(hoff);
 	return rc;
 }
 
@@ -805,7 +747,7 @@ cuda_free(struct backend *b)
 	drop_graphs(b);
 	if (b->mm.blas != NULL)
 		cublasDestroy(b->mm.blas);
-	cudaFree(b->weights), cudaFree(b->copies), cudaFree(b->smalls), cudaFree(b->kv);
+	cudaFree(b->weights), cudaFree(b->smalls), cudaFree(b->kv);
 	cudaFree(b->x), cudaFree(b->h), cudaFree(b->q), cudaFree(b->k), cudaFree(b->v);
 	cudaFree(b->att), cudaFree(b->gate), cudaFree(b->up), cudaFree(b->ffn_out), cudaFree(b->logits);
 	cudaFree(b->mm.xh), cudaFree(b->mm.xscale), cudaFree(b->mm.wh), cudaFree(b->blas_ws);

@@ -16,9 +16,8 @@
  * fp16 once per input (each row divided by a power of two when it would
  * overflow fp16, and multiplied back afterwards). Quantized weights go to
  * the tensor-core kernel of qgemm.cu, which decodes their blocks in shared
- * memory; float weights (and fp16 copies made at load) to cuBLAS, BF16 and
- * F32 ones converted to fp16 a tile of rows at a time, all with float32
- * accumulation.
+ * memory; float weights to cuBLAS, BF16 and F32 ones converted to fp16 a
+ * tile of rows at a time, all with float32 accumulation.
  */
 #include "matmul.cuh"
 #include "dequant.cuh"
@@ -572,23 +571,23 @@ to_f16(struct cuda_mm *m, const float *x, int ldx, int k, int n_tok, char *err)
 	return cuda_to_f16(x, ldx, k, n_tok, h16, m->stream, err);
 }
 
-/* 1 if the quantized tensor-core kernel multiplies by w (an fp16 copy, when w has one, goes to cuBLAS). */
+/* 1 if the quantized tensor-core kernel multiplies by w (else cuBLAS does). */
 static int
 tensor_path(const struct cuda_weight *w)
 {
-	return w->h == NULL && cuda_qgemm_type(w);
+	return cuda_qgemm_type(w);
 }
 
 /*
  * cuBLAS on fp16 tokens (m->xh, made by to_f16) and fp16 weights (the
- * matrix itself, its fp16 copy, or tiles dequantized into m->wh), float32
- * out.
+ * matrix itself, or tiles of a BF16 or F32 one converted into m->wh),
+ * float32 out.
  */
 static int
 gemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, float *y, int ldy, char *err)
 {
 	const float one = 1.0f, zero = 0.0f;
-	const __half *whole = w->type == TT_F16 ? (const __half *)w->d : w->h;
+	const __half *whole = w->type == TT_F16 ? (const __half *)w->d : NULL;
 	int64_t tile = whole != NULL ? w->n : MIN(w->n, m->wh_elems / w->k);
 	int k = (int)w->k, rc;
 
@@ -708,8 +707,3 @@ cuda_matmul_tile_elems(const struct cuda_weight *w)
 	return w->type == TT_F16 || tensor_path(w) ? 0 : MIN(w->n * w->k, MAX(WTILE_ELEMS, w->k));
 }
 
-int
-cuda_dequant_f16(const struct cuda_weight *w, __half *out, cudaStream_t st, char *err)
-{
-	return dequant_rows(w, 0, w->n, out, st, err);
-}

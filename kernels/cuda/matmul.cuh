@@ -12,18 +12,12 @@
 /* Tokens one matrix-vector kernel carries; more go in groups of this. */
 #define MMV_TOKENS 8
 
-/*
- * A weight on the GPU: n rows of k elements, row_bytes apart. h: NULL, or
- * the whole matrix dequantized to fp16 (n rows of k), which the
- * tensor-core path then reads in place of dequantizing tiles; the
- * matrix-vector kernels read d alone.
- */
+/* A weight on the GPU: n rows of k elements, row_bytes apart. */
 struct cuda_weight {
 	const uint8_t *d;
 	uint32_t type;
 	int64_t k, n;
 	size_t row_bytes;
-	const __half *h;
 };
 
 /*
@@ -129,10 +123,7 @@ int cuda_qgemm_setup(char *err);
 /* Floats of split sums cuda_qgemm wants on a device of sms multiprocessors (cuda_mm.part). */
 int64_t cuda_qgemm_part_elems(int sms);
 
-/* Elements of fp16 scratch the tensor-core path wants for this weight without an fp16 copy. */
+/* Elements of fp16 scratch cuBLAS wants for rows of this weight converted a tile at a time (BF16, F32). */
 int64_t cuda_matmul_tile_elems(const struct cuda_weight *w);
-
-/* Dequantizes all of w into out (n x k fp16) on st: the copy that w->h may point at. */
-int cuda_dequant_f16(const struct cuda_weight *w, __half *out, cudaStream_t st, char *err);
 
 #endif

@@ -394,9 +394,6 @@ usage(FILE *fp)
 	    "      --exact          float activations in every product (default: 8-bit ones for\n"
 	    "                       quantized weights on the CPU; on CUDA fp16 ones for long\n"
 	    "                       prompts and an fp16 KV cache, here fp32)\n"
-	    "      --cuda-fp16-weights  an fp16 copy of each quantized matrix, made at load, for\n"
-	    "                       steps of more than 8 tokens (about 2 bytes more GPU memory\n"
-	    "                       per weight)\n"
 	    "  -h, --help\n"
 	    "A header line names the device and its measured read bandwidth; tg rows show the\n"
 	    "bytes a decode step reads (weights + KV) per second, and that as %% of the bandwidth.\n");
@@ -407,7 +404,7 @@ static int
 parse_opts(int argc, char **argv, struct bench_opts *o)
 {
 	static const struct option lo[] = { { "device", required_argument, NULL, 'D' },
-		{ "exact", no_argument, NULL, 'E' }, { "cuda-fp16-weights", no_argument, NULL, 'F' },
+		{ "exact", no_argument, NULL, 'E' },
 		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 } };
 	int c;
 
@@ -429,7 +426,6 @@ parse_opts(int argc, char **argv, struct bench_opts *o)
 		case 'c': o->eng.n_ctx = atoi(optarg); break;
 		case 'D': o->eng.device = optarg; break;
 		case 'E': o->eng.exact = 1; break;
-		case 'F': o->eng.fp16_weights = 1; break;
 		case 'h': return 1;
 		default: return -1;
 		}

@@ -3,10 +3,10 @@
  * logits, for every family and weight type the generator writes.
  *
  * Each model runs one schedule of steps on the CPU backend (its exact mode,
- * float activations) and on four CUDA backends: one that sends every
- * product to the tensor-core path (cuBLAS), the same with the fp16 copies
- * of the weights made at load (backend_opts.fp16_weights), one that sends
- * every product to the matrix-vector kernels (RESIDENT_CUDA_MMV_MAX), and
+ * float activations) and on three CUDA backends: one that sends every
+ * product to the many-token path (the tensor-core kernel on quantized
+ * blocks, cuBLAS on float weights), one that sends every product to the
+ * matrix-vector kernels (RESIDENT_CUDA_MMV_MAX), and
  * the exact mode (backend_opts.exact, loaded with RESIDENT_CUDA_MMV_MAX=0,
  * which it must override). The schedule mixes prefill chunks and decode
  * tokens of seven sequences in one step, reaches positions well past the
@@ -14,7 +14,7 @@
  * (kv_copy) and ends with one- and sixteen-token steps. Every logits row
  * must agree with the CPU's within a bound on max |gpu - cpu| / max |cpu|
  * per row:
- * - cublas, cublas with fp16 copies, and matvec, TOL: the KV pool is fp16 (2^-11 of every K and V
+ * - gemm and matvec, TOL: the KV pool is fp16 (2^-11 of every K and V
  *   element; the real Gemma's logits move by up to 2.4e-3 of their
  *   largest on the matrix-vector path) and the tensor-core path rounds its
  *   inputs to fp16 too (4.5e-3), the rest is float32;
@@ -56,13 +56,12 @@
 #define DECODE_TO 84    /* sequence 0 decodes up to this length */
 #define TOL 1e-2
 #define TOL_EXACT 1e-4
-#define N_GPU 4         /* the CUDA variants */
+#define N_GPU 3         /* the CUDA variants */
 
-static const char *const gpu_names[N_GPU] = { "cublas", "matvec", "exact", "cublas, fp16 copies" };
-static const char *const gpu_mmv[N_GPU] = { "0", "1000000", "0", "0" };
-static const int gpu_exact[N_GPU] = { 0, 0, 1, 0 };
-static const int gpu_fp16[N_GPU] = { 0, 0, 0, 1 };
-static const double gpu_tol[N_GPU] = { TOL, TOL, TOL_EXACT, TOL };
+static const char *const gpu_names[N_GPU] = { "gemm", "matvec", "exact" };
+static const char *const gpu_mmv[N_GPU] = { "0", "1000000", "0" };
+static const int gpu_exact[N_GPU] = { 0, 0, 1 };
+static const double gpu_tol[N_GPU] = { TOL, TOL, TOL_EXACT };
 
 struct fixture {
 	char dir[64];
@@ -104,7 +103,6 @@ load_all(struct fixture *f)
 		fail_msg("cpu load: %s", err);
 	for (g = 0; g < N_GPU; g++) {
 		bo.exact = gpu_exact[g];
-		bo.fp16_weights = gpu_fp16[g];
 		setenv("RESIDENT_CUDA_MMV_MAX", gpu_mmv[g], 1);
 		if (cuda_backend.load(f->m, &bo, &f->gpu[g], err) != 0)
 			fail_msg("cuda load (%s): %s", gpu_names[g], err);
@@ -337,9 +335,9 @@ test_model(void **state)
 	qt = quant_traits(f->m->tok_embd->type);
 	if (!f->rows)
 		run_schedule(f);
-	print_message("%-12s %-5s embd %-5s: %4d rows, max relative error: cublas %.2e, matvec %.2e, "
-	    "exact %.2e, cublas with fp16 copies %.2e\n", f->m->name, model_arch_name(f->m->arch),
-	    qt ? qt->name : "?", f->rows, f->worst[0], f->worst[1], f->worst[2], f->worst[3]);
+	print_message("%-12s %-5s embd %-5s: %4d rows, max relative error: gemm %.2e, matvec %.2e, exact %.2e\n",
+	    f->m->name, model_arch_name(f->m->arch), qt ? qt->name : "?", f->rows, f->worst[0], f->worst[1],
+	    f->worst[2]);
 }
 
 /* The real Gemma 3 270M file: a 40-token prompt in chunks, then decoding, one sequence. */
