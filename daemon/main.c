@@ -302,6 +302,11 @@ main(int argc, char **argv)
 	}
 	evthread_use_pthreads();
 	base = event_base_new();
+	/* before the socket exists: a client may stop us as soon as it sees it */
+	sigterm = evsignal_new(base, SIGTERM, stop_cb, base);
+	sigint = evsignal_new(base, SIGINT, stop_cb, base);
+	event_add(sigterm, NULL);
+	event_add(sigint, NULL);
 	vo.socket_path = s.socket_path;
 	vo.private_dir = s.socket_private;
 	vo.max_frame = (size_t)s.max_frame;
@@ -315,10 +320,6 @@ main(int argc, char **argv)
 		goto out;
 	}
 	server_set_sched(srv, sc);
-	sigterm = evsignal_new(base, SIGTERM, stop_cb, base);
-	sigint = evsignal_new(base, SIGINT, stop_cb, base);
-	event_add(sigterm, NULL);
-	event_add(sigint, NULL);
 	log_info("residentd %s listening on %s (database %s, model %s)", PACKAGE_VERSION, server_socket_path(srv),
 	    s.db_path, s.model ? s.model : "none");
 	event_base_dispatch(base);
