@@ -45,6 +45,8 @@ __global__ void __launch_bounds__(QK_WARPS * WARP)
 qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict__ v,
     struct cuda_heads hp, struct cuda_kv kv)
 {
+	pdl_wait();
+	pdl_trigger();
 	T *pool = (T *)kv.pool;
 	int t = blockIdx.x, j = blockIdx.y * QK_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP;
 	int d = hp.head_dim, half = d / 2, nkv = hp.n_head_kv * d;
@@ -219,6 +221,8 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP)
 attn_kernel(const float *__restrict__ q, float *__restrict__ out, float *__restrict__ part, int n_split,
     struct cuda_heads hp, struct cuda_kv kv)
 {
+	pdl_wait();
+	pdl_trigger();
 	constexpr int D = WARP * E, RS = D + kv_pad<T>();
 	extern __shared__ __align__(16) unsigned char smem[];
 	T *ks = (T *)smem, *vs = ks + 2 * ATT_TILE * RS;
@@ -319,6 +323,8 @@ __global__ void
 attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, int n_split, int d, int n_head,
     const int32_t *__restrict__ fa_tok)
 {
+	pdl_wait();
+	pdl_trigger();
 	__shared__ float wm[ATT_MAX_SPLITS], wl[ATT_MAX_SPLITS];
 	const float *pr = part + (size_t)blockIdx.x * n_split * (d + 2);
 	float mx = -INFINITY, l = 0.0f, acc = 0.0f;
@@ -349,10 +355,9 @@ cuda_qk(float *q, float *k, const float *v, int n_tok, const struct cuda_heads *
 	dim3 grid((unsigned)n_tok, (unsigned)((hd->n_head + hd->n_head_kv + QK_WARPS - 1) / QK_WARPS));
 
 	if (kv->f32)
-		qk_kernel<float><<<grid, QK_WARPS * WARP, 0, st>>>(q, k, v, *hd, *kv);
+		CK(cuda_launch(qk_kernel<float>, dim3(grid), dim3(QK_WARPS * WARP), 0, st, q, k, v, *hd, *kv));
 	else
-		qk_kernel<__half><<<grid, QK_WARPS * WARP, 0, st>>>(q, k, v, *hd, *kv);
-	CK_LAUNCH("qk_kernel");
+		CK(cuda_launch(qk_kernel<__half>, dim3(grid), dim3(QK_WARPS * WARP), 0, st, q, k, v, *hd, *kv));
 	return 0;
 }
 
@@ -430,9 +435,8 @@ attn_launch_t(dim3 grid, const float *q, float *out, float *part, int n_split, c
 	CK(cudaStreamIsCapturing(st, &cs));
 	if (cs == cudaStreamCaptureStatusNone && (rc = attn_smem_limit<E, T>(err)) != 0)
 		return rc;
-	attn_kernel<E, T><<<grid, ATT_WARPS * WARP, attn_smem_bytes<T>(WARP * E), st>>>(q, out, part, n_split,
-	    *hd, *kv);
-	CK_LAUNCH("attn_kernel");
+	CK(cuda_launch(attn_kernel<E, T>, grid, dim3(ATT_WARPS * WARP), attn_smem_bytes<T>(WARP * E), st, q, out,
+	    part, n_split, *hd, *kv));
 	return 0;
 }
 
@@ -478,8 +482,7 @@ cuda_attention(const float *q, float *out, int n_tok, const struct cuda_heads *h
 	}
 	if (rc != 0 || n_split == 1)
 		return rc;
-	attn_merge_kernel<<<(unsigned)(n_tok * hd->n_head), hd->head_dim, 0, st>>>(kv->part, out, (int)n_split,
-	    hd->head_dim, hd->n_head, kv->fa_tok);
-	CK_LAUNCH("attn_merge_kernel");
+	CK(cuda_launch(attn_merge_kernel, dim3((unsigned)(n_tok * hd->n_head)), dim3(hd->head_dim), 0, st, kv->part,
+	    out, (int)n_split, hd->head_dim, hd->n_head, kv->fa_tok));
 	return 0;
 }

@@ -135,6 +135,8 @@ struct backend {
 	struct prof prof;
 };
 
+int cuda_pdl;
+
 int
 cuda_fail(char *err, const char *file, int line, const char *what, const char *msg)
 {
@@ -347,7 +349,7 @@ static void cuda_free(struct backend *b);
 static int
 open_device(struct backend *b, int device, char *err)
 {
-	int n = 0;
+	int n = 0, major = 0;
 	cudaError_t e = cudaGetDeviceCount(&n);
 
 	if (e != cudaSuccess || n == 0)
@@ -359,6 +361,9 @@ open_device(struct backend *b, int device, char *err)
 	CK(cudaSetDevice(device));
 	CK(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
 	CK(cudaDeviceGetAttribute(&b->mm.sms, cudaDevAttrMultiProcessorCount, device));
+	CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+	/* RESIDENT_CUDA_PDL=0: every kernel waits for the one before it to end before it launches */
+	cuda_pdl = major >= 9 && (getenv("RESIDENT_CUDA_PDL") == NULL || atoi(getenv("RESIDENT_CUDA_PDL")) != 0);
 	return 0;
 }
 

@@ -43,6 +43,50 @@ int cuda_fail(char *err, const char *file, int line, const char *what, const cha
 			return cuda_fail(err, __FILE__, __LINE__, name, cudaGetErrorString(e_)); \
 	} while (0)
 
+/*
+ * Programmatic dependent launch (sm_90 and newer): with cuda_pdl set (at
+ * load, from the device and RESIDENT_CUDA_PDL), each kernel of a step is
+ * launched while the one before it on the stream still runs; it starts
+ * with pdl_wait(), which holds it until that kernel has finished and its
+ * writes are visible, then pdl_trigger() lets the next one launch. What a
+ * kernel does before pdl_wait() may only read what no earlier kernel of
+ * the step writes (the weights). The launch latency between kernels, a few
+ * microseconds each on a step of hundreds, is hidden.
+ */
+extern int cuda_pdl;
+
+static __device__ __forceinline__ void
+pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void
+pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+/* Launches kernel on st, early when cuda_pdl allows it (see pdl_wait). */
+template <typename... P, typename... A>
+static cudaError_t
+cuda_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A &&...args)
+{
+	cudaLaunchConfig_t cfg = {};
+	cudaLaunchAttribute at[1];
+
+	cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
+	at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	at[0].val.programmaticStreamSerializationAllowed = 1;
+	cfg.attrs = at;
+	cfg.numAttrs = cuda_pdl ? 1 : 0;
+	return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
+}
+
 /* Sum over the 32 lanes of a warp; every lane gets it. */
 static __device__ __forceinline__ float
 warp_sum(float v)

@@ -194,6 +194,8 @@ template <int D>
 __global__ void __launch_bounds__(FA_WARPS * WARP)
 fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_heads hp, struct cuda_kv kv)
 {
+	pdl_wait();
+	pdl_trigger();
 	constexpr int LD = D + FA_PAD;
 	extern __shared__ __align__(16) unsigned char smem[];
 	__half *qs = (__half *)smem, *ks = qs + FLASH_ROWS * LD, *vs = ks + 2 * FA_KV * LD;
@@ -286,8 +288,7 @@ fa_launch(const float *q, float *out, const struct cuda_heads *hd, const struct 
 	if (cs == cudaStreamCaptureStatusNone)
 		CK(cudaFuncSetAttribute(fa_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 		    (int)fa_smem_bytes(D)));
-	fa_kernel<D><<<grid, FA_WARPS * WARP, fa_smem_bytes(D), st>>>(q, out, *hd, *kv);
-	CK_LAUNCH("fa_kernel");
+	CK(cuda_launch(fa_kernel<D>, dim3(grid), dim3(FA_WARPS * WARP), fa_smem_bytes(D), st, q, out, *hd, *kv));
 	return 0;
 }
 

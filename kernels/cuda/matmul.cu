@@ -51,6 +51,8 @@ __global__ void __launch_bounds__(MMV_WARPS * WARP)
 mmv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n,
     const float *__restrict__ x, int ldx, struct mm_out out)
 {
+	pdl_wait();
+	pdl_trigger();
 	__shared__ float red[MMV_WARPS][MMV_ROWS * NT];
 	int row0 = blockIdx.x * MMV_ROWS, lane = threadIdx.x % WARP, wp = threadIdx.x / WARP;
 	const uint8_t *r[MMV_ROWS];
@@ -330,6 +332,8 @@ __global__ void __launch_bounds__(MMQ_WARPS * WARP)
 mmq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n, const int8_t *__restrict__ xq,
     const float2 *__restrict__ xd, struct mm_out out)
 {
+	pdl_wait();
+	pdl_trigger();
 	using Q = qt<TY>;
 	constexpr int MMQ_ROWS = mmq_rows<NT>::n;
 	int row0 = (blockIdx.x * MMQ_WARPS + threadIdx.x / WARP) * MMQ_ROWS, lane = threadIdx.x % WARP;
@@ -381,6 +385,8 @@ __global__ void
 quant_q8_kernel(const float *__restrict__ x, int ldx, int k, int8_t *__restrict__ xq,
     float2 *__restrict__ xd)
 {
+	pdl_wait();
+	pdl_trigger();
 	int g = blockIdx.x * Q8_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP, t = blockIdx.y;
 	float v, amax, d, sum;
 	int hi = 0, lo = 0;
@@ -405,6 +411,8 @@ quant_q8_kernel(const float *__restrict__ x, int ldx, int k, int8_t *__restrict_
 __global__ void
 unscale_kernel(float *__restrict__ y, int ldy, int n, const float *__restrict__ xscale)
 {
+	pdl_wait();
+	pdl_trigger();
 	float s = xscale[blockIdx.x];
 
 	if (s == 1.0f)
@@ -419,6 +427,8 @@ __global__ void
 deq_f16_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int64_t n_chunks,
     __half *__restrict__ out)
 {
+	pdl_wait();
+	pdl_trigger();
 	int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	int cpr = k / 8;
 	float v[8];
@@ -439,6 +449,8 @@ __global__ void
 embed_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, const int32_t *__restrict__ tokens,
     float scale, float *__restrict__ out)
 {
+	pdl_wait();
+	pdl_trigger();
 	const uint8_t *r = w + (size_t)tokens[blockIdx.x] * row_bytes;
 	float *o = out + (size_t)blockIdx.x * k;
 	float v[8];
@@ -453,7 +465,7 @@ embed_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, const int32
 
 /* The matrix-vector kernel of type TY for nt (1..MMV_TOKENS) tokens. */
 template <int TY>
-static void
+static cudaError_t
 mmv_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const float *x, int ldx,
     const struct mm_out *out)
 {
@@ -463,16 +475,16 @@ mmv_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const float *x,
 	switch (nt) {
 #define NT_CASE(N) \
 	case N: \
-		mmv_kernel<TY, N><<<grid, block, 0, st>>>(w->d, w->row_bytes, k, n, x, ldx, *out); \
-		break;
+		return cuda_launch(mmv_kernel<TY, N>, grid, block, 0, st, w->d, w->row_bytes, k, n, x, ldx, *out);
 	NT_CASE(1) NT_CASE(2) NT_CASE(3) NT_CASE(4) NT_CASE(5) NT_CASE(6) NT_CASE(7) NT_CASE(8)
 #undef NT_CASE
 	}
+	return cudaErrorInvalidValue;
 }
 
 /* The integer kernel of type TY for nt tokens whose quantized rows start at xq, xd. */
 template <int TY>
-static void
+static cudaError_t
 mmq_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const int8_t *xq, const float2 *xd,
     const struct mm_out *out)
 {
@@ -483,11 +495,11 @@ mmq_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const int8_t *x
 #define NT_CASE(N) \
 	case N: \
 		grid.x = (unsigned)((w->n + MMQ_WARPS * mmq_rows<N>::n - 1) / (MMQ_WARPS * mmq_rows<N>::n)); \
-		mmq_kernel<TY, N><<<grid, block, 0, st>>>(w->d, w->row_bytes, k, n, xq, xd, *out); \
-		break;
+		return cuda_launch(mmq_kernel<TY, N>, grid, block, 0, st, w->d, w->row_bytes, k, n, xq, xd, *out);
 	NT_CASE(1) NT_CASE(2) NT_CASE(3) NT_CASE(4) NT_CASE(5) NT_CASE(6) NT_CASE(7) NT_CASE(8)
 #undef NT_CASE
 	}
+	return cudaErrorInvalidValue;
 }
 
 /* The n_tok rows of x (k wide) into m->xq / m->xd, unless they are there already. */
@@ -498,8 +510,7 @@ quantize_x(struct cuda_mm *m, const float *x, int ldx, int k, int n_tok, char *e
 
 	if (m->xq_ready)
 		return 0;
-	quant_q8_kernel<<<grid, Q8_WARPS * WARP, 0, m->stream>>>(x, ldx, k, m->xq, m->xd);
-	CK_LAUNCH("quant_q8_kernel");
+	CK(cuda_launch(quant_q8_kernel, dim3(grid), dim3(Q8_WARPS * WARP), 0, m->stream, x, ldx, k, m->xq, m->xd));
 	m->xq_ready = 1;
 	return 0;
 }
@@ -526,16 +537,15 @@ matvec(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, 
 		for (int i = 0; i < o.n; i++)
 			o.y[i] += (size_t)t * o.ldy[i];
 		switch (q ? -(int)w->type - 1 : (int)w->type) {
-#define TY_CASE(TY) case TY: mmv_launch<TY>(nt, m->stream, w, xt, ldx, &o); break;
+#define TY_CASE(TY) case TY: CK(mmv_launch<TY>(nt, m->stream, w, xt, ldx, &o)); break;
 		DEQ_TYPES(TY_CASE)
 #undef TY_CASE
-#define TQ_CASE(TY) case -TY - 1: mmq_launch<TY>(nt, m->stream, w, xq, xd, &o); break;
+#define TQ_CASE(TY) case -TY - 1: CK(mmq_launch<TY>(nt, m->stream, w, xq, xd, &o)); break;
 		TQ_CASE(TT_Q4_K) TQ_CASE(TT_Q6_K) TQ_CASE(TT_Q8_0)
 #undef TQ_CASE
 		default:
 			return err_set(err, ERR_UNSUPPORTED, "no GPU kernel for weight type %u", w->type);
 		}
-		CK_LAUNCH(q ? "mmq_kernel" : "mmv_kernel");
 	}
 	return 0;
 }
@@ -551,14 +561,14 @@ dequant_rows(const struct cuda_weight *w, int64_t r0, int64_t nr, __half *out, c
 	switch (w->type) {
 #define TY_CASE(TY) \
 	case TY: \
-		deq_f16_kernel<TY><<<blocks, ROW_THREADS, 0, st>>>(src, w->row_bytes, (int)w->k, chunks, out); \
+		CK(cuda_launch(deq_f16_kernel<TY>, dim3(blocks), dim3(ROW_THREADS), 0, st, src, w->row_bytes, \
+		    (int)w->k, chunks, out)); \
 		break;
 	DEQ_TYPES(TY_CASE)
 #undef TY_CASE
 	default:
 		return err_set(err, ERR_UNSUPPORTED, "no GPU kernel for weight type %u", w->type);
 	}
-	CK_LAUNCH("deq_f16_kernel");
 	return 0;
 }
 
@@ -606,8 +616,7 @@ gemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, float *y, int ld
 		    k, m->xh, CUDA_R_16F, k, &zero, y + r0, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
 		    CUBLAS_GEMM_DEFAULT));
 	}
-	unscale_kernel<<<n_tok, ROW_THREADS, 0, m->stream>>>(y, ldy, (int)w->n, m->xscale);
-	CK_LAUNCH("unscale_kernel");
+	CK(cuda_launch(unscale_kernel, dim3(n_tok), dim3(ROW_THREADS), 0, m->stream, y, ldy, (int)w->n, m->xscale));
 	return 0;
 }
 
@@ -689,15 +698,14 @@ cuda_embed(const struct cuda_weight *w, const int32_t *tokens, int n_tok, float 
 	switch (w->type) {
 #define TY_CASE(TY) \
 	case TY: \
-		embed_kernel<TY><<<n_tok, ROW_THREADS, 0, st>>>(w->d, w->row_bytes, (int)w->k, tokens, \
-		    scale, out); \
+		CK(cuda_launch(embed_kernel<TY>, dim3(n_tok), dim3(ROW_THREADS), 0, st, w->d, w->row_bytes, \
+		    (int)w->k, tokens, scale, out)); \
 		break;
 	DEQ_TYPES(TY_CASE)
 #undef TY_CASE
 	default:
 		return err_set(err, ERR_UNSUPPORTED, "no GPU kernel for weight type %u", w->type);
 	}
-	CK_LAUNCH("embed_kernel");
 	return 0;
 }
 

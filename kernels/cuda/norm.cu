@@ -117,6 +117,8 @@ __global__ void __launch_bounds__(ROW_THREADS_MAX)
 residual_norm_kernel(float *__restrict__ x, const float *__restrict__ r, const float *__restrict__ post,
     const float *__restrict__ w, float *__restrict__ h, struct cuda_h16 h16, int n, struct cuda_norm nm)
 {
+	pdl_wait();
+	pdl_trigger();
 	__shared__ float red[WARP];
 	float *xr = x + (size_t)blockIdx.x * n;
 	float4 v[V];
@@ -148,6 +150,8 @@ __global__ void __launch_bounds__(ROW_THREADS_MAX)
 norm_rows_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
     const float *__restrict__ w, float *__restrict__ h, int n, struct cuda_norm nm)
 {
+	pdl_wait();
+	pdl_trigger();
 	__shared__ float red[WARP];
 	float4 v[V];
 
@@ -171,6 +175,8 @@ act(float v, int gelu)
 __global__ void
 glu_kernel(float *__restrict__ a, const float *__restrict__ b, int64_t n, int gelu)
 {
+	pdl_wait();
+	pdl_trigger();
 	int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 
 	if (i < n)
@@ -182,6 +188,8 @@ template <int V>
 __global__ void __launch_bounds__(ROW_THREADS_MAX)
 glu_f16_kernel(const float *__restrict__ a, const float *__restrict__ b, int n, int gelu, struct cuda_h16 h16)
 {
+	pdl_wait();
+	pdl_trigger();
 	__shared__ float red[WARP];
 	float4 v[V], u[V];
 	int n4 = n / 4;
@@ -201,6 +209,8 @@ template <int V>
 __global__ void __launch_bounds__(ROW_THREADS_MAX)
 to_f16_kernel(const float *__restrict__ x, int ldx, int k, struct cuda_h16 h16)
 {
+	pdl_wait();
+	pdl_trigger();
 	__shared__ float red[WARP];
 	float4 v[V];
 
@@ -237,6 +247,8 @@ warp_argmax(float *bv, int *bi)
 __global__ void __launch_bounds__(ARGMAX_THREADS)
 argmax_part_kernel(const float *__restrict__ x, int n, float2 *__restrict__ part)
 {
+	pdl_wait();
+	pdl_trigger();
 	__shared__ float sv[WARP];
 	__shared__ int si[WARP];
 	const float *r = x + (size_t)blockIdx.x * n;
@@ -265,6 +277,8 @@ argmax_part_kernel(const float *__restrict__ x, int n, float2 *__restrict__ part
 __global__ void
 argmax_final_kernel(const float2 *__restrict__ part, int32_t *__restrict__ ids)
 {
+	pdl_wait();
+	pdl_trigger();
 	float bv = -INFINITY;
 	int bi = INT_MAX;
 
@@ -297,19 +311,18 @@ cuda_row_fits(int n)
 	return n % 4 == 0 && row_shape(n, &t) != 0;
 }
 
-/* Launches KERNEL<V>(args) for rows of n on n_rows blocks; NAME for its errors. */
+/* Launches KERNEL<V>(args) for rows of n on n_rows blocks. */
 #define ROW_LAUNCH(KERNEL, n, n_rows, st, ...) \
 	do { \
 		int t_, v_ = row_shape((n), &t_); \
 		switch (v_) { \
-		case 1: KERNEL<1><<<(n_rows), t_, 0, (st)>>>(__VA_ARGS__); break; \
-		case 2: KERNEL<2><<<(n_rows), t_, 0, (st)>>>(__VA_ARGS__); break; \
-		case 4: KERNEL<4><<<(n_rows), t_, 0, (st)>>>(__VA_ARGS__); break; \
-		case 8: KERNEL<8><<<(n_rows), t_, 0, (st)>>>(__VA_ARGS__); break; \
-		case 16: KERNEL<16><<<(n_rows), t_, 0, (st)>>>(__VA_ARGS__); break; \
+		case 1: CK(cuda_launch(KERNEL<1>, dim3((n_rows)), dim3(t_), 0, (st), __VA_ARGS__)); break; \
+		case 2: CK(cuda_launch(KERNEL<2>, dim3((n_rows)), dim3(t_), 0, (st), __VA_ARGS__)); break; \
+		case 4: CK(cuda_launch(KERNEL<4>, dim3((n_rows)), dim3(t_), 0, (st), __VA_ARGS__)); break; \
+		case 8: CK(cuda_launch(KERNEL<8>, dim3((n_rows)), dim3(t_), 0, (st), __VA_ARGS__)); break; \
+		case 16: CK(cuda_launch(KERNEL<16>, dim3((n_rows)), dim3(t_), 0, (st), __VA_ARGS__)); break; \
 		default: return err_set(err, ERR_UNSUPPORTED, #KERNEL ": rows of %d floats", (int)(n)); \
 		} \
-		CK_LAUNCH(#KERNEL); \
 	} while (0)
 
 int
@@ -337,8 +350,7 @@ cuda_glu(float *a, const float *b, int n_rows, int n, int gelu, struct cuda_h16 
 		ROW_LAUNCH(glu_f16_kernel, n, n_rows, st, a, b, n, gelu, h16);
 		return 0;
 	}
-	glu_kernel<<<(unsigned)((all + 255) / 256), 256, 0, st>>>(a, b, all, gelu);
-	CK_LAUNCH("glu_kernel");
+	CK(cuda_launch(glu_kernel, dim3((unsigned)((all + 255) / 256)), dim3(256), 0, st, a, b, all, gelu));
 	return 0;
 }
 
@@ -352,9 +364,8 @@ cuda_to_f16(const float *x, int ldx, int k, int n_rows, struct cuda_h16 h16, cud
 int
 cuda_argmax(const float *x, int n_rows, int n, int32_t *ids, float2 *part, cudaStream_t st, char *err)
 {
-	argmax_part_kernel<<<dim3((unsigned)n_rows, ARGMAX_PARTS), ARGMAX_THREADS, 0, st>>>(x, n, part);
-	CK_LAUNCH("argmax_part_kernel");
-	argmax_final_kernel<<<(unsigned)n_rows, WARP, 0, st>>>(part, ids);
-	CK_LAUNCH("argmax_final_kernel");
+	CK(cuda_launch(argmax_part_kernel, dim3((unsigned)n_rows, ARGMAX_PARTS), dim3(ARGMAX_THREADS), 0, st, x, n,
+	    part));
+	CK(cuda_launch(argmax_final_kernel, dim3((unsigned)n_rows), dim3(WARP), 0, st, part, ids));
 	return 0;
 }

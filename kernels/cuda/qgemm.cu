@@ -322,7 +322,7 @@ template <> struct qg_type<TT_Q5_0> {
 /* The types qgemm reads, as X(type) cases. */
 #define QG_TYPES(X) X(TT_Q4_K) X(TT_Q5_K) X(TT_Q6_K) X(TT_Q8_0) X(TT_Q4_0) X(TT_Q5_0)
 
-/* fp16 elements of a shared-memory token row: 64 and 16 of padding, so 8-byte fragment loads meet no bank conflicts. */
+/* fp16 elements of a shared-memory token row: 64 and 16 of padding (8-byte fragment loads meet no bank conflicts). */
 #define QG_LDB 80
 
 /*
@@ -537,7 +537,8 @@ qgemm_kernel(struct qg_args a)
 	extern __shared__ __align__(16) unsigned char smem[];
 	int m0 = blockIdx.x * C::BM, n0 = blockIdx.y * C::BN;
 	int units = a.k / L::T::UNIT;
-	int u0 = (int)((int64_t)units * blockIdx.z / gridDim.z), u1 = (int)((int64_t)units * (blockIdx.z + 1) / gridDim.z);
+	int u0 = (int)((int64_t)units * blockIdx.z / gridDim.z);
+	int u1 = (int)((int64_t)units * (blockIdx.z + 1) / gridDim.z);
 	int s0 = u0 * L::SUB, S = (u1 - u0) * L::SUB;
 	int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
 	int wm0 = (warp / C::WN) * (C::BM / C::WM), wn0 = (warp % C::WN) * (C::BN / C::WN);
@@ -550,9 +551,15 @@ qgemm_kernel(struct qg_args a)
 #pragma unroll
 		for (int nt = 0; nt < C::NT; nt++)
 			acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;
-	/* group 0: the first RAW_AHEAD sub-steps' raw units and token tile 0; groups 1 .. QG_AHEAD-1: tiles */
+	/*
+	 * group 0: the first RAW_AHEAD sub-steps' raw units and token tile 0;
+	 * groups 1 .. QG_AHEAD-1: tiles. The weights are no earlier kernel's
+	 * output: their copies start while that kernel ends (pdl_wait).
+	 */
 	for (int g = 0; g < C::RAW_AHEAD; g++)
 		qg_issue_w<TY, C>(pl, smem, s0, g, S);
+	pdl_wait();
+	pdl_trigger();
 	for (int g = 0; g < QG_AHEAD; g++) {
 		qg_issue_x<TY, C>(pl, smem, s0, g, S);
 		cp_async_commit();
@@ -598,6 +605,8 @@ __global__ void
 qg_reduce_kernel(const float *__restrict__ part, int n_split, int n_tok, int n_rows,
     const float *__restrict__ xscale, struct mm_out out)
 {
+	pdl_wait();
+	pdl_trigger();
 	int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 	int tok = (int)(i / n_rows), row = (int)(i % n_rows);
 	float s = 0.0f;
@@ -646,14 +655,12 @@ qg_launch(struct cuda_mm *m, struct qg_args a, char *err)
 	grid.z = (unsigned)qg_splits(m, (int64_t)grid.x * grid.y, qg_per_sm<TY, C>(), units,
 	    (int64_t)a.n_tok * a.n_rows);
 	a.part = grid.z > 1 ? m->part : NULL;
-	qgemm_kernel<TY, C><<<grid, C::THREADS, qg_smem<TY, C>::BYTES, m->stream>>>(a);
-	CK_LAUNCH("qgemm_kernel");
+	CK(cuda_launch(qgemm_kernel<TY, C>, dim3(grid), dim3(C::THREADS), qg_smem<TY, C>::BYTES, m->stream, a));
 	if (grid.z == 1)
 		return 0;
 	int64_t n = (int64_t)a.n_tok * a.n_rows;
-	qg_reduce_kernel<<<(unsigned)((n + 255) / 256), 256, 0, m->stream>>>(m->part, (int)grid.z, a.n_tok,
-	    a.n_rows, a.xscale, a.out);
-	CK_LAUNCH("qg_reduce_kernel");
+	CK(cuda_launch(qg_reduce_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, m->stream, m->part,
+	    (int)grid.z, a.n_tok, a.n_rows, a.xscale, a.out));
 	return 0;
 }
 
