@@ -35,7 +35,7 @@ struct sched_opts {
 struct sched_client {
 	int pid;
 	uint32_t uid;
-	char client[64];
+	char client[PROTO_MAX_CLIENT + 1];
 	int requests;
 };
 

@@ -48,7 +48,7 @@ struct conn {
 	struct bufferevent *bev;
 	uid_t uid;
 	pid_t pid;
-	char client[64];
+	char client[PROTO_MAX_CLIENT + 1];
 	uint64_t *inflight;         /* ids of requests not finished */
 	int n_inflight, cap_inflight;
 	struct conn *next;
@@ -236,7 +236,12 @@ pack_session(msgpack_packer *pk, const struct store_session *ss)
 static enum proto_err
 store_pe(int rc)
 {
-	return rc == ERR_NOTFOUND ? PE_NOT_FOUND : rc == ERR_INVAL ? PE_INVALID_PARAM : PE_INTERNAL;
+	switch (rc) {
+	case ERR_NOTFOUND: return PE_NOT_FOUND;
+	case ERR_INVAL: case ERR_RANGE: return PE_INVALID_PARAM;
+	case ERR_QUOTA: return PE_QUOTA_EXCEEDED;
+	default: return PE_INTERNAL;
+	}
 }
 
 /* A result holding one session. */
@@ -491,12 +496,20 @@ submit(struct conn *c, struct proto_req *r)
 static void
 dispatch(struct conn *c, struct proto_req *r)
 {
+	char err[ERR_LEN];
+
 	if (inflight_has(c, r->id)) {
 		conn_error(c, 1, r->id, PE_DUPLICATE_ID, "a request with this id is still in flight");
 		return;
 	}
 	if (c->srv->shutting_down) {
 		conn_error(c, 1, r->id, PE_SHUTTING_DOWN, "the daemon is stopping");
+		return;
+	}
+	if (c->n_inflight >= PROTO_MAX_INFLIGHT) {
+		snprintf(err, sizeof err, "this connection has %d requests in flight, the most allowed; "
+		    "wait for some to finish", c->n_inflight);
+		conn_error(c, 1, r->id, PE_OVERLOADED, err);
 		return;
 	}
 	switch (r->op) {

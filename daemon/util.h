@@ -22,6 +22,7 @@ enum err_code {
 	ERR_NOTFOUND = -6,    /* a key, tensor, session or model is missing */
 	ERR_RANGE = -7,       /* a value beyond a limit */
 	ERR_DEVICE = -8,      /* the GPU or another backend failed */
+	ERR_QUOTA = -9,       /* a per-user quota is full (sessions per uid) */
 };
 
 /* Formats the message into err (if not NULL) and returns code. */

@@ -767,7 +767,8 @@ def t_shutdown(tmp, ck):
     with d:
         slow = d.client(timeout=20)
         c = d.client(timeout=20)
-        slow.request("tokenize", text="word " * 600000, bos=False)   # ~1.8 MB of reply, never read
+        # just under the 1 MiB text limit, two ids over 127 a character: ~1.7 MB of reply, never read
+        slow.request("tokenize", text="\u4e2d" * 349525, bos=False)
         ck.ok(select.select([slow.sock], [], [], 20)[0], "the large reply has started")
         rid = c.start_generate(prompt=LP["tiny"], max_tokens=LONG, **GREEDY)
         first_token(c, rid)
