@@ -404,16 +404,30 @@ seq_reserve(struct engine *e, struct seq *s, int32_t n)
 
 /* ---- text out ---- */
 
-/* Appends bytes to the turn's text. */
+/*
+ * Appends decoded bytes to the turn's text, a U+0000 (a model may generate
+ * the byte token <0x00>) as U+FFFD: the text is kept and rendered again as
+ * a C string (a session's stored reply, the chat template of its next
+ * turn), and no request may carry a NUL either.
+ */
 static void
 text_append(struct seq *s, const char *p, size_t n)
 {
-	if (s->text_len + n + 1 > s->text_cap) {
-		s->text_cap = MAX(s->text_cap * 2, s->text_len + n + 256);
+	static const char replacement[] = "\xef\xbf\xbd";
+	size_t i;
+
+	if (s->text_len + 3 * n + 1 > s->text_cap) {
+		s->text_cap = MAX(s->text_cap * 2, s->text_len + 3 * n + 256);
 		s->text = xrealloc(s->text, s->text_cap);
 	}
-	memcpy(s->text + s->text_len, p, n);
-	s->text_len += n;
+	for (i = 0; i < n; i++) {
+		if (p[i] != '\0') {
+			s->text[s->text_len++] = p[i];
+		} else {
+			memcpy(s->text + s->text_len, replacement, 3);
+			s->text_len += 3;
+		}
+	}
 	s->text[s->text_len] = '\0';
 }
 
