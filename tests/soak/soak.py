@@ -417,6 +417,7 @@ def main():
         print("daemon pid %d: RSS %.1f MB, %d fds after warm-up" % (d.proc.pid, base[0], base[1]), flush=True)
         t_end = time.monotonic() + args.duration
         last = base
+        lived, longest = 0, (0, base, base)   # rounds the current daemon lived through; the longest life
         while time.monotonic() < t_end:
             rounds += 1
             stop, failures = threading.Event(), []
@@ -448,12 +449,15 @@ def main():
                                                           if k in ("active", "queued", "clients")}))
             check_db(ck, d.db)
             if killed:
+                longest = max(longest, (lived, base, last))
+                lived = 0
                 warm_up(d)
                 base = last = proc_figures(d.proc.pid)
                 print("round %d: killed; restarted as pid %d: RSS %.1f MB, %d fds" %
                       (rounds, d.proc.pid, base[0], base[1]), flush=True)
                 continue
             last = proc_figures(d.proc.pid)
+            lived += 1
             print("round %d: RSS %.1f MB (start of this process %.1f), %d fds (%d), %d turns finished so far" %
                   (rounds, last[0], base[0], last[1], base[1], stats.turns_finished), flush=True)
             ck.eq(last[1], base[1], "round %d: open descriptors back to the process's start" % rounds)
@@ -461,10 +465,13 @@ def main():
                 ck.ok(last[0] <= base[0] + RSS_SLACK_MB, "round %d: RSS %.1f MB within %d MB of the start %.1f MB" %
                       (rounds, last[0], RSS_SLACK_MB, base[0]))
         d.stop()
+    longest = max(longest, (lived, base, last))
     print("figures: %d rounds, %d kills; %d session turns finished (done seen), %d of them in sessions not "
           "deleted since, %d of those found" % (rounds, kills, stats.turns_finished, totals["certain"], totals["found"]))
     print("figures: RSS %.1f MB at the start, %.1f MB at the end%s; open fds %d at the start, %d at the end" %
           (first[0], last[0], " (ASan: not checked)" if asan else "", first[1], last[1]))
+    print("figures: the longest-lived daemon went through %d rounds: RSS %.1f -> %.1f MB, fds %d -> %d" %
+          (longest[0], longest[1][0], longest[2][0], longest[1][1], longest[2][1]))
     print("ops: %s" % ", ".join("%s %d" % kv for kv in sorted(stats.ops.items())))
     print("error codes seen: %s" % (", ".join("%s %d" % kv for kv in sorted(stats.codes.items())) or "none"))
     ck.ok(totals["found"] == totals["certain"], "every finished turn was found")
