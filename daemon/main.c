@@ -298,6 +298,9 @@ main(int argc, char **argv)
 	int rc = 1;
 
 	signal(SIGPIPE, SIG_IGN);
+	/* over a file size limit (RLIMIT_FSIZE), a write fails with EFBIG: the
+	 * database reports it (storage_full), instead of the signal killing us */
+	signal(SIGXFSZ, SIG_IGN);
 	/*
 	 * A fixed threshold: glibc otherwise raises it to the size of the
 	 * largest block freed (up to 32 MiB), after which a large request's

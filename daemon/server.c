@@ -240,6 +240,7 @@ store_pe(int rc)
 	case ERR_NOTFOUND: return PE_NOT_FOUND;
 	case ERR_INVAL: case ERR_RANGE: return PE_INVALID_PARAM;
 	case ERR_QUOTA: return PE_QUOTA_EXCEEDED;
+	case ERR_NOSPACE: return PE_STORAGE_FULL;
 	default: return PE_INTERNAL;
 	}
 }
@@ -608,17 +609,23 @@ accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int
 
 /* ---- events from the scheduler ---- */
 
-/* Commits a finished session turn; on failure the done becomes an error. */
+/*
+ * Commits a finished session turn; on failure the done becomes an error
+ * saying why (storage_full when the disk is full: the session is as it
+ * was, and the same turn can be asked again once there is room).
+ */
 static void
 commit_turn(struct server *srv, struct sched_event *ev)
 {
-	char err[ERR_LEN];
+	char err[ERR_LEN], msg[ERR_LEN + 32];
+	int rc;
 
-	if (store_append_turns(srv->store, ev->uid, ev->session, ev->turns, ev->n_turns, err) == 0)
+	if ((rc = store_append_turns(srv->store, ev->uid, ev->session, ev->turns, ev->n_turns, err)) == 0)
 		return;
 	log_error("saving a turn of session %s: %s", ev->session, err);
+	snprintf(msg, sizeof msg, "the turn could not be saved: %s", err);
 	msgpack_sbuffer_destroy(&ev->frame);
-	proto_error(&ev->frame, 1, ev->req_id, PE_INTERNAL, "the turn could not be saved");
+	proto_error(&ev->frame, 1, ev->req_id, store_pe(rc), msg);
 }
 
 void

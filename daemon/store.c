@@ -148,6 +148,8 @@ struct store {
 };
 
 static int sql_code(int rc);
+static int no_space(int e);
+static int last_errno(struct store *s);
 static int sql_err(struct store *s, int rc, const char *what, char *err);
 static void bind_text(struct store *s, sqlite3_stmt *st, int i, const char *v);
 static void bind_int(struct store *s, sqlite3_stmt *st, int i, int64_t v);
@@ -204,16 +206,53 @@ sql_code(int rc)
 	}
 }
 
-/* Reports rc as "what: message" and returns its ERR_* code. */
+/* Whether errno e says a write found no room. */
+static int
+no_space(int e)
+{
+	return e == ENOSPC || e == EFBIG || e == EDQUOT;
+}
+
+/*
+ * The errno of the last failed write to the database's WAL or, failing
+ * that, to the database file (0 if none): sqlite3_system_errno reads the
+ * global errno after the fact, which later calls have overwritten.
+ */
+static int
+last_errno(struct store *s)
+{
+	sqlite3_file *wal = NULL;
+	int e = 0;
+
+	if (sqlite3_file_control(s->db, "main", SQLITE_FCNTL_JOURNAL_POINTER, &wal) == SQLITE_OK && wal != NULL &&
+	    wal->pMethods != NULL && wal->pMethods->xFileControl(wal, SQLITE_FCNTL_LAST_ERRNO, &e) == SQLITE_OK &&
+	    no_space(e))
+		return e;
+	if (sqlite3_file_control(s->db, "main", SQLITE_FCNTL_LAST_ERRNO, &e) != SQLITE_OK)
+		e = 0;
+	return e;
+}
+
+/*
+ * Reports rc as "what: message" and returns its ERR_* code. A write that
+ * found no room is ERR_NOSPACE, whichever way it shows: SQLite says
+ * SQLITE_FULL for ENOSPC, but a plain I/O error for EFBIG (over a file
+ * size limit, RLIMIT_FSIZE) or EDQUOT; the file's errno tells those apart.
+ */
 static int
 sql_err(struct store *s, int rc, const char *what, char *err)
 {
 	const char *msg = sqlite3_errstr(rc);
+	int e;
 
 	/* the connection's message says more (names a table or constraint)
 	 * when it is about this same error */
 	if ((sqlite3_errcode(s->db) & 0xff) == (rc & 0xff))
 		msg = sqlite3_errmsg(s->db);
+	if ((rc & 0xff) == SQLITE_FULL)
+		return err_set(err, ERR_NOSPACE, "%s: no space left for the database: %s", what, msg);
+	if ((rc & 0xff) == SQLITE_IOERR && no_space(e = last_errno(s)))
+		return err_set(err, ERR_NOSPACE, "%s: no space left for the database: %s", what, strerror(e));
 	return err_set(err, sql_code(rc), "%s: %s", what, msg);
 }
 

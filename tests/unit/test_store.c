@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -779,6 +780,75 @@ test_quota(void **state)
 		store_session_clear(&ss[i]);
 }
 
+/* The size of a file, 0 if missing. */
+static off_t
+file_size(const char *path)
+{
+	struct stat sb;
+
+	return stat(path, &sb) == 0 ? sb.st_size : 0;
+}
+
+/*
+ * A write past a file size limit (RLIMIT_FSIZE, as a full disk would) is
+ * ERR_NOSPACE; the session is as it was, and the same append works once
+ * the limit is lifted.
+ */
+static void
+test_no_space(void **state)
+{
+	struct fx *f = *state;
+	static int32_t tok[16384];
+	char wal[600], *big = malloc(1 << 16);
+	struct store_session ss, g;
+	struct store_turn in[2], *out;
+	struct rlimit old, lim;
+	void (*old_sig)(int);
+	int n, rc;
+
+	assert_non_null(big);
+	memset(big, 'b', (1 << 16) - 1);
+	big[(1 << 16) - 1] = '\0';
+	assert_int_equal(store_session_new(f->s, 1, "m", "full", NULL, NULL, &ss, f->err), 0);
+	in[0] = turn("user", "kept", tok, 3);
+	in[1] = turn("assistant", "also kept", tok, 2);
+	assert_int_equal(store_append_turns(f->s, 1, ss.uuid, in, 2, f->err), 0);
+
+	/* room for a few more pages of WAL, not for a 64 KiB turn and its 16k tokens */
+	snprintf(wal, sizeof wal, "%s-wal", f->path);
+	assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+	lim = old;
+	lim.rlim_cur = (rlim_t)MAX(file_size(wal), file_size(f->path)) + 8192;
+	old_sig = signal(SIGXFSZ, SIG_IGN);
+	assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+	in[0] = turn("user", big, tok, 16384);
+	in[1] = turn("assistant", big, tok, 16384);
+	rc = store_append_turns(f->s, 1, ss.uuid, in, 2, f->err);
+	/* lifted before any assertion, so that a failure leaves the next tests alone */
+	assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+	signal(SIGXFSZ, old_sig);
+	assert_int_equal(rc, ERR_NOSPACE);
+	assert_non_null(strstr(f->err, "no space left"));
+
+	assert_int_equal(store_session_get(f->s, 1, ss.uuid, &g, f->err), 0);
+	assert_int_equal(g.n_turns, 2);
+	assert_int_equal(g.n_tokens, 5);
+	store_session_clear(&g);
+	assert_int_equal(store_turns(f->s, 1, ss.uuid, &out, &n, f->err), 0);
+	assert_int_equal(n, 2);
+	assert_string_equal(out[1].content, "also kept");
+	store_turns_free(out, n);
+	/* room again: the same append works */
+	assert_int_equal(store_append_turns(f->s, 1, ss.uuid, in, 2, f->err), 0);
+	reopen(f);
+	assert_int_equal(store_turns(f->s, 1, ss.uuid, &out, &n, f->err), 0);
+	assert_int_equal(n, 4);
+	assert_string_equal(out[3].content, big);
+	store_turns_free(out, n);
+	store_session_clear(&ss);
+	free(big);
+}
+
 /* Malformed uuids are ERR_INVAL everywhere, before any SQL runs. */
 static void
 test_bad_uuids(void **state)
@@ -1174,6 +1244,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_strings, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_text_limits, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_no_space, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_uuids, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_model_upsert, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_migrate_from_zero, setup, teardown),
