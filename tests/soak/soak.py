@@ -46,6 +46,9 @@ KILL_P = 0.5                # the share of rounds in which the daemon is killed
 MAX_SESSIONS = 4            # a client's own sessions at once
 CTX, KV_TOKENS, MAX_SEQS = 512, 16384, 32
 RSS_SLACK_MB = 16
+# a reply later than this is a hang; generous, since a loaded machine (a run
+# under nice beside other work) can make a request wait a minute in the queue
+REPLY_TIMEOUT_S = 300
 WORDS = ("the sea light keeper night storm ship rock lamp wave bird stone tide harbour rope oil "
          "glass wind salt north").split()
 # errors that mean the daemon is gone (killed): the client stops for the round
@@ -72,6 +75,7 @@ class Stats:
         self.ops = {}
         self.codes = {}
         self.turns_finished = 0
+        self.slowest = (0.0, "")     # the longest operation: seconds, name
 
     def op(self, name):
         with self.mu:
@@ -80,6 +84,10 @@ class Stats:
     def code(self, code):
         with self.mu:
             self.codes[code] = self.codes.get(code, 0) + 1
+
+    def took(self, seconds, name):
+        with self.mu:
+            self.slowest = max(self.slowest, (seconds, name))
 
     def finished(self):
         with self.mu:
@@ -194,7 +202,7 @@ class Worker(threading.Thread):
         s = self.rng.choice(live)
         msg = self.text()
         s.entries.append([msg, None, False, False])
-        c2 = rsd.Client(self.sock, timeout=30)
+        c2 = rsd.Client(self.sock, timeout=REPLY_TIMEOUT_S)
         try:
             rid = c2.start_generate(session=s.uuid, messages=[{"role": "user", "content": msg}],
                                     max_tokens=self.rng.randint(1, 60), temperature=0)
@@ -265,13 +273,15 @@ class Worker(threading.Thread):
     def run(self):
         fns, weights = zip(*self.OPS)
         try:
-            self.c = rsd.Client(self.sock, timeout=60)
+            self.c = rsd.Client(self.sock, timeout=REPLY_TIMEOUT_S)
             self.c.call("hello", client="soak-%d" % self.idx)
             while not self.stop.is_set():
                 fn = self.rng.choices(fns, weights)[0]
                 self.stats.op(fn.__name__[3:])
+                t0 = time.monotonic()
                 try:
                     fn(self)
+                    self.stats.took(time.monotonic() - t0, fn.__name__[3:])
                 except ProtoError as e:
                     self.stats.code(e.code)
                     if e.code not in ("overloaded",):
@@ -433,7 +443,7 @@ def main():
                 kills += 1
             stop.set()
             for w in workers:
-                w.join(120)
+                w.join(2 * REPLY_TIMEOUT_S)
             ck.ok(not any(w.is_alive() for w in workers), "round %d: every client finished" % rounds)
             for f in failures:
                 ck.ok(False, "round %d: %s" % (rounds, f))
@@ -473,6 +483,7 @@ def main():
     print("figures: the longest-lived daemon went through %d rounds: RSS %.1f -> %.1f MB, fds %d -> %d" %
           (longest[0], longest[1][0], longest[2][0], longest[1][1], longest[2][1]))
     print("ops: %s" % ", ".join("%s %d" % kv for kv in sorted(stats.ops.items())))
+    print("slowest operation: %s, %.1f s" % (stats.slowest[1], stats.slowest[0]))
     print("error codes seen: %s" % (", ".join("%s %d" % kv for kv in sorted(stats.codes.items())) or "none"))
     ck.ok(totals["found"] == totals["certain"], "every finished turn was found")
     ck.ok(stats.turns_finished > 0, "turns were finished")
