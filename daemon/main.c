@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 struct settings {
-	char *socket_path, *db_path, *model, *device, *group, *log_level, *config;
+	char *socket_path, *db_path, *model, *device, *group, *log_level, *config, *device_fault;
 	int threads, ctx, kv_tokens, max_seqs, max_queue, max_step_tokens, exact, fp16_weights;
 	int max_sessions;     /* per uid; 0: the store's default */
 	int socket_private;   /* the default path: its directory must be ours alone */
@@ -55,6 +55,8 @@ usage(FILE *fp)
 	    "      --exact             float activations in every product (slower; the\n"
 	    "                          reference numerics) instead of 8-bit ones (CPU) or\n"
 	    "                          fp16 ones and an fp16 KV cache (CUDA: twice the KV memory)\n"
+	    "      --device-fault reload|cpu  after a GPU fault, load the model again on the GPU\n"
+	    "                          (default) or on the CPU\n"
 	    "      --cuda-fp16-weights keep an fp16 copy of each quantized matrix, made at load,\n"
 	    "                          for steps of more than 8 tokens (faster batched decoding\n"
 	    "                          and prefill; about 2 bytes more GPU memory per weight)\n"
@@ -165,6 +167,7 @@ read_config(struct settings *s, char *err)
 	if ((rc = cfg_str(cfg, "socket", &s->socket_path, err)) || (rc = cfg_str(cfg, "db", &s->db_path, err)) ||
 	    (rc = cfg_str(cfg, "model", &s->model, err)) || (rc = cfg_str(cfg, "device", &s->device, err)) ||
 	    (rc = cfg_str(cfg, "group", &s->group, err)) || (rc = cfg_str(cfg, "log_level", &s->log_level, err)) ||
+	    (rc = cfg_str(cfg, "device_fault", &s->device_fault, err)) ||
 	    (rc = cfg_int(cfg, "threads", &s->threads, err)) || (rc = cfg_int(cfg, "ctx", &s->ctx, err)) ||
 	    (rc = cfg_int(cfg, "kv_tokens", &s->kv_tokens, err)) || (rc = cfg_int(cfg, "max_seqs", &s->max_seqs, err)) ||
 	    (rc = cfg_int(cfg, "max_queue", &s->max_queue, err)) || (rc = cfg_bool(cfg, "exact", &s->exact, err)) ||
@@ -179,7 +182,8 @@ read_config(struct settings *s, char *err)
 static int
 parse_args(int argc, char **argv, struct settings *s)
 {
-	enum { O_GROUP = 256, O_DB, O_DEVICE, O_CTX, O_KV, O_SEQS, O_QUEUE, O_FRAME, O_EXACT, O_FP16, O_SESSIONS };
+	enum { O_GROUP = 256, O_DB, O_DEVICE, O_CTX, O_KV, O_SEQS, O_QUEUE, O_FRAME, O_EXACT, O_FP16, O_SESSIONS,
+		O_FAULT };
 	static const struct option lo[] = {
 		{ "model", required_argument, NULL, 'm' }, { "socket", required_argument, NULL, 's' },
 		{ "group", required_argument, NULL, O_GROUP }, { "db", required_argument, NULL, O_DB },
@@ -190,6 +194,7 @@ parse_args(int argc, char **argv, struct settings *s)
 		{ "exact", no_argument, NULL, O_EXACT }, { "log-level", required_argument, NULL, 'l' },
 		{ "cuda-fp16-weights", no_argument, NULL, O_FP16 }, { "help", no_argument, NULL, 'h' },
 		{ "max-sessions", required_argument, NULL, O_SESSIONS },
+		{ "device-fault", required_argument, NULL, O_FAULT },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -212,6 +217,7 @@ parse_args(int argc, char **argv, struct settings *s)
 		case O_EXACT: s->exact = 1; break;
 		case O_FP16: s->fp16_weights = 1; break;
 		case O_SESSIONS: s->max_sessions = atoi(optarg); break;
+		case O_FAULT: s->device_fault = xstrdup(optarg); break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
 		}
@@ -225,7 +231,7 @@ parse_args(int argc, char **argv, struct settings *s)
 
 /* Fills what neither flags nor config set; checks the values. */
 static int
-finish_settings(struct settings *s, gid_t *gid, char *err)
+finish_settings(struct settings *s, gid_t *gid, enum sched_fault_policy *fault, char *err)
 {
 	struct group *g;
 	int lvl;
@@ -249,6 +255,11 @@ finish_settings(struct settings *s, gid_t *gid, char *err)
 	if (s->threads < 0 || s->ctx < 0 || s->kv_tokens < 0 || s->max_seqs < 0 || s->max_queue < 0 ||
 	    s->max_sessions < 0)
 		return err_set(err, ERR_INVAL, "numeric settings must not be negative");
+	*fault = SCHED_FAULT_RELOAD;
+	if (s->device_fault != NULL && strcmp(s->device_fault, "cpu") == 0)
+		*fault = SCHED_FAULT_CPU;
+	else if (s->device_fault != NULL && strcmp(s->device_fault, "reload") != 0)
+		return err_set(err, ERR_INVAL, "--device-fault must be reload or cpu");
 	*gid = (gid_t)-1;
 	if (s->group != NULL) {
 		if ((g = getgrnam(s->group)) == NULL)
@@ -294,6 +305,7 @@ main(int argc, char **argv)
 	struct sched *sc = NULL;
 	struct sched_opts so;
 	struct server_opts vo;
+	enum sched_fault_policy fault;
 	char err[ERR_LEN];
 	int rc = 1;
 
@@ -311,7 +323,7 @@ main(int argc, char **argv)
 	mallopt(M_MMAP_THRESHOLD, 128 << 10);
 	if (parse_args(argc, argv, &s) != 0)
 		return 2;
-	if (read_config(&s, err) != 0 || finish_settings(&s, &vo.group, err) != 0) {
+	if (read_config(&s, err) != 0 || finish_settings(&s, &vo.group, &fault, err) != 0) {
 		fprintf(stderr, "residentd: %s\n", err);
 		return 2;
 	}
@@ -323,7 +335,7 @@ main(int argc, char **argv)
 	vo.max_output = 8u << 20;
 	vo.default_model = s.model ? model_file_name(s.model) : NULL;
 	so = (struct sched_opts){ s.model, s.device, s.threads, s.ctx, s.kv_tokens, s.max_step_tokens,
-		s.max_seqs, s.max_queue, s.exact, s.fp16_weights };
+		s.max_seqs, s.max_queue, s.exact, s.fp16_weights, fault };
 	if (store_open(s.db_path, &st, err) == 0 && s.max_sessions > 0)
 		store_set_max_sessions(st, s.max_sessions);
 	if (st == NULL || server_start(base, &vo, st, &srv, err) != 0 ||
@@ -354,7 +366,7 @@ out:
 		event_base_free(base);
 	free((char *)vo.default_model);
 	free(s.socket_path), free(s.db_path), free(s.model), free(s.device), free(s.group);
-	free(s.log_level), free(s.config);
+	free(s.log_level), free(s.config), free(s.device_fault);
 	log_info("stopped");
 	return rc;
 }

@@ -18,6 +18,9 @@
 struct sched;
 struct store_turn;
 
+/* What a backend failure (a GPU fault) does to its model: load it again, on its device or on the CPU. */
+enum sched_fault_policy { SCHED_FAULT_RELOAD, SCHED_FAULT_CPU };
+
 struct sched_opts {
 	const char *default_model;  /* path or name; may be NULL */
 	const char *device;         /* "cpu" / "cuda" / NULL */
@@ -29,6 +32,7 @@ struct sched_opts {
 	int max_queue;              /* waiting requests before `overloaded` */
 	int exact;                  /* CPU: float activations everywhere (engine_opts) */
 	int fp16_weights;           /* CUDA: fp16 copies of the quantized matrices (engine_opts) */
+	enum sched_fault_policy device_fault;
 };
 
 /* What a client looks like in `status`. */

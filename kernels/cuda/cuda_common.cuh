@@ -15,6 +15,7 @@
 
 extern "C" {
 #include "config.h"
+#include "fault.h"
 #include "kernels.h"
 #include "model.h"
 #include "quant.h"
@@ -27,9 +28,18 @@ extern "C" {
 /* Formats "file:line: what: message" into err; returns ERR_DEVICE. */
 int cuda_fail(char *err, const char *file, int line, const char *what, const char *msg);
 
+/*
+ * Whether a CUDA runtime call, by its source text, is to fail under
+ * RESIDENT_CUDA_FAULT (fault.h): cudaMemcpy* are copies, cudaMalloc*
+ * allocations, cudaGraphLaunch a launch. Cheap when off.
+ */
+int cuda_fault(const char *call);
+
 /* Runs a CUDA runtime call; on failure returns from the calling function. */
 #define CK(call) \
 	do { \
+		if (cuda_fault(#call)) \
+			return cuda_fail(err, __FILE__, __LINE__, #call, fault_message(FAULT_CUDA)); \
 		cudaError_t e_ = (call); \
 		if (e_ != cudaSuccess) \
 			return cuda_fail(err, __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
@@ -39,6 +49,8 @@ int cuda_fail(char *err, const char *file, int line, const char *what, const cha
 #define CK_LAUNCH(name) \
 	do { \
 		cudaError_t e_ = cudaGetLastError(); \
+		if (e_ == cudaSuccess && fault_hit(FAULT_CUDA, FAULT_LAUNCH)) \
+			return cuda_fail(err, __FILE__, __LINE__, name, fault_message(FAULT_CUDA)); \
 		if (e_ != cudaSuccess) \
 			return cuda_fail(err, __FILE__, __LINE__, name, cudaGetErrorString(e_)); \
 	} while (0)
