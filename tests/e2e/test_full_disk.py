@@ -50,7 +50,7 @@ def integrity(db):
 
 def run(ck, d, name, fill, free):
     """The checks, with fill() taking the room away and free() giving it back."""
-    c = d.client(timeout=60)
+    c = d.client(timeout=300)
     s = c.call("session.new", title="kept")["session"]["session"]
     t = c.call("session.new", title="other")["session"]["session"]
     for i in range(2):
