@@ -129,6 +129,26 @@ class Worker(threading.Thread):
     def fail(self, what):
         self.failures.append("client %d: %s" % (self.idx, what))
 
+    def new_turn(self):
+        """One of the client's usable sessions and a new entry (uncertain) for a turn on it, or (None, None)."""
+        live = self.usable()
+        if not live:
+            return None, None
+        s = self.rng.choice(live)
+        entry = [self.text(), None, False, False]
+        s.entries.append(entry)
+        return s, entry
+
+    @staticmethod
+    def turn_refused(s, entry, reply):
+        """A session turn refused: it left nothing. A full context or a session still busy (after a
+        hang-up on it) are what a client meets; anything else is raised."""
+        s.entries.remove(entry)
+        if reply.get("code") == "context_exceeded":
+            s.full = True
+        elif not (reply.get("code") == "invalid_param" and "already generating" in reply.get("message", "")):
+            raise ProtoError(reply)
+
     # ---- operations
     def op_generate(self):
         live = self.usable()
@@ -137,19 +157,12 @@ class Worker(threading.Thread):
             if g.finish not in ("stop", "length", "context"):
                 self.fail("a raw generate ended with %r" % g.finish)
             return
-        s = self.rng.choice(live)
-        msg = self.text()
-        entry = [msg, None, False, False]
-        s.entries.append(entry)
+        s, entry = self.new_turn()
         try:
-            g = self.c.generate(session=s.uuid, messages=[{"role": "user", "content": msg}],
+            g = self.c.generate(session=s.uuid, messages=[{"role": "user", "content": entry[0]}],
                                 stream=self.rng.random() < 0.7, **self.sampling())
         except ProtoError as e:
-            s.entries.remove(entry)
-            if e.code == "context_exceeded":
-                s.full = True
-            elif not (e.code == "invalid_param" and "already generating" in str(e)):
-                raise
+            self.turn_refused(s, entry, e.reply)
             return
         if g.finish in ("stop", "length", "context"):
             entry[1], entry[2] = g.text, True
@@ -158,22 +171,14 @@ class Worker(threading.Thread):
             self.fail("a session turn ended with %r" % g.finish)
 
     def op_cancel(self):
-        live = self.usable()
-        if not live:
+        s, entry = self.new_turn()
+        if s is None:
             return
-        s = self.rng.choice(live)
-        msg = self.text()
-        entry = [msg, None, False, False]
-        s.entries.append(entry)
-        rid = self.c.start_generate(session=s.uuid, messages=[{"role": "user", "content": msg}],
+        rid = self.c.start_generate(session=s.uuid, messages=[{"role": "user", "content": entry[0]}],
                                     max_tokens=200, temperature=0.9, seed=self.rng.randrange(1 << 32))
         first = self.c.next(rid)
         if first["type"] == "error":
-            s.entries.remove(entry)
-            if first.get("code") == "context_exceeded":
-                s.full = True
-            elif not (first.get("code") == "invalid_param" and "already generating" in first.get("message", "")):
-                raise ProtoError(first)
+            self.turn_refused(s, entry, first)
             return
         cid = self.c.request("cancel", target=rid)
         text = [first.get("text", "")] if first["type"] == "token" else []
@@ -196,15 +201,12 @@ class Worker(threading.Thread):
 
     def op_hangup(self):
         """A second connection starts a turn and closes mid-stream: the turn is uncertain."""
-        live = self.usable()
-        if not live:
+        s, entry = self.new_turn()
+        if s is None:
             return
-        s = self.rng.choice(live)
-        msg = self.text()
-        s.entries.append([msg, None, False, False])
         c2 = rsd.Client(self.sock, timeout=REPLY_TIMEOUT_S)
         try:
-            rid = c2.start_generate(session=s.uuid, messages=[{"role": "user", "content": msg}],
+            rid = c2.start_generate(session=s.uuid, messages=[{"role": "user", "content": entry[0]}],
                                     max_tokens=self.rng.randint(1, 60), temperature=0)
             for _ in range(self.rng.randint(0, 3)):
                 if c2.next(rid)["type"] != "token":
