@@ -40,7 +40,7 @@ import rsd  # noqa: E402
 from rsd import Checks, Daemon, ProtoError  # noqa: E402
 
 N_CLIENTS = 64
-SOAK_CHECK_S = 100          # the default: make check's share
+SOAK_CHECK_S = 60           # the default: make check's share
 ROUND_S = (8.0, 16.0)       # a round lasts this long (uniform), unless the daemon is killed
 KILL_P = 0.5                # the share of rounds in which the daemon is killed
 MAX_SESSIONS = 4            # a client's own sessions at once
