@@ -41,6 +41,8 @@
 
 enum conn_state { CONN_OPEN, CONN_CLOSING, CONN_DEAD };
 
+#define ACCEPT_PAUSE_US 100000
+
 struct conn {
 	uint64_t id;
 	enum conn_state state;
@@ -60,6 +62,8 @@ struct server {
 	char *socket_path;
 	char *default_model;
 	struct evconnlistener *listener;
+	struct event *resume_ev;    /* accepting again after a failed accept */
+	int accept_failing;         /* accept failed since the last success (logged once) */
 	struct event *wake_ev;
 	struct store *store;
 	struct sched *sched;
@@ -604,7 +608,37 @@ accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int
 	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
 	c->next = srv->conns;
 	srv->conns = c;
+	srv->accept_failing = 0;
 	log_debug("client %llu: pid %d uid %u", (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid);
+}
+
+/*
+ * accept() failed, mostly for want of descriptors (EMFILE, ENFILE): the
+ * pending connection keeps the socket readable, and the loop would spin on
+ * it. Accepting pauses for ACCEPT_PAUSE; open connections go on meanwhile.
+ */
+static void
+accept_error_cb(struct evconnlistener *l, void *arg)
+{
+	static const struct timeval pause = { 0, ACCEPT_PAUSE_US };
+	struct server *srv = arg;
+	int e = EVUTIL_SOCKET_ERROR();
+
+	if (!srv->accept_failing)
+		log_warn("cannot accept a client: %s; trying again every %d ms", evutil_socket_error_to_string(e),
+		    ACCEPT_PAUSE_US / 1000);
+	srv->accept_failing = 1;
+	evconnlistener_disable(l);
+	evtimer_add(srv->resume_ev, &pause);
+}
+
+static void
+resume_accept_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct server *srv = arg;
+
+	if (srv->listener != NULL && !srv->shutting_down)
+		evconnlistener_enable(srv->listener);
 }
 
 /* ---- events from the scheduler ---- */
@@ -773,6 +807,8 @@ server_start(struct event_base *base, const struct server_opts *o, struct store 
 		return rc;
 	}
 	srv->wake_ev = event_new(base, -1, 0, wake_cb, srv);
+	srv->resume_ev = evtimer_new(base, resume_accept_cb, srv);
+	evconnlistener_set_error_cb(srv->listener, accept_error_cb);
 	*out = srv;
 	return 0;
 }
@@ -819,6 +855,8 @@ server_free(struct server *srv)
 	}
 	if (srv->wake_ev != NULL)
 		event_free(srv->wake_ev);
+	if (srv->resume_ev != NULL)
+		event_free(srv->resume_ev);
 	free(srv->socket_path);
 	free(srv->default_model);
 	free(srv);

@@ -2,12 +2,16 @@
 """test_limits.py: every bounded field of the protocol (PROTOCOL.md, Limits)
 accepted at its limit and refused one byte (or one item) over it, with its
 error code and a message that names the field; the sessions-per-uid quota,
-also across a restart; the requests-in-flight limit of a connection; and the
+also across a restart; the requests-in-flight limit of a connection; the
 daemon's memory returned after a burst of large requests (RSS back near its
 baseline; not measured under ASan, whose allocator keeps freed memory in
-quarantine).
+quarantine); and more connections than the daemon has descriptors for: it
+does not spin, serves the connections it has, and accepts again once some
+close.
 """
 import os
+import resource
+import socket
 import sys
 import time
 
@@ -132,6 +136,41 @@ def check_fields(ck, d):
     c.close()
 
 
+def cpu_ticks(pid):
+    """User + system clock ticks the process has used."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def check_descriptors(ck):
+    """A descriptor limit a few above what the daemon holds, and 40 connections more."""
+    with ck.section("descriptors run out"), Daemon() as d:
+        c = d.client()
+        c.call("hello", client="first")
+        pid = d.proc.pid
+        n_open = len(os.listdir("/proc/%d/fd" % pid))
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (n_open + 4, resource.prlimit(pid, resource.RLIMIT_NOFILE)[1]))
+        extra = []
+        for _ in range(40):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(d.sock)      # the backlog takes them whether or not they are accepted
+            extra.append(s)
+        time.sleep(0.5)
+        t0 = cpu_ticks(pid)
+        time.sleep(2)
+        used = (cpu_ticks(pid) - t0) / os.sysconf("SC_CLK_TCK")
+        ck.ok(used < 0.5, "out of descriptors, the daemon does not spin: %.2f s of CPU in 2 s" % used)
+        ck.ok(c.call("status")["version"] == 1, "the open connection is served")
+        for s in extra:
+            s.close()
+        c2 = rsd.wait_for(lambda: d.client(timeout=10), 10)
+        ck.eq(c2.call("hello", client="after")["version"], 1, "a new client is served once descriptors are free")
+        ck.ok("cannot accept a client" in d.log_text(), "the log says why clients were not accepted")
+        c2.close()
+        c.close()
+
+
 def check_quota(ck):
     """--max-sessions 3: the fourth session (new or fork) is refused, also after a restart."""
     with ck.section("sessions per uid"), Daemon(extra=["--max-sessions", "3"]) as d:
@@ -224,6 +263,7 @@ def main():
         check_fields(ck, d)
         check_inflight(ck, d)
     check_quota(ck)
+    check_descriptors(ck)
     return ck
 
 
