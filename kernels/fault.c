@@ -63,7 +63,7 @@ parse_item(enum fault_backend b, struct fault_plan *p, const char *item, size_t 
 	return 0;
 }
 
-/* Parses the variables of every backend (pthread_once needs one function per plan). */
+/* Parses backend b's variable into its plan; a malformed one leaves the plan off, its error kept. */
 static void
 parse(enum fault_backend b)
 {
@@ -81,6 +81,7 @@ parse(enum fault_backend b)
 		p->on = 0;
 }
 
+/* pthread_once takes functions without arguments: one per backend. */
 static void parse_cuda(void) { parse(FAULT_CUDA); }
 static void parse_cpu(void) { parse(FAULT_CPU); }
 
