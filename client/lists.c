@@ -167,8 +167,8 @@ cmd_sessions(struct cli *cli, int argc, char **argv)
 		return rc;
 	if ((sub = find_sub(session_subs, sizeof session_subs / sizeof *session_subs, argc, argv)) == NULL)
 		return EXIT_USAGE;
-	if (limit > 10000 || offset > INT32_MAX)
-		return cli_usage_error("sessions: --limit is at most 10000, --offset at most %d", INT32_MAX);
+	if (limit > 1000 || offset > INT32_MAX)
+		return cli_usage_error("sessions: --limit is at most 1000, --offset at most %d", INT32_MAX);
 	if ((rc = cli_connect(cli)) != EXIT_OK)
 		return rc;
 

@@ -35,7 +35,7 @@ static const char *const err_names[PE_COUNT_] = {
 	[PE_CONTEXT_EXCEEDED] = "context_exceeded", [PE_NOT_FOUND] = "not_found",
 	[PE_DUPLICATE_ID] = "duplicate_id", [PE_OVERLOADED] = "overloaded",
 	[PE_MODEL_ERROR] = "model_error", [PE_SHUTTING_DOWN] = "shutting_down",
-	[PE_INTERNAL] = "internal",
+	[PE_INTERNAL] = "internal", [PE_QUOTA_EXCEEDED] = "quota_exceeded", [PE_STORAGE_FULL] = "storage_full",
 };
 
 const char *
@@ -176,12 +176,15 @@ map_get(const msgpack_object *m, const char *k)
 	return NULL;
 }
 
-/* A copy of a msgpack string, checked for UTF-8. */
+/* A copy of a msgpack string of at most max bytes, checked for UTF-8. */
 static int
-get_str_obj(const msgpack_object *o, const char *what, char **out, char *err)
+get_str_obj(const msgpack_object *o, const char *what, size_t max, char **out, char *err)
 {
 	if (o->type != MSGPACK_OBJECT_STR)
 		return err_set(err, PE_BAD_REQUEST, "%s must be a string", what);
+	if (o->via.str.size > max)
+		return err_set(err, PE_INVALID_PARAM, "%s is %u bytes; at most %zu are allowed", what,
+		    (unsigned)o->via.str.size, max);
 	if (!utf8_valid(o->via.str.ptr, o->via.str.size))
 		return err_set(err, PE_INVALID_UTF8, "%s is not valid UTF-8", what);
 	if (memchr(o->via.str.ptr, '\0', o->via.str.size) != NULL)
@@ -190,15 +193,15 @@ get_str_obj(const msgpack_object *o, const char *what, char **out, char *err)
 	return 0;
 }
 
-/* An optional (or required) string field. */
+/* An optional (or required) string field of at most max bytes. */
 static int
-get_str(const msgpack_object *m, const char *k, int required, char **out, char *err)
+get_str(const msgpack_object *m, const char *k, int required, size_t max, char **out, char *err)
 {
 	const msgpack_object *o = map_get(m, k);
 
 	if (o == NULL || o->type == MSGPACK_OBJECT_NIL)
 		return required ? err_set(err, PE_BAD_REQUEST, "field '%s' is required", k) : 0;
-	return get_str_obj(o, k, out, err);
+	return get_str_obj(o, k, max, out, err);
 }
 
 /* An optional unsigned integer field within [0, max]. *found tells if it was there. */
@@ -268,6 +271,7 @@ static int
 get_messages(const msgpack_object *m, struct proto_req *r, char *err)
 {
 	const msgpack_object *a = map_get(m, "messages"), *e;
+	size_t total = 0;
 	uint32_t i;
 	int rc;
 
@@ -283,13 +287,17 @@ get_messages(const msgpack_object *m, struct proto_req *r, char *err)
 		if (e->type != MSGPACK_OBJECT_MAP)
 			return err_set(err, PE_BAD_REQUEST, "messages[%u] must be a map", i);
 		r->n_msgs = (int)i + 1;
-		if ((rc = get_str(e, "role", 1, &r->msgs[i].role, err)) != 0 ||
-		    (rc = get_str(e, "content", 1, &r->msgs[i].content, err)) != 0)
+		if ((rc = get_str(e, "role", 1, SIZE_MAX, &r->msgs[i].role, err)) != 0 ||
+		    (rc = get_str(e, "content", 1, PROTO_MAX_TEXT, &r->msgs[i].content, err)) != 0)
 			return err_prefix(err, rc, "messages[%u]", i);
 		if (strcmp(r->msgs[i].role, "system") != 0 && strcmp(r->msgs[i].role, "user") != 0 &&
 		    strcmp(r->msgs[i].role, "assistant") != 0)
 			return err_set(err, PE_INVALID_PARAM, "messages[%u]: role must be system, user or assistant", i);
+		total += strlen(r->msgs[i].content);
 	}
+	if (total > PROTO_MAX_TEXT)
+		return err_set(err, PE_INVALID_PARAM, "the messages' contents are %zu bytes together; at most %u "
+		    "are allowed", total, PROTO_MAX_TEXT);
 	return 0;
 }
 
@@ -308,11 +316,11 @@ get_stop(const msgpack_object *m, struct proto_req *r, char *err)
 	if (a->via.array.size > PROTO_MAX_STOP)
 		return err_set(err, PE_INVALID_PARAM, "at most %d stop strings", PROTO_MAX_STOP);
 	for (i = 0; i < a->via.array.size; i++) {
-		if ((rc = get_str_obj(&a->via.array.ptr[i], "stop", &r->stop[i], err)) != 0)
+		if ((rc = get_str_obj(&a->via.array.ptr[i], "stop", SIZE_MAX, &r->stop[i], err)) != 0)
 			return rc;
 		r->n_stop = (int)i + 1;
-		if (strlen(r->stop[i]) < 1 || strlen(r->stop[i]) > 256)
-			return err_set(err, PE_INVALID_PARAM, "stop strings must be 1..256 bytes");
+		if (strlen(r->stop[i]) < 1 || strlen(r->stop[i]) > PROTO_MAX_STOP_LEN)
+			return err_set(err, PE_INVALID_PARAM, "stop strings must be 1..%d bytes", PROTO_MAX_STOP_LEN);
 	}
 	return 0;
 }
@@ -363,11 +371,12 @@ decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 
 	proto_sample_defaults(r);
 	r->stream = 1;
-	if ((rc = get_str(m, "prompt", 0, &r->prompt, err)) || (rc = get_messages(m, r, err)) ||
-	    (rc = get_str(m, "session", 0, &r->session, err)) || (rc = get_str(m, "model", 0, &r->model, err)) ||
+	if ((rc = get_str(m, "prompt", 0, PROTO_MAX_TEXT, &r->prompt, err)) || (rc = get_messages(m, r, err)) ||
+	    (rc = get_str(m, "session", 0, SIZE_MAX, &r->session, err)) ||
+	    (rc = get_str(m, "model", 0, PROTO_MAX_MODEL, &r->model, err)) ||
 	    (rc = get_sampling(m, r, err)) || (rc = get_stop(m, r, err)) ||
 	    (rc = get_bool(m, "stream", &r->stream, err)) || (rc = get_bool(m, "logprobs", &r->logprobs, err)) ||
-	    (rc = get_str(m, "priority", 0, &prio, err)))
+	    (rc = get_str(m, "priority", 0, SIZE_MAX, &prio, err)))
 		return rc;
 	if (prio != NULL) {
 		if (strcmp(prio, "background") == 0)
@@ -430,6 +439,9 @@ get_tokens(const msgpack_object *m, struct proto_req *r, char *err)
 
 	if (a == NULL || a->type != MSGPACK_OBJECT_ARRAY)
 		return err_set(err, PE_BAD_REQUEST, "tokens must be an array of token ids");
+	if (a->via.array.size > PROTO_MAX_TOKENS)
+		return err_set(err, PE_INVALID_PARAM, "tokens holds %u ids; at most %u are allowed",
+		    (unsigned)a->via.array.size, PROTO_MAX_TOKENS);
 	r->tokens = xmalloc((a->via.array.size ? a->via.array.size : 1) * sizeof *r->tokens);
 	r->n_tokens = a->via.array.size;
 	for (i = 0; i < a->via.array.size; i++) {
@@ -452,18 +464,19 @@ decode_other(const msgpack_object *m, struct proto_req *r, char *err)
 	    r->op == OP_SESSION_RENAME || r->op == OP_SESSION_DELETE;
 	r->bos = -1;
 	r->limit = 100;
-	if ((rc = get_str(m, "session", need_session, &r->session, err)) ||
-	    (rc = get_str(m, "model", r->op == OP_MODEL_LOAD || r->op == OP_MODEL_UNLOAD, &r->model, err)) ||
-	    (rc = get_str(m, "title", r->op == OP_SESSION_RENAME, &r->title, err)) ||
-	    (rc = get_str(m, "system", 0, &r->system, err)) ||
-	    (rc = get_str(m, "client", 0, &r->client, err)) ||
+	if ((rc = get_str(m, "session", need_session, SIZE_MAX, &r->session, err)) ||
+	    (rc = get_str(m, "model", r->op == OP_MODEL_LOAD || r->op == OP_MODEL_UNLOAD, PROTO_MAX_MODEL, &r->model,
+	    err)) ||
+	    (rc = get_str(m, "title", r->op == OP_SESSION_RENAME, SIZE_MAX, &r->title, err)) ||
+	    (rc = get_str(m, "system", 0, SIZE_MAX, &r->system, err)) ||
+	    (rc = get_str(m, "client", 0, PROTO_MAX_CLIENT, &r->client, err)) ||
 	    (rc = get_bool(m, "special", &r->special, err)) || (rc = get_bool(m, "bos", &r->bos, err)))
 		return rc;
 	switch (r->op) {
 	case OP_SESSION_NEW:
 		return decode_defaults(m, r, err);
 	case OP_SESSION_LIST:
-		if ((rc = get_uint(m, "limit", 10000, &u, &found, err)) != 0)
+		if ((rc = get_uint(m, "limit", PROTO_MAX_LIST, &u, &found, err)) != 0)
 			return rc;
 		r->limit = found ? (int)u : 100;
 		if ((rc = get_uint(m, "offset", INT32_MAX, &u, &found, err)) != 0)
@@ -475,7 +488,7 @@ decode_other(const msgpack_object *m, struct proto_req *r, char *err)
 			return rc;
 		return found ? 0 : err_set(err, PE_BAD_REQUEST, "field 'target' is required");
 	case OP_TOKENIZE:
-		return get_str(m, "text", 1, &r->text, err);
+		return get_str(m, "text", 1, PROTO_MAX_TEXT, &r->text, err);
 	case OP_DETOKENIZE:
 		return get_tokens(m, r, err);
 	default:

@@ -14,8 +14,23 @@
 
 #define PROTO_VERSION 1
 #define PROTO_MAX_FRAME_DEFAULT (16u << 20)
-#define PROTO_MAX_STOP 16
-#define PROTO_MAX_MSGS 4096
+
+/*
+ * Limits of what a request may carry (PROTOCOL.md, Limits), each refused
+ * with invalid_param and a message naming the field. Lengths are bytes of
+ * UTF-8. Titles and system prompts are the store's to bound (store.h).
+ */
+#define PROTO_MAX_STOP 16            /* stop strings of a generate */
+#define PROTO_MAX_STOP_LEN 256       /* bytes of one stop string */
+#define PROTO_MAX_MSGS 4096          /* messages of a generate */
+/* A prompt, the contents of a generate's messages together, a tokenize
+ * text: a whole 128k-token context of prose is about half of it. */
+#define PROTO_MAX_TEXT (1u << 20)
+#define PROTO_MAX_CLIENT 64          /* hello's client name */
+#define PROTO_MAX_MODEL 4096         /* a model name or path (PATH_MAX) */
+#define PROTO_MAX_TOKENS (1u << 18)  /* token ids of a detokenize */
+#define PROTO_MAX_LIST 1000          /* session.list's limit */
+#define PROTO_MAX_INFLIGHT 1024      /* requests in flight on one connection */
 
 enum proto_op {
 	OP_HELLO, OP_GENERATE, OP_CANCEL,
@@ -31,7 +46,7 @@ enum proto_err {
 	PE_NONE,
 	PE_BAD_FRAME, PE_FRAME_TOO_LARGE, PE_BAD_REQUEST, PE_UNKNOWN_OP, PE_INVALID_PARAM,
 	PE_INVALID_UTF8, PE_CONTEXT_EXCEEDED, PE_NOT_FOUND, PE_DUPLICATE_ID, PE_OVERLOADED,
-	PE_MODEL_ERROR, PE_SHUTTING_DOWN, PE_INTERNAL,
+	PE_MODEL_ERROR, PE_SHUTTING_DOWN, PE_INTERNAL, PE_QUOTA_EXCEEDED, PE_STORAGE_FULL,
 	PE_COUNT_
 };
 

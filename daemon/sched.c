@@ -20,6 +20,7 @@
 #include "config.h"
 #include "sched.h"
 #include "engine.h"
+#include "log.h"
 #include "model.h"
 #include "store.h"
 #include "tokenizer.h"
@@ -63,6 +64,8 @@ struct resident {
 
 struct model_slot {
 	char *name, *path;
+	const char *device;         /* "cpu" after a fault under SCHED_FAULT_CPU; else NULL: sched_opts' */
+	uint64_t faults;            /* backend failures (model_fault) */
 	struct engine *e;
 	struct resident *residents;
 	struct model_slot *next;
@@ -268,6 +271,8 @@ load_model(struct sched *s, struct model_slot *m, char *err)
 
 	if (m->e != NULL)
 		return 0;
+	if (m->device != NULL)
+		eo.device = m->device;
 	return engine_open(m->path, &eo, &m->e, err);
 }
 
@@ -694,11 +699,48 @@ reap_cancelled(struct sched *s)
 	}
 }
 
+/*
+ * The backend failed a step of model m (a GPU fault; the step's requests
+ * got its error already). What it holds on the device is not to be trusted:
+ * the model's other running requests end with the error too, its cached
+ * sessions are dropped (a next turn rebuilds them from the store), and it
+ * is loaded again, on the CPU under SCHED_FAULT_CPU. If that load fails the
+ * model stays unloaded, to be loaded by its next request. Queued requests
+ * wait and then run on the new engine.
+ */
+static void
+model_fault(struct sched *s, struct model_slot *m, const char *what)
+{
+	struct gen *g, *next;
+	char err[ERR_LEN];
+
+	m->faults++;
+	log_error("model %s: %s; loading it again%s", m->name, what,
+	    s->o.device_fault == SCHED_FAULT_CPU ? " on the CPU" : "");
+	for (g = s->gens; g != NULL; g = next) {
+		next = g->next;
+		if (g->slot != m || g->state != GEN_RUNNING)
+			continue;
+		snprintf(g->seq->error, sizeof g->seq->error, "the model failed and was loaded again: %.200s", what);
+		engine_seq_finish(g->seq, FINISH_ERROR);
+		if (!g->gone)
+			emit_done(s, g);
+		gen_free(s, g);
+	}
+	drop_residents(m);
+	engine_close(m->e);
+	m->e = NULL;
+	if (s->o.device_fault == SCHED_FAULT_CPU)
+		m->device = "cpu";
+	if (load_model(s, m, err) != 0)
+		log_error("model %s: loading it again: %s", m->name, err);
+}
+
 /* Runs one step of a model and sends what it produced. */
 static void
 step_model(struct sched *s, struct model_slot *m)
 {
-	int cap = engine_max_step_tokens(m->e), n, i, rc;
+	int cap = engine_max_step_tokens(m->e), n, i, rc = 0;
 	struct seq **seqs = xmalloc((size_t)cap * sizeof *seqs);
 	struct gen **gens = xmalloc((size_t)cap * sizeof *gens);
 	char err[ERR_LEN];
@@ -726,6 +768,8 @@ step_model(struct sched *s, struct model_slot *m)
 	}
 	free(seqs);
 	free(gens);
+	if (rc < 0)
+		model_fault(s, m, err);
 }
 
 /* Admits queued requests round-robin across connections while there is room. */
@@ -964,8 +1008,9 @@ fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 		for (ma = mq = 0, g = s->gens; g != NULL; g = g->next)
 			if (g->slot == m)
 				g->state == GEN_RUNNING ? ma++ : mq++;
-		msgpack_pack_map(pk, 9);
+		msgpack_pack_map(pk, 10);
 		proto_pack_kv_str(pk, "name", m->name);
+		proto_pack_kv_uint(pk, "faults", m->faults);
 		proto_pack_kv_str(pk, "device", m->e ? engine_device(m->e) : "");
 		proto_pack_kv_bool(pk, "exact", m->e != NULL && engine_exact(m->e));
 		proto_pack_kv_uint(pk, "weights_bytes", m->e ? engine_model(m->e)->weight_bytes : 0);

@@ -18,6 +18,9 @@
 struct sched;
 struct store_turn;
 
+/* What a backend failure (a GPU fault) does to its model: load it again, on its device or on the CPU. */
+enum sched_fault_policy { SCHED_FAULT_RELOAD, SCHED_FAULT_CPU };
+
 struct sched_opts {
 	const char *default_model;  /* path or name; may be NULL */
 	const char *device;         /* "cpu" / "cuda" / NULL */
@@ -28,13 +31,14 @@ struct sched_opts {
 	int32_t max_seqs;           /* sequences decoding at once per model */
 	int max_queue;              /* waiting requests before `overloaded` */
 	int exact;                  /* CPU: float activations everywhere (engine_opts) */
+	enum sched_fault_policy device_fault;
 };
 
 /* What a client looks like in `status`. */
 struct sched_client {
 	int pid;
 	uint32_t uid;
-	char client[64];
+	char client[PROTO_MAX_CLIENT + 1];
 	int requests;
 };
 

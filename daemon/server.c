@@ -48,6 +48,8 @@
 
 enum conn_state { CONN_OPEN, CONN_CLOSING, CONN_DEAD };
 
+#define ACCEPT_PAUSE_US 100000
+
 struct conn {
 	uint64_t id;
 	enum conn_state state;
@@ -55,7 +57,7 @@ struct conn {
 	struct bufferevent *bev;
 	uid_t uid;
 	pid_t pid;
-	char client[64];
+	char client[PROTO_MAX_CLIENT + 1];
 	uint64_t *inflight;         /* ids of requests not finished */
 	int n_inflight, cap_inflight;
 	struct conn *next;
@@ -68,6 +70,8 @@ struct server {
 	int owns_path;              /* residentd made the socket file (not systemd): it removes it */
 	char *default_model;
 	struct evconnlistener *listener;
+	struct event *resume_ev;    /* accepting again after a failed accept */
+	int accept_failing;         /* accept failed since the last success (logged once) */
 	struct event *wake_ev;
 	struct store *store;
 	struct sched *sched;
@@ -244,7 +248,13 @@ pack_session(msgpack_packer *pk, const struct store_session *ss)
 static enum proto_err
 store_pe(int rc)
 {
-	return rc == ERR_NOTFOUND ? PE_NOT_FOUND : rc == ERR_INVAL ? PE_INVALID_PARAM : PE_INTERNAL;
+	switch (rc) {
+	case ERR_NOTFOUND: return PE_NOT_FOUND;
+	case ERR_INVAL: case ERR_RANGE: return PE_INVALID_PARAM;
+	case ERR_QUOTA: return PE_QUOTA_EXCEEDED;
+	case ERR_NOSPACE: return PE_STORAGE_FULL;
+	default: return PE_INTERNAL;
+	}
 }
 
 /* A result holding one session. */
@@ -499,12 +509,20 @@ submit(struct conn *c, struct proto_req *r)
 static void
 dispatch(struct conn *c, struct proto_req *r)
 {
+	char err[ERR_LEN];
+
 	if (inflight_has(c, r->id)) {
 		conn_error(c, 1, r->id, PE_DUPLICATE_ID, "a request with this id is still in flight");
 		return;
 	}
 	if (c->srv->shutting_down) {
 		conn_error(c, 1, r->id, PE_SHUTTING_DOWN, "the daemon is stopping");
+		return;
+	}
+	if (c->n_inflight >= PROTO_MAX_INFLIGHT) {
+		snprintf(err, sizeof err, "this connection has %d requests in flight, the most allowed; "
+		    "wait for some to finish", c->n_inflight);
+		conn_error(c, 1, r->id, PE_OVERLOADED, err);
 		return;
 	}
 	switch (r->op) {
@@ -598,22 +616,58 @@ accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int
 	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
 	c->next = srv->conns;
 	srv->conns = c;
+	srv->accept_failing = 0;
 	log_debug("client %llu: pid %d uid %u", (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid);
+}
+
+/*
+ * accept() failed, mostly for want of descriptors (EMFILE, ENFILE): the
+ * pending connection keeps the socket readable, and the loop would spin on
+ * it. Accepting pauses for ACCEPT_PAUSE; open connections go on meanwhile.
+ */
+static void
+accept_error_cb(struct evconnlistener *l, void *arg)
+{
+	static const struct timeval pause = { 0, ACCEPT_PAUSE_US };
+	struct server *srv = arg;
+	int e = EVUTIL_SOCKET_ERROR();
+
+	if (!srv->accept_failing)
+		log_warn("cannot accept a client: %s; trying again every %d ms", evutil_socket_error_to_string(e),
+		    ACCEPT_PAUSE_US / 1000);
+	srv->accept_failing = 1;
+	evconnlistener_disable(l);
+	evtimer_add(srv->resume_ev, &pause);
+}
+
+static void
+resume_accept_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct server *srv = arg;
+
+	if (srv->listener != NULL && !srv->shutting_down)
+		evconnlistener_enable(srv->listener);
 }
 
 /* ---- events from the scheduler ---- */
 
-/* Commits a finished session turn; on failure the done becomes an error. */
+/*
+ * Commits a finished session turn; on failure the done becomes an error
+ * saying why (storage_full when the disk is full: the session is as it
+ * was, and the same turn can be asked again once there is room).
+ */
 static void
 commit_turn(struct server *srv, struct sched_event *ev)
 {
-	char err[ERR_LEN];
+	char err[ERR_LEN], msg[ERR_LEN + 32];
+	int rc;
 
-	if (store_append_turns(srv->store, ev->uid, ev->session, ev->turns, ev->n_turns, err) == 0)
+	if ((rc = store_append_turns(srv->store, ev->uid, ev->session, ev->turns, ev->n_turns, err)) == 0)
 		return;
 	log_error("saving a turn of session %s: %s", ev->session, err);
+	snprintf(msg, sizeof msg, "the turn could not be saved: %s", err);
 	msgpack_sbuffer_destroy(&ev->frame);
-	proto_error(&ev->frame, 1, ev->req_id, PE_INTERNAL, "the turn could not be saved");
+	proto_error(&ev->frame, 1, ev->req_id, store_pe(rc), msg);
 }
 
 void
@@ -898,6 +952,8 @@ server_start(struct event_base *base, const struct server_opts *o, struct store 
 		return rc;
 	}
 	srv->wake_ev = event_new(base, -1, 0, wake_cb, srv);
+	srv->resume_ev = evtimer_new(base, resume_accept_cb, srv);
+	evconnlistener_set_error_cb(srv->listener, accept_error_cb);
 	*out = srv;
 	return 0;
 }
@@ -955,6 +1011,8 @@ server_free(struct server *srv)
 	close_listener(srv);
 	if (srv->wake_ev != NULL)
 		event_free(srv->wake_ev);
+	if (srv->resume_ev != NULL)
+		event_free(srv->resume_ev);
 	free(srv->socket_path);
 	free(srv->default_model);
 	free(srv);

@@ -86,6 +86,7 @@ enum store_stmt {
 	ST_SESSION_INSERT = ST_SCHEMA,
 	ST_SESSION_GET,
 	ST_SESSION_COUNTS,
+	ST_SESSION_COUNT_UID,
 	ST_SESSION_LIST,
 	ST_SESSION_RENAME,
 	ST_SESSION_BUMP,
@@ -116,6 +117,7 @@ static const char *const stmt_sql[ST_COUNT] = {
 	    " WHERE uuid = ?1 AND uid = ?2",
 	[ST_SESSION_COUNTS] = "SELECT n_turns, n_tokens FROM sessions"
 	    " WHERE uuid = ?1 AND uid = ?2",
+	[ST_SESSION_COUNT_UID] = "SELECT COUNT(*) FROM sessions WHERE uid = ?1",
 	[ST_SESSION_LIST] = "SELECT " SESSION_COLS " FROM sessions"
 	    " WHERE uid = ?1 ORDER BY touched DESC LIMIT ?2 OFFSET ?3",
 	[ST_SESSION_RENAME] = "UPDATE sessions SET title = ?3, updated = ?4,"
@@ -140,11 +142,14 @@ struct store {
 	sqlite3 *db;
 	sqlite3_stmt *st[ST_COUNT];
 	int bind_rc;         /* the first failed bind since the last reset */
+	int max_sessions;    /* per uid; 0: no limit */
 	unsigned char *blob; /* scratch for encoding token ids */
 	size_t blob_cap;
 };
 
 static int sql_code(int rc);
+static int no_space(int e);
+static int last_errno(struct store *s);
 static int sql_err(struct store *s, int rc, const char *what, char *err);
 static void bind_text(struct store *s, sqlite3_stmt *st, int i, const char *v);
 static void bind_int(struct store *s, sqlite3_stmt *st, int i, int64_t v);
@@ -153,6 +158,9 @@ static int stmt_step(struct store *s, sqlite3_stmt *st, const char *what, char *
 static int tx_begin(struct store *s, int write, char *err);
 static int tx_end(struct store *s, int rc, char *err);
 static int not_found(char *err);
+static int text_check(const char *what, const char *v, size_t max, char *err);
+static int quota_check(struct store *s, uint32_t uid, char *err);
+static char *fork_title(const char *parent);
 static int uuid_check(const char *uuid, char *err);
 static int uuid_new(char out[37], char *err);
 static char *col_str(sqlite3_stmt *st, int i);
@@ -198,16 +206,53 @@ sql_code(int rc)
 	}
 }
 
-/* Reports rc as "what: message" and returns its ERR_* code. */
+/* Whether errno e says a write found no room. */
+static int
+no_space(int e)
+{
+	return e == ENOSPC || e == EFBIG || e == EDQUOT;
+}
+
+/*
+ * The errno of the last failed write to the database's WAL or, failing
+ * that, to the database file (0 if none): sqlite3_system_errno reads the
+ * global errno after the fact, which later calls have overwritten.
+ */
+static int
+last_errno(struct store *s)
+{
+	sqlite3_file *wal = NULL;
+	int e = 0;
+
+	if (sqlite3_file_control(s->db, "main", SQLITE_FCNTL_JOURNAL_POINTER, &wal) == SQLITE_OK && wal != NULL &&
+	    wal->pMethods != NULL && wal->pMethods->xFileControl(wal, SQLITE_FCNTL_LAST_ERRNO, &e) == SQLITE_OK &&
+	    no_space(e))
+		return e;
+	if (sqlite3_file_control(s->db, "main", SQLITE_FCNTL_LAST_ERRNO, &e) != SQLITE_OK)
+		e = 0;
+	return e;
+}
+
+/*
+ * Reports rc as "what: message" and returns its ERR_* code. A write that
+ * found no room is ERR_NOSPACE, whichever way it shows: SQLite says
+ * SQLITE_FULL for ENOSPC, but a plain I/O error for EFBIG (over a file
+ * size limit, RLIMIT_FSIZE) or EDQUOT; the file's errno tells those apart.
+ */
 static int
 sql_err(struct store *s, int rc, const char *what, char *err)
 {
 	const char *msg = sqlite3_errstr(rc);
+	int e;
 
 	/* the connection's message says more (names a table or constraint)
 	 * when it is about this same error */
 	if ((sqlite3_errcode(s->db) & 0xff) == (rc & 0xff))
 		msg = sqlite3_errmsg(s->db);
+	if ((rc & 0xff) == SQLITE_FULL)
+		return err_set(err, ERR_NOSPACE, "%s: no space left for the database: %s", what, msg);
+	if ((rc & 0xff) == SQLITE_IOERR && no_space(e = last_errno(s)))
+		return err_set(err, ERR_NOSPACE, "%s: no space left for the database: %s", what, strerror(e));
 	return err_set(err, sql_code(rc), "%s: %s", what, msg);
 }
 
@@ -298,6 +343,57 @@ static int
 not_found(char *err)
 {
 	return err_set(err, ERR_NOTFOUND, "session not found");
+}
+
+/* Refuses a stored text longer than max bytes. */
+static int
+text_check(const char *what, const char *v, size_t max, char *err)
+{
+	size_t n = v ? strlen(v) : 0;
+
+	if (n > max)
+		return err_set(err, ERR_RANGE, "the %s is %zu bytes; at most %zu are allowed", what, n, max);
+	return 0;
+}
+
+/* Refuses a new session of uid when it holds max_sessions already. */
+static int
+quota_check(struct store *s, uint32_t uid, char *err)
+{
+	sqlite3_stmt *st = s->st[ST_SESSION_COUNT_UID];
+	int64_t n;
+	int rc;
+
+	if (s->max_sessions <= 0)
+		return 0;
+	bind_int(s, st, 1, uid);
+	if ((rc = stmt_step(s, st, "counting sessions", err)) < 0)
+		return rc;
+	n = rc == 1 ? sqlite3_column_int64(st, 0) : 0;
+	stmt_done(s, st);
+	if (n >= s->max_sessions)
+		return err_set(err, ERR_QUOTA, "you have %lld sessions, the most this daemon keeps for one "
+		    "user (--max-sessions); delete some first", (long long)n);
+	return 0;
+}
+
+/* "parent (fork)", the parent's title cut at a character boundary to fit STORE_MAX_TITLE. */
+static char *
+fork_title(const char *parent)
+{
+	static const char suffix[] = " (fork)";
+	size_t n = strlen(parent), room = STORE_MAX_TITLE - (sizeof suffix - 1);
+	char *t;
+
+	if (n > room) {
+		n = room;
+		while (n > 0 && ((unsigned char)parent[n] & 0xc0) == 0x80)
+			n--;
+	}
+	t = xmalloc(n + sizeof suffix);
+	memcpy(t, parent, n);
+	memcpy(t + n, suffix, sizeof suffix);
+	return t;
 }
 
 /* Accepts 36 characters of lowercase hex in 8-4-4-4-12 form only. */
@@ -478,8 +574,12 @@ store_session_new(struct store *s, uint32_t uid, const char *model,
 	int rc;
 
 	memset(out, 0, sizeof *out);
-	if ((rc = uuid_new(uuid, err)) < 0 || (rc = tx_begin(s, 1, err)) < 0)
+	if ((rc = text_check("title", title, STORE_MAX_TITLE, err)) < 0 ||
+	    (rc = text_check("system prompt", system, STORE_MAX_SYSTEM, err)) < 0 ||
+	    (rc = uuid_new(uuid, err)) < 0 || (rc = tx_begin(s, 1, err)) < 0)
 		return rc;
+	if ((rc = quota_check(s, uid, err)) < 0)
+		return tx_end(s, rc, err);
 	bind_text(s, st, 1, uuid);
 	bind_int(s, st, 2, uid);
 	bind_text(s, st, 3, model ? model : "");
@@ -553,6 +653,8 @@ store_session_rename(struct store *s, uint32_t uid, const char *uuid,
 		return rc;
 	if (title == NULL)
 		return err_set(err, ERR_INVAL, "no title");
+	if ((rc = text_check("title", title, STORE_MAX_TITLE, err)) < 0)
+		return rc;
 	bind_text(s, st, 1, uuid);
 	bind_int(s, st, 2, uid);
 	bind_text(s, st, 3, title);
@@ -584,21 +686,20 @@ store_session_fork(struct store *s, uint32_t uid, const char *uuid,
 {
 	sqlite3_stmt *ins = s->st[ST_SESSION_INSERT], *copy = s->st[ST_TURNS_COPY];
 	struct store_session parent;
-	char child[37], *fork_title = NULL;
+	char child[37], *default_title = NULL;
 	int rc;
 
 	memset(out, 0, sizeof *out);
 	memset(&parent, 0, sizeof parent);
-	if ((rc = uuid_check(uuid, err)) < 0 || (rc = uuid_new(child, err)) < 0 ||
-	    (rc = tx_begin(s, 1, err)) < 0)
+	if ((rc = uuid_check(uuid, err)) < 0 || (rc = text_check("title", title, STORE_MAX_TITLE, err)) < 0 ||
+	    (rc = uuid_new(child, err)) < 0 || (rc = tx_begin(s, 1, err)) < 0)
 		return rc;
 	rc = session_fetch(s, uid, uuid, &parent, err);
+	if (rc == 0)
+		rc = quota_check(s, uid, err);
 	if (rc == 0) {
-		if (title == NULL) {
-			fork_title = xmalloc(strlen(parent.title) + sizeof " (fork)");
-			sprintf(fork_title, "%s (fork)", parent.title);
-			title = fork_title;
-		}
+		if (title == NULL)
+			title = default_title = fork_title(parent.title);
 		bind_text(s, ins, 1, child);
 		bind_int(s, ins, 2, uid);
 		bind_text(s, ins, 3, parent.model);
@@ -620,7 +721,7 @@ store_session_fork(struct store *s, uint32_t uid, const char *uuid,
 	if ((rc = tx_end(s, rc, err)) < 0)
 		store_session_clear(out);
 	store_session_clear(&parent);
-	free(fork_title);
+	free(default_title);
 	return rc;
 }
 
@@ -798,6 +899,12 @@ store_schema_version(void)
 	return (int)ARRAY_LEN(migrations);
 }
 
+void
+store_set_max_sessions(struct store *s, int n)
+{
+	s->max_sessions = n;
+}
+
 /* Creates the missing directories above path, mode 0700. */
 static int
 make_parents(const char *path, char *err)
@@ -971,6 +1078,7 @@ store_open(const char *path, struct store **out, char *err)
 	if ((rc = make_parents(path, err)) < 0 || (rc = create_private(path, err)) < 0)
 		return rc;
 	s = xcalloc(1, sizeof *s);
+	s->max_sessions = STORE_MAX_SESSIONS_DEFAULT;
 	rc = sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL);
 	if (rc != SQLITE_OK) {
 		if (s->db == NULL)

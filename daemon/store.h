@@ -20,6 +20,17 @@ struct store;
 
 #define STORE_BUSY_MS 5000
 
+/*
+ * What a session stores, bounded: a title is for a list on a screen, a
+ * system prompt is rendered before every turn. Longer ones are refused
+ * with ERR_RANGE; a fork's default title ("parent (fork)") is cut to fit,
+ * at a character boundary.
+ */
+#define STORE_MAX_TITLE 256            /* bytes */
+#define STORE_MAX_SYSTEM (64u << 10)   /* bytes: about 16k tokens */
+/* Sessions one uid may hold unless store_set_max_sessions says otherwise. */
+#define STORE_MAX_SESSIONS_DEFAULT 10000
+
 /* A session's metadata. After a successful call every string is set except
  * defaults, which is NULL when the session has no sampling defaults. */
 struct store_session {
@@ -54,6 +65,11 @@ int store_open(const char *path, struct store **out, char *err);
 void store_close(struct store *s);
 /* The schema version this code writes (PRAGMA user_version). */
 int store_schema_version(void);
+/*
+ * Sessions one uid may hold (0: no limit): creating or forking one more is
+ * refused with ERR_QUOTA. STORE_MAX_SESSIONS_DEFAULT after store_open.
+ */
+void store_set_max_sessions(struct store *s, int n);
 
 /* Frees a session's strings and zeroes it; safe on a zeroed struct. */
 void store_session_clear(struct store_session *ss);
@@ -68,7 +84,9 @@ void store_turns_free(struct store_turn *t, int n);
  */
 
 /* Creates a session with a fresh random (v4) uuid. NULL model, title and
- * system are stored as "", NULL defaults as none. */
+ * system are stored as "", NULL defaults as none. ERR_RANGE for a title or
+ * system prompt over its limit, ERR_QUOTA when uid holds the most sessions
+ * allowed. */
 int store_session_new(struct store *s, uint32_t uid, const char *model,
     const char *title, const char *system, const char *defaults,
     struct store_session *out, char *err);
@@ -80,14 +98,16 @@ int store_session_get(struct store *s, uint32_t uid, const char *uuid,
  * is 0) for store_sessions_free. */
 int store_session_list(struct store *s, uint32_t uid, int limit, int offset,
     struct store_session **out, int *n, char *err);
-/* Sets a session's title (not NULL); counts as an update. */
+/* Sets a session's title (not NULL, at most STORE_MAX_TITLE bytes); counts
+ * as an update. */
 int store_session_rename(struct store *s, uint32_t uid, const char *uuid,
     const char *title, char *err);
 /* Deletes a session and its turns. */
 int store_session_delete(struct store *s, uint32_t uid, const char *uuid,
     char *err);
 /* Copies a session and all its turns to a new session of the same uid, in
- * one transaction. A NULL title means the parent's + " (fork)". */
+ * one transaction. A NULL title means the parent's + " (fork)", cut to
+ * STORE_MAX_TITLE bytes. Refused as store_session_new refuses. */
 int store_session_fork(struct store *s, uint32_t uid, const char *uuid,
     const char *title, struct store_session *out, char *err);
 

@@ -22,6 +22,8 @@ enum err_code {
 	ERR_NOTFOUND = -6,    /* a key, tensor, session or model is missing */
 	ERR_RANGE = -7,       /* a value beyond a limit */
 	ERR_DEVICE = -8,      /* the GPU or another backend failed */
+	ERR_QUOTA = -9,       /* a per-user quota is full (sessions per uid) */
+	ERR_NOSPACE = -10,    /* a write found no room: disk full, disk quota, file size limit */
 };
 
 /* Formats the message into err (if not NULL) and returns code. */

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-/* The daemon's codes, in the order of rs_status 1..RS_ERR_INTERNAL. */
+/* The daemon's codes, in the order of rs_status 1..RS_ERR_STORAGE_FULL. */
 static const char *const codes[] = {
 	[RS_ERR_BAD_FRAME] = "bad_frame",
 	[RS_ERR_FRAME_TOO_LARGE] = "frame_too_large",
@@ -22,6 +22,8 @@ static const char *const codes[] = {
 	[RS_ERR_MODEL_ERROR] = "model_error",
 	[RS_ERR_SHUTTING_DOWN] = "shutting_down",
 	[RS_ERR_INTERNAL] = "internal",
+	[RS_ERR_QUOTA_EXCEEDED] = "quota_exceeded",
+	[RS_ERR_STORAGE_FULL] = "storage_full",
 };
 
 #define N_CODES (sizeof codes / sizeof codes[0])
@@ -63,6 +65,8 @@ rs_strerror(rs_status st)
 	case RS_ERR_MODEL_ERROR: return "the model could not be loaded or run";
 	case RS_ERR_SHUTTING_DOWN: return "the daemon is stopping";
 	case RS_ERR_INTERNAL: return "internal error in the daemon";
+	case RS_ERR_QUOTA_EXCEEDED: return "a per-user limit of the daemon is reached (sessions)";
+	case RS_ERR_STORAGE_FULL: return "the daemon's database could not be written: no space left";
 	case RS_ERR_OTHER: return "an error this library does not know";
 	case RS_ERR_CONNECT: return "cannot connect to residentd";
 	case RS_ERR_IO: return "the connection to residentd failed";

@@ -371,13 +371,14 @@ engine_seq_free(struct engine *e, struct seq *s)
 /*
  * Makes blocks cover positions 0..n-1 and gives the sequence its own copy
  * of any shared block that positions n_cached.. will be written into.
- * Returns 0, or -1 if the pool is full.
+ * Returns 0, ERR_RANGE if the pool is full, or the backend's error if a
+ * block copy failed.
  */
 static int
-seq_reserve(struct engine *e, struct seq *s, int32_t n)
+seq_reserve(struct engine *e, struct seq *s, int32_t n, char *err)
 {
 	int32_t need = (n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS, b, i;
-	char err[ERR_LEN];
+	int rc;
 
 	if (need > s->cap_blocks) {
 		s->cap_blocks = MAX(need, s->cap_blocks * 2);
@@ -387,15 +388,17 @@ seq_reserve(struct engine *e, struct seq *s, int32_t n)
 		if (e->kv.ref[s->blocks[i]] == 1)
 			continue;
 		if ((b = kv_alloc(&e->kv)) < 0)
-			return -1;
-		if (e->ops->kv_copy(e->be, s->blocks[i], b, KV_BLOCK_TOKENS, err) != 0)
-			fatal("kv_copy within the pool failed: %s", err);
+			return err_set(err, ERR_RANGE, "the KV cache is full");
+		if ((rc = e->ops->kv_copy(e->be, s->blocks[i], b, KV_BLOCK_TOKENS, err)) != 0) {
+			kv_unref(&e->kv, b);
+			return err_prefix(err, rc, "copying a KV block");
+		}
 		kv_unref(&e->kv, s->blocks[i]);
 		s->blocks[i] = b;
 	}
 	while (s->n_blocks < need) {
 		if ((b = kv_alloc(&e->kv)) < 0)
-			return -1;
+			return err_set(err, ERR_RANGE, "the KV cache is full");
 		s->blocks[s->n_blocks++] = b;
 	}
 	return 0;
@@ -403,16 +406,30 @@ seq_reserve(struct engine *e, struct seq *s, int32_t n)
 
 /* ---- text out ---- */
 
-/* Appends bytes to the turn's text. */
+/*
+ * Appends decoded bytes to the turn's text, a U+0000 (a model may generate
+ * the byte token <0x00>) as U+FFFD: the text is kept and rendered again as
+ * a C string (a session's stored reply, the chat template of its next
+ * turn), and no request may carry a NUL either.
+ */
 static void
 text_append(struct seq *s, const char *p, size_t n)
 {
-	if (s->text_len + n + 1 > s->text_cap) {
-		s->text_cap = MAX(s->text_cap * 2, s->text_len + n + 256);
+	static const char replacement[] = "\xef\xbf\xbd";
+	size_t i;
+
+	if (s->text_len + 3 * n + 1 > s->text_cap) {
+		s->text_cap = MAX(s->text_cap * 2, s->text_len + 3 * n + 256);
 		s->text = xrealloc(s->text, s->text_cap);
 	}
-	memcpy(s->text + s->text_len, p, n);
-	s->text_len += n;
+	for (i = 0; i < n; i++) {
+		if (p[i] != '\0') {
+			s->text[s->text_len++] = p[i];
+		} else {
+			memcpy(s->text + s->text_len, replacement, 3);
+			s->text_len += 3;
+		}
+	}
 	s->text[s->text_len] = '\0';
 }
 
@@ -501,18 +518,25 @@ seq_accept(struct engine *e, struct seq *s, int32_t tok)
 
 /* ---- steps ---- */
 
-/* Adds a sequence's pending tokens (up to budget) to the step. Returns how many. */
+/*
+ * Adds a sequence's pending tokens (up to budget) to the step. Returns how
+ * many. A sequence that gets no blocks is finished with the reason; when
+ * the backend failed to copy one, *rc gets its error too.
+ */
 static int32_t
-plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *n_fseqs, int32_t n_tok)
+plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *n_fseqs, int32_t n_tok, int *rc,
+    char *err)
 {
 	int32_t take = MIN(s->n_tokens - s->n_cached, budget);
 	struct fwd_seq *f;
+	int r;
 
 	if (take <= 0)
 		return 0;
-	if (seq_reserve(e, s, s->n_cached + take) != 0) {
-		snprintf(s->error, sizeof s->error, "the KV cache is full");
+	if ((r = seq_reserve(e, s, s->n_cached + take, err)) != 0) {
+		snprintf(s->error, sizeof s->error, "%s", err);
 		engine_seq_finish(s, FINISH_ERROR);
+		*rc = r == ERR_RANGE ? 0 : r;
 		return 0;
 	}
 	f = &e->fseqs[*n_fseqs];
@@ -580,16 +604,18 @@ engine_step(struct engine *e, struct seq **seqs, int n, char *err)
 {
 	struct fwd_batch batch;
 	int32_t n_fseqs = 0, n_tok = 0, i;
-	int rc, greedy;
+	int rc = 0, greedy;
 
 	for (i = 0; i < n; i++) {
 		seqs[i]->new_token = -1;
 		seqs[i]->piece[0] = '\0';
 		seqs[i]->piece_len = 0;
 	}
-	for (i = 0; i < n && n_fseqs < e->max_seqs && n_tok < e->max_step_tokens; i++)
+	for (i = 0; i < n && n_fseqs < e->max_seqs && n_tok < e->max_step_tokens && rc == 0; i++)
 		if (seqs[i]->state != SEQ_DONE)
-			n_tok += plan_seq(e, seqs[i], e->max_step_tokens - n_tok, &n_fseqs, n_tok);
+			n_tok += plan_seq(e, seqs[i], e->max_step_tokens - n_tok, &n_fseqs, n_tok, &rc, err);
+	if (rc != 0)
+		return rc;
 	if (n_tok == 0)
 		return 0;
 	batch.n_seqs = n_fseqs;

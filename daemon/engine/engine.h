@@ -143,8 +143,9 @@ void engine_seq_free(struct engine *e, struct seq *s);
  * budget is left (at most max_step_tokens in all). Sequences left out of
  * the budget are untouched. Afterwards each sequence's new_token / piece /
  * state tell what happened. Returns the number of tokens processed, or a
- * negative code if the backend failed (the sequences of the step are then
- * finished with FINISH_ERROR).
+ * negative code if the backend failed: the sequences of the step are then
+ * finished with FINISH_ERROR, or, when a KV block copy failed before the
+ * step ran, the sequence it was for (the others are untouched).
  */
 int engine_step(struct engine *e, struct seq **seqs, int n, char *err);
 

@@ -8,6 +8,7 @@
 #include "kernels.h"
 #include "cpu_ops.h"
 #include "cpu_pool.h"
+#include "fault.h"
 #include "model.h"
 #include "util.h"
 
@@ -136,6 +137,10 @@ cpu_load(const struct model_desc *m, const struct backend_opts *o, struct backen
 	if (o->max_tokens < 1 || o->kv_blocks < 1) {
 		free(b);
 		return err_set(err, ERR_INVAL, "max_tokens and kv_blocks must be positive");
+	}
+	if ((rc = fault_init(FAULT_CPU, err)) != 0) {
+		free(b);
+		return rc;
 	}
 	cpu_ops_init();
 	b->m = m;
@@ -418,6 +423,8 @@ cpu_forward(struct backend *b, const struct fwd_batch *batch, float *logits, cha
 	if ((rc = fwd_batch_check(batch, b->max_tokens, b->kv_blocks, b->m->hp.n_vocab, &max_len, &n_table,
 	    err)) != 0)
 		return rc;
+	if (fault_hit(FAULT_CPU, FAULT_STEP))
+		return err_set(err, ERR_DEVICE, "cpu forward step: %s", fault_message(FAULT_CPU));
 	place_tokens(b, batch, max_len);
 	embed(b, batch);
 	for (l = 0; l < b->m->hp.n_layer; l++) {
@@ -436,6 +443,8 @@ cpu_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char 
 	if (src < 0 || src >= b->kv_blocks || dst < 0 || dst >= b->kv_blocks ||
 	    n_tokens < 0 || n_tokens > KV_BLOCK_TOKENS)
 		return err_set(err, ERR_INVAL, "kv_copy %d -> %d of %d tokens: out of range", src, dst, n_tokens);
+	if (fault_hit(FAULT_CPU, FAULT_COPY))
+		return err_set(err, ERR_DEVICE, "cpu kv_copy: %s", fault_message(FAULT_CPU));
 	for (i = 0; i < (size_t)b->m->hp.n_layer * 2; i++)
 		memcpy(b->kv + ((size_t)dst * (size_t)b->m->hp.n_layer * 2 + i) * b->kv_stride,
 		    b->kv + ((size_t)src * (size_t)b->m->hp.n_layer * 2 + i) * b->kv_stride,

@@ -145,6 +145,18 @@ cuda_fail(char *err, const char *file, int line, const char *what, const char *m
 	return err_set(err, ERR_DEVICE, "%s:%d: %s: %s", base ? base + 1 : file, line, what, msg);
 }
 
+int
+cuda_fault(const char *call)
+{
+	if (strncmp(call, "cudaMemcpy", 10) == 0)
+		return fault_hit(FAULT_CUDA, FAULT_COPY);
+	if (strncmp(call, "cudaMalloc", 10) == 0)
+		return fault_hit(FAULT_CUDA, FAULT_ALLOC);
+	if (strncmp(call, "cudaGraphLaunch", 15) == 0 || strstr(call, "_launch(") != NULL)
+		return fault_hit(FAULT_CUDA, FAULT_LAUNCH);
+	return 0;
+}
+
 /* Rounds n up to DEV_ALIGN. */
 static size_t
 align_up(size_t n)
@@ -386,9 +398,14 @@ check_memory(size_t need, size_t weights, size_t kv, size_t act, char *err)
 static int
 dev_alloc(void **p, size_t bytes, const char *what, char *err)
 {
-	cudaError_t e = cudaMalloc(p, bytes ? bytes : 1);
+	cudaError_t e;
 
-	if (e != cudaSuccess) {
+	if (fault_hit(FAULT_CUDA, FAULT_ALLOC)) {
+		*p = NULL;
+		return err_set(err, ERR_NOMEM, "cudaMalloc of %.1f MiB for %s: %s", bytes / 1048576.0, what,
+		    fault_message(FAULT_CUDA));
+	}
+	if ((e = cudaMalloc(p, bytes ? bytes : 1)) != cudaSuccess) {
 		*p = NULL;
 		return err_set(err, ERR_NOMEM, "cudaMalloc of %.1f MiB for %s: %s", bytes / 1048576.0,
 		    what, cudaGetErrorString(e));
@@ -726,6 +743,8 @@ cuda_load(const struct model_desc *m, const struct backend_opts *o, struct backe
 
 	if (o->max_tokens < 1 || o->kv_blocks < 1)
 		return err_set(err, ERR_INVAL, "max_tokens and kv_blocks must be positive");
+	if ((rc = fault_init(FAULT_CUDA, err)) != 0)
+		return rc;
 	b = (struct backend *)xcalloc(1, sizeof *b);
 	b->m = m;
 	b->max_tokens = o->max_tokens;

@@ -15,6 +15,7 @@
 
 extern "C" {
 #include "config.h"
+#include "fault.h"
 #include "kernels.h"
 #include "model.h"
 #include "quant.h"
@@ -27,20 +28,22 @@ extern "C" {
 /* Formats "file:line: what: message" into err; returns ERR_DEVICE. */
 int cuda_fail(char *err, const char *file, int line, const char *what, const char *msg);
 
+/*
+ * Whether a CUDA runtime call, by its source text, is to fail under
+ * RESIDENT_CUDA_FAULT (fault.h): cudaMemcpy* are copies, cudaMalloc*
+ * allocations, cudaGraphLaunch and the project's *_launch helpers (all
+ * kernels go through cuda_launch) launches. Cheap when off.
+ */
+int cuda_fault(const char *call);
+
 /* Runs a CUDA runtime call; on failure returns from the calling function. */
 #define CK(call) \
 	do { \
+		if (cuda_fault(#call)) \
+			return cuda_fail(err, __FILE__, __LINE__, #call, fault_message(FAULT_CUDA)); \
 		cudaError_t e_ = (call); \
 		if (e_ != cudaSuccess) \
 			return cuda_fail(err, __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-	} while (0)
-
-/* Checks the launch just made (bad configuration, missing kernel image). */
-#define CK_LAUNCH(name) \
-	do { \
-		cudaError_t e_ = cudaGetLastError(); \
-		if (e_ != cudaSuccess) \
-			return cuda_fail(err, __FILE__, __LINE__, name, cudaGetErrorString(e_)); \
 	} while (0)
 
 /*

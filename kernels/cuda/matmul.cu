@@ -31,9 +31,11 @@
 /* fp16 scratch for one tile of a dequantized weight: 64 MiB. */
 #define WTILE_ELEMS ((int64_t)32 << 20)
 
-/* Runs a cuBLAS call; on failure returns from the calling function. */
+/* Runs a cuBLAS call (a launch, for RESIDENT_CUDA_FAULT); on failure returns from the calling function. */
 #define CKB(call) \
 	do { \
+		if (fault_hit(FAULT_CUDA, FAULT_LAUNCH)) \
+			return cuda_fail(err, __FILE__, __LINE__, #call, fault_message(FAULT_CUDA)); \
 		cublasStatus_t s_ = (call); \
 		if (s_ != CUBLAS_STATUS_SUCCESS) \
 			return cuda_fail(err, __FILE__, __LINE__, #call, cublasGetStatusString(s_)); \

@@ -269,6 +269,17 @@ def daemon_path():
     return p
 
 
+def require_gpu():
+    """Skips the test unless `nvidia-smi -L` lists a GPU."""
+    try:
+        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise Skip("no CUDA device: nvidia-smi -L: %s" % e)
+    if r.returncode != 0 or "GPU" not in r.stdout:
+        raise Skip("no CUDA device: nvidia-smi -L exited %d: %s" %
+                   (r.returncode, (r.stdout + r.stderr).strip()))
+
+
 def gen_model(path, seed=1, shape="tiny", qtype="q8_0"):
     subprocess.run([tool("resident-model"), "gen", shape, path, "--type", qtype, "--quiet",
                     "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)
@@ -311,7 +322,7 @@ class Daemon:
     `start()` again restarts it on the same database (and model)."""
 
     def __init__(self, extra=(), seed=1, model=None, tmp=None, db=None, threads=None,
-                 sock_name="sock"):
+                 sock_name="sock", env=None):
         if msgpack is None:
             raise Skip("PyPI msgpack is not installed")
         daemon_path()
@@ -328,6 +339,7 @@ class Daemon:
         self.sock = os.path.join(self.tmp, sock_name)
         self.db = db or os.path.join(self.tmp, "resident.db")
         self.extra = list(extra)
+        self.env = dict(env or {})     # variables added to the daemon's environment
         self.threads = threads
         self.proc = None
         self.logs = []
@@ -345,6 +357,7 @@ class Daemon:
         self.logs.append(log)
         env = dict(os.environ)
         env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
+        env.update(self.env)
         self.logf = open(log, "wb")
         self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=self.logf,
                                      stderr=subprocess.STDOUT, env=env)

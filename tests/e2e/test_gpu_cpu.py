@@ -73,16 +73,6 @@ def gemma_path():
     return assemble()
 
 
-def require_gpu():
-    try:
-        r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise Skip("no CUDA device: nvidia-smi -L: %s" % e)
-    if r.returncode != 0 or "GPU" not in r.stdout:
-        raise Skip("no CUDA device: nvidia-smi -L exited %d: %s" %
-                   (r.returncode, (r.stdout + r.stderr).strip()))
-
-
 def gemma_chat_text(content):
     """The prompt residentd renders for one user message (daemon/model/chat.c, Gemma 3)."""
     return "<bos><start_of_turn>user\n%s<end_of_turn>\n<start_of_turn>model\n" % content.strip()
@@ -206,7 +196,7 @@ def check_device(ck, st, device):
 def main():
     model = gemma_path()
     rsd.tool("resident-model")
-    require_gpu()
+    rsd.require_gpu()
     ck = Checks()
     tmp = tempfile.mkdtemp(prefix="rsd-gpu-cpu-")
     try:

@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -708,6 +709,146 @@ test_strings(void **state)
 	free(big);
 }
 
+/* Titles and system prompts over their limits are refused; a fork's default title is cut to fit. */
+static void
+test_text_limits(void **state)
+{
+	struct fx *f = *state;
+	struct store_session ss, fk;
+	char *title = malloc(STORE_MAX_TITLE + 2), *sys = malloc(STORE_MAX_SYSTEM + 2);
+	size_t i;
+
+	assert_non_null(title);
+	assert_non_null(sys);
+	/* "a", then three-byte characters: the cut to make room for " (fork)" (249 bytes) falls inside one */
+	title[0] = 'a';
+	for (i = 1; i + 3 <= STORE_MAX_TITLE; i += 3)
+		memcpy(title + i, "\xe4\xb8\xad", 3);
+	memset(title + i, 'a', STORE_MAX_TITLE - i);
+	title[STORE_MAX_TITLE] = '\0';
+	memset(sys, 's', STORE_MAX_SYSTEM);
+	sys[STORE_MAX_SYSTEM] = '\0';
+	assert_int_equal(store_session_new(f->s, 1, "m", title, sys, NULL, &ss, f->err), 0);
+	assert_int_equal(store_session_fork(f->s, 1, ss.uuid, NULL, &fk, f->err), 0);
+	assert_true(strlen(fk.title) <= STORE_MAX_TITLE);
+	assert_string_equal(fk.title + strlen(fk.title) - 7, " (fork)");
+	assert_int_equal(strlen(fk.title) - 7, 1 + 3 * 82);
+	assert_memory_equal(fk.title, title, strlen(fk.title) - 7);
+	store_session_clear(&fk);
+
+	strcat(title, "b");
+	strcat(sys, "t");
+	assert_int_equal(store_session_new(f->s, 1, "m", title, NULL, NULL, &fk, f->err), ERR_RANGE);
+	assert_non_null(strstr(f->err, "title"));
+	assert_int_equal(store_session_new(f->s, 1, "m", NULL, sys, NULL, &fk, f->err), ERR_RANGE);
+	assert_non_null(strstr(f->err, "system prompt"));
+	assert_int_equal(store_session_rename(f->s, 1, ss.uuid, title, f->err), ERR_RANGE);
+	assert_int_equal(store_session_fork(f->s, 1, ss.uuid, title, &fk, f->err), ERR_RANGE);
+	assert_null(fk.title);
+	assert_int_equal(list_count(f, 1), 2);
+	store_session_clear(&ss);
+	free(title);
+	free(sys);
+}
+
+/* The sessions-per-uid quota: new and fork refused at the limit, per uid, lifted by a delete. */
+static void
+test_quota(void **state)
+{
+	struct fx *f = *state;
+	struct store_session ss[3], x;
+	int i;
+
+	store_set_max_sessions(f->s, 2);
+	for (i = 0; i < 2; i++)
+		assert_int_equal(store_session_new(f->s, 1, "m", "t", NULL, NULL, &ss[i], f->err), 0);
+	assert_int_equal(store_session_new(f->s, 1, "m", "t", NULL, NULL, &x, f->err), ERR_QUOTA);
+	assert_non_null(strstr(f->err, "2 sessions"));
+	assert_int_equal(store_session_fork(f->s, 1, ss[0].uuid, NULL, &x, f->err), ERR_QUOTA);
+	assert_null(x.title);
+	assert_int_equal(list_count(f, 1), 2);
+	/* another uid has its own count */
+	assert_int_equal(store_session_new(f->s, 2, "m", "t", NULL, NULL, &ss[2], f->err), 0);
+	store_session_clear(&ss[2]);
+	assert_int_equal(store_session_delete(f->s, 1, ss[1].uuid, f->err), 0);
+	assert_int_equal(store_session_fork(f->s, 1, ss[0].uuid, NULL, &ss[2], f->err), 0);
+	store_set_max_sessions(f->s, 0);
+	assert_int_equal(store_session_new(f->s, 1, "m", "t", NULL, NULL, &x, f->err), 0);
+	assert_int_equal(list_count(f, 1), 3);
+	store_session_clear(&x);
+	for (i = 0; i < 3; i++)
+		store_session_clear(&ss[i]);
+}
+
+/* The size of a file, 0 if missing. */
+static off_t
+file_size(const char *path)
+{
+	struct stat sb;
+
+	return stat(path, &sb) == 0 ? sb.st_size : 0;
+}
+
+/*
+ * A write past a file size limit (RLIMIT_FSIZE, as a full disk would) is
+ * ERR_NOSPACE; the session is as it was, and the same append works once
+ * the limit is lifted.
+ */
+static void
+test_no_space(void **state)
+{
+	struct fx *f = *state;
+	static int32_t tok[16384];
+	char wal[600], *big = malloc(1 << 16);
+	struct store_session ss, g;
+	struct store_turn in[2], *out;
+	struct rlimit old, lim;
+	void (*old_sig)(int);
+	int n, rc;
+
+	assert_non_null(big);
+	memset(big, 'b', (1 << 16) - 1);
+	big[(1 << 16) - 1] = '\0';
+	assert_int_equal(store_session_new(f->s, 1, "m", "full", NULL, NULL, &ss, f->err), 0);
+	in[0] = turn("user", "kept", tok, 3);
+	in[1] = turn("assistant", "also kept", tok, 2);
+	assert_int_equal(store_append_turns(f->s, 1, ss.uuid, in, 2, f->err), 0);
+
+	/* room for a few more pages of WAL, not for a 64 KiB turn and its 16k tokens */
+	snprintf(wal, sizeof wal, "%s-wal", f->path);
+	assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+	lim = old;
+	lim.rlim_cur = (rlim_t)MAX(file_size(wal), file_size(f->path)) + 8192;
+	old_sig = signal(SIGXFSZ, SIG_IGN);
+	assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+	in[0] = turn("user", big, tok, 16384);
+	in[1] = turn("assistant", big, tok, 16384);
+	rc = store_append_turns(f->s, 1, ss.uuid, in, 2, f->err);
+	/* lifted before any assertion, so that a failure leaves the next tests alone */
+	assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+	signal(SIGXFSZ, old_sig);
+	assert_int_equal(rc, ERR_NOSPACE);
+	assert_non_null(strstr(f->err, "no space left"));
+
+	assert_int_equal(store_session_get(f->s, 1, ss.uuid, &g, f->err), 0);
+	assert_int_equal(g.n_turns, 2);
+	assert_int_equal(g.n_tokens, 5);
+	store_session_clear(&g);
+	assert_int_equal(store_turns(f->s, 1, ss.uuid, &out, &n, f->err), 0);
+	assert_int_equal(n, 2);
+	assert_string_equal(out[1].content, "also kept");
+	store_turns_free(out, n);
+	/* room again: the same append works */
+	assert_int_equal(store_append_turns(f->s, 1, ss.uuid, in, 2, f->err), 0);
+	reopen(f);
+	assert_int_equal(store_turns(f->s, 1, ss.uuid, &out, &n, f->err), 0);
+	assert_int_equal(n, 4);
+	assert_string_equal(out[3].content, big);
+	store_turns_free(out, n);
+	store_session_clear(&ss);
+	free(big);
+}
+
 /* Malformed uuids are ERR_INVAL everywhere, before any SQL runs. */
 static void
 test_bad_uuids(void **state)
@@ -1101,6 +1242,9 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_cascade, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_list_order, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_strings, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_text_limits, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_quota, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_no_space, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_bad_uuids, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_model_upsert, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_migrate_from_zero, setup, teardown),
