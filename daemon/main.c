@@ -33,6 +33,7 @@
 struct settings {
 	char *socket_path, *db_path, *model, *device, *group, *log_level, *config;
 	int threads, ctx, kv_tokens, max_seqs, max_queue, max_step_tokens, exact, fp16_weights;
+	int kv_share_users;
 	int socket_private;   /* the default path: its directory must be ours alone */
 	long max_frame;
 };
@@ -58,6 +59,8 @@ usage(FILE *fp)
 	    "                          and prefill; about 2 bytes more GPU memory per weight)\n"
 	    "      --ctx N             context length (default: the model's, at most 8192)\n"
 	    "      --kv-tokens N       KV cache size in tokens (default: 4 x context)\n"
+	    "      --kv-share-users    one prefix cache for all users (lets a user time\n"
+	    "                          another's prompts; default: one per user)\n"
 	    "      --max-seqs N        sequences decoding together (default 64)\n"
 	    "      --max-queue N       waiting requests before 'overloaded' (default 256)\n"
 	    "      --max-frame BYTES   largest request frame (default 16 MiB)\n"
@@ -165,7 +168,8 @@ read_config(struct settings *s, char *err)
 	    (rc = cfg_int(cfg, "threads", &s->threads, err)) || (rc = cfg_int(cfg, "ctx", &s->ctx, err)) ||
 	    (rc = cfg_int(cfg, "kv_tokens", &s->kv_tokens, err)) || (rc = cfg_int(cfg, "max_seqs", &s->max_seqs, err)) ||
 	    (rc = cfg_int(cfg, "max_queue", &s->max_queue, err)) || (rc = cfg_bool(cfg, "exact", &s->exact, err)) ||
-	    (rc = cfg_bool(cfg, "cuda_fp16_weights", &s->fp16_weights, err)))
+	    (rc = cfg_bool(cfg, "cuda_fp16_weights", &s->fp16_weights, err)) ||
+	    (rc = cfg_bool(cfg, "kv_share_users", &s->kv_share_users, err)))
 		err_prefix(err, rc, "%s", path);
 	json_decref(cfg);
 	free(path);
@@ -175,7 +179,7 @@ read_config(struct settings *s, char *err)
 static int
 parse_args(int argc, char **argv, struct settings *s)
 {
-	enum { O_GROUP = 256, O_DB, O_DEVICE, O_CTX, O_KV, O_SEQS, O_QUEUE, O_FRAME, O_EXACT, O_FP16 };
+	enum { O_GROUP = 256, O_DB, O_DEVICE, O_CTX, O_KV, O_SEQS, O_QUEUE, O_FRAME, O_EXACT, O_FP16, O_SHARE };
 	static const struct option lo[] = {
 		{ "model", required_argument, NULL, 'm' }, { "socket", required_argument, NULL, 's' },
 		{ "group", required_argument, NULL, O_GROUP }, { "db", required_argument, NULL, O_DB },
@@ -185,6 +189,7 @@ parse_args(int argc, char **argv, struct settings *s)
 		{ "max-queue", required_argument, NULL, O_QUEUE }, { "max-frame", required_argument, NULL, O_FRAME },
 		{ "exact", no_argument, NULL, O_EXACT }, { "log-level", required_argument, NULL, 'l' },
 		{ "cuda-fp16-weights", no_argument, NULL, O_FP16 }, { "help", no_argument, NULL, 'h' },
+		{ "kv-share-users", no_argument, NULL, O_SHARE },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -206,6 +211,7 @@ parse_args(int argc, char **argv, struct settings *s)
 		case O_FRAME: s->max_frame = atol(optarg); break;
 		case O_EXACT: s->exact = 1; break;
 		case O_FP16: s->fp16_weights = 1; break;
+		case O_SHARE: s->kv_share_users = 1; break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
 		}
@@ -305,7 +311,7 @@ main(int argc, char **argv)
 	vo.max_output = 8u << 20;
 	vo.default_model = s.model ? model_file_name(s.model) : NULL;
 	so = (struct sched_opts){ s.model, s.device, s.threads, s.ctx, s.kv_tokens, s.max_step_tokens,
-		s.max_seqs, s.max_queue, s.exact, s.fp16_weights };
+		s.max_seqs, s.max_queue, s.exact, s.fp16_weights, s.kv_share_users };
 	if (store_open(s.db_path, &st, err) != 0 || server_start(base, &vo, st, &srv, err) != 0 ||
 	    sched_start(&so, server_wake, srv, &sc, err) != 0) {
 		log_error("%s", err);

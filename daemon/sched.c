@@ -404,11 +404,16 @@ closing_tokens(const struct model_desc *md, const struct sched_job *job, const s
 	free(a), free(b), free(m), free(m2);
 }
 
-/* The sequence parameters of a job. */
+/*
+ * The sequence parameters of a job. Its prefix-cache namespace is its
+ * user's, unless the daemon shares the cache between users.
+ */
 static void
-job_params(const struct sched_job *job, struct seq_params *p)
+job_params(const struct sched *s, const struct sched_job *job, struct seq_params *p)
 {
 	memset(p, 0, sizeof *p);
+	p->cache = 1;
+	p->cache_ns = s->o.kv_share_users ? 0 : (uint64_t)job->uid + 1;
 	p->sample = job->req.sample;
 	p->max_tokens = job->req.max_tokens;
 	p->stop = (const char *const *)job->req.stop;
@@ -436,7 +441,7 @@ start_seq(struct sched *s, struct gen *g, const int32_t *ids, size_t n, char *er
 	struct resident *r = NULL;
 	int rc;
 
-	job_params(g->job, &p);
+	job_params(s, g->job, &p);
 	if (g->job->req.session != NULL && (r = find_resident(g->slot, g->job->req.session)) != NULL) {
 		if (r->busy)
 			return err_set(err, ERR_INVAL, "session %s is already generating", r->uuid);
@@ -447,6 +452,7 @@ start_seq(struct sched *s, struct gen *g, const int32_t *ids, size_t n, char *er
 	} else {
 		if ((rc = engine_seq_new(g->slot->e, ids, (int32_t)n, &p, &g->seq, err)) != 0)
 			return rc;
+		g->n_cached = g->seq->n_cached;
 		if (g->job->req.session != NULL) {
 			r = xcalloc(1, sizeof *r);
 			snprintf(r->uuid, sizeof r->uuid, "%s", g->job->req.session);
@@ -621,6 +627,7 @@ gen_free(struct sched *s, struct gen *g)
 	if (g->state == GEN_QUEUED)
 		s->n_queued--;
 	if (g->res != NULL) {
+		engine_seq_park(g->slot->e, g->seq);
 		g->res->busy = 0;
 		g->res->last_used = ++s->tick;
 	} else if (g->seq != NULL) {
@@ -948,6 +955,8 @@ fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 	const struct model_slot *m;
 	const struct gen *g;
 	uint32_t n_models = 0, active = 0, queued = 0, ma, mq;
+	int32_t n_cached, n_idle;
+	uint64_t hit = 0, miss = 0;
 	int i;
 
 	for (m = s->models; m != NULL; m = m->next)
@@ -964,7 +973,9 @@ fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 		for (ma = mq = 0, g = s->gens; g != NULL; g = g->next)
 			if (g->slot == m)
 				g->state == GEN_RUNNING ? ma++ : mq++;
-		msgpack_pack_map(pk, 9);
+		if (m->e != NULL)
+			engine_cache_stats(m->e, &n_cached, &n_idle, &hit, &miss);
+		msgpack_pack_map(pk, 11);
 		proto_pack_kv_str(pk, "name", m->name);
 		proto_pack_kv_str(pk, "device", m->e ? engine_device(m->e) : "");
 		proto_pack_kv_bool(pk, "exact", m->e != NULL && engine_exact(m->e));
@@ -974,6 +985,8 @@ fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 		proto_pack_kv_uint(pk, "kv_free_blocks", m->e ? (uint64_t)engine_free_blocks(m->e) : 0);
 		proto_pack_kv_uint(pk, "active", ma);
 		proto_pack_kv_uint(pk, "queued", mq);
+		proto_pack_kv_uint(pk, "cache_hit_tokens", m->e ? hit : 0);
+		proto_pack_kv_uint(pk, "cache_miss_tokens", m->e ? miss : 0);
 	}
 	proto_pack_str(pk, "clients");
 	msgpack_pack_array(pk, (uint32_t)job->n_clients);

@@ -29,6 +29,7 @@ struct sched_opts {
 	int max_queue;              /* waiting requests before `overloaded` */
 	int exact;                  /* CPU: float activations everywhere (engine_opts) */
 	int fp16_weights;           /* CUDA: fp16 copies of the quantized matrices (engine_opts) */
+	int kv_share_users;         /* one prefix cache for every uid (else one per uid) */
 };
 
 /* What a client looks like in `status`. */

