@@ -34,6 +34,9 @@ struct settings {
 	char *socket_path, *db_path, *model, *device, *group, *log_level, *config;
 	int threads, ctx, kv_tokens, max_seqs, max_queue, max_step_tokens, exact, fp16_weights;
 	int kv_share_users;
+	char *kv_host, *kv_disk;     /* sizes as given */
+	uint64_t kv_host_bytes, kv_disk_bytes;
+	char *kv_dir;
 	int socket_private;   /* the default path: its directory must be ours alone */
 	long max_frame;
 };
@@ -61,6 +64,9 @@ usage(FILE *fp)
 	    "      --kv-tokens N       KV cache size in tokens (default: 4 x context)\n"
 	    "      --kv-share-users    one prefix cache for all users (lets a user time\n"
 	    "                          another's prompts; default: one per user)\n"
+	    "      --kv-host SIZE      host memory for KV blocks the device gives up (default 4G)\n"
+	    "      --kv-disk SIZE      disk space for sessions' KV, next to the database in kv/\n"
+	    "                          (default 16G; 0: none)\n"
 	    "      --max-seqs N        sequences decoding together (default 64)\n"
 	    "      --max-queue N       waiting requests before 'overloaded' (default 256)\n"
 	    "      --max-frame BYTES   largest request frame (default 16 MiB)\n"
@@ -169,7 +175,8 @@ read_config(struct settings *s, char *err)
 	    (rc = cfg_int(cfg, "kv_tokens", &s->kv_tokens, err)) || (rc = cfg_int(cfg, "max_seqs", &s->max_seqs, err)) ||
 	    (rc = cfg_int(cfg, "max_queue", &s->max_queue, err)) || (rc = cfg_bool(cfg, "exact", &s->exact, err)) ||
 	    (rc = cfg_bool(cfg, "cuda_fp16_weights", &s->fp16_weights, err)) ||
-	    (rc = cfg_bool(cfg, "kv_share_users", &s->kv_share_users, err)))
+	    (rc = cfg_bool(cfg, "kv_share_users", &s->kv_share_users, err)) ||
+	    (rc = cfg_str(cfg, "kv_host", &s->kv_host, err)) || (rc = cfg_str(cfg, "kv_disk", &s->kv_disk, err)))
 		err_prefix(err, rc, "%s", path);
 	json_decref(cfg);
 	free(path);
@@ -179,7 +186,8 @@ read_config(struct settings *s, char *err)
 static int
 parse_args(int argc, char **argv, struct settings *s)
 {
-	enum { O_GROUP = 256, O_DB, O_DEVICE, O_CTX, O_KV, O_SEQS, O_QUEUE, O_FRAME, O_EXACT, O_FP16, O_SHARE };
+	enum { O_GROUP = 256, O_DB, O_DEVICE, O_CTX, O_KV, O_SEQS, O_QUEUE, O_FRAME, O_EXACT, O_FP16, O_SHARE,
+		O_KV_HOST, O_KV_DISK };
 	static const struct option lo[] = {
 		{ "model", required_argument, NULL, 'm' }, { "socket", required_argument, NULL, 's' },
 		{ "group", required_argument, NULL, O_GROUP }, { "db", required_argument, NULL, O_DB },
@@ -189,7 +197,8 @@ parse_args(int argc, char **argv, struct settings *s)
 		{ "max-queue", required_argument, NULL, O_QUEUE }, { "max-frame", required_argument, NULL, O_FRAME },
 		{ "exact", no_argument, NULL, O_EXACT }, { "log-level", required_argument, NULL, 'l' },
 		{ "cuda-fp16-weights", no_argument, NULL, O_FP16 }, { "help", no_argument, NULL, 'h' },
-		{ "kv-share-users", no_argument, NULL, O_SHARE },
+		{ "kv-share-users", no_argument, NULL, O_SHARE }, { "kv-host", required_argument, NULL, O_KV_HOST },
+		{ "kv-disk", required_argument, NULL, O_KV_DISK },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -212,6 +221,8 @@ parse_args(int argc, char **argv, struct settings *s)
 		case O_EXACT: s->exact = 1; break;
 		case O_FP16: s->fp16_weights = 1; break;
 		case O_SHARE: s->kv_share_users = 1; break;
+		case O_KV_HOST: s->kv_host = xstrdup(optarg); break;
+		case O_KV_DISK: s->kv_disk = xstrdup(optarg); break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
 		}
@@ -221,6 +232,44 @@ parse_args(int argc, char **argv, struct settings *s)
 		return -1;
 	}
 	return 0;
+}
+
+/*
+ * A size in bytes: a number with an optional fraction and an optional
+ * K, M, G or T (powers of 1024), as "4G", "1.5G", "512M", "1048576".
+ */
+static int
+parse_size(const char *text, const char *what, uint64_t *out, char *err)
+{
+	static const char units[] = "KMGT";
+	const char *u;
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(text, &end);
+	if (end != text && *end != '\0' && (u = strchr(units, *end)) != NULL && end[1] == '\0') {
+		v *= (double)(1ull << (10 * (u - units + 1)));
+		end++;
+	}
+	if (end == text || *end != '\0' || errno != 0 || !(v >= 0) || v > 1e18 || text[0] == '-')
+		return err_set(err, ERR_INVAL, "%s: '%s' is not a size (bytes, or a number with K, M, G or T)",
+		    what, text);
+	*out = (uint64_t)v;
+	return 0;
+}
+
+/* The kv/ directory next to the database. */
+static char *
+kv_dir_of(const char *db)
+{
+	const char *slash = strrchr(db, '/');
+	char buf[PATH_MAX];
+
+	if (slash == NULL)
+		return xstrdup("kv");
+	snprintf(buf, sizeof buf, "%.*s/kv", (int)(slash - db), db);
+	return xstrdup(buf);
 }
 
 /* Fills what neither flags nor config set; checks the values. */
@@ -242,6 +291,10 @@ finish_settings(struct settings *s, gid_t *gid, char *err)
 		return ERR_NOTFOUND;
 	if (s->db_path == NULL)
 		s->db_path = xdg_path("XDG_DATA_HOME", ".local/share", "resident/resident.db");
+	s->kv_dir = kv_dir_of(s->db_path);
+	if (parse_size(s->kv_host ? s->kv_host : "4G", "--kv-host", &s->kv_host_bytes, err) != 0 ||
+	    parse_size(s->kv_disk ? s->kv_disk : "16G", "--kv-disk", &s->kv_disk_bytes, err) != 0)
+		return ERR_INVAL;
 	if (s->max_frame == 0)
 		s->max_frame = PROTO_MAX_FRAME_DEFAULT;
 	if (s->max_frame < 64 || s->max_frame > (1L << 30))
@@ -311,7 +364,8 @@ main(int argc, char **argv)
 	vo.max_output = 8u << 20;
 	vo.default_model = s.model ? model_file_name(s.model) : NULL;
 	so = (struct sched_opts){ s.model, s.device, s.threads, s.ctx, s.kv_tokens, s.max_step_tokens,
-		s.max_seqs, s.max_queue, s.exact, s.fp16_weights, s.kv_share_users };
+		s.max_seqs, s.max_queue, s.exact, s.fp16_weights, s.kv_share_users, s.kv_host_bytes, s.kv_dir,
+		s.kv_disk_bytes };
 	if (store_open(s.db_path, &st, err) != 0 || server_start(base, &vo, st, &srv, err) != 0 ||
 	    sched_start(&so, server_wake, srv, &sc, err) != 0) {
 		log_error("%s", err);
@@ -340,7 +394,7 @@ out:
 		event_base_free(base);
 	free((char *)vo.default_model);
 	free(s.socket_path), free(s.db_path), free(s.model), free(s.device), free(s.group);
-	free(s.log_level), free(s.config);
+	free(s.log_level), free(s.config), free(s.kv_host), free(s.kv_disk), free(s.kv_dir);
 	log_info("stopped");
 	return rc;
 }

@@ -20,6 +20,8 @@
 #include "config.h"
 #include "sched.h"
 #include "engine.h"
+#include "kvdisk.h"
+#include "kvhost.h"
 #include "model.h"
 #include "store.h"
 #include "tokenizer.h"
@@ -52,11 +54,12 @@ struct gen {
 	struct gen *next;
 };
 
-/* A session's sequence kept between turns. */
+/* A session's sequence kept between turns (parked: engine_seq_park). */
 struct resident {
 	char uuid[37];
 	struct seq *seq;
 	int busy;
+	int dropped;                /* the session was deleted while it ran: freed when done */
 	uint64_t last_used;
 	struct resident *next;
 };
@@ -92,7 +95,10 @@ struct sched {
 	int n_known;
 	void (*wake)(void *);
 	void *wake_arg;
+	int io_ready;                         /* the disk tier has finished jobs */
+	struct kvdisk *disk;                  /* NULL when --kv-disk is 0 */
 	/* engine thread only */
+	struct kvhost host;
 	struct model_slot *models, *default_model;
 	struct gen *gens;                     /* queued and running, in arrival order */
 	int n_queued;
@@ -264,7 +270,7 @@ load_model(struct sched *s, struct model_slot *m, char *err)
 {
 	struct engine_opts eo = { .device = s->o.device, .n_threads = s->o.n_threads, .n_ctx = s->o.n_ctx,
 		.kv_tokens = s->o.kv_tokens, .max_step_tokens = s->o.max_step_tokens, .max_seqs = s->o.max_seqs,
-		.exact = s->o.exact, .fp16_weights = s->o.fp16_weights };
+		.exact = s->o.exact, .fp16_weights = s->o.fp16_weights, .host = &s->host, .disk = s->disk };
 
 	if (m->e != NULL)
 		return 0;
@@ -421,6 +427,19 @@ job_params(const struct sched *s, const struct sched_job *job, struct seq_params
 	p->logprobs = job->req.logprobs;
 }
 
+/* Unlinks a session's cached sequence and frees it. */
+static void
+free_resident(struct model_slot *m, struct resident *r)
+{
+	struct resident **pp;
+
+	for (pp = &m->residents; *pp != r; pp = &(*pp)->next)
+		;
+	*pp = r->next;
+	engine_seq_free(m->e, r->seq);
+	free(r);
+}
+
 /* The cached sequence of a session on a model, or NULL. */
 static struct resident *
 find_resident(struct model_slot *m, const char *uuid)
@@ -464,6 +483,8 @@ start_seq(struct sched *s, struct gen *g, const int32_t *ids, size_t n, char *er
 	if (r != NULL) {
 		r->busy = 1;
 		r->last_used = ++s->tick;
+		/* what the caches lack of the stored history may be on disk */
+		engine_seq_load(g->slot->e, r->seq, r->uuid, g->job->history_tokens);
 	}
 	g->res = r;
 	g->n_prompt = (int32_t)n;
@@ -598,7 +619,7 @@ emit_done(struct sched *s, struct gen *g)
 	proto_pack_str(&pk, "usage");
 	msgpack_pack_map(&pk, 5);
 	proto_pack_kv_uint(&pk, "prompt_tokens", (uint64_t)g->n_prompt);
-	proto_pack_kv_uint(&pk, "cached_tokens", (uint64_t)g->n_cached);
+	proto_pack_kv_uint(&pk, "cached_tokens", (uint64_t)q->n_hit);
 	proto_pack_kv_uint(&pk, "generated_tokens", (uint64_t)q->n_generated);
 	proto_pack_kv_float(&pk, "ttft_ms", g->t_first ? (double)(g->t_first - g->job->t_submit) / 1e6 : 0);
 	proto_pack_kv_float(&pk, "tokens_per_s", gen_s > 0 ? (q->n_generated - 1) / gen_s : 0);
@@ -626,7 +647,11 @@ gen_free(struct sched *s, struct gen *g)
 	*pp = g->next;
 	if (g->state == GEN_QUEUED)
 		s->n_queued--;
-	if (g->res != NULL) {
+	if (g->res != NULL && g->res->dropped) {
+		free_resident(g->slot, g->res);
+	} else if (g->res != NULL) {
+		if (g->seq->finish == FINISH_STOP || g->seq->finish == FINISH_LENGTH || g->seq->finish == FINISH_CONTEXT)
+			engine_seq_save(g->slot->e, g->seq, g->res->uuid);
 		engine_seq_park(g->slot->e, g->seq);
 		g->res->busy = 0;
 		g->res->last_used = ++s->tick;
@@ -673,7 +698,7 @@ pick(struct sched *s, struct model_slot *m, struct seq **out, struct gen **gens,
 		for (prio = PRIO_INTERACTIVE; prio <= PRIO_BACKGROUND; prio++)
 			for (g = s->gens; g != NULL && n < max; g = g->next) {
 				if (g->state != GEN_RUNNING || g->slot != m || (int)g->job->req.priority != prio ||
-				    (g->seq->state == SEQ_DECODE) != (pass == 0))
+				    g->seq->state == SEQ_LOAD || (g->seq->state == SEQ_DECODE) != (pass == 0))
 					continue;
 				gens[n] = g;
 				out[n++] = g->seq;
@@ -949,14 +974,31 @@ op_tokens(struct sched *s, struct sched_job *job)
 	post_result(s, job, 1, fill_tokens, NULL);
 }
 
+/* status.kv: the KV bytes in each tier. */
+static void
+pack_kv_tiers(struct sched *s, msgpack_packer *pk, uint64_t device_bytes)
+{
+	uint64_t disk = 0, disk_budget = 0;
+
+	if (s->disk != NULL)
+		kvdisk_usage(s->disk, &disk, &disk_budget);
+	proto_pack_str(pk, "kv");
+	msgpack_pack_map(pk, 5);
+	proto_pack_kv_uint(pk, "device_bytes", device_bytes);
+	proto_pack_kv_uint(pk, "host_bytes", s->host.used);
+	proto_pack_kv_uint(pk, "host_budget_bytes", s->host.budget);
+	proto_pack_kv_uint(pk, "disk_bytes", disk);
+	proto_pack_kv_uint(pk, "disk_budget_bytes", disk_budget);
+}
+
 static void
 fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 {
 	const struct model_slot *m;
 	const struct gen *g;
 	uint32_t n_models = 0, active = 0, queued = 0, ma, mq;
-	int32_t n_cached, n_idle;
-	uint64_t hit = 0, miss = 0;
+	struct engine_cache_stats cs;
+	uint64_t device_bytes = 0;
 	int i;
 
 	for (m = s->models; m != NULL; m = m->next)
@@ -973,9 +1015,10 @@ fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 		for (ma = mq = 0, g = s->gens; g != NULL; g = g->next)
 			if (g->slot == m)
 				g->state == GEN_RUNNING ? ma++ : mq++;
+		memset(&cs, 0, sizeof cs);
 		if (m->e != NULL)
-			engine_cache_stats(m->e, &n_cached, &n_idle, &hit, &miss);
-		msgpack_pack_map(pk, 11);
+			engine_cache_stats(m->e, &cs);
+		msgpack_pack_map(pk, 14);
 		proto_pack_kv_str(pk, "name", m->name);
 		proto_pack_kv_str(pk, "device", m->e ? engine_device(m->e) : "");
 		proto_pack_kv_bool(pk, "exact", m->e != NULL && engine_exact(m->e));
@@ -985,9 +1028,14 @@ fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 		proto_pack_kv_uint(pk, "kv_free_blocks", m->e ? (uint64_t)engine_free_blocks(m->e) : 0);
 		proto_pack_kv_uint(pk, "active", ma);
 		proto_pack_kv_uint(pk, "queued", mq);
-		proto_pack_kv_uint(pk, "cache_hit_tokens", m->e ? hit : 0);
-		proto_pack_kv_uint(pk, "cache_miss_tokens", m->e ? miss : 0);
+		proto_pack_kv_uint(pk, "cache_hit_tokens", cs.hit);
+		proto_pack_kv_uint(pk, "cache_miss_tokens", cs.miss);
+		proto_pack_kv_uint(pk, "cache_host_hit_tokens", cs.host_hit);
+		proto_pack_kv_uint(pk, "cache_disk_hit_tokens", cs.disk_hit);
+		proto_pack_kv_uint(pk, "kv_used_bytes", cs.used_bytes);
+		device_bytes += cs.used_bytes;
 	}
+	pack_kv_tiers(s, pk, device_bytes);
 	proto_pack_str(pk, "clients");
 	msgpack_pack_array(pk, (uint32_t)job->n_clients);
 	for (i = 0; i < job->n_clients; i++) {
@@ -1028,7 +1076,7 @@ take_job(struct sched *s, struct sched_job *job)
 	case OP_MODEL_LOAD: op_model_load(s, job); break;
 	case OP_MODEL_UNLOAD: op_model_unload(s, job); break;
 	case OP_TOKENIZE: case OP_DETOKENIZE: op_tokens(s, job); break;
-	case OP_STATUS: post_result(s, job, 7, fill_status, NULL); break;
+	case OP_STATUS: post_result(s, job, 8, fill_status, NULL); break;
 	default: post_error(s, job, PE_INTERNAL, "op not handled by the scheduler"); break;
 	}
 	sched_job_free(job);
@@ -1067,23 +1115,28 @@ fork_resident(struct sched *s, const char *parent, const char *child)
 	}
 }
 
-/* Drops a session's cached sequences. */
+/* Drops a session's cached sequences (a running one when it is done) and its stored KV. */
 static void
 drop_resident(struct sched *s, const char *uuid)
 {
 	struct model_slot *m;
-	struct resident **pp, *r;
+	struct resident *r, *next;
+	struct kvdisk_job *j;
 
 	for (m = s->models; m != NULL; m = m->next)
-		for (pp = &m->residents; (r = *pp) != NULL;) {
-			if (strcmp(r->uuid, uuid) == 0 && !r->busy) {
-				*pp = r->next;
-				engine_seq_free(m->e, r->seq);
-				free(r);
-			} else {
-				pp = &r->next;
-			}
+		for (r = m->residents; r != NULL; r = next) {
+			next = r->next;
+			if (strcmp(r->uuid, uuid) == 0 && r->busy)
+				r->dropped = 1;
+			else if (strcmp(r->uuid, uuid) == 0)
+				free_resident(m, r);
 		}
+	if (s->disk != NULL) {
+		j = xcalloc(1, sizeof *j);
+		j->op = KVDISK_REMOVE;
+		snprintf(j->name, sizeof j->name, "%s", uuid);
+		kvdisk_submit(s->disk, j);
+	}
 }
 
 /* Applies a control message. */
@@ -1124,11 +1177,37 @@ take_ctl(struct sched *s, struct ctl *c)
 
 /* ---- the thread ---- */
 
-/* Whether any request is waiting or running. */
+/* Whether a request can be admitted or stepped (not only waiting for the disk). */
 static int
 has_work(const struct sched *s)
 {
-	return s->gens != NULL;
+	const struct gen *g;
+	int running = 0;
+
+	for (g = s->gens; g != NULL; g = g->next) {
+		if (g->state == GEN_RUNNING && g->seq->state != SEQ_LOAD)
+			return 1;
+		running += g->state == GEN_RUNNING;
+	}
+	for (g = s->gens; g != NULL; g = g->next)
+		if (g->state == GEN_QUEUED && running < (s->o.max_seqs > 0 ? s->o.max_seqs : 64))
+			return 1;
+	return 0;
+}
+
+/* Hands the disk tier's finished jobs back to their engines. */
+static void
+take_io(struct sched *s)
+{
+	struct kvdisk_job *j, *next;
+
+	for (j = s->disk ? kvdisk_take_done(s->disk) : NULL; j != NULL; j = next) {
+		next = j->next;
+		if (j->owner != NULL)
+			engine_io_done(j->owner, j);
+		else
+			kvdisk_job_free(j);
+	}
 }
 
 /* Takes everything the loop thread sent; waits when there is nothing to do. */
@@ -1140,8 +1219,9 @@ take_input(struct sched *s)
 	int stopping;
 
 	pthread_mutex_lock(&s->mu);
-	while (!s->stopping && s->jobs == NULL && s->ctls == NULL && !has_work(s))
+	while (!s->stopping && s->jobs == NULL && s->ctls == NULL && !s->io_ready && !has_work(s))
 		pthread_cond_wait(&s->cv, &s->mu);
+	s->io_ready = 0;
 	jobs = s->jobs, ctls = s->ctls;
 	s->jobs = NULL, s->jobs_tail = &s->jobs;
 	s->ctls = NULL, s->ctls_tail = &s->ctls;
@@ -1158,6 +1238,7 @@ take_input(struct sched *s)
 		ctls = c->next;
 		take_ctl(s, c);
 	}
+	take_io(s);
 	return stopping;
 }
 
@@ -1189,6 +1270,18 @@ sched_main(void *arg)
 	return NULL;
 }
 
+/* The disk tier's wake-up (its thread): a job has finished. */
+static void
+io_wake(void *arg)
+{
+	struct sched *s = arg;
+
+	pthread_mutex_lock(&s->mu);
+	s->io_ready = 1;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
 int
 sched_start(const struct sched_opts *o, void (*wake)(void *), void *wake_arg, struct sched **out,
     char *err)
@@ -1206,6 +1299,12 @@ sched_start(const struct sched_opts *o, void (*wake)(void *), void *wake_arg, st
 	s->t_start = now_ns();
 	pthread_mutex_init(&s->mu, NULL);
 	pthread_cond_init(&s->cv, NULL);
+	kvhost_init(&s->host, o->kv_host_bytes);
+	if (o->kv_dir != NULL && o->kv_disk_bytes > 0 &&
+	    (rc = kvdisk_open(o->kv_dir, o->kv_disk_bytes, io_wake, s, &s->disk, err)) != 0) {
+		sched_stop(s);
+		return rc;
+	}
 	if (o->default_model != NULL) {
 		s->default_model = find_model(s, o->default_model, err);
 		if (s->default_model == NULL || (rc = load_model(s, s->default_model, err)) != 0) {
@@ -1266,6 +1365,9 @@ sched_stop(struct sched *s)
 		}
 		free(m->name), free(m->path), free(m);
 	}
+	take_io(s);
+	kvdisk_close(s->disk);
+	kvhost_destroy(&s->host);
 	while (s->n_known > 0)
 		free(s->known[--s->n_known]);
 	free(s->known);

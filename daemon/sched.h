@@ -30,6 +30,9 @@ struct sched_opts {
 	int exact;                  /* CPU: float activations everywhere (engine_opts) */
 	int fp16_weights;           /* CUDA: fp16 copies of the quantized matrices (engine_opts) */
 	int kv_share_users;         /* one prefix cache for every uid (else one per uid) */
+	uint64_t kv_host_bytes;     /* the host tier's budget (kvhost.h); 0: none */
+	const char *kv_dir;         /* the disk tier's directory (kvdisk.h) */
+	uint64_t kv_disk_bytes;     /* its budget; 0: no disk tier */
 };
 
 /* What a client looks like in `status`. */

@@ -84,6 +84,17 @@ struct backend_ops {
 	int (*forward)(struct backend *b, const struct fwd_batch *batch, float *logits, char *err);
 	/* Copies the first n_tokens positions of block src into block dst (copy on write). */
 	int (*kv_copy)(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char *err);
+	/*
+	 * Copies n whole blocks of the pool to host memory (kv_read, into dst)
+	 * or from it (kv_write, from src), one block after the other, each
+	 * every layer's K and V as the pool holds them (kv_elem_bytes each).
+	 * They run on their own stream and may be called from another thread
+	 * than forward's, at the same time, for blocks that no step running
+	 * meanwhile writes (kv_read) or reads (kv_write); they return when the
+	 * copy is done.
+	 */
+	int (*kv_read)(struct backend *b, const int32_t *blocks, int32_t n, void *dst, char *err);
+	int (*kv_write)(struct backend *b, const int32_t *blocks, int32_t n, const void *src, char *err);
 	void (*free)(struct backend *b);
 	int has_argmax;     /* forward fills fwd_batch.argmax on the device (only ids cross to the host) */
 };

@@ -11,6 +11,8 @@
 #include "engine.h"
 #include "kernels.h"
 #include "kv.h"
+#include "kvdisk.h"
+#include "kvhost.h"
 #include "model.h"
 #include "tokenizer.h"
 #include "util.h"
@@ -40,10 +42,13 @@ struct engine {
 	int32_t *tokens;
 	float *logits;          /* max_seqs rows */
 	int32_t *argmax;        /* max_seqs: the greedy picks, when the backend makes them */
-	/* the prefix cache */
+	/* the prefix cache and its tiers */
 	uint64_t identity;      /* engine_identity */
 	char *identity_text;
-	uint64_t hit_tokens, miss_tokens;
+	size_t block_bytes;     /* one block's K/V, as kv_read gives it */
+	struct kvhost *host;
+	struct kvdisk *disk;
+	struct engine_cache_stats st;
 };
 
 static const char *const finish_names[] = {
@@ -173,6 +178,33 @@ make_identity(struct engine *e)
 	e->identity = XXH3_64bits(buf, strlen(buf));
 }
 
+/* kv.h's evict hook: a block the pool gives up is copied to the host tier if it fits. */
+static void
+evict_to_host(void *arg, const struct kv_pool *kv, int32_t blk)
+{
+	struct engine *e = arg;
+	const struct kv_block *k = &kv->b[blk];
+	struct kvhost_block *h;
+	char err[ERR_LEN];
+
+	if (!kvhost_fits(e->host, e->block_bytes))
+		return;
+	h = xcalloc(1, sizeof *h);
+	h->data = xmalloc(e->block_bytes);
+	if (e->ops->kv_read(e->be, &blk, 1, h->data, err) != 0) {
+		kvhost_free(h);  /* the block is only lost from the cache */
+		return;
+	}
+	h->key = k->key;
+	h->prev = k->parent == KV_NONE ? k->root : kv->b[k->parent].key;
+	h->root = k->root;
+	h->depth = k->depth;
+	memcpy(h->tokens, k->tokens, sizeof h->tokens);
+	h->bytes = e->block_bytes;
+	kvhost_put(e->host, h);
+	e->st.to_host++;
+}
+
 int
 engine_open(const char *model_path, const struct engine_opts *o, struct engine **out, char *err)
 {
@@ -202,6 +234,13 @@ engine_open(const char *model_path, const struct engine_opts *o, struct engine *
 	}
 	kv_init(&e->kv, (int32_t)bo.kv_blocks);
 	make_identity(e);
+	e->block_bytes = engine_kv_bytes(e) / (uint64_t)bo.kv_blocks;
+	e->host = o->host;
+	e->disk = o->disk;
+	if (e->host != NULL) {
+		e->kv.evict = evict_to_host;
+		e->kv.evict_arg = e;
+	}
 	e->fseqs = xcalloc((size_t)e->max_seqs, sizeof *e->fseqs);
 	e->fseq_of = xcalloc((size_t)e->max_seqs, sizeof *e->fseq_of);
 	e->tokens = xcalloc((size_t)e->max_step_tokens, sizeof *e->tokens);
@@ -214,8 +253,14 @@ engine_open(const char *model_path, const struct engine_opts *o, struct engine *
 void
 engine_close(struct engine *e)
 {
+	struct kvdisk_job *j, *next;
+
 	if (e == NULL)
 		return;
+	for (j = e->disk ? kvdisk_drain(e->disk, e) : NULL; j != NULL; j = next) {
+		next = j->next;
+		engine_io_done(e, j);
+	}
 	e->ops->free(e->be);
 	kv_destroy(&e->kv);
 	model_close(e->m);
@@ -255,12 +300,12 @@ engine_free_blocks(const struct engine *e)
 }
 
 void
-engine_cache_stats(const struct engine *e, int32_t *cached, int32_t *idle, uint64_t *hit, uint64_t *miss)
+engine_cache_stats(const struct engine *e, struct engine_cache_stats *st)
 {
-	*cached = e->kv.n_cached;
-	*idle = e->kv.n_idle;
-	*hit = e->hit_tokens;
-	*miss = e->miss_tokens;
+	*st = e->st;
+	st->cached = e->kv.n_cached;
+	st->idle = e->kv.n_idle;
+	st->used_bytes = (uint64_t)(e->kv.n_blocks - e->kv.n_free) * e->block_bytes;
 }
 
 uint64_t
@@ -393,6 +438,30 @@ seq_key(const struct seq *s, int32_t n)
 }
 
 /*
+ * The block after the sequence's own, from the host tier: back into the
+ * pool and the prefix cache, held. KV_NONE if the tier has none.
+ */
+static int32_t
+from_host(struct engine *e, struct seq *s, uint64_t key, const int32_t *t)
+{
+	struct kvhost_block *h;
+	char err[ERR_LEN];
+	int32_t b;
+
+	if (e->host == NULL || (h = kvhost_take(e->host, key, s->key, s->root, s->n_keyed, t)) == NULL)
+		return KV_NONE;
+	if ((b = kv_alloc(&e->kv)) >= 0 && e->ops->kv_write(e->be, &b, 1, h->data, err) != 0) {
+		kv_release(&e->kv, &b, 1);
+		b = -1;
+	}
+	kvhost_free(h);
+	if (b < 0)
+		return KV_NONE;
+	e->st.host_hit += KV_BLOCK_TOKENS;
+	return kv_publish(&e->kv, b, s->root, key, s->n_keyed ? s->blocks[s->n_keyed - 1] : KV_NONE, s->n_keyed, t);
+}
+
+/*
  * Takes, from the prefix cache, the blocks that follow the sequence's own
  * (which must all be in the cache) while they hold its tokens, up to upto
  * tokens. Returns how many tokens its blocks then hold.
@@ -406,9 +475,10 @@ seq_match(struct engine *e, struct seq *s, int32_t upto)
 		int32_t b = kv_find(&e->kv, s->root, key, s->n_keyed ? s->blocks[s->n_keyed - 1] : KV_NONE,
 		    s->n_keyed, t);
 
-		if (b == KV_NONE)
+		if (b != KV_NONE)
+			kv_ref(&e->kv, b);
+		else if ((b = from_host(e, s, key, t)) == KV_NONE)
 			break;
-		kv_ref(&e->kv, b);
 		seq_grow_blocks(s, s->n_blocks + 1);
 		s->blocks[s->n_blocks++] = b;
 		s->n_keyed++;
@@ -434,10 +504,11 @@ seq_publish(struct engine *e, struct seq *s)
 
 /* Counts a turn's prompt tokens as found in the cache or to compute. */
 static void
-count_lookup(struct engine *e, const struct seq *s)
+count_lookup(struct engine *e, struct seq *s)
 {
-	e->hit_tokens += (uint64_t)s->n_cached;
-	e->miss_tokens += (uint64_t)(s->n_tokens - s->n_cached);
+	s->n_hit = s->n_cached;
+	e->st.hit += (uint64_t)s->n_cached;
+	e->st.miss += (uint64_t)(s->n_tokens - s->n_cached);
 }
 
 int
@@ -481,6 +552,7 @@ seq_drop_blocks(struct engine *e, struct seq *s, int32_t from)
 		s->n_keyed = from;
 		s->key = seq_key(s, from);
 	}
+	s->n_saved = MIN(s->n_saved, s->n_keyed);
 }
 
 /*
@@ -529,6 +601,7 @@ engine_seq_reuse(struct engine *e, struct seq *s, const int32_t *tokens, int32_t
 	if (s->n_keyed > keep / KV_BLOCK_TOKENS) {
 		s->n_keyed = keep / KV_BLOCK_TOKENS;
 		s->key = seq_key(s, s->n_keyed);
+		s->n_saved = MIN(s->n_saved, s->n_keyed);
 	}
 	s->n_cached = keep % KV_BLOCK_TOKENS == 0 ? seq_match(e, s, n - 1) : keep;
 	s->n_cached = MAX(s->n_cached, keep);
@@ -594,6 +667,8 @@ engine_seq_free(struct engine *e, struct seq *s)
 {
 	if (s == NULL)
 		return;
+	if (s->io != NULL)
+		s->io->seq = NULL;  /* its blocks are the job's; engine_io_done lets them go */
 	if (s->n_blocks > s->n_parked)
 		kv_release(&e->kv, s->blocks + s->n_parked, s->n_blocks - s->n_parked);
 	seq_clear_params(s);
@@ -632,6 +707,109 @@ seq_reserve(struct engine *e, struct seq *s, int32_t n)
 		s->blocks[s->n_blocks++] = b;
 	}
 	return 0;
+}
+
+/* ---- the disk tier ---- */
+
+/* A disk job of the sequence's over its blocks [first, first + n) (their ids come later). */
+static struct kvdisk_job *
+disk_job(struct engine *e, struct seq *s, enum kvdisk_op op, const char *name, int32_t first, int32_t n)
+{
+	struct kvdisk_job *j = xcalloc(1, sizeof *j);
+
+	j->op = op;
+	snprintf(j->name, sizeof j->name, "%s", name);
+	j->owner = e;
+	j->seq = s;
+	j->ops = e->ops;
+	j->be = e->be;
+	j->identity = e->identity;
+	j->identity_text = xstrdup(e->identity_text);
+	j->block_bytes = e->block_bytes;
+	j->first = first;
+	j->n = n;
+	j->tokens = xmalloc((size_t)n * KV_BLOCK_TOKENS * sizeof *j->tokens);
+	memcpy(j->tokens, s->tokens + (size_t)first * KV_BLOCK_TOKENS, (size_t)n * KV_BLOCK_TOKENS * sizeof *j->tokens);
+	j->blocks = xmalloc((size_t)n * sizeof *j->blocks);
+	return j;
+}
+
+int
+engine_seq_load(struct engine *e, struct seq *s, const char *name, int32_t upto)
+{
+	int32_t want = MIN(upto, s->n_tokens - 1) / KV_BLOCK_TOKENS, i, b;
+	struct kvdisk_job *j;
+
+	if (e->disk == NULL || !s->cache || s->io != NULL || s->state != SEQ_PREFILL ||
+	    s->n_blocks != s->n_keyed || s->n_cached != s->n_keyed * KV_BLOCK_TOKENS)
+		return 0;
+	want = MIN(want, kvdisk_records(e->disk, e->identity, e->identity_text, e->block_bytes, name)) - s->n_keyed;
+	if (want <= 0)
+		return 0;
+	j = disk_job(e, s, KVDISK_LOAD, name, s->n_keyed, want);
+	for (i = 0; i < want && (b = kv_alloc(&e->kv)) >= 0; i++)
+		j->blocks[i] = b;
+	if ((j->n = i) == 0) {
+		kvdisk_job_free(j);
+		return 0;
+	}
+	s->io = j;
+	s->state = SEQ_LOAD;
+	kvdisk_submit(e->disk, j);
+	return 1;
+}
+
+void
+engine_seq_save(struct engine *e, struct seq *s, const char *name)
+{
+	int32_t first = s->n_saved, n = s->n_keyed - first, i;
+	struct kvdisk_job *j;
+
+	if (e->disk == NULL || !s->cache || s->io != NULL || n <= 0 || s->n_parked > first)
+		return;
+	j = disk_job(e, s, KVDISK_WRITE, name, first, n);
+	for (i = 0; i < n; i++) {
+		j->blocks[i] = s->blocks[first + i];
+		kv_ref(&e->kv, j->blocks[i]);
+	}
+	s->io = j;
+	kvdisk_submit(e->disk, j);
+}
+
+/* A load came back: the sequence takes the blocks that checked out and goes on. */
+static void
+load_done(struct engine *e, struct seq *s, struct kvdisk_job *j)
+{
+	int32_t k = j->rc == 0 ? j->done : 0;
+
+	seq_grow_blocks(s, s->n_blocks + k);
+	memcpy(s->blocks + s->n_blocks, j->blocks, (size_t)k * sizeof *s->blocks);
+	s->n_blocks += k;
+	s->n_cached += k * KV_BLOCK_TOKENS;
+	seq_publish(e, s);
+	kv_release(&e->kv, j->blocks + k, j->n - k);
+	s->n_hit += k * KV_BLOCK_TOKENS;
+	s->n_saved = MAX(s->n_saved, s->n_keyed);
+	e->st.hit += (uint64_t)k * KV_BLOCK_TOKENS;
+	e->st.miss -= (uint64_t)k * KV_BLOCK_TOKENS;
+	e->st.disk_hit += (uint64_t)k * KV_BLOCK_TOKENS;
+	s->state = SEQ_PREFILL;
+}
+
+void
+engine_io_done(struct engine *e, struct kvdisk_job *j)
+{
+	struct seq *s = j->seq;
+
+	if (s != NULL)
+		s->io = NULL;
+	if (j->op == KVDISK_LOAD && s != NULL && s->state == SEQ_LOAD)
+		load_done(e, s, j);
+	else
+		kv_release(&e->kv, j->blocks, j->n);
+	if (j->op == KVDISK_WRITE && s != NULL)
+		s->n_saved = j->done;
+	kvdisk_job_free(j);
 }
 
 /* ---- text out ---- */
@@ -822,7 +1000,7 @@ engine_step(struct engine *e, struct seq **seqs, int n, char *err)
 		seqs[i]->piece_len = 0;
 	}
 	for (i = 0; i < n && n_fseqs < e->max_seqs && n_tok < e->max_step_tokens; i++)
-		if (seqs[i]->state != SEQ_DONE)
+		if (seqs[i]->state == SEQ_PREFILL || seqs[i]->state == SEQ_DECODE)
 			n_tok += plan_seq(e, seqs[i], e->max_step_tokens - n_tok, &n_fseqs, n_tok);
 	if (n_tok == 0)
 		return 0;

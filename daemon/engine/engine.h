@@ -12,6 +12,7 @@
  *                          +-------- engine_seq_reuse ----------+
  *                                    (the next turn)
  *
+ * LOAD: waiting for blocks from the disk tier (engine_seq_load), then PREFILL.
  * PREFILL: tokens not yet in the KV cache remain; each step takes a chunk.
  * DECODE: the last sampled token is fed back; each step samples one more.
  * DONE: finished (a stop, the length limit, an error); its KV blocks stay
@@ -40,6 +41,9 @@
 
 struct model_desc;
 struct engine;
+struct kvhost;
+struct kvdisk;
+struct kvdisk_job;
 
 struct engine_opts {
 	const char *device;     /* "cpu" or "cuda"; NULL: cuda when there is a GPU */
@@ -52,9 +56,11 @@ struct engine_opts {
 	                           numerics; else quantized weights meet 8-bit activations */
 	int fp16_weights;       /* CUDA: an fp16 copy of each quantized matrix for cuBLAS
 	                           (backend_opts.fp16_weights) */
+	struct kvhost *host;    /* where blocks the pool gives up go, or NULL (kvhost.h) */
+	struct kvdisk *disk;    /* where sessions' blocks are stored, or NULL (kvdisk.h) */
 };
 
-enum seq_state { SEQ_PREFILL, SEQ_DECODE, SEQ_DONE };
+enum seq_state { SEQ_LOAD, SEQ_PREFILL, SEQ_DECODE, SEQ_DONE };
 
 enum finish_reason {
 	FINISH_NONE,
@@ -83,6 +89,7 @@ struct seq {
 	int32_t *tokens;        /* prompt(s) and generated tokens */
 	int32_t n_tokens, cap_tokens;
 	int32_t n_cached;       /* tokens whose K/V are in the pool */
+	int32_t n_hit;          /* of this turn's tokens, those found in a cache (not computed) */
 	int32_t n_prompt;       /* tokens given by the caller (all turns) */
 	int32_t n_generated;    /* this turn */
 	int32_t *blocks;        /* block table */
@@ -106,6 +113,8 @@ struct seq {
 	uint64_t key;           /* key of block n_keyed - 1 (root when none) */
 	int32_t n_keyed;        /* leading blocks in the table */
 	int32_t n_parked;       /* leading blocks let go while parked (engine_seq_park) */
+	int32_t n_saved;        /* leading blocks its disk file holds (engine_seq_save) */
+	struct kvdisk_job *io;  /* its disk job in flight, or NULL */
 };
 
 struct backend_ops;
@@ -124,12 +133,15 @@ int32_t engine_n_ctx(const struct engine *e);
 /* Blocks a sequence can take: free ones, and cached ones no sequence holds. */
 int32_t engine_free_blocks(const struct engine *e);
 int32_t engine_kv_blocks(const struct engine *e);
-/*
- * The prefix cache: blocks in it (*cached, of which *idle held by no
- * sequence), and prompt tokens found in the KV cache (*hit) or computed
- * (*miss) since the engine opened.
- */
-void engine_cache_stats(const struct engine *e, int32_t *cached, int32_t *idle, uint64_t *hit, uint64_t *miss);
+/* What the KV caches did since the engine opened (engine_cache_stats). */
+struct engine_cache_stats {
+	int32_t cached, idle;       /* blocks in the prefix cache; of those, held by no sequence */
+	uint64_t used_bytes;        /* K/V bytes of the blocks that hold something (held or cached) */
+	uint64_t hit, miss;         /* prompt tokens found in a cache; computed */
+	uint64_t host_hit, disk_hit;/* of hit, tokens that came from the host / disk tier */
+	uint64_t to_host;           /* blocks the pool gave up to the host tier */
+};
+void engine_cache_stats(const struct engine *e, struct engine_cache_stats *st);
 /*
  * What a sequence's K/V depend on besides its tokens: the model file (path,
  * size, modification time, a hash of its tensor directory, which holds the
@@ -168,6 +180,20 @@ struct seq *engine_seq_fork(struct engine *e, const struct seq *parent);
 
 /* Parks a finished sequence: it keeps only the blocks that are not in the prefix cache. */
 void engine_seq_park(struct engine *e, struct seq *s);
+
+/*
+ * The disk tier (engine_opts.disk), for sessions: name is the session's
+ * uuid. engine_seq_load asks for the stored blocks that follow what the
+ * caches gave a new turn, up to its first upto tokens (the stored
+ * history); the sequence waits in LOAD until they come (engine_io_done),
+ * then goes on from there. Returns 1 if it waits, 0 if there was nothing
+ * to ask for. engine_seq_save has a finished sequence's cached blocks that
+ * its file lacks written there, off the engine thread.
+ */
+int engine_seq_load(struct engine *e, struct seq *s, const char *name, int32_t upto);
+void engine_seq_save(struct engine *e, struct seq *s, const char *name);
+/* Takes back a finished disk job of this engine (kvdisk_take_done) and frees it. */
+void engine_io_done(struct engine *e, struct kvdisk_job *j);
 
 /* Marks a sequence finished with the reason (for cancel). */
 void engine_seq_finish(struct seq *s, enum finish_reason why);

@@ -443,6 +443,45 @@ cpu_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char 
 	return 0;
 }
 
+/* The floats of block blk in the pool, or NULL (with err) if it is not one. */
+static float *
+kv_block(struct backend *b, int32_t blk, char *err)
+{
+	if (blk < 0 || blk >= b->kv_blocks) {
+		err_set(err, ERR_INVAL, "KV block %d is outside the pool", blk);
+		return NULL;
+	}
+	return b->kv + (size_t)blk * (size_t)b->m->hp.n_layer * 2 * b->kv_stride;
+}
+
+static int
+cpu_kv_read(struct backend *b, const int32_t *blocks, int32_t n, void *dst, char *err)
+{
+	size_t per = (size_t)b->m->hp.n_layer * 2 * b->kv_stride * sizeof(float);
+	const float *src;
+
+	for (int32_t i = 0; i < n; i++) {
+		if ((src = kv_block(b, blocks[i], err)) == NULL)
+			return ERR_INVAL;
+		memcpy((char *)dst + (size_t)i * per, src, per);
+	}
+	return 0;
+}
+
+static int
+cpu_kv_write(struct backend *b, const int32_t *blocks, int32_t n, const void *src, char *err)
+{
+	size_t per = (size_t)b->m->hp.n_layer * 2 * b->kv_stride * sizeof(float);
+	float *dst;
+
+	for (int32_t i = 0; i < n; i++) {
+		if ((dst = kv_block(b, blocks[i], err)) == NULL)
+			return ERR_INVAL;
+		memcpy(dst, (const char *)src + (size_t)i * per, per);
+	}
+	return 0;
+}
+
 /* The CPU pool is float in both modes. */
 static int
 cpu_kv_elem_bytes(const struct backend *b)
@@ -457,5 +496,7 @@ const struct backend_ops cpu_backend = {
 	.load = cpu_load,
 	.forward = cpu_forward,
 	.kv_copy = cpu_kv_copy,
+	.kv_read = cpu_kv_read,
+	.kv_write = cpu_kv_write,
 	.free = cpu_free,
 };

@@ -24,6 +24,12 @@
  * time at every step of more than mmv_max tokens; the matrix-vector
  * kernels still read the stored blocks. Off in exact mode (no cuBLAS).
  *
+ * kv_read / kv_write copy whole blocks between the pool and host memory on
+ * the calling thread's own stream (cudaStreamPerThread: the engine thread
+ * and the KV disk thread each have theirs), never on the stream of the
+ * steps: a copy never waits for a step, nor a step for a copy, and the
+ * blocks copied are ones no step is using (kernels.h).
+ *
  * Exact mode (backend_opts.exact): the pool holds fp32 and every product
  * takes the fp32 matrix-vector path whatever the token count (never the
  * int8 kernels), so that no activation is rounded to fp16 or int8 and the
@@ -1076,6 +1082,40 @@ cuda_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char
 	return 0;
 }
 
+/* Copies n blocks between the pool and host memory on the calling thread's stream. */
+static int
+kv_blocks_copy(struct backend *b, const int32_t *blocks, int32_t n, char *host, int to_host, char *err)
+{
+	size_t per = (size_t)b->m->hp.n_layer * 2 * b->kv_stride * (size_t)kv_elem_size(b);
+	char *kv = (char *)b->kv;
+
+	CK(cudaSetDevice(b->device));
+	for (int32_t i = 0; i < n; i++) {
+		if (blocks[i] < 0 || blocks[i] >= b->kv_blocks)
+			return err_set(err, ERR_INVAL, "KV block %d is outside the pool", blocks[i]);
+		if (to_host)
+			CK(cudaMemcpyAsync(host + (size_t)i * per, kv + (size_t)blocks[i] * per, per,
+			    cudaMemcpyDeviceToHost, cudaStreamPerThread));
+		else
+			CK(cudaMemcpyAsync(kv + (size_t)blocks[i] * per, host + (size_t)i * per, per,
+			    cudaMemcpyHostToDevice, cudaStreamPerThread));
+	}
+	CK(cudaStreamSynchronize(cudaStreamPerThread));
+	return 0;
+}
+
+static int
+cuda_kv_read(struct backend *b, const int32_t *blocks, int32_t n, void *dst, char *err)
+{
+	return kv_blocks_copy(b, blocks, n, (char *)dst, 1, err);
+}
+
+static int
+cuda_kv_write(struct backend *b, const int32_t *blocks, int32_t n, const void *src, char *err)
+{
+	return kv_blocks_copy(b, blocks, n, (char *)src, 0, err);
+}
+
 extern "C" int
 cuda_backend_devices(void)
 {
@@ -1094,6 +1134,8 @@ extern "C" const struct backend_ops cuda_backend = {
 	cuda_load,
 	cuda_forward,
 	cuda_kv_copy,
+	cuda_kv_read,
+	cuda_kv_write,
 	cuda_free,
 	1,
 };

@@ -375,7 +375,7 @@ class Daemon:
     `start()` again restarts it on the same database (and model)."""
 
     def __init__(self, extra=(), seed=1, model=None, tmp=None, db=None, threads=None,
-                 sock_name="sock"):
+                 sock_name="sock", env=None):
         if msgpack is None:
             raise Skip("PyPI msgpack is not installed")
         daemon_path()
@@ -393,6 +393,7 @@ class Daemon:
         self.db = db or os.path.join(self.tmp, "resident.db")
         self.extra = list(extra)
         self.threads = threads
+        self.env = dict(env or {})   # added to the daemon's environment at each start
         self.proc = None
         self.logs = []
         self.n_starts = 0
@@ -409,6 +410,7 @@ class Daemon:
         self.logs.append(log)
         env = dict(os.environ)
         env.setdefault("ASAN_OPTIONS", "detect_leaks=1")
+        env.update(self.env)
         self.logf = open(log, "wb")
         self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL, stdout=self.logf,
                                      stderr=subprocess.STDOUT, env=env)
@@ -594,6 +596,23 @@ def long_prompt(c, n=300, messages=False, model=None, tag="long"):
 
 def status(c):
     return c.call("status")
+
+
+def long_system(c, n_tokens):
+    """A system prompt of at least n_tokens tokens on the daemon's default
+    model: numbered house rules, different in each line."""
+    topics = ["rivers", "mountains", "the sea", "bread", "clocks", "owls", "trains", "snow", "copper", "jazz",
+              "tea", "bridges", "moths", "glass", "maps", "salt", "wool", "bells", "kites", "ink"]
+    rules = ["You are the archivist of a small harbour town. Follow these house rules."]
+    i = 0
+    while True:
+        t = topics[i % len(topics)]
+        rules.append("Rule %d: when someone asks about %s, answer in two short sentences, mention the "
+                     "year %d, and never speak of %s." % (i + 1, t, 1800 + 7 * i, topics[(i * 7 + 3) % len(topics)]))
+        i += 1
+        text = "\n".join(rules)
+        if len(c.call("tokenize", text=text)["tokens"]) >= n_tokens:
+            return text
 
 
 def wait_for(pred, timeout=5.0, step=0.05):

@@ -24,20 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
 from rsd import Checks, Daemon, gemma_path  # noqa: E402
 
-TOPICS = ["rivers", "mountains", "the sea", "bread", "clocks", "owls", "trains", "snow", "copper", "jazz",
-          "tea", "bridges", "moths", "glass", "maps", "salt", "wool", "bells", "kites", "ink"]
-
-
-def system_prompt(n_rules):
-    """A long system prompt: numbered house rules about many topics."""
-    rules = ["You are the archivist of a small harbour town. Follow these house rules."]
-    for i in range(n_rules):
-        t = TOPICS[i % len(TOPICS)]
-        rules.append("Rule %d: when someone asks about %s, answer in two short sentences, mention the "
-                     "year %d, and never speak of %s." % (i + 1, t, 1800 + 7 * i, TOPICS[(i * 7 + 3) % len(TOPICS)]))
-    return "\n".join(rules)
-
-
 def ask(c, system, question, max_tokens=8, **kw):
     t0 = time.monotonic()
     rid = c.start_generate(messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
@@ -61,11 +47,7 @@ def ask(c, system, question, max_tokens=8, **kw):
 def gemma_part(ck):
     with Daemon(model=gemma_path(), extra=["--exact", "--ctx", "2048"]) as d:
         c = d.client(timeout=300)
-        system = None
-        for n in range(40, 80):  # the shortest prompt of at least 1,500 tokens
-            system = system_prompt(n)
-            if len(c.call("tokenize", text=system)["tokens"]) >= 1500:
-                break
+        system = rsd.long_system(c, 1500)
         g1 = ask(c, system, "What about bells?")
         g2 = ask(c, system, "What about bells?")
         g3 = ask(c, system, "And the kites?")
