@@ -23,6 +23,7 @@
 #include "kvdisk.h"
 #include "kvhost.h"
 #include "model.h"
+#include "slots.h"
 #include "store.h"
 #include "tokenizer.h"
 #include "util.h"
@@ -39,13 +40,11 @@
 
 enum gen_state { GEN_QUEUED, GEN_RUNNING };
 
-struct model_slot;
-
 /* A generate request inside the scheduler. */
 struct gen {
 	struct sched_job *job;
 	enum gen_state state;
-	struct model_slot *slot;
+	struct slot *slot;          /* its model, once it runs (it is then one of its users) */
 	struct seq *seq;
 	struct resident *res;       /* the session's cached sequence, while running */
 	int cancelled, gone;
@@ -62,13 +61,6 @@ struct resident {
 	int dropped;                /* the session was deleted while it ran: freed when done */
 	uint64_t last_used;
 	struct resident *next;
-};
-
-struct model_slot {
-	char *name, *path;
-	struct engine *e;
-	struct resident *residents;
-	struct model_slot *next;
 };
 
 enum ctl_type { CTL_CANCEL, CTL_GONE, CTL_DROP, CTL_FORK };
@@ -91,16 +83,18 @@ struct sched {
 	struct sched_job *jobs, **jobs_tail;   /* in, from the loop thread */
 	struct ctl *ctls, **ctls_tail;
 	struct sched_event *events, **events_tail; /* out */
-	char **known;                         /* names and paths of registered models */
-	int n_known;
 	void (*wake)(void *);
 	void *wake_arg;
 	int io_ready;                         /* the disk tier has finished jobs */
 	struct kvdisk *disk;                  /* NULL when --kv-disk is 0 */
 	/* engine thread only */
 	struct kvhost host;
-	struct model_slot *models, *default_model;
+	struct slots slots;
+	int slots_on;                         /* slots_init was done */
+	struct slot *default_model;
 	struct gen *gens;                     /* queued and running, in arrival order */
+	struct gen *waiting;                  /* queued until models in use give back memory */
+	int retry;                            /* a model fell out of use since waiting was last tried */
 	int n_queued;
 	uint64_t rr_conn;                     /* round-robin position */
 	uint64_t tick;
@@ -202,84 +196,20 @@ sched_job_free(struct sched_job *job)
 
 /* ---- models ---- */
 
-/* Says why name_or_path names no model: what was looked for, and where. */
-static void
-model_not_found(const char *name_or_path, int e, char *err)
-{
-	char cwd[PATH_MAX];
-
-	if (name_or_path[0] == '/' || getcwd(cwd, sizeof cwd) == NULL)
-		err_set(err, ERR_NOTFOUND, "no model named '%s' (model.list has the names), and %s: %s",
-		    name_or_path, name_or_path, strerror(e));
-	else
-		err_set(err, ERR_NOTFOUND, "no model named '%s' (model.list has the names), and no file "
-		    "%s in residentd's directory %s: %s", name_or_path, name_or_path, cwd, strerror(e));
-}
-
-/*
- * Finds a model by name or path; a path to an existing file or directory
- * (relative ones from residentd's directory) is registered under its
- * absolute path. NULL with a message in err when there is none.
- */
-static struct model_slot *
+/* The model of a name or path (slots_find), or the default one for NULL. */
+static struct slot *
 find_model(struct sched *s, const char *name_or_path, char *err)
 {
-	struct model_slot *m;
-	char *name, *path;
-
-	if (name_or_path == NULL) {
-		if (s->default_model == NULL)
-			err_set(err, ERR_NOTFOUND, "no model is configured (start residentd with -m MODEL)");
-		return s->default_model;
-	}
-	for (m = s->models; m != NULL; m = m->next)
-		if (strcmp(m->name, name_or_path) == 0 || strcmp(m->path, name_or_path) == 0)
-			return m;
-	if ((path = realpath(name_or_path, NULL)) == NULL) {
-		model_not_found(name_or_path, errno, err);
-		return NULL;
-	}
-	name = model_file_name(path);
-	for (m = s->models; m != NULL; m = m->next) {
-		if (strcmp(m->path, path) == 0 || strcmp(m->name, name) == 0) {
-			if (strcmp(m->path, path) != 0) {
-				err_set(err, ERR_INVAL, "%s: the model named '%s' is another file (%s)", path,
-				    name, m->path);
-				m = NULL;
-			}
-			free(name), free(path);
-			return m;
-		}
-	}
-	m = xcalloc(1, sizeof *m);
-	m->name = name;
-	m->path = path;
-	m->next = s->models;
-	s->models = m;
-	pthread_mutex_lock(&s->mu);
-	s->known = xrealloc(s->known, (size_t)(s->n_known + 2) * sizeof *s->known);
-	s->known[s->n_known++] = xstrdup(m->name);
-	s->known[s->n_known++] = xstrdup(m->path);
-	pthread_mutex_unlock(&s->mu);
-	return m;
+	if (name_or_path != NULL)
+		return slots_find(&s->slots, name_or_path, err);
+	if (s->default_model == NULL)
+		err_set(err, ERR_NOTFOUND, "no model is configured (start residentd with -m MODEL)");
+	return s->default_model;
 }
 
-/* Loads a model if it is not loaded. */
-static int
-load_model(struct sched *s, struct model_slot *m, char *err)
-{
-	struct engine_opts eo = { .device = s->o.device, .n_threads = s->o.n_threads, .n_ctx = s->o.n_ctx,
-		.kv_tokens = s->o.kv_tokens, .max_step_tokens = s->o.max_step_tokens, .max_seqs = s->o.max_seqs,
-		.exact = s->o.exact, .fp16_weights = s->o.fp16_weights, .host = &s->host, .disk = s->disk };
-
-	if (m->e != NULL)
-		return 0;
-	return engine_open(m->path, &eo, &m->e, err);
-}
-
-/* Frees every cached session sequence of a model. */
+/* slots' unloading hook: frees the parked sessions of a model. */
 static void
-drop_residents(struct model_slot *m)
+drop_residents(void *arg, struct slot *m)
 {
 	struct resident *r;
 
@@ -288,6 +218,69 @@ drop_residents(struct model_slot *m)
 		engine_seq_free(m->e, r->seq);
 		free(r);
 	}
+}
+
+/* A progress reply of a request whose model is loading. */
+static void
+post_progress(struct sched *s, const struct sched_job *job, uint64_t done, uint64_t total)
+{
+	struct sched_event *ev = new_event(job->conn, job->req.id, 0);
+	msgpack_packer pk;
+
+	proto_reply_begin(&ev->frame, &pk, 1, job->req.id, "progress", 2);
+	proto_pack_kv_uint(&pk, "done", done);
+	proto_pack_kv_uint(&pk, "total", total);
+	proto_reply_end(&ev->frame);
+	post(s, ev);
+}
+
+/* slots_load's progress callback for a job. */
+struct job_progress {
+	struct sched *s;
+	const struct sched_job *job;
+};
+
+static void
+job_progress_cb(void *arg, uint64_t done, uint64_t total)
+{
+	struct job_progress *p = arg;
+
+	post_progress(p->s, p->job, done, total);
+}
+
+/* Loads a job's model (with progress replies): 0, SLOTS_WAIT or an error. */
+static int
+load_model(struct sched *s, const struct sched_job *job, struct slot *m, char *err)
+{
+	struct job_progress p = { s, job };
+
+	return slots_load(&s->slots, m, job_progress_cb, &p, err);
+}
+
+/*
+ * Loads the model of an op that cannot wait for memory (model.load with
+ * progress replies, tokenize); sends the error and returns -1 if it fails.
+ */
+static int
+load_now(struct sched *s, const struct sched_job *job, struct slot *m, int progress)
+{
+	struct job_progress p = { s, job };
+	char err[ERR_LEN];
+	int rc = slots_load(&s->slots, m, progress ? job_progress_cb : NULL, &p, err);
+
+	if (rc == SLOTS_WAIT)
+		post_error(s, job, PE_OVERLOADED, "the device memory budget is held by models in use; try "
+		    "again when their requests have ended");
+	else if (rc != 0)
+		post_error(s, job, PE_MODEL_ERROR, err);
+	return rc == 0 ? 0 : -1;
+}
+
+/* The keep-alive a request leaves its model with. */
+static double
+job_keep_alive(const struct sched *s, const struct sched_job *job)
+{
+	return job->req.set & SET_KEEP_ALIVE ? job->req.keep_alive : s->o.keep_alive;
 }
 
 /* ---- admission ---- */
@@ -429,7 +422,7 @@ job_params(const struct sched *s, const struct sched_job *job, struct seq_params
 
 /* Unlinks a session's cached sequence and frees it. */
 static void
-free_resident(struct model_slot *m, struct resident *r)
+free_resident(struct slot *m, struct resident *r)
 {
 	struct resident **pp;
 
@@ -442,7 +435,7 @@ free_resident(struct model_slot *m, struct resident *r)
 
 /* The cached sequence of a session on a model, or NULL. */
 static struct resident *
-find_resident(struct model_slot *m, const char *uuid)
+find_resident(struct slot *m, const char *uuid)
 {
 	struct resident *r;
 
@@ -491,7 +484,11 @@ start_seq(struct sched *s, struct gen *g, const int32_t *ids, size_t n, char *er
 	return 0;
 }
 
-/* Turns a queued generate into a running sequence, or fails it. */
+/*
+ * Turns a queued generate into a running sequence: 0, or -1 when it failed
+ * (the error is sent), or SLOTS_WAIT when its model cannot be loaded until
+ * models in use give back memory (it stays queued).
+ */
 static int
 admit(struct sched *s, struct gen *g)
 {
@@ -499,18 +496,22 @@ admit(struct sched *s, struct gen *g)
 	const char *want = job->req.model ? job->req.model : job->session_model;
 	enum proto_err pe = PE_INVALID_PARAM;
 	char err[ERR_LEN];
+	struct slot *m;
 	int32_t *ids = NULL;
 	size_t n = 0;
 	int rc;
 
-	if ((g->slot = find_model(s, want, err)) == NULL) {
+	if ((m = find_model(s, want, err)) == NULL) {
 		post_error(s, job, PE_NOT_FOUND, err);
 		return -1;
 	}
-	if ((rc = load_model(s, g->slot, err)) != 0) {
-		post_error(s, job, PE_MODEL_ERROR, err);
-		return -1;
+	if ((rc = load_model(s, job, m, err)) != 0) {
+		if (rc != SLOTS_WAIT)
+			post_error(s, job, PE_MODEL_ERROR, err);
+		return rc == SLOTS_WAIT ? SLOTS_WAIT : -1;
 	}
+	slots_acquire(&s->slots, m);
+	g->slot = m;
 	rc = prompt_tokens(engine_model(g->slot->e), job, &ids, &n, &pe, err);
 	/* PROTOCOL.md: max_tokens is 1..context (the default may exceed a small context) */
 	if (rc == 0 && (job->req.set & SET_MAX_TOKENS) && job->req.max_tokens > engine_n_ctx(g->slot->e)) {
@@ -647,6 +648,8 @@ gen_free(struct sched *s, struct gen *g)
 	*pp = g->next;
 	if (g->state == GEN_QUEUED)
 		s->n_queued--;
+	if (s->waiting == g)
+		s->waiting = NULL;
 	if (g->res != NULL && g->res->dropped) {
 		free_resident(g->slot, g->res);
 	} else if (g->res != NULL) {
@@ -658,13 +661,17 @@ gen_free(struct sched *s, struct gen *g)
 	} else if (g->seq != NULL) {
 		engine_seq_free(g->slot->e, g->seq);
 	}
+	if (g->slot != NULL) {
+		slots_release(&s->slots, g->slot, job_keep_alive(s, g->job));
+		s->retry |= g->slot->users == 0;
+	}
 	sched_job_free(g->job);
 	free(g);
 }
 
 /* Evicts idle cached sessions (least recently used first) until `need` blocks are free. */
 static void
-make_room(struct model_slot *m, int32_t need)
+make_room(struct slot *m, int32_t need)
 {
 	struct resident **pp, **lru, *r;
 
@@ -688,7 +695,7 @@ make_room(struct model_slot *m, int32_t need)
  * after the connection served first last time.
  */
 static int
-pick(struct sched *s, struct model_slot *m, struct seq **out, struct gen **gens, int max)
+pick(struct sched *s, struct slot *m, struct seq **out, struct gen **gens, int max)
 {
 	int n = 0, pass, prio;
 	struct gen *g;
@@ -728,7 +735,7 @@ reap_cancelled(struct sched *s)
 
 /* Runs one step of a model and sends what it produced. */
 static void
-step_model(struct sched *s, struct model_slot *m)
+step_model(struct sched *s, struct slot *m)
 {
 	int cap = engine_max_step_tokens(m->e), n, i, rc;
 	struct seq **seqs = xmalloc((size_t)cap * sizeof *seqs);
@@ -760,15 +767,47 @@ step_model(struct sched *s, struct model_slot *m)
 	free(gens);
 }
 
+/*
+ * Admits one queued request. Returns 1 if it runs, 0 if it failed (and is
+ * gone), SLOTS_WAIT if it must wait for memory: it is then the one that
+ * the next admissions try first, and none other goes before it.
+ */
+static int
+admit_one(struct sched *s, struct gen *g)
+{
+	int rc;
+
+	g->state = GEN_RUNNING;
+	s->n_queued--;
+	if ((rc = admit(s, g)) == 0) {
+		s->waiting = s->waiting == g ? NULL : s->waiting;
+		return 1;
+	}
+	g->state = GEN_QUEUED;
+	s->n_queued++;
+	if (rc == SLOTS_WAIT) {
+		s->waiting = g;
+		return SLOTS_WAIT;
+	}
+	gen_free(s, g);
+	return 0;
+}
+
 /* Admits queued requests round-robin across connections while there is room. */
 static void
 admit_queued(struct sched *s)
 {
-	int running = 0, limit = s->o.max_seqs > 0 ? s->o.max_seqs : 64, prio, progress = 1;
+	int running = 0, limit = s->o.max_seqs > 0 ? s->o.max_seqs : 64, prio, progress = 1, rc;
 	struct gen *g, *best;
 
 	for (g = s->gens; g != NULL; g = g->next)
 		running += g->state == GEN_RUNNING;
+	if (s->waiting != NULL && running < limit) {
+		s->retry = 0;
+		if ((rc = admit_one(s, s->waiting)) == SLOTS_WAIT)
+			return;
+		running += rc;
+	}
 	while (running < limit && progress) {
 		progress = 0;
 		for (prio = PRIO_INTERACTIVE; prio <= PRIO_BACKGROUND && !progress; prio++) {
@@ -785,15 +824,9 @@ admit_queued(struct sched *s)
 				continue;
 			s->rr_conn = best->job->conn;
 			progress = 1;
-			best->state = GEN_RUNNING;
-			s->n_queued--;
-			if (admit(s, best) == 0) {
-				running++;
-			} else {
-				best->state = GEN_QUEUED;
-				s->n_queued++;
-				gen_free(s, best);
-			}
+			if ((rc = admit_one(s, best)) == SLOTS_WAIT)
+				return;
+			running += rc;
 		}
 	}
 }
@@ -802,7 +835,7 @@ admit_queued(struct sched *s)
 
 /* Packs a model map. */
 static void
-pack_model(struct sched *s, msgpack_packer *pk, const struct model_slot *m)
+pack_model(struct sched *s, msgpack_packer *pk, const struct slot *m)
 {
 	const struct model_desc *md = m->e ? engine_model(m->e) : NULL;
 
@@ -822,14 +855,14 @@ pack_model(struct sched *s, msgpack_packer *pk, const struct model_slot *m)
 static void
 fill_model_list(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 {
-	const struct model_slot *m;
+	const struct slot *m;
 	uint32_t n = 0;
 
-	for (m = s->models; m != NULL; m = m->next)
+	for (m = s->slots.list; m != NULL; m = m->next)
 		n++;
 	proto_pack_str(pk, "models");
 	msgpack_pack_array(pk, n);
-	for (m = s->models; m != NULL; m = m->next)
+	for (m = s->slots.list; m != NULL; m = m->next)
 		pack_model(s, pk, m);
 }
 
@@ -842,42 +875,19 @@ fill_model(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 	pack_model(s, pk, find_model(s, job->req.model, err));
 }
 
-/* A progress reply of model.load. */
-static void
-post_progress(struct sched *s, const struct sched_job *job, uint64_t done, uint64_t total)
-{
-	struct sched_event *ev = new_event(job->conn, job->req.id, 0);
-	msgpack_packer pk;
-
-	proto_reply_begin(&ev->frame, &pk, 1, job->req.id, "progress", 2);
-	proto_pack_kv_uint(&pk, "done", done);
-	proto_pack_kv_uint(&pk, "total", total);
-	proto_reply_end(&ev->frame);
-	post(s, ev);
-}
-
 /* model.load: progress before and after the load, then the model. */
 static void
 op_model_load(struct sched *s, struct sched_job *job)
 {
 	char err[ERR_LEN];
-	struct model_slot *m = find_model(s, job->req.model, err);
-	struct stat st;
-	uint64_t total;
+	struct slot *m = find_model(s, job->req.model, err);
 
 	if (m == NULL) {
 		post_error(s, job, PE_NOT_FOUND, err);
 		return;
 	}
-	if (m->e == NULL) {
-		total = stat(m->path, &st) == 0 ? (uint64_t)st.st_size : 0;
-		post_progress(s, job, 0, total);
-		if (load_model(s, m, err) != 0) {
-			post_error(s, job, PE_MODEL_ERROR, err);
-			return;
-		}
-		post_progress(s, job, total, total);
-	}
+	if (load_now(s, job, m, 1) != 0)
+		return;
 	post_result(s, job, 1, fill_model, strcmp(job->req.model, m->name) != 0 ? m->path : NULL);
 }
 
@@ -886,7 +896,7 @@ static void
 op_model_unload(struct sched *s, struct sched_job *job)
 {
 	char err[ERR_LEN];
-	struct model_slot *m = find_model(s, job->req.model, err);
+	struct slot *m = find_model(s, job->req.model, err);
 	struct gen *g, *next;
 
 	if (m == NULL) {
@@ -902,11 +912,7 @@ op_model_unload(struct sched *s, struct sched_job *job)
 			gen_free(s, g);
 		}
 	}
-	if (m->e != NULL) {
-		drop_residents(m);
-		engine_close(m->e);
-		m->e = NULL;
-	}
+	slots_unload(&s->slots, m);
 	post_result(s, job, 0, NULL, NULL);
 }
 
@@ -947,7 +953,7 @@ static void
 op_tokens(struct sched *s, struct sched_job *job)
 {
 	char err[ERR_LEN];
-	struct model_slot *m = find_model(s, job->req.model, err);
+	struct slot *m = find_model(s, job->req.model, err);
 	const struct model_desc *md;
 	size_t i;
 
@@ -955,10 +961,8 @@ op_tokens(struct sched *s, struct sched_job *job)
 		post_error(s, job, PE_NOT_FOUND, err);
 		return;
 	}
-	if (load_model(s, m, err) != 0) {
-		post_error(s, job, PE_MODEL_ERROR, err);
+	if (load_now(s, job, m, 0) != 0)
 		return;
-	}
 	md = engine_model(m->e);
 	free(job->req.model);
 	job->req.model = xstrdup(m->name);
@@ -994,14 +998,14 @@ pack_kv_tiers(struct sched *s, msgpack_packer *pk, uint64_t device_bytes)
 static void
 fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 {
-	const struct model_slot *m;
+	const struct slot *m;
 	const struct gen *g;
 	uint32_t n_models = 0, active = 0, queued = 0, ma, mq;
 	struct engine_cache_stats cs;
 	uint64_t device_bytes = 0;
 	int i;
 
-	for (m = s->models; m != NULL; m = m->next)
+	for (m = s->slots.list; m != NULL; m = m->next)
 		n_models++;
 	for (g = s->gens; g != NULL; g = g->next)
 		g->state == GEN_RUNNING ? active++ : queued++;
@@ -1011,15 +1015,21 @@ fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 	proto_pack_kv_uint(pk, "queued", queued);
 	proto_pack_str(pk, "models");
 	msgpack_pack_array(pk, n_models);
-	for (m = s->models; m != NULL; m = m->next) {
+	for (m = s->slots.list; m != NULL; m = m->next) {
 		for (ma = mq = 0, g = s->gens; g != NULL; g = g->next)
 			if (g->slot == m)
 				g->state == GEN_RUNNING ? ma++ : mq++;
 		memset(&cs, 0, sizeof cs);
 		if (m->e != NULL)
 			engine_cache_stats(m->e, &cs);
-		msgpack_pack_map(pk, 14);
+		msgpack_pack_map(pk, 20);
 		proto_pack_kv_str(pk, "name", m->name);
+		proto_pack_kv_bool(pk, "loaded", m->e != NULL);
+		proto_pack_kv_uint(pk, "memory_bytes", m->e ? engine_mem_bytes(m->e) : 0);
+		proto_pack_kv_float(pk, "keep_alive_s", m->keep_alive);
+		proto_pack_kv_float(pk, "expires_in_s", slots_expires_in(m));
+		proto_pack_kv_uint(pk, "loads", m->loads);
+		proto_pack_kv_uint(pk, "unloads", m->unloads);
 		proto_pack_kv_str(pk, "device", m->e ? engine_device(m->e) : "");
 		proto_pack_kv_bool(pk, "exact", m->e != NULL && engine_exact(m->e));
 		proto_pack_kv_uint(pk, "weights_bytes", m->e ? engine_model(m->e)->weight_bytes : 0);
@@ -1036,6 +1046,12 @@ fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 		device_bytes += cs.used_bytes;
 	}
 	pack_kv_tiers(s, pk, device_bytes);
+	proto_pack_str(pk, "memory");
+	msgpack_pack_map(pk, 4);
+	proto_pack_kv_uint(pk, "budget_bytes", s->slots.o.budget);
+	proto_pack_kv_uint(pk, "used_bytes", s->slots.used);
+	proto_pack_kv_uint(pk, "loads", s->slots.loads);
+	proto_pack_kv_uint(pk, "unloads", s->slots.unloads);
 	proto_pack_str(pk, "clients");
 	msgpack_pack_array(pk, (uint32_t)job->n_clients);
 	for (i = 0; i < job->n_clients; i++) {
@@ -1076,7 +1092,7 @@ take_job(struct sched *s, struct sched_job *job)
 	case OP_MODEL_LOAD: op_model_load(s, job); break;
 	case OP_MODEL_UNLOAD: op_model_unload(s, job); break;
 	case OP_TOKENIZE: case OP_DETOKENIZE: op_tokens(s, job); break;
-	case OP_STATUS: post_result(s, job, 8, fill_status, NULL); break;
+	case OP_STATUS: post_result(s, job, 9, fill_status, NULL); break;
 	default: post_error(s, job, PE_INTERNAL, "op not handled by the scheduler"); break;
 	}
 	sched_job_free(job);
@@ -1100,10 +1116,10 @@ find_gen(struct sched *s, uint64_t conn, uint64_t req_id)
 static void
 fork_resident(struct sched *s, const char *parent, const char *child)
 {
-	struct model_slot *m;
+	struct slot *m;
 	struct resident *p, *c;
 
-	for (m = s->models; m != NULL; m = m->next) {
+	for (m = s->slots.list; m != NULL; m = m->next) {
 		if ((p = find_resident(m, parent)) == NULL || p->busy)
 			continue;
 		c = xcalloc(1, sizeof *c);
@@ -1119,11 +1135,11 @@ fork_resident(struct sched *s, const char *parent, const char *child)
 static void
 drop_resident(struct sched *s, const char *uuid)
 {
-	struct model_slot *m;
+	struct slot *m;
 	struct resident *r, *next;
 	struct kvdisk_job *j;
 
-	for (m = s->models; m != NULL; m = m->next)
+	for (m = s->slots.list; m != NULL; m = m->next)
 		for (r = m->residents; r != NULL; r = next) {
 			next = r->next;
 			if (strcmp(r->uuid, uuid) == 0 && r->busy)
@@ -1177,7 +1193,11 @@ take_ctl(struct sched *s, struct ctl *c)
 
 /* ---- the thread ---- */
 
-/* Whether a request can be admitted or stepped (not only waiting for the disk). */
+/*
+ * Whether a request can be stepped (not only waiting for the disk) or
+ * admitted (while one waits for memory, only that one, once a model has
+ * fallen out of use).
+ */
 static int
 has_work(const struct sched *s)
 {
@@ -1189,8 +1209,12 @@ has_work(const struct sched *s)
 			return 1;
 		running += g->state == GEN_RUNNING;
 	}
+	if (running >= (s->o.max_seqs > 0 ? s->o.max_seqs : 64))
+		return 0;
+	if (s->waiting != NULL)
+		return s->retry;
 	for (g = s->gens; g != NULL; g = g->next)
-		if (g->state == GEN_QUEUED && running < (s->o.max_seqs > 0 ? s->o.max_seqs : 64))
+		if (g->state == GEN_QUEUED)
 			return 1;
 	return 0;
 }
@@ -1210,17 +1234,26 @@ take_io(struct sched *s)
 	}
 }
 
-/* Takes everything the loop thread sent; waits when there is nothing to do. */
+/*
+ * Takes everything the loop thread sent; waits when there is nothing to do,
+ * at most timeout_ns (< 0: no limit).
+ */
 static int
-take_input(struct sched *s)
+take_input(struct sched *s, int64_t timeout_ns)
 {
+	uint64_t deadline = now_ns() + (uint64_t)MAX(timeout_ns, 0);
+	struct timespec ts = { (time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u) };
 	struct sched_job *jobs;
 	struct ctl *ctls, *c;
 	int stopping;
 
 	pthread_mutex_lock(&s->mu);
-	while (!s->stopping && s->jobs == NULL && s->ctls == NULL && !s->io_ready && !has_work(s))
-		pthread_cond_wait(&s->cv, &s->mu);
+	while (!s->stopping && s->jobs == NULL && s->ctls == NULL && !s->io_ready && !has_work(s)) {
+		if (timeout_ns < 0)
+			pthread_cond_wait(&s->cv, &s->mu);
+		else if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT)
+			break;
+	}
 	s->io_ready = 0;
 	jobs = s->jobs, ctls = s->ctls;
 	s->jobs = NULL, s->jobs_tail = &s->jobs;
@@ -1257,12 +1290,12 @@ static void *
 sched_main(void *arg)
 {
 	struct sched *s = arg;
-	struct model_slot *m;
+	struct slot *m;
 
-	while (!take_input(s)) {
+	while (!take_input(s, slots_expire(&s->slots))) {
 		reap_cancelled(s);
 		admit_queued(s);
-		for (m = s->models; m != NULL; m = m->next)
+		for (m = s->slots.list; m != NULL; m = m->next)
 			if (m->e != NULL)
 				step_model(s, m);
 	}
@@ -1282,11 +1315,26 @@ io_wake(void *arg)
 	pthread_mutex_unlock(&s->mu);
 }
 
+/* The model slots, with the engine options and the memory budget. */
+static void
+start_slots(struct sched *s)
+{
+	struct slots_opts so = { .budget = s->o.device_memory, .keep_alive = s->o.keep_alive,
+		.unloading = drop_residents, .arg = s };
+
+	so.eo = (struct engine_opts){ .device = s->o.device, .n_threads = s->o.n_threads, .n_ctx = s->o.n_ctx,
+		.kv_tokens = s->o.kv_tokens, .max_step_tokens = s->o.max_step_tokens, .max_seqs = s->o.max_seqs,
+		.exact = s->o.exact, .fp16_weights = s->o.fp16_weights, .host = &s->host, .disk = s->disk };
+	slots_init(&s->slots, &so);
+	s->slots_on = 1;
+}
+
 int
 sched_start(const struct sched_opts *o, void (*wake)(void *), void *wake_arg, struct sched **out,
     char *err)
 {
 	struct sched *s = xcalloc(1, sizeof *s);
+	pthread_condattr_t ca;
 	int rc;
 
 	s->o = *o;
@@ -1298,16 +1346,20 @@ sched_start(const struct sched_opts *o, void (*wake)(void *), void *wake_arg, st
 	s->events_tail = &s->events;
 	s->t_start = now_ns();
 	pthread_mutex_init(&s->mu, NULL);
-	pthread_cond_init(&s->cv, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);  /* now_ns()'s, for the keep-alive timeouts */
+	pthread_cond_init(&s->cv, &ca);
+	pthread_condattr_destroy(&ca);
 	kvhost_init(&s->host, o->kv_host_bytes);
 	if (o->kv_dir != NULL && o->kv_disk_bytes > 0 &&
 	    (rc = kvdisk_open(o->kv_dir, o->kv_disk_bytes, io_wake, s, &s->disk, err)) != 0) {
 		sched_stop(s);
 		return rc;
 	}
+	start_slots(s);
 	if (o->default_model != NULL) {
 		s->default_model = find_model(s, o->default_model, err);
-		if (s->default_model == NULL || (rc = load_model(s, s->default_model, err)) != 0) {
+		if (s->default_model == NULL || (rc = slots_load(&s->slots, s->default_model, NULL, NULL, err)) != 0) {
 			sched_stop(s);
 			return ERR_NOTFOUND;
 		}
@@ -1337,7 +1389,6 @@ sched_stop_thread(struct sched *s)
 void
 sched_stop(struct sched *s)
 {
-	struct model_slot *m;
 	struct sched_event *ev;
 
 	sched_stop_thread(s);
@@ -1357,20 +1408,11 @@ sched_stop(struct sched *s)
 		s->events = ev->next;
 		sched_event_free(ev);
 	}
-	while ((m = s->models) != NULL) {
-		s->models = m->next;
-		if (m->e != NULL) {
-			drop_residents(m);
-			engine_close(m->e);
-		}
-		free(m->name), free(m->path), free(m);
-	}
+	if (s->slots_on)
+		slots_destroy(&s->slots);
 	take_io(s);
 	kvdisk_close(s->disk);
 	kvhost_destroy(&s->host);
-	while (s->n_known > 0)
-		free(s->known[--s->n_known]);
-	free(s->known);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->cv);
 	free(s->device);
@@ -1392,14 +1434,7 @@ send_ctl(struct sched *s, struct ctl *c)
 int
 sched_model_known(struct sched *s, const char *name_or_path)
 {
-	struct stat st;
-	int i, found = 0;
-
-	pthread_mutex_lock(&s->mu);
-	for (i = 0; i < s->n_known && !found; i++)
-		found = strcmp(s->known[i], name_or_path) == 0;
-	pthread_mutex_unlock(&s->mu);
-	return found || stat(name_or_path, &st) == 0;
+	return slots_known(&s->slots, name_or_path);
 }
 
 void

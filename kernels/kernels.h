@@ -77,6 +77,13 @@ struct backend_ops {
 	const char *name;
 	/* Bytes of one K or V element in b's pool (the mode b was loaded in may change it). */
 	int (*kv_elem_bytes)(const struct backend *b);
+	/*
+	 * The memory load would take on the device: *fixed for everything but
+	 * the KV pool (weights, activations, scratch), *kv_block for each block
+	 * of the pool. It allocates nothing.
+	 */
+	int (*plan)(const struct model_desc *m, const struct backend_opts *o, uint64_t *fixed, uint64_t *kv_block,
+	    char *err);
 	/* Uploads / prepares the weights and allocates the KV pool. */
 	int (*load)(const struct model_desc *m, const struct backend_opts *o,
 	    struct backend **out, char *err);
@@ -104,6 +111,8 @@ extern const struct backend_ops cpu_backend;
 extern const struct backend_ops cuda_backend;
 /* CUDA devices present (0 when there is no driver or no GPU). */
 int cuda_backend_devices(void);
+/* Free and total memory of a CUDA device. */
+int cuda_backend_memory(int device, uint64_t *free_b, uint64_t *total, char *err);
 /* Measured read bandwidth of a device in GB/s (kernels/cuda/cuda_bw.cu), and its name. */
 int cuda_bw_measure(int device, double *gb_s, char *name, size_t name_len, char *err);
 #endif

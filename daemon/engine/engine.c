@@ -18,6 +18,7 @@
 #include "util.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,10 @@ struct engine {
 	struct model_desc *m;
 	const struct backend_ops *ops;
 	int exact;          /* the backend runs its exact numerics (engine_opts) */
-	struct backend *be;
+	struct backend_opts bo;
+	uint64_t plan_fixed, plan_block; /* the backend's plan (engine_mem_need) */
+	uint64_t mem_bytes;              /* what it holds on the device once loaded */
+	struct backend *be; /* NULL until engine_load */
 	struct kv_pool kv;
 	int32_t n_ctx;
 	int32_t max_step_tokens;
@@ -83,15 +87,26 @@ engine_pick_backend(const char *device, const struct backend_ops **ops, char *er
 	return err_set(err, ERR_INVAL, "unknown device '%s' (cpu, cuda)", device);
 }
 
-/* Fills the defaults of the options from the model. */
+/* Fills the defaults of the options from the model, and the backend's options. */
 static void
-resolve_opts(struct engine *e, const struct engine_opts *o, int32_t *kv_tokens)
+resolve_opts(struct engine *e, const struct engine_opts *o)
 {
+	int32_t kv_tokens;
+
 	e->n_ctx = o->n_ctx > 0 ? o->n_ctx : MIN(e->m->hp.n_ctx_train, DEFAULT_CTX_CAP);
 	e->max_step_tokens = o->max_step_tokens > 0 ? o->max_step_tokens : 512;
 	e->max_seqs = o->max_seqs > 0 ? o->max_seqs : 64;
-	*kv_tokens = o->kv_tokens > 0 ? o->kv_tokens : 4 * e->n_ctx;
-	*kv_tokens = MAX(*kv_tokens, e->n_ctx);
+	kv_tokens = o->kv_tokens > 0 ? o->kv_tokens : 4 * e->n_ctx;
+	kv_tokens = MAX(kv_tokens, e->n_ctx);
+	e->bo.n_threads = o->n_threads;
+	e->bo.kv_blocks = (kv_tokens + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+	e->bo.max_tokens = e->max_step_tokens;
+	e->bo.max_seqs = e->max_seqs;
+	e->bo.exact = o->exact;
+	e->bo.fp16_weights = o->fp16_weights;
+	e->exact = o->exact != 0;
+	e->host = o->host;
+	e->disk = o->disk;
 }
 
 /* Adds a file's name, size and modification time to the identity. */
@@ -206,11 +221,9 @@ evict_to_host(void *arg, const struct kv_pool *kv, int32_t blk)
 }
 
 int
-engine_open(const char *model_path, const struct engine_opts *o, struct engine **out, char *err)
+engine_prepare(const char *model_path, const struct engine_opts *o, struct engine **out, char *err)
 {
 	struct engine *e = xcalloc(1, sizeof *e);
-	struct backend_opts bo = { 0 };
-	int32_t kv_tokens;
 	int rc;
 
 	if ((rc = engine_pick_backend(o->device, &e->ops, err)) != 0 ||
@@ -218,25 +231,57 @@ engine_open(const char *model_path, const struct engine_opts *o, struct engine *
 		free(e);
 		return rc;
 	}
-	resolve_opts(e, o, &kv_tokens);
-	bo.n_threads = o->n_threads;
-	bo.kv_blocks = (kv_tokens + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
-	bo.max_tokens = e->max_step_tokens;
-	bo.max_seqs = e->max_seqs;
-	bo.exact = o->exact;
-	bo.fp16_weights = o->fp16_weights;
-	e->exact = o->exact != 0;
-	if ((rc = e->ops->load(e->m, &bo, &e->be, err)) != 0) {
+	resolve_opts(e, o);
+	if ((rc = e->ops->plan(e->m, &e->bo, &e->plan_fixed, &e->plan_block, err)) != 0) {
 		err_prefix(err, rc, "%s backend", e->ops->name);
-		model_close(e->m);
-		free(e);
+		engine_close(e);
 		return rc;
 	}
-	kv_init(&e->kv, (int32_t)bo.kv_blocks);
+	*out = e;
+	return 0;
+}
+
+void
+engine_mem_need(const struct engine *e, uint64_t *min, uint64_t *want)
+{
+	*min = e->plan_fixed + (uint64_t)((e->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS) * e->plan_block;
+	*want = e->plan_fixed + (uint64_t)e->bo.kv_blocks * e->plan_block;
+}
+
+/* Sizes the KV pool to what limit leaves after the rest (0: no limit), at least one context. */
+static int
+size_pool(struct engine *e, uint64_t limit, char *err)
+{
+	uint64_t min, want, fit;
+
+	if (limit == 0)
+		return 0;
+	engine_mem_need(e, &min, &want);
+	if (limit < min)
+		return err_set(err, ERR_NOMEM, "%s needs %.0f MiB of %s memory (weights and scratch %.0f MiB, "
+		    "a KV cache of one context of %d tokens %.0f MiB); %.0f MiB are left of the budget",
+		    e->m->name, min / 1048576.0, e->ops->name, e->plan_fixed / 1048576.0, e->n_ctx,
+		    (min - e->plan_fixed) / 1048576.0, limit / 1048576.0);
+	fit = (limit - e->plan_fixed) / e->plan_block;
+	e->bo.kv_blocks = (int64_t)MIN(fit, (uint64_t)e->bo.kv_blocks);
+	return 0;
+}
+
+int
+engine_load(struct engine *e, uint64_t limit, char *err)
+{
+	int rc;
+
+	if ((rc = size_pool(e, limit, err)) != 0)
+		return rc;
+	if ((rc = e->ops->load(e->m, &e->bo, &e->be, err)) != 0) {
+		e->be = NULL;
+		return err_prefix(err, rc, "%s backend", e->ops->name);
+	}
+	kv_init(&e->kv, (int32_t)e->bo.kv_blocks);
 	make_identity(e);
-	e->block_bytes = engine_kv_bytes(e) / (uint64_t)bo.kv_blocks;
-	e->host = o->host;
-	e->disk = o->disk;
+	e->block_bytes = engine_kv_bytes(e) / (uint64_t)e->bo.kv_blocks;
+	e->mem_bytes = e->plan_fixed + (uint64_t)e->bo.kv_blocks * e->plan_block;
 	if (e->host != NULL) {
 		e->kv.evict = evict_to_host;
 		e->kv.evict_arg = e;
@@ -246,8 +291,63 @@ engine_open(const char *model_path, const struct engine_opts *o, struct engine *
 	e->tokens = xcalloc((size_t)e->max_step_tokens, sizeof *e->tokens);
 	e->logits = xmalloc((size_t)e->max_seqs * (size_t)e->m->hp.n_vocab * sizeof *e->logits);
 	e->argmax = xcalloc((size_t)e->max_seqs, sizeof *e->argmax);
-	*out = e;
 	return 0;
+}
+
+int
+engine_open(const char *model_path, const struct engine_opts *o, struct engine **out, char *err)
+{
+	int rc;
+
+	if ((rc = engine_prepare(model_path, o, out, err)) != 0)
+		return rc;
+	if ((rc = engine_load(*out, 0, err)) != 0) {
+		engine_close(*out);
+		*out = NULL;
+	}
+	return rc;
+}
+
+uint64_t
+engine_mem_bytes(const struct engine *e)
+{
+	return e->be != NULL ? e->mem_bytes : 0;
+}
+
+/* MemAvailable and MemTotal of /proc/meminfo. */
+static int
+host_memory(uint64_t *free_b, uint64_t *total, char *err)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[256];
+	unsigned long long kb;
+
+	*free_b = *total = 0;
+	if (f == NULL)
+		return err_set(err, ERR_IO, "/proc/meminfo: %s", strerror(errno));
+	while (fgets(line, sizeof line, f) != NULL) {
+		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+			*free_b = (uint64_t)kb << 10;
+		else if (sscanf(line, "MemTotal: %llu kB", &kb) == 1)
+			*total = (uint64_t)kb << 10;
+	}
+	fclose(f);
+	return *free_b > 0 ? 0 : err_set(err, ERR_IO, "/proc/meminfo has no MemAvailable");
+}
+
+int
+engine_device_memory(const char *device, uint64_t *free_b, uint64_t *total, char *err)
+{
+	const struct backend_ops *ops;
+	int rc;
+
+	if ((rc = engine_pick_backend(device, &ops, err)) != 0)
+		return rc;
+#ifdef HAVE_CUDA
+	if (ops == &cuda_backend)
+		return cuda_backend_memory(0, free_b, total, err);
+#endif
+	return host_memory(free_b, total, err);
 }
 
 void
@@ -257,11 +357,12 @@ engine_close(struct engine *e)
 
 	if (e == NULL)
 		return;
-	for (j = e->disk ? kvdisk_drain(e->disk, e) : NULL; j != NULL; j = next) {
+	for (j = e->disk && e->be ? kvdisk_drain(e->disk, e) : NULL; j != NULL; j = next) {
 		next = j->next;
 		engine_io_done(e, j);
 	}
-	e->ops->free(e->be);
+	if (e->be != NULL)
+		e->ops->free(e->be);
 	kv_destroy(&e->kv);
 	model_close(e->m);
 	free(e->identity_text);

@@ -124,6 +124,25 @@ struct backend_ops;
  */
 int engine_pick_backend(const char *device, const struct backend_ops **ops, char *err);
 int engine_open(const char *model_path, const struct engine_opts *o, struct engine **out, char *err);
+/*
+ * engine_open in two steps, so that the memory can be found first:
+ * engine_prepare opens the model file and plans what loading it takes
+ * (engine_mem_need: at least *min bytes of device memory, with a KV cache
+ * of one context; *want with the KV cache of engine_opts.kv_tokens), and
+ * engine_load loads it within limit bytes (0: no limit), its KV cache
+ * taking what the rest leaves, up to kv_tokens. A prepared engine that is
+ * not loaded is only closed (engine_close).
+ */
+int engine_prepare(const char *model_path, const struct engine_opts *o, struct engine **out, char *err);
+void engine_mem_need(const struct engine *e, uint64_t *min, uint64_t *want);
+int engine_load(struct engine *e, uint64_t limit, char *err);
+/* Device memory the loaded engine holds (weights, scratch, KV pool), as planned. */
+uint64_t engine_mem_bytes(const struct engine *e);
+/*
+ * Memory of the device a backend would run on (engine_pick_backend): the
+ * GPU's for CUDA, the machine's for the CPU (MemAvailable, MemTotal).
+ */
+int engine_device_memory(const char *device, uint64_t *free_b, uint64_t *total, char *err);
 void engine_close(struct engine *e);
 const struct model_desc *engine_model(const struct engine *e);
 const char *engine_device(const struct engine *e);

@@ -558,12 +558,11 @@ upload_smalls(struct backend *b, char *err)
 	return 0;
 }
 
-/* Bytes of the split-attention scratch (sets att_part_rows). */
+/* Bytes of the split-attention scratch on a device. */
 static size_t
-part_bytes(struct backend *b)
+part_bytes(int device, const struct model_hparams *hp)
 {
-	b->att_part_rows = cuda_attention_part_rows(b->device);
-	return floats_bytes((size_t)b->att_part_rows * ((size_t)b->m->hp.head_dim + 2));
+	return floats_bytes((size_t)cuda_attention_part_rows(device) * ((size_t)hp->head_dim + 2));
 }
 
 /* The activations, the KV pool and the scratch. */
@@ -573,6 +572,7 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	size_t T = d->T;
 	int rc = 0;
 
+	b->att_part_rows = cuda_attention_part_rows(b->device);
 	if ((rc = dev_alloc((void **)&b->kv, kv_bytes, "the KV pool", err)) != 0)
 		return rc;
 	CK(cudaMemset(b->kv, 0, kv_bytes));
@@ -596,7 +596,7 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    (rc = dev_alloc((void **)&b->mm.wh, (size_t)wh_elems * sizeof(__half), "fp16 weight tiles",
 	    err)) ||
 	    (rc = dev_alloc(&b->blas_ws, BLAS_WORKSPACE, "the cuBLAS workspace", err)) ||
-	    (rc = dev_alloc((void **)&b->att_part, part_bytes(b), "split attention", err)) ||
+	    (rc = dev_alloc((void **)&b->att_part, part_bytes(b->device, &b->m->hp), "split attention", err)) ||
 	    (rc = dev_alloc((void **)&b->dev_argmax, T * sizeof(int32_t), "argmax", err)));
 	if (rc == 0)
 		CK(cudaMallocHost((void **)&b->host_argmax, T * sizeof(int32_t)));
@@ -675,42 +675,92 @@ kv_elem_size(const struct backend *b)
 	return b->exact ? (int)sizeof(float) : (int)sizeof(__half);
 }
 
+/* What load allocates: weights, their fp16 copies, activations and scratch, one KV block. */
+struct sizes {
+	size_t weights, copies, act, kv_block;
+	int64_t wh;                  /* elements of the fp16 tile scratch */
+};
+
+/*
+ * The sizes of a load, and where each matrix and its copy go (off and hoff
+ * have one entry per matrix of mats). Refuses what the kernels do not
+ * handle.
+ */
+static int
+plan_sizes(const struct model_desc *m, const struct backend_opts *o, const struct model_tensor **mats, int n,
+    size_t *off, size_t *hoff, struct sizes *z, char *err)
+{
+	struct dims d = model_dims(&m->hp, o->max_tokens);
+	int rc;
+
+	if ((rc = check_model(m, mats, n, err)) != 0)
+		return rc;
+	z->weights = matrix_offsets(mats, n, off);
+	z->copies = copy_offsets(m, mats, n, o->fp16_weights && !o->exact, hoff);
+	z->wh = 1;
+	for (int i = 0; i < n; i++) {
+		struct cuda_weight w = { NULL, mats[i]->type, mats[i]->ne[0], mats[i]->ne[1], 0, NULL };
+
+		if (is_product(m, mats[i]) && hoff[i] == NO_COPY) /* a copy needs no tiles */
+			z->wh = MAX(z->wh, cuda_matmul_tile_elems(&w));
+	}
+	z->kv_block = (size_t)m->hp.n_layer * 2 * KV_BLOCK_TOKENS * d.nkv * (o->exact ? sizeof(float) : sizeof(__half));
+	z->act = activation_bytes(&d) + (size_t)z->wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(o->device, &m->hp) +
+	    floats_bytes(small_floats(m));
+	return 0;
+}
+
+/* The matrices of a model and room for their offsets (free all three). */
+static int
+matrices(const struct model_desc *m, const struct model_tensor ***mats, size_t **off, size_t **hoff)
+{
+	size_t cap = 2 + 7 * (size_t)m->hp.n_layer;
+
+	*mats = (const struct model_tensor **)xcalloc(cap, sizeof **mats);
+	*off = (size_t *)xcalloc(cap, sizeof **off);
+	*hoff = (size_t *)xcalloc(cap, sizeof **hoff);
+	return list_matrices(m, *mats);
+}
+
+static int
+cuda_plan(const struct model_desc *m, const struct backend_opts *o, uint64_t *fixed, uint64_t *kv_block, char *err)
+{
+	const struct model_tensor **mats;
+	size_t *off, *hoff;
+	struct sizes z;
+	int n = matrices(m, &mats, &off, &hoff), rc;
+
+	if ((rc = plan_sizes(m, o, mats, n, off, hoff, &z, err)) == 0) {
+		*fixed = z.weights + z.copies + z.act;
+		*kv_block = z.kv_block;
+	}
+	free(mats), free(off), free(hoff);
+	return rc;
+}
+
 /* Everything load does, in order; on failure the caller frees what was made. */
 static int
 load_all(struct backend *b, const struct backend_opts *o, char *err)
 {
 	const struct model_desc *m = b->m;
-	const struct model_tensor **mats = (const struct model_tensor **)xcalloc(
-	    2 + 7 * (size_t)m->hp.n_layer, sizeof *mats);
-	size_t *off = (size_t *)xcalloc(2 + 7 * (size_t)m->hp.n_layer, sizeof *off);
-	size_t *hoff = (size_t *)xcalloc(2 + 7 * (size_t)m->hp.n_layer, sizeof *hoff);
+	const struct model_tensor **mats;
+	size_t *off, *hoff, kv_bytes;
 	struct dims d = model_dims(&m->hp, o->max_tokens);
-	size_t wbytes, cbytes, kv_bytes, act, need;
-	int64_t wh = 1, seqs = o->max_seqs > 0 ? MIN(o->max_seqs, o->max_tokens) : o->max_tokens;
-	int n = list_matrices(m, mats), rc;
+	struct sizes z;
+	int64_t seqs = o->max_seqs > 0 ? MIN(o->max_seqs, o->max_tokens) : o->max_tokens;
+	int n = matrices(m, &mats, &off, &hoff), rc;
 
-	if ((rc = check_model(m, mats, n, err)) != 0 || (rc = open_device(b, o->device, err)) != 0 ||
+	if ((rc = plan_sizes(m, o, mats, n, off, hoff, &z, err)) != 0 || (rc = open_device(b, o->device, err)) != 0 ||
 	    (rc = cuda_attention_setup(m->hp.head_dim, err)) != 0)
 		goto out;
 	b->exact = o->exact != 0;
-	wbytes = matrix_offsets(mats, n, off);
-	cbytes = copy_offsets(m, mats, n, o->fp16_weights && !b->exact, hoff);
-	for (int i = 0; i < n; i++) {
-		struct cuda_weight w = { NULL, mats[i]->type, mats[i]->ne[0], mats[i]->ne[1], 0, NULL };
-
-		if (is_product(m, mats[i]) && hoff[i] == NO_COPY) /* a copy needs no tiles */
-			wh = MAX(wh, cuda_matmul_tile_elems(&w));
-	}
 	b->kv_stride = KV_BLOCK_TOKENS * d.nkv;
-	kv_bytes = (size_t)o->kv_blocks * (size_t)m->hp.n_layer * 2 * b->kv_stride * (size_t)kv_elem_size(b);
-	act = activation_bytes(&d) + (size_t)wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(b) +
-	    floats_bytes(small_floats(m));
-	need = wbytes + cbytes + kv_bytes + act;
-	if ((rc = check_memory(need, wbytes, cbytes, kv_bytes, act, err)) != 0 ||
-	    (rc = upload_matrices(b, mats, n, off, wbytes, err)) != 0 ||
-	    (rc = make_copies(b, mats, n, off, hoff, cbytes, err)) != 0 ||
+	kv_bytes = (size_t)o->kv_blocks * z.kv_block;
+	if ((rc = check_memory(z.weights + z.copies + kv_bytes + z.act, z.weights, z.copies, kv_bytes, z.act, err)) != 0 ||
+	    (rc = upload_matrices(b, mats, n, off, z.weights, err)) != 0 ||
+	    (rc = make_copies(b, mats, n, off, hoff, z.copies, err)) != 0 ||
 	    (rc = upload_smalls(b, err)) != 0 ||
-	    (rc = alloc_buffers(b, &d, kv_bytes, wh, err)) != 0 ||
+	    (rc = alloc_buffers(b, &d, kv_bytes, z.wh, err)) != 0 ||
 	    (rc = alloc_staging(b, MIN(seqs * o->kv_blocks, (int64_t)TABLE_CAP0), err)) != 0 ||
 	    (rc = open_blas(b, err)) != 0 || (rc = prof_open(&b->prof, err)) != 0)
 		goto out;
@@ -1128,9 +1178,22 @@ cuda_backend_devices(void)
 	return n;
 }
 
+extern "C" int
+cuda_backend_memory(int device, uint64_t *free_b, uint64_t *total, char *err)
+{
+	size_t f = 0, t = 0;
+
+	CK(cudaSetDevice(device));
+	CK(cudaMemGetInfo(&f, &t));
+	*free_b = f;
+	*total = t;
+	return 0;
+}
+
 extern "C" const struct backend_ops cuda_backend = {
 	"cuda",
 	kv_elem_size,
+	cuda_plan,
 	cuda_load,
 	cuda_forward,
 	cuda_kv_copy,

@@ -207,6 +207,8 @@ class Client:
             t = r["type"]
             if t == "token":
                 g.tokens.append(r)
+            elif t == "progress":  # its model is loading
+                g.progress.append(r)
             elif t == "done":
                 g.done = r
                 return g
@@ -225,6 +227,7 @@ class Gen:
     def __init__(self, rid):
         self.id = rid
         self.tokens = []
+        self.progress = []
         self.done = None
 
     @property

@@ -164,7 +164,8 @@ def damage_part(ck):
         c = d.client()
         g = turn(c, sid, 5)
         ck.eq(g.usage["cached_tokens"], 0, "--exact does not use what the default mode stored")
-        ck.eq(len(kv_files(d, sid)), 3, "one file per model identity and numerics")
+        ck.ok(rsd.wait_for(lambda: len(kv_files(d, sid)) == 3), "one file per model identity and numerics: %d"
+              % len(kv_files(d, sid)))
         # 6. session delete removes every file of the session
         c.call("session.delete", session=sid)
         ck.ok(rsd.wait_for(lambda: not kv_files(d, sid)), "session.delete removes its KV files")

@@ -38,6 +38,8 @@ def ask(c, system, question, max_tokens=8, **kw):
         elif r["type"] == "done":
             g.done = r
             break
+        elif r["type"] == "progress":
+            continue
         else:
             raise rsd.ProtoError(r)
     g.client_ttft = first
