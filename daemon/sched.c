@@ -27,6 +27,7 @@
 #include "store.h"
 #include "tokenizer.h"
 #include "util.h"
+#include "worker.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -38,18 +39,26 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum gen_state { GEN_QUEUED, GEN_RUNNING };
+enum gen_state { GEN_QUEUED, GEN_PREP, GEN_RUNNING };
 
 /* A generate request inside the scheduler. */
 struct gen {
+	struct work prep;           /* first, so that the worker's item is the gen (prep_run) */
 	struct sched_job *job;
 	enum gen_state state;
-	struct slot *slot;          /* its model, once it runs (it is then one of its users) */
+	struct slot *slot;          /* its model, once admitted (it is then one of its users) */
 	struct seq *seq;
 	struct resident *res;       /* the session's cached sequence, while running */
 	int cancelled, gone;
-	int32_t n_prompt, n_cached;
+	int32_t n_prompt;
 	uint64_t t_first;           /* first token */
+	/* GEN_PREP: the worker renders and tokenizes the prompt with the model's description */
+	const struct model_desc *md;
+	int32_t *ids;
+	size_t n_ids;
+	int prep_rc;
+	enum proto_err prep_pe;
+	char prep_err[ERR_LEN];
 	struct gen *next;
 };
 
@@ -64,6 +73,10 @@ struct resident {
 };
 
 enum ctl_type { CTL_CANCEL, CTL_GONE, CTL_DROP, CTL_FORK };
+
+struct sched;
+static void emit_done(struct sched *s, struct gen *g);
+static void gen_free(struct sched *s, struct gen *g);
 
 struct ctl {
 	enum ctl_type type;
@@ -85,10 +98,11 @@ struct sched {
 	struct sched_event *events, **events_tail; /* out */
 	void (*wake)(void *);
 	void *wake_arg;
-	int io_ready;                         /* the disk tier has finished jobs */
+	int io_ready;                         /* the disk tier or the worker has finished something */
 	struct kvdisk *disk;                  /* NULL when --kv-disk is 0 */
 	/* engine thread only */
 	struct kvhost host;
+	struct worker prep;                   /* prompts are tokenized there (worker.h) */
 	struct slots slots;
 	int slots_on;                         /* slots_init was done */
 	struct slot *default_model;
@@ -459,12 +473,10 @@ start_seq(struct sched *s, struct gen *g, const int32_t *ids, size_t n, char *er
 			return err_set(err, ERR_INVAL, "session %s is already generating", r->uuid);
 		if ((rc = engine_seq_reuse(g->slot->e, r->seq, ids, (int32_t)n, &p, err)) < 0)
 			return rc;
-		g->n_cached = rc;
 		g->seq = r->seq;
 	} else {
 		if ((rc = engine_seq_new(g->slot->e, ids, (int32_t)n, &p, &g->seq, err)) != 0)
 			return rc;
-		g->n_cached = g->seq->n_cached;
 		if (g->job->req.session != NULL) {
 			r = xcalloc(1, sizeof *r);
 			snprintf(r->uuid, sizeof r->uuid, "%s", g->job->req.session);
@@ -484,21 +496,29 @@ start_seq(struct sched *s, struct gen *g, const int32_t *ids, size_t n, char *er
 	return 0;
 }
 
+/* On the worker: the prompt's tokens (the engine thread waits for them in GEN_PREP). */
+static void
+prep_run(struct work *w)
+{
+	struct gen *g = (struct gen *)w;
+
+	g->prep_err[0] = '\0';
+	g->prep_rc = prompt_tokens(g->md, g->job, &g->ids, &g->n_ids, &g->prep_pe, g->prep_err);
+}
+
 /*
- * Turns a queued generate into a running sequence: 0, or -1 when it failed
- * (the error is sent), or SLOTS_WAIT when its model cannot be loaded until
- * models in use give back memory (it stays queued).
+ * Admits a queued generate: its model is loaded and the prompt goes to the
+ * worker (GEN_PREP). 0, or -1 when it failed (the error is sent), or
+ * SLOTS_WAIT when its model cannot be loaded until models in use give back
+ * memory (it stays queued).
  */
 static int
 admit(struct sched *s, struct gen *g)
 {
 	struct sched_job *job = g->job;
 	const char *want = job->req.model ? job->req.model : job->session_model;
-	enum proto_err pe = PE_INVALID_PARAM;
 	char err[ERR_LEN];
 	struct slot *m;
-	int32_t *ids = NULL;
-	size_t n = 0;
 	int rc;
 
 	if ((m = find_model(s, want, err)) == NULL) {
@@ -512,26 +532,57 @@ admit(struct sched *s, struct gen *g)
 	}
 	slots_acquire(&s->slots, m);
 	g->slot = m;
-	rc = prompt_tokens(engine_model(g->slot->e), job, &ids, &n, &pe, err);
+	g->md = engine_model(m->e);
+	g->prep.fn = prep_run;
+	g->state = GEN_PREP;
+	worker_submit(&s->prep, &g->prep);
+	return 0;
+}
+
+/* Its prompt's tokens came back: the request's sequence starts, or it fails. */
+static void
+prep_done(struct sched *s, struct gen *g)
+{
+	struct sched_job *job = g->job;
+	enum proto_err pe = g->prep_pe;
+	int n_ctx = engine_n_ctx(g->slot->e), rc = g->prep_rc;
+	char *err = g->prep_err;
+
+	g->state = GEN_RUNNING;
+	if (g->cancelled || g->gone) {
+		if (!g->gone)
+			emit_done(s, g);
+		gen_free(s, g);
+		return;
+	}
 	/* PROTOCOL.md: max_tokens is 1..context (the default may exceed a small context) */
-	if (rc == 0 && (job->req.set & SET_MAX_TOKENS) && job->req.max_tokens > engine_n_ctx(g->slot->e)) {
-		snprintf(err, sizeof err, "max_tokens = %d is more than the context (%d)", (int)job->req.max_tokens,
-		    engine_n_ctx(g->slot->e));
+	if (rc == 0 && (job->req.set & SET_MAX_TOKENS) && job->req.max_tokens > n_ctx) {
+		snprintf(err, ERR_LEN, "max_tokens = %d is more than the context (%d)", (int)job->req.max_tokens, n_ctx);
 		rc = ERR_RANGE, pe = PE_INVALID_PARAM;
-	} else if (rc == 0 && (int64_t)n + 1 > engine_n_ctx(g->slot->e)) {
-		snprintf(err, sizeof err, "the prompt has %zu tokens; the context holds %d", n,
-		    engine_n_ctx(g->slot->e));
+	} else if (rc == 0 && (int64_t)g->n_ids + 1 > n_ctx) {
+		snprintf(err, ERR_LEN, "the prompt has %zu tokens; the context holds %d", g->n_ids, n_ctx);
 		rc = ERR_RANGE, pe = PE_CONTEXT_EXCEEDED;
 	}
-	if (rc == 0 && (rc = start_seq(s, g, ids, n, err)) != 0)
+	if (rc == 0 && (rc = start_seq(s, g, g->ids, g->n_ids, err)) != 0)
 		pe = rc == ERR_RANGE ? PE_CONTEXT_EXCEEDED : PE_INVALID_PARAM;
-	free(ids);
+	free(g->ids);
+	g->ids = NULL;
 	if (rc != 0) {
 		post_error(s, job, rc == ERR_INVAL && strstr(err, "UTF-8") ? PE_INVALID_UTF8 : pe, err);
-		return -1;
+		gen_free(s, g);
 	}
-	g->state = GEN_RUNNING;
-	return 0;
+}
+
+/* Takes the prompts the worker has finished. */
+static void
+take_prep(struct sched *s)
+{
+	struct work *w, *next;
+
+	for (w = worker_take_done(&s->prep); w != NULL; w = next) {
+		next = w->next;
+		prep_done(s, (struct gen *)w);
+	}
 }
 
 /* ---- running ---- */
@@ -723,7 +774,7 @@ reap_cancelled(struct sched *s)
 
 	for (g = s->gens; g != NULL; g = next) {
 		next = g->next;
-		if (!g->cancelled && !g->gone)
+		if ((!g->cancelled && !g->gone) || g->state == GEN_PREP)  /* that one when its prompt is back */
 			continue;
 		if (g->state == GEN_RUNNING && g->seq->state != SEQ_DONE)
 			engine_seq_finish(g->seq, FINISH_CANCEL);
@@ -737,13 +788,20 @@ reap_cancelled(struct sched *s)
 static void
 step_model(struct sched *s, struct slot *m)
 {
-	int cap = engine_max_step_tokens(m->e), n, i, rc;
+	int cap = engine_max_step_tokens(m->e), n, i, rc, n_dec = 0, n_pre = 0;
 	struct seq **seqs = xmalloc((size_t)cap * sizeof *seqs);
 	struct gen **gens = xmalloc((size_t)cap * sizeof *gens);
 	char err[ERR_LEN];
+	uint64_t t0;
 
 	n = pick(s, m, seqs, gens, MIN(cap, s->o.max_seqs > 0 ? s->o.max_seqs : 64));
-	if (n > 0 && (rc = engine_step(m->e, seqs, n, err)) >= 0) {
+	for (i = 0; i < n; i++) {
+		n_dec += seqs[i]->state == SEQ_DECODE;
+		n_pre += seqs[i]->state == SEQ_PREFILL;
+	}
+	t0 = now_ns();
+	if (n > 0 && (rc = engine_step(m->e, seqs, n, pace_budget(&m->pace, n_dec, n_pre), err)) >= 0) {
+		pace_done(&m->pace, n_dec, n_pre, MAX(rc - n_dec, 0), (double)(now_ns() - t0) / 1e9, cap);
 		s->steps++;
 		s->step_tokens += (uint64_t)rc;
 		s->step_seqs += (uint64_t)n;
@@ -777,14 +835,11 @@ admit_one(struct sched *s, struct gen *g)
 {
 	int rc;
 
-	g->state = GEN_RUNNING;
-	s->n_queued--;
 	if ((rc = admit(s, g)) == 0) {
+		s->n_queued--;
 		s->waiting = s->waiting == g ? NULL : s->waiting;
 		return 1;
 	}
-	g->state = GEN_QUEUED;
-	s->n_queued++;
 	if (rc == SLOTS_WAIT) {
 		s->waiting = g;
 		return SLOTS_WAIT;
@@ -801,7 +856,7 @@ admit_queued(struct sched *s)
 	struct gen *g, *best;
 
 	for (g = s->gens; g != NULL; g = g->next)
-		running += g->state == GEN_RUNNING;
+		running += g->state != GEN_QUEUED;
 	if (s->waiting != NULL && running < limit) {
 		s->retry = 0;
 		if ((rc = admit_one(s, s->waiting)) == SLOTS_WAIT)
@@ -903,6 +958,9 @@ op_model_unload(struct sched *s, struct sched_job *job)
 		post_error(s, job, PE_NOT_FOUND, err);
 		return;
 	}
+	/* the worker may be reading the model for a prompt */
+	worker_drain(&s->prep);
+	take_prep(s);
 	for (g = s->gens; g != NULL; g = next) {
 		next = g->next;
 		if (g->slot == m && g->state == GEN_RUNNING) {
@@ -1008,7 +1066,7 @@ fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 	for (m = s->slots.list; m != NULL; m = m->next)
 		n_models++;
 	for (g = s->gens; g != NULL; g = g->next)
-		g->state == GEN_RUNNING ? active++ : queued++;
+		g->state != GEN_QUEUED ? active++ : queued++;
 	proto_pack_kv_uint(pk, "version", PROTO_VERSION);
 	proto_pack_kv_float(pk, "uptime_s", (double)(now_ns() - s->t_start) / 1e9);
 	proto_pack_kv_uint(pk, "active", active);
@@ -1018,7 +1076,7 @@ fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 	for (m = s->slots.list; m != NULL; m = m->next) {
 		for (ma = mq = 0, g = s->gens; g != NULL; g = g->next)
 			if (g->slot == m)
-				g->state == GEN_RUNNING ? ma++ : mq++;
+				g->state != GEN_QUEUED ? ma++ : mq++;
 		memset(&cs, 0, sizeof cs);
 		if (m->e != NULL)
 			engine_cache_stats(m->e, &cs);
@@ -1207,7 +1265,7 @@ has_work(const struct sched *s)
 	for (g = s->gens; g != NULL; g = g->next) {
 		if (g->state == GEN_RUNNING && g->seq->state != SEQ_LOAD)
 			return 1;
-		running += g->state == GEN_RUNNING;
+		running += g->state != GEN_QUEUED;
 	}
 	if (running >= (s->o.max_seqs > 0 ? s->o.max_seqs : 64))
 		return 0;
@@ -1272,6 +1330,7 @@ take_input(struct sched *s, int64_t timeout_ns)
 		take_ctl(s, c);
 	}
 	take_io(s);
+	take_prep(s);
 	return stopping;
 }
 
@@ -1283,6 +1342,8 @@ cancel_all(struct sched *s)
 
 	for (g = s->gens; g != NULL; g = g->next)
 		g->cancelled = 1;
+	worker_drain(&s->prep);
+	take_prep(s);
 	reap_cancelled(s);
 }
 
@@ -1357,6 +1418,10 @@ sched_start(const struct sched_opts *o, void (*wake)(void *), void *wake_arg, st
 		return rc;
 	}
 	start_slots(s);
+	if ((rc = worker_start(&s->prep, io_wake, s, err)) != 0) {
+		sched_stop(s);
+		return rc;
+	}
 	if (o->default_model != NULL) {
 		s->default_model = find_model(s, o->default_model, err);
 		if (s->default_model == NULL || (rc = slots_load(&s->slots, s->default_model, NULL, NULL, err)) != 0) {
@@ -1408,6 +1473,7 @@ sched_stop(struct sched *s)
 		s->events = ev->next;
 		sched_event_free(ev);
 	}
+	worker_stop(&s->prep);
 	if (s->slots_on)
 		slots_destroy(&s->slots);
 	take_io(s);

@@ -184,6 +184,7 @@ slots_load(struct slots *sl, struct slot *m, void (*progress)(void *, uint64_t, 
 	if (progress != NULL)
 		progress(arg, total, total);
 	m->e = e;
+	memset(&m->pace, 0, sizeof m->pace);
 	sl->used += engine_mem_bytes(e);
 	m->loads++;
 	sl->loads++;

@@ -25,6 +25,7 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "pace.h"
 
 struct resident;
 
@@ -37,6 +38,7 @@ struct slot {
 	uint64_t idle_since;          /* now_ns() when it was last left unused */
 	uint64_t last_used;           /* order of last use among the slots */
 	uint64_t loads, unloads;
+	struct pace pace;             /* its steps' prefill chunk (the scheduler's) */
 	struct slot *next;
 };
 

@@ -1089,20 +1089,29 @@ sample_step(struct engine *e, int32_t n_fseqs, int greedy)
 }
 
 int
-engine_step(struct engine *e, struct seq **seqs, int n, char *err)
+engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, char *err)
 {
 	struct fwd_batch batch;
-	int32_t n_fseqs = 0, n_tok = 0, i;
+	int32_t n_fseqs = 0, n_tok = 0, n_prefill = 0, i, budget, took;
 	int rc, greedy;
 
+	if (max_prefill < 0)
+		max_prefill = e->max_step_tokens;
 	for (i = 0; i < n; i++) {
 		seqs[i]->new_token = -1;
 		seqs[i]->piece[0] = '\0';
 		seqs[i]->piece_len = 0;
 	}
-	for (i = 0; i < n && n_fseqs < e->max_seqs && n_tok < e->max_step_tokens; i++)
-		if (seqs[i]->state == SEQ_PREFILL || seqs[i]->state == SEQ_DECODE)
-			n_tok += plan_seq(e, seqs[i], e->max_step_tokens - n_tok, &n_fseqs, n_tok);
+	for (i = 0; i < n && n_fseqs < e->max_seqs && n_tok < e->max_step_tokens; i++) {
+		budget = e->max_step_tokens - n_tok;
+		if (seqs[i]->state == SEQ_PREFILL)
+			budget = MIN(budget, max_prefill - n_prefill);
+		if (budget <= 0 || (seqs[i]->state != SEQ_PREFILL && seqs[i]->state != SEQ_DECODE))
+			continue;
+		took = plan_seq(e, seqs[i], budget, &n_fseqs, n_tok);
+		n_prefill += seqs[i]->state == SEQ_PREFILL ? took : 0;
+		n_tok += took;
+	}
 	if (n_tok == 0)
 		return 0;
 	batch.n_seqs = n_fseqs;

@@ -221,15 +221,16 @@ void engine_seq_finish(struct seq *s, enum finish_reason why);
 void engine_seq_free(struct engine *e, struct seq *s);
 
 /*
- * One forward step over the sequences given (those not DONE), in the order
- * given: decoding ones take one token each, prefilling ones a chunk of what
- * budget is left (at most max_step_tokens in all). Sequences left out of
- * the budget are untouched. Afterwards each sequence's new_token / piece /
+ * One forward step over the sequences given (those decoding or prefilling),
+ * in the order given: decoding ones take one token each, prefilling ones a
+ * chunk of what budget is left (at most max_step_tokens in all, and at most
+ * max_prefill tokens of prefill; < 0: no other limit). Sequences left out
+ * of the budget are untouched. Afterwards each sequence's new_token / piece /
  * state tell what happened. Returns the number of tokens processed, or a
  * negative code if the backend failed (the sequences of the step are then
  * finished with FINISH_ERROR).
  */
-int engine_step(struct engine *e, struct seq **seqs, int n, char *err);
+int engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, char *err);
 
 /* Text of a finish reason: "stop", "length", "context", "cancel", "error". */
 const char *engine_finish_name(enum finish_reason r);

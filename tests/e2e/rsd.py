@@ -12,6 +12,7 @@ import grp
 import json
 import os
 import select
+import selectors
 import shutil
 import signal
 import socket
@@ -580,6 +581,51 @@ def main(fn):
         _kill_all()
     sys.stdout.flush()
     sys.exit(rc)
+
+
+class Streams:
+    """Many generations on connections of their own, read by one thread
+    (select), so that the time each token reaches the client is taken as it
+    arrives: .times[i] lists the arrival times of request i's tokens, .done[i]
+    its last reply."""
+
+    def __init__(self, d, n, timeout=600):
+        self.clients = [d.client(timeout=timeout) for _ in range(n)]
+        self.times = [[] for _ in range(n)]
+        self.done = [None] * n
+        self.sel = selectors.DefaultSelector()
+        for i, c in enumerate(self.clients):
+            self.sel.register(c.sock, selectors.EVENT_READ, i)
+
+    def start(self, i, **fields):
+        self.clients[i].start_generate(rid=1, **fields)
+
+    def pump(self, until):
+        """Reads replies until until() is true (checked at least every 50 ms)."""
+        while not until():
+            for key, _ in self.sel.select(0.05):
+                i, c = key.data, self.clients[key.data]
+                data = c.sock.recv(1 << 16)
+                if not data:
+                    raise Closed("connection %d closed by the daemon" % i)
+                c.buf += data
+                now = time.monotonic()
+                while len(c.buf) >= 4 and len(c.buf) >= 4 + struct.unpack(">I", c.buf[:4])[0]:
+                    n = struct.unpack(">I", c.buf[:4])[0]
+                    r = msgpack.unpackb(c.buf[4:4 + n], raw=False)
+                    c.buf = c.buf[4 + n:]
+                    if r["type"] == "token":
+                        self.times[i].append(now)
+                    elif r["type"] in ("done", "error"):
+                        self.done[i] = r
+
+    def gaps(self, i):
+        t = self.times[i]
+        return [b - a for a, b in zip(t, t[1:])]
+
+    def close(self):
+        for c in self.clients:
+            c.close()
 
 
 def long_prompt(c, n=300, messages=False, model=None, tag="long"):

@@ -77,7 +77,7 @@ run_to_end(struct engine *e, struct seq *s)
 	size_t len = 0;
 
 	while (s->state != SEQ_DONE) {
-		if (engine_step(e, &s, 1, err) < 0)
+		if (engine_step(e, &s, 1, -1, err) < 0)
 			fail_msg("step: %s", err);
 		assert_true(utf8_valid(s->piece, s->piece_len));
 		out = xrealloc(out, len + s->piece_len + 1);
@@ -247,7 +247,7 @@ test_many_at_once(void **state)
 		assert_int_equal(engine_seq_new(e, pr[i], 5, &p, &s[i], err), 0);
 	}
 	for (live = 1; live;) {
-		assert_true(engine_step(e, s, 16, err) >= 0);
+		assert_true(engine_step(e, s, 16, -1, err) >= 0);
 		for (live = 0, i = 0; i < 16; i++)
 			live |= s[i]->state != SEQ_DONE;
 	}

@@ -1,0 +1,42 @@
+/*
+ * worker.h: a thread that runs the scheduler's slow preparations (a
+ * prompt's chat rendering and tokenization) in order, so that they never
+ * hold up the engine thread's steps: a 32,000-token prompt takes longer to
+ * tokenize than a decoding step takes.
+ *
+ * A work item is embedded in its owner's struct; its function runs on the
+ * worker thread, and the item then waits among the finished ones until the
+ * owner takes it back (worker_take_done), woken by the callback.
+ */
+#ifndef RESIDENT_WORKER_H
+#define RESIDENT_WORKER_H
+
+#include <pthread.h>
+
+struct work {
+	void (*fn)(struct work *w);
+	struct work *next;
+};
+
+struct worker {
+	pthread_t thread;
+	int started, stopping;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct work *queue, **queue_tail, *done, **done_tail;
+	int busy;                    /* an item is running */
+	void (*wake)(void *);
+	void *wake_arg;
+};
+
+/* Starts the thread; wake(arg) is called from it when an item has finished. 0 or ERR_NOMEM. */
+int worker_start(struct worker *wk, void (*wake)(void *), void *arg, char *err);
+/* Runs what is queued, then stops the thread (the finished items stay to be taken). */
+void worker_stop(struct worker *wk);
+void worker_submit(struct worker *wk, struct work *w);
+/* The finished items, in order (a list through next). */
+struct work *worker_take_done(struct worker *wk);
+/* Waits until nothing is queued or running. */
+void worker_drain(struct worker *wk);
+
+#endif
