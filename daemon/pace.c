@@ -52,9 +52,13 @@ pace_done(struct pace *p, int n_dec, int n_pre, int32_t n_prefill, double second
 		return;
 	p->mixed++;
 	r = seconds / p->t_dec;
-	/* in proportion to what the step carried: the prompt's end may have been less than the chunk */
+	/*
+	 * In proportion to what the step carried (the prompt's end may have been
+	 * less than the chunk), but by half at most: a step that another process
+	 * held up for long says little about the chunk.
+	 */
 	if (r > target * 1.05)
-		p->chunk = MAX(1, (int32_t)((double)MIN(n_prefill, p->chunk) * (target - 1) / (r - 1)));
+		p->chunk = MAX(1, (int32_t)((double)MIN(n_prefill, p->chunk) * MAX(0.5, (target - 1) / (r - 1))));
 	else if (r < 1 + (target - 1) / 4 && n_prefill >= p->chunk)
 		p->chunk = MIN(max_tokens, 2 * p->chunk);
 	else if (r < 1 + (target - 1) / 1.25 && n_prefill >= p->chunk)

@@ -22,8 +22,8 @@
  * margin where a prompt token costs what a decoding one does (a CPU),
  * grows it while mixed steps stay under the target (doubling it while they
  * stay far under; on a GPU, where a step is mostly reading the weights, to
- * many tokens) and shrinks it in proportion when one goes over. With no sequence decoding, prefill has
- * every step.
+ * many tokens) and shrinks it in proportion when one goes over (by half
+ * at most). With no sequence decoding, prefill has every step.
  */
 #ifndef RESIDENT_PACE_H
 #define RESIDENT_PACE_H

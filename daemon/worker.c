@@ -4,6 +4,8 @@
 #include "util.h"
 
 #include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 static void *
 worker_main(void *arg)
@@ -11,6 +13,8 @@ worker_main(void *arg)
 	struct worker *wk = arg;
 	struct work *w;
 
+	/* behind the loop thread, which sends the tokens of every stream (Linux nices threads one by one) */
+	setpriority(PRIO_PROCESS, (id_t)gettid(), WORKER_NICE);
 	pthread_mutex_lock(&wk->mu);
 	for (;;) {
 		while (wk->queue == NULL && !wk->stopping)

@@ -6,12 +6,17 @@
  *
  * A work item is embedded in its owner's struct; its function runs on the
  * worker thread, and the item then waits among the finished ones until the
- * owner takes it back (worker_take_done), woken by the callback.
+ * owner takes it back (worker_take_done), woken by the callback. The
+ * thread runs at a lower priority than the others (WORKER_NICE), so that
+ * a long tokenization does not delay the loop thread's replies.
  */
 #ifndef RESIDENT_WORKER_H
 #define RESIDENT_WORKER_H
 
 #include <pthread.h>
+
+/* The worker thread's nice value: it yields the CPU to the loop and engine threads. */
+#define WORKER_NICE 10
 
 struct work {
 	void (*fn)(struct work *w);

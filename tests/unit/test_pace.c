@@ -102,10 +102,13 @@ test_shortest_decode_step_counts(void **state)
 	pace_done(&p, 8, 1, 0, 0.010, 512);
 	pace_done(&p, 8, 1, 0, 0.050, 512);  /* slowed down by another process */
 	assert_true(p.t_dec < 0.0101);
-	/* a mixed step 5 times the measure shrinks the chunk in proportion to its part */
+	/* a mixed step over the target shrinks the chunk in proportion to its part, by half at most */
+	p.chunk = 100;
+	pace_done(&p, 8, 1, 100, 0.018, 512);
+	assert_int_equal(p.chunk, (int32_t)(100 * (target - 1) / 0.8));
 	p.chunk = 100;
 	pace_done(&p, 8, 1, 100, 0.050, 512);
-	assert_int_equal(p.chunk, (int32_t)(100 * (target - 1) / 4));
+	assert_int_equal(p.chunk, 50);
 	/* steps far under the target double it, steps under it add a quarter */
 	p.chunk = 40;
 	pace_done(&p, 8, 1, 40, 0.011, 512);
