@@ -7,11 +7,11 @@
  * the chained hash of every token up to its end (kv_chain), so that any
  * later sequence whose tokens start the same way finds it (kv_find). A
  * cached block that nobody holds is *idle*: it keeps its K/V and is reused
- * only when no free block is left, least recently released first. A block
- * is released, with its whole chain, when its holder lets go; a parent is
- * released with each of its children, never earlier, so the order takes the
- * leaves of the prefix tree first and a cached block's parent is always
- * cached too. Cached blocks are never written again: a sequence that must
+ * only when no free block is left, least recently released first. Whoever
+ * holds a cached block holds its whole chain and releases it in one call
+ * (kv_release), so a parent is never released before its children: the
+ * order takes the leaves of the prefix tree first and a cached block's
+ * parent is always cached too. Cached blocks are never written again: a sequence that must
  * write into one copies it first (copy on write, engine.c).
  *
  * A lookup checks more than the hash: the block's own tokens, its depth, its

@@ -474,7 +474,8 @@ kvdisk_job_free(struct kvdisk_job *j)
 {
 	if (j == NULL)
 		return;
-	free(j->identity_text), free(j->tokens), free(j->blocks);
+	free(j->identity_text), free(j->tokens);
+	free(j->hold != NULL ? j->hold : j->blocks);
 	free(j);
 }
 

@@ -56,7 +56,9 @@ struct kvdisk_job {
 	size_t block_bytes;
 	int32_t first, n;
 	int32_t *tokens;            /* n * KV_BLOCK_TOKENS: each record's token ids (malloc'd) */
-	int32_t *blocks;            /* n device blocks (malloc'd) */
+	int32_t *blocks;            /* n device blocks (malloc'd), or a part of hold */
+	int32_t *hold;              /* the owner's: blocks it holds until the job is back (malloc'd), or NULL */
+	int32_t n_hold;
 	/* the result */
 	int32_t done;               /* WRITE: records the file holds after it; LOAD: records loaded */
 	int rc;                     /* 0 or ERR_* (err says why) */

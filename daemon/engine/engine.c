@@ -831,7 +831,6 @@ disk_job(struct engine *e, struct seq *s, enum kvdisk_op op, const char *name, i
 	j->n = n;
 	j->tokens = xmalloc((size_t)n * KV_BLOCK_TOKENS * sizeof *j->tokens);
 	memcpy(j->tokens, s->tokens + (size_t)first * KV_BLOCK_TOKENS, (size_t)n * KV_BLOCK_TOKENS * sizeof *j->tokens);
-	j->blocks = xmalloc((size_t)n * sizeof *j->blocks);
 	return j;
 }
 
@@ -848,6 +847,7 @@ engine_seq_load(struct engine *e, struct seq *s, const char *name, int32_t upto)
 	if (want <= 0)
 		return 0;
 	j = disk_job(e, s, KVDISK_LOAD, name, s->n_keyed, want);
+	j->blocks = xmalloc((size_t)want * sizeof *j->blocks);
 	for (i = 0; i < want && (b = kv_alloc(&e->kv)) >= 0; i++)
 		j->blocks[i] = b;
 	if ((j->n = i) == 0) {
@@ -868,11 +868,15 @@ engine_seq_save(struct engine *e, struct seq *s, const char *name)
 
 	if (e->disk == NULL || !s->cache || s->io != NULL || n <= 0 || s->n_parked > first)
 		return;
+	/* the whole chain, not only the blocks to write: a holder of a cached block holds its chain (kv.h) */
 	j = disk_job(e, s, KVDISK_WRITE, name, first, n);
-	for (i = 0; i < n; i++) {
-		j->blocks[i] = s->blocks[first + i];
-		kv_ref(&e->kv, j->blocks[i]);
+	j->n_hold = s->n_keyed;
+	j->hold = xmalloc((size_t)j->n_hold * sizeof *j->hold);
+	for (i = 0; i < j->n_hold; i++) {
+		j->hold[i] = s->blocks[i];
+		kv_ref(&e->kv, j->hold[i]);
 	}
+	j->blocks = j->hold + first;
 	s->io = j;
 	kvdisk_submit(e->disk, j);
 }
@@ -906,6 +910,8 @@ engine_io_done(struct engine *e, struct kvdisk_job *j)
 		s->io = NULL;
 	if (j->op == KVDISK_LOAD && s != NULL && s->state == SEQ_LOAD)
 		load_done(e, s, j);
+	else if (j->hold != NULL)
+		kv_release(&e->kv, j->hold, j->n_hold);
 	else
 		kv_release(&e->kv, j->blocks, j->n);
 	if (j->op == KVDISK_WRITE && s != NULL)

@@ -4,11 +4,13 @@
  * sequences at once, a full KV pool; the prefix cache: sharing between
  * sequences of one namespace only, copy on write of cached blocks, parked
  * sequences, eviction under pressure, each giving the output of a sequence
- * computed without it.
+ * computed without it; the disk tier: a session's blocks written after each
+ * turn and loaded by another engine.
  */
 #include "config.h"
 #include "engine.h"
 #include "genmodel.h"
+#include "kvdisk.h"
 #include "model.h"
 #include "util.h"
 
@@ -427,6 +429,94 @@ test_parked_sequence(void **state)
 }
 
 static void
+wake_nop(void *arg)
+{
+	(void)arg;
+}
+
+/* Waits for the disk tier's jobs of e and hands them back. */
+static void
+io_wait(struct kvdisk *d, struct engine *e)
+{
+	struct kvdisk_job *j, *next;
+
+	for (j = kvdisk_drain(d, e); j != NULL; j = next) {
+		next = j->next;
+		engine_io_done(e, j);
+	}
+}
+
+static void
+test_disk_tier(void **state)
+{
+	static const char *const name = "0badc0de-0000-4000-8000-00000000d15c";
+	char kvdir[64], err[ERR_LEN], cmd[128], *want;
+	struct engine_opts o = { .n_threads = 2, .n_ctx = 256, .kv_tokens = 256, .max_step_tokens = 64 };
+	struct engine *e;
+	struct seq_params p;
+	struct seq *a, *x;
+	struct kvdisk *d;
+	struct engine_cache_stats st;
+	int32_t pa[50], *next, n, big[200], i;
+
+	snprintf(kvdir, sizeof kvdir, "/tmp/test_engine_kv_XXXXXX");
+	assert_non_null(mkdtemp(kvdir));
+	assert_int_equal(kvdisk_open(kvdir, 1 << 30, wake_nop, NULL, &d, err), 0);
+	o.disk = d;
+	if (engine_open(path, &o, &e, err) != 0)
+		fail_msg("%s", err);
+	shared_prompt(pa, 50, 0);
+	cached(&p, 4, 1);
+	free(fresh(e, pa, 50, &p, &a));
+	/* turn 1 written, turn 2 appended: the second write holds the whole chain, not only its part */
+	engine_seq_save(e, a, name);
+	engine_seq_park(e, a);
+	io_wait(d, e);
+	n = a->n_tokens + 20;
+	next = xmalloc((size_t)n * sizeof *next);
+	memcpy(next, a->tokens, (size_t)a->n_tokens * sizeof *next);
+	for (i = a->n_tokens; i < n; i++)
+		next[i] = 40 + i;
+	assert_true(engine_seq_reuse(e, a, next, n, &p, err) > 0);
+	free(run_to_end(e, a));
+	engine_seq_save(e, a, name);
+	engine_seq_park(e, a);
+	io_wait(d, e);
+	/* others take every idle block (least recently released, leaves first) */
+	for (i = 0; i < 200; i++)
+		big[i] = 700 + i;
+	cached(&p, 4, 2);
+	free(fresh(e, big, 200, &p, &x));
+	engine_seq_free(e, x);
+	memcpy(next, a->tokens, (size_t)(n - 2) * sizeof *next);
+	engine_seq_free(e, a);
+	engine_close(e);
+	/* another engine (a restart) loads what the caches lost */
+	if (engine_open(path, &o, &e, err) != 0)
+		fail_msg("%s", err);
+	cached(&p, 4, 1);
+	assert_int_equal(engine_seq_new(e, next, n - 2, &p, &a, err), 0);
+	assert_int_equal(a->n_cached, 0);
+	assert_int_equal(engine_seq_load(e, a, name, n - 2), 1);
+	assert_int_equal(a->state, SEQ_LOAD);
+	io_wait(d, e);
+	assert_int_equal(a->state, SEQ_PREFILL);
+	assert_int_equal(a->n_cached, (n - 3) / 16 * 16);
+	assert_int_equal(a->n_hit, a->n_cached);
+	engine_cache_stats(e, &st);
+	assert_int_equal(st.disk_hit, (uint64_t)a->n_cached);
+	free(run_to_end(e, a));
+	want = uncached_text(next, n - 2, 4);
+	assert_string_equal(a->text, want);
+	engine_seq_free(e, a);
+	engine_close(e);
+	kvdisk_close(d);
+	free(want), free(next);
+	snprintf(cmd, sizeof cmd, "rm -rf %s", kvdir);
+	assert_int_equal(system(cmd), 0);
+}
+
+static void
 test_bad_input_and_full_pool(void **state)
 {
 	struct engine *e = open_engine(256);
@@ -475,6 +565,7 @@ main(void)
 		cmocka_unit_test(test_prefix_shared_within_namespace),
 		cmocka_unit_test(test_cached_block_copied_on_write),
 		cmocka_unit_test(test_parked_sequence),
+		cmocka_unit_test(test_disk_tier),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
