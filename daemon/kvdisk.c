@@ -20,6 +20,7 @@
  */
 #include "config.h"
 #include "kvdisk.h"
+#include "worker.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -49,15 +50,9 @@ struct kvfile {
 struct kvdisk {
 	char *dir;
 	uint64_t budget;
-	void (*wake)(void *);
-	void *wake_arg;
-	pthread_t thread;
-	int started;
-	pthread_mutex_t mu;
-	pthread_cond_t cv;
-	int stopping;
-	struct kvdisk_job *queue, **queue_tail, *running, *done, **done_tail;
-	/* the files (the thread's; bytes is also read by kvdisk_usage, under mu) */
+	struct worker wk;             /* runs the jobs (worker.h) */
+	pthread_mutex_t mu;           /* the index, for kvdisk_records and kvdisk_usage */
+	/* the files (changed by the worker thread only) */
 	struct kvfile *files;
 	int n_files, cap_files;
 	uint64_t bytes, clock;
@@ -401,41 +396,19 @@ run_remove(struct kvdisk *d, const struct kvdisk_job *j)
 	}
 }
 
-static void *
-io_main(void *arg)
+/* The worker's function: runs a job. */
+static void
+run_job(struct work *w)
 {
-	struct kvdisk *d = arg;
-	struct kvdisk_job *j;
+	struct kvdisk_job *j = (struct kvdisk_job *)w;
 
-	pthread_mutex_lock(&d->mu);
-	for (;;) {
-		while (d->queue == NULL && !d->stopping)
-			pthread_cond_wait(&d->cv, &d->mu);
-		if ((j = d->queue) == NULL)
-			break;
-		if ((d->queue = j->next) == NULL)
-			d->queue_tail = &d->queue;
-		d->running = j;
-		pthread_mutex_unlock(&d->mu);
-		j->err[0] = '\0';
-		if (j->op == KVDISK_WRITE)
-			j->rc = run_write(d, j, j->err);
-		else if (j->op == KVDISK_LOAD)
-			j->rc = run_load(d, j, j->err);
-		else
-			run_remove(d, j);
-		pthread_mutex_lock(&d->mu);
-		d->running = NULL;
-		j->next = NULL;
-		*d->done_tail = j;
-		d->done_tail = &j->next;
-		pthread_cond_broadcast(&d->cv);
-		pthread_mutex_unlock(&d->mu);
-		d->wake(d->wake_arg);
-		pthread_mutex_lock(&d->mu);
-	}
-	pthread_mutex_unlock(&d->mu);
-	return NULL;
+	j->err[0] = '\0';
+	if (j->op == KVDISK_WRITE)
+		j->rc = run_write(j->disk, j, j->err);
+	else if (j->op == KVDISK_LOAD)
+		j->rc = run_load(j->disk, j, j->err);
+	else
+		run_remove(j->disk, j);
 }
 
 /* ---- the interface ---- */
@@ -445,26 +418,21 @@ kvdisk_open(const char *dir, uint64_t budget, void (*wake)(void *), void *arg, s
 {
 	struct kvdisk *d;
 	const char *stall = getenv("RESIDENT_KV_WRITE_STALL");
+	int rc;
 
 	if (mkdir(dir, 0700) != 0 && errno != EEXIST)
 		return err_set(err, ERR_IO, "%s: %s", dir, strerror(errno));
 	d = xcalloc(1, sizeof *d);
 	d->dir = xstrdup(dir);
 	d->budget = budget;
-	d->wake = wake;
-	d->wake_arg = arg;
-	d->queue_tail = &d->queue;
-	d->done_tail = &d->done;
 	d->stall_after = stall != NULL ? atol(stall) : -1;
 	pthread_mutex_init(&d->mu, NULL);
-	pthread_cond_init(&d->cv, NULL);
 	scan(d);
 	enforce_budget(d);
-	if (pthread_create(&d->thread, NULL, io_main, d) != 0) {
+	if ((rc = worker_start(&d->wk, wake, arg, err)) != 0) {
 		kvdisk_close(d);
-		return err_set(err, ERR_NOMEM, "cannot start the KV disk thread");
+		return rc;
 	}
-	d->started = 1;
 	*out = d;
 	return 0;
 }
@@ -479,26 +447,30 @@ kvdisk_job_free(struct kvdisk_job *j)
 	free(j);
 }
 
-void
-kvdisk_close(struct kvdisk *d)
+/* The jobs of a list of finished items, linked through next. */
+static struct kvdisk_job *
+jobs_of(struct work *w)
 {
 	struct kvdisk_job *j;
 
+	for (j = (struct kvdisk_job *)w; w != NULL; w = w->next)
+		((struct kvdisk_job *)w)->next = (struct kvdisk_job *)w->next;
+	return j;
+}
+
+void
+kvdisk_close(struct kvdisk *d)
+{
+	struct kvdisk_job *j, *next;
+
 	if (d == NULL)
 		return;
-	if (d->started) {
-		pthread_mutex_lock(&d->mu);
-		d->stopping = 1;
-		pthread_cond_broadcast(&d->cv);
-		pthread_mutex_unlock(&d->mu);
-		pthread_join(d->thread, NULL);
-	}
-	while ((j = d->done) != NULL) {
-		d->done = j->next;
+	worker_stop(&d->wk);
+	for (j = jobs_of(worker_take_done(&d->wk)); j != NULL; j = next) {
+		next = j->next;
 		kvdisk_job_free(j);
 	}
 	pthread_mutex_destroy(&d->mu);
-	pthread_cond_destroy(&d->cv);
 	free(d->files);
 	free(d->dir);
 	free(d);
@@ -507,63 +479,22 @@ kvdisk_close(struct kvdisk *d)
 void
 kvdisk_submit(struct kvdisk *d, struct kvdisk_job *j)
 {
-	pthread_mutex_lock(&d->mu);
-	j->next = NULL;
-	*d->queue_tail = j;
-	d->queue_tail = &j->next;
-	pthread_cond_broadcast(&d->cv);
-	pthread_mutex_unlock(&d->mu);
+	j->work.fn = run_job;
+	j->work.owner = j->owner;
+	j->disk = d;
+	worker_submit(&d->wk, &j->work);
 }
 
 struct kvdisk_job *
 kvdisk_take_done(struct kvdisk *d)
 {
-	struct kvdisk_job *j;
-
-	pthread_mutex_lock(&d->mu);
-	j = d->done;
-	d->done = NULL;
-	d->done_tail = &d->done;
-	pthread_mutex_unlock(&d->mu);
-	return j;
-}
-
-/* 1 if a job of owner is queued or running (under mu). */
-static int
-owner_busy(const struct kvdisk *d, const void *owner)
-{
-	const struct kvdisk_job *j;
-
-	if (d->running != NULL && d->running->owner == owner)
-		return 1;
-	for (j = d->queue; j != NULL; j = j->next)
-		if (j->owner == owner)
-			return 1;
-	return 0;
+	return jobs_of(worker_take_done(&d->wk));
 }
 
 struct kvdisk_job *
 kvdisk_drain(struct kvdisk *d, const void *owner)
 {
-	struct kvdisk_job *mine = NULL, **tail = &mine, **pp, *j;
-
-	pthread_mutex_lock(&d->mu);
-	while (owner_busy(d, owner))
-		pthread_cond_wait(&d->cv, &d->mu);
-	for (pp = &d->done; (j = *pp) != NULL;) {
-		if (j->owner == owner) {
-			*pp = j->next;
-			j->next = NULL;
-			*tail = j;
-			tail = &j->next;
-		} else {
-			pp = &j->next;
-		}
-	}
-	for (d->done_tail = &d->done; *d->done_tail != NULL; d->done_tail = &(*d->done_tail)->next)
-		;
-	pthread_mutex_unlock(&d->mu);
-	return mine;
+	return jobs_of(worker_drain(&d->wk, owner));
 }
 
 int32_t

@@ -15,11 +15,11 @@
  * disk error) or one left from another model file or numerics is never
  * used wrongly, and no other record of the state is needed.
  *
- * Reads and writes run on the tier's own thread, never on the engine
- * thread: a job names the blocks of the device pool to write from or load
- * into (their holder keeps them held until the job comes back), and the
- * thread copies them with the backend's kv_read / kv_write, which run on
- * their own stream. Finished jobs queue up for the owner (kvdisk_take_done),
+ * Reads and writes run on the tier's own thread (a worker.h worker), never
+ * on the engine thread: a job names the blocks of the device pool to write
+ * from or load into (their holder keeps them held until the job comes
+ * back), and the thread copies them with the backend's kv_read / kv_write,
+ * which run on their own stream. Finished jobs queue up for the owner (kvdisk_take_done),
  * and the wake callback tells it there are some.
  *
  * The files share a byte budget: past it the least recently used files go.
@@ -32,6 +32,7 @@
 
 #include "kernels.h"
 #include "util.h"
+#include "worker.h"
 
 struct kvdisk;
 struct backend;
@@ -44,6 +45,8 @@ enum kvdisk_op {
 };
 
 struct kvdisk_job {
+	struct work work;           /* first: the tier's worker runs the job as its item */
+	struct kvdisk *disk;        /* set by kvdisk_submit */
 	enum kvdisk_op op;
 	char name[37];              /* the session's uuid */
 	/* WRITE and LOAD */

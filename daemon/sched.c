@@ -534,6 +534,7 @@ admit(struct sched *s, struct gen *g)
 	g->slot = m;
 	g->md = engine_model(m->e);
 	g->prep.fn = prep_run;
+	g->prep.owner = s;
 	g->state = GEN_PREP;
 	worker_submit(&s->prep, &g->prep);
 	return 0;
@@ -573,13 +574,13 @@ prep_done(struct sched *s, struct gen *g)
 	}
 }
 
-/* Takes the prompts the worker has finished. */
+/* Takes back the prompts of a list of the worker's finished items. */
 static void
-take_prep(struct sched *s)
+take_prep(struct sched *s, struct work *w)
 {
-	struct work *w, *next;
+	struct work *next;
 
-	for (w = worker_take_done(&s->prep); w != NULL; w = next) {
+	for (; w != NULL; w = next) {
 		next = w->next;
 		prep_done(s, (struct gen *)w);
 	}
@@ -959,8 +960,7 @@ op_model_unload(struct sched *s, struct sched_job *job)
 		return;
 	}
 	/* the worker may be reading the model for a prompt */
-	worker_drain(&s->prep);
-	take_prep(s);
+	take_prep(s, worker_drain(&s->prep, s));
 	for (g = s->gens; g != NULL; g = next) {
 		next = g->next;
 		if (g->slot == m && g->state == GEN_RUNNING) {
@@ -1330,7 +1330,7 @@ take_input(struct sched *s, int64_t timeout_ns)
 		take_ctl(s, c);
 	}
 	take_io(s);
-	take_prep(s);
+	take_prep(s, worker_take_done(&s->prep));
 	return stopping;
 }
 
@@ -1342,8 +1342,7 @@ cancel_all(struct sched *s)
 
 	for (g = s->gens; g != NULL; g = g->next)
 		g->cancelled = 1;
-	worker_drain(&s->prep);
-	take_prep(s);
+	take_prep(s, worker_drain(&s->prep, s));
 	reap_cancelled(s);
 }
 

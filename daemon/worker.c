@@ -23,11 +23,11 @@ worker_main(void *arg)
 			break;
 		if ((wk->queue = w->next) == NULL)
 			wk->queue_tail = &wk->queue;
-		wk->busy = 1;
+		wk->running = w;
 		pthread_mutex_unlock(&wk->mu);
 		w->fn(w);
 		pthread_mutex_lock(&wk->mu);
-		wk->busy = 0;
+		wk->running = NULL;
 		w->next = NULL;
 		*wk->done_tail = w;
 		wk->done_tail = &w->next;
@@ -93,11 +93,40 @@ worker_take_done(struct worker *wk)
 	return w;
 }
 
-void
-worker_drain(struct worker *wk)
+/* 1 if an item of owner is queued or running (under mu). */
+static int
+owner_busy(const struct worker *wk, const void *owner)
 {
+	const struct work *w;
+
+	if (wk->running != NULL && wk->running->owner == owner)
+		return 1;
+	for (w = wk->queue; w != NULL; w = w->next)
+		if (w->owner == owner)
+			return 1;
+	return 0;
+}
+
+struct work *
+worker_drain(struct worker *wk, const void *owner)
+{
+	struct work *mine = NULL, **tail = &mine, **pp, *w;
+
 	pthread_mutex_lock(&wk->mu);
-	while (wk->queue != NULL || wk->busy)
+	while (owner_busy(wk, owner))
 		pthread_cond_wait(&wk->cv, &wk->mu);
+	for (pp = &wk->done; (w = *pp) != NULL;) {
+		if (w->owner == owner) {
+			*pp = w->next;
+			w->next = NULL;
+			*tail = w;
+			tail = &w->next;
+		} else {
+			pp = &w->next;
+		}
+	}
+	for (wk->done_tail = &wk->done; *wk->done_tail != NULL; wk->done_tail = &(*wk->done_tail)->next)
+		;
 	pthread_mutex_unlock(&wk->mu);
+	return mine;
 }

@@ -1,12 +1,13 @@
 /*
- * worker.h: a thread that runs the scheduler's slow preparations (a
- * prompt's chat rendering and tokenization) in order, so that they never
- * hold up the engine thread's steps: a 32,000-token prompt takes longer to
- * tokenize than a decoding step takes.
+ * worker.h: a thread that runs slow work in order, off the engine thread:
+ * the scheduler's preparations (a prompt's chat rendering and
+ * tokenization: a 32,000-token prompt takes longer to tokenize than a
+ * decoding step takes), and the KV disk tier's reads and writes.
  *
  * A work item is embedded in its owner's struct; its function runs on the
  * worker thread, and the item then waits among the finished ones until the
- * owner takes it back (worker_take_done), woken by the callback. The
+ * owner takes it back (worker_take_done), woken by the callback. The KV
+ * disk tier's reads and writes run on a worker of their own too. The
  * thread runs at a lower priority than the others (WORKER_NICE), so that
  * a long tokenization does not delay the loop thread's replies.
  */
@@ -20,6 +21,7 @@
 
 struct work {
 	void (*fn)(struct work *w);
+	const void *owner;           /* whose it is (worker_drain) */
 	struct work *next;
 };
 
@@ -29,7 +31,7 @@ struct worker {
 	pthread_mutex_t mu;
 	pthread_cond_t cv;
 	struct work *queue, **queue_tail, *done, **done_tail;
-	int busy;                    /* an item is running */
+	struct work *running;        /* the item the thread runs, or NULL */
 	void (*wake)(void *);
 	void *wake_arg;
 };
@@ -41,7 +43,11 @@ void worker_stop(struct worker *wk);
 void worker_submit(struct worker *wk, struct work *w);
 /* The finished items, in order (a list through next). */
 struct work *worker_take_done(struct worker *wk);
-/* Waits until nothing is queued or running. */
-void worker_drain(struct worker *wk);
+/*
+ * Waits until no item of owner is queued or running, and takes its
+ * finished ones (a list, as worker_take_done), so that the owner can let go
+ * of what they use.
+ */
+struct work *worker_drain(struct worker *wk, const void *owner);
 
 #endif

@@ -99,15 +99,29 @@ def host_part(ck):
         ck.eq(got, reference(d.model, system, 2), "host tier: the same answers as a fresh daemon")
 
 
-def restart_turn(d, sid, i):
-    """Restarts the daemon and runs turn i of the session; returns (Gen, tokens from disk)."""
+def turn_after(d, sid, i, change=None):
+    """Stops the daemon, makes a change (to its files, its flags), starts it
+    again and runs turn i of the session: returns (Gen, tokens from disk)."""
     d.stop()
+    if change is not None:
+        change()
     d.start()
-    c = d.client()
-    g = turn(c, sid, i)
-    hits = model_stats(c)["cache_disk_hit_tokens"]
-    c.close()
-    return g, hits
+    with d.client() as c:
+        g = turn(c, sid, i)
+        return g, model_stats(c)["cache_disk_hit_tokens"]
+
+
+def flip_byte(path, off):
+    with open(path, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 0x10]))
+
+
+def touch(path):
+    t = os.stat(path).st_mtime + 10
+    os.utime(path, (t, t))
 
 
 def damage_part(ck):
@@ -118,59 +132,32 @@ def damage_part(ck):
         got = [turn(c, sid, 0).ids]
         c.close()
         # 1. an orderly restart: the next turn loads the whole history
-        g, hits = restart_turn(d, sid, 1)
+        g, hits = turn_after(d, sid, 1)
         got.append(g.ids)
         ck.ok(hits >= g.usage["prompt_tokens"] - 40 and g.usage["cached_tokens"] == hits,
               "after a restart: %d of %d tokens loaded from disk" % (hits, g.usage["prompt_tokens"]))
         [path] = kv_files(d, sid)
         # 2. one byte changed in record 5's K/V: records 0-4 are used
-        d.stop()
-        off, _ = record_offset(path, 5)
-        with open(path, "r+b") as f:
-            f.seek(off + 72 + 1000)
-            b = f.read(1)
-            f.seek(off + 72 + 1000)
-            f.write(bytes([b[0] ^ 0x10]))
-        d.start()
-        c = d.client()
-        g = turn(c, sid, 2)
+        g, _ = turn_after(d, sid, 2, lambda: flip_byte(path, record_offset(path, 5)[0] + 72 + 1000))
         got.append(g.ids)
         ck.eq(g.usage["cached_tokens"], 5 * 16, "a damaged record 5: records 0-4 used")
-        c.close()
         # 3. the file cut inside record 7 (the last turn rewrote it whole)
-        d.stop()
-        off, _ = record_offset(path, 7)
-        os.truncate(path, off + 100)
-        d.start()
-        c = d.client()
-        g = turn(c, sid, 3)
+        g, _ = turn_after(d, sid, 3, lambda: os.truncate(path, record_offset(path, 7)[0] + 100))
         got.append(g.ids)
         ck.eq(g.usage["cached_tokens"], 7 * 16, "a file cut inside record 7: records 0-6 used")
-        c.close()
         ck.eq(got, reference(d.model, system, 4), "the same answers as a fresh daemon, whatever was loaded")
-        # 4. the model file changed since: nothing stored is used
-        d.stop()
-        t = os.stat(d.model).st_mtime + 10
-        os.utime(d.model, (t, t))
-        d.start()
-        c = d.client()
-        g = turn(c, sid, 4)
+        # 4. the model file changed since, 5. another numerics mode: nothing stored is used
+        g, _ = turn_after(d, sid, 4, lambda: touch(d.model))
         ck.eq(g.usage["cached_tokens"], 0, "a modified model file: nothing loaded")
-        c.close()
-        # 5. another numerics mode: nothing stored is used
-        d.stop()
-        d.extra.append("--exact")
-        d.start()
-        c = d.client()
-        g = turn(c, sid, 5)
+        g, _ = turn_after(d, sid, 5, lambda: d.extra.append("--exact"))
         ck.eq(g.usage["cached_tokens"], 0, "--exact does not use what the default mode stored")
         ck.ok(rsd.wait_for(lambda: len(kv_files(d, sid)) == 3), "one file per model identity and numerics: %d"
               % len(kv_files(d, sid)))
         # 6. session delete removes every file of the session
-        c.call("session.delete", session=sid)
-        ck.ok(rsd.wait_for(lambda: not kv_files(d, sid)), "session.delete removes its KV files")
-        ck.eq(c.call("status")["kv"]["disk_bytes"], 0, "status: nothing left on disk")
-        c.close()
+        with d.client() as c:
+            c.call("session.delete", session=sid)
+            ck.ok(rsd.wait_for(lambda: not kv_files(d, sid)), "session.delete removes its KV files")
+            ck.eq(c.call("status")["kv"]["disk_bytes"], 0, "status: nothing left on disk")
 
 
 def budget_part(ck):
