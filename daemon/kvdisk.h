@@ -1,8 +1,8 @@
 /*
  * kvdisk.h: the disk tier of the KV cache. A session's full KV blocks are
  * kept in one file, DIR/IDENTITY/UUID.kv, where IDENTITY stands for the
- * model file and the numerics the blocks were computed with
- * (engine_identity), so that a session resumed after an eviction or a
+ * model file and the numerics the blocks were computed with (the engine's
+ * identity), so that a session resumed after an eviction or a
  * restart loads its blocks instead of computing them again.
  *
  * The file is a header (the identity, in full, and the block size) and one

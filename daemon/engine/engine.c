@@ -47,7 +47,13 @@ struct engine {
 	float *logits;          /* max_seqs rows */
 	int32_t *argmax;        /* max_seqs: the greedy picks, when the backend makes them */
 	/* the prefix cache and its tiers */
-	uint64_t identity;      /* engine_identity */
+	/*
+	 * What its K/V depend on besides the tokens: the model file (path, size,
+	 * modification time, a hash of its tensor directory, which holds the
+	 * quantization) and the numerics (backend, exact mode, KV element size);
+	 * the text for people (and the disk tier's file headers), its hash for keys.
+	 */
+	uint64_t identity;
 	char *identity_text;
 	size_t block_bytes;     /* one block's K/V, as kv_read gives it */
 	struct kvhost *host;
@@ -177,7 +183,7 @@ tensors_hash(const struct model_desc *m)
 	return r;
 }
 
-/* Fills e->identity and its text (engine_identity). */
+/* Fills e->identity and its text. */
 static void
 make_identity(struct engine *e)
 {
@@ -217,7 +223,6 @@ evict_to_host(void *arg, const struct kv_pool *kv, int32_t blk)
 	memcpy(h->tokens, k->tokens, sizeof h->tokens);
 	h->bytes = e->block_bytes;
 	kvhost_put(e->host, h);
-	e->st.to_host++;
 }
 
 int
@@ -409,13 +414,6 @@ engine_cache_stats(const struct engine *e, struct engine_cache_stats *st)
 	st->used_bytes = (uint64_t)(e->kv.n_blocks - e->kv.n_free) * e->block_bytes;
 }
 
-uint64_t
-engine_identity(const struct engine *e, const char **text)
-{
-	if (text != NULL)
-		*text = e->identity_text;
-	return e->identity;
-}
 
 int32_t
 engine_kv_blocks(const struct engine *e)

@@ -158,16 +158,9 @@ struct engine_cache_stats {
 	uint64_t used_bytes;        /* K/V bytes of the blocks that hold something (held or cached) */
 	uint64_t hit, miss;         /* prompt tokens found in a cache; computed */
 	uint64_t host_hit, disk_hit;/* of hit, tokens that came from the host / disk tier */
-	uint64_t to_host;           /* blocks the pool gave up to the host tier */
 };
 void engine_cache_stats(const struct engine *e, struct engine_cache_stats *st);
-/*
- * What a sequence's K/V depend on besides its tokens: the model file (path,
- * size, modification time, a hash of its tensor directory, which holds the
- * quantization) and the numerics (backend, exact mode, KV element size).
- * The text says it for people; the number hashes it.
- */
-uint64_t engine_identity(const struct engine *e, const char **text);
+
 /* Bytes of the whole KV pool. */
 uint64_t engine_kv_bytes(const struct engine *e);
 int32_t engine_max_step_tokens(const struct engine *e);
