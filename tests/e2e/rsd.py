@@ -298,6 +298,18 @@ def gemma_path():
     return assemble()
 
 
+def timed_model(tmp):
+    """(model path, prompt tokens, its name, whether to judge times) for the
+    tests that time a long prompt: the real Gemma 3 270M and 1,500 tokens; in
+    an instrumented build, where Gemma makes about a token a second, a model
+    generated into tmp and 200 tokens, whose times (a few fixed costs) say
+    nothing: the same code paths, for the sanitizers to check."""
+    if instrumented():
+        return gen_model(os.path.join(tmp, "timed.gguf"), seed=9), 200, "a generated model (instrumented build)", \
+            False
+    return gemma_path(), 1500, "Gemma 3 270M", True
+
+
 def gen_model(path, seed=1, shape="tiny", qtype="q8_0"):
     subprocess.run([tool("resident-model"), "gen", shape, path, "--type", qtype, "--quiet",
                     "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)

@@ -14,8 +14,9 @@ same per token as a short one and fits the time of a test.
 2. 64 clients start streams together (the same length): each one's
    tokens/s, from its first token to its last, is within 10 % of every
    other's (the slowest at least 90 % of the fastest).
-In an instrumented build (rsd.instrumented) the prompt has 8,000 tokens and
-16 clients start together.
+Skipped in an instrumented build (rsd.instrumented): it times steps, which
+the instrumentation slows several times over; the pacer and the worker
+thread run in every other test there.
 """
 import os
 import shutil
@@ -157,10 +158,9 @@ def many_part(ck, d):
 
 
 def main():
-    global LONG, MANY
     ck = Checks()
-    if rsd.instrumented():  # the same checks at a quarter of the size
-        LONG, MANY = 8000, 16
+    if rsd.instrumented():
+        raise rsd.Skip("an instrumented build: its step times say nothing of the scheduler's")
     tmp = tempfile.mkdtemp(prefix="rsd-fair-")
     try:
         model = rsd.gen_model(os.path.join(tmp, "swa.gguf"), seed=7, shape="tiny-swa")

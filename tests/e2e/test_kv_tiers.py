@@ -14,24 +14,27 @@ With a generated model:
    mode (--exact) each make the daemon compute from there instead. `session
    delete` removes the file; a small --kv-disk keeps the most recently used.
 With the real Gemma 3 270M on the CPU:
-3. A 1,500-token session (400 in an instrumented build: rsd.instrumented)
-   is killed (kill -9) while its KV is being written
+3. A 1,500-token session is killed (kill -9) while its KV is being written
    (RESIDENT_KV_WRITE_STALL stops the writer after 2 records) and half a
    record of garbage is added, as a torn write would leave: its next turn
    loads the 2 whole records, computes the rest and answers correctly.
-4. After an orderly restart its next turn has at least 1,488 (388) tokens cached
+4. After an orderly restart its next turn has at least 1,488 tokens cached
    and its first token in at most 10 % of the time that computing the
    history took in step 3.
+In an instrumented build, steps 3 and 4 run a generated model and 200
+tokens, and no time is judged (rsd.timed_model).
 """
 import glob
 import os
+import shutil
 import struct
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
-from rsd import Checks, Daemon, gemma_path  # noqa: E402
+from rsd import Checks, Daemon  # noqa: E402
 
 QUESTIONS = ["Tell me about lighthouses.", "And the keepers?", "What did they eat?", "Who relieved them?",
              "How did the lamps work?", "Are any left today?"]
@@ -180,12 +183,10 @@ def budget_part(ck):
         c.close()
 
 
-def gemma_part(ck):
-    model = gemma_path()
+def long_part(ck, model, n_system, timed):
     extra = ["--ctx", "2048"]
     with Daemon(model=model, extra=extra, env={"RESIDENT_KV_WRITE_STALL": "2"}) as d:
         c = d.client(timeout=600)
-        n_system = 400 if rsd.instrumented() else 1500
         system = rsd.long_system(c, n_system)
         sid = c.call("session.new", title="archivist", system=system)["session"]["session"]
         g1 = turn(c, sid, 0, 8)
@@ -213,12 +214,12 @@ def gemma_part(ck):
         print("   turn 3 after a restart: usage", g3.usage)
         ck.ok(g3.usage["cached_tokens"] >= n_system - 12, "after a restart: %d tokens cached (>= %d)"
               % (g3.usage["cached_tokens"], n_system - 12))
-        ck.ok(g3.usage["ttft_ms"] <= 0.10 * g2.usage["ttft_ms"],
+        ck.ok(not timed or g3.usage["ttft_ms"] <= 0.10 * g2.usage["ttft_ms"],
               "after a restart: first token in %.1f ms, at most 10 %% of computing the history (%.1f ms): %.1f %%"
               % (g3.usage["ttft_ms"], g2.usage["ttft_ms"], 100 * g3.usage["ttft_ms"] / g2.usage["ttft_ms"]))
         c.close()
     ck.eq([g1.ids, g2.ids, g3.ids], reference(model, system, 3, extra, 8),
-          "Gemma: the same answers as a daemon that never stopped and has no disk tier")
+          "the same answers as a daemon that never stopped and has no disk tier")
 
 
 def main():
@@ -229,8 +230,13 @@ def main():
         damage_part(ck)
     with ck.section("disk budget"):
         budget_part(ck)
-    with ck.section("Gemma 3 270M: kill -9 while writing, then a restart"):
-        gemma_part(ck)
+    tmp = tempfile.mkdtemp(prefix="rsd-tiers-")
+    try:
+        model, n_system, name, timed = rsd.timed_model(tmp)
+        with ck.section("%s: kill -9 while writing, then a restart" % name):
+            long_part(ck, model, n_system, timed)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return ck
 
 
