@@ -305,11 +305,58 @@ cmd_models(struct cli *cli, int argc, char **argv)
 
 /* ---- status ---- */
 
+/* "5m 00s", "until needed" (negative), and what is left of it while the loaded model is unused. */
+static const char *
+keep_alive_text(const rs_value *m, char *buf, size_t len)
+{
+	double keep = rs_float(rs_get(m, "keep_alive_s")), left = rs_float(rs_get(m, "expires_in_s"));
+	char a[32], b[32];
+
+	if (keep < 0)
+		snprintf(buf, len, "until needed");
+	else if (left >= 0)
+		snprintf(buf, len, "%s (%s left)", cli_duration(keep, a), cli_duration(left, b));
+	else
+		snprintf(buf, len, "%s", cli_duration(keep, a));
+	return buf;
+}
+
+/* "1536 / 24", and where hits came from besides the device. */
+static const char *
+cache_text(const rs_value *m, char *buf, size_t len)
+{
+	unsigned long long host = rs_uint(rs_get(m, "cache_host_hit_tokens")), disk = rs_uint(rs_get(m, "cache_disk_hit_tokens"));
+	int n = snprintf(buf, len, "%llu / %llu", (unsigned long long)rs_uint(rs_get(m, "cache_hit_tokens")),
+	    (unsigned long long)rs_uint(rs_get(m, "cache_miss_tokens")));
+
+	if ((host > 0 || disk > 0) && n > 0 && (size_t)n < len)
+		snprintf(buf + n, len - (size_t)n, " (host %llu, disk %llu)", host, disk);
+	return buf;
+}
+
+/* The memory budget and the KV tiers, a line each. */
+static void
+print_memory(const rs_value *s)
+{
+	const rs_value *mem = rs_get(s, "memory"), *kv = rs_get(s, "kv");
+	char a[32], b[32], c[32], d[32], e[32];
+
+	if (mem != NULL)
+		printf("memory     %s used of %s by the loaded models; loads %llu, unloads %llu\n",
+		    cli_size(rs_uint(rs_get(mem, "used_bytes")), a), cli_size(rs_uint(rs_get(mem, "budget_bytes")), b),
+		    (unsigned long long)rs_uint(rs_get(mem, "loads")), (unsigned long long)rs_uint(rs_get(mem, "unloads")));
+	if (kv != NULL)
+		printf("KV cache   %s on the device, %s in host memory (of %s), %s on disk (of %s)\n",
+		    cli_size(rs_uint(rs_get(kv, "device_bytes")), a), cli_size(rs_uint(rs_get(kv, "host_bytes")), b),
+		    cli_size(rs_uint(rs_get(kv, "host_budget_bytes")), c), cli_size(rs_uint(rs_get(kv, "disk_bytes")), d),
+		    cli_size(rs_uint(rs_get(kv, "disk_budget_bytes")), e));
+}
+
 static void
 print_status(const rs_value *hello, const rs_value *s)
 {
 	const rs_value *models = rs_get(s, "models"), *clients = rs_get(s, "clients"), *steps = rs_get(s, "steps");
-	char up[32], w[32], kv[64], a[24], q[24];
+	char up[32], w[32], kv[64], a[24], q[24], keep[80], hits[96];
 	struct table *t;
 	size_t i;
 
@@ -320,9 +367,11 @@ print_status(const rs_value *hello, const rs_value *s)
 	printf("batches    %llu steps, %llu tokens, largest %llu sequences, mean %.2f\n",
 	    (unsigned long long)rs_uint(rs_get(steps, "count")), (unsigned long long)rs_uint(rs_get(steps, "tokens")),
 	    (unsigned long long)rs_uint(rs_get(steps, "max_batch")), rs_float(rs_get(steps, "mean_batch")));
+	print_memory(s);
 
 	printf("\n");
-	t = table_new(7, "MODEL", "DEVICE", "WEIGHTS", "KV CACHE", "KV BLOCKS FREE", "ACTIVE", "QUEUED");
+	t = table_new(9, "MODEL", "DEVICE", "MEMORY", "KEEP-ALIVE", "KV CACHE", "KV BLOCKS FREE",
+	    "CACHE HIT / MISS", "ACTIVE", "QUEUED");
 	for (i = 0; i < rs_len(models); i++) {
 		const rs_value *m = rs_at(models, i);
 		char blocks[48];
@@ -335,8 +384,10 @@ print_status(const rs_value *hello, const rs_value *s)
 		snprintf(a, sizeof a, "%llu", (unsigned long long)rs_uint(rs_get(m, "active")));
 		snprintf(q, sizeof q, "%llu", (unsigned long long)rs_uint(rs_get(m, "queued")));
 		table_add(t, cli_str(m, "name"), cli_str(m, "device")[0] ? cli_str(m, "device") : "(unloaded)",
-		    cli_size(rs_uint(rs_get(m, "weights_bytes")), w),
-		    rs_get(m, "kv_bytes") ? cli_size(rs_uint(rs_get(m, "kv_bytes")), kv) : "-", blocks, a, q);
+		    cli_size(rs_uint(rs_get(m, rs_get(m, "memory_bytes") ? "memory_bytes" : "weights_bytes")), w),
+		    keep_alive_text(m, keep, sizeof keep),
+		    rs_get(m, "kv_bytes") ? cli_size(rs_uint(rs_get(m, "kv_bytes")), kv) : "-", blocks,
+		    cache_text(m, hits, sizeof hits), a, q);
 	}
 	table_print(t, stdout);
 	table_free(t);

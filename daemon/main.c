@@ -10,6 +10,7 @@
  * the database is closed.
  */
 #include "config.h"
+#include "engine.h"
 #include "log.h"
 #include "model.h"
 #include "proto.h"
@@ -27,6 +28,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <malloc.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +39,13 @@ struct settings {
 	char *socket_path, *db_path, *model, *device, *group, *log_level, *config, *device_fault;
 	int threads, ctx, kv_tokens, max_seqs, max_queue, max_step_tokens, exact;
 	int max_sessions;     /* per uid; 0: the store's default */
+	int kv_share_users;
+	char *kv_host, *kv_disk;     /* sizes as given */
+	uint64_t kv_host_bytes, kv_disk_bytes;
+	char *device_memory, *keep_alive;
+	uint64_t device_bytes;
+	double keep_alive_s;
+	char *kv_dir;
 	int socket_private;   /* the default path: its directory must be ours alone */
 	long max_frame;
 };
@@ -60,8 +69,20 @@ usage(FILE *fp)
 	    "                          fp16 ones and an fp16 KV cache (CUDA: twice the KV memory)\n"
 	    "      --device-fault reload|cpu  after a GPU fault, load the model again on the GPU\n"
 	    "                          (default) or on the CPU\n"
+	    "      --device-memory M   memory the loaded models may take on the device, weights and KV\n"
+	    "                          caches together: GPU memory (cuda) or RAM (cpu); a size (12G)\n"
+	    "                          or a fraction of what is free at start (default 0.9)\n"
+	    "      --keep-alive T      how long a model stays loaded unused: 30s, 5m (default), 2h,\n"
+	    "                          0 (unload at once), -1 (until its memory is needed)\n"
+	    "                          for steps of more than 8 tokens (faster batched decoding\n"
+	    "                          and prefill; about 2 bytes more GPU memory per weight)\n"
 	    "      --ctx N             context length (default: the model's, at most 8192)\n"
 	    "      --kv-tokens N       KV cache size in tokens (default: 4 x context)\n"
+	    "      --kv-share-users    one prefix cache for all users (lets a user time\n"
+	    "                          another's prompts; default: one per user)\n"
+	    "      --kv-host SIZE      host memory for KV blocks the device gives up (default 4G)\n"
+	    "      --kv-disk SIZE      disk space for sessions' KV, next to the database in kv/\n"
+	    "                          (default 16G; 0: none)\n"
 	    "      --max-seqs N        sequences decoding together (default 64)\n"
 	    "      --max-queue N       waiting requests before 'overloaded' (default 256)\n"
 	    "      --max-sessions N    sessions one user may keep (default 10000)\n"
@@ -171,7 +192,11 @@ read_config(struct settings *s, char *err)
 	    (rc = cfg_int(cfg, "threads", &s->threads, err)) || (rc = cfg_int(cfg, "ctx", &s->ctx, err)) ||
 	    (rc = cfg_int(cfg, "kv_tokens", &s->kv_tokens, err)) || (rc = cfg_int(cfg, "max_seqs", &s->max_seqs, err)) ||
 	    (rc = cfg_int(cfg, "max_queue", &s->max_queue, err)) || (rc = cfg_bool(cfg, "exact", &s->exact, err)) ||
-	    (rc = cfg_int(cfg, "max_sessions", &s->max_sessions, err)))
+	    (rc = cfg_int(cfg, "max_sessions", &s->max_sessions, err)) ||
+	    (rc = cfg_bool(cfg, "kv_share_users", &s->kv_share_users, err)) ||
+	    (rc = cfg_str(cfg, "kv_host", &s->kv_host, err)) || (rc = cfg_str(cfg, "kv_disk", &s->kv_disk, err)) ||
+	    (rc = cfg_str(cfg, "device_memory", &s->device_memory, err)) ||
+	    (rc = cfg_str(cfg, "keep_alive", &s->keep_alive, err)))
 		err_prefix(err, rc, "%s", path);
 	json_decref(cfg);
 	free(path);
@@ -181,7 +206,8 @@ read_config(struct settings *s, char *err)
 static int
 parse_args(int argc, char **argv, struct settings *s)
 {
-	enum { O_GROUP = 256, O_DB, O_DEVICE, O_CTX, O_KV, O_SEQS, O_QUEUE, O_FRAME, O_EXACT, O_SESSIONS, O_FAULT };
+	enum { O_GROUP = 256, O_DB, O_DEVICE, O_CTX, O_KV, O_SEQS, O_QUEUE, O_FRAME, O_EXACT, O_SESSIONS, O_FAULT,
+		O_SHARE, O_KV_HOST, O_KV_DISK, O_DEVMEM, O_KEEP };
 	static const struct option lo[] = {
 		{ "model", required_argument, NULL, 'm' }, { "socket", required_argument, NULL, 's' },
 		{ "group", required_argument, NULL, O_GROUP }, { "db", required_argument, NULL, O_DB },
@@ -192,6 +218,10 @@ parse_args(int argc, char **argv, struct settings *s)
 		{ "exact", no_argument, NULL, O_EXACT }, { "log-level", required_argument, NULL, 'l' },
 		{ "help", no_argument, NULL, 'h' }, { "max-sessions", required_argument, NULL, O_SESSIONS },
 		{ "device-fault", required_argument, NULL, O_FAULT },
+		{ "kv-share-users", no_argument, NULL, O_SHARE }, { "kv-host", required_argument, NULL, O_KV_HOST },
+		{ "kv-disk", required_argument, NULL, O_KV_DISK },
+		{ "device-memory", required_argument, NULL, O_DEVMEM },
+		{ "keep-alive", required_argument, NULL, O_KEEP },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -214,6 +244,11 @@ parse_args(int argc, char **argv, struct settings *s)
 		case O_EXACT: s->exact = 1; break;
 		case O_SESSIONS: s->max_sessions = atoi(optarg); break;
 		case O_FAULT: s->device_fault = xstrdup(optarg); break;
+		case O_SHARE: s->kv_share_users = 1; break;
+		case O_KV_HOST: s->kv_host = xstrdup(optarg); break;
+		case O_KV_DISK: s->kv_disk = xstrdup(optarg); break;
+		case O_DEVMEM: s->device_memory = xstrdup(optarg); break;
+		case O_KEEP: s->keep_alive = xstrdup(optarg); break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
 		}
@@ -223,6 +258,85 @@ parse_args(int argc, char **argv, struct settings *s)
 		return -1;
 	}
 	return 0;
+}
+
+/*
+ * A size in bytes: a number with an optional fraction and an optional
+ * K, M, G or T (powers of 1024), as "4G", "1.5G", "512M", "1048576".
+ */
+static int
+parse_size(const char *text, const char *what, uint64_t *out, char *err)
+{
+	static const char units[] = "KMGT";
+	const char *u;
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(text, &end);
+	if (end != text && *end != '\0' && (u = strchr(units, *end)) != NULL && end[1] == '\0') {
+		v *= (double)(1ull << (10 * (u - units + 1)));
+		end++;
+	}
+	if (end == text || *end != '\0' || errno != 0 || !(v >= 0) || v > 1e18 || text[0] == '-')
+		return err_set(err, ERR_INVAL, "%s: '%s' is not a size (bytes, or a number with K, M, G or T)",
+		    what, text);
+	*out = (uint64_t)v;
+	return 0;
+}
+
+/*
+ * The device memory budget: a size, or a fraction (a number up to 1) of
+ * the device's free memory now.
+ */
+static int
+device_budget(const struct settings *s, uint64_t *out, char *err)
+{
+	const char *text = s->device_memory ? s->device_memory : "0.9";
+	uint64_t free_b, total;
+	char *end;
+	double f = strtod(text, &end);
+	int rc;
+
+	if (end != text && *end == '\0' && f <= 1) {
+		if (!(f > 0))
+			return err_set(err, ERR_INVAL, "--device-memory: a fraction must be more than 0");
+		if ((rc = engine_device_memory(s->device, &free_b, &total, err)) != 0)
+			return err_prefix(err, rc, "--device-memory");
+		*out = (uint64_t)(f * (double)free_b);
+		log_info("device memory budget %.1f GiB: %.2f of %.1f GiB free (of %.1f GiB)", *out / 1073741824.0, f,
+		    free_b / 1073741824.0, total / 1073741824.0);
+		return 0;
+	}
+	return parse_size(text, "--device-memory", out, err);
+}
+
+/* A duration: seconds, or a number with s, m or h; negative: forever. */
+static int
+parse_duration(const char *text, double *out, char *err)
+{
+	char *end;
+	double v = strtod(text, &end);
+
+	if (end != text && (*end == 's' || *end == 'm' || *end == 'h') && end[1] == '\0')
+		v *= *end == 'h' ? 3600 : *end == 'm' ? 60 : 1, end++;
+	if (end == text || *end != '\0' || !isfinite(v))
+		return err_set(err, ERR_INVAL, "--keep-alive: '%s' is not a duration (30s, 5m, 2h, 0, -1)", text);
+	*out = v < 0 ? -1 : v;
+	return 0;
+}
+
+/* The kv/ directory next to the database. */
+static char *
+kv_dir_of(const char *db)
+{
+	const char *slash = strrchr(db, '/');
+	char buf[PATH_MAX];
+
+	if (slash == NULL)
+		return xstrdup("kv");
+	snprintf(buf, sizeof buf, "%.*s/kv", (int)(slash - db), db);
+	return xstrdup(buf);
 }
 
 /* Fills what neither flags nor config set; checks the values. */
@@ -244,6 +358,12 @@ finish_settings(struct settings *s, gid_t *gid, enum sched_fault_policy *fault, 
 		return ERR_NOTFOUND;
 	if (s->db_path == NULL)
 		s->db_path = xdg_path("XDG_DATA_HOME", ".local/share", "resident/resident.db");
+	s->kv_dir = kv_dir_of(s->db_path);
+	if (parse_size(s->kv_host ? s->kv_host : "4G", "--kv-host", &s->kv_host_bytes, err) != 0 ||
+	    parse_size(s->kv_disk ? s->kv_disk : "16G", "--kv-disk", &s->kv_disk_bytes, err) != 0 ||
+	    parse_duration(s->keep_alive ? s->keep_alive : "5m", &s->keep_alive_s, err) != 0 ||
+	    device_budget(s, &s->device_bytes, err) != 0)
+		return ERR_INVAL;
 	if (s->max_frame == 0)
 		s->max_frame = PROTO_MAX_FRAME_DEFAULT;
 	if (s->max_frame < 64 || s->max_frame > (1L << 30))
@@ -341,7 +461,8 @@ main(int argc, char **argv)
 	vo.max_output = 8u << 20;
 	vo.default_model = s.model ? model_file_name(s.model) : NULL;
 	so = (struct sched_opts){ s.model, s.device, s.threads, s.ctx, s.kv_tokens, s.max_step_tokens,
-		s.max_seqs, s.max_queue, s.exact, fault };
+		s.max_seqs, s.max_queue, s.exact, fault, s.kv_share_users, s.kv_host_bytes, s.kv_dir,
+		s.kv_disk_bytes, s.device_bytes, s.keep_alive_s };
 	if (store_open(s.db_path, &st, err) == 0 && s.max_sessions > 0)
 		store_set_max_sessions(st, s.max_sessions);
 	if (st == NULL || server_start(base, &vo, st, &srv, err) != 0 ||
@@ -368,7 +489,8 @@ out:
 		event_base_free(base);
 	free((char *)vo.default_model);
 	free(s.socket_path), free(s.db_path), free(s.model), free(s.device), free(s.group);
-	free(s.log_level), free(s.config), free(s.device_fault);
+	free(s.log_level), free(s.config), free(s.device_fault), free(s.kv_host), free(s.kv_disk), free(s.kv_dir);
+	free(s.device_memory), free(s.keep_alive);
 	log_info("stopped");
 	return rc;
 }

@@ -360,6 +360,9 @@ get_sampling(const msgpack_object *m, struct proto_req *r, char *err)
 		return err_set(err, PE_INVALID_PARAM, "max_tokens must be at least 1");
 	if (found)
 		r->max_tokens = (int32_t)u, r->set |= SET_MAX_TOKENS;
+	if ((rc = get_float(m, "keep_alive", &r->keep_alive, &found, err)) != 0)
+		return rc;
+	r->set |= found ? SET_KEEP_ALIVE : 0;
 	return 0;
 }
 
@@ -423,6 +426,7 @@ decode_defaults(const msgpack_object *m, struct proto_req *r, char *err)
 	if (tmp.set & SET_FREQUENCY) json_object_set_new(j, "frequency_penalty", json_real(tmp.sample.frequency_penalty));
 	if (tmp.set & SET_SEED) json_object_set_new(j, "seed", json_integer((json_int_t)tmp.sample.seed));
 	if (tmp.set & SET_MAX_TOKENS) json_object_set_new(j, "max_tokens", json_integer(tmp.max_tokens));
+	if (tmp.set & SET_KEEP_ALIVE) json_object_set_new(j, "keep_alive", json_real(tmp.keep_alive));
 	r->defaults = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
 	json_decref(j);
 	if ((rc = sample_params_check(&tmp.sample, err)) != 0)

@@ -61,7 +61,7 @@ struct proto_msg {
 enum {
 	SET_TEMPERATURE = 1 << 0, SET_TOP_K = 1 << 1, SET_TOP_P = 1 << 2, SET_MIN_P = 1 << 3,
 	SET_REPEAT = 1 << 4, SET_PRESENCE = 1 << 5, SET_FREQUENCY = 1 << 6, SET_SEED = 1 << 7,
-	SET_MAX_TOKENS = 1 << 8,
+	SET_MAX_TOKENS = 1 << 8, SET_KEEP_ALIVE = 1 << 9,
 };
 
 /* A decoded request; strings are malloc'd, NUL-terminated, valid UTF-8. */
@@ -76,6 +76,7 @@ struct proto_req {
 	int n_msgs;
 	struct sample_params sample;
 	int32_t max_tokens;
+	float keep_alive;       /* seconds the model stays loaded unused afterwards; < 0: until needed */
 	unsigned set;           /* SET_* */
 	char *stop[PROTO_MAX_STOP];
 	int n_stop;

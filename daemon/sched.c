@@ -21,10 +21,14 @@
 #include "sched.h"
 #include "engine.h"
 #include "log.h"
+#include "kvdisk.h"
+#include "kvhost.h"
 #include "model.h"
+#include "slots.h"
 #include "store.h"
 #include "tokenizer.h"
 #include "util.h"
+#include "worker.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -36,42 +40,44 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-enum gen_state { GEN_QUEUED, GEN_RUNNING };
-
-struct model_slot;
+enum gen_state { GEN_QUEUED, GEN_PREP, GEN_RUNNING };
 
 /* A generate request inside the scheduler. */
 struct gen {
+	struct work prep;           /* first, so that the worker's item is the gen (prep_run) */
 	struct sched_job *job;
 	enum gen_state state;
-	struct model_slot *slot;
+	struct slot *slot;          /* its model, once admitted (it is then one of its users) */
 	struct seq *seq;
 	struct resident *res;       /* the session's cached sequence, while running */
 	int cancelled, gone;
-	int32_t n_prompt, n_cached;
+	int32_t n_prompt;
 	uint64_t t_first;           /* first token */
+	/* GEN_PREP: the worker renders and tokenizes the prompt with the model's description */
+	const struct model_desc *md;
+	int32_t *ids;
+	size_t n_ids;
+	int prep_rc;
+	enum proto_err prep_pe;
+	char prep_err[ERR_LEN];
 	struct gen *next;
 };
 
-/* A session's sequence kept between turns. */
+/* A session's sequence kept between turns (parked: engine_seq_park). */
 struct resident {
 	char uuid[37];
 	struct seq *seq;
 	int busy;
+	int dropped;                /* the session was deleted while it ran: freed when done */
 	uint64_t last_used;
 	struct resident *next;
 };
 
-struct model_slot {
-	char *name, *path;
-	const char *device;         /* "cpu" after a fault under SCHED_FAULT_CPU; else NULL: sched_opts' */
-	uint64_t faults;            /* backend failures (model_fault) */
-	struct engine *e;
-	struct resident *residents;
-	struct model_slot *next;
-};
-
 enum ctl_type { CTL_CANCEL, CTL_GONE, CTL_DROP, CTL_FORK };
+
+struct sched;
+static void emit_done(struct sched *s, struct gen *g);
+static void gen_free(struct sched *s, struct gen *g);
 
 struct ctl {
 	enum ctl_type type;
@@ -91,13 +97,19 @@ struct sched {
 	struct sched_job *jobs, **jobs_tail;   /* in, from the loop thread */
 	struct ctl *ctls, **ctls_tail;
 	struct sched_event *events, **events_tail; /* out */
-	char **known;                         /* names and paths of registered models */
-	int n_known;
 	void (*wake)(void *);
 	void *wake_arg;
+	int io_ready;                         /* the disk tier or the worker has finished something */
+	struct kvdisk *disk;                  /* NULL when --kv-disk is 0 */
 	/* engine thread only */
-	struct model_slot *models, *default_model;
+	struct kvhost host;
+	struct worker prep;                   /* prompts are tokenized there (worker.h) */
+	struct slots slots;
+	int slots_on;                         /* slots_init was done */
+	struct slot *default_model;
 	struct gen *gens;                     /* queued and running, in arrival order */
+	struct gen *waiting;                  /* queued until models in use give back memory */
+	int retry;                            /* a model fell out of use since waiting was last tried */
 	int n_queued;
 	uint64_t rr_conn;                     /* round-robin position */
 	uint64_t tick;
@@ -199,86 +211,20 @@ sched_job_free(struct sched_job *job)
 
 /* ---- models ---- */
 
-/* Says why name_or_path names no model: what was looked for, and where. */
-static void
-model_not_found(const char *name_or_path, int e, char *err)
-{
-	char cwd[PATH_MAX];
-
-	if (name_or_path[0] == '/' || getcwd(cwd, sizeof cwd) == NULL)
-		err_set(err, ERR_NOTFOUND, "no model named '%s' (model.list has the names), and %s: %s",
-		    name_or_path, name_or_path, strerror(e));
-	else
-		err_set(err, ERR_NOTFOUND, "no model named '%s' (model.list has the names), and no file "
-		    "%s in residentd's directory %s: %s", name_or_path, name_or_path, cwd, strerror(e));
-}
-
-/*
- * Finds a model by name or path; a path to an existing file or directory
- * (relative ones from residentd's directory) is registered under its
- * absolute path. NULL with a message in err when there is none.
- */
-static struct model_slot *
+/* The model of a name or path (slots_find), or the default one for NULL. */
+static struct slot *
 find_model(struct sched *s, const char *name_or_path, char *err)
 {
-	struct model_slot *m;
-	char *name, *path;
-
-	if (name_or_path == NULL) {
-		if (s->default_model == NULL)
-			err_set(err, ERR_NOTFOUND, "no model is configured (start residentd with -m MODEL)");
-		return s->default_model;
-	}
-	for (m = s->models; m != NULL; m = m->next)
-		if (strcmp(m->name, name_or_path) == 0 || strcmp(m->path, name_or_path) == 0)
-			return m;
-	if ((path = realpath(name_or_path, NULL)) == NULL) {
-		model_not_found(name_or_path, errno, err);
-		return NULL;
-	}
-	name = model_file_name(path);
-	for (m = s->models; m != NULL; m = m->next) {
-		if (strcmp(m->path, path) == 0 || strcmp(m->name, name) == 0) {
-			if (strcmp(m->path, path) != 0) {
-				err_set(err, ERR_INVAL, "%s: the model named '%s' is another file (%s)", path,
-				    name, m->path);
-				m = NULL;
-			}
-			free(name), free(path);
-			return m;
-		}
-	}
-	m = xcalloc(1, sizeof *m);
-	m->name = name;
-	m->path = path;
-	m->next = s->models;
-	s->models = m;
-	pthread_mutex_lock(&s->mu);
-	s->known = xrealloc(s->known, (size_t)(s->n_known + 2) * sizeof *s->known);
-	s->known[s->n_known++] = xstrdup(m->name);
-	s->known[s->n_known++] = xstrdup(m->path);
-	pthread_mutex_unlock(&s->mu);
-	return m;
+	if (name_or_path != NULL)
+		return slots_find(&s->slots, name_or_path, err);
+	if (s->default_model == NULL)
+		err_set(err, ERR_NOTFOUND, "no model is configured (start residentd with -m MODEL)");
+	return s->default_model;
 }
 
-/* Loads a model if it is not loaded. */
-static int
-load_model(struct sched *s, struct model_slot *m, char *err)
-{
-	struct engine_opts eo = { .device = s->o.device, .n_threads = s->o.n_threads, .n_ctx = s->o.n_ctx,
-		.kv_tokens = s->o.kv_tokens, .max_step_tokens = s->o.max_step_tokens, .max_seqs = s->o.max_seqs,
-		.exact = s->o.exact };
-
-	if (m->e != NULL)
-		return 0;
-	if (m->device != NULL)
-		eo.device = m->device;
-	return engine_open(m->path, &eo, &m->e, err);
-}
-
-/* Frees every cached session sequence of a model. */
+/* slots' unloading hook: frees the parked sessions of a model. */
 static void
-drop_residents(struct model_slot *m)
+drop_residents(void *arg, struct slot *m)
 {
 	struct resident *r;
 
@@ -287,6 +233,69 @@ drop_residents(struct model_slot *m)
 		engine_seq_free(m->e, r->seq);
 		free(r);
 	}
+}
+
+/* A progress reply of a request whose model is loading. */
+static void
+post_progress(struct sched *s, const struct sched_job *job, uint64_t done, uint64_t total)
+{
+	struct sched_event *ev = new_event(job->conn, job->req.id, 0);
+	msgpack_packer pk;
+
+	proto_reply_begin(&ev->frame, &pk, 1, job->req.id, "progress", 2);
+	proto_pack_kv_uint(&pk, "done", done);
+	proto_pack_kv_uint(&pk, "total", total);
+	proto_reply_end(&ev->frame);
+	post(s, ev);
+}
+
+/* slots_load's progress callback for a job. */
+struct job_progress {
+	struct sched *s;
+	const struct sched_job *job;
+};
+
+static void
+job_progress_cb(void *arg, uint64_t done, uint64_t total)
+{
+	struct job_progress *p = arg;
+
+	post_progress(p->s, p->job, done, total);
+}
+
+/* Loads a job's model (with progress replies): 0, SLOTS_WAIT or an error. */
+static int
+load_model(struct sched *s, const struct sched_job *job, struct slot *m, char *err)
+{
+	struct job_progress p = { s, job };
+
+	return slots_load(&s->slots, m, job_progress_cb, &p, err);
+}
+
+/*
+ * Loads the model of an op that cannot wait for memory (model.load with
+ * progress replies, tokenize); sends the error and returns -1 if it fails.
+ */
+static int
+load_now(struct sched *s, const struct sched_job *job, struct slot *m, int progress)
+{
+	struct job_progress p = { s, job };
+	char err[ERR_LEN];
+	int rc = slots_load(&s->slots, m, progress ? job_progress_cb : NULL, &p, err);
+
+	if (rc == SLOTS_WAIT)
+		post_error(s, job, PE_OVERLOADED, "the device memory budget is held by models in use; try "
+		    "again when their requests have ended");
+	else if (rc != 0)
+		post_error(s, job, PE_MODEL_ERROR, err);
+	return rc == 0 ? 0 : -1;
+}
+
+/* The keep-alive a request leaves its model with. */
+static double
+job_keep_alive(const struct sched *s, const struct sched_job *job)
+{
+	return job->req.set & SET_KEEP_ALIVE ? job->req.keep_alive : s->o.keep_alive;
 }
 
 /* ---- admission ---- */
@@ -409,11 +418,16 @@ closing_tokens(const struct model_desc *md, const struct sched_job *job, const s
 	free(a), free(b), free(m), free(m2);
 }
 
-/* The sequence parameters of a job. */
+/*
+ * The sequence parameters of a job. Its prefix-cache namespace is its
+ * user's, unless the daemon shares the cache between users.
+ */
 static void
-job_params(const struct sched_job *job, struct seq_params *p)
+job_params(const struct sched *s, const struct sched_job *job, struct seq_params *p)
 {
 	memset(p, 0, sizeof *p);
+	p->cache = 1;
+	p->cache_ns = s->o.kv_share_users ? 0 : (uint64_t)job->uid + 1;
 	p->sample = job->req.sample;
 	p->max_tokens = job->req.max_tokens;
 	p->stop = (const char *const *)job->req.stop;
@@ -421,9 +435,22 @@ job_params(const struct sched_job *job, struct seq_params *p)
 	p->logprobs = job->req.logprobs;
 }
 
+/* Unlinks a session's cached sequence and frees it. */
+static void
+free_resident(struct slot *m, struct resident *r)
+{
+	struct resident **pp;
+
+	for (pp = &m->residents; *pp != r; pp = &(*pp)->next)
+		;
+	*pp = r->next;
+	engine_seq_free(m->e, r->seq);
+	free(r);
+}
+
 /* The cached sequence of a session on a model, or NULL. */
 static struct resident *
-find_resident(struct model_slot *m, const char *uuid)
+find_resident(struct slot *m, const char *uuid)
 {
 	struct resident *r;
 
@@ -441,13 +468,12 @@ start_seq(struct sched *s, struct gen *g, const int32_t *ids, size_t n, char *er
 	struct resident *r = NULL;
 	int rc;
 
-	job_params(g->job, &p);
+	job_params(s, g->job, &p);
 	if (g->job->req.session != NULL && (r = find_resident(g->slot, g->job->req.session)) != NULL) {
 		if (r->busy)
 			return err_set(err, ERR_INVAL, "session %s is already generating", r->uuid);
 		if ((rc = engine_seq_reuse(g->slot->e, r->seq, ids, (int32_t)n, &p, err)) < 0)
 			return rc;
-		g->n_cached = rc;
 		g->seq = r->seq;
 	} else {
 		if ((rc = engine_seq_new(g->slot->e, ids, (int32_t)n, &p, &g->seq, err)) != 0)
@@ -463,52 +489,102 @@ start_seq(struct sched *s, struct gen *g, const int32_t *ids, size_t n, char *er
 	if (r != NULL) {
 		r->busy = 1;
 		r->last_used = ++s->tick;
+		/* what the caches lack of the stored history may be on disk */
+		engine_seq_load(g->slot->e, r->seq, r->uuid, g->job->history_tokens);
 	}
 	g->res = r;
 	g->n_prompt = (int32_t)n;
 	return 0;
 }
 
-/* Turns a queued generate into a running sequence, or fails it. */
+/* On the worker: the prompt's tokens (the engine thread waits for them in GEN_PREP). */
+static void
+prep_run(struct work *w)
+{
+	struct gen *g = (struct gen *)w;
+
+	g->prep_err[0] = '\0';
+	g->prep_rc = prompt_tokens(g->md, g->job, &g->ids, &g->n_ids, &g->prep_pe, g->prep_err);
+}
+
+/*
+ * Admits a queued generate: its model is loaded and the prompt goes to the
+ * worker (GEN_PREP). 0, or -1 when it failed (the error is sent), or
+ * SLOTS_WAIT when its model cannot be loaded until models in use give back
+ * memory (it stays queued).
+ */
 static int
 admit(struct sched *s, struct gen *g)
 {
 	struct sched_job *job = g->job;
 	const char *want = job->req.model ? job->req.model : job->session_model;
-	enum proto_err pe = PE_INVALID_PARAM;
 	char err[ERR_LEN];
-	int32_t *ids = NULL;
-	size_t n = 0;
+	struct slot *m;
 	int rc;
 
-	if ((g->slot = find_model(s, want, err)) == NULL) {
+	if ((m = find_model(s, want, err)) == NULL) {
 		post_error(s, job, PE_NOT_FOUND, err);
 		return -1;
 	}
-	if ((rc = load_model(s, g->slot, err)) != 0) {
-		post_error(s, job, PE_MODEL_ERROR, err);
-		return -1;
+	if ((rc = load_model(s, job, m, err)) != 0) {
+		if (rc != SLOTS_WAIT)
+			post_error(s, job, PE_MODEL_ERROR, err);
+		return rc == SLOTS_WAIT ? SLOTS_WAIT : -1;
 	}
-	rc = prompt_tokens(engine_model(g->slot->e), job, &ids, &n, &pe, err);
+	slots_acquire(&s->slots, m);
+	g->slot = m;
+	g->md = engine_model(m->e);
+	g->prep.fn = prep_run;
+	g->prep.owner = s;
+	g->state = GEN_PREP;
+	worker_submit(&s->prep, &g->prep);
+	return 0;
+}
+
+/* Its prompt's tokens came back: the request's sequence starts, or it fails. */
+static void
+prep_done(struct sched *s, struct gen *g)
+{
+	struct sched_job *job = g->job;
+	enum proto_err pe = g->prep_pe;
+	int n_ctx = engine_n_ctx(g->slot->e), rc = g->prep_rc;
+	char *err = g->prep_err;
+
+	g->state = GEN_RUNNING;
+	if (g->cancelled || g->gone) {
+		if (!g->gone)
+			emit_done(s, g);
+		gen_free(s, g);
+		return;
+	}
 	/* PROTOCOL.md: max_tokens is 1..context (the default may exceed a small context) */
-	if (rc == 0 && (job->req.set & SET_MAX_TOKENS) && job->req.max_tokens > engine_n_ctx(g->slot->e)) {
-		snprintf(err, sizeof err, "max_tokens = %d is more than the context (%d)", (int)job->req.max_tokens,
-		    engine_n_ctx(g->slot->e));
+	if (rc == 0 && (job->req.set & SET_MAX_TOKENS) && job->req.max_tokens > n_ctx) {
+		snprintf(err, ERR_LEN, "max_tokens = %d is more than the context (%d)", (int)job->req.max_tokens, n_ctx);
 		rc = ERR_RANGE, pe = PE_INVALID_PARAM;
-	} else if (rc == 0 && (int64_t)n + 1 > engine_n_ctx(g->slot->e)) {
-		snprintf(err, sizeof err, "the prompt has %zu tokens; the context holds %d", n,
-		    engine_n_ctx(g->slot->e));
+	} else if (rc == 0 && (int64_t)g->n_ids + 1 > n_ctx) {
+		snprintf(err, ERR_LEN, "the prompt has %zu tokens; the context holds %d", g->n_ids, n_ctx);
 		rc = ERR_RANGE, pe = PE_CONTEXT_EXCEEDED;
 	}
-	if (rc == 0 && (rc = start_seq(s, g, ids, n, err)) != 0)
+	if (rc == 0 && (rc = start_seq(s, g, g->ids, g->n_ids, err)) != 0)
 		pe = rc == ERR_RANGE ? PE_CONTEXT_EXCEEDED : PE_INVALID_PARAM;
-	free(ids);
+	free(g->ids);
+	g->ids = NULL;
 	if (rc != 0) {
 		post_error(s, job, rc == ERR_INVAL && strstr(err, "UTF-8") ? PE_INVALID_UTF8 : pe, err);
-		return -1;
+		gen_free(s, g);
 	}
-	g->state = GEN_RUNNING;
-	return 0;
+}
+
+/* Takes back the prompts of a list of the worker's finished items. */
+static void
+take_prep(struct sched *s, struct work *w)
+{
+	struct work *next;
+
+	for (; w != NULL; w = next) {
+		next = w->next;
+		prep_done(s, (struct gen *)w);
+	}
 }
 
 /* ---- running ---- */
@@ -597,7 +673,7 @@ emit_done(struct sched *s, struct gen *g)
 	proto_pack_str(&pk, "usage");
 	msgpack_pack_map(&pk, 5);
 	proto_pack_kv_uint(&pk, "prompt_tokens", (uint64_t)g->n_prompt);
-	proto_pack_kv_uint(&pk, "cached_tokens", (uint64_t)g->n_cached);
+	proto_pack_kv_uint(&pk, "cached_tokens", (uint64_t)q->n_hit);
 	proto_pack_kv_uint(&pk, "generated_tokens", (uint64_t)q->n_generated);
 	proto_pack_kv_float(&pk, "ttft_ms", g->t_first ? (double)(g->t_first - g->job->t_submit) / 1e6 : 0);
 	proto_pack_kv_float(&pk, "tokens_per_s", gen_s > 0 ? (q->n_generated - 1) / gen_s : 0);
@@ -625,19 +701,31 @@ gen_free(struct sched *s, struct gen *g)
 	*pp = g->next;
 	if (g->state == GEN_QUEUED)
 		s->n_queued--;
-	if (g->res != NULL) {
+	if (s->waiting == g)
+		s->waiting = NULL;
+	if (g->res != NULL && g->res->dropped) {
+		free_resident(g->slot, g->res);
+	} else if (g->res != NULL) {
+		if (g->seq->finish == FINISH_STOP || g->seq->finish == FINISH_LENGTH || g->seq->finish == FINISH_CONTEXT)
+			engine_seq_save(g->slot->e, g->seq, g->res->uuid);
+		engine_seq_park(g->slot->e, g->seq);
 		g->res->busy = 0;
 		g->res->last_used = ++s->tick;
 	} else if (g->seq != NULL) {
 		engine_seq_free(g->slot->e, g->seq);
 	}
+	if (g->slot != NULL) {
+		slots_release(&s->slots, g->slot, job_keep_alive(s, g->job));
+		s->retry |= g->slot->users == 0;
+	}
+	free(g->ids);  /* a prompt cancelled while the worker tokenized it */
 	sched_job_free(g->job);
 	free(g);
 }
 
 /* Evicts idle cached sessions (least recently used first) until `need` blocks are free. */
 static void
-make_room(struct model_slot *m, int32_t need)
+make_room(struct slot *m, int32_t need)
 {
 	struct resident **pp, **lru, *r;
 
@@ -661,7 +749,7 @@ make_room(struct model_slot *m, int32_t need)
  * after the connection served first last time.
  */
 static int
-pick(struct sched *s, struct model_slot *m, struct seq **out, struct gen **gens, int max)
+pick(struct sched *s, struct slot *m, struct seq **out, struct gen **gens, int max)
 {
 	int n = 0, pass, prio;
 	struct gen *g;
@@ -671,7 +759,7 @@ pick(struct sched *s, struct model_slot *m, struct seq **out, struct gen **gens,
 		for (prio = PRIO_INTERACTIVE; prio <= PRIO_BACKGROUND; prio++)
 			for (g = s->gens; g != NULL && n < max; g = g->next) {
 				if (g->state != GEN_RUNNING || g->slot != m || (int)g->job->req.priority != prio ||
-				    (g->seq->state == SEQ_DECODE) != (pass == 0))
+				    g->seq->state == SEQ_LOAD || (g->seq->state == SEQ_DECODE) != (pass == 0))
 					continue;
 				gens[n] = g;
 				out[n++] = g->seq;
@@ -689,7 +777,7 @@ reap_cancelled(struct sched *s)
 
 	for (g = s->gens; g != NULL; g = next) {
 		next = g->next;
-		if (!g->cancelled && !g->gone)
+		if ((!g->cancelled && !g->gone) || g->state == GEN_PREP)  /* that one when its prompt is back */
 			continue;
 		if (g->state == GEN_RUNNING && g->seq->state != SEQ_DONE)
 			engine_seq_finish(g->seq, FINISH_CANCEL);
@@ -709,7 +797,7 @@ reap_cancelled(struct sched *s)
  * wait and then run on the new engine.
  */
 static void
-model_fault(struct sched *s, struct model_slot *m, const char *what)
+model_fault(struct sched *s, struct slot *m, const char *what)
 {
 	struct gen *g, *next;
 	char err[ERR_LEN];
@@ -717,6 +805,8 @@ model_fault(struct sched *s, struct model_slot *m, const char *what)
 	m->faults++;
 	log_error("model %s: %s; loading it again%s", m->name, what,
 	    s->o.device_fault == SCHED_FAULT_CPU ? " on the CPU" : "");
+	/* the worker may be reading the model for a prompt */
+	take_prep(s, worker_drain(&s->prep, s));
 	for (g = s->gens; g != NULL; g = next) {
 		next = g->next;
 		if (g->slot != m || g->state != GEN_RUNNING)
@@ -727,26 +817,31 @@ model_fault(struct sched *s, struct model_slot *m, const char *what)
 			emit_done(s, g);
 		gen_free(s, g);
 	}
-	drop_residents(m);
-	engine_close(m->e);
-	m->e = NULL;
+	slots_unload(&s->slots, m);
 	if (s->o.device_fault == SCHED_FAULT_CPU)
 		m->device = "cpu";
-	if (load_model(s, m, err) != 0)
+	if (slots_load(&s->slots, m, NULL, NULL, err) < 0)
 		log_error("model %s: loading it again: %s", m->name, err);
 }
 
 /* Runs one step of a model and sends what it produced. */
 static void
-step_model(struct sched *s, struct model_slot *m)
+step_model(struct sched *s, struct slot *m)
 {
-	int cap = engine_max_step_tokens(m->e), n, i, rc = 0;
+	int cap = engine_max_step_tokens(m->e), n, i, rc = 0, n_dec = 0, n_pre = 0;
 	struct seq **seqs = xmalloc((size_t)cap * sizeof *seqs);
 	struct gen **gens = xmalloc((size_t)cap * sizeof *gens);
 	char err[ERR_LEN];
+	uint64_t t0;
 
 	n = pick(s, m, seqs, gens, MIN(cap, s->o.max_seqs > 0 ? s->o.max_seqs : 64));
-	if (n > 0 && (rc = engine_step(m->e, seqs, n, err)) >= 0) {
+	for (i = 0; i < n; i++) {
+		n_dec += seqs[i]->state == SEQ_DECODE;
+		n_pre += seqs[i]->state == SEQ_PREFILL;
+	}
+	t0 = now_ns();
+	if (n > 0 && (rc = engine_step(m->e, seqs, n, pace_budget(&m->pace, n_dec, n_pre), err)) >= 0) {
+		pace_done(&m->pace, n_dec, n_pre, MAX(rc - n_dec, 0), (double)(now_ns() - t0) / 1e9, cap);
 		s->steps++;
 		s->step_tokens += (uint64_t)rc;
 		s->step_seqs += (uint64_t)n;
@@ -772,15 +867,44 @@ step_model(struct sched *s, struct model_slot *m)
 		model_fault(s, m, err);
 }
 
+/*
+ * Admits one queued request. Returns 1 if it runs, 0 if it failed (and is
+ * gone), SLOTS_WAIT if it must wait for memory: it is then the one that
+ * the next admissions try first, and none other goes before it.
+ */
+static int
+admit_one(struct sched *s, struct gen *g)
+{
+	int rc;
+
+	if ((rc = admit(s, g)) == 0) {
+		s->n_queued--;
+		s->waiting = s->waiting == g ? NULL : s->waiting;
+		return 1;
+	}
+	if (rc == SLOTS_WAIT) {
+		s->waiting = g;
+		return SLOTS_WAIT;
+	}
+	gen_free(s, g);
+	return 0;
+}
+
 /* Admits queued requests round-robin across connections while there is room. */
 static void
 admit_queued(struct sched *s)
 {
-	int running = 0, limit = s->o.max_seqs > 0 ? s->o.max_seqs : 64, prio, progress = 1;
+	int running = 0, limit = s->o.max_seqs > 0 ? s->o.max_seqs : 64, prio, progress = 1, rc;
 	struct gen *g, *best;
 
 	for (g = s->gens; g != NULL; g = g->next)
-		running += g->state == GEN_RUNNING;
+		running += g->state != GEN_QUEUED;
+	if (s->waiting != NULL && running < limit) {
+		s->retry = 0;
+		if ((rc = admit_one(s, s->waiting)) == SLOTS_WAIT)
+			return;
+		running += rc;
+	}
 	while (running < limit && progress) {
 		progress = 0;
 		for (prio = PRIO_INTERACTIVE; prio <= PRIO_BACKGROUND && !progress; prio++) {
@@ -797,15 +921,9 @@ admit_queued(struct sched *s)
 				continue;
 			s->rr_conn = best->job->conn;
 			progress = 1;
-			best->state = GEN_RUNNING;
-			s->n_queued--;
-			if (admit(s, best) == 0) {
-				running++;
-			} else {
-				best->state = GEN_QUEUED;
-				s->n_queued++;
-				gen_free(s, best);
-			}
+			if ((rc = admit_one(s, best)) == SLOTS_WAIT)
+				return;
+			running += rc;
 		}
 	}
 }
@@ -814,7 +932,7 @@ admit_queued(struct sched *s)
 
 /* Packs a model map. */
 static void
-pack_model(struct sched *s, msgpack_packer *pk, const struct model_slot *m)
+pack_model(struct sched *s, msgpack_packer *pk, const struct slot *m)
 {
 	const struct model_desc *md = m->e ? engine_model(m->e) : NULL;
 
@@ -834,14 +952,14 @@ pack_model(struct sched *s, msgpack_packer *pk, const struct model_slot *m)
 static void
 fill_model_list(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 {
-	const struct model_slot *m;
+	const struct slot *m;
 	uint32_t n = 0;
 
-	for (m = s->models; m != NULL; m = m->next)
+	for (m = s->slots.list; m != NULL; m = m->next)
 		n++;
 	proto_pack_str(pk, "models");
 	msgpack_pack_array(pk, n);
-	for (m = s->models; m != NULL; m = m->next)
+	for (m = s->slots.list; m != NULL; m = m->next)
 		pack_model(s, pk, m);
 }
 
@@ -854,42 +972,19 @@ fill_model(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 	pack_model(s, pk, find_model(s, job->req.model, err));
 }
 
-/* A progress reply of model.load. */
-static void
-post_progress(struct sched *s, const struct sched_job *job, uint64_t done, uint64_t total)
-{
-	struct sched_event *ev = new_event(job->conn, job->req.id, 0);
-	msgpack_packer pk;
-
-	proto_reply_begin(&ev->frame, &pk, 1, job->req.id, "progress", 2);
-	proto_pack_kv_uint(&pk, "done", done);
-	proto_pack_kv_uint(&pk, "total", total);
-	proto_reply_end(&ev->frame);
-	post(s, ev);
-}
-
 /* model.load: progress before and after the load, then the model. */
 static void
 op_model_load(struct sched *s, struct sched_job *job)
 {
 	char err[ERR_LEN];
-	struct model_slot *m = find_model(s, job->req.model, err);
-	struct stat st;
-	uint64_t total;
+	struct slot *m = find_model(s, job->req.model, err);
 
 	if (m == NULL) {
 		post_error(s, job, PE_NOT_FOUND, err);
 		return;
 	}
-	if (m->e == NULL) {
-		total = stat(m->path, &st) == 0 ? (uint64_t)st.st_size : 0;
-		post_progress(s, job, 0, total);
-		if (load_model(s, m, err) != 0) {
-			post_error(s, job, PE_MODEL_ERROR, err);
-			return;
-		}
-		post_progress(s, job, total, total);
-	}
+	if (load_now(s, job, m, 1) != 0)
+		return;
 	post_result(s, job, 1, fill_model, strcmp(job->req.model, m->name) != 0 ? m->path : NULL);
 }
 
@@ -898,13 +993,15 @@ static void
 op_model_unload(struct sched *s, struct sched_job *job)
 {
 	char err[ERR_LEN];
-	struct model_slot *m = find_model(s, job->req.model, err);
+	struct slot *m = find_model(s, job->req.model, err);
 	struct gen *g, *next;
 
 	if (m == NULL) {
 		post_error(s, job, PE_NOT_FOUND, err);
 		return;
 	}
+	/* the worker may be reading the model for a prompt */
+	take_prep(s, worker_drain(&s->prep, s));
 	for (g = s->gens; g != NULL; g = next) {
 		next = g->next;
 		if (g->slot == m && g->state == GEN_RUNNING) {
@@ -914,11 +1011,7 @@ op_model_unload(struct sched *s, struct sched_job *job)
 			gen_free(s, g);
 		}
 	}
-	if (m->e != NULL) {
-		drop_residents(m);
-		engine_close(m->e);
-		m->e = NULL;
-	}
+	slots_unload(&s->slots, m);
 	post_result(s, job, 0, NULL, NULL);
 }
 
@@ -959,7 +1052,7 @@ static void
 op_tokens(struct sched *s, struct sched_job *job)
 {
 	char err[ERR_LEN];
-	struct model_slot *m = find_model(s, job->req.model, err);
+	struct slot *m = find_model(s, job->req.model, err);
 	const struct model_desc *md;
 	size_t i;
 
@@ -967,10 +1060,8 @@ op_tokens(struct sched *s, struct sched_job *job)
 		post_error(s, job, PE_NOT_FOUND, err);
 		return;
 	}
-	if (load_model(s, m, err) != 0) {
-		post_error(s, job, PE_MODEL_ERROR, err);
+	if (load_now(s, job, m, 0) != 0)
 		return;
-	}
 	md = engine_model(m->e);
 	free(job->req.model);
 	job->req.model = xstrdup(m->name);
@@ -986,31 +1077,59 @@ op_tokens(struct sched *s, struct sched_job *job)
 	post_result(s, job, 1, fill_tokens, NULL);
 }
 
+/* status.kv: the KV bytes in each tier. */
+static void
+pack_kv_tiers(struct sched *s, msgpack_packer *pk, uint64_t device_bytes)
+{
+	uint64_t disk = 0, disk_budget = 0;
+
+	if (s->disk != NULL)
+		kvdisk_usage(s->disk, &disk, &disk_budget);
+	proto_pack_str(pk, "kv");
+	msgpack_pack_map(pk, 5);
+	proto_pack_kv_uint(pk, "device_bytes", device_bytes);
+	proto_pack_kv_uint(pk, "host_bytes", s->host.used);
+	proto_pack_kv_uint(pk, "host_budget_bytes", s->host.budget);
+	proto_pack_kv_uint(pk, "disk_bytes", disk);
+	proto_pack_kv_uint(pk, "disk_budget_bytes", disk_budget);
+}
+
 static void
 fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 {
-	const struct model_slot *m;
+	const struct slot *m;
 	const struct gen *g;
 	uint32_t n_models = 0, active = 0, queued = 0, ma, mq;
+	struct engine_cache_stats cs;
+	uint64_t device_bytes = 0;
 	int i;
 
-	for (m = s->models; m != NULL; m = m->next)
+	for (m = s->slots.list; m != NULL; m = m->next)
 		n_models++;
 	for (g = s->gens; g != NULL; g = g->next)
-		g->state == GEN_RUNNING ? active++ : queued++;
+		g->state != GEN_QUEUED ? active++ : queued++;
 	proto_pack_kv_uint(pk, "version", PROTO_VERSION);
 	proto_pack_kv_float(pk, "uptime_s", (double)(now_ns() - s->t_start) / 1e9);
 	proto_pack_kv_uint(pk, "active", active);
 	proto_pack_kv_uint(pk, "queued", queued);
 	proto_pack_str(pk, "models");
 	msgpack_pack_array(pk, n_models);
-	for (m = s->models; m != NULL; m = m->next) {
+	for (m = s->slots.list; m != NULL; m = m->next) {
 		for (ma = mq = 0, g = s->gens; g != NULL; g = g->next)
 			if (g->slot == m)
-				g->state == GEN_RUNNING ? ma++ : mq++;
-		msgpack_pack_map(pk, 10);
+				g->state != GEN_QUEUED ? ma++ : mq++;
+		memset(&cs, 0, sizeof cs);
+		if (m->e != NULL)
+			engine_cache_stats(m->e, &cs);
+		msgpack_pack_map(pk, 21);
 		proto_pack_kv_str(pk, "name", m->name);
+		proto_pack_kv_bool(pk, "loaded", m->e != NULL);
 		proto_pack_kv_uint(pk, "faults", m->faults);
+		proto_pack_kv_uint(pk, "memory_bytes", m->e ? engine_mem_bytes(m->e) : 0);
+		proto_pack_kv_float(pk, "keep_alive_s", m->keep_alive);
+		proto_pack_kv_float(pk, "expires_in_s", slots_expires_in(m));
+		proto_pack_kv_uint(pk, "loads", m->loads);
+		proto_pack_kv_uint(pk, "unloads", m->unloads);
 		proto_pack_kv_str(pk, "device", m->e ? engine_device(m->e) : "");
 		proto_pack_kv_bool(pk, "exact", m->e != NULL && engine_exact(m->e));
 		proto_pack_kv_uint(pk, "weights_bytes", m->e ? engine_model(m->e)->weight_bytes : 0);
@@ -1019,7 +1138,20 @@ fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk)
 		proto_pack_kv_uint(pk, "kv_free_blocks", m->e ? (uint64_t)engine_free_blocks(m->e) : 0);
 		proto_pack_kv_uint(pk, "active", ma);
 		proto_pack_kv_uint(pk, "queued", mq);
+		proto_pack_kv_uint(pk, "cache_hit_tokens", cs.hit);
+		proto_pack_kv_uint(pk, "cache_miss_tokens", cs.miss);
+		proto_pack_kv_uint(pk, "cache_host_hit_tokens", cs.host_hit);
+		proto_pack_kv_uint(pk, "cache_disk_hit_tokens", cs.disk_hit);
+		proto_pack_kv_uint(pk, "kv_used_bytes", cs.used_bytes);
+		device_bytes += cs.used_bytes;
 	}
+	pack_kv_tiers(s, pk, device_bytes);
+	proto_pack_str(pk, "memory");
+	msgpack_pack_map(pk, 4);
+	proto_pack_kv_uint(pk, "budget_bytes", s->slots.o.budget);
+	proto_pack_kv_uint(pk, "used_bytes", s->slots.used);
+	proto_pack_kv_uint(pk, "loads", s->slots.loads);
+	proto_pack_kv_uint(pk, "unloads", s->slots.unloads);
 	proto_pack_str(pk, "clients");
 	msgpack_pack_array(pk, (uint32_t)job->n_clients);
 	for (i = 0; i < job->n_clients; i++) {
@@ -1060,7 +1192,7 @@ take_job(struct sched *s, struct sched_job *job)
 	case OP_MODEL_LOAD: op_model_load(s, job); break;
 	case OP_MODEL_UNLOAD: op_model_unload(s, job); break;
 	case OP_TOKENIZE: case OP_DETOKENIZE: op_tokens(s, job); break;
-	case OP_STATUS: post_result(s, job, 7, fill_status, NULL); break;
+	case OP_STATUS: post_result(s, job, 9, fill_status, NULL); break;
 	default: post_error(s, job, PE_INTERNAL, "op not handled by the scheduler"); break;
 	}
 	sched_job_free(job);
@@ -1084,10 +1216,10 @@ find_gen(struct sched *s, uint64_t conn, uint64_t req_id)
 static void
 fork_resident(struct sched *s, const char *parent, const char *child)
 {
-	struct model_slot *m;
+	struct slot *m;
 	struct resident *p, *c;
 
-	for (m = s->models; m != NULL; m = m->next) {
+	for (m = s->slots.list; m != NULL; m = m->next) {
 		if ((p = find_resident(m, parent)) == NULL || p->busy)
 			continue;
 		c = xcalloc(1, sizeof *c);
@@ -1099,23 +1231,28 @@ fork_resident(struct sched *s, const char *parent, const char *child)
 	}
 }
 
-/* Drops a session's cached sequences. */
+/* Drops a session's cached sequences (a running one when it is done) and its stored KV. */
 static void
 drop_resident(struct sched *s, const char *uuid)
 {
-	struct model_slot *m;
-	struct resident **pp, *r;
+	struct slot *m;
+	struct resident *r, *next;
+	struct kvdisk_job *j;
 
-	for (m = s->models; m != NULL; m = m->next)
-		for (pp = &m->residents; (r = *pp) != NULL;) {
-			if (strcmp(r->uuid, uuid) == 0 && !r->busy) {
-				*pp = r->next;
-				engine_seq_free(m->e, r->seq);
-				free(r);
-			} else {
-				pp = &r->next;
-			}
+	for (m = s->slots.list; m != NULL; m = m->next)
+		for (r = m->residents; r != NULL; r = next) {
+			next = r->next;
+			if (strcmp(r->uuid, uuid) == 0 && r->busy)
+				r->dropped = 1;
+			else if (strcmp(r->uuid, uuid) == 0)
+				free_resident(m, r);
 		}
+	if (s->disk != NULL) {
+		j = xcalloc(1, sizeof *j);
+		j->op = KVDISK_REMOVE;
+		snprintf(j->name, sizeof j->name, "%s", uuid);
+		kvdisk_submit(s->disk, j);
+	}
 }
 
 /* Applies a control message. */
@@ -1156,24 +1293,68 @@ take_ctl(struct sched *s, struct ctl *c)
 
 /* ---- the thread ---- */
 
-/* Whether any request is waiting or running. */
+/*
+ * Whether a request can be stepped (not only waiting for the disk) or
+ * admitted (while one waits for memory, only that one, once a model has
+ * fallen out of use).
+ */
 static int
 has_work(const struct sched *s)
 {
-	return s->gens != NULL;
+	const struct gen *g;
+	int running = 0;
+
+	for (g = s->gens; g != NULL; g = g->next) {
+		if (g->state == GEN_RUNNING && g->seq->state != SEQ_LOAD)
+			return 1;
+		running += g->state != GEN_QUEUED;
+	}
+	if (running >= (s->o.max_seqs > 0 ? s->o.max_seqs : 64))
+		return 0;
+	if (s->waiting != NULL)
+		return s->retry;
+	for (g = s->gens; g != NULL; g = g->next)
+		if (g->state == GEN_QUEUED)
+			return 1;
+	return 0;
 }
 
-/* Takes everything the loop thread sent; waits when there is nothing to do. */
-static int
-take_input(struct sched *s)
+/* Hands the disk tier's finished jobs back to their engines. */
+static void
+take_io(struct sched *s)
 {
+	struct kvdisk_job *j, *next;
+
+	for (j = s->disk ? kvdisk_take_done(s->disk) : NULL; j != NULL; j = next) {
+		next = j->next;
+		if (j->owner != NULL)
+			engine_io_done(j->owner, j);
+		else
+			kvdisk_job_free(j);
+	}
+}
+
+/*
+ * Takes everything the loop thread sent; waits when there is nothing to do,
+ * at most timeout_ns (< 0: no limit).
+ */
+static int
+take_input(struct sched *s, int64_t timeout_ns)
+{
+	uint64_t deadline = now_ns() + (uint64_t)MAX(timeout_ns, 0);
+	struct timespec ts = { (time_t)(deadline / 1000000000u), (long)(deadline % 1000000000u) };
 	struct sched_job *jobs;
 	struct ctl *ctls, *c;
 	int stopping;
 
 	pthread_mutex_lock(&s->mu);
-	while (!s->stopping && s->jobs == NULL && s->ctls == NULL && !has_work(s))
-		pthread_cond_wait(&s->cv, &s->mu);
+	while (!s->stopping && s->jobs == NULL && s->ctls == NULL && !s->io_ready && !has_work(s)) {
+		if (timeout_ns < 0)
+			pthread_cond_wait(&s->cv, &s->mu);
+		else if (pthread_cond_timedwait(&s->cv, &s->mu, &ts) == ETIMEDOUT)
+			break;
+	}
+	s->io_ready = 0;
 	jobs = s->jobs, ctls = s->ctls;
 	s->jobs = NULL, s->jobs_tail = &s->jobs;
 	s->ctls = NULL, s->ctls_tail = &s->ctls;
@@ -1190,6 +1371,8 @@ take_input(struct sched *s)
 		ctls = c->next;
 		take_ctl(s, c);
 	}
+	take_io(s);
+	take_prep(s, worker_take_done(&s->prep));
 	return stopping;
 }
 
@@ -1201,6 +1384,7 @@ cancel_all(struct sched *s)
 
 	for (g = s->gens; g != NULL; g = g->next)
 		g->cancelled = 1;
+	take_prep(s, worker_drain(&s->prep, s));
 	reap_cancelled(s);
 }
 
@@ -1208,12 +1392,12 @@ static void *
 sched_main(void *arg)
 {
 	struct sched *s = arg;
-	struct model_slot *m;
+	struct slot *m;
 
-	while (!take_input(s)) {
+	while (!take_input(s, slots_expire(&s->slots))) {
 		reap_cancelled(s);
 		admit_queued(s);
-		for (m = s->models; m != NULL; m = m->next)
+		for (m = s->slots.list; m != NULL; m = m->next)
 			if (m->e != NULL)
 				step_model(s, m);
 	}
@@ -1221,11 +1405,38 @@ sched_main(void *arg)
 	return NULL;
 }
 
+/* The disk tier's wake-up (its thread): a job has finished. */
+static void
+io_wake(void *arg)
+{
+	struct sched *s = arg;
+
+	pthread_mutex_lock(&s->mu);
+	s->io_ready = 1;
+	pthread_cond_signal(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+}
+
+/* The model slots, with the engine options and the memory budget. */
+static void
+start_slots(struct sched *s)
+{
+	struct slots_opts so = { .budget = s->o.device_memory, .keep_alive = s->o.keep_alive,
+		.unloading = drop_residents, .arg = s };
+
+	so.eo = (struct engine_opts){ .device = s->o.device, .n_threads = s->o.n_threads, .n_ctx = s->o.n_ctx,
+		.kv_tokens = s->o.kv_tokens, .max_step_tokens = s->o.max_step_tokens, .max_seqs = s->o.max_seqs,
+		.exact = s->o.exact, .host = &s->host, .disk = s->disk };
+	slots_init(&s->slots, &so);
+	s->slots_on = 1;
+}
+
 int
 sched_start(const struct sched_opts *o, void (*wake)(void *), void *wake_arg, struct sched **out,
     char *err)
 {
 	struct sched *s = xcalloc(1, sizeof *s);
+	pthread_condattr_t ca;
 	int rc;
 
 	s->o = *o;
@@ -1237,10 +1448,24 @@ sched_start(const struct sched_opts *o, void (*wake)(void *), void *wake_arg, st
 	s->events_tail = &s->events;
 	s->t_start = now_ns();
 	pthread_mutex_init(&s->mu, NULL);
-	pthread_cond_init(&s->cv, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);  /* now_ns()'s, for the keep-alive timeouts */
+	pthread_cond_init(&s->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	kvhost_init(&s->host, o->kv_host_bytes);
+	if (o->kv_dir != NULL && o->kv_disk_bytes > 0 &&
+	    (rc = kvdisk_open(o->kv_dir, o->kv_disk_bytes, io_wake, s, &s->disk, err)) != 0) {
+		sched_stop(s);
+		return rc;
+	}
+	start_slots(s);
+	if ((rc = worker_start(&s->prep, io_wake, s, err)) != 0) {
+		sched_stop(s);
+		return rc;
+	}
 	if (o->default_model != NULL) {
 		s->default_model = find_model(s, o->default_model, err);
-		if (s->default_model == NULL || (rc = load_model(s, s->default_model, err)) != 0) {
+		if (s->default_model == NULL || (rc = slots_load(&s->slots, s->default_model, NULL, NULL, err)) != 0) {
 			sched_stop(s);
 			return ERR_NOTFOUND;
 		}
@@ -1270,7 +1495,6 @@ sched_stop_thread(struct sched *s)
 void
 sched_stop(struct sched *s)
 {
-	struct model_slot *m;
 	struct sched_event *ev;
 
 	sched_stop_thread(s);
@@ -1290,17 +1514,12 @@ sched_stop(struct sched *s)
 		s->events = ev->next;
 		sched_event_free(ev);
 	}
-	while ((m = s->models) != NULL) {
-		s->models = m->next;
-		if (m->e != NULL) {
-			drop_residents(m);
-			engine_close(m->e);
-		}
-		free(m->name), free(m->path), free(m);
-	}
-	while (s->n_known > 0)
-		free(s->known[--s->n_known]);
-	free(s->known);
+	worker_stop(&s->prep);
+	if (s->slots_on)
+		slots_destroy(&s->slots);
+	take_io(s);
+	kvdisk_close(s->disk);
+	kvhost_destroy(&s->host);
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->cv);
 	free(s->device);
@@ -1322,14 +1541,7 @@ send_ctl(struct sched *s, struct ctl *c)
 int
 sched_model_known(struct sched *s, const char *name_or_path)
 {
-	struct stat st;
-	int i, found = 0;
-
-	pthread_mutex_lock(&s->mu);
-	for (i = 0; i < s->n_known && !found; i++)
-		found = strcmp(s->known[i], name_or_path) == 0;
-	pthread_mutex_unlock(&s->mu);
-	return found || stat(name_or_path, &st) == 0;
+	return slots_known(&s->slots, name_or_path);
 }
 
 void

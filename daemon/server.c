@@ -426,7 +426,11 @@ apply_defaults(struct proto_req *r, const char *json)
 	DEF(SET_FREQUENCY, "frequency_penalty", sample.frequency_penalty, (float)json_number_value);
 	DEF(SET_SEED, "seed", sample.seed, (uint64_t)json_integer_value);
 	DEF(SET_MAX_TOKENS, "max_tokens", max_tokens, (int32_t)json_integer_value);
+	DEF(SET_KEEP_ALIVE, "keep_alive", keep_alive, (float)json_number_value);
 #undef DEF
+	/* the scheduler tells a keep-alive given from the daemon's default by this bit */
+	if (json_object_get(j, "keep_alive") != NULL)
+		r->set |= SET_KEEP_ALIVE;
 	json_decref(j);
 }
 

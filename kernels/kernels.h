@@ -73,6 +73,13 @@ struct backend_ops {
 	const char *name;
 	/* Bytes of one K or V element in b's pool (the mode b was loaded in may change it). */
 	int (*kv_elem_bytes)(const struct backend *b);
+	/*
+	 * The memory load would take on the device: *fixed for everything but
+	 * the KV pool (weights, activations, scratch), *kv_block for each block
+	 * of the pool. It allocates nothing.
+	 */
+	int (*plan)(const struct model_desc *m, const struct backend_opts *o, uint64_t *fixed, uint64_t *kv_block,
+	    char *err);
 	/* Uploads / prepares the weights and allocates the KV pool. */
 	int (*load)(const struct model_desc *m, const struct backend_opts *o,
 	    struct backend **out, char *err);
@@ -80,6 +87,17 @@ struct backend_ops {
 	int (*forward)(struct backend *b, const struct fwd_batch *batch, float *logits, char *err);
 	/* Copies the first n_tokens positions of block src into block dst (copy on write). */
 	int (*kv_copy)(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char *err);
+	/*
+	 * Copies n whole blocks of the pool to host memory (kv_read, into dst)
+	 * or from it (kv_write, from src), one block after the other, each
+	 * every layer's K and V as the pool holds them (kv_elem_bytes each).
+	 * They run on their own stream and may be called from another thread
+	 * than forward's, at the same time, for blocks that no step running
+	 * meanwhile writes (kv_read) or reads (kv_write); they return when the
+	 * copy is done.
+	 */
+	int (*kv_read)(struct backend *b, const int32_t *blocks, int32_t n, void *dst, char *err);
+	int (*kv_write)(struct backend *b, const int32_t *blocks, int32_t n, const void *src, char *err);
 	void (*free)(struct backend *b);
 	int has_argmax;     /* forward fills fwd_batch.argmax on the device (only ids cross to the host) */
 };
@@ -89,6 +107,8 @@ extern const struct backend_ops cpu_backend;
 extern const struct backend_ops cuda_backend;
 /* CUDA devices present (0 when there is no driver or no GPU). */
 int cuda_backend_devices(void);
+/* Free and total memory of a CUDA device. */
+int cuda_backend_memory(int device, uint64_t *free_b, uint64_t *total, char *err);
 /* Measured read bandwidth of a device in GB/s (kernels/cuda/cuda_bw.cu), and its name. */
 int cuda_bw_measure(int device, double *gb_s, char *name, size_t name_len, char *err);
 #endif

@@ -158,7 +158,7 @@ cmd_run(int argc, char **argv)
 		engine_close(e);
 		return 1;
 	}
-	while (s->state != SEQ_DONE && (rc = engine_step(e, &s, 1, err)) >= 0)
+	while (s->state != SEQ_DONE && (rc = engine_step(e, &s, 1, -1, err)) >= 0)
 		print_output(s, o.ids);
 	t2 = now_ns();
 	putchar('\n');

@@ -43,6 +43,12 @@ static const struct gen_shape shapes[] = {
 	{ "tiny-qwen2", ARCH_QWEN2, "qwen2", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 1 },
 	{ "tiny-qwen3", ARCH_QWEN3, "qwen2", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 1 },
 	{ "tiny-gemma3", ARCH_GEMMA3, "gemma", 1024, 256, 6, 4, 1, 64, 512, 2048, 1e6f, 1e-6f, 16, 1 },
+	/*
+	 * Every layer slides (Gemma 3 makes one in 6 global), so that a prompt costs the same per
+	 * token at any length; the large vocabulary makes a generated token (its logits) cost
+	 * several times a prompt token, as in real models.
+	 */
+	{ "tiny-swa", ARCH_GEMMA3, "gemma", 65536, 256, 2, 4, 1, 64, 256, 65536, 1e6f, 1e-6f, 64, 1 },
 	{ "llama3-1b", ARCH_LLAMA, "llama3", 128256, 2048, 16, 32, 8, 64, 8192, 131072, 500000, 1e-5f, 0, 1 },
 	{ "llama3-8b", ARCH_LLAMA, "llama3", 128256, 4096, 32, 32, 8, 128, 14336, 131072, 500000, 1e-5f, 0, 0 },
 	{ "qwen2-0.5b", ARCH_QWEN2, "qwen2", 151936, 896, 24, 14, 2, 64, 4864, 32768, 1e6f, 1e-6f, 0, 1 },

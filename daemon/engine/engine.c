@@ -11,13 +11,19 @@
 #include "engine.h"
 #include "kernels.h"
 #include "kv.h"
+#include "kvdisk.h"
+#include "kvhost.h"
 #include "model.h"
 #include "tokenizer.h"
 #include "util.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <xxhash.h>
 
 #define DEFAULT_CTX_CAP 8192
 #define PIECE_CAP 1024
@@ -26,7 +32,10 @@ struct engine {
 	struct model_desc *m;
 	const struct backend_ops *ops;
 	int exact;          /* the backend runs its exact numerics (engine_opts) */
-	struct backend *be;
+	struct backend_opts bo;
+	uint64_t plan_fixed, plan_block; /* the backend's plan (engine_mem_need) */
+	uint64_t mem_bytes;              /* what it holds on the device once loaded */
+	struct backend *be; /* NULL until engine_load */
 	struct kv_pool kv;
 	int32_t n_ctx;
 	int32_t max_step_tokens;
@@ -37,6 +46,19 @@ struct engine {
 	int32_t *tokens;
 	float *logits;          /* max_seqs rows */
 	int32_t *argmax;        /* max_seqs: the greedy picks, when the backend makes them */
+	/* the prefix cache and its tiers */
+	/*
+	 * What its K/V depend on besides the tokens: the model file (path, size,
+	 * modification time, a hash of its tensor directory, which holds the
+	 * quantization) and the numerics (backend, exact mode, KV element size);
+	 * the text for people (and the disk tier's file headers), its hash for keys.
+	 */
+	uint64_t identity;
+	char *identity_text;
+	size_t block_bytes;     /* one block's K/V, as kv_read gives it */
+	struct kvhost *host;
+	struct kvdisk *disk;
+	struct engine_cache_stats st;
 };
 
 static const char *const finish_names[] = {
@@ -71,23 +93,141 @@ engine_pick_backend(const char *device, const struct backend_ops **ops, char *er
 	return err_set(err, ERR_INVAL, "unknown device '%s' (cpu, cuda)", device);
 }
 
-/* Fills the defaults of the options from the model. */
+/* Fills the defaults of the options from the model, and the backend's options. */
 static void
-resolve_opts(struct engine *e, const struct engine_opts *o, int32_t *kv_tokens)
+resolve_opts(struct engine *e, const struct engine_opts *o)
 {
+	int32_t kv_tokens;
+
 	e->n_ctx = o->n_ctx > 0 ? o->n_ctx : MIN(e->m->hp.n_ctx_train, DEFAULT_CTX_CAP);
 	e->max_step_tokens = o->max_step_tokens > 0 ? o->max_step_tokens : 512;
 	e->max_seqs = o->max_seqs > 0 ? o->max_seqs : 64;
-	*kv_tokens = o->kv_tokens > 0 ? o->kv_tokens : 4 * e->n_ctx;
-	*kv_tokens = MAX(*kv_tokens, e->n_ctx);
+	kv_tokens = o->kv_tokens > 0 ? o->kv_tokens : 4 * e->n_ctx;
+	kv_tokens = MAX(kv_tokens, e->n_ctx);
+	e->bo.n_threads = o->n_threads;
+	e->bo.kv_blocks = (kv_tokens + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+	e->bo.max_tokens = e->max_step_tokens;
+	e->bo.max_seqs = e->max_seqs;
+	e->bo.exact = o->exact;
+	e->exact = o->exact != 0;
+	e->host = o->host;
+	e->disk = o->disk;
+}
+
+/* Adds a file's name, size and modification time to the identity. */
+static void
+hash_stat(XXH3_state_t *h, const char *name, const struct stat *st)
+{
+	int64_t v[3] = { (int64_t)st->st_size, (int64_t)st->st_mtim.tv_sec, (int64_t)st->st_mtim.tv_nsec };
+
+	XXH3_64bits_update(h, name, strlen(name) + 1);
+	XXH3_64bits_update(h, v, sizeof v);
+}
+
+/*
+ * The model file's size and modification time: of the file, or of every
+ * file of a Hugging Face directory, hashed in name order.
+ */
+static uint64_t
+files_hash(const char *path, int64_t *size, int64_t *mtime)
+{
+	XXH3_state_t *h = XXH3_createState();
+	struct dirent **names = NULL;
+	struct stat st;
+	char sub[4096];
+	int n, i;
+	uint64_t r;
+
+	XXH3_64bits_reset(h);
+	*size = *mtime = 0;
+	if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+		hash_stat(h, path, &st);
+		*size = (int64_t)st.st_size, *mtime = (int64_t)st.st_mtim.tv_sec;
+	} else if ((n = scandir(path, &names, NULL, alphasort)) >= 0) {
+		for (i = 0; i < n; i++) {
+			snprintf(sub, sizeof sub, "%s/%s", path, names[i]->d_name);
+			if (stat(sub, &st) == 0 && S_ISREG(st.st_mode)) {
+				hash_stat(h, names[i]->d_name, &st);
+				*size += (int64_t)st.st_size;
+				*mtime = MAX(*mtime, (int64_t)st.st_mtim.tv_sec);
+			}
+			free(names[i]);
+		}
+		free(names);
+	}
+	r = XXH3_64bits_digest(h);
+	XXH3_freeState(h);
+	return r;
+}
+
+/* A hash of the tensor directory: names, types (the quantization), shapes, sizes. */
+static uint64_t
+tensors_hash(const struct model_desc *m)
+{
+	XXH3_state_t *h = XXH3_createState();
+	uint64_t r;
+	int64_t i;
+
+	XXH3_64bits_reset(h);
+	XXH3_64bits_update(h, &m->hp, sizeof m->hp);
+	for (i = 0; i < m->n_tensors; i++) {
+		const struct model_tensor *t = &m->tensors[i];
+		int64_t v[6] = { t->type, t->ne[0], t->ne[1], t->ne[2], t->ne[3], (int64_t)t->bytes };
+
+		XXH3_64bits_update(h, t->name, strlen(t->name) + 1);
+		XXH3_64bits_update(h, v, sizeof v);
+	}
+	r = XXH3_64bits_digest(h);
+	XXH3_freeState(h);
+	return r;
+}
+
+/* Fills e->identity and its text. */
+static void
+make_identity(struct engine *e)
+{
+	int64_t size, mtime;
+	uint64_t files = files_hash(e->m->path, &size, &mtime);
+	char buf[4096 + 256];
+
+	snprintf(buf, sizeof buf, "model %s size %lld mtime %lld files %016llx tensors %016llx; %s%s, kv %d bytes",
+	    e->m->path, (long long)size, (long long)mtime, (unsigned long long)files,
+	    (unsigned long long)tensors_hash(e->m), e->ops->name, e->exact ? " exact" : "",
+	    e->ops->kv_elem_bytes(e->be));
+	e->identity_text = xstrdup(buf);
+	e->identity = XXH3_64bits(buf, strlen(buf));
+}
+
+/* kv.h's evict hook: a block the pool gives up is copied to the host tier if it fits. */
+static void
+evict_to_host(void *arg, const struct kv_pool *kv, int32_t blk)
+{
+	struct engine *e = arg;
+	const struct kv_block *k = &kv->b[blk];
+	struct kvhost_block *h;
+	char err[ERR_LEN];
+
+	if (!kvhost_fits(e->host, e->block_bytes))
+		return;
+	h = xcalloc(1, sizeof *h);
+	h->data = xmalloc(e->block_bytes);
+	if (e->ops->kv_read(e->be, &blk, 1, h->data, err) != 0) {
+		kvhost_free(h);  /* the block is only lost from the cache */
+		return;
+	}
+	h->key = k->key;
+	h->prev = k->parent == KV_NONE ? k->root : kv->b[k->parent].key;
+	h->root = k->root;
+	h->depth = k->depth;
+	memcpy(h->tokens, k->tokens, sizeof h->tokens);
+	h->bytes = e->block_bytes;
+	kvhost_put(e->host, h);
 }
 
 int
-engine_open(const char *model_path, const struct engine_opts *o, struct engine **out, char *err)
+engine_prepare(const char *model_path, const struct engine_opts *o, struct engine **out, char *err)
 {
 	struct engine *e = xcalloc(1, sizeof *e);
-	struct backend_opts bo = { 0 };
-	int32_t kv_tokens;
 	int rc;
 
 	if ((rc = engine_pick_backend(o->device, &e->ops, err)) != 0 ||
@@ -95,37 +235,141 @@ engine_open(const char *model_path, const struct engine_opts *o, struct engine *
 		free(e);
 		return rc;
 	}
-	resolve_opts(e, o, &kv_tokens);
-	bo.n_threads = o->n_threads;
-	bo.kv_blocks = (kv_tokens + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
-	bo.max_tokens = e->max_step_tokens;
-	bo.max_seqs = e->max_seqs;
-	bo.exact = o->exact;
-	e->exact = o->exact != 0;
-	if ((rc = e->ops->load(e->m, &bo, &e->be, err)) != 0) {
+	resolve_opts(e, o);
+	if ((rc = e->ops->plan(e->m, &e->bo, &e->plan_fixed, &e->plan_block, err)) != 0) {
 		err_prefix(err, rc, "%s backend", e->ops->name);
-		model_close(e->m);
-		free(e);
+		engine_close(e);
 		return rc;
 	}
-	kv_init(&e->kv, (int32_t)bo.kv_blocks);
-	e->fseqs = xcalloc((size_t)e->max_seqs, sizeof *e->fseqs);
-	e->fseq_of = xcalloc((size_t)e->max_seqs, sizeof *e->fseq_of);
-	e->tokens = xcalloc((size_t)e->max_step_tokens, sizeof *e->tokens);
-	e->logits = xmalloc((size_t)e->max_seqs * (size_t)e->m->hp.n_vocab * sizeof *e->logits);
-	e->argmax = xcalloc((size_t)e->max_seqs, sizeof *e->argmax);
 	*out = e;
 	return 0;
 }
 
 void
+engine_mem_need(const struct engine *e, uint64_t *min, uint64_t *want)
+{
+	*min = e->plan_fixed + (uint64_t)((e->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS) * e->plan_block;
+	*want = e->plan_fixed + (uint64_t)e->bo.kv_blocks * e->plan_block;
+}
+
+/* Sizes the KV pool to what limit leaves after the rest (0: no limit), at least one context. */
+static int
+size_pool(struct engine *e, uint64_t limit, char *err)
+{
+	uint64_t min, want, fit;
+
+	if (limit == 0)
+		return 0;
+	engine_mem_need(e, &min, &want);
+	if (limit < min)
+		return err_set(err, ERR_NOMEM, "%s needs %.0f MiB of %s memory (weights and scratch %.0f MiB, "
+		    "a KV cache of one context of %d tokens %.0f MiB); %.0f MiB are left of the budget",
+		    e->m->name, min / 1048576.0, e->ops->name, e->plan_fixed / 1048576.0, e->n_ctx,
+		    (min - e->plan_fixed) / 1048576.0, limit / 1048576.0);
+	fit = (limit - e->plan_fixed) / e->plan_block;
+	e->bo.kv_blocks = (int64_t)MIN(fit, (uint64_t)e->bo.kv_blocks);
+	return 0;
+}
+
+int
+engine_load(struct engine *e, uint64_t limit, char *err)
+{
+	int rc;
+
+	if ((rc = size_pool(e, limit, err)) != 0)
+		return rc;
+	if ((rc = e->ops->load(e->m, &e->bo, &e->be, err)) != 0) {
+		e->be = NULL;
+		return err_prefix(err, rc, "%s backend", e->ops->name);
+	}
+	kv_init(&e->kv, (int32_t)e->bo.kv_blocks);
+	make_identity(e);
+	e->block_bytes = engine_kv_bytes(e) / (uint64_t)e->bo.kv_blocks;
+	e->mem_bytes = e->plan_fixed + (uint64_t)e->bo.kv_blocks * e->plan_block;
+	if (e->host != NULL) {
+		e->kv.evict = evict_to_host;
+		e->kv.evict_arg = e;
+	}
+	e->fseqs = xcalloc((size_t)e->max_seqs, sizeof *e->fseqs);
+	e->fseq_of = xcalloc((size_t)e->max_seqs, sizeof *e->fseq_of);
+	e->tokens = xcalloc((size_t)e->max_step_tokens, sizeof *e->tokens);
+	e->logits = xmalloc((size_t)e->max_seqs * (size_t)e->m->hp.n_vocab * sizeof *e->logits);
+	e->argmax = xcalloc((size_t)e->max_seqs, sizeof *e->argmax);
+	return 0;
+}
+
+int
+engine_open(const char *model_path, const struct engine_opts *o, struct engine **out, char *err)
+{
+	int rc;
+
+	if ((rc = engine_prepare(model_path, o, out, err)) != 0)
+		return rc;
+	if ((rc = engine_load(*out, 0, err)) != 0) {
+		engine_close(*out);
+		*out = NULL;
+	}
+	return rc;
+}
+
+uint64_t
+engine_mem_bytes(const struct engine *e)
+{
+	return e->be != NULL ? e->mem_bytes : 0;
+}
+
+/* MemAvailable and MemTotal of /proc/meminfo. */
+static int
+host_memory(uint64_t *free_b, uint64_t *total, char *err)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[256];
+	unsigned long long kb;
+
+	*free_b = *total = 0;
+	if (f == NULL)
+		return err_set(err, ERR_IO, "/proc/meminfo: %s", strerror(errno));
+	while (fgets(line, sizeof line, f) != NULL) {
+		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+			*free_b = (uint64_t)kb << 10;
+		else if (sscanf(line, "MemTotal: %llu kB", &kb) == 1)
+			*total = (uint64_t)kb << 10;
+	}
+	fclose(f);
+	return *free_b > 0 ? 0 : err_set(err, ERR_IO, "/proc/meminfo has no MemAvailable");
+}
+
+int
+engine_device_memory(const char *device, uint64_t *free_b, uint64_t *total, char *err)
+{
+	const struct backend_ops *ops;
+	int rc;
+
+	if ((rc = engine_pick_backend(device, &ops, err)) != 0)
+		return rc;
+#ifdef HAVE_CUDA
+	if (ops == &cuda_backend)
+		return cuda_backend_memory(0, free_b, total, err);
+#endif
+	return host_memory(free_b, total, err);
+}
+
+void
 engine_close(struct engine *e)
 {
+	struct kvdisk_job *j, *next;
+
 	if (e == NULL)
 		return;
-	e->ops->free(e->be);
+	for (j = e->disk && e->be ? kvdisk_drain(e->disk, e) : NULL; j != NULL; j = next) {
+		next = j->next;
+		engine_io_done(e, j);
+	}
+	if (e->be != NULL)
+		e->ops->free(e->be);
 	kv_destroy(&e->kv);
 	model_close(e->m);
+	free(e->identity_text);
 	free(e->fseqs), free(e->fseq_of), free(e->tokens), free(e->logits), free(e->argmax);
 	free(e);
 }
@@ -157,8 +401,18 @@ engine_n_ctx(const struct engine *e)
 int32_t
 engine_free_blocks(const struct engine *e)
 {
-	return e->kv.n_free;
+	return kv_available(&e->kv);
 }
+
+void
+engine_cache_stats(const struct engine *e, struct engine_cache_stats *st)
+{
+	*st = e->st;
+	st->cached = e->kv.n_cached;
+	st->idle = e->kv.n_idle;
+	st->used_bytes = (uint64_t)(e->kv.n_blocks - e->kv.n_free) * e->block_bytes;
+}
+
 
 int32_t
 engine_kv_blocks(const struct engine *e)
@@ -259,6 +513,102 @@ check_tokens(const struct engine *e, const struct seq *s, const int32_t *t, int3
 	return 0;
 }
 
+/* Makes room for n entries in the block table. */
+static void
+seq_grow_blocks(struct seq *s, int32_t n)
+{
+	if (n > s->cap_blocks) {
+		s->cap_blocks = MAX(n, s->cap_blocks * 2);
+		s->blocks = xrealloc(s->blocks, (size_t)s->cap_blocks * sizeof *s->blocks);
+	}
+}
+
+/* The key of the first n blocks of the sequence's tokens. */
+static uint64_t
+seq_key(const struct seq *s, int32_t n)
+{
+	uint64_t key = s->root;
+	int32_t i;
+
+	for (i = 0; i < n; i++)
+		key = kv_chain(key, s->tokens + (size_t)i * KV_BLOCK_TOKENS);
+	return key;
+}
+
+/*
+ * The block after the sequence's own, from the host tier: back into the
+ * pool and the prefix cache, held. KV_NONE if the tier has none.
+ */
+static int32_t
+from_host(struct engine *e, struct seq *s, uint64_t key, const int32_t *t)
+{
+	struct kvhost_block *h;
+	char err[ERR_LEN];
+	int32_t b;
+
+	if (e->host == NULL || (h = kvhost_take(e->host, key, s->key, s->root, s->n_keyed, t)) == NULL)
+		return KV_NONE;
+	if ((b = kv_alloc(&e->kv)) >= 0 && e->ops->kv_write(e->be, &b, 1, h->data, err) != 0) {
+		kv_release(&e->kv, &b, 1);
+		b = -1;
+	}
+	kvhost_free(h);
+	if (b < 0)
+		return KV_NONE;
+	e->st.host_hit += KV_BLOCK_TOKENS;
+	return kv_publish(&e->kv, b, s->root, key, s->n_keyed ? s->blocks[s->n_keyed - 1] : KV_NONE, s->n_keyed, t);
+}
+
+/*
+ * Takes, from the prefix cache, the blocks that follow the sequence's own
+ * (which must all be in the cache) while they hold its tokens, up to upto
+ * tokens. Returns how many tokens its blocks then hold.
+ */
+static int32_t
+seq_match(struct engine *e, struct seq *s, int32_t upto)
+{
+	while (s->cache && s->n_blocks == s->n_keyed && (s->n_keyed + 1) * KV_BLOCK_TOKENS <= upto) {
+		const int32_t *t = s->tokens + (size_t)s->n_keyed * KV_BLOCK_TOKENS;
+		uint64_t key = kv_chain(s->key, t);
+		int32_t b = kv_find(&e->kv, s->root, key, s->n_keyed ? s->blocks[s->n_keyed - 1] : KV_NONE,
+		    s->n_keyed, t);
+
+		if (b != KV_NONE)
+			kv_ref(&e->kv, b);
+		else if ((b = from_host(e, s, key, t)) == KV_NONE)
+			break;
+		seq_grow_blocks(s, s->n_blocks + 1);
+		s->blocks[s->n_blocks++] = b;
+		s->n_keyed++;
+		s->key = key;
+	}
+	return s->n_keyed * KV_BLOCK_TOKENS;
+}
+
+/* Enters the blocks the last step filled into the prefix cache. */
+static void
+seq_publish(struct engine *e, struct seq *s)
+{
+	while (s->cache && (s->n_keyed + 1) * KV_BLOCK_TOKENS <= s->n_cached) {
+		int32_t i = s->n_keyed;
+		const int32_t *t = s->tokens + (size_t)i * KV_BLOCK_TOKENS;
+		uint64_t key = kv_chain(s->key, t);
+
+		s->blocks[i] = kv_publish(&e->kv, s->blocks[i], s->root, key, i ? s->blocks[i - 1] : KV_NONE, i, t);
+		s->key = key;
+		s->n_keyed++;
+	}
+}
+
+/* Counts a turn's prompt tokens as found in the cache or to compute. */
+static void
+count_lookup(struct engine *e, struct seq *s)
+{
+	s->n_hit = s->n_cached;
+	e->st.hit += (uint64_t)s->n_cached;
+	e->st.miss += (uint64_t)(s->n_tokens - s->n_cached);
+}
+
 int
 engine_seq_new(struct engine *e, const int32_t *prompt, int32_t n, const struct seq_params *p,
     struct seq **out, char *err)
@@ -280,18 +630,51 @@ engine_seq_new(struct engine *e, const int32_t *prompt, int32_t n, const struct 
 	s->n_prompt = n;
 	s->turn_start = s->n_tokens;
 	s->state = SEQ_PREFILL;
+	s->cache = p->cache;
+	s->key = s->root = kv_root(e->identity, p->cache_ns);
+	s->n_cached = seq_match(e, s, n - 1);
+	count_lookup(e, s);
 	*out = s;
 	return 0;
 }
 
-/* Drops the blocks beyond what n_keep tokens need. */
+/* Lets go of the blocks from the nth on. */
 static void
-seq_trim_blocks(struct engine *e, struct seq *s, int32_t n_keep)
+seq_drop_blocks(struct engine *e, struct seq *s, int32_t from)
 {
-	int32_t keep = (n_keep + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
+	if (from >= s->n_blocks)
+		return;
+	kv_release(&e->kv, s->blocks + from, s->n_blocks - from);
+	s->n_blocks = from;
+	if (s->n_keyed > from) {
+		s->n_keyed = from;
+		s->key = seq_key(s, from);
+	}
+	s->n_saved = MIN(s->n_saved, s->n_keyed);
+}
 
-	while (s->n_blocks > keep)
-		kv_unref(&e->kv, s->blocks[--s->n_blocks]);
+/*
+ * A parked sequence takes its cached blocks back, those that cover its
+ * first keep tokens (it still has its old tokens). Returns how many of
+ * those tokens it holds then: all of them, or, where the cache lost a
+ * block, up to there (its partial last block is then let go too).
+ */
+static int32_t
+seq_unpark(struct engine *e, struct seq *s, int32_t keep)
+{
+	int32_t want = MIN(s->n_parked, (keep + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS), tail = s->n_blocks;
+
+	s->n_blocks = s->n_keyed = 0;
+	s->key = s->root;
+	seq_match(e, s, want * KV_BLOCK_TOKENS);
+	if (s->n_keyed == s->n_parked) {
+		s->n_blocks = tail;
+	} else {
+		kv_release(&e->kv, s->blocks + s->n_parked, tail - s->n_parked);
+		keep = MIN(keep, s->n_keyed * KV_BLOCK_TOKENS);
+	}
+	s->n_parked = 0;
+	return keep;
 }
 
 int
@@ -307,14 +690,24 @@ engine_seq_reuse(struct engine *e, struct seq *s, const int32_t *tokens, int32_t
 		return rc;
 	while (keep < n - 1 && keep < s->n_cached && s->tokens[keep] == tokens[keep])
 		keep++;
+	if (s->n_parked > 0)
+		keep = seq_unpark(e, s, keep);
+	seq_drop_blocks(e, s, (keep + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
 	s->n_tokens = 0;
-	s->n_cached = keep;
-	seq_trim_blocks(e, s, keep);
 	seq_push_tokens(s, tokens, n);
+	/* a block the new tokens depart in is no longer the cache's (it is copied before the write) */
+	if (s->n_keyed > keep / KV_BLOCK_TOKENS) {
+		s->n_keyed = keep / KV_BLOCK_TOKENS;
+		s->key = seq_key(s, s->n_keyed);
+		s->n_saved = MIN(s->n_saved, s->n_keyed);
+	}
+	s->n_cached = keep % KV_BLOCK_TOKENS == 0 ? seq_match(e, s, n - 1) : keep;
+	s->n_cached = MAX(s->n_cached, keep);
 	s->n_prompt = n;
 	s->turn_start = n;
 	s->state = SEQ_PREFILL;
-	return keep;
+	count_lookup(e, s);
+	return s->n_cached;
 }
 
 void
@@ -336,15 +729,28 @@ engine_seq_fork(struct engine *e, const struct seq *parent)
 	seq_push_tokens(s, parent->tokens, parent->n_tokens);
 	s->n_cached = parent->n_cached;
 	s->n_prompt = parent->n_prompt;
-	s->cap_blocks = MAX(parent->n_blocks, 1);
-	s->blocks = xmalloc((size_t)s->cap_blocks * sizeof *s->blocks);
+	s->cache = parent->cache;
+	s->root = parent->root;
+	s->key = parent->key;
+	s->n_keyed = parent->n_keyed;
+	s->n_parked = parent->n_parked;
+	seq_grow_blocks(s, MAX(parent->n_blocks, 1));
 	for (i = 0; i < parent->n_blocks; i++) {
-		kv_ref(&e->kv, parent->blocks[i]);
+		if (i >= parent->n_parked)
+			kv_ref(&e->kv, parent->blocks[i]);
 		s->blocks[s->n_blocks++] = parent->blocks[i];
 	}
 	sampler_init(&s->sampler, &parent->params.sample, e->m->hp.n_vocab);
 	s->stop = xcalloc(1, sizeof *s->stop);
 	return s;
+}
+
+void
+engine_seq_park(struct engine *e, struct seq *s)
+{
+	if (s->n_keyed > s->n_parked)
+		kv_release(&e->kv, s->blocks + s->n_parked, s->n_keyed - s->n_parked);
+	s->n_parked = MAX(s->n_parked, s->n_keyed);
 }
 
 void
@@ -357,12 +763,12 @@ engine_seq_finish(struct seq *s, enum finish_reason why)
 void
 engine_seq_free(struct engine *e, struct seq *s)
 {
-	int32_t i;
-
 	if (s == NULL)
 		return;
-	for (i = 0; i < s->n_blocks; i++)
-		kv_unref(&e->kv, s->blocks[i]);
+	if (s->io != NULL)
+		s->io->seq = NULL;  /* its blocks are the job's; engine_io_done lets them go */
+	if (s->n_blocks > s->n_parked)
+		kv_release(&e->kv, s->blocks + s->n_parked, s->n_blocks - s->n_parked);
 	seq_clear_params(s);
 	free(s->blocks), free(s->tokens), free(s->piece), free(s->text);
 	free(s);
@@ -370,9 +776,9 @@ engine_seq_free(struct engine *e, struct seq *s)
 
 /*
  * Makes blocks cover positions 0..n-1 and gives the sequence its own copy
- * of any shared block that positions n_cached.. will be written into.
- * Returns 0, ERR_RANGE if the pool is full, or the backend's error if a
- * block copy failed.
+ * of any block that positions n_cached.. will be written into and that is
+ * shared or cached (cached blocks never change). Returns 0, ERR_RANGE if
+ * the pool is full, or the backend's error if a block copy failed.
  */
 static int
 seq_reserve(struct engine *e, struct seq *s, int32_t n, char *err)
@@ -380,20 +786,19 @@ seq_reserve(struct engine *e, struct seq *s, int32_t n, char *err)
 	int32_t need = (n + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS, b, i;
 	int rc;
 
-	if (need > s->cap_blocks) {
-		s->cap_blocks = MAX(need, s->cap_blocks * 2);
-		s->blocks = xrealloc(s->blocks, (size_t)s->cap_blocks * sizeof *s->blocks);
-	}
+	seq_grow_blocks(s, need);
 	for (i = s->n_cached / KV_BLOCK_TOKENS; i < s->n_blocks; i++) {
-		if (e->kv.ref[s->blocks[i]] == 1)
+		const struct kv_block *k = &e->kv.b[s->blocks[i]];
+
+		if (k->ref == 1 && !k->cached)
 			continue;
 		if ((b = kv_alloc(&e->kv)) < 0)
 			return err_set(err, ERR_RANGE, "the KV cache is full");
 		if ((rc = e->ops->kv_copy(e->be, s->blocks[i], b, KV_BLOCK_TOKENS, err)) != 0) {
-			kv_unref(&e->kv, b);
+			kv_release(&e->kv, &b, 1);
 			return err_prefix(err, rc, "copying a KV block");
 		}
-		kv_unref(&e->kv, s->blocks[i]);
+		kv_release(&e->kv, &s->blocks[i], 1);
 		s->blocks[i] = b;
 	}
 	while (s->n_blocks < need) {
@@ -402,6 +807,115 @@ seq_reserve(struct engine *e, struct seq *s, int32_t n, char *err)
 		s->blocks[s->n_blocks++] = b;
 	}
 	return 0;
+}
+
+/* ---- the disk tier ---- */
+
+/* A disk job of the sequence's over its blocks [first, first + n) (their ids come later). */
+static struct kvdisk_job *
+disk_job(struct engine *e, struct seq *s, enum kvdisk_op op, const char *name, int32_t first, int32_t n)
+{
+	struct kvdisk_job *j = xcalloc(1, sizeof *j);
+
+	j->op = op;
+	snprintf(j->name, sizeof j->name, "%s", name);
+	j->owner = e;
+	j->seq = s;
+	j->ops = e->ops;
+	j->be = e->be;
+	j->identity = e->identity;
+	j->identity_text = xstrdup(e->identity_text);
+	j->block_bytes = e->block_bytes;
+	j->first = first;
+	j->n = n;
+	j->tokens = xmalloc((size_t)n * KV_BLOCK_TOKENS * sizeof *j->tokens);
+	memcpy(j->tokens, s->tokens + (size_t)first * KV_BLOCK_TOKENS, (size_t)n * KV_BLOCK_TOKENS * sizeof *j->tokens);
+	return j;
+}
+
+int
+engine_seq_load(struct engine *e, struct seq *s, const char *name, int32_t upto)
+{
+	int32_t want = MIN(upto, s->n_tokens - 1) / KV_BLOCK_TOKENS, i, b;
+	struct kvdisk_job *j;
+
+	if (e->disk == NULL || !s->cache || s->io != NULL || s->state != SEQ_PREFILL ||
+	    s->n_blocks != s->n_keyed || s->n_cached != s->n_keyed * KV_BLOCK_TOKENS)
+		return 0;
+	want = MIN(want, kvdisk_records(e->disk, e->identity, e->identity_text, e->block_bytes, name)) - s->n_keyed;
+	if (want <= 0)
+		return 0;
+	j = disk_job(e, s, KVDISK_LOAD, name, s->n_keyed, want);
+	j->blocks = xmalloc((size_t)want * sizeof *j->blocks);
+	for (i = 0; i < want && (b = kv_alloc(&e->kv)) >= 0; i++)
+		j->blocks[i] = b;
+	if ((j->n = i) == 0) {
+		kvdisk_job_free(j);
+		return 0;
+	}
+	s->io = j;
+	s->state = SEQ_LOAD;
+	kvdisk_submit(e->disk, j);
+	return 1;
+}
+
+void
+engine_seq_save(struct engine *e, struct seq *s, const char *name)
+{
+	int32_t first = s->n_saved, n = s->n_keyed - first, i;
+	struct kvdisk_job *j;
+
+	if (e->disk == NULL || !s->cache || s->io != NULL || n <= 0 || s->n_parked > first)
+		return;
+	/* the whole chain, not only the blocks to write: a holder of a cached block holds its chain (kv.h) */
+	j = disk_job(e, s, KVDISK_WRITE, name, first, n);
+	j->n_hold = s->n_keyed;
+	j->hold = xmalloc((size_t)j->n_hold * sizeof *j->hold);
+	for (i = 0; i < j->n_hold; i++) {
+		j->hold[i] = s->blocks[i];
+		kv_ref(&e->kv, j->hold[i]);
+	}
+	j->blocks = j->hold + first;
+	s->io = j;
+	kvdisk_submit(e->disk, j);
+}
+
+/* A load came back: the sequence takes the blocks that checked out and goes on. */
+static void
+load_done(struct engine *e, struct seq *s, struct kvdisk_job *j)
+{
+	int32_t k = j->rc == 0 ? j->done : 0;
+
+	seq_grow_blocks(s, s->n_blocks + k);
+	memcpy(s->blocks + s->n_blocks, j->blocks, (size_t)k * sizeof *s->blocks);
+	s->n_blocks += k;
+	s->n_cached += k * KV_BLOCK_TOKENS;
+	seq_publish(e, s);
+	kv_release(&e->kv, j->blocks + k, j->n - k);
+	s->n_hit += k * KV_BLOCK_TOKENS;
+	s->n_saved = MAX(s->n_saved, s->n_keyed);
+	e->st.hit += (uint64_t)k * KV_BLOCK_TOKENS;
+	e->st.miss -= (uint64_t)k * KV_BLOCK_TOKENS;
+	e->st.disk_hit += (uint64_t)k * KV_BLOCK_TOKENS;
+	s->state = SEQ_PREFILL;
+}
+
+void
+engine_io_done(struct engine *e, struct kvdisk_job *j)
+{
+	struct seq *s = j->seq;
+
+	if (s != NULL)
+		s->io = NULL;
+	if (j->op == KVDISK_LOAD && s != NULL && s->state == SEQ_LOAD)
+		load_done(e, s, j);
+	else if (j->hold != NULL)
+		kv_release(&e->kv, j->hold, j->n_hold);
+	else
+		kv_release(&e->kv, j->blocks, j->n);
+	if (j->op == KVDISK_WRITE && s != NULL)
+		s->n_saved = j->done;
+	kvdisk_job_free(j);
 }
 
 /* ---- text out ---- */
@@ -583,6 +1097,7 @@ sample_step(struct engine *e, int32_t n_fseqs, int greedy)
 		struct seq *s = e->fseq_of[i];
 
 		s->n_cached += e->fseqs[i].n_new;
+		seq_publish(e, s);
 		if (!e->fseqs[i].logits)
 			continue;
 		s->state = SEQ_DECODE;
@@ -600,20 +1115,29 @@ sample_step(struct engine *e, int32_t n_fseqs, int greedy)
 }
 
 int
-engine_step(struct engine *e, struct seq **seqs, int n, char *err)
+engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, char *err)
 {
 	struct fwd_batch batch;
-	int32_t n_fseqs = 0, n_tok = 0, i;
+	int32_t n_fseqs = 0, n_tok = 0, n_prefill = 0, i, budget, took;
 	int rc = 0, greedy;
 
+	if (max_prefill < 0)
+		max_prefill = e->max_step_tokens;
 	for (i = 0; i < n; i++) {
 		seqs[i]->new_token = -1;
 		seqs[i]->piece[0] = '\0';
 		seqs[i]->piece_len = 0;
 	}
-	for (i = 0; i < n && n_fseqs < e->max_seqs && n_tok < e->max_step_tokens && rc == 0; i++)
-		if (seqs[i]->state != SEQ_DONE)
-			n_tok += plan_seq(e, seqs[i], e->max_step_tokens - n_tok, &n_fseqs, n_tok, &rc, err);
+	for (i = 0; i < n && n_fseqs < e->max_seqs && n_tok < e->max_step_tokens && rc == 0; i++) {
+		budget = e->max_step_tokens - n_tok;
+		if (seqs[i]->state == SEQ_PREFILL)
+			budget = MIN(budget, max_prefill - n_prefill);
+		if (budget <= 0 || (seqs[i]->state != SEQ_PREFILL && seqs[i]->state != SEQ_DECODE))
+			continue;
+		took = plan_seq(e, seqs[i], budget, &n_fseqs, n_tok, &rc, err);
+		n_prefill += seqs[i]->state == SEQ_PREFILL ? took : 0;
+		n_tok += took;
+	}
 	if (rc != 0)
 		return rc;
 	if (n_tok == 0)

@@ -12,6 +12,7 @@
  *                          +-------- engine_seq_reuse ----------+
  *                                    (the next turn)
  *
+ * LOAD: waiting for blocks from the disk tier (engine_seq_load), then PREFILL.
  * PREFILL: tokens not yet in the KV cache remain; each step takes a chunk.
  * DECODE: the last sampled token is fed back; each step samples one more.
  * DONE: finished (a stop, the length limit, an error); its KV blocks stay
@@ -19,6 +20,15 @@
  *
  * Blocks can be shared between sequences (engine_seq_fork); a step that
  * writes into a shared block first copies it (copy on write).
+ *
+ * With seq_params.cache, a sequence starts from the longest prefix of its
+ * tokens that the prefix cache holds (kv.h: full blocks only, so a partial
+ * last block is computed again), and each block it fills is entered there
+ * for others. Blocks a finished sequence lets go of stay cached until the
+ * pool needs them. A finished sequence can be *parked* (a session between
+ * turns): it lets go of its cached blocks and keeps only its partial last
+ * block; its next turn finds the others again through the cache, or
+ * computes again from where the cache lost them.
  */
 #ifndef RESIDENT_ENGINE_H
 #define RESIDENT_ENGINE_H
@@ -31,6 +41,9 @@
 
 struct model_desc;
 struct engine;
+struct kvhost;
+struct kvdisk;
+struct kvdisk_job;
 
 struct engine_opts {
 	const char *device;     /* "cpu" or "cuda"; NULL: cuda when there is a GPU */
@@ -41,9 +54,11 @@ struct engine_opts {
 	int32_t max_seqs;       /* sequences per step; 0: 64 */
 	int exact;              /* CPU: float activations in every product, the reference
 	                           numerics; else quantized weights meet 8-bit activations */
+	struct kvhost *host;    /* where blocks the pool gives up go, or NULL (kvhost.h) */
+	struct kvdisk *disk;    /* where sessions' blocks are stored, or NULL (kvdisk.h) */
 };
 
-enum seq_state { SEQ_PREFILL, SEQ_DECODE, SEQ_DONE };
+enum seq_state { SEQ_LOAD, SEQ_PREFILL, SEQ_DECODE, SEQ_DONE };
 
 enum finish_reason {
 	FINISH_NONE,
@@ -56,6 +71,9 @@ enum finish_reason {
 
 struct seq_params {
 	struct sample_params sample;
+	int cache;              /* engine_seq_new: share full blocks through the prefix cache */
+	uint64_t cache_ns;      /* engine_seq_new: its namespace (the user): only sequences of
+	                           one namespace find each other's blocks */
 	int32_t max_tokens;     /* generated tokens at most; 0: until the context is full */
 	const char *const *stop;/* stop strings (copied) */
 	int n_stop;
@@ -69,6 +87,7 @@ struct seq {
 	int32_t *tokens;        /* prompt(s) and generated tokens */
 	int32_t n_tokens, cap_tokens;
 	int32_t n_cached;       /* tokens whose K/V are in the pool */
+	int32_t n_hit;          /* of this turn's tokens, those found in a cache (not computed) */
 	int32_t n_prompt;       /* tokens given by the caller (all turns) */
 	int32_t n_generated;    /* this turn */
 	int32_t *blocks;        /* block table */
@@ -86,6 +105,14 @@ struct seq {
 	struct seq_params params;
 	char **stop;
 	int32_t turn_start;     /* index of this turn's first generated token */
+	/* the prefix cache (kv.h) */
+	int cache;              /* its full blocks are looked up and published */
+	uint64_t root;          /* its chain's seed */
+	uint64_t key;           /* key of block n_keyed - 1 (root when none) */
+	int32_t n_keyed;        /* leading blocks in the table */
+	int32_t n_parked;       /* leading blocks let go while parked (engine_seq_park) */
+	int32_t n_saved;        /* leading blocks its disk file holds (engine_seq_save) */
+	struct kvdisk_job *io;  /* its disk job in flight, or NULL */
 };
 
 struct backend_ops;
@@ -95,14 +122,43 @@ struct backend_ops;
  */
 int engine_pick_backend(const char *device, const struct backend_ops **ops, char *err);
 int engine_open(const char *model_path, const struct engine_opts *o, struct engine **out, char *err);
+/*
+ * engine_open in two steps, so that the memory can be found first:
+ * engine_prepare opens the model file and plans what loading it takes
+ * (engine_mem_need: at least *min bytes of device memory, with a KV cache
+ * of one context; *want with the KV cache of engine_opts.kv_tokens), and
+ * engine_load loads it within limit bytes (0: no limit), its KV cache
+ * taking what the rest leaves, up to kv_tokens. A prepared engine that is
+ * not loaded is only closed (engine_close).
+ */
+int engine_prepare(const char *model_path, const struct engine_opts *o, struct engine **out, char *err);
+void engine_mem_need(const struct engine *e, uint64_t *min, uint64_t *want);
+int engine_load(struct engine *e, uint64_t limit, char *err);
+/* Device memory the loaded engine holds (weights, scratch, KV pool), as planned. */
+uint64_t engine_mem_bytes(const struct engine *e);
+/*
+ * Memory of the device a backend would run on (engine_pick_backend): the
+ * GPU's for CUDA, the machine's for the CPU (MemAvailable, MemTotal).
+ */
+int engine_device_memory(const char *device, uint64_t *free_b, uint64_t *total, char *err);
 void engine_close(struct engine *e);
 const struct model_desc *engine_model(const struct engine *e);
 const char *engine_device(const struct engine *e);
 /* 1 if the backend runs its exact numerics (engine_opts.exact). */
 int engine_exact(const struct engine *e);
 int32_t engine_n_ctx(const struct engine *e);
+/* Blocks a sequence can take: free ones, and cached ones no sequence holds. */
 int32_t engine_free_blocks(const struct engine *e);
 int32_t engine_kv_blocks(const struct engine *e);
+/* What the KV caches did since the engine opened (engine_cache_stats). */
+struct engine_cache_stats {
+	int32_t cached, idle;       /* blocks in the prefix cache; of those, held by no sequence */
+	uint64_t used_bytes;        /* K/V bytes of the blocks that hold something (held or cached) */
+	uint64_t hit, miss;         /* prompt tokens found in a cache; computed */
+	uint64_t host_hit, disk_hit;/* of hit, tokens that came from the host / disk tier */
+};
+void engine_cache_stats(const struct engine *e, struct engine_cache_stats *st);
+
 /* Bytes of the whole KV pool. */
 uint64_t engine_kv_bytes(const struct engine *e);
 int32_t engine_max_step_tokens(const struct engine *e);
@@ -119,8 +175,9 @@ int engine_seq_new(struct engine *e, const int32_t *prompt, int32_t n, const str
  * Starts the next turn of a finished sequence: its history becomes tokens
  * (the whole conversation). The longest common prefix with what it held
  * stays in the KV cache (all but the last token at most, whose logits are
- * needed); the rest is prefilled. Returns the number of cached tokens kept,
- * or a negative code.
+ * needed), and a caching sequence looks for more in the prefix cache; the
+ * rest is prefilled. Returns the number of cached tokens, or a negative
+ * code.
  */
 int engine_seq_reuse(struct engine *e, struct seq *s, const int32_t *tokens, int32_t n,
     const struct seq_params *p, char *err);
@@ -131,6 +188,23 @@ void engine_seq_append(struct seq *s, const int32_t *tokens, int32_t n);
 /* A finished sequence with the same history, sharing its KV blocks. */
 struct seq *engine_seq_fork(struct engine *e, const struct seq *parent);
 
+/* Parks a finished sequence: it keeps only the blocks that are not in the prefix cache. */
+void engine_seq_park(struct engine *e, struct seq *s);
+
+/*
+ * The disk tier (engine_opts.disk), for sessions: name is the session's
+ * uuid. engine_seq_load asks for the stored blocks that follow what the
+ * caches gave a new turn, up to its first upto tokens (the stored
+ * history); the sequence waits in LOAD until they come (engine_io_done),
+ * then goes on from there. Returns 1 if it waits, 0 if there was nothing
+ * to ask for. engine_seq_save has a finished sequence's cached blocks that
+ * its file lacks written there, off the engine thread.
+ */
+int engine_seq_load(struct engine *e, struct seq *s, const char *name, int32_t upto);
+void engine_seq_save(struct engine *e, struct seq *s, const char *name);
+/* Takes back a finished disk job of this engine (kvdisk_take_done) and frees it. */
+void engine_io_done(struct engine *e, struct kvdisk_job *j);
+
 /* Marks a sequence finished with the reason (for cancel). */
 void engine_seq_finish(struct seq *s, enum finish_reason why);
 
@@ -138,16 +212,17 @@ void engine_seq_finish(struct seq *s, enum finish_reason why);
 void engine_seq_free(struct engine *e, struct seq *s);
 
 /*
- * One forward step over the sequences given (those not DONE), in the order
- * given: decoding ones take one token each, prefilling ones a chunk of what
- * budget is left (at most max_step_tokens in all). Sequences left out of
- * the budget are untouched. Afterwards each sequence's new_token / piece /
+ * One forward step over the sequences given (those decoding or prefilling),
+ * in the order given: decoding ones take one token each, prefilling ones a
+ * chunk of what budget is left (at most max_step_tokens in all, and at most
+ * max_prefill tokens of prefill; < 0: no other limit). Sequences left out
+ * of the budget are untouched. Afterwards each sequence's new_token / piece /
  * state tell what happened. Returns the number of tokens processed, or a
  * negative code if the backend failed: the sequences of the step are then
  * finished with FINISH_ERROR, or, when a KV block copy failed before the
  * step ran, the sequence it was for (the others are untouched).
  */
-int engine_step(struct engine *e, struct seq **seqs, int n, char *err);
+int engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, char *err);
 
 /* Text of a finish reason: "stop", "length", "context", "cancel", "error". */
 const char *engine_finish_name(enum finish_reason r);

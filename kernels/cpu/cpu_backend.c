@@ -97,42 +97,99 @@ alloc_floats(size_t a, size_t b, char *err, int *rc)
 
 static void cpu_free(struct backend *b);
 
-/* Allocates the activations for max_tokens rows and the KV pool. */
+/* A float buffer of the backend: where it goes, rows x cols floats. */
+struct cpu_buf {
+	float **p;
+	size_t rows, cols;
+};
+
+/*
+ * The float buffers: the KV pool, the activations for max_tokens rows,
+ * the products' scratch (b->pool is NULL when only planning: threads is
+ * then given). Returns how many (at most 12).
+ */
 static int
-alloc_buffers(struct backend *b, char *err)
+cpu_bufs(struct backend *b, int threads, struct cpu_buf *out)
 {
 	const struct model_hparams *hp = &b->m->hp;
 	size_t T = (size_t)b->max_tokens, nq = (size_t)hp->n_head * hp->head_dim;
 	size_t nkv = (size_t)hp->n_head_kv * hp->head_dim;
 	size_t widest = MAX(MAX((size_t)hp->n_embd, (size_t)hp->n_ff), nq);
-	int rc = 0;
+	int n = 0;
 
 	b->kv_stride = KV_BLOCK_TOKENS * nkv;
-	b->kv = alloc_floats((size_t)b->kv_blocks * (size_t)hp->n_layer * 2, b->kv_stride, err, &rc);
-	b->x = alloc_floats(T, (size_t)hp->n_embd, err, &rc);
-	b->h = alloc_floats(T, widest, err, &rc);
-	b->q = alloc_floats(T, nq, err, &rc);
-	b->k = alloc_floats(T, nkv, err, &rc);
-	b->v = alloc_floats(T, nkv, err, &rc);
-	b->att = alloc_floats(T, nq, err, &rc);
-	b->gate = alloc_floats(T, (size_t)hp->n_ff, err, &rc);
-	b->up = alloc_floats(T, (size_t)hp->n_ff, err, &rc);
-	b->ffn_out = alloc_floats(T, (size_t)hp->n_embd, err, &rc);
-	b->mm_scratch = alloc_floats((size_t)cpu_pool_threads(b->pool) * CPU_MM_ROWS, widest, err, &rc);
+	out[n++] = (struct cpu_buf){ &b->kv, (size_t)b->kv_blocks * (size_t)hp->n_layer * 2, b->kv_stride };
+	out[n++] = (struct cpu_buf){ &b->x, T, (size_t)hp->n_embd };
+	out[n++] = (struct cpu_buf){ &b->h, T, widest };
+	out[n++] = (struct cpu_buf){ &b->q, T, nq };
+	out[n++] = (struct cpu_buf){ &b->k, T, nkv };
+	out[n++] = (struct cpu_buf){ &b->v, T, nkv };
+	out[n++] = (struct cpu_buf){ &b->att, T, nq };
+	out[n++] = (struct cpu_buf){ &b->gate, T, (size_t)hp->n_ff };
+	out[n++] = (struct cpu_buf){ &b->up, T, (size_t)hp->n_ff };
+	out[n++] = (struct cpu_buf){ &b->ffn_out, T, (size_t)hp->n_embd };
+	out[n++] = (struct cpu_buf){ &b->mm_scratch, (size_t)threads * CPU_MM_ROWS, widest };
+	return n;
+}
+
+/* Bytes of the 8-bit copies of a product's input (fast mode), each of the two. */
+static size_t
+q8_bytes(const struct backend *b)
+{
+	const struct model_hparams *hp = &b->m->hp;
+	size_t widest = MAX(MAX((size_t)hp->n_embd, (size_t)hp->n_ff), (size_t)hp->n_head * hp->head_dim);
+
+	return b->exact ? 0 : cpu_act_bytes((int64_t)widest, (int64_t)b->max_tokens);
+}
+
+/* Allocates the buffers (cpu_bufs) and the 8-bit copies. */
+static int
+alloc_buffers(struct backend *b, char *err)
+{
+	struct cpu_buf bufs[12];
+	int n = cpu_bufs(b, cpu_pool_threads(b->pool), bufs), rc = 0;
+
+	for (int i = 0; i < n; i++)
+		*bufs[i].p = alloc_floats(bufs[i].rows, bufs[i].cols, err, &rc);
 	if (!b->exact)
 		for (int k = 0; k < 2; k++)
-			if ((b->q8[k] = malloc(cpu_act_bytes((int64_t)widest, (int64_t)T))) == NULL)
+			if ((b->q8[k] = malloc(q8_bytes(b))) == NULL)
 				rc = err_set(err, ERR_NOMEM, "out of memory for 8-bit activations");
-	b->tok_seq = xcalloc(T, sizeof *b->tok_seq);
-	b->tok_pos = xcalloc(T, sizeof *b->tok_pos);
+	b->tok_seq = xcalloc((size_t)b->max_tokens, sizeof *b->tok_seq);
+	b->tok_pos = xcalloc((size_t)b->max_tokens, sizeof *b->tok_pos);
 	return rc;
+}
+
+/* Worker threads for the options. */
+static int
+cpu_threads(const struct backend_opts *o)
+{
+	return o->n_threads > 0 ? o->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+/*
+ * What load takes besides the KV pool: the weights (mapped from the file,
+ * in memory once used), the activations and scratch; and one KV block.
+ */
+static int
+cpu_plan(const struct model_desc *m, const struct backend_opts *o, uint64_t *fixed, uint64_t *kv_block, char *err)
+{
+	struct backend b = { .m = m, .max_tokens = o->max_tokens, .kv_blocks = 1, .exact = o->exact };
+	struct cpu_buf bufs[12];
+	int n = cpu_bufs(&b, cpu_threads(o), bufs);
+
+	*kv_block = bufs[0].rows * bufs[0].cols * sizeof(float);
+	*fixed = m->weight_bytes + 2 * q8_bytes(&b);
+	for (int i = 1; i < n; i++)
+		*fixed += bufs[i].rows * bufs[i].cols * sizeof(float);
+	return 0;
 }
 
 static int
 cpu_load(const struct model_desc *m, const struct backend_opts *o, struct backend **out, char *err)
 {
 	struct backend *b = xcalloc(1, sizeof *b);
-	int l, rc, threads = o->n_threads > 0 ? o->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+	int l, rc, threads = cpu_threads(o);
 
 	if (o->max_tokens < 1 || o->kv_blocks < 1) {
 		free(b);
@@ -452,6 +509,45 @@ cpu_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char 
 	return 0;
 }
 
+/* The floats of block blk in the pool, or NULL (with err) if it is not one. */
+static float *
+kv_block(struct backend *b, int32_t blk, char *err)
+{
+	if (blk < 0 || blk >= b->kv_blocks) {
+		err_set(err, ERR_INVAL, "KV block %d is outside the pool", blk);
+		return NULL;
+	}
+	return b->kv + (size_t)blk * (size_t)b->m->hp.n_layer * 2 * b->kv_stride;
+}
+
+static int
+cpu_kv_read(struct backend *b, const int32_t *blocks, int32_t n, void *dst, char *err)
+{
+	size_t per = (size_t)b->m->hp.n_layer * 2 * b->kv_stride * sizeof(float);
+	const float *src;
+
+	for (int32_t i = 0; i < n; i++) {
+		if ((src = kv_block(b, blocks[i], err)) == NULL)
+			return ERR_INVAL;
+		memcpy((char *)dst + (size_t)i * per, src, per);
+	}
+	return 0;
+}
+
+static int
+cpu_kv_write(struct backend *b, const int32_t *blocks, int32_t n, const void *src, char *err)
+{
+	size_t per = (size_t)b->m->hp.n_layer * 2 * b->kv_stride * sizeof(float);
+	float *dst;
+
+	for (int32_t i = 0; i < n; i++) {
+		if ((dst = kv_block(b, blocks[i], err)) == NULL)
+			return ERR_INVAL;
+		memcpy(dst, (const char *)src + (size_t)i * per, per);
+	}
+	return 0;
+}
+
 /* The CPU pool is float in both modes. */
 static int
 cpu_kv_elem_bytes(const struct backend *b)
@@ -463,8 +559,11 @@ cpu_kv_elem_bytes(const struct backend *b)
 const struct backend_ops cpu_backend = {
 	.name = "cpu",
 	.kv_elem_bytes = cpu_kv_elem_bytes,
+	.plan = cpu_plan,
 	.load = cpu_load,
 	.forward = cpu_forward,
 	.kv_copy = cpu_kv_copy,
+	.kv_read = cpu_kv_read,
+	.kv_write = cpu_kv_write,
 	.free = cpu_free,
 };

@@ -17,6 +17,12 @@
  *
  * KV pool: [block][layer][K|V][KV_BLOCK_TOKENS][n_head_kv * head_dim], fp16.
  *
+ * kv_read / kv_write copy whole blocks between the pool and host memory on
+ * the calling thread's own stream (cudaStreamPerThread: the engine thread
+ * and the KV disk thread each have theirs), never on the stream of the
+ * steps: a copy never waits for a step, nor a step for a copy, and the
+ * blocks copied are ones no step is using (kernels.h).
+ *
  * Exact mode (backend_opts.exact): the pool holds fp32 and every product
  * takes the fp32 matrix-vector path whatever the token count (never the
  * int8 kernels), so that no activation is rounded to fp16 or int8 and the
@@ -535,12 +541,11 @@ upload_smalls(struct backend *b, char *err)
 	return 0;
 }
 
-/* Bytes of the split-attention scratch (sets att_part_rows). */
+/* Bytes of the split-attention scratch on a device. */
 static size_t
-part_bytes(struct backend *b)
+part_bytes(int device, const struct model_hparams *hp)
 {
-	b->att_part_rows = cuda_attention_part_rows(b->device);
-	return floats_bytes((size_t)b->att_part_rows * ((size_t)b->m->hp.head_dim + 2));
+	return floats_bytes((size_t)cuda_attention_part_rows(device) * ((size_t)hp->head_dim + 2));
 }
 
 /* The activations, the KV pool and the scratch. */
@@ -550,6 +555,7 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	size_t T = d->T;
 	int rc = 0;
 
+	b->att_part_rows = cuda_attention_part_rows(b->device);
 	if ((rc = dev_alloc((void **)&b->kv, kv_bytes, "the KV pool", err)) != 0)
 		return rc;
 	CK(cudaMemset(b->kv, 0, kv_bytes));
@@ -573,7 +579,7 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    (rc = dev_alloc((void **)&b->mm.wh, (size_t)wh_elems * sizeof(__half), "fp16 weight tiles",
 	    err)) ||
 	    (rc = dev_alloc(&b->blas_ws, BLAS_WORKSPACE, "the cuBLAS workspace", err)) ||
-	    (rc = dev_alloc((void **)&b->att_part, part_bytes(b), "split attention", err)) ||
+	    (rc = dev_alloc((void **)&b->att_part, part_bytes(b->device, &b->m->hp), "split attention", err)) ||
 	    (rc = dev_alloc((void **)&b->dev_argmax, T * sizeof(int32_t), "argmax", err)) ||
 	    (rc = dev_alloc((void **)&b->argmax_part, CUDA_ARGMAX_PARTS(MIN(T, (size_t)LOGIT_ROWS)) * sizeof(float2),
 	    "argmax", err)) ||
@@ -674,40 +680,89 @@ flash_tokens(const struct model_hparams *hp, int exact)
 	return n;
 }
 
+/* What load allocates: weights, activations and scratch, one KV block. */
+struct sizes {
+	size_t weights, act, kv_block;
+	int64_t wh;                  /* elements of the fp16 tile scratch */
+	int64_t part_elems;          /* floats of qgemm's split sums */
+};
+
+/* The sizes of a load, and where each matrix goes (off). Refuses what the kernels do not handle. */
+static int
+plan_sizes(const struct model_desc *m, const struct backend_opts *o, const struct model_tensor **mats, int n,
+    size_t *off, struct sizes *z, char *err)
+{
+	struct dims d = model_dims(&m->hp, o->max_tokens);
+	int rc, sms = 0;
+
+	if ((rc = check_model(m, mats, n, err)) != 0)
+		return rc;
+	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o->device));
+	z->weights = matrix_offsets(mats, n, off);
+	z->wh = 1;
+	for (int i = 0; i < n; i++) {
+		struct cuda_weight w = { NULL, mats[i]->type, mats[i]->ne[0], mats[i]->ne[1], 0 };
+
+		if (is_product(m, mats[i]))
+			z->wh = MAX(z->wh, cuda_matmul_tile_elems(&w));
+	}
+	z->part_elems = o->exact ? 0 : cuda_qgemm_part_elems(sms);
+	z->kv_block = (size_t)m->hp.n_layer * 2 * KV_BLOCK_TOKENS * d.nkv * (o->exact ? sizeof(float) : sizeof(__half));
+	z->act = activation_bytes(&d) + (size_t)z->wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(o->device, &m->hp) +
+	    floats_bytes(small_floats(m)) + floats_bytes((size_t)z->part_elems);
+	return 0;
+}
+
+/* The matrices of a model and room for their offsets (free both). */
+static int
+matrices(const struct model_desc *m, const struct model_tensor ***mats, size_t **off)
+{
+	size_t cap = 2 + 7 * (size_t)m->hp.n_layer;
+
+	*mats = (const struct model_tensor **)xcalloc(cap, sizeof **mats);
+	*off = (size_t *)xcalloc(cap, sizeof **off);
+	return list_matrices(m, *mats);
+}
+
+static int
+cuda_plan(const struct model_desc *m, const struct backend_opts *o, uint64_t *fixed, uint64_t *kv_block, char *err)
+{
+	const struct model_tensor **mats;
+	size_t *off;
+	struct sizes z;
+	int n = matrices(m, &mats, &off), rc;
+
+	if ((rc = plan_sizes(m, o, mats, n, off, &z, err)) == 0) {
+		*fixed = z.weights + z.act;
+		*kv_block = z.kv_block;
+	}
+	free(mats), free(off);
+	return rc;
+}
+
 /* Everything load does, in order; on failure the caller frees what was made. */
 static int
 load_all(struct backend *b, const struct backend_opts *o, char *err)
 {
 	const struct model_desc *m = b->m;
-	const struct model_tensor **mats = (const struct model_tensor **)xcalloc(
-	    2 + 7 * (size_t)m->hp.n_layer, sizeof *mats);
-	size_t *off = (size_t *)xcalloc(2 + 7 * (size_t)m->hp.n_layer, sizeof *off);
+	const struct model_tensor **mats;
+	size_t *off, kv_bytes;
 	struct dims d = model_dims(&m->hp, o->max_tokens);
-	size_t wbytes, kv_bytes, act, need;
-	int64_t wh = 1, seqs = o->max_seqs > 0 ? MIN(o->max_seqs, o->max_tokens) : o->max_tokens;
-	int n = list_matrices(m, mats), rc;
+	struct sizes z;
+	int64_t seqs = o->max_seqs > 0 ? MIN(o->max_seqs, o->max_tokens) : o->max_tokens;
+	int n = matrices(m, &mats, &off), rc;
 
-	if ((rc = check_model(m, mats, n, err)) != 0 || (rc = open_device(b, o->device, err)) != 0 ||
+	if ((rc = plan_sizes(m, o, mats, n, off, &z, err)) != 0 || (rc = open_device(b, o->device, err)) != 0 ||
 	    (rc = cuda_attention_setup(m->hp.head_dim, err)) != 0 || (rc = cuda_qgemm_setup(err)) != 0)
 		goto out;
 	b->exact = o->exact != 0;
-	b->mm.part_elems = b->exact ? 0 : cuda_qgemm_part_elems(b->mm.sms);
-	wbytes = matrix_offsets(mats, n, off);
-	for (int i = 0; i < n; i++) {
-		struct cuda_weight w = { NULL, mats[i]->type, mats[i]->ne[0], mats[i]->ne[1], 0 };
-
-		if (is_product(m, mats[i]))
-			wh = MAX(wh, cuda_matmul_tile_elems(&w));
-	}
+	b->mm.part_elems = z.part_elems;
 	b->kv_stride = KV_BLOCK_TOKENS * d.nkv;
-	kv_bytes = (size_t)o->kv_blocks * (size_t)m->hp.n_layer * 2 * b->kv_stride * (size_t)kv_elem_size(b);
-	act = activation_bytes(&d) + (size_t)wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(b) +
-	    floats_bytes(small_floats(m)) + floats_bytes((size_t)b->mm.part_elems);
-	need = wbytes + kv_bytes + act;
-	if ((rc = check_memory(need, wbytes, kv_bytes, act, err)) != 0 ||
-	    (rc = upload_matrices(b, mats, n, off, wbytes, err)) != 0 ||
+	kv_bytes = (size_t)o->kv_blocks * z.kv_block;
+	if ((rc = check_memory(z.weights + kv_bytes + z.act, z.weights, kv_bytes, z.act, err)) != 0 ||
+	    (rc = upload_matrices(b, mats, n, off, z.weights, err)) != 0 ||
 	    (rc = upload_smalls(b, err)) != 0 ||
-	    (rc = alloc_buffers(b, &d, kv_bytes, wh, err)) != 0 ||
+	    (rc = alloc_buffers(b, &d, kv_bytes, z.wh, err)) != 0 ||
 	    (rc = alloc_staging(b, MIN(seqs * o->kv_blocks, (int64_t)TABLE_CAP0), err)) != 0 ||
 	    (rc = open_blas(b, err)) != 0 || (rc = prof_open(&b->prof, err)) != 0)
 		goto out;
@@ -1134,6 +1189,40 @@ cuda_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char
 	return 0;
 }
 
+/* Copies n blocks between the pool and host memory on the calling thread's stream. */
+static int
+kv_blocks_copy(struct backend *b, const int32_t *blocks, int32_t n, char *host, int to_host, char *err)
+{
+	size_t per = (size_t)b->m->hp.n_layer * 2 * b->kv_stride * (size_t)kv_elem_size(b);
+	char *kv = (char *)b->kv;
+
+	CK(cudaSetDevice(b->device));
+	for (int32_t i = 0; i < n; i++) {
+		if (blocks[i] < 0 || blocks[i] >= b->kv_blocks)
+			return err_set(err, ERR_INVAL, "KV block %d is outside the pool", blocks[i]);
+		if (to_host)
+			CK(cudaMemcpyAsync(host + (size_t)i * per, kv + (size_t)blocks[i] * per, per,
+			    cudaMemcpyDeviceToHost, cudaStreamPerThread));
+		else
+			CK(cudaMemcpyAsync(kv + (size_t)blocks[i] * per, host + (size_t)i * per, per,
+			    cudaMemcpyHostToDevice, cudaStreamPerThread));
+	}
+	CK(cudaStreamSynchronize(cudaStreamPerThread));
+	return 0;
+}
+
+static int
+cuda_kv_read(struct backend *b, const int32_t *blocks, int32_t n, void *dst, char *err)
+{
+	return kv_blocks_copy(b, blocks, n, (char *)dst, 1, err);
+}
+
+static int
+cuda_kv_write(struct backend *b, const int32_t *blocks, int32_t n, const void *src, char *err)
+{
+	return kv_blocks_copy(b, blocks, n, (char *)src, 0, err);
+}
+
 extern "C" int
 cuda_backend_devices(void)
 {
@@ -1146,12 +1235,27 @@ cuda_backend_devices(void)
 	return n;
 }
 
+extern "C" int
+cuda_backend_memory(int device, uint64_t *free_b, uint64_t *total, char *err)
+{
+	size_t f = 0, t = 0;
+
+	CK(cudaSetDevice(device));
+	CK(cudaMemGetInfo(&f, &t));
+	*free_b = f;
+	*total = t;
+	return 0;
+}
+
 extern "C" const struct backend_ops cuda_backend = {
 	"cuda",
 	kv_elem_size,
+	cuda_plan,
 	cuda_load,
 	cuda_forward,
 	cuda_kv_copy,
+	cuda_kv_read,
+	cuda_kv_write,
 	cuda_free,
 	1,
 };

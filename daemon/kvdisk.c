@@ -1,0 +1,525 @@
+/*
+ * kvdisk.c: session KV files and the thread that reads and writes them.
+ *
+ * File layout (native byte order; the files never leave the machine):
+ *
+ *   header   "RSKVSES1", u32 header bytes, u32 0, u64 block bytes,
+ *            u64 identity, u64 checksum of the header with this field 0,
+ *            the identity text (NUL-terminated, zero-padded to 64 bytes)
+ *   record i "RKVB", u32 i, i32 tokens[16], K/V (block bytes),
+ *            u64 checksum (XXH3) of everything before it in the record
+ *
+ * A write first truncates the file after the records it keeps (so that
+ * stale bytes never follow new ones), then appends. Nothing is fsync'd: a
+ * record that did not reach the disk whole fails its checksum or is
+ * missing, and is computed again.
+ *
+ * RESIDENT_KV_WRITE_STALL=N (tests only): the thread stops for an hour
+ * after writing N records of a job, so that a test can kill the daemon in
+ * the middle of a write.
+ */
+#include "config.h"
+#include "kvdisk.h"
+#include "worker.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define FILE_MAGIC "RSKVSES1"
+#define REC_MAGIC 0x42564b52u /* "RKVB" */
+#define HEAD_FIXED 40
+#define HEAD_MAX 65536
+/* Records copied between the pool and the file at a time. */
+#define CHUNK 8
+
+/* A file of the tier, for the budget. */
+struct kvfile {
+	char rel[128];              /* IDENTITY/UUID.kv */
+	uint64_t bytes;
+	uint64_t used;              /* order of last use */
+};
+
+struct kvdisk {
+	char *dir;
+	uint64_t budget;
+	struct worker wk;             /* runs the jobs (worker.h) */
+	pthread_mutex_t mu;           /* the index, for kvdisk_records and kvdisk_usage */
+	/* the files (changed by the worker thread only) */
+	struct kvfile *files;
+	int n_files, cap_files;
+	uint64_t bytes, clock;
+	long stall_after;
+};
+
+struct rec_head {
+	uint32_t magic;
+	uint32_t index;
+	int32_t tokens[KV_BLOCK_TOKENS];
+};
+
+/* ---- the file index and the budget ---- */
+
+/* The index entry of rel, added if missing. */
+static struct kvfile *
+file_entry(struct kvdisk *d, const char *rel)
+{
+	int i;
+
+	for (i = 0; i < d->n_files; i++)
+		if (strcmp(d->files[i].rel, rel) == 0)
+			return &d->files[i];
+	if (d->n_files == d->cap_files) {
+		d->cap_files = MAX(16, d->cap_files * 2);
+		d->files = xrealloc(d->files, (size_t)d->cap_files * sizeof *d->files);
+	}
+	memset(&d->files[d->n_files], 0, sizeof d->files[0]);
+	snprintf(d->files[d->n_files].rel, sizeof d->files[0].rel, "%s", rel);
+	return &d->files[d->n_files++];
+}
+
+/*
+ * Records a file's size and use (bytes 0: the file is gone). The thread
+ * changes the index under mu only; kvdisk_records reads it from others.
+ */
+static void
+file_note(struct kvdisk *d, const char *rel, uint64_t bytes, int used)
+{
+	struct kvfile *f;
+
+	pthread_mutex_lock(&d->mu);
+	f = file_entry(d, rel);
+	d->bytes = d->bytes - f->bytes + bytes;
+	f->bytes = bytes;
+	if (used)
+		f->used = ++d->clock;
+	if (bytes == 0)
+		*f = d->files[--d->n_files];
+	pthread_mutex_unlock(&d->mu);
+}
+
+/* Removes a file of the tier. */
+static void
+file_remove(struct kvdisk *d, const char *rel)
+{
+	char path[4096];
+
+	snprintf(path, sizeof path, "%s/%s", d->dir, rel);
+	unlink(path);
+	file_note(d, rel, 0, 0);
+}
+
+/* Removes the least recently used files while the tier is over its budget. */
+static void
+enforce_budget(struct kvdisk *d)
+{
+	int i, lru;
+
+	while (d->bytes > d->budget && d->n_files > 0) {
+		for (lru = 0, i = 1; i < d->n_files; i++)
+			if (d->files[i].used < d->files[lru].used)
+				lru = i;
+		file_remove(d, d->files[lru].rel);
+	}
+}
+
+/* Indexes the files already there, oldest modification first. */
+static void
+scan(struct kvdisk *d)
+{
+	DIR *top = opendir(d->dir), *sub;
+	struct dirent *a, *b;
+	struct stat st;
+	char path[4096], rel[512];
+	int i, j;
+
+	while (top != NULL && (a = readdir(top)) != NULL) {
+		snprintf(path, sizeof path, "%s/%s", d->dir, a->d_name);
+		if (a->d_name[0] == '.' || strlen(a->d_name) > 64 || (sub = opendir(path)) == NULL)
+			continue;
+		while ((b = readdir(sub)) != NULL) {
+			snprintf(rel, sizeof rel, "%s/%s", a->d_name, b->d_name);
+			snprintf(path, sizeof path, "%s/%s", d->dir, rel);
+			if (strlen(rel) < sizeof d->files[0].rel && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+				file_note(d, rel, (uint64_t)st.st_size, 0);
+				file_entry(d, rel)->used = (uint64_t)st.st_mtim.tv_sec;
+			}
+		}
+		closedir(sub);
+	}
+	if (top != NULL)
+		closedir(top);
+	/* renumber the uses in mtime order, before this run's */
+	for (i = 0; i < d->n_files; i++)
+		for (j = i + 1; j < d->n_files; j++)
+			if (d->files[j].used < d->files[i].used) {
+				struct kvfile t = d->files[i];
+
+				d->files[i] = d->files[j];
+				d->files[j] = t;
+			}
+	for (i = 0; i < d->n_files; i++)
+		d->files[i].used = ++d->clock;
+}
+
+/* ---- the file format ---- */
+
+/* Bytes of the header for an identity text, and of one record. */
+static size_t
+head_bytes(const char *identity_text)
+{
+	return HEAD_FIXED + (strlen(identity_text) + 1 + 63) / 64 * 64;
+}
+
+static size_t
+rec_bytes(size_t block_bytes)
+{
+	return sizeof(struct rec_head) + block_bytes + sizeof(uint64_t);
+}
+
+/* The header for a job's identity; returns its size. */
+static size_t
+header_make(const struct kvdisk_job *j, uint8_t **out)
+{
+	size_t text = strlen(j->identity_text) + 1, n = head_bytes(j->identity_text);
+	uint8_t *h = xcalloc(1, n);
+	uint32_t hb = (uint32_t)n;
+	uint64_t bb = j->block_bytes, sum;
+
+	memcpy(h, FILE_MAGIC, 8);
+	memcpy(h + 8, &hb, 4);
+	memcpy(h + 16, &bb, 8);
+	memcpy(h + 24, &j->identity, 8);
+	memcpy(h + HEAD_FIXED, j->identity_text, text);
+	sum = XXH3_64bits(h, n);
+	memcpy(h + 32, &sum, 8);
+	*out = h;
+	return n;
+}
+
+/* 1 if the file starts with the header h (n bytes). */
+static int
+header_matches(int fd, const uint8_t *h, size_t n)
+{
+	uint8_t *got = xmalloc(n);
+	int ok = pread(fd, got, n, 0) == (ssize_t)n && memcmp(got, h, n) == 0;
+
+	free(got);
+	return ok;
+}
+
+/* Checks record i (rec holds its bytes) against the job's tokens for it. */
+static int
+rec_valid(const struct kvdisk_job *j, int32_t i, const uint8_t *rec)
+{
+	struct rec_head h;
+	uint64_t sum;
+	size_t body = sizeof h + j->block_bytes;
+
+	memcpy(&h, rec, sizeof h);
+	memcpy(&sum, rec + body, sizeof sum);
+	return h.magic == REC_MAGIC && h.index == (uint32_t)i &&
+	    memcmp(h.tokens, j->tokens + (size_t)(i - j->first) * KV_BLOCK_TOKENS, sizeof h.tokens) == 0 &&
+	    XXH3_64bits(rec, body) == sum;
+}
+
+/* The name of a session's file relative to the tier. */
+static void
+rel_name(char *rel, size_t len, uint64_t identity, const char *name)
+{
+	snprintf(rel, len, "%016llx/%s.kv", (unsigned long long)identity, name);
+}
+
+/* The path of a job's file, and its name relative to the tier. */
+static void
+job_paths(const struct kvdisk *d, const struct kvdisk_job *j, char *rel, size_t rel_len, char *path,
+    size_t path_len)
+{
+	rel_name(rel, rel_len, j->identity, j->name);
+	snprintf(path, path_len, "%s/%s", d->dir, rel);
+}
+
+/* ---- jobs ---- */
+
+/* Opens (creating it and its directory) the file of a write, with its header right. */
+static int
+write_open(struct kvdisk *d, struct kvdisk_job *j, const char *path, size_t *head, char *err)
+{
+	char dir[4096];
+	uint8_t *h;
+	int fd;
+
+	snprintf(dir, sizeof dir, "%s/%016llx", d->dir, (unsigned long long)j->identity);
+	if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+		return err_set(err, ERR_IO, "%s: %s", dir, strerror(errno));
+	if ((fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600)) < 0)
+		return err_set(err, ERR_IO, "%s: %s", path, strerror(errno));
+	*head = header_make(j, &h);
+	if (!header_matches(fd, h, *head)) {
+		/* a new file, or one of another identity or format: start it again */
+		if (j->first > 0 || ftruncate(fd, 0) != 0 || pwrite(fd, h, *head, 0) != (ssize_t)*head) {
+			close(fd);
+			free(h);
+			return err_set(err, ERR_IO, "%s: %s", path, j->first > 0 ? "its first records are missing" :
+			    strerror(errno));
+		}
+	}
+	free(h);
+	return fd;
+}
+
+/* The records the file is long enough to hold, at most upto (the load checks them). */
+static int32_t
+records_present(int fd, size_t head, size_t rec, int32_t upto)
+{
+	struct stat st;
+	int64_t n;
+
+	if (fstat(fd, &st) != 0 || (size_t)st.st_size < head)
+		return 0;
+	n = ((int64_t)st.st_size - (int64_t)head) / (int64_t)rec;
+	return (int32_t)MIN(n, upto);
+}
+
+/* Writes records [first, first + n) after first records; j->done = the file's records after. */
+static int
+run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
+{
+	char rel[128], path[4096];
+	size_t head = 0, rec = rec_bytes(j->block_bytes);
+	uint8_t *buf = xmalloc(CHUNK * rec), *blocks = xmalloc(CHUNK * j->block_bytes);
+	int32_t i, k, c, have;
+	int fd, rc = 0;
+
+	job_paths(d, j, rel, sizeof rel, path, sizeof path);
+	j->done = 0;
+	if ((fd = write_open(d, j, path, &head, err)) < 0) {
+		free(buf), free(blocks);
+		return fd;
+	}
+	if ((have = records_present(fd, head, rec, j->first)) < j->first) {
+		/* records before ours went missing: keep what is there, the owner writes them next */
+		if (ftruncate(fd, (off_t)(head + (size_t)have * rec)) != 0)
+			rc = err_set(err, ERR_IO, "%s: %s", path, strerror(errno));
+		j->done = have;
+		goto out;
+	}
+	if (ftruncate(fd, (off_t)(head + (size_t)j->first * rec)) != 0) {
+		rc = err_set(err, ERR_IO, "%s: %s", path, strerror(errno));
+		goto out;
+	}
+	j->done = j->first;
+	for (i = 0; i < j->n && rc == 0; i += c) {
+		c = MIN(CHUNK, j->n - i);
+		if ((rc = j->ops->kv_read(j->be, j->blocks + i, c, blocks, err)) != 0)
+			break;
+		for (k = 0; k < c; k++) {
+			struct rec_head h = { REC_MAGIC, (uint32_t)(j->first + i + k), { 0 } };
+			uint8_t *r = buf + (size_t)k * rec;
+			uint64_t sum;
+
+			memcpy(h.tokens, j->tokens + (size_t)(i + k) * KV_BLOCK_TOKENS, sizeof h.tokens);
+			memcpy(r, &h, sizeof h);
+			memcpy(r + sizeof h, blocks + (size_t)k * j->block_bytes, j->block_bytes);
+			sum = XXH3_64bits(r, sizeof h + j->block_bytes);
+			memcpy(r + sizeof h + j->block_bytes, &sum, sizeof sum);
+		}
+		for (k = 0; k < c && rc == 0; k++) {
+			if (pwrite(fd, buf + (size_t)k * rec, rec, (off_t)(head + (size_t)j->done * rec)) != (ssize_t)rec)
+				rc = err_set(err, ERR_IO, "%s: %s", path, strerror(errno));
+			else if (++j->done - j->first == d->stall_after)
+				sleep(3600);
+		}
+	}
+out:
+	file_note(d, rel, head + (size_t)j->done * rec, 1);
+	close(fd);
+	free(buf), free(blocks);
+	enforce_budget(d);
+	return rc;
+}
+
+/* Loads records [first, first + n) while they check out; j->done = how many. */
+static int
+run_load(struct kvdisk *d, struct kvdisk_job *j, char *err)
+{
+	char rel[128], path[4096];
+	size_t head, rec = rec_bytes(j->block_bytes);
+	uint8_t *h, *buf;
+	struct stat st;
+	int32_t i;
+	int fd, rc = 0;
+
+	job_paths(d, j, rel, sizeof rel, path, sizeof path);
+	j->done = 0;
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		return 0;  /* nothing stored */
+	head = header_make(j, &h);
+	buf = xmalloc(rec);
+	for (i = 0; i < j->n && rc == 0 && (i > 0 || header_matches(fd, h, head)); i++) {
+		if (pread(fd, buf, rec, (off_t)(head + (size_t)(j->first + i) * rec)) != (ssize_t)rec ||
+		    !rec_valid(j, j->first + i, buf))
+			break;
+		if ((rc = j->ops->kv_write(j->be, j->blocks + i, 1, buf + sizeof(struct rec_head), err)) == 0)
+			j->done++;
+	}
+	futimens(fd, NULL);
+	if (fstat(fd, &st) == 0)
+		file_note(d, rel, (uint64_t)st.st_size, 1);
+	close(fd);
+	free(h), free(buf);
+	return rc;
+}
+
+/* Removes the session's files, whatever their identity. */
+static void
+run_remove(struct kvdisk *d, const struct kvdisk_job *j)
+{
+	char want[64];
+	const char *slash;
+	int i;
+
+	snprintf(want, sizeof want, "%s.kv", j->name);
+	for (i = 0; i < d->n_files;) {
+		slash = strchr(d->files[i].rel, '/');
+		if (slash != NULL && strcmp(slash + 1, want) == 0)
+			file_remove(d, d->files[i].rel);  /* moves the last entry here */
+		else
+			i++;
+	}
+}
+
+/* The worker's function: runs a job. */
+static void
+run_job(struct work *w)
+{
+	struct kvdisk_job *j = (struct kvdisk_job *)w;
+
+	j->err[0] = '\0';
+	if (j->op == KVDISK_WRITE)
+		j->rc = run_write(j->disk, j, j->err);
+	else if (j->op == KVDISK_LOAD)
+		j->rc = run_load(j->disk, j, j->err);
+	else
+		run_remove(j->disk, j);
+}
+
+/* ---- the interface ---- */
+
+int
+kvdisk_open(const char *dir, uint64_t budget, void (*wake)(void *), void *arg, struct kvdisk **out, char *err)
+{
+	struct kvdisk *d;
+	const char *stall = getenv("RESIDENT_KV_WRITE_STALL");
+	int rc;
+
+	if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+		return err_set(err, ERR_IO, "%s: %s", dir, strerror(errno));
+	d = xcalloc(1, sizeof *d);
+	d->dir = xstrdup(dir);
+	d->budget = budget;
+	d->stall_after = stall != NULL ? atol(stall) : -1;
+	pthread_mutex_init(&d->mu, NULL);
+	scan(d);
+	enforce_budget(d);
+	if ((rc = worker_start(&d->wk, wake, arg, err)) != 0) {
+		kvdisk_close(d);
+		return rc;
+	}
+	*out = d;
+	return 0;
+}
+
+void
+kvdisk_job_free(struct kvdisk_job *j)
+{
+	if (j == NULL)
+		return;
+	free(j->identity_text), free(j->tokens);
+	free(j->hold != NULL ? j->hold : j->blocks);
+	free(j);
+}
+
+/* The jobs of a list of finished items, linked through next. */
+static struct kvdisk_job *
+jobs_of(struct work *w)
+{
+	struct kvdisk_job *j;
+
+	for (j = (struct kvdisk_job *)w; w != NULL; w = w->next)
+		((struct kvdisk_job *)w)->next = (struct kvdisk_job *)w->next;
+	return j;
+}
+
+void
+kvdisk_close(struct kvdisk *d)
+{
+	struct kvdisk_job *j, *next;
+
+	if (d == NULL)
+		return;
+	worker_stop(&d->wk);
+	for (j = jobs_of(worker_take_done(&d->wk)); j != NULL; j = next) {
+		next = j->next;
+		kvdisk_job_free(j);
+	}
+	pthread_mutex_destroy(&d->mu);
+	free(d->files);
+	free(d->dir);
+	free(d);
+}
+
+void
+kvdisk_submit(struct kvdisk *d, struct kvdisk_job *j)
+{
+	j->work.fn = run_job;
+	j->work.owner = j->owner;
+	j->disk = d;
+	worker_submit(&d->wk, &j->work);
+}
+
+struct kvdisk_job *
+kvdisk_take_done(struct kvdisk *d)
+{
+	return jobs_of(worker_take_done(&d->wk));
+}
+
+struct kvdisk_job *
+kvdisk_drain(struct kvdisk *d, const void *owner)
+{
+	return jobs_of(worker_drain(&d->wk, owner));
+}
+
+int32_t
+kvdisk_records(struct kvdisk *d, uint64_t identity, const char *identity_text, size_t block_bytes,
+    const char *name)
+{
+	size_t head = head_bytes(identity_text), rec = rec_bytes(block_bytes);
+	uint64_t bytes = 0;
+	char rel[128];
+	int i;
+
+	rel_name(rel, sizeof rel, identity, name);
+	pthread_mutex_lock(&d->mu);
+	for (i = 0; i < d->n_files; i++)
+		if (strcmp(d->files[i].rel, rel) == 0)
+			bytes = d->files[i].bytes;
+	pthread_mutex_unlock(&d->mu);
+	return bytes > head ? (int32_t)MIN((bytes - head) / rec, (uint64_t)INT32_MAX) : 0;
+}
+
+void
+kvdisk_usage(struct kvdisk *d, uint64_t *bytes, uint64_t *budget)
+{
+	pthread_mutex_lock(&d->mu);
+	*bytes = d->bytes;
+	pthread_mutex_unlock(&d->mu);
+	*budget = d->budget;
+}

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""test_budget.py: one memory budget for every model (--device-memory), on
+the CPU backend with two generated models.
+
+1. Under a budget that fits either model but not both, requests that name
+   them in turn are all answered: each request for the model not loaded
+   unloads the other (idle) and loads its own, with `progress` replies
+   before its tokens; status counts the loads and unloads and never shows
+   more memory used than the budget.
+2. Requests for both models sent at once are all answered: those of the
+   model not loaded wait until the other's have finished (it is in use, so
+   it keeps its memory); `model.load` of it meanwhile is `overloaded`.
+3. Keep-alive: a request with keep_alive 0 leaves its model unloaded once
+   it has ended; a session's keep_alive default does the same for its
+   turns; the daemon's --keep-alive unloads an unused model after it.
+4. A model that does not fit the budget at all is a model_error that says
+   what it needs.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rsd  # noqa: E402
+from rsd import Checks, Daemon  # noqa: E402
+
+ARGS = ["--ctx", "512", "--kv-tokens", "2048"]
+
+
+def models(st):
+    return {m["name"]: m for m in st["models"]}
+
+
+def ask(c, model, text="Tell me about lighthouses.", **kw):
+    return c.generate(model=model, messages=[{"role": "user", "content": text}], max_tokens=8, temperature=0, **kw)
+
+
+def sizes(tmp, a, b):
+    """Each model's memory when loaded alone without a budget."""
+    os.makedirs(os.path.join(tmp, "probe"))
+    with Daemon(tmp=os.path.join(tmp, "probe"), model=a, extra=ARGS) as d:
+        c = d.client()
+        c.call("model.load", model=b)
+        m = models(c.call("status"))
+        return m["a"]["memory_bytes"], m["b"]["memory_bytes"]
+
+
+def in_turn(ck, d):
+    c = d.client(timeout=60)
+    for i, model in enumerate(["a", "b", "a", "b", "a"]):
+        g = ask(c, model)
+        st = c.call("status")
+        m = models(st)
+        ck.ok(g.finish in ("stop", "length") and g.usage["generated_tokens"] > 0,
+              "request %d (%s) answered: %s" % (i, model, g.finish))
+        ck.eq([n for n in ("a", "b") if m[n]["loaded"]], [model], "request %d: only %s is loaded" % (i, model))
+        ck.ok(st["memory"]["used_bytes"] <= st["memory"]["budget_bytes"],
+              "request %d: %d bytes used of a budget of %d" % (i, st["memory"]["used_bytes"],
+                                                             st["memory"]["budget_bytes"]))
+        ck.eq([(p["done"] == 0, p["done"] == p["total"]) for p in g.progress], [(True, False), (False, True)],
+              "request %d: progress replies while %s loads: 0, then all of it" % (i, model))
+    st = c.call("status")
+    m = models(st)
+    print("   status.memory:", st["memory"], {n: (m[n]["loads"], m[n]["unloads"]) for n in ("a", "b")})
+    # a: loaded at start, then by requests 0, 2 and 4; b: by model.load, then by requests 1 and 3
+    ck.eq((m["a"]["loads"], m["a"]["unloads"], m["b"]["loads"], m["b"]["unloads"]), (4, 3, 3, 3),
+          "status: each model's loads and unloads")
+    ck.eq((st["memory"]["loads"], st["memory"]["unloads"]), (7, 6), "status: loads and unloads in all")
+    c.close()
+
+
+def at_once(ck, d):
+    c = d.client(timeout=120)
+    long_a = rsd.long_prompt(c, n=200, messages=True, model="a", tag="budget")
+    results, errors = [None] * 6, []
+
+    def worker(i):
+        try:
+            with d.client(timeout=120) as w:
+                model = "a" if i % 2 == 0 else "b"
+                text = long_a if model == "a" else "Tell me about the sea."
+                results[i] = w.generate(model=model, messages=[{"role": "user", "content": text}],
+                                        max_tokens=200 if model == "a" else 8, temperature=0)
+        except Exception as e:  # noqa: BLE001
+            errors.append((i, repr(e)))
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(6)]
+    threads[0].start()
+    rsd.wait_for(lambda: c.call("status")["active"] >= 1)
+    ck.code(lambda: c.call("model.load", model="b"), "overloaded", "model.load while the budget is in use")
+    for t in threads[1:]:
+        t.start()
+    for t in threads:
+        t.join(180)
+    ck.eq(errors, [], "requests for both models at once: no error")
+    ck.ok(all(r is not None and r.usage["generated_tokens"] > 0 for r in results),
+          "requests for both models at once: every one answered")
+    c.close()
+
+
+def keep_alive(ck, d):
+    c = d.client(timeout=60)
+    ask(c, "a", keep_alive=0)
+    ck.ok(rsd.wait_for(lambda: not models(c.call("status"))["a"]["loaded"]),
+          "keep_alive 0: unloaded once the request has ended")
+    sid = c.call("session.new", model="b", defaults={"keep_alive": 0})["session"]["session"]
+    c.generate(session=sid, messages=[{"role": "user", "content": "hello"}], max_tokens=4, temperature=0)
+    ck.ok(rsd.wait_for(lambda: not models(c.call("status"))["b"]["loaded"]),
+          "a session's keep_alive 0: unloaded after its turn")
+    ask(c, "a", keep_alive=-1)
+    time.sleep(1.5)
+    ck.ok(models(c.call("status"))["a"]["loaded"], "keep_alive -1: still loaded past --keep-alive")
+    ck.eq(models(c.call("status"))["a"]["expires_in_s"], -1, "keep_alive -1: expires_in_s is -1")
+    ask(c, "a")
+    m = models(c.call("status"))["a"]
+    ck.ok(0 < m["expires_in_s"] <= 1 and m["keep_alive_s"] == 1, "--keep-alive 1s: expires within 1 s: %r"
+          % m["expires_in_s"])
+    ck.ok(rsd.wait_for(lambda: not models(c.call("status"))["a"]["loaded"], timeout=5),
+          "--keep-alive 1s: unloaded after it")
+    c.close()
+
+
+def main():
+    ck = Checks()
+    tmp = tempfile.mkdtemp(prefix="rsd-budget-")
+    try:
+        a = rsd.gen_model(os.path.join(tmp, "a.gguf"), seed=3)
+        b = rsd.gen_model(os.path.join(tmp, "b.gguf"), seed=4, shape="tiny-qwen3")
+        mem_a, mem_b = sizes(tmp, a, b)
+        budget = max(mem_a, mem_b) + min(mem_a, mem_b) // 4
+        print("   a %d bytes, b %d bytes, budget %d" % (mem_a, mem_b, budget))
+        os.makedirs(os.path.join(tmp, "d"))
+        with Daemon(tmp=os.path.join(tmp, "d"), model=a,
+                    extra=ARGS + ["--device-memory", str(budget), "--keep-alive", "1s"]) as d:
+            c = d.client()
+            c.call("model.load", model=b)  # makes the name b known; a goes
+            c.close()
+            with ck.section("two models in turn"):
+                in_turn(ck, d)
+            with ck.section("both at once"):
+                at_once(ck, d)
+            with ck.section("keep-alive"):
+                keep_alive(ck, d)
+        with ck.section("a model bigger than the budget"):
+            os.makedirs(os.path.join(tmp, "small"))
+            d = Daemon(tmp=os.path.join(tmp, "small"), model=a, extra=ARGS + ["--device-memory", "1M"])
+            try:
+                # it listens before it loads its model, so it is its exit that tells
+                r = subprocess.run(d.argv(), capture_output=True, text=True, timeout=120)
+                ck.eq(r.returncode, 1, "residentd with a default model bigger than its budget: exit status")
+                ck.ok("needs" in r.stderr and "MiB" in r.stderr and "--device-memory" in r.stderr,
+                      "residentd says what the model needs: %s" % r.stderr.strip().splitlines()[-2:])
+            except subprocess.TimeoutExpired:
+                ck.ok(False, "residentd started with a default model bigger than its budget")
+            finally:
+                d.cleanup()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ck
+
+
+if __name__ == "__main__":
+    rsd.main(main)

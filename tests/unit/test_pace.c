@@ -1,0 +1,164 @@
+/*
+ * test_pace.c: the prefill pacer (daemon/pace.c) against simulated devices:
+ * it measures before it lets prefill in, holds mixed steps near PACE_TARGET
+ * decode-only steps while a prefill token's cost changes (a prompt's later
+ * chunks attend to more), does not believe a decode-only step slowed by
+ * something else, and measures again when the decoders change or after
+ * PACE_REMEASURE mixed steps.
+ */
+#include "config.h"
+#include "pace.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+/* A device: seconds of a step with n_dec decoding tokens and n_pre prefill tokens at depth. */
+struct device {
+	double fixed, per_dec, per_pre, per_pre_depth;
+};
+
+static double
+step_time(const struct device *d, int n_dec, int n_pre, int64_t depth)
+{
+	return d->fixed + d->per_dec * n_dec + (d->per_pre + d->per_pre_depth * (double)depth) * n_pre;
+}
+
+/*
+ * Runs a prompt of prompt tokens through the pacer beside n_dec decoders;
+ * returns the largest mixed step in decode-only steps, and the steps taken.
+ */
+static double
+run(const struct device *d, int n_dec, int64_t prompt, int *steps)
+{
+	struct pace p;
+	int64_t done = 0;
+	double worst = 0, t, t_dec = step_time(d, n_dec, 0, 0);
+	int32_t b;
+
+	memset(&p, 0, sizeof p);
+	for (*steps = 0; done < prompt; (*steps)++) {
+		b = pace_budget(&p, n_dec, 1);
+		assert_true(b >= 0);
+		b = (int32_t)(b > prompt - done ? prompt - done : b);
+		t = step_time(d, n_dec, b, done);
+		pace_done(&p, n_dec, 1, b, t, 512);
+		done += b;
+		if (b > 0 && t / t_dec > worst)
+			worst = t / t_dec;
+	}
+	return worst;
+}
+
+static void
+test_no_limit_without_decoders(void **state)
+{
+	struct pace p;
+
+	memset(&p, 0, sizeof p);
+	assert_int_equal(pace_budget(&p, 0, 1), -1);
+	assert_int_equal(pace_budget(&p, 4, 0), -1);
+	/* decoders and a prompt: first a decode-only step, to measure */
+	assert_int_equal(pace_budget(&p, 16, 1), 0);
+	pace_done(&p, 16, 1, 0, 0.010, 512);
+	assert_int_equal(pace_budget(&p, 16, 1), (int32_t)(16 * (PACE_TARGET * 17 / 16 - 1) / 2));
+}
+
+static void
+test_holds_the_target(void **state)
+{
+	/* a CPU: each token costs the same, decoding or not; attention grows with depth */
+	struct device cpu = { 0.0005, 0.0004, 0.0004, 0.0004 / 20000 };
+	/* a GPU: a step is mostly reading the weights, tokens are cheap */
+	struct device gpu = { 0.012, 0.00002, 0.00003, 0.00003 / 8000 };
+	int cpu_steps, gpu_steps;
+	double worst;
+
+	double target = PACE_TARGET * 17 / 16;
+
+	worst = run(&cpu, 16, 32000, &cpu_steps);
+	print_message("cpu: worst mixed step %.2f decode-only steps, %d steps\n", worst, cpu_steps);
+	assert_true(worst <= target * 1.05 + 0.02);
+	worst = run(&gpu, 16, 32000, &gpu_steps);
+	print_message("gpu: worst mixed step %.2f decode-only steps, %d steps\n", worst, gpu_steps);
+	assert_true(worst <= target * 1.05 + 0.02);
+	/* where prompt tokens are cheap beside a step, chunks grow to many of them */
+	assert_true(gpu_steps * 10 < cpu_steps);
+}
+
+static void
+test_shortest_decode_step_counts(void **state)
+{
+	/* 8 decoding, 1 prompt: a mixed step may take 1.5 * 9 / 8 decode-only steps */
+	double target = PACE_TARGET * 9 / 8;
+	struct pace p;
+	int i;
+
+	memset(&p, 0, sizeof p);
+	pace_done(&p, 8, 1, 0, 0.010, 512);
+	pace_done(&p, 8, 1, 0, 0.050, 512);  /* slowed down by another process */
+	assert_true(p.t_dec < 0.0101);
+	/* a mixed step over the target shrinks the chunk in proportion to its part, by half at most */
+	p.chunk = 100;
+	pace_done(&p, 8, 1, 100, 0.018, 512);
+	assert_int_equal(p.chunk, (int32_t)(100 * (target - 1) / 0.8));
+	p.chunk = 100;
+	pace_done(&p, 8, 1, 100, 0.050, 512);
+	assert_int_equal(p.chunk, 50);
+	/* steps far under the target double it, steps under it add a quarter */
+	p.chunk = 40;
+	pace_done(&p, 8, 1, 40, 0.011, 512);
+	assert_int_equal(p.chunk, 80);
+	pace_done(&p, 8, 1, 80, 0.013, 512);
+	assert_int_equal(p.chunk, 101);
+	/* a prompt's end, shorter than the chunk, says nothing about growing it */
+	pace_done(&p, 8, 1, 3, 0.0105, 512);
+	assert_int_equal(p.chunk, 101);
+	/* measured again after PACE_REMEASURE mixed steps, or when the decoders change much */
+	for (i = 0; i < PACE_REMEASURE; i++)
+		pace_done(&p, 8, 1, 101, 0.015, 512);
+	assert_int_equal(pace_budget(&p, 8, 1), 0);
+	pace_done(&p, 8, 1, 0, 0.010, 512);
+	assert_int_equal(pace_budget(&p, 8, 1), p.chunk);
+	assert_int_equal(pace_budget(&p, 7, 1), p.chunk);
+	assert_int_equal(pace_budget(&p, 16, 1), 0);
+}
+
+static void
+test_many_new_prompts_go_fast(void **state)
+{
+	/* one stream and 63 requests just arrived: the step may grow to 64 tokens' worth, and soon does */
+	struct device cpu = { 0.0005, 0.0004, 0.0004, 0 };
+	struct pace p;
+	int steps = 0;
+	int64_t left = 63 * 20;
+	int32_t b;
+
+	memset(&p, 0, sizeof p);
+	while (left > 0) {
+		b = pace_budget(&p, 1, 63);
+		b = (int32_t)(b < 0 || b > left ? left : b);
+		pace_done(&p, 1, 63, b, step_time(&cpu, 1, b, 0), 512);
+		left -= b;
+		steps++;
+	}
+	print_message("63 prompts of 20 tokens beside one stream: %d steps\n", steps);
+	assert_true(steps <= 12);  /* one step at a time, 630 */
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_no_limit_without_decoders),
+		cmocka_unit_test(test_holds_the_target),
+		cmocka_unit_test(test_shortest_decode_step_counts),
+		cmocka_unit_test(test_many_new_prompts_go_fast),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
