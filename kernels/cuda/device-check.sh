@@ -3,9 +3,11 @@
 # machine that cannot build (the lent ones have no autotools or -dev
 # packages): every kernel and whole models against the CPU backend
 # (test_cuda_ops, test_cuda), logits against transformers (test_hf.py),
-# the daemon on the GPU and on the CPU (test_gpu_cpu.py), compute-
-# sanitizer's memcheck and racecheck, then resident-bench on a generated
-# llama3-8b Q4_K_M. Logs go to OUTDIR; a short summary is printed last.
+# the daemon on the GPU and on the CPU (test_gpu_cpu.py), the daemon
+# under injected CUDA faults (test_gpu_faults.py), compute-sanitizer's
+# memcheck and racecheck, then on a generated llama3-8b Q4_K_M the time to
+# first token of a resumed 8000-token session (tests/bench/resume_ttft.py)
+# and resident-bench. Logs go to OUTDIR; a short summary is printed last.
 #
 #   kernels/cuda/device-check.sh BINDIR OUTDIR
 #
@@ -28,7 +30,8 @@
 # them in the last call and name the file in RESIDENT_GEMMA (test_cuda and
 # test_gpu_cpu.py use it; without it they say what they skipped).
 #
-# DEVICE_CHECK_STEPS (default "ops cuda hf gpu_cpu memcheck bench") picks
+# DEVICE_CHECK_STEPS (default "ops cuda hf gpu_cpu faults memcheck resume
+# bench") picks
 # the steps; DEVICE_CHECK_BENCH (default below) the bench's rows.
 set -u
 bin=$(cd "$1" && pwd)
@@ -36,7 +39,7 @@ out=$2
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export RESIDENT_BUILDDIR="$bin" PYTHONUNBUFFERED=1
-steps=${DEVICE_CHECK_STEPS:-ops cuda hf gpu_cpu memcheck bench}
+steps=${DEVICE_CHECK_STEPS:-ops cuda hf gpu_cpu faults memcheck resume bench}
 bench_rows=${DEVICE_CHECK_BENCH:--p 512,4096 -n 128 -b 1,4,16,32,64 -r 2}
 model=/tmp/l8.gguf
 
@@ -58,7 +61,7 @@ has() {
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee -a "$out/summary.txt"
 # the model is generated on all cores while the GPU tests run
 gen_pid=
-if has bench && [ ! -f $model ]; then
+if { has bench || has resume; } && [ ! -f $model ]; then
 	( timeout 400 "$bin/resident-model" gen llama3-8b $model.part --type q4_k_m --quiet > "$out/gen.log" 2>&1 &&
 	    mv $model.part $model ) &
 	gen_pid=$!
@@ -67,6 +70,7 @@ has ops && run test_cuda_ops 240 "$bin/test_cuda_ops"
 has cuda && run test_cuda 300 "$bin/test_cuda"
 has hf && run test_hf 300 python3 tests/cuda/test_hf.py
 has gpu_cpu && run test_gpu_cpu 300 python3 tests/e2e/test_gpu_cpu.py
+has faults && run test_gpu_faults 400 python3 tests/e2e/test_gpu_faults.py
 if has memcheck; then
 	run memcheck_ops 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda_ops"
 	run racecheck_ops 400 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_cuda_ops"
@@ -75,9 +79,9 @@ if has memcheck; then
 	run memcheck_cuda 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda"
 	unset TEST_CUDA_ONLY
 fi
+[ -n "$gen_pid" ] && wait $gen_pid && echo "gen: $(ls -la $model 2>&1)" >> "$out/summary.txt"
+has resume && run resume_ttft 500 python3 tests/bench/resume_ttft.py -m $model --tokens 8000 -- --device cuda
 if has bench; then
-	[ -n "$gen_pid" ] && wait $gen_pid
-	echo "gen: $(ls -la $model 2>&1)" >> "$out/summary.txt"
 	# shellcheck disable=SC2086 # the rows are words
 	[ -x "$bin/resident-bench-old" ] &&
 	    run bench_old 300 "$bin/resident-bench-old" -m $model --device cuda $bench_rows
@@ -87,7 +91,9 @@ fi
 
 echo "== summary"
 grep -hE 'max error|max relative|worst' "$out/test_cuda_ops.log" "$out/test_cuda.log" 2>/dev/null
-grep -hE 'cuda|^PASS|^FAIL|SKIP' "$out/test_hf.log" "$out/test_gpu_cpu.log" 2>/dev/null | tail -n 14
+grep -hE 'cuda|^PASS|^FAIL|SKIP' "$out/test_hf.log" "$out/test_gpu_cpu.log" "$out/test_gpu_faults.log" \
+    2>/dev/null | tail -n 24
+[ -f "$out/resume_ttft.log" ] && tail -n 8 "$out/resume_ttft.log"
 grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$out"/memcheck_*.log "$out"/racecheck_*.log 2>/dev/null
 cat "$out/summary.txt"
 for b in bench_old bench; do
