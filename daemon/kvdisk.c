@@ -318,7 +318,10 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 	j->done = j->first;
 	for (i = 0; i < j->n && rc == 0; i += c) {
 		c = MIN(CHUNK, j->n - i);
-		if ((rc = j->ops->kv_read(j->be, j->blocks + i, c, blocks, err)) != 0)
+		pthread_mutex_lock(j->copy_mu);
+		rc = j->ops->kv_read(j->be, j->blocks + i, c, blocks, err);
+		pthread_mutex_unlock(j->copy_mu);
+		if (rc != 0)
 			break;
 		for (k = 0; k < c; k++) {
 			struct rec_head h = { REC_MAGIC, (uint32_t)(j->first + i + k), { 0 } };
@@ -367,7 +370,10 @@ run_load(struct kvdisk *d, struct kvdisk_job *j, char *err)
 		if (pread(fd, buf, rec, (off_t)(head + (size_t)(j->first + i) * rec)) != (ssize_t)rec ||
 		    !rec_valid(j, j->first + i, buf))
 			break;
-		if ((rc = j->ops->kv_write(j->be, j->blocks + i, 1, buf + sizeof(struct rec_head), err)) == 0)
+		pthread_mutex_lock(j->copy_mu);
+		rc = j->ops->kv_write(j->be, j->blocks + i, 1, buf + sizeof(struct rec_head), err);
+		pthread_mutex_unlock(j->copy_mu);
+		if (rc == 0)
 			j->done++;
 	}
 	futimens(fd, NULL);

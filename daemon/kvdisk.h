@@ -28,6 +28,7 @@
 #define RESIDENT_KVDISK_H
 
 #include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "kernels.h"
@@ -54,6 +55,7 @@ struct kvdisk_job {
 	void *seq;                  /* the owner's: the sequence it is for, or NULL once that is gone */
 	const struct backend_ops *ops;
 	struct backend *be;
+	pthread_mutex_t *copy_mu;   /* the owner's: held around kv_read / kv_write (kernels.h) */
 	uint64_t identity;
 	char *identity_text;        /* malloc'd */
 	size_t block_bytes;

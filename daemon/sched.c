@@ -759,7 +759,8 @@ pick(struct sched *s, struct slot *m, struct seq **out, struct gen **gens, int m
 		for (prio = PRIO_INTERACTIVE; prio <= PRIO_BACKGROUND; prio++)
 			for (g = s->gens; g != NULL && n < max; g = g->next) {
 				if (g->state != GEN_RUNNING || g->slot != m || (int)g->job->req.priority != prio ||
-				    g->seq->state == SEQ_LOAD || (g->seq->state == SEQ_DECODE) != (pass == 0))
+				    g->seq->state == SEQ_LOAD || g->seq->wait_io ||
+				    (g->seq->state == SEQ_DECODE) != (pass == 0))
 					continue;
 				gens[n] = g;
 				out[n++] = g->seq;
@@ -1305,7 +1306,7 @@ has_work(const struct sched *s)
 	int running = 0;
 
 	for (g = s->gens; g != NULL; g = g->next) {
-		if (g->state == GEN_RUNNING && g->seq->state != SEQ_LOAD)
+		if (g->state == GEN_RUNNING && g->seq->state != SEQ_LOAD && !g->seq->wait_io)
 			return 1;
 		running += g->state != GEN_QUEUED;
 	}
@@ -1324,14 +1325,20 @@ static void
 take_io(struct sched *s)
 {
 	struct kvdisk_job *j, *next;
+	struct gen *g;
+	int any = 0;
 
 	for (j = s->disk ? kvdisk_take_done(s->disk) : NULL; j != NULL; j = next) {
 		next = j->next;
+		any = 1;
 		if (j->owner != NULL)
 			engine_io_done(j->owner, j);
 		else
 			kvdisk_job_free(j);
 	}
+	for (g = s->gens; g != NULL && any; g = g->next)
+		if (g->state == GEN_RUNNING)
+			g->seq->wait_io = 0;
 }
 
 /*

@@ -94,7 +94,8 @@ struct backend_ops {
 	 * They run on their own stream and may be called from another thread
 	 * than forward's, at the same time, for blocks that no step running
 	 * meanwhile writes (kv_read) or reads (kv_write); they return when the
-	 * copy is done.
+	 * copy is done. Calls of the two for one backend must not overlap (they
+	 * share its staging buffers): the engine serialises them.
 	 */
 	int (*kv_read)(struct backend *b, const int32_t *blocks, int32_t n, void *dst, char *err);
 	int (*kv_write)(struct backend *b, const int32_t *blocks, int32_t n, const void *src, char *err);

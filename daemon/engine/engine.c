@@ -19,6 +19,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,8 @@ struct engine {
 	int exact;          /* the backend runs its exact numerics (engine_opts) */
 	struct backend_opts bo;
 	uint64_t plan_fixed, plan_block; /* the backend's plan (engine_mem_need) */
+	int32_t n_io;       /* disk jobs in flight: they hold blocks of the pool */
+	pthread_mutex_t copy_mu; /* held around kv_read / kv_write, which the disk tier's thread calls too */
 	uint64_t mem_bytes;              /* what it holds on the device once loaded */
 	struct backend *be; /* NULL until engine_load */
 	struct kv_pool kv;
@@ -206,12 +209,16 @@ evict_to_host(void *arg, const struct kv_pool *kv, int32_t blk)
 	const struct kv_block *k = &kv->b[blk];
 	struct kvhost_block *h;
 	char err[ERR_LEN];
+	int rc;
 
 	if (!kvhost_fits(e->host, e->block_bytes))
 		return;
 	h = xcalloc(1, sizeof *h);
 	h->data = xmalloc(e->block_bytes);
-	if (e->ops->kv_read(e->be, &blk, 1, h->data, err) != 0) {
+	pthread_mutex_lock(&e->copy_mu);
+	rc = e->ops->kv_read(e->be, &blk, 1, h->data, err);
+	pthread_mutex_unlock(&e->copy_mu);
+	if (rc != 0) {
 		kvhost_free(h);  /* the block is only lost from the cache */
 		return;
 	}
@@ -230,8 +237,10 @@ engine_prepare(const char *model_path, const struct engine_opts *o, struct engin
 	struct engine *e = xcalloc(1, sizeof *e);
 	int rc;
 
+	pthread_mutex_init(&e->copy_mu, NULL);
 	if ((rc = engine_pick_backend(o->device, &e->ops, err)) != 0 ||
 	    (rc = model_open(model_path, &e->m, err)) != 0) {
+		pthread_mutex_destroy(&e->copy_mu);
 		free(e);
 		return rc;
 	}
@@ -371,6 +380,7 @@ engine_close(struct engine *e)
 	model_close(e->m);
 	free(e->identity_text);
 	free(e->fseqs), free(e->fseq_of), free(e->tokens), free(e->logits), free(e->argmax);
+	pthread_mutex_destroy(&e->copy_mu);
 	free(e);
 }
 
@@ -545,12 +555,18 @@ from_host(struct engine *e, struct seq *s, uint64_t key, const int32_t *t)
 	struct kvhost_block *h;
 	char err[ERR_LEN];
 	int32_t b;
+	int rc;
 
 	if (e->host == NULL || (h = kvhost_take(e->host, key, s->key, s->root, s->n_keyed, t)) == NULL)
 		return KV_NONE;
-	if ((b = kv_alloc(&e->kv)) >= 0 && e->ops->kv_write(e->be, &b, 1, h->data, err) != 0) {
-		kv_release(&e->kv, &b, 1);
-		b = -1;
+	if ((b = kv_alloc(&e->kv)) >= 0) {
+		pthread_mutex_lock(&e->copy_mu);
+		rc = e->ops->kv_write(e->be, &b, 1, h->data, err);
+		pthread_mutex_unlock(&e->copy_mu);
+		if (rc != 0) {
+			kv_release(&e->kv, &b, 1);
+			b = -1;
+		}
 	}
 	kvhost_free(h);
 	if (b < 0)
@@ -823,6 +839,7 @@ disk_job(struct engine *e, struct seq *s, enum kvdisk_op op, const char *name, i
 	j->seq = s;
 	j->ops = e->ops;
 	j->be = e->be;
+	j->copy_mu = &e->copy_mu;
 	j->identity = e->identity;
 	j->identity_text = xstrdup(e->identity_text);
 	j->block_bytes = e->block_bytes;
@@ -855,6 +872,7 @@ engine_seq_load(struct engine *e, struct seq *s, const char *name, int32_t upto)
 	}
 	s->io = j;
 	s->state = SEQ_LOAD;
+	e->n_io++;
 	kvdisk_submit(e->disk, j);
 	return 1;
 }
@@ -877,6 +895,7 @@ engine_seq_save(struct engine *e, struct seq *s, const char *name)
 	}
 	j->blocks = j->hold + first;
 	s->io = j;
+	e->n_io++;
 	kvdisk_submit(e->disk, j);
 }
 
@@ -905,6 +924,7 @@ engine_io_done(struct engine *e, struct kvdisk_job *j)
 {
 	struct seq *s = j->seq;
 
+	e->n_io--;
 	if (s != NULL)
 		s->io = NULL;
 	if (j->op == KVDISK_LOAD && s != NULL && s->state == SEQ_LOAD)
@@ -1048,6 +1068,11 @@ plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *n_fseqs, int3
 	if (take <= 0)
 		return 0;
 	if ((r = seq_reserve(e, s, s->n_cached + take, err)) != 0) {
+		if (r == ERR_RANGE && e->n_io > 0) {
+			/* blocks a disk write holds come back when it ends: wait for it, not fail */
+			s->wait_io = 1;
+			return 0;
+		}
 		snprintf(s->error, sizeof s->error, "%s", err);
 		engine_seq_finish(s, FINISH_ERROR);
 		*rc = r == ERR_RANGE ? 0 : r;

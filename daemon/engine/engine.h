@@ -113,6 +113,8 @@ struct seq {
 	int32_t n_parked;       /* leading blocks let go while parked (engine_seq_park) */
 	int32_t n_saved;        /* leading blocks its disk file holds (engine_seq_save) */
 	struct kvdisk_job *io;  /* its disk job in flight, or NULL */
+	int wait_io;            /* the pool was full while disk jobs held blocks: it waits for one to end
+	                           (the scheduler clears this when one does) */
 };
 
 struct backend_ops;

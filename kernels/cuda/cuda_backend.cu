@@ -53,6 +53,8 @@
 #define GRAPH_MAX_TOKENS 64
 /* Graphs kept, one per (tokens, logit rows) shape, least recently used replaced. */
 #define GRAPH_CACHE 32
+/* Each of the two pinned buffers that KV blocks cross to and from host memory through. */
+#define KV_STAGE_BYTES ((size_t)1 << 20)
 /* Most phase marks timed in one step (RESIDENT_CUDA_TIMING). */
 #define PROF_EVENTS 1024
 
@@ -127,6 +129,8 @@ struct backend {
 	float *x, *h, *q, *k, *v, *att, *gate, *up, *ffn_out, *logits;
 	float *att_part;             /* the pieces of split attention */
 	int32_t *dev_argmax, *host_argmax; /* the greedy picks of a step's logits rows (host: pinned) */
+	char *stage;                 /* 2 x KV_STAGE_BYTES, pinned; NULL until the first copy */
+	cudaEvent_t stage_ev[2];     /* the last copy through each */
 	float2 *argmax_part;         /* their partial picks */
 	int64_t att_part_rows;
 	void *blas_ws;
@@ -834,6 +838,11 @@ cuda_free(struct backend *b)
 	cudaFree(b->dev_ints), cudaFree(b->att_part), cudaFree(b->dev_argmax), cudaFree(b->argmax_part);
 	if (b->host_argmax != NULL)
 		cudaFreeHost(b->host_argmax);
+	if (b->stage != NULL)
+		cudaFreeHost(b->stage);
+	for (int i = 0; i < 2; i++)
+		if (b->stage_ev[i] != NULL)
+			cudaEventDestroy(b->stage_ev[i]);
 	if (b->host_ints != NULL)
 		cudaFreeHost(b->host_ints);
 	if (b->stream != NULL)
@@ -1189,26 +1198,78 @@ cuda_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char
 	return 0;
 }
 
-/* Copies n blocks between the pool and host memory on the calling thread's stream. */
+/*
+ * Copies n blocks between the pool and host memory on the calling thread's
+ * stream, through two pinned buffers of KV_STAGE_BYTES: a copy from or to
+ * pageable memory runs at a fraction of the bus's speed (CUDA stages it
+ * itself, one piece at a time, synchronously), and the host tier's and the
+ * disk's blocks are pageable. While one piece crosses the bus the CPU
+ * copies the other.
+ */
+static int
+kv_staged(struct backend *b, const int32_t *blocks, int32_t n, size_t per, char *host, int to_host, char *err)
+{
+	cudaStream_t st = cudaStreamPerThread;
+	size_t total = (size_t)n * per, len, prev_len = 0;
+	char *kv = (char *)b->kv, *prev = NULL;
+	int k = 0;
+
+	for (size_t at = 0; at < total; at += len, k ^= 1) {
+		char *dev = kv + (size_t)blocks[at / per] * per + at % per, *buf = b->stage + k * KV_STAGE_BYTES;
+
+		len = MIN(KV_STAGE_BYTES, per - at % per);
+		CK(cudaEventSynchronize(b->stage_ev[k]));
+		if (to_host) {
+			CK(cudaMemcpyAsync(buf, dev, len, cudaMemcpyDeviceToHost, st));
+			CK(cudaEventRecord(b->stage_ev[k], st));
+			if (prev != NULL) {
+				CK(cudaEventSynchronize(b->stage_ev[k ^ 1]));
+				memcpy(prev, b->stage + (k ^ 1) * KV_STAGE_BYTES, prev_len);
+			}
+			prev = host + at, prev_len = len;
+		} else {
+			memcpy(buf, host + at, len);
+			CK(cudaMemcpyAsync(dev, buf, len, cudaMemcpyHostToDevice, st));
+			CK(cudaEventRecord(b->stage_ev[k], st));
+		}
+	}
+	if (prev != NULL) {
+		CK(cudaEventSynchronize(b->stage_ev[k ^ 1]));
+		memcpy(prev, b->stage + (k ^ 1) * KV_STAGE_BYTES, prev_len);
+	}
+	CK(cudaStreamSynchronize(st));
+	return 0;
+}
+
+/*
+ * The calling thread on b's device, and the staging buffers, made at the
+ * first copy (most loads never copy a block out).
+ */
+static int
+kv_stage_ready(struct backend *b, char *err)
+{
+	CK(cudaSetDevice(b->device));
+	if (b->stage != NULL)
+		return 0;
+	CK(cudaEventCreateWithFlags(&b->stage_ev[0], cudaEventDisableTiming));
+	CK(cudaEventCreateWithFlags(&b->stage_ev[1], cudaEventDisableTiming));
+	CK(cudaMallocHost((void **)&b->stage, 2 * KV_STAGE_BYTES));
+	return 0;
+}
+
+/* Copies n blocks between the pool and host memory (one caller at a time: kernels.h). */
 static int
 kv_blocks_copy(struct backend *b, const int32_t *blocks, int32_t n, char *host, int to_host, char *err)
 {
 	size_t per = (size_t)b->m->hp.n_layer * 2 * b->kv_stride * (size_t)kv_elem_size(b);
-	char *kv = (char *)b->kv;
+	int rc;
 
-	CK(cudaSetDevice(b->device));
-	for (int32_t i = 0; i < n; i++) {
+	for (int32_t i = 0; i < n; i++)
 		if (blocks[i] < 0 || blocks[i] >= b->kv_blocks)
 			return err_set(err, ERR_INVAL, "KV block %d is outside the pool", blocks[i]);
-		if (to_host)
-			CK(cudaMemcpyAsync(host + (size_t)i * per, kv + (size_t)blocks[i] * per, per,
-			    cudaMemcpyDeviceToHost, cudaStreamPerThread));
-		else
-			CK(cudaMemcpyAsync(kv + (size_t)blocks[i] * per, host + (size_t)i * per, per,
-			    cudaMemcpyHostToDevice, cudaStreamPerThread));
-	}
-	CK(cudaStreamSynchronize(cudaStreamPerThread));
-	return 0;
+	if ((rc = kv_stage_ready(b, err)) == 0)
+		rc = kv_staged(b, blocks, n, per, host, to_host, err);
+	return rc;
 }
 
 static int

@@ -45,6 +45,7 @@ fake_write(struct backend *b, const int32_t *blocks, int32_t n, const void *src,
 	return 0;
 }
 
+static pthread_mutex_t copy_mu = PTHREAD_MUTEX_INITIALIZER;
 static const struct backend_ops fake_ops = { .name = "fake", .kv_read = fake_read, .kv_write = fake_write };
 static struct backend be;
 static char dir[64];
@@ -82,6 +83,7 @@ job(enum kvdisk_op op, const char *identity_text, int32_t first, int32_t n, int3
 	j->owner = &be;
 	j->ops = &fake_ops;
 	j->be = &be;
+	j->copy_mu = &copy_mu;
 	j->identity_text = xstrdup(identity_text);
 	j->identity = (uint64_t)strlen(identity_text) * 1000003u + (uint8_t)identity_text[0];
 	j->block_bytes = BLOCK;
