@@ -74,8 +74,6 @@ usage(FILE *fp)
 	    "                          or a fraction of what is free at start (default 0.9)\n"
 	    "      --keep-alive T      how long a model stays loaded unused: 30s, 5m (default), 2h,\n"
 	    "                          0 (unload at once), -1 (until its memory is needed)\n"
-	    "                          for steps of more than 8 tokens (faster batched decoding\n"
-	    "                          and prefill; about 2 bytes more GPU memory per weight)\n"
 	    "      --ctx N             context length (default: the model's, at most 8192)\n"
 	    "      --kv-tokens N       KV cache size in tokens (default: 4 x context)\n"
 	    "      --kv-share-users    one prefix cache for all users (lets a user time\n"

@@ -1,21 +1,26 @@
 /*
  * sched.c: the engine thread. It takes jobs from the loop thread, keeps the
- * models and the sessions' sequences, and runs forward steps that batch
- * every running request of a model together.
+ * models (slots.h: loaded on demand within one memory budget) and the
+ * sessions' sequences, and runs forward steps that batch every running
+ * request of a model together.
  *
  * A generate request moves through:
  *
- *   QUEUED --admit()--> RUNNING --(its sequence finishes)--> freed
- *      |                   |
- *      +--cancel/gone------+--> the sequence is finished at the next step
+ *   GEN_QUEUED --admit()--> GEN_PREP --(prompt back)--> GEN_RUNNING --(done)--> freed
+ *       |      (model loaded,  (the worker renders        (its sequence: SEQ_LOAD while
+ *       |       or SLOTS_WAIT)  and tokenizes it)          its KV comes from disk, then
+ *       |                                                  PREFILL, DECODE, DONE)
+ *       +--cancel/gone at any point: finished at the next chance
  *
- * admit() renders and tokenizes the prompt and finds the session's cached
- * sequence, if any; it takes requests round-robin across connections,
- * interactive ones first, while fewer than max_seqs run. Each step puts the
- * decoding sequences first (one token each, so a long prompt never holds up
- * a stream) and then prefill chunks in rotating order. Finished sessions
- * keep their sequence (and its KV blocks) until the pool needs the blocks:
- * then the least recently used idle one is evicted.
+ * admit() takes requests round-robin across connections, interactive ones
+ * first, while fewer than max_seqs run; one that must wait for memory
+ * (SLOTS_WAIT) goes first when memory frees. Each step puts the decoding
+ * sequences first (one token each) and then prefill chunks that the pacer
+ * (pace.h) sizes so that a long prompt slows the streams beside it by
+ * about half and never stalls them. Finished sessions keep their sequence
+ * parked; its blocks stay in the prefix cache (kv.h) until the pool needs
+ * them, then go to the host tier, and each turn's KV is written to disk.
+ * A backend failure reloads the model (model_fault).
  */
 #include "config.h"
 #include "sched.h"
