@@ -873,12 +873,15 @@ step_model(struct sched *s, struct slot *m)
 		model_fault(s, m, err);
 }
 
+/* What admitting a queued request did. */
+enum admit_result { ADMIT_FAILED, ADMIT_RUNS, ADMIT_WAITS };
+
 /*
- * Admits one queued request. Returns 1 if it runs, 0 if it failed (and is
- * gone), SLOTS_WAIT if it must wait for memory: it is then the one that
- * the next admissions try first, and none other goes before it.
+ * Admits one queued request: it runs, or it failed (and is gone), or it
+ * must wait for memory: it is then the one that the next admissions try
+ * first, and none other goes before it.
  */
-static int
+static enum admit_result
 admit_one(struct sched *s, struct gen *g)
 {
 	int rc;
@@ -886,30 +889,31 @@ admit_one(struct sched *s, struct gen *g)
 	if ((rc = admit(s, g)) == 0) {
 		s->n_queued--;
 		s->waiting = s->waiting == g ? NULL : s->waiting;
-		return 1;
+		return ADMIT_RUNS;
 	}
 	if (rc == SLOTS_WAIT) {
 		s->waiting = g;
-		return SLOTS_WAIT;
+		return ADMIT_WAITS;
 	}
 	gen_free(s, g);
-	return 0;
+	return ADMIT_FAILED;
 }
 
 /* Admits queued requests round-robin across connections while there is room. */
 static void
 admit_queued(struct sched *s)
 {
-	int running = 0, limit = s->o.max_seqs > 0 ? s->o.max_seqs : 64, prio, progress = 1, rc;
+	int running = 0, limit = s->o.max_seqs > 0 ? s->o.max_seqs : 64, prio, progress = 1;
+	enum admit_result rc;
 	struct gen *g, *best;
 
 	for (g = s->gens; g != NULL; g = g->next)
 		running += g->state != GEN_QUEUED;
 	if (s->waiting != NULL && running < limit) {
 		s->retry = 0;
-		if ((rc = admit_one(s, s->waiting)) == SLOTS_WAIT)
+		if ((rc = admit_one(s, s->waiting)) == ADMIT_WAITS)
 			return;
-		running += rc;
+		running += rc == ADMIT_RUNS;
 	}
 	while (running < limit && progress) {
 		progress = 0;
@@ -927,9 +931,9 @@ admit_queued(struct sched *s)
 				continue;
 			s->rr_conn = best->job->conn;
 			progress = 1;
-			if ((rc = admit_one(s, best)) == SLOTS_WAIT)
+			if ((rc = admit_one(s, best)) == ADMIT_WAITS)
 				return;
-			running += rc;
+			running += rc == ADMIT_RUNS;
 		}
 	}
 }

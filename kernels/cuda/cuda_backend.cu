@@ -97,6 +97,9 @@ struct graph {
 	cudaGraphExec_t exec;
 };
 
+/* Step shapes run without a graph, the most recent ones (a shape is captured the second time). */
+#define SHAPES_SEEN 64
+
 /*
  * The step's integer data, in the pinned staging area and its device twin:
  * max_tokens each of tokens, positions, table offsets, logit rows and
@@ -139,6 +142,8 @@ struct backend {
 	int64_t table_cap;
 	struct graph graphs[GRAPH_CACHE];
 	uint64_t graph_clock;
+	struct graph seen[SHAPES_SEEN]; /* exec unused; a ring */
+	int seen_next;
 	int use_graphs;              /* RESIDENT_CUDA_GRAPHS=0 turns them off */
 	int flash_tokens;            /* tokens of a prefill tile of flash.cu's kernel; 0: not used */
 	int att_len;                 /* this step's longest sequence, rounded up to split pieces (cuda_kv.max_len) */
@@ -1092,6 +1097,26 @@ find_graph(struct backend *b, int T, int n_logits, int *hit)
  * else captured first. One launch instead of a few hundred: small steps are
  * bound by launches, not by the GPU.
  */
+/*
+ * Whether a step of this shape ran before (recently); else notes it. A
+ * capture and instantiation cost as much as several steps, and a shape
+ * seen once is often not seen again: requests that arrive or end one by
+ * one make a new token count at every step.
+ */
+static int
+shape_seen(struct backend *b, int T, int n_logits)
+{
+	for (int i = 0; i < SHAPES_SEEN; i++) {
+		const struct graph *g = &b->seen[i];
+
+		if (g->used != 0 && g->n_tok == T && g->n_logits == n_logits && g->att_len == b->att_len)
+			return 1;
+	}
+	b->seen[b->seen_next] = (struct graph){ T, n_logits, b->att_len, 1, NULL };
+	b->seen_next = (b->seen_next + 1) % SHAPES_SEEN;
+	return 0;
+}
+
 static int
 graph_step(struct backend *b, int T, int n_logits, const struct step_ints *dev, char *err)
 {
@@ -1100,6 +1125,8 @@ graph_step(struct backend *b, int T, int n_logits, const struct step_ints *dev, 
 	cudaGraph_t graph = NULL;
 	cudaError_t e;
 
+	if (!hit && !shape_seen(b, T, n_logits))
+		return step_kernels(b, T, n_logits, dev, err);
 	if (!hit) {
 		if (g->exec != NULL) {
 			cudaGraphExecDestroy(g->exec);

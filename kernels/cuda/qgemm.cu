@@ -26,8 +26,8 @@
  * fp16 rounding of the value and of its scale (d * sc for the K types), a
  * few parts in 2^11.
  *
- * Tile shapes follow the token count: 16, 32 or 64 tokens (eight warps of
- * 16 rows), or 128 for prefill (eight warps of 32 rows by 64 tokens). When
+ * Tile shapes follow the token count: 16, 32 or 64 tokens (four warps of
+ * 32 rows), or 128 for prefill (eight warps of 32 rows by 64 tokens). When
  * the tiles do not fill the GPU the K range is split: each split writes its
  * partial sums and a second kernel adds them in a fixed order (the result
  * does not depend on timing).
@@ -58,14 +58,18 @@ struct qg_cfg {
 };
 
 /*
- * The decode shapes stream the weight (raw units 8 sub-steps ahead), each
- * warp decoding its own 16 rows; prefill's is bound by the tensor cores:
- * its warps take 32 rows by 64 tokens (each row decoded by two warps) and
- * it keeps its shared memory for token tiles.
+ * The decode shapes stream the weight (raw units 4 sub-steps ahead), four
+ * warps each decoding its own 32 rows, so that each token fragment loaded
+ * serves two row tiles and a block needs less shared memory than eight
+ * warps of 16 rows with units 8 sub-steps ahead, whose issue was active
+ * under half the time (ncu: 43-49 %) and which this beat at 16, 32 and 64
+ * tokens on the H100 (tests/bench/RESULTS.md). Prefill's is bound by the
+ * tensor cores: its warps take 32 rows by 64 tokens (each row decoded by
+ * two warps) and it keeps its shared memory for token tiles.
  */
-using qg_c16 = qg_cfg<16, 8, 1, 8>;
-using qg_c32 = qg_cfg<32, 8, 1, 8>;
-using qg_c64 = qg_cfg<64, 8, 1, 8>;
+using qg_c16 = qg_cfg<16, 4, 1, 4>;
+using qg_c32 = qg_cfg<32, 4, 1, 4>;
+using qg_c64 = qg_cfg<64, 4, 1, 4>;
 using qg_c128 = qg_cfg<128, 4, 2, 4>;
 
 /* ---- fp16 arithmetic on quants ---- */

@@ -7,7 +7,7 @@ tokens per second the clients received together (first request sent to last
 resident-bench on the same model in the same run.
 
   python3 tests/bench/daemon-bench.py MODEL [--clients 16,64] [--tokens 128]
-      [--device cuda] [--bench]
+      [--device cuda] [--bench] [-- RESIDENTD_FLAGS...]
 
 Needs RESIDENT_BUILDDIR (residentd, resident-bench) and PyPI msgpack.
 """
@@ -24,7 +24,8 @@ import rsd  # noqa: E402
 
 
 def run_clients(d, n, tokens, timeout):
-    """n clients generate at once; returns (wall seconds, tokens, per-client t/s)."""
+    """n clients generate at once; returns (wall seconds, tokens, per-client t/s, per-client ms to the
+    first token)."""
     results, errors = [None] * n, []
     barrier = threading.Barrier(n + 1)
     t_end = [0.0] * n
@@ -38,7 +39,7 @@ def run_clients(d, n, tokens, timeout):
                 g = c.generate(prompt="Story %d: once upon a time" % i, max_tokens=tokens, temperature=0,
                                seed=i)
                 t_end[i] = time.monotonic()
-                results[i] = (len(g.ids), t_end[i] - t0)
+                results[i] = (len(g.ids), t_end[i] - t0, g.usage["ttft_ms"])
         except Exception as e:  # noqa: BLE001 (reported)
             errors.append((i, repr(e)))
             barrier.abort()
@@ -53,7 +54,7 @@ def run_clients(d, n, tokens, timeout):
     if errors:
         raise RuntimeError("client errors: %s" % errors[:3])
     wall = max(t_end) - t0
-    return wall, sum(r[0] for r in results), [r[0] / r[1] for r in results]
+    return wall, sum(r[0] for r in results), [r[0] / r[1] for r in results], sorted(r[2] for r in results)
 
 
 def bench_rate(model, n, tokens, device):
@@ -75,19 +76,22 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--bench", action="store_true", help="also run resident-bench for the same N")
+    ap.add_argument("flags", nargs="*", help="more residentd flags (after --)")
     a = ap.parse_args()
     ns = [int(x) for x in a.clients.split(",")]
     rows = []
-    with rsd.Daemon(model=os.path.abspath(a.model), extra=["--device", a.device, "--max-seqs", str(max(ns))]) as d:
+    with rsd.Daemon(model=os.path.abspath(a.model), extra=["--device", a.device, "--max-seqs", str(max(ns))] + a.flags) as d:
         run_clients(d, 2, 8, 300)  # warm up: load, graphs of the small shapes
         for n in ns:
-            wall, toks, per = run_clients(d, n, a.tokens, 600)
-            rows.append((n, toks / wall, min(per), max(per)))
-    print("| clients | tokens/s through the daemon | slowest client t/s | fastest client t/s | resident-bench t/s | ratio |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for n, rate, lo, hi in rows:
+            wall, toks, per, ttft = run_clients(d, n, a.tokens, 600)
+            rows.append((n, toks / wall, min(per), max(per), ttft[0], ttft[len(ttft) // 2], ttft[-1]))
+    print("| clients | tokens/s through the daemon | slowest client t/s | fastest client t/s | first token ms "
+          "(min / median / max) | resident-bench t/s | ratio |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for n, rate, lo, hi, t0, t1, t2 in rows:
         ref = bench_rate(a.model, n, a.tokens, a.device) if a.bench else float("nan")
-        print("| %d | %.1f | %.1f | %.1f | %.1f | %.2f |" % (n, rate, lo, hi, ref, rate / ref))
+        print("| %d | %.1f | %.1f | %.1f | %.0f / %.0f / %.0f | %.1f | %.2f |" % (n, rate, lo, hi, t0, t1, t2, ref,
+                                                                                rate / ref))
 
 
 if __name__ == "__main__":
