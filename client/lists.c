@@ -284,7 +284,7 @@ cmd_models(struct cli *cli, int argc, char **argv)
 			fputc('\n', stderr);
 		break;
 	default:
-		st = rs_model_unload(cli->c, argv[optind + 1]);
+		st = rs_model_unload(cli->c, argv[optind + 1], NULL);
 		break;
 	}
 	if (st != RS_OK)
