@@ -20,7 +20,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "py"))
-from common import binary, fail  # noqa: E402
+from common import binary, fail, srcdir  # noqa: E402
 import rsd  # noqa: E402
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -66,12 +66,29 @@ def resident(*args, stdin=None, sock=None, rc=0, cwd=None):
     return r.stdout, r.stderr, r.returncode
 
 
+JSON_KEYS = {}  # every key --json printed: the command that printed it first
+
+
+def seen_keys(v, cmd):
+    """Records the keys of a JSON value (a session's sampling `defaults` are the protocol's)."""
+    if isinstance(v, dict):
+        for k, x in v.items():
+            JSON_KEYS.setdefault(k, cmd)
+            if k != "defaults":
+                seen_keys(x, cmd)
+    elif isinstance(v, list):
+        for x in v:
+            seen_keys(x, cmd)
+
+
 def resident_json(*args, **kw):
     out, _, _ = resident(*args, "--json", **kw)
     try:
-        return json.loads(out)
+        v = json.loads(out)
     except ValueError as e:
         fail(f"`resident {' '.join(args)} --json` printed no JSON ({e}): {out[:500]!r}")
+    seen_keys(v, " ".join(args[:2]))
+    return v
 
 
 def wait_for_socket(path, proc, what):
@@ -441,6 +458,16 @@ def test_sessions(sid):
     ok("sessions list / show / fork / rename / rm")
 
 
+def test_json_documented():
+    """Every key that --json printed in this test is in resident(1)'s JSON OUTPUT section."""
+    man = open(os.path.join(srcdir(), "contrib", "man", "resident.1")).read()
+    section = man[man.index(".SH JSON OUTPUT"):man.index(".SH EXIT STATUS")]
+    missing = sorted(f"{k} ({cmd})" for k, cmd in JSON_KEYS.items()
+                     if not re.search(r"(?<![\w\\])" + re.escape(k) + r"(?!\w)", section))
+    check(len(JSON_KEYS) > 60 and not missing, "JSON keys missing from resident.1", missing or len(JSON_KEYS))
+    ok(f"the {len(JSON_KEYS)} JSON keys printed are documented in resident.1")
+
+
 def test_start_daemon():
     """--start runs $RESIDENT_DAEMON -s SOCKET when nobody listens."""
     sock2, pidfile = os.path.join(tmp, "sock2"), os.path.join(tmp, "pid2")
@@ -499,6 +526,7 @@ def main():
     test_sessions(sid)
     test_show()
     test_ps_stop()
+    test_json_documented()
     test_start_daemon()
     test_stop(daemon)
 
