@@ -56,11 +56,14 @@ const char *cli_model_arg(const char *arg, char *buf);
 int cmd_run(struct cli *cli, int argc, char **argv);
 int cmd_chat(struct cli *cli, int argc, char **argv);
 
-/* ---- lists.c: sessions, models, status ---- */
+/* ---- lists.c: sessions, models (show, stop), status, ps ---- */
 
 int cmd_sessions(struct cli *cli, int argc, char **argv);
 int cmd_models(struct cli *cli, int argc, char **argv);
+int cmd_show(struct cli *cli, int argc, char **argv);
+int cmd_stop(struct cli *cli, int argc, char **argv);
 int cmd_status(struct cli *cli, int argc, char **argv);
+int cmd_ps(struct cli *cli, int argc, char **argv);
 /* Prints a session's turns (the last `last` of them; 0: all) as "role: text" blocks. */
 void cli_print_turns(const rs_value *turns, size_t last);
 

@@ -385,11 +385,11 @@ cmd_run(struct cli *cli, int argc, char **argv)
 	}
 	if (o.verbose)
 		print_usage(&g);
-	if (cli->json) {
+	rc = g.cancelled && strcmp(gen_finish(&g), "cancel") == 0 ? EXIT_INTERRUPTED : EXIT_OK;
+	if (cli->json) {            /* takes g.done, which gen_finish reads */
 		cli_print_json_new(g.done);
 		g.done = NULL;
 	}
-	rc = g.cancelled && strcmp(gen_finish(&g), "cancel") == 0 ? EXIT_INTERRUPTED : EXIT_OK;
 out:
 	json_decref(g.done);
 	free(prompt);

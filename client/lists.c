@@ -1,7 +1,7 @@
 /*
- * lists.c: `resident sessions`, `resident models` and `resident status`:
- * one request each, printed as a table or, with --json, as the daemon's
- * result in JSON.
+ * lists.c: `resident sessions`, `resident models` (and its short forms
+ * `show` and `stop`), `resident status` and `resident ps`: one request
+ * each, printed as a table or, with --json, as the daemon's result in JSON.
  */
 #include "config.h"
 #include "cli.h"
@@ -45,14 +45,18 @@ list_opts(struct cli *cli, int argc, char **argv, uint64_t *limit, uint64_t *off
 	return 0;
 }
 
-/* Checks the count of positional arguments of a subcommand (argv[optind] is its name). */
-static int
-want_args(int argc, char **argv, int min, int max, const char *synopsis)
-{
-	int n = argc - optind - 1;
+/* A subcommand, with its arguments and how many it takes. */
+struct subcmd {
+	const char *name, *alias, *args;
+	int min, max;
+};
 
-	if (n < min || n > max)
-		return cli_usage_error("usage: resident %s %s", argv[0], synopsis);
+/* Checks the count n of a subcommand's arguments; `what` is the command line that ran it. */
+static int
+want_args(const struct subcmd *sub, int n, const char *what)
+{
+	if (n < sub->min || n > sub->max)
+		return cli_usage_error("usage: resident %s%s%s", what, sub->args[0] ? " " : "", sub->args);
 	return 0;
 }
 
@@ -113,21 +117,20 @@ print_session(const rs_value *r)
 	cli_print_turns(rs_get(r, "turns"), 0);
 }
 
-/* The subcommands of `sessions`, with their argument counts. */
-static const struct subcmd {
-	const char *name, *alias, *synopsis;
-	int min, max;
-} session_subs[] = {
-	{ "list", "ls", "list [--limit N] [--offset N]", 0, 0 },
-	{ "show", NULL, "show UUID", 1, 1 },
-	{ "rm", "delete", "rm UUID", 1, 1 },
-	{ "rename", NULL, "rename UUID TITLE", 2, 2 },
-	{ "fork", NULL, "fork UUID [TITLE]", 1, 2 },
+/* The subcommands of `sessions` and `models`. */
+static const struct subcmd session_subs[] = {
+	{ "list", "ls", "[--limit N] [--offset N]", 0, 0 },
+	{ "show", NULL, "UUID", 1, 1 },
+	{ "rm", "delete", "UUID", 1, 1 },
+	{ "rename", NULL, "UUID TITLE", 2, 2 },
+	{ "fork", NULL, "UUID [TITLE]", 1, 2 },
 }, model_subs[] = {
-	{ "list", "ls", "list", 0, 0 },
-	{ "load", NULL, "load NAME_OR_PATH", 1, 1 },
-	{ "unload", NULL, "unload NAME", 1, 1 },
+	{ "list", "ls", "", 0, 0 },
+	{ "load", NULL, "NAME_OR_PATH", 1, 1 },
+	{ "unload", NULL, "NAME_OR_PATH", 1, 1 },
+	{ "show", NULL, "NAME_OR_PATH", 1, 1 },
 };
+enum { MODEL_LIST, MODEL_LOAD, MODEL_UNLOAD, MODEL_SHOW };
 
 /*
  * Finds the subcommand at argv[optind] and checks its arguments. Returns
@@ -137,12 +140,14 @@ static const struct subcmd *
 find_sub(const struct subcmd *subs, size_t n, int argc, char **argv)
 {
 	const char *name = optind < argc ? argv[optind] : NULL;
+	char what[64];
 	size_t i;
 
 	for (i = 0; name != NULL && i < n; i++) {
 		if (strcmp(name, subs[i].name) != 0 && (subs[i].alias == NULL || strcmp(name, subs[i].alias) != 0))
 			continue;
-		if (want_args(argc, argv, subs[i].min, subs[i].max, subs[i].synopsis) != 0)
+		snprintf(what, sizeof what, "%s %s", argv[0], subs[i].name);
+		if (want_args(&subs[i], argc - optind - 1, what) != 0)
 			return NULL;
 		return &subs[i];
 	}
@@ -251,10 +256,80 @@ progress_cb(uint64_t done, uint64_t total, void *user)
 		draw_bar(b, done > total ? total : done, total);
 }
 
-int
-cmd_models(struct cli *cli, int argc, char **argv)
+/* A count in thousands, millions, billions: "1.7M", "268.1M", "8.0B". */
+static const char *
+count_text(uint64_t n, char *buf, size_t len)
 {
-	const struct subcmd *sub;
+	if (n >= 1000000000)
+		snprintf(buf, len, "%.1fB", (double)n / 1e9);
+	else if (n >= 1000000)
+		snprintf(buf, len, "%.1fM", (double)n / 1e6);
+	else if (n >= 1000)
+		snprintf(buf, len, "%.1fK", (double)n / 1e3);
+	else
+		snprintf(buf, len, "%llu", (unsigned long long)n);
+	return buf;
+}
+
+/* A model.show result, one field a line. */
+static void
+print_model_info(const rs_value *m)
+{
+	const rs_value *types = rs_get(m, "tensor_types");
+	char a[32];
+	size_t i;
+
+	printf("name          %s%s\n", cli_str(m, "name"), rs_bool(rs_get(m, "default")) ? " (the default model)" : "");
+	printf("path          %s\n", cli_str(m, "path"));
+	printf("family        %s (%s)\n", cli_str(m, "arch"), cli_str(m, "format"));
+	printf("parameters    %s\n", count_text(rs_uint(rs_get(m, "parameters")), a, sizeof a));
+	printf("quantization  %s (", cli_str(m, "quantization"));
+	for (i = 0; i < rs_len(types); i++)
+		printf("%s%s: %llu tensors, %s", i ? "; " : "", cli_str(rs_at(types, i), "type"),
+		    (unsigned long long)rs_uint(rs_get(rs_at(types, i), "tensors")),
+		    cli_size(rs_uint(rs_get(rs_at(types, i), "bytes")), a));
+	printf(")\nweights       %s\n", cli_size(rs_uint(rs_get(m, "size")), a));
+	printf("layers        %llu, embedding %llu, feed-forward %llu\n", (unsigned long long)rs_uint(rs_get(m, "layers")),
+	    (unsigned long long)rs_uint(rs_get(m, "embedding")), (unsigned long long)rs_uint(rs_get(m, "feed_forward")));
+	printf("attention     %llu heads, %llu KV heads, head size %llu", (unsigned long long)rs_uint(rs_get(m, "heads")),
+	    (unsigned long long)rs_uint(rs_get(m, "kv_heads")), (unsigned long long)rs_uint(rs_get(m, "head_dim")));
+	if (rs_uint(rs_get(m, "sliding_window")) > 0)
+		printf("; sliding window of %llu tokens", (unsigned long long)rs_uint(rs_get(m, "sliding_window")));
+	printf("\nvocabulary    %llu tokens\n", (unsigned long long)rs_uint(rs_get(m, "vocab")));
+	printf("context       %llu tokens (trained for %llu)\n", (unsigned long long)rs_uint(rs_get(m, "context")),
+	    (unsigned long long)rs_uint(rs_get(m, "context_train")));
+	if (cli_str(m, "template_error")[0])
+		printf("template      none usable: %s\n", cli_str(m, "template_error"));
+	else if (strcmp(cli_str(m, "template"), "raw") == 0)
+		printf("template      none (raw prompts only)\n");
+	else
+		printf("template      %s\n", cli_str(m, "template"));
+	if (rs_bool(rs_get(m, "loaded")))
+		printf("loaded        on %s, holding %s\n", cli_str(m, "device"), cli_size(rs_uint(rs_get(m, "memory_bytes")), a));
+	else
+		printf("loaded        no (loading takes %s at least)\n", cli_size(rs_uint(rs_get(m, "need_bytes")), a));
+}
+
+/* A model.unload result: what was unloaded, and the requests that ended. */
+static void
+print_unloaded(const rs_value *r)
+{
+	const char *name = cli_str(rs_get(r, "model"), "name");
+	uint64_t n = rs_uint(rs_get(r, "cancelled"));
+
+	if (!rs_bool(rs_get(r, "unloaded")))
+		printf("%s is not loaded\n", name);
+	else if (n > 0)
+		printf("unloaded %s; %llu running request%s cancelled\n", name, (unsigned long long)n,
+		    n == 1 ? " was" : "s were");
+	else
+		printf("unloaded %s\n", name);
+}
+
+/* Runs a subcommand of `models` on its argument (NULL for list); `what` names it in errors. */
+static int
+model_cmd(struct cli *cli, const struct subcmd *sub, const char *arg, const char *what)
+{
 	struct bar bar = { 0 };
 	rs_value *out = NULL;
 	const rs_value *m;
@@ -262,20 +337,17 @@ cmd_models(struct cli *cli, int argc, char **argv)
 	char size[32], path[PATH_MAX];
 	int rc;
 
-	if ((rc = list_opts(cli, argc, argv, NULL, NULL)) != 0)
-		return rc;
-	if ((sub = find_sub(model_subs, sizeof model_subs / sizeof *model_subs, argc, argv)) == NULL)
-		return EXIT_USAGE;
 	if ((rc = cli_connect(cli)) != EXIT_OK)
 		return rc;
-
+	if (arg != NULL)
+		arg = cli_model_arg(arg, path);
 	switch (sub - model_subs) {
-	case 0:
+	case MODEL_LIST:
 		st = rs_model_list(cli->c, &out);
 		break;
-	case 1:
-		bar.name = cli_model_arg(argv[optind + 1], path);
-		st = rs_model_load(cli->c, bar.name, progress_cb, isatty(2) ? &bar : NULL, &out);
+	case MODEL_LOAD:
+		bar.name = arg;
+		st = rs_model_load(cli->c, arg, progress_cb, isatty(2) ? &bar : NULL, &out);
 		if (bar.shown && st == RS_OK) {     /* the bar ends full */
 			m = rs_get(out, "model");
 			draw_bar(&bar, rs_uint(rs_get(m, "size")), rs_uint(rs_get(m, "size")));
@@ -283,24 +355,70 @@ cmd_models(struct cli *cli, int argc, char **argv)
 		if (bar.shown)
 			fputc('\n', stderr);
 		break;
+	case MODEL_UNLOAD:
+		st = rs_model_unload(cli->c, arg, &out);
+		break;
 	default:
-		st = rs_model_unload(cli->c, argv[optind + 1]);
+		st = rs_model_show(cli->c, arg, &out);
 		break;
 	}
 	if (st != RS_OK)
-		return cli_fail(cli, st, sub->name);
+		return cli_fail(cli, st, what);
 
 	if (cli->json) {
-		out ? cli_print_json(out) : cli_print_json_new(json_object());
-	} else if (sub == &model_subs[0]) {
-		print_models(rs_get(out, "models"));
-	} else if (sub == &model_subs[1]) {
-		m = rs_get(out, "model");
-		printf("loaded %s (%s, %s, %s)\n", cli_str(m, "name"), cli_str(m, "arch"),
-		    cli_size(rs_uint(rs_get(m, "size")), size), cli_str(m, "device"));
+		cli_print_json(out);
+	} else {
+		switch (sub - model_subs) {
+		case MODEL_LIST: print_models(rs_get(out, "models")); break;
+		case MODEL_LOAD:
+			m = rs_get(out, "model");
+			printf("loaded %s (%s, %s, %s)\n", cli_str(m, "name"), cli_str(m, "arch"),
+			    cli_size(rs_uint(rs_get(m, "size")), size), cli_str(m, "device"));
+			break;
+		case MODEL_UNLOAD: print_unloaded(out); break;
+		default: print_model_info(rs_get(out, "model")); break;
+		}
 	}
 	rs_value_free(out);
 	return EXIT_OK;
+}
+
+int
+cmd_models(struct cli *cli, int argc, char **argv)
+{
+	const struct subcmd *sub;
+	int rc;
+
+	if ((rc = list_opts(cli, argc, argv, NULL, NULL)) != 0)
+		return rc;
+	if ((sub = find_sub(model_subs, sizeof model_subs / sizeof *model_subs, argc, argv)) == NULL)
+		return EXIT_USAGE;
+	return model_cmd(cli, sub, optind + 1 < argc ? argv[optind + 1] : NULL, sub->name);
+}
+
+/* `resident show` and `resident stop`: `models show` and `models unload` without the `models`. */
+static int
+model_short(struct cli *cli, int argc, char **argv, const struct subcmd *sub)
+{
+	int rc;
+
+	if ((rc = list_opts(cli, argc, argv, NULL, NULL)) != 0)
+		return rc;
+	if ((rc = want_args(sub, argc - optind, argv[0])) != 0)
+		return rc;
+	return model_cmd(cli, sub, argv[optind], argv[0]);
+}
+
+int
+cmd_show(struct cli *cli, int argc, char **argv)
+{
+	return model_short(cli, argc, argv, &model_subs[MODEL_SHOW]);
+}
+
+int
+cmd_stop(struct cli *cli, int argc, char **argv)
+{
+	return model_short(cli, argc, argv, &model_subs[MODEL_UNLOAD]);
 }
 
 /* ---- status ---- */
@@ -407,8 +525,12 @@ print_status(const rs_value *hello, const rs_value *s)
 	table_free(t);
 }
 
-int
-cmd_status(struct cli *cli, int argc, char **argv)
+/* Prints the status result s (hello: the daemon's hello) as text. */
+typedef void print_fn(const rs_value *hello, const rs_value *s);
+
+/* status and ps: one status request, printed by text, or by json with --json. */
+static int
+status_cmd(struct cli *cli, int argc, char **argv, print_fn *text, void (*json)(const rs_value *s))
 {
 	rs_value *out;
 	rs_status st;
@@ -417,15 +539,82 @@ cmd_status(struct cli *cli, int argc, char **argv)
 	if ((rc = list_opts(cli, argc, argv, NULL, NULL)) != 0)
 		return rc;
 	if (optind < argc)
-		return cli_usage_error("usage: resident status [--json]");
+		return cli_usage_error("usage: resident %s [--json]", argv[0]);
 	if ((rc = cli_connect(cli)) != EXIT_OK)
 		return rc;
 	if ((st = rs_server_status(cli->c, &out)) != RS_OK)
 		return cli_fail(cli, st, "status");
 	if (cli->json)
-		cli_print_json(out);
+		json(out);
 	else
-		print_status(cli->hello, out);
+		text(cli->hello, out);
 	rs_value_free(out);
 	return EXIT_OK;
+}
+
+int
+cmd_status(struct cli *cli, int argc, char **argv)
+{
+	return status_cmd(cli, argc, argv, print_status, cli_print_json);
+}
+
+/* ---- ps ---- */
+
+/* What is left of a loaded model's keep-alive: "4m 10s left", "in use", "until needed". */
+static const char *
+keep_left_text(const rs_value *m, char *buf, size_t len)
+{
+	double left = rs_float(rs_get(m, "expires_in_s"));
+	char d[32];
+
+	if (left >= 0)
+		snprintf(buf, len, "%s left", cli_duration(left, d));
+	else if (rs_uint(rs_get(m, "active")) > 0 || rs_float(rs_get(m, "keep_alive_s")) >= 0)
+		snprintf(buf, len, "in use");
+	else
+		snprintf(buf, len, "until needed");
+	return buf;
+}
+
+/* The loaded models of a status result, a line each. */
+static void
+print_ps(const rs_value *hello, const rs_value *s)
+{
+	const rs_value *models = rs_get(s, "models");
+	struct table *t = table_new(6, "NAME", "DEVICE", "MEMORY", "RUNNING", "QUEUED", "KEEP-ALIVE");
+	char mem[32], a[24], q[24], keep[48];
+	size_t i;
+
+	for (i = 0; i < rs_len(models); i++) {
+		const rs_value *m = rs_at(models, i);
+
+		if (!rs_bool(rs_get(m, "loaded")))
+			continue;
+		snprintf(a, sizeof a, "%llu", (unsigned long long)rs_uint(rs_get(m, "active")));
+		snprintf(q, sizeof q, "%llu", (unsigned long long)rs_uint(rs_get(m, "queued")));
+		table_add(t, cli_str(m, "name"), cli_str(m, "device"), cli_size(rs_uint(rs_get(m, "memory_bytes")), mem),
+		    a, q, keep_left_text(m, keep, sizeof keep));
+	}
+	table_print(t, stdout);
+	table_free(t);
+}
+
+/* {"models": [...]}: status's maps of the loaded models. */
+static void
+print_ps_json(const rs_value *s)
+{
+	const rs_value *models = rs_get(s, "models");
+	json_t *list = json_array();
+	size_t i;
+
+	for (i = 0; i < rs_len(models); i++)
+		if (rs_bool(rs_get(rs_at(models, i), "loaded")))
+			json_array_append_new(list, cli_json(rs_at(models, i)));
+	cli_print_json_new(json_pack("{s:o}", "models", list));
+}
+
+int
+cmd_ps(struct cli *cli, int argc, char **argv)
+{
+	return status_cmd(cli, argc, argv, print_ps, print_ps_json);
 }

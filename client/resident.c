@@ -34,7 +34,11 @@ usage(FILE *fp)
 	    "  sessions fork UUID [TITLE]     copy a session; prints the new one's id\n"
 	    "  models list\n"
 	    "  models load NAME_OR_PATH       load a model (a progress bar on stderr)\n"
-	    "  models unload NAME\n"
+	    "  models unload NAME_OR_PATH     unload it; what runs on it is cancelled\n"
+	    "  models show NAME_OR_PATH       family, sizes, quantization, template, context\n"
+	    "  show NAME_OR_PATH              the same as models show\n"
+	    "  stop NAME_OR_PATH              the same as models unload\n"
+	    "  ps                             loaded models: memory, requests, keep-alive left\n"
 	    "  status                         models, memory, sequences, clients, batches\n"
 	    "\n"
 	    "options of run and chat:\n"
@@ -160,6 +164,9 @@ static const struct {
 	{ "session", cmd_sessions },
 	{ "models", cmd_models },
 	{ "model", cmd_models },
+	{ "show", cmd_show },
+	{ "stop", cmd_stop },
+	{ "ps", cmd_ps },
 	{ "status", cmd_status },
 };
 

@@ -25,6 +25,7 @@ static const char *const op_names[OP_COUNT_] = {
 	[OP_SESSION_GET] = "session.get", [OP_SESSION_FORK] = "session.fork",
 	[OP_SESSION_RENAME] = "session.rename", [OP_SESSION_DELETE] = "session.delete",
 	[OP_MODEL_LIST] = "model.list", [OP_MODEL_LOAD] = "model.load", [OP_MODEL_UNLOAD] = "model.unload",
+	[OP_MODEL_SHOW] = "model.show",
 	[OP_TOKENIZE] = "tokenize", [OP_DETOKENIZE] = "detokenize", [OP_STATUS] = "status",
 };
 

@@ -150,9 +150,18 @@ make_room(struct slots *sl, const struct slot *m, uint64_t need)
 }
 
 int
-slots_load(struct slots *sl, struct slot *m, void (*progress)(void *, uint64_t, uint64_t), void *arg, char *err)
+slots_prepare(const struct slots *sl, const struct slot *m, struct engine **out, char *err)
 {
 	struct engine_opts eo = sl->o.eo;
+
+	if (m->device != NULL)
+		eo.device = m->device;
+	return engine_prepare(m->path, &eo, out, err);
+}
+
+int
+slots_load(struct slots *sl, struct slot *m, void (*progress)(void *, uint64_t, uint64_t), void *arg, char *err)
+{
 	uint64_t min, want, left, total;
 	struct engine *e;
 	struct stat st;
@@ -160,9 +169,7 @@ slots_load(struct slots *sl, struct slot *m, void (*progress)(void *, uint64_t, 
 
 	if (m->e != NULL)
 		return 0;
-	if (m->device != NULL)
-		eo.device = m->device;
-	if ((rc = engine_prepare(m->path, &eo, &e, err)) != 0)
+	if ((rc = slots_prepare(sl, m, &e, err)) != 0)
 		return rc;
 	engine_mem_need(e, &min, &want);
 	if (min > sl->o.budget) {

@@ -86,6 +86,12 @@ int slots_known(struct slots *sl, const char *name_or_path);
 int slots_load(struct slots *sl, struct slot *m, void (*progress)(void *, uint64_t, uint64_t), void *arg,
     char *err);
 void slots_unload(struct slots *sl, struct slot *m);
+/*
+ * Opens a slot's model as slots_load would, without loading it: its
+ * description, context and memory needs (engine_prepare). The caller
+ * closes *out with engine_close. 0 or a negative code.
+ */
+int slots_prepare(const struct slots *sl, const struct slot *m, struct engine **out, char *err);
 /* A request starts running on a loaded slot. */
 void slots_acquire(struct slots *sl, struct slot *m);
 /* It ended: the slot keeps keep_alive (seconds, < 0: forever) from now on if nobody else uses it. */

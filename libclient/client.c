@@ -843,11 +843,17 @@ rs_model_load(rs_client *c, const char *model, rs_progress_cb progress, void *us
 }
 
 rs_status
-rs_model_unload(rs_client *c, const char *model)
+rs_model_unload(rs_client *c, const char *model, rs_value **out)
 {
 	if (c != NULL && model == NULL)
 		return fail(c, RS_ERR_INVAL, "model.unload: no model given");
-	return call_owned(c, "model.unload", params_strs("model", model, NULL), NULL, NULL, NULL);
+	return call_owned(c, "model.unload", params_strs("model", model, NULL), NULL, NULL, out);
+}
+
+rs_status
+rs_model_show(rs_client *c, const char *model, rs_value **out)
+{
+	return call_owned(c, "model.show", params_strs("model", model, NULL), NULL, NULL, out);
 }
 
 rs_status

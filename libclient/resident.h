@@ -240,8 +240,12 @@ rs_status rs_model_list(rs_client *c, rs_value **out);
  * out gets `model`. */
 rs_status rs_model_load(rs_client *c, const char *model, rs_progress_cb progress, void *user,
     rs_value **out);
-/* model.unload: generations running on it end with finish "cancel". */
-rs_status rs_model_unload(rs_client *c, const char *model);
+/* model.unload: generations running on it end with finish "cancel". out (may be NULL) gets
+ * `model`, `unloaded` (it was loaded) and `cancelled` (how many generations ended). */
+rs_status rs_model_unload(rs_client *c, const char *model, rs_value **out);
+/* model.show of a name or a path (NULL: the default model), loaded or not: out gets `model`,
+ * with its parameters, quantization, tensor types, context, chat template and sizes. */
+rs_status rs_model_show(rs_client *c, const char *model, rs_value **out);
 
 /* tokenize / detokenize flags */
 #define RS_TOK_SPECIAL 0x1   /* parse (tokenize) or render (detokenize) special tokens */

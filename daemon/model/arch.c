@@ -234,6 +234,7 @@ open_gguf(struct model_desc *m, char *err)
 	struct gguf_file *f;
 	struct gguf_str s;
 	char *arch, *tmpl = NULL;
+	uint32_t file_type;
 	int rc, a;
 
 	if ((rc = gguf_open(m->path, &f, err)) != 0)
@@ -254,6 +255,8 @@ open_gguf(struct model_desc *m, char *err)
 	m->arch = (enum model_arch)a;
 	if (gguf_get_str(f, "general.name", &s, NULL) == 0)
 		m->name = xstrndup(s.s, (size_t)s.n);
+	if (gguf_get_u32(f, "general.file_type", &file_type, NULL) == 0)
+		m->file_type = file_type;
 	if ((rc = gguf_hparams(f, m, err)) != 0)
 		return rc;
 	gguf_tensors(f, m);
@@ -729,6 +732,7 @@ model_open(const char *path, struct model_desc **out, char *err)
 	int rc;
 
 	m->path = xstrdup(path);
+	m->file_type = -1;
 	if (stat(path, &st) != 0)
 		rc = err_set(err, ERR_NOTFOUND, "%s: no such file or directory", path);
 	else
@@ -767,4 +771,67 @@ model_close(struct model_desc *m)
 	free(m->name);
 	free(m->path);
 	free(m);
+}
+
+uint64_t
+model_n_params(const struct model_desc *m)
+{
+	uint64_t n = 0, elems;
+	int64_t i;
+	int d;
+
+	for (i = 0; i < m->n_tensors; i++) {
+		for (elems = 1, d = 0; d < m->tensors[i].n_dims; d++)
+			elems *= (uint64_t)m->tensors[i].ne[d];
+		n += elems;
+	}
+	return n;
+}
+
+/* Orders type uses by bytes, most first (then by type id, for a stable order). */
+static int
+cmp_use(const void *a, const void *b)
+{
+	const struct model_type_use *x = a, *y = b;
+
+	if (x->bytes != y->bytes)
+		return x->bytes < y->bytes ? 1 : -1;
+	return x->type < y->type ? -1 : x->type > y->type;
+}
+
+size_t
+model_tensor_types(const struct model_desc *m, struct model_type_use **out)
+{
+	struct model_type_use all[TT_COUNT_] = { { 0 } };
+	size_t n = 0;
+	uint32_t t;
+	int64_t i;
+
+	for (i = 0; i < m->n_tensors; i++) {
+		t = m->tensors[i].type;    /* model_open refused the types quant_traits does not know */
+		all[t].type = t;
+		all[t].name = quant_traits(t)->name;
+		all[t].tensors++;
+		all[t].bytes += m->tensors[i].bytes;
+	}
+	for (t = 0; t < TT_COUNT_; t++)
+		if (all[t].tensors > 0)
+			all[n++] = all[t];
+	qsort(all, n, sizeof *all, cmp_use);
+	*out = xmalloc((n ? n : 1) * sizeof **out);
+	memcpy(*out, all, n * sizeof *all);
+	return n;
+}
+
+const char *
+model_quantization(const struct model_desc *m)
+{
+	const char *name = m->file_type >= 0 ? quant_file_type_name((uint32_t)m->file_type) : NULL;
+	struct model_type_use *uses;
+
+	if (name != NULL)
+		return name;
+	name = model_tensor_types(m, &uses) > 0 ? uses[0].name : "";
+	free(uses);
+	return name;
 }

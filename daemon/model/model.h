@@ -89,6 +89,7 @@ struct model_desc {
 	enum chat_tmpl chat;
 	char *chat_error;           /* why the file's chat template is not usable, or NULL */
 	size_t weight_bytes;        /* all tensors, as stored */
+	int64_t file_type;          /* GGUF general.file_type (quant_file_type_name), or -1 */
 	/* backing store */
 	struct model_tensor *tensors;
 	int64_t n_tensors;
@@ -119,6 +120,23 @@ int model_arch_from_name(const char *s);
  */
 char *model_name_from_hf(const char *hf, enum model_arch a);
 char *model_name_to_hf(const char *gguf, enum model_arch a);
+
+/* The tensors of one type. */
+struct model_type_use {
+	uint32_t type;
+	const char *name;           /* "Q4_K" */
+	uint64_t tensors, bytes;
+};
+/* The tensor types a model has, most bytes first: *out is malloc'd; returns their count. */
+size_t model_tensor_types(const struct model_desc *m, struct model_type_use **out);
+/* Parameters: the elements of all its tensors. */
+uint64_t model_n_params(const struct model_desc *m);
+/*
+ * Its quantization as people name it: the GGUF file type ("Q4_K_M") when
+ * the file says and it is known, else the tensor type that holds most of
+ * the weights' bytes ("BF16").
+ */
+const char *model_quantization(const struct model_desc *m);
 
 /* 1 if layer l uses the sliding window. */
 int model_layer_is_swa(const struct model_hparams *hp, int l);

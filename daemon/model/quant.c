@@ -117,6 +117,21 @@ quant_type_from_name(const char *name)
 	return -1;
 }
 
+/* llama.cpp's llama_ftype (and gguf-py's LlamaFileType); 4 to 6 were removed. */
+static const char *const file_types[] = {
+	[0] = "F32", [1] = "F16", [2] = "Q4_0", [3] = "Q4_1", [7] = "Q8_0", [8] = "Q5_0", [9] = "Q5_1",
+	[10] = "Q2_K", [11] = "Q3_K_S", [12] = "Q3_K_M", [13] = "Q3_K_L", [14] = "Q4_K_S", [15] = "Q4_K_M",
+	[16] = "Q5_K_S", [17] = "Q5_K_M", [18] = "Q6_K", [19] = "IQ2_XXS", [20] = "IQ2_XS", [21] = "Q2_K_S",
+	[22] = "IQ3_XS", [23] = "IQ3_XXS", [24] = "IQ1_S", [25] = "IQ4_NL", [26] = "IQ3_S", [27] = "IQ3_M",
+	[28] = "IQ2_S", [29] = "IQ2_M", [30] = "IQ4_XS", [31] = "IQ1_M", [32] = "BF16",
+};
+
+const char *
+quant_file_type_name(uint32_t file_type)
+{
+	return file_type < ARRAY_LEN(file_types) ? file_types[file_type] : NULL;
+}
+
 /* Whole blocks only; the product is checked for overflow. */
 int
 quant_row_bytes(uint32_t type, int64_t n, size_t *bytes)

@@ -40,6 +40,13 @@ const struct quant_traits *quant_traits(uint32_t type);
 int quant_type_from_name(const char *name);
 
 /*
+ * The name of a GGUF general.file_type, llama.cpp's LLAMA_FTYPE: the
+ * quantization recipe of the whole file ("Q4_K_M": mostly Q4_K, some
+ * tensors Q6_K). NULL for an id it does not know.
+ */
+const char *quant_file_type_name(uint32_t file_type);
+
+/*
  * Bytes of a row of n elements. Returns 0 and sets *bytes, or ERR_INVAL if
  * the type is unsupported or n is not a multiple of its block size.
  */

@@ -1,8 +1,10 @@
 """End-to-end test of the `resident` CLI (and so of libresident) against a real
-residentd: a generated tiny model, a temporary socket and database. Every
+residentd: generated tiny models, a temporary socket and database. Every
 command is run, text and --json output checked (JSON parsed with json.load),
 a session made by `chat` from stdin is resumed, Ctrl-C cancels a generation,
---start launches a daemon, and the daemon stops on SIGTERM with status 0.
+a model loaded on demand shows in `ps` and `stop` unloads it under a running
+request, --start launches a daemon, and the daemon stops on SIGTERM with
+status 0.
 Automake runs it with RESIDENT_BUILDDIR set (exit 0 pass, 1 fail)."""
 import atexit
 import json
@@ -18,7 +20,8 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "py"))
-from common import binary, fail  # noqa: E402
+from common import binary, fail, srcdir  # noqa: E402
+import rsd  # noqa: E402
 
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 TIMEOUT = 30  # seconds for one CLI command
@@ -52,23 +55,40 @@ def check(cond, what, detail=""):
         fail(f"{what}{': ' + str(detail) if detail else ''}")
 
 
-def resident(*args, stdin=None, sock=None, rc=0):
+def resident(*args, stdin=None, sock=None, rc=0, cwd=None):
     """Runs the CLI; checks its exit status (None: any). Returns (stdout, stderr, status)."""
     argv = [binary("resident"), "--socket", sock or SOCK, *args]
     r = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=TIMEOUT,
-                       errors="replace")
+                       errors="replace", cwd=cwd)
     if rc is not None and r.returncode != rc:
         fail(f"`resident {' '.join(args)}` exited {r.returncode}, expected {rc}\n"
              f"stdout: {r.stdout[-2000:]}\nstderr: {r.stderr[-2000:]}")
     return r.stdout, r.stderr, r.returncode
 
 
+JSON_KEYS = {}  # every key --json printed: the command that printed it first
+
+
+def seen_keys(v, cmd):
+    """Records the keys of a JSON value (a session's sampling `defaults` are the protocol's)."""
+    if isinstance(v, dict):
+        for k, x in v.items():
+            JSON_KEYS.setdefault(k, cmd)
+            if k != "defaults":
+                seen_keys(x, cmd)
+    elif isinstance(v, list):
+        for x in v:
+            seen_keys(x, cmd)
+
+
 def resident_json(*args, **kw):
     out, _, _ = resident(*args, "--json", **kw)
     try:
-        return json.loads(out)
+        v = json.loads(out)
     except ValueError as e:
         fail(f"`resident {' '.join(args)} --json` printed no JSON ({e}): {out[:500]!r}")
+    seen_keys(v, " ".join(args[:2]))
+    return v
 
 
 def wait_for_socket(path, proc, what):
@@ -102,6 +122,12 @@ SOCK = os.path.join(tmp, "sock")
 DB = os.path.join(tmp, "db.sqlite")
 LOG = os.path.join(tmp, "residentd.log")
 MODEL = os.path.join(tmp, "tiny.gguf")
+OTHER = os.path.join(tmp, "other.gguf")     # shown while not loaded
+SLOW = os.path.join(tmp, "slow.gguf")       # a vocabulary of 65,536: slow enough to act on a running request
+# sampling close to uniform over slow's 65,536 tokens: it runs (at 70 tokens/s on the 2-core
+# development VM) until it is stopped
+SLOW_RUN = ["-m", SLOW, "--raw", "-t", "5", "--top-k", "0", "--top-p", "1", "--min-p", "0", "--seed", "7",
+            "-n", "2000", "once upon a time"]
 
 
 def test_not_running():
@@ -122,11 +148,13 @@ def test_usage():
     out, _, _ = resident("--version")
     check(out.startswith("resident ") and "protocol 1" in out, "--version", out)
     out, _, _ = resident("--help")
-    check("sessions fork" in out and "exit status" in out, "--help", out)
+    check("sessions fork" in out and "exit status" in out and "ps " in out and "show NAME_OR_PATH" in out
+          and "stop NAME_OR_PATH" in out, "--help", out)
     for args in (["frobnicate"], ["sessions"], ["sessions", "show"], ["sessions", "bogus"],
                  ["models", "load"], ["run", "--top-k", "many", "hi"], ["run", "--raw",
                  "--session", "x", "hi"], ["chat", "extra"], ["status", "extra"],
-                 ["sessions", "list", "--limit", "x"]):
+                 ["sessions", "list", "--limit", "x"], ["show"], ["show", "a", "b"], ["stop"],
+                 ["ps", "extra"], ["models", "show"], ["models", "unload", "a", "b"]):
         _, err, _ = resident(*args, rc=2)
         check(err.startswith("resident: "), f"usage error message of {args}", err)
     r = subprocess.run([binary("resident")], capture_output=True, timeout=TIMEOUT)
@@ -160,20 +188,124 @@ def test_models():
     check(len(ms) == 1 and ms[0]["name"] == "tiny" and ms[0]["loaded"] and ms[0]["default"]
           and ms[0]["path"] == MODEL, "models list JSON", ms)
     out, _, _ = resident("models", "unload", "tiny")
-    check(out == "", "unload prints nothing", out)
+    check(out == "unloaded tiny\n", "unload says so", out)
     check(not resident_json("models", "list")["models"][0]["loaded"], "unloaded")
     out, err, _ = resident("models", "load", "tiny")
     check(out.startswith("loaded tiny (llama, "), "load message", out)
     check(resident_json("models", "list")["models"][0]["loaded"], "loaded again")
     m = resident_json("models", "load", MODEL)["model"]       # by path
     check(m["name"] == "tiny" and m["loaded"], "load by path, JSON", m)
-    check(resident_json("models", "unload", "tiny") == {}, "unload JSON is {}")
+    u = resident_json("models", "unload", "tiny")
+    check(set(u) == {"model", "unloaded", "cancelled"} and u["unloaded"] and u["cancelled"] == 0
+          and u["model"]["name"] == "tiny" and not u["model"]["loaded"], "unload JSON", u)
     resident("models", "load", "tiny")
     _, err, _ = resident("models", "load", "no-such-model", rc=1)
     check("not_found" in err, "loading an unknown model", err)
     _, err, _ = resident("models", "unload", "no-such-model", rc=1)
     check("not_found" in err, "unloading an unknown model", err)
     ok("models list / load / unload")
+
+
+# the keys of `show --json`'s model (resident(1) documents them)
+SHOW_KEYS = {"name", "path", "loaded", "default", "device", "arch", "size", "format", "parameters", "quantization",
+             "tensor_types", "context", "context_train", "template", "template_error", "vocab", "layers",
+             "embedding", "heads", "kv_heads", "head_dim", "feed_forward", "sliding_window", "memory_bytes",
+             "need_bytes"}
+# the keys of a status model map, as `ps --json` prints those of the loaded models
+STATUS_MODEL_KEYS = {"name", "loaded", "device", "exact", "faults", "memory_bytes", "keep_alive_s", "expires_in_s",
+                     "loads", "unloads", "weights_bytes", "kv_bytes", "kv_blocks", "kv_free_blocks", "kv_used_bytes",
+                     "active", "queued", "cache_hit_tokens", "cache_miss_tokens", "cache_host_hit_tokens",
+                     "cache_disk_hit_tokens"}
+
+
+def ps_rows():
+    """`resident ps` as {name: [device, memory, running, queued, keep-alive]}, its header checked."""
+    out, _, _ = resident("ps")
+    lines = out.splitlines()
+    check(lines and lines[0].split() == ["NAME", "DEVICE", "MEMORY", "RUNNING", "QUEUED", "KEEP-ALIVE"],
+          "ps header", out)
+    rows = {}
+    for line in lines[1:]:
+        m = re.fullmatch(r"(\S+)\s+(\S+)\s+(\d+\.\d [KMG]iB)\s+(\d+)\s+(\d+)\s+(.+)", line)
+        check(m, "a ps line", line)
+        rows[m.group(1)] = list(m.groups()[1:])
+    return rows
+
+
+def test_show():
+    out, _, _ = resident("show", "tiny")
+    for line in ("name          tiny (the default model)", f"path          {MODEL}", "family        llama (gguf)",
+                 "parameters    1.7M", "layers        2, embedding 256, feed-forward 512",
+                 "attention     4 heads, 2 KV heads, head size 64", "vocabulary    1024 tokens",
+                 "context       2048 tokens (trained for 2048)", "template      llama3", "loaded        on cpu, "):
+        check(line in out, f"show: {line!r}", out)
+    check(re.search(r"^quantization  Q8_0 \(Q8_0: 16 tensors, 1\.7 MiB; F32: 5 tensors, 5\.0 KiB\)$", out, re.M),
+          "show: quantization and tensor types", out)
+    m = resident_json("show", "tiny")["model"]
+    check(set(m) == SHOW_KEYS, "show --json keys", sorted(set(m) ^ SHOW_KEYS))
+    check(m["loaded"] and m["quantization"] == "Q8_0" and m["memory_bytes"] >= m["need_bytes"] > 0
+          and m["context"] == 2048 and m["template_error"] == "", "show --json of the loaded model", m)
+    check(resident_json("models", "show", "tiny") == {"model": m}, "models show is show")
+    # a file not loaded: described from the file, and it stays not loaded
+    out, _, _ = resident("show", OTHER)
+    check("name          other\n" in out and re.search(r"^quantization  Q4_K_M \(Q4_K: 13 tensors", out, re.M)
+          and re.search(r"^loaded        no \(loading takes \d+\.\d MiB at least\)$", out, re.M),
+          "show of a model not loaded", out)
+    m = resident_json("show", OTHER)["model"]
+    check(set(m) == SHOW_KEYS and not m["loaded"] and m["device"] == "" and m["memory_bytes"] == 0
+          and m["need_bytes"] > 0 and m["tensor_types"][0] == {"type": "Q4_K", "tensors": 13, "bytes": 718848},
+          "show --json of a model not loaded", m)
+    check(list(ps_rows()) == ["tiny"], "show loads nothing")
+    # a relative path is a path here, not in residentd's directory
+    out, _, _ = resident("show", os.path.basename(OTHER), cwd=tmp)
+    check("name          other\n" in out, "show of a relative path", out)
+    _, err, _ = resident("show", "no-such-model", rc=1)
+    check(err.startswith("resident: show: no model named 'no-such-model'") and "(not_found)" in err,
+          "show of an unknown model", err)
+    ok("show: loaded, not loaded, by path, unknown")
+
+
+def test_ps_stop():
+    """A model loaded on demand by a running request shows in ps; stop unloads it and
+    ends the request; stop of a model not loaded says so."""
+    rows = ps_rows()
+    check(list(rows) == ["tiny"] and rows["tiny"][0] == "cpu" and rows["tiny"][2:4] == ["0", "0"]
+          and re.fullmatch(r"(\d+m \d\ds|\d+\.\ds) left", rows["tiny"][4]), "ps of the idle default model", rows)
+    ms = resident_json("ps")["models"]
+    check(len(ms) == 1 and set(ms[0]) == STATUS_MODEL_KEYS and ms[0]["name"] == "tiny" and ms[0]["loaded"]
+          and ms[0]["memory_bytes"] > 0 and 0 < ms[0]["expires_in_s"] <= 300, "ps --json", ms)
+    p = subprocess.Popen([binary("resident"), "--socket", SOCK, "run", "-v", *SLOW_RUN],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        first_output(p)
+        rows = ps_rows()
+        check(sorted(rows) == ["slow", "tiny"] and rows["slow"][2:] == ["1", "0", "in use"],
+              "the model loaded for a running request is in ps, in use", rows)
+        m = [m for m in resident_json("ps")["models"] if m["name"] == "slow"]
+        check(len(m) == 1 and m[0]["active"] == 1 and m[0]["expires_in_s"] == -1, "ps --json while in use", m)
+        out, _, _ = resident("stop", "slow")
+        check(out == "unloaded slow; 1 running request was cancelled\n", "stop of a model in use", out)
+        _, err = p.communicate(timeout=TIMEOUT)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    check(p.returncode == 0 and b"[cancel]" in err, "the running request ended as cancelled", (p.returncode, err))
+    check(list(ps_rows()) == ["tiny"], "stop removed it from ps")
+    out, _, _ = resident("stop", "slow")
+    check(out == "slow is not loaded\n", "stop of a model not loaded", out)
+    u = resident_json("stop", SLOW)
+    check(u["unloaded"] is False and u["cancelled"] == 0 and u["model"]["name"] == "slow", "stop --json", u)
+    _, err, _ = resident("stop", "no-such-model", rc=1)
+    check(err.startswith("resident: stop: no model named 'no-such-model'") and "(not_found)" in err,
+          "stop of an unknown model", err)
+    # a model kept until its memory is needed, and one unloaded when its request ends
+    with rsd.Client(SOCK) as c:
+        c.generate(prompt="1 2 3", max_tokens=2, temperature=0, keep_alive=-1)
+        check(ps_rows()["tiny"][4] == "until needed", "ps: keep-alive -1")
+        c.generate(prompt="1 2 3", max_tokens=2, temperature=0, keep_alive=300)
+        c.generate(model=SLOW, prompt="1 2 3", max_tokens=2, temperature=0, keep_alive=0)
+    check(list(ps_rows()) == ["tiny"], "keep-alive 0: unloaded when its request ended")
+    ok("ps / stop: loaded on demand, in use, cancelled, not loaded, keep-alive left")
 
 
 def test_run():
@@ -220,6 +352,17 @@ def test_run_cancel():
     out, err = p.communicate(timeout=TIMEOUT)
     check(first and p.returncode == 130, "run exits 130 after Ctrl-C", (p.returncode, err))
     check(b"[cancel]" in err, "the generation ended as cancelled", err)
+    # with --json nothing is printed until the end: Ctrl-C once status shows it running on the slow model
+    p = subprocess.Popen([binary("resident"), "--socket", SOCK, "run", "--json", *SLOW_RUN],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + TIMEOUT
+    while time.time() < deadline and resident_json("status")["active"] == 0:
+        time.sleep(0.02)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=TIMEOUT)
+    check(p.returncode == 130 and json.loads(out)["finish"] == "cancel", "run --json exits 130 after Ctrl-C",
+          (p.returncode, out[-300:], err))
+    resident("stop", "slow")
     st = resident_json("status")
     check(st["active"] == 0, "nothing left running after the cancel", st)
     ok("run: Ctrl-C cancels")
@@ -315,6 +458,16 @@ def test_sessions(sid):
     ok("sessions list / show / fork / rename / rm")
 
 
+def test_json_documented():
+    """Every key that --json printed in this test is in resident(1)'s JSON OUTPUT section."""
+    man = open(os.path.join(srcdir(), "contrib", "man", "resident.1")).read()
+    section = man[man.index(".SH JSON OUTPUT"):man.index(".SH EXIT STATUS")]
+    missing = sorted(f"{k} ({cmd})" for k, cmd in JSON_KEYS.items()
+                     if not re.search(r"(?<![\w\\])" + re.escape(k) + r"(?!\w)", section))
+    check(len(JSON_KEYS) > 60 and not missing, "JSON keys missing from resident.1", missing or len(JSON_KEYS))
+    ok(f"the {len(JSON_KEYS)} JSON keys printed are documented in resident.1")
+
+
 def test_start_daemon():
     """--start runs $RESIDENT_DAEMON -s SOCKET when nobody listens."""
     sock2, pidfile = os.path.join(tmp, "sock2"), os.path.join(tmp, "pid2")
@@ -353,9 +506,10 @@ def test_stop(daemon):
 
 
 def main():
-    r = subprocess.run([binary("resident-model"), "gen", "tiny", MODEL, "--type", "q8_0", "--quiet"],
-                       capture_output=True, text=True)
-    check(r.returncode == 0, "generating the tiny model", r.stderr)
+    for shape, path, qtype in (("tiny", MODEL, "q8_0"), ("tiny", OTHER, "q4_k_m"), ("tiny-swa", SLOW, "q8_0")):
+        r = subprocess.run([binary("resident-model"), "gen", shape, path, "--type", qtype, "--quiet"],
+                           capture_output=True, text=True)
+        check(r.returncode == 0, f"generating the {shape} model {path}", r.stderr)
     test_not_running()
     test_usage()
     with open(LOG, "w") as log:
@@ -370,6 +524,9 @@ def main():
     sid = test_chat()
     test_chat_cancel()
     test_sessions(sid)
+    test_show()
+    test_ps_stop()
+    test_json_documented()
     test_start_daemon()
     test_stop(daemon)
 

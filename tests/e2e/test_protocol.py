@@ -12,6 +12,7 @@ import select
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -387,13 +388,17 @@ def t_models(d, ck, tmp):
         rid = c.start_generate(model="second", prompt=rsd.long_prompt(c, model="second"), max_tokens=LONG, **GREEDY)
         first_token(c, rid)
         r = c.call("model.unload", model="second")
-        ck.eq(set(r) - {"id", "type", "_progress"}, set(), "model.unload result {}")
+        ck.eq((r.get("unloaded"), r.get("cancelled"), r.get("model", {}).get("name"), r.get("model", {}).get("loaded")),
+              (True, 1, "second", False), "model.unload result: %r" % (r,))
         ck.eq(until_done(c, rid)[-1].get("finish"), "cancel", "unload cancels running requests")
+        r = c.call("model.unload", model="second")
+        ck.eq((r.get("unloaded"), r.get("cancelled")), (False, 0), "model.unload of a model not loaded: %r" % (r,))
         names = {x["name"]: x for x in c.call("model.list")["models"]}
         ck.ok("second" not in names or not names["second"]["loaded"], "unloaded model is not loaded")
         # unknown names
         ck.code(lambda: c.call("model.load", model="no-such-model"), "not_found", "model.load unknown name")
         ck.code(lambda: c.call("model.unload", model="no-such-model"), "not_found", "model.unload unknown")
+        ck.code(lambda: c.call("model.show", model="no-such-model"), "not_found", "model.show unknown")
         ck.code(lambda: c.generate(model="no-such-model", prompt="x", max_tokens=1), "not_found",
                 "generate on an unknown model")
         ck.code(lambda: c.call("tokenize", model="no-such-model", text="x"), "not_found",
@@ -405,6 +410,7 @@ def t_models(d, ck, tmp):
         with open(bad, "wb") as f:
             f.write(b"GGUF\x03\x00\x00\x00" + os.urandom(4096))
         ck.code(lambda: c.call("model.load", model=bad, timeout=60), "model_error", "model.load of a corrupt file")
+        ck.code(lambda: c.call("model.show", model=bad), "model_error", "model.show of a corrupt file")
         trunc = os.path.join(tmp, "truncated.gguf")
         with open(p2, "rb") as f, open(trunc, "wb") as g:
             g.write(f.read(100000))
@@ -421,6 +427,53 @@ def t_models(d, ck, tmp):
             ck.ok(False, "model.load of a long non-ASCII path: the error is not valid UTF-8: %r" % e)
         ck.eq(c.generate(prompt="ok", max_tokens=2, **GREEDY).finish, "length", "default model unharmed")
     serves(d, ck, "after model errors")
+
+
+SHOW_FIELDS = (("parameters", int), ("quantization", str), ("tensor_types", list), ("context", int),
+               ("context_train", int), ("template", str), ("template_error", str), ("vocab", int),
+               ("layers", int), ("embedding", int), ("heads", int), ("kv_heads", int), ("head_dim", int),
+               ("feed_forward", int), ("sliding_window", int), ("memory_bytes", int), ("need_bytes", int))
+
+
+def t_model_show(d, ck, tmp):
+    """model.show of the loaded default model, and of files not loaded (GGUF Q4_K_M,
+    safetensors BF16), which stay not loaded."""
+    with d.client() as c:
+        m = c.call("model.show")["model"]
+        for k, t in SHOW_FIELDS + (("name", str), ("path", str), ("arch", str), ("format", str), ("size", int)):
+            ck.ok(isinstance(m.get(k), t), "model.show field %s (%s) in %r" % (k, t.__name__, m))
+        ck.eq((m.get("name"), m.get("loaded"), m.get("quantization"), m.get("template"), m.get("template_error")),
+              ("tiny", True, "Q8_0", "llama3", ""), "model.show of the default model")
+        ck.eq([m.get(k) for k in ("vocab", "embedding", "layers", "heads", "kv_heads", "head_dim", "feed_forward",
+                                  "sliding_window", "context_train")],
+              [1024, 256, 2, 4, 2, 64, 512, 0, 2048], "the tiny shape's hyperparameters (resident-model shapes)")
+        types = m.get("tensor_types", [])
+        ck.eq([t.get("type") for t in types], ["Q8_0", "F32"], "tensor types, most bytes first: %r" % types)
+        ck.eq(sum(t.get("bytes", 0) for t in types), m.get("size"), "tensor type bytes add up to the size")
+        # tiny: 1024 x 256 embedding and output, per layer 2 x 256 norm, 256 x (256 + 128 + 128 + 256)
+        # attention, 3 x 256 x 512 feed-forward; the output norm
+        ck.eq(m.get("parameters"), 2 * 1024 * 256 + 2 * (2 * 256 + 256 * 768 + 3 * 256 * 512) + 256,
+              "parameters: the tensors' elements")
+        ck.ok(0 < m.get("need_bytes", 0) <= m.get("memory_bytes", 0), "need_bytes <= memory_bytes: %r" % m)
+        ck.eq(m.get("context"), 2048, "context as residentd runs it")
+        ck.eq(c.call("model.show", model="tiny")["model"], m, "model.show by name is the default's")
+        loads = c.call("status")["memory"]["loads"]
+        q4 = rsd.gen_model(os.path.join(tmp, "show-q4.gguf"), seed=3, qtype="q4_k_m")
+        m = c.call("model.show", model=q4)["model"]
+        ck.eq((m.get("name"), m.get("path"), m.get("loaded"), m.get("device"), m.get("memory_bytes"),
+               m.get("quantization"), [t.get("type") for t in m.get("tensor_types", [])]),
+              ("show-q4", q4, False, "", 0, "Q4_K_M", ["Q4_K", "Q6_K", "F32"]), "model.show of a file not loaded")
+        ck.ok(m.get("need_bytes", 0) > 0, "need_bytes of a model not loaded")
+        st = os.path.join(tmp, "show-st")
+        subprocess.run([rsd.tool("resident-model"), "gen", "tiny-qwen2", st, "--format", "safetensors", "--type",
+                        "bf16", "--quiet"], check=True, stdout=subprocess.DEVNULL)
+        m = c.call("model.show", model=st)["model"]
+        ck.eq((m.get("format"), m.get("arch"), m.get("quantization"), m.get("template"), m.get("loaded")),
+              ("safetensors", "qwen2", "BF16", "chatml", False), "model.show of a safetensors directory")
+        ms = {x["name"]: x for x in c.call("model.list")["models"]}
+        ck.ok(not ms.get("show-q4", {}).get("loaded", True) and not ms.get("show-st", {}).get("loaded", True),
+              "model.show loads nothing, and the paths became known models: %r" % ms)
+        ck.eq(c.call("status")["memory"]["loads"], loads, "no load counted")
 
 
 def t_tokenize(d, ck):
@@ -768,6 +821,9 @@ def t_overloaded(tmp, ck):
             st = c.call("status")
             ck.ok(st.get("queued", 0) <= 1 and st.get("active", 0) <= 1, "status queued <= 1, active <= 1: "
                   "%r" % {k: st.get(k) for k in ("active", "queued")})
+            m = st.get("models", [{}])[0]
+            ck.eq((m.get("active"), m.get("queued")), (st.get("active"), st.get("queued")),
+                  "the model's active and queued count what runs on it and what waits for it")
             c.call("cancel", target=running)
             # the waiting one, if any, now runs
             for i in ids:
@@ -843,6 +899,8 @@ def main():
                 return ck
         with ck.section("models"):
             t_models(d, ck, tmp)
+        with ck.section("model.show"):
+            t_model_show(d, ck, tmp)
         with ck.section("context"):
             t_context(tmp, ck)
         with ck.section("overloaded"):

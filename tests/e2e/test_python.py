@@ -131,8 +131,12 @@ def check_blocking(ck, d, ref, long_prompt, tmp):
         ck.ok(m["name"] == "other" and m["loaded"], "model_load by path")
         ck.ok(seen and seen[-1][0] == seen[-1][1] and all(a[0] <= b[0] for a, b in zip(seen, seen[1:])),
               "model_load: progress up to the total: %r" % seen[-3:])
-        c.model_unload("other")
+        ck.eq(c.model_show(other)["quantization"], "Q8_0", "model_show by path")
+        ck.eq(c.model_show()["name"], MODEL, "model_show of the default model")
+        u = c.model_unload("other")
+        ck.eq((u["unloaded"], u["cancelled"], u["model"]["name"]), (True, 0, "other"), "model_unload result")
         ck.ok(not [x for x in c.model_list() if x["name"] == "other"][0]["loaded"], "model_unload")
+        ck.ok(not c.model_show("other")["loaded"], "model_show of a model not loaded")
         raises(ck, lambda: c.model_load(os.path.join(tmp, "nothing.gguf")), resident.NotFound, "not_found",
                "loading a missing model")
 
@@ -228,7 +232,8 @@ async def async_checks(ck, d, ref, long_prompt):
         seen = []
         m = await c.model_load("other", progress=lambda done, total: seen.append(done))
         ck.ok(m["loaded"] and seen, "aio: model_load with progress")
-        await c.model_unload("other")
+        ck.eq((await c.model_unload("other"))["unloaded"], True, "aio: model_unload")
+        ck.eq((await c.model_show("other"))["loaded"], False, "aio: model_show")
         ids = await c.tokenize("Hello world")
         ck.eq(await c.detokenize(ids), ref.call("detokenize", tokens=ids)["text"], "aio: tokenize, detokenize")
         ck.ok("active" in await c.status(), "aio: status")

@@ -214,6 +214,15 @@ test_types(void **state)
 	assert_null(quant_traits(UINT32_MAX));
 	assert_string_equal(quant_traits(TT_Q6_K)->name, "Q6_K");
 	assert_int_equal(quant_traits(TT_Q6_K)->block_elems, 256);
+	/* GGUF file types, as gguf-py's LlamaFileType numbers them */
+	assert_string_equal(quant_file_type_name(0), "F32");
+	assert_string_equal(quant_file_type_name(7), "Q8_0");
+	assert_string_equal(quant_file_type_name(15), "Q4_K_M");
+	assert_string_equal(quant_file_type_name(18), "Q6_K");
+	assert_string_equal(quant_file_type_name(32), "BF16");
+	assert_null(quant_file_type_name(4));   /* MOSTLY_Q4_1_SOME_F16, removed */
+	assert_null(quant_file_type_name(33));
+	assert_null(quant_file_type_name(UINT32_MAX));
 
 	assert_int_equal(quant_row_bytes(TT_F32, 3, &b), 0);
 	assert_int_equal(b, 12);

@@ -235,7 +235,14 @@ class Ops:
         return self._op("model.load", "model", progress, model=model)
 
     def model_unload(self, model):
-        return self._op("model.unload", False, model=model)
+        """Unloads a model; requests running on it end with finish "cancel".
+        Returns model (its map), unloaded (it was loaded) and cancelled."""
+        return self._op("model.unload", None, model=model)
+
+    def model_show(self, model=None):
+        """A model, loaded or not (None: the default one): its map with
+        parameters, quantization, tensor_types, context, template and sizes."""
+        return self._op("model.show", "model", model=model)
 
     def tokenize(self, text, model=None, special=None, bos=None):
         """Token ids of text. special: parse special-token texts; bos: add BOS
