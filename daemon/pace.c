@@ -15,24 +15,9 @@ pace_budget(struct pace *p, int n_dec, int n_pre)
 {
 	if (n_dec == 0 || n_pre == 0)
 		return -1;
-	if (p->t_dec <= 0 || p->mixed >= PACE_REMEASURE)
+	if (p->t_dec <= 0 || !comparable(p->n_dec, n_dec) || p->mixed >= PACE_REMEASURE)
 		return 0;
 	return p->chunk;
-}
-
-/*
- * A decode-only step of n_dec decoders, from the measure: no shorter than
- * the measured one, and as much longer as the decoders are more (a CPU;
- * on a GPU, where a step mostly reads the weights, that is too long, and
- * the chunk errs on the large side until the next measure). Forcing a
- * decode-only step whenever the decoders change instead starved the
- * prompts of requests arriving together: each one that started decoding
- * changed the count.
- */
-static double
-t_for(const struct pace *p, int n_dec)
-{
-	return p->t_dec * MAX(1.0, (double)n_dec / MAX(p->n_dec, 1));
 }
 
 /* Adds a decode-only step's seconds to the measure (target: the step the chunk may make). */
@@ -66,7 +51,7 @@ pace_done(struct pace *p, int n_dec, int n_pre, int32_t n_prefill, double second
 	if (p->t_dec <= 0)
 		return;
 	p->mixed++;
-	r = seconds / t_for(p, n_dec);
+	r = seconds / p->t_dec;
 	/*
 	 * In proportion to what the step carried (the prompt's end may have been
 	 * less than the chunk), but by half at most: a step that another process

@@ -15,10 +15,10 @@
  * The lengths are measured, not modelled, since what a chunk costs depends
  * on the device, the model and how deep into its prompt the chunk is
  * (attention grows with it). The pacer measures a decode-only step when it
- * has no measure, and again every PACE_REMEASURE mixed steps, and takes
- * the shortest of the last PACE_SAMPLES with about as many decoders (a
- * step is only ever slowed down by what else runs on the machine); for
- * more decoders than measured it scales the measure by their number. It starts from a chunk that costs no more than half the
+ * has no measure for about as many decoders, and again every
+ * PACE_REMEASURE mixed steps, and takes the shortest of the last
+ * PACE_SAMPLES (a step is only ever slowed down by what else runs on the
+ * machine). It starts from a chunk that costs no more than half the
  * margin where a prompt token costs what a decoding one does (a CPU),
  * grows it while mixed steps stay under the target (doubling it while they
  * stay far under; on a GPU, where a step is mostly reading the weights, to

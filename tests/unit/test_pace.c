@@ -3,9 +3,10 @@
  * it measures before it lets prefill in, holds mixed steps near PACE_TARGET
  * decode-only steps while a prefill token's cost changes (a prompt's later
  * chunks attend to more), does not believe a decode-only step slowed by
- * something else, measures again after PACE_REMEASURE mixed steps, and
- * lets requests that arrive together in while each one that starts
- * decoding changes the decoders' count.
+ * something else, measures again when the decoders change or after
+ * PACE_REMEASURE mixed steps, and lets requests that arrive together in
+ * within a few steps although each one that starts decoding changes the
+ * decoders' count.
  */
 #include "config.h"
 #include "pace.h"
@@ -121,18 +122,14 @@ test_shortest_decode_step_counts(void **state)
 	/* a prompt's end, shorter than the chunk, says nothing about growing it */
 	pace_done(&p, 8, 1, 3, 0.0105, 512);
 	assert_int_equal(p.chunk, 101);
-	/* measured again after PACE_REMEASURE mixed steps, not when the decoders change */
+	/* measured again after PACE_REMEASURE mixed steps, or when the decoders change much */
 	for (i = 0; i < PACE_REMEASURE; i++)
 		pace_done(&p, 8, 1, 101, 0.015, 512);
 	assert_int_equal(pace_budget(&p, 8, 1), 0);
 	pace_done(&p, 8, 1, 0, 0.010, 512);
 	assert_int_equal(pace_budget(&p, 8, 1), p.chunk);
 	assert_int_equal(pace_budget(&p, 7, 1), p.chunk);
-	assert_int_equal(pace_budget(&p, 16, 1), p.chunk);
-	/* twice the decoders are judged against twice the measured step (0.020 s), not the step measured */
-	p.chunk = 100;
-	pace_done(&p, 16, 1, 100, 0.020 * (1 + (PACE_TARGET * 17 / 16 - 1) / 2), 512);
-	assert_true(p.chunk >= 100);
+	assert_int_equal(pace_budget(&p, 16, 1), 0);
 }
 
 /*
@@ -169,10 +166,10 @@ test_arrivals_together(void **state)
 
 	(void)state;
 	print_message("62 requests of 10 tokens beside 2 streams: %d steps (GPU), %d (CPU)\n", g, c);
-	/* 620 tokens: two steps at full size; the ramp may take a few more (when each request that
-	 * started decoding forced a decode-only step to measure: 8 and 19) */
-	assert_true(g <= 6);
-	assert_true(c <= 12);
+	/* 620 tokens: two steps at full size; the ramp takes more (a decode-only step to measure
+	 * each time the decoders grew by a third: 8 and 19), not one a request */
+	assert_true(g <= 12);
+	assert_true(c <= 24);
 }
 
 static void
