@@ -1201,7 +1201,8 @@ test_busy_wait(void **state)
 		struct timespec ts = { 1, 0 };
 
 		close(fds[0]);
-		if (sqlite3_open(f->path, &db) != SQLITE_OK ||
+		/* the parent's store_open may hold the lock a moment: wait for it, as the daemon would */
+		if (sqlite3_open(f->path, &db) != SQLITE_OK || sqlite3_busy_timeout(db, 10000) != SQLITE_OK ||
 		    sqlite3_exec(db, "BEGIN IMMEDIATE; INSERT INTO models VALUES"
 		    " ('/p', 'n', NULL, NULL, 0, 0)", NULL, NULL, NULL) != SQLITE_OK)
 			_exit(2);
