@@ -307,16 +307,24 @@ def gemma_path():
     return assemble()
 
 
-def timed_model(tmp):
-    """(model path, prompt tokens, its name, whether to judge times) for the
-    tests that time a long prompt: the real Gemma 3 270M and 1,500 tokens; in
-    an instrumented build, where Gemma makes about a token a second, a model
-    generated into tmp and 200 tokens, whose times (a few fixed costs) say
-    nothing: the same code paths, for the sanitizers to check."""
-    if instrumented():
-        return gen_model(os.path.join(tmp, "timed.gguf"), seed=9), 200, "a generated model (instrumented build)", \
-            False
-    return gemma_path(), 1500, "Gemma 3 270M", True
+def timed_section(ck, title, part):
+    """For the tests that time a long prompt: runs part(ck, model path, prompt
+    tokens, whether to judge times) in a section titled title % the model's
+    name: the real Gemma 3 270M and 1,500 tokens; in an instrumented build,
+    where Gemma makes about a token a second, a generated model and 200
+    tokens, whose times (a few fixed costs) say nothing: the same code paths,
+    for the sanitizers to check."""
+    tmp = tempfile.mkdtemp(prefix="rsd-timed-")
+    try:
+        if instrumented():
+            model, n, name, timed = gen_model(os.path.join(tmp, "timed.gguf"), seed=9), 200, \
+                "a generated model (instrumented build)", False
+        else:
+            model, n, name, timed = gemma_path(), 1500, "Gemma 3 270M", True
+        with ck.section(title % name):
+            part(ck, model, n, timed)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def gen_model(path, seed=1, shape="tiny", qtype="q8_0"):

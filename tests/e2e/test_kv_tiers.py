@@ -22,14 +22,12 @@ With the real Gemma 3 270M on the CPU:
    and its first token in at most 10 % of the time that computing the
    history took in step 3.
 In an instrumented build, steps 3 and 4 run a generated model and 200
-tokens, and no time is judged (rsd.timed_model).
+tokens, and no time is judged (rsd.timed_section).
 """
 import glob
 import os
-import shutil
 import struct
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -230,13 +228,7 @@ def main():
         damage_part(ck)
     with ck.section("disk budget"):
         budget_part(ck)
-    tmp = tempfile.mkdtemp(prefix="rsd-tiers-")
-    try:
-        model, n_system, name, timed = rsd.timed_model(tmp)
-        with ck.section("%s: kill -9 while writing, then a restart" % name):
-            long_part(ck, model, n_system, timed)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    rsd.timed_section(ck, "%s: kill -9 while writing, then a restart", long_part)
     return ck
 
 

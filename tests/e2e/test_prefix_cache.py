@@ -7,7 +7,7 @@ With the real Gemma 3 270M on the CPU, --exact:
    token comes in at most 10 % of the first request's time (usage.ttft_ms),
    and it generates the same tokens as the first, which ran with nothing
    cached. (In an instrumented build, a generated model and 200 tokens, and
-   no time is judged: rsd.timed_model.)
+   no time is judged: rsd.timed_section.)
 2. A third request with another question after the same system prompt also
    starts from the cached system prompt, and so does a session's first turn.
 3. status counts the hits and misses.
@@ -18,9 +18,7 @@ With a generated model (two daemons, one with --kv-share-users):
    through a socket made accessible to it.
 """
 import os
-import shutil
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -111,13 +109,7 @@ def main():
     ck = Checks()
     with ck.section("a generated model: isolation between uids"):
         uid_part(ck)
-    tmp = tempfile.mkdtemp(prefix="rsd-prefix-")
-    try:
-        model, n_system, name, timed = rsd.timed_model(tmp)
-        with ck.section("%s: a shared system prompt" % name):
-            long_part(ck, model, n_system, timed)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    rsd.timed_section(ck, "%s: a shared system prompt", long_part)
     return ck
 
 
