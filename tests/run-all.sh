@@ -1,7 +1,8 @@
 #!/bin/sh
 # The whole test suite: a normal build and an ASan+UBSan build, each with
 # `make check` (unit tests, end-to-end tests, comparisons with independent
-# implementations). GPU tests run too where a GPU is present, and say they
+# implementations), and end-to-end tests with the normal build's residentd
+# under valgrind (tests/valgrind.sh). GPU tests run too where a GPU is present, and say they
 # are skipped where not. Socket activation is tested both ways: the release
 # build takes sd_listen_fds from libsystemd where it is installed, the ASan
 # build reads LISTEN_FDS itself.
@@ -24,6 +25,10 @@ for variant in release asan; do
 		find . -name '*.log' -path '*tests*' -newer Makefile -exec grep -l -E '^(FAIL|ERROR)' {} + |
 			while read -r log; do echo "---- $log"; tail -n 40 "$log"; done
 		exit 1
+	fi
+	if [ "$variant" = release ]; then
+		echo "== release: residentd under valgrind"
+		sh "$top/tests/valgrind.sh" "$dir"
 	fi
 done
 echo "all test suites passed"
