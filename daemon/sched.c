@@ -797,6 +797,35 @@ reap_cancelled(struct sched *s)
 }
 
 /*
+ * Ends the requests running on m (finish why; error, if not NULL, is their
+ * message) and unloads it, dropping its sessions' cached sequences. The
+ * worker may be reading the model for a prompt: it is drained first.
+ * Returns the requests ended.
+ */
+static int
+unload_model(struct sched *s, struct slot *m, enum finish_reason why, const char *error)
+{
+	struct gen *g, *next;
+	int n = 0;
+
+	take_prep(s, worker_drain(&s->prep, s));
+	for (g = s->gens; g != NULL; g = next) {
+		next = g->next;
+		if (g->slot != m || g->state != GEN_RUNNING)
+			continue;
+		if (error != NULL)
+			snprintf(g->seq->error, sizeof g->seq->error, "%s", error);
+		engine_seq_finish(g->seq, why);
+		if (!g->gone)
+			emit_done(s, g);
+		gen_free(s, g);
+		n++;
+	}
+	slots_unload(&s->slots, m);
+	return n;
+}
+
+/*
  * The backend failed a step of model m (a GPU fault; the step's requests
  * got its error already). What it holds on the device is not to be trusted:
  * the model's other running requests end with the error too, its cached
@@ -808,25 +837,13 @@ reap_cancelled(struct sched *s)
 static void
 model_fault(struct sched *s, struct slot *m, const char *what)
 {
-	struct gen *g, *next;
-	char err[ERR_LEN];
+	char err[ERR_LEN], msg[ERR_LEN];
 
 	m->faults++;
 	log_error("model %s: %s; loading it again%s", m->name, what,
 	    s->o.device_fault == SCHED_FAULT_CPU ? " on the CPU" : "");
-	/* the worker may be reading the model for a prompt */
-	take_prep(s, worker_drain(&s->prep, s));
-	for (g = s->gens; g != NULL; g = next) {
-		next = g->next;
-		if (g->slot != m || g->state != GEN_RUNNING)
-			continue;
-		snprintf(g->seq->error, sizeof g->seq->error, "the model failed and was loaded again: %.200s", what);
-		engine_seq_finish(g->seq, FINISH_ERROR);
-		if (!g->gone)
-			emit_done(s, g);
-		gen_free(s, g);
-	}
-	slots_unload(&s->slots, m);
+	snprintf(msg, sizeof msg, "the model failed and was loaded again: %.200s", what);
+	unload_model(s, m, FINISH_ERROR, msg);
 	if (s->o.device_fault == SCHED_FAULT_CPU)
 		m->device = "cpu";
 	if (slots_load(&s->slots, m, NULL, NULL, err) < 0)
@@ -1027,25 +1044,12 @@ op_model_unload(struct sched *s, struct sched_job *job)
 	char err[ERR_LEN];
 	struct slot *m = find_model(s, job->req.model, err);
 	struct unloaded u = { m, m != NULL && m->e != NULL, 0 };
-	struct gen *g, *next;
 
 	if (m == NULL) {
 		post_error(s, job, PE_NOT_FOUND, err);
 		return;
 	}
-	/* the worker may be reading the model for a prompt */
-	take_prep(s, worker_drain(&s->prep, s));
-	for (g = s->gens; g != NULL; g = next) {
-		next = g->next;
-		if (g->slot == m && g->state == GEN_RUNNING) {
-			engine_seq_finish(g->seq, FINISH_CANCEL);
-			if (!g->gone)
-				emit_done(s, g);
-			gen_free(s, g);
-			u.cancelled++;
-		}
-	}
-	slots_unload(&s->slots, m);
+	u.cancelled = unload_model(s, m, FINISH_CANCEL, NULL);
 	post_result(s, job, 3, fill_unloaded, &u, NULL);
 }
 
