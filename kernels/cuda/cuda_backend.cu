@@ -91,13 +91,17 @@ struct cuda_layer {
  * the positions, tokens and block tables are read from the staging area,
  * so one graph serves every step of the same token and logit-row counts.
  */
-struct graph {
+struct step_shape {
 	int n_tok, n_logits, att_len;
+};
+
+struct graph {
+	struct step_shape shape;
 	uint64_t used;
 	cudaGraphExec_t exec;
 };
 
-/* Step shapes run without a graph, the most recent ones (a shape is captured the second time). */
+/* Shapes remembered as run without a graph (a shape is captured the second time it runs). */
 #define SHAPES_SEEN 64
 
 /*
@@ -142,8 +146,8 @@ struct backend {
 	int64_t table_cap;
 	struct graph graphs[GRAPH_CACHE];
 	uint64_t graph_clock;
-	struct graph seen[SHAPES_SEEN]; /* exec unused; a ring */
-	int seen_next;
+	struct step_shape seen[SHAPES_SEEN]; /* a ring of the shapes run without a graph */
+	int n_seen, seen_next;
 	int use_graphs;              /* RESIDENT_CUDA_GRAPHS=0 turns them off */
 	int flash_tokens;            /* tokens of a prefill tile of flash.cu's kernel; 0: not used */
 	int att_len;                 /* this step's longest sequence, rounded up to split pieces (cuda_kv.max_len) */
@@ -161,15 +165,15 @@ cuda_fail(char *err, const char *file, int line, const char *what, const char *m
 }
 
 int
-cuda_fault(const char *call)
+cuda_fault_kind(const char *call)
 {
 	if (strncmp(call, "cudaMemcpy", 10) == 0)
-		return fault_hit(FAULT_CUDA, FAULT_COPY);
+		return FAULT_COPY;
 	if (strncmp(call, "cudaMalloc", 10) == 0)
-		return fault_hit(FAULT_CUDA, FAULT_ALLOC);
+		return FAULT_ALLOC;
 	if (strncmp(call, "cudaGraphLaunch", 15) == 0 || strstr(call, "_launch(") != NULL)
-		return fault_hit(FAULT_CUDA, FAULT_LAUNCH);
-	return 0;
+		return FAULT_LAUNCH;
+	return -1;
 }
 
 /* Rounds n up to DEV_ALIGN. */
@@ -1072,16 +1076,22 @@ step_kernels(struct backend *b, int T, int n_logits, const struct step_ints *dev
 	return output_rows(b, 0, MIN(n_logits, MIN(b->max_tokens, LOGIT_ROWS)), err);
 }
 
+static int
+shape_eq(const struct step_shape *a, const struct step_shape *b)
+{
+	return a->n_tok == b->n_tok && a->n_logits == b->n_logits && a->att_len == b->att_len;
+}
+
 /* The cached graph of this shape, or a slot to capture it in (the least recently used). */
 static struct graph *
-find_graph(struct backend *b, int T, int n_logits, int *hit)
+find_graph(struct backend *b, const struct step_shape *sh, int *hit)
 {
 	struct graph *victim = &b->graphs[0];
 
 	for (int i = 0; i < GRAPH_CACHE; i++) {
 		struct graph *g = &b->graphs[i];
 
-		if (g->exec != NULL && g->n_tok == T && g->n_logits == n_logits && g->att_len == b->att_len) {
+		if (g->exec != NULL && shape_eq(&g->shape, sh)) {
 			*hit = 1;
 			return g;
 		}
@@ -1093,39 +1103,39 @@ find_graph(struct backend *b, int T, int n_logits, int *hit)
 }
 
 /*
- * Runs step_kernels as a graph: replayed when this shape was seen before,
- * else captured first. One launch instead of a few hundred: small steps are
- * bound by launches, not by the GPU.
- */
-/*
  * Whether a step of this shape ran before (recently); else notes it. A
  * capture and instantiation cost as much as several steps, and a shape
  * seen once is often not seen again: requests that arrive or end one by
  * one make a new token count at every step.
  */
 static int
-shape_seen(struct backend *b, int T, int n_logits)
+shape_seen(struct backend *b, const struct step_shape *sh)
 {
-	for (int i = 0; i < SHAPES_SEEN; i++) {
-		const struct graph *g = &b->seen[i];
-
-		if (g->used != 0 && g->n_tok == T && g->n_logits == n_logits && g->att_len == b->att_len)
+	for (int i = 0; i < b->n_seen; i++)
+		if (shape_eq(&b->seen[i], sh))
 			return 1;
-	}
-	b->seen[b->seen_next] = (struct graph){ T, n_logits, b->att_len, 1, NULL };
+	b->seen[b->seen_next] = *sh;
 	b->seen_next = (b->seen_next + 1) % SHAPES_SEEN;
+	b->n_seen = MIN(b->n_seen + 1, SHAPES_SEEN);
 	return 0;
 }
 
+/*
+ * Runs step_kernels as a graph: replayed when this shape was captured
+ * before, captured the second time it runs, run as it is the first. One
+ * launch instead of a few hundred: small steps are bound by launches, not
+ * by the GPU.
+ */
 static int
 graph_step(struct backend *b, int T, int n_logits, const struct step_ints *dev, char *err)
 {
+	struct step_shape sh = { T, n_logits, b->att_len };
 	int hit, rc;
-	struct graph *g = find_graph(b, T, n_logits, &hit);
+	struct graph *g = find_graph(b, &sh, &hit);
 	cudaGraph_t graph = NULL;
 	cudaError_t e;
 
-	if (!hit && !shape_seen(b, T, n_logits))
+	if (!hit && !shape_seen(b, &sh))
 		return step_kernels(b, T, n_logits, dev, err);
 	if (!hit) {
 		if (g->exec != NULL) {
@@ -1147,9 +1157,7 @@ graph_step(struct backend *b, int T, int n_logits, const struct step_ints *dev, 
 			g->exec = NULL;
 			CK(e);
 		}
-		g->n_tok = T;
-		g->n_logits = n_logits;
-		g->att_len = b->att_len;
+		g->shape = sh;
 	}
 	g->used = ++b->graph_clock;
 	CK(cudaGraphLaunch(g->exec, b->stream));

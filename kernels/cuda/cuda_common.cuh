@@ -29,17 +29,19 @@ extern "C" {
 int cuda_fail(char *err, const char *file, int line, const char *what, const char *msg);
 
 /*
- * Whether a CUDA runtime call, by its source text, is to fail under
- * RESIDENT_CUDA_FAULT (fault.h): cudaMemcpy* are copies, cudaMalloc*
- * allocations, cudaGraphLaunch and the project's *_launch helpers (all
- * kernels go through cuda_launch) launches. Cheap when off.
+ * The RESIDENT_CUDA_FAULT kind (fault.h) of a CUDA runtime call, by its
+ * source text: cudaMemcpy* are copies, cudaMalloc* allocations,
+ * cudaGraphLaunch and the project's *_launch helpers (all kernels go
+ * through cuda_launch) launches; -1 for the others. CK works it out once
+ * per call site.
  */
-int cuda_fault(const char *call);
+int cuda_fault_kind(const char *call);
 
 /* Runs a CUDA runtime call; on failure returns from the calling function. */
 #define CK(call) \
 	do { \
-		if (cuda_fault(#call)) \
+		static const int fault_kind_ = cuda_fault_kind(#call); \
+		if (fault_kind_ >= 0 && fault_hit(FAULT_CUDA, (enum fault_kind)fault_kind_)) \
 			return cuda_fail(err, __FILE__, __LINE__, #call, fault_message(FAULT_CUDA)); \
 		cudaError_t e_ = (call); \
 		if (e_ != cudaSuccess) \
