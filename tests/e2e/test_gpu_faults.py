@@ -45,7 +45,7 @@ def main():
     ck = Checks()
     exact = ["--exact"]
     scenario(ck, "cuda launch fault, reload", "cuda", {"RESIDENT_CUDA_FAULT": "launch:400"}, "reload", "cuda", exact)
-    scenario(ck, "cuda copy fault, reload", "cuda", {"RESIDENT_CUDA_FAULT": "copy:300"}, "reload", "cuda", exact)
+    scenario(ck, "cuda copy fault, reload", "cuda", {"RESIDENT_CUDA_FAULT": "copy:100"}, "reload", "cuda", exact)
     scenario(ck, "cuda launch fault, --device-fault cpu", "cuda", {"RESIDENT_CUDA_FAULT": "launch:400"}, "cpu",
              "cpu", exact)
     persistent(ck, "cuda launch faults from the 3rd on", "cuda", {"RESIDENT_CUDA_FAULT": "launch:3+"}, 3)
