@@ -867,7 +867,11 @@ step_model(struct sched *s, struct slot *m)
 	}
 	t0 = now_ns();
 	if (n > 0 && (rc = engine_step(m->e, seqs, n, pace_budget(&m->pace, n_dec, n_pre), err)) >= 0) {
-		pace_done(&m->pace, n_dec, n_pre, MAX(rc - n_dec, 0), (double)(now_ns() - t0) / 1e9, cap);
+		double sec = (double)(now_ns() - t0) / 1e9;
+
+		log_debug("step %s: %d decoding, %d prefilling, %d tokens, %.2f ms (chunk %d)",
+		    m->name, n_dec, n_pre, rc, sec * 1e3, (int)m->pace.chunk);
+		pace_done(&m->pace, n_dec, n_pre, MAX(rc - n_dec, 0), sec, cap);
 		s->steps++;
 		s->step_tokens += (uint64_t)rc;
 		s->step_seqs += (uint64_t)n;
