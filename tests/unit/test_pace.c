@@ -97,7 +97,7 @@ test_holds_the_target(void **state)
 static void
 test_shortest_decode_step_counts(void **state)
 {
-	/* 8 decoding, 1 prompt: a mixed step may take 1.5 * 9 / 8 decode-only steps */
+	/* 8 decoding, 1 prompt: a mixed step may take PACE_TARGET * 9 / 8 decode-only steps */
 	double target = PACE_TARGET * 9 / 8;
 	struct pace p;
 	int i;
@@ -167,9 +167,9 @@ test_arrivals_together(void **state)
 	(void)state;
 	print_message("62 requests of 10 tokens beside 2 streams: %d steps (GPU), %d (CPU)\n", g, c);
 	/* 620 tokens: two steps at full size; the ramp takes more (a decode-only step to measure
-	 * each time the decoders grew by a third: 8 and 19), not one a request */
+	 * each time the decoders grew by a third: 10 and 26), not one a request */
 	assert_true(g <= 12);
-	assert_true(c <= 24);
+	assert_true(c <= 30);
 }
 
 static void
