@@ -48,7 +48,7 @@
 /* First size of the block-table area, in entries, unless the pool needs less. */
 #define TABLE_CAP0 (1 << 20)
 /* Default largest token count for the matrix-vector kernels. */
-#define MMV_MAX_DEFAULT 8 /* measured: 8 tokens faster here, 16 faster on cuBLAS */
+#define MMV_MAX_DEFAULT 2 /* measured: 2 tokens faster here, 3 and more on the tensor cores (qgemm) */
 /* Steps of up to this many tokens replay a captured CUDA graph. */
 #define GRAPH_MAX_TOKENS 64
 /* Graphs kept, one per (tokens, logit rows) shape, least recently used replaced. */
@@ -976,6 +976,28 @@ h16_of(const struct backend *b, int T)
 	return h;
 }
 
+/*
+ * Where a row kernel puts the int8 form of its output for the products of
+ * a step of T tokens: the integer kernels' input when the step is theirs
+ * (so that they need not quantize it), else nowhere.
+ */
+static struct cuda_q8
+q8_of(const struct backend *b, int T)
+{
+	struct cuda_q8 q = { NULL, NULL };
+
+	if (T <= b->mm.mmv_max && b->mm.xq != NULL)
+		q.q = b->mm.xq, q.d = b->mm.xd;
+	return q;
+}
+
+/* 1 if the row kernel before a product of T tokens made the form of its input that the product reads. */
+static int
+formed(const struct backend *b, int T)
+{
+	return h16_of(b, T).h != NULL || q8_of(b, T).q != NULL;
+}
+
 /* The attention half of layer l; h (or its fp16 form) holds the normed input, x gets the residual. */
 static int
 attention(struct backend *b, int T, int l, const struct step_ints *dev, char *err)
@@ -994,7 +1016,7 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	int ld[3] = { nq, nkv, nkv };
 
 	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul_multi(&b->mm, wqkv, 3, b->h, embd, T, qkv, ld, h16_of(b, T).h != NULL, err)) != 0)
+	if ((rc = cuda_matmul_multi(&b->mm, wqkv, 3, b->h, embd, T, qkv, ld, formed(b, T), err)) != 0)
 		return rc;
 	prof_mark(b, PH_ATTN);
 	if ((rc = cuda_qk(b->q, b->k, b->v, T, &hd, &kv, b->stream, err)) != 0 ||
@@ -1004,8 +1026,8 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	if ((rc = cuda_matmul(&b->mm, &c->wo, b->att, nq, T, b->ffn_out, embd, 0, err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
-	return cuda_residual_norm(b->x, b->ffn_out, c->post_attn_norm, c->ffn_norm, b->h, h16_of(b, T), T, embd,
-	    nm, b->stream, err);
+	return cuda_residual_norm(b->x, b->ffn_out, c->post_attn_norm, c->ffn_norm, b->h, h16_of(b, T), q8_of(b, T),
+	    T, embd, nm, b->stream, err);
 }
 
 /* The feed-forward half of layer l; ends with the next layer's input norm in h. */
@@ -1021,18 +1043,19 @@ feed_forward(struct backend *b, int T, int l, char *err)
 	float *gu[2] = { b->gate, b->up };
 
 	struct cuda_h16 h16 = h16_of(b, T);
+	struct cuda_q8 q8 = q8_of(b, T);
 
 	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul_multi(&b->mm, wgu, 2, b->h, embd, T, gu, ld, h16.h != NULL, err)) != 0)
+	if ((rc = cuda_matmul_multi(&b->mm, wgu, 2, b->h, embd, T, gu, ld, formed(b, T), err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
-	if ((rc = cuda_glu(b->gate, b->up, T, ff, hp->gelu, h16, b->stream, err)) != 0)
+	if ((rc = cuda_glu(b->gate, b->up, T, ff, hp->gelu, h16, q8, b->stream, err)) != 0)
 		return rc;
 	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul(&b->mm, &c->w_down, b->gate, ff, T, b->ffn_out, embd, h16.h != NULL, err)) != 0)
+	if ((rc = cuda_matmul(&b->mm, &c->w_down, b->gate, ff, T, b->ffn_out, embd, formed(b, T), err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
-	return cuda_residual_norm(b->x, b->ffn_out, c->post_ffn_norm, next, b->h, h16, T, embd, nm, b->stream,
+	return cuda_residual_norm(b->x, b->ffn_out, c->post_ffn_norm, next, b->h, h16, q8, T, embd, nm, b->stream,
 	    err);
 }
 
@@ -1061,8 +1084,8 @@ step_kernels(struct backend *b, int T, int n_logits, const struct step_ints *dev
 
 	prof_mark(b, PH_NORM);
 	if ((rc = cuda_embed(&b->tok_embd, dev->tokens, T, hp->embd_scale, b->x, b->stream, err)) != 0 ||
-	    (rc = cuda_residual_norm(b->x, NULL, NULL, b->layers[0].attn_norm, b->h, h16_of(b, T), T, hp->n_embd,
-	    nm, b->stream, err)) != 0)
+	    (rc = cuda_residual_norm(b->x, NULL, NULL, b->layers[0].attn_norm, b->h, h16_of(b, T), q8_of(b, T), T,
+	    hp->n_embd, nm, b->stream, err)) != 0)
 		return rc;
 	for (int l = 0; l < hp->n_layer; l++)
 		if ((rc = attention(b, T, l, dev, err)) != 0 || (rc = feed_forward(b, T, l, err)) != 0)

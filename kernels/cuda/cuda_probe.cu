@@ -417,12 +417,43 @@ h16_fetch(struct cuda_probe *p, const struct cuda_h16 *h16, uint16_t *hh, float 
 	return rc != 0 ? rc : fetch(p, hscale, h16->scale, (size_t)n_rows * sizeof(float), err);
 }
 
+/* Device room for the int8 form of n_rows rows of n, if q (host) wants it; else q8 is none. */
+static int
+q8_new(struct cuda_probe *p, struct bufs *bs, const int8_t *q, int n_rows, int n, struct cuda_q8 *q8, char *err)
+{
+	void *dq, *dd;
+	int rc;
+
+	*q8 = (struct cuda_q8){ NULL, NULL };
+	if (q == NULL)
+		return 0;
+	if ((rc = buf_new(p, bs, NULL, (size_t)n_rows * 2 * (size_t)n, 1, &dq, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, (size_t)n_rows * (size_t)n / 32 * sizeof(float2), 1, &dd, err)) != 0)
+		return rc;
+	*q8 = (struct cuda_q8){ (int8_t *)dq, (float2 *)dd };
+	return 0;
+}
+
+/* Copies the int8 rows and their groups' scales and sums back, if q wants them. */
+static int
+q8_fetch(struct cuda_probe *p, const struct cuda_q8 *q8, int8_t *q, float *qd, int n_rows, int n, char *err)
+{
+	int rc;
+
+	if (q == NULL)
+		return 0;
+	rc = fetch(p, q, q8->q, (size_t)n_rows * 2 * (size_t)n, err);
+	return rc != 0 ? rc : fetch(p, qd, q8->d, (size_t)n_rows * (size_t)n / 32 * sizeof(float2), err);
+}
+
 static int
 residual_norm_run(struct cuda_probe *p, struct bufs *bs, float *x, const float *r, const float *post,
-    const float *w, float *h, uint16_t *hh, float *hscale, int n_rows, int n, struct cuda_norm nm, char *err)
+    const float *w, float *h, uint16_t *hh, float *hscale, int8_t *q, float *qd, int n_rows, int n,
+    struct cuda_norm nm, char *err)
 {
 	size_t rows = (size_t)n_rows * (size_t)n * sizeof(float), row = (size_t)n * sizeof(float);
 	struct cuda_h16 h16;
+	struct cuda_q8 q8;
 	void *dx, *dr, *dpost, *dw, *dh = NULL;
 	int rc;
 
@@ -431,24 +462,28 @@ residual_norm_run(struct cuda_probe *p, struct bufs *bs, float *x, const float *
 	    (rc = buf_opt(p, bs, post, row, &dpost, err)) != 0 ||
 	    (rc = buf_opt(p, bs, w, row, &dw, err)) != 0 ||
 	    (w != NULL && hh == NULL && (rc = buf_new(p, bs, NULL, rows, 1, &dh, err)) != 0) ||
-	    (rc = h16_new(p, bs, w != NULL ? hh : NULL, n_rows, n, &h16, err)) != 0)
+	    (rc = h16_new(p, bs, w != NULL ? hh : NULL, n_rows, n, &h16, err)) != 0 ||
+	    (rc = q8_new(p, bs, w != NULL ? q : NULL, n_rows, n, &q8, err)) != 0)
 		return rc;
 	if ((rc = cuda_residual_norm((float *)dx, (const float *)dr, (const float *)dpost, (const float *)dw,
-	    (float *)dh, h16, n_rows, n, nm, p->stream, err)) != 0 ||
+	    (float *)dh, h16, q8, n_rows, n, nm, p->stream, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_residual_norm", err)) != 0 || (rc = fetch(p, x, dx, rows, err)) != 0)
 		return rc;
 	if (w == NULL)
 		return 0;
+	if ((rc = q8_fetch(p, &q8, q, qd, n_rows, n, err)) != 0)
+		return rc;
 	return hh != NULL ? h16_fetch(p, &h16, hh, hscale, n_rows, n, err) : fetch(p, h, dh, rows, err);
 }
 
 extern "C" int
 cuda_probe_residual_norm(struct cuda_probe *p, float *x, const float *r, const float *post, const float *w,
-    float *h, uint16_t *hh, float *hscale, int n_rows, int n, float offset, float eps, char *err)
+    float *h, uint16_t *hh, float *hscale, int8_t *q, float *qd, int n_rows, int n, float offset, float eps,
+    char *err)
 {
 	struct bufs bs = {};
 	struct cuda_norm nm = { offset, eps };
-	int rc = residual_norm_run(p, &bs, x, r, post, w, h, hh, hscale, n_rows, n, nm, err);
+	int rc = residual_norm_run(p, &bs, x, r, post, w, h, hh, hscale, q, qd, n_rows, n, nm, err);
 
 	bufs_free(&bs);
 	return rc;
@@ -490,28 +525,30 @@ cuda_probe_norm_rows(struct cuda_probe *p, const float *x, int n_x, const int32_
 
 static int
 glu_run(struct cuda_probe *p, struct bufs *bs, float *a, const float *b, int n_rows, int n, int gelu,
-    uint16_t *hh, float *hscale, char *err)
+    uint16_t *hh, float *hscale, int8_t *q, float *qd, char *err)
 {
 	size_t bytes = (size_t)n_rows * (size_t)n * sizeof(float);
 	struct cuda_h16 h16;
+	struct cuda_q8 q8;
 	void *da, *db;
 	int rc;
 
 	if ((rc = buf_new(p, bs, a, bytes, 1, &da, err)) != 0 ||
 	    (rc = buf_new(p, bs, b, bytes, 0, &db, err)) != 0 ||
 	    (rc = h16_new(p, bs, hh, n_rows, n, &h16, err)) != 0 ||
-	    (rc = cuda_glu((float *)da, (const float *)db, n_rows, n, gelu, h16, p->stream, err)) != 0 ||
-	    (rc = finish(p, bs, "cuda_glu", err)) != 0)
+	    (rc = q8_new(p, bs, q, n_rows, n, &q8, err)) != 0 ||
+	    (rc = cuda_glu((float *)da, (const float *)db, n_rows, n, gelu, h16, q8, p->stream, err)) != 0 ||
+	    (rc = finish(p, bs, "cuda_glu", err)) != 0 || (rc = q8_fetch(p, &q8, q, qd, n_rows, n, err)) != 0)
 		return rc;
 	return hh != NULL ? h16_fetch(p, &h16, hh, hscale, n_rows, n, err) : fetch(p, a, da, bytes, err);
 }
 
 extern "C" int
 cuda_probe_glu(struct cuda_probe *p, float *a, const float *b, int n_rows, int n, int gelu, uint16_t *hh,
-    float *hscale, char *err)
+    float *hscale, int8_t *q, float *qd, char *err)
 {
 	struct bufs bs = {};
-	int rc = glu_run(p, &bs, a, b, n_rows, n, gelu, hh, hscale, err);
+	int rc = glu_run(p, &bs, a, b, n_rows, n, gelu, hh, hscale, q, qd, err);
 
 	bufs_free(&bs);
 	return rc;

@@ -70,11 +70,14 @@ int cuda_probe_embed(struct cuda_probe *p, const struct cuda_probe_weight *w, co
  * cuda_residual_norm on n_rows rows of width n (a multiple of 4): x is
  * updated in place; r, post and w may each be NULL (then h is not written
  * and may be NULL). hh not NULL: the normed rows go there in their fp16
- * form instead (raw fp16 bits, each row divided by hscale[row]).
+ * form instead (raw fp16 bits, each row divided by hscale[row]). q not
+ * NULL (n a multiple of 32): their int8 form too, n_rows x 2 x n bytes
+ * laid out as cuda_q8's, with each group's scale and sum in qd (n_rows x
+ * n / 32 pairs of floats).
  */
 int cuda_probe_residual_norm(struct cuda_probe *p, float *x, const float *r, const float *post,
-    const float *w, float *h, uint16_t *hh, float *hscale, int n_rows, int n, float offset, float eps,
-    char *err);
+    const float *w, float *h, uint16_t *hh, float *hscale, int8_t *q, float *qd, int n_rows, int n,
+    float offset, float eps, char *err);
 
 /* h[i * n ..] = norm(x[rows[i] * n ..]) * (w + offset), for i < n_rows; x has n_x rows. */
 int cuda_probe_norm_rows(struct cuda_probe *p, const float *x, int n_x, const int32_t *rows,
@@ -82,10 +85,11 @@ int cuda_probe_norm_rows(struct cuda_probe *p, const float *x, int n_x, const in
 
 /*
  * a = silu(a) * b (gelu: gelu_tanh) for n_rows rows of n (a multiple of
- * 4), in place, or with hh, in fp16 form there (as cuda_probe_residual_norm).
+ * 4), in place, or with hh, in fp16 form there; with q, in int8 form too
+ * (both as cuda_probe_residual_norm).
  */
 int cuda_probe_glu(struct cuda_probe *p, float *a, const float *b, int n_rows, int n, int gelu, uint16_t *hh,
-    float *hscale, char *err);
+    float *hscale, int8_t *q, float *qd, char *err);
 
 /* One layer's heads, as struct cuda_heads but with the RoPE base instead of a table. */
 struct cuda_probe_heads {

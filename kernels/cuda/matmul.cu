@@ -3,7 +3,8 @@
  *
  * Few tokens (decoding): the types that have one (Q4_K, Q6_K, Q8_0) go to
  * an integer kernel: the tokens are quantized once per input to two rows
- * of int8 with a float scale per 32 (see QLO), a warp takes a row and each
+ * of int8 with a float scale per 32 (cuda_q8; the kernel that wrote the
+ * input often did it already), a warp takes a row and each
  * lane dots chunks of it with dp4a, straight from the stored blocks, for
  * up to MMV_TOKENS tokens at once, so the weight is read once per group of
  * tokens with 16-byte loads where the blocks allow. Other types: a block
@@ -131,16 +132,6 @@ mmq_type(uint32_t type)
 {
 	return type == TT_Q4_K || type == TT_Q6_K || type == TT_Q8_0;
 }
-
-/*
- * The integer kernels' activations: token t's row of k is stored as two
- * int8 rows, hi at xq + 2 t k and lo k bytes after, with a scale d per 32
- * (and the float sum of the 32) in xd + t k / 32: x = d (QLO hi + lo).
- * The second row makes the rounding error of x about d / 2, where one row
- * of int8 alone (llama.cpp's Q8_1) errs by QLO times that: enough to move
- * logits by ~1% on small models.
- */
-#define QLO 254
 
 /* hi . w and lo . w as one integer: QLO * (hi . w) + lo . w, for 4 x 4 bytes at a time. */
 static __device__ __forceinline__ int
@@ -326,10 +317,11 @@ template <int NT> struct mmq_rows { static constexpr int n = NT >= 4 ? 4 : 2; };
 
 /*
  * The integer matrix-vector kernel: warp w of the block takes R rows from
- * (blockIdx.x * MMQ_WARPS + w) * R, its lanes their chunks in turn; each
- * token's chunk of x, loaded once, serves every row.
+ * (blockIdx.x * MMQ_WARPS + w) * R (R = mmq_rows<NT>; at one token 1 and 4
+ * rows were 12-14 % slower than 2 on an H100), its lanes their chunks in
+ * turn; each token's chunk of x, loaded once, serves every row.
  */
-template <int TY, int NT>
+template <int TY, int NT, int R>
 __global__ void __launch_bounds__(MMQ_WARPS * WARP)
 mmq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n, const int8_t *__restrict__ xq,
     const float2 *__restrict__ xd, struct mm_out out)
@@ -337,25 +329,24 @@ mmq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n, const 
 	pdl_wait();
 	pdl_trigger();
 	using Q = qt<TY>;
-	constexpr int MMQ_ROWS = mmq_rows<NT>::n;
-	int row0 = (blockIdx.x * MMQ_WARPS + threadIdx.x / WARP) * MMQ_ROWS, lane = threadIdx.x % WARP;
-	const uint8_t *r[MMQ_ROWS];
-	float acc[MMQ_ROWS][NT];
+	int row0 = (blockIdx.x * MMQ_WARPS + threadIdx.x / WARP) * R, lane = threadIdx.x % WARP;
+	const uint8_t *r[R];
+	float acc[R][NT];
 
 	if (row0 >= n)
 		return;
 #pragma unroll
-	for (int i = 0; i < MMQ_ROWS; i++) {
+	for (int i = 0; i < R; i++) {
 		r[i] = w + (size_t)min(row0 + i, n - 1) * row_bytes; /* a missing last row repeats one */
 #pragma unroll
 		for (int t = 0; t < NT; t++)
 			acc[i][t] = 0.0f;
 	}
 	for (int c = lane; c < k / Q::n; c += WARP) {
-		typename Q::W wc[MMQ_ROWS];
+		typename Q::W wc[R];
 
 #pragma unroll
-		for (int i = 0; i < MMQ_ROWS; i++)
+		for (int i = 0; i < R; i++)
 			Q::load(r[i], c, wc[i]);
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
@@ -363,12 +354,12 @@ mmq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n, const 
 
 			Q::loadx(xq, xd, k, t, c, x);
 #pragma unroll
-			for (int i = 0; i < MMQ_ROWS; i++)
+			for (int i = 0; i < R; i++)
 				acc[i][t] += Q::dot(wc[i], x);
 		}
 	}
 #pragma unroll
-	for (int i = 0; i < MMQ_ROWS; i++)
+	for (int i = 0; i < R; i++)
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
 			float s = warp_sum(acc[i][t]);
@@ -378,11 +369,7 @@ mmq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n, const 
 		}
 }
 
-/*
- * Row t of x (k wide) quantized for the integer kernels (see QLO): per
- * group of 32, D = max |x| / 127, hi = round(x / D), lo = round((x - D hi)
- * QLO / D), d = D / QLO; xd gets d and the group's sum. A warp per group.
- */
+/* Row t of x (k wide) in the integer kernels' form (cuda_q8). A warp per group of 32. */
 __global__ void
 quant_q8_kernel(const float *__restrict__ x, int ldx, int k, int8_t *__restrict__ xq,
     float2 *__restrict__ xd)
@@ -390,23 +377,19 @@ quant_q8_kernel(const float *__restrict__ x, int ldx, int k, int8_t *__restrict_
 	pdl_wait();
 	pdl_trigger();
 	int g = blockIdx.x * Q8_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP, t = blockIdx.y;
-	float v, amax, d, sum;
-	int hi = 0, lo = 0;
+	float v, amax, sum;
+	int hi, lo;
 
 	if (g >= k / 32)
 		return;
 	v = x[(size_t)t * ldx + 32 * g + lane];
 	amax = warp_max(fabsf(v));
-	d = amax / 127.0f;
-	if (amax > 0.0f) {
-		hi = __float2int_rn(v / d);
-		lo = max(-127, min(127, __float2int_rn((v - d * (float)hi) * (float)QLO / d)));
-	}
+	q8_split(v, amax, &hi, &lo);
 	xq[(size_t)t * 2 * k + 32 * g + lane] = (int8_t)hi;
 	xq[(size_t)t * 2 * k + k + 32 * g + lane] = (int8_t)lo;
 	sum = warp_sum(v);
 	if (lane == 0)
-		xd[(size_t)t * (k / 32) + g] = make_float2(d / (float)QLO, sum);
+		xd[(size_t)t * (k / 32) + g] = q8_scale(amax, sum);
 }
 
 /* Multiplies row t of y (n wide) back by xscale[t]. */
@@ -497,7 +480,8 @@ mmq_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const int8_t *x
 #define NT_CASE(N) \
 	case N: \
 		grid.x = (unsigned)((w->n + MMQ_WARPS * mmq_rows<N>::n - 1) / (MMQ_WARPS * mmq_rows<N>::n)); \
-		return cuda_launch(mmq_kernel<TY, N>, grid, block, 0, st, w->d, w->row_bytes, k, n, xq, xd, *out);
+		return cuda_launch(mmq_kernel<TY, N, mmq_rows<N>::n>, grid, block, 0, st, w->d, w->row_bytes, k, n, xq, \
+		    xd, *out);
 	NT_CASE(1) NT_CASE(2) NT_CASE(3) NT_CASE(4) NT_CASE(5) NT_CASE(6) NT_CASE(7) NT_CASE(8)
 #undef NT_CASE
 	}
@@ -630,10 +614,10 @@ cuda_weight_follows(const struct cuda_weight *a, const struct cuda_weight *b)
 }
 
 /*
- * The products of n_w weights of one input (with reuse_x, the input of
- * the previous call, already in fp16 and int8 form): runs of weights stored one after the other go to one
- * kernel on the matrix-vector and tensor-core paths, the rest to cuBLAS
- * one by one.
+ * The products of n_w weights of one input (with reuse_x, its fp16 form
+ * for many tokens or int8 form for few is made already): runs of weights
+ * stored one after the other go to one kernel on the matrix-vector and
+ * tensor-core paths, the rest to cuBLAS one by one.
  */
 static int
 products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x, int ldx, int n_tok,
@@ -641,8 +625,7 @@ products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const f
 {
 	int many = n_tok > m->mmv_max, have_h = reuse_x, rc;
 
-	if (!reuse_x)
-		m->xq_ready = 0;
+	m->xq_ready = reuse_x;
 	for (int i = 0; i < n_w;) {
 		struct cuda_weight all = *w[i];
 		struct mm_out out = { { NULL }, { 0 }, { 0 }, 0 };

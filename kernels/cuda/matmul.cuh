@@ -40,7 +40,7 @@ struct cuda_mm {
 	 */
 	int8_t *xq;
 	float2 *xd;
-	int xq_ready;      /* xq holds the x of the last call */
+	int xq_ready;      /* xq holds the x of this call */
 	/* the tensor-core kernels' split sums (part_elems floats), and the multiprocessors they fill */
 	float *part;
 	int64_t part_elems;
@@ -81,8 +81,10 @@ mm_store(const struct mm_out &out, int o, int t, float v)
 
 /*
  * y[t * ldy + o] = sum_i W[o][i] * x[t * ldx + i] for t < n_tok and every
- * row o of the weight, on m->stream. With reuse_x, x is the x of the
- * previous call (same rows, same values): its fp16 copy is reused.
+ * row o of the weight, on m->stream. With reuse_x, the other form of x
+ * the kernels read is made already (by the previous call or the kernel
+ * that wrote x): for more than mmv_max tokens its fp16 form (m->xh,
+ * m->xscale), for fewer its int8 form (m->xq, m->xd, see cuda_q8).
  * Returns 0 or ERR_DEVICE with a message.
  */
 int cuda_matmul(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_tok,
@@ -91,9 +93,7 @@ int cuda_matmul(struct cuda_mm *m, const struct cuda_weight *w, const float *x, 
 /*
  * y[i] = w[i] x for n_w (<= MM_MAX_OUT) weights of the same input, as
  * cuda_matmul with y[i] ldy[i] apart. Weights stored one after the other
- * with the same type and width (cuda_weight_follows) are one kernel. With
- * reuse_x, the fp16 form of x (m->xh, m->xscale) was already made, by the
- * previous product or by the kernel that wrote x.
+ * with the same type and width (cuda_weight_follows) are one kernel.
  */
 int cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x,
     int ldx, int n_tok, float *const *y, const int *ldy, int reuse_x, char *err);

@@ -112,10 +112,73 @@ row_store_f16(const float4 (&v)[V], int n4, __half *__restrict__ out, float *__r
 		*scale = s;
 }
 
+/*
+ * Float4 number i of a row of n4 in int8 form (cuda_q8): hi at q, lo n4
+ * float4s on, its group's scale and sum at d[i / 8]. A group of 32 is the
+ * float4s of 8 neighbouring lanes, all of which call this (those past the
+ * row's end with active 0).
+ */
+static __device__ __forceinline__ void
+q8_store4(float4 a, int i, int n4, int active, int8_t *__restrict__ q, float2 *__restrict__ d)
+{
+	float mx, sum;
+	int hi[4], lo[4];
+
+	if (!active)
+		a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+	mx = fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w)));
+	sum = a.x + a.y + a.z + a.w;
+#pragma unroll
+	for (int o = 4; o > 0; o >>= 1) {
+		mx = fmaxf(mx, __shfl_xor_sync(FULL_MASK, mx, o));
+		sum += __shfl_xor_sync(FULL_MASK, sum, o);
+	}
+	if (!active)
+		return;
+	q8_split(a.x, mx, &hi[0], &lo[0]);
+	q8_split(a.y, mx, &hi[1], &lo[1]);
+	q8_split(a.z, mx, &hi[2], &lo[2]);
+	q8_split(a.w, mx, &hi[3], &lo[3]);
+	((char4 *)q)[i] = make_char4((char)hi[0], (char)hi[1], (char)hi[2], (char)hi[3]);
+	((char4 *)q)[n4 + i] = make_char4((char)lo[0], (char)lo[1], (char)lo[2], (char)lo[3]);
+	if (i % 8 == 0)
+		d[i / 8] = q8_scale(mx, sum);
+}
+
+/* The row (n4 float4s, in the block's threads' registers) in int8 form at q, d. */
+template <int V>
+static __device__ __forceinline__ void
+row_store_q8(const float4 (&v)[V], int n4, int8_t *__restrict__ q, float2 *__restrict__ d)
+{
+#pragma unroll
+	for (int j = 0; j < V; j++) {
+		int i = threadIdx.x + j * blockDim.x;
+
+		q8_store4(v[j], i, n4, i < n4, q, d);
+	}
+}
+
+/* The row's forms the next products read: fp16 if h16.h, else floats at h; int8 if q8.q. */
+template <int V>
+static __device__ __forceinline__ void
+row_store_forms(const float4 (&v)[V], int n4, float *__restrict__ h, struct cuda_h16 h16, struct cuda_q8 q8,
+    float *red)
+{
+	size_t row = blockIdx.x;
+
+	if (h16.h != NULL)
+		row_store_f16<V>(v, n4, h16.h + row * 4 * n4, h16.scale + row, red);
+	else
+		row_store<V>(h + row * 4 * n4, n4, v);
+	if (q8.q != NULL)
+		row_store_q8<V>(v, n4, q8.q + row * 8 * n4, q8.d + row * n4 / 8);
+}
+
 template <int V>
 __global__ void __launch_bounds__(ROW_THREADS_MAX)
 residual_norm_kernel(float *__restrict__ x, const float *__restrict__ r, const float *__restrict__ post,
-    const float *__restrict__ w, float *__restrict__ h, struct cuda_h16 h16, int n, struct cuda_norm nm)
+    const float *__restrict__ w, float *__restrict__ h, struct cuda_h16 h16, struct cuda_q8 q8, int n,
+    struct cuda_norm nm)
 {
 	pdl_wait();
 	pdl_trigger();
@@ -139,10 +202,7 @@ residual_norm_kernel(float *__restrict__ x, const float *__restrict__ r, const f
 	if (w == NULL)
 		return;
 	row_norm<V>(v, w, n, nm, red);
-	if (h16.h != NULL)
-		row_store_f16<V>(v, n4, h16.h + (size_t)blockIdx.x * n, h16.scale + blockIdx.x, red);
-	else
-		row_store<V>(h + (size_t)blockIdx.x * n, n4, v);
+	row_store_forms<V>(v, n4, h, h16, q8, red);
 }
 
 template <int V>
@@ -171,19 +231,32 @@ act(float v, int gelu)
 	return v / (1.0f + expf(-v));
 }
 
-/* a[i] = act(a[i]) * b[i] over n elements, spread over the whole GPU (the rows' float form). */
+/*
+ * act(a) * b into a, and as int8 into q8 if q8.q, over rows of n4 float4s,
+ * all4 in all: spread over the whole GPU (a thread a float4), since only
+ * the fp16 form needs a whole row.
+ */
 __global__ void
-glu_kernel(float *__restrict__ a, const float *__restrict__ b, int64_t n, int gelu)
+glu_kernel(float *__restrict__ a, const float *__restrict__ b, int64_t all4, int n4, int gelu, struct cuda_q8 q8)
 {
 	pdl_wait();
 	pdl_trigger();
-	int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+	int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, row = i / n4;
+	float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
-	if (i < n)
-		a[i] = act(a[i], gelu) * b[i];
+	if (i < all4) {
+		float4 u = ((const float4 *)b)[i];
+
+		v = ((const float4 *)a)[i];
+		v.x = act(v.x, gelu) * u.x, v.y = act(v.y, gelu) * u.y;
+		v.z = act(v.z, gelu) * u.z, v.w = act(v.w, gelu) * u.w;
+		((float4 *)a)[i] = v;
+	}
+	if (q8.q != NULL)
+		q8_store4(v, (int)(i - row * n4), n4, i < all4, q8.q + row * 8 * n4, q8.d + row * n4 / 8);
 }
 
-/* Row blockIdx.x: act(a) * b as an fp16 row. */
+/* Row blockIdx.x: act(a) * b as an fp16 row (h16). */
 template <int V>
 __global__ void __launch_bounds__(ROW_THREADS_MAX)
 glu_f16_kernel(const float *__restrict__ a, const float *__restrict__ b, int n, int gelu, struct cuda_h16 h16)
@@ -327,9 +400,11 @@ cuda_row_fits(int n)
 
 int
 cuda_residual_norm(float *x, const float *r, const float *post, const float *w, float *h, struct cuda_h16 h16,
-    int n_rows, int n, struct cuda_norm nm, cudaStream_t st, char *err)
+    struct cuda_q8 q8, int n_rows, int n, struct cuda_norm nm, cudaStream_t st, char *err)
 {
-	ROW_LAUNCH(residual_norm_kernel, n, n_rows, st, x, r, post, w, h, h16, n, nm);
+	if (q8.q != NULL && n % 32 != 0)
+		return err_set(err, ERR_INVAL, "residual_norm: an int8 form of rows of %d floats", n);
+	ROW_LAUNCH(residual_norm_kernel, n, n_rows, st, x, r, post, w, h, h16, q8, n, nm);
 	return 0;
 }
 
@@ -342,15 +417,19 @@ cuda_norm_rows(const float *x, const int32_t *rows, const float *w, float *h, in
 }
 
 int
-cuda_glu(float *a, const float *b, int n_rows, int n, int gelu, struct cuda_h16 h16, cudaStream_t st, char *err)
+cuda_glu(float *a, const float *b, int n_rows, int n, int gelu, struct cuda_h16 h16, struct cuda_q8 q8,
+    cudaStream_t st, char *err)
 {
-	int64_t all = (int64_t)n_rows * n;
+	int64_t all4 = (int64_t)n_rows * n / 4;
 
+	if (q8.q != NULL && n % 32 != 0)
+		return err_set(err, ERR_INVAL, "glu: an int8 form of rows of %d floats", n);
 	if (h16.h != NULL) {
 		ROW_LAUNCH(glu_f16_kernel, n, n_rows, st, a, b, n, gelu, h16);
 		return 0;
 	}
-	CK(cuda_launch(glu_kernel, dim3((unsigned)((all + 255) / 256)), dim3(256), 0, st, a, b, all, gelu));
+	CK(cuda_launch(glu_kernel, dim3((unsigned)((all4 + 255) / 256)), dim3(256), 0, st, a, b, all4, n / 4, gelu,
+	    q8));
 	return 0;
 }
 

@@ -23,16 +23,53 @@ struct cuda_h16 {
 	float *scale;
 };
 
+/*
+ * The int8 form of rows that the integer matrix-vector kernels read
+ * (cuda_mm.xq, .xd): row t of k as two int8 rows, hi at q + 2 t k and lo k
+ * bytes after, with a scale e and the float sum of each 32 in
+ * d[t k / 32 + g]: x = e (QLO hi + lo). Per group of 32, D = max |x| / 127,
+ * hi = round(x / D), lo = round((x - D hi) QLO / D), e = D / QLO. The
+ * second row makes the rounding error about e / 2, where one row of int8
+ * alone (llama.cpp's Q8_1) errs by QLO times that: enough to move logits
+ * by ~1% on small models. q NULL: not wanted.
+ */
+#define QLO 254
+struct cuda_q8 {
+	int8_t *q;
+	float2 *d;
+};
+
+/* hi and lo of v, in a group of 32 whose largest magnitude is amax (see cuda_q8). */
+static __device__ __forceinline__ void
+q8_split(float v, float amax, int *hi, int *lo)
+{
+	float d = amax / 127.0f;
+
+	*hi = *lo = 0;
+	if (amax > 0.0f) {
+		*hi = __float2int_rn(v / d);
+		*lo = max(-127, min(127, __float2int_rn((v - d * (float)*hi) * (float)QLO / d)));
+	}
+}
+
+/* A group's scale and sum as cuda_q8.d holds them. */
+static __device__ __forceinline__ float2
+q8_scale(float amax, float sum)
+{
+	return make_float2(amax / 127.0f / (float)QLO, sum);
+}
+
 /* 1 if the row kernels take rows of n floats (a multiple of 4, at most 32768). */
 int cuda_row_fits(int n);
 
 /*
  * For each of n_rows rows of width n: if r, x += (post ? norm(r) * post : r);
- * then, if w, h = norm(x) * w, or its fp16 form into h16 when h16.h is set.
- * Either step may be absent.
+ * then, if w, h = norm(x) * w, or its fp16 form into h16 when h16.h is set,
+ * and its int8 form into q8 when q8.q is set (n a multiple of 32). Either
+ * step may be absent.
  */
 int cuda_residual_norm(float *x, const float *r, const float *post, const float *w, float *h, struct cuda_h16 h16,
-    int n_rows, int n, struct cuda_norm nm, cudaStream_t st, char *err);
+    struct cuda_q8 q8, int n_rows, int n, struct cuda_norm nm, cudaStream_t st, char *err);
 
 /* h[i] = norm(x[rows[i]]) * w for i < n_rows (rows on the GPU). */
 int cuda_norm_rows(const float *x, const int32_t *rows, const float *w, float *h, int n_rows, int n,
@@ -40,10 +77,11 @@ int cuda_norm_rows(const float *x, const int32_t *rows, const float *w, float *h
 
 /*
  * For each of n_rows rows of n: a = silu(a) * b, or gelu_tanh(a) * b, in
- * place, or its fp16 form into h16 when h16.h is set.
+ * place, with its int8 form into q8 when q8.q is set (n a multiple of
+ * 32); or, when h16.h is set, only its fp16 form into h16.
  */
-int cuda_glu(float *a, const float *b, int n_rows, int n, int gelu, struct cuda_h16 h16, cudaStream_t st,
-    char *err);
+int cuda_glu(float *a, const float *b, int n_rows, int n, int gelu, struct cuda_h16 h16, struct cuda_q8 q8,
+    cudaStream_t st, char *err);
 
 /* n_rows rows of x (k wide, ldx apart) in fp16 form. */
 int cuda_to_f16(const float *x, int ldx, int k, int n_rows, struct cuda_h16 h16, cudaStream_t st, char *err);

@@ -470,6 +470,46 @@ check_rows_f16(const char *what, const uint16_t *hh, const float *hscale, const 
 	return worst;
 }
 
+/*
+ * Fails unless the int8 form of every row (q, qd as cuda_probe_residual_norm
+ * gives them) stands for ref: per group of 32, the scale is max |ref| /
+ * (127 QLO) and the sum that of ref, each within TOL_F32 of the row's
+ * largest; each element, scale (QLO hi + lo), within the scale (twice the
+ * rounding of lo) plus TOL_F32 of the row's largest. Returns the worst
+ * element error / that bound.
+ */
+static double
+check_rows_q8(const char *what, const int8_t *q, const float *qd, const float *ref, int n_rows, int n)
+{
+	const double qlo = 254;
+	double worst = 0;
+
+	for (int r = 0; r < n_rows; r++) {
+		const float *rr = ref + (size_t)r * n;
+		const int8_t *hi = q + (size_t)r * 2 * n, *lo = hi + n;
+		double m = max_abs(rr, (size_t)n);
+
+		for (int g = 0; g < n / 32; g++) {
+			double e = qd[2 * ((size_t)r * (n / 32) + g)], sum = qd[2 * ((size_t)r * (n / 32) + g) + 1];
+			double gm = max_abs(rr + 32 * g, 32), rs = 0;
+
+			for (int i = 32 * g; i < 32 * g + 32; i++) {
+				double got = e * (qlo * hi[i] + lo[i]), bound = e + TOL_F32 * m;
+
+				if (!(fabs(got - rr[i]) <= bound))
+					fail_msg("%s (int8): row %d element %d: gpu %g (hi %d lo %d scale %g) cpu %g", what, r, i,
+					    got, hi[i], lo[i], e, rr[i]);
+				worst = fmax(worst, fabs(got - rr[i]) / bound);
+				rs += rr[i];
+			}
+			if (!(fabs(e * 127 * qlo - gm) <= TOL_F32 * m && fabs(sum - rs) <= 32 * TOL_F32 * m))
+				fail_msg("%s (int8): row %d group %d: scale %g sum %g, cpu largest %g sum %g", what, r, g,
+				    e, sum, gm, rs);
+		}
+	}
+	return worst;
+}
+
 /* The CPU backend's residual step: x += (post ? rmsnorm(r) * post : r); h = rmsnorm(x) * w. */
 static void
 cpu_residual_norm(float *x, const float *r, const float *post, const float *w, float *h, int n_rows, int n,
@@ -499,10 +539,10 @@ test_residual_norm(void **state)
 		{ 0, 0, 1 }, { 1, 0, 1 }, { 1, 1, 1 }, { 1, 1, 0 }, { 1, 0, 0 },
 	};
 	/* widths in float4s not multiples of a warp, up to rows kept in 16 float4s a thread */
-	static const int widths[] = { 4, 252, 1000, 2308, 14336, 32768 };
+	static const int widths[] = { 4, 252, 1000, 1056, 2308, 14336, 32768 };
 	const int n_rows = 5;
 	char err[ERR_LEN], what[128];
-	double worst = 0, worst16 = 0;
+	double worst = 0, worst16 = 0, worst8 = 0;
 
 	(void)state;
 	for (size_t v = 0; v < ARRAY_LEN(variants); v++)
@@ -517,6 +557,10 @@ test_residual_norm(void **state)
 				float *w = variants[v].w ? rand_floats((size_t)n, -1, 1) : NULL;
 				float *h = nan_floats(all), *hr = nan_floats(all), hs[5];
 				uint16_t *hh = xmalloc(all * sizeof *hh);
+				/* the int8 form beside the floats, where the width is whole groups */
+				int want8 = w != NULL && !f16 && n % 32 == 0;
+				int8_t *q = want8 ? xmalloc(2 * all) : NULL;
+				float *qd = want8 ? nan_floats(all / 16) : NULL;
 
 				/* a row past fp16's range: the fp16 form divides it by a power of two */
 				for (int i = 0; w != NULL && i < n; i++)
@@ -525,7 +569,7 @@ test_residual_norm(void **state)
 				snprintf(what, sizeof what, "residual_norm r %d post %d w %d, width %d, offset %g",
 				    variants[v].r, variants[v].post, variants[v].w, n, offset);
 				if (cuda_probe_residual_norm(probe, x, r, post, w, w && !f16 ? h : NULL, f16 ? hh : NULL,
-				    f16 ? hs : NULL, n_rows, n, offset, eps, err) != 0)
+				    f16 ? hs : NULL, q, qd, n_rows, n, offset, eps, err) != 0)
 					fail_msg("%s: %s", what, err);
 				cpu_residual_norm(xr, r, post, w, hr, n_rows, n, offset, eps);
 				worst = fmax(worst, check_rows(what, x, xr, n_rows, n));
@@ -533,10 +577,12 @@ test_residual_norm(void **state)
 					worst = fmax(worst, check_rows(what, h, hr, n_rows, n));
 				if (f16)
 					worst16 = fmax(worst16, check_rows_f16(what, hh, hs, hr, n_rows, n));
-				free(x), free(xr), free(r), free(post), free(w), free(h), free(hr), free(hh);
+				if (want8)
+					worst8 = fmax(worst8, check_rows_q8(what, q, qd, hr, n_rows, n));
+				free(x), free(xr), free(r), free(post), free(w), free(h), free(hr), free(hh), free(q), free(qd);
 			}
-	print_message("residual_norm: max relative error %.2e (bound %.0e); fp16 form %.2f of its bound\n", worst,
-	    TOL_F32, worst16);
+	print_message("residual_norm: max relative error %.2e (bound %.0e); fp16 form %.2f, int8 form %.2f of their "
+	    "bounds\n", worst, TOL_F32, worst16, worst8);
 }
 
 static void
@@ -571,11 +617,13 @@ test_glu(void **state)
 		float *a = rand_floats(all, -10, 10), *b = rand_floats(all, -2, 2), hs[3];
 		float *g = xmalloc(all * sizeof *g), *r = xmalloc(all * sizeof *r);
 		uint16_t *hh = xmalloc(all * sizeof *hh);
-		double worst = 0, worst16;
+		int8_t *q = xmalloc(2 * all);
+		float *qd = nan_floats(all / 16);
+		double worst = 0, worst16, worst8;
 
 		memcpy(g, a, all * sizeof *a);
 		memcpy(r, a, all * sizeof *a);
-		if (cuda_probe_glu(probe, g, b, n_rows, n, gelu, NULL, NULL, err) != 0)
+		if (cuda_probe_glu(probe, g, b, n_rows, n, gelu, NULL, NULL, q, qd, err) != 0)
 			fail_msg("glu: %s", err);
 		cpu_glu(r, b, (int64_t)all, gelu);
 		for (size_t i = 0; i < all; i++) {
@@ -588,13 +636,14 @@ test_glu(void **state)
 				    b[i], g[i], r[i]);
 			worst = fmax(worst, e / (bound / TOL_F32));
 		}
+		worst8 = check_rows_q8(gelu ? "glu gelu" : "glu silu", q, qd, r, n_rows, n);
 		memcpy(g, a, all * sizeof *a);
-		if (cuda_probe_glu(probe, g, b, n_rows, n, gelu, hh, hs, err) != 0)
+		if (cuda_probe_glu(probe, g, b, n_rows, n, gelu, hh, hs, NULL, NULL, err) != 0)
 			fail_msg("glu fp16: %s", err);
 		worst16 = check_rows_f16(gelu ? "glu gelu" : "glu silu", hh, hs, r, n_rows, n);
-		print_message("glu %s: max error %.2e of the bound's scale (bound %.0e); fp16 form %.2f of its bound\n",
-		    gelu ? "gelu" : "silu", worst, TOL_F32, worst16);
-		free(a), free(b), free(g), free(r), free(hh);
+		print_message("glu %s: max error %.2e of the bound's scale (bound %.0e); fp16 form %.2f, int8 form %.2f "
+		    "of their bounds\n", gelu ? "gelu" : "silu", worst, TOL_F32, worst16, worst8);
+		free(a), free(b), free(g), free(r), free(hh), free(q), free(qd);
 	}
 }
 
