@@ -6,6 +6,7 @@
  */
 #include "config.h"
 #include "kv.h"
+#include "kv_tokens.h"
 #include "util.h"
 
 #include <setjmp.h>
@@ -15,17 +16,6 @@
 #include <string.h>
 
 #include <cmocka.h>
-
-/* 16 tokens starting at v. */
-static const int32_t *
-toks(int32_t v)
-{
-	static int32_t t[KV_BLOCK_TOKENS];
-
-	for (int i = 0; i < KV_BLOCK_TOKENS; i++)
-		t[i] = v + i;
-	return t;
-}
 
 /* Allocates a block and publishes it as the next of a chain. */
 static int32_t

@@ -4,6 +4,7 @@
  * is full, a budget of 0 keeps nothing.
  */
 #include "config.h"
+#include "kv_tokens.h"
 #include "kvhost.h"
 #include "util.h"
 
@@ -25,22 +26,11 @@ block(uint64_t key, uint64_t prev, int v)
 	b->prev = prev;
 	b->root = 7;
 	b->depth = 1;
-	for (int i = 0; i < KV_BLOCK_TOKENS; i++)
-		b->tokens[i] = v + i;
+	memcpy(b->tokens, toks(v), sizeof b->tokens);
 	b->bytes = 100;
 	b->data = xmalloc(100);
 	memset(b->data, v, 100);
 	return b;
-}
-
-static int32_t *
-toks(int v)
-{
-	static int32_t t[KV_BLOCK_TOKENS];
-
-	for (int i = 0; i < KV_BLOCK_TOKENS; i++)
-		t[i] = v + i;
-	return t;
 }
 
 static void
