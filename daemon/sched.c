@@ -230,17 +230,25 @@ find_model(struct sched *s, const char *name_or_path, char *err)
 	return s->default_model;
 }
 
+/* Unlinks a session's cached sequence and frees it. */
+static void
+free_resident(struct slot *m, struct resident *r)
+{
+	struct resident **pp;
+
+	for (pp = &m->residents; *pp != r; pp = &(*pp)->next)
+		;
+	*pp = r->next;
+	engine_seq_free(m->e, r->seq);
+	free(r);
+}
+
 /* slots' unloading hook: frees the parked sessions of a model. */
 static void
 drop_residents(void *arg, struct slot *m)
 {
-	struct resident *r;
-
-	while ((r = m->residents) != NULL) {
-		m->residents = r->next;
-		engine_seq_free(m->e, r->seq);
-		free(r);
-	}
+	while (m->residents != NULL)
+		free_resident(m, m->residents);
 }
 
 /* A progress reply of a request whose model is loading. */
@@ -441,19 +449,6 @@ job_params(const struct sched *s, const struct sched_job *job, struct seq_params
 	p->stop = (const char *const *)job->req.stop;
 	p->n_stop = job->req.n_stop;
 	p->logprobs = job->req.logprobs;
-}
-
-/* Unlinks a session's cached sequence and frees it. */
-static void
-free_resident(struct slot *m, struct resident *r)
-{
-	struct resident **pp;
-
-	for (pp = &m->residents; *pp != r; pp = &(*pp)->next)
-		;
-	*pp = r->next;
-	engine_seq_free(m->e, r->seq);
-	free(r);
 }
 
 /* The cached sequence of a session on a model, or NULL. */
@@ -735,19 +730,16 @@ gen_free(struct sched *s, struct gen *g)
 static void
 make_room(struct slot *m, int32_t need)
 {
-	struct resident **pp, **lru, *r;
+	struct resident *r, *lru;
 
 	while (engine_free_blocks(m->e) < need) {
 		lru = NULL;
-		for (pp = &m->residents; *pp != NULL; pp = &(*pp)->next)
-			if (!(*pp)->busy && (lru == NULL || (*pp)->last_used < (*lru)->last_used))
-				lru = pp;
+		for (r = m->residents; r != NULL; r = r->next)
+			if (!r->busy && (lru == NULL || r->last_used < lru->last_used))
+				lru = r;
 		if (lru == NULL)
 			return;
-		r = *lru;
-		*lru = r->next;
-		engine_seq_free(m->e, r->seq);
-		free(r);
+		free_resident(m, lru);
 	}
 }
 
@@ -917,6 +909,7 @@ admit_one(struct sched *s, struct gen *g)
 	}
 	if (rc == SLOTS_WAIT) {
 		s->waiting = g;
+		s->retry = 0;
 		return ADMIT_WAITS;
 	}
 	gen_free(s, g);
@@ -933,7 +926,10 @@ admit_queued(struct sched *s)
 
 	for (g = s->gens; g != NULL; g = g->next)
 		running += g->state != GEN_QUEUED;
-	if (s->waiting != NULL && running < limit) {
+	if (s->waiting != NULL) {
+		/* it fits only once a model fell out of use (slots_load unloads idle ones): no load tried before */
+		if (!s->retry || running >= limit)
+			return;
 		s->retry = 0;
 		if ((rc = admit_one(s, s->waiting)) == ADMIT_WAITS)
 			return;

@@ -245,7 +245,8 @@ slots_expire(struct slots *sl)
 			slots_unload(sl, m);
 			continue;
 		}
-		ns = (int64_t)(left * 1e9) + 1;
+		/* a keep-alive of years is accepted: wake at least daily, within int64 nanoseconds */
+		ns = (int64_t)(MIN(left, 86400.0) * 1e9) + 1;
 		next = next < 0 ? ns : MIN(next, ns);
 	}
 	return next;
