@@ -568,9 +568,11 @@ from_host(struct engine *e, struct seq *s, uint64_t key, const int32_t *t)
 			b = -1;
 		}
 	}
-	kvhost_free(h);
-	if (b < 0)
+	if (b < 0) {  /* no room or a failed copy: the block stays in host memory */
+		kvhost_put(e->host, h);
 		return KV_NONE;
+	}
+	kvhost_free(h);
 	e->st.host_hit += KV_BLOCK_TOKENS;
 	return kv_publish(&e->kv, b, s->root, key, s->n_keyed ? s->blocks[s->n_keyed - 1] : KV_NONE, s->n_keyed, t);
 }
@@ -919,6 +921,23 @@ load_done(struct engine *e, struct seq *s, struct kvdisk_job *j)
 	s->state = SEQ_PREFILL;
 }
 
+/*
+ * A write came back: its records count as saved while the session's
+ * tokens still begin with them (a next turn may have departed from them
+ * while it ran, cutting n_saved below the write's first record).
+ */
+static void
+write_done(struct seq *s, const struct kvdisk_job *j)
+{
+	int32_t k = MIN(s->n_saved, j->done);
+
+	if (k == j->first)
+		while (k < j->done && k < s->n_keyed && memcmp(j->tokens + (size_t)(k - j->first) * KV_BLOCK_TOKENS,
+		    s->tokens + (size_t)k * KV_BLOCK_TOKENS, KV_BLOCK_TOKENS * sizeof *s->tokens) == 0)
+			k++;
+	s->n_saved = k;
+}
+
 void
 engine_io_done(struct engine *e, struct kvdisk_job *j)
 {
@@ -934,7 +953,7 @@ engine_io_done(struct engine *e, struct kvdisk_job *j)
 	else
 		kv_release(&e->kv, j->blocks, j->n);
 	if (j->op == KVDISK_WRITE && s != NULL)
-		s->n_saved = j->done;
+		write_done(s, j);
 	kvdisk_job_free(j);
 }
 
