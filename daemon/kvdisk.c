@@ -36,7 +36,6 @@
 #define FILE_MAGIC "RSKVSES1"
 #define REC_MAGIC 0x42564b52u /* "RKVB" */
 #define HEAD_FIXED 40
-#define HEAD_MAX 65536
 /* Records copied between the pool and the file at a time. */
 #define CHUNK 8
 
@@ -67,15 +66,10 @@ struct rec_head {
 
 /* ---- the file index and the budget ---- */
 
-/* The index entry of rel, added if missing. */
+/* A new index entry for rel. */
 static struct kvfile *
-file_entry(struct kvdisk *d, const char *rel)
+file_add(struct kvdisk *d, const char *rel)
 {
-	int i;
-
-	for (i = 0; i < d->n_files; i++)
-		if (strcmp(d->files[i].rel, rel) == 0)
-			return &d->files[i];
 	if (d->n_files == d->cap_files) {
 		d->cap_files = MAX(16, d->cap_files * 2);
 		d->files = xrealloc(d->files, (size_t)d->cap_files * sizeof *d->files);
@@ -83,6 +77,16 @@ file_entry(struct kvdisk *d, const char *rel)
 	memset(&d->files[d->n_files], 0, sizeof d->files[0]);
 	snprintf(d->files[d->n_files].rel, sizeof d->files[0].rel, "%s", rel);
 	return &d->files[d->n_files++];
+}
+
+/* The index entry of rel, added if missing. */
+static struct kvfile *
+file_entry(struct kvdisk *d, const char *rel)
+{
+	for (int i = 0; i < d->n_files; i++)
+		if (strcmp(d->files[i].rel, rel) == 0)
+			return &d->files[i];
+	return file_add(d, rel);
 }
 
 /*
@@ -130,42 +134,61 @@ enforce_budget(struct kvdisk *d)
 	}
 }
 
-/* Indexes the files already there, oldest modification first. */
+/* 1 if name is the tier's: an identity directory (16 hex digits) or, with kv, a session's file (NAME.kv). */
+static int
+tier_name(const char *name, int kv)
+{
+	size_t n = strlen(name);
+
+	if (kv)
+		return n > 3 && name[0] != '.' && strcmp(name + n - 3, ".kv") == 0;
+	return n == 16 && strspn(name, "0123456789abcdef") == 16;
+}
+
+static int
+cmp_used(const void *a, const void *b)
+{
+	const struct kvfile *x = a, *y = b;
+
+	return (x->used > y->used) - (x->used < y->used);
+}
+
+/*
+ * Indexes the tier's files already there, oldest modification first, and
+ * nothing else: the budget removes what is indexed, and the directory may
+ * hold other files.
+ */
 static void
 scan(struct kvdisk *d)
 {
 	DIR *top = opendir(d->dir), *sub;
 	struct dirent *a, *b;
+	struct kvfile *f;
 	struct stat st;
 	char path[4096], rel[512];
-	int i, j;
 
 	while (top != NULL && (a = readdir(top)) != NULL) {
 		snprintf(path, sizeof path, "%s/%s", d->dir, a->d_name);
-		if (a->d_name[0] == '.' || strlen(a->d_name) > 64 || (sub = opendir(path)) == NULL)
+		if (!tier_name(a->d_name, 0) || (sub = opendir(path)) == NULL)
 			continue;
 		while ((b = readdir(sub)) != NULL) {
 			snprintf(rel, sizeof rel, "%s/%s", a->d_name, b->d_name);
 			snprintf(path, sizeof path, "%s/%s", d->dir, rel);
-			if (strlen(rel) < sizeof d->files[0].rel && stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
-				file_note(d, rel, (uint64_t)st.st_size, 0);
-				file_entry(d, rel)->used = (uint64_t)st.st_mtim.tv_sec;
-			}
+			if (!tier_name(b->d_name, 1) || strlen(rel) >= sizeof d->files[0].rel || stat(path, &st) != 0 ||
+			    !S_ISREG(st.st_mode))
+				continue;
+			f = file_add(d, rel);
+			f->bytes = (uint64_t)st.st_size;
+			f->used = (uint64_t)st.st_mtim.tv_sec;
+			d->bytes += f->bytes;
 		}
 		closedir(sub);
 	}
 	if (top != NULL)
 		closedir(top);
-	/* renumber the uses in mtime order, before this run's */
-	for (i = 0; i < d->n_files; i++)
-		for (j = i + 1; j < d->n_files; j++)
-			if (d->files[j].used < d->files[i].used) {
-				struct kvfile t = d->files[i];
-
-				d->files[i] = d->files[j];
-				d->files[j] = t;
-			}
-	for (i = 0; i < d->n_files; i++)
+	/* the uses in mtime order, before this run's */
+	qsort(d->files, (size_t)d->n_files, sizeof *d->files, cmp_used);
+	for (int i = 0; i < d->n_files; i++)
 		d->files[i].used = ++d->clock;
 }
 

@@ -242,8 +242,9 @@ test_budget_and_remove(void **state)
 {
 	struct kvdisk *d;
 	struct kvdisk_job *j;
-	char err[ERR_LEN], a[256], b[256];
+	char err[ERR_LEN], a[256], b[256], other[2][300];
 	uint64_t bytes, budget;
+	FILE *f;
 
 	assert_int_equal(kvdisk_open(dir, 1 << 20, wake, NULL, &d, err), 0);
 	fill_pool(10);
@@ -253,10 +254,21 @@ test_budget_and_remove(void **state)
 	file_of("model Bee", b, sizeof b);
 	kvdisk_usage(d, &bytes, &budget);
 	kvdisk_close(d);
+	/* files that are not the tier's, each over the budget: neither counted nor removed */
+	snprintf(other[0], sizeof other[0], "%s/notes.kv", dir);
+	snprintf(other[1], sizeof other[1], "%.*s/notes.txt", (int)(strrchr(a, '/') - a), a);
+	for (int i = 0; i < 2; i++) {
+		assert_non_null(f = fopen(other[i], "w"));
+		assert_int_equal(fseek(f, (long)bytes, SEEK_SET), 0);
+		fputc('x', f);
+		fclose(f);
+	}
 	/* reopened with room for one file: the older goes */
 	assert_int_equal(kvdisk_open(dir, bytes / 2 + 1000, wake, NULL, &d, err), 0);
 	assert_int_equal(access(a, F_OK) == 0 || access(b, F_OK) == 0, 1);
 	assert_int_equal(access(a, F_OK) == 0 && access(b, F_OK) == 0, 0);
+	assert_int_equal(access(other[0], F_OK), 0);
+	assert_int_equal(access(other[1], F_OK), 0);
 	/* a remove takes the session's files of every identity */
 	assert_int_equal(run(d, job(KVDISK_WRITE, "model A", 0, 2, 0, 0)), 2);
 	j = xcalloc(1, sizeof *j);
