@@ -492,23 +492,6 @@ cpu_forward(struct backend *b, const struct fwd_batch *batch, float *logits, cha
 	return 0;
 }
 
-static int
-cpu_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char *err)
-{
-	size_t nkv = (size_t)b->m->hp.n_head_kv * (size_t)b->m->hp.head_dim, i;
-
-	if (src < 0 || src >= b->kv_blocks || dst < 0 || dst >= b->kv_blocks ||
-	    n_tokens < 0 || n_tokens > KV_BLOCK_TOKENS)
-		return err_set(err, ERR_INVAL, "kv_copy %d -> %d of %d tokens: out of range", src, dst, n_tokens);
-	if (fault_hit(FAULT_CPU, FAULT_COPY))
-		return err_set(err, ERR_DEVICE, "cpu kv_copy: %s", fault_message(FAULT_CPU));
-	for (i = 0; i < (size_t)b->m->hp.n_layer * 2; i++)
-		memcpy(b->kv + ((size_t)dst * (size_t)b->m->hp.n_layer * 2 + i) * b->kv_stride,
-		    b->kv + ((size_t)src * (size_t)b->m->hp.n_layer * 2 + i) * b->kv_stride,
-		    (size_t)n_tokens * nkv * sizeof(float));
-	return 0;
-}
-
 /* The floats of block blk in the pool, or NULL (with err) if it is not one. */
 static float *
 kv_block(struct backend *b, int32_t blk, char *err)
@@ -521,31 +504,51 @@ kv_block(struct backend *b, int32_t blk, char *err)
 }
 
 static int
-cpu_kv_read(struct backend *b, const int32_t *blocks, int32_t n, void *dst, char *err)
+cpu_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char *err)
+{
+	size_t nkv = (size_t)b->m->hp.n_head_kv * (size_t)b->m->hp.head_dim, i;
+	const float *s;
+	float *d;
+
+	if (n_tokens < 0 || n_tokens > KV_BLOCK_TOKENS)
+		return err_set(err, ERR_INVAL, "kv_copy of %d tokens: out of range", n_tokens);
+	if ((s = kv_block(b, src, err)) == NULL || (d = kv_block(b, dst, err)) == NULL)
+		return ERR_INVAL;
+	if (fault_hit(FAULT_CPU, FAULT_COPY))
+		return err_set(err, ERR_DEVICE, "cpu kv_copy: %s", fault_message(FAULT_CPU));
+	for (i = 0; i < (size_t)b->m->hp.n_layer * 2; i++)
+		memcpy(d + i * b->kv_stride, s + i * b->kv_stride, (size_t)n_tokens * nkv * sizeof(float));
+	return 0;
+}
+
+/* Blocks between the pool and host memory (host: n blocks one after the other), to_host or back. */
+static int
+kv_blocks_io(struct backend *b, const int32_t *blocks, int32_t n, char *host, int to_host, char *err)
 {
 	size_t per = (size_t)b->m->hp.n_layer * 2 * b->kv_stride * sizeof(float);
-	const float *src;
+	float *p;
 
 	for (int32_t i = 0; i < n; i++) {
-		if ((src = kv_block(b, blocks[i], err)) == NULL)
+		if ((p = kv_block(b, blocks[i], err)) == NULL)
 			return ERR_INVAL;
-		memcpy((char *)dst + (size_t)i * per, src, per);
+		if (to_host)
+			memcpy(host + (size_t)i * per, p, per);
+		else
+			memcpy(p, host + (size_t)i * per, per);
 	}
 	return 0;
 }
 
 static int
+cpu_kv_read(struct backend *b, const int32_t *blocks, int32_t n, void *dst, char *err)
+{
+	return kv_blocks_io(b, blocks, n, dst, 1, err);
+}
+
+static int
 cpu_kv_write(struct backend *b, const int32_t *blocks, int32_t n, const void *src, char *err)
 {
-	size_t per = (size_t)b->m->hp.n_layer * 2 * b->kv_stride * sizeof(float);
-	float *dst;
-
-	for (int32_t i = 0; i < n; i++) {
-		if ((dst = kv_block(b, blocks[i], err)) == NULL)
-			return ERR_INVAL;
-		memcpy(dst, (const char *)src + (size_t)i * per, per);
-	}
-	return 0;
+	return kv_blocks_io(b, blocks, n, (char *)src, 0, err);
 }
 
 /* The CPU pool is float in both modes. */
