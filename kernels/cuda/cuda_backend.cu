@@ -171,7 +171,8 @@ cuda_fault_kind(const char *call)
 		return FAULT_COPY;
 	if (strncmp(call, "cudaMalloc", 10) == 0)
 		return FAULT_ALLOC;
-	if (strncmp(call, "cudaGraphLaunch", 15) == 0 || strstr(call, "_launch(") != NULL)
+	/* cuda_launch(...), and the launch helpers, templated ones (mmq_launch<TY>(...)) included */
+	if (strncmp(call, "cudaGraphLaunch", 15) == 0 || strstr(call, "_launch(") != NULL || strstr(call, "_launch<") != NULL)
 		return FAULT_LAUNCH;
 	return -1;
 }
@@ -977,25 +978,25 @@ h16_of(const struct backend *b, int T)
 }
 
 /*
- * Where a row kernel puts the int8 form of its output for the products of
- * a step of T tokens: the integer kernels' input when the step is theirs
- * (so that they need not quantize it), else nowhere.
+ * Where a row kernel puts the int8 form of its output for a product by w
+ * of a step of T tokens: the integer kernels' input when that product is
+ * theirs (so that they need not quantize it), else nowhere.
  */
 static struct cuda_q8
-q8_of(const struct backend *b, int T)
+q8_of(const struct backend *b, int T, const struct cuda_weight *w)
 {
 	struct cuda_q8 q = { NULL, NULL };
 
-	if (T <= b->mm.mmv_max && b->mm.xq != NULL)
+	if (T <= b->mm.mmv_max && cuda_matmul_int8(&b->mm, w))
 		q.q = b->mm.xq, q.d = b->mm.xd;
 	return q;
 }
 
-/* 1 if the row kernel before a product of T tokens made the form of its input that the product reads. */
+/* 1 if the row kernel before a product by w of T tokens made the form of its input that the product reads. */
 static int
-formed(const struct backend *b, int T)
+formed(const struct backend *b, int T, const struct cuda_weight *w)
 {
-	return h16_of(b, T).h != NULL || q8_of(b, T).q != NULL;
+	return h16_of(b, T).h != NULL || q8_of(b, T, w).q != NULL;
 }
 
 /* The attention half of layer l; h (or its fp16 form) holds the normed input, x gets the residual. */
@@ -1016,7 +1017,7 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	int ld[3] = { nq, nkv, nkv };
 
 	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul_multi(&b->mm, wqkv, 3, b->h, embd, T, qkv, ld, formed(b, T), err)) != 0)
+	if ((rc = cuda_matmul_multi(&b->mm, wqkv, 3, b->h, embd, T, qkv, ld, formed(b, T, &c->wq), err)) != 0)
 		return rc;
 	prof_mark(b, PH_ATTN);
 	if ((rc = cuda_qk(b->q, b->k, b->v, T, &hd, &kv, b->stream, err)) != 0 ||
@@ -1026,8 +1027,8 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	if ((rc = cuda_matmul(&b->mm, &c->wo, b->att, nq, T, b->ffn_out, embd, 0, err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
-	return cuda_residual_norm(b->x, b->ffn_out, c->post_attn_norm, c->ffn_norm, b->h, h16_of(b, T), q8_of(b, T),
-	    T, embd, nm, b->stream, err);
+	return cuda_residual_norm(b->x, b->ffn_out, c->post_attn_norm, c->ffn_norm, b->h, h16_of(b, T),
+	    q8_of(b, T, &c->w_gate), T, embd, nm, b->stream, err);
 }
 
 /* The feed-forward half of layer l; ends with the next layer's input norm in h. */
@@ -1036,27 +1037,28 @@ feed_forward(struct backend *b, int T, int l, char *err)
 {
 	const struct model_hparams *hp = &b->m->hp;
 	const struct cuda_layer *c = &b->layers[l];
-	const float *next = l + 1 < hp->n_layer ? b->layers[l + 1].attn_norm : NULL;
+	const struct cuda_layer *nl = l + 1 < hp->n_layer ? &b->layers[l + 1] : NULL;
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
 	int embd = hp->n_embd, ff = hp->n_ff, rc, ld[2] = { ff, ff };
 	const struct cuda_weight *wgu[2] = { &c->w_gate, &c->w_up };
 	float *gu[2] = { b->gate, b->up };
 
 	struct cuda_h16 h16 = h16_of(b, T);
-	struct cuda_q8 q8 = q8_of(b, T);
+	struct cuda_q8 none = { NULL, NULL };
 
 	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul_multi(&b->mm, wgu, 2, b->h, embd, T, gu, ld, formed(b, T), err)) != 0)
+	if ((rc = cuda_matmul_multi(&b->mm, wgu, 2, b->h, embd, T, gu, ld, formed(b, T, &c->w_gate), err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
-	if ((rc = cuda_glu(b->gate, b->up, T, ff, hp->gelu, h16, q8, b->stream, err)) != 0)
+	if ((rc = cuda_glu(b->gate, b->up, T, ff, hp->gelu, h16, q8_of(b, T, &c->w_down), b->stream, err)) != 0)
 		return rc;
 	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul(&b->mm, &c->w_down, b->gate, ff, T, b->ffn_out, embd, formed(b, T), err)) != 0)
+	if ((rc = cuda_matmul(&b->mm, &c->w_down, b->gate, ff, T, b->ffn_out, embd, formed(b, T, &c->w_down),
+	    err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
-	return cuda_residual_norm(b->x, b->ffn_out, c->post_ffn_norm, next, b->h, h16, q8, T, embd, nm, b->stream,
-	    err);
+	return cuda_residual_norm(b->x, b->ffn_out, c->post_ffn_norm, nl ? nl->attn_norm : NULL, b->h, h16,
+	    nl ? q8_of(b, T, &nl->wq) : none, T, embd, nm, b->stream, err);
 }
 
 /* Logit rows [r0, r0 + nr) (normed in h) projected into the logits buffer. */
@@ -1084,7 +1086,8 @@ step_kernels(struct backend *b, int T, int n_logits, const struct step_ints *dev
 
 	prof_mark(b, PH_NORM);
 	if ((rc = cuda_embed(&b->tok_embd, dev->tokens, T, hp->embd_scale, b->x, b->stream, err)) != 0 ||
-	    (rc = cuda_residual_norm(b->x, NULL, NULL, b->layers[0].attn_norm, b->h, h16_of(b, T), q8_of(b, T), T,
+	    (rc = cuda_residual_norm(b->x, NULL, NULL, b->layers[0].attn_norm, b->h, h16_of(b, T),
+	    q8_of(b, T, &b->layers[0].wq), T,
 	    hp->n_embd, nm, b->stream, err)) != 0)
 		return rc;
 	for (int l = 0; l < hp->n_layer; l++)

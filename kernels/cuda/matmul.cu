@@ -126,13 +126,6 @@ words_a2(const uint8_t *p, uint32_t *o)
 	}
 }
 
-/* 1 if the integer kernel reads this type. */
-static int
-mmq_type(uint32_t type)
-{
-	return type == TT_Q4_K || type == TT_Q6_K || type == TT_Q8_0;
-}
-
 /* hi . w and lo . w as one integer: QLO * (hi . w) + lo . w, for 4 x 4 bytes at a time. */
 static __device__ __forceinline__ int
 dot2(const int *w, const uint4 *hi, const uint4 *lo, int n4)
@@ -326,7 +319,7 @@ template <int NT> struct mmq_rows { static constexpr int n = NT >= 4 ? 4 : 3; };
  * takes now a step of one sequence is 11 % faster on an H100 (more of a
  * lane's loads in flight at once). Unrolling the chunk loop was slower.
  */
-template <int TY, int NT, int R>
+template <int TY, int NT>
 __global__ void __launch_bounds__(MMQ_WARPS * WARP, 1)
 mmq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n, const int8_t *__restrict__ xq,
     const float2 *__restrict__ xd, struct mm_out out)
@@ -334,6 +327,7 @@ mmq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n, const 
 	pdl_wait();
 	pdl_trigger();
 	using Q = qt<TY>;
+	constexpr int R = mmq_rows<NT>::n;
 	int row0 = (blockIdx.x * MMQ_WARPS + threadIdx.x / WARP) * R, lane = threadIdx.x % WARP;
 	const uint8_t *r[R];
 	float acc[R][NT];
@@ -485,8 +479,7 @@ mmq_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const int8_t *x
 #define NT_CASE(N) \
 	case N: \
 		grid.x = (unsigned)((w->n + MMQ_WARPS * mmq_rows<N>::n - 1) / (MMQ_WARPS * mmq_rows<N>::n)); \
-		return cuda_launch(mmq_kernel<TY, N, mmq_rows<N>::n>, grid, block, 0, st, w->d, w->row_bytes, k, n, xq, \
-		    xd, *out);
+		return cuda_launch(mmq_kernel<TY, N>, grid, block, 0, st, w->d, w->row_bytes, k, n, xq, xd, *out);
 	NT_CASE(1) NT_CASE(2) NT_CASE(3) NT_CASE(4) NT_CASE(5) NT_CASE(6) NT_CASE(7) NT_CASE(8)
 #undef NT_CASE
 	}
@@ -514,7 +507,7 @@ static int
 matvec(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_tok,
     const struct mm_out *out, char *err)
 {
-	int q = m->xq != NULL && mmq_type(w->type), rc;
+	int q = cuda_matmul_int8(m, w), rc;
 
 	if (q && (rc = quantize_x(m, x, ldx, (int)w->k, n_tok, err)) != 0)
 		return rc;
@@ -609,6 +602,12 @@ gemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, float *y, int ld
 	}
 	CK(cuda_launch(unscale_kernel, dim3(n_tok), dim3(ROW_THREADS), 0, m->stream, y, ldy, (int)w->n, m->xscale));
 	return 0;
+}
+
+int
+cuda_matmul_int8(const struct cuda_mm *m, const struct cuda_weight *w)
+{
+	return m->xq != NULL && (w->type == TT_Q4_K || w->type == TT_Q6_K || w->type == TT_Q8_0);
 }
 
 int

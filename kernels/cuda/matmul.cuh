@@ -98,6 +98,9 @@ int cuda_matmul(struct cuda_mm *m, const struct cuda_weight *w, const float *x, 
 int cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x,
     int ldx, int n_tok, float *const *y, const int *ldy, int reuse_x, char *err);
 
+/* 1 if a product of at most m->mmv_max tokens by w reads the int8 form of its input (cuda_q8). */
+int cuda_matmul_int8(const struct cuda_mm *m, const struct cuda_weight *w);
+
 /* 1 if b's rows start where a's end, with the same type and width. */
 int cuda_weight_follows(const struct cuda_weight *a, const struct cuda_weight *b);
 
