@@ -187,7 +187,8 @@ scan(struct kvdisk *d)
 	if (top != NULL)
 		closedir(top);
 	/* the uses in mtime order, before this run's */
-	qsort(d->files, (size_t)d->n_files, sizeof *d->files, cmp_used);
+	if (d->n_files > 1)  /* files is NULL while the index is empty */
+		qsort(d->files, (size_t)d->n_files, sizeof *d->files, cmp_used);
 	for (int i = 0; i < d->n_files; i++)
 		d->files[i].used = ++d->clock;
 }
