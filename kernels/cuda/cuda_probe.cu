@@ -353,6 +353,59 @@ cuda_probe_matmul(struct cuda_probe *p, const struct cuda_probe_weight *w, int n
 }
 
 static int
+two_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w,
+    const struct cuda_probe_weight *w2, const float *x, int n_tok, enum cuda_probe_path path, float *y,
+    float *y2, char *err)
+{
+	struct cuda_weight cw[3];
+	const struct cuda_weight *wp[3] = { &cw[0], &cw[1], &cw[2] };
+	void *dw, *dw2, *dx, *dy, *dy2;
+	size_t yb = (size_t)n_tok * (size_t)w->n * sizeof(float), yb2 = (size_t)n_tok * (size_t)w2->n * sizeof(float);
+	float *yp[3];
+	int ld[3] = { (int)w->n, (int)w->n, (int)w2->n }, rc;
+
+	if ((rc = weight_of(w, &cw[0], err)) != 0 || (rc = weight_of(w2, &cw[2], err)) != 0)
+		return rc;
+	if (n_tok < 1 || w->n < 2 || w2->k != w->k)
+		return err_set(err, ERR_INVAL, "cuda_probe: %d tokens, %lld rows, widths %lld and %lld", n_tok,
+		    (long long)w->n, (long long)w->k, (long long)w2->k);
+	if ((rc = buf_new(p, bs, w->data, cw[0].row_bytes * (size_t)w->n, 0, &dw, err)) != 0 ||
+	    (rc = buf_new(p, bs, w2->data, cw[2].row_bytes * (size_t)w2->n, 0, &dw2, err)) != 0 ||
+	    (rc = buf_new(p, bs, x, (size_t)n_tok * (size_t)w->k * sizeof(float), 0, &dx, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, yb, 1, &dy, err)) != 0 || (rc = buf_new(p, bs, NULL, yb2, 1, &dy2, err)) != 0)
+		return rc;
+	cw[1] = cw[0];
+	cw[0].d = (const uint8_t *)dw, cw[0].n = w->n / 2;
+	cw[1].d = cw[0].d + (size_t)cw[0].n * cw[0].row_bytes, cw[1].n = w->n - cw[0].n;
+	cw[2].d = (const uint8_t *)dw2;
+	yp[0] = (float *)dy, yp[1] = (float *)dy + cw[0].n, yp[2] = (float *)dy2;
+	if ((rc = mm_scratch(p, w->k, n_tok, MAX(cuda_matmul_tile_elems(&cw[0]), cuda_matmul_tile_elems(&cw[2])), 0,
+	    err)) != 0)
+		return rc;
+	p->x_valid = 0;
+	p->mm.mmv_max = path == CUDA_PROBE_GEMM || path == CUDA_PROBE_GEMM_WHOLE ? 0 : INT_MAX;
+	p->mm.sms = path == CUDA_PROBE_GEMM_WHOLE ? 0 : p->sms;
+	if ((rc = int8_scratch(p, path, w->k, n_tok, err)) != 0 ||
+	    (rc = cuda_matmul_multi(&p->mm, wp, 3, (const float *)dx, (int)w->k, n_tok, yp, ld, 0, err)) != 0 ||
+	    (rc = finish(p, bs, "cuda_matmul_multi", err)) != 0)
+		return rc;
+	if ((rc = fetch(p, y, dy, yb, err)) != 0)
+		return rc;
+	return fetch(p, y2, dy2, yb2, err);
+}
+
+extern "C" int
+cuda_probe_matmul_two(struct cuda_probe *p, const struct cuda_probe_weight *w, const struct cuda_probe_weight *w2,
+    const float *x, int n_tok, enum cuda_probe_path path, float *y, float *y2, char *err)
+{
+	struct bufs bs = {};
+	int rc = two_run(p, &bs, w, w2, x, n_tok, path, y, y2, err);
+
+	bufs_free(&bs);
+	return rc;
+}
+
+static int
 embed_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w, const int32_t *tokens,
     int n_tok, float scale, float *out, char *err)
 {

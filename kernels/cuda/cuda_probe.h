@@ -59,6 +59,15 @@ enum cuda_probe_path {
 int cuda_probe_matmul(struct cuda_probe *p, const struct cuda_probe_weight *w, int n_parts, const float *x,
     int n_tok, enum cuda_probe_path path, int64_t tile_rows, int reuse_x, float *y, char *err);
 
+/*
+ * As Q, K and V stored in two types: w's rows cut in two weights, then w2
+ * (same k, any type), multiplied by one cuda_matmul_multi on a path; y
+ * gets token t's n rows of w at t * n, y2 its n2 rows of w2 at t * n2.
+ */
+int cuda_probe_matmul_two(struct cuda_probe *p, const struct cuda_probe_weight *w,
+    const struct cuda_probe_weight *w2, const float *x, int n_tok, enum cuda_probe_path path, float *y,
+    float *y2, char *err);
+
 /* ids[r] = the index of the largest of row r of x (n_rows x n), the lowest among equals: cuda_argmax. */
 int cuda_probe_argmax(struct cuda_probe *p, const float *x, int n_rows, int n, int32_t *ids, char *err);
 

@@ -11,7 +11,8 @@
  * of threads takes four rows and walks them eight elements per thread,
  * dequantizing in registers. Several weights of the same input stored one
  * after the other (Q/K/V, gate/up) run as one kernel that sends each row
- * to its own output.
+ * to its own output; on the integer kernel, up to MMQ_PAIR_TOKENS tokens,
+ * two such runs of different types (a Q4_K Q/K, a Q6_K V) share a launch.
  *
  * Many tokens (batched decoding, prefill): the tokens are converted to
  * fp16 once per input (each row divided by a power of two when it would
@@ -27,6 +28,7 @@
 #define MMV_WARPS 4
 #define MMV_ROWS 4  /* rows of one block of the matrix-vector kernel */
 #define MMQ_WARPS 4 /* warps of one block of the integer kernel */
+#define MMQ_PAIR_TOKENS 2 /* up to this many tokens, weights of two types can share a launch */
 #define Q8_WARPS 8  /* groups of 32 (a warp each) per block of the quantizing kernel */
 #define ROW_THREADS 256
 /* fp16 scratch for one tile of a dequantized weight: 64 MiB. */
@@ -306,29 +308,36 @@ template <> struct qt<TT_Q8_0> {
  * are read from L1 once per row group, which bounds several tokens (four
  * rows keep that under the weight's own traffic). Measured on an H100 at
  * one token: 3 rows 2 % faster than 2, 1 and 4 rows 12-14 % slower; at two
- * tokens 3 rows 6 % faster than 4 and 14 % than 2.
+ * tokens 3 rows 6 % faster than 4 and 14 % than 2. One token of rows of
+ * MMQ_WIDE_K or more takes 2 rows a warp: such a product (llama3-8b's
+ * down projection, 4,096 rows of 14,336) has few rows for its bytes, and
+ * 3 a warp left a third of an H100's block slots empty while each warp
+ * walked a long row (a step 1 % faster with 2; every product at 2: 1 %
+ * slower).
  */
 template <int NT> struct mmq_rows { static constexpr int n = NT >= 4 ? 4 : 3; };
+#define MMQ_WIDE_K 8192
+
+/* The rows of one weight an integer kernel multiplies; they go to rows o0 .. o0 + n - 1 of its outputs. */
+struct mmq_seg {
+	const uint8_t *w;
+	size_t row_bytes;
+	int n, o0;
+};
 
 /*
- * The integer matrix-vector kernel: warp w of the block takes R rows from
- * (blockIdx.x * MMQ_WARPS + w) * R, its lanes their chunks in turn; each
- * token's chunk of x, loaded once, serves every row. One block a
- * multiprocessor is all the launch bounds ask for: left to its default,
- * nvcc held the one-token kernel to 80 registers, and with the 102 it
- * takes now a step of one sequence is 11 % faster on an H100 (more of a
- * lane's loads in flight at once). Unrolling the chunk loop was slower.
+ * One block of the integer matrix-vector kernel: warp w of the block
+ * takes R rows of the weight from (blk * MMQ_WARPS + w) * R, its lanes
+ * their chunks in turn; each token's chunk of x, loaded once, serves every
+ * row.
  */
-template <int TY, int NT>
-__global__ void __launch_bounds__(MMQ_WARPS * WARP, 1)
-mmq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n, const int8_t *__restrict__ xq,
-    const float2 *__restrict__ xd, struct mm_out out)
+template <int TY, int NT, int R>
+static __device__ __forceinline__ void
+mmq_block(const struct mmq_seg &sg, int blk, int k, const int8_t *__restrict__ xq,
+    const float2 *__restrict__ xd, const struct mm_out &out)
 {
-	pdl_wait();
-	pdl_trigger();
 	using Q = qt<TY>;
-	constexpr int R = mmq_rows<NT>::n;
-	int row0 = (blockIdx.x * MMQ_WARPS + threadIdx.x / WARP) * R, lane = threadIdx.x % WARP;
+	int row0 = (blk * MMQ_WARPS + threadIdx.x / WARP) * R, lane = threadIdx.x % WARP, n = sg.n;
 	const uint8_t *r[R];
 	float acc[R][NT];
 
@@ -336,7 +345,7 @@ mmq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n, const 
 		return;
 #pragma unroll
 	for (int i = 0; i < R; i++) {
-		r[i] = w + (size_t)min(row0 + i, n - 1) * row_bytes; /* a missing last row repeats one */
+		r[i] = sg.w + (size_t)min(row0 + i, n - 1) * sg.row_bytes; /* a missing last row repeats one */
 #pragma unroll
 		for (int t = 0; t < NT; t++)
 			acc[i][t] = 0.0f;
@@ -364,8 +373,43 @@ mmq_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n, const 
 			float s = warp_sum(acc[i][t]);
 
 			if (lane == 0 && row0 + i < n)
-				mm_store(out, row0 + i, t, s);
+				mm_store(out, sg.o0 + row0 + i, t, s);
 		}
+}
+
+/* Blocks of the integer kernel for n rows of R a warp. */
+static int
+mmq_blocks(int64_t n, int r)
+{
+	return (int)((n + MMQ_WARPS * r - 1) / (MMQ_WARPS * r));
+}
+
+/*
+ * The integer matrix-vector kernel: its first nb_a blocks multiply by a
+ * (of type TY), the rest by b (of type TY2; 0: none), so that weights of
+ * one input stored in two types (a Q4_K Q/K and a Q6_K V) are one launch
+ * whose blocks run side by side, not two in a row (a step of one sequence
+ * 2 % faster on an H100). One block a multiprocessor is all the launch
+ * bounds ask for: left to its default, nvcc held the one-token kernel to
+ * 80 registers, and with the ~100 it takes then a step is 11 % faster
+ * (more of a lane's loads in flight at once). Unrolling the chunk loop,
+ * loading the first chunk before pdl_wait, prefetching a warp's rows to
+ * L2 and staging them through shared memory with cp.async were slower.
+ */
+template <int TY, int TY2, int NT, int R>
+__global__ void __launch_bounds__(MMQ_WARPS * WARP, 1)
+mmq_kernel(struct mmq_seg a, struct mmq_seg b, int nb_a, int k, const int8_t *__restrict__ xq,
+    const float2 *__restrict__ xd, struct mm_out out)
+{
+	pdl_wait();
+	pdl_trigger();
+	if constexpr (TY2 != 0) {
+		if ((int)blockIdx.x >= nb_a) {
+			mmq_block<TY2, NT, R>(b, blockIdx.x - nb_a, k, xq, xd, out);
+			return;
+		}
+	}
+	mmq_block<TY, NT, R>(a, blockIdx.x, k, xq, xd, out);
 }
 
 /* Row t of x (k wide) in the integer kernels' form (cuda_q8). A warp per group of 32. */
@@ -466,22 +510,60 @@ mmv_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const float *x,
 	return cudaErrorInvalidValue;
 }
 
-/* The integer kernel of type TY for nt tokens whose quantized rows start at xq, xd. */
-template <int TY>
+/* The integer kernel for NT tokens, R rows a warp: the rows of a, then those of b (if b.n > 0). */
+template <int TY, int TY2, int NT, int R>
 static cudaError_t
-mmq_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const int8_t *xq, const float2 *xd,
+mmq_go(cudaStream_t st, struct mmq_seg a, struct mmq_seg b, int k, const int8_t *xq, const float2 *xd,
     const struct mm_out *out)
 {
-	dim3 grid(1), block(MMQ_WARPS * WARP);
-	int k = (int)w->k, n = (int)w->n;
+	int nb_a = mmq_blocks(a.n, R);
+	dim3 grid((unsigned)(nb_a + (b.n > 0 ? mmq_blocks(b.n, R) : 0))), block(MMQ_WARPS * WARP);
 
+	return cuda_launch(mmq_kernel<TY, TY2, NT, R>, grid, block, 0, st, a, b, nb_a, k, xq, xd, *out);
+}
+
+/*
+ * The integer kernel for nt tokens whose quantized rows start at xq, xd:
+ * the rows of w (type TY), then those of w2 (type TY2, or none: w2 NULL,
+ * TY2 0; only for up to MMQ_PAIR_TOKENS tokens).
+ */
+template <int TY, int TY2>
+static cudaError_t
+mmq_types(int nt, cudaStream_t st, const struct cuda_weight *w, const struct cuda_weight *w2,
+    const int8_t *xq, const float2 *xd, const struct mm_out *out)
+{
+	struct mmq_seg a = { w->d, w->row_bytes, (int)w->n, 0 }, b = { NULL, 0, 0, (int)w->n };
+	int k = (int)w->k;
+
+	if (w2 != NULL)
+		b.w = w2->d, b.row_bytes = w2->row_bytes, b.n = (int)w2->n;
 	switch (nt) {
-#define NT_CASE(N) \
-	case N: \
-		grid.x = (unsigned)((w->n + MMQ_WARPS * mmq_rows<N>::n - 1) / (MMQ_WARPS * mmq_rows<N>::n)); \
-		return cuda_launch(mmq_kernel<TY, N>, grid, block, 0, st, w->d, w->row_bytes, k, n, xq, xd, *out);
-	NT_CASE(1) NT_CASE(2) NT_CASE(3) NT_CASE(4) NT_CASE(5) NT_CASE(6) NT_CASE(7) NT_CASE(8)
+#define NT_CASE(N) case N: return mmq_go<TY, TY2, N, mmq_rows<N>::n>(st, a, b, k, xq, xd, out);
+	case 1:
+		if (k >= MMQ_WIDE_K)
+			return mmq_go<TY, TY2, 1, 2>(st, a, b, k, xq, xd, out);
+		return mmq_go<TY, TY2, 1, 3>(st, a, b, k, xq, xd, out);
+	NT_CASE(2)
+	}
+	if constexpr (TY2 == 0)
+		switch (nt) {
+		NT_CASE(3) NT_CASE(4) NT_CASE(5) NT_CASE(6) NT_CASE(7) NT_CASE(8)
 #undef NT_CASE
+		}
+	return cudaErrorInvalidValue;
+}
+
+/* As mmq_types<TY, TY2>, TY2 the type of w2 (NULL: none). */
+template <int TY>
+static cudaError_t
+mmq_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const struct cuda_weight *w2,
+    const int8_t *xq, const float2 *xd, const struct mm_out *out)
+{
+	switch (w2 != NULL ? (int)w2->type : 0) {
+	case 0: return mmq_types<TY, 0>(nt, st, w, NULL, xq, xd, out);
+	case TT_Q4_K: return mmq_types<TY, TT_Q4_K>(nt, st, w, w2, xq, xd, out);
+	case TT_Q6_K: return mmq_types<TY, TT_Q6_K>(nt, st, w, w2, xq, xd, out);
+	case TT_Q8_0: return mmq_types<TY, TT_Q8_0>(nt, st, w, w2, xq, xd, out);
 	}
 	return cudaErrorInvalidValue;
 }
@@ -501,11 +583,13 @@ quantize_x(struct cuda_mm *m, const float *x, int ldx, int k, int n_tok, char *e
 
 /*
  * Matrix-vector kernels over groups of MMV_TOKENS tokens for w (the rows of
- * every output of out, stored one after the other).
+ * every output of out, stored one after the other), then w2 (NULL: none;
+ * else of another type for the integer kernel, whose rows follow w's in
+ * out, and at most MMQ_PAIR_TOKENS tokens).
  */
 static int
-matvec(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_tok,
-    const struct mm_out *out, char *err)
+matvec(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weight *w2, const float *x, int ldx,
+    int n_tok, const struct mm_out *out, char *err)
 {
 	int q = cuda_matmul_int8(m, w), rc;
 
@@ -524,7 +608,7 @@ matvec(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, 
 #define TY_CASE(TY) case TY: CK(mmv_launch<TY>(nt, m->stream, w, xt, ldx, &o)); break;
 		DEQ_TYPES(TY_CASE)
 #undef TY_CASE
-#define TQ_CASE(TY) case -TY - 1: CK(mmq_launch<TY>(nt, m->stream, w, xq, xd, &o)); break;
+#define TQ_CASE(TY) case -TY - 1: CK(mmq_launch<TY>(nt, m->stream, w, w2, xq, xd, &o)); break;
 		TQ_CASE(TT_Q4_K) TQ_CASE(TT_Q6_K) TQ_CASE(TT_Q8_0)
 #undef TQ_CASE
 		default:
@@ -618,10 +702,43 @@ cuda_weight_follows(const struct cuda_weight *a, const struct cuda_weight *b)
 }
 
 /*
+ * Weights [i, j) of w that the kernel of one launch multiplies together
+ * (w[i] and those stored right after it; on the tensor-core path only
+ * those it takes), their outputs appended to out; returns j.
+ */
+static int
+run_of(const struct cuda_weight *const *w, int n_w, int i, int many, float *const *y, const int *ldy,
+    struct mm_out *out)
+{
+	int j = i, rows = out->start[out->n];
+
+	for (; j < n_w && (j == i || (cuda_weight_follows(w[j - 1], w[j]) && (!many || tensor_path(w[j])))); j++) {
+		out->y[out->n] = y[j];
+		out->ldy[out->n] = ldy[j];
+		out->start[out->n++] = rows;
+		rows += (int)w[j]->n;
+	}
+	out->start[out->n] = rows;
+	return j;
+}
+
+/* Weights [i, j) of w, which follow each other, as one; their outputs from first_out of out. */
+static struct cuda_weight
+joined(const struct cuda_weight *const *w, int i, int j, const struct mm_out *out, int first_out)
+{
+	struct cuda_weight all = *w[i];
+
+	all.n = out->start[first_out + (j - i)] - out->start[first_out];
+	return all;
+}
+
+/*
  * The products of n_w weights of one input (with reuse_x, its fp16 form
  * for many tokens or int8 form for few is made already): runs of weights
  * stored one after the other go to one kernel on the matrix-vector and
- * tensor-core paths, the rest to cuBLAS one by one.
+ * tensor-core paths, and on the integer path, for up to MMQ_PAIR_TOKENS
+ * tokens, two runs of different types to one launch; the rest to cuBLAS
+ * one by one.
  */
 static int
 products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x, int ldx, int n_tok,
@@ -631,9 +748,9 @@ products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const f
 
 	m->xq_ready = reuse_x;
 	for (int i = 0; i < n_w;) {
-		struct cuda_weight all = *w[i];
 		struct mm_out out = { { NULL }, { 0 }, { 0 }, 0 };
-		int j = i, rows = 0;
+		struct cuda_weight all, second;
+		int j, j2;
 
 		if (many && !have_h && (rc = to_f16(m, x, ldx, (int)w[i]->k, n_tok, err)) != 0)
 			return rc;
@@ -644,16 +761,21 @@ products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const f
 			i++;
 			continue;
 		}
-		for (; j < n_w && (j == i || (cuda_weight_follows(w[j - 1], w[j]) && (!many || tensor_path(w[j]))));
-		    j++) {
-			out.y[out.n] = y[j];
-			out.ldy[out.n] = ldy[j];
-			out.start[out.n++] = rows;
-			rows += (int)w[j]->n;
+		j = run_of(w, n_w, i, many, y, ldy, &out);
+		all = joined(w, i, j, &out, 0);
+		if (many) {
+			rc = cuda_qgemm(m, &all, n_tok, &out, err);
+		} else if (j < n_w && n_tok <= MMQ_PAIR_TOKENS && cuda_matmul_int8(m, w[i]) &&
+		    cuda_matmul_int8(m, w[j]) && w[j]->k == w[i]->k) {
+			int o2 = out.n;
+
+			j2 = run_of(w, n_w, j, 0, y, ldy, &out);
+			second = joined(w, j, j2, &out, o2);
+			rc = matvec(m, &all, &second, x, ldx, n_tok, &out, err);
+			j = j2;
+		} else {
+			rc = matvec(m, &all, NULL, x, ldx, n_tok, &out, err);
 		}
-		out.start[out.n] = rows;
-		all.n = rows;
-		rc = many ? cuda_qgemm(m, &all, n_tok, &out, err) : matvec(m, &all, x, ldx, n_tok, &out, err);
 		if (rc != 0)
 			return rc;
 		i = j;

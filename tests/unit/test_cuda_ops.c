@@ -297,22 +297,17 @@ path_name(enum cuda_probe_path path)
 	    path == CUDA_PROBE_GEMM ? "gemm" : "gemm-whole";
 }
 
-/* One product on a path, checked against cpu_matmul; returns the worst error / sum |w x|. */
+/* Fails unless y (n_tok x n) is t x within tol of sum |w x| per value; returns the worst error / sum |w x|. */
 static double
-check_matmul(const struct model_tensor *t, const float *wf, const float *x, int n_tok,
-    enum cuda_probe_path path, int64_t tile_rows, int reuse_x, int n_parts)
+check_product(const char *what, const struct model_tensor *t, const float *wf, const float *x, int n_tok,
+    const float *y, double tol)
 {
 	int64_t k = t->ne[0], n = t->ne[1];
-	float *y = nan_floats((size_t)(n * n_tok)), *ref = nan_floats((size_t)(n * n_tok));
+	float *ref = nan_floats((size_t)(n * n_tok));
 	float *scratch = xmalloc((size_t)(CPU_THREADS * CPU_MM_ROWS * k) * sizeof *scratch);
-	struct cuda_probe_weight w = probe_weight(t);
-	double tol = path_tol(path), worst = 0;
-	const char *pname = path_name(path);
+	double worst = 0;
 	struct cpu_act in;
-	char err[ERR_LEN];
 
-	if (cuda_probe_matmul(probe, &w, n_parts, x, n_tok, path, tile_rows, reuse_x, y, err) != 0)
-		fail_msg("matmul %s %s in %d parts: %s", pname, quant_traits(t->type)->name, n_parts, err);
 	cpu_act_init(&in, x, k, n_tok, k, NULL); /* float activations: the exact product */
 	cpu_matmul(pool, &in, 1, &t, &ref, &n, scratch);
 	for (int tk = 0; tk < n_tok; tk++)
@@ -323,14 +318,32 @@ check_matmul(const struct model_tensor *t, const float *wf, const float *x, int 
 				size += fabs((double)wf[o * k + i] * x[(size_t)tk * k + i]);
 			e = fabs((double)y[(size_t)tk * n + o] - ref[(size_t)tk * n + o]) / size;
 			if (!(e <= tol))
-				fail_msg("matmul %s %s %lld x %lld, %d tokens (tile %lld, reuse %d, %d parts): token "
-				    "%d row %lld: gpu %g cpu %g, error %.2e of sum |w x| %g", pname,
-				    quant_traits(t->type)->name, (long long)n, (long long)k, n_tok,
-				    (long long)tile_rows, reuse_x, n_parts, tk, (long long)o, y[(size_t)tk * n + o],
-				    ref[(size_t)tk * n + o], e, size);
+				fail_msg("%s %s %lld x %lld, %d tokens: token %d row %lld: gpu %g cpu %g, error %.2e of "
+				    "sum |w x| %g", what, quant_traits(t->type)->name, (long long)n, (long long)k, n_tok,
+				    tk, (long long)o, y[(size_t)tk * n + o], ref[(size_t)tk * n + o], e, size);
 			worst = fmax(worst, e);
 		}
-	free(y), free(ref), free(scratch);
+	free(ref), free(scratch);
+	return worst;
+}
+
+/* One product on a path, checked against cpu_matmul; returns the worst error / sum |w x|. */
+static double
+check_matmul(const struct model_tensor *t, const float *wf, const float *x, int n_tok,
+    enum cuda_probe_path path, int64_t tile_rows, int reuse_x, int n_parts)
+{
+	int64_t n = t->ne[1];
+	float *y = nan_floats((size_t)(n * n_tok));
+	struct cuda_probe_weight w = probe_weight(t);
+	double worst;
+	char err[ERR_LEN], what[96];
+
+	if (cuda_probe_matmul(probe, &w, n_parts, x, n_tok, path, tile_rows, reuse_x, y, err) != 0)
+		fail_msg("matmul %s %s in %d parts: %s", path_name(path), quant_traits(t->type)->name, n_parts, err);
+	snprintf(what, sizeof what, "matmul %s (tile %lld, reuse %d, %d parts)", path_name(path),
+	    (long long)tile_rows, reuse_x, n_parts);
+	worst = check_product(what, t, wf, x, n_tok, y, path_tol(path));
+	free(y);
 	return worst;
 }
 
@@ -416,6 +429,52 @@ test_int8(void **state)
 {
 	(void)state;
 	matmul_path(CUDA_PROBE_INT8);
+}
+
+/* Types of the integer kernels, which put weights of two of them in one launch. */
+static const uint32_t int8_types[] = { TT_Q4_K, TT_Q6_K, TT_Q8_0 };
+
+/*
+ * Q and K of one type and V of another (a Q4_K_M file's Q6_K V), one
+ * cuda_matmul_multi on the int8 path: at 1 and 2 tokens one launch runs
+ * both types side by side, at 3 two launches do. Row counts cut
+ * the warps' row groups unevenly; a long row (8,192) takes the kernel's
+ * wide shape.
+ */
+static void
+test_int8_two(void **state)
+{
+	static const struct { int n, n2, n_tok; int64_t k; } shapes[] = {
+		{ 37, 9, 1, 256 * 5 }, { 130, 33, 2, 256 * 5 }, { 4100, 17, 1, 256 * 3 }, { 9, 513, 2, 256 * 32 },
+		{ 66, 100, 1, 256 * 32 }, { 20, 7, 3, 256 * 2 },
+	};
+	(void)state;
+	for (size_t a = 0; a < ARRAY_LEN(int8_types); a++)
+		for (size_t b = 0; b < ARRAY_LEN(int8_types); b++) {
+			double worst = 0;
+
+			if (a == b)
+				continue;
+			for (size_t s = 0; s < ARRAY_LEN(shapes); s++) {
+				int n = shapes[s].n, n2 = shapes[s].n2, nt = shapes[s].n_tok;
+				int64_t k = shapes[s].k;
+				float *wf, *wf2, *x = rand_floats((size_t)nt * (size_t)k, -1, 1);
+				float *y = nan_floats((size_t)(n * nt)), *y2 = nan_floats((size_t)(n2 * nt));
+				struct model_tensor t = random_weight(int8_types[a], k, n, &wf);
+				struct model_tensor t2 = random_weight(int8_types[b], k, n2, &wf2);
+				struct cuda_probe_weight w = probe_weight(&t), w2 = probe_weight(&t2);
+				char err[ERR_LEN];
+
+				if (cuda_probe_matmul_two(probe, &w, &w2, x, nt, CUDA_PROBE_INT8, y, y2, err) != 0)
+					fail_msg("int8 %s + %s: %s", quant_traits(t.type)->name, quant_traits(t2.type)->name,
+					    err);
+				worst = fmax(worst, check_product("int8 two types, first", &t, wf, x, nt, y, TOL_INT8));
+				worst = fmax(worst, check_product("int8 two types, second", &t2, wf2, x, nt, y2, TOL_INT8));
+				free((void *)t.data), free((void *)t2.data), free(wf), free(wf2), free(x), free(y), free(y2);
+			}
+			print_message("matmul int8 %-5s + %-5s: max error / sum |w x| %.2e (bound %.0e)\n",
+			    quant_traits(int8_types[a])->name, quant_traits(int8_types[b])->name, worst, TOL_INT8);
+		}
 }
 
 /* ---- norms and GLU ---- */
@@ -1103,6 +1162,7 @@ main(void)
 		cmocka_unit_test(test_gemm),
 		cmocka_unit_test(test_gemm_whole),
 		cmocka_unit_test(test_int8),
+		cmocka_unit_test(test_int8_two),
 		cmocka_unit_test(test_residual_norm),
 		cmocka_unit_test(test_norm_rows),
 		cmocka_unit_test(test_glu),
