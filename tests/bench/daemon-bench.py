@@ -76,11 +76,13 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--bench", action="store_true", help="also run resident-bench for the same N")
-    ap.add_argument("flags", nargs="*", help="more residentd flags (after --)")
-    a = ap.parse_args()
+    argv = sys.argv[1:]
+    # residentd's flags after "--" (argparse's positional nargs="*" takes none once the model is read)
+    flags = argv[argv.index("--") + 1:] if "--" in argv else []
+    a = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
     ns = [int(x) for x in a.clients.split(",")]
     rows = []
-    with rsd.Daemon(model=os.path.abspath(a.model), extra=["--device", a.device, "--max-seqs", str(max(ns))] + a.flags) as d:
+    with rsd.Daemon(model=os.path.abspath(a.model), extra=["--device", a.device, "--max-seqs", str(max(ns))] + flags) as d:
         run_clients(d, 2, 8, 300)  # warm up: load, graphs of the small shapes
         for n in ns:
             wall, toks, per, ttft = run_clients(d, n, a.tokens, 600)
