@@ -269,24 +269,25 @@ int8_scratch(struct cuda_probe *p, enum cuda_probe_path path, int64_t k, int n_t
 
 /*
  * y = W x as n_parts weights of consecutive rows of cw (the last takes the
- * rest), each writing its columns of y: one cuda_matmul_multi, which fuses
- * them on the matrix-vector path; n_parts 1: cuda_matmul.
+ * rest), each writing its columns of y, and with cw2 (NULL: none) y2 = W2 x
+ * after them: one cuda_matmul_multi, which fuses them on the
+ * matrix-vector path; one weight: cuda_matmul.
  */
 static int
-matmul_parts(struct cuda_probe *p, const struct cuda_weight *cw, int n_parts, const float *x, int n_tok,
-    float *y, int reuse_x, char *err)
+matmul_parts(struct cuda_probe *p, const struct cuda_weight *cw, int n_parts, const struct cuda_weight *cw2,
+    const float *x, int n_tok, float *y, float *y2, int reuse_x, char *err)
 {
 	struct cuda_weight part[MM_MAX_OUT];
 	const struct cuda_weight *wp[MM_MAX_OUT];
 	float *yp[MM_MAX_OUT];
-	int ld[MM_MAX_OUT];
+	int ld[MM_MAX_OUT], n_w = n_parts + (cw2 != NULL);
 	int64_t per = cw->n / n_parts, r0 = 0;
 
-	if (n_parts == 1)
+	if (n_w == 1)
 		return cuda_matmul(&p->mm, cw, x, (int)cw->k, n_tok, y, (int)cw->n, reuse_x, err);
-	if (n_parts < 1 || n_parts > MM_MAX_OUT || per < 1 || reuse_x)
-		return err_set(err, ERR_INVAL, "cuda_probe: %lld rows in %d parts (reuse %d)", (long long)cw->n,
-		    n_parts, reuse_x);
+	if (n_parts < 1 || n_w > MM_MAX_OUT || per < 1 || reuse_x || (cw2 != NULL && cw2->k != cw->k))
+		return err_set(err, ERR_INVAL, "cuda_probe: %lld rows in %d parts and %d more weights (reuse %d)",
+		    (long long)cw->n, n_parts, n_w - n_parts, reuse_x);
 	for (int i = 0; i < n_parts; i++) {
 		part[i] = *cw;
 		part[i].d = cw->d + (size_t)r0 * cw->row_bytes;
@@ -294,19 +295,24 @@ matmul_parts(struct cuda_probe *p, const struct cuda_weight *cw, int n_parts, co
 		wp[i] = &part[i], yp[i] = y + r0, ld[i] = (int)cw->n;
 		r0 += part[i].n;
 	}
-	return cuda_matmul_multi(&p->mm, wp, n_parts, x, (int)cw->k, n_tok, yp, ld, 0, err);
+	if (cw2 != NULL)
+		wp[n_parts] = cw2, yp[n_parts] = y2, ld[n_parts] = (int)cw2->n;
+	return cuda_matmul_multi(&p->mm, wp, n_w, x, (int)cw->k, n_tok, yp, ld, 0, err);
 }
 
 static int
 matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w, int n_parts,
-    const float *x, int n_tok, enum cuda_probe_path path, int64_t tile_rows, int reuse_x, float *y, char *err)
+    const struct cuda_probe_weight *w2, const float *x, int n_tok, enum cuda_probe_path path, int64_t tile_rows,
+    int reuse_x, float *y, float *y2, char *err)
 {
-	struct cuda_weight cw;
-	void *dw, *dx, *dy;
+	struct cuda_weight cw, cw2 = {};
+	void *dw, *dx, *dy, *dw2 = NULL, *dy2 = NULL;
 	size_t ybytes = (size_t)n_tok * (size_t)w->n * sizeof(float);
+	size_t ybytes2 = w2 != NULL ? (size_t)n_tok * (size_t)w2->n * sizeof(float) : 0;
+	int64_t tile;
 	int rc;
 
-	if ((rc = weight_of(w, &cw, err)) != 0)
+	if ((rc = weight_of(w, &cw, err)) != 0 || (w2 != NULL && (rc = weight_of(w2, &cw2, err)) != 0))
 		return rc;
 	if (n_tok < 1)
 		return err_set(err, ERR_INVAL, "cuda_probe: %d tokens", n_tok);
@@ -314,16 +320,23 @@ matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight
 	    (rc = buf_new(p, bs, x, (size_t)n_tok * (size_t)w->k * sizeof(float), 0, &dx, err)) != 0 ||
 	    (rc = buf_new(p, bs, NULL, ybytes, 1, &dy, err)) != 0)
 		return rc;
+	if (w2 != NULL && ((rc = buf_new(p, bs, w2->data, cw2.row_bytes * (size_t)w2->n, 0, &dw2, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, ybytes2, 1, &dy2, err)) != 0))
+		return rc;
 	cw.d = (const uint8_t *)dw;
-	if ((rc = mm_scratch(p, w->k, n_tok, tile_rows > 0 ? tile_rows * w->k : cuda_matmul_tile_elems(&cw),
-	    reuse_x, err)) != 0)
+	cw2.d = (const uint8_t *)dw2;
+	tile = tile_rows > 0 ? tile_rows * w->k : cuda_matmul_tile_elems(&cw);
+	if (w2 != NULL)
+		tile = MAX(tile, cuda_matmul_tile_elems(&cw2));
+	if ((rc = mm_scratch(p, w->k, n_tok, tile, reuse_x, err)) != 0)
 		return rc;
 	p->x_valid = 0;
 	p->mm.mmv_max = path == CUDA_PROBE_GEMM || path == CUDA_PROBE_GEMM_WHOLE ? 0 : INT_MAX;
 	p->mm.sms = path == CUDA_PROBE_GEMM_WHOLE ? 0 : p->sms; /* no multiprocessors to fill: no split */
 	if ((rc = int8_scratch(p, path, w->k, n_tok, err)) != 0)
 		return rc;
-	if ((rc = matmul_parts(p, &cw, n_parts, (const float *)dx, n_tok, (float *)dy, reuse_x, err)) != 0 ||
+	if ((rc = matmul_parts(p, &cw, n_parts, w2 != NULL ? &cw2 : NULL, (const float *)dx, n_tok, (float *)dy,
+	    (float *)dy2, reuse_x, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_matmul", err)) != 0 ||
 	    (rc = guard_check(p, &p->xh, "cuda_matmul fp16 activations", err)) != 0 ||
 	    (rc = guard_check(p, &p->xscale, "cuda_matmul row scales", err)) != 0 ||
@@ -338,6 +351,8 @@ matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight
 		p->x_k = w->k;
 		p->x_tok = n_tok;
 	}
+	if (w2 != NULL && (rc = fetch(p, y2, dy2, ybytes2, err)) != 0)
+		return rc;
 	return fetch(p, y, dy, ybytes, err);
 }
 
@@ -346,52 +361,10 @@ cuda_probe_matmul(struct cuda_probe *p, const struct cuda_probe_weight *w, int n
     int n_tok, enum cuda_probe_path path, int64_t tile_rows, int reuse_x, float *y, char *err)
 {
 	struct bufs bs = {};
-	int rc = matmul_run(p, &bs, w, n_parts, x, n_tok, path, tile_rows, reuse_x, y, err);
+	int rc = matmul_run(p, &bs, w, n_parts, NULL, x, n_tok, path, tile_rows, reuse_x, y, NULL, err);
 
 	bufs_free(&bs);
 	return rc;
-}
-
-static int
-two_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w,
-    const struct cuda_probe_weight *w2, const float *x, int n_tok, enum cuda_probe_path path, float *y,
-    float *y2, char *err)
-{
-	struct cuda_weight cw[3];
-	const struct cuda_weight *wp[3] = { &cw[0], &cw[1], &cw[2] };
-	void *dw, *dw2, *dx, *dy, *dy2;
-	size_t yb = (size_t)n_tok * (size_t)w->n * sizeof(float), yb2 = (size_t)n_tok * (size_t)w2->n * sizeof(float);
-	float *yp[3];
-	int ld[3] = { (int)w->n, (int)w->n, (int)w2->n }, rc;
-
-	if ((rc = weight_of(w, &cw[0], err)) != 0 || (rc = weight_of(w2, &cw[2], err)) != 0)
-		return rc;
-	if (n_tok < 1 || w->n < 2 || w2->k != w->k)
-		return err_set(err, ERR_INVAL, "cuda_probe: %d tokens, %lld rows, widths %lld and %lld", n_tok,
-		    (long long)w->n, (long long)w->k, (long long)w2->k);
-	if ((rc = buf_new(p, bs, w->data, cw[0].row_bytes * (size_t)w->n, 0, &dw, err)) != 0 ||
-	    (rc = buf_new(p, bs, w2->data, cw[2].row_bytes * (size_t)w2->n, 0, &dw2, err)) != 0 ||
-	    (rc = buf_new(p, bs, x, (size_t)n_tok * (size_t)w->k * sizeof(float), 0, &dx, err)) != 0 ||
-	    (rc = buf_new(p, bs, NULL, yb, 1, &dy, err)) != 0 || (rc = buf_new(p, bs, NULL, yb2, 1, &dy2, err)) != 0)
-		return rc;
-	cw[1] = cw[0];
-	cw[0].d = (const uint8_t *)dw, cw[0].n = w->n / 2;
-	cw[1].d = cw[0].d + (size_t)cw[0].n * cw[0].row_bytes, cw[1].n = w->n - cw[0].n;
-	cw[2].d = (const uint8_t *)dw2;
-	yp[0] = (float *)dy, yp[1] = (float *)dy + cw[0].n, yp[2] = (float *)dy2;
-	if ((rc = mm_scratch(p, w->k, n_tok, MAX(cuda_matmul_tile_elems(&cw[0]), cuda_matmul_tile_elems(&cw[2])), 0,
-	    err)) != 0)
-		return rc;
-	p->x_valid = 0;
-	p->mm.mmv_max = path == CUDA_PROBE_GEMM || path == CUDA_PROBE_GEMM_WHOLE ? 0 : INT_MAX;
-	p->mm.sms = path == CUDA_PROBE_GEMM_WHOLE ? 0 : p->sms;
-	if ((rc = int8_scratch(p, path, w->k, n_tok, err)) != 0 ||
-	    (rc = cuda_matmul_multi(&p->mm, wp, 3, (const float *)dx, (int)w->k, n_tok, yp, ld, 0, err)) != 0 ||
-	    (rc = finish(p, bs, "cuda_matmul_multi", err)) != 0)
-		return rc;
-	if ((rc = fetch(p, y, dy, yb, err)) != 0)
-		return rc;
-	return fetch(p, y2, dy2, yb2, err);
 }
 
 extern "C" int
@@ -399,7 +372,7 @@ cuda_probe_matmul_two(struct cuda_probe *p, const struct cuda_probe_weight *w, c
     const float *x, int n_tok, enum cuda_probe_path path, float *y, float *y2, char *err)
 {
 	struct bufs bs = {};
-	int rc = two_run(p, &bs, w, w2, x, n_tok, path, y, y2, err);
+	int rc = matmul_run(p, &bs, w, 2, w2, x, n_tok, path, 0, 0, y, y2, err);
 
 	bufs_free(&bs);
 	return rc;

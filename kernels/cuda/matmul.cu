@@ -391,8 +391,9 @@ mmq_blocks(int64_t n, int r)
  * whose blocks run side by side, not two in a row (a step of one sequence
  * 2 % faster on an H100). One block a multiprocessor is all the launch
  * bounds ask for: left to its default, nvcc held the one-token kernel to
- * 80 registers, and with the ~100 it takes then a step is 11 % faster
- * (more of a lane's loads in flight at once). Unrolling the chunk loop,
+ * 80 registers, and with the 116-128 it takes then (sm_90a, Q4_K and
+ * Q6_K, alone or paired) a step is 11 % faster (more of a lane's loads in
+ * flight at once). Unrolling the chunk loop,
  * loading the first chunk before pdl_wait, prefetching a warp's rows to
  * L2 and staging them through shared memory with cp.async were slower.
  */
@@ -561,9 +562,13 @@ mmq_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const struct cu
 {
 	switch (w2 != NULL ? (int)w2->type : 0) {
 	case 0: return mmq_types<TY, 0>(nt, st, w, NULL, xq, xd, out);
-	case TT_Q4_K: return mmq_types<TY, TT_Q4_K>(nt, st, w, w2, xq, xd, out);
-	case TT_Q6_K: return mmq_types<TY, TT_Q6_K>(nt, st, w, w2, xq, xd, out);
-	case TT_Q8_0: return mmq_types<TY, TT_Q8_0>(nt, st, w, w2, xq, xd, out);
+#define T2_CASE(T2) \
+	case T2: \
+		if constexpr (T2 != TY) /* weights of one type that follow each other are one run already */ \
+			return mmq_types<TY, T2>(nt, st, w, w2, xq, xd, out); \
+		break;
+	T2_CASE(TT_Q4_K) T2_CASE(TT_Q6_K) T2_CASE(TT_Q8_0)
+#undef T2_CASE
 	}
 	return cudaErrorInvalidValue;
 }
@@ -704,32 +709,26 @@ cuda_weight_follows(const struct cuda_weight *a, const struct cuda_weight *b)
 /*
  * Weights [i, j) of w that the kernel of one launch multiplies together
  * (w[i] and those stored right after it; on the tensor-core path only
- * those it takes), their outputs appended to out; returns j.
+ * those it takes), as one weight in *all, their outputs appended to out;
+ * returns j.
  */
 static int
 run_of(const struct cuda_weight *const *w, int n_w, int i, int many, float *const *y, const int *ldy,
-    struct mm_out *out)
+    struct mm_out *out, struct cuda_weight *all)
 {
 	int j = i, rows = out->start[out->n];
 
+	*all = *w[i];
+	all->n = 0;
 	for (; j < n_w && (j == i || (cuda_weight_follows(w[j - 1], w[j]) && (!many || tensor_path(w[j])))); j++) {
 		out->y[out->n] = y[j];
 		out->ldy[out->n] = ldy[j];
 		out->start[out->n++] = rows;
 		rows += (int)w[j]->n;
+		all->n += w[j]->n;
 	}
 	out->start[out->n] = rows;
 	return j;
-}
-
-/* Weights [i, j) of w, which follow each other, as one; their outputs from first_out of out. */
-static struct cuda_weight
-joined(const struct cuda_weight *const *w, int i, int j, const struct mm_out *out, int first_out)
-{
-	struct cuda_weight all = *w[i];
-
-	all.n = out->start[first_out + (j - i)] - out->start[first_out];
-	return all;
 }
 
 /*
@@ -746,11 +745,11 @@ products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const f
 {
 	int many = n_tok > m->mmv_max, have_h = reuse_x, rc;
 
-	m->xq_ready = reuse_x;
+	m->xq_ready = reuse_x && !many;
 	for (int i = 0; i < n_w;) {
 		struct mm_out out = { { NULL }, { 0 }, { 0 }, 0 };
 		struct cuda_weight all, second;
-		int j, j2;
+		int j;
 
 		if (many && !have_h && (rc = to_f16(m, x, ldx, (int)w[i]->k, n_tok, err)) != 0)
 			return rc;
@@ -761,18 +760,13 @@ products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const f
 			i++;
 			continue;
 		}
-		j = run_of(w, n_w, i, many, y, ldy, &out);
-		all = joined(w, i, j, &out, 0);
-		if (many) {
+		j = run_of(w, n_w, i, many, y, ldy, &out, &all);
+		if (many)
 			rc = cuda_qgemm(m, &all, n_tok, &out, err);
-		} else if (j < n_w && n_tok <= MMQ_PAIR_TOKENS && cuda_matmul_int8(m, w[i]) &&
-		    cuda_matmul_int8(m, w[j]) && w[j]->k == w[i]->k) {
-			int o2 = out.n;
-
-			j2 = run_of(w, n_w, j, 0, y, ldy, &out);
-			second = joined(w, j, j2, &out, o2);
+		else if (j < n_w && n_tok <= MMQ_PAIR_TOKENS && w[j]->type != w[i]->type && cuda_matmul_int8(m, w[i]) &&
+		    cuda_matmul_int8(m, w[j])) {
+			j = run_of(w, n_w, j, 0, y, ldy, &out, &second);
 			rc = matvec(m, &all, &second, x, ldx, n_tok, &out, err);
-			j = j2;
 		} else {
 			rc = matvec(m, &all, NULL, x, ldx, n_tok, &out, err);
 		}

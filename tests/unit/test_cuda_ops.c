@@ -166,8 +166,12 @@ put_f16(uint8_t *p, float f)
 	memcpy(p, &h, sizeof h);
 }
 
-/* Widths of the products: one block (or unit), several, and for 32-blocks a width of no whole 64. */
-enum width { W_SMALL, W_MID, W_ODD };
+/*
+ * Widths of the products: one block (or unit), several, for 32-blocks a
+ * width of no whole 64, and one past the integer kernel's MMQ_WIDE_K
+ * (8,192), where one token takes 2 rows a warp.
+ */
+enum width { W_SMALL, W_MID, W_ODD, W_WIDE };
 
 /*
  * Elements of a row of type for a width: a multiple of its block whose
@@ -182,6 +186,8 @@ row_len(uint32_t type, enum width w)
 		return be == 1 ? 8 : be == 32 ? 64 : be;
 	if (w == W_ODD && be == 32)
 		return 32 * 37;
+	if (w == W_WIDE)
+		return 256 * 33;
 	return be == 1 ? 8 * 149 : be == 32 ? 64 * 19 : 256 * 5;
 }
 
@@ -355,7 +361,7 @@ check_matmul(const struct model_tensor *t, const float *wf, const float *x, int 
  */
 static const struct { int n, n_tok, tile; enum width w; int big_row; } mv_shapes[] = {
 	{ 1, 1, 0, W_SMALL, 0 }, { 37, 1, 0, W_MID, 0 }, { 130, 3, 0, W_SMALL, 0 }, { 259, 13, 0, W_MID, 0 },
-	{ 6, 8, 0, W_MID, 0 },
+	{ 6, 8, 0, W_MID, 0 }, { 37, 1, 0, W_WIDE, 0 },
 }, mm_shapes[] = {
 	{ 37, 9, 0, W_MID, 0 }, { 259, 33, 64, W_MID, 1 }, { 130, 100, 7, W_SMALL, 0 }, { 5, 17, 0, W_MID, 1 },
 	{ 64, 64, 0, W_MID, 0 }, { 100, 513, 0, W_MID, 0 }, { 4100, 17, 0, W_MID, 0 }, { 9, 4100, 0, W_SMALL, 0 },
