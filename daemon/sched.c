@@ -927,10 +927,10 @@ admit_queued(struct sched *s)
 	for (g = s->gens; g != NULL; g = g->next)
 		running += g->state != GEN_QUEUED;
 	if (s->waiting != NULL) {
-		/* it fits only once a model fell out of use (slots_load unloads idle ones): no load tried before */
+		/* it can fit only once a model fell out of use (slots_load unloads idle ones): no slots_load, which
+		 * opens the model, until then */
 		if (!s->retry || running >= limit)
 			return;
-		s->retry = 0;
 		if ((rc = admit_one(s, s->waiting)) == ADMIT_WAITS)
 			return;
 		running += rc == ADMIT_RUNS;

@@ -76,10 +76,10 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--bench", action="store_true", help="also run resident-bench for the same N")
-    argv = sys.argv[1:]
     # residentd's flags after "--" (argparse's positional nargs="*" takes none once the model is read)
-    flags = argv[argv.index("--") + 1:] if "--" in argv else []
-    a = ap.parse_args(argv[:argv.index("--")] if "--" in argv else argv)
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a, flags = ap.parse_args(argv[:cut]), argv[cut + 1:]
     ns = [int(x) for x in a.clients.split(",")]
     rows = []
     with rsd.Daemon(model=os.path.abspath(a.model), extra=["--device", a.device, "--max-seqs", str(max(ns))] + flags) as d:

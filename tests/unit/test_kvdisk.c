@@ -254,8 +254,11 @@ test_budget_and_remove(void **state)
 	file_of("model Bee", b, sizeof b);
 	kvdisk_usage(d, &bytes, &budget);
 	kvdisk_close(d);
-	/* files that are not the tier's, each over the budget: neither counted nor removed */
-	snprintf(other[0], sizeof other[0], "%s/notes.kv", dir);
+	/* files that are not the tier's, each over the budget: neither counted nor removed (a .kv file
+	 * outside an identity directory, a file of another name inside one) */
+	snprintf(other[0], sizeof other[0], "%s/backup", dir);
+	assert_int_equal(mkdir(other[0], 0700), 0);
+	snprintf(other[0], sizeof other[0], "%s/backup/notes.kv", dir);
 	snprintf(other[1], sizeof other[1], "%.*s/notes.txt", (int)(strrchr(a, '/') - a), a);
 	for (int i = 0; i < 2; i++) {
 		assert_non_null(f = fopen(other[i], "w"));
