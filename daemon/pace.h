@@ -18,12 +18,23 @@
  * has no measure for about as many decoders, and again every
  * PACE_REMEASURE mixed steps, and takes the shortest of the last
  * PACE_SAMPLES (a step is only ever slowed down by what else runs on the
- * machine). It starts from a chunk that costs no more than half the
- * margin where a prompt token costs what a decoding one does (a CPU),
- * grows it while mixed steps stay under the target (doubling it while they
- * stay far under; on a GPU, where a step is mostly reading the weights, to
- * many tokens) and shrinks it in proportion when one goes over (by half
- * at most). With no sequence decoding, prefill has every step.
+ * machine). What it learns about prompts is the time a prompt token adds
+ * to a step; the chunk is the margin divided by that, so that a new
+ * target (more prompts waiting, fewer decoders) gives a new chunk at
+ * once. It starts from a step that only prefilled (twice its time per
+ * token: on a GPU a step is mostly reading the weights, and 60 prompts
+ * arriving beside 2 streams then fill their first step with hundreds of
+ * tokens), or else from a prompt token as dear as a decoding one with
+ * half the margin (a CPU). A mixed step over the target sets the cost to
+ * what the step showed, the chunk shrinking by half at most; one under it
+ * that carried the whole chunk moves the cost halfway (geometrically)
+ * towards what it showed, the chunk doubling at most. A step over its
+ * target leaves a debt (up to a decode-only step) that the next steps pay
+ * back, decode-only while it lasts: so the target holds on average where
+ * a device fills its tiles of tokens (engine_step raises the chunk to the
+ * tile's end; a GPU step of 65 tokens costs 1.6 times one of 64, one of
+ * 128 about as much as 65). With no sequence decoding, prefill has every
+ * step.
  */
 #ifndef RESIDENT_PACE_H
 #define RESIDENT_PACE_H
@@ -46,7 +57,9 @@ struct pace {
 	double samples[PACE_SAMPLES]; /* the last decode-only steps' seconds, a ring */
 	int n_samples, next;    /* samples there; where the next goes */
 	int n_dec;              /* the decoders they were measured with */
-	int32_t chunk;          /* prefill tokens of the next mixed step */
+	double t_tok;           /* seconds a prompt token adds to a step; 0: not known */
+	int32_t chunk;          /* prefill tokens the last pace_budget allowed */
+	double debt;            /* seconds mixed steps went over their target, less what steps since gave back */
 	int mixed;              /* mixed steps since the last decode-only one */
 };
 
@@ -58,7 +71,7 @@ struct pace {
 int32_t pace_budget(struct pace *p, int n_dec, int n_pre);
 /*
  * What a step did: its decoding and prefilling sequences, its prefill
- * tokens, its seconds; max_tokens caps the chunk.
+ * tokens, its seconds; max_tokens, the most tokens a step takes.
  */
 void pace_done(struct pace *p, int n_dec, int n_pre, int32_t n_prefill, double seconds, int32_t max_tokens);
 

@@ -99,6 +99,13 @@ struct backend_ops {
 	 */
 	int (*kv_read)(struct backend *b, const int32_t *blocks, int32_t n, void *dst, char *err);
 	int (*kv_write)(struct backend *b, const int32_t *blocks, int32_t n, const void *src, char *err);
+	/*
+	 * The most tokens a step that would carry n takes for about the same
+	 * time (at least n, at most max_tokens): a device whose products run
+	 * in tiles of tokens fills the last tile; one that pays by the token
+	 * returns n.
+	 */
+	int (*step_tokens)(const struct backend *b, int n);
 	void (*free)(struct backend *b);
 	int has_argmax;     /* forward fills fwd_batch.argmax on the device (only ids cross to the host) */
 };

@@ -217,7 +217,8 @@ void engine_seq_free(struct engine *e, struct seq *s);
  * One forward step over the sequences given (those decoding or prefilling),
  * in the order given: decoding ones take one token each, prefilling ones a
  * chunk of what budget is left (at most max_step_tokens in all, and at most
- * max_prefill tokens of prefill; < 0: no other limit). Sequences left out
+ * max_prefill tokens of prefill, raised to fill the device's last tile of
+ * tokens; < 0: no other limit). Sequences left out
  * of the budget are untouched. Afterwards each sequence's new_token / piece /
  * state tell what happened. Returns the number of tokens processed, or a
  * negative code if the backend failed: the sequences of the step are then

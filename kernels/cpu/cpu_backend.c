@@ -559,6 +559,14 @@ cpu_kv_elem_bytes(const struct backend *b)
 	return (int)sizeof(float);
 }
 
+/* A CPU pays by the token. */
+static int
+cpu_step_tokens(const struct backend *b, int n)
+{
+	(void)b;
+	return n;
+}
+
 const struct backend_ops cpu_backend = {
 	.name = "cpu",
 	.kv_elem_bytes = cpu_kv_elem_bytes,
@@ -568,5 +576,6 @@ const struct backend_ops cpu_backend = {
 	.kv_copy = cpu_kv_copy,
 	.kv_read = cpu_kv_read,
 	.kv_write = cpu_kv_write,
+	.step_tokens = cpu_step_tokens,
 	.free = cpu_free,
 };

@@ -419,22 +419,12 @@ cuda_attention_setup(int head_dim, char *err)
 	}
 }
 
-/*
- * Launches attn_kernel<E, T> with its shared memory; raises the limit first
- * unless the stream is being captured into a graph (cuda_attention_setup
- * did it then).
- */
+/* Launches attn_kernel<E, T> with its shared memory (cuda_attention_setup raised the limit). */
 template <int E, typename T>
 static int
 attn_launch_t(dim3 grid, const float *q, float *out, float *part, int n_split, const struct cuda_heads *hd,
     const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
-	cudaStreamCaptureStatus cs;
-	int rc;
-
-	CK(cudaStreamIsCapturing(st, &cs));
-	if (cs == cudaStreamCaptureStatusNone && (rc = attn_smem_limit<E, T>(err)) != 0)
-		return rc;
 	CK(cuda_launch(attn_kernel<E, T>, grid, dim3(ATT_WARPS * WARP), attn_smem_bytes<T>(WARP * E), st, q, out,
 	    part, n_split, *hd, *kv));
 	return 0;

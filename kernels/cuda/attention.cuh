@@ -98,8 +98,10 @@ int cuda_attention(const float *q, float *out, int n_tok, const struct cuda_head
     const struct cuda_kv *kv, cudaStream_t st, char *err);
 
 /*
- * Readies cuda_attention for head_dim on the current device: once, before
- * a stream that will call it is captured into a graph.
+ * Readies cuda_attention for head_dim on the current device: raises its
+ * kernels' shared-memory limits, once, before any launch (launches never
+ * set attributes: a call per layer and step costs time, and graph capture
+ * must not meet one).
  */
 int cuda_attention_setup(int head_dim, char *err);
 
@@ -117,7 +119,7 @@ int cuda_flash_usable(const struct cuda_heads *hd, int f32, int *tile_tokens);
 int cuda_flash(const float *q, float *out, const struct cuda_heads *hd, const struct cuda_kv *kv,
     cudaStream_t st, char *err);
 
-/* Readies cuda_flash for head_dim on the current device, before any graph capture. */
+/* Readies cuda_flash for head_dim on the current device (cuda_attention_setup calls it). */
 int cuda_flash_setup(int head_dim, char *err);
 
 #endif

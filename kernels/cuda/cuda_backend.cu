@@ -101,8 +101,8 @@ struct graph {
 	cudaGraphExec_t exec;
 };
 
-/* Shapes remembered as run without a graph (a shape is captured the second time it runs). */
-#define SHAPES_SEEN 64
+/* Steps of one shape in a row, the last of them captured (see shape_steady). */
+#define GRAPH_AFTER 3
 
 /*
  * The step's integer data, in the pinned staging area and its device twin:
@@ -146,8 +146,8 @@ struct backend {
 	int64_t table_cap;
 	struct graph graphs[GRAPH_CACHE];
 	uint64_t graph_clock;
-	struct step_shape seen[SHAPES_SEEN]; /* a ring of the shapes run without a graph */
-	int n_seen, seen_next;
+	struct step_shape last;      /* the last step's shape */
+	int last_runs;               /* steps in a row of that shape */
 	int use_graphs;              /* RESIDENT_CUDA_GRAPHS=0 turns them off */
 	int flash_tokens;            /* tokens of a prefill tile of flash.cu's kernel; 0: not used */
 	int att_len;                 /* this step's longest sequence, rounded up to split pieces (cuda_kv.max_len) */
@@ -1129,39 +1129,37 @@ find_graph(struct backend *b, const struct step_shape *sh, int *hit)
 }
 
 /*
- * Whether a step of this shape ran before (recently); else notes it. A
- * capture and instantiation cost as much as several steps, and a shape
- * seen once is often not seen again: requests that arrive or end one by
- * one make a new token count at every step.
+ * Counts this step's shape; 1 if it is the GRAPH_AFTER-th of that shape in
+ * a row. A capture and instantiation cost about half a step (2.5-9 ms
+ * beside steps of 4.5-7.5 ms, llama3-8b on an H100) and a step without a
+ * graph ~5 % more than with one (programmatic launch hides most launch
+ * gaps), so only a shape that lasts pays for one; requests that arrive or
+ * end one by one change the token count every step or two.
  */
 static int
-shape_seen(struct backend *b, const struct step_shape *sh)
+shape_steady(struct backend *b, const struct step_shape *sh)
 {
-	for (int i = 0; i < b->n_seen; i++)
-		if (shape_eq(&b->seen[i], sh))
-			return 1;
-	b->seen[b->seen_next] = *sh;
-	b->seen_next = (b->seen_next + 1) % SHAPES_SEEN;
-	b->n_seen = MIN(b->n_seen + 1, SHAPES_SEEN);
-	return 0;
+	b->last_runs = shape_eq(&b->last, sh) ? b->last_runs + 1 : 1;
+	b->last = *sh;
+	return b->last_runs >= GRAPH_AFTER;
 }
 
 /*
  * Runs step_kernels as a graph: replayed when this shape was captured
- * before, captured the second time it runs, run as it is the first. One
- * launch instead of a few hundred: small steps are bound by launches, not
- * by the GPU.
+ * before, captured once it has lasted (shape_steady), else run as it is.
+ * One launch instead of a few hundred: small steps are bound by launches,
+ * not by the GPU.
  */
 static int
 graph_step(struct backend *b, int T, int n_logits, const struct step_ints *dev, char *err)
 {
 	struct step_shape sh = { T, n_logits, b->att_len };
-	int hit, rc;
+	int steady = shape_steady(b, &sh), hit, rc;
 	struct graph *g = find_graph(b, &sh, &hit);
 	cudaGraph_t graph = NULL;
 	cudaError_t e;
 
-	if (!hit && !shape_seen(b, &sh))
+	if (!hit && !steady)
 		return step_kernels(b, T, n_logits, dev, err);
 	if (!hit) {
 		if (g->exec != NULL) {
@@ -1369,6 +1367,17 @@ cuda_backend_memory(int device, uint64_t *free_b, uint64_t *total, char *err)
 	return 0;
 }
 
+/*
+ * Up to the end of the last tile of the tensor-core products (a 65-token
+ * step costs about what a 128-token one does, 1.6 times a 64-token one);
+ * the matrix-vector kernels' counts pay by the token.
+ */
+static int
+cuda_step_tokens(const struct backend *b, int n)
+{
+	return n <= b->mm.mmv_max ? n : MIN(cuda_qgemm_tokens(n), b->max_tokens);
+}
+
 extern "C" const struct backend_ops cuda_backend = {
 	"cuda",
 	kv_elem_size,
@@ -1378,6 +1387,7 @@ extern "C" const struct backend_ops cuda_backend = {
 	cuda_kv_copy,
 	cuda_kv_read,
 	cuda_kv_write,
+	cuda_step_tokens,
 	cuda_free,
 	1,
 };

@@ -156,7 +156,7 @@ cuda_probe_open(struct cuda_probe **out, char *err)
 {
 	struct cuda_probe *p;
 	cublasStatus_t s;
-	int n = 0, rc;
+	int n = 0, rc = 0;
 
 	if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
 		cudaGetLastError();
@@ -178,7 +178,10 @@ cuda_probe_open(struct cuda_probe **out, char *err)
 		cuda_probe_close(p);
 		return err_set(err, ERR_DEVICE, "cuda_probe: no multiprocessor count");
 	}
-	if ((rc = cuda_qgemm_setup(err)) != 0) {
+	/* every head size the attention kernels take, since the checks try many */
+	for (int d = WARP; rc == 0 && d <= 8 * WARP; d += WARP)
+		rc = cuda_attention_setup(d, err);
+	if (rc != 0 || (rc = cuda_qgemm_setup(err)) != 0) {
 		cuda_probe_close(p);
 		return rc;
 	}

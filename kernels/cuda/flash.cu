@@ -272,22 +272,14 @@ cuda_flash_usable(const struct cuda_heads *hd, int f32, int *tile_tokens)
 	return 1;
 }
 
-/*
- * Launches fa_kernel<D>, raising its shared-memory limit first unless the
- * stream is being captured (cuda_flash_setup did it then).
- */
+/* Launches fa_kernel<D>, whose shared-memory limit cuda_flash_setup raised. */
 template <int D>
 static int
 fa_launch(const float *q, float *out, const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st,
     char *err)
 {
 	dim3 grid((unsigned)kv->fa_grid, (unsigned)hd->n_head_kv);
-	cudaStreamCaptureStatus cs;
 
-	CK(cudaStreamIsCapturing(st, &cs));
-	if (cs == cudaStreamCaptureStatusNone)
-		CK(cudaFuncSetAttribute(fa_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-		    (int)fa_smem_bytes(D)));
 	CK(cuda_launch(fa_kernel<D>, dim3(grid), dim3(FA_WARPS * WARP), fa_smem_bytes(D), st, q, out, *hd, *kv));
 	return 0;
 }

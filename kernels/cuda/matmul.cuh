@@ -120,6 +120,13 @@ int cuda_qgemm_type(const struct cuda_weight *w);
  */
 int cuda_qgemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct mm_out *out, char *err);
 
+/*
+ * The tokens of the tiles cuda_qgemm computes for n_tok tokens (at least
+ * n_tok): each tile decodes the whole weight again, so a product of that
+ * many costs about what one of n_tok does.
+ */
+int cuda_qgemm_tokens(int n_tok);
+
 /* Readies the kernels' shared memory on the current device: once, before any graph capture. */
 int cuda_qgemm_setup(char *err);
 

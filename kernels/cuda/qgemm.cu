@@ -668,7 +668,7 @@ qg_launch(struct cuda_mm *m, struct qg_args a, char *err)
 	return 0;
 }
 
-/* The shape for n_tok tokens. */
+/* The shape for n_tok tokens (cuda_qgemm_tokens follows it). */
 template <int TY>
 static int
 qg_dispatch(struct cuda_mm *m, const struct qg_args &a, char *err)
@@ -680,6 +680,14 @@ qg_dispatch(struct cuda_mm *m, const struct qg_args &a, char *err)
 	if (a.n_tok <= 64)
 		return qg_launch<TY, qg_c64>(m, a, err);
 	return qg_launch<TY, qg_c128>(m, a, err);
+}
+
+int
+cuda_qgemm_tokens(int n_tok)
+{
+	int bn = n_tok <= 16 ? 16 : n_tok <= 32 ? 32 : n_tok <= 64 ? 64 : qg_c128::BN;
+
+	return (n_tok + bn - 1) / bn * bn;
 }
 
 int

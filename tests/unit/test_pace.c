@@ -94,6 +94,15 @@ test_holds_the_target(void **state)
 	assert_true(gpu_steps * 10 < cpu_steps);
 }
 
+/* Makes the pacer's next chunk for n_dec decoding and one prompt c tokens, through its token time. */
+static void
+set_chunk(struct pace *p, int n_dec, int32_t c)
+{
+	p->debt = 0;
+	p->t_tok = (PACE_TARGET * (n_dec + 1) / n_dec - 1) * p->t_dec / c;
+	assert_int_equal(pace_budget(p, n_dec, 1), c);
+}
+
 static void
 test_shortest_decode_step_counts(void **state)
 {
@@ -107,36 +116,48 @@ test_shortest_decode_step_counts(void **state)
 	pace_done(&p, 8, 1, 0, 0.050, 512);  /* slowed down by another process */
 	assert_true(p.t_dec < 0.0101);
 	/* a mixed step over the target shrinks the chunk in proportion to its part, by half at most */
-	p.chunk = 100;
+	set_chunk(&p, 8, 100);
 	pace_done(&p, 8, 1, 100, 0.018, 512);
-	assert_int_equal(p.chunk, (int32_t)(100 * (target - 1) / 0.8));
-	p.chunk = 100;
-	pace_done(&p, 8, 1, 100, 0.050, 512);
-	assert_int_equal(p.chunk, 50);
-	/* steps far under the target double it, steps under it add a quarter */
-	p.chunk = 40;
-	pace_done(&p, 8, 1, 40, 0.011, 512);
-	assert_int_equal(p.chunk, 80);
-	pace_done(&p, 8, 1, 80, 0.013, 512);
-	assert_int_equal(p.chunk, 101);
-	/* a prompt's end, shorter than the chunk, says nothing about growing it */
-	pace_done(&p, 8, 1, 3, 0.0105, 512);
-	assert_int_equal(p.chunk, 101);
-	/* measured again after PACE_REMEASURE mixed steps, or when the decoders change much */
-	for (i = 0; i < PACE_REMEASURE; i++)
-		pace_done(&p, 8, 1, 101, 0.015, 512);
+	/* and leaves a debt: a decode-only step pays it back first */
 	assert_int_equal(pace_budget(&p, 8, 1), 0);
 	pace_done(&p, 8, 1, 0, 0.010, 512);
-	assert_int_equal(pace_budget(&p, 8, 1), p.chunk);
-	assert_int_equal(pace_budget(&p, 7, 1), p.chunk);
+	assert_true(p.debt <= 0);
+	assert_int_equal(pace_budget(&p, 8, 1), (int32_t)(100 * (target - 1) / 0.8));
+	set_chunk(&p, 8, 100);
+	pace_done(&p, 8, 1, 100, 0.050, 512);
+	/* the debt is a decode-only step at most: a few steps pay it back */
+	for (i = 0; pace_budget(&p, 8, 1) == 0; i++)
+		pace_done(&p, 8, 1, 0, 0.010, 512);
+	assert_true(i >= 2 && i <= 3);
+	assert_int_equal(pace_budget(&p, 8, 1), 50);
+	/* steps far under the target double it, steps under it move it halfway to what they showed */
+	set_chunk(&p, 8, 40);
+	pace_done(&p, 8, 1, 40, 0.011, 512);
+	assert_int_equal(pace_budget(&p, 8, 1), 80);
+	pace_done(&p, 8, 1, 80, 0.013, 512);
+	/* 80 tokens took 3 ms: 108 would fill the margin; halfway (geometrically) is 93 */
+	assert_int_equal(pace_budget(&p, 8, 1), 93);
+	/* a prompt's end, shorter than the chunk, says nothing about growing it */
+	pace_done(&p, 8, 1, 3, 0.0105, 512);
+	assert_int_equal(pace_budget(&p, 8, 1), 93);
+	/* more prompts waiting: a larger share at once, from the same token time */
+	assert_true(pace_budget(&p, 8, 4) > 2 * 93);
+	/* measured again after PACE_REMEASURE mixed steps, or when the decoders change much */
+	for (i = 0; i < PACE_REMEASURE; i++)
+		pace_done(&p, 8, 1, 93, 0.015, 512);
+	assert_int_equal(pace_budget(&p, 8, 1), 0);
+	for (i = 0; i < 3; i++) /* the measure, and what those steps owe paid back */
+		pace_done(&p, 8, 1, 0, 0.010, 512);
+	assert_true(pace_budget(&p, 8, 1) > 0);
+	assert_true(pace_budget(&p, 7, 1) > 0);
 	assert_int_equal(pace_budget(&p, 16, 1), 0);
 }
 
 /*
  * n requests of prompt tokens arrive at once beside `streams` decoding
  * ones; each starts decoding when its prompt is done (as in the engine,
- * prompts are prefilled one after the other). Returns the steps until
- * the last one decodes.
+ * prompts are prefilled one after the other). The streams' prompts were
+ * prefilled alone before. Returns the steps until the last one decodes.
  */
 static int
 arrive_together(const struct device *d, int streams, int n, int32_t prompt)
@@ -146,10 +167,12 @@ arrive_together(const struct device *d, int streams, int n, int32_t prompt)
 	int steps = 0, n_dec = streams;
 
 	memset(&p, 0, sizeof p);
+	/* the streams' own prompts came first, alone */
+	pace_done(&p, 0, streams, streams * prompt, step_time(d, 0, streams * prompt, 0), 512);
 	while (left > 0 && steps < 10000) {
 		b = pace_budget(&p, n_dec, n - (n_dec - streams));
 		b = b < 0 || b > left ? MIN_I(left, t_max) : MIN_I(b, t_max);
-		pace_done(&p, n_dec, n - (n_dec - streams), b, step_time(d, n_dec, b, 0), t_max);
+		pace_done(&p, n_dec, n - (n_dec - streams), b, step_time(d, n_dec, b, 0), 512);
 		left -= b;
 		n_dec = streams + (n * prompt - left) / prompt;
 		steps++;
@@ -194,6 +217,57 @@ test_many_new_prompts_go_fast(void **state)
 	assert_true(steps <= 12);  /* one step at a time, 630 */
 }
 
+/* A GPU whose products run in tiles of 64 tokens: a step's time is its tiles'. */
+static double
+tiled_time(int n_tok)
+{
+	return 0.0045 * ((n_tok + 63) / 64) + 0.00002 * n_tok;
+}
+
+/*
+ * A prompt of `left` tokens beside 63 streams on that GPU, engine_step
+ * filling the last tile (backend_ops.step_tokens); returns the steps, *avg
+ * gets their mean in decode-only steps.
+ */
+static int
+tiled_run(int32_t left, double *avg)
+{
+	struct pace p;
+	int32_t b;
+	int steps = 0;
+	double t, sum = 0;
+
+	memset(&p, 0, sizeof p);
+	while (left > 0 && steps < 10000) {
+		b = pace_budget(&p, 63, 1);
+		if (b > 0)
+			b = (63 + b + 63) / 64 * 64 - 63;
+		b = MIN_I(b, left);
+		t = tiled_time(63 + b);
+		pace_done(&p, 63, 1, b, t, 512);
+		left -= b;
+		sum += t;
+		steps++;
+	}
+	*avg = sum / steps / tiled_time(63);
+	return steps;
+}
+
+static void
+test_tiles_filled(void **state)
+{
+	double avg;
+	int short_steps = tiled_run(18, &avg), long_steps = tiled_run(20000, &avg);
+
+	(void)state;
+	print_message("beside 63 streams, tiles of 64: an 18-token prompt %d steps; 20,000 tokens %d steps, "
+	    "%.2f decode-only steps each (target %.2f)\n", short_steps, long_steps, avg, PACE_TARGET * 64 / 63);
+	/* one token a step would take 18 (the chunk the target allows beside 63 streams) */
+	assert_true(short_steps <= 3);
+	/* steps of a whole tile, over the target, are paid back by decode-only ones */
+	assert_true(avg <= PACE_TARGET * 64 / 63 * 1.1);
+}
+
 int
 main(void)
 {
@@ -203,6 +277,7 @@ main(void)
 		cmocka_unit_test(test_shortest_decode_step_counts),
 		cmocka_unit_test(test_many_new_prompts_go_fast),
 		cmocka_unit_test(test_arrivals_together),
+		cmocka_unit_test(test_tiles_filled),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
