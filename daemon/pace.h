@@ -31,10 +31,10 @@
  * towards what it showed, the chunk doubling at most. A step over its
  * target leaves a debt (up to a decode-only step) that the next steps pay
  * back, decode-only while it lasts: so the target holds on average where
- * a device fills its tiles of tokens (engine_step raises the chunk to the
- * tile's end; a GPU step of 65 tokens costs 1.6 times one of 64, one of
- * 128 about as much as 65). With no sequence decoding, prefill has every
- * step.
+ * a device fills its tiles of tokens (the scheduler raises the chunk to
+ * the tile's end, engine_step_tokens; a GPU step of 65 tokens costs 1.6
+ * times one of 64, one of 128 about as much as 65). With no sequence
+ * decoding, prefill has every step.
  */
 #ifndef RESIDENT_PACE_H
 #define RESIDENT_PACE_H

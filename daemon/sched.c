@@ -847,6 +847,7 @@ static void
 step_model(struct sched *s, struct slot *m)
 {
 	int cap = engine_max_step_tokens(m->e), n, i, rc = 0, n_dec = 0, n_pre = 0;
+	int32_t budget;
 	struct seq **seqs = xmalloc((size_t)cap * sizeof *seqs);
 	struct gen **gens = xmalloc((size_t)cap * sizeof *gens);
 	char err[ERR_LEN];
@@ -857,8 +858,11 @@ step_model(struct sched *s, struct slot *m)
 		n_dec += seqs[i]->state == SEQ_DECODE;
 		n_pre += seqs[i]->state == SEQ_PREFILL;
 	}
+	/* a limited chunk fills the device's last tile of tokens: those cost about nothing more (pace.h) */
+	if ((budget = pace_budget(&m->pace, n_dec, n_pre)) > 0)
+		budget = MAX(budget, engine_step_tokens(m->e, n_dec + budget) - n_dec);
 	t0 = now_ns();
-	if (n > 0 && (rc = engine_step(m->e, seqs, n, pace_budget(&m->pace, n_dec, n_pre), err)) >= 0) {
+	if (n > 0 && (rc = engine_step(m->e, seqs, n, budget, err)) >= 0) {
 		double sec = (double)(now_ns() - t0) / 1e9;
 
 		log_debug("step %s: %d decoding, %d prefilling, %d tokens, %.2f ms (chunk %d)",

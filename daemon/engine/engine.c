@@ -445,6 +445,12 @@ engine_max_step_tokens(const struct engine *e)
 	return e->max_step_tokens;
 }
 
+int32_t
+engine_step_tokens(const struct engine *e, int32_t n)
+{
+	return e->ops->step_tokens(e->be, MIN(n, e->max_step_tokens));
+}
+
 /* ---- sequences ---- */
 
 /* Appends tokens to a sequence's history. */
@@ -1158,20 +1164,6 @@ sample_step(struct engine *e, int32_t n_fseqs, int greedy)
 	}
 }
 
-/*
- * A limited prefill raised to fill the step's last tile of tokens on the
- * device (backend_ops.step_tokens): those tokens cost about nothing more.
- */
-static int32_t
-fill_tile(const struct engine *e, struct seq **seqs, int n, int32_t max_prefill)
-{
-	int32_t n_dec = 0;
-
-	for (int i = 0; i < n && i < e->max_seqs; i++)
-		n_dec += seqs[i]->state == SEQ_DECODE;
-	return MAX(max_prefill, e->ops->step_tokens(e->be, MIN(n_dec + max_prefill, e->max_step_tokens)) - n_dec);
-}
-
 int
 engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, char *err)
 {
@@ -1181,8 +1173,6 @@ engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, cha
 
 	if (max_prefill < 0)
 		max_prefill = e->max_step_tokens;
-	else if (max_prefill > 0)
-		max_prefill = fill_tile(e, seqs, n, max_prefill);
 	for (i = 0; i < n; i++) {
 		seqs[i]->new_token = -1;
 		seqs[i]->piece[0] = '\0';

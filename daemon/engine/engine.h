@@ -164,6 +164,12 @@ void engine_cache_stats(const struct engine *e, struct engine_cache_stats *st);
 /* Bytes of the whole KV pool. */
 uint64_t engine_kv_bytes(const struct engine *e);
 int32_t engine_max_step_tokens(const struct engine *e);
+/*
+ * The most tokens (at least n, at most max_step_tokens) a step of n takes
+ * about as long for: the end of the device's last tile of tokens
+ * (backend_ops.step_tokens).
+ */
+int32_t engine_step_tokens(const struct engine *e, int32_t n);
 
 /*
  * A new sequence over a prompt (1..n_ctx tokens). Returns 0 or a negative
@@ -217,8 +223,7 @@ void engine_seq_free(struct engine *e, struct seq *s);
  * One forward step over the sequences given (those decoding or prefilling),
  * in the order given: decoding ones take one token each, prefilling ones a
  * chunk of what budget is left (at most max_step_tokens in all, and at most
- * max_prefill tokens of prefill, raised to fill the device's last tile of
- * tokens; < 0: no other limit). Sequences left out
+ * max_prefill tokens of prefill; < 0: no other limit). Sequences left out
  * of the budget are untouched. Afterwards each sequence's new_token / piece /
  * state tell what happened. Returns the number of tokens processed, or a
  * negative code if the backend failed: the sequences of the step are then

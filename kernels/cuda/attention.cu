@@ -393,7 +393,7 @@ attn_smem_limit(char *err)
 	return 0;
 }
 
-/* Both pool element types: graph capture must not meet a first cudaFuncSetAttribute. */
+/* Both pool element types (launches never raise the limit: see cuda_attention_setup). */
 template <int E>
 static int
 attn_smem_limits(char *err)

@@ -979,15 +979,15 @@ h16_of(const struct backend *b, int T)
 
 /*
  * Where a row kernel puts the int8 form of its output for a product by w
- * of a step of T tokens: the integer kernels' input when that product is
- * theirs (so that they need not quantize it), else nowhere.
+ * (NULL: none) of a step of T tokens: the integer kernels' input when that
+ * product is theirs (so that they need not quantize it), else nowhere.
  */
 static struct cuda_q8
 q8_of(const struct backend *b, int T, const struct cuda_weight *w)
 {
 	struct cuda_q8 q = { NULL, NULL };
 
-	if (T <= b->mm.mmv_max && cuda_matmul_int8(&b->mm, w))
+	if (w != NULL && T <= b->mm.mmv_max && cuda_matmul_int8(&b->mm, w))
 		q.q = b->mm.xq, q.d = b->mm.xd;
 	return q;
 }
@@ -1044,7 +1044,6 @@ feed_forward(struct backend *b, int T, int l, char *err)
 	float *gu[2] = { b->gate, b->up };
 
 	struct cuda_h16 h16 = h16_of(b, T);
-	struct cuda_q8 none = { NULL, NULL };
 
 	prof_mark(b, PH_MATMUL);
 	if ((rc = cuda_matmul_multi(&b->mm, wgu, 2, b->h, embd, T, gu, ld, formed(b, T, &c->w_gate), err)) != 0)
@@ -1058,7 +1057,7 @@ feed_forward(struct backend *b, int T, int l, char *err)
 		return rc;
 	prof_mark(b, PH_NORM);
 	return cuda_residual_norm(b->x, b->ffn_out, c->post_ffn_norm, nl ? nl->attn_norm : NULL, b->h, h16,
-	    nl ? q8_of(b, T, &nl->wq) : none, T, embd, nm, b->stream, err);
+	    q8_of(b, T, nl ? &nl->wq : NULL), T, embd, nm, b->stream, err);
 }
 
 /* Logit rows [r0, r0 + nr) (normed in h) projected into the logits buffer. */
@@ -1368,14 +1367,17 @@ cuda_backend_memory(int device, uint64_t *free_b, uint64_t *total, char *err)
 }
 
 /*
- * Up to the end of the last tile of the tensor-core products (a 65-token
- * step costs about what a 128-token one does, 1.6 times a 64-token one);
- * the matrix-vector kernels' counts pay by the token.
+ * Up to the end of the last tile of the tensor-core products of quantized
+ * weights (a 65-token step costs about what a 128-token one does, 1.6
+ * times a 64-token one); the matrix-vector kernels' counts, and cuBLAS's
+ * float weights, pay by the token.
  */
 static int
 cuda_step_tokens(const struct backend *b, int n)
 {
-	return n <= b->mm.mmv_max ? n : MIN(cuda_qgemm_tokens(n), b->max_tokens);
+	if (n <= b->mm.mmv_max || !cuda_qgemm_type(&b->layers[0].w_gate))
+		return n;
+	return MIN(cuda_qgemm_tokens(n), b->max_tokens);
 }
 
 extern "C" const struct backend_ops cuda_backend = {

@@ -668,24 +668,31 @@ qg_launch(struct cuda_mm *m, struct qg_args a, char *err)
 	return 0;
 }
 
-/* The shape for n_tok tokens (cuda_qgemm_tokens follows it). */
+/* The tokens of one tile of the shape for n_tok tokens. */
+static int
+qg_bn(int n_tok)
+{
+	return n_tok <= qg_c16::BN ? qg_c16::BN : n_tok <= qg_c32::BN ? qg_c32::BN :
+	    n_tok <= qg_c64::BN ? qg_c64::BN : qg_c128::BN;
+}
+
+/* The shape for n_tok tokens. */
 template <int TY>
 static int
 qg_dispatch(struct cuda_mm *m, const struct qg_args &a, char *err)
 {
-	if (a.n_tok <= 16)
-		return qg_launch<TY, qg_c16>(m, a, err);
-	if (a.n_tok <= 32)
-		return qg_launch<TY, qg_c32>(m, a, err);
-	if (a.n_tok <= 64)
-		return qg_launch<TY, qg_c64>(m, a, err);
-	return qg_launch<TY, qg_c128>(m, a, err);
+	switch (qg_bn(a.n_tok)) {
+	case qg_c16::BN: return qg_launch<TY, qg_c16>(m, a, err);
+	case qg_c32::BN: return qg_launch<TY, qg_c32>(m, a, err);
+	case qg_c64::BN: return qg_launch<TY, qg_c64>(m, a, err);
+	default: return qg_launch<TY, qg_c128>(m, a, err);
+	}
 }
 
 int
 cuda_qgemm_tokens(int n_tok)
 {
-	int bn = n_tok <= 16 ? 16 : n_tok <= 32 ? 32 : n_tok <= 64 ? 64 : qg_c128::BN;
+	int bn = qg_bn(n_tok);
 
 	return (n_tok + bn - 1) / bn * bn;
 }
