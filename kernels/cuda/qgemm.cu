@@ -334,9 +334,12 @@ template <> struct qg_type<TT_Q5_0> {
  * and reads: the token tiles (ring of QG_AHEAD + 1), the raw units (a ring
  * deep enough that the unit being refilled is never one still in flight or
  * being decoded) and two units' tables of scales. A unit's bytes are
- * copied as the 16-byte aligned words covering them, so a row's slot holds
- * BYTES + 15 rounded up to 16, the unit starting at its global address
- * modulo 16.
+ * copied as the CH 16-byte aligned words covering them, the unit starting
+ * at its global address modulo 16. Fragment loads read the same offset in
+ * 8 rows at once: a row's slot (RAW) is an odd number of 16-byte words and
+ * a row's table TS = TAB + 2 words, so those rows fall in distinct banks
+ * (at 10 words and 16, each load was two or four wavefronts: ncu counted
+ * 42-48 % of the kernel's shared-memory wavefronts as excess).
  */
 template <int TY, class C>
 struct qg_smem {
@@ -345,11 +348,12 @@ struct qg_smem {
 	static constexpr int BR = QG_AHEAD + 1;
 	static constexpr int RR = (C::RAW_AHEAD + SUB - 1) / SUB + 1;
 	static_assert(C::RAW_AHEAD > QG_AHEAD, "a unit arrives a sub-step before its first token tile");
-	static constexpr int RAW = (T::BYTES + 15 + 15) / 16 * 16, CH = RAW / 16;
+	static constexpr int CH = (T::BYTES + 15 + 15) / 16, RAW = 16 * (CH | 1);
+	static constexpr int TS = T::TAB > 0 ? T::TAB + 2 : 0;
 	static constexpr size_t B_OFF = 0;
 	static constexpr size_t R_OFF = B_OFF + (size_t)BR * C::BN * QG_LDB * sizeof(__half);
 	static constexpr size_t T_OFF = R_OFF + (size_t)RR * C::BM * RAW;
-	static constexpr size_t BYTES = T_OFF + (size_t)2 * C::BM * T::TAB * sizeof(uint32_t);
+	static constexpr size_t BYTES = T_OFF + (size_t)2 * C::BM * TS * sizeof(uint32_t);
 	/* copies and table entries of each thread */
 	static constexpr int XC = (C::BN * 8 + C::THREADS - 1) / C::THREADS;
 	static constexpr int WC = (C::BM * CH + C::THREADS - 1) / C::THREADS;
@@ -467,18 +471,18 @@ static __device__ __forceinline__ void
 qg_table(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g)
 {
 	using L = qg_smem<TY, C>;
-	constexpr int TAB = L::T::TAB;
+	constexpr int TS = L::TS;
 	const uint8_t *raw = smem + L::R_OFF + (size_t)((g / L::SUB) % L::RR) * C::BM * L::RAW;
-	uint32_t *tab = (uint32_t *)(smem + L::T_OFF) + (size_t)((g / L::SUB) & 1) * C::BM * TAB;
+	uint32_t *tab = (uint32_t *)(smem + L::T_OFF) + (size_t)((g / L::SUB) & 1) * C::BM * TS;
 	int ub = (int)(((size_t)((s0 + g) / L::SUB) * L::T::BYTES) & 15);
 
-	if constexpr (TAB > 0) {
+	if constexpr (TS > 0) {
 #pragma unroll
 		for (int j = 0; j < L::TC; j++) {
 			int r = pl.trow[j];
 
 			if (r >= 0)
-				L::T::table(raw + r * L::RAW + ((pl.t15[j] + ub) & 15), tab + r * TAB);
+				L::T::table(raw + r * L::RAW + ((pl.t15[j] + ub) & 15), tab + r * TS);
 		}
 	}
 }
@@ -493,9 +497,9 @@ static __device__ __forceinline__ void
 qg_step(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g, int wn0, float (&acc)[C::MT][C::NT][4])
 {
 	using L = qg_smem<TY, C>;
-	constexpr int TAB = L::T::TAB;
+	constexpr int TS = L::TS;
 	const uint8_t *raw = smem + L::R_OFF + (size_t)((g / L::SUB) % L::RR) * C::BM * L::RAW;
-	const uint32_t *tab = (const uint32_t *)(smem + L::T_OFF) + (size_t)((g / L::SUB) & 1) * C::BM * TAB;
+	const uint32_t *tab = (const uint32_t *)(smem + L::T_OFF) + (size_t)((g / L::SUB) & 1) * C::BM * TS;
 	const __half *bs = (const __half *)(smem + L::B_OFF) + (size_t)(g % L::BR) * C::BN * QG_LDB;
 	int lane = threadIdx.x % WARP, t = lane % 4, part = g % L::SUB;
 	int ub = (int)(((size_t)((s0 + g) / L::SUB) * L::T::BYTES) & 15);
@@ -507,7 +511,7 @@ qg_step(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g, int wn0, f
 		for (int h = 0; h < 2; h++) {
 			int r = pl.frow[mt][h];
 
-			L::T::frags(raw + r * L::RAW + ((pl.f15[mt][h] + ub) & 15), tab + r * TAB, part, t, fr[mt][h]);
+			L::T::frags(raw + r * L::RAW + ((pl.f15[mt][h] + ub) & 15), tab + r * TS, part, t, fr[mt][h]);
 		}
 #pragma unroll
 	for (int kk = 0; kk < 4; kk++)
