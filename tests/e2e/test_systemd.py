@@ -213,10 +213,16 @@ def socket_activate(ck, tmp, model):
         p = subprocess.Popen([tool, "-l", path, rsd.daemon_path(), "-m", model, "--db", os.path.join(tmp, "db")],
                              stdout=log, stderr=subprocess.STDOUT)
         try:
+            # the tool binds the path before it listens: a connection refused in between starts nothing
             deadline = time.monotonic() + TIMEOUT
-            while not os.path.exists(path) and time.monotonic() < deadline and p.poll() is None:
-                time.sleep(0.02)
-            served(path, ck, "started at the first client")
+            while True:
+                try:
+                    served(path, ck, "started at the first client")
+                    break
+                except (FileNotFoundError, ConnectionRefusedError):
+                    if time.monotonic() > deadline or p.poll() is not None:
+                        raise
+                    time.sleep(0.02)
             p.send_signal(signal.SIGTERM)
             ck.eq(p.wait(TIMEOUT), 0, "exit status on SIGTERM")
             log.seek(0)
