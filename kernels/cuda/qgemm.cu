@@ -422,7 +422,7 @@ struct qg_plan {
 		for (int j = 0; j < L::TC; j++) {
 			int r = threadIdx.x + j * C::THREADS;
 
-			trow[j] = r < C::BM && L::T::TAB > 0 ? r : -1;
+			trow[j] = r < C::BM && L::TS > 0 ? r : -1;
 			t15[j] = (int)((uintptr_t)(a.w + (size_t)min(m0 + r % C::BM, a.n_rows - 1) * a.row_bytes) & 15);
 		}
 	}
