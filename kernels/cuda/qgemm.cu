@@ -30,7 +30,9 @@
  * 32 rows), or 128 for prefill (eight warps of 32 rows by 64 tokens). When
  * the tiles do not fill the GPU the K range is split: each split writes its
  * partial sums and a second kernel adds them in a fixed order (the result
- * does not depend on timing).
+ * does not depend on timing). A product of more than one wave of tiles
+ * whose last wave would be under half full runs that remainder's rows as a
+ * second, split launch.
  */
 #include "matmul.cuh"
 #include "tc.cuh"
@@ -655,7 +657,7 @@ qg_splits(const struct cuda_mm *m, int64_t blocks, int per_sm, int units, int64_
 /* One launch of shape C for type TY (and the reduction of its splits). */
 template <int TY, class C>
 static int
-qg_launch(struct cuda_mm *m, struct qg_args a, char *err)
+qg_grid(struct cuda_mm *m, struct qg_args a, char *err)
 {
 	dim3 grid((unsigned)((a.n_rows + C::BM - 1) / C::BM), (unsigned)((a.n_tok + C::BN - 1) / C::BN), 1);
 	int units = a.k / qg_type<TY>::UNIT;
@@ -670,6 +672,52 @@ qg_launch(struct cuda_mm *m, struct qg_args a, char *err)
 	CK(cuda_launch(qg_reduce_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, m->stream, m->part,
 	    (int)grid.z, a.n_tok, a.n_rows, a.xscale, a.out));
 	return 0;
+}
+
+/* The outputs of rows row0 and on of out, as rows from 0. */
+static struct mm_out
+qg_rows_from(const struct mm_out &out, int row0)
+{
+	struct mm_out s = { { NULL }, { 0 }, { 0 }, 0 };
+
+	for (int i = 0; i < out.n; i++) {
+		if (out.start[i + 1] <= row0)
+			continue;
+		s.y[s.n] = out.y[i] + MAX(row0 - out.start[i], 0);
+		s.ldy[s.n] = out.ldy[i];
+		s.start[s.n++] = MAX(out.start[i] - row0, 0);
+	}
+	s.start[s.n] = out.start[out.n] - row0;
+	return s;
+}
+
+/*
+ * A product of shape C for type TY. When its tiles take more than one wave
+ * of the GPU's slots and leave a last wave under half full (Q/K at 512
+ * tokens: 160 tiles on 132 slots, two waves' time for 1.2 of work), the
+ * tiles of its last rows, enough to hold that remainder, go to a second
+ * launch, which splits their K to fill the GPU; the first launch is whole
+ * waves. Only prefill-sized products have that many tiles.
+ */
+template <int TY, class C>
+static int
+qg_launch(struct cuda_mm *m, struct qg_args a, char *err)
+{
+	int64_t gx = (a.n_rows + C::BM - 1) / C::BM, gy = (a.n_tok + C::BN - 1) / C::BN;
+	int64_t slots = (int64_t)m->sms * qg_per_sm<TY, C>(), left = slots > 0 ? gx * gy % slots : 0;
+	struct qg_args rest = a;
+	int row0, rc;
+
+	if (gx * gy <= slots || left == 0 || 2 * left > slots || (left + gy - 1) / gy >= gx)
+		return qg_grid<TY, C>(m, a, err);
+	row0 = (int)(gx - (left + gy - 1) / gy) * C::BM;
+	a.n_rows = row0;
+	if ((rc = qg_grid<TY, C>(m, a, err)) != 0)
+		return rc;
+	rest.w += (size_t)row0 * rest.row_bytes;
+	rest.n_rows -= row0;
+	rest.out = qg_rows_from(rest.out, row0);
+	return qg_grid<TY, C>(m, rest, err);
 }
 
 /* The tokens of one tile of the shape for n_tok tokens. */
