@@ -226,6 +226,17 @@ step_bytes(const struct engine *e, int n, int b, int depth)
 	return w + (double)b * per * kv / MAX(n, 1);
 }
 
+/* What the loaded model holds on its device, as the engine planned it, and a blank line. */
+static void
+print_memory(const struct engine *e)
+{
+	double mib = 1 << 20, all = (double)engine_mem_bytes(e), kv = (double)engine_kv_bytes(e);
+	double w = (double)engine_model(e)->weight_bytes;
+
+	printf("memory: %.1f MiB held (weights %.1f, KV pool %.1f, activations and scratch %.1f)\n\n", all / mib,
+	    w / mib, kv / mib, (all - w - kv) / mib);
+}
+
 /* Prints the table's head. */
 static void
 table_head(void)
@@ -526,7 +537,8 @@ main(int argc, char **argv)
 	}
 	if ((rc = measure_device(e, &o, &dev, err)) != 0 || (rc = warm_up(e, err)) != 0)
 		goto out;
-	printf("device: %s, read bandwidth %.1f GB/s (%s)\n\n", dev.name, dev.gb_s, dev.how);
+	printf("device: %s, read bandwidth %.1f GB/s (%s)\n", dev.name, dev.gb_s, dev.how);
+	print_memory(e);
 	table_head();
 	if ((rc = bench_pp(e, &o, &dev, err)) == 0)
 		rc = bench_tg(e, &o, &dev, err);
