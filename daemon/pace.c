@@ -5,9 +5,9 @@
 
 #include <math.h>
 
-/* 1 if a decode-only measure taken with measured decoders stands for n of them. */
+/* 1 if a decode-only measure taken with measured decoding tokens (as the device ran them) stands for n. */
 static int
-comparable(int measured, int n)
+comparable(int32_t measured, int32_t n)
 {
 	return 4 * n >= 3 * measured && 3 * n <= 4 * measured;
 }
@@ -27,13 +27,13 @@ token_time(const struct pace *p, int n_dec)
 }
 
 int32_t
-pace_budget(struct pace *p, int n_dec, int n_pre)
+pace_budget(struct pace *p, int n_dec, int32_t dec_tokens, int n_pre)
 {
 	double chunk;
 
 	if (n_dec == 0 || n_pre == 0)
 		return -1;
-	if (p->t_dec <= 0 || !comparable(p->n_dec, n_dec) || p->mixed >= PACE_REMEASURE || p->debt > 0)
+	if (p->t_dec <= 0 || !comparable(p->dec_tokens, dec_tokens) || p->mixed >= PACE_REMEASURE || p->debt > 0)
 		return 0;
 	/* the small epsilon keeps a whole number of tokens whole through the division */
 	chunk = (target_of(n_dec, n_pre) - 1) * p->t_dec / token_time(p, n_dec) + 1e-9;
@@ -43,10 +43,10 @@ pace_budget(struct pace *p, int n_dec, int n_pre)
 
 /* Adds a decode-only step's seconds to the measure. */
 static void
-measure(struct pace *p, int n_dec, double seconds)
+measure(struct pace *p, int32_t dec_tokens, double seconds)
 {
-	if (p->n_samples == 0 || !comparable(p->n_dec, n_dec))
-		p->n_samples = p->next = 0, p->n_dec = n_dec;
+	if (p->n_samples == 0 || !comparable(p->dec_tokens, dec_tokens))
+		p->n_samples = p->next = 0, p->dec_tokens = dec_tokens;
 	p->samples[p->next] = seconds;
 	p->next = (p->next + 1) % PACE_SAMPLES;
 	p->n_samples = MIN(p->n_samples + 1, PACE_SAMPLES);
@@ -69,7 +69,8 @@ owe(struct pace *p, double target, double seconds)
 }
 
 void
-pace_done(struct pace *p, int n_dec, int n_pre, int32_t n_prefill, double seconds, int32_t max_tokens)
+pace_done(struct pace *p, int n_dec, int32_t dec_tokens, int n_pre, int32_t n_prefill, double seconds,
+    int32_t max_tokens)
 {
 	double r, seen, cur, target = target_of(n_dec, n_pre);
 
@@ -81,7 +82,7 @@ pace_done(struct pace *p, int n_dec, int n_pre, int32_t n_prefill, double second
 		return;
 	}
 	if (n_prefill == 0) {
-		measure(p, n_dec, seconds);
+		measure(p, dec_tokens, seconds);
 		if (n_pre > 0)
 			owe(p, target, seconds);
 		return;

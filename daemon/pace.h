@@ -15,7 +15,11 @@
  * The lengths are measured, not modelled, since what a chunk costs depends
  * on the device, the model and how deep into its prompt the chunk is
  * (attention grows with it). The pacer measures a decode-only step when it
- * has no measure for about as many decoders, and again every
+ * has no measure for about as many decoding tokens as the device runs
+ * them as (a GPU rounds them up to its tile of tokens, engine_step_tokens:
+ * there 33 and 64 decoders are one measure, so a ramp of arrivals is not
+ * held up by a decode-only step each time the decoders grow by a third),
+ * and again every
  * PACE_REMEASURE mixed steps, and takes the shortest of the last
  * PACE_SAMPLES (a step is only ever slowed down by what else runs on the
  * machine). What it learns about prompts is the time a prompt token adds
@@ -56,7 +60,7 @@ struct pace {
 	double t_dec;           /* seconds of a decode-only step; 0: not measured */
 	double samples[PACE_SAMPLES]; /* the last decode-only steps' seconds, a ring */
 	int n_samples, next;    /* samples there; where the next goes */
-	int n_dec;              /* the decoders they were measured with */
+	int32_t dec_tokens;     /* the decoders' tokens they were measured with, as the device ran them */
 	double t_tok;           /* seconds a prompt token adds to a step; 0: not known */
 	int32_t chunk;          /* prefill tokens the last pace_budget allowed */
 	double debt;            /* seconds mixed steps went over their target, less what steps since gave back */
@@ -65,14 +69,17 @@ struct pace {
 
 /*
  * The prefill tokens the next step may carry, given how many sequences
- * decode in it and how many wait to be prefilled: -1 for no limit, 0 for
- * a decode-only step.
+ * decode in it (n_dec, which the device runs as dec_tokens tokens:
+ * engine_step_tokens) and how many wait to be prefilled: -1 for no limit,
+ * 0 for a decode-only step.
  */
-int32_t pace_budget(struct pace *p, int n_dec, int n_pre);
+int32_t pace_budget(struct pace *p, int n_dec, int32_t dec_tokens, int n_pre);
 /*
- * What a step did: its decoding and prefilling sequences, its prefill
- * tokens, its seconds; max_tokens, the most tokens a step takes.
+ * What a step did: its decoding sequences (run as dec_tokens) and
+ * prefilling ones, its prefill tokens, its seconds; max_tokens, the most
+ * tokens a step takes.
  */
-void pace_done(struct pace *p, int n_dec, int n_pre, int32_t n_prefill, double seconds, int32_t max_tokens);
+void pace_done(struct pace *p, int n_dec, int32_t dec_tokens, int n_pre, int32_t n_prefill, double seconds,
+    int32_t max_tokens);
 
 #endif

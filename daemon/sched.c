@@ -847,7 +847,7 @@ static void
 step_model(struct sched *s, struct slot *m)
 {
 	int cap = engine_max_step_tokens(m->e), n, i, rc = 0, n_dec = 0, n_pre = 0;
-	int32_t budget;
+	int32_t budget, dec_tokens;
 	struct seq **seqs = xmalloc((size_t)cap * sizeof *seqs);
 	struct gen **gens = xmalloc((size_t)cap * sizeof *gens);
 	char err[ERR_LEN];
@@ -859,7 +859,8 @@ step_model(struct sched *s, struct slot *m)
 		n_pre += seqs[i]->state == SEQ_PREFILL;
 	}
 	/* a limited chunk fills the device's last tile of tokens: those cost about nothing more (pace.h) */
-	if ((budget = pace_budget(&m->pace, n_dec, n_pre)) > 0)
+	dec_tokens = engine_step_tokens(m->e, n_dec);
+	if ((budget = pace_budget(&m->pace, n_dec, dec_tokens, n_pre)) > 0)
 		budget = MAX(budget, engine_step_tokens(m->e, n_dec + budget) - n_dec);
 	t0 = now_ns();
 	if (n > 0 && (rc = engine_step(m->e, seqs, n, budget, err)) >= 0) {
@@ -867,7 +868,7 @@ step_model(struct sched *s, struct slot *m)
 
 		log_debug("step %s: %d decoding, %d prefilling, %d tokens, %.2f ms (chunk %d)",
 		    m->name, n_dec, n_pre, rc, sec * 1e3, (int)m->pace.chunk);
-		pace_done(&m->pace, n_dec, n_pre, MAX(rc - n_dec, 0), sec, cap);
+		pace_done(&m->pace, n_dec, dec_tokens, n_pre, MAX(rc - n_dec, 0), sec, cap);
 		s->steps++;
 		s->step_tokens += (uint64_t)rc;
 		s->step_seqs += (uint64_t)n;
