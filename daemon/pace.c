@@ -5,11 +5,17 @@
 
 #include <math.h>
 
-/* 1 if a decode-only measure taken with measured decoding tokens (as the device ran them) stands for n. */
+/*
+ * 1 if the decode-only measure stands for n_dec decoders run as dec_tokens:
+ * about as many tokens as the device ran, and at most twice or half the
+ * decoders (what each one costs apart from the tiles, its attention, grows
+ * with them).
+ */
 static int
-comparable(int32_t measured, int32_t n)
+comparable(const struct pace *p, int n_dec, int32_t dec_tokens)
 {
-	return 4 * n >= 3 * measured && 3 * n <= 4 * measured;
+	return 4 * dec_tokens >= 3 * p->dec_tokens && 3 * dec_tokens <= 4 * p->dec_tokens &&
+	    2 * n_dec >= p->n_dec && n_dec <= 2 * p->n_dec;
 }
 
 /* The step a mixed one may take, in decode-only steps. */
@@ -33,7 +39,7 @@ pace_budget(struct pace *p, int n_dec, int32_t dec_tokens, int n_pre)
 
 	if (n_dec == 0 || n_pre == 0)
 		return -1;
-	if (p->t_dec <= 0 || !comparable(p->dec_tokens, dec_tokens) || p->mixed >= PACE_REMEASURE || p->debt > 0)
+	if (p->t_dec <= 0 || !comparable(p, n_dec, dec_tokens) || p->mixed >= PACE_REMEASURE || p->debt > 0)
 		return 0;
 	/* the small epsilon keeps a whole number of tokens whole through the division */
 	chunk = (target_of(n_dec, n_pre) - 1) * p->t_dec / token_time(p, n_dec) + 1e-9;
@@ -43,10 +49,10 @@ pace_budget(struct pace *p, int n_dec, int32_t dec_tokens, int n_pre)
 
 /* Adds a decode-only step's seconds to the measure. */
 static void
-measure(struct pace *p, int32_t dec_tokens, double seconds)
+measure(struct pace *p, int n_dec, int32_t dec_tokens, double seconds)
 {
-	if (p->n_samples == 0 || !comparable(p->dec_tokens, dec_tokens))
-		p->n_samples = p->next = 0, p->dec_tokens = dec_tokens;
+	if (p->n_samples == 0 || !comparable(p, n_dec, dec_tokens))
+		p->n_samples = p->next = 0, p->n_dec = n_dec, p->dec_tokens = dec_tokens;
 	p->samples[p->next] = seconds;
 	p->next = (p->next + 1) % PACE_SAMPLES;
 	p->n_samples = MIN(p->n_samples + 1, PACE_SAMPLES);
@@ -82,7 +88,7 @@ pace_done(struct pace *p, int n_dec, int32_t dec_tokens, int n_pre, int32_t n_pr
 		return;
 	}
 	if (n_prefill == 0) {
-		measure(p, dec_tokens, seconds);
+		measure(p, n_dec, dec_tokens, seconds);
 		if (n_pre > 0)
 			owe(p, target, seconds);
 		return;

@@ -17,9 +17,9 @@
  * (attention grows with it). The pacer measures a decode-only step when it
  * has no measure for about as many decoding tokens as the device runs
  * them as (a GPU rounds them up to its tile of tokens, engine_step_tokens:
- * there 33 and 64 decoders are one measure, so a ramp of arrivals is not
- * held up by a decode-only step each time the decoders grow by a third),
- * and again every
+ * on CUDA 33 and 64 decoders are one step shape, so a ramp of arrivals is
+ * not held up by a decode-only step each time the decoders grow by a
+ * third) and at most twice or half as many decoders, and again every
  * PACE_REMEASURE mixed steps, and takes the shortest of the last
  * PACE_SAMPLES (a step is only ever slowed down by what else runs on the
  * machine). What it learns about prompts is the time a prompt token adds
@@ -60,7 +60,8 @@ struct pace {
 	double t_dec;           /* seconds of a decode-only step; 0: not measured */
 	double samples[PACE_SAMPLES]; /* the last decode-only steps' seconds, a ring */
 	int n_samples, next;    /* samples there; where the next goes */
-	int32_t dec_tokens;     /* the decoders' tokens they were measured with, as the device ran them */
+	int n_dec;              /* the decoders they were measured with */
+	int32_t dec_tokens;     /* and those decoders' tokens as the device ran them */
 	double t_tok;           /* seconds a prompt token adds to a step; 0: not known */
 	int32_t chunk;          /* prefill tokens the last pace_budget allowed */
 	double debt;            /* seconds mixed steps went over their target, less what steps since gave back */

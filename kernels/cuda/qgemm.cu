@@ -30,9 +30,9 @@
  * 32 rows), or 128 for prefill (eight warps of 32 rows by 64 tokens). When
  * the tiles do not fill the GPU the K range is split: each split writes its
  * partial sums and a second kernel adds them in a fixed order (the result
- * does not depend on timing). A product of more than one wave of tiles
- * whose last wave would be under half full runs that remainder's rows as a
- * second, split launch.
+ * does not depend on timing). A prefill product of more than one wave of
+ * tiles whose last wave would be under half full runs that remainder's rows
+ * as a second, split launch.
  */
 #include "matmul.cuh"
 #include "tc.cuh"
@@ -692,25 +692,30 @@ qg_rows_from(const struct mm_out &out, int row0)
 }
 
 /*
- * A product of shape C for type TY. When its tiles take more than one wave
- * of the GPU's slots and leave a last wave under half full (Q/K at 512
- * tokens: 160 tiles on 132 slots, two waves' time for 1.2 of work), the
- * tiles of its last rows, enough to hold that remainder, go to a second
- * launch, which splits their K to fill the GPU; the first launch is whole
- * waves. Only prefill-sized products have that many tiles.
+ * A product of shape C for type TY. When a prefill product's tiles take
+ * more than one wave of the GPU's slots and leave a last wave under half
+ * full (Q/K at 512 tokens: 160 tiles on 132 slots, two waves' time for 1.2
+ * of work), the tiles of its last rows, enough to hold that remainder, go
+ * to a second launch, which splits their K to fill the GPU; the first
+ * launch is at most whole waves. The decode shapes keep one launch: that is
+ * what was measured for them (forms that split their last wave cost
+ * batched decoding 1-3 %, tests/bench/RESULTS.md).
  */
 template <int TY, class C>
 static int
 qg_launch(struct cuda_mm *m, struct qg_args a, char *err)
 {
-	int64_t gx = (a.n_rows + C::BM - 1) / C::BM, gy = (a.n_tok + C::BN - 1) / C::BN;
+	int64_t gx = (a.n_rows + C::BM - 1) / C::BM, gy = (a.n_tok + C::BN - 1) / C::BN, r;
 	int64_t slots = (int64_t)m->sms * qg_per_sm<TY, C>(), left = slots > 0 ? gx * gy % slots : 0;
 	struct qg_args rest = a;
 	int row0, rc;
 
-	if (gx * gy <= slots || left == 0 || 2 * left > slots || (left + gy - 1) / gy >= gx)
+	r = left > 0 ? (left + gy - 1) / gy : 0; /* row tiles of the remainder */
+	row0 = (int)(gx - r) * C::BM;
+	if (C::BN != qg_c128::BN || gx * gy <= slots || left == 0 || 2 * left > slots || r >= gx ||
+	    qg_splits(m, r * gy, qg_per_sm<TY, C>(), a.k / qg_type<TY>::UNIT,
+	    (int64_t)a.n_tok * (a.n_rows - row0)) < 2)
 		return qg_grid<TY, C>(m, a, err);
-	row0 = (int)(gx - (left + gy - 1) / gy) * C::BM;
 	a.n_rows = row0;
 	if ((rc = qg_grid<TY, C>(m, a, err)) != 0)
 		return rc;

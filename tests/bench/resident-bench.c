@@ -233,8 +233,8 @@ print_memory(const struct engine *e)
 	double mib = 1 << 20, all = (double)engine_mem_bytes(e), kv = (double)engine_kv_bytes(e);
 	double w = (double)engine_model(e)->weight_bytes;
 
-	printf("memory: %.1f MiB held (weights %.1f, KV pool %.1f, activations and scratch %.1f)\n\n", all / mib,
-	    w / mib, kv / mib, (all - w - kv) / mib);
+	printf("memory: %.1f MiB held (weights as stored %.1f, KV pool %.1f, activations, scratch and padding %.1f)\n\n",
+	    all / mib, w / mib, kv / mib, (all - w - kv) / mib);
 }
 
 /* Prints the table's head. */

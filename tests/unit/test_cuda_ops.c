@@ -425,30 +425,34 @@ test_gemm(void **state)
 
 /*
  * Products of more tiles than one wave of the GPU holds, whose last wave
- * would be under half full: 4,100 rows (33 row tiles) by 520 tokens (5
- * token tiles), 165 tiles, where a 132-multiprocessor GPU holds one tile
- * a multiprocessor (the K types, Q8_0) runs the last 7 row tiles as a second
- * launch with K split. As Q, K and V, so that launch starts inside the
- * last output; K of two units, so that it can split.
+ * would be under half full, as Q, K and V: on a 132-multiprocessor GPU
+ * (an H100 SXM, an H200), which holds one prefill tile a multiprocessor of
+ * the K types and Q8_0, 4,100 rows (33 row tiles) by 520 tokens (5 token
+ * tiles) run their last 7 row tiles as a second launch with K split, from
+ * inside the last output; 4,200 rows by 700 tokens (33 x 6 tiles) their
+ * last 11, from 16 rows into it. K is two units, so that the launch can
+ * split.
  */
 static void
 test_gemm_waves(void **state)
 {
 	static const uint32_t types[] = { TT_Q4_K, TT_Q5_K, TT_Q6_K, TT_Q8_0 };
-	int n = 4100, n_tok = 520;
+	static const int shapes[][2] = { { 4100, 520 }, { 4200, 700 } };
 
 	(void)state;
-	for (size_t ti = 0; ti < ARRAY_LEN(types); ti++) {
-		int64_t k = 2 * MAX(quant_traits(types[ti])->block_elems, 64); /* two of qgemm's units */
-		float *wf, *x = rand_floats((size_t)n_tok * (size_t)k, -1, 1);
-		struct model_tensor t = random_weight(types[ti], k, n, &wf);
-		double worst = check_matmul(&t, wf, x, n_tok, CUDA_PROBE_GEMM, 0, 0, 3);
+	for (size_t ti = 0; ti < ARRAY_LEN(types); ti++)
+		for (size_t si = 0; si < ARRAY_LEN(shapes); si++) {
+			int n = shapes[si][0], n_tok = shapes[si][1];
+			int64_t k = 2 * MAX(quant_traits(types[ti])->block_elems, 64); /* two of qgemm's units */
+			float *wf, *x = rand_floats((size_t)n_tok * (size_t)k, -1, 1);
+			struct model_tensor t = random_weight(types[ti], k, n, &wf);
+			double worst = check_matmul(&t, wf, x, n_tok, CUDA_PROBE_GEMM, 0, 0, 3);
 
-		print_message("matmul %-10s %-5s %d x %d: max error / sum |w x| %.2e (bound %.0e)\n",
-		    path_name(CUDA_PROBE_GEMM), quant_traits(types[ti])->name, n, n_tok, worst,
-		    path_tol(CUDA_PROBE_GEMM));
-		free((void *)t.data), free(wf), free(x);
-	}
+			print_message("matmul %-10s %-5s %d x %d: max error / sum |w x| %.2e (bound %.0e)\n",
+			    path_name(CUDA_PROBE_GEMM), quant_traits(types[ti])->name, n, n_tok, worst,
+			    path_tol(CUDA_PROBE_GEMM));
+			free((void *)t.data), free(wf), free(x);
+		}
 }
 
 static void

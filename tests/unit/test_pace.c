@@ -153,13 +153,13 @@ test_shortest_decode_step_counts(void **state)
 	assert_int_equal(pace_budget(&p, 16, 16, 1), 0);
 }
 
-/* The tokens a GPU runs n decoders as: up to 2 one by one, then tiles of 16, 32 and 64 (0: as many). */
+/* The tokens a GPU runs n decoders as (tiled; else n): up to 2 one by one, then tiles of 16, 32, 64, 128. */
 static int32_t
 gpu_tokens(int tiled, int n)
 {
 	if (!tiled || n <= 2)
 		return n;
-	return n <= 16 ? 16 : n <= 32 ? 32 : (n + 63) / 64 * 64;
+	return n <= 16 ? 16 : n <= 32 ? 32 : n <= 64 ? 64 : (n + 127) / 128 * 128;
 }
 
 /*
@@ -258,12 +258,12 @@ tiled_run(int32_t left, double *avg)
 
 	memset(&p, 0, sizeof p);
 	while (left > 0 && steps < 10000) {
-		b = pace_budget(&p, 63, 63, 1);
+		b = pace_budget(&p, 63, gpu_tokens(1, 63), 1);
 		if (b > 0)
 			b = (63 + b + 63) / 64 * 64 - 63;
 		b = MIN_I(b, left);
 		t = tiled_time(63 + b);
-		pace_done(&p, 63, 63, 1, b, t, 512);
+		pace_done(&p, 63, gpu_tokens(1, 63), 1, b, t, 512);
 		left -= b;
 		sum += t;
 		steps++;
