@@ -654,23 +654,31 @@ qg_splits(const struct cuda_mm *m, int64_t blocks, int per_sm, int units, int64_
 	return (int)MAX(s, (int64_t)1);
 }
 
-/* One launch of shape C for type TY (and the reduction of its splits). */
+/* The splits of K of a's grid of shape C. */
 template <int TY, class C>
 static int
-qg_grid(struct cuda_mm *m, struct qg_args a, char *err)
+qg_split_of(const struct cuda_mm *m, const struct qg_args &a)
 {
-	dim3 grid((unsigned)((a.n_rows + C::BM - 1) / C::BM), (unsigned)((a.n_tok + C::BN - 1) / C::BN), 1);
-	int units = a.k / qg_type<TY>::UNIT;
+	int64_t tiles = (int64_t)((a.n_rows + C::BM - 1) / C::BM) * ((a.n_tok + C::BN - 1) / C::BN);
 
-	grid.z = (unsigned)qg_splits(m, (int64_t)grid.x * grid.y, qg_per_sm<TY, C>(), units,
-	    (int64_t)a.n_tok * a.n_rows);
-	a.part = grid.z > 1 ? m->part : NULL;
+	return qg_splits(m, tiles, qg_per_sm<TY, C>(), a.k / qg_type<TY>::UNIT, (int64_t)a.n_tok * a.n_rows);
+}
+
+/* One launch of shape C for type TY, K split in `split` (and the reduction of the splits). */
+template <int TY, class C>
+static int
+qg_grid(struct cuda_mm *m, struct qg_args a, int split, char *err)
+{
+	dim3 grid((unsigned)((a.n_rows + C::BM - 1) / C::BM), (unsigned)((a.n_tok + C::BN - 1) / C::BN),
+	    (unsigned)split);
+
+	a.part = split > 1 ? m->part : NULL;
 	CK(cuda_launch(qgemm_kernel<TY, C>, dim3(grid), dim3(C::THREADS), qg_smem<TY, C>::BYTES, m->stream, a));
-	if (grid.z == 1)
+	if (split == 1)
 		return 0;
 	int64_t n = (int64_t)a.n_tok * a.n_rows;
 	CK(cuda_launch(qg_reduce_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, m->stream, m->part,
-	    (int)grid.z, a.n_tok, a.n_rows, a.xscale, a.out));
+	    split, a.n_tok, a.n_rows, a.xscale, a.out));
 	return 0;
 }
 
@@ -705,24 +713,26 @@ template <int TY, class C>
 static int
 qg_launch(struct cuda_mm *m, struct qg_args a, char *err)
 {
-	int64_t gx = (a.n_rows + C::BM - 1) / C::BM, gy = (a.n_tok + C::BN - 1) / C::BN, r;
+	int64_t gx = (a.n_rows + C::BM - 1) / C::BM, gy = (a.n_tok + C::BN - 1) / C::BN;
 	int64_t slots = (int64_t)m->sms * qg_per_sm<TY, C>(), left = slots > 0 ? gx * gy % slots : 0;
-	struct qg_args rest = a;
-	int row0, rc;
+	int64_t r = (left + gy - 1) / gy; /* row tiles of the remainder: 0 for none, gx for a single wave */
+	int split, rc;
 
-	r = left > 0 ? (left + gy - 1) / gy : 0; /* row tiles of the remainder */
-	row0 = (int)(gx - r) * C::BM;
-	if (C::BN != qg_c128::BN || gx * gy <= slots || left == 0 || 2 * left > slots || r >= gx ||
-	    qg_splits(m, r * gy, qg_per_sm<TY, C>(), a.k / qg_type<TY>::UNIT,
-	    (int64_t)a.n_tok * (a.n_rows - row0)) < 2)
-		return qg_grid<TY, C>(m, a, err);
-	a.n_rows = row0;
-	if ((rc = qg_grid<TY, C>(m, a, err)) != 0)
-		return rc;
-	rest.w += (size_t)row0 * rest.row_bytes;
-	rest.n_rows -= row0;
-	rest.out = qg_rows_from(rest.out, row0);
-	return qg_grid<TY, C>(m, rest, err);
+	if (C::BN == qg_c128::BN && r > 0 && r < gx && 2 * left <= slots) {
+		struct qg_args rest = a;
+		int row0 = (int)(gx - r) * C::BM;
+
+		rest.w += (size_t)row0 * rest.row_bytes;
+		rest.n_rows -= row0;
+		rest.out = qg_rows_from(rest.out, row0);
+		if ((split = qg_split_of<TY, C>(m, rest)) > 1) {
+			a.n_rows = row0;
+			if ((rc = qg_grid<TY, C>(m, a, qg_split_of<TY, C>(m, a), err)) != 0)
+				return rc;
+			return qg_grid<TY, C>(m, rest, split, err);
+		}
+	}
+	return qg_grid<TY, C>(m, a, qg_split_of<TY, C>(m, a), err);
 }
 
 /* The tokens of one tile of the shape for n_tok tokens. */
