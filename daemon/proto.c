@@ -584,13 +584,22 @@ proto_sample_defaults(struct proto_req *r)
 
 /* ---- replies ---- */
 
+#define REPLY_START 256 /* bytes a reply's buffer starts with (a token's is about 50) */
+
 void
 proto_reply_begin(msgpack_sbuffer *sb, msgpack_packer *pk, int has_id, uint64_t id,
     const char *type, size_t n_more)
 {
 	static const char len_placeholder[4];
 
+	/*
+	 * msgpack's first allocation would be 8 KiB, past the allocator's
+	 * per-thread cache, for each of a step's 64 token replies, which the
+	 * loop thread frees.
+	 */
 	msgpack_sbuffer_init(sb);
+	sb->data = xmalloc(REPLY_START);
+	sb->alloc = REPLY_START;
 	msgpack_sbuffer_write(sb, len_placeholder, 4);
 	msgpack_packer_init(pk, sb, msgpack_sbuffer_write);
 	msgpack_pack_map(pk, 2 + n_more);

@@ -81,7 +81,7 @@ struct resident {
 enum ctl_type { CTL_CANCEL, CTL_GONE, CTL_DROP, CTL_FORK };
 
 struct sched;
-static void emit_done(struct sched *s, struct gen *g);
+static struct sched_event *done_event(struct gen *g);
 static void gen_free(struct sched *s, struct gen *g);
 
 struct ctl {
@@ -125,16 +125,30 @@ struct sched {
 
 /* ---- events ---- */
 
+/*
+ * Queues a chain of events (first, ..., the one whose next is *last_next)
+ * for the loop thread and wakes it once: a step's 64 tokens are one
+ * wake-up, not 64 (each takes the loop's lock and may write its notify fd,
+ * between two steps).
+ */
+static void
+post_chain(struct sched *s, struct sched_event *first, struct sched_event **last_next)
+{
+	if (first == NULL)
+		return;
+	pthread_mutex_lock(&s->mu);
+	*s->events_tail = first;
+	s->events_tail = last_next;
+	pthread_mutex_unlock(&s->mu);
+	s->wake(s->wake_arg);
+}
+
 /* Queues an event for the loop thread and wakes it. */
 static void
 post(struct sched *s, struct sched_event *ev)
 {
-	pthread_mutex_lock(&s->mu);
 	ev->next = NULL;
-	*s->events_tail = ev;
-	s->events_tail = &ev->next;
-	pthread_mutex_unlock(&s->mu);
-	s->wake(s->wake_arg);
+	post_chain(s, ev, &ev->next);
 }
 
 /* A new event for a request; the caller packs the frame. */
@@ -556,7 +570,7 @@ prep_done(struct sched *s, struct gen *g)
 	g->state = GEN_RUNNING;
 	if (g->cancelled || g->gone) {
 		if (!g->gone)
-			emit_done(s, g);
+			post(s, done_event(g));
 		gen_free(s, g);
 		return;
 	}
@@ -592,9 +606,9 @@ take_prep(struct sched *s, struct work *w)
 
 /* ---- running ---- */
 
-/* Packs a token reply. */
-static void
-emit_token(struct sched *s, struct gen *g)
+/* A token reply. */
+static struct sched_event *
+token_event(struct gen *g)
 {
 	struct sched_event *ev = new_event(g->job->conn, g->job->req.id, 0);
 	msgpack_packer pk;
@@ -607,7 +621,7 @@ emit_token(struct sched *s, struct gen *g)
 	if (g->job->req.logprobs)
 		proto_pack_kv_float(&pk, "logprob", g->seq->new_logprob);
 	proto_reply_end(&ev->frame);
-	post(s, ev);
+	return ev;
 }
 
 /*
@@ -652,11 +666,11 @@ turn_rows(struct gen *g, struct sched_event *ev)
 }
 
 /*
- * Packs the done reply (and the rows to commit for a completed session
- * turn). A request cancelled while queued has no sequence yet.
+ * The done reply (with the rows to commit for a completed session turn).
+ * A request cancelled while queued has no sequence yet.
  */
-static void
-emit_done(struct sched *s, struct gen *g)
+static struct sched_event *
+done_event(struct gen *g)
 {
 	static const struct seq none = { .state = SEQ_DONE, .finish = FINISH_CANCEL, .text = "" };
 	const struct seq *q = g->seq ? g->seq : &none;
@@ -668,8 +682,7 @@ emit_done(struct sched *s, struct gen *g)
 
 	if (q->finish == FINISH_ERROR) {
 		proto_error(&ev->frame, 1, g->job->req.id, PE_MODEL_ERROR, q->error);
-		post(s, ev);
-		return;
+		return ev;
 	}
 	proto_reply_begin(&ev->frame, &pk, 1, g->job->req.id, "done", 2 + with_text + with_session);
 	proto_pack_kv_str(&pk, "finish", engine_finish_name(q->finish));
@@ -690,7 +703,7 @@ emit_done(struct sched *s, struct gen *g)
 	proto_reply_end(&ev->frame);
 	if (with_session && q->finish != FINISH_CANCEL)
 		turn_rows(g, ev);
-	post(s, ev);
+	return ev;
 }
 
 /* Unlinks a gen and frees it; a session keeps its sequence. */
@@ -783,7 +796,7 @@ reap_cancelled(struct sched *s)
 		if (g->state == GEN_RUNNING && g->seq->state != SEQ_DONE)
 			engine_seq_finish(g->seq, FINISH_CANCEL);
 		if (!g->gone)
-			emit_done(s, g);
+			post(s, done_event(g));
 		gen_free(s, g);
 	}
 }
@@ -809,7 +822,7 @@ unload_model(struct sched *s, struct slot *m, enum finish_reason why, const char
 			snprintf(g->seq->error, sizeof g->seq->error, "%s", error);
 		engine_seq_finish(g->seq, why);
 		if (!g->gone)
-			emit_done(s, g);
+			post(s, done_event(g));
 		gen_free(s, g);
 		n++;
 	}
@@ -850,6 +863,7 @@ step_model(struct sched *s, struct slot *m)
 	int32_t budget, dec_tokens;
 	struct seq **seqs = xmalloc((size_t)cap * sizeof *seqs);
 	struct gen **gens = xmalloc((size_t)cap * sizeof *gens);
+	struct sched_event *out = NULL, **tail = &out;
 	char err[ERR_LEN];
 	uint64_t t0;
 
@@ -881,13 +895,14 @@ step_model(struct sched *s, struct slot *m)
 			if (g->t_first == 0)
 				g->t_first = now_ns();
 			if (g->job->req.stream && (g->seq->piece_len > 0 || g->seq->state != SEQ_DONE))
-				emit_token(s, g);
+				tail = &(*tail = token_event(g))->next;
 		}
 		if (g->seq->state == SEQ_DONE) {
-			emit_done(s, g);
+			tail = &(*tail = done_event(g))->next;
 			gen_free(s, g);
 		}
 	}
+	post_chain(s, out, tail);
 	free(seqs);
 	free(gens);
 	if (rc < 0)
