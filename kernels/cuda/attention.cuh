@@ -45,7 +45,7 @@ struct cuda_kv {
 };
 
 /* Fewest positions in one piece of a split context, and most pieces. */
-#define ATT_SPLIT_MIN 256
+#define ATT_SPLIT_MIN 128
 #define ATT_MAX_SPLITS 64
 
 /* A prefill tile of n (1..64) tokens from token t0 of the step, and its parts. */
