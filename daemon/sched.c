@@ -143,6 +143,14 @@ post_chain(struct sched *s, struct sched_event *first, struct sched_event **last
 	s->wake(s->wake_arg);
 }
 
+/* Links ev at *tail of a chain being built for post_chain; returns the chain's new tail. */
+static struct sched_event **
+chain(struct sched_event **tail, struct sched_event *ev)
+{
+	*tail = ev;
+	return &ev->next;
+}
+
 /* Queues an event for the loop thread and wakes it. */
 static void
 post(struct sched *s, struct sched_event *ev)
@@ -895,10 +903,10 @@ step_model(struct sched *s, struct slot *m)
 			if (g->t_first == 0)
 				g->t_first = now_ns();
 			if (g->job->req.stream && (g->seq->piece_len > 0 || g->seq->state != SEQ_DONE))
-				tail = &(*tail = token_event(g))->next;
+				tail = chain(tail, token_event(g));
 		}
 		if (g->seq->state == SEQ_DONE) {
-			tail = &(*tail = done_event(g))->next;
+			tail = chain(tail, done_event(g));
 			gen_free(s, g);
 		}
 	}
