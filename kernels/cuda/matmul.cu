@@ -167,17 +167,19 @@ template <> struct qt<TT_Q4_K> {
 	load(const uint8_t *__restrict__ row, int c, W &o)
 	{
 		const uint8_t *b = row + (size_t)(c >> 2) * 144;
-		int p = c & 3, sc0, m0, sc1, m1;
+		int p = c & 3, sh = 16 * (p & 1);
+		/* the block's d, dmin and scales in one load: byte loads of the scales were most of the loads */
+		uint4 hd = __ldg((const uint4 *)b);
 		uint4 qa = __ldg((const uint4 *)(b + 16 + 32 * p)), qb = __ldg((const uint4 *)(b + 32 + 32 * p));
 		const uint32_t qw[8] = { qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w };
-		uint32_t dd = __ldg((const uint32_t *)b);
-		float d = __half2float(__ushort_as_half((unsigned short)(dd & 0xffff)));
-		float dmin = __half2float(__ushort_as_half((unsigned short)(dd >> 16)));
+		float d = __half2float(__ushort_as_half((unsigned short)(hd.x & 0xffff)));
+		float dmin = __half2float(__ushort_as_half((unsigned short)(hd.x >> 16)));
+		uint32_t sc[2], mn[2], s2, m2;
 
-		k4_scale_min(b + 4, 2 * p, &sc0, &m0);
-		k4_scale_min(b + 4, 2 * p + 1, &sc1, &m1);
-		o.a0 = d * (float)sc0, o.a1 = d * (float)sc1;
-		o.m0 = dmin * (float)m0, o.m1 = dmin * (float)m1;
+		k4_unpack(hd.y, hd.z, hd.w, sc, mn);
+		s2 = (p < 2 ? sc[0] : sc[1]) >> sh, m2 = (p < 2 ? mn[0] : mn[1]) >> sh;
+		o.a0 = d * (float)(s2 & 0xff), o.a1 = d * (float)((s2 >> 8) & 0xff);
+		o.m0 = dmin * (float)(m2 & 0xff), o.m1 = dmin * (float)((m2 >> 8) & 0xff);
 #pragma unroll
 		for (int i = 0; i < 8; i++) {
 			o.w0[i] = (int)(qw[i] & 0x0f0f0f0fu);

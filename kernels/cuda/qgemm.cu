@@ -34,6 +34,7 @@
  * tiles whose last wave would be under half full runs that remainder's rows
  * as a second, split launch.
  */
+#include "dequant.cuh"
 #include "matmul.cuh"
 #include "tc.cuh"
 
@@ -138,18 +139,17 @@ smem_f16x2(const uint8_t *p)
 /*
  * The table of a Q4_K/Q5_K block (d, dmin at b, 12 scale bytes at b + 4):
  * for each sub-block g, words 2g and 2g + 1 of tab are (d sc, d sc) and
- * (-dmin m, -dmin m), the 6-bit sc and m unpacked as quant.c's
- * k4_scale_min does, for all eight at once.
+ * (-dmin m, -dmin m).
  */
 static __device__ __forceinline__ void
 k4_table(const uint8_t *b, uint32_t *tab)
 {
 	uint32_t q0 = *(const uint32_t *)(b + 4), q1 = *(const uint32_t *)(b + 8), q2 = *(const uint32_t *)(b + 12);
-	/* the sc and m bytes of sub-blocks 0-3, then 4-7 */
-	uint32_t sc[2] = { q0 & 0x3f3f3f3fu, (q2 & 0x0f0f0f0fu) | ((q0 >> 2) & 0x30303030u) };
-	uint32_t m[2] = { q1 & 0x3f3f3f3fu, ((q2 >> 4) & 0x0f0f0f0fu) | ((q1 >> 2) & 0x30303030u) };
+	uint32_t sc[2], m[2];
 	__half2 dd = as_h2(*(const uint32_t *)b);
 	__half2 d = __low2half2(dd), ndmin = __hneg2(__high2half2(dd));
+
+	k4_unpack(q0, q1, q2, sc, m);
 
 #pragma unroll
 	for (int h = 0; h < 2; h++)
