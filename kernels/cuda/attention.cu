@@ -272,8 +272,8 @@ attn_scores(const T *kt, const float *qs, int j, int nv, int qq)
  */
 template <int E, typename T>
 __global__ void __launch_bounds__(ATT_WARPS * WARP)
-attn_kernel(const float *__restrict__ q, float *__restrict__ out, float *__restrict__ part, int n_split,
-    struct cuda_heads hp, struct cuda_kv kv)
+attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q8, float *__restrict__ part,
+    int n_split, struct cuda_heads hp, struct cuda_kv kv)
 {
 	pdl_wait();
 	pdl_trigger();
@@ -386,10 +386,16 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, float *__restr
 
 			if (d >= D)
 				break;
-			if (n_split == 1)
-				out[row * D + d] = acc[h][k] / cs[ATT_GROUP + h];
-			else
+			if (n_split > 1) {
 				pr[d] = acc[h][k];
+				continue;
+			}
+			float o = acc[h][k] / cs[ATT_GROUP + h];
+
+			out[row * D + d] = o;
+			if (q8.q != NULL) /* a warp holds 32 dimensions in a row: TG and D are multiples of 32 */
+				q8_store1(o, (h0 + h) * D + d, hp.n_head * D,
+				    q8.q + (size_t)t * 2 * hp.n_head * D, q8.d + (size_t)t * hp.n_head * E);
 		}
 		if (n_split > 1 && threadIdx.x == 0)
 			pr[D] = cs[h], pr[D + 1] = cs[ATT_GROUP + h];
@@ -404,8 +410,8 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, float *__restr
  * loads, one per piece and thread, are all independent.
  */
 __global__ void
-attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, int n_split, int d, int n_head,
-    const int32_t *__restrict__ fa_tok)
+attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, struct cuda_q8 q8, int n_split, int d,
+    int n_head, const int32_t *__restrict__ fa_tok)
 {
 	pdl_wait();
 	pdl_trigger();
@@ -428,8 +434,15 @@ attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, int n
 		if (threadIdx.x < d)
 			acc += w * pr[s * (d + 2) + threadIdx.x];
 	}
-	if (threadIdx.x < d)
-		out[(size_t)blockIdx.x * d + threadIdx.x] = acc / l;
+	if (threadIdx.x >= d)
+		return;
+	out[(size_t)blockIdx.x * d + threadIdx.x] = acc / l;
+	if (q8.q != NULL) { /* blockDim.x == d, a multiple of 32 */
+		int t = blockIdx.x / n_head, k = n_head * d;
+
+		q8_store1(acc / l, (blockIdx.x % n_head) * d + threadIdx.x, k, q8.q + (size_t)t * 2 * k,
+		    q8.d + (size_t)t * (k / 32));
+	}
 }
 
 int
@@ -506,32 +519,34 @@ cuda_attention_setup(int head_dim, char *err)
 /* Launches attn_kernel<E, T> with its shared memory (cuda_attention_setup raised the limit). */
 template <int E, typename T>
 static int
-attn_launch_t(dim3 grid, const float *q, float *out, float *part, int n_split, const struct cuda_heads *hd,
-    const struct cuda_kv *kv, cudaStream_t st, char *err)
+attn_launch_t(dim3 grid, const float *q, float *out, struct cuda_q8 q8, float *part, int n_split,
+    const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
 	CK(cuda_launch(attn_kernel<E, T>, grid, dim3(ATT_WARPS * WARP), attn_smem_bytes<T>(WARP * E), st, q, out,
-	    part, n_split, *hd, *kv));
+	    q8, part, n_split, *hd, *kv));
 	return 0;
 }
 
 /* attn_launch_t for the pool's element type. */
 template <int E>
 static int
-attn_launch(dim3 grid, const float *q, float *out, float *part, int n_split, const struct cuda_heads *hd,
-    const struct cuda_kv *kv, cudaStream_t st, char *err)
+attn_launch(dim3 grid, const float *q, float *out, struct cuda_q8 q8, float *part, int n_split,
+    const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
 	if (kv->f32)
-		return attn_launch_t<E, float>(grid, q, out, part, n_split, hd, kv, st, err);
-	return attn_launch_t<E, __half>(grid, q, out, part, n_split, hd, kv, st, err);
+		return attn_launch_t<E, float>(grid, q, out, q8, part, n_split, hd, kv, st, err);
+	return attn_launch_t<E, __half>(grid, q, out, q8, part, n_split, hd, kv, st, err);
 }
 
 int
-cuda_attention(const float *q, float *out, int n_tok, const struct cuda_heads *hd,
+cuda_attention(const float *q, float *out, struct cuda_q8 q8, int n_tok, const struct cuda_heads *hd,
     const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
 	int group = hd->n_head / hd->n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP, dev, rc;
 	int64_t base = (int64_t)n_tok * hd->n_head_kv * ngb, n_split = 1, target;
 
+	if (q8.q != NULL && kv->fa_tiles != NULL)
+		return err_set(err, ERR_INVAL, "cuda_attention: an int8 form of the prefill tiles' rows");
 	if (kv->fa_tiles != NULL && (rc = cuda_flash(q, out, hd, kv, st, err)) != 0)
 		return rc;
 	CK(cudaGetDevice(&dev));
@@ -546,7 +561,7 @@ cuda_attention(const float *q, float *out, int n_tok, const struct cuda_heads *h
 	switch (hd->head_dim / WARP) {
 #define E_CASE(E) \
 	case E: \
-		rc = attn_launch<E>(grid, q, out, kv->part, (int)n_split, hd, kv, st, err); \
+		rc = attn_launch<E>(grid, q, out, q8, kv->part, (int)n_split, hd, kv, st, err); \
 		break;
 	E_CASE(1) E_CASE(2) E_CASE(3) E_CASE(4) E_CASE(5) E_CASE(6) E_CASE(7) E_CASE(8)
 #undef E_CASE
@@ -557,6 +572,6 @@ cuda_attention(const float *q, float *out, int n_tok, const struct cuda_heads *h
 	if (rc != 0 || n_split == 1)
 		return rc;
 	CK(cuda_launch(attn_merge_kernel, dim3((unsigned)(n_tok * hd->n_head)), dim3(hd->head_dim), 0, st, kv->part,
-	    out, (int)n_split, hd->head_dim, hd->n_head, kv->fa_tok));
+	    out, q8, (int)n_split, hd->head_dim, hd->n_head, kv->fa_tok));
 	return 0;
 }

@@ -92,9 +92,11 @@ int cuda_qk(float *q, float *k, const float *v, int n_tok, const struct cuda_hea
  * out[t][h] = softmax(scale * q[t][h] . K) V over the positions token t
  * sees. When few (token, KV head) pairs would leave the GPU idle, each
  * token's positions are split into pieces done by separate blocks and
- * merged after (kv->part holds the pieces).
+ * merged after (kv->part holds the pieces). With q8.q, out's int8 form
+ * (cuda_q8, rows of n_head * head_dim) goes there too, for the integer
+ * kernels of the output product; not with prefill tiles (kv->fa_tiles).
  */
-int cuda_attention(const float *q, float *out, int n_tok, const struct cuda_heads *hd,
+int cuda_attention(const float *q, float *out, struct cuda_q8 q8, int n_tok, const struct cuda_heads *hd,
     const struct cuda_kv *kv, cudaStream_t st, char *err);
 
 /*

@@ -1011,20 +1011,24 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 		b->att_part, b->att_part_rows, b->exact, fa ? dev->fa_tiles : NULL, fa ? dev->fa_tok : NULL, fa,
 		b->att_len };
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
+	struct cuda_q8 q8 = { NULL, NULL };
 	int embd = hp->n_embd, nq = hp->n_head * hp->head_dim, nkv = hp->n_head_kv * hp->head_dim, rc;
 	const struct cuda_weight *wqkv[3] = { &c->wq, &c->wk, &c->wv };
 	float *qkv[3] = { b->q, b->k, b->v };
 	int ld[3] = { nq, nkv, nkv };
 
+	/* the attention kernels write the output product's int8 input (the prefill tiles' kernel does not) */
+	if (!fa)
+		q8 = q8_of(b, T, &c->wo);
 	prof_mark(b, PH_MATMUL);
 	if ((rc = cuda_matmul_multi(&b->mm, wqkv, 3, b->h, embd, T, qkv, ld, formed(b, T, &c->wq), err)) != 0)
 		return rc;
 	prof_mark(b, PH_ATTN);
 	if ((rc = cuda_qk(b->q, b->k, b->v, T, &hd, &kv, b->stream, err)) != 0 ||
-	    (rc = cuda_attention(b->q, b->att, T, &hd, &kv, b->stream, err)) != 0)
+	    (rc = cuda_attention(b->q, b->att, q8, T, &hd, &kv, b->stream, err)) != 0)
 		return rc;
 	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul(&b->mm, &c->wo, b->att, nq, T, b->ffn_out, embd, 0, err)) != 0)
+	if ((rc = cuda_matmul(&b->mm, &c->wo, b->att, nq, T, b->ffn_out, embd, q8.q != NULL, err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
 	return cuda_residual_norm(b->x, b->ffn_out, c->post_attn_norm, c->ffn_norm, b->h, h16_of(b, T),

@@ -149,9 +149,13 @@ struct cuda_probe_kv {
 int cuda_probe_qk(struct cuda_probe *p, const struct cuda_probe_heads *hd, struct cuda_probe_kv *kv,
     float *q, const float *k, const float *v, int n_tok, char *err);
 
-/* cuda_attention: out (n_tok x n_head x head_dim) from q over the pool. */
+/*
+ * cuda_attention: out (n_tok x n_head x head_dim) from q over the pool;
+ * with q8 (NULL: not asked for) also its int8 form, two int8 rows a token
+ * into q8 and a scale and sum a group of 32 into q8d (2 floats each).
+ */
 int cuda_probe_attention(struct cuda_probe *p, const struct cuda_probe_heads *hd,
-    const struct cuda_probe_kv *kv, const float *q, int n_tok, float *out, char *err);
+    const struct cuda_probe_kv *kv, const float *q, int n_tok, float *out, int8_t *q8, float *q8d, char *err);
 
 #ifdef __cplusplus
 }

@@ -422,20 +422,10 @@ quant_q8_kernel(const float *__restrict__ x, int ldx, int k, int8_t *__restrict_
 {
 	pdl_wait();
 	pdl_trigger();
-	int g = blockIdx.x * Q8_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP, t = blockIdx.y;
-	float v, amax, sum;
-	int hi, lo;
+	int g = blockIdx.x * Q8_WARPS + threadIdx.x / WARP, i = 32 * g + threadIdx.x % WARP, t = blockIdx.y;
 
-	if (g >= k / 32)
-		return;
-	v = x[(size_t)t * ldx + 32 * g + lane];
-	amax = warp_max(fabsf(v));
-	q8_split(v, amax, &hi, &lo);
-	xq[(size_t)t * 2 * k + 32 * g + lane] = (int8_t)hi;
-	xq[(size_t)t * 2 * k + k + 32 * g + lane] = (int8_t)lo;
-	sum = warp_sum(v);
-	if (lane == 0)
-		xd[(size_t)t * (k / 32) + g] = q8_scale(amax, sum);
+	if (g < k / 32)
+		q8_store1(x[(size_t)t * ldx + i], i, k, xq + (size_t)t * 2 * k, xd + (size_t)t * (k / 32));
 }
 
 /* Multiplies row t of y (n wide) back by xscale[t]. */

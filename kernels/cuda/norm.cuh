@@ -59,6 +59,23 @@ q8_scale(float amax, float sum)
 	return make_float2(amax / 127.0f / (float)QLO, sum);
 }
 
+/*
+ * Element i of a row of k in int8 form (cuda_q8: hi at q + i, lo at q + k
+ * + i, its group's scale and sum at d[i / 32]), one element a lane: the
+ * 32 lanes of the calling warp hold one group, i % 32 == lane.
+ */
+static __device__ __forceinline__ void
+q8_store1(float v, int i, int k, int8_t *__restrict__ q, float2 *__restrict__ d)
+{
+	float amax = warp_max(fabsf(v)), sum = warp_sum(v);
+	int hi, lo;
+
+	q8_split(v, amax, &hi, &lo);
+	q[i] = (int8_t)hi, q[k + i] = (int8_t)lo;
+	if (i % 32 == 0)
+		d[i / 32] = q8_scale(amax, sum);
+}
+
 /* 1 if the row kernels take rows of n floats (a multiple of 4, at most 32768). */
 int cuda_row_fits(int n);
 

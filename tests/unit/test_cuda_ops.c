@@ -873,6 +873,8 @@ static const struct {
 	{ 256, 8, 1, 1, 0, 1, 1.0f, 10000.0f, 8.0f, 20 },
 	{ 96, 6, 3, 0, 1, 1, 0.0f, 500000.0f, 1.0f, 0 },
 	{ 32, 5, 1, 1, 0, 0, 0.0f, 10000.0f, 1.0f, 5 },
+	/* a second dimension a thread for one warp of the decode kernel only */
+	{ 160, 4, 2, 1, 0, 0, 0.0f, 10000.0f, 1.0f, 0 },
 };
 
 /* A step of several sequences: a prefill chunk, a first token, decodes, a whole prompt. */
@@ -1039,7 +1041,8 @@ ref_attention(const float *qh, const struct kv_pool *kp, const struct cuda_probe
 /*
  * One head configuration of cuda_attention over a pool of random K/V (NaN
  * where no position is) for a step of sequences; split: with the scratch
- * of split attention.
+ * of split attention. Without prefill tiles the output's int8 form is
+ * asked for too, and checked against the floats the kernel wrote.
  */
 static double
 attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int split, int flash)
@@ -1047,7 +1050,8 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int s
 	struct place pl;
 	struct cuda_probe_heads hd = heads_cfg(c, NULL, NULL, NULL, NULL, NULL);
 	int d = hd.head_dim, nq = hd.n_head * d, group = hd.n_head / hd.n_head_kv;
-	float *q, *out, *ref = xmalloc((size_t)d * sizeof *ref);
+	float *q, *out, *q8d = NULL, *ref = xmalloc((size_t)d * sizeof *ref);
+	int8_t *q8 = NULL;
 	struct kv_pool kp;
 	char err[ERR_LEN];
 	double worst = 0, vmax;
@@ -1065,9 +1069,13 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int s
 	out = nan_floats((size_t)pl.n_tok * nq);
 	struct cuda_probe_kv kv = probe_kv(&pl, &kp, split, flash);
 	double tol = flash ? TOL_FLASH : TOL_ATTN;
-	if (cuda_probe_attention(probe, &hd, &kv, q, pl.n_tok, out, err) != 0)
+	if (!flash)
+		q8 = xmalloc((size_t)pl.n_tok * 2 * nq), q8d = nan_floats((size_t)pl.n_tok * nq / 16);
+	if (cuda_probe_attention(probe, &hd, &kv, q, pl.n_tok, out, q8, q8d, err) != 0)
 		fail_msg("attention head_dim %d, %s pool, split %d, flash %d: %s", d, f32 ? "fp32" : "fp16", split,
 		    flash, err);
+	if (q8 != NULL)
+		check_rows_q8("attention output", q8, q8d, out, pl.n_tok, nq);
 	for (int t = 0; t < pl.n_tok; t++)
 		for (int h = 0; h < hd.n_head; h++) {
 			const float *got = out + ((size_t)t * hd.n_head + h) * d;
@@ -1085,7 +1093,7 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int s
 				worst = fmax(worst, e);
 			}
 		}
-	free(q), free(out), free(ref), free(kp.data);
+	free(q), free(out), free(q8), free(q8d), free(ref), free(kp.data);
 	return worst;
 }
 
