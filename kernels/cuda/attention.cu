@@ -267,8 +267,9 @@ attn_scores(const T *kt, const float *qs, int j, int nv, int qq)
  * and leaves their weights. Values: each thread accumulates, for every
  * head, its dimensions (DPT of them, NT apart) over the tile's positions,
  * or where head_dim is under NT, over every NPG-th position, the groups'
- * sums added at the end. With one split the output is normalized in place;
- * else the piece (weighted values, max, sum) goes to part for attn_merge.
+ * sums added at the end. With one split the output is normalized in place
+ * (and its int8 form written to q8 if q8.q, for the output product); else
+ * the piece (weighted values, max, sum) goes to part for attn_merge.
  */
 template <int E, typename T>
 __global__ void __launch_bounds__(ATT_WARPS * WARP)
@@ -403,9 +404,10 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 }
 
 /*
- * The pieces of (token, head) blockIdx.x merged: each weighted by
- * e^(its max - the max of all) (log-sum-exp), divided by the weighted sum.
- * Piece 0 is never empty; empty ones have max -inf and weigh nothing. The
+ * The pieces of (token, head) blockIdx.x merged, a thread a dimension
+ * (blockDim.x == d): each weighted by e^(its max - the max of all)
+ * (log-sum-exp), divided by the weighted sum; the result's int8 form also
+ * into q8 if q8.q. Piece 0 is never empty; empty ones have max -inf and weigh nothing. The
  * maxima and sums are read once into shared memory, so that the values'
  * loads, one per piece and thread, are all independent.
  */
@@ -431,13 +433,10 @@ attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, struc
 		float w = wm[s] == -INFINITY ? 0.0f : expf(wm[s] - mx);
 
 		l += w * wl[s];
-		if (threadIdx.x < d)
-			acc += w * pr[s * (d + 2) + threadIdx.x];
+		acc += w * pr[s * (d + 2) + threadIdx.x];
 	}
-	if (threadIdx.x >= d)
-		return;
 	out[(size_t)blockIdx.x * d + threadIdx.x] = acc / l;
-	if (q8.q != NULL) { /* blockDim.x == d, a multiple of 32 */
+	if (q8.q != NULL) { /* whole warps: blockDim.x == d, a multiple of 32 */
 		int t = blockIdx.x / n_head, k = n_head * d;
 
 		q8_store1(acc / l, (blockIdx.x % n_head) * d + threadIdx.x, k, q8.q + (size_t)t * 2 * k,

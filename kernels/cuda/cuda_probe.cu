@@ -23,7 +23,7 @@ extern "C" {
 /* Bytes of 0xff kept after every buffer a kernel writes; any other value there is a stray write. */
 #define GUARD 256
 /* Device buffers one call may hold. */
-#define MAX_BUFS 16
+#define MAX_BUFS 20
 
 /* A device buffer of `bytes` followed by GUARD bytes of 0xff. */
 struct dbuf {
@@ -767,8 +767,8 @@ attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_hea
 	if ((rc = cuda_attention((const float *)dq, (float *)dout, dq8, n_tok, &ch, &ck, p->stream, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_attention", err)) != 0)
 		return rc;
-	if (q8 != NULL && ((rc = fetch(p, q8, d8, 2 * n, err)) != 0 || (rc = fetch(p, q8d, d8d, n / 32 * sizeof(float2),
-	    err)) != 0))
+	if (q8 != NULL && ((rc = fetch(p, q8, d8, 2 * n, err)) != 0 ||
+	    (rc = fetch(p, q8d, d8d, n / 32 * sizeof(float2), err)) != 0))
 		return rc;
 	return fetch(p, out, dout, qb, err);
 }

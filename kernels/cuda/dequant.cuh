@@ -132,8 +132,9 @@ deq8<TT_Q5_0>(const uint8_t *__restrict__ row, int c, float *v)
 
 /*
  * The 6-bit scales and mins of a Q4_K/Q5_K block's eight sub-blocks from its
- * 12 scale bytes as three words, as quant.c's k4_scale_min unpacks them, for
- * all eight at once: byte i of sc[h] and m[h] belongs to sub-block 4h + i.
+ * 12 scale bytes as three words, as k4_scale_min unpacks them
+ * (daemon/model/quant_blocks.h), for all eight at once: byte i of sc[h] and
+ * m[h] belongs to sub-block 4h + i.
  */
 static __device__ __forceinline__ void
 k4_unpack(uint32_t q0, uint32_t q1, uint32_t q2, uint32_t sc[2], uint32_t m[2])
@@ -142,7 +143,7 @@ k4_unpack(uint32_t q0, uint32_t q1, uint32_t q2, uint32_t sc[2], uint32_t m[2])
 	m[0] = q1 & 0x3f3f3f3fu, m[1] = ((q2 >> 4) & 0x0f0f0f0fu) | ((q1 >> 2) & 0x30303030u);
 }
 
-/* Scale and min of sub-block g of a Q4_K/Q5_K block (quant.c's k4_scale_min). */
+/* Scale and min of sub-block g of a Q4_K/Q5_K block (k4_scale_min of daemon/model/quant_blocks.h). */
 static __device__ __forceinline__ void
 k4_scale_min(const uint8_t *scales, int g, int *sc, int *m)
 {

@@ -1074,8 +1074,8 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int s
 	if (cuda_probe_attention(probe, &hd, &kv, q, pl.n_tok, out, q8, q8d, err) != 0)
 		fail_msg("attention head_dim %d, %s pool, split %d, flash %d: %s", d, f32 ? "fp32" : "fp16", split,
 		    flash, err);
-	if (q8 != NULL)
-		check_rows_q8("attention output", q8, q8d, out, pl.n_tok, nq);
+	if (q8 != NULL) /* fails on any element outside its bound; the floats' error is what this case reports */
+		(void)check_rows_q8("attention output", q8, q8d, out, pl.n_tok, nq);
 	for (int t = 0; t < pl.n_tok; t++)
 		for (int h = 0; h < hd.n_head; h++) {
 			const float *got = out + ((size_t)t * hd.n_head + h) * d;
