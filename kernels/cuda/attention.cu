@@ -276,8 +276,6 @@ __global__ void __launch_bounds__(ATT_WARPS * WARP)
 attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q8, float *__restrict__ part,
     int n_split, struct cuda_heads hp, struct cuda_kv kv)
 {
-	pdl_wait();
-	pdl_trigger();
 	constexpr int D = WARP * E, RS = D + kv_pad<T>(), NT = ATT_WARPS * WARP;
 	constexpr int NPG = D < NT ? NT / D : 1, TG = NT / NPG, DPT = (D + TG - 1) / TG;
 	static_assert(ATT_GROUP == 4 && ATT_TILE == 8 * ATT_WARPS, "four lanes a position, one head each");
@@ -296,7 +294,18 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	int lo = p0 + split * per, hi = min(lo + per, pos + 1);
 	const int32_t *tab = kv.tables + kv.tok_tab[t];
 	float m = -INFINITY, l = 0.0f, acc[ATT_GROUP][DPT];
+	/*
+	 * A first tile older than every token of the step (a sequence has at
+	 * most gridDim.x / n_split of them) was written by earlier steps: its
+	 * copy starts before pdl_wait, under the kernel before (the positions
+	 * and tables are the step's staged copy, done before its first kernel).
+	 */
+	int nv0 = min(ATT_TILE, hi - lo), early = lo < hi && lo + nv0 <= pos + 1 - (int)(gridDim.x / n_split);
 
+	if (early)
+		attn_load_tile<D, T>(ks, vs, kv, tab, lo, nv0, nkv, kvh * D);
+	pdl_wait();
+	pdl_trigger();
 	for (int i = threadIdx.x; i < ATT_GROUP * D; i += NT)
 		qs[i] = i / D < ng ? q[((size_t)t * hp.n_head + h0) * D + i] * hp.scale : 0.0f;
 #pragma unroll
@@ -304,8 +313,8 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 #pragma unroll
 		for (int k = 0; k < DPT; k++)
 			acc[h][k] = 0.0f;
-	if (lo < hi)
-		attn_load_tile<D, T>(ks, vs, kv, tab, lo, min(ATT_TILE, hi - lo), nkv, kvh * D);
+	if (lo < hi && !early)
+		attn_load_tile<D, T>(ks, vs, kv, tab, lo, nv0, nkv, kvh * D);
 	cp_async_commit();
 	for (int c0 = lo, st = 0; c0 < hi; c0 += ATT_TILE, st ^= 1) {
 		int nv = min(ATT_TILE, hi - c0), j = 8 * g + lane % 8;

@@ -54,9 +54,10 @@ int cuda_fault_kind(const char *call);
  * launched while the one before it on the stream still runs; it starts
  * with pdl_wait(), which holds it until that kernel has finished and its
  * writes are visible, then pdl_trigger() lets the next one launch. What a
- * kernel does before pdl_wait() may only read what no earlier kernel of
- * the step writes (the weights). The launch latency between kernels, a few
- * microseconds each on a step of hundreds, is hidden.
+ * kernel does before pdl_wait() may only read what no kernel of the step
+ * writes: the weights, the step's staged inputs (copied before its first
+ * kernel) and the KV pool's positions of earlier steps. The launch latency
+ * between kernels, a few microseconds each on a step of hundreds, is hidden.
  */
 extern int cuda_pdl;
 
