@@ -287,8 +287,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	int group = hp.n_head / hp.n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP;
 	int kvh = blockIdx.y / ngb, h0 = kvh * group + (blockIdx.y % ngb) * ATT_GROUP;
 	int ng = min(ATT_GROUP, (kvh + 1) * group - h0), nkv = hp.n_head_kv * D;
-	if (kv.fa_tok != NULL && kv.fa_tok[t])
-		return; /* the tensor-core kernel has it */
+	int fa = kv.fa_tok != NULL && kv.fa_tok[t]; /* the tensor-core kernel has this token */
 	int pos = kv.tok_pos[t], p0 = hp.window > 0 && pos >= hp.window ? pos - hp.window + 1 : 0;
 	int per = ((pos - p0 + 1 + n_split - 1) / n_split + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
 	int lo = p0 + split * per, hi = min(lo + per, pos + 1);
@@ -300,12 +299,18 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	 * copy starts before pdl_wait, under the kernel before (the positions
 	 * and tables are the step's staged copy, done before its first kernel).
 	 */
-	int nv0 = min(ATT_TILE, hi - lo), early = lo < hi && lo + nv0 <= pos + 1 - (int)(gridDim.x / n_split);
+	int nv0 = min(ATT_TILE, hi - lo), early = !fa && lo < hi && lo + nv0 <= pos + 1 - (int)(gridDim.x / n_split);
 
 	if (early)
 		attn_load_tile<D, T>(ks, vs, kv, tab, lo, nv0, nkv, kvh * D);
 	pdl_wait();
 	pdl_trigger();
+	/*
+	 * Only after the wait: the kernel after this one waits for it alone, and
+	 * reads what the tensor-core kernel before it wrote.
+	 */
+	if (fa)
+		return;
 	for (int i = threadIdx.x; i < ATT_GROUP * D; i += NT)
 		qs[i] = i / D < ng ? q[((size_t)t * hp.n_head + h0) * D + i] * hp.scale : 0.0f;
 #pragma unroll
