@@ -393,7 +393,8 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	}
 	for (int h = 0; h < ng; h++) {
 		size_t row = (size_t)t * hp.n_head + h0 + h;
-		float *pr = part + (row * n_split + split) * (D + 2);
+		/* part is NULL where the context is one piece: only an offset of 0 then */
+		float *pr = part + (n_split > 1 ? (row * n_split + split) * (D + 2) : 0);
 
 #pragma unroll
 		for (int k = 0; k < DPT; k++) {
@@ -409,8 +410,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 
 			out[row * D + d] = o;
 			if (q8.q != NULL) /* a warp holds 32 dimensions in a row: TG and D are multiples of 32 */
-				q8_store1(o, (h0 + h) * D + d, hp.n_head * D,
-				    q8.q + (size_t)t * 2 * hp.n_head * D, q8.d + (size_t)t * hp.n_head * E);
+				q8_store1(q8, t, hp.n_head * D, (h0 + h) * D + d, o);
 		}
 		if (n_split > 1 && threadIdx.x == 0)
 			pr[D] = cs[h], pr[D + 1] = cs[ATT_GROUP + h];
@@ -450,12 +450,8 @@ attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, struc
 		acc += w * pr[s * (d + 2) + threadIdx.x];
 	}
 	out[(size_t)blockIdx.x * d + threadIdx.x] = acc / l;
-	if (q8.q != NULL) { /* whole warps: blockDim.x == d, a multiple of 32 */
-		int t = blockIdx.x / n_head, k = n_head * d;
-
-		q8_store1(acc / l, (blockIdx.x % n_head) * d + threadIdx.x, k, q8.q + (size_t)t * 2 * k,
-		    q8.d + (size_t)t * (k / 32));
-	}
+	if (q8.q != NULL) /* whole warps: blockDim.x == d, a multiple of 32 */
+		q8_store1(q8, blockIdx.x / n_head, n_head * d, (blockIdx.x % n_head) * d + threadIdx.x, acc / l);
 }
 
 int

@@ -423,9 +423,10 @@ quant_q8_kernel(const float *__restrict__ x, int ldx, int k, int8_t *__restrict_
 	pdl_wait();
 	pdl_trigger();
 	int g = blockIdx.x * Q8_WARPS + threadIdx.x / WARP, i = 32 * g + threadIdx.x % WARP, t = blockIdx.y;
+	struct cuda_q8 q8 = { xq, xd };
 
 	if (g < k / 32)
-		q8_store1(x[(size_t)t * ldx + i], i, k, xq + (size_t)t * 2 * k, xd + (size_t)t * (k / 32));
+		q8_store1(q8, t, k, i, x[(size_t)t * ldx + i]);
 }
 
 /* Multiplies row t of y (n wide) back by xscale[t]. */

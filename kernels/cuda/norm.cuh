@@ -60,20 +60,20 @@ q8_scale(float amax, float sum)
 }
 
 /*
- * Element i of a row of k in int8 form (cuda_q8: hi at q + i, lo at q + k
- * + i, its group's scale and sum at d[i / 32]), one element a lane: the
- * 32 lanes of the calling warp hold one group, i % 32 == lane.
+ * v, element i of row t (k wide) in int8 form into q8, one element a lane:
+ * the 32 lanes of the calling warp hold one group, i % 32 == lane.
  */
 static __device__ __forceinline__ void
-q8_store1(float v, int i, int k, int8_t *__restrict__ q, float2 *__restrict__ d)
+q8_store1(struct cuda_q8 q8, int t, int k, int i, float v)
 {
+	int8_t *q = q8.q + (size_t)t * 2 * k;
 	float amax = warp_max(fabsf(v)), sum = warp_sum(v);
 	int hi, lo;
 
 	q8_split(v, amax, &hi, &lo);
 	q[i] = (int8_t)hi, q[k + i] = (int8_t)lo;
 	if (i % 32 == 0)
-		d[i / 32] = q8_scale(amax, sum);
+		q8.d[(size_t)t * (k / 32) + i / 32] = q8_scale(amax, sum);
 }
 
 /* 1 if the row kernels take rows of n floats (a multiple of 4, at most 32768). */
