@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -38,6 +39,12 @@
 #define HEAD_FIXED 40
 /* Records copied between the pool and the file at a time. */
 #define CHUNK 8
+/*
+ * The tier is a cache: it never takes the last 64 MiB of its filesystem,
+ * which the database needs more (a turn that cannot be committed is lost,
+ * a record not written is only computed again).
+ */
+#define FLOOR_BYTES ((uint64_t)64 << 20)
 
 /* A file of the tier, for the budget. */
 struct kvfile {
@@ -312,7 +319,26 @@ records_present(int fd, size_t head, size_t rec, int32_t upto)
 	return (int32_t)MIN(n, upto);
 }
 
-/* Writes records [first, first + n) after first records; j->done = the file's records after. */
+/* 0 if writing bytes more leaves the filesystem FLOOR_BYTES free; ERR_NOSPACE if not. */
+static int
+room_for(const struct kvdisk *d, uint64_t bytes, char *err)
+{
+	struct statvfs sv;
+	uint64_t avail;
+
+	if (statvfs(d->dir, &sv) != 0)
+		return err_set(err, ERR_IO, "%s: %s", d->dir, strerror(errno));
+	avail = (uint64_t)sv.f_bavail * sv.f_frsize;
+	if (avail < bytes + FLOOR_BYTES)
+		return err_set(err, ERR_NOSPACE, "%s: %llu MiB free; KV files are not written into the last %llu MiB",
+		    d->dir, (unsigned long long)(avail >> 20), (unsigned long long)(FLOOR_BYTES >> 20));
+	return 0;
+}
+
+/*
+ * Writes records [first, first + n) after first records; j->done = the
+ * file's records after. A failed write leaves no partial record behind.
+ */
 static int
 run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 {
@@ -324,9 +350,10 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 
 	job_paths(d, j, rel, sizeof rel, path, sizeof path);
 	j->done = 0;
-	if ((fd = write_open(d, j, path, &head, err)) < 0) {
+	if ((rc = room_for(d, (uint64_t)MIN(CHUNK, j->n) * rec, err)) != 0 ||
+	    (fd = write_open(d, j, path, &head, err)) < 0) {
 		free(buf), free(blocks);
-		return fd;
+		return rc != 0 ? rc : fd;
 	}
 	if ((have = records_present(fd, head, rec, j->first)) < j->first) {
 		/* records before ours went missing: keep what is there, the owner writes them next */
@@ -342,6 +369,8 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 	j->done = j->first;
 	for (i = 0; i < j->n && rc == 0; i += c) {
 		c = MIN(CHUNK, j->n - i);
+		if (i > 0 && (rc = room_for(d, (uint64_t)c * rec, err)) != 0)
+			break;
 		pthread_mutex_lock(j->copy_mu);
 		rc = j->ops->kv_read(j->be, j->blocks + i, c, blocks, err);
 		pthread_mutex_unlock(j->copy_mu);
@@ -359,9 +388,18 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 			memcpy(r + sizeof h + j->block_bytes, &sum, sizeof sum);
 		}
 		for (k = 0; k < c && rc == 0; k++) {
-			if (pwrite(fd, buf + (size_t)k * rec, rec, (off_t)(head + (size_t)j->done * rec)) != (ssize_t)rec)
-				rc = err_set(err, ERR_IO, "%s: %s", path, strerror(errno));
-			else if (++j->done - j->first == d->stall_after)
+			ssize_t w = pwrite(fd, buf + (size_t)k * rec, rec, (off_t)(head + (size_t)j->done * rec));
+
+			if (w != (ssize_t)rec) {
+				/* a short write on a regular file is a full disk */
+				int e = w < 0 ? errno : ENOSPC;
+
+				rc = err_set(err, e == ENOSPC || e == EDQUOT || e == EFBIG ? ERR_NOSPACE : ERR_IO, "%s: %s",
+				    path, strerror(e));
+				if (ftruncate(fd, (off_t)(head + (size_t)j->done * rec)) != 0) {
+					/* then the partial record fails its checksum when loaded */
+				}
+			} else if (++j->done - j->first == d->stall_after)
 				sleep(3600);
 		}
 	}

@@ -1495,6 +1495,8 @@ take_io(struct sched *s)
 	for (j = s->disk ? kvdisk_take_done(s->disk) : NULL; j != NULL; j = next) {
 		next = j->next;
 		any = 1;
+		if (j->rc != 0)
+			log_warn("KV disk tier: %s", j->err);
 		if (j->owner != NULL)
 			engine_io_done(j->owner, j);
 		else
