@@ -279,9 +279,14 @@ job_paths(const struct kvdisk *d, const struct kvdisk_job *j, char *rel, size_t 
 
 /* ---- jobs ---- */
 
-/* Opens (creating it and its directory) the file of a write, with its header right. */
+/*
+ * Opens (creating it and its directory) the file of a write, with its
+ * header right: a file that is not there (the budget may have removed it)
+ * or is another identity's starts again empty, and the write finds its
+ * first records missing.
+ */
 static int
-write_open(struct kvdisk *d, struct kvdisk_job *j, const char *path, size_t *head, char *err)
+write_open(struct kvdisk *d, struct kvdisk_job *j, const char *rel, const char *path, size_t *head, char *err)
 {
 	char dir[4096];
 	uint8_t *h;
@@ -293,14 +298,15 @@ write_open(struct kvdisk *d, struct kvdisk_job *j, const char *path, size_t *hea
 	if ((fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600)) < 0)
 		return err_set(err, ERR_IO, "%s: %s", path, strerror(errno));
 	*head = header_make(j, &h);
-	if (!header_matches(fd, h, *head)) {
-		/* a new file, or one of another identity or format: start it again */
-		if (j->first > 0 || ftruncate(fd, 0) != 0 || pwrite(fd, h, *head, 0) != (ssize_t)*head) {
-			close(fd);
-			free(h);
-			return err_set(err, ERR_IO, "%s: %s", path, j->first > 0 ? "its first records are missing" :
-			    strerror(errno));
-		}
+	if (!header_matches(fd, h, *head) && (ftruncate(fd, 0) != 0 || pwrite(fd, h, *head, 0) != (ssize_t)*head)) {
+		int e = errno;
+
+		close(fd);
+		free(h);
+		unlink(path);
+		file_note(d, rel, 0, 0);
+		return err_set(err, errno_no_space(e) ? ERR_NOSPACE : ERR_IO, "%s: %s", path,
+		    strerror(e));
 	}
 	free(h);
 	return fd;
@@ -351,7 +357,7 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 	job_paths(d, j, rel, sizeof rel, path, sizeof path);
 	j->done = 0;
 	if ((rc = room_for(d, (uint64_t)MIN(CHUNK, j->n) * rec, err)) != 0 ||
-	    (fd = write_open(d, j, path, &head, err)) < 0) {
+	    (fd = write_open(d, j, rel, path, &head, err)) < 0) {
 		free(buf), free(blocks);
 		return rc != 0 ? rc : fd;
 	}
@@ -394,7 +400,7 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 				/* a short write on a regular file is a full disk */
 				int e = w < 0 ? errno : ENOSPC;
 
-				rc = err_set(err, e == ENOSPC || e == EDQUOT || e == EFBIG ? ERR_NOSPACE : ERR_IO, "%s: %s",
+				rc = err_set(err, errno_no_space(e) ? ERR_NOSPACE : ERR_IO, "%s: %s",
 				    path, strerror(e));
 				if (ftruncate(fd, (off_t)(head + (size_t)j->done * rec)) != 0) {
 					/* then the partial record fails its checksum when loaded */

@@ -496,7 +496,7 @@ start_seq(struct sched *s, struct gen *g, const int32_t *ids, size_t n, char *er
 	job_params(s, g->job, &p);
 	if (g->job->req.session != NULL && (r = find_resident(g->slot, g->job->req.session)) != NULL) {
 		if (r->busy)
-			return err_set(err, ERR_INVAL, "session %s is already generating", r->uuid);
+			return err_set(err, ERR_BUSY, "session %s has a turn generating already", r->uuid);
 		if ((rc = engine_seq_reuse(g->slot->e, r->seq, ids, (int32_t)n, &p, err)) < 0)
 			return rc;
 		g->seq = r->seq;
@@ -591,7 +591,7 @@ prep_done(struct sched *s, struct gen *g)
 		rc = ERR_RANGE, pe = PE_CONTEXT_EXCEEDED;
 	}
 	if (rc == 0 && (rc = start_seq(s, g, g->ids, g->n_ids, err)) != 0)
-		pe = rc == ERR_RANGE ? PE_CONTEXT_EXCEEDED : PE_INVALID_PARAM;
+		pe = rc == ERR_RANGE ? PE_CONTEXT_EXCEEDED : rc == ERR_BUSY ? PE_SESSION_BUSY : PE_INVALID_PARAM;
 	free(g->ids);
 	g->ids = NULL;
 	if (rc != 0) {
@@ -669,6 +669,7 @@ turn_rows(struct gen *g, struct sched_event *ev)
 	free(close_ids);
 	ev->turns = t;
 	ev->n_turns = r->n_msgs + 1;
+	ev->after = g->job->n_history;
 	snprintf(ev->session, sizeof ev->session, "%s", r->session);
 	ev->uid = g->job->uid;
 }
@@ -1396,13 +1397,22 @@ fork_resident(struct sched *s, const char *parent, const char *child)
 	}
 }
 
-/* Drops a session's cached sequences (a running one when it is done) and its stored KV. */
+/*
+ * Drops a session's cached sequences (a running one when it is done) and
+ * its stored KV, and cancels its turn in flight, queued ones too: one that
+ * ran on would park and save KV for a session that is gone.
+ */
 static void
 drop_resident(struct sched *s, const char *uuid)
 {
 	struct slot *m;
 	struct resident *r, *next;
 	struct kvdisk_job *j;
+	struct gen *g;
+
+	for (g = s->gens; g != NULL; g = g->next)
+		if (g->job->req.session != NULL && strcmp(g->job->req.session, uuid) == 0)
+			g->cancelled = 1;
 
 	for (m = s->slots.list; m != NULL; m = m->next)
 		for (r = m->residents; r != NULL; r = next) {

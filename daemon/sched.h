@@ -82,6 +82,7 @@ struct sched_event {
 	uint32_t uid;
 	struct store_turn *turns;
 	int n_turns;
+	int32_t after;              /* the session's turns they follow (store_append_turns) */
 	char *model_loaded;         /* model.load of a path: register it in the store */
 	struct sched_event *next;
 };

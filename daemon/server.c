@@ -50,6 +50,12 @@ enum conn_state { CONN_OPEN, CONN_CLOSING, CONN_DEAD };
 
 #define ACCEPT_PAUSE_US 100000
 
+/* A request not finished; session turns are known by their session, one at a time. */
+struct inflight {
+	uint64_t id;
+	char session[37];           /* a generate's session, or "" */
+};
+
 struct conn {
 	uint64_t id;
 	enum conn_state state;
@@ -58,7 +64,7 @@ struct conn {
 	uid_t uid;
 	pid_t pid;
 	char client[PROTO_MAX_CLIENT + 1];
-	uint64_t *inflight;         /* ids of requests not finished */
+	struct inflight *inflight;  /* requests not finished */
 	int n_inflight, cap_inflight;
 	struct conn *next;
 };
@@ -179,19 +185,34 @@ inflight_has(const struct conn *c, uint64_t id)
 	int i;
 
 	for (i = 0; i < c->n_inflight; i++)
-		if (c->inflight[i] == id)
+		if (c->inflight[i].id == id)
 			return 1;
 	return 0;
 }
 
+/* Whether a generate on the session is in flight on any connection. */
+static int
+session_busy(const struct server *srv, const char *uuid)
+{
+	const struct conn *c;
+	int i;
+
+	for (c = srv->conns; c != NULL; c = c->next)
+		for (i = 0; i < c->n_inflight; i++)
+			if (strcmp(c->inflight[i].session, uuid) == 0)
+				return 1;
+	return 0;
+}
+
 static void
-inflight_add(struct conn *c, uint64_t id)
+inflight_add(struct conn *c, uint64_t id, const char *session)
 {
 	if (c->n_inflight == c->cap_inflight) {
 		c->cap_inflight = c->cap_inflight ? c->cap_inflight * 2 : 8;
 		c->inflight = xrealloc(c->inflight, (size_t)c->cap_inflight * sizeof *c->inflight);
 	}
-	c->inflight[c->n_inflight++] = id;
+	c->inflight[c->n_inflight].id = id;
+	snprintf(c->inflight[c->n_inflight++].session, sizeof c->inflight->session, "%s", session ? session : "");
 }
 
 static void
@@ -200,7 +221,7 @@ inflight_del(struct conn *c, uint64_t id)
 	int i;
 
 	for (i = 0; i < c->n_inflight; i++)
-		if (c->inflight[i] == id) {
+		if (c->inflight[i].id == id) {
 			c->inflight[i] = c->inflight[--c->n_inflight];
 			return;
 		}
@@ -253,6 +274,7 @@ store_pe(int rc)
 	case ERR_INVAL: case ERR_RANGE: return PE_INVALID_PARAM;
 	case ERR_QUOTA: return PE_QUOTA_EXCEEDED;
 	case ERR_NOSPACE: return PE_STORAGE_FULL;
+	case ERR_BUSY: return PE_SESSION_BUSY;
 	default: return PE_INTERNAL;
 	}
 }
@@ -434,28 +456,39 @@ apply_defaults(struct proto_req *r, const char *json)
 	json_decref(j);
 }
 
-/* Reads a session's history into the job. Returns 0 or sends the error. */
+/*
+ * Reads a session's history into the job. Returns 0 or sends the error:
+ * also session_busy while another generate on it is in flight, since a
+ * turn made from a history that another turn then extends would be stored
+ * after it without having seen it.
+ */
 static int
 load_session(struct conn *c, struct sched_job *job)
 {
 	struct store_session ss;
 	struct store_turn *t = NULL;
 	char err[ERR_LEN];
+	int64_t total;
 	int n = 0, i, rc;
 
 	if ((rc = store_session_get(c->srv->store, c->uid, job->req.session, &ss, err)) != 0 ||
-	    (rc = store_turns(c->srv->store, c->uid, job->req.session, &t, &n, err)) != 0) {
+	    (rc = store_turns(c->srv->store, c->uid, job->req.session, &t, &n, err)) != 0 ||
+	    (rc = session_busy(c->srv, job->req.session) ? err_set(err, ERR_BUSY, "the session has a turn "
+	    "generating already; wait for its done, or cancel it") : 0) != 0) {
+		store_turns_free(t, n);
 		store_session_clear(&ss);
 		conn_error(c, 1, job->req.id, store_pe(rc), err);
 		return -1;
 	}
+	/* sized by the turns read, not the session's count: another process may write between the two reads */
+	for (i = 0, total = 0; i < n; i++)
+		total += t[i].n_tokens;
 	job->history = xcalloc((size_t)(n ? n : 1), sizeof *job->history);
-	job->history_ids = xmalloc((size_t)MAX(ss.n_tokens, 1) * sizeof *job->history_ids);
+	job->history_ids = xmalloc((size_t)MAX(total, 1) * sizeof *job->history_ids);
 	for (i = 0; i < n; i++) {
 		job->history[i].role = t[i].role, t[i].role = NULL;
 		job->history[i].content = t[i].content, t[i].content = NULL;
-		if (job->history_tokens + t[i].n_tokens <= ss.n_tokens)
-			memcpy(job->history_ids + job->history_tokens, t[i].tokens, (size_t)t[i].n_tokens * sizeof(int32_t));
+		memcpy(job->history_ids + job->history_tokens, t[i].tokens, (size_t)t[i].n_tokens * sizeof(int32_t));
 		job->history_tokens += t[i].n_tokens;
 	}
 	job->n_history = n;
@@ -505,7 +538,7 @@ submit(struct conn *c, struct proto_req *r)
 	}
 	if (job->req.op == OP_STATUS)
 		add_clients(c->srv, job);
-	inflight_add(c, job->req.id);
+	inflight_add(c, job->req.id, job->req.op == OP_GENERATE ? job->req.session : NULL);
 	sched_submit(c->srv->sched, job);
 }
 
@@ -531,7 +564,7 @@ dispatch(struct conn *c, struct proto_req *r)
 	}
 	switch (r->op) {
 	case OP_HELLO: op_hello(c, r); break;
-	case OP_CANCEL: sched_cancel(c->srv->sched, c->id, r->target, r->id); inflight_add(c, r->id); break;
+	case OP_CANCEL: sched_cancel(c->srv->sched, c->id, r->target, r->id); inflight_add(c, r->id, NULL); break;
 	case OP_SESSION_LIST: op_session_list(c, r); break;
 	case OP_SESSION_GET: op_session_get(c, r); break;
 	case OP_SESSION_NEW: case OP_SESSION_FORK: case OP_SESSION_RENAME: case OP_SESSION_DELETE:
@@ -666,7 +699,7 @@ commit_turn(struct server *srv, struct sched_event *ev)
 	char err[ERR_LEN], msg[ERR_LEN + 32];
 	int rc;
 
-	if ((rc = store_append_turns(srv->store, ev->uid, ev->session, ev->turns, ev->n_turns, err)) == 0)
+	if ((rc = store_append_turns(srv->store, ev->uid, ev->session, ev->after, ev->turns, ev->n_turns, err)) == 0)
 		return;
 	log_error("saving a turn of session %s: %s", ev->session, err);
 	snprintf(msg, sizeof msg, "the turn could not be saved: %s", err);

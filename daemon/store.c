@@ -148,7 +148,6 @@ struct store {
 };
 
 static int sql_code(int rc);
-static int no_space(int e);
 static int last_errno(struct store *s);
 static int sql_err(struct store *s, int rc, const char *what, char *err);
 static void bind_text(struct store *s, sqlite3_stmt *st, int i, const char *v);
@@ -206,13 +205,6 @@ sql_code(int rc)
 	}
 }
 
-/* Whether errno e says a write found no room. */
-static int
-no_space(int e)
-{
-	return e == ENOSPC || e == EFBIG || e == EDQUOT;
-}
-
 /*
  * The errno of the last failed write to the database's WAL or, failing
  * that, to the database file (0 if none): sqlite3_system_errno reads the
@@ -226,7 +218,7 @@ last_errno(struct store *s)
 
 	if (sqlite3_file_control(s->db, "main", SQLITE_FCNTL_JOURNAL_POINTER, &wal) == SQLITE_OK && wal != NULL &&
 	    wal->pMethods != NULL && wal->pMethods->xFileControl(wal, SQLITE_FCNTL_LAST_ERRNO, &e) == SQLITE_OK &&
-	    no_space(e))
+	    errno_no_space(e))
 		return e;
 	if (sqlite3_file_control(s->db, "main", SQLITE_FCNTL_LAST_ERRNO, &e) != SQLITE_OK)
 		e = 0;
@@ -251,7 +243,7 @@ sql_err(struct store *s, int rc, const char *what, char *err)
 		msg = sqlite3_errmsg(s->db);
 	if ((rc & 0xff) == SQLITE_FULL)
 		return err_set(err, ERR_NOSPACE, "%s: no space left for the database: %s", what, msg);
-	if ((rc & 0xff) == SQLITE_IOERR && no_space(e = last_errno(s)))
+	if ((rc & 0xff) == SQLITE_IOERR && errno_no_space(e = last_errno(s)))
 		return err_set(err, ERR_NOSPACE, "%s: no space left for the database: %s", what, strerror(e));
 	return err_set(err, sql_code(rc), "%s: %s", what, msg);
 }
@@ -845,7 +837,7 @@ store_turns(struct store *s, uint32_t uid, const char *uuid,
 }
 
 int
-store_append_turns(struct store *s, uint32_t uid, const char *uuid,
+store_append_turns(struct store *s, uint32_t uid, const char *uuid, int32_t after,
     const struct store_turn *t, int n, char *err)
 {
 	sqlite3_stmt *bump = s->st[ST_SESSION_BUMP];
@@ -857,6 +849,9 @@ store_append_turns(struct store *s, uint32_t uid, const char *uuid,
 	    (rc = tx_begin(s, 1, err)) < 0)
 		return rc;
 	rc = session_counts(s, uid, uuid, &n_turns, &n_tokens, err);
+	if (rc == 0 && after >= 0 && n_turns != after)
+		rc = err_set(err, ERR_BUSY, "the session has %d turns, not the %d this turn was generated after: "
+		    "another turn was stored meanwhile", (int)n_turns, (int)after);
 	if (rc == 0 && ((int64_t)n_turns + n > INT32_MAX || n_tokens + sum > INT32_MAX))
 		rc = err_set(err, ERR_RANGE, "the session would exceed 2^31 turns or tokens");
 	for (i = 0; rc == 0 && i < n; i++)
@@ -1085,6 +1080,9 @@ store_open(const char *path, struct store **out, char *err)
 			rc = err_set(err, ERR_NOMEM, "out of memory");
 		else
 			rc = sql_err(s, rc, "opening", err);
+	} else if (sqlite3_db_readonly(s->db, "main") == 1) {
+		/* SQLite opens a file it may not write read-only, and every turn would fail later */
+		rc = err_set(err, ERR_IO, "the database is read-only (its file's permissions): residentd must write it");
 	} else if ((rc = db_setup(s, err)) == 0 &&
 	    (rc = stmts_prepare(s, 0, ST_SCHEMA, err)) == 0 &&
 	    (rc = migrate(s, err)) == 0) {

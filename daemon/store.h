@@ -120,8 +120,11 @@ int store_turns(struct store *s, uint32_t uid, const char *uuid,
  * transaction: they take the next indices, and the session's n_turns,
  * n_tokens and updated move with them. All or nothing: after a failure, or
  * a crash at any point, the session is as it was before the call.
+ * after >= 0 is the number of turns the new ones follow (the history
+ * they were generated from): ERR_BUSY if the session has another number
+ * by then (a turn stored meanwhile by another request or process).
  */
-int store_append_turns(struct store *s, uint32_t uid, const char *uuid,
+int store_append_turns(struct store *s, uint32_t uid, const char *uuid, int32_t after,
     const struct store_turn *t, int n, char *err);
 
 /* Records a model file (path and name not NULL), or updates the record of

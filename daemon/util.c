@@ -23,6 +23,12 @@ err_set(char *err, int code, const char *fmt, ...)
 }
 
 int
+errno_no_space(int e)
+{
+	return e == ENOSPC || e == EFBIG || e == EDQUOT;
+}
+
+int
 err_prefix(char *err, int code, const char *fmt, ...)
 {
 	char old[ERR_LEN];

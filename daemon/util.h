@@ -24,11 +24,15 @@ enum err_code {
 	ERR_DEVICE = -8,      /* the GPU or another backend failed */
 	ERR_QUOTA = -9,       /* a per-user quota is full (sessions per uid) */
 	ERR_NOSPACE = -10,    /* a write found no room: disk full, disk quota, file size limit */
+	ERR_BUSY = -11,       /* a session has another turn generating, or gained one meanwhile */
 };
 
 /* Formats the message into err (if not NULL) and returns code. */
 int err_set(char *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* Whether errno e says a write found no room: a full disk, a disk quota, a file size limit. */
+int errno_no_space(int e);
 
 /* Prepends "prefix: " to the message already in err. Returns code. */
 int err_prefix(char *err, int code, const char *fmt, ...)

@@ -24,6 +24,7 @@ static const char *const codes[] = {
 	[RS_ERR_INTERNAL] = "internal",
 	[RS_ERR_QUOTA_EXCEEDED] = "quota_exceeded",
 	[RS_ERR_STORAGE_FULL] = "storage_full",
+	[RS_ERR_SESSION_BUSY] = "session_busy",
 };
 
 #define N_CODES (sizeof codes / sizeof codes[0])
@@ -67,6 +68,7 @@ rs_strerror(rs_status st)
 	case RS_ERR_INTERNAL: return "internal error in the daemon";
 	case RS_ERR_QUOTA_EXCEEDED: return "a per-user limit of the daemon is reached (sessions)";
 	case RS_ERR_STORAGE_FULL: return "the daemon's database could not be written: no space left";
+	case RS_ERR_SESSION_BUSY: return "the session has another turn generating";
 	case RS_ERR_OTHER: return "an error this library does not know";
 	case RS_ERR_CONNECT: return "cannot connect to residentd";
 	case RS_ERR_IO: return "the connection to residentd failed";

@@ -861,13 +861,16 @@ disk_job(struct engine *e, struct seq *s, enum kvdisk_op op, const char *name, i
 int
 engine_seq_load(struct engine *e, struct seq *s, const char *name, int32_t upto)
 {
-	int32_t want = MIN(upto, s->n_tokens - 1) / KV_BLOCK_TOKENS, i, b;
+	int32_t want = MIN(upto, s->n_tokens - 1) / KV_BLOCK_TOKENS, i, b, have;
 	struct kvdisk_job *j;
 
 	if (e->disk == NULL || !s->cache || s->io != NULL || s->state != SEQ_PREFILL ||
 	    s->n_blocks != s->n_keyed || s->n_cached != s->n_keyed * KV_BLOCK_TOKENS)
 		return 0;
-	want = MIN(want, kvdisk_records(e->disk, e->identity, e->identity_text, e->block_bytes, name)) - s->n_keyed;
+	have = kvdisk_records(e->disk, e->identity, e->identity_text, e->block_bytes, name);
+	/* the budget may have removed records this sequence wrote: the next save writes them again */
+	s->n_saved = MIN(s->n_saved, have);
+	want = MIN(want, have) - s->n_keyed;
 	if (want <= 0)
 		return 0;
 	j = disk_job(e, s, KVDISK_LOAD, name, s->n_keyed, want);

@@ -4,6 +4,13 @@ generate greedily on one model. Every stream must be complete and identical
 to the same request run alone (on a separate, fresh daemon, one request at a
 time), and `status` must show that the daemon batched them
 (steps.max_batch > 1 and steps.mean_batch > 1).
+
+Then one session asked for two turns at once: while its first is
+generating, a second generate on it, from the same or another connection,
+is refused with session_busy (a turn made from a history the other turn
+then extends would be stored after it without having seen it); once the
+first is done the second works, and the session holds both in order.
+Deleting a session cancels its turn in flight.
 """
 import os
 import sys
@@ -77,7 +84,40 @@ def main():
                 # every session holds its committed turn
                 for x in c.call("session.list")["sessions"]:
                     ck.eq(x["turns"], 2, "session %s has its turn" % x["title"])
+            one_session_two_turns(ck, d2)
     return ck
+
+
+def one_session_two_turns(ck, d):
+    with d.client(timeout=60) as a, d.client(timeout=60) as b:
+        s = a.call("session.new", title="two at once")["session"]["session"]
+        text = rsd.long_prompt(a, n=300, messages=True)
+        rid = a.start_generate(session=s, messages=[{"role": "user", "content": text}], max_tokens=300, temperature=0)
+        ck.eq(a.next(rid)["type"], "token", "the first turn streams")
+        ck.code(lambda: b.generate(session=s, **request(0)), "session_busy",
+                "a second turn from another connection while the first generates")
+        ck.code(lambda: a.generate(session=s, **request(1)), "session_busy",
+                "a second turn from the same connection")
+        a.call("cancel", target=rid)
+        while a.next(rid)["type"] == "token":
+            pass
+        ck.eq(b.call("session.get", session=s)["turns"], [], "the cancelled turn left nothing")
+        g1 = b.generate(session=s, **request(2))
+        g2 = a.generate(session=s, **request(3))
+        turns = [(t["role"], t["content"]) for t in b.call("session.get", session=s)["turns"]]
+        ck.eq(turns, [("user", request(2)["messages"][0]["content"]), ("assistant", g1.text),
+                      ("user", request(3)["messages"][0]["content"]), ("assistant", g2.text)],
+              "one turn after the other: both stored, in order")
+        # a session deleted while a turn of it generates: the turn ends as cancelled
+        rid = a.start_generate(session=s, messages=[{"role": "user", "content": text}], max_tokens=300, temperature=0)
+        ck.eq(a.next(rid)["type"], "token", "a turn of the session to delete streams")
+        b.call("session.delete", session=s)
+        while True:
+            r = a.next(rid)
+            if r["type"] != "token":
+                break
+        ck.eq((r["type"], r.get("finish")), ("done", "cancel"), "session.delete cancels its turn")
+        ck.code(lambda: b.call("session.get", session=s), "not_found", "and the session is gone")
 
 
 if __name__ == "__main__":

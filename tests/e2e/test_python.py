@@ -155,6 +155,13 @@ def check_blocking(ck, d, ref, long_prompt, tmp):
         ck.eq(g.result().finish, "cancel", "cancel: the generation ends with finish cancel")
         g.cancel()
         raises(ck, lambda: c.cancel(g.id), resident.NotFound, "not_found", "cancel of what ended")
+        busy = c.session_new(title="busy")["session"]
+        g = c.generate(messages=user(long_prompt), session=busy, max_tokens=LONG, **GREEDY)
+        next(g)
+        raises(ck, lambda: c.generate(messages=user("x"), session=busy).result(), resident.SessionBusy,
+               "session_busy", "a second turn of a session while one generates")
+        g.cancel()
+        ck.eq(g.result().finish, "cancel", "the first turn, cancelled")
 
         # errors carry the protocol's codes
         raises(ck, lambda: c.generate(prompt="x", temperature=500).result(), resident.InvalidParam,

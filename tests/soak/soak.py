@@ -148,7 +148,7 @@ class Worker(threading.Thread):
         s.entries.remove(entry)
         if reply.get("code") == "context_exceeded":
             s.full = True
-        elif not (reply.get("code") == "invalid_param" and "already generating" in reply.get("message", "")):
+        elif reply.get("code") != "session_busy":
             raise ProtoError(reply)
 
     # ---- operations

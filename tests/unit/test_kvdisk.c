@@ -220,8 +220,15 @@ test_damage_and_rewrite(void **state)
 	assert_int_equal(run(d, job(KVDISK_LOAD, "model A", 0, 10, 20, 0)), 2);
 	damage(path, 30, 0);                            /* the header */
 	assert_int_equal(run(d, job(KVDISK_LOAD, "model A", 0, 10, 20, 0)), 0);
-	/* a write that starts after the start of a bad header cannot go on: nothing stored */
-	assert_int_equal(run(d, job(KVDISK_WRITE, "model A", 4, 6, 4, 0)), -1);
+	/* a write that starts after a bad header (or a file the budget removed): the file starts
+	 * again with its header alone, and the owner learns that it holds no record */
+	assert_int_equal(run(d, job(KVDISK_WRITE, "model A", 4, 6, 4, 0)), 0);
+	assert_int_equal(stat(path, &st), 0);
+	assert_int_equal(st.st_size, head);
+	unlink(path);
+	assert_int_equal(run(d, job(KVDISK_WRITE, "model A", 4, 6, 4, 0)), 0);
+	assert_int_equal(stat(path, &st), 0);
+	assert_int_equal(st.st_size, head);
 	/* written again from 0, then cut inside record 8 */
 	assert_int_equal(run(d, job(KVDISK_WRITE, "model A", 0, 10, 0, 0)), 10);
 	damage(path, head + 8 * rec + 100, 1);

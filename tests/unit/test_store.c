@@ -364,8 +364,8 @@ test_append_and_read(void **state)
 	in[0] = turn("user", "Hello", t0, 5);
 	in[1] = turn("assistant", "", NULL, 0);
 	in[2] = turn("user", "again", t2, 1);
-	assert_int_equal(store_append_turns(f->s, 1, uuid, in, 2, f->err), 0);
-	assert_int_equal(store_append_turns(f->s, 1, uuid, in + 2, 1, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, in, 2, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, in + 2, 1, f->err), 0);
 
 	assert_int_equal(store_turns(f->s, 1, uuid, &out, &n, f->err), 0);
 	assert_int_equal(n, 3);
@@ -417,7 +417,7 @@ test_bookkeeping(void **state)
 	in[0] = turn("user", "q", tok, 10);
 	in[1] = turn("assistant", "a", tok, 90);
 	t0 = time(NULL);
-	assert_int_equal(store_append_turns(f->s, 1, uuid, in, 2, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, in, 2, f->err), 0);
 	assert_int_equal(store_session_get(f->s, 1, uuid, &ss, f->err), 0);
 	assert_int_equal(ss.n_turns, 2);
 	assert_int_equal(ss.n_tokens, 100);
@@ -426,7 +426,11 @@ test_bookkeeping(void **state)
 	store_session_clear(&ss);
 
 	raw_exec(db, "UPDATE sessions SET updated = 1000 WHERE uuid = %Q", uuid);
-	assert_int_equal(store_append_turns(f->s, 1, uuid, in, 1, f->err), 0);
+	/* turns generated after 1 turn, when the session has 2 by now: refused, nothing written */
+	assert_int_equal(store_append_turns(f->s, 1, uuid, 1, in, 1, f->err), ERR_BUSY);
+	assert_non_null(strstr(f->err, "another turn was stored meanwhile"));
+	assert_int_equal(raw_int(db, "SELECT updated FROM sessions WHERE uuid = %Q", uuid), 1000);
+	assert_int_equal(store_append_turns(f->s, 1, uuid, 2, in, 1, f->err), 0);
 	assert_int_equal(store_session_get(f->s, 1, uuid, &ss, f->err), 0);
 	assert_int_equal(ss.n_turns, 3);
 	assert_int_equal(ss.n_tokens, 110);
@@ -440,19 +444,19 @@ test_bookkeeping(void **state)
 
 	/* refused before anything is written */
 	in[1] = turn("assistant", NULL, NULL, 0);
-	assert_int_equal(store_append_turns(f->s, 1, uuid, in, 2, f->err), ERR_INVAL);
+	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, in, 2, f->err), ERR_INVAL);
 	in[1] = turn(NULL, "a", NULL, 0);
-	assert_int_equal(store_append_turns(f->s, 1, uuid, in, 2, f->err), ERR_INVAL);
+	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, in, 2, f->err), ERR_INVAL);
 	in[1] = turn("assistant", "a", NULL, 3);
-	assert_int_equal(store_append_turns(f->s, 1, uuid, in, 2, f->err), ERR_INVAL);
+	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, in, 2, f->err), ERR_INVAL);
 	in[1] = turn("assistant", "a", tok, -1);
-	assert_int_equal(store_append_turns(f->s, 1, uuid, in, 2, f->err), ERR_INVAL);
-	assert_int_equal(store_append_turns(f->s, 1, uuid, in, 0, f->err), ERR_INVAL);
-	assert_int_equal(store_append_turns(f->s, 1, uuid, NULL, 1, f->err), ERR_INVAL);
+	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, in, 2, f->err), ERR_INVAL);
+	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, in, 0, f->err), ERR_INVAL);
+	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, NULL, 1, f->err), ERR_INVAL);
 	/* a session at the token limit takes no more */
 	raw_exec(db, "UPDATE sessions SET n_tokens = 2147483630 WHERE uuid = %Q", uuid);
-	assert_int_equal(store_append_turns(f->s, 1, uuid, in, 1, f->err), 0);
-	assert_int_equal(store_append_turns(f->s, 1, uuid, in, 1, f->err), ERR_RANGE);
+	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, in, 1, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, in, 1, f->err), ERR_RANGE);
 	raw_exec(db, "UPDATE sessions SET n_tokens = 110 WHERE uuid = %Q", uuid);
 
 	assert_int_equal(raw_int(db, "SELECT count(*) FROM turns WHERE session = %Q", uuid), 4);
@@ -476,7 +480,7 @@ test_fork(void **state)
 	    &p, f->err), 0);
 	in[0] = turn("user", "u", tok, 3);
 	in[1] = turn("assistant", "a", tok, 2);
-	assert_int_equal(store_append_turns(f->s, 1, p.uuid, in, 2, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 1, p.uuid, -1, in, 2, f->err), 0);
 
 	assert_int_equal(store_session_fork(f->s, 1, p.uuid, NULL, &c, f->err), 0);
 	assert_string_not_equal(c.uuid, p.uuid);
@@ -496,7 +500,7 @@ test_fork(void **state)
 	store_turns_free(out, n);
 
 	/* apart: appending to the fork leaves the parent alone */
-	assert_int_equal(store_append_turns(f->s, 1, c.uuid, in, 1, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 1, c.uuid, -1, in, 1, f->err), 0);
 	assert_int_equal(store_session_get(f->s, 1, p.uuid, &g, f->err), 0);
 	assert_int_equal(g.n_turns, 2);
 	store_session_clear(&g);
@@ -530,7 +534,7 @@ test_ownership(void **state)
 	int n, i;
 
 	new_session(f, 1, "secret", uuid);
-	assert_int_equal(store_append_turns(f->s, 1, uuid, &in, 1, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, &in, 1, f->err), 0);
 	ids[0] = uuid;
 	ids[1] = missing_uuid;
 
@@ -550,7 +554,7 @@ test_ownership(void **state)
 	BOTH(store_session_fork(f->s, 2, id, "stolen", &ss, err));
 	BOTH(store_turns(f->s, 2, id, &out, &n, err));
 	assert_int_equal(n, 0);
-	BOTH(store_append_turns(f->s, 2, id, &in, 1, err));
+	BOTH(store_append_turns(f->s, 2, id, -1, &in, 1, err));
 	BOTH(store_session_delete(f->s, 2, id, err));
 #undef BOTH
 
@@ -581,8 +585,8 @@ test_cascade(void **state)
 
 	new_session(f, 1, "a", a);
 	new_session(f, 1, "b", b);
-	assert_int_equal(store_append_turns(f->s, 1, a, in, 2, f->err), 0);
-	assert_int_equal(store_append_turns(f->s, 1, b, in, 1, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 1, a, -1, in, 2, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 1, b, -1, in, 1, f->err), 0);
 	assert_int_equal(store_session_delete(f->s, 1, a, f->err), 0);
 	db = raw_open(f->path);
 	assert_int_equal(raw_int(db, "SELECT count(*) FROM turns WHERE session = %Q", a), 0);
@@ -625,7 +629,7 @@ test_list_order(void **state)
 	new_session(f, 1, "B", b);
 	new_session(f, 1, "C", c);
 	expect_list(f, 1, 100, 0, "C B A");
-	assert_int_equal(store_append_turns(f->s, 1, a, &in, 1, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 1, a, -1, &in, 1, f->err), 0);
 	expect_list(f, 1, 100, 0, "A C B");
 	assert_int_equal(store_session_rename(f->s, 1, b, "B", f->err), 0);
 	expect_list(f, 1, 100, 0, "B A C");
@@ -633,7 +637,7 @@ test_list_order(void **state)
 	store_session_clear(&ss);
 	expect_list(f, 1, 100, 0, "F B A C");
 	/* uid 2's activity does not move uid 1's sessions */
-	assert_int_equal(store_append_turns(f->s, 2, x, &in, 1, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 2, x, -1, &in, 1, f->err), 0);
 	expect_list(f, 1, 100, 0, "F B A C");
 	expect_list(f, 2, 100, 0, "X");
 
@@ -684,7 +688,7 @@ test_strings(void **state)
 	    &ss, f->err), 0);
 	in[0] = turn(role, sys, NULL, 0);
 	in[1] = turn("assistant", big, NULL, 0);
-	assert_int_equal(store_append_turns(f->s, 7, ss.uuid, in, 2, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 7, ss.uuid, -1, in, 2, f->err), 0);
 	assert_int_equal(store_session_fork(f->s, 7, ss.uuid, NULL, &fk, f->err), 0);
 	assert_int_equal(strncmp(fk.title, title, strlen(title)), 0);
 	assert_string_equal(fk.title + strlen(title), " (fork)");
@@ -812,7 +816,7 @@ test_no_space(void **state)
 	assert_int_equal(store_session_new(f->s, 1, "m", "full", NULL, NULL, &ss, f->err), 0);
 	in[0] = turn("user", "kept", tok, 3);
 	in[1] = turn("assistant", "also kept", tok, 2);
-	assert_int_equal(store_append_turns(f->s, 1, ss.uuid, in, 2, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 1, ss.uuid, -1, in, 2, f->err), 0);
 
 	/* room for a few more pages of WAL, not for a 64 KiB turn and its 16k tokens */
 	snprintf(wal, sizeof wal, "%s-wal", f->path);
@@ -823,7 +827,7 @@ test_no_space(void **state)
 	assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
 	in[0] = turn("user", big, tok, 16384);
 	in[1] = turn("assistant", big, tok, 16384);
-	rc = store_append_turns(f->s, 1, ss.uuid, in, 2, f->err);
+	rc = store_append_turns(f->s, 1, ss.uuid, -1, in, 2, f->err);
 	/* lifted before any assertion, so that a failure leaves the next tests alone */
 	assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
 	signal(SIGXFSZ, old_sig);
@@ -839,7 +843,7 @@ test_no_space(void **state)
 	assert_string_equal(out[1].content, "also kept");
 	store_turns_free(out, n);
 	/* room again: the same append works */
-	assert_int_equal(store_append_turns(f->s, 1, ss.uuid, in, 2, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 1, ss.uuid, -1, in, 2, f->err), 0);
 	reopen(f);
 	assert_int_equal(store_turns(f->s, 1, ss.uuid, &out, &n, f->err), 0);
 	assert_int_equal(n, 4);
@@ -881,7 +885,7 @@ test_bad_uuids(void **state)
 		assert_int_equal(store_session_rename(f->s, 1, bad[i], "t", f->err), ERR_INVAL);
 		assert_int_equal(store_session_fork(f->s, 1, bad[i], "t", &ss, f->err), ERR_INVAL);
 		assert_int_equal(store_turns(f->s, 1, bad[i], &out, &n, f->err), ERR_INVAL);
-		assert_int_equal(store_append_turns(f->s, 1, bad[i], &in, 1, f->err), ERR_INVAL);
+		assert_int_equal(store_append_turns(f->s, 1, bad[i], -1, &in, 1, f->err), ERR_INVAL);
 		assert_int_equal(store_session_delete(f->s, 1, bad[i], f->err), ERR_INVAL);
 		assert_int_equal(step_calls, 0);
 	}
@@ -1014,6 +1018,42 @@ test_future_version(void **state)
 	sqlite3_close(db);
 }
 
+/*
+ * A database file the daemon may not write is refused at open, where SQLite
+ * would open it read-only and every turn would fail later. Root writes any
+ * file, so as root the open runs in a child as nobody, in a directory it can
+ * write, on the fixture's file, which it can only read.
+ */
+static void
+test_read_only(void **state)
+{
+	struct fx *f = *state;
+	struct store *s = NULL;
+	int rc, st;
+	pid_t pid;
+
+	store_close(f->s);
+	f->s = NULL;
+	assert_int_equal(chmod(f->path, 0444), 0);
+	if (geteuid() != 0) {
+		assert_int_equal(store_open(f->path, &s, f->err), ERR_IO);
+		assert_null(s);
+		assert_non_null(strstr(f->err, "read-only"));
+		return;
+	}
+	assert_int_equal(chmod(f->dir, 0777), 0);
+	assert_true((pid = fork()) >= 0);
+	if (pid == 0) {
+		if (setgid(65534) != 0 || setuid(65534) != 0)
+			_exit(3);
+		rc = store_open(f->path, &s, f->err);
+		_exit(rc == ERR_IO && s == NULL && strstr(f->err, "read-only") != NULL ? 0 : 1);
+	}
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st));
+	assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 /* Every point at which an append, a fork or a create can fail rolls it back
  * whole and leaves the store usable. */
 static void
@@ -1028,12 +1068,12 @@ test_injected_errors(void **state)
 	int k, rc, failed;
 
 	new_session(f, 1, "t", uuid);
-	assert_int_equal(store_append_turns(f->s, 1, uuid, in, 1, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, in, 1, f->err), 0);
 	db = raw_open(f->path);
 
 	for (k = 1, failed = 0;; k++) {
 		arm(k, 0);
-		rc = store_append_turns(f->s, 1, uuid, in, 2, f->err);
+		rc = store_append_turns(f->s, 1, uuid, -1, in, 2, f->err);
 		arm(0, 0);
 		if (rc == 0)
 			break;
@@ -1098,13 +1138,13 @@ crash_child(const char *path, const char *uuid, int k, int big_n)
 	if (big == NULL || store_open(path, &s, NULL) != 0)
 		abort();
 	in[0] = turn("user", "committed", &one, 1);
-	if (store_append_turns(s, 1, uuid, in, 1, NULL) != 0)
+	if (store_append_turns(s, 1, uuid, -1, in, 1, NULL) != 0)
 		abort();
 	in[0] = turn("user", "big", big, big_n);
 	in[1] = turn("assistant", "reply", &one, 1);
 	die_by_exit = k % 2;
 	arm(0, k);
-	if (store_append_turns(s, 1, uuid, in, 2, NULL) != 0)
+	if (store_append_turns(s, 1, uuid, -1, in, 2, NULL) != 0)
 		abort();
 	raise(SIGKILL);
 	abort();
@@ -1133,7 +1173,7 @@ test_crash(void **state)
 	/* how many steps an append of two turns takes */
 	new_session(f, 1, "scratch", scratch);
 	arm(0, 0);
-	assert_int_equal(store_append_turns(f->s, 1, scratch, in, 2, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 1, scratch, -1, in, 2, f->err), 0);
 	steps = step_calls;
 	assert_true(steps >= 6);
 
@@ -1224,7 +1264,7 @@ test_busy_wait(void **state)
 	assert_int_equal(store_session_list(f->s, 1, 10, 0, &list, &n, f->err), 0);
 	assert_int_equal(n, 1);
 	store_sessions_free(list, n);
-	assert_int_equal(store_append_turns(f->s, 1, uuid, &in, 1, f->err), 0);
+	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, &in, 1, f->err), 0);
 
 	assert_int_equal(waitpid(pid, &status, 0), pid);
 	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
@@ -1251,6 +1291,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_migrate_from_zero, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_migration_atomic, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_future_version, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_read_only, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_injected_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_crash, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_busy_wait, setup, teardown),

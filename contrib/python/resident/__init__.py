@@ -21,7 +21,8 @@ from ._wire import PROTOCOL_VERSION, Done, Token, default_socket
 from .client import Client, Generation, connect
 from .errors import (BadFrame, BadRequest, ConnectError, ConnectionLost, ContextExceeded, DuplicateId,
                      FrameTooLarge, InternalError, InvalidParam, InvalidUtf8, ModelError, NotFound,
-                     Overloaded, ProtocolError, ResidentError, ShuttingDown, UnknownOp)
+                     Overloaded, ProtocolError, QuotaExceeded, ResidentError, SessionBusy, ShuttingDown,
+                     StorageFull, UnknownOp)
 
 __version__ = "0.1.0"
 
@@ -29,5 +30,6 @@ __all__ = [
     "aio", "errors", "PROTOCOL_VERSION", "Done", "Token", "default_socket", "Client", "Generation",
     "connect", "BadFrame", "BadRequest", "ConnectError", "ConnectionLost", "ContextExceeded",
     "DuplicateId", "FrameTooLarge", "InternalError", "InvalidParam", "InvalidUtf8", "ModelError",
-    "NotFound", "Overloaded", "ProtocolError", "ResidentError", "ShuttingDown", "UnknownOp",
+    "NotFound", "Overloaded", "ProtocolError", "QuotaExceeded", "ResidentError", "SessionBusy",
+    "ShuttingDown", "StorageFull", "UnknownOp",
 ]

@@ -87,9 +87,22 @@ class InternalError(ResidentError):
     code = "internal"
 
 
+class QuotaExceeded(ResidentError):
+    code = "quota_exceeded"
+
+
+class StorageFull(ResidentError):
+    code = "storage_full"
+
+
+class SessionBusy(ResidentError):
+    code = "session_busy"
+
+
 _BY_CODE = {cls.code: cls for cls in (
     BadFrame, FrameTooLarge, BadRequest, UnknownOp, InvalidParam, InvalidUtf8, ContextExceeded,
-    NotFound, DuplicateId, Overloaded, ModelError, ShuttingDown, InternalError)}
+    NotFound, DuplicateId, Overloaded, ModelError, ShuttingDown, InternalError, QuotaExceeded,
+    StorageFull, SessionBusy)}
 
 
 def from_reply(reply):
