@@ -343,16 +343,16 @@ static int
 finish_settings(struct settings *s, gid_t *gid, enum sched_fault_policy *fault, char *err)
 {
 	struct group *g;
-	int lvl;
+	char buf[PATH_MAX];
+	int lvl, has_default = rs_default_socket(buf, sizeof buf) == 0;
 
 	if (s->socket_path == NULL) {
-		char buf[PATH_MAX];
-
-		if (rs_default_socket(buf, sizeof buf) != 0)
+		if (!has_default)
 			return err_set(err, ERR_INVAL, "the default socket path is too long; give one with -s");
 		s->socket_path = xstrdup(buf);
-		s->socket_private = 1;
 	}
+	/* the default path given with -s (libresident starts residentd so) gets the default's checks too */
+	s->socket_private = has_default && strcmp(s->socket_path, buf) == 0;
 	if (s->model != NULL && resolve_model(&s->model, err) != 0)
 		return ERR_NOTFOUND;
 	if (s->db_path == NULL)

@@ -396,6 +396,9 @@ decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 		return err_set(err, PE_BAD_REQUEST, "give exactly one of 'prompt' and 'messages'");
 	if (r->session != NULL && r->prompt != NULL)
 		return err_set(err, PE_BAD_REQUEST, "a session continues with 'messages', not 'prompt'");
+	/* here, not only when the sequence starts: before the request can load a model or wait in the queue */
+	if (sample_params_check(&r->sample, err) != 0)
+		return PE_INVALID_PARAM;
 	return 0;
 }
 

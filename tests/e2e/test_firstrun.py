@@ -119,6 +119,12 @@ def main():
                            capture_output=True, text=True, timeout=TIMEOUT)
         c(r.returncode != 0 and "unsafe socket directory" in r.stderr,
           f"an unsafe socket directory: exit {r.returncode}, {r.stderr.strip()}")
+        # and so is the default path given with -s, as libresident's --start gives it
+        r = subprocess.run([binary("residentd"), "-m", "tiny.gguf", "-s", os.path.join(unsafe, "socket")], cwd=tmp,
+                           env=dict(env, RESIDENT_SOCKET=os.path.join(unsafe, "socket")),
+                           capture_output=True, text=True, timeout=TIMEOUT)
+        c(r.returncode != 0 and "unsafe socket directory" in r.stderr,
+          f"the default path given with -s, in an unsafe directory: exit {r.returncode}, {r.stderr.strip()}")
     finally:
         for p in procs:
             if p.poll() is None:

@@ -684,6 +684,9 @@ def t_errors(d, ck):
         for kw, what in ip:
             r = c.error("generate", **dict(P, **kw))
             ck.eq(r.get("code"), "invalid_param", "invalid_param: " + what)
+        # refused when it arrives, before a model is looked up (or loaded, or waited for)
+        r = c.error("generate", prompt="a", temperature=101, model="no-such-model")
+        ck.eq(r.get("code"), "invalid_param", "invalid_param before the model: %r" % r.get("message"))
         for kw, what in ((dict(messages=[{"role": "robot", "content": "x"}]), "role robot"),
                          (dict(messages=[]), "messages []")):
             ck.eq(c.error("generate", **kw).get("code"), "invalid_param", "invalid_param: " + what)
