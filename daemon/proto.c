@@ -18,6 +18,13 @@
 #include <string.h>
 
 #define MAX_DEPTH 16
+/*
+ * Objects in one frame: a detokenize of the most tokens and room besides.
+ * msgpack-c allocates 24-48 bytes an object, and a 16 MiB frame of one-byte
+ * objects would otherwise cost hundreds of MiB and field look-ups through
+ * maps of millions of keys.
+ */
+#define MAX_OBJECTS (2 * PROTO_MAX_TOKENS)
 
 static const char *const op_names[OP_COUNT_] = {
 	[OP_HELLO] = "hello", [OP_GENERATE] = "generate", [OP_CANCEL] = "cancel",
@@ -126,14 +133,16 @@ scan_header(const uint8_t *p, size_t left, uint64_t *skip, uint64_t *items)
 
 /*
  * Walks the objects of buf with an explicit stack of "objects still owed"
- * per level. Returns 1 if buf holds exactly one well-formed object whose
- * containers fit the bytes (each element takes at least one byte) and nest
- * at most MAX_DEPTH deep.
+ * per level. Returns NULL if buf holds exactly one well-formed object whose
+ * containers fit the bytes (each element takes at least one byte), nest
+ * at most MAX_DEPTH deep and hold MAX_OBJECTS in all; else what is wrong.
  */
-static int
+static const char *
 scan_frame(const uint8_t *buf, size_t len)
 {
-	uint64_t owed[MAX_DEPTH + 1], skip, items;
+	static const char *const bad = "the frame is not one well-formed msgpack object";
+	static const char *const many = "the frame holds more msgpack objects than a request can use";
+	uint64_t owed[MAX_DEPTH + 1], skip, items, total = 0;
 	size_t pos = 0, h;
 	int depth = 0;
 
@@ -144,19 +153,21 @@ scan_frame(const uint8_t *buf, size_t len)
 			continue;
 		}
 		if (pos >= len || (h = scan_header(buf + pos, len - pos, &skip, &items)) == 0)
-			return 0;
+			return bad;
 		owed[depth]--;
 		pos += h;
 		if (skip > len - pos || items > len - pos)
-			return 0;
+			return bad;
 		pos += (size_t)skip;
+		if ((total += items) > MAX_OBJECTS)
+			return many;
 		if (items > 0) {
 			if (depth == MAX_DEPTH)
-				return 0;
+				return bad;
 			owed[++depth] = items;
 		}
 	}
-	return pos == len;
+	return pos == len ? NULL : bad;
 }
 
 /* ---- field access ---- */
@@ -510,13 +521,14 @@ proto_decode(const char *buf, size_t len, struct proto_req *r, int *has_id, char
 {
 	msgpack_unpacked u;
 	const msgpack_object *m, *id, *op;
+	const char *why;
 	size_t off = 0;
 	int i, rc = 0;
 
 	memset(r, 0, sizeof *r);
 	*has_id = 0;
-	if (!scan_frame((const uint8_t *)buf, len))
-		return err_set(err, PE_BAD_FRAME, "the frame is not one well-formed msgpack object");
+	if ((why = scan_frame((const uint8_t *)buf, len)) != NULL)
+		return err_set(err, PE_BAD_FRAME, "%s", why);
 	msgpack_unpacked_init(&u);
 	if (msgpack_unpack_next(&u, buf, len, &off) != MSGPACK_UNPACK_SUCCESS || off != len) {
 		msgpack_unpacked_destroy(&u);

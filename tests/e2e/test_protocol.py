@@ -547,7 +547,8 @@ def t_errors(d, ck):
         for what, body in (("not msgpack", b"\xc1\xc1\xc1"), ("garbage", b"hello, daemon"),
                            ("an array", msgpack.packb([1, "op"])), ("an int", b"\x05"),
                            ("a truncated map", msgpack.packb({"id": 1, "op": "hello"})[:-2]),
-                           ("map + trailing bytes", msgpack.packb({"id": 3, "op": "hello"}) + b"\x00")):
+                           ("map + trailing bytes", msgpack.packb({"id": 3, "op": "hello"}) + b"\x00"),
+                           ("2^19 objects", msgpack.packb({"id": 4, "op": "hello", "pad": [0] * (1 << 19)}))):
             c.send_raw(raw_frame(body))
             r = c.next(None)
             ck.eq((r["type"], r.get("code")), ("error", "bad_frame"), "bad_frame: %s" % what)
