@@ -241,15 +241,28 @@ sched_job_free(struct sched_job *job)
 
 /* ---- models ---- */
 
-/* The model of a name or path (slots_find), or the default one for NULL. */
-static struct slot *
-find_model(struct sched *s, const char *name_or_path, char *err)
+/* The model of a name or path (slots_find), or the default one for NULL. Returns 0 or an ERR_* code. */
+static int
+find_model(struct sched *s, const char *name_or_path, struct slot **out, char *err)
 {
 	if (name_or_path != NULL)
-		return slots_find(&s->slots, name_or_path, err);
-	if (s->default_model == NULL)
-		err_set(err, ERR_NOTFOUND, "no model is configured (start residentd with -m MODEL)");
-	return s->default_model;
+		return slots_find(&s->slots, name_or_path, out, err);
+	if ((*out = s->default_model) == NULL)
+		return err_set(err, ERR_NOTFOUND, "no model is configured (start residentd with -m MODEL)");
+	return 0;
+}
+
+/* find_model for a request: NULL once the error is posted (not_found, or model_error for a file that is no model). */
+static struct slot *
+job_model(struct sched *s, const struct sched_job *job, const char *name_or_path)
+{
+	char err[ERR_LEN];
+	struct slot *m;
+	int rc;
+
+	if ((rc = find_model(s, name_or_path, &m, err)) != 0)
+		post_error(s, job, rc == ERR_NOTFOUND || rc == ERR_INVAL ? PE_NOT_FOUND : PE_MODEL_ERROR, err);
+	return m;
 }
 
 /* Unlinks a session's cached sequence and frees it. */
@@ -547,10 +560,8 @@ admit(struct sched *s, struct gen *g)
 	struct slot *m;
 	int rc;
 
-	if ((m = find_model(s, want, err)) == NULL) {
-		post_error(s, job, PE_NOT_FOUND, err);
+	if ((m = job_model(s, job, want)) == NULL)
 		return -1;
-	}
 	if ((rc = load_model(s, job, m, err)) != 0) {
 		if (rc != SLOTS_WAIT)
 			post_error(s, job, PE_MODEL_ERROR, err);
@@ -1037,13 +1048,10 @@ fill_model(struct sched *s, const struct sched_job *job, msgpack_packer *pk, con
 static void
 op_model_load(struct sched *s, struct sched_job *job)
 {
-	char err[ERR_LEN];
-	struct slot *m = find_model(s, job->req.model, err);
+	struct slot *m = job_model(s, job, job->req.model);
 
-	if (m == NULL) {
-		post_error(s, job, PE_NOT_FOUND, err);
+	if (m == NULL)
 		return;
-	}
 	if (load_now(s, job, m, 1) != 0)
 		return;
 	post_result(s, job, 1, fill_model, m, strcmp(job->req.model, m->name) != 0 ? m->path : NULL);
@@ -1070,14 +1078,11 @@ fill_unloaded(struct sched *s, const struct sched_job *job, msgpack_packer *pk, 
 static void
 op_model_unload(struct sched *s, struct sched_job *job)
 {
-	char err[ERR_LEN];
-	struct slot *m = find_model(s, job->req.model, err);
+	struct slot *m = job_model(s, job, job->req.model);
 	struct unloaded u = { m, m != NULL && m->e != NULL, 0 };
 
-	if (m == NULL) {
-		post_error(s, job, PE_NOT_FOUND, err);
+	if (m == NULL)
 		return;
-	}
 	u.cancelled = unload_model(s, m, FINISH_CANCEL, NULL);
 	post_result(s, job, 3, fill_unloaded, &u, NULL);
 }
@@ -1146,14 +1151,12 @@ static void
 op_model_show(struct sched *s, struct sched_job *job)
 {
 	char err[ERR_LEN];
-	struct slot *m = find_model(s, job->req.model, err);
+	struct slot *m = job_model(s, job, job->req.model);
 	struct engine *e = NULL;
 	struct shown sh;
 
-	if (m == NULL) {
-		post_error(s, job, PE_NOT_FOUND, err);
+	if (m == NULL)
 		return;
-	}
 	if (m->e == NULL && slots_prepare(&s->slots, m, &e, err) != 0) {
 		post_error(s, job, PE_MODEL_ERROR, err);
 		return;
@@ -1201,15 +1204,12 @@ fill_text(struct sched *s, const struct sched_job *job, msgpack_packer *pk, cons
 static void
 op_tokens(struct sched *s, struct sched_job *job)
 {
-	char err[ERR_LEN];
-	struct slot *m = find_model(s, job->req.model, err);
+	struct slot *m = job_model(s, job, job->req.model);
 	const struct model_desc *md;
 	size_t i;
 
-	if (m == NULL) {
-		post_error(s, job, PE_NOT_FOUND, err);
+	if (m == NULL)
 		return;
-	}
 	if (load_now(s, job, m, 0) != 0)
 		return;
 	md = engine_model(m->e);
@@ -1647,8 +1647,8 @@ sched_start(const struct sched_opts *o, void (*wake)(void *), void *wake_arg, st
 		return rc;
 	}
 	if (o->default_model != NULL) {
-		s->default_model = find_model(s, o->default_model, err);
-		if (s->default_model == NULL || (rc = slots_load(&s->slots, s->default_model, NULL, NULL, err)) != 0) {
+		if ((rc = find_model(s, o->default_model, &s->default_model, err)) != 0 ||
+		    (rc = slots_load(&s->slots, s->default_model, NULL, NULL, err)) != 0) {
 			sched_stop(s);
 			return ERR_NOTFOUND;
 		}

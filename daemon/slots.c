@@ -39,17 +39,16 @@ slots_destroy(struct slots *sl)
 	pthread_mutex_destroy(&sl->mu);
 }
 
-/* Says why name_or_path names no model: what was looked for, and where. */
-static void
+/* Says why name_or_path names no model: what was looked for, and where. Returns ERR_NOTFOUND. */
+static int
 model_not_found(const char *name_or_path, int e, char *err)
 {
 	char cwd[PATH_MAX];
 
 	if (name_or_path[0] == '/' || getcwd(cwd, sizeof cwd) == NULL)
-		err_set(err, ERR_NOTFOUND, "no model named '%s' (model.list has the names), and %s: %s",
+		return err_set(err, ERR_NOTFOUND, "no model named '%s' (model.list has the names), and %s: %s",
 		    name_or_path, name_or_path, strerror(e));
-	else
-		err_set(err, ERR_NOTFOUND, "no model named '%s' (model.list has the names), and no file "
+	return err_set(err, ERR_NOTFOUND, "no model named '%s' (model.list has the names), and no file "
 		    "%s in residentd's directory %s: %s", name_or_path, name_or_path, cwd, strerror(e));
 }
 
@@ -72,32 +71,38 @@ slot_new(struct slots *sl, char *name, char *path)
 	return m;
 }
 
-struct slot *
-slots_find(struct slots *sl, const char *name_or_path, char *err)
+int
+slots_find(struct slots *sl, const char *name_or_path, struct slot **out, char *err)
 {
+	struct model_desc *md;
 	struct slot *m;
 	char *name, *path;
+	int rc = 0;
 
+	*out = NULL;
 	for (m = sl->list; m != NULL; m = m->next)
 		if (strcmp(m->name, name_or_path) == 0 || strcmp(m->path, name_or_path) == 0)
-			return m;
-	if ((path = realpath(name_or_path, NULL)) == NULL) {
-		model_not_found(name_or_path, errno, err);
-		return NULL;
-	}
+			return *out = m, 0;
+	if ((path = realpath(name_or_path, NULL)) == NULL)
+		return model_not_found(name_or_path, errno, err);
 	name = model_file_name(path);
 	for (m = sl->list; m != NULL; m = m->next) {
 		if (strcmp(m->path, path) == 0 || strcmp(m->name, name) == 0) {
-			if (strcmp(m->path, path) != 0) {
-				err_set(err, ERR_INVAL, "%s: the model named '%s' is another file (%s)", path,
+			if (strcmp(m->path, path) != 0)
+				rc = err_set(err, ERR_INVAL, "%s: the model named '%s' is another file (%s)", path,
 				    name, m->path);
-				m = NULL;
-			}
 			free(name), free(path);
-			return m;
+			return *out = rc == 0 ? m : NULL, rc;
 		}
 	}
-	return slot_new(sl, name, path);
+	/* a slot is for good: a path that is no model (any file a client names) gets none */
+	if ((rc = model_open(path, &md, err)) != 0) {
+		free(name), free(path);
+		return rc;
+	}
+	model_close(md);
+	*out = slot_new(sl, name, path);
+	return 0;
 }
 
 int

@@ -71,10 +71,12 @@ void slots_init(struct slots *sl, const struct slots_opts *o);
 void slots_destroy(struct slots *sl);
 /*
  * The slot of a model name or path; a path to an existing file or
- * directory (relative ones from residentd's directory) makes a new slot
- * under its absolute path. NULL with a message in err when there is none.
+ * directory (relative ones from residentd's directory) that model_open
+ * takes makes a new slot under its absolute path. Returns 0, or
+ * ERR_NOTFOUND or ERR_INVAL (no such model, a name taken by another file)
+ * or model_open's code (not a model), with a message in err.
  */
-struct slot *slots_find(struct slots *sl, const char *name_or_path, char *err);
+int slots_find(struct slots *sl, const char *name_or_path, struct slot **out, char *err);
 /* Whether a name or path is a known slot, or an existing file's. Thread-safe. */
 int slots_known(struct slots *sl, const char *name_or_path);
 /*

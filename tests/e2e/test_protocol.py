@@ -416,6 +416,14 @@ def t_models(d, ck, tmp):
             g.write(f.read(100000))
         ck.code(lambda: c.call("model.load", model=trunc, timeout=60), "model_error",
                 "model.load of a truncated file")
+        # a file that is no model leaves no model behind, however often it is named
+        for _ in range(2):
+            ck.code(lambda: c.call("model.show", model=bad), "model_error", "model.show of a corrupt file again")
+            ck.code(lambda: c.generate(model=__file__, prompt="x", max_tokens=1), "model_error",
+                    "generate on a Python file")
+        names = [m["path"] for m in c.call("model.list")["models"]]
+        ck.ok(bad not in names and os.path.abspath(__file__) not in names,
+              "model.list holds no file that is no model: %r" % names)
         # error messages stay valid UTF-8 however long the path in them
         longpath = os.path.join(tmp, "\u00e9" * 120 + ".gguf")
         try:
