@@ -611,7 +611,11 @@ prep_done(struct sched *s, struct gen *g)
 	}
 }
 
-/* Takes back the prompts of a list of the worker's finished items. */
+struct tok_work;
+static void tok_run(struct work *w);
+static void tok_done(struct sched *s, struct tok_work *t);
+
+/* Takes back a list of the worker's finished items: prompts, and tokenize / detokenize. */
 static void
 take_prep(struct sched *s, struct work *w)
 {
@@ -619,7 +623,10 @@ take_prep(struct sched *s, struct work *w)
 
 	for (; w != NULL; w = next) {
 		next = w->next;
-		prep_done(s, (struct gen *)w);
+		if (w->fn == tok_run)
+			tok_done(s, (struct tok_work *)w);
+		else
+			prep_done(s, (struct gen *)w);
 	}
 }
 
@@ -1200,29 +1207,65 @@ fill_text(struct sched *s, const struct sched_job *job, msgpack_packer *pk, cons
 	free(text);
 }
 
-/* tokenize / detokenize: checked here so that fill_* cannot fail. */
+/*
+ * A tokenize or detokenize runs on the prompt worker: a megabyte of text
+ * takes ~0.2 s, which on the engine thread would stop every stream. Its
+ * model is held (a user of the slot) until it is back.
+ */
+struct tok_work {
+	struct work work;           /* first: the worker's item */
+	struct sched *s;
+	struct sched_job *job;
+	struct slot *m;
+};
+
+/* On the worker: the result, posted from there. */
 static void
+tok_run(struct work *w)
+{
+	struct tok_work *t = (struct tok_work *)w;
+
+	post_result(t->s, t->job, 1, t->job->req.op == OP_DETOKENIZE ? fill_text : fill_tokens,
+	    engine_model(t->m->e), NULL);
+}
+
+/* Back on the engine thread: the model is free again. */
+static void
+tok_done(struct sched *s, struct tok_work *t)
+{
+	slots_release(&s->slots, t->m, t->m->keep_alive);
+	sched_job_free(t->job);
+	free(t);
+}
+
+/*
+ * tokenize / detokenize: checked here so that fill_* cannot fail. Returns
+ * 1 when the job went to the worker (which owns it then), 0 when it is
+ * answered.
+ */
+static int
 op_tokens(struct sched *s, struct sched_job *job)
 {
 	struct slot *m = job_model(s, job, job->req.model);
-	const struct model_desc *md;
+	struct tok_work *t;
 	size_t i;
 
-	if (m == NULL)
-		return;
-	if (load_now(s, job, m, 0) != 0)
-		return;
-	md = engine_model(m->e);
-	if (job->req.op == OP_DETOKENIZE) {
-		for (i = 0; i < job->req.n_tokens; i++)
-			if (job->req.tokens[i] >= md->hp.n_vocab) {
-				post_error(s, job, PE_INVALID_PARAM, "a token id is outside the vocabulary");
-				return;
-			}
-		post_result(s, job, 1, fill_text, md, NULL);
-		return;
-	}
-	post_result(s, job, 1, fill_tokens, md, NULL);
+	if (m == NULL || load_now(s, job, m, 0) != 0)
+		return 0;
+	for (i = 0; job->req.op == OP_DETOKENIZE && i < job->req.n_tokens; i++)
+		if (job->req.tokens[i] >= engine_model(m->e)->hp.n_vocab) {
+			post_error(s, job, PE_INVALID_PARAM, "a token id is outside the vocabulary");
+			return 0;
+		}
+	t = xcalloc(1, sizeof *t);
+	t->work.fn = tok_run;
+	t->work.owner = s;
+	t->s = s;
+	t->job = job;
+	t->m = m;
+	slots_acquire(&s->slots, m);
+	worker_submit(&s->prep, &t->work);
+	return 1;
 }
 
 /* status.kv: the KV bytes in each tier. */
@@ -1357,7 +1400,10 @@ take_job(struct sched *s, struct sched_job *job)
 	case OP_MODEL_LOAD: op_model_load(s, job); break;
 	case OP_MODEL_UNLOAD: op_model_unload(s, job); break;
 	case OP_MODEL_SHOW: op_model_show(s, job); break;
-	case OP_TOKENIZE: case OP_DETOKENIZE: op_tokens(s, job); break;
+	case OP_TOKENIZE: case OP_DETOKENIZE:
+		if (op_tokens(s, job))
+			return;
+		break;
 	case OP_STATUS: post_result(s, job, 9, fill_status, NULL, NULL); break;
 	default: post_error(s, job, PE_INTERNAL, "op not handled by the scheduler"); break;
 	}

@@ -11,9 +11,15 @@ is refused with session_busy (a turn made from a history the other turn
 then extends would be stored after it without having seen it); once the
 first is done the second works, and the session holds both in order.
 Deleting a session cancels its turn in flight.
+
+Last, tokenizing megabytes of text does not stop a stream: tokenize runs
+beside the decoding, so the stream's longest pause stays far below the
+time the tokenizing took.
 """
 import os
 import sys
+import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
@@ -85,7 +91,39 @@ def main():
                 for x in c.call("session.list")["sessions"]:
                     ck.eq(x["turns"], 2, "session %s has its turn" % x["title"])
             one_session_two_turns(ck, d2)
+            tokenize_beside_a_stream(ck, d2)
     return ck
+
+
+def tokenize_beside_a_stream(ck, d):
+    text = ("A sentence to tokenize, with some words in it. " * 22000)[:1 << 20]
+    with d.client(timeout=120) as a, d.client(timeout=120) as b:
+        prompt = rsd.long_prompt(a, n=400)
+        rid = a.start_generate(prompt=prompt, max_tokens=400, temperature=0)
+        ck.eq(a.next(rid)["type"], "token", "the stream has begun")
+        times = []
+
+        def read():
+            while True:
+                r = a.next(rid)
+                times.append(time.monotonic())
+                if r["type"] != "token":
+                    return
+        reader = threading.Thread(target=read)
+        reader.start()
+        t0 = time.monotonic()
+        ids = [b.request("tokenize", text=text) for _ in range(8)]
+        n = [len(b.result(i)["tokens"]) for i in ids]
+        spent = time.monotonic() - t0
+        reader.join(120)
+        # while both ran: the stream may end first
+        end = min(t0 + spent, times[-1])
+        during = [t for t in times if t0 <= t <= end]
+        gaps = [y - x for x, y in zip([t0] + during, during + [end])]
+        print("   8 tokenizes of 1 MiB (%d tokens each) took %.2f s; %d stream tokens meanwhile, longest pause "
+              "%.3f s" % (n[0], spent, len(during), max(gaps)))
+        ck.ok(len(during) > 0 and max(gaps) < spent / 3,
+              "the stream goes on while text is tokenized: longest pause %.3f s of %.2f s" % (max(gaps), spent))
 
 
 def one_session_two_turns(ck, d):
