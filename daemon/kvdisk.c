@@ -290,6 +290,7 @@ write_open(struct kvdisk *d, struct kvdisk_job *j, const char *rel, const char *
 {
 	char dir[4096];
 	uint8_t *h;
+	ssize_t w = -1;
 	int fd;
 
 	snprintf(dir, sizeof dir, "%s/%016llx", d->dir, (unsigned long long)j->identity);
@@ -298,8 +299,8 @@ write_open(struct kvdisk *d, struct kvdisk_job *j, const char *rel, const char *
 	if ((fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600)) < 0)
 		return err_set(err, ERR_IO, "%s: %s", path, strerror(errno));
 	*head = header_make(j, &h);
-	if (!header_matches(fd, h, *head) && (ftruncate(fd, 0) != 0 || pwrite(fd, h, *head, 0) != (ssize_t)*head)) {
-		int e = errno;
+	if (!header_matches(fd, h, *head) && (ftruncate(fd, 0) != 0 || (w = pwrite(fd, h, *head, 0)) != (ssize_t)*head)) {
+		int e = w < 0 ? errno : ENOSPC;  /* a short write on a regular file is a full disk */
 
 		close(fd);
 		free(h);

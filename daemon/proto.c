@@ -142,7 +142,7 @@ scan_frame(const uint8_t *buf, size_t len)
 {
 	static const char *const bad = "the frame is not one well-formed msgpack object";
 	static const char *const many = "the frame holds more msgpack objects than a request can use";
-	uint64_t owed[MAX_DEPTH + 1], skip, items, total = 0;
+	uint64_t owed[MAX_DEPTH + 1], skip, items, total = 1;
 	size_t pos = 0, h;
 	int depth = 0;
 

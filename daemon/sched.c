@@ -733,6 +733,14 @@ done_event(struct gen *g)
 	return ev;
 }
 
+/* A request is done with its model; a generate waiting for memory may be admitted once nobody uses it. */
+static void
+release_slot(struct sched *s, struct slot *m, double keep_alive)
+{
+	slots_release(&s->slots, m, keep_alive);
+	s->retry |= m->users == 0;
+}
+
 /* Unlinks a gen and frees it; a session keeps its sequence. */
 static void
 gen_free(struct sched *s, struct gen *g)
@@ -757,10 +765,8 @@ gen_free(struct sched *s, struct gen *g)
 	} else if (g->seq != NULL) {
 		engine_seq_free(g->slot->e, g->seq);
 	}
-	if (g->slot != NULL) {
-		slots_release(&s->slots, g->slot, job_keep_alive(s, g->job));
-		s->retry |= g->slot->users == 0;
-	}
+	if (g->slot != NULL)
+		release_slot(s, g->slot, job_keep_alive(s, g->job));
 	free(g->ids);  /* a prompt cancelled while the worker tokenized it */
 	sched_job_free(g->job);
 	free(g);
@@ -1217,6 +1223,7 @@ struct tok_work {
 	struct sched *s;
 	struct sched_job *job;
 	struct slot *m;
+	const struct model_desc *md;
 };
 
 /* On the worker: the result, posted from there. */
@@ -1225,15 +1232,14 @@ tok_run(struct work *w)
 {
 	struct tok_work *t = (struct tok_work *)w;
 
-	post_result(t->s, t->job, 1, t->job->req.op == OP_DETOKENIZE ? fill_text : fill_tokens,
-	    engine_model(t->m->e), NULL);
+	post_result(t->s, t->job, 1, t->job->req.op == OP_DETOKENIZE ? fill_text : fill_tokens, t->md, NULL);
 }
 
 /* Back on the engine thread: the model is free again. */
 static void
 tok_done(struct sched *s, struct tok_work *t)
 {
-	slots_release(&s->slots, t->m, t->m->keep_alive);
+	release_slot(s, t->m, t->m->keep_alive);
 	sched_job_free(t->job);
 	free(t);
 }
@@ -1247,13 +1253,15 @@ static int
 op_tokens(struct sched *s, struct sched_job *job)
 {
 	struct slot *m = job_model(s, job, job->req.model);
+	const struct model_desc *md;
 	struct tok_work *t;
 	size_t i;
 
 	if (m == NULL || load_now(s, job, m, 0) != 0)
 		return 0;
+	md = engine_model(m->e);
 	for (i = 0; job->req.op == OP_DETOKENIZE && i < job->req.n_tokens; i++)
-		if (job->req.tokens[i] >= engine_model(m->e)->hp.n_vocab) {
+		if (job->req.tokens[i] >= md->hp.n_vocab) {
 			post_error(s, job, PE_INVALID_PARAM, "a token id is outside the vocabulary");
 			return 0;
 		}
@@ -1263,6 +1271,7 @@ op_tokens(struct sched *s, struct sched_job *job)
 	t->s = s;
 	t->job = job;
 	t->m = m;
+	t->md = md;
 	slots_acquire(&s->slots, m);
 	worker_submit(&s->prep, &t->work);
 	return 1;

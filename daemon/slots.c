@@ -96,9 +96,9 @@ slots_find(struct slots *sl, const char *name_or_path, struct slot **out, char *
 		}
 	}
 	/* a slot is for good: a path that is no model (any file a client names) gets none */
-	if ((rc = model_open(path, &md, err)) != 0) {
+	if (model_open(path, &md, err) != 0) {
 		free(name), free(path);
-		return rc;
+		return ERR_FORMAT;
 	}
 	model_close(md);
 	*out = slot_new(sl, name, path);

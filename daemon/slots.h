@@ -74,7 +74,7 @@ void slots_destroy(struct slots *sl);
  * directory (relative ones from residentd's directory) that model_open
  * takes makes a new slot under its absolute path. Returns 0, or
  * ERR_NOTFOUND or ERR_INVAL (no such model, a name taken by another file)
- * or model_open's code (not a model), with a message in err.
+ * or ERR_FORMAT (a path model_open refuses), with a message in err.
  */
 int slots_find(struct slots *sl, const char *name_or_path, struct slot **out, char *err);
 /* Whether a name or path is a known slot, or an existing file's. Thread-safe. */

@@ -15,6 +15,8 @@ the CPU backend with two generated models.
    turns; the daemon's --keep-alive unloads an unused model after it.
 4. A model that does not fit the budget at all is a model_error that says
    what it needs.
+5. A tokenize holds its model while it runs: a request for the other model
+   waits, and is answered once the tokenizing has ended.
 """
 import os
 import shutil
@@ -125,6 +127,17 @@ def at_once(ck, d):
     c.close()
 
 
+def tokenize_holds(ck, d):
+    text = ("Words to tokenize while another model waits. " * 24000)[:1 << 20]
+    with d.client(timeout=120) as t, d.client(timeout=120) as c:
+        loaded = [n for n, m in models(c.call("status")).items() if m["loaded"]]
+        other = "b" if loaded == ["a"] else "a"
+        ids = [t.request("tokenize", model=loaded[0], text=text) for _ in range(8)]
+        g = ask(c, other)
+        ck.ok(all(len(t.result(i)["tokens"]) > 0 for i in ids), "the tokenizes of %s are answered" % loaded[0])
+        ck.ok(g.finish in ("stop", "length"), "the request for %s, which waited for them, is answered" % other)
+
+
 def keep_alive(ck, d):
     c = d.client(timeout=60)
     ask(c, "a", keep_alive=0)
@@ -166,6 +179,8 @@ def main():
                 in_turn(ck, d)
             with ck.section("both at once"):
                 at_once(ck, d)
+            with ck.section("a tokenize holds its model"):
+                tokenize_holds(ck, d)
             with ck.section("keep-alive"):
                 keep_alive(ck, d)
         with ck.section("a model bigger than the budget"):
