@@ -133,6 +133,9 @@ def tokenize_holds(ck, d):
         loaded = [n for n, m in models(c.call("status")).items() if m["loaded"]]
         other = "b" if loaded == ["a"] else "a"
         ids = [t.request("tokenize", model=loaded[0], text=text) for _ in range(8)]
+        # status answers after the scheduler has taken the tokenizes (one connection is read in order):
+        # the generate must not reach it first, or the tokenizes would find the other model loaded
+        t.call("status")
         g = ask(c, other)
         ck.ok(all(len(t.result(i)["tokens"]) > 0 for i in ids), "the tokenizes of %s are answered" % loaded[0])
         ck.ok(g.finish in ("stop", "length"), "the request for %s, which waited for them, is answered" % other)
