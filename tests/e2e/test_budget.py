@@ -128,8 +128,9 @@ def at_once(ck, d):
 
 
 def tokenize_holds(ck, d):
-    text = ("Words to tokenize while another model waits. " * 24000)[:1 << 20]
-    with d.client(timeout=120) as t, d.client(timeout=120) as c:
+    # 2 MiB in all: a few tenths of a second here, a minute or more under valgrind
+    text = ("Words to tokenize while another model waits. " * 6000)[:1 << 18]
+    with d.client(timeout=600) as t, d.client(timeout=600) as c:
         loaded = [n for n, m in models(c.call("status")).items() if m["loaded"]]
         other = "b" if loaded == ["a"] else "a"
         ids = [t.request("tokenize", model=loaded[0], text=text) for _ in range(8)]
