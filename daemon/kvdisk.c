@@ -279,6 +279,18 @@ job_paths(const struct kvdisk *d, const struct kvdisk_job *j, char *rel, size_t 
 
 /* ---- jobs ---- */
 
+/* Writes n bytes at off, all of them; else the ERR_* code (a short write on a regular file is a full disk). */
+static int
+write_at(int fd, const void *p, size_t n, off_t off, const char *path, char *err)
+{
+	ssize_t w = pwrite(fd, p, n, off);
+	int e = w < 0 ? errno : ENOSPC;
+
+	if (w == (ssize_t)n)
+		return 0;
+	return err_set(err, errno_no_space(e) ? ERR_NOSPACE : ERR_IO, "%s: %s", path, strerror(e));
+}
+
 /*
  * Opens (creating it and its directory) the file of a write, with its
  * header right: a file that is not there (the budget may have removed it)
@@ -290,8 +302,7 @@ write_open(struct kvdisk *d, struct kvdisk_job *j, const char *rel, const char *
 {
 	char dir[4096];
 	uint8_t *h;
-	ssize_t w = -1;
-	int fd;
+	int fd, rc = 0;
 
 	snprintf(dir, sizeof dir, "%s/%016llx", d->dir, (unsigned long long)j->identity);
 	if (mkdir(dir, 0700) != 0 && errno != EEXIST)
@@ -299,17 +310,16 @@ write_open(struct kvdisk *d, struct kvdisk_job *j, const char *rel, const char *
 	if ((fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600)) < 0)
 		return err_set(err, ERR_IO, "%s: %s", path, strerror(errno));
 	*head = header_make(j, &h);
-	if (!header_matches(fd, h, *head) && (ftruncate(fd, 0) != 0 || (w = pwrite(fd, h, *head, 0)) != (ssize_t)*head)) {
-		int e = w < 0 ? errno : ENOSPC;  /* a short write on a regular file is a full disk */
-
+	if (!header_matches(fd, h, *head))
+		rc = ftruncate(fd, 0) != 0 ? err_set(err, ERR_IO, "%s: %s", path, strerror(errno)) :
+		    write_at(fd, h, *head, 0, path, err);
+	free(h);
+	if (rc != 0) {
 		close(fd);
-		free(h);
 		unlink(path);
 		file_note(d, rel, 0, 0);
-		return err_set(err, errno_no_space(e) ? ERR_NOSPACE : ERR_IO, "%s: %s", path,
-		    strerror(e));
+		return rc;
 	}
-	free(h);
 	return fd;
 }
 
@@ -395,15 +405,10 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 			memcpy(r + sizeof h + j->block_bytes, &sum, sizeof sum);
 		}
 		for (k = 0; k < c && rc == 0; k++) {
-			ssize_t w = pwrite(fd, buf + (size_t)k * rec, rec, (off_t)(head + (size_t)j->done * rec));
+			off_t off = (off_t)(head + (size_t)j->done * rec);
 
-			if (w != (ssize_t)rec) {
-				/* a short write on a regular file is a full disk */
-				int e = w < 0 ? errno : ENOSPC;
-
-				rc = err_set(err, errno_no_space(e) ? ERR_NOSPACE : ERR_IO, "%s: %s",
-				    path, strerror(e));
-				if (ftruncate(fd, (off_t)(head + (size_t)j->done * rec)) != 0) {
+			if ((rc = write_at(fd, buf + (size_t)k * rec, rec, off, path, err)) != 0) {
+				if (ftruncate(fd, off) != 0) {
 					/* then the partial record fails its checksum when loaded */
 				}
 			} else if (++j->done - j->first == d->stall_after)

@@ -252,16 +252,15 @@ find_model(struct sched *s, const char *name_or_path, struct slot **out, char *e
 	return 0;
 }
 
-/* find_model for a request: NULL once the error is posted (not_found, or model_error for a file that is no model). */
+/* find_model for a request: NULL once the not_found error is posted. */
 static struct slot *
 job_model(struct sched *s, const struct sched_job *job, const char *name_or_path)
 {
 	char err[ERR_LEN];
 	struct slot *m;
-	int rc;
 
-	if ((rc = find_model(s, name_or_path, &m, err)) != 0)
-		post_error(s, job, rc == ERR_NOTFOUND || rc == ERR_INVAL ? PE_NOT_FOUND : PE_MODEL_ERROR, err);
+	if (find_model(s, name_or_path, &m, err) != 0)
+		post_error(s, job, PE_NOT_FOUND, err);
 	return m;
 }
 

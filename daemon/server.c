@@ -471,10 +471,10 @@ load_session(struct conn *c, struct sched_job *job)
 	int64_t total;
 	int n = 0, i, rc;
 
-	if ((rc = store_session_get(c->srv->store, c->uid, job->req.session, &ss, err)) != 0 ||
-	    (rc = session_busy(c->srv, job->req.session) ? err_set(err, ERR_BUSY, "the session has a turn "
-	    "generating already; wait for its done, or cancel it") : 0) != 0 ||
-	    (rc = store_turns(c->srv->store, c->uid, job->req.session, &t, &n, err)) != 0) {
+	rc = store_session_get(c->srv->store, c->uid, job->req.session, &ss, err);
+	if (rc == 0 && session_busy(c->srv, job->req.session))
+		rc = err_set(err, ERR_BUSY, "the session has a turn generating already; wait for its done, or cancel it");
+	if (rc != 0 || (rc = store_turns(c->srv->store, c->uid, job->req.session, &t, &n, err)) != 0) {
 		store_turns_free(t, n);
 		store_session_clear(&ss);
 		conn_error(c, 1, job->req.id, store_pe(rc), err);

@@ -74,7 +74,6 @@ slot_new(struct slots *sl, char *name, char *path)
 int
 slots_find(struct slots *sl, const char *name_or_path, struct slot **out, char *err)
 {
-	struct model_desc *md;
 	struct slot *m;
 	char *name, *path;
 	int rc = 0;
@@ -95,12 +94,6 @@ slots_find(struct slots *sl, const char *name_or_path, struct slot **out, char *
 			return *out = rc == 0 ? m : NULL, rc;
 		}
 	}
-	/* a slot is for good: a path that is no model (any file a client names) gets none */
-	if (model_open(path, &md, err) != 0) {
-		free(name), free(path);
-		return ERR_FORMAT;
-	}
-	model_close(md);
 	*out = slot_new(sl, name, path);
 	return 0;
 }
@@ -154,14 +147,49 @@ make_room(struct slots *sl, const struct slot *m, uint64_t need)
 		slots_unload(sl, lru);
 }
 
-int
-slots_prepare(const struct slots *sl, const struct slot *m, struct engine **out, char *err)
+/*
+ * A slot that has never loaded and that nothing uses goes once it fails to
+ * open: a path that is no model (any file a client names) leaves nothing.
+ */
+static void
+forget_new(struct slots *sl, struct slot *m)
+{
+	struct slot **pp;
+	int i;
+
+	if (m->loads > 0 || m->users > 0 || m->residents != NULL)
+		return;
+	for (pp = &sl->list; *pp != m; pp = &(*pp)->next)
+		;
+	*pp = m->next;
+	pthread_mutex_lock(&sl->mu);
+	for (i = sl->n_known - 1; i >= 0; i--)
+		if (strcmp(sl->known[i], m->name) == 0 || strcmp(sl->known[i], m->path) == 0) {
+			free(sl->known[i]);
+			sl->known[i] = sl->known[--sl->n_known];
+		}
+	pthread_mutex_unlock(&sl->mu);
+	free(m->name), free(m->path), free(m);
+}
+
+static int
+prepare(const struct slots *sl, const struct slot *m, struct engine **out, char *err)
 {
 	struct engine_opts eo = sl->o.eo;
 
 	if (m->device != NULL)
 		eo.device = m->device;
 	return engine_prepare(m->path, &eo, out, err);
+}
+
+int
+slots_prepare(struct slots *sl, struct slot *m, struct engine **out, char *err)
+{
+	int rc = prepare(sl, m, out, err);
+
+	if (rc != 0)
+		forget_new(sl, m);
+	return rc;
 }
 
 int
@@ -181,6 +209,7 @@ slots_load(struct slots *sl, struct slot *m, void (*progress)(void *, uint64_t, 
 		rc = err_set(err, ERR_NOMEM, "%s needs %.0f MiB of device memory at least; the budget is %.0f MiB "
 		    "(residentd --device-memory)", m->name, min / 1048576.0, sl->o.budget / 1048576.0);
 		engine_close(e);
+		forget_new(sl, m);
 		return rc;
 	}
 	make_room(sl, m, min);
@@ -194,6 +223,7 @@ slots_load(struct slots *sl, struct slot *m, void (*progress)(void *, uint64_t, 
 		progress(arg, 0, total);
 	if ((rc = engine_load(e, MIN(want, left), err)) != 0) {
 		engine_close(e);
+		forget_new(sl, m);
 		return rc;
 	}
 	if (progress != NULL)

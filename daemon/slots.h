@@ -16,6 +16,9 @@
  *                            +------ slots_acquire ------------+
  *                    (idle: keep-alive over, or the budget needs it)
  *
+ * A known slot whose first load (or slots_prepare) fails goes again, so
+ * that a path that is no model leaves nothing behind.
+ *
  * Engine thread only, but for slots_known.
  */
 #ifndef RESIDENT_SLOTS_H
@@ -71,10 +74,10 @@ void slots_init(struct slots *sl, const struct slots_opts *o);
 void slots_destroy(struct slots *sl);
 /*
  * The slot of a model name or path; a path to an existing file or
- * directory (relative ones from residentd's directory) that model_open
- * takes makes a new slot under its absolute path. Returns 0, or
- * ERR_NOTFOUND or ERR_INVAL (no such model, a name taken by another file)
- * or ERR_FORMAT (a path model_open refuses), with a message in err.
+ * directory (relative ones from residentd's directory) makes a new slot
+ * under its absolute path, which goes again if its first slots_load or
+ * slots_prepare fails. Returns 0, or ERR_NOTFOUND or ERR_INVAL (no such
+ * model, a name taken by another file), with a message in err.
  */
 int slots_find(struct slots *sl, const char *name_or_path, struct slot **out, char *err);
 /* Whether a name or path is a known slot, or an existing file's. Thread-safe. */
@@ -83,7 +86,8 @@ int slots_known(struct slots *sl, const char *name_or_path);
  * Loads a slot if it is not loaded, unloading unused ones as the budget
  * needs; progress(arg, done, total) is told before and after a load (total:
  * the model file's bytes). 0 when loaded, SLOTS_WAIT when models in use
- * hold the memory it needs (nothing was done), or a negative code.
+ * hold the memory it needs (nothing was done), or a negative code (a slot
+ * that never loaded and that nothing uses is then freed: see slots_prepare).
  */
 int slots_load(struct slots *sl, struct slot *m, void (*progress)(void *, uint64_t, uint64_t), void *arg,
     char *err);
@@ -91,9 +95,11 @@ void slots_unload(struct slots *sl, struct slot *m);
 /*
  * Opens a slot's model as slots_load would, without loading it: its
  * description, context and memory needs (engine_prepare). The caller
- * closes *out with engine_close. 0 or a negative code.
+ * closes *out with engine_close. 0 or a negative code; after a failure a
+ * slot that never loaded and that nothing uses is freed (as after a failed
+ * slots_load), so the caller no longer touches m.
  */
-int slots_prepare(const struct slots *sl, const struct slot *m, struct engine **out, char *err);
+int slots_prepare(struct slots *sl, struct slot *m, struct engine **out, char *err);
 /* A request starts running on a loaded slot. */
 void slots_acquire(struct slots *sl, struct slot *m);
 /* It ended: the slot keeps keep_alive (seconds, < 0: forever) from now on if nobody else uses it. */
