@@ -121,7 +121,7 @@ struct backend {
 	int device;
 	cudaStream_t stream;
 	struct cuda_mm mm;
-	uint8_t *weights;            /* every matrix, as stored */
+	uint8_t *weights;            /* every matrix, in its GPU form (cuda_weight_form) */
 	float *smalls;               /* norms, biases, RoPE frequencies */
 	struct cuda_layer *layers;
 	struct cuda_weight tok_embd, output;
@@ -433,6 +433,25 @@ dev_alloc(void **p, size_t bytes, const char *what, char *err)
 	return 0;
 }
 
+/* The GPU form of matrix t (check_model has refused what the GPU does not read); its data not yet placed. */
+static struct cuda_weight
+form_of(const struct model_tensor *t)
+{
+	struct cuda_weight w;
+
+	cuda_weight_form(t->type, t->ne[0], t->ne[1], &w);
+	return w;
+}
+
+/* Bytes of matrix t on the GPU. */
+static size_t
+gpu_bytes(const struct model_tensor *t)
+{
+	struct cuda_weight w = form_of(t);
+
+	return w.row_bytes * (size_t)w.n;
+}
+
 /*
  * Where each matrix goes in the weights allocation; returns the total. A
  * matrix of the same type and width as the one before it starts right
@@ -448,9 +467,36 @@ matrix_offsets(const struct model_tensor **mats, int n, size_t *off)
 		int follows = i > 0 && mats[i]->type == mats[i - 1]->type && mats[i]->ne[0] == mats[i - 1]->ne[0];
 
 		off[i] = follows ? end : align_up(end);
-		end = off[i] + mats[i]->bytes;
+		end = off[i] + gpu_bytes(mats[i]);
 	}
 	return align_up(end);
+}
+
+/* Host bytes a matrix whose GPU form differs from the file's passes through on its way up. */
+#define STAGE_BYTES ((size_t)16 << 20)
+
+/* Uploads matrix t in its GPU form to dev: as stored, or rewritten a run of rows at a time in stage. */
+static int
+upload_matrix(const struct model_tensor *t, uint8_t *dev, uint8_t **stage, char *err)
+{
+	struct cuda_weight w = form_of(t);
+	size_t sb = 0;
+	int64_t run = MAX((int64_t)1, (int64_t)(STAGE_BYTES / w.row_bytes));
+
+	if (w.type == t->type) {
+		CK(cudaMemcpy(dev, t->data, t->bytes, cudaMemcpyHostToDevice));
+		return 0;
+	}
+	quant_row_bytes(t->type, w.k, &sb);
+	if (*stage == NULL)
+		*stage = (uint8_t *)xmalloc(MAX(STAGE_BYTES, w.row_bytes));
+	for (int64_t r = 0; r < w.n; r += run) {
+		int64_t nr = MIN(run, w.n - r);
+
+		cuda_weight_store(&w, (const uint8_t *)t->data + (size_t)r * sb, nr, *stage);
+		CK(cudaMemcpy(dev + (size_t)r * w.row_bytes, *stage, (size_t)nr * w.row_bytes, cudaMemcpyHostToDevice));
+	}
+	return 0;
 }
 
 /* Uploads the matrices into one allocation at their offsets. */
@@ -458,13 +504,15 @@ static int
 upload_matrices(struct backend *b, const struct model_tensor **mats, int n, const size_t *off, size_t total,
     char *err)
 {
+	uint8_t *stage = NULL;
 	int rc;
 
 	if ((rc = dev_alloc((void **)&b->weights, total, "the weights", err)) != 0)
 		return rc;
-	for (int i = 0; i < n; i++)
-		CK(cudaMemcpy(b->weights + off[i], mats[i]->data, mats[i]->bytes, cudaMemcpyHostToDevice));
-	return 0;
+	for (int i = 0; i < n && rc == 0; i++)
+		rc = upload_matrix(mats[i], b->weights + off[i], &stage, err);
+	free(stage);
+	return rc;
 }
 
 /* 1 if t is multiplied (every matrix but an embedding not tied to the output): it may want weight tiles. */
@@ -479,9 +527,8 @@ static struct cuda_weight
 weight_of(const struct backend *b, const struct model_tensor **mats, int n, const size_t *off,
     const struct model_tensor *t)
 {
-	struct cuda_weight w = { NULL, t->type, t->ne[0], t->ne[1], 0 };
+	struct cuda_weight w = form_of(t);
 
-	quant_row_bytes(t->type, t->ne[0], &w.row_bytes);
 	for (int i = 0; i < n; i++)
 		if (mats[i] == t) {
 			w.d = b->weights + off[i];
@@ -715,7 +762,7 @@ plan_sizes(const struct model_desc *m, const struct backend_opts *o, const struc
 	z->weights = matrix_offsets(mats, n, off);
 	z->wh = 1;
 	for (int i = 0; i < n; i++) {
-		struct cuda_weight w = { NULL, mats[i]->type, mats[i]->ne[0], mats[i]->ne[1], 0 };
+		struct cuda_weight w = form_of(mats[i]);
 
 		if (is_product(m, mats[i]))
 			z->wh = MAX(z->wh, cuda_matmul_tile_elems(&w));

@@ -203,16 +203,24 @@ cuda_probe_close(struct cuda_probe *p)
 	free(p);
 }
 
-/* The weight's device form (data at d), or ERR_UNSUPPORTED for what the backend refuses. */
+/* The weight's device form, its data uploaded (at cw->d), or ERR_UNSUPPORTED for what the backend refuses. */
 static int
-weight_of(const struct cuda_probe_weight *w, struct cuda_weight *cw, char *err)
+weight_up(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w, struct cuda_weight *cw,
+    char *err)
 {
-	*cw = (struct cuda_weight){ NULL, w->type, w->k, w->n, 0 };
-	if (!cuda_type_supported(w->type) || w->k % 8 != 0 || w->n < 1 ||
-	    quant_row_bytes(w->type, w->k, &cw->row_bytes) != 0)
+	uint8_t *host;
+	void *d;
+	int rc;
+
+	if (cuda_weight_form(w->type, w->k, w->n, cw) != 0)
 		return err_set(err, ERR_UNSUPPORTED, "cuda_probe: no kernel for %lld x %lld of type %u",
 		    (long long)w->n, (long long)w->k, w->type);
-	return 0;
+	host = (uint8_t *)xmalloc(cw->row_bytes * (size_t)w->n);
+	cuda_weight_store(cw, (const uint8_t *)w->data, w->n, host);
+	rc = buf_new(p, bs, host, cw->row_bytes * (size_t)w->n, 0, &d, err);
+	free(host); /* a copy from pageable memory has read it when cudaMemcpyAsync returns */
+	cw->d = (const uint8_t *)d;
+	return rc;
 }
 
 /*
@@ -309,25 +317,21 @@ matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight
     int reuse_x, float *y, float *y2, char *err)
 {
 	struct cuda_weight cw, cw2 = {};
-	void *dw, *dx, *dy, *dw2 = NULL, *dy2 = NULL;
+	void *dx, *dy, *dy2 = NULL;
 	size_t ybytes = (size_t)n_tok * (size_t)w->n * sizeof(float);
 	size_t ybytes2 = w2 != NULL ? (size_t)n_tok * (size_t)w2->n * sizeof(float) : 0;
 	int64_t tile;
 	int rc;
 
-	if ((rc = weight_of(w, &cw, err)) != 0 || (w2 != NULL && (rc = weight_of(w2, &cw2, err)) != 0))
-		return rc;
 	if (n_tok < 1)
 		return err_set(err, ERR_INVAL, "cuda_probe: %d tokens", n_tok);
-	if ((rc = buf_new(p, bs, w->data, cw.row_bytes * (size_t)w->n, 0, &dw, err)) != 0 ||
-	    (rc = buf_new(p, bs, x, (size_t)n_tok * (size_t)w->k * sizeof(float), 0, &dx, err)) != 0 ||
+	if ((rc = weight_up(p, bs, w, &cw, err)) != 0 || (w2 != NULL && (rc = weight_up(p, bs, w2, &cw2, err)) != 0))
+		return rc;
+	if ((rc = buf_new(p, bs, x, (size_t)n_tok * (size_t)w->k * sizeof(float), 0, &dx, err)) != 0 ||
 	    (rc = buf_new(p, bs, NULL, ybytes, 1, &dy, err)) != 0)
 		return rc;
-	if (w2 != NULL && ((rc = buf_new(p, bs, w2->data, cw2.row_bytes * (size_t)w2->n, 0, &dw2, err)) != 0 ||
-	    (rc = buf_new(p, bs, NULL, ybytes2, 1, &dy2, err)) != 0))
+	if (w2 != NULL && (rc = buf_new(p, bs, NULL, ybytes2, 1, &dy2, err)) != 0)
 		return rc;
-	cw.d = (const uint8_t *)dw;
-	cw2.d = (const uint8_t *)dw2;
 	tile = tile_rows > 0 ? tile_rows * w->k : cuda_matmul_tile_elems(&cw);
 	if (w2 != NULL)
 		tile = MAX(tile, cuda_matmul_tile_elems(&cw2));
@@ -386,21 +390,18 @@ embed_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight 
     int n_tok, float scale, float *out, char *err)
 {
 	struct cuda_weight cw;
-	void *dw, *dt, *dout;
+	void *dt, *dout;
 	size_t obytes = (size_t)n_tok * (size_t)w->k * sizeof(float);
 	int rc;
 
-	if ((rc = weight_of(w, &cw, err)) != 0)
-		return rc;
 	for (int t = 0; t < n_tok; t++)
 		if (tokens[t] < 0 || tokens[t] >= w->n)
 			return err_set(err, ERR_INVAL, "cuda_probe: token %d of %lld rows", tokens[t],
 			    (long long)w->n);
-	if ((rc = buf_new(p, bs, w->data, cw.row_bytes * (size_t)w->n, 0, &dw, err)) != 0 ||
+	if ((rc = weight_up(p, bs, w, &cw, err)) != 0 ||
 	    (rc = buf_new(p, bs, tokens, (size_t)n_tok * sizeof(int32_t), 0, &dt, err)) != 0 ||
 	    (rc = buf_new(p, bs, NULL, obytes, 1, &dout, err)) != 0)
 		return rc;
-	cw.d = (const uint8_t *)dw;
 	if ((rc = cuda_embed(&cw, (const int32_t *)dt, n_tok, scale, (float *)dout, p->stream, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_embed", err)) != 0)
 		return rc;

@@ -5,9 +5,9 @@
  * may fuse a product and a difference into one FMA: a last-bit difference).
  *
  * Rows start where the weight's rows start, so blocks are only as aligned
- * as their size allows: Q8_0 (34 bytes), Q4_0 (18), Q5_0 (22) and Q6_K
- * (210) are read 2 bytes at a time, Q4_K (144) and Q5_K (176) 8 at a time,
- * the float types 16 at a time.
+ * as their size allows: Q8_0 (34 bytes), Q4_0 (18) and Q5_0 (22) are read
+ * 2 bytes at a time, Q4_K (144), Q5_K (176) and Q6_K (regrouped at load:
+ * TT_Q6_KG) 8 at a time, the float types 16 at a time.
  */
 #ifndef RESIDENT_CUDA_DEQUANT_CUH
 #define RESIDENT_CUDA_DEQUANT_CUH
@@ -201,20 +201,42 @@ deq8<TT_Q5_K>(const uint8_t *__restrict__ row, int c, float *v)
 }
 
 /*
- * Q6_K: 210-byte blocks of 256: in each half of 128, quarter s takes
- * nibble s/2 of ql[64h + 32(s%2) + l] and bits 2s of qh[32h + l];
- * (d * sc) * (q - 32), sc a signed byte per 16 elements.
+ * Q6_KG: Q6_K as the GPU holds it. A row's 210-byte blocks are regrouped at
+ * load (cuda_weight_store) so that every load is aligned: each group of up
+ * to 8 blocks is 16 bytes of their fp16 d's, then their 208-byte bodies
+ * (ql, qh, the 16 signed scales) as in the file. A row of a multiple of 8
+ * blocks keeps its size; others grow by less than 16 bytes.
+ */
+#define TT_Q6_KG (0x100 | TT_Q6_K)
+#define Q6G_GROUP (16 + 8 * 208)
+
+/* Block b's body in a Q6_KG row. */
+static __device__ __forceinline__ const uint8_t *
+q6g_body(const uint8_t *row, int b)
+{
+	return row + (size_t)(b >> 3) * Q6G_GROUP + 16 + 208 * (b & 7);
+}
+
+/* Block b's d in a Q6_KG row. */
+static __device__ __forceinline__ float
+q6g_d(const uint8_t *row, int b)
+{
+	return f16_at(row + (size_t)(b >> 3) * Q6G_GROUP + 2 * (b & 7));
+}
+
+/*
+ * In each half of 128, quarter s takes nibble s/2 of ql[64h + 32(s%2) + l]
+ * and bits 2s of qh[32h + l]; (d * sc) * (q - 32), sc a signed byte per 16.
  */
 template <>
 __device__ __forceinline__ void
-deq8<TT_Q6_K>(const uint8_t *__restrict__ row, int c, float *v)
+deq8<TT_Q6_KG>(const uint8_t *__restrict__ row, int c, float *v)
 {
-	const uint8_t *b = row + (size_t)(c >> 5) * 210;
+	const uint8_t *b = q6g_body(row, c >> 5);
 	int cc = c & 31, h = cc >> 4, s = (cc >> 2) & 3, l0 = (cc & 3) * 8;
-	uint2 ql = load8_a2(b + h * 64 + (s & 1) * 32 + l0);
-	uint2 qh = load8_a2(b + 128 + h * 32 + l0);
-	float d = f16_at(b + 208);
-	float dl = d * (float)(int8_t)__ldg(b + 192 + (cc >> 1));
+	uint2 ql = __ldg((const uint2 *)(b + h * 64 + (s & 1) * 32 + l0));
+	uint2 qh = __ldg((const uint2 *)(b + 128 + h * 32 + l0));
+	float dl = q6g_d(row, c >> 5) * (float)(int8_t)__ldg(b + 192 + (cc >> 1));
 
 #pragma unroll
 	for (int i = 0; i < 8; i++) {
@@ -226,13 +248,20 @@ deq8<TT_Q6_K>(const uint8_t *__restrict__ row, int c, float *v)
 
 /* X(type) for every type the GPU reads: the cases of a run-time dispatch. */
 #define DEQ_TYPES(X) X(TT_F32) X(TT_F16) X(TT_BF16) X(TT_Q8_0) X(TT_Q4_0) X(TT_Q5_0) \
-	X(TT_Q4_K) X(TT_Q5_K) X(TT_Q6_K)
+	X(TT_Q4_K) X(TT_Q5_K) X(TT_Q6_KG)
 
-/* 1 if the GPU reads weights of this type. */
+/* The type weights stored as `type` have on the GPU. */
+static inline uint32_t
+cuda_gpu_type(uint32_t type)
+{
+	return type == TT_Q6_K ? TT_Q6_KG : type;
+}
+
+/* 1 if the GPU reads weights stored in this type. */
 static inline int
 cuda_type_supported(uint32_t type)
 {
-	switch (type) {
+	switch (cuda_gpu_type(type)) {
 #define CASE(t) case t:
 	DEQ_TYPES(CASE)
 #undef CASE

@@ -25,6 +25,8 @@
 #include "dequant.cuh"
 #include "norm.cuh"
 
+#include <string.h>
+
 #define MMV_WARPS 4
 #define MMV_ROWS 4  /* rows of one block of the matrix-vector kernel */
 #define MMQ_WARPS 4 /* warps of one block of the integer kernel */
@@ -206,10 +208,15 @@ template <> struct qt<TT_Q4_K> {
 };
 
 /*
- * Q6_K, eight positions l0 .. l0 + 7 of one half of a block in each of its
- * four quarters (32 elements): the quarters share their ql and qh bytes.
+ * Q6_K (regrouped at load, TT_Q6_KG), eight positions l0 .. l0 + 7 of one
+ * half of a block in each of its four quarters (32 elements): the quarters
+ * share their ql and qh bytes. Four aligned 8-byte loads (three of quants,
+ * one of the half's scales) and the group's d, where the file's layout took
+ * 2-byte loads and funnel shifts. Chunks of 64 elements (16-byte loads)
+ * held 146 registers at one token and 199 at two, against 87 and 116, and
+ * two tokens ran 4 % slower (H100, tests/bench/RESULTS.md).
  */
-template <> struct qt<TT_Q6_K> {
+template <> struct qt<TT_Q6_KG> {
 	static constexpr int n = 32;
 	struct W {
 		int v[4][2];
@@ -222,17 +229,19 @@ template <> struct qt<TT_Q6_K> {
 	static __device__ __forceinline__ void
 	load(const uint8_t *__restrict__ row, int c, W &o)
 	{
-		const uint8_t *b = row + (size_t)(c >> 3) * 210;
+		const uint8_t *b = q6g_body(row, c >> 3);
 		int h = (c >> 2) & 1, l0 = (c & 3) * 8;
-		uint32_t la[2], lb[2], qh[2];
-		float d = f16_at(b + 208);
+		uint2 qa = __ldg((const uint2 *)(b + 64 * h + l0)), qb = __ldg((const uint2 *)(b + 64 * h + 32 + l0));
+		uint2 qc = __ldg((const uint2 *)(b + 128 + 32 * h + l0));
+		uint2 sw = __ldg((const uint2 *)(b + 192 + 8 * h));
+		const uint32_t la[2] = { qa.x, qa.y }, lb[2] = { qb.x, qb.y }, qh[2] = { qc.x, qc.y };
+		float d = q6g_d(row, c >> 3);
 
-		words_a2<2>(b + 64 * h + l0, la);
-		words_a2<2>(b + 64 * h + 32 + l0, lb);
-		words_a2<2>(b + 128 + 32 * h + l0, qh);
 #pragma unroll
 		for (int s = 0; s < 4; s++) {
-			o.sc[s] = d * (float)(int8_t)__ldg(b + 192 + 8 * h + 2 * s + (l0 >> 4));
+			uint32_t w = s < 2 ? sw.x : sw.y;
+
+			o.sc[s] = d * (float)(int8_t)(w >> (8 * (2 * (s & 1) + (l0 >> 4))));
 #pragma unroll
 			for (int i = 0; i < 2; i++) {
 				uint32_t lo = ((s & 1 ? lb[i] : la[i]) >> (4 * (s >> 1))) & 0x0f0f0f0fu;
@@ -560,7 +569,7 @@ mmq_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const struct cu
 		if constexpr (T2 != TY) /* weights of one type that follow each other are one run already */ \
 			return mmq_types<TY, T2>(nt, st, w, w2, xq, xd, out); \
 		break;
-	T2_CASE(TT_Q4_K) T2_CASE(TT_Q6_K) T2_CASE(TT_Q8_0)
+	T2_CASE(TT_Q4_K) T2_CASE(TT_Q6_KG) T2_CASE(TT_Q8_0)
 #undef T2_CASE
 	}
 	return cudaErrorInvalidValue;
@@ -607,7 +616,7 @@ matvec(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weight 
 		DEQ_TYPES(TY_CASE)
 #undef TY_CASE
 #define TQ_CASE(TY) case -TY - 1: CK(mmq_launch<TY>(nt, m->stream, w, w2, xq, xd, &o)); break;
-		TQ_CASE(TT_Q4_K) TQ_CASE(TT_Q6_K) TQ_CASE(TT_Q8_0)
+		TQ_CASE(TT_Q4_K) TQ_CASE(TT_Q6_KG) TQ_CASE(TT_Q8_0)
 #undef TQ_CASE
 		default:
 			return err_set(err, ERR_UNSUPPORTED, "no GPU kernel for weight type %u", w->type);
@@ -689,7 +698,50 @@ gemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, float *y, int ld
 int
 cuda_matmul_int8(const struct cuda_mm *m, const struct cuda_weight *w)
 {
-	return m->xq != NULL && (w->type == TT_Q4_K || w->type == TT_Q6_K || w->type == TT_Q8_0);
+	return m->xq != NULL && (w->type == TT_Q4_K || w->type == TT_Q6_KG || w->type == TT_Q8_0);
+}
+
+int
+cuda_weight_form(uint32_t type, int64_t k, int64_t n, struct cuda_weight *w)
+{
+	*w = (struct cuda_weight){ NULL, cuda_gpu_type(type), k, n, 0 };
+	if (!cuda_type_supported(type) || k % 8 != 0 || n < 1 || quant_row_bytes(type, k, &w->row_bytes) != 0)
+		return -1;
+	if (w->type == TT_Q6_KG) {
+		int64_t nb = k / 256;
+
+		w->row_bytes = (size_t)((nb + 7) / 8 * 16 + nb * 208);
+	}
+	return 0;
+}
+
+/* A row of nb Q6_K blocks regrouped (TT_Q6_KG): each group of up to 8 is their d's, then their bodies. */
+static void
+q6g_row(const uint8_t *src, int64_t nb, uint8_t *dst)
+{
+	for (int64_t g = 0; g < nb; g += 8, dst += Q6G_GROUP) {
+		memset(dst, 0, 16);
+		for (int i = 0; i < 8 && g + i < nb; i++) {
+			const uint8_t *b = src + (size_t)(g + i) * 210;
+
+			memcpy(dst + 2 * i, b + 208, 2);
+			memcpy(dst + 16 + 208 * i, b, 208);
+		}
+	}
+}
+
+void
+cuda_weight_store(const struct cuda_weight *w, const uint8_t *src, int64_t nr, uint8_t *dst)
+{
+	size_t sb = 0;
+
+	if (w->type != TT_Q6_KG) {
+		memcpy(dst, src, (size_t)nr * w->row_bytes);
+		return;
+	}
+	quant_row_bytes(TT_Q6_K, w->k, &sb);
+	for (int64_t r = 0; r < nr; r++)
+		q6g_row(src + (size_t)r * sb, w->k / 256, dst + (size_t)r * w->row_bytes);
 }
 
 int

@@ -101,6 +101,16 @@ int cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int
 /* 1 if a product of at most m->mmv_max tokens by w reads the int8 form of its input (cuda_q8). */
 int cuda_matmul_int8(const struct cuda_mm *m, const struct cuda_weight *w);
 
+/*
+ * The GPU form of a matrix of n rows of k elements stored as `type` (d
+ * NULL): its type there (Q6_K is regrouped, TT_Q6_KG) and the bytes of a
+ * row. Returns 0, or -1 if the GPU reads no such matrix.
+ */
+int cuda_weight_form(uint32_t type, int64_t k, int64_t n, struct cuda_weight *w);
+
+/* nr rows as stored in the file (src) into w's GPU form (dst, nr * w->row_bytes). */
+void cuda_weight_store(const struct cuda_weight *w, const uint8_t *src, int64_t nr, uint8_t *dst);
+
 /* 1 if b's rows start where a's end, with the same type and width. */
 int cuda_weight_follows(const struct cuda_weight *a, const struct cuda_weight *b);
 

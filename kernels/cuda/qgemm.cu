@@ -1,9 +1,9 @@
 /*
  * qgemm.cu: products of many tokens (batched decoding, prefill) on the
  * tensor cores, straight from the quantized blocks: y = W x for W in Q4_K,
- * Q5_K, Q6_K, Q8_0, Q4_0 or Q5_0 as stored, x as fp16 (matmul.cu's
- * to_f16_kernel: each token's row divided by a power of two when it would
- * overflow fp16; the product is multiplied back here).
+ * Q5_K, Q6_K (regrouped at load), Q8_0, Q4_0 or Q5_0 as stored, x as fp16
+ * (matmul.cu's to_f16_kernel: each token's row divided by a power of two
+ * when it would overflow fp16; the product is multiplied back here).
  *
  * A block computes a tile of 128 weight rows by BN tokens. It walks K 64
  * elements at a time (a sub-step). The raw blocks of the weight (a whole
@@ -173,7 +173,7 @@ spread4(uint32_t b)
 
 /*
  * A type's unit of raw copies (UNIT elements of a row in BYTES), its table
- * of scales (TAB words a row a unit, filled by table(); none when the
+ * of scales (TAB words a row a unit u, filled by table(); none when the
  * fragments read their scales from the blocks), and frags():
  * the A registers of one row, a[kk] for k16 step kk of sub-step part of
  * the unit, for lane t (of 4) of a row group.
@@ -184,7 +184,7 @@ template <int TY> struct qg_type;
 template <> struct qg_type<TT_Q4_K> {
 	static constexpr int UNIT = 256, BYTES = 144, TAB = 16;
 	static __device__ __forceinline__ void
-	table(const uint8_t *b, uint32_t *tab)
+	table(const uint8_t *b, int, uint32_t *tab)
 	{
 		k4_table(b, tab);
 	}
@@ -207,7 +207,7 @@ template <> struct qg_type<TT_Q4_K> {
 template <> struct qg_type<TT_Q5_K> {
 	static constexpr int UNIT = 256, BYTES = 176, TAB = 16;
 	static __device__ __forceinline__ void
-	table(const uint8_t *b, uint32_t *tab)
+	table(const uint8_t *b, int, uint32_t *tab)
 	{
 		k4_table(b, tab);
 	}
@@ -228,24 +228,30 @@ template <> struct qg_type<TT_Q5_K> {
 };
 
 /*
- * Q6_K: in half h (128 elements) quarter s takes nibble s / 2 of the 32
- * bytes at 64 h + 32 (s % 2) and bits 2s of the 32 at 128 + 32 h; a signed
- * byte scale per 16 at 192, d at 208. Only 2-byte aligned.
+ * Q6_K as the GPU holds it (TT_Q6_KG, dequant.cuh): a unit is a block's
+ * 208-byte body, then the 16 bytes of d's of its group of 8 (d at 208 +
+ * 2 (u % 8)), copied by qg_issue_w's own branch for it; rows are 16-byte
+ * multiples, so every word is aligned and a unit starts a slot. In
+ * half h (128 elements) quarter s takes nibble s / 2 of the 32 bytes at
+ * 64 h + 32 (s % 2) and bits 2s of the 32 at 128 + 32 h; a signed byte
+ * scale per 16 at 192.
  */
-template <> struct qg_type<TT_Q6_K> {
-	static constexpr int UNIT = 256, BYTES = 210, TAB = 16;
+template <> struct qg_type<TT_Q6_KG> {
+	static constexpr int UNIT = 256, BYTES = 224, TAB = 16;
 	/* word j: (d sc_j, d sc_j) */
 	static __device__ __forceinline__ void
-	table(const uint8_t *b, uint32_t *tab)
+	table(const uint8_t *b, int u, uint32_t *tab)
 	{
-		__half2 d = smem_f16x2(b + 208);
+		__half2 d = smem_f16x2(b + 208 + 2 * (u & 7));
 
 #pragma unroll
-		for (int j = 0; j < 16; j += 2) {
-			uint32_t sc = qg_word2(b + 192 + j) ^ 0x8080u; /* two signed scales + 128 */
+		for (int j = 0; j < 16; j += 4) {
+			uint32_t sc = *(const uint32_t *)(b + 192 + j) ^ 0x80808080u; /* four signed scales + 128 */
 
-			tab[j] = as_u32(__hmul2(d, __hsub2(as_h2(__byte_perm(sc, 0x64646464u, 0x4040)), as_h2(H_1152))));
-			tab[j + 1] = as_u32(__hmul2(d, __hsub2(as_h2(__byte_perm(sc, 0x64646464u, 0x4141)), as_h2(H_1152))));
+#pragma unroll
+			for (int i = 0; i < 4; i++)
+				tab[j + i] = as_u32(__hmul2(d, __hsub2(as_h2(__byte_perm(sc, 0x64646464u, 0x4040 + 0x0101 * i)),
+				    as_h2(H_1152))));
 		}
 	}
 	static __device__ __forceinline__ void
@@ -256,8 +262,8 @@ template <> struct qg_type<TT_Q6_K> {
 #pragma unroll
 		for (int kk = 0; kk < 4; kk++) {
 			int s = 2 * (part & 1) + kk / 2, l = 16 * (kk & 1) + 4 * t;
-			uint32_t x = ((qg_word2(b + 64 * h + 32 * (kk / 2) + l) >> (4 * (part & 1))) & 0x0f0f0f0fu) |
-			    ((qg_word2(b + 128 + 32 * h + l) >> (2 * s)) & 0x03030303u) << 4;
+			uint32_t x = ((*(const uint32_t *)(b + 64 * h + 32 * (kk / 2) + l) >> (4 * (part & 1))) & 0x0f0f0f0fu) |
+			    ((*(const uint32_t *)(b + 128 + 32 * h + l) >> (2 * s)) & 0x03030303u) << 4;
 
 			qg_pairs(x, H_1056, as_h2(tab[4 * part + kk]), as_h2(0u), a[kk]);
 		}
@@ -268,7 +274,7 @@ template <> struct qg_type<TT_Q6_K> {
 template <> struct qg_type<TT_Q8_0> {
 	static constexpr int UNIT = 64, BYTES = 68, TAB = 0;
 	static __device__ __forceinline__ void
-	table(const uint8_t *, uint32_t *)
+	table(const uint8_t *, int, uint32_t *)
 	{
 	}
 	static __device__ __forceinline__ void
@@ -288,7 +294,7 @@ template <> struct qg_type<TT_Q8_0> {
 template <> struct qg_type<TT_Q4_0> {
 	static constexpr int UNIT = 64, BYTES = 36, TAB = 0;
 	static __device__ __forceinline__ void
-	table(const uint8_t *, uint32_t *)
+	table(const uint8_t *, int, uint32_t *)
 	{
 	}
 	static __device__ __forceinline__ void
@@ -308,7 +314,7 @@ template <> struct qg_type<TT_Q4_0> {
 template <> struct qg_type<TT_Q5_0> {
 	static constexpr int UNIT = 64, BYTES = 44, TAB = 0;
 	static __device__ __forceinline__ void
-	table(const uint8_t *, uint32_t *)
+	table(const uint8_t *, int, uint32_t *)
 	{
 	}
 	static __device__ __forceinline__ void
@@ -326,7 +332,7 @@ template <> struct qg_type<TT_Q5_0> {
 };
 
 /* The types qgemm reads, as X(type) cases. */
-#define QG_TYPES(X) X(TT_Q4_K) X(TT_Q5_K) X(TT_Q6_K) X(TT_Q8_0) X(TT_Q4_0) X(TT_Q5_0)
+#define QG_TYPES(X) X(TT_Q4_K) X(TT_Q5_K) X(TT_Q6_KG) X(TT_Q8_0) X(TT_Q4_0) X(TT_Q5_0)
 
 /* fp16 elements of a shared-memory token row: 64 and 16 of padding (8-byte fragment loads meet no bank conflicts). */
 #define QG_LDB 80
@@ -384,7 +390,7 @@ struct qg_plan {
 	using L = qg_smem<TY, C>;
 	const __half *xsrc[L::XC];
 	int xdst[L::XC], xbytes[L::XC];
-	const uint8_t *wrow[L::WC];
+	const uint8_t *wrow[L::WC]; /* Q6_KG: where the copy reads in the row's first group */
 	int wdst[L::WC];
 	int frow[C::MT][2], f15[C::MT][2];
 	int trow[L::TC], t15[L::TC];
@@ -410,6 +416,8 @@ struct qg_plan {
 
 			wrow[j] = a.w + (size_t)min(m0 + r, a.n_rows - 1) * a.row_bytes;
 			wdst[j] = i < C::BM * L::CH ? r * L::RAW + 16 * (i % L::CH) : -1;
+			if constexpr (TY == TT_Q6_KG) /* body words from the row's first body, word 208 its d's */
+				wrow[j] += wdst[j] % L::RAW < 208 ? 16 + wdst[j] % L::RAW : 0;
 		}
 #pragma unroll
 		for (int mt = 0; mt < C::MT; mt++)
@@ -446,7 +454,12 @@ qg_issue_x(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g, int S)
 			cp_async16_zfill(bs + pl.xdst[j], pl.xsrc[j] + (size_t)(s0 + g) * 64, pl.xbytes[j]);
 }
 
-/* Queues the copy of the raw unit that sub-step g starts, if it starts one (g < S). */
+/*
+ * Queues the copy of the raw unit that sub-step g starts, if it starts one
+ * (g < S). Q6_KG has a branch of its own: one address function for every
+ * type, the flat types' arithmetic the same but in another order, made
+ * ptxas schedule the Q4_K kernel of 16 tokens 10-14 % slower (H100, ncu).
+ */
 template <int TY, class C>
 static __device__ __forceinline__ void
 qg_issue_w(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g, int S)
@@ -459,11 +472,19 @@ qg_issue_w(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g, int S)
 		return;
 #pragma unroll
 	for (int j = 0; j < L::WC; j++) {
-		uintptr_t p = (uintptr_t)(pl.wrow[j] + unit);
-		int word = pl.wdst[j] % L::RAW;
+		if constexpr (TY == TT_Q6_KG) {
+			int u = (s0 + g) / L::SUB, word = pl.wdst[j] % L::RAW;
 
-		if (pl.wdst[j] >= 0 && word < (int)(p & 15) + L::T::BYTES)
-			cp_async16(raw + pl.wdst[j], (const void *)((p & ~(uintptr_t)15) + word));
+			if (pl.wdst[j] >= 0 && word <= 208)
+				cp_async16(raw + pl.wdst[j],
+				    pl.wrow[j] + (size_t)(u >> 3) * Q6G_GROUP + (word < 208 ? 208 * (u & 7) : 0));
+		} else {
+			uintptr_t p = (uintptr_t)(pl.wrow[j] + unit);
+			int word = pl.wdst[j] % L::RAW;
+
+			if (pl.wdst[j] >= 0 && word < (int)(p & 15) + L::T::BYTES)
+				cp_async16(raw + pl.wdst[j], (const void *)((p & ~(uintptr_t)15) + word));
+		}
 	}
 }
 
@@ -484,7 +505,7 @@ qg_table(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g)
 			int r = pl.trow[j];
 
 			if (r >= 0)
-				L::T::table(raw + r * L::RAW + ((pl.t15[j] + ub) & 15), tab + r * TS);
+				L::T::table(raw + r * L::RAW + ((pl.t15[j] + ub) & 15), (s0 + g) / L::SUB, tab + r * TS);
 		}
 	}
 }

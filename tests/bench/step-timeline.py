@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""step-timeline.py: where one decode step's GPU time goes, per kernel class.
+
+Reads the CSV of an ncu run over resident-bench (each kernel alone: graphs
+off) and prints a table of the decode steps' kernels grouped by name,
+template arguments and grid: calls a step, microseconds a step, MB read
+from DRAM a step, the rate and the share of the step. A decode step is the
+run of kernels from one embedding gather of the batch's tokens (one
+block a token) to the next; the first two are left out (warm-up).
+
+  RESIDENT_CUDA_GRAPHS=0 ncu --cache-control none --clock-control none \\
+      --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size \\
+      --csv --page raw resident-bench -m MODEL --device cuda -p 16 -n 8 -b 1 -r 1 > ncu.csv
+  tests/bench/step-timeline.py ncu.csv [BATCH]
+"""
+import csv
+import re
+import sys
+from collections import defaultdict
+
+
+def rows(path):
+    """The kernels of an ncu CSV, in launch order: (name, grid, us, bytes)."""
+    with open(path, newline="") as f:
+        lines = [l for l in f if l.startswith('"')]
+    rd = csv.DictReader(lines)
+    out = []
+    for r in rd:
+        try:
+            us = float(r["gpu__time_duration.sum"].replace(",", ""))
+            by = float(r["dram__bytes_read.sum"].replace(",", ""))
+            grid = int(float(r["launch__grid_size"].replace(",", "")))
+        except (KeyError, ValueError):
+            continue  # the units row
+        out.append((r["Kernel Name"], grid, us, by))
+    return out
+
+
+def units(path):
+    """The units ncu gave the time and byte columns (its second row)."""
+    with open(path, newline="") as f:
+        lines = [l for l in f if l.startswith('"')]
+    rd = csv.DictReader(lines)
+    u = next(rd)
+    return u["gpu__time_duration.sum"], u["dram__bytes_read.sum"]
+
+
+def short(name):
+    """A kernel's name with its template arguments, without its parameters."""
+    name = re.sub(r"^void ", "", name)
+    depth, end = 0, len(name)
+    for i, c in enumerate(name):
+        if c == "<":
+            depth += 1
+        elif c == ">":
+            depth -= 1
+        elif c == "(" and depth == 0:
+            end = i
+            break
+    return name[:end]
+
+
+def steps(ks, batch):
+    """The decode steps of batch tokens: runs from an embedding gather of that many blocks to the next gather."""
+    starts = [i for i, k in enumerate(ks) if short(k[0]).startswith("embed_kernel")]
+    return [ks[a:b] for a, b in zip(starts, starts[1:]) if ks[a][1] == batch]
+
+
+def main():
+    if len(sys.argv) not in (2, 3):
+        sys.exit("usage: step-timeline.py NCU.csv [BATCH]")
+    batch = int(sys.argv[2]) if len(sys.argv) == 3 else 1
+    tu, bu = units(sys.argv[1])
+    tscale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}.get(tu)
+    bscale = {"byte": 1.0, "Kbyte": 1e3, "KB": 1e3, "Mbyte": 1e6, "MB": 1e6, "Gbyte": 1e9, "GB": 1e9}.get(bu)
+    if tscale is None or bscale is None:
+        sys.exit(f"unknown units {tu} / {bu}")
+    st = steps(rows(sys.argv[1]), batch)[2:]
+    if not st:
+        sys.exit("no complete decode step in the CSV")
+    cls = defaultdict(lambda: [0, 0.0, 0.0])
+    for s in st:
+        for name, grid, us, by in s:
+            c = cls[(short(name), grid)]
+            c[0] += 1
+            c[1] += us * tscale
+            c[2] += by * bscale
+    n = len(st)
+    total = sum(c[1] for c in cls.values()) / n
+    print(f"{n} decode steps; kernel time a step {total:.1f} us\n")
+    print("| kernel (grid) | calls | us a step | MB read | TB/s | share |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for (name, grid), (calls, us, by) in sorted(cls.items(), key=lambda kv: -kv[1][1]):
+        us, by = us / n, by / n
+        print(f"| {name} ({grid}) | {calls // n} | {us:.1f} | {by / 1e6:.1f} | "
+              f"{by / us / 1e6:.2f} | {100 * us / total:.1f} % |")
+
+
+if __name__ == "__main__":
+    main()
