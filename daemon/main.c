@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 struct settings {
@@ -48,6 +49,7 @@ struct settings {
 	char *kv_dir;
 	int socket_private;   /* the default path: its directory must be ours alone */
 	long max_frame;
+	int max_clients, frame_timeout;   /* 0: the server's defaults */
 };
 
 static void
@@ -86,8 +88,40 @@ usage(FILE *fp)
 	    "      --max-queue N       waiting requests before 'overloaded' (default 256)\n"
 	    "      --max-sessions N    sessions one user may keep (default 10000)\n"
 	    "      --max-frame BYTES   largest request frame (default 16 MiB)\n"
+	    "      --max-clients N     connections at once; one more is told 'overloaded' (default 1024)\n"
+	    "      --frame-timeout S   seconds a request frame may stop arriving midway before its\n"
+	    "                          connection is closed (default 60)\n"
 	    "  -l, --log-level LEVEL   error, warn, info (default), debug\n"
 	    "  -h, --help\n");
+}
+
+/* Descriptors kept for the daemon's own files (database, KV files, model) beside its clients'. */
+#define FD_RESERVE 64
+
+/*
+ * Raises the soft limit on descriptors to what max_clients connections and
+ * the daemon's own files need, so that a client over the limit is told so
+ * rather than the daemon running out of descriptors (for its database, too).
+ * Returns max_clients, lowered if the hard limit is below that.
+ */
+static int
+fit_fd_limit(int max_clients)
+{
+	struct rlimit rl;
+	rlim_t want = (rlim_t)max_clients + FD_RESERVE;
+	int n;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= want)
+		return max_clients;
+	rl.rlim_cur = rl.rlim_max != RLIM_INFINITY && rl.rlim_max < want ? rl.rlim_max : want;
+	if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+		getrlimit(RLIMIT_NOFILE, &rl);
+	if (rl.rlim_cur >= want)
+		return max_clients;
+	n = rl.rlim_cur > 2 * FD_RESERVE ? (int)(rl.rlim_cur - FD_RESERVE) : FD_RESERVE;
+	log_warn("%llu descriptors at most: --max-clients %d lowered to %d", (unsigned long long)rl.rlim_cur,
+	    max_clients, n);
+	return n;
 }
 
 /* $VAR/rest, or $HOME/fallback/rest. */
@@ -192,6 +226,8 @@ read_config(struct settings *s, char *err)
 	    (rc = cfg_int(cfg, "kv_tokens", &s->kv_tokens, err)) || (rc = cfg_int(cfg, "max_seqs", &s->max_seqs, err)) ||
 	    (rc = cfg_int(cfg, "max_queue", &s->max_queue, err)) || (rc = cfg_bool(cfg, "exact", &s->exact, err)) ||
 	    (rc = cfg_int(cfg, "max_sessions", &s->max_sessions, err)) ||
+	    (rc = cfg_int(cfg, "max_clients", &s->max_clients, err)) ||
+	    (rc = cfg_int(cfg, "frame_timeout", &s->frame_timeout, err)) ||
 	    (rc = cfg_bool(cfg, "kv_share_users", &s->kv_share_users, err)) ||
 	    (rc = cfg_str(cfg, "kv_host", &s->kv_host, err)) || (rc = cfg_str(cfg, "kv_disk", &s->kv_disk, err)) ||
 	    (rc = cfg_str(cfg, "device_memory", &s->device_memory, err)) ||
@@ -206,7 +242,7 @@ static int
 parse_args(int argc, char **argv, struct settings *s)
 {
 	enum { O_GROUP = 256, O_DB, O_DEVICE, O_CTX, O_KV, O_SEQS, O_QUEUE, O_FRAME, O_EXACT, O_SESSIONS, O_FAULT,
-		O_SHARE, O_KV_HOST, O_KV_DISK, O_DEVMEM, O_KEEP };
+		O_SHARE, O_KV_HOST, O_KV_DISK, O_DEVMEM, O_KEEP, O_CLIENTS, O_FRAME_TIMEOUT };
 	static const struct option lo[] = {
 		{ "model", required_argument, NULL, 'm' }, { "socket", required_argument, NULL, 's' },
 		{ "group", required_argument, NULL, O_GROUP }, { "db", required_argument, NULL, O_DB },
@@ -221,6 +257,8 @@ parse_args(int argc, char **argv, struct settings *s)
 		{ "kv-disk", required_argument, NULL, O_KV_DISK },
 		{ "device-memory", required_argument, NULL, O_DEVMEM },
 		{ "keep-alive", required_argument, NULL, O_KEEP },
+		{ "max-clients", required_argument, NULL, O_CLIENTS },
+		{ "frame-timeout", required_argument, NULL, O_FRAME_TIMEOUT },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -248,6 +286,8 @@ parse_args(int argc, char **argv, struct settings *s)
 		case O_KV_DISK: s->kv_disk = xstrdup(optarg); break;
 		case O_DEVMEM: s->device_memory = xstrdup(optarg); break;
 		case O_KEEP: s->keep_alive = xstrdup(optarg); break;
+		case O_CLIENTS: s->max_clients = atoi(optarg); break;
+		case O_FRAME_TIMEOUT: s->frame_timeout = atoi(optarg); break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
 		}
@@ -368,8 +408,12 @@ finish_settings(struct settings *s, gid_t *gid, enum sched_fault_policy *fault, 
 	if (s->max_frame < 64 || s->max_frame > (1L << 30))
 		return err_set(err, ERR_INVAL, "--max-frame must be between 64 bytes and 1 GiB");
 	if (s->threads < 0 || s->ctx < 0 || s->kv_tokens < 0 || s->max_seqs < 0 || s->max_queue < 0 ||
-	    s->max_sessions < 0)
+	    s->max_sessions < 0 || s->max_clients < 0 || s->frame_timeout < 0)
 		return err_set(err, ERR_INVAL, "numeric settings must not be negative");
+	if (s->max_clients == 0)
+		s->max_clients = SERVER_MAX_CLIENTS_DEFAULT;
+	if (s->frame_timeout == 0)
+		s->frame_timeout = SERVER_FRAME_TIMEOUT_DEFAULT;
 	*fault = SCHED_FAULT_RELOAD;
 	if (s->device_fault != NULL && strcmp(s->device_fault, "cpu") == 0)
 		*fault = SCHED_FAULT_CPU;
@@ -458,6 +502,8 @@ main(int argc, char **argv)
 	vo.private_dir = s.socket_private;
 	vo.max_frame = (size_t)s.max_frame;
 	vo.max_output = 8u << 20;
+	vo.max_clients = fit_fd_limit(s.max_clients);
+	vo.frame_timeout = s.frame_timeout;
 	vo.default_model = s.model ? model_file_name(s.model) : NULL;
 	so = (struct sched_opts){ s.model, s.device, s.threads, s.ctx, s.kv_tokens, s.max_step_tokens,
 		s.max_seqs, s.max_queue, s.exact, fault, s.kv_share_users, s.kv_host_bytes, s.kv_dir,

@@ -18,6 +18,15 @@
  *
  * A connection is never freed inside one of its own callbacks: conn_kill
  * marks it dead and a zero timeout frees it from the loop afterwards.
+ *
+ * What clients can make the loop hold is bounded: at most max_clients
+ * connections (one more is told overloaded and closed), and the frames
+ * being received together reserve at most the input budget. A frame
+ * reserves its length when its header arrives and the rest is still to
+ * come; one that would go over the budget waits, its connection unread,
+ * until a reservation is given back (a frame done, a connection gone), so
+ * no frame waits on a frame that waits. A frame that gets no byte for
+ * frame_timeout seconds ends its connection (bad_frame).
  */
 #include "config.h"
 #include "server.h"
@@ -66,6 +75,9 @@ struct conn {
 	char client[PROTO_MAX_CLIENT + 1];
 	struct inflight *inflight;  /* requests not finished */
 	int n_inflight, cap_inflight;
+	size_t reserved;            /* the input budget held by the frame being received (0: none) */
+	int waiting;                /* its next frame waits for the input budget; reading is off */
+	struct event *stall_ev;     /* the frame being received has had no byte for frame_timeout */
 	struct conn *next;
 };
 
@@ -82,6 +94,9 @@ struct server {
 	struct store *store;
 	struct sched *sched;
 	struct conn *conns;
+	int n_conns;                /* not dead */
+	size_t in_budget, in_reserved;
+	int n_waiting;              /* connections waiting for the input budget */
 	uint64_t next_id;
 	int shutting_down;
 };
@@ -114,6 +129,7 @@ conn_free(struct conn *c)
 		;
 	*pp = c->next;
 	bufferevent_free(c->bev);
+	event_free(c->stall_ev);
 	free(c->inflight);
 	free(c);
 }
@@ -122,6 +138,40 @@ static void
 conn_free_cb(evutil_socket_t fd, short what, void *arg)
 {
 	conn_free(arg);
+}
+
+/* Lets the connections that wait for the input budget read again: each tries to reserve anew. */
+static void
+budget_wake(struct server *srv)
+{
+	struct conn *c;
+
+	for (c = srv->conns; c != NULL && srv->n_waiting > 0; c = c->next)
+		if (c->waiting) {
+			c->waiting = 0;
+			srv->n_waiting--;
+			bufferevent_enable(c->bev, EV_READ);
+			/* bytes it read before it waited start no read of their own */
+			bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS);
+		}
+}
+
+/* The connection gives back what it held of the input budget, and stops waiting for it. */
+static void
+budget_release(struct conn *c)
+{
+	struct server *srv = c->srv;
+
+	evtimer_del(c->stall_ev);
+	if (c->waiting) {
+		c->waiting = 0;
+		srv->n_waiting--;
+	}
+	if (c->reserved == 0)
+		return;
+	srv->in_reserved -= c->reserved;
+	c->reserved = 0;
+	budget_wake(srv);
 }
 
 /* The connection is over: its requests stop, it is freed once the loop is out of its callbacks. */
@@ -133,6 +183,8 @@ conn_kill(struct conn *c)
 	if (c->state == CONN_DEAD)
 		return;
 	c->state = CONN_DEAD;
+	c->srv->n_conns--;
+	budget_release(c);
 	bufferevent_disable(c->bev, EV_READ | EV_WRITE);
 	if (c->srv->sched != NULL)
 		sched_conn_gone(c->srv->sched, c->id);
@@ -145,6 +197,7 @@ static void
 conn_close_after_flush(struct conn *c)
 {
 	c->state = CONN_CLOSING;
+	budget_release(c);
 	bufferevent_disable(c->bev, EV_READ);
 	if (evbuffer_get_length(bufferevent_get_output(c->bev)) == 0)
 		conn_kill(c);
@@ -576,6 +629,43 @@ dispatch(struct conn *c, struct proto_req *r)
 
 /* ---- input ---- */
 
+/* A frame of len bytes is being received: it reserves its length, or waits for the budget to have it. */
+static void
+frame_pending(struct conn *c, uint32_t len)
+{
+	struct server *srv = c->srv;
+	struct timeval tv = { srv->o.frame_timeout, 0 };
+
+	if (c->reserved == 0) {
+		if (srv->in_reserved + len > srv->in_budget) {
+			c->waiting = 1;
+			srv->n_waiting++;
+			bufferevent_disable(c->bev, EV_READ);
+			log_debug("client %llu: a frame of %u bytes waits for the input budget (%zu of %zu held)",
+			    (unsigned long long)c->id, len, srv->in_reserved, srv->in_budget);
+			return;
+		}
+		c->reserved = len;
+		srv->in_reserved += len;
+	}
+	evtimer_add(c->stall_ev, &tv);
+}
+
+/* The frame being received got no byte for frame_timeout seconds: the stream is given up. */
+static void
+conn_stall_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct conn *c = arg;
+	size_t have = evbuffer_get_length(bufferevent_get_input(c->bev));
+	char err[ERR_LEN];
+
+	snprintf(err, sizeof err, "a frame of %zu bytes got no byte for %d s after %zu of them; closing the "
+	    "connection", c->reserved, c->srv->o.frame_timeout, have > 4 ? have - 4 : 0);
+	log_warn("client %llu (pid %d): %s", (unsigned long long)c->id, (int)c->pid, err);
+	conn_error(c, 0, 0, PE_BAD_FRAME, err);
+	conn_close_after_flush(c);
+}
+
 /* Parses and dispatches every complete frame in the input buffer. */
 static void
 conn_read_cb(struct bufferevent *bev, void *arg)
@@ -597,8 +687,12 @@ conn_read_cb(struct bufferevent *bev, void *arg)
 			conn_close_after_flush(c);
 			return;
 		}
-		if (evbuffer_get_length(in) < 4 + (size_t)len)
+		if (evbuffer_get_length(in) < 4 + (size_t)len) {
+			frame_pending(c, len);
 			return;
+		}
+		if (c->reserved > 0)
+			budget_release(c);
 		evbuffer_drain(in, 4);
 		body = (char *)evbuffer_pullup(in, len);
 		rc = proto_decode(body, len, &r, &has_id, err);
@@ -627,6 +721,20 @@ conn_event_cb(struct bufferevent *bev, short what, void *arg)
 		conn_kill(arg);
 }
 
+/* One client more than max_clients: told so, without reading what it sent. */
+static void
+conn_refuse(struct conn *c)
+{
+	char err[ERR_LEN];
+
+	snprintf(err, sizeof err, "too many clients: %d connected, the most this residentd takes "
+	    "(--max-clients); try again later", c->srv->o.max_clients);
+	log_warn("client %llu (pid %d) refused: %d clients connected", (unsigned long long)c->id, (int)c->pid,
+	    c->srv->o.max_clients);
+	conn_error(c, 0, 0, PE_OVERLOADED, err);
+	conn_close_after_flush(c);
+}
+
 /* A new client: who it is (SO_PEERCRED), then frames. */
 static void
 accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int len, void *arg)
@@ -647,6 +755,7 @@ accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int
 	c->uid = cred.uid;
 	c->pid = cred.pid;
 	c->bev = bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	c->stall_ev = evtimer_new(srv->base, conn_stall_cb, c);
 	bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
 	/* never buffer more than one frame of input */
 	bufferevent_setwatermark(c->bev, EV_READ, 0, 4 + srv->o.max_frame);
@@ -654,7 +763,10 @@ accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int
 	c->next = srv->conns;
 	srv->conns = c;
 	srv->accept_failing = 0;
-	log_debug("client %llu: pid %d uid %u", (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid);
+	if (++srv->n_conns > srv->o.max_clients)
+		conn_refuse(c);
+	else
+		log_debug("client %llu: pid %d uid %u", (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid);
 }
 
 /*
@@ -983,6 +1095,7 @@ server_start(struct event_base *base, const struct server_opts *o, struct store 
 	srv->default_model = xstrdup(o->default_model ? o->default_model : "");
 	srv->o.socket_path = srv->socket_path;
 	srv->store = st;
+	srv->in_budget = MAX((size_t)SERVER_IN_BUDGET_MIN, 4 * o->max_frame);
 	rc = o->listen_fd >= 0 ? listen_activated(srv, o->listen_fd, err) : listen_path(srv, err);
 	if (rc != 0) {
 		server_free(srv);

@@ -17,8 +17,15 @@ struct server_opts {
 	gid_t group;                 /* (gid_t)-1: the socket is 0600, else 0660 for this group */
 	size_t max_frame;
 	size_t max_output;           /* bytes queued for a client before it is dropped as too slow */
+	int max_clients;             /* connections at once; one more is refused (overloaded) */
+	int frame_timeout;           /* seconds a frame being received may go without a byte */
 	const char *default_model;   /* its name, for sessions created without one */
 };
+
+/* The least of the input budget: what the frames being received may reserve together (at least 4 frames). */
+#define SERVER_IN_BUDGET_MIN ((size_t)64 << 20)
+#define SERVER_MAX_CLIENTS_DEFAULT 1024
+#define SERVER_FRAME_TIMEOUT_DEFAULT 60
 
 /*
  * Socket activation: the socket systemd passed when LISTEN_FDS and

@@ -205,20 +205,22 @@ pump(rs_client *c)
 }
 
 /*
- * A reply that carries no id: the daemon could not read a frame of ours.
- * After frame_too_large it closes the connection; that is then the reason
- * every request fails, also when the end of the connection (RS_ERR_IO) was
- * seen before the reply was looked at. Others cannot be matched to a request.
+ * A reply that carries no id: about the connection, not a request. After
+ * frame_too_large (a frame of ours over the limit) and overloaded (too many
+ * clients) the daemon closes the connection; that is then the reason every
+ * request fails, also when the end of the connection (RS_ERR_IO) was seen
+ * before the reply was looked at. Others cannot be matched to a request.
  */
 static void
 dispatch_no_id(rs_client *c, const rs_value *v)
 {
 	const char *code = rs_str(rs_get(v, "code")), *msg = rs_str(rs_get(v, "message"));
+	rs_status st = rs_status_from_code(code);
 
-	if (rs_status_from_code(code) != RS_ERR_FRAME_TOO_LARGE ||
+	if ((st != RS_ERR_FRAME_TOO_LARGE && st != RS_ERR_OVERLOADED) ||
 	    (c->dead_status != RS_OK && c->dead_status != RS_ERR_IO))
 		return;
-	c->dead_status = RS_ERR_FRAME_TOO_LARGE;
+	c->dead_status = st;
 	snprintf(c->dead_message, sizeof c->dead_message, "%s", msg ? msg : rs_strerror(c->dead_status));
 }
 
@@ -320,7 +322,7 @@ send_failed(rs_client *c, int e)
 
 	while (read_some(c) > 0)
 		;
-	for (off = c->pos; c->dead_status != RS_ERR_FRAME_TOO_LARGE &&
+	for (off = c->pos; c->dead_status != RS_ERR_FRAME_TOO_LARGE && c->dead_status != RS_ERR_OVERLOADED &&
 	    frame_check(c->buf + off, c->len - off, FRAME_MAX_REPLY, &body) == FRAME_OK; off += 4 + body) {
 		if (frame_decode((const char *)c->buf + off + 4, body, &v, err) != RS_OK)
 			break;

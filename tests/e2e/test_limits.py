@@ -5,19 +5,28 @@ error code and a message that names the field; the sessions-per-uid quota,
 also across a restart; the requests-in-flight limit of a connection; the
 daemon's memory returned after a burst of large requests (RSS back near its
 baseline; not measured under ASan, whose allocator keeps freed memory in
-quarantine); and more connections than the daemon has descriptors for: it
+quarantine); more connections than the daemon has descriptors for: it
 does not spin, serves the connections it has, and accepts again once some
-close.
+close; one client over --max-clients: told overloaded (by the C client and
+the CLI too) while the others are served; frames received together over the
+input budget: the last waits, unread, until another is done; and a frame
+that stops arriving midway: its connection closed after --frame-timeout.
 """
 import os
 import resource
 import socket
+import struct
+import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
 from rsd import Checks, Daemon, ProtoError  # noqa: E402
+
+sys.path.insert(0, os.path.join(rsd.common.srcdir(), "contrib", "python"))
+import resident  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 TITLE, SYSTEM, TEXT, CLIENT, MODEL = 256, 64 * KiB, MiB, 64, 4096
@@ -171,6 +180,105 @@ def check_descriptors(ck):
         c.close()
 
 
+def check_clients(ck):
+    """--max-clients 4: a fifth connection is told overloaded and closed; the
+    four are served; once one closes a new one is served."""
+    with ck.section("max clients"), Daemon(extra=["--max-clients", "4"]) as d:
+        cs = [d.client(hello="c%d" % i) for i in range(4)]
+        with d.client() as extra:
+            try:
+                r = extra.any(10)
+                ck.eq((r["id"], r["type"], r.get("code")), (None, "error", "overloaded"),
+                      "the fifth client is told overloaded")
+                ck.ok("--max-clients" in r.get("message", ""), "the message %r names the option" %
+                      (r.get("message"),))
+                extra.any(5)
+                ck.ok(False, "the fifth connection is closed after overloaded")
+            except rsd.Closed:
+                pass
+        cli = subprocess.run([rsd.tool("resident"), "--socket", d.sock, "status"], capture_output=True,
+                             text=True, timeout=60)
+        ck.ok(cli.returncode != 0 and "too many clients" in cli.stderr,
+              "the CLI says why it was refused: %d %r" % (cli.returncode, cli.stderr.strip()))
+        try:
+            resident.Client(d.sock, timeout=30).close()
+            ck.ok(False, "the Python client is refused")
+        except resident.Overloaded as e:
+            ck.ok("too many clients" in str(e), "the Python client raises Overloaded: %s" % e)
+        ck.ok(all(c.call("status")["version"] == 1 for c in cs), "the four clients are served")
+        cs.pop().close()
+        c = rsd.wait_for(lambda: _served(d), 10)
+        ck.ok(c is not None, "a client is served once one of the four has gone")
+        ck.ok("refused: 4 clients connected" in d.log_text(), "the log says a client was refused")
+        for x in cs + [c]:
+            if x is not None:
+                x.close()
+
+
+def _served(d):
+    """A new connection that gets a hello answered, or None."""
+    c = d.client(timeout=10)
+    try:
+        c.call("hello", client="late")
+        return c
+    except (rsd.Closed, ProtoError):
+        c.close()
+        return None
+
+
+def big_hello(rid, n):
+    """A hello frame of n bytes in all: an unknown field pads it (daemons ignore those)."""
+    def body(pad):
+        return rsd.msgpack.packb({"id": rid, "op": "hello", "pad": b"x" * pad}, use_bin_type=True)
+    b = body(n - 4)
+    b = body(n - 4 - (len(b) - (n - 4)))
+    assert 4 + len(b) == n
+    return struct.pack(">I", len(b)) + b
+
+
+def check_input_budget(ck):
+    """Four 16 MiB frames begun reserve the 64 MiB budget: a fifth waits,
+    unread, until one of them is done; a frame that stops midway ends its
+    connection after --frame-timeout."""
+    with ck.section("input budget"), Daemon(extra=["--frame-timeout", "3"]) as d:
+        frames = [big_hello(1, 16 * MiB) for _ in range(5)]
+        cs = [d.client() for _ in range(5)]
+        for c, f in zip(cs[:4], frames):
+            c.send_raw(f[:MiB])
+        t_sent = time.monotonic()
+        time.sleep(0.5)
+        fifth = threading.Thread(target=cs[4].send_raw, args=(frames[4],), daemon=True)
+        fifth.start()
+        time.sleep(1.0)
+        for c, what in ((cs[4], "the fifth frame waits while four frames hold the budget"),
+                        (cs[1], "a frame stopped midway is not given up before --frame-timeout")):
+            try:
+                r = c.any(0.3)
+                ck.ok(False, "%s: got %r" % (what, r))
+            except TimeoutError:
+                ck.ok(True, what)
+        cs[0].send_raw(frames[0][MiB:])
+        ck.eq(cs[0].next(1, 30)["type"], "result", "the first frame, finished, is answered")
+        ck.eq(cs[4].next(1, 30)["type"], "result", "then the fifth is read and answered")
+        fifth.join(30)
+        # the three others stop midway: closed after --frame-timeout with bad_frame
+        for c in cs[1:4]:
+            try:
+                r = c.any(15)
+                ck.eq((r["id"], r.get("code")), (None, "bad_frame"), "a stalled frame: bad_frame")
+                c.any(5)
+                ck.ok(False, "the stalled connection is closed")
+            except rsd.Closed:
+                pass
+        waited = time.monotonic() - t_sent
+        ck.ok(waited < 15, "stalled frames end soon after 3 s (all seen at %.1f s)" % waited)
+        ck.ok("got no byte for 3 s" in d.log_text(), "the log says why the connection was closed")
+        with d.client() as c:
+            ck.eq(c.call("hello", client="after")["version"], 1, "the daemon serves on")
+        for c in cs:
+            c.close()
+
+
 def check_quota(ck):
     """--max-sessions 3: the fourth session (new or fork) is refused, also after a restart."""
     with ck.section("sessions per uid"), Daemon(extra=["--max-sessions", "3"]) as d:
@@ -264,6 +372,8 @@ def main():
         check_inflight(ck, d)
     check_quota(ck)
     check_descriptors(ck)
+    check_clients(ck)
+    check_input_budget(ck)
     return ck
 
 

@@ -85,9 +85,14 @@ class Decoder:
 
 def lost_reason(reply):
     """For a reply without an id: the reason the connection ends, if it does
-    (frame_too_large: the daemon closes it), else None."""
-    if reply.get("type") == "error" and reply.get("code") == "frame_too_large":
+    (frame_too_large, overloaded: too many clients; the daemon closes it),
+    else None."""
+    if reply.get("type") != "error":
+        return None
+    if reply.get("code") == "frame_too_large":
         return errors.FrameTooLarge(reply.get("message") or "a request was too large")
+    if reply.get("code") == "overloaded":
+        return errors.Overloaded(reply.get("message") or "residentd has too many clients")
     return None
 
 
