@@ -89,8 +89,8 @@ usage(FILE *fp)
 	    "      --max-sessions N    sessions one user may keep (default 10000)\n"
 	    "      --max-frame BYTES   largest request frame (default 16 MiB)\n"
 	    "      --max-clients N     connections at once; one more is told 'overloaded' (default 1024)\n"
-	    "      --frame-timeout S   seconds a request frame may stop arriving midway before its\n"
-	    "                          connection is closed (default 60)\n"
+	    "      --frame-timeout S   seconds a request frame may take from its first bytes to its\n"
+	    "                          last before its connection is closed (default 60)\n"
 	    "  -l, --log-level LEVEL   error, warn, info (default), debug\n"
 	    "  -h, --help\n");
 }
@@ -118,7 +118,7 @@ fit_fd_limit(int max_clients)
 		getrlimit(RLIMIT_NOFILE, &rl);
 	if (rl.rlim_cur >= want)
 		return max_clients;
-	n = rl.rlim_cur > 2 * FD_RESERVE ? (int)(rl.rlim_cur - FD_RESERVE) : FD_RESERVE;
+	n = MIN(max_clients, rl.rlim_cur > FD_RESERVE + 1 ? (int)(rl.rlim_cur - FD_RESERVE) : 1);
 	log_warn("%llu descriptors at most: --max-clients %d lowered to %d", (unsigned long long)rl.rlim_cur,
 	    max_clients, n);
 	return n;

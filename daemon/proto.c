@@ -44,7 +44,7 @@ static const char *const err_names[PE_COUNT_] = {
 	[PE_DUPLICATE_ID] = "duplicate_id", [PE_OVERLOADED] = "overloaded",
 	[PE_MODEL_ERROR] = "model_error", [PE_SHUTTING_DOWN] = "shutting_down",
 	[PE_INTERNAL] = "internal", [PE_QUOTA_EXCEEDED] = "quota_exceeded", [PE_STORAGE_FULL] = "storage_full",
-	[PE_SESSION_BUSY] = "session_busy",
+	[PE_SESSION_BUSY] = "session_busy", [PE_FRAME_TIMEOUT] = "frame_timeout",
 };
 
 const char *

@@ -13,20 +13,22 @@
  * whose unsent replies exceed max_output is dropped as too slow, so a stuck
  * client never makes the daemon buffer without bound.
  *
- *   CONN_OPEN --(bad frame length)--> CONN_CLOSING --(flushed)--> CONN_DEAD --> freed
- *       \--------------(EOF, error, too slow)---------------------------/
+ *   CONN_OPEN --(bad frame length, frame timeout,   --> CONN_CLOSING --(flushed)--> CONN_DEAD --> freed
+ *       |        one client over max_clients)                            ^
+ *       \--------------(EOF, error, too slow)----------------------------/
  *
  * A connection is never freed inside one of its own callbacks: conn_kill
  * marks it dead and a zero timeout frees it from the loop afterwards.
  *
  * What clients can make the loop hold is bounded: at most max_clients
  * connections (one more is told overloaded and closed), and the frames
- * being received together reserve at most the input budget. A frame
- * reserves its length when its header arrives and the rest is still to
- * come; one that would go over the budget waits, its connection unread,
- * until a reservation is given back (a frame done, a connection gone), so
- * no frame waits on a frame that waits. A frame that gets no byte for
- * frame_timeout seconds ends its connection (bad_frame).
+ * being received together reserve at most the input budget, the frames of
+ * one uid at most half of it. A frame reserves its length when its header
+ * arrives and the rest is still to come; one that would go over waits, its
+ * connection unread, until a reservation is given back (a frame done, a
+ * connection gone), so no frame waits on a frame that waits. A reserved
+ * frame not whole frame_timeout seconds after its reservation ends its
+ * connection (frame_timeout): trickling bytes does not keep the budget.
  */
 #include "config.h"
 #include "server.h"
@@ -77,7 +79,7 @@ struct conn {
 	int n_inflight, cap_inflight;
 	size_t reserved;            /* the input budget held by the frame being received (0: none) */
 	int waiting;                /* its next frame waits for the input budget; reading is off */
-	struct event *stall_ev;     /* the frame being received has had no byte for frame_timeout */
+	struct event *stall_ev;     /* the reserved frame is not whole frame_timeout seconds after its reservation */
 	struct conn *next;
 };
 
@@ -97,6 +99,7 @@ struct server {
 	int n_conns;                /* not dead */
 	size_t in_budget, in_reserved;
 	int n_waiting;              /* connections waiting for the input budget */
+	int refusing;               /* a client over max_clients was refused since one was taken (logged once) */
 	uint64_t next_id;
 	int shutting_down;
 };
@@ -196,6 +199,8 @@ conn_kill(struct conn *c)
 static void
 conn_close_after_flush(struct conn *c)
 {
+	if (c->state != CONN_OPEN) /* a reply may have dropped it as too slow already */
+		return;
 	c->state = CONN_CLOSING;
 	budget_release(c);
 	bufferevent_disable(c->bev, EV_READ);
@@ -629,29 +634,49 @@ dispatch(struct conn *c, struct proto_req *r)
 
 /* ---- input ---- */
 
-/* A frame of len bytes is being received: it reserves its length, or waits for the budget to have it. */
+/* The input budget the frames of uid's connections hold. */
+static size_t
+uid_reserved(const struct server *srv, uid_t uid)
+{
+	const struct conn *c;
+	size_t n = 0;
+
+	for (c = srv->conns; c != NULL; c = c->next)
+		if (c->uid == uid)
+			n += c->reserved;
+	return n;
+}
+
+/*
+ * A frame of len bytes is being received: it reserves its length, or waits
+ * for the budget to have it. With nothing reserved a frame always may, so
+ * that one frame of the largest size always goes through.
+ */
 static void
 frame_pending(struct conn *c, uint32_t len)
 {
 	struct server *srv = c->srv;
 	struct timeval tv = { srv->o.frame_timeout, 0 };
 
-	if (c->reserved == 0) {
-		if (srv->in_reserved + len > srv->in_budget) {
+	if (c->reserved > 0)
+		return;
+	if (srv->in_reserved > 0 && (srv->in_reserved + len > srv->in_budget ||
+	    uid_reserved(srv, c->uid) + len > srv->in_budget / 2)) {
+		if (!c->waiting) {
 			c->waiting = 1;
 			srv->n_waiting++;
-			bufferevent_disable(c->bev, EV_READ);
-			log_debug("client %llu: a frame of %u bytes waits for the input budget (%zu of %zu held)",
-			    (unsigned long long)c->id, len, srv->in_reserved, srv->in_budget);
-			return;
 		}
-		c->reserved = len;
-		srv->in_reserved += len;
+		bufferevent_disable(c->bev, EV_READ);
+		log_debug("client %llu: a frame of %u bytes waits for the input budget (%zu of %zu held)",
+		    (unsigned long long)c->id, len, srv->in_reserved, srv->in_budget);
+		return;
 	}
+	c->reserved = len;
+	srv->in_reserved += len;
 	evtimer_add(c->stall_ev, &tv);
 }
 
-/* The frame being received got no byte for frame_timeout seconds: the stream is given up. */
+/* The reserved frame is not whole frame_timeout seconds on: the stream is given up. */
 static void
 conn_stall_cb(evutil_socket_t fd, short what, void *arg)
 {
@@ -659,10 +684,10 @@ conn_stall_cb(evutil_socket_t fd, short what, void *arg)
 	size_t have = evbuffer_get_length(bufferevent_get_input(c->bev));
 	char err[ERR_LEN];
 
-	snprintf(err, sizeof err, "a frame of %zu bytes got no byte for %d s after %zu of them; closing the "
-	    "connection", c->reserved, c->srv->o.frame_timeout, have > 4 ? have - 4 : 0);
+	snprintf(err, sizeof err, "a frame of %zu bytes was not whole %d s after it began (%zu bytes came); "
+	    "closing the connection", c->reserved, c->srv->o.frame_timeout, have > 4 ? have - 4 : 0);
 	log_warn("client %llu (pid %d): %s", (unsigned long long)c->id, (int)c->pid, err);
-	conn_error(c, 0, 0, PE_BAD_FRAME, err);
+	conn_error(c, 0, 0, PE_FRAME_TIMEOUT, err);
 	conn_close_after_flush(c);
 }
 
@@ -729,8 +754,10 @@ conn_refuse(struct conn *c)
 
 	snprintf(err, sizeof err, "too many clients: %d connected, the most this residentd takes "
 	    "(--max-clients); try again later", c->srv->o.max_clients);
-	log_warn("client %llu (pid %d) refused: %d clients connected", (unsigned long long)c->id, (int)c->pid,
-	    c->srv->o.max_clients);
+	if (!c->srv->refusing) /* once until a client is taken again: a flood of them does not fill the log */
+		log_warn("client %llu (pid %d) refused: %d clients connected", (unsigned long long)c->id,
+		    (int)c->pid, c->srv->o.max_clients);
+	c->srv->refusing = 1;
 	conn_error(c, 0, 0, PE_OVERLOADED, err);
 	conn_close_after_flush(c);
 }
@@ -763,10 +790,12 @@ accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int
 	c->next = srv->conns;
 	srv->conns = c;
 	srv->accept_failing = 0;
-	if (++srv->n_conns > srv->o.max_clients)
+	if (++srv->n_conns > srv->o.max_clients) {
 		conn_refuse(c);
-	else
-		log_debug("client %llu: pid %d uid %u", (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid);
+		return;
+	}
+	srv->refusing = 0;
+	log_debug("client %llu: pid %d uid %u", (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid);
 }
 
 /*
@@ -1095,7 +1124,7 @@ server_start(struct event_base *base, const struct server_opts *o, struct store 
 	srv->default_model = xstrdup(o->default_model ? o->default_model : "");
 	srv->o.socket_path = srv->socket_path;
 	srv->store = st;
-	srv->in_budget = MAX((size_t)SERVER_IN_BUDGET_MIN, 4 * o->max_frame);
+	srv->in_budget = (size_t)MAX((uint64_t)SERVER_IN_BUDGET_MIN, 4 * (uint64_t)o->max_frame);
 	rc = o->listen_fd >= 0 ? listen_activated(srv, o->listen_fd, err) : listen_path(srv, err);
 	if (rc != 0) {
 		server_free(srv);

@@ -204,12 +204,20 @@ pump(rs_client *c)
 		conn_over(c, c->dead_status, c->dead_message);
 }
 
+/* 1 if the daemon closes the connection after an error of this code without an id. */
+static int
+ends_connection(rs_status st)
+{
+	return st == RS_ERR_FRAME_TOO_LARGE || st == RS_ERR_OVERLOADED || st == RS_ERR_FRAME_TIMEOUT;
+}
+
 /*
  * A reply that carries no id: about the connection, not a request. After
- * frame_too_large (a frame of ours over the limit) and overloaded (too many
- * clients) the daemon closes the connection; that is then the reason every
- * request fails, also when the end of the connection (RS_ERR_IO) was seen
- * before the reply was looked at. Others cannot be matched to a request.
+ * frame_too_large (a frame of ours over the limit), overloaded (too many
+ * clients) and frame_timeout the daemon closes the connection; that is then
+ * the reason every request fails, also when the end of the connection
+ * (RS_ERR_IO) was seen before the reply was looked at. Others cannot be
+ * matched to a request.
  */
 static void
 dispatch_no_id(rs_client *c, const rs_value *v)
@@ -217,8 +225,7 @@ dispatch_no_id(rs_client *c, const rs_value *v)
 	const char *code = rs_str(rs_get(v, "code")), *msg = rs_str(rs_get(v, "message"));
 	rs_status st = rs_status_from_code(code);
 
-	if ((st != RS_ERR_FRAME_TOO_LARGE && st != RS_ERR_OVERLOADED) ||
-	    (c->dead_status != RS_OK && c->dead_status != RS_ERR_IO))
+	if (!ends_connection(st) || (c->dead_status != RS_OK && c->dead_status != RS_ERR_IO))
 		return;
 	c->dead_status = st;
 	snprintf(c->dead_message, sizeof c->dead_message, "%s", msg ? msg : rs_strerror(c->dead_status));
@@ -310,7 +317,8 @@ dispatch_all(rs_client *c)
 /*
  * A write failed: the daemon closed the connection. It may have said why
  * before it did (frame_too_large, sent as soon as it read a frame's length,
- * while the rest was still being written): that is then the reason, rather
+ * while the rest was still being written; overloaded, sent at once to a
+ * client over the limit): that is then the reason, rather
  * than the write's error. Replies are read and looked at, not dispatched.
  */
 static void
@@ -322,7 +330,7 @@ send_failed(rs_client *c, int e)
 
 	while (read_some(c) > 0)
 		;
-	for (off = c->pos; c->dead_status != RS_ERR_FRAME_TOO_LARGE && c->dead_status != RS_ERR_OVERLOADED &&
+	for (off = c->pos; !ends_connection(c->dead_status) &&
 	    frame_check(c->buf + off, c->len - off, FRAME_MAX_REPLY, &body) == FRAME_OK; off += 4 + body) {
 		if (frame_decode((const char *)c->buf + off + 4, body, &v, err) != RS_OK)
 			break;

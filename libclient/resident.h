@@ -65,6 +65,7 @@ typedef enum rs_status {
 	RS_ERR_QUOTA_EXCEEDED,        /* quota_exceeded */
 	RS_ERR_STORAGE_FULL,          /* storage_full */
 	RS_ERR_SESSION_BUSY,          /* session_busy */
+	RS_ERR_FRAME_TIMEOUT,         /* frame_timeout */
 	RS_ERR_OTHER = 99,            /* a code this library does not know (a newer daemon) */
 	RS_ERR_CONNECT = 100,         /* cannot connect: residentd is not running, or no permission */
 	RS_ERR_IO,                    /* the connection failed or was closed */

@@ -265,7 +265,7 @@ test_error_codes(void **state)
 		"bad_frame", "frame_too_large", "bad_request", "unknown_op", "invalid_param",
 		"invalid_utf8", "context_exceeded", "not_found", "duplicate_id", "overloaded",
 		"model_error", "shutting_down", "internal", "quota_exceeded", "storage_full",
-		"session_busy",
+		"session_busy", "frame_timeout",
 	};
 	size_t i;
 	int st;

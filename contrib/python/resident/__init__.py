@@ -20,7 +20,7 @@ from . import aio, errors
 from ._wire import PROTOCOL_VERSION, Done, Token, default_socket
 from .client import Client, Generation, connect
 from .errors import (BadFrame, BadRequest, ConnectError, ConnectionLost, ContextExceeded, DuplicateId,
-                     FrameTooLarge, InternalError, InvalidParam, InvalidUtf8, ModelError, NotFound,
+                     FrameTimeout, FrameTooLarge, InternalError, InvalidParam, InvalidUtf8, ModelError, NotFound,
                      Overloaded, ProtocolError, QuotaExceeded, ResidentError, SessionBusy, ShuttingDown,
                      StorageFull, UnknownOp)
 
@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 __all__ = [
     "aio", "errors", "PROTOCOL_VERSION", "Done", "Token", "default_socket", "Client", "Generation",
     "connect", "BadFrame", "BadRequest", "ConnectError", "ConnectionLost", "ContextExceeded",
-    "DuplicateId", "FrameTooLarge", "InternalError", "InvalidParam", "InvalidUtf8", "ModelError",
+    "DuplicateId", "FrameTimeout", "FrameTooLarge", "InternalError", "InvalidParam", "InvalidUtf8", "ModelError",
     "NotFound", "Overloaded", "ProtocolError", "QuotaExceeded", "ResidentError", "SessionBusy",
     "ShuttingDown", "StorageFull", "UnknownOp",
 ]

@@ -85,15 +85,12 @@ class Decoder:
 
 def lost_reason(reply):
     """For a reply without an id: the reason the connection ends, if it does
-    (frame_too_large, overloaded: too many clients; the daemon closes it),
-    else None."""
-    if reply.get("type") != "error":
+    (frame_too_large, overloaded: too many clients, frame_timeout; the daemon
+    closes it), else None."""
+    if reply.get("type") != "error" or reply.get("code") not in (
+            "frame_too_large", "overloaded", "frame_timeout"):
         return None
-    if reply.get("code") == "frame_too_large":
-        return errors.FrameTooLarge(reply.get("message") or "a request was too large")
-    if reply.get("code") == "overloaded":
-        return errors.Overloaded(reply.get("message") or "residentd has too many clients")
-    return None
+    return errors.from_reply(reply)
 
 
 def generate_fields(prompt, messages, session, model, stream, params):

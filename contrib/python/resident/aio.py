@@ -114,6 +114,8 @@ class AsyncClient(_wire.Ops):
                 self._writer.write(_wire.encode(msg))
                 await self._writer.drain()
         except OSError as e:
+            # the daemon may have said why before it closed (overloaded: too many clients): the read loop has it
+            await asyncio.wait({self._task}, timeout=1.0)
             self._dead = self._dead or errors.ConnectionLost("writing to residentd: %s" % (e.strerror or e))
             raise self._dead from None
         return rid

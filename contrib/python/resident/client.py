@@ -103,9 +103,28 @@ class Client(_wire.Ops):
             with self._send_lock:
                 self._sock.sendall(_wire.encode(msg))
         except OSError as e:
-            self._fail(errors.ConnectionLost("writing to residentd: %s" % (e.strerror or e)))
+            self._fail(self._said_why() or errors.ConnectionLost("writing to residentd: %s" % (e.strerror or e)))
             raise self._dead from None
         return rid
+
+    def _said_why(self):
+        """After a failed write: the reason the daemon gave before it closed
+        the connection (overloaded when it has too many clients, sent at
+        once), if no other thread is reading and the reply is there."""
+        with self._cond:
+            if self._reading:
+                return None
+            self._sock.settimeout(0)
+            try:
+                data = self._sock.recv(1 << 16)
+            except OSError:
+                data = b""
+            try:
+                replies = self._decoder.feed(data) if data else []
+            except errors.ResidentError:
+                replies = []
+            self._route(replies)
+            return self._dead
 
     def _fail(self, exc):
         """The connection is over: every waiter gets exc."""

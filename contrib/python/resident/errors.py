@@ -99,10 +99,14 @@ class SessionBusy(ResidentError):
     code = "session_busy"
 
 
+class FrameTimeout(ResidentError):
+    code = "frame_timeout"
+
+
 _BY_CODE = {cls.code: cls for cls in (
     BadFrame, FrameTooLarge, BadRequest, UnknownOp, InvalidParam, InvalidUtf8, ContextExceeded,
     NotFound, DuplicateId, Overloaded, ModelError, ShuttingDown, InternalError, QuotaExceeded,
-    StorageFull, SessionBusy)}
+    StorageFull, SessionBusy, FrameTimeout)}
 
 
 def from_reply(reply):
