@@ -561,6 +561,7 @@ kvdisk_submit(struct kvdisk *d, struct kvdisk_job *j)
 {
 	j->work.fn = run_job;
 	j->work.owner = j->owner;
+	j->work.key = 0; /* one key: the tier's jobs run in the order they came */
 	j->disk = d;
 	worker_submit(&d->wk, &j->work);
 }

@@ -571,6 +571,7 @@ admit(struct sched *s, struct gen *g)
 	g->md = engine_model(m->e);
 	g->prep.fn = prep_run;
 	g->prep.owner = s;
+	g->prep.key = job->conn;
 	g->state = GEN_PREP;
 	worker_submit(&s->prep, &g->prep);
 	return 0;
@@ -1267,6 +1268,7 @@ op_tokens(struct sched *s, struct sched_job *job)
 	t = xcalloc(1, sizeof *t);
 	t->work.fn = tok_run;
 	t->work.owner = s;
+	t->work.key = job->conn;
 	t->s = s;
 	t->job = job;
 	t->m = m;

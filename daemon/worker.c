@@ -7,11 +7,32 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+/*
+ * The link to the queued item to run next (under mu): the first item of
+ * the smallest key after the last one run, or, past the largest, of the
+ * smallest key of all.
+ */
+static struct work **
+next_item(struct worker *wk)
+{
+	struct work **pp, **after = NULL, **lowest = NULL;
+
+	for (pp = &wk->queue; *pp != NULL; pp = &(*pp)->next) {
+		uint64_t k = (*pp)->key;
+
+		if (k > wk->last_key && (after == NULL || k < (*after)->key))
+			after = pp;
+		if (lowest == NULL || k < (*lowest)->key)
+			lowest = pp;
+	}
+	return after != NULL ? after : lowest;
+}
+
 static void *
 worker_main(void *arg)
 {
 	struct worker *wk = arg;
-	struct work *w;
+	struct work *w, **pp;
 
 	/* behind the loop thread, which sends the tokens of every stream (Linux nices threads one by one) */
 	setpriority(PRIO_PROCESS, (id_t)gettid(), WORKER_NICE);
@@ -19,10 +40,13 @@ worker_main(void *arg)
 	for (;;) {
 		while (wk->queue == NULL && !wk->stopping)
 			pthread_cond_wait(&wk->cv, &wk->mu);
-		if ((w = wk->queue) == NULL)
+		if (wk->queue == NULL)
 			break;
-		if ((wk->queue = w->next) == NULL)
-			wk->queue_tail = &wk->queue;
+		pp = next_item(wk);
+		w = *pp;
+		if ((*pp = w->next) == NULL)
+			wk->queue_tail = pp;
+		wk->last_key = w->key;
 		wk->running = w;
 		pthread_mutex_unlock(&wk->mu);
 		w->fn(w);

@@ -6,7 +6,10 @@
  *
  * A work item is embedded in its owner's struct; its function runs on the
  * worker thread, and the item then waits among the finished ones until the
- * owner takes it back (worker_take_done), woken by the callback. The KV
+ * owner takes it back (worker_take_done), woken by the callback. Items of
+ * one key (the scheduler's: the client's connection) run in order, and the
+ * keys take turns, so that one client's backlog (a thousand tokenizes of a
+ * megabyte) does not hold another's prompt back. The KV
  * disk tier's reads and writes run on a worker of their own too. The
  * thread runs at a lower priority than the others (WORKER_NICE), so that
  * a long tokenization does not delay the loop thread's replies.
@@ -15,6 +18,7 @@
 #define RESIDENT_WORKER_H
 
 #include <pthread.h>
+#include <stdint.h>
 
 /* The worker thread's nice value: it yields the CPU to the loop and engine threads. */
 #define WORKER_NICE 10
@@ -22,6 +26,7 @@
 struct work {
 	void (*fn)(struct work *w);
 	const void *owner;           /* whose it is (worker_drain) */
+	uint64_t key;                /* whose turn it takes (0: all items are one's, in order) */
 	struct work *next;
 };
 
@@ -32,6 +37,7 @@ struct worker {
 	pthread_cond_t cv;
 	struct work *queue, **queue_tail, *done, **done_tail;
 	struct work *running;        /* the item the thread runs, or NULL */
+	uint64_t last_key;           /* the key of the item run last */
 	void (*wake)(void *);
 	void *wake_arg;
 };

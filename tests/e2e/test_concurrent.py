@@ -14,7 +14,9 @@ Deleting a session cancels its turn in flight.
 
 Last, tokenizing megabytes of text does not stop a stream: tokenize runs
 beside the decoding, so the stream's longest pause stays far below the
-time the tokenizing took.
+time the tokenizing took; and one client's backlog of tokenizes does not
+hold another client's prompt back: the worker that tokenizes takes the
+clients in turn.
 """
 import os
 import sys
@@ -92,6 +94,7 @@ def main():
                     ck.eq(x["turns"], 2, "session %s has its turn" % x["title"])
             one_session_two_turns(ck, d2)
             tokenize_beside_a_stream(ck, d2)
+            prompt_beside_a_backlog(ck, d2)
     return ck
 
 
@@ -124,6 +127,23 @@ def tokenize_beside_a_stream(ck, d):
               "%.3f s" % (n[0], spent, len(during), max(gaps)))
         ck.ok(len(during) > 0 and max(gaps) < spent / 3,
               "the stream goes on while text is tokenized: longest pause %.3f s of %.2f s" % (max(gaps), spent))
+
+
+def prompt_beside_a_backlog(ck, d):
+    text = ("A sentence to tokenize, with some words in it. " * 22000)[:1 << 20]
+    with d.client(timeout=600) as a, d.client(timeout=300) as b:
+        t0 = time.monotonic()
+        ids = [a.request("tokenize", text=text) for _ in range(16)]
+        time.sleep(0.3)     # they are queued before b's prompt
+        b.generate(prompt="Once upon a time", max_tokens=1, temperature=0)
+        t_b = time.monotonic() - t0
+        for i in ids:
+            a.result(i)
+        t_a = time.monotonic() - t0
+        print("   a prompt beside another client's 16 tokenizes of 1 MiB: its token after %.2f s, "
+              "their last after %.2f s" % (t_b, t_a))
+        ck.ok(t_b < t_a / 3, "the prompt does not wait for the other client's backlog: %.2f s of %.2f s" %
+              (t_b, t_a))
 
 
 def one_session_two_turns(ck, d):
