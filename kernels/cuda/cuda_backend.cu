@@ -472,46 +472,20 @@ matrix_offsets(const struct model_tensor **mats, int n, size_t *off)
 	return align_up(end);
 }
 
-/* Host bytes a matrix whose GPU form differs from the file's passes through on its way up. */
-#define STAGE_BYTES ((size_t)16 << 20)
-
-/* Uploads matrix t in its GPU form to dev: as stored, or rewritten a run of rows at a time in stage. */
-static int
-upload_matrix(const struct model_tensor *t, uint8_t *dev, uint8_t **stage, char *err)
-{
-	struct cuda_weight w = form_of(t);
-	size_t sb = 0;
-	int64_t run = MAX((int64_t)1, (int64_t)(STAGE_BYTES / w.row_bytes));
-
-	if (w.type == t->type) {
-		CK(cudaMemcpy(dev, t->data, t->bytes, cudaMemcpyHostToDevice));
-		return 0;
-	}
-	quant_row_bytes(t->type, w.k, &sb);
-	if (*stage == NULL)
-		*stage = (uint8_t *)xmalloc(MAX(STAGE_BYTES, w.row_bytes));
-	for (int64_t r = 0; r < w.n; r += run) {
-		int64_t nr = MIN(run, w.n - r);
-
-		cuda_weight_store(&w, (const uint8_t *)t->data + (size_t)r * sb, nr, *stage);
-		CK(cudaMemcpy(dev + (size_t)r * w.row_bytes, *stage, (size_t)nr * w.row_bytes, cudaMemcpyHostToDevice));
-	}
-	return 0;
-}
-
 /* Uploads the matrices into one allocation at their offsets. */
 static int
 upload_matrices(struct backend *b, const struct model_tensor **mats, int n, const size_t *off, size_t total,
     char *err)
 {
-	uint8_t *stage = NULL;
 	int rc;
 
 	if ((rc = dev_alloc((void **)&b->weights, total, "the weights", err)) != 0)
 		return rc;
-	for (int i = 0; i < n && rc == 0; i++)
-		rc = upload_matrix(mats[i], b->weights + off[i], &stage, err);
-	free(stage);
+	for (int i = 0; i < n && rc == 0; i++) {
+		struct cuda_weight w = form_of(mats[i]);
+
+		rc = cuda_weight_upload(&w, mats[i]->data, b->weights + off[i], b->stream, err);
+	}
 	return rc;
 }
 

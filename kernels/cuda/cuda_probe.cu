@@ -208,19 +208,16 @@ static int
 weight_up(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w, struct cuda_weight *cw,
     char *err)
 {
-	uint8_t *host;
 	void *d;
 	int rc;
 
 	if (cuda_weight_form(w->type, w->k, w->n, cw) != 0)
 		return err_set(err, ERR_UNSUPPORTED, "cuda_probe: no kernel for %lld x %lld of type %u",
 		    (long long)w->n, (long long)w->k, w->type);
-	host = (uint8_t *)xmalloc(cw->row_bytes * (size_t)w->n);
-	cuda_weight_store(cw, (const uint8_t *)w->data, w->n, host);
-	rc = buf_new(p, bs, host, cw->row_bytes * (size_t)w->n, 0, &d, err);
-	free(host); /* a copy from pageable memory has read it when cudaMemcpyAsync returns */
+	if ((rc = buf_new(p, bs, NULL, cw->row_bytes * (size_t)w->n, 0, &d, err)) != 0)
+		return rc;
 	cw->d = (const uint8_t *)d;
-	return rc;
+	return cuda_weight_upload(cw, w->data, (uint8_t *)d, p->stream, err);
 }
 
 /*

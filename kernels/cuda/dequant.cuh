@@ -202,19 +202,20 @@ deq8<TT_Q5_K>(const uint8_t *__restrict__ row, int c, float *v)
 
 /*
  * Q6_KG: Q6_K as the GPU holds it. A row's 210-byte blocks are regrouped at
- * load (cuda_weight_store) so that every load is aligned: each group of up
+ * load (cuda_weight_upload) so that every load is aligned: each group of up
  * to 8 blocks is 16 bytes of their fp16 d's, then their 208-byte bodies
  * (ql, qh, the 16 signed scales) as in the file. A row of a multiple of 8
  * blocks keeps its size; others grow by less than 16 bytes.
  */
 #define TT_Q6_KG (0x100 | TT_Q6_K)
-#define Q6G_GROUP (16 + 8 * 208)
+#define Q6G_BODY 208 /* a block's ql, qh and scales: the file's block but its d */
+#define Q6G_GROUP (16 + 8 * Q6G_BODY)
 
 /* Block b's body in a Q6_KG row. */
 static __device__ __forceinline__ const uint8_t *
 q6g_body(const uint8_t *row, int b)
 {
-	return row + (size_t)(b >> 3) * Q6G_GROUP + 16 + 208 * (b & 7);
+	return row + (size_t)(b >> 3) * Q6G_GROUP + 16 + Q6G_BODY * (b & 7);
 }
 
 /* Block b's d in a Q6_KG row. */

@@ -710,7 +710,7 @@ cuda_weight_form(uint32_t type, int64_t k, int64_t n, struct cuda_weight *w)
 	if (w->type == TT_Q6_KG) {
 		int64_t nb = k / 256;
 
-		w->row_bytes = (size_t)((nb + 7) / 8 * 16 + nb * 208);
+		w->row_bytes = (size_t)((nb + 7) / 8 * 16 + nb * Q6G_BODY);
 	}
 	return 0;
 }
@@ -722,26 +722,53 @@ q6g_row(const uint8_t *src, int64_t nb, uint8_t *dst)
 	for (int64_t g = 0; g < nb; g += 8, dst += Q6G_GROUP) {
 		memset(dst, 0, 16);
 		for (int i = 0; i < 8 && g + i < nb; i++) {
-			const uint8_t *b = src + (size_t)(g + i) * 210;
+			const uint8_t *b = src + (size_t)(g + i) * (Q6G_BODY + 2);
 
-			memcpy(dst + 2 * i, b + 208, 2);
-			memcpy(dst + 16 + 208 * i, b, 208);
+			memcpy(dst + 2 * i, b + Q6G_BODY, 2);
+			memcpy(dst + 16 + Q6G_BODY * i, b, Q6G_BODY);
 		}
 	}
 }
 
-void
-cuda_weight_store(const struct cuda_weight *w, const uint8_t *src, int64_t nr, uint8_t *dst)
-{
-	size_t sb = 0;
+/* Host bytes a Q6_K matrix passes through, regrouped, on its way up. */
+#define UPLOAD_STAGE ((size_t)16 << 20)
 
-	if (w->type != TT_Q6_KG) {
-		memcpy(dst, src, (size_t)nr * w->row_bytes);
-		return;
+/* w's rows as stored (src, src_row bytes apart) regrouped in stage, run rows at a time, and copied to dev. */
+static int
+upload_regrouped(const struct cuda_weight *w, const uint8_t *src, size_t src_row, uint8_t *dev, uint8_t *stage,
+    int64_t run, cudaStream_t st, char *err)
+{
+	for (int64_t r = 0; r < w->n; r += run) {
+		int64_t nr = MIN(run, w->n - r);
+
+		for (int64_t i = 0; i < nr; i++)
+			q6g_row(src + (size_t)(r + i) * src_row, w->k / 256, stage + (size_t)i * w->row_bytes);
+		CK(cudaMemcpyAsync(dev + (size_t)r * w->row_bytes, stage, (size_t)nr * w->row_bytes,
+		    cudaMemcpyHostToDevice, st));
+		CK(cudaStreamSynchronize(st)); /* before the stage is filled again */
 	}
-	quant_row_bytes(TT_Q6_K, w->k, &sb);
-	for (int64_t r = 0; r < nr; r++)
-		q6g_row(src + (size_t)r * sb, w->k / 256, dst + (size_t)r * w->row_bytes);
+	return 0;
+}
+
+int
+cuda_weight_upload(const struct cuda_weight *w, const void *src, uint8_t *dev, cudaStream_t st, char *err)
+{
+	size_t src_row = 0;
+	int64_t run;
+	uint8_t *stage;
+	int rc;
+
+	if (w->type != TT_Q6_KG) { /* the GPU reads the file's form */
+		CK(cudaMemcpyAsync(dev, src, w->row_bytes * (size_t)w->n, cudaMemcpyHostToDevice, st));
+		CK(cudaStreamSynchronize(st));
+		return 0;
+	}
+	quant_row_bytes(TT_Q6_K, w->k, &src_row);
+	run = MAX((int64_t)1, MIN(w->n, (int64_t)(UPLOAD_STAGE / w->row_bytes)));
+	stage = (uint8_t *)xmalloc((size_t)run * w->row_bytes);
+	rc = upload_regrouped(w, (const uint8_t *)src, src_row, dev, stage, run, st, err);
+	free(stage);
+	return rc;
 }
 
 int

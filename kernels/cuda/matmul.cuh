@@ -108,8 +108,11 @@ int cuda_matmul_int8(const struct cuda_mm *m, const struct cuda_weight *w);
  */
 int cuda_weight_form(uint32_t type, int64_t k, int64_t n, struct cuda_weight *w);
 
-/* nr rows as stored in the file (src) into w's GPU form (dst, nr * w->row_bytes). */
-void cuda_weight_store(const struct cuda_weight *w, const uint8_t *src, int64_t nr, uint8_t *dst);
+/*
+ * Copies w's rows as stored in the file (src) to dev in w's GPU form, on st,
+ * and waits for the copies. Returns 0 or ERR_DEVICE with a message.
+ */
+int cuda_weight_upload(const struct cuda_weight *w, const void *src, uint8_t *dev, cudaStream_t st, char *err);
 
 /* 1 if b's rows start where a's end, with the same type and width. */
 int cuda_weight_follows(const struct cuda_weight *a, const struct cuda_weight *b);

@@ -237,12 +237,12 @@ template <> struct qg_type<TT_Q5_K> {
  * scale per 16 at 192.
  */
 template <> struct qg_type<TT_Q6_KG> {
-	static constexpr int UNIT = 256, BYTES = 224, TAB = 16;
+	static constexpr int UNIT = 256, BYTES = Q6G_BODY + 16, TAB = 16;
 	/* word j: (d sc_j, d sc_j) */
 	static __device__ __forceinline__ void
 	table(const uint8_t *b, int u, uint32_t *tab)
 	{
-		__half2 d = smem_f16x2(b + 208 + 2 * (u & 7));
+		__half2 d = smem_f16x2(b + Q6G_BODY + 2 * (u & 7));
 
 #pragma unroll
 		for (int j = 0; j < 16; j += 4) {
@@ -416,8 +416,8 @@ struct qg_plan {
 
 			wrow[j] = a.w + (size_t)min(m0 + r, a.n_rows - 1) * a.row_bytes;
 			wdst[j] = i < C::BM * L::CH ? r * L::RAW + 16 * (i % L::CH) : -1;
-			if constexpr (TY == TT_Q6_KG) /* body words from the row's first body, word 208 its d's */
-				wrow[j] += wdst[j] % L::RAW < 208 ? 16 + wdst[j] % L::RAW : 0;
+			if constexpr (TY == TT_Q6_KG) /* body words from the row's first body, word Q6G_BODY its d's */
+				wrow[j] += wdst[j] % L::RAW < Q6G_BODY ? 16 + wdst[j] % L::RAW : 0;
 		}
 #pragma unroll
 		for (int mt = 0; mt < C::MT; mt++)
@@ -475,9 +475,9 @@ qg_issue_w(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g, int S)
 		if constexpr (TY == TT_Q6_KG) {
 			int u = (s0 + g) / L::SUB, word = pl.wdst[j] % L::RAW;
 
-			if (pl.wdst[j] >= 0 && word <= 208)
+			if (pl.wdst[j] >= 0 && word <= Q6G_BODY)
 				cp_async16(raw + pl.wdst[j],
-				    pl.wrow[j] + (size_t)(u >> 3) * Q6G_GROUP + (word < 208 ? 208 * (u & 7) : 0));
+				    pl.wrow[j] + (size_t)(u >> 3) * Q6G_GROUP + (word < Q6G_BODY ? Q6G_BODY * (u & 7) : 0));
 		} else {
 			uintptr_t p = (uintptr_t)(pl.wrow[j] + unit);
 			int word = pl.wdst[j] % L::RAW;
