@@ -570,7 +570,7 @@ admit(struct sched *s, struct gen *g)
 	g->slot = m;
 	g->md = engine_model(m->e);
 	g->prep.fn = prep_run;
-	g->prep.owner = s;
+	g->prep.owner = m;
 	g->prep.key = job->conn;
 	g->state = GEN_PREP;
 	worker_submit(&s->prep, &g->prep);
@@ -837,7 +837,8 @@ reap_cancelled(struct sched *s)
 /*
  * Ends the requests running on m (finish why; error, if not NULL, is their
  * message) and unloads it, dropping its sessions' cached sequences. The
- * worker may be reading the model for a prompt: it is drained first.
+ * worker may be reading the model for a prompt: its items for m (the
+ * prompts and tokenizes of this model, not of others) are drained first.
  * Returns the requests ended.
  */
 static int
@@ -846,7 +847,7 @@ unload_model(struct sched *s, struct slot *m, enum finish_reason why, const char
 	struct gen *g, *next;
 	int n = 0;
 
-	take_prep(s, worker_drain(&s->prep, s));
+	take_prep(s, worker_drain(&s->prep, m));
 	for (g = s->gens; g != NULL; g = next) {
 		next = g->next;
 		if (g->slot != m || g->state != GEN_RUNNING)
@@ -1267,7 +1268,7 @@ op_tokens(struct sched *s, struct sched_job *job)
 		}
 	t = xcalloc(1, sizeof *t);
 	t->work.fn = tok_run;
-	t->work.owner = s;
+	t->work.owner = m;
 	t->work.key = job->conn;
 	t->s = s;
 	t->job = job;
@@ -1623,7 +1624,7 @@ cancel_all(struct sched *s)
 
 	for (g = s->gens; g != NULL; g = g->next)
 		g->cancelled = 1;
-	take_prep(s, worker_drain(&s->prep, s));
+	take_prep(s, worker_drain(&s->prep, NULL));
 	reap_cancelled(s);
 }
 

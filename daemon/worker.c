@@ -117,16 +117,23 @@ worker_take_done(struct worker *wk)
 	return w;
 }
 
+/* 1 if w is owner's (owner NULL: everyone's). */
+static int
+owned(const struct work *w, const void *owner)
+{
+	return owner == NULL || w->owner == owner;
+}
+
 /* 1 if an item of owner is queued or running (under mu). */
 static int
 owner_busy(const struct worker *wk, const void *owner)
 {
 	const struct work *w;
 
-	if (wk->running != NULL && wk->running->owner == owner)
+	if (wk->running != NULL && owned(wk->running, owner))
 		return 1;
 	for (w = wk->queue; w != NULL; w = w->next)
-		if (w->owner == owner)
+		if (owned(w, owner))
 			return 1;
 	return 0;
 }
@@ -140,7 +147,7 @@ worker_drain(struct worker *wk, const void *owner)
 	while (owner_busy(wk, owner))
 		pthread_cond_wait(&wk->cv, &wk->mu);
 	for (pp = &wk->done; (w = *pp) != NULL;) {
-		if (w->owner == owner) {
+		if (owned(w, owner)) {
 			*pp = w->next;
 			w->next = NULL;
 			*tail = w;

@@ -25,7 +25,7 @@
 
 struct work {
 	void (*fn)(struct work *w);
-	const void *owner;           /* whose it is (worker_drain) */
+	const void *owner;           /* whose it is (worker_drain): what it reads, that must outlive it */
 	uint64_t key;                /* whose turn it takes (0: all items are one's, in order) */
 	struct work *next;
 };
@@ -50,9 +50,9 @@ void worker_submit(struct worker *wk, struct work *w);
 /* The finished items, in order (a list through next). */
 struct work *worker_take_done(struct worker *wk);
 /*
- * Waits until no item of owner is queued or running, and takes its
- * finished ones (a list, as worker_take_done), so that the owner can let go
- * of what they use.
+ * Waits until no item of owner (NULL: of anyone) is queued or running, and
+ * takes its finished ones (a list, as worker_take_done), so that the owner
+ * can let go of what they use; other owners' items go on meanwhile.
  */
 struct work *worker_drain(struct worker *wk, const void *owner);
 

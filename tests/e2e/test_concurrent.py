@@ -16,7 +16,8 @@ Last, tokenizing megabytes of text does not stop a stream: tokenize runs
 beside the decoding, so the stream's longest pause stays far below the
 time the tokenizing took; and one client's backlog of tokenizes does not
 hold another client's prompt back: the worker that tokenizes takes the
-clients in turn.
+clients in turn. Nor does it hold back the unloading of another model,
+which waits only for the worker's items of the model it unloads.
 """
 import os
 import sys
@@ -95,6 +96,7 @@ def main():
             one_session_two_turns(ck, d2)
             tokenize_beside_a_stream(ck, d2)
             prompt_beside_a_backlog(ck, d2)
+            unload_beside_a_backlog(ck, d2)
     return ck
 
 
@@ -146,6 +148,28 @@ def prompt_beside_a_backlog(ck, d):
               "their last after %.2f s" % (t_b, t_a))
         ck.ok(t_b < t_a / 3, "the prompt does not wait for the other client's backlog: %.2f s of %.2f s" %
               (t_b, t_a))
+
+
+def unload_beside_a_backlog(ck, d):
+    other = rsd.gen_model(os.path.join(d.tmp, "other.gguf"), seed=7)
+    text = ("A sentence to tokenize, with some words in it. " * 22000)[:1 << 20]
+    with d.client(timeout=600) as a, d.client(timeout=300) as b:
+        a.call("model.load", model=other)
+        b.generate(prompt="Once upon a time", max_tokens=1, temperature=0)  # the default model is loaded
+        ids = [a.request("tokenize", model="other", text=text) for _ in range(24)]
+        a.call("status")    # answered once the engine has queued every tokenize before it
+        t0 = time.monotonic()
+        reader = threading.Thread(target=lambda: [a.result(i) for i in ids])
+        reader.start()
+        r = b.call("model.unload", model=os.path.splitext(os.path.basename(d.model))[0])
+        t_u = time.monotonic() - t0
+        reader.join(600)
+        t_a = time.monotonic() - t0
+        print("   the default model unloaded beside another model's 24 tokenizes of 1 MiB: after %.2f s, "
+              "their last after %.2f s" % (t_u, t_a))
+        ck.eq(r["unloaded"], True, "model.unload of the default model unloads it")
+        ck.ok(t_u < t_a / 3, "the unload does not wait for another model's tokenizes: %.2f s of %.2f s" %
+              (t_u, t_a))
 
 
 def one_session_two_turns(ck, d):

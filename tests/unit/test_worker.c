@@ -3,7 +3,9 @@
  * in the order they came and lets keys take turns (the smallest key after
  * the last one run, then around), so that one client's backlog does not
  * hold another's item back; items of key 0 alone run in order; drain waits
- * for an owner's items and hands back only theirs.
+ * for an owner's items and hands back only theirs, and does not wait for
+ * another owner's (an unloading model does not wait for the others' work);
+ * drain of NULL waits for everyone's.
  */
 #include "config.h"
 #include "worker.h"
@@ -135,6 +137,38 @@ test_drain_takes_its_own(void **state)
 	assert_int_equal(n, 2);
 }
 
+/* drain of one owner returns while another owner's item still runs; drain of NULL waits for it */
+static void
+test_drain_skips_others(void **state)
+{
+	struct item a, b;
+	struct worker wk;
+	struct work *w;
+	char err[256];
+	int oa, ob;
+
+	(void)state;
+	ran[0] = '\0';
+	gate_open = 0;
+	assert_int_equal(worker_start(&wk, no_wake, NULL, err), 0);
+	a = (struct item){ { run, &oa, 1, NULL }, "a" };
+	b = (struct item){ { run_gated, &ob, 2, NULL }, "b" };
+	worker_submit(&wk, &a.w);
+	worker_submit(&wk, &b.w);
+	w = worker_drain(&wk, &oa); /* b runs, held at its gate: a drain that waited for it would hang */
+	assert_ptr_equal(w, &a.w);
+	assert_null(w->next);
+	pthread_mutex_lock(&mu);
+	gate_open = 1;
+	pthread_cond_broadcast(&cv);
+	pthread_mutex_unlock(&mu);
+	w = worker_drain(&wk, NULL);
+	assert_ptr_equal(w, &b.w);
+	assert_null(w->next);
+	assert_string_equal(ran, "a b ");
+	worker_stop(&wk);
+}
+
 int
 main(void)
 {
@@ -142,6 +176,7 @@ main(void)
 		cmocka_unit_test(test_keys_take_turns),
 		cmocka_unit_test(test_one_key_in_order),
 		cmocka_unit_test(test_drain_takes_its_own),
+		cmocka_unit_test(test_drain_skips_others),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
