@@ -80,6 +80,7 @@ struct conn {
 	size_t reserved;            /* the input budget held by the frame being received (0: none) */
 	int waiting;                /* its next frame waits for the input budget; reading is off */
 	struct event *stall_ev;     /* the reserved frame is not whole frame_timeout seconds after its reservation */
+	struct event *hup_ev;       /* while it waits, unread: its client hung up (EV_CLOSED) */
 	struct conn *next;
 };
 
@@ -131,6 +132,7 @@ conn_free(struct conn *c)
 	for (pp = &c->srv->conns; *pp != c; pp = &(*pp)->next)
 		;
 	*pp = c->next;
+	event_free(c->hup_ev); /* before the socket it watches is closed */
 	bufferevent_free(c->bev);
 	event_free(c->stall_ev);
 	free(c->inflight);
@@ -153,6 +155,7 @@ budget_wake(struct server *srv)
 		if (c->waiting) {
 			c->waiting = 0;
 			srv->n_waiting--;
+			event_del(c->hup_ev);
 			bufferevent_enable(c->bev, EV_READ);
 			/* bytes it read before it waited start no read of their own */
 			bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS);
@@ -169,6 +172,7 @@ budget_release(struct conn *c)
 	if (c->waiting) {
 		c->waiting = 0;
 		srv->n_waiting--;
+		event_del(c->hup_ev);
 	}
 	if (c->reserved == 0)
 		return;
@@ -665,6 +669,7 @@ frame_pending(struct conn *c, uint32_t len)
 		if (!c->waiting) {
 			c->waiting = 1;
 			srv->n_waiting++;
+			event_add(c->hup_ev, NULL); /* reading is off: a hang-up would go unseen until the wait ends */
 		}
 		bufferevent_disable(c->bev, EV_READ);
 		log_debug("client %llu: a frame of %u bytes waits for the input budget (%zu of %zu held)",
@@ -746,6 +751,13 @@ conn_event_cb(struct bufferevent *bev, short what, void *arg)
 		conn_kill(arg);
 }
 
+/* A waiting connection's client hung up (it reads nothing then, so the EOF would not be seen). */
+static void
+conn_hup_cb(evutil_socket_t fd, short what, void *arg)
+{
+	conn_kill(arg);
+}
+
 /* One client more than max_clients: told so, without reading what it sent. */
 static void
 conn_refuse(struct conn *c)
@@ -783,6 +795,7 @@ accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int
 	c->pid = cred.pid;
 	c->bev = bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE);
 	c->stall_ev = evtimer_new(srv->base, conn_stall_cb, c);
+	c->hup_ev = event_new(srv->base, fd, EV_CLOSED, conn_hup_cb, c);
 	bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
 	/* never buffer more than one frame of input */
 	bufferevent_setwatermark(c->bev, EV_READ, 0, 4 + srv->o.max_frame);

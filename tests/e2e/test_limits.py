@@ -10,8 +10,9 @@ does not spin, serves the connections it has, and accepts again once some
 close; one client over --max-clients: told overloaded (by the C client, the
 CLI and the Python client too) while the others are served; frames received
 together over a uid's share of the input budget: the last waits, unread,
-until another is done; and a frame that stops arriving midway: its
-connection closed --frame-timeout after it began.
+until another is done, and its client's hang-up meanwhile frees its place;
+and a frame that stops arriving midway: its connection closed
+--frame-timeout after it began.
 """
 import os
 import resource
@@ -222,7 +223,7 @@ def _served(d):
     try:
         c.call("hello", client="late")
         return c
-    except (rsd.Closed, ProtoError):
+    except (rsd.Closed, ProtoError, OSError):    # refused: the reply, or the hello's write on the closed socket
         c.close()
         return None
 
@@ -282,6 +283,26 @@ def check_input_budget(ck):
               "two frames of 16 MiB later go through: nothing stayed reserved")
         for c in cs + late:
             c.close()
+
+
+def check_waiting_hangup(ck):
+    """--max-clients 3: two frames begun hold the uid's half of the input
+    budget, a third client's frame waits unread; that client hangs up, and
+    its place is free for a new client (the daemon watches a waiting
+    connection for a hang-up; reading nothing, it would not see the EOF)."""
+    with ck.section("a waiting client hangs up"), Daemon(extra=["--max-clients", "3"]) as d:
+        cs = [rsd.wait_for(lambda: _served(d), 10) for _ in range(3)]  # the start's probe may hold a place a while
+        for c in cs[:2]:
+            c.send_raw(big_hello(1, 16 * MiB)[:MiB])
+        time.sleep(0.5)
+        cs[2].send_raw(big_hello(1, 16 * MiB)[:4096])   # less than the socket holds: the send does not block
+        time.sleep(0.5)
+        cs[2].close()
+        c = rsd.wait_for(lambda: _served(d), 10)
+        ck.ok(c is not None, "a client is served once the waiting one has hung up")
+        for x in cs[:2] + [c]:
+            if x is not None:
+                x.close()
 
 
 def check_quota(ck):
@@ -379,6 +400,7 @@ def main():
     check_descriptors(ck)
     check_clients(ck)
     check_input_budget(ck)
+    check_waiting_hangup(ck)
     return ck
 
 
