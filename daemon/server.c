@@ -145,6 +145,33 @@ conn_free_cb(evutil_socket_t fd, short what, void *arg)
 	conn_free(arg);
 }
 
+/*
+ * The connection's next frame waits for the input budget: reading stops, and
+ * its client's hang-up is watched for instead (reading nothing, it would not
+ * see the EOF).
+ */
+static void
+wait_begin(struct conn *c)
+{
+	bufferevent_disable(c->bev, EV_READ);
+	if (c->waiting)
+		return;
+	c->waiting = 1;
+	c->srv->n_waiting++;
+	event_add(c->hup_ev, NULL);
+}
+
+/* The connection waits no longer (reading stays as it is). */
+static void
+wait_end(struct conn *c)
+{
+	if (!c->waiting)
+		return;
+	c->waiting = 0;
+	c->srv->n_waiting--;
+	event_del(c->hup_ev);
+}
+
 /* Lets the connections that wait for the input budget read again: each tries to reserve anew. */
 static void
 budget_wake(struct server *srv)
@@ -153,9 +180,7 @@ budget_wake(struct server *srv)
 
 	for (c = srv->conns; c != NULL && srv->n_waiting > 0; c = c->next)
 		if (c->waiting) {
-			c->waiting = 0;
-			srv->n_waiting--;
-			event_del(c->hup_ev);
+			wait_end(c);
 			bufferevent_enable(c->bev, EV_READ);
 			/* bytes it read before it waited start no read of their own */
 			bufferevent_trigger(c->bev, EV_READ, BEV_TRIG_DEFER_CALLBACKS);
@@ -169,11 +194,7 @@ budget_release(struct conn *c)
 	struct server *srv = c->srv;
 
 	evtimer_del(c->stall_ev);
-	if (c->waiting) {
-		c->waiting = 0;
-		srv->n_waiting--;
-		event_del(c->hup_ev);
-	}
+	wait_end(c);
 	if (c->reserved == 0)
 		return;
 	srv->in_reserved -= c->reserved;
@@ -666,12 +687,7 @@ frame_pending(struct conn *c, uint32_t len)
 		return;
 	if (srv->in_reserved > 0 && (srv->in_reserved + len > srv->in_budget ||
 	    uid_reserved(srv, c->uid) + len > srv->in_budget / 2)) {
-		if (!c->waiting) {
-			c->waiting = 1;
-			srv->n_waiting++;
-			event_add(c->hup_ev, NULL); /* reading is off: a hang-up would go unseen until the wait ends */
-		}
-		bufferevent_disable(c->bev, EV_READ);
+		wait_begin(c);
 		log_debug("client %llu: a frame of %u bytes waits for the input budget (%zu of %zu held)",
 		    (unsigned long long)c->id, len, srv->in_reserved, srv->in_budget);
 		return;

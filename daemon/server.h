@@ -18,7 +18,7 @@ struct server_opts {
 	size_t max_frame;
 	size_t max_output;           /* bytes queued for a client before it is dropped as too slow */
 	int max_clients;             /* connections at once; one more is refused (overloaded) */
-	int frame_timeout;           /* seconds a frame being received may go without a byte */
+	int frame_timeout;           /* seconds a frame may take from its reservation to its last byte */
 	const char *default_model;   /* its name, for sessions created without one */
 };
 

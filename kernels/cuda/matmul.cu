@@ -402,8 +402,8 @@ mmq_blocks(int64_t n, int r)
  * whose blocks run side by side, not two in a row (a step of one sequence
  * 2 % faster on an H100). One block a multiprocessor is all the launch
  * bounds ask for at one token: left to its default, nvcc held the one-token
- * kernel to 80 registers, and with the 116-128 it takes then (sm_90a, Q4_K
- * and Q6_K, alone or paired) a step is 11 % faster (more of a lane's loads
+ * kernel to 80 registers, and with what it takes then (75-114, sm_90a, Q4_K
+ * and Q6_K, alone or paired) a step was 11 % faster (more of a lane's loads
  * in flight at once). At two tokens they ask for four: the Q4_K kernel
  * takes 128 registers instead of 157, without spilling, and four blocks a
  * multiprocessor instead of three (a step of two sequences 2.8 % faster,
