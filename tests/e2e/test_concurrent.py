@@ -131,19 +131,28 @@ def tokenize_beside_a_stream(ck, d):
               "the stream goes on while text is tokenized: longest pause %.3f s of %.2f s" % (max(gaps), spent))
 
 
-def prompt_beside_a_backlog(ck, d):
+def beside_a_backlog(a, act, **tokenize):
+    """Queues 24 tokenizes of 1 MiB on client a (tokenize: more of their
+    fields), then runs act(), reading a's replies meanwhile as a client does
+    (unread, they would get it dropped as too slow). Returns act's result,
+    the seconds it took and the seconds until a's last reply, both from
+    when every tokenize was queued."""
     text = ("A sentence to tokenize, with some words in it. " * 22000)[:1 << 20]
+    ids = [a.request("tokenize", text=text, **tokenize) for _ in range(24)]
+    a.call("status")    # answered once the engine has queued every tokenize before it
+    t0 = time.monotonic()
+    reader = threading.Thread(target=lambda: [a.result(i) for i in ids])
+    reader.start()
+    r = act()
+    t_act = time.monotonic() - t0
+    reader.join(600)
+    return r, t_act, time.monotonic() - t0
+
+
+def prompt_beside_a_backlog(ck, d):
     with d.client(timeout=600) as a, d.client(timeout=300) as b:
-        ids = [a.request("tokenize", text=text) for _ in range(24)]
-        a.call("status")    # answered once the engine has queued every tokenize before it
-        t0 = time.monotonic()
-        # a reads its replies as they come, as a client does (unread, they would get it dropped as too slow)
-        reader = threading.Thread(target=lambda: [a.result(i) for i in ids])
-        reader.start()
-        b.generate(prompt="Once upon a time", max_tokens=1, temperature=0)
-        t_b = time.monotonic() - t0
-        reader.join(600)
-        t_a = time.monotonic() - t0
+        _, t_b, t_a = beside_a_backlog(a, lambda: b.generate(prompt="Once upon a time", max_tokens=1,
+                                                             temperature=0))
         print("   a prompt sent behind another client's 24 tokenizes of 1 MiB: its token after %.2f s, "
               "their last after %.2f s" % (t_b, t_a))
         ck.ok(t_b < t_a / 3, "the prompt does not wait for the other client's backlog: %.2f s of %.2f s" %
@@ -152,19 +161,11 @@ def prompt_beside_a_backlog(ck, d):
 
 def unload_beside_a_backlog(ck, d):
     other = rsd.gen_model(os.path.join(d.tmp, "other.gguf"), seed=7)
-    text = ("A sentence to tokenize, with some words in it. " * 22000)[:1 << 20]
     with d.client(timeout=600) as a, d.client(timeout=300) as b:
         a.call("model.load", model=other)
         b.generate(prompt="Once upon a time", max_tokens=1, temperature=0)  # the default model is loaded
-        ids = [a.request("tokenize", model="other", text=text) for _ in range(24)]
-        a.call("status")    # answered once the engine has queued every tokenize before it
-        t0 = time.monotonic()
-        reader = threading.Thread(target=lambda: [a.result(i) for i in ids])
-        reader.start()
-        r = b.call("model.unload", model=os.path.splitext(os.path.basename(d.model))[0])
-        t_u = time.monotonic() - t0
-        reader.join(600)
-        t_a = time.monotonic() - t0
+        default = os.path.splitext(os.path.basename(d.model))[0]
+        r, t_u, t_a = beside_a_backlog(a, lambda: b.call("model.unload", model=default), model="other")
         print("   the default model unloaded beside another model's 24 tokenizes of 1 MiB: after %.2f s, "
               "their last after %.2f s" % (t_u, t_a))
         ck.eq(r["unloaded"], True, "model.unload of the default model unloads it")
