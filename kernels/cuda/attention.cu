@@ -189,20 +189,20 @@ attn_smem_bytes(int d)
 }
 
 /*
- * Copies the K and V rows of positions c0 .. c0 + nv - 1 (nv <= ATT_TILE) of
- * KV head offset koff into a stage: every thread of the block issues its
- * share of 16-byte copies, all in flight at once.
+ * Copies the K and V rows r0 .. r1 - 1 (< ATT_TILE) of the tile of
+ * positions from c0, KV head offset koff, into a stage: every thread of the
+ * block issues its share of 16-byte copies, all in flight at once.
  */
 template <int D, typename T>
 static __device__ __forceinline__ void
-attn_load_tile(T *ks, T *vs, const struct cuda_kv &kv, const int32_t *tab, int c0, int nv,
+attn_load_tile(T *ks, T *vs, const struct cuda_kv &kv, const int32_t *tab, int c0, int r0, int r1,
     int nkv, int koff)
 {
 	constexpr int PER = 16 / (int)sizeof(T), PIECES = D / PER, RS = D + kv_pad<T>();
 	const T *pool = (const T *)kv.pool;
 
-	for (int i = threadIdx.x; i < nv * PIECES; i += ATT_WARPS * WARP) {
-		int r = i / PIECES, c = (i % PIECES) * PER;
+	for (int i = threadIdx.x; i < (r1 - r0) * PIECES; i += ATT_WARPS * WARP) {
+		int r = r0 + i / PIECES, c = (i % PIECES) * PER;
 		size_t ko = kv_index(kv, tab, c0 + r, 0, nkv, koff + c);
 
 		cp_async16(ks + r * RS + c, pool + ko);
@@ -294,15 +294,18 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	const int32_t *tab = kv.tables + kv.tok_tab[t];
 	float m = -INFINITY, l = 0.0f, acc[ATT_GROUP][DPT];
 	/*
-	 * A first tile older than every token of the step (a sequence has at
-	 * most gridDim.x / n_split of them) was written by earlier steps: its
-	 * copy starts before pdl_wait, under the kernel before (the positions
-	 * and tables are the step's staged copy, done before its first kernel).
+	 * The first two tiles fill both stages. Their rows older than every
+	 * token of the step (a sequence has at most gridDim.x / n_split of
+	 * them) were written by earlier steps: their copies start before
+	 * pdl_wait, under the kernel before (the positions and tables are the
+	 * step's staged copy, done before its first kernel); the rows of the
+	 * step's tokens are copied after it.
 	 */
-	int nv0 = min(ATT_TILE, hi - lo), early = !fa && lo < hi && lo + nv0 <= pos + 1 - (int)(gridDim.x / n_split);
+	int fresh = pos + 1 - (int)(gridDim.x / n_split), pre = fa || lo >= hi ? 0 : hi - lo > ATT_TILE ? 2 : 1;
 
-	if (early)
-		attn_load_tile<D, T>(ks, vs, kv, tab, lo, nv0, nkv, kvh * D);
+	for (int i = 0, c0 = lo; i < pre; i++, c0 += ATT_TILE)
+		attn_load_tile<D, T>(ks + i * ATT_TILE * RS, vs + i * ATT_TILE * RS, kv, tab, c0, 0,
+		    max(0, min(min(ATT_TILE, hi - c0), fresh - c0)), nkv, kvh * D);
 	pdl_wait();
 	pdl_trigger();
 	/*
@@ -318,16 +321,21 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 #pragma unroll
 		for (int k = 0; k < DPT; k++)
 			acc[h][k] = 0.0f;
-	if (lo < hi && !early)
-		attn_load_tile<D, T>(ks, vs, kv, tab, lo, nv0, nkv, kvh * D);
+	for (int i = 0, c0 = lo; i < pre; i++, c0 += ATT_TILE) {
+		int nv = min(ATT_TILE, hi - c0);
+
+		attn_load_tile<D, T>(ks + i * ATT_TILE * RS, vs + i * ATT_TILE * RS, kv, tab, c0,
+		    max(0, min(nv, fresh - c0)), nv, nkv, kvh * D);
+	}
 	cp_async_commit();
 	for (int c0 = lo, st = 0; c0 < hi; c0 += ATT_TILE, st ^= 1) {
 		int nv = min(ATT_TILE, hi - c0), j = 8 * g + lane % 8;
 		const T *kt = ks + st * ATT_TILE * RS, *vt = vs + st * ATT_TILE * RS;
 
-		if (c0 + ATT_TILE < hi)
+		/* tile 1 is in already; from tile 2 on, a tile is copied while the one before is used */
+		if (c0 > lo && c0 + ATT_TILE < hi)
 			attn_load_tile<D, T>(ks + (st ^ 1) * ATT_TILE * RS, vs + (st ^ 1) * ATT_TILE * RS, kv, tab,
-			    c0 + ATT_TILE, min(ATT_TILE, hi - c0 - ATT_TILE), nkv, kvh * D);
+			    c0 + ATT_TILE, 0, min(ATT_TILE, hi - c0 - ATT_TILE), nkv, kvh * D);
 		cp_async_commit();
 		cp_async_wait<1>();
 		__syncthreads();
