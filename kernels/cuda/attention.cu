@@ -92,21 +92,16 @@ qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict_
 #pragma unroll
 	for (int u = 0; u < MAX_PAIRS; u++) {
 		int i = lane + WARP * u;
-		float ang, c, s, x0, x1;
 
 		if (i >= half)
 			continue;
-		ang = pos * hp.inv_freq[i];
-		c = cosf(ang);
-		s = sinf(ang);
-		x0 = a[u] * c - b[u] * s;
-		x1 = a[u] * s + b[u] * c;
+		rope_pair(a[u], b[u], pos, hp.inv_freq[i]);
 		if (isq) {
-			vec[ia[u]] = x0;
-			vec[ib[u]] = x1;
+			vec[ia[u]] = a[u];
+			vec[ib[u]] = b[u];
 		} else {
-			pool[ko + ia[u]] = kv_elem<T>(x0);
-			pool[ko + ib[u]] = kv_elem<T>(x1);
+			pool[ko + ia[u]] = kv_elem<T>(a[u]);
+			pool[ko + ib[u]] = kv_elem<T>(b[u]);
 		}
 	}
 	if (isq)

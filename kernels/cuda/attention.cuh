@@ -80,6 +80,43 @@ struct cuda_heads {
 	int window;                     /* sliding window; 0: none */
 };
 
+/* Dimension pair (a, b) rotated by the angle pos * inv_freq (RoPE). */
+static __device__ __forceinline__ void
+rope_pair(float &a, float &b, float pos, float inv_freq)
+{
+	float ang = pos * inv_freq, c = cosf(ang), s = sinf(ang), x0 = a * c - b * s;
+
+	b = a * s + b * c;
+	a = x0;
+}
+
+/*
+ * Rows o and o + 1 (a and b) of token t's Q/K/V product (the n_head q
+ * heads, then the n_head_kv k heads, then v) as cuda_qk leaves them, for
+ * heads whose pairs are neighbouring dimensions and that have no QK norm
+ * (cuda_matmul_qkv_fits), o even: with their biases, q rotated into q
+ * (n_head * head_dim floats a token), k rotated and v into the fp16 pool
+ * at the token's position.
+ */
+static __device__ __forceinline__ void
+qkv_store_pair(const struct cuda_heads &hp, const struct cuda_kv &kv, float *q, int o, int t, float a, float b)
+{
+	int d = hp.head_dim, nq = hp.n_head * d, nkv = hp.n_head_kv * d, p = kv.tok_pos[t];
+	int kind = o < nq ? 0 : o < nq + nkv ? 1 : 2, r = o - (kind == 0 ? 0 : kind == 1 ? nq : nq + nkv);
+	const float *bias = kind == 0 ? hp.bq : kind == 1 ? hp.bk : hp.bv;
+
+	if (bias != NULL)
+		a += bias[r], b += bias[r + 1];
+	if (kind < 2)
+		rope_pair(a, b, (float)p / hp.pos_div, hp.inv_freq[r % d / 2]);
+	if (kind == 0) {
+		*(float2 *)(q + (size_t)t * nq + r) = make_float2(a, b);
+		return;
+	}
+	*(__half2 *)((__half *)kv.pool + kv_index(kv, kv.tables + kv.tok_tab[t], p, kind - 1, nkv, r)) =
+	    __floats2half2_rn(a, b);
+}
+
 /*
  * For n_tok tokens: q (n_head heads) and k, v (n_head_kv heads) get their
  * biases; q and k their norms and rotation (in place); k and v are stored

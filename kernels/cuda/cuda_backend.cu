@@ -1042,11 +1042,18 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	if (!fa)
 		q8 = q8_of(b, T, &c->wo);
 	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul_multi(&b->mm, wqkv, 3, b->h, embd, T, qkv, ld, formed(b, T, &c->wq), err)) != 0)
-		return rc;
-	prof_mark(b, PH_ATTN);
-	if ((rc = cuda_qk(b->q, b->k, b->v, T, &hd, &kv, b->stream, err)) != 0 ||
-	    (rc = cuda_attention(b->q, b->att, q8, T, &hd, &kv, b->stream, err)) != 0)
+	if (cuda_matmul_qkv_fits(&b->mm, wqkv, T, &hd, &kv)) { /* the product does qk's work too */
+		if ((rc = cuda_matmul_qkv(&b->mm, wqkv, b->h, embd, T, b->q, &hd, &kv, formed(b, T, &c->wq), err)) != 0)
+			return rc;
+		prof_mark(b, PH_ATTN);
+	} else {
+		if ((rc = cuda_matmul_multi(&b->mm, wqkv, 3, b->h, embd, T, qkv, ld, formed(b, T, &c->wq), err)) != 0)
+			return rc;
+		prof_mark(b, PH_ATTN);
+		if ((rc = cuda_qk(b->q, b->k, b->v, T, &hd, &kv, b->stream, err)) != 0)
+			return rc;
+	}
+	if ((rc = cuda_attention(b->q, b->att, q8, T, &hd, &kv, b->stream, err)) != 0)
 		return rc;
 	prof_mark(b, PH_MATMUL);
 	if ((rc = cuda_matmul(&b->mm, &c->wo, b->att, nq, T, b->ffn_out, embd, q8.q != NULL, err)) != 0)

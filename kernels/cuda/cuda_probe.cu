@@ -732,6 +732,72 @@ cuda_probe_qk(struct cuda_probe *p, const struct cuda_probe_heads *hd, struct cu
 	return rc;
 }
 
+/* The Q, K and V weights of cuda_probe_qkv: w's rows cut at the heads (V its last rows, or cw2's). */
+static void
+qkv_parts(const struct cuda_weight *cw, const struct cuda_weight *cw2, int nq, int nkv, struct cuda_weight part[3])
+{
+	for (int i = 0; i < 3; i++) {
+		int64_t r0 = i == 0 ? 0 : i == 1 ? nq : nq + nkv;
+
+		part[i] = *cw;
+		part[i].d = cw->d + (size_t)r0 * cw->row_bytes;
+		part[i].n = i == 0 ? nq : nkv;
+	}
+	if (cw2 != NULL)
+		part[2] = *cw2;
+}
+
+static int
+qkv_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w,
+    const struct cuda_probe_weight *w2, const float *x, int n_tok, const struct cuda_probe_heads *hd,
+    struct cuda_probe_kv *kv, float *q, char *err)
+{
+	int nq = hd->n_head * hd->head_dim, nkv = hd->n_head_kv * hd->head_dim;
+	size_t qb = (size_t)n_tok * (size_t)nq * sizeof(float);
+	struct cuda_weight cw, cw2, part[3];
+	const struct cuda_weight *wp[3] = { &part[0], &part[1], &part[2] };
+	struct cuda_heads ch;
+	struct cuda_kv ck;
+	void *dx, *dq;
+	int rc;
+
+	if (w->n != nq + (w2 != NULL ? 1 : 2) * nkv || (w2 != NULL && (w2->n != nkv || w2->k != w->k)))
+		return err_set(err, ERR_INVAL, "cuda_probe: %lld + %lld rows for %d + 2 x %d", (long long)w->n,
+		    (long long)(w2 != NULL ? w2->n : 0), nq, nkv);
+	if ((rc = check_heads(hd, kv, n_tok, err)) != 0 ||
+	    (rc = heads_upload(p, bs, hd, kv, n_tok, 1, &ch, &ck, err)) != 0 ||
+	    (rc = weight_up(p, bs, w, &cw, err)) != 0 || (w2 != NULL && (rc = weight_up(p, bs, w2, &cw2, err)) != 0) ||
+	    (rc = buf_new(p, bs, x, (size_t)n_tok * (size_t)w->k * sizeof(float), 0, &dx, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, qb, 1, &dq, err)) != 0 ||
+	    (rc = mm_scratch(p, w->k, n_tok, 0, 0, err)) != 0 ||
+	    (rc = int8_scratch(p, CUDA_PROBE_INT8, w->k, n_tok, err)) != 0)
+		return rc;
+	p->x_valid = 0;
+	p->mm.mmv_max = INT_MAX;
+	p->mm.sms = p->sms;
+	qkv_parts(&cw, w2 != NULL ? &cw2 : NULL, nq, nkv, part);
+	if (!cuda_matmul_qkv_fits(&p->mm, wp, n_tok, &ch, &ck))
+		return err_set(err, ERR_UNSUPPORTED, "cuda_matmul_qkv does not serve these weights, heads or pool");
+	if ((rc = cuda_matmul_qkv(&p->mm, wp, (const float *)dx, (int)w->k, n_tok, (float *)dq, &ch, &ck, 0, err)) != 0 ||
+	    (rc = finish(p, bs, "cuda_matmul_qkv", err)) != 0 ||
+	    (rc = guard_check(p, &p->xq, "cuda_matmul_qkv int8 activations", err)) != 0 ||
+	    (rc = guard_check(p, &p->xd, "cuda_matmul_qkv int8 scales", err)) != 0 ||
+	    (rc = fetch(p, q, dq, qb, err)) != 0)
+		return rc;
+	return fetch(p, kv->pool, ck.pool, pool_bytes(hd, kv), err);
+}
+
+extern "C" int
+cuda_probe_qkv(struct cuda_probe *p, const struct cuda_probe_weight *w, const struct cuda_probe_weight *w2,
+    const float *x, int n_tok, const struct cuda_probe_heads *hd, struct cuda_probe_kv *kv, float *q, char *err)
+{
+	struct bufs bs = {};
+	int rc = qkv_run(p, &bs, w, w2, x, n_tok, hd, kv, q, err);
+
+	bufs_free(&bs);
+	return rc;
+}
+
 static int
 attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_heads *hd,
     const struct cuda_probe_kv *kv, const float *q, int n_tok, float *out, int8_t *q8, float *q8d, char *err)

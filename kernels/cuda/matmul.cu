@@ -336,16 +336,23 @@ struct mmq_seg {
 	int n, o0;
 };
 
+/* Where the Q/K/V product of cuda_matmul_qkv stores its rows (qkv_store_pair); q NULL: out has them. */
+struct mmq_qkv {
+	struct cuda_heads hd;
+	struct cuda_kv kv;
+	float *q;
+};
+
 /*
  * One block of the integer matrix-vector kernel: warp w of the block
  * takes R rows of the weight from (blk * MMQ_WARPS + w) * R, its lanes
  * their chunks in turn; each token's chunk of x, loaded once, serves every
- * row.
+ * row. With QKV (R even), the rows go to e as pairs.
  */
-template <int TY, int NT, int R>
+template <int TY, int NT, int R, bool QKV>
 static __device__ __forceinline__ void
 mmq_block(const struct mmq_seg &sg, int blk, int k, const int8_t *__restrict__ xq,
-    const float2 *__restrict__ xd, const struct mm_out &out)
+    const float2 *__restrict__ xd, const struct mm_out &out, const struct mmq_qkv &e)
 {
 	using Q = qt<TY>;
 	int row0 = (blk * MMQ_WARPS + threadIdx.x / WARP) * R, lane = threadIdx.x % WARP, n = sg.n;
@@ -380,12 +387,26 @@ mmq_block(const struct mmq_seg &sg, int blk, int k, const int8_t *__restrict__ x
 #pragma unroll
 	for (int i = 0; i < R; i++)
 #pragma unroll
-		for (int t = 0; t < NT; t++) {
-			float s = warp_sum(acc[i][t]);
-
-			if (lane == 0 && row0 + i < n)
-				mm_store(out, sg.o0 + row0 + i, t, s);
-		}
+		for (int t = 0; t < NT; t++)
+			acc[i][t] = warp_sum(acc[i][t]);
+	if (lane != 0)
+		return;
+	if constexpr (QKV) {
+		static_assert(R % 2 == 0, "a warp holds whole pairs");
+#pragma unroll
+		for (int i = 0; i < R; i += 2)
+#pragma unroll
+			for (int t = 0; t < NT; t++)
+				if (row0 + i < n) /* n is even: the pair's second row too */
+					qkv_store_pair(e.hd, e.kv, e.q, sg.o0 + row0 + i, t, acc[i][t], acc[i + 1][t]);
+	} else {
+#pragma unroll
+		for (int i = 0; i < R; i++)
+#pragma unroll
+			for (int t = 0; t < NT; t++)
+				if (row0 + i < n)
+					mm_store(out, sg.o0 + row0 + i, t, acc[i][t]);
+	}
 }
 
 /* Blocks of the integer kernel for n rows of R a warp. */
@@ -411,20 +432,20 @@ mmq_blocks(int64_t n, int r)
  * loading the first chunk before pdl_wait, prefetching a warp's rows to
  * L2 and staging them through shared memory with cp.async were slower.
  */
-template <int TY, int TY2, int NT, int R>
+template <int TY, int TY2, int NT, int R, bool QKV>
 __global__ void __launch_bounds__(MMQ_WARPS * WARP, NT == 2 ? 4 : 1)
 mmq_kernel(struct mmq_seg a, struct mmq_seg b, int nb_a, int k, const int8_t *__restrict__ xq,
-    const float2 *__restrict__ xd, struct mm_out out)
+    const float2 *__restrict__ xd, struct mm_out out, struct mmq_qkv e)
 {
 	pdl_wait();
 	pdl_trigger();
 	if constexpr (TY2 != 0) {
 		if ((int)blockIdx.x >= nb_a) {
-			mmq_block<TY2, NT, R>(b, blockIdx.x - nb_a, k, xq, xd, out);
+			mmq_block<TY2, NT, R, QKV>(b, blockIdx.x - nb_a, k, xq, xd, out, e);
 			return;
 		}
 	}
-	mmq_block<TY, NT, R>(a, blockIdx.x, k, xq, xd, out);
+	mmq_block<TY, NT, R, QKV>(a, blockIdx.x, k, xq, xd, out, e);
 }
 
 /* Row t of x (k wide) in the integer kernels' form (cuda_q8). A warp per group of 32. */
@@ -516,39 +537,49 @@ mmv_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const float *x,
 	return cudaErrorInvalidValue;
 }
 
-/* The integer kernel for NT tokens, R rows a warp: the rows of a, then those of b (if b.n > 0). */
-template <int TY, int TY2, int NT, int R>
+/*
+ * The integer kernel for NT tokens, R rows a warp: the rows of a, then
+ * those of b (if b.n > 0), to out or with QKV to e.
+ */
+template <int TY, int TY2, int NT, int R, bool QKV = false>
 static cudaError_t
 mmq_go(cudaStream_t st, struct mmq_seg a, struct mmq_seg b, int k, const int8_t *xq, const float2 *xd,
-    const struct mm_out *out)
+    const struct mm_out *out, const struct mmq_qkv &e)
 {
 	int nb_a = mmq_blocks(a.n, R);
 	dim3 grid((unsigned)(nb_a + (b.n > 0 ? mmq_blocks(b.n, R) : 0))), block(MMQ_WARPS * WARP);
 
-	return cuda_launch(mmq_kernel<TY, TY2, NT, R>, grid, block, 0, st, a, b, nb_a, k, xq, xd, *out);
+	return cuda_launch(mmq_kernel<TY, TY2, NT, R, QKV>, grid, block, 0, st, a, b, nb_a, k, xq, xd, *out, e);
 }
 
 /*
  * The integer kernel for nt tokens whose quantized rows start at xq, xd:
  * the rows of w (type TY), then those of w2 (type TY2, or none: w2 NULL,
- * TY2 0; only for up to MMQ_PAIR_TOKENS tokens).
+ * TY2 0; only for up to MMQ_PAIR_TOKENS tokens), to out, or where e.q is
+ * set, to e (as many tokens; 2 rows a warp, so that a warp holds pairs).
  */
 template <int TY, int TY2>
 static cudaError_t
 mmq_types(int nt, cudaStream_t st, const struct cuda_weight *w, const struct cuda_weight *w2,
-    const int8_t *xq, const float2 *xd, const struct mm_out *out)
+    const int8_t *xq, const float2 *xd, const struct mm_out *out, const struct mmq_qkv &e)
 {
 	struct mmq_seg a = { w->d, w->row_bytes, (int)w->n, 0 }, b = { NULL, 0, 0, (int)w->n };
 	int k = (int)w->k;
 
 	if (w2 != NULL)
 		b.w = w2->d, b.row_bytes = w2->row_bytes, b.n = (int)w2->n;
+	if (e.q != NULL)
+		switch (nt) {
+		case 1: return mmq_go<TY, TY2, 1, 2, true>(st, a, b, k, xq, xd, out, e);
+		case 2: return mmq_go<TY, TY2, 2, 2, true>(st, a, b, k, xq, xd, out, e);
+		default: return cudaErrorInvalidValue;
+		}
 	switch (nt) {
-#define NT_CASE(N) case N: return mmq_go<TY, TY2, N, mmq_rows<N>::n>(st, a, b, k, xq, xd, out);
+#define NT_CASE(N) case N: return mmq_go<TY, TY2, N, mmq_rows<N>::n>(st, a, b, k, xq, xd, out, e);
 	case 1:
 		if (k >= MMQ_WIDE_K)
-			return mmq_go<TY, TY2, 1, 2>(st, a, b, k, xq, xd, out);
-		return mmq_go<TY, TY2, 1, 3>(st, a, b, k, xq, xd, out);
+			return mmq_go<TY, TY2, 1, 2>(st, a, b, k, xq, xd, out, e);
+		return mmq_go<TY, TY2, 1, 3>(st, a, b, k, xq, xd, out, e);
 	NT_CASE(2)
 	}
 	if constexpr (TY2 == 0)
@@ -563,14 +594,14 @@ mmq_types(int nt, cudaStream_t st, const struct cuda_weight *w, const struct cud
 template <int TY>
 static cudaError_t
 mmq_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const struct cuda_weight *w2,
-    const int8_t *xq, const float2 *xd, const struct mm_out *out)
+    const int8_t *xq, const float2 *xd, const struct mm_out *out, const struct mmq_qkv &e)
 {
 	switch (w2 != NULL ? (int)w2->type : 0) {
-	case 0: return mmq_types<TY, 0>(nt, st, w, NULL, xq, xd, out);
+	case 0: return mmq_types<TY, 0>(nt, st, w, NULL, xq, xd, out, e);
 #define T2_CASE(T2) \
 	case T2: \
 		if constexpr (T2 != TY) /* weights of one type that follow each other are one run already */ \
-			return mmq_types<TY, T2>(nt, st, w, w2, xq, xd, out); \
+			return mmq_types<TY, T2>(nt, st, w, w2, xq, xd, out, e); \
 		break;
 	T2_CASE(TT_Q4_K) T2_CASE(TT_Q6_KG) T2_CASE(TT_Q8_0)
 #undef T2_CASE
@@ -595,11 +626,12 @@ quantize_x(struct cuda_mm *m, const float *x, int ldx, int k, int n_tok, char *e
  * Matrix-vector kernels over groups of MMV_TOKENS tokens for w (the rows of
  * every output of out, stored one after the other), then w2 (NULL: none;
  * else of another type for the integer kernel, whose rows follow w's in
- * out, and at most MMQ_PAIR_TOKENS tokens).
+ * out, and at most MMQ_PAIR_TOKENS tokens); the integer kernel's rows to
+ * e where e.q is set.
  */
 static int
 matvec(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weight *w2, const float *x, int ldx,
-    int n_tok, const struct mm_out *out, char *err)
+    int n_tok, const struct mm_out *out, const struct mmq_qkv &e, char *err)
 {
 	int q = cuda_matmul_int8(m, w), rc;
 
@@ -618,7 +650,7 @@ matvec(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weight 
 #define TY_CASE(TY) case TY: CK(mmv_launch<TY>(nt, m->stream, w, xt, ldx, &o)); break;
 		DEQ_TYPES(TY_CASE)
 #undef TY_CASE
-#define TQ_CASE(TY) case -TY - 1: CK(mmq_launch<TY>(nt, m->stream, w, w2, xq, xd, &o)); break;
+#define TQ_CASE(TY) case -TY - 1: CK(mmq_launch<TY>(nt, m->stream, w, w2, xq, xd, &o, e)); break;
 		TQ_CASE(TT_Q4_K) TQ_CASE(TT_Q6_KG) TQ_CASE(TT_Q8_0)
 #undef TQ_CASE
 		default:
@@ -812,11 +844,11 @@ run_of(const struct cuda_weight *const *w, int n_w, int i, int many, float *cons
  * stored one after the other go to one kernel on the matrix-vector and
  * tensor-core paths, and on the integer path, for up to MMQ_PAIR_TOKENS
  * tokens, two runs of different types to one launch; the rest to cuBLAS
- * one by one.
+ * one by one. The integer kernel's rows go to e where e.q is set.
  */
 static int
 products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x, int ldx, int n_tok,
-    float *const *y, const int *ldy, int reuse_x, char *err)
+    float *const *y, const int *ldy, int reuse_x, const struct mmq_qkv &e, char *err)
 {
 	int many = n_tok > m->mmv_max, have_h = reuse_x, rc;
 
@@ -841,9 +873,9 @@ products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const f
 		else if (j < n_w && n_tok <= MMQ_PAIR_TOKENS && w[j]->type != w[i]->type && cuda_matmul_int8(m, w[i]) &&
 		    cuda_matmul_int8(m, w[j])) {
 			j = run_of(w, n_w, j, 0, y, ldy, &out, &second);
-			rc = matvec(m, &all, &second, x, ldx, n_tok, &out, err);
+			rc = matvec(m, &all, &second, x, ldx, n_tok, &out, e, err);
 		} else {
-			rc = matvec(m, &all, NULL, x, ldx, n_tok, &out, err);
+			rc = matvec(m, &all, NULL, x, ldx, n_tok, &out, e, err);
 		}
 		if (rc != 0)
 			return rc;
@@ -858,17 +890,45 @@ cuda_matmul(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int 
 {
 	const struct cuda_weight *ws[1] = { w };
 	float *ys[1] = { y };
+	struct mmq_qkv none = {};
 
-	return products(m, ws, 1, x, ldx, n_tok, ys, &ldy, reuse_x, err);
+	return products(m, ws, 1, x, ldx, n_tok, ys, &ldy, reuse_x, none, err);
 }
 
 int
 cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x,
     int ldx, int n_tok, float *const *y, const int *ldy, int reuse_x, char *err)
 {
+	struct mmq_qkv none = {};
+
 	if (n_w < 1 || n_w > MM_MAX_OUT)
 		return err_set(err, ERR_INVAL, "%d weights in one product (1..%d)", n_w, MM_MAX_OUT);
-	return products(m, w, n_w, x, ldx, n_tok, y, ldy, reuse_x, err);
+	return products(m, w, n_w, x, ldx, n_tok, y, ldy, reuse_x, none, err);
+}
+
+int
+cuda_matmul_qkv_fits(const struct cuda_mm *m, const struct cuda_weight *const *w, int n_tok,
+    const struct cuda_heads *hd, const struct cuda_kv *kv)
+{
+	int types = cuda_matmul_int8(m, w[0]) && cuda_matmul_int8(m, w[2]);
+	int one_launch = cuda_weight_follows(w[0], w[1]) &&
+	    (cuda_weight_follows(w[1], w[2]) || w[2]->type != w[1]->type);
+
+	return n_tok >= 1 && n_tok <= MIN(m->mmv_max, MMQ_PAIR_TOKENS) && types && one_launch && !hd->neox &&
+	    hd->q_norm == NULL && hd->k_norm == NULL && !kv->f32;
+}
+
+int
+cuda_matmul_qkv(struct cuda_mm *m, const struct cuda_weight *const *w, const float *x, int ldx, int n_tok,
+    float *q, const struct cuda_heads *hd, const struct cuda_kv *kv, int reuse_x, char *err)
+{
+	struct mmq_qkv e = { *hd, *kv, q };
+	float *y[3] = { q, q, q }; /* unused: e takes the rows */
+	int ld[3] = { 0, 0, 0 };
+
+	if (!cuda_matmul_qkv_fits(m, w, n_tok, hd, kv))
+		return err_set(err, ERR_INVAL, "cuda_matmul_qkv: weights, heads or pool it does not serve");
+	return products(m, w, 3, x, ldx, n_tok, y, ld, reuse_x, e, err);
 }
 
 int

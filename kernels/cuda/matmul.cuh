@@ -5,6 +5,7 @@
 #ifndef RESIDENT_CUDA_MATMUL_CUH
 #define RESIDENT_CUDA_MATMUL_CUH
 
+#include "attention.cuh"
 #include "cuda_common.cuh"
 
 #include <cublas_v2.h>
@@ -97,6 +98,25 @@ int cuda_matmul(struct cuda_mm *m, const struct cuda_weight *w, const float *x, 
  */
 int cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x,
     int ldx, int n_tok, float *const *y, const int *ldy, int reuse_x, char *err);
+
+/*
+ * Q, K and V (w[0..2], of one input) times n_tok tokens, with cuda_qk's
+ * work done as the integer kernel stores each pair of rows: q rotated into
+ * q (n_head * head_dim floats a token), k rotated and v into the pool at
+ * each token's position, with their biases; the step saves qk's launch.
+ * Only where cuda_matmul_qkv_fits. reuse_x as cuda_matmul.
+ */
+int cuda_matmul_qkv(struct cuda_mm *m, const struct cuda_weight *const *w, const float *x, int ldx, int n_tok,
+    float *q, const struct cuda_heads *hd, const struct cuda_kv *kv, int reuse_x, char *err);
+
+/*
+ * 1 if cuda_matmul_qkv serves n_tok tokens of these weights, heads and
+ * pool: one launch of the integer kernel (n_tok up to m->mmv_max and 2; Q
+ * and K of one type, stored one after the other, V after them or of
+ * another type), RoPE on neighbouring dimensions, no QK norm, fp16 pool.
+ */
+int cuda_matmul_qkv_fits(const struct cuda_mm *m, const struct cuda_weight *const *w, int n_tok,
+    const struct cuda_heads *hd, const struct cuda_kv *kv);
 
 /* 1 if a product of at most m->mmv_max tokens by w reads the int8 form of its input (cuda_q8). */
 int cuda_matmul_int8(const struct cuda_mm *m, const struct cuda_weight *w);

@@ -1004,6 +1004,125 @@ test_qk(void **state)
 	}
 }
 
+/*
+ * One case of cuda_matmul_qkv: Q/K/V of types a (Q, K) and b (V) with qk's
+ * work in the product against the same product on the int8 path followed
+ * by cuda_qk; the same sums in both, so q and the pool must agree to
+ * float rounding (and fp16's, a last bit, in the pool), and the pool
+ * elements of no token stay unwritten. Returns the worst error / head max.
+ */
+static double
+qkv_case(const struct cuda_probe_heads *hd, uint32_t a, uint32_t b, const struct seq_spec *seqs, int n_seqs)
+{
+	int d = hd->head_dim, nq = hd->n_head * d, nkv = hd->n_head_kv * d, k = 512, same = a == b;
+	int n = nq + nkv + (same ? nkv : 0), ny = nq + 2 * nkv;
+	float *wf, *wf2 = NULL, *x, *y, *y2, *q, *qr, *kr, *vr;
+	struct model_tensor t = random_weight(a, k, n, &wf), t2 = { 0 };
+	struct cuda_probe_weight w = probe_weight(&t), w2;
+	struct kv_pool kp, kpr;
+	struct cuda_probe_kv kv, kvr;
+	struct place pl;
+	char err[ERR_LEN], what[96];
+	double worst = 0;
+	size_t np;
+
+	place_seqs(&pl, seqs, n_seqs);
+	snprintf(what, sizeof what, "qkv %s + %s, head_dim %d, %d/%d heads, bias %d, %d tokens",
+	    quant_traits(a)->name, quant_traits(b)->name, d, hd->n_head, hd->n_head_kv, hd->bq != NULL, pl.n_tok);
+	if (!same) {
+		t2 = random_weight(b, k, nkv, &wf2);
+		w2 = probe_weight(&t2);
+	}
+	x = rand_floats((size_t)pl.n_tok * k, -1, 1);
+	y = nan_floats((size_t)pl.n_tok * ny), y2 = nan_floats((size_t)pl.n_tok * nkv);
+	q = nan_floats((size_t)pl.n_tok * nq);
+	qr = xmalloc((size_t)pl.n_tok * nq * sizeof *qr), kr = xmalloc((size_t)pl.n_tok * nkv * sizeof *kr);
+	vr = xmalloc((size_t)pl.n_tok * nkv * sizeof *vr);
+	np = pool_len(hd, &pl);
+	kp = pool_new(np, 0), kpr = pool_new(np, 0);
+	kv = probe_kv(&pl, &kp, 0, 0), kvr = probe_kv(&pl, &kpr, 0, 0);
+	if (cuda_probe_qkv(probe, &w, same ? NULL : &w2, x, pl.n_tok, hd, &kv, q, err) != 0)
+		fail_msg("%s: %s", what, err);
+	if ((same ? cuda_probe_matmul(probe, &w, 3, x, pl.n_tok, CUDA_PROBE_INT8, 0, 0, y, err) :
+	    cuda_probe_matmul_two(probe, &w, &w2, x, pl.n_tok, CUDA_PROBE_INT8, y, y2, err)) != 0)
+		fail_msg("%s: unfused product: %s", what, err);
+	for (int i = 0; i < pl.n_tok; i++) {
+		const float *yt = y + (size_t)i * (same ? ny : nq + nkv);
+
+		memcpy(qr + (size_t)i * nq, yt, (size_t)nq * sizeof *qr);
+		memcpy(kr + (size_t)i * nkv, yt + nq, (size_t)nkv * sizeof *kr);
+		memcpy(vr + (size_t)i * nkv, same ? yt + nq + nkv : y2 + (size_t)i * nkv, (size_t)nkv * sizeof *vr);
+	}
+	if (cuda_probe_qk(probe, hd, &kvr, qr, kr, vr, pl.n_tok, err) != 0)
+		fail_msg("%s: qk: %s", what, err);
+	worst = check_rows(what, q, qr, pl.n_tok * hd->n_head, d);
+	for (size_t i = 0; i < np; i++) {
+		double g = pool_get(&kp, i), r = pool_get(&kpr, i);
+
+		if (pool_poisoned(&kpr, i) != pool_poisoned(&kp, i) ||
+		    (!pool_poisoned(&kpr, i) && !(fabs(g - r) <= ldexp(fabs(r), -10) + TOL_F32)))
+			fail_msg("%s: pool element %zu: fused %g, product then qk %g", what, i, g, r);
+	}
+	free((void *)t.data), free((void *)t2.data), free(wf), free(wf2), free(x), free(y), free(y2), free(q);
+	free(qr), free(kr), free(vr), free(kp.data), free(kpr.data);
+	return worst;
+}
+
+/*
+ * cuda_matmul_qkv for one and two tokens (two sequences decoding, one
+ * sequence's two new tokens), with and without biases and a RoPE position
+ * divisor, heads of 64 and 128, Q/K/V of one type or V of another; and its refusal where qk's
+ * work needs a whole head (QK norm) or pairs half a head apart (neox).
+ */
+static void
+test_qkv(void **state)
+{
+	static const struct seq_spec one[] = { { 100, 1 } }, two[] = { { 45, 1 }, { 3, 1 } }, pair[] = { { 17, 2 } };
+	static const uint32_t types[][2] = { { TT_Q4_K, TT_Q4_K }, { TT_Q4_K, TT_Q6_K }, { TT_Q8_0, TT_Q8_0 },
+		{ TT_Q6_K, TT_Q8_0 } };
+	float *bq = rand_floats(8 * 256, -0.5f, 0.5f), *bk = rand_floats(8 * 256, -0.5f, 0.5f);
+	float *bv = rand_floats(8 * 256, -0.5f, 0.5f), *qn = rand_floats(256, 0.5f, 1.5f);
+	float *kn = rand_floats(256, 0.5f, 1.5f);
+	double worst = 0;
+
+	(void)state;
+	for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++) {
+		struct cuda_probe_heads hd = heads_cfg(c, bq, bk, bv, qn, kn);
+
+		if (hd.neox || hd.q_norm != NULL) {
+			struct model_tensor t;
+			float *wf, *x = rand_floats(512, -1, 1), *q = nan_floats((size_t)hd.n_head * hd.head_dim);
+			struct kv_pool kp;
+			struct cuda_probe_kv kv;
+			struct place pl;
+			char err[ERR_LEN];
+			struct cuda_probe_weight w;
+
+			t = random_weight(TT_Q4_K, 512, (hd.n_head + 2 * hd.n_head_kv) * hd.head_dim, &wf);
+			w = probe_weight(&t);
+			place_seqs(&pl, one, 1);
+			kp = pool_new(pool_len(&hd, &pl), 0);
+			kv = probe_kv(&pl, &kp, 0, 0);
+			assert_int_equal(cuda_probe_qkv(probe, &w, NULL, x, 1, &hd, &kv, q, err), ERR_UNSUPPORTED);
+			free((void *)t.data), free(wf), free(x), free(q), free(kp.data);
+			continue;
+		}
+		for (int v = 0; v < 8; v++) {
+			hd.bq = v & 1 ? bq : NULL, hd.bk = v & 1 ? bk : NULL, hd.bv = v & 1 ? bv : NULL;
+			hd.pos_div = v & 2 ? 4.0f : 1.0f;
+			hd.head_dim = v & 4 ? 128 : head_cfgs[c].head_dim; /* llama's */
+			for (size_t ti = 0; ti < ARRAY_LEN(types); ti++) {
+				worst = fmax(worst, qkv_case(&hd, types[ti][0], types[ti][1], one, 1));
+				worst = fmax(worst, qkv_case(&hd, types[ti][0], types[ti][1], two, 2));
+				worst = fmax(worst, qkv_case(&hd, types[ti][0], types[ti][1], pair, 1));
+			}
+		}
+	}
+	print_message("qkv in the product: max error / head max %.2e against the product, then qk (bound %.0e)\n",
+	    worst, TOL_F32);
+	free(bq), free(bk), free(bv), free(qn), free(kn);
+}
+
 /* softmax(q . K * scale) V over the positions [p0, pos] of a sequence, in float64. */
 static void
 ref_attention(const float *qh, const struct kv_pool *kp, const struct cuda_probe_heads *hd,
@@ -1214,6 +1333,7 @@ main(void)
 		cmocka_unit_test(test_norm_rows),
 		cmocka_unit_test(test_glu),
 		cmocka_unit_test(test_qk),
+		cmocka_unit_test(test_qkv),
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_flash),
 		cmocka_unit_test(test_argmax),
