@@ -95,7 +95,7 @@ qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict_
 
 		if (i >= half)
 			continue;
-		rope_pair(a[u], b[u], pos, hp.inv_freq[i]);
+		rope_pair(a[u], b[u], pos * hp.inv_freq[i]);
 		if (isq) {
 			vec[ia[u]] = a[u];
 			vec[ib[u]] = b[u];

@@ -80,41 +80,62 @@ struct cuda_heads {
 	int window;                     /* sliding window; 0: none */
 };
 
-/* Dimension pair (a, b) rotated by the angle pos * inv_freq (RoPE). */
+/* Dimension pair (a, b) rotated by ang, the position times the pair's frequency (RoPE). */
 static __device__ __forceinline__ void
-rope_pair(float &a, float &b, float pos, float inv_freq)
+rope_pair(float &a, float &b, float ang)
 {
-	float ang = pos * inv_freq, c = cosf(ang), s = sinf(ang), x0 = a * c - b * s;
+	float c = cosf(ang), s = sinf(ang), x0 = a * c - b * s;
 
 	b = a * s + b * c;
 	a = x0;
 }
 
 /*
- * Rows o and o + 1 (a and b) of token t's Q/K/V product (the n_head q
- * heads, then the n_head_kv k heads, then v) as cuda_qk leaves them, for
- * heads whose pairs are neighbouring dimensions and that have no QK norm
- * (cuda_matmul_qkv_fits), o even: with their biases, q rotated into q
- * (n_head * head_dim floats a token), k rotated and v into the fp16 pool
- * at the token's position.
+ * Where rows o and o + 1 (o even) of token t's Q/K/V product (the n_head
+ * q heads, then the n_head_kv k heads, then v) go as cuda_qk leaves them,
+ * for heads whose pairs are neighbouring dimensions and that have no QK
+ * norm (cuda_matmul_qkv_fits): q rotated into q (n_head * head_dim floats
+ * a token), k rotated and v into the fp16 pool at the token's position,
+ * with their biases. Worked out from the weights and the step's staged
+ * input before the product's sums are, so that storing them waits on no
+ * load.
  */
-static __device__ __forceinline__ void
-qkv_store_pair(const struct cuda_heads &hp, const struct cuda_kv &kv, float *q, int o, int t, float a, float b)
+struct qkv_pair {
+	void *dst;            /* two floats of q, or two fp16 of the pool */
+	float ang, ba, bb;    /* the rotation's angle, the rows' biases (0: none) */
+	int kind;             /* 0 q, 1 k, 2 v */
+};
+
+static __device__ __forceinline__ struct qkv_pair
+qkv_pair_of(const struct cuda_heads &hp, const struct cuda_kv &kv, float *q, int o, int t)
 {
 	int d = hp.head_dim, nq = hp.n_head * d, nkv = hp.n_head_kv * d, p = kv.tok_pos[t];
 	int kind = o < nq ? 0 : o < nq + nkv ? 1 : 2, r = o - (kind == 0 ? 0 : kind == 1 ? nq : nq + nkv);
 	const float *bias = kind == 0 ? hp.bq : kind == 1 ? hp.bk : hp.bv;
+	struct qkv_pair e;
 
-	if (bias != NULL)
-		a += bias[r], b += bias[r + 1];
-	if (kind < 2)
-		rope_pair(a, b, (float)p / hp.pos_div, hp.inv_freq[r % d / 2]);
-	if (kind == 0) {
-		*(float2 *)(q + (size_t)t * nq + r) = make_float2(a, b);
-		return;
-	}
-	*(__half2 *)((__half *)kv.pool + kv_index(kv, kv.tables + kv.tok_tab[t], p, kind - 1, nkv, r)) =
-	    __floats2half2_rn(a, b);
+	e.kind = kind;
+	e.ba = bias != NULL ? bias[r] : 0.0f;
+	e.bb = bias != NULL ? bias[r + 1] : 0.0f;
+	e.ang = kind < 2 ? (float)p / hp.pos_div * hp.inv_freq[r % d / 2] : 0.0f;
+	if (kind == 0)
+		e.dst = q + (size_t)t * nq + r;
+	else
+		e.dst = (__half *)kv.pool + kv_index(kv, kv.tables + kv.tok_tab[t], p, kind - 1, nkv, r);
+	return e;
+}
+
+/* Rows a and b stored as e says. */
+static __device__ __forceinline__ void
+qkv_pair_store(const struct qkv_pair &e, float a, float b)
+{
+	a += e.ba, b += e.bb;
+	if (e.kind < 2)
+		rope_pair(a, b, e.ang);
+	if (e.kind == 0)
+		*(float2 *)e.dst = make_float2(a, b);
+	else
+		*(__half2 *)e.dst = __floats2half2_rn(a, b);
 }
 
 /*

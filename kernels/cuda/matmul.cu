@@ -336,7 +336,7 @@ struct mmq_seg {
 	int n, o0;
 };
 
-/* Where the Q/K/V product of cuda_matmul_qkv stores its rows (qkv_store_pair); q NULL: out has them. */
+/* Where the Q/K/V product of cuda_matmul_qkv stores its rows (qkv_pair_of); q NULL: out has them. */
 struct mmq_qkv {
 	struct cuda_heads hd;
 	struct cuda_kv kv;
@@ -358,9 +358,18 @@ mmq_block(const struct mmq_seg &sg, int blk, int k, const int8_t *__restrict__ x
 	int row0 = (blk * MMQ_WARPS + threadIdx.x / WARP) * R, lane = threadIdx.x % WARP, n = sg.n;
 	const uint8_t *r[R];
 	float acc[R][NT];
+	struct qkv_pair pe[QKV ? R / 2 : 1][NT];
 
 	if (row0 >= n)
 		return;
+	if constexpr (QKV) {
+#pragma unroll
+		for (int i = 0; i < R; i += 2)
+#pragma unroll
+			for (int t = 0; t < NT; t++)
+				if (lane == 0 && row0 + i < n) /* n is even: the pair's second row too */
+					pe[i / 2][t] = qkv_pair_of(e.hd, e.kv, e.q, sg.o0 + row0 + i, t);
+	}
 #pragma unroll
 	for (int i = 0; i < R; i++) {
 		r[i] = sg.w + (size_t)min(row0 + i, n - 1) * sg.row_bytes; /* a missing last row repeats one */
@@ -397,8 +406,8 @@ mmq_block(const struct mmq_seg &sg, int blk, int k, const int8_t *__restrict__ x
 		for (int i = 0; i < R; i += 2)
 #pragma unroll
 			for (int t = 0; t < NT; t++)
-				if (row0 + i < n) /* n is even: the pair's second row too */
-					qkv_store_pair(e.hd, e.kv, e.q, sg.o0 + row0 + i, t, acc[i][t], acc[i + 1][t]);
+				if (row0 + i < n)
+					qkv_pair_store(pe[i / 2][t], acc[i][t], acc[i + 1][t]);
 	} else {
 #pragma unroll
 		for (int i = 0; i < R; i++)

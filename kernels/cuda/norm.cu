@@ -58,23 +58,21 @@ row_sumsq(const float4 (&v)[V], float *red)
 	return block_sum(ss, red);
 }
 
-/* v = v / rms(v) * (w + offset), as cpu_rmsnorm computes it. */
+/*
+ * v = v / rms(v) * (w + offset), as cpu_rmsnorm computes it, the weight w
+ * loaded into g (row_load) beforehand: before pdl_wait, since no kernel
+ * writes it, so that its load is not one more latency after the sum.
+ */
 template <int V>
 static __device__ __forceinline__ void
-row_norm(float4 (&v)[V], const float *__restrict__ w, int n, const struct cuda_norm &nm, float *red)
+row_norm(float4 (&v)[V], const float4 (&g)[V], int n, const struct cuda_norm &nm, float *red)
 {
 	float sc = 1.0f / sqrtf(row_sumsq(v, red) / (float)n + nm.eps);
 
 #pragma unroll
 	for (int j = 0; j < V; j++) {
-		int i = threadIdx.x + j * blockDim.x;
-
-		if (i < n / 4) {
-			float4 g = ((const float4 *)w)[i];
-
-			v[j].x = v[j].x * sc * (g.x + nm.offset), v[j].y = v[j].y * sc * (g.y + nm.offset);
-			v[j].z = v[j].z * sc * (g.z + nm.offset), v[j].w = v[j].w * sc * (g.w + nm.offset);
-		}
+		v[j].x = v[j].x * sc * (g[j].x + nm.offset), v[j].y = v[j].y * sc * (g[j].y + nm.offset);
+		v[j].z = v[j].z * sc * (g[j].z + nm.offset), v[j].w = v[j].w * sc * (g[j].w + nm.offset);
 	}
 }
 
@@ -180,20 +178,24 @@ residual_norm_kernel(float *__restrict__ x, const float *__restrict__ r, const f
     const float *__restrict__ w, float *__restrict__ h, struct cuda_h16 h16, struct cuda_q8 q8, int n,
     struct cuda_norm nm)
 {
-	pdl_wait();
-	pdl_trigger();
 	__shared__ float red[WARP];
 	float *xr = x + (size_t)blockIdx.x * n;
-	float4 v[V];
+	float4 v[V], gw[V], gp[V];
 	int n4 = n / 4;
 
+	if (w != NULL)
+		row_load<V>(w, n4, gw);
+	if (post != NULL)
+		row_load<V>(post, n4, gp);
+	pdl_wait();
+	pdl_trigger();
 	row_load<V>(xr, n4, v);
 	if (r != NULL) {
 		float4 rv[V];
 
 		row_load<V>(r + (size_t)blockIdx.x * n, n4, rv);
 		if (post != NULL)
-			row_norm<V>(rv, post, n, nm, red);
+			row_norm<V>(rv, gp, n, nm, red);
 #pragma unroll
 		for (int j = 0; j < V; j++)
 			v[j].x += rv[j].x, v[j].y += rv[j].y, v[j].z += rv[j].z, v[j].w += rv[j].w;
@@ -201,7 +203,7 @@ residual_norm_kernel(float *__restrict__ x, const float *__restrict__ r, const f
 	}
 	if (w == NULL)
 		return;
-	row_norm<V>(v, w, n, nm, red);
+	row_norm<V>(v, gw, n, nm, red);
 	row_store_forms<V>(v, n4, h, h16, q8, red);
 }
 
@@ -210,13 +212,14 @@ __global__ void __launch_bounds__(ROW_THREADS_MAX)
 norm_rows_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
     const float *__restrict__ w, float *__restrict__ h, int n, struct cuda_norm nm)
 {
+	__shared__ float red[WARP];
+	float4 v[V], g[V];
+
+	row_load<V>(w, n / 4, g);
 	pdl_wait();
 	pdl_trigger();
-	__shared__ float red[WARP];
-	float4 v[V];
-
 	row_load<V>(x + (size_t)rows[blockIdx.x] * n, n / 4, v);
-	row_norm<V>(v, w, n, nm, red);
+	row_norm<V>(v, g, n, nm, red);
 	row_store<V>(h + (size_t)blockIdx.x * n, n / 4, v);
 }
 
