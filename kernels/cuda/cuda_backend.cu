@@ -1033,7 +1033,7 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 		b->att_len };
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
 	struct cuda_q8 q8 = { NULL, NULL };
-	int embd = hp->n_embd, nq = hp->n_head * hp->head_dim, nkv = hp->n_head_kv * hp->head_dim, rc;
+	int embd = hp->n_embd, nq = hp->n_head * hp->head_dim, nkv = hp->n_head_kv * hp->head_dim, rc, fused;
 	const struct cuda_weight *wqkv[3] = { &c->wq, &c->wk, &c->wv };
 	float *qkv[3] = { b->q, b->k, b->v };
 	int ld[3] = { nq, nkv, nkv };
@@ -1042,17 +1042,14 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	if (!fa)
 		q8 = q8_of(b, T, &c->wo);
 	prof_mark(b, PH_MATMUL);
-	if (cuda_matmul_qkv_fits(&b->mm, wqkv, T, &hd, &kv)) { /* the product does qk's work too */
-		if ((rc = cuda_matmul_qkv(&b->mm, wqkv, b->h, embd, T, b->q, &hd, &kv, formed(b, T, &c->wq), err)) != 0)
-			return rc;
-		prof_mark(b, PH_ATTN);
-	} else {
-		if ((rc = cuda_matmul_multi(&b->mm, wqkv, 3, b->h, embd, T, qkv, ld, formed(b, T, &c->wq), err)) != 0)
-			return rc;
-		prof_mark(b, PH_ATTN);
-		if ((rc = cuda_qk(b->q, b->k, b->v, T, &hd, &kv, b->stream, err)) != 0)
-			return rc;
-	}
+	fused = cuda_matmul_qkv_fits(&b->mm, wqkv, T, &hd, &kv); /* the product does qk's work too */
+	rc = fused ? cuda_matmul_qkv(&b->mm, wqkv, b->h, embd, T, b->q, &hd, &kv, formed(b, T, &c->wq), err) :
+		     cuda_matmul_multi(&b->mm, wqkv, 3, b->h, embd, T, qkv, ld, formed(b, T, &c->wq), err);
+	if (rc != 0)
+		return rc;
+	prof_mark(b, PH_ATTN);
+	if (!fused && (rc = cuda_qk(b->q, b->k, b->v, T, &hd, &kv, b->stream, err)) != 0)
+		return rc;
 	if ((rc = cuda_attention(b->q, b->att, q8, T, &hd, &kv, b->stream, err)) != 0)
 		return rc;
 	prof_mark(b, PH_MATMUL);

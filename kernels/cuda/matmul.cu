@@ -923,12 +923,10 @@ cuda_matmul_qkv_fits(const struct cuda_mm *m, const struct cuda_weight *const *w
 	int one_launch = cuda_weight_follows(w[0], w[1]) &&
 	    (cuda_weight_follows(w[1], w[2]) || w[2]->type != w[1]->type);
 	int64_t nq = (int64_t)hd->n_head * hd->head_dim, nkv = (int64_t)hd->n_head_kv * hd->head_dim;
+	/* qkv_pair_of finds q, k and v by their row counts: any other shape would store outside them */
+	int shape = w[0]->n == nq && w[1]->n == nkv && w[2]->n == nkv;
 
-	/* qkv_pair_of finds q, k and v by these counts: any other shape would store outside them */
-	if (w[0]->n != nq || w[1]->n != nkv || w[2]->n != nkv)
-		return 0;
-
-	return n_tok >= 1 && n_tok <= MIN(m->mmv_max, MMQ_PAIR_TOKENS) && types && one_launch && !hd->neox &&
+	return n_tok >= 1 && n_tok <= MIN(m->mmv_max, MMQ_PAIR_TOKENS) && types && one_launch && shape && !hd->neox &&
 	    hd->q_norm == NULL && hd->k_norm == NULL && !kv->f32;
 }
 

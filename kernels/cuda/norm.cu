@@ -59,20 +59,48 @@ row_sumsq(const float4 (&v)[V], float *red)
 }
 
 /*
- * v = v / rms(v) * (w + offset), as cpu_rmsnorm computes it, the weight w
- * loaded into g (row_load) beforehand: before pdl_wait, since no kernel
- * writes it, so that its load is not one more latency after the sum.
+ * A norm's weight as one thread of a row kernel scales by it. Rows of up
+ * to 4 float4s a thread hold it in registers, loaded before pdl_wait
+ * (no kernel writes it) so that its load is not one more latency after
+ * the sum; wider rows would spill, and read it as they scale.
  */
 template <int V>
+struct row_weight {
+	static constexpr bool held = V <= 4;
+	float4 g[held ? V : 1];
+	const float4 *p;
+	int n4;
+
+	__device__ __forceinline__ void load(const float *w, int n)
+	{
+		p = (const float4 *)w, n4 = n / 4;
+		if constexpr (held)
+			row_load<V>(w, n4, g);
+	}
+
+	__device__ __forceinline__ float4 at(int j) const
+	{
+		int i = threadIdx.x + j * blockDim.x;
+
+		if constexpr (held)
+			return g[j];
+		return i < n4 ? p[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+	}
+};
+
+/* v = v / rms(v) * (w + offset), as cpu_rmsnorm computes it. */
+template <int V>
 static __device__ __forceinline__ void
-row_norm(float4 (&v)[V], const float4 (&g)[V], int n, const struct cuda_norm &nm, float *red)
+row_norm(float4 (&v)[V], const row_weight<V> &w, int n, const struct cuda_norm &nm, float *red)
 {
 	float sc = 1.0f / sqrtf(row_sumsq(v, red) / (float)n + nm.eps);
 
 #pragma unroll
 	for (int j = 0; j < V; j++) {
-		v[j].x = v[j].x * sc * (g[j].x + nm.offset), v[j].y = v[j].y * sc * (g[j].y + nm.offset);
-		v[j].z = v[j].z * sc * (g[j].z + nm.offset), v[j].w = v[j].w * sc * (g[j].w + nm.offset);
+		float4 g = w.at(j);
+
+		v[j].x = v[j].x * sc * (g.x + nm.offset), v[j].y = v[j].y * sc * (g.y + nm.offset);
+		v[j].z = v[j].z * sc * (g.z + nm.offset), v[j].w = v[j].w * sc * (g.w + nm.offset);
 	}
 }
 
@@ -180,13 +208,14 @@ residual_norm_kernel(float *__restrict__ x, const float *__restrict__ r, const f
 {
 	__shared__ float red[WARP];
 	float *xr = x + (size_t)blockIdx.x * n;
-	float4 v[V], gw[V], gp[V];
+	float4 v[V];
+	row_weight<V> gw, gp;
 	int n4 = n / 4;
 
 	if (w != NULL)
-		row_load<V>(w, n4, gw);
-	if (post != NULL)
-		row_load<V>(post, n4, gp);
+		gw.load(w, n);
+	if (r != NULL && post != NULL)
+		gp.load(post, n);
 	pdl_wait();
 	pdl_trigger();
 	row_load<V>(xr, n4, v);
@@ -213,9 +242,10 @@ norm_rows_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
     const float *__restrict__ w, float *__restrict__ h, int n, struct cuda_norm nm)
 {
 	__shared__ float red[WARP];
-	float4 v[V], g[V];
+	float4 v[V];
+	row_weight<V> g;
 
-	row_load<V>(w, n / 4, g);
+	g.load(w, n);
 	pdl_wait();
 	pdl_trigger();
 	row_load<V>(x + (size_t)rows[blockIdx.x] * n, n / 4, v);

@@ -83,13 +83,14 @@ int cuda_row_fits(int n);
  * For each of n_rows rows of width n: if r, x += (post ? norm(r) * post : r);
  * then, if w, h = norm(x) * w, or its fp16 form into h16 when h16.h is set,
  * and its int8 form into q8 when q8.q is set (n a multiple of 32). Either
- * step may be absent. w and post are read before pdl_wait: no kernel of
- * the step may write them (they are weights).
+ * step may be absent. w and post may be read before pdl_wait (rows of
+ * up to 8,192 floats): no kernel of the step may write them (they are
+ * weights).
  */
 int cuda_residual_norm(float *x, const float *r, const float *post, const float *w, float *h, struct cuda_h16 h16,
     struct cuda_q8 q8, int n_rows, int n, struct cuda_norm nm, cudaStream_t st, char *err);
 
-/* h[i] = norm(x[rows[i]]) * w for i < n_rows (rows on the GPU); w is read before pdl_wait, as above. */
+/* h[i] = norm(x[rows[i]]) * w for i < n_rows (rows on the GPU); w may be read before pdl_wait, as above. */
 int cuda_norm_rows(const float *x, const int32_t *rows, const float *w, float *h, int n_rows, int n,
     struct cuda_norm nm, cudaStream_t st, char *err);
 

@@ -1068,16 +1068,45 @@ qkv_case(const struct cuda_probe_heads *hd, uint32_t a, uint32_t b, const struct
 	return worst;
 }
 
+/* cuda_matmul_qkv must refuse these heads, this pool (fp32 if f32) or this many tokens, and write nothing. */
+static void
+qkv_refused(const struct cuda_probe_heads *hd, const struct seq_spec *seqs, int n_seqs, int f32)
+{
+	int nq = hd->n_head * hd->head_dim;
+	struct model_tensor t;
+	float *wf, *x, *q;
+	struct kv_pool kp;
+	struct cuda_probe_kv kv;
+	struct place pl;
+	char err[ERR_LEN];
+	struct cuda_probe_weight w;
+
+	place_seqs(&pl, seqs, n_seqs);
+	t = random_weight(TT_Q4_K, 512, nq + 2 * hd->n_head_kv * hd->head_dim, &wf);
+	w = probe_weight(&t);
+	x = rand_floats((size_t)pl.n_tok * 512, -1, 1), q = nan_floats((size_t)pl.n_tok * nq);
+	kp = pool_new(pool_len(hd, &pl), f32);
+	kv = probe_kv(&pl, &kp, 0, 0);
+	assert_int_equal(cuda_probe_qkv(probe, &w, NULL, x, pl.n_tok, hd, &kv, q, err), ERR_UNSUPPORTED);
+	for (size_t i = 0; i < (size_t)pl.n_tok * nq; i++)
+		assert_true(isnan(q[i]));
+	for (size_t i = 0; i < pool_len(hd, &pl); i++)
+		assert_true(pool_poisoned(&kp, i));
+	free((void *)t.data), free(wf), free(x), free(q), free(kp.data);
+}
+
 /*
  * cuda_matmul_qkv for one and two tokens (two sequences decoding, one
  * sequence's two new tokens), with and without biases and a RoPE position
  * divisor, heads of 64 and 128, Q/K/V of one type or V of another; and its refusal where qk's
- * work needs a whole head (QK norm) or pairs half a head apart (neox).
+ * work needs a whole head (QK norm) or pairs half a head apart (neox), of
+ * an fp32 pool and of three tokens.
  */
 static void
 test_qkv(void **state)
 {
 	static const struct seq_spec one[] = { { 100, 1 } }, two[] = { { 45, 1 }, { 3, 1 } }, pair[] = { { 17, 2 } };
+	static const struct seq_spec three[] = { { 9, 3 } };
 	static const uint32_t types[][2] = { { TT_Q4_K, TT_Q4_K }, { TT_Q4_K, TT_Q6_K }, { TT_Q8_0, TT_Q8_0 },
 		{ TT_Q6_K, TT_Q8_0 } };
 	float *bq = rand_floats(8 * 256, -0.5f, 0.5f), *bk = rand_floats(8 * 256, -0.5f, 0.5f);
@@ -1090,23 +1119,11 @@ test_qkv(void **state)
 		struct cuda_probe_heads hd = heads_cfg(c, bq, bk, bv, qn, kn);
 
 		if (hd.neox || hd.q_norm != NULL) {
-			struct model_tensor t;
-			float *wf, *x = rand_floats(512, -1, 1), *q = nan_floats((size_t)hd.n_head * hd.head_dim);
-			struct kv_pool kp;
-			struct cuda_probe_kv kv;
-			struct place pl;
-			char err[ERR_LEN];
-			struct cuda_probe_weight w;
-
-			t = random_weight(TT_Q4_K, 512, (hd.n_head + 2 * hd.n_head_kv) * hd.head_dim, &wf);
-			w = probe_weight(&t);
-			place_seqs(&pl, one, 1);
-			kp = pool_new(pool_len(&hd, &pl), 0);
-			kv = probe_kv(&pl, &kp, 0, 0);
-			assert_int_equal(cuda_probe_qkv(probe, &w, NULL, x, 1, &hd, &kv, q, err), ERR_UNSUPPORTED);
-			free((void *)t.data), free(wf), free(x), free(q), free(kp.data);
+			qkv_refused(&hd, one, 1, 0);
 			continue;
 		}
+		qkv_refused(&hd, one, 1, 1);
+		qkv_refused(&hd, three, 1, 0);
 		for (int v = 0; v < 8; v++) {
 			hd.bq = v & 1 ? bq : NULL, hd.bk = v & 1 ? bk : NULL, hd.bv = v & 1 ? bv : NULL;
 			hd.pos_div = v & 2 ? 4.0f : 1.0f;
