@@ -324,7 +324,13 @@ template <> struct qt<TT_Q8_0> {
  * down projection, 4,096 rows of 14,336) has few rows for its bytes, and
  * 3 a warp left a third of an H100's block slots empty while each warp
  * walked a long row (a step 1 % faster with 2; every product at 2: 1 %
- * slower).
+ * slower). Such a row in Q6_K (the down projection of half of llama3-8b's
+ * layers) is read by a pair of warps, 4 rows a pair, each warp half of
+ * the chunks (held to 128 registers: four blocks a multiprocessor, 4,096
+ * rows in one wave), so that each row has two chunks' loads in flight: alone
+ * 23.8 -> 22.7 us, a step 0.6 % faster; Q4_K's went 15.0 -> 15.7 us that way
+ * and keeps 2 rows a warp. Q/K/V's 4 rows a warp (384 blocks, one wave)
+ * were faster alone (11.5 -> 10.5 us) but made a step 5 % slower.
  */
 template <int NT> struct mmq_rows { static constexpr int n = NT >= 4 ? 4 : 3; };
 #define MMQ_WIDE_K 8192
@@ -344,18 +350,49 @@ struct mmq_qkv {
 };
 
 /*
- * One block of the integer matrix-vector kernel: warp w of the block
- * takes R rows of the weight from (blk * MMQ_WARPS + w) * R, its lanes
- * their chunks in turn; each token's chunk of x, loaded once, serves every
- * row. With QKV (R even), the rows go to e as pairs.
+ * The sums of a group of KS warps (g of the block's groups, this warp its
+ * part) into its first warp's lane 0: N floats at a each, through shared
+ * memory, added in part order. 1 in the warp that stores them. The group's
+ * own barrier: a group past the last row returns before it, as a whole.
  */
-template <int TY, int NT, int R, bool QKV>
+template <int N, int KS>
+static __device__ __forceinline__ int
+mmq_group_sum(float *a, int g, int part, int lane)
+{
+	__shared__ float red[MMQ_WARPS][N];
+
+	if (part != 0 && lane == 0)
+#pragma unroll
+		for (int i = 0; i < N; i++)
+			red[g * KS + part][i] = a[i];
+	asm volatile("bar.sync %0, %1;" ::"r"(1 + g), "r"(KS * WARP) : "memory");
+	if (part != 0)
+		return 0;
+	if (lane == 0)
+#pragma unroll
+		for (int p = 1; p < KS; p++)
+#pragma unroll
+			for (int i = 0; i < N; i++)
+				a[i] += red[g * KS + p][i];
+	return 1;
+}
+
+/*
+ * One block of the integer matrix-vector kernel: its warps in groups of
+ * KS, group g taking R rows of the weight from (blk * MMQ_WARPS / KS + g)
+ * * R; warp j of a group takes runs j, j + KS, ... of 32 chunks of its
+ * rows, a chunk a lane; each token's chunk of x, loaded once, serves every
+ * row. The group's first warp adds the others' sums (in that order) and
+ * stores. With QKV (R even), the rows go to e as pairs.
+ */
+template <int TY, int NT, int R, int KS, bool QKV>
 static __device__ __forceinline__ void
 mmq_block(const struct mmq_seg &sg, int blk, int k, const int8_t *__restrict__ xq,
     const float2 *__restrict__ xd, const struct mm_out &out, const struct mmq_qkv &e)
 {
 	using Q = qt<TY>;
-	int row0 = (blk * MMQ_WARPS + threadIdx.x / WARP) * R, lane = threadIdx.x % WARP, n = sg.n;
+	int w = threadIdx.x / WARP, g = w / KS, part = w % KS;
+	int row0 = (blk * (MMQ_WARPS / KS) + g) * R, lane = threadIdx.x % WARP, n = sg.n;
 	const uint8_t *r[R];
 	float acc[R][NT];
 	struct qkv_pair pe[QKV ? R / 2 : 1][NT];
@@ -377,7 +414,7 @@ mmq_block(const struct mmq_seg &sg, int blk, int k, const int8_t *__restrict__ x
 		for (int t = 0; t < NT; t++)
 			acc[i][t] = 0.0f;
 	}
-	for (int c = lane; c < k / Q::n; c += WARP) {
+	for (int c = lane + part * WARP; c < k / Q::n; c += KS * WARP) {
 		typename Q::W wc[R];
 
 #pragma unroll
@@ -398,6 +435,9 @@ mmq_block(const struct mmq_seg &sg, int blk, int k, const int8_t *__restrict__ x
 #pragma unroll
 		for (int t = 0; t < NT; t++)
 			acc[i][t] = warp_sum(acc[i][t]);
+	if constexpr (KS > 1)
+		if (!mmq_group_sum<R * NT, KS>(&acc[0][0], g, part, lane))
+			return;
 	if (lane != 0)
 		return;
 	if constexpr (QKV) {
@@ -418,11 +458,13 @@ mmq_block(const struct mmq_seg &sg, int blk, int k, const int8_t *__restrict__ x
 	}
 }
 
-/* Blocks of the integer kernel for n rows of R a warp. */
+/* Blocks of the integer kernel for n rows of R a group of ks warps. */
 static int
-mmq_blocks(int64_t n, int r)
+mmq_blocks(int64_t n, int r, int ks)
 {
-	return (int)((n + MMQ_WARPS * r - 1) / (MMQ_WARPS * r));
+	int rows = MMQ_WARPS / ks * r;
+
+	return (int)((n + rows - 1) / rows);
 }
 
 /*
@@ -441,8 +483,8 @@ mmq_blocks(int64_t n, int r)
  * loading the first chunk before pdl_wait, prefetching a warp's rows to
  * L2 and staging them through shared memory with cp.async were slower.
  */
-template <int TY, int TY2, int NT, int R, bool QKV>
-__global__ void __launch_bounds__(MMQ_WARPS * WARP, NT == 2 ? 4 : 1)
+template <int TY, int TY2, int NT, int R, int KS, bool QKV>
+__global__ void __launch_bounds__(MMQ_WARPS * WARP, NT == 2 || KS > 1 ? 4 : 1)
 mmq_kernel(struct mmq_seg a, struct mmq_seg b, int nb_a, int k, const int8_t *__restrict__ xq,
     const float2 *__restrict__ xd, struct mm_out out, struct mmq_qkv e)
 {
@@ -450,11 +492,11 @@ mmq_kernel(struct mmq_seg a, struct mmq_seg b, int nb_a, int k, const int8_t *__
 	pdl_trigger();
 	if constexpr (TY2 != 0) {
 		if ((int)blockIdx.x >= nb_a) {
-			mmq_block<TY2, NT, R, QKV>(b, blockIdx.x - nb_a, k, xq, xd, out, e);
+			mmq_block<TY2, NT, R, KS, QKV>(b, blockIdx.x - nb_a, k, xq, xd, out, e);
 			return;
 		}
 	}
-	mmq_block<TY, NT, R, QKV>(a, blockIdx.x, k, xq, xd, out, e);
+	mmq_block<TY, NT, R, KS, QKV>(a, blockIdx.x, k, xq, xd, out, e);
 }
 
 /* Row t of x (k wide) in the integer kernels' form (cuda_q8). A warp per group of 32. */
@@ -547,18 +589,19 @@ mmv_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const float *x,
 }
 
 /*
- * The integer kernel for NT tokens, R rows a warp: the rows of a, then
- * those of b (if b.n > 0), to out or with QKV to e.
+ * The integer kernel for NT tokens, R rows a group of KS warps: the rows
+ * of a, then those of b (if b.n > 0), to out or with QKV to e.
  */
-template <int TY, int TY2, int NT, int R, bool QKV = false>
+template <int TY, int TY2, int NT, int R, int KS = 1, bool QKV = false>
 static cudaError_t
 mmq_go(cudaStream_t st, struct mmq_seg a, struct mmq_seg b, int k, const int8_t *xq, const float2 *xd,
     const struct mm_out *out, const struct mmq_qkv &e)
 {
-	int nb_a = mmq_blocks(a.n, R);
-	dim3 grid((unsigned)(nb_a + (b.n > 0 ? mmq_blocks(b.n, R) : 0))), block(MMQ_WARPS * WARP);
+	int nb_a = mmq_blocks(a.n, R, KS);
+	dim3 grid((unsigned)(nb_a + (b.n > 0 ? mmq_blocks(b.n, R, KS) : 0))), block(MMQ_WARPS * WARP);
 
-	return cuda_launch(mmq_kernel<TY, TY2, NT, R, QKV>, grid, block, 0, st, a, b, nb_a, k, xq, xd, *out, e);
+	return cuda_launch(mmq_kernel<TY, TY2, NT, R, KS, QKV>, grid, block, 0, st, a, b, nb_a, k, xq, xd, *out,
+	    e);
 }
 
 /*
@@ -579,13 +622,16 @@ mmq_types(int nt, cudaStream_t st, const struct cuda_weight *w, const struct cud
 		b.w = w2->d, b.row_bytes = w2->row_bytes, b.n = (int)w2->n;
 	if (e.q != NULL)
 		switch (nt) {
-		case 1: return mmq_go<TY, TY2, 1, 2, true>(st, a, b, k, xq, xd, out, e);
-		case 2: return mmq_go<TY, TY2, 2, 2, true>(st, a, b, k, xq, xd, out, e);
+		case 1: return mmq_go<TY, TY2, 1, 2, 1, true>(st, a, b, k, xq, xd, out, e);
+		case 2: return mmq_go<TY, TY2, 2, 2, 1, true>(st, a, b, k, xq, xd, out, e);
 		default: return cudaErrorInvalidValue;
 		}
 	switch (nt) {
 #define NT_CASE(N) case N: return mmq_go<TY, TY2, N, mmq_rows<N>::n>(st, a, b, k, xq, xd, out, e);
 	case 1:
+		if constexpr (TY == TT_Q6_KG && TY2 == 0)
+			if (k >= MMQ_WIDE_K)
+				return mmq_go<TY, TY2, 1, 4, 2>(st, a, b, k, xq, xd, out, e);
 		if (k >= MMQ_WIDE_K)
 			return mmq_go<TY, TY2, 1, 2>(st, a, b, k, xq, xd, out, e);
 		return mmq_go<TY, TY2, 1, 3>(st, a, b, k, xq, xd, out, e);

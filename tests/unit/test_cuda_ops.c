@@ -169,7 +169,8 @@ put_f16(uint8_t *p, float f)
 /*
  * Widths of the products: one block (or unit), several, for 32-blocks a
  * width of no whole 64, and one past the integer kernel's MMQ_WIDE_K
- * (8,192), where one token takes 2 rows a warp.
+ * (8,192), where one token takes 2 rows a warp, or 4 rows a pair of
+ * warps (Q4_K, Q6_K; 3 rows leave a pair of a block with none).
  */
 enum width { W_SMALL, W_MID, W_ODD, W_WIDE };
 
@@ -361,7 +362,7 @@ check_matmul(const struct model_tensor *t, const float *wf, const float *x, int 
  */
 static const struct { int n, n_tok, tile; enum width w; int big_row; } mv_shapes[] = {
 	{ 1, 1, 0, W_SMALL, 0 }, { 37, 1, 0, W_MID, 0 }, { 130, 3, 0, W_SMALL, 0 }, { 259, 13, 0, W_MID, 0 },
-	{ 6, 8, 0, W_MID, 0 }, { 37, 1, 0, W_WIDE, 0 },
+	{ 6, 8, 0, W_MID, 0 }, { 37, 1, 0, W_WIDE, 0 }, { 3, 1, 0, W_WIDE, 0 },
 }, mm_shapes[] = {
 	{ 37, 9, 0, W_MID, 0 }, { 259, 33, 64, W_MID, 1 }, { 130, 100, 7, W_SMALL, 0 }, { 5, 17, 0, W_MID, 1 },
 	{ 64, 64, 0, W_MID, 0 }, { 100, 513, 0, W_MID, 0 }, { 4100, 17, 0, W_MID, 0 }, { 9, 4100, 0, W_SMALL, 0 },
