@@ -776,8 +776,6 @@ qkv_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w
 	p->mm.mmv_max = INT_MAX;
 	p->mm.sms = p->sms;
 	qkv_parts(&cw, w2 != NULL ? &cw2 : NULL, nq, nkv, part);
-	if (!cuda_matmul_qkv_fits(&p->mm, wp, n_tok, &ch, &ck))
-		return err_set(err, ERR_UNSUPPORTED, "cuda_matmul_qkv does not serve these weights, heads or pool");
 	if ((rc = cuda_matmul_qkv(&p->mm, wp, (const float *)dx, (int)w->k, n_tok, (float *)dq, &ch, &ck, 0, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_matmul_qkv", err)) != 0 ||
 	    (rc = guard_check(p, &p->xq, "cuda_matmul_qkv int8 activations", err)) != 0 ||

@@ -26,6 +26,7 @@
 #include "norm.cuh"
 
 #include <string.h>
+#include <type_traits>
 
 #define MMV_WARPS 4
 #define MMV_ROWS 4  /* rows of one block of the matrix-vector kernel */
@@ -349,6 +350,14 @@ struct mmq_qkv {
 	float *q;
 };
 
+/* The other products' rows all go to out. */
+static const struct mmq_qkv no_qkv = {};
+
+/* What an integer kernel takes for e: mmq_qkv with QKV, else nothing (its ~230 bytes on no other launch). */
+struct mmq_none {
+};
+template <bool QKV> using mmq_e = std::conditional_t<QKV, struct mmq_qkv, struct mmq_none>;
+
 /*
  * The sums of a group of KS warps (g of the block's groups, this warp its
  * part) into its first warp's lane 0: N floats at a each, through shared
@@ -388,7 +397,7 @@ mmq_group_sum(float *a, int g, int part, int lane)
 template <int TY, int NT, int R, int KS, bool QKV>
 static __device__ __forceinline__ void
 mmq_block(const struct mmq_seg &sg, int blk, int k, const int8_t *__restrict__ xq,
-    const float2 *__restrict__ xd, const struct mm_out &out, const struct mmq_qkv &e)
+    const float2 *__restrict__ xd, const struct mm_out &out, const mmq_e<QKV> &e)
 {
 	using Q = qt<TY>;
 	int w = threadIdx.x / WARP, g = w / KS, part = w % KS;
@@ -486,7 +495,7 @@ mmq_blocks(int64_t n, int r, int ks)
 template <int TY, int TY2, int NT, int R, int KS, bool QKV>
 __global__ void __launch_bounds__(MMQ_WARPS * WARP, NT == 2 || KS > 1 ? 4 : 1)
 mmq_kernel(struct mmq_seg a, struct mmq_seg b, int nb_a, int k, const int8_t *__restrict__ xq,
-    const float2 *__restrict__ xd, struct mm_out out, struct mmq_qkv e)
+    const float2 *__restrict__ xd, struct mm_out out, mmq_e<QKV> e)
 {
 	pdl_wait();
 	pdl_trigger();
@@ -599,9 +608,12 @@ mmq_go(cudaStream_t st, struct mmq_seg a, struct mmq_seg b, int k, const int8_t 
 {
 	int nb_a = mmq_blocks(a.n, R, KS);
 	dim3 grid((unsigned)(nb_a + (b.n > 0 ? mmq_blocks(b.n, R, KS) : 0))), block(MMQ_WARPS * WARP);
+	mmq_e<QKV> ek = {};
 
+	if constexpr (QKV)
+		ek = e;
 	return cuda_launch(mmq_kernel<TY, TY2, NT, R, KS, QKV>, grid, block, 0, st, a, b, nb_a, k, xq, xd, *out,
-	    e);
+	    ek);
 }
 
 /*
@@ -945,20 +957,18 @@ cuda_matmul(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int 
 {
 	const struct cuda_weight *ws[1] = { w };
 	float *ys[1] = { y };
-	struct mmq_qkv none = {};
 
-	return products(m, ws, 1, x, ldx, n_tok, ys, &ldy, reuse_x, none, err);
+	return products(m, ws, 1, x, ldx, n_tok, ys, &ldy, reuse_x, no_qkv, err);
 }
 
 int
 cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x,
     int ldx, int n_tok, float *const *y, const int *ldy, int reuse_x, char *err)
 {
-	struct mmq_qkv none = {};
 
 	if (n_w < 1 || n_w > MM_MAX_OUT)
 		return err_set(err, ERR_INVAL, "%d weights in one product (1..%d)", n_w, MM_MAX_OUT);
-	return products(m, w, n_w, x, ldx, n_tok, y, ldy, reuse_x, none, err);
+	return products(m, w, n_w, x, ldx, n_tok, y, ldy, reuse_x, no_qkv, err);
 }
 
 int
@@ -985,7 +995,7 @@ cuda_matmul_qkv(struct cuda_mm *m, const struct cuda_weight *const *w, const flo
 	int ld[3] = { 0, 0, 0 };
 
 	if (!cuda_matmul_qkv_fits(m, w, n_tok, hd, kv))
-		return err_set(err, ERR_INVAL, "cuda_matmul_qkv: weights, heads or pool it does not serve");
+		return err_set(err, ERR_UNSUPPORTED, "cuda_matmul_qkv: weights, heads or pool it does not serve");
 	return products(m, w, 3, x, ldx, n_tok, y, ld, reuse_x, e, err);
 }
 

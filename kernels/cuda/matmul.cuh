@@ -104,7 +104,8 @@ int cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int
  * work done as the integer kernel stores each pair of rows: q rotated into
  * q (n_head * head_dim floats a token), k rotated and v into the pool at
  * each token's position, with their biases; the step saves qk's launch.
- * Only where cuda_matmul_qkv_fits. reuse_x as cuda_matmul.
+ * ERR_UNSUPPORTED, with nothing done, where cuda_matmul_qkv_fits says
+ * no. reuse_x as cuda_matmul.
  */
 int cuda_matmul_qkv(struct cuda_mm *m, const struct cuda_weight *const *w, const float *x, int ldx, int n_tok,
     float *q, const struct cuda_heads *hd, const struct cuda_kv *kv, int reuse_x, char *err);

@@ -80,11 +80,13 @@ struct row_weight {
 
 	__device__ __forceinline__ float4 at(int j) const
 	{
-		int i = threadIdx.x + j * blockDim.x;
-
-		if constexpr (held)
+		if constexpr (held) {
 			return g[j];
-		return i < n4 ? p[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		} else {
+			int i = threadIdx.x + j * blockDim.x;
+
+			return i < n4 ? p[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		}
 	}
 };
 
