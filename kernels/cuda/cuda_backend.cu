@@ -68,14 +68,22 @@ static const char *const phase_names[PH_COUNT] = {
 /*
  * RESIDENT_CUDA_TIMING=1: events between the phases of every step; their
  * GPU time is summed per phase and printed to stderr when the backend is
- * freed (=2: and after every step). Steps are then not run as graphs. Off,
- * it costs a branch per phase.
+ * freed (=2: and after every step). Steps are then not run as graphs.
+ * =step: graphs kept, two events a step, from its staging copy to its last
+ * copy back, and the time the GPU waited between steps (the host's turn:
+ * sampling, planning, the next launches). Off, it costs a branch per phase.
  */
+enum prof_mode { PROF_OFF, PROF_PHASES, PROF_EACH, PROF_STEPS };
+
 struct prof {
-	int on, n;
+	enum prof_mode on;
+	int n;
 	cudaEvent_t ev[PROF_EVENTS];
 	enum phase ph[PROF_EVENTS];
 	double ms[PH_COUNT];
+	double span_ms, idle_ms;     /* PROF_STEPS: steps' GPU time, and the waits between them */
+	double host_ms;              /* PROF_STEPS: from a step's return to the next one's call */
+	uint64_t left_ns;            /* when the last step returned */
 	int64_t steps, tokens;
 };
 
@@ -203,7 +211,7 @@ prof_open(struct prof *p, char *err)
 		return 0;
 	for (int i = 0; i < PROF_EVENTS; i++)
 		CK(cudaEventCreate(&p->ev[i]));
-	p->on = atoi(s) > 1 ? 2 : 1;
+	p->on = strcmp(s, "step") == 0 ? PROF_STEPS : atoi(s) > 1 ? PROF_EACH : PROF_PHASES;
 	return 0;
 }
 
@@ -213,10 +221,35 @@ prof_mark(struct backend *b, enum phase ph)
 {
 	struct prof *p = &b->prof;
 
+	if (p->on == PROF_STEPS) {
+		if (ph == PH_STAGE && p->steps > 0)
+			p->host_ms += (double)(now_ns() - p->left_ns) / 1e6;
+		/* a step's two events alternate between two pairs, so that the last step's end is kept */
+		if (ph == PH_STAGE || ph == PH_END)
+			cudaEventRecord(p->ev[2 * (p->steps & 1) + (ph == PH_END)], b->stream);
+		return;
+	}
 	if (!p->on || p->n >= PROF_EVENTS)
 		return;
 	p->ph[p->n] = ph;
 	cudaEventRecord(p->ev[p->n++], b->stream);
+}
+
+/* PROF_STEPS, after the step's synchronisation: its span, and the wait since the step before. */
+static int
+prof_span(struct prof *p, char *err)
+{
+	int k = 2 * (int)(p->steps & 1);
+	float ms;
+
+	CK(cudaEventElapsedTime(&ms, p->ev[k], p->ev[k + 1]));
+	p->span_ms += ms;
+	p->left_ns = now_ns();
+	if (p->steps > 0) {
+		CK(cudaEventElapsedTime(&ms, p->ev[(k ^ 2) + 1], p->ev[k]));
+		p->idle_ms += ms;
+	}
+	return 0;
 }
 
 /* After the step's synchronisation: adds each interval to its phase. */
@@ -227,11 +260,13 @@ prof_step(struct prof *p, int n_tok, char *err)
 
 	if (!p->on)
 		return 0;
+	if (p->on == PROF_STEPS && prof_span(p, err) != 0)
+		return -1;
 	for (int i = 1; i < p->n; i++) {
 		CK(cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]));
 		p->ms[p->ph[i - 1]] += ms;
 	}
-	if (p->on > 1) {
+	if (p->on == PROF_EACH) {
 		fprintf(stderr, "cuda step of %d tokens:", n_tok);
 		for (int ph = 0; ph < PH_END; ph++) {
 			float sum = 0;
@@ -255,17 +290,23 @@ prof_step(struct prof *p, int n_tok, char *err)
 static void
 prof_close(struct prof *p)
 {
-	double all = 0;
+	double all = 0, n = p->steps ? (double)p->steps : 1.0;
 
 	if (!p->on)
 		return;
-	for (int i = 0; i < PH_COUNT; i++)
-		all += p->ms[i];
-	fprintf(stderr, "cuda timing: %lld steps, %lld tokens, %.3f ms of GPU time per step:",
-	    (long long)p->steps, (long long)p->tokens, p->steps ? all / (double)p->steps : 0.0);
-	for (int i = 0; i < PH_END; i++)
-		fprintf(stderr, " %s %.3f", phase_names[i], p->steps ? p->ms[i] / (double)p->steps : 0.0);
-	fprintf(stderr, "\n");
+	if (p->on == PROF_STEPS) {
+		fprintf(stderr, "cuda timing: %lld steps, %.3f ms of GPU time per step, %.1f us idle before each "
+		    "(%.1f us of it from a step's return to the next one's call)\n", (long long)p->steps, p->span_ms / n,
+		    p->steps > 1 ? 1e3 * p->idle_ms / (n - 1) : 0.0, p->steps > 1 ? 1e3 * p->host_ms / (n - 1) : 0.0);
+	} else {
+		for (int i = 0; i < PH_COUNT; i++)
+			all += p->ms[i];
+		fprintf(stderr, "cuda timing: %lld steps, %lld tokens, %.3f ms of GPU time per step:",
+		    (long long)p->steps, (long long)p->tokens, all / n);
+		for (int i = 0; i < PH_END; i++)
+			fprintf(stderr, " %s %.3f", phase_names[i], p->ms[i] / n);
+		fprintf(stderr, "\n");
+	}
 	for (int i = 0; i < PROF_EVENTS; i++)
 		cudaEventDestroy(p->ev[i]);
 }
@@ -1235,7 +1276,7 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 	if ((rc = stage_step(b, batch, n_tab, &n_logits, err)) != 0)
 		return rc;
 	dev = step_ints(b, b->dev_ints);
-	if (b->use_graphs && !b->prof.on && T <= GRAPH_MAX_TOKENS && n_logits <= rows)
+	if (b->use_graphs && (!b->prof.on || b->prof.on == PROF_STEPS) && T <= GRAPH_MAX_TOKENS && n_logits <= rows)
 		rc = graph_step(b, T, n_logits, &dev, err);
 	else
 		rc = step_kernels(b, T, n_logits, &dev, err);
