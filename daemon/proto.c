@@ -590,11 +590,7 @@ proto_req_free(struct proto_req *r)
 void
 proto_sample_defaults(struct proto_req *r)
 {
-	sample_params_default(&r->sample);
-	r->sample.temperature = 0.8f;
-	r->sample.top_k = 40;
-	r->sample.top_p = 0.95f;
-	r->sample.min_p = 0.05f;
+	sample_params_chat(&r->sample);
 	r->max_tokens = 512;
 }
 

@@ -21,6 +21,16 @@ sample_params_default(struct sample_params *p)
 	p->penalty_last_n = 64;
 }
 
+void
+sample_params_chat(struct sample_params *p)
+{
+	sample_params_default(p);
+	p->temperature = 0.8f;
+	p->top_k = 40;
+	p->top_p = 0.95f;
+	p->min_p = 0.05f;
+}
+
 int
 sample_params_check(const struct sample_params *p, char *err)
 {
@@ -85,6 +95,7 @@ sampler_init(struct sampler *s, const struct sample_params *p, int32_t n_vocab)
 	}
 	s->idx = xmalloc((size_t)n_vocab * sizeof *s->idx);
 	s->prob = xmalloc((size_t)n_vocab * sizeof *s->prob);
+	s->order = xmalloc((size_t)n_vocab * sizeof *s->order);
 	s->count = xcalloc((size_t)n_vocab, sizeof *s->count);
 }
 
@@ -93,6 +104,7 @@ sampler_free(struct sampler *s)
 {
 	free(s->idx);
 	free(s->prob);
+	free(s->order);
 	free(s->count);
 	memset(s, 0, sizeof *s);
 }
@@ -149,63 +161,132 @@ log_softmax_at(const float *logits, int32_t n, int32_t k, float temp)
 	return (float)((double)(logits[k] - mx) / temp - log(sum));
 }
 
-/* Orders candidate indices by logit, descending (ties by id, for determinism). */
-static const float *sort_logits;
-
+/* 1 if token a ranks before token b: the higher logit, then the lower id (so that draws repeat). */
 static int
-cmp_desc(const void *a, const void *b)
+ranks_before(const float *l, int32_t a, int32_t b)
 {
-	int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-
-	if (sort_logits[x] != sort_logits[y])
-		return sort_logits[x] > sort_logits[y] ? -1 : 1;
-	return x < y ? -1 : x > y;
+	return l[a] != l[b] ? l[a] > l[b] : a < b;
 }
 
 /*
- * The candidates in idx[], best first, at most k of them (k <= 0: no
- * limit). Tokens whose probability relative to the best is below e^-40
- * cannot change a float32 softmax, so they are dropped before sorting: with
- * a vocabulary of 262144 that leaves a few hundred to sort.
+ * Sifts node i of the heap h[0..n) down. best_top: each node ranks before
+ * its children (popped best first); else after them (the worst of a kept
+ * set on top, where a better token replaces it).
+ */
+static void
+heap_down(const float *l, int32_t *h, int32_t n, int32_t i, int best_top)
+{
+	for (int32_t c = 2 * i + 1; c < n; i = c, c = 2 * i + 1) {
+		int32_t t;
+
+		if (c + 1 < n && ranks_before(l, h[c + 1], h[c]) == best_top)
+			c++;
+		if (ranks_before(l, h[c], h[i]) != best_top)
+			return;
+		t = h[i], h[i] = h[c], h[c] = t;
+	}
+}
+
+static void
+heapify(const float *l, int32_t *h, int32_t n, int best_top)
+{
+	for (int32_t i = n / 2 - 1; i >= 0; i--)
+		heap_down(l, h, n, i, best_top);
+}
+
+/*
+ * The k best tokens in s->idx, best first (a heap of the k kept, its worst
+ * on top: one pass over the vocabulary, where sorting all of it took
+ * milliseconds), less those whose probability relative to the best is
+ * below e^-40, which cannot change a float32 softmax. Returns how many.
  */
 static int32_t
-top_candidates(struct sampler *s, const float *logits, int32_t k)
+top_k(struct sampler *s, const float *l, int32_t k)
 {
-	float floor = logits[argmax(logits, s->n_vocab)] - 40.0f * s->p.temperature;
+	int32_t i, t, n = MIN(k, s->n_vocab);
+	float worst, floor;
+
+	for (i = 0; i < n; i++)
+		s->idx[i] = i;
+	heapify(l, s->idx, n, 0);
+	worst = l[s->idx[0]];
+	for (; i < s->n_vocab; i++)
+		if (l[i] > worst) { /* an equal logit of a later id ranks after */
+			s->idx[0] = i;
+			heap_down(l, s->idx, n, 0, 0);
+			worst = l[s->idx[0]];
+		}
+	for (i = n; i > 1; i--) { /* the worst left goes last: best first */
+		t = s->idx[0], s->idx[0] = s->idx[i - 1], s->idx[i - 1] = t;
+		heap_down(l, s->idx, i - 1, 0, 0);
+	}
+	floor = l[s->idx[0]] - 40.0f * s->p.temperature;
+	while (n > 1 && l[s->idx[n - 1]] < floor)
+		n--;
+	return n;
+}
+
+/* Every token within e^-40 of the best's probability (logit mx) into s->idx, in id order. Returns how many. */
+static int32_t
+all_candidates(struct sampler *s, const float *l, float mx)
+{
+	float floor = mx - 40.0f * s->p.temperature;
 	int32_t i, n = 0;
 
 	for (i = 0; i < s->n_vocab; i++)
-		if (logits[i] >= floor)
+		if (l[i] >= floor)
 			s->idx[n++] = i;
-	sort_logits = logits;
-	qsort(s->idx, (size_t)n, sizeof *s->idx, cmp_desc);
-	return k > 0 && k < n ? k : n;
+	return n;
 }
 
-/* Softmax over the candidates, then the top-p and min-p cuts. Returns how many remain. */
+/*
+ * Softmax (best logit mx) over the n candidates of s->idx, best first when
+ * top_k chose them, else in id order; then the min-p and top-p cuts, which
+ * keep a run of the best: taken in order from a heap, so that only what
+ * they keep is sorted. The kept ones go to the front of s->idx, their
+ * probabilities to s->prob. Returns how many.
+ */
 static int32_t
-cut_candidates(struct sampler *s, const float *logits, int32_t n)
+cut_candidates(struct sampler *s, const float *l, int32_t n, float mx)
 {
-	float mx = logits[s->idx[0]], t = s->p.temperature;
+	float t = s->p.temperature, p;
 	double sum = 0, cum = 0;
-	int32_t i, keep = n;
+	int32_t i, id, keep = 0, h = n, sorted = s->p.top_k > 0;
 
-	for (i = 0; i < n; i++) {
-		s->prob[i] = expf((logits[s->idx[i]] - mx) / t);
-		sum += s->prob[i];
-	}
 	for (i = 0; i < n; i++)
-		s->prob[i] = (float)(s->prob[i] / sum);
-	if (s->p.min_p > 0)
-		for (keep = 1; keep < n && s->prob[keep] >= s->p.min_p * s->prob[0]; keep++)
-			;
-	for (i = 0; i < keep && s->p.top_p < 1; i++) {
-		cum += s->prob[i];
-		if (cum >= s->p.top_p) {
-			keep = i + 1;
-			break;
-		}
+		sum += s->prob[i] = expf((l[s->idx[i]] - mx) / t);
+	if (!sorted && s->p.min_p <= 0 && s->p.top_p >= 1) { /* no cut: any order draws the same way */
+		for (i = 0; i < n; i++)
+			s->prob[i] = (float)(s->prob[i] / sum);
+		return n;
 	}
+	if (!sorted) {
+		/* a token below min_p of the best's probability is never kept: none such in the heap (a margin for float error) */
+		float keep_floor = s->p.min_p > 0 ? mx + t * (logf(s->p.min_p) - 1e-4f) : -INFINITY;
+
+		for (i = 0, h = 0; i < n; i++)
+			if (l[s->idx[i]] >= keep_floor)
+				s->idx[h++] = s->idx[i];
+		heapify(l, s->idx, h, 1);
+	}
+	while (sorted ? keep < n : h > 0) {
+		if (sorted) {
+			id = s->idx[keep];
+		} else {
+			id = s->idx[0];
+			s->idx[0] = s->idx[--h];
+			heap_down(l, s->idx, h, 0, 1);
+		}
+		p = (float)(expf((l[id] - mx) / t) / sum);
+		if (keep > 0 && p < s->p.min_p * s->prob[0])
+			break;
+		s->order[keep] = id;
+		s->prob[keep++] = p;
+		cum += p;
+		if (s->p.top_p < 1 && cum >= s->p.top_p)
+			break;
+	}
+	memcpy(s->idx, s->order, (size_t)keep * sizeof *s->idx);
 	return keep;
 }
 
@@ -215,6 +296,7 @@ sampler_pick(struct sampler *s, float *logits, const int32_t *history, size_t n_
 {
 	int32_t n, i, pick;
 	double r, sum = 0;
+	float mx;
 
 	apply_penalties(s, logits, history, n_history);
 	if (s->p.temperature == 0) {
@@ -223,8 +305,14 @@ sampler_pick(struct sampler *s, float *logits, const int32_t *history, size_t n_
 			*logprob = log_softmax_at(logits, s->n_vocab, pick, 1.0f);
 		return pick;
 	}
-	n = top_candidates(s, logits, s->p.top_k);
-	n = cut_candidates(s, logits, n);
+	if (s->p.top_k > 0) {
+		n = top_k(s, logits, s->p.top_k);
+		mx = logits[s->idx[0]];
+	} else {
+		mx = logits[argmax(logits, s->n_vocab)];
+		n = all_candidates(s, logits, mx);
+	}
+	n = cut_candidates(s, logits, n, mx);
 	for (i = 0; i < n; i++)
 		sum += s->prob[i];
 	r = rng_uniform(s->rng) * sum;

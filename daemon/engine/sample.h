@@ -19,6 +19,8 @@ struct sample_params {
 
 /* Defaults: greedy, no penalties, seed 0. */
 void sample_params_default(struct sample_params *p);
+/* What a request gets unless it says otherwise: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05. */
+void sample_params_chat(struct sample_params *p);
 /* Checks ranges; ERR_INVAL with a message naming the parameter. */
 int sample_params_check(const struct sample_params *p, char *err);
 
@@ -26,7 +28,8 @@ struct sampler {
 	struct sample_params p;
 	uint64_t rng[4];
 	/* scratch, n_vocab long */
-	int32_t *idx;
+	int32_t *idx;           /* candidates */
+	int32_t *order;         /* the kept ones, best first, as the cuts take them */
 	float *prob;
 	int32_t *count;         /* occurrences in the penalty window */
 	int32_t n_vocab;

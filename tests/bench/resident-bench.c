@@ -4,14 +4,16 @@
  * its measured read bandwidth.
  *
  *   resident-bench -m MODEL [-p 128,...] [-n 32] [-b 1,4,...] [-d 0,4096,...]
- *                  [-r REPS] [-t THREADS] [-c CTX] [--device cpu|cuda]
+ *                  [-r REPS] [-s] [-t THREADS] [-c CTX] [--device cpu|cuda]
  *
  * ppN: N prompt tokens prefilled into one sequence (in steps of the
  * engine's step size); TTFT is the time from submitting the prompt to its
  * first sampled token. tgN: N tokens generated greedily by each of B
  * sequences decoding together (batch B), each already holding DEPTH tokens
  * of context (prefilled first, not timed; depth 0 is a one-token prompt).
- * Token ids are random (seeded), so no text is needed; throughput does not
+ * With -s ("tgN s") they sample as a chat request does by default, so the
+ * row counts the sampler's time per token too (a sampled end-of-text token
+ * ends a sequence early: the tokens made are counted). Token ids are random (seeded), so no text is needed; throughput does not
  * depend on the ids.
  *
  * For tg rows, GB/s is the bytes a decode step must read (the weights, less
@@ -49,6 +51,7 @@ struct bench_opts {
 	int tg, batch[MAX_LIST], n_batch;
 	int depth[MAX_LIST], n_depth;
 	int reps;
+	int chat;               /* tg rows sample as a chat does by default, not greedily */
 };
 
 /* The device the engine runs on: its name and measured read bandwidth. */
@@ -61,6 +64,7 @@ struct bench_dev {
 /* Timings of one rep: seconds for the test, and for pp the time to first token. */
 struct bench_time {
 	double dt, ttft;
+	double tokens;          /* made in dt: a sampled sequence can end early */
 };
 
 /* Parses "1,4,16" into out. Returns the count, or -1. */
@@ -91,12 +95,15 @@ random_tokens(int32_t *t, int32_t n, int32_t n_vocab, uint64_t seed)
 	}
 }
 
-/* Greedy, no stops, exactly max_tokens generated. */
+/* No stops, max_tokens generated (fewer only where a sampled token ends the text); greedy unless chat. */
 static void
-bench_params(struct seq_params *p, int32_t max_tokens)
+bench_params(struct seq_params *p, int32_t max_tokens, int chat)
 {
 	memset(p, 0, sizeof *p);
-	sample_params_default(&p->sample);
+	if (chat)
+		sample_params_chat(&p->sample);
+	else
+		sample_params_default(&p->sample);
 	p->max_tokens = max_tokens;
 }
 
@@ -130,7 +137,7 @@ run_pp(struct engine *e, int n, struct bench_time *t, char *err)
 	int rc;
 
 	random_tokens(tok, n, engine_model(e)->hp.n_vocab, 42);
-	bench_params(&p, 1);
+	bench_params(&p, 1, 0);
 	t0 = now_ns();
 	if ((rc = engine_seq_new(e, tok, n, &p, &s, err)) == 0) {
 		t1 = now_ns();
@@ -138,15 +145,16 @@ run_pp(struct engine *e, int n, struct bench_time *t, char *err)
 			rc = err_set(err, ERR_INVAL, "pp%d: the prefill sampled no token", n);
 		t->dt = (double)(now_ns() - t1) / 1e9;
 		t->ttft = (double)(now_ns() - t0) / 1e9;
+		t->tokens = n;
 		engine_seq_free(e, s);
 	}
 	free(tok);
 	return rc;
 }
 
-/* Seconds for b sequences (each with depth tokens of context) to generate n tokens each. */
+/* Seconds for b sequences (each with depth tokens of context) to generate n tokens each (chat: sampled). */
 static int
-run_tg(struct engine *e, int n, int b, int depth, struct bench_time *t, char *err)
+run_tg(struct engine *e, int n, int b, int depth, int chat, struct bench_time *t, char *err)
 {
 	int32_t plen = MAX(depth, 1), *tok = xmalloc((size_t)plen * sizeof *tok);
 	struct seq **s = xcalloc((size_t)b, sizeof *s);
@@ -154,7 +162,7 @@ run_tg(struct engine *e, int n, int b, int depth, struct bench_time *t, char *er
 	int i, made = 0, live, rc = 0;
 	uint64_t t0;
 
-	bench_params(&p, n + 1);
+	bench_params(&p, n + 1, chat);
 	for (i = 0; i < b && rc == 0; i++) {
 		random_tokens(tok, plen, engine_model(e)->hp.n_vocab, 1000 + (uint64_t)i);
 		if ((rc = engine_seq_new(e, tok, plen, &p, &s[i], err)) == 0)
@@ -172,8 +180,11 @@ run_tg(struct engine *e, int n, int b, int depth, struct bench_time *t, char *er
 	}
 	t->dt = (double)(now_ns() - t0) / 1e9;
 	t->ttft = 0;
-	for (i = 0; i < made; i++)
+	t->tokens = 0;
+	for (i = 0; i < made; i++) {
+		t->tokens += s[i]->n_generated - 1;
 		engine_seq_free(e, s[i]);
+	}
 	free(s);
 	free(tok);
 	return rc < 0 ? rc : 0;
@@ -253,7 +264,7 @@ table_head(void)
  * the mean TTFT; for tg (bytes > 0) the achieved bandwidth of the mean.
  */
 static void
-row(const struct engine *e, const struct bench_dev *dev, const char *test, int batch, int depth, double tokens,
+row(const struct engine *e, const struct bench_dev *dev, const char *test, int batch, int depth,
     const struct bench_time *t, int n, double bytes)
 {
 	const struct model_desc *m = engine_model(e);
@@ -262,7 +273,7 @@ row(const struct engine *e, const struct bench_dev *dev, const char *test, int b
 	int i;
 
 	for (i = 0; i < n; i++) {
-		tps[i] = tokens / t[i].dt;
+		tps[i] = t[i].tokens / t[i].dt;
 		ttft[i] = t[i].ttft * 1e3;
 	}
 	stats(tps, n, &mean, &sd);
@@ -399,6 +410,9 @@ usage(FILE *fp)
 	    "  -d D,...             depths: tokens already in each sequence's KV cache before tg is\n"
 	    "                       timed (prefilled first, not timed; default 0)\n"
 	    "  -r N                 repetitions of each test (default 3; t/s is mean ± sd)\n"
+	    "  -s, --sample         tg rows sample as a chat request does by default (temperature\n"
+	    "                       0.8, top-k 40, top-p 0.95, min-p 0.05), test 'tgN s'; default:\n"
+	    "                       greedy\n"
 	    "  -t N                 CPU threads (default: all cores)\n"
 	    "  -c N                 context length (default: what the largest test needs)\n"
 	    "      --device cpu|cuda  backend (default: cuda when built with it and a GPU is present)\n"
@@ -415,7 +429,7 @@ static int
 parse_opts(int argc, char **argv, struct bench_opts *o)
 {
 	static const struct option lo[] = { { "device", required_argument, NULL, 'D' },
-		{ "exact", no_argument, NULL, 'E' },
+		{ "exact", no_argument, NULL, 'E' }, { "sample", no_argument, NULL, 's' },
 		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 } };
 	int c;
 
@@ -425,7 +439,7 @@ parse_opts(int argc, char **argv, struct bench_opts *o)
 	o->batch[0] = 1, o->n_batch = 1;
 	o->n_depth = 1;
 	o->reps = 3;
-	while ((c = getopt_long(argc, argv, "m:p:n:b:t:d:r:c:h", lo, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:p:n:b:t:d:r:c:sh", lo, NULL)) != -1) {
 		switch (c) {
 		case 'm': o->model = optarg; break;
 		case 'p': if ((o->n_pp = parse_list(optarg, o->pp)) < 0) return -1; break;
@@ -437,6 +451,7 @@ parse_opts(int argc, char **argv, struct bench_opts *o)
 		case 'c': o->eng.n_ctx = atoi(optarg); break;
 		case 'D': o->eng.device = optarg; break;
 		case 'E': o->eng.exact = 1; break;
+		case 's': o->chat = 1; break;
 		case 'h': return 1;
 		default: return -1;
 		}
@@ -476,7 +491,7 @@ warm_up(struct engine *e, char *err)
 
 	if ((rc = run_pp(e, 32, &t, err)) != 0)
 		return rc;
-	return run_tg(e, 4, 1, 1, &t, err);
+	return run_tg(e, 4, 1, 1, 0, &t, err);
 }
 
 static int
@@ -491,7 +506,7 @@ bench_pp(struct engine *e, const struct bench_opts *o, const struct bench_dev *d
 			if ((rc = run_pp(e, o->pp[i], &t[r], err)) != 0)
 				return rc;
 		snprintf(name, sizeof name, "pp%d", o->pp[i]);
-		row(e, dev, name, 1, 0, o->pp[i], t, o->reps, 0);
+		row(e, dev, name, 1, 0, t, o->reps, 0);
 	}
 	return 0;
 }
@@ -503,14 +518,14 @@ bench_tg(struct engine *e, const struct bench_opts *o, const struct bench_dev *d
 	char name[32];
 	int d, j, r, rc, b;
 
-	snprintf(name, sizeof name, "tg%d", o->tg);
+	snprintf(name, sizeof name, "tg%d%s", o->tg, o->chat ? " s" : "");
 	for (d = 0; d < o->n_depth && o->tg > 0; d++) {
 		for (j = 0; j < o->n_batch; j++) {
 			b = o->batch[j];
 			for (r = 0; r < o->reps; r++)
-				if ((rc = run_tg(e, o->tg, b, o->depth[d], &t[r], err)) != 0)
+				if ((rc = run_tg(e, o->tg, b, o->depth[d], o->chat, &t[r], err)) != 0)
 					return rc;
-			row(e, dev, name, b, o->depth[d], (double)o->tg * b, t, o->reps,
+			row(e, dev, name, b, o->depth[d], t, o->reps,
 			    step_bytes(e, o->tg, b, o->depth[d]));
 		}
 	}

@@ -8,6 +8,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -134,6 +135,100 @@ test_frequencies(void **state)
 	assert_true(fabs((double)c[3] / 20000 - p3) < 0.016);
 }
 
+/* Large vocabularies: what the selection keeps, against sorting every logit. */
+#define BIG 20000
+
+static const float *rank_logits;
+
+static int
+rank_desc(const void *a, const void *b)
+{
+	int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+
+	if (rank_logits[x] != rank_logits[y])
+		return rank_logits[x] > rank_logits[y] ? -1 : 1;
+	return x < y ? -1 : x > y;
+}
+
+/* Logits of BIG tokens, pseudo-random, with runs of equal values (ties are broken by id). */
+static void
+fill_big(float *l, int32_t *rank)
+{
+	uint32_t x = 12345;
+
+	for (int32_t i = 0; i < BIG; i++) {
+		x = x * 1664525u + 1013904223u;
+		l[i] = (float)(x >> 8) / (float)(1u << 24) * 8.0f;
+		rank[i] = i;
+	}
+	for (int32_t i = 0; i < BIG; i += 97)
+		l[i] = l[BIG / 2]; /* many equal to one value */
+	rank_logits = l;
+	qsort(rank, BIG, sizeof *rank, rank_desc);
+}
+
+/* Draws n tokens; seen[i] counts token i. */
+static void
+draw_big(const struct sample_params *p, const float *l, int n, int *seen)
+{
+	struct sampler s;
+	float *w = malloc(BIG * sizeof *w);
+
+	memset(seen, 0, BIG * sizeof *seen);
+	sampler_init(&s, p, BIG);
+	for (int i = 0; i < n; i++) {
+		memcpy(w, l, BIG * sizeof *w);
+		seen[sampler_pick(&s, w, NULL, 0, NULL)]++;
+	}
+	sampler_free(&s);
+	free(w);
+}
+
+static void
+test_large_vocab(void **state)
+{
+	float *l = malloc(BIG * sizeof *l);
+	int32_t *rank = malloc(BIG * sizeof *rank), i;
+	int *seen = malloc(BIG * sizeof *seen), in = 0, m;
+	struct sample_params p;
+	double sum = 0, cum;
+
+	fill_big(l, rank);
+	sample_params_default(&p);
+	p.temperature = 100.0f; /* all but flat: every kept token shows up */
+	p.top_k = 40;
+	draw_big(&p, l, 1200, seen);
+	for (i = 0; i < 40; i++)
+		in += seen[rank[i]] > 0;
+	assert_int_equal(in, 40);
+	for (i = 40; i < BIG; i++)
+		assert_int_equal(seen[rank[i]], 0);
+	/* no top-k: min-p keeps the tokens within t ln(1 / min_p) of the best logit */
+	p.top_k = 0;
+	p.temperature = 1.0f;
+	p.min_p = 0.5f;
+	draw_big(&p, l, 400, seen);
+	for (i = 0; i < BIG; i++)
+		if (seen[i] > 0)
+			assert_true(l[i] >= l[rank[0]] + logf(0.5f) - 1e-3f);
+	assert_true(seen[rank[0]] > 0);
+	/* top-p alone: the fewest best tokens whose mass reaches it, each of them drawn */
+	p.min_p = 0;
+	p.top_p = 0.001f;
+	for (i = 0; i < BIG; i++)
+		sum += exp((double)(l[i] - l[rank[0]]));
+	for (m = 0, cum = 0; cum < p.top_p; m++)
+		cum += exp((double)(l[rank[m]] - l[rank[0]])) / sum;
+	assert_true(m > 2 && m < 40);
+	draw_big(&p, l, 60 * m, seen);
+	for (i = 0, in = 0; i < m; i++)
+		in += seen[rank[i]] > 0;
+	assert_int_equal(in, m);
+	for (i = m; i < BIG; i++)
+		assert_int_equal(seen[rank[i]], 0);
+	free(l), free(rank), free(seen);
+}
+
 static void
 test_penalties(void **state)
 {
@@ -199,6 +294,7 @@ main(void)
 		cmocka_unit_test(test_seed_reproducible),
 		cmocka_unit_test(test_cuts),
 		cmocka_unit_test(test_frequencies),
+		cmocka_unit_test(test_large_vocab),
 		cmocka_unit_test(test_penalties),
 		cmocka_unit_test(test_param_checks),
 	};
