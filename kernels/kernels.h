@@ -41,6 +41,21 @@ struct fwd_seq {
 };
 
 /*
+ * How a backend with has_argmax draws a logits row's token itself
+ * (fwd_batch.pick): as the host sampler (daemon/engine/sample.c) draws with
+ * these parameters, no penalties, and u for its uniform draw, so that the
+ * same logits and u give the same token. Temperature 0 is greedy.
+ */
+struct fwd_pick {
+	double u;                    /* in [0, 1) */
+	float temperature, top_p, min_p;
+	int32_t top_k;               /* 1 .. FWD_PICK_TOP_K, unless greedy */
+};
+
+#define FWD_PICK_TOP_K 64
+#define FWD_PICK_MAX_VOCAB 262144    /* larger vocabularies are sampled on the host */
+
+/*
  * A step: the new tokens of every sequence, concatenated in sequence order.
  * Logits are written row after row in the same order, n_vocab floats each,
  * for the rows each sequence asked for.
@@ -56,6 +71,8 @@ struct fwd_batch {
 	 * the greedy sampler picks), and forward's logits may then be NULL.
 	 */
 	int32_t *argmax;
+	/* With argmax: NULL for the largest logit, else row r drawn as pick[r] says. */
+	const struct fwd_pick *pick;
 };
 
 /*
@@ -107,7 +124,8 @@ struct backend_ops {
 	 */
 	int (*step_tokens)(const struct backend *b, int n);
 	void (*free)(struct backend *b);
-	int has_argmax;     /* forward fills fwd_batch.argmax on the device (only ids cross to the host) */
+	int has_argmax;     /* forward fills fwd_batch.argmax on the device (only ids cross to the host),
+	                       drawn as fwd_batch.pick says when it is set */
 };
 
 extern const struct backend_ops cpu_backend;

@@ -188,7 +188,7 @@ forward_all(const struct model_desc *m, const struct engine_opts *eo, const int3
 	const struct backend_ops *ops;
 	struct backend *be;
 	struct fwd_seq fs;
-	struct fwd_batch b = { 1, &fs, 0, NULL, NULL };
+	struct fwd_batch b = { .n_seqs = 1, .seqs = &fs };
 	int32_t *table, i, done;
 	int rc;
 

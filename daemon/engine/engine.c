@@ -48,7 +48,8 @@ struct engine {
 	struct seq **fseq_of;   /* the sequence of each fwd_seq */
 	int32_t *tokens;
 	float *logits;          /* max_seqs rows */
-	int32_t *argmax;        /* max_seqs: the greedy picks, when the backend makes them */
+	int32_t *argmax;        /* max_seqs: the picks, when the backend makes them */
+	struct fwd_pick *pick;  /* max_seqs: how it draws them, when a row samples */
 	/* the prefix cache and its tiers */
 	/*
 	 * What its K/V depend on besides the tokens: the model file (path, size,
@@ -304,6 +305,7 @@ engine_load(struct engine *e, uint64_t limit, char *err)
 	e->tokens = xcalloc((size_t)e->max_step_tokens, sizeof *e->tokens);
 	e->logits = xmalloc((size_t)e->max_seqs * (size_t)e->m->hp.n_vocab * sizeof *e->logits);
 	e->argmax = xcalloc((size_t)e->max_seqs, sizeof *e->argmax);
+	e->pick = xcalloc((size_t)e->max_seqs, sizeof *e->pick);
 	return 0;
 }
 
@@ -379,7 +381,7 @@ engine_close(struct engine *e)
 	kv_destroy(&e->kv);
 	model_close(e->m);
 	free(e->identity_text);
-	free(e->fseqs), free(e->fseq_of), free(e->tokens), free(e->logits), free(e->argmax);
+	free(e->fseqs), free(e->fseq_of), free(e->tokens), free(e->logits), free(e->argmax), free(e->pick);
 	pthread_mutex_destroy(&e->copy_mu);
 	free(e);
 }
@@ -1117,30 +1119,52 @@ plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *n_fseqs, int3
 	return take;
 }
 
+/* 1 if the backend can pick s's next token: greedily, or by a top-k draw it makes, with no penalties. */
+static int
+pickable(const struct engine *e, const struct seq *s)
+{
+	const struct sample_params *p = &s->sampler.p;
+
+	if (p->repeat_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0 || s->params.logprobs)
+		return 0;
+	return p->temperature == 0 || (p->top_k >= 1 && p->top_k <= FWD_PICK_TOP_K &&
+	    e->m->hp.n_vocab <= FWD_PICK_MAX_VOCAB);
+}
+
 /*
- * 1 if every sequence that samples in this step picks greedily with no
- * penalties and wants no log-probabilities: then the backend's argmax is
- * the whole of sampling, and the logits need not leave it.
+ * 1 if the backend picks every token this step samples (each sequence
+ * pickable): then the logits need not leave it. *pick gets how each row is
+ * drawn, each sampling sequence's generator drawing its u here as
+ * sampler_pick would, or NULL when every row is greedy.
  */
 static int
-step_greedy(const struct engine *e, int32_t n_fseqs)
+step_picks(struct engine *e, int32_t n_fseqs, const struct fwd_pick **pick)
 {
+	int32_t i, row = 0, sampled = 0;
+
+	*pick = NULL;
 	if (!e->ops->has_argmax)
 		return 0;
-	for (int32_t i = 0; i < n_fseqs; i++) {
-		const struct seq *s = e->fseq_of[i];
-		const struct sample_params *p = &s->sampler.p;
-
-		if (e->fseqs[i].logits && (p->temperature != 0 || p->repeat_penalty != 1.0f ||
-		    p->presence_penalty != 0 || p->frequency_penalty != 0 || s->params.logprobs))
+	for (i = 0; i < n_fseqs; i++)
+		if (e->fseqs[i].logits && !pickable(e, e->fseq_of[i]))
 			return 0;
+	for (i = 0; i < n_fseqs; i++) {
+		struct sampler *sm = &e->fseq_of[i]->sampler;
+		float t = sm->p.temperature;
+
+		if (!e->fseqs[i].logits)
+			continue;
+		e->pick[row++] = (struct fwd_pick){ t > 0 ? sampler_draw(sm) : 0, t, sm->p.top_p, sm->p.min_p,
+			sm->p.top_k };
+		sampled |= t > 0;
 	}
+	*pick = sampled ? e->pick : NULL;
 	return 1;
 }
 
-/* Samples for every sequence whose last token was in the step (picked already when greedy). */
+/* Samples for every sequence whose last token was in the step (picked already when the backend did). */
 static void
-sample_step(struct engine *e, int32_t n_fseqs, int greedy)
+sample_step(struct engine *e, int32_t n_fseqs, int picked)
 {
 	int32_t i, row = 0;
 	float lp, *logits;
@@ -1154,7 +1178,7 @@ sample_step(struct engine *e, int32_t n_fseqs, int greedy)
 		if (!e->fseqs[i].logits)
 			continue;
 		s->state = SEQ_DECODE;
-		if (greedy) {
+		if (picked) {
 			tok = e->argmax[row++];
 			s->new_logprob = 0;
 		} else {
@@ -1172,7 +1196,7 @@ engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, cha
 {
 	struct fwd_batch batch;
 	int32_t n_fseqs = 0, n_tok = 0, n_prefill = 0, i, budget, took;
-	int rc = 0, greedy;
+	int rc = 0, picked;
 
 	if (max_prefill < 0)
 		max_prefill = e->max_step_tokens;
@@ -1199,15 +1223,15 @@ engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, cha
 	batch.seqs = e->fseqs;
 	batch.n_tokens = n_tok;
 	batch.tokens = e->tokens;
-	greedy = step_greedy(e, n_fseqs);
-	batch.argmax = greedy ? e->argmax : NULL;
-	if ((rc = e->ops->forward(e->be, &batch, greedy ? NULL : e->logits, err)) != 0) {
+	picked = step_picks(e, n_fseqs, &batch.pick);
+	batch.argmax = picked ? e->argmax : NULL;
+	if ((rc = e->ops->forward(e->be, &batch, picked ? NULL : e->logits, err)) != 0) {
 		for (i = 0; i < n_fseqs; i++) {
 			snprintf(e->fseq_of[i]->error, sizeof e->fseq_of[i]->error, "%s", err);
 			engine_seq_finish(e->fseq_of[i], FINISH_ERROR);
 		}
 		return rc;
 	}
-	sample_step(e, n_fseqs, greedy);
+	sample_step(e, n_fseqs, picked);
 	return n_tok;
 }

@@ -76,6 +76,12 @@ rng_uniform(uint64_t s[4])
 	return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
 }
 
+double
+sampler_draw(struct sampler *s)
+{
+	return rng_uniform(s->rng);
+}
+
 void
 sampler_init(struct sampler *s, const struct sample_params *p, int32_t n_vocab)
 {
@@ -315,7 +321,7 @@ sampler_pick(struct sampler *s, float *logits, const int32_t *history, size_t n_
 	n = cut_candidates(s, logits, n, mx);
 	for (i = 0; i < n; i++)
 		sum += s->prob[i];
-	r = rng_uniform(s->rng) * sum;
+	r = sampler_draw(s) * sum;
 	for (i = 0; i < n - 1; i++) {
 		r -= s->prob[i];
 		if (r < 0)

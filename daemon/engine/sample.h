@@ -38,6 +38,9 @@ struct sampler {
 void sampler_init(struct sampler *s, const struct sample_params *p, int32_t n_vocab);
 void sampler_free(struct sampler *s);
 
+/* The generator's next uniform draw in [0, 1), which sampler_pick would take (for a backend that draws). */
+double sampler_draw(struct sampler *s);
+
 /*
  * Picks a token from logits (n_vocab, modified in place by the penalties)
  * given the tokens so far (for the penalties). With a fixed seed the same

@@ -69,7 +69,7 @@ step(struct backend *be, const struct model_desc *m, int n_seqs, int pos0, int n
 {
 	struct fwd_seq *fs = xcalloc((size_t)n_seqs, sizeof *fs);
 	int32_t *toks = xmalloc((size_t)n_seqs * (size_t)n_new * sizeof *toks);
-	struct fwd_batch b = { n_seqs, fs, n_seqs * n_new, toks, ids };
+	struct fwd_batch b = { .n_seqs = n_seqs, .seqs = fs, .n_tokens = n_seqs * n_new, .tokens = toks, .argmax = ids };
 	char err[ERR_LEN];
 	uint64_t t0;
 	int s, i;

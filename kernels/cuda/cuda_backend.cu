@@ -33,6 +33,7 @@
 #include "dequant.cuh"
 #include "matmul.cuh"
 #include "norm.cuh"
+#include "pick.cuh"
 
 #include <limits.h>
 #include <stdio.h>
@@ -147,6 +148,8 @@ struct backend {
 	char *stage;                 /* 2 x KV_STAGE_BYTES, pinned; NULL until the first copy */
 	cudaEvent_t stage_ev[2];     /* the last copy through each */
 	float2 *argmax_part;         /* their partial picks */
+	struct fwd_pick *dev_pick, *host_pick; /* how sampled rows are drawn (host: pinned) */
+	uint64_t *pick_part;         /* cuda_pick's scratch; NULL past FWD_PICK_MAX_VOCAB */
 	int64_t att_part_rows;
 	void *blas_ws;
 	/* staging: tokens, positions, table offsets, logit rows, then the tables */
@@ -344,7 +347,8 @@ activation_bytes(const struct dims *d)
 	    floats_bytes(d->T * d->ff) * 2 + floats_bytes(logit_rows * d->vocab) +
 	    align_up(d->T * d->widest * sizeof(__half)) + floats_bytes(d->T) +
 	    align_up(d->T * 2 * d->widest) + align_up(d->T * d->widest / 32 * sizeof(float2)) +
-	    align_up(CUDA_ARGMAX_PARTS(logit_rows) * sizeof(float2));
+	    align_up(CUDA_ARGMAX_PARTS(logit_rows) * sizeof(float2)) + align_up(d->T * sizeof(struct fwd_pick)) +
+	    (d->vocab <= FWD_PICK_MAX_VOCAB ? align_up(CUDA_PICK_SCRATCH(logit_rows, d->vocab) * sizeof(uint64_t)) : 0);
 }
 
 /* The matrices of the model, tok_embd first; the output only when not tied. */
@@ -659,10 +663,15 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    (rc = dev_alloc((void **)&b->dev_argmax, T * sizeof(int32_t), "argmax", err)) ||
 	    (rc = dev_alloc((void **)&b->argmax_part, CUDA_ARGMAX_PARTS(MIN(T, (size_t)LOGIT_ROWS)) * sizeof(float2),
 	    "argmax", err)) ||
+	    (rc = dev_alloc((void **)&b->dev_pick, T * sizeof(struct fwd_pick), "sampling", err)) ||
+	    (d->vocab <= FWD_PICK_MAX_VOCAB && (rc = dev_alloc((void **)&b->pick_part,
+	    CUDA_PICK_SCRATCH(MIN(T, (size_t)LOGIT_ROWS), d->vocab) * sizeof(uint64_t), "sampling", err))) ||
 	    (!b->exact && (rc = dev_alloc((void **)&b->mm.part, (size_t)b->mm.part_elems * sizeof(float),
 	    "split sums", err))));
-	if (rc == 0)
+	if (rc == 0) {
 		CK(cudaMallocHost((void **)&b->host_argmax, T * sizeof(int32_t)));
+		CK(cudaMallocHost((void **)&b->host_pick, T * sizeof(struct fwd_pick)));
+	}
 	b->mm.wh_elems = wh_elems;
 	return rc;
 }
@@ -908,8 +917,11 @@ cuda_free(struct backend *b)
 	cudaFree(b->mm.xh), cudaFree(b->mm.xscale), cudaFree(b->mm.wh), cudaFree(b->blas_ws);
 	cudaFree(b->mm.xq), cudaFree(b->mm.xd), cudaFree(b->mm.part);
 	cudaFree(b->dev_ints), cudaFree(b->att_part), cudaFree(b->dev_argmax), cudaFree(b->argmax_part);
+	cudaFree(b->dev_pick), cudaFree(b->pick_part);
 	if (b->host_argmax != NULL)
 		cudaFreeHost(b->host_argmax);
+	if (b->host_pick != NULL)
+		cudaFreeHost(b->host_pick);
 	if (b->stage != NULL)
 		cudaFreeHost(b->stage);
 	for (int i = 0; i < 2; i++)
@@ -1257,6 +1269,32 @@ graph_step(struct backend *b, int T, int n_logits, const struct step_ints *dev, 
 	return 0;
 }
 
+/* The step's fwd_pick rows, when it has them, copied up before its kernels (which do not read them). */
+static int
+stage_picks(struct backend *b, const struct fwd_batch *batch, int n_logits, char *err)
+{
+	if (batch->argmax == NULL || batch->pick == NULL || n_logits == 0)
+		return 0;
+	if (b->pick_part == NULL)
+		return err_set(err, ERR_UNSUPPORTED, "sampling on the GPU: a vocabulary of %d (at most %d)",
+		    b->m->hp.n_vocab, FWD_PICK_MAX_VOCAB);
+	memcpy(b->host_pick, batch->pick, (size_t)n_logits * sizeof *b->host_pick);
+	CK(cudaMemcpyAsync(b->dev_pick, b->host_pick, (size_t)n_logits * sizeof *b->host_pick,
+	    cudaMemcpyHostToDevice, b->stream));
+	return 0;
+}
+
+/* The picks of logit rows [r0, r0 + nr), in the logits buffer, into dev_argmax: greedy, or as staged. */
+static int
+pick_rows(struct backend *b, const struct fwd_batch *batch, int r0, int nr, char *err)
+{
+	int V = b->m->hp.n_vocab;
+
+	if (batch->pick == NULL)
+		return cuda_argmax(b->logits, nr, V, b->dev_argmax + r0, b->argmax_part, b->stream, err);
+	return cuda_pick(b->logits, nr, V, b->dev_pick + r0, b->dev_argmax + r0, b->pick_part, b->stream, err);
+}
+
 static int
 cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, char *err)
 {
@@ -1273,7 +1311,7 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 	b->att_len = (int)MIN((max_len + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN, ATT_MAX_SPLITS) * ATT_SPLIT_MIN;
 	b->prof.n = 0;
 	prof_mark(b, PH_STAGE);
-	if ((rc = stage_step(b, batch, n_tab, &n_logits, err)) != 0)
+	if ((rc = stage_step(b, batch, n_tab, &n_logits, err)) != 0 || (rc = stage_picks(b, batch, n_logits, err)) != 0)
 		return rc;
 	dev = step_ints(b, b->dev_ints);
 	if (b->use_graphs && (!b->prof.on || b->prof.on == PROF_STEPS) && T <= GRAPH_MAX_TOKENS && n_logits <= rows)
@@ -1288,8 +1326,7 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 
 		if (r0 > 0 && (rc = output_rows(b, r0, nr, err)) != 0)
 			return rc;
-		if (batch->argmax != NULL &&
-		    (rc = cuda_argmax(b->logits, nr, (int)V, b->dev_argmax + r0, b->argmax_part, b->stream, err)) != 0)
+		if (batch->argmax != NULL && (rc = pick_rows(b, batch, r0, nr, err)) != 0)
 			return rc;
 		if (logits != NULL)
 			CK(cudaMemcpyAsync(logits + (size_t)r0 * V, b->logits, (size_t)nr * V * sizeof(float),

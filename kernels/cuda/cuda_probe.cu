@@ -11,6 +11,7 @@
 #include "dequant.cuh"
 #include "matmul.cuh"
 #include "norm.cuh"
+#include "pick.cuh"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -870,6 +871,38 @@ cuda_probe_argmax(struct cuda_probe *p, const float *x, int n_rows, int n, int32
 {
 	struct bufs bs = {};
 	int rc = argmax_run(p, &bs, x, n_rows, n, ids, err);
+
+	bufs_free(&bs);
+	return rc;
+}
+
+static int
+pick_run(struct cuda_probe *p, struct bufs *bs, const float *x, int n_rows, int n, const struct fwd_pick *how,
+    int32_t *ids, char *err)
+{
+	size_t ib = (size_t)n_rows * sizeof(int32_t);
+	void *dx, *dhow, *di, *dpart;
+	int rc;
+
+	if (n_rows < 1 || n < 1 || n > FWD_PICK_MAX_VOCAB)
+		return err_set(err, ERR_INVAL, "cuda_probe: picks of %d rows of %d", n_rows, n);
+	if ((rc = buf_new(p, bs, x, (size_t)n_rows * (size_t)n * sizeof(float), 0, &dx, err)) != 0 ||
+	    (rc = buf_new(p, bs, how, (size_t)n_rows * sizeof *how, 0, &dhow, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, ib, 1, &di, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, CUDA_PICK_SCRATCH(n_rows, n) * sizeof(uint64_t), 1, &dpart, err)) != 0)
+		return rc;
+	if ((rc = cuda_pick((const float *)dx, n_rows, n, (const struct fwd_pick *)dhow, (int32_t *)di,
+	    (uint64_t *)dpart, p->stream, err)) != 0 || (rc = finish(p, bs, "cuda_pick", err)) != 0)
+		return rc;
+	return fetch(p, ids, di, ib, err);
+}
+
+extern "C" int
+cuda_probe_pick(struct cuda_probe *p, const float *x, int n_rows, int n, const struct fwd_pick *how, int32_t *ids,
+    char *err)
+{
+	struct bufs bs = {};
+	int rc = pick_run(p, &bs, x, n_rows, n, how, ids, err);
 
 	bufs_free(&bs);
 	return rc;

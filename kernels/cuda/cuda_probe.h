@@ -22,6 +22,7 @@ extern "C" {
 #endif
 
 struct cuda_probe;
+struct fwd_pick;
 
 /* A stream and a cuBLAS handle on device 0. */
 int cuda_probe_open(struct cuda_probe **out, char *err);
@@ -70,6 +71,10 @@ int cuda_probe_matmul_two(struct cuda_probe *p, const struct cuda_probe_weight *
 
 /* ids[r] = the index of the largest of row r of x (n_rows x n), the lowest among equals: cuda_argmax. */
 int cuda_probe_argmax(struct cuda_probe *p, const float *x, int n_rows, int n, int32_t *ids, char *err);
+
+/* ids[r] = the token drawn from row r of x (n_rows x n) as how[r] says: cuda_pick. */
+int cuda_probe_pick(struct cuda_probe *p, const float *x, int n_rows, int n, const struct fwd_pick *how, int32_t *ids,
+    char *err);
 
 /* out[t * k ..] = row tokens[t] of w, times scale, for t < n_tok. */
 int cuda_probe_embed(struct cuda_probe *p, const struct cuda_probe_weight *w, const int32_t *tokens,

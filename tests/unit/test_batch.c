@@ -111,7 +111,7 @@ step(struct fixture *f, int n, const int *seq_id, const int *pos, const int *n_n
 	struct fwd_seq fs[OTHERS + 1];
 	int32_t toks[256];
 	int k, i, t = 0;
-	struct fwd_batch b = { n, fs, 0, toks, NULL };
+	struct fwd_batch b = { .n_seqs = n, .seqs = fs, .tokens = toks };
 	float *logits;
 	char err[ERR_LEN];
 

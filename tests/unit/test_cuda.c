@@ -207,7 +207,7 @@ run_step(const struct backend_ops *ops, struct backend *be, const struct plan *p
 	struct fwd_seq fs[SEQS + 1];
 	int32_t toks[MAX_STEP];
 	int k, i, t = 0;
-	struct fwd_batch b = { p->n, fs, 0, toks, NULL };
+	struct fwd_batch b = { .n_seqs = p->n, .seqs = fs, .tokens = toks };
 	float *logits;
 	char err[ERR_LEN];
 

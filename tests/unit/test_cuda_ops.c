@@ -44,6 +44,7 @@
 #include "kernels.h"
 #include "model.h"
 #include "quant.h"
+#include "sample.h"
 #include "util.h"
 
 #include <math.h>
@@ -1310,6 +1311,73 @@ test_argmax(void **state)
 	}
 }
 
+/* ---- sampled picks ---- */
+
+/*
+ * Draws on the GPU against the host sampler's draws with the same u, over
+ * rows whose best logits tie (the lower id first), vocabularies narrower
+ * than top_k and Gemma 3's 262,144: the same token every time.
+ */
+static void
+test_pick(void **state)
+{
+	static const int widths[] = { 5, 1000, 128256, 262144 };
+	static const struct { float t, top_p, min_p; int32_t k; } how[] = {
+		{ 0.8f, 0.95f, 0.05f, 40 }, { 1.5f, 1.0f, 0.0f, 64 }, { 0.3f, 1.0f, 0.0f, 1 },
+		{ 0.0f, 1.0f, 0.0f, 40 }, { 2.0f, 0.5f, 0.0f, 10 }, { 1.0f, 1.0f, 0.2f, 64 },
+	};
+	enum { ROWS = 6, DRAWS = 8 };
+	int same = 0, all = 0;
+
+	(void)state;
+	for (size_t wi = 0; wi < ARRAY_LEN(widths); wi++) {
+		int n = widths[wi];
+		float *x = xmalloc((size_t)ROWS * n * sizeof *x), *row = xmalloc((size_t)n * sizeof *row);
+		char err[ERR_LEN];
+
+		for (size_t i = 0; i < (size_t)ROWS * n; i++)
+			x[i] = unif(-4, 4) + unif(-4, 4); /* a wide, peaked spread: many within top-k's reach */
+		for (int r = 0; r < ROWS; r++)
+			for (int i = 0; i < 3 && 7 * i < n; i++)
+				x[(size_t)r * n + 7 * i] = 9.5f; /* the best, three times */
+		for (int d = 0; d < DRAWS; d++) {
+			struct sampler sm[ROWS];
+			struct fwd_pick fp[ROWS];
+			int32_t ids[ROWS];
+
+			for (int r = 0; r < ROWS; r++) {
+				struct sample_params p;
+				struct sampler copy;
+
+				sample_params_default(&p);
+				p.temperature = how[r].t, p.top_p = how[r].top_p, p.min_p = how[r].min_p, p.top_k = how[r].k;
+				p.seed = (uint64_t)(1000 * wi + 10 * d + r);
+				sampler_init(&sm[r], &p, n);
+				copy = sm[r];
+				fp[r] = (struct fwd_pick){ p.temperature > 0 ? sampler_draw(&copy) : 0, p.temperature, p.top_p,
+					p.min_p, p.top_k };
+			}
+			if (cuda_probe_pick(probe, x, ROWS, n, fp, ids, err) != 0)
+				fail_msg("picks of %d: %s", n, err);
+			for (int r = 0; r < ROWS; r++) {
+				int32_t host;
+
+				memcpy(row, x + (size_t)r * n, (size_t)n * sizeof *row);
+				host = sampler_pick(&sm[r], row, NULL, 0, NULL);
+				if (ids[r] != host)
+					fail_msg("pick of row %d of %d (t %g, k %d, u %.9f): gpu %d (%g), cpu %d (%g)", r, n,
+					    (double)fp[r].temperature, fp[r].top_k, fp[r].u, ids[r], x[(size_t)r * n + ids[r]],
+					    host, x[(size_t)r * n + host]);
+				same += ids[r] == host;
+				all++;
+				sampler_free(&sm[r]);
+			}
+		}
+		free(x), free(row);
+	}
+	print_message("sampled picks: %d of %d the host sampler's\n", same, all);
+}
+
 /* ---- setup ---- */
 
 static int
@@ -1355,6 +1423,7 @@ main(void)
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_flash),
 		cmocka_unit_test(test_argmax),
+		cmocka_unit_test(test_pick),
 	};
 	const char *s = getenv("TEST_CUDA_OPS_SEED");
 	uint64_t seed;
