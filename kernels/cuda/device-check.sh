@@ -3,7 +3,8 @@
 # machine that cannot build (the lent ones have no autotools or -dev
 # packages): every kernel and whole models against the CPU backend
 # (test_cuda_ops, test_cuda), logits against transformers (test_hf.py),
-# the daemon on the GPU and on the CPU (test_gpu_cpu.py), the daemon
+# the daemon on the GPU and on the CPU (test_gpu_cpu.py), the GPU's sampled
+# draws against the host sampler's (test_gpu_sample.py), the daemon
 # under injected CUDA faults (test_gpu_faults.py), compute-sanitizer's
 # memcheck and racecheck, then on a generated llama3-8b Q4_K_M the time to
 # first token of a resumed 8000-token session (tests/bench/resume_ttft.py)
@@ -28,10 +29,10 @@
 # (253 MB) is more than one call carries: split it into pieces of 50 MB,
 # carry one per call and copy it to /tmp while the machine stays warm, join
 # them in the last call and name the file in RESIDENT_GEMMA (test_cuda and
-# test_gpu_cpu.py use it; without it they say what they skipped).
+# test_gpu_cpu.py and test_gpu_sample.py use it; without it they say what they skipped).
 #
-# DEVICE_CHECK_STEPS (default "ops cuda hf gpu_cpu faults memcheck resume
-# bench") picks
+# DEVICE_CHECK_STEPS (default "ops cuda hf gpu_cpu gpu_sample faults memcheck
+# resume bench") picks
 # the steps; DEVICE_CHECK_BENCH (default below) the bench's rows.
 set -u
 bin=$(cd "$1" && pwd)
@@ -39,7 +40,7 @@ out=$2
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export RESIDENT_BUILDDIR="$bin" PYTHONUNBUFFERED=1
-steps=${DEVICE_CHECK_STEPS:-ops cuda hf gpu_cpu faults memcheck resume bench}
+steps=${DEVICE_CHECK_STEPS:-ops cuda hf gpu_cpu gpu_sample faults memcheck resume bench}
 bench_rows=${DEVICE_CHECK_BENCH:--p 512,4096 -n 128 -b 1,4,16,32,64 -r 2}
 model=/tmp/l8.gguf
 
@@ -70,6 +71,7 @@ has ops && run test_cuda_ops 240 "$bin/test_cuda_ops"
 has cuda && run test_cuda 300 "$bin/test_cuda"
 has hf && run test_hf 300 python3 tests/cuda/test_hf.py
 has gpu_cpu && run test_gpu_cpu 300 python3 tests/e2e/test_gpu_cpu.py
+has gpu_sample && run test_gpu_sample 300 python3 tests/e2e/test_gpu_sample.py
 has faults && run test_gpu_faults 400 python3 tests/e2e/test_gpu_faults.py
 if has memcheck; then
 	run memcheck_ops 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda_ops"
@@ -91,7 +93,8 @@ fi
 
 echo "== summary"
 grep -hE 'max error|max relative|worst' "$out/test_cuda_ops.log" "$out/test_cuda.log" 2>/dev/null
-grep -hE 'cuda|^PASS|^FAIL|SKIP' "$out/test_hf.log" "$out/test_gpu_cpu.log" "$out/test_gpu_faults.log" \
+grep -hE 'cuda|^PASS|^FAIL|SKIP|identical' "$out/test_hf.log" "$out/test_gpu_cpu.log" "$out/test_gpu_sample.log" \
+    "$out/test_gpu_faults.log" \
     2>/dev/null | tail -n 24
 [ -f "$out/resume_ttft.log" ] && tail -n 8 "$out/resume_ttft.log"
 grep -hE 'ERROR SUMMARY|RACECHECK SUMMARY' "$out"/memcheck_*.log "$out"/racecheck_*.log 2>/dev/null
