@@ -43,17 +43,23 @@ struct fwd_seq {
 /*
  * How a backend with has_argmax draws a logits row's token itself
  * (fwd_batch.pick): as the host sampler (daemon/engine/sample.c) draws with
- * these parameters, no penalties, and u for its uniform draw, so that the
- * same logits and u give the same token. Temperature 0 is greedy.
+ * these parameters, u for its uniform draw, after the penalties of the
+ * row's window (its n_pen tokens and counts from pen0 on in
+ * fwd_batch.pen_tok and pen_cnt), so that the same logits and u give the
+ * same token. Temperature 0 is greedy.
  */
 struct fwd_pick {
 	double u;                    /* in [0, 1) */
 	float temperature, top_p, min_p;
 	int32_t top_k;               /* 1 .. FWD_PICK_TOP_K, unless greedy */
+	float repeat_penalty, presence_penalty, frequency_penalty;
+	int32_t pen0, n_pen;         /* n_pen at most FWD_PICK_PENALTY_MAX */
+	int32_t logprob;             /* 1: fwd_batch.logprob gets the pick's log-probability */
 };
 
 #define FWD_PICK_TOP_K 64
 #define FWD_PICK_MAX_VOCAB 262144    /* larger vocabularies are sampled on the host */
+#define FWD_PICK_PENALTY_MAX 256     /* distinct tokens of a row's penalty window */
 
 /*
  * A step: the new tokens of every sequence, concatenated in sequence order.
@@ -73,6 +79,8 @@ struct fwd_batch {
 	int32_t *argmax;
 	/* With argmax: NULL for the largest logit, else row r drawn as pick[r] says. */
 	const struct fwd_pick *pick;
+	const int32_t *pen_tok, *pen_cnt; /* with pick: the rows' penalty windows, each token once */
+	float *logprob;              /* with pick: row r's log-probability where pick[r].logprob */
 };
 
 /*

@@ -50,6 +50,9 @@ struct engine {
 	float *logits;          /* max_seqs rows */
 	int32_t *argmax;        /* max_seqs: the picks, when the backend makes them */
 	struct fwd_pick *pick;  /* max_seqs: how it draws them, when a row samples */
+	int32_t *pen_tok, *pen_cnt; /* max_seqs * FWD_PICK_PENALTY_MAX: the rows' penalty windows */
+	float *logprob;         /* max_seqs: the picks' log-probabilities */
+	int host_picks;         /* RESIDENT_HOST_SAMPLING=1: sample.c picks every token (to compare) */
 	/* the prefix cache and its tiers */
 	/*
 	 * What its K/V depend on besides the tokens: the model file (path, size,
@@ -114,6 +117,7 @@ resolve_opts(struct engine *e, const struct engine_opts *o)
 	e->bo.max_seqs = e->max_seqs;
 	e->bo.exact = o->exact;
 	e->exact = o->exact != 0;
+	e->host_picks = getenv("RESIDENT_HOST_SAMPLING") != NULL && atoi(getenv("RESIDENT_HOST_SAMPLING")) != 0;
 	e->host = o->host;
 	e->disk = o->disk;
 }
@@ -306,6 +310,9 @@ engine_load(struct engine *e, uint64_t limit, char *err)
 	e->logits = xmalloc((size_t)e->max_seqs * (size_t)e->m->hp.n_vocab * sizeof *e->logits);
 	e->argmax = xcalloc((size_t)e->max_seqs, sizeof *e->argmax);
 	e->pick = xcalloc((size_t)e->max_seqs, sizeof *e->pick);
+	e->pen_tok = xcalloc((size_t)e->max_seqs * FWD_PICK_PENALTY_MAX, sizeof *e->pen_tok);
+	e->pen_cnt = xcalloc((size_t)e->max_seqs * FWD_PICK_PENALTY_MAX, sizeof *e->pen_cnt);
+	e->logprob = xcalloc((size_t)e->max_seqs, sizeof *e->logprob);
 	return 0;
 }
 
@@ -382,6 +389,7 @@ engine_close(struct engine *e)
 	model_close(e->m);
 	free(e->identity_text);
 	free(e->fseqs), free(e->fseq_of), free(e->tokens), free(e->logits), free(e->argmax), free(e->pick);
+	free(e->pen_tok), free(e->pen_cnt), free(e->logprob);
 	pthread_mutex_destroy(&e->copy_mu);
 	free(e);
 }
@@ -1119,46 +1127,70 @@ plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *n_fseqs, int3
 	return take;
 }
 
-/* 1 if the backend can pick s's next token: greedily, or by a top-k draw it makes, with no penalties. */
+/* 1 if the backend can pick s's next token: the argmax, or a draw it makes as sample.c does. */
 static int
 pickable(const struct engine *e, const struct seq *s)
 {
 	const struct sample_params *p = &s->sampler.p;
 
-	if (p->repeat_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0 || s->params.logprobs)
-		return 0;
-	return p->temperature == 0 || (p->top_k >= 1 && p->top_k <= FWD_PICK_TOP_K &&
-	    e->m->hp.n_vocab <= FWD_PICK_MAX_VOCAB);
+	if (p->temperature == 0 && !sampler_penalized(&s->sampler) && !s->params.logprobs)
+		return 1;
+	return e->m->hp.n_vocab <= FWD_PICK_MAX_VOCAB &&
+	    (p->temperature == 0 || (p->top_k >= 1 && p->top_k <= FWD_PICK_TOP_K));
+}
+
+/* Row row's penalty window into the step's pairs from *n_pen on; 0, or -1 if it is too wide for the backend. */
+static int
+pick_window(struct engine *e, struct seq *s, int32_t row, int32_t *n_pen)
+{
+	struct fwd_pick *f = &e->pick[row];
+	int32_t m = 0;
+
+	if (sampler_penalized(&s->sampler) && (m = sampler_window(&s->sampler, s->tokens, (size_t)s->n_tokens,
+	    e->pen_tok + *n_pen, e->pen_cnt + *n_pen, FWD_PICK_PENALTY_MAX)) < 0)
+		return -1;
+	f->pen0 = *n_pen, f->n_pen = m;
+	*n_pen += m;
+	return 0;
 }
 
 /*
  * 1 if the backend picks every token this step samples (each sequence
- * pickable): then the logits need not leave it. *pick gets how each row is
- * drawn, each sampling sequence's generator drawing its u here as
- * sampler_pick would, or NULL when every row is greedy.
+ * pickable, each penalty window narrow enough): then the logits need not
+ * leave it. batch gets the argmax buffer and, unless every row is a plain
+ * argmax, how each row is drawn: the windows, then each sampling sequence's
+ * generator drawing its u here, as sampler_pick would.
  */
 static int
-step_picks(struct engine *e, int32_t n_fseqs, const struct fwd_pick **pick)
+step_picks(struct engine *e, int32_t n_fseqs, struct fwd_batch *b)
 {
-	int32_t i, row = 0, sampled = 0;
+	int32_t i, row = 0, n_pen = 0, drawn = 0;
 
-	*pick = NULL;
-	if (!e->ops->has_argmax)
+	b->argmax = NULL, b->pick = NULL;
+	b->pen_tok = e->pen_tok, b->pen_cnt = e->pen_cnt, b->logprob = e->logprob;
+	if (!e->ops->has_argmax || e->host_picks)
 		return 0;
 	for (i = 0; i < n_fseqs; i++)
-		if (e->fseqs[i].logits && !pickable(e, e->fseq_of[i]))
-			return 0;
-	for (i = 0; i < n_fseqs; i++) {
+		if (e->fseqs[i].logits && (!pickable(e, e->fseq_of[i]) || pick_window(e, e->fseq_of[i], row++, &n_pen) < 0))
+			return 0; /* before any draw: the host's sampler draws the same */
+	for (i = 0, row = 0; i < n_fseqs; i++) {
+		const struct seq *s = e->fseq_of[i];
 		struct sampler *sm = &e->fseq_of[i]->sampler;
-		float t = sm->p.temperature;
+		struct fwd_pick *f = &e->pick[row];
 
 		if (!e->fseqs[i].logits)
 			continue;
-		e->pick[row++] = (struct fwd_pick){ t > 0 ? sampler_draw(sm) : 0, t, sm->p.top_p, sm->p.min_p,
-			sm->p.top_k };
-		sampled |= t > 0;
+		f->u = sm->p.temperature > 0 ? sampler_draw(sm) : 0;
+		f->temperature = sm->p.temperature, f->top_p = sm->p.top_p, f->min_p = sm->p.min_p;
+		f->top_k = sm->p.top_k;
+		f->repeat_penalty = sm->p.repeat_penalty, f->presence_penalty = sm->p.presence_penalty;
+		f->frequency_penalty = sm->p.frequency_penalty;
+		f->logprob = s->params.logprobs;
+		drawn |= f->temperature > 0 || f->n_pen > 0 || f->logprob;
+		row++;
 	}
-	*pick = sampled ? e->pick : NULL;
+	b->argmax = e->argmax;
+	b->pick = drawn ? e->pick : NULL;
 	return 1;
 }
 
@@ -1179,8 +1211,8 @@ sample_step(struct engine *e, int32_t n_fseqs, int picked)
 			continue;
 		s->state = SEQ_DECODE;
 		if (picked) {
+			s->new_logprob = s->params.logprobs ? e->logprob[row] : 0;
 			tok = e->argmax[row++];
-			s->new_logprob = 0;
 		} else {
 			logits = e->logits + (size_t)row++ * (size_t)e->m->hp.n_vocab;
 			tok = sampler_pick(&s->sampler, logits, s->tokens, (size_t)s->n_tokens,
@@ -1223,8 +1255,7 @@ engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, cha
 	batch.seqs = e->fseqs;
 	batch.n_tokens = n_tok;
 	batch.tokens = e->tokens;
-	picked = step_picks(e, n_fseqs, &batch.pick);
-	batch.argmax = picked ? e->argmax : NULL;
+	picked = step_picks(e, n_fseqs, &batch);
 	if ((rc = e->ops->forward(e->be, &batch, picked ? NULL : e->logits, err)) != 0) {
 		for (i = 0; i < n_fseqs; i++) {
 			snprintf(e->fseq_of[i]->error, sizeof e->fseq_of[i]->error, "%s", err);

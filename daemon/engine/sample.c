@@ -115,17 +115,21 @@ sampler_free(struct sampler *s)
 	memset(s, 0, sizeof *s);
 }
 
-/* Repetition, presence and frequency penalties over the recent tokens. */
-static void
-apply_penalties(struct sampler *s, float *logits, const int32_t *hist, size_t n)
+int
+sampler_penalized(const struct sampler *s)
 {
 	const struct sample_params *p = &s->p;
-	size_t i, start;
-	int32_t t;
 
-	if (p->repeat_penalty == 1.0f && p->presence_penalty == 0 && p->frequency_penalty == 0)
-		return;
-	start = p->penalty_last_n < 0 || (size_t)p->penalty_last_n >= n ? 0 : n - (size_t)p->penalty_last_n;
+	return p->repeat_penalty != 1.0f || p->presence_penalty != 0 || p->frequency_penalty != 0;
+}
+
+int32_t
+sampler_window(struct sampler *s, const int32_t *hist, size_t n, int32_t *tok, int32_t *cnt, int32_t cap)
+{
+	size_t i, start;
+	int32_t t, m = 0;
+
+	start = s->p.penalty_last_n < 0 || (size_t)s->p.penalty_last_n >= n ? 0 : n - (size_t)s->p.penalty_last_n;
 	for (i = start; i < n; i++)
 		if (hist[i] >= 0 && hist[i] < s->n_vocab)
 			s->count[hist[i]]++;
@@ -133,13 +137,32 @@ apply_penalties(struct sampler *s, float *logits, const int32_t *hist, size_t n)
 		t = hist[i];
 		if (t < 0 || t >= s->n_vocab || s->count[t] == 0)
 			continue;
-		if (logits[t] > 0)
-			logits[t] /= p->repeat_penalty;
-		else
-			logits[t] *= p->repeat_penalty;
-		logits[t] -= p->presence_penalty + p->frequency_penalty * (float)s->count[t];
+		if (m < cap)
+			tok[m] = t, cnt[m] = s->count[t];
+		m++;
 		s->count[t] = 0; /* each token once; also leaves count[] zeroed for next time */
 	}
+	return m <= cap ? m : -1;
+}
+
+float
+sample_penalize(const struct sample_params *p, float l, int32_t count)
+{
+	l = l > 0 ? l / p->repeat_penalty : l * p->repeat_penalty;
+	return l - (p->presence_penalty + p->frequency_penalty * (float)count);
+}
+
+/* Repetition, presence and frequency penalties over the recent tokens. */
+static void
+apply_penalties(struct sampler *s, float *logits, const int32_t *hist, size_t n)
+{
+	int32_t m;
+
+	if (!sampler_penalized(s))
+		return;
+	m = sampler_window(s, hist, n, s->idx, s->order, s->n_vocab);
+	for (int32_t i = 0; i < m; i++)
+		logits[s->idx[i]] = sample_penalize(&s->p, logits[s->idx[i]], s->order[i]);
 }
 
 /* Index of the largest logit (the first of equals). */

@@ -38,6 +38,17 @@ struct sampler {
 void sampler_init(struct sampler *s, const struct sample_params *p, int32_t n_vocab);
 void sampler_free(struct sampler *s);
 
+/* 1 if s's parameters penalize repeated tokens. */
+int sampler_penalized(const struct sampler *s);
+/*
+ * The tokens of s's penalty window (the last penalty_last_n of hist[0..n))
+ * once each, in order of first appearance there, with their counts, into
+ * tok[] and cnt[] (at most cap): returns how many, or -1 when they are more than cap.
+ */
+int32_t sampler_window(struct sampler *s, const int32_t *hist, size_t n, int32_t *tok, int32_t *cnt, int32_t cap);
+/* A logit l of a token seen count times in the window, penalized (the same float operations on the GPU). */
+float sample_penalize(const struct sample_params *p, float l, int32_t count);
+
 /* The generator's next uniform draw in [0, 1), which sampler_pick would take (for a backend that draws). */
 double sampler_draw(struct sampler *s);
 

@@ -42,6 +42,8 @@
 
 /* Logit rows computed per pass of the output matrix. */
 #define LOGIT_ROWS 64
+/* Ints of the staged penalty windows of T logit rows: their tokens, then their counts. */
+#define PEN_INTS(T) ((size_t)(T) * FWD_PICK_PENALTY_MAX * 2)
 /* cuBLAS workspace (what it wants on Hopper). */
 #define BLAS_WORKSPACE ((size_t)32 << 20)
 /* Allocations are rounded up to this, so that every row start is 16-byte aligned. */
@@ -149,6 +151,8 @@ struct backend {
 	cudaEvent_t stage_ev[2];     /* the last copy through each */
 	float2 *argmax_part;         /* their partial picks */
 	struct fwd_pick *dev_pick, *host_pick; /* how sampled rows are drawn (host: pinned) */
+	int32_t *dev_pen, *host_pen; /* their penalty windows: tokens, then counts (max_tokens * FWD_PICK_PENALTY_MAX each) */
+	float *dev_lp, *host_lp;     /* their log-probabilities */
 	uint64_t *pick_part;         /* cuda_pick's scratch; NULL past FWD_PICK_MAX_VOCAB */
 	int64_t att_part_rows;
 	void *blas_ws;
@@ -348,6 +352,7 @@ activation_bytes(const struct dims *d)
 	    align_up(d->T * d->widest * sizeof(__half)) + floats_bytes(d->T) +
 	    align_up(d->T * 2 * d->widest) + align_up(d->T * d->widest / 32 * sizeof(float2)) +
 	    align_up(CUDA_ARGMAX_PARTS(logit_rows) * sizeof(float2)) + align_up(d->T * sizeof(struct fwd_pick)) +
+	    align_up(PEN_INTS(d->T) * sizeof(int32_t)) + floats_bytes(d->T) +
 	    (d->vocab <= FWD_PICK_MAX_VOCAB ? align_up(CUDA_PICK_SCRATCH(logit_rows, d->vocab) * sizeof(uint64_t)) : 0);
 }
 
@@ -664,6 +669,8 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    (rc = dev_alloc((void **)&b->argmax_part, CUDA_ARGMAX_PARTS(MIN(T, (size_t)LOGIT_ROWS)) * sizeof(float2),
 	    "argmax", err)) ||
 	    (rc = dev_alloc((void **)&b->dev_pick, T * sizeof(struct fwd_pick), "sampling", err)) ||
+	    (rc = dev_alloc((void **)&b->dev_pen, PEN_INTS(T) * sizeof(int32_t), "sampling", err)) ||
+	    (rc = dev_alloc((void **)&b->dev_lp, floats_bytes(T), "sampling", err)) ||
 	    (d->vocab <= FWD_PICK_MAX_VOCAB && (rc = dev_alloc((void **)&b->pick_part,
 	    CUDA_PICK_SCRATCH(MIN(T, (size_t)LOGIT_ROWS), d->vocab) * sizeof(uint64_t), "sampling", err))) ||
 	    (!b->exact && (rc = dev_alloc((void **)&b->mm.part, (size_t)b->mm.part_elems * sizeof(float),
@@ -671,6 +678,8 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	if (rc == 0) {
 		CK(cudaMallocHost((void **)&b->host_argmax, T * sizeof(int32_t)));
 		CK(cudaMallocHost((void **)&b->host_pick, T * sizeof(struct fwd_pick)));
+		CK(cudaMallocHost((void **)&b->host_pen, PEN_INTS(T) * sizeof(int32_t)));
+		CK(cudaMallocHost((void **)&b->host_lp, T * sizeof(float)));
 	}
 	b->mm.wh_elems = wh_elems;
 	return rc;
@@ -917,11 +926,15 @@ cuda_free(struct backend *b)
 	cudaFree(b->mm.xh), cudaFree(b->mm.xscale), cudaFree(b->mm.wh), cudaFree(b->blas_ws);
 	cudaFree(b->mm.xq), cudaFree(b->mm.xd), cudaFree(b->mm.part);
 	cudaFree(b->dev_ints), cudaFree(b->att_part), cudaFree(b->dev_argmax), cudaFree(b->argmax_part);
-	cudaFree(b->dev_pick), cudaFree(b->pick_part);
+	cudaFree(b->dev_pick), cudaFree(b->dev_pen), cudaFree(b->dev_lp), cudaFree(b->pick_part);
 	if (b->host_argmax != NULL)
 		cudaFreeHost(b->host_argmax);
 	if (b->host_pick != NULL)
 		cudaFreeHost(b->host_pick);
+	if (b->host_pen != NULL)
+		cudaFreeHost(b->host_pen);
+	if (b->host_lp != NULL)
+		cudaFreeHost(b->host_lp);
 	if (b->stage != NULL)
 		cudaFreeHost(b->stage);
 	for (int i = 0; i < 2; i++)
@@ -1269,18 +1282,44 @@ graph_step(struct backend *b, int T, int n_logits, const struct step_ints *dev, 
 	return 0;
 }
 
-/* The step's fwd_pick rows, when it has them, copied up before its kernels (which do not read them). */
+/* Penalty pairs of the step's n_logits rows (each row's come after the rows' before it). */
+static int
+pen_pairs(const struct fwd_batch *batch, int n_logits)
+{
+	const struct fwd_pick *last = &batch->pick[n_logits - 1];
+
+	return last->pen0 + last->n_pen;
+}
+
+/*
+ * The step's fwd_pick rows and penalty windows, when it has them, copied
+ * up before its kernels (which do not read them).
+ */
 static int
 stage_picks(struct backend *b, const struct fwd_batch *batch, int n_logits, char *err)
 {
+	size_t cap = PEN_INTS(b->max_tokens) / 2;
+	int np;
+
 	if (batch->argmax == NULL || batch->pick == NULL || n_logits == 0)
 		return 0;
 	if (b->pick_part == NULL)
 		return err_set(err, ERR_UNSUPPORTED, "sampling on the GPU: a vocabulary of %d (at most %d)",
 		    b->m->hp.n_vocab, FWD_PICK_MAX_VOCAB);
+	for (int r = 0; r < n_logits; r++)
+		if (batch->pick[r].n_pen < 0 || batch->pick[r].n_pen > FWD_PICK_PENALTY_MAX ||
+		    batch->pick[r].pen0 != (r > 0 ? pen_pairs(batch, r) : 0))
+			return err_set(err, ERR_INVAL, "sampling on the GPU: row %d's penalty window", r);
 	memcpy(b->host_pick, batch->pick, (size_t)n_logits * sizeof *b->host_pick);
 	CK(cudaMemcpyAsync(b->dev_pick, b->host_pick, (size_t)n_logits * sizeof *b->host_pick,
 	    cudaMemcpyHostToDevice, b->stream));
+	if ((np = pen_pairs(batch, n_logits)) == 0)
+		return 0;
+	memcpy(b->host_pen, batch->pen_tok, (size_t)np * sizeof(int32_t));
+	memcpy(b->host_pen + cap, batch->pen_cnt, (size_t)np * sizeof(int32_t));
+	CK(cudaMemcpyAsync(b->dev_pen, b->host_pen, (size_t)np * sizeof(int32_t), cudaMemcpyHostToDevice, b->stream));
+	CK(cudaMemcpyAsync(b->dev_pen + cap, b->host_pen + cap, (size_t)np * sizeof(int32_t), cudaMemcpyHostToDevice,
+	    b->stream));
 	return 0;
 }
 
@@ -1288,11 +1327,14 @@ stage_picks(struct backend *b, const struct fwd_batch *batch, int n_logits, char
 static int
 pick_rows(struct backend *b, const struct fwd_batch *batch, int r0, int nr, char *err)
 {
-	int V = b->m->hp.n_vocab;
+	int V = b->m->hp.n_vocab, pen = 0;
 
 	if (batch->pick == NULL)
 		return cuda_argmax(b->logits, nr, V, b->dev_argmax + r0, b->argmax_part, b->stream, err);
-	return cuda_pick(b->logits, nr, V, b->dev_pick + r0, b->dev_argmax + r0, b->pick_part, b->stream, err);
+	for (int r = r0; r < r0 + nr; r++)
+		pen |= batch->pick[r].n_pen > 0;
+	return cuda_pick(b->logits, nr, V, b->dev_pick + r0, b->dev_pen, b->dev_pen + PEN_INTS(b->max_tokens) / 2, pen,
+	    b->dev_argmax + r0, b->dev_lp + r0, b->pick_part, b->stream, err);
 }
 
 static int
@@ -1335,10 +1377,16 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 	if (batch->argmax != NULL && n_logits > 0)
 		CK(cudaMemcpyAsync(b->host_argmax, b->dev_argmax, (size_t)n_logits * sizeof(int32_t),
 		    cudaMemcpyDeviceToHost, b->stream));
+	if (batch->pick != NULL && n_logits > 0)
+		CK(cudaMemcpyAsync(b->host_lp, b->dev_lp, (size_t)n_logits * sizeof(float), cudaMemcpyDeviceToHost,
+		    b->stream));
 	prof_mark(b, PH_END);
 	CK(cudaStreamSynchronize(b->stream));
 	if (batch->argmax != NULL)
 		memcpy(batch->argmax, b->host_argmax, (size_t)n_logits * sizeof(int32_t));
+	for (int r = 0; batch->pick != NULL && r < n_logits; r++)
+		if (batch->pick[r].logprob)
+			batch->logprob[r] = b->host_lp[r];
 	return prof_step(&b->prof, T, err);
 }
 

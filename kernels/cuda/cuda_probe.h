@@ -72,9 +72,13 @@ int cuda_probe_matmul_two(struct cuda_probe *p, const struct cuda_probe_weight *
 /* ids[r] = the index of the largest of row r of x (n_rows x n), the lowest among equals: cuda_argmax. */
 int cuda_probe_argmax(struct cuda_probe *p, const float *x, int n_rows, int n, int32_t *ids, char *err);
 
-/* ids[r] = the token drawn from row r of x (n_rows x n) as how[r] says: cuda_pick. */
-int cuda_probe_pick(struct cuda_probe *p, const float *x, int n_rows, int n, const struct fwd_pick *how, int32_t *ids,
-    char *err);
+/*
+ * ids[r] = the token drawn from row r of x (n_rows x n) as how[r] says,
+ * after its penalties (n_pairs tokens and counts in all), and logprob[r]
+ * its log-probability where how[r].logprob: cuda_pick.
+ */
+int cuda_probe_pick(struct cuda_probe *p, const float *x, int n_rows, int n, const struct fwd_pick *how,
+    const int32_t *pen_tok, const int32_t *pen_cnt, int n_pairs, int32_t *ids, float *logprob, char *err);
 
 /* out[t * k ..] = row tokens[t] of w, times scale, for t < n_tok. */
 int cuda_probe_embed(struct cuda_probe *p, const struct cuda_probe_weight *w, const int32_t *tokens,

@@ -144,24 +144,95 @@ select_top(const uint64_t (&key)[N], int k, uint64_t *out, struct pick_sel *sm)
 
 #define PICK_PER_THREAD (PICK_SLICE / PICK_THREADS)
 
-/* Block (slice, row): the best FWD_PICK_TOP_K keys of the slice, in no order, to best. */
+/* The temperature a row's log-probability is taken at: the host's, 1 for greedy. */
+static __device__ __forceinline__ float
+lp_temp(const struct fwd_pick &h)
+{
+	return h.temperature > 0 ? h.temperature : 1.0f;
+}
+
+/*
+ * Block (slice, row): the best FWD_PICK_TOP_K keys of the slice, in no
+ * order, to best; with a log-probability wanted, the slice's largest logit
+ * and its sum of exp((l - largest) / t) to stats.
+ */
 __global__ void __launch_bounds__(PICK_THREADS)
-pick_slice_kernel(const float *__restrict__ logits, int n, uint64_t *__restrict__ best)
+pick_slice_kernel(const float *__restrict__ logits, int n, const struct fwd_pick *__restrict__ how,
+    uint64_t *__restrict__ best, float2 *__restrict__ stats)
 {
 	pdl_wait();
 	pdl_trigger();
 	__shared__ struct pick_sel sm;
+	__shared__ float red[WARP];
 	int i0 = blockIdx.x * PICK_SLICE + threadIdx.x;
 	const float *x = logits + (size_t)blockIdx.y * n;
+	size_t at = (size_t)blockIdx.y * gridDim.x + blockIdx.x;
 	uint64_t key[PICK_PER_THREAD];
+	float mx = -INFINITY, sum = 0.0f, t;
 
 #pragma unroll
 	for (int j = 0; j < PICK_PER_THREAD; j++) {
 		int i = i0 + j * PICK_THREADS;
 
 		key[j] = i < n ? pick_key(x[i], i) : 0; /* 0: below every logit */
+		if (i < n)
+			mx = fmaxf(mx, x[i]);
 	}
-	select_top(key, FWD_PICK_TOP_K, best + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * FWD_PICK_TOP_K, &sm);
+	select_top(key, FWD_PICK_TOP_K, best + at * FWD_PICK_TOP_K, &sm);
+	if (!how[blockIdx.y].logprob)
+		return;
+	t = lp_temp(how[blockIdx.y]);
+	mx = block_max(mx, red);
+#pragma unroll
+	for (int j = 0; j < PICK_PER_THREAD; j++)
+		if (i0 + j * PICK_THREADS < n)
+			sum += expf((key_logit(key[j]) - mx) / t);
+	sum = block_sum(sum, red);
+	if (threadIdx.x == 0)
+		stats[at] = make_float2(mx, sum);
+}
+
+/* Row r's penalty window applied to its logits in place: sample.c's sample_penalize, unfused. */
+__global__ void
+pick_penalty_kernel(float *__restrict__ logits, int n, const struct fwd_pick *__restrict__ how,
+    const int32_t *__restrict__ pen_tok, const int32_t *__restrict__ pen_cnt)
+{
+	pdl_wait();
+	pdl_trigger();
+	const struct fwd_pick h = how[blockIdx.x];
+	float *x = logits + (size_t)blockIdx.x * n;
+
+	for (int i = threadIdx.x; i < h.n_pen; i += blockDim.x) {
+		int t = pen_tok[h.pen0 + i];
+		float l, c = (float)pen_cnt[h.pen0 + i];
+
+		if (t < 0 || t >= n)
+			continue;
+		l = x[t];
+		l = l > 0 ? __fdiv_rn(l, h.repeat_penalty) : __fmul_rn(l, h.repeat_penalty);
+		x[t] = __fsub_rn(l, __fadd_rn(h.presence_penalty, __fmul_rn(h.frequency_penalty, c)));
+	}
+}
+
+/*
+ * The pick k of row blockIdx.x into ids and, if wanted, its
+ * log-probability into logprob: the host's log_softmax_at, the sum over the
+ * slices' sums rescaled to the row's largest logit.
+ */
+static __device__ void
+pick_store(uint64_t k, const struct fwd_pick &h, const float2 *st, int slices, int32_t *ids, float *logprob)
+{
+	float t = lp_temp(h), mx = -INFINITY;
+	double sum = 0;
+
+	ids[blockIdx.x] = key_id(k);
+	if (!h.logprob)
+		return;
+	for (int s = 0; s < slices; s++)
+		mx = fmaxf(mx, st[s].x);
+	for (int s = 0; s < slices; s++)
+		sum += (double)st[s].y * exp((double)(st[s].x - mx) / t);
+	logprob[blockIdx.x] = (float)((double)(key_logit(k) - mx) / t - log(sum));
 }
 
 /*
@@ -171,8 +242,8 @@ pick_slice_kernel(const float *__restrict__ logits, int n, uint64_t *__restrict_
  * exponentials and quotients a thread each, the sums and the cuts on one.
  */
 __global__ void __launch_bounds__(PICK_THREADS)
-pick_draw_kernel(const uint64_t *__restrict__ best, int slices, int n, const struct fwd_pick *__restrict__ how,
-    int32_t *__restrict__ ids)
+pick_draw_kernel(const uint64_t *__restrict__ best, const float2 *__restrict__ stats, int slices, int n,
+    const struct fwd_pick *__restrict__ how, int32_t *__restrict__ ids, float *__restrict__ logprob)
 {
 	pdl_wait();
 	pdl_trigger();
@@ -198,7 +269,7 @@ pick_draw_kernel(const uint64_t *__restrict__ best, int slices, int n, const str
 	mx = key_logit(top[0]);
 	if (t == 0) {
 		if (threadIdx.x == 0)
-			ids[blockIdx.x] = key_id(top[0]);
+			pick_store(top[0], h, stats + (size_t)blockIdx.x * slices, slices, ids, logprob);
 		return;
 	}
 	floor = __fsub_rn(mx, __fmul_rn(40.0f, t)); /* rounded as the host rounds it, not fused */
@@ -238,21 +309,26 @@ pick_draw_kernel(const uint64_t *__restrict__ best, int slices, int n, const str
 		if (r < 0)
 			break;
 	}
-	ids[blockIdx.x] = key_id(top[i]);
+	pick_store(top[i], h, stats + (size_t)blockIdx.x * slices, slices, ids, logprob);
 }
 
 int
-cuda_pick(const float *logits, int n_rows, int n, const struct fwd_pick *how, int32_t *ids, uint64_t *scratch,
-    cudaStream_t st, char *err)
+cuda_pick(float *logits, int n_rows, int n, const struct fwd_pick *how, const int32_t *pen_tok,
+    const int32_t *pen_cnt, int penalized, int32_t *ids, float *logprob, uint64_t *scratch, cudaStream_t st,
+    char *err)
 {
 	unsigned slices = (unsigned)PICK_SLICES(n);
+	float2 *stats = (float2 *)(scratch + (size_t)n_rows * slices * FWD_PICK_TOP_K);
 
 	if (n < 1 || n > FWD_PICK_MAX_VOCAB)
 		return err_set(err, ERR_UNSUPPORTED, "sampling on the GPU: a vocabulary of %d (at most %d)", n,
 		    FWD_PICK_MAX_VOCAB);
-	CK(cuda_launch(pick_slice_kernel, dim3(slices, (unsigned)n_rows), dim3(PICK_THREADS), 0, st, logits, n,
-	    scratch));
+	if (penalized)
+		CK(cuda_launch(pick_penalty_kernel, dim3((unsigned)n_rows), dim3(256), 0, st, logits, n, how, pen_tok,
+		    pen_cnt));
+	CK(cuda_launch(pick_slice_kernel, dim3(slices, (unsigned)n_rows), dim3(PICK_THREADS), 0, st,
+	    (const float *)logits, n, how, scratch, stats));
 	CK(cuda_launch(pick_draw_kernel, dim3((unsigned)n_rows), dim3(PICK_THREADS), 0, st, (const uint64_t *)scratch,
-	    (int)slices, n, how, ids));
+	    (const float2 *)stats, (int)slices, n, how, ids, logprob));
 	return 0;
 }

@@ -8,15 +8,18 @@
 /* Logits a block of the first kernel sorts (FWD_PICK_MAX_VOCAB is 64 of them). */
 #define PICK_SLICE 4096
 #define PICK_SLICES(n) (((size_t)(n) + PICK_SLICE - 1) / PICK_SLICE)
-/* Scratch of cuda_pick, in uint64_t, for n_rows rows of n logits. */
-#define CUDA_PICK_SCRATCH(n_rows, n) ((size_t)(n_rows) * PICK_SLICES(n) * FWD_PICK_TOP_K)
+/* Scratch of cuda_pick, in uint64_t, for n_rows rows of n logits: each slice's best keys, then its sums. */
+#define CUDA_PICK_SCRATCH(n_rows, n) ((size_t)(n_rows) * PICK_SLICES(n) * (FWD_PICK_TOP_K + 1))
 
 /*
  * ids[r] = the token drawn from row r of logits (n_rows rows of n) as
- * how[r] says (struct fwd_pick), r < n_rows; scratch holds
+ * how[r] says (struct fwd_pick), r < n_rows, after its penalties (pen_tok,
+ * pen_cnt; applied to logits in place, only when penalized) and, where
+ * how[r].logprob, logprob[r] = its log-probability; scratch holds
  * CUDA_PICK_SCRATCH(n_rows, n). ERR_UNSUPPORTED past FWD_PICK_MAX_VOCAB.
  */
-int cuda_pick(const float *logits, int n_rows, int n, const struct fwd_pick *how, int32_t *ids, uint64_t *scratch,
-    cudaStream_t st, char *err);
+int cuda_pick(float *logits, int n_rows, int n, const struct fwd_pick *how, const int32_t *pen_tok,
+    const int32_t *pen_cnt, int penalized, int32_t *ids, float *logprob, uint64_t *scratch, cudaStream_t st,
+    char *err);
 
 #endif

@@ -1313,61 +1313,94 @@ test_argmax(void **state)
 
 /* ---- sampled picks ---- */
 
+/* How each row of test_pick draws: sample_params' fields, and whether it wants the log-probability. */
+static const struct {
+	float t, top_p, min_p;
+	int32_t k;
+	float rep, presence, frequency;
+	int logprob;
+} pick_cases[] = {
+	{ 0.8f, 0.95f, 0.05f, 40, 1.0f, 0, 0, 0 }, { 1.5f, 1.0f, 0.0f, 64, 1.0f, 0, 0, 1 },
+	{ 0.3f, 1.0f, 0.0f, 1, 1.0f, 0, 0, 0 }, { 0.0f, 1.0f, 0.0f, 40, 1.0f, 0, 0, 1 },
+	{ 2.0f, 0.5f, 0.0f, 10, 1.0f, 0, 0, 0 }, { 1.0f, 1.0f, 0.2f, 64, 1.0f, 0, 0, 0 },
+	{ 0.8f, 0.95f, 0.05f, 40, 1.3f, 0.5f, 0.25f, 1 }, { 0.0f, 1.0f, 0.0f, 40, 1.5f, 0, 0.5f, 0 },
+};
+#define PICK_ROWS ((int)ARRAY_LEN(pick_cases))
+
+/* A history that repeats the rows' tied best tokens (0, 7, 14) and some others. */
+static const int32_t pick_hist[] = { 3, 7, 0, 7, 2, 14, 7, 1, 4, 0 };
+
+/* Row r's sampler and fwd_pick for draw d of width n, its penalty window appended to tok / cnt at *np. */
+static void
+pick_row(int r, int d, int n, struct sampler *sm, struct fwd_pick *fp, int32_t *tok, int32_t *cnt, int *np)
+{
+	struct sample_params p;
+	struct sampler copy;
+	int32_t m;
+
+	sample_params_default(&p);
+	p.temperature = pick_cases[r].t, p.top_p = pick_cases[r].top_p, p.min_p = pick_cases[r].min_p;
+	p.top_k = pick_cases[r].k, p.repeat_penalty = pick_cases[r].rep;
+	p.presence_penalty = pick_cases[r].presence, p.frequency_penalty = pick_cases[r].frequency;
+	p.seed = (uint64_t)(1000 * n + 10 * d + r);
+	sampler_init(sm, &p, n);
+	m = sampler_penalized(sm) ? sampler_window(sm, pick_hist, ARRAY_LEN(pick_hist), tok + *np, cnt + *np,
+	    FWD_PICK_PENALTY_MAX) : 0;
+	copy = *sm;
+	*fp = (struct fwd_pick){ p.temperature > 0 ? sampler_draw(&copy) : 0, p.temperature, p.top_p, p.min_p, p.top_k,
+		p.repeat_penalty, p.presence_penalty, p.frequency_penalty, *np, m, pick_cases[r].logprob };
+	*np += m;
+}
+
 /*
  * Draws on the GPU against the host sampler's draws with the same u, over
- * rows whose best logits tie (the lower id first), vocabularies narrower
- * than top_k and Gemma 3's 262,144: the same token every time.
+ * rows whose best logits tie (the lower id first), with and without
+ * penalties and log-probabilities, vocabularies narrower than top_k and
+ * Gemma 3's 262,144: the same token every time, the same log-probability
+ * to float rounding.
  */
 static void
 test_pick(void **state)
 {
 	static const int widths[] = { 5, 1000, 128256, 262144 };
-	static const struct { float t, top_p, min_p; int32_t k; } how[] = {
-		{ 0.8f, 0.95f, 0.05f, 40 }, { 1.5f, 1.0f, 0.0f, 64 }, { 0.3f, 1.0f, 0.0f, 1 },
-		{ 0.0f, 1.0f, 0.0f, 40 }, { 2.0f, 0.5f, 0.0f, 10 }, { 1.0f, 1.0f, 0.2f, 64 },
-	};
-	enum { ROWS = 6, DRAWS = 8 };
+	enum { DRAWS = 8 };
 	int same = 0, all = 0;
+	double worst_lp = 0;
 
 	(void)state;
 	for (size_t wi = 0; wi < ARRAY_LEN(widths); wi++) {
 		int n = widths[wi];
-		float *x = xmalloc((size_t)ROWS * n * sizeof *x), *row = xmalloc((size_t)n * sizeof *row);
+		float *x = xmalloc((size_t)PICK_ROWS * n * sizeof *x), *row = xmalloc((size_t)n * sizeof *row);
 		char err[ERR_LEN];
 
-		for (size_t i = 0; i < (size_t)ROWS * n; i++)
+		for (size_t i = 0; i < (size_t)PICK_ROWS * n; i++)
 			x[i] = unif(-4, 4) + unif(-4, 4); /* a wide, peaked spread: many within top-k's reach */
-		for (int r = 0; r < ROWS; r++)
+		for (int r = 0; r < PICK_ROWS; r++)
 			for (int i = 0; i < 3 && 7 * i < n; i++)
 				x[(size_t)r * n + 7 * i] = 9.5f; /* the best, three times */
 		for (int d = 0; d < DRAWS; d++) {
-			struct sampler sm[ROWS];
-			struct fwd_pick fp[ROWS];
-			int32_t ids[ROWS];
+			struct sampler sm[PICK_ROWS];
+			struct fwd_pick fp[PICK_ROWS];
+			int32_t ids[PICK_ROWS], tok[PICK_ROWS * FWD_PICK_PENALTY_MAX], cnt[PICK_ROWS * FWD_PICK_PENALTY_MAX];
+			float lp[PICK_ROWS], host_lp;
+			int np = 0;
 
-			for (int r = 0; r < ROWS; r++) {
-				struct sample_params p;
-				struct sampler copy;
-
-				sample_params_default(&p);
-				p.temperature = how[r].t, p.top_p = how[r].top_p, p.min_p = how[r].min_p, p.top_k = how[r].k;
-				p.seed = (uint64_t)(1000 * wi + 10 * d + r);
-				sampler_init(&sm[r], &p, n);
-				copy = sm[r];
-				fp[r] = (struct fwd_pick){ p.temperature > 0 ? sampler_draw(&copy) : 0, p.temperature, p.top_p,
-					p.min_p, p.top_k };
-			}
-			if (cuda_probe_pick(probe, x, ROWS, n, fp, ids, err) != 0)
+			for (int r = 0; r < PICK_ROWS; r++)
+				pick_row(r, d, n, &sm[r], &fp[r], tok, cnt, &np);
+			if (cuda_probe_pick(probe, x, PICK_ROWS, n, fp, tok, cnt, np, ids, lp, err) != 0)
 				fail_msg("picks of %d: %s", n, err);
-			for (int r = 0; r < ROWS; r++) {
+			for (int r = 0; r < PICK_ROWS; r++) {
 				int32_t host;
 
 				memcpy(row, x + (size_t)r * n, (size_t)n * sizeof *row);
-				host = sampler_pick(&sm[r], row, NULL, 0, NULL);
+				host = sampler_pick(&sm[r], row, pick_hist, ARRAY_LEN(pick_hist), &host_lp);
 				if (ids[r] != host)
 					fail_msg("pick of row %d of %d (t %g, k %d, u %.9f): gpu %d (%g), cpu %d (%g)", r, n,
-					    (double)fp[r].temperature, fp[r].top_k, fp[r].u, ids[r], x[(size_t)r * n + ids[r]],
-					    host, x[(size_t)r * n + host]);
+					    (double)fp[r].temperature, fp[r].top_k, fp[r].u, ids[r], row[ids[r]], host, row[host]);
+				if (fp[r].logprob && !(fabs(lp[r] - host_lp) <= 1e-5 + 1e-6 * fabs(host_lp)))
+					fail_msg("log-probability of row %d of %d: gpu %.7g, cpu %.7g", r, n, lp[r], host_lp);
+				if (fp[r].logprob)
+					worst_lp = fmax(worst_lp, fabs(lp[r] - host_lp));
 				same += ids[r] == host;
 				all++;
 				sampler_free(&sm[r]);
@@ -1375,7 +1408,8 @@ test_pick(void **state)
 		}
 		free(x), free(row);
 	}
-	print_message("sampled picks: %d of %d the host sampler's\n", same, all);
+	print_message("sampled picks: %d of %d the host sampler's; log-probabilities within %.2e\n", same, all,
+	    worst_lp);
 }
 
 /* ---- setup ---- */
