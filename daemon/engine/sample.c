@@ -170,23 +170,27 @@ static int32_t
 argmax(const float *logits, int32_t n)
 {
 	int32_t i, best = 0;
+	float bv = logits[0]; /* in a register: logits[best] was a load a step */
 
 	for (i = 1; i < n; i++)
-		if (logits[i] > logits[best])
-			best = i;
+		if (logits[i] > bv)
+			bv = logits[i], best = i;
 	return best;
 }
 
-/* log softmax of logits[k] at temperature temp. */
+/*
+ * log softmax of logits[k] at temperature temp, mx the largest logit. The
+ * exponentials in float (summed in double): a third of the time of double
+ * ones over a vocabulary of 262,144, and the same to float rounding.
+ */
 static float
-log_softmax_at(const float *logits, int32_t n, int32_t k, float temp)
+log_softmax_at(const float *logits, int32_t n, int32_t k, float temp, float mx)
 {
-	float mx = logits[argmax(logits, n)];
 	double sum = 0;
 	int32_t i;
 
 	for (i = 0; i < n; i++)
-		sum += exp((double)(logits[i] - mx) / temp);
+		sum += expf((logits[i] - mx) / temp);
 	return (float)((double)(logits[k] - mx) / temp - log(sum));
 }
 
@@ -331,7 +335,7 @@ sampler_pick(struct sampler *s, float *logits, const int32_t *history, size_t n_
 	if (s->p.temperature == 0) {
 		pick = argmax(logits, s->n_vocab);
 		if (logprob != NULL)
-			*logprob = log_softmax_at(logits, s->n_vocab, pick, 1.0f);
+			*logprob = log_softmax_at(logits, s->n_vocab, pick, 1.0f, logits[pick]);
 		return pick;
 	}
 	if (s->p.top_k > 0) {
@@ -352,6 +356,6 @@ sampler_pick(struct sampler *s, float *logits, const int32_t *history, size_t n_
 	}
 	pick = s->idx[i];
 	if (logprob != NULL)
-		*logprob = log_softmax_at(logits, s->n_vocab, pick, s->p.temperature);
+		*logprob = log_softmax_at(logits, s->n_vocab, pick, s->p.temperature, mx);
 	return pick;
 }
