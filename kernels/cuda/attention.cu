@@ -7,6 +7,7 @@
  * (token, KV head) pairs would fill the GPU (decode), so a long context is
  * read by many blocks at once; a merge kernel then combines the shares by
  * their softmax maxima and sums. The block copies tiles of 32 K and V rows
+ * (128 with 16 warps, for launches of no more blocks than multiprocessors)
  * into shared memory asynchronously, a tile ahead, through the sequence's
  * block table (a sequence's blocks need not be contiguous); each K and V
  * row is read from memory once for all the heads of its group. Prefill
@@ -19,9 +20,17 @@
 #define QK_WARPS 4
 #define ATT_GROUP 4      /* query heads of one KV head per attention block, a warp each */
 #define ATT_WARPS ATT_GROUP
-#define ATT_TILE 32      /* positions per tile: one per lane */
 #define KV_PAD_BYTES 16  /* after each row of a tile in shared memory: no bank conflicts */
 #define ATT_WAVES 4      /* attention blocks per multiprocessor worth splitting a context for */
+/*
+ * Warps of an attention block when the launch has no more blocks than the
+ * GPU has multiprocessors (one sequence's first 2,048 positions): each block
+ * alone on its multiprocessor, with four warps it ran one warp a scheduler
+ * and a tile of 32 positions cost 1.4-1.7 us a layer (H100), latency
+ * exposed at every instruction. Sixteen warps take tiles of 128 positions
+ * (a short context's whole share) in one stage.
+ */
+#define ATT_WIDE_WARPS 16
 #define MAX_PAIRS 4 /* head_dim <= 256: at most 4 rotation pairs per lane */
 
 /*
@@ -170,21 +179,34 @@ kv_pad(void)
 	return KV_PAD_BYTES / (int)sizeof(T);
 }
 
-/*
- * Shared memory of attn_kernel for head_dim d: two stages of K and V tiles,
- * the queries, a tile's scores (then weights) of every head, and each head's
- * correction (then its max and sum).
- */
-template <typename T>
-static size_t
-attn_smem_bytes(int d)
+/* Positions of a tile, and its stages, for an attention block of w warps. */
+static constexpr __host__ __device__ int
+att_tile(int w)
 {
-	return (size_t)2 * 2 * ATT_TILE * (d + kv_pad<T>()) * sizeof(T) +
-	    (size_t)(ATT_GROUP * d + ATT_GROUP * ATT_TILE + 2 * ATT_GROUP) * sizeof(float);
+	return 8 * w;
+}
+
+static constexpr __host__ __device__ int
+att_stages(int w)
+{
+	return w > ATT_WARPS ? 1 : 2;
 }
 
 /*
- * Copies the K and V rows r0 .. r1 - 1 (< ATT_TILE) of the tile of
+ * Shared memory of attn_kernel for head_dim d and w warps: the stages of K
+ * and V tiles, the queries, a tile's scores (then weights) of every head,
+ * and each head's correction (then its max and sum).
+ */
+template <typename T>
+static size_t
+attn_smem_bytes(int d, int w)
+{
+	return (size_t)att_stages(w) * 2 * att_tile(w) * (d + kv_pad<T>()) * sizeof(T) +
+	    (size_t)(ATT_GROUP * d + ATT_GROUP * att_tile(w) + 2 * ATT_GROUP) * sizeof(float);
+}
+
+/*
+ * Copies the K and V rows r0 .. r1 - 1 (< the tile's positions) of the tile of
  * positions from c0, KV head offset koff, into a stage: every thread of the
  * block issues its share of 16-byte copies, all in flight at once.
  */
@@ -196,7 +218,7 @@ attn_load_tile(T *ks, T *vs, const struct cuda_kv &kv, const int32_t *tab, int c
 	constexpr int PER = 16 / (int)sizeof(T), PIECES = D / PER, RS = D + kv_pad<T>();
 	const T *pool = (const T *)kv.pool;
 
-	for (int i = threadIdx.x; i < (r1 - r0) * PIECES; i += ATT_WARPS * WARP) {
+	for (int i = threadIdx.x; i < (r1 - r0) * PIECES; i += blockDim.x) {
 		int r = r0 + i / PIECES, c = (i % PIECES) * PER;
 		size_t ko = kv_index(kv, tab, c0 + r, 0, nkv, koff + c);
 
@@ -249,34 +271,76 @@ attn_scores(const T *kt, const float *qs, int j, int nv, int qq)
 }
 
 /*
+ * Warp g's part of a tile's softmax (TILE positions, nv of them there):
+ * for head g if it has one (live), its scores in ws folded into its
+ * running max *m and sum *l and left as weights, its correction in cs[g];
+ * else weights and correction 0 (nothing to weigh).
+ */
+template <int TILE>
+static __device__ __forceinline__ void
+attn_softmax(float *ws, float *cs, int g, int live, int nv, float *m, float *l)
+{
+	int lane = threadIdx.x % WARP;
+	float s[TILE / WARP], mx = -INFINITY, sum = 0.0f, mn, corr;
+
+	if (!live) {
+#pragma unroll
+		for (int k = 0; k < TILE / WARP; k++)
+			ws[(lane + WARP * k) * ATT_GROUP + g] = 0.0f;
+		if (lane == 0)
+			cs[g] = 0.0f;
+		return;
+	}
+#pragma unroll
+	for (int k = 0; k < TILE / WARP; k++)
+		mx = fmaxf(mx, s[k] = ws[(lane + WARP * k) * ATT_GROUP + g]);
+	mn = fmaxf(*m, warp_max(mx));
+	corr = expf(*m - mn);
+#pragma unroll
+	for (int k = 0; k < TILE / WARP; k++) {
+		float p = lane + WARP * k < nv ? expf(s[k] - mn) : 0.0f;
+
+		ws[(lane + WARP * k) * ATT_GROUP + g] = p;
+		sum += p;
+	}
+	*l = *l * corr + warp_sum(sum);
+	*m = mn;
+	if (lane == 0)
+		cs[g] = corr;
+}
+
+/*
  * Flash decoding over the paged pool. Block (token t, split s) of
  * blockIdx.x, and a group of up to ATT_GROUP query heads sharing one KV
- * head (blockIdx.y): the block walks its share of the token's visible
- * positions ATT_TILE at a time, the tiles copied into shared memory
- * asynchronously one ahead of their use. Each K and V element is read and
- * converted once for all the heads (with a warp a head, each was four
- * times, and the kernel issue-bound: at depth 16,384 the issue slots were
- * 47 % busy for 58 % of DRAM, ncu on an H100). Scores: four lanes a
- * position, a quarter of its dimensions each (attn_scores). Softmax: warp
- * h folds head h's scores into its running max and sum (online softmax)
- * and leaves their weights. Values: each thread accumulates, for every
- * head, its dimensions (DPT of them, NT apart) over the tile's positions,
+ * head (blockIdx.y), W warps: the block walks its share of the token's
+ * visible positions 8 W at a time, the tiles copied into shared memory
+ * asynchronously, with 4 warps one ahead of their use (two stages), with
+ * more one at a time (one stage: a short context's share is one tile).
+ * Each K and V element is read and converted once for all the heads (with
+ * a warp a head, each was four times, and the kernel issue-bound: at depth
+ * 16,384 the issue slots were 47 % busy for 58 % of DRAM, ncu on an H100).
+ * Scores: four lanes a position, a quarter of its dimensions each
+ * (attn_scores). Softmax: warp h (h < ATT_GROUP) folds head h's scores into
+ * its running max and sum (online softmax) and leaves their weights
+ * (attn_softmax). Values: each thread accumulates, for every head, its
+ * dimensions (DPT of them, NT apart) over the tile's positions,
  * or where head_dim is under NT, over every NPG-th position, the groups'
  * sums added at the end. With one split the output is normalized in place
  * (and its int8 form written to q8 if q8.q, for the output product); else
  * the piece (weighted values, max, sum) goes to part for attn_merge.
  */
-template <int E, typename T>
-__global__ void __launch_bounds__(ATT_WARPS * WARP)
+template <int E, typename T, int W>
+__global__ void __launch_bounds__(W * WARP)
 attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q8, float *__restrict__ part,
     int n_split, struct cuda_heads hp, struct cuda_kv kv)
 {
-	constexpr int D = WARP * E, RS = D + kv_pad<T>(), NT = ATT_WARPS * WARP;
+	constexpr int D = WARP * E, RS = D + kv_pad<T>(), NT = W * WARP, TILE = att_tile(W), S = att_stages(W);
 	constexpr int NPG = D < NT ? NT / D : 1, TG = NT / NPG, DPT = (D + TG - 1) / TG;
-	static_assert(ATT_GROUP == 4 && ATT_TILE == 8 * ATT_WARPS, "four lanes a position, one head each");
+	static_assert(ATT_GROUP == 4 && W >= ATT_GROUP, "four lanes a position, one head each");
+	static_assert(TG % WARP == 0, "a warp's threads hold 32 dimensions of a row");
 	extern __shared__ __align__(16) unsigned char smem[];
-	T *ks = (T *)smem, *vs = ks + 2 * ATT_TILE * RS;
-	float *qs = (float *)(vs + 2 * ATT_TILE * RS), *ws = qs + ATT_GROUP * D, *cs = ws + ATT_GROUP * ATT_TILE;
+	T *ks = (T *)smem, *vs = ks + S * TILE * RS;
+	float *qs = (float *)(vs + S * TILE * RS), *ws = qs + ATT_GROUP * D, *cs = ws + ATT_GROUP * TILE;
 	int t = blockIdx.x / n_split, split = blockIdx.x % n_split;
 	int g = threadIdx.x / WARP, lane = threadIdx.x % WARP, pg = threadIdx.x / TG, di = threadIdx.x % TG;
 	int group = hp.n_head / hp.n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP;
@@ -284,23 +348,23 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	int ng = min(ATT_GROUP, (kvh + 1) * group - h0), nkv = hp.n_head_kv * D;
 	int fa = kv.fa_tok != NULL && kv.fa_tok[t]; /* the tensor-core kernel has this token */
 	int pos = kv.tok_pos[t], p0 = hp.window > 0 && pos >= hp.window ? pos - hp.window + 1 : 0;
-	int per = ((pos - p0 + 1 + n_split - 1) / n_split + ATT_TILE - 1) / ATT_TILE * ATT_TILE;
+	int per = ((pos - p0 + 1 + n_split - 1) / n_split + TILE - 1) / TILE * TILE;
 	int lo = p0 + split * per, hi = min(lo + per, pos + 1);
 	const int32_t *tab = kv.tables + kv.tok_tab[t];
 	float m = -INFINITY, l = 0.0f, acc[ATT_GROUP][DPT];
 	/*
-	 * The first two tiles fill both stages. Their rows older than every
+	 * The first S tiles fill the stages. Their rows older than every
 	 * token of the step (a sequence has at most gridDim.x / n_split of
 	 * them) were written by earlier steps: their copies start before
 	 * pdl_wait, under the kernel before (the positions and tables are the
 	 * step's staged copy, done before its first kernel); the rows of the
 	 * step's tokens are copied after it.
 	 */
-	int fresh = pos + 1 - (int)(gridDim.x / n_split), pre = fa || lo >= hi ? 0 : hi - lo > ATT_TILE ? 2 : 1;
+	int fresh = pos + 1 - (int)(gridDim.x / n_split), pre = fa || lo >= hi ? 0 : min(S, (hi - lo + TILE - 1) / TILE);
 
-	for (int i = 0, c0 = lo; i < pre; i++, c0 += ATT_TILE)
-		attn_load_tile<D, T>(ks + i * ATT_TILE * RS, vs + i * ATT_TILE * RS, kv, tab, c0, 0,
-		    max(0, min(min(ATT_TILE, hi - c0), fresh - c0)), nkv, kvh * D);
+	for (int i = 0, c0 = lo; i < pre; i++, c0 += TILE)
+		attn_load_tile<D, T>(ks + i * TILE * RS, vs + i * TILE * RS, kv, tab, c0, 0,
+		    max(0, min(min(TILE, hi - c0), fresh - c0)), nkv, kvh * D);
 	pdl_wait();
 	pdl_trigger();
 	/*
@@ -316,40 +380,30 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 #pragma unroll
 		for (int k = 0; k < DPT; k++)
 			acc[h][k] = 0.0f;
-	for (int i = 0, c0 = lo; i < pre; i++, c0 += ATT_TILE) {
-		int nv = min(ATT_TILE, hi - c0);
+	for (int i = 0, c0 = lo; i < pre; i++, c0 += TILE) {
+		int nv = min(TILE, hi - c0);
 
-		attn_load_tile<D, T>(ks + i * ATT_TILE * RS, vs + i * ATT_TILE * RS, kv, tab, c0,
+		attn_load_tile<D, T>(ks + i * TILE * RS, vs + i * TILE * RS, kv, tab, c0,
 		    max(0, min(nv, fresh - c0)), nv, nkv, kvh * D);
 	}
-	cp_async_commit();
-	for (int c0 = lo, st = 0; c0 < hi; c0 += ATT_TILE, st ^= 1) {
-		int nv = min(ATT_TILE, hi - c0), j = 8 * g + lane % 8;
-		const T *kt = ks + st * ATT_TILE * RS, *vt = vs + st * ATT_TILE * RS;
-
-		/* tile 1 is in already; from tile 2 on, a tile is copied while the one before is used */
-		if (c0 > lo && c0 + ATT_TILE < hi)
-			attn_load_tile<D, T>(ks + (st ^ 1) * ATT_TILE * RS, vs + (st ^ 1) * ATT_TILE * RS, kv, tab,
-			    c0 + ATT_TILE, 0, min(ATT_TILE, hi - c0 - ATT_TILE), nkv, kvh * D);
+	/*
+	 * One group for the first tiles, then S - 1 empty ones, then one a
+	 * tile (tile i + S, copied into tile i's stage once it is used, or
+	 * none): when tile i is used, S - 1 groups have followed its own.
+	 */
+#pragma unroll
+	for (int i = 0; i < S; i++)
 		cp_async_commit();
-		cp_async_wait<1>();
+	for (int c0 = lo, st = 0; c0 < hi; c0 += TILE, st = st + 1 < S ? st + 1 : 0) {
+		int nv = min(TILE, hi - c0), j = 8 * g + lane % 8;
+		const T *kt = ks + st * TILE * RS, *vt = vs + st * TILE * RS;
+
+		cp_async_wait<S - 1>();
 		__syncthreads();
 		ws[j * ATT_GROUP + lane / 8] = attn_scores<D, T>(kt, qs, j, nv, lane / 8);
 		__syncthreads();
-		if (g < ng) {
-			float s = ws[lane * ATT_GROUP + g], mn = fmaxf(m, warp_max(s)), corr = expf(m - mn);
-			float p = lane < nv ? expf(s - mn) : 0.0f;
-
-			l = l * corr + warp_sum(p);
-			m = mn;
-			ws[lane * ATT_GROUP + g] = p;
-			if (lane == 0)
-				cs[g] = corr;
-		} else {
-			ws[lane * ATT_GROUP + g] = 0.0f; /* no head: nothing to weigh */
-			if (lane == 0)
-				cs[g] = 0.0f;
-		}
+		if (g < ATT_GROUP)
+			attn_softmax<TILE>(ws, cs, g, g < ng, nv, &m, &l);
 		__syncthreads();
 #pragma unroll
 		for (int h = 0; h < ATT_GROUP; h++)
@@ -372,6 +426,10 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 			}
 		}
 		__syncthreads(); /* the stage and the weights are refilled next */
+		if (c0 + S * TILE < hi)
+			attn_load_tile<D, T>(ks + st * TILE * RS, vs + st * TILE * RS, kv, tab, c0 + S * TILE, 0,
+			    min(TILE, hi - c0 - S * TILE), nkv, kvh * D);
+		cp_async_commit();
 	}
 	cp_async_wait<0>();
 	if (g < ng && lane == 0)
@@ -490,26 +548,61 @@ cuda_attention_part_rows(int device)
 	return (int64_t)ATT_WAVES * sms * ATT_GROUP;
 }
 
-/* Lets attn_kernel<E, T> have its shared memory on the current device (past 48 KB it must be asked for). */
+/*
+ * attn_wide_splits: ATT_WIDE_WARPS' threads split into whole groups of
+ * head_dim WARP * E (a multiple of 32 a group). attn_wide_fits: 1 if that
+ * width's shared memory fits a block on the current device, -1 on a CUDA
+ * error.
+ */
+template <int E>
+static constexpr bool attn_wide_splits = (ATT_WIDE_WARPS * WARP) % (WARP * E) == 0;
+
 template <int E, typename T>
+static int
+attn_wide_fits(char *err)
+{
+	int dev, most = 0;
+
+	CK(cudaGetDevice(&dev));
+	CK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+	return attn_smem_bytes<T>(WARP * E, ATT_WIDE_WARPS) <= (size_t)most;
+}
+
+/* Lets attn_kernel<E, T, W> have its shared memory on the current device (past 48 KB it must be asked for). */
+template <int E, typename T, int W>
 static int
 attn_smem_limit(char *err)
 {
-	size_t smem = attn_smem_bytes<T>(WARP * E);
+	size_t smem = attn_smem_bytes<T>(WARP * E, W);
 
 	if (smem > 48 * 1024)
-		CK(cudaFuncSetAttribute(attn_kernel<E, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		CK(cudaFuncSetAttribute(attn_kernel<E, T, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 	return 0;
 }
 
-/* Both pool element types (launches never raise the limit: see cuda_attention_setup). */
+/* Both widths, the wide one where it serves (launches never raise the limit: see cuda_attention_setup). */
+template <int E, typename T>
+static int
+attn_smem_limits_t(char *err)
+{
+	int rc = attn_smem_limit<E, T, ATT_WARPS>(err), wide;
+
+	if constexpr (attn_wide_splits<E>) {
+		if (rc != 0 || (wide = attn_wide_fits<E, T>(err)) <= 0)
+			return rc != 0 ? rc : wide;
+		return attn_smem_limit<E, T, ATT_WIDE_WARPS>(err);
+	}
+	return rc;
+}
+
+/* Both pool element types. */
 template <int E>
 static int
 attn_smem_limits(char *err)
 {
-	int rc = attn_smem_limit<E, __half>(err);
+	int rc = attn_smem_limits_t<E, __half>(err);
 
-	return rc != 0 ? rc : attn_smem_limit<E, float>(err);
+	return rc != 0 ? rc : attn_smem_limits_t<E, float>(err);
 }
 
 int
@@ -528,14 +621,32 @@ cuda_attention_setup(int head_dim, char *err)
 	}
 }
 
-/* Launches attn_kernel<E, T> with its shared memory (cuda_attention_setup raised the limit). */
+/*
+ * Launches attn_kernel<E, T, W> with its shared memory (cuda_attention_setup
+ * raised the limit): ATT_WIDE_WARPS where the grid has no more blocks than
+ * the device has multiprocessors and that width serves the head_dim, else
+ * ATT_WARPS.
+ */
 template <int E, typename T>
 static int
 attn_launch_t(dim3 grid, const float *q, float *out, struct cuda_q8 q8, float *part, int n_split,
     const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
-	CK(cuda_launch(attn_kernel<E, T>, grid, dim3(ATT_WARPS * WARP), attn_smem_bytes<T>(WARP * E), st, q, out,
-	    q8, part, n_split, *hd, *kv));
+	int dev, sms = 0, wide;
+
+	CK(cudaGetDevice(&dev));
+	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+	if constexpr (attn_wide_splits<E>) {
+		if ((int64_t)grid.x * grid.y <= sms && (wide = attn_wide_fits<E, T>(err)) != 0) {
+			if (wide < 0)
+				return wide;
+			CK(cuda_launch(attn_kernel<E, T, ATT_WIDE_WARPS>, grid, dim3(ATT_WIDE_WARPS * WARP),
+			    attn_smem_bytes<T>(WARP * E, ATT_WIDE_WARPS), st, q, out, q8, part, n_split, *hd, *kv));
+			return 0;
+		}
+	}
+	CK(cuda_launch(attn_kernel<E, T, ATT_WARPS>, grid, dim3(ATT_WARPS * WARP), attn_smem_bytes<T>(WARP * E, ATT_WARPS),
+	    st, q, out, q8, part, n_split, *hd, *kv));
 	return 0;
 }
 
