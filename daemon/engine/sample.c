@@ -294,8 +294,12 @@ cut_candidates(struct sampler *s, const float *l, int32_t n, float mx)
 		return n;
 	}
 	if (!sorted) {
-		/* a token below min_p of the best's probability is never kept: none such in the heap (a margin for float error) */
-		float keep_floor = s->p.min_p > 0 ? mx + t * (logf(s->p.min_p) - 1e-4f) : -INFINITY;
+		/*
+		 * A token below min_p of the best's probability is never kept: none
+		 * such goes in the heap (with a margin for the float rounding of
+		 * the floor and of the comparison that decides).
+		 */
+		float keep_floor = s->p.min_p > 0 ? mx + t * (logf(s->p.min_p) - 1e-4f) - fabsf(mx) * 1e-6f : -INFINITY;
 
 		for (i = 0, h = 0; i < n; i++)
 			if (l[s->idx[i]] >= keep_floor)

@@ -264,11 +264,12 @@ static int
 prof_step(struct prof *p, int n_tok, char *err)
 {
 	float ms;
+	int rc;
 
 	if (!p->on)
 		return 0;
-	if (p->on == PROF_STEPS && prof_span(p, err) != 0)
-		return -1;
+	if (p->on == PROF_STEPS && (rc = prof_span(p, err)) != 0)
+		return rc;
 	for (int i = 1; i < p->n; i++) {
 		CK(cudaEventElapsedTime(&ms, p->ev[i - 1], p->ev[i]));
 		p->ms[p->ph[i - 1]] += ms;
@@ -1306,10 +1307,18 @@ stage_picks(struct backend *b, const struct fwd_batch *batch, int n_logits, char
 	if (b->pick_part == NULL)
 		return err_set(err, ERR_UNSUPPORTED, "sampling on the GPU: a vocabulary of %d (at most %d)",
 		    b->m->hp.n_vocab, FWD_PICK_MAX_VOCAB);
-	for (int r = 0; r < n_logits; r++)
-		if (batch->pick[r].n_pen < 0 || batch->pick[r].n_pen > FWD_PICK_PENALTY_MAX ||
-		    batch->pick[r].pen0 != (r > 0 ? pen_pairs(batch, r) : 0))
+	for (int r = 0; r < n_logits; r++) {
+		const struct fwd_pick *f = &batch->pick[r];
+
+		if (f->n_pen < 0 || f->n_pen > FWD_PICK_PENALTY_MAX || f->pen0 != (r > 0 ? pen_pairs(batch, r) : 0) ||
+		    (f->n_pen > 0 && (batch->pen_tok == NULL || batch->pen_cnt == NULL)))
 			return err_set(err, ERR_INVAL, "sampling on the GPU: row %d's penalty window", r);
+		if (f->temperature > 0 && (f->top_k < 1 || f->top_k > FWD_PICK_TOP_K))
+			return err_set(err, ERR_INVAL, "sampling on the GPU: row %d's top-k %d (1 to %d)", r, f->top_k,
+			    FWD_PICK_TOP_K);
+		if (f->logprob && batch->logprob == NULL)
+			return err_set(err, ERR_INVAL, "sampling on the GPU: row %d's log-probability has no place", r);
+	}
 	memcpy(b->host_pick, batch->pick, (size_t)n_logits * sizeof *b->host_pick);
 	CK(cudaMemcpyAsync(b->dev_pick, b->host_pick, (size_t)n_logits * sizeof *b->host_pick,
 	    cudaMemcpyHostToDevice, b->stream));

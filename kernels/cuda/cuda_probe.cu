@@ -886,6 +886,9 @@ pick_run(struct cuda_probe *p, struct bufs *bs, const float *x, int n_rows, int 
 
 	if (n_rows < 1 || n < 1 || n > FWD_PICK_MAX_VOCAB || n_pairs < 0)
 		return err_set(err, ERR_INVAL, "cuda_probe: picks of %d rows of %d", n_rows, n);
+	for (int r = 0; r < n_rows; r++)
+		if (how[r].pen0 < 0 || how[r].n_pen < 0 || how[r].pen0 + how[r].n_pen > n_pairs)
+			return err_set(err, ERR_INVAL, "cuda_probe: row %d's penalty window", r);
 	/* the penalties rewrite the logits in place */
 	if ((rc = buf_new(p, bs, x, (size_t)n_rows * (size_t)n * sizeof(float), n_pairs > 0, &dx, err)) != 0 ||
 	    (rc = buf_new(p, bs, how, (size_t)n_rows * sizeof *how, 0, &dhow, err)) != 0 ||

@@ -21,7 +21,11 @@
 static __device__ __forceinline__ uint64_t
 pick_key(float v, int32_t id)
 {
-	uint32_t u = __float_as_uint(v);
+	uint32_t u;
+
+	if (v == 0.0f) /* -0 ties with +0, as the host compares them */
+		v = 0.0f;
+	u = __float_as_uint(v);
 
 	u = u & 0x80000000u ? ~u : u | 0x80000000u;
 	return (uint64_t)u << 32 | (uint32_t)~id;
@@ -185,7 +189,7 @@ pick_slice_kernel(const float *__restrict__ logits, int n, const struct fwd_pick
 	mx = block_max(mx, red);
 #pragma unroll
 	for (int j = 0; j < PICK_PER_THREAD; j++)
-		if (i0 + j * PICK_THREADS < n)
+		if (i0 + j * PICK_THREADS < n && mx > -INFINITY) /* a slice all -inf weighs nothing */
 			sum += expf((key_logit(key[j]) - mx) / t);
 	sum = block_sum(sum, red);
 	if (threadIdx.x == 0)
@@ -231,7 +235,8 @@ pick_store(uint64_t k, const struct fwd_pick &h, const float2 *st, int slices, i
 	for (int s = 0; s < slices; s++)
 		mx = fmaxf(mx, st[s].x);
 	for (int s = 0; s < slices; s++)
-		sum += (double)st[s].y * exp((double)(st[s].x - mx) / t);
+		if (st[s].y > 0)
+			sum += (double)st[s].y * exp((double)(st[s].x - mx) / t);
 	logprob[blockIdx.x] = (float)((double)(key_logit(k) - mx) / t - log(sum));
 }
 
@@ -303,9 +308,9 @@ pick_draw_kernel(const uint64_t *__restrict__ best, const float2 *__restrict__ s
 	}
 	for (i = 0, cum = 0; i < keep; i++)
 		cum += prob[i];
-	r = h.u * cum;
+	r = __dmul_rn(h.u, cum); /* rounded before the subtractions, as the host does: not fused */
 	for (i = 0; i < keep - 1; i++) {
-		r -= prob[i];
+		r = __dsub_rn(r, prob[i]);
 		if (r < 0)
 			break;
 	}
@@ -320,7 +325,9 @@ cuda_pick(float *logits, int n_rows, int n, const struct fwd_pick *how, const in
 	unsigned slices = (unsigned)PICK_SLICES(n);
 	float2 *stats = (float2 *)(scratch + (size_t)n_rows * slices * FWD_PICK_TOP_K);
 
-	if (n < 1 || n > FWD_PICK_MAX_VOCAB)
+	if (n < 1 || n_rows < 1)
+		return err_set(err, ERR_INVAL, "sampling on the GPU: %d rows of %d", n_rows, n);
+	if (n > FWD_PICK_MAX_VOCAB)
 		return err_set(err, ERR_UNSUPPORTED, "sampling on the GPU: a vocabulary of %d (at most %d)", n,
 		    FWD_PICK_MAX_VOCAB);
 	if (penalized)

@@ -13,8 +13,9 @@
  * of context (prefilled first, not timed; depth 0 is a one-token prompt).
  * With -s ("tgN s") they sample as a chat request does by default, so the
  * row counts the sampler's time per token too (a sampled end-of-text token
- * ends a sequence early: the tokens made are counted). Token ids are random (seeded), so no text is needed; throughput does not
- * depend on the ids.
+ * ends a sequence early: the tokens made are counted). Token ids are
+ * random (seeded), so no text is needed; throughput does not depend on
+ * the ids.
  *
  * For tg rows, GB/s is the bytes a decode step must read (the weights, less
  * the embedding rows it does not look up unless the output is tied to them,

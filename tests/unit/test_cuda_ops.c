@@ -1354,7 +1354,7 @@ pick_row(int r, int d, int n, struct sampler *sm, struct fwd_pick *fp, int32_t *
 
 /*
  * Draws on the GPU against the host sampler's draws with the same u, over
- * rows whose best logits tie (the lower id first), with and without
+ * rows whose best logits tie (the lower id first; -0 with +0), with and without
  * penalties and log-probabilities, vocabularies narrower than top_k and
  * Gemma 3's 262,144: the same token every time, the same log-probability
  * to float rounding.
@@ -1378,6 +1378,8 @@ test_pick(void **state)
 		for (int r = 0; r < PICK_ROWS; r++)
 			for (int i = 0; i < 3 && 7 * i < n; i++)
 				x[(size_t)r * n + 7 * i] = 9.5f; /* the best, three times */
+		for (int i = 0; i < n; i++) /* row 2 (top-k 1): -0 and +0 the best, which tie (the lower id) */
+			x[2 * (size_t)n + i] = i == 1 ? -0.0f : i == 3 ? 0.0f : -1.0f - fabsf(x[2 * (size_t)n + i]);
 		for (int d = 0; d < DRAWS; d++) {
 			struct sampler sm[PICK_ROWS];
 			struct fwd_pick fp[PICK_ROWS];
