@@ -104,6 +104,7 @@ engine_pick_backend(const char *device, const struct backend_ops **ops, char *er
 static void
 resolve_opts(struct engine *e, const struct engine_opts *o)
 {
+	const char *host_picks;
 	int32_t kv_tokens;
 
 	e->n_ctx = o->n_ctx > 0 ? o->n_ctx : MIN(e->m->hp.n_ctx_train, DEFAULT_CTX_CAP);
@@ -117,7 +118,8 @@ resolve_opts(struct engine *e, const struct engine_opts *o)
 	e->bo.max_seqs = e->max_seqs;
 	e->bo.exact = o->exact;
 	e->exact = o->exact != 0;
-	e->host_picks = getenv("RESIDENT_HOST_SAMPLING") != NULL && atoi(getenv("RESIDENT_HOST_SAMPLING")) != 0;
+	host_picks = getenv("RESIDENT_HOST_SAMPLING");
+	e->host_picks = host_picks != NULL && atoi(host_picks) != 0;
 	e->host = o->host;
 	e->disk = o->disk;
 }

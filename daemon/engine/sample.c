@@ -227,6 +227,17 @@ heapify(const float *l, int32_t *h, int32_t n, int best_top)
 		heap_down(l, h, n, i, best_top);
 }
 
+/* Takes the top of the heap h[0..*n) off (its last node fills the top), and returns it. */
+static int32_t
+heap_pop(const float *l, int32_t *h, int32_t *n, int best_top)
+{
+	int32_t top = h[0];
+
+	h[0] = h[--*n];
+	heap_down(l, h, *n, 0, best_top);
+	return top;
+}
+
 /*
  * The k best tokens in s->idx, best first (a heap of the k kept, its worst
  * on top: one pass over the vocabulary, where sorting all of it took
@@ -236,7 +247,7 @@ heapify(const float *l, int32_t *h, int32_t n, int best_top)
 static int32_t
 top_k(struct sampler *s, const float *l, int32_t k)
 {
-	int32_t i, t, n = MIN(k, s->n_vocab);
+	int32_t i, m, n = MIN(k, s->n_vocab);
 	float worst, floor;
 
 	for (i = 0; i < n; i++)
@@ -249,9 +260,10 @@ top_k(struct sampler *s, const float *l, int32_t k)
 			heap_down(l, s->idx, n, 0, 0);
 			worst = l[s->idx[0]];
 		}
-	for (i = n; i > 1; i--) { /* the worst left goes last: best first */
-		t = s->idx[0], s->idx[0] = s->idx[i - 1], s->idx[i - 1] = t;
-		heap_down(l, s->idx, i - 1, 0, 0);
+	for (m = n; m > 0;) { /* the worst left goes last: best first */
+		int32_t worst_id = heap_pop(l, s->idx, &m, 0);
+
+		s->idx[m] = worst_id;
 	}
 	floor = l[s->idx[0]] - 40.0f * s->p.temperature;
 	while (n > 1 && l[s->idx[n - 1]] < floor)
@@ -307,13 +319,7 @@ cut_candidates(struct sampler *s, const float *l, int32_t n, float mx)
 		heapify(l, s->idx, h, 1);
 	}
 	while (sorted ? keep < n : h > 0) {
-		if (sorted) {
-			id = s->idx[keep];
-		} else {
-			id = s->idx[0];
-			s->idx[0] = s->idx[--h];
-			heap_down(l, s->idx, h, 0, 1);
-		}
+		id = sorted ? s->idx[keep] : heap_pop(l, s->idx, &h, 1);
 		p = (float)(expf((l[id] - mx) / t) / sum);
 		if (keep > 0 && p < s->p.min_p * s->prob[0])
 			break;

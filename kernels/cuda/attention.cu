@@ -531,16 +531,6 @@ cuda_qk(float *q, float *k, const float *v, int n_tok, const struct cuda_heads *
 	return 0;
 }
 
-/* Blocks of attention that keep the device busy: ATT_WAVES per multiprocessor. */
-static int
-attn_target_blocks(int device, char *err)
-{
-	int sms = 0;
-
-	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-	return ATT_WAVES * sms;
-}
-
 int64_t
 cuda_attention_part_rows(int device)
 {
@@ -554,19 +544,17 @@ cuda_attention_part_rows(int device)
 /*
  * attn_wide_splits: ATT_WIDE_WARPS' threads split into whole groups of
  * head_dim WARP * E (a multiple of 32 a group). attn_wide_fits: 1 if that
- * width's shared memory fits a block on the current device, -1 on a CUDA
- * error.
+ * width's shared memory fits a block on device dev, -1 on a CUDA error.
  */
 template <int E>
 static constexpr bool attn_wide_splits = (ATT_WIDE_WARPS * WARP) % (WARP * E) == 0;
 
 template <int E, typename T>
 static int
-attn_wide_fits(char *err)
+attn_wide_fits(int dev, char *err)
 {
-	int dev, most = 0;
+	int most = 0;
 
-	CK(cudaGetDevice(&dev));
 	CK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
 	return attn_smem_bytes<T>(WARP * E, ATT_WIDE_WARPS) <= (size_t)most;
 }
@@ -588,11 +576,14 @@ template <int E, typename T>
 static int
 attn_smem_limits_t(char *err)
 {
-	int rc = attn_smem_limit<E, T, ATT_WARPS>(err), wide;
+	int rc = attn_smem_limit<E, T, ATT_WARPS>(err), wide, dev;
 
 	if constexpr (attn_wide_splits<E>) {
-		if (rc != 0 || (wide = attn_wide_fits<E, T>(err)) <= 0)
-			return rc != 0 ? rc : wide;
+		if (rc != 0)
+			return rc;
+		CK(cudaGetDevice(&dev));
+		if ((wide = attn_wide_fits<E, T>(dev, err)) <= 0)
+			return wide;
 		return attn_smem_limit<E, T, ATT_WIDE_WARPS>(err);
 	}
 	return rc;
@@ -632,21 +623,20 @@ cuda_attention_setup(int head_dim, char *err)
  */
 template <int E, typename T>
 static int
-attn_launch_t(dim3 grid, const float *q, float *out, struct cuda_q8 q8, float *part, int n_split,
+attn_launch_t(dim3 grid, int dev, int sms, const float *q, float *out, struct cuda_q8 q8, float *part, int n_split,
     const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
 	if constexpr (attn_wide_splits<E>) {
 		size_t smem = attn_smem_bytes<T>(WARP * E, ATT_WIDE_WARPS);
-		int dev, sms = 0, per = 0, wide = attn_wide_fits<E, T>(err);
+		int64_t blocks = (int64_t)grid.x * grid.y;
+		int per = 0, wide = 0;
 
-		if (wide < 0)
+		if (blocks <= (int64_t)ATT_WIDE_PER_SM * sms && (wide = attn_wide_fits<E, T>(dev, err)) < 0)
 			return wide;
-		CK(cudaGetDevice(&dev));
-		CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
 		if (wide)
 			CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attn_kernel<E, T, ATT_WIDE_WARPS>,
 			    ATT_WIDE_WARPS * WARP, smem));
-		if ((int64_t)grid.x * grid.y <= (int64_t)MIN(per, ATT_WIDE_PER_SM) * sms) {
+		if (wide && blocks <= (int64_t)MIN(per, ATT_WIDE_PER_SM) * sms) {
 			CK(cuda_launch(attn_kernel<E, T, ATT_WIDE_WARPS>, grid, dim3(ATT_WIDE_WARPS * WARP), smem, st, q,
 			    out, q8, part, n_split, *hd, *kv));
 			return 0;
@@ -660,19 +650,19 @@ attn_launch_t(dim3 grid, const float *q, float *out, struct cuda_q8 q8, float *p
 /* attn_launch_t for the pool's element type. */
 template <int E>
 static int
-attn_launch(dim3 grid, const float *q, float *out, struct cuda_q8 q8, float *part, int n_split,
+attn_launch(dim3 grid, int dev, int sms, const float *q, float *out, struct cuda_q8 q8, float *part, int n_split,
     const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
 	if (kv->f32)
-		return attn_launch_t<E, float>(grid, q, out, q8, part, n_split, hd, kv, st, err);
-	return attn_launch_t<E, __half>(grid, q, out, q8, part, n_split, hd, kv, st, err);
+		return attn_launch_t<E, float>(grid, dev, sms, q, out, q8, part, n_split, hd, kv, st, err);
+	return attn_launch_t<E, __half>(grid, dev, sms, q, out, q8, part, n_split, hd, kv, st, err);
 }
 
 int
 cuda_attention(const float *q, float *out, struct cuda_q8 q8, int n_tok, const struct cuda_heads *hd,
     const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
-	int group = hd->n_head / hd->n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP, dev, rc;
+	int group = hd->n_head / hd->n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP, dev, sms = 0, rc;
 	int64_t base = (int64_t)n_tok * hd->n_head_kv * ngb, n_split = 1, target;
 
 	if (q8.q != NULL && kv->fa_tiles != NULL)
@@ -680,8 +670,8 @@ cuda_attention(const float *q, float *out, struct cuda_q8 q8, int n_tok, const s
 	if (kv->fa_tiles != NULL && (rc = cuda_flash(q, out, hd, kv, st, err)) != 0)
 		return rc;
 	CK(cudaGetDevice(&dev));
-	if ((target = attn_target_blocks(dev, err)) < 0)
-		return (int)target;
+	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+	target = (int64_t)ATT_WAVES * sms; /* blocks that keep the device busy */
 	if (kv->part != NULL && base < target)
 		n_split = MIN(MIN(target / base, (int64_t)ATT_MAX_SPLITS), kv->part_rows / ((int64_t)n_tok * hd->n_head));
 	n_split = MIN(n_split, ((int64_t)kv->max_len + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN);
@@ -691,7 +681,7 @@ cuda_attention(const float *q, float *out, struct cuda_q8 q8, int n_tok, const s
 	switch (hd->head_dim / WARP) {
 #define E_CASE(E) \
 	case E: \
-		rc = attn_launch<E>(grid, q, out, q8, kv->part, (int)n_split, hd, kv, st, err); \
+		rc = attn_launch<E>(grid, dev, sms, q, out, q8, kv->part, (int)n_split, hd, kv, st, err); \
 		break;
 	E_CASE(1) E_CASE(2) E_CASE(3) E_CASE(4) E_CASE(5) E_CASE(6) E_CASE(7) E_CASE(8)
 #undef E_CASE

@@ -1336,14 +1336,14 @@ stage_picks(struct backend *b, const struct fwd_batch *batch, int n_logits, char
 static int
 pick_rows(struct backend *b, const struct fwd_batch *batch, int r0, int nr, char *err)
 {
-	int V = b->m->hp.n_vocab, pen = 0;
+	int V = b->m->hp.n_vocab;
 
 	if (batch->pick == NULL)
 		return cuda_argmax(b->logits, nr, V, b->dev_argmax + r0, b->argmax_part, b->stream, err);
-	for (int r = r0; r < r0 + nr; r++)
-		pen |= batch->pick[r].n_pen > 0;
-	return cuda_pick(b->logits, nr, V, b->dev_pick + r0, b->dev_pen, b->dev_pen + PEN_INTS(b->max_tokens) / 2, pen,
-	    b->dev_argmax + r0, b->dev_lp + r0, b->pick_part, b->stream, err);
+	/* the rows' windows follow each other: these rows have some if theirs end past their first's start */
+	return cuda_pick(b->logits, nr, V, b->dev_pick + r0, b->dev_pen, b->dev_pen + PEN_INTS(b->max_tokens) / 2,
+	    pen_pairs(batch, r0 + nr) > batch->pick[r0].pen0, b->dev_argmax + r0, b->dev_lp + r0, b->pick_part,
+	    b->stream, err);
 }
 
 static int
