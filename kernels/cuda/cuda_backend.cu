@@ -735,6 +735,15 @@ open_blas(struct backend *b, char *err)
 	return 0;
 }
 
+/* The value of environment variable name as an integer, or def where it is unset or empty. */
+static int
+env_int(const char *name, int def)
+{
+	const char *s = getenv(name);
+
+	return s != NULL && *s != '\0' ? atoi(s) : def;
+}
+
 /*
  * The largest token count that goes to the matrix-vector kernels
  * (RESIDENT_CUDA_MMV_MAX); in exact mode every count, since cuBLAS takes
@@ -743,11 +752,7 @@ open_blas(struct backend *b, char *err)
 static int
 mmv_max(int exact)
 {
-	const char *s = getenv("RESIDENT_CUDA_MMV_MAX");
-
-	if (exact)
-		return INT_MAX;
-	return s != NULL && *s != '\0' ? atoi(s) : MMV_MAX_DEFAULT;
+	return exact ? INT_MAX : env_int("RESIDENT_CUDA_MMV_MAX", MMV_MAX_DEFAULT);
 }
 
 /* Bytes of one K or V element of the pool. */
@@ -876,6 +881,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 		c->w_down = weight_of(b, mats, n, off, L->w_down);
 	}
 	b->mm.mmv_max = mmv_max(b->exact);
+	b->mm.mmt_max = env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS);
 	b->use_graphs = getenv("RESIDENT_CUDA_GRAPHS") == NULL || atoi(getenv("RESIDENT_CUDA_GRAPHS")) != 0;
 	b->flash_tokens = flash_tokens(&m->hp, b->exact);
 	rc = 0;

@@ -336,7 +336,8 @@ matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight
 	if ((rc = mm_scratch(p, w->k, n_tok, tile, reuse_x, err)) != 0)
 		return rc;
 	p->x_valid = 0;
-	p->mm.mmv_max = path == CUDA_PROBE_GEMM || path == CUDA_PROBE_GEMM_WHOLE ? 0 : INT_MAX;
+	p->mm.mmv_max = path == CUDA_PROBE_GEMM || path == CUDA_PROBE_GEMM_WHOLE || path == CUDA_PROBE_FEW ? 0 : INT_MAX;
+	p->mm.mmt_max = path == CUDA_PROBE_FEW ? MMT_MAX_TOKENS : 0;
 	p->mm.sms = path == CUDA_PROBE_GEMM_WHOLE ? 0 : p->sms; /* no multiprocessors to fill: no split */
 	if ((rc = int8_scratch(p, path, w->k, n_tok, err)) != 0)
 		return rc;
@@ -775,6 +776,7 @@ qkv_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w
 		return rc;
 	p->x_valid = 0;
 	p->mm.mmv_max = INT_MAX;
+	p->mm.mmt_max = 0;
 	p->mm.sms = p->sms;
 	qkv_parts(&cw, w2 != NULL ? &cw2 : NULL, nq, nkv, part);
 	if ((rc = cuda_matmul_qkv(&p->mm, wp, (const float *)dx, (int)w->k, n_tok, (float *)dq, &ch, &ck, 0, err)) != 0 ||

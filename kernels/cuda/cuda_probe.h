@@ -45,6 +45,8 @@ enum cuda_probe_path {
 	CUDA_PROBE_GEMM_WHOLE, /* as CUDA_PROBE_GEMM, K never split */
 	CUDA_PROBE_INT8,   /* the matrix-vector kernels with int8 activations where the type has
 	                      an integer kernel (Q4_K, Q6_K, Q8_0; the others stay fp32) */
+	CUDA_PROBE_FEW,    /* as CUDA_PROBE_GEMM, but up to MMT_MAX_TOKENS tokens of Q4_K and Q6_K
+	                      on mmt.cu's kernel */
 };
 
 /*

@@ -936,7 +936,8 @@ products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const f
 		}
 		j = run_of(w, n_w, i, many, y, ldy, &out, &all);
 		if (many)
-			rc = cuda_qgemm(m, &all, n_tok, &out, err);
+			rc = cuda_mmt_fits(m, &all, n_tok) ? cuda_mmt(m, &all, n_tok, &out, err) :
+							    cuda_qgemm(m, &all, n_tok, &out, err);
 		else if (j < n_w && n_tok <= MMQ_PAIR_TOKENS && w[j]->type != w[i]->type && cuda_matmul_int8(m, w[i]) &&
 		    cuda_matmul_int8(m, w[j])) {
 			j = run_of(w, n_w, j, 0, y, ldy, &out, &second);

@@ -33,7 +33,8 @@ struct cuda_mm {
 	float *xscale;     /* max_tokens: the power of two each row of xh was divided by */
 	__half *wh;        /* wh_elems: rows of a weight, dequantized */
 	int64_t wh_elems;
-	int mmv_max;       /* up to this many tokens: matrix-vector kernels; above: cuBLAS */
+	int mmv_max;       /* up to this many tokens: matrix-vector kernels; above: the tensor cores, cuBLAS */
+	int mmt_max;       /* above mmv_max and up to this many: mmt.cu's kernel where it takes the type */
 	/*
 	 * The activations as two int8 rows (max_tokens x 2 x widest input)
 	 * with a scale and a sum per 32 (max_tokens x widest / 32), for the
@@ -169,5 +170,19 @@ int64_t cuda_qgemm_part_elems(int sms);
 
 /* Elements of fp16 scratch cuBLAS wants for rows of this weight converted a tile at a time (BF16, F32). */
 int64_t cuda_matmul_tile_elems(const struct cuda_weight *w);
+
+/* ---- mmt.cu: a few tokens on the tensor cores, each warp streaming its own rows ---- */
+
+/* The most tokens of one mmt.cu product: one n8 tile. */
+#define MMT_MAX_TOKENS 8
+
+/* 1 if cuda_mmt multiplies n_tok tokens by w (Q4_K or Q6_K, rows whole blocks, n_tok up to m->mmt_max). */
+int cuda_mmt_fits(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok);
+
+/*
+ * As cuda_qgemm, for a weight and token count cuda_mmt_fits takes (else
+ * ERR_UNSUPPORTED); no split sums.
+ */
+int cuda_mmt(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct mm_out *out, char *err);
 
 #endif

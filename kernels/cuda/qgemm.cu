@@ -75,51 +75,6 @@ using qg_c32 = qg_cfg<32, 4, 1, 4>;
 using qg_c64 = qg_cfg<64, 4, 1, 4>;
 using qg_c128 = qg_cfg<128, 4, 2, 4>;
 
-/* ---- fp16 arithmetic on quants ---- */
-
-static __device__ __forceinline__ __half2
-as_h2(uint32_t u)
-{
-	__half2 h;
-
-	memcpy(&h, &u, sizeof h);
-	return h;
-}
-
-static __device__ __forceinline__ uint32_t
-as_u32(__half2 h)
-{
-	uint32_t u;
-
-	memcpy(&u, &h, sizeof u);
-	return u;
-}
-
-/* fp16 pairs 0x6400 | n: the values 1024 + n, exact for n < 1024. */
-#define H_1024 0x64006400u
-#define H_1032 0x64086408u /* 1024 + 8: Q4_0's offset */
-#define H_1040 0x64106410u /* 1024 + 16: Q5_0's */
-#define H_1056 0x64206420u /* 1024 + 32: Q6_K's */
-#define H_1152 0x64806480u /* 1024 + 128: Q8_0's bytes, xor 0x80 */
-
-/*
- * The A fragments take the k slots of a k16 step in the order of the
- * quants in memory: lane t of a row group holds elements 4t .. 4t+3 of the
- * 16 (slots 2t, 2t+1 and 2t+8, 2t+9), and its B fragment the tokens'
- * values of the same elements, one 8-byte load. So one 32-bit word of a
- * block's quant bytes gives a lane both A registers of a row.
- *
- * qg_pairs: x holds four unsigned byte values, those of the lane's four
- * elements; each pair becomes the fp16 pair 1024 + byte, less off, times
- * scale, plus add (the K types' - dmin m; 0 for the others).
- */
-static __device__ __forceinline__ void
-qg_pairs(uint32_t x, uint32_t off, __half2 scale, __half2 add, uint32_t a[2])
-{
-	a[0] = as_u32(__hfma2(__hsub2(as_h2(__byte_perm(x, 0x64646464u, 0x4140)), as_h2(off)), scale, add));
-	a[1] = as_u32(__hfma2(__hsub2(as_h2(__byte_perm(x, 0x64646464u, 0x4342)), as_h2(off)), scale, add));
-}
-
 /* Four bytes at a 2-byte aligned shared address, as one word. */
 static __device__ __forceinline__ uint32_t
 qg_word2(const uint8_t *p)
@@ -198,7 +153,7 @@ template <> struct qg_type<TT_Q4_K> {
 			int g = 2 * part + kk / 2;
 			uint32_t x = (*(const uint32_t *)(q + 16 * (kk & 1)) >> (4 * (kk / 2))) & 0x0f0f0f0fu;
 
-			qg_pairs(x, H_1024, as_h2(tab[2 * g]), as_h2(tab[2 * g + 1]), a[kk]);
+			h2_pairs(x, H_1024, as_h2(tab[2 * g]), as_h2(tab[2 * g + 1]), a[kk]);
 		}
 	}
 };
@@ -222,7 +177,7 @@ template <> struct qg_type<TT_Q5_K> {
 			uint32_t x = (*(const uint32_t *)(q + 16 * (kk & 1)) >> (4 * (kk / 2))) & 0x0f0f0f0fu;
 
 			x |= ((*(const uint32_t *)(qh + 16 * (kk & 1)) >> g) & 0x01010101u) << 4;
-			qg_pairs(x, H_1024, as_h2(tab[2 * g]), as_h2(tab[2 * g + 1]), a[kk]);
+			h2_pairs(x, H_1024, as_h2(tab[2 * g]), as_h2(tab[2 * g + 1]), a[kk]);
 		}
 	}
 };
@@ -265,7 +220,7 @@ template <> struct qg_type<TT_Q6_KG> {
 			uint32_t x = ((*(const uint32_t *)(b + 64 * h + 32 * (kk / 2) + l) >> (4 * (part & 1))) & 0x0f0f0f0fu) |
 			    ((*(const uint32_t *)(b + 128 + 32 * h + l) >> (2 * s)) & 0x03030303u) << 4;
 
-			qg_pairs(x, H_1056, as_h2(tab[4 * part + kk]), as_h2(0u), a[kk]);
+			h2_pairs(x, H_1056, as_h2(tab[4 * part + kk]), as_h2(0u), a[kk]);
 		}
 	}
 };
@@ -284,7 +239,7 @@ template <> struct qg_type<TT_Q8_0> {
 		for (int kk = 0; kk < 4; kk++) {
 			const uint8_t *blk = b + 34 * (kk / 2);
 
-			qg_pairs(qg_word2(blk + 2 + 16 * (kk & 1) + 4 * t) ^ 0x80808080u, H_1152, smem_f16x2(blk), as_h2(0u),
+			h2_pairs(qg_word2(blk + 2 + 16 * (kk & 1) + 4 * t) ^ 0x80808080u, H_1152, smem_f16x2(blk), as_h2(0u),
 			    a[kk]);
 		}
 	}
@@ -304,7 +259,7 @@ template <> struct qg_type<TT_Q4_0> {
 		for (int kk = 0; kk < 4; kk++) {
 			const uint8_t *blk = b + 18 * (kk / 2);
 
-			qg_pairs((qg_word2(blk + 2 + 4 * t) >> (4 * (kk & 1))) & 0x0f0f0f0fu, H_1032, smem_f16x2(blk),
+			h2_pairs((qg_word2(blk + 2 + 4 * t) >> (4 * (kk & 1))) & 0x0f0f0f0fu, H_1032, smem_f16x2(blk),
 			    as_h2(0u), a[kk]);
 		}
 	}
@@ -326,7 +281,7 @@ template <> struct qg_type<TT_Q5_0> {
 			uint32_t qh = qg_word2(blk + 2) >> (16 * (kk & 1) + 4 * t);
 			uint32_t x = ((qg_word2(blk + 6 + 4 * t) >> (4 * (kk & 1))) & 0x0f0f0f0fu) | spread4(qh);
 
-			qg_pairs(x, H_1040, smem_f16x2(blk), as_h2(0u), a[kk]);
+			h2_pairs(x, H_1040, smem_f16x2(blk), as_h2(0u), a[kk]);
 		}
 	}
 };

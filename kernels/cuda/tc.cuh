@@ -14,6 +14,8 @@
 
 #include "cuda_common.cuh"
 
+#include <string.h>
+
 /* 16 bytes from global to shared memory without passing through registers. */
 static __device__ __forceinline__ void
 cp_async16(void *smem, const void *gmem)
@@ -83,6 +85,51 @@ pack_half2(float lo, float hi)
 	__half2 h = __floats2half2_rn(lo, hi);
 
 	return *(const uint32_t *)&h;
+}
+
+/* ---- fp16 arithmetic on quants ---- */
+
+static __device__ __forceinline__ __half2
+as_h2(uint32_t u)
+{
+	__half2 h;
+
+	memcpy(&h, &u, sizeof h);
+	return h;
+}
+
+static __device__ __forceinline__ uint32_t
+as_u32(__half2 h)
+{
+	uint32_t u;
+
+	memcpy(&u, &h, sizeof u);
+	return u;
+}
+
+/* fp16 pairs 0x6400 | n: the values 1024 + n, exact for n < 1024. */
+#define H_1024 0x64006400u
+#define H_1032 0x64086408u /* 1024 + 8: Q4_0's offset */
+#define H_1040 0x64106410u /* 1024 + 16: Q5_0's */
+#define H_1056 0x64206420u /* 1024 + 32: Q6_K's */
+#define H_1152 0x64806480u /* 1024 + 128: Q8_0's bytes, xor 0x80 */
+
+/*
+ * The A fragments take the k slots of a k16 step in the order of the
+ * quants in memory: lane t of a row group holds elements 4t .. 4t+3 of the
+ * 16 (slots 2t, 2t+1 and 2t+8, 2t+9), and its B fragment the tokens'
+ * values of the same elements, one 8-byte load. So one 32-bit word of a
+ * block's quant bytes gives a lane both A registers of a row.
+ *
+ * h2_pairs: x holds four unsigned byte values, those of the lane's four
+ * elements; each pair becomes the fp16 pair 1024 + byte, less off, times
+ * scale, plus add (the K types' - dmin m; 0 for the others).
+ */
+static __device__ __forceinline__ void
+h2_pairs(uint32_t x, uint32_t off, __half2 scale, __half2 add, uint32_t a[2])
+{
+	a[0] = as_u32(__hfma2(__hsub2(as_h2(__byte_perm(x, 0x64646464u, 0x4140)), as_h2(off)), scale, add));
+	a[1] = as_u32(__hfma2(__hsub2(as_h2(__byte_perm(x, 0x64646464u, 0x4342)), as_h2(off)), scale, add));
 }
 
 #endif

@@ -302,7 +302,7 @@ static const char *
 path_name(enum cuda_probe_path path)
 {
 	return path == CUDA_PROBE_MATVEC ? "matvec" : path == CUDA_PROBE_INT8 ? "int8" :
-	    path == CUDA_PROBE_GEMM ? "gemm" : "gemm-whole";
+	    path == CUDA_PROBE_GEMM ? "gemm" : path == CUDA_PROBE_FEW ? "few" : "gemm-whole";
 }
 
 /* Fails unless y (n_tok x n) is t x within tol of sum |w x| per value; returns the worst error / sum |w x|. */
@@ -359,15 +359,25 @@ check_matmul(const struct model_tensor *t, const float *wf, const float *x, int 
  * Rows, tokens, cuBLAS tile rows, width and an fp16-overflowing last token
  * of the products tried on each path. The many-token shapes cut the
  * tensor-core kernel's tiles (64 or 128 rows, 16 to 128 tokens) unevenly,
- * split K or not, and reach 4,100 rows and 4,100 tokens.
+ * split K or not, and reach 4,100 rows and 4,100 tokens. The few-token
+ * shapes cut mmt.cu's tiles of 16 rows unevenly and give its four warps 1
+ * to 33 blocks of a row (some none), with 1 to 8 tokens.
  */
-static const struct { int n, n_tok, tile; enum width w; int big_row; } mv_shapes[] = {
+struct mm_shape {
+	int n, n_tok, tile;
+	enum width w;
+	int big_row;
+};
+static const struct mm_shape mv_shapes[] = {
 	{ 1, 1, 0, W_SMALL, 0 }, { 37, 1, 0, W_MID, 0 }, { 130, 3, 0, W_SMALL, 0 }, { 259, 13, 0, W_MID, 0 },
 	{ 6, 8, 0, W_MID, 0 }, { 37, 1, 0, W_WIDE, 0 }, { 3, 1, 0, W_WIDE, 0 },
 }, mm_shapes[] = {
 	{ 37, 9, 0, W_MID, 0 }, { 259, 33, 64, W_MID, 1 }, { 130, 100, 7, W_SMALL, 0 }, { 5, 17, 0, W_MID, 1 },
 	{ 64, 64, 0, W_MID, 0 }, { 100, 513, 0, W_MID, 0 }, { 4100, 17, 0, W_MID, 0 }, { 9, 4100, 0, W_SMALL, 0 },
 	{ 33, 40, 5, W_ODD, 0 },
+}, few_shapes[] = {
+	{ 1, 1, 0, W_SMALL, 0 }, { 37, 2, 0, W_MID, 0 }, { 130, 3, 0, W_WIDE, 0 }, { 16, 8, 0, W_MID, 1 },
+	{ 259, 5, 0, W_MID, 0 }, { 6, 8, 0, W_SMALL, 0 }, { 33, 7, 0, W_ODD, 0 }, { 4100, 4, 0, W_MID, 0 },
 };
 
 /* Every type on one path over its shapes; on the many-token paths a second weight reuses the fp16 x. */
@@ -375,18 +385,17 @@ static void
 matmul_path(enum cuda_probe_path path)
 {
 	int mv = path == CUDA_PROBE_MATVEC || path == CUDA_PROBE_INT8;
-	int n_shapes = mv ? (int)ARRAY_LEN(mv_shapes) : (int)ARRAY_LEN(mm_shapes);
+	const struct mm_shape *shapes = mv ? mv_shapes : path == CUDA_PROBE_FEW ? few_shapes : mm_shapes;
+	int n_shapes = mv ? (int)ARRAY_LEN(mv_shapes) :
+	    path == CUDA_PROBE_FEW ? (int)ARRAY_LEN(few_shapes) : (int)ARRAY_LEN(mm_shapes);
 
 	for (size_t ti = 0; ti < ARRAY_LEN(all_types); ti++) {
 		uint32_t type = all_types[ti];
 		double worst = 0;
 
 		for (int s = 0; s < n_shapes; s++) {
-			int n = mv ? mv_shapes[s].n : mm_shapes[s].n;
-			int n_tok = mv ? mv_shapes[s].n_tok : mm_shapes[s].n_tok;
-			int tile = mv ? 0 : mm_shapes[s].tile;
-			enum width wd = mv ? mv_shapes[s].w : mm_shapes[s].w;
-			int big = mv ? 0 : mm_shapes[s].big_row;
+			int n = shapes[s].n, n_tok = shapes[s].n_tok, tile = shapes[s].tile, big = shapes[s].big_row;
+			enum width wd = shapes[s].w;
 			int64_t k = row_len(type, wd);
 			float *wf, *wf2, *x = rand_floats((size_t)(n_tok * k), -1, 1);
 			struct model_tensor t = random_weight(type, k, n, &wf);
@@ -455,6 +464,13 @@ test_gemm_waves(void **state)
 			    path_tol(CUDA_PROBE_GEMM));
 			free((void *)t.data), free(wf), free(x);
 		}
+}
+
+static void
+test_few(void **state)
+{
+	(void)state;
+	matmul_path(CUDA_PROBE_FEW);
 }
 
 static void
@@ -1449,6 +1465,7 @@ main(void)
 		cmocka_unit_test(test_gemm),
 		cmocka_unit_test(test_gemm_waves),
 		cmocka_unit_test(test_gemm_whole),
+		cmocka_unit_test(test_few),
 		cmocka_unit_test(test_int8),
 		cmocka_unit_test(test_int8_two),
 		cmocka_unit_test(test_residual_norm),

@@ -1,0 +1,246 @@
+/*
+ * mmt.cu: products of a few tokens (above the matrix-vector kernels' count
+ * and up to MMT_MAX_TOKENS: a few sequences decoding together) on the
+ * tensor cores, straight from Q4_K and Q6_K (regrouped, TT_Q6_KG) blocks,
+ * their tokens in the fp16 form qgemm reads (m->xh, m->xscale).
+ *
+ * qgemm stages a tile's raw blocks in shared memory for warps that share
+ * them; with at most 8 tokens there is nothing to share but the tokens, so
+ * here each warp streams its own rows from global memory into registers,
+ * as the integer matrix-vector kernel does, with no barrier in its loop: a
+ * block takes 16 rows (one m16 tile) and its MMT_WARPS warps take every
+ * MMT_WARPS-th 256-element block of them, the next one's loads issued
+ * before the current one is decoded. Lane (g, t) holds rows g and g + 8 of
+ * the tile and token g. Each k16 step takes four consecutive elements a
+ * lane, the four lanes of a row 16 consecutive ones (two steps: 32), so
+ * that a quad's tokens are read as 64 bytes in a row: lanes that each took
+ * a quarter of a block (one sub-block pair's scales to decode, not four)
+ * read their tokens 128 bytes apart, and at 8 tokens the kernel waited on
+ * L1 (ncu: L1 88 % busy, DRAM 29 %, gate/up 71 us against qgemm's 53).
+ * The decoding is qgemm's (h2_pairs, tc.cuh): the same fp16 weights, so
+ * only the order of the float sums differs from qgemm's products. A
+ * block's cost is its decoding, whatever the token count up to the 8 of an
+ * n8 tile.
+ */
+#include "dequant.cuh"
+#include "matmul.cuh"
+#include "tc.cuh"
+
+#define MMT_WARPS 4 /* warps of a block, splitting K */
+#define MMT_ROWS 16
+
+template <int TY> struct mt_type;
+
+
+/*
+ * Q4_K: in each pair of sub-blocks (the low and high nibbles of 32 bytes at
+ * 16 + 32 p), lane t takes bytes 8 t .. 8 t + 7: k16 step i is word i % 2 of
+ * them, low nibbles (sub-block 2 p) for (i / 2) % 2 = 0, high ones after, p
+ * = i / 4. So the four lanes of a row read 32 bytes in a row, and their
+ * tokens' elements too.
+ */
+template <> struct mt_type<TT_Q4_K> {
+	struct R {
+		uint4 hd;
+		uint2 q[4];
+	};
+	struct S {
+		__half2 s[8], m[8]; /* (d sc, d sc) and (-dmin m, -dmin m) of each sub-block */
+	};
+	static __device__ __forceinline__ void
+	load(const uint8_t *row, int u, int t, R &r)
+	{
+		const uint8_t *b = row + (size_t)u * 144;
+
+		r.hd = __ldg((const uint4 *)b);
+#pragma unroll
+		for (int p = 0; p < 4; p++)
+			r.q[p] = __ldg((const uint2 *)(b + 16 + 32 * p + 8 * t));
+	}
+	static __device__ __forceinline__ void
+	scales(const R &r, int, S &s)
+	{
+		uint32_t sc[2], mn[2];
+		__half2 dd = as_h2(r.hd.x), d = __low2half2(dd), nd = __hneg2(__high2half2(dd));
+
+		k4_unpack(r.hd.y, r.hd.z, r.hd.w, sc, mn);
+#pragma unroll
+		for (int p = 0; p < 4; p++) {
+			uint32_t sel = p & 1 ? 0x4342u : 0x4140u;
+			__half2 s2 = __hmul2(d, __hsub2(as_h2(__byte_perm(sc[p >> 1], 0x64646464u, sel)), as_h2(H_1024)));
+			__half2 m2 = __hmul2(nd, __hsub2(as_h2(__byte_perm(mn[p >> 1], 0x64646464u, sel)), as_h2(H_1024)));
+
+			s.s[2 * p] = __low2half2(s2), s.s[2 * p + 1] = __high2half2(s2);
+			s.m[2 * p] = __low2half2(m2), s.m[2 * p + 1] = __high2half2(m2);
+		}
+	}
+	static __device__ __forceinline__ int
+	xoff(int t, int i)
+	{
+		return 64 * (i >> 2) + 32 * ((i >> 1) & 1) + 8 * t + 4 * (i & 1);
+	}
+	static __device__ __forceinline__ void
+	frag(const R &r, const S &s, int i, uint32_t a[2])
+	{
+		int p = i >> 2, hi = (i >> 1) & 1;
+		uint32_t w = i & 1 ? r.q[p].y : r.q[p].x;
+
+		h2_pairs((hi ? w >> 4 : w) & 0x0f0f0f0fu, H_1024, s.s[2 * p + hi], s.m[2 * p + hi], a);
+	}
+};
+
+/*
+ * Q6_K regrouped: in each quarter s (32 elements) of half h, lane t takes
+ * positions l = 8 t .. 8 t + 7, whose scale is the half's 2 s + t / 2: the
+ * ql bytes at 64 h + 32 (s % 2) + 8 t, the qh bytes at 128 + 32 h + 8 t.
+ * k16 step i is word i % 2 of quarter (i / 2) % 4 of half i / 8.
+ */
+template <> struct mt_type<TT_Q6_KG> {
+	struct R {
+		uint2 l[2][2], h[2];
+		uint4 sc;
+		uint32_t d;
+	};
+	struct S {
+		__half2 s[2][4]; /* (d sc, d sc) of the lane's scale in each quarter of each half */
+	};
+	static __device__ __forceinline__ void
+	load(const uint8_t *row, int u, int t, R &r)
+	{
+		const uint8_t *b = q6g_body(row, u);
+
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			r.l[h][0] = __ldg((const uint2 *)(b + 64 * h + 8 * t));
+			r.l[h][1] = __ldg((const uint2 *)(b + 64 * h + 32 + 8 * t));
+			r.h[h] = __ldg((const uint2 *)(b + 128 + 32 * h + 8 * t));
+		}
+		r.sc = __ldg((const uint4 *)(b + 192));
+		r.d = __ldg((const unsigned short *)(row + (size_t)(u >> 3) * Q6G_GROUP + 2 * (u & 7)));
+	}
+	static __device__ __forceinline__ void
+	scales(const R &r, int t, S &s)
+	{
+		/* quarters 2 q and 2 q + 1 of a half: bytes 4 q + t / 2 and that + 2, signed, + 128 by the xor */
+		uint32_t sel = t >> 1 ? 0x4341u : 0x4240u;
+		const uint32_t w[4] = { r.sc.x, r.sc.y, r.sc.z, r.sc.w };
+		__half2 d = as_h2(r.d | r.d << 16);
+
+#pragma unroll
+		for (int j = 0; j < 4; j++) {
+			__half2 a = __hsub2(as_h2(__byte_perm(w[j] ^ 0x80808080u, 0x64646464u, sel)), as_h2(H_1152));
+
+			a = __hmul2(d, a);
+			s.s[j >> 1][2 * (j & 1)] = __low2half2(a), s.s[j >> 1][2 * (j & 1) + 1] = __high2half2(a);
+		}
+	}
+	static __device__ __forceinline__ int
+	xoff(int t, int i)
+	{
+		return 128 * (i >> 3) + 32 * ((i >> 1) & 3) + 8 * t + 4 * (i & 1);
+	}
+	static __device__ __forceinline__ void
+	frag(const R &r, const S &s, int i, uint32_t a[2])
+	{
+		int h = i >> 3, q = (i >> 1) & 3;
+		uint32_t l = i & 1 ? r.l[h][q & 1].y : r.l[h][q & 1].x, qh = i & 1 ? r.h[h].y : r.h[h].x;
+		uint32_t x = ((l >> (4 * (q >> 1))) & 0x0f0f0f0fu) | ((qh >> (2 * q)) & 0x03030303u) << 4;
+
+		h2_pairs(x, H_1056, s.s[h][q], as_h2(0u), a);
+	}
+};
+
+/*
+ * One block: rows blockIdx.x * 16 .. + 15 by up to 8 tokens. Warp w takes
+ * blocks w, w + MMT_WARPS, ... of the rows' 256-element blocks; warps 1..
+ * hand their sums to warp 0 through shared memory, which adds them in warp
+ * order and stores. The weights' first loads come before pdl_wait (no
+ * kernel of the step writes them).
+ */
+template <int TY>
+__global__ void __launch_bounds__(MMT_WARPS * WARP)
+mmt_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n_rows, int n_tok,
+    const __half *__restrict__ xh, const float *__restrict__ xscale, struct mm_out out)
+{
+	using T = mt_type<TY>;
+	__shared__ float red[MMT_WARPS - 1][WARP][4];
+	int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
+	int r0 = blockIdx.x * MMT_ROWS, units = k / 256;
+	const uint8_t *ra = w + (size_t)min(r0 + g, n_rows - 1) * row_bytes;
+	const uint8_t *rb = w + (size_t)min(r0 + g + 8, n_rows - 1) * row_bytes;
+	const __half *xt = xh + (size_t)min(g, n_tok - 1) * k;
+	float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+	typename T::R ca = {}, cb = {}, na = {}, nb = {};
+
+	if (warp < units)
+		T::load(ra, warp, t, ca), T::load(rb, warp, t, cb);
+	pdl_wait();
+	pdl_trigger();
+	for (int u = warp; u < units; u += MMT_WARPS) {
+		typename T::S sa, sb;
+		const __half *xu = xt + (size_t)u * 256;
+
+		if (u + MMT_WARPS < units)
+			T::load(ra, u + MMT_WARPS, t, na), T::load(rb, u + MMT_WARPS, t, nb);
+		T::scales(ca, t, sa);
+		T::scales(cb, t, sb);
+#pragma unroll
+		for (int i = 0; i < 16; i += 2) {
+			uint4 bv = __ldg((const uint4 *)(xu + T::xoff(t, i))); /* steps i and i + 1: 8 elements in a row */
+			uint32_t b0[2] = { bv.x, bv.y }, b1[2] = { bv.z, bv.w }, fa[2], fb[2];
+
+			T::frag(ca, sa, i, fa);
+			T::frag(cb, sb, i, fb);
+			uint32_t a0[4] = { fa[0], fb[0], fa[1], fb[1] };
+			mma16816(acc, a0, b0);
+			T::frag(ca, sa, i + 1, fa);
+			T::frag(cb, sb, i + 1, fb);
+			uint32_t a1[4] = { fa[0], fb[0], fa[1], fb[1] };
+			mma16816(acc, a1, b1);
+		}
+		ca = na, cb = nb;
+	}
+	if (warp > 0)
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			red[warp - 1][lane][i] = acc[i];
+	__syncthreads();
+	if (warp > 0)
+		return;
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		int row = r0 + g + (i >= 2 ? 8 : 0), tok = 2 * t + (i & 1);
+
+#pragma unroll
+		for (int v = 0; v < MMT_WARPS - 1; v++)
+			acc[i] += red[v][lane][i];
+		if (row < n_rows && tok < n_tok)
+			mm_store(out, row, tok, acc[i] * xscale[tok]);
+	}
+}
+
+int
+cuda_mmt_fits(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok)
+{
+	int type = w->type == TT_Q4_K || w->type == TT_Q6_KG;
+
+	return type && n_tok >= 1 && n_tok <= m->mmt_max && n_tok <= MMT_MAX_TOKENS && w->k % 256 == 0 &&
+	    w->row_bytes % 16 == 0;
+}
+
+int
+cuda_mmt(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct mm_out *out, char *err)
+{
+	dim3 grid((unsigned)((w->n + MMT_ROWS - 1) / MMT_ROWS)), block(MMT_WARPS * WARP);
+
+	if (!cuda_mmt_fits(m, w, n_tok))
+		return err_set(err, ERR_UNSUPPORTED, "no few-token tensor-core kernel for type %u, %d tokens", w->type,
+		    n_tok);
+	if (w->type == TT_Q4_K)
+		CK(cuda_launch(mmt_kernel<TT_Q4_K>, grid, block, 0, m->stream, w->d, w->row_bytes, (int)w->k, (int)w->n,
+		    n_tok, (const __half *)m->xh, (const float *)m->xscale, *out));
+	else
+		CK(cuda_launch(mmt_kernel<TT_Q6_KG>, grid, block, 0, m->stream, w->d, w->row_bytes, (int)w->k,
+		    (int)w->n, n_tok, (const __half *)m->xh, (const float *)m->xscale, *out));
+	return 0;
+}
