@@ -8,9 +8,10 @@
  * them; with at most 8 tokens there is nothing to share but the tokens, so
  * here each warp streams its own rows from global memory into registers,
  * as the integer matrix-vector kernel does, with no barrier in its loop: a
- * block takes 16 rows (one m16 tile) and its MMT_WARPS warps take every
- * MMT_WARPS-th 256-element block of them, the next one's loads issued
- * before the current one is decoded. Lane (g, t) holds rows g and g + 8 of
+ * block takes 16 rows (one m16 tile) and its MMT_WARPS warps (MMT_WIDE for
+ * a grid too small to fill the GPU with loads: O, Q/K/V and the down
+ * projection of llama3-8b) take every MMT_WARPS-th 256-element block of
+ * them, the next one's loads issued before the current one is decoded. Lane (g, t) holds rows g and g + 8 of
  * the tile and token g. Each k16 step takes four consecutive elements a
  * lane, the four lanes of a row 16 consecutive ones (two steps: 32), so
  * that a quad's tokens are read as 64 bytes in a row: lanes that each took
@@ -27,6 +28,8 @@
 #include "tc.cuh"
 
 #define MMT_WARPS 4 /* warps of a block, splitting K */
+#define MMT_WIDE 8  /* ... where the grid has under MMT_WIDE_PER_SM blocks a multiprocessor */
+#define MMT_WIDE_PER_SM 4
 #define MMT_ROWS 16
 
 template <int TY> struct mt_type;
@@ -157,13 +160,13 @@ template <> struct mt_type<TT_Q6_KG> {
  * order and stores. The weights' first loads come before pdl_wait (no
  * kernel of the step writes them).
  */
-template <int TY>
-__global__ void __launch_bounds__(MMT_WARPS * WARP)
+template <int TY, int W>
+__global__ void __launch_bounds__(W * WARP)
 mmt_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n_rows, int n_tok,
     const __half *__restrict__ xh, const float *__restrict__ xscale, struct mm_out out)
 {
 	using T = mt_type<TY>;
-	__shared__ float red[MMT_WARPS - 1][WARP][4];
+	__shared__ float red[W - 1][WARP][4];
 	int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
 	int r0 = blockIdx.x * MMT_ROWS, units = k / 256;
 	const uint8_t *ra = w + (size_t)min(r0 + g, n_rows - 1) * row_bytes;
@@ -176,12 +179,12 @@ mmt_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n_rows, i
 		T::load(ra, warp, t, ca), T::load(rb, warp, t, cb);
 	pdl_wait();
 	pdl_trigger();
-	for (int u = warp; u < units; u += MMT_WARPS) {
+	for (int u = warp; u < units; u += W) {
 		typename T::S sa, sb;
 		const __half *xu = xt + (size_t)u * 256;
 
-		if (u + MMT_WARPS < units)
-			T::load(ra, u + MMT_WARPS, t, na), T::load(rb, u + MMT_WARPS, t, nb);
+		if (u + W < units)
+			T::load(ra, u + W, t, na), T::load(rb, u + W, t, nb);
 		T::scales(ca, t, sa);
 		T::scales(cb, t, sb);
 #pragma unroll
@@ -212,7 +215,7 @@ mmt_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n_rows, i
 		int row = r0 + g + (i >= 2 ? 8 : 0), tok = 2 * t + (i & 1);
 
 #pragma unroll
-		for (int v = 0; v < MMT_WARPS - 1; v++)
+		for (int v = 0; v < W - 1; v++)
 			acc[i] += red[v][lane][i];
 		if (row < n_rows && tok < n_tok)
 			mm_store(out, row, tok, acc[i] * xscale[tok]);
@@ -228,19 +231,32 @@ cuda_mmt_fits(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok)
 	    w->row_bytes % 16 == 0;
 }
 
+/* The kernel of w's type in blocks of W warps. */
+template <int W>
+static int
+mmt_go(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct mm_out *out, dim3 grid, char *err)
+{
+	dim3 block(W * WARP);
+
+	if (w->type == TT_Q4_K)
+		CK(cuda_launch(mmt_kernel<TT_Q4_K, W>, grid, block, 0, m->stream, w->d, w->row_bytes, (int)w->k,
+		    (int)w->n, n_tok, (const __half *)m->xh, (const float *)m->xscale, *out));
+	else
+		CK(cuda_launch(mmt_kernel<TT_Q6_KG, W>, grid, block, 0, m->stream, w->d, w->row_bytes, (int)w->k,
+		    (int)w->n, n_tok, (const __half *)m->xh, (const float *)m->xscale, *out));
+	return 0;
+}
+
 int
 cuda_mmt(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct mm_out *out, char *err)
 {
-	dim3 grid((unsigned)((w->n + MMT_ROWS - 1) / MMT_ROWS)), block(MMT_WARPS * WARP);
+	dim3 grid((unsigned)((w->n + MMT_ROWS - 1) / MMT_ROWS));
 
 	if (!cuda_mmt_fits(m, w, n_tok))
 		return err_set(err, ERR_UNSUPPORTED, "no few-token tensor-core kernel for type %u, %d tokens", w->type,
 		    n_tok);
-	if (w->type == TT_Q4_K)
-		CK(cuda_launch(mmt_kernel<TT_Q4_K>, grid, block, 0, m->stream, w->d, w->row_bytes, (int)w->k, (int)w->n,
-		    n_tok, (const __half *)m->xh, (const float *)m->xscale, *out));
-	else
-		CK(cuda_launch(mmt_kernel<TT_Q6_KG>, grid, block, 0, m->stream, w->d, w->row_bytes, (int)w->k,
-		    (int)w->n, n_tok, (const __half *)m->xh, (const float *)m->xscale, *out));
+	if (grid.x < (unsigned)(MMT_WIDE_PER_SM * m->sms))
+		return mmt_go<MMT_WIDE>(m, w, n_tok, out, grid, err);
+	return mmt_go<MMT_WARPS>(m, w, n_tok, out, grid, err);
 	return 0;
 }

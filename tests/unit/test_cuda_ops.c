@@ -360,8 +360,9 @@ check_matmul(const struct model_tensor *t, const float *wf, const float *x, int 
  * of the products tried on each path. The many-token shapes cut the
  * tensor-core kernel's tiles (64 or 128 rows, 16 to 128 tokens) unevenly,
  * split K or not, and reach 4,100 rows and 4,100 tokens. The few-token
- * shapes cut mmt.cu's tiles of 16 rows unevenly and give its four warps 1
- * to 33 blocks of a row (some none), with 1 to 8 tokens.
+ * shapes cut mmt.cu's tiles of 16 rows unevenly and give its warps 1 to 33
+ * blocks of a row (some none), with 1 to 8 tokens, in blocks of 8 warps
+ * and (8,464 rows: 529 tiles, on up to 132 multiprocessors) of 4.
  */
 struct mm_shape {
 	int n, n_tok, tile;
@@ -378,6 +379,7 @@ static const struct mm_shape mv_shapes[] = {
 }, few_shapes[] = {
 	{ 1, 1, 0, W_SMALL, 0 }, { 37, 2, 0, W_MID, 0 }, { 130, 3, 0, W_WIDE, 0 }, { 16, 8, 0, W_MID, 1 },
 	{ 259, 5, 0, W_MID, 0 }, { 6, 8, 0, W_SMALL, 0 }, { 33, 7, 0, W_ODD, 0 }, { 4100, 4, 0, W_MID, 0 },
+	{ 8464, 6, 0, W_SMALL, 0 },
 };
 
 /* Every type on one path over its shapes; on the many-token paths a second weight reuses the fp16 x. */
