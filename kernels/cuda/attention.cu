@@ -329,12 +329,14 @@ attn_softmax(float *ws, float *cs, int g, int live, int nv, float *m, float *l)
  * dimensions (DPT of them, NT apart) over the tile's positions,
  * or where head_dim is under NT, over every NPG-th position, the groups'
  * sums added at the end. With one split the output is normalized in place
- * (and its int8 form written to q8 if q8.q, for the output product); else
+ * (and its int8 form written to q8 if q8.q, its fp16 form to h16 if h16.h,
+ * for the output product); else
  * the piece (weighted values, max, sum) goes to part for attn_merge.
  */
 template <int E, typename T, int W>
 __global__ void __launch_bounds__(W * WARP)
-attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q8, float *__restrict__ part,
+attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q8, struct cuda_h16 h16,
+    float *__restrict__ part,
     int n_split, struct cuda_heads hp, struct cuda_kv kv)
 {
 	constexpr int D = WARP * E, RS = D + kv_pad<T>(), NT = W * WARP, TILE = att_tile(W), S = att_stages(W);
@@ -475,6 +477,8 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 			out[row * D + d] = o;
 			if (q8.q != NULL) /* a warp holds 32 dimensions in a row: TG and D are multiples of 32 */
 				q8_store1(q8, t, hp.n_head * D, (h0 + h) * D + d, o);
+			if (h16.h != NULL)
+				f16_store1(h16, t, row * D + d, h0 + h + d == 0, o);
 		}
 		if (n_split > 1 && threadIdx.x == 0)
 			pr[D] = cs[h], pr[D + 1] = cs[ATT_GROUP + h];
@@ -485,12 +489,13 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
  * The pieces of (token, head) blockIdx.x merged, a thread a dimension
  * (blockDim.x == d): each weighted by e^(its max - the max of all)
  * (log-sum-exp), divided by the weighted sum; the result's int8 form also
- * into q8 if q8.q. Piece 0 is never empty; empty ones have max -inf and weigh nothing. The
+ * into q8 if q8.q, its fp16 form into h16 if h16.h. Piece 0 is never empty; empty ones have max -inf and weigh nothing. The
  * maxima and sums are read once into shared memory, so that the values'
  * loads, one per piece and thread, are all independent.
  */
 __global__ void
-attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, struct cuda_q8 q8, int n_split, int d,
+attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, struct cuda_q8 q8, struct cuda_h16 h16,
+    int n_split, int d,
     int n_head, const int32_t *__restrict__ fa_tok)
 {
 	pdl_wait();
@@ -516,6 +521,9 @@ attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, struc
 	out[(size_t)blockIdx.x * d + threadIdx.x] = acc / l;
 	if (q8.q != NULL) /* whole warps: blockDim.x == d, a multiple of 32 */
 		q8_store1(q8, blockIdx.x / n_head, n_head * d, (blockIdx.x % n_head) * d + threadIdx.x, acc / l);
+	if (h16.h != NULL)
+		f16_store1(h16, blockIdx.x / n_head, (size_t)blockIdx.x * d + threadIdx.x,
+		    blockIdx.x % n_head == 0 && threadIdx.x == 0, acc / l);
 }
 
 int
@@ -623,7 +631,8 @@ cuda_attention_setup(int head_dim, char *err)
  */
 template <int E, typename T>
 static int
-attn_launch_t(dim3 grid, int dev, int sms, const float *q, float *out, struct cuda_q8 q8, float *part, int n_split,
+attn_launch_t(dim3 grid, int dev, int sms, const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16,
+    float *part, int n_split,
     const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
 	if constexpr (attn_wide_splits<E>) {
@@ -638,35 +647,38 @@ attn_launch_t(dim3 grid, int dev, int sms, const float *q, float *out, struct cu
 			    ATT_WIDE_WARPS * WARP, smem));
 		if (wide && blocks <= (int64_t)MIN(per, ATT_WIDE_PER_SM) * sms) {
 			CK(cuda_launch(attn_kernel<E, T, ATT_WIDE_WARPS>, grid, dim3(ATT_WIDE_WARPS * WARP), smem, st, q,
-			    out, q8, part, n_split, *hd, *kv));
+			    out, q8, h16, part, n_split, *hd, *kv));
 			return 0;
 		}
 	}
 	CK(cuda_launch(attn_kernel<E, T, ATT_WARPS>, grid, dim3(ATT_WARPS * WARP), attn_smem_bytes<T>(WARP * E, ATT_WARPS),
-	    st, q, out, q8, part, n_split, *hd, *kv));
+	    st, q, out, q8, h16, part, n_split, *hd, *kv));
 	return 0;
 }
 
 /* attn_launch_t for the pool's element type. */
 template <int E>
 static int
-attn_launch(dim3 grid, int dev, int sms, const float *q, float *out, struct cuda_q8 q8, float *part, int n_split,
+attn_launch(dim3 grid, int dev, int sms, const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16,
+    float *part, int n_split,
     const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
 	if (kv->f32)
-		return attn_launch_t<E, float>(grid, dev, sms, q, out, q8, part, n_split, hd, kv, st, err);
-	return attn_launch_t<E, __half>(grid, dev, sms, q, out, q8, part, n_split, hd, kv, st, err);
+		return attn_launch_t<E, float>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
+	return attn_launch_t<E, __half>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
 }
 
 int
-cuda_attention(const float *q, float *out, struct cuda_q8 q8, int n_tok, const struct cuda_heads *hd,
-    const struct cuda_kv *kv, cudaStream_t st, char *err)
+cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16, int n_tok,
+    const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
 	int group = hd->n_head / hd->n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP, dev, sms = 0, rc;
 	int64_t base = (int64_t)n_tok * hd->n_head_kv * ngb, n_split = 1, target;
 
-	if (q8.q != NULL && kv->fa_tiles != NULL)
-		return err_set(err, ERR_INVAL, "cuda_attention: an int8 form of the prefill tiles' rows");
+	if ((q8.q != NULL || h16.h != NULL) && kv->fa_tiles != NULL)
+		return err_set(err, ERR_INVAL, "cuda_attention: an int8 or fp16 form of the prefill tiles' rows");
+	if (h16.h != NULL && kv->f32)
+		return err_set(err, ERR_INVAL, "cuda_attention: an fp16 form of values from an fp32 pool");
 	if (kv->fa_tiles != NULL && (rc = cuda_flash(q, out, hd, kv, st, err)) != 0)
 		return rc;
 	CK(cudaGetDevice(&dev));
@@ -681,7 +693,7 @@ cuda_attention(const float *q, float *out, struct cuda_q8 q8, int n_tok, const s
 	switch (hd->head_dim / WARP) {
 #define E_CASE(E) \
 	case E: \
-		rc = attn_launch<E>(grid, dev, sms, q, out, q8, kv->part, (int)n_split, hd, kv, st, err); \
+		rc = attn_launch<E>(grid, dev, sms, q, out, q8, h16, kv->part, (int)n_split, hd, kv, st, err); \
 		break;
 	E_CASE(1) E_CASE(2) E_CASE(3) E_CASE(4) E_CASE(5) E_CASE(6) E_CASE(7) E_CASE(8)
 #undef E_CASE
@@ -692,6 +704,6 @@ cuda_attention(const float *q, float *out, struct cuda_q8 q8, int n_tok, const s
 	if (rc != 0 || n_split == 1)
 		return rc;
 	CK(cuda_launch(attn_merge_kernel, dim3((unsigned)(n_tok * hd->n_head)), dim3(hd->head_dim), 0, st, kv->part,
-	    out, q8, (int)n_split, hd->head_dim, hd->n_head, kv->fa_tok));
+	    out, q8, h16, (int)n_split, hd->head_dim, hd->n_head, kv->fa_tok));
 	return 0;
 }

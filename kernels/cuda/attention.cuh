@@ -152,10 +152,13 @@ int cuda_qk(float *q, float *k, const float *v, int n_tok, const struct cuda_hea
  * token's positions are split into pieces done by separate blocks and
  * merged after (kv->part holds the pieces). With q8.q, out's int8 form
  * (cuda_q8, rows of n_head * head_dim) goes there too, for the integer
- * kernels of the output product; not with prefill tiles (kv->fa_tiles).
+ * kernels of the output product; with h16.h its fp16 form (cuda_h16, each
+ * row's divisor 1: a mean of the fp16 pool's values never overflows fp16;
+ * not from an fp32 pool), for the tensor-core ones. Neither with prefill
+ * tiles (kv->fa_tiles).
  */
-int cuda_attention(const float *q, float *out, struct cuda_q8 q8, int n_tok, const struct cuda_heads *hd,
-    const struct cuda_kv *kv, cudaStream_t st, char *err);
+int cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16, int n_tok,
+    const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err);
 
 /*
  * Readies cuda_attention for head_dim on the current device: raises its

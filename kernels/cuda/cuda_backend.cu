@@ -1106,14 +1106,15 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 		b->att_len };
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
 	struct cuda_q8 q8 = { NULL, NULL };
+	struct cuda_h16 h16 = { NULL, NULL };
 	int embd = hp->n_embd, nq = hp->n_head * hp->head_dim, nkv = hp->n_head_kv * hp->head_dim, rc, fused;
 	const struct cuda_weight *wqkv[3] = { &c->wq, &c->wk, &c->wv };
 	float *qkv[3] = { b->q, b->k, b->v };
 	int ld[3] = { nq, nkv, nkv };
 
-	/* the attention kernels write the output product's int8 input (the prefill tiles' kernel does not) */
+	/* the attention kernels write the output product's input form (the prefill tiles' kernel does not) */
 	if (!fa)
-		q8 = q8_of(b, T, &c->wo);
+		q8 = q8_of(b, T, &c->wo), h16 = h16_of(b, T);
 	prof_mark(b, PH_MATMUL);
 	fused = cuda_matmul_qkv_fits(&b->mm, wqkv, T, &hd, &kv); /* the product does qk's work too */
 	rc = fused ? cuda_matmul_qkv(&b->mm, wqkv, b->h, embd, T, b->q, &hd, &kv, formed(b, T, &c->wq), err) :
@@ -1123,10 +1124,11 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	prof_mark(b, PH_ATTN);
 	if (!fused && (rc = cuda_qk(b->q, b->k, b->v, T, &hd, &kv, b->stream, err)) != 0)
 		return rc;
-	if ((rc = cuda_attention(b->q, b->att, q8, T, &hd, &kv, b->stream, err)) != 0)
+	if ((rc = cuda_attention(b->q, b->att, q8, h16, T, &hd, &kv, b->stream, err)) != 0)
 		return rc;
 	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul(&b->mm, &c->wo, b->att, nq, T, b->ffn_out, embd, q8.q != NULL, err)) != 0)
+	if ((rc = cuda_matmul(&b->mm, &c->wo, b->att, nq, T, b->ffn_out, embd, q8.q != NULL || h16.h != NULL,
+	    err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
 	return cuda_residual_norm(b->x, b->ffn_out, c->post_attn_norm, c->ffn_norm, b->h, h16_of(b, T),

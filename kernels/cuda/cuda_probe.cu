@@ -801,13 +801,15 @@ cuda_probe_qkv(struct cuda_probe *p, const struct cuda_probe_weight *w, const st
 
 static int
 attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_heads *hd,
-    const struct cuda_probe_kv *kv, const float *q, int n_tok, float *out, int8_t *q8, float *q8d, char *err)
+    const struct cuda_probe_kv *kv, const float *q, int n_tok, float *out, int8_t *q8, float *q8d, uint16_t *h16,
+    float *h16s, char *err)
 {
 	size_t n = (size_t)n_tok * (size_t)hd->n_head * (size_t)hd->head_dim, qb = n * sizeof(float);
 	struct cuda_heads ch;
 	struct cuda_kv ck;
 	struct cuda_q8 dq8 = { NULL, NULL };
-	void *dq, *dout, *d8 = NULL, *d8d = NULL;
+	struct cuda_h16 dh16 = { NULL, NULL };
+	void *dq, *dout, *d8 = NULL, *d8d = NULL, *dh = NULL, *dhs = NULL;
 	int rc;
 
 	if ((rc = check_heads(hd, kv, n_tok, err)) != 0 ||
@@ -817,7 +819,11 @@ attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_hea
 	    (q8 != NULL && ((rc = buf_new(p, bs, NULL, 2 * n, 1, &d8, err)) != 0 ||
 	    (rc = buf_new(p, bs, NULL, n / 32 * sizeof(float2), 1, &d8d, err)) != 0)))
 		return rc;
+	if (h16 != NULL && ((rc = buf_new(p, bs, NULL, n * sizeof(uint16_t), 1, &dh, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, (size_t)n_tok * sizeof(float), 1, &dhs, err)) != 0))
+		return rc;
 	dq8.q = (int8_t *)d8, dq8.d = (float2 *)d8d;
+	dh16.h = (__half *)dh, dh16.scale = (float *)dhs;
 	if (kv->split) {
 		void *part;
 
@@ -829,21 +835,24 @@ attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_hea
 	}
 	if ((rc = flash_tiles(p, bs, &ch, kv, n_tok, &ck, err)) != 0)
 		return rc;
-	if ((rc = cuda_attention((const float *)dq, (float *)dout, dq8, n_tok, &ch, &ck, p->stream, err)) != 0 ||
+	if ((rc = cuda_attention((const float *)dq, (float *)dout, dq8, dh16, n_tok, &ch, &ck, p->stream, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_attention", err)) != 0)
 		return rc;
 	if (q8 != NULL && ((rc = fetch(p, q8, d8, 2 * n, err)) != 0 ||
 	    (rc = fetch(p, q8d, d8d, n / 32 * sizeof(float2), err)) != 0))
+		return rc;
+	if (h16 != NULL && ((rc = fetch(p, h16, dh, n * sizeof(uint16_t), err)) != 0 ||
+	    (rc = fetch(p, h16s, dhs, (size_t)n_tok * sizeof(float), err)) != 0))
 		return rc;
 	return fetch(p, out, dout, qb, err);
 }
 
 extern "C" int
 cuda_probe_attention(struct cuda_probe *p, const struct cuda_probe_heads *hd, const struct cuda_probe_kv *kv,
-    const float *q, int n_tok, float *out, int8_t *q8, float *q8d, char *err)
+    const float *q, int n_tok, float *out, int8_t *q8, float *q8d, uint16_t *h16, float *h16s, char *err)
 {
 	struct bufs bs = {};
-	int rc = attention_run(p, &bs, hd, kv, q, n_tok, out, q8, q8d, err);
+	int rc = attention_run(p, &bs, hd, kv, q, n_tok, out, q8, q8d, h16, h16s, err);
 
 	bufs_free(&bs);
 	return rc;

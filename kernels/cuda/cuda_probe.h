@@ -174,10 +174,13 @@ int cuda_probe_qkv(struct cuda_probe *p, const struct cuda_probe_weight *w, cons
 /*
  * cuda_attention: out (n_tok x n_head x head_dim) from q over the pool;
  * with q8 (NULL: not asked for) also its int8 form, two int8 rows a token
- * into q8 and a scale and sum a group of 32 into q8d (2 floats each).
+ * into q8 and a scale and sum a group of 32 into q8d (2 floats each), and
+ * with h16 (NULL: not asked for; only from an fp16 pool) its fp16 form, a
+ * row a token into h16 and each row's divisor into h16s.
  */
 int cuda_probe_attention(struct cuda_probe *p, const struct cuda_probe_heads *hd,
-    const struct cuda_probe_kv *kv, const float *q, int n_tok, float *out, int8_t *q8, float *q8d, char *err);
+    const struct cuda_probe_kv *kv, const float *q, int n_tok, float *out, int8_t *q8, float *q8d, uint16_t *h16,
+    float *h16s, char *err);
 
 #ifdef __cplusplus
 }

@@ -76,6 +76,18 @@ q8_store1(struct cuda_q8 q8, int t, int k, int i, float v)
 		q8.d[(size_t)t * (k / 32) + i / 32] = q8_scale(amax, sum);
 }
 
+/*
+ * Element i of token t's row in fp16 form (cuda_h16) for a row known to fit
+ * fp16 unscaled: v itself, and the row's divisor 1 if first.
+ */
+static __device__ __forceinline__ void
+f16_store1(struct cuda_h16 h16, int t, size_t i, int first, float v)
+{
+	h16.h[i] = __float2half_rn(v);
+	if (first)
+		h16.scale[t] = 1.0f;
+}
+
 /* 1 if the row kernels take rows of n floats (a multiple of 4, at most 32768). */
 int cuda_row_fits(int n);
 

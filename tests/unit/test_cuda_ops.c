@@ -1198,7 +1198,8 @@ ref_attention(const float *qh, const struct kv_pool *kp, const struct cuda_probe
  * One head configuration of cuda_attention over a pool of random K/V (NaN
  * where no position is) for a step of sequences; split: with the scratch
  * of split attention. Without prefill tiles the output's int8 form is
- * asked for too, and checked against the floats the kernel wrote.
+ * asked for too (and from an fp16 pool its fp16 form), and checked
+ * against the floats the kernel wrote.
  */
 static double
 attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int split, int flash)
@@ -1206,8 +1207,9 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int s
 	struct place pl;
 	struct cuda_probe_heads hd = heads_cfg(c, NULL, NULL, NULL, NULL, NULL);
 	int d = hd.head_dim, nq = hd.n_head * d, group = hd.n_head / hd.n_head_kv;
-	float *q, *out, *q8d = NULL, *ref = xmalloc((size_t)d * sizeof *ref);
+	float *q, *out, *q8d = NULL, *h16s = NULL, *ref = xmalloc((size_t)d * sizeof *ref);
 	int8_t *q8 = NULL;
+	uint16_t *h16 = NULL;
 	struct kv_pool kp;
 	char err[ERR_LEN];
 	double worst = 0, vmax;
@@ -1227,11 +1229,15 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int s
 	double tol = flash ? TOL_FLASH : TOL_ATTN;
 	if (!flash)
 		q8 = xmalloc((size_t)pl.n_tok * 2 * nq), q8d = nan_floats((size_t)pl.n_tok * nq / 16);
-	if (cuda_probe_attention(probe, &hd, &kv, q, pl.n_tok, out, q8, q8d, err) != 0)
+	if (!flash && !f32)
+		h16 = xmalloc((size_t)pl.n_tok * nq * sizeof *h16), h16s = nan_floats((size_t)pl.n_tok);
+	if (cuda_probe_attention(probe, &hd, &kv, q, pl.n_tok, out, q8, q8d, h16, h16s, err) != 0)
 		fail_msg("attention head_dim %d, %s pool, split %d, flash %d: %s", d, f32 ? "fp32" : "fp16", split,
 		    flash, err);
 	if (q8 != NULL) /* fails on any element outside its bound; the floats' error is what this case reports */
 		(void)check_rows_q8("attention output", q8, q8d, out, pl.n_tok, nq);
+	if (h16 != NULL)
+		(void)check_rows_f16("attention output", h16, h16s, out, pl.n_tok, nq);
 	for (int t = 0; t < pl.n_tok; t++)
 		for (int h = 0; h < hd.n_head; h++) {
 			const float *got = out + ((size_t)t * hd.n_head + h) * d;
@@ -1249,7 +1255,7 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int s
 				worst = fmax(worst, e);
 			}
 		}
-	free(q), free(out), free(q8), free(q8d), free(ref), free(kp.data);
+	free(q), free(out), free(q8), free(q8d), free(h16), free(h16s), free(ref), free(kp.data);
 	return worst;
 }
 
