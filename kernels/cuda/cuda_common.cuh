@@ -79,20 +79,39 @@ pdl_trigger(void)
 #endif
 }
 
-/* Launches kernel on st, early when cuda_pdl allows it (see pdl_wait). */
+/*
+ * Launches kernel on st, early when cuda_pdl allows it (see pdl_wait), in
+ * clusters of cluster_x blocks (sm_90; 1: none).
+ */
+template <typename... P, typename... A>
+static cudaError_t
+cuda_launch_ex(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, unsigned cluster_x, cudaStream_t st,
+    A &&...args)
+{
+	cudaLaunchConfig_t cfg = {};
+	cudaLaunchAttribute at[2];
+	unsigned n = 0;
+
+	cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
+	if (cuda_pdl) {
+		at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+		at[n++].val.programmaticStreamSerializationAllowed = 1;
+	}
+	if (cluster_x > 1) {
+		at[n].id = cudaLaunchAttributeClusterDimension;
+		at[n].val.clusterDim.x = cluster_x, at[n].val.clusterDim.y = 1, at[n++].val.clusterDim.z = 1;
+	}
+	cfg.attrs = at;
+	cfg.numAttrs = n;
+	return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
+}
+
+/* cuda_launch_ex without clusters. */
 template <typename... P, typename... A>
 static cudaError_t
 cuda_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A &&...args)
 {
-	cudaLaunchConfig_t cfg = {};
-	cudaLaunchAttribute at[1];
-
-	cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
-	at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-	at[0].val.programmaticStreamSerializationAllowed = 1;
-	cfg.attrs = at;
-	cfg.numAttrs = cuda_pdl ? 1 : 0;
-	return cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
+	return cuda_launch_ex(kernel, grid, block, smem, 1u, st, static_cast<A &&>(args)...);
 }
 
 /* Sum over the 32 lanes of a warp; every lane gets it. */
