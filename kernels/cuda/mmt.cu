@@ -32,8 +32,15 @@
 #define MMT_WIDE_PER_SM 4
 #define MMT_ROWS 16
 
+/*
+ * A type's part of the kernel for lane t of a row quad: R, the raw bytes of
+ * a row's 256-element block that load() reads (all of them before any is
+ * used); S, the fp16 scales that scales() decodes from R once a block;
+ * frag(), the row's A registers of k16 step i (0..15) of the block; xoff(),
+ * where in the block the four elements of step i start, for the tokens' B
+ * registers (steps i and i + 1 are eight in a row, for even i).
+ */
 template <int TY> struct mt_type;
-
 
 /*
  * Q4_K: in each pair of sub-blocks (the low and high nibbles of 32 bytes at
