@@ -51,7 +51,7 @@
 /* First size of the block-table area, in entries, unless the pool needs less. */
 #define TABLE_CAP0 (1 << 20)
 /* Default largest token count for the matrix-vector kernels. */
-#define MMV_MAX_DEFAULT 2 /* measured: 2 tokens faster here, 3 and more on the tensor cores (qgemm) */
+#define MMV_MAX_DEFAULT 1 /* measured: 2 tokens and more faster on the tensor cores (mmt.cu, qgemm.cu) */
 /* Steps of up to this many tokens replay a captured CUDA graph. */
 #define GRAPH_MAX_TOKENS 64
 /* Graphs kept, one per (tokens, logit rows) shape, least recently used replaced. */
@@ -1541,14 +1541,19 @@ cuda_backend_memory(int device, uint64_t *free_b, uint64_t *total, char *err)
 /*
  * Up to the end of the last tile of the tensor-core products of quantized
  * weights (a 65-token step costs about what a 128-token one does, 1.6
- * times a 64-token one); the matrix-vector kernels' counts, and cuBLAS's
- * float weights, pay by the token.
+ * times a 64-token one; mmt.cu's steps of up to 8 what one of 8 does); the
+ * matrix-vector kernels' counts, and cuBLAS's float weights, pay by the
+ * token.
  */
 static int
 cuda_step_tokens(const struct backend *b, int n)
 {
-	if (n <= b->mm.mmv_max || !cuda_qgemm_type(&b->layers[0].w_gate))
+	const struct cuda_weight *w = &b->layers[0].w_gate;
+
+	if (n <= b->mm.mmv_max || !cuda_qgemm_type(w))
 		return n;
+	if (cuda_mmt_fits(&b->mm, w, n))
+		return MIN(MIN(b->mm.mmt_max, MMT_MAX_TOKENS), b->max_tokens);
 	return MIN(cuda_qgemm_tokens(n), b->max_tokens);
 }
 

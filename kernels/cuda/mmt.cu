@@ -1,6 +1,6 @@
 /*
- * mmt.cu: products of a few tokens (above the matrix-vector kernels' count
- * and up to MMT_MAX_TOKENS: a few sequences decoding together) on the
+ * mmt.cu: products of a few tokens (above the matrix-vector kernels' count,
+ * one, and up to MMT_MAX_TOKENS: a few sequences decoding together) on the
  * tensor cores, straight from Q4_K and Q6_K (regrouped, TT_Q6_KG) blocks,
  * their tokens in the fp16 form qgemm reads (m->xh, m->xscale).
  *
@@ -160,6 +160,33 @@ template <> struct mt_type<TT_Q6_KG> {
 	}
 };
 
+/* One 256-element block of rows g (raw a) and g + 8 (raw b) times the tokens' elements at xu, into acc. */
+template <int TY>
+static __device__ __forceinline__ void
+mmt_block(const typename mt_type<TY>::R &ca, const typename mt_type<TY>::R &cb, int t, const __half *__restrict__ xu,
+    float (&acc)[4])
+{
+	using T = mt_type<TY>;
+	typename T::S sa, sb;
+
+	T::scales(ca, t, sa);
+	T::scales(cb, t, sb);
+#pragma unroll
+	for (int i = 0; i < 16; i += 2) {
+		uint4 bv = __ldg((const uint4 *)(xu + T::xoff(t, i))); /* steps i and i + 1: 8 elements in a row */
+		uint32_t b0[2] = { bv.x, bv.y }, b1[2] = { bv.z, bv.w }, fa[2], fb[2];
+
+		T::frag(ca, sa, i, fa);
+		T::frag(cb, sb, i, fb);
+		uint32_t a0[4] = { fa[0], fb[0], fa[1], fb[1] };
+		mma16816(acc, a0, b0);
+		T::frag(ca, sa, i + 1, fa);
+		T::frag(cb, sb, i + 1, fb);
+		uint32_t a1[4] = { fa[0], fb[0], fa[1], fb[1] };
+		mma16816(acc, a1, b1);
+	}
+}
+
 /*
  * One block: rows blockIdx.x * 16 .. + 15 by up to 8 tokens. Warp w takes
  * blocks w, w + MMT_WARPS, ... of the rows' 256-element blocks; warps 1..
@@ -186,29 +213,16 @@ mmt_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n_rows, i
 		T::load(ra, warp, t, ca), T::load(rb, warp, t, cb);
 	pdl_wait();
 	pdl_trigger();
-	for (int u = warp; u < units; u += W) {
-		typename T::S sa, sb;
-		const __half *xu = xt + (size_t)u * 256;
-
+	/* two sets of registers in turn, so that no block's bytes are copied from one set to the other */
+	for (int u = warp; u < units; u += 2 * W) {
 		if (u + W < units)
 			T::load(ra, u + W, t, na), T::load(rb, u + W, t, nb);
-		T::scales(ca, t, sa);
-		T::scales(cb, t, sb);
-#pragma unroll
-		for (int i = 0; i < 16; i += 2) {
-			uint4 bv = __ldg((const uint4 *)(xu + T::xoff(t, i))); /* steps i and i + 1: 8 elements in a row */
-			uint32_t b0[2] = { bv.x, bv.y }, b1[2] = { bv.z, bv.w }, fa[2], fb[2];
-
-			T::frag(ca, sa, i, fa);
-			T::frag(cb, sb, i, fb);
-			uint32_t a0[4] = { fa[0], fb[0], fa[1], fb[1] };
-			mma16816(acc, a0, b0);
-			T::frag(ca, sa, i + 1, fa);
-			T::frag(cb, sb, i + 1, fb);
-			uint32_t a1[4] = { fa[0], fb[0], fa[1], fb[1] };
-			mma16816(acc, a1, b1);
-		}
-		ca = na, cb = nb;
+		mmt_block<TY>(ca, cb, t, xt + (size_t)u * 256, acc);
+		if (u + W >= units)
+			break;
+		if (u + 2 * W < units)
+			T::load(ra, u + 2 * W, t, ca), T::load(rb, u + 2 * W, t, cb);
+		mmt_block<TY>(na, nb, t, xt + (size_t)(u + W) * 256, acc);
 	}
 	if (warp > 0)
 #pragma unroll
