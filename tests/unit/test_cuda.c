@@ -3,16 +3,17 @@
  * logits, for every family and weight type the generator writes.
  *
  * Each model runs one schedule of steps on the CPU backend (its exact mode,
- * float activations) and on three CUDA backends: one that sends every
- * product to the many-token path (the tensor-core kernel on quantized
+ * float activations) and on four CUDA backends: one that sends every
+ * product to the many-token path (the tensor-core kernels on quantized
  * blocks, cuBLAS on float weights), one that sends every product to the
- * matrix-vector kernels (RESIDENT_CUDA_MMV_MAX), and
+ * matrix-vector kernels (RESIDENT_CUDA_MMV_MAX), the default (a token on
+ * the matrix-vector kernels, more on the tensor cores), and
  * the exact mode (backend_opts.exact, loaded with RESIDENT_CUDA_MMV_MAX=0,
  * which it must override). The schedule mixes prefill chunks and decode
  * tokens of seven sequences in one step, reaches positions well past the
  * gemma sliding window (16), forks a sequence in the middle of a block
  * (kv_copy), moves a sequence's blocks to others through host memory
- * (kv_read, kv_write: what the KV tiers do) and ends with one- and
+ * (kv_read, kv_write: what the KV tiers do) and ends with one-, two- and
  * sixteen-token steps. Every logits row
  * must agree with the CPU's within a bound on max |gpu - cpu| / max |cpu|
  * per row:
@@ -58,12 +59,13 @@
 #define DECODE_TO 84    /* sequence 0 decodes up to this length */
 #define TOL 1e-2
 #define TOL_EXACT 1e-4
-#define N_GPU 3         /* the CUDA variants */
+#define N_GPU 4         /* the CUDA variants */
 
-static const char *const gpu_names[N_GPU] = { "gemm", "matvec", "exact" };
-static const char *const gpu_mmv[N_GPU] = { "0", "1000000", "0" };
-static const int gpu_exact[N_GPU] = { 0, 0, 1 };
-static const double gpu_tol[N_GPU] = { TOL, TOL, TOL_EXACT };
+/* RESIDENT_CUDA_MMV_MAX of each ("": unset, the default) */
+static const char *const gpu_names[N_GPU] = { "gemm", "matvec", "default", "exact" };
+static const char *const gpu_mmv[N_GPU] = { "0", "1000000", "", "0" };
+static const int gpu_exact[N_GPU] = { 0, 0, 0, 1 };
+static const double gpu_tol[N_GPU] = { TOL, TOL, TOL, TOL_EXACT };
 
 struct fixture {
 	char dir[64];
@@ -105,7 +107,10 @@ load_all(struct fixture *f)
 		fail_msg("cpu load: %s", err);
 	for (g = 0; g < N_GPU; g++) {
 		bo.exact = gpu_exact[g];
-		setenv("RESIDENT_CUDA_MMV_MAX", gpu_mmv[g], 1);
+		if (*gpu_mmv[g] != '\0')
+			setenv("RESIDENT_CUDA_MMV_MAX", gpu_mmv[g], 1);
+		else
+			unsetenv("RESIDENT_CUDA_MMV_MAX");
 		if (cuda_backend.load(f->m, &bo, &f->gpu[g], err) != 0)
 			fail_msg("cuda load (%s): %s", gpu_names[g], err);
 		/* the exact mode's pool is fp32, the others' fp16 */
@@ -339,9 +344,13 @@ run_schedule(struct fixture *f)
 			done[s]++;
 		step_all(f, &p);
 	}
-	/* one token alone, then a step of sixteen */
+	/* one token alone, two sequences a token each, then a step of sixteen */
 	memset(&p, 0, sizeof p);
 	plan_add(&p, 4, done[4]++, 1);
+	step_all(f, &p);
+	memset(&p, 0, sizeof p);
+	plan_add(&p, 2, done[2]++, 1);
+	plan_add(&p, 3, done[3]++, 1);
 	step_all(f, &p);
 	memset(&p, 0, sizeof p);
 	plan_add(&p, 1, done[1], 12);
@@ -362,9 +371,9 @@ test_model(void **state)
 	qt = quant_traits(f->m->tok_embd->type);
 	if (!f->rows)
 		run_schedule(f);
-	print_message("%-12s %-5s embd %-5s: %4d rows, max relative error: gemm %.2e, matvec %.2e, exact %.2e\n",
-	    f->m->name, model_arch_name(f->m->arch), qt ? qt->name : "?", f->rows, f->worst[0], f->worst[1],
-	    f->worst[2]);
+	print_message("%-12s %-5s embd %-5s: %4d rows, max relative error: gemm %.2e, matvec %.2e, default %.2e, "
+	    "exact %.2e\n", f->m->name, model_arch_name(f->m->arch), qt ? qt->name : "?", f->rows, f->worst[0],
+	    f->worst[1], f->worst[2], f->worst[3]);
 }
 
 /* The real Gemma 3 270M file: a 40-token prompt in chunks, then decoding, one sequence. */
