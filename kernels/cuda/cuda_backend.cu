@@ -428,6 +428,15 @@ small_floats(const struct model_desc *m)
 
 static void cuda_free(struct backend *b);
 
+/* The value of environment variable name as an integer, or def where it is unset or empty. */
+static int
+env_int(const char *name, int def)
+{
+	const char *s = getenv(name);
+
+	return s != NULL && *s != '\0' ? atoi(s) : def;
+}
+
 /* A CUDA device is there and usable. */
 static int
 open_device(struct backend *b, int device, char *err)
@@ -446,7 +455,7 @@ open_device(struct backend *b, int device, char *err)
 	CK(cudaDeviceGetAttribute(&b->mm.sms, cudaDevAttrMultiProcessorCount, device));
 	CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
 	/* RESIDENT_CUDA_PDL=0: every kernel waits for the one before it to end before it launches */
-	cuda_pdl = major >= 9 && (getenv("RESIDENT_CUDA_PDL") == NULL || atoi(getenv("RESIDENT_CUDA_PDL")) != 0);
+	cuda_pdl = major >= 9 && env_int("RESIDENT_CUDA_PDL", 1) != 0;
 	return 0;
 }
 
@@ -735,15 +744,6 @@ open_blas(struct backend *b, char *err)
 	return 0;
 }
 
-/* The value of environment variable name as an integer, or def where it is unset or empty. */
-static int
-env_int(const char *name, int def)
-{
-	const char *s = getenv(name);
-
-	return s != NULL && *s != '\0' ? atoi(s) : def;
-}
-
 /*
  * The largest token count that goes to the matrix-vector kernels
  * (RESIDENT_CUDA_MMV_MAX); in exact mode every count, since cuBLAS takes
@@ -771,11 +771,10 @@ static int
 flash_tokens(const struct model_hparams *hp, int exact)
 {
 	struct cuda_heads hd = {};
-	const char *env = getenv("RESIDENT_CUDA_FLASH");
 	int n = 0;
 
 	hd.n_head = hp->n_head, hd.n_head_kv = hp->n_head_kv, hd.head_dim = hp->head_dim;
-	if ((env != NULL && atoi(env) == 0) || !cuda_flash_usable(&hd, exact, &n))
+	if (env_int("RESIDENT_CUDA_FLASH", 1) == 0 || !cuda_flash_usable(&hd, exact, &n))
 		return 0;
 	return n;
 }
@@ -882,7 +881,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	}
 	b->mm.mmv_max = mmv_max(b->exact);
 	b->mm.mmt_max = env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS);
-	b->use_graphs = getenv("RESIDENT_CUDA_GRAPHS") == NULL || atoi(getenv("RESIDENT_CUDA_GRAPHS")) != 0;
+	b->use_graphs = env_int("RESIDENT_CUDA_GRAPHS", 1) != 0;
 	b->flash_tokens = flash_tokens(&m->hp, b->exact);
 	rc = 0;
 out:
