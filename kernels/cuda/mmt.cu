@@ -188,10 +188,10 @@ mmt_block(const typename mt_type<TY>::R &ca, const typename mt_type<TY>::R &cb, 
 }
 
 /*
- * One block: rows blockIdx.x * 16 .. + 15 by up to 8 tokens. Warp w takes
- * blocks w, w + MMT_WARPS, ... of the rows' 256-element blocks; warps 1..
- * hand their sums to warp 0 through shared memory, which adds them in warp
- * order and stores. The weights' first loads come before pdl_wait (no
+ * One block of W warps: rows blockIdx.x * 16 .. + 15 by up to 8 tokens.
+ * Warp w takes blocks w, w + W, ... of the rows' 256-element blocks; warps
+ * 1.. hand their sums to warp 0 through shared memory, which adds them in
+ * warp order and stores. The weights' first loads come before pdl_wait (no
  * kernel of the step writes them).
  */
 template <int TY, int W>
@@ -279,5 +279,4 @@ cuda_mmt(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct
 	if (grid.x < (unsigned)(MMT_WIDE_PER_SM * m->sms))
 		return mmt_go<MMT_WIDE>(m, w, n_tok, out, grid, err);
 	return mmt_go<MMT_WARPS>(m, w, n_tok, out, grid, err);
-	return 0;
 }
