@@ -166,6 +166,7 @@ struct backend {
 	int use_graphs;              /* RESIDENT_CUDA_GRAPHS=0 turns them off */
 	int flash_tokens;            /* tokens of a prefill tile of flash.cu's kernel; 0: not used */
 	int att_len;                 /* this step's longest sequence, rounded up to split pieces (cuda_kv.max_len) */
+	int cluster_sms;             /* multiprocessors where the device launches clusters (sm_90), else 0 */
 	struct prof prof;
 };
 
@@ -456,6 +457,7 @@ open_device(struct backend *b, int device, char *err)
 	CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
 	/* RESIDENT_CUDA_PDL=0: every kernel waits for the one before it to end before it launches */
 	cuda_pdl = major >= 9 && env_int("RESIDENT_CUDA_PDL", 1) != 0;
+	b->cluster_sms = major >= 9 ? b->mm.sms : 0;
 	return 0;
 }
 
@@ -880,7 +882,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 		c->w_down = weight_of(b, mats, n, off, L->w_down);
 	}
 	b->mm.mmv_max = mmv_max(b->exact);
-	b->mm.mmt_max = env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS);
+	b->mm.mmt_max = MIN(env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS), MMT_MAX_TOKENS);
 	b->use_graphs = env_int("RESIDENT_CUDA_GRAPHS", 1) != 0;
 	b->flash_tokens = flash_tokens(&m->hp, b->exact);
 	rc = 0;
@@ -1152,7 +1154,8 @@ feed_forward(struct backend *b, int T, int l, char *err)
 	if ((rc = cuda_matmul_multi(&b->mm, wgu, 2, b->h, embd, T, gu, ld, formed(b, T, &c->w_gate), err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
-	if ((rc = cuda_glu(b->gate, b->up, T, ff, hp->gelu, h16, q8_of(b, T, &c->w_down), b->stream, err)) != 0)
+	if ((rc = cuda_glu(b->gate, b->up, T, ff, hp->gelu, h16, q8_of(b, T, &c->w_down), b->cluster_sms,
+	    b->stream, err)) != 0)
 		return rc;
 	prof_mark(b, PH_MATMUL);
 	if ((rc = cuda_matmul(&b->mm, &c->w_down, b->gate, ff, T, b->ffn_out, embd, formed(b, T, &c->w_down),
@@ -1552,7 +1555,7 @@ cuda_step_tokens(const struct backend *b, int n)
 	if (n <= b->mm.mmv_max || !cuda_qgemm_type(w))
 		return n;
 	if (cuda_mmt_fits(&b->mm, w, n))
-		return MIN(MIN(b->mm.mmt_max, MMT_MAX_TOKENS), b->max_tokens);
+		return MIN(b->mm.mmt_max, b->max_tokens);
 	return MIN(cuda_qgemm_tokens(n), b->max_tokens);
 }
 

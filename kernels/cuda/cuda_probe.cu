@@ -46,6 +46,7 @@ struct cuda_probe {
 	struct dbuf xq, xd;          /* the int8 activations of CUDA_PROBE_INT8 */
 	struct dbuf part;            /* the tensor-core kernel's split sums */
 	int sms;                     /* the device's multiprocessors */
+	int cluster_sms;             /* sms where the device launches clusters (sm_90), else 0 */
 	int x_valid;                 /* xh holds the fp16 copy of an x of x_k x x_tok */
 	int64_t x_k;
 	int x_tok;
@@ -157,7 +158,7 @@ cuda_probe_open(struct cuda_probe **out, char *err)
 {
 	struct cuda_probe *p;
 	cublasStatus_t s;
-	int n = 0, rc = 0;
+	int n = 0, major = 0, rc = 0;
 
 	if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
 		cudaGetLastError();
@@ -175,10 +176,12 @@ cuda_probe_open(struct cuda_probe **out, char *err)
 		return err_set(err, ERR_DEVICE, "cuBLAS setup: %s", cublasGetStatusString(s));
 	}
 	p->mm.stream = p->stream;
-	if (cudaDeviceGetAttribute(&p->sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess) {
+	if (cudaDeviceGetAttribute(&p->sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess ||
+	    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) {
 		cuda_probe_close(p);
-		return err_set(err, ERR_DEVICE, "cuda_probe: no multiprocessor count");
+		return err_set(err, ERR_DEVICE, "cuda_probe: no multiprocessor count or compute capability");
 	}
+	p->cluster_sms = major >= 9 ? p->sms : 0;
 	/* every head size the attention kernels take, since the checks try many */
 	for (int d = WARP; rc == 0 && d <= 8 * WARP; d += WARP)
 		rc = cuda_attention_setup(d, err);
@@ -566,7 +569,7 @@ glu_run(struct cuda_probe *p, struct bufs *bs, float *a, const float *b, int n_r
 	    (rc = buf_new(p, bs, b, bytes, 0, &db, err)) != 0 ||
 	    (rc = h16_new(p, bs, hh, n_rows, n, &h16, err)) != 0 ||
 	    (rc = q8_new(p, bs, q, n_rows, n, &q8, err)) != 0 ||
-	    (rc = cuda_glu((float *)da, (const float *)db, n_rows, n, gelu, h16, q8, p->stream, err)) != 0 ||
+	    (rc = cuda_glu((float *)da, (const float *)db, n_rows, n, gelu, h16, q8, p->cluster_sms, p->stream, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_glu", err)) != 0 || (rc = q8_fetch(p, &q8, q, qd, n_rows, n, err)) != 0)
 		return rc;
 	return hh != NULL ? h16_fetch(p, &h16, hh, hscale, n_rows, n, err) : fetch(p, a, da, bytes, err);

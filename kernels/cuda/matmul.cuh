@@ -34,7 +34,7 @@ struct cuda_mm {
 	__half *wh;        /* wh_elems: rows of a weight, dequantized */
 	int64_t wh_elems;
 	int mmv_max;       /* up to this many tokens: matrix-vector kernels; above: the tensor cores, cuBLAS */
-	int mmt_max;       /* above mmv_max and up to this many: mmt.cu's kernel where it takes the type */
+	int mmt_max;       /* above mmv_max and up to this many (at most MMT_MAX_TOKENS): mmt.cu where it takes the type */
 	/*
 	 * The activations as two int8 rows (max_tokens x 2 x widest input)
 	 * with a scale and a sum per 32 (max_tokens x widest / 32), for the

@@ -77,11 +77,9 @@ template <> struct mt_type<TT_Q4_K> {
 #pragma unroll
 		for (int p = 0; p < 4; p++) {
 			uint32_t sel = p & 1 ? 0x4342u : 0x4140u;
-			__half2 s2 = __hmul2(d, __hsub2(as_h2(__byte_perm(sc[p >> 1], 0x64646464u, sel)), as_h2(H_1024)));
-			__half2 m2 = __hmul2(nd, __hsub2(as_h2(__byte_perm(mn[p >> 1], 0x64646464u, sel)), as_h2(H_1024)));
 
-			s.s[2 * p] = __low2half2(s2), s.s[2 * p + 1] = __high2half2(s2);
-			s.m[2 * p] = __low2half2(m2), s.m[2 * p + 1] = __high2half2(m2);
+			h2_bytes2(sc[p >> 1], sel, H_1024, d, s.s[2 * p], s.s[2 * p + 1]);
+			h2_bytes2(mn[p >> 1], sel, H_1024, nd, s.m[2 * p], s.m[2 * p + 1]);
 		}
 	}
 	static __device__ __forceinline__ int
@@ -137,12 +135,8 @@ template <> struct mt_type<TT_Q6_KG> {
 		__half2 d = as_h2(r.d | r.d << 16);
 
 #pragma unroll
-		for (int j = 0; j < 4; j++) {
-			__half2 a = __hsub2(as_h2(__byte_perm(w[j] ^ 0x80808080u, 0x64646464u, sel)), as_h2(H_1152));
-
-			a = __hmul2(d, a);
-			s.s[j >> 1][2 * (j & 1)] = __low2half2(a), s.s[j >> 1][2 * (j & 1) + 1] = __high2half2(a);
-		}
+		for (int j = 0; j < 4; j++)
+			h2_bytes2(w[j] ^ 0x80808080u, sel, H_1152, d, s.s[j >> 1][2 * (j & 1)], s.s[j >> 1][2 * (j & 1) + 1]);
 	}
 	static __device__ __forceinline__ int
 	xoff(int t, int i)
@@ -248,7 +242,7 @@ cuda_mmt_fits(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok)
 {
 	int type = w->type == TT_Q4_K || w->type == TT_Q6_KG;
 
-	return type && n_tok >= 1 && n_tok <= m->mmt_max && n_tok <= MMT_MAX_TOKENS && w->k % 256 == 0 &&
+	return type && n_tok >= 1 && n_tok <= m->mmt_max && w->k % 256 == 0 &&
 	    w->row_bytes % 16 == 0;
 }
 
@@ -257,14 +251,10 @@ template <int W>
 static int
 mmt_go(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct mm_out *out, dim3 grid, char *err)
 {
-	dim3 block(W * WARP);
+	auto *kernel = w->type == TT_Q4_K ? mmt_kernel<TT_Q4_K, W> : mmt_kernel<TT_Q6_KG, W>;
 
-	if (w->type == TT_Q4_K)
-		CK(cuda_launch(mmt_kernel<TT_Q4_K, W>, grid, block, 0, m->stream, w->d, w->row_bytes, (int)w->k,
-		    (int)w->n, n_tok, (const __half *)m->xh, (const float *)m->xscale, *out));
-	else
-		CK(cuda_launch(mmt_kernel<TT_Q6_KG, W>, grid, block, 0, m->stream, w->d, w->row_bytes, (int)w->k,
-		    (int)w->n, n_tok, (const __half *)m->xh, (const float *)m->xscale, *out));
+	CK(cuda_launch(kernel, grid, dim3(W * WARP), 0, m->stream, w->d, w->row_bytes, (int)w->k, (int)w->n, n_tok,
+	    (const __half *)m->xh, (const float *)m->xscale, *out));
 	return 0;
 }
 

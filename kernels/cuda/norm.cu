@@ -538,19 +538,13 @@ cuda_row_fits(int n)
 
 /*
  * 1 if the fp16 GLU of n_rows rows of n takes clusters of GLU_SPLIT blocks
- * a row: rows too few to give each multiprocessor one, a row GLU_SPLIT
- * equal parts of float4s, and a device that launches clusters.
+ * a row: rows too few to give each of cluster_sms multiprocessors one, and
+ * a row GLU_SPLIT equal parts of float4s.
  */
 static int
-glu_split(int n_rows, int n)
+glu_split(int n_rows, int n, int cluster_sms)
 {
-	int dev, sms = 0, clusters = 0;
-
-	if (n % (4 * GLU_SPLIT) != 0 || cudaGetDevice(&dev) != cudaSuccess ||
-	    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-	    cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, dev) != cudaSuccess)
-		return 0;
-	return clusters && (int64_t)n_rows * GLU_SPLIT <= sms;
+	return n % (4 * GLU_SPLIT) == 0 && (int64_t)n_rows * GLU_SPLIT <= cluster_sms;
 }
 
 int
@@ -573,13 +567,13 @@ cuda_norm_rows(const float *x, const int32_t *rows, const float *w, float *h, in
 
 int
 cuda_glu(float *a, const float *b, int n_rows, int n, int gelu, struct cuda_h16 h16, struct cuda_q8 q8,
-    cudaStream_t st, char *err)
+    int cluster_sms, cudaStream_t st, char *err)
 {
 	int64_t all4 = (int64_t)n_rows * n / 4;
 
 	if (q8.q != NULL && n % 32 != 0)
 		return err_set(err, ERR_INVAL, "glu: an int8 form of rows of %d floats", n);
-	if (h16.h != NULL && glu_split(n_rows, n)) {
+	if (h16.h != NULL && glu_split(n_rows, n, cluster_sms)) {
 		ROW_LAUNCH_EX(glu_f16_split_kernel, n / GLU_SPLIT, n_rows * GLU_SPLIT, GLU_SPLIT, st, a, b, n, gelu, h16);
 		return 0;
 	}

@@ -109,10 +109,12 @@ int cuda_norm_rows(const float *x, const int32_t *rows, const float *w, float *h
 /*
  * For each of n_rows rows of n: a = silu(a) * b, or gelu_tanh(a) * b, in
  * place, with its int8 form into q8 when q8.q is set (n a multiple of
- * 32); or, when h16.h is set, only its fp16 form into h16.
+ * 32); or, when h16.h is set, only its fp16 form into h16. cluster_sms:
+ * the device's multiprocessors where it launches clusters (sm_90), over
+ * which the fp16 form of few rows spreads each row; 0 for none.
  */
 int cuda_glu(float *a, const float *b, int n_rows, int n, int gelu, struct cuda_h16 h16, struct cuda_q8 q8,
-    cudaStream_t st, char *err);
+    int cluster_sms, cudaStream_t st, char *err);
 
 /* n_rows rows of x (k wide, ldx apart) in fp16 form. */
 int cuda_to_f16(const float *x, int ldx, int k, int n_rows, struct cuda_h16 h16, cudaStream_t st, char *err);

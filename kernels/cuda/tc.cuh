@@ -132,4 +132,18 @@ h2_pairs(uint32_t x, uint32_t off, __half2 scale, __half2 add, uint32_t a[2])
 	a[1] = as_u32(__hfma2(__hsub2(as_h2(__byte_perm(x, 0x64646464u, 0x4342)), as_h2(off)), scale, add));
 }
 
+/*
+ * The two bytes of x that sel places in the low bytes of the halves (a
+ * byte_perm selector over x and 0x64 bytes), each (1024 + byte - off) *
+ * mul, broadcast to both halves of lo and hi: a block's scales, decoded
+ * as h2_pairs decodes quants.
+ */
+static __device__ __forceinline__ void
+h2_bytes2(uint32_t x, uint32_t sel, uint32_t off, __half2 mul, __half2 &lo, __half2 &hi)
+{
+	__half2 v = __hmul2(mul, __hsub2(as_h2(__byte_perm(x, 0x64646464u, sel)), as_h2(off)));
+
+	lo = __low2half2(v), hi = __high2half2(v);
+}
+
 #endif
