@@ -279,6 +279,15 @@ int8_scratch(struct cuda_probe *p, enum cuda_probe_path path, int64_t k, int n_t
 	return 0;
 }
 
+/* The kernels of a path: the token counts that take the matrix-vector and mmt.cu kernels, K's splits. */
+static void
+probe_path(struct cuda_probe *p, enum cuda_probe_path path)
+{
+	p->mm.mmv_max = path == CUDA_PROBE_GEMM || path == CUDA_PROBE_GEMM_WHOLE || path == CUDA_PROBE_FEW ? 0 : INT_MAX;
+	p->mm.mmt_max = path == CUDA_PROBE_FEW ? MMT_MAX_TOKENS : 0;
+	p->mm.sms = path == CUDA_PROBE_GEMM_WHOLE ? 0 : p->sms; /* no multiprocessors to fill: no split */
+}
+
 /*
  * y = W x as n_parts weights of consecutive rows of cw (the last takes the
  * rest), each writing its columns of y, and with cw2 (NULL: none) y2 = W2 x
@@ -339,9 +348,7 @@ matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight
 	if ((rc = mm_scratch(p, w->k, n_tok, tile, reuse_x, err)) != 0)
 		return rc;
 	p->x_valid = 0;
-	p->mm.mmv_max = path == CUDA_PROBE_GEMM || path == CUDA_PROBE_GEMM_WHOLE || path == CUDA_PROBE_FEW ? 0 : INT_MAX;
-	p->mm.mmt_max = path == CUDA_PROBE_FEW ? MMT_MAX_TOKENS : 0;
-	p->mm.sms = path == CUDA_PROBE_GEMM_WHOLE ? 0 : p->sms; /* no multiprocessors to fill: no split */
+	probe_path(p, path);
 	if ((rc = int8_scratch(p, path, w->k, n_tok, err)) != 0)
 		return rc;
 	if ((rc = matmul_parts(p, &cw, n_parts, w2 != NULL ? &cw2 : NULL, (const float *)dx, n_tok, (float *)dy,
@@ -754,8 +761,8 @@ qkv_parts(const struct cuda_weight *cw, const struct cuda_weight *cw2, int nq, i
 
 static int
 qkv_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w,
-    const struct cuda_probe_weight *w2, const float *x, int n_tok, const struct cuda_probe_heads *hd,
-    struct cuda_probe_kv *kv, float *q, char *err)
+    const struct cuda_probe_weight *w2, const float *x, int n_tok, enum cuda_probe_path path,
+    const struct cuda_probe_heads *hd, struct cuda_probe_kv *kv, float *q, char *err)
 {
 	int nq = hd->n_head * hd->head_dim, nkv = hd->n_head_kv * hd->head_dim;
 	size_t qb = (size_t)n_tok * (size_t)nq * sizeof(float);
@@ -769,23 +776,25 @@ qkv_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w
 	if (w->n != nq + (w2 != NULL ? 1 : 2) * nkv || (w2 != NULL && (w2->n != nkv || w2->k != w->k)))
 		return err_set(err, ERR_INVAL, "cuda_probe: %lld + %lld rows for %d + 2 x %d", (long long)w->n,
 		    (long long)(w2 != NULL ? w2->n : 0), nq, nkv);
+	if (path != CUDA_PROBE_INT8 && path != CUDA_PROBE_FEW)
+		return err_set(err, ERR_INVAL, "cuda_probe: Q/K/V with qk's work on the int8 or few-token path only");
 	if ((rc = check_heads(hd, kv, n_tok, err)) != 0 ||
 	    (rc = heads_upload(p, bs, hd, kv, n_tok, 1, &ch, &ck, err)) != 0 ||
 	    (rc = weight_up(p, bs, w, &cw, err)) != 0 || (w2 != NULL && (rc = weight_up(p, bs, w2, &cw2, err)) != 0) ||
 	    (rc = buf_new(p, bs, x, (size_t)n_tok * (size_t)w->k * sizeof(float), 0, &dx, err)) != 0 ||
 	    (rc = buf_new(p, bs, NULL, qb, 1, &dq, err)) != 0 ||
 	    (rc = mm_scratch(p, w->k, n_tok, 0, 0, err)) != 0 ||
-	    (rc = int8_scratch(p, CUDA_PROBE_INT8, w->k, n_tok, err)) != 0)
+	    (rc = int8_scratch(p, path, w->k, n_tok, err)) != 0)
 		return rc;
 	p->x_valid = 0;
-	p->mm.mmv_max = INT_MAX;
-	p->mm.mmt_max = 0;
-	p->mm.sms = p->sms;
+	probe_path(p, path);
 	qkv_parts(&cw, w2 != NULL ? &cw2 : NULL, nq, nkv, part);
 	if ((rc = cuda_matmul_qkv(&p->mm, wp, (const float *)dx, (int)w->k, n_tok, (float *)dq, &ch, &ck, 0, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_matmul_qkv", err)) != 0 ||
-	    (rc = guard_check(p, &p->xq, "cuda_matmul_qkv int8 activations", err)) != 0 ||
-	    (rc = guard_check(p, &p->xd, "cuda_matmul_qkv int8 scales", err)) != 0 ||
+	    (rc = guard_check(p, &p->xh, "cuda_matmul_qkv fp16 activations", err)) != 0 ||
+	    (rc = guard_check(p, &p->xscale, "cuda_matmul_qkv row scales", err)) != 0 ||
+	    (path == CUDA_PROBE_INT8 && ((rc = guard_check(p, &p->xq, "cuda_matmul_qkv int8 activations", err)) != 0 ||
+	    (rc = guard_check(p, &p->xd, "cuda_matmul_qkv int8 scales", err)) != 0)) ||
 	    (rc = fetch(p, q, dq, qb, err)) != 0)
 		return rc;
 	return fetch(p, kv->pool, ck.pool, pool_bytes(hd, kv), err);
@@ -793,10 +802,11 @@ qkv_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w
 
 extern "C" int
 cuda_probe_qkv(struct cuda_probe *p, const struct cuda_probe_weight *w, const struct cuda_probe_weight *w2,
-    const float *x, int n_tok, const struct cuda_probe_heads *hd, struct cuda_probe_kv *kv, float *q, char *err)
+    const float *x, int n_tok, enum cuda_probe_path path, const struct cuda_probe_heads *hd,
+    struct cuda_probe_kv *kv, float *q, char *err)
 {
 	struct bufs bs = {};
-	int rc = qkv_run(p, &bs, w, w2, x, n_tok, hd, kv, q, err);
+	int rc = qkv_run(p, &bs, w, w2, x, n_tok, path, hd, kv, q, err);
 
 	bufs_free(&bs);
 	return rc;

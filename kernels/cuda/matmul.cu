@@ -26,7 +26,6 @@
 #include "norm.cuh"
 
 #include <string.h>
-#include <type_traits>
 
 #define MMV_WARPS 4
 #define MMV_ROWS 4  /* rows of one block of the matrix-vector kernel */
@@ -336,28 +335,6 @@ template <> struct qt<TT_Q8_0> {
 template <int NT> struct mmq_rows { static constexpr int n = NT >= 4 ? 4 : 3; };
 #define MMQ_WIDE_K 8192
 
-/* The rows of one weight an integer kernel multiplies; they go to rows o0 .. o0 + n - 1 of its outputs. */
-struct mmq_seg {
-	const uint8_t *w;
-	size_t row_bytes;
-	int n, o0;
-};
-
-/* Where the Q/K/V product of cuda_matmul_qkv stores its rows (qkv_pair_of); q NULL: out has them. */
-struct mmq_qkv {
-	struct cuda_heads hd;
-	struct cuda_kv kv;
-	float *q;
-};
-
-/* The other products' rows all go to out. */
-static const struct mmq_qkv no_qkv = {};
-
-/* What an integer kernel takes for e: mmq_qkv with QKV, else nothing (its ~230 bytes on no other launch). */
-struct mmq_none {
-};
-template <bool QKV> using mmq_e = std::conditional_t<QKV, struct mmq_qkv, struct mmq_none>;
-
 /*
  * The sums of a group of KS warps (g of the block's groups, this warp its
  * part) into its first warp's lane 0: N floats at a each, through shared
@@ -396,8 +373,8 @@ mmq_group_sum(float *a, int g, int part, int lane)
  */
 template <int TY, int NT, int R, int KS, bool QKV>
 static __device__ __forceinline__ void
-mmq_block(const struct mmq_seg &sg, int blk, int k, const int8_t *__restrict__ xq,
-    const float2 *__restrict__ xd, const struct mm_out &out, const mmq_e<QKV> &e)
+mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq,
+    const float2 *__restrict__ xd, const struct mm_out &out, const mm_e<QKV> &e)
 {
 	using Q = qt<TY>;
 	int w = threadIdx.x / WARP, g = w / KS, part = w % KS;
@@ -494,8 +471,8 @@ mmq_blocks(int64_t n, int r, int ks)
  */
 template <int TY, int TY2, int NT, int R, int KS, bool QKV>
 __global__ void __launch_bounds__(MMQ_WARPS * WARP, NT == 2 || KS > 1 ? 4 : 1)
-mmq_kernel(struct mmq_seg a, struct mmq_seg b, int nb_a, int k, const int8_t *__restrict__ xq,
-    const float2 *__restrict__ xd, struct mm_out out, mmq_e<QKV> e)
+mmq_kernel(struct mm_seg a, struct mm_seg b, int nb_a, int k, const int8_t *__restrict__ xq,
+    const float2 *__restrict__ xd, struct mm_out out, mm_e<QKV> e)
 {
 	pdl_wait();
 	pdl_trigger();
@@ -603,12 +580,12 @@ mmv_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const float *x,
  */
 template <int TY, int TY2, int NT, int R, int KS = 1, bool QKV = false>
 static cudaError_t
-mmq_go(cudaStream_t st, struct mmq_seg a, struct mmq_seg b, int k, const int8_t *xq, const float2 *xd,
-    const struct mm_out *out, const struct mmq_qkv &e)
+mmq_go(cudaStream_t st, struct mm_seg a, struct mm_seg b, int k, const int8_t *xq, const float2 *xd,
+    const struct mm_out *out, const struct mm_qkv &e)
 {
 	int nb_a = mmq_blocks(a.n, R, KS);
 	dim3 grid((unsigned)(nb_a + (b.n > 0 ? mmq_blocks(b.n, R, KS) : 0))), block(MMQ_WARPS * WARP);
-	mmq_e<QKV> ek = {};
+	mm_e<QKV> ek = {};
 
 	if constexpr (QKV)
 		ek = e;
@@ -625,9 +602,9 @@ mmq_go(cudaStream_t st, struct mmq_seg a, struct mmq_seg b, int k, const int8_t 
 template <int TY, int TY2>
 static cudaError_t
 mmq_types(int nt, cudaStream_t st, const struct cuda_weight *w, const struct cuda_weight *w2,
-    const int8_t *xq, const float2 *xd, const struct mm_out *out, const struct mmq_qkv &e)
+    const int8_t *xq, const float2 *xd, const struct mm_out *out, const struct mm_qkv &e)
 {
-	struct mmq_seg a = { w->d, w->row_bytes, (int)w->n, 0 }, b = { NULL, 0, 0, (int)w->n };
+	struct mm_seg a = { w->d, w->row_bytes, (int)w->n, 0 }, b = { NULL, 0, 0, (int)w->n };
 	int k = (int)w->k;
 
 	if (w2 != NULL)
@@ -661,7 +638,7 @@ mmq_types(int nt, cudaStream_t st, const struct cuda_weight *w, const struct cud
 template <int TY>
 static cudaError_t
 mmq_launch(int nt, cudaStream_t st, const struct cuda_weight *w, const struct cuda_weight *w2,
-    const int8_t *xq, const float2 *xd, const struct mm_out *out, const struct mmq_qkv &e)
+    const int8_t *xq, const float2 *xd, const struct mm_out *out, const struct mm_qkv &e)
 {
 	switch (w2 != NULL ? (int)w2->type : 0) {
 	case 0: return mmq_types<TY, 0>(nt, st, w, NULL, xq, xd, out, e);
@@ -698,7 +675,7 @@ quantize_x(struct cuda_mm *m, const float *x, int ldx, int k, int n_tok, char *e
  */
 static int
 matvec(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weight *w2, const float *x, int ldx,
-    int n_tok, const struct mm_out *out, const struct mmq_qkv &e, char *err)
+    int n_tok, const struct mm_out *out, const struct mm_qkv &e, char *err)
 {
 	int q = cuda_matmul_int8(m, w), rc;
 
@@ -910,12 +887,13 @@ run_of(const struct cuda_weight *const *w, int n_w, int i, int many, float *cons
  * for many tokens or int8 form for few is made already): runs of weights
  * stored one after the other go to one kernel on the matrix-vector and
  * tensor-core paths, and on the integer path, for up to MMQ_PAIR_TOKENS
- * tokens, two runs of different types to one launch; the rest to cuBLAS
- * one by one. The integer kernel's rows go to e where e.q is set.
+ * tokens, and on mmt.cu's, two runs of different types to one launch; the
+ * rest to cuBLAS one by one. The integer and mmt.cu kernels' rows go to e
+ * where e.q is set.
  */
 static int
 products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x, int ldx, int n_tok,
-    float *const *y, const int *ldy, int reuse_x, const struct mmq_qkv &e, char *err)
+    float *const *y, const int *ldy, int reuse_x, const struct mm_qkv &e, char *err)
 {
 	int many = n_tok > m->mmv_max, have_h = reuse_x, rc;
 
@@ -935,8 +913,12 @@ products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const f
 			continue;
 		}
 		j = run_of(w, n_w, i, many, y, ldy, &out, &all);
-		if (many)
-			rc = cuda_mmt_fits(m, &all, n_tok) ? cuda_mmt(m, &all, n_tok, &out, err) :
+		if (many && cuda_mmt_fits(m, &all, n_tok) && j < n_w && w[j]->type != w[i]->type &&
+		    cuda_mmt_fits(m, w[j], n_tok)) {
+			j = run_of(w, n_w, j, 1, y, ldy, &out, &second);
+			rc = cuda_mmt(m, &all, &second, n_tok, &out, e, err);
+		} else if (many)
+			rc = cuda_mmt_fits(m, &all, n_tok) ? cuda_mmt(m, &all, NULL, n_tok, &out, e, err) :
 							    cuda_qgemm(m, &all, n_tok, &out, err);
 		else if (j < n_w && n_tok <= MMQ_PAIR_TOKENS && w[j]->type != w[i]->type && cuda_matmul_int8(m, w[i]) &&
 		    cuda_matmul_int8(m, w[j])) {
@@ -976,22 +958,24 @@ int
 cuda_matmul_qkv_fits(const struct cuda_mm *m, const struct cuda_weight *const *w, int n_tok,
     const struct cuda_heads *hd, const struct cuda_kv *kv)
 {
-	int types = cuda_matmul_int8(m, w[0]) && cuda_matmul_int8(m, w[2]);
+	int few = n_tok <= m->mmv_max;
+	int types = few ? n_tok <= MMQ_PAIR_TOKENS && cuda_matmul_int8(m, w[0]) && cuda_matmul_int8(m, w[2]) :
+			  cuda_mmt_fits(m, w[0], n_tok) && cuda_mmt_fits(m, w[2], n_tok);
 	int one_launch = cuda_weight_follows(w[0], w[1]) &&
 	    (cuda_weight_follows(w[1], w[2]) || w[2]->type != w[1]->type);
 	int64_t nq = (int64_t)hd->n_head * hd->head_dim, nkv = (int64_t)hd->n_head_kv * hd->head_dim;
 	/* qkv_pair_of finds q, k and v by their row counts: any other shape would store outside them */
 	int shape = w[0]->n == nq && w[1]->n == nkv && w[2]->n == nkv;
 
-	return n_tok >= 1 && n_tok <= MIN(m->mmv_max, MMQ_PAIR_TOKENS) && types && one_launch && shape && !hd->neox &&
-	    hd->q_norm == NULL && hd->k_norm == NULL && !kv->f32;
+	return n_tok >= 1 && types && one_launch && shape && !hd->neox && hd->q_norm == NULL && hd->k_norm == NULL &&
+	    !kv->f32;
 }
 
 int
 cuda_matmul_qkv(struct cuda_mm *m, const struct cuda_weight *const *w, const float *x, int ldx, int n_tok,
     float *q, const struct cuda_heads *hd, const struct cuda_kv *kv, int reuse_x, char *err)
 {
-	struct mmq_qkv e = { *hd, *kv, q };
+	struct mm_qkv e = { *hd, *kv, q };
 	float *y[3] = { q, q, q }; /* unused: e takes the rows */
 	int ld[3] = { 0, 0, 0 };
 

@@ -9,6 +9,7 @@
 #include "cuda_common.cuh"
 
 #include <cublas_v2.h>
+#include <type_traits>
 
 /* Tokens one matrix-vector kernel carries; more go in groups of this. */
 #define MMV_TOKENS 8
@@ -81,6 +82,31 @@ mm_store(const struct mm_out &out, int o, int t, float v)
 }
 
 
+/* The rows of one weight a kernel multiplies; they go to rows o0 .. o0 + n - 1 of its outputs. */
+struct mm_seg {
+	const uint8_t *w;
+	size_t row_bytes;
+	int n, o0;
+};
+
+/*
+ * Where a Q/K/V product with qk's work stores its rows (qkv_pair_of): q
+ * NULL, the rows go to the product's outputs as any product's.
+ */
+struct mm_qkv {
+	struct cuda_heads hd;
+	struct cuda_kv kv;
+	float *q;
+};
+
+/* The other products' rows all go to out. */
+static const struct mm_qkv no_qkv = {};
+
+/* What a product kernel takes for e: mm_qkv with QKV, else nothing (its ~230 bytes on no other launch). */
+struct mm_none {
+};
+template <bool QKV> using mm_e = std::conditional_t<QKV, struct mm_qkv, struct mm_none>;
+
 /*
  * y[t * ldy + o] = sum_i W[o][i] * x[t * ldx + i] for t < n_tok and every
  * row o of the weight, on m->stream. With reuse_x, the other form of x
@@ -102,7 +128,8 @@ int cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int
 
 /*
  * Q, K and V (w[0..2], of one input) times n_tok tokens, with cuda_qk's
- * work done as the integer kernel stores each pair of rows: q rotated into
+ * work done as the product's kernel (the integer one, or mmt.cu's) stores
+ * each pair of rows: q rotated into
  * q (n_head * head_dim floats a token), k rotated and v into the pool at
  * each token's position, with their biases; the step saves qk's launch.
  * ERR_UNSUPPORTED, with nothing done, where cuda_matmul_qkv_fits says
@@ -113,9 +140,10 @@ int cuda_matmul_qkv(struct cuda_mm *m, const struct cuda_weight *const *w, const
 
 /*
  * 1 if cuda_matmul_qkv serves n_tok tokens of these weights, heads and
- * pool: one launch of the integer kernel (n_tok up to m->mmv_max and 2; Q
- * and K of one type, stored one after the other, V after them or of
- * another type), RoPE on neighbouring dimensions, no QK norm, fp16 pool.
+ * pool: one launch of the integer kernel (n_tok up to m->mmv_max and 2) or
+ * of mmt.cu's (more, up to m->mmt_max; Q4_K and Q6_K); Q and K of one
+ * type, stored one after the other, V after them or of another type; RoPE
+ * on neighbouring dimensions, no QK norm, fp16 pool.
  */
 int cuda_matmul_qkv_fits(const struct cuda_mm *m, const struct cuda_weight *const *w, int n_tok,
     const struct cuda_heads *hd, const struct cuda_kv *kv);
@@ -180,9 +208,12 @@ int64_t cuda_matmul_tile_elems(const struct cuda_weight *w);
 int cuda_mmt_fits(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok);
 
 /*
- * As cuda_qgemm, for a weight and token count cuda_mmt_fits takes (else
- * ERR_UNSUPPORTED); no split sums.
+ * As cuda_qgemm, for weights and a token count cuda_mmt_fits takes (else
+ * ERR_UNSUPPORTED): the rows of w, then those of w2 (NULL: none; else of
+ * the other type, same input), one launch; no split sums. Where e.q is set
+ * the rows go to e (cuda_matmul_qkv), else to out.
  */
-int cuda_mmt(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct mm_out *out, char *err);
+int cuda_mmt(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weight *w2, int n_tok,
+    const struct mm_out *out, const struct mm_qkv &e, char *err);
 
 #endif

@@ -182,26 +182,38 @@ mmt_block(const typename mt_type<TY>::R &ca, const typename mt_type<TY>::R &cb, 
 }
 
 /*
- * One block of W warps: rows blockIdx.x * 16 .. + 15 by up to 8 tokens.
- * Warp w takes blocks w, w + W, ... of the rows' 256-element blocks; warps
- * 1.. hand their sums to warp 0 through shared memory, which adds them in
- * warp order and stores. The weights' first loads come before pdl_wait (no
- * kernel of the step writes them).
+ * Where lane (g, t) of a block's storing warp puts its pairs of rows with
+ * QKV: rows g and g + 1 (g even) or g + 7 and g + 8 (g odd) of the block,
+ * tokens 2 t and 2 t + 1 (j), each pair wholly in q, k or v (their row
+ * counts are even).
  */
-template <int TY, int W>
-__global__ void __launch_bounds__(W * WARP)
-mmt_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n_rows, int n_tok,
-    const __half *__restrict__ xh, const float *__restrict__ xscale, struct mm_out out)
+static __device__ __forceinline__ int
+mmt_pair_row(int g)
+{
+	return g & 1 ? g + 7 : g;
+}
+
+/*
+ * The 16 rows of segment sg from r0 by up to 8 tokens, by a block of W
+ * warps. Warp w takes blocks w, w + W, ... of the rows' 256-element
+ * blocks; warps 1.. hand their sums to warp 0 through red, which adds
+ * them in warp order and stores them to out, or with QKV as e says (the
+ * neighbouring row of a pair is in the lane 4 away). The weights' first
+ * loads come before pdl_wait (no kernel of the step writes them).
+ */
+template <int TY, int W, bool QKV>
+static __device__ __forceinline__ void
+mmt_rows(const struct mm_seg &sg, int r0, int k, int n_tok, const __half *__restrict__ xh,
+    const float *__restrict__ xscale, const struct mm_out &out, const mm_e<QKV> &e, float (*red)[WARP][4])
 {
 	using T = mt_type<TY>;
-	__shared__ float red[W - 1][WARP][4];
-	int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4;
-	int r0 = blockIdx.x * MMT_ROWS, units = k / 256;
-	const uint8_t *ra = w + (size_t)min(r0 + g, n_rows - 1) * row_bytes;
-	const uint8_t *rb = w + (size_t)min(r0 + g + 8, n_rows - 1) * row_bytes;
+	int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4, units = k / 256;
+	const uint8_t *ra = sg.w + (size_t)min(r0 + g, sg.n - 1) * sg.row_bytes;
+	const uint8_t *rb = sg.w + (size_t)min(r0 + g + 8, sg.n - 1) * sg.row_bytes;
 	const __half *xt = xh + (size_t)min(g, n_tok - 1) * k;
 	float acc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
 	typename T::R ca = {}, cb = {}, na = {}, nb = {};
+	struct qkv_pair pe[QKV ? 2 : 1];
 
 	if (warp < units)
 		T::load(ra, warp, t, ca), T::load(rb, warp, t, cb);
@@ -222,19 +234,62 @@ mmt_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n_rows, i
 #pragma unroll
 		for (int i = 0; i < 4; i++)
 			red[warp - 1][lane][i] = acc[i];
+	if constexpr (QKV) /* its loads while the other warps finish */
+		if (warp == 0)
+#pragma unroll
+			for (int j = 0; j < 2; j++)
+				if (r0 + mmt_pair_row(g) < sg.n && 2 * t + j < n_tok)
+					pe[j] = qkv_pair_of(e.hd, e.kv, e.q, sg.o0 + r0 + mmt_pair_row(g), 2 * t + j);
 	__syncthreads();
 	if (warp > 0)
 		return;
 #pragma unroll
-	for (int i = 0; i < 4; i++) {
-		int row = r0 + g + (i >= 2 ? 8 : 0), tok = 2 * t + (i & 1);
-
+	for (int i = 0; i < 4; i++)
 #pragma unroll
 		for (int v = 0; v < W - 1; v++)
 			acc[i] += red[v][lane][i];
-		if (row < n_rows && tok < n_tok)
-			mm_store(out, row, tok, acc[i] * xscale[tok]);
+	if constexpr (QKV) {
+		int odd = g & 1;
+
+#pragma unroll
+		for (int j = 0; j < 2; j++) {
+			/* lane g has rows g (acc 0, 1) and g + 8 (acc 2, 3); the row beside each is in lane g ^ 1 */
+			float mine = acc[odd ? 2 + j : j], near = __shfl_xor_sync(0xffffffffu, acc[odd ? j : 2 + j], 4);
+			int tok = 2 * t + j;
+
+			if (r0 + mmt_pair_row(g) < sg.n && tok < n_tok)
+				qkv_pair_store(pe[j], (odd ? near : mine) * xscale[tok], (odd ? mine : near) * xscale[tok]);
+		}
+	} else {
+#pragma unroll
+		for (int i = 0; i < 4; i++) {
+			int row = r0 + g + (i >= 2 ? 8 : 0), tok = 2 * t + (i & 1);
+
+			if (row < sg.n && tok < n_tok)
+				mm_store(out, sg.o0 + row, tok, acc[i] * xscale[tok]);
+		}
 	}
+}
+
+/*
+ * A block of W warps: rows blockIdx.x * 16 .. + 15 of a (type TY), or,
+ * from block nb_a on, of b (type TY2; 0: none), so that weights of one
+ * input in two types (a Q4_K Q/K and a Q6_K V) are one launch whose
+ * blocks run side by side.
+ */
+template <int TY, int TY2, int W, bool QKV>
+__global__ void __launch_bounds__(W * WARP)
+mmt_kernel(struct mm_seg a, struct mm_seg b, int nb_a, int k, int n_tok, const __half *__restrict__ xh,
+    const float *__restrict__ xscale, struct mm_out out, mm_e<QKV> e)
+{
+	__shared__ float red[W - 1][WARP][4];
+
+	if constexpr (TY2 != 0)
+		if ((int)blockIdx.x >= nb_a) {
+			mmt_rows<TY2, W, QKV>(b, ((int)blockIdx.x - nb_a) * MMT_ROWS, k, n_tok, xh, xscale, out, e, red);
+			return;
+		}
+	mmt_rows<TY, W, QKV>(a, (int)blockIdx.x * MMT_ROWS, k, n_tok, xh, xscale, out, e, red);
 }
 
 int
@@ -246,27 +301,67 @@ cuda_mmt_fits(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok)
 	    w->row_bytes % 16 == 0;
 }
 
-/* The kernel of w's type in blocks of W warps. */
-template <int W>
+/* The kernel of a's and b's types in blocks of W warps, storing to e where e.q is set. */
+template <int TY, int TY2, int W>
 static int
-mmt_go(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct mm_out *out, dim3 grid, char *err)
+mmt_go(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, int nb_a, int k, int n_tok,
+    const struct mm_out *out, const struct mm_qkv &e, unsigned grid, char *err)
 {
-	auto *kernel = w->type == TT_Q4_K ? mmt_kernel<TT_Q4_K, W> : mmt_kernel<TT_Q6_KG, W>;
-
-	CK(cuda_launch(kernel, grid, dim3(W * WARP), 0, m->stream, w->d, w->row_bytes, (int)w->k, (int)w->n, n_tok,
-	    (const __half *)m->xh, (const float *)m->xscale, *out));
+	if (e.q != NULL)
+		CK(cuda_launch(mmt_kernel<TY, TY2, W, true>, dim3(grid), dim3(W * WARP), 0, m->stream, a, b, nb_a, k,
+		    n_tok, (const __half *)m->xh, (const float *)m->xscale, *out, e));
+	else
+		CK(cuda_launch(mmt_kernel<TY, TY2, W, false>, dim3(grid), dim3(W * WARP), 0, m->stream, a, b, nb_a, k,
+		    n_tok, (const __half *)m->xh, (const float *)m->xscale, *out, mm_none{}));
 	return 0;
 }
 
-int
-cuda_mmt(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct mm_out *out, char *err)
+/* Blocks of 8 warps for a grid too small to fill the GPU with loads, else of 4. */
+template <int TY, int TY2>
+static int
+mmt_types(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, int k, int n_tok,
+    const struct mm_out *out, const struct mm_qkv &e, char *err)
 {
-	dim3 grid((unsigned)((w->n + MMT_ROWS - 1) / MMT_ROWS));
+	int nb_a = (a.n + MMT_ROWS - 1) / MMT_ROWS;
+	unsigned grid = (unsigned)(nb_a + (b.n + MMT_ROWS - 1) / MMT_ROWS);
 
-	if (!cuda_mmt_fits(m, w, n_tok))
+	if (grid < (unsigned)(MMT_WIDE_PER_SM * m->sms))
+		return mmt_go<TY, TY2, MMT_WIDE>(m, a, b, nb_a, k, n_tok, out, e, grid, err);
+	return mmt_go<TY, TY2, MMT_WARPS>(m, a, b, nb_a, k, n_tok, out, e, grid, err);
+}
+
+/* As mmt_types<TY, TY2>, TY2 the type of b's rows (none: 0). */
+template <int TY>
+static int
+mmt_second(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, uint32_t type2, int k, int n_tok,
+    const struct mm_out *out, const struct mm_qkv &e, char *err)
+{
+	switch (type2) {
+	case 0: return mmt_types<TY, 0>(m, a, b, k, n_tok, out, e, err);
+	case TT_Q4_K:
+		if constexpr (TY != TT_Q4_K)
+			return mmt_types<TY, TT_Q4_K>(m, a, b, k, n_tok, out, e, err);
+		break;
+	case TT_Q6_KG:
+		if constexpr (TY != TT_Q6_KG)
+			return mmt_types<TY, TT_Q6_KG>(m, a, b, k, n_tok, out, e, err);
+		break;
+	}
+	return err_set(err, ERR_UNSUPPORTED, "no few-token tensor-core kernel for types %u and %u", TY, type2);
+}
+
+int
+cuda_mmt(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weight *w2, int n_tok,
+    const struct mm_out *out, const struct mm_qkv &e, char *err)
+{
+	struct mm_seg a = { w->d, w->row_bytes, (int)w->n, 0 }, b = { NULL, 0, 0, (int)w->n };
+
+	if (!cuda_mmt_fits(m, w, n_tok) || (w2 != NULL && (!cuda_mmt_fits(m, w2, n_tok) || w2->k != w->k)))
 		return err_set(err, ERR_UNSUPPORTED, "no few-token tensor-core kernel for type %u, %d tokens", w->type,
 		    n_tok);
-	if (grid.x < (unsigned)(MMT_WIDE_PER_SM * m->sms))
-		return mmt_go<MMT_WIDE>(m, w, n_tok, out, grid, err);
-	return mmt_go<MMT_WARPS>(m, w, n_tok, out, grid, err);
+	if (w2 != NULL)
+		b.w = w2->d, b.row_bytes = w2->row_bytes, b.n = (int)w2->n;
+	if (w->type == TT_Q4_K)
+		return mmt_second<TT_Q4_K>(m, a, b, w2 != NULL ? w2->type : 0, (int)w->k, n_tok, out, e, err);
+	return mmt_second<TT_Q6_KG>(m, a, b, w2 != NULL ? w2->type : 0, (int)w->k, n_tok, out, e, err);
 }

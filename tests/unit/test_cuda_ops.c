@@ -489,26 +489,27 @@ test_int8(void **state)
 	matmul_path(CUDA_PROBE_INT8);
 }
 
-/* Types of the integer kernels, which put weights of two of them in one launch. */
+/* Types of the integer kernels and of mmt.cu's, which put weights of two of them in one launch. */
 static const uint32_t int8_types[] = { TT_Q4_K, TT_Q6_K, TT_Q8_0 };
+static const uint32_t few_types[] = { TT_Q4_K, TT_Q6_K };
 
 /*
  * Q and K of one type and V of another (a Q4_K_M file's Q6_K V), one
- * cuda_matmul_multi on the int8 path: at 1 and 2 tokens one launch runs
- * both types side by side, at 3 two launches do. Row counts cut
- * the warps' row groups unevenly; a long row (8,192) takes the kernel's
- * wide shape.
+ * cuda_matmul_multi on a path: on the int8 path at 1 and 2 tokens one
+ * launch runs both types side by side, at 3 two launches do; on mmt.cu's
+ * one launch at every count. Row counts cut the warps' row groups and
+ * mmt.cu's 16-row tiles unevenly; a long row (8,192) takes the integer
+ * kernel's wide shape.
  */
 static void
-test_int8_two(void **state)
+two_types(enum cuda_probe_path path, const uint32_t *types, size_t n_types)
 {
 	static const struct { int n, n2, n_tok; int64_t k; } shapes[] = {
 		{ 37, 9, 1, 256 * 5 }, { 130, 33, 2, 256 * 5 }, { 4100, 17, 1, 256 * 3 }, { 9, 513, 2, 256 * 32 },
-		{ 66, 100, 1, 256 * 32 }, { 20, 7, 3, 256 * 2 },
+		{ 66, 100, 1, 256 * 32 }, { 20, 7, 3, 256 * 2 }, { 5100, 1030, 8, 256 * 2 }, { 64, 48, 5, 256 * 9 },
 	};
-	(void)state;
-	for (size_t a = 0; a < ARRAY_LEN(int8_types); a++)
-		for (size_t b = 0; b < ARRAY_LEN(int8_types); b++) {
+	for (size_t a = 0; a < n_types; a++)
+		for (size_t b = 0; b < n_types; b++) {
 			double worst = 0;
 
 			if (a == b)
@@ -518,21 +519,30 @@ test_int8_two(void **state)
 				int64_t k = shapes[s].k;
 				float *wf, *wf2, *x = rand_floats((size_t)nt * (size_t)k, -1, 1);
 				float *y = nan_floats((size_t)(n * nt)), *y2 = nan_floats((size_t)(n2 * nt));
-				struct model_tensor t = random_weight(int8_types[a], k, n, &wf);
-				struct model_tensor t2 = random_weight(int8_types[b], k, n2, &wf2);
+				struct model_tensor t = random_weight(types[a], k, n, &wf);
+				struct model_tensor t2 = random_weight(types[b], k, n2, &wf2);
 				struct cuda_probe_weight w = probe_weight(&t), w2 = probe_weight(&t2);
 				char err[ERR_LEN];
 
-				if (cuda_probe_matmul_two(probe, &w, &w2, x, nt, CUDA_PROBE_INT8, y, y2, err) != 0)
-					fail_msg("int8 %s + %s: %s", quant_traits(t.type)->name, quant_traits(t2.type)->name,
-					    err);
-				worst = fmax(worst, check_product("int8 two types, first", &t, wf, x, nt, y, TOL_INT8));
-				worst = fmax(worst, check_product("int8 two types, second", &t2, wf2, x, nt, y2, TOL_INT8));
+				if (cuda_probe_matmul_two(probe, &w, &w2, x, nt, path, y, y2, err) != 0)
+					fail_msg("%s %s + %s: %s", path_name(path), quant_traits(t.type)->name,
+					    quant_traits(t2.type)->name, err);
+				worst = fmax(worst, check_product("two types, first", &t, wf, x, nt, y, path_tol(path)));
+				worst = fmax(worst, check_product("two types, second", &t2, wf2, x, nt, y2, path_tol(path)));
 				free((void *)t.data), free((void *)t2.data), free(wf), free(wf2), free(x), free(y), free(y2);
 			}
-			print_message("matmul int8 %-5s + %-5s: max error / sum |w x| %.2e (bound %.0e)\n",
-			    quant_traits(int8_types[a])->name, quant_traits(int8_types[b])->name, worst, TOL_INT8);
+			print_message("matmul %-10s %-5s + %-5s: max error / sum |w x| %.2e (bound %.0e)\n",
+			    path_name(path), quant_traits(types[a])->name, quant_traits(types[b])->name, worst,
+			    path_tol(path));
 		}
+}
+
+static void
+test_two_types(void **state)
+{
+	(void)state;
+	two_types(CUDA_PROBE_INT8, int8_types, ARRAY_LEN(int8_types));
+	two_types(CUDA_PROBE_FEW, few_types, ARRAY_LEN(few_types));
 }
 
 /* ---- norms and GLU ---- */
@@ -1033,13 +1043,15 @@ test_qk(void **state)
 
 /*
  * One case of cuda_matmul_qkv: Q/K/V of types a (Q, K) and b (V) with qk's
- * work in the product against the same product on the int8 path followed
- * by cuda_qk; the same sums in both, so q and the pool must agree to
- * float rounding (and fp16's, a last bit, in the pool), and the pool
- * elements of no token stay unwritten. Returns the worst error / head max.
+ * work in the product against the same product on the same path (int8 or
+ * mmt.cu's) followed by cuda_qk; the same sums in both, so q and the pool
+ * must agree to float rounding (and fp16's, a last bit, in the pool), and
+ * the pool elements of no token stay unwritten. Returns the worst error /
+ * head max.
  */
 static double
-qkv_case(const struct cuda_probe_heads *hd, uint32_t a, uint32_t b, const struct seq_spec *seqs, int n_seqs)
+qkv_case(const struct cuda_probe_heads *hd, uint32_t a, uint32_t b, const struct seq_spec *seqs, int n_seqs,
+    enum cuda_probe_path path)
 {
 	int d = hd->head_dim, nq = hd->n_head * d, nkv = hd->n_head_kv * d, k = 512, same = a == b;
 	int n = nq + nkv + (same ? nkv : 0), ny = nq + 2 * nkv;
@@ -1054,7 +1066,7 @@ qkv_case(const struct cuda_probe_heads *hd, uint32_t a, uint32_t b, const struct
 	size_t np;
 
 	place_seqs(&pl, seqs, n_seqs);
-	snprintf(what, sizeof what, "qkv %s + %s, head_dim %d, %d/%d heads, bias %d, %d tokens",
+	snprintf(what, sizeof what, "qkv %s %s + %s, head_dim %d, %d/%d heads, bias %d, %d tokens", path_name(path),
 	    quant_traits(a)->name, quant_traits(b)->name, d, hd->n_head, hd->n_head_kv, hd->bq != NULL, pl.n_tok);
 	if (!same) {
 		t2 = random_weight(b, k, nkv, &wf2);
@@ -1068,10 +1080,10 @@ qkv_case(const struct cuda_probe_heads *hd, uint32_t a, uint32_t b, const struct
 	np = pool_len(hd, &pl);
 	kp = pool_new(np, 0), kpr = pool_new(np, 0);
 	kv = probe_kv(&pl, &kp, 0, 0), kvr = probe_kv(&pl, &kpr, 0, 0);
-	if (cuda_probe_qkv(probe, &w, same ? NULL : &w2, x, pl.n_tok, hd, &kv, q, err) != 0)
+	if (cuda_probe_qkv(probe, &w, same ? NULL : &w2, x, pl.n_tok, path, hd, &kv, q, err) != 0)
 		fail_msg("%s: %s", what, err);
-	if ((same ? cuda_probe_matmul(probe, &w, 3, x, pl.n_tok, CUDA_PROBE_INT8, 0, 0, y, err) :
-	    cuda_probe_matmul_two(probe, &w, &w2, x, pl.n_tok, CUDA_PROBE_INT8, y, y2, err)) != 0)
+	if ((same ? cuda_probe_matmul(probe, &w, 3, x, pl.n_tok, path, 0, 0, y, err) :
+	    cuda_probe_matmul_two(probe, &w, &w2, x, pl.n_tok, path, y, y2, err)) != 0)
 		fail_msg("%s: unfused product: %s", what, err);
 	for (int i = 0; i < pl.n_tok; i++) {
 		const float *yt = y + (size_t)i * (same ? ny : nq + nkv);
@@ -1095,9 +1107,10 @@ qkv_case(const struct cuda_probe_heads *hd, uint32_t a, uint32_t b, const struct
 	return worst;
 }
 
-/* cuda_matmul_qkv must refuse these heads, this pool (fp32 if f32) or this many tokens, and write nothing. */
+/* cuda_matmul_qkv must refuse these heads, this pool (fp32 if f32) or this many tokens on a path, and write nothing. */
 static void
-qkv_refused(const struct cuda_probe_heads *hd, const struct seq_spec *seqs, int n_seqs, int f32)
+qkv_refused(const struct cuda_probe_heads *hd, const struct seq_spec *seqs, int n_seqs, int f32,
+    enum cuda_probe_path path)
 {
 	int nq = hd->n_head * hd->head_dim;
 	struct model_tensor t;
@@ -1114,7 +1127,7 @@ qkv_refused(const struct cuda_probe_heads *hd, const struct seq_spec *seqs, int 
 	x = rand_floats((size_t)pl.n_tok * 512, -1, 1), q = nan_floats((size_t)pl.n_tok * nq);
 	kp = pool_new(pool_len(hd, &pl), f32);
 	kv = probe_kv(&pl, &kp, 0, 0);
-	assert_int_equal(cuda_probe_qkv(probe, &w, NULL, x, pl.n_tok, hd, &kv, q, err), ERR_UNSUPPORTED);
+	assert_int_equal(cuda_probe_qkv(probe, &w, NULL, x, pl.n_tok, path, hd, &kv, q, err), ERR_UNSUPPORTED);
 	for (size_t i = 0; i < (size_t)pl.n_tok * nq; i++)
 		assert_true(isnan(q[i]));
 	for (size_t i = 0; i < pool_len(hd, &pl); i++)
@@ -1123,47 +1136,60 @@ qkv_refused(const struct cuda_probe_heads *hd, const struct seq_spec *seqs, int 
 }
 
 /*
- * cuda_matmul_qkv for one and two tokens (two sequences decoding, one
- * sequence's two new tokens), with and without biases and a RoPE position
- * divisor, heads of 64 and 128, Q/K/V of one type or V of another; and its refusal where qk's
- * work needs a whole head (QK norm) or pairs half a head apart (neox), of
- * an fp32 pool and of three tokens.
+ * cuda_matmul_qkv on the int8 path for one and two tokens (two sequences
+ * decoding, one sequence's two new tokens) and on mmt.cu's for two to
+ * eight (sequences decoding, a sequence's new tokens, both), with and
+ * without biases and a RoPE position divisor, heads of 64 and 128, Q/K/V
+ * of one type or V of another; and its refusal where qk's work needs a
+ * whole head (QK norm) or pairs half a head apart (neox), of an fp32 pool
+ * and of more tokens than the path's kernels take.
  */
 static void
 test_qkv(void **state)
 {
 	static const struct seq_spec one[] = { { 100, 1 } }, two[] = { { 45, 1 }, { 3, 1 } }, pair[] = { { 17, 2 } };
-	static const struct seq_spec three[] = { { 9, 3 } };
+	static const struct seq_spec three[] = { { 9, 3 } }, nine[] = { { 9, 5 }, { 30, 4 } };
+	static const struct seq_spec eight[] = { { 45, 1 }, { 3, 2 }, { 17, 1 }, { 100, 3 }, { 9, 1 } };
+	static const struct { const struct seq_spec *s; int n; } few_seqs[] = { { two, 2 }, { three, 1 }, { eight, 5 } };
 	static const uint32_t types[][2] = { { TT_Q4_K, TT_Q4_K }, { TT_Q4_K, TT_Q6_K }, { TT_Q8_0, TT_Q8_0 },
 		{ TT_Q6_K, TT_Q8_0 } };
+	static const uint32_t few_pairs[][2] = { { TT_Q4_K, TT_Q4_K }, { TT_Q4_K, TT_Q6_K }, { TT_Q6_K, TT_Q4_K },
+		{ TT_Q6_K, TT_Q6_K } };
 	float *bq = rand_floats(8 * 256, -0.5f, 0.5f), *bk = rand_floats(8 * 256, -0.5f, 0.5f);
 	float *bv = rand_floats(8 * 256, -0.5f, 0.5f), *qn = rand_floats(256, 0.5f, 1.5f);
 	float *kn = rand_floats(256, 0.5f, 1.5f);
-	double worst = 0;
+	double worst = 0, worst_few = 0;
 
 	(void)state;
 	for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++) {
 		struct cuda_probe_heads hd = heads_cfg(c, bq, bk, bv, qn, kn);
 
 		if (hd.neox || hd.q_norm != NULL) {
-			qkv_refused(&hd, one, 1, 0);
+			qkv_refused(&hd, one, 1, 0, CUDA_PROBE_INT8);
+			qkv_refused(&hd, two, 2, 0, CUDA_PROBE_FEW);
 			continue;
 		}
-		qkv_refused(&hd, one, 1, 1);
-		qkv_refused(&hd, three, 1, 0);
+		qkv_refused(&hd, one, 1, 1, CUDA_PROBE_INT8);
+		qkv_refused(&hd, two, 2, 1, CUDA_PROBE_FEW);
+		qkv_refused(&hd, three, 1, 0, CUDA_PROBE_INT8);
+		qkv_refused(&hd, nine, 2, 0, CUDA_PROBE_FEW);
 		for (int v = 0; v < 8; v++) {
 			hd.bq = v & 1 ? bq : NULL, hd.bk = v & 1 ? bk : NULL, hd.bv = v & 1 ? bv : NULL;
 			hd.pos_div = v & 2 ? 4.0f : 1.0f;
 			hd.head_dim = v & 4 ? 128 : head_cfgs[c].head_dim; /* llama's */
 			for (size_t ti = 0; ti < ARRAY_LEN(types); ti++) {
-				worst = fmax(worst, qkv_case(&hd, types[ti][0], types[ti][1], one, 1));
-				worst = fmax(worst, qkv_case(&hd, types[ti][0], types[ti][1], two, 2));
-				worst = fmax(worst, qkv_case(&hd, types[ti][0], types[ti][1], pair, 1));
+				worst = fmax(worst, qkv_case(&hd, types[ti][0], types[ti][1], one, 1, CUDA_PROBE_INT8));
+				worst = fmax(worst, qkv_case(&hd, types[ti][0], types[ti][1], two, 2, CUDA_PROBE_INT8));
+				worst = fmax(worst, qkv_case(&hd, types[ti][0], types[ti][1], pair, 1, CUDA_PROBE_INT8));
 			}
+			for (size_t ti = 0; ti < ARRAY_LEN(few_pairs); ti++)
+				for (size_t si = 0; si < ARRAY_LEN(few_seqs); si++)
+					worst_few = fmax(worst_few, qkv_case(&hd, few_pairs[ti][0], few_pairs[ti][1],
+					    few_seqs[si].s, few_seqs[si].n, CUDA_PROBE_FEW));
 		}
 	}
-	print_message("qkv in the product: max error / head max %.2e against the product, then qk (bound %.0e)\n",
-	    worst, TOL_F32);
+	print_message("qkv in the product: max error / head max %.2e (int8), %.2e (mmt) against the product, "
+	    "then qk (bound %.0e)\n", worst, worst_few, TOL_F32);
 	free(bq), free(bk), free(bv), free(qn), free(kn);
 }
 
@@ -1482,7 +1508,7 @@ main(void)
 		cmocka_unit_test(test_gemm_whole),
 		cmocka_unit_test(test_few),
 		cmocka_unit_test(test_int8),
-		cmocka_unit_test(test_int8_two),
+		cmocka_unit_test(test_two_types),
 		cmocka_unit_test(test_residual_norm),
 		cmocka_unit_test(test_norm_rows),
 		cmocka_unit_test(test_glu),
