@@ -604,11 +604,10 @@ static cudaError_t
 mmq_types(int nt, cudaStream_t st, const struct cuda_weight *w, const struct cuda_weight *w2,
     const int8_t *xq, const float2 *xd, const struct mm_out *out, const struct mm_qkv &e)
 {
-	struct mm_seg a = { w->d, w->row_bytes, (int)w->n, 0 }, b = { NULL, 0, 0, (int)w->n };
+	struct mm_seg a, b;
 	int k = (int)w->k;
 
-	if (w2 != NULL)
-		b.w = w2->d, b.row_bytes = w2->row_bytes, b.n = (int)w2->n;
+	mm_segs(w, w2, &a, &b);
 	if (e.q != NULL)
 		switch (nt) {
 		case 1: return mmq_go<TY, TY2, 1, 2, 1, true>(st, a, b, k, xq, xd, out, e);

@@ -89,6 +89,16 @@ struct mm_seg {
 	int n, o0;
 };
 
+/* The rows of w as a kernel's first segment, those of w2 (NULL: none) after them as its second. */
+static inline void
+mm_segs(const struct cuda_weight *w, const struct cuda_weight *w2, struct mm_seg *a, struct mm_seg *b)
+{
+	*a = { w->d, w->row_bytes, (int)w->n, 0 };
+	*b = { NULL, 0, 0, (int)w->n };
+	if (w2 != NULL)
+		b->w = w2->d, b->row_bytes = w2->row_bytes, b->n = (int)w2->n;
+}
+
 /*
  * Where a Q/K/V product with qk's work stores its rows (qkv_pair_of): q
  * NULL, the rows go to the product's outputs as any product's.

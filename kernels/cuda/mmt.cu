@@ -193,6 +193,13 @@ mmt_pair_row(int g)
 	return g & 1 ? g + 7 : g;
 }
 
+/* 1 if lane (g, .)'s pair of token tok exists in the block of sg's rows from r0. */
+static __device__ __forceinline__ int
+mmt_pair_stored(const struct mm_seg &sg, int r0, int g, int tok, int n_tok)
+{
+	return r0 + mmt_pair_row(g) < sg.n && tok < n_tok;
+}
+
 /*
  * The 16 rows of segment sg from r0 by up to 8 tokens, by a block of W
  * warps. Warp w takes blocks w, w + W, ... of the rows' 256-element
@@ -238,7 +245,7 @@ mmt_rows(const struct mm_seg &sg, int r0, int k, int n_tok, const __half *__rest
 		if (warp == 0)
 #pragma unroll
 			for (int j = 0; j < 2; j++)
-				if (r0 + mmt_pair_row(g) < sg.n && 2 * t + j < n_tok)
+				if (mmt_pair_stored(sg, r0, g, 2 * t + j, n_tok))
 					pe[j] = qkv_pair_of(e.hd, e.kv, e.q, sg.o0 + r0 + mmt_pair_row(g), 2 * t + j);
 	__syncthreads();
 	if (warp > 0)
@@ -257,7 +264,7 @@ mmt_rows(const struct mm_seg &sg, int r0, int k, int n_tok, const __half *__rest
 			float mine = acc[odd ? 2 + j : j], near = __shfl_xor_sync(0xffffffffu, acc[odd ? j : 2 + j], 4);
 			int tok = 2 * t + j;
 
-			if (r0 + mmt_pair_row(g) < sg.n && tok < n_tok)
+			if (mmt_pair_stored(sg, r0, g, tok, n_tok))
 				qkv_pair_store(pe[j], (odd ? near : mine) * xscale[tok], (odd ? mine : near) * xscale[tok]);
 		}
 	} else {
@@ -354,13 +361,12 @@ int
 cuda_mmt(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weight *w2, int n_tok,
     const struct mm_out *out, const struct mm_qkv &e, char *err)
 {
-	struct mm_seg a = { w->d, w->row_bytes, (int)w->n, 0 }, b = { NULL, 0, 0, (int)w->n };
+	struct mm_seg a, b;
 
 	if (!cuda_mmt_fits(m, w, n_tok) || (w2 != NULL && (!cuda_mmt_fits(m, w2, n_tok) || w2->k != w->k)))
 		return err_set(err, ERR_UNSUPPORTED, "no few-token tensor-core kernel for type %u, %d tokens", w->type,
 		    n_tok);
-	if (w2 != NULL)
-		b.w = w2->d, b.row_bytes = w2->row_bytes, b.n = (int)w2->n;
+	mm_segs(w, w2, &a, &b);
 	if (w->type == TT_Q4_K)
 		return mmt_second<TT_Q4_K>(m, a, b, w2 != NULL ? w2->type : 0, (int)w->k, n_tok, out, e, err);
 	return mmt_second<TT_Q6_KG>(m, a, b, w2 != NULL ? w2->type : 0, (int)w->k, n_tok, out, e, err);
