@@ -206,7 +206,8 @@ mmt_pair_stored(const struct mm_seg &sg, int r0, int g, int tok, int n_tok)
  * blocks; warps 1.. hand their sums to warp 0 through red, which adds
  * them in warp order and stores them to out, or with QKV as e says (the
  * neighbouring row of a pair is in the lane 4 away). The weights' first
- * loads come before pdl_wait (no kernel of the step writes them).
+ * block's loads come before pdl_wait (no kernel of the step writes them),
+ * at 8 warps the first two: all of a small product's, such as Q/K/V's.
  */
 template <int TY, int W, bool QKV>
 static __device__ __forceinline__ void
@@ -224,11 +225,13 @@ mmt_rows(const struct mm_seg &sg, int r0, int k, int n_tok, const __half *__rest
 
 	if (warp < units)
 		T::load(ra, warp, t, ca), T::load(rb, warp, t, cb);
+	if (W == MMT_WIDE && warp + W < units)
+		T::load(ra, warp + W, t, na), T::load(rb, warp + W, t, nb);
 	pdl_wait();
 	pdl_trigger();
 	/* two sets of registers in turn, so that no block's bytes are copied from one set to the other */
 	for (int u = warp; u < units; u += 2 * W) {
-		if (u + W < units)
+		if (u + W < units && (W != MMT_WIDE || u > warp))
 			T::load(ra, u + W, t, na), T::load(rb, u + W, t, nb);
 		mmt_block<TY>(ca, cb, t, xt + (size_t)u * 256, acc);
 		if (u + W >= units)
