@@ -9,9 +9,10 @@
  * here each warp streams its own rows from global memory into registers,
  * as the integer matrix-vector kernel does, with no barrier in its loop: a
  * block takes 16 rows (one m16 tile) and its MMT_WARPS warps (MMT_WIDE for
- * a grid too small to fill the GPU with loads: O, Q/K/V and the down
- * projection of llama3-8b) take every MMT_WARPS-th 256-element block of
- * them, the next one's loads issued before the current one is decoded. Lane (g, t) holds rows g and g + 8 of
+ * a grid too small to fill the GPU with loads: O and the down projection
+ * of llama3-8b; MMT_THIRD where that fits it in one wave: Q/K/V) take
+ * every MMT_WARPS-th 256-element block of them, the next one's loads
+ * issued before the current one is decoded. Lane (g, t) holds rows g and g + 8 of
  * the tile and token g. Each k16 step takes four consecutive elements a
  * lane, the four lanes of a row 16 consecutive ones (two steps: 32), so
  * that a quad's tokens are read as 64 bytes in a row: lanes that each took
@@ -30,6 +31,7 @@
 #define MMT_WARPS 4 /* warps of a block, splitting K */
 #define MMT_WIDE 8  /* ... where the grid has under MMT_WIDE_PER_SM blocks a multiprocessor */
 #define MMT_WIDE_PER_SM 4
+#define MMT_THIRD 5 /* ... and where 3 of them a multiprocessor make it one wave, 2 not */
 #define MMT_ROWS 16
 
 /*
@@ -207,7 +209,9 @@ mmt_pair_stored(const struct mm_seg &sg, int r0, int g, int tok, int n_tok)
  * them in warp order and stores them to out, or with QKV as e says (the
  * neighbouring row of a pair is in the lane 4 away). The weights' first
  * block's loads come before pdl_wait (no kernel of the step writes them),
- * at 8 warps the first two: all of a small product's, such as Q/K/V's.
+ * in the one-wave grids of wider blocks the first two: all of O's at
+ * llama3-8b's 4,096 columns, most of Q/K/V's. (The 4-warp kernel took 4
+ * registers more for a second, a block a multiprocessor less.)
  */
 template <int TY, int W, bool QKV>
 static __device__ __forceinline__ void
@@ -225,13 +229,13 @@ mmt_rows(const struct mm_seg &sg, int r0, int k, int n_tok, const __half *__rest
 
 	if (warp < units)
 		T::load(ra, warp, t, ca), T::load(rb, warp, t, cb);
-	if (W == MMT_WIDE && warp + W < units)
+	if (W != MMT_WARPS && warp + W < units)
 		T::load(ra, warp + W, t, na), T::load(rb, warp + W, t, nb);
 	pdl_wait();
 	pdl_trigger();
 	/* two sets of registers in turn, so that no block's bytes are copied from one set to the other */
 	for (int u = warp; u < units; u += 2 * W) {
-		if (u + W < units && (W != MMT_WIDE || u > warp))
+		if (u + W < units && (W == MMT_WARPS || u > warp))
 			T::load(ra, u + W, t, na), T::load(rb, u + W, t, nb);
 		mmt_block<TY>(ca, cb, t, xt + (size_t)u * 256, acc);
 		if (u + W >= units)
@@ -326,7 +330,12 @@ mmt_go(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, int nb
 	return 0;
 }
 
-/* Blocks of 8 warps for a grid too small to fill the GPU with loads, else of 4. */
+/*
+ * Blocks of 8 warps (two a multiprocessor: at most 128 registers) for a
+ * grid too small to fill the GPU with loads, of 5 (three) where that makes
+ * it one wave and 8 would not (Q/K/V's 384 blocks on an H100's 132
+ * multiprocessors: two sequences 3 % faster), else of 4.
+ */
 template <int TY, int TY2>
 static int
 mmt_types(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, int k, int n_tok,
@@ -335,6 +344,8 @@ mmt_types(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, int
 	int nb_a = (a.n + MMT_ROWS - 1) / MMT_ROWS;
 	unsigned grid = (unsigned)(nb_a + (b.n + MMT_ROWS - 1) / MMT_ROWS);
 
+	if (grid > (unsigned)(2 * m->sms) && grid <= (unsigned)(3 * m->sms))
+		return mmt_go<TY, TY2, MMT_THIRD>(m, a, b, nb_a, k, n_tok, out, e, grid, err);
 	if (grid < (unsigned)(MMT_WIDE_PER_SM * m->sms))
 		return mmt_go<TY, TY2, MMT_WIDE>(m, a, b, nb_a, k, n_tok, out, e, grid, err);
 	return mmt_go<TY, TY2, MMT_WARPS>(m, a, b, nb_a, k, n_tok, out, e, grid, err);

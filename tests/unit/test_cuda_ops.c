@@ -379,7 +379,7 @@ static const struct mm_shape mv_shapes[] = {
 }, few_shapes[] = {
 	{ 1, 1, 0, W_SMALL, 0 }, { 37, 2, 0, W_MID, 0 }, { 130, 3, 0, W_WIDE, 0 }, { 16, 8, 0, W_MID, 1 },
 	{ 259, 5, 0, W_MID, 0 }, { 6, 8, 0, W_SMALL, 0 }, { 33, 7, 0, W_ODD, 0 }, { 4100, 4, 0, W_MID, 0 },
-	{ 8464, 6, 0, W_SMALL, 0 },
+	{ 8464, 6, 0, W_SMALL, 0 }, { 5000, 3, 0, W_MID, 0 },
 };
 
 /* Every type on one path over its shapes; on the many-token paths a second weight reuses the fp16 x. */
@@ -1138,7 +1138,8 @@ qkv_refused(const struct cuda_probe_heads *hd, const struct seq_spec *seqs, int 
 /*
  * cuda_matmul_qkv on the int8 path for one and two tokens (two sequences
  * decoding, one sequence's two new tokens) and on mmt.cu's for two to
- * eight (sequences decoding, a sequence's new tokens, both), with and
+ * eight (sequences decoding, a sequence's new tokens, both; and llama3-8b's
+ * heads, which take 5-warp blocks on an H100), with and
  * without biases and a RoPE position divisor, heads of 64 and 128, Q/K/V
  * of one type or V of another; and its refusal where qk's work needs a
  * whole head (QK norm) or pairs half a head apart (neox), of an fp32 pool
@@ -1187,6 +1188,15 @@ test_qkv(void **state)
 					worst_few = fmax(worst_few, qkv_case(&hd, few_pairs[ti][0], few_pairs[ti][1],
 					    few_seqs[si].s, few_seqs[si].n, CUDA_PROBE_FEW));
 		}
+	}
+	{
+		/* llama3-8b's heads: 384 blocks of 16 rows, one wave of mmt.cu's 5-warp blocks on 132 multiprocessors */
+		struct cuda_probe_heads hd = heads_cfg(0, bq, bk, bv, qn, kn);
+
+		hd.n_head = 32, hd.n_head_kv = 8, hd.head_dim = 128;
+		for (size_t ti = 0; ti < 2; ti++)
+			worst_few = fmax(worst_few, qkv_case(&hd, few_pairs[ti][0], few_pairs[ti][1], two, 2,
+			    CUDA_PROBE_FEW));
 	}
 	print_message("qkv in the product: max error / head max %.2e (int8), %.2e (mmt) against the product, "
 	    "then qk (bound %.0e)\n", worst, worst_few, TOL_F32);
