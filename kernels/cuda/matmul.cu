@@ -335,6 +335,9 @@ template <> struct qt<TT_Q8_0> {
 template <int NT> struct mmq_rows { static constexpr int n = NT >= 4 ? 4 : 3; };
 #define MMQ_WIDE_K 8192
 
+/* The other products' rows all go to out. */
+static const struct mm_qkv no_qkv = {};
+
 /*
  * The sums of a group of KS warps (g of the block's groups, this warp its
  * part) into its first warp's lane 0: N floats at a each, through shared
@@ -585,12 +588,9 @@ mmq_go(cudaStream_t st, struct mm_seg a, struct mm_seg b, int k, const int8_t *x
 {
 	int nb_a = mmq_blocks(a.n, R, KS);
 	dim3 grid((unsigned)(nb_a + (b.n > 0 ? mmq_blocks(b.n, R, KS) : 0))), block(MMQ_WARPS * WARP);
-	mm_e<QKV> ek = {};
 
-	if constexpr (QKV)
-		ek = e;
 	return cuda_launch(mmq_kernel<TY, TY2, NT, R, KS, QKV>, grid, block, 0, st, a, b, nb_a, k, xq, xd, *out,
-	    ek);
+	    mm_e_of<QKV>(e));
 }
 
 /*
@@ -882,6 +882,19 @@ run_of(const struct cuda_weight *const *w, int n_w, int i, int many, float *cons
 }
 
 /*
+ * 1 if the rows of a (a run of weights) and b (of the same type or
+ * another) can be one launch for n_tok tokens: on the integer kernel up to
+ * MMQ_PAIR_TOKENS, on mmt.cu's above the matrix-vector count.
+ */
+static int
+pairs(const struct cuda_mm *m, const struct cuda_weight *a, const struct cuda_weight *b, int n_tok)
+{
+	if (n_tok > m->mmv_max)
+		return cuda_mmt_fits(m, a, n_tok) && cuda_mmt_fits(m, b, n_tok);
+	return n_tok <= MMQ_PAIR_TOKENS && cuda_matmul_int8(m, a) && cuda_matmul_int8(m, b);
+}
+
+/*
  * The products of n_w weights of one input (with reuse_x, its fp16 form
  * for many tokens or int8 form for few is made already): runs of weights
  * stored one after the other go to one kernel on the matrix-vector and
@@ -900,6 +913,7 @@ products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const f
 	for (int i = 0; i < n_w;) {
 		struct mm_out out = { { NULL }, { 0 }, { 0 }, 0 };
 		struct cuda_weight all, second;
+		const struct cuda_weight *w2 = NULL; /* &second when a run of another type shares the launch */
 		int j;
 
 		if (many && !have_h && (rc = to_f16(m, x, ldx, (int)w[i]->k, n_tok, err)) != 0)
@@ -912,20 +926,15 @@ products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const f
 			continue;
 		}
 		j = run_of(w, n_w, i, many, y, ldy, &out, &all);
-		if (many && cuda_mmt_fits(m, &all, n_tok) && j < n_w && w[j]->type != w[i]->type &&
-		    cuda_mmt_fits(m, w[j], n_tok)) {
-			j = run_of(w, n_w, j, 1, y, ldy, &out, &second);
-			rc = cuda_mmt(m, &all, &second, n_tok, &out, e, err);
-		} else if (many)
-			rc = cuda_mmt_fits(m, &all, n_tok) ? cuda_mmt(m, &all, NULL, n_tok, &out, e, err) :
-							    cuda_qgemm(m, &all, n_tok, &out, err);
-		else if (j < n_w && n_tok <= MMQ_PAIR_TOKENS && w[j]->type != w[i]->type && cuda_matmul_int8(m, w[i]) &&
-		    cuda_matmul_int8(m, w[j])) {
-			j = run_of(w, n_w, j, 0, y, ldy, &out, &second);
-			rc = matvec(m, &all, &second, x, ldx, n_tok, &out, e, err);
-		} else {
-			rc = matvec(m, &all, NULL, x, ldx, n_tok, &out, e, err);
+		if (j < n_w && w[j]->type != w[i]->type && pairs(m, &all, w[j], n_tok)) {
+			j = run_of(w, n_w, j, many, y, ldy, &out, &second);
+			w2 = &second;
 		}
+		if (many)
+			rc = cuda_mmt_fits(m, &all, n_tok) ? cuda_mmt(m, &all, w2, n_tok, &out, e, err) :
+							    cuda_qgemm(m, &all, n_tok, &out, err);
+		else
+			rc = matvec(m, &all, w2, x, ldx, n_tok, &out, e, err);
 		if (rc != 0)
 			return rc;
 		i = j;
@@ -957,9 +966,7 @@ int
 cuda_matmul_qkv_fits(const struct cuda_mm *m, const struct cuda_weight *const *w, int n_tok,
     const struct cuda_heads *hd, const struct cuda_kv *kv)
 {
-	int few = n_tok <= m->mmv_max;
-	int types = few ? n_tok <= MMQ_PAIR_TOKENS && cuda_matmul_int8(m, w[0]) && cuda_matmul_int8(m, w[2]) :
-			  cuda_mmt_fits(m, w[0], n_tok) && cuda_mmt_fits(m, w[2], n_tok);
+	int types = pairs(m, w[0], w[2], n_tok); /* Q/K's kernel takes V's rows too, whatever its type */
 	int one_launch = cuda_weight_follows(w[0], w[1]) &&
 	    (cuda_weight_follows(w[1], w[2]) || w[2]->type != w[1]->type);
 	int64_t nq = (int64_t)hd->n_head * hd->head_dim, nkv = (int64_t)hd->n_head_kv * hd->head_dim;

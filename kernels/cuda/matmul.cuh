@@ -109,13 +109,22 @@ struct mm_qkv {
 	float *q;
 };
 
-/* The other products' rows all go to out. */
-static const struct mm_qkv no_qkv = {};
-
 /* What a product kernel takes for e: mm_qkv with QKV, else nothing (its ~230 bytes on no other launch). */
 struct mm_none {
 };
 template <bool QKV> using mm_e = std::conditional_t<QKV, struct mm_qkv, struct mm_none>;
+
+/* e as a kernel with QKV or without it takes it. */
+template <bool QKV>
+static inline mm_e<QKV>
+mm_e_of(const struct mm_qkv &e)
+{
+	mm_e<QKV> k = {};
+
+	if constexpr (QKV)
+		k = e;
+	return k;
+}
 
 /*
  * y[t * ldy + o] = sum_i W[o][i] * x[t * ldx + i] for t < n_tok and every

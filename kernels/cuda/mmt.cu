@@ -219,6 +219,7 @@ mmt_rows(const struct mm_seg &sg, int r0, int k, int n_tok, const __half *__rest
     const float *__restrict__ xscale, const struct mm_out &out, const mm_e<QKV> &e, float (*red)[WARP][4])
 {
 	using T = mt_type<TY>;
+	constexpr bool two_ahead = W != MMT_WARPS; /* both register sets loaded before pdl_wait */
 	int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, g = lane / 4, t = lane % 4, units = k / 256;
 	const uint8_t *ra = sg.w + (size_t)min(r0 + g, sg.n - 1) * sg.row_bytes;
 	const uint8_t *rb = sg.w + (size_t)min(r0 + g + 8, sg.n - 1) * sg.row_bytes;
@@ -229,13 +230,13 @@ mmt_rows(const struct mm_seg &sg, int r0, int k, int n_tok, const __half *__rest
 
 	if (warp < units)
 		T::load(ra, warp, t, ca), T::load(rb, warp, t, cb);
-	if (W != MMT_WARPS && warp + W < units)
+	if (two_ahead && warp + W < units)
 		T::load(ra, warp + W, t, na), T::load(rb, warp + W, t, nb);
 	pdl_wait();
 	pdl_trigger();
 	/* two sets of registers in turn, so that no block's bytes are copied from one set to the other */
 	for (int u = warp; u < units; u += 2 * W) {
-		if (u + W < units && (W == MMT_WARPS || u > warp))
+		if (u + W < units && (!two_ahead || u > warp))
 			T::load(ra, u + W, t, na), T::load(rb, u + W, t, nb);
 		mmt_block<TY>(ca, cb, t, xt + (size_t)u * 256, acc);
 		if (u + W >= units)
@@ -315,6 +316,16 @@ cuda_mmt_fits(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok)
 	    w->row_bytes % 16 == 0;
 }
 
+template <int TY, int TY2, int W, bool QKV>
+static int
+mmt_launch(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, int nb_a, int k, int n_tok,
+    const struct mm_out *out, const struct mm_qkv &e, unsigned grid, char *err)
+{
+	CK(cuda_launch(mmt_kernel<TY, TY2, W, QKV>, dim3(grid), dim3(W * WARP), 0, m->stream, a, b, nb_a, k, n_tok,
+	    (const __half *)m->xh, (const float *)m->xscale, *out, mm_e_of<QKV>(e)));
+	return 0;
+}
+
 /* The kernel of a's and b's types in blocks of W warps, storing to e where e.q is set. */
 template <int TY, int TY2, int W>
 static int
@@ -322,12 +333,8 @@ mmt_go(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, int nb
     const struct mm_out *out, const struct mm_qkv &e, unsigned grid, char *err)
 {
 	if (e.q != NULL)
-		CK(cuda_launch(mmt_kernel<TY, TY2, W, true>, dim3(grid), dim3(W * WARP), 0, m->stream, a, b, nb_a, k,
-		    n_tok, (const __half *)m->xh, (const float *)m->xscale, *out, e));
-	else
-		CK(cuda_launch(mmt_kernel<TY, TY2, W, false>, dim3(grid), dim3(W * WARP), 0, m->stream, a, b, nb_a, k,
-		    n_tok, (const __half *)m->xh, (const float *)m->xscale, *out, mm_none{}));
-	return 0;
+		return mmt_launch<TY, TY2, W, true>(m, a, b, nb_a, k, n_tok, out, e, grid, err);
+	return mmt_launch<TY, TY2, W, false>(m, a, b, nb_a, k, n_tok, out, e, grid, err);
 }
 
 /*
