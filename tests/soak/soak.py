@@ -362,25 +362,37 @@ def check_db(ck, path):
         db.close()
 
 
+def fd_links(pid):
+    """The daemon's open descriptors and what each is, sorted."""
+    links = []
+    for f in os.listdir("/proc/%d/fd" % pid):
+        try:
+            links.append(os.readlink("/proc/%d/fd/%s" % (pid, f)))
+        except OSError:
+            pass
+    return sorted(links)
+
+
 def proc_figures(pid):
-    """(RSS in MB, open descriptors) once the daemon has freed its closed connections and
-    finished writing KV files."""
+    """(RSS in MB, open descriptors, what they are) once the daemon has freed its closed connections
+    and finished writing KV files, and its descriptors held still for three reads 50 ms apart (an
+    ASan run once read 12 after the warm-up where every later read found 11)."""
+    seen = []
+
     def settled():
-        """Only the listening socket, and no KV file of the disk tier open (a write runs after each turn)."""
-        links = []
-        for f in os.listdir("/proc/%d/fd" % pid):
-            try:
-                links.append(os.readlink("/proc/%d/fd/%s" % (pid, f)))
-            except OSError:
-                pass
-        return sum(x.startswith("socket:") for x in links) == 1 and not any("/kv/" in x for x in links)
+        """Only the listening socket, no KV file of the disk tier open (a write runs after each turn),
+        the same descriptors as the last two reads."""
+        links = fd_links(pid)
+        seen.append(links)
+        quiet = sum(x.startswith("socket:") for x in links) == 1 and not any("/kv/" in x for x in links)
+        return quiet and len(seen) >= 3 and seen[-3] == seen[-2] == links
     rsd.wait_for(settled, 10)
     rss = 0.0
     with open("/proc/%d/status" % pid) as f:
         for line in f:
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1]) / 1024.0
-    return rss, len(os.listdir("/proc/%d/fd" % pid))
+    return rss, len(seen[-1]), seen[-1]
 
 
 def host_kv_mb(d):
@@ -492,7 +504,8 @@ def main():
             print("round %d: RSS %.1f MB (start of this process %.1f), KV in the host tier %.1f MB (%.1f), %d fds "
                   "(%d), %d turns finished so far" % (rounds, last[0], base[0], host_kv_mb(d), base_host, last[1],
                                                        base[1], stats.turns_finished), flush=True)
-            ck.eq(last[1], base[1], "round %d: open descriptors back to the process's start" % rounds)
+            ck.eq(last[1], base[1], "round %d: open descriptors back to the process's start (%s, then %s)" %
+                  (rounds, base[2], last[2]))
             if not asan:
                 host = host_kv_mb(d) - base_host
                 ck.ok(last[0] - host <= base[0] + RSS_SLACK_MB, "round %d: RSS %.1f MB, less %.1f MB more of KV "
