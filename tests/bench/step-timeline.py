@@ -30,8 +30,8 @@ def rows(path):
             us = float(r["gpu__time_duration.sum"].replace(",", ""))
             by = float(r["dram__bytes_read.sum"].replace(",", ""))
             grid = int(float(r["launch__grid_size"].replace(",", "")))
-        except (KeyError, ValueError):
-            continue  # the units row
+        except (KeyError, ValueError, AttributeError):
+            continue  # the units row, or a last row cut short (ncu stopped by a timeout)
         out.append((r["Kernel Name"], grid, us, by))
     return out
 
