@@ -12,7 +12,8 @@
  * a grid too small to fill the GPU with loads: O and the down projection
  * of llama3-8b; MMT_THIRD where that fits it in one wave: Q/K/V) take
  * every MMT_WARPS-th 256-element block of them, the next one's loads
- * issued before the current one is decoded. Lane (g, t) holds rows g and g + 8 of
+ * issued before the current one is decoded (but in 4-warp Q4_K blocks,
+ * MMT_ONE_SET). Lane (g, t) holds rows g and g + 8 of
  * the tile and token g. Each k16 step takes four consecutive elements a
  * lane, the four lanes of a row 16 consecutive ones (two steps: 32), so
  * that a quad's tokens are read as 64 bytes in a row: lanes that each took
@@ -33,6 +34,17 @@
 #define MMT_WIDE_PER_SM 4
 #define MMT_THIRD 5 /* ... and where 3 of them a multiprocessor make it one wave, 2 not */
 #define MMT_ROWS 16
+/*
+ * 4-warp Q4_K blocks hold one block of rows in registers, not two, and so
+ * fit 7 a multiprocessor (72 registers), not 5 (96): more warps hide the
+ * decoding better than each warp's loads ahead did, and llama3-8b's
+ * gate/up (1,792 blocks) runs in two waves on 132 multiprocessors, not
+ * three (H100: two to eight sequences 4.6-5.4 % faster; 6 a
+ * multiprocessor no faster, 8 4 % slower, three register sets at 4 a
+ * multiprocessor 6 % slower).
+ */
+#define MMT_ONE_SET_BLOCKS 7
+#define MMT_ONE_SET(W, TY, TY2) ((W) == MMT_WARPS && (TY) == TT_Q4_K && (TY2) == 0)
 
 /*
  * A type's part of the kernel for lane t of a row quad: R, the raw bytes of
@@ -211,9 +223,10 @@ mmt_pair_stored(const struct mm_seg &sg, int r0, int g, int tok, int n_tok)
  * block's loads come before pdl_wait (no kernel of the step writes them),
  * in the one-wave grids of wider blocks the first two: all of O's at
  * llama3-8b's 4,096 columns, most of Q/K/V's. (The 4-warp kernel took 4
- * registers more for a second, a block a multiprocessor less.)
+ * registers more for a second, a block a multiprocessor less.) With
+ * ONE, one set of registers (MMT_ONE_SET).
  */
-template <int TY, int W, bool QKV>
+template <int TY, int W, bool QKV, bool ONE>
 static __device__ __forceinline__ void
 mmt_rows(const struct mm_seg &sg, int r0, int k, int n_tok, const __half *__restrict__ xh,
     const float *__restrict__ xscale, const struct mm_out &out, const mm_e<QKV> &e, float (*red)[WARP][4])
@@ -234,16 +247,24 @@ mmt_rows(const struct mm_seg &sg, int r0, int k, int n_tok, const __half *__rest
 		T::load(ra, warp + W, t, na), T::load(rb, warp + W, t, nb);
 	pdl_wait();
 	pdl_trigger();
-	/* two sets of registers in turn, so that no block's bytes are copied from one set to the other */
-	for (int u = warp; u < units; u += 2 * W) {
-		if (u + W < units && (!two_ahead || u > warp))
-			T::load(ra, u + W, t, na), T::load(rb, u + W, t, nb);
-		mmt_block<TY>(ca, cb, t, xt + (size_t)u * 256, acc);
-		if (u + W >= units)
-			break;
-		if (u + 2 * W < units)
-			T::load(ra, u + 2 * W, t, ca), T::load(rb, u + 2 * W, t, cb);
-		mmt_block<TY>(na, nb, t, xt + (size_t)(u + W) * 256, acc);
+	if constexpr (ONE) {
+		for (int u = warp; u < units; u += W) {
+			if (u > warp)
+				T::load(ra, u, t, ca), T::load(rb, u, t, cb);
+			mmt_block<TY>(ca, cb, t, xt + (size_t)u * 256, acc);
+		}
+	} else {
+		/* two sets of registers in turn, so that no block's bytes are copied from one set to the other */
+		for (int u = warp; u < units; u += 2 * W) {
+			if (u + W < units && (!two_ahead || u > warp))
+				T::load(ra, u + W, t, na), T::load(rb, u + W, t, nb);
+			mmt_block<TY>(ca, cb, t, xt + (size_t)u * 256, acc);
+			if (u + W >= units)
+				break;
+			if (u + 2 * W < units)
+				T::load(ra, u + 2 * W, t, ca), T::load(rb, u + 2 * W, t, cb);
+			mmt_block<TY>(na, nb, t, xt + (size_t)(u + W) * 256, acc);
+		}
 	}
 	if (warp > 0)
 #pragma unroll
@@ -293,7 +314,7 @@ mmt_rows(const struct mm_seg &sg, int r0, int k, int n_tok, const __half *__rest
  * blocks run side by side.
  */
 template <int TY, int TY2, int W, bool QKV>
-__global__ void __launch_bounds__(W * WARP)
+__global__ void __launch_bounds__(W * WARP, MMT_ONE_SET(W, TY, TY2) ? MMT_ONE_SET_BLOCKS : 0 /* none */)
 mmt_kernel(struct mm_seg a, struct mm_seg b, int nb_a, int k, int n_tok, const __half *__restrict__ xh,
     const float *__restrict__ xscale, struct mm_out out, mm_e<QKV> e)
 {
@@ -301,10 +322,10 @@ mmt_kernel(struct mm_seg a, struct mm_seg b, int nb_a, int k, int n_tok, const _
 
 	if constexpr (TY2 != 0)
 		if ((int)blockIdx.x >= nb_a) {
-			mmt_rows<TY2, W, QKV>(b, ((int)blockIdx.x - nb_a) * MMT_ROWS, k, n_tok, xh, xscale, out, e, red);
+			mmt_rows<TY2, W, QKV, false>(b, ((int)blockIdx.x - nb_a) * MMT_ROWS, k, n_tok, xh, xscale, out, e, red);
 			return;
 		}
-	mmt_rows<TY, W, QKV>(a, (int)blockIdx.x * MMT_ROWS, k, n_tok, xh, xscale, out, e, red);
+	mmt_rows<TY, W, QKV, MMT_ONE_SET(W, TY, TY2)>(a, (int)blockIdx.x * MMT_ROWS, k, n_tok, xh, xscale, out, e, red);
 }
 
 int
