@@ -164,8 +164,9 @@ int cuda_probe_qk(struct cuda_probe *p, const struct cuda_probe_heads *hd, struc
  * cuda_matmul_qkv: Q, K and V of x (n_tok x k) with qk's work in the
  * product, on a path (CUDA_PROBE_INT8 or CUDA_PROBE_FEW): w holds Q's
  * n_head x head_dim rows, then K's n_head_kv x head_dim, then V's unless
- * w2 (another type, same k) holds them; q (n_tok x n_head x head_dim) gets the rotated queries, the pool
- * (copied back whole) K and V, as cuda_probe_qk leaves them.
+ * w2 (another type, same k) holds them; q (n_tok x n_head x head_dim)
+ * gets the rotated queries, the pool (copied back whole) K and V, as
+ * cuda_probe_qk leaves them.
  * ERR_UNSUPPORTED where cuda_matmul_qkv_fits says no.
  */
 int cuda_probe_qkv(struct cuda_probe *p, const struct cuda_probe_weight *w, const struct cuda_probe_weight *w2,

@@ -1135,6 +1135,34 @@ qkv_refused(const struct cuda_probe_heads *hd, const struct seq_spec *seqs, int 
 	free((void *)t.data), free(wf), free(x), free(q), free(kp.data);
 }
 
+/* Placements of a step's tokens in sequences. */
+struct seq_set {
+	const struct seq_spec *s;
+	int n;
+};
+
+/* The type pairs (Q and K, V) and placements one path's cuda_matmul_qkv is checked over, every pair with each. */
+struct qkv_grid {
+	enum cuda_probe_path path;
+	const uint32_t (*types)[2];
+	size_t n_types;
+	const struct seq_set *seqs;
+	size_t n_seqs;
+};
+
+/* The worst qkv_case of grid g with heads hd. */
+static double
+qkv_cases(const struct cuda_probe_heads *hd, const struct qkv_grid *g)
+{
+	double worst = 0;
+
+	for (size_t ti = 0; ti < g->n_types; ti++)
+		for (size_t si = 0; si < g->n_seqs; si++)
+			worst = fmax(worst, qkv_case(hd, g->types[ti][0], g->types[ti][1], g->seqs[si].s, g->seqs[si].n,
+			    g->path));
+	return worst;
+}
+
 /*
  * cuda_matmul_qkv on the int8 path for one and two tokens (two sequences
  * decoding, one sequence's two new tokens) and on mmt.cu's for two to
@@ -1151,11 +1179,18 @@ test_qkv(void **state)
 	static const struct seq_spec one[] = { { 100, 1 } }, two[] = { { 45, 1 }, { 3, 1 } }, pair[] = { { 17, 2 } };
 	static const struct seq_spec three[] = { { 9, 3 } }, nine[] = { { 9, 5 }, { 30, 4 } };
 	static const struct seq_spec eight[] = { { 45, 1 }, { 3, 2 }, { 17, 1 }, { 100, 3 }, { 9, 1 } };
-	static const struct { const struct seq_spec *s; int n; } few_seqs[] = { { two, 2 }, { three, 1 }, { eight, 5 } };
-	static const uint32_t types[][2] = { { TT_Q4_K, TT_Q4_K }, { TT_Q4_K, TT_Q6_K }, { TT_Q8_0, TT_Q8_0 },
+	static const struct seq_set int8_seqs[] = { { one, 1 }, { two, 2 }, { pair, 1 } };
+	static const struct seq_set few_seqs[] = { { two, 2 }, { three, 1 }, { eight, 5 } };
+	static const uint32_t int8_pairs[][2] = { { TT_Q4_K, TT_Q4_K }, { TT_Q4_K, TT_Q6_K }, { TT_Q8_0, TT_Q8_0 },
 		{ TT_Q6_K, TT_Q8_0 } };
 	static const uint32_t few_pairs[][2] = { { TT_Q4_K, TT_Q4_K }, { TT_Q4_K, TT_Q6_K }, { TT_Q6_K, TT_Q4_K },
 		{ TT_Q6_K, TT_Q6_K } };
+	static const struct qkv_grid int8 = { CUDA_PROBE_INT8, int8_pairs, ARRAY_LEN(int8_pairs), int8_seqs,
+		ARRAY_LEN(int8_seqs) };
+	static const struct qkv_grid few = { CUDA_PROBE_FEW, few_pairs, ARRAY_LEN(few_pairs), few_seqs,
+		ARRAY_LEN(few_seqs) };
+	/* llama3-8b's heads: 384 blocks of 16 rows, one wave of mmt.cu's 5-warp blocks on 132 multiprocessors */
+	static const struct qkv_grid few_8b = { CUDA_PROBE_FEW, few_pairs, 2, few_seqs, 1 };
 	float *bq = rand_floats(8 * 256, -0.5f, 0.5f), *bk = rand_floats(8 * 256, -0.5f, 0.5f);
 	float *bv = rand_floats(8 * 256, -0.5f, 0.5f), *qn = rand_floats(256, 0.5f, 1.5f);
 	float *kn = rand_floats(256, 0.5f, 1.5f);
@@ -1178,25 +1213,15 @@ test_qkv(void **state)
 			hd.bq = v & 1 ? bq : NULL, hd.bk = v & 1 ? bk : NULL, hd.bv = v & 1 ? bv : NULL;
 			hd.pos_div = v & 2 ? 4.0f : 1.0f;
 			hd.head_dim = v & 4 ? 128 : head_cfgs[c].head_dim; /* llama's */
-			for (size_t ti = 0; ti < ARRAY_LEN(types); ti++) {
-				worst = fmax(worst, qkv_case(&hd, types[ti][0], types[ti][1], one, 1, CUDA_PROBE_INT8));
-				worst = fmax(worst, qkv_case(&hd, types[ti][0], types[ti][1], two, 2, CUDA_PROBE_INT8));
-				worst = fmax(worst, qkv_case(&hd, types[ti][0], types[ti][1], pair, 1, CUDA_PROBE_INT8));
-			}
-			for (size_t ti = 0; ti < ARRAY_LEN(few_pairs); ti++)
-				for (size_t si = 0; si < ARRAY_LEN(few_seqs); si++)
-					worst_few = fmax(worst_few, qkv_case(&hd, few_pairs[ti][0], few_pairs[ti][1],
-					    few_seqs[si].s, few_seqs[si].n, CUDA_PROBE_FEW));
+			worst = fmax(worst, qkv_cases(&hd, &int8));
+			worst_few = fmax(worst_few, qkv_cases(&hd, &few));
 		}
 	}
 	{
-		/* llama3-8b's heads: 384 blocks of 16 rows, one wave of mmt.cu's 5-warp blocks on 132 multiprocessors */
 		struct cuda_probe_heads hd = heads_cfg(0, bq, bk, bv, qn, kn);
 
 		hd.n_head = 32, hd.n_head_kv = 8, hd.head_dim = 128;
-		for (size_t ti = 0; ti < 2; ti++)
-			worst_few = fmax(worst_few, qkv_case(&hd, few_pairs[ti][0], few_pairs[ti][1], two, 2,
-			    CUDA_PROBE_FEW));
+		worst_few = fmax(worst_few, qkv_cases(&hd, &few_8b));
 	}
 	print_message("qkv in the product: max error / head max %.2e (int8), %.2e (mmt) against the product, "
 	    "then qk (bound %.0e)\n", worst, worst_few, TOL_F32);
