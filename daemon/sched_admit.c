@@ -1,0 +1,372 @@
+/*
+ * sched_admit.c: admission. A queued request gets its model (found, loaded
+ * with progress replies, or left waiting while models in use hold the
+ * memory it needs) and goes to the prompt worker (worker.h), which renders
+ * and tokenizes its prompt off the engine thread; sched_take_prep takes it
+ * back and starts its sequence.
+ *
+ * sched_admit_queued takes requests round-robin across connections,
+ * interactive ones first, while fewer than max_seqs run; one that must wait
+ * for memory (SLOTS_WAIT) goes first when memory frees.
+ *
+ * tokenize and detokenize run on the prompt worker too, and come back on
+ * the same list as prompts, which unloading a model drains: so they are
+ * here, not with the other ops (sched_ops.c).
+ */
+#include "config.h"
+#include "sched_int.h"
+#include "engine.h"
+#include "model.h"
+#include "slots.h"
+#include "tokenizer.h"
+#include "util.h"
+#include "worker.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- a request's model ---- */
+
+/* The model of a name or path (slots_find), or the default one for NULL. Returns 0 or an ERR_* code. */
+int
+sched_find_model(struct sched *s, const char *name_or_path, struct slot **out, char *err)
+{
+	if (name_or_path != NULL)
+		return slots_find(&s->slots, name_or_path, out, err);
+	if ((*out = s->default_model) == NULL)
+		return err_set(err, ERR_NOTFOUND, "no model is configured (start residentd with -m MODEL)");
+	return 0;
+}
+
+/* sched_find_model for a request: NULL once the not_found error is posted. */
+struct slot *
+sched_job_model(struct sched *s, const struct sched_job *job, const char *name_or_path)
+{
+	char err[ERR_LEN];
+	struct slot *m;
+
+	if (sched_find_model(s, name_or_path, &m, err) != 0)
+		sched_post_error(s, job, PE_NOT_FOUND, err);
+	return m;
+}
+
+/* A progress reply of a request whose model is loading. */
+static void
+post_progress(struct sched *s, const struct sched_job *job, uint64_t done, uint64_t total)
+{
+	struct sched_event *ev = sched_new_event(job->conn, job->req.id, 0);
+	msgpack_packer pk;
+
+	proto_reply_begin(&ev->frame, &pk, 1, job->req.id, "progress", 2);
+	proto_pack_kv_uint(&pk, "done", done);
+	proto_pack_kv_uint(&pk, "total", total);
+	proto_reply_end(&ev->frame);
+	sched_post(s, ev);
+}
+
+/* slots_load's progress callback for a job. */
+struct job_progress {
+	struct sched *s;
+	const struct sched_job *job;
+};
+
+static void
+job_progress_cb(void *arg, uint64_t done, uint64_t total)
+{
+	struct job_progress *p = arg;
+
+	post_progress(p->s, p->job, done, total);
+}
+
+/* Loads a job's model (with progress replies): 0, SLOTS_WAIT or an error. */
+static int
+load_model(struct sched *s, const struct sched_job *job, struct slot *m, char *err)
+{
+	struct job_progress p = { s, job };
+
+	return slots_load(&s->slots, m, job_progress_cb, &p, err);
+}
+
+/*
+ * Loads the model of an op that cannot wait for memory (model.load with
+ * progress replies, tokenize); sends the error and returns -1 if it fails.
+ */
+int
+sched_load_now(struct sched *s, const struct sched_job *job, struct slot *m, int progress)
+{
+	struct job_progress p = { s, job };
+	char err[ERR_LEN];
+	int rc = slots_load(&s->slots, m, progress ? job_progress_cb : NULL, &p, err);
+
+	if (rc == SLOTS_WAIT)
+		sched_post_error(s, job, PE_OVERLOADED, "the device memory budget is held by models in use; try "
+		    "again when their requests have ended");
+	else if (rc != 0)
+		sched_post_error(s, job, PE_MODEL_ERROR, err);
+	return rc == 0 ? 0 : -1;
+}
+
+/* ---- admission ---- */
+
+/* On the worker: the prompt's tokens (the engine thread waits for them in GEN_PREP). */
+static void
+prep_run(struct work *w)
+{
+	struct gen *g = (struct gen *)w;
+
+	g->prep_err[0] = '\0';
+	g->prep_rc = sched_prompt_tokens(g->md, g->job, &g->ids, &g->n_ids, &g->prep_pe, g->prep_err);
+}
+
+/*
+ * Admits a queued generate: its model is loaded and the prompt goes to the
+ * worker (GEN_PREP). 0, or -1 when it failed (the error is sent), or
+ * SLOTS_WAIT when its model cannot be loaded until models in use give back
+ * memory (it stays queued).
+ */
+static int
+admit(struct sched *s, struct gen *g)
+{
+	struct sched_job *job = g->job;
+	const char *want = job->req.model ? job->req.model : job->session_model;
+	char err[ERR_LEN];
+	struct slot *m;
+	int rc;
+
+	if ((m = sched_job_model(s, job, want)) == NULL)
+		return -1;
+	if ((rc = load_model(s, job, m, err)) != 0) {
+		if (rc != SLOTS_WAIT)
+			sched_post_error(s, job, PE_MODEL_ERROR, err);
+		return rc == SLOTS_WAIT ? SLOTS_WAIT : -1;
+	}
+	slots_acquire(&s->slots, m);
+	g->slot = m;
+	g->md = engine_model(m->e);
+	g->prep.fn = prep_run;
+	g->prep.owner = m;
+	g->prep.key = job->conn;
+	g->state = GEN_PREP;
+	worker_submit(&s->prep, &g->prep);
+	return 0;
+}
+
+/* Its prompt's tokens came back: the request's sequence starts, or it fails. */
+static void
+prep_done(struct sched *s, struct gen *g)
+{
+	struct sched_job *job = g->job;
+	enum proto_err pe = g->prep_pe;
+	int n_ctx = engine_n_ctx(g->slot->e), rc = g->prep_rc;
+	char *err = g->prep_err;
+
+	g->state = GEN_RUNNING;
+	if (g->cancelled || g->gone) {
+		if (!g->gone)
+			sched_post(s, sched_done_event(g));
+		sched_gen_free(s, g);
+		return;
+	}
+	/* PROTOCOL.md: max_tokens is 1..context (the default may exceed a small context) */
+	if (rc == 0 && (job->req.set & SET_MAX_TOKENS) && job->req.max_tokens > n_ctx) {
+		snprintf(err, ERR_LEN, "max_tokens = %d is more than the context (%d)", (int)job->req.max_tokens, n_ctx);
+		rc = ERR_RANGE, pe = PE_INVALID_PARAM;
+	} else if (rc == 0 && (int64_t)g->n_ids + 1 > n_ctx) {
+		snprintf(err, ERR_LEN, "the prompt has %zu tokens; the context holds %d", g->n_ids, n_ctx);
+		rc = ERR_RANGE, pe = PE_CONTEXT_EXCEEDED;
+	}
+	if (rc == 0 && (rc = sched_start_seq(s, g, g->ids, g->n_ids, err)) != 0)
+		pe = rc == ERR_RANGE ? PE_CONTEXT_EXCEEDED : rc == ERR_BUSY ? PE_SESSION_BUSY : PE_INVALID_PARAM;
+	free(g->ids);
+	g->ids = NULL;
+	if (rc != 0) {
+		sched_post_error(s, job, rc == ERR_INVAL && strstr(err, "UTF-8") ? PE_INVALID_UTF8 : pe, err);
+		sched_gen_free(s, g);
+	}
+}
+
+/* What admitting a queued request did. */
+enum admit_result { ADMIT_FAILED, ADMIT_RUNS, ADMIT_WAITS };
+
+/*
+ * Admits one queued request: it runs, or it failed (and is gone), or it
+ * must wait for memory: it is then the one that the next admissions try
+ * first, and none other goes before it.
+ */
+static enum admit_result
+admit_one(struct sched *s, struct gen *g)
+{
+	int rc;
+
+	if ((rc = admit(s, g)) == 0) {
+		s->n_queued--;
+		s->waiting = s->waiting == g ? NULL : s->waiting;
+		return ADMIT_RUNS;
+	}
+	if (rc == SLOTS_WAIT) {
+		s->waiting = g;
+		s->retry = 0;
+		return ADMIT_WAITS;
+	}
+	sched_gen_free(s, g);
+	return ADMIT_FAILED;
+}
+
+/* Admits queued requests round-robin across connections while there is room. */
+void
+sched_admit_queued(struct sched *s)
+{
+	int running = 0, limit = s->o.max_seqs > 0 ? s->o.max_seqs : 64, prio, progress = 1;
+	enum admit_result rc;
+	struct gen *g, *best;
+
+	for (g = s->gens; g != NULL; g = g->next)
+		running += g->state != GEN_QUEUED;
+	if (s->waiting != NULL) {
+		/* it can fit only once a model fell out of use (slots_load unloads idle ones): no slots_load, which
+		 * opens the model, until then */
+		if (!s->retry || running >= limit)
+			return;
+		if ((rc = admit_one(s, s->waiting)) == ADMIT_WAITS)
+			return;
+		running += rc == ADMIT_RUNS;
+	}
+	while (running < limit && progress) {
+		progress = 0;
+		for (prio = PRIO_INTERACTIVE; prio <= PRIO_BACKGROUND && !progress; prio++) {
+			/* the first queued request of the next connection after rr_conn */
+			best = NULL;
+			for (g = s->gens; g != NULL; g = g->next) {
+				if (g->state != GEN_QUEUED || (int)g->job->req.priority != prio)
+					continue;
+				if (best == NULL || (g->job->conn > s->rr_conn && (best->job->conn <= s->rr_conn ||
+				    g->job->conn < best->job->conn)))
+					best = g;
+			}
+			if (best == NULL)
+				continue;
+			s->rr_conn = best->job->conn;
+			progress = 1;
+			if ((rc = admit_one(s, best)) == ADMIT_WAITS)
+				return;
+			running += rc == ADMIT_RUNS;
+		}
+	}
+}
+
+/* ---- tokenize, detokenize (on the prompt worker) ---- */
+
+/* tokenize's result: arg is the model's description. */
+static void
+fill_tokens(struct sched *s, const struct sched_job *job, msgpack_packer *pk, const void *arg)
+{
+	const struct model_desc *md = arg;
+	int32_t *ids = NULL;
+	size_t n = 0, i;
+	int bos = job->req.bos >= 0 ? job->req.bos : tok_add_bos(md->tok);
+
+	tok_encode(md->tok, job->req.text, strlen(job->req.text), job->req.special, bos, &ids, &n, NULL);
+	proto_pack_str(pk, "tokens");
+	msgpack_pack_array(pk, (uint32_t)n);
+	for (i = 0; i < n; i++)
+		msgpack_pack_uint32(pk, (uint32_t)ids[i]);
+	free(ids);
+}
+
+/* detokenize's result: arg is the model's description. */
+static void
+fill_text(struct sched *s, const struct sched_job *job, msgpack_packer *pk, const void *arg)
+{
+	const struct model_desc *md = arg;
+	char *text = NULL;
+	size_t len = 0;
+
+	tok_decode(md->tok, job->req.tokens, job->req.n_tokens, job->req.special, &text, &len, NULL);
+	proto_pack_str(pk, "text");
+	msgpack_pack_str(pk, len);
+	msgpack_pack_str_body(pk, text ? text : "", len);
+	free(text);
+}
+
+/*
+ * A tokenize or detokenize runs on the prompt worker: a megabyte of text
+ * takes ~0.2 s, which on the engine thread would stop every stream. Its
+ * model is held (a user of the slot) until it is back.
+ */
+struct tok_work {
+	struct work work;           /* first: the worker's item */
+	struct sched *s;
+	struct sched_job *job;
+	struct slot *m;
+	const struct model_desc *md;
+};
+
+/* On the worker: the result, posted from there. */
+static void
+tok_run(struct work *w)
+{
+	struct tok_work *t = (struct tok_work *)w;
+
+	sched_post_result(t->s, t->job, 1, t->job->req.op == OP_DETOKENIZE ? fill_text : fill_tokens, t->md, NULL);
+}
+
+/* Back on the engine thread: the model is free again. */
+static void
+tok_done(struct sched *s, struct tok_work *t)
+{
+	sched_release_slot(s, t->m, t->m->keep_alive);
+	sched_job_free(t->job);
+	free(t);
+}
+
+/*
+ * tokenize / detokenize: checked here so that fill_* cannot fail. Returns
+ * 1 when the job went to the worker (which owns it then), 0 when it is
+ * answered.
+ */
+int
+sched_op_tokens(struct sched *s, struct sched_job *job)
+{
+	struct slot *m = sched_job_model(s, job, job->req.model);
+	const struct model_desc *md;
+	struct tok_work *t;
+	size_t i;
+
+	if (m == NULL || sched_load_now(s, job, m, 0) != 0)
+		return 0;
+	md = engine_model(m->e);
+	for (i = 0; job->req.op == OP_DETOKENIZE && i < job->req.n_tokens; i++)
+		if (job->req.tokens[i] >= md->hp.n_vocab) {
+			sched_post_error(s, job, PE_INVALID_PARAM, "a token id is outside the vocabulary");
+			return 0;
+		}
+	t = xcalloc(1, sizeof *t);
+	t->work.fn = tok_run;
+	t->work.owner = m;
+	t->work.key = job->conn;
+	t->s = s;
+	t->job = job;
+	t->m = m;
+	t->md = md;
+	slots_acquire(&s->slots, m);
+	worker_submit(&s->prep, &t->work);
+	return 1;
+}
+
+/* ---- back from the prompt worker ---- */
+
+/* Takes back a list of the worker's finished items: prompts, and tokenize / detokenize. */
+void
+sched_take_prep(struct sched *s, struct work *w)
+{
+	struct work *next;
+
+	for (; w != NULL; w = next) {
+		next = w->next;
+		if (w->fn == tok_run)
+			tok_done(s, (struct tok_work *)w);
+		else
+			prep_done(s, (struct gen *)w);
+	}
+}

@@ -1,0 +1,164 @@
+/*
+ * sched_gen.c: a generate request's replies and its end, wherever it ends
+ * (its prompt failed, a step finished it, it was cancelled, its model was
+ * unloaded): the token and done replies, the rows of a finished session
+ * turn that the loop thread commits before it sends the done, and freeing
+ * it, which parks a session's sequence and saves its KV to disk.
+ */
+#include "config.h"
+#include "sched_int.h"
+#include "engine.h"
+#include "slots.h"
+#include "store.h"
+#include "util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A token reply. */
+struct sched_event *
+sched_token_event(struct gen *g)
+{
+	struct sched_event *ev = sched_new_event(g->job->conn, g->job->req.id, 0);
+	msgpack_packer pk;
+
+	proto_reply_begin(&ev->frame, &pk, 1, g->job->req.id, "token", g->job->req.logprobs ? 3 : 2);
+	proto_pack_str(&pk, "text");
+	msgpack_pack_str(&pk, g->seq->piece_len);
+	msgpack_pack_str_body(&pk, g->seq->piece, g->seq->piece_len);
+	proto_pack_kv_uint(&pk, "token", (uint64_t)g->seq->new_token);
+	if (g->job->req.logprobs)
+		proto_pack_kv_float(&pk, "logprob", g->seq->new_logprob);
+	proto_reply_end(&ev->frame);
+	return ev;
+}
+
+/*
+ * The rows of a finished session turn: the new messages (the prompt tokens
+ * this turn added are accounted to the first) and the reply (generated
+ * tokens and the template's closing tokens, which the cached sequence also
+ * takes, so it stays equal to the stored history).
+ */
+static void
+turn_rows(struct gen *g, struct sched_event *ev)
+{
+	const struct proto_req *r = &g->job->req;
+	struct seq *q = g->seq;
+	struct store_turn *t = xcalloc((size_t)r->n_msgs + 1, sizeof *t);
+	int32_t *close_ids, n_gen = q->n_tokens - g->n_prompt;
+	size_t n_close;
+	int i;
+
+	sched_closing_tokens(engine_model(g->slot->e), g->job, q, &close_ids, &n_close);
+	for (i = 0; i < r->n_msgs; i++) {
+		t[i].role = xstrdup(r->msgs[i].role);
+		t[i].content = xstrdup(r->msgs[i].content);
+	}
+	t[0].n_tokens = MAX(0, g->n_prompt - g->job->history_tokens);
+	t[0].tokens = xmalloc((size_t)MAX(t[0].n_tokens, 1) * sizeof(int32_t));
+	memcpy(t[0].tokens, q->tokens + g->n_prompt - t[0].n_tokens, (size_t)t[0].n_tokens * sizeof(int32_t));
+	t[i].role = xstrdup("assistant");
+	t[i].content = xstrndup(q->text, q->text_len);
+	t[i].n_tokens = n_gen + (int32_t)n_close;
+	t[i].tokens = xmalloc((size_t)MAX(t[i].n_tokens, 1) * sizeof(int32_t));
+	memcpy(t[i].tokens, q->tokens + g->n_prompt, (size_t)n_gen * sizeof(int32_t));
+	if (n_close > 0) {
+		memcpy(t[i].tokens + n_gen, close_ids, n_close * sizeof(int32_t));
+		if (g->res != NULL)
+			engine_seq_append(q, close_ids, (int32_t)n_close);
+	}
+	free(close_ids);
+	ev->turns = t;
+	ev->n_turns = r->n_msgs + 1;
+	ev->after = g->job->n_history;
+	snprintf(ev->session, sizeof ev->session, "%s", r->session);
+	ev->uid = g->job->uid;
+}
+
+/*
+ * The done reply (with the rows to commit for a completed session turn).
+ * A request cancelled while queued has no sequence yet.
+ */
+struct sched_event *
+sched_done_event(struct gen *g)
+{
+	static const struct seq none = { .state = SEQ_DONE, .finish = FINISH_CANCEL, .text = "" };
+	const struct seq *q = g->seq ? g->seq : &none;
+	struct sched_event *ev = sched_new_event(g->job->conn, g->job->req.id, 1);
+	uint64_t now = now_ns();
+	double gen_s = g->t_first ? (double)(now - g->t_first) / 1e9 : 0;
+	int with_text = !g->job->req.stream, with_session = g->job->req.session != NULL;
+	msgpack_packer pk;
+
+	if (q->finish == FINISH_ERROR) {
+		proto_error(&ev->frame, 1, g->job->req.id, PE_MODEL_ERROR, q->error);
+		return ev;
+	}
+	proto_reply_begin(&ev->frame, &pk, 1, g->job->req.id, "done", 2 + with_text + with_session);
+	proto_pack_kv_str(&pk, "finish", engine_finish_name(q->finish));
+	proto_pack_str(&pk, "usage");
+	msgpack_pack_map(&pk, 5);
+	proto_pack_kv_uint(&pk, "prompt_tokens", (uint64_t)g->n_prompt);
+	proto_pack_kv_uint(&pk, "cached_tokens", (uint64_t)q->n_hit);
+	proto_pack_kv_uint(&pk, "generated_tokens", (uint64_t)q->n_generated);
+	proto_pack_kv_float(&pk, "ttft_ms", g->t_first ? (double)(g->t_first - g->job->t_submit) / 1e6 : 0);
+	proto_pack_kv_float(&pk, "tokens_per_s", gen_s > 0 ? (q->n_generated - 1) / gen_s : 0);
+	if (with_text) {
+		proto_pack_str(&pk, "text");
+		msgpack_pack_str(&pk, q->text_len);
+		msgpack_pack_str_body(&pk, q->text, q->text_len);
+	}
+	if (with_session)
+		proto_pack_kv_str(&pk, "session", g->job->req.session);
+	proto_reply_end(&ev->frame);
+	if (with_session && q->finish != FINISH_CANCEL)
+		turn_rows(g, ev);
+	return ev;
+}
+
+/* The keep-alive a request leaves its model with. */
+static double
+job_keep_alive(const struct sched *s, const struct sched_job *job)
+{
+	return job->req.set & SET_KEEP_ALIVE ? job->req.keep_alive : s->o.keep_alive;
+}
+
+/* A request is done with its model; a generate waiting for memory may be admitted once nobody uses it. */
+void
+sched_release_slot(struct sched *s, struct slot *m, double keep_alive)
+{
+	slots_release(&s->slots, m, keep_alive);
+	s->retry |= m->users == 0;
+}
+
+/* Unlinks a gen and frees it; a session keeps its sequence. */
+void
+sched_gen_free(struct sched *s, struct gen *g)
+{
+	struct gen **pp;
+
+	for (pp = &s->gens; *pp != g; pp = &(*pp)->next)
+		;
+	*pp = g->next;
+	if (g->state == GEN_QUEUED)
+		s->n_queued--;
+	if (s->waiting == g)
+		s->waiting = NULL;
+	if (g->res != NULL && g->res->dropped) {
+		sched_free_resident(g->slot, g->res);
+	} else if (g->res != NULL) {
+		if (g->seq->finish == FINISH_STOP || g->seq->finish == FINISH_LENGTH || g->seq->finish == FINISH_CONTEXT)
+			engine_seq_save(g->slot->e, g->seq, g->res->uuid);
+		engine_seq_park(g->slot->e, g->seq);
+		g->res->busy = 0;
+		g->res->last_used = ++s->tick;
+	} else if (g->seq != NULL) {
+		engine_seq_free(g->slot->e, g->seq);
+	}
+	if (g->slot != NULL)
+		sched_release_slot(s, g->slot, job_keep_alive(s, g->job));
+	free(g->ids);  /* a prompt cancelled while the worker tokenized it */
+	sched_job_free(g->job);
+	free(g);
+}

@@ -1,0 +1,167 @@
+/*
+ * sched_int.h: what the scheduler's files share, and nothing outside them
+ * includes (the rest of the daemon sees sched.h alone): the engine thread's
+ * state (struct sched), a generate request and its states (struct gen), a
+ * session's sequence kept between turns (struct resident), and the
+ * functions one of the files calls in another. Each file calls only into
+ * the files listed after it, never back up, so that what a change to one
+ * file can break is in the files above it:
+ *
+ *   sched.c            the thread: intake of jobs and control messages, the
+ *                      main loop, start and stop, the API of sched.h
+ *   sched_ops.c        model.list, model.load, model.unload, model.show, status
+ *   sched_step.c       a model's step: its sequences, tokens out, cancels, faults
+ *   sched_admit.c      queued requests to their models and to the prompt worker
+ *   sched_gen.c        a generate's token and done replies, and its end
+ *   sched_resident.c   sessions' sequences between turns, the prefix cache
+ *   sched_prompt.c     messages through the chat template, to tokens
+ *   sched_event.c      replies queued for the loop thread
+ */
+#ifndef RESIDENT_SCHED_INT_H
+#define RESIDENT_SCHED_INT_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "engine.h"
+#include "kvhost.h"
+#include "sched.h"
+#include "slots.h"
+#include "util.h"
+#include "worker.h"
+
+/*
+ * A generate request moves through:
+ *
+ *   GEN_QUEUED --admit()--> GEN_PREP --(prompt back)--> GEN_RUNNING --(done)--> freed
+ *       |      (model loaded,  (the worker renders        (its sequence: SEQ_LOAD while
+ *       |       or SLOTS_WAIT)  and tokenizes it)          its KV comes from disk, then
+ *       |                                                  PREFILL, DECODE, DONE)
+ *       +--cancel/gone at any point: finished at the next chance
+ *
+ * take_job (sched.c) queues it; admit and prep_done (sched_admit.c) move it
+ * on; sched_gen_free (sched_gen.c) frees it, after a step (sched_step.c)
+ * finished its sequence or sched_reap_cancelled ended it.
+ */
+
+enum gen_state { GEN_QUEUED, GEN_PREP, GEN_RUNNING };
+
+/* A generate request inside the scheduler. */
+struct gen {
+	struct work prep;           /* first, so that the worker's item is the gen (prep_run) */
+	struct sched_job *job;
+	enum gen_state state;
+	struct slot *slot;          /* its model, once admitted (it is then one of its users) */
+	struct seq *seq;
+	struct resident *res;       /* the session's cached sequence, while running */
+	int cancelled, gone;
+	int32_t n_prompt;
+	uint64_t t_first;           /* first token */
+	/* GEN_PREP: the worker renders and tokenizes the prompt with the model's description */
+	const struct model_desc *md;
+	int32_t *ids;
+	size_t n_ids;
+	int prep_rc;
+	enum proto_err prep_pe;
+	char prep_err[ERR_LEN];
+	struct gen *next;
+};
+
+/* A session's sequence kept between turns (parked: engine_seq_park). */
+struct resident {
+	char uuid[37];
+	struct seq *seq;
+	int busy;
+	int dropped;                /* the session was deleted while it ran: freed when done */
+	uint64_t last_used;
+	struct resident *next;
+};
+
+struct ctl;                 /* a control message, sched.c's own */
+
+/* The scheduler: the lists it shares with the loop thread (under mu), then its own state. */
+struct sched {
+	struct sched_opts o;
+	char *device;
+	pthread_t thread;
+	int running;                          /* the thread was started and not joined */
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int stopping;
+	struct sched_job *jobs, **jobs_tail;   /* in, from the loop thread */
+	struct ctl *ctls, **ctls_tail;
+	struct sched_event *events, **events_tail; /* out */
+	void (*wake)(void *);
+	void *wake_arg;
+	int io_ready;                         /* the disk tier or the worker has finished something */
+	struct kvdisk *disk;                  /* NULL when --kv-disk is 0 */
+	/* engine thread only */
+	struct kvhost host;
+	struct worker prep;                   /* prompts are tokenized there (worker.h) */
+	struct slots slots;
+	int slots_on;                         /* slots_init was done */
+	struct slot *default_model;
+	struct gen *gens;                     /* queued and running, in arrival order */
+	struct gen *waiting;                  /* queued until models in use give back memory */
+	int retry;                            /* a model fell out of use since waiting was last tried */
+	int n_queued;
+	uint64_t rr_conn;                     /* round-robin position */
+	uint64_t tick;
+	uint64_t t_start;
+	uint64_t steps, step_tokens, step_seqs;
+	int max_batch;
+};
+
+/* Packs the n_fields fields of a result; arg is sched_post_result's. */
+typedef void sched_fill_fn(struct sched *s, const struct sched_job *job, msgpack_packer *pk, const void *arg);
+
+/* sched_ops.c */
+void sched_op_model_load(struct sched *s, struct sched_job *job);
+void sched_op_model_unload(struct sched *s, struct sched_job *job);
+void sched_op_model_show(struct sched *s, struct sched_job *job);
+void sched_fill_model_list(struct sched *s, const struct sched_job *job, msgpack_packer *pk, const void *arg);
+void sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *pk, const void *arg);
+
+/* sched_step.c */
+void sched_step_model(struct sched *s, struct slot *m);
+void sched_reap_cancelled(struct sched *s);
+int sched_unload_model(struct sched *s, struct slot *m, enum finish_reason why, const char *error);
+
+/* sched_admit.c */
+int sched_find_model(struct sched *s, const char *name_or_path, struct slot **out, char *err);
+struct slot *sched_job_model(struct sched *s, const struct sched_job *job, const char *name_or_path);
+int sched_load_now(struct sched *s, const struct sched_job *job, struct slot *m, int progress);
+void sched_admit_queued(struct sched *s);
+int sched_op_tokens(struct sched *s, struct sched_job *job);
+void sched_take_prep(struct sched *s, struct work *w);
+
+/* sched_gen.c */
+struct sched_event *sched_token_event(struct gen *g);
+struct sched_event *sched_done_event(struct gen *g);
+void sched_release_slot(struct sched *s, struct slot *m, double keep_alive);
+void sched_gen_free(struct sched *s, struct gen *g);
+
+/* sched_resident.c */
+void sched_free_resident(struct slot *m, struct resident *r);
+void sched_drop_residents(void *arg, struct slot *m);
+int sched_start_seq(struct sched *s, struct gen *g, const int32_t *ids, size_t n, char *err);
+void sched_make_room(struct slot *m, int32_t need);
+void sched_fork_resident(struct sched *s, const char *parent, const char *child);
+void sched_drop_resident(struct sched *s, const char *uuid);
+
+/* sched_prompt.c */
+int sched_prompt_tokens(const struct model_desc *md, const struct sched_job *job, int32_t **ids, size_t *n,
+    enum proto_err *pe, char *err);
+void sched_closing_tokens(const struct model_desc *md, const struct sched_job *job, const struct seq *q,
+    int32_t **ids, size_t *n);
+
+/* sched_event.c */
+void sched_post_chain(struct sched *s, struct sched_event *first, struct sched_event **last_next);
+struct sched_event **sched_chain(struct sched_event **tail, struct sched_event *ev);
+void sched_post(struct sched *s, struct sched_event *ev);
+struct sched_event *sched_new_event(uint64_t conn, uint64_t req_id, int last);
+void sched_post_error(struct sched *s, const struct sched_job *job, enum proto_err code, const char *msg);
+void sched_post_result(struct sched *s, const struct sched_job *job, size_t n_fields, sched_fill_fn *fill,
+    const void *arg, const char *extra_model);
+
+#endif

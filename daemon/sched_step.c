@@ -1,0 +1,174 @@
+/*
+ * sched_step.c: running the admitted requests. Each step of a model puts
+ * the decoding sequences first (one token each) and then prefill chunks
+ * that the pacer (pace.h) sizes so that a long prompt slows the streams
+ * beside it by about half and never stalls them, and sends what the step
+ * produced. Requests cancelled or left by their client are finished between
+ * steps. Unloading a model ends what runs on it; a backend failure reloads
+ * the model (model_fault).
+ */
+#include "config.h"
+#include "sched_int.h"
+#include "engine.h"
+#include "log.h"
+#include "pace.h"
+#include "slots.h"
+#include "util.h"
+#include "worker.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/*
+ * The sequences of one model for the next step: decoding ones first, then
+ * prefilling ones, interactive before background, each group starting
+ * after the connection served first last time.
+ */
+static int
+pick(struct sched *s, struct slot *m, struct seq **out, struct gen **gens, int max)
+{
+	int n = 0, pass, prio;
+	struct gen *g;
+	int32_t need = 0;
+
+	for (pass = 0; pass < 2; pass++)
+		for (prio = PRIO_INTERACTIVE; prio <= PRIO_BACKGROUND; prio++)
+			for (g = s->gens; g != NULL && n < max; g = g->next) {
+				if (g->state != GEN_RUNNING || g->slot != m || (int)g->job->req.priority != prio ||
+				    g->seq->state == SEQ_LOAD || g->seq->wait_io ||
+				    (g->seq->state == SEQ_DECODE) != (pass == 0))
+					continue;
+				gens[n] = g;
+				out[n++] = g->seq;
+				need += (g->seq->n_tokens - g->seq->n_cached + 15) / 16 + 1;
+			}
+	sched_make_room(m, need);
+	return n;
+}
+
+/* Finishes the sequences whose request was cancelled or whose client left. */
+void
+sched_reap_cancelled(struct sched *s)
+{
+	struct gen *g, *next;
+
+	for (g = s->gens; g != NULL; g = next) {
+		next = g->next;
+		if ((!g->cancelled && !g->gone) || g->state == GEN_PREP)  /* that one when its prompt is back */
+			continue;
+		if (g->state == GEN_RUNNING && g->seq->state != SEQ_DONE)
+			engine_seq_finish(g->seq, FINISH_CANCEL);
+		if (!g->gone)
+			sched_post(s, sched_done_event(g));
+		sched_gen_free(s, g);
+	}
+}
+
+/*
+ * Ends the requests running on m (finish why; error, if not NULL, is their
+ * message) and unloads it, dropping its sessions' cached sequences. The
+ * worker may be reading the model for a prompt: its items for m (the
+ * prompts and tokenizes of this model, not of others) are drained first.
+ * Returns the requests ended.
+ */
+int
+sched_unload_model(struct sched *s, struct slot *m, enum finish_reason why, const char *error)
+{
+	struct gen *g, *next;
+	int n = 0;
+
+	sched_take_prep(s, worker_drain(&s->prep, m));
+	for (g = s->gens; g != NULL; g = next) {
+		next = g->next;
+		if (g->slot != m || g->state != GEN_RUNNING)
+			continue;
+		if (error != NULL)
+			snprintf(g->seq->error, sizeof g->seq->error, "%s", error);
+		engine_seq_finish(g->seq, why);
+		if (!g->gone)
+			sched_post(s, sched_done_event(g));
+		sched_gen_free(s, g);
+		n++;
+	}
+	slots_unload(&s->slots, m);
+	return n;
+}
+
+/*
+ * The backend failed a step of model m (a GPU fault; the step's requests
+ * got its error already). What it holds on the device is not to be trusted:
+ * the model's other running requests end with the error too, its cached
+ * sessions are dropped (a next turn rebuilds them from the store), and it
+ * is loaded again, on the CPU under SCHED_FAULT_CPU. If that load fails the
+ * model stays unloaded, to be loaded by its next request. Queued requests
+ * wait and then run on the new engine.
+ */
+static void
+model_fault(struct sched *s, struct slot *m, const char *what)
+{
+	char err[ERR_LEN], msg[ERR_LEN];
+
+	m->faults++;
+	log_error("model %s: %s; loading it again%s", m->name, what,
+	    s->o.device_fault == SCHED_FAULT_CPU ? " on the CPU" : "");
+	snprintf(msg, sizeof msg, "the model failed and was loaded again: %.200s", what);
+	sched_unload_model(s, m, FINISH_ERROR, msg);
+	if (s->o.device_fault == SCHED_FAULT_CPU)
+		m->device = "cpu";
+	if (slots_load(&s->slots, m, NULL, NULL, err) < 0)
+		log_error("model %s: loading it again: %s", m->name, err);
+}
+
+/* Runs one step of a model and sends what it produced. */
+void
+sched_step_model(struct sched *s, struct slot *m)
+{
+	int cap = engine_max_step_tokens(m->e), n, i, rc = 0, n_dec = 0, n_pre = 0;
+	int32_t budget, dec_tokens;
+	struct seq **seqs = xmalloc((size_t)cap * sizeof *seqs);
+	struct gen **gens = xmalloc((size_t)cap * sizeof *gens);
+	struct sched_event *out = NULL, **tail = &out;
+	char err[ERR_LEN];
+	uint64_t t0;
+
+	n = pick(s, m, seqs, gens, MIN(cap, s->o.max_seqs > 0 ? s->o.max_seqs : 64));
+	for (i = 0; i < n; i++) {
+		n_dec += seqs[i]->state == SEQ_DECODE;
+		n_pre += seqs[i]->state == SEQ_PREFILL;
+	}
+	/* a limited chunk fills the device's last tile of tokens: those cost about nothing more (pace.h) */
+	dec_tokens = engine_step_tokens(m->e, n_dec);
+	if ((budget = pace_budget(&m->pace, n_dec, dec_tokens, n_pre)) > 0)
+		budget = MAX(budget, engine_step_tokens(m->e, n_dec + budget) - n_dec);
+	t0 = now_ns();
+	if (n > 0 && (rc = engine_step(m->e, seqs, n, budget, err)) >= 0) {
+		double sec = (double)(now_ns() - t0) / 1e9;
+
+		log_debug("step %s: %d decoding, %d prefilling, %d tokens, %.2f ms (chunk %d)",
+		    m->name, n_dec, n_pre, rc, sec * 1e3, (int)m->pace.chunk);
+		pace_done(&m->pace, n_dec, dec_tokens, n_pre, MAX(rc - n_dec, 0), sec, cap);
+		s->steps++;
+		s->step_tokens += (uint64_t)rc;
+		s->step_seqs += (uint64_t)n;
+		s->max_batch = MAX(s->max_batch, n);
+	}
+	for (i = 0; i < n; i++) {
+		struct gen *g = gens[i];
+
+		if (g->seq->new_token >= 0) {
+			if (g->t_first == 0)
+				g->t_first = now_ns();
+			if (g->job->req.stream && (g->seq->piece_len > 0 || g->seq->state != SEQ_DONE))
+				tail = sched_chain(tail, sched_token_event(g));
+		}
+		if (g->seq->state == SEQ_DONE) {
+			tail = sched_chain(tail, sched_done_event(g));
+			sched_gen_free(s, g);
+		}
+	}
+	sched_post_chain(s, out, tail);
+	free(seqs);
+	free(gens);
+	if (rc < 0)
+		model_fault(s, m, err);
+}
