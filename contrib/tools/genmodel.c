@@ -36,44 +36,57 @@ struct gen_shape {
 	float rope_theta, norm_eps;
 	int32_t sliding_window;
 	int tied;
+	int32_t n_expert, n_expert_used, n_ff_exp; /* no experts: a dense feed-forward */
+	float yarn_factor;   /* YaRN over an original context of n_ctx / yarn_factor */
 };
 
 static const struct gen_shape shapes[] = {
-	{ "tiny", ARCH_LLAMA, "llama3", 1024, 256, 2, 4, 2, 64, 512, 2048, 500000, 1e-5f, 0, 0 },
-	{ "tiny-qwen2", ARCH_QWEN2, "qwen2", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 1 },
-	{ "tiny-qwen3", ARCH_QWEN3, "qwen2", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 1 },
-	{ "tiny-gemma3", ARCH_GEMMA3, "gemma", 1024, 256, 6, 4, 1, 64, 512, 2048, 1e6f, 1e-6f, 16, 1 },
+	{ "tiny", ARCH_LLAMA, "llama3", 1024, 256, 2, 4, 2, 64, 512, 2048, 500000, 1e-5f, 0, 0, 0, 0, 0, 0 },
+	{ "tiny-qwen2", ARCH_QWEN2, "qwen2", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 1, 0, 0, 0, 0 },
+	{ "tiny-qwen3", ARCH_QWEN3, "qwen2", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 1, 0, 0, 0, 0 },
+	{ "tiny-gemma3", ARCH_GEMMA3, "gemma", 1024, 256, 6, 4, 1, 64, 512, 2048, 1e6f, 1e-6f, 16, 1, 0, 0, 0, 0 },
 	/*
 	 * Every layer slides (Gemma 3 makes one in 6 global), so that a prompt costs the same per
 	 * token at any length; the large vocabulary makes a generated token (its logits) cost
 	 * several times a prompt token, as in real models.
 	 */
-	{ "tiny-swa", ARCH_GEMMA3, "gemma", 65536, 256, 2, 4, 1, 64, 256, 65536, 1e6f, 1e-6f, 64, 1 },
-	{ "llama3-1b", ARCH_LLAMA, "llama3", 128256, 2048, 16, 32, 8, 64, 8192, 131072, 500000, 1e-5f, 0, 1 },
-	{ "llama3-8b", ARCH_LLAMA, "llama3", 128256, 4096, 32, 32, 8, 128, 14336, 131072, 500000, 1e-5f, 0, 0 },
-	{ "qwen2-0.5b", ARCH_QWEN2, "qwen2", 151936, 896, 24, 14, 2, 64, 4864, 32768, 1e6f, 1e-6f, 0, 1 },
-	{ "qwen3-0.6b", ARCH_QWEN3, "qwen2", 151936, 1024, 28, 16, 8, 128, 3072, 40960, 1e6f, 1e-6f, 0, 1 },
-	{ "gemma3-270m", ARCH_GEMMA3, "gemma", 262144, 640, 18, 4, 1, 256, 2048, 32768, 1e6f, 1e-6f, 512, 1 },
+	{ "tiny-swa", ARCH_GEMMA3, "gemma", 65536, 256, 2, 4, 1, 64, 256, 65536, 1e6f, 1e-6f, 64, 1, 0, 0, 0, 0 },
+	{ "llama3-1b", ARCH_LLAMA, "llama3", 128256, 2048, 16, 32, 8, 64, 8192, 131072, 500000, 1e-5f, 0, 1, 0, 0, 0, 0 },
+	{ "llama3-8b", ARCH_LLAMA, "llama3", 128256, 4096, 32, 32, 8, 128, 14336, 131072, 500000, 1e-5f, 0, 0, 0, 0, 0, 0 },
+	{ "qwen2-0.5b", ARCH_QWEN2, "qwen2", 151936, 896, 24, 14, 2, 64, 4864, 32768, 1e6f, 1e-6f, 0, 1, 0, 0, 0, 0 },
+	{ "qwen3-0.6b", ARCH_QWEN3, "qwen2", 151936, 1024, 28, 16, 8, 128, 3072, 40960, 1e6f, 1e-6f, 0, 1, 0, 0, 0, 0 },
+	{ "gemma3-270m", ARCH_GEMMA3, "gemma", 262144, 640, 18, 4, 1, 256, 2048, 32768, 1e6f, 1e-6f, 512, 1, 0, 0, 0, 0 },
+	/* mixtures of experts: small ones for tests, and the shapes of the models people run */
+	{ "tiny-qwen3moe", ARCH_QWEN3MOE, "qwen2", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 0, 8, 2, 128, 0 },
+	{ "tiny-mixtral", ARCH_LLAMA, "llama", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-5f, 0, 0, 4, 2, 512, 0 },
+	{ "tiny-gptoss", ARCH_GPTOSS, "llama3", 1024, 256, 2, 4, 2, 64, 256, 131072, 150000, 1e-5f, 16, 0, 8, 2,
+	    256, 32 },
+	{ "qwen3-30b-a3b", ARCH_QWEN3MOE, "qwen2", 151936, 2048, 48, 32, 4, 128, 6144, 40960, 1e6f, 1e-6f, 0, 0, 128,
+	    8, 768, 0 },
+	{ "gpt-oss-20b", ARCH_GPTOSS, "llama3", 201088, 2880, 24, 64, 8, 64, 2880, 131072, 150000, 1e-5f, 128, 0, 32,
+	    4, 2880, 32 },
+	{ "mixtral-8x1b", ARCH_LLAMA, "llama", 32000, 2048, 16, 32, 8, 64, 4096, 32768, 1e6f, 1e-5f, 0, 0, 8, 2, 4096,
+	    0 },
 };
 
-/* What a tensor holds decides how its values are drawn. */
-enum gen_kind { K_EMBD, K_LINEAR, K_NORM, K_BIAS };
+/* What a tensor holds decides how its values are drawn, and routers stay float as llama.cpp keeps them. */
+enum gen_kind { K_EMBD, K_LINEAR, K_NORM, K_BIAS, K_ROUTER };
 
 struct gen_tensor {
 	char name[96];
 	enum gen_kind kind;
 	int n_dims;
-	int64_t ne[2];
+	int64_t ne[3];      /* ne[2]: the experts of a stacked expert tensor, else 1 */
 	int layer;          /* -1 for global tensors */
 	int permute_heads;  /* GGUF llama Q/K: rows permuted for ROPE_NORM; the head count */
 	uint32_t type;
 };
 
-enum gen_type { G_F32, G_F16, G_BF16, G_Q8_0, G_Q4_K_M };
+enum gen_type { G_F32, G_F16, G_BF16, G_Q8_0, G_Q4_K_M, G_MXFP4 };
 
 static const struct { const char *name; enum gen_type t; uint32_t file_type; } gen_types[] = {
 	{ "f32", G_F32, 0 }, { "f16", G_F16, 1 }, { "bf16", G_BF16, 32 },
-	{ "q8_0", G_Q8_0, 7 }, { "q4_k_m", G_Q4_K_M, 15 },
+	{ "q8_0", G_Q8_0, 7 }, { "q4_k_m", G_Q4_K_M, 15 }, { "mxfp4", G_MXFP4, 38 },
 };
 
 void
@@ -84,9 +97,12 @@ genmodel_list_shapes(void)
 	for (i = 0; i < ARRAY_LEN(shapes); i++) {
 		const struct gen_shape *s = &shapes[i];
 
-		printf("%-12s %-7s vocab %6d  embd %5d  layers %2d  heads %2d/%d  ff %5d\n", s->name,
+		printf("%-13s %-8s vocab %6d  embd %5d  layers %2d  heads %2d/%d  ff %5d", s->name,
 		    model_arch_name(s->arch), s->n_vocab, s->n_embd, s->n_layer, s->n_head,
-		    s->n_head_kv, s->n_ff);
+		    s->n_head_kv, s->n_expert ? s->n_ff_exp : s->n_ff);
+		if (s->n_expert)
+			printf("  experts %d of %d", s->n_expert_used, s->n_expert);
+		printf("\n");
 	}
 }
 
@@ -146,6 +162,11 @@ fill_row(const struct gen_tensor *t, const struct gen_shape *s, uint64_t seed, i
 	case K_LINEAR:
 		a = sqrtf(3.0f / (float)t->ne[0]);
 		break;
+	case K_ROUTER:
+		/* logits of sd 4, not 1: trained routers choose clearly, and near ties would make
+		 * any two implementations (or quantizations) route some tokens differently */
+		a = 4.0f * sqrtf(3.0f / (float)t->ne[0]);
+		break;
 	case K_NORM:
 		a = 0.1f;
 		/* gemma stores w and computes 1 + w; GGUF stores 1 + w (as convert_hf_to_gguf) */
@@ -163,10 +184,10 @@ fill_row(const struct gen_tensor *t, const struct gen_shape *s, uint64_t seed, i
 
 /* ---- tensor list ---- */
 
-/* Adds a tensor to the list. */
+/* Adds a tensor to the list (ne2 > 1: one matrix per expert, stacked). */
 static struct gen_tensor *
-add_tensor(struct gen_tensor *ts, int *n, const char *name, enum gen_kind k, int64_t ne0,
-    int64_t ne1, int layer)
+add_tensor3(struct gen_tensor *ts, int *n, const char *name, enum gen_kind k, int64_t ne0,
+    int64_t ne1, int64_t ne2, int layer)
 {
 	struct gen_tensor *t = &ts[(*n)++];
 
@@ -175,9 +196,45 @@ add_tensor(struct gen_tensor *ts, int *n, const char *name, enum gen_kind k, int
 	t->kind = k;
 	t->ne[0] = ne0;
 	t->ne[1] = ne1;
-	t->n_dims = ne1 > 1 ? 2 : 1;
+	t->ne[2] = ne2;
+	t->n_dims = ne2 > 1 ? 3 : ne1 > 1 ? 2 : 1;
 	t->layer = layer;
 	return t;
+}
+
+static struct gen_tensor *
+add_tensor(struct gen_tensor *ts, int *n, const char *name, enum gen_kind k, int64_t ne0,
+    int64_t ne1, int layer)
+{
+	return add_tensor3(ts, n, name, k, ne0, ne1, 1, layer);
+}
+
+/* Rows of a tensor, every expert's. */
+static int64_t
+gen_rows(const struct gen_tensor *t)
+{
+	return t->ne[1] * t->ne[2];
+}
+
+/* Layer l's router and experts, named as llama.cpp's converter names them. */
+static void
+add_experts(struct gen_tensor *ts, int *n, const struct gen_shape *s, int l)
+{
+	int64_t E = s->n_expert, F = s->n_ff_exp, D = s->n_embd;
+	char b[96];
+
+#define T(suffix, kind, a, c, e) (snprintf(b, sizeof b, "blk.%d.%s", l, suffix), add_tensor3(ts, n, b, kind, a, c, e, l))
+	T("ffn_gate_inp.weight", K_ROUTER, D, E, 1);
+	T("ffn_gate_exps.weight", K_LINEAR, D, F, E);
+	T("ffn_up_exps.weight", K_LINEAR, D, F, E);
+	T("ffn_down_exps.weight", K_LINEAR, F, D, E);
+	if (s->arch == ARCH_GPTOSS) {
+		T("ffn_gate_inp.bias", K_BIAS, E, 1, 1);
+		T("ffn_gate_exps.bias", K_BIAS, F, E, 1);
+		T("ffn_up_exps.bias", K_BIAS, F, E, 1);
+		T("ffn_down_exps.bias", K_BIAS, D, E, 1);
+	}
+#undef T
 }
 
 /* Adds the weights of layer l. */
@@ -194,21 +251,30 @@ add_layer(struct gen_tensor *ts, int *n, const struct gen_shape *s, int l, int g
 	T("attn_k.weight", K_LINEAR, s->n_embd, kv)->permute_heads = permute ? s->n_head_kv : 0;
 	T("attn_v.weight", K_LINEAR, s->n_embd, kv);
 	T("attn_output.weight", K_LINEAR, q, s->n_embd);
-	if (s->arch == ARCH_QWEN2) {
+	if (s->arch == ARCH_QWEN2 || s->arch == ARCH_GPTOSS) {
 		T("attn_q.bias", K_BIAS, q, 1);
 		T("attn_k.bias", K_BIAS, kv, 1);
 		T("attn_v.bias", K_BIAS, kv, 1);
 	}
-	if (s->arch == ARCH_QWEN3 || s->arch == ARCH_GEMMA3) {
+	if (s->arch == ARCH_GPTOSS) {
+		T("attn_output.bias", K_BIAS, s->n_embd, 1);
+		T("attn_sinks.weight", K_BIAS, s->n_head, 1);
+	}
+	if (s->arch == ARCH_QWEN3 || s->arch == ARCH_GEMMA3 || s->arch == ARCH_QWEN3MOE) {
 		T("attn_q_norm.weight", K_NORM, s->head_dim, 1);
 		T("attn_k_norm.weight", K_NORM, s->head_dim, 1);
 	}
 	if (s->arch == ARCH_GEMMA3)
 		T("post_attention_norm.weight", K_NORM, s->n_embd, 1);
-	T("ffn_norm.weight", K_NORM, s->n_embd, 1);
-	T("ffn_gate.weight", K_LINEAR, s->n_embd, s->n_ff);
-	T("ffn_up.weight", K_LINEAR, s->n_embd, s->n_ff);
-	T("ffn_down.weight", K_LINEAR, s->n_ff, s->n_embd);
+	/* gpt-oss's GGUF keeps the Hugging Face name of the FFN's norm */
+	T(s->arch == ARCH_GPTOSS ? "post_attention_norm.weight" : "ffn_norm.weight", K_NORM, s->n_embd, 1);
+	if (s->n_expert > 0) {
+		add_experts(ts, n, s, l);
+	} else {
+		T("ffn_gate.weight", K_LINEAR, s->n_embd, s->n_ff);
+		T("ffn_up.weight", K_LINEAR, s->n_embd, s->n_ff);
+		T("ffn_down.weight", K_LINEAR, s->n_ff, s->n_embd);
+	}
 	if (s->arch == ARCH_GEMMA3)
 		T("post_ffw_norm.weight", K_NORM, s->n_embd, 1);
 #undef T
@@ -221,7 +287,22 @@ more_bits(int i, int n)
 	return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
 }
 
-/* The storage type of a tensor under a plan (llama.cpp's choices for Q4_K_M). */
+/* llama.cpp's Q4_K_M choice for an attention tensor of a model with experts (8 of them: Mixtral's). */
+static uint32_t
+moe_attn_type(const struct gen_tensor *t, const struct gen_shape *s, uint32_t type)
+{
+	if (s->n_expert != 8)
+		return type;
+	if (strstr(t->name, "attn_v.weight") || strstr(t->name, "attn_k.weight"))
+		return TT_Q8_0;
+	return strstr(t->name, "attn_output.weight") ? TT_Q5_K : type;
+}
+
+/*
+ * The storage type of a tensor under a plan: llama.cpp's choices for
+ * Q4_K_M, and for MXFP4_MOE (experts MXFP4, the other matrices Q8_0). The
+ * routers and every vector stay F32, as llama.cpp keeps them.
+ */
 static uint32_t
 plan_type(const struct gen_tensor *t, const struct gen_shape *s, enum gen_type g)
 {
@@ -229,17 +310,20 @@ plan_type(const struct gen_tensor *t, const struct gen_shape *s, enum gen_type g
 		[G_Q8_0] = TT_Q8_0 };
 	uint32_t type = TT_Q4_K;
 
-	if (t->n_dims == 1)
+	if (t->n_dims == 1 || t->kind == K_BIAS || (t->kind == K_ROUTER && g > G_BF16))
 		return TT_F32;
+	if (g == G_MXFP4)
+		return t->ne[2] > 1 ? TT_MXFP4 : TT_Q8_0;
 	if (g != G_Q4_K_M)
 		return dense[g];
 	if (strcmp(t->name, "output.weight") == 0 || (s->tied && t->kind == K_EMBD))
 		type = TT_Q6_K;
-	else if ((strstr(t->name, "attn_v.weight") || strstr(t->name, "ffn_down.weight")) &&
+	else if ((strstr(t->name, "attn_v.weight") || strstr(t->name, "ffn_down")) &&
 	    more_bits(t->layer, s->n_layer))
 		type = TT_Q6_K;
+	type = moe_attn_type(t, s, type);
 	/* rows that K-quant blocks do not divide fall back as llama.cpp does */
-	if (t->ne[0] % QK_K != 0)
+	if (t->ne[0] % QK_K != 0 && type != TT_Q8_0)
 		type = type == TT_Q6_K ? TT_Q8_0 : TT_Q5_0;
 	return type;
 }
@@ -284,8 +368,8 @@ gen_worker(void *arg)
 	float *row = xmalloc((size_t)j->t->ne[0] * sizeof *row);
 	long long r0, r;
 
-	while ((r0 = atomic_fetch_add(&j->next_row, ROWS_PER_TAKE)) < j->t->ne[1]) {
-		for (r = r0; r < r0 + ROWS_PER_TAKE && r < j->t->ne[1]; r++) {
+	while ((r0 = atomic_fetch_add(&j->next_row, ROWS_PER_TAKE)) < gen_rows(j->t)) {
+		for (r = r0; r < r0 + ROWS_PER_TAKE && r < gen_rows(j->t); r++) {
 			fill_row(j->t, j->s, j->seed, j->gguf ? hf_row(j->t, r) : r, j->gguf, row);
 			if (quant_quantize(j->t->type, row, j->out + (size_t)r * j->row_bytes, j->t->ne[0]) != 0)
 				atomic_store(&j->failed, 1);
@@ -307,7 +391,7 @@ gen_tensor_data(const struct gen_tensor *t, const struct gen_shape *s, uint64_t 
 	if (quant_row_bytes(t->type, t->ne[0], &j.row_bytes) != 0)
 		return err_set(err, ERR_INVAL, "%s: rows of %lld cannot be type %s", t->name,
 		    (long long)t->ne[0], quant_traits(t->type)->name);
-	*bytes = j.row_bytes * (size_t)t->ne[1];
+	*bytes = j.row_bytes * (size_t)gen_rows(t);
 	j.out = *data = xmalloc(*bytes);
 	atomic_init(&j.next_row, 0);
 	atomic_init(&j.failed, 0);
@@ -369,6 +453,20 @@ gguf_metadata(struct gguf_writer *w, const struct gen_shape *s, uint32_t file_ty
 	w_hp_u32(w, s, "rope.dimension_count", (uint32_t)s->head_dim);
 	if (s->sliding_window > 0)
 		w_hp_u32(w, s, "attention.sliding_window", (uint32_t)s->sliding_window);
+	if (s->n_expert > 0) {
+		w_hp_u32(w, s, "expert_count", (uint32_t)s->n_expert);
+		w_hp_u32(w, s, "expert_used_count", (uint32_t)s->n_expert_used);
+		if (s->arch != ARCH_LLAMA)
+			w_hp_u32(w, s, "expert_feed_forward_length", (uint32_t)s->n_ff_exp);
+	}
+	if (s->yarn_factor > 0) {
+		char key[128];
+
+		snprintf(key, sizeof key, "%s.rope.scaling.type", model_arch_name(s->arch));
+		gguf_w_str(w, key, "yarn");
+		w_hp_f32(w, s, "rope.scaling.factor", s->yarn_factor);
+		w_hp_u32(w, s, "rope.scaling.original_context_length", (uint32_t)(s->n_ctx / s->yarn_factor));
+	}
 }
 
 /* Writes the model as one GGUF file. */
@@ -408,17 +506,55 @@ out:
 
 /* ---- safetensors ---- */
 
+/* The config.json fields of a model with experts, as its transformers class names them. */
+static void
+config_moe(json_t *c, const struct gen_shape *s)
+{
+	json_t *types, *rope;
+
+	if (s->n_expert == 0)
+		return;
+	json_object_set_new(c, s->arch == ARCH_QWEN3MOE ? "num_experts" : "num_local_experts",
+	    json_integer(s->n_expert));
+	json_object_set_new(c, "num_experts_per_tok", json_integer(s->n_expert_used));
+	if (s->arch == ARCH_QWEN3MOE) {
+		json_object_set_new(c, "moe_intermediate_size", json_integer(s->n_ff_exp));
+		json_object_set_new(c, "norm_topk_prob", json_true());
+	} else {
+		json_object_set_new(c, "intermediate_size", json_integer(s->n_ff_exp));
+	}
+	if (s->arch != ARCH_GPTOSS)
+		return;
+	json_object_set_new(c, "attention_bias", json_true());
+	json_object_set_new(c, "sliding_window", json_integer(s->sliding_window));
+	types = json_array();
+	for (int l = 0; l < s->n_layer; l++)
+		json_array_append_new(types, json_string(l % 2 == 0 ? "sliding_attention" : "full_attention"));
+	json_object_set_new(c, "layer_types", types);
+	rope = json_object();
+	json_object_set_new(rope, "rope_type", json_string("yarn"));
+	json_object_set_new(rope, "factor", json_real(s->yarn_factor));
+	json_object_set_new(rope, "original_max_position_embeddings", json_integer((json_int_t)(s->n_ctx / s->yarn_factor)));
+	json_object_set_new(rope, "beta_fast", json_real(32.0));
+	json_object_set_new(rope, "beta_slow", json_real(1.0));
+	/* the published config's: llama.cpp truncates, so a GGUF twin differs a little */
+	json_object_set_new(rope, "truncate", json_false());
+	json_object_set_new(c, "rope_scaling", rope);
+}
+
 /* config.json of a Hugging Face model directory. */
 static int
 write_config(const char *dir, const struct gen_shape *s, const char *dtype, char *err)
 {
 	static const char *const model_type[] = { [ARCH_LLAMA] = "llama", [ARCH_QWEN2] = "qwen2",
-		[ARCH_QWEN3] = "qwen3", [ARCH_GEMMA3] = "gemma3_text" };
+		[ARCH_QWEN3] = "qwen3", [ARCH_GEMMA3] = "gemma3_text", [ARCH_QWEN3MOE] = "qwen3_moe",
+		[ARCH_GPTOSS] = "gpt_oss" };
 	char path[4096];
 	json_t *c = json_object();
 	int rc = 0;
 
-	json_object_set_new(c, "model_type", json_string(model_type[s->arch]));
+	json_object_set_new(c, "model_type", json_string(s->arch == ARCH_LLAMA && s->n_expert > 0 ? "mixtral" :
+	    model_type[s->arch]));
 	json_object_set_new(c, "vocab_size", json_integer(s->n_vocab));
 	json_object_set_new(c, "hidden_size", json_integer(s->n_embd));
 	json_object_set_new(c, "num_hidden_layers", json_integer(s->n_layer));
@@ -436,6 +572,7 @@ write_config(const char *dir, const struct gen_shape *s, const char *dtype, char
 	    json_string(s->arch == ARCH_GEMMA3 ? "gelu_pytorch_tanh" : "silu"));
 	if (s->arch == ARCH_LLAMA)
 		json_object_set_new(c, "attention_bias", json_false());
+	config_moe(c, s);
 	if (s->arch == ARCH_GEMMA3) {
 		json_object_set_new(c, "sliding_window", json_integer(s->sliding_window));
 		json_object_set_new(c, "sliding_window_pattern", json_integer(6));
@@ -449,16 +586,105 @@ write_config(const char *dir, const struct gen_shape *s, const char *dtype, char
 	return rc;
 }
 
+/*
+ * gpt-oss's fused layout of a layer's gate and up, as x @ W: [E, H, 2I]
+ * with gate and up interleaved, and its bias [E, 2I]; from the two
+ * tensors' GGUF-layout data (rows of H, or of I for the biases; es bytes
+ * an element). The inverse of convert_gptoss_experts.
+ */
+static uint8_t *
+fuse_gate_up(const uint8_t *g, const uint8_t *u, int64_t E, int64_t I, int64_t H, size_t es)
+{
+	uint8_t *f = xmalloc((size_t)(E * H * 2 * I) * es);
+
+	for (int64_t e = 0; e < E; e++)
+		for (int64_t i = 0; i < I; i++)
+			for (int64_t h = 0; h < H; h++) {
+				size_t src = (size_t)((e * I + i) * H + h) * es, dst = (size_t)((e * H + h) * 2 * I + 2 * i) * es;
+
+				memcpy(f + dst, g + src, es);
+				memcpy(f + dst + es, u + src, es);
+			}
+	return f;
+}
+
+/* Each of E matrices of R rows of C elements transposed (gpt-oss's down_proj: [E, I, H] from [E, H, I]). */
+static uint8_t *
+transpose_experts(const uint8_t *a, int64_t E, int64_t R, int64_t C, size_t es)
+{
+	uint8_t *t = xmalloc((size_t)(E * R * C) * es);
+
+	for (int64_t e = 0; e < E; e++)
+		for (int64_t r = 0; r < R; r++)
+			for (int64_t c = 0; c < C; c++)
+				memcpy(t + (size_t)((e * C + c) * R + r) * es, a + (size_t)((e * R + r) * C + c) * es, es);
+	return t;
+}
+
+/* A tensor of the HF layout under its Hugging Face name. */
+static int
+st_put(struct st_writer *w, const struct gen_shape *s, const char *gguf_name, uint32_t type, int n_dims,
+    const int64_t *ne, const void *data, size_t bytes, char *err)
+{
+	char *hf = model_name_to_hf(gguf_name, s->arch);
+	int rc;
+
+	if (hf == NULL)
+		return err_set(err, ERR_INVAL, "%s has no Hugging Face name", gguf_name);
+	rc = st_w_tensor(w, hf, type, n_dims, ne, data, bytes, err);
+	free(hf);
+	return rc;
+}
+
+/* A stacked expert tensor as one tensor per expert (Qwen3-MoE's and Mixtral's checkpoints). */
+static int
+st_per_expert(struct st_writer *w, const struct gen_shape *s, const struct gen_tensor *t, const uint8_t *data,
+    size_t bytes, char *err)
+{
+	char name[128], proj[32];
+	size_t each = bytes / (size_t)t->ne[2];
+	int rc = 0, layer;
+
+	if (sscanf(t->name, "blk.%d.ffn_%31[a-z]_exps.weight", &layer, proj) != 2)
+		return err_set(err, ERR_INVAL, "%s: not an expert tensor", t->name);
+	for (int64_t e = 0; e < t->ne[2] && rc == 0; e++) {
+		snprintf(name, sizeof name, "blk.%d.ffn_%s.%lld.weight", layer, proj, (long long)e);
+		rc = st_put(w, s, name, t->type, 2, t->ne, data + (size_t)e * each, each, err);
+	}
+	return rc;
+}
+
+/* gpt-oss's layer l experts, fused and transposed as its checkpoints hold them; gu: gate, up, gate bias, up bias. */
+static int
+st_gptoss_experts(struct st_writer *w, const struct gen_shape *s, int l, uint8_t *const *gu, uint32_t type, char *err)
+{
+	int64_t E = s->n_expert, I = s->n_ff_exp, H = s->n_embd;
+	size_t es = (size_t)quant_traits(type)->block_bytes;
+	uint8_t *f = fuse_gate_up(gu[0], gu[1], E, I, H, es);
+	uint8_t *fb = fuse_gate_up(gu[2], gu[3], 1, E * I, 1, 4);
+	char name[128];
+	int rc;
+
+	/* the biases interleave along each expert's 2I: as one expert of E * I rows of one element */
+	snprintf(name, sizeof name, "model.layers.%d.mlp.experts.gate_up_proj", l);
+	rc = st_w_tensor(w, name, type, 3, (int64_t[]){ 2 * I, H, E }, f, (size_t)(E * H * 2 * I) * es, err);
+	snprintf(name, sizeof name, "model.layers.%d.mlp.experts.gate_up_proj_bias", l);
+	if (rc == 0)
+		rc = st_w_tensor(w, name, TT_F32, 2, (int64_t[]){ 2 * I, E }, fb, (size_t)(E * 2 * I) * 4, err);
+	free(f), free(fb);
+	return rc;
+}
+
 /* Writes a Hugging Face directory: config, tokenizer, model.safetensors. */
 static int
 write_safetensors(const struct genmodel_opts *o, const struct gen_shape *s, const struct genvocab *v,
     struct gen_tensor *ts, int n, int threads, char *err)
 {
 	struct st_writer *w;
-	char path[4096], *hf;
-	uint8_t *data;
+	char path[4096];
+	uint8_t *data, *gu[4] = { NULL };
 	size_t bytes;
-	int i, rc;
+	int i, rc, k;
 
 	if (mkdir(o->out, 0755) != 0 && errno != EEXIST)
 		return err_set(err, ERR_IO, "%s: %s", o->out, strerror(errno));
@@ -467,13 +693,37 @@ write_safetensors(const struct genmodel_opts *o, const struct gen_shape *s, cons
 		return rc;
 	w = st_writer_new();
 	for (i = 0; i < n && rc == 0; i++) {
-		if ((rc = gen_tensor_data(&ts[i], s, o->seed, 0, threads, &data, &bytes, err)) != 0)
+		const struct gen_tensor *t = &ts[i];
+		const char *const fused[] = { "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_gate_exps.bias",
+			"ffn_up_exps.bias" };
+
+		if ((rc = gen_tensor_data(t, s, o->seed, 0, threads, &data, &bytes, err)) != 0)
 			break;
-		hf = model_name_to_hf(ts[i].name, s->arch);
-		rc = st_w_tensor(w, hf, ts[i].type, ts[i].n_dims, ts[i].ne, data, bytes, err);
-		free(hf);
+		for (k = 0; s->arch == ARCH_GPTOSS && k < 4 && !strstr(t->name, fused[k]); k++)
+			;
+		if (s->arch == ARCH_GPTOSS && k < 4) {
+			gu[k] = data, data = NULL;
+			if (k == 3)
+				rc = st_gptoss_experts(w, s, t->layer, gu, ts[i - 2].type, err);
+		} else if (s->arch == ARCH_GPTOSS && strstr(t->name, "ffn_down_exps.weight")) {
+			uint8_t *tr = transpose_experts(data, t->ne[2], t->ne[1], t->ne[0],
+			    (size_t)quant_traits(t->type)->block_bytes);
+			char name[128];
+
+			snprintf(name, sizeof name, "model.layers.%d.mlp.experts.down_proj", t->layer);
+			rc = st_w_tensor(w, name, t->type, 3, (int64_t[]){ t->ne[1], t->ne[0], t->ne[2] }, tr, bytes, err);
+			free(tr);
+		} else if (t->ne[2] > 1) {
+			rc = st_per_expert(w, s, t, data, bytes, err);
+		} else {
+			rc = st_put(w, s, t->name, t->type, t->n_dims, t->ne, data, bytes, err);
+		}
 		free(data);
+		for (k = 0; k < 4 && gu[3] != NULL; k++)
+			free(gu[k]), gu[k] = NULL;
 	}
+	for (k = 0; k < 4; k++)
+		free(gu[k]);
 	snprintf(path, sizeof path, "%s/model.safetensors", o->out);
 	if (rc == 0)
 		rc = st_writer_save(w, path, err);
@@ -509,7 +759,7 @@ genmodel_run(const struct genmodel_opts *o, char *err)
 	for (ti = 0; ti < ARRAY_LEN(gen_types) && strcmp(gen_types[ti].name, o->type) != 0; ti++)
 		;
 	if (ti == ARRAY_LEN(gen_types))
-		return err_set(err, ERR_INVAL, "unknown type '%s' (f32, f16, bf16, q8_0, q4_k_m)", o->type);
+		return err_set(err, ERR_INVAL, "unknown type '%s' (f32, f16, bf16, q8_0, q4_k_m, mxfp4)", o->type);
 	if (strcmp(o->format, "gguf") != 0 && strcmp(o->format, "safetensors") != 0)
 		return err_set(err, ERR_INVAL, "unknown format '%s' (gguf, safetensors)", o->format);
 	gguf = strcmp(o->format, "gguf") == 0;
@@ -517,7 +767,7 @@ genmodel_run(const struct genmodel_opts *o, char *err)
 		return err_set(err, ERR_INVAL, "safetensors holds f32, f16 or bf16, not %s", o->type);
 	if ((rc = genvocab_make(&v, s->vocab, s->n_vocab, o->seed, err)) != 0)
 		return rc;
-	ts = xcalloc((size_t)s->n_layer * 20 + 8, sizeof *ts);
+	ts = xcalloc((size_t)s->n_layer * 24 + 8, sizeof *ts);
 	n = build_tensors(ts, s, gen_types[ti].t, gguf);
 	if (gguf)
 		rc = write_gguf(o, s, &v, gen_types[ti].file_type, ts, n, threads, err);

@@ -295,8 +295,19 @@ cmd_show(int argc, char **argv)
 	printf("rope          %s, base %g (local %g), scale %g\nnorm eps      %g\n",
 	    hp->rope == ROPE_NORM ? "normal" : "neox", hp->rope_theta, hp->rope_theta_local,
 	    hp->rope_scale, hp->norm_eps);
-	if (hp->sliding_window)
-		printf("sliding       window %d, every layer but each %dth\n", hp->sliding_window, hp->swa_period);
+	if (hp->yarn_factor > 0)
+		printf("yarn          factor %g of %d tokens, attention factor %g\n", hp->yarn_factor, hp->yarn_orig_ctx,
+		    hp->rope_mscale);
+	if (hp->sliding_window) {
+		int n = 0;
+
+		for (int l = 0; l < hp->n_layer; l++)
+			n += model_layer_is_swa(hp, l);
+		printf("sliding       window %d on %d of %d layers\n", hp->sliding_window, n, hp->n_layer);
+	}
+	if (hp->n_expert > 0)
+		printf("experts       %d of %d a token, %d rows each, weights %s\n", hp->n_expert_used, hp->n_expert,
+		    hp->n_ff_exp, hp->expert_norm ? "renormalised" : "of all");
 	printf("chat template %s%s%s\n", chat_tmpl_name(m->chat), m->chat_error ? ": " : "",
 	    m->chat_error ? m->chat_error : "");
 	model_close(m);

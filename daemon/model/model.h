@@ -14,11 +14,24 @@
 struct tokenizer;
 
 enum model_arch {
-	ARCH_LLAMA,  /* Llama 2/3, Mistral, TinyLlama, SmolLM */
-	ARCH_QWEN2,  /* + QKV bias */
-	ARCH_QWEN3,  /* + QK norm */
-	ARCH_GEMMA3, /* + embedding scale, GeGLU, sandwich norms, QK norm, sliding windows */
+	ARCH_LLAMA,    /* Llama 2/3, Mistral, TinyLlama, SmolLM; Mixtral (with experts) */
+	ARCH_QWEN2,    /* + QKV bias */
+	ARCH_QWEN3,    /* + QK norm */
+	ARCH_GEMMA3,   /* + embedding scale, GeGLU, sandwich norms, QK norm, sliding windows */
+	ARCH_QWEN3MOE, /* Qwen3 whose feed-forwards are experts */
+	ARCH_GPTOSS,   /* gpt-oss: biases, attention sinks, sliding windows, YaRN, clamped SwiGLU experts */
 };
+
+/* The feed-forward's gate: act(gate) * up. */
+enum ffn_act {
+	ACT_SILU,       /* SwiGLU */
+	ACT_GELU,       /* GeGLU, GELU's tanh form */
+	ACT_SWIGLU_OAI, /* gpt-oss: gate clamped above at glu_limit, up to +-glu_limit,
+	                   (up + 1) * gate * sigmoid(glu_alpha * gate) */
+};
+
+/* Most layers a model may have; the sliding-window mask holds one bit each. */
+#define MODEL_MAX_LAYERS 1024
 
 enum model_format { MODEL_GGUF, MODEL_SAFETENSORS };
 
@@ -42,16 +55,36 @@ struct model_hparams {
 	float rope_theta_local; /* sliding-window layers (gemma3) */
 	float rope_scale;       /* linear position scaling of global layers: pos / rope_scale */
 	enum rope_kind rope;
+	/*
+	 * YaRN (yarn_factor > 0): RoPE frequencies between the model's
+	 * original context and yarn_factor times it (model_rope_freqs), and
+	 * q and k scaled by rope_mscale (folded into attn_scale).
+	 */
+	float yarn_factor, yarn_beta_fast, yarn_beta_slow, rope_mscale;
+	int32_t yarn_orig_ctx;
+	int yarn_truncate;      /* the ramp's ends rounded to whole dimensions (llama.cpp, HF's default) */
 	int32_t sliding_window; /* 0: every layer attends to everything */
-	int32_t swa_period;     /* layer l is global iff (l + 1) % swa_period == 0 */
+	uint64_t swa_mask[MODEL_MAX_LAYERS / 64]; /* bit l: layer l slides (model_layer_is_swa) */
 	float attn_scale;       /* scale of q.k */
 	float embd_scale;       /* token embeddings are multiplied by it (gemma: sqrt(n_embd)) */
 	float norm_offset;      /* RMSNorm multiplies by (w + norm_offset): 1 for HF gemma */
 	int qkv_bias;
+	int o_bias;             /* a bias after the attention's output projection (gpt-oss) */
+	int attn_sinks;         /* a learned logit per head joins each softmax (gpt-oss) */
 	int qk_norm;
 	int sandwich_norm;      /* extra norms after attention and after the FFN */
-	int gelu;               /* GeGLU (tanh GELU) instead of SwiGLU */
+	enum ffn_act act;
+	float glu_alpha, glu_limit; /* ACT_SWIGLU_OAI */
 	int tied_embd;          /* the output projection is the embedding matrix */
+	/*
+	 * Experts (n_expert > 0): every layer's feed-forward is n_expert of
+	 * n_ff_exp rows each and a router; a token goes through the
+	 * n_expert_used whose router logits are largest, weighted by a softmax
+	 * of those logits alone (expert_norm) or of all n_expert.
+	 */
+	int32_t n_expert, n_expert_used, n_ff_exp;
+	int expert_norm;
+	int expert_bias;        /* biases on the router and on each expert's products (gpt-oss) */
 };
 
 /* A weight: shape in GGML order (ne[0] is the row, the input dimension). */
@@ -70,9 +103,21 @@ struct model_layer {
 	const struct model_tensor *bq, *bk, *bv;    /* qkv_bias */
 	const struct model_tensor *q_norm, *k_norm; /* qk_norm: head_dim weights */
 	const struct model_tensor *post_attn_norm;  /* sandwich_norm */
+	const struct model_tensor *bo;              /* o_bias */
+	const struct model_tensor *sinks;           /* attn_sinks: n_head logits */
 	const struct model_tensor *ffn_norm;
-	const struct model_tensor *w_gate, *w_up, *w_down;
+	const struct model_tensor *w_gate, *w_up, *w_down; /* a dense feed-forward (n_expert 0) */
 	const struct model_tensor *post_ffn_norm;   /* sandwich_norm */
+	/*
+	 * Experts: the router [n_embd, n_expert], and n_expert matrices each
+	 * of gate and up [n_embd, n_ff_exp] and down [n_ff_exp, n_embd], one
+	 * after the other in these arrays (expert e's gate is exp_gate[e]),
+	 * whether the file stores them as one tensor or one per expert.
+	 */
+	const struct model_tensor *router, *router_b;
+	const struct model_tensor *exp_gate, *exp_up, *exp_down;
+	const struct model_tensor *exp_gate_b, *exp_up_b; /* expert_bias: [n_ff_exp, n_expert] */
+	const struct model_tensor *exp_down_b;            /* expert_bias: [n_embd, n_expert] */
 };
 
 struct model_desc {
@@ -93,6 +138,9 @@ struct model_desc {
 	/* backing store */
 	struct model_tensor *tensors;
 	int64_t n_tensors;
+	struct model_tensor *experts; /* the per-expert matrices the layers point at */
+	void **owned;               /* weights converted at load (convert.h), freed with the model */
+	int n_owned;
 	void *file;                 /* struct gguf_file * or struct st_model * */
 };
 
@@ -111,7 +159,7 @@ const char *model_arch_name(enum model_arch a);
  * ("/m/gemma-3-270m.gguf" -> "gemma-3-270m"). malloc'd.
  */
 char *model_file_name(const char *path);
-/* Parses "llama", "qwen2", "qwen3", "gemma3"; -1 if unknown. */
+/* Parses "llama", "qwen2", "qwen3", "gemma3", "qwen3moe", "gpt-oss"; -1 if unknown. */
 int model_arch_from_name(const char *s);
 /*
  * Weight names: model_name_from_hf("model.layers.3.mlp.up_proj.weight")
@@ -140,5 +188,16 @@ const char *model_quantization(const struct model_desc *m);
 
 /* 1 if layer l uses the sliding window. */
 int model_layer_is_swa(const struct model_hparams *hp, int l);
+
+/*
+ * The head_dim / 2 RoPE frequencies of a sliding-window (swa 1) or global
+ * layer: 1 / base^(2i / head_dim) as Hugging Face computes them in float,
+ * blended towards their 1 / yarn_factor fraction where the model uses
+ * YaRN. Both backends rotate by these.
+ */
+void model_rope_freqs(const struct model_hparams *hp, int swa, float *out);
+
+/* Bytes a step reads of the weights of one token's experts in layer l (the n_expert_used largest). */
+uint64_t model_expert_bytes(const struct model_desc *m, int l);
 
 #endif

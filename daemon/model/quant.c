@@ -48,6 +48,7 @@ static void deq_q4_K(const void *, float *, int64_t);
 static void deq_q5_K(const void *, float *, int64_t);
 static void deq_q6_K(const void *, float *, int64_t);
 static void deq_q8_K(const void *, float *, int64_t);
+static void deq_mxfp4(const void *, float *, int64_t);
 
 static void q_f32(const float *, void *, int64_t);
 static void q_f16(const float *, void *, int64_t);
@@ -58,6 +59,7 @@ static void q_q4_K(const float *, void *, int64_t);
 static void q_q5_K(const float *, void *, int64_t);
 static void q_q6_K(const float *, void *, int64_t);
 static void q_q8_K(const float *, void *, int64_t);
+static void q_mxfp4(const float *, void *, int64_t);
 
 struct qtype {
 	struct quant_traits t;
@@ -82,6 +84,7 @@ static const struct qtype qtypes[TT_COUNT_] = {
 	[TT_Q5_K] = QT("Q5_K", QK_K, struct blk_q5_K, deq_q5_K, q_q5_K),
 	[TT_Q6_K] = QT("Q6_K", QK_K, struct blk_q6_K, deq_q6_K, q_q6_K),
 	[TT_Q8_K] = QT("Q8_K", QK_K, struct blk_q8_K, deq_q8_K, q_q8_K),
+	[TT_MXFP4] = QT("MXFP4", QK_0, struct blk_mxfp4, deq_mxfp4, q_mxfp4),
 };
 #undef QT
 
@@ -105,7 +108,7 @@ quant_traits(uint32_t type)
 	return q ? &q->t : NULL;
 }
 
-/* Linear search: there are fifteen names. */
+/* Linear search: there are sixteen names. */
 int
 quant_type_from_name(const char *name)
 {
@@ -123,7 +126,7 @@ static const char *const file_types[] = {
 	[10] = "Q2_K", [11] = "Q3_K_S", [12] = "Q3_K_M", [13] = "Q3_K_L", [14] = "Q4_K_S", [15] = "Q4_K_M",
 	[16] = "Q5_K_S", [17] = "Q5_K_M", [18] = "Q6_K", [19] = "IQ2_XXS", [20] = "IQ2_XS", [21] = "Q2_K_S",
 	[22] = "IQ3_XS", [23] = "IQ3_XXS", [24] = "IQ1_S", [25] = "IQ4_NL", [26] = "IQ3_S", [27] = "IQ3_M",
-	[28] = "IQ2_S", [29] = "IQ2_M", [30] = "IQ4_XS", [31] = "IQ1_M", [32] = "BF16",
+	[28] = "IQ2_S", [29] = "IQ2_M", [30] = "IQ4_XS", [31] = "IQ1_M", [32] = "BF16", [38] = "MXFP4_MOE",
 };
 
 const char *
@@ -568,6 +571,22 @@ deq_q8_K(const void *src, float *y, int64_t nb)
 	for (int64_t i = 0; i < nb; i++, b++, y += QK_K)
 		for (int j = 0; j < QK_K; j++)
 			y[j] = b->d * (float)b->qs[j];
+}
+
+/* MXFP4: the block's halved power-of-two scale times the doubled e2m1 value. */
+static void
+deq_mxfp4(const void *src, float *y, int64_t nb)
+{
+	const struct blk_mxfp4 *b = src;
+
+	for (int64_t i = 0; i < nb; i++, b++, y += QK_0) {
+		float d = mxfp4_scale(b->e);
+
+		for (int j = 0; j < QK_0 / 2; j++) {
+			y[j] = d * (float)mxfp4_values[b->qs[j] & 0xf];
+			y[j + QK_0 / 2] = d * (float)mxfp4_values[b->qs[j] >> 4];
+		}
+	}
 }
 
 /* ---- quantization: the float types and Q8_0 ---- */
@@ -1032,5 +1051,38 @@ q_q8_K(const float *x, void *dst, int64_t nb)
 			b->bsums[s] = (int16_t)sum;
 		}
 		b->d = 1 / iscale;
+	}
+}
+
+/* The MXFP4 value nearest x / d, the first of equals (ggml's best_index_mxfp4). */
+static uint8_t
+mxfp4_nearest(float x, float d)
+{
+	float best = fabsf((float)mxfp4_values[0] * d - x), e;
+	uint8_t k = 0;
+
+	for (uint8_t i = 1; i < 16; i++)
+		if ((e = fabsf((float)mxfp4_values[i] * d - x)) < best) {
+			best = e;
+			k = i;
+		}
+	return k;
+}
+
+/* MXFP4 (ggml's quantize_row_mxfp4_ref): the scale from the largest magnitude's exponent, values to the nearest. */
+static void
+q_mxfp4(const float *x, void *dst, int64_t nb)
+{
+	struct blk_mxfp4 *b = dst;
+
+	for (int64_t i = 0; i < nb; i++, b++, x += QK_0) {
+		float amax = 0, d;
+
+		for (int j = 0; j < QK_0; j++)
+			amax = MAX(amax, fabsf(x[j]));
+		b->e = amax > 0 ? (uint8_t)(floorf(log2f(amax)) - 2 + 127) : 0;
+		d = mxfp4_scale(b->e);
+		for (int j = 0; j < QK_0 / 2; j++)
+			b->qs[j] = (uint8_t)(mxfp4_nearest(x[j], d) | mxfp4_nearest(x[j + QK_0 / 2], d) << 4);
 	}
 }

@@ -22,6 +22,7 @@ enum tensor_type {
 	TT_Q6_K = 14,
 	TT_Q8_K = 15,
 	TT_BF16 = 30,
+	TT_MXFP4 = 39, /* 32 e2m1 values and an e8m0 scale (gpt-oss experts) */
 	TT_COUNT_ = 40 /* bound for tables indexed by type */
 };
 
@@ -57,7 +58,7 @@ void quant_dequantize(uint32_t type, const void *src, float *dst, int64_t n);
 
 /*
  * Quantizes n elements (a multiple of the block size) of src into dst.
- * Supported targets: F32, F16, BF16, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K. The K-quant
+ * Supported targets: F32, F16, BF16, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, Q8_K, MXFP4. The K-quant
  * search is the one llama.cpp uses without an importance matrix, so files we
  * write dequantize as llama.cpp's would. Returns 0, ERR_UNSUPPORTED, or
  * ERR_INVAL if n is not a whole number of blocks or, for a block type, a

@@ -27,6 +27,8 @@ struct blk_q4_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[QK_K / 2]; };
 struct blk_q5_K { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[QK_K / 8]; uint8_t qs[QK_K / 2]; };
 struct blk_q6_K { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK_K / 16]; uint16_t d; };
 struct blk_q8_K { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; };
+/* e: the scale's exponent (e8m0); qs: element j in the low nibble of byte j, j + 16 in the high one */
+struct blk_mxfp4 { uint8_t e; uint8_t qs[QK_0 / 2]; };
 
 _Static_assert(sizeof(struct blk_q4_0) == 18, "q4_0 layout");
 _Static_assert(sizeof(struct blk_q4_1) == 20, "q4_1 layout");
@@ -40,6 +42,7 @@ _Static_assert(sizeof(struct blk_q4_K) == 144, "q4_K layout");
 _Static_assert(sizeof(struct blk_q5_K) == 176, "q5_K layout");
 _Static_assert(sizeof(struct blk_q6_K) == 210, "q6_K layout");
 _Static_assert(sizeof(struct blk_q8_K) == 292, "q8_K layout");
+_Static_assert(sizeof(struct blk_mxfp4) == 17, "mxfp4 layout");
 
 /*
  * Scale and min of sub-block j of a Q4_K/Q5_K block, 6 bits each: j < 4 in
@@ -74,6 +77,20 @@ k4_unpack(const uint8_t q[12], uint8_t out[16])
 	u[2] = aux;
 	u[0] &= 0x3f3f3f3f;
 	memcpy(out, u, 16);
+}
+
+/* The e2m1 values of MXFP4, doubled (as ggml's kvalues_mxfp4): halved scales make them exact. */
+static const int8_t mxfp4_values[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+
+/* Half of 2^(e - 127), an MXFP4 block's scale for the doubled values (ggml_e8m0_to_fp32_half). */
+static inline float
+mxfp4_scale(uint8_t e)
+{
+	uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+	float f;
+
+	memcpy(&f, &bits, sizeof f);
+	return f;
 }
 
 #endif

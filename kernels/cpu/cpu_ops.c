@@ -863,6 +863,17 @@ cpu_act_init(struct cpu_act *a, const float *x, int64_t ld, int n_tok, int64_t n
 	*a = (struct cpu_act){ x, ld, n, n_tok, q8, { 0, 0 } };
 }
 
+void
+cpu_act_rows(struct cpu_act *a, const float *x, int64_t ld, int64_t row0, int n_tok, int64_t n, uint8_t *const *q8,
+    uint8_t *slice[2])
+{
+	if (q8 != NULL) {
+		slice[0] = q8[0] + (size_t)row0 * cpu_q8_act_bytes(Q8_ACT_32, n);
+		slice[1] = q8[1] + (size_t)row0 * cpu_q8_act_bytes(Q8_ACT_K, n);
+	}
+	cpu_act_init(a, x + row0 * ld, ld, n_tok, n, q8 != NULL ? slice : NULL);
+}
+
 /*
  * Points c at the input's 8-bit copy for c's weight, making it if need be,
  * when the weight has an integer kernel. Activations that are not finite
@@ -911,34 +922,52 @@ mm_prepare(struct mm_ctx *c, struct cpu_pool *pool, const struct model_tensor *w
 	return (c->n_chunks + c->chunks_per_task - 1) / c->chunks_per_task;
 }
 
-/* The products of one input: weight j's tasks are first[j] .. first[j + 1] - 1. */
+/* A set of products: product j's tasks are first[j] .. first[j + 1] - 1. */
 struct mm_set {
-	struct mm_ctx c[CPU_MM_MAX];
-	int64_t first[CPU_MM_MAX + 1];
+	struct mm_ctx *c;
+	int64_t *first;
+	int n;
 };
 
 static void
 mm_set_task(void *arg, int64_t task, int thread)
 {
 	struct mm_set *s = arg;
-	int j = 0;
+	int lo = 0, hi = s->n - 1, j;
 
-	while (task >= s->first[j + 1])
-		j++;
-	mm_task(&s->c[j], task - s->first[j], thread);
+	while (lo < hi) { /* the last j with first[j] <= task */
+		j = (lo + hi + 1) / 2;
+		if (s->first[j] <= task)
+			lo = j;
+		else
+			hi = j - 1;
+	}
+	mm_task(&s->c[lo], task - s->first[lo], thread);
+}
+
+void
+cpu_matmul_set(struct cpu_pool *pool, int n, const struct cpu_mm *mm, float *scratch)
+{
+	struct mm_set s = { xmalloc((size_t)MAX(n, 1) * sizeof *s.c), xmalloc((size_t)(n + 1) * sizeof *s.first), n };
+
+	s.first[0] = 0;
+	for (int j = 0; j < n; j++)
+		s.first[j + 1] = s.first[j] + mm_prepare(&s.c[j], pool, mm[j].w, mm[j].x, mm[j].y, mm[j].ldy, scratch);
+	if (n > 0)
+		cpu_pool_run(pool, s.first[n], mm_set_task, &s);
+	free(s.c);
+	free(s.first);
 }
 
 void
 cpu_matmul(struct cpu_pool *pool, struct cpu_act *x, int n, const struct model_tensor *const *w,
     float *const *y, const int64_t *ldy, float *scratch)
 {
-	struct mm_set s;
-	int j;
+	struct cpu_mm mm[CPU_MM_MAX];
 
-	s.first[0] = 0;
-	for (j = 0; j < n; j++)
-		s.first[j + 1] = s.first[j] + mm_prepare(&s.c[j], pool, w[j], x, y[j], ldy[j], scratch);
-	cpu_pool_run(pool, s.first[n], mm_set_task, &s);
+	for (int j = 0; j < n; j++)
+		mm[j] = (struct cpu_mm){ x, w[j], y[j], ldy[j] };
+	cpu_matmul_set(pool, n, mm, scratch);
 }
 
 void
@@ -961,14 +990,13 @@ cpu_rmsnorm(const float *x, const float *w, float w_offset, float eps, int64_t n
 }
 
 void
-cpu_rope(float *x, int n_heads, int d, float pos, float theta, int neox)
+cpu_rope(float *x, int n_heads, int d, float pos, const float *freq, int neox)
 {
 	int half = d / 2, i, h, a, b;
 	float ang, c, s, x0, x1;
 
 	for (i = 0; i < half; i++) {
-		/* the frequency as Hugging Face computes it: 1 / base^(2i/d) in float */
-		ang = pos * (1.0f / powf(theta, (float)(2 * i) / (float)d));
+		ang = pos * freq[i];
 		c = cosf(ang);
 		s = sinf(ang);
 		a = neox ? i : 2 * i;
@@ -986,6 +1014,16 @@ void
 cpu_glu(float *a, const float *b, int64_t n, int gelu)
 {
 	glu_impl(a, b, n, gelu);
+}
+
+void
+cpu_glu_oai(float *a, const float *b, int64_t n, float alpha, float limit)
+{
+	for (int64_t i = 0; i < n; i++) {
+		float g = MIN(a[i], limit), u = MAX(-limit, MIN(b[i], limit));
+
+		a[i] = (u + 1.0f) * (g / (1.0f + expf(-alpha * g)));
+	}
 }
 
 float

@@ -44,8 +44,26 @@ size_t cpu_act_bytes(int64_t n, int64_t n_tok);
 void cpu_act_init(struct cpu_act *a, const float *x, int64_t ld, int n_tok, int64_t n,
     uint8_t *const *q8);
 
+/*
+ * An input over rows row0 .. row0 + n_tok - 1 of a buffer whose rows are
+ * ld apart, with its 8-bit copies (q8 NULL: none) at the same rows of q8's
+ * two areas, whose start the call puts in slice (which must outlive a).
+ * Slices of one buffer with disjoint rows can be the inputs of one
+ * cpu_matmul_set.
+ */
+void cpu_act_rows(struct cpu_act *a, const float *x, int64_t ld, int64_t row0, int n_tok, int64_t n,
+    uint8_t *const *q8, uint8_t *slice[2]);
+
 /* Most weights one cpu_matmul takes. */
 #define CPU_MM_MAX 3
+
+/* One product of a set (cpu_matmul_set): y[t * ldy + o] = W[o] . x's token t. */
+struct cpu_mm {
+	struct cpu_act *x;
+	const struct model_tensor *w;
+	float *y;
+	int64_t ldy;
+};
 
 /*
  * For each of the n <= CPU_MM_MAX weights w[j] (ne[1] rows of ne[0] = the
@@ -62,17 +80,28 @@ void cpu_act_init(struct cpu_act *a, const float *x, int64_t ld, int n_tok, int6
 void cpu_matmul(struct cpu_pool *pool, struct cpu_act *x, int n, const struct model_tensor *const *w,
     float *const *y, const int64_t *ldy, float *scratch);
 
+/*
+ * n products, each by its own weight of its own input (the experts of a
+ * layer, each over the tokens routed to it), all in one pool run, with
+ * cpu_matmul's arithmetic. An input shared by several products gets its
+ * 8-bit copy made once.
+ */
+void cpu_matmul_set(struct cpu_pool *pool, int n, const struct cpu_mm *mm, float *scratch);
+
 /* Dequantizes row r of a weight (an embedding lookup). */
 void cpu_get_row(const struct model_tensor *w, int64_t r, float *out);
 
 /* out = x / rms(x) * (w + w_offset), n elements; out may be x. */
 void cpu_rmsnorm(const float *x, const float *w, float w_offset, float eps, int64_t n, float *out);
 
-/* Rotates n_heads heads of dimension d (one after the other) at position pos with base theta. */
-void cpu_rope(float *x, int n_heads, int d, float pos, float theta, int neox);
+/* Rotates n_heads heads of dimension d (one after the other) at position pos by the d / 2 frequencies freq. */
+void cpu_rope(float *x, int n_heads, int d, float pos, const float *freq, int neox);
 
 /* a[i] = silu(a[i]) * b[i], or gelu_tanh(a[i]) * b[i]. */
 void cpu_glu(float *a, const float *b, int64_t n, int gelu);
+
+/* gpt-oss's gate: a[i] = (clamp(b[i], +-limit) + 1) * g * sigmoid(alpha * g), g = min(a[i], limit). */
+void cpu_glu_oai(float *a, const float *b, int64_t n, float alpha, float limit);
 
 /* sc[i] = exp(sc[i] - mx) for i < n; returns their sum, added in one fixed order. */
 float cpu_exp_sum(float *sc, int64_t n, float mx);

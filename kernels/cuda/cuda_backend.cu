@@ -382,6 +382,9 @@ check_model(const struct model_desc *m, const struct model_tensor **mats, int n,
 {
 	const struct model_hparams *hp = &m->hp;
 
+	if (hp->n_expert > 0 || hp->attn_sinks || hp->o_bias)
+		return err_set(err, ERR_UNSUPPORTED, "%s: experts, attention sinks and output biases have no CUDA kernels "
+		    "yet (use --device cpu)", model_arch_name(m->arch));
 	if (hp->head_dim % WARP != 0 || hp->head_dim > 8 * WARP)
 		return err_set(err, ERR_UNSUPPORTED, "head_dim %d: the CUDA backend wants a multiple of "
 		    "32 up to 256", hp->head_dim);
@@ -587,15 +590,14 @@ add_small(const struct model_tensor *t, float *host, size_t *used, float *dev)
 	return dev + at;
 }
 
-/* RoPE frequencies of base theta, as cpu_rope computes them; returns the device address. */
+/* The RoPE frequencies of global (swa 0) or sliding layers, as the CPU's (model_rope_freqs); the device address. */
 static float *
-add_rope(float theta, int d, float *host, size_t *used, float *dev)
+add_rope(const struct model_hparams *hp, int swa, float *host, size_t *used, float *dev)
 {
 	size_t a = DEV_ALIGN / sizeof(float), at = *used;
 
-	for (int i = 0; i < d / 2; i++)
-		host[at + i] = 1.0f / powf(theta, (float)(2 * i) / (float)d);
-	*used += ((size_t)d / 2 + a - 1) / a * a;
+	model_rope_freqs(hp, swa, host + at);
+	*used += ((size_t)hp->head_dim / 2 + a - 1) / a * a;
 	return dev + at;
 }
 
@@ -607,7 +609,6 @@ upload_smalls(struct backend *b, char *err)
 	const struct model_hparams *hp = &m->hp;
 	size_t n = small_floats(m), used = 0;
 	float *host = (float *)xcalloc(n, sizeof(float)), *dev;
-	float local = hp->rope_theta_local > 0 ? hp->rope_theta_local : hp->rope_theta;
 	int rc;
 
 	if ((rc = dev_alloc((void **)&b->smalls, n * sizeof(float), "norms and biases", err)) != 0) {
@@ -630,8 +631,8 @@ upload_smalls(struct backend *b, char *err)
 		c->bv = add_small(L->bv, host, &used, dev);
 	}
 	b->out_norm = add_small(m->out_norm, host, &used, dev);
-	b->inv_freq[0] = add_rope(hp->rope_theta, hp->head_dim, host, &used, dev);
-	b->inv_freq[1] = add_rope(local, hp->head_dim, host, &used, dev);
+	b->inv_freq[0] = add_rope(hp, 0, host, &used, dev);
+	b->inv_freq[1] = add_rope(hp, 1, host, &used, dev);
 	cudaError_t e = cudaMemcpy(b->smalls, host, n * sizeof(float), cudaMemcpyHostToDevice);
 	free(host);
 	CK(e);
@@ -1154,7 +1155,7 @@ feed_forward(struct backend *b, int T, int l, char *err)
 	if ((rc = cuda_matmul_multi(&b->mm, wgu, 2, b->h, embd, T, gu, ld, formed(b, T, &c->w_gate), err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
-	if ((rc = cuda_glu(b->gate, b->up, T, ff, hp->gelu, h16, q8_of(b, T, &c->w_down), b->cluster_sms,
+	if ((rc = cuda_glu(b->gate, b->up, T, ff, hp->act == ACT_GELU, h16, q8_of(b, T, &c->w_down), b->cluster_sms,
 	    b->stream, err)) != 0)
 		return rc;
 	prof_mark(b, PH_MATMUL);

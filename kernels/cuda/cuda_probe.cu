@@ -639,8 +639,10 @@ heads_upload(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_head
 	void *d[10];
 	int rc;
 
-	for (int i = 0; i < hd->head_dim / 2; i++)
-		freq[i] = 1.0f / powf(hd->theta, (float)(2 * i) / (float)hd->head_dim);
+	struct model_hparams hp = {};
+
+	hp.head_dim = hd->head_dim, hp.rope_theta = hp.rope_theta_local = hd->theta;
+	model_rope_freqs(&hp, 0, freq);
 	if ((rc = buf_opt(p, bs, hd->bq, qb, &d[0], err)) != 0 ||
 	    (rc = buf_opt(p, bs, hd->bk, kb, &d[1], err)) != 0 ||
 	    (rc = buf_opt(p, bs, hd->bv, kb, &d[2], err)) != 0 ||

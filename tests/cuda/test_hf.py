@@ -1,9 +1,16 @@
 """Our logits against Hugging Face transformers (PyTorch), on the CPU and CUDA backends.
 
-Random LlamaForCausalLM and Qwen3ForCausalLM models are made in transformers
-with AutoModelForCausalLM.from_config (GQA, head_dim 64, a RoPE base that is
-no family's default, norm weights away from 1 so that a missed norm shows, one
-model with tied embeddings), saved with save_pretrained (safetensors and
+Random models of every family with something of its own are made in
+transformers with AutoModelForCausalLM.from_config: Llama, Qwen3 (tied
+embeddings), Gemma 3 with alternating layer_types (not its 5-to-1 default),
+and the mixtures of experts Qwen3-MoE (weights of all experts, not
+renormalised), Mixtral and gpt-oss (biases, attention sinks, sliding
+windows, YaRN, its clamped SwiGLU, fused expert tensors); GQA, head_dim 64,
+a RoPE base that is no family's default, norm weights away from 1 so that a
+missed norm shows, windows shorter than the prompt. Routers are scaled up so
+that each token's choice of experts is clear: where two experts' logits
+nearly tie, any two implementations may pick differently and the comparison
+would measure the tie, not the arithmetic. Saved with save_pretrained (safetensors and
 config.json exactly as transformers writes them), in float32 and in bfloat16,
 next to a tokenizer.json of the same size made by `resident-model vocab` (the
 loader wants one; the ids below do not go through it). `resident-model
@@ -42,7 +49,8 @@ try:
     import numpy as np
     import torch
     import transformers
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+    from transformers import (AutoModelForCausalLM, Gemma3TextConfig, GptOssConfig, LlamaConfig,
+                              MixtralConfig, Qwen3Config, Qwen3MoeConfig)
 except ImportError as e:
     skip(f"needs numpy, torch and transformers ({e})")
 
@@ -53,8 +61,26 @@ THETA = 50000.0     # no family's default: a loader that misses it fails
 CPU_TOL = 1e-4
 CUDA_TOL = 1e-2
 CUDA_RUNS = [("one step", []), ("chunks of 5", ["--chunk", "5"])]
-# (name, config class, tied embeddings)
-FAMILIES = [("llama", LlamaConfig, False), ("qwen3", Qwen3Config, True)]
+WINDOW = 12         # sliding windows shorter than the prompt
+ROUTER_SCALE = 20.0
+DEFAULT_ROPE = {"rope_type": "default", "rope_theta": THETA}
+YARN = {"rope_type": "yarn", "rope_theta": THETA, "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+        "original_max_position_embeddings": 4096, "truncate": False}
+MOE = {"num_experts_per_tok": 2}
+# (name, config class, tied embeddings, the family's own settings)
+FAMILIES = [
+    ("llama", LlamaConfig, False, {}),
+    ("qwen3", Qwen3Config, True, {}),
+    ("gemma3 alternating", Gemma3TextConfig, True,
+     {"layer_types": ["sliding_attention", "full_attention"] * 2, "sliding_window": WINDOW,
+      "rope_parameters": {"full_attention": DEFAULT_ROPE, "sliding_attention": DEFAULT_ROPE}}),
+    ("qwen3moe", Qwen3MoeConfig, False,
+     dict(MOE, num_experts=8, moe_intermediate_size=96, norm_topk_prob=False)),
+    ("mixtral", MixtralConfig, False, dict(MOE, num_local_experts=8)),
+    ("gpt-oss", GptOssConfig, False,
+     dict(MOE, num_local_experts=8, intermediate_size=128, sliding_window=WINDOW, rope_parameters=YARN,
+          max_position_embeddings=4096 * 32)),
+]
 DTYPES = [("f32", torch.float32), ("bf16", torch.bfloat16)]
 NO_GPU = ("no CUDA device", "has no CUDA backend")
 
@@ -62,20 +88,26 @@ TOOL = binary("resident-model")
 check = Checks()
 
 
-def make_model(cls, tied, dtype, seed, out):
+def make_model(cls, tied, own, dtype, seed, out):
     """A random model saved by save_pretrained into out, its weights rounded to dtype;
     returns it in float32 (the same numbers). Only the parameters are rounded: a
     model cast to bf16 as a whole also rounds its RoPE frequencies."""
-    cfg = cls(vocab_size=N_VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+    kw = dict(vocab_size=N_VOCAB, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
               num_attention_heads=4, num_key_value_heads=2, head_dim=64,
               max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=tied,
-              initializer_range=0.06, rope_parameters={"rope_type": "default", "rope_theta": THETA})
+              initializer_range=0.06, rope_parameters=DEFAULT_ROPE)
+    kw.update(own)
+    cfg = cls(**kw)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):  # RMSNorm weights start at 1
                 p.copy_(1.0 + 0.3 * torch.randn_like(p))
+            elif name.endswith("sinks") or name.endswith("bias"):  # gpt-oss's start at 0
+                p.copy_(0.5 * torch.randn_like(p))
+            if ".gate.weight" in name or ".router." in name:
+                p.mul_(ROUTER_SCALE)
             p.copy_(p.to(dtype).to(torch.float32))
     copy.deepcopy(model).to(dtype).save_pretrained(out)
     return model.eval()
@@ -132,11 +164,11 @@ def main():
         if p.returncode != 0:
             fail(f"resident-model vocab: {p.stdout.decode(errors='replace').strip()}")
         ids = np.random.default_rng(SEED).integers(0, N_VOCAB, N_IDS).tolist()
-        for fi, (fam, cls, tied) in enumerate(FAMILIES):
+        for fi, (fam, cls, tied, own) in enumerate(FAMILIES):
             for di, (dname, dtype) in enumerate(DTYPES):
                 what = f"{fam} {dname}{' tied' if tied else ''}"
-                path = os.path.join(tmp, f"{fam}-{dname}")
-                model = make_model(cls, tied, dtype, SEED + 10 * fi + di, path)
+                path = os.path.join(tmp, f"{fam.replace(' ', '-')}-{dname}")
+                model = make_model(cls, tied, own, dtype, SEED + 10 * fi + di, path)
                 for f in ("tokenizer.json", "tokenizer_config.json"):
                     shutil.copy(os.path.join(voc, f), path)
                 ref = torch_logits(model, ids)

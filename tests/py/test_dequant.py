@@ -37,9 +37,9 @@ F16_FIELDS = {
 # Q8_K's d is a float32 at offset 0. Q8_1 is left out: gguf-py's size table
 # has its old 40-byte layout, not ggml's 36-byte one, and no file holds it.
 BLOCK_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K,
-               T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K]
+               T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_K, T.MXFP4]
 # Types gguf-py quantizes itself: tensors made from real values too.
-PY_QUANTIZABLE = [T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]
+PY_QUANTIZABLE = [T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.MXFP4]
 # Round-trip error bounds (RMS error / RMS of the data) for the quantizers
 # gguf-py lacks; tests/unit/test_quant.c has the measured values.
 ERROR_BOUND = {T.Q4_K: 0.082, T.Q5_K: 0.041, T.Q6_K: 0.021}
@@ -165,7 +165,7 @@ def check_quantize(tool, tmp):
     # and an all-zero block, which takes its own path.
     x = (rng.standard_normal((16, 4 * 256)) * np.exp2(rng.integers(-8, 2, (16, 1)))).astype(np.float32)
     x[3, :256] = 0
-    for qtype in [T.F16, T.BF16, T.Q5_0, T.Q8_0]:
+    for qtype in [T.F16, T.BF16, T.Q5_0, T.Q8_0, T.MXFP4]:
         ours = run_quantize(tool, tmp, qtype, x)
         if ours is not None:
             theirs = np.asarray(quants.quantize(x, qtype)).view(np.uint8).reshape(-1)

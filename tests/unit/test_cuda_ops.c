@@ -942,7 +942,11 @@ cpu_head(float *x, const float *bias, const float *nw, const struct cuda_probe_h
 		cpu_add(x, bias, hd->head_dim);
 	if (nw != NULL)
 		cpu_rmsnorm(x, nw, hd->norm_offset, hd->norm_eps, hd->head_dim, x);
-	cpu_rope(x, 1, hd->head_dim, (float)pos / hd->pos_div, hd->theta, hd->neox);
+	struct model_hparams hp = { .head_dim = hd->head_dim, .rope_theta = hd->theta, .rope_theta_local = hd->theta };
+	float freq[512];
+
+	model_rope_freqs(&hp, 0, freq);
+	cpu_rope(x, 1, hd->head_dim, (float)pos / hd->pos_div, freq, hd->neox);
 }
 
 /*
