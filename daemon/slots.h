@@ -37,7 +37,7 @@ struct slot {
 	struct engine *e;             /* NULL while not loaded */
 	const char *device;           /* "cpu" after a GPU fault under SCHED_FAULT_CPU; NULL: slots_opts' */
 	uint64_t faults;              /* backend failures (the scheduler's model_fault) */
-	struct resident *residents;   /* the scheduler's parked sessions on it (sched.c) */
+	struct resident *residents;   /* the scheduler's parked sessions on it (sched_resident.c) */
 	int users;                    /* requests running on it */
 	double keep_alive;            /* seconds it stays loaded unused; < 0: until the memory is needed */
 	uint64_t idle_since;          /* now_ns() when it was last left unused */
