@@ -3,8 +3,10 @@
  *
  * Each render_* function is the C transcription of one official template
  * (named in chat.h, kept in tests/data/chat_templates), down to where it
- * strips whitespace and where it puts the system message. Conversations are
- * validated before rendering, so the renderers cannot fail.
+ * strips whitespace and where it puts the system message; render_inst
+ * serves Mistral's v1 and v3, which differ in those details alone.
+ * Conversations are validated before rendering, so the renderers cannot
+ * fail.
  */
 #include "config.h"
 #include "chat.h"
@@ -13,9 +15,24 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* Bytes of template source quoted in "unknown template" messages. */
 #define CHAT_EXCERPT 40
+
+/*
+ * Qwen3's template, told from other ChatML templates with reasoning: the
+ * line that renders a kept reasoning block, and the enable_thinking switch
+ * of its generation prompt (QwQ's and Qwen3 2507's open <think> instead).
+ */
+#define QWEN3_KEEP "reasoning_content.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n')"
+#define QWEN3_SWITCH "enable_thinking is defined and enable_thinking is false"
+
+/* gpt-oss's system message, around the date. */
+#define HARMONY_SYS_HEAD "<|start|>system<|message|>You are ChatGPT, a large language model " \
+	"trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: "
+#define HARMONY_SYS_TAIL "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, " \
+	"final. Channel must be included for every message.<|end|>"
 
 enum chat_role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_BAD };
 
@@ -28,12 +45,18 @@ struct sbuf {
 static const char *const tmpl_names[] = {
 	[CHAT_RAW] = "raw", [CHAT_LLAMA3] = "llama3", [CHAT_CHATML] = "chatml",
 	[CHAT_GEMMA] = "gemma", [CHAT_MISTRAL] = "mistral", [CHAT_LLAMA2] = "llama2",
+	[CHAT_QWEN3] = "qwen3", [CHAT_HARMONY] = "harmony", [CHAT_MISTRAL_V1] = "mistral-v1",
 };
+
+/* The families' names, for messages. */
+static const char family_list[] = "raw, llama3, chatml, gemma, mistral, llama2, qwen3, harmony, "
+    "mistral-v1";
 
 /* The BOS text a family's vocabularies use, for a NULL bos_text. */
 static const char *const default_bos[] = {
 	[CHAT_RAW] = "", [CHAT_LLAMA3] = "<|begin_of_text|>", [CHAT_CHATML] = "",
 	[CHAT_GEMMA] = "<bos>", [CHAT_MISTRAL] = "<s>", [CHAT_LLAMA2] = "<s>",
+	[CHAT_QWEN3] = "", [CHAT_HARMONY] = "", [CHAT_MISTRAL_V1] = "<s>",
 };
 
 /* Appends n bytes. */
@@ -77,6 +100,20 @@ utf8_cp(const unsigned char *s, size_t len)
 	for (i = 1; i < len; i++)
 		cp = (cp << 6) | (s[i] & 0x3f);
 	return cp;
+}
+
+/* Which ends of a string sb_strip_nl strips. */
+enum { NL_START = 1, NL_END = 2 };
+
+/* Appends s[0..n) without the newlines at the given ends, as Python's lstrip('\n') and strip('\n'). */
+static void
+sb_strip_nl(struct sbuf *b, const char *s, size_t n, int ends)
+{
+	while ((ends & NL_START) && n > 0 && *s == '\n')
+		s++, n--;
+	while ((ends & NL_END) && n > 0 && s[n - 1] == '\n')
+		n--;
+	sb_add(b, s, n);
 }
 
 /* Appends s (valid UTF-8) without leading and trailing whitespace, as Python's str.strip(). */
@@ -155,8 +192,8 @@ unsupported(const char *src, const char *what, char *err)
 
 	excerpt(src, ex);
 	return err_set(err, ERR_UNSUPPORTED, "%s chat template (\"%s%s\"); use raw prompt mode "
-	    "or set the template family (llama3, chatml, gemma, mistral, llama2)",
-	    what ? what : "unknown", ex, strlen(src) > strlen(ex) ? "..." : "");
+	    "or set the template family (%s)", what ? what : "unknown", ex,
+	    strlen(src) > strlen(ex) ? "..." : "", family_list);
 }
 
 /* Tells the [INST] templates apart, as llama.cpp does: Mistral's official ones, or Llama 2's. */
@@ -170,11 +207,28 @@ detect_inst(const char *src, enum chat_tmpl *out, char *err)
 		*out = CHAT_LLAMA2;
 		return 0;
 	}
-	if (strstr(src, " [INST]") != NULL)
-		return unsupported(src, "the Mistral v1", err);
+	if (strstr(src, " [INST]") != NULL) {
+		*out = CHAT_MISTRAL_V1;
+		return 0;
+	}
 	if (strstr(src, "\"[INST]\"") != NULL)
 		return unsupported(src, "the Mistral v3-Tekken", err);
 	*out = CHAT_MISTRAL;
+	return 0;
+}
+
+/* Tells the <|im_start|> templates apart: plain ChatML, Qwen3's, or a variant we do not render. */
+static int
+detect_chatml(const char *src, enum chat_tmpl *out, char *err)
+{
+	if (strstr(src, "<|im_sep|>") != NULL || strstr(src, "<end_of_utterance>") != NULL)
+		return unsupported(src, "a ChatML variant (Phi-4, SmolVLM)", err);
+	*out = CHAT_CHATML;
+	if (strstr(src, QWEN3_KEEP) != NULL && strstr(src, QWEN3_SWITCH) != NULL)
+		*out = CHAT_QWEN3;
+	else if (strstr(src, "</think>") != NULL)
+		return unsupported(src, "a ChatML variant with reasoning (QwQ, Qwen3 2507, SmolLM3)",
+		    err);
 	return 0;
 }
 
@@ -183,14 +237,14 @@ chat_detect(const char *src, enum chat_tmpl *out, char *err)
 {
 	if (src == NULL || *src == '\0')
 		return err_set(err, ERR_NOTFOUND, "the model has no chat template");
-	if (strstr(src, "<|im_start|>") != NULL) {
-		if (strstr(src, "<|im_sep|>") != NULL || strstr(src, "<end_of_utterance>") != NULL)
-			return unsupported(src, "a ChatML variant (Phi-4, SmolVLM)", err);
-		*out = CHAT_CHATML;
-		return 0;
-	}
+	if (strstr(src, "<|im_start|>") != NULL)
+		return detect_chatml(src, out, err);
 	if (strncmp(src, "mistral", 7) == 0 || strstr(src, "[INST]") != NULL)
 		return detect_inst(src, out, err);
+	if (strstr(src, "<|start|>") != NULL && strstr(src, "<|channel|>") != NULL) {
+		*out = CHAT_HARMONY;
+		return 0;
+	}
 	if (strstr(src, "<start_of_turn>") != NULL) {
 		*out = CHAT_GEMMA;
 		return 0;
@@ -221,31 +275,34 @@ chat_tmpl_from_name(const char *name, enum chat_tmpl *out, char *err)
 			return 0;
 		}
 	}
-	return err_set(err, ERR_INVAL, "unknown chat template '%.32s' (raw, llama3, chatml, gemma, "
-	    "mistral, llama2)", name ? name : "(null)");
+	return err_set(err, ERR_INVAL, "unknown chat template '%.32s' (%s)", name ? name : "(null)",
+	    family_list);
 }
 
 /* Whether the family's template insists on user/assistant alternation after one optional system message. */
 static int
 needs_alternation(enum chat_tmpl t)
 {
-	return t == CHAT_GEMMA || t == CHAT_MISTRAL || t == CHAT_LLAMA2;
+	return t == CHAT_GEMMA || t == CHAT_MISTRAL || t == CHAT_LLAMA2 || t == CHAT_MISTRAL_V1;
 }
 
-/* Checks the turn order the gemma, mistral and llama2 templates require. */
+/* Whether the family's template drops or garbles a system message that is not the first. */
+static int
+system_first_only(enum chat_tmpl t)
+{
+	return needs_alternation(t) || t == CHAT_HARMONY;
+}
+
+/* Checks the turn order the alternating families' templates require. */
 static int
 check_alternation(enum chat_tmpl t, const struct chat_msg *m, size_t n, char *err)
 {
 	size_t i, first = role_of(&m[0]) == ROLE_SYSTEM;
-	enum chat_role r, want;
+	enum chat_role want;
 
 	for (i = first; i < n; i++) {
-		r = role_of(&m[i]);
 		want = (i - first) % 2 == 0 ? ROLE_USER : ROLE_ASSISTANT;
-		if (r == ROLE_SYSTEM)
-			return err_set(err, ERR_INVAL, "message %zu: the %s template allows a system "
-			    "message only as the first message", i, tmpl_names[t]);
-		if (r != want)
+		if (role_of(&m[i]) != want)
 			return err_set(err, ERR_INVAL, "message %zu: the %s template needs roles to "
 			    "alternate user/assistant/user/... after the optional system message",
 			    i, tmpl_names[t]);
@@ -253,11 +310,29 @@ check_alternation(enum chat_tmpl t, const struct chat_msg *m, size_t n, char *er
 	return 0;
 }
 
-/* Validates roles, contents and, where the template requires it, the turn order. */
+/* What one message's family refuses of it (a late system message, harmony's channel tags). */
+static int
+check_family(enum chat_tmpl t, const struct chat_msg *m, size_t i, char *err)
+{
+	enum chat_role r = role_of(m);
+
+	if (i > 0 && r == ROLE_SYSTEM && system_first_only(t))
+		return err_set(err, ERR_INVAL, "message %zu: the %s template allows a system "
+		    "message only as the first message", i, tmpl_names[t]);
+	if (t == CHAT_HARMONY && r == ROLE_ASSISTANT &&
+	    (strstr(m->content, "<|channel|>analysis<|message|>") != NULL ||
+	    strstr(m->content, "<|channel|>final<|message|>") != NULL))
+		return err_set(err, ERR_INVAL, "message %zu: the harmony template refuses "
+		    "<|channel|> tags in an assistant message's content", i);
+	return 0;
+}
+
+/* Validates roles, contents and what the template refuses, the turn order included. */
 static int
 check_msgs(enum chat_tmpl t, const struct chat_msg *m, size_t n, char *err)
 {
 	size_t i;
+	int rc;
 
 	for (i = 0; i < n; i++) {
 		if (role_of(&m[i]) == ROLE_BAD)
@@ -267,11 +342,37 @@ check_msgs(enum chat_tmpl t, const struct chat_msg *m, size_t n, char *err)
 			return err_set(err, ERR_INVAL, "message %zu: no content", i);
 		if (!utf8_valid(m[i].content, strlen(m[i].content)))
 			return err_set(err, ERR_INVAL, "message %zu: content is not valid UTF-8", i);
+		if ((rc = check_family(t, &m[i], i, err)) != 0)
+			return rc;
 	}
 	if (n == 0 && t != CHAT_RAW)
 		return err_set(err, ERR_INVAL, "no messages to render");
 	if (needs_alternation(t))
 		return check_alternation(t, m, n, err);
+	return 0;
+}
+
+/* Checks a YYYY-MM-DD date, or writes today's (local time, as transformers' strftime_now) into buf. */
+static int
+harmony_date(const char *date, char buf[11], char *err)
+{
+	static const char shape[] = "dddd-dd-dd";
+	struct tm tm;
+	time_t now;
+	size_t i;
+
+	if (date == NULL) {
+		now = time(NULL);
+		if (localtime_r(&now, &tm) == NULL || strftime(buf, 11, "%Y-%m-%d", &tm) != 10)
+			return err_set(err, ERR_RANGE, "today's date does not fit YYYY-MM-DD");
+		return 0;
+	}
+	for (i = 0; i < sizeof shape - 1; i++)
+		if (shape[i] == 'd' ? date[i] < '0' || date[i] > '9' : date[i] != shape[i])
+			break;
+	if (i < sizeof shape - 1 || date[i] != '\0')
+		return err_set(err, ERR_INVAL, "date '%.16s' is not YYYY-MM-DD", date);
+	memcpy(buf, date, 11);
 	return 0;
 }
 
@@ -303,21 +404,157 @@ render_llama3(const struct chat_msg *m, size_t n, int gen, const char *bos, stru
 		sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
+/* One ChatML turn, its content verbatim. */
+static void
+chatml_turn(const struct chat_msg *m, struct sbuf *b)
+{
+	sb_str(b, "<|im_start|>");
+	sb_str(b, m->role);
+	sb_str(b, "\n");
+	sb_str(b, m->content);
+	sb_str(b, "<|im_end|>\n");
+}
+
 /* ChatML (Qwen2.5): contents verbatim, no BOS. */
 static void
 render_chatml(const struct chat_msg *m, size_t n, int gen, struct sbuf *b)
 {
 	size_t i;
 
-	for (i = 0; i < n; i++) {
-		sb_str(b, "<|im_start|>");
-		sb_str(b, m[i].role);
-		sb_str(b, "\n");
-		sb_str(b, m[i].content);
-		sb_str(b, "<|im_end|>\n");
-	}
+	for (i = 0; i < n; i++)
+		chatml_turn(&m[i], b);
 	if (gen)
 		sb_str(b, "<|im_start|>assistant\n");
+}
+
+/* 1 if s starts with p. */
+static int
+starts_with(const char *s, const char *p)
+{
+	return strncmp(s, p, strlen(p)) == 0;
+}
+
+/* 1 if s ends with p. */
+static int
+ends_with(const char *s, const char *p)
+{
+	size_t n = strlen(s), k = strlen(p);
+
+	return n >= k && memcmp(s + n - k, p, k) == 0;
+}
+
+/* The last occurrence of p in s[0..n), or NULL. */
+static const char *
+find_last(const char *s, size_t n, const char *p)
+{
+	const char *at = NULL, *hit;
+	size_t k = strlen(p);
+
+	while ((hit = memmem(s, n, p, k)) != NULL) {
+		at = hit;
+		n -= (size_t)(hit + 1 - s);
+		s = hit + 1;
+	}
+	return at;
+}
+
+/* Qwen3's last query: the last user turn that is not one tool response; n - 1 if none. */
+static size_t
+qwen3_last_query(const struct chat_msg *m, size_t n)
+{
+	size_t i;
+
+	for (i = n; i-- > 0;)
+		if (role_of(&m[i]) == ROLE_USER && !(starts_with(m[i].content, "<tool_response>") &&
+		    ends_with(m[i].content, "</tool_response>")))
+			return i;
+	return n - 1;
+}
+
+/*
+ * A Qwen3 assistant turn. Content with a </think> is cut in two, as the
+ * template's splits do: the reasoning is what precedes the first </think>
+ * (after the last <think> there), the reply what follows the last one.
+ * keep: the turn follows the last query, where the reasoning is rendered
+ * if it is not empty or the turn ends the conversation.
+ */
+static void
+qwen3_assistant(const char *c, int keep, int last, struct sbuf *b)
+{
+	const char *end = strstr(c, "</think>"), *open;
+	size_t len = strlen(c), r_len = 0;
+	const char *reply = c, *reason = c;
+
+	if (end != NULL) {
+		reply = find_last(c, len, "</think>") + 8;
+		while (*reply == '\n')
+			reply++;
+		while (end > c && end[-1] == '\n')
+			end--;
+		open = find_last(c, (size_t)(end - c), "<think>");
+		reason = open != NULL ? open + 7 : c;
+		r_len = (size_t)(end - reason);
+	}
+	sb_str(b, "<|im_start|>assistant\n");
+	if (keep && (last || r_len > 0)) {
+		sb_str(b, "<think>\n");
+		sb_strip_nl(b, reason, r_len, NL_START | NL_END);
+		sb_str(b, "\n</think>\n\n");
+		sb_strip_nl(b, reply, strlen(reply), NL_START);
+	} else {
+		sb_str(b, reply);
+	}
+	sb_str(b, "<|im_end|>\n");
+}
+
+/* Qwen3: ChatML; assistant turns lose their reasoning before the last query. */
+static void
+render_qwen3(const struct chat_msg *m, size_t n, const struct chat_opts *o, struct sbuf *b)
+{
+	size_t i, q = qwen3_last_query(m, n);
+
+	for (i = 0; i < n; i++) {
+		if (role_of(&m[i]) == ROLE_ASSISTANT)
+			qwen3_assistant(m[i].content, i > q, i == n - 1, b);
+		else
+			chatml_turn(&m[i], b);
+	}
+	if (o->add_generation_prompt)
+		sb_str(b, o->no_thinking ? "<|im_start|>assistant\n<think>\n\n</think>\n\n" :
+		    "<|im_start|>assistant\n");
+}
+
+/*
+ * gpt-oss (harmony): the fixed system message, the user's system prompt as
+ * the developer's instructions, assistant turns on their final channel (the
+ * last one ending with <|return|> when no reply follows).
+ */
+static void
+render_harmony(const struct chat_msg *m, size_t n, int gen, const char *date, struct sbuf *b)
+{
+	size_t i, first = role_of(&m[0]) == ROLE_SYSTEM;
+
+	sb_str(b, HARMONY_SYS_HEAD);
+	sb_str(b, date);
+	sb_str(b, HARMONY_SYS_TAIL);
+	if (first && m[0].content[0] != '\0') {
+		sb_str(b, "<|start|>developer<|message|># Instructions\n\n");
+		sb_str(b, m[0].content);
+		sb_str(b, "\n\n<|end|>");
+	}
+	for (i = first; i < n; i++) {
+		if (role_of(&m[i]) == ROLE_USER) {
+			sb_str(b, "<|start|>user<|message|>");
+			sb_str(b, m[i].content);
+			sb_str(b, "<|end|>");
+			continue;
+		}
+		sb_str(b, "<|start|>assistant<|channel|>final<|message|>");
+		sb_str(b, m[i].content);
+		sb_str(b, i == n - 1 && !gen ? "<|return|>" : "<|end|>");
+	}
+	if (gen)
+		sb_str(b, "<|start|>assistant");
 }
 
 /* Gemma 3: the system text (untrimmed) + blank line opens the first user turn; contents trimmed. */
@@ -340,27 +577,43 @@ render_gemma(const struct chat_msg *m, size_t n, int gen, const char *bos, struc
 		sb_str(b, "<start_of_turn>model\n");
 }
 
-/* Mistral v3: the system text joins the last message if it is a user turn, else it is dropped. */
+/* How one of Mistral's [INST] templates spells a conversation. */
+struct inst_style {
+	const char *open, *close; /* around a user turn */
+	int sys_last;             /* the system text joins the last message, else the first user turn */
+	int strip_reply;          /* assistant contents are stripped */
+};
+
+/* v3: the system text joins the last message if it is a user turn, else it is dropped. */
+static const struct inst_style inst_v3 = { "[INST] ", "[/INST]", 1, 1 };
+/* v1 (Mixtral 8x7B): spaces around the markers, the system text in the first turn, no stripping. */
+static const struct inst_style inst_v1 = { " [INST] ", " [/INST]", 0, 0 };
+
+/* Mistral's v1 and v3 templates: BOS, user turns in [INST] markers, each reply closed by </s>. */
 static void
-render_mistral(const struct chat_msg *m, size_t n, const char *bos, struct sbuf *b)
+render_inst(const struct chat_msg *m, size_t n, const char *bos, const struct inst_style *st,
+    struct sbuf *b)
 {
-	size_t i, first = role_of(&m[0]) == ROLE_SYSTEM;
+	size_t i, first = role_of(&m[0]) == ROLE_SYSTEM, sys_at = st->sys_last ? n - 1 : first;
 
 	sb_str(b, bos);
 	for (i = first; i < n; i++) {
 		if (role_of(&m[i]) == ROLE_ASSISTANT) {
 			sb_str(b, " ");
-			sb_strip(b, m[i].content, strlen(m[i].content));
+			if (st->strip_reply)
+				sb_strip(b, m[i].content, strlen(m[i].content));
+			else
+				sb_str(b, m[i].content);
 			sb_str(b, "</s>");
 			continue;
 		}
-		sb_str(b, "[INST] ");
-		if (first && i == n - 1) {
+		sb_str(b, st->open);
+		if (first && i == sys_at) {
 			sb_str(b, m[0].content);
 			sb_str(b, "\n\n");
 		}
 		sb_str(b, m[i].content);
-		sb_str(b, "[/INST]");
+		sb_str(b, st->close);
 	}
 }
 
@@ -394,41 +647,61 @@ render_llama2(const struct chat_msg *m, size_t n, const char *bos, struct sbuf *
 }
 
 int
-chat_render(enum chat_tmpl t, const struct chat_msg *msgs, size_t n,
-    int add_generation_prompt, const char *bos_text, char **out,
-    size_t *out_len, char *err)
+chat_render_opts(enum chat_tmpl t, const struct chat_msg *msgs, size_t n,
+    const struct chat_opts *o, char **out, size_t *out_len, char *err)
 {
+	int gen = o->add_generation_prompt, rc;
 	struct sbuf b = { 0 };
-	int rc;
+	const char *bos;
+	char date[11];
 
 	if ((size_t)t >= ARRAY_LEN(tmpl_names))
 		return err_set(err, ERR_INVAL, "chat template %d does not exist", (int)t);
-	if ((rc = check_msgs(t, msgs, n, err)) != 0)
+	if ((rc = check_msgs(t, msgs, n, err)) != 0 ||
+	    (t == CHAT_HARMONY && (rc = harmony_date(o->date, date, err)) != 0))
 		return rc;
-	if (bos_text == NULL)
-		bos_text = default_bos[t];
+	bos = o->bos_text != NULL ? o->bos_text : default_bos[t];
 	sb_add(&b, "", 0);
 	switch (t) {
 	case CHAT_RAW:
 		render_raw(msgs, n, &b);
 		break;
 	case CHAT_LLAMA3:
-		render_llama3(msgs, n, add_generation_prompt, bos_text, &b);
+		render_llama3(msgs, n, gen, bos, &b);
 		break;
 	case CHAT_CHATML:
-		render_chatml(msgs, n, add_generation_prompt, &b);
+		render_chatml(msgs, n, gen, &b);
 		break;
 	case CHAT_GEMMA:
-		render_gemma(msgs, n, add_generation_prompt, bos_text, &b);
+		render_gemma(msgs, n, gen, bos, &b);
 		break;
 	case CHAT_MISTRAL:
-		render_mistral(msgs, n, bos_text, &b);
+		render_inst(msgs, n, bos, &inst_v3, &b);
 		break;
 	case CHAT_LLAMA2:
-		render_llama2(msgs, n, bos_text, &b);
+		render_llama2(msgs, n, bos, &b);
+		break;
+	case CHAT_QWEN3:
+		render_qwen3(msgs, n, o, &b);
+		break;
+	case CHAT_HARMONY:
+		render_harmony(msgs, n, gen, date, &b);
+		break;
+	case CHAT_MISTRAL_V1:
+		render_inst(msgs, n, bos, &inst_v1, &b);
 		break;
 	}
 	*out = b.p;
 	*out_len = b.n;
 	return 0;
+}
+
+int
+chat_render(enum chat_tmpl t, const struct chat_msg *msgs, size_t n,
+    int add_generation_prompt, const char *bos_text, char **out,
+    size_t *out_len, char *err)
+{
+	struct chat_opts o = { .add_generation_prompt = add_generation_prompt, .bos_text = bos_text };
+
+	return chat_render_opts(t, msgs, n, &o, out, out_len, err);
 }

@@ -18,7 +18,13 @@ enum chat_tmpl {
 	CHAT_GEMMA,   /* <start_of_turn>user|model\n...<end_of_turn>\n */
 	CHAT_MISTRAL, /* [INST] ...[/INST] ...</s>: Mistral's "v3" template */
 	CHAT_LLAMA2,  /* [INST] <<SYS>>...<</SYS>> ... [/INST] ... </s> */
+	CHAT_QWEN3,   /* ChatML with <think>...</think> reasoning in assistant turns */
+	CHAT_HARMONY, /* gpt-oss: <|start|>role<|channel|>...<|message|>...<|end|> */
+	CHAT_MISTRAL_V1, /* <s> [INST] ... [/INST] ...</s>: Mistral's "v1" (Mixtral 8x7B) */
 };
+
+/* The last family of enum chat_tmpl, for loops over all of them. */
+#define CHAT_TMPL_LAST CHAT_MISTRAL_V1
 
 struct chat_msg {
 	const char *role;    /* "system", "user" or "assistant" */
@@ -32,16 +38,32 @@ struct chat_msg {
  * llm_chat_detect_template checks them. Returns 0 and *out;
  * ERR_NOTFOUND if src is NULL or empty (the model has no template);
  * ERR_UNSUPPORTED with a message quoting the template's start if it is of
- * no family we render exactly (including Mistral's v1, Tekken and v7
- * variants, and ChatML look-alikes such as Phi-4).
+ * no family we render exactly (including Mistral's Tekken and v7 variants,
+ * ChatML look-alikes such as Phi-4, and ChatML templates with reasoning
+ * other than Qwen3's, such as QwQ's, which opens <think> in the generation
+ * prompt). Qwen3's template is told from plain ChatML by the line that
+ * renders a kept reasoning block and by its enable_thinking switch,
+ * gpt-oss's by <|start|> and <|channel|>, Mistral's v1 as llama.cpp does
+ * (' [INST] ' + system_message).
  */
 int chat_detect(const char *src, enum chat_tmpl *out, char *err);
 
-/* The family's name: "raw", "llama3", "chatml", "gemma", "mistral", "llama2". */
+/*
+ * The family's name: "raw", "llama3", "chatml", "gemma", "mistral",
+ * "llama2", "qwen3", "harmony", "mistral-v1".
+ */
 const char *chat_tmpl_name(enum chat_tmpl t);
 
 /* The family of a name as chat_tmpl_name writes it (a config override). 0 or ERR_INVAL. */
 int chat_tmpl_from_name(const char *name, enum chat_tmpl *out, char *err);
+
+/* How to render; all zeros are the templates' defaults. */
+struct chat_opts {
+	int add_generation_prompt;
+	const char *bos_text; /* the model's BOS text; NULL: the family's usual one */
+	const char *date;     /* harmony's "Current date", YYYY-MM-DD; NULL: today, local time */
+	int no_thinking;      /* qwen3: enable_thinking=false, an empty think block opens the reply */
+};
 
 /*
  * Renders a conversation into the prompt text. *out is malloc'd,
@@ -49,35 +71,53 @@ int chat_tmpl_from_name(const char *name, enum chat_tmpl *out, char *err);
  *
  * Contract with the tokenizer: the text contains the special tokens as text
  * (BOS included where the family's template writes it: llama3, gemma,
- * mistral, llama2). The caller tokenizes it with parse_special and adds no
- * BOS of its own. bos_text is the model's BOS token text ("<|begin_of_text|>",
- * "<bos>", "<s>"); NULL means the family's usual one. ChatML uses no BOS.
- * Llama 2 and Mistral end assistant turns with "</s>", the EOS text of every
- * vocabulary of those families. CHAT_RAW writes the contents as they are,
- * with no BOS: there the caller adds BOS if the tokenizer asks for it.
+ * mistral, llama2, mistral-v1). The caller tokenizes it with parse_special
+ * and adds no BOS of its own. bos_text is the model's BOS token text
+ * ("<|begin_of_text|>", "<bos>", "<s>"); NULL means the family's usual one.
+ * ChatML, Qwen3 and harmony use no BOS. Llama 2 and Mistral end assistant
+ * turns with "</s>", the EOS text of every vocabulary of those families.
+ * CHAT_RAW writes the contents as they are, with no BOS: there the caller
+ * adds BOS if the tokenizer asks for it.
  *
  * add_generation_prompt appends the header of an assistant turn (llama3,
- * chatml, gemma); the Mistral and Llama 2 templates have none, as the
- * official ones.
+ * chatml, gemma, qwen3: "<|im_start|>assistant\n", harmony:
+ * "<|start|>assistant"); the Mistral and Llama 2 templates have none, as
+ * the official ones.
  *
  * Errors (ERR_INVAL, the message says which message is wrong): an unknown
- * role, a NULL or non-UTF-8 content, no messages (except CHAT_RAW), and,
- * for gemma, mistral and llama2, whatever the official template rejects:
- * after an optional first system message, turns must alternate user,
- * assistant, user... A system message anywhere but first is refused for
- * these three too (their templates would drop it or render a malformed
- * turn). Templates differ on what they do with details, reproduced here:
- * gemma puts the system text in the first user turn; mistral puts it in the
- * last user turn, and drops it when the conversation ends with an assistant
- * turn; llama3 and gemma strip whitespace around contents, mistral around
- * assistant contents, llama2 around whole turns (as Python's str.strip).
+ * role, a NULL or non-UTF-8 content, no messages (except CHAT_RAW), a date
+ * that is not YYYY-MM-DD, and whatever the official template rejects: for
+ * gemma, mistral, llama2 and mistral-v1, after an optional first system
+ * message, turns must alternate user, assistant, user...; for harmony, an
+ * assistant content holding "<|channel|>analysis<|message|>" or
+ * "<|channel|>final<|message|>". A system message anywhere but first is
+ * refused for those five families too (their templates would drop it or
+ * render a malformed turn). Templates differ on what they do with details,
+ * reproduced here: gemma and mistral-v1 put the system text in the first
+ * user turn; mistral puts it in the last user turn, and drops it when the
+ * conversation ends with an assistant turn; harmony puts it under
+ * "# Instructions" in a developer message (none for an empty one); llama3
+ * and gemma strip whitespace around contents, mistral around assistant
+ * contents, llama2 around whole turns (as Python's str.strip). Qwen3 cuts
+ * the <think>...</think> reasoning out of the assistant turns before the
+ * last user query (the last user turn that is not one <tool_response>
+ * block); after it, a turn's reasoning is rendered in a think block where
+ * it is not empty, and in the conversation's last turn even when it is.
+ * Harmony renders an assistant turn as its final channel, ending the
+ * conversation's last turn with <|return|> when no reply is to follow.
  *
  * Reference templates: Meta-Llama-3-8B-Instruct, Qwen2.5-Instruct (ChatML;
  * its default system prompt for conversations without one is not
- * inserted), gemma-3-*-it, Mistral-7B-Instruct-v0.3, Llama-2-*-chat.
- * Llama 3.1+ templates are rendered as Llama 3 (without the date preamble
- * they add to the system turn).
+ * inserted), gemma-3-*-it, Mistral-7B-Instruct-v0.3, Llama-2-*-chat,
+ * Qwen3 (Qwen3-0.6B ... Qwen3-30B-A3B), gpt-oss-20b/120b (system message
+ * with the default model identity and "Reasoning: medium", no tools),
+ * Mixtral-8x7B-Instruct-v0.1. Llama 3.1+ templates are rendered as
+ * Llama 3 (without the date preamble they add to the system turn).
  */
+int chat_render_opts(enum chat_tmpl t, const struct chat_msg *msgs, size_t n,
+    const struct chat_opts *o, char **out, size_t *out_len, char *err);
+
+/* chat_render_opts with the given generation prompt and BOS, the rest default. */
 int chat_render(enum chat_tmpl t, const struct chat_msg *msgs, size_t n,
     int add_generation_prompt, const char *bos_text, char **out,
     size_t *out_len, char *err);

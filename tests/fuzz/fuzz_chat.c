@@ -1,15 +1,17 @@
 /*
  * fuzz_chat.c: libFuzzer target for the chat templates (daemon/model/chat.c).
  *
- * Input: byte 0 picks the family (mod 6) and byte 1 the options (bit 0:
- * add_generation_prompt, bit 1: a BOS text of the input's own instead of
- * the family's); the rest is split at NUL bytes into messages, each one's
- * first byte picking its role (system, user, assistant, or one no template
- * knows) and the remaining bytes its content, which need not be UTF-8. The
- * same rest is also given to chat_detect and chat_tmpl_from_name as a
- * template's source and a family's name.
+ * Input: byte 0 picks the family (mod the number of families) and byte 1
+ * the options (bit 0: add_generation_prompt, bit 1: a BOS text of the
+ * input's own instead of the family's, bit 2: Qwen3's thinking off, bit 3:
+ * a harmony date of the input's own instead of today's); the rest is split
+ * at NUL bytes into messages, each one's first byte picking its role
+ * (system, user, assistant, or one no template knows) and the remaining
+ * bytes its content, which need not be UTF-8. The same rest is also given
+ * to chat_detect and chat_tmpl_from_name as a template's source and a
+ * family's name.
  *
- * Whatever the input: chat_render either refuses with ERR_INVAL and a
+ * Whatever the input: chat_render_opts either refuses with ERR_INVAL and a
  * message, or returns valid UTF-8 of exactly out_len bytes; it refuses
  * whenever a content is not UTF-8 or a role is unknown. chat_detect
  * returns a family or a message.
@@ -58,6 +60,7 @@ int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct chat_msg m[MAX_MSGS];
+	struct chat_opts o;
 	enum chat_tmpl t, found;
 	char err[ERR_LEN], *rest, *out = NULL;
 	size_t n, out_len = 0;
@@ -65,19 +68,21 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	if (size < 2)
 		return 0;
-	t = (enum chat_tmpl)(data[0] % 6);
+	t = (enum chat_tmpl)(data[0] % (CHAT_TMPL_LAST + 1));
 	rest = xmalloc(size - 1);
 	memcpy(rest, data + 2, size - 2);
 	rest[size - 2] = '\0';
 	err[0] = '\0';
 	rc = chat_detect(rest, &found, err);
 	FUZZ_CHECK(rc == 0 || rc == ERR_NOTFOUND || rc == ERR_UNSUPPORTED);
-	FUZZ_CHECK(rc != 0 || (found >= CHAT_RAW && found <= CHAT_LLAMA2));
+	FUZZ_CHECK(rc != 0 || (found >= CHAT_RAW && found <= CHAT_TMPL_LAST));
 	FUZZ_CHECK(rc != ERR_UNSUPPORTED || (err[0] != '\0' && memchr(err, '\0', ERR_LEN) != NULL));
 	if (chat_tmpl_from_name(rest, &found, err) == 0)
 		FUZZ_CHECK(strcmp(chat_tmpl_name(found), rest) == 0);
 	n = split(rest, size - 2, m, &all_valid);
-	rc = chat_render(t, m, n, data[1] & 1, (data[1] & 2) ? rest : NULL, &out, &out_len, err);
+	o = (struct chat_opts){ .add_generation_prompt = data[1] & 1, .bos_text = (data[1] & 2) ? rest : NULL,
+	    .no_thinking = (data[1] & 4) != 0, .date = (data[1] & 8) ? rest : NULL };
+	rc = chat_render_opts(t, m, n, &o, &out, &out_len, err);
 	if (rc == 0) {
 		FUZZ_CHECK(all_valid);
 		FUZZ_CHECK(out != NULL && strlen(out) == out_len);

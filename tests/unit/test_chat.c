@@ -5,12 +5,14 @@
  * of tests/data/chat_templates/render_expected.py, which renders the
  * official templates stored next to it (Meta-Llama-3-8B-Instruct,
  * Qwen2.5-Instruct and OpenHermes-2.5 ChatML, gemma-3-it,
- * Mistral-7B-Instruct-v0.3, Llama-2-chat) with transformers' own Jinja
- * environment (render_jinja_template, as apply_chat_template; transformers
- * 5.x, jinja2 3.1). The conversations exercise what the templates differ
- * on: where the system text goes, which contents are stripped (with
- * Unicode whitespace, as Python's str.strip), and what ends with an
- * assistant turn.
+ * Mistral-7B-Instruct-v0.3, Llama-2-chat, Qwen3, gpt-oss,
+ * Mixtral-8x7B-Instruct-v0.1) with transformers' own Jinja environment
+ * (render_jinja_template, as apply_chat_template; transformers 5.17,
+ * jinja2 3.1.6), gpt-oss's with its strftime_now pinned to TEST_DATE. The
+ * conversations exercise what the templates differ on: where the system
+ * text goes, which contents are stripped (with Unicode whitespace, as
+ * Python's str.strip), what ends with an assistant turn, and for Qwen3
+ * which assistant turns keep their reasoning.
  *
  * The detection tests read those template files from
  * $RESIDENT_SRCDIR/tests/data/chat_templates (make check sets
@@ -25,6 +27,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -40,7 +43,22 @@ static const struct chat_msg conv_full[] = {
 };
 static const struct chat_msg *const conv_nosys = conv_full + 1;
 
-enum conv { CONV_FULL, CONV_NOSYS, CONV_ENDASST };
+/* Qwen3's history: reasoning is kept only after the last user query, and a tool response is none. */
+#define A_T1 { "assistant", "<think>\nLet me greet.\n</think>\n\nHi there." }
+#define A_T2 { "assistant", "\n<think>\n\nI am Qwen.\n\n</think>\n\n\nI am Qwen, an assistant." }
+#define U_TR { "user", "<tool_response>\n42\n</tool_response>" }
+static const struct chat_msg conv_think[] = {
+	{ "system", "You are a helpful assistant." }, { "user", " Hello!\n" }, A_T1,
+	{ "user", "Who are you?" }, A_T2,
+};
+static const struct chat_msg conv_toolresp[] = {
+	{ "user", "Who are you?" }, A_T1, U_TR, { "assistant", "\nPlain answer." }, U_TR, A_T2,
+};
+
+/* The date render_expected.py pins gpt-oss's strftime_now to. */
+#define TEST_DATE "2025-08-05"
+
+enum conv { CONV_FULL, CONV_NOSYS, CONV_ENDASST, CONV_THINK, CONV_TOOLRESP };
 
 /* The messages and count of a conversation. */
 static const struct chat_msg *
@@ -56,10 +74,19 @@ conv_msgs(enum conv c, size_t *n)
 	case CONV_ENDASST:
 		*n = 3;
 		return conv_full;
+	case CONV_THINK:
+		*n = ARRAY_LEN(conv_think);
+		return conv_think;
+	case CONV_TOOLRESP:
+		*n = ARRAY_LEN(conv_toolresp);
+		return conv_toolresp;
 	}
 	*n = 0;
 	return NULL;
 }
+
+/* The generation prompt of an expected rendering: 0, 1, or with Qwen3's enable_thinking=false. */
+enum { GEN_NO_THINK = 2 };
 
 struct expected {
 	enum chat_tmpl t;
@@ -130,6 +157,60 @@ static const struct expected expected[] = {
 	    "<s>[INST] <<SYS>>\nYou are a helpful assistant.\n<</SYS>>\n\n Hello! [/INST] Hi there. </s>" },
 	{ CHAT_LLAMA2, CONV_ENDASST, 1,
 	    "<s>[INST] <<SYS>>\nYou are a helpful assistant.\n<</SYS>>\n\n Hello! [/INST] Hi there. </s>" },
+	{ CHAT_QWEN3, CONV_FULL, 0,
+	    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n Hello!\n<|im_end|>\n<|im_start|>assistant\n  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n" },
+	{ CHAT_QWEN3, CONV_FULL, 1,
+	    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n Hello!\n<|im_end|>\n<|im_start|>assistant\n  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n" },
+	{ CHAT_QWEN3, CONV_FULL, GEN_NO_THINK,
+	    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n Hello!\n<|im_end|>\n<|im_start|>assistant\n  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" },
+	{ CHAT_QWEN3, CONV_NOSYS, 0,
+	    "<|im_start|>user\n Hello!\n<|im_end|>\n<|im_start|>assistant\n  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n" },
+	{ CHAT_QWEN3, CONV_NOSYS, 1,
+	    "<|im_start|>user\n Hello!\n<|im_end|>\n<|im_start|>assistant\n  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n" },
+	{ CHAT_QWEN3, CONV_NOSYS, GEN_NO_THINK,
+	    "<|im_start|>user\n Hello!\n<|im_end|>\n<|im_start|>assistant\n  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" },
+	{ CHAT_QWEN3, CONV_ENDASST, 0,
+	    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n Hello!\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|im_end|>\n" },
+	{ CHAT_QWEN3, CONV_ENDASST, 1,
+	    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n Hello!\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|im_end|>\n<|im_start|>assistant\n" },
+	{ CHAT_QWEN3, CONV_ENDASST, GEN_NO_THINK,
+	    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n Hello!\n<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" },
+	{ CHAT_QWEN3, CONV_THINK, 0,
+	    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n Hello!\n<|im_end|>\n<|im_start|>assistant\nHi there.<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\nI am Qwen.\n</think>\n\nI am Qwen, an assistant.<|im_end|>\n" },
+	{ CHAT_QWEN3, CONV_THINK, 1,
+	    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n Hello!\n<|im_end|>\n<|im_start|>assistant\nHi there.<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\nI am Qwen.\n</think>\n\nI am Qwen, an assistant.<|im_end|>\n<|im_start|>assistant\n" },
+	{ CHAT_QWEN3, CONV_THINK, GEN_NO_THINK,
+	    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n Hello!\n<|im_end|>\n<|im_start|>assistant\nHi there.<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\nI am Qwen.\n</think>\n\nI am Qwen, an assistant.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" },
+	{ CHAT_QWEN3, CONV_TOOLRESP, 0,
+	    "<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\nLet me greet.\n</think>\n\nHi there.<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n\nPlain answer.<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\nI am Qwen.\n</think>\n\nI am Qwen, an assistant.<|im_end|>\n" },
+	{ CHAT_QWEN3, CONV_TOOLRESP, 1,
+	    "<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\nLet me greet.\n</think>\n\nHi there.<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n\nPlain answer.<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\nI am Qwen.\n</think>\n\nI am Qwen, an assistant.<|im_end|>\n<|im_start|>assistant\n" },
+	{ CHAT_QWEN3, CONV_TOOLRESP, GEN_NO_THINK,
+	    "<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\nLet me greet.\n</think>\n\nHi there.<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n\nPlain answer.<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\nI am Qwen.\n</think>\n\nI am Qwen, an assistant.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" },
+	{ CHAT_HARMONY, CONV_FULL, 0,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>user<|message|>Who are you?<|end|>" },
+	{ CHAT_HARMONY, CONV_FULL, 1,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_NOSYS, 0,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>user<|message|>Who are you?<|end|>" },
+	{ CHAT_HARMONY, CONV_NOSYS, 1,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_ENDASST, 0,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|return|>" },
+	{ CHAT_HARMONY, CONV_ENDASST, 1,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>assistant" },
+	{ CHAT_MISTRAL_V1, CONV_FULL, 0,
+	    "<s> [INST] You are a helpful assistant.\n\n Hello!\n [/INST]   Hi there.\xc2""\xa0""\xe3""\x80""\x80""</s> [INST] Who are you? [/INST]" },
+	{ CHAT_MISTRAL_V1, CONV_FULL, 1,
+	    "<s> [INST] You are a helpful assistant.\n\n Hello!\n [/INST]   Hi there.\xc2""\xa0""\xe3""\x80""\x80""</s> [INST] Who are you? [/INST]" },
+	{ CHAT_MISTRAL_V1, CONV_NOSYS, 0,
+	    "<s> [INST]  Hello!\n [/INST]   Hi there.\xc2""\xa0""\xe3""\x80""\x80""</s> [INST] Who are you? [/INST]" },
+	{ CHAT_MISTRAL_V1, CONV_NOSYS, 1,
+	    "<s> [INST]  Hello!\n [/INST]   Hi there.\xc2""\xa0""\xe3""\x80""\x80""</s> [INST] Who are you? [/INST]" },
+	{ CHAT_MISTRAL_V1, CONV_ENDASST, 0,
+	    "<s> [INST] You are a helpful assistant.\n\n Hello!\n [/INST]   Hi there.\xc2""\xa0""\xe3""\x80""\x80""</s>" },
+	{ CHAT_MISTRAL_V1, CONV_ENDASST, 1,
+	    "<s> [INST] You are a helpful assistant.\n\n Hello!\n [/INST]   Hi there.\xc2""\xa0""\xe3""\x80""\x80""</s>" },
 };
 
 /* The BOS text render_expected.py gave each family's template. */
@@ -143,27 +224,37 @@ bos_of(enum chat_tmpl t)
 		return "<bos>";
 	case CHAT_MISTRAL:
 	case CHAT_LLAMA2:
+	case CHAT_MISTRAL_V1:
 		return "<s>";
 	default:
 		return "";
 	}
 }
 
-/* Renders and returns the text (freed by the caller), failing the test on error. */
+/* Renders with options and returns the text (freed by the caller), failing the test on error. */
 static char *
-render_ok(enum chat_tmpl t, const struct chat_msg *m, size_t n, int gen, const char *bos)
+render_opts_ok(enum chat_tmpl t, const struct chat_msg *m, size_t n, const struct chat_opts *o)
 {
 	char err[ERR_LEN] = "";
 	char *out = NULL;
 	size_t len = 0;
 	int rc;
 
-	rc = chat_render(t, m, n, gen, bos, &out, &len, err);
+	rc = chat_render_opts(t, m, n, o, &out, &len, err);
 	if (rc != 0)
 		fail_msg("%s: %s", chat_tmpl_name(t), err);
 	assert_non_null(out);
 	assert_int_equal(strlen(out), len);
 	return out;
+}
+
+/* Renders with the generation prompt and BOS given, on TEST_DATE, and returns the text. */
+static char *
+render_ok(enum chat_tmpl t, const struct chat_msg *m, size_t n, int gen, const char *bos)
+{
+	struct chat_opts o = { .add_generation_prompt = gen, .bos_text = bos, .date = TEST_DATE };
+
+	return render_opts_ok(t, m, n, &o);
 }
 
 /* Renders a conversation that must be refused with a message containing needle. */
@@ -180,21 +271,113 @@ render_bad(enum chat_tmpl t, const struct chat_msg *m, size_t n, const char *nee
 		fail_msg("%s: message '%s' lacks '%s'", chat_tmpl_name(t), err, needle);
 }
 
+/* 1 if s ends with tail. */
+static int
+ends_with_str(const char *s, const char *tail)
+{
+	size_t n = strlen(s), k = strlen(tail);
+
+	return n >= k && strcmp(s + n - k, tail) == 0;
+}
+
 /* Every family renders what its official template renders. */
 static void
 test_render_matches_templates(void **state)
 {
-	size_t i, n;
+	struct chat_opts o = { .date = TEST_DATE };
 	const struct chat_msg *m;
+	size_t i, n;
 	char *out;
 
 	(void)state;
 	for (i = 0; i < ARRAY_LEN(expected); i++) {
 		m = conv_msgs(expected[i].conv, &n);
-		out = render_ok(expected[i].t, m, n, expected[i].gen, bos_of(expected[i].t));
-		assert_string_equal(out, expected[i].text);
+		o.add_generation_prompt = expected[i].gen != 0;
+		o.bos_text = bos_of(expected[i].t);
+		o.no_thinking = expected[i].gen == GEN_NO_THINK;
+		out = render_opts_ok(expected[i].t, m, n, &o);
+		if (strcmp(out, expected[i].text) != 0)
+			fail_msg("entry %zu (%s): got\n%s", i, chat_tmpl_name(expected[i].t), out);
 		free(out);
 	}
+}
+
+/* chat_render is chat_render_opts with the rest of the options left at their defaults. */
+static void
+test_render_defaults(void **state)
+{
+	struct chat_opts o = { .add_generation_prompt = 1, .no_thinking = 1 };
+	char err[ERR_LEN], *a, *b;
+	size_t len;
+
+	(void)state;
+	assert_int_equal(chat_render(CHAT_QWEN3, conv_full, 4, 1, NULL, &a, &len, err), 0);
+	assert_true(ends_with_str(a, "<|im_start|>assistant\n"));
+	b = render_opts_ok(CHAT_QWEN3, conv_full, 4, &o);
+	assert_true(ends_with_str(b, "<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+	free(a);
+	free(b);
+	/* no_thinking is Qwen3's switch alone */
+	a = render_opts_ok(CHAT_CHATML, conv_full, 4, &o);
+	b = render_ok(CHAT_CHATML, conv_full, 4, 1, NULL);
+	assert_string_equal(a, b);
+	free(a);
+	free(b);
+}
+
+/* Harmony's date: today's (local) by default, the caller's when given, and only YYYY-MM-DD. */
+static void
+test_harmony_date(void **state)
+{
+	static const char *const bad[] = { "2025-8-05", "2025-08-05 ", "20250805", "2025/08/05",
+	    "<|end|>", "" };
+	struct chat_opts o = { 0 };
+	char err[ERR_LEN], want[64], *out;
+	struct tm tm;
+	time_t now;
+	size_t i, len;
+
+	(void)state;
+	now = time(NULL);
+	assert_non_null(localtime_r(&now, &tm));
+	strftime(want, sizeof want, "\nCurrent date: %Y-%m-%d\n", &tm);
+	out = render_opts_ok(CHAT_HARMONY, conv_nosys, 1, &o);
+	if (strstr(out, want) == NULL)
+		fail_msg("no '%s' in '%s'", want, out);
+	free(out);
+	o.date = "1999-12-31";
+	out = render_opts_ok(CHAT_HARMONY, conv_nosys, 1, &o);
+	assert_non_null(strstr(out, "\nCurrent date: 1999-12-31\n"));
+	free(out);
+	for (i = 0; i < ARRAY_LEN(bad); i++) {
+		o.date = bad[i];
+		out = NULL;
+		assert_int_equal(chat_render_opts(CHAT_HARMONY, conv_nosys, 1, &o, &out, &len, err), ERR_INVAL);
+		assert_null(out);
+		assert_non_null(strstr(err, "is not YYYY-MM-DD"));
+	}
+}
+
+/* Harmony refuses what gpt-oss's template raises on, and a late system message it would drop. */
+static void
+test_harmony_refusals(void **state)
+{
+	const struct chat_msg analysis[] = { { "user", "a" },
+	    { "assistant", "<|channel|>analysis<|message|>x" } };
+	const struct chat_msg final[] = { { "user", "a" }, { "assistant", "a<|channel|>final<|message|>b" } };
+	const struct chat_msg late_sys[] = { { "user", "a" }, { "assistant", "b" }, { "system", "c" } };
+	const struct chat_msg empty_sys[] = { { "system", "" }, { "user", "a" } };
+	char *out;
+
+	(void)state;
+	render_bad(CHAT_HARMONY, analysis, 2, "message 1: the harmony template refuses <|channel|> tags");
+	render_bad(CHAT_HARMONY, final, 2, "message 1: the harmony template refuses <|channel|> tags");
+	render_bad(CHAT_HARMONY, late_sys, 3, "message 2: the harmony template allows a system message only");
+	/* an empty system prompt makes no developer message, as in the template */
+	out = render_ok(CHAT_HARMONY, empty_sys, 2, 0, NULL);
+	assert_null(strstr(out, "developer"));
+	assert_true(ends_with_str(out, "<|end|><|start|>user<|message|>a<|end|>"));
+	free(out);
 }
 
 /* A NULL bos_text means the family's usual BOS; a given one is used as is. */
@@ -269,7 +452,7 @@ test_free_order(void **state)
 	free(out);
 }
 
-/* What the gemma, mistral and llama2 templates raise on is refused (render_expected.py checks they raise). */
+/* What the alternating templates raise on is refused (render_expected.py checks they raise). */
 static void
 test_alternation(void **state)
 {
@@ -277,7 +460,7 @@ test_alternation(void **state)
 	const struct chat_msg asst_first[] = { { "assistant", "a" }, { "user", "b" } };
 	const struct chat_msg sys_asst[] = { { "system", "s" }, { "assistant", "a" } };
 	const struct chat_msg late_sys[] = { { "user", "a" }, { "assistant", "b" }, { "system", "c" } };
-	const enum chat_tmpl strict[] = { CHAT_GEMMA, CHAT_MISTRAL, CHAT_LLAMA2 };
+	const enum chat_tmpl strict[] = { CHAT_GEMMA, CHAT_MISTRAL, CHAT_LLAMA2, CHAT_MISTRAL_V1 };
 	size_t i;
 
 	(void)state;
@@ -302,7 +485,7 @@ test_bad_messages(void **state)
 	size_t len, t;
 
 	(void)state;
-	for (t = CHAT_RAW; t <= CHAT_LLAMA2; t++) {
+	for (t = CHAT_RAW; t <= CHAT_TMPL_LAST; t++) {
 		render_bad((enum chat_tmpl)t, tool, 2, "message 1: unknown role 'tool'");
 		render_bad((enum chat_tmpl)t, no_role, 1, "unknown role '(null)'");
 		render_bad((enum chat_tmpl)t, no_content, 1, "message 0: no content");
@@ -322,11 +505,13 @@ test_names(void **state)
 	enum chat_tmpl t, back;
 
 	(void)state;
-	for (t = CHAT_RAW; t <= CHAT_LLAMA2; t++) {
+	for (t = CHAT_RAW; t <= CHAT_TMPL_LAST; t++) {
 		assert_int_equal(chat_tmpl_from_name(chat_tmpl_name(t), &back, err), 0);
 		assert_int_equal(back, t);
 	}
 	assert_string_equal(chat_tmpl_name(CHAT_GEMMA), "gemma");
+	assert_string_equal(chat_tmpl_name(CHAT_MISTRAL_V1), "mistral-v1");
+	assert_string_equal(chat_tmpl_name((enum chat_tmpl)(CHAT_TMPL_LAST + 1)), "?");
 	assert_int_equal(chat_tmpl_from_name("Gemma3", &back, err), ERR_INVAL);
 	assert_non_null(strstr(err, "unknown chat template 'Gemma3'"));
 	assert_int_equal(chat_tmpl_from_name(NULL, &back, err), ERR_INVAL);
@@ -343,6 +528,8 @@ test_detect_files(void **state)
 		{ "llama3.jinja", CHAT_LLAMA3 }, { "qwen2.5.jinja", CHAT_CHATML },
 		{ "chatml.jinja", CHAT_CHATML }, { "gemma3.jinja", CHAT_GEMMA },
 		{ "mistral-v0.3.jinja", CHAT_MISTRAL }, { "llama2.jinja", CHAT_LLAMA2 },
+		{ "qwen3.jinja", CHAT_QWEN3 }, { "gpt-oss.jinja", CHAT_HARMONY },
+		{ "mistral-v1.jinja", CHAT_MISTRAL_V1 },
 	};
 	const char *srcdir = getenv("RESIDENT_SRCDIR");
 	char path[4096], err[ERR_LEN];
@@ -379,18 +566,20 @@ test_detect_variants(void **state)
 	/* mistralai/Mistral-7B-Instruct-v0.2's first template: llama2 family, as llama.cpp has it */
 	const char *mistral02 = "{{ bos_token }}{% for message in messages %}{% if message['role'] == "
 	    "'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% endif %}{% endfor %}";
+	/* Qwen/QwQ-32B's generation prompt (llama.cpp's models/templates), which opens the reasoning */
+	const char *qwq = "{%- if message.role == \"assistant\" %}{%- set content = message.content."
+	    "split('</think>')[-1].lstrip('\\n') %}{%- endif %}{{- '<|im_start|>' + message.role }}"
+	    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n<think>\\n' }}{%- endif %}";
 	static const struct {
 		const char *src;
 		const char *what;
 	} refused[] = {
-		{ "{%- if messages[0]['role'] == 'system' %}{{- ' [INST] ' + system_message + "
-		  "'\\n\\n' + message['content'] + ' [/INST]' }}", "the Mistral v1 chat template" },
 		{ "{{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}{{- \"[AVAILABLE_TOOLS][\" }}",
 		  "the Mistral v3-Tekken chat template" },
 		{ "{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}[INST]",
 		  "the Mistral v7 chat template" },
 		{ "{{'<|im_start|>' + message['role'] + '<|im_sep|>' + message['content']}}",
-		  "a ChatML variant" },
+		  "a ChatML variant (Phi-4" },
 		{ "{% for m in messages %}{{ m.content }}{% endfor %}", "unknown chat template" },
 	};
 	char err[ERR_LEN];
@@ -402,6 +591,8 @@ test_detect_variants(void **state)
 	assert_int_equal(t, CHAT_GEMMA);
 	assert_int_equal(chat_detect(mistral02, &t, err), 0);
 	assert_int_equal(t, CHAT_LLAMA2);
+	assert_int_equal(chat_detect(qwq, &t, err), ERR_UNSUPPORTED);
+	assert_non_null(strstr(err, "a ChatML variant with reasoning"));
 	for (i = 0; i < ARRAY_LEN(refused); i++) {
 		assert_int_equal(chat_detect(refused[i].src, &t, err), ERR_UNSUPPORTED);
 		if (strncmp(err, refused[i].what, strlen(refused[i].what)) != 0 ||
@@ -435,6 +626,9 @@ main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_render_matches_templates),
+		cmocka_unit_test(test_render_defaults),
+		cmocka_unit_test(test_harmony_date),
+		cmocka_unit_test(test_harmony_refusals),
 		cmocka_unit_test(test_bos_text),
 		cmocka_unit_test(test_raw),
 		cmocka_unit_test(test_unicode_strip),

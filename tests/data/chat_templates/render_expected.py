@@ -12,12 +12,22 @@ The templates, as their tokenizer_config.json "chat_template" values decode:
   gemma3.jinja        google/gemma-3-*-it
   mistral-v0.3.jinja  mistralai/Mistral-7B-Instruct-v0.3 (Mistral's "v3" template)
   llama2.jinja        meta-llama/Llama-2-*-chat-hf
+  qwen3.jinja         Qwen/Qwen3-0.6B, the template of the Qwen3 hybrid-thinking models
+                      (Qwen3-30B-A3B...), as llama.cpp keeps it (models/templates)
+  gpt-oss.jinja       openai/gpt-oss-120b and -20b (the "harmony" format), from llama.cpp's
+                      models/templates; its strftime_now is pinned to DATE below
+  mistral-v1.jinja    mistralai/Mixtral-8x7B-Instruct-v0.1 (Mistral's "v1" template, also
+                      Mistral-7B-Instruct-v0.1/v0.2's), as llama.cpp's test-chat-template.cpp
+                      holds it
 
 It also checks that every conversation test_chat.c expects chat_render to
-refuse is refused by the real template too.
+refuse is refused by the real template too, and that the one harmony
+conversation it refuses although gpt-oss's template accepts it (a system
+message after the first) is one the template silently drops.
 """
 import os
 import sys
+from datetime import datetime
 
 from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -28,12 +38,28 @@ U1 = {"role": "user", "content": " Hello!\n"}
 A1 = {"role": "assistant", "content": "  Hi there.\u00a0\u3000"}
 U2 = {"role": "user", "content": "Who are you?"}
 
+# Qwen3's history rules: reasoning is kept only after the last real user query.
+A_T1 = {"role": "assistant", "content": "<think>\nLet me greet.\n</think>\n\nHi there."}
+A_T2 = {"role": "assistant", "content": "\n<think>\n\nI am Qwen.\n\n</think>\n\n\nI am Qwen, an assistant."}
+A_P = {"role": "assistant", "content": "\nPlain answer."}
+U_TR = {"role": "user", "content": "<tool_response>\n42\n</tool_response>"}
+
 # name -> messages; the same lists are spelled out in test_chat.c.
 CONVS = {
     "full": [SYS, U1, A1, U2],
     "nosys": [U1, A1, U2],
     "endasst": [SYS, U1, A1],
 }
+# Conversations rendered by one family only.
+CONVS_OF = {
+    "QWEN3": {
+        "think": [SYS, U1, A_T1, U2, A_T2],
+        "toolresp": [U2, A_T1, U_TR, A_P, U_TR, A_T2],
+    },
+}
+
+# The date harmony's system message carries (test_chat.c passes the same).
+DATE = datetime(2025, 8, 5)
 
 # family -> (template for conversations with a system message, without, bos, eos)
 FAMILIES = {
@@ -42,6 +68,14 @@ FAMILIES = {
     "GEMMA": ("gemma3.jinja", "gemma3.jinja", "<bos>", "<eos>"),
     "MISTRAL": ("mistral-v0.3.jinja", "mistral-v0.3.jinja", "<s>", "</s>"),
     "LLAMA2": ("llama2.jinja", "llama2.jinja", "<s>", "</s>"),
+    "QWEN3": ("qwen3.jinja", "qwen3.jinja", None, "<|im_end|>"),
+    "HARMONY": ("gpt-oss.jinja", "gpt-oss.jinja", "<|startoftext|>", "<|return|>"),
+    "MISTRAL_V1": ("mistral-v1.jinja", "mistral-v1.jinja", "<s>", "</s>"),
+}
+
+# Generation prompts with options (test_chat.c's GEN_* code), as template variables.
+OPTIONS = {
+    "QWEN3": [("GEN_NO_THINK", {"enable_thinking": False})],
 }
 
 # Conversations the official templates of these families reject.
@@ -49,6 +83,9 @@ REJECTED = {
     "GEMMA": [[U1, U2], [A1, U1], [SYS, A1]],
     "MISTRAL": [[U1, U2], [A1, U1], [SYS, A1]],
     "LLAMA2": [[U1, U2], [A1, U1], [SYS, A1]],
+    "MISTRAL_V1": [[U1, U2], [A1, U1], [SYS, A1], [U1, A1, SYS]],
+    "HARMONY": [[U1, {"role": "assistant", "content": "<|channel|>analysis<|message|>x"}],
+                [U1, {"role": "assistant", "content": "a<|channel|>final<|message|>b"}]],
 }
 
 
@@ -57,10 +94,10 @@ def load(name):
         return f.read()
 
 
-def render(tmpl, msgs, gen, bos, eos):
+def render(tmpl, msgs, gen, bos, eos, **kw):
     out, _ = render_jinja_template(conversations=[msgs], chat_template=tmpl,
                                    add_generation_prompt=gen, bos_token=bos,
-                                   eos_token=eos)
+                                   eos_token=eos, strftime_now=DATE.strftime, **kw)
     return out[0]
 
 
@@ -80,12 +117,16 @@ def c_literal(s):
 
 def main():
     for fam, (with_sys, without_sys, bos, eos) in FAMILIES.items():
-        for conv, msgs in CONVS.items():
+        for conv, msgs in {**CONVS, **CONVS_OF.get(fam, {})}.items():
             name = with_sys if msgs[0]["role"] == "system" else without_sys
             for gen in (0, 1):
                 out = render(load(name), msgs, bool(gen), bos, eos)
                 print("\t{ CHAT_%s, CONV_%s, %d,\n\t    %s }," %
                       (fam, conv.upper(), gen, c_literal(out)))
+                for code, kw in OPTIONS.get(fam, []) if gen else []:
+                    out = render(load(name), msgs, True, bos, eos, **kw)
+                    print("\t{ CHAT_%s, CONV_%s, %s,\n\t    %s }," %
+                          (fam, conv.upper(), code, c_literal(out)))
     for fam, convs in REJECTED.items():
         tmpl = load(FAMILIES[fam][0])
         for msgs in convs:
@@ -94,6 +135,10 @@ def main():
             except Exception:
                 continue
             sys.exit("%s accepted %r" % (fam, msgs))
+    late = [U1, A1, SYS, U2]
+    gpt_oss = load(FAMILIES["HARMONY"][0])
+    if render(gpt_oss, late, True, None, None) != render(gpt_oss, late[:2] + late[3:], True, None, None):
+        sys.exit("HARMONY does not drop a late system message")
 
 
 if __name__ == "__main__":
