@@ -1,10 +1,10 @@
 /*
  * genvocab.c: deterministic vocabularies for generated models.
  *
- * Byte-level BPE (llama3, qwen2): the 256 byte characters in GPT-2's order,
- * then merges learned greedily (most frequent pair first) from the built-in
- * text below, then random merges of existing tokens, each making a token
- * whose text is new, then the family's special tokens.
+ * Byte-level BPE (llama3, qwen2, qwen3, harmony): the 256 byte characters
+ * in GPT-2's order, then merges learned greedily (most frequent pair first)
+ * from the built-in text below, then random merges of existing tokens, each
+ * making a token whose text is new, then the family's special tokens.
  * SentencePiece (gemma, llama): special and user-defined tokens, the 256
  * <0xXX> byte tokens, pieces learned the same way over the text with spaces
  * as U+2581 and scored by creation order (earlier merges first), then the
@@ -70,37 +70,71 @@ static const uint32_t script_sample[][3] = {
 	{ 0xac00, 0xd7a3, 97 }, { 0x2010, 0x2027, 1 }, { 0x1f600, 0x1f64f, 1 }, { 0x1f300, 0x1f3ff, 8 },
 };
 
-/* A special or user-defined token of a flavour, and the role it plays. */
+/* A special or user-defined token of a flavour, and the roles it plays. */
 struct gv_special {
 	const char *text;
-	int type;        /* TOK_TYPE_CONTROL, TOK_TYPE_USER_DEFINED, TOK_TYPE_UNKNOWN */
-	char role;       /* 'b' bos, 'e' eos, 't' eot, 'p' pad, 'u' unk, 0 none */
+	int type;          /* TOK_TYPE_CONTROL, TOK_TYPE_USER_DEFINED, TOK_TYPE_UNKNOWN */
+	const char *roles; /* of 'b' bos, 'e' eos, 't' eot, 'p' pad, 'u' unk */
 };
 
 #define C TOK_TYPE_CONTROL
 #define U TOK_TYPE_USER_DEFINED
 static const struct gv_special sp_llama3[] = {
-	{ "<|begin_of_text|>", C, 'b' }, { "<|end_of_text|>", C, 'e' },
-	{ "<|reserved_special_token_0|>", C, 0 }, { "<|reserved_special_token_1|>", C, 0 },
-	{ "<|finetune_right_pad_id|>", C, 'p' }, { "<|reserved_special_token_2|>", C, 0 },
-	{ "<|start_header_id|>", C, 0 }, { "<|end_header_id|>", C, 0 }, { "<|eom_id|>", C, 0 },
-	{ "<|eot_id|>", C, 't' }, { "<|python_tag|>", C, 0 }, { NULL, 0, 0 },
+	{ "<|begin_of_text|>", C, "b" }, { "<|end_of_text|>", C, "e" },
+	{ "<|reserved_special_token_0|>", C, "" }, { "<|reserved_special_token_1|>", C, "" },
+	{ "<|finetune_right_pad_id|>", C, "p" }, { "<|reserved_special_token_2|>", C, "" },
+	{ "<|start_header_id|>", C, "" }, { "<|end_header_id|>", C, "" }, { "<|eom_id|>", C, "" },
+	{ "<|eot_id|>", C, "t" }, { "<|python_tag|>", C, "" }, { NULL, 0, NULL },
 };
 static const struct gv_special sp_qwen2[] = {
-	{ "<|endoftext|>", C, 'e' }, { "<|im_start|>", C, 0 }, { "<|im_end|>", C, 't' },
-	{ "<tool_call>", U, 0 }, { "</tool_call>", U, 0 }, { NULL, 0, 0 },
+	{ "<|endoftext|>", C, "e" }, { "<|im_start|>", C, "" }, { "<|im_end|>", C, "t" },
+	{ "<tool_call>", U, "" }, { "</tool_call>", U, "" }, { NULL, 0, NULL },
+};
+/*
+ * Qwen3's added tokens in their order, typed as llama.cpp's converter types
+ * them (special ones and <|...|> look-alikes control, the tags user-defined,
+ * so that <think> decodes to text), with the ids its GGUFs name: bos and
+ * pad <|endoftext|> (config.json's bos_token_id), eos <|im_end|>.
+ */
+static const struct gv_special sp_qwen3[] = {
+	{ "<|endoftext|>", C, "bp" }, { "<|im_start|>", C, "" }, { "<|im_end|>", C, "e" },
+	{ "<|object_ref_start|>", C, "" }, { "<|object_ref_end|>", C, "" },
+	{ "<|box_start|>", C, "" }, { "<|box_end|>", C, "" }, { "<|quad_start|>", C, "" },
+	{ "<|quad_end|>", C, "" }, { "<|vision_start|>", C, "" }, { "<|vision_end|>", C, "" },
+	{ "<|vision_pad|>", C, "" }, { "<|image_pad|>", C, "" }, { "<|video_pad|>", C, "" },
+	{ "<tool_call>", U, "" }, { "</tool_call>", U, "" }, { "<|fim_prefix|>", C, "" },
+	{ "<|fim_middle|>", C, "" }, { "<|fim_suffix|>", C, "" }, { "<|fim_pad|>", C, "" },
+	{ "<|repo_name|>", C, "" }, { "<|file_sep|>", C, "" }, { "<tool_response>", U, "" },
+	{ "</tool_response>", U, "" }, { "<think>", U, "" }, { "</think>", U, "" },
+	{ NULL, 0, NULL },
+};
+/*
+ * gpt-oss's o200k_harmony specials, in their order up to <|endofprompt|>
+ * (the real vocabulary goes on with reserved tokens to 201088), all
+ * control, with the roles of its tokenizer_config.json and GGUFs.
+ */
+static const struct gv_special sp_harmony[] = {
+	{ "<|startoftext|>", C, "b" }, { "<|endoftext|>", C, "p" },
+	{ "<|reserved_200000|>", C, "" }, { "<|reserved_200001|>", C, "" }, { "<|return|>", C, "e" },
+	{ "<|constrain|>", C, "" }, { "<|reserved_200004|>", C, "" }, { "<|channel|>", C, "" },
+	{ "<|start|>", C, "" }, { "<|end|>", C, "" }, { "<|message|>", C, "" },
+	{ "<|reserved_200009|>", C, "" }, { "<|reserved_200010|>", C, "" },
+	{ "<|reserved_200011|>", C, "" }, { "<|call|>", C, "" }, { "<|reserved_200013|>", C, "" },
+	{ "<|reserved_200014|>", C, "" }, { "<|reserved_200015|>", C, "" },
+	{ "<|reserved_200016|>", C, "" }, { "<|reserved_200017|>", C, "" },
+	{ "<|endofprompt|>", C, "" }, { NULL, 0, NULL },
 };
 static const struct gv_special sp_gemma[] = {
-	{ "<pad>", C, 'p' }, { "<eos>", C, 'e' }, { "<bos>", C, 'b' },
-	{ "<unk>", TOK_TYPE_UNKNOWN, 'u' }, { "<mask>", C, 0 }, { "[multimodal]", U, 0 },
-	{ "<start_of_turn>", C, 0 }, { "<end_of_turn>", C, 't' },
-	{ "\n", U, 0 }, { "\n\n", U, 0 }, { "\n\n\n", U, 0 }, { "\n\n\n\n", U, 0 },
-	{ "  ", U, 0 }, { "   ", U, 0 }, { "    ", U, 0 }, { "        ", U, 0 },
-	{ "\t", U, 0 }, { "\t\t", U, 0 }, { "<table>", U, 0 }, { "</table>", U, 0 },
-	{ NULL, 0, 0 },
+	{ "<pad>", C, "p" }, { "<eos>", C, "e" }, { "<bos>", C, "b" },
+	{ "<unk>", TOK_TYPE_UNKNOWN, "u" }, { "<mask>", C, "" }, { "[multimodal]", U, "" },
+	{ "<start_of_turn>", C, "" }, { "<end_of_turn>", C, "t" },
+	{ "\n", U, "" }, { "\n\n", U, "" }, { "\n\n\n", U, "" }, { "\n\n\n\n", U, "" },
+	{ "  ", U, "" }, { "   ", U, "" }, { "    ", U, "" }, { "        ", U, "" },
+	{ "\t", U, "" }, { "\t\t", U, "" }, { "<table>", U, "" }, { "</table>", U, "" },
+	{ NULL, 0, NULL },
 };
 static const struct gv_special sp_llama[] = {
-	{ "<unk>", TOK_TYPE_UNKNOWN, 'u' }, { "<s>", C, 'b' }, { "</s>", C, 'e' }, { NULL, 0, 0 },
+	{ "<unk>", TOK_TYPE_UNKNOWN, "u" }, { "<s>", C, "b" }, { "</s>", C, "e" }, { NULL, 0, NULL },
 };
 #undef C
 #undef U
@@ -116,6 +150,8 @@ static const struct gv_flavour {
 } flavours[] = {
 	{ "llama3", TOK_BPE, TOK_PRE_LLAMA3, "llama-bpe", sp_llama3, 1, 0, 0 },
 	{ "qwen2", TOK_BPE, TOK_PRE_QWEN2, "qwen2", sp_qwen2, 0, 0, 0 },
+	{ "qwen3", TOK_BPE, TOK_PRE_QWEN2, "qwen2", sp_qwen3, 0, 0, 0 },
+	{ "harmony", TOK_BPE, TOK_PRE_GPT4O, "gpt-4o", sp_harmony, 0, 0, 0 },
 	{ "gemma", TOK_SPM, TOK_PRE_DEFAULT, "default", sp_gemma, 1, 0, -1000 },
 	{ "llama", TOK_SPM, TOK_PRE_DEFAULT, "default", sp_llama, 1, 1, 0 },
 };
@@ -608,6 +644,7 @@ static void
 gv_specials(struct genvocab *v, const struct gv_flavour *f, struct vb *b, int32_t at)
 {
 	const struct gv_special *sp;
+	const char *r;
 	int32_t i, id;
 
 	for (i = 0, sp = f->sp; sp->text != NULL; i++, sp++) {
@@ -616,12 +653,14 @@ gv_specials(struct genvocab *v, const struct gv_flavour *f, struct vb *b, int32_
 		b->tok[i] = NULL;
 		v->types[id] = sp->type;
 		v->scores[id] = f->special_score;
-		switch (sp->role) {
-		case 'b': v->bos = id; break;
-		case 'e': v->eos = id; break;
-		case 't': v->eot = id; break;
-		case 'p': v->pad = id; break;
-		case 'u': v->unk = id; break;
+		for (r = sp->roles; *r != '\0'; r++) {
+			switch (*r) {
+			case 'b': v->bos = id; break;
+			case 'e': v->eos = id; break;
+			case 't': v->eot = id; break;
+			case 'p': v->pad = id; break;
+			case 'u': v->unk = id; break;
+			}
 		}
 	}
 }
@@ -823,8 +862,8 @@ genvocab_make(struct genvocab *v, const char *flavour, int32_t n_vocab, uint64_t
 		if (strcmp(flavours[i].name, flavour) == 0)
 			f = &flavours[i];
 	if (f == NULL)
-		return err_set(err, ERR_INVAL, "unknown vocabulary flavour '%s' (llama3, qwen2, gemma, "
-		    "llama)", flavour);
+		return err_set(err, ERR_INVAL, "unknown vocabulary flavour '%s' (llama3, qwen2, qwen3, "
+		    "harmony, gemma, llama)", flavour);
 	min = n_special(f) + 256 + 64;
 	if (n_vocab < min || n_vocab > GV_MAX_VOCAB)
 		return err_set(err, ERR_RANGE, "a %s vocabulary needs %d to %d tokens, not %d",
@@ -1055,6 +1094,11 @@ j_model(const struct genvocab *v)
 	json_object_set_new(m, "end_of_word_suffix", json_null());
 	json_object_set_new(m, "fuse_unk", json_boolean(spm));
 	json_object_set_new(m, "byte_fallback", json_boolean(spm));
+	/*
+	 * As llama.cpp reads the GGUF: Llama 3's only, so that both files agree
+	 * (gpt-oss's own tokenizer.json sets it, as tiktoken works; llama.cpp
+	 * does not for its GGUF)
+	 */
 	json_object_set_new(m, "ignore_merges", json_boolean(v->pre == TOK_PRE_LLAMA3 && !spm));
 	for (i = 0; i < v->n; i++)
 		if (spm || v->types[i] == TOK_TYPE_NORMAL)
@@ -1077,7 +1121,12 @@ j_model(const struct genvocab *v)
 	return m;
 }
 
-/* Byte-level: Split by the family's regex, then ByteLevel without its own regex. */
+/*
+ * Byte-level: Split by the family's regex, then ByteLevel without its own
+ * regex. The regex is the one the GGUF reader uses, llama.cpp's: for
+ * harmony its rewrite of o200k's (letter case by ASCII alone, no \p{M}),
+ * not the original gpt-oss's tokenizer.json has, so that both files agree.
+ */
 static json_t *
 j_pre_bpe(const struct genvocab *v)
 {

@@ -1,9 +1,10 @@
 /*
  * genvocab.h: deterministic vocabularies for generated models. A flavour
- * ("llama3", "qwen2": byte-level BPE; "gemma", "llama": SentencePiece) gives
- * the family's shape and special tokens; merges are learned from a small
- * built-in multilingual text, then random merges fill the vocabulary up to
- * its size. The same (flavour, n_vocab, seed) always gives the same
+ * ("llama3", "qwen2", "qwen3", "harmony": byte-level BPE; "gemma", "llama":
+ * SentencePiece, the latter Llama 2's and Mixtral's) gives the family's
+ * shape and special tokens; merges are learned from a small built-in
+ * multilingual text, then random merges fill the vocabulary up to its
+ * size. The same (flavour, n_vocab, seed) always gives the same
  * vocabulary: tests store ids computed from it, so changing the output
  * means updating tests/py/test_tokenizer_ids.py.
  */

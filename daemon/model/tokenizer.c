@@ -154,7 +154,7 @@ struct enc {
 /* Texts that end a turn when they are control tokens (llama.cpp's EOG list). */
 static const char *const eog_texts[] = {
 	"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-	"<|eom_id|>", "<|end_of_text|>", "</s>", "<eos>", "<EOT>",
+	"<|eom_id|>", "<|end_of_text|>", "</s>", "<eos>", "<EOT>", "<|return|>", "<|call|>",
 };
 
 /* ---- byte-level alphabet ---- */
@@ -241,6 +241,22 @@ static const char re_llama3[] =
 static const char re_qwen2[] =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}|"
     " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+/*
+ * o200k's as llama.cpp has it for "gpt-4o": a word's capitals, then its
+ * small letters, told by ASCII case alone (llama.cpp's regex engine folds
+ * all letters into one class). It splits apart from o200k's own regex (the
+ * one gpt-oss's tokenizer.json carries, which that path uses) at combining
+ * marks (\p{M}) and at a non-ASCII capital after small letters. llama.cpp
+ * writes a letter that is not a-z as (?=[\p{L}])([^a-z]); here it is the
+ * class [^\P{L}a-z], the same letters, which PCRE2's JIT repeats without a
+ * stack frame a letter (the groups overflow its stack on a long word).
+ */
+static const char re_gpt4o[] =
+    "[^\\r\\n\\p{L}\\p{N}]?[^\\P{L}a-z]*[^\\P{L}A-Z]+"
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|"
+    "[^\\r\\n\\p{L}\\p{N}]?[^\\P{L}a-z]+[^\\P{L}A-Z]*"
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|"
+    "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 
 const char *
 tok_pre_regex(enum tok_pre pre)
@@ -250,6 +266,8 @@ tok_pre_regex(enum tok_pre pre)
 		return re_llama3;
 	case TOK_PRE_QWEN2:
 		return re_qwen2;
+	case TOK_PRE_GPT4O:
+		return re_gpt4o;
 	case TOK_PRE_DEFAULT:
 		break;
 	}
@@ -749,7 +767,18 @@ set_added(struct tokenizer *t)
 	free(key.p);
 }
 
-/* Marks the tokens that end a turn: eos, eot, and control tokens named like it. */
+/* 1 if the token of this text ends a turn. */
+static int
+eog_text(const struct tokenizer *t, const char *text)
+{
+	return tok_is_eog(t, find_text(t, text, strlen(text)));
+}
+
+/*
+ * Marks the tokens that end a turn: eos, eot, and control tokens named like
+ * it, except harmony's <|end|> (where <|return|> and <|call|> end turns),
+ * as llama.cpp does.
+ */
 static void
 set_eog(struct tokenizer *t)
 {
@@ -765,6 +794,9 @@ set_eog(struct tokenizer *t)
 		if (id >= 0 && t->e[id].type == TOK_TYPE_CONTROL)
 			t->e[id].flags |= TOKF_EOG;
 	}
+	id = find_text(t, "<|end|>", 7);
+	if (id >= 0 && eog_text(t, "<|return|>") && eog_text(t, "<|call|>"))
+		t->e[id].flags &= (uint8_t)~TOKF_EOG;
 }
 
 /* Byte-level ignore_merges looks words up by their raw bytes. */
@@ -975,7 +1007,7 @@ gguf_pre(struct tokenizer *t, const struct gguf_file *f, char *err)
 		{ "llama3", TOK_PRE_LLAMA3 }, { "llama-v3", TOK_PRE_LLAMA3 },
 		{ "llama-bpe", TOK_PRE_LLAMA3 }, { "smaug-bpe", TOK_PRE_LLAMA3 },
 		{ "dbrx", TOK_PRE_LLAMA3 }, { "qwen2", TOK_PRE_QWEN2 },
-		{ "deepseek-r1-qwen", TOK_PRE_QWEN2 },
+		{ "deepseek-r1-qwen", TOK_PRE_QWEN2 }, { "gpt-4o", TOK_PRE_GPT4O },
 	};
 	struct gguf_str s = { "default", 7 };
 	enum tok_pre pre;

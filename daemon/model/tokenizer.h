@@ -23,6 +23,7 @@ enum tok_pre {
 	TOK_PRE_DEFAULT, /* GPT-2 regex */
 	TOK_PRE_LLAMA3,  /* llama-bpe / llama3 */
 	TOK_PRE_QWEN2,   /* qwen2 */
+	TOK_PRE_GPT4O,   /* gpt-4o: o200k (gpt-oss), as llama.cpp rewrites its regex */
 };
 
 /* Token types, numbered as GGUF's tokenizer.ggml.token_type. */
@@ -52,7 +53,12 @@ int32_t tok_n_vocab(const struct tokenizer *t);
 int32_t tok_bos(const struct tokenizer *t);  /* -1 if none */
 int32_t tok_eos(const struct tokenizer *t);  /* -1 if none */
 int tok_add_bos(const struct tokenizer *t);  /* whether prompts start with BOS */
-/* 1 if generating id ends the turn (eos, eot, <end_of_turn>, <|im_end|>, <|eot_id|>...). */
+/*
+ * 1 if generating id ends the turn (eos, eot, <end_of_turn>, <|im_end|>,
+ * <|eot_id|>...). In a harmony vocabulary (gpt-oss) <|return|> and <|call|>
+ * do, and <|end|> does not: it closes a message (the analysis) and the
+ * model goes on, as llama.cpp reads it.
+ */
 int tok_is_eog(const struct tokenizer *t, int32_t id);
 /* Id of an exact token text (e.g. "<end_of_turn>"), or -1. */
 int32_t tok_find(const struct tokenizer *t, const char *text);

@@ -25,7 +25,7 @@
 #include <cmocka.h>
 
 #define N_TEXTS 2000
-#define N_FLAVOURS 4
+#define N_FLAVOURS 6
 
 /* One generated vocabulary, as both kinds of file. */
 struct fixture {
@@ -40,6 +40,7 @@ struct fixture {
 static struct fixture fx[N_FLAVOURS] = {
 	{ .flavour = "llama3", .n_vocab = 3000 }, { .flavour = "qwen2", .n_vocab = 2500 },
 	{ .flavour = "gemma", .n_vocab = 4000 }, { .flavour = "llama", .n_vocab = 2000, .prefix = 1 },
+	{ .flavour = "qwen3", .n_vocab = 2600 }, { .flavour = "harmony", .n_vocab = 3500 },
 };
 static char tmpdir[64];
 
@@ -103,6 +104,8 @@ random_text(uint64_t *s, char *out)
 		"<|eot_id|>", "<|begin_of_text|>", "<|im_start|>", "<|im_end|>", "<|endoftext|>",
 		"<tool_call>", "<start_of_turn>", "<end_of_turn>", "<eos>", "<bos>", "<unk>", "<s>",
 		"</s>", "<table>", "[multimodal]", "<0x41>", "\xe2\x96\x81", "\xe2\x96\x81\xe2\x96\x81x",
+		"<think>", "</think>", "<|start|>", "<|channel|>", "<|message|>", "<|end|>",
+		"<|return|>", "HTTPServer", "McDONALD'S", "\xc3\x89" "COLE\xc3\xa9tude",
 	};
 	size_t n = 0, k, items = rnd(s) % 40, r;
 	uint32_t cp;
@@ -281,6 +284,20 @@ check_stream(const struct tokenizer *t, const int32_t *ids, size_t n, int specia
 	free(piece);
 }
 
+/* Writes text to dir/name. */
+static void
+write_text(const char *dir, const char *name, const char *text)
+{
+	char path[256];
+	FILE *f;
+
+	snprintf(path, sizeof path, "%s/%s", dir, name);
+	f = fopen(path, "w");
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
 /* ---- tests ---- */
 
 /* Random texts of every script come back unchanged, from both loaders. */
@@ -425,6 +442,9 @@ test_special(void **state)
 		{ 1, "<|im_start|>user\n<tool_call>x</tool_call><|im_end|>", "<|im_end|>", "<tool_call>" },
 		{ 2, "<start_of_turn>user\n<table>hi\n\n<end_of_turn>", "<end_of_turn>", "<table>" },
 		{ 3, "<s>hello</s>", "</s>", NULL },
+		{ 4, "<|im_start|>assistant\n<think>\nx\n</think>\n\nok<|im_end|>", "<|im_end|>",
+		  "</think>" },
+		{ 5, "<|start|>assistant<|channel|>final<|message|>hi<|return|>", "<|channel|>", NULL },
 	};
 	const struct tokenizer *t;
 	int32_t *ids, c, u;
@@ -459,6 +479,8 @@ test_bos_eog(void **state)
 		{ 1, NULL, { "<|endoftext|>", "<|im_end|>", NULL } },
 		{ 2, "<bos>", { "<eos>", "<end_of_turn>", NULL } },
 		{ 3, "<s>", { "</s>", NULL, NULL } },
+		{ 4, NULL, { "<|endoftext|>", "<|im_end|>", NULL } },
+		{ 5, NULL, { "<|return|>", "<|call|>", "<|endoftext|>" } },
 	};
 	const struct tokenizer *t;
 	int32_t *ids;
@@ -489,6 +511,64 @@ test_bos_eog(void **state)
 	}
 }
 
+/* Harmony's <|end|> closes a message, not the turn; elsewhere (Phi-3) it ends the turn. */
+static void
+test_harmony_eog(void **state)
+{
+	static const char phi3[] = "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}, "
+	    "\"added_tokens\": [{\"id\": 1, \"content\": \"<|end|>\", \"special\": true}, "
+	    "{\"id\": 2, \"content\": \"<|return|>\", \"special\": true}]}";
+	struct tokenizer *t;
+	char err[ERR_LEN], path[256];
+	int j;
+
+	(void)state;
+	for (j = 0; j < 2; j++) {
+		t = j ? fx[5].json : fx[5].gguf;
+		assert_int_equal(tok_piece(t, tok_eos(t)) != NULL, 1);
+		assert_string_equal(tok_piece(t, tok_eos(t)), "<|return|>");
+		assert_false(tok_is_eog(t, tok_find(t, "<|end|>")));
+		assert_false(tok_is_eog(t, tok_find(t, "<|channel|>")));
+		assert_false(tok_is_eog(t, tok_find(t, "<|start|>")));
+	}
+	/* <|return|> without <|call|>: not harmony, so <|end|> keeps ending turns */
+	write_text(tmpdir, "phi3.json", phi3);
+	snprintf(path, sizeof path, "%s/phi3.json", tmpdir);
+	if (tok_load_json(path, NULL, &t, err) != 0)
+		fail_msg("%s", err);
+	assert_true(tok_is_eog(t, 1));
+	assert_true(tok_is_eog(t, 2));
+	tok_free(t);
+}
+
+/* Qwen3's <think> and </think> are text: decoded without render_special, never control. */
+static void
+test_think_tags(void **state)
+{
+	static const char text[] = "<think>\nplan\n</think>\n\nanswer";
+	char err[ERR_LEN], *back;
+	int32_t *ids, open, close;
+	size_t n, len;
+	int j;
+
+	(void)state;
+	for (j = 0; j < 2; j++) {
+		const struct tokenizer *t = j ? fx[4].json : fx[4].gguf;
+
+		open = tok_find(t, "<think>");
+		close = tok_find(t, "</think>");
+		assert_int_equal(tok_type(t, open), TOK_TYPE_USER_DEFINED);
+		assert_int_equal(tok_type(t, close), TOK_TYPE_USER_DEFINED);
+		n = encode(t, text, strlen(text), 0, 0, &ids);
+		assert_int_equal(ids[0], open);
+		assert_true(has_id(ids, n, close));
+		assert_int_equal(tok_decode(t, ids, n, 0, &back, &len, err), 0);
+		assert_string_equal(back, text);
+		free(back);
+		free(ids);
+	}
+}
+
 /* The same flavour, size and seed always make the same vocabulary; another seed another. */
 static void
 test_genvocab_deterministic(void **state)
@@ -513,20 +593,6 @@ test_genvocab_deterministic(void **state)
 	genvocab_free(&c);
 	assert_int_equal(genvocab_make(&a, "bert", 3000, 7, err), ERR_INVAL);
 	assert_int_equal(genvocab_make(&a, "llama3", 100, 7, err), ERR_RANGE);
-}
-
-/* Writes text to dir/name. */
-static void
-write_text(const char *dir, const char *name, const char *text)
-{
-	char path[256];
-	FILE *f;
-
-	snprintf(path, sizeof path, "%s/%s", dir, name);
-	f = fopen(path, "w");
-	assert_non_null(f);
-	fputs(text, f);
-	fclose(f);
 }
 
 /* Missing, malformed and unsupported tokenizer.json files are refused with a message. */
@@ -619,6 +685,8 @@ main(void)
 		cmocka_unit_test(test_invalid_utf8),
 		cmocka_unit_test(test_special),
 		cmocka_unit_test(test_bos_eog),
+		cmocka_unit_test(test_harmony_eog),
+		cmocka_unit_test(test_think_tags),
 		cmocka_unit_test(test_genvocab_deterministic),
 		cmocka_unit_test(test_load_errors),
 		cmocka_unit_test(test_gguf_no_vocab),
