@@ -25,6 +25,7 @@ struct run_opts {
 	const char *stop[MAX_STOP];
 	int chat;
 	int ids;
+	int prompt_ids;             /* the prompt is token ids, not text */
 	int chunk;
 	int special;
 	const char *out;
@@ -32,7 +33,7 @@ struct run_opts {
 
 enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_PRES, OPT_FREQ, OPT_SEED,
 	OPT_MAXTOK, OPT_STOP, OPT_CHAT, OPT_IDS, OPT_CHUNK, OPT_THREADS, OPT_DEVICE, OPT_CTX,
-	OPT_OUT, OPT_SPECIAL, OPT_EXACT };
+	OPT_OUT, OPT_SPECIAL, OPT_EXACT, OPT_PROMPT_IDS };
 
 static const struct option run_longopts[] = {
 	{ "temp", required_argument, NULL, OPT_TEMP }, { "top-k", required_argument, NULL, OPT_TOPK },
@@ -43,6 +44,7 @@ static const struct option run_longopts[] = {
 	{ "seed", required_argument, NULL, OPT_SEED }, { "max-tokens", required_argument, NULL, OPT_MAXTOK },
 	{ "stop", required_argument, NULL, OPT_STOP }, { "chat", no_argument, NULL, OPT_CHAT },
 	{ "ids", no_argument, NULL, OPT_IDS }, { "chunk", required_argument, NULL, OPT_CHUNK },
+	{ "prompt-ids", no_argument, NULL, OPT_PROMPT_IDS },
 	{ "threads", required_argument, NULL, OPT_THREADS }, { "device", required_argument, NULL, OPT_DEVICE },
 	{ "ctx", required_argument, NULL, OPT_CTX }, { "out", required_argument, NULL, OPT_OUT },
 	{ "special", no_argument, NULL, OPT_SPECIAL }, { "exact", no_argument, NULL, OPT_EXACT },
@@ -77,6 +79,7 @@ parse_run_opts(int argc, char **argv, struct run_opts *o)
 			break;
 		case OPT_CHAT: o->chat = 1; break;
 		case OPT_IDS: o->ids = 1; break;
+		case OPT_PROMPT_IDS: o->prompt_ids = 1; break;
 		case OPT_CHUNK: o->chunk = atoi(optarg); break;
 		case OPT_THREADS: o->eng.n_threads = atoi(optarg); break;
 		case OPT_DEVICE: o->eng.device = optarg; break;
@@ -90,9 +93,30 @@ parse_run_opts(int argc, char **argv, struct run_opts *o)
 	return optind;
 }
 
-/* Turns the prompt into tokens: through the chat template, or as raw text. */
+/* Token ids given as numbers between spaces or commas (--prompt-ids), each inside the vocabulary. */
 static int
-prompt_tokens(const struct model_desc *m, const char *prompt, int chat, int32_t **ids, size_t *n,
+parse_prompt_ids(const struct model_desc *m, const char *s, int32_t **ids, size_t *n, char *err)
+{
+	char *end;
+	long v;
+
+	*ids = xmalloc((strlen(s) / 2 + 1) * sizeof **ids);
+	for (*n = 0; *s != '\0'; s = end) {
+		while (*s == ' ' || *s == ',')
+			s++;
+		if (*s == '\0')
+			break;
+		v = strtol(s, &end, 10);
+		if (end == s || v < 0 || v >= tok_n_vocab(m->tok))
+			return err_set(err, ERR_INVAL, "--prompt-ids: '%.20s' is not a token id of the vocabulary", s);
+		(*ids)[(*n)++] = (int32_t)v;
+	}
+	return *n > 0 ? 0 : err_set(err, ERR_INVAL, "--prompt-ids: no ids");
+}
+
+/* Turns the prompt into tokens: ids as they are, through the chat template, or as raw text. */
+static int
+prompt_tokens(const struct model_desc *m, const char *prompt, const struct run_opts *o, int32_t **ids, size_t *n,
     char *err)
 {
 	struct chat_msg msg = { "user", prompt };
@@ -100,7 +124,9 @@ prompt_tokens(const struct model_desc *m, const char *prompt, int chat, int32_t 
 	size_t len;
 	int rc;
 
-	if (!chat)
+	if (o->prompt_ids)
+		return parse_prompt_ids(m, prompt, ids, n, err);
+	if (!o->chat)
 		return tok_encode(m->tok, prompt, strlen(prompt), 0, tok_add_bos(m->tok), ids, n, err);
 	if (m->chat_error != NULL)
 		return err_set(err, ERR_UNSUPPORTED, "%s", m->chat_error);
@@ -142,7 +168,7 @@ cmd_run(int argc, char **argv)
 	if (i < 0 || argc - i != 2) {
 		fprintf(stderr, "usage: resident-model run MODEL PROMPT [--chat] [--max-tokens N] [--temp T] "
 		    "[--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--stop STR]... "
-		    "[--ids] [--threads N] [--ctx N] [--device cpu|cuda] [--exact]\n");
+		    "[--ids] [--prompt-ids] [--threads N] [--ctx N] [--device cpu|cuda] [--exact]\n");
 		return 2;
 	}
 	t0 = now_ns();
@@ -151,7 +177,7 @@ cmd_run(int argc, char **argv)
 		return 1;
 	}
 	t1 = now_ns();
-	if ((rc = prompt_tokens(engine_model(e), argv[i + 1], o.chat, &ids, &n, err)) != 0 ||
+	if ((rc = prompt_tokens(engine_model(e), argv[i + 1], &o, &ids, &n, err)) != 0 ||
 	    (rc = engine_seq_new(e, ids, (int32_t)n, &o.sp, &s, err)) != 0) {
 		fprintf(stderr, "resident-model run: %s\n", err);
 		free(ids);

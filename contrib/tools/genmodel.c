@@ -57,13 +57,13 @@ static const struct gen_shape shapes[] = {
 	{ "qwen3-0.6b", ARCH_QWEN3, "qwen2", 151936, 1024, 28, 16, 8, 128, 3072, 40960, 1e6f, 1e-6f, 0, 1, 0, 0, 0, 0 },
 	{ "gemma3-270m", ARCH_GEMMA3, "gemma", 262144, 640, 18, 4, 1, 256, 2048, 32768, 1e6f, 1e-6f, 512, 1, 0, 0, 0, 0 },
 	/* mixtures of experts: small ones for tests, and the shapes of the models people run */
-	{ "tiny-qwen3moe", ARCH_QWEN3MOE, "qwen2", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 0, 8, 2, 128, 0 },
+	{ "tiny-qwen3moe", ARCH_QWEN3MOE, "qwen3", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 0, 8, 2, 128, 0 },
 	{ "tiny-mixtral", ARCH_LLAMA, "llama", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-5f, 0, 0, 4, 2, 512, 0 },
-	{ "tiny-gptoss", ARCH_GPTOSS, "llama3", 1024, 256, 2, 4, 2, 64, 256, 131072, 150000, 1e-5f, 16, 0, 8, 2,
+	{ "tiny-gptoss", ARCH_GPTOSS, "harmony", 1024, 256, 2, 4, 2, 64, 256, 131072, 150000, 1e-5f, 16, 0, 8, 2,
 	    256, 32 },
-	{ "qwen3-30b-a3b", ARCH_QWEN3MOE, "qwen2", 151936, 2048, 48, 32, 4, 128, 6144, 40960, 1e6f, 1e-6f, 0, 0, 128,
+	{ "qwen3-30b-a3b", ARCH_QWEN3MOE, "qwen3", 151936, 2048, 48, 32, 4, 128, 6144, 40960, 1e6f, 1e-6f, 0, 0, 128,
 	    8, 768, 0 },
-	{ "gpt-oss-20b", ARCH_GPTOSS, "llama3", 201088, 2880, 24, 64, 8, 64, 2880, 131072, 150000, 1e-5f, 128, 0, 32,
+	{ "gpt-oss-20b", ARCH_GPTOSS, "harmony", 201088, 2880, 24, 64, 8, 64, 2880, 131072, 150000, 1e-5f, 128, 0, 32,
 	    4, 2880, 32 },
 	{ "mixtral-8x1b", ARCH_LLAMA, "llama", 32000, 2048, 16, 32, 8, 64, 4096, 32768, 1e6f, 1e-5f, 0, 0, 8, 2, 4096,
 	    0 },
@@ -683,6 +683,7 @@ write_safetensors(const struct genmodel_opts *o, const struct gen_shape *s, cons
 	struct st_writer *w;
 	char path[4096];
 	uint8_t *data, *gu[4] = { NULL };
+	uint32_t gu_type = TT_F32;
 	size_t bytes;
 	int i, rc, k;
 
@@ -703,8 +704,9 @@ write_safetensors(const struct genmodel_opts *o, const struct gen_shape *s, cons
 			;
 		if (s->arch == ARCH_GPTOSS && k < 4) {
 			gu[k] = data, data = NULL;
+			gu_type = k == 0 ? t->type : gu_type;
 			if (k == 3)
-				rc = st_gptoss_experts(w, s, t->layer, gu, ts[i - 2].type, err);
+				rc = st_gptoss_experts(w, s, t->layer, gu, gu_type, err);
 		} else if (s->arch == ARCH_GPTOSS && strstr(t->name, "ffn_down_exps.weight")) {
 			uint8_t *tr = transpose_experts(data, t->ne[2], t->ne[1], t->ne[0],
 			    (size_t)quant_traits(t->type)->block_bytes);

@@ -50,7 +50,7 @@ static const struct {
 	{ "detokenize", cmd_detokenize, "detokenize [--special] MODEL ID..." },
 	{ "vocab", cmd_vocab, "vocab FLAVOUR N SEED OUTDIR" },
 	{ "run", cmd_run, "run MODEL PROMPT [--chat] [--max-tokens N] [--temp T] [--top-k K] [--top-p P] "
-	    "[--min-p P] [--repeat-penalty R] [--seed S] [--stop STR]... [--ids] [--threads N]" },
+	    "[--min-p P] [--repeat-penalty R] [--seed S] [--stop STR]... [--ids] [--prompt-ids] [--threads N]" },
 	{ "logits", cmd_logits, "logits MODEL --out FILE.f32 [--chunk N] [--device cpu|cuda] ID..." },
 	{ "perplexity", cmd_perplexity, "perplexity MODEL TEXTFILE" },
 };

@@ -404,8 +404,10 @@ infer_chat(const struct tokenizer *tok)
 		return CHAT_GEMMA;
 	if (tok_find(tok, "<|start_header_id|>") >= 0 && tok_find(tok, "<|eot_id|>") >= 0)
 		return CHAT_LLAMA3;
+	if (tok_find(tok, "<|start|>") >= 0 && tok_find(tok, "<|channel|>") >= 0 && tok_find(tok, "<|message|>") >= 0)
+		return CHAT_HARMONY;
 	if (tok_find(tok, "<|im_start|>") >= 0 && tok_find(tok, "<|im_end|>") >= 0)
-		return CHAT_CHATML;
+		return tok_find(tok, "<think>") >= 0 && tok_find(tok, "</think>") >= 0 ? CHAT_QWEN3 : CHAT_CHATML;
 	return CHAT_RAW;
 }
 

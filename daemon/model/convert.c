@@ -15,6 +15,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Bytes of one element of a (float) safetensors tensor. */
+static size_t
+elem_bytes(const struct st_tensor *t)
+{
+	return (size_t)quant_traits(t->type)->block_bytes;
+}
+
 /* The layer's tensor name.suffix, or NULL. */
 static const struct st_tensor *
 layer_tensor(const struct st_model *st, int layer, const char *suffix)
@@ -31,7 +38,7 @@ out_tensor(struct convert_out *out, int layer, const char *suffix, const struct 
     int64_t ne0, int64_t ne1, int64_t ne2)
 {
 	struct model_tensor *t = &out->t[out->n];
-	size_t es = (size_t)quant_traits(src->type)->block_bytes;
+	size_t es = elem_bytes(src);
 	char name[128];
 
 	snprintf(name, sizeof name, "blk.%d.%s", layer, suffix);
@@ -93,7 +100,6 @@ convert_gptoss_experts(const struct st_model *st, int layer, struct convert_out 
 	const struct st_tensor *gub = layer_tensor(st, layer, "gate_up_proj_bias");
 	const struct st_tensor *dn = layer_tensor(st, layer, "down_proj");
 	int64_t E, H, I2;
-	size_t es;
 	void *g, *u, *d, *gb, *ub;
 
 	out->n = 0;
@@ -104,21 +110,19 @@ convert_gptoss_experts(const struct st_model *st, int layer, struct convert_out 
 	/* GGML order: gate_up_proj [2I, H, E], down_proj [H, I, E], the bias [2I, E] */
 	I2 = gu->ne[0], H = gu->ne[1], E = gu->ne[2];
 	if (gu->n_dims != 3 || I2 % 2 != 0 || dn->n_dims != 3 || dn->ne[0] != H || dn->ne[1] != I2 / 2 ||
-	    dn->ne[2] != E || gub->n_dims != 2 || gub->ne[0] != I2 || gub->ne[1] != E || dn->type != gu->type ||
-	    gub->type != gu->type)
+	    dn->ne[2] != E || gub->n_dims != 2 || gub->ne[0] != I2 || gub->ne[1] != E)
 		return err_set(err, ERR_FORMAT, "layer %d: the experts' gate_up_proj [%lld, %lld, %lld], its bias and "
 		    "down_proj do not fit together", layer, (long long)E, (long long)H, (long long)I2);
-	es = (size_t)quant_traits(gu->type)->block_bytes;
 	if ((g = out_tensor(out, layer, "ffn_gate_exps.weight", gu, 3, H, I2 / 2, E)) == NULL ||
 	    (u = out_tensor(out, layer, "ffn_up_exps.weight", gu, 3, H, I2 / 2, E)) == NULL ||
 	    (d = out_tensor(out, layer, "ffn_down_exps.weight", dn, 3, I2 / 2, H, E)) == NULL ||
 	    (gb = out_tensor(out, layer, "ffn_gate_exps.bias", gub, 2, I2 / 2, E, 1)) == NULL ||
 	    (ub = out_tensor(out, layer, "ffn_up_exps.bias", gub, 2, I2 / 2, E, 1)) == NULL)
 		return fail(out, err_set(err, ERR_NOMEM, "layer %d: out of memory converting the experts", layer));
-	transpose_take(g, gu->data, E, H, I2, 2, 0, es);
-	transpose_take(u, gu->data, E, H, I2, 2, 1, es);
-	transpose_take(d, dn->data, E, I2 / 2, H, 1, 0, es);
-	take_every(gb, gub->data, E, I2, 2, 0, es);
-	take_every(ub, gub->data, E, I2, 2, 1, es);
+	transpose_take(g, gu->data, E, H, I2, 2, 0, elem_bytes(gu));
+	transpose_take(u, gu->data, E, H, I2, 2, 1, elem_bytes(gu));
+	transpose_take(d, dn->data, E, I2 / 2, H, 1, 0, elem_bytes(dn));
+	take_every(gb, gub->data, E, I2, 2, 0, elem_bytes(gub));
+	take_every(ub, gub->data, E, I2, 2, 1, elem_bytes(gub));
 	return 0;
 }

@@ -23,8 +23,8 @@ struct convert_out {
  * [E, I, H]. Makes what llama.cpp's converter writes from them:
  * blk.L.ffn_gate_exps.weight and ffn_up_exps.weight [H, I, E],
  * ffn_down_exps.weight [I, H, E] (GGML order: rows of the input), and
- * ffn_gate_exps.bias / ffn_up_exps.bias [I, E], in the source's float
- * type, bit for bit. Returns 0 (out->n 0 if the layer has no such
+ * ffn_gate_exps.bias / ffn_up_exps.bias [I, E], each in its source's
+ * float type, bit for bit. Returns 0 (out->n 0 if the layer has no such
  * tensors), or ERR_FORMAT / ERR_UNSUPPORTED / ERR_NOMEM with a message.
  */
 int convert_gptoss_experts(const struct st_model *st, int layer, struct convert_out *out, char *err);

@@ -472,7 +472,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 				pr[d] = acc[h][k];
 				continue;
 			}
-			float o = acc[h][k] / cs[ATT_GROUP + h];
+			float o = acc[h][k] * softmax_norm(cs[h], cs[ATT_GROUP + h], hp.sinks, h0 + h);
 
 			out[row * D + d] = o;
 			if (q8.q != NULL) /* a warp holds 32 dimensions in a row: TG and D are multiples of 32 */
@@ -495,8 +495,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
  */
 __global__ void
 attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, struct cuda_q8 q8, struct cuda_h16 h16,
-    int n_split, int d,
-    int n_head, const int32_t *__restrict__ fa_tok)
+    int n_split, int d, int n_head, const int32_t *__restrict__ fa_tok, const float *__restrict__ sinks)
 {
 	pdl_wait();
 	pdl_trigger();
@@ -518,12 +517,13 @@ attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, struc
 		l += w * wl[s];
 		acc += w * pr[s * (d + 2) + threadIdx.x];
 	}
-	out[(size_t)blockIdx.x * d + threadIdx.x] = acc / l;
+	acc *= softmax_norm(mx, l, sinks, blockIdx.x % n_head);
+	out[(size_t)blockIdx.x * d + threadIdx.x] = acc;
 	if (q8.q != NULL) /* whole warps: blockDim.x == d, a multiple of 32 */
-		q8_store1(q8, blockIdx.x / n_head, n_head * d, (blockIdx.x % n_head) * d + threadIdx.x, acc / l);
+		q8_store1(q8, blockIdx.x / n_head, n_head * d, (blockIdx.x % n_head) * d + threadIdx.x, acc);
 	if (h16.h != NULL)
 		f16_store1(h16, blockIdx.x / n_head, (size_t)blockIdx.x * d + threadIdx.x,
-		    blockIdx.x % n_head == 0 && threadIdx.x == 0, acc / l);
+		    blockIdx.x % n_head == 0 && threadIdx.x == 0, acc);
 }
 
 int
@@ -704,6 +704,6 @@ cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h1
 	if (rc != 0 || n_split == 1)
 		return rc;
 	CK(cuda_launch(attn_merge_kernel, dim3((unsigned)(n_tok * hd->n_head)), dim3(hd->head_dim), 0, st, kv->part,
-	    out, q8, h16, (int)n_split, hd->head_dim, hd->n_head, kv->fa_tok));
+	    out, q8, h16, (int)n_split, hd->head_dim, hd->n_head, kv->fa_tok, hd->sinks));
 	return 0;
 }

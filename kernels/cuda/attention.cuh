@@ -78,7 +78,26 @@ struct cuda_heads {
 	int neox;                       /* pairs (i, i + d/2) instead of (2i, 2i + 1) */
 	float scale;                    /* of q.k */
 	int window;                     /* sliding window; 0: none */
+	const float *sinks;             /* a logit per head that joins its softmax with no value; or NULL */
 };
+
+/*
+ * What a head's weighted values are multiplied by at the end of a softmax
+ * whose scores had the largest m and summed l (as e^(score - m), or with
+ * base2 2^(score - m) of scores in log2 units): 1 / l, or, with head h's
+ * attention sink in the softmax, its share taken out.
+ */
+static __device__ __forceinline__ float
+softmax_norm(float m, float l, const float *sinks, int h, bool base2 = false)
+{
+	float s, top, f;
+
+	if (sinks == NULL)
+		return 1.0f / l;
+	s = base2 ? sinks[h] * 1.4426950408889634f : sinks[h], top = fmaxf(m, s);
+	f = base2 ? exp2f(m - top) : expf(m - top);
+	return f / (l * f + (base2 ? exp2f(s - top) : expf(s - top)));
+}
 
 /* Dimension pair (a, b) rotated by ang, the position times the pair's frequency (RoPE). */
 static __device__ __forceinline__ void

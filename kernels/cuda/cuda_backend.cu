@@ -32,6 +32,7 @@
 #include "cuda_common.cuh"
 #include "dequant.cuh"
 #include "matmul.cuh"
+#include "moe.cuh"
 #include "norm.cuh"
 #include "pick.cuh"
 
@@ -90,11 +91,16 @@ struct prof {
 	int64_t steps, tokens;
 };
 
-/* One layer on the GPU: matrices as stored, small weights as float (or NULL). */
+/*
+ * One layer on the GPU: matrices as stored, small weights as float (or
+ * NULL); its experts as moe.cuh's (the upload keeps each expert's gate and
+ * up one after the other, the experts in order).
+ */
 struct cuda_layer {
 	struct cuda_weight wq, wk, wv, wo, w_gate, w_up, w_down;
+	struct cuda_moe moe;
 	float *attn_norm, *ffn_norm, *post_attn_norm, *post_ffn_norm;
-	float *q_norm, *k_norm, *bq, *bk, *bv;
+	float *q_norm, *k_norm, *bq, *bk, *bv, *bo, *sinks;
 };
 
 /*
@@ -146,6 +152,7 @@ struct backend {
 	/* activations, max_tokens rows each (logits: LOGIT_ROWS) */
 	float *x, *h, *q, *k, *v, *att, *gate, *up, *ffn_out, *logits;
 	float *att_part;             /* the pieces of split attention */
+	struct cuda_moe_scratch moe; /* experts: the routing and rows of a step (max_tokens x n_expert_used) */
 	int32_t *dev_argmax, *host_argmax; /* the greedy picks of a step's logits rows (host: pinned) */
 	char *stage;                 /* 2 x KV_STAGE_BYTES, pinned; NULL until the first copy */
 	cudaEvent_t stage_ev[2];     /* the last copy through each */
@@ -322,9 +329,18 @@ prof_close(struct prof *p)
 
 /* ---- sizes ---- */
 
-/* The widths the activations need. */
+/*
+ * The widths the activations need. With experts, the rows of their
+ * products are every token's choices (R = max_tokens x n_expert_used), and
+ * the scratch forms of a product's input (fp16, int8) hold as many rows.
+ */
 struct dims {
 	size_t T, embd, nq, nkv, ff, widest, vocab;
+	size_t R, E, F;              /* expert rows, experts, an expert's width; 0 without experts */
+	size_t ffn;                  /* floats of each of gate and up */
+	size_t forms;                /* elements of the fp16 and int8 forms of a product's input */
+	size_t scales;               /* rows of the fp16 form */
+	size_t tiles;                /* ints of the grouped products' tile table */
 };
 
 static struct dims
@@ -336,10 +352,25 @@ model_dims(const struct model_hparams *hp, int max_tokens)
 	d.embd = (size_t)hp->n_embd;
 	d.nq = (size_t)hp->n_head * (size_t)hp->head_dim;
 	d.nkv = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
-	d.ff = (size_t)hp->n_ff;
+	d.E = hp->n_expert > 0 ? (size_t)hp->n_expert : 0;
+	d.R = d.E > 0 ? d.T * (size_t)hp->n_expert_used : 0;
+	d.F = d.E > 0 ? (size_t)hp->n_ff_exp : 0;
+	d.ff = d.E > 0 ? d.F : (size_t)hp->n_ff;
 	d.widest = MAX(MAX(d.embd, d.ff), d.nq);
 	d.vocab = (size_t)hp->n_vocab;
+	d.ffn = d.E > 0 ? d.R * d.F : d.T * d.ff;
+	d.forms = MAX(d.T * d.widest, d.R * MAX(d.embd, d.F));
+	d.scales = MAX(d.T, d.R);
+	d.tiles = d.E > 0 ? 1 + 3 * (size_t)cuda_moe_max_tiles((int)d.R, (int)d.E, 16) : 0;
 	return d;
+}
+
+/* Bytes of the experts' routing arrays: four ints and a float a row, the tile table. */
+static size_t
+route_bytes(const struct dims *d)
+{
+	return d->E > 0 ? align_up(d->R * sizeof(int32_t)) * 4 + floats_bytes(d->R) + align_up(d->tiles * sizeof(int32_t)) +
+	    floats_bytes(d->T * d->E) + floats_bytes(d->R * d->embd) : 0;
 }
 
 /* Bytes of the activations and their fp16 copy. */
@@ -350,12 +381,43 @@ activation_bytes(const struct dims *d)
 
 	return floats_bytes(d->T * d->embd) * 2 + floats_bytes(d->T * d->widest) +
 	    floats_bytes(d->T * d->nq) * 2 + floats_bytes(d->T * d->nkv) * 2 +
-	    floats_bytes(d->T * d->ff) * 2 + floats_bytes(logit_rows * d->vocab) +
-	    align_up(d->T * d->widest * sizeof(__half)) + floats_bytes(d->T) +
-	    align_up(d->T * 2 * d->widest) + align_up(d->T * d->widest / 32 * sizeof(float2)) +
+	    floats_bytes(d->ffn) * 2 + floats_bytes(logit_rows * d->vocab) +
+	    align_up(d->forms * sizeof(__half)) + floats_bytes(d->scales) +
+	    align_up(d->forms * 2) + align_up(d->forms / 32 * sizeof(float2)) +
 	    align_up(CUDA_ARGMAX_PARTS(logit_rows) * sizeof(float2)) + align_up(d->T * sizeof(struct fwd_pick)) +
-	    align_up(PEN_INTS(d->T) * sizeof(int32_t)) + floats_bytes(d->T) +
+	    align_up(PEN_INTS(d->T) * sizeof(int32_t)) + floats_bytes(d->T) + route_bytes(d) +
 	    (d->vocab <= FWD_PICK_MAX_VOCAB ? align_up(CUDA_PICK_SCRATCH(logit_rows, d->vocab) * sizeof(uint64_t)) : 0);
+}
+
+/*
+ * Layer L's matrices, in upload order: Q, K, V, O; then gate, up, down; or,
+ * with experts, the router, each expert's gate and up, then each one's
+ * down (so that each expert's gate and up are one product, and the
+ * experts' rows evenly strided). Returns how many.
+ */
+static int
+layer_matrices(const struct model_layer *L, int n_expert, const struct model_tensor **out)
+{
+	int n = 0;
+
+	out[n++] = L->wq, out[n++] = L->wk, out[n++] = L->wv, out[n++] = L->wo;
+	if (n_expert == 0) {
+		out[n++] = L->w_gate, out[n++] = L->w_up, out[n++] = L->w_down;
+		return n;
+	}
+	out[n++] = L->router;
+	for (int e = 0; e < n_expert; e++)
+		out[n++] = &L->exp_gate[e], out[n++] = &L->exp_up[e];
+	for (int e = 0; e < n_expert; e++)
+		out[n++] = &L->exp_down[e];
+	return n;
+}
+
+/* Matrices of one layer (layer_matrices). */
+static int
+layer_matrix_count(const struct model_hparams *hp)
+{
+	return hp->n_expert > 0 ? 5 + 3 * hp->n_expert : 7;
 }
 
 /* The matrices of the model, tok_embd first; the output only when not tied. */
@@ -367,12 +429,8 @@ list_matrices(const struct model_desc *m, const struct model_tensor **out)
 	out[n++] = m->tok_embd;
 	if (m->output != m->tok_embd)
 		out[n++] = m->output;
-	for (int l = 0; l < m->hp.n_layer; l++) {
-		const struct model_layer *L = &m->layers[l];
-
-		out[n++] = L->wq, out[n++] = L->wk, out[n++] = L->wv, out[n++] = L->wo;
-		out[n++] = L->w_gate, out[n++] = L->w_up, out[n++] = L->w_down;
-	}
+	for (int l = 0; l < m->hp.n_layer; l++)
+		n += layer_matrices(&m->layers[l], m->hp.n_expert, out + n);
 	return n;
 }
 
@@ -382,17 +440,20 @@ check_model(const struct model_desc *m, const struct model_tensor **mats, int n,
 {
 	const struct model_hparams *hp = &m->hp;
 
-	if (hp->n_expert > 0 || hp->attn_sinks || hp->o_bias)
-		return err_set(err, ERR_UNSUPPORTED, "%s: experts, attention sinks and output biases have no CUDA kernels "
-		    "yet (use --device cpu)", model_arch_name(m->arch));
+	if (hp->n_expert > 0 && (hp->n_expert > MOE_MAX_EXPERTS || hp->n_expert_used > MOE_MAX_USED ||
+	    !cuda_row_fits(hp->n_ff_exp)))
+		return err_set(err, ERR_UNSUPPORTED, "%d experts of %d rows, %d a token: the CUDA backend takes up to %d, "
+		    "rows a multiple of 4 up to 32768, up to %d a token", hp->n_expert, hp->n_ff_exp, hp->n_expert_used,
+		    MOE_MAX_EXPERTS, MOE_MAX_USED);
 	if (hp->head_dim % WARP != 0 || hp->head_dim > 8 * WARP)
 		return err_set(err, ERR_UNSUPPORTED, "head_dim %d: the CUDA backend wants a multiple of "
 		    "32 up to 256", hp->head_dim);
 	if (hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv != 0)
 		return err_set(err, ERR_UNSUPPORTED, "%d heads over %d KV heads", hp->n_head, hp->n_head_kv);
-	if (!cuda_row_fits(hp->n_embd) || !cuda_row_fits(hp->n_ff) || !cuda_row_fits(hp->n_head * hp->head_dim))
+	if (!cuda_row_fits(hp->n_embd) || (hp->n_expert == 0 && !cuda_row_fits(hp->n_ff)) ||
+	    !cuda_row_fits(hp->n_head * hp->head_dim))
 		return err_set(err, ERR_UNSUPPORTED, "rows of %d, %d and %d: the CUDA row kernels take multiples of 4 "
-		    "up to 32768", hp->n_embd, hp->n_ff, hp->n_head * hp->head_dim);
+		    "up to 32768", hp->n_embd, hp->n_expert > 0 ? hp->n_ff_exp : hp->n_ff, hp->n_head * hp->head_dim);
 	for (int i = 0; i < n; i++) {
 		const struct quant_traits *qt = quant_traits(mats[i]->type);
 
@@ -406,25 +467,49 @@ check_model(const struct model_desc *m, const struct model_tensor **mats, int n,
 	return 0;
 }
 
+/* A layer's small weights (norms, biases, sinks): as many as small_weights gives. */
+#define SMALL_WEIGHTS 15
+
+/* Layer L's small weights and where they go in c (NULL ones are skipped). */
+static int
+small_weights(const struct model_layer *L, struct cuda_layer *c, const struct model_tensor **t, float ***at)
+{
+	int k = 0;
+
+#define W(field) (t[k] = L->field, at[k++] = c != NULL ? &c->field : NULL)
+#define WM(field, to) (t[k] = L->field, at[k++] = c != NULL ? &c->moe.to : NULL)
+	W(attn_norm), W(ffn_norm), W(post_attn_norm), W(post_ffn_norm), W(q_norm), W(k_norm);
+	W(bq), W(bk), W(bv), W(bo), W(sinks);
+	WM(router_b, router_b), WM(exp_gate_b, gate_b), WM(exp_up_b, up_b), WM(exp_down_b, down_b);
+#undef W
+#undef WM
+	return k;
+}
+
+/* Floats of a small weight on the GPU, aligned (an expert bias is a row per expert). */
+static size_t
+small_len(const struct model_tensor *t)
+{
+	size_t a = DEV_ALIGN / sizeof(float);
+
+	return t == NULL ? 0 : ((size_t)t->ne[0] * (size_t)t->ne[1] + a - 1) / a * a;
+}
+
 /* Floats of the small weights: norms, biases, two RoPE tables (each aligned). */
 static size_t
 small_floats(const struct model_desc *m)
 {
-	const struct model_tensor *t[10];
+	const struct model_tensor *t[SMALL_WEIGHTS];
+	float **at[SMALL_WEIGHTS];
 	size_t n = 0, a = DEV_ALIGN / sizeof(float);
 
 	for (int l = 0; l < m->hp.n_layer; l++) {
-		const struct model_layer *L = &m->layers[l];
-		int k = 0;
+		int k = small_weights(&m->layers[l], NULL, t, at);
 
-		t[k++] = L->attn_norm, t[k++] = L->ffn_norm, t[k++] = L->post_attn_norm;
-		t[k++] = L->post_ffn_norm, t[k++] = L->q_norm, t[k++] = L->k_norm;
-		t[k++] = L->bq, t[k++] = L->bk, t[k++] = L->bv;
 		for (int i = 0; i < k; i++)
-			if (t[i] != NULL)
-				n += ((size_t)t[i]->ne[0] + a - 1) / a * a;
+			n += small_len(t[i]);
 	}
-	n += ((size_t)m->out_norm->ne[0] + a - 1) / a * a;
+	n += small_len(m->out_norm);
 	return n + 2 * (((size_t)m->hp.head_dim / 2 + a - 1) / a * a);
 }
 
@@ -577,16 +662,16 @@ weight_of(const struct backend *b, const struct model_tensor **mats, int n, cons
 }
 
 
-/* Appends a 1-D weight as float to the host buffer; returns its device address. */
+/* Appends a small weight as float to the host buffer; returns its device address. */
 static float *
 add_small(const struct model_tensor *t, float *host, size_t *used, float *dev)
 {
-	size_t a = DEV_ALIGN / sizeof(float), at = *used;
+	size_t at = *used;
 
 	if (t == NULL)
 		return NULL;
-	quant_dequantize(t->type, t->data, host + at, t->ne[0]);
-	*used += ((size_t)t->ne[0] + a - 1) / a * a;
+	quant_dequantize(t->type, t->data, host + at, t->ne[0] * t->ne[1]);
+	*used += small_len(t);
 	return dev + at;
 }
 
@@ -617,18 +702,12 @@ upload_smalls(struct backend *b, char *err)
 	}
 	dev = b->smalls;
 	for (int l = 0; l < hp->n_layer; l++) {
-		const struct model_layer *L = &m->layers[l];
-		struct cuda_layer *c = &b->layers[l];
+		const struct model_tensor *t[SMALL_WEIGHTS];
+		float **at[SMALL_WEIGHTS];
+		int k = small_weights(&m->layers[l], &b->layers[l], t, at);
 
-		c->attn_norm = add_small(L->attn_norm, host, &used, dev);
-		c->ffn_norm = add_small(L->ffn_norm, host, &used, dev);
-		c->post_attn_norm = add_small(L->post_attn_norm, host, &used, dev);
-		c->post_ffn_norm = add_small(L->post_ffn_norm, host, &used, dev);
-		c->q_norm = add_small(L->q_norm, host, &used, dev);
-		c->k_norm = add_small(L->k_norm, host, &used, dev);
-		c->bq = add_small(L->bq, host, &used, dev);
-		c->bk = add_small(L->bk, host, &used, dev);
-		c->bv = add_small(L->bv, host, &used, dev);
+		for (int i = 0; i < k; i++)
+			*at[i] = add_small(t[i], host, &used, dev);
 	}
 	b->out_norm = add_small(m->out_norm, host, &used, dev);
 	b->inv_freq[0] = add_rope(hp, 0, host, &used, dev);
@@ -644,6 +723,25 @@ static size_t
 part_bytes(int device, const struct model_hparams *hp)
 {
 	return floats_bytes((size_t)cuda_attention_part_rows(device) * ((size_t)hp->head_dim + 2));
+}
+
+/* The experts' routing arrays, router logits and down rows (their gate and up rows are the backend's). */
+static int
+alloc_moe(struct backend *b, const struct dims *d, char *err)
+{
+	struct cuda_route *r = &b->moe.route;
+	int rc;
+
+	(void)((rc = dev_alloc((void **)&r->logit, floats_bytes(d->T * d->E), "the experts' routing", err)) ||
+	    (rc = dev_alloc((void **)&r->expert, d->R * sizeof(int32_t), "the experts' routing", err)) ||
+	    (rc = dev_alloc((void **)&r->weight, floats_bytes(d->R), "the experts' routing", err)) ||
+	    (rc = dev_alloc((void **)&r->row, d->R * sizeof(int32_t), "the experts' routing", err)) ||
+	    (rc = dev_alloc((void **)&r->row_expert, d->R * sizeof(int32_t), "the experts' routing", err)) ||
+	    (rc = dev_alloc((void **)&r->row_slot, d->R * sizeof(int32_t), "the experts' routing", err)) ||
+	    (rc = dev_alloc((void **)&r->tiles, d->tiles * sizeof(int32_t), "the experts' routing", err)) ||
+	    (rc = dev_alloc((void **)&b->moe.down, floats_bytes(d->R * d->embd), "the experts' rows", err)));
+	b->moe.gate = b->gate, b->moe.up = b->up;
+	return rc;
 }
 
 /* The activations, the KV pool and the scratch. */
@@ -663,17 +761,18 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    (rc = dev_alloc((void **)&b->att, floats_bytes(T * d->nq), "activations", err)) ||
 	    (rc = dev_alloc((void **)&b->k, floats_bytes(T * d->nkv), "activations", err)) ||
 	    (rc = dev_alloc((void **)&b->v, floats_bytes(T * d->nkv), "activations", err)) ||
-	    (rc = dev_alloc((void **)&b->gate, floats_bytes(T * d->ff), "activations", err)) ||
-	    (rc = dev_alloc((void **)&b->up, floats_bytes(T * d->ff), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->gate, floats_bytes(d->ffn), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->up, floats_bytes(d->ffn), "activations", err)) ||
 	    (rc = dev_alloc((void **)&b->ffn_out, floats_bytes(T * d->embd), "activations", err)) ||
 	    (rc = dev_alloc((void **)&b->logits, floats_bytes(MIN(T, (size_t)LOGIT_ROWS) * d->vocab),
 	    "logits", err)) ||
-	    (rc = dev_alloc((void **)&b->mm.xh, T * d->widest * sizeof(__half), "fp16 activations", err)) ||
-	    (rc = dev_alloc((void **)&b->mm.xscale, floats_bytes(T), "fp16 activations", err)) ||
+	    (rc = dev_alloc((void **)&b->mm.xh, d->forms * sizeof(__half), "fp16 activations", err)) ||
+	    (rc = dev_alloc((void **)&b->mm.xscale, floats_bytes(d->scales), "fp16 activations", err)) ||
 	    /* exact mode keeps float activations: no int8 copies, so the int8 kernels stay off */
-	    (!b->exact && (rc = dev_alloc((void **)&b->mm.xq, T * 2 * d->widest, "int8 activations", err))) ||
-	    (!b->exact && (rc = dev_alloc((void **)&b->mm.xd, T * d->widest / 32 * sizeof(float2),
+	    (!b->exact && (rc = dev_alloc((void **)&b->mm.xq, d->forms * 2, "int8 activations", err))) ||
+	    (!b->exact && (rc = dev_alloc((void **)&b->mm.xd, d->forms / 32 * sizeof(float2),
 	    "int8 activations", err))) ||
+	    (d->E > 0 && (rc = alloc_moe(b, d, err))) ||
 	    (rc = dev_alloc((void **)&b->mm.wh, (size_t)wh_elems * sizeof(__half), "fp16 weight tiles",
 	    err)) ||
 	    (rc = dev_alloc(&b->blas_ws, BLAS_WORKSPACE, "the cuBLAS workspace", err)) ||
@@ -819,7 +918,7 @@ plan_sizes(const struct model_desc *m, const struct backend_opts *o, const struc
 static int
 matrices(const struct model_desc *m, const struct model_tensor ***mats, size_t **off)
 {
-	size_t cap = 2 + 7 * (size_t)m->hp.n_layer;
+	size_t cap = 2 + (size_t)layer_matrix_count(&m->hp) * (size_t)m->hp.n_layer;
 
 	*mats = (const struct model_tensor **)xcalloc(cap, sizeof **mats);
 	*off = (size_t *)xcalloc(cap, sizeof **off);
@@ -840,6 +939,57 @@ cuda_plan(const struct model_desc *m, const struct backend_opts *o, uint64_t *fi
 	}
 	free(mats), free(off);
 	return rc;
+}
+
+/* Matrix i of a layer's (mats, off from its first) as uploaded. */
+static struct cuda_weight
+uploaded(const struct backend *b, const struct model_tensor **mats, const size_t *off, int i)
+{
+	struct cuda_weight w = form_of(mats[i]);
+
+	w.d = b->weights + off[i];
+	return w;
+}
+
+/*
+ * Layer l's weights where the upload put them (its matrices, in
+ * layer_matrices' order, from mats and off). Experts are multiplied as one
+ * weight whose experts are evenly strided: each expert's gate and up one
+ * run, every expert alike. ERR_UNSUPPORTED for experts that are not.
+ */
+static int
+layer_weights(struct backend *b, int l, const struct model_tensor **mats, const size_t *off, char *err)
+{
+	struct cuda_layer *c = &b->layers[l];
+	int E = b->m->hp.n_expert, ok = 1;
+
+	c->wq = uploaded(b, mats, off, 0), c->wk = uploaded(b, mats, off, 1);
+	c->wv = uploaded(b, mats, off, 2), c->wo = uploaded(b, mats, off, 3);
+	if (E == 0) {
+		c->w_gate = uploaded(b, mats, off, 4), c->w_up = uploaded(b, mats, off, 5);
+		c->w_down = uploaded(b, mats, off, 6);
+		return 0;
+	}
+	c->moe.router = uploaded(b, mats, off, 4);
+	c->moe.gu = uploaded(b, mats, off, 5);
+	c->moe.down = uploaded(b, mats, off, 5 + 2 * E);
+	c->moe.gu_stride = 2 * (size_t)c->moe.gu.n * c->moe.gu.row_bytes;
+	c->moe.down_stride = (size_t)c->moe.down.n * c->moe.down.row_bytes;
+	for (int e = 0; e < E; e++) {
+		struct cuda_weight g = uploaded(b, mats, off, 5 + 2 * e), u = uploaded(b, mats, off, 6 + 2 * e);
+		struct cuda_weight d = uploaded(b, mats, off, 5 + 2 * E + e);
+
+		ok &= cuda_weight_follows(&g, &u) && g.type == c->moe.gu.type && g.n == c->moe.gu.n &&
+		    g.d == c->moe.gu.d + (size_t)e * c->moe.gu_stride && d.type == c->moe.down.type &&
+		    d.d == c->moe.down.d + (size_t)e * c->moe.down_stride;
+	}
+	if (!ok)
+		return err_set(err, ERR_UNSUPPORTED, "layer %d: experts of different types or sizes (the CUDA backend "
+		    "multiplies a layer's experts as one weight)", l);
+	c->moe.gu.n *= 2;
+	c->moe.act.kind = b->m->hp.act, c->moe.act.alpha = b->m->hp.glu_alpha, c->moe.act.limit = b->m->hp.glu_limit;
+	c->moe.n_expert = E, c->moe.n_used = b->m->hp.n_expert_used, c->moe.norm = b->m->hp.expert_norm;
+	return 0;
 }
 
 /* Everything load does, in order; on failure the caller frees what was made. */
@@ -870,18 +1020,9 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 		goto out;
 	b->tok_embd = weight_of(b, mats, n, off, m->tok_embd);
 	b->output = weight_of(b, mats, n, off, m->output);
-	for (int l = 0; l < m->hp.n_layer; l++) {
-		const struct model_layer *L = &m->layers[l];
-		struct cuda_layer *c = &b->layers[l];
-
-		c->wq = weight_of(b, mats, n, off, L->wq);
-		c->wk = weight_of(b, mats, n, off, L->wk);
-		c->wv = weight_of(b, mats, n, off, L->wv);
-		c->wo = weight_of(b, mats, n, off, L->wo);
-		c->w_gate = weight_of(b, mats, n, off, L->w_gate);
-		c->w_up = weight_of(b, mats, n, off, L->w_up);
-		c->w_down = weight_of(b, mats, n, off, L->w_down);
-	}
+	for (int l = 0, i = m->output != m->tok_embd ? 2 : 1; l < m->hp.n_layer; l++, i += layer_matrix_count(&m->hp))
+		if ((rc = layer_weights(b, l, mats + i, off + i, err)) != 0)
+			goto out;
 	b->mm.mmv_max = mmv_max(b->exact);
 	b->mm.mmt_max = MIN(env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS), MMT_MAX_TOKENS);
 	b->use_graphs = env_int("RESIDENT_CUDA_GRAPHS", 1) != 0;
@@ -936,6 +1077,9 @@ cuda_free(struct backend *b)
 	cudaFree(b->mm.xq), cudaFree(b->mm.xd), cudaFree(b->mm.part);
 	cudaFree(b->dev_ints), cudaFree(b->att_part), cudaFree(b->dev_argmax), cudaFree(b->argmax_part);
 	cudaFree(b->dev_pick), cudaFree(b->dev_pen), cudaFree(b->dev_lp), cudaFree(b->pick_part);
+	cudaFree(b->moe.route.logit), cudaFree(b->moe.route.expert), cudaFree(b->moe.route.weight);
+	cudaFree(b->moe.route.row), cudaFree(b->moe.route.row_expert), cudaFree(b->moe.route.row_slot);
+	cudaFree(b->moe.route.tiles), cudaFree(b->moe.down);
 	if (b->host_argmax != NULL)
 		cudaFreeHost(b->host_argmax);
 	if (b->host_pick != NULL)
@@ -1054,6 +1198,7 @@ heads_of(const struct backend *b, int l)
 	hd.neox = hp->rope == ROPE_NEOX;
 	hd.scale = hp->attn_scale;
 	hd.window = swa ? hp->sliding_window : 0;
+	hd.sinks = c->sinks;
 	return hd;
 }
 
@@ -1095,6 +1240,17 @@ formed(const struct backend *b, int T, const struct cuda_weight *w)
 	return h16_of(b, T).h != NULL || q8_of(b, T, w).q != NULL;
 }
 
+/* The int8 form of layer l's normed input that its experts' slots read (NULL: none). */
+static struct cuda_q8
+q8_of_experts(const struct backend *b, int T, int l)
+{
+	struct cuda_q8 q = { NULL, NULL };
+
+	if (!cuda_moe_grouped(&b->mm, &b->layers[l].moe, T) && cuda_matmul_int8(&b->mm, &b->layers[l].moe.gu))
+		q.q = b->mm.xq, q.d = b->mm.xd;
+	return q;
+}
+
 /* The attention half of layer l; h (or its fp16 form) holds the normed input, x gets the residual. */
 static int
 attention(struct backend *b, int T, int l, const struct step_ints *dev, char *err)
@@ -1133,8 +1289,46 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	    err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
+	if (c->bo != NULL && (rc = cuda_add_bias(b->ffn_out, c->bo, T, embd, b->stream, err)) != 0)
+		return rc;
+	if (hp->n_expert > 0) { /* the router and the gathering read the float rows */
+		struct cuda_h16 none = { NULL, NULL };
+
+		return cuda_residual_norm(b->x, b->ffn_out, c->post_attn_norm, c->ffn_norm, b->h, none,
+		    q8_of_experts(b, T, l), T, embd, nm, b->stream, err);
+	}
 	return cuda_residual_norm(b->x, b->ffn_out, c->post_attn_norm, c->ffn_norm, b->h, h16_of(b, T),
 	    q8_of(b, T, &c->w_gate), T, embd, nm, b->stream, err);
+}
+
+/* Layer l's experts on the normed rows in h (and their int8 form, q8_of_experts), into ffn_out. */
+static int
+moe_ffn(struct backend *b, int T, int l, char *err)
+{
+	prof_mark(b, PH_MATMUL);
+	return cuda_moe_ffn(&b->mm, &b->layers[l].moe, &b->moe, b->h, b->m->hp.n_embd, T, q8_of_experts(b, T, l).q != NULL,
+	    b->ffn_out, err);
+}
+
+/* The dense feed-forward of layer l on the normed rows in h (or their forms), into ffn_out. */
+static int
+dense_ffn(struct backend *b, int T, int l, char *err)
+{
+	const struct model_hparams *hp = &b->m->hp;
+	const struct cuda_layer *c = &b->layers[l];
+	int embd = hp->n_embd, ff = hp->n_ff, rc, ld[2] = { ff, ff };
+	const struct cuda_weight *wgu[2] = { &c->w_gate, &c->w_up };
+	float *gu[2] = { b->gate, b->up };
+
+	prof_mark(b, PH_MATMUL);
+	if ((rc = cuda_matmul_multi(&b->mm, wgu, 2, b->h, embd, T, gu, ld, formed(b, T, &c->w_gate), err)) != 0)
+		return rc;
+	prof_mark(b, PH_NORM);
+	if ((rc = cuda_glu(b->gate, b->up, T, ff, hp->act == ACT_GELU, h16_of(b, T), q8_of(b, T, &c->w_down),
+	    b->cluster_sms, b->stream, err)) != 0)
+		return rc;
+	prof_mark(b, PH_MATMUL);
+	return cuda_matmul(&b->mm, &c->w_down, b->gate, ff, T, b->ffn_out, embd, formed(b, T, &c->w_down), err);
 }
 
 /* The feed-forward half of layer l; ends with the next layer's input norm in h. */
@@ -1145,26 +1339,13 @@ feed_forward(struct backend *b, int T, int l, char *err)
 	const struct cuda_layer *c = &b->layers[l];
 	const struct cuda_layer *nl = l + 1 < hp->n_layer ? &b->layers[l + 1] : NULL;
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
-	int embd = hp->n_embd, ff = hp->n_ff, rc, ld[2] = { ff, ff };
-	const struct cuda_weight *wgu[2] = { &c->w_gate, &c->w_up };
-	float *gu[2] = { b->gate, b->up };
+	int rc = hp->n_expert > 0 ? moe_ffn(b, T, l, err) : dense_ffn(b, T, l, err);
 
-	struct cuda_h16 h16 = h16_of(b, T);
-
-	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul_multi(&b->mm, wgu, 2, b->h, embd, T, gu, ld, formed(b, T, &c->w_gate), err)) != 0)
+	if (rc != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
-	if ((rc = cuda_glu(b->gate, b->up, T, ff, hp->act == ACT_GELU, h16, q8_of(b, T, &c->w_down), b->cluster_sms,
-	    b->stream, err)) != 0)
-		return rc;
-	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul(&b->mm, &c->w_down, b->gate, ff, T, b->ffn_out, embd, formed(b, T, &c->w_down),
-	    err)) != 0)
-		return rc;
-	prof_mark(b, PH_NORM);
-	return cuda_residual_norm(b->x, b->ffn_out, c->post_ffn_norm, nl ? nl->attn_norm : NULL, b->h, h16,
-	    q8_of(b, T, nl ? &nl->wq : NULL), T, embd, nm, b->stream, err);
+	return cuda_residual_norm(b->x, b->ffn_out, c->post_ffn_norm, nl ? nl->attn_norm : NULL, b->h, h16_of(b, T),
+	    q8_of(b, T, nl ? &nl->wq : NULL), T, hp->n_embd, nm, b->stream, err);
 }
 
 /* Logit rows [r0, r0 + nr) (normed in h) projected into the logits buffer. */

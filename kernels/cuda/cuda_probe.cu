@@ -10,6 +10,7 @@
 #include "cuda_common.cuh"
 #include "dequant.cuh"
 #include "matmul.cuh"
+#include "moe.cuh"
 #include "norm.cuh"
 #include "pick.cuh"
 
@@ -24,7 +25,7 @@ extern "C" {
 /* Bytes of 0xff kept after every buffer a kernel writes; any other value there is a stray write. */
 #define GUARD 256
 /* Device buffers one call may hold. */
-#define MAX_BUFS 20
+#define MAX_BUFS 24
 
 /* A device buffer of `bytes` followed by GUARD bytes of 0xff. */
 struct dbuf {
@@ -660,6 +661,7 @@ heads_upload(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_head
 	ch->nm.offset = hd->norm_offset, ch->nm.eps = hd->norm_eps;
 	ch->inv_freq = (const float *)d[5];
 	ch->pos_div = hd->pos_div, ch->neox = hd->neox, ch->scale = hd->scale, ch->window = hd->window;
+	ch->sinks = NULL;
 	ck->pool = d[6];
 	ck->f32 = kv->f32;
 	ck->part = NULL;
@@ -939,6 +941,83 @@ cuda_probe_pick(struct cuda_probe *p, const float *x, int n_rows, int n, const s
 {
 	struct bufs bs = {};
 	int rc = pick_run(p, &bs, x, n_rows, n, how, pen_tok, pen_cnt, n_pairs, ids, logprob, err);
+
+	bufs_free(&bs);
+	return rc;
+}
+
+/* A device copy of n floats of host, or NULL for NULL. */
+static int
+floats_opt(struct cuda_probe *p, struct bufs *bs, const float *host, size_t n, float **out, char *err)
+{
+	return buf_opt(p, bs, host, n * sizeof(float), (void **)out, err);
+}
+
+/* The routing's arrays and the experts' rows of R rows, poisoned, as scratch. */
+static int
+moe_scratch(struct cuda_probe *p, struct bufs *bs, int n_tok, int n_expert, int R, int64_t d, int64_t f,
+    struct cuda_moe_scratch *s, char *err)
+{
+	struct cuda_route *r = &s->route;
+	size_t ib = (size_t)R * sizeof(int32_t);
+	int rc;
+
+	memset(s, 0, sizeof *s);
+	(void)((rc = buf_new(p, bs, NULL, (size_t)n_tok * n_expert * sizeof(float), 1, (void **)&r->logit, err)) ||
+	    (rc = buf_new(p, bs, NULL, ib, 1, (void **)&r->expert, err)) ||
+	    (rc = buf_new(p, bs, NULL, (size_t)R * sizeof(float), 1, (void **)&r->weight, err)) ||
+	    (rc = buf_new(p, bs, NULL, ib, 1, (void **)&r->row, err)) ||
+	    (rc = buf_new(p, bs, NULL, ib, 1, (void **)&r->row_expert, err)) ||
+	    (rc = buf_new(p, bs, NULL, ib, 1, (void **)&r->row_slot, err)) ||
+	    (rc = buf_new(p, bs, NULL, (1 + 3 * (size_t)cuda_moe_max_tiles(R, n_expert, 16)) * sizeof(int32_t), 1,
+	    (void **)&r->tiles, err)) ||
+	    (rc = buf_new(p, bs, NULL, (size_t)R * (size_t)f * sizeof(float), 1, (void **)&s->gate, err)) ||
+	    (rc = buf_new(p, bs, NULL, (size_t)R * (size_t)f * sizeof(float), 1, (void **)&s->up, err)) ||
+	    (rc = buf_new(p, bs, NULL, (size_t)R * (size_t)d * sizeof(float), 1, (void **)&s->down, err)));
+	return rc;
+}
+
+static int
+moe_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_moe *mo, const float *x, int n_tok,
+    enum cuda_probe_path path, float *out, int32_t *expert, float *weight, char *err)
+{
+	struct cuda_moe e = {};
+	struct cuda_moe_scratch s;
+	int64_t d = mo->router.k, f = mo->down.k;
+	int R = n_tok * mo->n_used, rc;
+	float *dx, *dout;
+
+	if ((rc = weight_up(p, bs, &mo->router, &e.router, err)) != 0 || (rc = weight_up(p, bs, &mo->gate_up, &e.gu, err)) != 0 ||
+	    (rc = weight_up(p, bs, &mo->down, &e.down, err)) != 0)
+		return rc;
+	e.gu.n = 2 * f, e.down.n = d;
+	e.gu_stride = (size_t)e.gu.n * e.gu.row_bytes, e.down_stride = (size_t)e.down.n * e.down.row_bytes;
+	e.act.kind = mo->act, e.act.alpha = mo->alpha, e.act.limit = mo->limit;
+	e.n_expert = mo->n_expert, e.n_used = mo->n_used, e.norm = mo->norm;
+	probe_path(p, path);
+	if ((rc = floats_opt(p, bs, mo->router_b, (size_t)mo->n_expert, &e.router_b, err)) != 0 ||
+	    (rc = floats_opt(p, bs, mo->gate_b, (size_t)(mo->n_expert * f), &e.gate_b, err)) != 0 ||
+	    (rc = floats_opt(p, bs, mo->up_b, (size_t)(mo->n_expert * f), &e.up_b, err)) != 0 ||
+	    (rc = floats_opt(p, bs, mo->down_b, (size_t)(mo->n_expert * d), &e.down_b, err)) != 0 ||
+	    (rc = moe_scratch(p, bs, n_tok, mo->n_expert, R, d, f, &s, err)) != 0 ||
+	    (rc = mm_scratch(p, MAX(d, f), R, 1, 0, err)) != 0 || (rc = int8_scratch(p, path, MAX(d, f), R, err)) != 0 ||
+	    (rc = buf_new(p, bs, x, (size_t)n_tok * (size_t)d * sizeof(float), 0, (void **)&dx, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, (size_t)n_tok * (size_t)d * sizeof(float), 1, (void **)&dout, err)) != 0)
+		return rc;
+	if ((rc = cuda_moe_ffn(&p->mm, &e, &s, dx, (int)d, n_tok, 0, dout, err)) != 0 ||
+	    (rc = finish(p, bs, "cuda_moe_ffn", err)) != 0 ||
+	    (rc = fetch(p, out, dout, (size_t)n_tok * (size_t)d * sizeof(float), err)) != 0 ||
+	    (rc = fetch(p, expert, s.route.expert, (size_t)R * sizeof(int32_t), err)) != 0)
+		return rc;
+	return fetch(p, weight, s.route.weight, (size_t)R * sizeof(float), err);
+}
+
+extern "C" int
+cuda_probe_moe(struct cuda_probe *p, const struct cuda_probe_moe *mo, const float *x, int n_tok,
+    enum cuda_probe_path path, float *out, int32_t *expert, float *weight, char *err)
+{
+	struct bufs bs = {};
+	int rc = moe_run(p, &bs, mo, x, n_tok, path, out, expert, weight, err);
 
 	bufs_free(&bs);
 	return rc;

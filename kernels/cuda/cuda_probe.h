@@ -111,6 +111,27 @@ int cuda_probe_norm_rows(struct cuda_probe *p, const float *x, int n_x, const in
 int cuda_probe_glu(struct cuda_probe *p, float *a, const float *b, int n_rows, int n, int gelu, uint16_t *hh,
     float *hscale, int8_t *q, float *qd, char *err);
 
+/* A layer's experts as stored, for cuda_probe_moe. */
+struct cuda_probe_moe {
+	int n_expert, n_used;
+	int norm;                           /* the weights a softmax over the chosen logits (else over all) */
+	int act;                            /* enum ffn_act */
+	float alpha, limit;                 /* ACT_SWIGLU_OAI */
+	struct cuda_probe_weight router;    /* n_expert rows of the model's width */
+	struct cuda_probe_weight gate_up;   /* n_expert x 2f rows: each expert's f gate rows, then its f up rows */
+	struct cuda_probe_weight down;      /* n_expert x width rows of f */
+	const float *router_b, *gate_b, *up_b, *down_b; /* or NULL: n_expert, n_expert x f (twice), n_expert x width */
+};
+/*
+ * cuda_moe_ffn on x (n_tok rows of the model's width) into out, on a path:
+ * CUDA_PROBE_MATVEC (every token's choices as float slots),
+ * CUDA_PROBE_INT8 (slots, int8 activations where the types take them) or
+ * CUDA_PROBE_GEMM (the rows grouped by expert, on the tensor cores where
+ * the types allow); expert and weight (n_tok x n_used) get the routing.
+ */
+int cuda_probe_moe(struct cuda_probe *p, const struct cuda_probe_moe *mo, const float *x, int n_tok,
+    enum cuda_probe_path path, float *out, int32_t *expert, float *weight, char *err);
+
 /* One layer's heads, as struct cuda_heads but with the RoPE base instead of a table. */
 struct cuda_probe_heads {
 	int n_head, n_head_kv, head_dim;

@@ -247,15 +247,71 @@ deq8<TT_Q6_KG>(const uint8_t *__restrict__ row, int c, float *v)
 	}
 }
 
+/*
+ * MXFP4G: MXFP4 as the GPU holds it. Its 17-byte blocks (an e8m0 scale,
+ * 16 bytes of e2m1 pairs) are regrouped at load so that every load is
+ * aligned: each group of up to 8 blocks is 16 bytes of their scales, then
+ * their 16-byte quants as in the file (element j of a block in the low
+ * nibble of byte j, j + 16 in the high one).
+ */
+#define TT_MXFP4G (0x100 | TT_MXFP4)
+#define MX4G_GROUP (16 + 8 * 16)
+
+/* Block b's quants in an MXFP4G row. */
+static __device__ __forceinline__ const uint8_t *
+mx4g_qs(const uint8_t *row, int b)
+{
+	return row + (size_t)(b >> 3) * MX4G_GROUP + 16 + 16 * (b & 7);
+}
+
+/* Block b's scale in an MXFP4G row: half of 2^(e - 127), for the doubled values (ggml_e8m0_to_fp32_half). */
+static __device__ __forceinline__ float
+mx4g_d(const uint8_t *row, int b)
+{
+	uint32_t e = __ldg(row + (size_t)(b >> 3) * MX4G_GROUP + (b & 7));
+
+	return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
+/* Four e2m1 codes (one a byte, low nibbles) as the signed bytes of their doubled values (kvalues_mxfp4). */
+static __device__ __forceinline__ uint32_t
+mx4_values(uint32_t codes)
+{
+	uint32_t mag = codes & 0x07070707u, neg = (codes >> 3) & 0x01010101u;
+	/* magnitudes 0 1 2 3 4 6 8 12 by byte permute: each byte's 3-bit code selects one */
+	uint32_t sel = (mag & 0x7u) | (mag >> 4 & 0x70u) | (mag >> 8 & 0x700u) | (mag >> 12 & 0x7000u);
+	uint32_t v = __byte_perm(0x03020100u, 0x0c080604u, sel);
+
+	return __vsub4(v ^ neg * 0xffu, neg * 0xffu); /* negated where the sign bit was set */
+}
+
+/* MXFP4G: chunk c is the low (c % 4 < 2) or high nibbles of 8 quant bytes, times the block's scale. */
+template <>
+__device__ __forceinline__ void
+deq8<TT_MXFP4G>(const uint8_t *__restrict__ row, int c, float *v)
+{
+	int b = c >> 2, j = c & 3;
+	uint2 q = __ldg((const uint2 *)(mx4g_qs(row, b) + 8 * (j & 1)));
+	uint32_t lo = mx4_values((q.x >> (4 * (j >> 1))) & 0x0f0f0f0fu);
+	uint32_t hi = mx4_values((q.y >> (4 * (j >> 1))) & 0x0f0f0f0fu);
+	float d = mx4g_d(row, b);
+
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		v[i] = d * (float)(int8_t)(lo >> (8 * i));
+		v[4 + i] = d * (float)(int8_t)(hi >> (8 * i));
+	}
+}
+
 /* X(type) for every type the GPU reads: the cases of a run-time dispatch. */
 #define DEQ_TYPES(X) X(TT_F32) X(TT_F16) X(TT_BF16) X(TT_Q8_0) X(TT_Q4_0) X(TT_Q5_0) \
-	X(TT_Q4_K) X(TT_Q5_K) X(TT_Q6_KG)
+	X(TT_Q4_K) X(TT_Q5_K) X(TT_Q6_KG) X(TT_MXFP4G)
 
 /* The type weights stored as `type` have on the GPU. */
 static inline uint32_t
 cuda_gpu_type(uint32_t type)
 {
-	return type == TT_Q6_K ? TT_Q6_KG : type;
+	return type == TT_Q6_K ? TT_Q6_KG : type == TT_MXFP4 ? TT_MXFP4G : type;
 }
 
 /* 1 if the GPU reads weights stored in this type. */

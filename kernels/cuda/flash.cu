@@ -254,10 +254,11 @@ fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_head
 
 		if (!rows[i].live)
 			continue;
+		float f = softmax_norm(rows[i].m, l, hp.sinks, h, true);
 		float *dst = out + ((size_t)(t0 + tok) * hp.n_head + h) * D + 2 * (lane % 4);
 #pragma unroll
 		for (int j = 0; j < D / 8; j++)
-			*(float2 *)(dst + 8 * j) = make_float2(o[j][2 * i] / l, o[j][2 * i + 1] / l);
+			*(float2 *)(dst + 8 * j) = make_float2(o[j][2 * i] * f, o[j][2 * i + 1] * f);
 	}
 }
 

@@ -54,12 +54,10 @@
  * are reduced within warps, then across them in shared memory.
  */
 template <int TY, int NT>
-__global__ void __launch_bounds__(MMV_WARPS * WARP)
-mmv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n,
-    const float *__restrict__ x, int ldx, struct mm_out out)
+static __device__ __forceinline__ void
+mmv_block(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n, const float *__restrict__ x, int ldx,
+    const struct mm_out &out)
 {
-	pdl_wait();
-	pdl_trigger();
 	__shared__ float red[MMV_WARPS][MMV_ROWS * NT];
 	int row0 = blockIdx.x * MMV_ROWS, lane = threadIdx.x % WARP, wp = threadIdx.x / WARP;
 	const uint8_t *r[MMV_ROWS];
@@ -110,6 +108,43 @@ mmv_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int n,
 			s += red[q][j];
 		mm_store(out, row0 + i, t, s);
 	}
+}
+
+template <int TY, int NT>
+__global__ void __launch_bounds__(MMV_WARPS * WARP)
+mmv_kernel(const uint8_t *w, size_t row_bytes, int k, int n, const float *x, int ldx, struct mm_out out)
+{
+	pdl_wait();
+	pdl_trigger();
+	mmv_block<TY, NT>(w, row_bytes, k, n, x, ldx, out);
+}
+
+/* The outputs of slot s (blockIdx.y) of a slot launch: each output's row s. */
+static __device__ __forceinline__ struct mm_out
+slot_out(struct mm_out out, int s)
+{
+#pragma unroll
+	for (int i = 0; i < MM_MAX_OUT; i++) /* constant indices: the struct stays in registers */
+		if (i < out.n)
+			out.y[i] += (size_t)s * out.ldy[i];
+	return out;
+}
+
+/*
+ * The matrix-vector kernel over expert slots (cuda_matmul_slots): block
+ * (x, s) takes rows of the expert slot s chose, by its input row.
+ */
+template <int TY>
+__global__ void __launch_bounds__(MMV_WARPS * WARP)
+mmv_slot_kernel(const uint8_t *w, size_t row_bytes, int k, int n, const float *x, int ldx, struct mm_out out,
+    struct mm_slots sl)
+{
+	pdl_wait();
+	pdl_trigger();
+	int s = blockIdx.y;
+
+	mmv_block<TY, 1>(w + (sl.expert != NULL ? (size_t)sl.expert[s] * sl.stride : 0), row_bytes, k, n,
+	    x + (size_t)(s / sl.in_div) * ldx, ldx, slot_out(out, s));
 }
 
 /* N little-endian words from a 2-byte aligned address: N + 1 aligned loads, funnel-shifted. */
@@ -314,6 +349,39 @@ template <> struct qt<TT_Q8_0> {
 	}
 };
 
+/* MXFP4G: one block, the doubled e2m1 values as int8 (dp4a takes them), times its halved scale. */
+template <> struct qt<TT_MXFP4G> {
+	static constexpr int n = 32;
+	struct W {
+		int q[8];
+		float d;
+	};
+	using X = qt<TT_Q8_0>::X;
+	static __device__ __forceinline__ void
+	load(const uint8_t *__restrict__ row, int c, W &o)
+	{
+		uint4 qs = __ldg((const uint4 *)mx4g_qs(row, c));
+		const uint32_t w[4] = { qs.x, qs.y, qs.z, qs.w };
+
+		o.d = mx4g_d(row, c);
+#pragma unroll
+		for (int i = 0; i < 4; i++) { /* elements 4i.. in the low nibbles, 16 + 4i.. in the high ones */
+			o.q[i] = (int)mx4_values(w[i] & 0x0f0f0f0fu);
+			o.q[4 + i] = (int)mx4_values((w[i] >> 4) & 0x0f0f0f0fu);
+		}
+	}
+	static __device__ __forceinline__ void
+	loadx(const int8_t *__restrict__ xq, const float2 *__restrict__ xd, int k, int t, int c, X &x)
+	{
+		qt<TT_Q8_0>::loadx(xq, xd, k, t, c, x);
+	}
+	static __device__ __forceinline__ float
+	dot(const W &w, const X &x)
+	{
+		return w.d * x.d * (float)dot2(w.q, x.h, x.l, 8);
+	}
+};
+
 /*
  * Rows of one warp of the integer kernel for NT tokens: the chunks of x
  * are read from L1 once per row group, which bounds several tokens (four
@@ -486,6 +554,25 @@ mmq_kernel(struct mm_seg a, struct mm_seg b, int nb_a, int k, const int8_t *__re
 		}
 	}
 	mmq_block<TY, NT, R, KS, QKV>(a, blockIdx.x, k, xq, xd, out, e);
+}
+
+/*
+ * The integer kernel over expert slots (cuda_matmul_slots): block (x, s)
+ * takes rows of the expert slot s chose, by the int8 form of its input
+ * row, R rows a group of KS warps as the one-token kernel.
+ */
+template <int TY, int R, int KS>
+__global__ void __launch_bounds__(MMQ_WARPS * WARP, KS > 1 ? 4 : 1)
+mmq_slot_kernel(struct mm_seg a, int k, const int8_t *__restrict__ xq, const float2 *__restrict__ xd,
+    struct mm_out out, struct mm_slots sl)
+{
+	pdl_wait();
+	pdl_trigger();
+	int s = blockIdx.y, in = s / sl.in_div;
+
+	a.w += sl.expert != NULL ? (size_t)sl.expert[s] * sl.stride : 0;
+	mmq_block<TY, 1, R, KS, false>(a, blockIdx.x, k, xq + (size_t)in * 2 * k, xd + (size_t)in * (k / 32),
+	    slot_out(out, s), mm_e<false>{});
 }
 
 /* Row t of x (k wide) in the integer kernels' form (cuda_q8). A warp per group of 32. */
@@ -694,11 +781,58 @@ matvec(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weight 
 		DEQ_TYPES(TY_CASE)
 #undef TY_CASE
 #define TQ_CASE(TY) case -TY - 1: CK(mmq_launch<TY>(nt, m->stream, w, w2, xq, xd, &o, e)); break;
-		TQ_CASE(TT_Q4_K) TQ_CASE(TT_Q6_KG) TQ_CASE(TT_Q8_0)
+		TQ_CASE(TT_Q4_K) TQ_CASE(TT_Q6_KG) TQ_CASE(TT_Q8_0) TQ_CASE(TT_MXFP4G)
 #undef TQ_CASE
 		default:
 			return err_set(err, ERR_UNSUPPORTED, "no GPU kernel for weight type %u", w->type);
 		}
+	}
+	return 0;
+}
+
+/* The slot kernel of the integer type TY, shaped as the one-token kernel for rows of k. */
+template <int TY>
+static cudaError_t
+mmq_slot_launch(cudaStream_t st, const struct cuda_weight *w, int n_slots, const int8_t *xq, const float2 *xd,
+    const struct mm_out *out, const struct mm_slots &sl)
+{
+	struct mm_seg a = { w->d, w->row_bytes, (int)w->n, 0 };
+	dim3 block(MMQ_WARPS * WARP);
+	int k = (int)w->k;
+
+	if (TY == TT_Q6_KG && k >= MMQ_WIDE_K)
+		return cuda_launch(mmq_slot_kernel<TY, 4, 2>, dim3((unsigned)mmq_blocks(w->n, 4, 2), (unsigned)n_slots),
+		    block, 0, st, a, k, xq, xd, *out, sl);
+	if (k >= MMQ_WIDE_K)
+		return cuda_launch(mmq_slot_kernel<TY, 2, 1>, dim3((unsigned)mmq_blocks(w->n, 2, 1), (unsigned)n_slots),
+		    block, 0, st, a, k, xq, xd, *out, sl);
+	return cuda_launch(mmq_slot_kernel<TY, 3, 1>, dim3((unsigned)mmq_blocks(w->n, 3, 1), (unsigned)n_slots), block,
+	    0, st, a, k, xq, xd, *out, sl);
+}
+
+int
+cuda_matmul_slots(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_in, int n_slots,
+    const struct mm_slots *sl, const struct mm_out *out, int reuse_x, char *err)
+{
+	int q = cuda_matmul_int8(m, w), rc;
+	dim3 grid((unsigned)((w->n + MMV_ROWS - 1) / MMV_ROWS), (unsigned)n_slots);
+
+	m->xq_ready = reuse_x;
+	if (q && (rc = quantize_x(m, x, ldx, (int)w->k, n_in, err)) != 0)
+		return rc;
+	switch (q ? -(int)w->type - 1 : (int)w->type) {
+#define TY_CASE(TY) \
+	case TY: \
+		CK(cuda_launch(mmv_slot_kernel<TY>, grid, dim3(MMV_WARPS * WARP), 0, m->stream, w->d, w->row_bytes, \
+		    (int)w->k, (int)w->n, x, ldx, *out, *sl)); \
+		break;
+	DEQ_TYPES(TY_CASE)
+#undef TY_CASE
+#define TQ_CASE(TY) case -TY - 1: CK(mmq_slot_launch<TY>(m->stream, w, n_slots, m->xq, m->xd, out, *sl)); break;
+	TQ_CASE(TT_Q4_K) TQ_CASE(TT_Q6_KG) TQ_CASE(TT_Q8_0) TQ_CASE(TT_MXFP4G)
+#undef TQ_CASE
+	default:
+		return err_set(err, ERR_UNSUPPORTED, "no GPU kernel for expert weights of type %u", w->type);
 	}
 	return 0;
 }
@@ -776,7 +910,7 @@ gemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, float *y, int ld
 int
 cuda_matmul_int8(const struct cuda_mm *m, const struct cuda_weight *w)
 {
-	return m->xq != NULL && (w->type == TT_Q4_K || w->type == TT_Q6_KG || w->type == TT_Q8_0);
+	return m->xq != NULL && (w->type == TT_Q4_K || w->type == TT_Q6_KG || w->type == TT_Q8_0 || w->type == TT_MXFP4G);
 }
 
 int
@@ -789,6 +923,11 @@ cuda_weight_form(uint32_t type, int64_t k, int64_t n, struct cuda_weight *w)
 		int64_t nb = k / 256;
 
 		w->row_bytes = (size_t)((nb + 7) / 8 * 16 + nb * Q6G_BODY);
+	}
+	if (w->type == TT_MXFP4G) {
+		int64_t nb = k / 32;
+
+		w->row_bytes = (size_t)((nb + 7) / 8 * 16 + nb * 16);
 	}
 	return 0;
 }
@@ -808,6 +947,21 @@ q6g_row(const uint8_t *src, int64_t nb, uint8_t *dst)
 	}
 }
 
+/* A row of nb MXFP4 blocks regrouped (TT_MXFP4G): each group of up to 8 is their scales, then their quants. */
+static void
+mx4g_row(const uint8_t *src, int64_t nb, uint8_t *dst)
+{
+	for (int64_t g = 0; g < nb; g += 8, dst += MX4G_GROUP) {
+		memset(dst, 0, 16);
+		for (int i = 0; i < 8 && g + i < nb; i++) {
+			const uint8_t *b = src + (size_t)(g + i) * 17;
+
+			dst[i] = b[0];
+			memcpy(dst + 16 + 16 * i, b + 1, 16);
+		}
+	}
+}
+
 /* Host bytes a Q6_K matrix passes through, regrouped, on its way up. */
 #define UPLOAD_STAGE ((size_t)16 << 20)
 
@@ -820,7 +974,10 @@ upload_regrouped(const struct cuda_weight *w, const uint8_t *src, size_t src_row
 		int64_t nr = MIN(run, w->n - r);
 
 		for (int64_t i = 0; i < nr; i++)
-			q6g_row(src + (size_t)(r + i) * src_row, w->k / 256, stage + (size_t)i * w->row_bytes);
+			if (w->type == TT_Q6_KG)
+				q6g_row(src + (size_t)(r + i) * src_row, w->k / 256, stage + (size_t)i * w->row_bytes);
+			else
+				mx4g_row(src + (size_t)(r + i) * src_row, w->k / 32, stage + (size_t)i * w->row_bytes);
 		CK(cudaMemcpyAsync(dev + (size_t)r * w->row_bytes, stage, (size_t)nr * w->row_bytes,
 		    cudaMemcpyHostToDevice, st));
 		CK(cudaStreamSynchronize(st)); /* before the stage is filled again */
@@ -836,12 +993,12 @@ cuda_weight_upload(const struct cuda_weight *w, const void *src, uint8_t *dev, c
 	uint8_t *stage;
 	int rc;
 
-	if (w->type != TT_Q6_KG) { /* the GPU reads the file's form */
+	if (w->type != TT_Q6_KG && w->type != TT_MXFP4G) { /* the GPU reads the file's form */
 		CK(cudaMemcpyAsync(dev, src, w->row_bytes * (size_t)w->n, cudaMemcpyHostToDevice, st));
 		CK(cudaStreamSynchronize(st));
 		return 0;
 	}
-	quant_row_bytes(TT_Q6_K, w->k, &src_row);
+	quant_row_bytes(w->type & 0xff, w->k, &src_row);
 	run = MAX((int64_t)1, MIN(w->n, (int64_t)(UPLOAD_STAGE / w->row_bytes)));
 	stage = (uint8_t *)xmalloc((size_t)run * w->row_bytes);
 	rc = upload_regrouped(w, (const uint8_t *)src, src_row, dev, stage, run, st, err);

@@ -171,8 +171,32 @@ int cuda_matmul_qkv_fits(const struct cuda_mm *m, const struct cuda_weight *cons
 int cuda_matmul_int8(const struct cuda_mm *m, const struct cuda_weight *w);
 
 /*
+ * Expert slots (mixtures of experts): slot s of a step chose expert
+ * expert[s], whose rows are stride bytes after expert 0's (expert NULL:
+ * one weight for every slot, a token's matrix-vector product), and reads
+ * input row s / in_div (a token's input, by its n_used slots; or the
+ * slot's own row).
+ */
+struct mm_slots {
+	const int32_t *expert;
+	size_t stride;
+	int in_div;
+};
+
+/*
+ * For each of n_slots slots s: the rows of the expert slot s chose (w is
+ * expert 0's weight, its outputs' rows as for any product) times its input
+ * row of x (n_in rows, ldx apart), into row s of each output of out. One
+ * launch of the matrix-vector kernels; the integer one where the type has
+ * one, on x's int8 form (made here unless reuse_x: the kernel that wrote x
+ * did). Each slot reads its expert's weights: the path of a few tokens.
+ */
+int cuda_matmul_slots(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_in, int n_slots,
+    const struct mm_slots *sl, const struct mm_out *out, int reuse_x, char *err);
+
+/*
  * The GPU form of a matrix of n rows of k elements stored as `type` (d
- * NULL): its type there (Q6_K is regrouped, TT_Q6_KG) and the bytes of a
+ * NULL): its type there (Q6_K and MXFP4 are regrouped: TT_Q6_KG, TT_MXFP4G) and the bytes of a
  * row. Returns 0, or -1 if the GPU reads no such matrix.
  */
 int cuda_weight_form(uint32_t type, int64_t k, int64_t n, struct cuda_weight *w);
@@ -208,6 +232,21 @@ int cuda_qgemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const 
  * many costs about what one of n_tok does.
  */
 int cuda_qgemm_tokens(int n_tok);
+
+/*
+ * The grouped products of a mixture of experts: tiles[0] tiles (at most
+ * max_tiles), each three ints (expert e, first row r0, rows n <= bn): the
+ * rows of expert e's weight (expert 0's is w, e's stride bytes after it)
+ * times rows r0 .. r0 + n - 1 of the fp16 tokens in m->xh (k apart,
+ * divided by m->xscale[row]), into the same rows of out. A weight is read
+ * once per tile of its rows, however many tokens chose it. One launch; the
+ * tiles come from the device (no host round trip): the grid is max_tiles.
+ */
+int cuda_qgemm_grouped(struct cuda_mm *m, const struct cuda_weight *w, size_t stride, int n_rows, const int32_t *tiles,
+    int max_tiles, int bn, const struct mm_out *out, char *err);
+
+/* Tokens of a grouped product's tiles for n_rows rows over about n_groups experts: a tile shape's. */
+int cuda_qgemm_grouped_bn(int n_rows, int n_groups);
 
 /* Readies the kernels' shared memory on the current device: once, before any graph capture. */
 int cuda_qgemm_setup(char *err);

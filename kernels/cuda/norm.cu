@@ -411,18 +411,125 @@ glu_f16_split_kernel(const float *__restrict__ a, const float *__restrict__ b, i
 #endif
 }
 
-/* Row blockIdx.x of x (ldx apart) as fp16 rows of k. */
+/* Row rows[blockIdx.x] / div of x (ldx apart; rows NULL: row blockIdx.x) as fp16 row blockIdx.x of k. */
 template <int V>
 __global__ void __launch_bounds__(ROW_THREADS_MAX)
-to_f16_kernel(const float *__restrict__ x, int ldx, int k, struct cuda_h16 h16)
+to_f16_kernel(const float *__restrict__ x, int ldx, int k, const int32_t *__restrict__ rows, int div,
+    struct cuda_h16 h16)
 {
 	pdl_wait();
 	pdl_trigger();
 	__shared__ float red[WARP];
 	float4 v[V];
 
-	row_load<V>(x + (size_t)blockIdx.x * ldx, k / 4, v);
+	row_load<V>(x + (size_t)(rows != NULL ? rows[blockIdx.x] / div : (int)blockIdx.x) * ldx, k / 4, v);
 	row_store_f16<V>(v, k / 4, h16.h + (size_t)blockIdx.x * k, h16.scale + blockIdx.x, red);
+}
+
+/* act(g) * u for an expert's gate g and up u, as the CPU's cpu_glu / cpu_glu_oai. */
+static __device__ __forceinline__ float
+expert_act(float g, float u, const struct cuda_act &a)
+{
+	if (a.kind != ACT_SWIGLU_OAI)
+		return act(g, a.kind == ACT_GELU) * u;
+	g = fminf(g, a.limit);
+	u = fmaxf(-a.limit, fminf(u, a.limit));
+	return (u + 1.0f) * (g / (1.0f + expf(-a.alpha * g)));
+}
+
+/*
+ * Row blockIdx.x of the experts' gate and up: its expert's biases, the
+ * activation, then the row's forms (row_store_forms: fp16, or floats in
+ * place; int8 too if q8.q).
+ */
+template <int V>
+__global__ void __launch_bounds__(ROW_THREADS_MAX)
+moe_glu_kernel(float *__restrict__ gate, const float *__restrict__ up, int n, const int32_t *__restrict__ row_expert,
+    const float *__restrict__ gate_b, const float *__restrict__ up_b, struct cuda_act a, struct cuda_h16 h16,
+    struct cuda_q8 q8)
+{
+	pdl_wait();
+	pdl_trigger();
+	__shared__ float red[WARP];
+	size_t row = blockIdx.x;
+	float4 v[V], u[V];
+	int n4 = n / 4;
+
+	row_load<V>(gate + row * n, n4, v);
+	row_load<V>(up + row * n, n4, u);
+	if (gate_b != NULL) {
+		float4 bg[V], bu[V];
+		size_t e = (size_t)row_expert[row];
+
+		row_load<V>(gate_b + e * n, n4, bg);
+		row_load<V>(up_b + e * n, n4, bu);
+#pragma unroll
+		for (int j = 0; j < V; j++) {
+			v[j].x += bg[j].x, v[j].y += bg[j].y, v[j].z += bg[j].z, v[j].w += bg[j].w;
+			u[j].x += bu[j].x, u[j].y += bu[j].y, u[j].z += bu[j].z, u[j].w += bu[j].w;
+		}
+	}
+#pragma unroll
+	for (int j = 0; j < V; j++) {
+		v[j].x = expert_act(v[j].x, u[j].x, a), v[j].y = expert_act(v[j].y, u[j].y, a);
+		v[j].z = expert_act(v[j].z, u[j].z, a), v[j].w = expert_act(v[j].w, u[j].w, a);
+	}
+	row_store_forms<V>(v, n4, gate, h16, q8, red);
+}
+
+/*
+ * Token blockIdx.x's row of out: the sum over its k slots of the slot's
+ * weight times its expert's down row (row[s], or s itself where row is
+ * NULL) plus that expert's down bias, in slot order.
+ */
+template <int V>
+__global__ void __launch_bounds__(ROW_THREADS_MAX)
+moe_combine_kernel(float *__restrict__ out, const float *__restrict__ down, int n, int k,
+    const float *__restrict__ weight, const int32_t *__restrict__ row, const int32_t *__restrict__ expert,
+    const float *__restrict__ down_b)
+{
+	pdl_wait();
+	pdl_trigger();
+	float4 acc[V];
+	int n4 = n / 4;
+
+#pragma unroll
+	for (int j = 0; j < V; j++)
+		acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+	for (int s = blockIdx.x * k; s < (int)(blockIdx.x + 1) * k; s++) {
+		float4 d[V], b[V];
+		float w = weight[s];
+
+		row_load<V>(down + (size_t)(row != NULL ? row[s] : s) * n, n4, d);
+		if (down_b != NULL) {
+			row_load<V>(down_b + (size_t)expert[s] * n, n4, b);
+#pragma unroll
+			for (int j = 0; j < V; j++)
+				d[j].x += b[j].x, d[j].y += b[j].y, d[j].z += b[j].z, d[j].w += b[j].w;
+		}
+#pragma unroll
+		for (int j = 0; j < V; j++)
+			acc[j].x += w * d[j].x, acc[j].y += w * d[j].y, acc[j].z += w * d[j].z, acc[j].w += w * d[j].w;
+	}
+	row_store<V>(out + (size_t)blockIdx.x * n, n4, acc);
+}
+
+/* Row blockIdx.x of x plus the bias, in place. */
+template <int V>
+__global__ void __launch_bounds__(ROW_THREADS_MAX)
+add_bias_kernel(float *__restrict__ x, const float *__restrict__ bias, int n)
+{
+	pdl_wait();
+	pdl_trigger();
+	float4 v[V], b[V];
+	int n4 = n / 4;
+
+	row_load<V>(x + (size_t)blockIdx.x * n, n4, v);
+	row_load<V>(bias, n4, b);
+#pragma unroll
+	for (int j = 0; j < V; j++)
+		v[j].x += b[j].x, v[j].y += b[j].y, v[j].z += b[j].z, v[j].w += b[j].w;
+	row_store<V>(x + (size_t)blockIdx.x * n, n4, v);
 }
 
 /* (v, i) beats (bv, bi): larger, or equal with a lower index. */
@@ -589,7 +696,40 @@ cuda_glu(float *a, const float *b, int n_rows, int n, int gelu, struct cuda_h16 
 int
 cuda_to_f16(const float *x, int ldx, int k, int n_rows, struct cuda_h16 h16, cudaStream_t st, char *err)
 {
-	ROW_LAUNCH(to_f16_kernel, k, n_rows, st, x, ldx, k, h16);
+	ROW_LAUNCH(to_f16_kernel, k, n_rows, st, x, ldx, k, (const int32_t *)NULL, 1, h16);
+	return 0;
+}
+
+int
+cuda_to_f16_rows(const float *x, int ldx, int k, const int32_t *rows, int div, int n_rows, struct cuda_h16 h16,
+    cudaStream_t st, char *err)
+{
+	ROW_LAUNCH(to_f16_kernel, k, n_rows, st, x, ldx, k, rows, div, h16);
+	return 0;
+}
+
+int
+cuda_moe_glu(float *gate, const float *up, int n_rows, int n, const int32_t *row_expert, const float *gate_b,
+    const float *up_b, struct cuda_act a, struct cuda_h16 h16, struct cuda_q8 q8, cudaStream_t st, char *err)
+{
+	if (q8.q != NULL && n % 32 != 0)
+		return err_set(err, ERR_INVAL, "moe_glu: an int8 form of rows of %d floats", n);
+	ROW_LAUNCH(moe_glu_kernel, n, n_rows, st, gate, up, n, row_expert, gate_b, up_b, a, h16, q8);
+	return 0;
+}
+
+int
+cuda_moe_combine(float *out, const float *down, int n_tok, int n, int k, const float *weight, const int32_t *row,
+    const int32_t *expert, const float *down_b, cudaStream_t st, char *err)
+{
+	ROW_LAUNCH(moe_combine_kernel, n, n_tok, st, out, down, n, k, weight, row, expert, down_b);
+	return 0;
+}
+
+int
+cuda_add_bias(float *x, const float *bias, int n_rows, int n, cudaStream_t st, char *err)
+{
+	ROW_LAUNCH(add_bias_kernel, n, n_rows, st, x, bias, n);
 	return 0;
 }
 

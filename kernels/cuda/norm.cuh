@@ -119,6 +119,38 @@ int cuda_glu(float *a, const float *b, int n_rows, int n, int gelu, struct cuda_
 /* n_rows rows of x (k wide, ldx apart) in fp16 form. */
 int cuda_to_f16(const float *x, int ldx, int k, int n_rows, struct cuda_h16 h16, cudaStream_t st, char *err);
 
+/* As cuda_to_f16, row r of the fp16 form taken from row rows[r] / div of x (rows on the GPU). */
+int cuda_to_f16_rows(const float *x, int ldx, int k, const int32_t *rows, int div, int n_rows, struct cuda_h16 h16,
+    cudaStream_t st, char *err);
+
+/* An expert's activation: enum ffn_act, and gpt-oss's constants. */
+struct cuda_act {
+	int kind;
+	float alpha, limit;
+};
+
+/*
+ * Rows of the experts' gate and up (n_rows of n): gate += its expert's
+ * bias (row_expert[row]'s row of gate_b, up likewise; NULL: none), then
+ * gate = act(gate) * up (cuda_act), left as the next product reads it:
+ * its fp16 form into h16 when h16.h is set, else floats in place; its int8
+ * form into q8 too when q8.q is set.
+ */
+int cuda_moe_glu(float *gate, const float *up, int n_rows, int n, const int32_t *row_expert, const float *gate_b,
+    const float *up_b, struct cuda_act a, struct cuda_h16 h16, struct cuda_q8 q8, cudaStream_t st, char *err);
+
+/*
+ * out[t] = the sum over token t's k slots s (t k .. t k + k - 1, in order)
+ * of weight[s] times (its expert's row of down, row[s] of it or s where
+ * row is NULL, plus that expert's row of down_b, if any), for n_tok rows
+ * of n.
+ */
+int cuda_moe_combine(float *out, const float *down, int n_tok, int n, int k, const float *weight, const int32_t *row,
+    const int32_t *expert, const float *down_b, cudaStream_t st, char *err);
+
+/* x[r] += bias for each of n_rows rows of n. */
+int cuda_add_bias(float *x, const float *bias, int n_rows, int n, cudaStream_t st, char *err);
+
 /* Blocks sharing one row's argmax (a vocabulary row is read by many multiprocessors at once). */
 #define ARGMAX_PARTS 32
 /* Scratch of cuda_argmax, in float2, for n_rows rows. */

@@ -286,8 +286,45 @@ template <> struct qg_type<TT_Q5_0> {
 	}
 };
 
+/*
+ * MXFP4 as the GPU holds it (TT_MXFP4G, dequant.cuh): a unit is two
+ * blocks' 32 bytes of quants, then the 16 bytes of scales of their group
+ * of 8, copied by qg_issue_w's own branch for it. Element 16 h + 4 t + i
+ * of a block is nibble h of quant byte 4 t + i; the doubled e2m1 values
+ * (kvalues, signed bytes) go through Q8_0's unsigned form, and the block's
+ * scale, a power of two, is exact in fp16 (table: one (s, s) word per
+ * block).
+ */
+template <> struct qg_type<TT_MXFP4G> {
+	static constexpr int UNIT = 64, BYTES = 48, TAB = 2;
+	/* 2^(e - 128), the halved scale, as an fp16 pair: subnormal down to 2^-24, clamped at 2^15 */
+	static __device__ __forceinline__ uint32_t
+	scale2(uint32_t e)
+	{
+		uint32_t h = e >= 114 ? min(e - 113, 30u) << 10 : e >= 104 ? 1u << (e - 104) : 0u;
+
+		return h | h << 16;
+	}
+	static __device__ __forceinline__ void
+	table(const uint8_t *b, int u, uint32_t *tab)
+	{
+		tab[0] = scale2(b[32 + 2 * (u & 3)]);
+		tab[1] = scale2(b[32 + 2 * (u & 3) + 1]);
+	}
+	static __device__ __forceinline__ void
+	frags(const uint8_t *b, const uint32_t *tab, int, int t, uint32_t a[4][2])
+	{
+#pragma unroll
+		for (int kk = 0; kk < 4; kk++) {
+			uint32_t q = (*(const uint32_t *)(b + 16 * (kk / 2) + 4 * t) >> (4 * (kk & 1))) & 0x0f0f0f0fu;
+
+			h2_pairs(mx4_values(q) ^ 0x80808080u, H_1152, as_h2(tab[kk / 2]), as_h2(0u), a[kk]);
+		}
+	}
+};
+
 /* The types qgemm reads, as X(type) cases. */
-#define QG_TYPES(X) X(TT_Q4_K) X(TT_Q5_K) X(TT_Q6_KG) X(TT_Q8_0) X(TT_Q4_0) X(TT_Q5_0)
+#define QG_TYPES(X) X(TT_Q4_K) X(TT_Q5_K) X(TT_Q6_KG) X(TT_Q8_0) X(TT_Q4_0) X(TT_Q5_0) X(TT_MXFP4G)
 
 /* fp16 elements of a shared-memory token row: 64 and 16 of padding (8-byte fragment loads meet no bank conflicts). */
 #define QG_LDB 80
@@ -373,6 +410,8 @@ struct qg_plan {
 			wdst[j] = i < C::BM * L::CH ? r * L::RAW + 16 * (i % L::CH) : -1;
 			if constexpr (TY == TT_Q6_KG) /* body words from the row's first body, word Q6G_BODY its d's */
 				wrow[j] += wdst[j] % L::RAW < Q6G_BODY ? 16 + wdst[j] % L::RAW : 0;
+			if constexpr (TY == TT_MXFP4G) /* quant words from the row's first quants, word 32 its scales */
+				wrow[j] += wdst[j] % L::RAW < 32 ? 16 + wdst[j] % L::RAW : 0;
 		}
 #pragma unroll
 		for (int mt = 0; mt < C::MT; mt++)
@@ -433,6 +472,12 @@ qg_issue_w(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g, int S)
 			if (pl.wdst[j] >= 0 && word <= Q6G_BODY)
 				cp_async16(raw + pl.wdst[j],
 				    pl.wrow[j] + (size_t)(u >> 3) * Q6G_GROUP + (word < Q6G_BODY ? Q6G_BODY * (u & 7) : 0));
+		} else if constexpr (TY == TT_MXFP4G) {
+			int u = (s0 + g) / L::SUB, word = pl.wdst[j] % L::RAW;
+
+			if (pl.wdst[j] >= 0 && word <= 32)
+				cp_async16(raw + pl.wdst[j],
+				    pl.wrow[j] + (size_t)(u >> 2) * MX4G_GROUP + (word < 32 ? 32 * (u & 3) : 0));
 		} else {
 			uintptr_t p = (uintptr_t)(pl.wrow[j] + unit);
 			int word = pl.wdst[j] % L::RAW;
@@ -508,23 +553,22 @@ qg_step(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g, int wn0, f
 }
 
 /*
- * Block (blockIdx.x: 128 rows, blockIdx.y: BN tokens, blockIdx.z: a split
- * of K's units). Pipeline, per sub-step g: wait for token tile g (the raw
- * unit of g + 1 was queued earlier still) and the barrier; queue token tile
- * g + QG_AHEAD and the raw unit of g + RAW_AHEAD in one group; if g + 1
- * starts a unit, make its table of scales (seen after the next barrier);
- * then decode and multiply g.
+ * One block's tile: rows m0.., tokens n0.., split z of nz of K's units.
+ * Pipeline, per sub-step g: wait for token tile g (the raw unit of g + 1
+ * was queued earlier still) and the barrier; queue token tile g + QG_AHEAD
+ * and the raw unit of g + RAW_AHEAD in one group; if g + 1 starts a unit,
+ * make its table of scales (seen after the next barrier); then decode and
+ * multiply g.
  */
 template <int TY, class C>
-__global__ void __launch_bounds__(C::THREADS)
-qgemm_kernel(struct qg_args a)
+static __device__ __forceinline__ void
+qgemm_tile(const struct qg_args &a, int m0, int n0, int z, int nz)
 {
 	using L = qg_smem<TY, C>;
 	extern __shared__ __align__(16) unsigned char smem[];
-	int m0 = blockIdx.x * C::BM, n0 = blockIdx.y * C::BN;
 	int units = a.k / L::T::UNIT;
-	int u0 = (int)((int64_t)units * blockIdx.z / gridDim.z);
-	int u1 = (int)((int64_t)units * (blockIdx.z + 1) / gridDim.z);
+	int u0 = (int)((int64_t)units * z / nz);
+	int u1 = (int)((int64_t)units * (z + 1) / nz);
 	int s0 = u0 * L::SUB, S = (u1 - u0) * L::SUB;
 	int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
 	int wm0 = (warp / C::WN) * (C::BM / C::WM), wn0 = (warp % C::WN) * (C::BN / C::WN);
@@ -580,10 +624,48 @@ qgemm_kernel(struct qg_args a)
 				if (row >= a.n_rows || tok >= a.n_tok)
 					continue;
 				if (a.part != NULL)
-					a.part[((size_t)blockIdx.z * a.n_tok + tok) * a.n_rows + row] = acc[mt][nt][i];
+					a.part[((size_t)z * a.n_tok + tok) * a.n_rows + row] = acc[mt][nt][i];
 				else
 					mm_store(a.out, row, tok, acc[mt][nt][i] * a.xscale[tok]);
 			}
+}
+
+/* Block (blockIdx.x: 128 rows, blockIdx.y: BN tokens, blockIdx.z: a split of K's units). */
+template <int TY, class C>
+__global__ void __launch_bounds__(C::THREADS)
+qgemm_kernel(struct qg_args a)
+{
+	qgemm_tile<TY, C>(a, blockIdx.x * C::BM, blockIdx.y * C::BN, blockIdx.z, gridDim.z);
+}
+
+/*
+ * Block (blockIdx.x: 128 rows, blockIdx.y: tile) of the grouped products
+ * (cuda_qgemm_grouped): the tile's expert's rows by its rows of the
+ * grouped tokens, into the same rows of the outputs. The tiles are the
+ * step's routing: read after pdl_wait, so the weights' first copies wait
+ * too. Blocks past the step's tiles end there.
+ */
+template <int TY, class C>
+__global__ void __launch_bounds__(C::THREADS)
+qgemm_grouped_kernel(struct qg_args a, const int32_t *__restrict__ tiles, size_t stride)
+{
+	pdl_wait();
+	if ((int)blockIdx.y >= tiles[0]) {
+		pdl_trigger();
+		return;
+	}
+	const int32_t *tl = tiles + 1 + 3 * blockIdx.y;
+	int r0 = tl[1];
+
+	a.w += (size_t)tl[0] * stride;
+	a.xh += (size_t)r0 * a.k;
+	a.xscale += r0;
+	a.n_tok = tl[2];
+#pragma unroll
+	for (int i = 0; i < MM_MAX_OUT; i++)
+		if (i < a.out.n)
+			a.out.y[i] += (size_t)r0 * a.out.ldy[i];
+	qgemm_tile<TY, C>(a, blockIdx.x * C::BM, 0, 0, 1);
 }
 
 /* The split sums of (token, row) added in split order, scaled back, stored. */
@@ -766,6 +848,54 @@ cuda_qgemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const stru
 	}
 }
 
+/* The grouped kernel of shape C for type TY over max_tiles tiles. */
+template <int TY, class C>
+static int
+qg_grouped(struct cuda_mm *m, const struct qg_args &a, const int32_t *tiles, int max_tiles, size_t stride, char *err)
+{
+	dim3 grid((unsigned)((a.n_rows + C::BM - 1) / C::BM), (unsigned)max_tiles);
+
+	CK(cuda_launch(qgemm_grouped_kernel<TY, C>, dim3(grid), dim3(C::THREADS), qg_smem<TY, C>::BYTES, m->stream, a,
+	    tiles, stride));
+	return 0;
+}
+
+/* The grouped kernel of type TY whose tiles are bn tokens. */
+template <int TY>
+static int
+qg_grouped_dispatch(struct cuda_mm *m, const struct qg_args &a, const int32_t *tiles, int max_tiles, int bn,
+    size_t stride, char *err)
+{
+	switch (bn) {
+	case qg_c16::BN: return qg_grouped<TY, qg_c16>(m, a, tiles, max_tiles, stride, err);
+	case qg_c32::BN: return qg_grouped<TY, qg_c32>(m, a, tiles, max_tiles, stride, err);
+	case qg_c64::BN: return qg_grouped<TY, qg_c64>(m, a, tiles, max_tiles, stride, err);
+	case qg_c128::BN: return qg_grouped<TY, qg_c128>(m, a, tiles, max_tiles, stride, err);
+	default: return err_set(err, ERR_INVAL, "grouped products in tiles of %d tokens", bn);
+	}
+}
+
+int
+cuda_qgemm_grouped_bn(int n_rows, int n_groups)
+{
+	return qg_bn((n_rows + n_groups - 1) / MAX(n_groups, 1));
+}
+
+int
+cuda_qgemm_grouped(struct cuda_mm *m, const struct cuda_weight *w, size_t stride, int n_rows, const int32_t *tiles,
+    int max_tiles, int bn, const struct mm_out *out, char *err)
+{
+	struct qg_args a = { w->d, w->row_bytes, (int)w->k, (int)w->n, n_rows, m->xh, m->xscale, *out, NULL };
+
+	switch (w->type) {
+#define QT_CASE(TY) case TY: return qg_grouped_dispatch<TY>(m, a, tiles, max_tiles, bn, stride, err);
+	QG_TYPES(QT_CASE)
+#undef QT_CASE
+	default:
+		return err_set(err, ERR_UNSUPPORTED, "no tensor-core kernel for weight type %u", w->type);
+	}
+}
+
 /* Raises the shared-memory limit of every shape of type TY. */
 template <int TY>
 static int
@@ -778,6 +908,14 @@ qg_setup_type(char *err)
 	CK(cudaFuncSetAttribute(qgemm_kernel<TY, qg_c64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 	    (int)qg_smem<TY, qg_c64>::BYTES));
 	CK(cudaFuncSetAttribute(qgemm_kernel<TY, qg_c128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	    (int)qg_smem<TY, qg_c128>::BYTES));
+	CK(cudaFuncSetAttribute(qgemm_grouped_kernel<TY, qg_c16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	    (int)qg_smem<TY, qg_c16>::BYTES));
+	CK(cudaFuncSetAttribute(qgemm_grouped_kernel<TY, qg_c32>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	    (int)qg_smem<TY, qg_c32>::BYTES));
+	CK(cudaFuncSetAttribute(qgemm_grouped_kernel<TY, qg_c64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+	    (int)qg_smem<TY, qg_c64>::BYTES));
+	CK(cudaFuncSetAttribute(qgemm_grouped_kernel<TY, qg_c128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
 	    (int)qg_smem<TY, qg_c128>::BYTES));
 	return 0;
 }

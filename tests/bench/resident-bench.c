@@ -218,8 +218,12 @@ kv_bytes_per_token_layer(const struct engine *e)
 /*
  * Bytes one decode step of b sequences reads, averaged over the n steps of
  * a tg run at depth: the weights (a tied embedding is read whole by the
- * output; an untied one only at the b rows looked up), and each sequence's
- * K and V of every position it attends to.
+ * output; an untied one only at the b rows looked up; of a layer's
+ * experts, those the b tokens choose: n_expert_used of them for one, and
+ * for more the share of experts that b uniform draws of n_expert_used
+ * leave chosen, 1 - (1 - used / experts)^b), and each sequence's K and V
+ * of every position it attends to. For a mixture of experts this is the
+ * active-bytes roofline: what a step must read, not the file's size.
  */
 static double
 step_bytes(const struct engine *e, int n, int b, int depth)
@@ -231,6 +235,12 @@ step_bytes(const struct engine *e, int n, int b, int depth)
 
 	if (!hp->tied_embd)
 		w -= (double)m->tok_embd->bytes * (1.0 - (double)b / hp->n_vocab);
+	for (l = 0; hp->n_expert > 0 && l < hp->n_layer; l++) {
+		double used = (double)hp->n_expert_used / hp->n_expert;
+		double all = (double)model_expert_bytes(m, l) / used;
+
+		w -= all * (1.0 - (b == 1 ? used : 1.0 - pow(1.0 - used, b)));
+	}
 	/* decode step k feeds position plen + k, attending to plen + k + 1 positions */
 	for (k = 0; k < n; k++)
 		for (l = 0; l < hp->n_layer; l++)

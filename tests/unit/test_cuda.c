@@ -1,6 +1,10 @@
 /*
  * test_cuda.c: the CUDA backend against the CPU reference, whole-model
- * logits, for every family and weight type the generator writes.
+ * logits, for every family and weight type the generator writes (the
+ * mixtures of experts too, every token through all of a layer's experts:
+ * their grouped products on the tensor cores in the gemm variant, their
+ * slots on the matrix-vector kernels in the others; gpt-oss's MXFP4 and
+ * float experts, its sinks and biases).
  *
  * Each model runs one schedule of steps on the CPU backend (its exact mode,
  * float activations) and on four CUDA backends: one that sends every
@@ -156,6 +160,15 @@ setup_model(void **state, const char *shape, const char *type)
 	o.out = f->path;
 	if (genmodel_run(&o, err) != 0 || model_open(f->path, &f->m, err) != 0)
 		fail_msg("%s %s: %s", shape, type, err);
+	/*
+	 * Every token through every expert: whether a token takes its k-th or
+	 * (k+1)-th expert turns on a sum that the GPU's fp16 activations move
+	 * by ~1e-3 of its size, so a near tie now and then routes it elsewhere
+	 * and its row jumps. The weights and the products stay those of a
+	 * routed step; which experts win is checked on identical inputs by
+	 * test_cuda_ops (test_moe), and exact mode against transformers.
+	 */
+	f->m->hp.n_expert_used = f->m->hp.n_expert;
 	load_all(f);
 	*state = f;
 	return 0;
@@ -418,6 +431,11 @@ static int setup_qwen3_q8(void **s) { return setup_model(s, "tiny-qwen3", "q8_0"
 static int setup_qwen3_q4km(void **s) { return setup_model(s, "tiny-qwen3", "q4_k_m"); }
 static int setup_gemma3_f32(void **s) { return setup_model(s, "tiny-gemma3", "f32"); }
 static int setup_gemma3_q4km(void **s) { return setup_model(s, "tiny-gemma3", "q4_k_m"); }
+static int setup_qwen3moe_f16(void **s) { return setup_model(s, "tiny-qwen3moe", "f16"); }
+static int setup_qwen3moe_q4km(void **s) { return setup_model(s, "tiny-qwen3moe", "q4_k_m"); }
+static int setup_mixtral_q4km(void **s) { return setup_model(s, "tiny-mixtral", "q4_k_m"); }
+static int setup_gptoss_bf16(void **s) { return setup_model(s, "tiny-gptoss", "bf16"); }
+static int setup_gptoss_mxfp4(void **s) { return setup_model(s, "tiny-gptoss", "mxfp4"); }
 
 int
 main(void)
@@ -434,6 +452,11 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_model, setup_qwen3_q4km, teardown),
 		cmocka_unit_test_setup_teardown(test_model, setup_gemma3_f32, teardown),
 		cmocka_unit_test_setup_teardown(test_model, setup_gemma3_q4km, teardown),
+		cmocka_unit_test_setup_teardown(test_model, setup_qwen3moe_f16, teardown),
+		cmocka_unit_test_setup_teardown(test_model, setup_qwen3moe_q4km, teardown),
+		cmocka_unit_test_setup_teardown(test_model, setup_mixtral_q4km, teardown),
+		cmocka_unit_test_setup_teardown(test_model, setup_gptoss_bf16, teardown),
+		cmocka_unit_test_setup_teardown(test_model, setup_gptoss_mxfp4, teardown),
 		cmocka_unit_test_teardown(test_real_gemma, teardown),
 	};
 

@@ -1,0 +1,90 @@
+/*
+ * moe.cuh: the router's choices on the GPU, for mixtures of experts.
+ * Host entry points only.
+ */
+#ifndef RESIDENT_CUDA_MOE_CUH
+#define RESIDENT_CUDA_MOE_CUH
+
+#include "cuda_common.cuh"
+#include "matmul.cuh"
+#include "norm.cuh"
+
+/* Most experts a layer may have here (the routing keeps a count of each in shared memory). */
+#define MOE_MAX_EXPERTS 1024
+/* Most experts a token may use. */
+#define MOE_MAX_USED 32
+
+/*
+ * A step's routing, on the GPU. Slot s = t n_used + j is token t's j-th
+ * choice (largest logit first). With grouping (bn > 0) the slots are also
+ * grouped by expert into rows: expert e's rows are consecutive, its tokens
+ * in step order, and cut into tiles of at most bn rows for
+ * cuda_qgemm_grouped (tiles[0] their count, then (expert, first row, rows)
+ * each; at most cuda_moe_max_tiles).
+ */
+struct cuda_route {
+	float *logit;           /* n_tok x n_expert router logits, in; the bias is added in place */
+	const float *bias;      /* the router's bias, or NULL */
+	int32_t *expert;        /* per slot */
+	float *weight;          /* per slot */
+	int32_t *row;           /* per slot: its row (grouping) */
+	int32_t *row_expert;    /* per row: its expert (grouping) */
+	int32_t *row_slot;      /* per row: its slot (grouping) */
+	int32_t *tiles;
+	int n_tok, n_expert, n_used;
+	int norm;               /* the weights are a softmax over the chosen logits alone; else over all */
+	int bn;                 /* rows of a tile; 0: no grouping */
+};
+
+/* Tiles of bn rows that n_rows rows of at most n_expert experts may take. */
+int cuda_moe_max_tiles(int n_rows, int n_expert, int bn);
+
+/*
+ * Each token's n_used experts, those of the largest logits (the lowest
+ * index first among equals, as the CPU backend), and their weights; then
+ * the grouping when r->bn > 0. One block, one launch.
+ */
+int cuda_moe_route(const struct cuda_route *r, cudaStream_t st, char *err);
+
+/*
+ * A layer's experts on the GPU: the router (n_expert rows), expert 0's
+ * gate and up stored one after the other (gu: 2 n_ff_exp rows, gate
+ * first) and its down; expert e's are e strides after them. Biases and
+ * the activation as model.h's.
+ */
+struct cuda_moe {
+	struct cuda_weight router, gu, down;
+	size_t gu_stride, down_stride;
+	float *router_b, *gate_b, *up_b, *down_b; /* or NULL */
+	struct cuda_act act;
+	int n_expert, n_used, norm;
+};
+
+/*
+ * Where cuda_moe_ffn works, for up to its most rows (tokens times n_used):
+ * the routing's arrays (route.logit and the others; the rest of route is
+ * set per call), each row's gate, up (n_ff_exp wide) and down (the model's
+ * width).
+ */
+struct cuda_moe_scratch {
+	struct cuda_route route;
+	float *gate, *up, *down;
+};
+
+/* 1 if cuda_moe_ffn groups n_tok tokens' rows by expert (cuda_qgemm_grouped), else runs them as slots. */
+int cuda_moe_grouped(const struct cuda_mm *m, const struct cuda_moe *e, int n_tok);
+
+/*
+ * out = the experts' feed-forward of the n_tok normed rows h (n_embd
+ * floats each, and their int8 form in m->xq where h_q8 says the kernel
+ * that wrote h made it): the router's logits (fp32, as llama.cpp keeps
+ * routers), each token's choices (cuda_moe_route), gate and up of every
+ * choice, the activation, down, and each token's weighted sum. Few tokens
+ * go by slots, each reading its expert's rows; more are grouped by
+ * expert, so that an expert's rows are read once for all of its tokens.
+ * All on m->stream, no host round trip.
+ */
+int cuda_moe_ffn(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch *s, const float *h, int n_embd,
+    int n_tok, int h_q8, float *out, char *err);
+
+#endif
