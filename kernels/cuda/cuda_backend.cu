@@ -370,7 +370,7 @@ static size_t
 route_bytes(const struct dims *d)
 {
 	return d->E > 0 ? align_up(d->R * sizeof(int32_t)) * 4 + floats_bytes(d->R) + align_up(d->tiles * sizeof(int32_t)) +
-	    floats_bytes(d->T * d->E) + floats_bytes(d->R * d->embd) : 0;
+	    DEV_ALIGN + floats_bytes(d->T * d->E) + floats_bytes(d->R * d->embd) : 0;
 }
 
 /* Bytes of the activations and their fp16 copy. */
@@ -739,7 +739,10 @@ alloc_moe(struct backend *b, const struct dims *d, char *err)
 	    (rc = dev_alloc((void **)&r->row_expert, d->R * sizeof(int32_t), "the experts' routing", err)) ||
 	    (rc = dev_alloc((void **)&r->row_slot, d->R * sizeof(int32_t), "the experts' routing", err)) ||
 	    (rc = dev_alloc((void **)&r->tiles, d->tiles * sizeof(int32_t), "the experts' routing", err)) ||
+	    (rc = dev_alloc((void **)&r->done, sizeof(int32_t), "the experts' routing", err)) ||
 	    (rc = dev_alloc((void **)&b->moe.down, floats_bytes(d->R * d->embd), "the experts' rows", err)));
+	if (rc == 0)
+		CK(cudaMemset(r->done, 0, sizeof(int32_t)));
 	b->moe.gate = b->gate, b->moe.up = b->up;
 	return rc;
 }
@@ -989,6 +992,8 @@ layer_weights(struct backend *b, int l, const struct model_tensor **mats, const 
 	c->moe.gu.n *= 2;
 	c->moe.act.kind = b->m->hp.act, c->moe.act.alpha = b->m->hp.glu_alpha, c->moe.act.limit = b->m->hp.glu_limit;
 	c->moe.n_expert = E, c->moe.n_used = b->m->hp.n_expert_used, c->moe.norm = b->m->hp.expert_norm;
+	/* RESIDENT_CUDA_MOE_SLOTS: the most tokens whose experts run as slots (the exact mode's: every count) */
+	c->moe.slots_max = b->exact ? INT_MAX : env_int("RESIDENT_CUDA_MOE_SLOTS", mmv_max(0));
 	return 0;
 }
 
@@ -1079,7 +1084,7 @@ cuda_free(struct backend *b)
 	cudaFree(b->dev_pick), cudaFree(b->dev_pen), cudaFree(b->dev_lp), cudaFree(b->pick_part);
 	cudaFree(b->moe.route.logit), cudaFree(b->moe.route.expert), cudaFree(b->moe.route.weight);
 	cudaFree(b->moe.route.row), cudaFree(b->moe.route.row_expert), cudaFree(b->moe.route.row_slot);
-	cudaFree(b->moe.route.tiles), cudaFree(b->moe.down);
+	cudaFree(b->moe.route.tiles), cudaFree(b->moe.route.done), cudaFree(b->moe.down);
 	if (b->host_argmax != NULL)
 		cudaFreeHost(b->host_argmax);
 	if (b->host_pick != NULL)
@@ -1264,7 +1269,8 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 		b->att_len };
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
 	struct cuda_q8 q8 = { NULL, NULL };
-	struct cuda_h16 h16 = { NULL, NULL };
+	struct cuda_h16 h16 = { NULL, NULL }, none = { NULL, NULL };
+	struct cuda_rmix bias = { c->bo, 0, NULL, NULL, NULL, NULL };
 	int embd = hp->n_embd, nq = hp->n_head * hp->head_dim, nkv = hp->n_head_kv * hp->head_dim, rc, fused;
 	const struct cuda_weight *wqkv[3] = { &c->wq, &c->wk, &c->wv };
 	float *qkv[3] = { b->q, b->k, b->v };
@@ -1289,25 +1295,11 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	    err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
-	if (c->bo != NULL && (rc = cuda_add_bias(b->ffn_out, c->bo, T, embd, b->stream, err)) != 0)
-		return rc;
-	if (hp->n_expert > 0) { /* the router and the gathering read the float rows */
-		struct cuda_h16 none = { NULL, NULL };
-
-		return cuda_residual_norm(b->x, b->ffn_out, c->post_attn_norm, c->ffn_norm, b->h, none,
+	if (hp->n_expert > 0) /* the router and the gathering read the float rows */
+		return cuda_residual_norm(b->x, b->ffn_out, &bias, c->post_attn_norm, c->ffn_norm, b->h, none,
 		    q8_of_experts(b, T, l), T, embd, nm, b->stream, err);
-	}
-	return cuda_residual_norm(b->x, b->ffn_out, c->post_attn_norm, c->ffn_norm, b->h, h16_of(b, T),
+	return cuda_residual_norm(b->x, b->ffn_out, &bias, c->post_attn_norm, c->ffn_norm, b->h, h16_of(b, T),
 	    q8_of(b, T, &c->w_gate), T, embd, nm, b->stream, err);
-}
-
-/* Layer l's experts on the normed rows in h (and their int8 form, q8_of_experts), into ffn_out. */
-static int
-moe_ffn(struct backend *b, int T, int l, char *err)
-{
-	prof_mark(b, PH_MATMUL);
-	return cuda_moe_ffn(&b->mm, &b->layers[l].moe, &b->moe, b->h, b->m->hp.n_embd, T, q8_of_experts(b, T, l).q != NULL,
-	    b->ffn_out, err);
 }
 
 /* The dense feed-forward of layer l on the normed rows in h (or their forms), into ffn_out. */
@@ -1331,7 +1323,11 @@ dense_ffn(struct backend *b, int T, int l, char *err)
 	return cuda_matmul(&b->mm, &c->w_down, b->gate, ff, T, b->ffn_out, embd, formed(b, T, &c->w_down), err);
 }
 
-/* The feed-forward half of layer l; ends with the next layer's input norm in h. */
+/*
+ * The feed-forward half of layer l; ends with the next layer's input norm
+ * in h. A layer's experts leave each of their rows in moe.down, and the
+ * residual adds each token's up by the router's weights (mix).
+ */
 static int
 feed_forward(struct backend *b, int T, int l, char *err)
 {
@@ -1339,12 +1335,21 @@ feed_forward(struct backend *b, int T, int l, char *err)
 	const struct cuda_layer *c = &b->layers[l];
 	const struct cuda_layer *nl = l + 1 < hp->n_layer ? &b->layers[l + 1] : NULL;
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
-	int rc = hp->n_expert > 0 ? moe_ffn(b, T, l, err) : dense_ffn(b, T, l, err);
+	struct cuda_rmix mix = {};
+	const float *r = b->ffn_out;
+	int rc;
 
+	prof_mark(b, PH_MATMUL);
+	if (hp->n_expert > 0) {
+		rc = cuda_moe_ffn(&b->mm, &c->moe, &b->moe, b->h, hp->n_embd, T, q8_of_experts(b, T, l).q != NULL, &mix, err);
+		r = b->moe.down;
+	} else {
+		rc = dense_ffn(b, T, l, err);
+	}
 	if (rc != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
-	return cuda_residual_norm(b->x, b->ffn_out, c->post_ffn_norm, nl ? nl->attn_norm : NULL, b->h, h16_of(b, T),
+	return cuda_residual_norm(b->x, r, &mix, c->post_ffn_norm, nl ? nl->attn_norm : NULL, b->h, h16_of(b, T),
 	    q8_of(b, T, nl ? &nl->wq : NULL), T, hp->n_embd, nm, b->stream, err);
 }
 
@@ -1373,7 +1378,7 @@ step_kernels(struct backend *b, int T, int n_logits, const struct step_ints *dev
 
 	prof_mark(b, PH_NORM);
 	if ((rc = cuda_embed(&b->tok_embd, dev->tokens, T, hp->embd_scale, b->x, b->stream, err)) != 0 ||
-	    (rc = cuda_residual_norm(b->x, NULL, NULL, b->layers[0].attn_norm, b->h, h16_of(b, T),
+	    (rc = cuda_residual_norm(b->x, NULL, NULL, NULL, b->layers[0].attn_norm, b->h, h16_of(b, T),
 	    q8_of(b, T, &b->layers[0].wq), T,
 	    hp->n_embd, nm, b->stream, err)) != 0)
 		return rc;

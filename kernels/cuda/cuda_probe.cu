@@ -505,7 +505,7 @@ residual_norm_run(struct cuda_probe *p, struct bufs *bs, float *x, const float *
 	    (rc = h16_new(p, bs, w != NULL ? hh : NULL, n_rows, n, &h16, err)) != 0 ||
 	    (rc = q8_new(p, bs, w != NULL ? q : NULL, n_rows, n, &q8, err)) != 0)
 		return rc;
-	if ((rc = cuda_residual_norm((float *)dx, (const float *)dr, (const float *)dpost, (const float *)dw,
+	if ((rc = cuda_residual_norm((float *)dx, (const float *)dr, NULL, (const float *)dpost, (const float *)dw,
 	    (float *)dh, h16, q8, n_rows, n, nm, p->stream, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_residual_norm", err)) != 0 || (rc = fetch(p, x, dx, rows, err)) != 0)
 		return rc;
@@ -971,6 +971,7 @@ moe_scratch(struct cuda_probe *p, struct bufs *bs, int n_tok, int n_expert, int 
 	    (rc = buf_new(p, bs, NULL, ib, 1, (void **)&r->row_slot, err)) ||
 	    (rc = buf_new(p, bs, NULL, (1 + 3 * (size_t)cuda_moe_max_tiles(R, n_expert, 16)) * sizeof(int32_t), 1,
 	    (void **)&r->tiles, err)) ||
+	    (rc = buf_new(p, bs, NULL, sizeof(int32_t), 1, (void **)&r->done, err)) ||
 	    (rc = buf_new(p, bs, NULL, (size_t)R * (size_t)f * sizeof(float), 1, (void **)&s->gate, err)) ||
 	    (rc = buf_new(p, bs, NULL, (size_t)R * (size_t)f * sizeof(float), 1, (void **)&s->up, err)) ||
 	    (rc = buf_new(p, bs, NULL, (size_t)R * (size_t)d * sizeof(float), 1, (void **)&s->down, err)));
@@ -983,6 +984,10 @@ moe_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_moe *mo, 
 {
 	struct cuda_moe e = {};
 	struct cuda_moe_scratch s;
+	struct cuda_rmix mix;
+	struct cuda_h16 none = { NULL, NULL };
+	struct cuda_q8 no_q8 = { NULL, NULL };
+	struct cuda_norm nm = { 0, 1e-6f };
 	int64_t d = mo->router.k, f = mo->down.k;
 	int R = n_tok * mo->n_used, rc;
 	float *dx, *dout;
@@ -995,6 +1000,7 @@ moe_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_moe *mo, 
 	e.act.kind = mo->act, e.act.alpha = mo->alpha, e.act.limit = mo->limit;
 	e.n_expert = mo->n_expert, e.n_used = mo->n_used, e.norm = mo->norm;
 	probe_path(p, path);
+	e.slots_max = p->mm.mmv_max;
 	if ((rc = floats_opt(p, bs, mo->router_b, (size_t)mo->n_expert, &e.router_b, err)) != 0 ||
 	    (rc = floats_opt(p, bs, mo->gate_b, (size_t)(mo->n_expert * f), &e.gate_b, err)) != 0 ||
 	    (rc = floats_opt(p, bs, mo->up_b, (size_t)(mo->n_expert * f), &e.up_b, err)) != 0 ||
@@ -1004,8 +1010,12 @@ moe_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_moe *mo, 
 	    (rc = buf_new(p, bs, x, (size_t)n_tok * (size_t)d * sizeof(float), 0, (void **)&dx, err)) != 0 ||
 	    (rc = buf_new(p, bs, NULL, (size_t)n_tok * (size_t)d * sizeof(float), 1, (void **)&dout, err)) != 0)
 		return rc;
-	if ((rc = cuda_moe_ffn(&p->mm, &e, &s, dx, (int)d, n_tok, 0, dout, err)) != 0 ||
-	    (rc = finish(p, bs, "cuda_moe_ffn", err)) != 0 ||
+	CK(cudaMemsetAsync(s.route.done, 0, sizeof(int32_t), p->stream));
+	CK(cudaMemsetAsync(dout, 0, (size_t)n_tok * (size_t)d * sizeof(float), p->stream));
+	/* out = 0 + the mixture of each token's rows, as the residual stream takes it */
+	if ((rc = cuda_moe_ffn(&p->mm, &e, &s, dx, (int)d, n_tok, 0, &mix, err)) != 0 ||
+	    (rc = cuda_residual_norm(dout, s.down, &mix, NULL, NULL, NULL, none, no_q8, n_tok, (int)d, nm, p->stream,
+	    err)) != 0 || (rc = finish(p, bs, "cuda_moe_ffn", err)) != 0 ||
 	    (rc = fetch(p, out, dout, (size_t)n_tok * (size_t)d * sizeof(float), err)) != 0 ||
 	    (rc = fetch(p, expert, s.route.expert, (size_t)R * sizeof(int32_t), err)) != 0)
 		return rc;

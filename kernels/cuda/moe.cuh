@@ -31,6 +31,7 @@ struct cuda_route {
 	int32_t *row_expert;    /* per row: its expert (grouping) */
 	int32_t *row_slot;      /* per row: its slot (grouping) */
 	int32_t *tiles;
+	int32_t *done;          /* blocks of the fused router that have finished (cuda_moe_ffn); 0 between steps */
 	int n_tok, n_expert, n_used;
 	int norm;               /* the weights are a softmax over the chosen logits alone; else over all */
 	int bn;                 /* rows of a tile; 0: no grouping */
@@ -58,6 +59,7 @@ struct cuda_moe {
 	float *router_b, *gate_b, *up_b, *down_b; /* or NULL */
 	struct cuda_act act;
 	int n_expert, n_used, norm;
+	int slots_max;          /* up to this many tokens run as slots (cuda_moe_ffn), more are grouped */
 };
 
 /*
@@ -71,20 +73,26 @@ struct cuda_moe_scratch {
 	float *gate, *up, *down;
 };
 
-/* 1 if cuda_moe_ffn groups n_tok tokens' rows by expert (cuda_qgemm_grouped), else runs them as slots. */
+/*
+ * 1 if cuda_moe_ffn groups n_tok tokens' rows by expert (cuda_qgemm_grouped):
+ * above e->slots_max tokens, for the types qgemm.cu takes; else it runs
+ * them as slots.
+ */
 int cuda_moe_grouped(const struct cuda_mm *m, const struct cuda_moe *e, int n_tok);
 
 /*
- * out = the experts' feed-forward of the n_tok normed rows h (n_embd
- * floats each, and their int8 form in m->xq where h_q8 says the kernel
- * that wrote h made it): the router's logits (fp32, as llama.cpp keeps
- * routers), each token's choices (cuda_moe_route), gate and up of every
- * choice, the activation, down, and each token's weighted sum. Few tokens
- * go by slots, each reading its expert's rows; more are grouped by
- * expert, so that an expert's rows are read once for all of its tokens.
- * All on m->stream, no host round trip.
+ * The experts' feed-forward of the n_tok normed rows h (n_embd floats
+ * each, and their int8 form in m->xq where h_q8 says the kernel that wrote
+ * h made it): the router's logits (fp32, as llama.cpp keeps routers) and
+ * each token's choices (cuda_moe_route; one fused launch for a few
+ * tokens), gate and up of every choice, the activation, and down, into
+ * s->down; *mix then says how each token's rows there add up to its output
+ * (cuda_residual_norm adds them into the residual stream). Few tokens go
+ * by slots, each reading its expert's rows; more are grouped by expert,
+ * so that an expert's rows are read once for all of its tokens. All on
+ * m->stream, no host round trip.
  */
 int cuda_moe_ffn(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch *s, const float *h, int n_embd,
-    int n_tok, int h_q8, float *out, char *err);
+    int n_tok, int h_q8, struct cuda_rmix *mix, char *err);
 
 #endif

@@ -226,11 +226,49 @@ row_store_forms(const float4 (&v)[V], int n4, float *__restrict__ h, struct cuda
 		row_store_q8<V>(v, n4, q8.q + row * 8 * n4, q8.d + row * n4 / 8);
 }
 
+/* v += a * u, element by element. */
+template <int V>
+static __device__ __forceinline__ void
+row_axpy(float4 (&v)[V], float a, const float4 (&u)[V])
+{
+#pragma unroll
+	for (int j = 0; j < V; j++)
+		v[j].x += a * u[j].x, v[j].y += a * u[j].y, v[j].z += a * u[j].z, v[j].w += a * u[j].w;
+}
+
+/* Row blockIdx.x of r as mix says (struct cuda_rmix), into rv. */
+template <int V>
+static __device__ __forceinline__ void
+residual_row(const float *__restrict__ r, const struct cuda_rmix &mix, int n4, float4 (&rv)[V])
+{
+	float4 u[V], b[V];
+
+	if (mix.k == 0) {
+		row_load<V>(r + (size_t)blockIdx.x * 4 * n4, n4, rv);
+	} else {
+#pragma unroll
+		for (int j = 0; j < V; j++)
+			rv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+		for (int s = blockIdx.x * mix.k; s < (int)(blockIdx.x + 1) * mix.k; s++) {
+			row_load<V>(r + (size_t)(mix.row != NULL ? mix.row[s] : s) * 4 * n4, n4, u);
+			if (mix.row_b != NULL) {
+				row_load<V>(mix.row_b + (size_t)mix.expert[s] * 4 * n4, n4, b);
+				row_axpy<V>(u, 1.0f, b);
+			}
+			row_axpy<V>(rv, mix.weight[s], u);
+		}
+	}
+	if (mix.bias != NULL) {
+		row_load<V>(mix.bias, n4, b);
+		row_axpy<V>(rv, 1.0f, b);
+	}
+}
+
 template <int V>
 __global__ void __launch_bounds__(ROW_THREADS_MAX)
-residual_norm_kernel(float *__restrict__ x, const float *__restrict__ r, const float *__restrict__ post,
-    const float *__restrict__ w, float *__restrict__ h, struct cuda_h16 h16, struct cuda_q8 q8, int n,
-    struct cuda_norm nm)
+residual_norm_kernel(float *__restrict__ x, const float *__restrict__ r, struct cuda_rmix mix,
+    const float *__restrict__ post, const float *__restrict__ w, float *__restrict__ h, struct cuda_h16 h16,
+    struct cuda_q8 q8, int n, struct cuda_norm nm)
 {
 	__shared__ float red[WARP];
 	float *xr = x + (size_t)blockIdx.x * n;
@@ -248,7 +286,7 @@ residual_norm_kernel(float *__restrict__ x, const float *__restrict__ r, const f
 	if (r != NULL) {
 		float4 rv[V];
 
-		row_load<V>(r + (size_t)blockIdx.x * n, n4, rv);
+		residual_row<V>(r, mix, n4, rv);
 		if (post != NULL)
 			row_norm<V>(rv, gp, n, nm, red);
 #pragma unroll
@@ -477,61 +515,6 @@ moe_glu_kernel(float *__restrict__ gate, const float *__restrict__ up, int n, co
 	row_store_forms<V>(v, n4, gate, h16, q8, red);
 }
 
-/*
- * Token blockIdx.x's row of out: the sum over its k slots of the slot's
- * weight times its expert's down row (row[s], or s itself where row is
- * NULL) plus that expert's down bias, in slot order.
- */
-template <int V>
-__global__ void __launch_bounds__(ROW_THREADS_MAX)
-moe_combine_kernel(float *__restrict__ out, const float *__restrict__ down, int n, int k,
-    const float *__restrict__ weight, const int32_t *__restrict__ row, const int32_t *__restrict__ expert,
-    const float *__restrict__ down_b)
-{
-	pdl_wait();
-	pdl_trigger();
-	float4 acc[V];
-	int n4 = n / 4;
-
-#pragma unroll
-	for (int j = 0; j < V; j++)
-		acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-	for (int s = blockIdx.x * k; s < (int)(blockIdx.x + 1) * k; s++) {
-		float4 d[V], b[V];
-		float w = weight[s];
-
-		row_load<V>(down + (size_t)(row != NULL ? row[s] : s) * n, n4, d);
-		if (down_b != NULL) {
-			row_load<V>(down_b + (size_t)expert[s] * n, n4, b);
-#pragma unroll
-			for (int j = 0; j < V; j++)
-				d[j].x += b[j].x, d[j].y += b[j].y, d[j].z += b[j].z, d[j].w += b[j].w;
-		}
-#pragma unroll
-		for (int j = 0; j < V; j++)
-			acc[j].x += w * d[j].x, acc[j].y += w * d[j].y, acc[j].z += w * d[j].z, acc[j].w += w * d[j].w;
-	}
-	row_store<V>(out + (size_t)blockIdx.x * n, n4, acc);
-}
-
-/* Row blockIdx.x of x plus the bias, in place. */
-template <int V>
-__global__ void __launch_bounds__(ROW_THREADS_MAX)
-add_bias_kernel(float *__restrict__ x, const float *__restrict__ bias, int n)
-{
-	pdl_wait();
-	pdl_trigger();
-	float4 v[V], b[V];
-	int n4 = n / 4;
-
-	row_load<V>(x + (size_t)blockIdx.x * n, n4, v);
-	row_load<V>(bias, n4, b);
-#pragma unroll
-	for (int j = 0; j < V; j++)
-		v[j].x += b[j].x, v[j].y += b[j].y, v[j].z += b[j].z, v[j].w += b[j].w;
-	row_store<V>(x + (size_t)blockIdx.x * n, n4, v);
-}
-
 /* (v, i) beats (bv, bi): larger, or equal with a lower index. */
 static __device__ __forceinline__ int
 argmax_better(float v, int i, float bv, int bi)
@@ -655,12 +638,15 @@ glu_split(int n_rows, int n, int cluster_sms)
 }
 
 int
-cuda_residual_norm(float *x, const float *r, const float *post, const float *w, float *h, struct cuda_h16 h16,
-    struct cuda_q8 q8, int n_rows, int n, struct cuda_norm nm, cudaStream_t st, char *err)
+cuda_residual_norm(float *x, const float *r, const struct cuda_rmix *mix, const float *post, const float *w,
+    float *h, struct cuda_h16 h16, struct cuda_q8 q8, int n_rows, int n, struct cuda_norm nm, cudaStream_t st,
+    char *err)
 {
+	struct cuda_rmix none = {};
+
 	if (q8.q != NULL && n % 32 != 0)
 		return err_set(err, ERR_INVAL, "residual_norm: an int8 form of rows of %d floats", n);
-	ROW_LAUNCH(residual_norm_kernel, n, n_rows, st, x, r, post, w, h, h16, q8, n, nm);
+	ROW_LAUNCH(residual_norm_kernel, n, n_rows, st, x, r, mix != NULL ? *mix : none, post, w, h, h16, q8, n, nm);
 	return 0;
 }
 
@@ -715,21 +701,6 @@ cuda_moe_glu(float *gate, const float *up, int n_rows, int n, const int32_t *row
 	if (q8.q != NULL && n % 32 != 0)
 		return err_set(err, ERR_INVAL, "moe_glu: an int8 form of rows of %d floats", n);
 	ROW_LAUNCH(moe_glu_kernel, n, n_rows, st, gate, up, n, row_expert, gate_b, up_b, a, h16, q8);
-	return 0;
-}
-
-int
-cuda_moe_combine(float *out, const float *down, int n_tok, int n, int k, const float *weight, const int32_t *row,
-    const int32_t *expert, const float *down_b, cudaStream_t st, char *err)
-{
-	ROW_LAUNCH(moe_combine_kernel, n, n_tok, st, out, down, n, k, weight, row, expert, down_b);
-	return 0;
-}
-
-int
-cuda_add_bias(float *x, const float *bias, int n_rows, int n, cudaStream_t st, char *err)
-{
-	ROW_LAUNCH(add_bias_kernel, n, n_rows, st, x, bias, n);
 	return 0;
 }
 

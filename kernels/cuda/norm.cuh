@@ -92,15 +92,31 @@ f16_store1(struct cuda_h16 h16, int t, size_t i, int first, float v)
 int cuda_row_fits(int n);
 
 /*
- * For each of n_rows rows of width n: if r, x += (post ? norm(r) * post : r);
- * then, if w, h = norm(x) * w, or its fp16 form into h16 when h16.h is set,
- * and its int8 form into q8 when q8.q is set (n a multiple of 32). Either
- * step may be absent. w and post may be read before pdl_wait (rows of
- * up to 8,192 floats): no kernel of the step may write them (they are
- * weights).
+ * What cuda_residual_norm adds to x besides r itself: a bias on r's rows
+ * (an attention output's), and r as a mixture, token t's row the sum over
+ * its k rows s = t k .. t k + k - 1 of weight[s] times (r's row row[s],
+ * or s where row is NULL, plus row_b's row expert[s] if row_b): each
+ * token's experts, weighted. Zeroed (or NULL): r as it is.
  */
-int cuda_residual_norm(float *x, const float *r, const float *post, const float *w, float *h, struct cuda_h16 h16,
-    struct cuda_q8 q8, int n_rows, int n, struct cuda_norm nm, cudaStream_t st, char *err);
+struct cuda_rmix {
+	const float *bias;
+	int k;                        /* 0: no mixture */
+	const float *weight;
+	const int32_t *row, *expert;
+	const float *row_b;
+};
+
+/*
+ * For each of n_rows rows of width n: if r, x += (post ? norm(r') * post :
+ * r'), r' the row of r as mix says (NULL: r's own row); then, if w, h =
+ * norm(x) * w, or its fp16 form into h16 when h16.h is set, and its int8
+ * form into q8 when q8.q is set (n a multiple of 32). Either step may be
+ * absent. w and post may be read before pdl_wait (rows of up to 8,192
+ * floats): no kernel of the step may write them (they are weights).
+ */
+int cuda_residual_norm(float *x, const float *r, const struct cuda_rmix *mix, const float *post, const float *w,
+    float *h, struct cuda_h16 h16, struct cuda_q8 q8, int n_rows, int n, struct cuda_norm nm, cudaStream_t st,
+    char *err);
 
 /* h[i] = norm(x[rows[i]]) * w for i < n_rows (rows on the GPU); w may be read before pdl_wait, as above. */
 int cuda_norm_rows(const float *x, const int32_t *rows, const float *w, float *h, int n_rows, int n,
@@ -139,17 +155,7 @@ struct cuda_act {
 int cuda_moe_glu(float *gate, const float *up, int n_rows, int n, const int32_t *row_expert, const float *gate_b,
     const float *up_b, struct cuda_act a, struct cuda_h16 h16, struct cuda_q8 q8, cudaStream_t st, char *err);
 
-/*
- * out[t] = the sum over token t's k slots s (t k .. t k + k - 1, in order)
- * of weight[s] times (its expert's row of down, row[s] of it or s where
- * row is NULL, plus that expert's row of down_b, if any), for n_tok rows
- * of n.
- */
-int cuda_moe_combine(float *out, const float *down, int n_tok, int n, int k, const float *weight, const int32_t *row,
-    const int32_t *expert, const float *down_b, cudaStream_t st, char *err);
 
-/* x[r] += bias for each of n_rows rows of n. */
-int cuda_add_bias(float *x, const float *bias, int n_rows, int n, cudaStream_t st, char *err);
 
 /* Blocks sharing one row's argmax (a vocabulary row is read by many multiprocessors at once). */
 #define ARGMAX_PARTS 32

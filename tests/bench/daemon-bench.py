@@ -7,7 +7,11 @@ tokens per second the clients received together (first request sent to last
 resident-bench on the same model in the same run.
 
   python3 tests/bench/daemon-bench.py MODEL [--clients 16,64] [--tokens 128]
-      [--device cuda] [--bench] [-- RESIDENTD_FLAGS...]
+      [--device cuda] [--bench] [--also MODEL2] [-- RESIDENTD_FLAGS...]
+
+--also loads a second model first (one generated token) and keeps it
+loaded beside MODEL while the clients run, both under the daemon's one
+memory budget; the run fails if status does not list both at the end.
 
 Needs RESIDENT_BUILDDIR (residentd, resident-bench) and PyPI msgpack.
 """
@@ -76,6 +80,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--bench", action="store_true", help="also run resident-bench for the same N")
+    ap.add_argument("--also", help="a second model loaded beside MODEL for the whole run")
     # residentd's flags after "--" (argparse's positional nargs="*" takes none once the model is read)
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
@@ -83,10 +88,21 @@ def main():
     ns = [int(x) for x in a.clients.split(",")]
     rows = []
     with rsd.Daemon(model=os.path.abspath(a.model), extra=["--device", a.device, "--max-seqs", str(max(ns))] + flags) as d:
+        if a.also:
+            with d.client(timeout=600) as c:
+                c.generate(prompt="Hello", max_tokens=1, temperature=0, model=os.path.abspath(a.also),
+                           keep_alive=-1)
         run_clients(d, 2, 8, 300)  # warm up: load, graphs of the small shapes
         for n in ns:
             wall, toks, per, ttft = run_clients(d, n, a.tokens, 600)
             rows.append((n, toks / wall, min(per), max(per), ttft[0], ttft[len(ttft) // 2], ttft[-1]))
+        if a.also:
+            with d.client(timeout=60) as c:
+                st = c.call("status")
+            names = [m.get("name") for m in st.get("models", []) if m.get("loaded", True)]
+            print("models loaded at the end: %s" % names)
+            if len(names) < 2:
+                raise RuntimeError("the second model was not kept loaded: %s" % st)
     print("| clients | tokens/s through the daemon | slowest client t/s | fastest client t/s | first token ms "
           "(min / median / max) | resident-bench t/s | ratio |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
