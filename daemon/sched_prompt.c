@@ -26,11 +26,11 @@ conversation(const struct sched_job *job, size_t *n)
 	    (job->n_history == 0 && r->n_msgs > 0 && strcmp(r->msgs[0].role, "system") == 0);
 
 	if (job->session_system != NULL && job->session_system[0] != '\0' && !has_system)
-		m[k++] = (struct chat_msg){ "system", job->session_system };
+		m[k++] = (struct chat_msg){ "system", job->session_system, NULL };
 	for (i = 0; i < (size_t)job->n_history; i++)
-		m[k++] = (struct chat_msg){ job->history[i].role, job->history[i].content };
+		m[k++] = (struct chat_msg){ job->history[i].role, job->history[i].content, NULL };
 	for (i = 0; i < (size_t)r->n_msgs; i++)
-		m[k++] = (struct chat_msg){ r->msgs[i].role, r->msgs[i].content };
+		m[k++] = (struct chat_msg){ r->msgs[i].role, r->msgs[i].content, NULL };
 	*n = k;
 	return m;
 }
@@ -119,7 +119,7 @@ sched_closing_tokens(const struct model_desc *md, const struct sched_job *job, c
 	m = conversation(job, &n_msgs);
 	m2 = xcalloc(n_msgs + 1, sizeof *m2);
 	memcpy(m2, m, n_msgs * sizeof *m);
-	m2[n_msgs] = (struct chat_msg){ "assistant", q->text };
+	m2[n_msgs] = (struct chat_msg){ "assistant", q->text, NULL };
 	if (render(md, m, n_msgs, 1, &b, &b_len, NULL) == 0 && render(md, m2, n_msgs + 1, 0, &a, &a_len, NULL) == 0 &&
 	    a_len >= b_len + q->text_len && memcmp(a, b, b_len) == 0 && memcmp(a + b_len, q->text, q->text_len) == 0) {
 		last = q->n_tokens > 0 && tok_is_eog(md->tok, q->tokens[q->n_tokens - 1]) ?

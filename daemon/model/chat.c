@@ -310,6 +310,14 @@ check_alternation(enum chat_tmpl t, const struct chat_msg *m, size_t n, char *er
 	return 0;
 }
 
+/* Whether a text (NULL: none) holds a harmony channel header, which its template refuses in a message. */
+static int
+harmony_tagged(const char *s)
+{
+	return s != NULL && (strstr(s, "<|channel|>analysis<|message|>") != NULL ||
+	    strstr(s, "<|channel|>final<|message|>") != NULL);
+}
+
 /* What one message's family refuses of it (a late system message, harmony's channel tags). */
 static int
 check_family(enum chat_tmpl t, const struct chat_msg *m, size_t i, char *err)
@@ -319,11 +327,9 @@ check_family(enum chat_tmpl t, const struct chat_msg *m, size_t i, char *err)
 	if (i > 0 && r == ROLE_SYSTEM && system_first_only(t))
 		return err_set(err, ERR_INVAL, "message %zu: the %s template allows a system "
 		    "message only as the first message", i, tmpl_names[t]);
-	if (t == CHAT_HARMONY && r == ROLE_ASSISTANT &&
-	    (strstr(m->content, "<|channel|>analysis<|message|>") != NULL ||
-	    strstr(m->content, "<|channel|>final<|message|>") != NULL))
+	if (t == CHAT_HARMONY && r == ROLE_ASSISTANT && (harmony_tagged(m->content) || harmony_tagged(m->reasoning)))
 		return err_set(err, ERR_INVAL, "message %zu: the harmony template refuses "
-		    "<|channel|> tags in an assistant message's content", i);
+		    "<|channel|> tags in an assistant message's content or reasoning", i);
 	return 0;
 }
 
@@ -342,6 +348,8 @@ check_msgs(enum chat_tmpl t, const struct chat_msg *m, size_t n, char *err)
 			return err_set(err, ERR_INVAL, "message %zu: no content", i);
 		if (!utf8_valid(m[i].content, strlen(m[i].content)))
 			return err_set(err, ERR_INVAL, "message %zu: content is not valid UTF-8", i);
+		if (m[i].reasoning != NULL && !utf8_valid(m[i].reasoning, strlen(m[i].reasoning)))
+			return err_set(err, ERR_INVAL, "message %zu: reasoning is not valid UTF-8", i);
 		if ((rc = check_family(t, &m[i], i, err)) != 0)
 			return rc;
 	}
@@ -472,18 +480,19 @@ qwen3_last_query(const struct chat_msg *m, size_t n)
 }
 
 /*
- * A Qwen3 assistant turn. Content with a </think> is cut in two, as the
- * template's splits do: the reasoning is what precedes the first </think>
- * (after the last <think> there), the reply what follows the last one.
- * keep: the turn follows the last query, where the reasoning is rendered
- * if it is not empty or the turn ends the conversation.
+ * A Qwen3 assistant turn. Its reasoning is the message's own where it has
+ * one; else content with a </think> is cut in two, as the template's
+ * splits do: the reasoning is what precedes the first </think> (after the
+ * last <think> there), the reply what follows the last one. keep: the turn
+ * follows the last query, where the reasoning is rendered if it is not
+ * empty or the turn ends the conversation.
  */
 static void
-qwen3_assistant(const char *c, int keep, int last, struct sbuf *b)
+qwen3_assistant(const struct chat_msg *m, int keep, int last, struct sbuf *b)
 {
-	const char *end = strstr(c, "</think>"), *open;
-	size_t len = strlen(c), r_len = 0;
-	const char *reply = c, *reason = c;
+	const char *c = m->content, *end = m->reasoning ? NULL : strstr(c, "</think>"), *open;
+	size_t len = strlen(c), r_len = m->reasoning ? strlen(m->reasoning) : 0;
+	const char *reply = c, *reason = m->reasoning ? m->reasoning : c;
 
 	if (end != NULL) {
 		reply = find_last(c, len, "</think>") + 8;
@@ -515,7 +524,7 @@ render_qwen3(const struct chat_msg *m, size_t n, const struct chat_opts *o, stru
 
 	for (i = 0; i < n; i++) {
 		if (role_of(&m[i]) == ROLE_ASSISTANT)
-			qwen3_assistant(m[i].content, i > q, i == n - 1, b);
+			qwen3_assistant(&m[i], i > q, i == n - 1, b);
 		else
 			chatml_turn(&m[i], b);
 	}
@@ -527,7 +536,8 @@ render_qwen3(const struct chat_msg *m, size_t n, const struct chat_opts *o, stru
 /*
  * gpt-oss (harmony): the fixed system message, the user's system prompt as
  * the developer's instructions, assistant turns on their final channel (the
- * last one ending with <|return|> when no reply follows).
+ * last one ending with <|return|> when no reply follows, with its reasoning
+ * on the analysis channel before it).
  */
 static void
 render_harmony(const struct chat_msg *m, size_t n, int gen, const char *date, struct sbuf *b)
@@ -548,6 +558,11 @@ render_harmony(const struct chat_msg *m, size_t n, int gen, const char *date, st
 			sb_str(b, m[i].content);
 			sb_str(b, "<|end|>");
 			continue;
+		}
+		if (i == n - 1 && !gen && m[i].reasoning != NULL) {
+			sb_str(b, "<|start|>assistant<|channel|>analysis<|message|>");
+			sb_str(b, m[i].reasoning);
+			sb_str(b, "<|end|>");
 		}
 		sb_str(b, "<|start|>assistant<|channel|>final<|message|>");
 		sb_str(b, m[i].content);

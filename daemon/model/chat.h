@@ -27,8 +27,10 @@ enum chat_tmpl {
 #define CHAT_TMPL_LAST CHAT_MISTRAL_V1
 
 struct chat_msg {
-	const char *role;    /* "system", "user" or "assistant" */
-	const char *content; /* UTF-8 */
+	const char *role;      /* "system", "user" or "assistant" */
+	const char *content;   /* UTF-8 */
+	const char *reasoning; /* an assistant turn's reasoning, apart from its content (Qwen3's
+	                          reasoning_content, harmony's thinking); NULL: none given */
 };
 
 /*
@@ -102,9 +104,14 @@ struct chat_opts {
  * the <think>...</think> reasoning out of the assistant turns before the
  * last user query (the last user turn that is not one <tool_response>
  * block); after it, a turn's reasoning is rendered in a think block where
- * it is not empty, and in the conversation's last turn even when it is.
+ * it is not empty, and in the conversation's last turn even when it is. A
+ * turn's reasoning is its chat_msg.reasoning where given (its content is
+ * then all reply), else what its content holds before </think>.
  * Harmony renders an assistant turn as its final channel, ending the
- * conversation's last turn with <|return|> when no reply is to follow.
+ * conversation's last turn with <|return|> when no reply is to follow;
+ * its reasoning only then, as an analysis message before it (the official
+ * template's training case: inference drops past reasoning), and refuses
+ * <|channel|> tags in the reasoning as in the content.
  *
  * Reference templates: Meta-Llama-3-8B-Instruct, Qwen2.5-Instruct (ChatML;
  * its default system prompt for conversations without one is not

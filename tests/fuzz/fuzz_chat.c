@@ -48,6 +48,7 @@ split(char *rest, size_t n, struct chat_msg *m, int *all_valid)
 			nul = end;
 		m[k].role = roles[(uint8_t)*p % 4];
 		m[k].content = p + (p < nul);
+		m[k].reasoning = NULL;
 		if (m[k].role == roles[3] || !utf8_valid(m[k].content, (size_t)(nul - m[k].content)))
 			*all_valid = 0;
 		k++;

@@ -36,29 +36,43 @@
 
 /* The conversations of render_expected.py (U+00A0 and U+3000 end the assistant turn). */
 static const struct chat_msg conv_full[] = {
-	{ "system", "You are a helpful assistant." },
-	{ "user", " Hello!\n" },
-	{ "assistant", "  Hi there.\xc2\xa0\xe3\x80\x80" },
-	{ "user", "Who are you?" },
+	{ "system", "You are a helpful assistant.", NULL },
+	{ "user", " Hello!\n", NULL },
+	{ "assistant", "  Hi there.\xc2\xa0\xe3\x80\x80", NULL },
+	{ "user", "Who are you?", NULL },
 };
 static const struct chat_msg *const conv_nosys = conv_full + 1;
 
 /* Qwen3's history: reasoning is kept only after the last user query, and a tool response is none. */
-#define A_T1 { "assistant", "<think>\nLet me greet.\n</think>\n\nHi there." }
-#define A_T2 { "assistant", "\n<think>\n\nI am Qwen.\n\n</think>\n\n\nI am Qwen, an assistant." }
-#define U_TR { "user", "<tool_response>\n42\n</tool_response>" }
+#define A_T1 { "assistant", "<think>\nLet me greet.\n</think>\n\nHi there.", NULL }
+#define A_T2 { "assistant", "\n<think>\n\nI am Qwen.\n\n</think>\n\n\nI am Qwen, an assistant.", NULL }
+#define U_TR { "user", "<tool_response>\n42\n</tool_response>", NULL }
 static const struct chat_msg conv_think[] = {
-	{ "system", "You are a helpful assistant." }, { "user", " Hello!\n" }, A_T1,
-	{ "user", "Who are you?" }, A_T2,
+	{ "system", "You are a helpful assistant.", NULL }, { "user", " Hello!\n", NULL }, A_T1,
+	{ "user", "Who are you?", NULL }, A_T2,
 };
 static const struct chat_msg conv_toolresp[] = {
-	{ "user", "Who are you?" }, A_T1, U_TR, { "assistant", "\nPlain answer." }, U_TR, A_T2,
+	{ "user", "Who are you?", NULL }, A_T1, U_TR, { "assistant", "\nPlain answer.", NULL }, U_TR, A_T2,
+};
+
+/* Reasoning given apart (Qwen3's reasoning_content, harmony's thinking): the content is all reply. */
+#define A_R1 { "assistant", "\nHi there.", "\nLet me greet.\n" }
+#define A_R2 { "assistant", "I am Qwen.", "" }
+#define A_R3 { "assistant", "Plain </think> answer.", "Tool said 42." }
+static const struct chat_msg conv_reasoned[] = {
+	{ "system", "You are a helpful assistant.", NULL }, { "user", " Hello!\n", NULL }, A_R1,
+	{ "user", "Who are you?", NULL }, A_R2,
+};
+static const struct chat_msg conv_reasontool[] = { { "user", "Who are you?", NULL }, A_R1, U_TR, A_R3 };
+static const struct chat_msg conv_reasonlast[] = {
+	{ "user", " Hello!\n", NULL }, A_R1, { "user", "Who are you?", NULL }, A_R3,
 };
 
 /* The date render_expected.py pins gpt-oss's strftime_now to. */
 #define TEST_DATE "2025-08-05"
 
-enum conv { CONV_FULL, CONV_NOSYS, CONV_ENDASST, CONV_THINK, CONV_TOOLRESP };
+enum conv { CONV_FULL, CONV_NOSYS, CONV_ENDASST, CONV_THINK, CONV_TOOLRESP, CONV_REASONED, CONV_REASONTOOL,
+	CONV_REASONLAST };
 
 /* The messages and count of a conversation. */
 static const struct chat_msg *
@@ -80,6 +94,15 @@ conv_msgs(enum conv c, size_t *n)
 	case CONV_TOOLRESP:
 		*n = ARRAY_LEN(conv_toolresp);
 		return conv_toolresp;
+	case CONV_REASONED:
+		*n = ARRAY_LEN(conv_reasoned);
+		return conv_reasoned;
+	case CONV_REASONTOOL:
+		*n = ARRAY_LEN(conv_reasontool);
+		return conv_reasontool;
+	case CONV_REASONLAST:
+		*n = ARRAY_LEN(conv_reasonlast);
+		return conv_reasonlast;
 	}
 	*n = 0;
 	return NULL;
@@ -187,6 +210,18 @@ static const struct expected expected[] = {
 	    "<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\nLet me greet.\n</think>\n\nHi there.<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n\nPlain answer.<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\nI am Qwen.\n</think>\n\nI am Qwen, an assistant.<|im_end|>\n<|im_start|>assistant\n" },
 	{ CHAT_QWEN3, CONV_TOOLRESP, GEN_NO_THINK,
 	    "<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\nLet me greet.\n</think>\n\nHi there.<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n\nPlain answer.<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\nI am Qwen.\n</think>\n\nI am Qwen, an assistant.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" },
+	{ CHAT_QWEN3, CONV_REASONED, 0,
+	    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n Hello!\n<|im_end|>\n<|im_start|>assistant\n\nHi there.<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nI am Qwen.<|im_end|>\n" },
+	{ CHAT_QWEN3, CONV_REASONED, 1,
+	    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n Hello!\n<|im_end|>\n<|im_start|>assistant\n\nHi there.<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nI am Qwen.<|im_end|>\n<|im_start|>assistant\n" },
+	{ CHAT_QWEN3, CONV_REASONED, GEN_NO_THINK,
+	    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n Hello!\n<|im_end|>\n<|im_start|>assistant\n\nHi there.<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nI am Qwen.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" },
+	{ CHAT_QWEN3, CONV_REASONTOOL, 0,
+	    "<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\nLet me greet.\n</think>\n\nHi there.<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\nTool said 42.\n</think>\n\nPlain </think> answer.<|im_end|>\n" },
+	{ CHAT_QWEN3, CONV_REASONTOOL, 1,
+	    "<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\nLet me greet.\n</think>\n\nHi there.<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\nTool said 42.\n</think>\n\nPlain </think> answer.<|im_end|>\n<|im_start|>assistant\n" },
+	{ CHAT_QWEN3, CONV_REASONTOOL, GEN_NO_THINK,
+	    "<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n<think>\nLet me greet.\n</think>\n\nHi there.<|im_end|>\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\nTool said 42.\n</think>\n\nPlain </think> answer.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n" },
 	{ CHAT_HARMONY, CONV_FULL, 0,
 	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>user<|message|>Who are you?<|end|>" },
 	{ CHAT_HARMONY, CONV_FULL, 1,
@@ -199,6 +234,14 @@ static const struct expected expected[] = {
 	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|return|>" },
 	{ CHAT_HARMONY, CONV_ENDASST, 1,
 	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_REASONED, 0,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>\nHi there.<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant<|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>final<|message|>I am Qwen.<|return|>" },
+	{ CHAT_HARMONY, CONV_REASONED, 1,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>\nHi there.<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant<|channel|>final<|message|>I am Qwen.<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_REASONLAST, 0,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>\nHi there.<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant<|channel|>analysis<|message|>Tool said 42.<|end|><|start|>assistant<|channel|>final<|message|>Plain </think> answer.<|return|>" },
+	{ CHAT_HARMONY, CONV_REASONLAST, 1,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>\nHi there.<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant<|channel|>final<|message|>Plain </think> answer.<|end|><|start|>assistant" },
 	{ CHAT_MISTRAL_V1, CONV_FULL, 0,
 	    "<s> [INST] You are a helpful assistant.\n\n Hello!\n [/INST]   Hi there.\xc2""\xa0""\xe3""\x80""\x80""</s> [INST] Who are you? [/INST]" },
 	{ CHAT_MISTRAL_V1, CONV_FULL, 1,
@@ -362,16 +405,21 @@ test_harmony_date(void **state)
 static void
 test_harmony_refusals(void **state)
 {
-	const struct chat_msg analysis[] = { { "user", "a" },
-	    { "assistant", "<|channel|>analysis<|message|>x" } };
-	const struct chat_msg final[] = { { "user", "a" }, { "assistant", "a<|channel|>final<|message|>b" } };
-	const struct chat_msg late_sys[] = { { "user", "a" }, { "assistant", "b" }, { "system", "c" } };
-	const struct chat_msg empty_sys[] = { { "system", "" }, { "user", "a" } };
+	const struct chat_msg analysis[] = { { "user", "a", NULL },
+	    { "assistant", "<|channel|>analysis<|message|>x", NULL } };
+	const struct chat_msg final[] = { { "user", "a", NULL },
+	    { "assistant", "a<|channel|>final<|message|>b", NULL } };
+	const struct chat_msg thinking[] = { { "user", "a", NULL },
+	    { "assistant", "b", "a<|channel|>final<|message|>b" } };
+	const struct chat_msg late_sys[] = { { "user", "a", NULL }, { "assistant", "b", NULL },
+	    { "system", "c", NULL } };
+	const struct chat_msg empty_sys[] = { { "system", "", NULL }, { "user", "a", NULL } };
 	char *out;
 
 	(void)state;
 	render_bad(CHAT_HARMONY, analysis, 2, "message 1: the harmony template refuses <|channel|> tags");
 	render_bad(CHAT_HARMONY, final, 2, "message 1: the harmony template refuses <|channel|> tags");
+	render_bad(CHAT_HARMONY, thinking, 2, "message 1: the harmony template refuses <|channel|> tags");
 	render_bad(CHAT_HARMONY, late_sys, 3, "message 2: the harmony template allows a system message only");
 	/* an empty system prompt makes no developer message, as in the template */
 	out = render_ok(CHAT_HARMONY, empty_sys, 2, 0, NULL);
@@ -422,8 +470,8 @@ test_raw(void **state)
 static void
 test_unicode_strip(void **state)
 {
-	const struct chat_msg m[] = { { "user", "\t\xe2\x80\x83x\xe2\x80\x8by\xc2\x85\x1f" } };
-	const struct chat_msg blank[] = { { "user", " \xe3\x80\x80\n" } };
+	const struct chat_msg m[] = { { "user", "\t\xe2\x80\x83x\xe2\x80\x8by\xc2\x85\x1f", NULL } };
+	const struct chat_msg blank[] = { { "user", " \xe3\x80\x80\n", NULL } };
 	char *out;
 
 	(void)state;
@@ -440,7 +488,7 @@ test_unicode_strip(void **state)
 static void
 test_free_order(void **state)
 {
-	const struct chat_msg m[] = { { "user", "a" }, { "user", "b" }, { "system", "c" } };
+	const struct chat_msg m[] = { { "user", "a", NULL }, { "user", "b", NULL }, { "system", "c", NULL } };
 	char *out;
 
 	(void)state;
@@ -456,10 +504,11 @@ test_free_order(void **state)
 static void
 test_alternation(void **state)
 {
-	const struct chat_msg two_users[] = { { "user", "a" }, { "user", "b" } };
-	const struct chat_msg asst_first[] = { { "assistant", "a" }, { "user", "b" } };
-	const struct chat_msg sys_asst[] = { { "system", "s" }, { "assistant", "a" } };
-	const struct chat_msg late_sys[] = { { "user", "a" }, { "assistant", "b" }, { "system", "c" } };
+	const struct chat_msg two_users[] = { { "user", "a", NULL }, { "user", "b", NULL } };
+	const struct chat_msg asst_first[] = { { "assistant", "a", NULL }, { "user", "b", NULL } };
+	const struct chat_msg sys_asst[] = { { "system", "s", NULL }, { "assistant", "a", NULL } };
+	const struct chat_msg late_sys[] = { { "user", "a", NULL }, { "assistant", "b", NULL },
+	    { "system", "c", NULL } };
 	const enum chat_tmpl strict[] = { CHAT_GEMMA, CHAT_MISTRAL, CHAT_LLAMA2, CHAT_MISTRAL_V1 };
 	size_t i;
 
@@ -476,10 +525,11 @@ test_alternation(void **state)
 static void
 test_bad_messages(void **state)
 {
-	const struct chat_msg tool[] = { { "user", "a" }, { "tool", "b" } };
-	const struct chat_msg no_role[] = { { NULL, "a" } };
-	const struct chat_msg no_content[] = { { "user", NULL } };
-	const struct chat_msg bad_utf8[] = { { "user", "a\xc3(" } };
+	const struct chat_msg tool[] = { { "user", "a", NULL }, { "tool", "b", NULL } };
+	const struct chat_msg no_role[] = { { NULL, "a", NULL } };
+	const struct chat_msg no_content[] = { { "user", NULL, NULL } };
+	const struct chat_msg bad_utf8[] = { { "user", "a\xc3(", NULL } };
+	const struct chat_msg bad_reasoning[] = { { "user", "a", NULL }, { "assistant", "b", "c\xc3(" } };
 	char err[ERR_LEN];
 	char *out = NULL;
 	size_t len, t;
@@ -490,6 +540,7 @@ test_bad_messages(void **state)
 		render_bad((enum chat_tmpl)t, no_role, 1, "unknown role '(null)'");
 		render_bad((enum chat_tmpl)t, no_content, 1, "message 0: no content");
 		render_bad((enum chat_tmpl)t, bad_utf8, 1, "not valid UTF-8");
+		render_bad((enum chat_tmpl)t, bad_reasoning, 2, "message 1: reasoning is not valid UTF-8");
 		if (t != CHAT_RAW)
 			render_bad((enum chat_tmpl)t, tool, 0, "no messages");
 	}

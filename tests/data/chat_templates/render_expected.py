@@ -44,6 +44,18 @@ A_T2 = {"role": "assistant", "content": "\n<think>\n\nI am Qwen.\n\n</think>\n\n
 A_P = {"role": "assistant", "content": "\nPlain answer."}
 U_TR = {"role": "user", "content": "<tool_response>\n42\n</tool_response>"}
 
+
+def reasoned(content, reasoning):
+    """An assistant turn with its reasoning apart (chat_msg.reasoning): Qwen3's
+    template reads it as reasoning_content, gpt-oss's as thinking."""
+    return {"role": "assistant", "content": content, "reasoning_content": reasoning, "thinking": reasoning}
+
+
+# Reasoning given apart: the content is then all reply, even with a </think>.
+A_R1 = reasoned("\nHi there.", "\nLet me greet.\n")
+A_R2 = reasoned("I am Qwen.", "")
+A_R3 = reasoned("Plain </think> answer.", "Tool said 42.")
+
 # name -> messages; the same lists are spelled out in test_chat.c.
 CONVS = {
     "full": [SYS, U1, A1, U2],
@@ -55,6 +67,12 @@ CONVS_OF = {
     "QWEN3": {
         "think": [SYS, U1, A_T1, U2, A_T2],
         "toolresp": [U2, A_T1, U_TR, A_P, U_TR, A_T2],
+        "reasoned": [SYS, U1, A_R1, U2, A_R2],
+        "reasontool": [U2, A_R1, U_TR, A_R3],
+    },
+    "HARMONY": {
+        "reasoned": [SYS, U1, A_R1, U2, A_R2],
+        "reasonlast": [U1, A_R1, U2, A_R3],
     },
 }
 
@@ -85,7 +103,8 @@ REJECTED = {
     "LLAMA2": [[U1, U2], [A1, U1], [SYS, A1]],
     "MISTRAL_V1": [[U1, U2], [A1, U1], [SYS, A1], [U1, A1, SYS]],
     "HARMONY": [[U1, {"role": "assistant", "content": "<|channel|>analysis<|message|>x"}],
-                [U1, {"role": "assistant", "content": "a<|channel|>final<|message|>b"}]],
+                [U1, {"role": "assistant", "content": "a<|channel|>final<|message|>b"}],
+                [U1, reasoned("b", "a<|channel|>final<|message|>b")]],
 }
 
 
