@@ -64,8 +64,12 @@ int cmd_show(struct cli *cli, int argc, char **argv);
 int cmd_stop(struct cli *cli, int argc, char **argv);
 int cmd_status(struct cli *cli, int argc, char **argv);
 int cmd_ps(struct cli *cli, int argc, char **argv);
-/* Prints a session's turns (the last `last` of them; 0: all) as "role: text" blocks. */
-void cli_print_turns(const rs_value *turns, size_t last);
+/*
+ * Prints a session's turns (the last `last` of them; 0: all) as "role: text"
+ * blocks, an assistant turn's reasoning (cli_print_reasoning) before its
+ * text when reasoning is set.
+ */
+void cli_print_turns(const rs_value *turns, size_t last, int reasoning);
 
 /* ---- output.c ---- */
 
@@ -83,6 +87,10 @@ const char *cli_time(uint64_t unix_s, char *buf);
 const char *cli_duration(double seconds, char *buf);
 /* Terminal columns a UTF-8 string takes (one per code point). */
 size_t cli_width(const char *s);
+/* Whether stdout takes ANSI styles: it is a terminal, and NO_COLOR is unset or empty (no-color.org). */
+int cli_color(void);
+/* Starts (on) or ends printing a model's reasoning on stdout: faint where cli_color says so. */
+void cli_reasoning_style(int on);
 
 /* A text table: columns aligned, the last one not padded. */
 struct table;

@@ -1,7 +1,9 @@
 /*
  * generate.c: `resident run` and `resident chat`.
  *
- * Both stream the reply to stdout as it comes. A generation is started with
+ * Both stream the reply to stdout as it comes: the model's reasoning, where
+ * it has any, faint on a terminal and set apart from the answer by a blank
+ * line (unless --hide-reasoning), then its answer. A generation is started with
  * rs_generate_start and driven by a ppoll loop on the client's socket, with
  * SIGINT blocked except inside ppoll: so a Ctrl-C always interrupts the
  * wait, and is turned into a `cancel` request instead of ending the
@@ -28,7 +30,7 @@
 struct gen_opts {
 	const char *model, *session, *system;
 	char model_path[PATH_MAX];
-	int raw, verbose;
+	int raw, verbose, hide_reasoning;
 	struct {                    /* the sampling options given, in order */
 		const char *key;
 		int is_int;
@@ -40,9 +42,14 @@ struct gen_opts {
 	int n_stop;
 };
 
+/* What a generation printed last. */
+enum shown { SHOWN_NOTHING, SHOWN_REASONING, SHOWN_ANSWER };
+
 /* One generation in progress. */
 struct gen {
 	int print;                  /* stream the text to stdout */
+	int reasoning;              /* and the reasoning before it */
+	enum shown shown;
 	int finished, cancelled;
 	rs_status status;
 	char message[256];
@@ -93,18 +100,47 @@ wait_readable(int fd)
 
 /* ---- one generation ---- */
 
+/* Ends the line and the reasoning's style when the text printed changes from reasoning to answer. */
+static void
+gen_switch(struct gen *g, enum shown to)
+{
+	if (g->shown == SHOWN_REASONING)
+		cli_reasoning_style(0);
+	if (g->shown != SHOWN_NOTHING && to != SHOWN_NOTHING) {
+		if (g->last != '\n')
+			putchar('\n');
+		putchar('\n');
+		g->last = '\n';
+	}
+	if (to == SHOWN_REASONING)
+		cli_reasoning_style(1);
+	g->shown = to;
+}
+
+/* Prints a piece of the reply's reasoning or answer. */
+static void
+gen_print(struct gen *g, const char *s, enum shown part)
+{
+	size_t n = strlen(s);
+
+	if (n == 0)
+		return;
+	if (part != g->shown)
+		gen_switch(g, part);
+	fwrite(s, 1, n, stdout);
+	fflush(stdout);
+	g->last = s[n - 1];
+	g->printed += n;
+}
+
 static int
 gen_token_cb(uint64_t id, const char *text, const rs_value *reply, void *user)
 {
 	struct gen *g = user;
-	size_t n = strlen(text);
 
-	if (n > 0) {
-		fwrite(text, 1, n, stdout);
-		fflush(stdout);
-		g->last = text[n - 1];
-		g->printed += n;
-	}
+	if (g->reasoning)
+		gen_print(g, rs_reply_reasoning(reply), SHOWN_REASONING);
+	gen_print(g, text, SHOWN_ANSWER);
 	return 0;
 }
 
@@ -159,6 +195,8 @@ generate(struct cli *cli, const rs_params *p, struct gen *g)
 		}
 	}
 	sigints = 0;
+	if (g->shown == SHOWN_REASONING)
+		cli_reasoning_style(0);
 	if (g->print && g->printed > 0 && g->last != '\n') {
 		putchar('\n');
 		fflush(stdout);
@@ -205,6 +243,7 @@ gen_failed(const struct gen *g)
 
 enum {
 	O_SYSTEM = 256, O_RAW, O_TOP_K, O_TOP_P, O_MIN_P, O_REPEAT, O_SEED, O_STOP, O_JSON, O_SOCKET,
+	O_HIDE_REASONING,
 };
 
 /* A sampling option: its protocol field and whether it is an integer. */
@@ -239,7 +278,8 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 		{ "min-p", required_argument, NULL, O_MIN_P }, { "repeat-penalty", required_argument, NULL, O_REPEAT },
 		{ "seed", required_argument, NULL, O_SEED }, { "stop", required_argument, NULL, O_STOP },
 		{ "verbose", no_argument, NULL, 'v' }, { "json", no_argument, NULL, O_JSON },
-		{ "socket", required_argument, NULL, O_SOCKET }, { NULL, 0, NULL, 0 },
+		{ "socket", required_argument, NULL, O_SOCKET },
+		{ "hide-reasoning", no_argument, NULL, O_HIDE_REASONING }, { NULL, 0, NULL, 0 },
 	};
 	const char *key;
 	int c, is_int, k;
@@ -266,6 +306,7 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 		case O_RAW: o->raw = 1; break;
 		case O_STOP: o->stop[o->n_stop++] = optarg; break;
 		case 'v': o->verbose = 1; break;
+		case O_HIDE_REASONING: o->hide_reasoning = 1; break;
 		case O_JSON: cli->json = 1; break;
 		case O_SOCKET: cli->socket = optarg; break;
 		default: return cli_usage_error("%s: unknown option", argv[0]);
@@ -378,6 +419,7 @@ cmd_run(struct cli *cli, int argc, char **argv)
 		goto out;
 	signals_setup();
 	g.print = !cli->json;
+	g.reasoning = !o.hide_reasoning;
 	generate(cli, p, &g);
 	if (g.status != RS_OK) {
 		rc = gen_failed(&g);
@@ -556,7 +598,7 @@ chat_open(struct cli *cli, const struct gen_opts *o, char *uuid, size_t size, in
 		fprintf(stderr, "session %s: %s (model %s, %llu turns)\n", cli_str(s, "session"),
 		    cli_str(s, "title")[0] ? cli_str(s, "title") : "untitled", cli_str(s, "model"),
 		    (unsigned long long)rs_uint(rs_get(s, "turns")));
-		cli_print_turns(rs_get(out, "turns"), CHAT_SHOW_TURNS);
+		cli_print_turns(rs_get(out, "turns"), CHAT_SHOW_TURNS, !o->hide_reasoning);
 	} else {
 		/* the sampling options become the new session's defaults */
 		if ((defaults = rs_params_new()) == NULL)
@@ -583,7 +625,7 @@ chat_open(struct cli *cli, const struct gen_opts *o, char *uuid, size_t size, in
 static int
 chat_turn(struct cli *cli, const struct gen_opts *o, const char *uuid, const char *text, int *kept)
 {
-	struct gen g = { .print = 1 };
+	struct gen g = { .print = 1, .reasoning = !o->hide_reasoning };
 	rs_params *p = rs_params_new();
 	int rc = 0;
 

@@ -83,17 +83,24 @@ print_sessions(const rs_value *list)
 }
 
 void
-cli_print_turns(const rs_value *turns, size_t last)
+cli_print_turns(const rs_value *turns, size_t last, int reasoning)
 {
 	size_t i, n = rs_len(turns), from = last && n > last ? n - last : 0;
-	const char *text;
+	const char *text, *why;
 
 	if (from > 0)
 		printf("(%zu earlier turns)\n\n", from);
 	for (i = from; i < n; i++) {
 		text = cli_str(rs_at(turns, i), "content");
-		printf("%s: %s%s\n", cli_str(rs_at(turns, i), "role"), text,
-		    text[0] && text[strlen(text) - 1] == '\n' ? "" : "\n");
+		why = rs_reply_reasoning(rs_at(turns, i));
+		printf("%s: ", cli_str(rs_at(turns, i), "role"));
+		if (reasoning && why[0] != '\0') {
+			cli_reasoning_style(1);
+			fputs(why, stdout);
+			cli_reasoning_style(0);
+			fputs(why[strlen(why) - 1] == '\n' ? "\n" : "\n\n", stdout);
+		}
+		printf("%s%s\n", text, text[0] && text[strlen(text) - 1] == '\n' ? "" : "\n");
 	}
 	fflush(stdout);
 }
@@ -114,7 +121,7 @@ print_session(const rs_value *r)
 	printf("updated  %s\n", cli_time(rs_uint(rs_get(s, "updated")), b));
 	printf("tokens   %llu in %llu turns\n\n", (unsigned long long)rs_uint(rs_get(s, "tokens")),
 	    (unsigned long long)rs_uint(rs_get(s, "turns")));
-	cli_print_turns(rs_get(r, "turns"), 0);
+	cli_print_turns(rs_get(r, "turns"), 0, 1);
 }
 
 /* The subcommands of `sessions` and `models`. */

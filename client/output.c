@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 json_t *
 cli_json(const rs_value *v)
@@ -115,6 +116,25 @@ cli_width(const char *s)
 	for (; *s != '\0'; s++)
 		n += ((unsigned char)*s & 0xc0) != 0x80;
 	return n;
+}
+
+int
+cli_color(void)
+{
+	const char *no = getenv("NO_COLOR");
+
+	return isatty(STDOUT_FILENO) && (no == NULL || no[0] == '\0');
+}
+
+void
+cli_reasoning_style(int on)
+{
+	static int color = -1;
+
+	if (color < 0)
+		color = cli_color();
+	if (color)
+		fputs(on ? "\033[2m" : "\033[0m", stdout);
 }
 
 /* ---- tables ---- */

@@ -50,6 +50,8 @@ usage(FILE *fp)
 	    "  -t, --temperature T        0 is greedy (default 0.8)\n"
 	    "      --top-k K, --top-p P, --min-p P, --repeat-penalty R, --seed N\n"
 	    "      --stop TEXT            stop before TEXT (may be repeated)\n"
+	    "      --hide-reasoning       do not print the model's reasoning (shown faint before\n"
+	    "                             its answer)\n"
 	    "  -v, --verbose              print token counts and speed on stderr\n"
 	    "\n"
 	    "global options:\n"

@@ -651,6 +651,15 @@ proto_pack_kv_str(msgpack_packer *pk, const char *k, const char *v)
 }
 
 void
+proto_pack_kv_strn(msgpack_packer *pk, const char *k, const char *v, size_t n)
+{
+	proto_pack_str(pk, k);
+	msgpack_pack_str(pk, n);
+	if (n > 0)
+		msgpack_pack_str_body(pk, v, n);
+}
+
+void
 proto_pack_kv_uint(msgpack_packer *pk, const char *k, uint64_t v)
 {
 	proto_pack_str(pk, k);

@@ -56,6 +56,8 @@ enum proto_priority { PRIO_INTERACTIVE, PRIO_BACKGROUND };
 struct proto_msg {
 	char *role;
 	char *content;
+	char *reasoning;        /* a session's stored assistant turn's (sched_job.history); NULL: none, and
+	                           always in a request */
 };
 
 /* Which sampling fields a request set (a session's defaults fill the others). */
@@ -121,6 +123,8 @@ void proto_reply_begin(msgpack_sbuffer *sb, msgpack_packer *pk, int has_id, uint
 void proto_reply_end(msgpack_sbuffer *sb);
 void proto_pack_str(msgpack_packer *pk, const char *s);
 void proto_pack_kv_str(msgpack_packer *pk, const char *k, const char *v);
+/* k and the n bytes of v (NULL when n is 0), which need not be NUL-terminated. */
+void proto_pack_kv_strn(msgpack_packer *pk, const char *k, const char *v, size_t n);
 void proto_pack_kv_uint(msgpack_packer *pk, const char *k, uint64_t v);
 void proto_pack_kv_float(msgpack_packer *pk, const char *k, double v);
 void proto_pack_kv_bool(msgpack_packer *pk, const char *k, int v);

@@ -152,6 +152,21 @@ admit(struct sched *s, struct gen *g)
 	return 0;
 }
 
+/*
+ * The error code of a sequence that could not start: ERR_UNSUPPORTED is the
+ * model's (a harmony template over a vocabulary without its markers).
+ */
+static enum proto_err
+start_error(int rc)
+{
+	switch (rc) {
+	case ERR_RANGE: return PE_CONTEXT_EXCEEDED;
+	case ERR_BUSY: return PE_SESSION_BUSY;
+	case ERR_UNSUPPORTED: return PE_MODEL_ERROR;
+	default: return PE_INVALID_PARAM;
+	}
+}
+
 /* Its prompt's tokens came back: the request's sequence starts, or it fails. */
 static void
 prep_done(struct sched *s, struct gen *g)
@@ -177,7 +192,7 @@ prep_done(struct sched *s, struct gen *g)
 		rc = ERR_RANGE, pe = PE_CONTEXT_EXCEEDED;
 	}
 	if (rc == 0 && (rc = sched_start_seq(s, g, g->ids, g->n_ids, err)) != 0)
-		pe = rc == ERR_RANGE ? PE_CONTEXT_EXCEEDED : rc == ERR_BUSY ? PE_SESSION_BUSY : PE_INVALID_PARAM;
+		pe = start_error(rc);
 	free(g->ids);
 	g->ids = NULL;
 	if (rc != 0) {

@@ -16,6 +16,55 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* What replies call the parts of a turn's text (PROTOCOL.md). */
+static const char *const part_key[CHAT_N_PARTS] = {
+	[CHAT_PART_ANSWER] = "text", [CHAT_PART_REASONING] = "reasoning", [CHAT_PART_TOOL] = "tool",
+};
+
+/* A part's text in a reply: all of the turn's (whole), or what the last step handed out. */
+static size_t
+part_text(const struct gentext_part *p, int whole, const char **s)
+{
+	*s = whole ? p->text : p->piece;
+	return whole ? p->len : p->piece_len;
+}
+
+/* Whether a reply has part k's field: the answer always, the others when not empty. */
+static int
+part_shown(const struct gentext *t, int k, int whole)
+{
+	const char *s;
+
+	return k == CHAT_PART_ANSWER || part_text(&t->part[k], whole, &s) > 0;
+}
+
+/* How many fields pack_parts packs. */
+static size_t
+n_parts(const struct gentext *t, int whole)
+{
+	size_t n = 0;
+	int k;
+
+	for (k = 0; k < CHAT_N_PARTS; k++)
+		n += (size_t)part_shown(t, k, whole);
+	return n;
+}
+
+/* Packs the fields of a turn's text parts, whole or the last step's pieces. */
+static void
+pack_parts(msgpack_packer *pk, const struct gentext *t, int whole)
+{
+	const char *s;
+	size_t n;
+	int k;
+
+	for (k = 0; k < CHAT_N_PARTS; k++)
+		if (part_shown(t, k, whole)) {
+			n = part_text(&t->part[k], whole, &s);
+			proto_pack_kv_strn(pk, part_key[k], s, n);
+		}
+}
+
 /* A token reply. */
 struct sched_event *
 sched_token_event(struct gen *g)
@@ -23,10 +72,9 @@ sched_token_event(struct gen *g)
 	struct sched_event *ev = sched_new_event(g->job->conn, g->job->req.id, 0);
 	msgpack_packer pk;
 
-	proto_reply_begin(&ev->frame, &pk, 1, g->job->req.id, "token", g->job->req.logprobs ? 3 : 2);
-	proto_pack_str(&pk, "text");
-	msgpack_pack_str(&pk, g->seq->piece_len);
-	msgpack_pack_str_body(&pk, g->seq->piece, g->seq->piece_len);
+	proto_reply_begin(&ev->frame, &pk, 1, g->job->req.id, "token",
+	    1 + n_parts(&g->seq->out, 0) + (size_t)g->job->req.logprobs);
+	pack_parts(&pk, &g->seq->out, 0);
 	proto_pack_kv_uint(&pk, "token", (uint64_t)g->seq->new_token);
 	if (g->job->req.logprobs)
 		proto_pack_kv_float(&pk, "logprob", g->seq->new_logprob);
@@ -36,9 +84,11 @@ sched_token_event(struct gen *g)
 
 /*
  * The rows of a finished session turn: the new messages (the prompt tokens
- * this turn added are accounted to the first) and the reply (generated
- * tokens and the template's closing tokens, which the cached sequence also
- * takes, so it stays equal to the stored history).
+ * this turn added are accounted to the first) and the reply (its answer
+ * and reasoning; generated tokens and the template's closing tokens, which
+ * the cached sequence also takes, so it stays equal to the stored history).
+ * Tool text is not stored: no template renders it back without the tool
+ * call it came from, which the daemon does not parse.
  */
 static void
 turn_rows(struct gen *g, struct sched_event *ev)
@@ -59,7 +109,8 @@ turn_rows(struct gen *g, struct sched_event *ev)
 	t[0].tokens = xmalloc((size_t)MAX(t[0].n_tokens, 1) * sizeof(int32_t));
 	memcpy(t[0].tokens, q->tokens + g->n_prompt - t[0].n_tokens, (size_t)t[0].n_tokens * sizeof(int32_t));
 	t[i].role = xstrdup("assistant");
-	t[i].content = xstrndup(q->text, q->text_len);
+	t[i].content = xstrdup(q->out.part[CHAT_PART_ANSWER].text);
+	t[i].reasoning = xstrdup(q->out.part[CHAT_PART_REASONING].text);
 	t[i].n_tokens = n_gen + (int32_t)n_close;
 	t[i].tokens = xmalloc((size_t)MAX(t[i].n_tokens, 1) * sizeof(int32_t));
 	memcpy(t[i].tokens, q->tokens + g->n_prompt, (size_t)n_gen * sizeof(int32_t));
@@ -83,7 +134,7 @@ turn_rows(struct gen *g, struct sched_event *ev)
 struct sched_event *
 sched_done_event(struct gen *g)
 {
-	static const struct seq none = { .state = SEQ_DONE, .finish = FINISH_CANCEL, .text = "" };
+	static const struct seq none = { .state = SEQ_DONE, .finish = FINISH_CANCEL };
 	const struct seq *q = g->seq ? g->seq : &none;
 	struct sched_event *ev = sched_new_event(g->job->conn, g->job->req.id, 1);
 	uint64_t now = now_ns();
@@ -95,7 +146,8 @@ sched_done_event(struct gen *g)
 		proto_error(&ev->frame, 1, g->job->req.id, PE_MODEL_ERROR, q->error);
 		return ev;
 	}
-	proto_reply_begin(&ev->frame, &pk, 1, g->job->req.id, "done", 2 + with_text + with_session);
+	proto_reply_begin(&ev->frame, &pk, 1, g->job->req.id, "done",
+	    2 + (with_text ? n_parts(&q->out, 1) : 0) + with_session);
 	proto_pack_kv_str(&pk, "finish", engine_finish_name(q->finish));
 	proto_pack_str(&pk, "usage");
 	msgpack_pack_map(&pk, 5);
@@ -104,11 +156,8 @@ sched_done_event(struct gen *g)
 	proto_pack_kv_uint(&pk, "generated_tokens", (uint64_t)q->n_generated);
 	proto_pack_kv_float(&pk, "ttft_ms", g->t_first ? (double)(g->t_first - g->job->t_submit) / 1e6 : 0);
 	proto_pack_kv_float(&pk, "tokens_per_s", gen_s > 0 ? (q->n_generated - 1) / gen_s : 0);
-	if (with_text) {
-		proto_pack_str(&pk, "text");
-		msgpack_pack_str(&pk, q->text_len);
-		msgpack_pack_str_body(&pk, q->text, q->text_len);
-	}
+	if (with_text)
+		pack_parts(&pk, &q->out, 1);
 	if (with_session)
 		proto_pack_kv_str(&pk, "session", g->job->req.session);
 	proto_reply_end(&ev->frame);

@@ -28,7 +28,7 @@ conversation(const struct sched_job *job, size_t *n)
 	if (job->session_system != NULL && job->session_system[0] != '\0' && !has_system)
 		m[k++] = (struct chat_msg){ "system", job->session_system, NULL };
 	for (i = 0; i < (size_t)job->n_history; i++)
-		m[k++] = (struct chat_msg){ job->history[i].role, job->history[i].content, NULL };
+		m[k++] = (struct chat_msg){ job->history[i].role, job->history[i].content, job->history[i].reasoning };
 	for (i = 0; i < (size_t)r->n_msgs; i++)
 		m[k++] = (struct chat_msg){ r->msgs[i].role, r->msgs[i].content, NULL };
 	*n = k;
@@ -48,8 +48,9 @@ render(const struct model_desc *md, const struct chat_msg *m, size_t n, int gen,
  * template adds for this turn's messages. So a resumed session sees exactly
  * the tokens it saw (and generated) before, whether its KV cache survived or
  * is rebuilt after a restart. Where the template does not simply append
- * (Mistral moves the system prompt to the last user turn), the whole
- * conversation is rendered again instead.
+ * (Mistral moves the system prompt to the last user turn; Qwen3 and
+ * harmony drop a reply's reasoning once a user message follows it), the
+ * whole conversation is rendered again instead.
  */
 static int
 session_tokens(const struct model_desc *md, const struct sched_job *job, const struct chat_msg *m,
@@ -104,30 +105,37 @@ sched_prompt_tokens(const struct model_desc *md, const struct sched_job *job, in
 /*
  * The template's text after a reply (Gemma's "<end_of_turn>\n"), as tokens,
  * so that a session's stored history is what the template would render.
- * An end-of-turn token the model generated itself is not repeated.
+ * An end-of-turn token the model generated itself is not repeated. A reply
+ * with reasoning or tool text has none: its template renders it unlike it
+ * was generated (the reasoning in a block that later turns drop), so its
+ * next turn renders the conversation again (session_tokens) and does not
+ * reuse the stored ids.
  */
 void
 sched_closing_tokens(const struct model_desc *md, const struct sched_job *job, const struct seq *q,
     int32_t **ids, size_t *n)
 {
+	const struct gentext_part *ans = &q->out.part[CHAT_PART_ANSWER];
 	struct chat_msg *m, *m2;
 	size_t n_msgs, a_len, b_len, skip = 0;
 	char *a = NULL, *b = NULL;
 	const char *last;
 
 	*ids = NULL, *n = 0;
+	if (q->out.part[CHAT_PART_REASONING].len > 0 || q->out.part[CHAT_PART_TOOL].len > 0)
+		return;
 	m = conversation(job, &n_msgs);
 	m2 = xcalloc(n_msgs + 1, sizeof *m2);
 	memcpy(m2, m, n_msgs * sizeof *m);
-	m2[n_msgs] = (struct chat_msg){ "assistant", q->text, NULL };
+	m2[n_msgs] = (struct chat_msg){ "assistant", ans->text, NULL };
 	if (render(md, m, n_msgs, 1, &b, &b_len, NULL) == 0 && render(md, m2, n_msgs + 1, 0, &a, &a_len, NULL) == 0 &&
-	    a_len >= b_len + q->text_len && memcmp(a, b, b_len) == 0 && memcmp(a + b_len, q->text, q->text_len) == 0) {
+	    a_len >= b_len + ans->len && memcmp(a, b, b_len) == 0 && memcmp(a + b_len, ans->text, ans->len) == 0) {
 		last = q->n_tokens > 0 && tok_is_eog(md->tok, q->tokens[q->n_tokens - 1]) ?
 		    tok_piece(md->tok, q->tokens[q->n_tokens - 1]) : NULL;
-		if (last != NULL && strncmp(a + b_len + q->text_len, last, strlen(last)) == 0)
+		if (last != NULL && strncmp(a + b_len + ans->len, last, strlen(last)) == 0)
 			skip = strlen(last);
-		if (a_len > b_len + q->text_len + skip)
-			tok_encode(md->tok, a + b_len + q->text_len + skip, a_len - b_len - q->text_len - skip, 1, 0,
+		if (a_len > b_len + ans->len + skip)
+			tok_encode(md->tok, a + b_len + ans->len + skip, a_len - b_len - ans->len - skip, 1, 0,
 			    ids, n, NULL);
 	}
 	free(a), free(b), free(m), free(m2);

@@ -13,6 +13,7 @@
 #include "sched_int.h"
 #include "engine.h"
 #include "kvdisk.h"
+#include "model.h"
 #include "util.h"
 
 #include <stdio.h>
@@ -41,13 +42,19 @@ sched_drop_residents(void *arg, struct slot *m)
 }
 
 /*
- * The sequence parameters of a job. Its prefix-cache namespace is its
- * user's, unless the daemon shares the cache between users.
+ * The sequence parameters of a generate. Its prefix-cache namespace is its
+ * user's, unless the daemon shares the cache between users. Messages
+ * rendered with the model's template have their reply split as that
+ * family marks reasoning (gentext.h); a raw prompt's output is all answer,
+ * since nothing says that the prompt follows the template.
  */
 static void
-job_params(const struct sched *s, const struct sched_job *job, struct seq_params *p)
+job_params(const struct sched *s, const struct gen *g, struct seq_params *p)
 {
+	const struct sched_job *job = g->job;
+
 	memset(p, 0, sizeof *p);
+	p->split = job->req.prompt == NULL ? g->md->chat : CHAT_RAW;
 	p->cache = 1;
 	p->cache_ns = s->o.kv_share_users ? 0 : (uint64_t)job->uid + 1;
 	p->sample = job->req.sample;
@@ -77,7 +84,7 @@ sched_start_seq(struct sched *s, struct gen *g, const int32_t *ids, size_t n, ch
 	struct resident *r = NULL;
 	int rc;
 
-	job_params(s, g->job, &p);
+	job_params(s, g, &p);
 	if (g->job->req.session != NULL && (r = find_resident(g->slot, g->job->req.session)) != NULL) {
 		if (r->busy)
 			return err_set(err, ERR_BUSY, "session %s has a turn generating already", r->uuid);

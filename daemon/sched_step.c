@@ -158,7 +158,7 @@ sched_step_model(struct sched *s, struct slot *m)
 		if (g->seq->new_token >= 0) {
 			if (g->t_first == 0)
 				g->t_first = now_ns();
-			if (g->job->req.stream && (g->seq->piece_len > 0 || g->seq->state != SEQ_DONE))
+			if (g->job->req.stream && (gentext_piece_bytes(&g->seq->out) > 0 || g->seq->state != SEQ_DONE))
 				tail = sched_chain(tail, sched_token_event(g));
 		}
 		if (g->seq->state == SEQ_DONE) {

@@ -456,9 +456,11 @@ op_session_get(struct conn *c, struct proto_req *r)
 	proto_pack_str(&pk, "turns");
 	msgpack_pack_array(&pk, (uint32_t)n);
 	for (i = 0; i < n; i++) {
-		msgpack_pack_map(&pk, 3);
+		msgpack_pack_map(&pk, 3 + (t[i].reasoning[0] != '\0'));
 		proto_pack_kv_str(&pk, "role", t[i].role);
 		proto_pack_kv_str(&pk, "content", t[i].content);
+		if (t[i].reasoning[0] != '\0')
+			proto_pack_kv_str(&pk, "reasoning", t[i].reasoning);
 		proto_pack_kv_uint(&pk, "tokens", (uint64_t)t[i].n_tokens);
 	}
 	proto_reply_end(&sb);
@@ -571,6 +573,8 @@ load_session(struct conn *c, struct sched_job *job)
 	for (i = 0; i < n; i++) {
 		job->history[i].role = t[i].role, t[i].role = NULL;
 		job->history[i].content = t[i].content, t[i].content = NULL;
+		if (t[i].reasoning[0] != '\0')
+			job->history[i].reasoning = t[i].reasoning, t[i].reasoning = NULL;
 		memcpy(job->history_ids + job->history_tokens, t[i].tokens, (size_t)t[i].n_tokens * sizeof(int32_t));
 		job->history_tokens += t[i].n_tokens;
 	}

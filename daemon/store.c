@@ -74,6 +74,8 @@ static const char *const migrations[] = {
 	" size INTEGER,"
 	" added INTEGER NOT NULL"
 	");",
+	/* 2: an assistant turn's reasoning, apart from its content ("" for the turns before) */
+	"ALTER TABLE turns ADD COLUMN reasoning TEXT NOT NULL DEFAULT '';",
 };
 
 /* The prepared statements; those before ST_SCHEMA need no tables. */
@@ -126,12 +128,12 @@ static const char *const stmt_sql[ST_COUNT] = {
 	    " n_tokens = n_tokens + ?4, updated = ?5, touched = " NEXT_TOUCH
 	    " WHERE uuid = ?1 AND uid = ?2",
 	[ST_SESSION_DELETE] = "DELETE FROM sessions WHERE uuid = ?1 AND uid = ?2",
-	[ST_TURN_INSERT] = "INSERT INTO turns (session, idx, role, content, tokens)"
-	    " VALUES (?1, ?2, ?3, ?4, ?5)",
-	[ST_TURNS_GET] = "SELECT role, content, tokens FROM turns"
+	[ST_TURN_INSERT] = "INSERT INTO turns (session, idx, role, content, tokens, reasoning)"
+	    " VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+	[ST_TURNS_GET] = "SELECT role, content, tokens, reasoning FROM turns"
 	    " WHERE session = ?1 ORDER BY idx",
-	[ST_TURNS_COPY] = "INSERT INTO turns (session, idx, role, content, tokens)"
-	    " SELECT ?1, idx, role, content, tokens FROM turns WHERE session = ?2",
+	[ST_TURNS_COPY] = "INSERT INTO turns (session, idx, role, content, tokens, reasoning)"
+	    " SELECT ?1, idx, role, content, tokens, reasoning FROM turns WHERE session = ?2",
 	[ST_MODEL_UPSERT] = "INSERT INTO models (path, name, hash, arch, size, added)"
 	    " VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (path) DO UPDATE SET"
 	    " name = excluded.name, hash = excluded.hash, arch = excluded.arch,"
@@ -551,6 +553,7 @@ store_turns_free(struct store_turn *t, int n)
 	for (i = 0; i < n; i++) {
 		free(t[i].role);
 		free(t[i].content);
+		free(t[i].reasoning);
 		free(t[i].tokens);
 	}
 	free(t);
@@ -767,6 +770,7 @@ turn_insert(struct store *s, const char *uuid, int32_t idx,
 	bind_int(s, st, 2, idx);
 	bind_text(s, st, 3, t->role);
 	bind_text(s, st, 4, t->content);
+	bind_text(s, st, 6, t->reasoning ? t->reasoning : "");
 	/* a zero-length blob, never NULL, for a turn without tokens */
 	rc = need ? sqlite3_bind_blob(st, 5, s->blob, (int)need, SQLITE_STATIC)
 	    : sqlite3_bind_zeroblob(st, 5, 0);
@@ -791,6 +795,7 @@ turn_read(sqlite3_stmt *st, struct store_turn *t, char *err)
 		return err_set(err, ERR_NOMEM, "reading a turn's tokens: out of memory");
 	t->role = col_str(st, 0);
 	t->content = col_str(st, 1);
+	t->reasoning = col_str(st, 3);
 	t->n_tokens = bytes / 4;
 	if (t->n_tokens > 0)
 		t->tokens = xmalloc((size_t)bytes);

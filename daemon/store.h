@@ -50,6 +50,8 @@ struct store_session {
 struct store_turn {
 	char *role;
 	char *content;
+	char *reasoning;     /* an assistant turn's reasoning, apart from content; "" when none
+	                        (NULL is "" for store_append_turns) */
 	int32_t *tokens;     /* token ids, NULL when n_tokens is 0 */
 	int32_t n_tokens;
 };

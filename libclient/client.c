@@ -231,12 +231,21 @@ dispatch_no_id(rs_client *c, const rs_value *v)
 	snprintf(c->dead_message, sizeof c->dead_message, "%s", msg ? msg : rs_strerror(c->dead_status));
 }
 
+/* A reply's string field, or "" when it has none. */
+static const char *
+reply_str(const rs_value *reply, const char *key)
+{
+	const char *s = rs_str(rs_get(reply, key));
+
+	return s ? s : "";
+}
+
 /* One reply: to its request's callbacks or waiter. Takes ownership of v. */
 static void
 dispatch(rs_client *c, rs_value *v)
 {
 	const rs_value *idv = rs_get(v, "id");
-	const char *type = rs_str(rs_get(v, "type")), *text;
+	const char *type = rs_str(rs_get(v, "type"));
 	struct req *r;
 	uint64_t id = rs_uint(idv);
 	int stop;
@@ -252,8 +261,7 @@ dispatch(rs_client *c, rs_value *v)
 	}
 	if (strcmp(type, "token") == 0) {
 		if (r->on_token != NULL && !r->cancel_sent && !r->ignore) {
-			text = rs_str(rs_get(v, "text"));
-			stop = r->on_token(id, text ? text : "", v, r->user);
+			stop = r->on_token(id, reply_str(v, "text"), v, r->user);
 			/* the callback may have made other calls: look the request up again */
 			if (stop && (r = find_req(c, id)) != NULL && !r->cancel_sent) {
 				r->cancel_sent = 1;
@@ -558,6 +566,18 @@ rs_process(rs_client *c)
 }
 
 /* ---- generation ---- */
+
+const char *
+rs_reply_reasoning(const rs_value *reply)
+{
+	return reply_str(reply, "reasoning");
+}
+
+const char *
+rs_reply_tool(const rs_value *reply)
+{
+	return reply_str(reply, "tool");
+}
 
 /* The fields the library adds to a generate: stream, unless the caller chose. */
 static rs_status

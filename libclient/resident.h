@@ -183,15 +183,27 @@ void rs_value_free(rs_value *v);
 /* ---- callbacks ---- */
 
 /*
- * A generated piece: text is whole UTF-8 characters, NUL-terminated (maybe
- * ""); reply is the whole `token` reply (`token` id, `logprob`). Return 0
- * to go on, nonzero to cancel the generation (it then ends with finish
- * "cancel").
+ * A generated piece: text is its answer text, whole UTF-8 characters,
+ * NUL-terminated (maybe ""); reply is the whole `token` reply (`token` id,
+ * `logprob`, and its reasoning and tool text: rs_reply_reasoning,
+ * rs_reply_tool). Return 0 to go on, nonzero to cancel the generation (it
+ * then ends with finish "cancel").
  */
 typedef int (*rs_token_cb)(uint64_t id, const char *text, const rs_value *reply, void *user);
-/* The generation ended: done holds `finish`, `usage`, `session`, `text` (without streaming).
- * Also rs_call_start's result: then done is the op's result. */
+/* The generation ended: done holds `finish`, `usage`, `session`, and without streaming `text`
+ * and its reasoning and tool text. Also rs_call_start's result: then done is the op's result. */
 typedef void (*rs_done_cb)(uint64_t id, const rs_value *done, void *user);
+
+/*
+ * The reasoning text of a `token` reply (rs_token_cb's reply), or of a
+ * generation's done without streaming: what the model thought before its
+ * answer, apart from it (PROTOCOL.md, "Reasoning"; Qwen3's <think> block,
+ * gpt-oss's analysis channel). NUL-terminated, "" when it has none (and for
+ * NULL); never NULL, and borrowed from reply.
+ */
+const char *rs_reply_reasoning(const rs_value *reply);
+/* Its tool text (gpt-oss's commentary channel, where its tool calls go), the same way. */
+const char *rs_reply_tool(const rs_value *reply);
 /* The request failed: a daemon error, or RS_ERR_IO when the connection was lost. */
 typedef void (*rs_error_cb)(uint64_t id, rs_status code, const char *message, void *user);
 /* model.load: bytes done of total. */
@@ -227,7 +239,8 @@ rs_status rs_session_new(rs_client *c, const char *model, const char *title, con
     const rs_params *defaults, rs_value **out);
 /* session.list: most recently updated first; limit 0 means the daemon's default. out gets `sessions`. */
 rs_status rs_session_list(rs_client *c, unsigned limit, unsigned offset, rs_value **out);
-/* session.get: out gets `session` and `turns` (array of {role, content, tokens}). */
+/* session.get: out gets `session` and `turns` (array of {role, content, reasoning, tokens};
+ * reasoning only in an assistant turn that has some: rs_reply_reasoning reads it). */
 rs_status rs_session_get(rs_client *c, const char *uuid, rs_value **out);
 /* session.fork: title NULL means the parent's + " (fork)". out gets the new `session`. */
 rs_status rs_session_fork(rs_client *c, const char *uuid, const char *title, rs_value **out);

@@ -474,16 +474,25 @@ reply_head(const struct api_meta *m, const char *object)
 	return o;
 }
 
+/* Sets a chat message's or delta's reasoning_content where there is reasoning. */
+static void
+set_reasoning(json_t *msg, const char *reasoning)
+{
+	if (reasoning != NULL && reasoning[0] != '\0')
+		json_object_set_new(msg, "reasoning_content", text_json(reasoning));
+}
+
 json_t *
-api_reply(const struct api_req *r, const struct api_meta *m, const char *text, const char *finish_reason,
-    const struct api_usage *u)
+api_reply(const struct api_req *r, const struct api_meta *m, const char *text, const char *reasoning,
+    const char *finish_reason, const struct api_usage *u)
 {
 	json_t *o = reply_head(m, r->kind == API_CHAT ? "chat.completion" : "text_completion"), *choice;
 
-	if (r->kind == API_CHAT)
+	if (r->kind == API_CHAT) {
 		choice = json_pack("{sI s{ss so} sn ss}", "index", (json_int_t)0, "message", "role", "assistant",
 		    "content", text_json(text), "logprobs", "finish_reason", finish_reason);
-	else
+		set_reasoning(json_object_get(choice, "message"), reasoning);
+	} else
 		choice = json_pack("{sI so sn ss}", "index", (json_int_t)0, "text", text_json(text), "logprobs",
 		    "finish_reason", finish_reason);
 	json_object_set_new(o, "choices", json_pack("[o]", choice));
@@ -492,8 +501,8 @@ api_reply(const struct api_req *r, const struct api_meta *m, const char *text, c
 }
 
 json_t *
-api_chunk(const struct api_req *r, const struct api_meta *m, const char *text, int role,
-    const char *finish_reason)
+api_chunk(const struct api_req *r, const struct api_meta *m, const char *text, const char *reasoning,
+    int role, const char *finish_reason)
 {
 	json_t *o = reply_head(m, r->kind == API_CHAT ? "chat.completion.chunk" : "text_completion");
 	json_t *choice = json_pack("{sI sn}", "index", (json_int_t)0, "logprobs"), *delta;
@@ -502,6 +511,7 @@ api_chunk(const struct api_req *r, const struct api_meta *m, const char *text, i
 		delta = json_object();
 		if (role)
 			json_object_set_new(delta, "role", json_string("assistant"));
+		set_reasoning(delta, reasoning);
 		if (text != NULL)
 			json_object_set_new(delta, "content", text_json(text));
 		json_object_set_new(choice, "delta", delta);

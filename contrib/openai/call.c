@@ -425,20 +425,23 @@ stream_begin(struct call *c)
 		http_add_header(c->req, "X-Resident-Session", c->session);
 	http_stream_start(c->req);
 	if (c->r.kind == API_CHAT)
-		http_stream_send(c->req, api_chunk(&c->r, &c->meta, "", 1, NULL));
+		http_stream_send(c->req, api_chunk(&c->r, &c->meta, "", NULL, 1, NULL));
 }
 
+/* A token's answer and reasoning as a chunk; its tool text has no place in the API without tool calls. */
 static int
 token_cb(uint64_t id, const char *text, const rs_value *reply, void *arg)
 {
 	struct call *c = arg;
+	const char *reasoning = rs_reply_reasoning(reply);
 
 	if (c->req == NULL)
 		return 0;               /* cancelling */
 	if (!c->streaming)
 		stream_begin(c);
-	if (text[0] != '\0')
-		http_stream_send(c->req, api_chunk(&c->r, &c->meta, text, 0, NULL));
+	if (text[0] != '\0' || reasoning[0] != '\0')
+		http_stream_send(c->req, api_chunk(&c->r, &c->meta, text[0] != '\0' ? text : NULL, reasoning, 0,
+		    NULL));
 	if (http_unsent(c->req) > c->oa->max_unread) {
 		log_warn("%s: the client left %zu bytes unread: dropped", c->path, http_unsent(c->req));
 		http_watch_drop(c->watch);      /* calls call_gone_cb: the generation is cancelled */
@@ -472,7 +475,8 @@ done_cb(uint64_t id, const rs_value *done, void *arg)
 		if (!c->streaming)
 			stream_begin(c);
 		call_unwatch(c);
-		http_stream_send(c->req, api_chunk(&c->r, &c->meta, c->r.kind == API_CHAT ? NULL : "", 0, reason));
+		http_stream_send(c->req, api_chunk(&c->r, &c->meta, c->r.kind == API_CHAT ? NULL : "", NULL, 0,
+		    reason));
 		if (c->r.include_usage)
 			http_stream_send(c->req, api_usage_chunk(&c->r, &c->meta, &u));
 		http_stream_end(c->req);
@@ -480,7 +484,8 @@ done_cb(uint64_t id, const rs_value *done, void *arg)
 		call_unwatch(c);
 		if (c->session[0])
 			http_add_header(c->req, "X-Resident-Session", c->session);
-		http_send_json(c->req, 200, api_reply(&c->r, &c->meta, rs_str(rs_get(done, "text")), reason, &u));
+		http_send_json(c->req, 200, api_reply(&c->r, &c->meta, rs_str(rs_get(done, "text")),
+		    rs_reply_reasoning(done), reason, &u));
 	}
 	log_info("%s 200 model %s%s%s, %llu+%llu tokens (%llu cached), %s (%.3fs)", c->path, c->r.model,
 	    c->session[0] ? ", session " : "", c->session, (unsigned long long)u.prompt,

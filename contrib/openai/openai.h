@@ -95,12 +95,20 @@ void api_meta_init(struct api_meta *m, enum api_kind kind, const char *model);
 
 /* OpenAI's finish_reason for a daemon's finish, or NULL for "cancel" (and unknown ones). */
 const char *api_finish_reason(const char *finish);
-/* A whole, non-streamed reply. */
-json_t *api_reply(const struct api_req *r, const struct api_meta *m, const char *text,
+/*
+ * A whole, non-streamed reply. A chat reply's reasoning (the daemon's
+ * `reasoning`; NULL or "": none) is its message's reasoning_content, as
+ * llama-server and vLLM name it.
+ */
+json_t *api_reply(const struct api_req *r, const struct api_meta *m, const char *text, const char *reasoning,
     const char *finish_reason, const struct api_usage *u);
-/* A stream chunk: text (NULL: none), the assistant role (the first chat chunk), finish_reason (NULL: none). */
-json_t *api_chunk(const struct api_req *r, const struct api_meta *m, const char *text, int role,
-    const char *finish_reason);
+/*
+ * A stream chunk: text (NULL: none), reasoning (chat: the delta's
+ * reasoning_content; NULL or "": none), the assistant role (the first chat
+ * chunk), finish_reason (NULL: none).
+ */
+json_t *api_chunk(const struct api_req *r, const struct api_meta *m, const char *text, const char *reasoning,
+    int role, const char *finish_reason);
 /* The last chunk of a stream with include_usage: no choices, the usage. */
 json_t *api_usage_chunk(const struct api_req *r, const struct api_meta *m, const struct api_usage *u);
 /* One entry of /v1/models. */

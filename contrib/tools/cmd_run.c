@@ -148,7 +148,7 @@ print_output(const struct seq *s, int ids)
 	if (ids)
 		printf("%d ", s->new_token);
 	else
-		fwrite(s->piece, 1, s->piece_len, stdout);
+		fwrite(s->out.part[CHAT_PART_ANSWER].piece, 1, s->out.part[CHAT_PART_ANSWER].piece_len, stdout);
 	fflush(stdout);
 }
 

@@ -4,8 +4,9 @@
  * A step gathers, for each sequence it is given, the tokens not yet in the
  * KV cache (all of them for a decode, a chunk for a prefill), makes sure
  * blocks cover their positions, runs the backend once, then samples a token
- * for each sequence whose last token was in the step and turns it into text:
- * whole UTF-8 only, held back while it could still become a stop string.
+ * for each sequence whose last token was in the step and turns it into text
+ * (gentext.h: whole UTF-8, split into answer, reasoning and tool text, the
+ * answer held back while it could still become a stop string).
  */
 #include "config.h"
 #include "engine.h"
@@ -27,7 +28,6 @@
 #include <xxhash.h>
 
 #define DEFAULT_CTX_CAP 8192
-#define PIECE_CAP 1024
 
 struct engine {
 	struct model_desc *m;
@@ -477,16 +477,11 @@ seq_push_tokens(struct seq *s, const int32_t *t, int32_t n)
 	s->n_tokens += n;
 }
 
-/* Frees the parameters a turn copied. */
+/* Frees the parameters a turn copied, and its text. */
 static void
 seq_clear_params(struct seq *s)
 {
-	int i;
-
-	for (i = 0; i < s->params.n_stop; i++)
-		free(s->stop[i]);
-	free(s->stop);
-	s->stop = NULL;
+	gentext_free(&s->out);
 	sampler_free(&s->sampler);
 }
 
@@ -494,6 +489,7 @@ seq_clear_params(struct seq *s)
 static int
 seq_set_params(const struct engine *e, struct seq *s, const struct seq_params *p, char *err)
 {
+	struct gentext out;
 	int i, rc;
 
 	if ((rc = sample_params_check(&p->sample, err)) != 0)
@@ -504,20 +500,13 @@ seq_set_params(const struct engine *e, struct seq *s, const struct seq_params *p
 		if (p->stop[i] == NULL || p->stop[i][0] == '\0' || strlen(p->stop[i]) > 256 ||
 		    !utf8_valid(p->stop[i], strlen(p->stop[i])))
 			return err_set(err, ERR_INVAL, "stop strings must be 1..256 bytes of UTF-8");
+	if ((rc = gentext_init(&out, e->m->tok, p->split, p->stop, p->n_stop, err)) != 0)
+		return rc;
 	seq_clear_params(s);
 	s->params = *p;
-	s->stop = xcalloc((size_t)(p->n_stop ? p->n_stop : 1), sizeof *s->stop);
-	for (i = 0; i < p->n_stop; i++)
-		s->stop[i] = xstrdup(p->stop[i]);
-	s->params.stop = NULL;
+	s->params.stop = NULL;      /* out has them */
+	s->out = out;
 	sampler_init(&s->sampler, &p->sample, e->m->hp.n_vocab);
-	tok_stream_init(&s->stream);
-	if (s->text == NULL) {
-		s->text_cap = 256;
-		s->text = xmalloc(s->text_cap);
-	}
-	s->text[0] = '\0';
-	s->text_len = s->text_emitted = 0;
 	s->n_generated = 0;
 	s->finish = FINISH_NONE;
 	s->error[0] = '\0';
@@ -655,8 +644,6 @@ engine_seq_new(struct engine *e, const int32_t *prompt, int32_t n, const struct 
 	if ((rc = check_tokens(e, NULL, prompt, n, err)) != 0)
 		return rc;
 	s = xcalloc(1, sizeof *s);
-	s->piece = xmalloc(PIECE_CAP);
-	s->piece[0] = '\0';
 	s->new_token = -1;
 	if ((rc = seq_set_params(e, s, p, err)) != 0) {
 		engine_seq_free(e, s);
@@ -758,8 +745,6 @@ engine_seq_fork(struct engine *e, const struct seq *parent)
 	struct seq *s = xcalloc(1, sizeof *s);
 	int32_t i;
 
-	s->piece = xmalloc(PIECE_CAP);
-	s->piece[0] = '\0';
 	s->new_token = -1;
 	s->state = SEQ_DONE;
 	seq_push_tokens(s, parent->tokens, parent->n_tokens);
@@ -777,7 +762,6 @@ engine_seq_fork(struct engine *e, const struct seq *parent)
 		s->blocks[s->n_blocks++] = parent->blocks[i];
 	}
 	sampler_init(&s->sampler, &parent->params.sample, e->m->hp.n_vocab);
-	s->stop = xcalloc(1, sizeof *s->stop);
 	return s;
 }
 
@@ -806,7 +790,7 @@ engine_seq_free(struct engine *e, struct seq *s)
 	if (s->n_blocks > s->n_parked)
 		kv_release(&e->kv, s->blocks + s->n_parked, s->n_blocks - s->n_parked);
 	seq_clear_params(s);
-	free(s->blocks), free(s->tokens), free(s->piece), free(s->text);
+	free(s->blocks), free(s->tokens);
 	free(s);
 }
 
@@ -980,114 +964,22 @@ engine_io_done(struct engine *e, struct kvdisk_job *j)
 
 /* ---- text out ---- */
 
-/*
- * Appends decoded bytes to the turn's text, a U+0000 (a model may generate
- * the byte token <0x00>) as U+FFFD: the text is kept and rendered again as
- * a C string (a session's stored reply, the chat template of its next
- * turn), and no request may carry a NUL either.
- */
-static void
-text_append(struct seq *s, const char *p, size_t n)
-{
-	static const char replacement[] = "\xef\xbf\xbd";
-	size_t i;
-
-	if (s->text_len + 3 * n + 1 > s->text_cap) {
-		s->text_cap = MAX(s->text_cap * 2, s->text_len + 3 * n + 256);
-		s->text = xrealloc(s->text, s->text_cap);
-	}
-	for (i = 0; i < n; i++) {
-		if (p[i] != '\0') {
-			s->text[s->text_len++] = p[i];
-		} else {
-			memcpy(s->text + s->text_len, replacement, 3);
-			s->text_len += 3;
-		}
-	}
-	s->text[s->text_len] = '\0';
-}
-
-/*
- * Looks for a stop string in the text not yet handed out; cuts the text
- * there if found (returns 1). Otherwise sets *safe to how far the text can
- * be handed out: not into a suffix that could still grow into a stop string.
- */
-static int
-find_stop(struct seq *s, size_t *safe)
-{
-	size_t from = s->text_emitted, k, n, best = s->text_len;
-	const char *hit;
-	int i;
-
-	*safe = s->text_len;
-	for (i = 0; i < s->params.n_stop; i++) {
-		n = strlen(s->stop[i]);
-		/* a stop string may straddle what was held back */
-		hit = memmem(s->text + from, s->text_len - from, s->stop[i], n);
-		if (hit != NULL && (size_t)(hit - s->text) < best)
-			best = (size_t)(hit - s->text);
-		for (k = MIN(n - 1, s->text_len - from); k > 0; k--) {
-			if (memcmp(s->text + s->text_len - k, s->stop[i], k) == 0) {
-				*safe = MIN(*safe, s->text_len - k);
-				break;
-			}
-		}
-	}
-	if (best == s->text_len)
-		return 0;
-	s->text_len = best;
-	s->text[best] = '\0';
-	*safe = best;
-	return 1;
-}
-
-/* Moves text from emitted to upto into piece. */
-static void
-emit_text(struct seq *s, size_t upto)
-{
-	size_t n = upto > s->text_emitted ? upto - s->text_emitted : 0;
-
-	if (n + 1 > PIECE_CAP) {
-		/* pieces are short (one token), but a flush after a long hold-back is not */
-		s->piece = xrealloc(s->piece, n + 1);
-	}
-	memcpy(s->piece, s->text + s->text_emitted, n);
-	s->piece[n] = '\0';
-	s->piece_len = n;
-	s->text_emitted += n;
-}
-
-/* Accepts a sampled token: text, stop strings, limits. */
+/* Accepts a sampled token: its text (gentext.h), the end of generation, stop strings, limits. */
 static void
 seq_accept(struct engine *e, struct seq *s, int32_t tok)
 {
-	char buf[PIECE_CAP];
-	size_t safe;
-	int n;
-
 	seq_push_tokens(s, &tok, 1);
 	s->n_generated++;
 	s->new_token = tok;
-	if (tok_is_eog(e->m->tok, tok)) {
-		n = tok_stream_flush(&s->stream, buf, sizeof buf);
-		text_append(s, buf, (size_t)MAX(n, 0));
-		engine_seq_finish(s, FINISH_STOP);
-	} else {
-		n = tok_stream_push(e->m->tok, &s->stream, tok, 0, buf, sizeof buf);
-		text_append(s, buf, (size_t)MAX(n, 0));
-	}
-	if (find_stop(s, &safe))
+	if (tok_is_eog(e->m->tok, tok) || gentext_token(&s->out, tok))
 		engine_seq_finish(s, FINISH_STOP);
 	else if (s->params.max_tokens > 0 && s->n_generated >= s->params.max_tokens)
 		engine_seq_finish(s, FINISH_LENGTH);
 	else if (s->n_tokens >= e->n_ctx)
 		engine_seq_finish(s, FINISH_CONTEXT);
-	if (s->state == SEQ_DONE && s->finish != FINISH_STOP) {
-		n = tok_stream_flush(&s->stream, buf, sizeof buf);
-		text_append(s, buf, (size_t)MAX(n, 0));
-		safe = s->text_len;
-	}
-	emit_text(s, s->state == SEQ_DONE ? s->text_len : safe);
+	if (s->state == SEQ_DONE && gentext_end(&s->out))
+		s->finish = FINISH_STOP;
+	gentext_emit(&s->out, s->state == SEQ_DONE);
 }
 
 /* ---- steps ---- */
@@ -1236,8 +1128,7 @@ engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, cha
 		max_prefill = e->max_step_tokens;
 	for (i = 0; i < n; i++) {
 		seqs[i]->new_token = -1;
-		seqs[i]->piece[0] = '\0';
-		seqs[i]->piece_len = 0;
+		gentext_no_piece(&seqs[i]->out);
 	}
 	for (i = 0; i < n && n_fseqs < e->max_seqs && n_tok < e->max_step_tokens && rc == 0; i++) {
 		budget = e->max_step_tokens - n_tok;

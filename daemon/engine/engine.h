@@ -36,6 +36,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gentext.h"
 #include "sample.h"
 #include "tokenizer.h"
 
@@ -75,9 +76,11 @@ struct seq_params {
 	uint64_t cache_ns;      /* engine_seq_new: its namespace (the user): only sequences of
 	                           one namespace find each other's blocks */
 	int32_t max_tokens;     /* generated tokens at most; 0: until the context is full */
-	const char *const *stop;/* stop strings (copied) */
+	const char *const *stop;/* stop strings (copied), looked for in the answer (gentext.h) */
 	int n_stop;
 	int logprobs;           /* report each token's log-probability */
+	enum chat_tmpl split;   /* the chat family whose marks part the output into answer, reasoning and
+	                           tool text (chat_reason.h); CHAT_RAW: all of it is answer */
 };
 
 struct seq {
@@ -92,18 +95,12 @@ struct seq {
 	int32_t n_generated;    /* this turn */
 	int32_t *blocks;        /* block table */
 	int32_t n_blocks, cap_blocks;
-	/* output of the last step: at most one token, and the text it completed */
+	/* output of the last step: at most one token, and the text it completed (out's pieces) */
 	int32_t new_token;      /* -1 if none this step */
 	float new_logprob;
-	char *piece;            /* NUL-terminated, whole UTF-8 (may be empty) */
-	size_t piece_len;
-	/* this turn's text and how much of it was handed out */
-	char *text;
-	size_t text_len, text_cap, text_emitted;
+	struct gentext out;     /* this turn's text, its parts, and what each step handed out */
 	struct sampler sampler;
-	struct tok_stream stream;
 	struct seq_params params;
-	char **stop;
 	int32_t turn_start;     /* index of this turn's first generated token */
 	/* the prefix cache (kv.h) */
 	int cache;              /* its full blocks are looked up and published */
@@ -224,11 +221,12 @@ void engine_seq_free(struct engine *e, struct seq *s);
  * in the order given: decoding ones take one token each, prefilling ones a
  * chunk of what budget is left (at most max_step_tokens in all, and at most
  * max_prefill tokens of prefill; < 0: no other limit). Sequences left out
- * of the budget are untouched. Afterwards each sequence's new_token / piece /
- * state tell what happened. Returns the number of tokens processed, or a
- * negative code if the backend failed: the sequences of the step are then
- * finished with FINISH_ERROR, or, when a KV block copy failed before the
- * step ran, the sequence it was for (the others are untouched).
+ * of the budget are untouched. Afterwards each sequence's new_token, its
+ * out's pieces and its state tell what happened. Returns the number of
+ * tokens processed, or a negative code if the backend failed: the
+ * sequences of the step are then finished with FINISH_ERROR, or, when a
+ * KV block copy failed before the step ran, the sequence it was for (the
+ * others are untouched).
  */
 int engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, char *err);
 

@@ -10,9 +10,9 @@
  */
 #include "config.h"
 #include "chat_reason.h"
+#include "gen_tok.h"
 #include "tokenizer.h"
 #include "util.h"
-#include "../../contrib/tools/genvocab.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,57 +24,11 @@
 
 #include <cmocka.h>
 
-static struct tokenizer *qwen3, *harmony;
-static char tmpdir[64];
-
 /* What a whole generation split into: each part's text, concatenated. */
 struct parts {
 	char text[CHAT_N_PARTS][4096];
 	size_t len[CHAT_N_PARTS];
 };
-
-/* Makes a flavour's vocabulary, writes its tokenizer.json and loads it. */
-static struct tokenizer *
-make_tok(const char *flavour, int32_t n_vocab)
-{
-	char err[ERR_LEN], dir[128], path[160];
-	struct genvocab v;
-	struct tokenizer *t;
-
-	snprintf(dir, sizeof dir, "%s/%s", tmpdir, flavour);
-	snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-	if (genvocab_make(&v, flavour, n_vocab, 5, err) != 0 || genvocab_write_json(&v, dir, err) != 0 ||
-	    tok_load_json(path, NULL, &t, err) != 0) {
-		fprintf(stderr, "%s: %s\n", flavour, err);
-		t = NULL;
-	}
-	genvocab_free(&v);
-	return t;
-}
-
-static int
-setup(void **state)
-{
-	(void)state;
-	snprintf(tmpdir, sizeof tmpdir, "/tmp/test_chat_reason.XXXXXX");
-	if (mkdtemp(tmpdir) == NULL)
-		return -1;
-	qwen3 = make_tok("qwen3", 2600);
-	harmony = make_tok("harmony", 3000);
-	return qwen3 != NULL && harmony != NULL ? 0 : -1;
-}
-
-static int
-teardown(void **state)
-{
-	char cmd[128];
-
-	(void)state;
-	tok_free(qwen3);
-	tok_free(harmony);
-	snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-	return system(cmd) == 0 ? 0 : -1;
-}
 
 /* Appends one call's split to the parts, checking that each part is whole UTF-8. */
 static void
@@ -380,5 +334,5 @@ main(void)
 		cmocka_unit_test(test_errors),
 	};
 
-	return cmocka_run_group_tests(tests, setup, teardown);
+	return cmocka_run_group_tests(tests, gen_tok_setup, gen_tok_teardown);
 }

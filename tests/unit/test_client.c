@@ -348,18 +348,28 @@ fake_send(struct fake *f, struct frame *fr)
 	msgpack_sbuffer_destroy(&fr->sb);
 }
 
-/* Sends {id, type: "token", text, token}. */
+/* Sends {id, type: "token", text, token}, and reasoning and tool where not NULL. */
 static void
-send_token(struct fake *f, uint64_t id, const char *text)
+send_piece(struct fake *f, uint64_t id, const char *text, const char *reasoning, const char *tool)
 {
 	struct frame fr;
 
-	open_frame(&fr, 4);
+	open_frame(&fr, 4 + (reasoning != NULL) + (tool != NULL));
 	kv_uint(&fr, "id", id);
 	kv_str(&fr, "type", "token");
 	kv_str(&fr, "text", text);
+	if (reasoning != NULL)
+		kv_str(&fr, "reasoning", reasoning);
+	if (tool != NULL)
+		kv_str(&fr, "tool", tool);
 	kv_uint(&fr, "token", 1);
 	fake_send(f, &fr);
+}
+
+static void
+send_token(struct fake *f, uint64_t id, const char *text)
+{
+	send_piece(f, id, text, NULL, NULL);
 }
 
 /* Sends {id, type: "done", finish, usage: {generated_tokens}}. */
@@ -429,7 +439,7 @@ recv_request(struct fake *f)
 
 /* What the callbacks saw. */
 struct seen {
-	char text[256];
+	char text[256], reasoning[256], tool[64];
 	int tokens, dones, errors, stop_after;
 	char finish[32];
 	rs_status error;
@@ -443,6 +453,8 @@ on_token(uint64_t id, const char *text, const rs_value *reply, void *user)
 	struct seen *s = user;
 
 	strncat(s->text, text, sizeof s->text - strlen(s->text) - 1);
+	strncat(s->reasoning, rs_reply_reasoning(reply), sizeof s->reasoning - strlen(s->reasoning) - 1);
+	strncat(s->tool, rs_reply_tool(reply), sizeof s->tool - strlen(s->tool) - 1);
 	s->last_id = id;
 	assert_int_equal(rs_uint(rs_get(reply, "token")), 1);
 	return ++s->tokens == s->stop_after;
@@ -765,6 +777,30 @@ test_generate_collects(void **state)
 	rs_params_free(p);
 }
 
+/* A token reply's reasoning and tool text reach the callback apart from its text. */
+static void
+test_reasoning(void **state)
+{
+	struct fake *f = *state;
+	struct seen s = { 0 };
+	rs_params *p = rs_params_new();
+
+	rs_params_add_message(p, "user", "hi");
+	send_piece(f, 1, "", "Let me ", NULL);
+	send_piece(f, 1, "", "think.", "{}");
+	send_piece(f, 1, "Hi", NULL, NULL);
+	send_done(f, 1, "stop");
+	assert_int_equal(rs_generate(f->c, p, on_token, &s, NULL), RS_OK);
+	rs_value_free(recv_request(f));
+	assert_string_equal(s.text, "Hi");
+	assert_string_equal(s.reasoning, "Let me think.");
+	assert_string_equal(s.tool, "{}");
+	assert_int_equal(s.tokens, 3);
+	assert_string_equal(rs_reply_reasoning(NULL), "");
+	assert_string_equal(rs_reply_tool(NULL), "");
+	rs_params_free(p);
+}
+
 /* model.load's progress replies reach the progress callback. */
 static void
 on_progress(uint64_t done, uint64_t total, void *user)
@@ -1020,6 +1056,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_token_cb_cancels, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_nested_blocking_call, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_generate_collects, fake_setup, fake_teardown),
+		cmocka_unit_test_setup_teardown(test_reasoning, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_progress, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_tokens, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_max_frame, fake_setup, fake_teardown),

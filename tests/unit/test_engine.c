@@ -71,20 +71,25 @@ greedy(struct seq_params *p, int max_tokens)
 	p->max_tokens = max_tokens;
 }
 
+/* A sequence's answer: the whole text of a turn without reasoning (gentext.h). */
+#define ANSWER(s) (&(s)->out.part[CHAT_PART_ANSWER])
+
 /* Steps one sequence to the end; returns the concatenated pieces (malloc'd). */
 static char *
 run_to_end(struct engine *e, struct seq *s)
 {
+	const struct gentext_part *a = ANSWER(s);
 	char err[ERR_LEN], *out = xcalloc(1, 1);
 	size_t len = 0;
 
 	while (s->state != SEQ_DONE) {
 		if (engine_step(e, &s, 1, -1, err) < 0)
 			fail_msg("step: %s", err);
-		assert_true(utf8_valid(s->piece, s->piece_len));
-		out = xrealloc(out, len + s->piece_len + 1);
-		memcpy(out + len, s->piece, s->piece_len + 1);
-		len += s->piece_len;
+		assert_true(utf8_valid(a->piece, a->piece_len));
+		out = xrealloc(out, len + a->piece_len + 1);
+		memcpy(out + len, a->piece, a->piece_len);
+		len += a->piece_len;
+		out[len] = '\0';
 	}
 	return out;
 }
@@ -105,7 +110,7 @@ test_stream_and_length(void **state)
 	text = run_to_end(e, s);
 	assert_int_equal(s->finish, FINISH_LENGTH);
 	assert_int_equal(s->n_generated, 12);
-	assert_string_equal(text, s->text);
+	assert_string_equal(text, ANSWER(s)->text);
 	assert_int_equal(s->n_tokens, NP + 12);
 	free(text);
 	engine_seq_free(e, s);
@@ -254,7 +259,7 @@ test_many_at_once(void **state)
 			live |= s[i]->state != SEQ_DONE;
 	}
 	for (i = 0; i < 16; i++) {
-		assert_string_equal(s[i]->text, alone[i]);
+		assert_string_equal(ANSWER(s[i])->text, alone[i]);
 		free(alone[i]);
 		engine_seq_free(e, s[i]);
 	}
@@ -371,7 +376,7 @@ test_cached_block_copied_on_write(void **state)
 	tb = run_to_end(e, b);
 	assert_string_equal(ta, tb);
 	want = uncached_text(turn, 50, 4);
-	assert_string_equal(a->text, want);
+	assert_string_equal(ANSWER(a)->text, want);
 	engine_seq_free(e, a), engine_seq_free(e, b);
 	free(ta), free(tb), free(want);
 	engine_close(e);
@@ -403,7 +408,7 @@ test_parked_sequence(void **state)
 	assert_int_equal(engine_seq_reuse(e, a, next, n, &p, err), 53);
 	free(run_to_end(e, a));
 	want = uncached_text(next, n, 4);
-	assert_string_equal(a->text, want);
+	assert_string_equal(ANSWER(a)->text, want);
 	free(want);
 	/* parked again, then others' prompts take every idle block: its next turn computes it all */
 	engine_seq_park(e, a);
@@ -421,7 +426,7 @@ test_parked_sequence(void **state)
 	assert_int_equal(engine_seq_reuse(e, a, next, n, &p, err), 0);
 	free(run_to_end(e, a));
 	want = uncached_text(next, n, 4);
-	assert_string_equal(a->text, want);
+	assert_string_equal(ANSWER(a)->text, want);
 	engine_seq_free(e, a);
 	assert_int_equal(engine_free_blocks(e), engine_kv_blocks(e));
 	free(want), free(next);
@@ -507,7 +512,7 @@ test_disk_tier(void **state)
 	assert_int_equal(st.disk_hit, (uint64_t)a->n_cached);
 	free(run_to_end(e, a));
 	want = uncached_text(next, n - 2, 4);
-	assert_string_equal(a->text, want);
+	assert_string_equal(ANSWER(a)->text, want);
 	engine_seq_free(e, a);
 	engine_close(e);
 	kvdisk_close(d);

@@ -205,20 +205,30 @@ test_replies(void **state)
 	struct api_meta m = { .id = "chatcmpl-1", .created = 5, .model = "tiny" };
 	struct api_usage u = { 10, 4, 3 };
 
-	json_is(api_reply(&chat, &m, "Hi", "stop", &u),
+	json_is(api_reply(&chat, &m, "Hi", NULL, "stop", &u),
 	    "{\"choices\":[{\"finish_reason\":\"stop\",\"index\":0,\"logprobs\":null,\"message\":{\"content\":\"Hi\","
 	    "\"role\":\"assistant\"}}],\"created\":5,\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":"
 	    "\"chat.completion\",\"usage\":{\"completion_tokens\":3,\"prompt_tokens\":10,\"prompt_tokens_details\":"
 	    "{\"cached_tokens\":4},\"total_tokens\":13}}");
-	json_is(api_chunk(&chat, &m, "", 1, NULL),
+	json_is(api_chunk(&chat, &m, "", NULL, 1, NULL),
 	    "{\"choices\":[{\"delta\":{\"content\":\"\",\"role\":\"assistant\"},\"finish_reason\":null,\"index\":0,"
 	    "\"logprobs\":null}],\"created\":5,\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":"
 	    "\"chat.completion.chunk\"}");
-	json_is(api_chunk(&chat, &m, NULL, 0, "length"),
+	json_is(api_chunk(&chat, &m, NULL, "", 0, "length"),
 	    "{\"choices\":[{\"delta\":{},\"finish_reason\":\"length\",\"index\":0,\"logprobs\":null}],\"created\":5,"
 	    "\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":\"chat.completion.chunk\"}");
+	/* reasoning beside the answer, as llama-server's and vLLM's reasoning_content */
+	json_is(api_reply(&chat, &m, "Hi", "Greet.", "stop", &u),
+	    "{\"choices\":[{\"finish_reason\":\"stop\",\"index\":0,\"logprobs\":null,\"message\":{\"content\":\"Hi\","
+	    "\"reasoning_content\":\"Greet.\",\"role\":\"assistant\"}}],\"created\":5,\"id\":\"chatcmpl-1\",\"model\":"
+	    "\"tiny\",\"object\":\"chat.completion\",\"usage\":{\"completion_tokens\":3,\"prompt_tokens\":10,"
+	    "\"prompt_tokens_details\":{\"cached_tokens\":4},\"total_tokens\":13}}");
+	json_is(api_chunk(&chat, &m, NULL, "Hm", 0, NULL),
+	    "{\"choices\":[{\"delta\":{\"reasoning_content\":\"Hm\"},\"finish_reason\":null,\"index\":0,"
+	    "\"logprobs\":null}],\"created\":5,\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":"
+	    "\"chat.completion.chunk\"}");
 	m.session = uuid;
-	json_is(api_chunk(&cmpl, &m, "x\"y", 0, NULL),
+	json_is(api_chunk(&cmpl, &m, "x\"y", NULL, 0, NULL),
 	    "{\"choices\":[{\"finish_reason\":null,\"index\":0,\"logprobs\":null,\"text\":\"x\\\"y\"}],\"created\":5,"
 	    "\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":\"text_completion\",\"session\":"
 	    "\"0123abcd-4567-89ab-cdef-0123456789ab\",\"usage\":null}");

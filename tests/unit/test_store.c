@@ -200,7 +200,7 @@ raw_text(sqlite3 *db, char *buf, size_t len, const char *fmt, ...)
 static struct store_turn
 turn(const char *role, const char *content, int32_t *tokens, int32_t n)
 {
-	struct store_turn t = { (char *)role, (char *)content, tokens, n };
+	struct store_turn t = { .role = (char *)role, .content = (char *)content, .tokens = tokens, .n_tokens = n };
 
 	return t;
 }
@@ -363,6 +363,7 @@ test_append_and_read(void **state)
 
 	in[0] = turn("user", "Hello", t0, 5);
 	in[1] = turn("assistant", "", NULL, 0);
+	in[1].reasoning = (char *)"Say hello \xe2\x80\x94 back.";
 	in[2] = turn("user", "again", t2, 1);
 	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, in, 2, f->err), 0);
 	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, in + 2, 1, f->err), 0);
@@ -372,6 +373,8 @@ test_append_and_read(void **state)
 	for (i = 0; i < 3; i++) {
 		assert_string_equal(out[i].role, in[i].role);
 		assert_string_equal(out[i].content, in[i].content);
+		/* a turn appended without reasoning reads back as "" */
+		assert_string_equal(out[i].reasoning, in[i].reasoning ? in[i].reasoning : "");
 		assert_int_equal(out[i].n_tokens, in[i].n_tokens);
 		if (in[i].n_tokens > 0)
 			assert_memory_equal(out[i].tokens, in[i].tokens,
@@ -480,6 +483,7 @@ test_fork(void **state)
 	    &p, f->err), 0);
 	in[0] = turn("user", "u", tok, 3);
 	in[1] = turn("assistant", "a", tok, 2);
+	in[1].reasoning = (char *)"r";
 	assert_int_equal(store_append_turns(f->s, 1, p.uuid, -1, in, 2, f->err), 0);
 
 	assert_int_equal(store_session_fork(f->s, 1, p.uuid, NULL, &c, f->err), 0);
@@ -495,6 +499,7 @@ test_fork(void **state)
 	assert_int_equal(store_turns(f->s, 1, c.uuid, &out, &n, f->err), 0);
 	assert_int_equal(n, 2);
 	assert_string_equal(out[1].role, "assistant");
+	assert_string_equal(out[1].reasoning, "r");
 	assert_int_equal(out[0].n_tokens, 3);
 	assert_memory_equal(out[0].tokens, tok, sizeof tok);
 	store_turns_free(out, n);
@@ -943,6 +948,52 @@ test_migrate_from_zero(void **state)
 	sqlite3_close(db);
 }
 
+/*
+ * A database that schema version 1 wrote (turns without reasoning, made
+ * here from a current one) opens: its turns read back with "" for
+ * reasoning, and new turns keep theirs.
+ */
+static void
+test_migrate_reasoning(void **state)
+{
+	struct fx *f = *state;
+	int32_t tok[] = { 4, 5 };
+	struct store_turn in[2], *out;
+	char uuid[37];
+	sqlite3 *db;
+	int n;
+
+	new_session(f, 1, "old", uuid);
+	in[0] = turn("user", "q", tok, 2);
+	in[1] = turn("assistant", "<think>\nr\n</think>\n\na", tok, 1);
+	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, in, 2, f->err), 0);
+	store_close(f->s);
+	f->s = NULL;
+	db = raw_open(f->path);
+	raw_exec(db, "ALTER TABLE turns DROP COLUMN reasoning; PRAGMA user_version = 1");
+	sqlite3_close(db);
+
+	reopen(f);
+	db = raw_open(f->path);
+	assert_int_equal(raw_int(db, "PRAGMA user_version"), store_schema_version());
+	sqlite3_close(db);
+	assert_int_equal(store_turns(f->s, 1, uuid, &out, &n, f->err), 0);
+	assert_int_equal(n, 2);
+	assert_string_equal(out[1].content, in[1].content);
+	assert_string_equal(out[1].reasoning, "");
+	assert_int_equal(out[1].n_tokens, 1);
+	store_turns_free(out, n);
+
+	in[1] = turn("assistant", "b", tok, 1);
+	in[1].reasoning = (char *)"why b";
+	assert_int_equal(store_append_turns(f->s, 1, uuid, 2, in, 2, f->err), 0);
+	assert_int_equal(store_turns(f->s, 1, uuid, &out, &n, f->err), 0);
+	assert_int_equal(n, 4);
+	assert_string_equal(out[3].content, "b");
+	assert_string_equal(out[3].reasoning, "why b");
+	store_turns_free(out, n);
+}
+
 /* A migration that fails leaves nothing of itself behind. */
 static void
 test_migration_atomic(void **state)
@@ -1289,6 +1340,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_bad_uuids, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_model_upsert, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_migrate_from_zero, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_migrate_reasoning, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_migration_atomic, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_future_version, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_read_only, setup, teardown),

@@ -115,13 +115,18 @@ def result_fields(reply):
 
 
 class Token:
-    """A generated piece: text (whole UTF-8 characters, maybe ""), id (the
-    token id), logprob (a float with logprobs=True, else None)."""
+    """A generated piece: text (of the answer: whole UTF-8 characters, maybe
+    ""), reasoning (what the model thought before answering, apart from it:
+    Qwen3's <think> block, gpt-oss's analysis channel; maybe ""), tool (gpt-oss's
+    commentary channel, where its tool calls go; maybe ""), id (the token id),
+    logprob (a float with logprobs=True, else None)."""
 
-    __slots__ = ("text", "id", "logprob")
+    __slots__ = ("text", "reasoning", "tool", "id", "logprob")
 
     def __init__(self, reply):
         self.text = reply.get("text", "")
+        self.reasoning = reply.get("reasoning", "")
+        self.tool = reply.get("tool", "")
         self.id = reply.get("token")
         self.logprob = reply.get("logprob")
 
@@ -132,15 +137,18 @@ class Token:
 class Done:
     """The end of a generation: finish ("stop", "length", "context" or
     "cancel"), usage (a dict: prompt_tokens, cached_tokens, generated_tokens,
-    ttft_ms, tokens_per_s), session (its uuid, or None), text (all of it)."""
+    ttft_ms, tokens_per_s), session (its uuid, or None), text (all the answer),
+    reasoning and tool (all of them, "" for none)."""
 
-    __slots__ = ("finish", "usage", "session", "text")
+    __slots__ = ("finish", "usage", "session", "text", "reasoning", "tool")
 
-    def __init__(self, reply, text):
+    def __init__(self, reply, streamed):
         self.finish = reply.get("finish")
         self.usage = reply.get("usage") or {}
         self.session = reply.get("session")
-        self.text = reply.get("text", text)
+        self.text = reply.get("text", streamed["text"])
+        self.reasoning = reply.get("reasoning", streamed["reasoning"])
+        self.tool = reply.get("tool", streamed["tool"])
 
     def __repr__(self):
         return "Done(finish=%r, usage=%r, session=%r)" % (self.finish, self.usage, self.session)
@@ -167,26 +175,36 @@ class GenerationBase:
         self.id = rid
         self.stream = stream
         self.done = None
-        self._pieces = []
+        self._pieces = {"text": [], "reasoning": [], "tool": []}
 
     def _take(self, reply):
         """A token reply's Token; None after the done reply; raises an error reply."""
         if reply["type"] == "token":
             tok = Token(reply)
-            self._pieces.append(tok.text)
+            for k, pieces in self._pieces.items():
+                pieces.append(getattr(tok, k))
             return tok
         self._client._forget(self.id)
         if reply["type"] == "done":
-            self.done = Done(reply, "".join(self._pieces))
+            self.done = Done(reply, self._streamed())
             return None
         if reply["type"] == "error":
             raise errors.from_reply(reply)
         raise errors.ProtocolError("unexpected reply to generate: %r" % reply["type"])
 
+    def _streamed(self):
+        """Each part's pieces received so far, joined."""
+        return {k: "".join(pieces) for k, pieces in self._pieces.items()}
+
     @property
     def text(self):
-        """The text received so far (all of it once done)."""
-        return self.done.text if self.done is not None else "".join(self._pieces)
+        """The answer received so far (all of it once done)."""
+        return self.done.text if self.done is not None else self._streamed()["text"]
+
+    @property
+    def reasoning(self):
+        """The reasoning received so far (all of it once done)."""
+        return self.done.reasoning if self.done is not None else self._streamed()["reasoning"]
 
 
 class Ops:
