@@ -349,49 +349,36 @@ template <> struct qt<TT_Q8_0> {
 	}
 };
 
-/*
- * MXFP4G: two blocks (64 elements, a Q4_K chunk's width: its activations'
- * loads serve), the doubled e2m1 values as int8 for dp4a, times each
- * block's halved scale. One block a chunk made three short iterations of
- * a row of 2,880 (gpt-oss's) for each lane.
- */
+/* MXFP4G: one block, the doubled e2m1 values as int8 (dp4a takes them), times its halved scale. */
 template <> struct qt<TT_MXFP4G> {
-	static constexpr int n = 64;
+	static constexpr int n = 32;
 	struct W {
-		int q0[8], q1[8];
-		float d0, d1;
+		int q[8];
+		float d;
 	};
-	using X = qt<TT_Q4_K>::X;
-	/* a block's 16 quant bytes as its 32 values, elements 4i.. in q[i] */
-	static __device__ __forceinline__ void
-	block(uint4 qs, int *q)
-	{
-		const uint32_t w[4] = { qs.x, qs.y, qs.z, qs.w };
-
-#pragma unroll
-		for (int i = 0; i < 4; i++) { /* the low nibbles hold elements 0..15, the high ones 16..31 */
-			q[i] = (int)mx4_values(w[i] & 0x0f0f0f0fu);
-			q[4 + i] = (int)mx4_values((w[i] >> 4) & 0x0f0f0f0fu);
-		}
-	}
+	using X = qt<TT_Q8_0>::X;
 	static __device__ __forceinline__ void
 	load(const uint8_t *__restrict__ row, int c, W &o)
 	{
-		const uint4 *qs = (const uint4 *)mx4g_qs(row, 2 * c); /* blocks 2c and 2c + 1 share a group */
+		uint4 qs = __ldg((const uint4 *)mx4g_qs(row, c));
+		const uint32_t w[4] = { qs.x, qs.y, qs.z, qs.w };
 
-		block(__ldg(qs), o.q0);
-		block(__ldg(qs + 1), o.q1);
-		o.d0 = mx4g_d(row, 2 * c), o.d1 = mx4g_d(row, 2 * c + 1);
+		o.d = mx4g_d(row, c);
+#pragma unroll
+		for (int i = 0; i < 4; i++) { /* elements 4i.. in the low nibbles, 16 + 4i.. in the high ones */
+			o.q[i] = (int)mx4_values(w[i] & 0x0f0f0f0fu);
+			o.q[4 + i] = (int)mx4_values((w[i] >> 4) & 0x0f0f0f0fu);
+		}
 	}
 	static __device__ __forceinline__ void
 	loadx(const int8_t *__restrict__ xq, const float2 *__restrict__ xd, int k, int t, int c, X &x)
 	{
-		qt<TT_Q4_K>::loadx(xq, xd, k, t, c, x);
+		qt<TT_Q8_0>::loadx(xq, xd, k, t, c, x);
 	}
 	static __device__ __forceinline__ float
 	dot(const W &w, const X &x)
 	{
-		return w.d0 * x.d0.x * (float)dot2(w.q0, x.h, x.l, 8) + w.d1 * x.d1.x * (float)dot2(w.q1, x.h + 2, x.l + 2, 8);
+		return w.d * x.d * (float)dot2(w.q, x.h, x.l, 8);
 	}
 };
 
@@ -923,8 +910,7 @@ gemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, float *y, int ld
 int
 cuda_matmul_int8(const struct cuda_mm *m, const struct cuda_weight *w)
 {
-	return m->xq != NULL && (w->type == TT_Q4_K || w->type == TT_Q6_KG || w->type == TT_Q8_0 ||
-	    (w->type == TT_MXFP4G && w->k % 64 == 0));
+	return m->xq != NULL && (w->type == TT_Q4_K || w->type == TT_Q6_KG || w->type == TT_Q8_0 || w->type == TT_MXFP4G);
 }
 
 int
