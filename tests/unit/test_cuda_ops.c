@@ -4,9 +4,12 @@
  * kernels/cuda/cuda_probe.h.
  *
  * Inputs are fresh random numbers every run; the seed is printed, and
- * TEST_CUDA_OPS_SEED=N repeats a run. Quantized weights are random bytes
- * with block scales that keep the values near [-1, 1], so every bit of the
- * packed quants and sub-block scales is exercised. Shapes are chosen not
+ * TEST_CUDA_OPS_SEED=N repeats a run; TEST_CUDA_OPS_ONLY=PATTERN runs
+ * the tests whose names match it (cmocka's pattern: * and ?), so that a
+ * sanitizer's slow run can take the kernels it is about. Quantized
+ * weights are random bytes with block scales that keep the values near
+ * [-1, 1], so every bit of the packed quants and sub-block scales is
+ * exercised. Shapes are chosen not
  * to be multiples of the kernels' tiles: rows not multiples of 4, token
  * counts not multiples of 8, rows of 8-element chunks not multiples of the
  * 128 threads, widths not multiples of 256, sequence lengths not multiples
@@ -1799,7 +1802,7 @@ main(void)
 		cmocka_unit_test(test_pick),
 		cmocka_unit_test(test_moe),
 	};
-	const char *s = getenv("TEST_CUDA_OPS_SEED");
+	const char *s = getenv("TEST_CUDA_OPS_SEED"), *only = getenv("TEST_CUDA_OPS_ONLY");
 	uint64_t seed;
 
 	if (cuda_backend_devices() <= 0) {
@@ -1811,5 +1814,7 @@ main(void)
 	    (unsigned long long)seed);
 	fflush(stdout);
 	rng_state = seed;
+	if (only != NULL && *only != '\0')
+		cmocka_set_test_filter(only);
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
