@@ -236,56 +236,27 @@ row_axpy(float4 (&v)[V], float a, const float4 (&u)[V])
 		v[j].x += a * u[j].x, v[j].y += a * u[j].y, v[j].z += a * u[j].z, v[j].w += a * u[j].w;
 }
 
-/*
- * Slots [s0, s0 + C) of a mixture (those below end) added into rv, weighted:
- * every row's loads issued before any is used, so that a token's k
- * experts cost about one memory latency, not k (a loop of single loads
- * made the one-token norm after the experts the step's slowest row kernel).
- */
-template <int V, int C>
-static __device__ __forceinline__ void
-mix_slots(const float *__restrict__ r, const struct cuda_rmix &mix, int n4, int s0, int end, float4 (&rv)[V])
-{
-	float4 u[C][V];
-	float wt[C];
-
-#pragma unroll
-	for (int c = 0; c < C; c++) {
-		int s = min(s0 + c, end - 1);
-
-		wt[c] = mix.weight[s];
-		row_load<V>(r + (size_t)(mix.row != NULL ? mix.row[s] : s) * 4 * n4, n4, u[c]);
-		if (mix.row_b != NULL) {
-			float4 b[V];
-
-			row_load<V>(mix.row_b + (size_t)mix.expert[s] * 4 * n4, n4, b);
-			row_axpy<V>(u[c], 1.0f, b);
-		}
-	}
-#pragma unroll
-	for (int c = 0; c < C; c++)
-		if (s0 + c < end) /* past the token's slots: no 0 times a row's inf */
-			row_axpy<V>(rv, wt[c], u[c]);
-}
-
 /* Row blockIdx.x of r as mix says (struct cuda_rmix), into rv. */
 template <int V>
 static __device__ __forceinline__ void
 residual_row(const float *__restrict__ r, const struct cuda_rmix &mix, int n4, float4 (&rv)[V])
 {
-	constexpr int C = V <= 2 ? 4 : 1; /* slots in flight; more, or wider rows, spill */
-	float4 b[V];
+	float4 u[V], b[V];
 
 	if (mix.k == 0) {
 		row_load<V>(r + (size_t)blockIdx.x * 4 * n4, n4, rv);
 	} else {
-		int end = (blockIdx.x + 1) * mix.k;
-
 #pragma unroll
 		for (int j = 0; j < V; j++)
 			rv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-		for (int s = blockIdx.x * mix.k; s < end; s += C)
-			mix_slots<V, C>(r, mix, n4, s, end, rv);
+		for (int s = blockIdx.x * mix.k; s < (int)(blockIdx.x + 1) * mix.k; s++) {
+			row_load<V>(r + (size_t)(mix.row != NULL ? mix.row[s] : s) * 4 * n4, n4, u);
+			if (mix.row_b != NULL) {
+				row_load<V>(mix.row_b + (size_t)mix.expert[s] * 4 * n4, n4, b);
+				row_axpy<V>(u, 1.0f, b);
+			}
+			row_axpy<V>(rv, mix.weight[s], u);
+		}
 	}
 	if (mix.bias != NULL) {
 		row_load<V>(mix.bias, n4, b);
