@@ -361,7 +361,7 @@ model_dims(const struct model_hparams *hp, int max_tokens)
 	d.ffn = d.E > 0 ? d.R * d.F : d.T * d.ff;
 	d.forms = MAX(d.T * d.widest, d.R * MAX(d.embd, d.F));
 	d.scales = MAX(d.T, d.R);
-	d.tiles = d.E > 0 ? 1 + 3 * (size_t)cuda_moe_max_tiles((int)d.R, (int)d.E, 16) : 0;
+	d.tiles = d.E > 0 ? 1 + 3 * (size_t)cuda_moe_max_tiles((int)d.R, (int)d.E, MOE_MIN_TILE_ROWS) : 0;
 	return d;
 }
 
@@ -739,10 +739,7 @@ alloc_moe(struct backend *b, const struct dims *d, char *err)
 	    (rc = dev_alloc((void **)&r->row_expert, d->R * sizeof(int32_t), "the experts' routing", err)) ||
 	    (rc = dev_alloc((void **)&r->row_slot, d->R * sizeof(int32_t), "the experts' routing", err)) ||
 	    (rc = dev_alloc((void **)&r->tiles, d->tiles * sizeof(int32_t), "the experts' routing", err)) ||
-	    (rc = dev_alloc((void **)&r->done, sizeof(int32_t), "the experts' routing", err)) ||
 	    (rc = dev_alloc((void **)&b->moe.down, floats_bytes(d->R * d->embd), "the experts' rows", err)));
-	if (rc == 0)
-		CK(cudaMemset(r->done, 0, sizeof(int32_t)));
 	b->moe.gate = b->gate, b->moe.up = b->up;
 	return rc;
 }
@@ -994,6 +991,12 @@ layer_weights(struct backend *b, int l, const struct model_tensor **mats, const 
 	c->moe.n_expert = E, c->moe.n_used = b->m->hp.n_expert_used, c->moe.norm = b->m->hp.expert_norm;
 	/* RESIDENT_CUDA_MOE_SLOTS: the most tokens whose experts run as slots (the exact mode's: every count) */
 	c->moe.slots_max = b->exact ? INT_MAX : env_int("RESIDENT_CUDA_MOE_SLOTS", mmv_max(0));
+	/*
+	 * RESIDENT_CUDA_MOE_INT: the most grouped tokens on the integer kernel. MXFP4 experts while they
+	 * average up to 2 rows (gpt-oss-20b, 16 sequences on an H100: 1,903 t/s, 1,452 on the tensor
+	 * cores; 32: 2,412 against 2,594); Q4_K ones never (qwen3-30b-a3b, 16: 1,244 against 1,623)
+	 */
+	c->moe.int_max = env_int("RESIDENT_CUDA_MOE_INT", c->moe.gu.type == TT_MXFP4G ? 2 * E / c->moe.n_used : 0);
 	return 0;
 }
 
@@ -1084,7 +1087,7 @@ cuda_free(struct backend *b)
 	cudaFree(b->dev_pick), cudaFree(b->dev_pen), cudaFree(b->dev_lp), cudaFree(b->pick_part);
 	cudaFree(b->moe.route.logit), cudaFree(b->moe.route.expert), cudaFree(b->moe.route.weight);
 	cudaFree(b->moe.route.row), cudaFree(b->moe.route.row_expert), cudaFree(b->moe.route.row_slot);
-	cudaFree(b->moe.route.tiles), cudaFree(b->moe.route.done), cudaFree(b->moe.down);
+	cudaFree(b->moe.route.tiles), cudaFree(b->moe.down);
 	if (b->host_argmax != NULL)
 		cudaFreeHost(b->host_argmax);
 	if (b->host_pick != NULL)

@@ -969,9 +969,8 @@ moe_scratch(struct cuda_probe *p, struct bufs *bs, int n_tok, int n_expert, int 
 	    (rc = buf_new(p, bs, NULL, ib, 1, (void **)&r->row, err)) ||
 	    (rc = buf_new(p, bs, NULL, ib, 1, (void **)&r->row_expert, err)) ||
 	    (rc = buf_new(p, bs, NULL, ib, 1, (void **)&r->row_slot, err)) ||
-	    (rc = buf_new(p, bs, NULL, (1 + 3 * (size_t)cuda_moe_max_tiles(R, n_expert, 16)) * sizeof(int32_t), 1,
+	    (rc = buf_new(p, bs, NULL, (1 + 3 * (size_t)cuda_moe_max_tiles(R, n_expert, MOE_MIN_TILE_ROWS)) * sizeof(int32_t), 1,
 	    (void **)&r->tiles, err)) ||
-	    (rc = buf_new(p, bs, NULL, sizeof(int32_t), 1, (void **)&r->done, err)) ||
 	    (rc = buf_new(p, bs, NULL, (size_t)R * (size_t)f * sizeof(float), 1, (void **)&s->gate, err)) ||
 	    (rc = buf_new(p, bs, NULL, (size_t)R * (size_t)f * sizeof(float), 1, (void **)&s->up, err)) ||
 	    (rc = buf_new(p, bs, NULL, (size_t)R * (size_t)d * sizeof(float), 1, (void **)&s->down, err)));
@@ -1001,16 +1000,16 @@ moe_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_moe *mo, 
 	e.n_expert = mo->n_expert, e.n_used = mo->n_used, e.norm = mo->norm;
 	probe_path(p, path);
 	e.slots_max = p->mm.mmv_max;
+	e.int_max = path == CUDA_PROBE_FEW ? INT_MAX : 0; /* grouped on the integer kernel; CUDA_PROBE_GEMM: tensor cores */
 	if ((rc = floats_opt(p, bs, mo->router_b, (size_t)mo->n_expert, &e.router_b, err)) != 0 ||
 	    (rc = floats_opt(p, bs, mo->gate_b, (size_t)(mo->n_expert * f), &e.gate_b, err)) != 0 ||
 	    (rc = floats_opt(p, bs, mo->up_b, (size_t)(mo->n_expert * f), &e.up_b, err)) != 0 ||
 	    (rc = floats_opt(p, bs, mo->down_b, (size_t)(mo->n_expert * d), &e.down_b, err)) != 0 ||
 	    (rc = moe_scratch(p, bs, n_tok, mo->n_expert, R, d, f, &s, err)) != 0 ||
-	    (rc = mm_scratch(p, MAX(d, f), R, 1, 0, err)) != 0 || (rc = int8_scratch(p, path, MAX(d, f), R, err)) != 0 ||
+	    (rc = mm_scratch(p, MAX(d, f), R, 1, 0, err)) != 0 || (rc = int8_scratch(p, path == CUDA_PROBE_FEW ? CUDA_PROBE_INT8 : path, MAX(d, f), R, err)) != 0 ||
 	    (rc = buf_new(p, bs, x, (size_t)n_tok * (size_t)d * sizeof(float), 0, (void **)&dx, err)) != 0 ||
 	    (rc = buf_new(p, bs, NULL, (size_t)n_tok * (size_t)d * sizeof(float), 1, (void **)&dout, err)) != 0)
 		return rc;
-	CK(cudaMemsetAsync(s.route.done, 0, sizeof(int32_t), p->stream));
 	CK(cudaMemsetAsync(dout, 0, (size_t)n_tok * (size_t)d * sizeof(float), p->stream));
 	/* out = 0 + the mixture of each token's rows, as the residual stream takes it */
 	if ((rc = cuda_moe_ffn(&p->mm, &e, &s, dx, (int)d, n_tok, 0, &mix, err)) != 0 ||

@@ -125,8 +125,9 @@ struct cuda_probe_moe {
 /*
  * cuda_moe_ffn on x (n_tok rows of the model's width) into out, on a path:
  * CUDA_PROBE_MATVEC (every token's choices as float slots),
- * CUDA_PROBE_INT8 (slots, int8 activations where the types take them) or
+ * CUDA_PROBE_INT8 (slots, int8 activations where the types take them),
  * CUDA_PROBE_GEMM (the rows grouped by expert, on the tensor cores where
+ * the types allow) or CUDA_PROBE_FEW (grouped, on the integer kernel where
  * the types allow); expert and weight (n_tok x n_used) get the routing.
  */
 int cuda_probe_moe(struct cuda_probe *p, const struct cuda_probe_moe *mo, const float *x, int n_tok,

@@ -24,6 +24,7 @@
 #include "matmul.cuh"
 #include "dequant.cuh"
 #include "norm.cuh"
+#include "route.cuh"
 
 #include <string.h>
 
@@ -131,6 +132,29 @@ slot_out(struct mm_out out, int s)
 }
 
 /*
+ * The expert of slot s, for the whole calling block: sl.expert[s], or
+ * (sl.logit set) its token's routing, by the block's first warp; block
+ * (0, the token's first slot) stores the token's routing for the kernels
+ * after this one (each block reads its own from shared memory).
+ */
+static __device__ __forceinline__ int
+slot_expert(const struct mm_slots &sl, int s)
+{
+	__shared__ int32_t ex[MOE_MAX_USED];
+	__shared__ float wt[MOE_MAX_USED];
+	int t = s / sl.in_div, j = s % sl.in_div;
+
+	if (sl.logit == NULL)
+		return sl.expert != NULL ? sl.expert[s] : 0;
+	if (threadIdx.x < WARP)
+		route_token(sl.logit + (size_t)t * sl.n_expert, sl.bias, sl.n_expert, sl.in_div, sl.norm, ex, wt);
+	__syncthreads();
+	if (blockIdx.x == 0 && j == 0 && (int)threadIdx.x < sl.in_div)
+		sl.expert[s + threadIdx.x] = ex[threadIdx.x], sl.weight[s + threadIdx.x] = wt[threadIdx.x];
+	return ex[j];
+}
+
+/*
  * The matrix-vector kernel over expert slots (cuda_matmul_slots): block
  * (x, s) takes rows of the expert slot s chose, by its input row.
  */
@@ -143,8 +167,8 @@ mmv_slot_kernel(const uint8_t *w, size_t row_bytes, int k, int n, const float *x
 	pdl_trigger();
 	int s = blockIdx.y;
 
-	mmv_block<TY, 1>(w + (sl.expert != NULL ? (size_t)sl.expert[s] * sl.stride : 0), row_bytes, k, n,
-	    x + (size_t)(s / sl.in_div) * ldx, ldx, slot_out(out, s));
+	mmv_block<TY, 1>(w + (size_t)slot_expert(sl, s) * sl.stride, row_bytes, k, n, x + (size_t)(s / sl.in_div) * ldx,
+	    ldx, slot_out(out, s));
 }
 
 /* N little-endian words from a 2-byte aligned address: N + 1 aligned loads, funnel-shifted. */
@@ -440,12 +464,13 @@ mmq_group_sum(float *a, int g, int part, int lane)
  * * R; warp j of a group takes runs j, j + KS, ... of 32 chunks of its
  * rows, a chunk a lane; each token's chunk of x, loaded once, serves every
  * row. The group's first warp adds the others' sums (in that order) and
- * stores. With QKV (R even), the rows go to e as pairs.
+ * stores. With QKV (R even), the rows go to e as pairs. Only the first nt
+ * tokens are there (nt <= NT; a constant NT where the caller has all).
  */
 template <int TY, int NT, int R, int KS, bool QKV>
 static __device__ __forceinline__ void
 mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq,
-    const float2 *__restrict__ xd, const struct mm_out &out, const mm_e<QKV> &e)
+    const float2 *__restrict__ xd, const struct mm_out &out, const mm_e<QKV> &e, int nt)
 {
 	using Q = qt<TY>;
 	int w = threadIdx.x / WARP, g = w / KS, part = w % KS;
@@ -481,6 +506,8 @@ mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq
 		for (int t = 0; t < NT; t++) {
 			typename Q::X x;
 
+			if (t >= nt)
+				break;
 			Q::loadx(xq, xd, k, t, c, x);
 #pragma unroll
 			for (int i = 0; i < R; i++)
@@ -510,7 +537,7 @@ mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq
 		for (int i = 0; i < R; i++)
 #pragma unroll
 			for (int t = 0; t < NT; t++)
-				if (row0 + i < n)
+				if (row0 + i < n && t < nt)
 					mm_store(out, sg.o0 + row0 + i, t, acc[i][t]);
 	}
 }
@@ -549,11 +576,11 @@ mmq_kernel(struct mm_seg a, struct mm_seg b, int nb_a, int k, const int8_t *__re
 	pdl_trigger();
 	if constexpr (TY2 != 0) {
 		if ((int)blockIdx.x >= nb_a) {
-			mmq_block<TY2, NT, R, KS, QKV>(b, blockIdx.x - nb_a, k, xq, xd, out, e);
+			mmq_block<TY2, NT, R, KS, QKV>(b, blockIdx.x - nb_a, k, xq, xd, out, e, NT);
 			return;
 		}
 	}
-	mmq_block<TY, NT, R, KS, QKV>(a, blockIdx.x, k, xq, xd, out, e);
+	mmq_block<TY, NT, R, KS, QKV>(a, blockIdx.x, k, xq, xd, out, e, NT);
 }
 
 /*
@@ -570,23 +597,51 @@ mmq_slot_kernel(struct mm_seg a, int k, const int8_t *__restrict__ xq, const flo
 	pdl_trigger();
 	int s = blockIdx.y, in = s / sl.in_div;
 
-	a.w += sl.expert != NULL ? (size_t)sl.expert[s] * sl.stride : 0;
+	a.w += (size_t)slot_expert(sl, s) * sl.stride;
 	mmq_block<TY, 1, R, KS, false>(a, blockIdx.x, k, xq + (size_t)in * 2 * k, xd + (size_t)in * (k / 32),
-	    slot_out(out, s), mm_e<false>{});
+	    slot_out(out, s), mm_e<false>{}, 1);
 }
 
-/* Row t of x (k wide) in the integer kernels' form (cuda_q8). A warp per group of 32. */
+/*
+ * The integer kernel over tiles of rows grouped by expert
+ * (cuda_matmul_grouped_int8): block (x, i) takes rows of tile i's expert
+ * by the tile's rows of the int8 input (up to NT), as mmq_kernel does NT
+ * tokens; blocks of tiles past the step's count return at once.
+ */
+template <int TY, int NT>
+__global__ void __launch_bounds__(MMQ_WARPS * WARP, NT == 2 ? 4 : 1)
+mmq_grouped_kernel(struct mm_seg a, size_t stride, int k, const int8_t *__restrict__ xq,
+    const float2 *__restrict__ xd, struct mm_out out, const int32_t *__restrict__ tiles)
+{
+	pdl_wait();
+	pdl_trigger();
+	int i = blockIdx.y;
+
+	if (i >= tiles[0])
+		return;
+	int e = tiles[1 + 3 * i], first = tiles[2 + 3 * i], nt = tiles[3 + 3 * i];
+
+	a.w += (size_t)e * stride;
+	mmq_block<TY, NT, mmq_rows<NT>::n, 1, false>(a, blockIdx.x, k, xq + (size_t)first * 2 * k,
+	    xd + (size_t)first * (k / 32), slot_out(out, first), mm_e<false>{}, nt);
+}
+
+/*
+ * Row t of x (k wide) in the integer kernels' form (cuda_q8), from x's row
+ * t, or rows[t] / div where rows is set. A warp per group of 32.
+ */
 __global__ void
-quant_q8_kernel(const float *__restrict__ x, int ldx, int k, int8_t *__restrict__ xq,
-    float2 *__restrict__ xd)
+quant_q8_kernel(const float *__restrict__ x, int ldx, int k, const int32_t *__restrict__ rows, int div,
+    int8_t *__restrict__ xq, float2 *__restrict__ xd)
 {
 	pdl_wait();
 	pdl_trigger();
 	int g = blockIdx.x * Q8_WARPS + threadIdx.x / WARP, i = 32 * g + threadIdx.x % WARP, t = blockIdx.y;
+	int src = rows != NULL ? rows[t] / div : t;
 	struct cuda_q8 q8 = { xq, xd };
 
 	if (g < k / 32)
-		q8_store1(q8, t, k, i, x[(size_t)t * ldx + i]);
+		q8_store1(q8, t, k, i, x[(size_t)src * ldx + i]);
 }
 
 /* Multiplies row t of y (n wide) back by xscale[t]. */
@@ -747,8 +802,20 @@ quantize_x(struct cuda_mm *m, const float *x, int ldx, int k, int n_tok, char *e
 
 	if (m->xq_ready)
 		return 0;
-	CK(cuda_launch(quant_q8_kernel, dim3(grid), dim3(Q8_WARPS * WARP), 0, m->stream, x, ldx, k, m->xq, m->xd));
+	CK(cuda_launch(quant_q8_kernel, dim3(grid), dim3(Q8_WARPS * WARP), 0, m->stream, x, ldx, k,
+	    (const int32_t *)NULL, 1, m->xq, m->xd));
 	m->xq_ready = 1;
+	return 0;
+}
+
+int
+cuda_quant_rows(struct cuda_mm *m, const float *x, int ldx, int k, const int32_t *rows, int div, int n_rows,
+    char *err)
+{
+	dim3 grid((unsigned)((k / 32 + Q8_WARPS - 1) / Q8_WARPS), (unsigned)n_rows);
+
+	CK(cuda_launch(quant_q8_kernel, dim3(grid), dim3(Q8_WARPS * WARP), 0, m->stream, x, ldx, k, rows, div, m->xq,
+	    m->xd));
 	return 0;
 }
 
@@ -833,6 +900,41 @@ cuda_matmul_slots(struct cuda_mm *m, const struct cuda_weight *w, const float *x
 #undef TQ_CASE
 	default:
 		return err_set(err, ERR_UNSUPPORTED, "no GPU kernel for expert weights of type %u", w->type);
+	}
+	return 0;
+}
+
+/* The grouped integer kernel of type TY, bn (2, 4 or 8) rows a tile. */
+template <int TY>
+static cudaError_t
+mmq_grouped_launch(cudaStream_t st, const struct cuda_weight *w, size_t stride, const int8_t *xq, const float2 *xd,
+    const struct mm_out *out, const int32_t *tiles, int max_tiles, int bn)
+{
+	struct mm_seg a = { w->d, w->row_bytes, (int)w->n, 0 };
+	dim3 block(MMQ_WARPS * WARP);
+	int k = (int)w->k;
+
+	switch (bn) {
+#define BN_CASE(N) \
+	case N: \
+		return cuda_launch(mmq_grouped_kernel<TY, N>, dim3((unsigned)mmq_blocks(w->n, mmq_rows<N>::n, 1), \
+		    (unsigned)max_tiles), block, 0, st, a, stride, k, xq, xd, *out, tiles);
+	BN_CASE(2) BN_CASE(4) BN_CASE(8)
+#undef BN_CASE
+	}
+	return cudaErrorInvalidValue;
+}
+
+int
+cuda_matmul_grouped_int8(struct cuda_mm *m, const struct cuda_weight *w, size_t stride, const int32_t *tiles,
+    int max_tiles, int bn, const struct mm_out *out, char *err)
+{
+	if (!cuda_matmul_int8(m, w))
+		return err_set(err, ERR_UNSUPPORTED, "no grouped integer kernel for expert weights of type %u", w->type);
+	switch (w->type) {
+#define TQ_CASE(TY) case TY: CK(mmq_grouped_launch<TY>(m->stream, w, stride, m->xq, m->xd, out, tiles, max_tiles, bn)); break;
+	TQ_CASE(TT_Q4_K) TQ_CASE(TT_Q6_KG) TQ_CASE(TT_Q8_0) TQ_CASE(TT_MXFP4G)
+#undef TQ_CASE
 	}
 	return 0;
 }

@@ -175,12 +175,18 @@ int cuda_matmul_int8(const struct cuda_mm *m, const struct cuda_weight *w);
  * expert[s], whose rows are stride bytes after expert 0's (expert NULL:
  * one weight for every slot, a token's matrix-vector product), and reads
  * input row s / in_div (a token's input, by its n_used slots; or the
- * slot's own row).
+ * slot's own row). With logit set the launch routes its own tokens: slot
+ * s = t in_div + j takes token t's j-th choice among its n_expert logits
+ * (plus bias; route_token), and the token's first slot stores the
+ * token's choices and weights into expert and weight.
  */
 struct mm_slots {
-	const int32_t *expert;
+	int32_t *expert;
 	size_t stride;
 	int in_div;
+	const float *logit, *bias;
+	float *weight;
+	int n_expert, norm;
 };
 
 /*
@@ -193,6 +199,21 @@ struct mm_slots {
  */
 int cuda_matmul_slots(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int ldx, int n_in, int n_slots,
     const struct mm_slots *sl, const struct mm_out *out, int reuse_x, char *err);
+
+/*
+ * Rows of experts grouped by expert, a few an expert (the integer
+ * kernel): for each tile (expert, first row, rows) of tiles (tiles[0] of
+ * them, at most max_tiles, each of at most bn = 2, 4 or 8 rows), that
+ * expert's rows of w (expert 0's; expert e's stride bytes after) times the
+ * tile's rows of the int8 form in m->xq, into those rows of each output of
+ * out. w of a type cuda_matmul_int8 takes.
+ */
+int cuda_matmul_grouped_int8(struct cuda_mm *m, const struct cuda_weight *w, size_t stride, const int32_t *tiles,
+    int max_tiles, int bn, const struct mm_out *out, char *err);
+
+/* n_rows rows of x in int8 form into m->xq / m->xd, row r from x's row rows[r] / div (k wide, ldx apart). */
+int cuda_quant_rows(struct cuda_mm *m, const float *x, int ldx, int k, const int32_t *rows, int div, int n_rows,
+    char *err);
 
 /*
  * The GPU form of a matrix of n rows of k elements stored as `type` (d

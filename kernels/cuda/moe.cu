@@ -1,77 +1,24 @@
 /*
- * moe.cu: the router's choices for a step of a mixture of experts. One
- * block does all of it: each token's top experts (a warp a token), then,
- * for the grouped products, every slot's row among its expert's rows (a
- * warp an expert, walking the slots in order, so the grouping does not
- * depend on timing) and the tiles. A step's routing is small (512 tokens
- * of 8 choices in 128 experts: 4,096 slots), and one block keeps it one
- * launch, inside the step's graph, with no round trip to the host.
+ * moe.cu: a step of a mixture of experts: the router's product, the
+ * routing, and the experts' rows by slots or grouped by expert.
+ *
+ * The routing of a step that groups its rows is one block (route_kernel):
+ * each token's top experts (a warp a token, route.cuh), then every slot's
+ * row among its expert's rows (a warp an expert, walking the slots in
+ * order, so the grouping does not depend on timing) and the tiles. A
+ * step's routing is small (512 tokens of 8 choices in 128 experts: 4,096
+ * slots), and one block keeps it one launch, inside the step's graph, with
+ * no round trip to the host. A step of a few tokens by slots has no
+ * routing launch: its gate/up slots route their own token.
  */
 #include "moe.cuh"
 #include "dequant.cuh"
 
-#include <limits.h>
-
 #define ROUTE_THREADS 1024
-/* Up to this many tokens the router's product and the routing are one launch (route_fused_kernel). */
+/* Up to this many tokens the router's product is router_kernel's. */
 #define FUSED_TOKENS 8
-/* Threads of a block of the fused router (an expert's row). */
+/* Threads of a block of router_kernel (an expert's row). */
 #define FUSED_THREADS 256
-
-/* (v, i) beats (bv, bi): larger, or equal with a lower index; a NaN counts as -inf. */
-static __device__ __forceinline__ int
-route_better(float v, int i, float bv, int bi)
-{
-	v = isnan(v) ? -INFINITY : v;
-	return v > bv || (v == bv && i < bi);
-}
-
-/* Token t's choices and weights, by the calling warp (lane e % 32 holds expert e's logit). */
-static __device__ void
-route_token(const struct cuda_route &r, int t, int lane)
-{
-	float *lg = r.logit + (size_t)t * r.n_expert, top = 0.0f, sum = 0.0f;
-	uint32_t taken = 0; /* bit i: expert lane + 32 i is chosen */
-
-	for (int e = lane; r.bias != NULL && e < r.n_expert; e += WARP)
-		lg[e] += r.bias[e];
-	__syncwarp();
-	for (int j = 0; j < r.n_used; j++) {
-		float bv = -INFINITY;
-		int bi = INT_MAX;
-
-		for (int i = 0, e = lane; e < r.n_expert; i++, e += WARP)
-			if (!(taken >> i & 1) && route_better(lg[e], e, bv, bi))
-				bv = isnan(lg[e]) ? -INFINITY : lg[e], bi = e;
-#pragma unroll
-		for (int o = 16; o > 0; o >>= 1) {
-			float v = __shfl_xor_sync(FULL_MASK, bv, o);
-			int i = __shfl_xor_sync(FULL_MASK, bi, o);
-
-			if (route_better(v, i, bv, bi))
-				bv = v, bi = i;
-		}
-		if (bi % WARP == lane)
-			taken |= 1u << (bi / WARP);
-		if (j == 0)
-			top = bv;
-		if (lane == 0) {
-			r.expert[(size_t)t * r.n_used + j] = bi;
-			r.weight[(size_t)t * r.n_used + j] = expf(bv - top);
-		}
-		sum += expf(bv - top);
-	}
-	if (!r.norm) { /* the softmax over every expert's logit */
-		float all = 0.0f;
-
-		for (int e = lane; e < r.n_expert; e += WARP)
-			all += expf(lg[e] - top);
-		sum = warp_sum(all);
-	}
-	__syncwarp();
-	if (lane < r.n_used)
-		r.weight[(size_t)t * r.n_used + lane] /= sum;
-}
 
 /* Slots of the step whose expert is e, counted by the calling warp (in every lane). */
 static __device__ int
@@ -112,7 +59,8 @@ route_all(const struct cuda_route &r)
 	int slots = r.n_tok * r.n_used;
 
 	for (int t = warp; t < r.n_tok; t += nw)
-		route_token(r, t, lane);
+		route_token(r.logit + (size_t)t * r.n_expert, r.bias, r.n_expert, r.n_used, r.norm,
+		    r.expert + (size_t)t * r.n_used, r.weight + (size_t)t * r.n_used);
 	if (r.bn == 0)
 		return;
 	__syncthreads(); /* the slots' experts, written above, are seen by the whole block */
@@ -151,34 +99,35 @@ route_kernel(struct cuda_route r)
 }
 
 /*
- * A few tokens' router logits and their routing in one launch: block e
+ * A few tokens' router logits (without the bias: routing adds it): block e
  * takes expert e's row of the router (type TY) by every token's row of h,
  * in float, its threads an 8-element chunk each (a warp a row held each
- * warp to eight dependent loads: 18.7 us a layer on an H100, against 10.8
- * for the product and the routing apart; this form 11.8 under ncu, but
- * one launch fewer in the graph); the last block to finish
- * routes the step (it sees the others' logits: each fences before
- * counting itself done), then sets the count back to 0 for the next step.
+ * warp to eight dependent loads). The row's first chunk is a weight, read
+ * before pdl_wait. The routing is not here: a block that routed after the
+ * others finished (a count of finished blocks, the last one routing) took
+ * 11.8 us a qwen3-30b-a3b layer on an H100 under ncu, 9.6 of them that one
+ * block's; the experts' slots route their own token instead
+ * (route_token), and grouped steps launch route_kernel.
  */
 template <int TY>
 __global__ void __launch_bounds__(FUSED_THREADS)
-route_fused_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, const float *__restrict__ h, int ldh,
-    struct cuda_route r)
+router_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, const float *__restrict__ h, int ldh,
+    float *__restrict__ logit, int n_tok, int n_expert)
 {
+	__shared__ float red[WARP];
+	float acc[FUSED_TOKENS] = {}, v[8];
+	int e = blockIdx.x, c = threadIdx.x;
+
+	if (c < k / 8)
+		deq8<TY>(w + (size_t)e * row_bytes, c, v);
 	pdl_wait();
 	pdl_trigger();
-	__shared__ float red[WARP];
-	__shared__ int last;
-	float acc[FUSED_TOKENS] = {};
-	int e = blockIdx.x;
-
-	for (int c = threadIdx.x; c < k / 8; c += blockDim.x) {
-		float v[8];
-
-		deq8<TY>(w + (size_t)e * row_bytes, c, v);
+	for (; c < k / 8; c += blockDim.x) {
+		if (c != (int)threadIdx.x)
+			deq8<TY>(w + (size_t)e * row_bytes, c, v);
 #pragma unroll
 		for (int t = 0; t < FUSED_TOKENS; t++)
-			if (t < r.n_tok) {
+			if (t < n_tok) {
 				const float4 *xp = (const float4 *)(h + (size_t)t * ldh) + 2 * c;
 				float4 a = xp[0], b = xp[1];
 
@@ -188,22 +137,11 @@ route_fused_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, const
 	}
 #pragma unroll
 	for (int t = 0; t < FUSED_TOKENS; t++) {
-		float sum = t < r.n_tok ? block_sum(acc[t], red) : 0.0f;
+		float sum = t < n_tok ? block_sum(acc[t], red) : 0.0f;
 
-		if (t < r.n_tok && threadIdx.x == 0)
-			r.logit[(size_t)t * r.n_expert + e] = sum;
+		if (t < n_tok && threadIdx.x == 0)
+			logit[(size_t)t * n_expert + e] = sum;
 	}
-	__threadfence();
-	__syncthreads();
-	if (threadIdx.x == 0)
-		last = atomicAdd(r.done, 1) == (int)gridDim.x - 1;
-	__syncthreads();
-	if (!last)
-		return;
-	__threadfence();
-	route_all(r);
-	if (threadIdx.x == 0)
-		*r.done = 0;
 }
 
 int
@@ -212,17 +150,17 @@ cuda_moe_max_tiles(int n_rows, int n_expert, int bn)
 	return n_rows / bn + MIN(n_expert, n_rows);
 }
 
-/* The router's product and the routing of n_tok <= FUSED_TOKENS tokens as one launch. */
+/* The router's logits of n_tok <= FUSED_TOKENS tokens. */
 static int
-route_fused(const struct cuda_weight *w, const float *h, int ldh, const struct cuda_route *r, cudaStream_t st,
-    char *err)
+router(const struct cuda_weight *w, const float *h, int ldh, const struct cuda_route *r, cudaStream_t st, char *err)
 {
 	dim3 grid((unsigned)r->n_expert), block(FUSED_THREADS);
 
 	switch (w->type) {
 #define TY_CASE(TY) \
 	case TY: \
-		CK(cuda_launch(route_fused_kernel<TY>, grid, block, 0, st, w->d, w->row_bytes, (int)w->k, h, ldh, *r)); \
+		CK(cuda_launch(router_kernel<TY>, grid, block, 0, st, w->d, w->row_bytes, (int)w->k, h, ldh, r->logit, \
+		    r->n_tok, r->n_expert)); \
 		return 0;
 	DEQ_TYPES(TY_CASE)
 #undef TY_CASE
@@ -231,33 +169,68 @@ route_fused(const struct cuda_weight *w, const float *h, int ldh, const struct c
 	}
 }
 
-int
-cuda_moe_route(const struct cuda_route *r, cudaStream_t st, char *err)
+/* 0 if the GPU routes n_used of n_expert experts. */
+static int
+route_fits(int n_expert, int n_used, char *err)
 {
-	if (r->n_expert < 1 || r->n_expert > MOE_MAX_EXPERTS || r->n_used < 1 || r->n_used > MIN(MOE_MAX_USED, r->n_expert))
-		return err_set(err, ERR_UNSUPPORTED, "%d experts, %d a token: the GPU routes up to %d of %d", r->n_expert,
-		    r->n_used, MOE_MAX_USED, MOE_MAX_EXPERTS);
+	if (n_expert < 1 || n_expert > MOE_MAX_EXPERTS || n_used < 1 || n_used > MIN(MOE_MAX_USED, n_expert))
+		return err_set(err, ERR_UNSUPPORTED, "%d experts, %d a token: the GPU routes up to %d of %d", n_expert,
+		    n_used, MOE_MAX_USED, MOE_MAX_EXPERTS);
+	return 0;
+}
+
+/*
+ * Each token's n_used experts and their weights (route_token), then the
+ * grouping when r->bn > 0. One block, one launch.
+ */
+static int
+route_step(const struct cuda_route *r, cudaStream_t st, char *err)
+{
 	CK(cuda_launch(route_kernel, dim3(1), dim3(ROUTE_THREADS), 0, st, *r));
 	return 0;
+}
+
+/*
+ * Rows a tile of n_tok tokens' grouped rows on the integer kernel (0: on
+ * the tensor cores): about twice an expert's mean, so that few experts
+ * take two tiles (each reads the expert's rows again).
+ */
+static int
+int_bn(const struct cuda_mm *m, const struct cuda_moe *e, int n_tok)
+{
+	int R = n_tok * e->n_used, active = MIN(e->n_expert, R), mean = (R + active - 1) / active;
+
+	if (n_tok > e->int_max || !cuda_matmul_int8(m, &e->gu) || !cuda_matmul_int8(m, &e->down))
+		return 0;
+	return mean <= 1 ? 2 : mean <= 2 ? 4 : 8;
 }
 
 int
 cuda_moe_grouped(const struct cuda_mm *m, const struct cuda_moe *e, int n_tok)
 {
-	return n_tok > e->slots_max && m->xh != NULL && cuda_qgemm_type(&e->gu) && cuda_qgemm_type(&e->down);
+	return n_tok > e->slots_max && ((m->xh != NULL && cuda_qgemm_type(&e->gu) && cuda_qgemm_type(&e->down)) ||
+	    int_bn(m, e, n_tok) > 0);
 }
 
-/* The experts' rows of the slots (a few tokens), their activation in int8 form where down takes it. */
+/*
+ * The experts' rows of the slots (a few tokens), their activation in int8
+ * form where down takes it. self_route: the gate/up slots route their
+ * token from the router's logits (and store the routing); else it is done.
+ */
 static int
 moe_slots(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch *s, const float *h, int n_embd,
-    int n_tok, int h_q8, char *err)
+    int n_tok, int h_q8, int self_route, char *err)
 {
+	const struct cuda_route *r = &s->route;
 	int F = (int)e->down.k, k = e->n_used, R = n_tok * k, rc;
 	struct cuda_h16 h16 = { NULL, NULL };
 	struct cuda_q8 q8 = { NULL, NULL };
 	struct mm_out gu = { { s->gate, s->up }, { F, F }, { 0, F, 2 * F }, 2 };
 	struct mm_out dn = { { s->down }, { n_embd }, { 0, n_embd }, 1 };
-	struct mm_slots sl_gu = { s->route.expert, e->gu_stride, k }, sl_dn = { s->route.expert, e->down_stride, 1 };
+	struct mm_slots sl_gu = { r->expert, e->gu_stride, k, self_route ? r->logit : NULL, r->bias, r->weight,
+		r->n_expert, r->norm };
+	struct mm_slots sl_dn = { r->expert, e->down_stride, 1, NULL, NULL, NULL, 0, 0 };
+
 
 	if (cuda_matmul_int8(m, &e->down))
 		q8.q = m->xq, q8.d = m->xd;
@@ -268,24 +241,32 @@ moe_slots(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch *
 	return cuda_matmul_slots(m, &e->down, s->gate, F, R, R, &sl_dn, &dn, q8.q != NULL, err);
 }
 
-/* The experts' rows grouped by expert (more tokens), on the tensor cores. */
+/*
+ * The experts' rows grouped by expert (more tokens): a few an expert on
+ * the integer kernel (int8 forms in row order: the inputs gathered, the
+ * activation's made by the GLU), more on the tensor cores (fp16 forms).
+ */
 static int
 moe_grouped(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch *s, const float *h, int n_embd,
     int n_tok, char *err)
 {
 	const struct cuda_route *r = &s->route;
 	int F = (int)e->down.k, k = e->n_used, R = n_tok * k, max_tiles = cuda_moe_max_tiles(R, e->n_expert, r->bn), rc;
-	struct cuda_h16 xh = { m->xh, m->xscale };
-	struct cuda_q8 q8 = { NULL, NULL };
+	int q = int_bn(m, e, n_tok) > 0;
+	struct cuda_h16 xh = { m->xh, m->xscale }, no_h16 = { NULL, NULL };
+	struct cuda_q8 q8 = { m->xq, m->xd }, no_q8 = { NULL, NULL };
 	struct mm_out gu = { { s->gate, s->up }, { F, F }, { 0, F, 2 * F }, 2 };
 	struct mm_out dn = { { s->down }, { n_embd }, { 0, n_embd }, 1 };
 
-	if ((rc = cuda_to_f16_rows(h, n_embd, n_embd, r->row_slot, k, R, xh, m->stream, err)) != 0 ||
-	    (rc = cuda_qgemm_grouped(m, &e->gu, e->gu_stride, R, r->tiles, max_tiles, r->bn, &gu, err)) != 0 ||
-	    (rc = cuda_moe_glu(s->gate, s->up, R, F, r->row_expert, e->gate_b, e->up_b, e->act, xh, q8, m->stream,
-	    err)) != 0)
+	rc = q ? cuda_quant_rows(m, h, n_embd, n_embd, r->row_slot, k, R, err) :
+		 cuda_to_f16_rows(h, n_embd, n_embd, r->row_slot, k, R, xh, m->stream, err);
+	if (rc != 0 || (rc = q ? cuda_matmul_grouped_int8(m, &e->gu, e->gu_stride, r->tiles, max_tiles, r->bn, &gu, err) :
+	    cuda_qgemm_grouped(m, &e->gu, e->gu_stride, R, r->tiles, max_tiles, r->bn, &gu, err)) != 0 ||
+	    (rc = cuda_moe_glu(s->gate, s->up, R, F, r->row_expert, e->gate_b, e->up_b, e->act, q ? no_h16 : xh,
+	    q ? q8 : no_q8, m->stream, err)) != 0)
 		return rc;
-	return cuda_qgemm_grouped(m, &e->down, e->down_stride, R, r->tiles, max_tiles, r->bn, &dn, err);
+	return q ? cuda_matmul_grouped_int8(m, &e->down, e->down_stride, r->tiles, max_tiles, r->bn, &dn, err) :
+		   cuda_qgemm_grouped(m, &e->down, e->down_stride, R, r->tiles, max_tiles, r->bn, &dn, err);
 }
 
 int
@@ -295,17 +276,20 @@ cuda_moe_ffn(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratc
 	struct cuda_route *r = &s->route;
 	int R = n_tok * e->n_used, grouped = cuda_moe_grouped(m, e, n_tok), rc;
 	struct mm_out lg = { { r->logit }, { e->n_expert }, { 0, e->n_expert }, 1 };
-	struct mm_slots tok = { NULL, 0, 1 };
+	struct mm_slots tok = { NULL, 0, 1, NULL, NULL, NULL, 0, 0 };
+	int few = n_tok <= FUSED_TOKENS, self_route = few && !grouped;
 
+	if ((rc = route_fits(e->n_expert, e->n_used, err)) != 0)
+		return rc;
 	r->bias = e->router_b, r->n_tok = n_tok, r->n_expert = e->n_expert, r->n_used = e->n_used, r->norm = e->norm;
-	r->bn = grouped ? cuda_qgemm_grouped_bn(R, MIN(e->n_expert, R)) : 0;
+	r->bn = !grouped ? 0 : int_bn(m, e, n_tok) > 0 ? int_bn(m, e, n_tok) : cuda_qgemm_grouped_bn(R, MIN(e->n_expert, R));
 	/* the router on the float rows whatever the token count: fp16 inputs would move near ties */
-	if (n_tok <= FUSED_TOKENS)
-		rc = route_fused(&e->router, h, n_embd, r, m->stream, err);
-	else if ((rc = cuda_matmul_slots(m, &e->router, h, n_embd, n_tok, n_tok, &tok, &lg, h_q8, err)) == 0)
-		rc = cuda_moe_route(r, m->stream, err);
+	rc = few ? router(&e->router, h, n_embd, r, m->stream, err) :
+		   cuda_matmul_slots(m, &e->router, h, n_embd, n_tok, n_tok, &tok, &lg, h_q8, err);
+	if (rc == 0 && !self_route)
+		rc = route_step(r, m->stream, err);
 	if (rc != 0 || (rc = grouped ? moe_grouped(m, e, s, h, n_embd, n_tok, err) :
-	    moe_slots(m, e, s, h, n_embd, n_tok, h_q8, err)) != 0)
+	    moe_slots(m, e, s, h, n_embd, n_tok, h_q8, self_route, err)) != 0)
 		return rc;
 	*mix = (struct cuda_rmix){ NULL, e->n_used, r->weight, grouped ? r->row : NULL, r->expert, e->down_b };
 	return 0;

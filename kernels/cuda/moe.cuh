@@ -8,11 +8,7 @@
 #include "cuda_common.cuh"
 #include "matmul.cuh"
 #include "norm.cuh"
-
-/* Most experts a layer may have here (the routing keeps a count of each in shared memory). */
-#define MOE_MAX_EXPERTS 1024
-/* Most experts a token may use. */
-#define MOE_MAX_USED 32
+#include "route.cuh"
 
 /*
  * A step's routing, on the GPU. Slot s = t n_used + j is token t's j-th
@@ -23,7 +19,7 @@
  * each; at most cuda_moe_max_tiles).
  */
 struct cuda_route {
-	float *logit;           /* n_tok x n_expert router logits, in; the bias is added in place */
+	float *logit;           /* n_tok x n_expert router logits, in, without the bias */
 	const float *bias;      /* the router's bias, or NULL */
 	int32_t *expert;        /* per slot */
 	float *weight;          /* per slot */
@@ -31,7 +27,6 @@ struct cuda_route {
 	int32_t *row_expert;    /* per row: its expert (grouping) */
 	int32_t *row_slot;      /* per row: its slot (grouping) */
 	int32_t *tiles;
-	int32_t *done;          /* blocks of the fused router that have finished (cuda_moe_ffn); 0 between steps */
 	int n_tok, n_expert, n_used;
 	int norm;               /* the weights are a softmax over the chosen logits alone; else over all */
 	int bn;                 /* rows of a tile; 0: no grouping */
@@ -39,13 +34,8 @@ struct cuda_route {
 
 /* Tiles of bn rows that n_rows rows of at most n_expert experts may take. */
 int cuda_moe_max_tiles(int n_rows, int n_expert, int bn);
-
-/*
- * Each token's n_used experts, those of the largest logits (the lowest
- * index first among equals, as the CPU backend), and their weights; then
- * the grouping when r->bn > 0. One block, one launch.
- */
-int cuda_moe_route(const struct cuda_route *r, cudaStream_t st, char *err);
+/* The fewest rows a tile is cut to (for the size of the tile table). */
+#define MOE_MIN_TILE_ROWS 2
 
 /*
  * A layer's experts on the GPU: the router (n_expert rows), expert 0's
@@ -60,6 +50,7 @@ struct cuda_moe {
 	struct cuda_act act;
 	int n_expert, n_used, norm;
 	int slots_max;          /* up to this many tokens run as slots (cuda_moe_ffn), more are grouped */
+	int int_max;            /* grouped, up to this many on the integer kernel (int8 types), more on the tensor cores */
 };
 
 /*
@@ -74,9 +65,11 @@ struct cuda_moe_scratch {
 };
 
 /*
- * 1 if cuda_moe_ffn groups n_tok tokens' rows by expert (cuda_qgemm_grouped):
- * above e->slots_max tokens, for the types qgemm.cu takes; else it runs
- * them as slots.
+ * 1 if cuda_moe_ffn groups n_tok tokens' rows by expert: above
+ * e->slots_max tokens, up to e->int_max on the integer kernel
+ * (cuda_matmul_grouped_int8), else on the tensor cores
+ * (cuda_qgemm_grouped), for the types they take; else it runs them as
+ * slots.
  */
 int cuda_moe_grouped(const struct cuda_mm *m, const struct cuda_moe *e, int n_tok);
 
@@ -84,8 +77,9 @@ int cuda_moe_grouped(const struct cuda_mm *m, const struct cuda_moe *e, int n_to
  * The experts' feed-forward of the n_tok normed rows h (n_embd floats
  * each, and their int8 form in m->xq where h_q8 says the kernel that wrote
  * h made it): the router's logits (fp32, as llama.cpp keeps routers) and
- * each token's choices (cuda_moe_route; one fused launch for a few
- * tokens), gate and up of every choice, the activation, and down, into
+ * each token's choices (route_token's; for a few tokens by slots, the
+ * gate/up slots route their own token: no launch of its own), gate and up
+ * of every choice, the activation, and down, into
  * s->down; *mix then says how each token's rows there add up to its output
  * (cuda_residual_norm adds them into the residual stream). Few tokens go
  * by slots, each reading its expert's rows; more are grouped by expert,

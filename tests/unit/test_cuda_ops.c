@@ -1717,12 +1717,13 @@ moe_check(const struct moe_case *c, int n_tok, enum cuda_probe_path path, double
 /*
  * Layers of experts on the GPU (cuda_moe_ffn) against a reference in
  * double from the same weights and tokens: the routing (each token's
- * choices and weights, exactly), then the output on every path, for 1, 5
- * and 37 tokens (uneven loads: many experts get none, a few several tiles).
- * The Qwen3-MoE-like layer's Q4_K gate/up and Q8_0 down, and gpt-oss's
- * MXFP4 (with biases and its clamped activation), take the grouped
- * tensor-core kernels on the gemm path; float experts stay slots on every
- * path.
+ * choices and weights, exactly), then the output on every path, for 1, 2,
+ * 5, 8, 9 and 37 tokens (the slots route their own tokens up to 8; uneven
+ * loads: many experts get none, a few several tiles). The
+ * Qwen3-MoE-like layer's Q4_K gate/up and Q8_0 down, and gpt-oss's MXFP4
+ * (with biases and its clamped activation), take the grouped tensor-core
+ * kernels on the gemm path and the grouped integer kernel on the few
+ * path; float experts stay slots on every path.
  */
 static void
 test_moe(void **state)
@@ -1732,9 +1733,9 @@ test_moe(void **state)
 		{ 8, 2, 256, 256, TT_MXFP4, TT_MXFP4, ACT_SWIGLU_OAI, 1 },
 		{ 8, 3, 128, 96, TT_F16, TT_BF16, ACT_SILU, 0 },
 	};
-	static const int toks[] = { 1, 5, 37 };
+	static const int toks[] = { 1, 2, 5, 8, 9, 37 };
 	static const struct { enum cuda_probe_path path; double tol; } paths[] = {
-		{ CUDA_PROBE_MATVEC, 1e-4 }, { CUDA_PROBE_INT8, 3e-3 }, { CUDA_PROBE_GEMM, 1e-2 },
+		{ CUDA_PROBE_MATVEC, 1e-4 }, { CUDA_PROBE_INT8, 3e-3 }, { CUDA_PROBE_GEMM, 1e-2 }, { CUDA_PROBE_FEW, 3e-3 },
 	};
 
 	(void)state;
@@ -1746,9 +1747,9 @@ test_moe(void **state)
 		for (size_t pi = 0; pi < ARRAY_LEN(paths); pi++)
 			for (size_t ti = 0; ti < ARRAY_LEN(toks); ti++)
 				worst[pi] = fmax(worst[pi], moe_check(&c, toks[ti], paths[pi].path, paths[pi].tol));
-		print_message("experts %s/%s, %d of %d: worst error matvec %.2e, int8 %.2e, gemm %.2e\n",
+		print_message("experts %s/%s, %d of %d: worst error matvec %.2e, int8 %.2e, gemm %.2e, few %.2e\n",
 		    quant_traits(cases[ci].gt)->name, quant_traits(cases[ci].dt)->name, cases[ci].k, cases[ci].e, worst[0],
-		    worst[1], worst[2]);
+		    worst[1], worst[2], worst[3]);
 		moe_case_free(&c);
 	}
 }
