@@ -1259,6 +1259,20 @@ q8_of_experts(const struct backend *b, int T, int l)
 	return q;
 }
 
+/*
+ * 1 if layer l's residual norm before its experts runs in their router's
+ * launch for T tokens (cuda_moe_fuses_norm; no post-attention norm), the
+ * residual add deferred to the norm after them.
+ */
+static int
+moe_norm_fused(const struct backend *b, int T, int l)
+{
+	const struct cuda_layer *c = &b->layers[l];
+
+	return b->m->hp.n_expert > 0 && c->post_attn_norm == NULL && c->post_ffn_norm == NULL &&
+	    cuda_moe_fuses_norm(&b->mm, &c->moe, T);
+}
+
 /* The attention half of layer l; h (or its fp16 form) holds the normed input, x gets the residual. */
 static int
 attention(struct backend *b, int T, int l, const struct step_ints *dev, char *err)
@@ -1298,6 +1312,8 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	    err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
+	if (moe_norm_fused(b, T, l))
+		return 0;
 	if (hp->n_expert > 0) /* the router and the gathering read the float rows */
 		return cuda_residual_norm(b->x, b->ffn_out, &bias, c->post_attn_norm, c->ffn_norm, b->h, none,
 		    q8_of_experts(b, T, l), T, embd, nm, b->stream, err);
@@ -1344,7 +1360,10 @@ feed_forward(struct backend *b, int T, int l, char *err)
 
 	prof_mark(b, PH_MATMUL);
 	if (hp->n_expert > 0) {
-		rc = cuda_moe_ffn(&b->mm, &c->moe, &b->moe, b->h, hp->n_embd, T, q8_of_experts(b, T, l).q != NULL, &mix, err);
+		struct cuda_moe_pre pre = { b->x, b->ffn_out, c->bo, c->ffn_norm, nm, q8_of_experts(b, T, l) };
+
+		rc = cuda_moe_ffn(&b->mm, &c->moe, &b->moe, b->h, hp->n_embd, T, pre.q8.q != NULL,
+		    moe_norm_fused(b, T, l) ? &pre : NULL, &mix, err);
 		r = b->moe.down;
 	} else {
 		rc = dense_ffn(b, T, l, err);

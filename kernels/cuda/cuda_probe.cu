@@ -1012,7 +1012,7 @@ moe_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_moe *mo, 
 		return rc;
 	CK(cudaMemsetAsync(dout, 0, (size_t)n_tok * (size_t)d * sizeof(float), p->stream));
 	/* out = 0 + the mixture of each token's rows, as the residual stream takes it */
-	if ((rc = cuda_moe_ffn(&p->mm, &e, &s, dx, (int)d, n_tok, 0, &mix, err)) != 0 ||
+	if ((rc = cuda_moe_ffn(&p->mm, &e, &s, dx, (int)d, n_tok, 0, NULL, &mix, err)) != 0 ||
 	    (rc = cuda_residual_norm(dout, s.down, &mix, NULL, NULL, NULL, none, no_q8, n_tok, (int)d, nm, p->stream,
 	    err)) != 0 || (rc = finish(p, bs, "cuda_moe_ffn", err)) != 0 ||
 	    (rc = fetch(p, out, dout, (size_t)n_tok * (size_t)d * sizeof(float), err)) != 0 ||

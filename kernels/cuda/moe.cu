@@ -270,8 +270,15 @@ moe_grouped(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch
 }
 
 int
-cuda_moe_ffn(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch *s, const float *h, int n_embd,
-    int n_tok, int h_q8, struct cuda_rmix *mix, char *err)
+cuda_moe_fuses_norm(const struct cuda_mm *m, const struct cuda_moe *e, int n_tok)
+{
+	return n_tok <= FUSED_TOKENS && !cuda_moe_grouped(m, e, n_tok) && e->router.type == TT_F32 &&
+	    cuda_norm_router_fits((int)e->router.k, n_tok);
+}
+
+int
+cuda_moe_ffn(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch *s, float *h, int n_embd,
+    int n_tok, int h_q8, const struct cuda_moe_pre *pre, struct cuda_rmix *mix, char *err)
 {
 	struct cuda_route *r = &s->route;
 	int R = n_tok * e->n_used, grouped = cuda_moe_grouped(m, e, n_tok), rc;
@@ -284,13 +291,22 @@ cuda_moe_ffn(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratc
 	r->bias = e->router_b, r->n_tok = n_tok, r->n_expert = e->n_expert, r->n_used = e->n_used, r->norm = e->norm;
 	r->bn = !grouped ? 0 : int_bn(m, e, n_tok) > 0 ? int_bn(m, e, n_tok) : cuda_qgemm_grouped_bn(R, MIN(e->n_expert, R));
 	/* the router on the float rows whatever the token count: fp16 inputs would move near ties */
-	rc = few ? router(&e->router, h, n_embd, r, m->stream, err) :
-		   cuda_matmul_slots(m, &e->router, h, n_embd, n_tok, n_tok, &tok, &lg, h_q8, err);
+	if (pre != NULL && !cuda_moe_fuses_norm(m, e, n_tok))
+		return err_set(err, ERR_INVAL, "experts of %d tokens cannot norm in the router's launch", n_tok);
+	if (pre != NULL) {
+		rc = cuda_norm_router(pre->x, pre->r, pre->bias, pre->w, (const float *)e->router.d, e->n_expert, r->logit,
+		    h, pre->q8, n_tok, n_embd, pre->nm, m->stream, err);
+		h_q8 = pre->q8.q != NULL;
+	} else {
+		rc = few ? router(&e->router, h, n_embd, r, m->stream, err) :
+			   cuda_matmul_slots(m, &e->router, h, n_embd, n_tok, n_tok, &tok, &lg, h_q8, err);
+	}
 	if (rc == 0 && !self_route)
 		rc = route_step(r, m->stream, err);
 	if (rc != 0 || (rc = grouped ? moe_grouped(m, e, s, h, n_embd, n_tok, err) :
 	    moe_slots(m, e, s, h, n_embd, n_tok, h_q8, self_route, err)) != 0)
 		return rc;
-	*mix = (struct cuda_rmix){ NULL, e->n_used, r->weight, grouped ? r->row : NULL, r->expert, e->down_b };
+	*mix = (struct cuda_rmix){ pre != NULL ? pre->bias : NULL, e->n_used, r->weight, grouped ? r->row : NULL, r->expert,
+		e->down_b, pre != NULL ? pre->r : NULL };
 	return 0;
 }

@@ -74,6 +74,25 @@ struct cuda_moe_scratch {
 int cuda_moe_grouped(const struct cuda_mm *m, const struct cuda_moe *e, int n_tok);
 
 /*
+ * The residual norm before the experts when cuda_moe_ffn does it in the
+ * router's launch (cuda_norm_router): h = norm(x + r + bias) * w into h
+ * and its int8 form into q8 (q8.q NULL: none); x is left as it is and the
+ * mixture cuda_moe_ffn returns adds r and bias (cuda_rmix.pre, .bias).
+ */
+struct cuda_moe_pre {
+	const float *x, *r, *bias, *w;
+	struct cuda_norm nm;
+	struct cuda_q8 q8;
+};
+
+/*
+ * 1 if cuda_moe_ffn takes a cuda_moe_pre for n_tok tokens: few enough to
+ * run as slots and to norm in every block of the router's launch, an F32
+ * router.
+ */
+int cuda_moe_fuses_norm(const struct cuda_mm *m, const struct cuda_moe *e, int n_tok);
+
+/*
  * The experts' feed-forward of the n_tok normed rows h (n_embd floats
  * each, and their int8 form in m->xq where h_q8 says the kernel that wrote
  * h made it): the router's logits (fp32, as llama.cpp keeps routers) and
@@ -85,8 +104,10 @@ int cuda_moe_grouped(const struct cuda_mm *m, const struct cuda_moe *e, int n_to
  * by slots, each reading its expert's rows; more are grouped by expert,
  * so that an expert's rows are read once for all of its tokens. All on
  * m->stream, no host round trip.
+ * With pre (cuda_moe_fuses_norm), h is made here first, in the router's
+ * launch.
  */
-int cuda_moe_ffn(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch *s, const float *h, int n_embd,
-    int n_tok, int h_q8, struct cuda_rmix *mix, char *err);
+int cuda_moe_ffn(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch *s, float *h, int n_embd,
+    int n_tok, int h_q8, const struct cuda_moe_pre *pre, struct cuda_rmix *mix, char *err);
 
 #endif

@@ -258,6 +258,10 @@ residual_row(const float *__restrict__ r, const struct cuda_rmix &mix, int n4, f
 			row_axpy<V>(rv, mix.weight[s], u);
 		}
 	}
+	if (mix.pre != NULL) {
+		row_load<V>(mix.pre + (size_t)blockIdx.x * 4 * n4, n4, u);
+		row_axpy<V>(rv, 1.0f, u);
+	}
 	if (mix.bias != NULL) {
 		row_load<V>(mix.bias, n4, b);
 		row_axpy<V>(rv, 1.0f, b);
@@ -298,6 +302,50 @@ residual_norm_kernel(float *__restrict__ x, const float *__restrict__ r, struct 
 		return;
 	row_norm<V>(v, gw, n, nm, red);
 	row_store_forms<V>(v, n4, h, h16, q8, red);
+}
+
+/* Most tokens of cuda_norm_router. */
+#define NORM_ROUTER_TOKENS 8
+
+/* cuda_norm_router: block e, router row e by each token's normed row. */
+template <int V>
+__global__ void __launch_bounds__(ROW_THREADS_MAX)
+norm_router_kernel(const float *__restrict__ x, const float *__restrict__ r, const float *__restrict__ bias,
+    const float *__restrict__ w, const float *__restrict__ router, int n_expert, float *__restrict__ logit,
+    float *__restrict__ h, struct cuda_q8 q8, int n_tok, int n, struct cuda_norm nm)
+{
+	__shared__ float red[WARP];
+	float4 rw[V], v[V], u[V];
+	row_weight<V> gw;
+	int n4 = n / 4, e = blockIdx.x;
+
+	gw.load(w, n);
+	row_load<V>(router + (size_t)e * n, n4, rw);
+	pdl_wait();
+	pdl_trigger();
+	for (int t = 0; t < n_tok; t++) {
+		float d = 0.0f;
+
+		row_load<V>(x + (size_t)t * n, n4, v);
+		row_load<V>(r + (size_t)t * n, n4, u);
+		row_axpy<V>(v, 1.0f, u);
+		if (bias != NULL) {
+			row_load<V>(bias, n4, u);
+			row_axpy<V>(v, 1.0f, u);
+		}
+		row_norm<V>(v, gw, n, nm, red);
+#pragma unroll
+		for (int j = 0; j < V; j++)
+			d += v[j].x * rw[j].x + v[j].y * rw[j].y + v[j].z * rw[j].z + v[j].w * rw[j].w;
+		d = block_sum(d, red);
+		if (threadIdx.x == 0)
+			logit[(size_t)t * n_expert + e] = d;
+		if (e != 0)
+			continue;
+		row_store<V>(h + (size_t)t * n, n4, v);
+		if (q8.q != NULL)
+			row_store_q8<V>(v, n4, q8.q + (size_t)t * 8 * n4, q8.d + (size_t)t * n4 / 8);
+	}
 }
 
 template <int V>
@@ -635,6 +683,23 @@ static int
 glu_split(int n_rows, int n, int cluster_sms)
 {
 	return n % (4 * GLU_SPLIT) == 0 && (int64_t)n_rows * GLU_SPLIT <= cluster_sms;
+}
+
+int
+cuda_norm_router_fits(int n, int n_tok)
+{
+	return n % 32 == 0 && cuda_row_fits(n) && n_tok <= NORM_ROUTER_TOKENS;
+}
+
+int
+cuda_norm_router(const float *x, const float *r, const float *bias, const float *w, const float *router,
+    int n_expert, float *logit, float *h, struct cuda_q8 q8, int n_tok, int n, struct cuda_norm nm, cudaStream_t st,
+    char *err)
+{
+	if (!cuda_norm_router_fits(n, n_tok))
+		return err_set(err, ERR_INVAL, "norm_router: %d tokens of %d floats", n_tok, n);
+	ROW_LAUNCH(norm_router_kernel, n, n_expert, st, x, r, bias, w, router, n_expert, logit, h, q8, n_tok, n, nm);
+	return 0;
 }
 
 int

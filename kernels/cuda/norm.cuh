@@ -96,7 +96,9 @@ int cuda_row_fits(int n);
  * (an attention output's), and r as a mixture, token t's row the sum over
  * its k rows s = t k .. t k + k - 1 of weight[s] times (r's row row[s],
  * or s where row is NULL, plus row_b's row expert[s] if row_b): each
- * token's experts, weighted. Zeroed (or NULL): r as it is.
+ * token's experts, weighted; and pre's row t (an attention output whose
+ * residual add was deferred to here: cuda_norm_router). Zeroed (or NULL):
+ * r as it is.
  */
 struct cuda_rmix {
 	const float *bias;
@@ -104,6 +106,7 @@ struct cuda_rmix {
 	const float *weight;
 	const int32_t *row, *expert;
 	const float *row_b;
+	const float *pre;
 };
 
 /*
@@ -121,6 +124,23 @@ int cuda_residual_norm(float *x, const float *r, const struct cuda_rmix *mix, co
 /* h[i] = norm(x[rows[i]]) * w for i < n_rows (rows on the GPU); w may be read before pdl_wait, as above. */
 int cuda_norm_rows(const float *x, const int32_t *rows, const float *w, float *h, int n_rows, int n,
     struct cuda_norm nm, cudaStream_t st, char *err);
+
+/* 1 if cuda_norm_router takes rows of n floats for up to n_tok tokens. */
+int cuda_norm_router_fits(int n, int n_tok);
+
+/*
+ * The residual norm before a few tokens' experts and their router in one
+ * launch: for each token t < n_tok, h = norm(x + r + bias) * w (rows of n;
+ * bias NULL: none) and logit[t n_expert + e] = router row e . h, router an
+ * F32 matrix of n_expert rows, a block a row, each block norming the
+ * tokens itself; block 0 stores h and its int8 form (q8.q set). x is only
+ * read: the residual add is left to the norm after the experts
+ * (cuda_rmix.pre), so that no block writes what another reads. w and the
+ * router's rows may be read before pdl_wait, as cuda_residual_norm's.
+ */
+int cuda_norm_router(const float *x, const float *r, const float *bias, const float *w, const float *router,
+    int n_expert, float *logit, float *h, struct cuda_q8 q8, int n_tok, int n, struct cuda_norm nm, cudaStream_t st,
+    char *err);
 
 /*
  * For each of n_rows rows of n: a = silu(a) * b, or gelu_tanh(a) * b, in
