@@ -70,7 +70,7 @@ static const struct gen_shape shapes[] = {
 };
 
 /* What a tensor holds decides how its values are drawn, and routers stay float as llama.cpp keeps them. */
-enum gen_kind { K_EMBD, K_LINEAR, K_NORM, K_BIAS, K_ROUTER };
+enum gen_kind { K_EMBD, K_LINEAR, K_OUT, K_NORM, K_BIAS, K_ROUTER };
 
 struct gen_tensor {
 	char name[96];
@@ -162,6 +162,15 @@ fill_row(const struct gen_tensor *t, const struct gen_shape *s, uint64_t seed, i
 	case K_LINEAR:
 		a = sqrtf(3.0f / (float)t->ne[0]);
 		break;
+	case K_OUT:
+		/*
+		 * a layer's products into the residual stream, scaled down by sqrt(2 layers):
+		 * at full scale each of gpt-oss-20b's layers added about as much as the stream
+		 * held, a token's rounding grew ~20-fold through its 24 layers, and any two
+		 * implementations' logits parted by 27-33 % (tests/bench/RESULTS.md)
+		 */
+		a = sqrtf(3.0f / (float)t->ne[0]) / sqrtf(2.0f * (float)s->n_layer);
+		break;
 	case K_ROUTER:
 		/* logits of sd 4, not 1: trained routers choose clearly, and near ties would make
 		 * any two implementations (or quantizations) route some tokens differently */
@@ -227,7 +236,7 @@ add_experts(struct gen_tensor *ts, int *n, const struct gen_shape *s, int l)
 	T("ffn_gate_inp.weight", K_ROUTER, D, E, 1);
 	T("ffn_gate_exps.weight", K_LINEAR, D, F, E);
 	T("ffn_up_exps.weight", K_LINEAR, D, F, E);
-	T("ffn_down_exps.weight", K_LINEAR, F, D, E);
+	T("ffn_down_exps.weight", s->arch == ARCH_GPTOSS ? K_OUT : K_LINEAR, F, D, E);
 	if (s->arch == ARCH_GPTOSS) {
 		T("ffn_gate_inp.bias", K_BIAS, E, 1, 1);
 		T("ffn_gate_exps.bias", K_BIAS, F, E, 1);
@@ -250,7 +259,7 @@ add_layer(struct gen_tensor *ts, int *n, const struct gen_shape *s, int l, int g
 	T("attn_q.weight", K_LINEAR, s->n_embd, q)->permute_heads = permute ? s->n_head : 0;
 	T("attn_k.weight", K_LINEAR, s->n_embd, kv)->permute_heads = permute ? s->n_head_kv : 0;
 	T("attn_v.weight", K_LINEAR, s->n_embd, kv);
-	T("attn_output.weight", K_LINEAR, q, s->n_embd);
+	T("attn_output.weight", s->arch == ARCH_GPTOSS ? K_OUT : K_LINEAR, q, s->n_embd);
 	if (s->arch == ARCH_QWEN2 || s->arch == ARCH_GPTOSS) {
 		T("attn_q.bias", K_BIAS, q, 1);
 		T("attn_k.bias", K_BIAS, kv, 1);
