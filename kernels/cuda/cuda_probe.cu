@@ -530,6 +530,46 @@ cuda_probe_residual_norm(struct cuda_probe *p, float *x, const float *r, const f
 }
 
 static int
+norm_router_run(struct cuda_probe *p, struct bufs *bs, const float *x, const float *r, const float *bias,
+    const float *w, const float *router, int n_expert, float *logit, float *h, int8_t *q, float *qd, int n_tok,
+    int n, struct cuda_norm nm, char *err)
+{
+	size_t rows = (size_t)n_tok * (size_t)n * sizeof(float), lbytes = (size_t)n_tok * (size_t)n_expert * sizeof(float);
+	void *dx, *dr, *db = NULL, *dw, *drt, *dl, *dh, *dq = NULL, *dqd = NULL;
+	struct cuda_q8 q8 = { NULL, NULL };
+	int rc;
+
+	if ((rc = buf_new(p, bs, x, rows, 0, &dx, err)) != 0 || (rc = buf_new(p, bs, r, rows, 0, &dr, err)) != 0 ||
+	    (bias != NULL && (rc = buf_new(p, bs, bias, (size_t)n * sizeof(float), 0, &db, err)) != 0) ||
+	    (rc = buf_new(p, bs, w, (size_t)n * sizeof(float), 0, &dw, err)) != 0 ||
+	    (rc = buf_new(p, bs, router, (size_t)n_expert * (size_t)n * sizeof(float), 0, &drt, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, lbytes, 1, &dl, err)) != 0 || (rc = buf_new(p, bs, NULL, rows, 1, &dh, err)) != 0 ||
+	    (q != NULL && (rc = buf_new(p, bs, NULL, rows / 2, 1, &dq, err)) != 0) ||
+	    (q != NULL && (rc = buf_new(p, bs, NULL, rows / 16, 1, &dqd, err)) != 0))
+		return rc;
+	q8.q = (int8_t *)dq, q8.d = (float2 *)dqd;
+	if ((rc = cuda_norm_router((const float *)dx, (const float *)dr, (const float *)db, (const float *)dw,
+	    (const float *)drt, n_expert, (float *)dl, (float *)dh, q8, n_tok, n, nm, p->stream, err)) != 0 ||
+	    (rc = finish(p, bs, "cuda_norm_router", err)) != 0 || (rc = fetch(p, logit, dl, lbytes, err)) != 0 ||
+	    (rc = fetch(p, h, dh, rows, err)) != 0 || (q != NULL && (rc = fetch(p, q, dq, rows / 2, err)) != 0))
+		return rc;
+	return q != NULL ? fetch(p, qd, dqd, rows / 16, err) : 0;
+}
+
+extern "C" int
+cuda_probe_norm_router(struct cuda_probe *p, const float *x, const float *r, const float *bias, const float *w,
+    const float *router, int n_expert, float *logit, float *h, int8_t *q, float *qd, int n_tok, int n, float offset,
+    float eps, char *err)
+{
+	struct bufs bs = {};
+	struct cuda_norm nm = { offset, eps };
+	int rc = norm_router_run(p, &bs, x, r, bias, w, router, n_expert, logit, h, q, qd, n_tok, n, nm, err);
+
+	bufs_free(&bs);
+	return rc;
+}
+
+static int
 norm_rows_run(struct cuda_probe *p, struct bufs *bs, const float *x, int n_x, const int32_t *rows,
     int n_rows, int n, const float *w, struct cuda_norm nm, float *h, char *err)
 {

@@ -99,6 +99,16 @@ int cuda_probe_residual_norm(struct cuda_probe *p, float *x, const float *r, con
     const float *w, float *h, uint16_t *hh, float *hscale, int8_t *q, float *qd, int n_rows, int n,
     float offset, float eps, char *err);
 
+/*
+ * cuda_norm_router: for n_tok rows of n, h = norm(x + r + bias) * (w +
+ * offset) (bias NULL: none) into h and its int8 form into q, qd (q NULL:
+ * none), and logit[t n_expert + e] = router row e . h (router n_expert F32
+ * rows of n); x is only read.
+ */
+int cuda_probe_norm_router(struct cuda_probe *p, const float *x, const float *r, const float *bias, const float *w,
+    const float *router, int n_expert, float *logit, float *h, int8_t *q, float *qd, int n_tok, int n, float offset,
+    float eps, char *err);
+
 /* h[i * n ..] = norm(x[rows[i] * n ..]) * (w + offset), for i < n_rows; x has n_x rows. */
 int cuda_probe_norm_rows(struct cuda_probe *p, const float *x, int n_x, const int32_t *rows,
     int n_rows, int n, const float *w, float offset, float eps, float *h, char *err);

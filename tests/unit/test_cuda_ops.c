@@ -717,6 +717,64 @@ test_residual_norm(void **state)
 	    "bounds\n", worst, TOL_F32, worst16, worst8);
 }
 
+/*
+ * The residual norm and the router in one launch (cuda_norm_router), for
+ * 1, 3 and 8 tokens of qwen3-30b-a3b's and gpt-oss-20b's widths, with and
+ * without a bias: h, its int8 form and the logits against the CPU's
+ * residual add, RMSNorm and dot products in double.
+ */
+static void
+test_norm_router(void **state)
+{
+	static const struct { int n, n_expert, bias; } shapes[] = { { 2048, 128, 0 }, { 2880, 32, 1 } };
+	static const int toks[] = { 1, 3, 8 };
+	double worst = 0, worst_l = 0, worst8 = 0;
+	char err[ERR_LEN], what[96];
+
+	(void)state;
+	for (size_t si = 0; si < ARRAY_LEN(shapes); si++)
+		for (size_t ti = 0; ti < ARRAY_LEN(toks); ti++) {
+			int n = shapes[si].n, E = shapes[si].n_expert, T = toks[ti];
+			size_t all = (size_t)T * n;
+			float *x = rand_floats(all, -3, 3), *x0 = xmalloc(all * sizeof *x0), *r = rand_floats(all, -3, 3);
+			float *bias = shapes[si].bias ? rand_floats((size_t)n, -1, 1) : NULL, *w = rand_floats((size_t)n, -1, 1);
+			float *router = rand_floats((size_t)E * n, -0.1f, 0.1f), *lg = nan_floats((size_t)T * E);
+			float *h = nan_floats(all), *hr = nan_floats(all), *qd = nan_floats(all / 16);
+			int8_t *q = xmalloc(2 * all);
+			double top = 0, e = 0;
+
+			memcpy(x0, x, all * sizeof *x);
+			snprintf(what, sizeof what, "norm_router width %d, %d experts, %d tokens", n, E, T);
+			if (cuda_probe_norm_router(probe, x, r, bias, w, router, E, lg, h, q, qd, T, n, 0.0f, 1e-6f, err) != 0)
+				fail_msg("%s: %s", what, err);
+			for (int t = 0; t < T; t++) {
+				float *xr = x0 + (size_t)t * n;
+
+				cpu_add(xr, r + (size_t)t * n, n);
+				if (bias != NULL)
+					cpu_add(xr, bias, n);
+				cpu_rmsnorm(xr, w, 0.0f, 1e-6f, n, hr + (size_t)t * n);
+			}
+			worst = fmax(worst, check_rows(what, h, hr, T, n));
+			worst8 = fmax(worst8, check_rows_q8(what, q, qd, hr, T, n));
+			for (int t = 0; t < T; t++)
+				for (int ex = 0; ex < E; ex++) {
+					double d = 0;
+
+					for (int i = 0; i < n; i++)
+						d += (double)router[(size_t)ex * n + i] * hr[(size_t)t * n + i];
+					top = fmax(top, fabs(d));
+					e = fmax(e, fabs(lg[(size_t)t * E + ex] - d));
+				}
+			if (!(e <= TOL_F32 * top))
+				fail_msg("%s: logits %.2e of their largest off (bound %.0e)", what, e / top, TOL_F32);
+			worst_l = fmax(worst_l, e / top);
+			free(x), free(x0), free(r), free(bias), free(w), free(router), free(lg), free(h), free(hr), free(qd), free(q);
+		}
+	print_message("norm_router: h %.2e, logits %.2e of their largest (bound %.0e); int8 form %.2f of its bound\n",
+	    worst, worst_l, TOL_F32, worst8);
+}
+
 static void
 test_norm_rows(void **state)
 {
@@ -1794,6 +1852,7 @@ main(void)
 		cmocka_unit_test(test_two_types),
 		cmocka_unit_test(test_residual_norm),
 		cmocka_unit_test(test_norm_rows),
+		cmocka_unit_test(test_norm_router),
 		cmocka_unit_test(test_glu),
 		cmocka_unit_test(test_qk),
 		cmocka_unit_test(test_qkv),
