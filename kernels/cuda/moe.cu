@@ -169,16 +169,6 @@ router(const struct cuda_weight *w, const float *h, int ldh, const struct cuda_r
 	}
 }
 
-/* 0 if the GPU routes n_used of n_expert experts. */
-static int
-route_fits(int n_expert, int n_used, char *err)
-{
-	if (n_expert < 1 || n_expert > MOE_MAX_EXPERTS || n_used < 1 || n_used > MIN(MOE_MAX_USED, n_expert))
-		return err_set(err, ERR_UNSUPPORTED, "%d experts, %d a token: the GPU routes up to %d of %d", n_expert,
-		    n_used, MOE_MAX_USED, MOE_MAX_EXPERTS);
-	return 0;
-}
-
 /*
  * Each token's n_used experts and their weights (route_token), then the
  * grouping when r->bn > 0. One block, one launch.
@@ -231,7 +221,6 @@ moe_slots(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch *
 		r->n_expert, r->norm };
 	struct mm_slots sl_dn = { r->expert, e->down_stride, 1, NULL, NULL, NULL, 0, 0 };
 
-
 	if (cuda_matmul_int8(m, &e->down))
 		q8.q = m->xq, q8.d = m->xd;
 	if ((rc = cuda_matmul_slots(m, &e->gu, h, n_embd, n_tok, R, &sl_gu, &gu, h_q8, err)) != 0 ||
@@ -243,16 +232,15 @@ moe_slots(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch *
 
 /*
  * The experts' rows grouped by expert (more tokens): a few an expert on
- * the integer kernel (int8 forms in row order: the inputs gathered, the
+ * the integer kernel (q: int8 forms in row order, the inputs gathered, the
  * activation's made by the GLU), more on the tensor cores (fp16 forms).
  */
 static int
 moe_grouped(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch *s, const float *h, int n_embd,
-    int n_tok, char *err)
+    int n_tok, int q, char *err)
 {
 	const struct cuda_route *r = &s->route;
 	int F = (int)e->down.k, k = e->n_used, R = n_tok * k, max_tiles = cuda_moe_max_tiles(R, e->n_expert, r->bn), rc;
-	int q = int_bn(m, e, n_tok) > 0;
 	struct cuda_h16 xh = { m->xh, m->xscale }, no_h16 = { NULL, NULL };
 	struct cuda_q8 q8 = { m->xq, m->xd }, no_q8 = { NULL, NULL };
 	struct mm_out gu = { { s->gate, s->up }, { F, F }, { 0, F, 2 * F }, 2 };
@@ -284,12 +272,10 @@ cuda_moe_ffn(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratc
 	int R = n_tok * e->n_used, grouped = cuda_moe_grouped(m, e, n_tok), rc;
 	struct mm_out lg = { { r->logit }, { e->n_expert }, { 0, e->n_expert }, 1 };
 	struct mm_slots tok = { NULL, 0, 1, NULL, NULL, NULL, 0, 0 };
-	int few = n_tok <= FUSED_TOKENS, self_route = few && !grouped;
+	int few = n_tok <= FUSED_TOKENS, self_route = few && !grouped, ib = grouped ? int_bn(m, e, n_tok) : 0;
 
-	if ((rc = route_fits(e->n_expert, e->n_used, err)) != 0)
-		return rc;
 	r->bias = e->router_b, r->n_tok = n_tok, r->n_expert = e->n_expert, r->n_used = e->n_used, r->norm = e->norm;
-	r->bn = !grouped ? 0 : int_bn(m, e, n_tok) > 0 ? int_bn(m, e, n_tok) : cuda_qgemm_grouped_bn(R, MIN(e->n_expert, R));
+	r->bn = !grouped ? 0 : ib > 0 ? ib : cuda_qgemm_grouped_bn(R, MIN(e->n_expert, R));
 	/* the router on the float rows whatever the token count: fp16 inputs would move near ties */
 	if (pre != NULL && !cuda_moe_fuses_norm(m, e, n_tok))
 		return err_set(err, ERR_INVAL, "experts of %d tokens cannot norm in the router's launch", n_tok);
@@ -303,7 +289,7 @@ cuda_moe_ffn(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratc
 	}
 	if (rc == 0 && !self_route)
 		rc = route_step(r, m->stream, err);
-	if (rc != 0 || (rc = grouped ? moe_grouped(m, e, s, h, n_embd, n_tok, err) :
+	if (rc != 0 || (rc = grouped ? moe_grouped(m, e, s, h, n_embd, n_tok, ib > 0, err) :
 	    moe_slots(m, e, s, h, n_embd, n_tok, h_q8, self_route, err)) != 0)
 		return rc;
 	*mix = (struct cuda_rmix){ pre != NULL ? pre->bias : NULL, e->n_used, r->weight, grouped ? r->row : NULL, r->expert,
