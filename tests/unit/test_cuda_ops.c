@@ -1778,7 +1778,8 @@ moe_check(const struct moe_case *c, int n_tok, enum cuda_probe_path path, double
  * choices and weights, exactly), then the output on every path, for 1, 2,
  * 5, 8, 9 and 37 tokens (the slots route their own tokens up to 8; uneven
  * loads: many experts get none, a few several tiles). The
- * Qwen3-MoE-like layer's Q4_K gate/up and Q8_0 down, and gpt-oss's MXFP4
+ * Qwen3-MoE-like layers' Q4_K gate/up and Q8_0 or Q6_K down (8 of 16
+ * experts a token, as qwen3's 8 of 128), and gpt-oss's MXFP4
  * (with biases and its clamped activation), take the grouped tensor-core
  * kernels on the gemm path and the grouped integer kernel on the few
  * path; float experts stay slots on every path.
@@ -1788,6 +1789,7 @@ test_moe(void **state)
 {
 	static const struct { int e, k; int64_t d, f; uint32_t gt, dt; int act, norm; } cases[] = {
 		{ 16, 4, 256, 128, TT_Q4_K, TT_Q8_0, ACT_SILU, 1 },
+		{ 16, 8, 256, 256, TT_Q4_K, TT_Q6_K, ACT_SILU, 1 },
 		{ 8, 2, 256, 256, TT_MXFP4, TT_MXFP4, ACT_SWIGLU_OAI, 1 },
 		{ 8, 3, 128, 96, TT_F16, TT_BF16, ACT_SILU, 0 },
 	};
