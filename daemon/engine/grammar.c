@@ -1453,7 +1453,7 @@ key_of(const struct gram_index *x, const struct gframe *f, const struct gelem **
 {
 	uint32_t n = 0;
 
-	for (; f != NULL; f = f->up) {
+	for (; f != NULL && f != &ctx_frame; f = f->up) {
 		key[n++] = f->pos;
 		if (x->named[f->pos - x->g->elems] || n == GRAM_MAX_NEST + 2) {
 			f = f->up;
@@ -1566,12 +1566,72 @@ entry_get(struct gram_index *x, const struct gelem *const *key, uint32_t n)
 	return e;
 }
 
+/* Each top of p (but the context) whose key has no entry yet: its entry, and the key queued. */
+static void
+enqueue_keys(struct gram_index *x, const struct gpos *p, struct gentry ***queue, uint32_t *n, uint32_t *cap)
+{
+	const struct gelem *key[GRAM_MAX_NEST + 2];
+	const struct gframe *base;
+
+	for (uint32_t i = 0; i < p->n; i++) {
+		uint32_t before = x->n, k;
+		struct gentry *e;
+
+		if (p->st[i] == NULL || p->st[i] == &ctx_frame)
+			continue;
+		k = key_of(x, p->st[i], key, &base);
+		e = entry_get(x, key, k);
+		if (x->n > before) {
+			*queue = grow(*queue, cap, *n + 1, sizeof **queue);
+			(*queue)[(*n)++] = e;
+		}
+	}
+}
+
+/*
+ * Every key the grammar's positions can have, each entry built now (on the
+ * thread that compiles, not in a step): from each named rule's start,
+ * then from each key past its character, until no new key appears.
+ */
+static int
+index_fill(struct gram_index *x, char *err)
+{
+	struct fpool pool = { 0 };
+	struct gctx c = { x->g, &pool, NULL, NULL, 0, 0, 0, 0 };
+	struct gentry **queue = NULL;
+	struct gpos p = { 0 };
+	uint32_t n = 0, cap = 0;
+
+	for (uint32_t r = 0; r < x->g->n_rules && !c.overflow; r++) {
+		if (!x->g->rules[r].named)
+			continue;
+		p.n = 0;
+		seen_reset(&c);
+		for (uint32_t a = 0; a < x->g->rules[r].n_alt && !c.overflow; a++)
+			expand(&c, &x->g->elems[x->g->alts[x->g->rules[r].alt_first + a]], &ctx_frame, &p);
+		enqueue_keys(x, &p, &queue, &n, &cap);
+	}
+	for (uint32_t q = 0; q < n && !c.overflow; q++) {
+		struct gframe *top = &ctx_frame;
+
+		for (uint32_t i = queue[q]->key_n; i-- > 0;)
+			top = intern(&c, queue[q]->key[i], top);
+		p.n = 0;
+		seen_reset(&c);
+		expand(&c, top->pos + 1, top->up, &p);
+		enqueue_keys(x, &p, &queue, &n, &cap);
+	}
+	free(queue), free(p.st), free(c.seen);
+	pool_free(&pool);
+	return c.overflow ? overflow_err(err) : 0;
+}
+
 int
 gram_index_new(const struct grammar *g, const struct gram_vocab *v, struct gram_index **out, char *err)
 {
 	struct gram_index *x = xcalloc(1, sizeof *x);
+	int rc;
 
-	(void)err;
 	x->g = g, x->v = v;
 	x->named = xcalloc(g->n_elems + 1, 1);
 	for (uint32_t r = 0; r < g->n_rules; r++)
@@ -1582,6 +1642,11 @@ gram_index_new(const struct grammar *g, const struct gram_vocab *v, struct gram_
 					break;
 			}
 	pthread_mutex_init(&x->mu, NULL);
+	if ((rc = index_fill(x, err)) != 0) {
+		gram_index_free(x);
+		*out = NULL;
+		return rc;
+	}
 	*out = x;
 	return 0;
 }

@@ -95,9 +95,11 @@ int gram_finished(const struct gram_state *s);
 /*
  * What the masks of one grammar over one vocabulary keep between steps:
  * for each position a stack's top part can be in, the tokens it allows
- * whatever lies below (found once, on first use), and those that reach
- * below, checked per step. Shared by the sequences of a grammar and model,
- * from any thread (it locks); g and v must outlive it.
+ * whatever lies below, and those that reach below, checked per step. All
+ * are found when it is made (a walk of the vocabulary each: milliseconds
+ * a position, on the thread that calls gram_index_new); shared by the
+ * sequences of a grammar and model, from any thread (it locks); g and v
+ * must outlive it.
  */
 struct gram_index;
 
