@@ -1,0 +1,55 @@
+/*
+ * grammar_int.h: a compiled grammar's form, shared by the compiler
+ * (grammar.c) and the positions and masks that read it (grammar_mask.c).
+ *
+ * Compiled, a grammar is rules of flat elements, as llama.cpp's GBNF
+ * engine keeps them: a rule's alternatives one after the other, each ended
+ * by GE_ALT (the last by GE_END), each element a character set (GE_CHAR)
+ * or a reference to a rule (GE_RULE). Groups and repetitions become rules
+ * of their own (x* is R ::= x R | empty), so that matching knows only
+ * sequences, alternatives and references.
+ */
+#ifndef RESIDENT_GRAMMAR_INT_H
+#define RESIDENT_GRAMMAR_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum gram_kind { GE_END, GE_ALT, GE_RULE, GE_CHAR };
+
+struct gelem {
+	uint32_t kind;
+	uint32_t arg; /* GE_RULE: the rule; GE_CHAR: the set */
+};
+
+struct grange {
+	uint32_t lo, hi;
+};
+
+struct gset {
+	uint32_t first, n; /* ranges[first .. first + n) */
+	int neg;
+};
+
+struct grule {
+	uint32_t first; /* its elements in elems[] */
+	uint32_t alt_first, n_alt; /* its alternatives' first elements, in alts[] */
+	int named;      /* defined by name in the text (else a group's or a repetition's) */
+};
+
+struct grammar {
+	struct gelem *elems;
+	uint32_t n_elems;
+	uint32_t *alts;
+	struct grule *rules;
+	uint32_t n_rules, root;
+	struct gset *sets;
+	uint32_t n_sets;
+	struct grange *ranges;
+	uint32_t n_ranges;
+};
+
+/* p grown (doubling, from 16) to hold need elements of size bytes; *cap updated. */
+void *gram_grow(void *p, uint32_t *cap, uint32_t need, size_t size);
+
+#endif
