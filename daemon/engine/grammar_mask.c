@@ -649,25 +649,21 @@ set_bits(uint32_t *mask, const struct trie *tr, const struct tnode *nd)
 	}
 }
 
-/* Sets in mask the tokens of tr that the position `from` takes whole. */
+/* Sets in mask the tokens of tr that the position `from` takes whole; l: levels for tr's depth, reused. */
 static void
-walk(struct gctx *c, const struct gpos *from, const struct trie *tr, uint32_t *mask)
+walk(struct gctx *c, struct levels *l, const struct gpos *from, const struct trie *tr, uint32_t *mask)
 {
-	struct levels l;
-
-	levels_init(&l, tr->max_depth);
-	pos_copy(from, &l.lv[0]);
+	pos_copy(from, &l->lv[0]);
 	for (uint32_t i = 0; i < tr->n_node && !c->overflow;) {
 		const struct tnode *nd = &tr->node[i];
 
-		if (!feed(c, &l.lv[nd->depth - 1], nd->byte, &l.lv[nd->depth])) {
+		if (!feed(c, &l->lv[nd->depth - 1], nd->byte, &l->lv[nd->depth])) {
 			i = nd->end;
 			continue;
 		}
 		set_bits(mask, tr, nd);
 		i++;
 	}
-	levels_free(&l);
 }
 
 /*
@@ -923,7 +919,7 @@ gram_index_free(struct gram_index *x)
 
 /* The tokens stack f allows into mask: its entry's, then its uncertain ones checked from f itself. */
 static void
-mask_stack(struct gram_index *x, struct gctx *c, struct gframe *f, uint32_t *mask)
+mask_stack(struct gram_index *x, struct gctx *c, struct levels *l, struct gframe *f, uint32_t *mask)
 {
 	const struct gelem *key[GRAM_MAX_NEST + 2];
 	const struct gframe *base;
@@ -935,12 +931,12 @@ mask_stack(struct gram_index *x, struct gctx *c, struct gframe *f, uint32_t *mas
 	e = entry_get(x, key, n);
 	pthread_mutex_unlock(&x->mu);
 	if (e->walk_all || (base != NULL ? base->depth : 0) + e->maxrel > GRAM_MAX_DEPTH) {
-		walk(c, &one, &x->v->all, mask);
+		walk(c, l, &one, &x->v->all, mask);
 		return;
 	}
 	for (uint32_t w = 0; w < words; w++)
 		mask[w] |= e->acc[w];
-	walk(c, &one, &e->unc, mask);
+	walk(c, l, &one, &e->unc, mask);
 }
 
 int
@@ -950,16 +946,19 @@ gram_mask(const struct gram_state *s, struct gram_index *x, uint32_t *mask, char
 	uint32_t words = ((uint32_t)v->n_tokens + 31) / 32;
 	struct fpool scratch = { 0 };
 	struct gctx c = { s->g, &scratch, &s->pool, NULL, 0, 0, 0, 0 };
+	struct levels l;
 	int count = 0;
 
+	levels_init(&l, v->all.max_depth); /* the deepest: every trie here holds some of its tokens */
 	memset(mask, 0, words * sizeof *mask);
 	if (s->at.pn != 0) { /* a character half read: the cache's keys start at whole characters */
-		walk(&c, &s->at, &v->all, mask);
+		walk(&c, &l, &s->at, &v->all, mask);
 	} else {
 		for (uint32_t i = 0; i < s->at.n && !c.overflow; i++)
 			if (s->at.st[i] != NULL)
-				mask_stack(x, &c, s->at.st[i], mask);
+				mask_stack(x, &c, &l, s->at.st[i], mask);
 	}
+	levels_free(&l);
 	if (!c.overflow && gram_complete(s))
 		for (int k = 0; k < v->n_ends; k++)
 			mask[v->ends[k] / 32] |= 1u << (v->ends[k] % 32);
