@@ -1,0 +1,2599 @@
+/*
+ * jschema.c: JSON Schema -> grammar text (jschema.h). Each schema object
+ * becomes one rule `s<N>` (memoised by its address, so that $ref may
+ * recurse), its objects, arrays and counts helper rules named after it;
+ * rules that only repeat text (integer ranges, patterns' pieces, counted
+ * strings) are shared by their bodies; fixed rules (ws, string, value,
+ * the formats...) are written once at the end, those used.
+ *
+ * A reference that consumes no text before it (anyOf, oneOf, allOf, $ref)
+ * is an edge of a graph checked once everything is compiled: a cycle
+ * there is left recursion, which grammar.c would refuse without saying
+ * where in the schema it comes from. The same graph, acyclic then, gives
+ * each schema the JSON types it may generate, which is what oneOf's
+ * disjointness needs.
+ */
+#include "config.h"
+#include "jschema.h"
+#include "grammar.h"
+#include "util.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XSTR(x) #x
+#define STR(x) XSTR(x)
+
+#define NAME_LEN 48
+/* Most bytes of a JSON pointer shown in a message (its last ones). */
+#define MAX_SHOWN 96
+
+/* ---- text ---- */
+
+struct sbuf {
+	char *s;
+	size_t n, cap;
+};
+
+static void
+sb_addn(struct sbuf *b, const char *s, size_t n)
+{
+	if (b->n + n + 1 > b->cap) {
+		b->cap = MAX(b->cap * 2, b->n + n + 64);
+		b->s = xrealloc(b->s, b->cap);
+	}
+	memcpy(b->s + b->n, s, n);
+	b->n += n;
+	b->s[b->n] = '\0';
+}
+
+static void
+sb_add(struct sbuf *b, const char *s)
+{
+	sb_addn(b, s, strlen(s));
+}
+
+static void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void
+sb_printf(struct sbuf *b, const char *fmt, ...)
+{
+	va_list ap, again;
+	int n;
+
+	va_start(ap, fmt);
+	va_copy(again, ap);
+	n = vsnprintf(NULL, 0, fmt, ap);
+	if (b->n + (size_t)n + 1 > b->cap) {
+		b->cap = MAX(b->cap * 2, b->n + (size_t)n + 64);
+		b->s = xrealloc(b->s, b->cap);
+	}
+	vsnprintf(b->s + b->n, (size_t)n + 1, fmt, again);
+	b->n += (size_t)n;
+	va_end(again);
+	va_end(ap);
+}
+
+/* Empties b, keeping its memory. */
+static void
+sb_clear(struct sbuf *b)
+{
+	b->n = 0;
+	if (b->s != NULL)
+		b->s[0] = '\0';
+}
+
+/* The string b holds ("" when it never grew). */
+static const char *
+sb_str(const struct sbuf *b)
+{
+	return b->s != NULL ? b->s : "";
+}
+
+/* One code point inside a grammar literal or class: ASCII letters, digits and a few marks raw, the rest escaped. */
+static void
+gl_cp(struct sbuf *b, uint32_t cp)
+{
+	if (cp < 0x7f && cp >= 0x20 && strchr("\"\\[]-^'#", (int)cp) == NULL)
+		sb_addn(b, (const char *)&(char){ (char)cp }, 1);
+	else if (cp < 0x80)
+		sb_printf(b, "\\x%02X", cp);
+	else if (cp <= 0xffff)
+		sb_printf(b, "\\u%04X", cp);
+	else
+		sb_printf(b, "\\U%08X", cp);
+}
+
+/* A grammar literal matching the n bytes of s (UTF-8): ASCII escaped as needed, the rest raw. */
+static void
+gl_lit(struct sbuf *b, const char *s, size_t n)
+{
+	sb_add(b, "\"");
+	for (size_t i = 0; i < n; i++) {
+		unsigned char u = (unsigned char)s[i];
+
+		if (u >= 0x80)
+			sb_addn(b, s + i, 1);
+		else
+			gl_cp(b, u);
+	}
+	sb_add(b, "\"");
+}
+
+/* The code point of the UTF-8 sequence at s (valid, as jansson keeps strings); its length in *len. */
+static uint32_t
+utf8_cp(const char *s, size_t avail, int *len)
+{
+	const unsigned char *u = (const unsigned char *)s;
+	int n = utf8_seq_len(u, avail);
+
+	*len = n > 0 ? n : 1;
+	switch (n) {
+	case 2: return (uint32_t)(u[0] & 0x1f) << 6 | (u[1] & 0x3f);
+	case 3: return (uint32_t)(u[0] & 0x0f) << 12 | (uint32_t)(u[1] & 0x3f) << 6 | (u[2] & 0x3f);
+	case 4:
+		return (uint32_t)(u[0] & 0x07) << 18 | (uint32_t)(u[1] & 0x3f) << 12 | (uint32_t)(u[2] & 0x3f) << 6 |
+		    (u[3] & 0x3f);
+	default: return u[0];
+	}
+}
+
+/* The value of hexadecimal digit ch; -1 if it is none. */
+static int
+hex_val(char ch)
+{
+	int lower = ch | 0x20;
+
+	return ch >= '0' && ch <= '9' ? ch - '0' : lower >= 'a' && lower <= 'f' ? lower - 'a' + 10 : -1;
+}
+
+/* ---- fixed rules ---- */
+
+enum fixed_rule {
+	FX_WS, FX_HX, FX_JU, FX_JESC, FX_JCHAR, FX_STRING, FX_INTEGER, FX_NUMBER, FX_VALUE, FX_OBJECT, FX_OBJMORE,
+	FX_MEMBER, FX_ARRAY, FX_ARRMORE, FX_NEVER, FX_KEYTAIL, FX_KEY, FX_FRAC, FX_FRACNZ, FX_FRACZ, FX_CTL,
+	FX_PCHAR, FX_YEAR, FX_LEAPYY, FX_LEAP, FX_MDAY, FX_DATE, FX_TIME, FX_DATETIME, FX_UUID, FX_COUNT
+};
+
+#define B(x) (1ull << (x))
+
+/*
+ * In the bodies, \x22 is '"' and \x5C is '\' (what JSON spells with them);
+ * deps are the fixed rules a body names.
+ */
+static const struct {
+	const char *name, *body;
+	uint64_t deps;
+} fixed_rules[FX_COUNT] = {
+	[FX_WS] = { "ws", "[ \\t] | \"\\n\" [ \\t]{0," STR(JSCHEMA_MAX_INDENT) "} | \"\"", 0 },
+	[FX_HX] = { "hx", "[0-9a-fA-F]", 0 },
+	/* \uXXXX: not 0000, a surrogate only as a high one then a low one */
+	[FX_JU] = { "ju", "\"000\" [1-9a-fA-F] | \"00\" [1-9a-fA-F] hx | \"0\" [1-9a-fA-F] hx hx | "
+	    "[1-9a-cA-CeEfF] hx hx hx | [dD] [0-7] hx hx | "
+	    "[dD] [89abAB] hx hx \"\\x5Cu\" [dD] [c-fC-F] hx hx", B(FX_HX) },
+	[FX_JESC] = { "jesc", "[\\x22\\x5C/bfnrt] | \"u\" ju", B(FX_JU) },
+	[FX_JCHAR] = { "jchar", "[^\\x22\\x5C\\x00-\\x1F] | \"\\x5C\" jesc", B(FX_JESC) },
+	[FX_STRING] = { "string", "\"\\x22\" jchar* \"\\x22\"", B(FX_JCHAR) },
+	[FX_INTEGER] = { "integer", "\"-\"? ( \"0\" | [1-9] [0-9]* )", 0 },
+	[FX_NUMBER] = { "number", "integer ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?", B(FX_INTEGER) },
+	[FX_VALUE] = { "value", "object | array | string | number | \"true\" | \"false\" | \"null\"",
+	    B(FX_OBJECT) | B(FX_ARRAY) | B(FX_STRING) | B(FX_NUMBER) },
+	[FX_OBJECT] = { "object", "\"{\" ws ( \"}\" | member object-more )", B(FX_WS) | B(FX_MEMBER) | B(FX_OBJMORE) },
+	[FX_OBJMORE] = { "object-more", "ws ( \"}\" | \",\" ws member object-more )", B(FX_WS) | B(FX_MEMBER) },
+	[FX_MEMBER] = { "member", "string ws \":\" ws value", B(FX_STRING) | B(FX_WS) | B(FX_VALUE) },
+	[FX_ARRAY] = { "array", "\"[\" ws ( \"]\" | value array-more )", B(FX_WS) | B(FX_VALUE) | B(FX_ARRMORE) },
+	[FX_ARRMORE] = { "array-more", "ws ( \"]\" | \",\" ws value array-more )", B(FX_WS) | B(FX_VALUE) },
+	[FX_NEVER] = { "never", "[^\\x00-\\U0010FFFF]", 0 },
+	[FX_KEYTAIL] = { "key-tail", "[^\\x22\\x5C\\x00-\\x1F]* \"\\x22\"", 0 },
+	[FX_KEY] = { "key", "\"\\x22\" key-tail", B(FX_KEYTAIL) },
+	[FX_FRAC] = { "frac", "\".\" [0-9]+", 0 },
+	[FX_FRACNZ] = { "frac-nz", "\".\" \"0\"* [1-9] [0-9]*", 0 },
+	[FX_FRACZ] = { "frac-z", "\".\" \"0\"+", 0 },
+	[FX_CTL] = { "ctl", "\"\\x5C\" [bfnrt] | \"\\x5Cu00\" ( \"0\" [1-9a-fA-F] | \"1\" hx )", B(FX_HX) },
+	[FX_PCHAR] = { "pchar", "[^\\x22\\x5C\\x00-\\x1F] | \"\\x5C\\x22\" | \"\\x5C\\x5C\" | ctl", B(FX_CTL) },
+	[FX_YEAR] = { "year", "\"000\" [1-9] | \"00\" [1-9] [0-9] | \"0\" [1-9] [0-9] [0-9] | "
+	    "[1-9] [0-9] [0-9] [0-9]", 0 },
+	/* the last two digits of a leap year not divisible by 100 (or the first two of one that is) */
+	[FX_LEAPYY] = { "leap-yy", "\"0\" [48] | [2468] [048] | [13579] [26]", 0 },
+	[FX_LEAP] = { "leap-year", "[0-9] [0-9] leap-yy | leap-yy \"00\"", B(FX_LEAPYY) },
+	[FX_MDAY] = { "month-day", "( \"0\" [13578] | \"1\" [02] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] ) | "
+	    "( \"0\" [469] | \"11\" ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"30\" ) | "
+	    "\"02-\" ( \"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8] )", 0 },
+	[FX_DATE] = { "date", "year \"-\" month-day | leap-year \"-02-29\"", B(FX_YEAR) | B(FX_LEAP) | B(FX_MDAY) },
+	[FX_TIME] = { "time", "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] frac? "
+	    "( \"Z\" | [-+] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )", B(FX_FRAC) },
+	[FX_DATETIME] = { "date-time", "date \"T\" time", B(FX_DATE) | B(FX_TIME) },
+	[FX_UUID] = { "uuid", "hx{8} \"-\" hx{4} \"-\" hx{4} \"-\" hx{4} \"-\" hx{12}", B(FX_HX) },
+};
+
+/* ---- the compiler's state ---- */
+
+/* JSON types, as masks: what a schema may generate. */
+enum {
+	T_NULL = 1, T_BOOL = 2, T_OBJ = 4, T_ARR = 8, T_STR = 16, T_INT = 32, T_FRAC = 64,
+	T_NUM = T_INT | T_FRAC, T_ALL = 127
+};
+
+enum ent_kind { EK_PLAIN, EK_REF, EK_ANY, EK_ONE, EK_ALL };
+
+/* A schema object (or true, false) compiled into a rule. */
+struct jent {
+	const json_t *schema;
+	char name[NAME_LEN];
+	int kind;       /* enum ent_kind */
+	int mask;       /* EK_PLAIN: the types it generates; else those of its edges, once the graph is walked */
+};
+
+/* A reference that consumes no text first: from a combinator or $ref to what it names. */
+struct jedge {
+	uint32_t from, to;
+	char *where; /* the JSON pointer of the reference */
+};
+
+/* A shared rule: its body, its name r<id>. */
+struct jshared {
+	char *body;
+	uint32_t id;
+};
+
+struct jsc {
+	const json_t *doc;
+	char *err;
+	struct sbuf out;  /* the rules so far */
+	int n_rules;
+	uint64_t low_rules, low_elems; /* what grammar.c will make of them, at most */
+	struct sbuf path; /* the JSON pointer being compiled */
+	int depth;
+	struct jent *ent;
+	uint32_t n_ent, cap_ent;
+	uint32_t *ent_tab; /* schema address -> entry + 1 */
+	uint32_t ent_tab_cap;
+	struct jedge *edge;
+	uint32_t n_edge, cap_edge;
+	struct jshared *shared; /* hash of bodies */
+	uint32_t shared_cap, n_shared;
+	uint64_t fixed; /* fixed rules used */
+};
+
+static void *
+grow(void *p, uint32_t *cap, uint32_t need, size_t size)
+{
+	if (need <= *cap)
+		return p;
+	while (*cap < need)
+		*cap = *cap ? *cap * 2 : 16;
+	return xrealloc(p, (size_t)*cap * size);
+}
+
+static uint32_t
+fnv(const void *p, size_t n, uint32_t h)
+{
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ ((const unsigned char *)p)[i]) * 16777619u;
+	return h;
+}
+
+/* ---- JSON pointers and errors ---- */
+
+/* Appends "/token" (n bytes, ~ and / escaped) to the pointer b; returns the length to restore. */
+static size_t
+ptr_push(struct sbuf *b, const char *s, size_t n)
+{
+	size_t old = b->n;
+
+	sb_add(b, "/");
+	for (size_t i = 0; i < n; i++)
+		if (s[i] == '~' || s[i] == '/')
+			sb_add(b, s[i] == '~' ? "~0" : "~1");
+		else
+			sb_addn(b, s + i, 1);
+	return old;
+}
+
+static size_t
+path_push(struct jsc *c, const char *s, size_t n)
+{
+	return ptr_push(&c->path, s, n);
+}
+
+static size_t
+path_index(struct jsc *c, size_t i)
+{
+	size_t old = c->path.n;
+
+	sb_printf(&c->path, "/%zu", i);
+	return old;
+}
+
+static void
+path_pop(struct jsc *c, size_t old)
+{
+	c->path.n = old;
+	if (c->path.s != NULL)
+		c->path.s[old] = '\0';
+}
+
+static int jerr(struct jsc *c, int code, const char *key, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* An error at the path (and keyword key, if not NULL): "json_schema at /a/b: message". */
+static int
+jerr(struct jsc *c, int code, const char *key, const char *fmt, ...)
+{
+	char msg[ERR_LEN];
+	size_t old = key != NULL ? path_push(c, key, strlen(key)) : c->path.n;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	if (c->path.n > MAX_SHOWN) { /* its end, where the fault is, and room for the message */
+		const char *tail = c->path.s + c->path.n - MAX_SHOWN;
+
+		if (strchr(tail, '/') != NULL) /* from a token's start */
+			tail = strchr(tail, '/');
+		while (((unsigned char)*tail & 0xc0) == 0x80)
+			tail++;
+		err_set(c->err, code, "json_schema at ...%s: %s", tail, msg);
+	} else if (c->path.n > 0)
+		err_set(c->err, code, "json_schema at %s: %s", sb_str(&c->path), msg);
+	else
+		err_set(c->err, code, "json_schema: %s", msg);
+	path_pop(c, old);
+	return code;
+}
+
+/* ---- rules ---- */
+
+/*
+ * Adds to *rules and *elems what grammar.c makes of a rule's body, at
+ * most: a rule per group, and per repetition its item's rule and the
+ * optionals or loop that lower it (x{2,5}: two copies of x, three
+ * optionals of four elements); an element per byte of text at most.
+ */
+static void
+lowered_size(const char *body, uint64_t *rules, uint64_t *elems)
+{
+	const char *p = body;
+
+	*rules += 1, *elems += strlen(body) + 1;
+	while (*p != '\0') {
+		if (*p == '"' || *p == '[') { /* a literal or a class, escapes and all */
+			char close = *p == '"' ? '"' : ']';
+
+			for (p++; *p != '\0' && *p != close; p += p[0] == '\\' && p[1] != '\0' ? 2 : 1)
+				;
+		} else if (*p == '(') {
+			*rules += 1;
+		} else if (*p == '*' || *p == '+' || *p == '?') {
+			*rules += 2, *elems += 8;
+		} else if (*p == '{') {
+			char *end;
+			unsigned long lo = strtoul(p + 1, &end, 10), hi = lo;
+
+			if (*end == ',')
+				hi = end[1] == '}' ? lo + 1 : strtoul(end + 1, &end, 10);
+			*rules += 2 + (hi - lo), *elems += lo + 4 * (hi - lo) + 8;
+		}
+		p += *p != '\0';
+	}
+}
+
+static int
+rule_add(struct jsc *c, const char *name, const char *body)
+{
+	if (++c->n_rules > JSCHEMA_MAX_RULES)
+		return jerr(c, ERR_RANGE, NULL, "the grammar needs more than %d rules", JSCHEMA_MAX_RULES);
+	lowered_size(body, &c->low_rules, &c->low_elems);
+	if (c->low_rules > GRAM_MAX_RULES || c->low_elems > GRAM_MAX_ELEMS)
+		return jerr(c, ERR_RANGE, NULL, "the grammar's counts would expand past grammar.c's limits (%d rules, "
+		    "%d elements)", GRAM_MAX_RULES, GRAM_MAX_ELEMS);
+	if (c->out.n + strlen(name) + strlen(body) + 6 > GRAM_MAX_TEXT)
+		return jerr(c, ERR_RANGE, NULL, "the grammar would exceed its limit of %d bytes", GRAM_MAX_TEXT);
+	sb_add(&c->out, name);
+	sb_add(&c->out, " ::= ");
+	sb_add(&c->out, body);
+	sb_add(&c->out, "\n");
+	return 0;
+}
+
+/* The rule whose body is body, made the first time (name: r<id>). */
+static int
+rule_shared(struct jsc *c, const char *body, char *name)
+{
+	uint32_t h = fnv(body, strlen(body), 2166136261u), i;
+	int rc;
+
+	if (2 * (c->n_shared + 1) > c->shared_cap) { /* rehash at half full */
+		uint32_t cap = c->shared_cap ? 2 * c->shared_cap : 64;
+		struct jshared *t = xcalloc(cap, sizeof *t);
+
+		for (uint32_t k = 0; k < c->shared_cap; k++)
+			if (c->shared[k].body != NULL) {
+				for (i = fnv(c->shared[k].body, strlen(c->shared[k].body), 2166136261u) & (cap - 1);
+				    t[i].body != NULL; i = (i + 1) & (cap - 1))
+					;
+				t[i] = c->shared[k];
+			}
+		free(c->shared);
+		c->shared = t, c->shared_cap = cap;
+	}
+	for (i = h & (c->shared_cap - 1); c->shared[i].body != NULL; i = (i + 1) & (c->shared_cap - 1))
+		if (strcmp(c->shared[i].body, body) == 0) {
+			snprintf(name, NAME_LEN, "r%u", c->shared[i].id);
+			return 0;
+		}
+	snprintf(name, NAME_LEN, "r%u", c->n_shared);
+	if ((rc = rule_add(c, name, body)) != 0)
+		return rc;
+	c->shared[i] = (struct jshared){ xstrdup(body), c->n_shared++ };
+	return 0;
+}
+
+/* The name of fixed rule f, marked used. */
+static const char *
+fixed(struct jsc *c, enum fixed_rule f)
+{
+	c->fixed |= B(f);
+	return fixed_rules[f].name;
+}
+
+/* Appends the fixed rules used (and those they name). */
+static int
+fixed_emit(struct jsc *c)
+{
+	uint64_t prev = 0;
+	int rc;
+
+	while (prev != c->fixed) {
+		prev = c->fixed;
+		for (int f = 0; f < FX_COUNT; f++)
+			if (c->fixed & B(f))
+				c->fixed |= fixed_rules[f].deps;
+	}
+	for (int f = 0; f < FX_COUNT; f++)
+		if ((c->fixed & B(f)) && (rc = rule_add(c, fixed_rules[f].name, fixed_rules[f].body)) != 0)
+			return rc;
+	return 0;
+}
+
+/* ---- JSON values (enum, const) ---- */
+
+static int
+value_type(const json_t *v)
+{
+	switch (json_typeof(v)) {
+	case JSON_NULL: return T_NULL;
+	case JSON_TRUE:
+	case JSON_FALSE: return T_BOOL;
+	case JSON_OBJECT: return T_OBJ;
+	case JSON_ARRAY: return T_ARR;
+	case JSON_STRING: return T_STR;
+	case JSON_INTEGER: return T_INT;
+	default: return json_real_value(v) == floor(json_real_value(v)) ? T_INT : T_FRAC;
+	}
+}
+
+/* 1 if integer i and real r are the same number (exactly: no rounding of i to a double). */
+static int
+int_is_real(const json_t *i, const json_t *r)
+{
+	double d = json_real_value(r);
+
+	return d == floor(d) && fabs(d) < 9.2e18 && (json_int_t)d == json_integer_value(i);
+}
+
+/* JSON Schema's equality: numbers by value (1 equals 1.0), objects whatever their order. */
+static int
+value_equal(const json_t *a, const json_t *b)
+{
+	const char *k;
+	size_t n, i;
+	json_t *v;
+
+	if (json_is_integer(a) && json_is_real(b))
+		return int_is_real(a, b);
+	if (json_is_real(a) && json_is_integer(b))
+		return int_is_real(b, a);
+	if (json_typeof(a) != json_typeof(b))
+		return 0;
+	switch (json_typeof(a)) {
+	case JSON_INTEGER:
+		return json_integer_value(a) == json_integer_value(b);
+	case JSON_REAL:
+		return json_real_value(a) == json_real_value(b);
+	case JSON_STRING:
+		return json_string_length(a) == json_string_length(b) &&
+		    memcmp(json_string_value(a), json_string_value(b), json_string_length(a)) == 0;
+	case JSON_ARRAY:
+		if (json_array_size(a) != json_array_size(b))
+			return 0;
+		for (i = 0; i < json_array_size(a); i++)
+			if (!value_equal(json_array_get(a, i), json_array_get(b, i)))
+				return 0;
+		return 1;
+	case JSON_OBJECT:
+		if (json_object_size(a) != json_object_size(b))
+			return 0;
+		json_object_keylen_foreach((json_t *)a, k, n, v) {
+			const json_t *w = json_object_getn(b, k, n);
+
+			if (w == NULL || !value_equal(v, w))
+				return 0;
+		}
+		return 1;
+	default:
+		return 1;
+	}
+}
+
+/* A hash that equal values (value_equal) share. */
+static uint32_t
+value_hash(const json_t *v)
+{
+	const char *k;
+	uint32_t h = (uint32_t)json_typeof(v), sum = 0;
+	double d;
+	size_t n;
+	json_t *w;
+
+	switch (json_typeof(v)) {
+	case JSON_INTEGER:
+	case JSON_REAL:
+		d = json_number_value(v) + 0.0; /* -0.0 as 0.0 */
+		return fnv(&d, sizeof d, 7);
+	case JSON_STRING:
+		return fnv(json_string_value(v), json_string_length(v), 11);
+	case JSON_ARRAY:
+		for (size_t i = 0; i < json_array_size(v); i++)
+			h = h * 31 + value_hash(json_array_get(v, i));
+		return h;
+	case JSON_OBJECT:
+		json_object_keylen_foreach((json_t *)v, k, n, w)
+			sum += fnv(k, n, 13) * 2654435761u ^ value_hash(w);
+		return sum;
+	default:
+		return h;
+	}
+}
+
+/*
+ * The values s's enum and const allow (both: those of enum equal to
+ * const) whose types meet mask, into *out (malloc'd). Returns their
+ * number, or a negative ERR_*.
+ */
+static int
+enum_values(struct jsc *c, const json_t *s, int mask, const json_t ***out)
+{
+	const json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const");
+	const char *key = en != NULL ? "enum" : "const";
+	size_t n = en != NULL ? json_array_size(en) : 1;
+	int k = 0;
+
+	*out = NULL;
+	if (en != NULL && (!json_is_array(en) || n == 0))
+		return jerr(c, ERR_INVAL, "enum", "enum must be an array of values");
+	if (n > JSCHEMA_MAX_ENUM)
+		return jerr(c, ERR_RANGE, "enum", "%zu values, above the limit of %d", n, JSCHEMA_MAX_ENUM);
+	*out = xcalloc(n, sizeof **out);
+	for (size_t i = 0; i < n; i++) {
+		const json_t *v = en != NULL ? json_array_get(en, i) : cn;
+
+		if ((value_type(v) & mask) && (en == NULL || cn == NULL || value_equal(v, cn)))
+			(*out)[k++] = v;
+	}
+	if (k == 0) {
+		free(*out);
+		*out = NULL;
+		return jerr(c, ERR_INVAL, key, "no value satisfies enum, const and type together");
+	}
+	return k;
+}
+
+/* ---- tries of spellings (enum values, named keys) ---- */
+
+struct tnode {
+	uint32_t cp, child, next; /* child, next: 0 for none (the root is no one's child) */
+	int term;
+};
+
+struct trie {
+	struct tnode *n;
+	uint32_t len, cap;
+};
+
+static void
+trie_add(struct trie *t, const char *s, size_t n)
+{
+	uint32_t cur = 0, cp, k;
+	int len;
+
+	if (t->len == 0) {
+		t->n = grow(t->n, &t->cap, 1, sizeof *t->n);
+		t->n[t->len++] = (struct tnode){ 0, 0, 0, 0 };
+	}
+	for (size_t i = 0; i < n; i += (size_t)len) {
+		cp = utf8_cp(s + i, n - i, &len);
+		for (k = t->n[cur].child; k != 0 && t->n[k].cp != cp; k = t->n[k].next)
+			;
+		if (k == 0) {
+			t->n = grow(t->n, &t->cap, t->len + 1, sizeof *t->n);
+			k = t->len++;
+			t->n[k] = (struct tnode){ cp, 0, t->n[cur].child, 0 };
+			t->n[cur].child = k;
+		}
+		cur = k;
+	}
+	t->n[cur].term = 1;
+}
+
+/*
+ * The alternatives of the spellings in t from node x into b: each child's
+ * chain of single children as one literal, then the rule of where it
+ * branches (named base-e<k>, queued) or nothing at a leaf.
+ */
+static void
+trie_alts(const struct trie *t, uint32_t x, uint32_t base, uint32_t **queue, uint32_t *nq, uint32_t *cap,
+    struct sbuf *b)
+{
+	for (uint32_t ch = t->n[x].child; ch != 0; ch = t->n[ch].next) {
+		uint32_t d = ch;
+
+		if (b->n > 0)
+			sb_add(b, " | ");
+		sb_add(b, "\"");
+		gl_cp(b, t->n[d].cp);
+		while (!t->n[d].term && t->n[d].child != 0 && t->n[t->n[d].child].next == 0) {
+			d = t->n[d].child;
+			gl_cp(b, t->n[d].cp);
+		}
+		sb_add(b, "\"");
+		if (t->n[d].child != 0) {
+			*queue = grow(*queue, cap, *nq + 1, sizeof **queue);
+			(*queue)[(*nq)++] = d;
+			sb_printf(b, " s%u-e%u", base, d);
+		}
+	}
+	if (t->n[x].term)
+		sb_add(b, b->n > 0 ? " | \"\"" : "\"\"");
+}
+
+/* Alternatives matching exactly the compact spellings of vals into body; base names the helper rules. */
+static int
+enum_body(struct jsc *c, uint32_t base, const json_t *const *vals, int n, struct sbuf *body)
+{
+	struct trie t = { 0 };
+	struct sbuf b = { 0 };
+	uint32_t *queue = NULL, nq = 0, cap = 0;
+	char name[NAME_LEN];
+	int rc = 0;
+
+	for (int i = 0; i < n; i++) {
+		char *sp = json_dumps(vals[i], JSON_COMPACT | JSON_ENCODE_ANY);
+
+		trie_add(&t, sp, strlen(sp));
+		free(sp);
+	}
+	trie_alts(&t, 0, base, &queue, &nq, &cap, body);
+	for (uint32_t q = 0; q < nq && rc == 0; q++) {
+		sb_clear(&b);
+		trie_alts(&t, queue[q], base, &queue, &nq, &cap, &b);
+		snprintf(name, sizeof name, "s%u-e%u", base, queue[q]);
+		rc = rule_add(c, name, b.s);
+	}
+	free(t.n), free(b.s), free(queue);
+	return rc;
+}
+
+/* 1 if cp may be in a key spelled without escapes. */
+static int
+key_char(uint32_t cp)
+{
+	return cp >= 0x20 && cp != '"' && cp != '\\';
+}
+
+/*
+ * The rule (base-key) of the keys without escapes that are none of the n
+ * named ones: a rule per node of their trie, which leaves it for any
+ * other character, and may end where no name does.
+ */
+static int
+other_keys(struct jsc *c, uint32_t base, const char *const *keys, const size_t *lens, int n, char *name)
+{
+	struct trie t = { 0 };
+	struct sbuf b = { 0 };
+	char rn[NAME_LEN];
+	int rc = 0, len;
+
+	for (int i = 0; i < n; i++) {
+		size_t j;
+
+		for (j = 0; j < lens[i] && key_char(utf8_cp(keys[i] + j, lens[i] - j, &len)); j += (size_t)len)
+			;
+		if (j == lens[i])
+			trie_add(&t, keys[i], lens[i]);
+	}
+	if (t.len == 0) {
+		snprintf(name, NAME_LEN, "%s", fixed(c, FX_KEY));
+		return 0;
+	}
+	for (uint32_t x = 0; x < t.len && rc == 0; x++) {
+		sb_clear(&b);
+		sb_add(&b, t.n[x].term ? "" : "\"\\x22\" | ");
+		for (uint32_t ch = t.n[x].child; ch != 0; ch = t.n[ch].next) {
+			sb_add(&b, "\"");
+			gl_cp(&b, t.n[ch].cp);
+			sb_printf(&b, "\" s%u-x%u | ", base, ch);
+		}
+		sb_add(&b, "[^\\x22\\x5C\\x00-\\x1F");
+		for (uint32_t ch = t.n[x].child; ch != 0; ch = t.n[ch].next)
+			gl_cp(&b, t.n[ch].cp);
+		sb_printf(&b, "] %s", fixed(c, FX_KEYTAIL));
+		snprintf(rn, sizeof rn, "s%u-x%u", base, x);
+		rc = rule_add(c, rn, b.s);
+	}
+	snprintf(name, NAME_LEN, "s%u-key", base);
+	snprintf(rn, sizeof rn, "\"\\x22\" s%u-x0", base);
+	free(t.n), free(b.s);
+	return rc != 0 ? rc : rule_add(c, name, rn);
+}
+
+/* ---- integer and number ranges ---- */
+
+#define NO_TOP UINT64_MAX
+
+static void
+alt(struct sbuf *b)
+{
+	if (b->n > 0)
+		sb_add(b, " | ");
+}
+
+/* The digits from lo to hi: a literal when one. */
+static void
+digit_class(struct sbuf *b, char lo, char hi)
+{
+	sb_printf(b, lo == hi ? "\"%c\"" : "[%c-%c]", lo, hi);
+}
+
+/* Into b (empty): the decimal spellings of [lo, hi], both of n digits (lo, hi as digits). */
+static int
+same_len(struct jsc *c, const char *lo, const char *hi, int n, struct sbuf *b)
+{
+	char nines[24], zeros[24], name[NAME_LEN];
+	struct sbuf sub = { 0 };
+	int lo_full = 1, hi_full = 1, rc = 0;
+
+	if (n == 1) {
+		digit_class(b, lo[0], hi[0]);
+		return 0;
+	}
+	if (lo[0] == hi[0]) {
+		if ((rc = same_len(c, lo + 1, hi + 1, n - 1, &sub)) == 0 && (rc = rule_shared(c, sub.s, name)) == 0)
+			sb_printf(b, "\"%c\" %s", lo[0], name);
+		free(sub.s);
+		return rc;
+	}
+	memset(nines, '9', sizeof nines), memset(zeros, '0', sizeof zeros);
+	for (int i = 1; i < n; i++)
+		lo_full &= lo[i] == '0', hi_full &= hi[i] == '9';
+	if (!lo_full) { /* lo's first digit, then what follows lo */
+		if ((rc = same_len(c, lo + 1, nines, n - 1, &sub)) == 0 && (rc = rule_shared(c, sub.s, name)) == 0)
+			sb_printf(b, "\"%c\" %s", lo[0], name);
+	}
+	if (rc == 0 && lo[0] + !lo_full <= hi[0] - !hi_full) {
+		alt(b);
+		digit_class(b, (char)(lo[0] + !lo_full), (char)(hi[0] - !hi_full));
+		sb_printf(b, " [0-9]{%d}", n - 1);
+	}
+	if (rc == 0 && !hi_full) {
+		sb_clear(&sub);
+		if ((rc = same_len(c, zeros, hi + 1, n - 1, &sub)) == 0 && (rc = rule_shared(c, sub.s, name)) == 0) {
+			alt(b);
+			sb_printf(b, "\"%c\" %s", hi[0], name);
+		}
+	}
+	free(sub.s);
+	return rc;
+}
+
+static int
+n_digits(uint64_t v)
+{
+	int n = 1;
+
+	while (v >= 10)
+		v /= 10, n++;
+	return n;
+}
+
+/* Into b: the spellings without leading zeros of the integers in [lo, hi] (hi NO_TOP: no end). */
+static int
+digits_range(struct jsc *c, uint64_t lo, uint64_t hi, struct sbuf *b)
+{
+	int top = hi == NO_TOP ? n_digits(lo) : n_digits(hi), rc = 0;
+	uint64_t p = 1; /* 10^(len - 1) */
+	struct sbuf one = { 0 };
+
+	for (int len = 1; len <= top; len++, p *= 10) {
+		uint64_t x = MAX(lo, len == 1 ? 0 : p), y = MIN(hi, p * 10 - 1);
+		char xs[24], ys[24];
+
+		if (x > y)
+			continue;
+		snprintf(xs, sizeof xs, "%llu", (unsigned long long)x);
+		snprintf(ys, sizeof ys, "%llu", (unsigned long long)y);
+		sb_clear(&one);
+		if ((rc = same_len(c, xs, ys, len, &one)) != 0)
+			break;
+		alt(b);
+		sb_add(b, one.s);
+	}
+	free(one.s);
+	if (rc != 0)
+		return rc;
+	if (hi == NO_TOP) {
+		alt(b);
+		sb_printf(b, "[1-9] [0-9]{%d,}", top);
+	}
+	return 0;
+}
+
+/* Appends the item of the integers in [lo, hi] (a shared rule) to b, after prefix. */
+static int
+digits_item(struct jsc *c, uint64_t lo, uint64_t hi, const char *prefix, struct sbuf *b)
+{
+	struct sbuf sub = { 0 };
+	char name[NAME_LEN];
+	int rc;
+
+	if ((rc = digits_range(c, lo, hi, &sub)) == 0 && (rc = rule_shared(c, sub.s, name)) == 0) {
+		alt(b);
+		sb_printf(b, "%s%s", prefix, name);
+	}
+	free(sub.s);
+	return rc;
+}
+
+/* A bound of a number: its value when set, whole or not, exclusive or not. */
+struct bound {
+	int set, excl, whole;
+	int64_t v; /* whole: the value; else its floor */
+};
+
+/* Reads the number at key into *b (excl as given). */
+static int
+bound_read(struct jsc *c, const json_t *s, const char *key, int excl, struct bound *b)
+{
+	const json_t *v = json_object_get(s, key);
+	double d;
+
+	if (v == NULL || json_is_boolean(v))
+		return 0;
+	if (!json_is_number(v))
+		return jerr(c, ERR_INVAL, key, "%s must be a number", key);
+	if (json_is_integer(v)) {
+		if (json_integer_value(v) > JSCHEMA_MAX_BOUND || json_integer_value(v) < -JSCHEMA_MAX_BOUND)
+			return jerr(c, ERR_RANGE, key, "a bound beyond the limit of %lld", JSCHEMA_MAX_BOUND);
+		*b = (struct bound){ 1, excl, 1, json_integer_value(v) };
+		return 0;
+	}
+	d = json_real_value(v);
+	if (!(fabs(d) <= (double)JSCHEMA_MAX_BOUND))
+		return jerr(c, ERR_RANGE, key, "a bound beyond the limit of %lld", JSCHEMA_MAX_BOUND);
+	*b = (struct bound){ 1, excl, floor(d) == d, (int64_t)floor(d) };
+	return 0;
+}
+
+/* 1 if a is a stricter lower bound than b (upper: hi), both whole. */
+static int
+stricter(const struct bound *a, const struct bound *b, int hi)
+{
+	if (!b->set)
+		return a->set;
+	if (!a->set || a->v == b->v)
+		return a->set && a->excl && !b->excl;
+	return hi ? a->v < b->v : a->v > b->v;
+}
+
+/*
+ * The bounds of s into lo and hi: minimum, exclusiveMinimum (a number, or
+ * draft 4's boolean beside minimum), and the same for the maximum. As
+ * integers (integers set): inclusive and whole; else refused unless whole.
+ */
+static int
+bounds(struct jsc *c, const json_t *s, int integers, struct bound *lo, struct bound *hi)
+{
+	static const char *const keys[4] = { "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum" };
+	struct bound b[4] = { { 0 } };
+	int rc;
+
+	for (int i = 0; i < 4; i++) {
+		/* the exclusive keywords, or draft 4's boolean beside minimum or maximum */
+		int excl = i % 2 == 1 ? 1 : json_is_true(json_object_get(s, keys[i + 1]));
+
+		if ((rc = bound_read(c, s, keys[i], excl, &b[i])) != 0)
+			return rc;
+		if (b[i].set && integers) { /* to inclusive integers: ceilings below, floors above */
+			if (i < 2 && (!b[i].whole || b[i].excl))
+				b[i].v++;
+			else if (i >= 2 && b[i].whole && b[i].excl)
+				b[i].v--;
+			b[i].whole = 1, b[i].excl = 0;
+		} else if (b[i].set && !b[i].whole) {
+			return jerr(c, ERR_UNSUPPORTED, keys[i], "a bound of a number that is not a whole number");
+		}
+	}
+	*lo = stricter(&b[1], &b[0], 0) ? b[1] : b[0];
+	*hi = stricter(&b[3], &b[2], 1) ? b[3] : b[2];
+	return 0;
+}
+
+/* Into b: the integers in [lo, hi] (each bound if set, inclusive). */
+static int
+int_alts(struct jsc *c, const struct bound *lo, const struct bound *hi, struct sbuf *b)
+{
+	int rc = 0;
+
+	if (!lo->set || lo->v < 0) { /* negatives: their magnitudes, no -0 */
+		uint64_t mlo = hi->set && hi->v < 0 ? (uint64_t)-hi->v : 1, mhi = lo->set ? (uint64_t)-lo->v : NO_TOP;
+
+		if (mlo <= mhi)
+			rc = digits_item(c, mlo, mhi, "\"-\" ", b);
+	}
+	if (rc == 0 && (!hi->set || hi->v >= 0)) {
+		uint64_t nlo = lo->set && lo->v > 0 ? (uint64_t)lo->v : 0, nhi = hi->set ? (uint64_t)hi->v : NO_TOP;
+
+		if (nlo <= nhi)
+			rc = digits_item(c, nlo, nhi, "", b);
+	}
+	return rc;
+}
+
+/*
+ * Into b, after prefix: the magnitudes (an integer part, maybe a
+ * fraction) in the interval from a to z, each end exclusive or not (z
+ * unset: no end). The integer parts strictly inside take any fraction,
+ * an exclusive a a fraction not all zeros, an inclusive z one all zeros.
+ */
+static int
+mag_alts(struct jsc *c, const struct bound *a, const struct bound *z, const char *prefix, struct sbuf *b)
+{
+	uint64_t first = (uint64_t)a->v + (a->excl ? 1 : 0);
+	struct sbuf sub = { 0 };
+	char name[NAME_LEN];
+	int rc = 0;
+
+	if (!z->set || (z->v >= 1 && first <= (uint64_t)z->v - 1)) {
+		if ((rc = digits_range(c, first, z->set ? (uint64_t)z->v - 1 : NO_TOP, &sub)) == 0 &&
+		    (rc = rule_shared(c, sub.s, name)) == 0) {
+			alt(b);
+			sb_printf(b, "%s%s %s?", prefix, name, fixed(c, FX_FRAC));
+		}
+	}
+	if (rc == 0 && a->excl && (!z->set || a->v < z->v)) {
+		alt(b);
+		sb_printf(b, "%s\"%lld\" %s", prefix, (long long)a->v, fixed(c, FX_FRACNZ));
+	}
+	if (rc == 0 && z->set && !z->excl && (z->v > a->v || (z->v == a->v && !a->excl))) {
+		alt(b);
+		sb_printf(b, "%s\"%lld\" %s?", prefix, (long long)z->v, fixed(c, FX_FRACZ));
+	}
+	free(sub.s);
+	return rc;
+}
+
+/* Into b: the numbers without exponent within lo and hi (whole bounds); no -0. */
+static int
+num_alts(struct jsc *c, const struct bound *lo, const struct bound *hi, struct sbuf *b)
+{
+	int rc = 0;
+
+	if (!lo->set || lo->v < 0) {
+		struct bound a = { 1, 1, 1, 0 }, z = { 0 };
+
+		if (hi->set && hi->v < 0)
+			a = (struct bound){ 1, hi->excl, 1, -hi->v };
+		if (lo->set)
+			z = (struct bound){ 1, lo->excl, 1, -lo->v };
+		rc = mag_alts(c, &a, &z, "\"-\" ", b);
+	}
+	if (rc == 0 && (!hi->set || hi->v > 0 || (hi->v == 0 && !hi->excl))) {
+		struct bound a = { 1, 0, 1, 0 };
+
+		if (lo->set && lo->v >= 0)
+			a = *lo;
+		rc = mag_alts(c, &a, hi, "", b);
+	}
+	return rc;
+}
+
+/* The item of s's integers (integers set) or numbers into b. */
+static int
+number_item(struct jsc *c, const json_t *s, int integers, struct sbuf *b)
+{
+	struct bound lo, hi;
+	struct sbuf sub = { 0 };
+	char name[NAME_LEN];
+	int rc;
+
+	if ((rc = bounds(c, s, integers, &lo, &hi)) != 0)
+		return rc;
+	if (!lo.set && !hi.set) {
+		sb_add(b, fixed(c, integers ? FX_INTEGER : FX_NUMBER));
+		return 0;
+	}
+	rc = integers ? int_alts(c, &lo, &hi, &sub) : num_alts(c, &lo, &hi, &sub);
+	if (rc == 0 && sub.n == 0)
+		rc = jerr(c, ERR_INVAL, NULL, "no %s lies within the bounds", integers ? "integer" : "number");
+	if (rc == 0 && (rc = rule_shared(c, sub.s, name)) == 0)
+		sb_add(b, name);
+	free(sub.s);
+	return rc;
+}
+
+/* ---- sets of code points, spelled as JSON spells them in a string ---- */
+
+struct crange {
+	uint32_t lo, hi;
+};
+
+struct cset {
+	struct crange *r;
+	uint32_t n, cap;
+};
+
+static void
+cs_add(struct cset *s, uint32_t lo, uint32_t hi)
+{
+	s->r = grow(s->r, &s->cap, s->n + 1, sizeof *s->r);
+	s->r[s->n++] = (struct crange){ lo, hi };
+}
+
+static int
+range_cmp(const void *a, const void *b)
+{
+	const struct crange *x = a, *y = b;
+
+	return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Sorts and merges s's ranges. */
+static void
+cs_norm(struct cset *s)
+{
+	uint32_t k = 0;
+
+	if (s->n > 1)
+		qsort(s->r, s->n, sizeof *s->r, range_cmp);
+	for (uint32_t i = 0; i < s->n; i++)
+		if (k > 0 && s->r[i].lo <= s->r[k - 1].hi + 1)
+			s->r[k - 1].hi = MAX(s->r[k - 1].hi, s->r[i].hi);
+		else
+			s->r[k++] = s->r[i];
+	s->n = k;
+}
+
+/* s's complement within U+0000..U+10FFFF. */
+static void
+cs_neg(struct cset *s)
+{
+	struct cset t = { 0 };
+	uint32_t next = 0;
+
+	cs_norm(s);
+	for (uint32_t i = 0; i < s->n; i++) {
+		if (s->r[i].lo > next)
+			cs_add(&t, next, s->r[i].lo - 1);
+		next = s->r[i].hi + 1;
+	}
+	if (next <= 0x10ffff)
+		cs_add(&t, next, 0x10ffff);
+	free(s->r);
+	*s = t;
+}
+
+static int
+cs_has(const struct cset *s, uint32_t cp)
+{
+	for (uint32_t i = 0; i < s->n; i++)
+		if (cp >= s->r[i].lo && cp <= s->r[i].hi)
+			return 1;
+	return 0;
+}
+
+/* The class of s's code points that a string holds raw (all but controls, '"', '\'), into b; 0 if none. */
+static int
+raw_class(const struct cset *s, struct sbuf *b)
+{
+	static const struct crange raw[3] = { { 0x20, 0x21 }, { 0x23, 0x5b }, { 0x5d, 0x10ffff } };
+	uint32_t n = 0, one = 0;
+	struct sbuf cls = { 0 };
+
+	for (uint32_t i = 0; i < s->n; i++)
+		for (int k = 0; k < 3; k++) {
+			uint32_t lo = MAX(s->r[i].lo, raw[k].lo), hi = MIN(s->r[i].hi, raw[k].hi);
+
+			if (lo > hi)
+				continue;
+			n += hi - lo + 1, one = lo;
+			gl_cp(&cls, lo);
+			if (hi > lo) {
+				sb_add(&cls, "-");
+				gl_cp(&cls, hi);
+			}
+		}
+	if (n == 1) {
+		sb_add(b, "\"");
+		gl_cp(b, one);
+		sb_add(b, "\"");
+	} else if (n > 1) {
+		sb_printf(b, "[%s]", cls.s);
+	}
+	free(cls.s);
+	return n > 0;
+}
+
+/*
+ * Appends one item matching the spellings in a JSON string of s's code
+ * points: raw, or \" and \\, controls as \b \f \n \r \t or \u00XX (U+0000
+ * never).
+ */
+static int
+spell_set(struct jsc *c, struct cset *s, struct sbuf *b)
+{
+	static const char short_esc[32] = { ['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't' };
+	struct sbuf alts = { 0 };
+	char name[NAME_LEN];
+	int n = 0, ctl = 0, rc = 0;
+
+	cs_norm(s);
+	n += raw_class(s, &alts);
+	if (cs_has(s, '"')) {
+		alt(&alts), n++;
+		sb_add(&alts, "\"\\x5C\\x22\"");
+	}
+	if (cs_has(s, '\\')) {
+		alt(&alts), n++;
+		sb_add(&alts, "\"\\x5C\\x5C\"");
+	}
+	for (uint32_t cp = 1; cp < 0x20; cp++)
+		ctl += cs_has(s, cp);
+	if (ctl == 0x1f) {
+		alt(&alts), n++;
+		sb_add(&alts, fixed(c, FX_CTL));
+	} else {
+		for (uint32_t cp = 1; cp < 0x20; cp++) {
+			if (!cs_has(s, cp))
+				continue;
+			alt(&alts), n++;
+			if (short_esc[cp] != 0)
+				sb_printf(&alts, "\"\\x5C%c\" | ", short_esc[cp]);
+			sb_printf(&alts, "\"\\x5Cu00%u\" [%X%x]", cp >> 4, cp & 15, cp & 15);
+		}
+	}
+	if (n == 0)
+		sb_add(b, fixed(c, FX_NEVER));
+	else if (n == 1 && (ctl == 0 || ctl == 0x1f)) /* one item: a literal, a class or ctl */
+		sb_add(b, alts.s);
+	else if ((rc = rule_shared(c, alts.s, name)) == 0)
+		sb_add(b, name);
+	free(alts.s);
+	return rc;
+}
+
+/* ---- patterns (an ECMA-262 subset) ---- */
+
+struct rx {
+	struct jsc *c;
+	const char *s, *p, *end;
+	int depth;
+};
+
+static int rx_alts(struct rx *x, struct sbuf *b, int *nullable, int top);
+
+static int
+rx_err(struct rx *x, int code, const char *msg)
+{
+	return jerr(x->c, code, "pattern", "%s (at byte %td of the pattern)", msg, x->p - x->s + 1);
+}
+
+static int
+rx_peek(const struct rx *x, char ch)
+{
+	return x->p < x->end && *x->p == ch;
+}
+
+static uint32_t
+rx_next(struct rx *x)
+{
+	int len;
+	uint32_t cp = utf8_cp(x->p, (size_t)(x->end - x->p), &len);
+
+	x->p += len;
+	return cp;
+}
+
+/* ECMA's \d, \w or \s (its white space and line terminators) into s; neg: the complement. */
+static void
+rx_class_escape(char e, struct cset *s)
+{
+	static const struct crange space[] = { { 9, 13 }, { 32, 32 }, { 0xa0, 0xa0 }, { 0x1680, 0x1680 },
+		{ 0x2000, 0x200a }, { 0x2028, 0x2029 }, { 0x202f, 0x202f }, { 0x205f, 0x205f }, { 0x3000, 0x3000 },
+		{ 0xfeff, 0xfeff } };
+	struct cset t = { 0 };
+
+	switch (e | 0x20) {
+	case 'd':
+		cs_add(&t, '0', '9');
+		break;
+	case 'w':
+		cs_add(&t, '0', '9'), cs_add(&t, 'A', 'Z'), cs_add(&t, 'a', 'z'), cs_add(&t, '_', '_');
+		break;
+	default:
+		for (size_t i = 0; i < ARRAY_LEN(space); i++)
+			cs_add(&t, space[i].lo, space[i].hi);
+	}
+	if (e >= 'A' && e <= 'Z')
+		cs_neg(&t);
+	for (uint32_t i = 0; i < t.n; i++)
+		cs_add(s, t.r[i].lo, t.r[i].hi);
+	free(t.r);
+}
+
+static int
+rx_hex(struct rx *x, int n, uint32_t *cp)
+{
+	*cp = 0;
+	for (int i = 0; i < n; i++, x->p++) {
+		int v = x->p < x->end ? hex_val(*x->p) : -1;
+
+		if (v < 0)
+			return rx_err(x, ERR_INVAL, "an escape without its hexadecimal digits");
+		*cp = *cp << 4 | (uint32_t)v;
+	}
+	return 0;
+}
+
+/* \uXXXX, a surrogate pair's two as one code point. */
+static int
+rx_unicode(struct rx *x, uint32_t *cp)
+{
+	uint32_t lo;
+	int rc;
+
+	if (rx_peek(x, '{'))
+		return rx_err(x, ERR_UNSUPPORTED, "\\u{...} (it needs the u flag)");
+	if ((rc = rx_hex(x, 4, cp)) != 0)
+		return rc;
+	if (*cp < 0xd800 || *cp > 0xdfff)
+		return 0;
+	if (*cp > 0xdbff || x->end - x->p < 6 || x->p[0] != '\\' || x->p[1] != 'u')
+		return rx_err(x, ERR_UNSUPPORTED, "an unpaired surrogate");
+	x->p += 2;
+	if ((rc = rx_hex(x, 4, &lo)) != 0)
+		return rc;
+	if (lo < 0xdc00 || lo > 0xdfff)
+		return rx_err(x, ERR_UNSUPPORTED, "an unpaired surrogate");
+	*cp = 0x10000 + ((*cp - 0xd800) << 10) + (lo - 0xdc00);
+	return 0;
+}
+
+/*
+ * The escape after a '\' into s (a class escape or one code point; *one:
+ * whether it was one, and which). In a class, \b is a backspace.
+ */
+static int
+rx_escape(struct rx *x, int in_class, struct cset *s, int *one, uint32_t *cp)
+{
+	static const char syntax[] = "^$\\.*+?()[]{}|/-";
+	char e;
+
+	if (x->p >= x->end)
+		return rx_err(x, ERR_INVAL, "a pattern that ends in '\\'");
+	e = *x->p++;
+	*one = 1;
+	switch (e) {
+	case 'd': case 'D': case 'w': case 'W': case 's': case 'S':
+		*one = 0;
+		rx_class_escape(e, s);
+		return 0;
+	case 't': *cp = '\t'; break;
+	case 'n': *cp = '\n'; break;
+	case 'r': *cp = '\r'; break;
+	case 'f': *cp = '\f'; break;
+	case 'v': *cp = '\v'; break;
+	case 'x':
+	case 'u': {
+		int rc = e == 'x' ? rx_hex(x, 2, cp) : rx_unicode(x, cp);
+
+		if (rc != 0)
+			return rc;
+		break;
+	}
+	case '0':
+		if (rx_peek(x, '0') || (x->p < x->end && *x->p >= '1' && *x->p <= '9'))
+			return rx_err(x, ERR_UNSUPPORTED, "octal escapes");
+		*cp = 0;
+		break;
+	case 'b':
+		if (!in_class)
+			return rx_err(x, ERR_UNSUPPORTED, "word boundaries (\\b)");
+		*cp = '\b';
+		break;
+	default:
+		if (e >= '1' && e <= '9')
+			return rx_err(x, ERR_UNSUPPORTED, "backreferences");
+		if (e == '\0' || strchr(syntax, e) == NULL)
+			return rx_err(x, ERR_UNSUPPORTED, "an escape outside the supported set (\\d \\w \\s, their "
+			    "negations, \\t \\n \\r \\f \\v \\0 \\xHH \\uHHHH, \\b in a class, "
+			    "escaped syntax characters)");
+		*cp = (unsigned char)e;
+	}
+	cs_add(s, *cp, *cp);
+	return 0;
+}
+
+/* One member of a class (a code point or a class escape) into s. */
+static int
+rx_class_atom(struct rx *x, struct cset *s, int *one, uint32_t *cp)
+{
+	if (x->p >= x->end)
+		return rx_err(x, ERR_INVAL, "a '[' without its ']'");
+	if (*x->p == '\\') {
+		x->p++;
+		return rx_escape(x, 1, s, one, cp);
+	}
+	*one = 1;
+	*cp = rx_next(x);
+	cs_add(s, *cp, *cp);
+	return 0;
+}
+
+/* A class [...] (the '[' read) into s. */
+static int
+rx_class(struct rx *x, struct cset *s)
+{
+	int neg = rx_peek(x, '^'), one, rc;
+	uint32_t lo, hi;
+
+	x->p += neg;
+	while (!rx_peek(x, ']')) {
+		if ((rc = rx_class_atom(x, s, &one, &lo)) != 0)
+			return rc;
+		if (x->end - x->p < 2 || x->p[0] != '-' || x->p[1] == ']')
+			continue;
+		if (!one)
+			return rx_err(x, ERR_UNSUPPORTED, "a class range with \\d, \\w or \\s at an end");
+		x->p++;
+		s->n--; /* lo alone was added: the range replaces it */
+		if ((rc = rx_class_atom(x, s, &one, &hi)) != 0)
+			return rc;
+		if (!one)
+			return rx_err(x, ERR_UNSUPPORTED, "a class range with \\d, \\w or \\s at an end");
+		if (hi < lo)
+			return rx_err(x, ERR_INVAL, "a class range that runs backwards");
+		s->r[s->n - 1].lo = lo;
+	}
+	x->p++;
+	if (neg)
+		cs_neg(s);
+	return 0;
+}
+
+/* A group (the '(' read) as a rule's name into b. */
+static int
+rx_group(struct rx *x, struct sbuf *b, int *nullable)
+{
+	struct sbuf sub = { 0 };
+	char name[NAME_LEN];
+	int rc;
+
+	if (++x->depth > JSCHEMA_MAX_DEPTH)
+		return rx_err(x, ERR_RANGE, "groups nested deeper than the limit of " STR(JSCHEMA_MAX_DEPTH));
+	if (rx_peek(x, '?')) {
+		if (x->end - x->p >= 2 && x->p[1] == ':') {
+			x->p += 2;
+		} else if (x->end - x->p >= 3 && x->p[1] == '<' && x->p[2] != '=' && x->p[2] != '!') {
+			while (x->p < x->end && *x->p != '>')
+				x->p++;
+			if (x->p++ >= x->end)
+				return rx_err(x, ERR_INVAL, "a group's name without its '>'");
+		} else {
+			return rx_err(x, ERR_UNSUPPORTED, "lookaround and other (? groups but (?: and (?<name>");
+		}
+	}
+	if ((rc = rx_alts(x, &sub, nullable, 0)) == 0 && !rx_peek(x, ')'))
+		rc = rx_err(x, ERR_INVAL, "a '(' without its ')'");
+	if (rc == 0 && (rc = rule_shared(x->c, sub.s, name)) == 0) {
+		sb_add(b, name);
+		x->p++, x->depth--;
+	}
+	free(sub.s);
+	return rc;
+}
+
+/* One atom as one grammar item into b. */
+static int
+rx_atom(struct rx *x, struct sbuf *b, int *nullable)
+{
+	struct cset s = { 0 };
+	uint32_t cp;
+	int rc = 0, one;
+
+	*nullable = 0;
+	switch (*x->p) {
+	case '(':
+		x->p++;
+		return rx_group(x, b, nullable);
+	case '*': case '+': case '?':
+		return rx_err(x, ERR_INVAL, "a quantifier with nothing to repeat");
+	case '{':
+		return rx_err(x, ERR_UNSUPPORTED, "a '{' that does not follow an item");
+	case '[':
+		x->p++;
+		rc = rx_class(x, &s);
+		break;
+	case '.':
+		x->p++;
+		cs_add(&s, '\n', '\n'), cs_add(&s, '\r', '\r'), cs_add(&s, 0x2028, 0x2029);
+		cs_neg(&s);
+		break;
+	case '\\':
+		x->p++;
+		rc = rx_escape(x, 0, &s, &one, &cp);
+		break;
+	default:
+		cp = rx_next(x);
+		cs_add(&s, cp, cp);
+	}
+	if (rc == 0)
+		rc = spell_set(x->c, &s, b);
+	free(s.r);
+	return rc;
+}
+
+/* Digits of a count; -1 if none. */
+static long
+rx_count(struct rx *x)
+{
+	long v = -1;
+
+	for (; x->p < x->end && *x->p >= '0' && *x->p <= '9'; x->p++)
+		v = MIN((v < 0 ? 0 : v * 10) + (*x->p - '0'), GRAM_MAX_REPEAT + 1); /* past the limit: the limit + 1 */
+	return v;
+}
+
+/* A quantifier after an item, if any, onto b (the item's nullable updated); lazy ones match the same. */
+static int
+rx_quantifier(struct rx *x, struct sbuf *b, int *nullable)
+{
+	long lo, hi;
+
+	if (x->p >= x->end || strchr("*+?{", *x->p) == NULL)
+		return 0;
+	if (*x->p == '{') {
+		x->p++;
+		lo = hi = rx_count(x);
+		if (rx_peek(x, ',')) {
+			x->p++;
+			hi = rx_peek(x, '}') ? LONG_MAX : rx_count(x);
+		}
+		if (lo < 0 || hi < 0 || !rx_peek(x, '}'))
+			return rx_err(x, ERR_UNSUPPORTED, "a '{' that is not a count {n}, {n,} or {n,m}");
+		if (lo > GRAM_MAX_REPEAT || (hi != LONG_MAX && hi > GRAM_MAX_REPEAT))
+			return rx_err(x, ERR_RANGE, "a count above the limit of " STR(GRAM_MAX_REPEAT));
+		if (hi < lo)
+			return rx_err(x, ERR_INVAL, "a count {n,m} with m below n");
+	} else {
+		lo = *x->p == '+', hi = *x->p == '?' ? 1 : LONG_MAX;
+	}
+	x->p++;
+	x->p += rx_peek(x, '?');
+	if (hi == LONG_MAX && *nullable)
+		return rx_err(x, ERR_UNSUPPORTED, "a repetition without bound of what may match nothing");
+	if (hi == LONG_MAX)
+		sb_printf(b, "{%ld,}", lo);
+	else
+		sb_printf(b, "{%ld,%ld}", lo, hi);
+	*nullable = *nullable || lo == 0;
+	if (x->p < x->end && strchr("*+?{", *x->p) != NULL)
+		return rx_err(x, ERR_INVAL, "a quantifier with nothing to repeat");
+	return 0;
+}
+
+/*
+ * A sequence up to '|', ')' or the end into b. At the top, a '^' first
+ * and a '$' last anchor it; without them any text may come before or after.
+ */
+static int
+rx_seq(struct rx *x, struct sbuf *b, int *nullable, int top)
+{
+	int start = top && rx_peek(x, '^'), end = 0, nl, rc;
+
+	x->p += start;
+	*nullable = 1;
+	if (top && !start)
+		sb_printf(b, "%s* ", fixed(x->c, FX_PCHAR));
+	while (x->p < x->end && *x->p != '|' && *x->p != ')') {
+		if (*x->p == '$' && top && (x->p + 1 == x->end || x->p[1] == '|')) {
+			x->p++, end = 1;
+			break;
+		}
+		if (*x->p == '$' || *x->p == '^')
+			return rx_err(x, ERR_UNSUPPORTED, "'^' and '$' only at the start and the end");
+		if ((rc = rx_atom(x, b, &nl)) != 0 || (rc = rx_quantifier(x, b, &nl)) != 0)
+			return rc;
+		sb_add(b, " ");
+		*nullable = *nullable && nl;
+	}
+	if (top && !end)
+		sb_printf(b, "%s*", fixed(x->c, FX_PCHAR));
+	else if (b->n == 0)
+		sb_add(b, "\"\"");
+	return 0;
+}
+
+/* Alternatives up to ')' or the end into b. */
+static int
+rx_alts(struct rx *x, struct sbuf *b, int *nullable, int top)
+{
+	struct sbuf seq = { 0 };
+	int nl, rc;
+
+	*nullable = 0;
+	for (;;) {
+		sb_clear(&seq);
+		if ((rc = rx_seq(x, &seq, &nl, top)) != 0)
+			break;
+		alt(b);
+		sb_add(b, seq.s);
+		*nullable = *nullable || nl;
+		if (!rx_peek(x, '|'))
+			break;
+		x->p++;
+	}
+	free(seq.s);
+	return rc;
+}
+
+/* The item of the strings that pattern (n bytes) matches, into b. */
+static int
+pattern_item(struct jsc *c, const char *pattern, size_t n, struct sbuf *b)
+{
+	struct rx x = { c, pattern, pattern, pattern + n, 0 };
+	struct sbuf body = { 0 };
+	char name[NAME_LEN];
+	int nl, rc;
+
+	if ((rc = rx_alts(&x, &body, &nl, 1)) == 0 && x.p < x.end)
+		rc = rx_err(&x, ERR_INVAL, "a ')' without its '('");
+	if (rc == 0 && (rc = rule_shared(c, body.s, name)) == 0) {
+		sb_clear(&body);
+		sb_printf(&body, "\"\\x22\" %s \"\\x22\"", name);
+		rc = rule_shared(c, body.s, name);
+	}
+	if (rc == 0)
+		sb_add(b, name);
+	free(body.s);
+	return rc;
+}
+
+/* ---- strings ---- */
+
+/* A count (a non-negative integer up to GRAM_MAX_REPEAT) at key into *v; *set whether there is one. */
+static int
+count_read(struct jsc *c, const json_t *s, const char *key, long *v, int *set)
+{
+	const json_t *j = json_object_get(s, key);
+
+	*set = j != NULL, *v = 0;
+	if (j == NULL)
+		return 0;
+	if (!json_is_integer(j) || json_integer_value(j) < 0)
+		return jerr(c, ERR_INVAL, key, "%s must be a non-negative integer", key);
+	if (json_integer_value(j) > GRAM_MAX_REPEAT)
+		return jerr(c, ERR_RANGE, key, "%s above the limit of %d", key, GRAM_MAX_REPEAT);
+	*v = (long)json_integer_value(j);
+	return 0;
+}
+
+/* Reads the counts at kmin and kmax (max LONG_MAX when absent); *any: neither is there. */
+static int
+counts_read(struct jsc *c, const json_t *s, const char *kmin, const char *kmax, long *lo, long *hi, int *any)
+{
+	int set_lo, set_hi, rc;
+
+	if ((rc = count_read(c, s, kmin, lo, &set_lo)) != 0 || (rc = count_read(c, s, kmax, hi, &set_hi)) != 0)
+		return rc;
+	if (!set_hi)
+		*hi = LONG_MAX;
+	*any = !set_lo && !set_hi;
+	return *lo > *hi ? jerr(c, ERR_INVAL, kmax, "%s below %s", kmax, kmin) : 0;
+}
+
+static int
+string_item(struct jsc *c, const json_t *s, struct sbuf *b)
+{
+	static const struct {
+		const char *name;
+		enum fixed_rule rule;
+	} formats[] = { { "date", FX_DATE }, { "time", FX_TIME }, { "date-time", FX_DATETIME }, { "uuid", FX_UUID } };
+	const json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
+	struct sbuf body = { 0 };
+	char name[NAME_LEN];
+	long lo, hi;
+	int none, rc;
+
+	if ((rc = counts_read(c, s, "minLength", "maxLength", &lo, &hi, &none)) != 0)
+		return rc;
+	if (pat != NULL && fmt != NULL)
+		return jerr(c, ERR_UNSUPPORTED, "format", "one of pattern, format, minLength and maxLength at a time");
+	if ((pat != NULL || fmt != NULL) && !none)
+		return jerr(c, ERR_UNSUPPORTED, json_object_get(s, "minLength") ? "minLength" : "maxLength",
+		    "one of pattern, format, minLength and maxLength at a time");
+	if (pat != NULL)
+		return json_is_string(pat) ? pattern_item(c, json_string_value(pat), json_string_length(pat), b) :
+		    jerr(c, ERR_INVAL, "pattern", "pattern must be a string");
+	if (fmt != NULL) {
+		for (size_t i = 0; i < ARRAY_LEN(formats); i++)
+			if (json_is_string(fmt) && strcmp(json_string_value(fmt), formats[i].name) == 0)
+				sb_printf(&body, "\"\\x22\" %s \"\\x22\"", fixed(c, formats[i].rule));
+		if (body.n == 0)
+			return jerr(c, ERR_UNSUPPORTED, "format", "formats but date, time, date-time and uuid");
+	} else if (none) {
+		sb_add(b, fixed(c, FX_STRING));
+		return 0;
+	} else {
+		sb_printf(&body, "\"\\x22\" %s{%ld,", fixed(c, FX_JCHAR), lo);
+		if (hi != LONG_MAX)
+			sb_printf(&body, "%ld", hi);
+		sb_add(&body, "} \"\\x22\"");
+	}
+	if ((rc = rule_shared(c, body.s, name)) == 0)
+		sb_add(b, name);
+	free(body.s);
+	return rc;
+}
+
+/* ---- schemas ---- */
+
+static int node(struct jsc *c, const json_t *s, uint32_t *id);
+
+/* The rule name of schema v compiled at path + "/" + key (+ "/" + key2), into name. */
+static int
+sub_name(struct jsc *c, const json_t *v, const char *key, size_t klen, const char *key2, size_t k2len, char *name)
+{
+	size_t old = path_push(c, key, klen);
+	uint32_t id;
+	int rc;
+
+	if (key2 != NULL)
+		path_push(c, key2, k2len);
+	if ((rc = node(c, v, &id)) == 0)
+		snprintf(name, NAME_LEN, "%s", c->ent[id].name);
+	path_pop(c, old);
+	return rc;
+}
+
+static int
+sub_index(struct jsc *c, const json_t *v, const char *key, size_t i, char *name)
+{
+	char num[24];
+
+	snprintf(num, sizeof num, "%zu", i);
+	return sub_name(c, v, key, strlen(key), num, strlen(num), name);
+}
+
+/* A named member of an object: its key, whether required, its value's rule. */
+struct member {
+	const char *key;
+	size_t klen;
+	int required;
+	char value[NAME_LEN];
+};
+
+static int
+in_strings(const json_t *arr, const char *k, size_t n)
+{
+	for (size_t i = 0; i < json_array_size(arr); i++) {
+		const json_t *v = json_array_get(arr, i);
+
+		if (json_string_length(v) == n && memcmp(json_string_value(v), k, n) == 0)
+			return 1;
+	}
+	return 0;
+}
+
+/* What may follow "{" ws or "," ws at member i (K_i) or end the object. */
+static void
+obj_next(struct sbuf *b, uint32_t base, int has_k, int must, int i, const char *before)
+{
+	if (!has_k)
+		sb_add(b, "\"}\"");
+	else if (must)
+		sb_printf(b, "%ss%u-k%d", before, base, i);
+	else
+		sb_printf(b, "( %ss%u-k%d | \"}\" )", before, base, i);
+}
+
+/*
+ * The rules of the object with members m[0..n) in order, then (extra)
+ * additional ones whose keys are rule addkey and values addv:
+ *   base-m<i> ::= key ws ":" ws value
+ *   base-k<i> ::= base-m<i> base-t<i+1> | base-k<i+1> (the skip when optional)
+ *   base-t<i> ::= ws ( "," ws base-k<i> | "}" ) ("}" when none from i is required)
+ * and base-k<n> the additional ones, base-o the object.
+ */
+static int
+obj_rules(struct jsc *c, uint32_t base, const struct member *m, int n, int extra, const char *addkey,
+    const char *addv)
+{
+	struct sbuf b = { 0 }, key = { 0 };
+	char name[NAME_LEN];
+	int *must = xcalloc((size_t)n + 1, sizeof *must), rc = 0;
+
+	for (int i = n - 1; i >= 0; i--)
+		must[i] = must[i + 1] || m[i].required;
+	for (int i = 0; i < n && rc == 0; i++) {
+		json_t *ks = json_stringn(m[i].key, m[i].klen);
+		char *sp = json_dumps(ks, JSON_COMPACT | JSON_ENCODE_ANY);
+
+		sb_clear(&b), sb_clear(&key);
+		gl_lit(&key, sp, strlen(sp));
+		free(sp);
+		json_decref(ks);
+		sb_printf(&b, "%s ws \":\" ws %s", key.s, m[i].value);
+		snprintf(name, sizeof name, "s%u-m%d", base, i);
+		if ((rc = rule_add(c, name, b.s)) != 0)
+			break;
+		sb_clear(&b);
+		sb_printf(&b, "s%u-m%d s%u-t%d", base, i, base, i + 1);
+		if (!m[i].required && (i + 1 < n || extra))
+			sb_printf(&b, " | s%u-k%d", base, i + 1);
+		snprintf(name, sizeof name, "s%u-k%d", base, i);
+		if ((rc = rule_add(c, name, b.s)) != 0)
+			break;
+		sb_clear(&b);
+		sb_add(&b, "ws ");
+		obj_next(&b, base, i + 1 < n || extra, must[i + 1], i + 1, "\",\" ws ");
+		snprintf(name, sizeof name, "s%u-t%d", base, i + 1);
+		rc = rule_add(c, name, b.s);
+	}
+	if (rc == 0 && extra) {
+		sb_clear(&b);
+		sb_printf(&b, "%s ws \":\" ws %s s%u-ta", addkey, addv, base);
+		snprintf(name, sizeof name, "s%u-k%d", base, n);
+		if ((rc = rule_add(c, name, b.s)) == 0) {
+			sb_clear(&b);
+			sb_printf(&b, "ws ( \",\" ws s%u-k%d | \"}\" )", base, n);
+			snprintf(name, sizeof name, "s%u-ta", base);
+			rc = rule_add(c, name, b.s);
+		}
+	}
+	if (rc == 0) {
+		sb_clear(&b);
+		sb_add(&b, "\"{\" ws ");
+		obj_next(&b, base, n > 0 || extra, must[0], 0, "");
+		snprintf(name, sizeof name, "s%u-o", base);
+		rc = rule_add(c, name, b.s);
+	}
+	fixed(c, FX_WS);
+	free(b.s), free(key.s), free(must);
+	return rc;
+}
+
+/* The value rule of the members additionalProperties covers (addl NULL: any), into name. */
+static int
+addl_value(struct jsc *c, const json_t *addl, char *name)
+{
+	if (addl == NULL) {
+		snprintf(name, NAME_LEN, "%s", fixed(c, FX_VALUE));
+		return 0;
+	}
+	return sub_name(c, addl, "additionalProperties", strlen("additionalProperties"), NULL, 0, name);
+}
+
+/* Members of properties (but optional false ones), then required names not among them. */
+static int
+obj_members(struct jsc *c, const json_t *props, const json_t *req, const char *addv, struct member *m, int *n)
+{
+	const char *k;
+	size_t kn;
+	json_t *v;
+	int rc;
+
+	*n = 0;
+	json_object_keylen_foreach((json_t *)props, k, kn, v) {
+		struct member *x = &m[*n];
+
+		*x = (struct member){ k, kn, in_strings(req, k, kn), "" };
+		if (json_is_false(v) && !x->required)
+			continue;
+		if ((rc = sub_name(c, v, "properties", strlen("properties"), k, kn, x->value)) != 0)
+			return rc;
+		++*n;
+	}
+	for (size_t i = 0; i < json_array_size(req); i++) {
+		const json_t *r = json_array_get(req, i);
+		int seen = json_object_getn(props, json_string_value(r), json_string_length(r)) != NULL;
+
+		for (size_t j = 0; j < i && !seen; j++)
+			seen = json_equal(json_array_get(req, j), r);
+		if (!seen) {
+			m[*n] = (struct member){ json_string_value(r), json_string_length(r), 1, "" };
+			snprintf(m[(*n)++].value, NAME_LEN, "%s", addv);
+		}
+	}
+	return 0;
+}
+
+static int
+object_item(struct jsc *c, const json_t *s, uint32_t base, struct sbuf *b)
+{
+	const json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
+	const json_t *addl = json_object_get(s, "additionalProperties");
+	struct member *m = NULL;
+	const char **keys = NULL;
+	size_t *lens = NULL;
+	char addv[NAME_LEN], addkey[NAME_LEN];
+	int n = 0, n_keys = 0, rc;
+
+	if (props != NULL && !json_is_object(props))
+		return jerr(c, ERR_INVAL, "properties", "properties must be an object");
+	if (req != NULL && !json_is_array(req))
+		return jerr(c, ERR_INVAL, "required", "required must be an array of names");
+	for (size_t i = 0; i < json_array_size(req); i++)
+		if (!json_is_string(json_array_get(req, i)))
+			return jerr(c, ERR_INVAL, "required", "required must be an array of names");
+	if (addl != NULL && !json_is_object(addl) && !json_is_boolean(addl))
+		return jerr(c, ERR_INVAL, "additionalProperties", "additionalProperties must be a schema");
+	if (props == NULL && req == NULL && (addl == NULL || json_is_true(addl))) {
+		sb_add(b, fixed(c, FX_OBJECT));
+		return 0;
+	}
+	if (json_object_size(props) + json_array_size(req) > JSCHEMA_MAX_PROPERTIES)
+		return jerr(c, ERR_RANGE, props != NULL ? "properties" : "required",
+		    "more than %d named properties", JSCHEMA_MAX_PROPERTIES);
+	if ((rc = addl_value(c, addl, addv)) != 0)
+		return rc;
+	m = xcalloc(json_object_size(props) + json_array_size(req) + 1, sizeof *m);
+	if ((rc = obj_members(c, props, req, addv, m, &n)) == 0 && addl != NULL && !json_is_false(addl)) {
+		const char *k;
+		size_t kn;
+		json_t *v;
+
+		keys = xcalloc(json_object_size(props) + json_array_size(req) + 1, sizeof *keys);
+		lens = xcalloc(json_object_size(props) + json_array_size(req) + 1, sizeof *lens);
+		json_object_keylen_foreach((json_t *)props, k, kn, v)
+			keys[n_keys] = k, lens[n_keys++] = kn;
+		for (size_t i = 0; i < json_array_size(req); i++)
+			keys[n_keys] = json_string_value(json_array_get(req, i)),
+			lens[n_keys++] = json_string_length(json_array_get(req, i));
+		rc = other_keys(c, base, keys, lens, n_keys, addkey);
+	}
+	if (rc == 0)
+		rc = obj_rules(c, base, m, n, addl != NULL && !json_is_false(addl), addkey, addv);
+	if (rc == 0)
+		sb_printf(b, "s%u-o", base);
+	free(m), free(keys), free(lens);
+	return rc;
+}
+
+/* The value rule of items (absent or true: any value; false: none) into name. */
+static int
+items_value(struct jsc *c, const json_t *items, char *name)
+{
+	if (items == NULL) {
+		snprintf(name, NAME_LEN, "%s", fixed(c, FX_VALUE));
+		return 0;
+	}
+	if (json_is_array(items))
+		return jerr(c, ERR_UNSUPPORTED, "items", "items as an array (draft 4's tuples): use prefixItems");
+	return sub_name(c, items, "items", strlen("items"), NULL, 0, name);
+}
+
+/*
+ * What follows the first kk elements (the prefix's): more elements of
+ * items (rule v) between lo and hi in all, if tail, then "]".
+ */
+static void
+arr_tail(struct jsc *c, struct sbuf *b, const char *sep, int tail, long kk, long lo, long hi)
+{
+	if (!tail) {
+		sb_add(b, kk >= lo ? "ws \"]\"" : fixed(c, FX_NEVER));
+		return;
+	}
+	sb_printf(b, "%s{%ld,", sep, MAX(lo - kk, 0));
+	if (hi != LONG_MAX)
+		sb_printf(b, "%ld", hi - kk);
+	sb_add(b, "} ws \"]\"");
+}
+
+/*
+ * The rules of the array of prefix elements p[0..kk) then items v, lo to hi in all:
+ *   base-r<i> ::= ws ( "," ws p[i] base-r<i+1> | "]" )  after element i ("]" once i >= lo)
+ *   base-r<kk> ::= sep{...} ws "]"                    sep ::= ws "," ws v
+ * and base-a the array.
+ */
+static int
+arr_rules(struct jsc *c, uint32_t base, char (*p)[NAME_LEN], long kk, const char *v, int tail, long lo,
+    long hi)
+{
+	struct sbuf b = { 0 };
+	char name[NAME_LEN], sep[NAME_LEN] = "";
+	int rc = 0;
+
+	fixed(c, FX_WS);
+	if (tail) {
+		sb_printf(&b, "ws \",\" ws %s", v);
+		rc = rule_shared(c, b.s, sep);
+	}
+	for (long i = 1; i <= kk && rc == 0; i++) {
+		sb_clear(&b);
+		if (i < kk)
+			sb_printf(&b, "ws %s\",\" ws %s s%u-r%ld%s", i >= lo ? "( " : "", p[i], base, i + 1,
+			    i >= lo ? " | \"]\" )" : "");
+		else
+			arr_tail(c, &b, sep, tail, kk, lo, hi);
+		snprintf(name, sizeof name, "s%u-r%ld", base, i);
+		rc = rule_add(c, name, b.s);
+	}
+	if (rc == 0) {
+		sb_clear(&b);
+		sb_add(&b, "\"[\" ws ( ");
+		if (kk > 0)
+			sb_printf(&b, "%s s%u-r1", p[0], base);
+		else if (tail && hi > 0)
+			sb_printf(&b, "%s ", v), arr_tail(c, &b, sep, 1, 1, lo, hi);
+		else
+			sb_add(&b, fixed(c, FX_NEVER));
+		sb_add(&b, lo == 0 ? " | \"]\" )" : " )");
+		snprintf(name, sizeof name, "s%u-a", base);
+		rc = rule_add(c, name, b.s);
+	}
+	free(b.s);
+	return rc;
+}
+
+static int
+array_item(struct jsc *c, const json_t *s, uint32_t base, struct sbuf *b)
+{
+	const json_t *items = json_object_get(s, "items"), *prefix = json_object_get(s, "prefixItems");
+	const json_t *uniq = json_object_get(s, "uniqueItems");
+	char (*p)[NAME_LEN] = NULL, v[NAME_LEN];
+	long lo, hi, k, kk;
+	int none, rc;
+
+	if ((rc = counts_read(c, s, "minItems", "maxItems", &lo, &hi, &none)) != 0)
+		return rc;
+	if (uniq != NULL && !json_is_boolean(uniq))
+		return jerr(c, ERR_INVAL, "uniqueItems", "uniqueItems must be a boolean");
+	if (json_is_true(uniq))
+		return jerr(c, ERR_UNSUPPORTED, "uniqueItems", "uniqueItems true");
+	if (prefix != NULL && !json_is_array(prefix))
+		return jerr(c, ERR_INVAL, "prefixItems", "prefixItems must be an array of schemas");
+	if (json_array_size(prefix) > JSCHEMA_MAX_PREFIX)
+		return jerr(c, ERR_RANGE, "prefixItems", "more than %d prefixItems", JSCHEMA_MAX_PREFIX);
+	if (prefix == NULL && (items == NULL || json_is_true(items)) && none) {
+		sb_add(b, fixed(c, FX_ARRAY));
+		return 0;
+	}
+	if ((rc = items_value(c, items, v)) != 0)
+		return rc;
+	k = (long)json_array_size(prefix), kk = MIN(k, hi);
+	p = xcalloc((size_t)kk + 1, sizeof *p);
+	for (long i = 0; i < kk && rc == 0; i++)
+		rc = sub_index(c, json_array_get(prefix, (size_t)i), "prefixItems", (size_t)i, p[i]);
+	if (rc == 0)
+		rc = arr_rules(c, base, p, kk, v, kk == k && !json_is_false(items) && hi > k, lo, hi);
+	if (rc == 0)
+		sb_printf(b, "s%u-a", base);
+	free(p);
+	return rc;
+}
+
+/* ---- keywords ---- */
+
+enum kw_group { KG_ANN, KG_TYPE, KG_ENUM, KG_OBJ, KG_ARR, KG_STR, KG_NUM, KG_REF, KG_ANY, KG_ONE, KG_ALL };
+
+static const struct {
+	const char *name;
+	enum kw_group group;
+} keywords[] = {
+	{ "title", KG_ANN }, { "description", KG_ANN }, { "examples", KG_ANN }, { "default", KG_ANN },
+	{ "deprecated", KG_ANN }, { "readOnly", KG_ANN }, { "writeOnly", KG_ANN }, { "$schema", KG_ANN },
+	{ "$id", KG_ANN }, { "$comment", KG_ANN }, { "$defs", KG_ANN }, { "definitions", KG_ANN },
+	{ "type", KG_TYPE }, { "enum", KG_ENUM }, { "const", KG_ENUM },
+	{ "properties", KG_OBJ }, { "required", KG_OBJ }, { "additionalProperties", KG_OBJ },
+	{ "items", KG_ARR }, { "prefixItems", KG_ARR }, { "minItems", KG_ARR }, { "maxItems", KG_ARR },
+	{ "uniqueItems", KG_ARR },
+	{ "minLength", KG_STR }, { "maxLength", KG_STR }, { "pattern", KG_STR }, { "format", KG_STR },
+	{ "minimum", KG_NUM }, { "maximum", KG_NUM }, { "exclusiveMinimum", KG_NUM }, { "exclusiveMaximum", KG_NUM },
+	{ "$ref", KG_REF }, { "anyOf", KG_ANY }, { "oneOf", KG_ONE }, { "allOf", KG_ALL },
+};
+
+/* The group of keyword k (n bytes); -1 if unknown. */
+static int
+kw_group(const char *k, size_t n)
+{
+	for (size_t i = 0; i < ARRAY_LEN(keywords); i++)
+		if (strlen(keywords[i].name) == n && memcmp(keywords[i].name, k, n) == 0)
+			return (int)keywords[i].group;
+	return -1;
+}
+
+/* 1 if s constrains nothing: true, or annotations only. */
+static int
+trivial(const json_t *s)
+{
+	const char *k;
+	size_t n;
+	json_t *v;
+
+	if (!json_is_object(s))
+		return json_is_true(s);
+	json_object_keylen_foreach((json_t *)s, k, n, v)
+		if (kw_group(k, n) != KG_ANN)
+			return 0;
+	return 1;
+}
+
+/* The types that s's `type` names into *mask (all when absent). */
+static int
+type_mask(struct jsc *c, const json_t *s, int *mask)
+{
+	static const struct {
+		const char *name;
+		int mask;
+	} types[] = { { "null", T_NULL }, { "boolean", T_BOOL }, { "object", T_OBJ }, { "array", T_ARR },
+		{ "string", T_STR }, { "integer", T_INT }, { "number", T_NUM } };
+	const json_t *t = json_object_get(s, "type");
+	size_t n = json_is_array(t) ? json_array_size(t) : 1;
+
+	*mask = t == NULL ? T_ALL : 0;
+	if (t != NULL && (!json_is_array(t) || n == 0) && !json_is_string(t))
+		return jerr(c, ERR_INVAL, "type", "type must be a type's name or an array of them");
+	for (size_t i = 0; t != NULL && i < n; i++) {
+		const json_t *name = json_is_array(t) ? json_array_get(t, i) : t;
+		int m = 0;
+
+		for (size_t k = 0; k < ARRAY_LEN(types); k++)
+			if (json_is_string(name) && strcmp(json_string_value(name), types[k].name) == 0)
+				m = types[k].mask;
+		if (m == 0)
+			return jerr(c, ERR_INVAL, "type",
+			    "a type but null, boolean, object, array, string, integer and number");
+		*mask |= m;
+	}
+	return 0;
+}
+
+/* ---- the graph of references that consume no text ---- */
+
+/* An edge from -> to, where the path (+ "/" + key if not NULL) says. */
+static void
+edge_add(struct jsc *c, uint32_t from, uint32_t to, const char *key)
+{
+	size_t old = key != NULL ? path_push(c, key, strlen(key)) : c->path.n;
+
+	c->edge = grow(c->edge, &c->cap_edge, c->n_edge + 1, sizeof *c->edge);
+	c->edge[c->n_edge++] = (struct jedge){ from, to, xstrdup(sb_str(&c->path)) };
+	path_pop(c, old);
+}
+
+/* ---- schemas, continued ---- */
+
+/* The rule items of s's types (mask) into body, alternatives; s has no enum, const or combinator. */
+static int
+typed_body(struct jsc *c, const json_t *s, uint32_t base, int mask, struct sbuf *body)
+{
+	int rc = 0;
+
+	if (mask == T_ALL && trivial(s)) {
+		sb_add(body, fixed(c, FX_VALUE));
+		return 0;
+	}
+	if (mask & T_NULL)
+		alt(body), sb_add(body, "\"null\"");
+	if (mask & T_BOOL)
+		alt(body), sb_add(body, "\"true\" | \"false\"");
+	if (mask & T_OBJ)
+		alt(body), rc = object_item(c, s, base, body);
+	if (rc == 0 && (mask & T_ARR))
+		alt(body), rc = array_item(c, s, base, body);
+	if (rc == 0 && (mask & T_STR))
+		alt(body), rc = string_item(c, s, body);
+	if (rc == 0 && (mask & T_NUM))
+		alt(body), rc = number_item(c, s, (mask & T_NUM) == T_INT, body);
+	return rc;
+}
+
+/* The keyword groups that belong to one JSON type. */
+#define TYPED_GROUPS ((1u << KG_OBJ) | (1u << KG_ARR) | (1u << KG_STR) | (1u << KG_NUM))
+
+/*
+ * A schema of neither combinators nor $ref: enum/const (beside type
+ * alone), or the types it names or whose keywords it has (groups: the
+ * keyword groups present, a bit each), each with its keywords.
+ */
+static int
+plain_body(struct jsc *c, const json_t *s, uint32_t id, unsigned groups, struct sbuf *body)
+{
+	static const int group_types[] = { [KG_OBJ] = T_OBJ, [KG_ARR] = T_ARR, [KG_STR] = T_STR, [KG_NUM] = T_NUM };
+	int mask, rc;
+
+	if ((rc = type_mask(c, s, &mask)) != 0)
+		return rc;
+	if (groups & (1u << KG_ENUM)) {
+		const json_t **vals;
+		int n = enum_values(c, s, mask, &vals);
+
+		if (n < 0)
+			return n;
+		c->ent[id].mask = 0;
+		for (int i = 0; i < n; i++)
+			c->ent[id].mask |= value_type(vals[i]);
+		rc = enum_body(c, id, vals, n, body);
+		free(vals);
+		return rc;
+	}
+	if (!(groups & (1u << KG_TYPE)) && (groups & TYPED_GROUPS)) {
+		mask = 0;
+		for (int g = KG_OBJ; g <= KG_NUM; g++)
+			if (groups & (1u << g))
+				mask |= group_types[g];
+	}
+	c->ent[id].mask = mask;
+	return typed_body(c, s, id, mask, body);
+}
+
+/* Resolves the JSON pointer of a $ref ("#/a/b") into *t, its pointer (escaped again) into ptr. */
+static int
+ref_target(struct jsc *c, const json_t *ref, const json_t **t, struct sbuf *ptr)
+{
+	const char *p = json_string_value(ref);
+	struct sbuf tok = { 0 };
+
+	if (!json_is_string(ref))
+		return jerr(c, ERR_INVAL, "$ref", "$ref must be a string");
+	if (p[0] != '#' || (p[1] != '\0' && p[1] != '/'))
+		return jerr(c, ERR_UNSUPPORTED, "$ref",
+		    "a $ref but to \"#\" or a JSON pointer in this document (\"#/...\")");
+	*t = c->doc;
+	for (p++; *p == '/' && *t != NULL; ptr_push(ptr, tok.s, tok.n)) {
+		sb_clear(&tok);
+		for (p++; *p != '\0' && *p != '/'; p++) {
+			if (p[0] == '%' && hex_val(p[1]) >= 0 && hex_val(p[2]) >= 0) /* a URI fragment's escape */
+				sb_addn(&tok, &(char){ (char)(hex_val(p[1]) << 4 | hex_val(p[2])) }, 1), p += 2;
+			else if (p[0] == '~' && (p[1] == '0' || p[1] == '1'))
+				sb_add(&tok, p[1] == '0' ? "~" : "/"), p++;
+			else
+				sb_addn(&tok, p, 1);
+		}
+		if (json_is_object(*t))
+			*t = json_object_getn(*t, sb_str(&tok), tok.n);
+		else if (json_is_array(*t) && tok.n > 0 && tok.n < 10 && strspn(tok.s, "0123456789") == tok.n &&
+		    (tok.s[0] != '0' || tok.n == 1))
+			*t = json_array_get(*t, strtoul(tok.s, NULL, 10));
+		else
+			*t = NULL;
+	}
+	free(tok.s);
+	return *t == NULL ? jerr(c, ERR_INVAL, "$ref", "a $ref to nothing: %s", json_string_value(ref)) : 0;
+}
+
+static int
+ref_body(struct jsc *c, const json_t *s, uint32_t id, struct sbuf *body)
+{
+	struct sbuf ptr = { 0 }, saved;
+	const json_t *t;
+	uint32_t to;
+	int rc;
+
+	if ((rc = ref_target(c, json_object_get(s, "$ref"), &t, &ptr)) == 0) {
+		saved = c->path, c->path = ptr; /* errors in the target name its own place */
+		rc = node(c, t, &to);
+		ptr = c->path, c->path = saved;
+	}
+	if (rc == 0) {
+		edge_add(c, id, to, "$ref");
+		sb_add(body, c->ent[to].name);
+	}
+	free(ptr.s);
+	return rc;
+}
+
+/* anyOf, oneOf (its disjointness checked with the graph) or allOf (one branch that constrains, at most). */
+static int
+comb_body(struct jsc *c, const json_t *s, uint32_t id, const char *key, int kind, struct sbuf *body)
+{
+	const json_t *arr = json_object_get(s, key);
+	size_t n = json_array_size(arr), first = n;
+	int rc = 0;
+
+	if (!json_is_array(arr) || n == 0)
+		return jerr(c, ERR_INVAL, key, "%s must be a non-empty array of schemas", key);
+	if (n > JSCHEMA_MAX_BRANCHES)
+		return jerr(c, ERR_RANGE, key, "more than %d branches", JSCHEMA_MAX_BRANCHES);
+	c->ent[id].kind = kind;
+	for (size_t i = 0; i < n && rc == 0; i++) {
+		const json_t *b = json_array_get(arr, i);
+		size_t old;
+		uint32_t to;
+
+		if (kind == EK_ALL && trivial(b))
+			continue;
+		old = path_push(c, key, strlen(key));
+		path_index(c, i);
+		if (kind == EK_ALL && first < n) {
+			rc = jerr(c, ERR_UNSUPPORTED, NULL, "allOf with more than one branch that constrains");
+		} else if ((rc = node(c, b, &to)) == 0) {
+			edge_add(c, id, to, NULL);
+			alt(body);
+			sb_add(body, c->ent[to].name);
+			first = MIN(first, i);
+		}
+		path_pop(c, old);
+	}
+	if (rc == 0 && kind == EK_ALL && first == n)
+		sb_add(body, fixed(c, FX_VALUE));
+	return rc;
+}
+
+/* The body of schema object s (entry id): its keywords checked, then by what it is. */
+static int
+node_body(struct jsc *c, const json_t *s, uint32_t id, struct sbuf *body)
+{
+	static const int comb_kinds[] = { [KG_REF] = EK_REF, [KG_ANY] = EK_ANY, [KG_ONE] = EK_ONE, [KG_ALL] = EK_ALL };
+	const char *k, *comb = NULL, *other = NULL, *typed = NULL;
+	unsigned groups = 0;
+	int g = -1, cg = -1;
+	size_t n;
+	json_t *v;
+
+	json_object_keylen_foreach((json_t *)s, k, n, v) {
+		if ((g = kw_group(k, n)) < 0) {
+			char *key = xstrndup(k, n);
+			int rc = jerr(c, ERR_UNSUPPORTED, key, "an unsupported keyword");
+
+			free(key);
+			return rc;
+		}
+		groups |= 1u << g;
+		if (g >= KG_REF && comb == NULL)
+			comb = k, cg = g;
+		else if (g != KG_ANN && other == NULL)
+			other = k;
+		if (g >= KG_OBJ && g <= KG_NUM && typed == NULL)
+			typed = k;
+	}
+	if (comb != NULL && other != NULL)
+		return jerr(c, ERR_UNSUPPORTED, other, "%s stands alone beside annotations", comb);
+	if ((groups & (1u << KG_ENUM)) && typed != NULL)
+		return jerr(c, ERR_UNSUPPORTED, typed, "enum and const stand beside type alone");
+	if (cg == KG_REF) {
+		c->ent[id].kind = EK_REF;
+		return ref_body(c, s, id, body);
+	}
+	if (comb != NULL)
+		return comb_body(c, s, id, comb, comb_kinds[cg], body);
+	return plain_body(c, s, id, groups, body);
+}
+
+/* The entry of schema s (0 if none yet: ent_tab holds entry + 1) and its slot. */
+static uint32_t
+ent_find(const struct jsc *c, const json_t *s, uint32_t *slot)
+{
+	uint32_t i = 0;
+
+	if (c->ent_tab_cap == 0)
+		return 0;
+	for (i = fnv(&s, sizeof s, 2166136261u) & (c->ent_tab_cap - 1); c->ent_tab[i] != 0;
+	    i = (i + 1) & (c->ent_tab_cap - 1))
+		if (c->ent[c->ent_tab[i] - 1].schema == s)
+			break;
+	*slot = i;
+	return c->ent_tab[i];
+}
+
+/* A new entry for s (its rule name set), memoised. */
+static uint32_t
+ent_new(struct jsc *c, const json_t *s)
+{
+	uint32_t id = c->n_ent, slot;
+
+	if (2 * (c->n_ent + 1) > c->ent_tab_cap) {
+		uint32_t cap = c->ent_tab_cap ? 2 * c->ent_tab_cap : 64;
+
+		free(c->ent_tab);
+		c->ent_tab = xcalloc(cap, sizeof *c->ent_tab), c->ent_tab_cap = cap;
+		for (uint32_t e = 0; e < c->n_ent; e++) {
+			ent_find(c, c->ent[e].schema, &slot);
+			c->ent_tab[slot] = e + 1;
+		}
+	}
+	ent_find(c, s, &slot);
+	c->ent_tab[slot] = id + 1;
+	c->ent = grow(c->ent, &c->cap_ent, c->n_ent + 1, sizeof *c->ent);
+	c->ent[c->n_ent++] = (struct jent){ s, "", EK_PLAIN, T_ALL };
+	if (json_is_boolean(s))
+		snprintf(c->ent[id].name, NAME_LEN, "%s", fixed(c, json_is_true(s) ? FX_VALUE : FX_NEVER));
+	else
+		snprintf(c->ent[id].name, NAME_LEN, "s%u", id);
+	c->ent[id].mask = json_is_false(s) ? 0 : T_ALL;
+	return id;
+}
+
+/* Compiles schema s (at the path) into its rule, once; its entry into *id. */
+static int
+node(struct jsc *c, const json_t *s, uint32_t *id)
+{
+	struct sbuf body = { 0 };
+	uint32_t slot, e = ent_find(c, s, &slot);
+	int rc;
+
+	if (e != 0) {
+		*id = e - 1;
+		return 0;
+	}
+	if (!json_is_object(s) && !json_is_boolean(s))
+		return jerr(c, ERR_INVAL, NULL, "a schema must be an object or a boolean");
+	if (c->depth >= JSCHEMA_MAX_DEPTH)
+		return jerr(c, ERR_RANGE, NULL, "schemas nested deeper than the limit of %d", JSCHEMA_MAX_DEPTH);
+	*id = ent_new(c, s);
+	if (json_is_boolean(s))
+		return 0;
+	c->depth++;
+	if ((rc = node_body(c, s, *id, &body)) == 0)
+		rc = rule_add(c, c->ent[*id].name, sb_str(&body));
+	c->depth--;
+	free(body.s);
+	return rc;
+}
+
+/* ---- the graph, once compiled: cycles, types, oneOf ---- */
+
+/* Each entry's edges: order[first[e] .. first[e + 1]) index c->edge, in the order they were added. */
+struct graph {
+	uint32_t *first, *order;
+};
+
+static struct jedge *
+out_edge(const struct jsc *c, const struct graph *gr, uint32_t e, uint32_t k)
+{
+	return &c->edge[gr->order[gr->first[e] + k]];
+}
+
+static uint32_t
+n_out(const struct graph *gr, uint32_t e)
+{
+	return gr->first[e + 1] - gr->first[e];
+}
+
+/* An error at the pointer where (the graph's errors name a reference). */
+static int
+jerr_where(struct jsc *c, int code, const char *where, const char *msg)
+{
+	sb_clear(&c->path);
+	sb_add(&c->path, where);
+	return jerr(c, code, NULL, "%s", msg);
+}
+
+/*
+ * Depth first, iteratively (chains of references may be long): a cycle
+ * is refused; each combinator's types are its edges' when it finishes.
+ */
+static int
+graph_walk(struct jsc *c, const struct graph *gr)
+{
+	struct frame {
+		uint32_t e, next;
+	} *st = xmalloc(((size_t)c->n_ent + 1) * sizeof *st);
+	uint8_t *colour = xcalloc((size_t)c->n_ent + 1, 1);
+	int rc = 0;
+
+	for (uint32_t r = 0; r < c->n_ent && rc == 0; r++) {
+		uint32_t n = 0;
+
+		if (colour[r] != 0)
+			continue;
+		st[n++] = (struct frame){ r, 0 }, colour[r] = 1;
+		while (n > 0 && rc == 0) {
+			struct frame *f = &st[n - 1];
+			struct jent *x = &c->ent[f->e];
+			const struct jedge *ed;
+
+			if (f->next == n_out(gr, f->e)) {
+				if (x->kind != EK_PLAIN) {
+					x->mask = x->kind == EK_ALL && n_out(gr, f->e) == 0 ? T_ALL : 0;
+					for (uint32_t k = 0; k < n_out(gr, f->e); k++)
+						x->mask |= c->ent[out_edge(c, gr, f->e, k)->to].mask;
+				}
+				colour[f->e] = 2, n--;
+				continue;
+			}
+			ed = out_edge(c, gr, f->e, f->next++);
+			if (colour[ed->to] == 0)
+				st[n++] = (struct frame){ ed->to, 0 }, colour[ed->to] = 1;
+			else if (colour[ed->to] == 1)
+				rc = jerr_where(c, ERR_UNSUPPORTED, ed->where,
+				    "a cycle of references ($ref, anyOf, oneOf, allOf) that consumes no text");
+		}
+	}
+	free(st), free(colour);
+	return rc;
+}
+
+/* The entry e stands for, past $ref and allOf's single branch. */
+static uint32_t
+resolve(const struct jsc *c, const struct graph *gr, uint32_t e)
+{
+	while ((c->ent[e].kind == EK_REF || c->ent[e].kind == EK_ALL) && n_out(gr, e) == 1)
+		e = out_edge(c, gr, e, 0)->to;
+	return e;
+}
+
+struct hval {
+	uint32_t h;
+	const json_t *v;
+};
+
+static int
+hval_cmp(const void *a, const void *b)
+{
+	const struct hval *x = a, *y = b;
+
+	return x->h < y->h ? -1 : x->h > y->h;
+}
+
+/* The values of entry e if it is an enum or const (sorted by hash, malloc'd); 0 if not, or a negative ERR_*. */
+static int
+enum_set(struct jsc *c, const struct graph *gr, uint32_t e, struct hval **out)
+{
+	const json_t *s = c->ent[e = resolve(c, gr, e)].schema, **vals;
+	int mask, n, rc;
+
+	*out = NULL;
+	if (c->ent[e].kind != EK_PLAIN || !json_is_object(s) ||
+	    (json_object_get(s, "enum") == NULL && json_object_get(s, "const") == NULL))
+		return 0;
+	if ((rc = type_mask(c, s, &mask)) != 0 || (n = enum_values(c, s, mask, &vals)) < 0)
+		return rc != 0 ? rc : n;
+	*out = xmalloc((size_t)n * sizeof **out);
+	for (int i = 0; i < n; i++)
+		(*out)[i] = (struct hval){ value_hash(vals[i]), vals[i] };
+	qsort(*out, (size_t)n, sizeof **out, hval_cmp);
+	free(vals);
+	return n;
+}
+
+/* 1 if a value is in both sorted sets. */
+static int
+sets_meet(const struct hval *a, int na, const struct hval *b, int nb)
+{
+	int i = 0, j = 0;
+
+	while (i < na && j < nb) {
+		if (a[i].h != b[j].h) {
+			a[i].h < b[j].h ? i++ : j++;
+			continue;
+		}
+		for (int x = i; x < na && a[x].h == a[i].h; x++)
+			for (int y = j; y < nb && b[y].h == b[j].h; y++)
+				if (value_equal(a[x].v, b[y].v))
+					return 1;
+		for (uint32_t h = a[i].h; i < na && a[i].h == h; i++)
+			;
+	}
+	return 0;
+}
+
+/* 1 if the objects of entries a and b both require a property whose enum/const values differ. */
+static int
+discriminated(struct jsc *c, const struct graph *gr, uint32_t a, uint32_t b)
+{
+	const json_t *sa = c->ent[resolve(c, gr, a)].schema, *sb = c->ent[resolve(c, gr, b)].schema;
+	const json_t *ra = json_object_get(sa, "required"), *rb = json_object_get(sb, "required");
+	int found = 0;
+
+	for (size_t i = 0; i < json_array_size(ra) && !found; i++) {
+		const json_t *name = json_array_get(ra, i);
+		const json_t *pa = json_object_getn(json_object_get(sa, "properties"), json_string_value(name),
+		    json_string_length(name));
+		const json_t *pb = json_object_getn(json_object_get(sb, "properties"), json_string_value(name),
+		    json_string_length(name));
+		struct hval *va = NULL, *vb = NULL;
+		uint32_t ea, eb, slot;
+		int na, nb;
+
+		if (!in_strings(rb, json_string_value(name), json_string_length(name)) || pa == NULL || pb == NULL ||
+		    (ea = ent_find(c, pa, &slot)) == 0 || (eb = ent_find(c, pb, &slot)) == 0)
+			continue;
+		na = enum_set(c, gr, ea - 1, &va);
+		nb = enum_set(c, gr, eb - 1, &vb);
+		found = na > 0 && nb > 0 && !sets_meet(va, na, vb, nb);
+		free(va), free(vb);
+	}
+	return found;
+}
+
+/*
+ * oneOf entry e: no two branches may match one value, as far as seen:
+ * their types differ, or both are enums none of whose values are equal,
+ * or both are objects with a required discriminator.
+ */
+static int
+one_check(struct jsc *c, const struct graph *gr, uint32_t e)
+{
+	uint32_t n = n_out(gr, e);
+	struct hval **vals = xcalloc(n, sizeof *vals);
+	int *nv = xcalloc(n, sizeof *nv), rc = 0;
+
+	for (uint32_t i = 0; i < n && rc == 0; i++)
+		if ((nv[i] = enum_set(c, gr, out_edge(c, gr, e, i)->to, &vals[i])) < 0)
+			rc = nv[i];
+	for (uint32_t j = 1; j < n && rc == 0; j++)
+		for (uint32_t i = 0; i < j && rc == 0; i++) {
+			uint32_t a = out_edge(c, gr, e, i)->to, b = out_edge(c, gr, e, j)->to;
+			int both = c->ent[a].mask & c->ent[b].mask;
+			char msg[64];
+
+			if (both == 0 || (nv[i] > 0 && nv[j] > 0 && !sets_meet(vals[i], nv[i], vals[j], nv[j])) ||
+			    ((both & ~T_OBJ) == 0 && discriminated(c, gr, a, b)))
+				continue;
+			snprintf(msg, sizeof msg, "a value may match this and oneOf/%u (use anyOf)", i);
+			rc = jerr_where(c, ERR_UNSUPPORTED, out_edge(c, gr, e, j)->where, msg);
+		}
+	for (uint32_t i = 0; i < n; i++)
+		free(vals[i]);
+	free(vals), free(nv);
+	return rc;
+}
+
+static int
+graph_check(struct jsc *c)
+{
+	struct graph gr = { xcalloc((size_t)c->n_ent + 1, sizeof *gr.first),
+		xmalloc(((size_t)c->n_edge + 1) * sizeof *gr.order) };
+	uint32_t *fill = xcalloc((size_t)c->n_ent + 1, sizeof *fill);
+	int rc;
+
+	for (uint32_t k = 0; k < c->n_edge; k++)
+		gr.first[c->edge[k].from + 1]++;
+	for (uint32_t e = 0; e < c->n_ent; e++)
+		gr.first[e + 1] += gr.first[e], fill[e] = gr.first[e];
+	for (uint32_t k = 0; k < c->n_edge; k++)
+		gr.order[fill[c->edge[k].from]++] = k;
+	rc = graph_walk(c, &gr);
+	for (uint32_t e = 0; e < c->n_ent && rc == 0; e++)
+		if (c->ent[e].kind == EK_ONE)
+			rc = one_check(c, &gr, e);
+	free(gr.first), free(gr.order), free(fill);
+	return rc;
+}
+
+int
+jschema_grammar(const json_t *schema, char **out, char *err)
+{
+	struct jsc c = { 0 };
+	uint32_t root;
+	int rc;
+
+	c.doc = schema, c.err = err;
+	*out = NULL;
+	if ((rc = node(&c, schema, &root)) == 0 && (rc = graph_check(&c)) == 0 &&
+	    (rc = rule_add(&c, "root", c.ent[root].name)) == 0 && (rc = fixed_emit(&c)) == 0) {
+		*out = c.out.s;
+		c.out.s = NULL;
+	}
+	for (uint32_t k = 0; k < c.n_edge; k++)
+		free(c.edge[k].where);
+	for (uint32_t k = 0; k < c.shared_cap; k++)
+		free(c.shared[k].body);
+	free(c.ent), free(c.ent_tab), free(c.edge), free(c.shared), free(c.out.s), free(c.path.s);
+	return rc;
+}
