@@ -328,11 +328,21 @@ pos_copy(const struct gpos *in, struct gpos *out)
 	out->pn = in->pn, out->need = in->need;
 }
 
-/* 1 if some stack of p may take the character p holds half read. */
+/*
+ * 1 if some stack of p may take the character p holds half read: one of
+ * the code points its bytes so far can still become (no overlong forms,
+ * no surrogates, nothing past U+10FFFF: u8_follows holds the later bytes
+ * to that, the bounds here the first's).
+ */
 static int
 half_viable(const struct grammar *g, const struct gpos *p)
 {
+	static const uint32_t least[5] = { 0, 0, 0x80, 0x800, 0x10000 };
 	uint32_t lo = u8_decode(p->part, p->pn, p->need, 0x80), hi = u8_decode(p->part, p->pn, p->need, 0xbf);
+
+	lo = MAX(lo, least[p->need]), hi = MIN(hi, 0x10ffffu);
+	if (p->pn == 1 && p->part[0] == 0xed)
+		hi = MIN(hi, 0xd7ffu);
 
 	for (uint32_t i = 0; i < p->n; i++)
 		if (p->st[i] != NULL && p->st[i] != &ctx_frame && set_meets(g, p->st[i]->pos->arg, lo, hi))
@@ -670,14 +680,20 @@ walk(struct gctx *c, struct levels *l, const struct gpos *from, const struct tri
  * What a stack's top part allows whatever lies below it: the key is the
  * positions of its frames from the top down to the first one in a named
  * rule (groups' and repetitions' rules are part of the rule that wrote
- * them), the context what lies below. acc: the tokens the key takes whole
+ * them) and the bytes of a character half read, the context what lies
+ * below. acc: the tokens the key takes whole
  * without reaching the context (or reaching it exactly at their end);
  * unc: those that reach it with bytes left, checked against the real
  * stack at run time. maxrel: the deepest nesting the key's walks made.
  */
+struct gkey {
+	const struct gelem *pos[GRAM_MAX_NEST + 2];
+	uint32_t n;
+	uint8_t part[4], pn, need; /* a character half read at the position (pn 0: none) */
+};
+
 struct gentry {
-	const struct gelem **key;
-	uint32_t key_n;
+	struct gkey key;
 	uint64_t hash;
 	uint32_t *acc;       /* a bitmask over the vocabulary */
 	struct trie unc;
@@ -695,31 +711,41 @@ struct gram_index {
 	pthread_mutex_t mu;
 };
 
-/* The key of the stack whose top is f: its positions into key[] (GRAM_MAX_NEST + 2 at most), their count; *base the frame below. */
-static uint32_t
-key_of(const struct gram_index *x, const struct gframe *f, const struct gelem **key, const struct gframe **base)
+/* k: the key of the stack whose top is f at position p (its half-read character); *base the frame below it. */
+static void
+key_of(const struct gram_index *x, const struct gframe *f, const struct gpos *p, struct gkey *k,
+    const struct gframe **base)
 {
-	uint32_t n = 0;
-
+	memset(k, 0, sizeof *k);
 	for (; f != NULL && f != &ctx_frame; f = f->up) {
-		key[n++] = f->pos;
-		if (x->named[f->pos - x->g->elems] || n == GRAM_MAX_NEST + 2) {
+		k->pos[k->n++] = f->pos;
+		if (x->named[f->pos - x->g->elems] || k->n == GRAM_MAX_NEST + 2) {
 			f = f->up;
 			break;
 		}
 	}
 	*base = f;
-	return n;
+	memcpy(k->part, p->part, p->pn);
+	k->pn = p->pn, k->need = p->need;
 }
 
 static uint64_t
-key_hash(const struct gelem *const *key, uint32_t n)
+key_hash(const struct gkey *k)
 {
 	uint64_t h = 1469598103934665603ull;
 
-	for (uint32_t i = 0; i < n; i++)
-		h = (h ^ (uint64_t)(uintptr_t)key[i]) * 1099511628211ull;
+	for (uint32_t i = 0; i < k->n; i++)
+		h = (h ^ (uint64_t)(uintptr_t)k->pos[i]) * 1099511628211ull;
+	for (uint32_t i = 0; i < k->pn; i++)
+		h = (h ^ k->part[i]) * 1099511628211ull;
 	return h ^ h >> 31;
+}
+
+static int
+key_equal(const struct gkey *a, const struct gkey *b)
+{
+	return a->n == b->n && a->pn == b->pn && memcmp(a->pos, b->pos, a->n * sizeof *a->pos) == 0 &&
+	    memcmp(a->part, b->part, a->pn) == 0;
 }
 
 /* The walk of a cache build, over every token from the key's stack: acc and the uncertain tokens' ids. */
@@ -757,7 +783,7 @@ build_walk(struct gctx *c, const struct trie *tr, const struct gpos *from, uint3
 }
 
 static struct gentry *
-entry_build(struct gram_index *x, const struct gelem *const *key, uint32_t n, uint64_t hash)
+entry_build(struct gram_index *x, const struct gkey *k, uint64_t hash)
 {
 	struct gentry *e = xcalloc(1, sizeof *e);
 	struct fpool scratch = { 0 };
@@ -767,34 +793,34 @@ entry_build(struct gram_index *x, const struct gelem *const *key, uint32_t n, ui
 	struct vtok *unc = xmalloc(((size_t)x->v->n_tokens + 1) * sizeof *unc);
 	int n_unc = 0;
 
-	e->key = xmalloc((size_t)n * sizeof *e->key);
-	memcpy(e->key, key, (size_t)n * sizeof *key);
-	e->key_n = n, e->hash = hash;
+	e->key = *k, e->hash = hash;
 	e->acc = xcalloc(((size_t)x->v->n_tokens + 31) / 32, sizeof *e->acc);
-	for (uint32_t i = n; i-- > 0;)
-		top = intern(&c, key[i], top);
+	for (uint32_t i = k->n; i-- > 0;)
+		top = intern(&c, k->pos[i], top);
 	from.st = xmalloc(sizeof *from.st), from.st[0] = top, from.n = from.cap = 1;
+	memcpy(from.part, k->part, k->pn);
+	from.pn = k->pn, from.need = k->need;
 	build_walk(&c, &x->v->all, &from, e->acc, unc, &n_unc, x->v);
 	e->walk_all = c.overflow;
 	trie_build(&e->unc, unc, n_unc); /* the walk met them in the trie's order: sorted */
 	for (struct fchunk *ch = scratch.chunks; ch != NULL; ch = ch->next)
-		for (uint32_t k = 0; k < (ch == scratch.chunks ? scratch.used : POOL_CHUNK); k++)
-			e->maxrel = MAX(e->maxrel, ch->f[k].depth);
+		for (uint32_t j = 0; j < (ch == scratch.chunks ? scratch.used : POOL_CHUNK); j++)
+			e->maxrel = MAX(e->maxrel, ch->f[j].depth);
 	free(unc), free(from.st), free(c.seen);
 	pool_free(&scratch);
 	return e;
 }
 
-/* The entry of key, built on first use. Under x->mu. */
+/* The entry of key k, built on first use. Under x->mu. */
 static struct gentry *
-entry_get(struct gram_index *x, const struct gelem *const *key, uint32_t n)
+entry_get(struct gram_index *x, const struct gkey *k)
 {
-	uint64_t h = key_hash(key, n);
+	uint64_t h = key_hash(k);
 	struct gentry *e;
 
 	if (x->cap > 0)
 		for (e = x->tab[h & (x->cap - 1)]; e != NULL; e = e->next)
-			if (e->hash == h && e->key_n == n && memcmp(e->key, key, n * sizeof *key) == 0)
+			if (e->hash == h && key_equal(&e->key, k))
 				return e;
 	if (2 * (x->n + 1) > x->cap) {
 		uint32_t cap = x->cap ? 2 * x->cap : 64;
@@ -808,7 +834,7 @@ entry_get(struct gram_index *x, const struct gelem *const *key, uint32_t n)
 		free(x->tab);
 		x->tab = t, x->cap = cap;
 	}
-	e = entry_build(x, key, n, h);
+	e = entry_build(x, k, h);
 	e->next = x->tab[h & (x->cap - 1)], x->tab[h & (x->cap - 1)] = e;
 	x->n++;
 	return e;
@@ -818,17 +844,17 @@ entry_get(struct gram_index *x, const struct gelem *const *key, uint32_t n)
 static void
 enqueue_keys(struct gram_index *x, const struct gpos *p, struct gentry ***queue, uint32_t *n, uint32_t *cap)
 {
-	const struct gelem *key[GRAM_MAX_NEST + 2];
 	const struct gframe *base;
+	struct gkey k;
 
 	for (uint32_t i = 0; i < p->n; i++) {
-		uint32_t before = x->n, k;
+		uint32_t before = x->n;
 		struct gentry *e;
 
 		if (p->st[i] == NULL || p->st[i] == &ctx_frame)
 			continue;
-		k = key_of(x, p->st[i], key, &base);
-		e = entry_get(x, key, k);
+		key_of(x, p->st[i], p, &k, &base);
+		e = entry_get(x, &k);
 		if (x->n > before) {
 			*queue = gram_grow(*queue, cap, *n + 1, sizeof **queue);
 			(*queue)[(*n)++] = e;
@@ -862,8 +888,8 @@ index_fill(struct gram_index *x, char *err)
 	for (uint32_t q = 0; q < n && !c.overflow; q++) {
 		struct gframe *top = &ctx_frame;
 
-		for (uint32_t i = queue[q]->key_n; i-- > 0;)
-			top = intern(&c, queue[q]->key[i], top);
+		for (uint32_t i = queue[q]->key.n; i-- > 0;)
+			top = intern(&c, queue[q]->key.pos[i], top);
 		p.n = 0;
 		seen_reset(&c);
 		expand(&c, top->pos + 1, top->up, &p);
@@ -910,7 +936,7 @@ gram_index_free(struct gram_index *x)
 
 			x->tab[i] = e->next;
 			trie_free(&e->unc);
-			free(e->key), free(e->acc), free(e);
+			free(e->acc), free(e);
 		}
 	pthread_mutex_destroy(&x->mu);
 	free(x->tab), free(x->named);
@@ -919,16 +945,19 @@ gram_index_free(struct gram_index *x)
 
 /* The tokens stack f allows into mask: its entry's, then its uncertain ones checked from f itself. */
 static void
-mask_stack(struct gram_index *x, struct gctx *c, struct levels *l, struct gframe *f, uint32_t *mask)
+mask_stack(struct gram_index *x, struct gctx *c, struct levels *l, const struct gpos *at, struct gframe *f,
+    uint32_t *mask)
 {
-	const struct gelem *key[GRAM_MAX_NEST + 2];
+	uint32_t words = ((uint32_t)x->v->n_tokens + 31) / 32;
+	struct gpos one = { &f, 1, 1, { 0 }, at->pn, at->need };
 	const struct gframe *base;
-	uint32_t n = key_of(x, f, key, &base), words = ((uint32_t)x->v->n_tokens + 31) / 32;
-	struct gpos one = { &f, 1, 1, { 0 }, 0, 0 };
 	struct gentry *e;
+	struct gkey k;
 
+	memcpy(one.part, at->part, sizeof one.part);
+	key_of(x, f, at, &k, &base);
 	pthread_mutex_lock(&x->mu);
-	e = entry_get(x, key, n);
+	e = entry_get(x, &k);
 	pthread_mutex_unlock(&x->mu);
 	if (e->walk_all || (base != NULL ? base->depth : 0) + e->maxrel > GRAM_MAX_DEPTH) {
 		walk(c, l, &one, &x->v->all, mask);
@@ -951,13 +980,9 @@ gram_mask(const struct gram_state *s, struct gram_index *x, uint32_t *mask, char
 
 	levels_init(&l, v->all.max_depth); /* the deepest: every trie here holds some of its tokens */
 	memset(mask, 0, words * sizeof *mask);
-	if (s->at.pn != 0) { /* a character half read: the cache's keys start at whole characters */
-		walk(&c, &l, &s->at, &v->all, mask);
-	} else {
-		for (uint32_t i = 0; i < s->at.n && !c.overflow; i++)
-			if (s->at.st[i] != NULL)
-				mask_stack(x, &c, &l, s->at.st[i], mask);
-	}
+	for (uint32_t i = 0; i < s->at.n && !c.overflow; i++)
+		if (s->at.st[i] != NULL)
+			mask_stack(x, &c, &l, &s->at, s->at.st[i], mask);
 	levels_free(&l);
 	if (!c.overflow && gram_complete(s))
 		for (int k = 0; k < v->n_ends; k++)
