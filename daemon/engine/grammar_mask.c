@@ -678,10 +678,10 @@ walk(struct gctx *c, struct levels *l, const struct gpos *from, const struct tri
 
 /*
  * What a stack's top part allows whatever lies below it: the key is the
- * positions of its frames from the top down to the first one in a named
- * rule (groups' and repetitions' rules are part of the rule that wrote
- * them) and the bytes of a character half read, the context what lies
- * below. acc: the tokens the key takes whole
+ * positions of its frames from the top down to the first one in a cut
+ * rule (the root, or a named rule that can reach itself: value, object,
+ * array; the others, which nest only so deep, are part of the key) and
+ * the bytes of a character half read, the context what lies below. acc: the tokens the key takes whole
  * without reaching the context (or reaching it exactly at their end);
  * unc: those that reach it with bytes left, checked against the real
  * stack at run time. maxrel: the deepest nesting the key's walks made.
@@ -705,7 +705,7 @@ struct gentry {
 struct gram_index {
 	const struct grammar *g;
 	const struct gram_vocab *v;
-	uint8_t *named;      /* per element: it belongs to a rule defined by name */
+	uint8_t *cut;        /* per element: it belongs to a cut rule (a key ends at its frame) */
 	struct gentry **tab;
 	uint32_t cap, n;
 	pthread_mutex_t mu;
@@ -719,7 +719,7 @@ key_of(const struct gram_index *x, const struct gframe *f, const struct gpos *p,
 	memset(k, 0, sizeof *k);
 	for (; f != NULL && f != &ctx_frame; f = f->up) {
 		k->pos[k->n++] = f->pos;
-		if (x->named[f->pos - x->g->elems] || k->n == GRAM_MAX_NEST + 2) {
+		if (x->cut[f->pos - x->g->elems] || k->n == GRAM_MAX_NEST + 2) {
 			f = f->up;
 			break;
 		}
@@ -864,7 +864,7 @@ enqueue_keys(struct gram_index *x, const struct gpos *p, struct gentry ***queue,
 
 /*
  * Every key the grammar's positions can have, each entry built now (on the
- * thread that compiles, not in a step): from each named rule's start,
+ * thread that compiles, not in a step): from each cut rule's start,
  * then from each key past its character, until no new key appears.
  */
 static int
@@ -877,7 +877,7 @@ index_fill(struct gram_index *x, char *err)
 	uint32_t n = 0, cap = 0;
 
 	for (uint32_t r = 0; r < x->g->n_rules && !c.overflow; r++) {
-		if (!x->g->rules[r].named)
+		if (!x->cut[x->g->rules[r].first])
 			continue;
 		p.n = 0;
 		seen_reset(&c);
@@ -900,6 +900,84 @@ index_fill(struct gram_index *x, char *err)
 	return c.overflow ? overflow_err(err) : 0;
 }
 
+/* Runs body with s each rule that an element of rule r references, in order. */
+#define EACH_REF(g, r, s, body) \
+	for (const struct gelem *e_ = &(g)->elems[(g)->rules[r].first];; e_++) { \
+		if (e_->kind == GE_RULE) { \
+			uint32_t s = e_->arg; \
+			body; \
+		} \
+		if (e_->kind == GE_END) \
+			break; \
+	}
+
+/*
+ * Per element, 1 if its rule is cut (gram_index's keys end at its
+ * frames): the root, and the named rules in a cycle of references,
+ * found as strongly connected components (Kosaraju, iteratively: the
+ * reversed graph's components in the order the first pass finished).
+ */
+static uint8_t *
+cut_rules(const struct grammar *g)
+{
+	uint32_t R = g->n_rules, *order = xmalloc(((size_t)R + 1) * sizeof *order), n_order = 0;
+	uint32_t *rfirst = xcalloc((size_t)R + 2, sizeof *rfirst), *redge, *comp = xmalloc(((size_t)R + 1) * sizeof *comp);
+	uint32_t *stack = xmalloc(((size_t)R + 1) * sizeof *stack), *size = xcalloc((size_t)R + 1, sizeof *size);
+	uint8_t *seen = xcalloc((size_t)R + 1, 1), *self = xcalloc((size_t)R + 1, 1), *cut = xcalloc((size_t)g->n_elems + 1, 1);
+	const struct gelem **at = xmalloc(((size_t)R + 1) * sizeof *at);
+
+	for (uint32_t r = 0; r < R; r++) /* the reversed edges, counted then placed */
+		EACH_REF(g, r, s, rfirst[s + 2]++; self[r] |= s == r)
+	for (uint32_t r = 0; r < R; r++)
+		rfirst[r + 2] += rfirst[r + 1];
+	redge = xmalloc(((size_t)rfirst[R + 1] + 1) * sizeof *redge);
+	for (uint32_t r = 0; r < R; r++)
+		EACH_REF(g, r, s, redge[rfirst[s + 1]++] = r)
+	for (uint32_t r0 = 0; r0 < R; r0++) { /* finishing order over the references */
+		uint32_t n = 0;
+
+		if (seen[r0])
+			continue;
+		seen[r0] = 1, stack[n] = r0, at[n++] = &g->elems[g->rules[r0].first];
+		while (n > 0) {
+			const struct gelem *e = at[n - 1];
+
+			if (e->kind == GE_END) {
+				order[n_order++] = stack[--n];
+				continue;
+			}
+			at[n - 1] = e + 1;
+			if (e->kind == GE_RULE && !seen[e->arg])
+				seen[e->arg] = 1, stack[n] = e->arg, at[n++] = &g->elems[g->rules[e->arg].first];
+		}
+	}
+	memset(seen, 0, R);
+	for (uint32_t i = R; i-- > 0;) { /* components over the reversed edges */
+		uint32_t n = 0, c = order[i];
+
+		if (seen[c])
+			continue;
+		seen[c] = 1, stack[n++] = c;
+		while (n > 0) {
+			uint32_t r = stack[--n];
+
+			comp[r] = c, size[c]++;
+			for (uint32_t k = rfirst[r]; k < rfirst[r + 1]; k++)
+				if (!seen[redge[k]])
+					seen[redge[k]] = 1, stack[n++] = redge[k];
+		}
+	}
+	for (uint32_t r = 0; r < R; r++)
+		if (r == g->root || (g->rules[r].named && (size[comp[r]] > 1 || self[r])))
+			for (const struct gelem *e = &g->elems[g->rules[r].first];; e++) {
+				cut[e - g->elems] = 1;
+				if (e->kind == GE_END)
+					break;
+			}
+	free(order), free(rfirst), free(redge), free(comp), free(stack), free(size), free(seen), free(self), free(at);
+	return cut;
+}
+
 int
 gram_index_new(const struct grammar *g, const struct gram_vocab *v, struct gram_index **out, char *err)
 {
@@ -907,14 +985,7 @@ gram_index_new(const struct grammar *g, const struct gram_vocab *v, struct gram_
 	int rc;
 
 	x->g = g, x->v = v;
-	x->named = xcalloc(g->n_elems + 1, 1);
-	for (uint32_t r = 0; r < g->n_rules; r++)
-		if (g->rules[r].named)
-			for (const struct gelem *e = &g->elems[g->rules[r].first];; e++) {
-				x->named[e - g->elems] = 1;
-				if (e->kind == GE_END)
-					break;
-			}
+	x->cut = cut_rules(g);
 	pthread_mutex_init(&x->mu, NULL);
 	if ((rc = index_fill(x, err)) != 0) {
 		gram_index_free(x);
@@ -939,7 +1010,7 @@ gram_index_free(struct gram_index *x)
 			free(e->acc), free(e);
 		}
 	pthread_mutex_destroy(&x->mu);
-	free(x->tab), free(x->named);
+	free(x->tab), free(x->cut);
 	free(x);
 }
 
