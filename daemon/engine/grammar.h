@@ -94,12 +94,14 @@ int gram_finished(const struct gram_state *s);
 
 /*
  * What the masks of one grammar over one vocabulary keep between steps:
- * for each position a stack's top part can be in, the tokens it allows
- * whatever lies below, and those that reach below, checked per step. All
- * are found when it is made (a walk of the vocabulary each: milliseconds
- * a position, on the thread that calls gram_index_new); shared by the
- * sequences of a grammar and model, from any thread (it locks); g and v
- * must outlive it.
+ * for each position a stack's top part can be in (its frames down to the
+ * first of the root or of a rule that can reach itself), the tokens it
+ * allows whatever lies below, and those that reach below, checked per
+ * step. They are found when it is made (a walk of the vocabulary each:
+ * milliseconds a position, on the thread that calls gram_index_new),
+ * but for positions with a character half read, found on first use.
+ * Shared by the sequences of a grammar and model, from any thread (it
+ * locks); g and v must outlive it.
  */
 struct gram_index;
 
