@@ -712,10 +712,3 @@ grammar_free(struct grammar *g)
 	free(g->elems), free(g->alts), free(g->rules), free(g->sets), free(g->ranges);
 	free(g);
 }
-
-int
-grammar_rules(const struct grammar *g)
-{
-	return (int)g->n_rules;
-}
-

@@ -58,9 +58,6 @@ struct gram_vocab;
 int grammar_compile(const char *text, size_t len, struct grammar **out, char *err);
 void grammar_free(struct grammar *g);
 
-/* The grammar's rules (after lowering groups and repetitions), for tests and limits. */
-int grammar_rules(const struct grammar *g);
-
 /*
  * The vocabulary as the masks see it: token i's bytes (bytes[i], len[i]);
  * a token of no bytes, or with skip[i] set (control tokens), is never
