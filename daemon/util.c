@@ -109,6 +109,65 @@ xstrndup(const char *s, size_t n)
 	return p;
 }
 
+void *
+xgrow(void *p, uint32_t *cap, uint32_t need, size_t size)
+{
+	if (need <= *cap)
+		return p;
+	while (*cap < need)
+		*cap = *cap ? *cap * 2 : 16;
+	return xrealloc(p, (size_t)*cap * size);
+}
+
+uint32_t
+hash32(const void *p, size_t n)
+{
+	uint32_t h = 2166136261u;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ ((const unsigned char *)p)[i]) * 16777619u;
+	return h;
+}
+
+void
+strbuf_add(struct strbuf *b, const char *s, size_t n)
+{
+	if (b->n + n + 1 > b->cap) {
+		b->cap = MAX(b->cap * 2, b->n + n + 64);
+		b->s = xrealloc(b->s, b->cap);
+	}
+	memcpy(b->s + b->n, s, n);
+	b->n += n;
+	b->s[b->n] = '\0';
+}
+
+void
+strbuf_cat(struct strbuf *b, const char *s)
+{
+	strbuf_add(b, s, strlen(s));
+}
+
+void
+strbuf_printf(struct strbuf *b, const char *fmt, ...)
+{
+	va_list ap, again;
+	int n;
+
+	va_start(ap, fmt);
+	va_copy(again, ap);
+	n = vsnprintf(NULL, 0, fmt, ap);
+	if (n > 0) {
+		if (b->n + (size_t)n + 1 > b->cap) {
+			b->cap = MAX(b->cap * 2, b->n + (size_t)n + 64);
+			b->s = xrealloc(b->s, b->cap);
+		}
+		vsnprintf(b->s + b->n, (size_t)n + 1, fmt, again);
+		b->n += (size_t)n;
+	}
+	va_end(again);
+	va_end(ap);
+}
+
 int
 mul_size(size_t a, size_t b, size_t *out)
 {

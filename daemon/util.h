@@ -47,6 +47,24 @@ void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
 char *xstrndup(const char *s, size_t n);
 
+/* p grown by doubling (from 16) to hold need elements of size bytes; *cap updated. */
+void *xgrow(void *p, uint32_t *cap, uint32_t need, size_t size);
+
+/* FNV-1a of n bytes: a small table's hash (keys of rules, names, texts). */
+uint32_t hash32(const void *p, size_t n);
+
+/* A growing NUL-terminated string; zeroed, it is empty (s NULL until it first grows). */
+struct strbuf {
+	char *s;
+	size_t n, cap;
+};
+
+/* Appends n bytes. */
+void strbuf_add(struct strbuf *b, const char *s, size_t n);
+/* Appends a NUL-terminated string. */
+void strbuf_cat(struct strbuf *b, const char *s);
+void strbuf_printf(struct strbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* a*b without overflow; returns -1 when it would exceed SIZE_MAX. */
 int mul_size(size_t a, size_t b, size_t *out);
 

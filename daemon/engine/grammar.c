@@ -45,16 +45,6 @@ struct parser {
 	char *err;
 };
 
-void *
-gram_grow(void *p, uint32_t *cap, uint32_t need, size_t size)
-{
-	if (need <= *cap)
-		return p;
-	while (*cap < need)
-		*cap = *cap ? *cap * 2 : 16;
-	return xrealloc(p, (size_t)*cap * size);
-}
-
 /* Line and column of p, for messages. */
 static void
 where(const struct parser *ps, const char *p, int *line, int *col)
@@ -83,7 +73,7 @@ push_elem(struct parser *ps, uint32_t rule, uint32_t kind, uint32_t arg)
 
 	if (++ps->b->n_elems > GRAM_MAX_ELEMS)
 		return perr(ps, ERR_RANGE, "more elements than the limit of 2,097,152");
-	eb->e = gram_grow(eb->e, &eb->cap, eb->n + 1, sizeof *eb->e);
+	eb->e = xgrow(eb->e, &eb->cap, eb->n + 1, sizeof *eb->e);
 	eb->e[eb->n++] = (struct gelem){ kind, arg };
 	return 0;
 }
@@ -95,20 +85,10 @@ new_rule(struct parser *ps, uint32_t *id)
 
 	if (b->n_r >= GRAM_MAX_RULES)
 		return perr(ps, ERR_RANGE, "more rules than the limit of 65,536");
-	b->r = gram_grow(b->r, &b->cap_r, b->n_r + 1, sizeof *b->r);
+	b->r = xgrow(b->r, &b->cap_r, b->n_r + 1, sizeof *b->r);
 	memset(&b->r[b->n_r], 0, sizeof *b->r);
 	*id = b->n_r++;
 	return 0;
-}
-
-static uint32_t
-name_hash(const char *s, size_t n)
-{
-	uint32_t h = 2166136261u;
-
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ (unsigned char)s[i]) * 16777619u;
-	return h;
 }
 
 /* The rule named s (n bytes), declared on first use. */
@@ -127,7 +107,7 @@ rule_named(struct parser *ps, const char *s, size_t n, uint32_t *id)
 		t = xcalloc(cap, sizeof *t);
 		for (uint32_t r = 0; r < b->n_r; r++)
 			if (b->r[r].name != NULL) {
-				for (i = name_hash(b->r[r].name, strlen(b->r[r].name)) & (cap - 1); t[i] != 0;
+				for (i = hash32(b->r[r].name, strlen(b->r[r].name)) & (cap - 1); t[i] != 0;
 				    i = (i + 1) & (cap - 1))
 					;
 				t[i] = r + 1;
@@ -135,7 +115,7 @@ rule_named(struct parser *ps, const char *s, size_t n, uint32_t *id)
 		free(b->names);
 		b->names = t, b->names_cap = cap;
 	}
-	for (i = name_hash(s, n) & (b->names_cap - 1); b->names[i] != 0; i = (i + 1) & (b->names_cap - 1)) {
+	for (i = hash32(s, n) & (b->names_cap - 1); b->names[i] != 0; i = (i + 1) & (b->names_cap - 1)) {
 		const char *nm = b->r[b->names[i] - 1].name;
 
 		if (strlen(nm) == n && memcmp(nm, s, n) == 0) {
@@ -246,7 +226,7 @@ end_set(struct parser *ps, uint32_t first, int neg, uint32_t *id)
 {
 	struct build *b = ps->b;
 
-	b->sets = gram_grow(b->sets, &b->cap_sets, b->n_sets + 1, sizeof *b->sets);
+	b->sets = xgrow(b->sets, &b->cap_sets, b->n_sets + 1, sizeof *b->sets);
 	b->sets[b->n_sets] = (struct gset){ first, b->n_ranges - first, neg };
 	*id = b->n_sets++;
 	return 0;
@@ -259,7 +239,7 @@ add_range(struct parser *ps, uint32_t lo, uint32_t hi)
 
 	if (b->n_ranges >= GRAM_MAX_ELEMS)
 		return perr(ps, ERR_RANGE, "more character ranges than the limit of 2,097,152");
-	b->ranges = gram_grow(b->ranges, &b->cap_ranges, b->n_ranges + 1, sizeof *b->ranges);
+	b->ranges = xgrow(b->ranges, &b->cap_ranges, b->n_ranges + 1, sizeof *b->ranges);
 	b->ranges[b->n_ranges++] = (struct grange){ lo, hi };
 	return 0;
 }

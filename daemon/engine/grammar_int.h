@@ -49,7 +49,4 @@ struct grammar {
 	uint32_t n_ranges;
 };
 
-/* p grown (doubling, from 16) to hold need elements of size bytes; *cap updated. */
-void *gram_grow(void *p, uint32_t *cap, uint32_t need, size_t size);
-
 #endif

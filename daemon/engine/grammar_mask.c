@@ -559,7 +559,7 @@ trie_build(struct trie *tr, const struct vtok *t, int n)
 		while (depth > common) /* close the subtrees the new token leaves */
 			tr->node[path[depth--]].end = tr->n_node;
 		for (; depth < t[i].len; depth++) {
-			tr->node = gram_grow(tr->node, &cap, tr->n_node + 1, sizeof *tr->node);
+			tr->node = xgrow(tr->node, &cap, tr->n_node + 1, sizeof *tr->node);
 			tr->node[tr->n_node] = (struct tnode){ 0, 0, 0, depth + 1, t[i].b[depth] };
 			path[depth + 1] = tr->n_node++;
 		}
@@ -856,7 +856,7 @@ enqueue_keys(struct gram_index *x, const struct gpos *p, struct gentry ***queue,
 		key_of(x, p->st[i], p, &k, &base);
 		e = entry_get(x, &k);
 		if (x->n > before) {
-			*queue = gram_grow(*queue, cap, *n + 1, sizeof **queue);
+			*queue = xgrow(*queue, cap, *n + 1, sizeof **queue);
 			(*queue)[(*n)++] = e;
 		}
 	}

@@ -34,53 +34,9 @@
 
 /* ---- text ---- */
 
-struct sbuf {
-	char *s;
-	size_t n, cap;
-};
-
-static void
-sb_addn(struct sbuf *b, const char *s, size_t n)
-{
-	if (b->n + n + 1 > b->cap) {
-		b->cap = MAX(b->cap * 2, b->n + n + 64);
-		b->s = xrealloc(b->s, b->cap);
-	}
-	memcpy(b->s + b->n, s, n);
-	b->n += n;
-	b->s[b->n] = '\0';
-}
-
-static void
-sb_add(struct sbuf *b, const char *s)
-{
-	sb_addn(b, s, strlen(s));
-}
-
-static void sb_printf(struct sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void
-sb_printf(struct sbuf *b, const char *fmt, ...)
-{
-	va_list ap, again;
-	int n;
-
-	va_start(ap, fmt);
-	va_copy(again, ap);
-	n = vsnprintf(NULL, 0, fmt, ap);
-	if (b->n + (size_t)n + 1 > b->cap) {
-		b->cap = MAX(b->cap * 2, b->n + (size_t)n + 64);
-		b->s = xrealloc(b->s, b->cap);
-	}
-	vsnprintf(b->s + b->n, (size_t)n + 1, fmt, again);
-	b->n += (size_t)n;
-	va_end(again);
-	va_end(ap);
-}
-
 /* Empties b, keeping its memory. */
 static void
-sb_clear(struct sbuf *b)
+sb_clear(struct strbuf *b)
 {
 	b->n = 0;
 	if (b->s != NULL)
@@ -89,39 +45,39 @@ sb_clear(struct sbuf *b)
 
 /* The string b holds ("" when it never grew). */
 static const char *
-sb_str(const struct sbuf *b)
+sb_str(const struct strbuf *b)
 {
 	return b->s != NULL ? b->s : "";
 }
 
 /* One code point inside a grammar literal or class: ASCII letters, digits and a few marks raw, the rest escaped. */
 static void
-gl_cp(struct sbuf *b, uint32_t cp)
+gl_cp(struct strbuf *b, uint32_t cp)
 {
 	if (cp < 0x7f && cp >= 0x20 && strchr("\"\\[]-^'#", (int)cp) == NULL)
-		sb_addn(b, (const char *)&(char){ (char)cp }, 1);
+		strbuf_add(b, (const char *)&(char){ (char)cp }, 1);
 	else if (cp < 0x80)
-		sb_printf(b, "\\x%02X", cp);
+		strbuf_printf(b, "\\x%02X", cp);
 	else if (cp <= 0xffff)
-		sb_printf(b, "\\u%04X", cp);
+		strbuf_printf(b, "\\u%04X", cp);
 	else
-		sb_printf(b, "\\U%08X", cp);
+		strbuf_printf(b, "\\U%08X", cp);
 }
 
 /* A grammar literal matching the n bytes of s (UTF-8): ASCII escaped as needed, the rest raw. */
 static void
-gl_lit(struct sbuf *b, const char *s, size_t n)
+gl_lit(struct strbuf *b, const char *s, size_t n)
 {
-	sb_add(b, "\"");
+	strbuf_cat(b, "\"");
 	for (size_t i = 0; i < n; i++) {
 		unsigned char u = (unsigned char)s[i];
 
 		if (u >= 0x80)
-			sb_addn(b, s + i, 1);
+			strbuf_add(b, s + i, 1);
 		else
 			gl_cp(b, u);
 	}
-	sb_add(b, "\"");
+	strbuf_cat(b, "\"");
 }
 
 /* The code point of the UTF-8 sequence at s (valid, as jansson keeps strings); its length in *len. */
@@ -243,10 +199,10 @@ struct jshared {
 struct jsc {
 	const json_t *doc;
 	char *err;
-	struct sbuf out;  /* the rules so far */
+	struct strbuf out;  /* the rules so far */
 	int n_rules;
 	uint64_t low_rules, low_elems; /* what grammar.c will make of them, at most */
-	struct sbuf path; /* the JSON pointer being compiled */
+	struct strbuf path; /* the JSON pointer being compiled */
 	int depth;
 	struct jent *ent;
 	uint32_t n_ent, cap_ent;
@@ -259,38 +215,20 @@ struct jsc {
 	uint64_t fixed; /* fixed rules used */
 };
 
-static void *
-grow(void *p, uint32_t *cap, uint32_t need, size_t size)
-{
-	if (need <= *cap)
-		return p;
-	while (*cap < need)
-		*cap = *cap ? *cap * 2 : 16;
-	return xrealloc(p, (size_t)*cap * size);
-}
-
-static uint32_t
-fnv(const void *p, size_t n, uint32_t h)
-{
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ ((const unsigned char *)p)[i]) * 16777619u;
-	return h;
-}
-
 /* ---- JSON pointers and errors ---- */
 
 /* Appends "/token" (n bytes, ~ and / escaped) to the pointer b; returns the length to restore. */
 static size_t
-ptr_push(struct sbuf *b, const char *s, size_t n)
+ptr_push(struct strbuf *b, const char *s, size_t n)
 {
 	size_t old = b->n;
 
-	sb_add(b, "/");
+	strbuf_cat(b, "/");
 	for (size_t i = 0; i < n; i++)
 		if (s[i] == '~' || s[i] == '/')
-			sb_add(b, s[i] == '~' ? "~0" : "~1");
+			strbuf_cat(b, s[i] == '~' ? "~0" : "~1");
 		else
-			sb_addn(b, s + i, 1);
+			strbuf_add(b, s + i, 1);
 	return old;
 }
 
@@ -305,7 +243,7 @@ path_index(struct jsc *c, size_t i)
 {
 	size_t old = c->path.n;
 
-	sb_printf(&c->path, "/%zu", i);
+	strbuf_printf(&c->path, "/%zu", i);
 	return old;
 }
 
@@ -393,10 +331,10 @@ rule_add(struct jsc *c, const char *name, const char *body)
 		    "%d elements)", GRAM_MAX_RULES, GRAM_MAX_ELEMS);
 	if (c->out.n + strlen(name) + strlen(body) + 6 > GRAM_MAX_TEXT)
 		return jerr(c, ERR_RANGE, NULL, "the grammar would exceed its limit of %d bytes", GRAM_MAX_TEXT);
-	sb_add(&c->out, name);
-	sb_add(&c->out, " ::= ");
-	sb_add(&c->out, body);
-	sb_add(&c->out, "\n");
+	strbuf_cat(&c->out, name);
+	strbuf_cat(&c->out, " ::= ");
+	strbuf_cat(&c->out, body);
+	strbuf_cat(&c->out, "\n");
 	return 0;
 }
 
@@ -404,7 +342,7 @@ rule_add(struct jsc *c, const char *name, const char *body)
 static int
 rule_shared(struct jsc *c, const char *body, char *name)
 {
-	uint32_t h = fnv(body, strlen(body), 2166136261u), i;
+	uint32_t h = hash32(body, strlen(body)), i;
 	int rc;
 
 	if (2 * (c->n_shared + 1) > c->shared_cap) { /* rehash at half full */
@@ -413,7 +351,7 @@ rule_shared(struct jsc *c, const char *body, char *name)
 
 		for (uint32_t k = 0; k < c->shared_cap; k++)
 			if (c->shared[k].body != NULL) {
-				for (i = fnv(c->shared[k].body, strlen(c->shared[k].body), 2166136261u) & (cap - 1);
+				for (i = hash32(c->shared[k].body, strlen(c->shared[k].body)) & (cap - 1);
 				    t[i].body != NULL; i = (i + 1) & (cap - 1))
 					;
 				t[i] = c->shared[k];
@@ -544,16 +482,16 @@ value_hash(const json_t *v)
 	case JSON_INTEGER:
 	case JSON_REAL:
 		d = json_number_value(v) + 0.0; /* -0.0 as 0.0 */
-		return fnv(&d, sizeof d, 7);
+		return hash32(&d, sizeof d) ^ 7u;
 	case JSON_STRING:
-		return fnv(json_string_value(v), json_string_length(v), 11);
+		return hash32(json_string_value(v), json_string_length(v)) ^ 11u;
 	case JSON_ARRAY:
 		for (size_t i = 0; i < json_array_size(v); i++)
 			h = h * 31 + value_hash(json_array_get(v, i));
 		return h;
 	case JSON_OBJECT:
 		json_object_keylen_foreach((json_t *)v, k, n, w)
-			sum += fnv(k, n, 13) * 2654435761u ^ value_hash(w);
+			sum += (hash32(k, n) ^ 13u) * 2654435761u ^ value_hash(w);
 		return sum;
 	default:
 		return h;
@@ -612,7 +550,7 @@ trie_add(struct trie *t, const char *s, size_t n)
 	int len;
 
 	if (t->len == 0) {
-		t->n = grow(t->n, &t->cap, 1, sizeof *t->n);
+		t->n = xgrow(t->n, &t->cap, 1, sizeof *t->n);
 		t->n[t->len++] = (struct tnode){ 0, 0, 0, 0 };
 	}
 	for (size_t i = 0; i < n; i += (size_t)len) {
@@ -620,7 +558,7 @@ trie_add(struct trie *t, const char *s, size_t n)
 		for (k = t->n[cur].child; k != 0 && t->n[k].cp != cp; k = t->n[k].next)
 			;
 		if (k == 0) {
-			t->n = grow(t->n, &t->cap, t->len + 1, sizeof *t->n);
+			t->n = xgrow(t->n, &t->cap, t->len + 1, sizeof *t->n);
 			k = t->len++;
 			t->n[k] = (struct tnode){ cp, 0, t->n[cur].child, 0 };
 			t->n[cur].child = k;
@@ -637,36 +575,36 @@ trie_add(struct trie *t, const char *s, size_t n)
  */
 static void
 trie_alts(const struct trie *t, uint32_t x, uint32_t base, uint32_t **queue, uint32_t *nq, uint32_t *cap,
-    struct sbuf *b)
+    struct strbuf *b)
 {
 	for (uint32_t ch = t->n[x].child; ch != 0; ch = t->n[ch].next) {
 		uint32_t d = ch;
 
 		if (b->n > 0)
-			sb_add(b, " | ");
-		sb_add(b, "\"");
+			strbuf_cat(b, " | ");
+		strbuf_cat(b, "\"");
 		gl_cp(b, t->n[d].cp);
 		while (!t->n[d].term && t->n[d].child != 0 && t->n[t->n[d].child].next == 0) {
 			d = t->n[d].child;
 			gl_cp(b, t->n[d].cp);
 		}
-		sb_add(b, "\"");
+		strbuf_cat(b, "\"");
 		if (t->n[d].child != 0) {
-			*queue = grow(*queue, cap, *nq + 1, sizeof **queue);
+			*queue = xgrow(*queue, cap, *nq + 1, sizeof **queue);
 			(*queue)[(*nq)++] = d;
-			sb_printf(b, " s%u-e%u", base, d);
+			strbuf_printf(b, " s%u-e%u", base, d);
 		}
 	}
 	if (t->n[x].term)
-		sb_add(b, b->n > 0 ? " | \"\"" : "\"\"");
+		strbuf_cat(b, b->n > 0 ? " | \"\"" : "\"\"");
 }
 
 /* Alternatives matching exactly the compact spellings of vals into body; base names the helper rules. */
 static int
-enum_body(struct jsc *c, uint32_t base, const json_t *const *vals, int n, struct sbuf *body)
+enum_body(struct jsc *c, uint32_t base, const json_t *const *vals, int n, struct strbuf *body)
 {
 	struct trie t = { 0 };
-	struct sbuf b = { 0 };
+	struct strbuf b = { 0 };
 	uint32_t *queue = NULL, nq = 0, cap = 0;
 	char name[NAME_LEN];
 	int rc = 0;
@@ -704,7 +642,7 @@ static int
 other_keys(struct jsc *c, uint32_t base, const char *const *keys, const size_t *lens, int n, char *name)
 {
 	struct trie t = { 0 };
-	struct sbuf b = { 0 };
+	struct strbuf b = { 0 };
 	char rn[NAME_LEN];
 	int rc = 0, len;
 
@@ -722,16 +660,16 @@ other_keys(struct jsc *c, uint32_t base, const char *const *keys, const size_t *
 	}
 	for (uint32_t x = 0; x < t.len && rc == 0; x++) {
 		sb_clear(&b);
-		sb_add(&b, t.n[x].term ? "" : "\"\\x22\" | ");
+		strbuf_cat(&b, t.n[x].term ? "" : "\"\\x22\" | ");
 		for (uint32_t ch = t.n[x].child; ch != 0; ch = t.n[ch].next) {
-			sb_add(&b, "\"");
+			strbuf_cat(&b, "\"");
 			gl_cp(&b, t.n[ch].cp);
-			sb_printf(&b, "\" s%u-x%u | ", base, ch);
+			strbuf_printf(&b, "\" s%u-x%u | ", base, ch);
 		}
-		sb_add(&b, "[^\\x22\\x5C\\x00-\\x1F");
+		strbuf_cat(&b, "[^\\x22\\x5C\\x00-\\x1F");
 		for (uint32_t ch = t.n[x].child; ch != 0; ch = t.n[ch].next)
 			gl_cp(&b, t.n[ch].cp);
-		sb_printf(&b, "] %s", fixed(c, FX_KEYTAIL));
+		strbuf_printf(&b, "] %s", fixed(c, FX_KEYTAIL));
 		snprintf(rn, sizeof rn, "s%u-x%u", base, x);
 		rc = rule_add(c, rn, b.s);
 	}
@@ -746,25 +684,25 @@ other_keys(struct jsc *c, uint32_t base, const char *const *keys, const size_t *
 #define NO_TOP UINT64_MAX
 
 static void
-alt(struct sbuf *b)
+alt(struct strbuf *b)
 {
 	if (b->n > 0)
-		sb_add(b, " | ");
+		strbuf_cat(b, " | ");
 }
 
 /* The digits from lo to hi: a literal when one. */
 static void
-digit_class(struct sbuf *b, char lo, char hi)
+digit_class(struct strbuf *b, char lo, char hi)
 {
-	sb_printf(b, lo == hi ? "\"%c\"" : "[%c-%c]", lo, hi);
+	strbuf_printf(b, lo == hi ? "\"%c\"" : "[%c-%c]", lo, hi);
 }
 
 /* Into b (empty): the decimal spellings of [lo, hi], both of n digits (lo, hi as digits). */
 static int
-same_len(struct jsc *c, const char *lo, const char *hi, int n, struct sbuf *b)
+same_len(struct jsc *c, const char *lo, const char *hi, int n, struct strbuf *b)
 {
 	char nines[24], zeros[24], name[NAME_LEN];
-	struct sbuf sub = { 0 };
+	struct strbuf sub = { 0 };
 	int lo_full = 1, hi_full = 1, rc = 0;
 
 	if (n == 1) {
@@ -773,7 +711,7 @@ same_len(struct jsc *c, const char *lo, const char *hi, int n, struct sbuf *b)
 	}
 	if (lo[0] == hi[0]) {
 		if ((rc = same_len(c, lo + 1, hi + 1, n - 1, &sub)) == 0 && (rc = rule_shared(c, sub.s, name)) == 0)
-			sb_printf(b, "\"%c\" %s", lo[0], name);
+			strbuf_printf(b, "\"%c\" %s", lo[0], name);
 		free(sub.s);
 		return rc;
 	}
@@ -782,18 +720,18 @@ same_len(struct jsc *c, const char *lo, const char *hi, int n, struct sbuf *b)
 		lo_full &= lo[i] == '0', hi_full &= hi[i] == '9';
 	if (!lo_full) { /* lo's first digit, then what follows lo */
 		if ((rc = same_len(c, lo + 1, nines, n - 1, &sub)) == 0 && (rc = rule_shared(c, sub.s, name)) == 0)
-			sb_printf(b, "\"%c\" %s", lo[0], name);
+			strbuf_printf(b, "\"%c\" %s", lo[0], name);
 	}
 	if (rc == 0 && lo[0] + !lo_full <= hi[0] - !hi_full) {
 		alt(b);
 		digit_class(b, (char)(lo[0] + !lo_full), (char)(hi[0] - !hi_full));
-		sb_printf(b, " [0-9]{%d}", n - 1);
+		strbuf_printf(b, " [0-9]{%d}", n - 1);
 	}
 	if (rc == 0 && !hi_full) {
 		sb_clear(&sub);
 		if ((rc = same_len(c, zeros, hi + 1, n - 1, &sub)) == 0 && (rc = rule_shared(c, sub.s, name)) == 0) {
 			alt(b);
-			sb_printf(b, "\"%c\" %s", hi[0], name);
+			strbuf_printf(b, "\"%c\" %s", hi[0], name);
 		}
 	}
 	free(sub.s);
@@ -812,11 +750,11 @@ n_digits(uint64_t v)
 
 /* Into b: the spellings without leading zeros of the integers in [lo, hi] (hi NO_TOP: no end). */
 static int
-digits_range(struct jsc *c, uint64_t lo, uint64_t hi, struct sbuf *b)
+digits_range(struct jsc *c, uint64_t lo, uint64_t hi, struct strbuf *b)
 {
 	int top = hi == NO_TOP ? n_digits(lo) : n_digits(hi), rc = 0;
 	uint64_t p = 1; /* 10^(len - 1) */
-	struct sbuf one = { 0 };
+	struct strbuf one = { 0 };
 
 	for (int len = 1; len <= top; len++, p *= 10) {
 		uint64_t x = MAX(lo, len == 1 ? 0 : p), y = MIN(hi, p * 10 - 1);
@@ -830,29 +768,29 @@ digits_range(struct jsc *c, uint64_t lo, uint64_t hi, struct sbuf *b)
 		if ((rc = same_len(c, xs, ys, len, &one)) != 0)
 			break;
 		alt(b);
-		sb_add(b, one.s);
+		strbuf_cat(b, one.s);
 	}
 	free(one.s);
 	if (rc != 0)
 		return rc;
 	if (hi == NO_TOP) {
 		alt(b);
-		sb_printf(b, "[1-9] [0-9]{%d,}", top);
+		strbuf_printf(b, "[1-9] [0-9]{%d,}", top);
 	}
 	return 0;
 }
 
 /* Appends the item of the integers in [lo, hi] (a shared rule) to b, after prefix. */
 static int
-digits_item(struct jsc *c, uint64_t lo, uint64_t hi, const char *prefix, struct sbuf *b)
+digits_item(struct jsc *c, uint64_t lo, uint64_t hi, const char *prefix, struct strbuf *b)
 {
-	struct sbuf sub = { 0 };
+	struct strbuf sub = { 0 };
 	char name[NAME_LEN];
 	int rc;
 
 	if ((rc = digits_range(c, lo, hi, &sub)) == 0 && (rc = rule_shared(c, sub.s, name)) == 0) {
 		alt(b);
-		sb_printf(b, "%s%s", prefix, name);
+		strbuf_printf(b, "%s%s", prefix, name);
 	}
 	free(sub.s);
 	return rc;
@@ -934,7 +872,7 @@ bounds(struct jsc *c, const json_t *s, int integers, struct bound *lo, struct bo
 
 /* Into b: the integers in [lo, hi] (each bound if set, inclusive). */
 static int
-int_alts(struct jsc *c, const struct bound *lo, const struct bound *hi, struct sbuf *b)
+int_alts(struct jsc *c, const struct bound *lo, const struct bound *hi, struct strbuf *b)
 {
 	int rc = 0;
 
@@ -960,10 +898,10 @@ int_alts(struct jsc *c, const struct bound *lo, const struct bound *hi, struct s
  * an exclusive a a fraction not all zeros, an inclusive z one all zeros.
  */
 static int
-mag_alts(struct jsc *c, const struct bound *a, const struct bound *z, const char *prefix, struct sbuf *b)
+mag_alts(struct jsc *c, const struct bound *a, const struct bound *z, const char *prefix, struct strbuf *b)
 {
 	uint64_t first = (uint64_t)a->v + (a->excl ? 1 : 0);
-	struct sbuf sub = { 0 };
+	struct strbuf sub = { 0 };
 	char name[NAME_LEN];
 	int rc = 0;
 
@@ -971,16 +909,16 @@ mag_alts(struct jsc *c, const struct bound *a, const struct bound *z, const char
 		if ((rc = digits_range(c, first, z->set ? (uint64_t)z->v - 1 : NO_TOP, &sub)) == 0 &&
 		    (rc = rule_shared(c, sub.s, name)) == 0) {
 			alt(b);
-			sb_printf(b, "%s%s %s?", prefix, name, fixed(c, FX_FRAC));
+			strbuf_printf(b, "%s%s %s?", prefix, name, fixed(c, FX_FRAC));
 		}
 	}
 	if (rc == 0 && a->excl && (!z->set || a->v < z->v)) {
 		alt(b);
-		sb_printf(b, "%s\"%lld\" %s", prefix, (long long)a->v, fixed(c, FX_FRACNZ));
+		strbuf_printf(b, "%s\"%lld\" %s", prefix, (long long)a->v, fixed(c, FX_FRACNZ));
 	}
 	if (rc == 0 && z->set && !z->excl && (z->v > a->v || (z->v == a->v && !a->excl))) {
 		alt(b);
-		sb_printf(b, "%s\"%lld\" %s?", prefix, (long long)z->v, fixed(c, FX_FRACZ));
+		strbuf_printf(b, "%s\"%lld\" %s?", prefix, (long long)z->v, fixed(c, FX_FRACZ));
 	}
 	free(sub.s);
 	return rc;
@@ -988,7 +926,7 @@ mag_alts(struct jsc *c, const struct bound *a, const struct bound *z, const char
 
 /* Into b: the numbers without exponent within lo and hi (whole bounds); no -0. */
 static int
-num_alts(struct jsc *c, const struct bound *lo, const struct bound *hi, struct sbuf *b)
+num_alts(struct jsc *c, const struct bound *lo, const struct bound *hi, struct strbuf *b)
 {
 	int rc = 0;
 
@@ -1013,24 +951,24 @@ num_alts(struct jsc *c, const struct bound *lo, const struct bound *hi, struct s
 
 /* The item of s's integers (integers set) or numbers into b. */
 static int
-number_item(struct jsc *c, const json_t *s, int integers, struct sbuf *b)
+number_item(struct jsc *c, const json_t *s, int integers, struct strbuf *b)
 {
 	struct bound lo, hi;
-	struct sbuf sub = { 0 };
+	struct strbuf sub = { 0 };
 	char name[NAME_LEN];
 	int rc;
 
 	if ((rc = bounds(c, s, integers, &lo, &hi)) != 0)
 		return rc;
 	if (!lo.set && !hi.set) {
-		sb_add(b, fixed(c, integers ? FX_INTEGER : FX_NUMBER));
+		strbuf_cat(b, fixed(c, integers ? FX_INTEGER : FX_NUMBER));
 		return 0;
 	}
 	rc = integers ? int_alts(c, &lo, &hi, &sub) : num_alts(c, &lo, &hi, &sub);
 	if (rc == 0 && sub.n == 0)
 		rc = jerr(c, ERR_INVAL, NULL, "no %s lies within the bounds", integers ? "integer" : "number");
 	if (rc == 0 && (rc = rule_shared(c, sub.s, name)) == 0)
-		sb_add(b, name);
+		strbuf_cat(b, name);
 	free(sub.s);
 	return rc;
 }
@@ -1049,7 +987,7 @@ struct cset {
 static void
 cs_add(struct cset *s, uint32_t lo, uint32_t hi)
 {
-	s->r = grow(s->r, &s->cap, s->n + 1, sizeof *s->r);
+	s->r = xgrow(s->r, &s->cap, s->n + 1, sizeof *s->r);
 	s->r[s->n++] = (struct crange){ lo, hi };
 }
 
@@ -1107,11 +1045,11 @@ cs_has(const struct cset *s, uint32_t cp)
 
 /* The class of s's code points that a string holds raw (all but controls, '"', '\'), into b; 0 if none. */
 static int
-raw_class(const struct cset *s, struct sbuf *b)
+raw_class(const struct cset *s, struct strbuf *b)
 {
 	static const struct crange raw[3] = { { 0x20, 0x21 }, { 0x23, 0x5b }, { 0x5d, 0x10ffff } };
 	uint32_t n = 0, one = 0;
-	struct sbuf cls = { 0 };
+	struct strbuf cls = { 0 };
 
 	for (uint32_t i = 0; i < s->n; i++)
 		for (int k = 0; k < 3; k++) {
@@ -1122,16 +1060,16 @@ raw_class(const struct cset *s, struct sbuf *b)
 			n += hi - lo + 1, one = lo;
 			gl_cp(&cls, lo);
 			if (hi > lo) {
-				sb_add(&cls, "-");
+				strbuf_cat(&cls, "-");
 				gl_cp(&cls, hi);
 			}
 		}
 	if (n == 1) {
-		sb_add(b, "\"");
+		strbuf_cat(b, "\"");
 		gl_cp(b, one);
-		sb_add(b, "\"");
+		strbuf_cat(b, "\"");
 	} else if (n > 1) {
-		sb_printf(b, "[%s]", cls.s);
+		strbuf_printf(b, "[%s]", cls.s);
 	}
 	free(cls.s);
 	return n > 0;
@@ -1143,10 +1081,10 @@ raw_class(const struct cset *s, struct sbuf *b)
  * never).
  */
 static int
-spell_set(struct jsc *c, struct cset *s, struct sbuf *b)
+spell_set(struct jsc *c, struct cset *s, struct strbuf *b)
 {
 	static const char short_esc[32] = { ['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't' };
-	struct sbuf alts = { 0 };
+	struct strbuf alts = { 0 };
 	char name[NAME_LEN];
 	int n = 0, ctl = 0, rc = 0;
 
@@ -1154,33 +1092,33 @@ spell_set(struct jsc *c, struct cset *s, struct sbuf *b)
 	n += raw_class(s, &alts);
 	if (cs_has(s, '"')) {
 		alt(&alts), n++;
-		sb_add(&alts, "\"\\x5C\\x22\"");
+		strbuf_cat(&alts, "\"\\x5C\\x22\"");
 	}
 	if (cs_has(s, '\\')) {
 		alt(&alts), n++;
-		sb_add(&alts, "\"\\x5C\\x5C\"");
+		strbuf_cat(&alts, "\"\\x5C\\x5C\"");
 	}
 	for (uint32_t cp = 1; cp < 0x20; cp++)
 		ctl += cs_has(s, cp);
 	if (ctl == 0x1f) {
 		alt(&alts), n++;
-		sb_add(&alts, fixed(c, FX_CTL));
+		strbuf_cat(&alts, fixed(c, FX_CTL));
 	} else {
 		for (uint32_t cp = 1; cp < 0x20; cp++) {
 			if (!cs_has(s, cp))
 				continue;
 			alt(&alts), n++;
 			if (short_esc[cp] != 0)
-				sb_printf(&alts, "\"\\x5C%c\" | ", short_esc[cp]);
-			sb_printf(&alts, "\"\\x5Cu00%u\" [%X%x]", cp >> 4, cp & 15, cp & 15);
+				strbuf_printf(&alts, "\"\\x5C%c\" | ", short_esc[cp]);
+			strbuf_printf(&alts, "\"\\x5Cu00%u\" [%X%x]", cp >> 4, cp & 15, cp & 15);
 		}
 	}
 	if (n == 0)
-		sb_add(b, fixed(c, FX_NEVER));
+		strbuf_cat(b, fixed(c, FX_NEVER));
 	else if (n == 1 && (ctl == 0 || ctl == 0x1f)) /* one item: a literal, a class or ctl */
-		sb_add(b, alts.s);
+		strbuf_cat(b, alts.s);
 	else if ((rc = rule_shared(c, alts.s, name)) == 0)
-		sb_add(b, name);
+		strbuf_cat(b, name);
 	free(alts.s);
 	return rc;
 }
@@ -1193,7 +1131,7 @@ struct rx {
 	int depth;
 };
 
-static int rx_alts(struct rx *x, struct sbuf *b, int *nullable, int top);
+static int rx_alts(struct rx *x, struct strbuf *b, int *nullable, int top);
 
 static int
 rx_err(struct rx *x, int code, const char *msg)
@@ -1386,9 +1324,9 @@ rx_class(struct rx *x, struct cset *s)
 
 /* A group (the '(' read) as a rule's name into b. */
 static int
-rx_group(struct rx *x, struct sbuf *b, int *nullable)
+rx_group(struct rx *x, struct strbuf *b, int *nullable)
 {
-	struct sbuf sub = { 0 };
+	struct strbuf sub = { 0 };
 	char name[NAME_LEN];
 	int rc;
 
@@ -1409,7 +1347,7 @@ rx_group(struct rx *x, struct sbuf *b, int *nullable)
 	if ((rc = rx_alts(x, &sub, nullable, 0)) == 0 && !rx_peek(x, ')'))
 		rc = rx_err(x, ERR_INVAL, "a '(' without its ')'");
 	if (rc == 0 && (rc = rule_shared(x->c, sub.s, name)) == 0) {
-		sb_add(b, name);
+		strbuf_cat(b, name);
 		x->p++, x->depth--;
 	}
 	free(sub.s);
@@ -1418,7 +1356,7 @@ rx_group(struct rx *x, struct sbuf *b, int *nullable)
 
 /* One atom as one grammar item into b. */
 static int
-rx_atom(struct rx *x, struct sbuf *b, int *nullable)
+rx_atom(struct rx *x, struct strbuf *b, int *nullable)
 {
 	struct cset s = { 0 };
 	uint32_t cp;
@@ -1469,7 +1407,7 @@ rx_count(struct rx *x)
 
 /* A quantifier after an item, if any, onto b (the item's nullable updated); lazy ones match the same. */
 static int
-rx_quantifier(struct rx *x, struct sbuf *b, int *nullable)
+rx_quantifier(struct rx *x, struct strbuf *b, int *nullable)
 {
 	long lo, hi;
 
@@ -1496,9 +1434,9 @@ rx_quantifier(struct rx *x, struct sbuf *b, int *nullable)
 	if (hi == LONG_MAX && *nullable)
 		return rx_err(x, ERR_UNSUPPORTED, "a repetition without bound of what may match nothing");
 	if (hi == LONG_MAX)
-		sb_printf(b, "{%ld,}", lo);
+		strbuf_printf(b, "{%ld,}", lo);
 	else
-		sb_printf(b, "{%ld,%ld}", lo, hi);
+		strbuf_printf(b, "{%ld,%ld}", lo, hi);
 	*nullable = *nullable || lo == 0;
 	if (x->p < x->end && strchr("*+?{", *x->p) != NULL)
 		return rx_err(x, ERR_INVAL, "a quantifier with nothing to repeat");
@@ -1510,14 +1448,14 @@ rx_quantifier(struct rx *x, struct sbuf *b, int *nullable)
  * and a '$' last anchor it; without them any text may come before or after.
  */
 static int
-rx_seq(struct rx *x, struct sbuf *b, int *nullable, int top)
+rx_seq(struct rx *x, struct strbuf *b, int *nullable, int top)
 {
 	int start = top && rx_peek(x, '^'), end = 0, nl, rc;
 
 	x->p += start;
 	*nullable = 1;
 	if (top && !start)
-		sb_printf(b, "%s* ", fixed(x->c, FX_PCHAR));
+		strbuf_printf(b, "%s* ", fixed(x->c, FX_PCHAR));
 	while (x->p < x->end && *x->p != '|' && *x->p != ')') {
 		if (*x->p == '$' && top && (x->p + 1 == x->end || x->p[1] == '|')) {
 			x->p++, end = 1;
@@ -1527,21 +1465,21 @@ rx_seq(struct rx *x, struct sbuf *b, int *nullable, int top)
 			return rx_err(x, ERR_UNSUPPORTED, "'^' and '$' only at the start and the end");
 		if ((rc = rx_atom(x, b, &nl)) != 0 || (rc = rx_quantifier(x, b, &nl)) != 0)
 			return rc;
-		sb_add(b, " ");
+		strbuf_cat(b, " ");
 		*nullable = *nullable && nl;
 	}
 	if (top && !end)
-		sb_printf(b, "%s*", fixed(x->c, FX_PCHAR));
+		strbuf_printf(b, "%s*", fixed(x->c, FX_PCHAR));
 	else if (b->n == 0)
-		sb_add(b, "\"\"");
+		strbuf_cat(b, "\"\"");
 	return 0;
 }
 
 /* Alternatives up to ')' or the end into b. */
 static int
-rx_alts(struct rx *x, struct sbuf *b, int *nullable, int top)
+rx_alts(struct rx *x, struct strbuf *b, int *nullable, int top)
 {
-	struct sbuf seq = { 0 };
+	struct strbuf seq = { 0 };
 	int nl, rc;
 
 	*nullable = 0;
@@ -1550,7 +1488,7 @@ rx_alts(struct rx *x, struct sbuf *b, int *nullable, int top)
 		if ((rc = rx_seq(x, &seq, &nl, top)) != 0)
 			break;
 		alt(b);
-		sb_add(b, seq.s);
+		strbuf_cat(b, seq.s);
 		*nullable = *nullable || nl;
 		if (!rx_peek(x, '|'))
 			break;
@@ -1562,10 +1500,10 @@ rx_alts(struct rx *x, struct sbuf *b, int *nullable, int top)
 
 /* The item of the strings that pattern (n bytes) matches, into b. */
 static int
-pattern_item(struct jsc *c, const char *pattern, size_t n, struct sbuf *b)
+pattern_item(struct jsc *c, const char *pattern, size_t n, struct strbuf *b)
 {
 	struct rx x = { c, pattern, pattern, pattern + n, 0 };
-	struct sbuf body = { 0 };
+	struct strbuf body = { 0 };
 	char name[NAME_LEN];
 	int nl, rc;
 
@@ -1573,11 +1511,11 @@ pattern_item(struct jsc *c, const char *pattern, size_t n, struct sbuf *b)
 		rc = rx_err(&x, ERR_INVAL, "a ')' without its '('");
 	if (rc == 0 && (rc = rule_shared(c, body.s, name)) == 0) {
 		sb_clear(&body);
-		sb_printf(&body, "\"\\x22\" %s \"\\x22\"", name);
+		strbuf_printf(&body, "\"\\x22\" %s \"\\x22\"", name);
 		rc = rule_shared(c, body.s, name);
 	}
 	if (rc == 0)
-		sb_add(b, name);
+		strbuf_cat(b, name);
 	free(body.s);
 	return rc;
 }
@@ -1616,14 +1554,14 @@ counts_read(struct jsc *c, const json_t *s, const char *kmin, const char *kmax, 
 }
 
 static int
-string_item(struct jsc *c, const json_t *s, struct sbuf *b)
+string_item(struct jsc *c, const json_t *s, struct strbuf *b)
 {
 	static const struct {
 		const char *name;
 		enum fixed_rule rule;
 	} formats[] = { { "date", FX_DATE }, { "time", FX_TIME }, { "date-time", FX_DATETIME }, { "uuid", FX_UUID } };
 	const json_t *pat = json_object_get(s, "pattern"), *fmt = json_object_get(s, "format");
-	struct sbuf body = { 0 };
+	struct strbuf body = { 0 };
 	char name[NAME_LEN];
 	long lo, hi;
 	int none, rc;
@@ -1641,20 +1579,20 @@ string_item(struct jsc *c, const json_t *s, struct sbuf *b)
 	if (fmt != NULL) {
 		for (size_t i = 0; i < ARRAY_LEN(formats); i++)
 			if (json_is_string(fmt) && strcmp(json_string_value(fmt), formats[i].name) == 0)
-				sb_printf(&body, "\"\\x22\" %s \"\\x22\"", fixed(c, formats[i].rule));
+				strbuf_printf(&body, "\"\\x22\" %s \"\\x22\"", fixed(c, formats[i].rule));
 		if (body.n == 0)
 			return jerr(c, ERR_UNSUPPORTED, "format", "formats but date, time, date-time and uuid");
 	} else if (none) {
-		sb_add(b, fixed(c, FX_STRING));
+		strbuf_cat(b, fixed(c, FX_STRING));
 		return 0;
 	} else {
-		sb_printf(&body, "\"\\x22\" %s{%ld,", fixed(c, FX_JCHAR), lo);
+		strbuf_printf(&body, "\"\\x22\" %s{%ld,", fixed(c, FX_JCHAR), lo);
 		if (hi != LONG_MAX)
-			sb_printf(&body, "%ld", hi);
-		sb_add(&body, "} \"\\x22\"");
+			strbuf_printf(&body, "%ld", hi);
+		strbuf_cat(&body, "} \"\\x22\"");
 	}
 	if ((rc = rule_shared(c, body.s, name)) == 0)
-		sb_add(b, name);
+		strbuf_cat(b, name);
 	free(body.s);
 	return rc;
 }
@@ -1710,14 +1648,14 @@ in_strings(const json_t *arr, const char *k, size_t n)
 
 /* What may follow "{" ws or "," ws at member i (K_i) or end the object. */
 static void
-obj_next(struct sbuf *b, uint32_t base, int has_k, int must, int i, const char *before)
+obj_next(struct strbuf *b, uint32_t base, int has_k, int must, int i, const char *before)
 {
 	if (!has_k)
-		sb_add(b, "\"}\"");
+		strbuf_cat(b, "\"}\"");
 	else if (must)
-		sb_printf(b, "%ss%u-k%d", before, base, i);
+		strbuf_printf(b, "%ss%u-k%d", before, base, i);
 	else
-		sb_printf(b, "( %ss%u-k%d | \"}\" )", before, base, i);
+		strbuf_printf(b, "( %ss%u-k%d | \"}\" )", before, base, i);
 }
 
 /*
@@ -1732,7 +1670,7 @@ static int
 obj_rules(struct jsc *c, uint32_t base, const struct member *m, int n, int extra, const char *addkey,
     const char *addv)
 {
-	struct sbuf b = { 0 }, key = { 0 };
+	struct strbuf b = { 0 }, key = { 0 };
 	char name[NAME_LEN];
 	int *must = xcalloc((size_t)n + 1, sizeof *must), rc = 0;
 
@@ -1746,37 +1684,37 @@ obj_rules(struct jsc *c, uint32_t base, const struct member *m, int n, int extra
 		gl_lit(&key, sp, strlen(sp));
 		free(sp);
 		json_decref(ks);
-		sb_printf(&b, "%s ws \":\" ws %s", key.s, m[i].value);
+		strbuf_printf(&b, "%s ws \":\" ws %s", key.s, m[i].value);
 		snprintf(name, sizeof name, "s%u-m%d", base, i);
 		if ((rc = rule_add(c, name, b.s)) != 0)
 			break;
 		sb_clear(&b);
-		sb_printf(&b, "s%u-m%d s%u-t%d", base, i, base, i + 1);
+		strbuf_printf(&b, "s%u-m%d s%u-t%d", base, i, base, i + 1);
 		if (!m[i].required && (i + 1 < n || extra))
-			sb_printf(&b, " | s%u-k%d", base, i + 1);
+			strbuf_printf(&b, " | s%u-k%d", base, i + 1);
 		snprintf(name, sizeof name, "s%u-k%d", base, i);
 		if ((rc = rule_add(c, name, b.s)) != 0)
 			break;
 		sb_clear(&b);
-		sb_add(&b, "ws ");
+		strbuf_cat(&b, "ws ");
 		obj_next(&b, base, i + 1 < n || extra, must[i + 1], i + 1, "\",\" ws ");
 		snprintf(name, sizeof name, "s%u-t%d", base, i + 1);
 		rc = rule_add(c, name, b.s);
 	}
 	if (rc == 0 && extra) {
 		sb_clear(&b);
-		sb_printf(&b, "%s ws \":\" ws %s s%u-ta", addkey, addv, base);
+		strbuf_printf(&b, "%s ws \":\" ws %s s%u-ta", addkey, addv, base);
 		snprintf(name, sizeof name, "s%u-k%d", base, n);
 		if ((rc = rule_add(c, name, b.s)) == 0) {
 			sb_clear(&b);
-			sb_printf(&b, "ws ( \",\" ws s%u-k%d | \"}\" )", base, n);
+			strbuf_printf(&b, "ws ( \",\" ws s%u-k%d | \"}\" )", base, n);
 			snprintf(name, sizeof name, "s%u-ta", base);
 			rc = rule_add(c, name, b.s);
 		}
 	}
 	if (rc == 0) {
 		sb_clear(&b);
-		sb_add(&b, "\"{\" ws ");
+		strbuf_cat(&b, "\"{\" ws ");
 		obj_next(&b, base, n > 0 || extra, must[0], 0, "");
 		snprintf(name, sizeof name, "s%u-o", base);
 		rc = rule_add(c, name, b.s);
@@ -1832,7 +1770,7 @@ obj_members(struct jsc *c, const json_t *props, const json_t *req, const char *a
 }
 
 static int
-object_item(struct jsc *c, const json_t *s, uint32_t base, struct sbuf *b)
+object_item(struct jsc *c, const json_t *s, uint32_t base, struct strbuf *b)
 {
 	const json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
 	const json_t *addl = json_object_get(s, "additionalProperties");
@@ -1852,7 +1790,7 @@ object_item(struct jsc *c, const json_t *s, uint32_t base, struct sbuf *b)
 	if (addl != NULL && !json_is_object(addl) && !json_is_boolean(addl))
 		return jerr(c, ERR_INVAL, "additionalProperties", "additionalProperties must be a schema");
 	if (props == NULL && req == NULL && (addl == NULL || json_is_true(addl))) {
-		sb_add(b, fixed(c, FX_OBJECT));
+		strbuf_cat(b, fixed(c, FX_OBJECT));
 		return 0;
 	}
 	if (json_object_size(props) + json_array_size(req) > JSCHEMA_MAX_PROPERTIES)
@@ -1878,7 +1816,7 @@ object_item(struct jsc *c, const json_t *s, uint32_t base, struct sbuf *b)
 	if (rc == 0)
 		rc = obj_rules(c, base, m, n, addl != NULL && !json_is_false(addl), addkey, addv);
 	if (rc == 0)
-		sb_printf(b, "s%u-o", base);
+		strbuf_printf(b, "s%u-o", base);
 	free(m), free(keys), free(lens);
 	return rc;
 }
@@ -1901,16 +1839,16 @@ items_value(struct jsc *c, const json_t *items, char *name)
  * items (rule v) between lo and hi in all, if tail, then "]".
  */
 static void
-arr_tail(struct jsc *c, struct sbuf *b, const char *sep, int tail, long kk, long lo, long hi)
+arr_tail(struct jsc *c, struct strbuf *b, const char *sep, int tail, long kk, long lo, long hi)
 {
 	if (!tail) {
-		sb_add(b, kk >= lo ? "ws \"]\"" : fixed(c, FX_NEVER));
+		strbuf_cat(b, kk >= lo ? "ws \"]\"" : fixed(c, FX_NEVER));
 		return;
 	}
-	sb_printf(b, "%s{%ld,", sep, MAX(lo - kk, 0));
+	strbuf_printf(b, "%s{%ld,", sep, MAX(lo - kk, 0));
 	if (hi != LONG_MAX)
-		sb_printf(b, "%ld", hi - kk);
-	sb_add(b, "} ws \"]\"");
+		strbuf_printf(b, "%ld", hi - kk);
+	strbuf_cat(b, "} ws \"]\"");
 }
 
 /*
@@ -1923,19 +1861,19 @@ static int
 arr_rules(struct jsc *c, uint32_t base, char (*p)[NAME_LEN], long kk, const char *v, int tail, long lo,
     long hi)
 {
-	struct sbuf b = { 0 };
+	struct strbuf b = { 0 };
 	char name[NAME_LEN], sep[NAME_LEN] = "";
 	int rc = 0;
 
 	fixed(c, FX_WS);
 	if (tail) {
-		sb_printf(&b, "ws \",\" ws %s", v);
+		strbuf_printf(&b, "ws \",\" ws %s", v);
 		rc = rule_shared(c, b.s, sep);
 	}
 	for (long i = 1; i <= kk && rc == 0; i++) {
 		sb_clear(&b);
 		if (i < kk)
-			sb_printf(&b, "ws %s\",\" ws %s s%u-r%ld%s", i >= lo ? "( " : "", p[i], base, i + 1,
+			strbuf_printf(&b, "ws %s\",\" ws %s s%u-r%ld%s", i >= lo ? "( " : "", p[i], base, i + 1,
 			    i >= lo ? " | \"]\" )" : "");
 		else
 			arr_tail(c, &b, sep, tail, kk, lo, hi);
@@ -1944,14 +1882,14 @@ arr_rules(struct jsc *c, uint32_t base, char (*p)[NAME_LEN], long kk, const char
 	}
 	if (rc == 0) {
 		sb_clear(&b);
-		sb_add(&b, "\"[\" ws ( ");
+		strbuf_cat(&b, "\"[\" ws ( ");
 		if (kk > 0)
-			sb_printf(&b, "%s s%u-r1", p[0], base);
+			strbuf_printf(&b, "%s s%u-r1", p[0], base);
 		else if (tail && hi > 0)
-			sb_printf(&b, "%s ", v), arr_tail(c, &b, sep, 1, 1, lo, hi);
+			strbuf_printf(&b, "%s ", v), arr_tail(c, &b, sep, 1, 1, lo, hi);
 		else
-			sb_add(&b, fixed(c, FX_NEVER));
-		sb_add(&b, lo == 0 ? " | \"]\" )" : " )");
+			strbuf_cat(&b, fixed(c, FX_NEVER));
+		strbuf_cat(&b, lo == 0 ? " | \"]\" )" : " )");
 		snprintf(name, sizeof name, "s%u-a", base);
 		rc = rule_add(c, name, b.s);
 	}
@@ -1960,7 +1898,7 @@ arr_rules(struct jsc *c, uint32_t base, char (*p)[NAME_LEN], long kk, const char
 }
 
 static int
-array_item(struct jsc *c, const json_t *s, uint32_t base, struct sbuf *b)
+array_item(struct jsc *c, const json_t *s, uint32_t base, struct strbuf *b)
 {
 	const json_t *items = json_object_get(s, "items"), *prefix = json_object_get(s, "prefixItems");
 	const json_t *uniq = json_object_get(s, "uniqueItems");
@@ -1979,7 +1917,7 @@ array_item(struct jsc *c, const json_t *s, uint32_t base, struct sbuf *b)
 	if (json_array_size(prefix) > JSCHEMA_MAX_PREFIX)
 		return jerr(c, ERR_RANGE, "prefixItems", "more than %d prefixItems", JSCHEMA_MAX_PREFIX);
 	if (prefix == NULL && (items == NULL || json_is_true(items)) && none) {
-		sb_add(b, fixed(c, FX_ARRAY));
+		strbuf_cat(b, fixed(c, FX_ARRAY));
 		return 0;
 	}
 	if ((rc = items_value(c, items, v)) != 0)
@@ -1991,7 +1929,7 @@ array_item(struct jsc *c, const json_t *s, uint32_t base, struct sbuf *b)
 	if (rc == 0)
 		rc = arr_rules(c, base, p, kk, v, kk == k && !json_is_false(items) && hi > k, lo, hi);
 	if (rc == 0)
-		sb_printf(b, "s%u-a", base);
+		strbuf_printf(b, "s%u-a", base);
 	free(p);
 	return rc;
 }
@@ -2080,7 +2018,7 @@ edge_add(struct jsc *c, uint32_t from, uint32_t to, const char *key)
 {
 	size_t old = key != NULL ? path_push(c, key, strlen(key)) : c->path.n;
 
-	c->edge = grow(c->edge, &c->cap_edge, c->n_edge + 1, sizeof *c->edge);
+	c->edge = xgrow(c->edge, &c->cap_edge, c->n_edge + 1, sizeof *c->edge);
 	c->edge[c->n_edge++] = (struct jedge){ from, to, xstrdup(sb_str(&c->path)) };
 	path_pop(c, old);
 }
@@ -2089,18 +2027,18 @@ edge_add(struct jsc *c, uint32_t from, uint32_t to, const char *key)
 
 /* The rule items of s's types (mask) into body, alternatives; s has no enum, const or combinator. */
 static int
-typed_body(struct jsc *c, const json_t *s, uint32_t base, int mask, struct sbuf *body)
+typed_body(struct jsc *c, const json_t *s, uint32_t base, int mask, struct strbuf *body)
 {
 	int rc = 0;
 
 	if (mask == T_ALL && trivial(s)) {
-		sb_add(body, fixed(c, FX_VALUE));
+		strbuf_cat(body, fixed(c, FX_VALUE));
 		return 0;
 	}
 	if (mask & T_NULL)
-		alt(body), sb_add(body, "\"null\"");
+		alt(body), strbuf_cat(body, "\"null\"");
 	if (mask & T_BOOL)
-		alt(body), sb_add(body, "\"true\" | \"false\"");
+		alt(body), strbuf_cat(body, "\"true\" | \"false\"");
 	if (mask & T_OBJ)
 		alt(body), rc = object_item(c, s, base, body);
 	if (rc == 0 && (mask & T_ARR))
@@ -2121,7 +2059,7 @@ typed_body(struct jsc *c, const json_t *s, uint32_t base, int mask, struct sbuf 
  * keyword groups present, a bit each), each with its keywords.
  */
 static int
-plain_body(struct jsc *c, const json_t *s, uint32_t id, unsigned groups, struct sbuf *body)
+plain_body(struct jsc *c, const json_t *s, uint32_t id, unsigned groups, struct strbuf *body)
 {
 	static const int group_types[] = { [KG_OBJ] = T_OBJ, [KG_ARR] = T_ARR, [KG_STR] = T_STR, [KG_NUM] = T_NUM };
 	int mask, rc;
@@ -2153,10 +2091,10 @@ plain_body(struct jsc *c, const json_t *s, uint32_t id, unsigned groups, struct 
 
 /* Resolves the JSON pointer of a $ref ("#/a/b") into *t, its pointer (escaped again) into ptr. */
 static int
-ref_target(struct jsc *c, const json_t *ref, const json_t **t, struct sbuf *ptr)
+ref_target(struct jsc *c, const json_t *ref, const json_t **t, struct strbuf *ptr)
 {
 	const char *p = json_string_value(ref);
-	struct sbuf tok = { 0 };
+	struct strbuf tok = { 0 };
 
 	if (!json_is_string(ref))
 		return jerr(c, ERR_INVAL, "$ref", "$ref must be a string");
@@ -2168,11 +2106,11 @@ ref_target(struct jsc *c, const json_t *ref, const json_t **t, struct sbuf *ptr)
 		sb_clear(&tok);
 		for (p++; *p != '\0' && *p != '/'; p++) {
 			if (p[0] == '%' && hex_val(p[1]) >= 0 && hex_val(p[2]) >= 0) /* a URI fragment's escape */
-				sb_addn(&tok, &(char){ (char)(hex_val(p[1]) << 4 | hex_val(p[2])) }, 1), p += 2;
+				strbuf_add(&tok, &(char){ (char)(hex_val(p[1]) << 4 | hex_val(p[2])) }, 1), p += 2;
 			else if (p[0] == '~' && (p[1] == '0' || p[1] == '1'))
-				sb_add(&tok, p[1] == '0' ? "~" : "/"), p++;
+				strbuf_cat(&tok, p[1] == '0' ? "~" : "/"), p++;
 			else
-				sb_addn(&tok, p, 1);
+				strbuf_add(&tok, p, 1);
 		}
 		if (json_is_object(*t))
 			*t = json_object_getn(*t, sb_str(&tok), tok.n);
@@ -2187,9 +2125,9 @@ ref_target(struct jsc *c, const json_t *ref, const json_t **t, struct sbuf *ptr)
 }
 
 static int
-ref_body(struct jsc *c, const json_t *s, uint32_t id, struct sbuf *body)
+ref_body(struct jsc *c, const json_t *s, uint32_t id, struct strbuf *body)
 {
-	struct sbuf ptr = { 0 }, saved;
+	struct strbuf ptr = { 0 }, saved;
 	const json_t *t;
 	uint32_t to;
 	int rc;
@@ -2201,7 +2139,7 @@ ref_body(struct jsc *c, const json_t *s, uint32_t id, struct sbuf *body)
 	}
 	if (rc == 0) {
 		edge_add(c, id, to, "$ref");
-		sb_add(body, c->ent[to].name);
+		strbuf_cat(body, c->ent[to].name);
 	}
 	free(ptr.s);
 	return rc;
@@ -2209,7 +2147,7 @@ ref_body(struct jsc *c, const json_t *s, uint32_t id, struct sbuf *body)
 
 /* anyOf, oneOf (its disjointness checked with the graph) or allOf (one branch that constrains, at most). */
 static int
-comb_body(struct jsc *c, const json_t *s, uint32_t id, const char *key, int kind, struct sbuf *body)
+comb_body(struct jsc *c, const json_t *s, uint32_t id, const char *key, int kind, struct strbuf *body)
 {
 	const json_t *arr = json_object_get(s, key);
 	size_t n = json_array_size(arr), first = n;
@@ -2234,19 +2172,19 @@ comb_body(struct jsc *c, const json_t *s, uint32_t id, const char *key, int kind
 		} else if ((rc = node(c, b, &to)) == 0) {
 			edge_add(c, id, to, NULL);
 			alt(body);
-			sb_add(body, c->ent[to].name);
+			strbuf_cat(body, c->ent[to].name);
 			first = MIN(first, i);
 		}
 		path_pop(c, old);
 	}
 	if (rc == 0 && kind == EK_ALL && first == n)
-		sb_add(body, fixed(c, FX_VALUE));
+		strbuf_cat(body, fixed(c, FX_VALUE));
 	return rc;
 }
 
 /* The body of schema object s (entry id): its keywords checked, then by what it is. */
 static int
-node_body(struct jsc *c, const json_t *s, uint32_t id, struct sbuf *body)
+node_body(struct jsc *c, const json_t *s, uint32_t id, struct strbuf *body)
 {
 	static const int comb_kinds[] = { [KG_REF] = EK_REF, [KG_ANY] = EK_ANY, [KG_ONE] = EK_ONE, [KG_ALL] = EK_ALL };
 	const char *k, *comb = NULL, *other = NULL, *typed = NULL;
@@ -2292,7 +2230,7 @@ ent_find(const struct jsc *c, const json_t *s, uint32_t *slot)
 
 	if (c->ent_tab_cap == 0)
 		return 0;
-	for (i = fnv(&s, sizeof s, 2166136261u) & (c->ent_tab_cap - 1); c->ent_tab[i] != 0;
+	for (i = hash32(&s, sizeof s) & (c->ent_tab_cap - 1); c->ent_tab[i] != 0;
 	    i = (i + 1) & (c->ent_tab_cap - 1))
 		if (c->ent[c->ent_tab[i] - 1].schema == s)
 			break;
@@ -2318,7 +2256,7 @@ ent_new(struct jsc *c, const json_t *s)
 	}
 	ent_find(c, s, &slot);
 	c->ent_tab[slot] = id + 1;
-	c->ent = grow(c->ent, &c->cap_ent, c->n_ent + 1, sizeof *c->ent);
+	c->ent = xgrow(c->ent, &c->cap_ent, c->n_ent + 1, sizeof *c->ent);
 	c->ent[c->n_ent++] = (struct jent){ s, "", EK_PLAIN, T_ALL };
 	if (json_is_boolean(s))
 		snprintf(c->ent[id].name, NAME_LEN, "%s", fixed(c, json_is_true(s) ? FX_VALUE : FX_NEVER));
@@ -2332,7 +2270,7 @@ ent_new(struct jsc *c, const json_t *s)
 static int
 node(struct jsc *c, const json_t *s, uint32_t *id)
 {
-	struct sbuf body = { 0 };
+	struct strbuf body = { 0 };
 	uint32_t slot, e = ent_find(c, s, &slot);
 	int rc;
 
@@ -2379,7 +2317,7 @@ static int
 jerr_where(struct jsc *c, int code, const char *where, const char *msg)
 {
 	sb_clear(&c->path);
-	sb_add(&c->path, where);
+	strbuf_cat(&c->path, where);
 	return jerr(c, code, NULL, "%s", msg);
 }
 

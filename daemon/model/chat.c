@@ -36,12 +36,6 @@
 
 enum chat_role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_BAD };
 
-/* A growing output string. */
-struct sbuf {
-	char *p;
-	size_t n, cap;
-};
-
 static const char *const tmpl_names[] = {
 	[CHAT_RAW] = "raw", [CHAT_LLAMA3] = "llama3", [CHAT_CHATML] = "chatml",
 	[CHAT_GEMMA] = "gemma", [CHAT_MISTRAL] = "mistral", [CHAT_LLAMA2] = "llama2",
@@ -58,27 +52,6 @@ static const char *const default_bos[] = {
 	[CHAT_GEMMA] = "<bos>", [CHAT_MISTRAL] = "<s>", [CHAT_LLAMA2] = "<s>",
 	[CHAT_QWEN3] = "", [CHAT_HARMONY] = "", [CHAT_MISTRAL_V1] = "<s>",
 };
-
-/* Appends n bytes. */
-static void
-sb_add(struct sbuf *b, const char *s, size_t n)
-{
-	if (b->cap - b->n <= n) {
-		while (b->cap - b->n <= n)
-			b->cap = b->cap ? b->cap * 2 : 256;
-		b->p = xrealloc(b->p, b->cap);
-	}
-	memcpy(b->p + b->n, s, n);
-	b->n += n;
-	b->p[b->n] = '\0';
-}
-
-/* Appends a NUL-terminated string. */
-static void
-sb_str(struct sbuf *b, const char *s)
-{
-	sb_add(b, s, strlen(s));
-}
 
 /* 1 for the code points Python's str.isspace accepts (what Jinja's trim and str.strip remove). */
 static int
@@ -107,18 +80,18 @@ enum { NL_START = 1, NL_END = 2 };
 
 /* Appends s[0..n) without the newlines at the given ends, as Python's lstrip('\n') and strip('\n'). */
 static void
-sb_strip_nl(struct sbuf *b, const char *s, size_t n, int ends)
+sb_strip_nl(struct strbuf *b, const char *s, size_t n, int ends)
 {
 	while ((ends & NL_START) && n > 0 && *s == '\n')
 		s++, n--;
 	while ((ends & NL_END) && n > 0 && s[n - 1] == '\n')
 		n--;
-	sb_add(b, s, n);
+	strbuf_add(b, s, n);
 }
 
 /* Appends s (valid UTF-8) without leading and trailing whitespace, as Python's str.strip(). */
 static void
-sb_strip(struct sbuf *b, const char *str, size_t n)
+sb_strip(struct strbuf *b, const char *str, size_t n)
 {
 	const unsigned char *s = (const unsigned char *)str;
 	size_t i = 0, j = n, k;
@@ -137,7 +110,7 @@ sb_strip(struct sbuf *b, const char *str, size_t n)
 			break;
 		j = k;
 	}
-	sb_add(b, str + i, j - i);
+	strbuf_add(b, str + i, j - i);
 }
 
 /* The role of a message, ROLE_BAD if unknown. */
@@ -386,53 +359,53 @@ harmony_date(const char *date, char buf[11], char *err)
 
 /* Raw prompt mode: the contents, nothing else. */
 static void
-render_raw(const struct chat_msg *m, size_t n, struct sbuf *b)
+render_raw(const struct chat_msg *m, size_t n, struct strbuf *b)
 {
 	size_t i;
 
 	for (i = 0; i < n; i++)
-		sb_str(b, m[i].content);
+		strbuf_cat(b, m[i].content);
 }
 
 /* Meta-Llama-3-8B-Instruct: BOS, then each turn with its content trimmed. */
 static void
-render_llama3(const struct chat_msg *m, size_t n, int gen, const char *bos, struct sbuf *b)
+render_llama3(const struct chat_msg *m, size_t n, int gen, const char *bos, struct strbuf *b)
 {
 	size_t i;
 
-	sb_str(b, bos);
+	strbuf_cat(b, bos);
 	for (i = 0; i < n; i++) {
-		sb_str(b, "<|start_header_id|>");
-		sb_str(b, m[i].role);
-		sb_str(b, "<|end_header_id|>\n\n");
+		strbuf_cat(b, "<|start_header_id|>");
+		strbuf_cat(b, m[i].role);
+		strbuf_cat(b, "<|end_header_id|>\n\n");
 		sb_strip(b, m[i].content, strlen(m[i].content));
-		sb_str(b, "<|eot_id|>");
+		strbuf_cat(b, "<|eot_id|>");
 	}
 	if (gen)
-		sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+		strbuf_cat(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 /* One ChatML turn, its content verbatim. */
 static void
-chatml_turn(const struct chat_msg *m, struct sbuf *b)
+chatml_turn(const struct chat_msg *m, struct strbuf *b)
 {
-	sb_str(b, "<|im_start|>");
-	sb_str(b, m->role);
-	sb_str(b, "\n");
-	sb_str(b, m->content);
-	sb_str(b, "<|im_end|>\n");
+	strbuf_cat(b, "<|im_start|>");
+	strbuf_cat(b, m->role);
+	strbuf_cat(b, "\n");
+	strbuf_cat(b, m->content);
+	strbuf_cat(b, "<|im_end|>\n");
 }
 
 /* ChatML (Qwen2.5): contents verbatim, no BOS. */
 static void
-render_chatml(const struct chat_msg *m, size_t n, int gen, struct sbuf *b)
+render_chatml(const struct chat_msg *m, size_t n, int gen, struct strbuf *b)
 {
 	size_t i;
 
 	for (i = 0; i < n; i++)
 		chatml_turn(&m[i], b);
 	if (gen)
-		sb_str(b, "<|im_start|>assistant\n");
+		strbuf_cat(b, "<|im_start|>assistant\n");
 }
 
 /* 1 if s starts with p. */
@@ -488,7 +461,7 @@ qwen3_last_query(const struct chat_msg *m, size_t n)
  * empty or the turn ends the conversation.
  */
 static void
-qwen3_assistant(const struct chat_msg *m, int keep, int last, struct sbuf *b)
+qwen3_assistant(const struct chat_msg *m, int keep, int last, struct strbuf *b)
 {
 	const char *c = m->content, *end = m->reasoning ? NULL : strstr(c, "</think>"), *open;
 	size_t len = strlen(c), r_len = m->reasoning ? strlen(m->reasoning) : 0;
@@ -504,21 +477,21 @@ qwen3_assistant(const struct chat_msg *m, int keep, int last, struct sbuf *b)
 		reason = open != NULL ? open + 7 : c;
 		r_len = (size_t)(end - reason);
 	}
-	sb_str(b, "<|im_start|>assistant\n");
+	strbuf_cat(b, "<|im_start|>assistant\n");
 	if (keep && (last || r_len > 0)) {
-		sb_str(b, "<think>\n");
+		strbuf_cat(b, "<think>\n");
 		sb_strip_nl(b, reason, r_len, NL_START | NL_END);
-		sb_str(b, "\n</think>\n\n");
+		strbuf_cat(b, "\n</think>\n\n");
 		sb_strip_nl(b, reply, strlen(reply), NL_START);
 	} else {
-		sb_str(b, reply);
+		strbuf_cat(b, reply);
 	}
-	sb_str(b, "<|im_end|>\n");
+	strbuf_cat(b, "<|im_end|>\n");
 }
 
 /* Qwen3: ChatML; assistant turns lose their reasoning before the last query. */
 static void
-render_qwen3(const struct chat_msg *m, size_t n, const struct chat_opts *o, struct sbuf *b)
+render_qwen3(const struct chat_msg *m, size_t n, const struct chat_opts *o, struct strbuf *b)
 {
 	size_t i, q = qwen3_last_query(m, n);
 
@@ -529,7 +502,7 @@ render_qwen3(const struct chat_msg *m, size_t n, const struct chat_opts *o, stru
 			chatml_turn(&m[i], b);
 	}
 	if (o->add_generation_prompt)
-		sb_str(b, o->no_thinking ? "<|im_start|>assistant\n<think>\n\n</think>\n\n" :
+		strbuf_cat(b, o->no_thinking ? "<|im_start|>assistant\n<think>\n\n</think>\n\n" :
 		    "<|im_start|>assistant\n");
 }
 
@@ -540,56 +513,56 @@ render_qwen3(const struct chat_msg *m, size_t n, const struct chat_opts *o, stru
  * on the analysis channel before it).
  */
 static void
-render_harmony(const struct chat_msg *m, size_t n, int gen, const char *date, struct sbuf *b)
+render_harmony(const struct chat_msg *m, size_t n, int gen, const char *date, struct strbuf *b)
 {
 	size_t i, first = role_of(&m[0]) == ROLE_SYSTEM;
 
-	sb_str(b, HARMONY_SYS_HEAD);
-	sb_str(b, date);
-	sb_str(b, HARMONY_SYS_TAIL);
+	strbuf_cat(b, HARMONY_SYS_HEAD);
+	strbuf_cat(b, date);
+	strbuf_cat(b, HARMONY_SYS_TAIL);
 	if (first && m[0].content[0] != '\0') {
-		sb_str(b, "<|start|>developer<|message|># Instructions\n\n");
-		sb_str(b, m[0].content);
-		sb_str(b, "\n\n<|end|>");
+		strbuf_cat(b, "<|start|>developer<|message|># Instructions\n\n");
+		strbuf_cat(b, m[0].content);
+		strbuf_cat(b, "\n\n<|end|>");
 	}
 	for (i = first; i < n; i++) {
 		if (role_of(&m[i]) == ROLE_USER) {
-			sb_str(b, "<|start|>user<|message|>");
-			sb_str(b, m[i].content);
-			sb_str(b, "<|end|>");
+			strbuf_cat(b, "<|start|>user<|message|>");
+			strbuf_cat(b, m[i].content);
+			strbuf_cat(b, "<|end|>");
 			continue;
 		}
 		if (i == n - 1 && !gen && m[i].reasoning != NULL) {
-			sb_str(b, "<|start|>assistant<|channel|>analysis<|message|>");
-			sb_str(b, m[i].reasoning);
-			sb_str(b, "<|end|>");
+			strbuf_cat(b, "<|start|>assistant<|channel|>analysis<|message|>");
+			strbuf_cat(b, m[i].reasoning);
+			strbuf_cat(b, "<|end|>");
 		}
-		sb_str(b, "<|start|>assistant<|channel|>final<|message|>");
-		sb_str(b, m[i].content);
-		sb_str(b, i == n - 1 && !gen ? "<|return|>" : "<|end|>");
+		strbuf_cat(b, "<|start|>assistant<|channel|>final<|message|>");
+		strbuf_cat(b, m[i].content);
+		strbuf_cat(b, i == n - 1 && !gen ? "<|return|>" : "<|end|>");
 	}
 	if (gen)
-		sb_str(b, "<|start|>assistant");
+		strbuf_cat(b, "<|start|>assistant");
 }
 
 /* Gemma 3: the system text (untrimmed) + blank line opens the first user turn; contents trimmed. */
 static void
-render_gemma(const struct chat_msg *m, size_t n, int gen, const char *bos, struct sbuf *b)
+render_gemma(const struct chat_msg *m, size_t n, int gen, const char *bos, struct strbuf *b)
 {
 	size_t i, first = role_of(&m[0]) == ROLE_SYSTEM;
 
-	sb_str(b, bos);
+	strbuf_cat(b, bos);
 	for (i = first; i < n; i++) {
-		sb_str(b, role_of(&m[i]) == ROLE_USER ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
+		strbuf_cat(b, role_of(&m[i]) == ROLE_USER ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
 		if (first && i == first) {
-			sb_str(b, m[0].content);
-			sb_str(b, "\n\n");
+			strbuf_cat(b, m[0].content);
+			strbuf_cat(b, "\n\n");
 		}
 		sb_strip(b, m[i].content, strlen(m[i].content));
-		sb_str(b, "<end_of_turn>\n");
+		strbuf_cat(b, "<end_of_turn>\n");
 	}
 	if (gen)
-		sb_str(b, "<start_of_turn>model\n");
+		strbuf_cat(b, "<start_of_turn>model\n");
 }
 
 /* How one of Mistral's [INST] templates spells a conversation. */
@@ -607,58 +580,58 @@ static const struct inst_style inst_v1 = { " [INST] ", " [/INST]", 0, 0 };
 /* Mistral's v1 and v3 templates: BOS, user turns in [INST] markers, each reply closed by </s>. */
 static void
 render_inst(const struct chat_msg *m, size_t n, const char *bos, const struct inst_style *st,
-    struct sbuf *b)
+    struct strbuf *b)
 {
 	size_t i, first = role_of(&m[0]) == ROLE_SYSTEM, sys_at = st->sys_last ? n - 1 : first;
 
-	sb_str(b, bos);
+	strbuf_cat(b, bos);
 	for (i = first; i < n; i++) {
 		if (role_of(&m[i]) == ROLE_ASSISTANT) {
-			sb_str(b, " ");
+			strbuf_cat(b, " ");
 			if (st->strip_reply)
 				sb_strip(b, m[i].content, strlen(m[i].content));
 			else
-				sb_str(b, m[i].content);
-			sb_str(b, "</s>");
+				strbuf_cat(b, m[i].content);
+			strbuf_cat(b, "</s>");
 			continue;
 		}
-		sb_str(b, st->open);
+		strbuf_cat(b, st->open);
 		if (first && i == sys_at) {
-			sb_str(b, m[0].content);
-			sb_str(b, "\n\n");
+			strbuf_cat(b, m[0].content);
+			strbuf_cat(b, "\n\n");
 		}
-		sb_str(b, m[i].content);
-		sb_str(b, st->close);
+		strbuf_cat(b, m[i].content);
+		strbuf_cat(b, st->close);
 	}
 }
 
 /* Llama 2 chat: <<SYS>> joins the first user turn; each whole turn is stripped; BOS before every user turn. */
 static void
-render_llama2(const struct chat_msg *m, size_t n, const char *bos, struct sbuf *b)
+render_llama2(const struct chat_msg *m, size_t n, const char *bos, struct strbuf *b)
 {
 	size_t i, first = role_of(&m[0]) == ROLE_SYSTEM;
-	struct sbuf turn = { 0 };
+	struct strbuf turn = { 0 };
 
 	for (i = first; i < n; i++) {
 		turn.n = 0;
 		if (first && i == first) {
-			sb_str(&turn, "<<SYS>>\n");
-			sb_str(&turn, m[0].content);
-			sb_str(&turn, "\n<</SYS>>\n\n");
+			strbuf_cat(&turn, "<<SYS>>\n");
+			strbuf_cat(&turn, m[0].content);
+			strbuf_cat(&turn, "\n<</SYS>>\n\n");
 		}
-		sb_str(&turn, m[i].content);
+		strbuf_cat(&turn, m[i].content);
 		if (role_of(&m[i]) == ROLE_USER) {
-			sb_str(b, bos);
-			sb_str(b, "[INST] ");
-			sb_strip(b, turn.p, turn.n);
-			sb_str(b, " [/INST]");
+			strbuf_cat(b, bos);
+			strbuf_cat(b, "[INST] ");
+			sb_strip(b, turn.s, turn.n);
+			strbuf_cat(b, " [/INST]");
 		} else {
-			sb_str(b, " ");
-			sb_strip(b, turn.p, turn.n);
-			sb_str(b, " </s>");
+			strbuf_cat(b, " ");
+			sb_strip(b, turn.s, turn.n);
+			strbuf_cat(b, " </s>");
 		}
 	}
-	free(turn.p);
+	free(turn.s);
 }
 
 int
@@ -666,7 +639,7 @@ chat_render_opts(enum chat_tmpl t, const struct chat_msg *msgs, size_t n,
     const struct chat_opts *o, char **out, size_t *out_len, char *err)
 {
 	int gen = o->add_generation_prompt, rc;
-	struct sbuf b = { 0 };
+	struct strbuf b = { 0 };
 	const char *bos;
 	char date[11];
 
@@ -676,7 +649,7 @@ chat_render_opts(enum chat_tmpl t, const struct chat_msg *msgs, size_t n,
 	    (t == CHAT_HARMONY && (rc = harmony_date(o->date, date, err)) != 0))
 		return rc;
 	bos = o->bos_text != NULL ? o->bos_text : default_bos[t];
-	sb_add(&b, "", 0);
+	strbuf_add(&b, "", 0);
 	switch (t) {
 	case CHAT_RAW:
 		render_raw(msgs, n, &b);
@@ -706,7 +679,7 @@ chat_render_opts(enum chat_tmpl t, const struct chat_msg *msgs, size_t n,
 		render_inst(msgs, n, bos, &inst_v1, &b);
 		break;
 	}
-	*out = b.p;
+	*out = b.s;
 	*out_len = b.n;
 	return 0;
 }

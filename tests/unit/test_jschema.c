@@ -854,46 +854,9 @@ test_hostile(void **state)
 
 /* ---- random schemas and instances ---- */
 
-/* A growing text. */
-struct tb {
-	char *s;
-	size_t n, cap;
-};
-
+/* Appends code point cp as UTF-8. */
 static void
-tb_addn(struct tb *b, const char *s, size_t n)
-{
-	if (b->n + n + 1 > b->cap) {
-		b->cap = MAX(2 * b->cap, b->n + n + 256);
-		b->s = xrealloc(b->s, b->cap);
-	}
-	memcpy(b->s + b->n, s, n);
-	b->n += n;
-	b->s[b->n] = '\0';
-}
-
-static void
-tb_add(struct tb *b, const char *s)
-{
-	tb_addn(b, s, strlen(s));
-}
-
-static void tb_printf(struct tb *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void
-tb_printf(struct tb *b, const char *fmt, ...)
-{
-	char tmp[512];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(tmp, sizeof tmp, fmt, ap);
-	va_end(ap);
-	tb_add(b, tmp);
-}
-
-static void
-tb_utf8(struct tb *b, uint32_t cp)
+tb_utf8(struct strbuf *b, uint32_t cp)
 {
 	static const unsigned char lead[5] = { 0, 0, 0xc0, 0xe0, 0xf0 };
 	char u[4];
@@ -902,20 +865,20 @@ tb_utf8(struct tb *b, uint32_t cp)
 	for (size_t i = n; i-- > 1; cp >>= 6)
 		u[i] = (char)(0x80 | (cp & 0x3f));
 	u[0] = (char)(lead[n] | cp);
-	tb_addn(b, u, n);
+	strbuf_add(b, u, n);
 }
 
 /* Whitespace between tokens, within the bound: none, a space or tab, or a newline and an indent. */
 static void
-ws(struct tb *b)
+ws(struct strbuf *b)
 {
 	switch (rnd(6)) {
-	case 0: tb_add(b, " "); break;
-	case 1: tb_add(b, "\t"); break;
+	case 0: strbuf_cat(b, " "); break;
+	case 1: strbuf_cat(b, "\t"); break;
 	case 2:
-		tb_add(b, "\n");
+		strbuf_cat(b, "\n");
 		for (uint32_t n = rnd(JSCHEMA_MAX_INDENT + 1); n > 0; n--)
-			tb_add(b, rnd(4) ? " " : "\t");
+			strbuf_cat(b, rnd(4) ? " " : "\t");
 		break;
 	default: break;
 	}
@@ -927,67 +890,67 @@ static const uint32_t pool[] = { 'a', 'b', 'z', 'Q', '0', '5', ' ', '.', '-', '"
 
 /* One code point inside a JSON string; any: also as \uXXXX (a surrogate pair past U+FFFF) or \/. */
 static void
-spell_cp(struct tb *b, uint32_t cp, int any)
+spell_cp(struct strbuf *b, uint32_t cp, int any)
 {
 	static const char short_esc[32] = { ['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't' };
 
 	if (cp == '"' || cp == '\\')
-		tb_add(b, cp == '"' ? "\\\"" : "\\\\");
+		strbuf_cat(b, cp == '"' ? "\\\"" : "\\\\");
 	else if (cp < 0x20 && short_esc[cp] != 0 && rnd(2))
-		tb_printf(b, "\\%c", short_esc[cp]);
+		strbuf_printf(b, "\\%c", short_esc[cp]);
 	else if (cp < 0x20)
-		tb_printf(b, rnd(2) ? "\\u%04x" : "\\u%04X", cp);
+		strbuf_printf(b, rnd(2) ? "\\u%04x" : "\\u%04X", cp);
 	else if (any && cp == '/' && rnd(2))
-		tb_add(b, "\\/");
+		strbuf_cat(b, "\\/");
 	else if (any && rnd(4) == 0 && cp >= 0x10000)
-		tb_printf(b, "\\u%04x\\u%04X", 0xd800 + ((cp - 0x10000) >> 10), 0xdc00 + ((cp - 0x10000) & 0x3ff));
+		strbuf_printf(b, "\\u%04x\\u%04X", 0xd800 + ((cp - 0x10000) >> 10), 0xdc00 + ((cp - 0x10000) & 0x3ff));
 	else if (any && rnd(4) == 0 && cp < 0x10000)
-		tb_printf(b, "\\u%04X", cp);
+		strbuf_printf(b, "\\u%04X", cp);
 	else
 		tb_utf8(b, cp);
 }
 
 /* Any JSON value, small, spelled with whitespace. */
 static void
-any_value(struct tb *b, int depth)
+any_value(struct strbuf *b, int depth)
 {
 	uint32_t k = rnd(depth > 2 ? 6 : 8), n;
 
 	switch (k) {
-	case 0: tb_add(b, "null"); break;
-	case 1: tb_add(b, rnd(2) ? "true" : "false"); break;
-	case 2: tb_printf(b, "%d", (int)rnd(2001) - 1000); break;
+	case 0: strbuf_cat(b, "null"); break;
+	case 1: strbuf_cat(b, rnd(2) ? "true" : "false"); break;
+	case 2: strbuf_printf(b, "%d", (int)rnd(2001) - 1000); break;
 	case 3:
-		tb_printf(b, "%s%u.%02ue%s%u", rnd(2) ? "-" : "", rnd(100), rnd(100), rnd(2) ? "-" : "+", rnd(30));
+		strbuf_printf(b, "%s%u.%02ue%s%u", rnd(2) ? "-" : "", rnd(100), rnd(100), rnd(2) ? "-" : "+", rnd(30));
 		break;
 	case 4:
 	case 5:
-		tb_add(b, "\"");
+		strbuf_cat(b, "\"");
 		for (n = rnd(6); n > 0; n--)
 			spell_cp(b, pool[rnd(ARRAY_LEN(pool))], 1);
-		tb_add(b, "\"");
+		strbuf_cat(b, "\"");
 		break;
 	case 6:
-		tb_add(b, "["), ws(b);
+		strbuf_cat(b, "["), ws(b);
 		for (n = rnd(4); n > 0; n--) {
 			any_value(b, depth + 1);
 			if (n > 1)
-				ws(b), tb_add(b, ","), ws(b);
+				ws(b), strbuf_cat(b, ","), ws(b);
 		}
-		tb_add(b, "]");
+		strbuf_cat(b, "]");
 		break;
 	default:
-		tb_add(b, "{"), ws(b);
+		strbuf_cat(b, "{"), ws(b);
 		for (n = rnd(4); n > 0; n--) {
-			tb_add(b, "\"");
+			strbuf_cat(b, "\"");
 			spell_cp(b, pool[rnd(ARRAY_LEN(pool))], 1);
-			tb_printf(b, "%u\"", n);
-			ws(b), tb_add(b, ":"), ws(b);
+			strbuf_printf(b, "%u\"", n);
+			ws(b), strbuf_cat(b, ":"), ws(b);
 			any_value(b, depth + 1);
 			if (n > 1)
-				ws(b), tb_add(b, ","), ws(b);
+				ws(b), strbuf_cat(b, ","), ws(b);
 		}
-		tb_add(b, "}");
+		strbuf_cat(b, "}");
 	}
 }
 
@@ -1116,65 +1079,65 @@ rn_free(struct rnode *r)
 
 /* A code point in a pattern; in a class, its own marks escaped. */
 static void
-rn_write_cp(struct tb *b, uint32_t cp, int in_class)
+rn_write_cp(struct strbuf *b, uint32_t cp, int in_class)
 {
 	if (cp == '\n' || cp == '\t')
-		tb_add(b, cp == '\n' ? "\\n" : "\\t");
+		strbuf_cat(b, cp == '\n' ? "\\n" : "\\t");
 	else if (cp < 0x20 || cp == 0x7f)
-		tb_printf(b, rnd(2) ? "\\x%02x" : "\\u%04X", cp);
+		strbuf_printf(b, rnd(2) ? "\\x%02x" : "\\u%04X", cp);
 	else if (strchr(in_class ? "]\\-^" : "^$\\.*+?()[]{}|/", (int)cp) != NULL && cp < 0x80)
-		tb_printf(b, "\\%c", (char)cp);
+		strbuf_printf(b, "\\%c", (char)cp);
 	else if (cp >= 0x10000 && rnd(2))
-		tb_printf(b, "\\u%04x\\u%04x", 0xd800 + ((cp - 0x10000) >> 10), 0xdc00 + ((cp - 0x10000) & 0x3ff));
+		strbuf_printf(b, "\\u%04x\\u%04x", 0xd800 + ((cp - 0x10000) >> 10), 0xdc00 + ((cp - 0x10000) & 0x3ff));
 	else if (cp >= 0x80 && cp < 0x10000 && rnd(2))
-		tb_printf(b, "\\u%04x", cp);
+		strbuf_printf(b, "\\u%04x", cp);
 	else
 		tb_utf8(b, cp);
 }
 
 static void
-rn_write(struct tb *b, const struct rnode *r)
+rn_write(struct strbuf *b, const struct rnode *r)
 {
 	static const char *const forms[] = { "*", "+", "?" };
 
 	switch (r->kind) {
 	case RN_CHAR: rn_write_cp(b, r->cp, 0); break;
-	case RN_DOT: tb_add(b, "."); break;
-	case RN_ESC: tb_printf(b, "\\%c", r->esc); break;
+	case RN_DOT: strbuf_cat(b, "."); break;
+	case RN_ESC: strbuf_printf(b, "\\%c", r->esc); break;
 	case RN_SET:
-		tb_add(b, r->neg ? "[^" : "[");
+		strbuf_cat(b, r->neg ? "[^" : "[");
 		for (int i = 0; i < r->nr; i++) {
 			rn_write_cp(b, r->lo[i], 1);
 			if (r->hi[i] != r->lo[i])
-				tb_add(b, "-"), rn_write_cp(b, r->hi[i], 1);
+				strbuf_cat(b, "-"), rn_write_cp(b, r->hi[i], 1);
 		}
-		tb_add(b, "]");
+		strbuf_cat(b, "]");
 		break;
 	case RN_GROUP:
-		tb_add(b, r->style == 0 ? "(" : r->style == 1 ? "(?:" : "(?<n1>");
+		strbuf_cat(b, r->style == 0 ? "(" : r->style == 1 ? "(?:" : "(?<n1>");
 		for (int a = 0; a < r->nalt; a++) {
 			if (a > 0)
-				tb_add(b, "|");
+				strbuf_cat(b, "|");
 			for (int i = 0; r->alt[a][i] != NULL; i++)
 				rn_write(b, r->alt[a][i]);
 		}
-		tb_add(b, ")");
+		strbuf_cat(b, ")");
 		break;
 	default:
 		if (r->kid->kind == RN_QUANT) /* a quantifier on a quantifier: group it */
-			tb_add(b, "(?:"), rn_write(b, r->kid), tb_add(b, ")");
+			strbuf_cat(b, "(?:"), rn_write(b, r->kid), strbuf_cat(b, ")");
 		else
 			rn_write(b, r->kid);
 		if (r->form < 3)
-			tb_add(b, forms[r->form]);
+			strbuf_cat(b, forms[r->form]);
 		else if (r->form == 3)
-			tb_printf(b, "{%d}", r->qlo);
+			strbuf_printf(b, "{%d}", r->qlo);
 		else if (r->form == 4)
-			tb_printf(b, "{%d,}", r->qlo);
+			strbuf_printf(b, "{%d,}", r->qlo);
 		else
-			tb_printf(b, "{%d,%d}", r->qlo, r->qhi);
+			strbuf_printf(b, "{%d,%d}", r->qlo, r->qhi);
 		if (r->lazy)
-			tb_add(b, "?");
+			strbuf_cat(b, "?");
 	}
 }
 
@@ -1255,26 +1218,26 @@ struct rpat {
 static void
 rpat_gen(struct rpat *p)
 {
-	struct tb b = { 0 };
+	struct strbuf b = { 0 };
 
 	p->nalt = 1 + (rnd(4) == 0);
 	for (int a = 0; a < p->nalt; a++) {
 		p->start[a] = rnd(4) != 0, p->end[a] = rnd(4) != 0;
 		rn_seq(p->alt[a], 0, 4);
 		if (a > 0)
-			tb_add(&b, "|");
-		tb_add(&b, p->start[a] ? "^" : "");
+			strbuf_cat(&b, "|");
+		strbuf_cat(&b, p->start[a] ? "^" : "");
 		for (int i = 0; p->alt[a][i] != NULL; i++)
 			rn_write(&b, p->alt[a][i]);
-		tb_add(&b, p->end[a] ? "$" : "");
+		strbuf_cat(&b, p->end[a] ? "$" : "");
 	}
-	tb_add(&b, "");
+	strbuf_cat(&b, "");
 	p->text = b.s;
 }
 
 /* A sample of p as a JSON string: any text around an unanchored side. */
 static void
-rpat_sample(const struct rpat *p, struct tb *b)
+rpat_sample(const struct rpat *p, struct strbuf *b)
 {
 	struct cps *c = xcalloc(1, sizeof *c);
 	int a = (int)rnd((uint32_t)p->nalt);
@@ -1285,10 +1248,10 @@ rpat_sample(const struct rpat *p, struct tb *b)
 		rn_sample(p->alt[a][i], c);
 	for (uint32_t n = p->end[a] ? 0 : rnd(3); n > 0; n--)
 		cps_add(c, pool[rnd(ARRAY_LEN(pool))]);
-	tb_add(b, "\"");
+	strbuf_cat(b, "\"");
 	for (int i = 0; i < c->n; i++)
 		spell_cp(b, c->v[i], 0);
-	tb_add(b, "\"");
+	strbuf_cat(b, "\"");
 	free(c);
 }
 
@@ -1409,7 +1372,7 @@ gen_str(struct rgen *g)
 static json_t *
 gen_value(int depth)
 {
-	struct tb b = { 0 };
+	struct strbuf b = { 0 };
 	json_t *v;
 
 	switch (rnd(depth > 0 ? 7 : 9)) {
@@ -1422,7 +1385,7 @@ gen_value(int depth)
 	case 6:
 		for (uint32_t n = rnd(5); n > 0; n--)
 			tb_utf8(&b, pool[rnd(ARRAY_LEN(pool))]);
-		tb_add(&b, "");
+		strbuf_cat(&b, "");
 		v = json_string(b.s);
 		free(b.s);
 		return v;
@@ -1651,7 +1614,7 @@ gen_schema(struct rgen *g, int depth)
 
 /* ---- instances of random schemas ---- */
 
-static void gen_inst(struct rgen *g, const json_t *s, int depth, struct tb *b);
+static void gen_inst(struct rgen *g, const json_t *s, int depth, struct strbuf *b);
 
 /* A bound of integers as an inclusive integer (lower: ceilings; upper: floors); 0 if none. */
 static int
@@ -1681,7 +1644,7 @@ int_bound_of(const json_t *s, int hi, int64_t *v)
 }
 
 static void
-inst_int(const json_t *s, struct tb *b)
+inst_int(const json_t *s, struct strbuf *b)
 {
 	int64_t lo = 0, hi = 0;
 	int has_lo = int_bound_of(s, 0, &lo), has_hi = int_bound_of(s, 1, &hi);
@@ -1695,14 +1658,14 @@ inst_int(const json_t *s, struct tb *b)
 		hi = lo + (int64_t)rnd(1000);
 	span = (uint64_t)hi - (uint64_t)lo; /* below 2^64 - 1: bounds are within 9e18 */
 	if (rnd(3) == 0)
-		tb_printf(b, "%lld", (long long)(rnd(2) ? lo : hi));
+		strbuf_printf(b, "%lld", (long long)(rnd(2) ? lo : hi));
 	else
-		tb_printf(b, "%lld", (long long)((uint64_t)lo + ((uint64_t)rng() << 32 | rng()) % (span + 1)));
+		strbuf_printf(b, "%lld", (long long)((uint64_t)lo + ((uint64_t)rng() << 32 | rng()) % (span + 1)));
 }
 
 /* Numbers (whole bounds, maybe exclusive), spelled without exponent, never -0. */
 static void
-inst_num(const json_t *s, struct tb *b)
+inst_num(const json_t *s, struct strbuf *b)
 {
 	static const char *const fracs[] = { "", ".5", ".25", ".0", ".125", ".000" };
 	const json_t *mn = json_object_get(s, "minimum"), *mx = json_object_get(s, "maximum");
@@ -1725,16 +1688,16 @@ inst_num(const json_t *s, struct tb *b)
 		snprintf(num, sizeof num, "%s%.0f%s", whole < 0 ? "-" : "", fabs(whole), fracs[rnd(ARRAY_LEN(fracs))]);
 		v = strtod(num, NULL);
 		if ((lo_x ? v > lo : v >= lo) && (hi_x ? v < hi : v <= hi) && !(v == 0 && num[0] == '-')) {
-			tb_add(b, num);
+			strbuf_cat(b, num);
 			return;
 		}
 	}
 	snprintf(num, sizeof num, "%.1f", lo + 0.5); /* lo + 1 <= hi: always within */
-	tb_add(b, strcmp(num, "-0.0") == 0 ? "0.0" : num);
+	strbuf_cat(b, strcmp(num, "-0.0") == 0 ? "0.0" : num);
 }
 
 static void
-inst_date(struct tb *b)
+inst_date(struct strbuf *b)
 {
 	static const int days[] = { 31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31 };
 	int y = 1 + (int)rnd(9999), m = 1 + (int)rnd(12), leap = y % 4 == 0 && (y % 100 != 0 || y % 400 == 0);
@@ -1742,23 +1705,23 @@ inst_date(struct tb *b)
 
 	if (rnd(8) == 0)
 		y = 2000 + 4 * (int)rnd(25), m = 2, d = 29;
-	tb_printf(b, "%04d-%02d-%02d", y, m, d);
+	strbuf_printf(b, "%04d-%02d-%02d", y, m, d);
 }
 
 static void
-inst_time(struct tb *b)
+inst_time(struct strbuf *b)
 {
-	tb_printf(b, "%02u:%02u:%02u", rnd(24), rnd(60), rnd(60));
+	strbuf_printf(b, "%02u:%02u:%02u", rnd(24), rnd(60), rnd(60));
 	if (rnd(2))
-		tb_printf(b, ".%u", rnd(1000000));
+		strbuf_printf(b, ".%u", rnd(1000000));
 	if (rnd(2))
-		tb_add(b, "Z");
+		strbuf_cat(b, "Z");
 	else
-		tb_printf(b, "%c%02u:%02u", rnd(2) ? '+' : '-', rnd(24), rnd(60));
+		strbuf_printf(b, "%c%02u:%02u", rnd(2) ? '+' : '-', rnd(24), rnd(60));
 }
 
 static void
-inst_str(struct rgen *g, const json_t *s, struct tb *b)
+inst_str(struct rgen *g, const json_t *s, struct strbuf *b)
 {
 	const json_t *fmt = json_object_get(s, "format"), *pat = json_object_get(s, "pattern");
 	const json_t *mn = json_object_get(s, "minLength"), *mx = json_object_get(s, "maxLength");
@@ -1772,50 +1735,50 @@ inst_str(struct rgen *g, const json_t *s, struct tb *b)
 			}
 		fail_msg("a pattern not made here: %s", json_string_value(pat));
 	}
-	tb_add(b, "\"");
+	strbuf_cat(b, "\"");
 	if (fmt != NULL && strcmp(json_string_value(fmt), "uuid") == 0) {
 		for (int i = 0; i < 32; i++)
-			tb_printf(b, "%s%c", i == 8 || i == 12 || i == 16 || i == 20 ? "-" : "",
+			strbuf_printf(b, "%s%c", i == 8 || i == 12 || i == 16 || i == 20 ? "-" : "",
 			    "0123456789abcdefABCDEF"[rnd(22)]);
 	} else if (fmt != NULL) {
 		if (strcmp(json_string_value(fmt), "time") != 0)
 			inst_date(b);
 		if (strcmp(json_string_value(fmt), "date-time") == 0)
-			tb_add(b, "T");
+			strbuf_cat(b, "T");
 		if (strcmp(json_string_value(fmt), "date") != 0)
 			inst_time(b);
 	} else {
 		for (int n = lo + (int)rnd((uint32_t)(MIN(hi, lo + 6) - lo + 1)); n > 0; n--)
 			spell_cp(b, pool[rnd(ARRAY_LEN(pool))], 1);
 	}
-	tb_add(b, "\"");
+	strbuf_cat(b, "\"");
 }
 
 static void
-inst_key(struct tb *b, const char *k)
+inst_key(struct strbuf *b, const char *k)
 {
 	json_t *j = json_string(k);
 	char *sp = json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
 
-	tb_add(b, sp);
+	strbuf_cat(b, sp);
 	free(sp);
 	json_decref(j);
 }
 
 /* "," and whitespace before a member or element but the first. */
 static void
-sep(struct tb *b, int *first)
+sep(struct strbuf *b, int *first)
 {
 	if (!*first)
-		ws(b), tb_add(b, ","), ws(b);
+		ws(b), strbuf_cat(b, ","), ws(b);
 	*first = 0;
 }
 
 static void
-inst_member(struct rgen *g, struct tb *b, const char *k, const json_t *v, int depth, int *first)
+inst_member(struct rgen *g, struct strbuf *b, const char *k, const json_t *v, int depth, int *first)
 {
 	sep(b, first);
-	inst_key(b, k), ws(b), tb_add(b, ":"), ws(b);
+	inst_key(b, k), ws(b), strbuf_cat(b, ":"), ws(b);
 	gen_inst(g, v, depth + 1, b);
 }
 
@@ -1831,7 +1794,7 @@ named(const json_t *s, const char *k)
 }
 
 static void
-inst_obj(struct rgen *g, const json_t *s, int depth, struct tb *b)
+inst_obj(struct rgen *g, const json_t *s, int depth, struct strbuf *b)
 {
 	const json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
 	const json_t *addl = json_object_get(s, "additionalProperties");
@@ -1839,7 +1802,7 @@ inst_obj(struct rgen *g, const json_t *s, int depth, struct tb *b)
 	json_t *v;
 	int first = 1;
 
-	tb_add(b, "{"), ws(b);
+	strbuf_cat(b, "{"), ws(b);
 	json_object_foreach((json_t *)props, k, v) {
 		int required = 0;
 
@@ -1866,11 +1829,11 @@ inst_obj(struct rgen *g, const json_t *s, int depth, struct tb *b)
 		}
 	if (!first) /* one whitespace between "{" and "}" */
 		ws(b);
-	tb_add(b, "}");
+	strbuf_cat(b, "}");
 }
 
 static void
-inst_arr(struct rgen *g, const json_t *s, int depth, struct tb *b)
+inst_arr(struct rgen *g, const json_t *s, int depth, struct strbuf *b)
 {
 	const json_t *prefix = json_object_get(s, "prefixItems"), *items = json_object_get(s, "items");
 	const json_t *mn = json_object_get(s, "minItems"), *mx = json_object_get(s, "maxItems");
@@ -1880,7 +1843,7 @@ inst_arr(struct rgen *g, const json_t *s, int depth, struct tb *b)
 	long n = depth >= 6 ? lo : lo + (long)rnd((uint32_t)(top - lo + 1));
 	int first = 1;
 
-	tb_add(b, "["), ws(b);
+	strbuf_cat(b, "["), ws(b);
 	for (long i = 0; i < n; i++) {
 		sep(b, &first);
 		gen_inst(g, i < k ? json_array_get(prefix, (size_t)i) : items != NULL ? items : json_true(), depth + 1,
@@ -1888,7 +1851,7 @@ inst_arr(struct rgen *g, const json_t *s, int depth, struct tb *b)
 	}
 	if (!first)
 		ws(b);
-	tb_add(b, "]");
+	strbuf_cat(b, "]");
 }
 
 /* 1 if s constrains nothing (true, or annotations only). */
@@ -1928,7 +1891,7 @@ pick_type(const json_t *s)
 }
 
 static void
-gen_inst(struct rgen *g, const json_t *s, int depth, struct tb *b)
+gen_inst(struct rgen *g, const json_t *s, int depth, struct strbuf *b)
 {
 	const json_t *v, *en = json_object_get(s, "enum");
 	const char *t;
@@ -1955,10 +1918,10 @@ gen_inst(struct rgen *g, const json_t *s, int depth, struct tb *b)
 			pick = en != NULL ? json_array_get(en, rnd((uint32_t)json_array_size(en))) : pick;
 		while (type != NULL && !type_has(type, pick));
 		sp = json_dumps(pick, JSON_COMPACT | JSON_ENCODE_ANY);
-		tb_add(b, sp);
+		strbuf_cat(b, sp);
 		free(sp);
 	} else if (strcmp(t = pick_type(s), "null") == 0 || strcmp(t, "boolean") == 0) {
-		tb_add(b, t[0] == 'n' ? "null" : rnd(2) ? "true" : "false");
+		strbuf_cat(b, t[0] == 'n' ? "null" : rnd(2) ? "true" : "false");
 	} else if (strcmp(t, "integer") == 0) {
 		inst_int(s, b);
 	} else if (strcmp(t, "number") == 0) {
@@ -1993,7 +1956,7 @@ test_random(void **state)
 		sch = json_dumps(s, JSON_COMPACT | JSON_ENCODE_ANY);
 		gr = compile_json(s, &text);
 		for (int k = 0; k < 4; k++, n_inst++) {
-			struct tb b = { 0 };
+			struct strbuf b = { 0 };
 			json_t *parsed;
 
 			gen_inst(&g, s, 0, &b);
