@@ -392,8 +392,13 @@ decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 	    (rc = get_str(m, "model", 0, PROTO_MAX_MODEL, &r->model, err)) ||
 	    (rc = get_sampling(m, r, err)) || (rc = get_stop(m, r, err)) ||
 	    (rc = get_bool(m, "stream", &r->stream, err)) || (rc = get_bool(m, "logprobs", &r->logprobs, err)) ||
-	    (rc = get_str(m, "priority", 0, SIZE_MAX, &prio, err)))
+	    (rc = get_str(m, "priority", 0, SIZE_MAX, &prio, err)) ||
+	    (rc = get_str(m, "grammar", 0, PROTO_MAX_TEXT, &r->grammar, err)) ||
+	    (rc = get_str(m, "json_schema", 0, PROTO_MAX_TEXT, &r->json_schema, err)) ||
+	    (rc = get_bool(m, "json", &r->json, err)))
 		return rc;
+	if ((r->grammar != NULL) + (r->json_schema != NULL) + (r->json != 0) > 1)
+		return err_set(err, PE_BAD_REQUEST, "give at most one of 'grammar', 'json_schema' and 'json'");
 	if (prio != NULL) {
 		if (strcmp(prio, "background") == 0)
 			r->priority = PRIO_BACKGROUND;
@@ -584,6 +589,7 @@ proto_req_free(struct proto_req *r)
 		free(r->stop[i]);
 	free(r->msgs), free(r->client), free(r->prompt), free(r->session), free(r->model);
 	free(r->title), free(r->system), free(r->defaults), free(r->text), free(r->tokens);
+	free(r->grammar), free(r->json_schema);
 	memset(r, 0, sizeof *r);
 }
 

@@ -86,6 +86,10 @@ struct proto_req {
 	enum proto_priority priority;
 	int stream;
 	int logprobs;
+	/* at most one of these constrains the output (grammar.h, jschema.h): */
+	char *grammar;          /* grammar text */
+	char *json_schema;      /* a JSON Schema as JSON text */
+	int json;               /* 1: any JSON object */
 	/* shared by several ops */
 	char *session;
 	char *model;
