@@ -12,9 +12,17 @@
  * where in the schema it comes from. The same graph, acyclic then, gives
  * each schema the JSON types it may generate, which is what oneOf's
  * disjointness needs.
+ *
+ * This file is the walk over schemas: their keywords, references and the
+ * checks of the whole, and the state, rules and errors of the compiler.
+ * The text inside a value that bounds and patterns narrow reads one
+ * keyword's value alone and has grammars of its own (digit ranges, sets
+ * of code points, the pattern subset): jschema_text.c spells it, writing
+ * its rules through the functions jschema_int.h shares.
  */
 #include "config.h"
 #include "jschema.h"
+#include "jschema_int.h"
 #include "grammar.h"
 #include "util.h"
 
@@ -25,18 +33,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define XSTR(x) #x
-#define STR(x) XSTR(x)
-
-#define NAME_LEN 48
 /* Most bytes of a JSON pointer shown in a message (its last ones). */
 #define MAX_SHOWN 96
 
 /* ---- text ---- */
 
 /* Empties b, keeping its memory. */
-static void
-sb_clear(struct strbuf *b)
+void
+js_sb_clear(struct strbuf *b)
 {
 	b->n = 0;
 	if (b->s != NULL)
@@ -51,8 +55,8 @@ sb_str(const struct strbuf *b)
 }
 
 /* One code point inside a grammar literal or class: ASCII letters, digits and a few marks raw, the rest escaped. */
-static void
-gl_cp(struct strbuf *b, uint32_t cp)
+void
+js_gl_cp(struct strbuf *b, uint32_t cp)
 {
 	if (cp < 0x7f && cp >= 0x20 && strchr("\"\\[]-^'#", (int)cp) == NULL)
 		strbuf_add(b, (const char *)&(char){ (char)cp }, 1);
@@ -75,14 +79,14 @@ gl_lit(struct strbuf *b, const char *s, size_t n)
 		if (u >= 0x80)
 			strbuf_add(b, s + i, 1);
 		else
-			gl_cp(b, u);
+			js_gl_cp(b, u);
 	}
 	strbuf_cat(b, "\"");
 }
 
 /* The code point of the UTF-8 sequence at s (valid, as jansson keeps strings); its length in *len. */
-static uint32_t
-utf8_cp(const char *s, size_t avail, int *len)
+uint32_t
+js_utf8_cp(const char *s, size_t avail, int *len)
 {
 	const unsigned char *u = (const unsigned char *)s;
 	int n = utf8_seq_len(u, avail);
@@ -99,21 +103,23 @@ utf8_cp(const char *s, size_t avail, int *len)
 }
 
 /* The value of hexadecimal digit ch; -1 if it is none. */
-static int
-hex_val(char ch)
+int
+js_hex_val(char ch)
 {
 	int lower = ch | 0x20;
 
 	return ch >= '0' && ch <= '9' ? ch - '0' : lower >= 'a' && lower <= 'f' ? lower - 'a' + 10 : -1;
 }
 
-/* ---- fixed rules ---- */
+/* " | " before an alternative, unless b is empty (the first). */
+void
+js_alt(struct strbuf *b)
+{
+	if (b->n > 0)
+		strbuf_cat(b, " | ");
+}
 
-enum fixed_rule {
-	FX_WS, FX_HX, FX_JU, FX_JESC, FX_JCHAR, FX_STRING, FX_INTEGER, FX_NUMBER, FX_VALUE, FX_OBJECT, FX_OBJMORE,
-	FX_MEMBER, FX_ARRAY, FX_ARRMORE, FX_NEVER, FX_KEYTAIL, FX_KEY, FX_FRAC, FX_FRACNZ, FX_FRACZ, FX_CTL,
-	FX_PCHAR, FX_YEAR, FX_LEAPYY, FX_LEAP, FX_MDAY, FX_DATE, FX_TIME, FX_DATETIME, FX_UUID, FX_COUNT
-};
+/* ---- fixed rules ---- */
 
 #define B(x) (1ull << (x))
 
@@ -255,11 +261,9 @@ path_pop(struct jsc *c, size_t old)
 		c->path.s[old] = '\0';
 }
 
-static int jerr(struct jsc *c, int code, const char *key, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-
 /* An error at the path (and keyword key, if not NULL): "json_schema at /a/b: message". */
-static int
-jerr(struct jsc *c, int code, const char *key, const char *fmt, ...)
+int
+js_err(struct jsc *c, int code, const char *key, const char *fmt, ...)
 {
 	char msg[ERR_LEN];
 	size_t old = key != NULL ? path_push(c, key, strlen(key)) : c->path.n;
@@ -324,13 +328,13 @@ static int
 rule_add(struct jsc *c, const char *name, const char *body)
 {
 	if (++c->n_rules > JSCHEMA_MAX_RULES)
-		return jerr(c, ERR_RANGE, NULL, "the grammar needs more than %d rules", JSCHEMA_MAX_RULES);
+		return js_err(c, ERR_RANGE, NULL, "the grammar needs more than %d rules", JSCHEMA_MAX_RULES);
 	lowered_size(body, &c->low_rules, &c->low_elems);
 	if (c->low_rules > GRAM_MAX_RULES || c->low_elems > GRAM_MAX_ELEMS)
-		return jerr(c, ERR_RANGE, NULL, "the grammar's counts would expand past grammar.c's limits (%d rules, "
-		    "%d elements)", GRAM_MAX_RULES, GRAM_MAX_ELEMS);
+		return js_err(c, ERR_RANGE, NULL, "the grammar's counts would expand past grammar.c's limits "
+		    "(%d rules, %d elements)", GRAM_MAX_RULES, GRAM_MAX_ELEMS);
 	if (c->out.n + strlen(name) + strlen(body) + 6 > GRAM_MAX_TEXT)
-		return jerr(c, ERR_RANGE, NULL, "the grammar would exceed its limit of %d bytes", GRAM_MAX_TEXT);
+		return js_err(c, ERR_RANGE, NULL, "the grammar would exceed its limit of %d bytes", GRAM_MAX_TEXT);
 	strbuf_cat(&c->out, name);
 	strbuf_cat(&c->out, " ::= ");
 	strbuf_cat(&c->out, body);
@@ -339,8 +343,8 @@ rule_add(struct jsc *c, const char *name, const char *body)
 }
 
 /* The rule whose body is body, made the first time (name: r<id>). */
-static int
-rule_shared(struct jsc *c, const char *body, char *name)
+int
+js_rule_shared(struct jsc *c, const char *body, char *name)
 {
 	uint32_t h = hash32(body, strlen(body)), i;
 	int rc;
@@ -372,8 +376,8 @@ rule_shared(struct jsc *c, const char *body, char *name)
 }
 
 /* The name of fixed rule f, marked used. */
-static const char *
-fixed(struct jsc *c, enum fixed_rule f)
+const char *
+js_fixed(struct jsc *c, enum fixed_rule f)
 {
 	c->fixed |= B(f);
 	return fixed_rules[f].name;
@@ -513,9 +517,9 @@ enum_values(struct jsc *c, const json_t *s, int mask, const json_t ***out)
 
 	*out = NULL;
 	if (en != NULL && (!json_is_array(en) || n == 0))
-		return jerr(c, ERR_INVAL, "enum", "enum must be an array of values");
+		return js_err(c, ERR_INVAL, "enum", "enum must be an array of values");
 	if (n > JSCHEMA_MAX_ENUM)
-		return jerr(c, ERR_RANGE, "enum", "%zu values, above the limit of %d", n, JSCHEMA_MAX_ENUM);
+		return js_err(c, ERR_RANGE, "enum", "%zu values, above the limit of %d", n, JSCHEMA_MAX_ENUM);
 	*out = xcalloc(n, sizeof **out);
 	for (size_t i = 0; i < n; i++) {
 		const json_t *v = en != NULL ? json_array_get(en, i) : cn;
@@ -526,7 +530,7 @@ enum_values(struct jsc *c, const json_t *s, int mask, const json_t ***out)
 	if (k == 0) {
 		free(*out);
 		*out = NULL;
-		return jerr(c, ERR_INVAL, key, "no value satisfies enum, const and type together");
+		return js_err(c, ERR_INVAL, key, "no value satisfies enum, const and type together");
 	}
 	return k;
 }
@@ -554,7 +558,7 @@ trie_add(struct trie *t, const char *s, size_t n)
 		t->n[t->len++] = (struct tnode){ 0, 0, 0, 0 };
 	}
 	for (size_t i = 0; i < n; i += (size_t)len) {
-		cp = utf8_cp(s + i, n - i, &len);
+		cp = js_utf8_cp(s + i, n - i, &len);
 		for (k = t->n[cur].child; k != 0 && t->n[k].cp != cp; k = t->n[k].next)
 			;
 		if (k == 0) {
@@ -583,10 +587,10 @@ trie_alts(const struct trie *t, uint32_t x, uint32_t base, uint32_t **queue, uin
 		if (b->n > 0)
 			strbuf_cat(b, " | ");
 		strbuf_cat(b, "\"");
-		gl_cp(b, t->n[d].cp);
+		js_gl_cp(b, t->n[d].cp);
 		while (!t->n[d].term && t->n[d].child != 0 && t->n[t->n[d].child].next == 0) {
 			d = t->n[d].child;
-			gl_cp(b, t->n[d].cp);
+			js_gl_cp(b, t->n[d].cp);
 		}
 		strbuf_cat(b, "\"");
 		if (t->n[d].child != 0) {
@@ -617,7 +621,7 @@ enum_body(struct jsc *c, uint32_t base, const json_t *const *vals, int n, struct
 	}
 	trie_alts(&t, 0, base, &queue, &nq, &cap, body);
 	for (uint32_t q = 0; q < nq && rc == 0; q++) {
-		sb_clear(&b);
+		js_sb_clear(&b);
 		trie_alts(&t, queue[q], base, &queue, &nq, &cap, &b);
 		snprintf(name, sizeof name, "s%u-e%u", base, queue[q]);
 		rc = rule_add(c, name, b.s);
@@ -649,27 +653,27 @@ other_keys(struct jsc *c, uint32_t base, const char *const *keys, const size_t *
 	for (int i = 0; i < n; i++) {
 		size_t j;
 
-		for (j = 0; j < lens[i] && key_char(utf8_cp(keys[i] + j, lens[i] - j, &len)); j += (size_t)len)
+		for (j = 0; j < lens[i] && key_char(js_utf8_cp(keys[i] + j, lens[i] - j, &len)); j += (size_t)len)
 			;
 		if (j == lens[i])
 			trie_add(&t, keys[i], lens[i]);
 	}
 	if (t.len == 0) {
-		snprintf(name, NAME_LEN, "%s", fixed(c, FX_KEY));
+		snprintf(name, NAME_LEN, "%s", js_fixed(c, FX_KEY));
 		return 0;
 	}
 	for (uint32_t x = 0; x < t.len && rc == 0; x++) {
-		sb_clear(&b);
+		js_sb_clear(&b);
 		strbuf_cat(&b, t.n[x].term ? "" : "\"\\x22\" | ");
 		for (uint32_t ch = t.n[x].child; ch != 0; ch = t.n[ch].next) {
 			strbuf_cat(&b, "\"");
-			gl_cp(&b, t.n[ch].cp);
+			js_gl_cp(&b, t.n[ch].cp);
 			strbuf_printf(&b, "\" s%u-x%u | ", base, ch);
 		}
 		strbuf_cat(&b, "[^\\x22\\x5C\\x00-\\x1F");
 		for (uint32_t ch = t.n[x].child; ch != 0; ch = t.n[ch].next)
-			gl_cp(&b, t.n[ch].cp);
-		strbuf_printf(&b, "] %s", fixed(c, FX_KEYTAIL));
+			js_gl_cp(&b, t.n[ch].cp);
+		strbuf_printf(&b, "] %s", js_fixed(c, FX_KEYTAIL));
 		snprintf(rn, sizeof rn, "s%u-x%u", base, x);
 		rc = rule_add(c, rn, b.s);
 	}
@@ -677,847 +681,6 @@ other_keys(struct jsc *c, uint32_t base, const char *const *keys, const size_t *
 	snprintf(rn, sizeof rn, "\"\\x22\" s%u-x0", base);
 	free(t.n), free(b.s);
 	return rc != 0 ? rc : rule_add(c, name, rn);
-}
-
-/* ---- integer and number ranges ---- */
-
-#define NO_TOP UINT64_MAX
-
-static void
-alt(struct strbuf *b)
-{
-	if (b->n > 0)
-		strbuf_cat(b, " | ");
-}
-
-/* The digits from lo to hi: a literal when one. */
-static void
-digit_class(struct strbuf *b, char lo, char hi)
-{
-	strbuf_printf(b, lo == hi ? "\"%c\"" : "[%c-%c]", lo, hi);
-}
-
-/* Into b (empty): the decimal spellings of [lo, hi], both of n digits (lo, hi as digits). */
-static int
-same_len(struct jsc *c, const char *lo, const char *hi, int n, struct strbuf *b)
-{
-	char nines[24], zeros[24], name[NAME_LEN];
-	struct strbuf sub = { 0 };
-	int lo_full = 1, hi_full = 1, rc = 0;
-
-	if (n == 1) {
-		digit_class(b, lo[0], hi[0]);
-		return 0;
-	}
-	if (lo[0] == hi[0]) {
-		if ((rc = same_len(c, lo + 1, hi + 1, n - 1, &sub)) == 0 && (rc = rule_shared(c, sub.s, name)) == 0)
-			strbuf_printf(b, "\"%c\" %s", lo[0], name);
-		free(sub.s);
-		return rc;
-	}
-	memset(nines, '9', sizeof nines), memset(zeros, '0', sizeof zeros);
-	for (int i = 1; i < n; i++)
-		lo_full &= lo[i] == '0', hi_full &= hi[i] == '9';
-	if (!lo_full) { /* lo's first digit, then what follows lo */
-		if ((rc = same_len(c, lo + 1, nines, n - 1, &sub)) == 0 && (rc = rule_shared(c, sub.s, name)) == 0)
-			strbuf_printf(b, "\"%c\" %s", lo[0], name);
-	}
-	if (rc == 0 && lo[0] + !lo_full <= hi[0] - !hi_full) {
-		alt(b);
-		digit_class(b, (char)(lo[0] + !lo_full), (char)(hi[0] - !hi_full));
-		strbuf_printf(b, " [0-9]{%d}", n - 1);
-	}
-	if (rc == 0 && !hi_full) {
-		sb_clear(&sub);
-		if ((rc = same_len(c, zeros, hi + 1, n - 1, &sub)) == 0 && (rc = rule_shared(c, sub.s, name)) == 0) {
-			alt(b);
-			strbuf_printf(b, "\"%c\" %s", hi[0], name);
-		}
-	}
-	free(sub.s);
-	return rc;
-}
-
-static int
-n_digits(uint64_t v)
-{
-	int n = 1;
-
-	while (v >= 10)
-		v /= 10, n++;
-	return n;
-}
-
-/* Into b: the spellings without leading zeros of the integers in [lo, hi] (hi NO_TOP: no end). */
-static int
-digits_range(struct jsc *c, uint64_t lo, uint64_t hi, struct strbuf *b)
-{
-	int top = hi == NO_TOP ? n_digits(lo) : n_digits(hi), rc = 0;
-	uint64_t p = 1; /* 10^(len - 1) */
-	struct strbuf one = { 0 };
-
-	for (int len = 1; len <= top; len++, p *= 10) {
-		uint64_t x = MAX(lo, len == 1 ? 0 : p), y = MIN(hi, p * 10 - 1);
-		char xs[24], ys[24];
-
-		if (x > y)
-			continue;
-		snprintf(xs, sizeof xs, "%llu", (unsigned long long)x);
-		snprintf(ys, sizeof ys, "%llu", (unsigned long long)y);
-		sb_clear(&one);
-		if ((rc = same_len(c, xs, ys, len, &one)) != 0)
-			break;
-		alt(b);
-		strbuf_cat(b, one.s);
-	}
-	free(one.s);
-	if (rc != 0)
-		return rc;
-	if (hi == NO_TOP) {
-		alt(b);
-		strbuf_printf(b, "[1-9] [0-9]{%d,}", top);
-	}
-	return 0;
-}
-
-/* Appends the item of the integers in [lo, hi] (a shared rule) to b, after prefix. */
-static int
-digits_item(struct jsc *c, uint64_t lo, uint64_t hi, const char *prefix, struct strbuf *b)
-{
-	struct strbuf sub = { 0 };
-	char name[NAME_LEN];
-	int rc;
-
-	if ((rc = digits_range(c, lo, hi, &sub)) == 0 && (rc = rule_shared(c, sub.s, name)) == 0) {
-		alt(b);
-		strbuf_printf(b, "%s%s", prefix, name);
-	}
-	free(sub.s);
-	return rc;
-}
-
-/* A bound of a number: its value when set, whole or not, exclusive or not. */
-struct bound {
-	int set, excl, whole;
-	int64_t v; /* whole: the value; else its floor */
-};
-
-/* Reads the number at key into *b (excl as given). */
-static int
-bound_read(struct jsc *c, const json_t *s, const char *key, int excl, struct bound *b)
-{
-	const json_t *v = json_object_get(s, key);
-	double d;
-
-	if (v == NULL || json_is_boolean(v))
-		return 0;
-	if (!json_is_number(v))
-		return jerr(c, ERR_INVAL, key, "%s must be a number", key);
-	if (json_is_integer(v)) {
-		if (json_integer_value(v) > JSCHEMA_MAX_BOUND || json_integer_value(v) < -JSCHEMA_MAX_BOUND)
-			return jerr(c, ERR_RANGE, key, "a bound beyond the limit of %lld", JSCHEMA_MAX_BOUND);
-		*b = (struct bound){ 1, excl, 1, json_integer_value(v) };
-		return 0;
-	}
-	d = json_real_value(v);
-	if (!(fabs(d) <= (double)JSCHEMA_MAX_BOUND))
-		return jerr(c, ERR_RANGE, key, "a bound beyond the limit of %lld", JSCHEMA_MAX_BOUND);
-	*b = (struct bound){ 1, excl, floor(d) == d, (int64_t)floor(d) };
-	return 0;
-}
-
-/* 1 if a is a stricter lower bound than b (upper: hi), both whole. */
-static int
-stricter(const struct bound *a, const struct bound *b, int hi)
-{
-	if (!b->set)
-		return a->set;
-	if (!a->set || a->v == b->v)
-		return a->set && a->excl && !b->excl;
-	return hi ? a->v < b->v : a->v > b->v;
-}
-
-/*
- * The bounds of s into lo and hi: minimum, exclusiveMinimum (a number, or
- * draft 4's boolean beside minimum), and the same for the maximum. As
- * integers (integers set): inclusive and whole; else refused unless whole.
- */
-static int
-bounds(struct jsc *c, const json_t *s, int integers, struct bound *lo, struct bound *hi)
-{
-	static const char *const keys[4] = { "minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum" };
-	struct bound b[4] = { { 0 } };
-	int rc;
-
-	for (int i = 0; i < 4; i++) {
-		/* the exclusive keywords, or draft 4's boolean beside minimum or maximum */
-		int excl = i % 2 == 1 ? 1 : json_is_true(json_object_get(s, keys[i + 1]));
-
-		if ((rc = bound_read(c, s, keys[i], excl, &b[i])) != 0)
-			return rc;
-		if (b[i].set && integers) { /* to inclusive integers: ceilings below, floors above */
-			if (i < 2 && (!b[i].whole || b[i].excl))
-				b[i].v++;
-			else if (i >= 2 && b[i].whole && b[i].excl)
-				b[i].v--;
-			b[i].whole = 1, b[i].excl = 0;
-		} else if (b[i].set && !b[i].whole) {
-			return jerr(c, ERR_UNSUPPORTED, keys[i], "a bound of a number that is not a whole number");
-		}
-	}
-	*lo = stricter(&b[1], &b[0], 0) ? b[1] : b[0];
-	*hi = stricter(&b[3], &b[2], 1) ? b[3] : b[2];
-	return 0;
-}
-
-/* Into b: the integers in [lo, hi] (each bound if set, inclusive). */
-static int
-int_alts(struct jsc *c, const struct bound *lo, const struct bound *hi, struct strbuf *b)
-{
-	int rc = 0;
-
-	if (!lo->set || lo->v < 0) { /* negatives: their magnitudes, no -0 */
-		uint64_t mlo = hi->set && hi->v < 0 ? (uint64_t)-hi->v : 1, mhi = lo->set ? (uint64_t)-lo->v : NO_TOP;
-
-		if (mlo <= mhi)
-			rc = digits_item(c, mlo, mhi, "\"-\" ", b);
-	}
-	if (rc == 0 && (!hi->set || hi->v >= 0)) {
-		uint64_t nlo = lo->set && lo->v > 0 ? (uint64_t)lo->v : 0, nhi = hi->set ? (uint64_t)hi->v : NO_TOP;
-
-		if (nlo <= nhi)
-			rc = digits_item(c, nlo, nhi, "", b);
-	}
-	return rc;
-}
-
-/*
- * Into b, after prefix: the magnitudes (an integer part, maybe a
- * fraction) in the interval from a to z, each end exclusive or not (z
- * unset: no end). The integer parts strictly inside take any fraction,
- * an exclusive a a fraction not all zeros, an inclusive z one all zeros.
- */
-static int
-mag_alts(struct jsc *c, const struct bound *a, const struct bound *z, const char *prefix, struct strbuf *b)
-{
-	uint64_t first = (uint64_t)a->v + (a->excl ? 1 : 0);
-	struct strbuf sub = { 0 };
-	char name[NAME_LEN];
-	int rc = 0;
-
-	if (!z->set || (z->v >= 1 && first <= (uint64_t)z->v - 1)) {
-		if ((rc = digits_range(c, first, z->set ? (uint64_t)z->v - 1 : NO_TOP, &sub)) == 0 &&
-		    (rc = rule_shared(c, sub.s, name)) == 0) {
-			alt(b);
-			strbuf_printf(b, "%s%s %s?", prefix, name, fixed(c, FX_FRAC));
-		}
-	}
-	if (rc == 0 && a->excl && (!z->set || a->v < z->v)) {
-		alt(b);
-		strbuf_printf(b, "%s\"%lld\" %s", prefix, (long long)a->v, fixed(c, FX_FRACNZ));
-	}
-	if (rc == 0 && z->set && !z->excl && (z->v > a->v || (z->v == a->v && !a->excl))) {
-		alt(b);
-		strbuf_printf(b, "%s\"%lld\" %s?", prefix, (long long)z->v, fixed(c, FX_FRACZ));
-	}
-	free(sub.s);
-	return rc;
-}
-
-/* Into b: the numbers without exponent within lo and hi (whole bounds); no -0. */
-static int
-num_alts(struct jsc *c, const struct bound *lo, const struct bound *hi, struct strbuf *b)
-{
-	int rc = 0;
-
-	if (!lo->set || lo->v < 0) {
-		struct bound a = { 1, 1, 1, 0 }, z = { 0 };
-
-		if (hi->set && hi->v < 0)
-			a = (struct bound){ 1, hi->excl, 1, -hi->v };
-		if (lo->set)
-			z = (struct bound){ 1, lo->excl, 1, -lo->v };
-		rc = mag_alts(c, &a, &z, "\"-\" ", b);
-	}
-	if (rc == 0 && (!hi->set || hi->v > 0 || (hi->v == 0 && !hi->excl))) {
-		struct bound a = { 1, 0, 1, 0 };
-
-		if (lo->set && lo->v >= 0)
-			a = *lo;
-		rc = mag_alts(c, &a, hi, "", b);
-	}
-	return rc;
-}
-
-/* The item of s's integers (integers set) or numbers into b. */
-static int
-number_item(struct jsc *c, const json_t *s, int integers, struct strbuf *b)
-{
-	struct bound lo, hi;
-	struct strbuf sub = { 0 };
-	char name[NAME_LEN];
-	int rc;
-
-	if ((rc = bounds(c, s, integers, &lo, &hi)) != 0)
-		return rc;
-	if (!lo.set && !hi.set) {
-		strbuf_cat(b, fixed(c, integers ? FX_INTEGER : FX_NUMBER));
-		return 0;
-	}
-	rc = integers ? int_alts(c, &lo, &hi, &sub) : num_alts(c, &lo, &hi, &sub);
-	if (rc == 0 && sub.n == 0)
-		rc = jerr(c, ERR_INVAL, NULL, "no %s lies within the bounds", integers ? "integer" : "number");
-	if (rc == 0 && (rc = rule_shared(c, sub.s, name)) == 0)
-		strbuf_cat(b, name);
-	free(sub.s);
-	return rc;
-}
-
-/* ---- sets of code points, spelled as JSON spells them in a string ---- */
-
-struct crange {
-	uint32_t lo, hi;
-};
-
-struct cset {
-	struct crange *r;
-	uint32_t n, cap;
-};
-
-static void
-cs_add(struct cset *s, uint32_t lo, uint32_t hi)
-{
-	s->r = xgrow(s->r, &s->cap, s->n + 1, sizeof *s->r);
-	s->r[s->n++] = (struct crange){ lo, hi };
-}
-
-static int
-range_cmp(const void *a, const void *b)
-{
-	const struct crange *x = a, *y = b;
-
-	return x->lo < y->lo ? -1 : x->lo > y->lo;
-}
-
-/* Sorts and merges s's ranges. */
-static void
-cs_norm(struct cset *s)
-{
-	uint32_t k = 0;
-
-	if (s->n > 1)
-		qsort(s->r, s->n, sizeof *s->r, range_cmp);
-	for (uint32_t i = 0; i < s->n; i++)
-		if (k > 0 && s->r[i].lo <= s->r[k - 1].hi + 1)
-			s->r[k - 1].hi = MAX(s->r[k - 1].hi, s->r[i].hi);
-		else
-			s->r[k++] = s->r[i];
-	s->n = k;
-}
-
-/* s's complement within U+0000..U+10FFFF. */
-static void
-cs_neg(struct cset *s)
-{
-	struct cset t = { 0 };
-	uint32_t next = 0;
-
-	cs_norm(s);
-	for (uint32_t i = 0; i < s->n; i++) {
-		if (s->r[i].lo > next)
-			cs_add(&t, next, s->r[i].lo - 1);
-		next = s->r[i].hi + 1;
-	}
-	if (next <= 0x10ffff)
-		cs_add(&t, next, 0x10ffff);
-	free(s->r);
-	*s = t;
-}
-
-static int
-cs_has(const struct cset *s, uint32_t cp)
-{
-	for (uint32_t i = 0; i < s->n; i++)
-		if (cp >= s->r[i].lo && cp <= s->r[i].hi)
-			return 1;
-	return 0;
-}
-
-/* The class of s's code points that a string holds raw (all but controls, '"', '\'), into b; 0 if none. */
-static int
-raw_class(const struct cset *s, struct strbuf *b)
-{
-	static const struct crange raw[3] = { { 0x20, 0x21 }, { 0x23, 0x5b }, { 0x5d, 0x10ffff } };
-	uint32_t n = 0, one = 0;
-	struct strbuf cls = { 0 };
-
-	for (uint32_t i = 0; i < s->n; i++)
-		for (int k = 0; k < 3; k++) {
-			uint32_t lo = MAX(s->r[i].lo, raw[k].lo), hi = MIN(s->r[i].hi, raw[k].hi);
-
-			if (lo > hi)
-				continue;
-			n += hi - lo + 1, one = lo;
-			gl_cp(&cls, lo);
-			if (hi > lo) {
-				strbuf_cat(&cls, "-");
-				gl_cp(&cls, hi);
-			}
-		}
-	if (n == 1) {
-		strbuf_cat(b, "\"");
-		gl_cp(b, one);
-		strbuf_cat(b, "\"");
-	} else if (n > 1) {
-		strbuf_printf(b, "[%s]", cls.s);
-	}
-	free(cls.s);
-	return n > 0;
-}
-
-/*
- * Appends one item matching the spellings in a JSON string of s's code
- * points: raw, or \" and \\, controls as \b \f \n \r \t or \u00XX (U+0000
- * never).
- */
-static int
-spell_set(struct jsc *c, struct cset *s, struct strbuf *b)
-{
-	static const char short_esc[32] = { ['\b'] = 'b', ['\f'] = 'f', ['\n'] = 'n', ['\r'] = 'r', ['\t'] = 't' };
-	struct strbuf alts = { 0 };
-	char name[NAME_LEN];
-	int n = 0, ctl = 0, rc = 0;
-
-	cs_norm(s);
-	n += raw_class(s, &alts);
-	if (cs_has(s, '"')) {
-		alt(&alts), n++;
-		strbuf_cat(&alts, "\"\\x5C\\x22\"");
-	}
-	if (cs_has(s, '\\')) {
-		alt(&alts), n++;
-		strbuf_cat(&alts, "\"\\x5C\\x5C\"");
-	}
-	for (uint32_t cp = 1; cp < 0x20; cp++)
-		ctl += cs_has(s, cp);
-	if (ctl == 0x1f) {
-		alt(&alts), n++;
-		strbuf_cat(&alts, fixed(c, FX_CTL));
-	} else {
-		for (uint32_t cp = 1; cp < 0x20; cp++) {
-			if (!cs_has(s, cp))
-				continue;
-			alt(&alts), n++;
-			if (short_esc[cp] != 0)
-				strbuf_printf(&alts, "\"\\x5C%c\" | ", short_esc[cp]);
-			strbuf_printf(&alts, "\"\\x5Cu00%u\" [%X%x]", cp >> 4, cp & 15, cp & 15);
-		}
-	}
-	if (n == 0)
-		strbuf_cat(b, fixed(c, FX_NEVER));
-	else if (n == 1 && (ctl == 0 || ctl == 0x1f)) /* one item: a literal, a class or ctl */
-		strbuf_cat(b, alts.s);
-	else if ((rc = rule_shared(c, alts.s, name)) == 0)
-		strbuf_cat(b, name);
-	free(alts.s);
-	return rc;
-}
-
-/* ---- patterns (an ECMA-262 subset) ---- */
-
-struct rx {
-	struct jsc *c;
-	const char *s, *p, *end;
-	int depth;
-};
-
-static int rx_alts(struct rx *x, struct strbuf *b, int *nullable, int top);
-
-static int
-rx_err(struct rx *x, int code, const char *msg)
-{
-	return jerr(x->c, code, "pattern", "%s (at byte %td of the pattern)", msg, x->p - x->s + 1);
-}
-
-static int
-rx_peek(const struct rx *x, char ch)
-{
-	return x->p < x->end && *x->p == ch;
-}
-
-static uint32_t
-rx_next(struct rx *x)
-{
-	int len;
-	uint32_t cp = utf8_cp(x->p, (size_t)(x->end - x->p), &len);
-
-	x->p += len;
-	return cp;
-}
-
-/* ECMA's \d, \w or \s (its white space and line terminators) into s; neg: the complement. */
-static void
-rx_class_escape(char e, struct cset *s)
-{
-	static const struct crange space[] = { { 9, 13 }, { 32, 32 }, { 0xa0, 0xa0 }, { 0x1680, 0x1680 },
-		{ 0x2000, 0x200a }, { 0x2028, 0x2029 }, { 0x202f, 0x202f }, { 0x205f, 0x205f }, { 0x3000, 0x3000 },
-		{ 0xfeff, 0xfeff } };
-	struct cset t = { 0 };
-
-	switch (e | 0x20) {
-	case 'd':
-		cs_add(&t, '0', '9');
-		break;
-	case 'w':
-		cs_add(&t, '0', '9'), cs_add(&t, 'A', 'Z'), cs_add(&t, 'a', 'z'), cs_add(&t, '_', '_');
-		break;
-	default:
-		for (size_t i = 0; i < ARRAY_LEN(space); i++)
-			cs_add(&t, space[i].lo, space[i].hi);
-	}
-	if (e >= 'A' && e <= 'Z')
-		cs_neg(&t);
-	for (uint32_t i = 0; i < t.n; i++)
-		cs_add(s, t.r[i].lo, t.r[i].hi);
-	free(t.r);
-}
-
-static int
-rx_hex(struct rx *x, int n, uint32_t *cp)
-{
-	*cp = 0;
-	for (int i = 0; i < n; i++, x->p++) {
-		int v = x->p < x->end ? hex_val(*x->p) : -1;
-
-		if (v < 0)
-			return rx_err(x, ERR_INVAL, "an escape without its hexadecimal digits");
-		*cp = *cp << 4 | (uint32_t)v;
-	}
-	return 0;
-}
-
-/* \uXXXX, a surrogate pair's two as one code point. */
-static int
-rx_unicode(struct rx *x, uint32_t *cp)
-{
-	uint32_t lo;
-	int rc;
-
-	if (rx_peek(x, '{'))
-		return rx_err(x, ERR_UNSUPPORTED, "\\u{...} (it needs the u flag)");
-	if ((rc = rx_hex(x, 4, cp)) != 0)
-		return rc;
-	if (*cp < 0xd800 || *cp > 0xdfff)
-		return 0;
-	if (*cp > 0xdbff || x->end - x->p < 6 || x->p[0] != '\\' || x->p[1] != 'u')
-		return rx_err(x, ERR_UNSUPPORTED, "an unpaired surrogate");
-	x->p += 2;
-	if ((rc = rx_hex(x, 4, &lo)) != 0)
-		return rc;
-	if (lo < 0xdc00 || lo > 0xdfff)
-		return rx_err(x, ERR_UNSUPPORTED, "an unpaired surrogate");
-	*cp = 0x10000 + ((*cp - 0xd800) << 10) + (lo - 0xdc00);
-	return 0;
-}
-
-/*
- * The escape after a '\' into s (a class escape or one code point; *one:
- * whether it was one, and which). In a class, \b is a backspace.
- */
-static int
-rx_escape(struct rx *x, int in_class, struct cset *s, int *one, uint32_t *cp)
-{
-	static const char syntax[] = "^$\\.*+?()[]{}|/-";
-	char e;
-
-	if (x->p >= x->end)
-		return rx_err(x, ERR_INVAL, "a pattern that ends in '\\'");
-	e = *x->p++;
-	*one = 1;
-	switch (e) {
-	case 'd': case 'D': case 'w': case 'W': case 's': case 'S':
-		*one = 0;
-		rx_class_escape(e, s);
-		return 0;
-	case 't': *cp = '\t'; break;
-	case 'n': *cp = '\n'; break;
-	case 'r': *cp = '\r'; break;
-	case 'f': *cp = '\f'; break;
-	case 'v': *cp = '\v'; break;
-	case 'x':
-	case 'u': {
-		int rc = e == 'x' ? rx_hex(x, 2, cp) : rx_unicode(x, cp);
-
-		if (rc != 0)
-			return rc;
-		break;
-	}
-	case '0':
-		if (rx_peek(x, '0') || (x->p < x->end && *x->p >= '1' && *x->p <= '9'))
-			return rx_err(x, ERR_UNSUPPORTED, "octal escapes");
-		*cp = 0;
-		break;
-	case 'b':
-		if (!in_class)
-			return rx_err(x, ERR_UNSUPPORTED, "word boundaries (\\b)");
-		*cp = '\b';
-		break;
-	default:
-		if (e >= '1' && e <= '9')
-			return rx_err(x, ERR_UNSUPPORTED, "backreferences");
-		if (e == '\0' || strchr(syntax, e) == NULL)
-			return rx_err(x, ERR_UNSUPPORTED, "an escape outside the supported set (\\d \\w \\s, their "
-			    "negations, \\t \\n \\r \\f \\v \\0 \\xHH \\uHHHH, \\b in a class, "
-			    "escaped syntax characters)");
-		*cp = (unsigned char)e;
-	}
-	cs_add(s, *cp, *cp);
-	return 0;
-}
-
-/* One member of a class (a code point or a class escape) into s. */
-static int
-rx_class_atom(struct rx *x, struct cset *s, int *one, uint32_t *cp)
-{
-	if (x->p >= x->end)
-		return rx_err(x, ERR_INVAL, "a '[' without its ']'");
-	if (*x->p == '\\') {
-		x->p++;
-		return rx_escape(x, 1, s, one, cp);
-	}
-	*one = 1;
-	*cp = rx_next(x);
-	cs_add(s, *cp, *cp);
-	return 0;
-}
-
-/* A class [...] (the '[' read) into s. */
-static int
-rx_class(struct rx *x, struct cset *s)
-{
-	int neg = rx_peek(x, '^'), one, rc;
-	uint32_t lo, hi;
-
-	x->p += neg;
-	while (!rx_peek(x, ']')) {
-		if ((rc = rx_class_atom(x, s, &one, &lo)) != 0)
-			return rc;
-		if (x->end - x->p < 2 || x->p[0] != '-' || x->p[1] == ']')
-			continue;
-		if (!one)
-			return rx_err(x, ERR_UNSUPPORTED, "a class range with \\d, \\w or \\s at an end");
-		x->p++;
-		s->n--; /* lo alone was added: the range replaces it */
-		if ((rc = rx_class_atom(x, s, &one, &hi)) != 0)
-			return rc;
-		if (!one)
-			return rx_err(x, ERR_UNSUPPORTED, "a class range with \\d, \\w or \\s at an end");
-		if (hi < lo)
-			return rx_err(x, ERR_INVAL, "a class range that runs backwards");
-		s->r[s->n - 1].lo = lo;
-	}
-	x->p++;
-	if (neg)
-		cs_neg(s);
-	return 0;
-}
-
-/* A group (the '(' read) as a rule's name into b. */
-static int
-rx_group(struct rx *x, struct strbuf *b, int *nullable)
-{
-	struct strbuf sub = { 0 };
-	char name[NAME_LEN];
-	int rc;
-
-	if (++x->depth > JSCHEMA_MAX_DEPTH)
-		return rx_err(x, ERR_RANGE, "groups nested deeper than the limit of " STR(JSCHEMA_MAX_DEPTH));
-	if (rx_peek(x, '?')) {
-		if (x->end - x->p >= 2 && x->p[1] == ':') {
-			x->p += 2;
-		} else if (x->end - x->p >= 3 && x->p[1] == '<' && x->p[2] != '=' && x->p[2] != '!') {
-			while (x->p < x->end && *x->p != '>')
-				x->p++;
-			if (x->p++ >= x->end)
-				return rx_err(x, ERR_INVAL, "a group's name without its '>'");
-		} else {
-			return rx_err(x, ERR_UNSUPPORTED, "lookaround and other (? groups but (?: and (?<name>");
-		}
-	}
-	if ((rc = rx_alts(x, &sub, nullable, 0)) == 0 && !rx_peek(x, ')'))
-		rc = rx_err(x, ERR_INVAL, "a '(' without its ')'");
-	if (rc == 0 && (rc = rule_shared(x->c, sub.s, name)) == 0) {
-		strbuf_cat(b, name);
-		x->p++, x->depth--;
-	}
-	free(sub.s);
-	return rc;
-}
-
-/* One atom as one grammar item into b. */
-static int
-rx_atom(struct rx *x, struct strbuf *b, int *nullable)
-{
-	struct cset s = { 0 };
-	uint32_t cp;
-	int rc = 0, one;
-
-	*nullable = 0;
-	switch (*x->p) {
-	case '(':
-		x->p++;
-		return rx_group(x, b, nullable);
-	case '*': case '+': case '?':
-		return rx_err(x, ERR_INVAL, "a quantifier with nothing to repeat");
-	case '{':
-		return rx_err(x, ERR_UNSUPPORTED, "a '{' that does not follow an item");
-	case '[':
-		x->p++;
-		rc = rx_class(x, &s);
-		break;
-	case '.':
-		x->p++;
-		cs_add(&s, '\n', '\n'), cs_add(&s, '\r', '\r'), cs_add(&s, 0x2028, 0x2029);
-		cs_neg(&s);
-		break;
-	case '\\':
-		x->p++;
-		rc = rx_escape(x, 0, &s, &one, &cp);
-		break;
-	default:
-		cp = rx_next(x);
-		cs_add(&s, cp, cp);
-	}
-	if (rc == 0)
-		rc = spell_set(x->c, &s, b);
-	free(s.r);
-	return rc;
-}
-
-/* Digits of a count; -1 if none. */
-static long
-rx_count(struct rx *x)
-{
-	long v = -1;
-
-	for (; x->p < x->end && *x->p >= '0' && *x->p <= '9'; x->p++)
-		v = MIN((v < 0 ? 0 : v * 10) + (*x->p - '0'), GRAM_MAX_REPEAT + 1); /* past the limit: the limit + 1 */
-	return v;
-}
-
-/* A quantifier after an item, if any, onto b (the item's nullable updated); lazy ones match the same. */
-static int
-rx_quantifier(struct rx *x, struct strbuf *b, int *nullable)
-{
-	long lo, hi;
-
-	if (x->p >= x->end || strchr("*+?{", *x->p) == NULL)
-		return 0;
-	if (*x->p == '{') {
-		x->p++;
-		lo = hi = rx_count(x);
-		if (rx_peek(x, ',')) {
-			x->p++;
-			hi = rx_peek(x, '}') ? LONG_MAX : rx_count(x);
-		}
-		if (lo < 0 || hi < 0 || !rx_peek(x, '}'))
-			return rx_err(x, ERR_UNSUPPORTED, "a '{' that is not a count {n}, {n,} or {n,m}");
-		if (lo > GRAM_MAX_REPEAT || (hi != LONG_MAX && hi > GRAM_MAX_REPEAT))
-			return rx_err(x, ERR_RANGE, "a count above the limit of " STR(GRAM_MAX_REPEAT));
-		if (hi < lo)
-			return rx_err(x, ERR_INVAL, "a count {n,m} with m below n");
-	} else {
-		lo = *x->p == '+', hi = *x->p == '?' ? 1 : LONG_MAX;
-	}
-	x->p++;
-	x->p += rx_peek(x, '?');
-	if (hi == LONG_MAX && *nullable)
-		return rx_err(x, ERR_UNSUPPORTED, "a repetition without bound of what may match nothing");
-	if (hi == LONG_MAX)
-		strbuf_printf(b, "{%ld,}", lo);
-	else
-		strbuf_printf(b, "{%ld,%ld}", lo, hi);
-	*nullable = *nullable || lo == 0;
-	if (x->p < x->end && strchr("*+?{", *x->p) != NULL)
-		return rx_err(x, ERR_INVAL, "a quantifier with nothing to repeat");
-	return 0;
-}
-
-/*
- * A sequence up to '|', ')' or the end into b. At the top, a '^' first
- * and a '$' last anchor it; without them any text may come before or after.
- */
-static int
-rx_seq(struct rx *x, struct strbuf *b, int *nullable, int top)
-{
-	int start = top && rx_peek(x, '^'), end = 0, nl, rc;
-
-	x->p += start;
-	*nullable = 1;
-	if (top && !start)
-		strbuf_printf(b, "%s* ", fixed(x->c, FX_PCHAR));
-	while (x->p < x->end && *x->p != '|' && *x->p != ')') {
-		if (*x->p == '$' && top && (x->p + 1 == x->end || x->p[1] == '|')) {
-			x->p++, end = 1;
-			break;
-		}
-		if (*x->p == '$' || *x->p == '^')
-			return rx_err(x, ERR_UNSUPPORTED, "'^' and '$' only at the start and the end");
-		if ((rc = rx_atom(x, b, &nl)) != 0 || (rc = rx_quantifier(x, b, &nl)) != 0)
-			return rc;
-		strbuf_cat(b, " ");
-		*nullable = *nullable && nl;
-	}
-	if (top && !end)
-		strbuf_printf(b, "%s*", fixed(x->c, FX_PCHAR));
-	else if (b->n == 0)
-		strbuf_cat(b, "\"\"");
-	return 0;
-}
-
-/* Alternatives up to ')' or the end into b. */
-static int
-rx_alts(struct rx *x, struct strbuf *b, int *nullable, int top)
-{
-	struct strbuf seq = { 0 };
-	int nl, rc;
-
-	*nullable = 0;
-	for (;;) {
-		sb_clear(&seq);
-		if ((rc = rx_seq(x, &seq, &nl, top)) != 0)
-			break;
-		alt(b);
-		strbuf_cat(b, seq.s);
-		*nullable = *nullable || nl;
-		if (!rx_peek(x, '|'))
-			break;
-		x->p++;
-	}
-	free(seq.s);
-	return rc;
-}
-
-/* The item of the strings that pattern (n bytes) matches, into b. */
-static int
-pattern_item(struct jsc *c, const char *pattern, size_t n, struct strbuf *b)
-{
-	struct rx x = { c, pattern, pattern, pattern + n, 0 };
-	struct strbuf body = { 0 };
-	char name[NAME_LEN];
-	int nl, rc;
-
-	if ((rc = rx_alts(&x, &body, &nl, 1)) == 0 && x.p < x.end)
-		rc = rx_err(&x, ERR_INVAL, "a ')' without its '('");
-	if (rc == 0 && (rc = rule_shared(c, body.s, name)) == 0) {
-		sb_clear(&body);
-		strbuf_printf(&body, "\"\\x22\" %s \"\\x22\"", name);
-		rc = rule_shared(c, body.s, name);
-	}
-	if (rc == 0)
-		strbuf_cat(b, name);
-	free(body.s);
-	return rc;
 }
 
 /* ---- strings ---- */
@@ -1532,9 +695,9 @@ count_read(struct jsc *c, const json_t *s, const char *key, long *v, int *set)
 	if (j == NULL)
 		return 0;
 	if (!json_is_integer(j) || json_integer_value(j) < 0)
-		return jerr(c, ERR_INVAL, key, "%s must be a non-negative integer", key);
+		return js_err(c, ERR_INVAL, key, "%s must be a non-negative integer", key);
 	if (json_integer_value(j) > GRAM_MAX_REPEAT)
-		return jerr(c, ERR_RANGE, key, "%s above the limit of %d", key, GRAM_MAX_REPEAT);
+		return js_err(c, ERR_RANGE, key, "%s above the limit of %d", key, GRAM_MAX_REPEAT);
 	*v = (long)json_integer_value(j);
 	return 0;
 }
@@ -1550,7 +713,7 @@ counts_read(struct jsc *c, const json_t *s, const char *kmin, const char *kmax, 
 	if (!set_hi)
 		*hi = LONG_MAX;
 	*any = !set_lo && !set_hi;
-	return *lo > *hi ? jerr(c, ERR_INVAL, kmax, "%s below %s", kmax, kmin) : 0;
+	return *lo > *hi ? js_err(c, ERR_INVAL, kmax, "%s below %s", kmax, kmin) : 0;
 }
 
 static int
@@ -1569,29 +732,30 @@ string_item(struct jsc *c, const json_t *s, struct strbuf *b)
 	if ((rc = counts_read(c, s, "minLength", "maxLength", &lo, &hi, &none)) != 0)
 		return rc;
 	if (pat != NULL && fmt != NULL)
-		return jerr(c, ERR_UNSUPPORTED, "format", "one of pattern, format, minLength and maxLength at a time");
+		return js_err(c, ERR_UNSUPPORTED, "format",
+		    "one of pattern, format, minLength and maxLength at a time");
 	if ((pat != NULL || fmt != NULL) && !none)
-		return jerr(c, ERR_UNSUPPORTED, json_object_get(s, "minLength") ? "minLength" : "maxLength",
+		return js_err(c, ERR_UNSUPPORTED, json_object_get(s, "minLength") ? "minLength" : "maxLength",
 		    "one of pattern, format, minLength and maxLength at a time");
 	if (pat != NULL)
-		return json_is_string(pat) ? pattern_item(c, json_string_value(pat), json_string_length(pat), b) :
-		    jerr(c, ERR_INVAL, "pattern", "pattern must be a string");
+		return json_is_string(pat) ? js_pattern_item(c, json_string_value(pat), json_string_length(pat), b) :
+		    js_err(c, ERR_INVAL, "pattern", "pattern must be a string");
 	if (fmt != NULL) {
 		for (size_t i = 0; i < ARRAY_LEN(formats); i++)
 			if (json_is_string(fmt) && strcmp(json_string_value(fmt), formats[i].name) == 0)
-				strbuf_printf(&body, "\"\\x22\" %s \"\\x22\"", fixed(c, formats[i].rule));
+				strbuf_printf(&body, "\"\\x22\" %s \"\\x22\"", js_fixed(c, formats[i].rule));
 		if (body.n == 0)
-			return jerr(c, ERR_UNSUPPORTED, "format", "formats but date, time, date-time and uuid");
+			return js_err(c, ERR_UNSUPPORTED, "format", "formats but date, time, date-time and uuid");
 	} else if (none) {
-		strbuf_cat(b, fixed(c, FX_STRING));
+		strbuf_cat(b, js_fixed(c, FX_STRING));
 		return 0;
 	} else {
-		strbuf_printf(&body, "\"\\x22\" %s{%ld,", fixed(c, FX_JCHAR), lo);
+		strbuf_printf(&body, "\"\\x22\" %s{%ld,", js_fixed(c, FX_JCHAR), lo);
 		if (hi != LONG_MAX)
 			strbuf_printf(&body, "%ld", hi);
 		strbuf_cat(&body, "} \"\\x22\"");
 	}
-	if ((rc = rule_shared(c, body.s, name)) == 0)
+	if ((rc = js_rule_shared(c, body.s, name)) == 0)
 		strbuf_cat(b, name);
 	free(body.s);
 	return rc;
@@ -1680,7 +844,7 @@ obj_rules(struct jsc *c, uint32_t base, const struct member *m, int n, int extra
 		json_t *ks = json_stringn(m[i].key, m[i].klen);
 		char *sp = json_dumps(ks, JSON_COMPACT | JSON_ENCODE_ANY);
 
-		sb_clear(&b), sb_clear(&key);
+		js_sb_clear(&b), js_sb_clear(&key);
 		gl_lit(&key, sp, strlen(sp));
 		free(sp);
 		json_decref(ks);
@@ -1688,38 +852,38 @@ obj_rules(struct jsc *c, uint32_t base, const struct member *m, int n, int extra
 		snprintf(name, sizeof name, "s%u-m%d", base, i);
 		if ((rc = rule_add(c, name, b.s)) != 0)
 			break;
-		sb_clear(&b);
+		js_sb_clear(&b);
 		strbuf_printf(&b, "s%u-m%d s%u-t%d", base, i, base, i + 1);
 		if (!m[i].required && (i + 1 < n || extra))
 			strbuf_printf(&b, " | s%u-k%d", base, i + 1);
 		snprintf(name, sizeof name, "s%u-k%d", base, i);
 		if ((rc = rule_add(c, name, b.s)) != 0)
 			break;
-		sb_clear(&b);
+		js_sb_clear(&b);
 		strbuf_cat(&b, "ws ");
 		obj_next(&b, base, i + 1 < n || extra, must[i + 1], i + 1, "\",\" ws ");
 		snprintf(name, sizeof name, "s%u-t%d", base, i + 1);
 		rc = rule_add(c, name, b.s);
 	}
 	if (rc == 0 && extra) {
-		sb_clear(&b);
+		js_sb_clear(&b);
 		strbuf_printf(&b, "%s ws \":\" ws %s s%u-ta", addkey, addv, base);
 		snprintf(name, sizeof name, "s%u-k%d", base, n);
 		if ((rc = rule_add(c, name, b.s)) == 0) {
-			sb_clear(&b);
+			js_sb_clear(&b);
 			strbuf_printf(&b, "ws ( \",\" ws s%u-k%d | \"}\" )", base, n);
 			snprintf(name, sizeof name, "s%u-ta", base);
 			rc = rule_add(c, name, b.s);
 		}
 	}
 	if (rc == 0) {
-		sb_clear(&b);
+		js_sb_clear(&b);
 		strbuf_cat(&b, "\"{\" ws ");
 		obj_next(&b, base, n > 0 || extra, must[0], 0, "");
 		snprintf(name, sizeof name, "s%u-o", base);
 		rc = rule_add(c, name, b.s);
 	}
-	fixed(c, FX_WS);
+	js_fixed(c, FX_WS);
 	free(b.s), free(key.s), free(must);
 	return rc;
 }
@@ -1729,7 +893,7 @@ static int
 addl_value(struct jsc *c, const json_t *addl, char *name)
 {
 	if (addl == NULL) {
-		snprintf(name, NAME_LEN, "%s", fixed(c, FX_VALUE));
+		snprintf(name, NAME_LEN, "%s", js_fixed(c, FX_VALUE));
 		return 0;
 	}
 	return sub_name(c, addl, "additionalProperties", strlen("additionalProperties"), NULL, 0, name);
@@ -1781,20 +945,20 @@ object_item(struct jsc *c, const json_t *s, uint32_t base, struct strbuf *b)
 	int n = 0, n_keys = 0, rc;
 
 	if (props != NULL && !json_is_object(props))
-		return jerr(c, ERR_INVAL, "properties", "properties must be an object");
+		return js_err(c, ERR_INVAL, "properties", "properties must be an object");
 	if (req != NULL && !json_is_array(req))
-		return jerr(c, ERR_INVAL, "required", "required must be an array of names");
+		return js_err(c, ERR_INVAL, "required", "required must be an array of names");
 	for (size_t i = 0; i < json_array_size(req); i++)
 		if (!json_is_string(json_array_get(req, i)))
-			return jerr(c, ERR_INVAL, "required", "required must be an array of names");
+			return js_err(c, ERR_INVAL, "required", "required must be an array of names");
 	if (addl != NULL && !json_is_object(addl) && !json_is_boolean(addl))
-		return jerr(c, ERR_INVAL, "additionalProperties", "additionalProperties must be a schema");
+		return js_err(c, ERR_INVAL, "additionalProperties", "additionalProperties must be a schema");
 	if (props == NULL && req == NULL && (addl == NULL || json_is_true(addl))) {
-		strbuf_cat(b, fixed(c, FX_OBJECT));
+		strbuf_cat(b, js_fixed(c, FX_OBJECT));
 		return 0;
 	}
 	if (json_object_size(props) + json_array_size(req) > JSCHEMA_MAX_PROPERTIES)
-		return jerr(c, ERR_RANGE, props != NULL ? "properties" : "required",
+		return js_err(c, ERR_RANGE, props != NULL ? "properties" : "required",
 		    "more than %d named properties", JSCHEMA_MAX_PROPERTIES);
 	if ((rc = addl_value(c, addl, addv)) != 0)
 		return rc;
@@ -1826,11 +990,11 @@ static int
 items_value(struct jsc *c, const json_t *items, char *name)
 {
 	if (items == NULL) {
-		snprintf(name, NAME_LEN, "%s", fixed(c, FX_VALUE));
+		snprintf(name, NAME_LEN, "%s", js_fixed(c, FX_VALUE));
 		return 0;
 	}
 	if (json_is_array(items))
-		return jerr(c, ERR_UNSUPPORTED, "items", "items as an array (draft 4's tuples): use prefixItems");
+		return js_err(c, ERR_UNSUPPORTED, "items", "items as an array (draft 4's tuples): use prefixItems");
 	return sub_name(c, items, "items", strlen("items"), NULL, 0, name);
 }
 
@@ -1842,7 +1006,7 @@ static void
 arr_tail(struct jsc *c, struct strbuf *b, const char *sep, int tail, long kk, long lo, long hi)
 {
 	if (!tail) {
-		strbuf_cat(b, kk >= lo ? "ws \"]\"" : fixed(c, FX_NEVER));
+		strbuf_cat(b, kk >= lo ? "ws \"]\"" : js_fixed(c, FX_NEVER));
 		return;
 	}
 	strbuf_printf(b, "%s{%ld,", sep, MAX(lo - kk, 0));
@@ -1865,13 +1029,13 @@ arr_rules(struct jsc *c, uint32_t base, char (*p)[NAME_LEN], long kk, const char
 	char name[NAME_LEN], sep[NAME_LEN] = "";
 	int rc = 0;
 
-	fixed(c, FX_WS);
+	js_fixed(c, FX_WS);
 	if (tail) {
 		strbuf_printf(&b, "ws \",\" ws %s", v);
-		rc = rule_shared(c, b.s, sep);
+		rc = js_rule_shared(c, b.s, sep);
 	}
 	for (long i = 1; i <= kk && rc == 0; i++) {
-		sb_clear(&b);
+		js_sb_clear(&b);
 		if (i < kk)
 			strbuf_printf(&b, "ws %s\",\" ws %s s%u-r%ld%s", i >= lo ? "( " : "", p[i], base, i + 1,
 			    i >= lo ? " | \"]\" )" : "");
@@ -1881,14 +1045,14 @@ arr_rules(struct jsc *c, uint32_t base, char (*p)[NAME_LEN], long kk, const char
 		rc = rule_add(c, name, b.s);
 	}
 	if (rc == 0) {
-		sb_clear(&b);
+		js_sb_clear(&b);
 		strbuf_cat(&b, "\"[\" ws ( ");
 		if (kk > 0)
 			strbuf_printf(&b, "%s s%u-r1", p[0], base);
 		else if (tail && hi > 0)
 			strbuf_printf(&b, "%s ", v), arr_tail(c, &b, sep, 1, 1, lo, hi);
 		else
-			strbuf_cat(&b, fixed(c, FX_NEVER));
+			strbuf_cat(&b, js_fixed(c, FX_NEVER));
 		strbuf_cat(&b, lo == 0 ? " | \"]\" )" : " )");
 		snprintf(name, sizeof name, "s%u-a", base);
 		rc = rule_add(c, name, b.s);
@@ -1909,15 +1073,15 @@ array_item(struct jsc *c, const json_t *s, uint32_t base, struct strbuf *b)
 	if ((rc = counts_read(c, s, "minItems", "maxItems", &lo, &hi, &none)) != 0)
 		return rc;
 	if (uniq != NULL && !json_is_boolean(uniq))
-		return jerr(c, ERR_INVAL, "uniqueItems", "uniqueItems must be a boolean");
+		return js_err(c, ERR_INVAL, "uniqueItems", "uniqueItems must be a boolean");
 	if (json_is_true(uniq))
-		return jerr(c, ERR_UNSUPPORTED, "uniqueItems", "uniqueItems true");
+		return js_err(c, ERR_UNSUPPORTED, "uniqueItems", "uniqueItems true");
 	if (prefix != NULL && !json_is_array(prefix))
-		return jerr(c, ERR_INVAL, "prefixItems", "prefixItems must be an array of schemas");
+		return js_err(c, ERR_INVAL, "prefixItems", "prefixItems must be an array of schemas");
 	if (json_array_size(prefix) > JSCHEMA_MAX_PREFIX)
-		return jerr(c, ERR_RANGE, "prefixItems", "more than %d prefixItems", JSCHEMA_MAX_PREFIX);
+		return js_err(c, ERR_RANGE, "prefixItems", "more than %d prefixItems", JSCHEMA_MAX_PREFIX);
 	if (prefix == NULL && (items == NULL || json_is_true(items)) && none) {
-		strbuf_cat(b, fixed(c, FX_ARRAY));
+		strbuf_cat(b, js_fixed(c, FX_ARRAY));
 		return 0;
 	}
 	if ((rc = items_value(c, items, v)) != 0)
@@ -1994,7 +1158,7 @@ type_mask(struct jsc *c, const json_t *s, int *mask)
 
 	*mask = t == NULL ? T_ALL : 0;
 	if (t != NULL && (!json_is_array(t) || n == 0) && !json_is_string(t))
-		return jerr(c, ERR_INVAL, "type", "type must be a type's name or an array of them");
+		return js_err(c, ERR_INVAL, "type", "type must be a type's name or an array of them");
 	for (size_t i = 0; t != NULL && i < n; i++) {
 		const json_t *name = json_is_array(t) ? json_array_get(t, i) : t;
 		int m = 0;
@@ -2003,7 +1167,7 @@ type_mask(struct jsc *c, const json_t *s, int *mask)
 			if (json_is_string(name) && strcmp(json_string_value(name), types[k].name) == 0)
 				m = types[k].mask;
 		if (m == 0)
-			return jerr(c, ERR_INVAL, "type",
+			return js_err(c, ERR_INVAL, "type",
 			    "a type but null, boolean, object, array, string, integer and number");
 		*mask |= m;
 	}
@@ -2032,21 +1196,21 @@ typed_body(struct jsc *c, const json_t *s, uint32_t base, int mask, struct strbu
 	int rc = 0;
 
 	if (mask == T_ALL && trivial(s)) {
-		strbuf_cat(body, fixed(c, FX_VALUE));
+		strbuf_cat(body, js_fixed(c, FX_VALUE));
 		return 0;
 	}
 	if (mask & T_NULL)
-		alt(body), strbuf_cat(body, "\"null\"");
+		js_alt(body), strbuf_cat(body, "\"null\"");
 	if (mask & T_BOOL)
-		alt(body), strbuf_cat(body, "\"true\" | \"false\"");
+		js_alt(body), strbuf_cat(body, "\"true\" | \"false\"");
 	if (mask & T_OBJ)
-		alt(body), rc = object_item(c, s, base, body);
+		js_alt(body), rc = object_item(c, s, base, body);
 	if (rc == 0 && (mask & T_ARR))
-		alt(body), rc = array_item(c, s, base, body);
+		js_alt(body), rc = array_item(c, s, base, body);
 	if (rc == 0 && (mask & T_STR))
-		alt(body), rc = string_item(c, s, body);
+		js_alt(body), rc = string_item(c, s, body);
 	if (rc == 0 && (mask & T_NUM))
-		alt(body), rc = number_item(c, s, (mask & T_NUM) == T_INT, body);
+		js_alt(body), rc = js_number_item(c, s, (mask & T_NUM) == T_INT, body);
 	return rc;
 }
 
@@ -2097,16 +1261,16 @@ ref_target(struct jsc *c, const json_t *ref, const json_t **t, struct strbuf *pt
 	struct strbuf tok = { 0 };
 
 	if (!json_is_string(ref))
-		return jerr(c, ERR_INVAL, "$ref", "$ref must be a string");
+		return js_err(c, ERR_INVAL, "$ref", "$ref must be a string");
 	if (p[0] != '#' || (p[1] != '\0' && p[1] != '/'))
-		return jerr(c, ERR_UNSUPPORTED, "$ref",
+		return js_err(c, ERR_UNSUPPORTED, "$ref",
 		    "a $ref but to \"#\" or a JSON pointer in this document (\"#/...\")");
 	*t = c->doc;
 	for (p++; *p == '/' && *t != NULL; ptr_push(ptr, tok.s, tok.n)) {
-		sb_clear(&tok);
+		js_sb_clear(&tok);
 		for (p++; *p != '\0' && *p != '/'; p++) {
-			if (p[0] == '%' && hex_val(p[1]) >= 0 && hex_val(p[2]) >= 0) /* a URI fragment's escape */
-				strbuf_add(&tok, &(char){ (char)(hex_val(p[1]) << 4 | hex_val(p[2])) }, 1), p += 2;
+			if (p[0] == '%' && js_hex_val(p[1]) >= 0 && js_hex_val(p[2]) >= 0) /* a URI fragment's escape */
+				strbuf_add(&tok, &(char){ (char)(js_hex_val(p[1]) << 4 | js_hex_val(p[2])) }, 1), p += 2;
 			else if (p[0] == '~' && (p[1] == '0' || p[1] == '1'))
 				strbuf_cat(&tok, p[1] == '0' ? "~" : "/"), p++;
 			else
@@ -2121,7 +1285,7 @@ ref_target(struct jsc *c, const json_t *ref, const json_t **t, struct strbuf *pt
 			*t = NULL;
 	}
 	free(tok.s);
-	return *t == NULL ? jerr(c, ERR_INVAL, "$ref", "a $ref to nothing: %s", json_string_value(ref)) : 0;
+	return *t == NULL ? js_err(c, ERR_INVAL, "$ref", "a $ref to nothing: %s", json_string_value(ref)) : 0;
 }
 
 static int
@@ -2154,9 +1318,9 @@ comb_body(struct jsc *c, const json_t *s, uint32_t id, const char *key, int kind
 	int rc = 0;
 
 	if (!json_is_array(arr) || n == 0)
-		return jerr(c, ERR_INVAL, key, "%s must be a non-empty array of schemas", key);
+		return js_err(c, ERR_INVAL, key, "%s must be a non-empty array of schemas", key);
 	if (n > JSCHEMA_MAX_BRANCHES)
-		return jerr(c, ERR_RANGE, key, "more than %d branches", JSCHEMA_MAX_BRANCHES);
+		return js_err(c, ERR_RANGE, key, "more than %d branches", JSCHEMA_MAX_BRANCHES);
 	c->ent[id].kind = kind;
 	for (size_t i = 0; i < n && rc == 0; i++) {
 		const json_t *b = json_array_get(arr, i);
@@ -2168,17 +1332,17 @@ comb_body(struct jsc *c, const json_t *s, uint32_t id, const char *key, int kind
 		old = path_push(c, key, strlen(key));
 		path_index(c, i);
 		if (kind == EK_ALL && first < n) {
-			rc = jerr(c, ERR_UNSUPPORTED, NULL, "allOf with more than one branch that constrains");
+			rc = js_err(c, ERR_UNSUPPORTED, NULL, "allOf with more than one branch that constrains");
 		} else if ((rc = node(c, b, &to)) == 0) {
 			edge_add(c, id, to, NULL);
-			alt(body);
+			js_alt(body);
 			strbuf_cat(body, c->ent[to].name);
 			first = MIN(first, i);
 		}
 		path_pop(c, old);
 	}
 	if (rc == 0 && kind == EK_ALL && first == n)
-		strbuf_cat(body, fixed(c, FX_VALUE));
+		strbuf_cat(body, js_fixed(c, FX_VALUE));
 	return rc;
 }
 
@@ -2196,7 +1360,7 @@ node_body(struct jsc *c, const json_t *s, uint32_t id, struct strbuf *body)
 	json_object_keylen_foreach((json_t *)s, k, n, v) {
 		if ((g = kw_group(k, n)) < 0) {
 			char *key = xstrndup(k, n);
-			int rc = jerr(c, ERR_UNSUPPORTED, key, "an unsupported keyword");
+			int rc = js_err(c, ERR_UNSUPPORTED, key, "an unsupported keyword");
 
 			free(key);
 			return rc;
@@ -2210,9 +1374,9 @@ node_body(struct jsc *c, const json_t *s, uint32_t id, struct strbuf *body)
 			typed = k;
 	}
 	if (comb != NULL && other != NULL)
-		return jerr(c, ERR_UNSUPPORTED, other, "%s stands alone beside annotations", comb);
+		return js_err(c, ERR_UNSUPPORTED, other, "%s stands alone beside annotations", comb);
 	if ((groups & (1u << KG_ENUM)) && typed != NULL)
-		return jerr(c, ERR_UNSUPPORTED, typed, "enum and const stand beside type alone");
+		return js_err(c, ERR_UNSUPPORTED, typed, "enum and const stand beside type alone");
 	if (cg == KG_REF) {
 		c->ent[id].kind = EK_REF;
 		return ref_body(c, s, id, body);
@@ -2259,7 +1423,7 @@ ent_new(struct jsc *c, const json_t *s)
 	c->ent = xgrow(c->ent, &c->cap_ent, c->n_ent + 1, sizeof *c->ent);
 	c->ent[c->n_ent++] = (struct jent){ s, "", EK_PLAIN, T_ALL };
 	if (json_is_boolean(s))
-		snprintf(c->ent[id].name, NAME_LEN, "%s", fixed(c, json_is_true(s) ? FX_VALUE : FX_NEVER));
+		snprintf(c->ent[id].name, NAME_LEN, "%s", js_fixed(c, json_is_true(s) ? FX_VALUE : FX_NEVER));
 	else
 		snprintf(c->ent[id].name, NAME_LEN, "s%u", id);
 	c->ent[id].mask = json_is_false(s) ? 0 : T_ALL;
@@ -2279,9 +1443,9 @@ node(struct jsc *c, const json_t *s, uint32_t *id)
 		return 0;
 	}
 	if (!json_is_object(s) && !json_is_boolean(s))
-		return jerr(c, ERR_INVAL, NULL, "a schema must be an object or a boolean");
+		return js_err(c, ERR_INVAL, NULL, "a schema must be an object or a boolean");
 	if (c->depth >= JSCHEMA_MAX_DEPTH)
-		return jerr(c, ERR_RANGE, NULL, "schemas nested deeper than the limit of %d", JSCHEMA_MAX_DEPTH);
+		return js_err(c, ERR_RANGE, NULL, "schemas nested deeper than the limit of %d", JSCHEMA_MAX_DEPTH);
 	*id = ent_new(c, s);
 	if (json_is_boolean(s))
 		return 0;
@@ -2316,9 +1480,9 @@ n_out(const struct graph *gr, uint32_t e)
 static int
 jerr_where(struct jsc *c, int code, const char *where, const char *msg)
 {
-	sb_clear(&c->path);
+	js_sb_clear(&c->path);
 	strbuf_cat(&c->path, where);
-	return jerr(c, code, NULL, "%s", msg);
+	return js_err(c, code, NULL, "%s", msg);
 }
 
 /*
