@@ -124,9 +124,11 @@ const char *rs_last_error(const rs_client *c);
  * for rs_generate, `prompt` or messages, `session`, `model`, `max_tokens`,
  * `temperature`, `top_k`, `top_p`, `min_p`, `repeat_penalty`,
  * `presence_penalty`, `frequency_penalty`, `seed`, `priority`, `stream`,
- * `logprobs`, stop strings. The library does not check names or values
- * (the daemon does, and ignores names it does not know); setting a field
- * twice replaces it. The setters return RS_OK, RS_ERR_INVAL (a NULL
+ * `logprobs`, `keep_alive`, stop strings, and at most one of `grammar`,
+ * `json_schema` (strings: grammar text, a JSON Schema as JSON text) and
+ * `json` (bool) to constrain the output. The library does not check names
+ * or values (the daemon does, and ignores names it does not know); setting
+ * a field twice replaces it. The setters return RS_OK, RS_ERR_INVAL (a NULL
  * argument, or the key "id" or "op", which the library sets) or
  * RS_ERR_NOMEM. The caller frees the params with rs_params_free; a call
  * that takes params only reads them.
