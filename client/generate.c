@@ -25,6 +25,7 @@
 #define TITLE_MAX 48            /* bytes of the first message that name a new session */
 
 #define MAX_SAMPLING 32
+#define CONSTRAINT_MAX (1 << 20)  /* bytes of a grammar or schema: the protocol's bound */
 
 /* What run and chat were asked for. */
 struct gen_opts {
@@ -40,6 +41,8 @@ struct gen_opts {
 	int n_samp;
 	char **stop;                /* the --stop texts */
 	int n_stop;
+	const char *constraint;     /* the generate field of --grammar, --json-schema or --json-object */
+	char *constraint_text;      /* the --grammar or --json-schema file's text (NULL for --json-object) */
 };
 
 /* What a generation printed last. */
@@ -243,7 +246,7 @@ gen_failed(const struct gen *g)
 
 enum {
 	O_SYSTEM = 256, O_RAW, O_TOP_K, O_TOP_P, O_MIN_P, O_REPEAT, O_SEED, O_STOP, O_JSON, O_SOCKET,
-	O_HIDE_REASONING,
+	O_HIDE_REASONING, O_GRAMMAR, O_JSON_SCHEMA, O_JSON_OBJECT,
 };
 
 /* A sampling option: its protocol field and whether it is an integer. */
@@ -266,6 +269,54 @@ sampling_opt(int c, const char **key, int *is_int)
 	return 0;
 }
 
+/*
+ * Reads a --grammar or --json-schema file whole into *out (malloc'd). On
+ * failure prints why, naming the option and the file, and returns
+ * EXIT_USAGE.
+ */
+static int
+read_constraint_file(const char *cmd, const char *opt, const char *path, char **out)
+{
+	FILE *fp = fopen(path, "rb");
+	char *buf = malloc(CONSTRAINT_MAX + 1);
+	const char *why = NULL;
+	size_t n = 0;
+
+	if (fp != NULL && buf != NULL)
+		n = fread(buf, 1, CONSTRAINT_MAX + 1, fp);
+	if (fp == NULL || buf == NULL || ferror(fp))
+		why = strerror(errno);
+	else if (n > CONSTRAINT_MAX)
+		why = "larger than 1 MiB, the most the daemon takes";
+	else if (memchr(buf, '\0', n) != NULL)
+		why = "holds a NUL byte: not a text file";
+	if (fp != NULL)
+		fclose(fp);
+	if (why != NULL) {
+		fprintf(stderr, "resident: %s: %s %s: %s\n", cmd, opt, path, why);
+		free(buf);
+		return EXIT_USAGE;
+	}
+	buf[n] = '\0';
+	*out = buf;
+	return 0;
+}
+
+/* --grammar FILE, --json-schema FILE or --json-object: at most one of them. */
+static int
+constraint_opt(const char *cmd, int c, const char *arg, struct gen_opts *o)
+{
+	if (o->constraint != NULL)
+		return cli_usage_error("%s: give at most one of --grammar, --json-schema and --json-object", cmd);
+	if (c == O_JSON_OBJECT) {
+		o->constraint = "json";
+		return 0;
+	}
+	o->constraint = c == O_GRAMMAR ? "grammar" : "json_schema";
+	return read_constraint_file(cmd, c == O_GRAMMAR ? "--grammar" : "--json-schema", arg,
+	    &o->constraint_text);
+}
+
 /* Parses the options of run and chat; positional arguments stay at argv[optind..]. */
 static int
 gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
@@ -279,10 +330,13 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 		{ "seed", required_argument, NULL, O_SEED }, { "stop", required_argument, NULL, O_STOP },
 		{ "verbose", no_argument, NULL, 'v' }, { "json", no_argument, NULL, O_JSON },
 		{ "socket", required_argument, NULL, O_SOCKET },
-		{ "hide-reasoning", no_argument, NULL, O_HIDE_REASONING }, { NULL, 0, NULL, 0 },
+		{ "hide-reasoning", no_argument, NULL, O_HIDE_REASONING },
+		{ "grammar", required_argument, NULL, O_GRAMMAR },
+		{ "json-schema", required_argument, NULL, O_JSON_SCHEMA },
+		{ "json-object", no_argument, NULL, O_JSON_OBJECT }, { NULL, 0, NULL, 0 },
 	};
 	const char *key;
-	int c, is_int, k;
+	int c, is_int, k, rc;
 
 	if ((o->stop = calloc((size_t)argc, sizeof *o->stop)) == NULL)
 		return EXIT_DAEMON;
@@ -309,6 +363,12 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 		case O_HIDE_REASONING: o->hide_reasoning = 1; break;
 		case O_JSON: cli->json = 1; break;
 		case O_SOCKET: cli->socket = optarg; break;
+		case O_GRAMMAR:
+		case O_JSON_SCHEMA:
+		case O_JSON_OBJECT:
+			if ((rc = constraint_opt(argv[0], c, optarg, o)) != 0)
+				return rc;
+			break;
 		default: return cli_usage_error("%s: unknown option", argv[0]);
 		}
 	}
@@ -329,6 +389,16 @@ apply_sampling(const struct gen_opts *o, rs_params *p, int with_stop)
 	}
 	for (i = 0; with_stop && i < o->n_stop; i++)
 		rs_params_add_stop(p, o->stop[i]);
+}
+
+/* Sets the output's constraint, if one was given: a request's own, never a session's default. */
+static void
+apply_constraint(const struct gen_opts *o, rs_params *p)
+{
+	if (o->constraint_text != NULL)
+		rs_params_set_str(p, o->constraint, o->constraint_text);
+	else if (o->constraint != NULL)
+		rs_params_set_bool(p, o->constraint, 1);
 }
 
 /* ---- run ---- */
@@ -404,6 +474,7 @@ cmd_run(struct cli *cli, int argc, char **argv)
 		goto out;
 	}
 	apply_sampling(&o, p, 1);
+	apply_constraint(&o, p);
 	if (o.raw) {
 		rs_params_set_str(p, "prompt", prompt);
 	} else {
@@ -436,6 +507,7 @@ out:
 	json_decref(g.done);
 	free(prompt);
 	free(o.stop);
+	free(o.constraint_text);
 	rs_params_free(p);
 	return rc;
 }
@@ -633,6 +705,7 @@ chat_turn(struct cli *cli, const struct gen_opts *o, const char *uuid, const cha
 	if (p == NULL)
 		return EXIT_DAEMON;
 	apply_sampling(o, p, 1);
+	apply_constraint(o, p);
 	rs_params_set_str(p, "session", uuid);
 	rs_params_add_message(p, "user", text);
 	if (o->model)
@@ -697,5 +770,6 @@ cmd_chat(struct cli *cli, int argc, char **argv)
 out:
 	free(in.buf);
 	free(o.stop);
+	free(o.constraint_text);
 	return rc;
 }
