@@ -163,11 +163,63 @@ refuse_unsupported(const json_t *o, struct api_error *e)
 		return bad(e, "n", "n must be 1: resident-openai makes one choice per request");
 	if ((v = field(o, "best_of")) != NULL && (!json_is_integer(v) || json_integer_value(v) != 1))
 		return bad(e, "best_of", "best_of must be 1");
-	v = field(o, "response_format");
-	if (v != NULL && (!json_is_object(v) || !json_is_string(json_object_get(v, "type")) ||
-	    strcmp(json_string_value(json_object_get(v, "type")), "text") != 0))
-		return bad(e, "response_format", "response_format must be {\"type\": \"text\"}");
 	return 0;
+}
+
+/* response_format json_schema: {name, schema, strict}; the schema goes to the daemon as JSON text. */
+static int
+parse_json_schema(const json_t *js, struct api_req *r, struct api_error *e)
+{
+	json_t *schema = field(js, "schema");
+
+	if (!json_is_object(js))
+		return bad(e, "response_format", "response_format.json_schema must be an object: "
+		    "{name, schema, strict}");
+	if (!json_is_object(schema) && !json_is_boolean(schema))
+		return bad(e, "response_format", "response_format.json_schema.schema must be a JSON Schema "
+		    "(an object)");
+	r->constraint = "json_schema";
+	if ((r->constraint_text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY)) == NULL)
+		return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+	return 0;
+}
+
+/*
+ * The output's constraint: response_format text (none), json_object or
+ * json_schema, or resident's own grammar (extra_body); at most one. The
+ * daemon always holds the output to the schema, whatever strict says.
+ */
+static int
+parse_constraint(const json_t *o, struct api_req *r, struct api_error *e)
+{
+	json_t *rf = field(o, "response_format"), *g = field(o, "grammar");
+	const char *type;
+
+	if (g != NULL && !json_is_string(g))
+		return bad(e, "grammar", "grammar must be a string: the text of a grammar");
+	if (g != NULL) {
+		r->constraint = "grammar";
+		if ((r->constraint_text = strdup(json_string_value(g))) == NULL)
+			return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+	}
+	if (rf == NULL)
+		return 0;
+	if (!json_is_object(rf) || !json_is_string(json_object_get(rf, "type")))
+		return bad(e, "response_format", "response_format must be an object with a type: \"text\", "
+		    "\"json_object\" or \"json_schema\"");
+	type = json_string_value(json_object_get(rf, "type"));
+	if (strcmp(type, "text") == 0)
+		return 0;
+	if (strcmp(type, "json_object") != 0 && strcmp(type, "json_schema") != 0)
+		return bad(e, "response_format", "response_format type '%s' is not supported: \"text\", "
+		    "\"json_object\" or \"json_schema\"", type);
+	if (r->constraint != NULL)
+		return bad(e, "grammar", "grammar and a response_format of type %s: give one of them", type);
+	if (strcmp(type, "json_object") == 0) {
+		r->constraint = "json";
+		return 0;
+	}
+	return parse_json_schema(json_object_get(rf, "json_schema"), r, e);
 }
 
 /* A message's content: a string, or an array of text parts (joined by newlines). */
@@ -360,7 +412,8 @@ api_parse(enum api_kind kind, const char *body, size_t len, const char *session_
 	}
 	if ((kind == API_CHAT ? parse_messages(o, r, e) : parse_prompt(o, r, e)) != 0 ||
 	    parse_session(o, session_header, r, e) != 0 || parse_stream(o, r, e) != 0 ||
-	    parse_nums(o, r, e) != 0 || parse_stop(o, r, e) != 0 || refuse_unsupported(o, e) != 0)
+	    parse_nums(o, r, e) != 0 || parse_stop(o, r, e) != 0 || parse_constraint(o, r, e) != 0 ||
+	    refuse_unsupported(o, e) != 0)
 		goto out;
 	rc = 0;
 out:
@@ -380,6 +433,7 @@ api_req_free(struct api_req *r)
 	for (i = 0; i < r->n_stop; i++)
 		free(r->stop[i]);
 	free(r->msgs), free(r->stop), free(r->model), free(r->session), free(r->system), free(r->prompt);
+	free(r->constraint_text);
 	memset(r, 0, sizeof *r);
 }
 
@@ -402,6 +456,9 @@ api_params(const struct api_req *r)
 	for (j = 0; st == RS_OK && j < r->n_nums; j++)
 		st = r->nums[j].is_uint ? rs_params_set_uint(p, r->nums[j].key, r->nums[j].u) :
 		    rs_params_set_float(p, r->nums[j].key, r->nums[j].f);
+	if (st == RS_OK && r->constraint != NULL)
+		st = r->constraint_text != NULL ? rs_params_set_str(p, r->constraint, r->constraint_text) :
+		    rs_params_set_bool(p, r->constraint, 1);
 	if (st != RS_OK) {
 		rs_params_free(p);
 		return NULL;

@@ -65,6 +65,14 @@ struct api_req {
 	struct api_num nums[API_MAX_NUMS];
 	int n_nums;
 	int stream, include_usage;
+	/*
+	 * The output's constraint: the generate field "grammar" (resident's own
+	 * grammar field), "json_schema" (response_format json_schema) or "json"
+	 * (json_object); NULL for none. constraint_text is the grammar, or the
+	 * schema as JSON text; NULL for json.
+	 */
+	const char *constraint;
+	char *constraint_text;
 };
 
 /* What identifies one reply: its id ("chatcmpl-..."), creation time, model and session. */

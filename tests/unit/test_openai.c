@@ -1,7 +1,8 @@
 /*
  * test_openai.c: resident-openai's translation between OpenAI's JSON and
  * resident's generate fields (contrib/openai/api.c): requests parsed and
- * refused, replies, stream chunks and errors built.
+ * refused, response_format as the output's constraint, replies, stream
+ * chunks and errors built.
  */
 #include "config.h"
 #include "openai.h"
@@ -134,7 +135,8 @@ test_bad_requests(void **state)
 		{ API_CHAT, CHAT(", \"n\": 2"), "n", "n must be 1" },
 		{ API_CHAT, CHAT(", \"logprobs\": true"), "logprobs", "not supported" },
 		{ API_CHAT, CHAT(", \"tools\": [{\"type\": \"function\"}]"), "tools", "not supported" },
-		{ API_CHAT, CHAT(", \"response_format\": {\"type\": \"json_object\"}"), "response_format", "text" },
+		{ API_CHAT, CHAT(", \"response_format\": {\"type\": \"xml\"}"), "response_format",
+		  "type 'xml' is not supported" },
 		{ API_CHAT, CHAT(", \"stream\": \"yes\""), "stream", "boolean" },
 		{ API_CHAT, CHAT(", \"stream_options\": {\"include_usage\": true}"), "stream_options",
 		  "only allowed when stream" },
@@ -146,6 +148,77 @@ test_bad_requests(void **state)
 
 	for (i = 0; i < sizeof bad / sizeof bad[0]; i++)
 		parse_bad(bad[i].kind, bad[i].body, NULL, bad[i].param, bad[i].what);
+}
+
+/* Parses a chat request with these fields; asserts its constraint (NULL: none) and text. */
+static void
+constraint_is(const char *fields, const char *constraint, const char *text)
+{
+	char body[1024];
+	struct api_req r;
+
+	snprintf(body, sizeof body, CHAT("%s"), fields);
+	parse_ok(API_CHAT, body, NULL, &r);
+	if (constraint == NULL)
+		assert_null(r.constraint);
+	else
+		assert_string_equal(r.constraint, constraint);
+	if (text == NULL)
+		assert_null(r.constraint_text);
+	else
+		assert_string_equal(r.constraint_text, text);
+	api_req_free(&r);
+}
+
+static void
+test_constraints(void **state)
+{
+	static const struct {
+		const char *fields, *param, *what;
+	} bad[] = {
+		{ ", \"response_format\": \"json\"", "response_format", "an object with a type" },
+		{ ", \"response_format\": {\"json_schema\": {}}", "response_format", "an object with a type" },
+		{ ", \"response_format\": {\"type\": \"grammar\"}", "response_format", "'grammar' is not supported" },
+		{ ", \"response_format\": {\"type\": \"json_schema\"}", "response_format",
+		  "json_schema must be an object" },
+		{ ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\"}}",
+		  "response_format", "schema must be a JSON Schema" },
+		{ ", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": [1]}}",
+		  "response_format", "schema must be a JSON Schema" },
+		{ ", \"grammar\": {\"root\": 1}", "grammar", "grammar must be a string" },
+		{ ", \"grammar\": \"root ::= [a-z]+\", \"response_format\": {\"type\": \"json_object\"}", "grammar",
+		  "give one of them" },
+	};
+	char body[512];
+	struct api_req r;
+	size_t i;
+
+	constraint_is("", NULL, NULL);
+	constraint_is(", \"response_format\": {\"type\": \"text\"}", NULL, NULL);
+	constraint_is(", \"response_format\": null", NULL, NULL);
+	constraint_is(", \"response_format\": {\"type\": \"json_object\"}", "json", NULL);
+	/* the schema's JSON text, its keys in their order (properties' order is the output's) */
+	constraint_is(", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"point\", "
+	    "\"strict\": true, \"schema\": {\"type\": \"object\", \"properties\": {\"y\": {\"type\": \"integer\"}, "
+	    "\"x\": {\"enum\": [1.5, \"\u00e9\", null]}}, \"required\": [\"y\", \"x\"], "
+	    "\"additionalProperties\": false}}}",
+	    "json_schema", "{\"type\":\"object\",\"properties\":{\"y\":{\"type\":\"integer\"},\"x\":{\"enum\":"
+	    "[1.5,\"\u00e9\",null]}},\"required\":[\"y\",\"x\"],\"additionalProperties\":false}");
+	/* strict false and no name: the daemon holds the output to the schema all the same */
+	constraint_is(", \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": true, "
+	    "\"strict\": false}}", "json_schema", "true");
+	constraint_is(", \"grammar\": \"root ::= \\\"yes\\\" | \\\"no\\\"\"", "grammar", "root ::= \"yes\" | \"no\"");
+	constraint_is(", \"grammar\": \"root ::= [a-z]+\", \"response_format\": {\"type\": \"text\"}", "grammar",
+	    "root ::= [a-z]+");
+	/* completions take them too */
+	parse_ok(API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"p\", "
+	    "\"response_format\": {\"type\": \"json_object\"}}", NULL, &r);
+	assert_string_equal(r.constraint, "json");
+	api_req_free(&r);
+	for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+		snprintf(body, sizeof body, CHAT("%s"), bad[i].fields);
+		parse_bad(API_CHAT, body, NULL, bad[i].param, bad[i].what);
+	}
 }
 
 static void
@@ -290,6 +363,7 @@ main(void)
 		cmocka_unit_test(test_chat_request),
 		cmocka_unit_test(test_completion_request),
 		cmocka_unit_test(test_bad_requests),
+		cmocka_unit_test(test_constraints),
 		cmocka_unit_test(test_sessions),
 		cmocka_unit_test(test_replies),
 		cmocka_unit_test(test_meta_ids),
