@@ -168,6 +168,11 @@ def check_blocking(ck, d, ref, long_prompt, tmp):
                "invalid_param", "a temperature out of range")
         raises(ck, lambda: c.generate(prompt="x", messages=user("x")).result(), resident.BadRequest,
                "bad_request", "prompt and messages")
+        # a dict json_schema reaches the daemon as a string (else its type would be the refusal)
+        e = raises(ck, lambda: c.generate(prompt="x", json_schema={"type": "object"}, json=True).result(),
+                   resident.BadRequest, "bad_request", "json_schema and json")
+        ck.ok(e is not None and "at most one of 'grammar', 'json_schema' and 'json'" in e.message,
+              "json_schema and json: refused as two constraints (%s)" % e)
         raises(ck, lambda: c.generate(prompt="x " * 3000).result(), resident.ContextExceeded,
                "context_exceeded", "a prompt over the context")
         raises(ck, lambda: c.call("no.such.op"), resident.UnknownOp, "unknown_op", "an unknown op")

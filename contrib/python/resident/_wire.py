@@ -1,6 +1,7 @@
 """What the blocking and the asyncio clients share: the socket path, frames,
 request fields and the shape of replies (PROTOCOL.md)."""
 import errno
+import json
 import os
 import struct
 
@@ -93,14 +94,28 @@ def lost_reason(reply):
     return errors.from_reply(reply)
 
 
+def schema_text(schema):
+    """json_schema as the protocol has it: JSON text. A dict (or a boolean
+    schema) is dumped, keys in their order (properties' order is the
+    output's); a string is taken as the schema's JSON text."""
+    if isinstance(schema, str):
+        return schema
+    if not isinstance(schema, (dict, bool)):
+        raise TypeError("json_schema must be a dict (a JSON Schema) or its JSON text, not %s"
+                        % type(schema).__name__)
+    return json.dumps(schema, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 def generate_fields(prompt, messages, session, model, stream, params):
-    """The fields of a generate request. stop may be one string. Fields
-    given as None are left out (the daemon's defaults apply)."""
+    """The fields of a generate request. stop may be one string; json_schema
+    a dict. Fields given as None are left out (the daemon's defaults apply)."""
     f = {"prompt": prompt, "messages": messages, "session": session, "model": model,
          "stream": bool(stream)}
     f.update(params)
     if isinstance(f.get("stop"), str):
         f["stop"] = [f["stop"]]
+    if f.get("json_schema") is not None:
+        f["json_schema"] = schema_text(f["json_schema"])
     return {k: v for k, v in f.items() if v is not None}
 
 
