@@ -117,6 +117,8 @@ prep_run(struct work *w)
 
 	g->prep_err[0] = '\0';
 	g->prep_rc = sched_prompt_tokens(g->md, g->job, &g->ids, &g->n_ids, &g->prep_pe, g->prep_err);
+	if (g->prep_rc == 0 && (g->prep_rc = sched_prompt_grammar(g->slot->e, g->job, &g->gram, g->prep_err)) != 0)
+		g->prep_pe = PE_INVALID_PARAM;
 }
 
 /*

@@ -143,7 +143,8 @@ sched_done_event(struct gen *g)
 	msgpack_packer pk;
 
 	if (q->finish == FINISH_ERROR) {
-		proto_error(&ev->frame, 1, g->job->req.id, PE_MODEL_ERROR, q->error);
+		proto_error(&ev->frame, 1, g->job->req.id, q->req_error ? PE_INVALID_PARAM : PE_MODEL_ERROR,
+		    q->error);
 		return ev;
 	}
 	proto_reply_begin(&ev->frame, &pk, 1, g->job->req.id, "done",
@@ -205,6 +206,8 @@ sched_gen_free(struct sched *s, struct gen *g)
 	} else if (g->seq != NULL) {
 		engine_seq_free(g->slot->e, g->seq);
 	}
+	if (g->gram != NULL)
+		engine_grammar_put(g->slot->e, g->gram);
 	if (g->slot != NULL)
 		sched_release_slot(s, g->slot, job_keep_alive(s, g->job));
 	free(g->ids);  /* a prompt cancelled while the worker tokenized it */

@@ -61,6 +61,7 @@ struct gen {
 	const struct model_desc *md;
 	int32_t *ids;
 	size_t n_ids;
+	struct cons_gram *gram;     /* the output's grammar (sched_prompt_grammar), held until freed */
 	int prep_rc;
 	enum proto_err prep_pe;
 	char prep_err[ERR_LEN];
@@ -150,6 +151,12 @@ void sched_fork_resident(struct sched *s, const char *parent, const char *child)
 void sched_drop_resident(struct sched *s, const char *uuid);
 
 /* sched_prompt.c */
+/*
+ * The request's constraint (grammar, json_schema or json) as a grammar over
+ * e's vocabulary, held in *out (NULL when it has none). 0, or ERR_INVAL /
+ * ERR_RANGE / ERR_UNSUPPORTED saying what is wrong with it.
+ */
+int sched_prompt_grammar(struct engine *e, const struct sched_job *job, struct cons_gram **out, char *err);
 int sched_prompt_tokens(const struct model_desc *md, const struct sched_job *job, int32_t **ids, size_t *n,
     enum proto_err *pe, char *err);
 void sched_closing_tokens(const struct model_desc *md, const struct sched_job *job, const struct seq *q,

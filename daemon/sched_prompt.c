@@ -1,17 +1,21 @@
 /*
- * sched_prompt.c: a request's messages through its model's chat template.
- * The prompt worker turns them into the prompt's tokens (on its thread:
- * nothing here touches the scheduler's state), and a finished session turn
- * takes the template's closing tokens too, so that the stored history is
- * what the template renders.
+ * sched_prompt.c: a request's messages through its model's chat template,
+ * and its constraint into a grammar. The prompt worker turns them into the
+ * prompt's tokens and the grammar its output must match (on its thread:
+ * nothing here touches the scheduler's state, and a new schema's index may
+ * take up to a second to build), and a finished session turn takes the
+ * template's closing tokens too, so that the stored history is what the
+ * template renders.
  */
 #include "config.h"
 #include "sched_int.h"
 #include "engine.h"
+#include "jschema.h"
 #include "model.h"
 #include "tokenizer.h"
 #include "util.h"
 
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,6 +104,39 @@ sched_prompt_tokens(const struct model_desc *md, const struct sched_job *job, in
 	rc = session_tokens(md, job, msgs, n_msgs, n_msgs - (size_t)job->req.n_msgs, ids, n, err);
 	free(msgs);
 	return rc;
+}
+
+/* A JSON Schema's text as a grammar over e's vocabulary; json alone: any JSON object. */
+static int
+schema_grammar(struct engine *e, const char *schema_text, struct cons_gram **out, char *err)
+{
+	json_error_t je;
+	json_t *schema = schema_text != NULL ? json_loads(schema_text, 0, &je) : json_pack("{s:s}", "type", "object");
+	char *text = NULL;
+	int rc;
+
+	if (schema == NULL)
+		return err_set(err, ERR_INVAL, "not JSON: %s (line %d, column %d)", je.text, je.line,
+		    je.column);
+	if ((rc = jschema_grammar(schema, &text, err)) == 0)
+		rc = engine_grammar(e, text, strlen(text), out, err);
+	json_decref(schema);
+	free(text);
+	return rc;
+}
+
+int
+sched_prompt_grammar(struct engine *e, const struct sched_job *job, struct cons_gram **out, char *err)
+{
+	const struct proto_req *r = &job->req;
+	int rc;
+
+	*out = NULL;
+	if (r->grammar != NULL && (rc = engine_grammar(e, r->grammar, strlen(r->grammar), out, err)) != 0)
+		return err_prefix(err, rc, "grammar");
+	if ((r->json_schema != NULL || r->json) && (rc = schema_grammar(e, r->json_schema, out, err)) != 0)
+		return err_prefix(err, rc, "json_schema");
+	return 0;
 }
 
 /*

@@ -62,6 +62,7 @@ job_params(const struct sched *s, const struct gen *g, struct seq_params *p)
 	p->stop = (const char *const *)job->req.stop;
 	p->n_stop = job->req.n_stop;
 	p->logprobs = job->req.logprobs;
+	p->grammar = g->gram;
 }
 
 /* The cached sequence of a session on a model, or NULL. */

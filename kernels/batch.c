@@ -3,6 +3,8 @@
 #include "kernels.h"
 #include "util.h"
 
+#include <math.h>
+
 int
 fwd_batch_check(const struct fwd_batch *batch, int32_t max_tokens, int64_t kv_blocks, int32_t n_vocab,
     int64_t *max_len, int64_t *n_table, char *err)
@@ -36,4 +38,35 @@ fwd_batch_check(const struct fwd_batch *batch, int32_t max_tokens, int64_t kv_bl
 		if (batch->tokens[i] < 0 || batch->tokens[i] >= n_vocab)
 			return err_set(err, ERR_INVAL, "token id %d out of the vocabulary", batch->tokens[i]);
 	return 0;
+}
+
+int
+fwd_masks_get(const struct fwd_batch *batch, int32_t n_logits, struct fwd_masks *m, char *err)
+{
+	int rc;
+
+	m->n = 0, m->rows = NULL, m->bits = NULL;
+	if (batch->masks == NULL)
+		return 0;
+	if ((rc = batch->masks(batch->masks_arg, m, err)) != 0)
+		return rc;
+	for (int32_t i = 0; i < m->n; i++)
+		if (m->rows[i] < 0 || m->rows[i] >= n_logits || (i > 0 && m->rows[i] <= m->rows[i - 1]))
+			return err_set(err, ERR_INVAL, "constrained rows: row %d of %d logits rows", m->rows[i], n_logits);
+	return m->n > n_logits ? err_set(err, ERR_INVAL, "%d constrained rows of %d", m->n, n_logits) : 0;
+}
+
+void
+fwd_masks_apply(const struct fwd_masks *m, float *logits, int32_t n_vocab)
+{
+	size_t words = FWD_MASK_WORDS(n_vocab);
+
+	for (int32_t i = 0; i < m->n; i++) {
+		const uint32_t *bits = m->bits + (size_t)i * words;
+		float *row = logits + (size_t)m->rows[i] * (size_t)n_vocab;
+
+		for (int32_t t = 0; t < n_vocab; t++)
+			if (!(bits[t >> 5] >> (t & 31) & 1))
+				row[t] = -INFINITY;
+	}
 }

@@ -62,6 +62,19 @@ struct fwd_pick {
 #define FWD_PICK_PENALTY_MAX 256     /* distinct tokens of a row's penalty window */
 
 /*
+ * The constrained logits rows of a step: rows[i] (ascending) may draw only
+ * the tokens whose bits are set in bits + i * FWD_MASK_WORDS(n_vocab)
+ * (token t: bit t % 32 of word t / 32).
+ */
+struct fwd_masks {
+	int32_t n;
+	const int32_t *rows;
+	const uint32_t *bits;
+};
+
+#define FWD_MASK_WORDS(n_vocab) (((size_t)(n_vocab) + 31) / 32)
+
+/*
  * A step: the new tokens of every sequence, concatenated in sequence order.
  * Logits are written row after row in the same order, n_vocab floats each,
  * for the rows each sequence asked for.
@@ -81,7 +94,25 @@ struct fwd_batch {
 	const struct fwd_pick *pick;
 	const int32_t *pen_tok, *pen_cnt; /* with pick: the rows' penalty windows, each token once */
 	float *logprob;              /* with pick: row r's log-probability where pick[r].logprob */
+	/*
+	 * NULL, or the step's constrained rows, asked for once the step's work
+	 * is under way and before any row is drawn or handed out, so that the
+	 * caller computes them while the device runs: the backend then sets a
+	 * listed row's logits of tokens not allowed to -inf, for the argmax,
+	 * the draw and the logits it returns alike. An error it returns fails
+	 * the step.
+	 */
+	int (*masks)(void *arg, struct fwd_masks *out, char *err);
+	void *masks_arg;
 };
+
+/*
+ * The step's masks (batch->masks, called now; none when it is NULL),
+ * checked against its n_logits rows. 0 or the callback's error / ERR_INVAL.
+ */
+int fwd_masks_get(const struct fwd_batch *batch, int32_t n_logits, struct fwd_masks *m, char *err);
+/* Sets row rows[i]'s logits of tokens m does not allow to -inf (a backend that masks on the host). */
+void fwd_masks_apply(const struct fwd_masks *m, float *logits, int32_t n_vocab);
 
 /*
  * Checks a step against a backend's limits before any work: token and logit

@@ -10,6 +10,7 @@
  */
 #include "config.h"
 #include "engine.h"
+#include "grammar.h"
 #include "kernels.h"
 #include "kv.h"
 #include "kvdisk.h"
@@ -53,6 +54,11 @@ struct engine {
 	int32_t *pen_tok, *pen_cnt; /* max_seqs * FWD_PICK_PENALTY_MAX: the rows' penalty windows */
 	float *logprob;         /* max_seqs: the picks' log-probabilities */
 	int host_picks;         /* RESIDENT_HOST_SAMPLING=1: sample.c picks every token (to compare) */
+	int32_t n_fseqs;        /* the step's */
+	/* constrained decoding */
+	struct cons *cons;      /* the model's grammars */
+	uint32_t *masks;        /* max_seqs masks of FWD_MASK_WORDS(n_vocab) words: the step's constrained rows */
+	int32_t *mask_rows;     /* max_seqs: their logits rows */
 	/* the prefix cache and its tiers */
 	/*
 	 * What its K/V depend on besides the tokens: the model file (path, size,
@@ -315,6 +321,10 @@ engine_load(struct engine *e, uint64_t limit, char *err)
 	e->pen_tok = xcalloc((size_t)e->max_seqs * FWD_PICK_PENALTY_MAX, sizeof *e->pen_tok);
 	e->pen_cnt = xcalloc((size_t)e->max_seqs * FWD_PICK_PENALTY_MAX, sizeof *e->pen_cnt);
 	e->logprob = xcalloc((size_t)e->max_seqs, sizeof *e->logprob);
+	/* zeroed: words past the tokenizer's tokens (a padded output) allow nothing, and gram_mask never writes them */
+	e->masks = xcalloc((size_t)e->max_seqs * FWD_MASK_WORDS(e->m->hp.n_vocab), sizeof *e->masks);
+	e->mask_rows = xcalloc((size_t)e->max_seqs, sizeof *e->mask_rows);
+	e->cons = cons_new(e->m->tok);
 	return 0;
 }
 
@@ -388,10 +398,11 @@ engine_close(struct engine *e)
 	if (e->be != NULL)
 		e->ops->free(e->be);
 	kv_destroy(&e->kv);
+	cons_free(e->cons);
 	model_close(e->m);
 	free(e->identity_text);
 	free(e->fseqs), free(e->fseq_of), free(e->tokens), free(e->logits), free(e->argmax), free(e->pick);
-	free(e->pen_tok), free(e->pen_cnt), free(e->logprob);
+	free(e->pen_tok), free(e->pen_cnt), free(e->logprob), free(e->masks), free(e->mask_rows);
 	pthread_mutex_destroy(&e->copy_mu);
 	free(e);
 }
@@ -479,16 +490,20 @@ seq_push_tokens(struct seq *s, const int32_t *t, int32_t n)
 
 /* Frees the parameters a turn copied, and its text. */
 static void
-seq_clear_params(struct seq *s)
+seq_clear_params(struct engine *e, struct seq *s)
 {
 	gentext_free(&s->out);
 	sampler_free(&s->sampler);
+	gram_state_free(s->gstate);
+	cons_put(e->cons, s->gram);
+	s->gstate = NULL, s->gram = NULL;
 }
 
 /* Validates and copies a turn's parameters; resets the turn's output. */
 static int
-seq_set_params(const struct engine *e, struct seq *s, const struct seq_params *p, char *err)
+seq_set_params(struct engine *e, struct seq *s, const struct seq_params *p, char *err)
 {
+	struct gram_state *gstate = NULL;
 	struct gentext out;
 	int i, rc;
 
@@ -500,11 +515,19 @@ seq_set_params(const struct engine *e, struct seq *s, const struct seq_params *p
 		if (p->stop[i] == NULL || p->stop[i][0] == '\0' || strlen(p->stop[i]) > 256 ||
 		    !utf8_valid(p->stop[i], strlen(p->stop[i])))
 			return err_set(err, ERR_INVAL, "stop strings must be 1..256 bytes of UTF-8");
-	if ((rc = gentext_init(&out, e->m->tok, p->split, p->stop, p->n_stop, err)) != 0)
+	if (p->grammar != NULL && (rc = gram_state_new(cons_grammar(p->grammar), &gstate, err)) != 0)
 		return rc;
-	seq_clear_params(s);
+	if ((rc = gentext_init(&out, e->m->tok, p->split, p->stop, p->n_stop, err)) != 0) {
+		gram_state_free(gstate);
+		return rc;
+	}
+	seq_clear_params(e, s);
 	s->params = *p;
 	s->params.stop = NULL;      /* out has them */
+	s->params.grammar = NULL;   /* s->gram holds it */
+	s->gram = p->grammar != NULL ? cons_hold(e->cons, p->grammar) : NULL;
+	s->gstate = gstate;
+	s->req_error = 0;
 	s->out = out;
 	sampler_init(&s->sampler, &p->sample, e->m->hp.n_vocab);
 	s->n_generated = 0;
@@ -780,6 +803,18 @@ engine_seq_finish(struct seq *s, enum finish_reason why)
 	s->finish = why;
 }
 
+int
+engine_grammar(struct engine *e, const char *text, size_t len, struct cons_gram **out, char *err)
+{
+	return cons_get(e->cons, text, len, out, err);
+}
+
+void
+engine_grammar_put(struct engine *e, struct cons_gram *g)
+{
+	cons_put(e->cons, g);
+}
+
 void
 engine_seq_free(struct engine *e, struct seq *s)
 {
@@ -789,7 +824,7 @@ engine_seq_free(struct engine *e, struct seq *s)
 		s->io->seq = NULL;  /* its blocks are the job's; engine_io_done lets them go */
 	if (s->n_blocks > s->n_parked)
 		kv_release(&e->kv, s->blocks + s->n_parked, s->n_blocks - s->n_parked);
-	seq_clear_params(s);
+	seq_clear_params(e, s);
 	free(s->blocks), free(s->tokens);
 	free(s);
 }
@@ -964,14 +999,35 @@ engine_io_done(struct engine *e, struct kvdisk_job *j)
 
 /* ---- text out ---- */
 
-/* Accepts a sampled token: its text (gentext.h), the end of generation, stop strings, limits. */
+/*
+ * Advances a constrained sequence's grammar by a drawn token (not an end
+ * token): 1 when nothing more may follow it, 0, or -1 when the grammar
+ * does not allow it (s->error says why).
+ */
+static int
+gram_step(struct engine *e, struct seq *s, int32_t tok)
+{
+	if (s->gstate == NULL)
+		return 0;
+	if (cons_accept(e->cons, s->gstate, tok, s->error) != 0) {
+		s->req_error = 1;
+		return -1;
+	}
+	return gram_finished(s->gstate);
+}
+
+/* Accepts a sampled token: its text (gentext.h), the end of generation, the grammar, stop strings, limits. */
 static void
 seq_accept(struct engine *e, struct seq *s, int32_t tok)
 {
+	int g = 0;
+
 	seq_push_tokens(s, &tok, 1);
 	s->n_generated++;
 	s->new_token = tok;
-	if (tok_is_eog(e->m->tok, tok) || gentext_token(&s->out, tok))
+	if (!tok_is_eog(e->m->tok, tok) && (g = gram_step(e, s, tok)) < 0)
+		engine_seq_finish(s, FINISH_ERROR);
+	else if (tok_is_eog(e->m->tok, tok) || gentext_token(&s->out, tok) || g > 0)
 		engine_seq_finish(s, FINISH_STOP);
 	else if (s->params.max_tokens > 0 && s->n_generated >= s->params.max_tokens)
 		engine_seq_finish(s, FINISH_LENGTH);
@@ -1088,6 +1144,57 @@ step_picks(struct engine *e, int32_t n_fseqs, struct fwd_batch *b)
 	return 1;
 }
 
+/* A constrained sequence whose grammar left no token (rc 0) or failed (rc < 0, s->error says why): it ends. */
+static void
+gram_dead_end(struct seq *s, int rc)
+{
+	if (rc == 0)
+		snprintf(s->error, sizeof s->error, "the grammar allows no token of the model's vocabulary after "
+		    "%d generated tokens", s->n_generated);
+	s->req_error = 1;
+}
+
+/*
+ * The step's constrained rows (fwd_batch.masks): called by the backend
+ * while the device runs the step. A sequence whose grammar leaves no token
+ * is not listed; its draw is dropped (sample_step).
+ */
+static int
+step_masks(void *arg, struct fwd_masks *m, char *err)
+{
+	struct engine *e = arg;
+	size_t words = FWD_MASK_WORDS(e->m->hp.n_vocab);
+	int32_t i, row = 0, n = 0;
+	int rc;
+
+	(void)err;
+	for (i = 0; i < e->n_fseqs; i++) {
+		struct seq *s = e->fseq_of[i];
+
+		if (!e->fseqs[i].logits)
+			continue;
+		if (s->gstate != NULL) {
+			if ((rc = gram_mask(s->gstate, cons_index(s->gram), e->masks + (size_t)n * words, s->error)) > 0)
+				e->mask_rows[n++] = row;
+			else
+				gram_dead_end(s, rc);
+		}
+		row++;
+	}
+	m->n = n, m->rows = e->mask_rows, m->bits = e->masks;
+	return 0;
+}
+
+/* 1 if a sequence that samples this step is constrained. */
+static int
+step_constrained(const struct engine *e)
+{
+	for (int32_t i = 0; i < e->n_fseqs; i++)
+		if (e->fseqs[i].logits && e->fseq_of[i]->gstate != NULL)
+			return 1;
+	return 0;
+}
+
 /* Samples for every sequence whose last token was in the step (picked already when the backend did). */
 static void
 sample_step(struct engine *e, int32_t n_fseqs, int picked)
@@ -1104,6 +1211,11 @@ sample_step(struct engine *e, int32_t n_fseqs, int picked)
 		if (!e->fseqs[i].logits)
 			continue;
 		s->state = SEQ_DECODE;
+		if (s->req_error) {
+			engine_seq_finish(s, FINISH_ERROR);
+			row++;
+			continue;
+		}
 		if (picked) {
 			s->new_logprob = s->params.logprobs ? e->logprob[row] : 0;
 			tok = e->argmax[row++];
@@ -1148,6 +1260,9 @@ engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, cha
 	batch.seqs = e->fseqs;
 	batch.n_tokens = n_tok;
 	batch.tokens = e->tokens;
+	e->n_fseqs = n_fseqs;
+	batch.masks = step_constrained(e) ? step_masks : NULL;
+	batch.masks_arg = e;
 	picked = step_picks(e, n_fseqs, &batch);
 	if ((rc = e->ops->forward(e->be, &batch, picked ? NULL : e->logits, err)) != 0) {
 		for (i = 0; i < n_fseqs; i++) {

@@ -36,6 +36,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "constrain.h"
 #include "gentext.h"
 #include "sample.h"
 #include "tokenizer.h"
@@ -81,6 +82,9 @@ struct seq_params {
 	int logprobs;           /* report each token's log-probability */
 	enum chat_tmpl split;   /* the chat family whose marks part the output into answer, reasoning and
 	                           tool text (chat_reason.h); CHAT_RAW: all of it is answer */
+	struct cons_gram *grammar; /* NULL, or what this turn's output must match (engine_grammar): the
+	                           sequence holds it while it lives; an end token only where the grammar's
+	                           root is complete, and the turn ends once nothing more may follow */
 };
 
 struct seq {
@@ -101,6 +105,10 @@ struct seq {
 	struct gentext out;     /* this turn's text, its parts, and what each step handed out */
 	struct sampler sampler;
 	struct seq_params params;
+	struct cons_gram *gram; /* this turn's grammar, held, and where its output is in it */
+	struct gram_state *gstate;
+	int req_error;          /* with FINISH_ERROR: the request's fault (its grammar left no token), not the
+	                           model's or the device's */
 	int32_t turn_start;     /* index of this turn's first generated token */
 	/* the prefix cache (kv.h) */
 	int cache;              /* its full blocks are looked up and published */
@@ -212,6 +220,16 @@ void engine_io_done(struct engine *e, struct kvdisk_job *j);
 
 /* Marks a sequence finished with the reason (for cancel). */
 void engine_seq_finish(struct seq *s, enum finish_reason why);
+
+/*
+ * The grammar of len bytes of text over e's vocabulary (constrain.h: made
+ * on first use, which may take up to about a second on a large vocabulary,
+ * so call it off the engine thread; thread-safe), held for the caller until
+ * engine_grammar_put. 0, or ERR_INVAL / ERR_RANGE saying what is wrong with
+ * the text.
+ */
+int engine_grammar(struct engine *e, const char *text, size_t len, struct cons_gram **out, char *err);
+void engine_grammar_put(struct engine *e, struct cons_gram *g);
 
 /* Releases a sequence and its KV blocks. */
 void engine_seq_free(struct engine *e, struct seq *s);

@@ -1640,6 +1640,15 @@ tok_piece(const struct tokenizer *t, int32_t id)
 	return id >= 0 && id < t->n ? t->text + t->e[id].off : NULL;
 }
 
+const char *
+tok_bytes(const struct tokenizer *t, int32_t id, size_t *len)
+{
+	if (id < 0 || id >= t->n)
+		return NULL;
+	*len = t->e[id].dlen;
+	return t->dec + t->e[id].doff;
+}
+
 enum tok_type
 tok_type(const struct tokenizer *t, int32_t id)
 {

@@ -64,6 +64,13 @@ int tok_is_eog(const struct tokenizer *t, int32_t id);
 int32_t tok_find(const struct tokenizer *t, const char *text);
 /* The stored text of a token (not decoded), or NULL if id is out of range. */
 const char *tok_piece(const struct tokenizer *t, int32_t id);
+/*
+ * The bytes token id decodes to (*len of them, not NUL-terminated; a
+ * control token's text included), as tok_stream_push hands them out but
+ * for SentencePiece's strip of the first piece's leading space; NULL if id
+ * is out of range.
+ */
+const char *tok_bytes(const struct tokenizer *t, int32_t id, size_t *len);
 /* The type of a token, or 0 if id is out of range. */
 enum tok_type tok_type(const struct tokenizer *t, int32_t id);
 

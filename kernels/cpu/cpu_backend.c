@@ -697,8 +697,8 @@ feed_forward(struct backend *b, int T, int l)
 	residual(b, b->ffn_out, b->layers[l].post_ffn_norm, T);
 }
 
-/* Final norm of the rows that want logits, then the output projection. */
-static void
+/* Final norm of the rows that want logits, then the output projection. Returns the number of rows. */
+static int32_t
 output(struct backend *b, const struct fwd_batch *batch, float *logits)
 {
 	const struct model_hparams *hp = &b->m->hp;
@@ -718,6 +718,7 @@ output(struct backend *b, const struct fwd_batch *batch, float *logits)
 		input(b, &in, b->h, hp->n_embd, n);
 		cpu_matmul(b->pool, &in, 1, &b->m->output, &logits, (int64_t[]){ hp->n_vocab }, b->mm_scratch);
 	}
+	return n;
 }
 
 /* Records each token's sequence and position; sizes the score rows. */
@@ -745,6 +746,7 @@ static int
 cpu_forward(struct backend *b, const struct fwd_batch *batch, float *logits, char *err)
 {
 	int64_t max_len = 0, n_table;
+	struct fwd_masks mk;
 	int l, rc;
 
 	if ((rc = fwd_batch_check(batch, b->max_tokens, b->kv_blocks, b->m->hp.n_vocab, &max_len, &n_table,
@@ -758,8 +760,10 @@ cpu_forward(struct backend *b, const struct fwd_batch *batch, float *logits, cha
 		attention(b, batch, l);
 		feed_forward(b, batch->n_tokens, l);
 	}
-	output(b, batch, logits);
-	return 0;
+	rc = fwd_masks_get(batch, output(b, batch, logits), &mk, err);
+	if (rc == 0)
+		fwd_masks_apply(&mk, logits, b->m->hp.n_vocab);
+	return rc;
 }
 
 /* The floats of block blk in the pool, or NULL (with err) if it is not one. */

@@ -161,6 +161,9 @@ struct backend {
 	int32_t *dev_pen, *host_pen; /* their penalty windows: tokens, then counts (max_tokens * FWD_PICK_PENALTY_MAX each) */
 	float *dev_lp, *host_lp;     /* their log-probabilities */
 	uint64_t *pick_part;         /* cuda_pick's scratch; NULL past FWD_PICK_MAX_VOCAB */
+	int32_t *dev_mask_rows, *host_mask_rows; /* a step's constrained rows (fwd_masks), max_seqs (host: pinned) */
+	uint32_t *dev_mask_bits, *host_mask_bits;
+	int max_masks;               /* max_seqs */
 	int64_t att_part_rows;
 	void *blas_ws;
 	/* staging: tokens, positions, table offsets, logit rows, then the tables */
@@ -341,14 +344,16 @@ struct dims {
 	size_t forms;                /* elements of the fp16 and int8 forms of a product's input */
 	size_t scales;               /* rows of the fp16 form */
 	size_t tiles;                /* ints of the grouped products' tile table */
+	size_t S;                    /* sequences a step may carry: the most constrained rows */
 };
 
 static struct dims
-model_dims(const struct model_hparams *hp, int max_tokens)
+model_dims(const struct model_hparams *hp, const struct backend_opts *o)
 {
 	struct dims d;
 
-	d.T = (size_t)max_tokens;
+	d.T = (size_t)o->max_tokens;
+	d.S = o->max_seqs > 0 ? MIN((size_t)o->max_seqs, d.T) : d.T;
 	d.embd = (size_t)hp->n_embd;
 	d.nq = (size_t)hp->n_head * (size_t)hp->head_dim;
 	d.nkv = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
@@ -386,6 +391,7 @@ activation_bytes(const struct dims *d)
 	    align_up(d->forms * 2) + align_up(d->forms / 32 * sizeof(float2)) +
 	    align_up(CUDA_ARGMAX_PARTS(logit_rows) * sizeof(float2)) + align_up(d->T * sizeof(struct fwd_pick)) +
 	    align_up(PEN_INTS(d->T) * sizeof(int32_t)) + floats_bytes(d->T) + route_bytes(d) +
+	    align_up(d->S * sizeof(int32_t)) + align_up(d->S * FWD_MASK_WORDS(d->vocab) * sizeof(uint32_t)) +
 	    (d->vocab <= FWD_PICK_MAX_VOCAB ? align_up(CUDA_PICK_SCRATCH(logit_rows, d->vocab) * sizeof(uint64_t)) : 0);
 }
 
@@ -783,6 +789,9 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    (rc = dev_alloc((void **)&b->dev_pick, T * sizeof(struct fwd_pick), "sampling", err)) ||
 	    (rc = dev_alloc((void **)&b->dev_pen, PEN_INTS(T) * sizeof(int32_t), "sampling", err)) ||
 	    (rc = dev_alloc((void **)&b->dev_lp, floats_bytes(T), "sampling", err)) ||
+	    (rc = dev_alloc((void **)&b->dev_mask_rows, d->S * sizeof(int32_t), "grammar masks", err)) ||
+	    (rc = dev_alloc((void **)&b->dev_mask_bits, d->S * FWD_MASK_WORDS(d->vocab) * sizeof(uint32_t),
+	    "grammar masks", err)) ||
 	    (d->vocab <= FWD_PICK_MAX_VOCAB && (rc = dev_alloc((void **)&b->pick_part,
 	    CUDA_PICK_SCRATCH(MIN(T, (size_t)LOGIT_ROWS), d->vocab) * sizeof(uint64_t), "sampling", err))) ||
 	    (!b->exact && (rc = dev_alloc((void **)&b->mm.part, (size_t)b->mm.part_elems * sizeof(float),
@@ -792,6 +801,9 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 		CK(cudaMallocHost((void **)&b->host_pick, T * sizeof(struct fwd_pick)));
 		CK(cudaMallocHost((void **)&b->host_pen, PEN_INTS(T) * sizeof(int32_t)));
 		CK(cudaMallocHost((void **)&b->host_lp, T * sizeof(float)));
+		CK(cudaMallocHost((void **)&b->host_mask_rows, d->S * sizeof(int32_t)));
+		CK(cudaMallocHost((void **)&b->host_mask_bits, d->S * FWD_MASK_WORDS(d->vocab) * sizeof(uint32_t)));
+		b->max_masks = (int)d->S;
 	}
 	b->mm.wh_elems = wh_elems;
 	return rc;
@@ -893,7 +905,7 @@ static int
 plan_sizes(const struct model_desc *m, const struct backend_opts *o, const struct model_tensor **mats, int n,
     size_t *off, struct sizes *z, char *err)
 {
-	struct dims d = model_dims(&m->hp, o->max_tokens);
+	struct dims d = model_dims(&m->hp, o);
 	int rc, sms = 0;
 
 	if ((rc = check_model(m, mats, n, err)) != 0)
@@ -1007,7 +1019,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	const struct model_desc *m = b->m;
 	const struct model_tensor **mats;
 	size_t *off, kv_bytes;
-	struct dims d = model_dims(&m->hp, o->max_tokens);
+	struct dims d = model_dims(&m->hp, o);
 	struct sizes z;
 	int64_t seqs = o->max_seqs > 0 ? MIN(o->max_seqs, o->max_tokens) : o->max_tokens;
 	int n = matrices(m, &mats, &off), rc;
@@ -1085,6 +1097,7 @@ cuda_free(struct backend *b)
 	cudaFree(b->mm.xq), cudaFree(b->mm.xd), cudaFree(b->mm.part);
 	cudaFree(b->dev_ints), cudaFree(b->att_part), cudaFree(b->dev_argmax), cudaFree(b->argmax_part);
 	cudaFree(b->dev_pick), cudaFree(b->dev_pen), cudaFree(b->dev_lp), cudaFree(b->pick_part);
+	cudaFree(b->dev_mask_rows), cudaFree(b->dev_mask_bits);
 	cudaFree(b->moe.route.logit), cudaFree(b->moe.route.expert), cudaFree(b->moe.route.weight);
 	cudaFree(b->moe.route.row), cudaFree(b->moe.route.row_expert), cudaFree(b->moe.route.row_slot);
 	cudaFree(b->moe.route.tiles), cudaFree(b->moe.down);
@@ -1096,6 +1109,10 @@ cuda_free(struct backend *b)
 		cudaFreeHost(b->host_pen);
 	if (b->host_lp != NULL)
 		cudaFreeHost(b->host_lp);
+	if (b->host_mask_rows != NULL)
+		cudaFreeHost(b->host_mask_rows);
+	if (b->host_mask_bits != NULL)
+		cudaFreeHost(b->host_mask_bits);
 	if (b->stage != NULL)
 		cudaFreeHost(b->stage);
 	for (int i = 0; i < 2; i++)
@@ -1551,6 +1568,31 @@ stage_picks(struct backend *b, const struct fwd_batch *batch, int n_logits, char
 	return 0;
 }
 
+/*
+ * The step's constrained rows (fwd_batch.masks: the caller makes them
+ * now, while the device runs the step's kernels), copied up behind them.
+ * Returns how many, or a negative code.
+ */
+static int
+stage_masks(struct backend *b, const struct fwd_batch *batch, int n_logits, char *err)
+{
+	size_t words = FWD_MASK_WORDS(b->m->hp.n_vocab);
+	struct fwd_masks mk;
+	int rc;
+
+	if ((rc = fwd_masks_get(batch, n_logits, &mk, err)) != 0 || mk.n == 0)
+		return rc;
+	if (mk.n > b->max_masks)
+		return err_set(err, ERR_INVAL, "%d constrained rows (at most %d)", mk.n, b->max_masks);
+	memcpy(b->host_mask_rows, mk.rows, (size_t)mk.n * sizeof *mk.rows);
+	memcpy(b->host_mask_bits, mk.bits, (size_t)mk.n * words * sizeof *mk.bits);
+	CK(cudaMemcpyAsync(b->dev_mask_rows, b->host_mask_rows, (size_t)mk.n * sizeof *mk.rows, cudaMemcpyHostToDevice,
+	    b->stream));
+	CK(cudaMemcpyAsync(b->dev_mask_bits, b->host_mask_bits, (size_t)mk.n * words * sizeof *mk.bits,
+	    cudaMemcpyHostToDevice, b->stream));
+	return mk.n;
+}
+
 /* The picks of logit rows [r0, r0 + nr), in the logits buffer, into dev_argmax: greedy, or as staged. */
 static int
 pick_rows(struct backend *b, const struct fwd_batch *batch, int r0, int nr, char *err)
@@ -1571,7 +1613,7 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 	size_t V = (size_t)b->m->hp.n_vocab;
 	struct step_ints dev;
 	int64_t n_tab = 0, max_len;
-	int T = batch->n_tokens, n_logits = 0, rows = MIN(b->max_tokens, LOGIT_ROWS), rc;
+	int T = batch->n_tokens, n_logits = 0, rows = MIN(b->max_tokens, LOGIT_ROWS), n_masks, rc;
 
 	if ((rc = fwd_batch_check(batch, b->max_tokens, b->kv_blocks, b->m->hp.n_vocab, &max_len, &n_tab,
 	    err)) != 0)
@@ -1588,13 +1630,16 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 		rc = graph_step(b, T, n_logits, &dev, err);
 	else
 		rc = step_kernels(b, T, n_logits, &dev, err);
-	if (rc != 0)
+	if (rc != 0 || (rc = n_masks = stage_masks(b, batch, n_logits, err)) < 0)
 		return rc;
 	/* the logits (or their argmax), a buffer at a time; the kernels above did the first */
 	for (int r0 = 0; r0 < n_logits; r0 += rows) {
 		int nr = MIN(rows, n_logits - r0);
 
 		if (r0 > 0 && (rc = output_rows(b, r0, nr, err)) != 0)
+			return rc;
+		if (n_masks > 0 && (rc = cuda_mask_logits(b->logits, r0, nr, (int)V, b->dev_mask_rows, b->dev_mask_bits,
+		    n_masks, b->stream, err)) != 0)
 			return rc;
 		if (batch->argmax != NULL && (rc = pick_rows(b, batch, r0, nr, err)) != 0)
 			return rc;

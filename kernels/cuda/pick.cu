@@ -339,3 +339,26 @@ cuda_pick(float *logits, int n_rows, int n, const struct fwd_pick *how, const in
 	    (const float2 *)stats, (int)slices, n, how, ids, logprob));
 	return 0;
 }
+
+/* Block (slice, i): a slice of row rows[i]'s tokens, a thread each; a warp reads one mask word. */
+__global__ void
+mask_kernel(float *logits, int r0, int n_rows, int n, const int32_t *rows, const uint32_t *bits)
+{
+	int row = rows[blockIdx.y] - r0, t = blockIdx.x * blockDim.x + threadIdx.x;
+
+	if (row < 0 || row >= n_rows || t >= n)
+		return;
+	if (!(bits[blockIdx.y * FWD_MASK_WORDS(n) + t / 32] >> (t % 32) & 1))
+		logits[(size_t)row * n + t] = -INFINITY;
+}
+
+int
+cuda_mask_logits(float *logits, int r0, int n_rows, int n, const int32_t *rows, const uint32_t *bits,
+    int n_masked, cudaStream_t st, char *err)
+{
+	dim3 grid((unsigned)((n + 255) / 256), (unsigned)n_masked);
+
+	mask_kernel<<<grid, 256, 0, st>>>(logits, r0, n_rows, n, rows, bits);
+	CK(cudaGetLastError());
+	return 0;
+}

@@ -22,4 +22,13 @@ int cuda_pick(float *logits, int n_rows, int n, const struct fwd_pick *how, cons
     const int32_t *pen_cnt, int penalized, int32_t *ids, float *logprob, uint64_t *scratch, cudaStream_t st,
     char *err);
 
+/*
+ * Constrained rows: of the n_rows rows of n logits that are rows r0.. of
+ * the step, those listed in rows[0..n_masked) keep the logits of the tokens
+ * whose bits are set in their mask (bits + i * FWD_MASK_WORDS(n)); the
+ * others become -inf.
+ */
+int cuda_mask_logits(float *logits, int r0, int n_rows, int n, const int32_t *rows, const uint32_t *bits,
+    int n_masked, cudaStream_t st, char *err);
+
 #endif

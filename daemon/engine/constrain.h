@@ -1,0 +1,52 @@
+/*
+ * constrain.h: grammars over one model's vocabulary, for the engine's
+ * constrained sequences (grammar.h does the grammar; this file ties it to a
+ * tokenizer and shares it between requests).
+ *
+ * The vocabulary's bytes (a gram_vocab) are gathered from the tokenizer on
+ * first use. A grammar compiled from text, with its mask index, is shared by
+ * every request that gives the same text: it lives while one holds it, and
+ * the last CONS_KEEP that none holds are kept for the next request. An
+ * index takes milliseconds to about a second to build on a 128k vocabulary,
+ * so requests prepare theirs on the prompt worker while the engine thread
+ * computes masks with the ones it holds: everything here is thread-safe.
+ */
+#ifndef RESIDENT_CONSTRAIN_H
+#define RESIDENT_CONSTRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define CONS_KEEP 8
+
+struct tokenizer;
+struct grammar;
+struct gram_index;
+struct gram_state;
+struct cons;
+struct cons_gram;
+
+/* Grammars over t's vocabulary (t must outlive it). */
+struct cons *cons_new(const struct tokenizer *t);
+void cons_free(struct cons *c);
+
+/*
+ * The grammar of len bytes of text, held for the caller (cons_put gives it
+ * back). 0, or ERR_INVAL / ERR_RANGE with err saying what is wrong with
+ * the text (grammar_compile) or the vocabulary.
+ */
+int cons_get(struct cons *c, const char *text, size_t len, struct cons_gram **out, char *err);
+/* Another hold on a held grammar (a fork's). */
+struct cons_gram *cons_hold(struct cons *c, struct cons_gram *g);
+void cons_put(struct cons *c, struct cons_gram *g);
+
+const struct grammar *cons_grammar(const struct cons_gram *g);
+struct gram_index *cons_index(struct cons_gram *g);
+
+/*
+ * Advances s by the bytes of token tok, which is not an end token. 0, or
+ * ERR_INVAL (s unchanged) when the grammar does not allow them there.
+ */
+int cons_accept(const struct cons *c, struct gram_state *s, int32_t tok, char *err);
+
+#endif
