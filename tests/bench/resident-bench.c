@@ -5,6 +5,7 @@
  *
  *   resident-bench -m MODEL [-p 128,...] [-n 32] [-b 1,4,...] [-d 0,4096,...]
  *                  [-r REPS] [-s] [-t THREADS] [-c CTX] [--device cpu|cuda]
+ *                  [--grammar FILE | --json-schema FILE]
  *
  * ppN: N prompt tokens prefilled into one sequence (in steps of the
  * engine's step size); TTFT is the time from submitting the prompt to its
@@ -15,7 +16,10 @@
  * row counts the sampler's time per token too (a sampled end-of-text token
  * ends a sequence early: the tokens made are counted). Token ids are
  * random (seeded), so no text is needed; throughput does not depend on
- * the ids.
+ * the ids. With a grammar or a JSON Schema each tg row is followed by the
+ * same test constrained by it ("tgN c"): every sequence's draws masked
+ * (engine_grammar), a sequence whose grammar ends stopping there (the
+ * tokens made are counted).
  *
  * For tg rows, GB/s is the bytes a decode step must read (the weights, less
  * the embedding rows it does not look up unless the output is tied to them,
@@ -26,12 +30,14 @@
  */
 #include "config.h"
 #include "engine.h"
+#include "jschema.h"
 #include "model.h"
 #include "util.h"
 
 #include "kernels.h"
 
 #include <getopt.h>
+#include <jansson.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -53,6 +59,8 @@ struct bench_opts {
 	int depth[MAX_LIST], n_depth;
 	int reps;
 	int chat;               /* tg rows sample as a chat does by default, not greedily */
+	const char *grammar_file, *schema_file; /* tg rows are repeated constrained by it */
+	struct cons_gram *grammar;
 };
 
 /* The device the engine runs on: its name and measured read bandwidth. */
@@ -96,11 +104,15 @@ random_tokens(int32_t *t, int32_t n, int32_t n_vocab, uint64_t seed)
 	}
 }
 
-/* No stops, max_tokens generated (fewer only where a sampled token ends the text); greedy unless chat. */
+/*
+ * No stops, max_tokens generated (fewer only where a sampled token or the
+ * grammar ends the text); greedy unless chat.
+ */
 static void
-bench_params(struct seq_params *p, int32_t max_tokens, int chat)
+bench_params(struct seq_params *p, int32_t max_tokens, int chat, struct cons_gram *g)
 {
 	memset(p, 0, sizeof *p);
+	p->grammar = g;
 	if (chat)
 		sample_params_chat(&p->sample);
 	else
@@ -138,7 +150,7 @@ run_pp(struct engine *e, int n, struct bench_time *t, char *err)
 	int rc;
 
 	random_tokens(tok, n, engine_model(e)->hp.n_vocab, 42);
-	bench_params(&p, 1, 0);
+	bench_params(&p, 1, 0, NULL);
 	t0 = now_ns();
 	if ((rc = engine_seq_new(e, tok, n, &p, &s, err)) == 0) {
 		t1 = now_ns();
@@ -153,9 +165,12 @@ run_pp(struct engine *e, int n, struct bench_time *t, char *err)
 	return rc;
 }
 
-/* Seconds for b sequences (each with depth tokens of context) to generate n tokens each (chat: sampled). */
+/*
+ * Seconds for b sequences (each with depth tokens of context) to generate n
+ * tokens each (chat: sampled; g: constrained by it).
+ */
 static int
-run_tg(struct engine *e, int n, int b, int depth, int chat, struct bench_time *t, char *err)
+run_tg(struct engine *e, int n, int b, int depth, int chat, struct cons_gram *g, struct bench_time *t, char *err)
 {
 	int32_t plen = MAX(depth, 1), *tok = xmalloc((size_t)plen * sizeof *tok);
 	struct seq **s = xcalloc((size_t)b, sizeof *s);
@@ -163,7 +178,7 @@ run_tg(struct engine *e, int n, int b, int depth, int chat, struct bench_time *t
 	int i, made = 0, live, rc = 0;
 	uint64_t t0;
 
-	bench_params(&p, n + 1, chat);
+	bench_params(&p, n + 1, chat, g);
 	for (i = 0; i < b && rc == 0; i++) {
 		random_tokens(tok, plen, engine_model(e)->hp.n_vocab, 1000 + (uint64_t)i);
 		if ((rc = engine_seq_new(e, tok, plen, &p, &s[i], err)) == 0)
@@ -427,6 +442,9 @@ usage(FILE *fp)
 	    "  -t N                 CPU threads (default: all cores)\n"
 	    "  -c N                 context length (default: what the largest test needs)\n"
 	    "      --device cpu|cuda  backend (default: cuda when built with it and a GPU is present)\n"
+	    "      --grammar FILE   each tg row again with every sequence constrained by the grammar\n"
+	    "                       in FILE (test 'tgN c'; a sequence stops where its grammar ends)\n"
+	    "      --json-schema FILE  the same with the grammar of a JSON Schema\n"
 	    "      --exact          float activations in every product (default: 8-bit ones for\n"
 	    "                       quantized weights on the CPU; on CUDA fp16 ones for long\n"
 	    "                       prompts and an fp16 KV cache, here fp32)\n"
@@ -441,6 +459,7 @@ parse_opts(int argc, char **argv, struct bench_opts *o)
 {
 	static const struct option lo[] = { { "device", required_argument, NULL, 'D' },
 		{ "exact", no_argument, NULL, 'E' }, { "sample", no_argument, NULL, 's' },
+		{ "grammar", required_argument, NULL, 'G' }, { "json-schema", required_argument, NULL, 'J' },
 		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 } };
 	int c;
 
@@ -462,6 +481,8 @@ parse_opts(int argc, char **argv, struct bench_opts *o)
 		case 'c': o->eng.n_ctx = atoi(optarg); break;
 		case 'D': o->eng.device = optarg; break;
 		case 'E': o->eng.exact = 1; break;
+		case 'G': o->grammar_file = optarg; break;
+		case 'J': o->schema_file = optarg; break;
 		case 's': o->chat = 1; break;
 		case 'h': return 1;
 		default: return -1;
@@ -470,7 +491,7 @@ parse_opts(int argc, char **argv, struct bench_opts *o)
 	for (c = 0; c < o->n_batch; c++)
 		if (o->batch[c] < 1)
 			return -1;
-	return o->model && o->tg >= 0 ? 0 : -1;
+	return o->model && o->tg >= 0 && !(o->grammar_file && o->schema_file) ? 0 : -1;
 }
 
 /* Sizes the context and KV pool for the largest test. */
@@ -502,7 +523,7 @@ warm_up(struct engine *e, char *err)
 
 	if ((rc = run_pp(e, 32, &t, err)) != 0)
 		return rc;
-	return run_tg(e, 4, 1, 1, 0, &t, err);
+	return run_tg(e, 4, 1, 1, 0, NULL, &t, err);
 }
 
 static int
@@ -529,18 +550,53 @@ bench_tg(struct engine *e, const struct bench_opts *o, const struct bench_dev *d
 	char name[32];
 	int d, j, r, rc, b;
 
-	snprintf(name, sizeof name, "tg%d%s", o->tg, o->chat ? " s" : "");
 	for (d = 0; d < o->n_depth && o->tg > 0; d++) {
 		for (j = 0; j < o->n_batch; j++) {
 			b = o->batch[j];
-			for (r = 0; r < o->reps; r++)
-				if ((rc = run_tg(e, o->tg, b, o->depth[d], o->chat, &t[r], err)) != 0)
-					return rc;
-			row(e, dev, name, b, o->depth[d], t, o->reps,
-			    step_bytes(e, o->tg, b, o->depth[d]));
+			for (int c = 0; c <= (o->grammar != NULL); c++) {
+				snprintf(name, sizeof name, "tg%d%s%s", o->tg, o->chat ? " s" : "", c ? " c" : "");
+				for (r = 0; r < o->reps; r++)
+					if ((rc = run_tg(e, o->tg, b, o->depth[d], o->chat, c ? o->grammar : NULL, &t[r],
+					    err)) != 0)
+						return rc;
+				row(e, dev, name, b, o->depth[d], t, o->reps, step_bytes(e, o->tg, b, o->depth[d]));
+			}
 		}
 	}
 	return 0;
+}
+
+/* The --grammar or --json-schema file as a grammar over e's vocabulary (o->grammar), and how long that took. */
+static int
+load_grammar(struct engine *e, struct bench_opts *o, char *err)
+{
+	const char *file = o->grammar_file ? o->grammar_file : o->schema_file;
+	char *data = NULL, *text = NULL;
+	json_error_t je;
+	json_t *schema;
+	uint64_t t0 = now_ns();
+	size_t len;
+	int rc;
+
+	if (file == NULL)
+		return 0;
+	if ((rc = read_file(file, &data, &len, err)) != 0)
+		return rc;
+	if (o->schema_file != NULL) {
+		if ((schema = json_loadb(data, len, 0, &je)) == NULL)
+			rc = err_set(err, ERR_INVAL, "%s: not JSON: %s (line %d)", file, je.text, je.line);
+		else if ((rc = jschema_grammar(schema, &text, err)) == 0)
+			rc = engine_grammar(e, text, strlen(text), &o->grammar, err);
+		json_decref(schema);
+	} else {
+		rc = engine_grammar(e, data, len, &o->grammar, err);
+	}
+	if (rc == 0)
+		printf("grammar: %s compiled and indexed over the vocabulary in %.1f ms\n", file,
+		    (double)(now_ns() - t0) / 1e6);
+	free(data);
+	free(text);
+	return rc;
 }
 
 int
@@ -561,7 +617,8 @@ main(int argc, char **argv)
 		fprintf(stderr, "resident-bench: %s\n", err);
 		return 1;
 	}
-	if ((rc = measure_device(e, &o, &dev, err)) != 0 || (rc = warm_up(e, err)) != 0)
+	if ((rc = measure_device(e, &o, &dev, err)) != 0 || (rc = warm_up(e, err)) != 0 ||
+	    (rc = load_grammar(e, &o, err)) != 0)
 		goto out;
 	printf("device: %s, read bandwidth %.1f GB/s (%s)\n", dev.name, dev.gb_s, dev.how);
 	print_memory(e);
@@ -571,6 +628,8 @@ main(int argc, char **argv)
 out:
 	if (rc != 0)
 		fprintf(stderr, "resident-bench: %s\n", err);
+	if (o.grammar != NULL)
+		engine_grammar_put(e, o.grammar);
 	engine_close(e);
 	return rc != 0;
 }
