@@ -220,12 +220,36 @@ read_char(struct parser *ps, uint32_t *cp)
 	return 0;
 }
 
-/* A set of the ranges added since first (neg: their complement); returns its id in *id. */
+static int
+range_cmp(const void *pa, const void *pb)
+{
+	const struct grange *a = pa, *b = pb;
+
+	return a->lo != b->lo ? (a->lo < b->lo ? -1 : 1) : (a->hi < b->hi ? -1 : a->hi > b->hi);
+}
+
+/*
+ * A set of the ranges added since first (neg: their complement); returns
+ * its id in *id. The ranges are sorted and merged where they overlap or
+ * touch (grammar_int.h), so that a set's answers for a span of code
+ * points (a character half read) are exact.
+ */
 static int
 end_set(struct parser *ps, uint32_t first, int neg, uint32_t *id)
 {
 	struct build *b = ps->b;
+	uint32_t n = 0;
 
+	qsort(b->ranges + first, b->n_ranges - first, sizeof *b->ranges, range_cmp);
+	for (uint32_t i = first; i < b->n_ranges; i++) {
+		struct grange *last = n > 0 ? &b->ranges[first + n - 1] : NULL;
+
+		if (last != NULL && (uint64_t)b->ranges[i].lo <= (uint64_t)last->hi + 1)
+			last->hi = MAX(last->hi, b->ranges[i].hi);
+		else
+			b->ranges[first + n++] = b->ranges[i];
+	}
+	b->n_ranges = first + n;
 	b->sets = xgrow(b->sets, &b->cap_sets, b->n_sets + 1, sizeof *b->sets);
 	b->sets[b->n_sets] = (struct gset){ first, b->n_ranges - first, neg };
 	*id = b->n_sets++;

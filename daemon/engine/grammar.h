@@ -94,11 +94,18 @@ int gram_finished(const struct gram_state *s);
  * for each position a stack's top part can be in (its frames down to the
  * first of the root or of a rule that can reach itself), the tokens it
  * allows whatever lies below, and those that reach below, checked per
- * step. They are found when it is made (a walk of the vocabulary each:
- * milliseconds a position, on the thread that calls gram_index_new),
- * but for positions with a character half read, found on first use.
- * Shared by the sequences of a grammar and model, from any thread (it
- * locks); g and v must outlive it.
+ * step. All are found when it is made, on the thread that calls
+ * gram_index_new, so that no step walks the vocabulary: a walk of it
+ * each (milliseconds a position; a grammar without recursion is all
+ * positions of the root, so a nested JSON Schema's can take seconds);
+ * and where the position's character set holds characters of several
+ * bytes, with a character half read there: one entry per class of such
+ * characters (their length, the bytes read, and a first byte that bounds
+ * the next: at most ten) and one per character whose possible code
+ * points the set splits (at most three per boundary of its ranges), each
+ * a walk of the tokens that begin inside a character. Shared by the
+ * sequences of a grammar and model, from any thread: masks read it
+ * without a lock; g and v must outlive it.
  */
 struct gram_index;
 
@@ -110,7 +117,9 @@ void gram_index_free(struct gram_index *x);
  * gram_vocab_size bits, all written) set when token i's bytes may come
  * next, or token i ends a sequence and s is complete. Returns the number
  * allowed (0: the grammar and the vocabulary leave nothing; the caller
- * ends the request with an error) or a negative ERR_*.
+ * ends the request with an error) or a negative ERR_*. Thread-safe for
+ * distinct states; its scratch is kept in x between calls (up to eight
+ * calls at once take one without allocating, and without a lock).
  */
 int gram_mask(const struct gram_state *s, struct gram_index *x, uint32_t *mask, char *err);
 

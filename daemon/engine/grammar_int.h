@@ -27,7 +27,7 @@ struct grange {
 };
 
 struct gset {
-	uint32_t first, n; /* ranges[first .. first + n) */
+	uint32_t first, n; /* ranges[first .. first + n): sorted, disjoint, none touching the next */
 	int neg;
 };
 
@@ -48,5 +48,13 @@ struct grammar {
 	struct grange *ranges;
 	uint32_t n_ranges;
 };
+
+struct gram_index;
+
+/*
+ * The entries of x that masks had to build (keys gram_index_new's
+ * enumeration missed): 0 unless that enumeration is incomplete. For tests.
+ */
+uint32_t gram_index_late(struct gram_index *x);
 
 #endif

@@ -16,7 +16,10 @@
  * node its depth and the end of its subtree), one pass over an array that
  * skips the subtrees no stack accepts. The index (gram_index) keeps that
  * walk's result per position's top part, so that a step walks only the
- * tokens that reach below it.
+ * tokens that reach below it. The index is made whole when it is created
+ * (index_fill: every key a position can have, a character half read
+ * keyed by its class); masks then read it without a lock, and keep their
+ * scratch in it between calls.
  */
 #include "config.h"
 #include "grammar.h"
@@ -24,6 +27,7 @@
 #include "util.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -46,6 +50,8 @@ struct fpool {
 	struct gframe **tab;
 	size_t cap, n, used; /* used: frames taken in the first chunk */
 	struct fchunk *chunks;
+	struct fchunk *spare; /* chunks emptied by pool_reset, taken before new ones */
+	size_t n_spare;
 };
 
 /* A position: the tops of its stacks (NULL: the root complete) and a character half read. */
@@ -125,8 +131,12 @@ intern(struct gctx *c, const struct gelem *pos, struct gframe *up)
 		free(old);
 	}
 	if (p->chunks == NULL || p->used == POOL_CHUNK) {
-		struct fchunk *ch = xmalloc(sizeof *ch);
+		struct fchunk *ch = p->spare;
 
+		if (ch != NULL)
+			p->spare = ch->next, p->n_spare--;
+		else
+			ch = xmalloc(sizeof *ch);
 		ch->next = p->chunks, p->chunks = ch, p->used = 0;
 	}
 	f = &p->chunks->f[p->used++];
@@ -145,8 +155,40 @@ pool_free(struct fpool *p)
 		free(p->chunks);
 		p->chunks = next;
 	}
+	while (p->spare != NULL) {
+		struct fchunk *next = p->spare->next;
+
+		free(p->spare);
+		p->spare = next;
+	}
 	free(p->tab);
 	memset(p, 0, sizeof *p);
+}
+
+/* The most chunks and table slots an emptied pool keeps for its next use. */
+#define POOL_KEEP_CHUNKS 16
+#define POOL_KEEP_TAB 4096
+
+/* Empties p, keeping some of its memory (a mask's scratch frames, between masks). */
+static void
+pool_reset(struct fpool *p)
+{
+	while (p->chunks != NULL) {
+		struct fchunk *ch = p->chunks;
+
+		p->chunks = ch->next;
+		if (p->n_spare < POOL_KEEP_CHUNKS)
+			ch->next = p->spare, p->spare = ch, p->n_spare++;
+		else
+			free(ch);
+	}
+	if (p->cap > POOL_KEEP_TAB) {
+		free(p->tab);
+		p->tab = NULL, p->cap = 0;
+	} else if (p->n > 0) {
+		memset(p->tab, 0, p->cap * sizeof *p->tab);
+	}
+	p->n = 0, p->used = 0;
 }
 
 /* 1 the first time top is added to the set being built (c->seen, reset per set). */
@@ -242,18 +284,19 @@ expand(struct gctx *c, const struct gelem *pos, struct gframe *up, struct gpos *
 	c->level--;
 }
 
+/* A set's ranges are sorted, disjoint and apart (grammar_int.h): the answers below are exact. */
 static int
 set_has(const struct grammar *g, uint32_t set, uint32_t cp)
 {
 	const struct gset *s = &g->sets[set];
 
-	for (uint32_t i = 0; i < s->n; i++)
-		if (cp >= g->ranges[s->first + i].lo && cp <= g->ranges[s->first + i].hi)
+	for (uint32_t i = 0; i < s->n && cp >= g->ranges[s->first + i].lo; i++)
+		if (cp <= g->ranges[s->first + i].hi)
 			return !s->neg;
 	return s->neg;
 }
 
-/* 1 if set may hold some code point of [lo, hi] (for a character half read). */
+/* 1 if set holds some code point of [lo, hi] (for a character half read). */
 static int
 set_meets(const struct grammar *g, uint32_t set, uint32_t lo, uint32_t hi)
 {
@@ -266,6 +309,23 @@ set_meets(const struct grammar *g, uint32_t set, uint32_t lo, uint32_t hi)
 			return 0;
 		if (!s->neg && r->lo <= hi && r->hi >= lo)
 			return 1;
+	}
+	return s->neg;
+}
+
+/* 1 if set holds every code point of [lo, hi]. */
+static int
+set_covers(const struct grammar *g, uint32_t set, uint32_t lo, uint32_t hi)
+{
+	const struct gset *s = &g->sets[set];
+
+	for (uint32_t i = 0; i < s->n; i++) {
+		const struct grange *r = &g->ranges[s->first + i];
+
+		if (!s->neg && r->lo <= lo && r->hi >= hi)
+			return 1;
+		if (s->neg && r->lo <= hi && r->hi >= lo)
+			return 0;
 	}
 	return s->neg;
 }
@@ -329,21 +389,29 @@ pos_copy(const struct gpos *in, struct gpos *out)
 }
 
 /*
- * 1 if some stack of p may take the character p holds half read: one of
- * the code points its bytes so far can still become (no overlong forms,
- * no surrogates, nothing past U+10FFFF: u8_follows holds the later bytes
- * to that, the bounds here the first's).
+ * The code points [*lo, *hi] that a character half read (pn of its need
+ * bytes in part) can still become: no overlong forms, no surrogates,
+ * nothing past U+10FFFF (u8_follows holds the later bytes to that, the
+ * bounds here the first's).
  */
+static void
+part_range(const uint8_t *part, int pn, int need, uint32_t *lo, uint32_t *hi)
+{
+	static const uint32_t least[5] = { 0, 0, 0x80, 0x800, 0x10000 };
+
+	*lo = MAX(u8_decode(part, pn, need, 0x80), least[need]);
+	*hi = MIN(u8_decode(part, pn, need, 0xbf), 0x10ffffu);
+	if (pn == 1 && part[0] == 0xed)
+		*hi = MIN(*hi, 0xd7ffu);
+}
+
+/* 1 if some stack of p may take the character p holds half read. */
 static int
 half_viable(const struct grammar *g, const struct gpos *p)
 {
-	static const uint32_t least[5] = { 0, 0, 0x80, 0x800, 0x10000 };
-	uint32_t lo = u8_decode(p->part, p->pn, p->need, 0x80), hi = u8_decode(p->part, p->pn, p->need, 0xbf);
+	uint32_t lo, hi;
 
-	lo = MAX(lo, least[p->need]), hi = MIN(hi, 0x10ffffu);
-	if (p->pn == 1 && p->part[0] == 0xed)
-		hi = MIN(hi, 0xd7ffu);
-
+	part_range(p->part, p->pn, p->need, &lo, &hi);
 	for (uint32_t i = 0; i < p->n; i++)
 		if (p->st[i] != NULL && p->st[i] != &ctx_frame && set_meets(g, p->st[i]->pos->arg, lo, hi))
 			return 1;
@@ -629,7 +697,7 @@ gram_vocab_size(const struct gram_vocab *v)
 /* Levels of a walk: the position after each depth's byte. */
 struct levels {
 	struct gpos *lv;
-	uint8_t *hit; /* cache builds: a stack reached the context at or above this depth */
+	uint8_t *hit; /* entry builds: a stack reached the context at or above this depth */
 	uint32_t n;
 };
 
@@ -681,34 +749,67 @@ walk(struct gctx *c, struct levels *l, const struct gpos *from, const struct tri
  * positions of its frames from the top down to the first one in a cut
  * rule (the root, or a named rule that can reach itself: value, object,
  * array; the others, which nest only so deep, are part of the key) and
- * the bytes of a character half read, the context what lies below. acc: the tokens the key takes whole
- * without reaching the context (or reaching it exactly at their end);
- * unc: those that reach it with bytes left, checked against the real
- * stack at run time. maxrel: the deepest nesting the key's walks made.
+ * the bytes of a character half read, the context what lies below. acc:
+ * the tokens the key takes whole without reaching the context (or
+ * reaching it exactly at their end); unc: those that reach it with bytes
+ * left, checked against the real stack at run time. maxrel: the deepest
+ * nesting the key's walks made.
+ *
+ * A character half read whose every possible code point (part_range) is
+ * in the top's set is keyed by its class (uni): its length, the bytes
+ * read, and its first byte only where that bounds the next (E0 ED F0 F4).
+ * Every character of a class takes the same continuation bytes and then
+ * goes on past the top alike, so one entry serves the class: at most ten
+ * a key. One whose span the set splits keys its own bytes: a span that
+ * holds the first code point of one of the set's ranges or the one past
+ * its end, at most three a boundary. One whose span the set misses takes
+ * nothing (no entry).
  */
 struct gkey {
 	const struct gelem *pos[GRAM_MAX_NEST + 2];
 	uint32_t n;
 	uint8_t part[4], pn, need; /* a character half read at the position (pn 0: none) */
+	uint8_t uni;               /* part stands for its class (above) */
 };
+
+/* An entry's acc as a bitmask over the vocabulary; otherwise n_acc pairs (word, bits). */
+#define ACC_DENSE UINT32_MAX
 
 struct gentry {
 	struct gkey key;
 	uint64_t hash;
-	uint32_t *acc;       /* a bitmask over the vocabulary */
+	uint32_t *acc;
+	uint32_t n_acc;      /* ACC_DENSE, or the pairs in acc */
 	struct trie unc;
 	uint32_t maxrel;
 	int walk_all;        /* positions overflowed while building: walk every token at run time */
 	struct gentry *next;
 };
 
+/* Entries by key. */
+struct etab {
+	struct gentry **tab;
+	uint32_t cap, n;
+};
+
+/* A mask's scratch, kept between masks (in gram_index's spare slots): frames, walk levels, a set's table. */
+struct mscratch {
+	struct fpool pool;
+	struct levels l;
+	const void **seen;
+	uint32_t seen_cap;
+};
+
+#define SCRATCH_SLOTS 8
+
 struct gram_index {
 	const struct grammar *g;
 	const struct gram_vocab *v;
 	uint8_t *cut;        /* per element: it belongs to a cut rule (a key ends at its frame) */
-	struct gentry **tab;
-	uint32_t cap, n;
+	struct etab all;     /* every key's entry, made by gram_index_new: read without a lock */
+	struct etab late;    /* keys the enumeration did not find (none known), built on first use, under mu */
 	pthread_mutex_t mu;
+	_Atomic(struct mscratch *) spare[SCRATCH_SLOTS]; /* scratch no mask is using */
 };
 
 /* k: the key of the stack whose top is f at position p (its half-read character); *base the frame below it. */
@@ -726,7 +827,31 @@ key_of(const struct gram_index *x, const struct gframe *f, const struct gpos *p,
 	}
 	*base = f;
 	memcpy(k->part, p->part, p->pn);
-	k->pn = p->pn, k->need = p->need;
+	k->pn = p->pn, k->need = p->pn > 0 ? p->need : 0; /* need is stale once pn is back to 0 */
+}
+
+/* How a character half read (pn of need bytes in part) meets set: 0 none of its span, 1 all of it, 2 some. */
+static int
+half_class(const struct grammar *g, uint32_t set, const uint8_t *part, int pn, int need)
+{
+	uint32_t lo, hi;
+
+	part_range(part, pn, need, &lo, &hi);
+	if (!set_meets(g, set, lo, hi))
+		return 0;
+	return set_covers(g, set, lo, hi) ? 1 : 2;
+}
+
+/* k's half-read character made its class's (half_class 1). */
+static void
+key_uni(struct gkey *k)
+{
+	uint8_t lead = k->part[0];
+
+	memset(k->part, 0, sizeof k->part);
+	if (k->pn == 1 && (lead == 0xe0 || lead == 0xed || lead == 0xf0 || lead == 0xf4))
+		k->part[0] = lead;
+	k->uni = 1;
 }
 
 static uint64_t
@@ -736,6 +861,7 @@ key_hash(const struct gkey *k)
 
 	for (uint32_t i = 0; i < k->n; i++)
 		h = (h ^ (uint64_t)(uintptr_t)k->pos[i]) * 1099511628211ull;
+	h = (h ^ ((uint64_t)k->pn << 8 | (uint64_t)k->need << 16 | (uint64_t)k->uni << 24)) * 1099511628211ull;
 	for (uint32_t i = 0; i < k->pn; i++)
 		h = (h ^ k->part[i]) * 1099511628211ull;
 	return h ^ h >> 31;
@@ -744,30 +870,103 @@ key_hash(const struct gkey *k)
 static int
 key_equal(const struct gkey *a, const struct gkey *b)
 {
-	return a->n == b->n && a->pn == b->pn && memcmp(a->pos, b->pos, a->n * sizeof *a->pos) == 0 &&
-	    memcmp(a->part, b->part, a->pn) == 0;
+	return a->n == b->n && a->pn == b->pn && a->need == b->need && a->uni == b->uni &&
+	    memcmp(a->pos, b->pos, a->n * sizeof *a->pos) == 0 && memcmp(a->part, b->part, sizeof a->part) == 0;
 }
 
-/* The walk of a cache build, over every token from the key's stack: acc and the uncertain tokens' ids. */
+static struct gentry *
+etab_find(const struct etab *t, const struct gkey *k, uint64_t h)
+{
+	if (t->cap == 0)
+		return NULL;
+	for (struct gentry *e = t->tab[h & (t->cap - 1)]; e != NULL; e = e->next)
+		if (e->hash == h && key_equal(&e->key, k))
+			return e;
+	return NULL;
+}
+
 static void
-build_walk(struct gctx *c, const struct trie *tr, const struct gpos *from, uint32_t *acc, struct vtok *unc, int *n_unc,
+etab_add(struct etab *t, struct gentry *e)
+{
+	if (2 * (t->n + 1) > t->cap) {
+		uint32_t cap = t->cap ? 2 * t->cap : 64;
+		struct gentry **tab = xcalloc(cap, sizeof *tab);
+
+		for (uint32_t i = 0; i < t->cap; i++)
+			while (t->tab[i] != NULL) {
+				struct gentry *m = t->tab[i];
+
+				t->tab[i] = m->next;
+				m->next = tab[m->hash & (cap - 1)], tab[m->hash & (cap - 1)] = m;
+			}
+		free(t->tab);
+		t->tab = tab, t->cap = cap;
+	}
+	e->next = t->tab[e->hash & (t->cap - 1)], t->tab[e->hash & (t->cap - 1)] = e;
+	t->n++;
+}
+
+static void
+etab_free(struct etab *t)
+{
+	for (uint32_t i = 0; i < t->cap; i++)
+		while (t->tab[i] != NULL) {
+			struct gentry *e = t->tab[i];
+
+			t->tab[i] = e->next;
+			trie_free(&e->unc);
+			free(e->acc), free(e);
+		}
+	free(t->tab);
+	memset(t, 0, sizeof *t);
+}
+
+/* An entry build's scratch, for the index's vocabulary: walk levels, frames, a bitmask, the uncertain tokens. */
+struct bscratch {
+	struct levels l;
+	struct fpool pool;
+	const void **seen;
+	uint32_t seen_cap;
+	uint32_t *acc;
+	struct vtok *unc;
+};
+
+static void
+bscratch_init(struct bscratch *bs, const struct gram_vocab *v)
+{
+	memset(bs, 0, sizeof *bs);
+	levels_init(&bs->l, v->all.max_depth);
+	bs->acc = xmalloc(((size_t)v->n_tokens + 31) / 32 * sizeof *bs->acc);
+	bs->unc = xmalloc(((size_t)v->n_tokens + 1) * sizeof *bs->unc);
+}
+
+static void
+bscratch_free(struct bscratch *bs)
+{
+	levels_free(&bs->l);
+	pool_free(&bs->pool);
+	free(bs->seen), free(bs->acc), free(bs->unc);
+}
+
+/* The walk of an entry's build, over every token from the key's stack: acc and the uncertain tokens' ids. */
+static void
+build_walk(struct gctx *c, const struct trie *tr, const struct gpos *from, struct bscratch *bs, int *n_unc,
     const struct gram_vocab *v)
 {
-	struct levels l;
+	struct levels *l = &bs->l;
 
-	levels_init(&l, tr->max_depth);
-	pos_copy(from, &l.lv[0]);
+	pos_copy(from, &l->lv[0]);
 	for (uint32_t i = 0; i < tr->n_node && !c->overflow;) {
 		const struct tnode *nd = &tr->node[i];
-		const struct gpos *up = &l.lv[nd->depth - 1];
-		int hit = l.hit[nd->depth - 1], alive;
+		const struct gpos *up = &l->lv[nd->depth - 1];
+		int hit = l->hit[nd->depth - 1], alive;
 
 		for (uint32_t k = 0; k < up->n && !hit; k++)
 			hit = up->st[k] == &ctx_frame;
-		alive = feed(c, up, nd->byte, &l.lv[nd->depth]);
-		l.hit[nd->depth] = (uint8_t)hit;
+		alive = feed(c, up, nd->byte, &l->lv[nd->depth]);
+		l->hit[nd->depth] = (uint8_t)hit;
 		if (alive) {
-			set_bits(acc, tr, nd);
+			set_bits(bs->acc, tr, nd);
 			i++;
 			continue;
 		}
@@ -775,129 +974,284 @@ build_walk(struct gctx *c, const struct trie *tr, const struct gpos *from, uint3
 			for (uint32_t k = 0; k < tr->node[j].tok_n; k++) {
 				int32_t id = tr->tok[tr->node[j].tok_first + k];
 
-				unc[(*n_unc)++] = (struct vtok){ v->bytes[id], v->len[id], id };
+				bs->unc[(*n_unc)++] = (struct vtok){ v->bytes[id], v->len[id], id };
 			}
 		i = nd->end;
 	}
-	levels_free(&l);
 }
 
+/* The entry of key k (hash h), walked from its frames with the half-read bytes part (k->pn of them). */
 static struct gentry *
-entry_build(struct gram_index *x, const struct gkey *k, uint64_t hash)
+entry_build(const struct gram_index *x, const struct gkey *k, uint64_t h, const uint8_t *part, struct bscratch *bs)
 {
+	uint32_t words = ((uint32_t)x->v->n_tokens + 31) / 32, nz = 0;
 	struct gentry *e = xcalloc(1, sizeof *e);
-	struct fpool scratch = { 0 };
-	struct gctx c = { x->g, &scratch, NULL, NULL, 0, 0, 0, 0 };
-	struct gpos from = { 0 };
+	struct gctx c = { x->g, &bs->pool, NULL, bs->seen, bs->seen_cap, 0, 0, 0 };
 	struct gframe *top = &ctx_frame;
-	struct vtok *unc = xmalloc(((size_t)x->v->n_tokens + 1) * sizeof *unc);
+	struct gpos from = { &top, 1, 1, { 0 }, k->pn, k->need };
 	int n_unc = 0;
 
-	e->key = *k, e->hash = hash;
-	e->acc = xcalloc(((size_t)x->v->n_tokens + 31) / 32, sizeof *e->acc);
+	e->key = *k, e->hash = h;
 	for (uint32_t i = k->n; i-- > 0;)
 		top = intern(&c, k->pos[i], top);
-	from.st = xmalloc(sizeof *from.st), from.st[0] = top, from.n = from.cap = 1;
-	memcpy(from.part, k->part, k->pn);
-	from.pn = k->pn, from.need = k->need;
-	build_walk(&c, &x->v->all, &from, e->acc, unc, &n_unc, x->v);
+	memcpy(from.part, part, k->pn);
+	memset(bs->acc, 0, words * sizeof *bs->acc);
+	build_walk(&c, &x->v->all, &from, bs, &n_unc, x->v);
 	e->walk_all = c.overflow;
-	trie_build(&e->unc, unc, n_unc); /* the walk met them in the trie's order: sorted */
-	for (struct fchunk *ch = scratch.chunks; ch != NULL; ch = ch->next)
-		for (uint32_t j = 0; j < (ch == scratch.chunks ? scratch.used : POOL_CHUNK); j++)
+	trie_build(&e->unc, bs->unc, n_unc); /* the walk met them in the trie's order: sorted */
+	for (struct fchunk *ch = bs->pool.chunks; ch != NULL; ch = ch->next)
+		for (uint32_t j = 0; j < (ch == bs->pool.chunks ? bs->pool.used : POOL_CHUNK); j++)
 			e->maxrel = MAX(e->maxrel, ch->f[j].depth);
-	free(unc), free(from.st), free(c.seen);
-	pool_free(&scratch);
+	for (uint32_t w = 0; w < words; w++)
+		nz += bs->acc[w] != 0;
+	if (2 * nz < words) { /* few words set (most positions): the pairs, smaller and quicker to apply */
+		e->acc = xmalloc(2 * ((size_t)nz + 1) * sizeof *e->acc);
+		for (uint32_t w = 0; w < words; w++)
+			if (bs->acc[w] != 0)
+				e->acc[2 * e->n_acc] = w, e->acc[2 * e->n_acc + 1] = bs->acc[w], e->n_acc++;
+	} else {
+		e->acc = xmalloc(words * sizeof *e->acc);
+		memcpy(e->acc, bs->acc, words * sizeof *e->acc);
+		e->n_acc = ACC_DENSE;
+	}
+	seen_reset(&c);
+	bs->seen = c.seen, bs->seen_cap = c.seen_cap;
+	pool_reset(&bs->pool);
 	return e;
 }
 
-/* The entry of key k, built on first use. Under x->mu. */
-static struct gentry *
-entry_get(struct gram_index *x, const struct gkey *k)
+/*
+ * The index's enumeration (index_fill): points from which matching goes
+ * on, each a chain of frame positions over the context: past the top's
+ * character (a key's), or at the top frame itself (resume: a rule below
+ * it finished).
+ */
+struct point {
+	const struct gkey *k;
+	int resume;
+};
+
+struct fill {
+	struct gram_index *x;
+	struct fpool pool;
+	struct gctx c;
+	struct gctx below;   /* only its set: frames whose chains down to the context were looked at */
+	struct etab resumed; /* the chains of resume points (keys only) */
+	struct bscratch bs;
+	struct point *queue;
+	uint32_t n, cap;
+};
+
+static void
+fill_queue(struct fill *f, const struct gkey *k, int resume)
 {
-	uint64_t h = key_hash(k);
+	f->queue = xgrow(f->queue, &f->cap, f->n + 1, sizeof *f->queue);
+	f->queue[f->n++] = (struct point){ k, resume };
+}
+
+/* The entry of key k (hash h) into the index unless it holds one; part: the half-read bytes to walk from. */
+static struct gentry *
+fill_entry(struct fill *f, const struct gkey *k, uint64_t h, const uint8_t *part)
+{
 	struct gentry *e;
 
-	if (x->cap > 0)
-		for (e = x->tab[h & (x->cap - 1)]; e != NULL; e = e->next)
-			if (e->hash == h && key_equal(&e->key, k))
-				return e;
-	if (2 * (x->n + 1) > x->cap) {
-		uint32_t cap = x->cap ? 2 * x->cap : 64;
-		struct gentry **t = xcalloc(cap, sizeof *t);
-
-		for (uint32_t i = 0; i < x->cap; i++)
-			while (x->tab[i] != NULL) {
-				e = x->tab[i], x->tab[i] = e->next;
-				e->next = t[e->hash & (cap - 1)], t[e->hash & (cap - 1)] = e;
-			}
-		free(x->tab);
-		x->tab = t, x->cap = cap;
-	}
-	e = entry_build(x, k, h);
-	e->next = x->tab[h & (x->cap - 1)], x->tab[h & (x->cap - 1)] = e;
-	x->n++;
+	if (etab_find(&f->x->all, k, h) != NULL)
+		return NULL;
+	e = entry_build(f->x, k, h, part, &f->bs);
+	etab_add(&f->x->all, e);
 	return e;
 }
 
-/* Each top of p (but the context) whose key has no entry yet: its entry, and the key queued. */
-static void
-enqueue_keys(struct gram_index *x, const struct gpos *p, struct gentry ***queue, uint32_t *n, uint32_t *cap)
+/* UTF-8 of code point cp (not a surrogate, at most U+10FFFF) into b; returns its length. */
+static int
+u8_encode(uint32_t cp, uint8_t *b)
 {
-	const struct gframe *base;
+	if (cp < 0x80)
+		return b[0] = (uint8_t)cp, 1;
+	if (cp < 0x800)
+		return b[0] = (uint8_t)(0xc0 | cp >> 6), b[1] = (uint8_t)(0x80 | (cp & 0x3f)), 2;
+	if (cp < 0x10000)
+		return b[0] = (uint8_t)(0xe0 | cp >> 12), b[1] = (uint8_t)(0x80 | (cp >> 6 & 0x3f)),
+		       b[2] = (uint8_t)(0x80 | (cp & 0x3f)), 3;
+	return b[0] = (uint8_t)(0xf0 | cp >> 18), b[1] = (uint8_t)(0x80 | (cp >> 12 & 0x3f)),
+	       b[2] = (uint8_t)(0x80 | (cp >> 6 & 0x3f)), b[3] = (uint8_t)(0x80 | (cp & 0x3f)), 4;
+}
+
+/*
+ * The classes of half-read characters (gkey): the code points of a
+ * class's characters are blocks of size, aligned, in [lo, hi] less
+ * [xlo, xhi] (another class's, or surrogates); a class of one first byte
+ * (lead) is one block, its bounded span.
+ */
+static const struct hclass {
+	uint8_t need, pn, lead;
+	uint32_t lo, hi, size, xlo, xhi;
+} hclasses[] = {
+	{ 2, 1, 0, 0x80, 0x7ff, 0x40, 1, 0 },
+	{ 3, 1, 0xe0, 0x800, 0xfff, 0x800, 1, 0 },
+	{ 3, 1, 0xed, 0xd000, 0xd7ff, 0x800, 1, 0 },
+	{ 3, 1, 0, 0x1000, 0xffff, 0x1000, 0xd000, 0xdfff },
+	{ 3, 2, 0, 0x800, 0xffff, 0x40, 0xd800, 0xdfff },
+	{ 4, 1, 0xf0, 0x10000, 0x3ffff, 0x30000, 1, 0 },
+	{ 4, 1, 0xf4, 0x100000, 0x10ffff, 0x10000, 1, 0 },
+	{ 4, 1, 0, 0x40000, 0xfffff, 0x40000, 1, 0 },
+	{ 4, 2, 0, 0x10000, 0x10ffff, 0x1000, 1, 0 },
+	{ 4, 3, 0, 0x10000, 0x10ffff, 0x40, 1, 0 },
+};
+
+/* 1 if the block of class hc at s is one of its own and wholly in set. */
+static int
+hclass_block(const struct grammar *g, uint32_t set, const struct hclass *hc, uint64_t s)
+{
+	uint64_t e = s + hc->size - 1;
+
+	if (s < hc->lo || e > hc->hi || (hc->lead == 0 && s % hc->size != 0) || (s <= hc->xhi && e >= hc->xlo))
+		return 0;
+	return set_covers(g, set, (uint32_t)s, (uint32_t)e);
+}
+
+/*
+ * The entries of key k0 (no character half read) with a character half
+ * read at its top: one per class some of whose characters the top's set
+ * takes whole (found among the blocks at the class's start, past its
+ * excluded span, and at or past each boundary of the set's ranges), and
+ * one per character whose span the set splits (its bytes a prefix of a
+ * boundary's).
+ */
+static void
+fill_half(struct fill *f, const struct gkey *k0)
+{
+	const struct grammar *g = f->x->g;
+	uint32_t set = k0->pos[0]->arg;
+	const struct gset *st = &g->sets[set];
 	struct gkey k;
+	uint8_t b[4];
 
-	for (uint32_t i = 0; i < p->n; i++) {
-		uint32_t before = x->n;
-		struct gentry *e;
+	if (!set_meets(g, set, 0x80, 0x10ffff))
+		return;
+	for (size_t c = 0; c < ARRAY_LEN(hclasses); c++) {
+		const struct hclass *hc = &hclasses[c];
+		uint64_t s = hc->lo;
+		int found = hclass_block(g, set, hc, s) || hclass_block(g, set, hc, s = (uint64_t)hc->xhi + 1);
 
-		if (p->st[i] == NULL || p->st[i] == &ctx_frame)
+		for (uint32_t i = 0; i < 2 * st->n && !found; i++) {
+			const struct grange *r = &g->ranges[st->first + i / 2];
+			uint64_t at = i % 2 == 0 ? r->lo : (uint64_t)r->hi + 1;
+
+			s = (at + hc->size - 1) / hc->size * hc->size;
+			found = hclass_block(g, set, hc, s);
+		}
+		if (!found)
 			continue;
-		key_of(x, p->st[i], p, &k, &base);
-		e = entry_get(x, &k);
-		if (x->n > before) {
-			*queue = xgrow(*queue, cap, *n + 1, sizeof **queue);
-			(*queue)[(*n)++] = e;
+		k = *k0;
+		u8_encode((uint32_t)s, k.part);
+		memcpy(b, k.part, sizeof b);
+		k.pn = hc->pn, k.need = hc->need;
+		memset(k.part + k.pn, 0, sizeof k.part - k.pn);
+		key_uni(&k);
+		fill_entry(f, &k, key_hash(&k), b);
+	}
+	for (uint32_t i = 0; i < 2 * st->n; i++) {
+		const struct grange *r = &g->ranges[st->first + i / 2];
+		uint64_t at = i % 2 == 0 ? r->lo : (uint64_t)r->hi + 1;
+		int n;
+
+		if (at < 0x80 || at > 0x10ffff || (at >= 0xd800 && at <= 0xdfff))
+			continue;
+		n = u8_encode((uint32_t)at, b);
+		for (int pn = 1; pn < n; pn++) {
+			if (half_class(g, set, b, pn, n) != 2)
+				continue;
+			k = *k0;
+			memset(k.part, 0, sizeof k.part);
+			memcpy(k.part, b, (size_t)pn);
+			k.pn = (uint8_t)pn, k.need = (uint8_t)n;
+			fill_entry(f, &k, key_hash(&k), b);
 		}
 	}
 }
 
 /*
- * Every key the grammar's positions can have, each entry built now (on the
- * thread that compiles, not in a step): from each cut rule's start,
- * then from each key past its character, until no new key appears.
+ * Each stack of p: its key's entry (with those of its half-read
+ * characters) and the key queued past its character, if new; and each
+ * frame below the key, where matching goes on once the rules above it
+ * are done (its chain down to its first cut frame queued, if new).
+ */
+static void
+fill_stacks(struct fill *f, const struct gpos *p)
+{
+	static const struct gpos none;
+	const struct gframe *base;
+	struct gkey k;
+
+	for (uint32_t i = 0; i < p->n; i++) {
+		struct gentry *e;
+
+		if (p->st[i] == NULL || p->st[i] == &ctx_frame)
+			continue;
+		key_of(f->x, p->st[i], p, &k, &base);
+		if ((e = fill_entry(f, &k, key_hash(&k), k.part)) != NULL) {
+			fill_queue(f, &e->key, 0);
+			fill_half(f, &e->key);
+		}
+		for (const struct gframe *d = base; d != NULL && d != &ctx_frame && seen_first(&f->below, d); d = d->up) {
+			const struct gframe *below;
+			uint64_t h;
+
+			key_of(f->x, d, &none, &k, &below);
+			if (etab_find(&f->resumed, &k, h = key_hash(&k)) == NULL) {
+				struct gentry *r = xcalloc(1, sizeof *r);
+
+				r->key = k, r->hash = h;
+				etab_add(&f->resumed, r);
+				fill_queue(f, &r->key, 1);
+			}
+		}
+	}
+}
+
+/*
+ * Every key the grammar's positions can have, each entry built now (on
+ * the thread that makes the index, not in a step): from each cut rule's
+ * start, then from each point found (past a key's character, or where a
+ * frame below a key goes on), until no point is new. Each point is
+ * matched over the context frame, so that a key is found whatever lies
+ * below it; what lies below is reached as the resume points of the
+ * frames below the keys (struct point).
  */
 static int
 index_fill(struct gram_index *x, char *err)
 {
-	struct fpool pool = { 0 };
-	struct gctx c = { x->g, &pool, NULL, NULL, 0, 0, 0, 0 };
-	struct gentry **queue = NULL;
+	struct fill f = { .x = x };
 	struct gpos p = { 0 };
-	uint32_t n = 0, cap = 0;
 
-	for (uint32_t r = 0; r < x->g->n_rules && !c.overflow; r++) {
+	f.c = (struct gctx){ x->g, &f.pool, NULL, NULL, 0, 0, 0, 0 };
+	bscratch_init(&f.bs, x->v);
+	for (uint32_t r = 0; r < x->g->n_rules && !f.c.overflow; r++) {
 		if (!x->cut[x->g->rules[r].first])
 			continue;
 		p.n = 0;
-		seen_reset(&c);
-		for (uint32_t a = 0; a < x->g->rules[r].n_alt && !c.overflow; a++)
-			expand(&c, &x->g->elems[x->g->alts[x->g->rules[r].alt_first + a]], &ctx_frame, &p);
-		enqueue_keys(x, &p, &queue, &n, &cap);
+		seen_reset(&f.c);
+		for (uint32_t a = 0; a < x->g->rules[r].n_alt && !f.c.overflow; a++)
+			expand(&f.c, &x->g->elems[x->g->alts[x->g->rules[r].alt_first + a]], &ctx_frame, &p);
+		fill_stacks(&f, &p);
 	}
-	for (uint32_t q = 0; q < n && !c.overflow; q++) {
+	for (uint32_t q = 0; q < f.n && !f.c.overflow; q++) {
+		const struct gkey *k = f.queue[q].k;
 		struct gframe *top = &ctx_frame;
 
-		for (uint32_t i = queue[q]->key.n; i-- > 0;)
-			top = intern(&c, queue[q]->key.pos[i], top);
+		for (uint32_t i = k->n; i-- > 0;)
+			top = intern(&f.c, k->pos[i], top);
 		p.n = 0;
-		seen_reset(&c);
-		expand(&c, top->pos + 1, top->up, &p);
-		enqueue_keys(x, &p, &queue, &n, &cap);
+		seen_reset(&f.c);
+		expand(&f.c, f.queue[q].resume ? top->pos : top->pos + 1, top->up, &p);
+		fill_stacks(&f, &p);
 	}
-	free(queue), free(p.st), free(c.seen);
-	pool_free(&pool);
-	return c.overflow ? overflow_err(err) : 0;
+	free(f.queue), free(p.st), free(f.c.seen), free(f.below.seen);
+	etab_free(&f.resumed);
+	bscratch_free(&f.bs);
+	pool_free(&f.pool);
+	return f.c.overflow ? overflow_err(err) : 0;
 }
 
 /* Runs body with s each rule that an element of rule r references, in order. */
@@ -987,6 +1341,8 @@ gram_index_new(const struct grammar *g, const struct gram_vocab *v, struct gram_
 	x->g = g, x->v = v;
 	x->cut = cut_rules(g);
 	pthread_mutex_init(&x->mu, NULL);
+	for (int i = 0; i < SCRATCH_SLOTS; i++)
+		atomic_init(&x->spare[i], NULL);
 	if ((rc = index_fill(x, err)) != 0) {
 		gram_index_free(x);
 		*out = NULL;
@@ -996,22 +1352,96 @@ gram_index_new(const struct grammar *g, const struct gram_vocab *v, struct gram_
 	return 0;
 }
 
+static void
+scratch_free(struct mscratch *sc)
+{
+	pool_free(&sc->pool);
+	levels_free(&sc->l);
+	free(sc->seen), free(sc);
+}
+
 void
 gram_index_free(struct gram_index *x)
 {
 	if (x == NULL)
 		return;
-	for (uint32_t i = 0; i < x->cap; i++)
-		while (x->tab[i] != NULL) {
-			struct gentry *e = x->tab[i];
+	etab_free(&x->all);
+	etab_free(&x->late);
+	for (int i = 0; i < SCRATCH_SLOTS; i++) {
+		struct mscratch *sc = atomic_load(&x->spare[i]);
 
-			x->tab[i] = e->next;
-			trie_free(&e->unc);
-			free(e->acc), free(e);
-		}
+		if (sc != NULL)
+			scratch_free(sc);
+	}
 	pthread_mutex_destroy(&x->mu);
-	free(x->tab), free(x->cut);
+	free(x->cut);
 	free(x);
+}
+
+uint32_t
+gram_index_late(struct gram_index *x)
+{
+	uint32_t n;
+
+	pthread_mutex_lock(&x->mu);
+	n = x->late.n;
+	pthread_mutex_unlock(&x->mu);
+	return n;
+}
+
+/* A mask's scratch: a spare one of x's if any (no lock: each slot taken by an exchange), or a new one. */
+static struct mscratch *
+scratch_take(struct gram_index *x)
+{
+	struct mscratch *sc;
+
+	for (int i = 0; i < SCRATCH_SLOTS; i++)
+		if ((sc = atomic_exchange_explicit(&x->spare[i], NULL, memory_order_acquire)) != NULL)
+			return sc;
+	sc = xcalloc(1, sizeof *sc);
+	levels_init(&sc->l, x->v->all.max_depth); /* the deepest: every trie here holds some of its tokens */
+	return sc;
+}
+
+/* The most slots a spare scratch's set table keeps (its whole table is cleared per character advanced). */
+#define SCRATCH_KEEP_SEEN 256
+
+/* sc emptied and put back in a free slot of x (freed when every slot is taken). */
+static void
+scratch_give(struct gram_index *x, struct mscratch *sc)
+{
+	pool_reset(&sc->pool);
+	if (sc->seen_cap > SCRATCH_KEEP_SEEN) {
+		free(sc->seen);
+		sc->seen = NULL, sc->seen_cap = 0;
+	}
+	for (int i = 0; i < SCRATCH_SLOTS; i++) {
+		struct mscratch *none = NULL;
+
+		if (atomic_compare_exchange_strong_explicit(&x->spare[i], &none, sc, memory_order_release,
+		    memory_order_relaxed))
+			return;
+	}
+	scratch_free(sc);
+}
+
+/* The entry of key k (hash h) that the index's enumeration did not make: built now, once, under x->mu. */
+static const struct gentry *
+entry_late(struct gram_index *x, const struct gkey *k, uint64_t h, const uint8_t *part)
+{
+	struct gentry *e;
+
+	pthread_mutex_lock(&x->mu);
+	if ((e = etab_find(&x->late, k, h)) == NULL) {
+		struct bscratch bs;
+
+		bscratch_init(&bs, x->v);
+		e = entry_build(x, k, h, part, &bs);
+		bscratch_free(&bs);
+		etab_add(&x->late, e);
+	}
+	pthread_mutex_unlock(&x->mu);
+	return e;
 }
 
 /* The tokens stack f allows into mask: its entry's, then its uncertain ones checked from f itself. */
@@ -1019,24 +1449,74 @@ static void
 mask_stack(struct gram_index *x, struct gctx *c, struct levels *l, const struct gpos *at, struct gframe *f,
     uint32_t *mask)
 {
-	uint32_t words = ((uint32_t)x->v->n_tokens + 31) / 32;
 	struct gpos one = { &f, 1, 1, { 0 }, at->pn, at->need };
 	const struct gframe *base;
-	struct gentry *e;
+	const struct gentry *e;
 	struct gkey k;
+	uint64_t h;
 
 	memcpy(one.part, at->part, sizeof one.part);
 	key_of(x, f, at, &k, &base);
-	pthread_mutex_lock(&x->mu);
-	e = entry_get(x, &k);
-	pthread_mutex_unlock(&x->mu);
+	if (at->pn > 0) {
+		int cls = half_class(x->g, f->pos->arg, at->part, at->pn, at->need);
+
+		if (cls == 0)
+			return; /* no character the bytes can become goes on from f */
+		if (cls == 1)
+			key_uni(&k);
+	}
+	h = key_hash(&k);
+	if ((e = etab_find(&x->all, &k, h)) == NULL)
+		e = entry_late(x, &k, h, at->part);
 	if (e->walk_all || (base != NULL ? base->depth : 0) + e->maxrel > GRAM_MAX_DEPTH) {
 		walk(c, l, &one, &x->v->all, mask);
 		return;
 	}
-	for (uint32_t w = 0; w < words; w++)
-		mask[w] |= e->acc[w];
+	if (e->n_acc == ACC_DENSE) {
+		uint32_t words = ((uint32_t)x->v->n_tokens + 31) / 32;
+
+		for (uint32_t w = 0; w < words; w++)
+			mask[w] |= e->acc[w];
+	} else {
+		for (uint32_t i = 0; i < e->n_acc; i++)
+			mask[e->acc[2 * i]] |= e->acc[2 * i + 1];
+	}
 	walk(c, l, &one, &e->unc, mask);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("popcnt"))) static int
+popcount_hw(const uint32_t *m, uint32_t words)
+{
+	int n = 0;
+
+	for (uint32_t w = 0; w < words; w++)
+		n += __builtin_popcount(m[w]);
+	return n;
+}
+#endif
+
+/*
+ * The bits set in words of m: by the popcnt instruction where the CPU has
+ * it (without it, __builtin_popcount is a call into libgcc that looks up
+ * each byte, half of a mask's time on a 128,256-token vocabulary).
+ */
+static int
+popcount_words(const uint32_t *m, uint32_t words)
+{
+	int n = 0;
+
+#if defined(__x86_64__) && defined(__GNUC__)
+	if (__builtin_cpu_supports("popcnt"))
+		return popcount_hw(m, words);
+#endif
+	for (uint32_t w = 0; w < words; w++) {
+		uint32_t b = m[w] - (m[w] >> 1 & 0x55555555u);
+
+		b = (b & 0x33333333u) + (b >> 2 & 0x33333333u);
+		n += (int)(((b + (b >> 4)) & 0x0f0f0f0fu) * 0x01010101u >> 24);
+	}
+	return n;
 }
 
 int
@@ -1044,23 +1524,20 @@ gram_mask(const struct gram_state *s, struct gram_index *x, uint32_t *mask, char
 {
 	const struct gram_vocab *v = x->v;
 	uint32_t words = ((uint32_t)v->n_tokens + 31) / 32;
-	struct fpool scratch = { 0 };
-	struct gctx c = { s->g, &scratch, &s->pool, NULL, 0, 0, 0, 0 };
-	struct levels l;
+	struct mscratch *sc = scratch_take(x);
+	struct gctx c = { s->g, &sc->pool, &s->pool, sc->seen, sc->seen_cap, 0, 0, 0 };
 	int count = 0;
 
-	levels_init(&l, v->all.max_depth); /* the deepest: every trie here holds some of its tokens */
 	memset(mask, 0, words * sizeof *mask);
 	for (uint32_t i = 0; i < s->at.n && !c.overflow; i++)
 		if (s->at.st[i] != NULL)
-			mask_stack(x, &c, &l, &s->at, s->at.st[i], mask);
-	levels_free(&l);
+			mask_stack(x, &c, &sc->l, &s->at, s->at.st[i], mask);
 	if (!c.overflow && gram_complete(s))
 		for (int k = 0; k < v->n_ends; k++)
 			mask[v->ends[k] / 32] |= 1u << (v->ends[k] % 32);
-	for (uint32_t w = 0; w < words; w++)
-		count += __builtin_popcount(mask[w]);
-	free(c.seen);
-	pool_free(&scratch);
+	count = popcount_words(mask, words);
+	seen_reset(&c);
+	sc->seen = c.seen, sc->seen_cap = c.seen_cap;
+	scratch_give(x, sc);
 	return c.overflow ? overflow_err(err) : count;
 }

@@ -5,12 +5,16 @@
  * at every step of seeded random walks through several grammars, the
  * mask must be exactly the tokens whose bytes the state accepts (checked
  * one token at a time on a copy), the end tokens exactly when the root is
- * complete. TEST_GRAMMAR_SEED=N repeats a run.
+ * complete; the index (gram_index) made whole when it is made, no entry
+ * left to a step; masks from several threads at once over one index.
+ * TEST_GRAMMAR_SEED=N repeats a run.
  */
 #include "config.h"
 #include "grammar.h"
+#include "grammar_int.h"
 #include "util.h"
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -77,6 +81,12 @@ static void
 test_syntax(void **state)
 {
 	(void)state;
+	/* classes' ranges out of order, overlapping, touching: merged (grammar_int.h), the same sets */
+	check_texts("root ::= [x-za-cb-dd-f]+", (const char *[]){ "abcdefxyz", "fx", NULL },
+	    (const char *[]){ "g", "w", "aw", NULL });
+	check_texts("root ::= [^\\u0100-\\u01ffb-dc-fa\\u0080-\\u0150]",
+	    (const char *[]){ "g", "\x7f", "\xc8\x80", "\xe2\x82\xac", NULL },
+	    (const char *[]){ "a", "e", "f", "\xc2\x80", "\xc5\x90", "\xc7\xbf", NULL });
 	check_texts("root ::= \"ab\" | \"c\"", (const char *[]){ "ab", "c", NULL },
 	    (const char *[]){ "", "a", "abc", "ac", NULL });
 	check_texts("root ::= [a-c]+ [^a-z] .", (const char *[]){ "a1x", "cab#\xc3\xa9", NULL },
@@ -352,6 +362,9 @@ walks(const char *grammar, int n_walks, int steps)
 		}
 		gram_state_free(s);
 	}
+	if (gram_index_late(gx) != 0) /* every position's entry is made with the index, none in a step */
+		fail_msg("%u entries built by masks, not by gram_index_new (seed %llu)\n%s", gram_index_late(gx),
+		    (unsigned long long)rng_state, grammar);
 	gram_index_free(gx);
 	gram_vocab_free(gv);
 	vocab_free(&v);
@@ -381,6 +394,82 @@ test_masks(void **state)
 	walks("root ::= \"[\"* \"]\"{0,3}", 10, 30);
 	/* characters of three and four bytes whose first byte alone fits several ranges */
 	walks("root ::= \"{\" ([\\u0800-\\u0fff] | [\\U00010000-\\U0003ffff] | [\\ud000-\\ud7ff])* \"}\"", 20, 20);
+	walks("root ::= \"{\" ([\\U00100000-\\U0010ffff] | [\\U00100000-\\U00100fff] \"!\")* \"}\"", 20, 20);
+	/* sets that split a half-read character's span: at a range's start, past its end, in each byte */
+	walks("root ::= \"<\" ([\\u00e0-\\u00ef] | [\\u4e00-\\u4e0f\\u4e20] \"!\" | [^\\x00-\\u00e5\\u00e9-\\u4dff] | "
+	    "[\\U0001f600-\\U0001f60f] | [\\u00b0-\\u00c5] \"?\" | .)* \">\"", 20, 30);
+	/* two ranges that cover a first byte's span only together: that byte is refused, not left a dead end */
+	walks("root ::= \"<\" [^\\x00-\\x7f\\u0080-\\u00a0\\u00a1-\\u07ff]* \">\"", 10, 20);
+	/* rules that return into frames below a key: a cut rule's own, and a plain rule's below a cut one */
+	walks("root ::= a\na ::= \"[\" a \"x\" | \"y\"", 20, 12);
+	walks("root ::= g\ng ::= \"<\" r \">\" g?\nr ::= \"(\" r \")\" | \"z\"", 20, 16);
+}
+
+/* Several threads take masks over one index at once: each the mask taken alone. */
+struct mask_job {
+	struct gram_index *gx;
+	struct gram_state **st;
+	uint32_t **want;
+	int n, words, bad;
+};
+
+static void *
+mask_thread(void *arg)
+{
+	struct mask_job *j = arg;
+	uint32_t *mask = xmalloc((size_t)j->words * sizeof *mask);
+
+	for (int r = 0; r < 20; r++)
+		for (int i = 0; i < j->n; i++) {
+			int k = (i + r) % j->n;
+
+			if (gram_mask(j->st[k], j->gx, mask, NULL) < 0 ||
+			    memcmp(mask, j->want[k], (size_t)j->words * sizeof *mask) != 0)
+				j->bad++;
+		}
+	free(mask);
+	return NULL;
+}
+
+static void
+test_threads(void **state)
+{
+	static const char *const texts[] = { "", "{\"ke", "{\"key\": ", "{\"key\": [1, 2", "{\"a\": \"\xc3",
+		"{\"a\": \"\xe2\x82", "{\"a\": {\"b\": tr", "{\"a\": \"x\"}", "{\"a\": [[], {\"\xc3\xa9\": -1.5e" };
+	enum { N = ARRAY_LEN(texts), THREADS = 12 }; /* more threads than the index keeps spare scratch for */
+	struct grammar *g = compile(json_grammar);
+	struct vocab v = test_vocab();
+	struct gram_vocab *gv;
+	struct gram_index *gx;
+	struct gram_state *st[N];
+	uint32_t *want[N];
+	struct mask_job jobs[THREADS];
+	pthread_t th[THREADS];
+	int words = (v.n + 31) / 32;
+
+	(void)state;
+	assert_int_equal(gram_vocab_new(v.n, (const char *const *)v.b, v.len, v.skip, v.end, &gv, NULL), 0);
+	assert_int_equal(gram_index_new(g, gv, &gx, NULL), 0);
+	for (int i = 0; i < (int)N; i++) {
+		assert_int_equal(gram_state_new(g, &st[i], NULL), 0);
+		assert_int_equal(gram_accept(st[i], texts[i], strlen(texts[i]), NULL), 0);
+		want[i] = xmalloc((size_t)words * sizeof *want[i]);
+		assert_true(gram_mask(st[i], gx, want[i], NULL) > 0);
+	}
+	for (int t = 0; t < THREADS; t++) {
+		jobs[t] = (struct mask_job){ gx, st, want, (int)N, words, 0 };
+		assert_int_equal(pthread_create(&th[t], NULL, mask_thread, &jobs[t]), 0);
+	}
+	for (int t = 0; t < THREADS; t++) {
+		assert_int_equal(pthread_join(th[t], NULL), 0);
+		assert_int_equal(jobs[t].bad, 0);
+	}
+	for (int i = 0; i < (int)N; i++)
+		gram_state_free(st[i]), free(want[i]);
+	gram_index_free(gx);
+	gram_vocab_free(gv);
+	vocab_free(&v);
+	grammar_free(g);
 }
 
 /* A grammar this vocabulary cannot spell leaves an empty mask (the caller's error), not a hang. */
@@ -420,6 +509,7 @@ main(void)
 		cmocka_unit_test(test_depth),
 		cmocka_unit_test(test_ambiguous),
 		cmocka_unit_test(test_masks),
+		cmocka_unit_test(test_threads),
 		cmocka_unit_test(test_empty_mask),
 	};
 	const char *seed = getenv("TEST_GRAMMAR_SEED");
