@@ -10,6 +10,7 @@
  */
 #include "config.h"
 #include "chat.h"
+#include "chat_tools.h"
 #include "util.h"
 
 #include <stdint.h>
@@ -32,9 +33,9 @@
 #define HARMONY_SYS_HEAD "<|start|>system<|message|>You are ChatGPT, a large language model " \
 	"trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: "
 #define HARMONY_SYS_TAIL "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, " \
-	"final. Channel must be included for every message.<|end|>"
+	"final. Channel must be included for every message."
 
-enum chat_role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_BAD };
+enum chat_role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL, ROLE_BAD };
 
 static const char *const tmpl_names[] = {
 	[CHAT_RAW] = "raw", [CHAT_LLAMA3] = "llama3", [CHAT_CHATML] = "chatml",
@@ -125,6 +126,8 @@ role_of(const struct chat_msg *m)
 		return ROLE_USER;
 	if (strcmp(m->role, "assistant") == 0)
 		return ROLE_ASSISTANT;
+	if (strcmp(m->role, "tool") == 0)
+		return ROLE_TOOL;
 	return ROLE_BAD;
 }
 
@@ -266,19 +269,127 @@ system_first_only(enum chat_tmpl t)
 	return needs_alternation(t) || t == CHAT_HARMONY;
 }
 
+/*
+ * The role message i takes in the turn order, ROLE_BAD for one outside it:
+ * Mistral's template skips tool results and assistant turns with calls;
+ * Gemma's user turn holds a run of tool results.
+ */
+static enum chat_role
+turn_role(enum chat_tmpl t, const struct chat_msg *m, size_t i)
+{
+	enum chat_role r = role_of(&m[i]);
+
+	if (t == CHAT_MISTRAL && (r == ROLE_TOOL || m[i].n_calls > 0))
+		return ROLE_BAD;
+	if (t == CHAT_GEMMA && r == ROLE_TOOL)
+		return i > 0 && role_of(&m[i - 1]) == ROLE_TOOL ? ROLE_BAD : ROLE_USER;
+	return r;
+}
+
 /* Checks the turn order the alternating families' templates require. */
 static int
 check_alternation(enum chat_tmpl t, const struct chat_msg *m, size_t n, char *err)
 {
-	size_t i, first = role_of(&m[0]) == ROLE_SYSTEM;
-	enum chat_role want;
+	size_t i, k = 0, first = role_of(&m[0]) == ROLE_SYSTEM;
+	enum chat_role want, r;
 
 	for (i = first; i < n; i++) {
-		want = (i - first) % 2 == 0 ? ROLE_USER : ROLE_ASSISTANT;
-		if (role_of(&m[i]) != want)
+		if ((r = turn_role(t, m, i)) == ROLE_BAD)
+			continue;
+		want = k++ % 2 == 0 ? ROLE_USER : ROLE_ASSISTANT;
+		if (r != want)
 			return err_set(err, ERR_INVAL, "message %zu: the %s template needs roles to "
 			    "alternate user/assistant/user/... after the optional system message",
 			    i, tmpl_names[t]);
+	}
+	return 0;
+}
+
+/* Whether the family's template renders tools, tool calls and tool results. */
+static int
+has_tools(enum chat_tmpl t)
+{
+	return t == CHAT_LLAMA3 || t == CHAT_CHATML || t == CHAT_GEMMA || t == CHAT_MISTRAL ||
+	    t == CHAT_QWEN3 || t == CHAT_HARMONY;
+}
+
+/* Whether s is an id Mistral's template takes: 9 letters or digits. */
+static int
+mistral_id(const char *s)
+{
+	size_t i;
+
+	for (i = 0; s != NULL && s[i] != '\0'; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9')))
+			return 0;
+	return s != NULL && i == 9;
+}
+
+/* Checks an assistant message's calls: names, arguments that are JSON objects, what the family takes. */
+static int
+check_calls(enum chat_tmpl t, const struct chat_msg *m, size_t i, char *err)
+{
+	json_t *args;
+	size_t k;
+	int ok;
+
+	if (m->n_calls > 0 && role_of(m) != ROLE_ASSISTANT)
+		return err_set(err, ERR_INVAL, "message %zu: only an assistant message makes tool calls", i);
+	if ((t == CHAT_LLAMA3 || t == CHAT_HARMONY) && m->n_calls > 1)
+		return err_set(err, ERR_INVAL, "message %zu: the %s template renders one tool call a message", i,
+		    tmpl_names[t]);
+	if (t == CHAT_HARMONY && m->n_calls > 0 && m->content[0] != '\0' && m->reasoning != NULL &&
+	    m->reasoning[0] != '\0')
+		return err_set(err, ERR_INVAL, "message %zu: the harmony template refuses both content and "
+		    "reasoning beside a tool call", i);
+	for (k = 0; k < m->n_calls; k++) {
+		if (m->calls[k].name == NULL || !chat_tool_name_ok(m->calls[k].name))
+			return err_set(err, ERR_INVAL, "message %zu: tool call %zu has no valid name", i, k);
+		args = m->calls[k].arguments ? chat_json(m->calls[k].arguments) : NULL;
+		ok = json_is_object(args);
+		json_decref(args);
+		if (!ok)
+			return err_set(err, ERR_INVAL, "message %zu: tool call %zu's arguments are not the JSON "
+			    "text of an object", i, k);
+		if (t == CHAT_MISTRAL && !mistral_id(m->calls[k].id))
+			return err_set(err, ERR_INVAL, "message %zu: tool call %zu: the mistral template needs "
+			    "call ids of 9 letters or digits", i, k);
+	}
+	return 0;
+}
+
+/*
+ * What the family refuses of tool calls and results: a family without
+ * them, Mistral's ids, harmony's result with no call before it, Llama
+ * 3.1's tools with no first user message to carry them.
+ */
+static int
+check_tools(enum chat_tmpl t, const struct chat_msg *m, size_t n, const struct chat_opts *o, char *err)
+{
+	size_t i, first = n > 0 && role_of(&m[0]) == ROLE_SYSTEM;
+	int called = 0, rc;
+
+	if (o->tools != NULL && !has_tools(t))
+		return err_set(err, ERR_INVAL, "the %s template has no tools", tmpl_names[t]);
+	if (o->tools != NULL && t == CHAT_LLAMA3 && (first == n || role_of(&m[first]) != ROLE_USER))
+		return err_set(err, ERR_INVAL, "the llama3 template puts the tools in the first user message: "
+		    "message %zu must be one", first);
+	for (i = 0; i < n; i++) {
+		if ((role_of(&m[i]) == ROLE_TOOL || m[i].n_calls > 0) && !has_tools(t))
+			return err_set(err, ERR_INVAL, "message %zu: the %s template has no tool calls", i,
+			    tmpl_names[t]);
+		if ((rc = check_calls(t, &m[i], i, err)) != 0)
+			return rc;
+		if (role_of(&m[i]) == ROLE_ASSISTANT)
+			called = m[i].n_calls > 0;
+		if (role_of(&m[i]) != ROLE_TOOL)
+			continue;
+		if (t == CHAT_MISTRAL && !mistral_id(m[i].tool_call_id))
+			return err_set(err, ERR_INVAL, "message %zu: the mistral template needs the tool_call_id "
+			    "of its call (9 letters or digits)", i);
+		if (t == CHAT_HARMONY && !called)
+			return err_set(err, ERR_INVAL, "message %zu: a tool result with no assistant tool call "
+			    "before it", i);
 	}
 	return 0;
 }
@@ -316,7 +427,7 @@ check_msgs(enum chat_tmpl t, const struct chat_msg *m, size_t n, char *err)
 	for (i = 0; i < n; i++) {
 		if (role_of(&m[i]) == ROLE_BAD)
 			return err_set(err, ERR_INVAL, "message %zu: unknown role '%.32s' (system, "
-			    "user or assistant)", i, m[i].role ? m[i].role : "(null)");
+			    "user, assistant or tool)", i, m[i].role ? m[i].role : "(null)");
 		if (m[i].content == NULL)
 			return err_set(err, ERR_INVAL, "message %zu: no content", i);
 		if (!utf8_valid(m[i].content, strlen(m[i].content)))
@@ -357,6 +468,44 @@ harmony_date(const char *date, char buf[11], char *err)
 	return 0;
 }
 
+/* ---- tools, calls and results, as the templates write them ---- */
+
+/* Appends JSON text (checked before) as the templates' tojson writes it. */
+static void
+sb_py_text(struct strbuf *b, const char *text, int indent)
+{
+	json_t *v = chat_json(text);
+
+	chat_py_json(b, v, indent);
+	json_decref(v);
+}
+
+/* Appends a string as tojson writes it: a JSON string with Python's escapes. */
+static void
+sb_py_str(struct strbuf *b, const char *s)
+{
+	json_t *v = json_string(s);
+
+	chat_py_json(b, v, 0);
+	json_decref(v);
+}
+
+/* The function object of tool i. */
+static const json_t *
+tool_fn(const json_t *tools, size_t i)
+{
+	return json_object_get(json_array_get(tools, i), "function");
+}
+
+/* A string member of an object, or "" (what the templates print for one missing). */
+static const char *
+str_of(const json_t *o, const char *k)
+{
+	const char *s = json_string_value(json_object_get(o, k));
+
+	return s != NULL ? s : "";
+}
+
 /* Raw prompt mode: the contents, nothing else. */
 static void
 render_raw(const struct chat_msg *m, size_t n, struct strbuf *b)
@@ -367,18 +516,70 @@ render_raw(const struct chat_msg *m, size_t n, struct strbuf *b)
 		strbuf_cat(b, m[i].content);
 }
 
-/* Meta-Llama-3-8B-Instruct: BOS, then each turn with its content trimmed. */
-static void
-render_llama3(const struct chat_msg *m, size_t n, int gen, const char *bos, struct strbuf *b)
+/* Llama 3.1's instructions for custom tools, in the first user message. */
+#define LLAMA3_TOOLS "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please " \
+	"respond with a JSON for a function call with its proper arguments that best answers the given " \
+	"prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": dictionary of argument " \
+	"name and its value}.Do not use variables.\n\n"
+
+/*
+ * Llama 3.1's system turn and first user turn with the tools (its
+ * tools_in_user_message default), its date as strftime's "%d %b %Y".
+ * Returns the messages it rendered.
+ */
+static size_t
+llama3_tools(const struct chat_msg *m, const json_t *tools, const char *date, struct strbuf *b)
 {
-	size_t i;
+	static const char *const months[] = { "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep",
+		"Oct", "Nov", "Dec" };
+	size_t i, first = role_of(&m[0]) == ROLE_SYSTEM;
+	int month = atoi(date + 5);
+
+	strbuf_cat(b, "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
+	    "Cutting Knowledge Date: December 2023\n");
+	strbuf_printf(b, "Today Date: %.2s %s %.4s\n\n", date + 8, months[(month >= 1 && month <= 12 ? month : 1) - 1],
+	    date);
+	if (first)
+		sb_strip(b, m[0].content, strlen(m[0].content));
+	strbuf_cat(b, "<|eot_id|>" LLAMA3_TOOLS);
+	for (i = 0; i < json_array_size(tools); i++) {
+		chat_py_json(b, json_array_get(tools, i), 4);
+		strbuf_cat(b, "\n\n");
+	}
+	sb_strip(b, m[first].content, strlen(m[first].content));
+	strbuf_cat(b, "<|eot_id|>");
+	return first + 1;
+}
+
+/*
+ * Meta-Llama-3-8B-Instruct: BOS, then each turn with its content trimmed;
+ * with tools, Llama 3.1's: the tools in the first user turn, a call as
+ * {"name", "parameters"}, a result as an ipython turn of its JSON string.
+ */
+static void
+render_llama3(const struct chat_msg *m, size_t n, int gen, const char *bos, const json_t *tools, const char *date,
+    struct strbuf *b)
+{
+	size_t i = 0;
 
 	strbuf_cat(b, bos);
-	for (i = 0; i < n; i++) {
-		strbuf_cat(b, "<|start_header_id|>");
-		strbuf_cat(b, m[i].role);
-		strbuf_cat(b, "<|end_header_id|>\n\n");
-		sb_strip(b, m[i].content, strlen(m[i].content));
+	if (tools != NULL)
+		i = llama3_tools(m, tools, date, b);
+	for (; i < n; i++) {
+		if (role_of(&m[i]) == ROLE_TOOL) {
+			strbuf_cat(b, "<|start_header_id|>ipython<|end_header_id|>\n\n");
+			sb_py_str(b, m[i].content);
+		} else if (m[i].n_calls > 0) {
+			strbuf_printf(b, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"%s\", "
+			    "\"parameters\": ", m[i].calls[0].name);
+			sb_py_text(b, m[i].calls[0].arguments, 0);
+			strbuf_cat(b, "}");
+		} else {
+			strbuf_cat(b, "<|start_header_id|>");
+			strbuf_cat(b, m[i].role);
+			strbuf_cat(b, "<|end_header_id|>\n\n");
+			sb_strip(b, m[i].content, strlen(m[i].content));
+		}
 		strbuf_cat(b, "<|eot_id|>");
 	}
 	if (gen)
@@ -396,14 +597,98 @@ chatml_turn(const struct chat_msg *m, struct strbuf *b)
 	strbuf_cat(b, "<|im_end|>\n");
 }
 
-/* ChatML (Qwen2.5): contents verbatim, no BOS. */
-static void
-render_chatml(const struct chat_msg *m, size_t n, int gen, struct strbuf *b)
-{
-	size_t i;
+/* Qwen's tools, in the system turn after its system prompt. */
+#define QWEN_TOOLS_HEAD "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n" \
+	"You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+#define QWEN_TOOLS_TAIL "\n</tools>\n\nFor each function call, return a json object with function name and " \
+	"arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, " \
+	"\"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
 
-	for (i = 0; i < n; i++)
-		chatml_turn(&m[i], b);
+/* Qwen's system turn with the tools; returns the messages it rendered (its system prompt's). */
+static size_t
+qwen_tools(const struct chat_msg *m, size_t n, const json_t *tools, struct strbuf *b)
+{
+	size_t i, sys = n > 0 && role_of(&m[0]) == ROLE_SYSTEM;
+
+	strbuf_cat(b, "<|im_start|>system\n");
+	if (sys) {
+		strbuf_cat(b, m[0].content);
+		strbuf_cat(b, "\n\n");
+	}
+	strbuf_cat(b, QWEN_TOOLS_HEAD);
+	for (i = 0; i < json_array_size(tools); i++) {
+		strbuf_cat(b, "\n");
+		chat_py_json(b, json_array_get(tools, i), 0);
+	}
+	strbuf_cat(b, QWEN_TOOLS_TAIL);
+	return sys;
+}
+
+/* A tool result: Qwen puts a run of them in one user turn, each in a <tool_response> block. */
+static void
+qwen_tool_result(const struct chat_msg *m, size_t n, size_t i, struct strbuf *b)
+{
+	if (i == 0 || role_of(&m[i - 1]) != ROLE_TOOL)
+		strbuf_cat(b, "<|im_start|>user");
+	strbuf_cat(b, "\n<tool_response>\n");
+	strbuf_cat(b, m[i].content);
+	strbuf_cat(b, "\n</tool_response>");
+	if (i == n - 1 || role_of(&m[i + 1]) != ROLE_TOOL)
+		strbuf_cat(b, "<|im_end|>\n");
+}
+
+/*
+ * One Qwen call. Qwen3's template writes arguments given as a string (the
+ * protocol's JSON text) verbatim; Qwen2.5's has only tojson, which the
+ * official examples feed an object: its Python spelling.
+ */
+static void
+qwen_call(const struct chat_call *c, int verbatim, struct strbuf *b)
+{
+	strbuf_printf(b, "<tool_call>\n{\"name\": \"%s\", \"arguments\": ", c->name);
+	if (verbatim)
+		strbuf_cat(b, c->arguments);
+	else
+		sb_py_text(b, c->arguments, 0);
+	strbuf_cat(b, "}\n</tool_call>");
+}
+
+/* A Qwen2.5 assistant turn with calls: its content (if any) on the header's next line, each call on its own. */
+static void
+chatml_calls(const struct chat_msg *m, struct strbuf *b)
+{
+	size_t k;
+
+	strbuf_cat(b, "<|im_start|>assistant");
+	if (m->content[0] != '\0') {
+		strbuf_cat(b, "\n");
+		strbuf_cat(b, m->content);
+	}
+	for (k = 0; k < m->n_calls; k++) {
+		strbuf_cat(b, "\n");
+		qwen_call(&m->calls[k], 0, b);
+	}
+	strbuf_cat(b, "<|im_end|>\n");
+}
+
+/*
+ * ChatML (Qwen2.5): contents verbatim, no BOS. With tools, Qwen2.5's
+ * system turn, without its default system prompt when none is given (as
+ * for conversations without tools; Qwen3's template has none either).
+ */
+static void
+render_chatml(const struct chat_msg *m, size_t n, int gen, const json_t *tools, struct strbuf *b)
+{
+	size_t i = tools != NULL ? qwen_tools(m, n, tools, b) : 0;
+
+	for (; i < n; i++) {
+		if (role_of(&m[i]) == ROLE_TOOL)
+			qwen_tool_result(m, n, i, b);
+		else if (m[i].n_calls > 0)
+			chatml_calls(&m[i], b);
+		else
+			chatml_turn(&m[i], b);
+	}
 	if (gen)
 		strbuf_cat(b, "<|im_start|>assistant\n");
 }
@@ -486,18 +771,25 @@ qwen3_assistant(const struct chat_msg *m, int keep, int last, struct strbuf *b)
 	} else {
 		strbuf_cat(b, reply);
 	}
+	for (size_t k = 0; k < m->n_calls; k++) {
+		if (k > 0 || reply[0] != '\0')
+			strbuf_cat(b, "\n");
+		qwen_call(&m->calls[k], 1, b);
+	}
 	strbuf_cat(b, "<|im_end|>\n");
 }
 
 /* Qwen3: ChatML; assistant turns lose their reasoning before the last query. */
 static void
-render_qwen3(const struct chat_msg *m, size_t n, const struct chat_opts *o, struct strbuf *b)
+render_qwen3(const struct chat_msg *m, size_t n, const struct chat_opts *o, const json_t *tools, struct strbuf *b)
 {
-	size_t i, q = qwen3_last_query(m, n);
+	size_t i = tools != NULL ? qwen_tools(m, n, tools, b) : 0, q = qwen3_last_query(m, n);
 
-	for (i = 0; i < n; i++) {
+	for (; i < n; i++) {
 		if (role_of(&m[i]) == ROLE_ASSISTANT)
 			qwen3_assistant(&m[i], i > q, i == n - 1, b);
+		else if (role_of(&m[i]) == ROLE_TOOL)
+			qwen_tool_result(m, n, i, b);
 		else
 			chatml_turn(&m[i], b);
 	}
@@ -506,25 +798,262 @@ render_qwen3(const struct chat_msg *m, size_t n, const struct chat_opts *o, stru
 		    "<|im_start|>assistant\n");
 }
 
+/* Jinja's truth of a JSON value: not missing, null, false, 0, "" or empty. */
+static int
+truthy(const json_t *v)
+{
+	switch (v == NULL ? JSON_NULL : json_typeof(v)) {
+	case JSON_OBJECT: return json_object_size(v) > 0;
+	case JSON_ARRAY: return json_array_size(v) > 0;
+	case JSON_STRING: return json_string_length(v) > 0;
+	case JSON_INTEGER: return json_integer_value(v) != 0;
+	case JSON_REAL: return json_real_value(v) != 0;
+	case JSON_TRUE: return 1;
+	default: return 0;
+	}
+}
+
+/* Whether a JSON Schema's "type" is the name t. */
+static int
+type_is(const json_t *spec, const char *t)
+{
+	const char *s = json_string_value(json_object_get(spec, "type"));
+
+	return s != NULL && strcmp(s, t) == 0;
+}
+
+/* Whether name is in the array req. */
+static int
+listed(const json_t *req, const char *name)
+{
+	const json_t *v;
+	size_t i;
+
+	json_array_foreach(req, i, v)
+		if (json_is_string(v) && strcmp(json_string_value(v), name) == 0)
+			return 1;
+	return 0;
+}
+
+static void ts_type(struct strbuf *b, const json_t *spec);
+
+/* An array's TypeScript type: its items' type and [], "any[]" for a long or doubled one. */
+static void
+ts_array(struct strbuf *b, const json_t *spec)
+{
+	const json_t *items = json_object_get(spec, "items");
+	struct strbuf in = { 0 };
+
+	if (!truthy(items)) {
+		strbuf_cat(b, "any[]");
+	} else if (type_is(items, "string")) {
+		strbuf_cat(b, "string[]");
+	} else if (type_is(items, "number") || type_is(items, "integer")) {
+		strbuf_cat(b, "number[]");
+	} else if (type_is(items, "boolean")) {
+		strbuf_cat(b, "boolean[]");
+	} else {
+		strbuf_add(&in, "", 0);
+		ts_type(&in, items);
+		strbuf_cat(b, strcmp(in.s, "object | object") == 0 || in.n > 50 ? "any" : in.s);
+		strbuf_cat(b, "[]");
+		free(in.s);
+	}
+	if (truthy(json_object_get(spec, "nullable")))
+		strbuf_cat(b, " | null");
+}
+
+/* An object's TypeScript type: its properties inline, with the template's line breaks. */
+static void
+ts_object(struct strbuf *b, const json_t *spec)
+{
+	const json_t *props = json_object_get(spec, "properties"), *req = json_object_get(spec, "required"), *p;
+	const char *name;
+	size_t i = 0;
+
+	if (!truthy(props)) {
+		strbuf_cat(b, "object");
+		return;
+	}
+	strbuf_cat(b, "{\n");
+	json_object_foreach((json_t *)props, name, p) {
+		if (i++ > 0)
+			strbuf_cat(b, ", ");
+		strbuf_cat(b, name);
+		if (!listed(req, name))
+			strbuf_cat(b, "?");
+		/* the macro's call is an unstripped {{ }} on its own line */
+		strbuf_cat(b, ": \n                ");
+		ts_type(b, p);
+	}
+	strbuf_cat(b, "}");
+}
+
 /*
- * gpt-oss (harmony): the fixed system message, the user's system prompt as
- * the developer's instructions, assistant turns on their final channel (the
- * last one ending with <|return|> when no reply follows, with its reasoning
- * on the analysis channel before it).
+ * gpt-oss's render_typescript_type: a JSON Schema as a TypeScript type.
+ * oneOf is rendered as its branches joined by " | " (the template adds
+ * each branch's description and default as comments; those are left out).
  */
 static void
-render_harmony(const struct chat_msg *m, size_t n, int gen, const char *date, struct strbuf *b)
+ts_type(struct strbuf *b, const json_t *spec)
 {
-	size_t i, first = role_of(&m[0]) == ROLE_SYSTEM;
+	const json_t *type = json_object_get(spec, "type"), *one = json_object_get(spec, "oneOf"), *v;
+	int objects = 0;
+	size_t i;
+
+	if (type_is(spec, "array")) {
+		ts_array(b, spec);
+	} else if (json_is_array(type) && json_array_size(type) > 0) {
+		json_array_foreach(type, i, v) {
+			strbuf_cat(b, i > 0 ? " | " : "");
+			strbuf_cat(b, json_is_string(v) ? json_string_value(v) : "");
+		}
+	} else if (truthy(one)) {
+		json_array_foreach(one, i, v)
+			objects |= type_is(v, "object");
+		if (objects && json_array_size(one) > 1) {
+			strbuf_cat(b, "any");
+			return;
+		}
+		json_array_foreach(one, i, v) {
+			strbuf_cat(b, i > 0 ? " | " : "");
+			ts_type(b, v);
+		}
+	} else if (type_is(spec, "string") && truthy(json_object_get(spec, "enum"))) {
+		json_array_foreach(json_object_get(spec, "enum"), i, v) {
+			strbuf_cat(b, i > 0 ? "\" | \"" : "\"");
+			strbuf_cat(b, json_is_string(v) ? json_string_value(v) : "");
+		}
+		strbuf_cat(b, "\"");
+	} else if (type_is(spec, "string")) {
+		strbuf_cat(b, truthy(json_object_get(spec, "nullable")) ? "string | null" : "string");
+	} else if (type_is(spec, "number") || type_is(spec, "integer")) {
+		strbuf_cat(b, "number");
+	} else if (type_is(spec, "boolean")) {
+		strbuf_cat(b, "boolean");
+	} else if (type_is(spec, "object")) {
+		ts_object(b, spec);
+	} else {
+		strbuf_cat(b, "any");
+	}
+}
+
+/* One parameter of a tool: its description as a comment, name, type, default. */
+static void
+ts_param(struct strbuf *b, const char *name, const json_t *spec, const json_t *req)
+{
+	const json_t *def = json_object_get(spec, "default");
+
+	if (truthy(json_object_get(spec, "description")))
+		strbuf_printf(b, "// %s\n", str_of(spec, "description"));
+	strbuf_cat(b, name);
+	if (!listed(req, name))
+		strbuf_cat(b, "?");
+	strbuf_cat(b, ": ");
+	ts_type(b, spec);
+	if (def != NULL && truthy(json_object_get(spec, "enum")) && json_is_string(def)) {
+		strbuf_printf(b, ", // default: %s", json_string_value(def));
+	} else if (def != NULL && !truthy(json_object_get(spec, "oneOf"))) {
+		strbuf_cat(b, ", // default: ");
+		chat_py_json(b, def, 0);
+	}
+	strbuf_cat(b, ",\n");
+}
+
+/* gpt-oss's developer message tools: the namespace functions, each tool a TypeScript type. */
+static void
+harmony_tools(const json_t *tools, struct strbuf *b)
+{
+	const json_t *fn, *params, *props, *p;
+	const char *name;
+	size_t i;
+
+	strbuf_cat(b, "# Tools\n\n## functions\n\nnamespace functions {\n\n");
+	for (i = 0; i < json_array_size(tools); i++) {
+		fn = tool_fn(tools, i);
+		params = json_object_get(fn, "parameters");
+		props = json_object_get(params, "properties");
+		strbuf_printf(b, "// %s\ntype %s = ", str_of(fn, "description"), str_of(fn, "name"));
+		if (!truthy(params) || !truthy(props)) {
+			strbuf_cat(b, "() => any;\n\n");
+			continue;
+		}
+		strbuf_cat(b, "(_: {\n");
+		json_object_foreach((json_t *)props, name, p)
+			ts_param(b, name, p, json_object_get(params, "required"));
+		strbuf_cat(b, "}) => any;\n\n");
+	}
+	strbuf_cat(b, "} // namespace functions");
+}
+
+/* Whether an assistant message without calls follows message i (gpt-oss then drops i's analysis). */
+static int
+final_follows(const struct chat_msg *m, size_t n, size_t i)
+{
+	for (size_t k = i + 1; k < n; k++)
+		if (role_of(&m[k]) == ROLE_ASSISTANT && m[k].n_calls == 0)
+			return 1;
+	return 0;
+}
+
+/* A gpt-oss assistant turn with a call: its analysis unless a final answer follows, then the call. */
+static void
+harmony_call(const struct chat_msg *m, size_t n, size_t i, struct strbuf *b)
+{
+	const char *analysis = m[i].content[0] != '\0' ? m[i].content : m[i].reasoning;
+
+	if (analysis != NULL && analysis[0] != '\0' && !final_follows(m, n, i)) {
+		strbuf_cat(b, "<|start|>assistant<|channel|>analysis<|message|>");
+		strbuf_cat(b, analysis);
+		strbuf_cat(b, "<|end|>");
+	}
+	strbuf_printf(b, "<|start|>assistant to=functions.%s<|channel|>commentary json<|message|>",
+	    m[i].calls[0].name);
+	sb_py_text(b, m[i].calls[0].arguments, 0);
+	strbuf_cat(b, "<|call|>");
+}
+
+/* gpt-oss's system message (with the channel for tool calls), and the developer's instructions and tools. */
+static void
+harmony_head(const struct chat_msg *m, const json_t *tools, const char *date, struct strbuf *b)
+{
+	const char *dev = role_of(&m[0]) == ROLE_SYSTEM ? m[0].content : "";
 
 	strbuf_cat(b, HARMONY_SYS_HEAD);
 	strbuf_cat(b, date);
 	strbuf_cat(b, HARMONY_SYS_TAIL);
-	if (first && m[0].content[0] != '\0') {
-		strbuf_cat(b, "<|start|>developer<|message|># Instructions\n\n");
-		strbuf_cat(b, m[0].content);
-		strbuf_cat(b, "\n\n<|end|>");
+	if (tools != NULL)
+		strbuf_cat(b, "\nCalls to these tools must go to the commentary channel: 'functions'.");
+	strbuf_cat(b, "<|end|>");
+	if (dev[0] == '\0' && tools == NULL)
+		return;
+	strbuf_cat(b, "<|start|>developer<|message|>");
+	if (dev[0] != '\0') {
+		strbuf_cat(b, "# Instructions\n\n");
+		strbuf_cat(b, dev);
+		strbuf_cat(b, "\n\n");
 	}
+	if (tools != NULL)
+		harmony_tools(tools, b);
+	strbuf_cat(b, "<|end|>");
+}
+
+/*
+ * gpt-oss (harmony): the fixed system message, the user's system prompt as
+ * the developer's instructions (with the tools as a TypeScript namespace),
+ * assistant turns on their final channel (the last one ending with
+ * <|return|> when no reply follows, with its reasoning on the analysis
+ * channel before it), a call as a commentary message to=functions.NAME,
+ * its result from functions.NAME as a JSON string.
+ */
+static void
+render_harmony(const struct chat_msg *m, size_t n, int gen, const json_t *tools, const char *date,
+    struct strbuf *b)
+{
+	size_t i, first = role_of(&m[0]) == ROLE_SYSTEM;
+	const char *called = NULL;
+
+	harmony_head(m, tools, date, b);
 	for (i = first; i < n; i++) {
 		if (role_of(&m[i]) == ROLE_USER) {
 			strbuf_cat(b, "<|start|>user<|message|>");
@@ -532,6 +1061,18 @@ render_harmony(const struct chat_msg *m, size_t n, int gen, const char *date, st
 			strbuf_cat(b, "<|end|>");
 			continue;
 		}
+		if (role_of(&m[i]) == ROLE_TOOL) {
+			strbuf_printf(b, "<|start|>functions.%s to=assistant<|channel|>commentary<|message|>", called);
+			sb_py_str(b, m[i].content);
+			strbuf_cat(b, "<|end|>");
+			continue;
+		}
+		if (m[i].n_calls > 0) {
+			harmony_call(m, n, i, b);
+			called = m[i].calls[0].name;
+			continue;
+		}
+		called = NULL;
 		if (i == n - 1 && !gen && m[i].reasoning != NULL) {
 			strbuf_cat(b, "<|start|>assistant<|channel|>analysis<|message|>");
 			strbuf_cat(b, m[i].reasoning);
@@ -545,21 +1086,72 @@ render_harmony(const struct chat_msg *m, size_t n, int gen, const char *date, st
 		strbuf_cat(b, "<|start|>assistant");
 }
 
-/* Gemma 3: the system text (untrimmed) + blank line opens the first user turn; contents trimmed. */
+/*
+ * Gemma 3 has no tokens or template for tools: its function calling guide
+ * (ai.google.dev/gemma/docs/capabilities/function-calling) prompts them in
+ * the user turn, and of its two documented call formats this is the JSON
+ * one, which a JSON Schema grammar can constrain. The tools follow as a
+ * JSON list of their function objects.
+ */
+#define GEMMA_TOOLS "You have access to functions. If you decide to invoke any of the function(s), you MUST " \
+	"put it in the format of\n{\"name\": function name, \"parameters\": dictionary of argument name and its " \
+	"value}\n\nYou SHOULD NOT include any other text in the response if you call a function\n"
+
+/* Gemma's tools, in the first user turn after the system text. */
 static void
-render_gemma(const struct chat_msg *m, size_t n, int gen, const char *bos, struct strbuf *b)
+gemma_tools(const json_t *tools, struct strbuf *b)
 {
-	size_t i, first = role_of(&m[0]) == ROLE_SYSTEM;
+	json_t *fns = json_array();
+
+	for (size_t i = 0; i < json_array_size(tools); i++)
+		json_array_append(fns, (json_t *)tool_fn(tools, i));
+	strbuf_cat(b, GEMMA_TOOLS);
+	chat_py_json(b, fns, 2);
+	strbuf_cat(b, "\n\n");
+	json_decref(fns);
+}
+
+/* A model turn's calls, one JSON object a line after its content (the format gemma_tools asks for). */
+static void
+gemma_calls(const struct chat_msg *m, size_t content_len, struct strbuf *b)
+{
+	for (size_t k = 0; k < m->n_calls; k++) {
+		if (k > 0 || content_len > 0)
+			strbuf_cat(b, "\n");
+		strbuf_printf(b, "{\"name\": \"%s\", \"parameters\": ", m->calls[k].name);
+		sb_py_text(b, m->calls[k].arguments, 0);
+		strbuf_cat(b, "}");
+	}
+}
+
+/*
+ * Gemma 3: the system text (untrimmed) + blank line opens the first user
+ * turn, then the tools; contents trimmed. Tool results are a user turn, a
+ * run of them one turn with a blank line between.
+ */
+static void
+render_gemma(const struct chat_msg *m, size_t n, int gen, const char *bos, const json_t *tools, struct strbuf *b)
+{
+	size_t i, first = role_of(&m[0]) == ROLE_SYSTEM, at;
+	int tool, more;
 
 	strbuf_cat(b, bos);
 	for (i = first; i < n; i++) {
-		strbuf_cat(b, role_of(&m[i]) == ROLE_USER ? "<start_of_turn>user\n" : "<start_of_turn>model\n");
+		tool = role_of(&m[i]) == ROLE_TOOL;
+		more = tool && i + 1 < n && role_of(&m[i + 1]) == ROLE_TOOL;
+		if (!tool || role_of(&m[i - 1]) != ROLE_TOOL)
+			strbuf_cat(b, role_of(&m[i]) == ROLE_ASSISTANT ? "<start_of_turn>model\n" :
+			    "<start_of_turn>user\n");
 		if (first && i == first) {
 			strbuf_cat(b, m[0].content);
 			strbuf_cat(b, "\n\n");
 		}
+		if (tools != NULL && i == first)
+			gemma_tools(tools, b);
+		at = b->n;
 		sb_strip(b, m[i].content, strlen(m[i].content));
-		strbuf_cat(b, "<end_of_turn>\n");
+		gemma_calls(&m[i], b->n - at, b);
+		strbuf_cat(b, more ? "\n\n" : "<end_of_turn>\n");
 	}
 	if (gen)
 		strbuf_cat(b, "<start_of_turn>model\n");
@@ -577,15 +1169,91 @@ static const struct inst_style inst_v3 = { "[INST] ", "[/INST]", 1, 1 };
 /* v1 (Mixtral 8x7B): spaces around the markers, the system text in the first turn, no stripping. */
 static const struct inst_style inst_v1 = { " [INST] ", " [/INST]", 0, 0 };
 
-/* Mistral's v1 and v3 templates: BOS, user turns in [INST] markers, each reply closed by </s>. */
+/*
+ * Mistral v3's tools, before the last user turn: each function object's
+ * members written by hand as its template does (strings unescaped, other
+ * values through tojson, "return" left out).
+ */
+static void
+mistral_tools(const json_t *tools, struct strbuf *b)
+{
+	const char *key;
+	const json_t *v;
+	size_t i, k;
+
+	strbuf_cat(b, "[AVAILABLE_TOOLS] [");
+	for (i = 0; i < json_array_size(tools); i++) {
+		strbuf_cat(b, "{\"type\": \"function\", \"function\": {");
+		k = 0;
+		json_object_foreach((json_t *)tool_fn(tools, i), key, v) {
+			if (strcmp(key, "return") == 0)
+				continue;
+			strbuf_printf(b, "%s\"%s\": ", k++ > 0 ? ", " : "", key);
+			if (json_is_string(v))
+				strbuf_printf(b, "\"%s\"", json_string_value(v));
+			else
+				chat_py_json(b, v, 0);
+		}
+		strbuf_cat(b, i + 1 < json_array_size(tools) ? "}}, " : "}}]");
+	}
+	strbuf_cat(b, "[/AVAILABLE_TOOLS]");
+}
+
+/* Mistral v3's calls: the function objects {name, arguments} with their ids, then </s>. */
+static void
+mistral_calls(const struct chat_msg *m, struct strbuf *b)
+{
+	struct strbuf o = { 0 };
+	json_t *fn;
+
+	strbuf_cat(b, "[TOOL_CALLS] [");
+	for (size_t k = 0; k < m->n_calls; k++) {
+		fn = json_pack("{s:s,s:o}", "name", m->calls[k].name, "arguments", chat_json(m->calls[k].arguments));
+		o.n = 0;
+		chat_py_json(&o, fn, 0);
+		json_decref(fn);
+		/* the template cuts tojson's closing brace to add the id */
+		strbuf_add(b, o.s, o.n - 1);
+		strbuf_printf(b, ", \"id\": \"%s\"}%s", m->calls[k].id, k + 1 < m->n_calls ? ", " : "]</s>");
+	}
+	free(o.s);
+}
+
+/* The last user message's index, n if none. */
+static size_t
+last_user(const struct chat_msg *m, size_t n)
+{
+	for (size_t i = n; i-- > 0;)
+		if (role_of(&m[i]) == ROLE_USER)
+			return i;
+	return n;
+}
+
+/*
+ * Mistral's v1 and v3 templates: BOS, user turns in [INST] markers, each
+ * reply closed by </s>; v3's tools before the last user turn, its calls
+ * and results in [TOOL_CALLS] and [TOOL_RESULTS] (v1 has none: check_tools).
+ */
 static void
 render_inst(const struct chat_msg *m, size_t n, const char *bos, const struct inst_style *st,
-    struct strbuf *b)
+    const json_t *tools, struct strbuf *b)
 {
 	size_t i, first = role_of(&m[0]) == ROLE_SYSTEM, sys_at = st->sys_last ? n - 1 : first;
+	size_t tools_at = tools != NULL ? last_user(m, n) : n;
 
 	strbuf_cat(b, bos);
 	for (i = first; i < n; i++) {
+		if (role_of(&m[i]) == ROLE_TOOL) {
+			strbuf_printf(b, "[TOOL_RESULTS] {\"content\": %s, \"call_id\": \"%s\"}[/TOOL_RESULTS]",
+			    m[i].content, m[i].tool_call_id);
+			continue;
+		}
+		if (m[i].n_calls > 0) {
+			mistral_calls(&m[i], b);
+			continue;
+		}
+		if (i == tools_at)
+			mistral_tools(tools, b);
 		if (role_of(&m[i]) == ROLE_ASSISTANT) {
 			strbuf_cat(b, " ");
 			if (st->strip_reply)
@@ -640,14 +1308,20 @@ chat_render_opts(enum chat_tmpl t, const struct chat_msg *msgs, size_t n,
 {
 	int gen = o->add_generation_prompt, rc;
 	struct strbuf b = { 0 };
+	json_t *tools = NULL;
 	const char *bos;
 	char date[11];
 
 	if ((size_t)t >= ARRAY_LEN(tmpl_names))
 		return err_set(err, ERR_INVAL, "chat template %d does not exist", (int)t);
-	if ((rc = check_msgs(t, msgs, n, err)) != 0 ||
-	    (t == CHAT_HARMONY && (rc = harmony_date(o->date, date, err)) != 0))
+	if ((rc = check_msgs(t, msgs, n, err)) != 0 || (rc = check_tools(t, msgs, n, o, err)) != 0 ||
+	    ((t == CHAT_HARMONY || (t == CHAT_LLAMA3 && o->tools != NULL)) &&
+	    (rc = harmony_date(o->date, date, err)) != 0))
 		return rc;
+	if (o->tools != NULL && !json_is_array(tools = chat_json(o->tools))) {
+		json_decref(tools);
+		return err_set(err, ERR_INVAL, "the tools are not a JSON array");
+	}
 	bos = o->bos_text != NULL ? o->bos_text : default_bos[t];
 	strbuf_add(&b, "", 0);
 	switch (t) {
@@ -655,30 +1329,31 @@ chat_render_opts(enum chat_tmpl t, const struct chat_msg *msgs, size_t n,
 		render_raw(msgs, n, &b);
 		break;
 	case CHAT_LLAMA3:
-		render_llama3(msgs, n, gen, bos, &b);
+		render_llama3(msgs, n, gen, bos, tools, date, &b);
 		break;
 	case CHAT_CHATML:
-		render_chatml(msgs, n, gen, &b);
+		render_chatml(msgs, n, gen, tools, &b);
 		break;
 	case CHAT_GEMMA:
-		render_gemma(msgs, n, gen, bos, &b);
+		render_gemma(msgs, n, gen, bos, tools, &b);
 		break;
 	case CHAT_MISTRAL:
-		render_inst(msgs, n, bos, &inst_v3, &b);
+		render_inst(msgs, n, bos, &inst_v3, tools, &b);
 		break;
 	case CHAT_LLAMA2:
 		render_llama2(msgs, n, bos, &b);
 		break;
 	case CHAT_QWEN3:
-		render_qwen3(msgs, n, o, &b);
+		render_qwen3(msgs, n, o, tools, &b);
 		break;
 	case CHAT_HARMONY:
-		render_harmony(msgs, n, gen, date, &b);
+		render_harmony(msgs, n, gen, tools, date, &b);
 		break;
 	case CHAT_MISTRAL_V1:
-		render_inst(msgs, n, bos, &inst_v1, &b);
+		render_inst(msgs, n, bos, &inst_v1, tools, &b);
 		break;
 	}
+	json_decref(tools);
 	*out = b.s;
 	*out_len = b.n;
 	return 0;

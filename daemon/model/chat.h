@@ -26,11 +26,22 @@ enum chat_tmpl {
 /* The last family of enum chat_tmpl, for loops over all of them. */
 #define CHAT_TMPL_LAST CHAT_MISTRAL_V1
 
+/* A tool call an assistant message made (chat_tools.h). */
+struct chat_call {
+	char *id;              /* NULL or "": none given */
+	char *name;
+	char *arguments;       /* JSON text of an object */
+};
+
 struct chat_msg {
-	const char *role;      /* "system", "user" or "assistant" */
+	const char *role;      /* "system", "user", "assistant" or "tool" */
 	const char *content;   /* UTF-8 */
 	const char *reasoning; /* an assistant turn's reasoning, apart from its content (Qwen3's
 	                          reasoning_content, harmony's thinking); NULL: none given */
+	const struct chat_call *calls; /* an assistant turn's tool calls */
+	size_t n_calls;
+	const char *tool_call_id; /* a tool message: the call it answers (NULL: none given) */
+	const char *name;      /* a tool message: the tool's name (NULL: none given) */
 };
 
 /*
@@ -65,6 +76,7 @@ struct chat_opts {
 	const char *bos_text; /* the model's BOS text; NULL: the family's usual one */
 	const char *date;     /* harmony's "Current date", YYYY-MM-DD; NULL: today, local time */
 	int no_thinking;      /* qwen3: enable_thinking=false, an empty think block opens the reply */
+	const char *tools;    /* the tools offered, as chat_tools_check writes them; NULL: none */
 };
 
 /*

@@ -32,53 +32,109 @@
 #include <cmocka.h>
 
 #include "chat.h"
+#include "chat_tools.h"
 #include "util.h"
 
 /* The conversations of render_expected.py (U+00A0 and U+3000 end the assistant turn). */
 static const struct chat_msg conv_full[] = {
-	{ "system", "You are a helpful assistant.", NULL },
-	{ "user", " Hello!\n", NULL },
-	{ "assistant", "  Hi there.\xc2\xa0\xe3\x80\x80", NULL },
-	{ "user", "Who are you?", NULL },
+	{ "system", "You are a helpful assistant.", NULL, NULL, 0, NULL, NULL },
+	{ "user", " Hello!\n", NULL, NULL, 0, NULL, NULL },
+	{ "assistant", "  Hi there.\xc2\xa0\xe3\x80\x80", NULL, NULL, 0, NULL, NULL },
+	{ "user", "Who are you?", NULL, NULL, 0, NULL, NULL },
 };
 static const struct chat_msg *const conv_nosys = conv_full + 1;
 
 /* Qwen3's history: reasoning is kept only after the last user query, and a tool response is none. */
-#define A_T1 { "assistant", "<think>\nLet me greet.\n</think>\n\nHi there.", NULL }
-#define A_T2 { "assistant", "\n<think>\n\nI am Qwen.\n\n</think>\n\n\nI am Qwen, an assistant.", NULL }
-#define U_TR { "user", "<tool_response>\n42\n</tool_response>", NULL }
+#define A_T1 { "assistant", "<think>\nLet me greet.\n</think>\n\nHi there.", NULL, NULL, 0, NULL, NULL }
+#define A_T2 { "assistant", "\n<think>\n\nI am Qwen.\n\n</think>\n\n\nI am Qwen, an assistant.", NULL, NULL, 0, NULL, NULL }
+#define U_TR { "user", "<tool_response>\n42\n</tool_response>", NULL, NULL, 0, NULL, NULL }
 static const struct chat_msg conv_think[] = {
-	{ "system", "You are a helpful assistant.", NULL }, { "user", " Hello!\n", NULL }, A_T1,
-	{ "user", "Who are you?", NULL }, A_T2,
+	{ "system", "You are a helpful assistant.", NULL, NULL, 0, NULL, NULL }, { "user", " Hello!\n", NULL, NULL, 0, NULL, NULL }, A_T1,
+	{ "user", "Who are you?", NULL, NULL, 0, NULL, NULL }, A_T2,
 };
 static const struct chat_msg conv_toolresp[] = {
-	{ "user", "Who are you?", NULL }, A_T1, U_TR, { "assistant", "\nPlain answer.", NULL }, U_TR, A_T2,
+	{ "user", "Who are you?", NULL, NULL, 0, NULL, NULL }, A_T1, U_TR, { "assistant", "\nPlain answer.", NULL, NULL, 0, NULL, NULL }, U_TR, A_T2,
 };
 
 /* Reasoning given apart (Qwen3's reasoning_content, harmony's thinking): the content is all reply. */
-#define A_R1 { "assistant", "\nHi there.", "\nLet me greet.\n" }
-#define A_R2 { "assistant", "I am Qwen.", "" }
-#define A_R3 { "assistant", "Plain </think> answer.", "Tool said 42." }
+#define A_R1 { "assistant", "\nHi there.", "\nLet me greet.\n", NULL, 0, NULL, NULL }
+#define A_R2 { "assistant", "I am Qwen.", "", NULL, 0, NULL, NULL }
+#define A_R3 { "assistant", "Plain </think> answer.", "Tool said 42.", NULL, 0, NULL, NULL }
 static const struct chat_msg conv_reasoned[] = {
-	{ "system", "You are a helpful assistant.", NULL }, { "user", " Hello!\n", NULL }, A_R1,
-	{ "user", "Who are you?", NULL }, A_R2,
+	{ "system", "You are a helpful assistant.", NULL, NULL, 0, NULL, NULL }, { "user", " Hello!\n", NULL, NULL, 0, NULL, NULL }, A_R1,
+	{ "user", "Who are you?", NULL, NULL, 0, NULL, NULL }, A_R2,
 };
-static const struct chat_msg conv_reasontool[] = { { "user", "Who are you?", NULL }, A_R1, U_TR, A_R3 };
+static const struct chat_msg conv_reasontool[] = { { "user", "Who are you?", NULL, NULL, 0, NULL, NULL }, A_R1, U_TR, A_R3 };
 static const struct chat_msg conv_reasonlast[] = {
-	{ "user", " Hello!\n", NULL }, A_R1, { "user", "Who are you?", NULL }, A_R3,
+	{ "user", " Hello!\n", NULL, NULL, 0, NULL, NULL }, A_R1, { "user", "Who are you?", NULL, NULL, 0, NULL, NULL }, A_R3,
 };
+
+/* render_expected.py's TOOLS, as JSON text (chat_tools_check writes it as chat_opts.tools wants). */
+static const char TOOLS_JSON[] = "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
+    "\"description\":\"The weather of a city, \\\"now\\\" or later.\",\"parameters\":{\"type\":\"object\","
+    "\"properties\":{\"city\":{\"type\":\"string\",\"description\":\"The city, as Z\xc3\xbcrich\"},"
+    "\"days\":{\"type\":\"integer\",\"default\":1},\"unit\":{\"type\":\"string\",\"enum\":[\"c\",\"f\"]},"
+    "\"low\":{\"type\":\"number\",\"minimum\":-40.5},\"tags\":{\"type\":\"array\",\"items\":{\"type\":"
+    "\"string\"}}},\"required\":[\"city\"]}}},"
+    "{\"type\":\"function\",\"function\":{\"name\":\"now\",\"description\":\"The time.\","
+    "\"parameters\":{\"type\":\"object\",\"properties\":{}}}}]";
+
+/* Its calls and results: the arguments as JSON text (render_expected.py's ARGS_TEXT). */
+static struct chat_call calls2[] = {
+	{ "call00001", "get_weather", "{\"city\":\"Z\xc3\xbcrich\",\"days\":2,\"low\":-0.5}" },
+	{ "call00002", "now", "{}" },
+};
+#define U_Q { "user", "Weather in Z\xc3\xbcrich for two days?", NULL, NULL, 0, NULL, NULL }
+#define T_1 { "tool", "{\"temp\": 21}", NULL, NULL, 0, "call00001", "get_weather" }
+#define T_2 { "tool", "12:00", NULL, NULL, 0, "call00002", "now" }
+#define A_FIN { "assistant", "It is 21 degrees.", NULL, NULL, 0, NULL, NULL }
+#define SYS_M { "system", "You are a helpful assistant.", NULL, NULL, 0, NULL, NULL }
+#define U_2 { "user", "Who are you?", NULL, NULL, 0, NULL, NULL }
+static const struct chat_msg conv_tools_ask[] = { SYS_M, U_Q };
+static const struct chat_msg conv_tools_round[] = {
+	SYS_M, U_Q, { "assistant", "Checking.", NULL, calls2, 2, NULL, NULL }, T_1, T_2, A_FIN, U_2,
+};
+/* Mistral's and harmony's rounds: no content beside the calls; harmony's, one call. */
+static const struct chat_msg conv_tools_round2[] = {
+	SYS_M, U_Q, { "assistant", "", NULL, calls2, 2, NULL, NULL }, T_1, T_2, A_FIN, U_2,
+};
+static const struct chat_msg conv_tools_round1[] = {
+	SYS_M, U_Q, { "assistant", "", NULL, calls2, 1, NULL, NULL }, T_1, A_FIN, U_2,
+};
+static const struct chat_msg conv_tools_bare2[] = { U_Q, { "assistant", "", NULL, calls2, 2, NULL, NULL }, T_1, T_2 };
+static const struct chat_msg conv_tools_bare1[] = { U_Q, { "assistant", "I should look.", NULL, calls2, 1, NULL, NULL },
+	T_1 };
 
 /* The date render_expected.py pins gpt-oss's strftime_now to. */
 #define TEST_DATE "2025-08-05"
 
 enum conv { CONV_FULL, CONV_NOSYS, CONV_ENDASST, CONV_THINK, CONV_TOOLRESP, CONV_REASONED, CONV_REASONTOOL,
-	CONV_REASONLAST };
+	CONV_REASONLAST, CONV_TOOLS_ASK, CONV_TOOLS_NOSYS, CONV_TOOLS_ROUND, CONV_TOOLS_BARE };
 
-/* The messages and count of a conversation. */
+/* Whether a conversation is rendered with TOOLS_JSON. */
+static int
+conv_has_tools(enum conv c)
+{
+	return c >= CONV_TOOLS_ASK;
+}
+
+/* The messages and count of a conversation, as family t's expectations have them. */
 static const struct chat_msg *
-conv_msgs(enum conv c, size_t *n)
+conv_msgs(enum chat_tmpl t, enum conv c, size_t *n)
 {
 	switch (c) {
+	case CONV_TOOLS_ASK:
+		*n = 2;
+		return conv_tools_ask;
+	case CONV_TOOLS_NOSYS:
+		*n = 1;
+		return conv_tools_ask + 1;
+	case CONV_TOOLS_ROUND:
+		*n = t == CHAT_HARMONY ? ARRAY_LEN(conv_tools_round1) : ARRAY_LEN(conv_tools_round);
+		return t == CHAT_HARMONY ? conv_tools_round1 : t == CHAT_MISTRAL ? conv_tools_round2 : conv_tools_round;
+	case CONV_TOOLS_BARE:
+		*n = t == CHAT_HARMONY ? ARRAY_LEN(conv_tools_bare1) : ARRAY_LEN(conv_tools_bare2);
+		return t == CHAT_HARMONY ? conv_tools_bare1 : conv_tools_bare2;
 	case CONV_FULL:
 		*n = 4;
 		return conv_full;
@@ -254,6 +310,54 @@ static const struct expected expected[] = {
 	    "<s> [INST] You are a helpful assistant.\n\n Hello!\n [/INST]   Hi there.\xc2""\xa0""\xe3""\x80""\x80""</s>" },
 	{ CHAT_MISTRAL_V1, CONV_ENDASST, 1,
 	    "<s> [INST] You are a helpful assistant.\n\n Hello!\n [/INST]   Hi there.\xc2""\xa0""\xe3""\x80""\x80""</s>" },
+	{ CHAT_CHATML, CONV_TOOLS_ASK, 0,
+	    "<|im_start|>system\nYou are a helpful assistant.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather of a city, \\\"now\\\" or later.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city, as Z\xc3""\xbc""rich\"}, \"days\": {\"type\": \"integer\", \"default\": 1}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, \"low\": {\"type\": \"number\", \"minimum\": -40.5}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"city\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time.\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Z\xc3""\xbc""rich for two days?<|im_end|>\n" },
+	{ CHAT_CHATML, CONV_TOOLS_ASK, 1,
+	    "<|im_start|>system\nYou are a helpful assistant.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather of a city, \\\"now\\\" or later.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city, as Z\xc3""\xbc""rich\"}, \"days\": {\"type\": \"integer\", \"default\": 1}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, \"low\": {\"type\": \"number\", \"minimum\": -40.5}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"city\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time.\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Z\xc3""\xbc""rich for two days?<|im_end|>\n<|im_start|>assistant\n" },
+	{ CHAT_CHATML, CONV_TOOLS_ROUND, 0,
+	    "<|im_start|>system\nYou are a helpful assistant.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather of a city, \\\"now\\\" or later.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city, as Z\xc3""\xbc""rich\"}, \"days\": {\"type\": \"integer\", \"default\": 1}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, \"low\": {\"type\": \"number\", \"minimum\": -40.5}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"city\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time.\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Z\xc3""\xbc""rich for two days?<|im_end|>\n<|im_start|>assistant\nChecking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Z\xc3""\xbc""rich\", \"days\": 2, \"low\": -0.5}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response>\n<tool_response>\n12:00\n</tool_response><|im_end|>\n<|im_start|>assistant\nIt is 21 degrees.<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n" },
+	{ CHAT_CHATML, CONV_TOOLS_ROUND, 1,
+	    "<|im_start|>system\nYou are a helpful assistant.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather of a city, \\\"now\\\" or later.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city, as Z\xc3""\xbc""rich\"}, \"days\": {\"type\": \"integer\", \"default\": 1}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, \"low\": {\"type\": \"number\", \"minimum\": -40.5}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"city\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time.\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Z\xc3""\xbc""rich for two days?<|im_end|>\n<|im_start|>assistant\nChecking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Z\xc3""\xbc""rich\", \"days\": 2, \"low\": -0.5}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response>\n<tool_response>\n12:00\n</tool_response><|im_end|>\n<|im_start|>assistant\nIt is 21 degrees.<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n" },
+	{ CHAT_QWEN3, CONV_TOOLS_ASK, 0,
+	    "<|im_start|>system\nYou are a helpful assistant.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather of a city, \\\"now\\\" or later.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city, as Z\xc3""\xbc""rich\"}, \"days\": {\"type\": \"integer\", \"default\": 1}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, \"low\": {\"type\": \"number\", \"minimum\": -40.5}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"city\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time.\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Z\xc3""\xbc""rich for two days?<|im_end|>\n" },
+	{ CHAT_QWEN3, CONV_TOOLS_ASK, 1,
+	    "<|im_start|>system\nYou are a helpful assistant.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather of a city, \\\"now\\\" or later.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city, as Z\xc3""\xbc""rich\"}, \"days\": {\"type\": \"integer\", \"default\": 1}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, \"low\": {\"type\": \"number\", \"minimum\": -40.5}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"city\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time.\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Z\xc3""\xbc""rich for two days?<|im_end|>\n<|im_start|>assistant\n" },
+	{ CHAT_QWEN3, CONV_TOOLS_NOSYS, 0,
+	    "<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather of a city, \\\"now\\\" or later.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city, as Z\xc3""\xbc""rich\"}, \"days\": {\"type\": \"integer\", \"default\": 1}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, \"low\": {\"type\": \"number\", \"minimum\": -40.5}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"city\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time.\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Z\xc3""\xbc""rich for two days?<|im_end|>\n" },
+	{ CHAT_QWEN3, CONV_TOOLS_NOSYS, 1,
+	    "<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather of a city, \\\"now\\\" or later.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city, as Z\xc3""\xbc""rich\"}, \"days\": {\"type\": \"integer\", \"default\": 1}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, \"low\": {\"type\": \"number\", \"minimum\": -40.5}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"city\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time.\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Z\xc3""\xbc""rich for two days?<|im_end|>\n<|im_start|>assistant\n" },
+	{ CHAT_QWEN3, CONV_TOOLS_ROUND, 0,
+	    "<|im_start|>system\nYou are a helpful assistant.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather of a city, \\\"now\\\" or later.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city, as Z\xc3""\xbc""rich\"}, \"days\": {\"type\": \"integer\", \"default\": 1}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, \"low\": {\"type\": \"number\", \"minimum\": -40.5}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"city\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time.\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Z\xc3""\xbc""rich for two days?<|im_end|>\n<|im_start|>assistant\nChecking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Z\xc3""\xbc""rich\",\"days\":2,\"low\":-0.5}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response>\n<tool_response>\n12:00\n</tool_response><|im_end|>\n<|im_start|>assistant\nIt is 21 degrees.<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n" },
+	{ CHAT_QWEN3, CONV_TOOLS_ROUND, 1,
+	    "<|im_start|>system\nYou are a helpful assistant.\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather of a city, \\\"now\\\" or later.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city, as Z\xc3""\xbc""rich\"}, \"days\": {\"type\": \"integer\", \"default\": 1}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, \"low\": {\"type\": \"number\", \"minimum\": -40.5}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"city\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time.\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Z\xc3""\xbc""rich for two days?<|im_end|>\n<|im_start|>assistant\nChecking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Z\xc3""\xbc""rich\",\"days\":2,\"low\":-0.5}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response>\n<tool_response>\n12:00\n</tool_response><|im_end|>\n<|im_start|>assistant\nIt is 21 degrees.<|im_end|>\n<|im_start|>user\nWho are you?<|im_end|>\n<|im_start|>assistant\n" },
+	{ CHAT_QWEN3, CONV_TOOLS_BARE, 0,
+	    "<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather of a city, \\\"now\\\" or later.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city, as Z\xc3""\xbc""rich\"}, \"days\": {\"type\": \"integer\", \"default\": 1}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, \"low\": {\"type\": \"number\", \"minimum\": -40.5}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"city\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time.\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Z\xc3""\xbc""rich for two days?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Z\xc3""\xbc""rich\",\"days\":2,\"low\":-0.5}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response>\n<tool_response>\n12:00\n</tool_response><|im_end|>\n" },
+	{ CHAT_QWEN3, CONV_TOOLS_BARE, 1,
+	    "<|im_start|>system\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather of a city, \\\"now\\\" or later.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city, as Z\xc3""\xbc""rich\"}, \"days\": {\"type\": \"integer\", \"default\": 1}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, \"low\": {\"type\": \"number\", \"minimum\": -40.5}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"city\"]}}}\n{\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time.\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n<|im_start|>user\nWeather in Z\xc3""\xbc""rich for two days?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Z\xc3""\xbc""rich\",\"days\":2,\"low\":-0.5}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response>\n<tool_response>\n12:00\n</tool_response><|im_end|>\n<|im_start|>assistant\n" },
+	{ CHAT_MISTRAL, CONV_TOOLS_ASK, 0,
+	    "<s>[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather of a city, \"now\" or later.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city, as Z\xc3""\xbc""rich\"}, \"days\": {\"type\": \"integer\", \"default\": 1}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, \"low\": {\"type\": \"number\", \"minimum\": -40.5}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"city\"]}}}, {\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time.\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}][/AVAILABLE_TOOLS][INST] You are a helpful assistant.\n\nWeather in Z\xc3""\xbc""rich for two days?[/INST]" },
+	{ CHAT_MISTRAL, CONV_TOOLS_ASK, 1,
+	    "<s>[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather of a city, \"now\" or later.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city, as Z\xc3""\xbc""rich\"}, \"days\": {\"type\": \"integer\", \"default\": 1}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, \"low\": {\"type\": \"number\", \"minimum\": -40.5}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"city\"]}}}, {\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time.\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}][/AVAILABLE_TOOLS][INST] You are a helpful assistant.\n\nWeather in Z\xc3""\xbc""rich for two days?[/INST]" },
+	{ CHAT_MISTRAL, CONV_TOOLS_ROUND, 0,
+	    "<s>[INST] Weather in Z\xc3""\xbc""rich for two days?[/INST][TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Z\xc3""\xbc""rich\", \"days\": 2, \"low\": -0.5}, \"id\": \"call00001\"}, {\"name\": \"now\", \"arguments\": {}, \"id\": \"call00002\"}]</s>[TOOL_RESULTS] {\"content\": {\"temp\": 21}, \"call_id\": \"call00001\"}[/TOOL_RESULTS][TOOL_RESULTS] {\"content\": 12:00, \"call_id\": \"call00002\"}[/TOOL_RESULTS] It is 21 degrees.</s>[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather of a city, \"now\" or later.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city, as Z\xc3""\xbc""rich\"}, \"days\": {\"type\": \"integer\", \"default\": 1}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, \"low\": {\"type\": \"number\", \"minimum\": -40.5}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"city\"]}}}, {\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time.\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}][/AVAILABLE_TOOLS][INST] You are a helpful assistant.\n\nWho are you?[/INST]" },
+	{ CHAT_MISTRAL, CONV_TOOLS_ROUND, 1,
+	    "<s>[INST] Weather in Z\xc3""\xbc""rich for two days?[/INST][TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Z\xc3""\xbc""rich\", \"days\": 2, \"low\": -0.5}, \"id\": \"call00001\"}, {\"name\": \"now\", \"arguments\": {}, \"id\": \"call00002\"}]</s>[TOOL_RESULTS] {\"content\": {\"temp\": 21}, \"call_id\": \"call00001\"}[/TOOL_RESULTS][TOOL_RESULTS] {\"content\": 12:00, \"call_id\": \"call00002\"}[/TOOL_RESULTS] It is 21 degrees.</s>[AVAILABLE_TOOLS] [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"The weather of a city, \"now\" or later.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\", \"description\": \"The city, as Z\xc3""\xbc""rich\"}, \"days\": {\"type\": \"integer\", \"default\": 1}, \"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, \"low\": {\"type\": \"number\", \"minimum\": -40.5}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\"}}}, \"required\": [\"city\"]}}}, {\"type\": \"function\", \"function\": {\"name\": \"now\", \"description\": \"The time.\", \"parameters\": {\"type\": \"object\", \"properties\": {}}}}][/AVAILABLE_TOOLS][INST] You are a helpful assistant.\n\nWho are you?[/INST]" },
+	{ CHAT_HARMONY, CONV_TOOLS_ASK, 0,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.\nCalls to these tools must go to the commentary channel: 'functions'.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n# Tools\n\n## functions\n\nnamespace functions {\n\n// The weather of a city, \"now\" or later.\ntype get_weather = (_: {\n// The city, as Z\xc3""\xbc""rich\ncity: string,\ndays?: number, // default: 1,\nunit?: \"c\" | \"f\",\nlow?: number,\ntags?: string[],\n}) => any;\n\n// The time.\ntype now = () => any;\n\n} // namespace functions<|end|><|start|>user<|message|>Weather in Z\xc3""\xbc""rich for two days?<|end|>" },
+	{ CHAT_HARMONY, CONV_TOOLS_ASK, 1,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.\nCalls to these tools must go to the commentary channel: 'functions'.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n# Tools\n\n## functions\n\nnamespace functions {\n\n// The weather of a city, \"now\" or later.\ntype get_weather = (_: {\n// The city, as Z\xc3""\xbc""rich\ncity: string,\ndays?: number, // default: 1,\nunit?: \"c\" | \"f\",\nlow?: number,\ntags?: string[],\n}) => any;\n\n// The time.\ntype now = () => any;\n\n} // namespace functions<|end|><|start|>user<|message|>Weather in Z\xc3""\xbc""rich for two days?<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_TOOLS_NOSYS, 0,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.\nCalls to these tools must go to the commentary channel: 'functions'.<|end|><|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {\n\n// The weather of a city, \"now\" or later.\ntype get_weather = (_: {\n// The city, as Z\xc3""\xbc""rich\ncity: string,\ndays?: number, // default: 1,\nunit?: \"c\" | \"f\",\nlow?: number,\ntags?: string[],\n}) => any;\n\n// The time.\ntype now = () => any;\n\n} // namespace functions<|end|><|start|>user<|message|>Weather in Z\xc3""\xbc""rich for two days?<|end|>" },
+	{ CHAT_HARMONY, CONV_TOOLS_NOSYS, 1,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.\nCalls to these tools must go to the commentary channel: 'functions'.<|end|><|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {\n\n// The weather of a city, \"now\" or later.\ntype get_weather = (_: {\n// The city, as Z\xc3""\xbc""rich\ncity: string,\ndays?: number, // default: 1,\nunit?: \"c\" | \"f\",\nlow?: number,\ntags?: string[],\n}) => any;\n\n// The time.\ntype now = () => any;\n\n} // namespace functions<|end|><|start|>user<|message|>Weather in Z\xc3""\xbc""rich for two days?<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_TOOLS_ROUND, 0,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.\nCalls to these tools must go to the commentary channel: 'functions'.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n# Tools\n\n## functions\n\nnamespace functions {\n\n// The weather of a city, \"now\" or later.\ntype get_weather = (_: {\n// The city, as Z\xc3""\xbc""rich\ncity: string,\ndays?: number, // default: 1,\nunit?: \"c\" | \"f\",\nlow?: number,\ntags?: string[],\n}) => any;\n\n// The time.\ntype now = () => any;\n\n} // namespace functions<|end|><|start|>user<|message|>Weather in Z\xc3""\xbc""rich for two days?<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Z\xc3""\xbc""rich\", \"days\": 2, \"low\": -0.5}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"{\\\"temp\\\": 21}\"<|end|><|start|>assistant<|channel|>final<|message|>It is 21 degrees.<|end|><|start|>user<|message|>Who are you?<|end|>" },
+	{ CHAT_HARMONY, CONV_TOOLS_ROUND, 1,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.\nCalls to these tools must go to the commentary channel: 'functions'.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n# Tools\n\n## functions\n\nnamespace functions {\n\n// The weather of a city, \"now\" or later.\ntype get_weather = (_: {\n// The city, as Z\xc3""\xbc""rich\ncity: string,\ndays?: number, // default: 1,\nunit?: \"c\" | \"f\",\nlow?: number,\ntags?: string[],\n}) => any;\n\n// The time.\ntype now = () => any;\n\n} // namespace functions<|end|><|start|>user<|message|>Weather in Z\xc3""\xbc""rich for two days?<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Z\xc3""\xbc""rich\", \"days\": 2, \"low\": -0.5}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"{\\\"temp\\\": 21}\"<|end|><|start|>assistant<|channel|>final<|message|>It is 21 degrees.<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_TOOLS_BARE, 0,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.\nCalls to these tools must go to the commentary channel: 'functions'.<|end|><|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {\n\n// The weather of a city, \"now\" or later.\ntype get_weather = (_: {\n// The city, as Z\xc3""\xbc""rich\ncity: string,\ndays?: number, // default: 1,\nunit?: \"c\" | \"f\",\nlow?: number,\ntags?: string[],\n}) => any;\n\n// The time.\ntype now = () => any;\n\n} // namespace functions<|end|><|start|>user<|message|>Weather in Z\xc3""\xbc""rich for two days?<|end|><|start|>assistant<|channel|>analysis<|message|>I should look.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Z\xc3""\xbc""rich\", \"days\": 2, \"low\": -0.5}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"{\\\"temp\\\": 21}\"<|end|>" },
+	{ CHAT_HARMONY, CONV_TOOLS_BARE, 1,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.\nCalls to these tools must go to the commentary channel: 'functions'.<|end|><|start|>developer<|message|># Tools\n\n## functions\n\nnamespace functions {\n\n// The weather of a city, \"now\" or later.\ntype get_weather = (_: {\n// The city, as Z\xc3""\xbc""rich\ncity: string,\ndays?: number, // default: 1,\nunit?: \"c\" | \"f\",\nlow?: number,\ntags?: string[],\n}) => any;\n\n// The time.\ntype now = () => any;\n\n} // namespace functions<|end|><|start|>user<|message|>Weather in Z\xc3""\xbc""rich for two days?<|end|><|start|>assistant<|channel|>analysis<|message|>I should look.<|end|><|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Z\xc3""\xbc""rich\", \"days\": 2, \"low\": -0.5}<|call|><|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>\"{\\\"temp\\\": 21}\"<|end|><|start|>assistant" },
 };
 
 /* The BOS text render_expected.py gave each family's template. */
@@ -329,20 +433,24 @@ test_render_matches_templates(void **state)
 {
 	struct chat_opts o = { .date = TEST_DATE };
 	const struct chat_msg *m;
-	size_t i, n;
-	char *out;
+	char err[ERR_LEN], *tools, *out;
+	size_t i, n, n_tools;
 
 	(void)state;
+	assert_int_equal(chat_tools_check(TOOLS_JSON, &tools, &n_tools, err), 0);
+	assert_int_equal(n_tools, 2);
 	for (i = 0; i < ARRAY_LEN(expected); i++) {
-		m = conv_msgs(expected[i].conv, &n);
+		m = conv_msgs(expected[i].t, expected[i].conv, &n);
 		o.add_generation_prompt = expected[i].gen != 0;
 		o.bos_text = bos_of(expected[i].t);
 		o.no_thinking = expected[i].gen == GEN_NO_THINK;
+		o.tools = conv_has_tools(expected[i].conv) ? tools : NULL;
 		out = render_opts_ok(expected[i].t, m, n, &o);
 		if (strcmp(out, expected[i].text) != 0)
 			fail_msg("entry %zu (%s): got\n%s", i, chat_tmpl_name(expected[i].t), out);
 		free(out);
 	}
+	free(tools);
 }
 
 /* chat_render is chat_render_opts with the rest of the options left at their defaults. */
@@ -405,15 +513,15 @@ test_harmony_date(void **state)
 static void
 test_harmony_refusals(void **state)
 {
-	const struct chat_msg analysis[] = { { "user", "a", NULL },
-	    { "assistant", "<|channel|>analysis<|message|>x", NULL } };
-	const struct chat_msg final[] = { { "user", "a", NULL },
-	    { "assistant", "a<|channel|>final<|message|>b", NULL } };
-	const struct chat_msg thinking[] = { { "user", "a", NULL },
-	    { "assistant", "b", "a<|channel|>final<|message|>b" } };
-	const struct chat_msg late_sys[] = { { "user", "a", NULL }, { "assistant", "b", NULL },
-	    { "system", "c", NULL } };
-	const struct chat_msg empty_sys[] = { { "system", "", NULL }, { "user", "a", NULL } };
+	const struct chat_msg analysis[] = { { "user", "a", NULL, NULL, 0, NULL, NULL },
+	    { "assistant", "<|channel|>analysis<|message|>x", NULL, NULL, 0, NULL, NULL } };
+	const struct chat_msg final[] = { { "user", "a", NULL, NULL, 0, NULL, NULL },
+	    { "assistant", "a<|channel|>final<|message|>b", NULL, NULL, 0, NULL, NULL } };
+	const struct chat_msg thinking[] = { { "user", "a", NULL, NULL, 0, NULL, NULL },
+	    { "assistant", "b", "a<|channel|>final<|message|>b", NULL, 0, NULL, NULL } };
+	const struct chat_msg late_sys[] = { { "user", "a", NULL, NULL, 0, NULL, NULL }, { "assistant", "b", NULL, NULL, 0, NULL, NULL },
+	    { "system", "c", NULL, NULL, 0, NULL, NULL } };
+	const struct chat_msg empty_sys[] = { { "system", "", NULL, NULL, 0, NULL, NULL }, { "user", "a", NULL, NULL, 0, NULL, NULL } };
 	char *out;
 
 	(void)state;
@@ -470,8 +578,8 @@ test_raw(void **state)
 static void
 test_unicode_strip(void **state)
 {
-	const struct chat_msg m[] = { { "user", "\t\xe2\x80\x83x\xe2\x80\x8by\xc2\x85\x1f", NULL } };
-	const struct chat_msg blank[] = { { "user", " \xe3\x80\x80\n", NULL } };
+	const struct chat_msg m[] = { { "user", "\t\xe2\x80\x83x\xe2\x80\x8by\xc2\x85\x1f", NULL, NULL, 0, NULL, NULL } };
+	const struct chat_msg blank[] = { { "user", " \xe3\x80\x80\n", NULL, NULL, 0, NULL, NULL } };
 	char *out;
 
 	(void)state;
@@ -488,7 +596,7 @@ test_unicode_strip(void **state)
 static void
 test_free_order(void **state)
 {
-	const struct chat_msg m[] = { { "user", "a", NULL }, { "user", "b", NULL }, { "system", "c", NULL } };
+	const struct chat_msg m[] = { { "user", "a", NULL, NULL, 0, NULL, NULL }, { "user", "b", NULL, NULL, 0, NULL, NULL }, { "system", "c", NULL, NULL, 0, NULL, NULL } };
 	char *out;
 
 	(void)state;
@@ -504,11 +612,11 @@ test_free_order(void **state)
 static void
 test_alternation(void **state)
 {
-	const struct chat_msg two_users[] = { { "user", "a", NULL }, { "user", "b", NULL } };
-	const struct chat_msg asst_first[] = { { "assistant", "a", NULL }, { "user", "b", NULL } };
-	const struct chat_msg sys_asst[] = { { "system", "s", NULL }, { "assistant", "a", NULL } };
-	const struct chat_msg late_sys[] = { { "user", "a", NULL }, { "assistant", "b", NULL },
-	    { "system", "c", NULL } };
+	const struct chat_msg two_users[] = { { "user", "a", NULL, NULL, 0, NULL, NULL }, { "user", "b", NULL, NULL, 0, NULL, NULL } };
+	const struct chat_msg asst_first[] = { { "assistant", "a", NULL, NULL, 0, NULL, NULL }, { "user", "b", NULL, NULL, 0, NULL, NULL } };
+	const struct chat_msg sys_asst[] = { { "system", "s", NULL, NULL, 0, NULL, NULL }, { "assistant", "a", NULL, NULL, 0, NULL, NULL } };
+	const struct chat_msg late_sys[] = { { "user", "a", NULL, NULL, 0, NULL, NULL }, { "assistant", "b", NULL, NULL, 0, NULL, NULL },
+	    { "system", "c", NULL, NULL, 0, NULL, NULL } };
 	const enum chat_tmpl strict[] = { CHAT_GEMMA, CHAT_MISTRAL, CHAT_LLAMA2, CHAT_MISTRAL_V1 };
 	size_t i;
 
@@ -525,18 +633,19 @@ test_alternation(void **state)
 static void
 test_bad_messages(void **state)
 {
-	const struct chat_msg tool[] = { { "user", "a", NULL }, { "tool", "b", NULL } };
-	const struct chat_msg no_role[] = { { NULL, "a", NULL } };
-	const struct chat_msg no_content[] = { { "user", NULL, NULL } };
-	const struct chat_msg bad_utf8[] = { { "user", "a\xc3(", NULL } };
-	const struct chat_msg bad_reasoning[] = { { "user", "a", NULL }, { "assistant", "b", "c\xc3(" } };
+	const struct chat_msg tool[] = { { "user", "a", NULL, NULL, 0, NULL, NULL },
+		{ "function", "b", NULL, NULL, 0, NULL, NULL } };
+	const struct chat_msg no_role[] = { { NULL, "a", NULL, NULL, 0, NULL, NULL } };
+	const struct chat_msg no_content[] = { { "user", NULL, NULL, NULL, 0, NULL, NULL } };
+	const struct chat_msg bad_utf8[] = { { "user", "a\xc3(", NULL, NULL, 0, NULL, NULL } };
+	const struct chat_msg bad_reasoning[] = { { "user", "a", NULL, NULL, 0, NULL, NULL }, { "assistant", "b", "c\xc3(", NULL, 0, NULL, NULL } };
 	char err[ERR_LEN];
 	char *out = NULL;
 	size_t len, t;
 
 	(void)state;
 	for (t = CHAT_RAW; t <= CHAT_TMPL_LAST; t++) {
-		render_bad((enum chat_tmpl)t, tool, 2, "message 1: unknown role 'tool'");
+		render_bad((enum chat_tmpl)t, tool, 2, "message 1: unknown role 'function'");
 		render_bad((enum chat_tmpl)t, no_role, 1, "unknown role '(null)'");
 		render_bad((enum chat_tmpl)t, no_content, 1, "message 0: no content");
 		render_bad((enum chat_tmpl)t, bad_utf8, 1, "not valid UTF-8");

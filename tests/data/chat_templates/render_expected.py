@@ -56,6 +56,39 @@ A_R1 = reasoned("\nHi there.", "\nLet me greet.\n")
 A_R2 = reasoned("I am Qwen.", "")
 A_R3 = reasoned("Plain </think> answer.", "Tool said 42.")
 
+# Tools (the same JSON text is TOOLS_JSON in test_chat.c): strings to escape, a non-ASCII
+# character, a real, an enum, a default, an array and an optional parameter.
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather of a city, \"now\" or later.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "The city, as Zürich"},
+            "days": {"type": "integer", "default": 1},
+            "unit": {"type": "string", "enum": ["c", "f"]},
+            "low": {"type": "number", "minimum": -40.5},
+            "tags": {"type": "array", "items": {"type": "string"}}},
+            "required": ["city"]}}},
+    {"type": "function", "function": {"name": "now", "description": "The time.",
+                                      "parameters": {"type": "object", "properties": {}}}},
+]
+# A call's arguments: a dict for the templates that tojson them, the JSON text for Qwen3's,
+# which writes a string verbatim (test_chat.c passes this text).
+ARGS_TEXT = '{"city":"Zürich","days":2,"low":-0.5}'
+ARGS = {"city": "Zürich", "days": 2, "low": -0.5}
+
+
+def calls(args, n=1, content=""):
+    """An assistant turn with n calls (get_weather, then now), ids of 9 characters for Mistral's."""
+    fns = [("call00001", "get_weather", args), ("call00002", "now", {} if isinstance(args, dict) else "{}")]
+    return {"role": "assistant", "content": content, "tool_calls": [
+        {"id": i, "type": "function", "function": {"name": f, "arguments": a}} for i, f, a in fns[:n]]}
+
+
+UQ = {"role": "user", "content": "Weather in Zürich for two days?"}
+T1 = {"role": "tool", "tool_call_id": "call00001", "name": "get_weather", "content": '{"temp": 21}'}
+T2 = {"role": "tool", "tool_call_id": "call00002", "name": "now", "content": "12:00"}
+A_FIN = {"role": "assistant", "content": "It is 21 degrees."}
+
 # name -> messages; the same lists are spelled out in test_chat.c.
 CONVS = {
     "full": [SYS, U1, A1, U2],
@@ -74,6 +107,17 @@ CONVS_OF = {
         "reasoned": [SYS, U1, A_R1, U2, A_R2],
         "reasonlast": [U1, A_R1, U2, A_R3],
     },
+}
+# Conversations with TOOLS, by family: a question, and a round trip of calls and results.
+TOOL_CONVS_OF = {
+    "CHATML": {"tools_ask": [SYS, UQ], "tools_round": [SYS, UQ, calls(ARGS, 2, "Checking."), T1, T2, A_FIN, U2]},
+    "QWEN3": {"tools_ask": [SYS, UQ], "tools_nosys": [UQ],
+              "tools_round": [SYS, UQ, calls(ARGS_TEXT, 2, "Checking."), T1, T2, A_FIN, U2],
+              "tools_bare": [UQ, calls(ARGS_TEXT, 2), T1, T2]},
+    "MISTRAL": {"tools_ask": [SYS, UQ], "tools_round": [SYS, UQ, calls(ARGS, 2), T1, T2, A_FIN, U2]},
+    "HARMONY": {"tools_ask": [SYS, UQ], "tools_nosys": [UQ],
+                "tools_round": [SYS, UQ, calls(ARGS, 1), T1, A_FIN, U2],
+                "tools_bare": [UQ, calls(ARGS, 1, "I should look."), T1]},
 }
 
 # The date harmony's system message carries (test_chat.c passes the same).
@@ -146,6 +190,12 @@ def main():
                     out = render(load(name), msgs, True, bos, eos, **kw)
                     print("\t{ CHAT_%s, CONV_%s, %s,\n\t    %s }," %
                           (fam, conv.upper(), code, c_literal(out)))
+    for fam, convs in TOOL_CONVS_OF.items():
+        tmpl = load(FAMILIES[fam][0])
+        for conv, msgs in convs.items():
+            for gen in (0, 1):
+                out = render(tmpl, msgs, bool(gen), FAMILIES[fam][2], FAMILIES[fam][3], tools=TOOLS)
+                print("\t{ CHAT_%s, CONV_%s, %d,\n\t    %s }," % (fam, conv.upper(), gen, c_literal(out)))
     for fam, convs in REJECTED.items():
         tmpl = load(FAMILIES[fam][0])
         for msgs in convs:
