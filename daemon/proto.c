@@ -383,7 +383,8 @@ static int
 decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 {
 	char *prio = NULL;
-	int rc;
+	uint64_t top = 0;
+	int rc, found;
 
 	proto_sample_defaults(r);
 	r->stream = 1;
@@ -397,6 +398,11 @@ decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 	    (rc = get_str(m, "json_schema", 0, PROTO_MAX_TEXT, &r->json_schema, err)) ||
 	    (rc = get_bool(m, "json", &r->json, err)))
 		return rc;
+	if ((rc = get_uint(m, "top_logprobs", PROTO_MAX_TOP_LOGPROBS, &top, &found, err)) != 0)
+		return rc;
+	r->top_logprobs = (int32_t)top;
+	if (r->top_logprobs > 0 && !r->logprobs)
+		return err_set(err, PE_INVALID_PARAM, "top_logprobs needs logprobs: true");
 	if ((r->grammar != NULL) + (r->json_schema != NULL) + (r->json != 0) > 1)
 		return err_set(err, PE_BAD_REQUEST, "give at most one of 'grammar', 'json_schema' and 'json'");
 	if (prio != NULL) {

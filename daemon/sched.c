@@ -210,6 +210,7 @@ take_input(struct sched *s, int64_t timeout_ns)
 	}
 	take_io(s);
 	sched_take_prep(s, worker_take_done(&s->prep));
+	sched_take_prep(s, worker_take_done(&s->prep_gram));
 	return stopping;
 }
 
@@ -222,6 +223,7 @@ cancel_all(struct sched *s)
 	for (g = s->gens; g != NULL; g = g->next)
 		g->cancelled = 1;
 	sched_take_prep(s, worker_drain(&s->prep, NULL));
+	sched_take_prep(s, worker_drain(&s->prep_gram, NULL));
 	sched_reap_cancelled(s);
 }
 
@@ -296,7 +298,8 @@ sched_start(const struct sched_opts *o, void (*wake)(void *), void *wake_arg, st
 		return rc;
 	}
 	start_slots(s);
-	if ((rc = worker_start(&s->prep, io_wake, s, err)) != 0) {
+	if ((rc = worker_start(&s->prep, io_wake, s, err)) != 0 ||
+	    (rc = worker_start(&s->prep_gram, io_wake, s, err)) != 0) {
 		sched_stop(s);
 		return rc;
 	}
@@ -352,6 +355,7 @@ sched_stop(struct sched *s)
 		sched_event_free(ev);
 	}
 	worker_stop(&s->prep);
+	worker_stop(&s->prep_gram);
 	if (s->slots_on)
 		slots_destroy(&s->slots);
 	take_io(s);

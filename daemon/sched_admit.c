@@ -150,7 +150,7 @@ admit(struct sched *s, struct gen *g)
 	g->prep.owner = m;
 	g->prep.key = job->conn;
 	g->state = GEN_PREP;
-	worker_submit(&s->prep, &g->prep);
+	worker_submit(job->req.grammar || job->req.json_schema || job->req.json ? &s->prep_gram : &s->prep, &g->prep);
 	return 0;
 }
 

@@ -8,8 +8,10 @@
 #include "config.h"
 #include "sched_int.h"
 #include "engine.h"
+#include "model.h"
 #include "slots.h"
 #include "store.h"
+#include "tokenizer.h"
 #include "util.h"
 
 #include <stdio.h>
@@ -65,19 +67,53 @@ pack_parts(msgpack_packer *pk, const struct gentext *t, int whole)
 		}
 }
 
+/* A token's bytes (not decoded to text: they may end mid-character) as a bin. */
+static void
+pack_token_bytes(msgpack_packer *pk, const struct tokenizer *t, int32_t id)
+{
+	size_t len = 0;
+	const char *b = tok_bytes(t, id, &len);
+
+	msgpack_pack_bin(pk, len);
+	msgpack_pack_bin_body(pk, b, len);
+}
+
+/* With logprobs: the drawn token's bytes and log-probability, and the step's most likely tokens. */
+static void
+pack_logprobs(msgpack_packer *pk, const struct gen *g)
+{
+	const struct seq *q = g->seq;
+
+	proto_pack_str(pk, "bytes");
+	pack_token_bytes(pk, g->md->tok, q->new_token);
+	proto_pack_kv_float(pk, "logprob", q->new_logprob);
+	if (q->n_top == 0)
+		return;
+	proto_pack_str(pk, "top_logprobs");
+	msgpack_pack_array(pk, (size_t)q->n_top);
+	for (int32_t i = 0; i < q->n_top; i++) {
+		msgpack_pack_map(pk, 3);
+		proto_pack_kv_uint(pk, "token", (uint64_t)q->top_ids[i]);
+		proto_pack_str(pk, "bytes");
+		pack_token_bytes(pk, g->md->tok, q->top_ids[i]);
+		proto_pack_kv_float(pk, "logprob", q->top_lp[i]);
+	}
+}
+
 /* A token reply. */
 struct sched_event *
 sched_token_event(struct gen *g)
 {
 	struct sched_event *ev = sched_new_event(g->job->conn, g->job->req.id, 0);
+	int lp = g->job->req.logprobs;
 	msgpack_packer pk;
 
 	proto_reply_begin(&ev->frame, &pk, 1, g->job->req.id, "token",
-	    1 + n_parts(&g->seq->out, 0) + (size_t)g->job->req.logprobs);
+	    1 + n_parts(&g->seq->out, 0) + (lp ? 2 + (g->seq->n_top > 0) : 0));
 	pack_parts(&pk, &g->seq->out, 0);
 	proto_pack_kv_uint(&pk, "token", (uint64_t)g->seq->new_token);
-	if (g->job->req.logprobs)
-		proto_pack_kv_float(&pk, "logprob", g->seq->new_logprob);
+	if (lp)
+		pack_logprobs(&pk, g);
 	proto_reply_end(&ev->frame);
 	return ev;
 }

@@ -99,6 +99,8 @@ struct sched {
 	/* engine thread only */
 	struct kvhost host;
 	struct worker prep;                   /* prompts are tokenized there (worker.h) */
+	struct worker prep_gram;              /* and those of constrained requests, whose grammar's index may
+	                                         take seconds to build: not in the way of the others */
 	struct slots slots;
 	int slots_on;                         /* slots_init was done */
 	struct slot *default_model;

@@ -62,6 +62,7 @@ job_params(const struct sched *s, const struct gen *g, struct seq_params *p)
 	p->stop = (const char *const *)job->req.stop;
 	p->n_stop = job->req.n_stop;
 	p->logprobs = job->req.logprobs;
+	p->top_logprobs = job->req.top_logprobs;
 	p->grammar = g->gram;
 }
 

@@ -78,6 +78,7 @@ sched_unload_model(struct sched *s, struct slot *m, enum finish_reason why, cons
 	int n = 0;
 
 	sched_take_prep(s, worker_drain(&s->prep, m));
+	sched_take_prep(s, worker_drain(&s->prep_gram, m));
 	for (g = s->gens; g != NULL; g = next) {
 		next = g->next;
 		if (g->slot != m || g->state != GEN_RUNNING)

@@ -55,11 +55,14 @@ struct fwd_pick {
 	float repeat_penalty, presence_penalty, frequency_penalty;
 	int32_t pen0, n_pen;         /* n_pen at most FWD_PICK_PENALTY_MAX */
 	int32_t logprob;             /* 1: fwd_batch.logprob gets the pick's log-probability */
+	int32_t top;                 /* with logprob, 0..FWD_TOP_LOGPROBS: the row's most likely tokens and
+	                                their log-probabilities too, best first (fwd_batch.top_ids, top_lp) */
 };
 
 #define FWD_PICK_TOP_K 64
 #define FWD_PICK_MAX_VOCAB 262144    /* larger vocabularies are sampled on the host */
 #define FWD_PICK_PENALTY_MAX 256     /* distinct tokens of a row's penalty window */
+#define FWD_TOP_LOGPROBS 20          /* most likely tokens a row reports at most */
 
 /*
  * The constrained logits rows of a step: rows[i] (ascending) may draw only
@@ -94,6 +97,8 @@ struct fwd_batch {
 	const struct fwd_pick *pick;
 	const int32_t *pen_tok, *pen_cnt; /* with pick: the rows' penalty windows, each token once */
 	float *logprob;              /* with pick: row r's log-probability where pick[r].logprob */
+	int32_t *top_ids;            /* with pick: row r's pick[r].top best tokens from r * FWD_TOP_LOGPROBS on */
+	float *top_lp;               /* and their log-probabilities */
 	/*
 	 * NULL, or the step's constrained rows, asked for once the step's work
 	 * is under way and before any row is drawn or handed out, so that the

@@ -4,9 +4,8 @@
  * Entries are a short list: a model sees a handful of distinct schemas at a
  * time (an app's few response formats and tool sets), so a hash and a walk
  * of the list find one. The slow part, compiling and indexing a new text,
- * runs without the lock, so that the engine thread's masks (which take
- * gram_index's own lock, not this one) and other requests' lookups do not
- * wait for it; two requests that race on one new text both build it and
+ * runs without the lock, so that other requests' lookups do not wait for
+ * it (the engine thread's masks take no lock); two requests that race on one new text both build it and
  * the second keeps the first's.
  */
 #include "config.h"

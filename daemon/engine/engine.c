@@ -30,6 +30,8 @@
 
 #define DEFAULT_CTX_CAP 8192
 
+_Static_assert(FWD_TOP_LOGPROBS == SAMPLE_TOP, "the backends and the host sampler report as many likely tokens");
+
 struct engine {
 	struct model_desc *m;
 	const struct backend_ops *ops;
@@ -53,6 +55,8 @@ struct engine {
 	struct fwd_pick *pick;  /* max_seqs: how it draws them, when a row samples */
 	int32_t *pen_tok, *pen_cnt; /* max_seqs * FWD_PICK_PENALTY_MAX: the rows' penalty windows */
 	float *logprob;         /* max_seqs: the picks' log-probabilities */
+	int32_t *top_ids;       /* max_seqs * FWD_TOP_LOGPROBS: the rows' most likely tokens */
+	float *top_lp;          /* and theirs */
 	int host_picks;         /* RESIDENT_HOST_SAMPLING=1: sample.c picks every token (to compare) */
 	int32_t n_fseqs;        /* the step's */
 	/* constrained decoding */
@@ -321,6 +325,8 @@ engine_load(struct engine *e, uint64_t limit, char *err)
 	e->pen_tok = xcalloc((size_t)e->max_seqs * FWD_PICK_PENALTY_MAX, sizeof *e->pen_tok);
 	e->pen_cnt = xcalloc((size_t)e->max_seqs * FWD_PICK_PENALTY_MAX, sizeof *e->pen_cnt);
 	e->logprob = xcalloc((size_t)e->max_seqs, sizeof *e->logprob);
+	e->top_ids = xcalloc((size_t)e->max_seqs * FWD_TOP_LOGPROBS, sizeof *e->top_ids);
+	e->top_lp = xcalloc((size_t)e->max_seqs * FWD_TOP_LOGPROBS, sizeof *e->top_lp);
 	/* zeroed: words past the tokenizer's tokens (a padded output) allow nothing, and gram_mask never writes them */
 	e->masks = xcalloc((size_t)e->max_seqs * FWD_MASK_WORDS(e->m->hp.n_vocab), sizeof *e->masks);
 	e->mask_rows = xcalloc((size_t)e->max_seqs, sizeof *e->mask_rows);
@@ -403,6 +409,7 @@ engine_close(struct engine *e)
 	free(e->identity_text);
 	free(e->fseqs), free(e->fseq_of), free(e->tokens), free(e->logits), free(e->argmax), free(e->pick);
 	free(e->pen_tok), free(e->pen_cnt), free(e->logprob), free(e->masks), free(e->mask_rows);
+	free(e->top_ids), free(e->top_lp);
 	pthread_mutex_destroy(&e->copy_mu);
 	free(e);
 }
@@ -511,6 +518,8 @@ seq_set_params(struct engine *e, struct seq *s, const struct seq_params *p, char
 		return rc;
 	if (p->max_tokens < 0 || p->n_stop < 0 || p->n_stop > 16)
 		return err_set(err, ERR_INVAL, "max_tokens must be >= 0 and at most 16 stop strings");
+	if (p->top_logprobs < 0 || p->top_logprobs > SAMPLE_TOP || (p->top_logprobs > 0 && !p->logprobs))
+		return err_set(err, ERR_INVAL, "top_logprobs must be 0..%d, with logprobs", SAMPLE_TOP);
 	for (i = 0; i < p->n_stop; i++)
 		if (p->stop[i] == NULL || p->stop[i][0] == '\0' || strlen(p->stop[i]) > 256 ||
 		    !utf8_valid(p->stop[i], strlen(p->stop[i])))
@@ -1118,6 +1127,7 @@ step_picks(struct engine *e, int32_t n_fseqs, struct fwd_batch *b)
 
 	b->argmax = NULL, b->pick = NULL;
 	b->pen_tok = e->pen_tok, b->pen_cnt = e->pen_cnt, b->logprob = e->logprob;
+	b->top_ids = e->top_ids, b->top_lp = e->top_lp;
 	if (!e->ops->has_argmax || e->host_picks)
 		return 0;
 	for (i = 0; i < n_fseqs; i++)
@@ -1136,6 +1146,7 @@ step_picks(struct engine *e, int32_t n_fseqs, struct fwd_batch *b)
 		f->repeat_penalty = sm->p.repeat_penalty, f->presence_penalty = sm->p.presence_penalty;
 		f->frequency_penalty = sm->p.frequency_penalty;
 		f->logprob = s->params.logprobs;
+		f->top = s->params.top_logprobs;
 		drawn |= f->temperature > 0 || f->n_pen > 0 || f->logprob;
 		row++;
 	}
@@ -1216,14 +1227,18 @@ sample_step(struct engine *e, int32_t n_fseqs, int picked)
 			row++;
 			continue;
 		}
+		s->n_top = s->params.top_logprobs;
 		if (picked) {
 			s->new_logprob = s->params.logprobs ? e->logprob[row] : 0;
+			memcpy(s->top_ids, e->top_ids + (size_t)row * FWD_TOP_LOGPROBS, (size_t)s->n_top * sizeof *s->top_ids);
+			memcpy(s->top_lp, e->top_lp + (size_t)row * FWD_TOP_LOGPROBS, (size_t)s->n_top * sizeof *s->top_lp);
 			tok = e->argmax[row++];
 		} else {
 			logits = e->logits + (size_t)row++ * (size_t)e->m->hp.n_vocab;
 			tok = sampler_pick(&s->sampler, logits, s->tokens, (size_t)s->n_tokens,
 			    s->params.logprobs ? &lp : NULL);
 			s->new_logprob = s->params.logprobs ? lp : 0;
+			s->n_top = sampler_top(&s->sampler, logits, s->n_top, s->top_ids, s->top_lp);
 		}
 		seq_accept(e, s, tok);
 	}

@@ -80,6 +80,7 @@ struct seq_params {
 	const char *const *stop;/* stop strings (copied), looked for in the answer (gentext.h) */
 	int n_stop;
 	int logprobs;           /* report each token's log-probability */
+	int32_t top_logprobs;   /* with logprobs, 0..SAMPLE_TOP: and each step's most likely tokens and theirs */
 	enum chat_tmpl split;   /* the chat family whose marks part the output into answer, reasoning and
 	                           tool text (chat_reason.h); CHAT_RAW: all of it is answer */
 	struct cons_gram *grammar; /* NULL, or what this turn's output must match (engine_grammar): the
@@ -102,6 +103,9 @@ struct seq {
 	/* output of the last step: at most one token, and the text it completed (out's pieces) */
 	int32_t new_token;      /* -1 if none this step */
 	float new_logprob;
+	int32_t n_top;          /* params.top_logprobs: the step's most likely tokens, best first, and theirs */
+	int32_t top_ids[SAMPLE_TOP];
+	float top_lp[SAMPLE_TOP];
 	struct gentext out;     /* this turn's text, its parts, and what each step handed out */
 	struct sampler sampler;
 	struct seq_params params;

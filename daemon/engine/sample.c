@@ -334,6 +334,31 @@ cut_candidates(struct sampler *s, const float *l, int32_t n, float mx)
 }
 
 int32_t
+sampler_top(const struct sampler *s, const float *logits, int32_t k, int32_t *ids, float *lps)
+{
+	float t = s->p.temperature > 0 ? s->p.temperature : 1.0f, mx;
+	int32_t i, j, m = 0;
+	double sum = 0;
+
+	k = MIN(MIN(k, SAMPLE_TOP), s->n_vocab);
+	for (i = 0; i < s->n_vocab && k > 0; i++) {
+		if (m == k && !ranks_before(logits, i, ids[m - 1]))
+			continue;
+		for (j = m < k ? m++ : m - 1; j > 0 && ranks_before(logits, i, ids[j - 1]); j--)
+			ids[j] = ids[j - 1];
+		ids[j] = i;
+	}
+	if (m == 0)
+		return 0;
+	mx = logits[ids[0]];
+	for (i = 0; i < s->n_vocab; i++)
+		sum += expf((logits[i] - mx) / t);
+	for (j = 0; j < m; j++)
+		lps[j] = (float)((double)(logits[ids[j]] - mx) / t - log(sum));
+	return m;
+}
+
+int32_t
 sampler_pick(struct sampler *s, float *logits, const int32_t *history, size_t n_history,
     float *logprob)
 {

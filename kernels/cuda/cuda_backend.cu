@@ -160,6 +160,8 @@ struct backend {
 	struct fwd_pick *dev_pick, *host_pick; /* how sampled rows are drawn (host: pinned) */
 	int32_t *dev_pen, *host_pen; /* their penalty windows: tokens, then counts (max_tokens * FWD_PICK_PENALTY_MAX each) */
 	float *dev_lp, *host_lp;     /* their log-probabilities */
+	int32_t *dev_top_ids, *host_top_ids; /* their most likely tokens (max_tokens * FWD_TOP_LOGPROBS) */
+	float *dev_top_lp, *host_top_lp;
 	uint64_t *pick_part;         /* cuda_pick's scratch; NULL past FWD_PICK_MAX_VOCAB */
 	int32_t *dev_mask_rows, *host_mask_rows; /* a step's constrained rows (fwd_masks), max_seqs (host: pinned) */
 	uint32_t *dev_mask_bits, *host_mask_bits;
@@ -392,6 +394,7 @@ activation_bytes(const struct dims *d)
 	    align_up(CUDA_ARGMAX_PARTS(logit_rows) * sizeof(float2)) + align_up(d->T * sizeof(struct fwd_pick)) +
 	    align_up(PEN_INTS(d->T) * sizeof(int32_t)) + floats_bytes(d->T) + route_bytes(d) +
 	    align_up(d->S * sizeof(int32_t)) + align_up(d->S * FWD_MASK_WORDS(d->vocab) * sizeof(uint32_t)) +
+	    align_up(d->T * FWD_TOP_LOGPROBS * sizeof(int32_t)) + floats_bytes(d->T * FWD_TOP_LOGPROBS) +
 	    (d->vocab <= FWD_PICK_MAX_VOCAB ? align_up(CUDA_PICK_SCRATCH(logit_rows, d->vocab) * sizeof(uint64_t)) : 0);
 }
 
@@ -789,6 +792,8 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    (rc = dev_alloc((void **)&b->dev_pick, T * sizeof(struct fwd_pick), "sampling", err)) ||
 	    (rc = dev_alloc((void **)&b->dev_pen, PEN_INTS(T) * sizeof(int32_t), "sampling", err)) ||
 	    (rc = dev_alloc((void **)&b->dev_lp, floats_bytes(T), "sampling", err)) ||
+	    (rc = dev_alloc((void **)&b->dev_top_ids, T * FWD_TOP_LOGPROBS * sizeof(int32_t), "sampling", err)) ||
+	    (rc = dev_alloc((void **)&b->dev_top_lp, floats_bytes(T * FWD_TOP_LOGPROBS), "sampling", err)) ||
 	    (rc = dev_alloc((void **)&b->dev_mask_rows, d->S * sizeof(int32_t), "grammar masks", err)) ||
 	    (rc = dev_alloc((void **)&b->dev_mask_bits, d->S * FWD_MASK_WORDS(d->vocab) * sizeof(uint32_t),
 	    "grammar masks", err)) ||
@@ -801,6 +806,8 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 		CK(cudaMallocHost((void **)&b->host_pick, T * sizeof(struct fwd_pick)));
 		CK(cudaMallocHost((void **)&b->host_pen, PEN_INTS(T) * sizeof(int32_t)));
 		CK(cudaMallocHost((void **)&b->host_lp, T * sizeof(float)));
+		CK(cudaMallocHost((void **)&b->host_top_ids, T * FWD_TOP_LOGPROBS * sizeof(int32_t)));
+		CK(cudaMallocHost((void **)&b->host_top_lp, T * FWD_TOP_LOGPROBS * sizeof(float)));
 		CK(cudaMallocHost((void **)&b->host_mask_rows, d->S * sizeof(int32_t)));
 		CK(cudaMallocHost((void **)&b->host_mask_bits, d->S * FWD_MASK_WORDS(d->vocab) * sizeof(uint32_t)));
 		b->max_masks = (int)d->S;
@@ -1097,7 +1104,7 @@ cuda_free(struct backend *b)
 	cudaFree(b->mm.xq), cudaFree(b->mm.xd), cudaFree(b->mm.part);
 	cudaFree(b->dev_ints), cudaFree(b->att_part), cudaFree(b->dev_argmax), cudaFree(b->argmax_part);
 	cudaFree(b->dev_pick), cudaFree(b->dev_pen), cudaFree(b->dev_lp), cudaFree(b->pick_part);
-	cudaFree(b->dev_mask_rows), cudaFree(b->dev_mask_bits);
+	cudaFree(b->dev_mask_rows), cudaFree(b->dev_mask_bits), cudaFree(b->dev_top_ids), cudaFree(b->dev_top_lp);
 	cudaFree(b->moe.route.logit), cudaFree(b->moe.route.expert), cudaFree(b->moe.route.weight);
 	cudaFree(b->moe.route.row), cudaFree(b->moe.route.row_expert), cudaFree(b->moe.route.row_slot);
 	cudaFree(b->moe.route.tiles), cudaFree(b->moe.down);
@@ -1109,6 +1116,10 @@ cuda_free(struct backend *b)
 		cudaFreeHost(b->host_pen);
 	if (b->host_lp != NULL)
 		cudaFreeHost(b->host_lp);
+	if (b->host_top_ids != NULL)
+		cudaFreeHost(b->host_top_ids);
+	if (b->host_top_lp != NULL)
+		cudaFreeHost(b->host_top_lp);
 	if (b->host_mask_rows != NULL)
 		cudaFreeHost(b->host_mask_rows);
 	if (b->host_mask_bits != NULL)
@@ -1554,6 +1565,9 @@ stage_picks(struct backend *b, const struct fwd_batch *batch, int n_logits, char
 			    FWD_PICK_TOP_K);
 		if (f->logprob && batch->logprob == NULL)
 			return err_set(err, ERR_INVAL, "sampling on the GPU: row %d's log-probability has no place", r);
+		if (f->top < 0 || f->top > FWD_TOP_LOGPROBS || (f->top > 0 && (!f->logprob || batch->top_ids == NULL ||
+		    batch->top_lp == NULL)))
+			return err_set(err, ERR_INVAL, "sampling on the GPU: row %d's %d most likely tokens", r, f->top);
 	}
 	memcpy(b->host_pick, batch->pick, (size_t)n_logits * sizeof *b->host_pick);
 	CK(cudaMemcpyAsync(b->dev_pick, b->host_pick, (size_t)n_logits * sizeof *b->host_pick,
@@ -1603,7 +1617,8 @@ pick_rows(struct backend *b, const struct fwd_batch *batch, int r0, int nr, char
 		return cuda_argmax(b->logits, nr, V, b->dev_argmax + r0, b->argmax_part, b->stream, err);
 	/* the rows' windows follow each other: these rows have some if theirs end past their first's start */
 	return cuda_pick(b->logits, nr, V, b->dev_pick + r0, b->dev_pen, b->dev_pen + PEN_INTS(b->max_tokens) / 2,
-	    pen_pairs(batch, r0 + nr) > batch->pick[r0].pen0, b->dev_argmax + r0, b->dev_lp + r0, b->pick_part,
+	    pen_pairs(batch, r0 + nr) > batch->pick[r0].pen0, b->dev_argmax + r0, b->dev_lp + r0,
+	    b->dev_top_ids + (size_t)r0 * FWD_TOP_LOGPROBS, b->dev_top_lp + (size_t)r0 * FWD_TOP_LOGPROBS, b->pick_part,
 	    b->stream, err);
 }
 
@@ -1650,16 +1665,27 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 	if (batch->argmax != NULL && n_logits > 0)
 		CK(cudaMemcpyAsync(b->host_argmax, b->dev_argmax, (size_t)n_logits * sizeof(int32_t),
 		    cudaMemcpyDeviceToHost, b->stream));
-	if (batch->pick != NULL && n_logits > 0)
+	if (batch->pick != NULL && n_logits > 0) {
+		size_t tops = (size_t)n_logits * FWD_TOP_LOGPROBS;
+
 		CK(cudaMemcpyAsync(b->host_lp, b->dev_lp, (size_t)n_logits * sizeof(float), cudaMemcpyDeviceToHost,
 		    b->stream));
+		CK(cudaMemcpyAsync(b->host_top_ids, b->dev_top_ids, tops * sizeof(int32_t), cudaMemcpyDeviceToHost,
+		    b->stream));
+		CK(cudaMemcpyAsync(b->host_top_lp, b->dev_top_lp, tops * sizeof(float), cudaMemcpyDeviceToHost, b->stream));
+	}
 	prof_mark(b, PH_END);
 	CK(cudaStreamSynchronize(b->stream));
 	if (batch->argmax != NULL)
 		memcpy(batch->argmax, b->host_argmax, (size_t)n_logits * sizeof(int32_t));
-	for (int r = 0; batch->pick != NULL && r < n_logits; r++)
+	for (int r = 0; batch->pick != NULL && r < n_logits; r++) {
+		size_t at = (size_t)r * FWD_TOP_LOGPROBS, k = (size_t)batch->pick[r].top;
+
 		if (batch->pick[r].logprob)
 			batch->logprob[r] = b->host_lp[r];
+		memcpy(batch->top_ids + at, b->host_top_ids + at, k * sizeof(int32_t));
+		memcpy(batch->top_lp + at, b->host_top_lp + at, k * sizeof(float));
+	}
 	return prof_step(&b->prof, T, err);
 }
 

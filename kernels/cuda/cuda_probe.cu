@@ -946,10 +946,12 @@ cuda_probe_argmax(struct cuda_probe *p, const float *x, int n_rows, int n, int32
 
 static int
 pick_run(struct cuda_probe *p, struct bufs *bs, const float *x, int n_rows, int n, const struct fwd_pick *how,
-    const int32_t *pen_tok, const int32_t *pen_cnt, int n_pairs, int32_t *ids, float *logprob, char *err)
+    const int32_t *pen_tok, const int32_t *pen_cnt, int n_pairs, int32_t *ids, float *logprob, int32_t *top_ids,
+    float *top_lp, char *err)
 {
 	size_t ib = (size_t)n_rows * sizeof(int32_t), pb = (size_t)MAX(n_pairs, 1) * sizeof(int32_t);
-	void *dx, *dhow, *dtok, *dcnt, *di, *dlp, *dpart;
+	size_t tb = (size_t)n_rows * FWD_TOP_LOGPROBS * sizeof(int32_t);
+	void *dx, *dhow, *dtok, *dcnt, *di, *dlp, *dpart, *dti, *dtl;
 	int rc;
 
 	if (n_rows < 1 || n < 1 || n > FWD_PICK_MAX_VOCAB || n_pairs < 0)
@@ -964,23 +966,27 @@ pick_run(struct cuda_probe *p, struct bufs *bs, const float *x, int n_rows, int 
 	    (rc = buf_new(p, bs, n_pairs > 0 ? pen_cnt : NULL, pb, 0, &dcnt, err)) != 0 ||
 	    (rc = buf_new(p, bs, NULL, ib, 1, &di, err)) != 0 ||
 	    (rc = buf_new(p, bs, NULL, (size_t)n_rows * sizeof(float), 1, &dlp, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, tb, 1, &dti, err)) != 0 || (rc = buf_new(p, bs, NULL, tb, 1, &dtl, err)) != 0 ||
 	    (rc = buf_new(p, bs, NULL, CUDA_PICK_SCRATCH(n_rows, n) * sizeof(uint64_t), 1, &dpart, err)) != 0)
 		return rc;
 	if ((rc = cuda_pick((float *)dx, n_rows, n, (const struct fwd_pick *)dhow, (const int32_t *)dtok,
-	    (const int32_t *)dcnt, n_pairs > 0, (int32_t *)di, (float *)dlp, (uint64_t *)dpart, p->stream, err)) != 0 ||
+	    (const int32_t *)dcnt, n_pairs > 0, (int32_t *)di, (float *)dlp, (int32_t *)dti, (float *)dtl,
+	    (uint64_t *)dpart, p->stream, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_pick", err)) != 0)
 		return rc;
-	if ((rc = fetch(p, ids, di, ib, err)) != 0)
+	if ((rc = fetch(p, ids, di, ib, err)) != 0 || (rc = fetch(p, top_ids, dti, tb, err)) != 0 ||
+	    (rc = fetch(p, top_lp, dtl, tb, err)) != 0)
 		return rc;
 	return fetch(p, logprob, dlp, (size_t)n_rows * sizeof(float), err);
 }
 
 extern "C" int
 cuda_probe_pick(struct cuda_probe *p, const float *x, int n_rows, int n, const struct fwd_pick *how,
-    const int32_t *pen_tok, const int32_t *pen_cnt, int n_pairs, int32_t *ids, float *logprob, char *err)
+    const int32_t *pen_tok, const int32_t *pen_cnt, int n_pairs, int32_t *ids, float *logprob, int32_t *top_ids,
+    float *top_lp, char *err)
 {
 	struct bufs bs = {};
-	int rc = pick_run(p, &bs, x, n_rows, n, how, pen_tok, pen_cnt, n_pairs, ids, logprob, err);
+	int rc = pick_run(p, &bs, x, n_rows, n, how, pen_tok, pen_cnt, n_pairs, ids, logprob, top_ids, top_lp, err);
 
 	bufs_free(&bs);
 	return rc;

@@ -77,10 +77,13 @@ int cuda_probe_argmax(struct cuda_probe *p, const float *x, int n_rows, int n, i
 /*
  * ids[r] = the token drawn from row r of x (n_rows x n) as how[r] says,
  * after its penalties (n_pairs tokens and counts in all), and logprob[r]
- * its log-probability where how[r].logprob: cuda_pick.
+ * its log-probability where how[r].logprob, and its how[r].top most likely
+ * tokens and theirs from top_ids and top_lp + r * FWD_TOP_LOGPROBS on
+ * (n_rows * FWD_TOP_LOGPROBS each): cuda_pick.
  */
 int cuda_probe_pick(struct cuda_probe *p, const float *x, int n_rows, int n, const struct fwd_pick *how,
-    const int32_t *pen_tok, const int32_t *pen_cnt, int n_pairs, int32_t *ids, float *logprob, char *err);
+    const int32_t *pen_tok, const int32_t *pen_cnt, int n_pairs, int32_t *ids, float *logprob, int32_t *top_ids,
+    float *top_lp, char *err);
 
 /* out[t * k ..] = row tokens[t] of w, times scale, for t < n_tok. */
 int cuda_probe_embed(struct cuda_probe *p, const struct cuda_probe_weight *w, const int32_t *tokens,

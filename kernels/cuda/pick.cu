@@ -219,25 +219,38 @@ pick_penalty_kernel(float *__restrict__ logits, int n, const struct fwd_pick *__
 }
 
 /*
- * The pick k of row blockIdx.x into ids and, if wanted, its
- * log-probability into logprob: the host's log_softmax_at, the sum over the
- * slices' sums rescaled to the row's largest logit.
+ * The row's largest logit (x) and the log of its sum of exp((l - x) / t)
+ * (y): the host's log_softmax_at, the sum over the slices' sums rescaled to
+ * the row's largest logit.
  */
-static __device__ void
-pick_store(uint64_t k, const struct fwd_pick &h, const float2 *st, int slices, int32_t *ids, float *logprob)
+static __device__ float2
+row_lse(const struct fwd_pick &h, const float2 *st, int slices)
 {
 	float t = lp_temp(h), mx = -INFINITY;
 	double sum = 0;
 
-	ids[blockIdx.x] = key_id(k);
-	if (!h.logprob)
-		return;
 	for (int s = 0; s < slices; s++)
 		mx = fmaxf(mx, st[s].x);
 	for (int s = 0; s < slices; s++)
 		if (st[s].y > 0)
 			sum += (double)st[s].y * exp((double)(st[s].x - mx) / t);
-	logprob[blockIdx.x] = (float)((double)(key_logit(k) - mx) / t - log(sum));
+	return make_float2(mx, (float)log(sum));
+}
+
+/* A key's log-probability in a row of row_lse lse. */
+static __device__ __forceinline__ float
+key_logprob(uint64_t k, const struct fwd_pick &h, float2 lse)
+{
+	return (float)((double)(key_logit(k) - lse.x) / lp_temp(h) - (double)lse.y);
+}
+
+/* The pick k of row blockIdx.x into ids and, if wanted, its log-probability into logprob. */
+static __device__ void
+pick_store(uint64_t k, const struct fwd_pick &h, const float2 *st, int slices, int32_t *ids, float *logprob)
+{
+	ids[blockIdx.x] = key_id(k);
+	if (h.logprob)
+		logprob[blockIdx.x] = key_logprob(k, h, row_lse(h, st, slices));
 }
 
 /*
@@ -248,7 +261,8 @@ pick_store(uint64_t k, const struct fwd_pick &h, const float2 *st, int slices, i
  */
 __global__ void __launch_bounds__(PICK_THREADS)
 pick_draw_kernel(const uint64_t *__restrict__ best, const float2 *__restrict__ stats, int slices, int n,
-    const struct fwd_pick *__restrict__ how, int32_t *__restrict__ ids, float *__restrict__ logprob)
+    const struct fwd_pick *__restrict__ how, int32_t *__restrict__ ids, float *__restrict__ logprob,
+    int32_t *__restrict__ top_ids, float *__restrict__ top_lp)
 {
 	pdl_wait();
 	pdl_trigger();
@@ -256,6 +270,7 @@ pick_draw_kernel(const uint64_t *__restrict__ best, const float2 *__restrict__ s
 	__shared__ uint64_t top[FWD_PICK_TOP_K];
 	__shared__ float e[FWD_PICK_TOP_K], prob[FWD_PICK_TOP_K];
 	__shared__ double sum;
+	__shared__ float2 lse;
 	const struct fwd_pick h = how[blockIdx.x];
 	int m = slices * FWD_PICK_TOP_K, nc, i, keep = 0;
 	const uint64_t *b = best + (size_t)blockIdx.x * m;
@@ -272,6 +287,17 @@ pick_draw_kernel(const uint64_t *__restrict__ best, const float2 *__restrict__ s
 	select_top(key, FWD_PICK_TOP_K, top, &sm);
 	sort_desc(top, FWD_PICK_TOP_K);
 	mx = key_logit(top[0]);
+	if (h.logprob && h.top > 0) { /* the row's best, as sorted: every block of the row takes this branch */
+		size_t at = (size_t)blockIdx.x * FWD_TOP_LOGPROBS + threadIdx.x;
+
+		if (threadIdx.x == 0)
+			lse = row_lse(h, stats + (size_t)blockIdx.x * slices, slices);
+		__syncthreads();
+		if (threadIdx.x < min(h.top, min(n, FWD_TOP_LOGPROBS))) {
+			top_ids[at] = key_id(top[threadIdx.x]);
+			top_lp[at] = key_logprob(top[threadIdx.x], h, lse);
+		}
+	}
 	if (t == 0) {
 		if (threadIdx.x == 0)
 			pick_store(top[0], h, stats + (size_t)blockIdx.x * slices, slices, ids, logprob);
@@ -319,8 +345,8 @@ pick_draw_kernel(const uint64_t *__restrict__ best, const float2 *__restrict__ s
 
 int
 cuda_pick(float *logits, int n_rows, int n, const struct fwd_pick *how, const int32_t *pen_tok,
-    const int32_t *pen_cnt, int penalized, int32_t *ids, float *logprob, uint64_t *scratch, cudaStream_t st,
-    char *err)
+    const int32_t *pen_cnt, int penalized, int32_t *ids, float *logprob, int32_t *top_ids, float *top_lp,
+    uint64_t *scratch, cudaStream_t st, char *err)
 {
 	unsigned slices = (unsigned)PICK_SLICES(n);
 	float2 *stats = (float2 *)(scratch + (size_t)n_rows * slices * FWD_PICK_TOP_K);
@@ -336,7 +362,7 @@ cuda_pick(float *logits, int n_rows, int n, const struct fwd_pick *how, const in
 	CK(cuda_launch(pick_slice_kernel, dim3(slices, (unsigned)n_rows), dim3(PICK_THREADS), 0, st,
 	    (const float *)logits, n, how, scratch, stats));
 	CK(cuda_launch(pick_draw_kernel, dim3((unsigned)n_rows), dim3(PICK_THREADS), 0, st, (const uint64_t *)scratch,
-	    (const float2 *)stats, (int)slices, n, how, ids, logprob));
+	    (const float2 *)stats, (int)slices, n, how, ids, logprob, top_ids, top_lp));
 	return 0;
 }
 

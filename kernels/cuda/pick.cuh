@@ -15,12 +15,14 @@
  * ids[r] = the token drawn from row r of logits (n_rows rows of n) as
  * how[r] says (struct fwd_pick), r < n_rows, after its penalties (pen_tok,
  * pen_cnt; applied to logits in place, only when penalized) and, where
- * how[r].logprob, logprob[r] = its log-probability; scratch holds
- * CUDA_PICK_SCRATCH(n_rows, n). ERR_UNSUPPORTED past FWD_PICK_MAX_VOCAB.
+ * how[r].logprob, logprob[r] = its log-probability, and its how[r].top
+ * most likely tokens and theirs from top_ids and top_lp + r *
+ * FWD_TOP_LOGPROBS on; scratch holds CUDA_PICK_SCRATCH(n_rows, n).
+ * ERR_UNSUPPORTED past FWD_PICK_MAX_VOCAB.
  */
 int cuda_pick(float *logits, int n_rows, int n, const struct fwd_pick *how, const int32_t *pen_tok,
-    const int32_t *pen_cnt, int penalized, int32_t *ids, float *logprob, uint64_t *scratch, cudaStream_t st,
-    char *err);
+    const int32_t *pen_cnt, int penalized, int32_t *ids, float *logprob, int32_t *top_ids, float *top_lp,
+    uint64_t *scratch, cudaStream_t st, char *err);
 
 /*
  * Constrained rows: of the n_rows rows of n logits that are rows r0.. of

@@ -6,7 +6,8 @@
  * under a grammar that the unconstrained greedy output already matches is
  * that output, also beside an unconstrained sequence in the same steps; a
  * grammar that leaves no token ends its sequence with an error; grammars
- * are shared by text.
+ * are shared by text; log-probabilities and the most likely tokens are
+ * those of the masked distribution.
  */
 #include "config.h"
 #include "engine.h"
@@ -15,6 +16,7 @@
 #include "tokenizer.h"
 #include "util.h"
 
+#include <math.h>
 #include <regex.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -304,6 +306,63 @@ test_no_token_left(void **state)
 	}
 }
 
+/*
+ * With logprobs and 20 most likely tokens, greedy under a grammar: the
+ * drawn token is the first of them, with its log-probability; they come
+ * best first and weigh at most 1; at the first step every one the grammar
+ * does not allow is -inf (only prefixes of the record's opening may come).
+ */
+static void
+test_logprobs_masked(void **state)
+{
+	static const char open_text[] = "{\"n\": ";
+
+	for (size_t d = 0; d < ARRAY_LEN(devs); d++) {
+		struct engine *e = open_on(&devs[d]);
+		const struct tokenizer *t;
+		struct cons_gram *g;
+		struct seq_params p;
+		struct seq *s;
+		char err[ERR_LEN];
+		int step = 0;
+
+		if (e == NULL)
+			continue;
+		t = engine_model(e)->tok;
+		g = grammar(e, RECORD);
+		params(&p, 0, 0, 30, g);
+		p.logprobs = 1, p.top_logprobs = 20;
+		assert_int_equal(engine_seq_new(e, prompt, NP, &p, &s, err), 0);
+		engine_grammar_put(e, g);
+		while (s->state != SEQ_DONE) {
+			double mass = 0;
+
+			assert_true(engine_step(e, &s, 1, -1, err) >= 0);
+			if (s->new_token < 0)
+				continue;
+			assert_int_equal(s->n_top, 20);
+			assert_int_equal(s->top_ids[0], s->new_token);
+			assert_true(fabsf(s->top_lp[0] - s->new_logprob) <= 1e-6f);
+			for (int i = 0; i < s->n_top; i++) {
+				size_t len;
+				const char *b = tok_bytes(t, s->top_ids[i], &len);
+
+				assert_true(i == 0 || s->top_lp[i] <= s->top_lp[i - 1]);
+				mass += exp(s->top_lp[i]);
+				if (step == 0 && isfinite(s->top_lp[i]) && len <= strlen(open_text) &&
+				    strncmp(b, open_text, len) != 0)
+					fail_msg("%s: token %d (\"%.*s\") at %g where the grammar allows none", devs[d].name,
+					    s->top_ids[i], (int)len, b, (double)s->top_lp[i]);
+			}
+			assert_true(mass <= 1 + 1e-4);
+			step++;
+		}
+		assert_int_equal(s->finish, FINISH_STOP);
+		engine_seq_free(e, s);
+		engine_close(e);
+	}
+}
+
 /* One text, one grammar; a bad text is refused with where it is wrong. */
 static void
 test_shared_by_text(void **state)
@@ -332,6 +391,7 @@ main(void)
 		cmocka_unit_test(test_sampled_matches),
 		cmocka_unit_test(test_greedy_unchanged),
 		cmocka_unit_test(test_no_token_left),
+		cmocka_unit_test(test_logprobs_masked),
 		cmocka_unit_test(test_shared_by_text),
 	};
 

@@ -1507,7 +1507,8 @@ pick_row(int r, int d, int n, struct sampler *sm, struct fwd_pick *fp, int32_t *
 	    FWD_PICK_PENALTY_MAX) : 0;
 	copy = *sm;
 	*fp = (struct fwd_pick){ p.temperature > 0 ? sampler_draw(&copy) : 0, p.temperature, p.top_p, p.min_p, p.top_k,
-		p.repeat_penalty, p.presence_penalty, p.frequency_penalty, *np, m, pick_cases[r].logprob };
+		p.repeat_penalty, p.presence_penalty, p.frequency_penalty, *np, m, pick_cases[r].logprob,
+		pick_cases[r].logprob ? 3 + 17 * (r & 1) : 0 };
 	*np += m;
 }
 
@@ -1516,7 +1517,8 @@ pick_row(int r, int d, int n, struct sampler *sm, struct fwd_pick *fp, int32_t *
  * rows whose best logits tie (the lower id first; -0 with +0), with and without
  * penalties and log-probabilities, vocabularies narrower than top_k and
  * Gemma 3's 262,144: the same token every time, the same log-probability
- * to float rounding.
+ * to float rounding; the same most likely tokens (3 or 20) in the same
+ * order, theirs likewise.
  */
 static void
 test_pick(void **state)
@@ -1543,12 +1545,13 @@ test_pick(void **state)
 			struct sampler sm[PICK_ROWS];
 			struct fwd_pick fp[PICK_ROWS];
 			int32_t ids[PICK_ROWS], tok[PICK_ROWS * FWD_PICK_PENALTY_MAX], cnt[PICK_ROWS * FWD_PICK_PENALTY_MAX];
-			float lp[PICK_ROWS], host_lp;
+			int32_t top_ids[PICK_ROWS * FWD_TOP_LOGPROBS], host_top[SAMPLE_TOP];
+			float lp[PICK_ROWS], host_lp, top_lp[PICK_ROWS * FWD_TOP_LOGPROBS], host_top_lp[SAMPLE_TOP];
 			int np = 0;
 
 			for (int r = 0; r < PICK_ROWS; r++)
 				pick_row(r, d, n, &sm[r], &fp[r], tok, cnt, &np);
-			if (cuda_probe_pick(probe, x, PICK_ROWS, n, fp, tok, cnt, np, ids, lp, err) != 0)
+			if (cuda_probe_pick(probe, x, PICK_ROWS, n, fp, tok, cnt, np, ids, lp, top_ids, top_lp, err) != 0)
 				fail_msg("picks of %d: %s", n, err);
 			for (int r = 0; r < PICK_ROWS; r++) {
 				int32_t host;
@@ -1562,6 +1565,16 @@ test_pick(void **state)
 					fail_msg("log-probability of row %d of %d: gpu %.7g, cpu %.7g", r, n, lp[r], host_lp);
 				if (fp[r].logprob)
 					worst_lp = fmax(worst_lp, fabs(lp[r] - host_lp));
+				assert_int_equal(sampler_top(&sm[r], row, fp[r].top, host_top, host_top_lp), MIN(fp[r].top, n));
+				for (int j = 0; j < MIN(fp[r].top, n); j++) {
+					int32_t g = top_ids[r * FWD_TOP_LOGPROBS + j];
+					float gl = top_lp[r * FWD_TOP_LOGPROBS + j];
+
+					if (g != host_top[j] || !(fabs(gl - host_top_lp[j]) <= 1e-5 + 1e-6 * fabs(host_top_lp[j])))
+						fail_msg("row %d of %d, likely token %d: gpu %d (%.7g), cpu %d (%.7g)", r, n, j, g, gl,
+						    host_top[j], host_top_lp[j]);
+					worst_lp = fmax(worst_lp, fabs(gl - host_top_lp[j]));
+				}
 				same += ids[r] == host;
 				all++;
 				sampler_free(&sm[r]);
