@@ -9,6 +9,7 @@
  */
 #include "config.h"
 #include "proto.h"
+#include "chat_tools.h"
 #include "util.h"
 
 #include <jansson.h>
@@ -279,7 +280,88 @@ get_bool(const msgpack_object *m, const char *k, int *out, char *err)
 
 /* ---- generate ---- */
 
-/* messages: [{role, content}, ...] */
+/* Bytes of a call id or a tool message's tool_call_id. */
+#define MAX_CALL_ID 64
+
+/* One call of an assistant message's tool_calls: {id, name, arguments}; *bytes counts its arguments. */
+static int
+get_call(const msgpack_object *o, struct chat_call *c, size_t *bytes, char *err)
+{
+	json_t *args;
+	int rc, ok;
+
+	if (o->type != MSGPACK_OBJECT_MAP)
+		return err_set(err, PE_BAD_REQUEST, "must be a map");
+	if ((rc = get_str(o, "id", 0, MAX_CALL_ID, &c->id, err)) != 0 ||
+	    (rc = get_str(o, "name", 1, CHAT_MAX_TOOL_NAME, &c->name, err)) != 0 ||
+	    (rc = get_str(o, "arguments", 1, PROTO_MAX_TEXT, &c->arguments, err)) != 0)
+		return rc;
+	if (!chat_tool_name_ok(c->name))
+		return err_set(err, PE_INVALID_PARAM, "name must be 1..%d letters, digits, '_' or '-'",
+		    CHAT_MAX_TOOL_NAME);
+	args = chat_json(c->arguments);
+	ok = json_is_object(args);
+	json_decref(args);
+	*bytes += strlen(c->arguments);
+	return ok ? 0 : err_set(err, PE_INVALID_PARAM, "arguments must be the JSON text of an object");
+}
+
+/* An assistant message's tool_calls: [{id, name, arguments}, ...] */
+static int
+get_calls(const msgpack_object *e, struct proto_msg *msg, size_t *bytes, char *err)
+{
+	const msgpack_object *a = map_get(e, "tool_calls");
+	uint32_t i;
+	int rc;
+
+	if (a == NULL || a->type == MSGPACK_OBJECT_NIL)
+		return 0;
+	if (a->type != MSGPACK_OBJECT_ARRAY)
+		return err_set(err, PE_BAD_REQUEST, "tool_calls must be an array");
+	if (a->via.array.size > CHAT_MAX_CALLS)
+		return err_set(err, PE_INVALID_PARAM, "tool_calls holds %u calls; at most %d are allowed",
+		    (unsigned)a->via.array.size, CHAT_MAX_CALLS);
+	if (a->via.array.size > 0 && strcmp(msg->role, "assistant") != 0)
+		return err_set(err, PE_INVALID_PARAM, "only an assistant message has tool_calls");
+	msg->calls = xcalloc(a->via.array.size + 1, sizeof *msg->calls);
+	for (i = 0; i < a->via.array.size; i++) {
+		msg->n_calls = (int)i + 1;
+		if ((rc = get_call(&a->via.array.ptr[i], &msg->calls[i], bytes, err)) != 0)
+			return err_prefix(err, rc, "tool_calls[%u]", i);
+	}
+	return 0;
+}
+
+/*
+ * One message: role, content, and a tool message's tool_call_id and name,
+ * an assistant message's tool_calls (its content may then be left out).
+ */
+static int
+get_message(const msgpack_object *e, struct proto_msg *msg, size_t *bytes, char *err)
+{
+	const msgpack_object *calls = map_get(e, "tool_calls");
+	int rc, has_calls = calls != NULL && calls->type == MSGPACK_OBJECT_ARRAY && calls->via.array.size > 0;
+
+	if ((rc = get_str(e, "role", 1, SIZE_MAX, &msg->role, err)) != 0 ||
+	    (rc = get_str(e, "content", !has_calls, PROTO_MAX_TEXT, &msg->content, err)) != 0)
+		return rc;
+	if (strcmp(msg->role, "system") != 0 && strcmp(msg->role, "user") != 0 &&
+	    strcmp(msg->role, "assistant") != 0 && strcmp(msg->role, "tool") != 0)
+		return err_set(err, PE_INVALID_PARAM, "role must be system, user, assistant or tool");
+	if (msg->content == NULL)
+		msg->content = xstrdup("");
+	*bytes += strlen(msg->content);
+	if ((rc = get_calls(e, msg, bytes, err)) != 0)
+		return rc;
+	if (strcmp(msg->role, "tool") != 0)
+		return 0;
+	if ((rc = get_str(e, "tool_call_id", 0, MAX_CALL_ID, &msg->tool_call_id, err)) != 0 ||
+	    (rc = get_str(e, "name", 0, CHAT_MAX_TOOL_NAME, &msg->name, err)) != 0)
+		return rc;
+	return 0;
+}
+
+/* messages: [{role, content, ...}, ...] */
 static int
 get_messages(const msgpack_object *m, struct proto_req *r, char *err)
 {
@@ -300,17 +382,12 @@ get_messages(const msgpack_object *m, struct proto_req *r, char *err)
 		if (e->type != MSGPACK_OBJECT_MAP)
 			return err_set(err, PE_BAD_REQUEST, "messages[%u] must be a map", i);
 		r->n_msgs = (int)i + 1;
-		if ((rc = get_str(e, "role", 1, SIZE_MAX, &r->msgs[i].role, err)) != 0 ||
-		    (rc = get_str(e, "content", 1, PROTO_MAX_TEXT, &r->msgs[i].content, err)) != 0)
+		if ((rc = get_message(e, &r->msgs[i], &total, err)) != 0)
 			return err_prefix(err, rc, "messages[%u]", i);
-		if (strcmp(r->msgs[i].role, "system") != 0 && strcmp(r->msgs[i].role, "user") != 0 &&
-		    strcmp(r->msgs[i].role, "assistant") != 0)
-			return err_set(err, PE_INVALID_PARAM, "messages[%u]: role must be system, user or assistant", i);
-		total += strlen(r->msgs[i].content);
 	}
 	if (total > PROTO_MAX_TEXT)
-		return err_set(err, PE_INVALID_PARAM, "the messages' contents are %zu bytes together; at most %u "
-		    "are allowed", total, PROTO_MAX_TEXT);
+		return err_set(err, PE_INVALID_PARAM, "the messages' contents and tool call arguments are %zu bytes "
+		    "together; at most %u are allowed", total, PROTO_MAX_TEXT);
 	return 0;
 }
 
@@ -379,6 +456,39 @@ get_sampling(const msgpack_object *m, struct proto_req *r, char *err)
 	return 0;
 }
 
+/* tools (JSON text), tool_choice ("auto", "none", "required") and tool_name. */
+static int
+get_tools(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	char *text = NULL, *choice = NULL;
+	size_t n;
+	int rc;
+
+	if ((rc = get_str(m, "tools", 0, PROTO_MAX_TEXT, &text, err)) != 0 ||
+	    (rc = get_str(m, "tool_choice", 0, SIZE_MAX, &choice, err)) != 0 ||
+	    (rc = get_str(m, "tool_name", 0, CHAT_MAX_TOOL_NAME, &r->tool_name, err)) != 0)
+		goto out;
+	if (text != NULL && (rc = chat_tools_check(text, &r->tools, &n, err)) != 0) {
+		rc = PE_INVALID_PARAM;
+		goto out;
+	}
+	r->tool_choice = r->tool_name != NULL ? TOOLS_REQUIRED : TOOLS_AUTO;
+	if (choice != NULL && strcmp(choice, "none") == 0 && r->tool_name == NULL)
+		r->tool_choice = TOOLS_NONE;
+	else if (choice != NULL && strcmp(choice, "required") == 0)
+		r->tool_choice = TOOLS_REQUIRED;
+	else if (choice != NULL && (strcmp(choice, "auto") != 0 || r->tool_name != NULL))
+		rc = err_set(err, PE_INVALID_PARAM, "tool_choice must be \"auto\", \"none\" or \"required\" "
+		    "(with tool_name: \"required\" or left out)");
+	else if ((r->tool_choice == TOOLS_REQUIRED || choice != NULL) && r->tools == NULL)
+		rc = err_set(err, PE_INVALID_PARAM, "tool_choice and tool_name need tools");
+	else if (r->tool_name != NULL && !chat_tools_has(r->tools, r->tool_name))
+		rc = err_set(err, PE_INVALID_PARAM, "tool_name '%s' is none of the tools", r->tool_name);
+out:
+	free(text), free(choice);
+	return rc;
+}
+
 static int
 decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 {
@@ -405,6 +515,14 @@ decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 		return err_set(err, PE_INVALID_PARAM, "top_logprobs needs logprobs: true");
 	if ((r->grammar != NULL) + (r->json_schema != NULL) + (r->json != 0) > 1)
 		return err_set(err, PE_BAD_REQUEST, "give at most one of 'grammar', 'json_schema' and 'json'");
+	if ((rc = get_tools(m, r, err)) != 0)
+		return rc;
+	if (r->tool_choice == TOOLS_REQUIRED && (r->grammar != NULL || r->json_schema != NULL || r->json))
+		return err_set(err, PE_BAD_REQUEST, "a required tool call is constrained by the tools' parameters: "
+		    "give no 'grammar', 'json_schema' or 'json' with it");
+	if (r->tools != NULL && r->prompt != NULL)
+		return err_set(err, PE_BAD_REQUEST, "tools are rendered by the chat template: give 'messages', "
+		    "not 'prompt'");
 	if (prio != NULL) {
 		if (strcmp(prio, "background") == 0)
 			r->priority = PRIO_BACKGROUND;
@@ -590,13 +708,22 @@ proto_req_free(struct proto_req *r)
 	int i;
 
 	for (i = 0; i < r->n_msgs; i++)
-		free(r->msgs[i].role), free(r->msgs[i].content);
+		proto_msg_free(&r->msgs[i]);
 	for (i = 0; i < r->n_stop; i++)
 		free(r->stop[i]);
 	free(r->msgs), free(r->client), free(r->prompt), free(r->session), free(r->model);
 	free(r->title), free(r->system), free(r->defaults), free(r->text), free(r->tokens);
-	free(r->grammar), free(r->json_schema);
+	free(r->grammar), free(r->json_schema), free(r->tools), free(r->tool_name);
 	memset(r, 0, sizeof *r);
+}
+
+void
+proto_msg_free(struct proto_msg *m)
+{
+	free(m->role), free(m->content), free(m->reasoning);
+	chat_calls_free(m->calls, (size_t)m->n_calls);
+	free(m->tool_call_id), free(m->name);
+	memset(m, 0, sizeof *m);
 }
 
 void
@@ -693,6 +820,18 @@ proto_pack_kv_bool(msgpack_packer *pk, const char *k, int v)
 		msgpack_pack_true(pk);
 	else
 		msgpack_pack_false(pk);
+}
+
+void
+proto_pack_calls(msgpack_packer *pk, const struct chat_call *calls, size_t n)
+{
+	msgpack_pack_array(pk, n);
+	for (size_t i = 0; i < n; i++) {
+		msgpack_pack_map(pk, 3);
+		proto_pack_kv_str(pk, "id", calls[i].id ? calls[i].id : "");
+		proto_pack_kv_str(pk, "name", calls[i].name);
+		proto_pack_kv_str(pk, "arguments", calls[i].arguments);
+	}
 }
 
 void

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "chat.h"
 #include "sample.h"
 
 #define PROTO_VERSION 1
@@ -59,6 +60,17 @@ struct proto_msg {
 	char *content;
 	char *reasoning;        /* a session's stored assistant turn's (sched_job.history); NULL: none, and
 	                           always in a request */
+	struct chat_call *calls; /* an assistant message's tool calls */
+	int n_calls;
+	char *tool_call_id;     /* a tool message's: the call it answers; NULL: none given */
+	char *name;             /* a tool message's: the tool's name; NULL: none given */
+};
+
+/* What a generate's tools may be used for (PROTOCOL.md, Tool calls). */
+enum proto_tool_choice {
+	TOOLS_AUTO,             /* the model may call a tool or answer */
+	TOOLS_NONE,             /* the tools are not shown to the model: it answers, and no call is parsed */
+	TOOLS_REQUIRED,         /* the reply is one or more calls, constrained by the tools' parameters */
 };
 
 /* Which sampling fields a request set (a session's defaults fill the others). */
@@ -92,6 +104,9 @@ struct proto_req {
 	char *grammar;          /* grammar text */
 	char *json_schema;      /* a JSON Schema as JSON text */
 	int json;               /* 1: any JSON object */
+	char *tools;            /* the tools offered, as chat_tools_check writes them; NULL: none */
+	enum proto_tool_choice tool_choice;
+	char *tool_name;        /* with TOOLS_REQUIRED: the one tool to call; NULL: any of them */
 	/* shared by several ops */
 	char *session;
 	char *model;
@@ -113,6 +128,8 @@ struct proto_req {
  */
 int proto_decode(const char *buf, size_t len, struct proto_req *req, int *has_id, char *err);
 void proto_req_free(struct proto_req *req);
+/* Frees a message's fields (a request's, or a session's stored turn's). */
+void proto_msg_free(struct proto_msg *m);
 
 const char *proto_err_name(enum proto_err e);
 const char *proto_op_name(enum proto_op op);
@@ -134,6 +151,8 @@ void proto_pack_kv_strn(msgpack_packer *pk, const char *k, const char *v, size_t
 void proto_pack_kv_uint(msgpack_packer *pk, const char *k, uint64_t v);
 void proto_pack_kv_float(msgpack_packer *pk, const char *k, double v);
 void proto_pack_kv_bool(msgpack_packer *pk, const char *k, int v);
+/* Tool calls: an array of {id, name, arguments}. */
+void proto_pack_calls(msgpack_packer *pk, const struct chat_call *calls, size_t n);
 /* A whole error reply. */
 void proto_error(msgpack_sbuffer *sb, int has_id, uint64_t id, enum proto_err code, const char *msg);
 

@@ -115,7 +115,7 @@ sched_job_free(struct sched_job *job)
 
 	proto_req_free(&job->req);
 	for (i = 0; i < job->n_history; i++)
-		free(job->history[i].role), free(job->history[i].content), free(job->history[i].reasoning);
+		proto_msg_free(&job->history[i]);
 	free(job->history);
 	free(job->history_ids);
 	free(job->session_system);

@@ -7,6 +7,7 @@
  */
 #include "config.h"
 #include "sched_int.h"
+#include "chat_tools.h"
 #include "engine.h"
 #include "model.h"
 #include "slots.h"
@@ -118,6 +119,112 @@ sched_token_event(struct gen *g)
 	return ev;
 }
 
+/* ---- tool calls ---- */
+
+/* A finished turn's tool calls (PROTOCOL.md, Tool calls). */
+struct turn_calls {
+	struct chat_call *calls;
+	size_t n;
+	char error[ERR_LEN];   /* a call that does not parse; "" when none */
+	int in_text;           /* the calls are the answer's text (Llama 3.1, Gemma, Mistral write them there) */
+};
+
+/*
+ * The turn's output as the model wrote it (control tokens spelled out, an
+ * end-of-turn token left out) after what the prompt opened of a call.
+ */
+static char *
+raw_output(struct gen *g, const struct seq *q)
+{
+	const struct tokenizer *tok = g->md->tok;
+	int32_t n = q->n_tokens - g->n_prompt;
+	char *prefix = NULL, *text = NULL, *all;
+	size_t len = 0;
+
+	while (n > 0 && tok_is_eog(tok, q->tokens[g->n_prompt + n - 1]))
+		n--;
+	if (tok_decode(tok, q->tokens + g->n_prompt, (size_t)n, 1, &text, &len, NULL) != 0)
+		text = xstrdup(""), len = 0;
+	/* no error now: the prompt was made with the same prefix */
+	sched_tool_prefix(g->md, g->job, &prefix, NULL);
+	all = xmalloc((prefix ? strlen(prefix) : 0) + len + 1);
+	sprintf(all, "%s", prefix ? prefix : "");
+	memcpy(all + strlen(all), text, len + 1);
+	free(prefix), free(text);
+	return all;
+}
+
+/*
+ * Parses the calls of a turn whose request offered tools (and did not say
+ * tool_choice none): out of Qwen's tool text, or the model's whole output.
+ */
+static void
+turn_calls(struct gen *g, const struct seq *q, struct turn_calls *tc)
+{
+	enum chat_tmpl t = g->md->chat;
+	const struct gentext_part *tool = &q->out.part[CHAT_PART_TOOL];
+	char *raw;
+
+	memset(tc, 0, sizeof *tc);
+	if (g->md == NULL || g->job->req.tools == NULL || g->job->req.tool_choice == TOOLS_NONE || q->finish == FINISH_CANCEL)
+		return;
+	if (t == CHAT_CHATML || t == CHAT_QWEN3) {
+		chat_calls_parse(t, tool->text, tool->len, &tc->calls, &tc->n, tc->error);
+		return;
+	}
+	raw = raw_output(g, q);
+	chat_calls_parse(t, raw, strlen(raw), &tc->calls, &tc->n, tc->error);
+	tc->in_text = tc->n > 0 && (t == CHAT_LLAMA3 || t == CHAT_GEMMA || t == CHAT_MISTRAL);
+	free(raw);
+}
+
+/* How many fields pack_calls packs. */
+static size_t
+n_call_fields(const struct turn_calls *tc)
+{
+	return (tc->n > 0) + (tc->error[0] != '\0') + (size_t)tc->in_text;
+}
+
+/* The done reply's tool_calls, tool_error and calls_in_text, where they have something to say. */
+static void
+pack_calls(msgpack_packer *pk, const struct turn_calls *tc)
+{
+	if (tc->n > 0) {
+		proto_pack_str(pk, "tool_calls");
+		proto_pack_calls(pk, tc->calls, tc->n);
+	}
+	if (tc->error[0] != '\0')
+		proto_pack_kv_str(pk, "tool_error", tc->error);
+	if (tc->in_text)
+		proto_pack_kv_bool(pk, "calls_in_text", 1);
+}
+
+/*
+ * A session turn's rows carry the messages' calls and results, and the
+ * reply's calls: its content is then what the answer holds beside them
+ * (nothing, where the calls were the answer's text).
+ */
+static void
+turn_row_tools(const struct proto_msg *m, struct store_turn *t)
+{
+	if (m->n_calls > 0)
+		t->tool_calls = chat_calls_json(m->calls, (size_t)m->n_calls);
+	t->tool_call_id = m->tool_call_id ? xstrdup(m->tool_call_id) : NULL;
+	t->tool_name = m->name ? xstrdup(m->name) : NULL;
+}
+
+static void
+reply_row_tools(const struct turn_calls *tc, struct store_turn *t)
+{
+	if (tc->n == 0)
+		return;
+	t->tool_calls = chat_calls_json(tc->calls, tc->n);
+	if (tc->in_text) {
+		free(t->content);
+		t->content = xstrdup("");
+	}
+}
+
 /*
  * The rows of a finished session turn: the new messages (the prompt tokens
  * this turn added are accounted to the first) and the reply (its answer
@@ -127,7 +234,7 @@ sched_token_event(struct gen *g)
  * call it came from, which the daemon does not parse.
  */
 static void
-turn_rows(struct gen *g, struct sched_event *ev)
+turn_rows(struct gen *g, struct sched_event *ev, const struct turn_calls *tc)
 {
 	const struct proto_req *r = &g->job->req;
 	struct seq *q = g->seq;
@@ -140,6 +247,7 @@ turn_rows(struct gen *g, struct sched_event *ev)
 	for (i = 0; i < r->n_msgs; i++) {
 		t[i].role = xstrdup(r->msgs[i].role);
 		t[i].content = xstrdup(r->msgs[i].content);
+		turn_row_tools(&r->msgs[i], &t[i]);
 	}
 	t[0].n_tokens = MAX(0, g->n_prompt - g->job->history_tokens);
 	t[0].tokens = xmalloc((size_t)MAX(t[0].n_tokens, 1) * sizeof(int32_t));
@@ -147,6 +255,7 @@ turn_rows(struct gen *g, struct sched_event *ev)
 	t[i].role = xstrdup("assistant");
 	t[i].content = xstrdup(q->out.part[CHAT_PART_ANSWER].text);
 	t[i].reasoning = xstrdup(q->out.part[CHAT_PART_REASONING].text);
+	reply_row_tools(tc, &t[i]);
 	t[i].n_tokens = n_gen + (int32_t)n_close;
 	t[i].tokens = xmalloc((size_t)MAX(t[i].n_tokens, 1) * sizeof(int32_t));
 	memcpy(t[i].tokens, q->tokens + g->n_prompt, (size_t)n_gen * sizeof(int32_t));
@@ -176,6 +285,7 @@ sched_done_event(struct gen *g)
 	uint64_t now = now_ns();
 	double gen_s = g->t_first ? (double)(now - g->t_first) / 1e9 : 0;
 	int with_text = !g->job->req.stream, with_session = g->job->req.session != NULL;
+	struct turn_calls tc;
 	msgpack_packer pk;
 
 	if (q->finish == FINISH_ERROR) {
@@ -183,8 +293,9 @@ sched_done_event(struct gen *g)
 		    q->error);
 		return ev;
 	}
+	turn_calls(g, q, &tc);
 	proto_reply_begin(&ev->frame, &pk, 1, g->job->req.id, "done",
-	    2 + (with_text ? n_parts(&q->out, 1) : 0) + with_session);
+	    2 + (with_text ? n_parts(&q->out, 1) : 0) + with_session + n_call_fields(&tc));
 	proto_pack_kv_str(&pk, "finish", engine_finish_name(q->finish));
 	proto_pack_str(&pk, "usage");
 	msgpack_pack_map(&pk, 5);
@@ -197,9 +308,11 @@ sched_done_event(struct gen *g)
 		pack_parts(&pk, &q->out, 1);
 	if (with_session)
 		proto_pack_kv_str(&pk, "session", g->job->req.session);
+	pack_calls(&pk, &tc);
 	proto_reply_end(&ev->frame);
 	if (with_session && q->finish != FINISH_CANCEL)
-		turn_rows(g, ev);
+		turn_rows(g, ev, &tc);
+	chat_calls_free(tc.calls, tc.n);
 	return ev;
 }
 

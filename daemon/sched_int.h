@@ -159,6 +159,14 @@ void sched_drop_resident(struct sched *s, const char *uuid);
  * ERR_RANGE / ERR_UNSUPPORTED saying what is wrong with it.
  */
 int sched_prompt_grammar(struct engine *e, const struct sched_job *job, struct cons_gram **out, char *err);
+/*
+ * What a required tool call's generation prompt gets after the template's
+ * (*out malloc'd, NULL when nothing): the call's opening that only control
+ * tokens spell, which a grammar cannot generate (Mistral's [TOOL_CALLS],
+ * harmony's header to=functions.NAME). 0, or ERR_UNSUPPORTED for a call
+ * harmony cannot open: one of several tools, none named.
+ */
+int sched_tool_prefix(const struct model_desc *md, const struct sched_job *job, char **out, char *err);
 int sched_prompt_tokens(const struct model_desc *md, const struct sched_job *job, int32_t **ids, size_t *n,
     enum proto_err *pe, char *err);
 void sched_closing_tokens(const struct model_desc *md, const struct sched_job *job, const struct seq *q,

@@ -9,6 +9,7 @@
  */
 #include "config.h"
 #include "sched_int.h"
+#include "chat_tools.h"
 #include "engine.h"
 #include "jschema.h"
 #include "model.h"
@@ -18,6 +19,14 @@
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* A message as the chat template takes it. */
+static struct chat_msg
+chat_msg_of(const struct proto_msg *p)
+{
+	return (struct chat_msg){ .role = p->role, .content = p->content, .reasoning = p->reasoning,
+		.calls = p->calls, .n_calls = (size_t)p->n_calls, .tool_call_id = p->tool_call_id, .name = p->name };
+}
 
 /* The chat history plus this turn's messages, with the session's system prompt first. */
 static struct chat_msg *
@@ -30,21 +39,83 @@ conversation(const struct sched_job *job, size_t *n)
 	    (job->n_history == 0 && r->n_msgs > 0 && strcmp(r->msgs[0].role, "system") == 0);
 
 	if (job->session_system != NULL && job->session_system[0] != '\0' && !has_system)
-		m[k++] = (struct chat_msg){ "system", job->session_system, NULL };
+		m[k++] = (struct chat_msg){ .role = "system", .content = job->session_system };
 	for (i = 0; i < (size_t)job->n_history; i++)
-		m[k++] = (struct chat_msg){ job->history[i].role, job->history[i].content, job->history[i].reasoning };
+		m[k++] = chat_msg_of(&job->history[i]);
 	for (i = 0; i < (size_t)r->n_msgs; i++)
-		m[k++] = (struct chat_msg){ r->msgs[i].role, r->msgs[i].content, NULL };
+		m[k++] = chat_msg_of(&r->msgs[i]);
 	*n = k;
 	return m;
 }
 
-/* Renders messages [0, n) through the model's template into a malloc'd string. */
+/* Whether the request's reply must be tool calls (tool_choice required, or a named tool). */
 static int
-render(const struct model_desc *md, const struct chat_msg *m, size_t n, int gen, char **text, size_t *len,
-    char *err)
+call_required(const struct proto_req *r)
 {
-	return chat_render(md->chat, m, n, gen, tok_piece(md->tok, tok_bos(md->tok)), text, len, err);
+	return r->tools != NULL && r->tool_choice == TOOLS_REQUIRED;
+}
+
+/*
+ * The tool the reply must call: the named one, or the only one offered;
+ * NULL when any of several may be called.
+ */
+static const char *
+the_tool(const struct proto_req *r, char buf[CHAT_MAX_TOOL_NAME + 1])
+{
+	json_t *a;
+	int one;
+
+	if (r->tool_name != NULL)
+		return r->tool_name;
+	a = chat_json(r->tools);
+	if ((one = json_array_size(a) == 1))
+		snprintf(buf, CHAT_MAX_TOOL_NAME + 1, "%s",
+		    json_string_value(json_object_get(json_object_get(json_array_get(a, 0), "function"), "name")));
+	json_decref(a);
+	return one ? buf : NULL;
+}
+
+/*
+ * Renders messages [0, n) through the model's template into a malloc'd
+ * string: with the request's tools unless its tool_choice is none (the
+ * model is then not shown them, so it answers), and for a required call
+ * on Qwen3 without reasoning (its empty think block, then the call).
+ */
+static int
+render(const struct model_desc *md, const struct sched_job *job, const struct chat_msg *m, size_t n, int gen,
+    char **text, size_t *len, char *err)
+{
+	const struct proto_req *r = &job->req;
+	struct chat_opts o = {
+		.add_generation_prompt = gen,
+		.bos_text = tok_piece(md->tok, tok_bos(md->tok)),
+		.tools = r->tool_choice != TOOLS_NONE ? r->tools : NULL,
+		.no_thinking = gen && call_required(r),
+	};
+
+	return chat_render_opts(md->chat, m, n, &o, text, len, err);
+}
+
+int
+sched_tool_prefix(const struct model_desc *md, const struct sched_job *job, char **out, char *err)
+{
+	char name[CHAT_MAX_TOOL_NAME + 1];
+	const char *tool;
+
+	*out = NULL;
+	if (!call_required(&job->req))
+		return 0;
+	if (md->chat == CHAT_MISTRAL) {
+		*out = xstrdup("[TOOL_CALLS]");
+	} else if (md->chat == CHAT_HARMONY) {
+		if ((tool = the_tool(&job->req, name)) == NULL)
+			return err_set(err, ERR_UNSUPPORTED, "the harmony template names the tool in its call's header, "
+			    "of control tokens a grammar cannot generate: give tool_name (or one tool) with a "
+			    "required call");
+		*out = xmalloc(strlen(tool) + 64);
+		sprintf(*out, " to=functions.%s<|channel|>commentary json<|message|>", tool);
+	}
+	return 0;
 }
 
 /*
@@ -60,14 +131,24 @@ static int
 session_tokens(const struct model_desc *md, const struct sched_job *job, const struct chat_msg *m,
     size_t n_msgs, size_t n_prev, int32_t **ids, size_t *n, char *err)
 {
-	char *all = NULL, *prev = NULL;
+	char *all = NULL, *prev = NULL, *prefix;
 	size_t all_len, prev_len, n_new = 0;
 	int32_t *new_ids = NULL;
 	int rc;
 
-	if ((rc = render(md, m, n_msgs, 1, &all, &all_len, err)) != 0)
+	if ((rc = render(md, job, m, n_msgs, 1, &all, &all_len, err)) != 0)
 		return rc;
-	if (job->history_tokens > 0 && render(md, m, n_prev, 0, &prev, &prev_len, err) == 0 &&
+	if ((rc = sched_tool_prefix(md, job, &prefix, err)) != 0) {
+		free(all);
+		return rc;
+	}
+	if (prefix != NULL) {
+		all = xrealloc(all, all_len + strlen(prefix) + 1);
+		memcpy(all + all_len, prefix, strlen(prefix) + 1);
+		all_len += strlen(prefix);
+		free(prefix);
+	}
+	if (job->history_tokens > 0 && render(md, job, m, n_prev, 0, &prev, &prev_len, err) == 0 &&
 	    prev_len <= all_len && memcmp(prev, all, prev_len) == 0) {
 		rc = tok_encode(md->tok, all + prev_len, all_len - prev_len, 1, 0, &new_ids, &n_new, err);
 		if (rc == 0) {
@@ -125,6 +206,145 @@ schema_grammar(struct engine *e, const char *schema_text, struct cons_gram **out
 	return rc;
 }
 
+/* ---- tool calls ---- */
+
+/* Points each "$ref": "#..." in v at the same place under base, where v now sits in a larger schema. */
+static void
+rebase_refs(json_t *v, const char *base)
+{
+	const char *key, *ref;
+	json_t *x;
+	size_t i;
+	char *to;
+
+	if (json_is_array(v)) {
+		json_array_foreach(v, i, x)
+			rebase_refs(x, base);
+		return;
+	}
+	json_object_foreach(v, key, x) {
+		ref = json_string_value(x);
+		if (strcmp(key, "$ref") == 0 && ref != NULL && ref[0] == '#') {
+			to = xmalloc(strlen(base) + strlen(ref) + 1);
+			sprintf(to, "%s%s", base, ref + 1);
+			json_object_set_new(v, key, json_string(to));
+			free(to);
+		} else {
+			rebase_refs(x, base);
+		}
+	}
+}
+
+/* The schema of one call of fn: {"name": its name, key: its parameters}, placed at pointer at. */
+static json_t *
+call_schema(const json_t *fn, const char *key, const char *at)
+{
+	const json_t *params = json_object_get(fn, "parameters");
+	json_t *args = params != NULL ? json_deep_copy(params) : json_pack("{s:s}", "type", "object");
+	char *base = xmalloc(strlen(at) + strlen(key) + 16);
+
+	sprintf(base, "%s/properties/%s", at, key);
+	rebase_refs(args, base);
+	free(base);
+	return json_pack("{s:s,s:{s:{s:O},s:o},s:[s,s],s:b}", "type", "object", "properties", "name", "const",
+	    json_object_get(fn, "name"), key, args, "required", "name", key, "additionalProperties", 0);
+}
+
+/*
+ * The JSON Schema of one call the family writes, of the tool named only or
+ * any of the tools: Qwen's {"name", "arguments"}, Llama 3.1's and Gemma's
+ * {"name", "parameters"}, Mistral's array of {"name", "arguments"}, and for
+ * harmony (whose header names the tool) the arguments alone.
+ */
+static json_t *
+calls_schema(enum chat_tmpl t, const json_t *tools, const char *only)
+{
+	const char *key = t == CHAT_LLAMA3 || t == CHAT_GEMMA ? "parameters" : "arguments";
+	const char *top = t == CHAT_MISTRAL ? "#/items" : "#";
+	json_t *alts = json_array(), *s, *fn;
+	char at[64];
+	size_t i, k = 0;
+
+	json_array_foreach(tools, i, fn) {
+		fn = json_object_get(fn, "function");
+		if (only != NULL && strcmp(json_string_value(json_object_get(fn, "name")), only) != 0)
+			continue;
+		if (t == CHAT_HARMONY) {
+			json_decref(alts);
+			s = json_object_get(fn, "parameters");
+			return s != NULL ? json_deep_copy(s) : json_pack("{s:s}", "type", "object");
+		}
+		snprintf(at, sizeof at, only != NULL ? "%s" : "%s/anyOf/%zu", top, k++);
+		json_array_append_new(alts, call_schema(fn, key, at));
+	}
+	s = only != NULL ? json_incref(json_array_get(alts, 0)) : json_pack("{s:O}", "anyOf", alts);
+	json_decref(alts);
+	return t == CHAT_MISTRAL ? json_pack("{s:s,s:o,s:i}", "type", "array", "items", s, "minItems", 1) : s;
+}
+
+/* The grammar text around the calls' rule tool-call: each family's wrapper. */
+static const char *
+calls_wrapper(enum chat_tmpl t)
+{
+	switch (t) {
+	case CHAT_CHATML:
+	case CHAT_QWEN3:
+		return "root ::= tool-block ( \"\\n\" tool-block )*\n"
+		    "tool-block ::= \"<tool_call>\\n\" tool-call \"\\n</tool_call>\"\n";
+	case CHAT_MISTRAL:
+		/* after [TOOL_CALLS], which sched_tool_prefix put in the prompt */
+		return "root ::= \" \" tool-call\n";
+	default:
+		return "root ::= tool-call\n";
+	}
+}
+
+/* Each tool's parameters compile as a json_schema does (what a required call would be constrained by). */
+static int
+check_parameters(const json_t *tools, char *err)
+{
+	const json_t *fn, *params;
+	char *text;
+	size_t i;
+	int rc;
+
+	json_array_foreach(tools, i, fn) {
+		fn = json_object_get(fn, "function");
+		if ((params = json_object_get(fn, "parameters")) == NULL)
+			continue;
+		if ((rc = jschema_grammar(params, &text, err)) != 0)
+			return err_prefix(err, rc, "tools: %s's parameters", json_string_value(json_object_get(fn, "name")));
+		free(text);
+	}
+	return 0;
+}
+
+/* The grammar of a required call (tool_choice required or a named tool) over e's vocabulary. */
+static int
+calls_grammar(struct engine *e, const struct sched_job *job, struct cons_gram **out, char *err)
+{
+	const struct model_desc *md = engine_model(e);
+	char name[CHAT_MAX_TOOL_NAME + 1], *rules = NULL;
+	json_t *tools = chat_json(job->req.tools), *schema;
+	struct strbuf text = { 0 };
+	int rc;
+
+	if ((rc = check_parameters(tools, err)) != 0 || !call_required(&job->req)) {
+		json_decref(tools);
+		return rc;
+	}
+	schema = calls_schema(md->chat, tools, md->chat == CHAT_HARMONY ? the_tool(&job->req, name) :
+	    job->req.tool_name);
+	if ((rc = jschema_grammar_rule(schema, "tool-call", &rules, err)) == 0) {
+		strbuf_cat(&text, calls_wrapper(md->chat));
+		strbuf_cat(&text, rules);
+		rc = engine_grammar(e, text.s, text.n, out, err);
+	}
+	free(rules), free(text.s);
+	json_decref(schema), json_decref(tools);
+	return rc != 0 ? err_prefix(err, rc, "tools") : 0;
+}
+
 int
 sched_prompt_grammar(struct engine *e, const struct sched_job *job, struct cons_gram **out, char *err)
 {
@@ -132,6 +352,8 @@ sched_prompt_grammar(struct engine *e, const struct sched_job *job, struct cons_
 	int rc;
 
 	*out = NULL;
+	if (r->tools != NULL)
+		return calls_grammar(e, job, out, err);
 	if (r->grammar != NULL && (rc = engine_grammar(e, r->grammar, strlen(r->grammar), out, err)) != 0)
 		return err_prefix(err, rc, "grammar");
 	if ((r->json_schema != NULL || r->json) && (rc = schema_grammar(e, r->json_schema, out, err)) != 0)
@@ -164,8 +386,9 @@ sched_closing_tokens(const struct model_desc *md, const struct sched_job *job, c
 	m = conversation(job, &n_msgs);
 	m2 = xcalloc(n_msgs + 1, sizeof *m2);
 	memcpy(m2, m, n_msgs * sizeof *m);
-	m2[n_msgs] = (struct chat_msg){ "assistant", ans->text, NULL };
-	if (render(md, m, n_msgs, 1, &b, &b_len, NULL) == 0 && render(md, m2, n_msgs + 1, 0, &a, &a_len, NULL) == 0 &&
+	m2[n_msgs] = (struct chat_msg){ .role = "assistant", .content = ans->text };
+	if (render(md, job, m, n_msgs, 1, &b, &b_len, NULL) == 0 &&
+	    render(md, job, m2, n_msgs + 1, 0, &a, &a_len, NULL) == 0 &&
 	    a_len >= b_len + ans->len && memcmp(a, b, b_len) == 0 && memcmp(a + b_len, ans->text, ans->len) == 0) {
 		last = q->n_tokens > 0 && tok_is_eog(md->tok, q->tokens[q->n_tokens - 1]) ?
 		    tok_piece(md->tok, q->tokens[q->n_tokens - 1]) : NULL;

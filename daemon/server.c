@@ -32,6 +32,7 @@
  */
 #include "config.h"
 #include "server.h"
+#include "chat_tools.h"
 #include "log.h"
 #include "proto.h"
 #include "sched.h"
@@ -377,6 +378,60 @@ reply_session(struct conn *c, uint64_t id, const struct store_session *ss)
 	msgpack_sbuffer_destroy(&sb);
 }
 
+/*
+ * A stored turn in session.get: role, content, tokens, and where not
+ * empty its reasoning, tool calls, and a tool result's call id and tool.
+ */
+static void
+pack_turn(msgpack_packer *pk, const struct store_turn *t)
+{
+	struct chat_call *calls = NULL;
+	size_t n_calls = 0;
+
+	if (t->tool_calls[0] != '\0' && chat_calls_from_json(t->tool_calls, &calls, &n_calls, NULL) != 0) {
+		chat_calls_free(calls, n_calls);
+		calls = NULL, n_calls = 0;
+	}
+	msgpack_pack_map(pk, 3 + (t->reasoning[0] != '\0') + (n_calls > 0) + (t->tool_call_id[0] != '\0') +
+	    (t->tool_name[0] != '\0'));
+	proto_pack_kv_str(pk, "role", t->role);
+	proto_pack_kv_str(pk, "content", t->content);
+	if (t->reasoning[0] != '\0')
+		proto_pack_kv_str(pk, "reasoning", t->reasoning);
+	if (n_calls > 0) {
+		proto_pack_str(pk, "tool_calls");
+		proto_pack_calls(pk, calls, n_calls);
+	}
+	if (t->tool_call_id[0] != '\0')
+		proto_pack_kv_str(pk, "tool_call_id", t->tool_call_id);
+	if (t->tool_name[0] != '\0')
+		proto_pack_kv_str(pk, "name", t->tool_name);
+	proto_pack_kv_uint(pk, "tokens", (uint64_t)t->n_tokens);
+	chat_calls_free(calls, n_calls);
+}
+
+/* A stored turn as a message of the history (its strings moved out of t). */
+static void
+history_msg(struct proto_msg *m, struct store_turn *t)
+{
+	size_t n = 0;
+
+	m->role = t->role, t->role = NULL;
+	m->content = t->content, t->content = NULL;
+	if (t->reasoning[0] != '\0')
+		m->reasoning = t->reasoning, t->reasoning = NULL;
+	/* written by chat_calls_json: a row that does not read back renders without its calls */
+	if (t->tool_calls[0] != '\0' && chat_calls_from_json(t->tool_calls, &m->calls, &n, NULL) != 0) {
+		chat_calls_free(m->calls, n);
+		m->calls = NULL, n = 0;
+	}
+	m->n_calls = (int)n;
+	if (t->tool_call_id[0] != '\0')
+		m->tool_call_id = t->tool_call_id, t->tool_call_id = NULL;
+	if (t->tool_name[0] != '\0')
+		m->name = t->tool_name, t->tool_name = NULL;
+}
+
 /* A result with nothing in it. */
 static void
 reply_empty(struct conn *c, uint64_t id)
@@ -455,14 +510,8 @@ op_session_get(struct conn *c, struct proto_req *r)
 	pack_session(&pk, &ss);
 	proto_pack_str(&pk, "turns");
 	msgpack_pack_array(&pk, (uint32_t)n);
-	for (i = 0; i < n; i++) {
-		msgpack_pack_map(&pk, 3 + (t[i].reasoning[0] != '\0'));
-		proto_pack_kv_str(&pk, "role", t[i].role);
-		proto_pack_kv_str(&pk, "content", t[i].content);
-		if (t[i].reasoning[0] != '\0')
-			proto_pack_kv_str(&pk, "reasoning", t[i].reasoning);
-		proto_pack_kv_uint(&pk, "tokens", (uint64_t)t[i].n_tokens);
-	}
+	for (i = 0; i < n; i++)
+		pack_turn(&pk, &t[i]);
 	proto_reply_end(&sb);
 	conn_send(c, &sb);
 	msgpack_sbuffer_destroy(&sb);
@@ -571,10 +620,7 @@ load_session(struct conn *c, struct sched_job *job)
 	job->history = xcalloc((size_t)(n ? n : 1), sizeof *job->history);
 	job->history_ids = xmalloc((size_t)MAX(total, 1) * sizeof *job->history_ids);
 	for (i = 0; i < n; i++) {
-		job->history[i].role = t[i].role, t[i].role = NULL;
-		job->history[i].content = t[i].content, t[i].content = NULL;
-		if (t[i].reasoning[0] != '\0')
-			job->history[i].reasoning = t[i].reasoning, t[i].reasoning = NULL;
+		history_msg(&job->history[i], &t[i]);
 		memcpy(job->history_ids + job->history_tokens, t[i].tokens, (size_t)t[i].n_tokens * sizeof(int32_t));
 		job->history_tokens += t[i].n_tokens;
 	}

@@ -76,6 +76,10 @@ static const char *const migrations[] = {
 	");",
 	/* 2: an assistant turn's reasoning, apart from its content ("" for the turns before) */
 	"ALTER TABLE turns ADD COLUMN reasoning TEXT NOT NULL DEFAULT '';",
+	/* 3: an assistant turn's tool calls (JSON text), a tool result's call id and tool ('' for the turns before) */
+	"ALTER TABLE turns ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '';"
+	"ALTER TABLE turns ADD COLUMN tool_call_id TEXT NOT NULL DEFAULT '';"
+	"ALTER TABLE turns ADD COLUMN tool_name TEXT NOT NULL DEFAULT '';",
 };
 
 /* The prepared statements; those before ST_SCHEMA need no tables. */
@@ -128,12 +132,13 @@ static const char *const stmt_sql[ST_COUNT] = {
 	    " n_tokens = n_tokens + ?4, updated = ?5, touched = " NEXT_TOUCH
 	    " WHERE uuid = ?1 AND uid = ?2",
 	[ST_SESSION_DELETE] = "DELETE FROM sessions WHERE uuid = ?1 AND uid = ?2",
-	[ST_TURN_INSERT] = "INSERT INTO turns (session, idx, role, content, tokens, reasoning)"
-	    " VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-	[ST_TURNS_GET] = "SELECT role, content, tokens, reasoning FROM turns"
+	[ST_TURN_INSERT] = "INSERT INTO turns (session, idx, role, content, tokens, reasoning, tool_calls,"
+	    " tool_call_id, tool_name) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+	[ST_TURNS_GET] = "SELECT role, content, tokens, reasoning, tool_calls, tool_call_id, tool_name FROM turns"
 	    " WHERE session = ?1 ORDER BY idx",
-	[ST_TURNS_COPY] = "INSERT INTO turns (session, idx, role, content, tokens, reasoning)"
-	    " SELECT ?1, idx, role, content, tokens, reasoning FROM turns WHERE session = ?2",
+	[ST_TURNS_COPY] = "INSERT INTO turns (session, idx, role, content, tokens, reasoning, tool_calls,"
+	    " tool_call_id, tool_name) SELECT ?1, idx, role, content, tokens, reasoning, tool_calls, tool_call_id,"
+	    " tool_name FROM turns WHERE session = ?2",
 	[ST_MODEL_UPSERT] = "INSERT INTO models (path, name, hash, arch, size, added)"
 	    " VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (path) DO UPDATE SET"
 	    " name = excluded.name, hash = excluded.hash, arch = excluded.arch,"
@@ -554,6 +559,9 @@ store_turns_free(struct store_turn *t, int n)
 		free(t[i].role);
 		free(t[i].content);
 		free(t[i].reasoning);
+		free(t[i].tool_calls);
+		free(t[i].tool_call_id);
+		free(t[i].tool_name);
 		free(t[i].tokens);
 	}
 	free(t);
@@ -771,6 +779,9 @@ turn_insert(struct store *s, const char *uuid, int32_t idx,
 	bind_text(s, st, 3, t->role);
 	bind_text(s, st, 4, t->content);
 	bind_text(s, st, 6, t->reasoning ? t->reasoning : "");
+	bind_text(s, st, 7, t->tool_calls ? t->tool_calls : "");
+	bind_text(s, st, 8, t->tool_call_id ? t->tool_call_id : "");
+	bind_text(s, st, 9, t->tool_name ? t->tool_name : "");
 	/* a zero-length blob, never NULL, for a turn without tokens */
 	rc = need ? sqlite3_bind_blob(st, 5, s->blob, (int)need, SQLITE_STATIC)
 	    : sqlite3_bind_zeroblob(st, 5, 0);
@@ -796,6 +807,9 @@ turn_read(sqlite3_stmt *st, struct store_turn *t, char *err)
 	t->role = col_str(st, 0);
 	t->content = col_str(st, 1);
 	t->reasoning = col_str(st, 3);
+	t->tool_calls = col_str(st, 4);
+	t->tool_call_id = col_str(st, 5);
+	t->tool_name = col_str(st, 6);
 	t->n_tokens = bytes / 4;
 	if (t->n_tokens > 0)
 		t->tokens = xmalloc((size_t)bytes);

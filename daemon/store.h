@@ -52,6 +52,10 @@ struct store_turn {
 	char *content;
 	char *reasoning;     /* an assistant turn's reasoning, apart from content; "" when none
 	                        (NULL is "" for store_append_turns) */
+	char *tool_calls;    /* an assistant turn's tool calls, JSON text (chat_calls_json); "" when none */
+	char *tool_call_id;  /* a tool result's: the call it answers; "" when none */
+	char *tool_name;     /* a tool result's: the tool's name; "" when none
+	                        (each NULL is "" for store_append_turns) */
 	int32_t *tokens;     /* token ids, NULL when n_tokens is 0 */
 	int32_t n_tokens;
 };

@@ -1681,6 +1681,12 @@ graph_check(struct jsc *c)
 int
 jschema_grammar(const json_t *schema, char **out, char *err)
 {
+	return jschema_grammar_rule(schema, "root", out, err);
+}
+
+int
+jschema_grammar_rule(const json_t *schema, const char *rule, char **out, char *err)
+{
 	struct jsc c = { 0 };
 	uint32_t root;
 	int rc;
@@ -1688,7 +1694,7 @@ jschema_grammar(const json_t *schema, char **out, char *err)
 	c.doc = schema, c.err = err;
 	*out = NULL;
 	if ((rc = node(&c, schema, &root)) == 0 && (rc = graph_check(&c)) == 0 &&
-	    (rc = rule_add(&c, "root", c.ent[root].name)) == 0 && (rc = fixed_emit(&c)) == 0) {
+	    (rc = rule_add(&c, rule, c.ent[root].name)) == 0 && (rc = fixed_emit(&c)) == 0) {
 		*out = c.out.s;
 		c.out.s = NULL;
 	}

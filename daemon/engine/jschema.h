@@ -115,4 +115,13 @@
  */
 int jschema_grammar(const json_t *schema, char **out, char *err);
 
+/*
+ * jschema_grammar with the whole value's rule named rule instead of root,
+ * for a grammar that embeds it (a tool call's wrapper around its
+ * arguments): rule must be a rule name the schema's own rules do not use
+ * (they are named s<N>, r<N> and the JSON rules' names: "value", "string",
+ * ...; a name with "tool-" in front is free).
+ */
+int jschema_grammar_rule(const json_t *schema, const char *rule, char **out, char *err);
+
 #endif

@@ -2,12 +2,12 @@
  * chat_reason.c: the reasoning/answer splitter of chat_reason.h.
  *
  * Two machines share one struct. Harmony's moves on marker ids alone: the
- * markers are control tokens, so they never hide in text. Qwen3's moves on
+ * markers are control tokens, so they never hide in text. Qwen's moves on
  * the text, byte by byte, holding back what may still become its next tag
- * (and the newlines before it, which the template owns); only it copies
- * bytes, into one region a part, so that a released tag start and the
- * token's own text come out together. Other families pass each piece
- * through as answer.
+ * (and, for Qwen3's think tags, the newlines before it, which the template
+ * owns); only it copies bytes, into one region a part, so that a released
+ * tag start and the token's own text come out together. Other families
+ * pass each piece through as answer.
  */
 #include "config.h"
 #include "chat_reason.h"
@@ -80,7 +80,7 @@ harmony_feed(struct chat_reason *r, int32_t id, const char *piece, size_t len,
 	}
 }
 
-/* ---- Qwen3 ---- */
+/* ---- Qwen ---- */
 
 /* Appends one byte to part p of the output. */
 static void
@@ -106,45 +106,78 @@ hold_fits(const struct chat_reason *r, int *whole)
 	return n <= t && memcmp(r->hold + k, tag, n) == 0;
 }
 
+static void call_byte(struct chat_reason *r, char c, struct chat_split *out);
+
 /*
  * The first held byte is text, not a tag's: reasoning in a think block.
- * Before any answer it begins the answer, and no tag is looked for after
- * it: all that is held goes out.
+ * Before any answer it begins the answer, and no think tag is looked for
+ * after it: all that is held goes on as answer (where a call may open).
  */
 static void
 release_first(struct chat_reason *r, struct chat_split *out)
 {
-	int open = r->state == CHAT_RS_OPEN;
-	size_t n = open ? r->n_hold : 1, i;
+	char held[CHAT_REASON_HOLD];
+	size_t n = r->n_hold, i;
 
+	if (r->state != CHAT_RS_OPEN) {
+		put(r, out, CHAT_PART_REASONING, r->hold[0]);
+		memmove(r->hold, r->hold + 1, --r->n_hold);
+		return;
+	}
+	memcpy(held, r->hold, n);
+	r->n_hold = 0;
+	r->state = CHAT_RS_ANSWER;
 	for (i = 0; i < n; i++)
-		put(r, out, open ? CHAT_PART_ANSWER : CHAT_PART_REASONING, r->hold[i]);
-	memmove(r->hold, r->hold + n, r->n_hold - n);
-	r->n_hold -= n;
-	if (open)
-		r->state = CHAT_RS_ANSWER;
+		call_byte(r, held[i], out);
 }
 
 /* One byte where a tag may come (before the answer, in a think block). */
 static void
 tag_byte(struct chat_reason *r, char c, struct chat_split *out)
 {
-	int whole = 0, open = r->state == CHAT_RS_OPEN;
+	enum chat_rs was = r->state;
+	int whole = 0, open = was == CHAT_RS_OPEN;
 
 	if (r->n_hold == sizeof r->hold)
 		release_first(r, out);
 	if (r->state == CHAT_RS_ANSWER) {
 		/* that began the answer */
-		put(r, out, CHAT_PART_ANSWER, c);
+		call_byte(r, c, out);
 		return;
 	}
 	r->hold[r->n_hold++] = c;
-	while (r->n_hold > 0 && !hold_fits(r, &whole))
+	while (r->state == was && r->n_hold > 0 && !hold_fits(r, &whole))
 		release_first(r, out);
-	if (whole) {
+	if (r->state == was && whole) {
 		r->n_hold = 0;
 		r->state = open ? CHAT_RS_THINK_LEAD : CHAT_RS_ANSWER_LEAD;
 	}
+}
+
+/*
+ * One byte of Qwen's answer or tool call: a <tool_call> opens a call, a
+ * </tool_call> closes it, and both tags go with the call's text; bytes
+ * that may begin the tag are held.
+ */
+static void
+call_byte(struct chat_reason *r, char c, struct chat_split *out)
+{
+	int in_call = r->state == CHAT_RS_CALL;
+	const char *tag = in_call ? "</tool_call>" : "<tool_call>";
+	enum chat_part p = in_call ? CHAT_PART_TOOL : CHAT_PART_ANSWER;
+	size_t t = strlen(tag), i;
+
+	r->hold[r->n_hold++] = c;
+	while (r->n_hold > 0 && memcmp(r->hold, tag, MIN(r->n_hold, t)) != 0) {
+		put(r, out, p, r->hold[0]);
+		memmove(r->hold, r->hold + 1, --r->n_hold);
+	}
+	if (r->n_hold < t)
+		return;
+	for (i = 0; i < t; i++)
+		put(r, out, CHAT_PART_TOOL, r->hold[i]);
+	r->n_hold = 0;
+	r->state = in_call ? CHAT_RS_ANSWER : CHAT_RS_CALL;
 }
 
 /* One byte of Qwen3's output. */
@@ -164,8 +197,15 @@ qwen3_byte(struct chat_reason *r, char c, struct chat_split *out)
 		tag_byte(r, c, out);
 		return;
 	default:
-		put(r, out, CHAT_PART_ANSWER, c);
+		call_byte(r, c, out);
 	}
+}
+
+/* Whether the family's machine is Qwen's, on the text. */
+static int
+qwen(enum chat_tmpl t)
+{
+	return t == CHAT_QWEN3 || t == CHAT_CHATML;
 }
 
 /* Points the output at the regions, empty. */
@@ -189,8 +229,9 @@ chat_reason_init(struct chat_reason *r, enum chat_tmpl t, const struct tokenizer
 	r->state = CHAT_RS_ANSWER;
 	if (t == CHAT_HARMONY)
 		return harmony_init(r, tok, in_reasoning, err);
-	if (t == CHAT_QWEN3) {
-		r->state = in_reasoning ? CHAT_RS_THINK_LEAD : CHAT_RS_OPEN;
+	if (qwen(t)) {
+		/* ChatML has no reasoning: its answer starts at once */
+		r->state = t == CHAT_CHATML ? CHAT_RS_ANSWER : in_reasoning ? CHAT_RS_THINK_LEAD : CHAT_RS_OPEN;
 		/* a token's text, and what was held before it */
 		r->cap = tok_stream_cap(tok) + CHAT_REASON_HOLD;
 		r->buf = xmalloc(CHAT_N_PARTS * r->cap);
@@ -207,7 +248,7 @@ chat_reason_feed(struct chat_reason *r, int32_t id, const char *piece, size_t le
 	memset(out, 0, sizeof *out);
 	if (r->tmpl == CHAT_HARMONY) {
 		harmony_feed(r, id, piece, len, out);
-	} else if (r->tmpl == CHAT_QWEN3) {
+	} else if (qwen(r->tmpl)) {
 		if (len > r->cap - CHAT_REASON_HOLD)
 			return ERR_RANGE;
 		qwen3_begin(r, out);
@@ -224,9 +265,15 @@ void
 chat_reason_flush(struct chat_reason *r, struct chat_split *out)
 {
 	memset(out, 0, sizeof *out);
-	if (r->tmpl != CHAT_QWEN3)
+	if (!qwen(r->tmpl))
 		return;
 	qwen3_begin(r, out);
+	if (r->state == CHAT_RS_ANSWER || r->state == CHAT_RS_CALL) {
+		/* a tag's start at the end is the text of where it stands */
+		for (size_t i = 0; i < r->n_hold; i++)
+			put(r, out, r->state == CHAT_RS_CALL ? CHAT_PART_TOOL : CHAT_PART_ANSWER, r->hold[i]);
+		r->n_hold = 0;
+	}
 	while (r->n_hold > 0)
 		release_first(r, out);
 }

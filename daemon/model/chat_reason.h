@@ -3,7 +3,9 @@
  * answer, token by token, as its chat family marks them: Qwen3 reasons
  * between <think> and </think>, gpt-oss (harmony) on its analysis channel
  * and answers on its final one (its commentary channel, where tool calls
- * go, is kept apart). The output of every other family is all answer.
+ * go, is kept apart). Qwen's (ChatML's and Qwen3's) <tool_call> blocks,
+ * their tags included, are tool text. The output of every other family is
+ * all answer.
  *
  * The caller feeds each generated token: its id and the text the
  * detokenizer (tok_stream_push) produced for it, whole UTF-8, empty for a
@@ -31,7 +33,7 @@ struct tokenizer;
 enum chat_part {
 	CHAT_PART_ANSWER,
 	CHAT_PART_REASONING,
-	CHAT_PART_TOOL,       /* harmony's commentary channel: tool calls (not parsed yet) */
+	CHAT_PART_TOOL,       /* tool calls: harmony's commentary channel, Qwen's <tool_call> blocks */
 	CHAT_N_PARTS,
 };
 
@@ -40,7 +42,8 @@ enum chat_part {
 
 /* Where the machine stands (private to chat_reason.c). */
 enum chat_rs {
-	CHAT_RS_ANSWER,      /* answer text, no tags looked for */
+	CHAT_RS_ANSWER,      /* answer text (Qwen: a <tool_call> may open a call) */
+	CHAT_RS_CALL,        /* Qwen: a <tool_call> block, until </tool_call> */
 	CHAT_RS_OPEN,        /* Qwen3, before any answer text: a <think> may open reasoning */
 	CHAT_RS_THINK_LEAD,  /* Qwen3, just after <think>: its newlines are the template's */
 	CHAT_RS_THINK,       /* Qwen3 reasoning, until </think> */
@@ -56,11 +59,11 @@ struct chat_reason {
 	enum chat_rs state;
 	enum chat_part part;                      /* harmony: the body's */
 	int32_t start, channel, message, end, ret, call; /* harmony's marker ids */
-	char hold[CHAT_REASON_HOLD];              /* Qwen3: newlines and a tag's start */
+	char hold[CHAT_REASON_HOLD];              /* Qwen: newlines and a tag's start */
 	size_t n_hold;
 	char chan[16];                            /* harmony: the channel name's start */
 	size_t n_chan;
-	char *buf;                                /* Qwen3: CHAT_N_PARTS regions of cap bytes */
+	char *buf;                                /* Qwen: CHAT_N_PARTS regions of cap bytes */
 	size_t cap;
 };
 

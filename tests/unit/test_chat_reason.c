@@ -281,6 +281,51 @@ test_harmony(void **state)
 }
 
 /* Families without reasoning: everything is answer, tags included. */
+/*
+ * Qwen's <tool_call> blocks, tags cut over pieces, are tool text, tags
+ * included; a tag's start left at the end stays where it stands; Qwen3's
+ * answer may open with a call at once, or after its reasoning.
+ */
+static void
+test_qwen_tool_calls(void **state)
+{
+	static const char *const cut[] = { "Sure.\n<tool", "_call>\n{\"name\": \"f\", ", "\"arguments\": {}}\n</tool_",
+	    "call>\n<tool_call>\n{}\n</tool_call>", " done <tool" };
+	static const char *const first[] = { "<tool_call>", "\n{}\n</tool_call" };
+	static const char *const texts[][3] = {
+		{ "<think>\nx\n</think>\n\n<tool_call>\n{\"name\": \"f\"}\n</tool_call><|im_end|>", "x",
+		  "<tool_call>\n{\"name\": \"f\"}\n</tool_call>" },
+		{ "<tool_call>\n{}\n</tool_call>", "", "<tool_call>\n{}\n</tool_call>" },
+		{ "<t <tool_call>{}</tool_call>", "", "<tool_call>{}</tool_call>" },
+	};
+	struct chat_reason r;
+	struct parts p;
+	char err[ERR_LEN];
+	size_t i;
+
+	(void)state;
+	assert_int_equal(chat_reason_init(&r, CHAT_CHATML, qwen3, 0, err), 0);
+	feed_pieces(&r, cut, ARRAY_LEN(cut), &p);
+	chat_reason_free(&r);
+	assert_string_equal(p.text[CHAT_PART_TOOL], "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>"
+	    "<tool_call>\n{}\n</tool_call>");
+	assert_string_equal(p.text[CHAT_PART_ANSWER], "Sure.\n\n done <tool");
+	assert_int_equal(chat_reason_init(&r, CHAT_QWEN3, qwen3, 0, err), 0);
+	feed_pieces(&r, first, ARRAY_LEN(first), &p);
+	chat_reason_free(&r);
+	/* an unclosed call's held tag start is the call's */
+	assert_string_equal(p.text[CHAT_PART_TOOL], "<tool_call>\n{}\n</tool_call");
+	assert_string_equal(p.text[CHAT_PART_ANSWER], "");
+	for (i = 0; i < ARRAY_LEN(texts); i++) {
+		assert_int_equal(chat_reason_init(&r, CHAT_QWEN3, qwen3, 0, err), 0);
+		generate(&r, qwen3, texts[i][0], &p);
+		chat_reason_free(&r);
+		assert_string_equal(p.text[CHAT_PART_REASONING], texts[i][1]);
+		assert_string_equal(p.text[CHAT_PART_TOOL], texts[i][2]);
+	}
+	assert_string_equal(p.text[CHAT_PART_ANSWER], "<t ");
+}
+
 static void
 test_other_families(void **state)
 {
@@ -330,6 +375,7 @@ main(void)
 		cmocka_unit_test(test_qwen3_newline_run),
 		cmocka_unit_test(test_qwen3_roundtrip),
 		cmocka_unit_test(test_harmony),
+		cmocka_unit_test(test_qwen_tool_calls),
 		cmocka_unit_test(test_other_families),
 		cmocka_unit_test(test_errors),
 	};

@@ -970,7 +970,8 @@ test_migrate_reasoning(void **state)
 	store_close(f->s);
 	f->s = NULL;
 	db = raw_open(f->path);
-	raw_exec(db, "ALTER TABLE turns DROP COLUMN reasoning; PRAGMA user_version = 1");
+	raw_exec(db, "ALTER TABLE turns DROP COLUMN tool_calls; ALTER TABLE turns DROP COLUMN tool_call_id;"
+	    "ALTER TABLE turns DROP COLUMN tool_name; ALTER TABLE turns DROP COLUMN reasoning; PRAGMA user_version = 1");
 	sqlite3_close(db);
 
 	reopen(f);
@@ -991,6 +992,55 @@ test_migrate_reasoning(void **state)
 	assert_int_equal(n, 4);
 	assert_string_equal(out[3].content, "b");
 	assert_string_equal(out[3].reasoning, "why b");
+	store_turns_free(out, n);
+}
+
+/*
+ * Tool calls and results: stored and read back, copied by a fork; a
+ * database of schema version 2 (turns without them) opens, its turns read
+ * back with "" for them.
+ */
+static void
+test_tool_turns(void **state)
+{
+	static const char calls[] = "[{\"id\":\"call_1\",\"name\":\"f\",\"arguments\":\"{}\"}]";
+	struct fx *f = *state;
+	int32_t tok[] = { 4, 5 };
+	struct store_turn in[3], *out;
+	struct store_session fork;
+	char uuid[37];
+	sqlite3 *db;
+	int n;
+
+	new_session(f, 1, "tools", uuid);
+	in[0] = turn("user", "q", tok, 2);
+	in[1] = turn("assistant", "", tok, 1);
+	in[1].tool_calls = (char *)calls;
+	in[2] = turn("tool", "42", tok, 1);
+	in[2].tool_call_id = (char *)"call_1";
+	in[2].tool_name = (char *)"f";
+	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, in, 3, f->err), 0);
+	assert_int_equal(store_session_fork(f->s, 1, uuid, "fork", &fork, f->err), 0);
+	assert_int_equal(store_turns(f->s, 1, fork.uuid, &out, &n, f->err), 0);
+	assert_int_equal(n, 3);
+	assert_string_equal(out[0].tool_calls, "");
+	assert_string_equal(out[1].tool_calls, calls);
+	assert_string_equal(out[1].tool_call_id, "");
+	assert_string_equal(out[2].tool_call_id, "call_1");
+	assert_string_equal(out[2].tool_name, "f");
+	store_turns_free(out, n);
+	store_session_clear(&fork);
+	store_close(f->s);
+	f->s = NULL;
+	db = raw_open(f->path);
+	raw_exec(db, "ALTER TABLE turns DROP COLUMN tool_calls; ALTER TABLE turns DROP COLUMN tool_call_id;"
+	    "ALTER TABLE turns DROP COLUMN tool_name; PRAGMA user_version = 2");
+	sqlite3_close(db);
+	reopen(f);
+	assert_int_equal(store_turns(f->s, 1, uuid, &out, &n, f->err), 0);
+	assert_int_equal(n, 3);
+	assert_string_equal(out[1].tool_calls, "");
+	assert_string_equal(out[2].tool_name, "");
 	store_turns_free(out, n);
 }
 
@@ -1341,6 +1391,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_model_upsert, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_migrate_from_zero, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_migrate_reasoning, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tool_turns, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_migration_atomic, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_future_version, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_read_only, setup, teardown),
