@@ -5,7 +5,7 @@
  *
  * Fields resident has no use for (user, metadata, store, ...) are ignored,
  * as the daemon ignores unknown fields; fields that would change the reply
- * in a way resident cannot honour (n > 1, tools, logprobs, ...) are refused
+ * in a way resident cannot honour (n > 1, tools, echo, ...) are refused
  * with a 400 that names them, so that a client never gets a reply it did
  * not ask for. Value ranges are the daemon's to check (PROTOCOL.md): its
  * invalid_param comes back as a 400 with its message.
@@ -14,6 +14,7 @@
 #include "openai.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -151,7 +152,7 @@ static int
 refuse_unsupported(const json_t *o, struct api_error *e)
 {
 	static const char *const fields[] = {
-		"logprobs", "top_logprobs", "echo", "suffix", "tools", "functions", "logit_bias",
+		"echo", "suffix", "tools", "functions", "logit_bias",
 	};
 	json_t *v;
 	size_t i;
@@ -385,6 +386,42 @@ parse_stream(const json_t *o, struct api_req *r, struct api_error *e)
 	return 0;
 }
 
+/*
+ * logprobs. Chat: logprobs (bool) and top_logprobs (0..20, with logprobs
+ * true). Completions: logprobs N (0..5), the number of top tokens; their
+ * top_logprobs is not a field.
+ */
+static int
+parse_logprobs(const json_t *o, struct api_req *r, struct api_error *e)
+{
+	json_t *lp = field(o, "logprobs"), *top = field(o, "top_logprobs");
+
+	if (r->kind == API_COMPLETION) {
+		if (top != NULL)
+			return bad(e, "top_logprobs", "top_logprobs is a field of chat completions: here logprobs "
+			    "is the number of top tokens (0..%d)", API_MAX_CMPL_LOGPROBS);
+		if (lp == NULL)
+			return 0;
+		if (!json_is_integer(lp) || json_integer_value(lp) < 0 ||
+		    json_integer_value(lp) > API_MAX_CMPL_LOGPROBS)
+			return bad(e, "logprobs", "logprobs must be an integer from 0 to %d", API_MAX_CMPL_LOGPROBS);
+		r->logprobs = 1;
+		r->top_logprobs = (int)json_integer_value(lp);
+		return 0;
+	}
+	if (lp != NULL && !json_is_boolean(lp))
+		return bad(e, "logprobs", "logprobs must be a boolean");
+	r->logprobs = json_is_true(lp);
+	if (top == NULL)
+		return 0;
+	if (!json_is_integer(top) || json_integer_value(top) < 0 || json_integer_value(top) > API_MAX_TOP_LOGPROBS)
+		return bad(e, "top_logprobs", "top_logprobs must be an integer from 0 to %d", API_MAX_TOP_LOGPROBS);
+	if (!r->logprobs && json_integer_value(top) > 0)
+		return bad(e, "top_logprobs", "top_logprobs needs logprobs: true");
+	r->top_logprobs = (int)json_integer_value(top);
+	return 0;
+}
+
 int
 api_parse(enum api_kind kind, const char *body, size_t len, const char *session_header,
     struct api_req *r, struct api_error *e)
@@ -413,7 +450,7 @@ api_parse(enum api_kind kind, const char *body, size_t len, const char *session_
 	if ((kind == API_CHAT ? parse_messages(o, r, e) : parse_prompt(o, r, e)) != 0 ||
 	    parse_session(o, session_header, r, e) != 0 || parse_stream(o, r, e) != 0 ||
 	    parse_nums(o, r, e) != 0 || parse_stop(o, r, e) != 0 || parse_constraint(o, r, e) != 0 ||
-	    refuse_unsupported(o, e) != 0)
+	    parse_logprobs(o, r, e) != 0 || refuse_unsupported(o, e) != 0)
 		goto out;
 	rc = 0;
 out:
@@ -459,6 +496,10 @@ api_params(const struct api_req *r)
 	if (st == RS_OK && r->constraint != NULL)
 		st = r->constraint_text != NULL ? rs_params_set_str(p, r->constraint, r->constraint_text) :
 		    rs_params_set_bool(p, r->constraint, 1);
+	if (st == RS_OK && r->logprobs)
+		st = rs_params_set_bool(p, "logprobs", 1);
+	if (st == RS_OK && r->top_logprobs > 0)
+		st = rs_params_set_uint(p, "top_logprobs", (uint64_t)r->top_logprobs);
 	if (st != RS_OK) {
 		rs_params_free(p);
 		return NULL;
@@ -599,6 +640,197 @@ api_model(const char *name)
 	/* the daemon keeps no creation time of a model: 0 says so */
 	return json_pack("{ss ss sI ss}", "id", name, "object", "model", "created", (json_int_t)0,
 	    "owned_by", "resident");
+}
+
+/* ---- logprobs ---- */
+
+/*
+ * Bytes as text the way Python's bytes.decode("utf-8", "replace") has it
+ * (OpenAI's token strings): each maximal part of a sequence that cannot be
+ * completed, and each byte that starts none, becomes one U+FFFD. Returns
+ * a JSON string (it may hold U+0000), and its characters in *chars.
+ */
+static json_t *
+token_string(const void *bytes, size_t len, size_t *chars)
+{
+	const unsigned char *b = bytes;
+	unsigned char *out = malloc(len * 3 + 1), lo, hi;
+	size_t i = 0, n = 0, k, need;
+	json_t *j;
+
+	*chars = 0;
+	if (out == NULL)
+		return NULL;
+	while (i < len) {
+		unsigned char c = b[i];
+
+		lo = 0x80, hi = 0xbf;
+		if (c < 0x80)
+			need = 0;
+		else if (c >= 0xc2 && c <= 0xdf)
+			need = 1;
+		else if (c >= 0xe0 && c <= 0xef)
+			need = 2, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
+		else if (c >= 0xf0 && c <= 0xf4)
+			need = 3, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
+		else
+			need = (size_t)-1;
+		/* k: the bytes of the sequence that are right, its lead byte included */
+		for (k = 1; need != (size_t)-1 && k <= need && i + k < len; k++) {
+			if (b[i + k] < lo || b[i + k] > hi)
+				break;
+			lo = 0x80, hi = 0xbf;
+		}
+		if (need != (size_t)-1 && k == need + 1) {
+			memcpy(out + n, b + i, k);
+			n += k;
+		} else {
+			memcpy(out + n, "\xef\xbf\xbd", 3);
+			n += 3;
+		}
+		i += need == (size_t)-1 ? 1 : k;
+		(*chars)++;
+	}
+	j = json_stringn((const char *)out, n);
+	free(out);
+	return j;
+}
+
+/* OpenAI's logprob: -9999.0 for one that is not finite (-inf: a token a grammar forbids). */
+static json_t *
+logprob_json(double lp)
+{
+	return json_real(isfinite(lp) ? lp : -9999.0);
+}
+
+/* Chat's {token, logprob, bytes} of a token. */
+static json_t *
+chat_token_json(const struct api_lp_token *t)
+{
+	const unsigned char *b = t->bytes;
+	json_t *bytes = json_array(), *o;
+	size_t i, chars;
+
+	for (i = 0; bytes != NULL && i < t->len; i++)
+		if (json_array_append_new(bytes, json_integer(b[i])) != 0)
+			json_decref(bytes), bytes = NULL;
+	o = json_pack("{so so so}", "token", token_string(t->bytes, t->len, &chars), "logprob",
+	    logprob_json(t->logprob), "bytes", bytes);
+	return o;
+}
+
+/* Makes the arrays of lp that a take left empty (or that were never made). */
+static int
+logprobs_arrays(const struct api_req *r, struct api_logprobs *lp)
+{
+	json_t **a[] = { &lp->content, &lp->tokens, &lp->token_logprobs, &lp->top_logprobs, &lp->text_offset };
+	size_t i;
+
+	for (i = r->kind == API_CHAT ? 0 : 1; i < (r->kind == API_CHAT ? 1 : 5); i++)
+		if (*a[i] == NULL && (*a[i] = json_array()) == NULL)
+			return -1;
+	return 0;
+}
+
+static int
+chat_logprobs_add(const struct api_req *r, struct api_logprobs *lp, const struct api_lp_token *tok,
+    const struct api_lp_token *top, size_t n_top)
+{
+	json_t *entry = chat_token_json(tok), *tops = json_array();
+	size_t i;
+	int rc = -1;
+
+	if (entry == NULL || tops == NULL)
+		goto out;
+	for (i = 0; i < n_top && i < (size_t)r->top_logprobs; i++)
+		if (json_array_append_new(tops, chat_token_json(&top[i])) != 0)
+			goto out;
+	if (json_object_set(entry, "top_logprobs", tops) == 0 && json_array_append(lp->content, entry) == 0)
+		rc = 0;
+out:
+	json_decref(entry);
+	json_decref(tops);
+	return rc;
+}
+
+static int
+completion_logprobs_add(const struct api_req *r, struct api_logprobs *lp, const struct api_lp_token *tok,
+    const struct api_lp_token *top, size_t n_top)
+{
+	json_t *tops = json_object(), *s;
+	size_t i, chars, ignored;
+	int rc = 0;
+
+	if (tops == NULL)
+		return -1;
+	/* a string two top tokens share (two ends of characters, both U+FFFD) keeps the better one */
+	for (i = 0; i < n_top && i < (size_t)r->top_logprobs && rc == 0; i++) {
+		if ((s = token_string(top[i].bytes, top[i].len, &ignored)) == NULL)
+			rc = -1;
+		else if (json_object_get(tops, json_string_value(s)) == NULL)
+			/* (a key ends at a U+0000: jansson before 2.14 has no other) */
+			rc = json_object_set_new(tops, json_string_value(s), logprob_json(top[i].logprob));
+		json_decref(s);
+	}
+	if (rc != 0 || (s = token_string(tok->bytes, tok->len, &chars)) == NULL) {
+		json_decref(tops);
+		return -1;
+	}
+	rc |= json_array_append_new(lp->tokens, s);
+	rc |= json_array_append_new(lp->token_logprobs, logprob_json(tok->logprob));
+	rc |= json_array_append_new(lp->top_logprobs, tops);
+	rc |= json_array_append_new(lp->text_offset, json_integer((json_int_t)lp->offset));
+	lp->offset += chars;
+	return rc ? -1 : 0;
+}
+
+int
+api_logprobs_add(const struct api_req *r, struct api_logprobs *lp, const struct api_lp_token *tok,
+    const struct api_lp_token *top, size_t n_top)
+{
+	if (logprobs_arrays(r, lp) != 0)
+		return -1;
+	return r->kind == API_CHAT ? chat_logprobs_add(r, lp, tok, top, n_top) :
+	    completion_logprobs_add(r, lp, tok, top, n_top);
+}
+
+json_t *
+api_logprobs_take(const struct api_req *r, struct api_logprobs *lp)
+{
+	json_t *o;
+
+	if (logprobs_arrays(r, lp) != 0)
+		return NULL;
+	if (r->kind == API_CHAT)
+		o = json_pack("{so}", "content", lp->content);
+	else
+		o = json_pack("{so so so so}", "tokens", lp->tokens, "token_logprobs", lp->token_logprobs,
+		    "top_logprobs", lp->top_logprobs, "text_offset", lp->text_offset);
+	/* json_pack took the arrays, or freed them */
+	lp->content = lp->tokens = lp->token_logprobs = lp->top_logprobs = lp->text_offset = NULL;
+	return o;
+}
+
+void
+api_logprobs_free(struct api_logprobs *lp)
+{
+	json_decref(lp->content);
+	json_decref(lp->tokens);
+	json_decref(lp->token_logprobs);
+	json_decref(lp->top_logprobs);
+	json_decref(lp->text_offset);
+	memset(lp, 0, sizeof *lp);
+}
+
+void
+api_set_logprobs(json_t *reply, json_t *logprobs)
+{
+	json_t *choice = json_array_get(json_object_get(reply, "choices"), 0);
+
+	if (choice == NULL || logprobs == NULL)
+		json_decref(logprobs);
+	else
+		json_object_set_new(choice, "logprobs", logprobs);
 }
 
 /* ---- errors ---- */

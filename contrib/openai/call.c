@@ -58,6 +58,14 @@ struct call {
 	char session[40];
 	uint64_t gen_id;
 	int streaming;                /* the event stream has begun */
+	/*
+	 * With logprobs: their tokens. The daemon sends token replies only to a
+	 * stream, so a reply that is not streamed is gathered from them, its
+	 * answer and reasoning too.
+	 */
+	struct api_logprobs lp;
+	char *lp_text, *lp_reasoning;
+	size_t lp_text_len, lp_reasoning_len;
 	struct call *next;
 };
 
@@ -79,6 +87,9 @@ call_free(struct call *c)
 		event_free(c->rc_ev);
 	rs_close(c->rc);
 	api_req_free(&c->r);
+	api_logprobs_free(&c->lp);
+	free(c->lp_text);
+	free(c->lp_reasoning);
 	free(c->model_name);
 	free(c);
 }
@@ -428,25 +439,116 @@ stream_begin(struct call *c)
 		http_stream_send(c->req, api_chunk(&c->r, &c->meta, "", NULL, 1, NULL));
 }
 
-/* A token's answer and reasoning as a chunk; its tool text has no place in the API without tool calls. */
+/*
+ * Adds a token reply's logprobs to c->lp. A token that holds reasoning or
+ * tool text and no answer text is not one of the answer's: it is left out.
+ * Returns 1 when the token was added.
+ */
+static int
+logprobs_token(struct call *c, const char *text, const rs_value *reply)
+{
+	struct api_lp_token tok, top[API_MAX_TOP_LOGPROBS];
+	const rs_value *tl = rs_get(reply, "top_logprobs"), *b;
+	size_t i, n = rs_len(tl);
+
+	if (text[0] == '\0' && (rs_reply_reasoning(reply)[0] != '\0' || rs_reply_tool(reply)[0] != '\0'))
+		return 0;
+	b = rs_get(reply, "bytes");
+	tok = (struct api_lp_token){ rs_str(b) ? rs_str(b) : "", rs_len(b), rs_float(rs_get(reply, "logprob")) };
+	for (i = 0; i < n && i < API_MAX_TOP_LOGPROBS; i++) {
+		b = rs_get(rs_at(tl, i), "bytes");
+		top[i] = (struct api_lp_token){ rs_str(b) ? rs_str(b) : "", rs_len(b),
+		    rs_float(rs_get(rs_at(tl, i), "logprob")) };
+	}
+	if (api_logprobs_add(&c->r, &c->lp, &tok, top, i) != 0) {
+		log_warn("%s: out of memory: a token's logprobs are left out", c->path);
+		return 0;
+	}
+	return 1;
+}
+
+/* Appends s to the string *buf of *len bytes. */
+static int
+logprobs_append(char **buf, size_t *len, const char *s)
+{
+	size_t n = strlen(s);
+	char *p;
+
+	if (n == 0)
+		return 0;
+	if ((p = realloc(*buf, *len + n + 1)) == NULL)
+		return -1;
+	memcpy(p + *len, s, n + 1);
+	*buf = p;
+	*len += n;
+	return 0;
+}
+
+/* A token of a reply that is not streamed but has logprobs: gathered for done_cb. */
+static int
+logprobs_gather(struct call *c, const char *text, const rs_value *reply)
+{
+	struct api_error e;
+
+	logprobs_token(c, text, reply);
+	if (logprobs_append(&c->lp_text, &c->lp_text_len, text) != 0 ||
+	    logprobs_append(&c->lp_reasoning, &c->lp_reasoning_len, rs_reply_reasoning(reply)) != 0) {
+		api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+		call_fail(c, &e);
+		return 1;       /* cancels the generation; its done finds the call answered */
+	}
+	return 0;
+}
+
+/* The logprobs of a streamed token, for its chunk; NULL when it has none. */
+static json_t *
+logprobs_chunk(struct call *c, const char *text, const rs_value *reply)
+{
+	if (!c->r.logprobs || !logprobs_token(c, text, reply))
+		return NULL;
+	return api_logprobs_take(&c->r, &c->lp);
+}
+
+/*
+ * A token's answer and reasoning as a chunk; its tool text has no place in
+ * the API without tool calls. With logprobs, each token of the answer has
+ * a chunk with its logprobs, its content "" when the token ends no
+ * character (or its text is held back: that comes with a later one).
+ */
 static int
 token_cb(uint64_t id, const char *text, const rs_value *reply, void *arg)
 {
 	struct call *c = arg;
 	const char *reasoning = rs_reply_reasoning(reply);
+	json_t *lp, *chunk;
 
 	if (c->req == NULL)
 		return 0;               /* cancelling */
+	if (c->r.logprobs && !c->r.stream)
+		return logprobs_gather(c, text, reply);
 	if (!c->streaming)
 		stream_begin(c);
-	if (text[0] != '\0' || reasoning[0] != '\0')
-		http_stream_send(c->req, api_chunk(&c->r, &c->meta, text[0] != '\0' ? text : NULL, reasoning, 0,
-		    NULL));
+	lp = logprobs_chunk(c, text, reply);
+	if (text[0] != '\0' || reasoning[0] != '\0' || lp != NULL) {
+		chunk = api_chunk(&c->r, &c->meta, text[0] != '\0' || lp != NULL ? text : NULL, reasoning, 0, NULL);
+		api_set_logprobs(chunk, lp);
+		http_stream_send(c->req, chunk);
+	}
 	if (http_unsent(c->req) > c->oa->max_unread) {
 		log_warn("%s: the client left %zu bytes unread: dropped", c->path, http_unsent(c->req));
 		http_watch_drop(c->watch);      /* calls call_gone_cb: the generation is cancelled */
 	}
 	return 0;
+}
+
+/* A reply with logprobs that is not streamed: gathered from its tokens. */
+static json_t *
+logprobs_reply(struct call *c, const char *reason, const struct api_usage *u)
+{
+	json_t *o = api_reply(&c->r, &c->meta, c->lp_text ? c->lp_text : "", c->lp_reasoning, reason, u);
+
+	api_set_logprobs(o, api_logprobs_take(&c->r, &c->lp));
+	return o;
 }
 
 static void
@@ -484,8 +586,8 @@ done_cb(uint64_t id, const rs_value *done, void *arg)
 		call_unwatch(c);
 		if (c->session[0])
 			http_add_header(c->req, "X-Resident-Session", c->session);
-		http_send_json(c->req, 200, api_reply(&c->r, &c->meta, rs_str(rs_get(done, "text")),
-		    rs_reply_reasoning(done), reason, &u));
+		http_send_json(c->req, 200, c->r.logprobs ? logprobs_reply(c, reason, &u) :
+		    api_reply(&c->r, &c->meta, rs_str(rs_get(done, "text")), rs_reply_reasoning(done), reason, &u));
 	}
 	log_info("%s 200 model %s%s%s, %llu+%llu tokens (%llu cached), %s (%.3fs)", c->path, c->r.model,
 	    c->session[0] ? ", session " : "", c->session, (unsigned long long)u.prompt,
@@ -501,7 +603,7 @@ call_start_generate(struct call *c)
 	c->state = CALL_GENERATE;
 	c->meta.session = c->session[0] ? c->session : NULL;
 	if (p == NULL || (c->session[0] && rs_params_set_str(p, "session", c->session) != RS_OK) ||
-	    rs_params_set_bool(p, "stream", c->r.stream) != RS_OK) {
+	    rs_params_set_bool(p, "stream", c->r.stream || c->r.logprobs) != RS_OK) {
 		rs_params_free(p);
 		call_error_cb(0, RS_ERR_NOMEM, "out of memory", c);
 		return;

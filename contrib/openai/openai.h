@@ -73,6 +73,12 @@ struct api_req {
 	 */
 	const char *constraint;
 	char *constraint_text;
+	/*
+	 * logprobs: each token's log-probability, and top_logprobs (0..20) of
+	 * the step's most likely tokens (chat: logprobs true and top_logprobs;
+	 * completions: logprobs N, 0..5).
+	 */
+	int logprobs, top_logprobs;
 };
 
 /* What identifies one reply: its id ("chatcmpl-..."), creation time, model and session. */
@@ -121,6 +127,44 @@ json_t *api_chunk(const struct api_req *r, const struct api_meta *m, const char 
 json_t *api_usage_chunk(const struct api_req *r, const struct api_meta *m, const struct api_usage *u);
 /* One entry of /v1/models. */
 json_t *api_model(const char *name);
+
+/* ---- api.c: logprobs ---- */
+
+#define API_MAX_TOP_LOGPROBS 20         /* chat's top_logprobs; the daemon's limit */
+#define API_MAX_CMPL_LOGPROBS 5         /* completions' logprobs */
+
+/* A token with its log-probability, as a token reply gives it (bytes: maybe not whole UTF-8). */
+struct api_lp_token {
+	const void *bytes;
+	size_t len;
+	double logprob;
+};
+
+/*
+ * The logprobs of a reply, or of the chunks of a stream, gathered token by
+ * token: chat's content entries, or completions' four arrays (text_offset
+ * counts characters of the token strings from the completion's start).
+ */
+struct api_logprobs {
+	json_t *content;
+	json_t *tokens, *token_logprobs, *top_logprobs, *text_offset;
+	uint64_t offset;
+};
+
+/*
+ * Adds a token and the step's most likely tokens (best first; at most
+ * r->top_logprobs of them are shown). A token string is its bytes decoded
+ * as UTF-8, an invalid sequence U+FFFD; a logprob that is not finite
+ * (-inf: a token a grammar forbids) is -9999.0, as OpenAI has it.
+ * Returns -1 when out of memory.
+ */
+int api_logprobs_add(const struct api_req *r, struct api_logprobs *lp, const struct api_lp_token *tok,
+    const struct api_lp_token *top, size_t n_top);
+/* The tokens added since the last take as OpenAI's choices[i].logprobs (a new reference); NULL: no memory. */
+json_t *api_logprobs_take(const struct api_req *r, struct api_logprobs *lp);
+void api_logprobs_free(struct api_logprobs *lp);
+/* Sets choices[0].logprobs of a reply or chunk (api_reply, api_chunk); takes the reference of logprobs. */
+void api_set_logprobs(json_t *reply, json_t *logprobs);
 
 /* Fills e with the HTTP status and OpenAI error for a libresident status and its message. */
 void api_error_from_status(rs_status st, const char *message, struct api_error *e);

@@ -11,7 +11,10 @@ large, a full queue, a missing API key, an unreachable daemon and bad flags
 get their status and OpenAI's error shape; a client that leaves, or that
 stops reading, cancels its generation (a cancelled turn leaves its session
 untouched); a session is resumed with only the new message; curl sees the
-event stream's exact framing.
+event stream's exact framing. logprobs and top_logprobs, chat and
+completions, streamed and not, are the daemon's own: as many top tokens as
+asked for, best first, the greedy token the first of them, -inf (a token a
+grammar forbids) shown as -9999.0.
 
 Skips (exit 77) when the `openai` package or curl is missing.
 """
@@ -184,6 +187,110 @@ def check_sampling(ck, oc, dc):
     ck.ok(a != c, "seed: another seed gives another text")
     r = oc.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=3)
     ck.eq(r.usage.completion_tokens, 3, "max_completion_tokens")
+
+
+def close(a, b):
+    return abs(a - b) <= 1e-5 * max(1.0, abs(a))
+
+
+def check_chat_lp_entries(ck, what, content, top_n):
+    """Chat logprobs entries: bytes decode to the token, top_n top tokens,
+    best first, the greedy token the first (and so the best) of them."""
+    ck.ok(all(bytes(e.bytes).decode("utf-8", "replace") == e.token for e in content),
+          "%s: each token string is its bytes decoded" % what)
+    ck.ok(all(len(e.top_logprobs) == top_n for e in content),
+          "%s: %d top_logprobs per token (%s)" % (what, top_n, sorted({len(e.top_logprobs) for e in content})))
+    ck.ok(all(all(a.logprob >= b.logprob for a, b in zip(e.top_logprobs, e.top_logprobs[1:])) for e in content),
+          "%s: top_logprobs are best first" % what)
+    if top_n:
+        ck.ok(all(close(e.logprob, e.top_logprobs[0].logprob) and e.bytes == e.top_logprobs[0].bytes
+                  for e in content), "%s: greedy: the token is the first of the top_logprobs" % what)
+    ck.ok(all(-9999.0 <= e.logprob <= 0 for e in content), "%s: logprobs are log-probabilities" % what)
+
+
+def check_logprobs(ck, oc, dc):
+    msgs = user("Say something.")
+    want = daemon_gen(dc, messages=msgs, max_tokens=16, temperature=0)
+    own = [t for t in dc.generate(messages=msgs, max_tokens=16, temperature=0, stream=True, logprobs=True,
+                                  top_logprobs=3).tokens if t.get("text") or not (t.get("reasoning") or t.get("tool"))]
+    r = oc.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0, logprobs=True,
+                                   top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    ck.eq(r.choices[0].message.content, want.text, "chat logprobs: the text is the daemon's greedy text")
+    ck.ok(1 <= len(content) <= r.usage.completion_tokens, "chat logprobs: an entry per token (%d of %d)" % (
+        len(content), r.usage.completion_tokens))
+    ck.eq([(bytes(e.bytes), e.logprob, [(bytes(x.bytes), x.logprob) for x in e.top_logprobs]) for e in content],
+          [(t["bytes"], t["logprob"], [(x["bytes"], x["logprob"]) for x in t["top_logprobs"]]) for t in own],
+          "chat logprobs: the daemon's own tokens and logprobs")
+    ck.eq(b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace"), want.text,
+          "chat logprobs: the tokens' bytes make the text")
+    check_chat_lp_entries(ck, "chat logprobs", content, 3)
+
+    chunks = list(oc.chat.completions.create(model=MODEL, messages=msgs, max_tokens=16, temperature=0,
+                                             logprobs=True, top_logprobs=3, stream=True))
+    streamed = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    ck.eq("".join(c.choices[0].delta.content or "" for c in chunks if c.choices), want.text,
+          "chat logprobs stream: the text")
+    ck.eq([(e.token, e.bytes, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in streamed],
+          [(e.token, e.bytes, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in content],
+          "chat logprobs stream: the chunks' logprobs are those of the whole reply")
+    ck.ok(all(len(c.choices[0].logprobs.content) == 1 for c in chunks if c.choices and c.choices[0].logprobs),
+          "chat logprobs stream: one token a chunk")
+
+    for n in (0, 20):
+        r = oc.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, temperature=0, logprobs=True,
+                                       top_logprobs=n, stream=n == 20)
+        content = (r.choices[0].logprobs.content if n == 0 else
+                   [e for c in r if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content])
+        ck.ok(len(content) >= 1, "chat top_logprobs=%d: entries" % n)
+        check_chat_lp_entries(ck, "chat top_logprobs=%d" % n, content, n)
+    r = oc.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, temperature=0)
+    ck.ok(r.choices[0].logprobs is None, "chat without logprobs: logprobs null")
+
+    # a grammar that allows fewer tokens than asked for: the others are -inf, shown as -9999.0
+    r = oc.chat.completions.create(model=MODEL, messages=msgs, max_tokens=6, temperature=0, logprobs=True,
+                                   top_logprobs=20, extra_body={"grammar": 'root ::= "yes" | "no"'})
+    content = r.choices[0].logprobs.content
+    ck.ok(r.choices[0].message.content in ("yes", "no"), "grammar logprobs: the text is the grammar's")
+    check_chat_lp_entries(ck, "grammar logprobs", content, 20)
+    ck.ok(content and content[0].top_logprobs[-1].logprob == -9999.0 and
+          all(e.logprob > -9999.0 for e in content),
+          "grammar logprobs: forbidden tokens' -inf is -9999.0, the drawn ones are allowed")
+
+    # completions: logprobs N
+    prompt = "Once upon a time"
+    want = daemon_gen(dc, prompt=prompt, max_tokens=12, temperature=0)
+    r = oc.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    ck.eq(r.choices[0].text, want.text, "completions logprobs: the daemon's greedy text")
+    ck.ok(len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) >= 1,
+          "completions logprobs: four arrays of one length")
+    ck.eq(lp.text_offset, [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))],
+          "completions logprobs: text_offset counts the tokens' characters from 0")
+    ck.ok(all(len(d) == 2 for d in lp.top_logprobs), "completions logprobs=2: two top tokens each (%s)" % (
+        sorted({len(d) for d in lp.top_logprobs})))
+    ck.ok(all(close(max(d.values()), v) for d, v in zip(lp.top_logprobs, lp.token_logprobs)),
+          "completions logprobs: greedy: the token's logprob is the best of the top tokens")
+    if "\ufffd" not in "".join(lp.tokens):
+        ck.eq("".join(lp.tokens), want.text, "completions logprobs: the tokens make the text")
+    chunks = list(oc.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, logprobs=2,
+                                        stream=True))
+    ck.eq("".join(c.choices[0].text for c in chunks), want.text, "completions logprobs stream: the text")
+    got = [c.choices[0].logprobs for c in chunks if c.choices[0].logprobs]
+    ck.eq(([t for g in got for t in g.tokens], [v for g in got for v in g.token_logprobs],
+           [d for g in got for d in g.top_logprobs], [o for g in got for o in g.text_offset]),
+          (lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset),
+          "completions logprobs stream: the chunks' logprobs are those of the whole reply")
+    r = oc.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0, logprobs=0)
+    ck.ok(r.choices[0].logprobs.tokens and all(d == {} for d in r.choices[0].logprobs.top_logprobs),
+          "completions logprobs=0: the tokens' logprobs, no top tokens")
+
+    status_error(ck, lambda: oc.chat.completions.create(model=MODEL, messages=msgs, logprobs=True, top_logprobs=21),
+                 openai.BadRequestError, 400, "top_logprobs=21", param="top_logprobs")
+    status_error(ck, lambda: oc.chat.completions.create(model=MODEL, messages=msgs, top_logprobs=2),
+                 openai.BadRequestError, 400, "top_logprobs without logprobs", param="top_logprobs")
+    status_error(ck, lambda: oc.completions.create(model=MODEL, prompt=prompt, logprobs=6),
+                 openai.BadRequestError, 400, "completions logprobs=6", param="logprobs")
 
 
 def check_errors(ck, oc, b):
@@ -454,6 +561,7 @@ def run():
                              ("chat", lambda: check_chat(ck, oc, dc)),
                              ("completions", lambda: check_completions(ck, oc, dc)),
                              ("sampling", lambda: check_sampling(ck, oc, dc)),
+                             ("logprobs", lambda: check_logprobs(ck, oc, dc)),
                              ("errors", lambda: check_errors(ck, oc, b)),
                              ("framing", lambda: check_framing(ck, b)),
                              ("concurrent", lambda: check_concurrent(ck, b, long_msgs)),

@@ -2,11 +2,12 @@
  * test_openai.c: resident-openai's translation between OpenAI's JSON and
  * resident's generate fields (contrib/openai/api.c): requests parsed and
  * refused, response_format as the output's constraint, replies, stream
- * chunks and errors built.
+ * chunks and errors built; logprobs mapped and shown in OpenAI's shapes.
  */
 #include "config.h"
 #include "openai.h"
 
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -133,7 +134,6 @@ test_bad_requests(void **state)
 		{ API_CHAT, CHAT(", \"seed\": -1"), "seed", "at least 0" },
 		{ API_CHAT, CHAT(", \"stop\": [1]"), "stop", "array of strings" },
 		{ API_CHAT, CHAT(", \"n\": 2"), "n", "n must be 1" },
-		{ API_CHAT, CHAT(", \"logprobs\": true"), "logprobs", "not supported" },
 		{ API_CHAT, CHAT(", \"tools\": [{\"type\": \"function\"}]"), "tools", "not supported" },
 		{ API_CHAT, CHAT(", \"response_format\": {\"type\": \"xml\"}"), "response_format",
 		  "type 'xml' is not supported" },
@@ -317,6 +317,187 @@ test_replies(void **state)
 }
 
 static void
+test_logprobs_requests(void **state)
+{
+	static const struct {
+		enum api_kind kind;
+		const char *body, *param, *what;
+	} bad[] = {
+		{ API_CHAT, CHAT(", \"logprobs\": 1"), "logprobs", "must be a boolean" },
+		{ API_CHAT, CHAT(", \"logprobs\": true, \"top_logprobs\": 21"), "top_logprobs", "from 0 to 20" },
+		{ API_CHAT, CHAT(", \"logprobs\": true, \"top_logprobs\": -1"), "top_logprobs", "from 0 to 20" },
+		{ API_CHAT, CHAT(", \"logprobs\": true, \"top_logprobs\": 2.5"), "top_logprobs", "from 0 to 20" },
+		{ API_CHAT, CHAT(", \"top_logprobs\": 3"), "top_logprobs", "needs logprobs: true" },
+		{ API_CHAT, CHAT(", \"logprobs\": false, \"top_logprobs\": 3"), "top_logprobs", "needs logprobs" },
+		{ API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"logprobs\": 6}", "logprobs", "from 0 to 5" },
+		{ API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"logprobs\": true}", "logprobs", "from 0 to 5" },
+		{ API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"logprobs\": 2, \"top_logprobs\": 2}",
+		  "top_logprobs", "field of chat completions" },
+	};
+	struct api_req r;
+	rs_params *p;
+	size_t i;
+
+	/* chat: logprobs true and top_logprobs, no longer refused */
+	parse_ok(API_CHAT, CHAT(", \"logprobs\": true, \"top_logprobs\": 20"), NULL, &r);
+	assert_true(r.logprobs);
+	assert_int_equal(r.top_logprobs, 20);
+	assert_non_null(p = api_params(&r));
+	rs_params_free(p);
+	api_req_free(&r);
+	parse_ok(API_CHAT, CHAT(", \"logprobs\": true"), NULL, &r);
+	assert_true(r.logprobs);
+	assert_int_equal(r.top_logprobs, 0);
+	api_req_free(&r);
+	parse_ok(API_CHAT, CHAT(", \"logprobs\": false, \"top_logprobs\": 0"), NULL, &r);
+	assert_false(r.logprobs);
+	api_req_free(&r);
+	parse_ok(API_CHAT, CHAT(", \"logprobs\": null, \"top_logprobs\": null"), NULL, &r);
+	assert_false(r.logprobs);
+	api_req_free(&r);
+	/* completions: logprobs N is the number of top tokens, 0 included */
+	parse_ok(API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"logprobs\": 5}", NULL, &r);
+	assert_true(r.logprobs);
+	assert_int_equal(r.top_logprobs, 5);
+	api_req_free(&r);
+	parse_ok(API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"logprobs\": 0}", NULL, &r);
+	assert_true(r.logprobs);
+	assert_int_equal(r.top_logprobs, 0);
+	api_req_free(&r);
+	parse_ok(API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\"}", NULL, &r);
+	assert_false(r.logprobs);
+	api_req_free(&r);
+	for (i = 0; i < sizeof bad / sizeof bad[0]; i++)
+		parse_bad(bad[i].kind, bad[i].body, NULL, bad[i].param, bad[i].what);
+	/* still refused */
+	parse_bad(API_CHAT, CHAT(", \"logprobs\": true, \"n\": 2"), NULL, "n", "n must be 1");
+	parse_bad(API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"logprobs\": 1, \"echo\": true}", NULL,
+	    "echo", "not supported");
+}
+
+#define TOK(s, lp) { s, sizeof s - 1, lp }
+
+static void
+test_logprobs_chat(void **state)
+{
+	struct api_req r = { .kind = API_CHAT, .logprobs = 1, .top_logprobs = 2 };
+	struct api_meta m = { .id = "chatcmpl-1", .created = 5, .model = "tiny" };
+	struct api_usage u = { 10, 0, 3 };
+	struct api_logprobs lp = { 0 };
+	/* the first half of a character, then its end: each U+FFFD, bytes exact */
+	const struct api_lp_token t1 = TOK("\xe4\xbd", -0.5), top1[] = { TOK("\xe4\xbd", -0.5), TOK("A", -1.25),
+	    TOK("B", -2.0) };
+	const struct api_lp_token t2 = TOK("\xa0", -INFINITY), top2[] = { TOK("\xc3\xa9", -0.25) };
+	json_t *o;
+
+	/* a reply that is not streamed: every token */
+	assert_int_equal(api_logprobs_add(&r, &lp, &t1, top1, 3), 0);  /* 3 given, 2 asked for */
+	assert_int_equal(api_logprobs_add(&r, &lp, &t2, top2, 1), 0);
+	o = api_reply(&r, &m, "\xe4\xbd\xa0", NULL, "stop", &u);
+	api_set_logprobs(o, api_logprobs_take(&r, &lp));
+	json_is(json_incref(json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs")),
+	    "{\"content\":["
+	    "{\"bytes\":[228,189],\"logprob\":-0.5,\"token\":\"\xef\xbf\xbd\",\"top_logprobs\":["
+	    "{\"bytes\":[228,189],\"logprob\":-0.5,\"token\":\"\xef\xbf\xbd\"},"
+	    "{\"bytes\":[65],\"logprob\":-1.25,\"token\":\"A\"}]},"
+	    "{\"bytes\":[160],\"logprob\":-9999.0,\"token\":\"\xef\xbf\xbd\",\"top_logprobs\":["
+	    "{\"bytes\":[195,169],\"logprob\":-0.25,\"token\":\"\xc3\xa9\"}]}]}");
+	assert_string_equal(json_string_value(json_object_get(json_object_get(json_array_get(json_object_get(o,
+	    "choices"), 0), "message"), "content")), "\xe4\xbd\xa0");
+	json_decref(o);
+	/* streamed: a chunk has the tokens added since the last */
+	r.top_logprobs = 0;
+	assert_int_equal(api_logprobs_add(&r, &lp, &t1, top1, 0), 0);
+	o = api_chunk(&r, &m, "", NULL, 0, NULL);
+	api_set_logprobs(o, api_logprobs_take(&r, &lp));
+	json_is(o, "{\"choices\":[{\"delta\":{\"content\":\"\"},\"finish_reason\":null,\"index\":0,\"logprobs\":"
+	    "{\"content\":[{\"bytes\":[228,189],\"logprob\":-0.5,\"token\":\"\xef\xbf\xbd\",\"top_logprobs\":[]}]}}],"
+	    "\"created\":5,\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":\"chat.completion.chunk\"}");
+	json_is(api_logprobs_take(&r, &lp), "{\"content\":[]}");
+	/* NULL sets nothing */
+	o = api_chunk(&r, &m, "x", NULL, 0, NULL);
+	api_set_logprobs(o, NULL);
+	assert_true(json_is_null(json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs")));
+	json_decref(o);
+	api_logprobs_free(&lp);
+}
+
+/* The token string of bytes, by the completions' shape. */
+static void
+token_string_is(const char *bytes, size_t len, const char *want, size_t chars)
+{
+	struct api_req r = { .kind = API_COMPLETION, .logprobs = 1 };
+	struct api_logprobs lp = { 0 };
+	const struct api_lp_token t = { bytes, len, -1.0 }, next = TOK("x", -1.0);
+	json_t *o;
+
+	assert_int_equal(api_logprobs_add(&r, &lp, &t, NULL, 0), 0);
+	assert_int_equal(api_logprobs_add(&r, &lp, &next, NULL, 0), 0);
+	o = api_logprobs_take(&r, &lp);
+	if (strcmp(json_string_value(json_array_get(json_object_get(o, "tokens"), 0)), want) != 0)
+		fail_msg("%zu bytes: got '%s' want '%s'", len, json_string_value(json_array_get(json_object_get(o,
+		    "tokens"), 0)), want);
+	/* text_offset counts the token string's characters */
+	assert_int_equal(json_integer_value(json_array_get(json_object_get(o, "text_offset"), 1)), chars);
+	json_decref(o);
+	api_logprobs_free(&lp);
+}
+
+#define FFFD "\xef\xbf\xbd"
+
+static void
+test_logprobs_utf8(void **state)
+{
+	/* as Python's bytes.decode("utf-8", "replace") */
+	token_string_is("\xe4\xbd", 2, FFFD, 1);
+	token_string_is("\xa0", 1, FFFD, 1);
+	token_string_is("A\xff" "B", 3, "A" FFFD "B", 3);
+	token_string_is("\xf0\x9f\x98", 3, FFFD, 1);
+	token_string_is("\xf0\x9f\x98\x80", 4, "\xf0\x9f\x98\x80", 1);
+	token_string_is("\xed\xa0\x80", 3, FFFD FFFD FFFD, 3);         /* a surrogate */
+	token_string_is("\xe0\x80\xaf", 3, FFFD FFFD FFFD, 3);         /* overlong */
+	token_string_is("\xf4\x90\x80\x80", 4, FFFD FFFD FFFD FFFD, 4); /* past U+10FFFF */
+	token_string_is("\xc3", 1, FFFD, 1);
+	token_string_is("\xe4\xbd" "A", 3, FFFD "A", 2);
+	token_string_is("\xc3\xa9t\xc3\xa9", 5, "\xc3\xa9t\xc3\xa9", 3);
+	token_string_is("", 0, "", 0);
+}
+
+static void
+test_logprobs_completion(void **state)
+{
+	struct api_req r = { .kind = API_COMPLETION, .logprobs = 1, .top_logprobs = 3 };
+	struct api_meta m = { .id = "cmpl-1", .created = 5, .model = "tiny" };
+	struct api_usage u = { 10, 0, 3 };
+	struct api_logprobs lp = { 0 };
+	/* two top tokens with one string (two U+FFFD): the better one stays */
+	const struct api_lp_token t1 = TOK(" caf", -0.5), top1[] = { TOK(" caf", -0.5), TOK("\xe4\xbd", -1.5),
+	    TOK("\xe5", -2.5), TOK("z", -3.0) };
+	const struct api_lp_token t2 = TOK("\xc3\xa9", -INFINITY), top2[] = { TOK("\xc3\xa9", -NAN) };
+	json_t *o;
+
+	assert_int_equal(api_logprobs_add(&r, &lp, &t1, top1, 4), 0);
+	assert_int_equal(api_logprobs_add(&r, &lp, &t2, top2, 1), 0);
+	o = api_reply(&r, &m, " caf\xc3\xa9", NULL, "length", &u);
+	api_set_logprobs(o, api_logprobs_take(&r, &lp));
+	json_is(o, "{\"choices\":[{\"finish_reason\":\"length\",\"index\":0,\"logprobs\":{"
+	    "\"text_offset\":[0,4],\"token_logprobs\":[-0.5,-9999.0],\"tokens\":[\" caf\",\"\xc3\xa9\"],"
+	    "\"top_logprobs\":[{\" caf\":-0.5,\"\xef\xbf\xbd\":-1.5},{\"\xc3\xa9\":-9999.0}]},\"text\":\" caf\xc3\xa9\"}],"
+	    "\"created\":5,\"id\":\"cmpl-1\",\"model\":\"tiny\",\"object\":\"text_completion\",\"usage\":"
+	    "{\"completion_tokens\":3,\"prompt_tokens\":10,\"prompt_tokens_details\":{\"cached_tokens\":0},"
+	    "\"total_tokens\":13}}");
+	/* streamed: text_offset goes on from the last chunk's; logprobs 0: no top tokens */
+	r.top_logprobs = 0;
+	assert_int_equal(api_logprobs_add(&r, &lp, &t1, top1, 4), 0);
+	o = api_chunk(&r, &m, " caf", NULL, 0, NULL);
+	api_set_logprobs(o, api_logprobs_take(&r, &lp));
+	json_is(json_incref(json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs")),
+	    "{\"text_offset\":[5],\"token_logprobs\":[-0.5],\"tokens\":[\" caf\"],\"top_logprobs\":[{}]}");
+	json_decref(o);
+	api_logprobs_free(&lp);
+}
+
+static void
 test_meta_ids(void **state)
 {
 	struct api_meta a, b;
@@ -366,6 +547,10 @@ main(void)
 		cmocka_unit_test(test_constraints),
 		cmocka_unit_test(test_sessions),
 		cmocka_unit_test(test_replies),
+		cmocka_unit_test(test_logprobs_requests),
+		cmocka_unit_test(test_logprobs_chat),
+		cmocka_unit_test(test_logprobs_utf8),
+		cmocka_unit_test(test_logprobs_completion),
 		cmocka_unit_test(test_meta_ids),
 		cmocka_unit_test(test_errors),
 	};
