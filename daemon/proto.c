@@ -480,9 +480,9 @@ get_tools(const msgpack_object *m, struct proto_req *r, char *err)
 	else if (choice != NULL && (strcmp(choice, "auto") != 0 || r->tool_name != NULL))
 		rc = err_set(err, PE_INVALID_PARAM, "tool_choice must be \"auto\", \"none\" or \"required\" "
 		    "(with tool_name: \"required\" or left out)");
-	else if ((r->tool_choice == TOOLS_REQUIRED || choice != NULL) && r->tools == NULL)
+	if (rc == 0 && (choice != NULL || r->tool_name != NULL) && r->tools == NULL)
 		rc = err_set(err, PE_INVALID_PARAM, "tool_choice and tool_name need tools");
-	else if (r->tool_name != NULL && !chat_tools_has(r->tools, r->tool_name))
+	else if (rc == 0 && r->tool_name != NULL && !chat_tools_has(r->tools, r->tool_name))
 		rc = err_set(err, PE_INVALID_PARAM, "tool_name '%s' is none of the tools", r->tool_name);
 out:
 	free(text), free(choice);

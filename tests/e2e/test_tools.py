@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""test_tools.py: tool calls end to end (libclient/PROTOCOL.md, "Tool calls"),
+on generated models of each family that has them: tiny (Llama 3), tiny-qwen2
+(ChatML), tiny-qwen3, tiny-gemma3 and tiny-gptoss (harmony).
+
+Random weights never call a tool by themselves, so what is checked is what
+the daemon guarantees whatever the weights:
+
+1. With tool_choice required, and with a named tool, the reply is
+   constrained by the tools' parameter schemas: at temperature 1.5 and
+   several seeds, done always carries tool_calls that parse, name one of
+   the tools (the named one), and whose arguments the `jsonschema` package
+   validates against the tool's parameters; Qwen's calls come as `tool`
+   text in the token replies; harmony opens a named call's header in the
+   prompt, and refuses required among several tools with a clear message.
+2. With auto, the reply is well-formed (a done, calls or not); with none,
+   no call is parsed.
+3. A session stores the reply's calls and the tool result that answers
+   them (session.get shows them), and a later turn, after a restart too,
+   renders them again.
+4. What is refused: duplicate tool names, an unknown tool_name, a tool whose
+   parameters use an unsupported keyword (by JSON pointer), tool_choice
+   without tools, a required call beside a grammar, calls on a user message,
+   arguments that are not an object.
+
+Skips (exit 77) without the `jsonschema` package.
+"""
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rsd  # noqa: E402
+from rsd import Checks, Daemon, Skip  # noqa: E402
+
+try:
+    import jsonschema
+except ImportError:
+    jsonschema = None
+
+WEATHER = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 12},
+    "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    "unit": {"type": "string", "enum": ["c", "f"]}},
+    "required": ["city", "days"], "additionalProperties": False}
+NOW = {"type": "object", "properties": {"zone": {"$ref": "#/$defs/zone"}}, "required": ["zone"],
+       "additionalProperties": False, "$defs": {"zone": {"type": "string", "pattern": "^[A-Z]{3}$"}}}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather.",
+                                           "parameters": WEATHER}},
+         {"name": "now", "description": "The time in a zone.", "parameters": NOW}]
+SCHEMAS = {"get_weather": WEATHER, "now": NOW}
+ASK = [{"role": "user", "content": "What is the weather in Paris, and the time?"}]
+SHAPES = ["tiny", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-gptoss"]
+SEEDS = range(1, 5)
+
+
+def valid_calls(ck, calls, what, only=None):
+    """Each call names a tool (only, if given) and its arguments validate."""
+    if not ck.ok(calls, "%s: tool_calls" % what):
+        return
+    for call in calls:
+        ck.ok(call["id"], "%s: an id" % what)
+        if not ck.ok(call["name"] in SCHEMAS and (only is None or call["name"] == only),
+                     "%s: name %r" % (what, call["name"])):
+            continue
+        try:
+            jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+        except (ValueError, jsonschema.ValidationError) as e:
+            ck.ok(False, "%s: arguments %r: %s" % (what, call["arguments"], e))
+
+
+def check_constrained(ck, c, shape):
+    """Section 1 on one model: required and named calls always parse and validate."""
+    tools = json.dumps(TOOLS)
+    harmony = shape == "tiny-gptoss"
+    choices = [("named", {"tool_name": "now"}, "now"),
+               ("one tool", {"tool_choice": "required", "tools": json.dumps(TOOLS[:1])}, "get_weather")]
+    if not harmony:
+        choices.append(("required", {"tool_choice": "required"}, None))
+    ids = set()
+    for name, fields, only in choices:
+        for seed in SEEDS:
+            what = "%s %s seed %d" % (shape, name, seed)
+            req = dict(messages=ASK, tools=tools, max_tokens=300, temperature=1.5, seed=seed, stream=seed % 2 == 0)
+            req.update(fields)
+            g = c.generate(**req)
+            ck.eq(g.finish, "stop", what + ": finish")
+            ck.ok("tool_error" not in g.done, "%s: no tool_error (%s)" % (what, g.done.get("tool_error")))
+            valid_calls(ck, g.done.get("tool_calls"), what, only)
+            ids.update(call["id"] for call in g.done.get("tool_calls", []))
+            if shape in ("tiny-qwen2", "tiny-qwen3") and req["stream"]:
+                tool = "".join(t.get("tool", "") for t in g.tokens)
+                ck.ok(tool.startswith("<tool_call>") and tool.rstrip().endswith("</tool_call>"),
+                      "%s: the calls are tool text: %r" % (what, tool[:60]))
+    ck.ok(len(ids) >= len(SEEDS) * len(choices), "%s: call ids are unique" % shape)
+    if harmony:
+        c_err = rsd_error(c, messages=ASK, tools=tools, tool_choice="required")
+        ck.ok(c_err and c_err["code"] == "invalid_param" and "give tool_name" in c_err["message"],
+              "harmony: required among several tools is refused: %r" % (c_err,))
+
+
+def rsd_error(c, **fields):
+    """The error reply of a generate that must fail, or None."""
+    rid = c.start_generate(**fields)
+    while True:
+        r = c.next(rid)
+        if r["type"] in ("error", "done"):
+            return r if r["type"] == "error" else None
+
+
+def check_auto_none(ck, c, shape):
+    """Section 2: auto answers well-formed; none parses no call."""
+    for choice in ("auto", "none"):
+        for stream in (False, True):
+            g = c.generate(messages=ASK, tools=json.dumps(TOOLS), tool_choice=choice, max_tokens=20, seed=3,
+                           stream=stream)
+            what = "%s %s stream=%s" % (shape, choice, stream)
+            ck.ok(g.finish in ("stop", "length"), what + ": finish")
+            for call in g.done.get("tool_calls", []):
+                ck.ok(choice == "auto" and call["name"] in SCHEMAS, what + ": a call only with auto")
+
+
+def check_session(ck, d, c):
+    """Section 3: calls and results stored, shown, and rendered again after a restart."""
+    tools = json.dumps(TOOLS)
+    s = c.call("session.new")["session"]["session"]
+    g = c.generate(session=s, messages=ASK, tools=tools, tool_name="get_weather", max_tokens=100, seed=5)
+    calls = g.done.get("tool_calls", [])
+    if not ck.ok(len(calls) == 1, "session: one call"):
+        return c
+    result = {"role": "tool", "content": "21 C, clear", "tool_call_id": calls[0]["id"], "name": "get_weather"}
+    g2 = c.generate(session=s, messages=[result], tools=tools, max_tokens=8, seed=5)
+    ck.ok(g2.finish in ("stop", "length"), "session: the tool result's turn")
+    turns = c.call("session.get", session=s)["turns"]
+    ck.eq([t["role"] for t in turns], ["user", "assistant", "tool", "assistant"], "session: roles")
+    ck.eq(turns[1].get("tool_calls"), calls, "session.get: the reply's calls")
+    ck.eq((turns[2].get("tool_call_id"), turns[2].get("name"), turns[2]["content"]),
+          (calls[0]["id"], "get_weather", "21 C, clear"), "session.get: the result")
+    d.stop()
+    d.start()
+    c = d.client(timeout=60)
+    g3 = c.generate(session=s, messages=[{"role": "user", "content": "Thanks."}], tools=tools, max_tokens=4,
+                    seed=5)
+    ck.ok(g3.finish in ("stop", "length"), "session: resumed after a restart")
+    return c
+
+
+def check_refusals(ck, c):
+    """Section 4."""
+    tools = json.dumps(TOOLS)
+    bad = [
+        ("duplicate names", dict(tools=json.dumps([TOOLS[0], TOOLS[0]])), "invalid_param", "is also tools[0]'s"),
+        ("unknown tool_name", dict(tools=tools, tool_name="nope"), "invalid_param", "none of the tools"),
+        ("unsupported keyword", dict(tools=json.dumps([{"name": "f", "parameters": {
+            "type": "object", "properties": {"n": {"type": "number", "multipleOf": 2}}}}])),
+         "invalid_param", "f's parameters: json_schema at /properties/n/multipleOf"),
+        ("tool_choice without tools", dict(tool_choice="required"), "invalid_param", "need tools"),
+        ("a bad tool_choice", dict(tools=tools, tool_choice="any"), "invalid_param", "tool_choice must be"),
+        ("required beside a grammar", dict(tools=tools, tool_choice="required", json=True), "bad_request",
+         "constrained by the tools"),
+        ("tools not JSON", dict(tools="[{"), "invalid_param", "tools is not JSON"),
+    ]
+    for what, fields, code, needle in bad:
+        r = rsd_error(c, messages=ASK, max_tokens=4, **fields)
+        ck.ok(r is not None and r["code"] == code and needle in r["message"], "%s: %r" % (what, r))
+    msgs = [
+        ("calls on a user message", [{"role": "user", "content": "x", "tool_calls": [
+            {"name": "f", "arguments": "{}"}]}], "only an assistant message"),
+        ("arguments not an object", ASK + [{"role": "assistant", "tool_calls": [
+            {"name": "f", "arguments": "[1]"}]}], "arguments must be the JSON text of an object"),
+        ("an unknown role", [{"role": "function", "content": "x"}], "role must be"),
+    ]
+    for what, m, needle in msgs:
+        r = rsd_error(c, messages=m, max_tokens=4)
+        ck.ok(r is not None and r["code"] == "invalid_param" and needle in r["message"], "%s: %r" % (what, r))
+
+
+def main():
+    if jsonschema is None:
+        raise Skip("the jsonschema package is not installed")
+    ck = Checks()
+    tmp = tempfile.mkdtemp(prefix="rsd-tools-")
+    try:
+        for shape in SHAPES:
+            model = rsd.gen_model(os.path.join(tmp, shape + ".gguf"), shape=shape)
+            with Daemon(model=model) as d:
+                c = d.client(timeout=120)
+                with ck.section("%s: required and named calls are constrained" % shape):
+                    check_constrained(ck, c, shape)
+                with ck.section("%s: auto and none" % shape):
+                    check_auto_none(ck, c, shape)
+                if shape == "tiny-qwen3":
+                    with ck.section("sessions store calls and results"):
+                        c = check_session(ck, d, c)
+                    with ck.section("refusals"):
+                        check_refusals(ck, c)
+                c.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return ck
+
+
+if __name__ == "__main__":
+    rsd.main(main)
