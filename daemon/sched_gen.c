@@ -161,13 +161,16 @@ raw_output(struct gen *g, const struct seq *q)
 static void
 turn_calls(struct gen *g, const struct seq *q, struct turn_calls *tc)
 {
-	enum chat_tmpl t = g->md->chat;
 	const struct gentext_part *tool = &q->out.part[CHAT_PART_TOOL];
+	enum chat_tmpl t;
 	char *raw;
 
 	memset(tc, 0, sizeof *tc);
-	if (g->md == NULL || g->job->req.tools == NULL || g->job->req.tool_choice == TOOLS_NONE || q->finish == FINISH_CANCEL)
+	/* a request cancelled before it was admitted has no model description */
+	if (g->md == NULL || g->job->req.tools == NULL || g->job->req.tool_choice == TOOLS_NONE ||
+	    q->finish == FINISH_CANCEL)
 		return;
+	t = g->md->chat;
 	if (t == CHAT_CHATML || t == CHAT_QWEN3) {
 		chat_calls_parse(t, tool->text, tool->len, &tc->calls, &tc->n, tc->error);
 		return;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum ftype { F_STR, F_UINT, F_FLOAT, F_BOOL, F_STRS, F_MSGS, F_UINTS, F_MAP };
+enum ftype { F_STR, F_UINT, F_FLOAT, F_BOOL, F_STRS, F_MAPS, F_UINTS, F_MAP };
 
 struct field {
 	char *key;
@@ -19,7 +19,8 @@ struct field {
 		int b;
 		rs_params *map;
 	} v;
-	char **strs;        /* F_STRS: n strings; F_MSGS: n (role, content) pairs */
+	char **strs;        /* F_STRS: n strings */
+	rs_params **maps;   /* F_MAPS: n maps (messages, a message's tool calls) */
 	uint32_t *uints;    /* F_UINTS: n ids */
 	size_t n;
 };
@@ -39,9 +40,12 @@ field_clear(struct field *f)
 		free(f->v.s);
 	if (f->type == F_MAP)
 		rs_params_free(f->v.map);
-	for (i = 0; f->strs != NULL && i < (f->type == F_MSGS ? 2 * f->n : f->n); i++)
+	for (i = 0; f->strs != NULL && i < f->n; i++)
 		free(f->strs[i]);
+	for (i = 0; f->maps != NULL && i < f->n; i++)
+		rs_params_free(f->maps[i]);
 	free(f->strs);
+	free(f->maps);
 	free(f->uints);
 	memset(f, 0, sizeof *f);
 }
@@ -78,16 +82,17 @@ find(const rs_params *p, const char *key)
 
 /*
  * The field for key, emptied and typed, new ones appended; NULL for a bad
- * key or out of memory (*st says which).
+ * key or out of memory (*st says which). Any key: slot refuses the ones
+ * the library sets in a request.
  */
 static struct field *
-slot(rs_params *p, const char *key, enum ftype type, rs_status *st)
+slot_any(rs_params *p, const char *key, enum ftype type, rs_status *st)
 {
 	struct field *f, *nf;
 	char *k;
 
 	*st = RS_ERR_INVAL;
-	if (p == NULL || key == NULL || strcmp(key, "id") == 0 || strcmp(key, "op") == 0)
+	if (p == NULL || key == NULL)
 		return NULL;
 	*st = RS_ERR_NOMEM;
 	if ((f = find(p, key)) != NULL) {
@@ -111,6 +116,36 @@ slot(rs_params *p, const char *key, enum ftype type, rs_status *st)
 	f->type = type;
 	*st = RS_OK;
 	return f;
+}
+
+/* slot_any for a key other than "id" and "op", which the library sets. */
+static struct field *
+slot(rs_params *p, const char *key, enum ftype type, rs_status *st)
+{
+	*st = RS_ERR_INVAL;
+	if (key != NULL && (strcmp(key, "id") == 0 || strcmp(key, "op") == 0))
+		return NULL;
+	return slot_any(p, key, type, st);
+}
+
+/* A string field of a map inside a request, whose key may be "id" (a tool call's). */
+static rs_status
+set_inner_str(rs_params *p, const char *key, const char *value)
+{
+	struct field *f;
+	rs_status st;
+	char *s;
+
+	if (value == NULL)
+		return RS_ERR_INVAL;
+	if ((s = strdup(value)) == NULL)
+		return RS_ERR_NOMEM;
+	if ((f = slot_any(p, key, F_STR, &st)) == NULL) {
+		free(s);
+		return st;
+	}
+	f->v.s = s;
+	return RS_OK;
 }
 
 rs_status
@@ -165,50 +200,120 @@ rs_params_set_bool(rs_params *p, const char *key, int value)
 	return st;
 }
 
-/* Appends k strings to the array field key (created with type if missing). */
-static rs_status
-append_strs(rs_params *p, const char *key, enum ftype type, const char *const *s, size_t k)
+static rs_status params_copy(rs_params *copy, const rs_params *sub);
+
+/* The array field key of type (created, or retyped, if it is not one). */
+static struct field *
+array_field(rs_params *p, const char *key, enum ftype type, rs_status *st)
 {
 	struct field *f;
-	char *copy[2], **ns;
-	rs_status st;
-	size_t i, have;
 
-	if (p == NULL || key == NULL)
+	if ((f = find(p, key)) != NULL && f->type == type)
+		return f;
+	return slot(p, key, type, st);
+}
+
+/* Appends a string to the array field key. */
+static rs_status
+append_str(rs_params *p, const char *key, const char *s)
+{
+	struct field *f;
+	char *copy, **ns;
+	rs_status st = RS_OK;
+
+	if (p == NULL || key == NULL || s == NULL)
 		return RS_ERR_INVAL;
-	for (i = 0; i < k; i++)
-		if (s[i] == NULL)
-			return RS_ERR_INVAL;
-	if ((f = find(p, key)) == NULL || f->type != type)
-		if ((f = slot(p, key, type, &st)) == NULL)
-			return st;
-	have = type == F_MSGS ? 2 * f->n : f->n;
-	if ((ns = realloc(f->strs, (have + k) * sizeof *ns)) == NULL)
+	if ((f = array_field(p, key, F_STRS, &st)) == NULL)
+		return st;
+	if ((ns = realloc(f->strs, (f->n + 1) * sizeof *ns)) == NULL)
 		return RS_ERR_NOMEM;
 	f->strs = ns;
-	for (i = 0; i < k; i++)
-		if ((copy[i] = strdup(s[i])) == NULL) {
-			while (i-- > 0)
-				free(copy[i]);
-			return RS_ERR_NOMEM;
-		}
-	memcpy(f->strs + have, copy, k * sizeof *copy);
-	f->n++;
+	if ((copy = strdup(s)) == NULL)
+		return RS_ERR_NOMEM;
+	f->strs[f->n++] = copy;
 	return RS_OK;
+}
+
+/* Appends map (taken, freed on failure) to the array field key. */
+static rs_status
+append_map(rs_params *p, const char *key, rs_params *map)
+{
+	struct field *f;
+	rs_params **nm;
+	rs_status st = RS_OK;
+
+	if ((f = array_field(p, key, F_MAPS, &st)) == NULL || (nm = realloc(f->maps, (f->n + 1) * sizeof *nm)) == NULL) {
+		rs_params_free(map);
+		return f == NULL ? st : RS_ERR_NOMEM;
+	}
+	f->maps = nm;
+	f->maps[f->n++] = map;
+	return RS_OK;
+}
+
+/* Appends a copy of map to the array of maps key. */
+static rs_status
+copy_map(rs_params *p, const char *key, const rs_params *map)
+{
+	rs_params *copy;
+	rs_status st;
+
+	if ((copy = rs_params_new()) == NULL)
+		return RS_ERR_NOMEM;
+	if ((st = params_copy(copy, map)) != RS_OK) {
+		rs_params_free(copy);
+		return st;
+	}
+	return append_map(p, key, copy);
+}
+
+rs_status
+rs_params_add_map(rs_params *p, const char *key, const rs_params *map)
+{
+	if (p == NULL || key == NULL || map == NULL || strcmp(key, "id") == 0 || strcmp(key, "op") == 0)
+		return RS_ERR_INVAL;
+	return copy_map(p, key, map);
+}
+
+rs_status
+rs_params_add_call(rs_params *msg, const char *id, const char *name, const char *arguments)
+{
+	rs_params *c;
+	rs_status st;
+
+	if (msg == NULL || name == NULL || arguments == NULL)
+		return RS_ERR_INVAL;
+	if ((c = rs_params_new()) == NULL)
+		return RS_ERR_NOMEM;
+	if ((id != NULL && (st = set_inner_str(c, "id", id)) != RS_OK) ||
+	    (st = set_inner_str(c, "name", name)) != RS_OK || (st = set_inner_str(c, "arguments", arguments)) != RS_OK) {
+		rs_params_free(c);
+		return st;
+	}
+	return append_map(msg, "tool_calls", c);
 }
 
 rs_status
 rs_params_add_message(rs_params *p, const char *role, const char *content)
 {
-	const char *pair[2] = { role, content };
+	rs_params *m;
+	rs_status st;
 
-	return append_strs(p, "messages", F_MSGS, pair, 2);
+	if (p == NULL || role == NULL || content == NULL)
+		return RS_ERR_INVAL;
+	if ((m = rs_params_new()) == NULL)
+		return RS_ERR_NOMEM;
+	if ((st = rs_params_set_str(m, "role", role)) != RS_OK || (st = rs_params_set_str(m, "content", content)) != RS_OK) {
+		rs_params_free(m);
+		return st;
+	}
+	return append_map(p, "messages", m);
 }
 
 rs_status
 rs_params_add_stop(rs_params *p, const char *stop)
 {
-	return append_strs(p, "stop", F_STRS, &stop, 1);
+	return append_str(p, "stop", stop);
 }
 
 rs_status
@@ -231,32 +336,43 @@ params_set_uints(rs_params *p, const char *key, const uint32_t *v, size_t n)
 	return RS_OK;
 }
 
-rs_status
-params_set_params(rs_params *p, const char *key, const rs_params *sub)
+/* Copies every field of sub into copy. */
+static rs_status
+params_copy(rs_params *copy, const rs_params *sub)
 {
-	rs_params *copy = rs_params_new();
-	struct field *f;
-	rs_status st = copy ? RS_OK : RS_ERR_NOMEM;
-	size_t i;
+	rs_status st = RS_OK;
+	size_t i, j;
 
 	for (i = 0; st == RS_OK && i < sub->n; i++) {
 		const struct field *s = &sub->f[i];
 
 		switch (s->type) {
-		case F_STR: st = rs_params_set_str(copy, s->key, s->v.s); break;
+		case F_STR: st = set_inner_str(copy, s->key, s->v.s); break;
 		case F_UINT: st = rs_params_set_uint(copy, s->key, s->v.u); break;
 		case F_FLOAT: st = rs_params_set_float(copy, s->key, s->v.f); break;
 		case F_BOOL: st = rs_params_set_bool(copy, s->key, s->v.b); break;
-		case F_STRS: case F_MSGS:
-			for (size_t j = 0; st == RS_OK && j < s->n; j++)
-				st = append_strs(copy, s->key, s->type,
-				    (const char *const *)s->strs + (s->type == F_MSGS ? 2 * j : j),
-				    s->type == F_MSGS ? 2 : 1);
+		case F_STRS:
+			for (j = 0; st == RS_OK && j < s->n; j++)
+				st = append_str(copy, s->key, s->strs[j]);
+			break;
+		case F_MAPS:
+			for (j = 0; st == RS_OK && j < s->n; j++)
+				st = copy_map(copy, s->key, s->maps[j]);
 			break;
 		case F_UINTS: st = params_set_uints(copy, s->key, s->uints, s->n); break;
 		case F_MAP: st = params_set_params(copy, s->key, s->v.map); break;
 		}
 	}
+	return st;
+}
+
+rs_status
+params_set_params(rs_params *p, const char *key, const rs_params *sub)
+{
+	rs_params *copy = rs_params_new();
+	struct field *f;
+	rs_status st = copy ? params_copy(copy, sub) : RS_ERR_NOMEM;
+
 	if (st == RS_OK && (f = slot(p, key, F_MAP, &st)) != NULL) {
 		f->v.map = copy;
 		return RS_OK;
@@ -296,14 +412,11 @@ params_pack(const rs_params *p, msgpack_packer *pk)
 			for (j = 0; j < f->n; j++)
 				frame_pack_str(pk, f->strs[j]);
 			break;
-		case F_MSGS:
+		case F_MAPS:
 			msgpack_pack_array(pk, f->n);
 			for (j = 0; j < f->n; j++) {
-				msgpack_pack_map(pk, 2);
-				frame_pack_str(pk, "role");
-				frame_pack_str(pk, f->strs[2 * j]);
-				frame_pack_str(pk, "content");
-				frame_pack_str(pk, f->strs[2 * j + 1]);
+				msgpack_pack_map(pk, f->maps[j]->n);
+				params_pack(f->maps[j], pk);
 			}
 			break;
 		case F_UINTS:

@@ -124,9 +124,10 @@ const char *rs_last_error(const rs_client *c);
  * for rs_generate, `prompt` or messages, `session`, `model`, `max_tokens`,
  * `temperature`, `top_k`, `top_p`, `min_p`, `repeat_penalty`,
  * `presence_penalty`, `frequency_penalty`, `seed`, `priority`, `stream`,
- * `logprobs`, `keep_alive`, stop strings, and at most one of `grammar`,
+ * `logprobs`, `keep_alive`, stop strings, at most one of `grammar`,
  * `json_schema` (strings: grammar text, a JSON Schema as JSON text) and
- * `json` (bool) to constrain the output. The library does not check names
+ * `json` (bool) to constrain the output, and `tools` (JSON text),
+ * `tool_choice` and `tool_name` for tool calls. The library does not check names
  * or values (the daemon does, and ignores names it does not know); setting
  * a field twice replaces it. The setters return RS_OK, RS_ERR_INVAL (a NULL
  * argument, or the key "id" or "op", which the library sets) or
@@ -139,8 +140,16 @@ rs_status rs_params_set_str(rs_params *p, const char *key, const char *value);
 rs_status rs_params_set_uint(rs_params *p, const char *key, uint64_t value);
 rs_status rs_params_set_float(rs_params *p, const char *key, double value);
 rs_status rs_params_set_bool(rs_params *p, const char *key, int value);
-/* Appends {role, content} to `messages` (role: "system", "user" or "assistant"). */
+/* Appends {role, content} to `messages` (role: "system", "user", "assistant" or "tool"). */
 rs_status rs_params_add_message(rs_params *p, const char *role, const char *content);
+/*
+ * Appends a copy of map to the array of maps key: a message with more
+ * fields than role and content to `messages` (a tool result's tool_call_id
+ * and name, an assistant message's tool_calls: rs_params_add_call).
+ */
+rs_status rs_params_add_map(rs_params *p, const char *key, const rs_params *map);
+/* Appends a call {id (NULL: none), name, arguments (JSON text)} to a message's `tool_calls`. */
+rs_status rs_params_add_call(rs_params *msg, const char *id, const char *name, const char *arguments);
 /* Appends a string to `stop`. */
 rs_status rs_params_add_stop(rs_params *p, const char *stop);
 

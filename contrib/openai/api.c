@@ -5,7 +5,7 @@
  *
  * Fields resident has no use for (user, metadata, store, ...) are ignored,
  * as the daemon ignores unknown fields; fields that would change the reply
- * in a way resident cannot honour (n > 1, tools, echo, ...) are refused
+ * in a way resident cannot honour (n > 1, functions, echo, ...) are refused
  * with a 400 that names them, so that a client never gets a reply it did
  * not ask for. Value ranges are the daemon's to check (PROTOCOL.md): its
  * invalid_param comes back as a 400 with its message.
@@ -152,7 +152,7 @@ static int
 refuse_unsupported(const json_t *o, struct api_error *e)
 {
 	static const char *const fields[] = {
-		"echo", "suffix", "tools", "functions", "logit_bias",
+		"echo", "suffix", "functions", "logit_bias",
 	};
 	json_t *v;
 	size_t i;
@@ -270,6 +270,8 @@ message_role(const char *role)
 		return "user";
 	if (strcmp(role, "assistant") == 0)
 		return "assistant";
+	if (strcmp(role, "tool") == 0)
+		return "tool";
 	return NULL;
 }
 
@@ -291,11 +293,16 @@ parse_messages(const json_t *o, struct api_req *r, struct api_error *e)
 			return bad(e, "messages", "messages[%zu] must be an object with a role", i);
 		if ((r->msgs[i].role = message_role(json_string_value(role))) == NULL)
 			return bad(e, "messages", "messages[%zu]: role '%s' is not supported (system, developer, "
-			    "user, assistant)", i, json_string_value(role));
-		if (field(m, "content") == NULL)
-			return bad(e, "messages", "messages[%zu] has no content", i);
+			    "user, assistant, tool)", i, json_string_value(role));
 		r->n_msgs = i + 1;
-		if ((r->msgs[i].content = message_content(json_object_get(m, "content"), i, e)) == NULL)
+		if (api_tools_message(m, i, &r->msgs[i], e) != 0)
+			return -1;
+		/* an assistant message with tool_calls may have no content */
+		if (field(m, "content") == NULL && r->msgs[i].n_calls == 0)
+			return bad(e, "messages", "messages[%zu] has no content", i);
+		r->msgs[i].content = field(m, "content") == NULL ? strdup("") :
+		    message_content(json_object_get(m, "content"), i, e);
+		if (r->msgs[i].content == NULL)
 			return e->message[0] ? -1 : api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
 	}
 	return 0;
@@ -450,7 +457,7 @@ api_parse(enum api_kind kind, const char *body, size_t len, const char *session_
 	if ((kind == API_CHAT ? parse_messages(o, r, e) : parse_prompt(o, r, e)) != 0 ||
 	    parse_session(o, session_header, r, e) != 0 || parse_stream(o, r, e) != 0 ||
 	    parse_nums(o, r, e) != 0 || parse_stop(o, r, e) != 0 || parse_constraint(o, r, e) != 0 ||
-	    parse_logprobs(o, r, e) != 0 || refuse_unsupported(o, e) != 0)
+	    parse_logprobs(o, r, e) != 0 || api_tools_parse(o, r, e) != 0 || refuse_unsupported(o, e) != 0)
 		goto out;
 	rc = 0;
 out:
@@ -466,11 +473,11 @@ api_req_free(struct api_req *r)
 	size_t i;
 
 	for (i = 0; i < r->n_msgs; i++)
-		free(r->msgs[i].content);
+		api_msg_free(&r->msgs[i]);
 	for (i = 0; i < r->n_stop; i++)
 		free(r->stop[i]);
 	free(r->msgs), free(r->stop), free(r->model), free(r->session), free(r->system), free(r->prompt);
-	free(r->constraint_text);
+	free(r->constraint_text), free(r->tools), free(r->tool_name);
 	memset(r, 0, sizeof *r);
 }
 
@@ -487,7 +494,9 @@ api_params(const struct api_req *r)
 	if (st == RS_OK && r->prompt != NULL)
 		st = rs_params_set_str(p, "prompt", r->prompt);
 	for (i = 0; st == RS_OK && i < r->n_msgs; i++)
-		st = rs_params_add_message(p, r->msgs[i].role, r->msgs[i].content);
+		st = api_message_params(p, &r->msgs[i]);
+	if (st == RS_OK)
+		st = api_tools_params(r, p);
 	for (i = 0; st == RS_OK && i < r->n_stop; i++)
 		st = rs_params_add_stop(p, r->stop[i]);
 	for (j = 0; st == RS_OK && j < r->n_nums; j++)

@@ -66,6 +66,14 @@ struct call {
 	struct api_logprobs lp;
 	char *lp_text, *lp_reasoning;
 	size_t lp_text_len, lp_reasoning_len;
+	/*
+	 * A stream with tools offered: answer text held back while it may
+	 * still be a call its family writes as text (api_tools_may_call); the
+	 * done's calls_in_text says whether it was.
+	 */
+	char *held;
+	size_t held_len;
+	int released;                 /* held text went out as an answer: no more is held */
 	struct call *next;
 };
 
@@ -90,6 +98,7 @@ call_free(struct call *c)
 	api_logprobs_free(&c->lp);
 	free(c->lp_text);
 	free(c->lp_reasoning);
+	free(c->held);
 	free(c->model_name);
 	free(c);
 }
@@ -510,8 +519,44 @@ logprobs_chunk(struct call *c, const char *text, const rs_value *reply)
 }
 
 /*
- * A token's answer and reasoning as a chunk; its tool text has no place in
- * the API without tool calls. With logprobs, each token of the answer has
+ * A streamed token's answer text as it may go out: "" while it may still
+ * be a call written as text (held); then what was held with it.
+ */
+static const char *
+tools_text(struct call *c, const char *text)
+{
+	if (c->released || text[0] == '\0' || (c->held == NULL && !api_tools_may_call(&c->r, text)))
+		return text;
+	if (logprobs_append(&c->held, &c->held_len, text) != 0) {
+		log_warn("%s: out of memory: answer text is not held back", c->path);
+		return text;
+	}
+	if (api_tools_may_call(&c->r, c->held))
+		return "";
+	c->released = 1;
+	return c->held;
+}
+
+/*
+ * The end of a stream's tool calls: held answer text goes out unless it was
+ * the calls; the calls as one chunk. Returns the finish_reason.
+ */
+static const char *
+stream_tool_calls(struct call *c, const rs_value *done, const char *reason)
+{
+	const rs_value *calls = rs_get(done, "tool_calls");
+
+	if (c->held != NULL && !c->released && !rs_bool(rs_get(done, "calls_in_text")))
+		http_stream_send(c->req, api_chunk(&c->r, &c->meta, c->held, NULL, 0, NULL));
+	if (rs_len(calls) == 0)
+		return reason;
+	http_stream_send(c->req, api_tool_chunk(&c->r, &c->meta, calls));
+	return "tool_calls";
+}
+
+/*
+ * A token's answer and reasoning as a chunk; its tool text is a call's,
+ * which the done delivers parsed. With logprobs, each token of the answer has
  * a chunk with its logprobs, its content "" when the token ends no
  * character (or its text is held back: that comes with a later one).
  */
@@ -528,6 +573,7 @@ token_cb(uint64_t id, const char *text, const rs_value *reply, void *arg)
 		return logprobs_gather(c, text, reply);
 	if (!c->streaming)
 		stream_begin(c);
+	text = tools_text(c, text);
 	lp = logprobs_chunk(c, text, reply);
 	if (text[0] != '\0' || reasoning[0] != '\0' || lp != NULL) {
 		chunk = api_chunk(&c->r, &c->meta, text[0] != '\0' || lp != NULL ? text : NULL, reasoning, 0, NULL);
@@ -560,6 +606,7 @@ done_cb(uint64_t id, const rs_value *done, void *arg)
 	struct api_usage u = { rs_uint(rs_get(uv, "prompt_tokens")), rs_uint(rs_get(uv, "cached_tokens")),
 	    rs_uint(rs_get(uv, "generated_tokens")) };
 	struct api_error e;
+	json_t *reply;
 
 	if (c->req == NULL) {
 		log_info("%s: the client left: generation cancelled after %llu tokens (%.3fs)", c->path,
@@ -577,6 +624,7 @@ done_cb(uint64_t id, const rs_value *done, void *arg)
 		if (!c->streaming)
 			stream_begin(c);
 		call_unwatch(c);
+		reason = stream_tool_calls(c, done, reason);
 		http_stream_send(c->req, api_chunk(&c->r, &c->meta, c->r.kind == API_CHAT ? NULL : "", NULL, 0,
 		    reason));
 		if (c->r.include_usage)
@@ -586,8 +634,10 @@ done_cb(uint64_t id, const rs_value *done, void *arg)
 		call_unwatch(c);
 		if (c->session[0])
 			http_add_header(c->req, "X-Resident-Session", c->session);
-		http_send_json(c->req, 200, c->r.logprobs ? logprobs_reply(c, reason, &u) :
-		    api_reply(&c->r, &c->meta, rs_str(rs_get(done, "text")), rs_reply_reasoning(done), reason, &u));
+		reply = c->r.logprobs ? logprobs_reply(c, reason, &u) :
+		    api_reply(&c->r, &c->meta, rs_str(rs_get(done, "text")), rs_reply_reasoning(done), reason, &u);
+		api_set_tool_calls(reply, rs_get(done, "tool_calls"), rs_bool(rs_get(done, "calls_in_text")));
+		http_send_json(c->req, 200, reply);
 	}
 	log_info("%s 200 model %s%s%s, %llu+%llu tokens (%llu cached), %s (%.3fs)", c->path, c->r.model,
 	    c->session[0] ? ", session " : "", c->session, (unsigned long long)u.prompt,

@@ -8,6 +8,8 @@
  *              noticing a client that left
  *   call.c     one request's life against the daemon (a state machine)
  *   api.c      OpenAI's JSON <-> resident's generate fields; no I/O
+ *   tools.c    the tools parts of it: tools, tool_choice, tool messages and
+ *              calls, tool_calls in replies and chunks; no I/O
  */
 #ifndef RESIDENT_OPENAI_H
 #define RESIDENT_OPENAI_H
@@ -46,9 +48,20 @@ struct api_num {
 	double f;
 };
 
+/* A call of an assistant message of the history. */
+struct api_call {
+	char *id;                   /* NULL: none given */
+	char *name;
+	char *arguments;            /* JSON text */
+};
+
 struct api_msg {
-	const char *role;           /* "system", "user" or "assistant" (static) */
+	const char *role;           /* "system", "user", "assistant" or "tool" (static) */
 	char *content;
+	struct api_call *calls;     /* an assistant message's tool_calls */
+	size_t n_calls;
+	char *tool_call_id;         /* a tool message's: the call it answers; NULL: none */
+	char *name;                 /* a tool message's: the tool; NULL: none */
 };
 
 /* A checked request of /v1/chat/completions or /v1/completions. */
@@ -79,6 +92,14 @@ struct api_req {
 	 * completions: logprobs N, 0..5).
 	 */
 	int logprobs, top_logprobs;
+	/*
+	 * Tools (chat): the tools as the daemon's `tools` JSON text, its
+	 * tool_choice ("auto", "none", "required"; NULL: the default) and the
+	 * named tool of a tool_choice {"type": "function", "function": {name}}.
+	 */
+	char *tools;
+	const char *tool_choice;
+	char *tool_name;
 };
 
 /* What identifies one reply: its id ("chatcmpl-..."), creation time, model and session. */
@@ -173,6 +194,35 @@ int api_error_set(struct api_error *e, int status, const char *type, const char 
     const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 /* {"error": {...}} */
 json_t *api_error_json(const struct api_error *e);
+
+/* ---- tools.c ---- */
+
+/* tools and tool_choice of a chat request (completions: refused). 0, or -1 with *e (a 400). */
+int api_tools_parse(const json_t *o, struct api_req *r, struct api_error *e);
+/*
+ * The tool fields of messages[i]: a tool message's tool_call_id and name,
+ * an assistant message's tool_calls. 0, or -1 with *e.
+ */
+int api_tools_message(const json_t *m, size_t i, struct api_msg *msg, struct api_error *e);
+void api_msg_free(struct api_msg *m);
+/* Appends a message to p's messages, with its tool fields. */
+rs_status api_message_params(rs_params *p, const struct api_msg *m);
+/* Sets r's tools, tool_choice and tool_name on p. */
+rs_status api_tools_params(const struct api_req *r, rs_params *p);
+/*
+ * Whether answer text so far (streamed with tools offered) may still turn
+ * out to be a call that its family writes as text (a JSON object, Mistral's
+ * array, a fenced block): it is held back until the done says.
+ */
+int api_tools_may_call(const struct api_req *r, const char *text);
+/*
+ * A non-streamed chat reply (api_reply's) with the daemon's tool_calls:
+ * message.tool_calls, its content null when it was the calls' text or is
+ * blank, finish_reason "tool_calls".
+ */
+void api_set_tool_calls(json_t *reply, const rs_value *calls, int calls_in_text);
+/* A stream chunk with every call as delta.tool_calls (index, id, type, function {name, arguments}). */
+json_t *api_tool_chunk(const struct api_req *r, const struct api_meta *m, const rs_value *calls);
 
 /* ---- http.c ---- */
 

@@ -298,8 +298,9 @@ def check_errors(ck, oc, b):
                  404, "chat with an unknown model", code="model_not_found", param="model")
     status_error(ck, lambda: oc.chat.completions.create(model=MODEL, messages=user("x"), n=2),
                  openai.BadRequestError, 400, "n=2", param="n")
-    status_error(ck, lambda: oc.chat.completions.create(model=MODEL, messages=[{"role": "tool", "content": "x"}]),
-                 openai.BadRequestError, 400, "a tool message", param="messages")
+    status_error(ck, lambda: oc.chat.completions.create(model=MODEL, messages=[{"role": "function", "content": "x",
+                                                                                  "name": "f"}]),
+                 openai.BadRequestError, 400, "a function message", param="messages")
     e = status_error(ck, lambda: oc.chat.completions.create(model=MODEL, messages=user("x"), temperature=500),
                      openai.BadRequestError, 400, "a temperature the daemon refuses", code="invalid_param")
     ck.ok(e is not None and "temperature" in e.message, "the daemon's message names the field")

@@ -22,8 +22,14 @@ the daemon guarantees whatever the weights:
    parameters use an unsupported keyword (by JSON pointer), tool_choice
    without tools, a required call beside a grammar, calls on a user message,
    arguments that are not an object.
+5. resident-openai with the `openai` package, on tiny-qwen3 (whose calls
+   are tool text) and tiny (Llama 3.1's, written as its answer): tools
+   with tool_choice auto, required and named, streamed and not (required
+   and named: message.tool_calls with finish_reason "tool_calls", content
+   null; streamed: delta.tool_calls and no content), and a round trip
+   with the assistant's calls and a `tool` message.
 
-Skips (exit 77) without the `jsonschema` package.
+Skips (exit 77) without the `jsonschema` package; section 5 without `openai`.
 """
 import json
 import os
@@ -39,6 +45,11 @@ try:
     import jsonschema
 except ImportError:
     jsonschema = None
+try:
+    import openai
+    from test_openai import Bridge
+except ImportError:
+    openai = None
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12},
@@ -177,6 +188,69 @@ def check_refusals(ck, c):
         ck.ok(r is not None and r["code"] == "invalid_param" and needle in r["message"], "%s: %r" % (what, r))
 
 
+def openai_calls(ck, calls, what, only=None):
+    """OpenAI's tool_calls (objects) as the daemon's, then checked as valid_calls does."""
+    valid_calls(ck, [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                     for c in calls or []], what, only)
+
+
+def stream_calls(stream):
+    """A stream's tool calls put together from their deltas, its content, and its finish_reason."""
+    calls, content, finish = {}, "", None
+    for chunk in stream:
+        for ch in chunk.choices:
+            content += ch.delta.content or ""
+            for d in ch.delta.tool_calls or []:
+                c = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                c["id"] += d.id or ""
+                c["name"] += (d.function.name or "") if d.function else ""
+                c["arguments"] += (d.function.arguments or "") if d.function else ""
+            finish = ch.finish_reason or finish
+    return [calls[i] for i in sorted(calls)], content, finish
+
+
+def check_bridge(ck, d, shape):
+    """Section 5 on one model."""
+    b = Bridge(d.sock)
+    try:
+        cl = b.client()
+        kw = dict(model=shape, messages=ASK, tools=TOOLS[:1] + [{"type": "function", "function": TOOLS[1]}],
+                  max_tokens=300, temperature=1.5)
+        for name, choice, only in (("required", "required", None),
+                                   ("named", {"type": "function", "function": {"name": "now"}}, "now")):
+            for seed in SEEDS:
+                what = "bridge %s %s seed %d" % (shape, name, seed)
+                r = cl.chat.completions.create(tool_choice=choice, seed=seed, **kw)
+                ck.eq(r.choices[0].finish_reason, "tool_calls", what + ": finish_reason")
+                ck.eq(r.choices[0].message.content, None, what + ": no content")
+                openai_calls(ck, r.choices[0].message.tool_calls, what, only)
+                calls, content, finish = stream_calls(cl.chat.completions.create(
+                    tool_choice=choice, seed=seed, stream=True, **kw))
+                ck.eq(finish, "tool_calls", what + " streamed: finish_reason")
+                ck.eq(content, "", what + " streamed: no content")
+                valid_calls(ck, calls, what + " streamed", only)
+        for stream in (False, True):
+            r = cl.chat.completions.create(tool_choice="auto", seed=3, stream=stream, **dict(kw, max_tokens=16))
+            if stream:
+                calls, content, finish = stream_calls(r)
+            else:
+                finish = r.choices[0].finish_reason
+            ck.ok(finish in ("stop", "length", "tool_calls"), "bridge %s auto stream=%s: %s" % (shape, stream,
+                                                                                              finish))
+        first = cl.chat.completions.create(tool_choice="required", seed=1, **kw)
+        call = first.choices[0].message.tool_calls[0]
+        msgs = ASK + [first.choices[0].message.model_dump(exclude_none=True),
+                      {"role": "tool", "tool_call_id": call.id, "content": "21 C"}]
+        for stream in (False, True):
+            r = cl.chat.completions.create(model=shape, messages=msgs, tools=kw["tools"], max_tokens=8, seed=2,
+                                           stream=stream)
+            finish = stream_calls(r)[2] if stream else r.choices[0].finish_reason
+            ck.ok(finish in ("stop", "length", "tool_calls"), "bridge %s: a tool result's round trip, stream=%s"
+                  % (shape, stream))
+    finally:
+        ck.eq(b.stop(), 0, "resident-openai exits 0")
+
+
 def main():
     if jsonschema is None:
         raise Skip("the jsonschema package is not installed")
@@ -191,6 +265,9 @@ def main():
                     check_constrained(ck, c, shape)
                 with ck.section("%s: auto and none" % shape):
                     check_auto_none(ck, c, shape)
+                if shape in ("tiny", "tiny-qwen3") and openai is not None:
+                    with ck.section("%s: resident-openai's tools" % shape):
+                        check_bridge(ck, d, shape)
                 if shape == "tiny-qwen3":
                     with ck.section("sessions store calls and results"):
                         c = check_session(ck, d, c)

@@ -256,6 +256,55 @@ test_params(void **state)
 	rs_params_free(NULL);
 }
 
+/* Messages with fields of their own: a call in an assistant message's tool_calls, a tool result. */
+static void
+test_params_maps(void **state)
+{
+	rs_params *p = rs_params_new(), *msg = rs_params_new(), *call = rs_params_new();
+	char err[ERRMSG_LEN];
+	msgpack_sbuffer sb;
+	msgpack_packer pk;
+	const rs_value *m, *c;
+	rs_value *v;
+	size_t n;
+
+	(void)state;
+	assert_int_equal(rs_params_add_message(p, "user", "weather?"), RS_OK);
+	assert_int_equal(rs_params_set_str(call, "id", "call_1"), RS_ERR_INVAL);  /* a request's id */
+	assert_int_equal(rs_params_set_str(msg, "role", "assistant"), RS_OK);
+	assert_int_equal(rs_params_add_call(msg, "call_1", "get_weather", "{}"), RS_OK);
+	assert_int_equal(rs_params_add_call(msg, NULL, "now", NULL), RS_ERR_INVAL);
+	assert_int_equal(rs_params_add_map(p, "messages", msg), RS_OK);
+	rs_params_free(msg), rs_params_free(call);   /* copied */
+	msg = rs_params_new();
+	assert_int_equal(rs_params_set_str(msg, "role", "tool"), RS_OK);
+	assert_int_equal(rs_params_set_str(msg, "content", "21 C"), RS_OK);
+	assert_int_equal(rs_params_set_str(msg, "tool_call_id", "call_1"), RS_OK);
+	assert_int_equal(rs_params_add_map(p, "messages", msg), RS_OK);
+	assert_int_equal(rs_params_add_map(p, "id", msg), RS_ERR_INVAL);
+	assert_int_equal(rs_params_add_map(p, "messages", NULL), RS_ERR_INVAL);
+	rs_params_free(msg);
+	assert_int_equal(params_count(p), 1);
+
+	frame_begin(&sb, &pk, 7, "generate", params_count(p));
+	params_pack(p, &pk);
+	frame_end(&sb);
+	assert_int_equal(frame_check((unsigned char *)sb.data, sb.size, 1000, &n), FRAME_OK);
+	assert_int_equal(frame_decode(sb.data + 4, n, &v, err), RS_OK);
+	m = rs_get(v, "messages");
+	assert_int_equal(rs_len(m), 3);
+	assert_string_equal(rs_str(rs_get(rs_at(m, 0), "content")), "weather?");
+	c = rs_at(rs_get(rs_at(m, 1), "tool_calls"), 0);
+	assert_string_equal(rs_str(rs_get(c, "id")), "call_1");
+	assert_string_equal(rs_str(rs_get(c, "name")), "get_weather");
+	assert_string_equal(rs_str(rs_get(c, "arguments")), "{}");
+	assert_null(rs_get(rs_at(m, 1), "content"));
+	assert_string_equal(rs_str(rs_get(rs_at(m, 2), "tool_call_id")), "call_1");
+	rs_value_free(v);
+	msgpack_sbuffer_destroy(&sb);
+	rs_params_free(p);
+}
+
 /* ---- error codes ---- */
 
 static void
@@ -1046,6 +1095,7 @@ main(void)
 		cmocka_unit_test(test_frame_decode_errors),
 		cmocka_unit_test(test_values),
 		cmocka_unit_test(test_params),
+		cmocka_unit_test(test_params_maps),
 		cmocka_unit_test(test_error_codes),
 		cmocka_unit_test(test_connect_errors),
 		cmocka_unit_test_setup_teardown(test_async_interleaved, fake_setup, fake_teardown),

@@ -124,8 +124,8 @@ test_bad_requests(void **state)
 		{ API_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", "model", "model is required" },
 		{ API_CHAT, "{\"model\": \"m\"}", "messages", "messages is required" },
 		{ API_CHAT, "{\"model\": \"m\", \"messages\": []}", "messages", "non-empty" },
-		{ API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", "messages",
-		  "role 'tool'" },
+		{ API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"function\", \"content\": \"x\"}]}",
+		  "messages", "role 'function'" },
 		{ API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\"}]}", "messages", "no content" },
 		{ API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": "
 		  "[{\"type\": \"image_url\", \"image_url\": {}}]}]}", "messages", "only text parts" },
@@ -134,7 +134,18 @@ test_bad_requests(void **state)
 		{ API_CHAT, CHAT(", \"seed\": -1"), "seed", "at least 0" },
 		{ API_CHAT, CHAT(", \"stop\": [1]"), "stop", "array of strings" },
 		{ API_CHAT, CHAT(", \"n\": 2"), "n", "n must be 1" },
-		{ API_CHAT, CHAT(", \"tools\": [{\"type\": \"function\"}]"), "tools", "not supported" },
+		{ API_CHAT, CHAT(", \"functions\": [{\"name\": \"f\"}]"), "functions", "not supported" },
+		{ API_CHAT, CHAT(", \"tools\": {\"type\": \"function\"}"), "tools", "must be an array" },
+		{ API_CHAT, CHAT(", \"tool_choice\": \"auto\""), "tool_choice", "needs tools" },
+		{ API_CHAT, CHAT(", \"tools\": [{}], \"tool_choice\": \"any\""), "tool_choice", "must be \"auto\"" },
+		{ API_CHAT, CHAT(", \"tools\": [{}], \"tool_choice\": {\"type\": \"function\"}"), "tool_choice",
+		  "must be \"auto\"" },
+		{ API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"assistant\", \"tool_calls\": "
+		  "[{\"id\": \"c\", \"function\": {}}]}]}", "messages", "tool_calls[0] must be" },
+		{ API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"tool_calls\": []}]}", "messages",
+		  "on an assistant message" },
+		{ API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"assistant\"}]}", "messages", "no content" },
+		{ API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"tools\": [{}]}", "tools", "chat/completions" },
 		{ API_CHAT, CHAT(", \"response_format\": {\"type\": \"xml\"}"), "response_format",
 		  "type 'xml' is not supported" },
 		{ API_CHAT, CHAT(", \"stream\": \"yes\""), "stream", "boolean" },
@@ -148,6 +159,57 @@ test_bad_requests(void **state)
 
 	for (i = 0; i < sizeof bad / sizeof bad[0]; i++)
 		parse_bad(bad[i].kind, bad[i].body, NULL, bad[i].param, bad[i].what);
+}
+
+/*
+ * Tools: OpenAI's list as the daemon's JSON text, tool_choice as its
+ * tool_choice or tool_name, an assistant message's calls (arguments given
+ * as an object taken as its text; content may be null) and a tool result.
+ */
+static void
+test_tools(void **state)
+{
+	struct api_req r;
+
+	(void)state;
+	parse_ok(API_CHAT, "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"w?\"}, "
+	    "{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"call_1\", \"type\": \"function\", "
+	    "\"function\": {\"name\": \"get\", \"arguments\": \"{\\\"a\\\": 1}\"}}, {\"type\": \"function\", "
+	    "\"function\": {\"name\": \"now\", \"arguments\": {\"z\": \"UTC\"}}}]}, "
+	    "{\"role\": \"tool\", \"tool_call_id\": \"call_1\", \"content\": \"21\"}], "
+	    "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get\", \"parameters\": {}}}], "
+	    "\"tool_choice\": \"required\", \"parallel_tool_calls\": true}", NULL, &r);
+	assert_string_equal(r.tools, "[{\"type\":\"function\",\"function\":{\"name\":\"get\",\"parameters\":{}}}]");
+	assert_string_equal(r.tool_choice, "required");
+	assert_null(r.tool_name);
+	assert_int_equal(r.n_msgs, 3);
+	assert_string_equal(r.msgs[1].content, "");
+	assert_int_equal(r.msgs[1].n_calls, 2);
+	assert_string_equal(r.msgs[1].calls[0].id, "call_1");
+	assert_string_equal(r.msgs[1].calls[0].arguments, "{\"a\": 1}");
+	assert_null(r.msgs[1].calls[1].id);
+	assert_string_equal(r.msgs[1].calls[1].arguments, "{\"z\":\"UTC\"}");
+	assert_string_equal(r.msgs[2].role, "tool");
+	assert_string_equal(r.msgs[2].tool_call_id, "call_1");
+	assert_null(r.msgs[2].name);
+	/* held back while it may be a call: only with tools, and not with tool_choice none */
+	assert_true(api_tools_may_call(&r, " {\"na"));
+	assert_true(api_tools_may_call(&r, "```"));
+	assert_true(api_tools_may_call(&r, "``"));
+	assert_true(api_tools_may_call(&r, "\n"));
+	assert_false(api_tools_may_call(&r, "It is"));
+	r.tool_choice = "none";
+	assert_false(api_tools_may_call(&r, "{"));
+	api_req_free(&r);
+	parse_ok(API_CHAT, CHAT(", \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get\"}}], "
+	    "\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"get\"}}"), NULL, &r);
+	assert_null(r.tool_choice);
+	assert_string_equal(r.tool_name, "get");
+	api_req_free(&r);
+	parse_ok(API_CHAT, CHAT(", \"tools\": []"), NULL, &r);
+	assert_null(r.tools);
+	assert_false(api_tools_may_call(&r, "{"));
+	api_req_free(&r);
 }
 
 /* Parses a chat request with these fields; asserts its constraint (NULL: none) and text. */
@@ -545,6 +607,7 @@ main(void)
 		cmocka_unit_test(test_completion_request),
 		cmocka_unit_test(test_bad_requests),
 		cmocka_unit_test(test_constraints),
+		cmocka_unit_test(test_tools),
 		cmocka_unit_test(test_sessions),
 		cmocka_unit_test(test_replies),
 		cmocka_unit_test(test_logprobs_requests),
