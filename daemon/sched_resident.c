@@ -46,7 +46,8 @@ sched_drop_residents(void *arg, struct slot *m)
  * user's, unless the daemon shares the cache between users. Messages
  * rendered with the model's template have their reply split as that
  * family marks reasoning (gentext.h); a raw prompt's output is all answer,
- * since nothing says that the prompt follows the template.
+ * since nothing says that the prompt follows the template, and so is a
+ * constrained one's.
  */
 static void
 job_params(const struct sched *s, const struct gen *g, struct seq_params *p)
@@ -54,7 +55,9 @@ job_params(const struct sched *s, const struct gen *g, struct seq_params *p)
 	const struct sched_job *job = g->job;
 
 	memset(p, 0, sizeof *p);
-	p->split = job->req.prompt == NULL ? g->md->chat : CHAT_RAW;
+	/* a grammar's output has none of the family's marks (they are control tokens, never allowed) */
+	p->split = job->req.prompt == NULL && !job->req.grammar && !job->req.json_schema && !job->req.json ?
+	    g->md->chat : CHAT_RAW;
 	p->cache = 1;
 	p->cache_ns = s->o.kv_share_users ? 0 : (uint64_t)job->uid + 1;
 	p->sample = job->req.sample;
