@@ -28,9 +28,13 @@ the daemon guarantees whatever the weights:
    and named: message.tool_calls with finish_reason "tool_calls", content
    null; streamed: delta.tool_calls and no content), and a round trip
    with the assistant's calls and a `tool` message.
+6. The Python package (contrib/python): tools as a list, tool_choice as
+   OpenAI's named function, done.tool_calls; a round trip whose assistant
+   message has OpenAI's tool_calls (arguments as a dict); asyncio too.
 
 Skips (exit 77) without the `jsonschema` package; section 5 without `openai`.
 """
+import asyncio
 import json
 import os
 import shutil
@@ -50,6 +54,8 @@ try:
     from test_openai import Bridge
 except ImportError:
     openai = None
+sys.path.insert(0, os.path.join(rsd.common.srcdir(), "contrib", "python"))
+import resident  # noqa: E402
 
 WEATHER = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 12},
@@ -251,6 +257,30 @@ def check_bridge(ck, d, shape):
         ck.eq(b.stop(), 0, "resident-openai exits 0")
 
 
+def check_python(ck, d):
+    """Section 6."""
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    with resident.connect(d.sock) as c:
+        done = c.generate(messages=ASK, tools=TOOLS, tool_choice=named, max_tokens=200, seed=4).result()
+        valid_calls(ck, done.tool_calls, "python: named", "get_weather")
+        ck.ok(done.tool_error is None and not done.calls_in_text, "python: no tool_error; Qwen's calls are tool text")
+        call = done.tool_calls[0]
+        msgs = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": call["id"], "type": "function", "function": {"name": call["name"],
+                                                                "arguments": json.loads(call["arguments"])}}]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "21 C"}]
+        done = c.generate(messages=msgs, tools=json.dumps(TOOLS), max_tokens=6, seed=4).result()
+        ck.ok(done.finish in ("stop", "length"), "python: a round trip with OpenAI's tool_calls")
+
+    async def aio():
+        async with await resident.aio.connect(d.sock) as c:
+            gen = await c.generate(messages=ASK, tools=TOOLS, tool_choice="required", max_tokens=200, seed=6)
+            return await gen.result()
+
+    done = asyncio.run(aio())
+    valid_calls(ck, done.tool_calls, "python asyncio: required")
+
+
 def main():
     if jsonschema is None:
         raise Skip("the jsonschema package is not installed")
@@ -269,6 +299,8 @@ def main():
                     with ck.section("%s: resident-openai's tools" % shape):
                         check_bridge(ck, d, shape)
                 if shape == "tiny-qwen3":
+                    with ck.section("the Python package"):
+                        check_python(ck, d)
                     with ck.section("sessions store calls and results"):
                         c = check_session(ck, d, c)
                     with ck.section("refusals"):

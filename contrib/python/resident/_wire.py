@@ -106,16 +106,64 @@ def schema_text(schema):
     return json.dumps(schema, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
+def tools_text(tools):
+    """tools as the protocol has them: JSON text of the list (OpenAI's
+    {"type": "function", "function": {...}} or flat {name, description,
+    parameters}); a string is taken as that text."""
+    if isinstance(tools, str):
+        return tools
+    if not isinstance(tools, (list, tuple)):
+        raise TypeError("tools must be a list of tools or its JSON text, not %s" % type(tools).__name__)
+    return json.dumps(list(tools), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def tool_choice_fields(choice):
+    """tool_choice: "auto", "none", "required", or a tool's name as
+    {"type": "function", "function": {"name": ...}} (OpenAI's) or
+    {"name": ...}: the protocol's tool_name."""
+    if choice is None or isinstance(choice, str):
+        return {"tool_choice": choice}
+    name = choice.get("function", choice).get("name") if isinstance(choice, dict) else None
+    if not isinstance(name, str):
+        raise TypeError("tool_choice must be \"auto\", \"none\", \"required\" or "
+                        "{\"type\": \"function\", \"function\": {\"name\": ...}}")
+    return {"tool_name": name}
+
+
+def message_fields(m):
+    """A message as the protocol has it: an assistant's tool_calls as
+    {id, name, arguments} with arguments JSON text (OpenAI's
+    {id, type, function: {name, arguments}} and arguments as a dict are
+    taken too); content None is left out."""
+    m = {k: v for k, v in m.items() if v is not None}
+    calls = m.get("tool_calls")
+    if calls:
+        out = []
+        for c in calls:
+            fn = c.get("function", c)
+            args = fn.get("arguments", {})
+            out.append({k: v for k, v in (("id", c.get("id")), ("name", fn.get("name")),
+                                          ("arguments", args if isinstance(args, str) else
+                                           json.dumps(args, ensure_ascii=False))) if v is not None})
+        m["tool_calls"] = out
+    return m
+
+
 def generate_fields(prompt, messages, session, model, stream, params):
     """The fields of a generate request. stop may be one string; json_schema
-    a dict. Fields given as None are left out (the daemon's defaults apply)."""
-    f = {"prompt": prompt, "messages": messages, "session": session, "model": model,
-         "stream": bool(stream)}
+    a dict; tools a list; tool_choice OpenAI's. Fields given as None are left
+    out (the daemon's defaults apply)."""
+    f = {"prompt": prompt, "session": session, "model": model, "stream": bool(stream),
+         "messages": None if messages is None else [message_fields(m) for m in messages]}
+    params = dict(params)
+    f.update(tool_choice_fields(params.pop("tool_choice", None)))
     f.update(params)
     if isinstance(f.get("stop"), str):
         f["stop"] = [f["stop"]]
     if f.get("json_schema") is not None:
         f["json_schema"] = schema_text(f["json_schema"])
+    if f.get("tools") is not None:
+        f["tools"] = tools_text(f["tools"])
     return {k: v for k, v in f.items() if v is not None}
 
 
@@ -132,8 +180,8 @@ def result_fields(reply):
 class Token:
     """A generated piece: text (of the answer: whole UTF-8 characters, maybe
     ""), reasoning (what the model thought before answering, apart from it:
-    Qwen3's <think> block, gpt-oss's analysis channel; maybe ""), tool (gpt-oss's
-    commentary channel, where its tool calls go; maybe ""), id (the token id),
+    Qwen3's <think> block, gpt-oss's analysis channel; maybe ""), tool (a tool
+    call's text: gpt-oss's commentary channel, Qwen's <tool_call> blocks; maybe ""), id (the token id),
     logprob (a float with logprobs=True, else None)."""
 
     __slots__ = ("text", "reasoning", "tool", "id", "logprob")
@@ -153,9 +201,13 @@ class Done:
     """The end of a generation: finish ("stop", "length", "context" or
     "cancel"), usage (a dict: prompt_tokens, cached_tokens, generated_tokens,
     ttft_ms, tokens_per_s), session (its uuid, or None), text (all the answer),
-    reasoning and tool (all of them, "" for none)."""
+    reasoning and tool (all of them, "" for none); with tools: tool_calls (a
+    list of {id, name, arguments}, arguments JSON text; [] for none),
+    tool_error (a call that did not parse, or None) and calls_in_text (the
+    calls were the answer's text)."""
 
-    __slots__ = ("finish", "usage", "session", "text", "reasoning", "tool")
+    __slots__ = ("finish", "usage", "session", "text", "reasoning", "tool", "tool_calls", "tool_error",
+                 "calls_in_text")
 
     def __init__(self, reply, streamed):
         self.finish = reply.get("finish")
@@ -164,6 +216,9 @@ class Done:
         self.text = reply.get("text", streamed["text"])
         self.reasoning = reply.get("reasoning", streamed["reasoning"])
         self.tool = reply.get("tool", streamed["tool"])
+        self.tool_calls = reply.get("tool_calls", [])
+        self.tool_error = reply.get("tool_error")
+        self.calls_in_text = bool(reply.get("calls_in_text"))
 
     def __repr__(self):
         return "Done(finish=%r, usage=%r, session=%r)" % (self.finish, self.usage, self.session)

@@ -214,7 +214,12 @@ class Client(_wire.Ops):
         frequency_penalty, seed, stop (a string or a list), priority,
         logprobs, keep_alive (PROTOCOL.md, generate); and to constrain the
         output, at most one of grammar (grammar text), json_schema (a dict,
-        or a JSON Schema's JSON text) and json=True (any JSON object)."""
+        or a JSON Schema's JSON text) and json=True (any JSON object); for
+        tool calls, tools (a list of OpenAI's tools, or its JSON text) and
+        tool_choice ("auto", "none", "required" or {"type": "function",
+        "function": {"name": ...}}): the done's tool_calls. Messages may be
+        tool results ({"role": "tool", "content", "tool_call_id", "name"})
+        and assistant messages with tool_calls."""
         rid = self._send("generate", _wire.generate_fields(prompt, messages, session, model, stream, params))
         return Generation(self, rid, stream)
 
