@@ -11,7 +11,6 @@
  */
 #include "config.h"
 #include "engine.h"
-#include "genmodel.h"
 #include "model.h"
 #include "tokenizer.h"
 #include "util.h"
@@ -29,7 +28,7 @@
 
 #include <cmocka.h>
 
-static char dir[64], path[128];
+#include "tiny_model.h"
 
 /* The backends to run on: the CPU, and CUDA drawing on the device or handing its logits out. */
 static const struct dev {
@@ -37,30 +36,7 @@ static const struct dev {
 	int host_picks;
 } devs[] = { { "cpu", "cpu", 0 }, { "cuda", "cuda", 0 }, { "cuda, host sampling", "cuda", 1 } };
 
-static int
-setup(void **state)
-{
-	struct genmodel_opts o = { .shape = "tiny", .format = "gguf", .type = "q8_0", .seed = 5, .threads = 2 };
-	char err[ERR_LEN];
-
-	snprintf(dir, sizeof dir, "/tmp/test_constrain_XXXXXX");
-	assert_non_null(mkdtemp(dir));
-	snprintf(path, sizeof path, "%s/m.gguf", dir);
-	o.out = path;
-	if (genmodel_run(&o, err) != 0)
-		fail_msg("%s", err);
-	return 0;
-}
-
-static int
-teardown(void **state)
-{
-	unlink(path);
-	rmdir(dir);
-	return 0;
-}
-
-/* An engine on d, or NULL (said once) when there is no such device. */
+/* An engine on d, or NULL (saying why) when there is no such device. */
 static struct engine *
 open_on(const struct dev *d)
 {
@@ -70,7 +46,7 @@ open_on(const struct dev *d)
 	char err[ERR_LEN];
 
 	setenv("RESIDENT_HOST_SAMPLING", d->host_picks ? "1" : "0", 1);
-	if (engine_open(path, &o, &e, err) != 0) {
+	if (engine_open(tiny_path, &o, &e, err) != 0) {
 		if (strcmp(d->device, "cpu") == 0)
 			fail_msg("%s", err);
 		print_message("[  SKIP    ] %s: %s\n", d->name, err);
@@ -395,5 +371,5 @@ main(void)
 		cmocka_unit_test(test_shared_by_text),
 	};
 
-	return cmocka_run_group_tests(tests, setup, teardown);
+	return cmocka_run_group_tests(tests, tiny_model_setup, tiny_model_teardown);
 }

@@ -9,7 +9,6 @@
  */
 #include "config.h"
 #include "engine.h"
-#include "genmodel.h"
 #include "kvdisk.h"
 #include "model.h"
 #include "util.h"
@@ -25,30 +24,7 @@
 
 #include <cmocka.h>
 
-static char dir[64], path[128];
-
-static int
-setup(void **state)
-{
-	struct genmodel_opts o = { .shape = "tiny", .format = "gguf", .type = "q8_0", .seed = 5, .threads = 2 };
-	char err[ERR_LEN];
-
-	snprintf(dir, sizeof dir, "/tmp/test_engine_XXXXXX");
-	assert_non_null(mkdtemp(dir));
-	snprintf(path, sizeof path, "%s/m.gguf", dir);
-	o.out = path;
-	if (genmodel_run(&o, err) != 0)
-		fail_msg("%s", err);
-	return 0;
-}
-
-static int
-teardown(void **state)
-{
-	unlink(path);
-	rmdir(dir);
-	return 0;
-}
+#include "tiny_model.h"
 
 /* An engine on the model with a small pool. */
 static struct engine *
@@ -58,7 +34,7 @@ open_engine(int32_t kv_tokens)
 	struct engine *e;
 	char err[ERR_LEN];
 
-	if (engine_open(path, &o, &e, err) != 0)
+	if (engine_open(tiny_path, &o, &e, err) != 0)
 		fail_msg("%s", err);
 	return e;
 }
@@ -468,7 +444,7 @@ test_disk_tier(void **state)
 	assert_non_null(mkdtemp(kvdir));
 	assert_int_equal(kvdisk_open(kvdir, 1 << 30, wake_nop, NULL, &d, err), 0);
 	o.disk = d;
-	if (engine_open(path, &o, &e, err) != 0)
+	if (engine_open(tiny_path, &o, &e, err) != 0)
 		fail_msg("%s", err);
 	shared_prompt(pa, 50, 0);
 	cached(&p, 4, 1);
@@ -497,7 +473,7 @@ test_disk_tier(void **state)
 	engine_seq_free(e, a);
 	engine_close(e);
 	/* another engine (a restart) loads what the caches lost */
-	if (engine_open(path, &o, &e, err) != 0)
+	if (engine_open(tiny_path, &o, &e, err) != 0)
 		fail_msg("%s", err);
 	cached(&p, 4, 1);
 	assert_int_equal(engine_seq_new(e, next, n - 2, &p, &a, err), 0);
@@ -573,5 +549,5 @@ main(void)
 		cmocka_unit_test(test_disk_tier),
 	};
 
-	return cmocka_run_group_tests(tests, setup, teardown);
+	return cmocka_run_group_tests(tests, tiny_model_setup, tiny_model_teardown);
 }
