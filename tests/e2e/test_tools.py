@@ -31,6 +31,12 @@ the daemon guarantees whatever the weights:
 6. The Python package (contrib/python): tools as a list, tool_choice as
    OpenAI's named function, done.tool_calls; a round trip whose assistant
    message has OpenAI's tool_calls (arguments as a dict); asyncio too.
+7. The real Gemma 3 270M (rsd.gemma_path; the section is skipped, saying
+   so, without it), greedy: asked for the weather in a city with
+   tool_choice required, it calls get_weather with that city, streamed
+   and not, through the daemon and resident-openai; with auto (where this
+   small model does not call), the reply is well-formed; a tool result
+   round trip answers.
 
 Skips (exit 77) without the `jsonschema` package; section 5 without `openai`.
 """
@@ -281,6 +287,64 @@ def check_python(ck, d):
     valid_calls(ck, done.tool_calls, "python asyncio: required")
 
 
+GEMMA_TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Get the current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city name"}},
+                   "required": ["city"]}}}]
+
+
+def check_gemma(ck):
+    """Section 7."""
+    try:
+        path = rsd.gemma_path()
+    except Skip as e:
+        print("SKIP section: the real Gemma 3 270M:", e)
+        return
+    tools = json.dumps(GEMMA_TOOLS)
+    with Daemon(model=path) as d:
+        c = d.client(timeout=120)
+        for city in ("Paris", "Tokyo"):
+            ask = [{"role": "user", "content": "What is the weather in %s right now?" % city}]
+            for stream in (False, True):
+                g = c.generate(messages=ask, tools=tools, tool_choice="required", max_tokens=60, temperature=0,
+                               stream=stream)
+                calls = [(x["name"], json.loads(x["arguments"])) for x in g.done.get("tool_calls", [])]
+                ck.eq(calls, [("get_weather", {"city": city})], "gemma %s stream=%s: the call" % (city, stream))
+                ck.ok(g.done.get("calls_in_text"), "gemma: the call is its answer's text")
+            g = c.generate(messages=ask, tools=tools, max_tokens=40, temperature=0)
+            ck.ok(g.finish in ("stop", "length") and "tool_error" not in g.done,
+                  "gemma %s auto: well-formed (%s)" % (city, g.finish))
+        if openai is None:
+            return
+        b = Bridge(d.sock)
+        try:
+            cl = b.client()
+            ask = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+            for stream in (False, True):
+                kw = dict(model=os.path.basename(path)[:-5], messages=ask, tools=GEMMA_TOOLS, temperature=0,
+                          max_tokens=60, tool_choice="required", stream=stream)
+                if stream:
+                    calls, content, finish = stream_calls(cl.chat.completions.create(**kw))
+                else:
+                    m = cl.chat.completions.create(**kw).choices[0].message
+                    calls = [{"id": x.id, "name": x.function.name, "arguments": x.function.arguments}
+                             for x in m.tool_calls or []]
+                    content = m.content or ""
+                ck.eq([(x["name"], json.loads(x["arguments"])) for x in calls], [("get_weather", {"city": "Paris"})],
+                      "gemma through resident-openai stream=%s: the call" % stream)
+                ck.eq(content, "", "gemma through resident-openai stream=%s: its text is not content" % stream)
+            msgs = ask + [{"role": "assistant", "content": None, "tool_calls": [
+                {"id": calls[0]["id"], "type": "function", "function": {"name": "get_weather",
+                                                                        "arguments": calls[0]["arguments"]}}]},
+                {"role": "tool", "tool_call_id": calls[0]["id"], "content": "Sunny, 24 degrees Celsius."}]
+            r = cl.chat.completions.create(model=kw["model"], messages=msgs, tools=GEMMA_TOOLS, temperature=0,
+                                           max_tokens=40)
+            ck.ok(r.choices[0].finish_reason in ("stop", "length", "tool_calls"),
+                  "gemma: a round trip with the tool's result: %r" % (r.choices[0].message.content,))
+        finally:
+            ck.eq(b.stop(), 0, "resident-openai exits 0")
+
+
 def main():
     if jsonschema is None:
         raise Skip("the jsonschema package is not installed")
@@ -306,6 +370,8 @@ def main():
                     with ck.section("refusals"):
                         check_refusals(ck, c)
                 c.close()
+        with ck.section("the real Gemma 3 270M"):
+            check_gemma(ck)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return ck
