@@ -43,6 +43,8 @@ struct gen_opts {
 	int n_stop;
 	const char *constraint;     /* the generate field of --grammar, --json-schema or --json-object */
 	char *constraint_text;      /* the --grammar or --json-schema file's text (NULL for --json-object) */
+	char *tools;                /* run --tools: the file's text (JSON of the tools) */
+	const char *tool_choice;    /* run --tool-choice: auto, none, required, or a tool's name */
 };
 
 /* What a generation printed last. */
@@ -246,7 +248,7 @@ gen_failed(const struct gen *g)
 
 enum {
 	O_SYSTEM = 256, O_RAW, O_TOP_K, O_TOP_P, O_MIN_P, O_REPEAT, O_SEED, O_STOP, O_JSON, O_SOCKET,
-	O_HIDE_REASONING, O_GRAMMAR, O_JSON_SCHEMA, O_JSON_OBJECT,
+	O_HIDE_REASONING, O_GRAMMAR, O_JSON_SCHEMA, O_JSON_OBJECT, O_TOOLS, O_TOOL_CHOICE,
 };
 
 /* A sampling option: its protocol field and whether it is an integer. */
@@ -270,7 +272,7 @@ sampling_opt(int c, const char **key, int *is_int)
 }
 
 /*
- * Reads a --grammar or --json-schema file whole into *out (malloc'd). On
+ * Reads a --grammar, --json-schema or --tools file whole into *out (malloc'd). On
  * failure prints why, naming the option and the file, and returns
  * EXIT_USAGE.
  */
@@ -333,7 +335,9 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 		{ "hide-reasoning", no_argument, NULL, O_HIDE_REASONING },
 		{ "grammar", required_argument, NULL, O_GRAMMAR },
 		{ "json-schema", required_argument, NULL, O_JSON_SCHEMA },
-		{ "json-object", no_argument, NULL, O_JSON_OBJECT }, { NULL, 0, NULL, 0 },
+		{ "json-object", no_argument, NULL, O_JSON_OBJECT },
+		{ "tools", required_argument, NULL, O_TOOLS },
+		{ "tool-choice", required_argument, NULL, O_TOOL_CHOICE }, { NULL, 0, NULL, 0 },
 	};
 	const char *key;
 	int c, is_int, k, rc;
@@ -369,6 +373,12 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 			if ((rc = constraint_opt(argv[0], c, optarg, o)) != 0)
 				return rc;
 			break;
+		case O_TOOLS:
+			free(o->tools);
+			if ((rc = read_constraint_file(argv[0], "--tools", optarg, &o->tools)) != 0)
+				return rc;
+			break;
+		case O_TOOL_CHOICE: o->tool_choice = optarg; break;
 		default: return cli_usage_error("%s: unknown option", argv[0]);
 		}
 	}
@@ -399,6 +409,35 @@ apply_constraint(const struct gen_opts *o, rs_params *p)
 		rs_params_set_str(p, o->constraint, o->constraint_text);
 	else if (o->constraint != NULL)
 		rs_params_set_bool(p, o->constraint, 1);
+}
+
+/* run's --tools and --tool-choice: auto, none and required are the protocol's, another word a tool's name. */
+static void
+apply_tools(const struct gen_opts *o, rs_params *p)
+{
+	const char *c = o->tool_choice;
+
+	if (o->tools != NULL)
+		rs_params_set_str(p, "tools", o->tools);
+	if (c != NULL)
+		rs_params_set_str(p, strcmp(c, "auto") == 0 || strcmp(c, "none") == 0 || strcmp(c, "required") == 0 ?
+		    "tool_choice" : "tool_name", c);
+}
+
+/* Prints the reply's tool calls, one a line: NAME ARGUMENTS (its id). */
+static void
+print_calls(const struct gen *g)
+{
+	json_t *calls = json_object_get(g->done, "tool_calls"), *c;
+	size_t i;
+
+	json_array_foreach(calls, i, c)
+		printf("tool call: %s %s (%s)\n", json_string_value(json_object_get(c, "name")),
+		    json_string_value(json_object_get(c, "arguments")), json_string_value(json_object_get(c, "id")));
+	if (json_object_get(g->done, "tool_error") != NULL)
+		fprintf(stderr, "resident: run: a tool call did not parse: %s\n",
+		    json_string_value(json_object_get(g->done, "tool_error")));
+	fflush(stdout);
 }
 
 /* ---- run ---- */
@@ -473,8 +512,14 @@ cmd_run(struct cli *cli, int argc, char **argv)
 		rc = cli_usage_error("run: no prompt (give it as arguments, or on stdin)");
 		goto out;
 	}
+	if ((o.tools != NULL || o.tool_choice != NULL) && o.raw) {
+		rc = cli_usage_error("run: tools are rendered by the chat template: no --tools or --tool-choice "
+		    "with --raw");
+		goto out;
+	}
 	apply_sampling(&o, p, 1);
 	apply_constraint(&o, p);
+	apply_tools(&o, p);
 	if (o.raw) {
 		rs_params_set_str(p, "prompt", prompt);
 	} else {
@@ -496,6 +541,8 @@ cmd_run(struct cli *cli, int argc, char **argv)
 		rc = gen_failed(&g);
 		goto out;
 	}
+	if (!cli->json)
+		print_calls(&g);
 	if (o.verbose)
 		print_usage(&g);
 	rc = g.cancelled && strcmp(gen_finish(&g), "cancel") == 0 ? EXIT_INTERRUPTED : EXIT_OK;
@@ -508,6 +555,7 @@ out:
 	free(prompt);
 	free(o.stop);
 	free(o.constraint_text);
+	free(o.tools);
 	rs_params_free(p);
 	return rc;
 }
@@ -743,6 +791,11 @@ cmd_chat(struct cli *cli, int argc, char **argv)
 		    "[sampling options]");
 		goto out;
 	}
+	if (o.tools != NULL || o.tool_choice != NULL) {
+		rc = cli_usage_error("chat: --tools and --tool-choice are for run (chat has no tool results to "
+		    "send back)");
+		goto out;
+	}
 	if ((rc = cli_connect(cli)) != EXIT_OK || (rc = chat_open(cli, &o, uuid, sizeof uuid, &titled)) != EXIT_OK)
 		goto out;
 	signals_setup();
@@ -771,5 +824,6 @@ out:
 	free(in.buf);
 	free(o.stop);
 	free(o.constraint_text);
+	free(o.tools);
 	return rc;
 }

@@ -37,13 +37,18 @@ the daemon guarantees whatever the weights:
    and not, through the daemon and resident-openai; with auto (where this
    small model does not call), the reply is well-formed; a tool result
    round trip answers.
+8. The CLI: resident run --tools FILE --tool-choice NAME prints the call
+   ("tool call: NAME ARGS (ID)"), --json has tool_calls; chat refuses
+   --tools; --tools with --raw is a usage error.
 
 Skips (exit 77) without the `jsonschema` package; section 5 without `openai`.
 """
 import asyncio
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -287,6 +292,28 @@ def check_python(ck, d):
     valid_calls(ck, done.tool_calls, "python asyncio: required")
 
 
+def check_cli(ck, d, tmp):
+    """Section 8."""
+    path = os.path.join(tmp, "tools.json")
+    with open(path, "w") as f:
+        json.dump(TOOLS, f)
+    base = [rsd.tool("resident"), "--socket", d.sock]
+    run = base + ["run", "--tools", path, "--tool-choice", "get_weather", "-n", "200", "--seed", "2",
+                  "Weather in Paris?"]
+    r = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    m = re.search(r"^tool call: get_weather (\{.*\}) \((call_\w+)\)$", r.stdout, re.M)
+    ck.ok(r.returncode == 0 and m, "resident run --tools: the call printed: %r %r" % (r.stdout[-200:], r.stderr))
+    if m:
+        valid_calls(ck, [{"id": m.group(2), "name": "get_weather", "arguments": m.group(1)}], "resident run")
+    r = subprocess.run(base + ["--json"] + run[len(base):], capture_output=True, text=True, timeout=120)
+    calls = json.loads(r.stdout).get("tool_calls") if r.returncode == 0 else None
+    valid_calls(ck, calls, "resident --json run", "get_weather")
+    for argv, what in ((["chat", "--tools", path], "chat --tools"),
+                       (["run", "--raw", "--tools", path, "x"], "run --raw --tools")):
+        r = subprocess.run(base + argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        ck.eq(r.returncode, 2, what + ": a usage error (%s)" % r.stderr.strip())
+
+
 GEMMA_TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city name"}},
@@ -365,6 +392,8 @@ def main():
                 if shape == "tiny-qwen3":
                     with ck.section("the Python package"):
                         check_python(ck, d)
+                    with ck.section("the CLI"):
+                        check_cli(ck, d, tmp)
                     with ck.section("sessions store calls and results"):
                         c = check_session(ck, d, c)
                     with ck.section("refusals"):
