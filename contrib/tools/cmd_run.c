@@ -119,7 +119,7 @@ static int
 prompt_tokens(const struct model_desc *m, const char *prompt, const struct run_opts *o, int32_t **ids, size_t *n,
     char *err)
 {
-	struct chat_msg msg = { "user", prompt, NULL };
+	struct chat_msg msg = { .role = "user", .content = prompt };
 	char *text;
 	size_t len;
 	int rc;

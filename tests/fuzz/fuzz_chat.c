@@ -4,7 +4,8 @@
  * Input: byte 0 picks the family (mod the number of families) and byte 1
  * the options (bit 0: add_generation_prompt, bit 1: a BOS text of the
  * input's own instead of the family's, bit 2: Qwen3's thinking off, bit 3:
- * a harmony date of the input's own instead of today's); the rest is split
+ * a harmony date of the input's own instead of today's, bit 4: the input's
+ * own tools, where chat_tools_check takes them); the rest is split
  * at NUL bytes into messages, each one's first byte picking its role
  * (system, user, assistant, or one no template knows) and the remaining
  * bytes its content, which need not be UTF-8. The same rest is also given
@@ -21,6 +22,7 @@
  */
 #include "config.h"
 #include "chat.h"
+#include "chat_tools.h"
 #include "fuzz.h"
 #include "util.h"
 
@@ -32,7 +34,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 #define MAX_MSGS 64
 
-static const char *const roles[] = { "system", "user", "assistant", "tool" };
+static const char *const roles[] = { "system", "user", "assistant", "function" };
 
 /* Splits rest (NUL-terminated, n bytes before the NUL) into messages; returns how many. */
 static size_t
@@ -46,9 +48,7 @@ split(char *rest, size_t n, struct chat_msg *m, int *all_valid)
 		nul = memchr(p, '\0', (size_t)(end - p));
 		if (nul == NULL)
 			nul = end;
-		m[k].role = roles[(uint8_t)*p % 4];
-		m[k].content = p + (p < nul);
-		m[k].reasoning = NULL;
+		m[k] = (struct chat_msg){ .role = roles[(uint8_t)*p % 4], .content = p + (p < nul) };
 		if (m[k].role == roles[3] || !utf8_valid(m[k].content, (size_t)(nul - m[k].content)))
 			*all_valid = 0;
 		k++;
@@ -63,8 +63,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct chat_msg m[MAX_MSGS];
 	struct chat_opts o;
 	enum chat_tmpl t, found;
-	char err[ERR_LEN], *rest, *out = NULL;
-	size_t n, out_len = 0;
+	char err[ERR_LEN], *rest, *out = NULL, *tools = NULL;
+	size_t n, out_len = 0, n_tools;
 	int rc, all_valid;
 
 	if (size < 2)
@@ -81,8 +81,10 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (chat_tmpl_from_name(rest, &found, err) == 0)
 		FUZZ_CHECK(strcmp(chat_tmpl_name(found), rest) == 0);
 	n = split(rest, size - 2, m, &all_valid);
+	if ((data[1] & 16) && chat_tools_check(rest, &tools, &n_tools, err) == 0)
+		FUZZ_CHECK(tools != NULL && n_tools > 0);
 	o = (struct chat_opts){ .add_generation_prompt = data[1] & 1, .bos_text = (data[1] & 2) ? rest : NULL,
-	    .no_thinking = (data[1] & 4) != 0, .date = (data[1] & 8) ? rest : NULL };
+	    .no_thinking = (data[1] & 4) != 0, .date = (data[1] & 8) ? rest : NULL, .tools = tools };
 	rc = chat_render_opts(t, m, n, &o, &out, &out_len, err);
 	if (rc == 0) {
 		FUZZ_CHECK(all_valid);
@@ -93,6 +95,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		FUZZ_CHECK(rc == ERR_INVAL && err[0] != '\0');
 	}
 	free(out);
+	free(tools);
 	free(rest);
 	return 0;
 }
