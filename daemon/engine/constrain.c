@@ -31,6 +31,7 @@ struct cons_gram {
 
 struct cons {
 	const struct tokenizer *tok;
+	int n_threads;          /* an index's threads (gram_index_new_threads) */
 	pthread_mutex_t mu;
 	struct gram_vocab *v;   /* NULL until the first grammar */
 	const char **bytes;     /* each token's bytes (the tokenizer's), for v */
@@ -41,11 +42,12 @@ struct cons {
 };
 
 struct cons *
-cons_new(const struct tokenizer *t)
+cons_new(const struct tokenizer *t, int n_threads)
 {
 	struct cons *c = xcalloc(1, sizeof *c);
 
 	c->tok = t;
+	c->n_threads = n_threads;
 	pthread_mutex_init(&c->mu, NULL);
 	return c;
 }
@@ -138,14 +140,15 @@ find(struct cons *c, uint32_t hash, const char *text, size_t len)
 	return NULL;
 }
 
-/* A new entry, compiled and indexed (without the lock). */
+/* A new entry, compiled and indexed (without the lock: the index takes seconds, on c->n_threads threads). */
 static int
 build(struct cons *c, uint32_t hash, const char *text, size_t len, struct cons_gram **out, char *err)
 {
 	struct cons_gram *g = xcalloc(1, sizeof *g);
 	int rc;
 
-	if ((rc = grammar_compile(text, len, &g->g, err)) != 0 || (rc = gram_index_new(g->g, c->v, &g->x, err)) != 0) {
+	if ((rc = grammar_compile(text, len, &g->g, err)) != 0 ||
+	    (rc = gram_index_new_threads(g->g, c->v, c->n_threads, &g->x, err)) != 0) {
 		gram_free(g);
 		return rc;
 	}

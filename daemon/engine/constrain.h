@@ -7,9 +7,11 @@
  * first use. A grammar compiled from text, with its mask index, is shared by
  * every request that gives the same text: it lives while one holds it, and
  * the last CONS_KEEP that none holds are kept for the next request. An
- * index takes milliseconds to about a second to build on a 128k vocabulary,
- * so requests prepare theirs on the prompt worker while the engine thread
- * computes masks with the ones it holds: everything here is thread-safe.
+ * index takes milliseconds to seconds to build on a 128k vocabulary (a
+ * nested JSON Schema's, shared among threads), so requests prepare theirs on
+ * the prompt worker while the engine thread computes masks with the ones it
+ * holds: everything here is thread-safe, and no lock is held while an index
+ * is made.
  */
 #ifndef RESIDENT_CONSTRAIN_H
 #define RESIDENT_CONSTRAIN_H
@@ -26,8 +28,12 @@ struct gram_state;
 struct cons;
 struct cons_gram;
 
-/* Grammars over t's vocabulary (t must outlive it). */
-struct cons *cons_new(const struct tokenizer *t);
+/*
+ * Grammars over t's vocabulary (t must outlive it); a new grammar's index
+ * is made on n_threads threads (gram_index_new_threads; 0: one per online
+ * CPU), the caller's among them.
+ */
+struct cons *cons_new(const struct tokenizer *t, int n_threads);
 void cons_free(struct cons *c);
 
 /*

@@ -330,7 +330,7 @@ engine_load(struct engine *e, uint64_t limit, char *err)
 	/* zeroed: words past the tokenizer's tokens (a padded output) allow nothing, and gram_mask never writes them */
 	e->masks = xcalloc((size_t)e->max_seqs * FWD_MASK_WORDS(e->m->hp.n_vocab), sizeof *e->masks);
 	e->mask_rows = xcalloc((size_t)e->max_seqs, sizeof *e->mask_rows);
-	e->cons = cons_new(e->m->tok);
+	e->cons = cons_new(e->m->tok, e->bo.n_threads);
 	return 0;
 }
 

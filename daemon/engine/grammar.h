@@ -94,10 +94,10 @@ int gram_finished(const struct gram_state *s);
  * for each position a stack's top part can be in (its frames down to the
  * first of the root or of a rule that can reach itself), the tokens it
  * allows whatever lies below, and those that reach below, checked per
- * step. All are found when it is made, on the thread that calls
- * gram_index_new, so that no step walks the vocabulary: a walk of it
- * each (milliseconds a position; a grammar without recursion is all
- * positions of the root, so a nested JSON Schema's can take seconds);
+ * step. All are found when it is made (gram_index_new), so that no step
+ * walks the vocabulary: a walk of it each (milliseconds a position; a
+ * grammar without recursion is all positions of the root, so a nested
+ * JSON Schema's can take seconds, shared among threads);
  * and where the position's character set holds characters of several
  * bytes, with a character half read there: one entry per class of such
  * characters (their length, the bytes read, and a first byte that bounds
@@ -109,6 +109,18 @@ int gram_finished(const struct gram_state *s);
  */
 struct gram_index;
 
+/* Most threads gram_index_new_threads starts. */
+#define GRAM_MAX_THREADS 256
+
+/*
+ * The index of g over v, its walks on n_threads threads (the caller's
+ * among them; 0: one per online CPU): the keys are found first on the
+ * caller's thread (milliseconds), then the threads take the walks one at
+ * a time. The index is the same whatever the threads.
+ */
+int gram_index_new_threads(const struct grammar *g, const struct gram_vocab *v, int n_threads, struct gram_index **out,
+    char *err);
+/* gram_index_new_threads with one thread per online CPU. */
 int gram_index_new(const struct grammar *g, const struct gram_vocab *v, struct gram_index **out, char *err);
 void gram_index_free(struct gram_index *x);
 

@@ -57,4 +57,11 @@ struct gram_index;
  */
 uint32_t gram_index_late(struct gram_index *x);
 
+/*
+ * 1 if a and b (of one grammar and vocabulary) hold the same entries: the
+ * same keys, each with the same tokens. For tests (an index made on one
+ * thread against one made on several).
+ */
+int gram_index_same(const struct gram_index *a, const struct gram_index *b);
+
 #endif

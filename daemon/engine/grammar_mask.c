@@ -18,8 +18,9 @@
  * walk's result per position's top part, so that a step walks only the
  * tokens that reach below it. The index is made whole when it is created
  * (index_fill: every key a position can have, a character half read
- * keyed by its class); masks then read it without a lock, and keep their
- * scratch in it between calls.
+ * keyed by its class, found on one thread, then the keys' walks of the
+ * vocabulary shared among threads); masks then read it without a lock,
+ * and keep their scratch in it between calls.
  */
 #include "config.h"
 #include "grammar.h"
@@ -30,6 +31,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- positions ---- */
 
@@ -980,18 +982,31 @@ build_walk(struct gctx *c, const struct trie *tr, const struct gpos *from, struc
 	}
 }
 
-/* The entry of key k (hash h), walked from its frames with the half-read bytes part (k->pn of them). */
+/* An entry of key k (hash h), not yet walked (entry_walk). */
 static struct gentry *
-entry_build(const struct gram_index *x, const struct gkey *k, uint64_t h, const uint8_t *part, struct bscratch *bs)
+entry_new(const struct gkey *k, uint64_t h)
 {
-	uint32_t words = ((uint32_t)x->v->n_tokens + 31) / 32, nz = 0;
 	struct gentry *e = xcalloc(1, sizeof *e);
+
+	e->key = *k, e->hash = h;
+	return e;
+}
+
+/*
+ * Fills e (entry_new's) by a walk from its key's frames with the half-read
+ * bytes part (k->pn of them). Reads only x's grammar and vocabulary and
+ * writes only e and bs: entries are walked on several threads at once.
+ */
+static void
+entry_walk(const struct gram_index *x, struct gentry *e, const uint8_t *part, struct bscratch *bs)
+{
+	const struct gkey *k = &e->key;
+	uint32_t words = ((uint32_t)x->v->n_tokens + 31) / 32, nz = 0;
 	struct gctx c = { x->g, &bs->pool, NULL, bs->seen, bs->seen_cap, 0, 0, 0 };
 	struct gframe *top = &ctx_frame;
 	struct gpos from = { &top, 1, 1, { 0 }, k->pn, k->need };
 	int n_unc = 0;
 
-	e->key = *k, e->hash = h;
 	for (uint32_t i = k->n; i-- > 0;)
 		top = intern(&c, k->pos[i], top);
 	memcpy(from.part, part, k->pn);
@@ -1017,7 +1032,6 @@ entry_build(const struct gram_index *x, const struct gkey *k, uint64_t h, const 
 	seen_reset(&c);
 	bs->seen = c.seen, bs->seen_cap = c.seen_cap;
 	pool_reset(&bs->pool);
-	return e;
 }
 
 /*
@@ -1031,15 +1045,22 @@ struct point {
 	int resume;
 };
 
+/* An entry the enumeration found, to be walked (entry_walk) from the half-read bytes part. */
+struct pending {
+	struct gentry *e;
+	uint8_t part[4];
+};
+
 struct fill {
 	struct gram_index *x;
 	struct fpool pool;
 	struct gctx c;
 	struct gctx below;   /* only its set: frames whose chains down to the context were looked at */
 	struct etab resumed; /* the chains of resume points (keys only) */
-	struct bscratch bs;
 	struct point *queue;
 	uint32_t n, cap;
+	struct pending *todo; /* the entries added, in order, walked once all are found (index_walk) */
+	uint32_t n_todo, cap_todo;
 };
 
 static void
@@ -1049,7 +1070,11 @@ fill_queue(struct fill *f, const struct gkey *k, int resume)
 	f->queue[f->n++] = (struct point){ k, resume };
 }
 
-/* The entry of key k (hash h) into the index unless it holds one; part: the half-read bytes to walk from. */
+/*
+ * The entry of key k (hash h) into the index unless it holds one, its walk
+ * left for later; part: the half-read bytes to walk from. (The enumeration
+ * needs only the keys, not what their walks find.)
+ */
 static struct gentry *
 fill_entry(struct fill *f, const struct gkey *k, uint64_t h, const uint8_t *part)
 {
@@ -1057,8 +1082,12 @@ fill_entry(struct fill *f, const struct gkey *k, uint64_t h, const uint8_t *part
 
 	if (etab_find(&f->x->all, k, h) != NULL)
 		return NULL;
-	e = entry_build(f->x, k, h, part, &f->bs);
+	e = entry_new(k, h);
 	etab_add(&f->x->all, e);
+	f->todo = xgrow(f->todo, &f->cap_todo, f->n_todo + 1, sizeof *f->todo);
+	f->todo[f->n_todo].e = e;
+	memcpy(f->todo[f->n_todo].part, part, sizeof f->todo[f->n_todo].part);
+	f->n_todo++;
 	return e;
 }
 
@@ -1210,23 +1239,83 @@ fill_stacks(struct fill *f, const struct gpos *p)
 	}
 }
 
+/* The walks of the entries the enumeration found: n threads take them one at a time. */
+struct walks {
+	const struct gram_index *x;
+	const struct pending *todo;
+	uint32_t n;
+	_Atomic uint32_t next;
+};
+
+static void *
+walks_run(void *arg)
+{
+	struct walks *w = arg;
+	struct bscratch bs;
+	uint32_t i;
+
+	bscratch_init(&bs, w->x->v);
+	while ((i = atomic_fetch_add_explicit(&w->next, 1, memory_order_relaxed)) < w->n)
+		entry_walk(w->x, w->todo[i].e, w->todo[i].part, &bs);
+	bscratch_free(&bs);
+	return NULL;
+}
+
+/* The threads to use for n_threads (0: every online CPU), at most one per walk. */
+static int
+walk_threads(int n_threads, uint32_t n_walks)
+{
+	if (n_threads <= 0) {
+		long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+		n_threads = cpus > 0 ? (int)MIN(cpus, GRAM_MAX_THREADS) : 1;
+	}
+	n_threads = MIN(n_threads, GRAM_MAX_THREADS);
+	return (int)MIN((uint32_t)n_threads, MAX(n_walks, 1u));
+}
+
 /*
- * Every key the grammar's positions can have, each entry built now (on
- * the thread that makes the index, not in a step): from each cut rule's
- * start, then from each point found (past a key's character, or where a
- * frame below a key goes on), until no point is new. Each point is
- * matched over the context frame, so that a key is found whatever lies
- * below it; what lies below is reached as the resume points of the
- * frames below the keys (struct point).
+ * Walks the n entries of todo on n_threads threads (this one among them).
+ * Each walk reads only the grammar, the vocabulary and its key, and writes
+ * only its entry, so the index is the same whatever the threads and
+ * however they share the walks. A thread that cannot be started leaves
+ * its share to the others.
+ */
+static void
+index_walk(const struct gram_index *x, const struct pending *todo, uint32_t n, int n_threads)
+{
+	struct walks w = { x, todo, n, 0 };
+	int nt = walk_threads(n_threads, n), started = 0;
+	pthread_t *th = nt > 1 ? xmalloc((size_t)(nt - 1) * sizeof *th) : NULL;
+
+	atomic_init(&w.next, 0);
+	for (int t = 0; t < nt - 1; t++)
+		if (pthread_create(&th[started], NULL, walks_run, &w) == 0)
+			started++;
+	walks_run(&w);
+	for (int t = 0; t < started; t++)
+		pthread_join(th[t], NULL);
+	free(th);
+}
+
+/*
+ * Every key the grammar's positions can have, each entry built now (not
+ * in a step): from each cut rule's start, then from each point found
+ * (past a key's character, or where a frame below a key goes on), until
+ * no point is new. Each point is matched over the context frame, so that
+ * a key is found whatever lies below it; what lies below is reached as
+ * the resume points of the frames below the keys (struct point). The
+ * enumeration needs only keys, so it runs first, on this thread (a few
+ * milliseconds); then the entries' walks of the vocabulary, nearly all of
+ * the time, on n_threads threads (index_walk).
  */
 static int
-index_fill(struct gram_index *x, char *err)
+index_fill(struct gram_index *x, int n_threads, char *err)
 {
 	struct fill f = { .x = x };
 	struct gpos p = { 0 };
 
 	f.c = (struct gctx){ x->g, &f.pool, NULL, NULL, 0, 0, 0, 0 };
-	bscratch_init(&f.bs, x->v);
 	for (uint32_t r = 0; r < x->g->n_rules && !f.c.overflow; r++) {
 		if (!x->cut[x->g->rules[r].first])
 			continue;
@@ -1247,9 +1336,10 @@ index_fill(struct gram_index *x, char *err)
 		expand(&f.c, f.queue[q].resume ? top->pos : top->pos + 1, top->up, &p);
 		fill_stacks(&f, &p);
 	}
-	free(f.queue), free(p.st), free(f.c.seen), free(f.below.seen);
+	if (!f.c.overflow)
+		index_walk(x, f.todo, f.n_todo, n_threads);
+	free(f.queue), free(f.todo), free(p.st), free(f.c.seen), free(f.below.seen);
 	etab_free(&f.resumed);
-	bscratch_free(&f.bs);
 	pool_free(&f.pool);
 	return f.c.overflow ? overflow_err(err) : 0;
 }
@@ -1335,6 +1425,13 @@ cut_rules(const struct grammar *g)
 int
 gram_index_new(const struct grammar *g, const struct gram_vocab *v, struct gram_index **out, char *err)
 {
+	return gram_index_new_threads(g, v, 0, out, err);
+}
+
+int
+gram_index_new_threads(const struct grammar *g, const struct gram_vocab *v, int n_threads, struct gram_index **out,
+    char *err)
+{
 	struct gram_index *x = xcalloc(1, sizeof *x);
 	int rc;
 
@@ -1343,7 +1440,7 @@ gram_index_new(const struct grammar *g, const struct gram_vocab *v, struct gram_
 	pthread_mutex_init(&x->mu, NULL);
 	for (int i = 0; i < SCRATCH_SLOTS; i++)
 		atomic_init(&x->spare[i], NULL);
-	if ((rc = index_fill(x, err)) != 0) {
+	if ((rc = index_fill(x, n_threads, err)) != 0) {
 		gram_index_free(x);
 		*out = NULL;
 		return rc;
@@ -1387,6 +1484,44 @@ gram_index_late(struct gram_index *x)
 	n = x->late.n;
 	pthread_mutex_unlock(&x->mu);
 	return n;
+}
+
+/* 1 if e and f (of one key) hold the same tokens: acc, the uncertain trie, maxrel, walk_all. */
+static int
+entry_same(const struct gentry *e, const struct gentry *f, uint32_t words)
+{
+	size_t n_tok = 0;
+
+	if (e->n_acc != f->n_acc || e->maxrel != f->maxrel || e->walk_all != f->walk_all ||
+	    memcmp(e->acc, f->acc, (e->n_acc == ACC_DENSE ? words : 2 * e->n_acc) * sizeof *e->acc) != 0 ||
+	    e->unc.n_node != f->unc.n_node || e->unc.max_depth != f->unc.max_depth)
+		return 0;
+	for (uint32_t i = 0; i < e->unc.n_node; i++) {
+		const struct tnode *a = &e->unc.node[i], *b = &f->unc.node[i];
+
+		if (a->end != b->end || a->tok_first != b->tok_first || a->tok_n != b->tok_n || a->depth != b->depth ||
+		    a->byte != b->byte)
+			return 0;
+		n_tok += a->tok_n;
+	}
+	return n_tok == 0 || memcmp(e->unc.tok, f->unc.tok, n_tok * sizeof *e->unc.tok) == 0;
+}
+
+int
+gram_index_same(const struct gram_index *a, const struct gram_index *b)
+{
+	uint32_t words = ((uint32_t)a->v->n_tokens + 31) / 32;
+
+	if (a->g != b->g || a->v != b->v || a->all.n != b->all.n)
+		return 0;
+	for (uint32_t i = 0; i < a->all.cap; i++)
+		for (const struct gentry *e = a->all.tab[i]; e != NULL; e = e->next) {
+			const struct gentry *f = etab_find(&b->all, &e->key, e->hash);
+
+			if (f == NULL || !entry_same(e, f, words))
+				return 0;
+		}
+	return 1;
 }
 
 /* A mask's scratch: a spare one of x's if any (no lock: each slot taken by an exchange), or a new one. */
@@ -1436,7 +1571,8 @@ entry_late(struct gram_index *x, const struct gkey *k, uint64_t h, const uint8_t
 		struct bscratch bs;
 
 		bscratch_init(&bs, x->v);
-		e = entry_build(x, k, h, part, &bs);
+		e = entry_new(k, h);
+		entry_walk(x, e, part, &bs);
 		bscratch_free(&bs);
 		etab_add(&x->late, e);
 	}

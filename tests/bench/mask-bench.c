@@ -2,7 +2,7 @@
  * mask-bench: the cost of constrained decoding's token masks (gram_mask,
  * daemon/engine/grammar.h) on a llama3-like vocabulary.
  *
- *   mask-bench [-n MASKS] [-w STEPS] [-s SEED] [-g schema|json|both] [-f SCHEMA.json]
+ *   mask-bench [-n MASKS] [-w STEPS] [-s SEED] [-g schema|json|both] [-f SCHEMA.json] [-t THREADS] [-c]
  *
  * The vocabulary is made here, deterministically (it does not depend on
  * -s): 128,000 byte-level pieces (all 256 single bytes; ASCII words with
@@ -19,7 +19,9 @@
  * enums, strings with a pattern, a format and lengths, bounded integers
  * and numbers, anyOf; or the schema in the file of -f) through
  * jschema.c, and a generic JSON grammar. For each, the time to make the
- * index (gram_index_new), then seeded random walks: at each step the
+ * index (gram_index_new_threads, on THREADS threads; 0, the default: one
+ * per online CPU; with -c, made again on one thread and checked the same,
+ * gram_index_same), then seeded random walks: at each step the
  * mask is timed, and a token drawn uniformly among those it allows is
  * accepted, until an end token, STEPS tokens, or MASKS masks in all.
  * Printed: the masks' median, p90, p99 and max in microseconds, over all
@@ -446,7 +448,7 @@ rss_mib(void)
 
 static int
 bench(const char *label, const char *text, const struct vocab *voc, const struct gram_vocab *gv, int n_masks,
-    int steps, uint64_t seed)
+    int steps, uint64_t seed, int n_threads, int check)
 {
 	char err[ERR_LEN];
 	struct grammar *g;
@@ -464,13 +466,27 @@ bench(const char *label, const char *text, const struct vocab *voc, const struct
 	}
 	t1 = now_ns();
 	rss0 = rss_mib();
-	if (gram_index_new(g, gv, &x, err) != 0) {
+	if (gram_index_new_threads(g, gv, n_threads, &x, err) != 0) {
 		fprintf(stderr, "mask-bench: %s: %s\n", label, err);
 		return 1;
 	}
 	t2 = now_ns();
-	printf("%s: grammar of %zu bytes, compiled in %.1f ms; index made in %.1f ms (+%.0f MiB resident)\n", label,
-	    strlen(text), (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6, rss_mib() - rss0);
+	printf("%s: grammar of %zu bytes, compiled in %.1f ms; index made in %.1f ms (+%.0f MiB resident; threads %d)\n",
+	    label, strlen(text), (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6, rss_mib() - rss0, n_threads);
+	if (check) {
+		struct gram_index *x1;
+		uint64_t t3 = now_ns();
+
+		if (gram_index_new_threads(g, gv, 1, &x1, err) != 0) {
+			fprintf(stderr, "mask-bench: %s: %s\n", label, err);
+			return 1;
+		}
+		printf("  made again on one thread in %.1f ms: %s\n", (double)(now_ns() - t3) / 1e6,
+		    gram_index_same(x, x1) && gram_index_same(x1, x) ? "the same entries" : "DIFFERENT entries");
+		if (!gram_index_same(x, x1) || !gram_index_same(x1, x))
+			return 1;
+		gram_index_free(x1);
+	}
 	rng_state = seed;
 	while (n_all < n_masks) {
 		struct gram_state *s;
@@ -542,14 +558,15 @@ bench(const char *label, const char *text, const struct vocab *voc, const struct
 static void
 usage(void)
 {
-	fprintf(stderr, "usage: mask-bench [-n MASKS] [-w STEPS] [-s SEED] [-g schema|json|both] [-f SCHEMA.json]\n");
+	fprintf(stderr, "usage: mask-bench [-n MASKS] [-w STEPS] [-s SEED] [-g schema|json|both] [-f SCHEMA.json] "
+	    "[-t THREADS] [-c]\n");
 	exit(2);
 }
 
 int
 main(int argc, char **argv)
 {
-	int n_masks = 20000, steps = 200, opt, rc = 0, n_u8 = 0, n_cut = 0;
+	int n_masks = 20000, steps = 200, opt, rc = 0, n_u8 = 0, n_cut = 0, n_threads = 0, check = 0;
 	uint64_t seed = 1;
 	const char *which = "both", *schema_file = NULL;
 	struct vocab voc;
@@ -559,7 +576,7 @@ main(int argc, char **argv)
 	json_t *schema;
 	uint64_t t0;
 
-	while ((opt = getopt(argc, argv, "n:w:s:g:f:")) != -1) {
+	while ((opt = getopt(argc, argv, "n:w:s:g:f:t:c")) != -1) {
 		if (opt == 'n')
 			n_masks = atoi(optarg);
 		else if (opt == 'w')
@@ -570,10 +587,14 @@ main(int argc, char **argv)
 			which = optarg;
 		else if (opt == 'f')
 			schema_file = optarg;
+		else if (opt == 't')
+			n_threads = atoi(optarg);
+		else if (opt == 'c')
+			check = 1;
 		else
 			usage();
 	}
-	if (n_masks <= 0 || steps <= 0 || seed == 0 ||
+	if (n_masks <= 0 || steps <= 0 || seed == 0 || n_threads < 0 ||
 	    (strcmp(which, "schema") != 0 && strcmp(which, "json") != 0 && strcmp(which, "both") != 0))
 		usage();
 	vocab_make(&voc);
@@ -604,11 +625,11 @@ main(int argc, char **argv)
 			return 1;
 		}
 		json_decref(schema);
-		rc |= bench("json schema", schema_grammar, &voc, gv, n_masks, steps, seed);
+		rc |= bench("json schema", schema_grammar, &voc, gv, n_masks, steps, seed, n_threads, check);
 		free(schema_grammar);
 	}
 	if (strcmp(which, "schema") != 0)
-		rc |= bench("generic json", json_grammar, &voc, gv, n_masks, steps, seed);
+		rc |= bench("generic json", json_grammar, &voc, gv, n_masks, steps, seed, n_threads, check);
 	gram_vocab_free(gv);
 	vocab_free(&voc);
 	return rc;

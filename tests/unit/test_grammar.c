@@ -329,25 +329,41 @@ check_mask(const struct gram_state *s, struct gram_index *gx, const struct vocab
 	return ids;
 }
 
-/* Random walks of up to steps tokens through g, each step's mask checked; returns the walks that ended complete. */
+/*
+ * Random walks of up to steps tokens through g, each step's mask checked;
+ * returns the walks that ended complete. The index is made on one thread
+ * and again on several: the same entries, and the same mask at each step.
+ */
 static int
 walks(const char *grammar, int n_walks, int steps)
 {
 	struct grammar *g = compile(grammar);
 	struct vocab v = test_vocab();
 	struct gram_vocab *gv;
-	struct gram_index *gx;
+	struct gram_index *gx, *gxn;
+	uint32_t *mask = xmalloc(((size_t)v.n + 31) / 32 * sizeof *mask);
 	int done = 0;
 
 	assert_int_equal(gram_vocab_new(v.n, (const char *const *)v.b, v.len, v.skip, v.end, &gv, NULL), 0);
 	assert_int_equal(gram_vocab_size(gv), v.n);
-	assert_int_equal(gram_index_new(g, gv, &gx, NULL), 0);
+	assert_int_equal(gram_index_new_threads(g, gv, 1, &gx, NULL), 0);
+	assert_int_equal(gram_index_new_threads(g, gv, 4, &gxn, NULL), 0);
+	if (!gram_index_same(gx, gxn) || !gram_index_same(gxn, gx))
+		fail_msg("the index made on 4 threads differs from the one made on 1\n%s", grammar);
 	for (int w = 0; w < n_walks; w++) {
 		struct gram_state *s;
 
 		assert_int_equal(gram_state_new(g, &s, NULL), 0);
 		for (int k = 0; k < steps; k++) {
 			int n, *ids = check_mask(s, gx, &v, &n), id;
+
+			assert_int_equal(gram_mask(s, gxn, mask, NULL), n);
+			for (int i = 0, j = 0; i < v.n; i++) {
+				int in = j < n && ids[j] == i;
+
+				assert_int_equal((int)(mask[i / 32] >> (i % 32) & 1), in);
+				j += in;
+			}
 
 			if (n == 0) /* every byte is a token here: a position the mask allowed must go on */
 				fail_msg("an empty mask after %d tokens (seed %llu)\n%s", k, (unsigned long long)rng_state,
@@ -362,10 +378,12 @@ walks(const char *grammar, int n_walks, int steps)
 		}
 		gram_state_free(s);
 	}
-	if (gram_index_late(gx) != 0) /* every position's entry is made with the index, none in a step */
+	if (gram_index_late(gx) != 0 || gram_index_late(gxn) != 0) /* every position's entry is made with the index */
 		fail_msg("%u entries built by masks, not by gram_index_new (seed %llu)\n%s", gram_index_late(gx),
 		    (unsigned long long)rng_state, grammar);
 	gram_index_free(gx);
+	gram_index_free(gxn);
+	free(mask);
 	gram_vocab_free(gv);
 	vocab_free(&v);
 	grammar_free(g);
