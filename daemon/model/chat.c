@@ -1318,7 +1318,8 @@ chat_render_opts(enum chat_tmpl t, const struct chat_msg *msgs, size_t n,
 	    ((t == CHAT_HARMONY || (t == CHAT_LLAMA3 && o->tools != NULL)) &&
 	    (rc = harmony_date(o->date, date, err)) != 0))
 		return rc;
-	if (o->tools != NULL && !json_is_array(tools = chat_json(o->tools))) {
+	/* json_is_array evaluates its argument twice: parse first */
+	if (o->tools != NULL && (tools = chat_json(o->tools), !json_is_array(tools))) {
 		json_decref(tools);
 		return err_set(err, ERR_INVAL, "the tools are not a JSON array");
 	}

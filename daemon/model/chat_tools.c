@@ -438,7 +438,8 @@ parse_mistral(enum chat_tmpl t, const char *s, size_t n, struct chat_call **call
 		return 0;
 	len = n - (size_t)(at + 12 - s);
 	at = trim(at + 12, &len);
-	if (!json_is_array(a = json_loadb(at, len, 0, &je))) {
+	a = json_loadb(at, len, 0, &je);
+	if (!json_is_array(a)) {
 		json_decref(a);
 		return err_set(err, ERR_INVAL, "the tool calls are not a JSON array: %s", a ? "another value" : je.text);
 	}
