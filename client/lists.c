@@ -82,6 +82,23 @@ print_sessions(const rs_value *list)
 	table_free(t);
 }
 
+/* A turn's tool calls, one a line (NAME ARGUMENTS (ID)), and a tool result's call id. */
+static void
+print_turn_calls(const rs_value *turn)
+{
+	const rs_value *calls = rs_get(turn, "tool_calls"), *c;
+	size_t k;
+
+	for (k = 0; k < rs_len(calls); k++) {
+		c = rs_at(calls, k);
+		printf("tool call: %s %s (%s)\n", cli_str(c, "name"), cli_str(c, "arguments"), cli_str(c, "id"));
+	}
+	if (rs_get(turn, "tool_call_id") != NULL)
+		printf("(the result of %s)\n", cli_str(turn, "tool_call_id"));
+	if (rs_len(calls) > 0 || rs_get(turn, "tool_call_id") != NULL)
+		putchar('\n');
+}
+
 void
 cli_print_turns(const rs_value *turns, size_t last, int reasoning)
 {
@@ -101,6 +118,7 @@ cli_print_turns(const rs_value *turns, size_t last, int reasoning)
 			fputs(why[strlen(why) - 1] == '\n' ? "\n" : "\n\n", stdout);
 		}
 		printf("%s%s\n", text, text[0] && text[strlen(text) - 1] == '\n' ? "" : "\n");
+		print_turn_calls(rs_at(turns, i));
 	}
 	fflush(stdout);
 }

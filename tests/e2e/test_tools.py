@@ -16,8 +16,8 @@ the daemon guarantees whatever the weights:
 2. With auto, the reply is well-formed (a done, calls or not); with none,
    no call is parsed.
 3. A session stores the reply's calls and the tool result that answers
-   them (session.get shows them), and a later turn, after a restart too,
-   renders them again.
+   them (session.get and `resident sessions show` show them), and a later
+   turn, after a restart too, renders them again.
 4. What is refused: duplicate tool names, an unknown tool_name, a tool whose
    parameters use an unsupported keyword (by JSON pointer), tool_choice
    without tools, a required call beside a grammar, calls on a user message,
@@ -166,6 +166,10 @@ def check_session(ck, d, c):
     ck.eq(turns[1].get("tool_calls"), calls, "session.get: the reply's calls")
     ck.eq((turns[2].get("tool_call_id"), turns[2].get("name"), turns[2]["content"]),
           (calls[0]["id"], "get_weather", "21 C, clear"), "session.get: the result")
+    r = subprocess.run([rsd.tool("resident"), "--socket", d.sock, "sessions", "show", s], capture_output=True,
+                       text=True, timeout=60)
+    ck.ok(r.returncode == 0 and "tool call: get_weather %s (%s)" % (calls[0]["arguments"], calls[0]["id"]) in r.stdout
+          and "(the result of %s)" % calls[0]["id"] in r.stdout, "resident sessions show: the call and its result")
     d.stop()
     d.start()
     c = d.client(timeout=60)
