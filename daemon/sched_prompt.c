@@ -119,13 +119,35 @@ sched_tool_prefix(const struct model_desc *md, const struct sched_job *job, char
 }
 
 /*
+ * Whether the stored ids may not be the rendering of the history this
+ * request gets: it offers tools (which the families render at the start,
+ * in the system turn or the first user turn, and a session does not keep),
+ * or the history holds calls or results (rendered with the tools of their
+ * own turns). Such a prompt is tokenized whole, as rendered now; the
+ * prefix cache still finds what did not change.
+ */
+static int
+tools_rendered(const struct sched_job *job)
+{
+	int i;
+
+	if (job->req.tools != NULL && job->req.tool_choice != TOOLS_NONE)
+		return 1;
+	for (i = 0; i < job->n_history; i++)
+		if (job->history[i].n_calls > 0 || strcmp(job->history[i].role, "tool") == 0)
+			return 1;
+	return 0;
+}
+
+/*
  * A session's prompt: its stored token ids, then the tokens of the text the
  * template adds for this turn's messages. So a resumed session sees exactly
  * the tokens it saw (and generated) before, whether its KV cache survived or
  * is rebuilt after a restart. Where the template does not simply append
  * (Mistral moves the system prompt to the last user turn; Qwen3 and
- * harmony drop a reply's reasoning once a user message follows it), the
- * whole conversation is rendered again instead.
+ * harmony drop a reply's reasoning once a user message follows it), or
+ * where tools are rendered (tools_rendered), the whole conversation is
+ * rendered again instead.
  */
 static int
 session_tokens(const struct model_desc *md, const struct sched_job *job, const struct chat_msg *m,
@@ -148,7 +170,8 @@ session_tokens(const struct model_desc *md, const struct sched_job *job, const s
 		all_len += strlen(prefix);
 		free(prefix);
 	}
-	if (job->history_tokens > 0 && render(md, job, m, n_prev, 0, &prev, &prev_len, err) == 0 &&
+	if (job->history_tokens > 0 && !tools_rendered(job) &&
+	    render(md, job, m, n_prev, 0, &prev, &prev_len, err) == 0 &&
 	    prev_len <= all_len && memcmp(prev, all, prev_len) == 0) {
 		rc = tok_encode(md->tok, all + prev_len, all_len - prev_len, 1, 0, &new_ids, &n_new, err);
 		if (rc == 0) {

@@ -154,7 +154,14 @@ def check_session(ck, d, c):
     """Section 3: calls and results stored, shown, and rendered again after a restart."""
     tools = json.dumps(TOOLS)
     s = c.call("session.new")["session"]["session"]
+    hello = [{"role": "user", "content": "Hello."}]
+    g0 = c.generate(session=s, messages=hello, max_tokens=4, seed=5)
+    # a turn that offers tools after one that did not: its prompt is rendered with them, as a
+    # stateless request of the same conversation is (the stored ids were rendered without)
+    ref = c.generate(messages=hello + [{"role": "assistant", "content": g0.text}] + ASK, tools=tools,
+                     tool_name="get_weather", max_tokens=1, seed=5)
     g = c.generate(session=s, messages=ASK, tools=tools, tool_name="get_weather", max_tokens=100, seed=5)
+    ck.eq(g.usage["prompt_tokens"], ref.usage["prompt_tokens"], "session: tools rendered into the history")
     calls = g.done.get("tool_calls", [])
     if not ck.ok(len(calls) == 1, "session: one call"):
         return c
@@ -162,7 +169,9 @@ def check_session(ck, d, c):
     g2 = c.generate(session=s, messages=[result], tools=tools, max_tokens=8, seed=5)
     ck.ok(g2.finish in ("stop", "length"), "session: the tool result's turn")
     turns = c.call("session.get", session=s)["turns"]
-    ck.eq([t["role"] for t in turns], ["user", "assistant", "tool", "assistant"], "session: roles")
+    ck.eq([t["role"] for t in turns], ["user", "assistant", "user", "assistant", "tool", "assistant"],
+          "session: roles")
+    turns = turns[2:]
     ck.eq(turns[1].get("tool_calls"), calls, "session.get: the reply's calls")
     ck.eq((turns[2].get("tool_call_id"), turns[2].get("name"), turns[2]["content"]),
           (calls[0]["id"], "get_weather", "21 C, clear"), "session.get: the result")
