@@ -121,6 +121,13 @@ prep_run(struct work *w)
 		g->prep_pe = PE_INVALID_PARAM;
 }
 
+/* 1 if a request's output is constrained by a grammar, which may take seconds to index. */
+static int
+constrained(const struct proto_req *r)
+{
+	return r->grammar || r->json_schema || r->json || (r->tools && r->tool_choice == TOOLS_REQUIRED);
+}
+
 /*
  * Admits a queued generate: its model is loaded and the prompt goes to the
  * worker (GEN_PREP). 0, or -1 when it failed (the error is sent), or
@@ -150,7 +157,7 @@ admit(struct sched *s, struct gen *g)
 	g->prep.owner = m;
 	g->prep.key = job->conn;
 	g->state = GEN_PREP;
-	worker_submit(job->req.grammar || job->req.json_schema || job->req.json ? &s->prep_gram : &s->prep, &g->prep);
+	worker_submit(constrained(&job->req) ? &s->prep_gram : &s->prep, &g->prep);
 	return 0;
 }
 
