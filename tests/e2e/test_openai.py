@@ -14,7 +14,9 @@ untouched); a session is resumed with only the new message; curl sees the
 event stream's exact framing. logprobs and top_logprobs, chat and
 completions, streamed and not, are the daemon's own: as many top tokens as
 asked for, best first, the greedy token the first of them, -inf (a token a
-grammar forbids) shown as -9999.0.
+grammar forbids) shown as -9999.0. response_format json_schema and
+json_object, streamed and not, sampled hot: every reply parses and
+validates against its schema (the `jsonschema` package).
 
 Skips (exit 77) when the `openai` package or curl is missing.
 """
@@ -293,6 +295,41 @@ def check_logprobs(ck, oc, dc):
                  openai.BadRequestError, 400, "completions logprobs=6", param="logprobs")
 
 
+RF_SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 12},
+    "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}},
+    "required": ["name", "age"], "additionalProperties": False}
+
+
+def check_response_format(ck, oc):
+    import jsonschema
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": RF_SCHEMA}}
+    for seed in range(4):
+        kw = dict(model=MODEL, messages=user("A person as JSON."), max_tokens=120, temperature=1.5, seed=seed,
+                  response_format=fmt)
+        r = oc.chat.completions.create(**kw)
+        text = "".join(c.choices[0].delta.content or "" for c in oc.chat.completions.create(stream=True, **kw)
+                       if c.choices)
+        for what, got in (("not streamed", r.choices[0].message.content), ("streamed", text)):
+            try:
+                jsonschema.validate(json.loads(got), RF_SCHEMA)
+                ok = True
+            except (ValueError, jsonschema.ValidationError) as e:
+                ok, got = False, f"{got!r}: {e}"
+            ck.ok(ok, f"response_format json_schema, seed {seed}, {what}: valid" + ("" if ok else f" ({got})"))
+        ck.eq(text, r.choices[0].message.content, f"response_format json_schema, seed {seed}: streamed the same")
+        ck.eq(r.choices[0].finish_reason, "stop", f"response_format json_schema, seed {seed}: ends with the schema")
+    r = oc.chat.completions.create(model=MODEL, messages=user("JSON."), max_tokens=120, temperature=1.5, seed=7,
+                                   response_format={"type": "json_object"})
+    try:
+        ok = isinstance(json.loads(r.choices[0].message.content), dict)
+    except ValueError:
+        ok = False
+    ck.ok(ok or r.choices[0].finish_reason == "length",
+          f"response_format json_object: an object or cut by max_tokens ({r.choices[0].message.content!r})")
+
+
 def check_errors(ck, oc, b):
     status_error(ck, lambda: oc.chat.completions.create(model="nope", messages=user("x")), openai.NotFoundError,
                  404, "chat with an unknown model", code="model_not_found", param="model")
@@ -563,6 +600,7 @@ def run():
                              ("completions", lambda: check_completions(ck, oc, dc)),
                              ("sampling", lambda: check_sampling(ck, oc, dc)),
                              ("logprobs", lambda: check_logprobs(ck, oc, dc)),
+                             ("response_format", lambda: check_response_format(ck, oc)),
                              ("errors", lambda: check_errors(ck, oc, b)),
                              ("framing", lambda: check_framing(ck, b)),
                              ("concurrent", lambda: check_concurrent(ck, b, long_msgs)),
