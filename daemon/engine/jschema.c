@@ -188,6 +188,8 @@ struct jent {
 	char name[NAME_LEN];
 	int kind;       /* enum ent_kind */
 	int mask;       /* EK_PLAIN: the types it generates; else those of its edges, once the graph is walked */
+	int acc;        /* the types of the values it validates (oneOf's check): a keyword of one type, say
+			 * minimum without `type`, generates that type but lets every other through */
 };
 
 /* A reference that consumes no text first: from a combinator or $ref to what it names. */
@@ -1239,10 +1241,12 @@ plain_body(struct jsc *c, const json_t *s, uint32_t id, unsigned groups, struct 
 		c->ent[id].mask = 0;
 		for (int i = 0; i < n; i++)
 			c->ent[id].mask |= value_type(vals[i]);
+		c->ent[id].acc = c->ent[id].mask; /* those values alone */
 		rc = enum_body(c, id, vals, n, body);
 		free(vals);
 		return rc;
 	}
+	c->ent[id].acc = mask; /* what `type` names, all without it */
 	if (!(groups & (1u << KG_TYPE)) && (groups & TYPED_GROUPS)) {
 		mask = 0;
 		for (int g = KG_OBJ; g <= KG_NUM; g++)
@@ -1358,6 +1362,9 @@ node_body(struct jsc *c, const json_t *s, uint32_t id, struct strbuf *body)
 	json_t *v;
 
 	json_object_keylen_foreach((json_t *)s, k, n, v) {
+		/* below the root, $id is a new base URI: "#/..." in it would mean its own document */
+		if (n == 3 && memcmp(k, "$id", 3) == 0 && s != c->doc)
+			return js_err(c, ERR_UNSUPPORTED, "$id", "$id below the root (a new base for $ref)");
 		if ((g = kw_group(k, n)) < 0) {
 			char *key = xstrndup(k, n);
 			int rc = js_err(c, ERR_UNSUPPORTED, key, "an unsupported keyword");
@@ -1421,12 +1428,12 @@ ent_new(struct jsc *c, const json_t *s)
 	ent_find(c, s, &slot);
 	c->ent_tab[slot] = id + 1;
 	c->ent = xgrow(c->ent, &c->cap_ent, c->n_ent + 1, sizeof *c->ent);
-	c->ent[c->n_ent++] = (struct jent){ s, "", EK_PLAIN, T_ALL };
+	c->ent[c->n_ent++] = (struct jent){ s, "", EK_PLAIN, T_ALL, T_ALL };
 	if (json_is_boolean(s))
 		snprintf(c->ent[id].name, NAME_LEN, "%s", js_fixed(c, json_is_true(s) ? FX_VALUE : FX_NEVER));
 	else
 		snprintf(c->ent[id].name, NAME_LEN, "s%u", id);
-	c->ent[id].mask = json_is_false(s) ? 0 : T_ALL;
+	c->ent[id].mask = c->ent[id].acc = json_is_false(s) ? 0 : T_ALL;
 	return id;
 }
 
@@ -1511,9 +1518,11 @@ graph_walk(struct jsc *c, const struct graph *gr)
 
 			if (f->next == n_out(gr, f->e)) {
 				if (x->kind != EK_PLAIN) {
-					x->mask = x->kind == EK_ALL && n_out(gr, f->e) == 0 ? T_ALL : 0;
-					for (uint32_t k = 0; k < n_out(gr, f->e); k++)
+					x->mask = x->acc = x->kind == EK_ALL && n_out(gr, f->e) == 0 ? T_ALL : 0;
+					for (uint32_t k = 0; k < n_out(gr, f->e); k++) {
 						x->mask |= c->ent[out_edge(c, gr, f->e, k)->to].mask;
+						x->acc |= c->ent[out_edge(c, gr, f->e, k)->to].acc;
+					}
 				}
 				colour[f->e] = 2, n--;
 				continue;
@@ -1625,8 +1634,10 @@ discriminated(struct jsc *c, const struct graph *gr, uint32_t a, uint32_t b)
 
 /*
  * oneOf entry e: no two branches may match one value, as far as seen:
- * their types differ, or both are enums none of whose values are equal,
- * or both are objects with a required discriminator.
+ * neither generates a type the other validates (a branch without `type`,
+ * enum or const validates values of every type, whatever its keywords
+ * generate), or both are enums none of whose values are equal, or both
+ * are objects with a required discriminator.
  */
 static int
 one_check(struct jsc *c, const struct graph *gr, uint32_t e)
@@ -1641,7 +1652,8 @@ one_check(struct jsc *c, const struct graph *gr, uint32_t e)
 	for (uint32_t j = 1; j < n && rc == 0; j++)
 		for (uint32_t i = 0; i < j && rc == 0; i++) {
 			uint32_t a = out_edge(c, gr, e, i)->to, b = out_edge(c, gr, e, j)->to;
-			int both = c->ent[a].mask & c->ent[b].mask;
+			/* the types of values one branch generates that the other lets through */
+			int both = (c->ent[a].mask & c->ent[b].acc) | (c->ent[b].mask & c->ent[a].acc);
 			char msg[64];
 
 			if (both == 0 || (nv[i] > 0 && nv[j] > 0 && !sets_meet(vals[i], nv[i], vals[j], nv[j])) ||

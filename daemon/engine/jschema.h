@@ -23,8 +23,9 @@
  * keyword's JSON pointer: "json_schema at /properties/when/format: ...";
  * a long pointer is shortened to its end, "json_schema at .../a/b: ..."):
  *   - ignored annotations: title, description, examples, default,
- *     deprecated, readOnly, writeOnly, $schema, $id, $comment; $defs and
- *     definitions hold schemas for $ref;
+ *     deprecated, readOnly, writeOnly, $schema, $id (at the root only:
+ *     below it, a new base for the $ref inside, refused), $comment; $defs
+ *     and definitions hold schemas for $ref;
  *   - `true`, `false`, {}; type (a name or an array of names); without
  *     `type`, the types whose keywords appear ({"minimum": 0} generates
  *     numbers only), or any value if none does;
@@ -64,9 +65,11 @@
  *     number has no exponent;
  *   - anyOf: alternatives. oneOf: alternatives, accepted only when no
  *     value can match two branches, as far as seen here: branches whose
- *     types differ, branches of enum/const values none equal, or object
- *     branches with a property required by both whose enum/const values
- *     differ (a discriminator); else refused (use anyOf);
+ *     types differ (a branch without `type`, enum or const validates
+ *     values of every type: {"maxItems": 2} generates arrays only but
+ *     lets null through), branches of enum/const values none equal, or
+ *     object branches with a property required by both whose enum/const
+ *     values differ (a discriminator); else refused (use anyOf);
  *   - allOf: when at most one branch constrains (the others are `true`
  *     or annotations only); else refused;
  *   - $ref to "#" or a JSON pointer in the document ("#/$defs/a",

@@ -266,6 +266,9 @@ test_combinators(void **state)
 	check("{\"allOf\":[true,{\"title\":\"only annotations\"}]}", YES("1", "[]"), NONE);
 	check("{\"anyOf\":[false,{\"type\":\"null\"}]}", YES("null"), NO("1"));
 	check("{\"oneOf\":[false,{}]}", YES("null", "1"), NONE);
+	/* typed branches beside ones that type their values by enum: disjoint */
+	check("{\"oneOf\":[{\"type\":\"array\",\"maxItems\":1},{\"enum\":[null,\"a\"]},{\"type\":\"integer\"}]}",
+	    YES("[]", "null", "\"a\"", "7"), NO("\"b\"", "true"));
 }
 
 static void
@@ -614,6 +617,22 @@ test_refusals(void **state)
 	refused("{\"oneOf\":[{\"properties\":{\"k\":{\"const\":1}}},{\"properties\":{\"k\":{\"const\":2}}}]}",
 	    ERR_UNSUPPORTED,
 	    "json_schema at /oneOf/1: ");
+	/* $id below the root would make "#/$defs/a" inside it mean its own $defs */
+	refused("{\"$defs\":{\"a\":{\"type\":\"string\"}},\"properties\":{\"p\":{\"$id\":\"http://x.example/s\","
+	    "\"$defs\":{\"a\":{\"type\":\"integer\"}},\"$ref\":\"#/$defs/a\"}}}", ERR_UNSUPPORTED,
+	    "json_schema at /properties/p/$id: $id below the root");
+	refused("{\"$defs\":{\"a\":{\"$id\":\"a.json\",\"type\":\"string\"}},\"$ref\":\"#/$defs/a\"}", ERR_UNSUPPORTED,
+	    "json_schema at /$defs/a/$id: ");
+	/* a branch without type validates every type, whatever it generates: null is valid under both */
+	refused("{\"oneOf\":[{\"type\":\"null\"},{\"items\":{\"const\":1}}]}", ERR_UNSUPPORTED,
+	    "json_schema at /oneOf/1: a value may match this and oneOf/0");
+	refused("{\"oneOf\":[{\"maxItems\":2},{\"type\":\"boolean\"}]}", ERR_UNSUPPORTED,
+	    "json_schema at /oneOf/1: a value may match this and oneOf/0");
+	refused("{\"oneOf\":[{\"enum\":[1]},{\"maxLength\":3}]}", ERR_UNSUPPORTED, "json_schema at /oneOf/1: ");
+	refused("{\"oneOf\":[{\"type\":\"array\"},{\"properties\":{},\"additionalProperties\":false}]}",
+	    ERR_UNSUPPORTED, "json_schema at /oneOf/1: ");
+	refused("{\"$defs\":{\"o\":{\"properties\":{\"a\":true}}},\"oneOf\":[{\"anyOf\":[{\"$ref\":\"#/$defs/o\"}]},"
+	    "{\"type\":\"string\"}]}", ERR_UNSUPPORTED, "json_schema at /oneOf/1: ");
 	refused("{\"allOf\":[{\"type\":\"string\"},{\"minLength\":1}]}", ERR_UNSUPPORTED, "json_schema at /allOf/1: ");
 	refused("{\"$defs\":{\"a\":{\"$ref\":\"#/$defs/b\"},\"b\":{\"$ref\":\"#/$defs/a\"}},\"$ref\":\"#/$defs/a\"}",
 	    ERR_UNSUPPORTED,
