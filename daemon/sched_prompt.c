@@ -215,7 +215,8 @@ static int
 schema_grammar(struct engine *e, const char *schema_text, struct cons_gram **out, char *err)
 {
 	json_error_t je;
-	json_t *schema = schema_text != NULL ? json_loads(schema_text, 0, &je) : json_pack("{s:s}", "type", "object");
+	json_t *schema = schema_text != NULL ? json_loads(schema_text, JSON_DECODE_ANY, &je) :
+	    json_pack("{s:s}", "type", "object");
 	char *text = NULL;
 	int rc;
 

@@ -47,6 +47,13 @@
  * arrays in arrays): text that would nest deeper is not allowed.
  */
 #define GRAM_MAX_DEPTH 1024
+/*
+ * Most positions a grammar's index keeps (gram_index_new): each costs a
+ * walk of the vocabulary and its allowed tokens' memory, and nested
+ * repetitions or alternatives multiply them (an array of arrays of 1,000
+ * items each would take tens of GiB): past it the grammar is refused.
+ */
+#define GRAM_MAX_INDEX (1 << 20)
 /* Most alternative positions a state holds at once; an ambiguous grammar past it fails the request. */
 #define GRAM_MAX_STACKS 4096
 

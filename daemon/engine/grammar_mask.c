@@ -1309,14 +1309,22 @@ index_walk(const struct gram_index *x, const struct pending *todo, uint32_t n, i
  * milliseconds); then the entries' walks of the vocabulary, nearly all of
  * the time, on n_threads threads (index_walk).
  */
+/* 1 when the enumeration has found more than the index may hold (GRAM_MAX_INDEX). */
+static int
+fill_full(const struct fill *f)
+{
+	return f->n_todo > GRAM_MAX_INDEX || f->n > 4 * (uint32_t)GRAM_MAX_INDEX;
+}
+
 static int
 index_fill(struct gram_index *x, int n_threads, char *err)
 {
 	struct fill f = { .x = x };
 	struct gpos p = { 0 };
+	int full = 0;
 
 	f.c = (struct gctx){ x->g, &f.pool, NULL, NULL, 0, 0, 0, 0 };
-	for (uint32_t r = 0; r < x->g->n_rules && !f.c.overflow; r++) {
+	for (uint32_t r = 0; r < x->g->n_rules && !f.c.overflow && !full; r++) {
 		if (!x->cut[x->g->rules[r].first])
 			continue;
 		p.n = 0;
@@ -1324,8 +1332,9 @@ index_fill(struct gram_index *x, int n_threads, char *err)
 		for (uint32_t a = 0; a < x->g->rules[r].n_alt && !f.c.overflow; a++)
 			expand(&f.c, &x->g->elems[x->g->alts[x->g->rules[r].alt_first + a]], &ctx_frame, &p);
 		fill_stacks(&f, &p);
+		full = fill_full(&f);
 	}
-	for (uint32_t q = 0; q < f.n && !f.c.overflow; q++) {
+	for (uint32_t q = 0; q < f.n && !f.c.overflow && !full; q++) {
 		const struct gkey *k = f.queue[q].k;
 		struct gframe *top = &ctx_frame;
 
@@ -1335,12 +1344,16 @@ index_fill(struct gram_index *x, int n_threads, char *err)
 		seen_reset(&f.c);
 		expand(&f.c, f.queue[q].resume ? top->pos : top->pos + 1, top->up, &p);
 		fill_stacks(&f, &p);
+		full = fill_full(&f);
 	}
-	if (!f.c.overflow)
+	if (!f.c.overflow && !full)
 		index_walk(x, f.todo, f.n_todo, n_threads);
 	free(f.queue), free(f.todo), free(p.st), free(f.c.seen), free(f.below.seen);
 	etab_free(&f.resumed);
 	pool_free(&f.pool);
+	if (full)
+		return err_set(err, ERR_RANGE, "grammar: more than %d positions to prepare (nested repetitions or "
+		    "alternatives multiply them); simplify it", GRAM_MAX_INDEX);
 	return f.c.overflow ? overflow_err(err) : 0;
 }
 
