@@ -254,6 +254,31 @@ utf8_valid(const char *s, size_t n)
 	return 1;
 }
 
+uint32_t
+utf8_decode(const unsigned char *s, int len)
+{
+	static const unsigned char lead_mask[5] = { 0, 0x7f, 0x1f, 0x0f, 0x07 };
+	uint32_t cp = s[0] & lead_mask[len];
+
+	for (int i = 1; i < len; i++)
+		cp = cp << 6 | (s[i] & 0x3f);
+	return cp;
+}
+
+int
+utf8_encode(uint32_t cp, unsigned char out[4])
+{
+	if (cp < 0x80)
+		return out[0] = (unsigned char)cp, 1;
+	if (cp < 0x800)
+		return out[0] = (unsigned char)(0xc0 | cp >> 6), out[1] = (unsigned char)(0x80 | (cp & 0x3f)), 2;
+	if (cp < 0x10000)
+		return out[0] = (unsigned char)(0xe0 | cp >> 12), out[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3f)),
+		       out[2] = (unsigned char)(0x80 | (cp & 0x3f)), 3;
+	return out[0] = (unsigned char)(0xf0 | cp >> 18), out[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3f)),
+	       out[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3f)), out[3] = (unsigned char)(0x80 | (cp & 0x3f)), 4;
+}
+
 uint64_t
 now_ns(void)
 {

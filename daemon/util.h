@@ -75,6 +75,10 @@ int read_file(const char *path, char **data, size_t *len, char *err);
 int utf8_seq_len(const unsigned char *s, size_t avail);
 /* 1 if the n bytes are entirely valid UTF-8. */
 int utf8_valid(const char *s, size_t n);
+/* The code point of the valid len-byte UTF-8 sequence at s (len from utf8_seq_len). */
+uint32_t utf8_decode(const unsigned char *s, int len);
+/* UTF-8 of code point cp (not a surrogate, at most U+10FFFF) into out; returns its length (1..4). */
+int utf8_encode(uint32_t cp, unsigned char out[4]);
 
 /* Monotonic time in nanoseconds. */
 uint64_t now_ns(void);

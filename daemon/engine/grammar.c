@@ -213,9 +213,7 @@ read_char(struct parser *ps, uint32_t *cp)
 	}
 	if ((len = utf8_seq_len(u, (size_t)(ps->end - ps->p))) == 0)
 		return perr(ps, ERR_INVAL, "text that is not UTF-8");
-	*cp = len == 1 ? u[0] : len == 2 ? (uint32_t)(u[0] & 0x1f) << 6 | (u[1] & 0x3f) :
-	    len == 3 ? (uint32_t)(u[0] & 0x0f) << 12 | (uint32_t)(u[1] & 0x3f) << 6 | (u[2] & 0x3f) :
-	    (uint32_t)(u[0] & 0x07) << 18 | (uint32_t)(u[1] & 0x3f) << 12 | (uint32_t)(u[2] & 0x3f) << 6 | (u[3] & 0x3f);
+	*cp = utf8_decode(u, len);
 	ps->p += len;
 	return 0;
 }

@@ -1091,21 +1091,6 @@ fill_entry(struct fill *f, const struct gkey *k, uint64_t h, const uint8_t *part
 	return e;
 }
 
-/* UTF-8 of code point cp (not a surrogate, at most U+10FFFF) into b; returns its length. */
-static int
-u8_encode(uint32_t cp, uint8_t *b)
-{
-	if (cp < 0x80)
-		return b[0] = (uint8_t)cp, 1;
-	if (cp < 0x800)
-		return b[0] = (uint8_t)(0xc0 | cp >> 6), b[1] = (uint8_t)(0x80 | (cp & 0x3f)), 2;
-	if (cp < 0x10000)
-		return b[0] = (uint8_t)(0xe0 | cp >> 12), b[1] = (uint8_t)(0x80 | (cp >> 6 & 0x3f)),
-		       b[2] = (uint8_t)(0x80 | (cp & 0x3f)), 3;
-	return b[0] = (uint8_t)(0xf0 | cp >> 18), b[1] = (uint8_t)(0x80 | (cp >> 12 & 0x3f)),
-	       b[2] = (uint8_t)(0x80 | (cp >> 6 & 0x3f)), b[3] = (uint8_t)(0x80 | (cp & 0x3f)), 4;
-}
-
 /*
  * The classes of half-read characters (gkey): the code points of a
  * class's characters are blocks of size, aligned, in [lo, hi] less
@@ -1173,7 +1158,7 @@ fill_half(struct fill *f, const struct gkey *k0)
 		if (!found)
 			continue;
 		k = *k0;
-		u8_encode((uint32_t)s, k.part);
+		utf8_encode((uint32_t)s, k.part);
 		memcpy(b, k.part, sizeof b);
 		k.pn = hc->pn, k.need = hc->need;
 		memset(k.part + k.pn, 0, sizeof k.part - k.pn);
@@ -1187,7 +1172,7 @@ fill_half(struct fill *f, const struct gkey *k0)
 
 		if (at < 0x80 || at > 0x10ffff || (at >= 0xd800 && at <= 0xdfff))
 			continue;
-		n = u8_encode((uint32_t)at, b);
+		n = utf8_encode((uint32_t)at, b);
 		for (int pn = 1; pn < n; pn++) {
 			if (half_class(g, set, b, pn, n) != 2)
 				continue;

@@ -92,14 +92,7 @@ js_utf8_cp(const char *s, size_t avail, int *len)
 	int n = utf8_seq_len(u, avail);
 
 	*len = n > 0 ? n : 1;
-	switch (n) {
-	case 2: return (uint32_t)(u[0] & 0x1f) << 6 | (u[1] & 0x3f);
-	case 3: return (uint32_t)(u[0] & 0x0f) << 12 | (uint32_t)(u[1] & 0x3f) << 6 | (u[2] & 0x3f);
-	case 4:
-		return (uint32_t)(u[0] & 0x07) << 18 | (uint32_t)(u[1] & 0x3f) << 12 | (uint32_t)(u[2] & 0x3f) << 6 |
-		    (u[3] & 0x3f);
-	default: return u[0];
-	}
+	return n > 0 ? utf8_decode(u, n) : u[0];
 }
 
 /* The value of hexadecimal digit ch; -1 if it is none. */

@@ -97,21 +97,6 @@ adds(struct vocab *v, const char *s)
 	add(v, s, strlen(s));
 }
 
-/* UTF-8 of code point cp into out; returns its length. */
-static int
-u8(uint32_t cp, char *out)
-{
-	if (cp < 0x80)
-		return out[0] = (char)cp, 1;
-	if (cp < 0x800)
-		return out[0] = (char)(0xc0 | cp >> 6), out[1] = (char)(0x80 | (cp & 0x3f)), 2;
-	if (cp < 0x10000)
-		return out[0] = (char)(0xe0 | cp >> 12), out[1] = (char)(0x80 | (cp >> 6 & 0x3f)),
-		       out[2] = (char)(0x80 | (cp & 0x3f)), 3;
-	return out[0] = (char)(0xf0 | cp >> 18), out[1] = (char)(0x80 | (cp >> 12 & 0x3f)),
-	       out[2] = (char)(0x80 | (cp >> 6 & 0x3f)), out[3] = (char)(0x80 | (cp & 0x3f)), 4;
-}
-
 static const char *const common[] = { "the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was",
 	"with", "be", "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but", "have",
 	"an", "had", "they", "you", "were", "their", "one", "all", "we", "can", "her", "has", "there", "been",
@@ -220,7 +205,7 @@ script_word(const struct pool *p, char *b)
 		if (p->lo < 0x200 && rng() % 2 == 0)
 			b[n++] = (char)('a' + rng() % 26);
 		else
-			n += (size_t)u8(pool_char(p), b + n);
+			n += (size_t)utf8_encode(pool_char(p), (unsigned char *)b + n);
 	}
 	return n;
 }
@@ -280,7 +265,7 @@ vocab_make(struct vocab *v)
 	for (size_t p = 0; p < ARRAY_LEN(pools); p++)
 		for (uint32_t cp = pools[p].lo; cp <= pools[p].hi && cp < pools[p].lo + 3000; cp++)
 			if (pools[p].hi - pools[p].lo < 400 || rng() % 4 == 0)
-				add(v, b, (size_t)u8(cp, b));
+				add(v, b, (size_t)utf8_encode(cp, (unsigned char *)b));
 	n_multi = 0;
 	while (n_multi < 24000) { /* words of several-byte characters, whole and cut inside a character */
 		const struct pool *p = &pools[rng() % ARRAY_LEN(pools)];
@@ -310,7 +295,7 @@ vocab_make(struct vocab *v)
 		case 2: /* a character's first bytes after ASCII text */
 			pseudo_word(w);
 			{
-				size_t k = strlen(w), m = (size_t)u8(pool_char(p), w + k);
+				size_t k = strlen(w), m = (size_t)utf8_encode(pool_char(p), (unsigned char *)w + k);
 
 				add(v, w, k + 1 + rng() % (m - 1));
 			}
