@@ -118,19 +118,26 @@ slot_any(rs_params *p, const char *key, enum ftype type, rs_status *st)
 	return f;
 }
 
-/* slot_any for a key other than "id" and "op", which the library sets. */
+/* Whether key is "id" or "op", which the library sets in a request. */
+static int
+reserved(const char *key)
+{
+	return key != NULL && (strcmp(key, "id") == 0 || strcmp(key, "op") == 0);
+}
+
+/* slot_any for a key other than "id" and "op". */
 static struct field *
 slot(rs_params *p, const char *key, enum ftype type, rs_status *st)
 {
 	*st = RS_ERR_INVAL;
-	if (key != NULL && (strcmp(key, "id") == 0 || strcmp(key, "op") == 0))
+	if (reserved(key))
 		return NULL;
 	return slot_any(p, key, type, st);
 }
 
-/* A string field of a map inside a request, whose key may be "id" (a tool call's). */
+/* rs_params_set_str for any key: a map inside a request may have an "id" (a tool call's). */
 static rs_status
-set_inner_str(rs_params *p, const char *key, const char *value)
+set_str_any(rs_params *p, const char *key, const char *value)
 {
 	struct field *f;
 	rs_status st;
@@ -151,20 +158,7 @@ set_inner_str(rs_params *p, const char *key, const char *value)
 rs_status
 rs_params_set_str(rs_params *p, const char *key, const char *value)
 {
-	struct field *f;
-	rs_status st;
-	char *s;
-
-	if (value == NULL)
-		return RS_ERR_INVAL;
-	if ((s = strdup(value)) == NULL)
-		return RS_ERR_NOMEM;
-	if ((f = slot(p, key, F_STR, &st)) == NULL) {
-		free(s);
-		return st;
-	}
-	f->v.s = s;
-	return RS_OK;
+	return reserved(key) ? RS_ERR_INVAL : set_str_any(p, key, value);
 }
 
 rs_status
@@ -270,7 +264,7 @@ copy_map(rs_params *p, const char *key, const rs_params *map)
 rs_status
 rs_params_add_map(rs_params *p, const char *key, const rs_params *map)
 {
-	if (p == NULL || key == NULL || map == NULL || strcmp(key, "id") == 0 || strcmp(key, "op") == 0)
+	if (p == NULL || key == NULL || map == NULL || reserved(key))
 		return RS_ERR_INVAL;
 	return copy_map(p, key, map);
 }
@@ -285,8 +279,8 @@ rs_params_add_call(rs_params *msg, const char *id, const char *name, const char 
 		return RS_ERR_INVAL;
 	if ((c = rs_params_new()) == NULL)
 		return RS_ERR_NOMEM;
-	if ((id != NULL && (st = set_inner_str(c, "id", id)) != RS_OK) ||
-	    (st = set_inner_str(c, "name", name)) != RS_OK || (st = set_inner_str(c, "arguments", arguments)) != RS_OK) {
+	if ((id != NULL && (st = set_str_any(c, "id", id)) != RS_OK) ||
+	    (st = set_str_any(c, "name", name)) != RS_OK || (st = set_str_any(c, "arguments", arguments)) != RS_OK) {
 		rs_params_free(c);
 		return st;
 	}
@@ -347,7 +341,7 @@ params_copy(rs_params *copy, const rs_params *sub)
 		const struct field *s = &sub->f[i];
 
 		switch (s->type) {
-		case F_STR: st = set_inner_str(copy, s->key, s->v.s); break;
+		case F_STR: st = set_str_any(copy, s->key, s->v.s); break;
 		case F_UINT: st = rs_params_set_uint(copy, s->key, s->v.u); break;
 		case F_FLOAT: st = rs_params_set_float(copy, s->key, s->v.f); break;
 		case F_BOOL: st = rs_params_set_bool(copy, s->key, s->v.b); break;
