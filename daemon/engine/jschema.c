@@ -883,15 +883,15 @@ obj_rules(struct jsc *c, uint32_t base, const struct member *m, int n, int extra
 	return rc;
 }
 
-/* The value rule of the members additionalProperties covers (addl NULL: any), into name. */
+/* The value rule of sub-schema v under key (absent: any value) into name. */
 static int
-addl_value(struct jsc *c, const json_t *addl, char *name)
+value_rule(struct jsc *c, const json_t *v, const char *key, char *name)
 {
-	if (addl == NULL) {
+	if (v == NULL) {
 		snprintf(name, NAME_LEN, "%s", js_fixed(c, FX_VALUE));
 		return 0;
 	}
-	return sub_name(c, addl, "additionalProperties", strlen("additionalProperties"), NULL, 0, name);
+	return sub_name(c, v, key, strlen(key), NULL, 0, name);
 }
 
 /* Members of properties (but optional false ones), then required names not among them. */
@@ -955,7 +955,7 @@ object_item(struct jsc *c, const json_t *s, uint32_t base, struct strbuf *b)
 	if (json_object_size(props) + json_array_size(req) > JSCHEMA_MAX_PROPERTIES)
 		return js_err(c, ERR_RANGE, props != NULL ? "properties" : "required",
 		    "more than %d named properties", JSCHEMA_MAX_PROPERTIES);
-	if ((rc = addl_value(c, addl, addv)) != 0)
+	if ((rc = value_rule(c, addl, "additionalProperties", addv)) != 0)
 		return rc;
 	m = xcalloc(json_object_size(props) + json_array_size(req) + 1, sizeof *m);
 	if ((rc = obj_members(c, props, req, addv, m, &n)) == 0 && addl != NULL && !json_is_false(addl)) {
@@ -980,18 +980,6 @@ object_item(struct jsc *c, const json_t *s, uint32_t base, struct strbuf *b)
 	return rc;
 }
 
-/* The value rule of items (absent or true: any value; false: none) into name. */
-static int
-items_value(struct jsc *c, const json_t *items, char *name)
-{
-	if (items == NULL) {
-		snprintf(name, NAME_LEN, "%s", js_fixed(c, FX_VALUE));
-		return 0;
-	}
-	if (json_is_array(items))
-		return js_err(c, ERR_UNSUPPORTED, "items", "items as an array (draft 4's tuples): use prefixItems");
-	return sub_name(c, items, "items", strlen("items"), NULL, 0, name);
-}
 
 /*
  * What follows the first kk elements (the prefix's): more elements of
@@ -1079,7 +1067,9 @@ array_item(struct jsc *c, const json_t *s, uint32_t base, struct strbuf *b)
 		strbuf_cat(b, js_fixed(c, FX_ARRAY));
 		return 0;
 	}
-	if ((rc = items_value(c, items, v)) != 0)
+	if (json_is_array(items))
+		return js_err(c, ERR_UNSUPPORTED, "items", "items as an array (draft 4's tuples): use prefixItems");
+	if ((rc = value_rule(c, items, "items", v)) != 0)
 		return rc;
 	k = (long)json_array_size(prefix), kk = MIN(k, hi);
 	p = xcalloc((size_t)kk + 1, sizeof *p);
