@@ -13,6 +13,7 @@
 #include "grammar.h"
 #include "grammar_int.h"
 #include "util.h"
+#include "rng_seed.h"
 
 #include <pthread.h>
 #include <setjmp.h>
@@ -530,10 +531,7 @@ main(void)
 		cmocka_unit_test(test_threads),
 		cmocka_unit_test(test_empty_mask),
 	};
-	const char *seed = getenv("TEST_GRAMMAR_SEED");
 
-	rng_state = seed != NULL && *seed != '\0' ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL) * 2654435761u + 1;
-	printf("test_grammar: seed %llu (TEST_GRAMMAR_SEED=%llu repeats this run)\n", (unsigned long long)rng_state,
-	    (unsigned long long)rng_state);
+	rng_state = test_seed("test_grammar", "TEST_GRAMMAR_SEED");
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -14,6 +14,7 @@
 #include "grammar.h"
 #include "util.h"
 #include "jschema_gen.h"
+#include "rng_seed.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
@@ -919,11 +920,7 @@ main(void)
 		cmocka_unit_test(test_hostile),
 		cmocka_unit_test(test_random),
 	};
-	const char *seed = getenv("TEST_JSCHEMA_SEED");
 
-	rng_state = seed != NULL && *seed != '\0' ? strtoull(seed, NULL, 0) : (uint64_t)time(NULL) * 2654435761u + 1;
-	rng_state += rng_state == 0; /* xorshift stays at 0 */
-	printf("test_jschema: seed %llu (TEST_JSCHEMA_SEED=%llu repeats this run)\n", (unsigned long long)rng_state,
-	    (unsigned long long)rng_state);
+	rng_state = test_seed("test_jschema", "TEST_JSCHEMA_SEED");
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
