@@ -58,12 +58,8 @@ api_error_set(struct api_error *e, int status, const char *type, const char *par
 	return -1;
 }
 
-/* A 400 about the field param. */
-#define bad(e, param, ...) api_error_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
-
-/* A field's value; absent and null are the same: not given. */
-static json_t *
-field(const json_t *o, const char *key)
+json_t *
+api_field(const json_t *o, const char *key)
 {
 	json_t *v = json_object_get(o, key);
 
@@ -82,7 +78,7 @@ parse_nums(const json_t *o, struct api_req *r, struct api_error *e)
 	int j, dup;
 
 	for (i = 0; i < sizeof num_fields / sizeof num_fields[0]; i++) {
-		if ((v = field(o, num_fields[i].field)) == NULL)
+		if ((v = api_field(o, num_fields[i].field)) == NULL)
 			continue;
 		for (j = 0, dup = 0; j < r->n_nums; j++)
 			dup |= strcmp(r->nums[j].key, num_fields[i].key) == 0;
@@ -92,11 +88,11 @@ parse_nums(const json_t *o, struct api_req *r, struct api_error *e)
 		n->key = num_fields[i].key;
 		if (num_fields[i].kind == NUM_FLOAT) {
 			if (!json_is_number(v))
-				return bad(e, num_fields[i].field, "%s must be a number", num_fields[i].field);
+				return api_bad(e, num_fields[i].field, "%s must be a number", num_fields[i].field);
 			n->f = json_number_value(v);
 		} else {
 			if (!json_is_integer(v) || json_integer_value(v) < (num_fields[i].kind == NUM_POSITIVE))
-				return bad(e, num_fields[i].field, "%s must be an integer of at least %d",
+				return api_bad(e, num_fields[i].field, "%s must be an integer of at least %d",
 				    num_fields[i].field, num_fields[i].kind == NUM_POSITIVE);
 			n->is_uint = 1;
 			n->u = (uint64_t)json_integer_value(v);
@@ -110,22 +106,22 @@ parse_nums(const json_t *o, struct api_req *r, struct api_error *e)
 static int
 parse_stop(const json_t *o, struct api_req *r, struct api_error *e)
 {
-	json_t *v = field(o, "stop"), *s;
+	json_t *v = api_field(o, "stop"), *s;
 	size_t i, n;
 
 	if (v == NULL)
 		return 0;
 	if (!json_is_string(v) && !json_is_array(v))
-		return bad(e, "stop", "stop must be a string or an array of strings");
+		return api_bad(e, "stop", "stop must be a string or an array of strings");
 	n = json_is_string(v) ? 1 : json_array_size(v);
 	if ((r->stop = calloc(n ? n : 1, sizeof *r->stop)) == NULL)
-		return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+		return api_nomem(e);
 	for (i = 0; i < n; i++) {
 		s = json_is_string(v) ? v : json_array_get(v, i);
 		if (!json_is_string(s))
-			return bad(e, "stop", "stop must be a string or an array of strings");
+			return api_bad(e, "stop", "stop must be a string or an array of strings");
 		if ((r->stop[r->n_stop++] = strdup(json_string_value(s))) == NULL)
-			return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+			return api_nomem(e);
 	}
 	return 0;
 }
@@ -158,12 +154,12 @@ refuse_unsupported(const json_t *o, struct api_error *e)
 	size_t i;
 
 	for (i = 0; i < sizeof fields / sizeof fields[0]; i++)
-		if (given(field(o, fields[i])))
-			return bad(e, fields[i], "%s is not supported by resident-openai", fields[i]);
-	if ((v = field(o, "n")) != NULL && (!json_is_integer(v) || json_integer_value(v) != 1))
-		return bad(e, "n", "n must be 1: resident-openai makes one choice per request");
-	if ((v = field(o, "best_of")) != NULL && (!json_is_integer(v) || json_integer_value(v) != 1))
-		return bad(e, "best_of", "best_of must be 1");
+		if (given(api_field(o, fields[i])))
+			return api_bad(e, fields[i], "%s is not supported by resident-openai", fields[i]);
+	if ((v = api_field(o, "n")) != NULL && (!json_is_integer(v) || json_integer_value(v) != 1))
+		return api_bad(e, "n", "n must be 1: resident-openai makes one choice per request");
+	if ((v = api_field(o, "best_of")) != NULL && (!json_is_integer(v) || json_integer_value(v) != 1))
+		return api_bad(e, "best_of", "best_of must be 1");
 	return 0;
 }
 
@@ -171,17 +167,17 @@ refuse_unsupported(const json_t *o, struct api_error *e)
 static int
 parse_json_schema(const json_t *js, struct api_req *r, struct api_error *e)
 {
-	json_t *schema = field(js, "schema");
+	json_t *schema = api_field(js, "schema");
 
 	if (!json_is_object(js))
-		return bad(e, "response_format", "response_format.json_schema must be an object: "
+		return api_bad(e, "response_format", "response_format.json_schema must be an object: "
 		    "{name, schema, strict}");
 	if (!json_is_object(schema) && !json_is_boolean(schema))
-		return bad(e, "response_format", "response_format.json_schema.schema must be a JSON Schema "
+		return api_bad(e, "response_format", "response_format.json_schema.schema must be a JSON Schema "
 		    "(an object)");
 	r->constraint = "json_schema";
 	if ((r->constraint_text = json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY)) == NULL)
-		return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+		return api_nomem(e);
 	return 0;
 }
 
@@ -193,29 +189,29 @@ parse_json_schema(const json_t *js, struct api_req *r, struct api_error *e)
 static int
 parse_constraint(const json_t *o, struct api_req *r, struct api_error *e)
 {
-	json_t *rf = field(o, "response_format"), *g = field(o, "grammar");
+	json_t *rf = api_field(o, "response_format"), *g = api_field(o, "grammar");
 	const char *type;
 
 	if (g != NULL && !json_is_string(g))
-		return bad(e, "grammar", "grammar must be a string: the text of a grammar");
+		return api_bad(e, "grammar", "grammar must be a string: the text of a grammar");
 	if (g != NULL) {
 		r->constraint = "grammar";
 		if ((r->constraint_text = strdup(json_string_value(g))) == NULL)
-			return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+			return api_nomem(e);
 	}
 	if (rf == NULL)
 		return 0;
 	if (!json_is_object(rf) || !json_is_string(json_object_get(rf, "type")))
-		return bad(e, "response_format", "response_format must be an object with a type: \"text\", "
+		return api_bad(e, "response_format", "response_format must be an object with a type: \"text\", "
 		    "\"json_object\" or \"json_schema\"");
 	type = json_string_value(json_object_get(rf, "type"));
 	if (strcmp(type, "text") == 0)
 		return 0;
 	if (strcmp(type, "json_object") != 0 && strcmp(type, "json_schema") != 0)
-		return bad(e, "response_format", "response_format type '%s' is not supported: \"text\", "
+		return api_bad(e, "response_format", "response_format type '%s' is not supported: \"text\", "
 		    "\"json_object\" or \"json_schema\"", type);
 	if (r->constraint != NULL)
-		return bad(e, "grammar", "grammar and a response_format of type %s: give one of them", type);
+		return api_bad(e, "grammar", "grammar and a response_format of type %s: give one of them", type);
 	if (strcmp(type, "json_object") == 0) {
 		r->constraint = "json";
 		return 0;
@@ -234,14 +230,14 @@ message_content(const json_t *c, size_t i, struct api_error *e)
 	if (json_is_string(c))
 		return strdup(json_string_value(c));
 	if (!json_is_array(c)) {
-		bad(e, "messages", "messages[%zu].content must be a string or an array of text parts", i);
+		api_bad(e, "messages", "messages[%zu].content must be a string or an array of text parts", i);
 		return NULL;
 	}
 	json_array_foreach(c, k, part) {
 		text = json_object_get(part, "text");
 		if (!json_is_string(json_object_get(part, "type")) ||
 		    strcmp(json_string_value(json_object_get(part, "type")), "text") != 0 || !json_is_string(text)) {
-			bad(e, "messages", "messages[%zu].content[%zu]: only text parts are supported", i, k);
+			api_bad(e, "messages", "messages[%zu].content[%zu]: only text parts are supported", i, k);
 			return NULL;
 		}
 		len += json_string_length(text) + 1;
@@ -278,32 +274,32 @@ message_role(const char *role)
 static int
 parse_messages(const json_t *o, struct api_req *r, struct api_error *e)
 {
-	json_t *a = field(o, "messages"), *m, *role;
+	json_t *a = api_field(o, "messages"), *m, *role;
 	size_t i;
 
 	if (a == NULL)
-		return bad(e, "messages", "messages is required");
+		return api_bad(e, "messages", "messages is required");
 	if (!json_is_array(a) || json_array_size(a) == 0)
-		return bad(e, "messages", "messages must be a non-empty array");
+		return api_bad(e, "messages", "messages must be a non-empty array");
 	if ((r->msgs = calloc(json_array_size(a), sizeof *r->msgs)) == NULL)
-		return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+		return api_nomem(e);
 	json_array_foreach(a, i, m) {
 		role = json_object_get(m, "role");
 		if (!json_is_object(m) || !json_is_string(role))
-			return bad(e, "messages", "messages[%zu] must be an object with a role", i);
+			return api_bad(e, "messages", "messages[%zu] must be an object with a role", i);
 		if ((r->msgs[i].role = message_role(json_string_value(role))) == NULL)
-			return bad(e, "messages", "messages[%zu]: role '%s' is not supported (system, developer, "
+			return api_bad(e, "messages", "messages[%zu]: role '%s' is not supported (system, developer, "
 			    "user, assistant, tool)", i, json_string_value(role));
 		r->n_msgs = i + 1;
 		if (api_tools_message(m, i, &r->msgs[i], e) != 0)
 			return -1;
 		/* an assistant message with tool_calls may have no content */
-		if (field(m, "content") == NULL && r->msgs[i].n_calls == 0)
-			return bad(e, "messages", "messages[%zu] has no content", i);
-		r->msgs[i].content = field(m, "content") == NULL ? strdup("") :
+		if (api_field(m, "content") == NULL && r->msgs[i].n_calls == 0)
+			return api_bad(e, "messages", "messages[%zu] has no content", i);
+		r->msgs[i].content = api_field(m, "content") == NULL ? strdup("") :
 		    message_content(json_object_get(m, "content"), i, e);
 		if (r->msgs[i].content == NULL)
-			return e->message[0] ? -1 : api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+			return e->message[0] ? -1 : api_nomem(e);
 	}
 	return 0;
 }
@@ -312,14 +308,14 @@ parse_messages(const json_t *o, struct api_req *r, struct api_error *e)
 static int
 parse_prompt(const json_t *o, struct api_req *r, struct api_error *e)
 {
-	json_t *p = field(o, "prompt");
+	json_t *p = api_field(o, "prompt");
 
 	if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
 		p = json_array_get(p, 0);
 	if (!json_is_string(p))
-		return bad(e, "prompt", "prompt must be a string (or an array of one string)");
+		return api_bad(e, "prompt", "prompt must be a string (or an array of one string)");
 	if ((r->prompt = strdup(json_string_value(p))) == NULL)
-		return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+		return api_nomem(e);
 	return 0;
 }
 
@@ -346,27 +342,27 @@ valid_session(char *s)
 static int
 parse_session(const json_t *o, const char *header, struct api_req *r, struct api_error *e)
 {
-	json_t *v = field(o, "session");
+	json_t *v = api_field(o, "session");
 	const char *s = header;
 
 	if (v != NULL && !json_is_string(v))
-		return bad(e, "session", "session must be a string: a session's id, or \"new\"");
+		return api_bad(e, "session", "session must be a string: a session's id, or \"new\"");
 	if (v != NULL && header != NULL && strcmp(json_string_value(v), header) != 0)
-		return bad(e, "session", "the session field and the X-Resident-Session header differ");
+		return api_bad(e, "session", "the session field and the X-Resident-Session header differ");
 	if (v != NULL)
 		s = json_string_value(v);
 	if (s == NULL)
 		return 0;
 	if ((r->session = strdup(s)) == NULL)
-		return api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+		return api_nomem(e);
 	if (!valid_session(r->session))
-		return bad(e, "session", "session must be a session's id (8-4-4-4-12 hex digits) or \"new\"");
+		return api_bad(e, "session", "session must be a session's id (8-4-4-4-12 hex digits) or \"new\"");
 	if (r->kind != API_CHAT)
-		return bad(e, "session", "a session continues a conversation: use /v1/chat/completions");
+		return api_bad(e, "session", "a session continues a conversation: use /v1/chat/completions");
 	/* a new session keeps a leading system message as its system prompt */
 	if (strcmp(r->session, "new") == 0 && strcmp(r->msgs[0].role, "system") == 0) {
 		if (r->n_msgs < 2)
-			return bad(e, "messages", "messages must hold more than the system message");
+			return api_bad(e, "messages", "messages must hold more than the system message");
 		r->system = r->msgs[0].content;
 		memmove(r->msgs, r->msgs + 1, --r->n_msgs * sizeof *r->msgs);
 	}
@@ -377,18 +373,18 @@ parse_session(const json_t *o, const char *header, struct api_req *r, struct api
 static int
 parse_stream(const json_t *o, struct api_req *r, struct api_error *e)
 {
-	json_t *v = field(o, "stream"), *so = field(o, "stream_options"), *iu;
+	json_t *v = api_field(o, "stream"), *so = api_field(o, "stream_options"), *iu;
 
 	if (v != NULL && !json_is_boolean(v))
-		return bad(e, "stream", "stream must be a boolean");
+		return api_bad(e, "stream", "stream must be a boolean");
 	r->stream = json_is_true(v);
 	if (so == NULL)
 		return 0;
 	if (!r->stream)
-		return bad(e, "stream_options", "stream_options is only allowed when stream is true");
-	iu = field(so, "include_usage");
+		return api_bad(e, "stream_options", "stream_options is only allowed when stream is true");
+	iu = api_field(so, "include_usage");
 	if (!json_is_object(so) || (iu != NULL && !json_is_boolean(iu)))
-		return bad(e, "stream_options", "stream_options must be {\"include_usage\": bool}");
+		return api_bad(e, "stream_options", "stream_options must be {\"include_usage\": bool}");
 	r->include_usage = json_is_true(iu);
 	return 0;
 }
@@ -401,30 +397,31 @@ parse_stream(const json_t *o, struct api_req *r, struct api_error *e)
 static int
 parse_logprobs(const json_t *o, struct api_req *r, struct api_error *e)
 {
-	json_t *lp = field(o, "logprobs"), *top = field(o, "top_logprobs");
+	json_t *lp = api_field(o, "logprobs"), *top = api_field(o, "top_logprobs");
 
 	if (r->kind == API_COMPLETION) {
 		if (top != NULL)
-			return bad(e, "top_logprobs", "top_logprobs is a field of chat completions: here logprobs "
+			return api_bad(e, "top_logprobs", "top_logprobs is a field of chat completions: here logprobs "
 			    "is the number of top tokens (0..%d)", API_MAX_CMPL_LOGPROBS);
 		if (lp == NULL)
 			return 0;
 		if (!json_is_integer(lp) || json_integer_value(lp) < 0 ||
 		    json_integer_value(lp) > API_MAX_CMPL_LOGPROBS)
-			return bad(e, "logprobs", "logprobs must be an integer from 0 to %d", API_MAX_CMPL_LOGPROBS);
+			return api_bad(e, "logprobs", "logprobs must be an integer from 0 to %d",
+			    API_MAX_CMPL_LOGPROBS);
 		r->logprobs = 1;
 		r->top_logprobs = (int)json_integer_value(lp);
 		return 0;
 	}
 	if (lp != NULL && !json_is_boolean(lp))
-		return bad(e, "logprobs", "logprobs must be a boolean");
+		return api_bad(e, "logprobs", "logprobs must be a boolean");
 	r->logprobs = json_is_true(lp);
 	if (top == NULL)
 		return 0;
 	if (!json_is_integer(top) || json_integer_value(top) < 0 || json_integer_value(top) > API_MAX_TOP_LOGPROBS)
-		return bad(e, "top_logprobs", "top_logprobs must be an integer from 0 to %d", API_MAX_TOP_LOGPROBS);
+		return api_bad(e, "top_logprobs", "top_logprobs must be an integer from 0 to %d", API_MAX_TOP_LOGPROBS);
 	if (!r->logprobs && json_integer_value(top) > 0)
-		return bad(e, "top_logprobs", "top_logprobs needs logprobs: true");
+		return api_bad(e, "top_logprobs", "top_logprobs needs logprobs: true");
 	r->top_logprobs = (int)json_integer_value(top);
 	return 0;
 }
@@ -441,17 +438,17 @@ api_parse(enum api_kind kind, const char *body, size_t len, const char *session_
 	e->message[0] = '\0';
 	r->kind = kind;
 	if ((o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je)) == NULL)
-		return bad(e, NULL, "the body is not valid JSON: %s (at byte %d)", je.text, je.position);
+		return api_bad(e, NULL, "the body is not valid JSON: %s (at byte %d)", je.text, je.position);
 	if (!json_is_object(o)) {
-		bad(e, NULL, "the body must be a JSON object");
+		api_bad(e, NULL, "the body must be a JSON object");
 		goto out;
 	}
-	if (!json_is_string(model = field(o, "model")) || json_string_length(model) == 0) {
-		bad(e, "model", "model is required: one of the names of GET /v1/models");
+	if (!json_is_string(model = api_field(o, "model")) || json_string_length(model) == 0) {
+		api_bad(e, "model", "model is required: one of the names of GET /v1/models");
 		goto out;
 	}
 	if ((r->model = strdup(json_string_value(model))) == NULL) {
-		api_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+		api_nomem(e);
 		goto out;
 	}
 	if ((kind == API_CHAT ? parse_messages(o, r, e) : parse_prompt(o, r, e)) != 0 ||

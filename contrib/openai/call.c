@@ -211,7 +211,7 @@ call_open(struct oa *oa, struct evhttp_request *req, const char *path)
 	rs_error err;
 
 	if (c == NULL) {
-		api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+		api_nomem(&e);
 		http_send_error(req, &e);
 		return NULL;
 	}
@@ -230,7 +230,7 @@ call_open(struct oa *oa, struct evhttp_request *req, const char *path)
 	c->rc_ev = event_new(oa->base, rs_fd(c->rc), EV_READ | EV_PERSIST, call_read_cb, c);
 	c->watch = http_watch_start(oa, req, call_gone_cb, c);
 	if (c->rc_ev == NULL || c->watch == NULL || event_add(c->rc_ev, NULL) != 0) {
-		api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+		api_nomem(&e);
 		call_fail(c, &e);
 		return NULL;
 	}
@@ -502,7 +502,7 @@ logprobs_gather(struct call *c, const char *text, const rs_value *reply)
 	logprobs_token(c, text, reply);
 	if (logprobs_append(&c->lp_text, &c->lp_text_len, text) != 0 ||
 	    logprobs_append(&c->lp_reasoning, &c->lp_reasoning_len, rs_reply_reasoning(reply)) != 0) {
-		api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+		api_nomem(&e);
 		call_fail(c, &e);
 		return 1;       /* cancels the generation; its done finds the call answered */
 	}

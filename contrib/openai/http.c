@@ -261,7 +261,7 @@ route_model(struct oa *oa, struct evhttp_request *req, const char *encoded)
 	struct api_error e;
 
 	if (name == NULL) {
-		api_error_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+		api_nomem(&e);
 		http_send_error(req, &e);
 		return;
 	}

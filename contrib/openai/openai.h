@@ -192,6 +192,12 @@ void api_error_from_status(rs_status st, const char *message, struct api_error *
 /* Fills e; returns -1 (for `return api_error_set(...)`). */
 int api_error_set(struct api_error *e, int status, const char *type, const char *param,
     const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* A 400 about the field param; returns -1. */
+#define api_bad(e, param, ...) api_error_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
+/* A 500: out of memory; returns -1. */
+#define api_nomem(e) api_error_set(e, 500, "server_error", NULL, NULL, "out of memory")
+/* A field's value; absent and null are the same: not given (NULL). */
+json_t *api_field(const json_t *o, const char *key);
 /* {"error": {...}} */
 json_t *api_error_json(const struct api_error *e);
 

@@ -13,9 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define bad(e, param, ...) api_error_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
-#define NOMEM(e) api_error_set(e, 500, "server_error", NULL, NULL, "out of memory")
-
 /* A copy of a JSON string member, NULL if it is not one. */
 static char *
 str_dup(const json_t *o, const char *key)
@@ -38,37 +35,35 @@ parse_choice(const json_t *c, struct api_req *r, struct api_error *e)
 				r->tool_choice = names[i];
 				return 0;
 			}
-		return bad(e, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or "
+		return api_bad(e, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or "
 		    "{\"type\": \"function\", \"function\": {\"name\": ...}}");
 	}
 	name = json_string_value(json_object_get(json_object_get(c, "function"), "name"));
 	if (!json_is_object(c) || name == NULL)
-		return bad(e, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or "
+		return api_bad(e, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or "
 		    "{\"type\": \"function\", \"function\": {\"name\": ...}}");
 	if ((r->tool_name = strdup(name)) == NULL)
-		return NOMEM(e);
+		return api_nomem(e);
 	return 0;
 }
 
 int
 api_tools_parse(const json_t *o, struct api_req *r, struct api_error *e)
 {
-	json_t *tools = json_object_get(o, "tools"), *choice = json_object_get(o, "tool_choice");
+	json_t *tools = api_field(o, "tools"), *choice = api_field(o, "tool_choice");
 
 	/* an empty list offers nothing, as none */
-	if (json_is_null(tools) || (json_is_array(tools) && json_array_size(tools) == 0))
+	if (json_is_array(tools) && json_array_size(tools) == 0)
 		tools = NULL;
-	if (json_is_null(choice))
-		choice = NULL;
 	if ((tools != NULL || choice != NULL) && r->kind != API_CHAT)
-		return bad(e, tools ? "tools" : "tool_choice", "tools are for /v1/chat/completions");
+		return api_bad(e, tools ? "tools" : "tool_choice", "tools are for /v1/chat/completions");
 	if (tools != NULL && !json_is_array(tools))
-		return bad(e, "tools", "tools must be an array of {\"type\": \"function\", \"function\": "
+		return api_bad(e, "tools", "tools must be an array of {\"type\": \"function\", \"function\": "
 		    "{name, description, parameters}}");
 	if (choice != NULL && tools == NULL)
-		return bad(e, "tool_choice", "tool_choice needs tools");
+		return api_bad(e, "tool_choice", "tool_choice needs tools");
 	if (tools != NULL && (r->tools = json_dumps(tools, JSON_COMPACT)) == NULL)
-		return NOMEM(e);
+		return api_nomem(e);
 	return choice != NULL ? parse_choice(choice, r, e) : 0;
 }
 
@@ -79,7 +74,7 @@ parse_call(const json_t *c, size_t i, size_t k, struct api_call *call, struct ap
 	const json_t *fn = json_object_get(c, "function"), *args = json_object_get(fn, "arguments");
 
 	if (!json_is_string(json_object_get(fn, "name")))
-		return bad(e, "messages", "messages[%zu].tool_calls[%zu] must be {\"id\", \"type\": \"function\", "
+		return api_bad(e, "messages", "messages[%zu].tool_calls[%zu] must be {\"id\", \"type\": \"function\", "
 		    "\"function\": {\"name\", \"arguments\"}}", i, k);
 	call->id = str_dup(c, "id");
 	call->name = str_dup(fn, "name");
@@ -87,30 +82,30 @@ parse_call(const json_t *c, size_t i, size_t k, struct api_call *call, struct ap
 	call->arguments = json_is_string(args) ? strdup(json_string_value(args)) :
 	    args != NULL ? json_dumps(args, JSON_COMPACT) : strdup("{}");
 	if (call->name == NULL || call->arguments == NULL)
-		return NOMEM(e);
+		return api_nomem(e);
 	return 0;
 }
 
 int
 api_tools_message(const json_t *m, size_t i, struct api_msg *msg, struct api_error *e)
 {
-	const json_t *calls = json_object_get(m, "tool_calls"), *c;
+	const json_t *calls = api_field(m, "tool_calls"), *c;
 	size_t k;
 
 	if (strcmp(msg->role, "tool") == 0) {
 		if (json_object_get(m, "tool_call_id") != NULL &&
 		    (msg->tool_call_id = str_dup(m, "tool_call_id")) == NULL)
-			return bad(e, "messages", "messages[%zu].tool_call_id must be a string", i);
+			return api_bad(e, "messages", "messages[%zu].tool_call_id must be a string", i);
 		if (json_is_string(json_object_get(m, "name")) && (msg->name = str_dup(m, "name")) == NULL)
-			return NOMEM(e);
+			return api_nomem(e);
 		return 0;
 	}
-	if (calls == NULL || json_is_null(calls))
+	if (calls == NULL)
 		return 0;
 	if (!json_is_array(calls) || strcmp(msg->role, "assistant") != 0)
-		return bad(e, "messages", "messages[%zu].tool_calls must be an array, on an assistant message", i);
+		return api_bad(e, "messages", "messages[%zu].tool_calls must be an array, on an assistant message", i);
 	if ((msg->calls = calloc(json_array_size(calls) + 1, sizeof *msg->calls)) == NULL)
-		return NOMEM(e);
+		return api_nomem(e);
 	json_array_foreach(calls, k, c) {
 		msg->n_calls = k + 1;
 		if (parse_call(c, i, k, &msg->calls[k], e) != 0)
