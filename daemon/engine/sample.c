@@ -179,19 +179,33 @@ argmax(const float *logits, int32_t n)
 }
 
 /*
- * log softmax of logits[k] at temperature temp, mx the largest logit. The
- * exponentials in float (summed in double): a third of the time of double
- * ones over a vocabulary of 262,144, and the same to float rounding.
+ * The log of the sum of exp((l - mx) / temp) over the row, mx its largest
+ * logit: log softmax's normalizer. The exponentials in float (summed in
+ * double): a third of the time of double ones over a vocabulary of 262,144,
+ * and the same to float rounding.
  */
-static float
-log_softmax_at(const float *logits, int32_t n, int32_t k, float temp, float mx)
+static double
+log_norm(const float *logits, int32_t n, float temp, float mx)
 {
 	double sum = 0;
 	int32_t i;
 
 	for (i = 0; i < n; i++)
 		sum += expf((logits[i] - mx) / temp);
-	return (float)((double)(logits[k] - mx) / temp - log(sum));
+	return log(sum);
+}
+
+/* log softmax of logit l at temperature temp, of a row of normalizer norm (log_norm) and largest logit mx. */
+static float
+log_softmax(float l, float temp, float mx, double norm)
+{
+	return (float)((double)(l - mx) / temp - norm);
+}
+
+static float
+log_softmax_at(const float *logits, int32_t n, int32_t k, float temp, float mx)
+{
+	return log_softmax(logits[k], temp, mx, log_norm(logits, n, temp, mx));
 }
 
 /* 1 if token a ranks before token b: the higher logit, then the lower id (so that draws repeat). */
@@ -334,11 +348,12 @@ cut_candidates(struct sampler *s, const float *l, int32_t n, float mx)
 }
 
 int32_t
-sampler_top(const struct sampler *s, const float *logits, int32_t k, int32_t *ids, float *lps)
+sampler_top(const struct sampler *s, const float *logits, int32_t k, int32_t pick, int32_t *ids, float *lps,
+    float *pick_lp)
 {
 	float t = s->p.temperature > 0 ? s->p.temperature : 1.0f, mx;
 	int32_t i, j, m = 0;
-	double sum = 0;
+	double norm;
 
 	k = MIN(MIN(k, SAMPLE_TOP), s->n_vocab);
 	for (i = 0; i < s->n_vocab && k > 0; i++) {
@@ -348,13 +363,11 @@ sampler_top(const struct sampler *s, const float *logits, int32_t k, int32_t *id
 			ids[j] = ids[j - 1];
 		ids[j] = i;
 	}
-	if (m == 0)
-		return 0;
-	mx = logits[ids[0]];
-	for (i = 0; i < s->n_vocab; i++)
-		sum += expf((logits[i] - mx) / t);
+	mx = logits[m > 0 ? ids[0] : argmax(logits, s->n_vocab)];
+	norm = log_norm(logits, s->n_vocab, t, mx);
 	for (j = 0; j < m; j++)
-		lps[j] = (float)((double)(logits[ids[j]] - mx) / t - log(sum));
+		lps[j] = log_softmax(logits[ids[j]], t, mx, norm);
+	*pick_lp = log_softmax(logits[pick], t, mx, norm);
 	return m;
 }
 

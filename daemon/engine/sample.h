@@ -51,13 +51,15 @@ float sample_penalize(const struct sample_params *p, float l, int32_t count);
 
 /*
  * The k (at most SAMPLE_TOP) most likely tokens of logits (n_vocab),
- * best first (the higher logit, then the lower id), into ids, and their
- * log-probabilities at s's temperature (1 for greedy) into lps, as
- * sampler_pick's *logprob: call it on the logits sampler_pick left
- * (penalized). Returns how many.
+ * best first (the higher logit, then the lower id), into ids, their
+ * log-probabilities at s's temperature (1 for greedy) into lps, and the
+ * drawn token pick's into *pick_lp, as sampler_pick's *logprob (one pass
+ * over the row for all of them: call sampler_pick without it). Call it on
+ * the logits sampler_pick left (penalized). Returns how many.
  */
 #define SAMPLE_TOP 20
-int32_t sampler_top(const struct sampler *s, const float *logits, int32_t k, int32_t *ids, float *lps);
+int32_t sampler_top(const struct sampler *s, const float *logits, int32_t k, int32_t pick, int32_t *ids, float *lps,
+    float *pick_lp);
 
 /* The generator's next uniform draw in [0, 1), which sampler_pick would take (for a backend that draws). */
 double sampler_draw(struct sampler *s);

@@ -1546,7 +1546,7 @@ test_pick(void **state)
 			struct fwd_pick fp[PICK_ROWS];
 			int32_t ids[PICK_ROWS], tok[PICK_ROWS * FWD_PICK_PENALTY_MAX], cnt[PICK_ROWS * FWD_PICK_PENALTY_MAX];
 			int32_t top_ids[PICK_ROWS * FWD_TOP_LOGPROBS], host_top[SAMPLE_TOP];
-			float lp[PICK_ROWS], host_lp, top_lp[PICK_ROWS * FWD_TOP_LOGPROBS], host_top_lp[SAMPLE_TOP];
+			float lp[PICK_ROWS], host_lp, top_lp[PICK_ROWS * FWD_TOP_LOGPROBS], host_top_lp[SAMPLE_TOP], top_pick_lp;
 			int np = 0;
 
 			for (int r = 0; r < PICK_ROWS; r++)
@@ -1565,7 +1565,9 @@ test_pick(void **state)
 					fail_msg("log-probability of row %d of %d: gpu %.7g, cpu %.7g", r, n, lp[r], host_lp);
 				if (fp[r].logprob)
 					worst_lp = fmax(worst_lp, fabs(lp[r] - host_lp));
-				assert_int_equal(sampler_top(&sm[r], row, fp[r].top, host_top, host_top_lp), MIN(fp[r].top, n));
+				assert_int_equal(sampler_top(&sm[r], row, fp[r].top, host, host_top, host_top_lp, &top_pick_lp),
+				    MIN(fp[r].top, n));
+				assert_true(fabs(top_pick_lp - host_lp) <= 1e-6 + 1e-7 * fabs(host_lp)); /* one sum serves both */
 				for (int j = 0; j < MIN(fp[r].top, n); j++) {
 					int32_t g = top_ids[r * FWD_TOP_LOGPROBS + j];
 					float gl = top_lp[r * FWD_TOP_LOGPROBS + j];
