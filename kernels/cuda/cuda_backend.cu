@@ -346,7 +346,7 @@ struct dims {
 	size_t forms;                /* elements of the fp16 and int8 forms of a product's input */
 	size_t scales;               /* rows of the fp16 form */
 	size_t tiles;                /* ints of the grouped products' tile table */
-	size_t S;                    /* sequences a step may carry: the most constrained rows */
+	size_t S;                    /* sequences a step may carry (the most constrained rows) */
 };
 
 static struct dims
@@ -1028,7 +1028,6 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	size_t *off, kv_bytes;
 	struct dims d = model_dims(&m->hp, o);
 	struct sizes z;
-	int64_t seqs = o->max_seqs > 0 ? MIN(o->max_seqs, o->max_tokens) : o->max_tokens;
 	int n = matrices(m, &mats, &off), rc;
 
 	if ((rc = plan_sizes(m, o, mats, n, off, &z, err)) != 0 || (rc = open_device(b, o->device, err)) != 0 ||
@@ -1042,7 +1041,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	    (rc = upload_matrices(b, mats, n, off, z.weights, err)) != 0 ||
 	    (rc = upload_smalls(b, err)) != 0 ||
 	    (rc = alloc_buffers(b, &d, kv_bytes, z.wh, err)) != 0 ||
-	    (rc = alloc_staging(b, MIN(seqs * o->kv_blocks, (int64_t)TABLE_CAP0), err)) != 0 ||
+	    (rc = alloc_staging(b, MIN((int64_t)d.S * o->kv_blocks, (int64_t)TABLE_CAP0), err)) != 0 ||
 	    (rc = open_blas(b, err)) != 0 || (rc = prof_open(&b->prof, err)) != 0)
 		goto out;
 	b->tok_embd = weight_of(b, mats, n, off, m->tok_embd);
@@ -1108,29 +1107,15 @@ cuda_free(struct backend *b)
 	cudaFree(b->moe.route.logit), cudaFree(b->moe.route.expert), cudaFree(b->moe.route.weight);
 	cudaFree(b->moe.route.row), cudaFree(b->moe.route.row_expert), cudaFree(b->moe.route.row_slot);
 	cudaFree(b->moe.route.tiles), cudaFree(b->moe.down);
-	if (b->host_argmax != NULL)
-		cudaFreeHost(b->host_argmax);
-	if (b->host_pick != NULL)
-		cudaFreeHost(b->host_pick);
-	if (b->host_pen != NULL)
-		cudaFreeHost(b->host_pen);
-	if (b->host_lp != NULL)
-		cudaFreeHost(b->host_lp);
-	if (b->host_top_ids != NULL)
-		cudaFreeHost(b->host_top_ids);
-	if (b->host_top_lp != NULL)
-		cudaFreeHost(b->host_top_lp);
-	if (b->host_mask_rows != NULL)
-		cudaFreeHost(b->host_mask_rows);
-	if (b->host_mask_bits != NULL)
-		cudaFreeHost(b->host_mask_bits);
-	if (b->stage != NULL)
-		cudaFreeHost(b->stage);
+	void *pinned[] = { b->host_argmax, b->host_pick, b->host_pen, b->host_lp, b->host_top_ids, b->host_top_lp,
+		b->host_mask_rows, b->host_mask_bits, b->stage, b->host_ints };
+
+	for (size_t i = 0; i < ARRAY_LEN(pinned); i++)
+		if (pinned[i] != NULL)
+			cudaFreeHost(pinned[i]);
 	for (int i = 0; i < 2; i++)
 		if (b->stage_ev[i] != NULL)
 			cudaEventDestroy(b->stage_ev[i]);
-	if (b->host_ints != NULL)
-		cudaFreeHost(b->host_ints);
 	if (b->stream != NULL)
 		cudaStreamDestroy(b->stream);
 	free(b->layers);
