@@ -11,9 +11,11 @@
 #include "config.h"
 #include "constrain.h"
 #include "grammar.h"
+#include "jschema.h"
 #include "tokenizer.h"
 #include "util.h"
 
+#include <jansson.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -191,6 +193,23 @@ cons_get(struct cons *c, const char *text, size_t len, struct cons_gram **out, c
 	pthread_mutex_unlock(&c->mu);
 	*out = g;
 	return 0;
+}
+
+int
+cons_get_schema(struct cons *c, const char *text, size_t len, struct cons_gram **out, char *err)
+{
+	json_error_t je;
+	json_t *schema = json_loadb(text, len, JSON_DECODE_ANY, &je);
+	char *g = NULL;
+	int rc;
+
+	if (schema == NULL)
+		return err_set(err, ERR_INVAL, "not JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+	if ((rc = jschema_grammar(schema, &g, err)) == 0)
+		rc = cons_get(c, g, strlen(g), out, err);
+	json_decref(schema);
+	free(g);
+	return rc;
 }
 
 struct cons_gram *

@@ -42,6 +42,12 @@ void cons_free(struct cons *c);
  * the text (grammar_compile) or the vocabulary.
  */
 int cons_get(struct cons *c, const char *text, size_t len, struct cons_gram **out, char *err);
+/*
+ * The grammar of a JSON Schema's len bytes of JSON text (jschema.h), held
+ * as cons_get's. 0, or ERR_INVAL for text that is not JSON (its line and
+ * column in err), or jschema_grammar's and cons_get's errors.
+ */
+int cons_get_schema(struct cons *c, const char *text, size_t len, struct cons_gram **out, char *err);
 /* Another hold on a held grammar (a fork's). */
 struct cons_gram *cons_hold(struct cons *c, struct cons_gram *g);
 void cons_put(struct cons *c, struct cons_gram *g);

@@ -818,6 +818,12 @@ engine_grammar(struct engine *e, const char *text, size_t len, struct cons_gram 
 	return cons_get(e->cons, text, len, out, err);
 }
 
+int
+engine_schema(struct engine *e, const char *text, size_t len, struct cons_gram **out, char *err)
+{
+	return cons_get_schema(e->cons, text, len, out, err);
+}
+
 void
 engine_grammar_put(struct engine *e, struct cons_gram *g)
 {
@@ -1029,14 +1035,14 @@ gram_step(struct engine *e, struct seq *s, int32_t tok)
 static void
 seq_accept(struct engine *e, struct seq *s, int32_t tok)
 {
-	int g = 0;
+	int eog = tok_is_eog(e->m->tok, tok), g = 0;
 
 	seq_push_tokens(s, &tok, 1);
 	s->n_generated++;
 	s->new_token = tok;
-	if (!tok_is_eog(e->m->tok, tok) && (g = gram_step(e, s, tok)) < 0)
+	if (!eog && (g = gram_step(e, s, tok)) < 0)
 		engine_seq_finish(s, FINISH_ERROR);
-	else if (tok_is_eog(e->m->tok, tok) || gentext_token(&s->out, tok) || g > 0)
+	else if (eog || gentext_token(&s->out, tok) || g > 0)
 		engine_seq_finish(s, FINISH_STOP);
 	else if (s->params.max_tokens > 0 && s->n_generated >= s->params.max_tokens)
 		engine_seq_finish(s, FINISH_LENGTH);
@@ -1236,9 +1242,10 @@ sample_step(struct engine *e, int32_t n_fseqs, int picked)
 		} else {
 			logits = e->logits + (size_t)row++ * (size_t)e->m->hp.n_vocab;
 			tok = sampler_pick(&s->sampler, logits, s->tokens, (size_t)s->n_tokens,
-			    s->params.logprobs ? &lp : NULL);
+			    s->params.logprobs && s->n_top == 0 ? &lp : NULL);
+			if (s->n_top > 0)
+				s->n_top = sampler_top(&s->sampler, logits, s->n_top, tok, s->top_ids, s->top_lp, &lp);
 			s->new_logprob = s->params.logprobs ? lp : 0;
-			s->n_top = sampler_top(&s->sampler, logits, s->n_top, s->top_ids, s->top_lp);
 		}
 		seq_accept(e, s, tok);
 	}

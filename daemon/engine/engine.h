@@ -233,6 +233,8 @@ void engine_seq_finish(struct seq *s, enum finish_reason why);
  * the text.
  */
 int engine_grammar(struct engine *e, const char *text, size_t len, struct cons_gram **out, char *err);
+/* The same for a JSON Schema's JSON text (cons_get_schema). */
+int engine_schema(struct engine *e, const char *text, size_t len, struct cons_gram **out, char *err);
 void engine_grammar_put(struct engine *e, struct cons_gram *g);
 
 /* Releases a sequence and its KV blocks. */

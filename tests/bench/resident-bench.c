@@ -30,14 +30,12 @@
  */
 #include "config.h"
 #include "engine.h"
-#include "jschema.h"
 #include "model.h"
 #include "util.h"
 
 #include "kernels.h"
 
 #include <getopt.h>
-#include <jansson.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -571,9 +569,7 @@ static int
 load_grammar(struct engine *e, struct bench_opts *o, char *err)
 {
 	const char *file = o->grammar_file ? o->grammar_file : o->schema_file;
-	char *data = NULL, *text = NULL;
-	json_error_t je;
-	json_t *schema;
+	char *data = NULL;
 	uint64_t t0 = now_ns();
 	size_t len;
 	int rc;
@@ -582,21 +578,13 @@ load_grammar(struct engine *e, struct bench_opts *o, char *err)
 		return 0;
 	if ((rc = read_file(file, &data, &len, err)) != 0)
 		return rc;
-	if (o->schema_file != NULL) {
-		if ((schema = json_loadb(data, len, 0, &je)) == NULL)
-			rc = err_set(err, ERR_INVAL, "%s: not JSON: %s (line %d)", file, je.text, je.line);
-		else if ((rc = jschema_grammar(schema, &text, err)) == 0)
-			rc = engine_grammar(e, text, strlen(text), &o->grammar, err);
-		json_decref(schema);
-	} else {
-		rc = engine_grammar(e, data, len, &o->grammar, err);
-	}
-	if (rc == 0)
-		printf("grammar: %s compiled and indexed over the vocabulary in %.1f ms\n", file,
-		    (double)(now_ns() - t0) / 1e6);
+	rc = o->schema_file != NULL ? engine_schema(e, data, len, &o->grammar, err) :
+	    engine_grammar(e, data, len, &o->grammar, err);
 	free(data);
-	free(text);
-	return rc;
+	if (rc != 0)
+		return err_prefix(err, rc, "%s", file);
+	printf("grammar: %s compiled and indexed over the vocabulary in %.1f ms\n", file, (double)(now_ns() - t0) / 1e6);
+	return 0;
 }
 
 int
