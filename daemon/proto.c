@@ -287,8 +287,7 @@ get_bool(const msgpack_object *m, const char *k, int *out, char *err)
 static int
 get_call(const msgpack_object *o, struct chat_call *c, size_t *bytes, char *err)
 {
-	json_t *args;
-	int rc, ok;
+	int rc;
 
 	if (o->type != MSGPACK_OBJECT_MAP)
 		return err_set(err, PE_BAD_REQUEST, "must be a map");
@@ -299,11 +298,8 @@ get_call(const msgpack_object *o, struct chat_call *c, size_t *bytes, char *err)
 	if (!chat_tool_name_ok(c->name))
 		return err_set(err, PE_INVALID_PARAM, "name must be 1..%d letters, digits, '_' or '-'",
 		    CHAT_MAX_TOOL_NAME);
-	args = chat_json(c->arguments);
-	ok = json_is_object(args);
-	json_decref(args);
 	*bytes += strlen(c->arguments);
-	return ok ? 0 : err_set(err, PE_INVALID_PARAM, "arguments must be the JSON text of an object");
+	return chat_json_is_object(c->arguments) ? 0 : err_set(err, PE_INVALID_PARAM, "arguments must be the JSON text of an object");
 }
 
 /* An assistant message's tool_calls: [{id, name, arguments}, ...] */

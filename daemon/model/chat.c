@@ -329,9 +329,7 @@ mistral_id(const char *s)
 static int
 check_calls(enum chat_tmpl t, const struct chat_msg *m, size_t i, char *err)
 {
-	json_t *args;
 	size_t k;
-	int ok;
 
 	if (m->n_calls > 0 && role_of(m) != ROLE_ASSISTANT)
 		return err_set(err, ERR_INVAL, "message %zu: only an assistant message makes tool calls", i);
@@ -345,10 +343,7 @@ check_calls(enum chat_tmpl t, const struct chat_msg *m, size_t i, char *err)
 	for (k = 0; k < m->n_calls; k++) {
 		if (m->calls[k].name == NULL || !chat_tool_name_ok(m->calls[k].name))
 			return err_set(err, ERR_INVAL, "message %zu: tool call %zu has no valid name", i, k);
-		args = m->calls[k].arguments ? chat_json(m->calls[k].arguments) : NULL;
-		ok = json_is_object(args);
-		json_decref(args);
-		if (!ok)
+		if (!chat_json_is_object(m->calls[k].arguments))
 			return err_set(err, ERR_INVAL, "message %zu: tool call %zu's arguments are not the JSON "
 			    "text of an object", i, k);
 		if (t == CHAT_MISTRAL && !mistral_id(m->calls[k].id))

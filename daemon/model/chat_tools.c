@@ -40,6 +40,16 @@ chat_json(const char *text)
 	return json_loads(text, JSON_DECODE_ANY, NULL);
 }
 
+int
+chat_json_is_object(const char *text)
+{
+	json_t *v = text != NULL ? chat_json(text) : NULL;
+	int ok = json_is_object(v);
+
+	json_decref(v);
+	return ok;
+}
+
 /* The function object of tool i, in OpenAI's shape (a new reference), or NULL with err set. */
 static json_t *
 tool_function(const json_t *t, size_t i, char *err)

@@ -57,6 +57,9 @@ void chat_py_json(struct strbuf *b, const json_t *v, int indent);
 /* Parses JSON text (NULL if it is not JSON). */
 json_t *chat_json(const char *text);
 
+/* Whether text (NULL: no) is the JSON text of an object. */
+int chat_json_is_object(const char *text);
+
 /*
  * A new call id for family t, unique with high probability: Mistral's
  * template wants 9 letters and digits, the others get "call_" and 16.
