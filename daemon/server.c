@@ -379,19 +379,30 @@ reply_session(struct conn *c, uint64_t id, const struct store_session *ss)
 }
 
 /*
+ * A stored turn's tool calls (*calls NULL and *n 0 for none). The row was
+ * written by chat_calls_json: one that does not read back goes without its calls.
+ */
+static void
+turn_calls(const struct store_turn *t, struct chat_call **calls, size_t *n)
+{
+	*calls = NULL, *n = 0;
+	if (t->tool_calls[0] != '\0' && chat_calls_from_json(t->tool_calls, calls, n, NULL) != 0) {
+		chat_calls_free(*calls, *n);
+		*calls = NULL, *n = 0;
+	}
+}
+
+/*
  * A stored turn in session.get: role, content, tokens, and where not
  * empty its reasoning, tool calls, and a tool result's call id and tool.
  */
 static void
 pack_turn(msgpack_packer *pk, const struct store_turn *t)
 {
-	struct chat_call *calls = NULL;
-	size_t n_calls = 0;
+	struct chat_call *calls;
+	size_t n_calls;
 
-	if (t->tool_calls[0] != '\0' && chat_calls_from_json(t->tool_calls, &calls, &n_calls, NULL) != 0) {
-		chat_calls_free(calls, n_calls);
-		calls = NULL, n_calls = 0;
-	}
+	turn_calls(t, &calls, &n_calls);
 	msgpack_pack_map(pk, 3 + (t->reasoning[0] != '\0') + (n_calls > 0) + (t->tool_call_id[0] != '\0') +
 	    (t->tool_name[0] != '\0'));
 	proto_pack_kv_str(pk, "role", t->role);
@@ -414,17 +425,13 @@ pack_turn(msgpack_packer *pk, const struct store_turn *t)
 static void
 history_msg(struct proto_msg *m, struct store_turn *t)
 {
-	size_t n = 0;
+	size_t n;
 
 	m->role = t->role, t->role = NULL;
 	m->content = t->content, t->content = NULL;
 	if (t->reasoning[0] != '\0')
 		m->reasoning = t->reasoning, t->reasoning = NULL;
-	/* written by chat_calls_json: a row that does not read back renders without its calls */
-	if (t->tool_calls[0] != '\0' && chat_calls_from_json(t->tool_calls, &m->calls, &n, NULL) != 0) {
-		chat_calls_free(m->calls, n);
-		m->calls = NULL, n = 0;
-	}
+	turn_calls(t, &m->calls, &n);
 	m->n_calls = (int)n;
 	if (t->tool_call_id[0] != '\0')
 		m->tool_call_id = t->tool_call_id, t->tool_call_id = NULL;
