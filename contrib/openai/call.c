@@ -448,6 +448,15 @@ stream_begin(struct call *c)
 		http_stream_send(c->req, api_chunk(&c->r, &c->meta, "", NULL, 1, NULL));
 }
 
+/* The {bytes, logprob} of a token reply, or of one of its top_logprobs. */
+static struct api_lp_token
+lp_token(const rs_value *v)
+{
+	const rs_value *b = rs_get(v, "bytes");
+
+	return (struct api_lp_token){ rs_str(b) ? rs_str(b) : "", rs_len(b), rs_float(rs_get(v, "logprob")) };
+}
+
 /*
  * Adds a token reply's logprobs to c->lp. A token that holds reasoning or
  * tool text and no answer text is not one of the answer's: it is left out.
@@ -457,18 +466,14 @@ static int
 logprobs_token(struct call *c, const char *text, const rs_value *reply)
 {
 	struct api_lp_token tok, top[API_MAX_TOP_LOGPROBS];
-	const rs_value *tl = rs_get(reply, "top_logprobs"), *b;
+	const rs_value *tl = rs_get(reply, "top_logprobs");
 	size_t i, n = rs_len(tl);
 
 	if (text[0] == '\0' && (rs_reply_reasoning(reply)[0] != '\0' || rs_reply_tool(reply)[0] != '\0'))
 		return 0;
-	b = rs_get(reply, "bytes");
-	tok = (struct api_lp_token){ rs_str(b) ? rs_str(b) : "", rs_len(b), rs_float(rs_get(reply, "logprob")) };
-	for (i = 0; i < n && i < API_MAX_TOP_LOGPROBS; i++) {
-		b = rs_get(rs_at(tl, i), "bytes");
-		top[i] = (struct api_lp_token){ rs_str(b) ? rs_str(b) : "", rs_len(b),
-		    rs_float(rs_get(rs_at(tl, i), "logprob")) };
-	}
+	tok = lp_token(reply);
+	for (i = 0; i < n && i < API_MAX_TOP_LOGPROBS; i++)
+		top[i] = lp_token(rs_at(tl, i));
 	if (api_logprobs_add(&c->r, &c->lp, &tok, top, i) != 0) {
 		log_warn("%s: out of memory: a token's logprobs are left out", c->path);
 		return 0;
