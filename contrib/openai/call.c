@@ -483,7 +483,7 @@ logprobs_token(struct call *c, const char *text, const rs_value *reply)
 
 /* Appends s to the string *buf of *len bytes. */
 static int
-logprobs_append(char **buf, size_t *len, const char *s)
+str_append(char **buf, size_t *len, const char *s)
 {
 	size_t n = strlen(s);
 	char *p;
@@ -505,8 +505,8 @@ logprobs_gather(struct call *c, const char *text, const rs_value *reply)
 	struct api_error e;
 
 	logprobs_token(c, text, reply);
-	if (logprobs_append(&c->lp_text, &c->lp_text_len, text) != 0 ||
-	    logprobs_append(&c->lp_reasoning, &c->lp_reasoning_len, rs_reply_reasoning(reply)) != 0) {
+	if (str_append(&c->lp_text, &c->lp_text_len, text) != 0 ||
+	    str_append(&c->lp_reasoning, &c->lp_reasoning_len, rs_reply_reasoning(reply)) != 0) {
 		api_nomem(&e);
 		call_fail(c, &e);
 		return 1;       /* cancels the generation; its done finds the call answered */
@@ -532,7 +532,7 @@ tools_text(struct call *c, const char *text)
 {
 	if (c->released || text[0] == '\0' || (c->held == NULL && !api_tools_may_call(&c->r, text)))
 		return text;
-	if (logprobs_append(&c->held, &c->held_len, text) != 0) {
+	if (str_append(&c->held, &c->held_len, text) != 0) {
 		log_warn("%s: out of memory: answer text is not held back", c->path);
 		return text;
 	}
