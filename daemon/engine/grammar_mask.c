@@ -694,6 +694,13 @@ gram_vocab_size(const struct gram_vocab *v)
 	return v->n_tokens;
 }
 
+/* The 32-bit words of a mask over v. */
+static uint32_t
+mask_words(const struct gram_vocab *v)
+{
+	return ((uint32_t)v->n_tokens + 31) / 32;
+}
+
 /* ---- masks ---- */
 
 /* Levels of a walk: the position after each depth's byte. */
@@ -938,7 +945,7 @@ bscratch_init(struct bscratch *bs, const struct gram_vocab *v)
 {
 	memset(bs, 0, sizeof *bs);
 	levels_init(&bs->l, v->all.max_depth);
-	bs->acc = xmalloc(((size_t)v->n_tokens + 31) / 32 * sizeof *bs->acc);
+	bs->acc = xmalloc((size_t)mask_words(v) * sizeof *bs->acc);
 	bs->unc = xmalloc(((size_t)v->n_tokens + 1) * sizeof *bs->unc);
 }
 
@@ -1001,7 +1008,7 @@ static void
 entry_walk(const struct gram_index *x, struct gentry *e, const uint8_t *part, struct bscratch *bs)
 {
 	const struct gkey *k = &e->key;
-	uint32_t words = ((uint32_t)x->v->n_tokens + 31) / 32, nz = 0;
+	uint32_t words = mask_words(x->v), nz = 0;
 	struct gctx c = { x->g, &bs->pool, NULL, bs->seen, bs->seen_cap, 0, 0, 0 };
 	struct gframe *top = &ctx_frame;
 	struct gpos from = { &top, 1, 1, { 0 }, k->pn, k->need };
@@ -1124,6 +1131,15 @@ hclass_block(const struct grammar *g, uint32_t set, const struct hclass *hc, uin
 	return set_covers(g, set, (uint32_t)s, (uint32_t)e);
 }
 
+/* Boundary i of set st: the first code point of its range i / 2 (i even), or the one past its end (odd). */
+static uint64_t
+set_edge(const struct grammar *g, const struct gset *st, uint32_t i)
+{
+	const struct grange *r = &g->ranges[st->first + i / 2];
+
+	return i % 2 == 0 ? r->lo : (uint64_t)r->hi + 1;
+}
+
 /*
  * The entries of key k0 (no character half read) with a character half
  * read at its top: one per class some of whose characters the top's set
@@ -1149,8 +1165,7 @@ fill_half(struct fill *f, const struct gkey *k0)
 		int found = hclass_block(g, set, hc, s) || hclass_block(g, set, hc, s = (uint64_t)hc->xhi + 1);
 
 		for (uint32_t i = 0; i < 2 * st->n && !found; i++) {
-			const struct grange *r = &g->ranges[st->first + i / 2];
-			uint64_t at = i % 2 == 0 ? r->lo : (uint64_t)r->hi + 1;
+			uint64_t at = set_edge(g, st, i);
 
 			s = (at + hc->size - 1) / hc->size * hc->size;
 			found = hclass_block(g, set, hc, s);
@@ -1166,8 +1181,7 @@ fill_half(struct fill *f, const struct gkey *k0)
 		fill_entry(f, &k, key_hash(&k), b);
 	}
 	for (uint32_t i = 0; i < 2 * st->n; i++) {
-		const struct grange *r = &g->ranges[st->first + i / 2];
-		uint64_t at = i % 2 == 0 ? r->lo : (uint64_t)r->hi + 1;
+		uint64_t at = set_edge(g, st, i);
 		int n;
 
 		if (at < 0x80 || at > 0x10ffff || (at >= 0xd800 && at <= 0xdfff))
@@ -1283,6 +1297,13 @@ index_walk(const struct gram_index *x, const struct pending *todo, uint32_t n, i
 	free(th);
 }
 
+/* 1 when the enumeration has found more than the index may hold (GRAM_MAX_INDEX). */
+static int
+fill_full(const struct fill *f)
+{
+	return f->n_todo > GRAM_MAX_INDEX || f->n > 4 * (uint32_t)GRAM_MAX_INDEX;
+}
+
 /*
  * Every key the grammar's positions can have, each entry built now (not
  * in a step): from each cut rule's start, then from each point found
@@ -1294,13 +1315,6 @@ index_walk(const struct gram_index *x, const struct pending *todo, uint32_t n, i
  * milliseconds); then the entries' walks of the vocabulary, nearly all of
  * the time, on n_threads threads (index_walk).
  */
-/* 1 when the enumeration has found more than the index may hold (GRAM_MAX_INDEX). */
-static int
-fill_full(const struct fill *f)
-{
-	return f->n_todo > GRAM_MAX_INDEX || f->n > 4 * (uint32_t)GRAM_MAX_INDEX;
-}
-
 static int
 index_fill(struct gram_index *x, int n_threads, char *err)
 {
@@ -1508,7 +1522,7 @@ entry_same(const struct gentry *e, const struct gentry *f, uint32_t words)
 int
 gram_index_same(const struct gram_index *a, const struct gram_index *b)
 {
-	uint32_t words = ((uint32_t)a->v->n_tokens + 31) / 32;
+	uint32_t words = mask_words(a->v);
 
 	if (a->g != b->g || a->v != b->v || a->all.n != b->all.n)
 		return 0;
@@ -1607,7 +1621,7 @@ mask_stack(struct gram_index *x, struct gctx *c, struct levels *l, const struct 
 		return;
 	}
 	if (e->n_acc == ACC_DENSE) {
-		uint32_t words = ((uint32_t)x->v->n_tokens + 31) / 32;
+		uint32_t words = mask_words(x->v);
 
 		for (uint32_t w = 0; w < words; w++)
 			mask[w] |= e->acc[w];
@@ -1657,7 +1671,7 @@ int
 gram_mask(const struct gram_state *s, struct gram_index *x, uint32_t *mask, char *err)
 {
 	const struct gram_vocab *v = x->v;
-	uint32_t words = ((uint32_t)v->n_tokens + 31) / 32;
+	uint32_t words = mask_words(v);
 	struct mscratch *sc = scratch_take(x);
 	struct gctx c = { s->g, &sc->pool, &s->pool, sc->seen, sc->seen_cap, 0, 0, 0 };
 	int count = 0;
