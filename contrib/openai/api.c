@@ -274,7 +274,7 @@ message_role(const char *role)
 static int
 parse_messages(const json_t *o, struct api_req *r, struct api_error *e)
 {
-	json_t *a = api_field(o, "messages"), *m, *role;
+	json_t *a = api_field(o, "messages"), *m, *role, *content;
 	size_t i;
 
 	if (a == NULL)
@@ -294,10 +294,9 @@ parse_messages(const json_t *o, struct api_req *r, struct api_error *e)
 		if (api_tools_message(m, i, &r->msgs[i], e) != 0)
 			return -1;
 		/* an assistant message with tool_calls may have no content */
-		if (api_field(m, "content") == NULL && r->msgs[i].n_calls == 0)
+		if ((content = api_field(m, "content")) == NULL && r->msgs[i].n_calls == 0)
 			return api_bad(e, "messages", "messages[%zu] has no content", i);
-		r->msgs[i].content = api_field(m, "content") == NULL ? strdup("") :
-		    message_content(json_object_get(m, "content"), i, e);
+		r->msgs[i].content = content == NULL ? strdup("") : message_content(content, i, e);
 		if (r->msgs[i].content == NULL)
 			return e->message[0] ? -1 : api_nomem(e);
 	}
