@@ -153,6 +153,26 @@ raw_exec(sqlite3 *db, const char *fmt, ...)
 	sqlite3_free(sql);
 }
 
+/*
+ * Makes the fixture's database one that an older schema version wrote (from
+ * a current one) and opens it again, which migrates it: version 2's turns
+ * have no tool_calls, tool_call_id or tool_name; version 1's no reasoning either.
+ */
+static void
+reopen_as_version(struct fx *f, int version)
+{
+	sqlite3 *db;
+
+	store_close(f->s);
+	f->s = NULL;
+	db = raw_open(f->path);
+	raw_exec(db, "ALTER TABLE turns DROP COLUMN tool_calls; ALTER TABLE turns DROP COLUMN tool_call_id;"
+	    "ALTER TABLE turns DROP COLUMN tool_name;%s PRAGMA user_version = %d",
+	    version < 2 ? " ALTER TABLE turns DROP COLUMN reasoning;" : "", version);
+	sqlite3_close(db);
+	reopen(f);
+}
+
 /* The one integer a query returns (-1 for no row). */
 static int64_t
 raw_int(sqlite3 *db, const char *fmt, ...)
@@ -967,14 +987,7 @@ test_migrate_reasoning(void **state)
 	in[0] = turn("user", "q", tok, 2);
 	in[1] = turn("assistant", "<think>\nr\n</think>\n\na", tok, 1);
 	assert_int_equal(store_append_turns(f->s, 1, uuid, -1, in, 2, f->err), 0);
-	store_close(f->s);
-	f->s = NULL;
-	db = raw_open(f->path);
-	raw_exec(db, "ALTER TABLE turns DROP COLUMN tool_calls; ALTER TABLE turns DROP COLUMN tool_call_id;"
-	    "ALTER TABLE turns DROP COLUMN tool_name; ALTER TABLE turns DROP COLUMN reasoning; PRAGMA user_version = 1");
-	sqlite3_close(db);
-
-	reopen(f);
+	reopen_as_version(f, 1);
 	db = raw_open(f->path);
 	assert_int_equal(raw_int(db, "PRAGMA user_version"), store_schema_version());
 	sqlite3_close(db);
@@ -1009,7 +1022,6 @@ test_tool_turns(void **state)
 	struct store_turn in[3], *out;
 	struct store_session fork;
 	char uuid[37];
-	sqlite3 *db;
 	int n;
 
 	new_session(f, 1, "tools", uuid);
@@ -1030,13 +1042,7 @@ test_tool_turns(void **state)
 	assert_string_equal(out[2].tool_name, "f");
 	store_turns_free(out, n);
 	store_session_clear(&fork);
-	store_close(f->s);
-	f->s = NULL;
-	db = raw_open(f->path);
-	raw_exec(db, "ALTER TABLE turns DROP COLUMN tool_calls; ALTER TABLE turns DROP COLUMN tool_call_id;"
-	    "ALTER TABLE turns DROP COLUMN tool_name; PRAGMA user_version = 2");
-	sqlite3_close(db);
-	reopen(f);
+	reopen_as_version(f, 2);
 	assert_int_equal(store_turns(f->s, 1, uuid, &out, &n, f->err), 0);
 	assert_int_equal(n, 3);
 	assert_string_equal(out[1].tool_calls, "");
