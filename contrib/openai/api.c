@@ -393,10 +393,21 @@ parse_stream(const json_t *o, struct api_req *r, struct api_error *e)
  * true). Completions: logprobs N (0..5), the number of top tokens; their
  * top_logprobs is not a field.
  */
+/* The number of top tokens of the field name: an integer from 0 to max, into *n. */
+static int
+parse_top_count(const json_t *v, const char *name, int max, int *n, struct api_error *e)
+{
+	if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > max)
+		return api_bad(e, name, "%s must be an integer from 0 to %d", name, max);
+	*n = (int)json_integer_value(v);
+	return 0;
+}
+
 static int
 parse_logprobs(const json_t *o, struct api_req *r, struct api_error *e)
 {
 	json_t *lp = api_field(o, "logprobs"), *top = api_field(o, "top_logprobs");
+	int n;
 
 	if (r->kind == API_COMPLETION) {
 		if (top != NULL)
@@ -404,12 +415,9 @@ parse_logprobs(const json_t *o, struct api_req *r, struct api_error *e)
 			    "is the number of top tokens (0..%d)", API_MAX_CMPL_LOGPROBS);
 		if (lp == NULL)
 			return 0;
-		if (!json_is_integer(lp) || json_integer_value(lp) < 0 ||
-		    json_integer_value(lp) > API_MAX_CMPL_LOGPROBS)
-			return api_bad(e, "logprobs", "logprobs must be an integer from 0 to %d",
-			    API_MAX_CMPL_LOGPROBS);
+		if (parse_top_count(lp, "logprobs", API_MAX_CMPL_LOGPROBS, &r->top_logprobs, e) != 0)
+			return -1;
 		r->logprobs = 1;
-		r->top_logprobs = (int)json_integer_value(lp);
 		return 0;
 	}
 	if (lp != NULL && !json_is_boolean(lp))
@@ -417,11 +425,11 @@ parse_logprobs(const json_t *o, struct api_req *r, struct api_error *e)
 	r->logprobs = json_is_true(lp);
 	if (top == NULL)
 		return 0;
-	if (!json_is_integer(top) || json_integer_value(top) < 0 || json_integer_value(top) > API_MAX_TOP_LOGPROBS)
-		return api_bad(e, "top_logprobs", "top_logprobs must be an integer from 0 to %d", API_MAX_TOP_LOGPROBS);
-	if (!r->logprobs && json_integer_value(top) > 0)
+	if (parse_top_count(top, "top_logprobs", API_MAX_TOP_LOGPROBS, &n, e) != 0)
+		return -1;
+	if (!r->logprobs && n > 0)
 		return api_bad(e, "top_logprobs", "top_logprobs needs logprobs: true");
-	r->top_logprobs = (int)json_integer_value(top);
+	r->top_logprobs = n;
 	return 0;
 }
 
