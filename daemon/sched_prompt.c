@@ -210,26 +210,6 @@ sched_prompt_tokens(const struct model_desc *md, const struct sched_job *job, in
 	return rc;
 }
 
-/* A JSON Schema's text as a grammar over e's vocabulary; json alone: any JSON object. */
-static int
-schema_grammar(struct engine *e, const char *schema_text, struct cons_gram **out, char *err)
-{
-	json_error_t je;
-	json_t *schema = schema_text != NULL ? json_loads(schema_text, JSON_DECODE_ANY, &je) :
-	    json_pack("{s:s}", "type", "object");
-	char *text = NULL;
-	int rc;
-
-	if (schema == NULL)
-		return err_set(err, ERR_INVAL, "not JSON: %s (line %d, column %d)", je.text, je.line,
-		    je.column);
-	if ((rc = jschema_grammar(schema, &text, err)) == 0)
-		rc = engine_grammar(e, text, strlen(text), out, err);
-	json_decref(schema);
-	free(text);
-	return rc;
-}
-
 /* ---- tool calls ---- */
 
 /* Points each "$ref": "#..." in v at the same place under base, where v now sits in a larger schema. */
@@ -373,6 +353,7 @@ int
 sched_prompt_grammar(struct engine *e, const struct sched_job *job, struct cons_gram **out, char *err)
 {
 	const struct proto_req *r = &job->req;
+	const char *schema;
 	int rc;
 
 	*out = NULL;
@@ -380,8 +361,12 @@ sched_prompt_grammar(struct engine *e, const struct sched_job *job, struct cons_
 		return calls_grammar(e, job, out, err);
 	if (r->grammar != NULL && (rc = engine_grammar(e, r->grammar, strlen(r->grammar), out, err)) != 0)
 		return err_prefix(err, rc, "grammar");
-	if ((r->json_schema != NULL || r->json) && (rc = schema_grammar(e, r->json_schema, out, err)) != 0)
-		return err_prefix(err, rc, "json_schema");
+	/* json alone: any JSON object */
+	if (r->json_schema != NULL || r->json) {
+		schema = r->json_schema != NULL ? r->json_schema : "{\"type\": \"object\"}";
+		if ((rc = engine_schema(e, schema, strlen(schema), out, err)) != 0)
+			return err_prefix(err, rc, "json_schema");
+	}
 	return 0;
 }
 
