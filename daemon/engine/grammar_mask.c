@@ -1,22 +1,13 @@
 /*
- * grammar_mask.c: where a sequence's text is in its grammar, and the
- * tokens that may come next (grammar.h).
- *
- * A position in the text is a set of stacks. A stack is a chain of frames,
- * each an element still to match and the frame to return to; its top is
- * always a character set (GE_CHAR), and an empty stack (NULL) means the
- * root is complete. Frames are interned (one frame per element and parent)
- * so that stacks share their tails and equal stacks are equal pointers;
- * a reference at the end of an alternative pushes no frame (a tail call),
- * so a repetition does not deepen the stack. Characters are code points:
- * bytes are decoded as they come, and a character split across tokens is
- * held until its last byte, its possible code points checked meanwhile.
+ * grammar_mask.c: the tokens that may come next (grammar.h's gram_vocab,
+ * gram_index and gram_mask), over the positions grammar_state.c keeps.
  *
  * A mask walks the vocabulary's bytes as a trie stored in preorder (each
  * node its depth and the end of its subtree), one pass over an array that
- * skips the subtrees no stack accepts. The index (gram_index) keeps that
- * walk's result per position's top part, so that a step walks only the
- * tokens that reach below it. The index is made whole when it is created
+ * skips the subtrees no stack accepts, feeding each byte to the matcher
+ * (gram_feed, grammar_int.h). The index (gram_index) keeps that walk's
+ * result per position's top part, so that a step walks only the tokens
+ * that reach below it. The index is made whole when it is created
  * (index_fill: every key a position can have, a character half read
  * keyed by its class, found on one thread, then the keys' walks of the
  * vocabulary shared among threads); masks then read it without a lock,
@@ -32,539 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-/* ---- positions ---- */
-
-struct gframe {
-	const struct gelem *pos; /* a stack's top: GE_CHAR; below: where its rule goes on */
-	struct gframe *up;       /* NULL: the root's bottom */
-	uint32_t depth;
-};
-
-#define POOL_CHUNK 1024
-struct fchunk {
-	struct fchunk *next;
-	struct gframe f[POOL_CHUNK];
-};
-
-/* Interned frames: one frame per (pos, up), in chunks, found by a hash. */
-struct fpool {
-	struct gframe **tab;
-	size_t cap, n, used; /* used: frames taken in the first chunk */
-	struct fchunk *chunks;
-	struct fchunk *spare; /* chunks emptied by pool_reset, taken before new ones */
-	size_t n_spare;
-};
-
-/* A position: the tops of its stacks (NULL: the root complete) and a character half read. */
-struct gpos {
-	struct gframe **st;
-	uint32_t n, cap;
-	uint8_t part[4];
-	uint8_t pn, need;
-};
-
-/* What expanding needs: the grammar, where new frames go, frames looked up first, dedup of a set. */
-struct gctx {
-	const struct grammar *g;
-	struct fpool *pool;
-	const struct fpool *base;
-	const void **seen;
-	uint32_t seen_cap, seen_n;
-	int level, overflow;
-};
-
-/* The deepest chain of references expanded without a character between them. */
-#define GRAM_MAX_EXPAND 8192
-
-struct gram_state {
-	const struct grammar *g;
-	struct fpool pool;
-	struct gpos at;
-	size_t kept; /* frames after the last compaction */
-};
-
-static size_t
-frame_hash(const struct gelem *pos, const struct gframe *up)
-{
-	uint64_t h = (uint64_t)(uintptr_t)pos * 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)up * 0xc2b2ae3d27d4eb4full;
-
-	return (size_t)(h ^ h >> 29);
-}
-
-static struct gframe *
-pool_find(const struct fpool *p, const struct gelem *pos, const struct gframe *up)
-{
-	if (p == NULL || p->cap == 0)
-		return NULL;
-	for (size_t i = frame_hash(pos, up) & (p->cap - 1); p->tab[i] != NULL; i = (i + 1) & (p->cap - 1))
-		if (p->tab[i]->pos == pos && p->tab[i]->up == up)
-			return p->tab[i];
-	return NULL;
-}
-
-static void
-pool_put(struct fpool *p, struct gframe *f)
-{
-	size_t i;
-
-	for (i = frame_hash(f->pos, f->up) & (p->cap - 1); p->tab[i] != NULL; i = (i + 1) & (p->cap - 1))
-		;
-	p->tab[i] = f;
-}
-
-static struct gframe *
-intern(struct gctx *c, const struct gelem *pos, struct gframe *up)
-{
-	struct fpool *p = c->pool;
-	struct gframe *f = pool_find(c->base, pos, up);
-
-	if (f != NULL || (f = pool_find(p, pos, up)) != NULL)
-		return f;
-	if (2 * (p->n + 1) > p->cap) {
-		struct gframe **old = p->tab;
-		size_t oc = p->cap;
-
-		p->cap = p->cap ? 2 * p->cap : 256;
-		p->tab = xcalloc(p->cap, sizeof *p->tab);
-		for (size_t i = 0; i < oc; i++)
-			if (old[i] != NULL)
-				pool_put(p, old[i]);
-		free(old);
-	}
-	if (p->chunks == NULL || p->used == POOL_CHUNK) {
-		struct fchunk *ch = p->spare;
-
-		if (ch != NULL)
-			p->spare = ch->next, p->n_spare--;
-		else
-			ch = xmalloc(sizeof *ch);
-		ch->next = p->chunks, p->chunks = ch, p->used = 0;
-	}
-	f = &p->chunks->f[p->used++];
-	*f = (struct gframe){ pos, up, up != NULL ? up->depth + 1 : 1 };
-	pool_put(p, f);
-	p->n++;
-	return f;
-}
-
-static void
-pool_free(struct fpool *p)
-{
-	while (p->chunks != NULL) {
-		struct fchunk *next = p->chunks->next;
-
-		free(p->chunks);
-		p->chunks = next;
-	}
-	while (p->spare != NULL) {
-		struct fchunk *next = p->spare->next;
-
-		free(p->spare);
-		p->spare = next;
-	}
-	free(p->tab);
-	memset(p, 0, sizeof *p);
-}
-
-/* The most chunks and table slots an emptied pool keeps for its next use. */
-#define POOL_KEEP_CHUNKS 16
-#define POOL_KEEP_TAB 4096
-
-/* Empties p, keeping some of its memory (a mask's scratch frames, between masks). */
-static void
-pool_reset(struct fpool *p)
-{
-	while (p->chunks != NULL) {
-		struct fchunk *ch = p->chunks;
-
-		p->chunks = ch->next;
-		if (p->n_spare < POOL_KEEP_CHUNKS)
-			ch->next = p->spare, p->spare = ch, p->n_spare++;
-		else
-			free(ch);
-	}
-	if (p->cap > POOL_KEEP_TAB) {
-		free(p->tab);
-		p->tab = NULL, p->cap = 0;
-	} else if (p->n > 0) {
-		memset(p->tab, 0, p->cap * sizeof *p->tab);
-	}
-	p->n = 0, p->used = 0;
-}
-
-/* 1 the first time top is added to the set being built (c->seen, reset per set). */
-static int
-seen_first(struct gctx *c, const void *top)
-{
-	size_t i;
-
-	if (2 * (c->seen_n + 1) > c->seen_cap) {
-		const void **old = c->seen;
-		uint32_t oc = c->seen_cap;
-
-		c->seen_cap = c->seen_cap ? 2 * c->seen_cap : 64;
-		c->seen = xcalloc(c->seen_cap, sizeof *c->seen);
-		c->seen_n = 0;
-		for (uint32_t k = 0; k < oc; k++)
-			if (old[k] != NULL)
-				seen_first(c, old[k]);
-		free(old);
-	}
-	for (i = frame_hash(NULL, top) & (c->seen_cap - 1); c->seen[i] != NULL; i = (i + 1) & (c->seen_cap - 1))
-		if (c->seen[i] == top)
-			return 0;
-	c->seen[i] = top;
-	c->seen_n++;
-	return 1;
-}
-
-static void
-seen_reset(struct gctx *c)
-{
-	if (c->seen_n > 0)
-		memset(c->seen, 0, c->seen_cap * sizeof *c->seen);
-	c->seen_n = 0;
-}
-
-/*
- * The frame below the stacks of an index's key (gram_index): where a
- * stack goes on into the context the key leaves out. A position's walk
- * keeps it as a top once reached; it takes no character.
- */
-static struct gframe ctx_frame;
-
-/* The address standing for the empty stack in c->seen (NULL marks free slots). */
-static const char empty_stack;
-
-static void
-add_top(struct gctx *c, struct gpos *out, struct gframe *top)
-{
-	if (!seen_first(c, top != NULL ? (const void *)top : &empty_stack))
-		return;
-	if (out->n >= GRAM_MAX_STACKS) {
-		c->overflow = 1;
-		return;
-	}
-	if (out->n == out->cap) {
-		out->cap = out->cap ? 2 * out->cap : 16;
-		out->st = xrealloc(out->st, out->cap * sizeof *out->st);
-	}
-	out->st[out->n++] = top;
-}
-
-/*
- * The stacks that matching from pos (then up) can reach before its next
- * character, into out: rules entered, rules finished popped.
- */
-static void
-expand(struct gctx *c, const struct gelem *pos, struct gframe *up, struct gpos *out)
-{
-	if (++c->level > GRAM_MAX_EXPAND) {
-		c->overflow = 1;
-	} else if (pos->kind == GE_CHAR) {
-		add_top(c, out, intern(c, pos, up));
-	} else if (pos->kind != GE_RULE) { /* the end of an alternative: back to the rule below */
-		if (up == NULL || up == &ctx_frame)
-			add_top(c, out, up);
-		else
-			expand(c, up->pos, up->up, out);
-	} else {
-		const struct grule *r = &c->g->rules[pos->arg];
-		struct gframe *cont = up;
-
-		if (pos[1].kind == GE_RULE || pos[1].kind == GE_CHAR) { /* else a tail call: nothing to come back to */
-			if (up != NULL && up->depth >= GRAM_MAX_DEPTH) {
-				c->level--;
-				return; /* nesting past the limit: no text goes there */
-			}
-			cont = intern(c, pos + 1, up);
-		}
-		for (uint32_t a = 0; a < r->n_alt && !c->overflow; a++)
-			expand(c, &c->g->elems[c->g->alts[r->alt_first + a]], cont, out);
-	}
-	c->level--;
-}
-
-/* A set's ranges are sorted, disjoint and apart (grammar_int.h): the answers below are exact. */
-static int
-set_has(const struct grammar *g, uint32_t set, uint32_t cp)
-{
-	const struct gset *s = &g->sets[set];
-
-	for (uint32_t i = 0; i < s->n && cp >= g->ranges[s->first + i].lo; i++)
-		if (cp <= g->ranges[s->first + i].hi)
-			return !s->neg;
-	return s->neg;
-}
-
-/* 1 if set holds some code point of [lo, hi] (for a character half read). */
-static int
-set_meets(const struct grammar *g, uint32_t set, uint32_t lo, uint32_t hi)
-{
-	const struct gset *s = &g->sets[set];
-
-	for (uint32_t i = 0; i < s->n; i++) {
-		const struct grange *r = &g->ranges[s->first + i];
-
-		if (s->neg && r->lo <= lo && r->hi >= hi)
-			return 0;
-		if (!s->neg && r->lo <= hi && r->hi >= lo)
-			return 1;
-	}
-	return s->neg;
-}
-
-/* 1 if set holds every code point of [lo, hi]. */
-static int
-set_covers(const struct grammar *g, uint32_t set, uint32_t lo, uint32_t hi)
-{
-	const struct gset *s = &g->sets[set];
-
-	for (uint32_t i = 0; i < s->n; i++) {
-		const struct grange *r = &g->ranges[s->first + i];
-
-		if (!s->neg && r->lo <= lo && r->hi >= hi)
-			return 1;
-		if (s->neg && r->lo <= hi && r->hi >= lo)
-			return 0;
-	}
-	return s->neg;
-}
-
-/* out: the stacks of in that take code point cp, moved past it. */
-static void
-advance(struct gctx *c, const struct gpos *in, uint32_t cp, struct gpos *out)
-{
-	out->n = 0, out->pn = 0;
-	seen_reset(c);
-	for (uint32_t i = 0; i < in->n && !c->overflow; i++) {
-		const struct gframe *f = in->st[i];
-
-		if (f != NULL && f != &ctx_frame && set_has(c->g, f->pos->arg, cp))
-			expand(c, f->pos + 1, f->up, out);
-	}
-}
-
-/* A UTF-8 sequence's length from its first byte; 0 if no sequence starts so. */
-static int
-u8_need(uint8_t b)
-{
-	return b < 0x80 ? 1 : b < 0xc2 ? 0 : b < 0xe0 ? 2 : b < 0xf0 ? 3 : b < 0xf5 ? 4 : 0;
-}
-
-/* 1 if b may follow the pn bytes of part (no overlong forms, no surrogates, nothing past U+10FFFF). */
-static int
-u8_follows(const uint8_t *part, int pn, uint8_t b)
-{
-	if ((b & 0xc0) != 0x80)
-		return 0;
-	if (pn == 1)
-		return !((part[0] == 0xe0 && b < 0xa0) || (part[0] == 0xed && b > 0x9f) ||
-		    (part[0] == 0xf0 && b < 0x90) || (part[0] == 0xf4 && b > 0x8f));
-	return 1;
-}
-
-/* The code point of an n-byte sequence whose first have bytes are b, the rest fill. */
-static uint32_t
-u8_decode(const uint8_t *b, int have, int n, uint8_t fill)
-{
-	uint32_t cp = n == 1 ? b[0] : n == 2 ? b[0] & 0x1fu : n == 3 ? b[0] & 0x0fu : b[0] & 0x07u;
-
-	for (int i = 1; i < n; i++)
-		cp = cp << 6 | ((i < have ? b[i] : fill) & 0x3fu);
-	return cp;
-}
-
-/* Copies in's stacks into out (the same position, its own array). */
-static void
-pos_copy(const struct gpos *in, struct gpos *out)
-{
-	if (out->cap < in->n) {
-		out->cap = in->n;
-		out->st = xrealloc(out->st, out->cap * sizeof *out->st);
-	}
-	memcpy(out->st, in->st, in->n * sizeof *in->st);
-	out->n = in->n;
-	memcpy(out->part, in->part, sizeof in->part);
-	out->pn = in->pn, out->need = in->need;
-}
-
-/*
- * The code points [*lo, *hi] that a character half read (pn of its need
- * bytes in part) can still become: no overlong forms, no surrogates,
- * nothing past U+10FFFF (u8_follows holds the later bytes to that, the
- * bounds here the first's).
- */
-static void
-part_range(const uint8_t *part, int pn, int need, uint32_t *lo, uint32_t *hi)
-{
-	static const uint32_t least[5] = { 0, 0, 0x80, 0x800, 0x10000 };
-
-	*lo = MAX(u8_decode(part, pn, need, 0x80), least[need]);
-	*hi = MIN(u8_decode(part, pn, need, 0xbf), 0x10ffffu);
-	if (pn == 1 && part[0] == 0xed)
-		*hi = MIN(*hi, 0xd7ffu);
-}
-
-/* 1 if some stack of p may take the character p holds half read. */
-static int
-half_viable(const struct grammar *g, const struct gpos *p)
-{
-	uint32_t lo, hi;
-
-	part_range(p->part, p->pn, p->need, &lo, &hi);
-	for (uint32_t i = 0; i < p->n; i++)
-		if (p->st[i] != NULL && p->st[i] != &ctx_frame && set_meets(g, p->st[i]->pos->arg, lo, hi))
-			return 1;
-	return 0;
-}
-
-/* out: in after byte b. Returns 1, or 0 when no stack survives it. */
-static int
-feed(struct gctx *c, const struct gpos *in, uint8_t b, struct gpos *out)
-{
-	if (in->pn == 0) {
-		int need = u8_need(b);
-
-		if (need == 1) {
-			advance(c, in, b, out);
-			return out->n > 0;
-		}
-		if (need == 0)
-			return 0;
-		pos_copy(in, out);
-		out->part[0] = b, out->pn = 1, out->need = (uint8_t)need;
-		return half_viable(c->g, out);
-	}
-	if (!u8_follows(in->part, in->pn, b))
-		return 0;
-	if (in->pn + 1 == in->need) {
-		uint8_t full[4];
-
-		memcpy(full, in->part, in->pn);
-		full[in->pn] = b;
-		advance(c, in, u8_decode(full, in->need, in->need, 0), out);
-		return out->n > 0;
-	}
-	pos_copy(in, out);
-	out->part[out->pn++] = b;
-	return half_viable(c->g, out);
-}
-
-static int
-overflow_err(char *err)
-{
-	return err_set(err, ERR_RANGE, "grammar: more than %d positions at once, or references nested past %d "
-	    "(an ambiguous or degenerate grammar)", GRAM_MAX_STACKS, GRAM_MAX_EXPAND);
-}
-
-/* A copy of frame f's chain interned into c's pool. */
-static struct gframe *
-frame_copy(struct gctx *c, const struct gframe *f)
-{
-	return f == NULL ? NULL : intern(c, f->pos, frame_copy(c, f->up));
-}
-
-/* s's frames kept to those its stacks use (frames of text long past are dropped). */
-static void
-compact(struct gram_state *s)
-{
-	struct fpool fresh = { 0 };
-	struct gctx c = { s->g, &fresh, NULL, NULL, 0, 0, 0, 0 };
-
-	for (uint32_t i = 0; i < s->at.n; i++)
-		s->at.st[i] = frame_copy(&c, s->at.st[i]);
-	pool_free(&s->pool);
-	s->pool = fresh;
-	s->kept = fresh.n;
-	free(c.seen);
-}
-
-int
-gram_state_new(const struct grammar *g, struct gram_state **out, char *err)
-{
-	struct gram_state *s = xcalloc(1, sizeof *s);
-	struct gctx c = { g, &s->pool, NULL, NULL, 0, 0, 0, 0 };
-	const struct grule *r = &g->rules[g->root];
-
-	s->g = g;
-	for (uint32_t a = 0; a < r->n_alt && !c.overflow; a++)
-		expand(&c, &g->elems[g->alts[r->alt_first + a]], NULL, &s->at);
-	free(c.seen);
-	if (c.overflow) {
-		gram_state_free(s);
-		*out = NULL;
-		return overflow_err(err);
-	}
-	s->kept = s->pool.n;
-	*out = s;
-	return 0;
-}
-
-int
-gram_state_clone(const struct gram_state *s, struct gram_state **out, char *err)
-{
-	struct gram_state *t = xcalloc(1, sizeof *t);
-
-	(void)err;
-	t->g = s->g;
-	pos_copy(&s->at, &t->at);
-	compact(t); /* its own frames: copies of s's */
-	*out = t;
-	return 0;
-}
-
-void
-gram_state_free(struct gram_state *s)
-{
-	if (s == NULL)
-		return;
-	pool_free(&s->pool);
-	free(s->at.st);
-	free(s);
-}
-
-int
-gram_accept(struct gram_state *s, const char *bytes, size_t n, char *err)
-{
-	struct gpos p[2] = { { 0 }, { 0 } };
-	struct gctx c = { s->g, &s->pool, NULL, NULL, 0, 0, 0, 0 };
-	int cur = 0, ok = 1;
-
-	pos_copy(&s->at, &p[0]);
-	for (size_t i = 0; i < n && ok; i++, cur ^= 1)
-		ok = feed(&c, &p[cur], (uint8_t)bytes[i], &p[cur ^ 1]) && !c.overflow;
-	free(c.seen);
-	if (!ok) {
-		free(p[0].st), free(p[1].st);
-		return c.overflow ? overflow_err(err) :
-			err_set(err, ERR_INVAL, "grammar: the text does not match here");
-	}
-	free(s->at.st);
-	s->at = p[cur];
-	free(p[cur ^ 1].st);
-	if (s->pool.n > 4 * s->kept + 4096)
-		compact(s);
-	return 0;
-}
-
-int
-gram_complete(const struct gram_state *s)
-{
-	if (s->at.pn != 0)
-		return 0;
-	for (uint32_t i = 0; i < s->at.n; i++)
-		if (s->at.st[i] == NULL)
-			return 1;
-	return 0;
-}
-
-int
-gram_finished(const struct gram_state *s)
-{
-	return s->at.pn == 0 && s->at.n == 1 && s->at.st[0] == NULL;
-}
 
 /* ---- the vocabulary ---- */
 
@@ -740,11 +198,11 @@ set_bits(uint32_t *mask, const struct trie *tr, const struct tnode *nd)
 static void
 walk(struct gctx *c, struct levels *l, const struct gpos *from, const struct trie *tr, uint32_t *mask)
 {
-	pos_copy(from, &l->lv[0]);
+	gram_pos_copy(from, &l->lv[0]);
 	for (uint32_t i = 0; i < tr->n_node && !c->overflow;) {
 		const struct tnode *nd = &tr->node[i];
 
-		if (!feed(c, &l->lv[nd->depth - 1], nd->byte, &l->lv[nd->depth])) {
+		if (!gram_feed(c, &l->lv[nd->depth - 1], nd->byte, &l->lv[nd->depth])) {
 			i = nd->end;
 			continue;
 		}
@@ -764,7 +222,7 @@ walk(struct gctx *c, struct levels *l, const struct gpos *from, const struct tri
  * left, checked against the real stack at run time. maxrel: the deepest
  * nesting the key's walks made.
  *
- * A character half read whose every possible code point (part_range) is
+ * A character half read whose every possible code point (gram_part_range) is
  * in the top's set is keyed by its class (uni): its length, the bytes
  * read, and its first byte only where that bounds the next (E0 ED F0 F4).
  * Every character of a class takes the same continuation bytes and then
@@ -827,7 +285,7 @@ key_of(const struct gram_index *x, const struct gframe *f, const struct gpos *p,
     const struct gframe **base)
 {
 	memset(k, 0, sizeof *k);
-	for (; f != NULL && f != &ctx_frame; f = f->up) {
+	for (; f != NULL && f != &gram_ctx_frame; f = f->up) {
 		k->pos[k->n++] = f->pos;
 		if (x->cut[f->pos - x->g->elems] || k->n == GRAM_MAX_NEST + 2) {
 			f = f->up;
@@ -845,10 +303,10 @@ half_class(const struct grammar *g, uint32_t set, const uint8_t *part, int pn, i
 {
 	uint32_t lo, hi;
 
-	part_range(part, pn, need, &lo, &hi);
-	if (!set_meets(g, set, lo, hi))
+	gram_part_range(part, pn, need, &lo, &hi);
+	if (!gram_set_meets(g, set, lo, hi))
 		return 0;
-	return set_covers(g, set, lo, hi) ? 1 : 2;
+	return gram_set_covers(g, set, lo, hi) ? 1 : 2;
 }
 
 /* k's half-read character made its class's (half_class 1). */
@@ -953,7 +411,7 @@ static void
 bscratch_free(struct bscratch *bs)
 {
 	levels_free(&bs->l);
-	pool_free(&bs->pool);
+	gram_pool_free(&bs->pool);
 	free(bs->seen), free(bs->acc), free(bs->unc);
 }
 
@@ -964,15 +422,15 @@ build_walk(struct gctx *c, const struct trie *tr, const struct gpos *from, struc
 {
 	struct levels *l = &bs->l;
 
-	pos_copy(from, &l->lv[0]);
+	gram_pos_copy(from, &l->lv[0]);
 	for (uint32_t i = 0; i < tr->n_node && !c->overflow;) {
 		const struct tnode *nd = &tr->node[i];
 		const struct gpos *up = &l->lv[nd->depth - 1];
 		int hit = l->hit[nd->depth - 1], alive;
 
 		for (uint32_t k = 0; k < up->n && !hit; k++)
-			hit = up->st[k] == &ctx_frame;
-		alive = feed(c, up, nd->byte, &l->lv[nd->depth]);
+			hit = up->st[k] == &gram_ctx_frame;
+		alive = gram_feed(c, up, nd->byte, &l->lv[nd->depth]);
 		l->hit[nd->depth] = (uint8_t)hit;
 		if (alive) {
 			set_bits(bs->acc, tr, nd);
@@ -1010,19 +468,19 @@ entry_walk(const struct gram_index *x, struct gentry *e, const uint8_t *part, st
 	const struct gkey *k = &e->key;
 	uint32_t words = mask_words(x->v), nz = 0;
 	struct gctx c = { x->g, &bs->pool, NULL, bs->seen, bs->seen_cap, 0, 0, 0 };
-	struct gframe *top = &ctx_frame;
+	struct gframe *top = &gram_ctx_frame;
 	struct gpos from = { &top, 1, 1, { 0 }, k->pn, k->need };
 	int n_unc = 0;
 
 	for (uint32_t i = k->n; i-- > 0;)
-		top = intern(&c, k->pos[i], top);
+		top = gram_intern(&c, k->pos[i], top);
 	memcpy(from.part, part, k->pn);
 	memset(bs->acc, 0, words * sizeof *bs->acc);
 	build_walk(&c, &x->v->all, &from, bs, &n_unc, x->v);
 	e->walk_all = c.overflow;
 	trie_build(&e->unc, bs->unc, n_unc); /* the walk met them in the trie's order: sorted */
 	for (struct fchunk *ch = bs->pool.chunks; ch != NULL; ch = ch->next)
-		for (uint32_t j = 0; j < (ch == bs->pool.chunks ? bs->pool.used : POOL_CHUNK); j++)
+		for (uint32_t j = 0; j < (ch == bs->pool.chunks ? bs->pool.used : GRAM_POOL_CHUNK); j++)
 			e->maxrel = MAX(e->maxrel, ch->f[j].depth);
 	for (uint32_t w = 0; w < words; w++)
 		nz += bs->acc[w] != 0;
@@ -1036,9 +494,9 @@ entry_walk(const struct gram_index *x, struct gentry *e, const uint8_t *part, st
 		memcpy(e->acc, bs->acc, words * sizeof *e->acc);
 		e->n_acc = ACC_DENSE;
 	}
-	seen_reset(&c);
+	gram_seen_reset(&c);
 	bs->seen = c.seen, bs->seen_cap = c.seen_cap;
-	pool_reset(&bs->pool);
+	gram_pool_reset(&bs->pool);
 }
 
 /*
@@ -1128,7 +586,7 @@ hclass_block(const struct grammar *g, uint32_t set, const struct hclass *hc, uin
 
 	if (s < hc->lo || e > hc->hi || (hc->lead == 0 && s % hc->size != 0) || (s <= hc->xhi && e >= hc->xlo))
 		return 0;
-	return set_covers(g, set, (uint32_t)s, (uint32_t)e);
+	return gram_set_covers(g, set, (uint32_t)s, (uint32_t)e);
 }
 
 /* Boundary i of set st: the first code point of its range i / 2 (i even), or the one past its end (odd). */
@@ -1157,7 +615,7 @@ fill_half(struct fill *f, const struct gkey *k0)
 	struct gkey k;
 	uint8_t b[4];
 
-	if (!set_meets(g, set, 0x80, 0x10ffff))
+	if (!gram_set_meets(g, set, 0x80, 0x10ffff))
 		return;
 	for (size_t c = 0; c < ARRAY_LEN(hclasses); c++) {
 		const struct hclass *hc = &hclasses[c];
@@ -1215,14 +673,14 @@ fill_stacks(struct fill *f, const struct gpos *p)
 	for (uint32_t i = 0; i < p->n; i++) {
 		struct gentry *e;
 
-		if (p->st[i] == NULL || p->st[i] == &ctx_frame)
+		if (p->st[i] == NULL || p->st[i] == &gram_ctx_frame)
 			continue;
 		key_of(f->x, p->st[i], p, &k, &base);
 		if ((e = fill_entry(f, &k, key_hash(&k), k.part)) != NULL) {
 			fill_queue(f, &e->key, 0);
 			fill_half(f, &e->key);
 		}
-		for (const struct gframe *d = base; d != NULL && d != &ctx_frame && seen_first(&f->below, d); d = d->up) {
+		for (const struct gframe *d = base; d != NULL && d != &gram_ctx_frame && gram_seen_first(&f->below, d); d = d->up) {
 			const struct gframe *below;
 			uint64_t h;
 
@@ -1327,21 +785,21 @@ index_fill(struct gram_index *x, int n_threads, char *err)
 		if (!x->cut[x->g->rules[r].first])
 			continue;
 		p.n = 0;
-		seen_reset(&f.c);
+		gram_seen_reset(&f.c);
 		for (uint32_t a = 0; a < x->g->rules[r].n_alt && !f.c.overflow; a++)
-			expand(&f.c, &x->g->elems[x->g->alts[x->g->rules[r].alt_first + a]], &ctx_frame, &p);
+			gram_expand(&f.c, &x->g->elems[x->g->alts[x->g->rules[r].alt_first + a]], &gram_ctx_frame, &p);
 		fill_stacks(&f, &p);
 		full = fill_full(&f);
 	}
 	for (uint32_t q = 0; q < f.n && !f.c.overflow && !full; q++) {
 		const struct gkey *k = f.queue[q].k;
-		struct gframe *top = &ctx_frame;
+		struct gframe *top = &gram_ctx_frame;
 
 		for (uint32_t i = k->n; i-- > 0;)
-			top = intern(&f.c, k->pos[i], top);
+			top = gram_intern(&f.c, k->pos[i], top);
 		p.n = 0;
-		seen_reset(&f.c);
-		expand(&f.c, f.queue[q].resume ? top->pos : top->pos + 1, top->up, &p);
+		gram_seen_reset(&f.c);
+		gram_expand(&f.c, f.queue[q].resume ? top->pos : top->pos + 1, top->up, &p);
 		fill_stacks(&f, &p);
 		full = fill_full(&f);
 	}
@@ -1349,11 +807,11 @@ index_fill(struct gram_index *x, int n_threads, char *err)
 		index_walk(x, f.todo, f.n_todo, n_threads);
 	free(f.queue), free(f.todo), free(p.st), free(f.c.seen), free(f.below.seen);
 	etab_free(&f.resumed);
-	pool_free(&f.pool);
+	gram_pool_free(&f.pool);
 	if (full)
 		return err_set(err, ERR_RANGE, "grammar: more than %d positions to prepare (nested repetitions or "
 		    "alternatives multiply them); simplify it", GRAM_MAX_INDEX);
-	return f.c.overflow ? overflow_err(err) : 0;
+	return f.c.overflow ? gram_overflow_err(err) : 0;
 }
 
 /* Runs body with s each rule that an element of rule r references, in order. */
@@ -1464,7 +922,7 @@ gram_index_new_threads(const struct grammar *g, const struct gram_vocab *v, int 
 static void
 scratch_free(struct mscratch *sc)
 {
-	pool_free(&sc->pool);
+	gram_pool_free(&sc->pool);
 	levels_free(&sc->l);
 	free(sc->seen), free(sc);
 }
@@ -1557,7 +1015,7 @@ scratch_take(struct gram_index *x)
 static void
 scratch_give(struct gram_index *x, struct mscratch *sc)
 {
-	pool_reset(&sc->pool);
+	gram_pool_reset(&sc->pool);
 	if (sc->seen_cap > SCRATCH_KEEP_SEEN) {
 		free(sc->seen);
 		sc->seen = NULL, sc->seen_cap = 0;
@@ -1684,8 +1142,8 @@ gram_mask(const struct gram_state *s, struct gram_index *x, uint32_t *mask, char
 		for (int k = 0; k < v->n_ends; k++)
 			mask[v->ends[k] / 32] |= 1u << (v->ends[k] % 32);
 	count = popcount_words(mask, words);
-	seen_reset(&c);
+	gram_seen_reset(&c);
 	sc->seen = c.seen, sc->seen_cap = c.seen_cap;
 	scratch_give(x, sc);
-	return c.overflow ? overflow_err(err) : count;
+	return c.overflow ? gram_overflow_err(err) : count;
 }
