@@ -94,27 +94,16 @@ def lost_reason(reply):
     return errors.from_reply(reply)
 
 
-def schema_text(schema):
-    """json_schema as the protocol has it: JSON text. A dict (or a boolean
-    schema) is dumped, keys in their order (properties' order is the
-    output's); a string is taken as the schema's JSON text."""
-    if isinstance(schema, str):
-        return schema
-    if not isinstance(schema, (dict, bool)):
-        raise TypeError("json_schema must be a dict (a JSON Schema) or its JSON text, not %s"
-                        % type(schema).__name__)
-    return json.dumps(schema, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-
-
-def tools_text(tools):
-    """tools as the protocol has them: JSON text of the list (OpenAI's
-    {"type": "function", "function": {...}} or flat {name, description,
-    parameters}); a string is taken as that text."""
-    if isinstance(tools, str):
-        return tools
-    if not isinstance(tools, (list, tuple)):
-        raise TypeError("tools must be a list of tools or its JSON text, not %s" % type(tools).__name__)
-    return json.dumps(list(tools), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+def json_text(value, types, what):
+    """A field the protocol takes as JSON text (json_schema, tools): a
+    string is taken as that text, a value of types is dumped, keys in their
+    order (a schema's properties' order is the output's). what begins the
+    TypeError for any other value."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, types):
+        raise TypeError("%s or its JSON text, not %s" % (what, type(value).__name__))
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
 def tool_choice_fields(choice):
@@ -160,10 +149,11 @@ def generate_fields(prompt, messages, session, model, stream, params):
     f.update(params)
     if isinstance(f.get("stop"), str):
         f["stop"] = [f["stop"]]
-    if f.get("json_schema") is not None:
-        f["json_schema"] = schema_text(f["json_schema"])
-    if f.get("tools") is not None:
-        f["tools"] = tools_text(f["tools"])
+    if f.get("json_schema") is not None:   # a dict, or a boolean schema
+        f["json_schema"] = json_text(f["json_schema"], (dict, bool),
+                                     "json_schema must be a dict (a JSON Schema)")
+    if f.get("tools") is not None:         # OpenAI's {"type": "function", "function": {...}} or flat
+        f["tools"] = json_text(f["tools"], (list, tuple), "tools must be a list of tools")
     return {k: v for k, v in f.items() if v is not None}
 
 
