@@ -299,19 +299,17 @@ get_call(const msgpack_object *o, struct chat_call *c, size_t *bytes, char *err)
 		return err_set(err, PE_INVALID_PARAM, "name must be 1..%d letters, digits, '_' or '-'",
 		    CHAT_MAX_TOOL_NAME);
 	*bytes += strlen(c->arguments);
-	return chat_json_is_object(c->arguments) ? 0 : err_set(err, PE_INVALID_PARAM, "arguments must be the JSON text of an object");
+	return chat_json_is_object(c->arguments) ? 0 : err_set(err, PE_INVALID_PARAM,
+	    "arguments must be the JSON text of an object");
 }
 
-/* An assistant message's tool_calls: [{id, name, arguments}, ...] */
+/* An assistant message's tool_calls a (given, not nil): [{id, name, arguments}, ...] */
 static int
-get_calls(const msgpack_object *e, struct proto_msg *msg, size_t *bytes, char *err)
+get_calls(const msgpack_object *a, struct proto_msg *msg, size_t *bytes, char *err)
 {
-	const msgpack_object *a = map_get(e, "tool_calls");
 	uint32_t i;
 	int rc;
 
-	if (a == NULL || a->type == MSGPACK_OBJECT_NIL)
-		return 0;
 	if (a->type != MSGPACK_OBJECT_ARRAY)
 		return err_set(err, PE_BAD_REQUEST, "tool_calls must be an array");
 	if (a->via.array.size > CHAT_MAX_CALLS)
@@ -336,8 +334,11 @@ static int
 get_message(const msgpack_object *e, struct proto_msg *msg, size_t *bytes, char *err)
 {
 	const msgpack_object *calls = map_get(e, "tool_calls");
-	int rc, has_calls = calls != NULL && calls->type == MSGPACK_OBJECT_ARRAY && calls->via.array.size > 0;
+	int rc, has_calls;
 
+	if (calls != NULL && calls->type == MSGPACK_OBJECT_NIL)
+		calls = NULL;
+	has_calls = calls != NULL && calls->type == MSGPACK_OBJECT_ARRAY && calls->via.array.size > 0;
 	if ((rc = get_str(e, "role", 1, SIZE_MAX, &msg->role, err)) != 0 ||
 	    (rc = get_str(e, "content", !has_calls, PROTO_MAX_TEXT, &msg->content, err)) != 0)
 		return rc;
@@ -347,7 +348,7 @@ get_message(const msgpack_object *e, struct proto_msg *msg, size_t *bytes, char 
 	if (msg->content == NULL)
 		msg->content = xstrdup("");
 	*bytes += strlen(msg->content);
-	if ((rc = get_calls(e, msg, bytes, err)) != 0)
+	if (calls != NULL && (rc = get_calls(calls, msg, bytes, err)) != 0)
 		return rc;
 	if (strcmp(msg->role, "tool") != 0)
 		return 0;
