@@ -34,6 +34,7 @@
 #include "chat.h"
 #include "chat_tools.h"
 #include "util.h"
+#include "chat_convs.h"
 
 /* The conversations of render_expected.py (U+00A0 and U+3000 end the assistant turn). */
 static const struct chat_msg conv_full[] = {
@@ -70,26 +71,8 @@ static const struct chat_msg conv_reasonlast[] = {
 };
 
 /* render_expected.py's TOOLS, as JSON text (chat_tools_check writes it as chat_opts.tools wants). */
-static const char TOOLS_JSON[] = "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\","
-    "\"description\":\"The weather of a city, \\\"now\\\" or later.\",\"parameters\":{\"type\":\"object\","
-    "\"properties\":{\"city\":{\"type\":\"string\",\"description\":\"The city, as Z\xc3\xbcrich\"},"
-    "\"days\":{\"type\":\"integer\",\"default\":1},\"unit\":{\"type\":\"string\",\"enum\":[\"c\",\"f\"]},"
-    "\"low\":{\"type\":\"number\",\"minimum\":-40.5},\"tags\":{\"type\":\"array\",\"items\":{\"type\":"
-    "\"string\"}}},\"required\":[\"city\"]}}},"
-    "{\"type\":\"function\",\"function\":{\"name\":\"now\",\"description\":\"The time.\","
-    "\"parameters\":{\"type\":\"object\",\"properties\":{}}}}]";
+static const char TOOLS_JSON[] = "[{\"type\":\"function\",\"function\":" TOOL_WEATHER_FN "}," TOOL_NOW "]";
 
-/* Its calls and results: the arguments as JSON text (render_expected.py's ARGS_TEXT). */
-static struct chat_call calls2[] = {
-	{ "call00001", "get_weather", "{\"city\":\"Z\xc3\xbcrich\",\"days\":2,\"low\":-0.5}" },
-	{ "call00002", "now", "{}" },
-};
-#define U_Q { "user", "Weather in Z\xc3\xbcrich for two days?", NULL, NULL, 0, NULL, NULL }
-#define T_1 { "tool", "{\"temp\": 21}", NULL, NULL, 0, "call00001", "get_weather" }
-#define T_2 { "tool", "12:00", NULL, NULL, 0, "call00002", "now" }
-#define A_FIN { "assistant", "It is 21 degrees.", NULL, NULL, 0, NULL, NULL }
-#define SYS_M { "system", "You are a helpful assistant.", NULL, NULL, 0, NULL, NULL }
-#define U_2 { "user", "Who are you?", NULL, NULL, 0, NULL, NULL }
 static const struct chat_msg conv_tools_ask[] = { SYS_M, U_Q };
 static const struct chat_msg conv_tools_round[] = {
 	SYS_M, U_Q, { "assistant", "Checking.", NULL, calls2, 2, NULL, NULL }, T_1, T_2, A_FIN, U_2,

@@ -25,27 +25,10 @@
 #include "chat.h"
 #include "chat_tools.h"
 #include "util.h"
+#include "chat_convs.h"
 
 /* test_chat.c's TOOLS_JSON, in the flat shape for one and OpenAI's for the other. */
-static const char TOOLS_JSON[] = "[{\"name\":\"get_weather\","
-    "\"description\":\"The weather of a city, \\\"now\\\" or later.\",\"parameters\":{\"type\":\"object\","
-    "\"properties\":{\"city\":{\"type\":\"string\",\"description\":\"The city, as Z\xc3\xbcrich\"},"
-    "\"days\":{\"type\":\"integer\",\"default\":1},\"unit\":{\"type\":\"string\",\"enum\":[\"c\",\"f\"]},"
-    "\"low\":{\"type\":\"number\",\"minimum\":-40.5},\"tags\":{\"type\":\"array\",\"items\":{\"type\":"
-    "\"string\"}}},\"required\":[\"city\"]}},"
-    "{\"type\":\"function\",\"function\":{\"name\":\"now\",\"description\":\"The time.\","
-    "\"parameters\":{\"type\":\"object\",\"properties\":{}}}}]";
-
-static struct chat_call calls2[] = {
-	{ "call00001", "get_weather", "{\"city\":\"Z\xc3\xbcrich\",\"days\":2,\"low\":-0.5}" },
-	{ "call00002", "now", "{}" },
-};
-#define SYS_M { "system", "You are a helpful assistant.", NULL, NULL, 0, NULL, NULL }
-#define U_Q { "user", "Weather in Z\xc3\xbcrich for two days?", NULL, NULL, 0, NULL, NULL }
-#define T_1 { "tool", "{\"temp\": 21}", NULL, NULL, 0, "call00001", "get_weather" }
-#define T_2 { "tool", "12:00", NULL, NULL, 0, "call00002", "now" }
-#define A_FIN { "assistant", "It is 21 degrees.", NULL, NULL, 0, NULL, NULL }
-#define U_2 { "user", "Who are you?", NULL, NULL, 0, NULL, NULL }
+static const char TOOLS_JSON[] = "[" TOOL_WEATHER_FN "," TOOL_NOW "]";
 
 static const char LLAMA31_ROUND[] =
 	    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
