@@ -864,45 +864,39 @@ def json_prefix_ok(s):
             else:
                 i += 1
 
-    def value():
+    def container(close, item):
+        # an object's or array's items, past its opening bracket, up to close
         nonlocal i
+        i += 1
+        ws()
+        if peek() == close:
+            i += 1
+            return
+        while True:
+            ws()
+            item()
+            ws()
+            if peek() == ",":
+                i += 1
+                continue
+            lit(close)
+            return
+
+    def member():
+        if peek() != '"':
+            raise ValueError("key expected")
+        string()
+        ws()
+        lit(":")
+        ws()
+        value()
+
+    def value():
         c = peek()
         if c == "{":
-            i += 1
-            ws()
-            if peek() == "}":
-                i += 1
-                return
-            while True:
-                ws()
-                if peek() != '"':
-                    raise ValueError("key expected")
-                string()
-                ws()
-                lit(":")
-                ws()
-                value()
-                ws()
-                if peek() == ",":
-                    i += 1
-                    continue
-                lit("}")
-                return
+            return container("}", member)
         if c == "[":
-            i += 1
-            ws()
-            if peek() == "]":
-                i += 1
-                return
-            while True:
-                ws()
-                value()
-                ws()
-                if peek() == ",":
-                    i += 1
-                    continue
-                lit("]")
-                return
+            return container("]", value)
         if c == '"':
             return string()
         if c in "-0123456789":
