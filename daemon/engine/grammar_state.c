@@ -245,21 +245,30 @@ set_has(const struct grammar *g, uint32_t set, uint32_t cp)
 	return s->neg;
 }
 
+/*
+ * 1 if one of set's ranges (its sign aside) holds all of [lo, hi] (all
+ * 1), or some of it (all 0). The ranges are apart, so one range holds
+ * the whole span or none does.
+ */
+static int
+ranges_reach(const struct grammar *g, const struct gset *s, uint32_t lo, uint32_t hi, int all)
+{
+	for (uint32_t i = 0; i < s->n; i++) {
+		const struct grange *r = &g->ranges[s->first + i];
+
+		if (all ? r->lo <= lo && r->hi >= hi : r->lo <= hi && r->hi >= lo)
+			return 1;
+	}
+	return 0;
+}
+
 /* 1 if set holds some code point of [lo, hi] (for a character half read). */
 int
 gram_set_meets(const struct grammar *g, uint32_t set, uint32_t lo, uint32_t hi)
 {
 	const struct gset *s = &g->sets[set];
 
-	for (uint32_t i = 0; i < s->n; i++) {
-		const struct grange *r = &g->ranges[s->first + i];
-
-		if (s->neg && r->lo <= lo && r->hi >= hi)
-			return 0;
-		if (!s->neg && r->lo <= hi && r->hi >= lo)
-			return 1;
-	}
-	return s->neg;
+	return s->neg ? !ranges_reach(g, s, lo, hi, 1) : ranges_reach(g, s, lo, hi, 0);
 }
 
 /* 1 if set holds every code point of [lo, hi]. */
@@ -268,15 +277,7 @@ gram_set_covers(const struct grammar *g, uint32_t set, uint32_t lo, uint32_t hi)
 {
 	const struct gset *s = &g->sets[set];
 
-	for (uint32_t i = 0; i < s->n; i++) {
-		const struct grange *r = &g->ranges[s->first + i];
-
-		if (!s->neg && r->lo <= lo && r->hi >= hi)
-			return 1;
-		if (s->neg && r->lo <= hi && r->hi >= lo)
-			return 0;
-	}
-	return s->neg;
+	return s->neg ? !ranges_reach(g, s, lo, hi, 0) : ranges_reach(g, s, lo, hi, 1);
 }
 
 /* out: the stacks of in that take code point cp, moved past it. */
