@@ -2,7 +2,8 @@
 # device-check.sh: what `make check-cuda` and the benchmark check, on a GPU
 # machine that cannot build (the lent ones have no autotools or -dev
 # packages): every kernel and whole models against the CPU backend
-# (test_cuda_ops, test_cuda), logits against transformers (test_hf.py),
+# (test_cuda_ops, test_cuda_attn, test_cuda_moe, test_cuda), logits
+# against transformers (test_hf.py),
 # the daemon on the GPU and on the CPU (test_gpu_cpu.py), the GPU's sampled
 # draws against the host sampler's (test_gpu_sample.py), the daemon
 # under injected CUDA faults (test_gpu_faults.py), compute-sanitizer's
@@ -13,13 +14,15 @@
 #   kernels/cuda/device-check.sh BINDIR OUTDIR
 #
 # Run from the source tree (the Python tests are read from it). BINDIR holds
-# residentd, resident-model, resident-bench, test_cuda and test_cuda_ops,
+# residentd, resident-model, resident-bench, test_cuda, test_cuda_ops,
+# test_cuda_attn and test_cuda_moe,
 # and in BINDIR/lib the shared libraries the GPU machine lacks. Built here:
 #
 #   CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a" ../configure && make &&
-#   make tests/unit/test_cuda tests/unit/test_cuda_ops
+#   make tests/unit/test_cuda tests/unit/test_cuda_ops tests/unit/test_cuda_attn tests/unit/test_cuda_moe
 #   mkdir -p ../.carry/b/lib && cp residentd resident-model resident-bench \
-#     tests/unit/test_cuda tests/unit/test_cuda_ops ../.carry/b &&
+#     tests/unit/test_cuda tests/unit/test_cuda_ops tests/unit/test_cuda_attn \
+#     tests/unit/test_cuda_moe ../.carry/b &&
 #   strip ../.carry/b/* ;
 #   cp -L $(ldd residentd tests/unit/test_cuda | grep -oE '/[^ ]*lib(cmocka|jansson|pcre2-8|event[a-z_]*-2[^ ]*|msgpackc|sqlite3)\.so[^ ]*' | sort -u) ../.carry/b/lib
 #
@@ -67,15 +70,21 @@ if { has bench || has resume; } && [ ! -f $model ]; then
 	    mv $model.part $model ) &
 	gen_pid=$!
 fi
-has ops && run test_cuda_ops 240 "$bin/test_cuda_ops"
+if has ops; then
+	for t in test_cuda_ops test_cuda_attn test_cuda_moe; do
+		run $t 240 "$bin/$t"
+	done
+fi
 has cuda && run test_cuda 300 "$bin/test_cuda"
 has hf && run test_hf 300 python3 tests/cuda/test_hf.py
 has gpu_cpu && run test_gpu_cpu 300 python3 tests/e2e/test_gpu_cpu.py
 has gpu_sample && run test_gpu_sample 300 python3 tests/e2e/test_gpu_sample.py
 has faults && run test_gpu_faults 400 python3 tests/e2e/test_gpu_faults.py
 if has memcheck; then
-	run memcheck_ops 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda_ops"
-	run racecheck_ops 400 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_cuda_ops"
+	for t in ops attn moe; do
+		run memcheck_$t 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda_$t"
+		run racecheck_$t 400 compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/test_cuda_$t"
+	done
 	TEST_CUDA_ONLY=${CUDA_MEMCHECK_ONLY:-tiny-gemma3/q4_k_m,tiny-qwen2/f16,tiny/q8_0,tiny-qwen3/q4_k_m}
 	export TEST_CUDA_ONLY
 	run memcheck_cuda 400 compute-sanitizer --tool memcheck --error-exitcode 9 "$bin/test_cuda"
@@ -92,7 +101,8 @@ if has bench; then
 fi
 
 echo "== summary"
-grep -hE 'max error|max relative|worst' "$out/test_cuda_ops.log" "$out/test_cuda.log" 2>/dev/null
+grep -hE 'max error|max relative|worst' "$out/test_cuda_ops.log" "$out/test_cuda_attn.log" \
+    "$out/test_cuda_moe.log" "$out/test_cuda.log" 2>/dev/null
 grep -hE 'cuda|^PASS|^FAIL|SKIP|identical' "$out/test_hf.log" "$out/test_gpu_cpu.log" "$out/test_gpu_sample.log" \
     "$out/test_gpu_faults.log" \
     2>/dev/null | tail -n 24

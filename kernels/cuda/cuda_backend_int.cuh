@@ -1,0 +1,166 @@
+/*
+ * cuda_backend_int.cuh: what the CUDA backend's two halves share, load
+ * (cuda_load.cu) and the step (cuda_backend.cu): struct backend, which load
+ * fills once and every step reads, and the few functions each half calls in
+ * the other. Internal to those two files; kernels.h is the backend's face.
+ *
+ * KV pool: [block][layer][K|V][KV_BLOCK_TOKENS][n_head_kv * head_dim], fp16.
+ *
+ * Exact mode (backend_opts.exact): the pool holds fp32 and every product
+ * takes the fp32 matrix-vector path whatever the token count (never the
+ * int8 kernels), so that no activation is rounded to fp16 or int8 and the
+ * step differs from the CPU's exact mode by float order alone.
+ */
+#ifndef RESIDENT_CUDA_BACKEND_INT_CUH
+#define RESIDENT_CUDA_BACKEND_INT_CUH
+
+#include "cuda_common.cuh"
+#include "matmul.cuh"
+#include "moe.cuh"
+
+/* Logit rows computed per pass of the output matrix. */
+#define LOGIT_ROWS 64
+/* Ints of the staged penalty windows of T logit rows: their tokens, then their counts. */
+#define PEN_INTS(T) ((size_t)(T) * FWD_PICK_PENALTY_MAX * 2)
+/* Graphs kept, one per (tokens, logit rows) shape, least recently used replaced. */
+#define GRAPH_CACHE 32
+/* Most phase marks timed in one step (RESIDENT_CUDA_TIMING). */
+#define PROF_EVENTS 1024
+
+/* What the GPU does between two marks. */
+enum phase { PH_STAGE, PH_MATMUL, PH_ATTN, PH_NORM, PH_OUTPUT, PH_END, PH_COUNT };
+
+/*
+ * RESIDENT_CUDA_TIMING=1: events between the phases of every step; their
+ * GPU time is summed per phase and printed to stderr when the backend is
+ * freed (=2: and after every step). Steps are then not run as graphs.
+ * =step: graphs kept, two events a step, from its staging copy to its last
+ * copy back, and the time the GPU waited between steps (the host's turn:
+ * sampling, planning, the next launches). Off, it costs a branch per phase.
+ */
+enum prof_mode { PROF_OFF, PROF_PHASES, PROF_EACH, PROF_STEPS };
+
+struct prof {
+	enum prof_mode on;
+	int n;
+	cudaEvent_t ev[PROF_EVENTS];
+	enum phase ph[PROF_EVENTS];
+	double ms[PH_COUNT];
+	double span_ms, idle_ms;     /* PROF_STEPS: steps' GPU time, and the waits between them */
+	double host_ms;              /* PROF_STEPS: from a step's return to the next one's call */
+	uint64_t left_ns;            /* when the last step returned */
+	int64_t steps, tokens;
+};
+
+/*
+ * One layer on the GPU: matrices as stored, small weights as float (or
+ * NULL); its experts as moe.cuh's (the upload keeps each expert's gate and
+ * up one after the other, the experts in order).
+ */
+struct cuda_layer {
+	struct cuda_weight wq, wk, wv, wo, w_gate, w_up, w_down;
+	struct cuda_moe moe;
+	float *attn_norm, *ffn_norm, *post_attn_norm, *post_ffn_norm;
+	float *q_norm, *k_norm, *bq, *bk, *bv, *bo, *sinks;
+};
+
+/*
+ * A step's kernels captured once for its shape: the buffers are fixed and
+ * the positions, tokens and block tables are read from the staging area,
+ * so one graph serves every step of the same token and logit-row counts.
+ */
+struct step_shape {
+	int n_tok, n_logits, att_len;
+};
+
+struct graph {
+	struct step_shape shape;
+	uint64_t used;
+	cudaGraphExec_t exec;
+};
+
+/*
+ * The step's integer data, in the pinned staging area and its device twin:
+ * max_tokens each of tokens, positions, table offsets, logit rows and
+ * flags of the tokens in prefill tiles, max_tokens + 1 for the tiles
+ * (their count first), then the block tables.
+ */
+struct step_ints {
+	int32_t *tokens, *pos, *tab, *lrows, *fa_tok, *fa_tiles, *tables;
+};
+/* int32 of the staging area before the tables. */
+#define STEP_INTS(T) (6 * (size_t)(T) + 1)
+
+struct backend {
+	const struct model_desc *m;
+	int device;
+	cudaStream_t stream;
+	struct cuda_mm mm;
+	uint8_t *weights;            /* every matrix, in its GPU form (cuda_weight_form) */
+	float *smalls;               /* norms, biases, RoPE frequencies */
+	struct cuda_layer *layers;
+	struct cuda_weight tok_embd, output;
+	float *out_norm;
+	float *inv_freq[2];          /* RoPE of full-attention and of sliding-window layers */
+	void *kv;                    /* __half, or float in exact mode */
+	int exact;                   /* backend_opts.exact: fp32 pool, fp32 products only */
+	int64_t kv_blocks;
+	size_t kv_stride;            /* elements of one block's K (or V) of one layer */
+	int max_tokens;
+	/* activations, max_tokens rows each (logits: LOGIT_ROWS) */
+	float *x, *h, *q, *k, *v, *att, *gate, *up, *ffn_out, *logits;
+	float *att_part;             /* the pieces of split attention */
+	struct cuda_moe_scratch moe; /* experts: the routing and rows of a step (max_tokens x n_expert_used) */
+	int32_t *dev_argmax, *host_argmax; /* the greedy picks of a step's logits rows (host: pinned) */
+	char *stage;                 /* 2 x KV_STAGE_BYTES, pinned; NULL until the first copy */
+	cudaEvent_t stage_ev[2];     /* the last copy through each */
+	float2 *argmax_part;         /* their partial picks */
+	struct fwd_pick *dev_pick, *host_pick; /* how sampled rows are drawn (host: pinned) */
+	int32_t *dev_pen, *host_pen; /* their penalty windows: tokens, then counts (max_tokens * FWD_PICK_PENALTY_MAX each) */
+	float *dev_lp, *host_lp;     /* their log-probabilities */
+	int32_t *dev_top_ids, *host_top_ids; /* their most likely tokens (max_tokens * FWD_TOP_LOGPROBS) */
+	float *dev_top_lp, *host_top_lp;
+	uint64_t *pick_part;         /* cuda_pick's scratch; NULL past FWD_PICK_MAX_VOCAB */
+	int32_t *dev_mask_rows, *host_mask_rows; /* a step's constrained rows (fwd_masks), max_seqs (host: pinned) */
+	uint32_t *dev_mask_bits, *host_mask_bits;
+	int max_masks;               /* max_seqs */
+	int64_t att_part_rows;
+	void *blas_ws;
+	/* staging: tokens, positions, table offsets, logit rows, then the tables */
+	int32_t *host_ints, *dev_ints;
+	int64_t table_cap;
+	struct graph graphs[GRAPH_CACHE];
+	uint64_t graph_clock;
+	struct step_shape last;      /* the last step's shape */
+	int last_runs;               /* steps in a row of that shape */
+	int use_graphs;              /* RESIDENT_CUDA_GRAPHS=0 turns them off */
+	int flash_tokens;            /* tokens of a prefill tile of flash.cu's kernel; 0: not used */
+	int att_len;                 /* this step's longest sequence, rounded up to split pieces (cuda_kv.max_len) */
+	int cluster_sms;             /* multiprocessors where the device launches clusters (sm_90), else 0 */
+	struct prof prof;
+};
+
+/* ---- load (cuda_load.cu) ---- */
+
+/* The backend_ops entries of load, plan and free (the ops table is cuda_backend.cu's). */
+int cuda_plan(const struct model_desc *m, const struct backend_opts *o, uint64_t *fixed, uint64_t *kv_block,
+    char *err);
+int cuda_load(const struct model_desc *m, const struct backend_opts *o, struct backend **out, char *err);
+void cuda_free(struct backend *b);
+
+/*
+ * (Re)makes the pinned staging area and its device twin for table_cap
+ * block-table entries: at load, and when a step needs more entries.
+ */
+int cuda_alloc_staging(struct backend *b, int64_t table_cap, char *err);
+
+/* ---- the step (cuda_backend.cu) ---- */
+
+/* Forgets every captured graph (they read the staging area: it moved, or the backend goes). */
+void cuda_drop_graphs(struct backend *b);
+
+/* The step's timing (RESIDENT_CUDA_TIMING): made at load, printed and destroyed at free. */
+int cuda_prof_open(struct prof *p, char *err);
+void cuda_prof_close(struct prof *p);
+
+#endif

@@ -1,0 +1,819 @@
+/*
+ * cuda_load.cu: the CUDA backend's load, plan and free, apart from its step
+ * (cuda_backend.cu): what a model needs on the GPU and where each piece of
+ * it goes is decided once, before any step, and the step only reads what
+ * was placed here (struct backend, cuda_backend_int.cuh). Plan sizes a load
+ * without allocating, so that the engine can size the KV pool to the memory.
+ *
+ * Load uploads every matrix once as stored (quantized blocks, one
+ * allocation), the norms, biases and RoPE frequencies as float (a second),
+ * and allocates the KV pool, the activations for max_tokens rows, the fp16
+ * scratch of the tensor-core path and a pinned staging area for each
+ * step's token data; nothing is allocated per step (the block-table area
+ * only grows, if a step ever needs more). The total is checked against
+ * the device's free memory before any of it is allocated.
+ */
+#include "attention.cuh"
+#include "cuda_backend_int.cuh"
+#include "cuda_common.cuh"
+#include "dequant.cuh"
+#include "matmul.cuh"
+#include "moe.cuh"
+#include "norm.cuh"
+#include "pick.cuh"
+
+#include <limits.h>
+#include <stdlib.h>
+
+/* cuBLAS workspace (what it wants on Hopper). */
+#define BLAS_WORKSPACE ((size_t)32 << 20)
+/* Allocations are rounded up to this, so that every row start is 16-byte aligned. */
+#define DEV_ALIGN 256
+/* First size of the block-table area, in entries, unless the pool needs less. */
+#define TABLE_CAP0 (1 << 20)
+/* Default largest token count for the matrix-vector kernels. */
+#define MMV_MAX_DEFAULT 1 /* measured: 2 tokens and more faster on the tensor cores (mmt.cu, qgemm.cu) */
+
+/* Rounds n up to DEV_ALIGN. */
+static size_t
+align_up(size_t n)
+{
+	return (n + DEV_ALIGN - 1) / DEV_ALIGN * DEV_ALIGN;
+}
+
+/* Bytes of GPU memory for n floats, aligned. */
+static size_t
+floats_bytes(size_t n)
+{
+	return align_up(n * sizeof(float));
+}
+
+/* ---- sizes ---- */
+
+/*
+ * The widths the activations need. With experts, the rows of their
+ * products are every token's choices (R = max_tokens x n_expert_used), and
+ * the scratch forms of a product's input (fp16, int8) hold as many rows.
+ */
+struct dims {
+	size_t T, embd, nq, nkv, ff, widest, vocab;
+	size_t R, E, F;              /* expert rows, experts, an expert's width; 0 without experts */
+	size_t ffn;                  /* floats of each of gate and up */
+	size_t forms;                /* elements of the fp16 and int8 forms of a product's input */
+	size_t scales;               /* rows of the fp16 form */
+	size_t tiles;                /* ints of the grouped products' tile table */
+	size_t S;                    /* sequences a step may carry (the most constrained rows) */
+};
+
+static struct dims
+model_dims(const struct model_hparams *hp, const struct backend_opts *o)
+{
+	struct dims d;
+
+	d.T = (size_t)o->max_tokens;
+	d.S = o->max_seqs > 0 ? MIN((size_t)o->max_seqs, d.T) : d.T;
+	d.embd = (size_t)hp->n_embd;
+	d.nq = (size_t)hp->n_head * (size_t)hp->head_dim;
+	d.nkv = (size_t)hp->n_head_kv * (size_t)hp->head_dim;
+	d.E = hp->n_expert > 0 ? (size_t)hp->n_expert : 0;
+	d.R = d.E > 0 ? d.T * (size_t)hp->n_expert_used : 0;
+	d.F = d.E > 0 ? (size_t)hp->n_ff_exp : 0;
+	d.ff = d.E > 0 ? d.F : (size_t)hp->n_ff;
+	d.widest = MAX(MAX(d.embd, d.ff), d.nq);
+	d.vocab = (size_t)hp->n_vocab;
+	d.ffn = d.E > 0 ? d.R * d.F : d.T * d.ff;
+	d.forms = MAX(d.T * d.widest, d.R * MAX(d.embd, d.F));
+	d.scales = MAX(d.T, d.R);
+	d.tiles = d.E > 0 ? 1 + 3 * (size_t)cuda_moe_max_tiles((int)d.R, (int)d.E, MOE_MIN_TILE_ROWS) : 0;
+	return d;
+}
+
+/* Bytes of the experts' routing arrays: four ints and a float a row, the tile table. */
+static size_t
+route_bytes(const struct dims *d)
+{
+	return d->E > 0 ? align_up(d->R * sizeof(int32_t)) * 4 + floats_bytes(d->R) + align_up(d->tiles * sizeof(int32_t)) +
+	    DEV_ALIGN + floats_bytes(d->T * d->E) + floats_bytes(d->R * d->embd) : 0;
+}
+
+/* Bytes of the activations and their fp16 copy. */
+static size_t
+activation_bytes(const struct dims *d)
+{
+	size_t logit_rows = MIN(d->T, (size_t)LOGIT_ROWS);
+
+	return floats_bytes(d->T * d->embd) * 2 + floats_bytes(d->T * d->widest) +
+	    floats_bytes(d->T * d->nq) * 2 + floats_bytes(d->T * d->nkv) * 2 +
+	    floats_bytes(d->ffn) * 2 + floats_bytes(logit_rows * d->vocab) +
+	    align_up(d->forms * sizeof(__half)) + floats_bytes(d->scales) +
+	    align_up(d->forms * 2) + align_up(d->forms / 32 * sizeof(float2)) +
+	    align_up(CUDA_ARGMAX_PARTS(logit_rows) * sizeof(float2)) + align_up(d->T * sizeof(struct fwd_pick)) +
+	    align_up(PEN_INTS(d->T) * sizeof(int32_t)) + floats_bytes(d->T) + route_bytes(d) +
+	    align_up(d->S * sizeof(int32_t)) + align_up(d->S * FWD_MASK_WORDS(d->vocab) * sizeof(uint32_t)) +
+	    align_up(d->T * FWD_TOP_LOGPROBS * sizeof(int32_t)) + floats_bytes(d->T * FWD_TOP_LOGPROBS) +
+	    (d->vocab <= FWD_PICK_MAX_VOCAB ? align_up(CUDA_PICK_SCRATCH(logit_rows, d->vocab) * sizeof(uint64_t)) : 0);
+}
+
+/*
+ * Layer L's matrices, in upload order: Q, K, V, O; then gate, up, down; or,
+ * with experts, the router, each expert's gate and up, then each one's
+ * down (so that each expert's gate and up are one product, and the
+ * experts' rows evenly strided). Returns how many.
+ */
+static int
+layer_matrices(const struct model_layer *L, int n_expert, const struct model_tensor **out)
+{
+	int n = 0;
+
+	out[n++] = L->wq, out[n++] = L->wk, out[n++] = L->wv, out[n++] = L->wo;
+	if (n_expert == 0) {
+		out[n++] = L->w_gate, out[n++] = L->w_up, out[n++] = L->w_down;
+		return n;
+	}
+	out[n++] = L->router;
+	for (int e = 0; e < n_expert; e++)
+		out[n++] = &L->exp_gate[e], out[n++] = &L->exp_up[e];
+	for (int e = 0; e < n_expert; e++)
+		out[n++] = &L->exp_down[e];
+	return n;
+}
+
+/* Matrices of one layer (layer_matrices). */
+static int
+layer_matrix_count(const struct model_hparams *hp)
+{
+	return hp->n_expert > 0 ? 5 + 3 * hp->n_expert : 7;
+}
+
+/* The matrices of the model, tok_embd first; the output only when not tied. */
+static int
+list_matrices(const struct model_desc *m, const struct model_tensor **out)
+{
+	int n = 0;
+
+	out[n++] = m->tok_embd;
+	if (m->output != m->tok_embd)
+		out[n++] = m->output;
+	for (int l = 0; l < m->hp.n_layer; l++)
+		n += layer_matrices(&m->layers[l], m->hp.n_expert, out + n);
+	return n;
+}
+
+/* Refuses what the kernels do not handle, before anything is allocated. */
+static int
+check_model(const struct model_desc *m, const struct model_tensor **mats, int n, char *err)
+{
+	const struct model_hparams *hp = &m->hp;
+
+	if (hp->n_expert > 0 && (hp->n_expert > MOE_MAX_EXPERTS || hp->n_expert_used > MOE_MAX_USED ||
+	    !cuda_row_fits(hp->n_ff_exp)))
+		return err_set(err, ERR_UNSUPPORTED, "%d experts of %d rows, %d a token: the CUDA backend takes up to %d, "
+		    "rows a multiple of 4 up to 32768, up to %d a token", hp->n_expert, hp->n_ff_exp, hp->n_expert_used,
+		    MOE_MAX_EXPERTS, MOE_MAX_USED);
+	if (hp->head_dim % WARP != 0 || hp->head_dim > 8 * WARP)
+		return err_set(err, ERR_UNSUPPORTED, "head_dim %d: the CUDA backend wants a multiple of "
+		    "32 up to 256", hp->head_dim);
+	if (hp->n_head_kv < 1 || hp->n_head % hp->n_head_kv != 0)
+		return err_set(err, ERR_UNSUPPORTED, "%d heads over %d KV heads", hp->n_head, hp->n_head_kv);
+	if (!cuda_row_fits(hp->n_embd) || (hp->n_expert == 0 && !cuda_row_fits(hp->n_ff)) ||
+	    !cuda_row_fits(hp->n_head * hp->head_dim))
+		return err_set(err, ERR_UNSUPPORTED, "rows of %d, %d and %d: the CUDA row kernels take multiples of 4 "
+		    "up to 32768", hp->n_embd, hp->n_expert > 0 ? hp->n_ff_exp : hp->n_ff, hp->n_head * hp->head_dim);
+	for (int i = 0; i < n; i++) {
+		const struct quant_traits *qt = quant_traits(mats[i]->type);
+
+		if (!cuda_type_supported(mats[i]->type))
+			return err_set(err, ERR_UNSUPPORTED, "%s: type %s has no CUDA kernel", mats[i]->name,
+			    qt ? qt->name : "unknown");
+		if (mats[i]->ne[0] % 8 != 0)
+			return err_set(err, ERR_UNSUPPORTED, "%s: rows of %lld (a multiple of 8 only)",
+			    mats[i]->name, (long long)mats[i]->ne[0]);
+	}
+	return 0;
+}
+
+/* A layer's small weights (norms, biases, sinks): as many as small_weights gives. */
+#define SMALL_WEIGHTS 15
+
+/* Layer L's small weights and where they go in c (NULL ones are skipped). */
+static int
+small_weights(const struct model_layer *L, struct cuda_layer *c, const struct model_tensor **t, float ***at)
+{
+	int k = 0;
+
+#define W(field) (t[k] = L->field, at[k++] = c != NULL ? &c->field : NULL)
+#define WM(field, to) (t[k] = L->field, at[k++] = c != NULL ? &c->moe.to : NULL)
+	W(attn_norm), W(ffn_norm), W(post_attn_norm), W(post_ffn_norm), W(q_norm), W(k_norm);
+	W(bq), W(bk), W(bv), W(bo), W(sinks);
+	WM(router_b, router_b), WM(exp_gate_b, gate_b), WM(exp_up_b, up_b), WM(exp_down_b, down_b);
+#undef W
+#undef WM
+	return k;
+}
+
+/* Floats of a small weight on the GPU, aligned (an expert bias is a row per expert). */
+static size_t
+small_len(const struct model_tensor *t)
+{
+	size_t a = DEV_ALIGN / sizeof(float);
+
+	return t == NULL ? 0 : ((size_t)t->ne[0] * (size_t)t->ne[1] + a - 1) / a * a;
+}
+
+/* Floats of the small weights: norms, biases, two RoPE tables (each aligned). */
+static size_t
+small_floats(const struct model_desc *m)
+{
+	const struct model_tensor *t[SMALL_WEIGHTS];
+	float **at[SMALL_WEIGHTS];
+	size_t n = 0, a = DEV_ALIGN / sizeof(float);
+
+	for (int l = 0; l < m->hp.n_layer; l++) {
+		int k = small_weights(&m->layers[l], NULL, t, at);
+
+		for (int i = 0; i < k; i++)
+			n += small_len(t[i]);
+	}
+	n += small_len(m->out_norm);
+	return n + 2 * (((size_t)m->hp.head_dim / 2 + a - 1) / a * a);
+}
+
+/* ---- load ---- */
+
+/* The value of environment variable name as an integer, or def where it is unset or empty. */
+static int
+env_int(const char *name, int def)
+{
+	const char *s = getenv(name);
+
+	return s != NULL && *s != '\0' ? atoi(s) : def;
+}
+
+/* A CUDA device is there and usable. */
+static int
+open_device(struct backend *b, int device, char *err)
+{
+	int n = 0, major = 0;
+	cudaError_t e = cudaGetDeviceCount(&n);
+
+	if (e != cudaSuccess || n == 0)
+		return err_set(err, ERR_DEVICE, "no CUDA device: %s",
+		    e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+	if (device < 0 || device >= n)
+		return err_set(err, ERR_INVAL, "CUDA device %d does not exist (%d found)", device, n);
+	b->device = device;
+	CK(cudaSetDevice(device));
+	CK(cudaStreamCreateWithFlags(&b->stream, cudaStreamNonBlocking));
+	CK(cudaDeviceGetAttribute(&b->mm.sms, cudaDevAttrMultiProcessorCount, device));
+	CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+	/* RESIDENT_CUDA_PDL=0: every kernel waits for the one before it to end before it launches */
+	cuda_pdl = major >= 9 && env_int("RESIDENT_CUDA_PDL", 1) != 0;
+	b->cluster_sms = major >= 9 ? b->mm.sms : 0;
+	return 0;
+}
+
+/* Refuses a model that does not fit, saying how much was needed and how much was free. */
+static int
+check_memory(size_t need, size_t weights, size_t kv, size_t act, char *err)
+{
+	size_t free_b = 0, total = 0;
+
+	CK(cudaMemGetInfo(&free_b, &total));
+	if (need > free_b)
+		return err_set(err, ERR_NOMEM, "the model needs %.1f MiB of GPU memory (weights %.1f, "
+		    "KV pool %.1f, activations and scratch %.1f), %.1f MiB free of %.1f",
+		    need / 1048576.0, weights / 1048576.0, kv / 1048576.0, act / 1048576.0,
+		    free_b / 1048576.0, total / 1048576.0);
+	return 0;
+}
+
+/* cudaMalloc with a message that says what and how much. */
+static int
+dev_alloc(void **p, size_t bytes, const char *what, char *err)
+{
+	cudaError_t e;
+
+	if (fault_hit(FAULT_CUDA, FAULT_ALLOC)) {
+		*p = NULL;
+		return err_set(err, ERR_NOMEM, "cudaMalloc of %.1f MiB for %s: %s", bytes / 1048576.0, what,
+		    fault_message(FAULT_CUDA));
+	}
+	if ((e = cudaMalloc(p, bytes ? bytes : 1)) != cudaSuccess) {
+		*p = NULL;
+		return err_set(err, ERR_NOMEM, "cudaMalloc of %.1f MiB for %s: %s", bytes / 1048576.0,
+		    what, cudaGetErrorString(e));
+	}
+	return 0;
+}
+
+/* The GPU form of matrix t (check_model has refused what the GPU does not read); its data not yet placed. */
+static struct cuda_weight
+form_of(const struct model_tensor *t)
+{
+	struct cuda_weight w;
+
+	cuda_weight_form(t->type, t->ne[0], t->ne[1], &w);
+	return w;
+}
+
+/* Bytes of matrix t on the GPU. */
+static size_t
+gpu_bytes(const struct model_tensor *t)
+{
+	struct cuda_weight w = form_of(t);
+
+	return w.row_bytes * (size_t)w.n;
+}
+
+/*
+ * Where each matrix goes in the weights allocation; returns the total. A
+ * matrix of the same type and width as the one before it starts right
+ * where that one ends, so that Q/K/V and gate/up can run as one product
+ * (cuda_matmul_multi); the others start aligned.
+ */
+static size_t
+matrix_offsets(const struct model_tensor **mats, int n, size_t *off)
+{
+	size_t end = 0;
+
+	for (int i = 0; i < n; i++) {
+		int follows = i > 0 && mats[i]->type == mats[i - 1]->type && mats[i]->ne[0] == mats[i - 1]->ne[0];
+
+		off[i] = follows ? end : align_up(end);
+		end = off[i] + gpu_bytes(mats[i]);
+	}
+	return align_up(end);
+}
+
+/* Uploads the matrices into one allocation at their offsets. */
+static int
+upload_matrices(struct backend *b, const struct model_tensor **mats, int n, const size_t *off, size_t total,
+    char *err)
+{
+	int rc;
+
+	if ((rc = dev_alloc((void **)&b->weights, total, "the weights", err)) != 0)
+		return rc;
+	for (int i = 0; i < n && rc == 0; i++) {
+		struct cuda_weight w = form_of(mats[i]);
+
+		rc = cuda_weight_upload(&w, mats[i]->data, b->weights + off[i], b->stream, err);
+	}
+	return rc;
+}
+
+/* 1 if t is multiplied (every matrix but an embedding not tied to the output): it may want weight tiles. */
+static int
+is_product(const struct model_desc *m, const struct model_tensor *t)
+{
+	return t != m->tok_embd || t == m->output;
+}
+
+/* The cuda_weight of matrix t, found among the uploaded ones. */
+static struct cuda_weight
+weight_of(const struct backend *b, const struct model_tensor **mats, int n, const size_t *off,
+    const struct model_tensor *t)
+{
+	struct cuda_weight w = form_of(t);
+
+	for (int i = 0; i < n; i++)
+		if (mats[i] == t) {
+			w.d = b->weights + off[i];
+			break;
+		}
+	return w;
+}
+
+
+/* Appends a small weight as float to the host buffer; returns its device address. */
+static float *
+add_small(const struct model_tensor *t, float *host, size_t *used, float *dev)
+{
+	size_t at = *used;
+
+	if (t == NULL)
+		return NULL;
+	quant_dequantize(t->type, t->data, host + at, t->ne[0] * t->ne[1]);
+	*used += small_len(t);
+	return dev + at;
+}
+
+/* The RoPE frequencies of global (swa 0) or sliding layers, as the CPU's (model_rope_freqs); the device address. */
+static float *
+add_rope(const struct model_hparams *hp, int swa, float *host, size_t *used, float *dev)
+{
+	size_t a = DEV_ALIGN / sizeof(float), at = *used;
+
+	model_rope_freqs(hp, swa, host + at);
+	*used += ((size_t)hp->head_dim / 2 + a - 1) / a * a;
+	return dev + at;
+}
+
+/* Uploads the norms, biases and RoPE tables; points the layers at them. */
+static int
+upload_smalls(struct backend *b, char *err)
+{
+	const struct model_desc *m = b->m;
+	const struct model_hparams *hp = &m->hp;
+	size_t n = small_floats(m), used = 0;
+	float *host = (float *)xcalloc(n, sizeof(float)), *dev;
+	int rc;
+
+	if ((rc = dev_alloc((void **)&b->smalls, n * sizeof(float), "norms and biases", err)) != 0) {
+		free(host);
+		return rc;
+	}
+	dev = b->smalls;
+	for (int l = 0; l < hp->n_layer; l++) {
+		const struct model_tensor *t[SMALL_WEIGHTS];
+		float **at[SMALL_WEIGHTS];
+		int k = small_weights(&m->layers[l], &b->layers[l], t, at);
+
+		for (int i = 0; i < k; i++)
+			*at[i] = add_small(t[i], host, &used, dev);
+	}
+	b->out_norm = add_small(m->out_norm, host, &used, dev);
+	b->inv_freq[0] = add_rope(hp, 0, host, &used, dev);
+	b->inv_freq[1] = add_rope(hp, 1, host, &used, dev);
+	cudaError_t e = cudaMemcpy(b->smalls, host, n * sizeof(float), cudaMemcpyHostToDevice);
+	free(host);
+	CK(e);
+	return 0;
+}
+
+/* Bytes of the split-attention scratch on a device. */
+static size_t
+part_bytes(int device, const struct model_hparams *hp)
+{
+	return floats_bytes((size_t)cuda_attention_part_rows(device) * ((size_t)hp->head_dim + 2));
+}
+
+/* The experts' routing arrays, router logits and down rows (their gate and up rows are the backend's). */
+static int
+alloc_moe(struct backend *b, const struct dims *d, char *err)
+{
+	struct cuda_route *r = &b->moe.route;
+	int rc;
+
+	(void)((rc = dev_alloc((void **)&r->logit, floats_bytes(d->T * d->E), "the experts' routing", err)) ||
+	    (rc = dev_alloc((void **)&r->expert, d->R * sizeof(int32_t), "the experts' routing", err)) ||
+	    (rc = dev_alloc((void **)&r->weight, floats_bytes(d->R), "the experts' routing", err)) ||
+	    (rc = dev_alloc((void **)&r->row, d->R * sizeof(int32_t), "the experts' routing", err)) ||
+	    (rc = dev_alloc((void **)&r->row_expert, d->R * sizeof(int32_t), "the experts' routing", err)) ||
+	    (rc = dev_alloc((void **)&r->row_slot, d->R * sizeof(int32_t), "the experts' routing", err)) ||
+	    (rc = dev_alloc((void **)&r->tiles, d->tiles * sizeof(int32_t), "the experts' routing", err)) ||
+	    (rc = dev_alloc((void **)&b->moe.down, floats_bytes(d->R * d->embd), "the experts' rows", err)));
+	b->moe.gate = b->gate, b->moe.up = b->up;
+	return rc;
+}
+
+/* The activations, the KV pool and the scratch. */
+static int
+alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t wh_elems, char *err)
+{
+	size_t T = d->T;
+	int rc = 0;
+
+	b->att_part_rows = cuda_attention_part_rows(b->device);
+	if ((rc = dev_alloc((void **)&b->kv, kv_bytes, "the KV pool", err)) != 0)
+		return rc;
+	CK(cudaMemset(b->kv, 0, kv_bytes));
+	(void)((rc = dev_alloc((void **)&b->x, floats_bytes(T * d->embd), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->h, floats_bytes(T * d->widest), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->q, floats_bytes(T * d->nq), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->att, floats_bytes(T * d->nq), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->k, floats_bytes(T * d->nkv), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->v, floats_bytes(T * d->nkv), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->gate, floats_bytes(d->ffn), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->up, floats_bytes(d->ffn), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->ffn_out, floats_bytes(T * d->embd), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->logits, floats_bytes(MIN(T, (size_t)LOGIT_ROWS) * d->vocab),
+	    "logits", err)) ||
+	    (rc = dev_alloc((void **)&b->mm.xh, d->forms * sizeof(__half), "fp16 activations", err)) ||
+	    (rc = dev_alloc((void **)&b->mm.xscale, floats_bytes(d->scales), "fp16 activations", err)) ||
+	    /* exact mode keeps float activations: no int8 copies, so the int8 kernels stay off */
+	    (!b->exact && (rc = dev_alloc((void **)&b->mm.xq, d->forms * 2, "int8 activations", err))) ||
+	    (!b->exact && (rc = dev_alloc((void **)&b->mm.xd, d->forms / 32 * sizeof(float2),
+	    "int8 activations", err))) ||
+	    (d->E > 0 && (rc = alloc_moe(b, d, err))) ||
+	    (rc = dev_alloc((void **)&b->mm.wh, (size_t)wh_elems * sizeof(__half), "fp16 weight tiles",
+	    err)) ||
+	    (rc = dev_alloc(&b->blas_ws, BLAS_WORKSPACE, "the cuBLAS workspace", err)) ||
+	    (rc = dev_alloc((void **)&b->att_part, part_bytes(b->device, &b->m->hp), "split attention", err)) ||
+	    (rc = dev_alloc((void **)&b->dev_argmax, T * sizeof(int32_t), "argmax", err)) ||
+	    (rc = dev_alloc((void **)&b->argmax_part, CUDA_ARGMAX_PARTS(MIN(T, (size_t)LOGIT_ROWS)) * sizeof(float2),
+	    "argmax", err)) ||
+	    (rc = dev_alloc((void **)&b->dev_pick, T * sizeof(struct fwd_pick), "sampling", err)) ||
+	    (rc = dev_alloc((void **)&b->dev_pen, PEN_INTS(T) * sizeof(int32_t), "sampling", err)) ||
+	    (rc = dev_alloc((void **)&b->dev_lp, floats_bytes(T), "sampling", err)) ||
+	    (rc = dev_alloc((void **)&b->dev_top_ids, T * FWD_TOP_LOGPROBS * sizeof(int32_t), "sampling", err)) ||
+	    (rc = dev_alloc((void **)&b->dev_top_lp, floats_bytes(T * FWD_TOP_LOGPROBS), "sampling", err)) ||
+	    (rc = dev_alloc((void **)&b->dev_mask_rows, d->S * sizeof(int32_t), "grammar masks", err)) ||
+	    (rc = dev_alloc((void **)&b->dev_mask_bits, d->S * FWD_MASK_WORDS(d->vocab) * sizeof(uint32_t),
+	    "grammar masks", err)) ||
+	    (d->vocab <= FWD_PICK_MAX_VOCAB && (rc = dev_alloc((void **)&b->pick_part,
+	    CUDA_PICK_SCRATCH(MIN(T, (size_t)LOGIT_ROWS), d->vocab) * sizeof(uint64_t), "sampling", err))) ||
+	    (!b->exact && (rc = dev_alloc((void **)&b->mm.part, (size_t)b->mm.part_elems * sizeof(float),
+	    "split sums", err))));
+	if (rc == 0) {
+		CK(cudaMallocHost((void **)&b->host_argmax, T * sizeof(int32_t)));
+		CK(cudaMallocHost((void **)&b->host_pick, T * sizeof(struct fwd_pick)));
+		CK(cudaMallocHost((void **)&b->host_pen, PEN_INTS(T) * sizeof(int32_t)));
+		CK(cudaMallocHost((void **)&b->host_lp, T * sizeof(float)));
+		CK(cudaMallocHost((void **)&b->host_top_ids, T * FWD_TOP_LOGPROBS * sizeof(int32_t)));
+		CK(cudaMallocHost((void **)&b->host_top_lp, T * FWD_TOP_LOGPROBS * sizeof(float)));
+		CK(cudaMallocHost((void **)&b->host_mask_rows, d->S * sizeof(int32_t)));
+		CK(cudaMallocHost((void **)&b->host_mask_bits, d->S * FWD_MASK_WORDS(d->vocab) * sizeof(uint32_t)));
+		b->max_masks = (int)d->S;
+	}
+	b->mm.wh_elems = wh_elems;
+	return rc;
+}
+
+/* The pinned staging area and its device twin, for table_cap table entries. */
+int
+cuda_alloc_staging(struct backend *b, int64_t table_cap, char *err)
+{
+	size_t bytes = (STEP_INTS(b->max_tokens) + (size_t)table_cap) * sizeof(int32_t);
+	int rc;
+
+	if (b->host_ints != NULL) {
+		cuda_drop_graphs(b); /* they read the old staging area */
+		CK(cudaStreamSynchronize(b->stream));
+		CK(cudaFreeHost(b->host_ints));
+		CK(cudaFree(b->dev_ints));
+		b->host_ints = b->dev_ints = NULL;
+	}
+	CK(cudaMallocHost((void **)&b->host_ints, bytes));
+	if ((rc = dev_alloc((void **)&b->dev_ints, bytes, "the step's block tables", err)) != 0)
+		return rc;
+	b->table_cap = table_cap;
+	return 0;
+}
+
+/* cuBLAS on the backend's stream, with its workspace given once. */
+static int
+open_blas(struct backend *b, char *err)
+{
+	cublasStatus_t s = cublasCreate(&b->mm.blas);
+
+	if (s != CUBLAS_STATUS_SUCCESS) {
+		b->mm.blas = NULL;
+		return err_set(err, ERR_DEVICE, "cublasCreate: %s", cublasGetStatusString(s));
+	}
+	if ((s = cublasSetStream(b->mm.blas, b->stream)) != CUBLAS_STATUS_SUCCESS ||
+	    (s = cublasSetWorkspace(b->mm.blas, b->blas_ws, BLAS_WORKSPACE)) != CUBLAS_STATUS_SUCCESS)
+		return err_set(err, ERR_DEVICE, "cuBLAS setup: %s", cublasGetStatusString(s));
+	b->mm.stream = b->stream;
+	return 0;
+}
+
+/*
+ * The largest token count that goes to the matrix-vector kernels
+ * (RESIDENT_CUDA_MMV_MAX); in exact mode every count, since cuBLAS takes
+ * fp16 activations.
+ */
+static int
+mmv_max(int exact)
+{
+	return exact ? INT_MAX : env_int("RESIDENT_CUDA_MMV_MAX", MMV_MAX_DEFAULT);
+}
+
+/*
+ * Tokens of a prefill tile of the tensor-core attention kernel for these
+ * heads; 0 when it cannot serve them (exact mode's fp32 pool, groups of
+ * query heads that do not divide a tile) or RESIDENT_CUDA_FLASH=0.
+ */
+static int
+flash_tokens(const struct model_hparams *hp, int exact)
+{
+	struct cuda_heads hd = {};
+	int n = 0;
+
+	hd.n_head = hp->n_head, hd.n_head_kv = hp->n_head_kv, hd.head_dim = hp->head_dim;
+	if (env_int("RESIDENT_CUDA_FLASH", 1) == 0 || !cuda_flash_usable(&hd, exact, &n))
+		return 0;
+	return n;
+}
+
+/* What load allocates: weights, activations and scratch, one KV block. */
+struct sizes {
+	size_t weights, act, kv_block;
+	int64_t wh;                  /* elements of the fp16 tile scratch */
+	int64_t part_elems;          /* floats of qgemm's split sums */
+};
+
+/* The sizes of a load, and where each matrix goes (off). Refuses what the kernels do not handle. */
+static int
+plan_sizes(const struct model_desc *m, const struct backend_opts *o, const struct model_tensor **mats, int n,
+    size_t *off, struct sizes *z, char *err)
+{
+	struct dims d = model_dims(&m->hp, o);
+	int rc, sms = 0;
+
+	if ((rc = check_model(m, mats, n, err)) != 0)
+		return rc;
+	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o->device));
+	z->weights = matrix_offsets(mats, n, off);
+	z->wh = 1;
+	for (int i = 0; i < n; i++) {
+		struct cuda_weight w = form_of(mats[i]);
+
+		if (is_product(m, mats[i]))
+			z->wh = MAX(z->wh, cuda_matmul_tile_elems(&w));
+	}
+	z->part_elems = o->exact ? 0 : cuda_qgemm_part_elems(sms);
+	z->kv_block = (size_t)m->hp.n_layer * 2 * KV_BLOCK_TOKENS * d.nkv * (o->exact ? sizeof(float) : sizeof(__half));
+	z->act = activation_bytes(&d) + (size_t)z->wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(o->device, &m->hp) +
+	    floats_bytes(small_floats(m)) + floats_bytes((size_t)z->part_elems);
+	return 0;
+}
+
+/* The matrices of a model and room for their offsets (free both). */
+static int
+matrices(const struct model_desc *m, const struct model_tensor ***mats, size_t **off)
+{
+	size_t cap = 2 + (size_t)layer_matrix_count(&m->hp) * (size_t)m->hp.n_layer;
+
+	*mats = (const struct model_tensor **)xcalloc(cap, sizeof **mats);
+	*off = (size_t *)xcalloc(cap, sizeof **off);
+	return list_matrices(m, *mats);
+}
+
+int
+cuda_plan(const struct model_desc *m, const struct backend_opts *o, uint64_t *fixed, uint64_t *kv_block, char *err)
+{
+	const struct model_tensor **mats;
+	size_t *off;
+	struct sizes z;
+	int n = matrices(m, &mats, &off), rc;
+
+	if ((rc = plan_sizes(m, o, mats, n, off, &z, err)) == 0) {
+		*fixed = z.weights + z.act;
+		*kv_block = z.kv_block;
+	}
+	free(mats), free(off);
+	return rc;
+}
+
+/* Matrix i of a layer's (mats, off from its first) as uploaded. */
+static struct cuda_weight
+uploaded(const struct backend *b, const struct model_tensor **mats, const size_t *off, int i)
+{
+	struct cuda_weight w = form_of(mats[i]);
+
+	w.d = b->weights + off[i];
+	return w;
+}
+
+/*
+ * Layer l's weights where the upload put them (its matrices, in
+ * layer_matrices' order, from mats and off). Experts are multiplied as one
+ * weight whose experts are evenly strided: each expert's gate and up one
+ * run, every expert alike. ERR_UNSUPPORTED for experts that are not.
+ */
+static int
+layer_weights(struct backend *b, int l, const struct model_tensor **mats, const size_t *off, char *err)
+{
+	struct cuda_layer *c = &b->layers[l];
+	int E = b->m->hp.n_expert, ok = 1;
+
+	c->wq = uploaded(b, mats, off, 0), c->wk = uploaded(b, mats, off, 1);
+	c->wv = uploaded(b, mats, off, 2), c->wo = uploaded(b, mats, off, 3);
+	if (E == 0) {
+		c->w_gate = uploaded(b, mats, off, 4), c->w_up = uploaded(b, mats, off, 5);
+		c->w_down = uploaded(b, mats, off, 6);
+		return 0;
+	}
+	c->moe.router = uploaded(b, mats, off, 4);
+	c->moe.gu = uploaded(b, mats, off, 5);
+	c->moe.down = uploaded(b, mats, off, 5 + 2 * E);
+	c->moe.gu_stride = 2 * (size_t)c->moe.gu.n * c->moe.gu.row_bytes;
+	c->moe.down_stride = (size_t)c->moe.down.n * c->moe.down.row_bytes;
+	for (int e = 0; e < E; e++) {
+		struct cuda_weight g = uploaded(b, mats, off, 5 + 2 * e), u = uploaded(b, mats, off, 6 + 2 * e);
+		struct cuda_weight d = uploaded(b, mats, off, 5 + 2 * E + e);
+
+		ok &= cuda_weight_follows(&g, &u) && g.type == c->moe.gu.type && g.n == c->moe.gu.n &&
+		    g.d == c->moe.gu.d + (size_t)e * c->moe.gu_stride && d.type == c->moe.down.type &&
+		    d.d == c->moe.down.d + (size_t)e * c->moe.down_stride;
+	}
+	if (!ok)
+		return err_set(err, ERR_UNSUPPORTED, "layer %d: experts of different types or sizes (the CUDA backend "
+		    "multiplies a layer's experts as one weight)", l);
+	c->moe.gu.n *= 2;
+	c->moe.act.kind = b->m->hp.act, c->moe.act.alpha = b->m->hp.glu_alpha, c->moe.act.limit = b->m->hp.glu_limit;
+	c->moe.n_expert = E, c->moe.n_used = b->m->hp.n_expert_used, c->moe.norm = b->m->hp.expert_norm;
+	/* RESIDENT_CUDA_MOE_SLOTS: the most tokens whose experts run as slots (the exact mode's: every count) */
+	c->moe.slots_max = b->exact ? INT_MAX : env_int("RESIDENT_CUDA_MOE_SLOTS", mmv_max(0));
+	/*
+	 * RESIDENT_CUDA_MOE_INT: the most grouped tokens on the integer kernel. MXFP4 experts while they
+	 * average up to 2 rows (gpt-oss-20b, 16 sequences on an H100: 1,903 t/s, 1,452 on the tensor
+	 * cores; 32: 2,412 against 2,594); Q4_K ones never (qwen3-30b-a3b, 16: 1,244 against 1,623)
+	 */
+	c->moe.int_max = env_int("RESIDENT_CUDA_MOE_INT", c->moe.gu.type == TT_MXFP4G ? 2 * E / c->moe.n_used : 0);
+	return 0;
+}
+
+/* Everything load does, in order; on failure the caller frees what was made. */
+static int
+load_all(struct backend *b, const struct backend_opts *o, char *err)
+{
+	const struct model_desc *m = b->m;
+	const struct model_tensor **mats;
+	size_t *off, kv_bytes;
+	struct dims d = model_dims(&m->hp, o);
+	struct sizes z;
+	int n = matrices(m, &mats, &off), rc;
+
+	if ((rc = plan_sizes(m, o, mats, n, off, &z, err)) != 0 || (rc = open_device(b, o->device, err)) != 0 ||
+	    (rc = cuda_attention_setup(m->hp.head_dim, err)) != 0 || (rc = cuda_qgemm_setup(err)) != 0)
+		goto out;
+	b->exact = o->exact != 0;
+	b->mm.part_elems = z.part_elems;
+	b->kv_stride = KV_BLOCK_TOKENS * d.nkv;
+	kv_bytes = (size_t)o->kv_blocks * z.kv_block;
+	if ((rc = check_memory(z.weights + kv_bytes + z.act, z.weights, kv_bytes, z.act, err)) != 0 ||
+	    (rc = upload_matrices(b, mats, n, off, z.weights, err)) != 0 ||
+	    (rc = upload_smalls(b, err)) != 0 ||
+	    (rc = alloc_buffers(b, &d, kv_bytes, z.wh, err)) != 0 ||
+	    (rc = cuda_alloc_staging(b, MIN((int64_t)d.S * o->kv_blocks, (int64_t)TABLE_CAP0), err)) != 0 ||
+	    (rc = open_blas(b, err)) != 0 || (rc = cuda_prof_open(&b->prof, err)) != 0)
+		goto out;
+	b->tok_embd = weight_of(b, mats, n, off, m->tok_embd);
+	b->output = weight_of(b, mats, n, off, m->output);
+	for (int l = 0, i = m->output != m->tok_embd ? 2 : 1; l < m->hp.n_layer; l++, i += layer_matrix_count(&m->hp))
+		if ((rc = layer_weights(b, l, mats + i, off + i, err)) != 0)
+			goto out;
+	b->mm.mmv_max = mmv_max(b->exact);
+	b->mm.mmt_max = MIN(env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS), MMT_MAX_TOKENS);
+	b->use_graphs = env_int("RESIDENT_CUDA_GRAPHS", 1) != 0;
+	b->flash_tokens = flash_tokens(&m->hp, b->exact);
+	rc = 0;
+out:
+	free(mats);
+	free(off);
+	return rc;
+}
+
+int
+cuda_load(const struct model_desc *m, const struct backend_opts *o, struct backend **out, char *err)
+{
+	struct backend *b;
+	int rc;
+
+	if (o->max_tokens < 1 || o->kv_blocks < 1)
+		return err_set(err, ERR_INVAL, "max_tokens and kv_blocks must be positive");
+	if ((rc = fault_init(FAULT_CUDA, err)) != 0)
+		return rc;
+	b = (struct backend *)xcalloc(1, sizeof *b);
+	b->m = m;
+	b->max_tokens = o->max_tokens;
+	b->kv_blocks = o->kv_blocks;
+	b->device = o->device;
+	b->layers = (struct cuda_layer *)xcalloc((size_t)m->hp.n_layer, sizeof *b->layers);
+	if ((rc = load_all(b, o, err)) != 0) {
+		cuda_free(b);
+		return rc;
+	}
+	*out = b;
+	return 0;
+}
+
+void
+cuda_free(struct backend *b)
+{
+	if (b == NULL)
+		return;
+	cudaSetDevice(b->device);
+	if (b->stream != NULL)
+		cudaStreamSynchronize(b->stream);
+	cuda_prof_close(&b->prof);
+	cuda_drop_graphs(b);
+	if (b->mm.blas != NULL)
+		cublasDestroy(b->mm.blas);
+	cudaFree(b->weights), cudaFree(b->smalls), cudaFree(b->kv);
+	cudaFree(b->x), cudaFree(b->h), cudaFree(b->q), cudaFree(b->k), cudaFree(b->v);
+	cudaFree(b->att), cudaFree(b->gate), cudaFree(b->up), cudaFree(b->ffn_out), cudaFree(b->logits);
+	cudaFree(b->mm.xh), cudaFree(b->mm.xscale), cudaFree(b->mm.wh), cudaFree(b->blas_ws);
+	cudaFree(b->mm.xq), cudaFree(b->mm.xd), cudaFree(b->mm.part);
+	cudaFree(b->dev_ints), cudaFree(b->att_part), cudaFree(b->dev_argmax), cudaFree(b->argmax_part);
+	cudaFree(b->dev_pick), cudaFree(b->dev_pen), cudaFree(b->dev_lp), cudaFree(b->pick_part);
+	cudaFree(b->dev_mask_rows), cudaFree(b->dev_mask_bits), cudaFree(b->dev_top_ids), cudaFree(b->dev_top_lp);
+	cudaFree(b->moe.route.logit), cudaFree(b->moe.route.expert), cudaFree(b->moe.route.weight);
+	cudaFree(b->moe.route.row), cudaFree(b->moe.route.row_expert), cudaFree(b->moe.route.row_slot);
+	cudaFree(b->moe.route.tiles), cudaFree(b->moe.down);
+	void *pinned[] = { b->host_argmax, b->host_pick, b->host_pen, b->host_lp, b->host_top_ids, b->host_top_lp,
+		b->host_mask_rows, b->host_mask_bits, b->stage, b->host_ints };
+
+	for (size_t i = 0; i < ARRAY_LEN(pinned); i++)
+		if (pinned[i] != NULL)
+			cudaFreeHost(pinned[i]);
+	for (int i = 0; i < 2; i++)
+		if (b->stage_ev[i] != NULL)
+			cudaEventDestroy(b->stage_ev[i]);
+	if (b->stream != NULL)
+		cudaStreamDestroy(b->stream);
+	free(b->layers);
+	free(b);
+}
