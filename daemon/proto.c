@@ -510,11 +510,11 @@ decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 	r->top_logprobs = (int32_t)top;
 	if (r->top_logprobs > 0 && !r->logprobs)
 		return err_set(err, PE_INVALID_PARAM, "top_logprobs needs logprobs: true");
-	if ((r->grammar != NULL) + (r->json_schema != NULL) + (r->json != 0) > 1)
+	if (proto_constraints(r) > 1)
 		return err_set(err, PE_BAD_REQUEST, "give at most one of 'grammar', 'json_schema' and 'json'");
 	if ((rc = get_tools(m, r, err)) != 0)
 		return rc;
-	if (r->tool_choice == TOOLS_REQUIRED && (r->grammar != NULL || r->json_schema != NULL || r->json))
+	if (r->tool_choice == TOOLS_REQUIRED && proto_constraints(r) > 0)
 		return err_set(err, PE_BAD_REQUEST, "a required tool call is constrained by the tools' parameters: "
 		    "give no 'grammar', 'json_schema' or 'json' with it");
 	if (r->tools != NULL && r->prompt != NULL)
@@ -721,6 +721,12 @@ proto_msg_free(struct proto_msg *m)
 	chat_calls_free(m->calls, (size_t)m->n_calls);
 	free(m->tool_call_id), free(m->name);
 	memset(m, 0, sizeof *m);
+}
+
+int
+proto_constraints(const struct proto_req *r)
+{
+	return (r->grammar != NULL) + (r->json_schema != NULL) + (r->json != 0);
 }
 
 void

@@ -136,6 +136,8 @@ const char *proto_op_name(enum proto_op op);
 
 /* Fills a request's sampling fields with the protocol defaults (generate without a session). */
 void proto_sample_defaults(struct proto_req *req);
+/* How many of grammar, json_schema and json a request gives (a decoded one: at most one). */
+int proto_constraints(const struct proto_req *req);
 
 /*
  * Replies. A reply is built into a msgpack_sbuffer that starts with 4 bytes

@@ -125,7 +125,7 @@ prep_run(struct work *w)
 static int
 constrained(const struct proto_req *r)
 {
-	return r->grammar || r->json_schema || r->json || (r->tools && r->tool_choice == TOOLS_REQUIRED);
+	return proto_constraints(r) > 0 || (r->tools && r->tool_choice == TOOLS_REQUIRED);
 }
 
 /*

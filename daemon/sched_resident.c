@@ -56,7 +56,7 @@ job_params(const struct sched *s, const struct gen *g, struct seq_params *p)
 
 	memset(p, 0, sizeof *p);
 	/* a grammar's output has none of the family's marks (they are control tokens, never allowed) */
-	p->split = job->req.prompt == NULL && !job->req.grammar && !job->req.json_schema && !job->req.json ?
+	p->split = job->req.prompt == NULL && proto_constraints(&job->req) == 0 ?
 	    g->md->chat : CHAT_RAW;
 	p->cache = 1;
 	p->cache_ns = s->o.kv_share_users ? 0 : (uint64_t)job->uid + 1;
