@@ -759,14 +759,20 @@ find_shape(const char *name)
 int
 genmodel_run(const struct genmodel_opts *o, char *err)
 {
-	const struct gen_shape *s = find_shape(o->shape);
+	const struct gen_shape *found = find_shape(o->shape);
+	struct gen_shape shape, *s = &shape;
 	struct gen_tensor *ts;
 	struct genvocab v;
 	int gguf, n, rc, threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
 	size_t ti;
 
-	if (s == NULL)
+	if (found == NULL)
 		return err_set(err, ERR_INVAL, "unknown shape '%s' (see 'resident-model shapes')", o->shape);
+	shape = *found;
+	if (o->layers < 0 || o->layers > shape.n_layer)
+		return err_set(err, ERR_INVAL, "--layers %d: %s has 1 to %d", o->layers, o->shape, shape.n_layer);
+	if (o->layers > 0)
+		shape.n_layer = o->layers;
 	for (ti = 0; ti < ARRAY_LEN(gen_types) && strcmp(gen_types[ti].name, o->type) != 0; ti++)
 		;
 	if (ti == ARRAY_LEN(gen_types))

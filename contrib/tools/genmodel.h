@@ -12,6 +12,7 @@ struct genmodel_opts {
 	const char *out;    /* a .gguf file, or a directory for safetensors */
 	int threads;        /* 0: all cores */
 	int verbose;        /* progress on stderr */
+	int layers;         /* > 0: only the shape's first this many layers (a quicker model of the same layer) */
 };
 
 /*

@@ -2,7 +2,7 @@
  * resident-model: look inside model files and make random ones.
  *
  *   resident-model shapes
- *   resident-model gen SHAPE OUT [--format gguf|safetensors] [--type T] [--seed N] [--threads N]
+ *   resident-model gen SHAPE OUT [--format gguf|safetensors] [--type T] [--seed N] [--threads N] [--layers N]
  *   resident-model info FILE.gguf [--json]
  *   resident-model show MODEL
  *   resident-model dequant FILE.gguf OUTDIR
@@ -40,8 +40,8 @@ static const struct {
 	const char *usage;
 } cmds[] = {
 	{ "shapes", cmd_shapes, "shapes" },
-	{ "gen", cmd_gen, "gen SHAPE OUT [--format gguf|safetensors] [--type f32|f16|bf16|q8_0|q4_k_m] "
-	    "[--seed N] [--threads N] [--quiet]" },
+	{ "gen", cmd_gen, "gen SHAPE OUT [--format gguf|safetensors] [--type f32|f16|bf16|q8_0|q4_k_m|mxfp4] "
+	    "[--seed N] [--threads N] [--layers N] [--quiet]" },
 	{ "info", cmd_info, "info FILE.gguf [--json]" },
 	{ "show", cmd_show, "show MODEL (a .gguf file or a Hugging Face directory)" },
 	{ "dequant", cmd_dequant, "dequant FILE.gguf OUTDIR" },
@@ -81,18 +81,19 @@ cmd_gen(int argc, char **argv)
 	static const struct option longopts[] = {
 		{ "format", required_argument, NULL, 'f' }, { "type", required_argument, NULL, 't' },
 		{ "seed", required_argument, NULL, 's' }, { "threads", required_argument, NULL, 'j' },
-		{ "quiet", no_argument, NULL, 'q' }, { NULL, 0, NULL, 0 },
+		{ "layers", required_argument, NULL, 'l' }, { "quiet", no_argument, NULL, 'q' }, { NULL, 0, NULL, 0 },
 	};
 	struct genmodel_opts o = { .format = "gguf", .type = "f16", .seed = 1, .verbose = 1 };
 	char err[ERR_LEN];
 	int c;
 
-	while ((c = getopt_long(argc, argv, "f:t:s:j:q", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "f:t:s:j:l:q", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'f': o.format = optarg; break;
 		case 't': o.type = optarg; break;
 		case 's': o.seed = strtoull(optarg, NULL, 0); break;
 		case 'j': o.threads = atoi(optarg); break;
+		case 'l': o.layers = atoi(optarg); break;
 		case 'q': o.verbose = 0; break;
 		default: return 2;
 		}
