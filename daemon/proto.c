@@ -486,6 +486,22 @@ out:
 	return rc;
 }
 
+/* n: choices of the one prompt (PROTOCOL.md, Several choices). */
+static int
+get_choices(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	uint64_t u = 1;
+	int found, rc;
+
+	if ((rc = get_uint(m, "n", UINT64_MAX, &u, &found, err)) != 0)
+		return rc;
+	if (u < 1 || u > PROTO_MAX_CHOICES)
+		return err_set(err, PE_INVALID_PARAM, "n = %llu: n must be 1..%d (the choices to generate)",
+		    (unsigned long long)u, PROTO_MAX_CHOICES);
+	r->n_choices = (int)u;
+	return 0;
+}
+
 static int
 decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 {
@@ -510,6 +526,8 @@ decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 	r->top_logprobs = (int32_t)top;
 	if (r->top_logprobs > 0 && !r->logprobs)
 		return err_set(err, PE_INVALID_PARAM, "top_logprobs needs logprobs: true");
+	if ((rc = get_choices(m, r, err)) != 0)
+		return rc;
 	if (proto_constraints(r) > 1)
 		return err_set(err, PE_BAD_REQUEST, "give at most one of 'grammar', 'json_schema' and 'json'");
 	if ((rc = get_tools(m, r, err)) != 0)
@@ -533,6 +551,9 @@ decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 		return err_set(err, PE_BAD_REQUEST, "give exactly one of 'prompt' and 'messages'");
 	if (r->session != NULL && r->prompt != NULL)
 		return err_set(err, PE_BAD_REQUEST, "a session continues with 'messages', not 'prompt'");
+	if (r->session != NULL && r->n_choices > 1)
+		return err_set(err, PE_INVALID_PARAM, "n = %d with a session: a session has one history, so n must "
+		    "be 1", r->n_choices);
 	/* here, not only when the sequence starts: before the request can load a model or wait in the queue */
 	if (sample_params_check(&r->sample, err) != 0)
 		return PE_INVALID_PARAM;

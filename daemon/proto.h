@@ -31,6 +31,7 @@
 #define PROTO_MAX_MODEL 4096         /* a model name or path (PATH_MAX) */
 #define PROTO_MAX_TOKENS (1u << 18)  /* token ids of a detokenize */
 #define PROTO_MAX_TOP_LOGPROBS 20    /* likely tokens a token reply lists (SAMPLE_TOP) */
+#define PROTO_MAX_CHOICES 8          /* a generate's n: choices of one prompt */
 #define PROTO_MAX_LIST 1000          /* session.list's limit */
 #define PROTO_MAX_INFLIGHT 1024      /* requests in flight on one connection */
 
@@ -100,6 +101,7 @@ struct proto_req {
 	int stream;
 	int logprobs;
 	int32_t top_logprobs;   /* with logprobs: 0..PROTO_MAX_TOP_LOGPROBS likely tokens a token reply lists */
+	int n_choices;          /* n: 1..PROTO_MAX_CHOICES outputs of the one prompt (1 with a session) */
 	/* at most one of these constrains the output (grammar.h, jschema.h): */
 	char *grammar;          /* grammar text */
 	char *json_schema;      /* a JSON Schema as JSON text */

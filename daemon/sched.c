@@ -122,30 +122,16 @@ take_ctl(struct sched *s, struct ctl *c)
 
 /* ---- the thread ---- */
 
-/*
- * Whether a request can be stepped (not only waiting for the disk) or
- * admitted (while one waits for memory, only that one, once a model has
- * fallen out of use).
- */
+/* Whether a request can be stepped (not only waiting for the disk) or admitted (sched_admit_ready). */
 static int
 has_work(const struct sched *s)
 {
 	const struct gen *g;
-	int running = 0;
 
-	for (g = s->gens; g != NULL; g = g->next) {
-		if (g->state == GEN_RUNNING && g->seq->state != SEQ_LOAD && !g->seq->wait_io)
-			return 1;
-		running += g->state != GEN_QUEUED;
-	}
-	if (running >= (s->o.max_seqs > 0 ? s->o.max_seqs : 64))
-		return 0;
-	if (s->waiting != NULL)
-		return s->retry;
 	for (g = s->gens; g != NULL; g = g->next)
-		if (g->state == GEN_QUEUED)
+		if (g->state == GEN_RUNNING && sched_gen_ready(g))
 			return 1;
-	return 0;
+	return sched_admit_ready(s);
 }
 
 /* Hands the disk tier's finished jobs back to their engines. */
@@ -154,7 +140,7 @@ take_io(struct sched *s)
 {
 	struct kvdisk_job *j, *next;
 	struct gen *g;
-	int any = 0;
+	int any = 0, i;
 
 	for (j = s->disk ? kvdisk_take_done(s->disk) : NULL; j != NULL; j = next) {
 		next = j->next;
@@ -167,8 +153,8 @@ take_io(struct sched *s)
 			kvdisk_job_free(j);
 	}
 	for (g = s->gens; g != NULL && any; g = g->next)
-		if (g->state == GEN_RUNNING)
-			g->seq->wait_io = 0;
+		for (i = 0; g->state == GEN_RUNNING && i < g->n_seqs; i++)
+			g->seqs[i]->wait_io = 0;
 }
 
 /*

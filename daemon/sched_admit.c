@@ -6,7 +6,8 @@
  * back and starts its sequence.
  *
  * sched_admit_queued takes requests round-robin across connections,
- * interactive ones first, while fewer than max_seqs run; one that must wait
+ * interactive ones first, while their sequences fit under max_seqs (a
+ * request of n choices runs n; one alone may run more); one that must wait
  * for memory (SLOTS_WAIT) goes first when memory frees.
  *
  * tokenize and detokenize run on the prompt worker too, and come back on
@@ -237,45 +238,90 @@ admit_one(struct sched *s, struct gen *g)
 	return ADMIT_FAILED;
 }
 
-/* Admits queued requests round-robin across connections while there is room. */
+/* Sequences the admitted requests run, or will once their prompt is back: n for n choices. */
+static int
+running_seqs(const struct sched *s)
+{
+	const struct gen *g;
+	int n = 0;
+
+	for (g = s->gens; g != NULL; g = g->next)
+		n += g->state != GEN_QUEUED ? g->job->req.n_choices : 0;
+	return n;
+}
+
+/*
+ * 1 if a request's choices fit beside the running sequences under
+ * max_seqs; a request of more choices than that runs alone.
+ */
+static int
+fits(const struct sched *s, const struct gen *g, int running)
+{
+	return running == 0 || running + g->job->req.n_choices <= (s->o.max_seqs > 0 ? s->o.max_seqs : 64);
+}
+
+/* The next queued request to admit: interactive first, the first of the next connection after rr_conn. */
+static struct gen *
+next_queued(const struct sched *s)
+{
+	struct gen *g, *best;
+	int prio;
+
+	for (prio = PRIO_INTERACTIVE; prio <= PRIO_BACKGROUND; prio++) {
+		best = NULL;
+		for (g = s->gens; g != NULL; g = g->next) {
+			if (g->state != GEN_QUEUED || (int)g->job->req.priority != prio)
+				continue;
+			if (best == NULL || (g->job->conn > s->rr_conn && (best->job->conn <= s->rr_conn ||
+			    g->job->conn < best->job->conn)))
+				best = g;
+		}
+		if (best != NULL)
+			return best;
+	}
+	return NULL;
+}
+
+/*
+ * Whether admission can take a request now: the next one fits (while one
+ * waits for memory, only that one, once a model has fallen out of use).
+ */
+int
+sched_admit_ready(const struct sched *s)
+{
+	const struct gen *g = s->waiting != NULL ? s->waiting : next_queued(s);
+
+	return g != NULL && (s->waiting == NULL || s->retry) && fits(s, g, running_seqs(s));
+}
+
+/*
+ * Admits queued requests round-robin across connections while they fit;
+ * the next one that does not fit is admitted first once room frees, and
+ * none goes before it, so that a request of many choices is not starved.
+ */
 void
 sched_admit_queued(struct sched *s)
 {
-	int running = 0, limit = s->o.max_seqs > 0 ? s->o.max_seqs : 64, prio, progress = 1;
+	int running = running_seqs(s), n;
 	enum admit_result rc;
-	struct gen *g, *best;
+	struct gen *g;
 
-	for (g = s->gens; g != NULL; g = g->next)
-		running += g->state != GEN_QUEUED;
 	if (s->waiting != NULL) {
 		/* it can fit only once a model fell out of use (slots_load unloads idle ones): no slots_load, which
 		 * opens the model, until then */
-		if (!s->retry || running >= limit)
+		if (!sched_admit_ready(s))
 			return;
+		n = s->waiting->job->req.n_choices;
 		if ((rc = admit_one(s, s->waiting)) == ADMIT_WAITS)
 			return;
-		running += rc == ADMIT_RUNS;
+		running += rc == ADMIT_RUNS ? n : 0;
 	}
-	while (running < limit && progress) {
-		progress = 0;
-		for (prio = PRIO_INTERACTIVE; prio <= PRIO_BACKGROUND && !progress; prio++) {
-			/* the first queued request of the next connection after rr_conn */
-			best = NULL;
-			for (g = s->gens; g != NULL; g = g->next) {
-				if (g->state != GEN_QUEUED || (int)g->job->req.priority != prio)
-					continue;
-				if (best == NULL || (g->job->conn > s->rr_conn && (best->job->conn <= s->rr_conn ||
-				    g->job->conn < best->job->conn)))
-					best = g;
-			}
-			if (best == NULL)
-				continue;
-			s->rr_conn = best->job->conn;
-			progress = 1;
-			if ((rc = admit_one(s, best)) == ADMIT_WAITS)
-				return;
-			running += rc == ADMIT_RUNS;
-		}
+	while ((g = next_queued(s)) != NULL && fits(s, g, running)) {
+		s->rr_conn = g->job->conn;
+		n = g->job->req.n_choices;
+		if ((rc = admit_one(s, g)) == ADMIT_WAITS)
+			return;
+		running += rc == ADMIT_RUNS ? n : 0;
 	}
 }
 

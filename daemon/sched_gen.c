@@ -1,7 +1,8 @@
 /*
  * sched_gen.c: a generate request's replies and its end, wherever it ends
  * (its prompt failed, a step finished it, it was cancelled, its model was
- * unloaded): the token and done replies, the rows of a finished session
+ * unloaded): the token and done replies (of each choice, for n > 1), when
+ * a request of several choices has ended, the rows of a finished session
  * turn that the loop thread commits before it sends the done, and freeing
  * it, which parks a session's sequence and saves its KV to disk.
  */
@@ -81,10 +82,8 @@ pack_token_bytes(msgpack_packer *pk, const struct tokenizer *t, int32_t id)
 
 /* With logprobs: the drawn token's bytes and log-probability, and the step's most likely tokens. */
 static void
-pack_logprobs(msgpack_packer *pk, const struct gen *g)
+pack_logprobs(msgpack_packer *pk, const struct gen *g, const struct seq *q)
 {
-	const struct seq *q = g->seq;
-
 	proto_pack_str(pk, "bytes");
 	pack_token_bytes(pk, g->md->tok, q->new_token);
 	proto_pack_kv_float(pk, "logprob", q->new_logprob);
@@ -101,20 +100,33 @@ pack_logprobs(msgpack_packer *pk, const struct gen *g)
 	}
 }
 
-/* A token reply. */
+/* Which choice of g sequence q is. */
+static int
+choice_of(const struct gen *g, const struct seq *q)
+{
+	int i = 0;
+
+	while (g->seqs[i] != q)
+		i++;
+	return i;
+}
+
+/* A token reply of q, one of g's sequences; with n > 1 it says which choice it is of. */
 struct sched_event *
-sched_token_event(struct gen *g)
+sched_token_event(struct gen *g, const struct seq *q)
 {
 	struct sched_event *ev = sched_new_event(g->job->conn, g->job->req.id, 0);
-	int lp = g->job->req.logprobs;
+	int lp = g->job->req.logprobs, several = g->job->req.n_choices > 1;
 	msgpack_packer pk;
 
 	proto_reply_begin(&ev->frame, &pk, 1, g->job->req.id, "token",
-	    1 + n_parts(&g->seq->out, 0) + (lp ? 2 + (g->seq->n_top > 0) : 0));
-	pack_parts(&pk, &g->seq->out, 0);
-	proto_pack_kv_uint(&pk, "token", (uint64_t)g->seq->new_token);
+	    1 + n_parts(&q->out, 0) + (lp ? 2 + (q->n_top > 0) : 0) + several);
+	pack_parts(&pk, &q->out, 0);
+	proto_pack_kv_uint(&pk, "token", (uint64_t)q->new_token);
 	if (lp)
-		pack_logprobs(&pk, g);
+		pack_logprobs(&pk, g, q);
+	if (several)
+		proto_pack_kv_uint(&pk, "choice", (uint64_t)choice_of(g, q));
 	proto_reply_end(&ev->frame);
 	return ev;
 }
@@ -240,7 +252,7 @@ static void
 turn_rows(struct gen *g, struct sched_event *ev, const struct turn_calls *tc)
 {
 	const struct proto_req *r = &g->job->req;
-	struct seq *q = g->seq;
+	struct seq *q = g->seqs[0];   /* a session's request has one choice */
 	struct store_turn *t = xcalloc((size_t)r->n_msgs + 1, sizeof *t);
 	int32_t *close_ids, n_gen = q->n_tokens - g->n_prompt;
 	size_t n_close;
@@ -275,48 +287,153 @@ turn_rows(struct gen *g, struct sched_event *ev, const struct turn_calls *tc)
 	ev->uid = g->job->uid;
 }
 
+/* The finish, text (without streaming) and tool calls of one choice: how many fields, then packed. */
+static size_t
+n_choice_fields(const struct gen *g, const struct seq *q, const struct turn_calls *tc)
+{
+	return 1 + (g->job->req.stream ? 0 : n_parts(&q->out, 1)) + n_call_fields(tc);
+}
+
+static void
+pack_choice(msgpack_packer *pk, const struct gen *g, const struct seq *q, const struct turn_calls *tc)
+{
+	proto_pack_kv_str(pk, "finish", engine_finish_name(q->finish));
+	if (!g->job->req.stream)
+		pack_parts(pk, &q->out, 1);
+	pack_calls(pk, tc);
+}
+
 /*
- * The done reply (with the rows to commit for a completed session turn).
- * A request cancelled while queued has no sequence yet.
+ * The usage of a done: the prompt once (its choices share its KV: it was
+ * computed once), the tokens every choice generated, and their rate after
+ * the first token.
+ */
+static void
+pack_usage(msgpack_packer *pk, const struct gen *g)
+{
+	double gen_s = g->t_first ? (double)(now_ns() - g->t_first) / 1e9 : 0;
+	int32_t generated = 0;
+	int i;
+
+	for (i = 0; i < g->n_seqs; i++)
+		generated += g->seqs[i]->n_generated;
+	proto_pack_str(pk, "usage");
+	msgpack_pack_map(pk, 5);
+	proto_pack_kv_uint(pk, "prompt_tokens", (uint64_t)g->n_prompt);
+	proto_pack_kv_uint(pk, "cached_tokens", (uint64_t)(g->n_seqs > 0 ? g->seqs[0]->n_hit : 0));
+	proto_pack_kv_uint(pk, "generated_tokens", (uint64_t)generated);
+	proto_pack_kv_float(pk, "ttft_ms", g->t_first ? (double)(g->t_first - g->job->t_submit) / 1e6 : 0);
+	proto_pack_kv_float(pk, "tokens_per_s", gen_s > 0 ? (generated - 1) / gen_s : 0);
+}
+
+/* Choice i of g: its sequence, or for a choice not forked yet (a request cancelled early), none. */
+static const struct seq *
+choice_seq(const struct gen *g, int i)
+{
+	static const struct seq none = { .state = SEQ_DONE, .finish = FINISH_CANCEL };
+
+	return i < g->n_seqs ? g->seqs[i] : &none;
+}
+
+/* The choice that failed (its error ends the request), or NULL. */
+static const struct seq *
+failed_choice(const struct gen *g)
+{
+	for (int i = 0; i < g->n_seqs; i++)
+		if (g->seqs[i]->finish == FINISH_ERROR)
+			return g->seqs[i];
+	return NULL;
+}
+
+/* The done of n > 1 choices: the usage, and each choice's fields in `choices`, in their order. */
+static void
+pack_choices_done(struct sched_event *ev, struct gen *g)
+{
+	int i, n = g->job->req.n_choices;
+	struct turn_calls tc;
+	msgpack_packer pk;
+
+	proto_reply_begin(&ev->frame, &pk, 1, g->job->req.id, "done", 2);
+	pack_usage(&pk, g);
+	proto_pack_str(&pk, "choices");
+	msgpack_pack_array(&pk, (size_t)n);
+	for (i = 0; i < n; i++) {
+		const struct seq *q = choice_seq(g, i);
+
+		turn_calls(g, q, &tc);
+		msgpack_pack_map(&pk, 1 + n_choice_fields(g, q, &tc));
+		pack_choice(&pk, g, q, &tc);
+		proto_pack_kv_uint(&pk, "generated_tokens", (uint64_t)q->n_generated);
+		chat_calls_free(tc.calls, tc.n);
+	}
+	proto_reply_end(&ev->frame);
+}
+
+/*
+ * The done reply (with the rows to commit for a completed session turn),
+ * or the error of a choice that failed. A request cancelled while queued
+ * has no sequence yet.
  */
 struct sched_event *
 sched_done_event(struct gen *g)
 {
-	static const struct seq none = { .state = SEQ_DONE, .finish = FINISH_CANCEL };
-	const struct seq *q = g->seq ? g->seq : &none;
+	const struct seq *q = choice_seq(g, 0), *failed = failed_choice(g);
 	struct sched_event *ev = sched_new_event(g->job->conn, g->job->req.id, 1);
-	uint64_t now = now_ns();
-	double gen_s = g->t_first ? (double)(now - g->t_first) / 1e9 : 0;
-	int with_text = !g->job->req.stream, with_session = g->job->req.session != NULL;
+	int with_session = g->job->req.session != NULL;
 	struct turn_calls tc;
 	msgpack_packer pk;
 
-	if (q->finish == FINISH_ERROR) {
-		proto_error(&ev->frame, 1, g->job->req.id, q->req_error ? PE_INVALID_PARAM : PE_MODEL_ERROR,
-		    q->error);
+	if (failed != NULL) {
+		proto_error(&ev->frame, 1, g->job->req.id, failed->req_error ? PE_INVALID_PARAM : PE_MODEL_ERROR,
+		    failed->error);
+		return ev;
+	}
+	if (g->job->req.n_choices > 1) {
+		pack_choices_done(ev, g);
 		return ev;
 	}
 	turn_calls(g, q, &tc);
-	proto_reply_begin(&ev->frame, &pk, 1, g->job->req.id, "done",
-	    2 + (with_text ? n_parts(&q->out, 1) : 0) + with_session + n_call_fields(&tc));
-	proto_pack_kv_str(&pk, "finish", engine_finish_name(q->finish));
-	proto_pack_str(&pk, "usage");
-	msgpack_pack_map(&pk, 5);
-	proto_pack_kv_uint(&pk, "prompt_tokens", (uint64_t)g->n_prompt);
-	proto_pack_kv_uint(&pk, "cached_tokens", (uint64_t)q->n_hit);
-	proto_pack_kv_uint(&pk, "generated_tokens", (uint64_t)q->n_generated);
-	proto_pack_kv_float(&pk, "ttft_ms", g->t_first ? (double)(g->t_first - g->job->t_submit) / 1e6 : 0);
-	proto_pack_kv_float(&pk, "tokens_per_s", gen_s > 0 ? (q->n_generated - 1) / gen_s : 0);
-	if (with_text)
-		pack_parts(&pk, &q->out, 1);
+	proto_reply_begin(&ev->frame, &pk, 1, g->job->req.id, "done", 1 + n_choice_fields(g, q, &tc) + with_session);
+	pack_choice(&pk, g, q, &tc);
+	pack_usage(&pk, g);
 	if (with_session)
 		proto_pack_kv_str(&pk, "session", g->job->req.session);
-	pack_calls(&pk, &tc);
 	proto_reply_end(&ev->frame);
 	if (with_session && q->finish != FINISH_CANCEL)
 		turn_rows(g, ev, &tc);
 	chat_calls_free(tc.calls, tc.n);
 	return ev;
+}
+
+/* Ends the request's choices still running; error, if not NULL, is their message. */
+void
+sched_gen_finish(struct gen *g, enum finish_reason why, const char *error)
+{
+	for (int i = 0; i < g->n_seqs; i++) {
+		if (g->seqs[i]->state == SEQ_DONE)
+			continue;
+		if (error != NULL)
+			snprintf(g->seqs[i]->error, sizeof g->seqs[i]->error, "%s", error);
+		engine_seq_finish(g->seqs[i], why);
+	}
+}
+
+/*
+ * 1 when a running request has ended: all its choices have, or one failed
+ * (the others are then ended: the request ends with that one's error).
+ */
+int
+sched_gen_over(struct gen *g)
+{
+	int i, done = 0;
+
+	if (failed_choice(g) != NULL) {
+		sched_gen_finish(g, FINISH_CANCEL, NULL);
+		return 1;
+	}
+	for (i = 0; i < g->n_seqs; i++)
+		done += g->seqs[i]->state == SEQ_DONE;
+	return done == g->job->req.n_choices;
 }
 
 /* The keep-alive a request leaves its model with. */
@@ -339,6 +456,7 @@ void
 sched_gen_free(struct sched *s, struct gen *g)
 {
 	struct gen **pp;
+	int i;
 
 	for (pp = &s->gens; *pp != g; pp = &(*pp)->next)
 		;
@@ -350,13 +468,16 @@ sched_gen_free(struct sched *s, struct gen *g)
 	if (g->res != NULL && g->res->dropped) {
 		sched_free_resident(g->slot, g->res);
 	} else if (g->res != NULL) {
-		if (g->seq->finish == FINISH_STOP || g->seq->finish == FINISH_LENGTH || g->seq->finish == FINISH_CONTEXT)
-			engine_seq_save(g->slot->e, g->seq, g->res->uuid);
-		engine_seq_park(g->slot->e, g->seq);
+		struct seq *q = g->seqs[0];   /* a session's only choice */
+
+		if (q->finish == FINISH_STOP || q->finish == FINISH_LENGTH || q->finish == FINISH_CONTEXT)
+			engine_seq_save(g->slot->e, q, g->res->uuid);
+		engine_seq_park(g->slot->e, q);
 		g->res->busy = 0;
 		g->res->last_used = ++s->tick;
-	} else if (g->seq != NULL) {
-		engine_seq_free(g->slot->e, g->seq);
+	} else {
+		for (i = 0; i < g->n_seqs; i++)
+			engine_seq_free(g->slot->e, g->seqs[i]);
 	}
 	if (g->gram != NULL)
 		engine_grammar_put(g->slot->e, g->gram);

@@ -13,7 +13,8 @@
  *   sched_step.c       a model's step: its sequences, tokens out, cancels, faults
  *   sched_admit.c      queued requests to their models and to the prompt worker
  *   sched_gen.c        a generate's token and done replies, and its end
- *   sched_resident.c   sessions' sequences between turns, the prefix cache
+ *   sched_resident.c   a request's sequences: sessions' between turns, the prefix
+ *                      cache, several choices forked from one prompt
  *   sched_prompt.c     messages through the chat template, to tokens
  *   sched_event.c      replies queued for the loop thread
  */
@@ -41,7 +42,13 @@
  *
  * take_job (sched.c) queues it; admit and prep_done (sched_admit.c) move it
  * on; sched_gen_free (sched_gen.c) frees it, after a step (sched_step.c)
- * finished its sequence or sched_reap_cancelled ended it.
+ * finished its sequences or sched_reap_cancelled ended it.
+ *
+ * A request of n choices (PROTOCOL.md, Several choices) prefills one
+ * sequence; once its prompt is in the KV cache, the n - 1 others are forked
+ * from it (sched_fork_choices), sharing its blocks, and it ends when all of
+ * them have, or at once when one fails. It counts as n sequences wherever
+ * running ones are counted (sched_running).
  */
 
 enum gen_state { GEN_QUEUED, GEN_PREP, GEN_RUNNING };
@@ -52,7 +59,8 @@ struct gen {
 	struct sched_job *job;
 	enum gen_state state;
 	struct slot *slot;          /* its model, once admitted (it is then one of its users) */
-	struct seq *seq;
+	struct seq *seqs[PROTO_MAX_CHOICES]; /* choice i's sequence: the first from the prompt, the others forked */
+	int n_seqs;                 /* 0 until it starts, 1 while its prompt is prefilled, then n */
 	struct resident *res;       /* the session's cached sequence, while running */
 	int cancelled, gone;
 	int32_t n_prompt;
@@ -127,6 +135,7 @@ void sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_pac
 
 /* sched_step.c */
 void sched_step_model(struct sched *s, struct slot *m);
+int sched_gen_ready(const struct gen *g);
 void sched_reap_cancelled(struct sched *s);
 int sched_unload_model(struct sched *s, struct slot *m, enum finish_reason why, const char *error);
 
@@ -135,12 +144,15 @@ int sched_find_model(struct sched *s, const char *name_or_path, struct slot **ou
 struct slot *sched_job_model(struct sched *s, const struct sched_job *job, const char *name_or_path);
 int sched_load_now(struct sched *s, const struct sched_job *job, struct slot *m, int progress);
 void sched_admit_queued(struct sched *s);
+int sched_admit_ready(const struct sched *s);
 int sched_op_tokens(struct sched *s, struct sched_job *job);
 void sched_take_prep(struct sched *s, struct work *w);
 
 /* sched_gen.c */
-struct sched_event *sched_token_event(struct gen *g);
+struct sched_event *sched_token_event(struct gen *g, const struct seq *q);
 struct sched_event *sched_done_event(struct gen *g);
+void sched_gen_finish(struct gen *g, enum finish_reason why, const char *error);
+int sched_gen_over(struct gen *g);
 void sched_release_slot(struct sched *s, struct slot *m, double keep_alive);
 void sched_gen_free(struct sched *s, struct gen *g);
 
@@ -148,6 +160,7 @@ void sched_gen_free(struct sched *s, struct gen *g);
 void sched_free_resident(struct slot *m, struct resident *r);
 void sched_drop_residents(void *arg, struct slot *m);
 int sched_start_seq(struct sched *s, struct gen *g, const int32_t *ids, size_t n, char *err);
+int sched_fork_choices(struct sched *s, struct gen *g, char *err);
 void sched_make_room(struct slot *m, int32_t need);
 void sched_fork_resident(struct sched *s, const char *parent, const char *child);
 void sched_drop_resident(struct sched *s, const char *uuid);

@@ -1,9 +1,11 @@
 /*
- * sched_resident.c: sessions' sequences kept between turns (struct
- * resident, on their model's slot). A session's turn reuses its parked
- * sequence (the longest common prefix with what it held, then the prefix
- * cache) and asks the disk tier for what the caches lack; a request without
- * a session starts from the prefix cache alone. Finished sessions keep their
+ * sched_resident.c: a request's sequences, and sessions' sequences kept
+ * between turns (struct resident, on their model's slot). A session's turn
+ * reuses its parked sequence (the longest common prefix with what it held,
+ * then the prefix cache) and asks the disk tier for what the caches lack; a
+ * request without a session starts from the prefix cache alone, and one of
+ * several choices forks the others from its first sequence once the prompt
+ * is in the KV cache (sched_fork_choices). Finished sessions keep their
  * sequence parked (sched_gen_free); its blocks stay in the prefix cache
  * (kv.h) until the pool needs them, then go to the host tier, and each
  * turn's KV is written to disk. A fork shares the parent's blocks; a deleted
@@ -95,14 +97,14 @@ sched_start_seq(struct sched *s, struct gen *g, const int32_t *ids, size_t n, ch
 			return err_set(err, ERR_BUSY, "session %s has a turn generating already", r->uuid);
 		if ((rc = engine_seq_reuse(g->slot->e, r->seq, ids, (int32_t)n, &p, err)) < 0)
 			return rc;
-		g->seq = r->seq;
+		g->seqs[0] = r->seq;
 	} else {
-		if ((rc = engine_seq_new(g->slot->e, ids, (int32_t)n, &p, &g->seq, err)) != 0)
+		if ((rc = engine_seq_new(g->slot->e, ids, (int32_t)n, &p, &g->seqs[0], err)) != 0)
 			return rc;
 		if (g->job->req.session != NULL) {
 			r = xcalloc(1, sizeof *r);
 			snprintf(r->uuid, sizeof r->uuid, "%s", g->job->req.session);
-			r->seq = g->seq;
+			r->seq = g->seqs[0];
 			r->next = g->slot->residents;
 			g->slot->residents = r;
 		}
@@ -114,7 +116,42 @@ sched_start_seq(struct sched *s, struct gen *g, const int32_t *ids, size_t n, ch
 		engine_seq_load(g->slot->e, r->seq, r->uuid, g->job->history_tokens);
 	}
 	g->res = r;
+	g->n_seqs = 1;
 	g->n_prompt = (int32_t)n;
+	return 0;
+}
+
+/*
+ * Forks a request's other choices from its first sequence once that one's
+ * prompt is in the KV cache, so that the prompt is computed once: each
+ * shares its blocks and computes only the prompt's last token again, for
+ * the logits of its first draw (engine_seq_reuse keeps all but the last
+ * token), with its own sampler, grammar state and stop strings. Choice i
+ * draws with the request's seed + i: a seeded request is reproducible,
+ * its choices differ, and its first choice is what n = 1 gives. 0 (also
+ * when there is nothing to fork), or a negative code.
+ */
+int
+sched_fork_choices(struct sched *s, struct gen *g, char *err)
+{
+	struct seq *first = g->seqs[0];
+	struct seq_params p;
+	struct seq *q;
+	int rc;
+
+	if (g->n_seqs != 1 || g->job->req.n_choices == 1 || first->n_cached < g->n_prompt ||
+	    first->finish == FINISH_ERROR)
+		return 0;
+	job_params(s, g, &p);
+	while (g->n_seqs < g->job->req.n_choices) {
+		q = engine_seq_fork(g->slot->e, first);
+		p.sample.seed = g->job->req.sample.seed + (uint64_t)g->n_seqs;
+		if ((rc = engine_seq_reuse(g->slot->e, q, first->tokens, g->n_prompt, &p, err)) < 0) {
+			engine_seq_free(g->slot->e, q);
+			return err_prefix(err, rc, "choice %d", g->n_seqs);
+		}
+		g->seqs[g->n_seqs++] = q;
+	}
 	return 0;
 }
 

@@ -3,9 +3,10 @@
  * the decoding sequences first (one token each) and then prefill chunks
  * that the pacer (pace.h) sizes so that a long prompt slows the streams
  * beside it by about half and never stalls them, and sends what the step
- * produced. Requests cancelled or left by their client are finished between
- * steps. Unloading a model ends what runs on it; a backend failure reloads
- * the model (model_fault).
+ * produced; a request of several choices forks them once its prompt is in
+ * (sched_fork_choices) and ends when they all have. Requests cancelled or
+ * left by their client are finished between steps. Unloading a model ends
+ * what runs on it; a backend failure reloads the model (model_fault).
  */
 #include "config.h"
 #include "sched_int.h"
@@ -19,28 +20,49 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* 1 if a sequence can go into a step: not done, not waiting for the disk. */
+static int
+seq_ready(const struct seq *q)
+{
+	return (q->state == SEQ_PREFILL || q->state == SEQ_DECODE) && !q->wait_io;
+}
+
+/* 1 if a running request has a sequence a step can take. */
+int
+sched_gen_ready(const struct gen *g)
+{
+	for (int i = 0; i < g->n_seqs; i++)
+		if (seq_ready(g->seqs[i]))
+			return 1;
+	return 0;
+}
+
 /*
  * The sequences of one model for the next step: decoding ones first, then
- * prefilling ones, interactive before background, each group starting
- * after the connection served first last time.
+ * prefilling ones, interactive before background, in arrival order (a
+ * request's choices together).
  */
 static int
 pick(struct sched *s, struct slot *m, struct seq **out, struct gen **gens, int max)
 {
-	int n = 0, pass, prio;
+	int n = 0, pass, prio, i;
 	struct gen *g;
+	struct seq *q;
 	int32_t need = 0;
 
 	for (pass = 0; pass < 2; pass++)
 		for (prio = PRIO_INTERACTIVE; prio <= PRIO_BACKGROUND; prio++)
-			for (g = s->gens; g != NULL && n < max; g = g->next) {
-				if (g->state != GEN_RUNNING || g->slot != m || (int)g->job->req.priority != prio ||
-				    g->seq->state == SEQ_LOAD || g->seq->wait_io ||
-				    (g->seq->state == SEQ_DECODE) != (pass == 0))
+			for (g = s->gens; g != NULL; g = g->next) {
+				if (g->state != GEN_RUNNING || g->slot != m || (int)g->job->req.priority != prio)
 					continue;
-				gens[n] = g;
-				out[n++] = g->seq;
-				need += (g->seq->n_tokens - g->seq->n_cached + 15) / 16 + 1;
+				for (i = 0; i < g->n_seqs && n < max; i++) {
+					q = g->seqs[i];
+					if (!seq_ready(q) || (q->state == SEQ_DECODE) != (pass == 0))
+						continue;
+					gens[n] = g;
+					out[n++] = q;
+					need += (q->n_tokens - q->n_cached + 15) / 16 + 1;
+				}
 			}
 	sched_make_room(m, need);
 	return n;
@@ -56,8 +78,7 @@ sched_reap_cancelled(struct sched *s)
 		next = g->next;
 		if ((!g->cancelled && !g->gone) || g->state == GEN_PREP)  /* that one when its prompt is back */
 			continue;
-		if (g->state == GEN_RUNNING && g->seq->state != SEQ_DONE)
-			engine_seq_finish(g->seq, FINISH_CANCEL);
+		sched_gen_finish(g, FINISH_CANCEL, NULL);
 		if (!g->gone)
 			sched_post(s, sched_done_event(g));
 		sched_gen_free(s, g);
@@ -83,9 +104,7 @@ sched_unload_model(struct sched *s, struct slot *m, enum finish_reason why, cons
 		next = g->next;
 		if (g->slot != m || g->state != GEN_RUNNING)
 			continue;
-		if (error != NULL)
-			snprintf(g->seq->error, sizeof g->seq->error, "%s", error);
-		engine_seq_finish(g->seq, why);
+		sched_gen_finish(g, why, error);
 		if (!g->gone)
 			sched_post(s, sched_done_event(g));
 		sched_gen_free(s, g);
@@ -118,6 +137,33 @@ model_fault(struct sched *s, struct slot *m, const char *what)
 		m->device = "cpu";
 	if (slots_load(&s->slots, m, NULL, NULL, err) < 0)
 		log_error("model %s: loading it again: %s", m->name, err);
+}
+
+/*
+ * After a step of m: its requests whose prompt is now in the KV cache fork
+ * their other choices (a fork that fails fails the request), and those that
+ * have ended send their done and are freed.
+ */
+static struct sched_event **
+step_ends(struct sched *s, struct slot *m, struct sched_event **tail)
+{
+	struct gen *g, *next;
+	char err[ERR_LEN];
+
+	for (g = s->gens; g != NULL; g = next) {
+		next = g->next;
+		if (g->state != GEN_RUNNING || g->slot != m)
+			continue;
+		if (sched_fork_choices(s, g, err) != 0) {
+			snprintf(g->seqs[0]->error, sizeof g->seqs[0]->error, "%s", err);
+			engine_seq_finish(g->seqs[0], FINISH_ERROR);
+		}
+		if (!sched_gen_over(g))
+			continue;
+		tail = sched_chain(tail, sched_done_event(g));
+		sched_gen_free(s, g);
+	}
+	return tail;
 }
 
 /* Runs one step of a model and sends what it produced. */
@@ -155,18 +201,16 @@ sched_step_model(struct sched *s, struct slot *m)
 	}
 	for (i = 0; i < n; i++) {
 		struct gen *g = gens[i];
+		struct seq *q = seqs[i];
 
-		if (g->seq->new_token >= 0) {
-			if (g->t_first == 0)
-				g->t_first = now_ns();
-			if (g->job->req.stream && (gentext_piece_bytes(&g->seq->out) > 0 || g->seq->state != SEQ_DONE))
-				tail = sched_chain(tail, sched_token_event(g));
-		}
-		if (g->seq->state == SEQ_DONE) {
-			tail = sched_chain(tail, sched_done_event(g));
-			sched_gen_free(s, g);
-		}
+		if (q->new_token < 0)
+			continue;
+		if (g->t_first == 0)
+			g->t_first = now_ns();
+		if (g->job->req.stream && (gentext_piece_bytes(&q->out) > 0 || q->state != SEQ_DONE))
+			tail = sched_chain(tail, sched_token_event(g, q));
 	}
+	tail = step_ends(s, m, tail);
 	sched_post_chain(s, out, tail);
 	free(seqs);
 	free(gens);

@@ -202,7 +202,12 @@ int engine_seq_reuse(struct engine *e, struct seq *s, const int32_t *tokens, int
 /* Appends tokens to a finished sequence's history (not computed until its next turn). */
 void engine_seq_append(struct seq *s, const int32_t *tokens, int32_t n);
 
-/* A finished sequence with the same history, sharing its KV blocks. */
+/*
+ * A finished sequence with parent's history, sharing its KV blocks; the
+ * parent may be running. engine_seq_reuse starts its turn: over parent's
+ * prompt, right after the prompt is computed, it computes only the last
+ * token again (several choices of one prompt).
+ */
 struct seq *engine_seq_fork(struct engine *e, const struct seq *parent);
 
 /* Parks a finished sequence: it keeps only the blocks that are not in the prefix cache. */

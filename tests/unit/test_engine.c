@@ -1,7 +1,8 @@
 /*
  * test_engine.c: sequences through the engine on a generated model: streamed
- * text, stop strings, limits, a next turn that reuses the cache, many
- * sequences at once, a full KV pool; the prefix cache: sharing between
+ * text, stop strings, limits, a next turn that reuses the cache, a fork of a
+ * sequence whose prompt was just computed (one prefill for several choices),
+ * many sequences at once, a full KV pool; the prefix cache: sharing between
  * sequences of one namespace only, copy on write of cached blocks, parked
  * sequences, eviction under pressure, each giving the output of a sequence
  * computed without it; the disk tier: a session's blocks written after each
@@ -207,6 +208,50 @@ test_fork_shares_blocks(void **state)
 	engine_seq_free(e, a), engine_seq_free(e, c), engine_seq_free(e, x), engine_seq_free(e, y);
 	assert_int_equal(engine_free_blocks(e), 1024 / 16);
 	free(ta), free(tc), free(tx), free(ty);
+	engine_close(e);
+}
+
+/*
+ * A sequence forked as soon as its prompt is in the KV cache (the daemon's
+ * several choices): it computes only the prompt's last token again and,
+ * greedy beside its parent, writes the same text; the shared last block is
+ * copied for whichever writes first. Prompts ending inside a block, at its
+ * end and one past it.
+ */
+static void
+test_fork_after_prefill(void **state)
+{
+	static const int32_t lens[] = { 40, 32, 33 };
+	struct engine *e = open_engine(1024);
+	struct engine_cache_stats st0, st1;
+	struct seq_params p;
+	struct seq *a, *c, *both[2];
+	char err[ERR_LEN];
+	int32_t base[40], i;
+	size_t k;
+
+	for (i = 0; i < 40; i++)
+		base[i] = 200 + i * 7;
+	greedy(&p, 8);
+	for (k = 0; k < ARRAY_LEN(lens); k++) {
+		assert_int_equal(engine_seq_new(e, base, lens[k], &p, &a, err), 0);
+		assert_int_equal(engine_step(e, &a, 1, -1, err), lens[k]);
+		assert_int_equal(a->state, SEQ_DECODE);
+		engine_cache_stats(e, &st0);
+		c = engine_seq_fork(e, a);
+		assert_int_equal(engine_seq_reuse(e, c, a->tokens, lens[k], &p, err), lens[k] - 1);
+		engine_cache_stats(e, &st1);
+		assert_int_equal(st1.miss - st0.miss, 1);
+		both[0] = a, both[1] = c;
+		while (a->state != SEQ_DONE || c->state != SEQ_DONE)
+			if (engine_step(e, both, 2, -1, err) < 0)
+				fail_msg("step: %s", err);
+		assert_int_equal(c->finish, FINISH_LENGTH);
+		assert_string_equal(ANSWER(a)->text, ANSWER(c)->text);
+		assert_memory_equal(a->tokens, c->tokens, (size_t)a->n_tokens * sizeof(int32_t));
+		engine_seq_free(e, a), engine_seq_free(e, c);
+		assert_int_equal(engine_free_blocks(e), 1024 / 16);
+	}
 	engine_close(e);
 }
 
@@ -541,6 +586,7 @@ main(void)
 		cmocka_unit_test(test_stop_string),
 		cmocka_unit_test(test_next_turn_reuses_cache),
 		cmocka_unit_test(test_fork_shares_blocks),
+		cmocka_unit_test(test_fork_after_prefill),
 		cmocka_unit_test(test_many_at_once),
 		cmocka_unit_test(test_bad_input_and_full_pool),
 		cmocka_unit_test(test_prefix_shared_within_namespace),

@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""test_choices.py: several choices of one prompt (generate's `n`,
+libclient/PROTOCOL.md, "Several choices") end to end, on generated models.
+
+1. n=3, streamed and not, with logprobs: done has three choices; each token
+   reply names its choice, and each choice has as many as its
+   generated_tokens; usage counts the prompt once and the choices' tokens
+   together.
+2. One prefill: n=4 over a fresh prompt of P tokens computes P + 3 prompt
+   tokens (status cache_miss_tokens: the prompt once, and its last token
+   again for each other choice), n=1 computes P.
+3. Seeds: a seeded n=3 at temperature 1 gives the same choices again, its
+   choices differ, and choice i is what n=1 gives with seed + i. Greedy
+   n=2 gives two equal texts.
+4. Constraints: n=3 with a json_schema at temperature 1.5, streamed and
+   not: every choice is a JSON value the schema validates. A required tool
+   with n=2 on tiny-qwen3: each choice has its own valid call.
+5. A cancel ends every choice (finish "cancel") and gives their KV blocks
+   back; a client that leaves mid-way frees them too; the daemon goes on.
+6. Errors: n 0, 9, -1 and "2"; n=2 with a session.
+7. Admission counts a request of n choices as n sequences: under
+   --max-seqs 4, a request behind a running n=4 waits until it ends; n=8,
+   more than the limit, runs alone.
+"""
+import json
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rsd  # noqa: E402
+from rsd import Checks, Daemon  # noqa: E402
+
+LONG = 1500
+SETTLE_S = 2.0
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
+                                           "b": {"enum": ["x", "y"]}},
+          "required": ["a", "b"], "additionalProperties": False}
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+           "required": ["city", "days"], "additionalProperties": False}
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "The weather.",
+                                           "parameters": WEATHER}}]
+
+
+def by_choice(g, n):
+    """A generation's token replies split by their choice."""
+    out = [[] for _ in range(n)]
+    for t in g.tokens:
+        out[t["choice"]].append(t)
+    return out
+
+
+def texts(g, n):
+    """Each choice's answer: done's texts without streaming, else its token replies' text joined."""
+    if g.done["choices"][0].get("text") is not None:
+        return [ch["text"] for ch in g.done["choices"]]
+    return ["".join(t["text"] for t in toks) for toks in by_choice(g, n)]
+
+
+def check_shape(ck, c):
+    """Section 1."""
+    prompt = "several choices of one prompt"
+    one = c.generate(prompt=prompt, max_tokens=12, temperature=0)
+    for stream in (True, False):
+        what = "n=3 stream=%s" % stream
+        g = c.generate(prompt=prompt, n=3, max_tokens=12, temperature=1.0, seed=7, stream=stream,
+                       logprobs=True, top_logprobs=2)
+        chs = g.done.get("choices")
+        if not ck.ok(isinstance(chs, list) and len(chs) == 3, "%s: done has 3 choices: %r" % (what, g.done)):
+            continue
+        ck.ok(not any(k in g.done for k in ("finish", "text", "tool_calls")),
+              "%s: no per-choice field at done's top level" % what)
+        ck.eq([ch["finish"] for ch in chs], ["length"] * 3, what + ": each choice's finish")
+        ck.eq([ch["generated_tokens"] for ch in chs], [12] * 3, what + ": each choice's generated_tokens")
+        u = g.done["usage"]
+        ck.eq(u["prompt_tokens"], one.usage["prompt_tokens"], what + ": prompt_tokens counted once")
+        ck.eq(u["generated_tokens"], 36, what + ": generated_tokens of the three together")
+        if stream:
+            toks = by_choice(g, 3)
+            ck.eq([len(t) for t in toks], [12] * 3, what + ": token replies of each choice")
+            ck.ok(all("logprob" in t and len(t["top_logprobs"]) == 2 for t in g.tokens),
+                  what + ": each token reply has its logprobs")
+            ck.ok(all(isinstance(ch.get("text"), type(None)) for ch in chs), what + ": no text in done")
+        else:
+            ck.eq(g.tokens, [], what + ": no token replies")
+            ck.ok(all(isinstance(ch.get("text"), str) for ch in chs), what + ": each choice's text")
+
+
+def tiny(st):
+    """The status of the daemon's own model (section 4 loads another)."""
+    return next(m for m in st["models"] if m["name"] == "tiny")
+
+
+def miss(c):
+    return tiny(c.call("status"))["cache_miss_tokens"]
+
+
+def check_one_prefill(ck, c):
+    """Section 2: the prompt computed once, for n=4."""
+    counts = {}
+    for n in (1, 4):
+        prompt = " ".join("word%d of the n=%d prompt" % (i, n) for i in range(60))
+        m0 = miss(c)
+        g = c.generate(prompt=prompt, n=n, max_tokens=4, temperature=0.8, seed=3)
+        p = g.usage["prompt_tokens"]
+        ck.eq(g.usage["cached_tokens"], 0, "n=%d: a fresh prompt" % n)
+        counts[n] = (p, miss(c) - m0)
+    (p1, c1), (p4, c4) = counts[1], counts[4]
+    print("   prompt tokens computed: n=1 %d of %d; n=4 %d of %d (four prefills would be %d)" %
+          (c1, p1, c4, p4, 4 * p4))
+    ck.eq(c1, p1, "n=1 computes its prompt")
+    ck.eq(c4, p4 + 3, "n=4 computes its prompt once, and its last token again for 3 choices")
+
+
+def check_seeds(ck, c):
+    """Section 3."""
+    prompt = "a seeded request of three choices"
+    kw = dict(prompt=prompt, max_tokens=16, temperature=1.0, seed=11)
+    a = texts(c.generate(n=3, **kw), 3)
+    b = texts(c.generate(n=3, stream=False, **kw), 3)
+    ck.eq(a, b, "a seeded n=3 gives the same choices again, streamed or not")
+    ck.eq(len(set(a)), 3, "the choices differ: %r" % a)
+    for i in range(3):
+        one = c.generate(prompt=prompt, max_tokens=16, temperature=1.0, seed=11 + i)
+        ck.eq(a[i], one.text, "choice %d is n=1 with seed + %d" % (i, i))
+    g = c.generate(prompt="greedy choices", n=2, max_tokens=24, temperature=0)
+    t = texts(g, 2)
+    ck.ok(t[0] == t[1] and t[0] != "", "greedy n=2: two equal texts: %r" % t)
+
+
+def valid(doc):
+    """Whether doc is a JSON text SCHEMA validates (checked here by hand)."""
+    try:
+        v = json.loads(doc)
+    except ValueError:
+        return False
+    return isinstance(v, dict) and set(v) == {"a", "b"} and type(v["a"]) is int and 0 <= v["a"] <= 99 and \
+        v["b"] in ("x", "y")
+
+
+def check_constraints(ck, c, qwen):
+    """Section 4."""
+    for stream in (True, False):
+        for seed in (1, 2):
+            what = "json_schema n=3 stream=%s seed %d" % (stream, seed)
+            g = c.generate(prompt="json please", json_schema=json.dumps(SCHEMA), n=3, max_tokens=200,
+                           temperature=1.5, seed=seed, stream=stream)
+            ck.eq([ch["finish"] for ch in g.done["choices"]], ["stop"] * 3, what + ": each choice ends complete")
+            for i, t in enumerate(texts(g, 3)):
+                ck.ok(valid(t), "%s: choice %d validates: %r" % (what, i, t))
+    g = c.generate(model=qwen, messages=[{"role": "user", "content": "Weather in Paris?"}],
+                   tools=json.dumps(TOOLS), tool_name="get_weather", n=2, max_tokens=300, temperature=1.5, seed=4)
+    for i, ch in enumerate(g.done["choices"]):
+        calls = ch.get("tool_calls") or []
+        ck.ok(len(calls) >= 1 and all(x["name"] == "get_weather" for x in calls), "tools: choice %d calls: %r" %
+              (i, ch))
+        for x in calls:
+            args = json.loads(x["arguments"])
+            ck.ok(set(args) == {"city", "days"} and 1 <= args["days"] <= 7, "tools: choice %d arguments %r" %
+                  (i, args))
+    ck.ok(len({x["id"] for ch in g.done["choices"] for x in ch.get("tool_calls", [])}) >= 2,
+          "tools: each choice's calls have their own ids")
+    tool_text = ["".join(t.get("tool", "") for t in toks) for toks in by_choice(g, 2)]
+    ck.ok(all("<tool_call>" in t for t in tool_text), "tools: each choice's call came as its tool text")
+
+
+def check_errors(ck, c):
+    """Section 6."""
+    for n, code in ((0, "invalid_param"), (9, "invalid_param"), (-1, "invalid_param"), ("2", "bad_request")):
+        r = c.error("generate", prompt="x", n=n)
+        ck.eq(r["code"], code, "n=%r: %s" % (n, r["message"]))
+    r = c.error("generate", prompt="x", n=9)
+    ck.ok("1..8" in r["message"], "n=9's message names the range: %s" % r["message"])
+    s = c.call("session.new", title="choices")["session"]["session"]
+    r = c.error("generate", session=s, messages=[{"role": "user", "content": "hi"}], n=2)
+    ck.eq(r["code"], "invalid_param", "n=2 with a session: %s" % r["message"])
+    ck.ok("session" in r["message"], "its message says why: %s" % r["message"])
+    g = c.generate(session=s, messages=[{"role": "user", "content": "hi"}], n=1, max_tokens=4)
+    ck.ok("choices" not in g.done and g.finish in ("stop", "length"), "n=1 with a session is a turn as before")
+
+
+def kv_free(c):
+    return tiny(c.call("status"))["kv_free_blocks"]
+
+
+def settled(ck, c, kv0, what):
+    """Nothing active and the KV pool back within SETTLE_S; the daemon still serves."""
+    t0 = time.monotonic()
+    while True:
+        st = c.call("status")
+        if st["active"] == 0 and tiny(st)["kv_free_blocks"] == kv0:
+            break
+        if time.monotonic() - t0 > SETTLE_S:
+            ck.ok(False, "%s: active %d, kv_free_blocks %d (was %d)" % (what, st["active"],
+                                                                        tiny(st)["kv_free_blocks"], kv0))
+            break
+        time.sleep(0.02)
+    g = c.generate(prompt="still serving?", max_tokens=4, temperature=0)
+    ck.eq(g.finish, "length", what + ": the daemon keeps serving")
+
+
+def start_choices(ck, c, prompt, what):
+    """Starts a long n=4 generate and reads until each choice has sent a token; returns its id."""
+    rid = c.start_generate(prompt=prompt, n=4, max_tokens=LONG, temperature=0)
+    seen = set()
+    while len(seen) < 4:
+        r = c.next(rid)
+        ck.eq(r["type"], "token", what + ": a token")
+        seen.add(r["choice"])
+    return rid
+
+
+def check_cancel(ck, d, c):
+    """Section 5 (before section 6's session, whose KV written to disk holds blocks a while)."""
+    prompt = rsd.long_prompt(c, tag="choices")
+    kv0 = kv_free(c)
+    with d.client() as w:
+        rid = start_choices(ck, w, prompt, "cancel")
+        kv = kv_free(c)
+        ck.ok(kv < kv0, "the four choices hold KV blocks: %d free, %d before" % (kv, kv0))
+        w.call("cancel", target=rid)
+        g = w.collect(rid)
+        ck.eq([ch["finish"] for ch in g.done["choices"]], ["cancel"] * 4, "a cancel ends every choice")
+    settled(ck, c, kv0, "cancelled")
+    w = d.client()
+    start_choices(ck, w, prompt, "left")
+    w.close()
+    settled(ck, c, kv0, "the client left")
+
+
+def check_admission(ck):
+    """Section 7."""
+    with Daemon(extra=["--max-seqs", "4"]) as d:
+        c = d.client()
+        prompt = rsd.long_prompt(c, tag="admission")
+        with d.client() as a, d.client() as b:
+            ra = start_choices(ck, a, prompt, "admission")
+            rb = b.start_generate(prompt="behind it", max_tokens=4, temperature=0)
+            time.sleep(0.3)
+            st = c.call("status")
+            ck.eq((st["active"], st["queued"]), (1, 1), "n=4 fills --max-seqs 4: the next request waits")
+            a.call("cancel", target=ra)
+            a.collect(ra)
+            ck.eq(b.collect(rb).finish, "length", "it runs once the n=4 request ended")
+            rc = a.start_generate(prompt=prompt, n=8, max_tokens=LONG, temperature=0)
+            ck.eq(a.next(rc)["type"], "token", "n=8 runs alone under --max-seqs 4")
+            rb = b.start_generate(prompt="behind it", max_tokens=4, temperature=0)
+            time.sleep(0.3)
+            st = c.call("status")
+            ck.eq((st["active"], st["queued"]), (1, 1), "and nothing beside it")
+            a.call("cancel", target=rc)
+            g = a.collect(rc)
+            ck.eq(len(g.done["choices"]), 8, "n=8: eight choices")
+            ck.eq(b.collect(rb).finish, "length", "the request behind it runs then")
+
+
+def main():
+    ck = Checks()
+    tmp = tempfile.mkdtemp(prefix="rsd-choices-")
+    try:
+        qwen = rsd.gen_model(os.path.join(tmp, "tiny-qwen3.gguf"), shape="tiny-qwen3")
+        with Daemon() as d:
+            c = d.client(timeout=120)
+            for title, fn in (("1. n=3: replies, usage, logprobs", lambda: check_shape(ck, c)),
+                              ("2. one prefill for n=4", lambda: check_one_prefill(ck, c)),
+                              ("3. seeds; greedy", lambda: check_seeds(ck, c)),
+                              ("4. a json_schema and a required tool per choice",
+                               lambda: check_constraints(ck, c, qwen)),
+                              ("5. cancel, a client that leaves", lambda: check_cancel(ck, d, c)),
+                              ("6. errors", lambda: check_errors(ck, c))):
+                with ck.section(title):
+                    fn()
+        with ck.section("7. admission counts n"):
+            check_admission(ck)
+    finally:
+        rsd.shutil.rmtree(tmp, ignore_errors=True)
+    return ck
+
+
+if __name__ == "__main__":
+    rsd.main(main)
