@@ -579,6 +579,12 @@ rs_reply_tool(const rs_value *reply)
 	return reply_str(reply, "tool");
 }
 
+unsigned
+rs_reply_choice(const rs_value *reply)
+{
+	return (unsigned)rs_uint(rs_get(reply, "choice"));
+}
+
 /* The fields the library adds to a generate: stream, unless the caller chose. */
 static rs_status
 generate_extra(const rs_params *p, int streaming, rs_params **extra)

@@ -124,7 +124,8 @@ const char *rs_last_error(const rs_client *c);
  * for rs_generate, `prompt` or messages, `session`, `model`, `max_tokens`,
  * `temperature`, `top_k`, `top_p`, `min_p`, `repeat_penalty`,
  * `presence_penalty`, `frequency_penalty`, `seed`, `priority`, `stream`,
- * `logprobs`, `keep_alive`, stop strings, at most one of `grammar`,
+ * `logprobs`, `keep_alive`, `n` (several choices: rs_reply_choice), stop
+ * strings, at most one of `grammar`,
  * `json_schema` (strings: grammar text, a JSON Schema as JSON text) and
  * `json` (bool) to constrain the output, and `tools` (JSON text),
  * `tool_choice` and `tool_name` for tool calls. The library does not check names
@@ -202,7 +203,9 @@ void rs_value_free(rs_value *v);
  */
 typedef int (*rs_token_cb)(uint64_t id, const char *text, const rs_value *reply, void *user);
 /* The generation ended: done holds `finish`, `usage`, `session`, and without streaming `text`
- * and its reasoning and tool text. Also rs_call_start's result: then done is the op's result. */
+ * and its reasoning and tool text; with `n` > 1, `usage` and `choices` instead: an array of
+ * maps, one a choice, each with those fields of its own (PROTOCOL.md, "Several choices").
+ * Also rs_call_start's result: then done is the op's result. */
 typedef void (*rs_done_cb)(uint64_t id, const rs_value *done, void *user);
 
 /*
@@ -215,6 +218,12 @@ typedef void (*rs_done_cb)(uint64_t id, const rs_value *done, void *user);
 const char *rs_reply_reasoning(const rs_value *reply);
 /* Its tool text (gpt-oss's commentary channel, where its tool calls go), the same way. */
 const char *rs_reply_tool(const rs_value *reply);
+/*
+ * The choice a `token` reply is of, 0..n-1, for a generation of `n` > 1
+ * choices (each choice's replies come in order, the choices' interleaved);
+ * 0 for a reply without one (n = 1) and for NULL.
+ */
+unsigned rs_reply_choice(const rs_value *reply);
 /* The request failed: a daemon error, or RS_ERR_IO when the connection was lost. */
 typedef void (*rs_error_cb)(uint64_t id, rs_status code, const char *message, void *user);
 /* model.load: bytes done of total. */

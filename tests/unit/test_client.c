@@ -397,13 +397,13 @@ fake_send(struct fake *f, struct frame *fr)
 	msgpack_sbuffer_destroy(&fr->sb);
 }
 
-/* Sends {id, type: "token", text, token}, and reasoning and tool where not NULL. */
+/* Sends {id, type: "token", text, token}, reasoning and tool where not NULL, choice where >= 0. */
 static void
-send_piece(struct fake *f, uint64_t id, const char *text, const char *reasoning, const char *tool)
+send_piece(struct fake *f, uint64_t id, const char *text, const char *reasoning, const char *tool, int choice)
 {
 	struct frame fr;
 
-	open_frame(&fr, 4 + (reasoning != NULL) + (tool != NULL));
+	open_frame(&fr, 4 + (reasoning != NULL) + (tool != NULL) + (choice >= 0));
 	kv_uint(&fr, "id", id);
 	kv_str(&fr, "type", "token");
 	kv_str(&fr, "text", text);
@@ -411,6 +411,8 @@ send_piece(struct fake *f, uint64_t id, const char *text, const char *reasoning,
 		kv_str(&fr, "reasoning", reasoning);
 	if (tool != NULL)
 		kv_str(&fr, "tool", tool);
+	if (choice >= 0)
+		kv_uint(&fr, "choice", (uint64_t)choice);
 	kv_uint(&fr, "token", 1);
 	fake_send(f, &fr);
 }
@@ -418,7 +420,7 @@ send_piece(struct fake *f, uint64_t id, const char *text, const char *reasoning,
 static void
 send_token(struct fake *f, uint64_t id, const char *text)
 {
-	send_piece(f, id, text, NULL, NULL);
+	send_piece(f, id, text, NULL, NULL, -1);
 }
 
 /* Sends {id, type: "done", finish, usage: {generated_tokens}}. */
@@ -835,9 +837,9 @@ test_reasoning(void **state)
 	rs_params *p = rs_params_new();
 
 	rs_params_add_message(p, "user", "hi");
-	send_piece(f, 1, "", "Let me ", NULL);
-	send_piece(f, 1, "", "think.", "{}");
-	send_piece(f, 1, "Hi", NULL, NULL);
+	send_piece(f, 1, "", "Let me ", NULL, -1);
+	send_piece(f, 1, "", "think.", "{}", -1);
+	send_piece(f, 1, "Hi", NULL, NULL, -1);
 	send_done(f, 1, "stop");
 	assert_int_equal(rs_generate(f->c, p, on_token, &s, NULL), RS_OK);
 	rs_value_free(recv_request(f));
@@ -847,6 +849,45 @@ test_reasoning(void **state)
 	assert_int_equal(s.tokens, 3);
 	assert_string_equal(rs_reply_reasoning(NULL), "");
 	assert_string_equal(rs_reply_tool(NULL), "");
+	rs_params_free(p);
+}
+
+/* Each choice's text, by the choice its token replies name. */
+static int
+on_choice_token(uint64_t id, const char *text, const rs_value *reply, void *user)
+{
+	char (*texts)[16] = user;
+	unsigned i = rs_reply_choice(reply);
+
+	assert_true(i < 3);
+	strncat(texts[i], text, sizeof texts[i] - strlen(texts[i]) - 1);
+	return 0;
+}
+
+/* Several choices: n reaches the daemon, rs_reply_choice says which choice a token reply is of. */
+static void
+test_choices(void **state)
+{
+	struct fake *f = *state;
+	char texts[3][16] = { "" };
+	rs_params *p = rs_params_new();
+	rs_value *req;
+
+	rs_params_set_str(p, "prompt", "hi");
+	rs_params_set_uint(p, "n", 3);
+	send_piece(f, 1, "a", NULL, NULL, 0);
+	send_piece(f, 1, "b", NULL, NULL, 1);
+	send_piece(f, 1, "c", NULL, NULL, 2);
+	send_piece(f, 1, "d", NULL, NULL, 1);
+	send_done(f, 1, "stop");
+	assert_int_equal(rs_generate(f->c, p, on_choice_token, texts, NULL), RS_OK);
+	req = recv_request(f);
+	assert_int_equal(rs_uint(rs_get(req, "n")), 3);
+	rs_value_free(req);
+	assert_string_equal(texts[0], "a");
+	assert_string_equal(texts[1], "bd");
+	assert_string_equal(texts[2], "c");
+	assert_int_equal(rs_reply_choice(NULL), 0);
 	rs_params_free(p);
 }
 
@@ -1107,6 +1148,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_nested_blocking_call, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_generate_collects, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_reasoning, fake_setup, fake_teardown),
+		cmocka_unit_test_setup_teardown(test_choices, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_progress, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_tokens, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_max_frame, fake_setup, fake_teardown),
