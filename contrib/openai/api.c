@@ -156,10 +156,23 @@ refuse_unsupported(const json_t *o, struct api_error *e)
 	for (i = 0; i < sizeof fields / sizeof fields[0]; i++)
 		if (given(api_field(o, fields[i])))
 			return api_bad(e, fields[i], "%s is not supported by resident-openai", fields[i]);
-	if ((v = api_field(o, "n")) != NULL && (!json_is_integer(v) || json_integer_value(v) != 1))
-		return api_bad(e, "n", "n must be 1: resident-openai makes one choice per request");
 	if ((v = api_field(o, "best_of")) != NULL && (!json_is_integer(v) || json_integer_value(v) != 1))
 		return api_bad(e, "best_of", "best_of must be 1");
+	return 0;
+}
+
+/* n: the choices to make of the prompt, 1..API_MAX_CHOICES (the daemon forks them from one prefill). */
+static int
+parse_choices(const json_t *o, struct api_req *r, struct api_error *e)
+{
+	json_t *v = api_field(o, "n");
+
+	r->n = 1;
+	if (v == NULL)
+		return 0;
+	if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > API_MAX_CHOICES)
+		return api_bad(e, "n", "n must be an integer from 1 to %d: the choices to make", API_MAX_CHOICES);
+	r->n = (int)json_integer_value(v);
 	return 0;
 }
 
@@ -461,7 +474,8 @@ api_parse(enum api_kind kind, const char *body, size_t len, const char *session_
 	if ((kind == API_CHAT ? parse_messages(o, r, e) : parse_prompt(o, r, e)) != 0 ||
 	    parse_session(o, session_header, r, e) != 0 || parse_stream(o, r, e) != 0 ||
 	    parse_nums(o, r, e) != 0 || parse_stop(o, r, e) != 0 || parse_constraint(o, r, e) != 0 ||
-	    parse_logprobs(o, r, e) != 0 || api_tools_parse(o, r, e) != 0 || refuse_unsupported(o, e) != 0)
+	    parse_logprobs(o, r, e) != 0 || parse_choices(o, r, e) != 0 || api_tools_parse(o, r, e) != 0 ||
+	    refuse_unsupported(o, e) != 0)
 		goto out;
 	rc = 0;
 out:
@@ -513,6 +527,8 @@ api_params(const struct api_req *r)
 		st = rs_params_set_bool(p, "logprobs", 1);
 	if (st == RS_OK && r->top_logprobs > 0)
 		st = rs_params_set_uint(p, "top_logprobs", (uint64_t)r->top_logprobs);
+	if (st == RS_OK && r->n > 1)
+		st = rs_params_set_uint(p, "n", (uint64_t)r->n);
 	if (st != RS_OK) {
 		rs_params_free(p);
 		return NULL;
@@ -594,29 +610,40 @@ set_reasoning(json_t *msg, const char *reasoning)
 }
 
 json_t *
-api_reply(const struct api_req *r, const struct api_meta *m, const char *text, const char *reasoning,
-    const char *finish_reason, const struct api_usage *u)
+api_reply(const struct api_req *r, const struct api_meta *m, const struct api_usage *u)
 {
-	json_t *o = reply_head(m, r->kind == API_CHAT ? "chat.completion" : "text_completion"), *choice;
+	json_t *o = reply_head(m, r->kind == API_CHAT ? "chat.completion" : "text_completion");
 
-	if (r->kind == API_CHAT) {
-		choice = json_pack("{sI s{ss so} sn ss}", "index", (json_int_t)0, "message", "role", "assistant",
-		    "content", text_json(text), "logprobs", "finish_reason", finish_reason);
-		set_reasoning(json_object_get(choice, "message"), reasoning);
-	} else
-		choice = json_pack("{sI so sn ss}", "index", (json_int_t)0, "text", text_json(text), "logprobs",
-		    "finish_reason", finish_reason);
-	json_object_set_new(o, "choices", json_pack("[o]", choice));
+	json_object_set_new(o, "choices", json_array());
 	json_object_set_new(o, "usage", usage_json(u));
 	return o;
 }
 
 json_t *
-api_chunk(const struct api_req *r, const struct api_meta *m, const char *text, const char *reasoning,
-    int role, const char *finish_reason)
+api_add_choice(const struct api_req *r, json_t *reply, const char *text, const char *reasoning,
+    const char *finish_reason)
+{
+	json_t *choices = json_object_get(reply, "choices"), *choice;
+	json_int_t index = (json_int_t)json_array_size(choices);
+
+	if (r->kind == API_CHAT) {
+		choice = json_pack("{sI s{ss so} sn ss}", "index", index, "message", "role", "assistant",
+		    "content", text_json(text), "logprobs", "finish_reason", finish_reason);
+		set_reasoning(json_object_get(choice, "message"), reasoning);
+	} else
+		choice = json_pack("{sI so sn ss}", "index", index, "text", text_json(text), "logprobs",
+		    "finish_reason", finish_reason);
+	json_array_append_new(choices, choice);
+	return choice;
+}
+
+json_t *
+api_chunk(const struct api_req *r, const struct api_meta *m, int index, const char *text, const char *reasoning,
+    int role, const char *finish_reason, json_t *logprobs)
 {
 	json_t *o = reply_head(m, r->kind == API_CHAT ? "chat.completion.chunk" : "text_completion");
-	json_t *choice = json_pack("{sI sn}", "index", (json_int_t)0, "logprobs"), *delta;
+	json_t *choice = json_pack("{sI so}", "index", (json_int_t)index, "logprobs", logprobs ? logprobs : json_null());
+	json_t *delta;
 
 	if (r->kind == API_CHAT) {
 		delta = json_object();
@@ -836,10 +863,8 @@ api_logprobs_free(struct api_logprobs *lp)
 }
 
 void
-api_set_logprobs(json_t *reply, json_t *logprobs)
+api_set_logprobs(json_t *choice, json_t *logprobs)
 {
-	json_t *choice = json_array_get(json_object_get(reply, "choices"), 0);
-
 	if (choice == NULL || logprobs == NULL)
 		json_decref(logprobs);
 	else

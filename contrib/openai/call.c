@@ -23,6 +23,10 @@
  * libresident's callbacks run inside rs_process, where the client must not
  * be closed: call_end marks the call CALL_DONE and the read callback frees
  * it once rs_process has returned.
+ *
+ * A request of n choices is one generate of n (the daemon computes the
+ * prompt once); its token replies say their choice, whose chunks carry it
+ * as their index, and each choice keeps its own logprobs and held text.
  */
 #include "config.h"
 #include "openai.h"
@@ -38,6 +42,26 @@
 #define SESSION_TITLE "resident-openai"
 
 enum call_state { CALL_MODELS, CALL_SESSION, CALL_GENERATE, CALL_CANCELLING, CALL_DONE };
+
+/* What a completion keeps of one of its choices while the daemon generates it. */
+struct choice {
+	/*
+	 * With logprobs: their tokens. The daemon sends token replies only to a
+	 * stream, so a reply that is not streamed is gathered from them, its
+	 * answer and reasoning too.
+	 */
+	struct api_logprobs lp;
+	char *lp_text, *lp_reasoning;
+	size_t lp_text_len, lp_reasoning_len;
+	/*
+	 * A stream with tools offered: answer text held back while it may
+	 * still be a call its family writes as text (api_tools_may_call); the
+	 * done's calls_in_text says whether it was.
+	 */
+	char *held;
+	size_t held_len;
+	int released;                 /* held text went out as an answer: no more is held */
+};
 
 struct call {
 	enum call_state state;
@@ -58,22 +82,7 @@ struct call {
 	char session[40];
 	uint64_t gen_id;
 	int streaming;                /* the event stream has begun */
-	/*
-	 * With logprobs: their tokens. The daemon sends token replies only to a
-	 * stream, so a reply that is not streamed is gathered from them, its
-	 * answer and reasoning too.
-	 */
-	struct api_logprobs lp;
-	char *lp_text, *lp_reasoning;
-	size_t lp_text_len, lp_reasoning_len;
-	/*
-	 * A stream with tools offered: answer text held back while it may
-	 * still be a call its family writes as text (api_tools_may_call); the
-	 * done's calls_in_text says whether it was.
-	 */
-	char *held;
-	size_t held_len;
-	int released;                 /* held text went out as an answer: no more is held */
+	struct choice ch[API_MAX_CHOICES]; /* the request's r.n choices */
 	struct call *next;
 };
 
@@ -86,6 +95,7 @@ static void
 call_free(struct call *c)
 {
 	struct call **pp;
+	int i;
 
 	for (pp = &c->oa->calls; *pp != c; pp = &(*pp)->next)
 		;
@@ -95,10 +105,12 @@ call_free(struct call *c)
 		event_free(c->rc_ev);
 	rs_close(c->rc);
 	api_req_free(&c->r);
-	api_logprobs_free(&c->lp);
-	free(c->lp_text);
-	free(c->lp_reasoning);
-	free(c->held);
+	for (i = 0; i < API_MAX_CHOICES; i++) {
+		api_logprobs_free(&c->ch[i].lp);
+		free(c->ch[i].lp_text);
+		free(c->ch[i].lp_reasoning);
+		free(c->ch[i].held);
+	}
 	free(c->model_name);
 	free(c);
 }
@@ -435,17 +447,19 @@ session_result_cb(uint64_t id, const rs_value *result, void *arg)
 
 /* ---- generation ---- */
 
-/* The status line, headers and (chat) the assistant's role: sent with the first token, so that
- * an error before it (a prompt too long, a session not found) still gets its own status. */
+/* The status line, headers and (chat) each choice's assistant role: sent with the first token, so
+ * that an error before it (a prompt too long, a session not found) still gets its own status. */
 static void
 stream_begin(struct call *c)
 {
+	int i;
+
 	c->streaming = 1;
 	if (c->session[0])
 		http_add_header(c->req, "X-Resident-Session", c->session);
 	http_stream_start(c->req);
-	if (c->r.kind == API_CHAT)
-		http_stream_send(c->req, api_chunk(&c->r, &c->meta, "", NULL, 1, NULL));
+	for (i = 0; c->r.kind == API_CHAT && i < c->r.n; i++)
+		http_stream_send(c->req, api_chunk(&c->r, &c->meta, i, "", NULL, 1, NULL, NULL));
 }
 
 /* The {bytes, logprob} of a token reply, or of one of its top_logprobs. */
@@ -458,12 +472,12 @@ lp_token(const rs_value *v)
 }
 
 /*
- * Adds a token reply's logprobs to c->lp. A token that holds reasoning or
- * tool text and no answer text is not one of the answer's: it is left out.
- * Returns 1 when the token was added.
+ * Adds a token reply's logprobs to its choice's. A token that holds
+ * reasoning or tool text and no answer text is not one of the answer's: it
+ * is left out. Returns 1 when the token was added.
  */
 static int
-logprobs_token(struct call *c, const char *text, const rs_value *reply)
+logprobs_token(struct call *c, struct choice *ch, const char *text, const rs_value *reply)
 {
 	struct api_lp_token tok, top[API_MAX_TOP_LOGPROBS];
 	const rs_value *tl = rs_get(reply, "top_logprobs");
@@ -474,7 +488,7 @@ logprobs_token(struct call *c, const char *text, const rs_value *reply)
 	tok = lp_token(reply);
 	for (i = 0; i < n && i < API_MAX_TOP_LOGPROBS; i++)
 		top[i] = lp_token(rs_at(tl, i));
-	if (api_logprobs_add(&c->r, &c->lp, &tok, top, i) != 0) {
+	if (api_logprobs_add(&c->r, &ch->lp, &tok, top, i) != 0) {
 		log_warn("%s: out of memory: a token's logprobs are left out", c->path);
 		return 0;
 	}
@@ -500,13 +514,13 @@ str_append(char **buf, size_t *len, const char *s)
 
 /* A token of a reply that is not streamed but has logprobs: gathered for done_cb. */
 static int
-logprobs_gather(struct call *c, const char *text, const rs_value *reply)
+logprobs_gather(struct call *c, struct choice *ch, const char *text, const rs_value *reply)
 {
 	struct api_error e;
 
-	logprobs_token(c, text, reply);
-	if (str_append(&c->lp_text, &c->lp_text_len, text) != 0 ||
-	    str_append(&c->lp_reasoning, &c->lp_reasoning_len, rs_reply_reasoning(reply)) != 0) {
+	logprobs_token(c, ch, text, reply);
+	if (str_append(&ch->lp_text, &ch->lp_text_len, text) != 0 ||
+	    str_append(&ch->lp_reasoning, &ch->lp_reasoning_len, rs_reply_reasoning(reply)) != 0) {
 		api_nomem(&e);
 		call_fail(c, &e);
 		return 1;       /* cancels the generation; its done finds the call answered */
@@ -516,11 +530,11 @@ logprobs_gather(struct call *c, const char *text, const rs_value *reply)
 
 /* The logprobs of a streamed token, for its chunk; NULL when it has none. */
 static json_t *
-logprobs_chunk(struct call *c, const char *text, const rs_value *reply)
+logprobs_chunk(struct call *c, struct choice *ch, const char *text, const rs_value *reply)
 {
-	if (!c->r.logprobs || !logprobs_token(c, text, reply))
+	if (!c->r.logprobs || !logprobs_token(c, ch, text, reply))
 		return NULL;
-	return api_logprobs_take(&c->r, &c->lp);
+	return api_logprobs_take(&c->r, &ch->lp);
 }
 
 /*
@@ -528,63 +542,80 @@ logprobs_chunk(struct call *c, const char *text, const rs_value *reply)
  * be a call written as text (held); then what was held with it.
  */
 static const char *
-tools_text(struct call *c, const char *text)
+tools_text(struct call *c, struct choice *ch, const char *text)
 {
-	if (c->released || text[0] == '\0' || (c->held == NULL && !api_tools_may_call(&c->r, text)))
+	if (ch->released || text[0] == '\0' || (ch->held == NULL && !api_tools_may_call(&c->r, text)))
 		return text;
-	if (str_append(&c->held, &c->held_len, text) != 0) {
+	if (str_append(&ch->held, &ch->held_len, text) != 0) {
 		log_warn("%s: out of memory: answer text is not held back", c->path);
 		return text;
 	}
-	if (api_tools_may_call(&c->r, c->held))
+	if (api_tools_may_call(&c->r, ch->held))
 		return "";
-	c->released = 1;
-	return c->held;
+	ch->released = 1;
+	return ch->held;
+}
+
+/* The done's fields of choice i (finish, text, tool_calls, ...): the done's own with one choice. */
+static const rs_value *
+done_choice(const struct call *c, const rs_value *done, int i)
+{
+	return c->r.n == 1 ? done : rs_at(rs_get(done, "choices"), (size_t)i);
+}
+
+/* OpenAI's finish_reason of choice i, or NULL when it was cancelled. */
+static const char *
+choice_reason(const struct call *c, const rs_value *done, int i)
+{
+	return api_finish_reason(rs_str(rs_get(done_choice(c, done, i), "finish")));
 }
 
 /*
- * The end of a stream's tool calls: held answer text goes out unless it was
- * the calls; the calls as one chunk. Returns the finish_reason.
+ * The end of a streamed choice's tool calls: held answer text goes out
+ * unless it was the calls; the calls as one chunk. Returns the
+ * finish_reason.
  */
 static const char *
-stream_tool_calls(struct call *c, const rs_value *done, const char *reason)
+stream_tool_calls(struct call *c, int i, const rs_value *fields, const char *reason)
 {
-	const rs_value *calls = rs_get(done, "tool_calls");
+	struct choice *ch = &c->ch[i];
+	const rs_value *calls = rs_get(fields, "tool_calls");
 
-	if (c->held != NULL && !c->released && !rs_bool(rs_get(done, "calls_in_text")))
-		http_stream_send(c->req, api_chunk(&c->r, &c->meta, c->held, NULL, 0, NULL));
+	if (ch->held != NULL && !ch->released && !rs_bool(rs_get(fields, "calls_in_text")))
+		http_stream_send(c->req, api_chunk(&c->r, &c->meta, i, ch->held, NULL, 0, NULL, NULL));
 	if (rs_len(calls) == 0)
 		return reason;
-	http_stream_send(c->req, api_tool_chunk(&c->r, &c->meta, calls));
+	http_stream_send(c->req, api_tool_chunk(&c->r, &c->meta, i, calls));
 	return "tool_calls";
 }
 
 /*
- * A token's answer and reasoning as a chunk; its tool text is a call's,
- * which the done delivers parsed. With logprobs, each token of the answer has
- * a chunk with its logprobs, its content "" when the token ends no
- * character (or its text is held back: that comes with a later one).
+ * A token's answer and reasoning as a chunk of its choice; its tool text
+ * is a call's, which the done delivers parsed. With logprobs, each token of
+ * the answer has a chunk with its logprobs, its content "" when the token
+ * ends no character (or its text is held back: that comes with a later one).
  */
 static int
 token_cb(uint64_t id, const char *text, const rs_value *reply, void *arg)
 {
 	struct call *c = arg;
 	const char *reasoning = rs_reply_reasoning(reply);
-	json_t *lp, *chunk;
+	unsigned i = rs_reply_choice(reply);
+	struct choice *ch;
+	json_t *lp;
 
-	if (c->req == NULL)
-		return 0;               /* cancelling */
+	if (c->req == NULL || i >= (unsigned)c->r.n)
+		return 0;               /* cancelling; no such choice was asked for */
+	ch = &c->ch[i];
 	if (c->r.logprobs && !c->r.stream)
-		return logprobs_gather(c, text, reply);
+		return logprobs_gather(c, ch, text, reply);
 	if (!c->streaming)
 		stream_begin(c);
-	text = tools_text(c, text);
-	lp = logprobs_chunk(c, text, reply);
-	if (text[0] != '\0' || reasoning[0] != '\0' || lp != NULL) {
-		chunk = api_chunk(&c->r, &c->meta, text[0] != '\0' || lp != NULL ? text : NULL, reasoning, 0, NULL);
-		api_set_logprobs(chunk, lp);
-		http_stream_send(c->req, chunk);
-	}
+	text = tools_text(c, ch, text);
+	lp = logprobs_chunk(c, ch, text, reply);
+	if (text[0] != '\0' || reasoning[0] != '\0' || lp != NULL)
+		http_stream_send(c->req, api_chunk(&c->r, &c->meta, (int)i, text[0] != '\0' || lp != NULL ? text : NULL,
+		    reasoning, 0, NULL, lp));
 	if (http_unsent(c->req) > c->oa->max_unread) {
 		log_warn("%s: the client left %zu bytes unread: dropped", c->path, http_unsent(c->req));
 		http_watch_drop(c->watch);      /* calls call_gone_cb: the generation is cancelled */
@@ -592,14 +623,23 @@ token_cb(uint64_t id, const char *text, const rs_value *reply, void *arg)
 	return 0;
 }
 
-/* A reply with logprobs that is not streamed: gathered from its tokens. */
-static json_t *
-logprobs_reply(struct call *c, const char *reason, const struct api_usage *u)
+/*
+ * Choice i of a reply that is not streamed: its text from the done or,
+ * with logprobs, gathered from its tokens; its tool calls.
+ */
+static void
+reply_choice(struct call *c, json_t *reply, int i, const rs_value *fields, const char *reason)
 {
-	json_t *o = api_reply(&c->r, &c->meta, c->lp_text ? c->lp_text : "", c->lp_reasoning, reason, u);
+	struct choice *ch = &c->ch[i];
+	json_t *o;
 
-	api_set_logprobs(o, api_logprobs_take(&c->r, &c->lp));
-	return o;
+	if (c->r.logprobs) {
+		o = api_add_choice(&c->r, reply, ch->lp_text ? ch->lp_text : "", ch->lp_reasoning, reason);
+		api_set_logprobs(o, api_logprobs_take(&c->r, &ch->lp));
+	} else {
+		o = api_add_choice(&c->r, reply, rs_str(rs_get(fields, "text")), rs_reply_reasoning(fields), reason);
+	}
+	api_set_tool_calls(o, rs_get(fields, "tool_calls"), rs_bool(rs_get(fields, "calls_in_text")));
 }
 
 static void
@@ -607,11 +647,12 @@ done_cb(uint64_t id, const rs_value *done, void *arg)
 {
 	struct call *c = arg;
 	const rs_value *uv = rs_get(done, "usage");
-	const char *finish = rs_str(rs_get(done, "finish")), *reason = api_finish_reason(finish);
+	const char *reason = choice_reason(c, done, 0);
 	struct api_usage u = { rs_uint(rs_get(uv, "prompt_tokens")), rs_uint(rs_get(uv, "cached_tokens")),
 	    rs_uint(rs_get(uv, "generated_tokens")) };
 	struct api_error e;
 	json_t *reply;
+	int i;
 
 	if (c->req == NULL) {
 		log_info("%s: the client left: generation cancelled after %llu tokens (%.3fs)", c->path,
@@ -619,34 +660,35 @@ done_cb(uint64_t id, const rs_value *done, void *arg)
 		call_end(c);
 		return;
 	}
+	/* a cancel ends every choice */
 	if (reason == NULL) {
 		api_error_set(&e, 503, "server_error", NULL, "cancelled", "residentd cancelled the generation "
 		    "(its model was unloaded, or it is stopping)");
 		call_fail(c, &e);
 		return;
 	}
+	call_unwatch(c);
 	if (c->r.stream) {
 		if (!c->streaming)
 			stream_begin(c);
-		call_unwatch(c);
-		reason = stream_tool_calls(c, done, reason);
-		http_stream_send(c->req, api_chunk(&c->r, &c->meta, c->r.kind == API_CHAT ? NULL : "", NULL, 0,
-		    reason));
+		for (i = 0; i < c->r.n; i++)
+			http_stream_send(c->req, api_chunk(&c->r, &c->meta, i, c->r.kind == API_CHAT ? NULL : "", NULL, 0,
+			    stream_tool_calls(c, i, done_choice(c, done, i), choice_reason(c, done, i)), NULL));
 		if (c->r.include_usage)
 			http_stream_send(c->req, api_usage_chunk(&c->r, &c->meta, &u));
 		http_stream_end(c->req);
 	} else {
-		call_unwatch(c);
 		if (c->session[0])
 			http_add_header(c->req, "X-Resident-Session", c->session);
-		reply = c->r.logprobs ? logprobs_reply(c, reason, &u) :
-		    api_reply(&c->r, &c->meta, rs_str(rs_get(done, "text")), rs_reply_reasoning(done), reason, &u);
-		api_set_tool_calls(reply, rs_get(done, "tool_calls"), rs_bool(rs_get(done, "calls_in_text")));
+		reply = api_reply(&c->r, &c->meta, &u);
+		for (i = 0; i < c->r.n; i++)
+			reply_choice(c, reply, i, done_choice(c, done, i), choice_reason(c, done, i));
 		http_send_json(c->req, 200, reply);
 	}
-	log_info("%s 200 model %s%s%s, %llu+%llu tokens (%llu cached), %s (%.3fs)", c->path, c->r.model,
-	    c->session[0] ? ", session " : "", c->session, (unsigned long long)u.prompt,
-	    (unsigned long long)u.generated, (unsigned long long)u.cached, reason, call_seconds(c));
+	log_info("%s 200 model %s%s%s, %llu+%llu tokens (%llu cached), %d choice%s, %s (%.3fs)", c->path,
+	    c->r.model, c->session[0] ? ", session " : "", c->session, (unsigned long long)u.prompt,
+	    (unsigned long long)u.generated, (unsigned long long)u.cached, c->r.n, c->r.n > 1 ? "s" : "", reason,
+	    call_seconds(c));
 	call_end(c);
 }
 

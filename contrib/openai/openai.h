@@ -30,6 +30,7 @@ struct call;
 enum api_kind { API_CHAT, API_COMPLETION };
 
 #define API_MAX_NUMS 16
+#define API_MAX_CHOICES 8               /* n: the daemon's limit */
 
 /* An error reply: HTTP status and OpenAI's {"error": {message, type, param, code}}. */
 struct api_error {
@@ -92,6 +93,7 @@ struct api_req {
 	 * completions: logprobs N, 0..5).
 	 */
 	int logprobs, top_logprobs;
+	int n;                      /* choices to make, 1..API_MAX_CHOICES */
 	/*
 	 * Tools (chat): the tools as the daemon's `tools` JSON text, its
 	 * tool_choice ("auto", "none", "required"; NULL: the default) and the
@@ -130,20 +132,24 @@ void api_meta_init(struct api_meta *m, enum api_kind kind, const char *model);
 
 /* OpenAI's finish_reason for a daemon's finish, or NULL for "cancel" (and unknown ones). */
 const char *api_finish_reason(const char *finish);
+/* A whole, non-streamed reply, without its choices yet (api_add_choice). */
+json_t *api_reply(const struct api_req *r, const struct api_meta *m, const struct api_usage *u);
 /*
- * A whole, non-streamed reply. A chat reply's reasoning (the daemon's
- * `reasoning`; NULL or "": none) is its message's reasoning_content, as
- * llama-server and vLLM name it.
+ * Appends the next choice (its index: how many reply has) to a reply and
+ * returns it (borrowed), for api_set_logprobs and api_set_tool_calls. A
+ * chat choice's reasoning (the daemon's `reasoning`; NULL or "": none) is
+ * its message's reasoning_content, as llama-server and vLLM name it.
  */
-json_t *api_reply(const struct api_req *r, const struct api_meta *m, const char *text, const char *reasoning,
-    const char *finish_reason, const struct api_usage *u);
+json_t *api_add_choice(const struct api_req *r, json_t *reply, const char *text, const char *reasoning,
+    const char *finish_reason);
 /*
- * A stream chunk: text (NULL: none), reasoning (chat: the delta's
- * reasoning_content; NULL or "": none), the assistant role (the first chat
- * chunk), finish_reason (NULL: none).
+ * A stream chunk of choice index: text (NULL: none), reasoning (chat: the
+ * delta's reasoning_content; NULL or "": none), the assistant role (a
+ * choice's first chat chunk), finish_reason (NULL: none), logprobs (taken;
+ * NULL: none).
  */
-json_t *api_chunk(const struct api_req *r, const struct api_meta *m, const char *text, const char *reasoning,
-    int role, const char *finish_reason);
+json_t *api_chunk(const struct api_req *r, const struct api_meta *m, int index, const char *text,
+    const char *reasoning, int role, const char *finish_reason, json_t *logprobs);
 /* The last chunk of a stream with include_usage: no choices, the usage. */
 json_t *api_usage_chunk(const struct api_req *r, const struct api_meta *m, const struct api_usage *u);
 /* One entry of /v1/models. */
@@ -184,8 +190,8 @@ int api_logprobs_add(const struct api_req *r, struct api_logprobs *lp, const str
 /* The tokens added since the last take as OpenAI's choices[i].logprobs (a new reference); NULL: no memory. */
 json_t *api_logprobs_take(const struct api_req *r, struct api_logprobs *lp);
 void api_logprobs_free(struct api_logprobs *lp);
-/* Sets choices[0].logprobs of a reply or chunk (api_reply, api_chunk); takes the reference of logprobs. */
-void api_set_logprobs(json_t *reply, json_t *logprobs);
+/* Sets a reply's choice's logprobs (api_add_choice); takes the reference of logprobs. */
+void api_set_logprobs(json_t *choice, json_t *logprobs);
 
 /* Fills e with the HTTP status and OpenAI error for a libresident status and its message. */
 void api_error_from_status(rs_status st, const char *message, struct api_error *e);
@@ -222,13 +228,13 @@ rs_status api_tools_params(const struct api_req *r, rs_params *p);
  */
 int api_tools_may_call(const struct api_req *r, const char *text);
 /*
- * A non-streamed chat reply (api_reply's) with the daemon's tool_calls:
- * message.tool_calls, its content null when it was the calls' text or is
- * blank, finish_reason "tool_calls".
+ * A non-streamed chat reply's choice (api_add_choice's) with the daemon's
+ * tool_calls: message.tool_calls, its content null when it was the calls'
+ * text or is blank, finish_reason "tool_calls".
  */
-void api_set_tool_calls(json_t *reply, const rs_value *calls, int calls_in_text);
-/* A stream chunk with every call as delta.tool_calls (index, id, type, function {name, arguments}). */
-json_t *api_tool_chunk(const struct api_req *r, const struct api_meta *m, const rs_value *calls);
+void api_set_tool_calls(json_t *choice, const rs_value *calls, int calls_in_text);
+/* A stream chunk of choice index with every call as delta.tool_calls (index, id, type, function {...}). */
+json_t *api_tool_chunk(const struct api_req *r, const struct api_meta *m, int index, const rs_value *calls);
 
 /* ---- http.c ---- */
 

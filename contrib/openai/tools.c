@@ -205,9 +205,8 @@ blank(const char *s)
 }
 
 void
-api_set_tool_calls(json_t *reply, const rs_value *calls, int calls_in_text)
+api_set_tool_calls(json_t *choice, const rs_value *calls, int calls_in_text)
 {
-	json_t *choice = json_array_get(json_object_get(reply, "choices"), 0);
 	json_t *msg = json_object_get(choice, "message");
 
 	if (rs_len(calls) == 0 || msg == NULL)
@@ -219,9 +218,9 @@ api_set_tool_calls(json_t *reply, const rs_value *calls, int calls_in_text)
 }
 
 json_t *
-api_tool_chunk(const struct api_req *r, const struct api_meta *m, const rs_value *calls)
+api_tool_chunk(const struct api_req *r, const struct api_meta *m, int index, const rs_value *calls)
 {
-	json_t *chunk = api_chunk(r, m, NULL, NULL, 0, NULL);
+	json_t *chunk = api_chunk(r, m, index, NULL, NULL, 0, NULL, NULL);
 	json_t *delta = json_object_get(json_array_get(json_object_get(chunk, "choices"), 0), "delta");
 
 	json_object_set_new(delta, "tool_calls", calls_json(calls, 1));

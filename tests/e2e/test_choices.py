@@ -21,7 +21,18 @@ libclient/PROTOCOL.md, "Several choices") end to end, on generated models.
 7. Admission counts a request of n choices as n sequences: under
    --max-seqs 4, a request behind a running n=4 waits until it ends; n=8,
    more than the limit, runs alone.
+8. The Python package (contrib/python), blocking and asyncio: token.choice,
+   done.choices, streamed and not, the same choices as the daemon's.
+9. resident-openai with the `openai` package (skipped, saying so, without
+   it): n=3, chat and completions, streamed (each chunk's choices[0].index
+   is its choice, each choice has its role chunk and its finish_reason) and
+   not (three choices), the daemon's texts and usage; logprobs per choice,
+   streamed and not alike; a required tool on tiny-qwen3 with n=2: each
+   choice has its calls; n=2 with a session is a 400.
+
+libresident's rs_reply_choice is tested against a fake daemon (test_client).
 """
+import asyncio
 import json
 import os
 import sys
@@ -30,7 +41,15 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
-from rsd import Checks, Daemon  # noqa: E402
+from rsd import Checks, Daemon, Skip  # noqa: E402
+
+try:
+    import openai
+    from test_openai import Bridge
+except ImportError:
+    openai = None
+sys.path.insert(0, os.path.join(rsd.common.srcdir(), "contrib", "python"))
+import resident  # noqa: E402
 
 LONG = 1500
 SETTLE_S = 2.0
@@ -256,6 +275,107 @@ def check_admission(ck):
             ck.eq(b.collect(rb).finish, "length", "the request behind it runs then")
 
 
+def check_python(ck, d, c):
+    """Section 8."""
+    kw = dict(prompt="python choices", n=3, max_tokens=10, temperature=1.0, seed=5)
+    want = texts(c.generate(stream=False, **kw), 3)
+    with resident.connect(d.sock) as pc:
+        for stream in (True, False):
+            what = "python stream=%s" % stream
+            gen = pc.generate(stream=stream, **kw)
+            toks = list(gen)
+            done = gen.done
+            ck.eq([ch.text for ch in done.choices], want, what + ": done.choices' texts are the daemon's")
+            ck.eq([ch.generated_tokens for ch in done.choices], [10] * 3, what + ": each choice's generated_tokens")
+            ck.eq((done.text, done.finish, gen.text), (want[0], "length", want[0]), what + ": done's own: the first")
+            if stream:
+                ck.eq(["".join(t.text for t in toks if t.choice == i) for i in range(3)], want,
+                      what + ": each token's choice")
+        one = pc.generate(prompt="python choices", max_tokens=10, temperature=1.0, seed=5).result()
+        ck.eq((len(one.choices), one.choices[0].text, one.choices[0].generated_tokens), (1, want[0], 10),
+              "python n=1: one choice, done's own")
+
+    async def aio():
+        async with await resident.aio.connect(d.sock) as ac:
+            gen = await ac.generate(**kw)
+            async for _ in gen:
+                pass
+            return [ch.text for ch in gen.done.choices]
+    ck.eq(asyncio.run(aio()), want, "python asyncio: the same choices")
+
+
+def by_index(chunks, chat):
+    """A stream's chunks gathered by choice index: text, roles, finish_reasons, logprob entries, tool calls."""
+    out = {}
+    for chunk in chunks:
+        for x in chunk.choices:
+            o = out.setdefault(x.index, {"text": "", "roles": 0, "finish": [], "lp": 0, "calls": []})
+            if chat:
+                o["text"] += x.delta.content or ""
+                o["roles"] += x.delta.role == "assistant"
+                o["calls"] += x.delta.tool_calls or []
+            else:
+                o["text"] += x.text
+            if x.logprobs is not None:
+                o["lp"] += len(x.logprobs.content if chat else x.logprobs.tokens)
+            if x.finish_reason is not None:
+                o["finish"].append(x.finish_reason)
+    return out
+
+
+def check_bridge(ck, d, c, qwen):
+    """Section 9."""
+    if openai is None:
+        raise Skip("the openai package is not installed")
+    b = Bridge(d.sock)
+    try:
+        oc = b.client()
+        msgs = [{"role": "user", "content": "Three answers, please."}]
+        kw = dict(max_tokens=12, temperature=1.0, seed=9)
+        for kind, create, field in (("chat", oc.chat.completions.create, dict(messages=msgs)),
+                                    ("completions", oc.completions.create, dict(prompt="Three answers:"))):
+            chat = kind == "chat"
+            want = c.generate(stream=False, n=3, **field, **kw)
+            wt = texts(want, 3)
+            r = create(model="tiny", n=3, **field, **kw)
+            ck.eq([x.index for x in r.choices], [0, 1, 2], kind + ": three choices, their indexes")
+            ck.eq([x.message.content if chat else x.text for x in r.choices], wt, kind + ": the daemon's texts")
+            ck.eq((r.usage.prompt_tokens, r.usage.completion_tokens),
+                  (want.usage["prompt_tokens"], want.usage["generated_tokens"]), kind + ": usage, the prompt once")
+            chunks = list(create(model="tiny", n=3, stream=True, stream_options={"include_usage": True},
+                                 **field, **kw))
+            got = by_index(chunks, chat)
+            ck.eq(sorted(got), [0, 1, 2], kind + " streamed: chunks of the three indexes")
+            ck.eq([got[i]["text"] for i in range(3)], wt, kind + " streamed: each index's text")
+            ck.eq([got[i]["finish"] for i in range(3)], [[x.finish_reason] for x in r.choices],
+                  kind + " streamed: one finish_reason each")
+            if chat:
+                ck.eq([got[i]["roles"] for i in range(3)], [1, 1, 1], kind + " streamed: a role chunk each")
+            ck.eq(chunks[-1].usage.completion_tokens, r.usage.completion_tokens, kind + " streamed: the usage")
+            lp = dict(logprobs=True, top_logprobs=2) if chat else dict(logprobs=2)
+            r = create(model="tiny", n=2, **field, **kw, **lp)
+            n_lp = [len(x.logprobs.content if chat else x.logprobs.tokens) for x in r.choices]
+            ck.ok(all(n > 0 for n in n_lp), "%s logprobs: each choice has its own: %r" % (kind, n_lp))
+            got = by_index(create(model="tiny", n=2, stream=True, **field, **kw, **lp), chat)
+            ck.eq([got[i]["lp"] for i in range(2)], n_lp, kind + " logprobs streamed: as many per choice")
+        tools = dict(model=os.path.basename(qwen)[:-5], messages=[{"role": "user", "content": "Weather?"}],
+                     tools=TOOLS, tool_choice="required", n=2, max_tokens=300, temperature=1.5, seed=4)
+        r = oc.chat.completions.create(**tools)
+        for x in r.choices:
+            ck.ok(x.finish_reason == "tool_calls" and x.message.tool_calls and
+                  x.message.tool_calls[0].function.name == "get_weather",
+                  "tools: choice %d has its calls: %r" % (x.index, x))
+        got = by_index(oc.chat.completions.create(stream=True, **tools), True)
+        ck.eq([(got[i]["finish"], bool(got[i]["calls"])) for i in range(2)], [(["tool_calls"], True)] * 2,
+              "tools streamed: each index has its calls")
+        e = ck.raises(lambda: oc.chat.completions.create(model="tiny", messages=msgs, n=2,
+                                                         extra_body={"session": "new"}),
+                      openai.BadRequestError, "n=2 with a session", status_code=400)
+        ck.ok(e is not None and "session" in e.message, "its message says why: %s" % e)
+    finally:
+        ck.eq(b.stop(), 0, "resident-openai exits 0")
+
+
 def main():
     ck = Checks()
     tmp = tempfile.mkdtemp(prefix="rsd-choices-")
@@ -269,9 +389,15 @@ def main():
                               ("4. a json_schema and a required tool per choice",
                                lambda: check_constraints(ck, c, qwen)),
                               ("5. cancel, a client that leaves", lambda: check_cancel(ck, d, c)),
-                              ("6. errors", lambda: check_errors(ck, c))):
+                              ("6. errors", lambda: check_errors(ck, c)),
+                              ("8. the Python package", lambda: check_python(ck, d, c))):
                 with ck.section(title):
                     fn()
+            try:
+                with ck.section("9. resident-openai"):
+                    check_bridge(ck, d, c, qwen)
+            except Skip as e:
+                print("   skipped:", e)
         with ck.section("7. admission counts n"):
             check_admission(ck)
     finally:

@@ -333,8 +333,8 @@ def check_response_format(ck, oc):
 def check_errors(ck, oc, b):
     status_error(ck, lambda: oc.chat.completions.create(model="nope", messages=user("x")), openai.NotFoundError,
                  404, "chat with an unknown model", code="model_not_found", param="model")
-    status_error(ck, lambda: oc.chat.completions.create(model=MODEL, messages=user("x"), n=2),
-                 openai.BadRequestError, 400, "n=2", param="n")
+    status_error(ck, lambda: oc.chat.completions.create(model=MODEL, messages=user("x"), n=9),
+                 openai.BadRequestError, 400, "n=9", param="n")
     status_error(ck, lambda: oc.chat.completions.create(model=MODEL, messages=[{"role": "function", "content": "x",
                                                                                   "name": "f"}]),
                  openai.BadRequestError, 400, "a function message", param="messages")

@@ -133,7 +133,9 @@ test_bad_requests(void **state)
 		{ API_CHAT, CHAT(", \"max_tokens\": 0"), "max_tokens", "at least 1" },
 		{ API_CHAT, CHAT(", \"seed\": -1"), "seed", "at least 0" },
 		{ API_CHAT, CHAT(", \"stop\": [1]"), "stop", "array of strings" },
-		{ API_CHAT, CHAT(", \"n\": 2"), "n", "n must be 1" },
+		{ API_CHAT, CHAT(", \"n\": 9"), "n", "from 1 to 8" },
+		{ API_CHAT, CHAT(", \"n\": 0"), "n", "from 1 to 8" },
+		{ API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"n\": \"2\"}", "n", "from 1 to 8" },
 		{ API_CHAT, CHAT(", \"functions\": [{\"name\": \"f\"}]"), "functions", "not supported" },
 		{ API_CHAT, CHAT(", \"tools\": {\"type\": \"function\"}"), "tools", "must be an array" },
 		{ API_CHAT, CHAT(", \"tool_choice\": \"auto\""), "tool_choice", "needs tools" },
@@ -333,41 +335,66 @@ json_is(json_t *j, const char *want)
 	json_decref(j);
 }
 
+/* A reply of one choice (api_reply, api_add_choice); *choice (if not NULL) gets that choice. */
+static json_t *
+reply1(const struct api_req *r, const struct api_meta *m, const char *text, const char *reasoning,
+    const char *finish_reason, const struct api_usage *u, json_t **choice)
+{
+	json_t *o = api_reply(r, m, u), *c = api_add_choice(r, o, text, reasoning, finish_reason);
+
+	if (choice != NULL)
+		*choice = c;
+	return o;
+}
+
 static void
 test_replies(void **state)
 {
 	struct api_req chat = { .kind = API_CHAT }, cmpl = { .kind = API_COMPLETION, .include_usage = 1 };
 	struct api_meta m = { .id = "chatcmpl-1", .created = 5, .model = "tiny" };
 	struct api_usage u = { 10, 4, 3 };
+	json_t *o;
 
-	json_is(api_reply(&chat, &m, "Hi", NULL, "stop", &u),
+	json_is(reply1(&chat, &m, "Hi", NULL, "stop", &u, NULL),
 	    "{\"choices\":[{\"finish_reason\":\"stop\",\"index\":0,\"logprobs\":null,\"message\":{\"content\":\"Hi\","
 	    "\"role\":\"assistant\"}}],\"created\":5,\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":"
 	    "\"chat.completion\",\"usage\":{\"completion_tokens\":3,\"prompt_tokens\":10,\"prompt_tokens_details\":"
 	    "{\"cached_tokens\":4},\"total_tokens\":13}}");
-	json_is(api_chunk(&chat, &m, "", NULL, 1, NULL),
+	json_is(api_chunk(&chat, &m, 0, "", NULL, 1, NULL, NULL),
 	    "{\"choices\":[{\"delta\":{\"content\":\"\",\"role\":\"assistant\"},\"finish_reason\":null,\"index\":0,"
 	    "\"logprobs\":null}],\"created\":5,\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":"
 	    "\"chat.completion.chunk\"}");
-	json_is(api_chunk(&chat, &m, NULL, "", 0, "length"),
+	json_is(api_chunk(&chat, &m, 0, NULL, "", 0, "length", NULL),
 	    "{\"choices\":[{\"delta\":{},\"finish_reason\":\"length\",\"index\":0,\"logprobs\":null}],\"created\":5,"
 	    "\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":\"chat.completion.chunk\"}");
 	/* reasoning beside the answer, as llama-server's and vLLM's reasoning_content */
-	json_is(api_reply(&chat, &m, "Hi", "Greet.", "stop", &u),
+	json_is(reply1(&chat, &m, "Hi", "Greet.", "stop", &u, NULL),
 	    "{\"choices\":[{\"finish_reason\":\"stop\",\"index\":0,\"logprobs\":null,\"message\":{\"content\":\"Hi\","
 	    "\"reasoning_content\":\"Greet.\",\"role\":\"assistant\"}}],\"created\":5,\"id\":\"chatcmpl-1\",\"model\":"
 	    "\"tiny\",\"object\":\"chat.completion\",\"usage\":{\"completion_tokens\":3,\"prompt_tokens\":10,"
 	    "\"prompt_tokens_details\":{\"cached_tokens\":4},\"total_tokens\":13}}");
-	json_is(api_chunk(&chat, &m, NULL, "Hm", 0, NULL),
+	json_is(api_chunk(&chat, &m, 0, NULL, "Hm", 0, NULL, NULL),
 	    "{\"choices\":[{\"delta\":{\"reasoning_content\":\"Hm\"},\"finish_reason\":null,\"index\":0,"
 	    "\"logprobs\":null}],\"created\":5,\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":"
 	    "\"chat.completion.chunk\"}");
 	m.session = uuid;
-	json_is(api_chunk(&cmpl, &m, "x\"y", NULL, 0, NULL),
+	json_is(api_chunk(&cmpl, &m, 0, "x\"y", NULL, 0, NULL, NULL),
 	    "{\"choices\":[{\"finish_reason\":null,\"index\":0,\"logprobs\":null,\"text\":\"x\\\"y\"}],\"created\":5,"
 	    "\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":\"text_completion\",\"session\":"
 	    "\"0123abcd-4567-89ab-cdef-0123456789ab\",\"usage\":null}");
 	m.session = NULL;
+	/* several choices: each its index, in a reply and in chunks */
+	o = api_reply(&cmpl, &m, &u);
+	api_add_choice(&cmpl, o, "a", NULL, "stop");
+	api_add_choice(&cmpl, o, "b", NULL, "length");
+	json_is(json_incref(json_object_get(o, "choices")),
+	    "[{\"finish_reason\":\"stop\",\"index\":0,\"logprobs\":null,\"text\":\"a\"},"
+	    "{\"finish_reason\":\"length\",\"index\":1,\"logprobs\":null,\"text\":\"b\"}]");
+	json_decref(o);
+	json_is(json_incref(json_object_get(o = api_chunk(&chat, &m, 7, "z", NULL, 1, NULL, NULL), "choices")),
+	    "[{\"delta\":{\"content\":\"z\",\"role\":\"assistant\"},\"finish_reason\":null,\"index\":7,"
+	    "\"logprobs\":null}]");
+	json_decref(o);
 	json_is(api_usage_chunk(&cmpl, &m, &u),
 	    "{\"choices\":[],\"created\":5,\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":\"text_completion\","
 	    "\"usage\":{\"completion_tokens\":3,\"prompt_tokens\":10,\"prompt_tokens_details\":{\"cached_tokens\":4},"
@@ -431,8 +458,13 @@ test_logprobs_requests(void **state)
 	api_req_free(&r);
 	for (i = 0; i < sizeof bad / sizeof bad[0]; i++)
 		parse_bad(bad[i].kind, bad[i].body, NULL, bad[i].param, bad[i].what);
-	/* still refused */
-	parse_bad(API_CHAT, CHAT(", \"logprobs\": true, \"n\": 2"), NULL, "n", "n must be 1");
+	/* several choices, with logprobs too */
+	parse_ok(API_CHAT, CHAT(", \"logprobs\": true, \"n\": 8"), NULL, &r);
+	assert_int_equal(r.n, 8);
+	api_req_free(&r);
+	parse_ok(API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\"}", NULL, &r);
+	assert_int_equal(r.n, 1);
+	api_req_free(&r);
 	parse_bad(API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"logprobs\": 1, \"echo\": true}", NULL,
 	    "echo", "not supported");
 }
@@ -450,13 +482,13 @@ test_logprobs_chat(void **state)
 	const struct api_lp_token t1 = TOK("\xe4\xbd", -0.5), top1[] = { TOK("\xe4\xbd", -0.5), TOK("A", -1.25),
 	    TOK("B", -2.0) };
 	const struct api_lp_token t2 = TOK("\xa0", -INFINITY), top2[] = { TOK("\xc3\xa9", -0.25) };
-	json_t *o;
+	json_t *o, *ch;
 
 	/* a reply that is not streamed: every token */
 	assert_int_equal(api_logprobs_add(&r, &lp, &t1, top1, 3), 0);  /* 3 given, 2 asked for */
 	assert_int_equal(api_logprobs_add(&r, &lp, &t2, top2, 1), 0);
-	o = api_reply(&r, &m, "\xe4\xbd\xa0", NULL, "stop", &u);
-	api_set_logprobs(o, api_logprobs_take(&r, &lp));
+	o = reply1(&r, &m, "\xe4\xbd\xa0", NULL, "stop", &u, &ch);
+	api_set_logprobs(ch, api_logprobs_take(&r, &lp));
 	json_is(json_incref(json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs")),
 	    "{\"content\":["
 	    "{\"bytes\":[228,189],\"logprob\":-0.5,\"token\":\"\xef\xbf\xbd\",\"top_logprobs\":["
@@ -470,16 +502,15 @@ test_logprobs_chat(void **state)
 	/* streamed: a chunk has the tokens added since the last */
 	r.top_logprobs = 0;
 	assert_int_equal(api_logprobs_add(&r, &lp, &t1, top1, 0), 0);
-	o = api_chunk(&r, &m, "", NULL, 0, NULL);
-	api_set_logprobs(o, api_logprobs_take(&r, &lp));
+	o = api_chunk(&r, &m, 0, "", NULL, 0, NULL, api_logprobs_take(&r, &lp));
 	json_is(o, "{\"choices\":[{\"delta\":{\"content\":\"\"},\"finish_reason\":null,\"index\":0,\"logprobs\":"
 	    "{\"content\":[{\"bytes\":[228,189],\"logprob\":-0.5,\"token\":\"\xef\xbf\xbd\",\"top_logprobs\":[]}]}}],"
 	    "\"created\":5,\"id\":\"chatcmpl-1\",\"model\":\"tiny\",\"object\":\"chat.completion.chunk\"}");
 	json_is(api_logprobs_take(&r, &lp), "{\"content\":[]}");
 	/* NULL sets nothing */
-	o = api_chunk(&r, &m, "x", NULL, 0, NULL);
-	api_set_logprobs(o, NULL);
-	assert_true(json_is_null(json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs")));
+	o = reply1(&r, &m, "x", NULL, "stop", &u, &ch);
+	api_set_logprobs(ch, NULL);
+	assert_true(json_is_null(json_object_get(ch, "logprobs")));
 	json_decref(o);
 	api_logprobs_free(&lp);
 }
@@ -536,12 +567,12 @@ test_logprobs_completion(void **state)
 	const struct api_lp_token t1 = TOK(" caf", -0.5), top1[] = { TOK(" caf", -0.5), TOK("\xe4\xbd", -1.5),
 	    TOK("\xe5", -2.5), TOK("z", -3.0) };
 	const struct api_lp_token t2 = TOK("\xc3\xa9", -INFINITY), top2[] = { TOK("\xc3\xa9", -NAN) };
-	json_t *o;
+	json_t *o, *ch;
 
 	assert_int_equal(api_logprobs_add(&r, &lp, &t1, top1, 4), 0);
 	assert_int_equal(api_logprobs_add(&r, &lp, &t2, top2, 1), 0);
-	o = api_reply(&r, &m, " caf\xc3\xa9", NULL, "length", &u);
-	api_set_logprobs(o, api_logprobs_take(&r, &lp));
+	o = reply1(&r, &m, " caf\xc3\xa9", NULL, "length", &u, &ch);
+	api_set_logprobs(ch, api_logprobs_take(&r, &lp));
 	json_is(o, "{\"choices\":[{\"finish_reason\":\"length\",\"index\":0,\"logprobs\":{"
 	    "\"text_offset\":[0,4],\"token_logprobs\":[-0.5,-9999.0],\"tokens\":[\" caf\",\"\xc3\xa9\"],"
 	    "\"top_logprobs\":[{\" caf\":-0.5,\"\xef\xbf\xbd\":-1.5},{\"\xc3\xa9\":-9999.0}]},\"text\":\" caf\xc3\xa9\"}],"
@@ -551,8 +582,7 @@ test_logprobs_completion(void **state)
 	/* streamed: text_offset goes on from the last chunk's; logprobs 0: no top tokens */
 	r.top_logprobs = 0;
 	assert_int_equal(api_logprobs_add(&r, &lp, &t1, top1, 4), 0);
-	o = api_chunk(&r, &m, " caf", NULL, 0, NULL);
-	api_set_logprobs(o, api_logprobs_take(&r, &lp));
+	o = api_chunk(&r, &m, 0, " caf", NULL, 0, NULL, api_logprobs_take(&r, &lp));
 	json_is(json_incref(json_object_get(json_array_get(json_object_get(o, "choices"), 0), "logprobs")),
 	    "{\"text_offset\":[5],\"token_logprobs\":[-0.5],\"tokens\":[\" caf\"],\"top_logprobs\":[{}]}");
 	json_decref(o);

@@ -17,7 +17,7 @@ Errors are ResidentError subclasses carrying the protocol's error code
 (resident.errors).
 """
 from . import aio, errors
-from ._wire import PROTOCOL_VERSION, Done, Token, default_socket
+from ._wire import PROTOCOL_VERSION, Choice, Done, Token, default_socket
 from .client import Client, Generation, connect
 from .errors import (BadFrame, BadRequest, ConnectError, ConnectionLost, ContextExceeded, DuplicateId,
                      FrameTimeout, FrameTooLarge, InternalError, InvalidParam, InvalidUtf8, ModelError, NotFound,
@@ -27,7 +27,7 @@ from .errors import (BadFrame, BadRequest, ConnectError, ConnectionLost, Context
 __version__ = "0.1.0"
 
 __all__ = [
-    "aio", "errors", "PROTOCOL_VERSION", "Done", "Token", "default_socket", "Client", "Generation",
+    "aio", "errors", "PROTOCOL_VERSION", "Choice", "Done", "Token", "default_socket", "Client", "Generation",
     "connect", "BadFrame", "BadRequest", "ConnectError", "ConnectionLost", "ContextExceeded",
     "DuplicateId", "FrameTimeout", "FrameTooLarge", "InternalError", "InvalidParam", "InvalidUtf8", "ModelError",
     "NotFound", "Overloaded", "ProtocolError", "QuotaExceeded", "ResidentError", "SessionBusy",

@@ -172,9 +172,10 @@ class Token:
     ""), reasoning (what the model thought before answering, apart from it:
     Qwen3's <think> block, gpt-oss's analysis channel; maybe ""), tool (a tool
     call's text: gpt-oss's commentary channel, Qwen's <tool_call> blocks; maybe ""), id (the token id),
-    logprob (a float with logprobs=True, else None)."""
+    logprob (a float with logprobs=True, else None), choice (which of the
+    n choices it is of; 0 with one)."""
 
-    __slots__ = ("text", "reasoning", "tool", "id", "logprob")
+    __slots__ = ("text", "reasoning", "tool", "id", "logprob", "choice")
 
     def __init__(self, reply):
         self.text = reply.get("text", "")
@@ -182,33 +183,54 @@ class Token:
         self.tool = reply.get("tool", "")
         self.id = reply.get("token")
         self.logprob = reply.get("logprob")
+        self.choice = reply.get("choice", 0)
 
     def __repr__(self):
         return "Token(%r, id=%r)" % (self.text, self.id)
 
 
-class Done:
-    """The end of a generation: finish ("stop", "length", "context" or
-    "cancel"), usage (a dict: prompt_tokens, cached_tokens, generated_tokens,
-    ttft_ms, tokens_per_s), session (its uuid, or None), text (all the answer),
-    reasoning and tool (all of them, "" for none); with tools: tool_calls (a
-    list of {id, name, arguments}, arguments JSON text; [] for none),
-    tool_error (a call that did not parse, or None) and calls_in_text (the
-    calls were the answer's text)."""
+class Choice:
+    """One output of a generation: finish ("stop", "length", "context" or
+    "cancel"), text (all the answer), reasoning and tool (all of them, ""
+    for none), generated_tokens; with tools: tool_calls (a list of {id, name,
+    arguments}, arguments JSON text; [] for none), tool_error (a call that did
+    not parse, or None) and calls_in_text (the calls were the answer's text)."""
 
-    __slots__ = ("finish", "usage", "session", "text", "reasoning", "tool", "tool_calls", "tool_error",
+    __slots__ = ("finish", "text", "reasoning", "tool", "generated_tokens", "tool_calls", "tool_error",
                  "calls_in_text")
 
+    def __init__(self, fields, streamed, generated):
+        self.finish = fields.get("finish")
+        self.text = fields.get("text", streamed["text"])
+        self.reasoning = fields.get("reasoning", streamed["reasoning"])
+        self.tool = fields.get("tool", streamed["tool"])
+        self.generated_tokens = fields.get("generated_tokens", generated)
+        self.tool_calls = fields.get("tool_calls", [])
+        self.tool_error = fields.get("tool_error")
+        self.calls_in_text = bool(fields.get("calls_in_text"))
+
+    def __repr__(self):
+        return "Choice(finish=%r, text=%r)" % (self.finish, self.text)
+
+
+class Done(Choice):
+    """The end of a generation: usage (a dict: prompt_tokens, cached_tokens,
+    generated_tokens, ttft_ms, tokens_per_s; the prompt counted once for
+    all choices), session (its uuid, or None), choices (a Choice for each of
+    the n asked for, in order) and, as its own fields, the first choice's
+    (finish, text, ...: the whole output when n is 1)."""
+
+    __slots__ = ("usage", "session", "choices")
+
     def __init__(self, reply, streamed):
-        self.finish = reply.get("finish")
         self.usage = reply.get("usage") or {}
         self.session = reply.get("session")
-        self.text = reply.get("text", streamed["text"])
-        self.reasoning = reply.get("reasoning", streamed["reasoning"])
-        self.tool = reply.get("tool", streamed["tool"])
-        self.tool_calls = reply.get("tool_calls", [])
-        self.tool_error = reply.get("tool_error")
-        self.calls_in_text = bool(reply.get("calls_in_text"))
+        if "choices" in reply:
+            self.choices = [Choice(ch, streamed(i), None) for i, ch in enumerate(reply["choices"])]
+        else:
+            self.choices = [Choice(reply, streamed(0), self.usage.get("generated_tokens"))]
+        for k in Choice.__slots__:
+            setattr(self, k, getattr(self.choices[0], k))
 
     def __repr__(self):
         return "Done(finish=%r, usage=%r, session=%r)" % (self.finish, self.usage, self.session)
@@ -235,36 +257,37 @@ class GenerationBase:
         self.id = rid
         self.stream = stream
         self.done = None
-        self._pieces = {"text": [], "reasoning": [], "tool": []}
+        self._pieces = {}       # choice -> {part: [pieces]}
 
     def _take(self, reply):
         """A token reply's Token; None after the done reply; raises an error reply."""
         if reply["type"] == "token":
             tok = Token(reply)
-            for k, pieces in self._pieces.items():
+            for k, pieces in self._pieces.setdefault(tok.choice, {"text": [], "reasoning": [], "tool": []}).items():
                 pieces.append(getattr(tok, k))
             return tok
         self._client._forget(self.id)
         if reply["type"] == "done":
-            self.done = Done(reply, self._streamed())
+            self.done = Done(reply, self._streamed)
             return None
         if reply["type"] == "error":
             raise errors.from_reply(reply)
         raise errors.ProtocolError("unexpected reply to generate: %r" % reply["type"])
 
-    def _streamed(self):
-        """Each part's pieces received so far, joined."""
-        return {k: "".join(pieces) for k, pieces in self._pieces.items()}
+    def _streamed(self, choice):
+        """Each part of a choice's pieces received so far, joined."""
+        pieces = self._pieces.get(choice, {})
+        return {k: "".join(pieces.get(k, ())) for k in ("text", "reasoning", "tool")}
 
     @property
     def text(self):
-        """The answer received so far (all of it once done)."""
-        return self.done.text if self.done is not None else self._streamed()["text"]
+        """The answer received so far (all of it once done); the first choice's."""
+        return self.done.text if self.done is not None else self._streamed(0)["text"]
 
     @property
     def reasoning(self):
-        """The reasoning received so far (all of it once done)."""
-        return self.done.reasoning if self.done is not None else self._streamed()["reasoning"]
+        """The reasoning received so far (all of it once done); the first choice's."""
+        return self.done.reasoning if self.done is not None else self._streamed(0)["reasoning"]
 
 
 class Ops:

@@ -212,7 +212,9 @@ class Client(_wire.Ops):
         template); session continues one with messages. params: max_tokens,
         temperature, top_k, top_p, min_p, repeat_penalty, presence_penalty,
         frequency_penalty, seed, stop (a string or a list), priority,
-        logprobs, keep_alive (PROTOCOL.md, generate); and to constrain the
+        logprobs, keep_alive, n (several choices of the prompt: each
+        Token's choice says whose, done.choices has each one's; PROTOCOL.md,
+        generate); and to constrain the
         output, at most one of grammar (grammar text), json_schema (a dict,
         or a JSON Schema's JSON text) and json=True (any JSON object); for
         tool calls, tools (a list of OpenAI's tools, or its JSON text) and
