@@ -273,16 +273,30 @@ mx4g_d(const uint8_t *row, int b)
 	return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
 }
 
-/* Four e2m1 codes (one a byte, low nibbles) as the signed bytes of their doubled values (kvalues_mxfp4). */
-static __device__ __forceinline__ uint32_t
-mx4_values(uint32_t codes)
+/*
+ * The eight e2m1 codes of a word (two a byte) as the signed bytes of their
+ * doubled values (kvalues_mxfp4): x those of the low nibbles (bytes 0-3 in
+ * order), y those of the high ones. Byte permutes look each code's
+ * magnitude up among the positive values and among the negative ones, and
+ * a third takes one or the other by the sign bit: fewer instructions than
+ * masking, looking up and negating four at a time, which counts where the
+ * experts' integer kernel is bound by its instruction issue (RESULTS.md).
+ */
+static __device__ __forceinline__ uint2
+mx4_decode8(uint32_t codes)
 {
-	uint32_t mag = codes & 0x07070707u, neg = (codes >> 3) & 0x01010101u;
-	/* magnitudes 0 1 2 3 4 6 8 12 by byte permute: each byte's 3-bit code selects one */
-	uint32_t sel = (mag & 0x7u) | (mag >> 4 & 0x70u) | (mag >> 8 & 0x700u) | (mag >> 12 & 0x7000u);
-	uint32_t v = __byte_perm(0x03020100u, 0x0c080604u, sel);
+	/* a selector's bit 3 would replicate the byte's sign: the magnitude alone selects */
+	uint32_t mag = codes & 0x77777777u, pick = 0x32103210u | (codes & 0x88888888u) >> 1;
+	uint32_t v[2];
 
-	return __vsub4(v ^ neg * 0xffu, neg * 0xffu); /* negated where the sign bit was set */
+#pragma unroll
+	for (int i = 0; i < 2; i++) { /* codes 4i..4i+3: the low and high nibbles of bytes 2i and 2i+1 */
+		uint32_t pos = __byte_perm(0x03020100u, 0x0c080604u, mag >> 16 * i);
+		uint32_t neg = __byte_perm(0xfdfeff00u, 0xf4f8fafcu, mag >> 16 * i);
+
+		v[i] = __byte_perm(pos, neg, pick >> 16 * i);
+	}
+	return make_uint2(__byte_perm(v[0], v[1], 0x6420), __byte_perm(v[0], v[1], 0x7531));
 }
 
 /* MXFP4G: chunk c is the low (c % 4 < 2) or high nibbles of 8 quant bytes, times the block's scale. */
@@ -292,8 +306,8 @@ deq8<TT_MXFP4G>(const uint8_t *__restrict__ row, int c, float *v)
 {
 	int b = c >> 2, j = c & 3;
 	uint2 q = __ldg((const uint2 *)(mx4g_qs(row, b) + 8 * (j & 1)));
-	uint32_t lo = mx4_values((q.x >> (4 * (j >> 1))) & 0x0f0f0f0fu);
-	uint32_t hi = mx4_values((q.y >> (4 * (j >> 1))) & 0x0f0f0f0fu);
+	uint2 vx = mx4_decode8(q.x), vy = mx4_decode8(q.y);
+	uint32_t lo = j >> 1 ? vx.y : vx.x, hi = j >> 1 ? vy.y : vy.x;
 	float d = mx4g_d(row, b);
 
 #pragma unroll

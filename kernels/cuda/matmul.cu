@@ -390,8 +390,10 @@ template <> struct qt<TT_MXFP4G> {
 		o.d = mx4g_d(row, c);
 #pragma unroll
 		for (int i = 0; i < 4; i++) { /* elements 4i.. in the low nibbles, 16 + 4i.. in the high ones */
-			o.q[i] = (int)mx4_values(w[i] & 0x0f0f0f0fu);
-			o.q[4 + i] = (int)mx4_values((w[i] >> 4) & 0x0f0f0f0fu);
+			uint2 v = mx4_decode8(w[i]);
+
+			o.q[i] = (int)v.x;
+			o.q[4 + i] = (int)v.y;
 		}
 	}
 	static __device__ __forceinline__ void
@@ -458,6 +460,17 @@ mmq_group_sum(float *a, int g, int part, int lane)
 	return 1;
 }
 
+/* The sum over each run of LS lanes (LS a power of two up to 32); every lane of a run gets its run's. */
+template <int LS>
+static __device__ __forceinline__ float
+run_sum(float v)
+{
+#pragma unroll
+	for (int o = LS / 2; o > 0; o >>= 1)
+		v += __shfl_xor_sync(FULL_MASK, v, o);
+	return v;
+}
+
 /*
  * One block of the integer matrix-vector kernel: its warps in groups of
  * KS, group g taking R rows of the weight from (blk * MMQ_WARPS / KS + g)
@@ -466,20 +479,29 @@ mmq_group_sum(float *a, int g, int part, int lane)
  * row. The group's first warp adds the others' sums (in that order) and
  * stores. With QKV (R even), the rows go to e as pairs. Only the first nt
  * tokens are there (nt <= NT; a constant NT where the caller has all).
+ *
+ * Short rows (the experts' slots): LS < 32 splits a warp (KS 1) into runs
+ * of LS lanes, each run R rows of its own, so that a row of fewer than 32
+ * chunks does not leave lanes idle; U > 1 loads U chunks a lane before
+ * the first product, so that a lane has all of a short row's loads in
+ * flight at once instead of one chunk's (a chunk past the row is loaded
+ * again as the row's last and not added).
  */
-template <int TY, int NT, int R, int KS, bool QKV>
+template <int TY, int NT, int R, int KS, bool QKV, int LS = WARP, int U = 1>
 static __device__ __forceinline__ void
 mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq,
     const float2 *__restrict__ xd, const struct mm_out &out, const mm_e<QKV> &e, int nt)
 {
 	using Q = qt<TY>;
-	int w = threadIdx.x / WARP, g = w / KS, part = w % KS;
-	int row0 = (blk * (MMQ_WARPS / KS) + g) * R, lane = threadIdx.x % WARP, n = sg.n;
+	static_assert(LS == WARP || KS == 1, "runs of lanes are one warp's");
+	constexpr int RUNS = WARP / LS;
+	int w = threadIdx.x / WARP, g = w / KS, part = w % KS, lane = threadIdx.x % WARP, nc = k / Q::n;
+	int warp_row0 = (blk * (MMQ_WARPS / KS) + g) * RUNS * R, row0 = warp_row0 + lane / LS * R, n = sg.n;
 	const uint8_t *r[R];
 	float acc[R][NT];
 	struct qkv_pair pe[QKV ? R / 2 : 1][NT];
 
-	if (row0 >= n)
+	if (warp_row0 >= n) /* a run past the last row still takes part in its warp's sums */
 		return;
 	if constexpr (QKV) {
 #pragma unroll
@@ -496,36 +518,45 @@ mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq
 		for (int t = 0; t < NT; t++)
 			acc[i][t] = 0.0f;
 	}
-	for (int c = lane + part * WARP; c < k / Q::n; c += KS * WARP) {
-		typename Q::W wc[R];
+	for (int c0 = lane % LS + part * LS; c0 < nc; c0 += U * KS * LS) {
+		typename Q::W wc[U][R];
 
 #pragma unroll
-		for (int i = 0; i < R; i++)
-			Q::load(r[i], c, wc[i]);
-#pragma unroll
-		for (int t = 0; t < NT; t++) {
-			typename Q::X x;
-
-			if (t >= nt)
-				break;
-			Q::loadx(xq, xd, k, t, c, x);
+		for (int u = 0; u < U; u++)
 #pragma unroll
 			for (int i = 0; i < R; i++)
-				acc[i][t] += Q::dot(wc[i], x);
+				Q::load(r[i], min(c0 + u * KS * LS, nc - 1), wc[u][i]);
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			int c = c0 + u * KS * LS;
+
+			if (c >= nc)
+				break;
+#pragma unroll
+			for (int t = 0; t < NT; t++) {
+				typename Q::X x;
+
+				if (t >= nt)
+					break;
+				Q::loadx(xq, xd, k, t, c, x);
+#pragma unroll
+				for (int i = 0; i < R; i++)
+					acc[i][t] += Q::dot(wc[u][i], x);
+			}
 		}
 	}
 #pragma unroll
 	for (int i = 0; i < R; i++)
 #pragma unroll
 		for (int t = 0; t < NT; t++)
-			acc[i][t] = warp_sum(acc[i][t]);
+			acc[i][t] = run_sum<LS>(acc[i][t]);
 	if constexpr (KS > 1)
 		if (!mmq_group_sum<R * NT, KS>(&acc[0][0], g, part, lane))
 			return;
-	if (lane != 0)
+	if (lane % LS != 0)
 		return;
 	if constexpr (QKV) {
-		static_assert(R % 2 == 0, "a warp holds whole pairs");
+		static_assert(R % 2 == 0 && LS == WARP, "a warp holds whole pairs");
 #pragma unroll
 		for (int i = 0; i < R; i += 2)
 #pragma unroll
@@ -542,11 +573,11 @@ mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq
 	}
 }
 
-/* Blocks of the integer kernel for n rows of R a group of ks warps. */
+/* Blocks of the integer kernel for n rows of R a group of ks warps (a run of ls lanes, if ls < 32). */
 static int
-mmq_blocks(int64_t n, int r, int ks)
+mmq_blocks(int64_t n, int r, int ks, int ls = WARP)
 {
-	int rows = MMQ_WARPS / ks * r;
+	int rows = MMQ_WARPS / ks * r * (WARP / ls);
 
 	return (int)((n + rows - 1) / rows);
 }
@@ -586,9 +617,10 @@ mmq_kernel(struct mm_seg a, struct mm_seg b, int nb_a, int k, const int8_t *__re
 /*
  * The integer kernel over expert slots (cuda_matmul_slots): block (x, s)
  * takes rows of the expert slot s chose, by the int8 form of its input
- * row, R rows a group of KS warps as the one-token kernel.
+ * row, R rows a group of KS warps as the one-token kernel, or R rows a run
+ * of LS lanes, U chunks a lane in flight, for short rows.
  */
-template <int TY, int R, int KS>
+template <int TY, int R, int KS, int LS = WARP, int U = 1>
 __global__ void __launch_bounds__(MMQ_WARPS * WARP, KS > 1 ? 4 : 1)
 mmq_slot_kernel(struct mm_seg a, int k, const int8_t *__restrict__ xq, const float2 *__restrict__ xd,
     struct mm_out out, struct mm_slots sl)
@@ -598,7 +630,7 @@ mmq_slot_kernel(struct mm_seg a, int k, const int8_t *__restrict__ xq, const flo
 	int s = blockIdx.y, in = s / sl.in_div;
 
 	a.w += (size_t)slot_expert(sl, s) * sl.stride;
-	mmq_block<TY, 1, R, KS, false>(a, blockIdx.x, k, xq + (size_t)in * 2 * k, xd + (size_t)in * (k / 32),
+	mmq_block<TY, 1, R, KS, false, LS, U>(a, blockIdx.x, k, xq + (size_t)in * 2 * k, xd + (size_t)in * (k / 32),
 	    slot_out(out, s), mm_e<false>{}, 1);
 }
 
@@ -857,7 +889,14 @@ matvec(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weight 
 	return 0;
 }
 
-/* The slot kernel of the integer type TY, shaped as the one-token kernel for rows of k. */
+/*
+ * The slot kernel of the integer type TY, shaped as the one-token kernel
+ * for rows of k, except Q4_K rows of up to 32 chunks: runs of 4 or 8 lanes,
+ * 2 rows each, a run's chunks loaded at once, made qwen3-30b-a3b's step of
+ * one token 1-3 % faster on an H100 (its gate/up and down: every lane
+ * busy, where 12 of 32 took a row of 768); the same for MXFP4 rows of
+ * 2,880 (gpt-oss) and for Q6_K was slower (tests/bench/RESULTS.md).
+ */
 template <int TY>
 static cudaError_t
 mmq_slot_launch(cudaStream_t st, const struct cuda_weight *w, int n_slots, const int8_t *xq, const float2 *xd,
@@ -865,11 +904,18 @@ mmq_slot_launch(cudaStream_t st, const struct cuda_weight *w, int n_slots, const
 {
 	struct mm_seg a = { w->d, w->row_bytes, (int)w->n, 0 };
 	dim3 block(MMQ_WARPS * WARP);
-	int k = (int)w->k;
+	int k = (int)w->k, nc = k / qt<TY>::n;
 
 	if (TY == TT_Q6_KG && k >= MMQ_WIDE_K)
 		return cuda_launch(mmq_slot_kernel<TY, 4, 2>, dim3((unsigned)mmq_blocks(w->n, 4, 2), (unsigned)n_slots),
 		    block, 0, st, a, k, xq, xd, *out, sl);
+	/* qwen3-30b-a3b's experts (rows of 2,048 and 768 in Q4_K: 32 and 12 chunks) */
+	if (TY == TT_Q4_K && nc <= 12)
+		return cuda_launch(mmq_slot_kernel<TY, 2, 1, 4, 3>, dim3((unsigned)mmq_blocks(w->n, 2, 1, 4),
+		    (unsigned)n_slots), block, 0, st, a, k, xq, xd, *out, sl);
+	if (TY == TT_Q4_K && nc <= 32)
+		return cuda_launch(mmq_slot_kernel<TY, 2, 1, 8, 4>, dim3((unsigned)mmq_blocks(w->n, 2, 1, 8),
+		    (unsigned)n_slots), block, 0, st, a, k, xq, xd, *out, sl);
 	if (k >= MMQ_WIDE_K)
 		return cuda_launch(mmq_slot_kernel<TY, 2, 1>, dim3((unsigned)mmq_blocks(w->n, 2, 1), (unsigned)n_slots),
 		    block, 0, st, a, k, xq, xd, *out, sl);

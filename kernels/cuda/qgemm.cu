@@ -315,10 +315,11 @@ template <> struct qg_type<TT_MXFP4G> {
 	frags(const uint8_t *b, const uint32_t *tab, int, int t, uint32_t a[4][2])
 	{
 #pragma unroll
-		for (int kk = 0; kk < 4; kk++) {
-			uint32_t q = (*(const uint32_t *)(b + 16 * (kk / 2) + 4 * t) >> (4 * (kk & 1))) & 0x0f0f0f0fu;
+		for (int h = 0; h < 2; h++) { /* a word's low nibbles, then its high ones */
+			uint2 v = mx4_decode8(*(const uint32_t *)(b + 16 * h + 4 * t));
 
-			h2_pairs(mx4_values(q) ^ 0x80808080u, H_1152, as_h2(tab[kk / 2]), as_h2(0u), a[kk]);
+			h2_pairs(v.x ^ 0x80808080u, H_1152, as_h2(tab[h]), as_h2(0u), a[2 * h]);
+			h2_pairs(v.y ^ 0x80808080u, H_1152, as_h2(tab[h]), as_h2(0u), a[2 * h + 1]);
 		}
 	}
 };
