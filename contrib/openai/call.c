@@ -570,6 +570,16 @@ choice_reason(const struct call *c, const rs_value *done, int i)
 	return api_finish_reason(rs_str(rs_get(done_choice(c, done, i), "finish")));
 }
 
+/* Whether the daemon cancelled a choice (its model was unloaded, or it is stopping). */
+static int
+any_cancelled(const struct call *c, const rs_value *done)
+{
+	for (int i = 0; i < c->r.n; i++)
+		if (choice_reason(c, done, i) == NULL)
+			return 1;
+	return 0;
+}
+
 /*
  * The end of a streamed choice's tool calls: held answer text goes out
  * unless it was the calls; the calls as one chunk. Returns the
@@ -660,8 +670,7 @@ done_cb(uint64_t id, const rs_value *done, void *arg)
 		call_end(c);
 		return;
 	}
-	/* a cancel ends every choice */
-	if (reason == NULL) {
+	if (any_cancelled(c, done)) {
 		api_error_set(&e, 503, "server_error", NULL, "cancelled", "residentd cancelled the generation "
 		    "(its model was unloaded, or it is stopping)");
 		call_fail(c, &e);
