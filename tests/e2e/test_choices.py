@@ -30,7 +30,12 @@ libclient/PROTOCOL.md, "Several choices") end to end, on generated models.
    streamed and not alike; a required tool on tiny-qwen3 with n=2: each
    choice has its calls; n=2 with a session is a 400.
 
-libresident's rs_reply_choice is tested against a fake daemon (test_client).
+The daemons run on the CPU backend, whose tokens do not depend on what
+else is in the step (test_batch.c): so a choice forked after the prompt
+(its last token computed alone) draws what n=1 draws, exactly. On a GPU
+the step's shape picks the kernels, and sampled choices could part from
+n=1's at a near tie. libresident's rs_reply_choice is tested against a
+fake daemon (test_client).
 """
 import asyncio
 import json
@@ -52,6 +57,7 @@ sys.path.insert(0, os.path.join(rsd.common.srcdir(), "contrib", "python"))
 import resident  # noqa: E402
 
 LONG = 1500
+CPU = ["--device", "cpu"]
 SETTLE_S = 2.0
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
                                            "b": {"enum": ["x", "y"]}},
@@ -274,7 +280,7 @@ def waits_behind(ck, d, c, prompt, n, what):
 
 def check_admission(ck):
     """Section 7."""
-    with Daemon(extra=["--max-seqs", "4"]) as d:
+    with Daemon(extra=CPU + ["--max-seqs", "4"]) as d:
         c = d.client()
         prompt = rsd.long_prompt(c, tag="admission")
         waits_behind(ck, d, c, prompt, 4, "n=4 fills --max-seqs 4")
@@ -387,7 +393,7 @@ def main():
     tmp = tempfile.mkdtemp(prefix="rsd-choices-")
     try:
         qwen = rsd.gen_model(os.path.join(tmp, "tiny-qwen3.gguf"), shape="tiny-qwen3")
-        with Daemon() as d:
+        with Daemon(extra=CPU) as d:
             c = d.client(timeout=120)
             for title, fn in (("1. n=3: replies, usage, logprobs", lambda: check_shape(ck, c)),
                               ("2. one prefill for n=4", lambda: check_one_prefill(ck, c)),
