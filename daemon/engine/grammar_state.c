@@ -140,6 +140,18 @@ gram_pool_reset(struct fpool *p)
 	p->n = 0, p->used = 0;
 }
 
+/* 1 if top is in the set being built. */
+static int
+seen_has(const struct gctx *c, const void *top)
+{
+	if (c->seen_n == 0)
+		return 0;
+	for (size_t i = frame_hash(NULL, top) & (c->seen_cap - 1); c->seen[i] != NULL; i = (i + 1) & (c->seen_cap - 1))
+		if (c->seen[i] == top)
+			return 1;
+	return 0;
+}
+
 /* 1 the first time top is added to the set being built (c->seen, reset per set). */
 int
 gram_seen_first(struct gctx *c, const void *top)
@@ -203,6 +215,14 @@ add_top(struct gctx *c, struct gpos *out, struct gframe *top)
 /*
  * The stacks that matching from pos (then up) can reach before its next
  * character, into out: rules entered, rules finished popped.
+ *
+ * A rule entered again with the same frame to come back to (cont) within
+ * one set adds nothing new, and is not expanded again: else a chain of
+ * rules of two alternatives that both name the next (a diamond, as
+ * anyOf of two $refs makes) took 2^depth expansions. The mark is the
+ * frame of the rule's first alternative's start over cont, set in c->seen
+ * once the rule is expanded (if that start is a character, that frame is
+ * a stack of the set already; no other way makes it one).
  */
 void
 gram_expand(struct gctx *c, const struct gelem *pos, struct gframe *up, struct gpos *out)
@@ -218,7 +238,7 @@ gram_expand(struct gctx *c, const struct gelem *pos, struct gframe *up, struct g
 			gram_expand(c, up->pos, up->up, out);
 	} else {
 		const struct grule *r = &c->g->rules[pos->arg];
-		struct gframe *cont = up;
+		struct gframe *cont = up, *entered;
 
 		if (pos[1].kind == GE_RULE || pos[1].kind == GE_CHAR) { /* else a tail call: nothing to come back to */
 			if (up != NULL && up->depth >= GRAM_MAX_DEPTH) {
@@ -227,8 +247,12 @@ gram_expand(struct gctx *c, const struct gelem *pos, struct gframe *up, struct g
 			}
 			cont = gram_intern(c, pos + 1, up);
 		}
-		for (uint32_t a = 0; a < r->n_alt && !c->overflow; a++)
-			gram_expand(c, &c->g->elems[c->g->alts[r->alt_first + a]], cont, out);
+		entered = gram_intern(c, &c->g->elems[c->g->alts[r->alt_first]], cont);
+		if (!seen_has(c, entered)) {
+			for (uint32_t a = 0; a < r->n_alt && !c->overflow; a++)
+				gram_expand(c, &c->g->elems[c->g->alts[r->alt_first + a]], cont, out);
+			gram_seen_first(c, entered);
+		}
 	}
 	c->level--;
 }

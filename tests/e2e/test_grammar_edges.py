@@ -50,10 +50,7 @@ BUG_RSS = 1536 << 20
 STRICT = bool(os.environ.get("RESIDENT_EDGES_STRICT"))
 
 # case name -> the bug that makes it fail now (see the report in the commit)
-KNOWN_BUGS = {
-    "schema: anyOf of two $refs to the next, 30 deep":
-        "the index's enumeration follows each of the diamond's 2^30 paths before it counts a position: 99 s",
-}
+KNOWN_BUGS = {}
 
 
 def scaled(s):
