@@ -19,6 +19,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 struct cons_gram {
 	struct cons_gram *next;
@@ -107,10 +110,31 @@ vocab(struct cons *c, char *err)
 	return gram_vocab_new(n, c->bytes, c->len, c->skip, c->end, &c->v, err);
 }
 
-/* The unheld entries past the CONS_KEEP most recently used are freed (under the lock). */
+/* Freed memory back to the system: an index of many positions leaves its pages with malloc otherwise. */
+static void
+give_back(void)
+{
+#ifdef __GLIBC__
+	malloc_trim(0);
+#endif
+}
+
+/* 1 if g, unheld, is worth keeping for a later request (its index is not a large one). */
+static int
+keep(const struct cons_gram *g)
+{
+	return gram_index_size(g->x) <= CONS_KEEP_POSITIONS;
+}
+
+/*
+ * The unheld entries past the CONS_KEEP most recently used are freed, and
+ * unheld ones too large to keep (under the lock).
+ */
 static void
 trim(struct cons *c)
 {
+	int large = 0;
+
 	for (;;) {
 		struct cons_gram *g, **oldest = NULL;
 		int unheld = 0;
@@ -118,15 +142,22 @@ trim(struct cons *c)
 		for (struct cons_gram **p = &c->grams; (g = *p) != NULL; p = &g->next)
 			if (g->refs == 0) {
 				unheld++;
+				if (!keep(g)) {
+					oldest = p;
+					break;
+				}
 				if (oldest == NULL || g->used < (*oldest)->used)
 					oldest = p;
 			}
-		if (unheld <= CONS_KEEP)
-			return;
+		if (oldest == NULL || (unheld <= CONS_KEEP && keep(*oldest)))
+			break;
 		g = *oldest;
 		*oldest = g->next;
+		large |= !keep(g);
 		gram_free(g);
 	}
+	if (large)
+		give_back();
 }
 
 /* The entry of this text, held (under the lock), or NULL. */
@@ -152,6 +183,7 @@ build(struct cons *c, uint32_t hash, const char *text, size_t len, struct cons_g
 	if ((rc = grammar_compile(text, len, &g->g, err)) != 0 ||
 	    (rc = gram_index_new_threads(g->g, c->v, c->n_threads, &g->x, err)) != 0) {
 		gram_free(g);
+		give_back(); /* a refused index may have taken a GiB before it stopped */
 		return rc;
 	}
 	g->hash = hash;

@@ -6,7 +6,11 @@
  * The vocabulary's bytes (a gram_vocab) are gathered from the tokenizer on
  * first use. A grammar compiled from text, with its mask index, is shared by
  * every request that gives the same text: it lives while one holds it, and
- * the last CONS_KEEP that none holds are kept for the next request. An
+ * the last CONS_KEEP that none holds are kept for the next request, unless
+ * their index holds more than CONS_KEEP_POSITIONS positions (a large one,
+ * about a KiB a position, is freed once unheld and its memory given back to
+ * the system, so that one hostile or huge schema does not stay in the
+ * daemon's memory). An
  * index takes milliseconds to seconds to build on a 128k vocabulary (a
  * nested JSON Schema's, shared among threads), so requests prepare theirs on
  * the prompt worker while the engine thread computes masks with the ones it
@@ -20,6 +24,7 @@
 #include <stdint.h>
 
 #define CONS_KEEP 8
+#define CONS_KEEP_POSITIONS 65536
 
 struct tokenizer;
 struct grammar;

@@ -130,6 +130,8 @@ int gram_index_new_threads(const struct grammar *g, const struct gram_vocab *v, 
 /* gram_index_new_threads with one thread per online CPU. */
 int gram_index_new(const struct grammar *g, const struct gram_vocab *v, struct gram_index **out, char *err);
 void gram_index_free(struct gram_index *x);
+/* The positions x holds (each costs up to a mask of the vocabulary: about 1 KiB on average). */
+uint32_t gram_index_size(const struct gram_index *x);
 
 /*
  * The tokens allowed at s (of x's grammar): bit i of mask (words of 32,

@@ -946,6 +946,12 @@ gram_index_free(struct gram_index *x)
 }
 
 uint32_t
+gram_index_size(const struct gram_index *x)
+{
+	return x->all.n;
+}
+
+uint32_t
 gram_index_late(struct gram_index *x)
 {
 	uint32_t n;
