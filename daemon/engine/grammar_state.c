@@ -140,16 +140,22 @@ gram_pool_reset(struct fpool *p)
 	p->n = 0, p->used = 0;
 }
 
+/* The slot of c->seen (a table of some size) that holds top, or the free one where it would go. */
+static size_t
+seen_slot(const struct gctx *c, const void *top)
+{
+	size_t i = frame_hash(NULL, top) & (c->seen_cap - 1);
+
+	while (c->seen[i] != NULL && c->seen[i] != top)
+		i = (i + 1) & (c->seen_cap - 1);
+	return i;
+}
+
 /* 1 if top is in the set being built. */
 static int
 seen_has(const struct gctx *c, const void *top)
 {
-	if (c->seen_n == 0)
-		return 0;
-	for (size_t i = frame_hash(NULL, top) & (c->seen_cap - 1); c->seen[i] != NULL; i = (i + 1) & (c->seen_cap - 1))
-		if (c->seen[i] == top)
-			return 1;
-	return 0;
+	return c->seen_n > 0 && c->seen[seen_slot(c, top)] != NULL;
 }
 
 /* 1 the first time top is added to the set being built (c->seen, reset per set). */
@@ -170,9 +176,8 @@ gram_seen_first(struct gctx *c, const void *top)
 				gram_seen_first(c, old[k]);
 		free(old);
 	}
-	for (i = frame_hash(NULL, top) & (c->seen_cap - 1); c->seen[i] != NULL; i = (i + 1) & (c->seen_cap - 1))
-		if (c->seen[i] == top)
-			return 0;
+	if (c->seen[i = seen_slot(c, top)] != NULL)
+		return 0;
 	c->seen[i] = top;
 	c->seen_n++;
 	return 1;
