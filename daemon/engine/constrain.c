@@ -127,37 +127,42 @@ keep(const struct cons_gram *g)
 }
 
 /*
- * The unheld entries past the CONS_KEEP most recently used are freed, and
- * unheld ones too large to keep (under the lock).
+ * Unheld entries too large to keep are freed, then those past the
+ * CONS_KEEP most recently used (under the lock).
  */
 static void
 trim(struct cons *c)
 {
+	struct cons_gram *g;
 	int large = 0;
 
+	for (struct cons_gram **p = &c->grams; (g = *p) != NULL;) {
+		if (g->refs == 0 && !keep(g)) {
+			*p = g->next;
+			gram_free(g);
+			large = 1;
+		} else {
+			p = &g->next;
+		}
+	}
+	if (large)
+		give_back();
 	for (;;) {
-		struct cons_gram *g, **oldest = NULL;
+		struct cons_gram **oldest = NULL;
 		int unheld = 0;
 
 		for (struct cons_gram **p = &c->grams; (g = *p) != NULL; p = &g->next)
 			if (g->refs == 0) {
 				unheld++;
-				if (!keep(g)) {
-					oldest = p;
-					break;
-				}
 				if (oldest == NULL || g->used < (*oldest)->used)
 					oldest = p;
 			}
-		if (oldest == NULL || (unheld <= CONS_KEEP && keep(*oldest)))
-			break;
+		if (unheld <= CONS_KEEP)
+			return;
 		g = *oldest;
 		*oldest = g->next;
-		large |= !keep(g);
 		gram_free(g);
 	}
-	if (large)
-		give_back();
 }
 
 /* The entry of this text, held (under the lock), or NULL. */
