@@ -352,12 +352,13 @@ group_teardown(void **state)
 }
 
 /*
- * The start of main: without a CUDA device says so and returns 77 (a skip);
- * else seeds the draws (TEST_CUDA_OPS_SEED, or the clock and the pid),
- * prints the seed as test's, applies TEST_CUDA_OPS_ONLY and returns 0.
+ * A kernel test's main: without a CUDA device says so and returns 77 (a
+ * skip); else seeds the draws (TEST_CUDA_OPS_SEED, or the clock and the
+ * pid), prints the seed as test's, applies TEST_CUDA_OPS_ONLY and runs the
+ * n tests as one group.
  */
 static int
-cuda_ops_start(const char *test)
+cuda_ops_run(const char *test, const struct CMUnitTest *tests, size_t n)
 {
 	const char *s = getenv("TEST_CUDA_OPS_SEED"), *only = getenv("TEST_CUDA_OPS_ONLY");
 	uint64_t seed;
@@ -373,7 +374,7 @@ cuda_ops_start(const char *test)
 	rng_state = seed;
 	if (only != NULL && *only != '\0')
 		cmocka_set_test_filter(only);
-	return 0;
+	return _cmocka_run_group_tests(test, tests, n, group_setup, group_teardown);
 }
 
 #endif

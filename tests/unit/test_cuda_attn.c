@@ -634,7 +634,6 @@ main(void)
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_flash),
 	};
-	int rc = cuda_ops_start("test_cuda_attn");
 
-	return rc != 0 ? rc : cmocka_run_group_tests(tests, group_setup, group_teardown);
+	return cuda_ops_run("test_cuda_attn", tests, ARRAY_LEN(tests));
 }

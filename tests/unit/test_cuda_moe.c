@@ -270,7 +270,6 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_moe),
 	};
-	int rc = cuda_ops_start("test_cuda_moe");
 
-	return rc != 0 ? rc : cmocka_run_group_tests(tests, group_setup, group_teardown);
+	return cuda_ops_run("test_cuda_moe", tests, ARRAY_LEN(tests));
 }

@@ -731,7 +731,6 @@ main(void)
 		cmocka_unit_test(test_argmax),
 		cmocka_unit_test(test_pick),
 	};
-	int rc = cuda_ops_start("test_cuda_ops");
 
-	return rc != 0 ? rc : cmocka_run_group_tests(tests, group_setup, group_teardown);
+	return cuda_ops_run("test_cuda_ops", tests, ARRAY_LEN(tests));
 }
