@@ -13,9 +13,9 @@
  * each schema the JSON types it may generate, which is what oneOf's
  * disjointness needs.
  *
- * This file is the walk over schemas: their keywords, references and the
- * checks of the whole, and the state, rules and errors of the compiler.
- * The text inside a value that bounds and patterns narrow reads one
+ * This file is the walk over schemas (their keywords and references) and
+ * the compiler's rules and errors; jschema_graph.c checks the graph once
+ * the walk is done. The text inside a value that bounds and patterns narrow reads one
  * keyword's value alone and has grammars of its own (digit ranges, sets
  * of code points, the pattern subset): jschema_text.c spells it, writing
  * its rules through the functions jschema_int.h shares.
@@ -163,57 +163,6 @@ static const struct {
 	    "( \"Z\" | [-+] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )", B(FX_FRAC) },
 	[FX_DATETIME] = { "date-time", "date \"T\" time", B(FX_DATE) | B(FX_TIME) },
 	[FX_UUID] = { "uuid", "hx{8} \"-\" hx{4} \"-\" hx{4} \"-\" hx{4} \"-\" hx{12}", B(FX_HX) },
-};
-
-/* ---- the compiler's state ---- */
-
-/* JSON types, as masks: what a schema may generate. */
-enum {
-	T_NULL = 1, T_BOOL = 2, T_OBJ = 4, T_ARR = 8, T_STR = 16, T_INT = 32, T_FRAC = 64,
-	T_NUM = T_INT | T_FRAC, T_ALL = 127
-};
-
-enum ent_kind { EK_PLAIN, EK_REF, EK_ANY, EK_ONE, EK_ALL };
-
-/* A schema object (or true, false) compiled into a rule. */
-struct jent {
-	const json_t *schema;
-	char name[NAME_LEN];
-	int kind;       /* enum ent_kind */
-	int mask;       /* EK_PLAIN: the types it generates; else those of its edges, once the graph is walked */
-	int acc;        /* the types of the values it validates (oneOf's check): a keyword of one type, say
-			 * minimum without `type`, generates that type but lets every other through */
-};
-
-/* A reference that consumes no text first: from a combinator or $ref to what it names. */
-struct jedge {
-	uint32_t from, to;
-	char *where; /* the JSON pointer of the reference */
-};
-
-/* A shared rule: its body, its name r<id>. */
-struct jshared {
-	char *body;
-	uint32_t id;
-};
-
-struct jsc {
-	const json_t *doc;
-	char *err;
-	struct strbuf out;  /* the rules so far */
-	int n_rules;
-	uint64_t low_rules, low_elems; /* what grammar.c will make of them, at most */
-	struct strbuf path; /* the JSON pointer being compiled */
-	int depth;
-	struct jent *ent;
-	uint32_t n_ent, cap_ent;
-	uint32_t *ent_tab; /* schema address -> entry + 1 */
-	uint32_t ent_tab_cap;
-	struct jedge *edge;
-	uint32_t n_edge, cap_edge;
-	struct jshared *shared; /* hash of bodies */
-	uint32_t shared_cap, n_shared;
-	uint64_t fixed; /* fixed rules used */
 };
 
 /* ---- JSON pointers and errors ---- */
@@ -424,8 +373,8 @@ int_is_real(const json_t *i, const json_t *r)
 }
 
 /* JSON Schema's equality: numbers by value (1 equals 1.0), objects whatever their order. */
-static int
-value_equal(const json_t *a, const json_t *b)
+int
+js_value_equal(const json_t *a, const json_t *b)
 {
 	const char *k;
 	size_t n, i;
@@ -449,7 +398,7 @@ value_equal(const json_t *a, const json_t *b)
 		if (json_array_size(a) != json_array_size(b))
 			return 0;
 		for (i = 0; i < json_array_size(a); i++)
-			if (!value_equal(json_array_get(a, i), json_array_get(b, i)))
+			if (!js_value_equal(json_array_get(a, i), json_array_get(b, i)))
 				return 0;
 		return 1;
 	case JSON_OBJECT:
@@ -458,7 +407,7 @@ value_equal(const json_t *a, const json_t *b)
 		json_object_keylen_foreach((json_t *)a, k, n, v) {
 			const json_t *w = json_object_getn(b, k, n);
 
-			if (w == NULL || !value_equal(v, w))
+			if (w == NULL || !js_value_equal(v, w))
 				return 0;
 		}
 		return 1;
@@ -467,9 +416,9 @@ value_equal(const json_t *a, const json_t *b)
 	}
 }
 
-/* A hash that equal values (value_equal) share. */
-static uint32_t
-value_hash(const json_t *v)
+/* A hash that equal values (js_value_equal) share. */
+uint32_t
+js_value_hash(const json_t *v)
 {
 	const char *k;
 	uint32_t h = (uint32_t)json_typeof(v), sum = 0;
@@ -486,11 +435,11 @@ value_hash(const json_t *v)
 		return hash32(json_string_value(v), json_string_length(v)) ^ 11u;
 	case JSON_ARRAY:
 		for (size_t i = 0; i < json_array_size(v); i++)
-			h = h * 31 + value_hash(json_array_get(v, i));
+			h = h * 31 + js_value_hash(json_array_get(v, i));
 		return h;
 	case JSON_OBJECT:
 		json_object_keylen_foreach((json_t *)v, k, n, w)
-			sum += (hash32(k, n) ^ 13u) * 2654435761u ^ value_hash(w);
+			sum += (hash32(k, n) ^ 13u) * 2654435761u ^ js_value_hash(w);
 		return sum;
 	default:
 		return h;
@@ -502,8 +451,8 @@ value_hash(const json_t *v)
  * const) whose types meet mask, into *out (malloc'd). Returns their
  * number, or a negative ERR_*.
  */
-static int
-enum_values(struct jsc *c, const json_t *s, int mask, const json_t ***out)
+int
+js_enum_values(struct jsc *c, const json_t *s, int mask, const json_t ***out)
 {
 	const json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const");
 	const char *key = en != NULL ? "enum" : "const";
@@ -519,7 +468,7 @@ enum_values(struct jsc *c, const json_t *s, int mask, const json_t ***out)
 	for (size_t i = 0; i < n; i++) {
 		const json_t *v = en != NULL ? json_array_get(en, i) : cn;
 
-		if ((value_type(v) & mask) && (en == NULL || cn == NULL || value_equal(v, cn)))
+		if ((value_type(v) & mask) && (en == NULL || cn == NULL || js_value_equal(v, cn)))
 			(*out)[k++] = v;
 	}
 	if (k == 0) {
@@ -793,8 +742,8 @@ struct member {
 	char value[NAME_LEN];
 };
 
-static int
-in_strings(const json_t *arr, const char *k, size_t n)
+int
+js_in_strings(const json_t *arr, const char *k, size_t n)
 {
 	for (size_t i = 0; i < json_array_size(arr); i++) {
 		const json_t *v = json_array_get(arr, i);
@@ -907,7 +856,7 @@ obj_members(struct jsc *c, const json_t *props, const json_t *req, const char *a
 	json_object_keylen_foreach((json_t *)props, k, kn, v) {
 		struct member *x = &m[*n];
 
-		*x = (struct member){ k, kn, in_strings(req, k, kn), "" };
+		*x = (struct member){ k, kn, js_in_strings(req, k, kn), "" };
 		if (json_is_false(v) && !x->required)
 			continue;
 		if ((rc = sub_name(c, v, "properties", strlen("properties"), k, kn, x->value)) != 0)
@@ -1130,8 +1079,8 @@ trivial(const json_t *s)
 }
 
 /* The types that s's `type` names into *mask (all when absent). */
-static int
-type_mask(struct jsc *c, const json_t *s, int *mask)
+int
+js_type_mask(struct jsc *c, const json_t *s, int *mask)
 {
 	static const struct {
 		const char *name;
@@ -1213,11 +1162,11 @@ plain_body(struct jsc *c, const json_t *s, uint32_t id, unsigned groups, struct 
 	static const int group_types[] = { [KG_OBJ] = T_OBJ, [KG_ARR] = T_ARR, [KG_STR] = T_STR, [KG_NUM] = T_NUM };
 	int mask, rc;
 
-	if ((rc = type_mask(c, s, &mask)) != 0)
+	if ((rc = js_type_mask(c, s, &mask)) != 0)
 		return rc;
 	if (groups & (1u << KG_ENUM)) {
 		const json_t **vals;
-		int n = enum_values(c, s, mask, &vals);
+		int n = js_enum_values(c, s, mask, &vals);
 
 		if (n < 0)
 			return n;
@@ -1377,8 +1326,8 @@ node_body(struct jsc *c, const json_t *s, uint32_t id, struct strbuf *body)
 }
 
 /* The entry of schema s (0 if none yet: ent_tab holds entry + 1) and its slot. */
-static uint32_t
-ent_find(const struct jsc *c, const json_t *s, uint32_t *slot)
+uint32_t
+js_ent_find(const struct jsc *c, const json_t *s, uint32_t *slot)
 {
 	uint32_t i = 0;
 
@@ -1404,11 +1353,11 @@ ent_new(struct jsc *c, const json_t *s)
 		free(c->ent_tab);
 		c->ent_tab = xcalloc(cap, sizeof *c->ent_tab), c->ent_tab_cap = cap;
 		for (uint32_t e = 0; e < c->n_ent; e++) {
-			ent_find(c, c->ent[e].schema, &slot);
+			js_ent_find(c, c->ent[e].schema, &slot);
 			c->ent_tab[slot] = e + 1;
 		}
 	}
-	ent_find(c, s, &slot);
+	js_ent_find(c, s, &slot);
 	c->ent_tab[slot] = id + 1;
 	c->ent = xgrow(c->ent, &c->cap_ent, c->n_ent + 1, sizeof *c->ent);
 	c->ent[c->n_ent++] = (struct jent){ s, "", EK_PLAIN, T_ALL, T_ALL };
@@ -1425,7 +1374,7 @@ static int
 node(struct jsc *c, const json_t *s, uint32_t *id)
 {
 	struct strbuf body = { 0 };
-	uint32_t slot, e = ent_find(c, s, &slot);
+	uint32_t slot, e = js_ent_find(c, s, &slot);
 	int rc;
 
 	if (e != 0) {
@@ -1447,232 +1396,6 @@ node(struct jsc *c, const json_t *s, uint32_t *id)
 	return rc;
 }
 
-/* ---- the graph, once compiled: cycles, types, oneOf ---- */
-
-/* Each entry's edges: order[first[e] .. first[e + 1]) index c->edge, in the order they were added. */
-struct graph {
-	uint32_t *first, *order;
-};
-
-static struct jedge *
-out_edge(const struct jsc *c, const struct graph *gr, uint32_t e, uint32_t k)
-{
-	return &c->edge[gr->order[gr->first[e] + k]];
-}
-
-static uint32_t
-n_out(const struct graph *gr, uint32_t e)
-{
-	return gr->first[e + 1] - gr->first[e];
-}
-
-/* An error at the pointer where (the graph's errors name a reference). */
-static int
-jerr_where(struct jsc *c, int code, const char *where, const char *msg)
-{
-	js_sb_clear(&c->path);
-	strbuf_cat(&c->path, where);
-	return js_err(c, code, NULL, "%s", msg);
-}
-
-/*
- * Depth first, iteratively (chains of references may be long): a cycle
- * is refused; each combinator's types are its edges' when it finishes.
- */
-static int
-graph_walk(struct jsc *c, const struct graph *gr)
-{
-	struct frame {
-		uint32_t e, next;
-	} *st = xmalloc(((size_t)c->n_ent + 1) * sizeof *st);
-	uint8_t *colour = xcalloc((size_t)c->n_ent + 1, 1);
-	int rc = 0;
-
-	for (uint32_t r = 0; r < c->n_ent && rc == 0; r++) {
-		uint32_t n = 0;
-
-		if (colour[r] != 0)
-			continue;
-		st[n++] = (struct frame){ r, 0 }, colour[r] = 1;
-		while (n > 0 && rc == 0) {
-			struct frame *f = &st[n - 1];
-			struct jent *x = &c->ent[f->e];
-			const struct jedge *ed;
-
-			if (f->next == n_out(gr, f->e)) {
-				if (x->kind != EK_PLAIN) {
-					x->mask = x->acc = x->kind == EK_ALL && n_out(gr, f->e) == 0 ? T_ALL : 0;
-					for (uint32_t k = 0; k < n_out(gr, f->e); k++) {
-						x->mask |= c->ent[out_edge(c, gr, f->e, k)->to].mask;
-						x->acc |= c->ent[out_edge(c, gr, f->e, k)->to].acc;
-					}
-				}
-				colour[f->e] = 2, n--;
-				continue;
-			}
-			ed = out_edge(c, gr, f->e, f->next++);
-			if (colour[ed->to] == 0)
-				st[n++] = (struct frame){ ed->to, 0 }, colour[ed->to] = 1;
-			else if (colour[ed->to] == 1)
-				rc = jerr_where(c, ERR_UNSUPPORTED, ed->where,
-				    "a cycle of references ($ref, anyOf, oneOf, allOf) that consumes no text");
-		}
-	}
-	free(st), free(colour);
-	return rc;
-}
-
-/* The entry e stands for, past $ref and allOf's single branch. */
-static uint32_t
-resolve(const struct jsc *c, const struct graph *gr, uint32_t e)
-{
-	while ((c->ent[e].kind == EK_REF || c->ent[e].kind == EK_ALL) && n_out(gr, e) == 1)
-		e = out_edge(c, gr, e, 0)->to;
-	return e;
-}
-
-struct hval {
-	uint32_t h;
-	const json_t *v;
-};
-
-static int
-hval_cmp(const void *a, const void *b)
-{
-	const struct hval *x = a, *y = b;
-
-	return x->h < y->h ? -1 : x->h > y->h;
-}
-
-/* The values of entry e if it is an enum or const (sorted by hash, malloc'd); 0 if not, or a negative ERR_*. */
-static int
-enum_set(struct jsc *c, const struct graph *gr, uint32_t e, struct hval **out)
-{
-	const json_t *s = c->ent[e = resolve(c, gr, e)].schema, **vals;
-	int mask, n, rc;
-
-	*out = NULL;
-	if (c->ent[e].kind != EK_PLAIN || !json_is_object(s) ||
-	    (json_object_get(s, "enum") == NULL && json_object_get(s, "const") == NULL))
-		return 0;
-	if ((rc = type_mask(c, s, &mask)) != 0 || (n = enum_values(c, s, mask, &vals)) < 0)
-		return rc != 0 ? rc : n;
-	*out = xmalloc((size_t)n * sizeof **out);
-	for (int i = 0; i < n; i++)
-		(*out)[i] = (struct hval){ value_hash(vals[i]), vals[i] };
-	qsort(*out, (size_t)n, sizeof **out, hval_cmp);
-	free(vals);
-	return n;
-}
-
-/* 1 if a value is in both sorted sets. */
-static int
-sets_meet(const struct hval *a, int na, const struct hval *b, int nb)
-{
-	int i = 0, j = 0;
-
-	while (i < na && j < nb) {
-		if (a[i].h != b[j].h) {
-			a[i].h < b[j].h ? i++ : j++;
-			continue;
-		}
-		for (int x = i; x < na && a[x].h == a[i].h; x++)
-			for (int y = j; y < nb && b[y].h == b[j].h; y++)
-				if (value_equal(a[x].v, b[y].v))
-					return 1;
-		for (uint32_t h = a[i].h; i < na && a[i].h == h; i++)
-			;
-	}
-	return 0;
-}
-
-/* 1 if the objects of entries a and b both require a property whose enum/const values differ. */
-static int
-discriminated(struct jsc *c, const struct graph *gr, uint32_t a, uint32_t b)
-{
-	const json_t *sa = c->ent[resolve(c, gr, a)].schema, *sb = c->ent[resolve(c, gr, b)].schema;
-	const json_t *ra = json_object_get(sa, "required"), *rb = json_object_get(sb, "required");
-	int found = 0;
-
-	for (size_t i = 0; i < json_array_size(ra) && !found; i++) {
-		const json_t *name = json_array_get(ra, i);
-		const json_t *pa = json_object_getn(json_object_get(sa, "properties"), json_string_value(name),
-		    json_string_length(name));
-		const json_t *pb = json_object_getn(json_object_get(sb, "properties"), json_string_value(name),
-		    json_string_length(name));
-		struct hval *va = NULL, *vb = NULL;
-		uint32_t ea, eb, slot;
-		int na, nb;
-
-		if (!in_strings(rb, json_string_value(name), json_string_length(name)) || pa == NULL || pb == NULL ||
-		    (ea = ent_find(c, pa, &slot)) == 0 || (eb = ent_find(c, pb, &slot)) == 0)
-			continue;
-		na = enum_set(c, gr, ea - 1, &va);
-		nb = enum_set(c, gr, eb - 1, &vb);
-		found = na > 0 && nb > 0 && !sets_meet(va, na, vb, nb);
-		free(va), free(vb);
-	}
-	return found;
-}
-
-/*
- * oneOf entry e: no two branches may match one value, as far as seen:
- * neither generates a type the other validates (a branch without `type`,
- * enum or const validates values of every type, whatever its keywords
- * generate), or both are enums none of whose values are equal, or both
- * are objects with a required discriminator.
- */
-static int
-one_check(struct jsc *c, const struct graph *gr, uint32_t e)
-{
-	uint32_t n = n_out(gr, e);
-	struct hval **vals = xcalloc(n, sizeof *vals);
-	int *nv = xcalloc(n, sizeof *nv), rc = 0;
-
-	for (uint32_t i = 0; i < n && rc == 0; i++)
-		if ((nv[i] = enum_set(c, gr, out_edge(c, gr, e, i)->to, &vals[i])) < 0)
-			rc = nv[i];
-	for (uint32_t j = 1; j < n && rc == 0; j++)
-		for (uint32_t i = 0; i < j && rc == 0; i++) {
-			uint32_t a = out_edge(c, gr, e, i)->to, b = out_edge(c, gr, e, j)->to;
-			/* the types of values one branch generates that the other lets through */
-			int both = (c->ent[a].mask & c->ent[b].acc) | (c->ent[b].mask & c->ent[a].acc);
-			char msg[64];
-
-			if (both == 0 || (nv[i] > 0 && nv[j] > 0 && !sets_meet(vals[i], nv[i], vals[j], nv[j])) ||
-			    ((both & ~T_OBJ) == 0 && discriminated(c, gr, a, b)))
-				continue;
-			snprintf(msg, sizeof msg, "a value may match this and oneOf/%u (use anyOf)", i);
-			rc = jerr_where(c, ERR_UNSUPPORTED, out_edge(c, gr, e, j)->where, msg);
-		}
-	for (uint32_t i = 0; i < n; i++)
-		free(vals[i]);
-	free(vals), free(nv);
-	return rc;
-}
-
-static int
-graph_check(struct jsc *c)
-{
-	struct graph gr = { xcalloc((size_t)c->n_ent + 1, sizeof *gr.first),
-		xmalloc(((size_t)c->n_edge + 1) * sizeof *gr.order) };
-	uint32_t *fill = xcalloc((size_t)c->n_ent + 1, sizeof *fill);
-	int rc;
-
-	for (uint32_t k = 0; k < c->n_edge; k++)
-		gr.first[c->edge[k].from + 1]++;
-	for (uint32_t e = 0; e < c->n_ent; e++)
-		gr.first[e + 1] += gr.first[e], fill[e] = gr.first[e];
-	for (uint32_t k = 0; k < c->n_edge; k++)
-		gr.order[fill[c->edge[k].from]++] = k;
-	rc = graph_walk(c, &gr);
-	for (uint32_t e = 0; e < c->n_ent && rc == 0; e++)
-		if (c->ent[e].kind == EK_ONE)
-			rc = one_check(c, &gr, e);
-	free(gr.first), free(gr.order), free(fill);
-	return rc;
-}
-
 int
 jschema_grammar(const json_t *schema, char **out, char *err)
 {
@@ -1688,7 +1411,7 @@ jschema_grammar_rule(const json_t *schema, const char *rule, char **out, char *e
 
 	c.doc = schema, c.err = err;
 	*out = NULL;
-	if ((rc = node(&c, schema, &root)) == 0 && (rc = graph_check(&c)) == 0 &&
+	if ((rc = node(&c, schema, &root)) == 0 && (rc = js_graph_check(&c)) == 0 &&
 	    (rc = rule_add(&c, rule, c.ent[root].name)) == 0 && (rc = fixed_emit(&c)) == 0) {
 		*out = c.out.s;
 		c.out.s = NULL;
