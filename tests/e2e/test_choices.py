@@ -23,7 +23,7 @@ libclient/PROTOCOL.md, "Several choices") end to end, on generated models.
    more than the limit, runs alone.
 8. The Python package (contrib/python), blocking and asyncio: token.choice,
    done.choices, streamed and not, the same choices as the daemon's.
-9. resident-openai with the `openai` package (skipped, saying so, without
+9. resident-http with the `openai` package (skipped, saying so, without
    it): n=3, chat and completions, streamed (each chunk's choices[0].index
    is its choice, each choice has its role chunk and its finish_reason) and
    not (three choices), the daemon's texts and usage; logprobs per choice,
@@ -385,7 +385,7 @@ def check_bridge(ck, d, c, qwen):
                       openai.BadRequestError, "n=2 with a session", status_code=400)
         ck.ok(e is not None and "session" in e.message, "its message says why: %s" % e)
     finally:
-        ck.eq(b.stop(), 0, "resident-openai exits 0")
+        ck.eq(b.stop(), 0, "resident-http exits 0")
 
 
 def main():
@@ -406,7 +406,7 @@ def main():
                 with ck.section(title):
                     fn()
             try:
-                with ck.section("9. resident-openai"):
+                with ck.section("9. resident-http"):
                     check_bridge(ck, d, c, qwen)
             except Skip as e:
                 print("   skipped:", e)

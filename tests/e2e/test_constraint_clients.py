@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """test_constraint_clients.py: the clients' side of constrained output
 (issue 35): what the `resident` CLI (--grammar, --json-schema,
---json-object), resident-openai (response_format, grammar) and the Python
+--json-object), resident-http (response_format, grammar) and the Python
 package (grammar=, json_schema=, json=) send as the generate fields
 `grammar`, `json_schema` and `json`, and what they refuse before sending.
 
@@ -237,14 +237,14 @@ def check_python(ck, rec):
         ck.eq(constraint(req), {"json_schema": compact}, "aio json_schema=dict: its compact JSON text")
 
 
-# ---- resident-openai
+# ---- resident-http
 
 class Bridge:
-    """resident-openai on a free port of 127.0.0.1, in front of sock."""
+    """resident-http on a free port of 127.0.0.1, in front of sock."""
 
     def __init__(self, sock):
         self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([rsd.tool("resident-openai"), "--listen", "127.0.0.1:0", "-s", sock],
+        self.proc = subprocess.Popen([rsd.tool("resident-http"), "--listen", "127.0.0.1:0", "-s", sock],
                                      stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         while True:
@@ -255,7 +255,7 @@ class Bridge:
                 self.url = "http://127.0.0.1:%s/v1" % port
                 return
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("resident-openai did not start:\n" + text)
+                raise AssertionError("resident-http did not start:\n" + text)
             time.sleep(0.02)
 
     def post(self, path, body):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""test_openai.py: resident-openai, the OpenAI-compatible endpoint, driven by
+"""test_openai.py: resident-http, the OpenAI-compatible endpoint, driven by
 the official `openai` package from PyPI and by curl, in front of residentd
 on a generated tiny model.
 
@@ -48,10 +48,10 @@ MAX_FRAME = 65536       # the daemon's --max-frame
 
 
 class Bridge:
-    """resident-openai on a free port of 127.0.0.1, in front of socket."""
+    """resident-http on a free port of 127.0.0.1, in front of socket."""
 
     def __init__(self, socket_path, extra=()):
-        self.argv = [rsd.tool("resident-openai"), "--listen", "127.0.0.1:0", "-s", socket_path, *extra]
+        self.argv = [rsd.tool("resident-http"), "--listen", "127.0.0.1:0", "-s", socket_path, *extra]
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self.log,
                                      stderr=subprocess.STDOUT)
@@ -62,7 +62,7 @@ class Bridge:
                 self.port = int(m.group(1))
                 break
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("resident-openai did not start:\n" + self.text())
+                raise AssertionError("resident-http did not start:\n" + self.text())
             time.sleep(0.02)
         self.url = "http://127.0.0.1:%d/v1" % self.port
 
@@ -445,7 +445,7 @@ def check_disconnect(ck, b, dc, long_msgs):
     s = oc.chat.completions.create(model=MODEL, messages=long_msgs, max_tokens=LONG, temperature=0, stream=True,
                                    extra_headers={"X-Resident-Session": sid})
     next(iter(s))
-    ck.ok(any(k["client"] == "resident-openai" and k["requests"] >= 1 for k in dc.call("status")["clients"]),
+    ck.ok(any(k["client"] == "resident-http" and k["requests"] >= 1 for k in dc.call("status")["clients"]),
           "the daemon's status names the bridge's connection")
     s.close()
     ck.ok(rsd.wait_for(lambda: b.text().count(left) == before + 2, timeout=20),
@@ -480,7 +480,7 @@ def check_slow_client(ck, d, dc, long_msgs):
               "the bridge says it dropped the client and cancelled its generation")
         ck.eq(len(turns(dc, sid)), 0, "the dropped client's turn is not committed")
     finally:
-        ck.eq(b.stop(), 0, "resident-openai stops on SIGTERM with status 0")
+        ck.eq(b.stop(), 0, "resident-http stops on SIGTERM with status 0")
 
 
 def check_overloaded(ck, d, long_msgs):
@@ -506,7 +506,7 @@ def check_overloaded(ck, d, long_msgs):
             t.join(30)
             ck.ok(waiting and waiting[0].usage.completion_tokens == 2, "the queued request is served after")
         finally:
-            ck.eq(b.stop(), 0, "resident-openai stops on SIGTERM with status 0")
+            ck.eq(b.stop(), 0, "resident-http stops on SIGTERM with status 0")
 
 
 def check_session(ck, b, dc):
@@ -555,7 +555,7 @@ def check_api_key(ck, d, tmp):
                      "a prefix of the API key")
         ck.eq([m.id for m in b.client("s3cret").models.list().data], [MODEL], "the right API key")
     finally:
-        ck.eq(b.stop(), 0, "resident-openai stops on SIGTERM with status 0")
+        ck.eq(b.stop(), 0, "resident-http stops on SIGTERM with status 0")
 
 
 def check_no_daemon(ck, tmp):
@@ -570,7 +570,7 @@ def check_no_daemon(ck, tmp):
 
 
 def check_flags(ck, tmp):
-    exe = rsd.tool("resident-openai")
+    exe = rsd.tool("resident-http")
     for args, what, rc in ((["--listen", "nonsense"], "ADDR:PORT", 2), (["--bogus"], "unknown option --bogus", 2),
                            (["-s"], "-s needs a value", 2),
                            (["--api-key-file", os.path.join(tmp, "none")], "No such file", 2),
@@ -578,10 +578,12 @@ def check_flags(ck, tmp):
                            (["--listen", "256.0.0.1:1"], "cannot listen on 256.0.0.1:1: no such address", 1)):
         r = subprocess.run([exe, *args], capture_output=True, text=True, timeout=10)
         ck.ok(r.returncode == rc and what in r.stderr and len(r.stderr.strip().splitlines()) == 1,
-              "resident-openai %s: exit %d saying %r (got %d: %s)" % (" ".join(args), rc, what, r.returncode,
+              "resident-http %s: exit %d saying %r (got %d: %s)" % (" ".join(args), rc, what, r.returncode,
                                                                      r.stderr.strip()[:300]))
     r = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=10)
     ck.ok(r.returncode == 0 and "--listen" in r.stdout, "--help")
+    r = subprocess.run([rsd.tool("resident-openai"), "--version"], capture_output=True, text=True, timeout=10)
+    ck.ok(r.returncode == 0 and r.stdout.startswith("resident-http "), "the old name, resident-openai, runs it")
 
 
 def run():
@@ -613,7 +615,7 @@ def run():
                              ("flags", lambda: check_flags(ck, d.tmp))):
                 with ck.section(name):
                     fn()
-        ck.eq(b.stop(), 0, "resident-openai stops on SIGTERM with status 0")
+        ck.eq(b.stop(), 0, "resident-http stops on SIGTERM with status 0")
         if ck.failed:
             print(b.text()[-3000:])
     return ck

@@ -25,7 +25,7 @@ PROTOCOL.md:
 4. The CLI prints the reasoning, a blank line, then the answer (faint on a
    terminal, not with NO_COLOR), --hide-reasoning leaves it out, --json has
    both; `sessions show` shows a stored reply's reasoning.
-5. resident-openai puts it in reasoning_content, streamed and not; the
+5. resident-http puts it in reasoning_content, streamed and not; the
    Python package (contrib/python) in its tokens' and done's reasoning.
 6. tiny-gptoss (harmony): its markers raised the same way, the replies are
    split as an independent reader of harmony's token ids splits them.
@@ -222,7 +222,7 @@ def check_cli(ck, d, c, seed, r, a):
 
 
 def check_bridge(ck, d, seed, r, a):
-    """Section 5: resident-openai's reasoning_content."""
+    """Section 5: resident-http's reasoning_content."""
     b = Bridge(d.sock)
     try:
         body = dict(RAISED, model=os.path.splitext(os.path.basename(d.model))[0], messages=user(QWEN3),
@@ -244,7 +244,7 @@ def check_bridge(ck, d, seed, r, a):
                         got[k] += choice["delta"].get(k) or ""
         ck.eq((got["reasoning_content"], got["content"]), (r, a), "bridge: streamed deltas carry reasoning_content")
     finally:
-        ck.eq(b.stop(), 0, "resident-openai exits 0")
+        ck.eq(b.stop(), 0, "resident-http exits 0")
 
 
 def check_python(ck, d, seed, r, a):
@@ -333,7 +333,7 @@ def sections(ck, qwen3, gptoss):
             c = check_session(ck, d, c)
         with ck.section("the CLI"):
             check_cli(ck, d, c, seed, r, a)
-        with ck.section("resident-openai and the Python package"):
+        with ck.section("resident-http and the Python package"):
             check_bridge(ck, d, seed, r, a)
             check_python(ck, d, seed, r, a)
         with ck.section("harmony: analysis, final and headers"):

@@ -22,7 +22,7 @@ the daemon guarantees whatever the weights:
    parameters use an unsupported keyword (by JSON pointer), tool_choice
    without tools, a required call beside a grammar, calls on a user message,
    arguments that are not an object.
-5. resident-openai with the `openai` package, on tiny-qwen3 (whose calls
+5. resident-http with the `openai` package, on tiny-qwen3 (whose calls
    are tool text) and tiny (Llama 3.1's, written as its answer): tools
    with tool_choice auto, required and named, streamed and not (required
    and named: message.tool_calls with finish_reason "tool_calls", content
@@ -34,7 +34,7 @@ the daemon guarantees whatever the weights:
 7. The real Gemma 3 270M (rsd.gemma_path; the section is skipped, saying
    so, without it), greedy: asked for the weather in a city with
    tool_choice required, it calls get_weather with that city, streamed
-   and not, through the daemon and resident-openai; with auto (where this
+   and not, through the daemon and resident-http; with auto (where this
    small model does not call), the reply is well-formed; a tool result
    round trip answers.
 8. The CLI: resident run --tools FILE --tool-choice NAME prints the call
@@ -278,7 +278,7 @@ def check_bridge(ck, d, shape):
             ck.ok(finish in ("stop", "length", "tool_calls"), "bridge %s: a tool result's round trip, stream=%s"
                   % (shape, stream))
     finally:
-        ck.eq(b.stop(), 0, "resident-openai exits 0")
+        ck.eq(b.stop(), 0, "resident-http exits 0")
 
 
 def check_python(ck, d):
@@ -371,8 +371,8 @@ def check_gemma(ck):
                              for x in m.tool_calls or []]
                     content = m.content or ""
                 ck.eq([(x["name"], json.loads(x["arguments"])) for x in calls], [("get_weather", {"city": "Paris"})],
-                      "gemma through resident-openai stream=%s: the call" % stream)
-                ck.eq(content, "", "gemma through resident-openai stream=%s: its text is not content" % stream)
+                      "gemma through resident-http stream=%s: the call" % stream)
+                ck.eq(content, "", "gemma through resident-http stream=%s: its text is not content" % stream)
             msgs = ask + [{"role": "assistant", "content": None, "tool_calls": [
                 {"id": calls[0]["id"], "type": "function", "function": {"name": "get_weather",
                                                                         "arguments": calls[0]["arguments"]}}]},
@@ -382,7 +382,7 @@ def check_gemma(ck):
             ck.ok(r.choices[0].finish_reason in ("stop", "length", "tool_calls"),
                   "gemma: a round trip with the tool's result: %r" % (r.choices[0].message.content,))
         finally:
-            ck.eq(b.stop(), 0, "resident-openai exits 0")
+            ck.eq(b.stop(), 0, "resident-http exits 0")
 
 
 def main():
@@ -400,7 +400,7 @@ def main():
                 with ck.section("%s: auto and none" % shape):
                     check_auto_none(ck, c, shape)
                 if shape in ("tiny", "tiny-qwen3") and openai is not None:
-                    with ck.section("%s: resident-openai's tools" % shape):
+                    with ck.section("%s: resident-http's tools" % shape):
                         check_bridge(ck, d, shape)
                 if shape == "tiny-qwen3":
                     with ck.section("the Python package"):

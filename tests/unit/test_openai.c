@@ -1,6 +1,6 @@
 /*
- * test_openai.c: resident-openai's translation between OpenAI's JSON and
- * resident's generate fields (contrib/openai/api.c): requests parsed and
+ * test_openai.c: resident-http's translation between OpenAI's JSON and
+ * resident's generate fields (contrib/http/api.c): requests parsed and
  * refused, response_format as the output's constraint, replies, stream
  * chunks and errors built; logprobs mapped and shown in OpenAI's shapes.
  */

@@ -1,5 +1,5 @@
 /*
- * resident-openai: OpenAI's HTTP API in front of residentd.
+ * resident-http: OpenAI's HTTP API in front of residentd.
  *
  * Flags, the listening socket, signals. SIGTERM or SIGINT stops it at once:
  * daemon connections are closed (residentd cancels their generations) and
@@ -37,7 +37,7 @@ static void
 usage(FILE *fp)
 {
 	fprintf(fp,
-	    "usage: resident-openai [options]\n"
+	    "usage: resident-http [options]\n"
 	    "Serves OpenAI's API (GET /v1/models, POST /v1/chat/completions, POST /v1/completions)\n"
 	    "with the models of residentd.\n"
 	    "\n"
@@ -92,31 +92,31 @@ parse_args(int argc, char **argv, struct settings *s)
 		case O_BODY:
 		case O_UNREAD:
 			if (parse_bytes(optarg) == 0) {
-				fprintf(stderr, "resident-openai: --%s takes a number of bytes, not '%s'\n",
+				fprintf(stderr, "resident-http: --%s takes a number of bytes, not '%s'\n",
 				    c == O_BODY ? "max-body" : "max-unread", optarg);
 				return 2;
 			}
 			*(c == O_BODY ? &s->max_body : &s->max_unread) = parse_bytes(optarg);
 			break;
 		case 'h': usage(stdout); return 1;
-		case O_VERSION: printf("resident-openai %s\n", PACKAGE_VERSION); return 1;
+		case O_VERSION: printf("resident-http %s\n", PACKAGE_VERSION); return 1;
 		case ':':
-			fprintf(stderr, "resident-openai: %s needs a value (see resident-openai --help)\n",
+			fprintf(stderr, "resident-http: %s needs a value (see resident-http --help)\n",
 			    argv[optind - 1]);
 			return 2;
 		default:
-			fprintf(stderr, "resident-openai: unknown option %s (see resident-openai --help)\n",
+			fprintf(stderr, "resident-http: unknown option %s (see resident-http --help)\n",
 			    argv[optind - 1]);
 			return 2;
 		}
 	}
 	if (optind != argc) {
-		fprintf(stderr, "resident-openai: unexpected argument '%s' (see --help)\n", argv[optind]);
+		fprintf(stderr, "resident-http: unexpected argument '%s' (see --help)\n", argv[optind]);
 		return 2;
 	}
 	if (s->log_level != NULL) {
 		if ((c = log_level_from_name(s->log_level)) < 0) {
-			fprintf(stderr, "resident-openai: unknown log level '%s' (error, warn, info, debug)\n",
+			fprintf(stderr, "resident-http: unknown log level '%s' (error, warn, info, debug)\n",
 			    s->log_level);
 			return 2;
 		}
@@ -162,7 +162,7 @@ read_api_key(const char *path)
 	size_t n;
 
 	if (fp == NULL) {
-		fprintf(stderr, "resident-openai: --api-key-file %s: %s\n", path, strerror(errno));
+		fprintf(stderr, "resident-http: --api-key-file %s: %s\n", path, strerror(errno));
 		return NULL;
 	}
 	if (fgets(buf, sizeof buf, fp) == NULL)
@@ -171,7 +171,7 @@ read_api_key(const char *path)
 	n = strcspn(buf, "\r\n");
 	buf[n] = '\0';
 	if (n == 0 || n > API_KEY_MAX) {
-		fprintf(stderr, "resident-openai: --api-key-file %s: the first line must hold a key of 1..%d bytes\n",
+		fprintf(stderr, "resident-http: --api-key-file %s: the first line must hold a key of 1..%d bytes\n",
 		    path, API_KEY_MAX);
 		return NULL;
 	}
@@ -196,7 +196,7 @@ log_listening(const struct oa *oa, struct evhttp_bound_socket *bound)
 	else if (rs_default_socket(sock, sizeof sock) != 0)
 		snprintf(sock, sizeof sock, "(the default)");
 	v6 = ss.ss_family == AF_INET6;
-	log_info("resident-openai %s listening on http://%s%s%s:%s/v1 (residentd at %s)", PACKAGE_VERSION,
+	log_info("resident-http %s listening on http://%s%s%s:%s/v1 (residentd at %s)", PACKAGE_VERSION,
 	    v6 ? "[" : "", host, v6 ? "]" : "", port, sock);
 	loopback = v6 ? IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)&ss)->sin6_addr) :
 	    (ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) == 127;
@@ -218,10 +218,10 @@ check_daemon(const struct oa *oa)
 		    err.message);
 		return;
 	}
-	if (rs_hello(c, "resident-openai", &hello) != RS_OK)
+	if (rs_hello(c, "resident-http", &hello) != RS_OK)
 		log_warn("residentd did not answer hello: %s", rs_last_error(c));
 	else if (rs_uint(rs_get(hello, "version")) != RS_PROTOCOL_VERSION)
-		log_warn("residentd speaks protocol %llu, resident-openai %d",
+		log_warn("residentd speaks protocol %llu, resident-http %d",
 		    (unsigned long long)rs_uint(rs_get(hello, "version")), RS_PROTOCOL_VERSION);
 	rs_value_free(hello);
 	rs_close(c);
@@ -259,7 +259,7 @@ main(int argc, char **argv)
 	if ((rc = parse_args(argc, argv, &s)) != 0)
 		return rc == 1 ? 0 : 2;
 	if (parse_listen(s.listen, host, sizeof host, &port) != 0) {
-		fprintf(stderr, "resident-openai: --listen %s: give ADDR:PORT, e.g. 127.0.0.1:8080 or [::1]:8080\n",
+		fprintf(stderr, "resident-http: --listen %s: give ADDR:PORT, e.g. 127.0.0.1:8080 or [::1]:8080\n",
 		    s.listen);
 		return 2;
 	}
@@ -269,7 +269,7 @@ main(int argc, char **argv)
 	oa.max_unread = (size_t)s.max_unread;
 	rc = 1;
 	if ((oa.base = event_base_new()) == NULL || (oa.http = evhttp_new(oa.base)) == NULL) {
-		fprintf(stderr, "resident-openai: cannot set up the event loop\n");
+		fprintf(stderr, "resident-http: cannot set up the event loop\n");
 		goto out;
 	}
 	evhttp_set_max_body_size(oa.http, (ev_ssize_t)s.max_body);
@@ -277,7 +277,7 @@ main(int argc, char **argv)
 	evhttp_set_gencb(oa.http, http_request_cb, &oa);
 	errno = 0;
 	if ((bound = evhttp_bind_socket_with_handle(oa.http, host, (ev_uint16_t)port)) == NULL) {
-		fprintf(stderr, "resident-openai: cannot listen on %s: %s\n", s.listen,
+		fprintf(stderr, "resident-http: cannot listen on %s: %s\n", s.listen,
 		    errno ? strerror(errno) : "no such address");
 		goto out;
 	}

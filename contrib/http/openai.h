@@ -1,5 +1,5 @@
 /*
- * openai.h: what the files of resident-openai share. The bridge serves
+ * openai.h: what the files of resident-http share. The bridge serves
  * OpenAI's HTTP API with libevent's evhttp and talks to residentd only
  * through libresident (resident.h), one daemon connection per HTTP request.
  *

@@ -155,7 +155,7 @@ refuse_unsupported(const json_t *o, struct api_error *e)
 
 	for (i = 0; i < sizeof fields / sizeof fields[0]; i++)
 		if (given(api_field(o, fields[i])))
-			return api_bad(e, fields[i], "%s is not supported by resident-openai", fields[i]);
+			return api_bad(e, fields[i], "%s is not supported by resident-http", fields[i]);
 	if ((v = api_field(o, "best_of")) != NULL && (!json_is_integer(v) || json_integer_value(v) != 1))
 		return api_bad(e, "best_of", "best_of must be 1");
 	return 0;

@@ -281,7 +281,7 @@ route_none(struct evhttp_request *req, const char *path, const char *allow)
 		    "%s takes %s requests only", path, allow);
 	} else {
 		api_error_set(&e, 404, "invalid_request_error", NULL, "unknown_url",
-		    "unknown request URL %s: resident-openai serves GET /v1/models, "
+		    "unknown request URL %s: resident-http serves GET /v1/models, "
 		    "POST /v1/chat/completions and POST /v1/completions", path);
 	}
 	http_send_error(req, &e);
@@ -301,7 +301,7 @@ http_request_cb(struct evhttp_request *req, void *arg)
 	if (!authorized(oa, req)) {
 		api_error_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
 		    "a valid API key is needed: send \"Authorization: Bearer KEY\" with the key of "
-		    "resident-openai's --api-key-file");
+		    "resident-http's --api-key-file");
 		http_send_error(req, &e);
 	} else if (strcmp(path, "/v1/chat/completions") == 0) {
 		if (post)

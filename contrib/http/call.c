@@ -39,7 +39,7 @@
 #include <string.h>
 #include <time.h>
 
-#define SESSION_TITLE "resident-openai"
+#define SESSION_TITLE "resident-http"
 
 enum call_state { CALL_MODELS, CALL_SESSION, CALL_GENERATE, CALL_CANCELLING, CALL_DONE };
 
@@ -200,7 +200,7 @@ call_read_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 /*
- * Names the connection for the daemon's status ("resident-openai"). Nothing
+ * Names the connection for the daemon's status ("resident-http"). Nothing
  * waits for the answer: the requests that follow are read after it anyway.
  */
 static void
@@ -208,7 +208,7 @@ call_hello(struct call *c)
 {
 	rs_params *p = rs_params_new();
 
-	if (p != NULL && rs_params_set_str(p, "client", "resident-openai") == RS_OK &&
+	if (p != NULL && rs_params_set_str(p, "client", "resident-http") == RS_OK &&
 	    rs_params_set_uint(p, "version", RS_PROTOCOL_VERSION) == RS_OK)
 		rs_call_start(c->rc, "hello", p, NULL, NULL, NULL);
 	rs_params_free(p);
