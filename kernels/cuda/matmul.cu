@@ -486,11 +486,16 @@ run_sum(float v)
  * the first product, so that a lane has all of a short row's loads in
  * flight at once instead of one chunk's (a chunk past the row is loaded
  * again as the row's last and not added).
+ *
+ * GLU (R even, one token) takes the weight's rows 2 i and 2 i + 1 as its
+ * rows i and n / 2 + i (an expert's gate and up) and stores their
+ * activation (mm_glu, expert ex's biases) as row i of out's first output.
  */
-template <int TY, int NT, int R, int KS, bool QKV, int LS = WARP, int U = 1>
+template <int TY, int NT, int R, int KS, bool QKV, int LS = WARP, int U = 1, bool GLU = false>
 static __device__ __forceinline__ void
 mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq,
-    const float2 *__restrict__ xd, const struct mm_out &out, const mm_e<QKV> &e, int nt)
+    const float2 *__restrict__ xd, const struct mm_out &out, const mm_e<QKV> &e, int nt,
+    const struct mm_glu &glu = {}, int ex = 0)
 {
 	using Q = qt<TY>;
 	static_assert(LS == WARP || KS == 1, "runs of lanes are one warp's");
@@ -513,11 +518,23 @@ mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq
 	}
 #pragma unroll
 	for (int i = 0; i < R; i++) {
-		r[i] = sg.w + (size_t)min(row0 + i, n - 1) * sg.row_bytes; /* a missing last row repeats one */
+		int j = min(row0 + i, n - 1); /* a missing last row repeats one */
+
+		r[i] = sg.w + (size_t)(GLU ? (j >> 1) + (j & 1) * (n >> 1) : j) * sg.row_bytes;
 #pragma unroll
 		for (int t = 0; t < NT; t++)
 			acc[i][t] = 0.0f;
 	}
+	float gb[GLU ? R / 2 : 1], ub[GLU ? R / 2 : 1]; /* the biases of a GLU's rows, loaded with the weights */
+
+	if constexpr (GLU)
+#pragma unroll
+		for (int i = 0; i < R; i += 2) {
+			size_t b = (size_t)ex * (n >> 1) + (min(row0 + i, n - 2) >> 1);
+
+			gb[i / 2] = glu.gate_b != NULL ? glu.gate_b[b] : 0.0f;
+			ub[i / 2] = glu.up_b != NULL ? glu.up_b[b] : 0.0f;
+		}
 	for (int c0 = lane % LS + part * LS; c0 < nc; c0 += U * KS * LS) {
 		typename Q::W wc[U][R];
 
@@ -555,7 +572,13 @@ mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq
 			return;
 	if (lane % LS != 0)
 		return;
-	if constexpr (QKV) {
+	if constexpr (GLU) {
+		static_assert(R % 2 == 0 && NT == 1 && !QKV, "a run holds whole pairs of one token");
+#pragma unroll
+		for (int i = 0; i < R; i += 2)
+			if (row0 + i < n)
+				out.y[0][(row0 + i) >> 1] = expert_act(acc[i][0] + gb[i / 2], acc[i + 1][0] + ub[i / 2], glu.act);
+	} else if constexpr (QKV) {
 		static_assert(R % 2 == 0 && LS == WARP, "a warp holds whole pairs");
 #pragma unroll
 		for (int i = 0; i < R; i += 2)
@@ -618,20 +641,21 @@ mmq_kernel(struct mm_seg a, struct mm_seg b, int nb_a, int k, const int8_t *__re
  * The integer kernel over expert slots (cuda_matmul_slots): block (x, s)
  * takes rows of the expert slot s chose, by the int8 form of its input
  * row, R rows a group of KS warps as the one-token kernel, or R rows a run
- * of LS lanes, U chunks a lane in flight, for short rows.
+ * of LS lanes, U chunks a lane in flight, for short rows; GLU:
+ * mm_slots.glu.
  */
-template <int TY, int R, int KS, int LS = WARP, int U = 1>
+template <int TY, int R, int KS, int LS = WARP, int U = 1, bool GLU = false>
 __global__ void __launch_bounds__(MMQ_WARPS * WARP, KS > 1 ? 4 : 1)
 mmq_slot_kernel(struct mm_seg a, int k, const int8_t *__restrict__ xq, const float2 *__restrict__ xd,
     struct mm_out out, struct mm_slots sl)
 {
 	pdl_wait();
 	pdl_trigger();
-	int s = blockIdx.y, in = s / sl.in_div;
+	int s = blockIdx.y, in = s / sl.in_div, ex = slot_expert(sl, s);
 
-	a.w += (size_t)slot_expert(sl, s) * sl.stride;
-	mmq_block<TY, 1, R, KS, false, LS, U>(a, blockIdx.x, k, xq + (size_t)in * 2 * k, xd + (size_t)in * (k / 32),
-	    slot_out(out, s), mm_e<false>{}, 1);
+	a.w += (size_t)ex * sl.stride;
+	mmq_block<TY, 1, R, KS, false, LS, U, GLU>(a, blockIdx.x, k, xq + (size_t)in * 2 * k,
+	    xd + (size_t)in * (k / 32), slot_out(out, s), mm_e<false>{}, 1, sl.glu, ex);
 }
 
 /*
@@ -897,30 +921,41 @@ matvec(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weight 
  * busy, where 12 of 32 took a row of 768); the same for MXFP4 rows of
  * 2,880 (gpt-oss) and for Q6_K was slower (tests/bench/RESULTS.md).
  */
+template <int TY, int R, int KS, int LS = WARP, int U = 1>
+static cudaError_t
+mmq_slot_go(cudaStream_t st, const struct cuda_weight *w, int n_slots, const int8_t *xq, const float2 *xd,
+    const struct mm_out *out, const struct mm_slots &sl)
+{
+	struct mm_seg a = { w->d, w->row_bytes, (int)w->n, 0 };
+	dim3 grid((unsigned)mmq_blocks(w->n, R, KS, LS), (unsigned)n_slots), block(MMQ_WARPS * WARP);
+	int k = (int)w->k;
+
+	if constexpr (R % 2 == 0)
+		if (sl.glu.on)
+			return cuda_launch(mmq_slot_kernel<TY, R, KS, LS, U, true>, grid, block, 0, st, a, k, xq, xd, *out,
+			    sl);
+	return cuda_launch(mmq_slot_kernel<TY, R, KS, LS, U>, grid, block, 0, st, a, k, xq, xd, *out, sl);
+}
+
 template <int TY>
 static cudaError_t
 mmq_slot_launch(cudaStream_t st, const struct cuda_weight *w, int n_slots, const int8_t *xq, const float2 *xd,
     const struct mm_out *out, const struct mm_slots &sl)
 {
-	struct mm_seg a = { w->d, w->row_bytes, (int)w->n, 0 };
-	dim3 block(MMQ_WARPS * WARP);
 	int k = (int)w->k, nc = k / qt<TY>::n;
 
 	if (TY == TT_Q6_KG && k >= MMQ_WIDE_K)
-		return cuda_launch(mmq_slot_kernel<TY, 4, 2>, dim3((unsigned)mmq_blocks(w->n, 4, 2), (unsigned)n_slots),
-		    block, 0, st, a, k, xq, xd, *out, sl);
+		return mmq_slot_go<TY, 4, 2>(st, w, n_slots, xq, xd, out, sl);
 	/* qwen3-30b-a3b's experts (rows of 2,048 and 768 in Q4_K: 32 and 12 chunks) */
 	if (TY == TT_Q4_K && nc <= 12)
-		return cuda_launch(mmq_slot_kernel<TY, 2, 1, 4, 3>, dim3((unsigned)mmq_blocks(w->n, 2, 1, 4),
-		    (unsigned)n_slots), block, 0, st, a, k, xq, xd, *out, sl);
+		return mmq_slot_go<TY, 2, 1, 4, 3>(st, w, n_slots, xq, xd, out, sl);
 	if (TY == TT_Q4_K && nc <= 32)
-		return cuda_launch(mmq_slot_kernel<TY, 2, 1, 8, 4>, dim3((unsigned)mmq_blocks(w->n, 2, 1, 8),
-		    (unsigned)n_slots), block, 0, st, a, k, xq, xd, *out, sl);
+		return mmq_slot_go<TY, 2, 1, 8, 4>(st, w, n_slots, xq, xd, out, sl);
 	if (k >= MMQ_WIDE_K)
-		return cuda_launch(mmq_slot_kernel<TY, 2, 1>, dim3((unsigned)mmq_blocks(w->n, 2, 1), (unsigned)n_slots),
-		    block, 0, st, a, k, xq, xd, *out, sl);
-	return cuda_launch(mmq_slot_kernel<TY, 3, 1>, dim3((unsigned)mmq_blocks(w->n, 3, 1), (unsigned)n_slots), block,
-	    0, st, a, k, xq, xd, *out, sl);
+		return mmq_slot_go<TY, 2, 1>(st, w, n_slots, xq, xd, out, sl);
+	if (sl.glu.on) /* a gate and an up row: pairs (as fast as 3 rows on gpt-oss-20b's, 2 were 15 % slower) */
+		return mmq_slot_go<TY, 4, 1>(st, w, n_slots, xq, xd, out, sl);
+	return mmq_slot_go<TY, 3, 1>(st, w, n_slots, xq, xd, out, sl);
 }
 
 int
@@ -930,6 +965,8 @@ cuda_matmul_slots(struct cuda_mm *m, const struct cuda_weight *w, const float *x
 	int q = cuda_matmul_int8(m, w), rc;
 	dim3 grid((unsigned)((w->n + MMV_ROWS - 1) / MMV_ROWS), (unsigned)n_slots);
 
+	if (sl->glu.on && !q)
+		return err_set(err, ERR_UNSUPPORTED, "no integer kernel for expert weights of type %u", w->type);
 	m->xq_ready = reuse_x;
 	if (q && (rc = quantize_x(m, x, ldx, (int)w->k, n_in, err)) != 0)
 		return rc;

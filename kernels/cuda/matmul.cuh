@@ -7,6 +7,7 @@
 
 #include "attention.cuh"
 #include "cuda_common.cuh"
+#include "norm.cuh"
 
 #include <cublas_v2.h>
 #include <type_traits>
@@ -179,7 +180,17 @@ int cuda_matmul_int8(const struct cuda_mm *m, const struct cuda_weight *w);
  * s = t in_div + j takes token t's j-th choice among its n_expert logits
  * (plus bias; route_token), and the token's first slot stores the
  * token's choices and weights into expert and weight.
+ *
+ * With glu.on (w of a type cuda_matmul_int8 takes) the expert's rows are
+ * its gate and up, n / 2 each, multiplied in pairs (gate i, up i) and
+ * stored as expert_act(gate + gate_b, up + up_b), n / 2 wide into the
+ * first output: the experts' activation without a launch of its own.
  */
+struct mm_glu {
+	const float *gate_b, *up_b; /* expert 0's biases (n / 2 floats each, expert e's e n / 2 on), or NULL */
+	struct cuda_act act;
+	int on;
+};
 struct mm_slots {
 	int32_t *expert;
 	size_t stride;
@@ -187,6 +198,7 @@ struct mm_slots {
 	const float *logit, *bias;
 	float *weight;
 	int n_expert, norm;
+	struct mm_glu glu;
 };
 
 /*

@@ -365,17 +365,6 @@ norm_rows_kernel(const float *__restrict__ x, const int32_t *__restrict__ rows,
 	row_store<V>(h + (size_t)blockIdx.x * n, n / 4, v);
 }
 
-/* silu(v) or gelu_tanh(v), as cpu_ops computes them. */
-static __device__ __forceinline__ float
-act(float v, int gelu)
-{
-	const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
-
-	if (gelu)
-		return 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
-	return v / (1.0f + expf(-v));
-}
-
 /*
  * act(a) * b into a, and as int8 into q8 if q8.q, over rows of n4 float4s,
  * all4 in all: spread over the whole GPU (a thread a float4), since only
@@ -510,17 +499,6 @@ to_f16_kernel(const float *__restrict__ x, int ldx, int k, const int32_t *__rest
 
 	row_load<V>(x + (size_t)(rows != NULL ? rows[blockIdx.x] / div : (int)blockIdx.x) * ldx, k / 4, v);
 	row_store_f16<V>(v, k / 4, h16.h + (size_t)blockIdx.x * k, h16.scale + blockIdx.x, red);
-}
-
-/* act(g) * u for an expert's gate g and up u, as the CPU's cpu_glu / cpu_glu_oai. */
-static __device__ __forceinline__ float
-expert_act(float g, float u, const struct cuda_act &a)
-{
-	if (a.kind != ACT_SWIGLU_OAI)
-		return act(g, a.kind == ACT_GELU) * u;
-	g = fminf(g, a.limit);
-	u = fmaxf(-a.limit, fminf(u, a.limit));
-	return (u + 1.0f) * (g / (1.0f + expf(-a.alpha * g)));
 }
 
 /*

@@ -1,7 +1,8 @@
 /*
  * norm.cuh: row-wise kernels of the residual stream (RMSNorm, residual
  * adds, the gated activation) and the greedy pick over logits rows. Host
- * entry points only; all on stream st.
+ * entry points, all on stream st, and the device helpers the products
+ * share (the int8 form, the activations).
  */
 #ifndef RESIDENT_CUDA_NORM_CUH
 #define RESIDENT_CUDA_NORM_CUH
@@ -164,6 +165,28 @@ struct cuda_act {
 	int kind;
 	float alpha, limit;
 };
+
+/* silu(v) or gelu_tanh(v), as cpu_ops computes them. */
+static __device__ __forceinline__ float
+act(float v, int gelu)
+{
+	const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+
+	if (gelu)
+		return 0.5f * v * (1.0f + tanhf(k * (v + 0.044715f * v * v * v)));
+	return v / (1.0f + expf(-v));
+}
+
+/* act(g) * u for an expert's gate g and up u, as the CPU's cpu_glu / cpu_glu_oai. */
+static __device__ __forceinline__ float
+expert_act(float g, float u, const struct cuda_act &a)
+{
+	if (a.kind != ACT_SWIGLU_OAI)
+		return act(g, a.kind == ACT_GELU) * u;
+	g = fminf(g, a.limit);
+	u = fmaxf(-a.limit, fminf(u, a.limit));
+	return (u + 1.0f) * (g / (1.0f + expf(-a.alpha * g)));
+}
 
 /*
  * Rows of the experts' gate and up (n_rows of n): gate += its expert's
