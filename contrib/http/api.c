@@ -22,25 +22,27 @@
 #include <sys/random.h>
 #include <time.h>
 
-enum num_kind { NUM_FLOAT, NUM_UINT, NUM_POSITIVE };
-
 /* The numeric fields passed to generate; max_completion_tokens wins over max_tokens. */
-static const struct {
-	const char *field, *key;
-	enum num_kind kind;
-} num_fields[] = {
-	{ "max_completion_tokens", "max_tokens", NUM_POSITIVE },
-	{ "max_tokens", "max_tokens", NUM_POSITIVE },
-	{ "temperature", "temperature", NUM_FLOAT },
-	{ "top_p", "top_p", NUM_FLOAT },
-	{ "seed", "seed", NUM_UINT },
-	{ "presence_penalty", "presence_penalty", NUM_FLOAT },
-	{ "frequency_penalty", "frequency_penalty", NUM_FLOAT },
+static const struct api_num_field num_fields[] = {
+	{ "max_completion_tokens", "max_tokens", API_NUM_POSITIVE },
+	{ "max_tokens", "max_tokens", API_NUM_POSITIVE },
+	{ "temperature", "temperature", API_NUM_FLOAT },
+	{ "top_p", "top_p", API_NUM_FLOAT },
+	{ "seed", "seed", API_NUM_UINT },
+	{ "presence_penalty", "presence_penalty", API_NUM_FLOAT },
+	{ "frequency_penalty", "frequency_penalty", API_NUM_FLOAT },
 	/* not OpenAI's: resident's own sampling fields, for extra_body */
-	{ "top_k", "top_k", NUM_UINT },
-	{ "min_p", "min_p", NUM_FLOAT },
-	{ "repeat_penalty", "repeat_penalty", NUM_FLOAT },
+	{ "top_k", "top_k", API_NUM_UINT },
+	{ "min_p", "min_p", API_NUM_FLOAT },
+	{ "repeat_penalty", "repeat_penalty", API_NUM_FLOAT },
 };
+
+/* Whether r is OpenAI's /v1/completions, whose logprobs have their own shape and meaning. */
+static int
+openai_completion(const struct api_req *r)
+{
+	return r->kind == API_COMPLETION && r->dialect == API_OPENAI;
+}
 
 int
 api_error_set(struct api_error *e, int status, const char *type, const char *param, const char *code,
@@ -68,32 +70,32 @@ api_field(const json_t *o, const char *key)
 
 /* ---- parsing ---- */
 
-/* The numeric fields, checked for type; ranges are the daemon's. */
-static int
-parse_nums(const json_t *o, struct api_req *r, struct api_error *e)
+int
+api_parse_nums(const json_t *o, const struct api_num_field *fields, size_t n_fields, struct api_req *r,
+    struct api_error *e)
 {
 	struct api_num *n;
 	json_t *v;
 	size_t i;
 	int j, dup;
 
-	for (i = 0; i < sizeof num_fields / sizeof num_fields[0]; i++) {
-		if ((v = api_field(o, num_fields[i].field)) == NULL)
+	for (i = 0; i < n_fields && r->n_nums < API_MAX_NUMS; i++) {
+		if ((v = api_field(o, fields[i].field)) == NULL)
 			continue;
 		for (j = 0, dup = 0; j < r->n_nums; j++)
-			dup |= strcmp(r->nums[j].key, num_fields[i].key) == 0;
+			dup |= strcmp(r->nums[j].key, fields[i].key) == 0;
 		if (dup)
 			continue;
 		n = &r->nums[r->n_nums];
-		n->key = num_fields[i].key;
-		if (num_fields[i].kind == NUM_FLOAT) {
+		n->key = fields[i].key;
+		if (fields[i].kind == API_NUM_FLOAT) {
 			if (!json_is_number(v))
-				return api_bad(e, num_fields[i].field, "%s must be a number", num_fields[i].field);
+				return api_bad(e, fields[i].field, "%s must be a number", fields[i].field);
 			n->f = json_number_value(v);
 		} else {
-			if (!json_is_integer(v) || json_integer_value(v) < (num_fields[i].kind == NUM_POSITIVE))
-				return api_bad(e, num_fields[i].field, "%s must be an integer of at least %d",
-				    num_fields[i].field, num_fields[i].kind == NUM_POSITIVE);
+			if (!json_is_integer(v) || json_integer_value(v) < (fields[i].kind == API_NUM_POSITIVE))
+				return api_bad(e, fields[i].field, "%s must be an integer of at least %d",
+				    fields[i].field, fields[i].kind == API_NUM_POSITIVE);
 			n->is_uint = 1;
 			n->u = (uint64_t)json_integer_value(v);
 		}
@@ -102,9 +104,8 @@ parse_nums(const json_t *o, struct api_req *r, struct api_error *e)
 	return 0;
 }
 
-/* stop: a string or an array of strings. */
-static int
-parse_stop(const json_t *o, struct api_req *r, struct api_error *e)
+int
+api_parse_stop(const json_t *o, struct api_req *r, struct api_error *e)
 {
 	json_t *v = api_field(o, "stop"), *s;
 	size_t i, n;
@@ -284,8 +285,8 @@ message_role(const char *role)
 	return NULL;
 }
 
-static int
-parse_messages(const json_t *o, struct api_req *r, struct api_error *e)
+int
+api_parse_messages(const json_t *o, struct api_req *r, struct api_error *e)
 {
 	json_t *a = api_field(o, "messages"), *m, *role, *content;
 	size_t i;
@@ -416,13 +417,13 @@ parse_top_count(const json_t *v, const char *name, int max, int *n, struct api_e
 	return 0;
 }
 
-static int
-parse_logprobs(const json_t *o, struct api_req *r, struct api_error *e)
+int
+api_parse_logprobs(const json_t *o, struct api_req *r, struct api_error *e)
 {
 	json_t *lp = api_field(o, "logprobs"), *top = api_field(o, "top_logprobs");
 	int n;
 
-	if (r->kind == API_COMPLETION) {
+	if (openai_completion(r)) {
 		if (top != NULL)
 			return api_bad(e, "top_logprobs", "top_logprobs is a field of chat completions: here logprobs "
 			    "is the number of top tokens (0..%d)", API_MAX_CMPL_LOGPROBS);
@@ -446,23 +447,36 @@ parse_logprobs(const json_t *o, struct api_req *r, struct api_error *e)
 	return 0;
 }
 
+json_t *
+api_body(const char *body, size_t len, struct api_error *e)
+{
+	json_error_t je;
+	json_t *o;
+
+	if ((o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je)) == NULL) {
+		api_bad(e, NULL, "the body is not valid JSON: %s (at byte %d)", je.text, je.position);
+		return NULL;
+	}
+	if (!json_is_object(o)) {
+		json_decref(o);
+		api_bad(e, NULL, "the body must be a JSON object");
+		return NULL;
+	}
+	return o;
+}
+
 int
 api_parse(enum api_kind kind, const char *body, size_t len, const char *session_header,
     struct api_req *r, struct api_error *e)
 {
-	json_error_t je;
 	json_t *o, *model;
 	int rc = -1;
 
 	memset(r, 0, sizeof *r);
 	e->message[0] = '\0';
 	r->kind = kind;
-	if ((o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je)) == NULL)
-		return api_bad(e, NULL, "the body is not valid JSON: %s (at byte %d)", je.text, je.position);
-	if (!json_is_object(o)) {
-		api_bad(e, NULL, "the body must be a JSON object");
-		goto out;
-	}
+	if ((o = api_body(body, len, e)) == NULL)
+		return -1;
 	if (!json_is_string(model = api_field(o, "model")) || json_string_length(model) == 0) {
 		api_bad(e, "model", "model is required: one of the names of GET /v1/models");
 		goto out;
@@ -471,10 +485,11 @@ api_parse(enum api_kind kind, const char *body, size_t len, const char *session_
 		api_nomem(e);
 		goto out;
 	}
-	if ((kind == API_CHAT ? parse_messages(o, r, e) : parse_prompt(o, r, e)) != 0 ||
+	if ((kind == API_CHAT ? api_parse_messages(o, r, e) : parse_prompt(o, r, e)) != 0 ||
 	    parse_session(o, session_header, r, e) != 0 || parse_stream(o, r, e) != 0 ||
-	    parse_nums(o, r, e) != 0 || parse_stop(o, r, e) != 0 || parse_constraint(o, r, e) != 0 ||
-	    parse_logprobs(o, r, e) != 0 || parse_choices(o, r, e) != 0 || api_tools_parse(o, r, e) != 0 ||
+	    api_parse_nums(o, num_fields, sizeof num_fields / sizeof num_fields[0], r, e) != 0 ||
+	    api_parse_stop(o, r, e) != 0 || parse_constraint(o, r, e) != 0 ||
+	    api_parse_logprobs(o, r, e) != 0 || parse_choices(o, r, e) != 0 || api_tools_parse(o, r, e) != 0 ||
 	    refuse_unsupported(o, e) != 0)
 		goto out;
 	rc = 0;
@@ -494,7 +509,8 @@ api_req_free(struct api_req *r)
 		api_msg_free(&r->msgs[i]);
 	for (i = 0; i < r->n_stop; i++)
 		free(r->stop[i]);
-	free(r->msgs), free(r->stop), free(r->model), free(r->session), free(r->system), free(r->prompt);
+	free(r->msgs), free(r->stop), free(r->model), free(r->asked), free(r->session), free(r->system);
+	free(r->prompt);
 	free(r->constraint_text), free(r->tools), free(r->tool_name);
 	memset(r, 0, sizeof *r);
 }
@@ -682,6 +698,45 @@ api_model(const char *name)
 	    "owned_by", "resident");
 }
 
+json_t *
+api_models(const json_t *list)
+{
+	json_t *data = json_array(), *m;
+	size_t i;
+
+	json_array_foreach(json_object_get(list, "models"), i, m)
+		if (json_is_string(json_object_get(m, "name")))
+			json_array_append_new(data, api_model(json_string_value(json_object_get(m, "name"))));
+	return json_pack("{ss so}", "object", "list", "data", data);
+}
+
+json_t *
+api_value_json(const rs_value *v)
+{
+	json_t *j, *item;
+	size_t i;
+
+	switch (rs_value_type(v)) {
+	case RS_TYPE_BOOL: return json_boolean(rs_bool(v));
+	case RS_TYPE_UINT: return json_integer((json_int_t)rs_uint(v));
+	case RS_TYPE_INT: return json_integer((json_int_t)rs_int(v));
+	case RS_TYPE_FLOAT: return json_real(rs_float(v));
+	case RS_TYPE_STR: /* bin that is not UTF-8 (no op result here has any) is null */
+		return (j = json_stringn(rs_str(v), rs_len(v))) != NULL ? j : json_null();
+	case RS_TYPE_ARRAY:
+	case RS_TYPE_MAP:
+		j = rs_value_type(v) == RS_TYPE_MAP ? json_object() : json_array();
+		for (i = 0; j != NULL && i < rs_len(v); i++) {
+			if ((item = api_value_json(rs_at(v, i))) == NULL ||
+			    (json_is_object(j) ? json_object_set_new(j, rs_key(v, i) ? rs_key(v, i) : "", item) :
+			    json_array_append_new(j, item)) != 0)
+				json_decref(j), j = NULL;
+		}
+		return j;
+	default: return json_null();
+	}
+}
+
 /* ---- logprobs ---- */
 
 /*
@@ -766,7 +821,7 @@ logprobs_arrays(const struct api_req *r, struct api_logprobs *lp)
 	json_t **a[] = { &lp->content, &lp->tokens, &lp->token_logprobs, &lp->top_logprobs, &lp->text_offset };
 	size_t i;
 
-	for (i = r->kind == API_CHAT ? 0 : 1; i < (r->kind == API_CHAT ? 1 : 5); i++)
+	for (i = openai_completion(r) ? 1 : 0; i < (openai_completion(r) ? 5 : 1); i++)
 		if (*a[i] == NULL && (*a[i] = json_array()) == NULL)
 			return -1;
 	return 0;
@@ -830,8 +885,8 @@ api_logprobs_add(const struct api_req *r, struct api_logprobs *lp, const struct 
 {
 	if (logprobs_arrays(r, lp) != 0)
 		return -1;
-	return r->kind == API_CHAT ? chat_logprobs_add(r, lp, tok, top, n_top) :
-	    completion_logprobs_add(r, lp, tok, top, n_top);
+	return openai_completion(r) ? completion_logprobs_add(r, lp, tok, top, n_top) :
+	    chat_logprobs_add(r, lp, tok, top, n_top);
 }
 
 json_t *
@@ -841,7 +896,7 @@ api_logprobs_take(const struct api_req *r, struct api_logprobs *lp)
 
 	if (logprobs_arrays(r, lp) != 0)
 		return NULL;
-	if (r->kind == API_CHAT)
+	if (!openai_completion(r))
 		o = json_pack("{so}", "content", lp->content);
 	else
 		o = json_pack("{so so so so}", "tokens", lp->tokens, "token_logprobs", lp->token_logprobs,

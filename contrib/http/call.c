@@ -8,17 +8,23 @@
  * connection adds a fraction of a millisecond (README, "OpenAI-compatible
  * endpoint").
  *
- *   GET /v1/models:  CALL_MODELS --model.list--> reply, CALL_DONE
  *   a completion:    CALL_MODELS    only for a model not in the cache (404 if not listed)
  *                    CALL_SESSION   session.new, only for session "new"
  *                    CALL_GENERATE  --done or error--> reply, CALL_DONE
+ *   ops (call_ops):  CALL_MODELS    as a completion's, for a request that names a model
+ *                    CALL_OPS       each op in turn --the last result--> reply, CALL_DONE
  *   the client leaves: in CALL_GENERATE a cancel is sent --> CALL_CANCELLING --done--> CALL_DONE;
  *                      in the other states the call ends at once.
  *
  * Model names are cached: the daemon only ever adds models, so a name in
  * the cache is a model, and a name not in it sends for a fresh list. A name
  * that is not listed is refused rather than passed on, since the daemon
- * would take it for a file to load.
+ * would take it for a file to load. An Ollama request's name is resolved
+ * to the daemon's (ollama_resolve); its replies echo the name it gave.
+ *
+ * A request of Ollama's API runs as OpenAI's does; its objects are
+ * ollama_api.c's (one choice, its end in one last object with the times),
+ * and http.c frames its stream and errors as Ollama does.
  *
  * libresident's callbacks run inside rs_process, where the client must not
  * be closed: call_end marks the call CALL_DONE and the read callback frees
@@ -41,7 +47,7 @@
 
 #define SESSION_TITLE "resident-http"
 
-enum call_state { CALL_MODELS, CALL_SESSION, CALL_GENERATE, CALL_CANCELLING, CALL_DONE };
+enum call_state { CALL_MODELS, CALL_SESSION, CALL_GENERATE, CALL_CANCELLING, CALL_OPS, CALL_DONE };
 
 /* What a completion keeps of one of its choices while the daemon generates it. */
 struct choice {
@@ -73,10 +79,13 @@ struct call {
 	int in_process;               /* inside rs_process: libresident's callbacks may run */
 	const char *path;             /* for the log */
 	struct timespec t0;
-	/* GET /v1/models */
-	int list_models;
-	char *model_name;             /* /v1/models/NAME; NULL: the list */
-	/* completions */
+	/* call_ops: the ops, the next one's index, their results; ops NULL: a completion */
+	const char *const *ops;
+	size_t op;
+	json_t *results[CALL_MAX_OPS];
+	call_reply_fn reply;
+	void *reply_arg;
+	/* completions (of call_ops: the model, if any) */
 	struct api_req r;
 	struct api_meta meta;
 	char session[40];
@@ -111,7 +120,8 @@ call_free(struct call *c)
 		free(c->ch[i].lp_reasoning);
 		free(c->ch[i].held);
 	}
-	free(c->model_name);
+	for (i = 0; i < CALL_MAX_OPS; i++)
+		json_decref(c->results[i]);
 	free(c);
 }
 
@@ -154,7 +164,7 @@ call_fail(struct call *c, const struct api_error *e)
 	call_unwatch(c);
 	if (c->req != NULL && c->streaming) {
 		/* the status is sent already: the error goes into the stream (the openai packages raise it) */
-		http_stream_send(c->req, api_error_json(e));
+		http_stream_send(c->req, http_error_json(c->req, e));
 		http_stream_end(c->req);
 	} else if (c->req != NULL) {
 		http_send_error(c->req, e);
@@ -308,6 +318,30 @@ model_known(const struct oa *oa, const char *name)
 	return 0;
 }
 
+/*
+ * Whether the request's model is one of the cached names: 1 (an Ollama
+ * name resolved to the daemon's, in r.model), 0 not, -1 no memory. A
+ * request of no model (an op call's) has it.
+ */
+static int
+call_model_known(struct call *c)
+{
+	const char *name;
+	char *copy;
+
+	if (c->r.model == NULL)
+		return 1;
+	if (c->r.dialect == API_OPENAI)
+		return model_known(c->oa, c->r.model);
+	if ((name = ollama_resolve(c->oa->models, c->oa->n_models, c->r.asked)) == NULL)
+		return 0;
+	if ((copy = strdup(name)) == NULL)
+		return -1;
+	free(c->r.model);
+	c->r.model = copy;
+	return 1;
+}
+
 /* Replaces the cache with the names of a model.list result. */
 static void
 models_cache(struct oa *oa, const rs_value *models)
@@ -333,46 +367,31 @@ models_cache(struct oa *oa, const rs_value *models)
 
 /* 404 for a model residentd does not have. */
 static void
-call_no_model(struct call *c, const char *name)
+call_no_model(struct call *c)
 {
 	struct api_error e;
 
-	api_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
-	    "the model '%s' does not exist: GET /v1/models lists the models of residentd", name);
+	if (c->r.dialect == API_OPENAI)
+		api_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
+		    "the model '%s' does not exist: GET /v1/models lists the models of residentd", c->r.model);
+	else
+		api_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
+		    "model '%s' not found: GET /api/tags lists the models of residentd", c->r.asked);
 	call_fail(c, &e);
 }
 
-/* The GET /v1/models reply. */
-static void
-models_reply(struct call *c)
-{
-	json_t *data;
-	size_t i;
+static void ops_next(struct call *c);
 
-	if (c->model_name != NULL) {
-		if (!model_known(c->oa, c->model_name)) {
-			call_no_model(c, c->model_name);
-			return;
-		}
-		call_unwatch(c);
-		http_send_json(c->req, 200, api_model(c->model_name));
-	} else {
-		call_unwatch(c);
-		data = json_array();
-		for (i = 0; i < c->oa->n_models; i++)
-			json_array_append_new(data, api_model(c->oa->models[i]));
-		http_send_json(c->req, 200, json_pack("{ss so}", "object", "list", "data", data));
-	}
-	log_info("%s 200 (%.3fs)", c->path, call_seconds(c));
-	call_end(c);
-}
-
-/* Where a completion goes once its model is known to exist. */
+/* Where a request goes once its model is known to exist. */
 static void
 call_after_model(struct call *c)
 {
 	rs_params *p;
 
+	if (c->ops != NULL) {
+		ops_next(c);
+		return;
+	}
 	if (c->r.session == NULL || strcmp(c->r.session, "new") != 0) {
 		if (c->r.session != NULL)
 			snprintf(c->session, sizeof c->session, "%s", c->r.session);
@@ -389,6 +408,18 @@ call_after_model(struct call *c)
 	rs_params_free(p);
 }
 
+/* Goes on with the model known (1), refused (0) or not checked for want of memory (-1). */
+static void
+call_model_checked(struct call *c, int known)
+{
+	if (known < 0)
+		call_error_cb(0, RS_ERR_NOMEM, "out of memory", c);
+	else if (known == 0)
+		call_no_model(c);
+	else
+		call_after_model(c);
+}
+
 static void
 models_result_cb(uint64_t id, const rs_value *result, void *arg)
 {
@@ -397,36 +428,91 @@ models_result_cb(uint64_t id, const rs_value *result, void *arg)
 	models_cache(c->oa, rs_get(result, "models"));
 	if (c->req == NULL)
 		call_end(c);
-	else if (c->list_models)
-		models_reply(c);
-	else if (!model_known(c->oa, c->r.model))
-		call_no_model(c, c->r.model);
 	else
-		call_after_model(c);
+		call_model_checked(c, call_model_known(c));
 }
 
-/* Sends model.list. */
+/* Goes on with the request's model: from the cache, else from a fresh model.list. */
 static void
-call_list_models(struct call *c)
+call_check_model(struct call *c)
 {
+	int known = call_model_known(c);
+
+	if (known != 0) {
+		call_model_checked(c, known);
+		return;
+	}
 	c->state = CALL_MODELS;
 	if (rs_call_start(c->rc, "model.list", NULL, models_result_cb, call_error_cb, c) == 0)
 		call_start_failed(c);
 }
 
-void
-call_models(struct oa *oa, struct evhttp_request *req, const char *name)
-{
-	struct call *c = call_open(oa, req, name ? "GET /v1/models/NAME" : "GET /v1/models");
+/* ---- ops ---- */
 
-	if (c == NULL)
+/* The last op answered: the reply. */
+static void
+ops_reply(struct call *c)
+{
+	call_unwatch(c);
+	c->reply(c->req, c->r.asked ? c->r.asked : c->r.model, c->results, c->reply_arg);
+	log_info("%s 200 (%.3fs)", c->path, call_seconds(c));
+	call_end(c);
+}
+
+static void
+ops_result_cb(uint64_t id, const rs_value *result, void *arg)
+{
+	struct call *c = arg;
+
+	if (c->req == NULL) {
+		call_end(c);
 		return;
-	c->list_models = 1;
-	if (name != NULL && (c->model_name = strdup(name)) == NULL) {
+	}
+	if (strcmp(c->ops[c->op], "model.list") == 0)
+		models_cache(c->oa, rs_get(result, "models"));
+	if ((c->results[c->op++] = api_value_json(result)) == NULL) {
 		call_error_cb(0, RS_ERR_NOMEM, "out of memory", c);
 		return;
 	}
-	call_list_models(c);
+	ops_next(c);
+}
+
+/* Sends the next op, with the model's daemon name; after the last, the reply. */
+static void
+ops_next(struct call *c)
+{
+	rs_params *p = NULL;
+
+	if (c->op == CALL_MAX_OPS || c->ops[c->op] == NULL) {
+		ops_reply(c);
+		return;
+	}
+	c->state = CALL_OPS;
+	if ((c->r.model != NULL && ((p = rs_params_new()) == NULL ||
+	    rs_params_set_str(p, "model", c->r.model) != RS_OK)) ||
+	    rs_call_start(c->rc, c->ops[c->op], p, ops_result_cb, call_error_cb, c) == 0)
+		call_start_failed(c);
+	rs_params_free(p);
+}
+
+void
+call_ops(struct oa *oa, struct evhttp_request *req, const char *path, enum api_dialect d, const char *model,
+    const char *const *ops, call_reply_fn reply, void *arg)
+{
+	struct call *c = call_open(oa, req, path);
+
+	if (c == NULL)
+		return;
+	c->ops = ops;
+	c->reply = reply;
+	c->reply_arg = arg;
+	c->r.dialect = d;
+	if (model != NULL && ((c->r.model = strdup(model)) == NULL ||
+	    (d != API_OPENAI && (c->r.asked = strdup(model)) == NULL))) {
+		call_error_cb(0, RS_ERR_NOMEM, "out of memory", c);
+		return;
+	}
+	call_check_model(c);
 }
 
 /* ---- sessions ---- */
@@ -458,8 +544,17 @@ stream_begin(struct call *c)
 	if (c->session[0])
 		http_add_header(c->req, "X-Resident-Session", c->session);
 	http_stream_start(c->req);
-	for (i = 0; c->r.kind == API_CHAT && i < c->r.n; i++)
+	for (i = 0; c->r.kind == API_CHAT && c->r.dialect == API_OPENAI && i < c->r.n; i++)
 		http_stream_send(c->req, api_chunk(&c->r, &c->meta, i, "", NULL, 1, NULL, NULL));
+}
+
+/* A stream chunk of choice i: its text (NULL: none), reasoning (NULL: none) and logprobs (taken; NULL: none). */
+static json_t *
+call_chunk(struct call *c, int i, const char *text, const char *reasoning, json_t *lp)
+{
+	if (c->r.dialect != API_OPENAI)
+		return ollama_chunk(&c->r, &c->meta, text, reasoning, lp);
+	return api_chunk(&c->r, &c->meta, i, text, reasoning, 0, NULL, lp);
 }
 
 /* The {bytes, logprob} of a token reply, or of one of its top_logprobs. */
@@ -580,9 +675,24 @@ any_cancelled(const struct call *c, const rs_value *done)
 	return 0;
 }
 
+/* A stream chunk of choice i with every call of the daemon's calls. */
+static json_t *
+call_tool_chunk(struct call *c, int i, const rs_value *calls)
+{
+	json_t *j, *chunk;
+
+	if (c->r.dialect == API_OPENAI)
+		return api_tool_chunk(&c->r, &c->meta, i, calls);
+	j = api_value_json(calls);
+	chunk = ollama_calls_chunk(&c->r, &c->meta, j);
+	json_decref(j);
+	return chunk;
+}
+
 /*
  * The end of a streamed choice's tool calls: held answer text goes out
- * unless it was the calls; the calls as one chunk. Returns the
+ * unless it was the calls (or is blank beside them, as a reply that is not
+ * streamed has no content then); the calls as one chunk. Returns the
  * finish_reason.
  */
 static const char *
@@ -591,11 +701,12 @@ stream_tool_calls(struct call *c, int i, const rs_value *fields, const char *rea
 	struct choice *ch = &c->ch[i];
 	const rs_value *calls = rs_get(fields, "tool_calls");
 
-	if (ch->held != NULL && !ch->released && !rs_bool(rs_get(fields, "calls_in_text")))
-		http_stream_send(c->req, api_chunk(&c->r, &c->meta, i, ch->held, NULL, 0, NULL, NULL));
+	if (ch->held != NULL && !ch->released && !rs_bool(rs_get(fields, "calls_in_text")) &&
+	    !(rs_len(calls) > 0 && api_blank(ch->held)))
+		http_stream_send(c->req, call_chunk(c, i, ch->held, NULL, NULL));
 	if (rs_len(calls) == 0)
 		return reason;
-	http_stream_send(c->req, api_tool_chunk(&c->r, &c->meta, i, calls));
+	http_stream_send(c->req, call_tool_chunk(c, i, calls));
 	return "tool_calls";
 }
 
@@ -609,7 +720,7 @@ static int
 token_cb(uint64_t id, const char *text, const rs_value *reply, void *arg)
 {
 	struct call *c = arg;
-	const char *reasoning = rs_reply_reasoning(reply);
+	const char *reasoning = c->r.hide_reasoning ? "" : rs_reply_reasoning(reply);
 	unsigned i = rs_reply_choice(reply);
 	struct choice *ch;
 	json_t *lp;
@@ -624,8 +735,7 @@ token_cb(uint64_t id, const char *text, const rs_value *reply, void *arg)
 	text = tools_text(c, ch, text);
 	lp = logprobs_chunk(c, ch, text, reply);
 	if (text[0] != '\0' || reasoning[0] != '\0' || lp != NULL)
-		http_stream_send(c->req, api_chunk(&c->r, &c->meta, (int)i, text[0] != '\0' || lp != NULL ? text : NULL,
-		    reasoning, 0, NULL, lp));
+		http_stream_send(c->req, call_chunk(c, (int)i, text[0] != '\0' || lp != NULL ? text : NULL, reasoning, lp));
 	if (http_unsent(c->req) > c->oa->max_unread) {
 		log_warn("%s: the client left %zu bytes unread: dropped", c->path, http_unsent(c->req));
 		http_watch_drop(c->watch);      /* calls call_gone_cb: the generation is cancelled */
@@ -652,6 +762,54 @@ reply_choice(struct call *c, json_t *reply, int i, const rs_value *fields, const
 	api_set_tool_calls(o, rs_get(fields, "tool_calls"), rs_bool(rs_get(fields, "calls_in_text")));
 }
 
+/* OpenAI's end of a reply: each choice's finish chunk and the usage, or the whole reply. */
+static void
+openai_done(struct call *c, const rs_value *done, const struct api_usage *u)
+{
+	json_t *reply;
+	int i;
+
+	if (c->r.stream) {
+		for (i = 0; i < c->r.n; i++)
+			http_stream_send(c->req, api_chunk(&c->r, &c->meta, i, c->r.kind == API_CHAT ? NULL : "", NULL, 0,
+			    stream_tool_calls(c, i, done_choice(c, done, i), choice_reason(c, done, i)), NULL));
+		if (c->r.include_usage)
+			http_stream_send(c->req, api_usage_chunk(&c->r, &c->meta, u));
+		http_stream_end(c->req);
+	} else {
+		if (c->session[0])
+			http_add_header(c->req, "X-Resident-Session", c->session);
+		reply = api_reply(&c->r, &c->meta, u);
+		for (i = 0; i < c->r.n; i++)
+			reply_choice(c, reply, i, done_choice(c, done, i), choice_reason(c, done, i));
+		http_send_json(c->req, 200, reply);
+	}
+}
+
+/* Ollama's end of a reply (one choice): its last object, with the text when not streamed. */
+static void
+ollama_done(struct call *c, const rs_value *done, const struct api_usage *u)
+{
+	struct choice *ch = &c->ch[0];
+	struct ollama_end end = { .finish = rs_str(rs_get(done, "finish")), .whole = !c->r.stream, .u = *u,
+		.seconds = call_seconds(c) };
+	json_t *calls;
+
+	if (c->r.stream) {
+		stream_tool_calls(c, 0, done, NULL);
+		http_stream_send(c->req, ollama_final(&c->r, &c->meta, &end));
+		http_stream_end(c->req);
+		return;
+	}
+	end.text = c->r.logprobs ? (ch->lp_text ? ch->lp_text : "") : rs_str(rs_get(done, "text"));
+	end.reasoning = c->r.logprobs ? ch->lp_reasoning : rs_reply_reasoning(done);
+	end.calls = calls = api_value_json(rs_get(done, "tool_calls"));
+	end.calls_in_text = rs_bool(rs_get(done, "calls_in_text"));
+	end.logprobs = c->r.logprobs ? api_logprobs_take(&c->r, &ch->lp) : NULL;
+	http_send_json(c->req, 200, ollama_final(&c->r, &c->meta, &end));
+	json_decref(calls);
+}
+
 static void
 done_cb(uint64_t id, const rs_value *done, void *arg)
 {
@@ -659,10 +817,9 @@ done_cb(uint64_t id, const rs_value *done, void *arg)
 	const rs_value *uv = rs_get(done, "usage");
 	const char *reason = choice_reason(c, done, 0);
 	struct api_usage u = { rs_uint(rs_get(uv, "prompt_tokens")), rs_uint(rs_get(uv, "cached_tokens")),
-	    rs_uint(rs_get(uv, "generated_tokens")) };
+	    rs_uint(rs_get(uv, "generated_tokens")), rs_float(rs_get(uv, "ttft_ms")),
+	    rs_float(rs_get(uv, "tokens_per_s")) };
 	struct api_error e;
-	json_t *reply;
-	int i;
 
 	if (c->req == NULL) {
 		log_info("%s: the client left: generation cancelled after %llu tokens (%.3fs)", c->path,
@@ -677,23 +834,12 @@ done_cb(uint64_t id, const rs_value *done, void *arg)
 		return;
 	}
 	call_unwatch(c);
-	if (c->r.stream) {
-		if (!c->streaming)
-			stream_begin(c);
-		for (i = 0; i < c->r.n; i++)
-			http_stream_send(c->req, api_chunk(&c->r, &c->meta, i, c->r.kind == API_CHAT ? NULL : "", NULL, 0,
-			    stream_tool_calls(c, i, done_choice(c, done, i), choice_reason(c, done, i)), NULL));
-		if (c->r.include_usage)
-			http_stream_send(c->req, api_usage_chunk(&c->r, &c->meta, &u));
-		http_stream_end(c->req);
-	} else {
-		if (c->session[0])
-			http_add_header(c->req, "X-Resident-Session", c->session);
-		reply = api_reply(&c->r, &c->meta, &u);
-		for (i = 0; i < c->r.n; i++)
-			reply_choice(c, reply, i, done_choice(c, done, i), choice_reason(c, done, i));
-		http_send_json(c->req, 200, reply);
-	}
+	if (c->r.stream && !c->streaming)
+		stream_begin(c);
+	if (c->r.dialect == API_OPENAI)
+		openai_done(c, done, &u);
+	else
+		ollama_done(c, done, &u);
 	log_info("%s 200 model %s%s%s, %llu+%llu tokens (%llu cached), %d choice%s, %s (%.3fs)", c->path,
 	    c->r.model, c->session[0] ? ", session " : "", c->session, (unsigned long long)u.prompt,
 	    (unsigned long long)u.generated, (unsigned long long)u.cached, c->r.n, c->r.n > 1 ? "s" : "", reason,
@@ -723,8 +869,10 @@ call_start_generate(struct call *c)
 void
 call_generate(struct oa *oa, struct evhttp_request *req, struct api_req *r)
 {
-	struct call *c = call_open(oa, req, r->kind == API_CHAT ? "POST /v1/chat/completions" :
-	    "POST /v1/completions");
+	static const char *const paths[] = { [API_OPENAI] = NULL, [API_OLLAMA_CHAT] = "POST /api/chat",
+		[API_OLLAMA_GENERATE] = "POST /api/generate" };
+	struct call *c = call_open(oa, req, r->dialect != API_OPENAI ? paths[r->dialect] :
+	    r->kind == API_CHAT ? "POST /v1/chat/completions" : "POST /v1/completions");
 
 	if (c == NULL) {
 		api_req_free(r);
@@ -732,9 +880,7 @@ call_generate(struct oa *oa, struct evhttp_request *req, struct api_req *r)
 	}
 	c->r = *r;
 	memset(r, 0, sizeof *r);
-	api_meta_init(&c->meta, c->r.kind, c->r.model);
-	if (model_known(oa, c->r.model))
-		call_after_model(c);
-	else
-		call_list_models(c);
+	/* replies name the model as the request did: an Ollama name is resolved to another */
+	api_meta_init(&c->meta, c->r.kind, c->r.asked ? c->r.asked : c->r.model);
+	call_check_model(c);
 }

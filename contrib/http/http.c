@@ -1,7 +1,9 @@
 /*
  * http.c: the HTTP side of the bridge. Routes requests, checks the API key,
- * sends JSON bodies and event streams, and notices a client that leaves
- * while its reply is being made.
+ * sends JSON bodies and streams, and notices a client that leaves while its
+ * reply is being made. A URL under /api/ is Ollama's API (ollama.c routes
+ * it): its errors and streams are written in Ollama's shapes, the others'
+ * in OpenAI's.
  *
  * evhttp stops reading a connection while the application makes a reply,
  * so a client that closes its connection is seen only when a write to it
@@ -46,6 +48,7 @@ reason(int status)
 	case 405: return "Method Not Allowed";
 	case 413: return "Payload Too Large";
 	case 429: return "Too Many Requests";
+	case 501: return "Not Implemented";
 	case 502: return "Bad Gateway";
 	case 503: return "Service Unavailable";
 	default: return "Internal Server Error";
@@ -82,16 +85,31 @@ http_send_json(struct evhttp_request *req, int status, json_t *body)
 	evbuffer_free(buf);
 }
 
+/* Whether req's URL is one of Ollama's API. */
+static int
+ollama_url(struct evhttp_request *req)
+{
+	const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
+
+	return path != NULL && strncmp(path, "/api/", 5) == 0;
+}
+
+json_t *
+http_error_json(struct evhttp_request *req, const struct api_error *e)
+{
+	return ollama_url(req) ? ollama_error_json(e) : api_error_json(e);
+}
+
 void
 http_send_error(struct evhttp_request *req, const struct api_error *e)
 {
-	http_send_json(req, e->status, api_error_json(e));
+	http_send_json(req, e->status, http_error_json(req, e));
 }
 
 void
 http_stream_start(struct evhttp_request *req)
 {
-	http_add_header(req, "Content-Type", "text/event-stream");
+	http_add_header(req, "Content-Type", ollama_url(req) ? "application/x-ndjson" : "text/event-stream");
 	http_add_header(req, "Cache-Control", "no-cache");
 	evhttp_send_reply_start(req, 200, "OK");
 }
@@ -100,10 +118,12 @@ void
 http_stream_send(struct evhttp_request *req, json_t *data)
 {
 	struct evbuffer *buf = evbuffer_new();
+	int ndjson = ollama_url(req);
 
-	evbuffer_add(buf, "data: ", 6);
+	if (!ndjson)
+		evbuffer_add(buf, "data: ", 6);
 	add_json(buf, data);
-	evbuffer_add(buf, "\n\n", 2);
+	evbuffer_add(buf, "\n\n", ndjson ? 1 : 2);
 	evhttp_send_reply_chunk(req, buf);
 	evbuffer_free(buf);
 }
@@ -113,8 +133,10 @@ http_stream_end(struct evhttp_request *req)
 {
 	struct evbuffer *buf = evbuffer_new();
 
-	evbuffer_add_printf(buf, "data: [DONE]\n\n");
-	evhttp_send_reply_chunk(req, buf);
+	if (!ollama_url(req)) {
+		evbuffer_add_printf(buf, "data: [DONE]\n\n");
+		evhttp_send_reply_chunk(req, buf);
+	}
 	evbuffer_free(buf);
 	evhttp_send_reply_end(req);
 }
@@ -235,13 +257,21 @@ authorized(const struct oa *oa, struct evhttp_request *req)
 	return h != NULL && strncmp(h, "Bearer ", 7) == 0 && key_equal(h + 7, oa->api_key);
 }
 
+const char *
+http_body(struct evhttp_request *req, size_t *len)
+{
+	struct evbuffer *in = evhttp_request_get_input_buffer(req);
+
+	*len = evbuffer_get_length(in);
+	return *len ? (const char *)evbuffer_pullup(in, -1) : "";
+}
+
 /* POST /v1/chat/completions and /v1/completions. */
 static void
 route_completion(struct oa *oa, struct evhttp_request *req, enum api_kind kind)
 {
-	struct evbuffer *in = evhttp_request_get_input_buffer(req);
-	size_t len = evbuffer_get_length(in);
-	const char *body = len ? (const char *)evbuffer_pullup(in, -1) : "";
+	size_t len;
+	const char *body = http_body(req, &len);
 	const char *session = evhttp_find_header(evhttp_request_get_input_headers(req), "X-Resident-Session");
 	struct api_error e;
 	struct api_req r;
@@ -253,25 +283,33 @@ route_completion(struct oa *oa, struct evhttp_request *req, enum api_kind kind)
 	call_generate(oa, req, &r);
 }
 
-/* GET /v1/models/NAME: the name is percent-decoded. */
+/* GET /v1/models (results: model.list's) and /v1/models/NAME (model: its name; no results). */
 static void
-route_model(struct oa *oa, struct evhttp_request *req, const char *encoded)
+models_reply(struct evhttp_request *req, const char *model, json_t *const *results, void *arg)
 {
-	char *name = evhttp_uridecode(encoded, 0, NULL);
+	http_send_json(req, 200, model != NULL ? api_model(model) : api_models(results[0]));
+}
+
+/* GET /v1/models, and /v1/models/NAME (encoded: NAME as it came, percent-encoded; NULL: the list). */
+static void
+route_models(struct oa *oa, struct evhttp_request *req, const char *encoded)
+{
+	static const char *const list[] = { "model.list", NULL }, *const none[] = { NULL };
+	char *name = encoded ? evhttp_uridecode(encoded, 0, NULL) : NULL;
 	struct api_error e;
 
-	if (name == NULL) {
+	if (encoded != NULL && name == NULL) {
 		api_nomem(&e);
 		http_send_error(req, &e);
 		return;
 	}
-	call_models(oa, req, name);
+	call_ops(oa, req, name ? "GET /v1/models/NAME" : "GET /v1/models", API_OPENAI, name, name ? none : list,
+	    models_reply, NULL);
 	free(name);
 }
 
-/* Answers a path that exists with another method (405) or one that does not (404). */
-static void
-route_none(struct evhttp_request *req, const char *path, const char *allow)
+void
+http_route_none(struct evhttp_request *req, const char *path, const char *allow)
 {
 	struct api_error e;
 
@@ -281,8 +319,9 @@ route_none(struct evhttp_request *req, const char *path, const char *allow)
 		    "%s takes %s requests only", path, allow);
 	} else {
 		api_error_set(&e, 404, "invalid_request_error", NULL, "unknown_url",
-		    "unknown request URL %s: resident-http serves GET /v1/models, "
-		    "POST /v1/chat/completions and POST /v1/completions", path);
+		    "unknown request URL %s: resident-http serves OpenAI's GET /v1/models, "
+		    "POST /v1/chat/completions and POST /v1/completions, and Ollama's GET /api/version, "
+		    "/api/tags and /api/ps, POST /api/show, /api/chat and /api/generate", path);
 	}
 	http_send_error(req, &e);
 }
@@ -307,20 +346,20 @@ http_request_cb(struct evhttp_request *req, void *arg)
 		if (post)
 			route_completion(oa, req, API_CHAT);
 		else
-			route_none(req, path, "POST");
+			http_route_none(req, path, "POST");
 	} else if (strcmp(path, "/v1/completions") == 0) {
 		if (post)
 			route_completion(oa, req, API_COMPLETION);
 		else
-			route_none(req, path, "POST");
+			http_route_none(req, path, "POST");
 	} else if (strcmp(path, "/v1/models") == 0 || strncmp(path, "/v1/models/", 11) == 0) {
 		if (!get)
-			route_none(req, path, "GET");
-		else if (path[10] == '/' && path[11] != '\0')
-			route_model(oa, req, path + 11);
+			http_route_none(req, path, "GET");
 		else
-			call_models(oa, req, NULL);
+			route_models(oa, req, path[10] == '/' && path[11] != '\0' ? path + 11 : NULL);
+	} else if (strncmp(path, "/api/", 5) == 0) {
+		ollama_route(oa, req, path);
 	} else {
-		route_none(req, path, NULL);
+		http_route_none(req, path, NULL);
 	}
 }

@@ -1,5 +1,5 @@
 /*
- * resident-http: OpenAI's HTTP API in front of residentd.
+ * resident-http: OpenAI's and Ollama's HTTP APIs in front of residentd.
  *
  * Flags, the listening socket, signals. SIGTERM or SIGINT stops it at once:
  * daemon connections are closed (residentd cancels their generations) and
@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 
 #define DEFAULT_LISTEN "127.0.0.1:8080"
+#define OLLAMA_LISTEN "127.0.0.1:11434"    /* Ollama's, where its clients look by default */
 #define DEFAULT_MAX_BODY (16u << 20)
 #define DEFAULT_MAX_UNREAD (1u << 20)
 #define MAX_HEADERS (64u << 10)
@@ -30,6 +31,7 @@
 
 struct settings {
 	const char *listen, *socket, *api_key_file, *log_level;
+	int ollama;
 	unsigned long long max_body, max_unread;
 };
 
@@ -39,10 +41,13 @@ usage(FILE *fp)
 	fprintf(fp,
 	    "usage: resident-http [options]\n"
 	    "Serves OpenAI's API (GET /v1/models, POST /v1/chat/completions, POST /v1/completions)\n"
-	    "with the models of residentd.\n"
+	    "and Ollama's (/api/tags, /api/ps, /api/show, /api/chat, /api/generate, ...) with the\n"
+	    "models of residentd.\n"
 	    "\n"
-	    "      --listen ADDR:PORT   address to serve (default " DEFAULT_LISTEN "; [::1]:PORT for IPv6;\n"
-	    "                           port 0 takes a free one, printed at start)\n"
+	    "      --listen ADDR:PORT   address to serve ([::1]:PORT for IPv6; port 0 takes a free one,\n"
+	    "                           printed at start); default: Ollama's " OLLAMA_LISTEN " when it\n"
+	    "                           is free, else " DEFAULT_LISTEN "\n"
+	    "      --ollama             serve on " OLLAMA_LISTEN " or fail (where Ollama's clients look)\n"
 	    "  -s, --socket PATH        residentd's socket (default $RESIDENT_SOCKET, else\n"
 	    "                           $XDG_RUNTIME_DIR/resident/socket, else /tmp/resident-UID/socket)\n"
 	    "      --api-key-file FILE  ask every request for \"Authorization: Bearer KEY\", KEY being\n"
@@ -72,9 +77,10 @@ parse_bytes(const char *s)
 static int
 parse_args(int argc, char **argv, struct settings *s)
 {
-	enum { O_LISTEN = 256, O_KEY, O_BODY, O_UNREAD, O_VERSION };
+	enum { O_LISTEN = 256, O_OLLAMA, O_KEY, O_BODY, O_UNREAD, O_VERSION };
 	static const struct option lo[] = {
-		{ "listen", required_argument, NULL, O_LISTEN }, { "socket", required_argument, NULL, 's' },
+		{ "listen", required_argument, NULL, O_LISTEN }, { "ollama", no_argument, NULL, O_OLLAMA },
+		{ "socket", required_argument, NULL, 's' },
 		{ "api-key-file", required_argument, NULL, O_KEY }, { "max-body", required_argument, NULL, O_BODY },
 		{ "max-unread", required_argument, NULL, O_UNREAD }, { "log-level", required_argument, NULL, 'l' },
 		{ "help", no_argument, NULL, 'h' }, { "version", no_argument, NULL, O_VERSION },
@@ -86,6 +92,7 @@ parse_args(int argc, char **argv, struct settings *s)
 	while ((c = getopt_long(argc, argv, ":s:l:h", lo, NULL)) != -1) {
 		switch (c) {
 		case O_LISTEN: s->listen = optarg; break;
+		case O_OLLAMA: s->ollama = 1; break;
 		case 's': s->socket = optarg; break;
 		case O_KEY: s->api_key_file = optarg; break;
 		case 'l': s->log_level = optarg; break;
@@ -112,6 +119,10 @@ parse_args(int argc, char **argv, struct settings *s)
 	}
 	if (optind != argc) {
 		fprintf(stderr, "resident-http: unexpected argument '%s' (see --help)\n", argv[optind]);
+		return 2;
+	}
+	if (s->ollama && s->listen != NULL) {
+		fprintf(stderr, "resident-http: --ollama listens on " OLLAMA_LISTEN ": give it or --listen, not both\n");
 		return 2;
 	}
 	if (s->log_level != NULL) {
@@ -196,13 +207,47 @@ log_listening(const struct oa *oa, struct evhttp_bound_socket *bound)
 	else if (rs_default_socket(sock, sizeof sock) != 0)
 		snprintf(sock, sizeof sock, "(the default)");
 	v6 = ss.ss_family == AF_INET6;
-	log_info("resident-http %s listening on http://%s%s%s:%s/v1 (residentd at %s)", PACKAGE_VERSION,
-	    v6 ? "[" : "", host, v6 ? "]" : "", port, sock);
+	log_info("resident-http %s listening on http://%s%s%s:%s/v1 (OpenAI's API) and /api (Ollama's), "
+	    "residentd at %s", PACKAGE_VERSION, v6 ? "[" : "", host, v6 ? "]" : "", port, sock);
 	loopback = v6 ? IN6_IS_ADDR_LOOPBACK(&((struct sockaddr_in6 *)&ss)->sin6_addr) :
 	    (ntohl(((struct sockaddr_in *)&ss)->sin_addr.s_addr) >> 24) == 127;
 	if (!loopback && oa->api_key == NULL)
 		log_warn("%s is not a loopback address and no --api-key-file is given: whoever reaches it "
 		    "can use residentd's models and this user's sessions", host);
+}
+
+/* Listens on addr (ADDR:PORT, checked). NULL with errno set (0: no such address) on failure. */
+static struct evhttp_bound_socket *
+bind_to(struct oa *oa, const char *addr)
+{
+	char host[256];
+	unsigned port;
+
+	parse_listen(addr, host, sizeof host, &port);
+	errno = 0;
+	return evhttp_bind_socket_with_handle(oa->http, host, (ev_uint16_t)port);
+}
+
+/*
+ * Listens on --listen, on Ollama's port with --ollama, and without either
+ * on Ollama's port when it is free (so that Ollama's clients find the
+ * bridge where they look first) and else on DEFAULT_LISTEN. NULL after
+ * saying why.
+ */
+static struct evhttp_bound_socket *
+listen_on(struct oa *oa, const struct settings *s)
+{
+	const char *addr = s->listen ? s->listen : OLLAMA_LISTEN;
+	struct evhttp_bound_socket *bound = bind_to(oa, addr);
+
+	if (bound == NULL && errno == EADDRINUSE && s->listen == NULL && !s->ollama) {
+		log_info("%s is in use (by Ollama?): listening on %s instead", OLLAMA_LISTEN, DEFAULT_LISTEN);
+		bound = bind_to(oa, addr = DEFAULT_LISTEN);
+	}
+	if (bound == NULL)
+		fprintf(stderr, "resident-http: cannot listen on %s: %s\n", addr, errno ? strerror(errno) :
+		    "no such address");
+	return bound;
 }
 
 /* Says at start whether residentd answers, so that a wrong socket is seen at once. */
@@ -244,8 +289,7 @@ stop_cb(evutil_socket_t sig, short what, void *arg)
 int
 main(int argc, char **argv)
 {
-	struct settings s = { .listen = DEFAULT_LISTEN, .max_body = DEFAULT_MAX_BODY,
-		.max_unread = DEFAULT_MAX_UNREAD };
+	struct settings s = { .max_body = DEFAULT_MAX_BODY, .max_unread = DEFAULT_MAX_UNREAD };
 	struct oa oa = { 0 };
 	struct evhttp_bound_socket *bound;
 	struct event *sigterm = NULL, *sigint = NULL;
@@ -258,7 +302,7 @@ main(int argc, char **argv)
 	event_set_log_callback(libevent_log_cb);
 	if ((rc = parse_args(argc, argv, &s)) != 0)
 		return rc == 1 ? 0 : 2;
-	if (parse_listen(s.listen, host, sizeof host, &port) != 0) {
+	if (s.listen != NULL && parse_listen(s.listen, host, sizeof host, &port) != 0) {
 		fprintf(stderr, "resident-http: --listen %s: give ADDR:PORT, e.g. 127.0.0.1:8080 or [::1]:8080\n",
 		    s.listen);
 		return 2;
@@ -275,12 +319,8 @@ main(int argc, char **argv)
 	evhttp_set_max_body_size(oa.http, (ev_ssize_t)s.max_body);
 	evhttp_set_max_headers_size(oa.http, MAX_HEADERS);
 	evhttp_set_gencb(oa.http, http_request_cb, &oa);
-	errno = 0;
-	if ((bound = evhttp_bind_socket_with_handle(oa.http, host, (ev_uint16_t)port)) == NULL) {
-		fprintf(stderr, "resident-http: cannot listen on %s: %s\n", s.listen,
-		    errno ? strerror(errno) : "no such address");
+	if ((bound = listen_on(&oa, &s)) == NULL)
 		goto out;
-	}
 	log_listening(&oa, bound);
 	check_daemon(&oa);
 	sigterm = evsignal_new(oa.base, SIGTERM, stop_cb, oa.base);

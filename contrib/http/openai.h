@@ -1,15 +1,19 @@
 /*
  * openai.h: what the files of resident-http share. The bridge serves
- * OpenAI's HTTP API with libevent's evhttp and talks to residentd only
- * through libresident (resident.h), one daemon connection per HTTP request.
+ * OpenAI's HTTP API (under /v1/) and Ollama's (under /api/) with libevent's
+ * evhttp and talks to residentd only through libresident (resident.h), one
+ * daemon connection per HTTP request.
  *
- *   main.c     flags, listening, signals
- *   http.c     routes, authentication, JSON and event-stream replies,
- *              noticing a client that left
- *   call.c     one request's life against the daemon (a state machine)
- *   api.c      OpenAI's JSON <-> resident's generate fields; no I/O
- *   tools.c    the tools parts of it: tools, tool_choice, tool messages and
- *              calls, tool_calls in replies and chunks; no I/O
+ *   main.c        flags, listening, signals
+ *   http.c        routes, authentication, JSON, event-stream and NDJSON
+ *                 replies, noticing a client that left
+ *   call.c        one request's life against the daemon (a state machine)
+ *   api.c         OpenAI's JSON <-> resident's generate fields; no I/O
+ *   tools.c       the tools parts of it: tools, tool_choice, tool messages and
+ *                 calls, tool_calls in replies and chunks; no I/O
+ *   ollama.c      Ollama's routes: the replies of its model routes
+ *   ollama_api.c  Ollama's JSON <-> resident's: its requests parsed into an
+ *                 api_req, its model names, replies and errors; no I/O
  */
 #ifndef RESIDENT_OPENAI_H
 #define RESIDENT_OPENAI_H
@@ -24,10 +28,14 @@ struct event_base;
 struct evhttp;
 struct evhttp_request;
 struct call;
+struct oa;
 
 /* ---- api.c ---- */
 
+/* What the daemon is asked for: a reply to messages, or a continuation of a raw prompt. */
 enum api_kind { API_CHAT, API_COMPLETION };
+/* The API a request came in, which its replies are written in. */
+enum api_dialect { API_OPENAI, API_OLLAMA_CHAT, API_OLLAMA_GENERATE };
 
 #define API_MAX_NUMS 16
 #define API_MAX_CHOICES 8               /* n: the daemon's limit */
@@ -39,6 +47,13 @@ struct api_error {
 	const char *param;          /* the request field at fault, or NULL */
 	const char *code;           /* a stable code string, or NULL */
 	char message[512];
+};
+
+/* A numeric field of a request's JSON and the generate field it sets. */
+enum api_num_kind { API_NUM_FLOAT, API_NUM_UINT, API_NUM_POSITIVE };
+struct api_num_field {
+	const char *field, *key;
+	enum api_num_kind kind;
 };
 
 /* A numeric generate field the request gave. */
@@ -65,10 +80,13 @@ struct api_msg {
 	char *name;                 /* a tool message's: the tool; NULL: none */
 };
 
-/* A checked request of /v1/chat/completions or /v1/completions. */
+/* A checked request of /v1/chat/completions, /v1/completions, /api/chat or /api/generate. */
 struct api_req {
 	enum api_kind kind;
-	char *model;
+	enum api_dialect dialect;
+	char *model;                /* the daemon's name (Ollama's: resolved from asked) */
+	char *asked;                /* Ollama's: the name as the client gave it, which replies echo */
+	int hide_reasoning;         /* Ollama's think: false: replies leave the reasoning out */
 	char *session;              /* "new", a session's uuid, or NULL */
 	char *system;               /* session "new": the leading system message, for session.new */
 	char *prompt;               /* completions */
@@ -112,9 +130,10 @@ struct api_meta {
 	const char *session;        /* NULL when the request named none */
 };
 
-/* Token counts of a finished generation. */
+/* Token counts and times of a finished generation (the done's usage). */
 struct api_usage {
 	uint64_t prompt, cached, generated;
+	double ttft_ms, tokens_per_s;
 };
 
 /*
@@ -125,6 +144,19 @@ struct api_usage {
 int api_parse(enum api_kind kind, const char *body, size_t len, const char *session_header,
     struct api_req *r, struct api_error *e);
 void api_req_free(struct api_req *r);
+/* The JSON object of a request body, or NULL with *e (a 400). */
+json_t *api_body(const char *body, size_t len, struct api_error *e);
+/* The numeric fields of o that fields names, checked for type (ranges are the daemon's). 0, or -1 with *e. */
+int api_parse_nums(const json_t *o, const struct api_num_field *fields, size_t n, struct api_req *r,
+    struct api_error *e);
+/* o's stop: a string or an array of strings. 0, or -1 with *e. */
+int api_parse_stop(const json_t *o, struct api_req *r, struct api_error *e);
+/* o's messages (chat's), with their tool fields. 0, or -1 with *e. */
+int api_parse_messages(const json_t *o, struct api_req *r, struct api_error *e);
+/* o's logprobs and top_logprobs: chat's (completions': logprobs N). 0, or -1 with *e. */
+int api_parse_logprobs(const json_t *o, struct api_req *r, struct api_error *e);
+/* A daemon's reply (or a part of one) as JSON: bin as a string, a map's keys as they are. NULL: no memory. */
+json_t *api_value_json(const rs_value *v);
 /* The generate fields of r, less session and stream. NULL when out of memory. */
 rs_params *api_params(const struct api_req *r);
 /* A new reply id for kind ("chatcmpl-" or "cmpl-" and 24 random hex digits) and the time. */
@@ -154,6 +186,8 @@ json_t *api_chunk(const struct api_req *r, const struct api_meta *m, int index, 
 json_t *api_usage_chunk(const struct api_req *r, const struct api_meta *m, const struct api_usage *u);
 /* One entry of /v1/models. */
 json_t *api_model(const char *name);
+/* GET /v1/models's list of a model.list result (api_value_json's). */
+json_t *api_models(const json_t *list);
 
 /* ---- api.c: logprobs ---- */
 
@@ -227,6 +261,8 @@ rs_status api_tools_params(const struct api_req *r, rs_params *p);
  * array, a fenced block): it is held back until the done says.
  */
 int api_tools_may_call(const struct api_req *r, const char *text);
+/* Whether s is NULL, empty or whitespace: text beside calls that is no answer. */
+int api_blank(const char *s);
 /*
  * A non-streamed chat reply's choice (api_add_choice's) with the daemon's
  * tool_calls: message.tool_calls, its content null when it was the calls'
@@ -235,6 +271,80 @@ int api_tools_may_call(const struct api_req *r, const char *text);
 void api_set_tool_calls(json_t *choice, const rs_value *calls, int calls_in_text);
 /* A stream chunk of choice index with every call as delta.tool_calls (index, id, type, function {...}). */
 json_t *api_tool_chunk(const struct api_req *r, const struct api_meta *m, int index, const rs_value *calls);
+
+/* ---- ollama_api.c ---- */
+
+/*
+ * What a request of /api/chat or /api/generate asks for: a reply, or, with
+ * no messages or prompt, its model loaded (keep_alive 0: unloaded).
+ */
+enum ollama_action { OLLAMA_GENERATE, OLLAMA_LOAD, OLLAMA_UNLOAD };
+
+/*
+ * The version of Ollama's API /api/version gives: clients compare it to
+ * turn features on (structured outputs 0.5, thinking 0.9, tool calls
+ * streamed 0.8), all of which resident-http serves.
+ */
+#define OLLAMA_VERSION "0.12.0"
+
+/*
+ * Parses and checks a body of /api/chat (d API_OLLAMA_CHAT) or
+ * /api/generate (API_OLLAMA_GENERATE) into *r: stream true by default,
+ * options as resident's sampling fields, format as the output's
+ * constraint, think, keep_alive; a seed drawn at random when none is
+ * given, as Ollama's default is. Returns 0 with *r (api_req_free) and
+ * *action, or -1 with *e (a 400).
+ */
+int ollama_parse(enum api_dialect d, const char *body, size_t len, struct api_req *r, enum ollama_action *action,
+    struct api_error *e);
+/* The model a body names (/api/show's `model`, or its old name `name`): malloc'd, or NULL with *e. */
+char *ollama_parse_model(const char *body, size_t len, struct api_error *e);
+/* keep_alive: seconds, or a duration as Go writes it ("5m", "1h30m", "-1"); negative: -1. 0, or -1 with *e. */
+int ollama_keep_alive(const json_t *v, double *seconds, struct api_error *e);
+/*
+ * The daemon's name among names (n of them) of the model an Ollama client
+ * asked for: the name itself, else, for a name with the tag ":latest", the
+ * name without it. NULL: none.
+ */
+const char *ollama_resolve(char *const *names, size_t n, const char *asked);
+/* RFC 3339 in UTC with nanoseconds ("2026-11-22T10:00:00.123456789Z") of a Unix time t; size >= 40. */
+void ollama_time(char *buf, size_t size, double t);
+/* {"error": message} */
+json_t *ollama_error_json(const struct api_error *e);
+/* A streamed object with a token's text and reasoning (NULL: none) and its logprobs (api_logprobs_take's; taken). */
+json_t *ollama_chunk(const struct api_req *r, const struct api_meta *m, const char *text, const char *reasoning,
+    json_t *logprobs);
+/* A streamed object with the reply's tool calls (the done's tool_calls, api_value_json's). */
+json_t *ollama_calls_chunk(const struct api_req *r, const struct api_meta *m, const json_t *calls);
+
+/* The end of a reply, for its last object. */
+struct ollama_end {
+	const char *finish;         /* the daemon's */
+	int whole;                  /* not streamed: the object carries the reply's text, ... */
+	const char *text, *reasoning;
+	const json_t *calls;        /* the done's tool_calls (api_value_json's); NULL: none */
+	int calls_in_text;
+	json_t *logprobs;           /* api_logprobs_take's (taken); NULL: none */
+	struct api_usage u;
+	double seconds;             /* since the request came */
+};
+/* The last object: done, done_reason and the timings (nanoseconds) and token counts. */
+json_t *ollama_final(const struct api_req *r, const struct api_meta *m, struct ollama_end *end);
+/* The object of a model loaded or unloaded for an empty request (done_reason "load" or "unload"). */
+json_t *ollama_loaded(enum api_dialect d, const char *asked, enum ollama_action action);
+/* The name /api/tags and /api/ps give a daemon's model: with the tag ":latest" when it has none. */
+json_t *ollama_name(const char *name);
+/* An /api/tags entry of a model.list model, its file's mtime (Unix time; 0: unknown) and size. */
+json_t *ollama_tag(const json_t *model, double mtime, uint64_t file_size);
+/* /api/ps of a status result and a model.list one, at the Unix time now. */
+json_t *ollama_ps(const json_t *status, const json_t *list, double now);
+/* /api/show of model.show's model, its file's mtime (0: unknown). */
+json_t *ollama_show(const json_t *model, double mtime);
+
+/* ---- ollama.c ---- */
+
+/* A request under /api/ (path, percent-encoded as it came). */
+void ollama_route(struct oa *oa, struct evhttp_request *req, const char *path);
 
 /* ---- http.c ---- */
 
@@ -252,16 +362,28 @@ struct oa {
 
 /* The evhttp callback of every request. */
 void http_request_cb(struct evhttp_request *req, void *arg);
+/* A request's body (not NUL-terminated; "" when empty), its length in *len. */
+const char *http_body(struct evhttp_request *req, size_t *len);
 /* Sends a JSON body with status; takes the reference. */
 void http_send_json(struct evhttp_request *req, int status, json_t *body);
+/* Sends e with its status, in the shape of the API of req's URL (http_error_json). */
 void http_send_error(struct evhttp_request *req, const struct api_error *e);
+/* e's body in the API of req's URL: Ollama's {"error": message} under /api/, else OpenAI's. */
+json_t *http_error_json(struct evhttp_request *req, const struct api_error *e);
+/* Answers a path that exists with other methods (allow: them, a 405) or one that does not (NULL: 404). */
+void http_route_none(struct evhttp_request *req, const char *path, const char *allow);
 /* Adds a reply header (before the reply is sent). */
 void http_add_header(struct evhttp_request *req, const char *name, const char *value);
-/* Starts an event stream: 200, text/event-stream. */
+/*
+ * A streamed reply, framed as the API of req's URL has it: OpenAI's
+ * server-sent events ("data: JSON" each, "data: [DONE]" last), or under
+ * /api/ Ollama's NDJSON (a JSON object a line).
+ */
+/* Starts the stream: 200, text/event-stream or application/x-ndjson. */
 void http_stream_start(struct evhttp_request *req);
-/* Sends one event "data: JSON"; takes the reference. */
+/* Sends one object; takes the reference. */
 void http_stream_send(struct evhttp_request *req, json_t *data);
-/* Sends "data: [DONE]" and ends the stream. */
+/* Ends the stream (after "data: [DONE]" for an event stream). */
 void http_stream_end(struct evhttp_request *req);
 /* Bytes written to the request's client that it has not read yet. */
 size_t http_unsent(struct evhttp_request *req);
@@ -283,8 +405,21 @@ void http_watch_drop(struct http_watch *w);
 
 /* ---- call.c ---- */
 
-/* GET /v1/models (name NULL) or /v1/models/NAME. */
-void call_models(struct oa *oa, struct evhttp_request *req, const char *name);
+/*
+ * A request answered from daemon ops (model.list, status, model.show, ...):
+ * the model it names, if any, is checked first against residentd's models
+ * (in the dialect's way: OpenAI's names as they are, Ollama's as
+ * ollama_resolve finds them; 404 for one residentd does not have), then
+ * each op of ops (NULL-terminated) is sent in turn, with that model's
+ * daemon name as its `model`, and reply(req, model, results, arg) answers
+ * with their results (as JSON, one an op; borrowed) and the daemon's name.
+ * An error of the daemon is answered as any call's.
+ */
+typedef void (*call_reply_fn)(struct evhttp_request *req, const char *model, json_t *const *results,
+    void *arg);
+#define CALL_MAX_OPS 4
+void call_ops(struct oa *oa, struct evhttp_request *req, const char *path, enum api_dialect d,
+    const char *model, const char *const *ops, call_reply_fn reply, void *arg);
 /* A checked completion request; takes r. */
 void call_generate(struct oa *oa, struct evhttp_request *req, struct api_req *r);
 /* Ends every call (at exit): daemon connections closed, requests left to evhttp_free. */

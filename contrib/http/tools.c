@@ -93,10 +93,13 @@ api_tools_message(const json_t *m, size_t i, struct api_msg *msg, struct api_err
 	size_t k;
 
 	if (strcmp(msg->role, "tool") == 0) {
+		/* the tool's name: OpenAI's name, Ollama's tool_name */
+		const char *key = json_is_string(json_object_get(m, "name")) ? "name" : "tool_name";
+
 		if (json_object_get(m, "tool_call_id") != NULL &&
 		    (msg->tool_call_id = str_dup(m, "tool_call_id")) == NULL)
 			return api_bad(e, "messages", "messages[%zu].tool_call_id must be a string", i);
-		if (json_is_string(json_object_get(m, "name")) && (msg->name = str_dup(m, "name")) == NULL)
+		if (json_is_string(json_object_get(m, key)) && (msg->name = str_dup(m, key)) == NULL)
 			return api_nomem(e);
 		return 0;
 	}
@@ -197,9 +200,8 @@ calls_json(const rs_value *calls, int with_index)
 	return a;
 }
 
-/* Whether s is empty or whitespace. */
-static int
-blank(const char *s)
+int
+api_blank(const char *s)
 {
 	return s == NULL || s[strspn(s, " \t\r\n")] == '\0';
 }
@@ -212,7 +214,7 @@ api_set_tool_calls(json_t *choice, const rs_value *calls, int calls_in_text)
 	if (rs_len(calls) == 0 || msg == NULL)
 		return;
 	json_object_set_new(msg, "tool_calls", calls_json(calls, 0));
-	if (calls_in_text || blank(json_string_value(json_object_get(msg, "content"))))
+	if (calls_in_text || api_blank(json_string_value(json_object_get(msg, "content"))))
 		json_object_set_new(msg, "content", json_null());
 	json_object_set_new(choice, "finish_reason", json_string("tool_calls"));
 }

@@ -352,7 +352,7 @@ test_replies(void **state)
 {
 	struct api_req chat = { .kind = API_CHAT }, cmpl = { .kind = API_COMPLETION, .include_usage = 1 };
 	struct api_meta m = { .id = "chatcmpl-1", .created = 5, .model = "tiny" };
-	struct api_usage u = { 10, 4, 3 };
+	struct api_usage u = { .prompt = 10, .cached = 4, .generated = 3 };
 	json_t *o;
 
 	json_is(reply1(&chat, &m, "Hi", NULL, "stop", &u, NULL),
@@ -476,7 +476,7 @@ test_logprobs_chat(void **state)
 {
 	struct api_req r = { .kind = API_CHAT, .logprobs = 1, .top_logprobs = 2 };
 	struct api_meta m = { .id = "chatcmpl-1", .created = 5, .model = "tiny" };
-	struct api_usage u = { 10, 0, 3 };
+	struct api_usage u = { .prompt = 10, .generated = 3 };
 	struct api_logprobs lp = { 0 };
 	/* the first half of a character, then its end: each U+FFFD, bytes exact */
 	const struct api_lp_token t1 = TOK("\xe4\xbd", -0.5), top1[] = { TOK("\xe4\xbd", -0.5), TOK("A", -1.25),
@@ -561,7 +561,7 @@ test_logprobs_completion(void **state)
 {
 	struct api_req r = { .kind = API_COMPLETION, .logprobs = 1, .top_logprobs = 3 };
 	struct api_meta m = { .id = "cmpl-1", .created = 5, .model = "tiny" };
-	struct api_usage u = { 10, 0, 3 };
+	struct api_usage u = { .prompt = 10, .generated = 3 };
 	struct api_logprobs lp = { 0 };
 	/* two top tokens with one string (two U+FFFD): the better one stays */
 	const struct api_lp_token t1 = TOK(" caf", -0.5), top1[] = { TOK(" caf", -0.5), TOK("\xe4\xbd", -1.5),
