@@ -131,13 +131,13 @@ http_stream_send(struct evhttp_request *req, json_t *data)
 void
 http_stream_end(struct evhttp_request *req)
 {
-	struct evbuffer *buf = evbuffer_new();
+	struct evbuffer *buf;
 
-	if (!ollama_url(req)) {
+	if (!ollama_url(req) && (buf = evbuffer_new()) != NULL) {
 		evbuffer_add_printf(buf, "data: [DONE]\n\n");
 		evhttp_send_reply_chunk(req, buf);
+		evbuffer_free(buf);
 	}
-	evbuffer_free(buf);
 	evhttp_send_reply_end(req);
 }
 
