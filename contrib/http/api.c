@@ -588,9 +588,8 @@ api_finish_reason(const char *finish)
 	return NULL;
 }
 
-/* A JSON string of daemon text (always UTF-8); "" if it were not. */
-static json_t *
-text_json(const char *s)
+json_t *
+api_text_json(const char *s)
 {
 	json_t *j = json_string(s ? s : "");
 
@@ -622,7 +621,7 @@ static void
 set_reasoning(json_t *msg, const char *reasoning)
 {
 	if (reasoning != NULL && reasoning[0] != '\0')
-		json_object_set_new(msg, "reasoning_content", text_json(reasoning));
+		json_object_set_new(msg, "reasoning_content", api_text_json(reasoning));
 }
 
 json_t *
@@ -644,10 +643,10 @@ api_add_choice(const struct api_req *r, json_t *reply, const char *text, const c
 
 	if (r->kind == API_CHAT) {
 		choice = json_pack("{sI s{ss so} sn ss}", "index", index, "message", "role", "assistant",
-		    "content", text_json(text), "logprobs", "finish_reason", finish_reason);
+		    "content", api_text_json(text), "logprobs", "finish_reason", finish_reason);
 		set_reasoning(json_object_get(choice, "message"), reasoning);
 	} else
-		choice = json_pack("{sI so sn ss}", "index", index, "text", text_json(text), "logprobs",
+		choice = json_pack("{sI so sn ss}", "index", index, "text", api_text_json(text), "logprobs",
 		    "finish_reason", finish_reason);
 	json_array_append_new(choices, choice);
 	return choice;
@@ -667,10 +666,10 @@ api_chunk(const struct api_req *r, const struct api_meta *m, int index, const ch
 			json_object_set_new(delta, "role", json_string("assistant"));
 		set_reasoning(delta, reasoning);
 		if (text != NULL)
-			json_object_set_new(delta, "content", text_json(text));
+			json_object_set_new(delta, "content", api_text_json(text));
 		json_object_set_new(choice, "delta", delta);
 	} else {
-		json_object_set_new(choice, "text", text_json(text));
+		json_object_set_new(choice, "text", api_text_json(text));
 	}
 	json_object_set_new(choice, "finish_reason", finish_reason ? json_string(finish_reason) : json_null());
 	json_object_set_new(o, "choices", json_pack("[o]", choice));
@@ -969,7 +968,7 @@ api_error_from_status(rs_status st, const char *message, struct api_error *e)
 json_t *
 api_error_json(const struct api_error *e)
 {
-	return json_pack("{s{so ss so so}}", "error", "message", text_json(e->message), "type", e->type,
+	return json_pack("{s{so ss so so}}", "error", "message", api_text_json(e->message), "type", e->type,
 	    "param", e->param ? json_string(e->param) : json_null(),
 	    "code", e->code ? json_string(e->code) : json_null());
 }

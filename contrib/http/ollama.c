@@ -20,7 +20,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
 /* What an empty /api/chat or /api/generate asks for, and the API its reply is in. */
 struct load {
@@ -45,15 +44,6 @@ path_info(const json_t *model, double *mtime, uint64_t *size)
 		*size = (uint64_t)st.st_size;
 }
 
-static double
-now(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_REALTIME, &t);
-	return (double)t.tv_sec + t.tv_nsec / 1e9;
-}
-
 static void
 tags_reply(struct evhttp_request *req, const char *model, json_t *const *results, void *arg)
 {
@@ -72,7 +62,7 @@ tags_reply(struct evhttp_request *req, const char *model, json_t *const *results
 static void
 ps_reply(struct evhttp_request *req, const char *model, json_t *const *results, void *arg)
 {
-	http_send_json(req, 200, ollama_ps(results[0], results[1], now()));
+	http_send_json(req, 200, ollama_ps(results[0], results[1], ollama_now()));
 }
 
 static void

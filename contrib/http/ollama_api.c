@@ -71,9 +71,8 @@ static const struct {
 
 #define COUNT(a) (sizeof (a) / sizeof (a)[0])
 
-/* The current Unix time. */
-static double
-now(void)
+double
+ollama_now(void)
 {
 	struct timespec t;
 
@@ -88,15 +87,6 @@ str(const json_t *o, const char *key)
 	const char *s = json_string_value(json_object_get(o, key));
 
 	return s ? s : "";
-}
-
-/* A JSON string of daemon text (always UTF-8); "" if it were not. */
-static json_t *
-text_json(const char *s)
-{
-	json_t *j = json_string(s ? s : "");
-
-	return j ? j : json_string("");
 }
 
 /* ---- requests ---- */
@@ -363,7 +353,7 @@ random_seed(void)
 	uint32_t s;
 
 	if (getrandom(&s, sizeof s, GRND_NONBLOCK) != (ssize_t)sizeof s)
-		s = (uint32_t)(now() * 1e6);
+		s = (uint32_t)(ollama_now() * 1e6);
 	return s;
 }
 
@@ -469,14 +459,14 @@ time_json(double t)
 json_t *
 ollama_error_json(const struct api_error *e)
 {
-	return json_pack("{so}", "error", text_json(e->message));
+	return json_pack("{so}", "error", api_text_json(e->message));
 }
 
 /* What every object of a reply starts with: the model as the client named it, and the time. */
 static json_t *
 reply_head(const char *model)
 {
-	return json_pack("{ss so}", "model", model, "created_at", time_json(now()));
+	return json_pack("{ss so}", "model", model, "created_at", time_json(ollama_now()));
 }
 
 /* Where a reply's text goes: chat's message (made here), generate's object itself. */
@@ -498,9 +488,9 @@ set_text(const struct api_req *r, json_t *o, const char *text, const char *reaso
 {
 	json_t *body = reply_body(r, o);
 
-	json_object_set_new(body, r->dialect == API_OLLAMA_CHAT ? "content" : "response", text_json(text));
+	json_object_set_new(body, r->dialect == API_OLLAMA_CHAT ? "content" : "response", api_text_json(text));
 	if (reasoning != NULL && reasoning[0] != '\0' && !r->hide_reasoning)
-		json_object_set_new(body, "thinking", text_json(reasoning));
+		json_object_set_new(body, "thinking", api_text_json(reasoning));
 	return body;
 }
 

@@ -238,6 +238,8 @@ int api_error_set(struct api_error *e, int status, const char *type, const char 
 #define api_nomem(e) api_error_set(e, 500, "server_error", NULL, NULL, "out of memory")
 /* A field's value; absent and null are the same: not given (NULL). */
 json_t *api_field(const json_t *o, const char *key);
+/* A JSON string of daemon text (always UTF-8; NULL: ""); "" if it were not. */
+json_t *api_text_json(const char *s);
 /* {"error": {...}} */
 json_t *api_error_json(const struct api_error *e);
 
@@ -307,6 +309,8 @@ int ollama_keep_alive(const json_t *v, double *seconds, struct api_error *e);
  * name without it. NULL: none.
  */
 const char *ollama_resolve(char *const *names, size_t n, const char *asked);
+/* The current Unix time. */
+double ollama_now(void);
 /* RFC 3339 in UTC with nanoseconds ("2026-11-22T10:00:00.123456789Z") of a Unix time t; size >= 40. */
 void ollama_time(char *buf, size_t size, double t);
 /* {"error": message} */
