@@ -45,6 +45,7 @@ struct gen_opts {
 	char *constraint_text;      /* the --grammar or --json-schema file's text (NULL for --json-object) */
 	char *tools;                /* run --tools: the file's text (JSON of the tools) */
 	const char *tool_choice;    /* run --tool-choice: auto, none, required, or a tool's name */
+	const char *think;          /* --think: on, off, low, medium, high */
 };
 
 /* What a generation printed last. */
@@ -248,7 +249,7 @@ gen_failed(const struct gen *g)
 
 enum {
 	O_SYSTEM = 256, O_RAW, O_TOP_K, O_TOP_P, O_MIN_P, O_REPEAT, O_SEED, O_STOP, O_JSON, O_SOCKET,
-	O_HIDE_REASONING, O_GRAMMAR, O_JSON_SCHEMA, O_JSON_OBJECT, O_TOOLS, O_TOOL_CHOICE,
+	O_HIDE_REASONING, O_GRAMMAR, O_JSON_SCHEMA, O_JSON_OBJECT, O_TOOLS, O_TOOL_CHOICE, O_THINK,
 };
 
 /* A sampling option: its protocol field and whether it is an integer. */
@@ -337,7 +338,8 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 		{ "json-schema", required_argument, NULL, O_JSON_SCHEMA },
 		{ "json-object", no_argument, NULL, O_JSON_OBJECT },
 		{ "tools", required_argument, NULL, O_TOOLS },
-		{ "tool-choice", required_argument, NULL, O_TOOL_CHOICE }, { NULL, 0, NULL, 0 },
+		{ "tool-choice", required_argument, NULL, O_TOOL_CHOICE }, { "think", required_argument, NULL, O_THINK },
+		{ NULL, 0, NULL, 0 },
 	};
 	const char *key;
 	int c, is_int, k, rc;
@@ -379,6 +381,13 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 				return rc;
 			break;
 		case O_TOOL_CHOICE: o->tool_choice = optarg; break;
+		case O_THINK:
+			if (strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0 && strcmp(optarg, "low") != 0 &&
+			    strcmp(optarg, "medium") != 0 && strcmp(optarg, "high") != 0)
+				return cli_usage_error("%s: --think wants on, off, low, medium or high, not '%s'", argv[0],
+				    optarg);
+			o->think = optarg;
+			break;
 		default: return cli_usage_error("%s: unknown option", argv[0]);
 		}
 	}
@@ -422,6 +431,18 @@ apply_tools(const struct gen_opts *o, rs_params *p)
 	if (c != NULL)
 		rs_params_set_str(p, strcmp(c, "auto") == 0 || strcmp(c, "none") == 0 || strcmp(c, "required") == 0 ?
 		    "tool_choice" : "tool_name", c);
+}
+
+/* --think: on and off as the protocol's true and false, an effort as it is. */
+static void
+apply_think(const struct gen_opts *o, rs_params *p)
+{
+	if (o->think == NULL)
+		return;
+	if (strcmp(o->think, "on") == 0 || strcmp(o->think, "off") == 0)
+		rs_params_set_bool(p, "think", strcmp(o->think, "on") == 0);
+	else
+		rs_params_set_str(p, "think", o->think);
 }
 
 /* Prints the reply's tool calls, one a line: NAME ARGUMENTS (its id). */
@@ -520,6 +541,7 @@ cmd_run(struct cli *cli, int argc, char **argv)
 	apply_sampling(&o, p, 1);
 	apply_constraint(&o, p);
 	apply_tools(&o, p);
+	apply_think(&o, p);
 	if (o.raw) {
 		rs_params_set_str(p, "prompt", prompt);
 	} else {
@@ -754,6 +776,7 @@ chat_turn(struct cli *cli, const struct gen_opts *o, const char *uuid, const cha
 		return EXIT_DAEMON;
 	apply_sampling(o, p, 1);
 	apply_constraint(o, p);
+	apply_think(o, p);
 	rs_params_set_str(p, "session", uuid);
 	rs_params_add_message(p, "user", text);
 	if (o->model)

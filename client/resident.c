@@ -52,6 +52,7 @@ usage(FILE *fp)
 	    "      --stop TEXT            stop before TEXT (may be repeated)\n"
 	    "      --hide-reasoning       do not print the model's reasoning (shown faint before\n"
 	    "                             its answer)\n"
+	    "      --think WHEN           on (default), off, or gpt-oss's effort: low, medium, high\n"
 	    "      --grammar FILE         the reply must match the grammar in FILE (GBNF-like,\n"
 	    "                             libclient/PROTOCOL.md)\n"
 	    "      --json-schema FILE     the reply must be JSON valid against the schema in FILE\n"

@@ -486,6 +486,28 @@ out:
 	return rc;
 }
 
+/* think: true (the model's default), false, or "low", "medium", "high" (PROTOCOL.md, Reasoning). */
+static int
+get_think(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	static const char *const efforts[] = { "low", "medium", "high" };
+	const msgpack_object *o = map_get(m, "think");
+
+	r->think = THINK_DEFAULT;
+	if (o == NULL || o->type == MSGPACK_OBJECT_NIL)
+		return 0;
+	if (o->type == MSGPACK_OBJECT_BOOLEAN) {
+		r->think = o->via.boolean ? THINK_DEFAULT : THINK_OFF;
+		return 0;
+	}
+	for (size_t i = 0; o->type == MSGPACK_OBJECT_STR && i < ARRAY_LEN(efforts); i++)
+		if (o->via.str.size == strlen(efforts[i]) && memcmp(o->via.str.ptr, efforts[i], o->via.str.size) == 0) {
+			r->think = (enum chat_think)(THINK_LOW + i);
+			return 0;
+		}
+	return err_set(err, PE_INVALID_PARAM, "think must be true, false, \"low\", \"medium\" or \"high\"");
+}
+
 /* n: choices of the one prompt (PROTOCOL.md, Several choices). */
 static int
 get_choices(const msgpack_object *m, struct proto_req *r, char *err)
@@ -526,7 +548,7 @@ decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 	r->top_logprobs = (int32_t)top;
 	if (r->top_logprobs > 0 && !r->logprobs)
 		return err_set(err, PE_INVALID_PARAM, "top_logprobs needs logprobs: true");
-	if ((rc = get_choices(m, r, err)) != 0)
+	if ((rc = get_choices(m, r, err)) != 0 || (rc = get_think(m, r, err)) != 0)
 		return rc;
 	if (proto_constraints(r) > 1)
 		return err_set(err, PE_BAD_REQUEST, "give at most one of 'grammar', 'json_schema' and 'json'");

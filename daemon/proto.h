@@ -109,6 +109,7 @@ struct proto_req {
 	char *tools;            /* the tools offered, as chat_tools_check writes them; NULL: none */
 	enum proto_tool_choice tool_choice;
 	char *tool_name;        /* with TOOLS_REQUIRED: the one tool to call; NULL: any of them */
+	enum chat_think think;  /* think: how much a reasoning model reasons first */
 	/* shared by several ops */
 	char *session;
 	char *model;

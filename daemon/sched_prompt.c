@@ -78,8 +78,9 @@ the_tool(const struct proto_req *r, char buf[CHAT_MAX_TOOL_NAME + 1])
 /*
  * Renders messages [0, n) through the model's template into a malloc'd
  * string: with the request's tools unless its tool_choice is none (the
- * model is then not shown them, so it answers), and for a required call
- * on Qwen3 without reasoning (its empty think block, then the call).
+ * model is then not shown them, so it answers), with the request's
+ * think, and for a required call on Qwen3 without reasoning (its empty
+ * think block, then the call).
  */
 static int
 render(const struct model_desc *md, const struct sched_job *job, const struct chat_msg *m, size_t n, int gen,
@@ -90,7 +91,7 @@ render(const struct model_desc *md, const struct sched_job *job, const struct ch
 		.add_generation_prompt = gen,
 		.bos_text = tok_piece(md->tok, tok_bos(md->tok)),
 		.tools = r->tool_choice != TOOLS_NONE ? r->tools : NULL,
-		.no_thinking = gen && call_required(r),
+		.think = gen && call_required(r) && md->chat == CHAT_QWEN3 ? THINK_OFF : r->think,
 	};
 
 	return chat_render_opts(md->chat, m, n, &o, text, len, err);

@@ -47,9 +47,10 @@ sched_drop_residents(void *arg, struct slot *m)
  * The sequence parameters of a generate. Its prefix-cache namespace is its
  * user's, unless the daemon shares the cache between users. Messages
  * rendered with the model's template have their reply split as that
- * family marks reasoning (gentext.h); a raw prompt's output is all answer,
- * since nothing says that the prompt follows the template, and so is a
- * constrained one's.
+ * family marks reasoning (gentext.h), Qwen3's without reasoning (think
+ * false: its prompt closed the think block) as ChatML's; a raw prompt's
+ * output is all answer, since nothing says that the prompt follows the
+ * template, and so is a constrained one's.
  */
 static void
 job_params(const struct sched *s, const struct gen *g, struct seq_params *p)
@@ -60,6 +61,8 @@ job_params(const struct sched *s, const struct gen *g, struct seq_params *p)
 	/* a grammar's output has none of the family's marks (they are control tokens, never allowed) */
 	p->split = job->req.prompt == NULL && proto_constraints(&job->req) == 0 ?
 	    g->md->chat : CHAT_RAW;
+	if (p->split == CHAT_QWEN3 && job->req.think == THINK_OFF)
+		p->split = CHAT_CHATML;
 	p->cache = 1;
 	p->cache_ns = s->o.kv_share_users ? 0 : (uint64_t)job->uid + 1;
 	p->sample = job->req.sample;

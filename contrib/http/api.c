@@ -177,6 +177,29 @@ parse_choices(const json_t *o, struct api_req *r, struct api_error *e)
 	return 0;
 }
 
+/*
+ * reasoning_effort (chat): the daemon's think. "none" is false (Qwen3
+ * answers at once), "minimal" the lowest effort gpt-oss has.
+ */
+static int
+parse_effort(const json_t *o, struct api_req *r, struct api_error *e)
+{
+	static const char *const names[][2] = { { "none", "off" }, { "minimal", "low" }, { "low", "low" },
+		{ "medium", "medium" }, { "high", "high" } };
+	json_t *v = api_field(o, "reasoning_effort");
+	size_t i;
+
+	if (v == NULL)
+		return 0;
+	for (i = 0; json_is_string(v) && i < sizeof names / sizeof names[0]; i++)
+		if (strcmp(json_string_value(v), names[i][0]) == 0) {
+			r->think = names[i][1];
+			return 0;
+		}
+	return api_bad(e, "reasoning_effort", "reasoning_effort must be \"none\", \"minimal\", \"low\", \"medium\" or "
+	    "\"high\"");
+}
+
 /* response_format json_schema: {name, schema, strict}; the schema goes to the daemon as JSON text. */
 static int
 parse_json_schema(const json_t *js, struct api_req *r, struct api_error *e)
@@ -490,7 +513,7 @@ api_parse(enum api_kind kind, const char *body, size_t len, const char *session_
 	    api_parse_nums(o, num_fields, sizeof num_fields / sizeof num_fields[0], r, e) != 0 ||
 	    api_parse_stop(o, r, e) != 0 || parse_constraint(o, r, e) != 0 ||
 	    api_parse_logprobs(o, r, e) != 0 || parse_choices(o, r, e) != 0 || api_tools_parse(o, r, e) != 0 ||
-	    refuse_unsupported(o, e) != 0)
+	    (kind == API_CHAT && parse_effort(o, r, e) != 0) || refuse_unsupported(o, e) != 0)
 		goto out;
 	rc = 0;
 out:
@@ -545,6 +568,8 @@ api_params(const struct api_req *r)
 		st = rs_params_set_uint(p, "top_logprobs", (uint64_t)r->top_logprobs);
 	if (st == RS_OK && r->n > 1)
 		st = rs_params_set_uint(p, "n", (uint64_t)r->n);
+	if (st == RS_OK && r->think != NULL)
+		st = strcmp(r->think, "off") == 0 ? rs_params_set_bool(p, "think", 0) : rs_params_set_str(p, "think", r->think);
 	if (st != RS_OK) {
 		rs_params_free(p);
 		return NULL;

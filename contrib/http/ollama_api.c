@@ -263,11 +263,16 @@ parse_generate(const json_t *o, struct api_req *r, int *empty, struct api_error 
 	return add_message(r, "user", prompt, e);
 }
 
-/* think: true, false or a level; false leaves the reasoning out of the replies. */
+/*
+ * think: true, false or a level, the daemon's think ("max" its "high").
+ * false also leaves the reasoning out of the replies: gpt-oss reasons at
+ * its lowest effort all the same.
+ */
 static int
 parse_think(const json_t *o, struct api_req *r, struct api_error *e)
 {
-	static const char *const levels[] = { "low", "medium", "high", "max" };
+	static const char *const levels[][2] = { { "low", "low" }, { "medium", "medium" }, { "high", "high" },
+		{ "max", "high" } };
 	json_t *v = api_field(o, "think");
 	size_t i;
 
@@ -275,12 +280,14 @@ parse_think(const json_t *o, struct api_req *r, struct api_error *e)
 		return 0;
 	if (json_is_false(v)) {
 		r->hide_reasoning = 1;
+		r->think = "off";
 		return 0;
 	}
-	/* a level: the effort is the template's own (gpt-oss's: medium), the reasoning shown */
 	for (i = 0; json_is_string(v) && i < COUNT(levels); i++)
-		if (strcmp(json_string_value(v), levels[i]) == 0)
+		if (strcmp(json_string_value(v), levels[i][0]) == 0) {
+			r->think = levels[i][1];
 			return 0;
+		}
 	return api_bad(e, "think", "think must be true, false, \"low\", \"medium\", \"high\" or \"max\"");
 }
 

@@ -87,6 +87,7 @@ struct api_req {
 	char *model;                /* the daemon's name (Ollama's: resolved from asked) */
 	char *asked;                /* Ollama's: the name as the client gave it, which replies echo */
 	int hide_reasoning;         /* Ollama's think: false: replies leave the reasoning out */
+	const char *think;          /* the daemon's think: "off" (false), "low", "medium", "high"; NULL: its default */
 	char *session;              /* "new", a session's uuid, or NULL */
 	char *system;               /* session "new": the leading system message, for session.new */
 	char *prompt;               /* completions */

@@ -32,8 +32,8 @@
 /* gpt-oss's system message, around the date. */
 #define HARMONY_SYS_HEAD "<|start|>system<|message|>You are ChatGPT, a large language model " \
 	"trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: "
-#define HARMONY_SYS_TAIL "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, " \
-	"final. Channel must be included for every message."
+#define HARMONY_SYS_TAIL "\n\n# Valid channels: analysis, commentary, final. Channel must be included for " \
+	"every message."
 
 enum chat_role { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL, ROLE_BAD };
 
@@ -789,7 +789,7 @@ render_qwen3(const struct chat_msg *m, size_t n, const struct chat_opts *o, cons
 			chatml_turn(&m[i], b);
 	}
 	if (o->add_generation_prompt)
-		strbuf_cat(b, o->no_thinking ? "<|im_start|>assistant\n<think>\n\n</think>\n\n" :
+		strbuf_cat(b, o->think == THINK_OFF ? "<|im_start|>assistant\n<think>\n\n</think>\n\n" :
 		    "<|im_start|>assistant\n");
 }
 
@@ -1008,14 +1008,20 @@ harmony_call(const struct chat_msg *m, size_t n, size_t i, struct strbuf *b)
 	strbuf_cat(b, "<|call|>");
 }
 
-/* gpt-oss's system message (with the channel for tool calls), and the developer's instructions and tools. */
+/*
+ * gpt-oss's system message (its reasoning effort, the channel for tool
+ * calls), and the developer's instructions and tools.
+ */
 static void
-harmony_head(const struct chat_msg *m, const json_t *tools, const char *date, struct strbuf *b)
+harmony_head(const struct chat_msg *m, const json_t *tools, const char *date, enum chat_think think,
+    struct strbuf *b)
 {
 	const char *dev = role_of(&m[0]) == ROLE_SYSTEM ? m[0].content : "";
 
 	strbuf_cat(b, HARMONY_SYS_HEAD);
 	strbuf_cat(b, date);
+	strbuf_printf(b, "\n\nReasoning: %s", think == THINK_OFF || think == THINK_LOW ? "low" :
+	    think == THINK_HIGH ? "high" : "medium");
 	strbuf_cat(b, HARMONY_SYS_TAIL);
 	if (tools != NULL)
 		strbuf_cat(b, "\nCalls to these tools must go to the commentary channel: 'functions'.");
@@ -1043,12 +1049,12 @@ harmony_head(const struct chat_msg *m, const json_t *tools, const char *date, st
  */
 static void
 render_harmony(const struct chat_msg *m, size_t n, int gen, const json_t *tools, const char *date,
-    struct strbuf *b)
+    enum chat_think think, struct strbuf *b)
 {
 	size_t i, first = role_of(&m[0]) == ROLE_SYSTEM;
 	const char *called = NULL;
 
-	harmony_head(m, tools, date, b);
+	harmony_head(m, tools, date, think, b);
 	for (i = first; i < n; i++) {
 		if (role_of(&m[i]) == ROLE_USER) {
 			strbuf_cat(b, "<|start|>user<|message|>");
@@ -1343,7 +1349,7 @@ chat_render_opts(enum chat_tmpl t, const struct chat_msg *msgs, size_t n,
 		render_qwen3(msgs, n, o, tools, &b);
 		break;
 	case CHAT_HARMONY:
-		render_harmony(msgs, n, gen, tools, date, &b);
+		render_harmony(msgs, n, gen, tools, date, o->think, &b);
 		break;
 	case CHAT_MISTRAL_V1:
 		render_inst(msgs, n, bos, &inst_v1, tools, &b);

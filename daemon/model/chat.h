@@ -70,12 +70,21 @@ const char *chat_tmpl_name(enum chat_tmpl t);
 /* The family of a name as chat_tmpl_name writes it (a config override). 0 or ERR_INVAL. */
 int chat_tmpl_from_name(const char *name, enum chat_tmpl *out, char *err);
 
+/*
+ * How much a model that reasons before it answers is asked to: as its
+ * template does by default; not at all (Qwen3: enable_thinking=false, an
+ * empty think block opens the reply; gpt-oss cannot answer without its
+ * analysis and takes it as low); or gpt-oss's reasoning effort (Qwen3:
+ * as the default). The other families have no such switch.
+ */
+enum chat_think { THINK_DEFAULT, THINK_OFF, THINK_LOW, THINK_MEDIUM, THINK_HIGH };
+
 /* How to render; all zeros are the templates' defaults. */
 struct chat_opts {
 	int add_generation_prompt;
 	const char *bos_text; /* the model's BOS text; NULL: the family's usual one */
 	const char *date;     /* harmony's "Current date", YYYY-MM-DD; NULL: today, local time */
-	int no_thinking;      /* qwen3: enable_thinking=false, an empty think block opens the reply */
+	enum chat_think think;
 	const char *tools;    /* the tools offered, as chat_tools_check writes them; NULL: none */
 };
 
@@ -129,7 +138,8 @@ struct chat_opts {
  * its default system prompt for conversations without one is not
  * inserted), gemma-3-*-it, Mistral-7B-Instruct-v0.3, Llama-2-*-chat,
  * Qwen3 (Qwen3-0.6B ... Qwen3-30B-A3B), gpt-oss-20b/120b (system message
- * with the default model identity and "Reasoning: medium", no tools),
+ * with the default model identity and "Reasoning: medium" unless
+ * chat_opts.think says otherwise, no tools),
  * Mixtral-8x7B-Instruct-v0.1. Llama 3.1+ templates are rendered as
  * Llama 3 (without the date preamble they add to the system turn).
  */

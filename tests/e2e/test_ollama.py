@@ -25,7 +25,8 @@ reasoning, and tool calls as tool text).
    calls written as text and Qwen3's tool text; auto; a round trip with
    the calls and a tool message.
 5. think: Qwen3's reasoning is message.thinking (generate: thinking),
-   streamed and not; think false leaves it out.
+   streamed and not; think false is the daemon's (Qwen3 answers at once:
+   the daemon's own reply to think false, all content).
 6. Refused with a clear error: images, pull, push, create, copy, delete;
    unsupported options.
 7. The port: --ollama takes Ollama's 11434 or fails saying so; without
@@ -401,10 +402,15 @@ def check_think(ck, b, dc, model):
         chunks = list(cl.chat(think=True, stream=True, **kw))
         ck.eq(("".join(c.message.thinking or "" for c in chunks), "".join(c.message.content or "" for c in chunks)),
               (reasoning, text), "seed %d streamed: thinking apart" % seed)
+        off = dc.generate(messages=[{"role": "user", "content": QWEN3}], seed=seed, max_tokens=40, stream=False,
+                          think=False, **RAISED)
+        ck.eq(off.done.get("reasoning"), None, "seed %d: the daemon's think false has no reasoning" % seed)
         r = cl.chat(think=False, **kw)
-        ck.eq((r.message.thinking, r.message.content), (None, text), "seed %d think=False: no thinking" % seed)
+        ck.eq((r.message.thinking, r.message.content), (None, off.done["text"]),
+              "seed %d think=False: the daemon's reply without reasoning" % seed)
         chunks = list(cl.chat(think=False, stream=True, **kw))
-        ck.ok(not any(c.message.thinking for c in chunks) and "".join(c.message.content for c in chunks) == text,
+        ck.ok(not any(c.message.thinking for c in chunks) and
+              "".join(c.message.content for c in chunks) == off.done["text"],
               "seed %d think=False streamed: no thinking" % seed)
         r = cl.generate(model=model, prompt=QWEN3, think=True, options=kw["options"])
         ck.eq((r.thinking, r.response), (reasoning, text), "seed %d generate: thinking apart" % seed)

@@ -29,6 +29,11 @@ PROTOCOL.md:
    Python package (contrib/python) in its tokens' and done's reasoning.
 6. tiny-gptoss (harmony): its markers raised the same way, the replies are
    split as an independent reader of harmony's token ids splits them.
+7. `think`: false gives Qwen3's prompt the empty think block its template
+   writes for enable_thinking=false (its tokens more, counted) and a reply
+   that is all answer; true is the default; an effort leaves Qwen3 as it is
+   and sets gpt-oss's "Reasoning:" line (false as low); other values are
+   refused; the CLI's --think sends it.
 """
 import json
 import os
@@ -37,6 +42,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -243,6 +249,21 @@ def check_bridge(ck, d, seed, r, a):
                     for k in got:
                         got[k] += choice["delta"].get(k) or ""
         ck.eq((got["reasoning_content"], got["content"]), (r, a), "bridge: streamed deltas carry reasoning_content")
+        with d.client(timeout=60) as c:
+            off = c.generate(messages=user(QWEN3), seed=seed, top_k=4, think=False, stream=False, **RAISED).done
+        body["reasoning_effort"] = "none"
+        msg = json.load(post(False))["choices"][0]["message"]
+        ck.eq((msg.get("reasoning_content"), msg["content"]), (None, off["text"]),
+              "bridge: reasoning_effort none is the daemon's think false")
+        body["reasoning_effort"] = "high"
+        msg = json.load(post(False))["choices"][0]["message"]
+        ck.eq((msg.get("reasoning_content"), msg["content"]), (r, a), "bridge: an effort leaves Qwen3 as it is")
+        body["reasoning_effort"] = "hard"
+        try:
+            post(False)
+            ck.ok(False, "bridge: reasoning_effort hard refused")
+        except urllib.error.HTTPError as e:
+            ck.ok(e.code == 400 and b"reasoning_effort must be" in e.read(), "bridge: reasoning_effort hard: 400")
     finally:
         ck.eq(b.stop(), 0, "resident-http exits 0")
 
@@ -307,6 +328,49 @@ def check_harmony(ck, c, path):
     print("   harmony: %d of %d replies answer, %d left headers out" % (answered, len(SEEDS), dropped))
 
 
+def ntok(c, text, model=None):
+    """Tokens of text, special tokens parsed, no BOS."""
+    return len(c.call("tokenize", text=text, special=True, bos=False, **({"model": model} if model else {}))["tokens"])
+
+
+def check_think(ck, d, c, gptoss, both):
+    """Section 7: think on both families, bad values, the CLI."""
+    closed = ntok(c, "<think>\n\n</think>\n\n")
+    for seed in list(both)[:4]:
+        base = c.generate(messages=user(QWEN3), seed=seed, top_k=4, **RAISED)
+        g = c.generate(messages=user(QWEN3), seed=seed, top_k=4, think=True, **RAISED)
+        ck.eq((g.ids, parts(g)), (base.ids, parts(base)), "seed %d: think true is the default" % seed)
+        g = c.generate(messages=user(QWEN3), seed=seed, top_k=4, think="high", **RAISED)
+        ck.eq(g.ids, base.ids, "seed %d: an effort leaves Qwen3 as it is" % seed)
+        g = c.generate(messages=user(QWEN3), seed=seed, top_k=4, think=False, **RAISED)
+        ck.eq(g.usage["prompt_tokens"], base.usage["prompt_tokens"] + closed,
+              "seed %d: think false: the prompt holds the closed think block (%d tokens more)" % (seed, closed))
+        ck.eq(parts(g), ("", whole(c, g.ids), ""), "seed %d: think false: the reply is all answer" % seed)
+    for bad in ("maybe", 1, ""):
+        e = c.error("generate", messages=user("hi"), think=bad)
+        ck.ok(e.get("code") in ("invalid_param", "bad_request") and "think" in e.get("message", ""),
+              "think %r refused: %s" % (bad, e))
+    sizes = {v: ntok(c, "Reasoning: " + v, gptoss) for v in ("low", "medium", "high")}
+    base = c.generate(messages=user(HARMONY), model=gptoss, seed=1, top_k=6, **RAISED)
+    for think, effort in (("low", "low"), ("high", "high"), ("medium", "medium"), (False, "low")):
+        g = c.generate(messages=user(HARMONY), model=gptoss, seed=1, top_k=6, think=think, **RAISED)
+        ck.eq(g.usage["prompt_tokens"] - base.usage["prompt_tokens"], sizes[effort] - sizes["medium"],
+              "harmony think %r: the prompt's Reasoning line is %s's" % (think, effort))
+        if effort == "medium":
+            ck.eq(g.ids, base.ids, "harmony think medium is the default")
+    low = c.generate(messages=user(HARMONY), model=gptoss, seed=1, top_k=6, think="low", **RAISED)
+    off = c.generate(messages=user(HARMONY), model=gptoss, seed=1, top_k=6, think=False, **RAISED)
+    ck.eq(off.ids, low.ids, "harmony think false is low")
+    seed = next(iter(both))
+    sid = c.call("session.new", defaults=dict(RAISED, top_k=4, seed=seed))["session"]["session"]
+    out = json.loads(run_cli(d, ["run", "--json", "--think", "off", "--session", sid, QWEN3]))
+    ck.ok(not out.get("reasoning") and out.get("text"), "run --think off: an answer, no reasoning: %r" % out)
+    r = subprocess.run([rsd.tool("resident"), "--socket", d.sock, "run", "--think", "maybe", "x"],
+                       capture_output=True, text=True, timeout=30)
+    ck.ok(r.returncode == 2 and "--think wants on, off, low, medium or high" in r.stderr,
+          "run --think maybe: a usage error (%d: %s)" % (r.returncode, r.stderr.strip()))
+
+
 def main():
     ck = Checks()
     tmp = tempfile.mkdtemp(prefix="rsd-reason-")
@@ -338,6 +402,8 @@ def sections(ck, qwen3, gptoss):
             check_python(ck, d, seed, r, a)
         with ck.section("harmony: analysis, final and headers"):
             check_harmony(ck, c, gptoss)
+        with ck.section("think"):
+            check_think(ck, d, c, gptoss, both)
         c.close()
 
 

@@ -84,7 +84,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if ((data[1] & 16) && chat_tools_check(rest, &tools, &n_tools, err) == 0)
 		FUZZ_CHECK(tools != NULL && n_tools > 0);
 	o = (struct chat_opts){ .add_generation_prompt = data[1] & 1, .bos_text = (data[1] & 2) ? rest : NULL,
-	    .no_thinking = (data[1] & 4) != 0, .date = (data[1] & 8) ? rest : NULL, .tools = tools };
+	    .think = (data[1] & 4) ? (enum chat_think)((data[1] >> 5) % (THINK_HIGH + 1)) : THINK_DEFAULT, .date = (data[1] & 8) ? rest : NULL, .tools = tools };
 	rc = chat_render_opts(t, m, n, &o, &out, &out_len, err);
 	if (rc == 0) {
 		FUZZ_CHECK(all_valid);

@@ -147,8 +147,11 @@ conv_msgs(enum chat_tmpl t, enum conv c, size_t *n)
 	return NULL;
 }
 
-/* The generation prompt of an expected rendering: 0, 1, or with Qwen3's enable_thinking=false. */
-enum { GEN_NO_THINK = 2 };
+/*
+ * The generation prompt of an expected rendering: 0, 1, or with Qwen3's
+ * enable_thinking=false, gpt-oss's reasoning_effort low or high.
+ */
+enum { GEN_NO_THINK = 2, GEN_EFFORT_LOW, GEN_EFFORT_HIGH };
 
 struct expected {
 	enum chat_tmpl t;
@@ -265,22 +268,42 @@ static const struct expected expected[] = {
 	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>user<|message|>Who are you?<|end|>" },
 	{ CHAT_HARMONY, CONV_FULL, 1,
 	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_FULL, GEN_EFFORT_LOW,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: low\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_FULL, GEN_EFFORT_HIGH,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: high\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant" },
 	{ CHAT_HARMONY, CONV_NOSYS, 0,
 	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>user<|message|>Who are you?<|end|>" },
 	{ CHAT_HARMONY, CONV_NOSYS, 1,
 	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_NOSYS, GEN_EFFORT_LOW,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: low\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_NOSYS, GEN_EFFORT_HIGH,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: high\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant" },
 	{ CHAT_HARMONY, CONV_ENDASST, 0,
 	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|return|>" },
 	{ CHAT_HARMONY, CONV_ENDASST, 1,
 	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_ENDASST, GEN_EFFORT_LOW,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: low\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_ENDASST, GEN_EFFORT_HIGH,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: high\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>  Hi there.\xc2""\xa0""\xe3""\x80""\x80""<|end|><|start|>assistant" },
 	{ CHAT_HARMONY, CONV_REASONED, 0,
 	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>\nHi there.<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant<|channel|>analysis<|message|><|end|><|start|>assistant<|channel|>final<|message|>I am Qwen.<|return|>" },
 	{ CHAT_HARMONY, CONV_REASONED, 1,
 	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>\nHi there.<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant<|channel|>final<|message|>I am Qwen.<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_REASONED, GEN_EFFORT_LOW,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: low\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>\nHi there.<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant<|channel|>final<|message|>I am Qwen.<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_REASONED, GEN_EFFORT_HIGH,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: high\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer<|message|># Instructions\n\nYou are a helpful assistant.\n\n<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>\nHi there.<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant<|channel|>final<|message|>I am Qwen.<|end|><|start|>assistant" },
 	{ CHAT_HARMONY, CONV_REASONLAST, 0,
 	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>\nHi there.<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant<|channel|>analysis<|message|>Tool said 42.<|end|><|start|>assistant<|channel|>final<|message|>Plain </think> answer.<|return|>" },
 	{ CHAT_HARMONY, CONV_REASONLAST, 1,
 	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>\nHi there.<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant<|channel|>final<|message|>Plain </think> answer.<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_REASONLAST, GEN_EFFORT_LOW,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: low\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>\nHi there.<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant<|channel|>final<|message|>Plain </think> answer.<|end|><|start|>assistant" },
+	{ CHAT_HARMONY, CONV_REASONLAST, GEN_EFFORT_HIGH,
+	    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: 2025-08-05\n\nReasoning: high\n\n# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|><|start|>user<|message|> Hello!\n<|end|><|start|>assistant<|channel|>final<|message|>\nHi there.<|end|><|start|>user<|message|>Who are you?<|end|><|start|>assistant<|channel|>final<|message|>Plain </think> answer.<|end|><|start|>assistant" },
 	{ CHAT_MISTRAL_V1, CONV_FULL, 0,
 	    "<s> [INST] You are a helpful assistant.\n\n Hello!\n [/INST]   Hi there.\xc2""\xa0""\xe3""\x80""\x80""</s> [INST] Who are you? [/INST]" },
 	{ CHAT_MISTRAL_V1, CONV_FULL, 1,
@@ -426,7 +449,8 @@ test_render_matches_templates(void **state)
 		m = conv_msgs(expected[i].t, expected[i].conv, &n);
 		o.add_generation_prompt = expected[i].gen != 0;
 		o.bos_text = bos_of(expected[i].t);
-		o.no_thinking = expected[i].gen == GEN_NO_THINK;
+		o.think = expected[i].gen == GEN_NO_THINK ? THINK_OFF : expected[i].gen == GEN_EFFORT_LOW ? THINK_LOW :
+		    expected[i].gen == GEN_EFFORT_HIGH ? THINK_HIGH : THINK_DEFAULT;
 		o.tools = conv_has_tools(expected[i].conv) ? tools : NULL;
 		out = render_opts_ok(expected[i].t, m, n, &o);
 		if (strcmp(out, expected[i].text) != 0)
@@ -440,7 +464,7 @@ test_render_matches_templates(void **state)
 static void
 test_render_defaults(void **state)
 {
-	struct chat_opts o = { .add_generation_prompt = 1, .no_thinking = 1 };
+	struct chat_opts o = { .add_generation_prompt = 1, .think = THINK_OFF };
 	char err[ERR_LEN], *a, *b;
 	size_t len;
 
@@ -451,7 +475,7 @@ test_render_defaults(void **state)
 	assert_true(ends_with_str(b, "<|im_start|>assistant\n<think>\n\n</think>\n\n"));
 	free(a);
 	free(b);
-	/* no_thinking is Qwen3's switch alone */
+	/* THINK_OFF is Qwen3's switch alone (gpt-oss's is its effort, rendered from the templates above) */
 	a = render_opts_ok(CHAT_CHATML, conv_full, 4, &o);
 	b = render_ok(CHAT_CHATML, conv_full, 4, 1, NULL);
 	assert_string_equal(a, b);

@@ -112,6 +112,7 @@ test_chat_request(void **state)
 	assert_string_equal(r.constraint, "json_schema");
 	assert_string_equal(r.constraint_text, "{\"type\":\"object\"}");
 	assert_true(r.hide_reasoning);
+	assert_string_equal(r.think, "off");
 	assert_int_equal(num(&r, "max_tokens")->u, 7);
 	assert_true(num(&r, "temperature")->f == 0);
 	assert_int_equal(num(&r, "top_k")->u, 3);
@@ -134,6 +135,7 @@ test_chat_request(void **state)
 	assert_string_equal(r.constraint, "json");
 	assert_null(r.constraint_text);
 	assert_false(r.hide_reasoning);
+	assert_string_equal(r.think, "high");
 	assert_false(r.stream);
 	assert_string_equal(r.tool_choice, "required");
 	assert_null(num(&r, "max_tokens"));

@@ -138,6 +138,7 @@ FAMILIES = {
 # Generation prompts with options (test_chat.c's GEN_* code), as template variables.
 OPTIONS = {
     "QWEN3": [("GEN_NO_THINK", {"enable_thinking": False})],
+    "HARMONY": [("GEN_EFFORT_LOW", {"reasoning_effort": "low"}), ("GEN_EFFORT_HIGH", {"reasoning_effort": "high"})],
 }
 
 # Conversations the official templates of these families reject.
