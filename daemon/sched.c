@@ -46,7 +46,7 @@ take_job(struct sched *s, struct sched_job *job)
 	struct gen *g, **pp;
 
 	switch (job->req.op) {
-	case OP_GENERATE:
+	case OP_GENERATE: case OP_EMBED:
 		if (s->n_queued >= (s->o.max_queue > 0 ? s->o.max_queue : 256)) {
 			sched_post_error(s, job, PE_OVERLOADED, "too many requests are waiting; try again later");
 			break;

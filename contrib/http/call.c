@@ -12,8 +12,11 @@
  *   a completion:    CALL_MODELS    only for a model not in the cache (404 if not listed)
  *                    CALL_SESSION   session.new, only for session "new"
  *                    CALL_GENERATE  --done or error--> reply, CALL_DONE
+ *   one op's result: CALL_MODELS    only for a model not in the cache (call_op)
+ *                    CALL_OP        --result or error--> the route's reply, CALL_DONE
  *   the client leaves: in CALL_GENERATE a cancel is sent --> CALL_CANCELLING --done--> CALL_DONE;
- *                      in the other states the call ends at once.
+ *                      in the other states the call ends at once (closing the daemon
+ *                      connection ends what it runs there).
  *
  * Model names are cached: the daemon only ever adds models, so a name in
  * the cache is a model, and a name not in it sends for a fresh list. A name
@@ -41,7 +44,7 @@
 
 #define SESSION_TITLE "resident-http"
 
-enum call_state { CALL_MODELS, CALL_SESSION, CALL_GENERATE, CALL_CANCELLING, CALL_DONE };
+enum call_state { CALL_MODELS, CALL_SESSION, CALL_GENERATE, CALL_CANCELLING, CALL_OP, CALL_DONE };
 
 /* What a completion keeps of one of its choices while the daemon generates it. */
 struct choice {
@@ -83,10 +86,18 @@ struct call {
 	uint64_t gen_id;
 	int streaming;                /* the event stream has begun */
 	struct choice ch[API_MAX_CHOICES]; /* the request's r.n choices */
+	/* one op (call_op): sent with its params, its result and errors answered by the route */
+	const char *op;
+	char *op_model;
+	rs_params *op_params;
+	call_reply_fn op_reply;
+	call_error_fn op_error;
+	void *op_arg;
 	struct call *next;
 };
 
 static void call_start_generate(struct call *c);
+static void call_send_op(struct call *c);
 static void session_result_cb(uint64_t id, const rs_value *result, void *arg);
 
 /* ---- life ---- */
@@ -112,6 +123,9 @@ call_free(struct call *c)
 		free(c->ch[i].held);
 	}
 	free(c->model_name);
+	free(c->op_model);
+	rs_params_free(c->op_params);
+	free(c->op_arg);
 	free(c);
 }
 
@@ -156,6 +170,8 @@ call_fail(struct call *c, const struct api_error *e)
 		/* the status is sent already: the error goes into the stream (the openai packages raise it) */
 		http_stream_send(c->req, api_error_json(e));
 		http_stream_end(c->req);
+	} else if (c->req != NULL && c->op_error != NULL) {
+		c->op_error(c->req, e, c->op_arg);
 	} else if (c->req != NULL) {
 		http_send_error(c->req, e);
 	}
@@ -399,8 +415,10 @@ models_result_cb(uint64_t id, const rs_value *result, void *arg)
 		call_end(c);
 	else if (c->list_models)
 		models_reply(c);
-	else if (!model_known(c->oa, c->r.model))
-		call_no_model(c, c->r.model);
+	else if (!model_known(c->oa, c->op ? c->op_model : c->r.model))
+		call_no_model(c, c->op ? c->op_model : c->r.model);
+	else if (c->op != NULL)
+		call_send_op(c);
 	else
 		call_after_model(c);
 }
@@ -735,6 +753,59 @@ call_generate(struct oa *oa, struct evhttp_request *req, struct api_req *r)
 	api_meta_init(&c->meta, c->r.kind, c->r.model);
 	if (model_known(oa, c->r.model))
 		call_after_model(c);
+	else
+		call_list_models(c);
+}
+
+/* ---- one op ---- */
+
+static void
+op_result_cb(uint64_t id, const rs_value *result, void *arg)
+{
+	struct call *c = arg;
+	int status;
+
+	if (c->req == NULL) {
+		call_end(c);
+		return;
+	}
+	call_unwatch(c);
+	status = c->op_reply(c->req, result, c->op_arg);
+	log_info("%s %d (%.3fs)", c->path, status, call_seconds(c));
+	call_end(c);
+}
+
+/* Sends the op; its params go with it. */
+static void
+call_send_op(struct call *c)
+{
+	c->state = CALL_OP;
+	if (rs_call_start(c->rc, c->op, c->op_params, op_result_cb, call_error_cb, c) == 0)
+		call_start_failed(c);
+}
+
+void
+call_op(struct oa *oa, struct evhttp_request *req, const char *path, const char *model, const char *op,
+    rs_params *p, call_reply_fn reply, call_error_fn error, void *arg)
+{
+	struct call *c = call_open(oa, req, path);
+
+	if (c == NULL) {
+		rs_params_free(p);
+		free(arg);
+		return;
+	}
+	c->op = op;
+	c->op_params = p;
+	c->op_reply = reply;
+	c->op_error = error;
+	c->op_arg = arg;
+	if (model != NULL && (c->op_model = strdup(model)) == NULL) {
+		call_error_cb(0, RS_ERR_NOMEM, "out of memory", c);
+		return;
+	}
+	if (model == NULL || model_known(oa, model))
+		call_send_op(c);
 	else
 		call_list_models(c);
 }

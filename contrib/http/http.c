@@ -282,7 +282,7 @@ route_none(struct evhttp_request *req, const char *path, const char *allow)
 	} else {
 		api_error_set(&e, 404, "invalid_request_error", NULL, "unknown_url",
 		    "unknown request URL %s: resident-http serves GET /v1/models, "
-		    "POST /v1/chat/completions and POST /v1/completions", path);
+		    "POST /v1/chat/completions, /v1/completions, /v1/embeddings, /api/embed and /api/embeddings", path);
 	}
 	http_send_error(req, &e);
 }
@@ -303,6 +303,8 @@ http_request_cb(struct evhttp_request *req, void *arg)
 		    "a valid API key is needed: send \"Authorization: Bearer KEY\" with the key of "
 		    "resident-http's --api-key-file");
 		http_send_error(req, &e);
+	} else if (embed_route(oa, req, path)) {
+		/* answered there */
 	} else if (strcmp(path, "/v1/chat/completions") == 0) {
 		if (post)
 			route_completion(oa, req, API_CHAT);

@@ -10,6 +10,7 @@
  *   api.c      OpenAI's JSON <-> resident's generate fields; no I/O
  *   tools.c    the tools parts of it: tools, tool_choice, tool messages and
  *              calls, tool_calls in replies and chunks; no I/O
+ *   embed.c    the embeddings routes, OpenAI's and Ollama's: their JSON <-> embed
  */
 #ifndef RESIDENT_OPENAI_H
 #define RESIDENT_OPENAI_H
@@ -289,5 +290,27 @@ void call_models(struct oa *oa, struct evhttp_request *req, const char *name);
 void call_generate(struct oa *oa, struct evhttp_request *req, struct api_req *r);
 /* Ends every call (at exit): daemon connections closed, requests left to evhttp_free. */
 void call_free_all(struct oa *oa);
+/* Answers a request with an op's result; returns the HTTP status it sent (for the log). */
+typedef int (*call_reply_fn)(struct evhttp_request *req, const rs_value *result, void *arg);
+/* Answers a request with an error (its API's shape). */
+typedef void (*call_error_fn)(struct evhttp_request *req, const struct api_error *e, void *arg);
+/*
+ * A request answered by one op's result (path names it in the log): with
+ * model not NULL, a model residentd lists (else 404, as a completion's);
+ * op is sent with p (taken) and its result goes to reply, an error to
+ * error (NULL: OpenAI's error shape). arg (malloc'd, or NULL) goes to both
+ * and is freed with the call.
+ */
+void call_op(struct oa *oa, struct evhttp_request *req, const char *path, const char *model, const char *op,
+    rs_params *p, call_reply_fn reply, call_error_fn error, void *arg);
+
+/* ---- embed.c ---- */
+
+/*
+ * Routes the embeddings requests: POST /v1/embeddings (OpenAI's),
+ * /api/embed and /api/embeddings (Ollama's). Returns 1 if path is one of
+ * them (the request is then answered), else 0.
+ */
+int embed_route(struct oa *oa, struct evhttp_request *req, const char *path);
 
 #endif
