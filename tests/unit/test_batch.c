@@ -116,7 +116,7 @@ step(struct fixture *f, int n, const int *seq_id, const int *pos, const int *n_n
 	char err[ERR_LEN];
 
 	for (k = 0; k < n; k++) {
-		fs[k] = (struct fwd_seq){ n_new[k], pos[k], table_of(seq_id[k]), MAX_BLOCKS, n_new[k] };
+		fs[k] = (struct fwd_seq){ n_new[k], pos[k], table_of(seq_id[k]), MAX_BLOCKS, n_new[k], 0, 0 };
 		for (i = 0; i < n_new[k]; i++)
 			toks[t++] = tok(seq_id[k], pos[k] + i, f->n_vocab);
 	}
