@@ -2,7 +2,7 @@
 # Installs what resident needs to build and test on Debian/Ubuntu:
 # the C libraries (apt; libsystemd is optional), Neovim for the plugin's test
 # (apt) and the Python packages the tests compare against or drive resident
-# with (pip; openai is the client of resident-http's tests).
+# with (pip; openai and ollama are the clients of resident-http's tests).
 set -eu
 SUDO=
 [ "$(id -u)" -eq 0 ] || SUDO=sudo

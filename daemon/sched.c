@@ -152,9 +152,12 @@ take_io(struct sched *s)
 		else
 			kvdisk_job_free(j);
 	}
-	for (g = s->gens; g != NULL && any; g = g->next)
+	for (g = s->gens; g != NULL && any; g = g->next) {
 		for (i = 0; g->state == GEN_RUNNING && i < g->n_seqs; i++)
 			g->seqs[i]->wait_io = 0;
+		for (i = 0; g->emb != NULL && i < g->emb->n_running; i++)
+			g->emb->running[i]->wait_io = 0;
+	}
 }
 
 /*
