@@ -90,6 +90,9 @@ def check_model(ck, c, shape, gguf, st):
     ck.ok(max_diff(np.linalg.norm(vecs(a), axis=1), 1.0) < 1e-5, "%s: vectors are unit length" % shape)
     ck.ok(max_diff(vecs(a)[0], vecs(a)[1]) > 1e-2, "%s: two texts have different vectors" % shape)
     ck.eq(a["dimensions"], 256, "%s: dimensions reported" % shape)
+    shown = c.call("model.show", model=st)["model"]
+    ck.eq((shown["pooling"], shown["dimensions"], shown["bidirectional"]),
+          ("last", 256, False) if "qwen3" in shape else ("mean", 256, True), "%s: model.show's embedding fields" % shape)
     ck.eq(len(a["tokens"]), len(TEXTS), "%s: a token count per input" % shape)
     ck.eq(a["usage"]["prompt_tokens"], sum(a["tokens"]), "%s: usage.prompt_tokens sums the inputs'" % shape)
     cut = c.call("embed", input=TEXTS, model=gguf, dimensions=64)
