@@ -152,9 +152,9 @@ model_kind_error(const struct model_desc *md, enum proto_op op, char *err)
 
 /*
  * Admits a queued generate or embed: its model is loaded and the prompt
- * (the inputs) goes to the worker (GEN_PREP). 0, or -1 when it failed (the error is sent), or
- * SLOTS_WAIT when its model cannot be loaded until models in use give back
- * memory (it stays queued).
+ * (an embed's inputs) goes to the worker (GEN_PREP). 0, or -1 when it
+ * failed (the error is sent), or SLOTS_WAIT when its model cannot be
+ * loaded until models in use give back memory (it stays queued).
  */
 static int
 admit(struct sched *s, struct gen *g)

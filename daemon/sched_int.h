@@ -45,6 +45,10 @@
  * on; sched_gen_free (sched_gen.c) frees it, after a step (sched_step.c)
  * finished its sequences or sched_reap_cancelled ended it.
  *
+ * An embed request (sched_embed.c) moves through the same states: the
+ * worker tokenizes its inputs, and while it runs, its inputs are started a
+ * step's worth at a time, a sequence each (struct embed_run).
+ *
  * A request of n choices (PROTOCOL.md, Several choices) prefills one
  * sequence; once its prompt is in the KV cache, the n - 1 others are forked
  * from it (sched_fork_choices), sharing its blocks, and it ends when all of
