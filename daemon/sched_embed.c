@@ -99,6 +99,26 @@ runnable(const struct seq *q)
 	return q->state == SEQ_PREFILL && !q->wait_io;
 }
 
+/* Tokens its running sequences have yet to compute (those waiting for blocks too). */
+static int32_t
+pending(const struct embed_run *e)
+{
+	int32_t n = 0;
+
+	for (int i = 0; i < e->n_running; i++)
+		n += e->running[i]->n_tokens - e->running[i]->n_cached;
+	return n;
+}
+
+/* 1 if it can start another input: one is left, and those running leave room in a step. */
+static int
+can_start(const struct gen *g)
+{
+	const struct embed_run *e = g->emb;
+
+	return e->next < e->n && e->failed == PE_NONE && pending(e) < engine_max_step_tokens(g->slot->e);
+}
+
 int
 sched_embed_ready(const struct gen *g)
 {
@@ -107,22 +127,20 @@ sched_embed_ready(const struct gen *g)
 	for (int i = 0; i < e->n_running; i++)
 		if (runnable(e->running[i]))
 			return 1;
-	return e->next < e->n && e->failed == PE_NONE;
+	return can_start(g);
 }
 
 /*
  * Puts the request's sequences into a step's list (out and gens from n on,
  * at most max in all): those running, then new ones for the next inputs
- * while the tokens they bring stay under a step's worth, so that the
- * inputs that wait hold no blocks. *need adds the blocks they take.
- * Returns the list's new length.
+ * while the tokens of all it runs stay under a step's worth, so that the
+ * inputs that wait hold no blocks (nor do more start while some wait for
+ * blocks). *need adds the blocks they take. Returns the list's new length.
  */
 int
 sched_embed_pick(struct gen *g, struct seq **out, struct gen **gens, int n, int max, int32_t *need)
 {
 	struct embed_run *e = g->emb;
-	struct engine *en = g->slot->e;
-	int32_t pending = 0, step = engine_max_step_tokens(en);
 	struct seq *q;
 	int i;
 
@@ -130,19 +148,17 @@ sched_embed_pick(struct gen *g, struct seq **out, struct gen **gens, int n, int 
 		q = e->running[i];
 		if (!runnable(q))
 			continue;
-		pending += q->n_tokens - q->n_cached;
 		*need += (q->n_tokens - q->n_cached + 15) / 16 + 1;
 		gens[n] = g;
 		out[n++] = q;
 	}
-	while (e->next < e->n && e->failed == PE_NONE && n < max && pending < step) {
-		if (engine_seq_embed(en, e->ids[e->next], e->n_ids[e->next], e->dims, &q, e->error) != 0) {
+	while (n < max && can_start(g)) {
+		if (engine_seq_embed(g->slot->e, e->ids[e->next], e->n_ids[e->next], e->dims, &q, e->error) != 0) {
 			e->failed = PE_MODEL_ERROR;
 			break;
 		}
 		e->idx[e->n_running] = e->next++;
 		e->running[e->n_running++] = q;
-		pending += q->n_tokens;
 		*need += (q->n_tokens + 15) / 16 + 1;
 		gens[n] = g;
 		out[n++] = q;

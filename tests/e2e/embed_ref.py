@@ -10,6 +10,9 @@ module's directory, exactly as it writes them):
   * "gemma3": Gemma 3 with use_bidirectional_attention (sliding layers
     attend to a window either side), mean pooling, two Dense modules
     (256 -> 768 -> 256, no bias, identity) and Normalize: EmbeddingGemma's.
+  * "gemma3-cls": the same Gemma 3 with the first token's state (CLS
+    pooling), a Dense module with a bias and tanh (sentence-transformers'
+    default), no Normalize.
 Both with GQA, a RoPE base that is no family's default, norm weights away
 from their start, a sliding window shorter than the longer texts, next to
 a tokenizer.json made by `resident-model vocab` with a pad token (the
@@ -56,13 +59,14 @@ def make(kind, out):
 
     warnings.filterwarnings("ignore")
     voc = out + "-vocab"
-    subprocess.run([rsd.tool("resident-model"), "vocab", "gemma" if kind == "gemma3" else "qwen2", str(N_VOCAB),
+    gemma = kind.startswith("gemma3")
+    subprocess.run([rsd.tool("resident-model"), "vocab", "gemma" if gemma else "qwen2", str(N_VOCAB),
                     "1", voc], check=True, stdout=subprocess.DEVNULL)
     kw = dict(vocab_size=N_VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
               num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
               rms_norm_eps=1e-6, initializer_range=0.06)
     rope = {"rope_type": "default", "rope_theta": 50000.0}
-    if kind == "gemma3":
+    if gemma:
         cfg = Gemma3TextConfig(**kw, sliding_window=WINDOW, use_bidirectional_attention=True,
                                layer_types=["sliding_attention", "full_attention"] * 2,
                                rope_parameters={"full_attention": rope, "sliding_attention": dict(rope, rope_theta=1e4)})
@@ -73,7 +77,7 @@ def make(kind, out):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):  # Gemma stores w of (1 + w), the others w
-                p.copy_((0.0 if kind == "gemma3" else 1.0) + 0.3 * torch.randn_like(p))
+                p.copy_((0.0 if gemma else 1.0) + 0.3 * torch.randn_like(p))
     base = out + "-base"
     model.save_pretrained(base)
     for f in os.listdir(voc):
@@ -86,6 +90,9 @@ def make(kind, out):
         mods = [tr, Pooling(256, pooling_mode="mean"),
                 Dense(256, 768, bias=False, activation_function=torch.nn.Identity()),
                 Dense(768, 256, bias=False, activation_function=torch.nn.Identity()), Normalize()]
+    elif kind == "gemma3-cls":
+        torch.manual_seed(SEED + 1)
+        mods = [tr, Pooling(256, pooling_mode="cls"), Dense(256, 128, bias=True)]
     else:
         mods = [tr, Pooling(256, pooling_mode="lasttoken"), Normalize()]
     SentenceTransformer(modules=mods).save(out)

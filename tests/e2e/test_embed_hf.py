@@ -9,7 +9,10 @@ Each text's vector must have a cosine similarity of at least 0.9999 with
 the reference's, the whole batch in one embed request (the daemon computes
 every input in its own sequence, side by side in its steps), in the
 daemon's default numerics and in --exact; with dimensions 64 the vector is
-the reference's first 64 floats normalised again. The models are real
+the reference's first 64 floats normalised again (cut alone, for a model
+without Normalize: the cosines are alike). A third model, the Gemma 3 with
+CLS pooling and a Dense module with a bias and tanh, no Normalize, covers
+the modules' other forms. The models are real
 sentence-transformers directories: the daemon reads their modules.json,
 1_Pooling, 2_Dense and 3_Dense, 4_Normalize and config.json's
 use_bidirectional_attention as sentence-transformers does.
@@ -43,7 +46,7 @@ def main():
     ck = Checks()
     tmp = tempfile.mkdtemp(prefix="rsd-embed-hf-")
     try:
-        for kind in ("qwen3", "gemma3"):
+        for kind in ("qwen3", "gemma3", "gemma3-cls"):
             path = os.path.join(tmp, kind)
             st = embed_ref.make(kind, path)
             ref = embed_ref.reference(st, embed_ref.TEXTS)
@@ -58,6 +61,10 @@ def main():
                     r = c.call("embed", input=embed_ref.TEXTS, timeout=120)
                     ours = np.array(r["embeddings"], dtype=np.float64)
                     ck.eq(ours.shape, ref.shape, "%s: one vector of the model's width per text" % what)
+                    if kind == "gemma3-cls":
+                        ratio = np.linalg.norm(ours, axis=1) / np.linalg.norm(ref, axis=1)
+                        ck.ok(float(np.max(np.abs(ratio - 1))) < 1e-4,
+                              "%s: without Normalize the vectors keep the reference's lengths" % what)
                     cos = embed_ref.cosines(ours, ref)
                     ck.ok(float(np.min(cos)) >= MIN_COS, "%s: cosine with sentence-transformers >= %g (min %.7f, "
                           "per text %s)" % (what, MIN_COS, float(np.min(cos)), np.round(cos, 7).tolist()))
