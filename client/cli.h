@@ -56,6 +56,10 @@ const char *cli_model_arg(const char *arg, char *buf);
 int cmd_run(struct cli *cli, int argc, char **argv);
 int cmd_chat(struct cli *cli, int argc, char **argv);
 
+/* ---- embed.c ---- */
+
+int cmd_embed(struct cli *cli, int argc, char **argv);
+
 /* ---- lists.c: sessions, models (show, stop), status, ps ---- */
 
 int cmd_sessions(struct cli *cli, int argc, char **argv);

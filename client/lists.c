@@ -329,6 +329,9 @@ print_model_info(const rs_value *m)
 		printf("template      none (raw prompts only)\n");
 	else
 		printf("template      %s\n", cli_str(m, "template"));
+	if (cli_str(m, "pooling")[0])
+		printf("embeddings    %llu floats, %s pooling%s\n", (unsigned long long)rs_uint(rs_get(m, "dimensions")),
+		    cli_str(m, "pooling"), rs_bool(rs_get(m, "bidirectional")) ? ", bidirectional attention (no text)" : "");
 	if (rs_bool(rs_get(m, "loaded")))
 		printf("loaded        on %s, holding %s\n", cli_str(m, "device"), cli_size(rs_uint(rs_get(m, "memory_bytes")), a));
 	else

@@ -40,6 +40,9 @@ usage(FILE *fp)
 	    "  stop NAME_OR_PATH              the same as models unload\n"
 	    "  ps                             loaded models: memory, requests, keep-alive left\n"
 	    "  status                         models, memory, sequences, clients, batches\n"
+	    "  embed [-m MODEL] [--dimensions N] [TEXT...]\n"
+	    "                                 vectors of TEXTs (or of each line of stdin) by an\n"
+	    "                                 embedding model, as JSON\n"
 	    "\n"
 	    "options of run and chat:\n"
 	    "  -m, --model NAME           model (default: the session's, else the daemon's)\n"
@@ -179,6 +182,7 @@ static const struct {
 	{ "stop", cmd_stop },
 	{ "ps", cmd_ps },
 	{ "status", cmd_status },
+	{ "embed", cmd_embed },
 };
 
 int

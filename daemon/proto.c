@@ -35,6 +35,7 @@ static const char *const op_names[OP_COUNT_] = {
 	[OP_MODEL_LIST] = "model.list", [OP_MODEL_LOAD] = "model.load", [OP_MODEL_UNLOAD] = "model.unload",
 	[OP_MODEL_SHOW] = "model.show",
 	[OP_TOKENIZE] = "tokenize", [OP_DETOKENIZE] = "detokenize", [OP_STATUS] = "status",
+	[OP_EMBED] = "embed",
 };
 
 static const char *const err_names[PE_COUNT_] = {
@@ -45,7 +46,7 @@ static const char *const err_names[PE_COUNT_] = {
 	[PE_DUPLICATE_ID] = "duplicate_id", [PE_OVERLOADED] = "overloaded",
 	[PE_MODEL_ERROR] = "model_error", [PE_SHUTTING_DOWN] = "shutting_down",
 	[PE_INTERNAL] = "internal", [PE_QUOTA_EXCEEDED] = "quota_exceeded", [PE_STORAGE_FULL] = "storage_full",
-	[PE_SESSION_BUSY] = "session_busy", [PE_FRAME_TIMEOUT] = "frame_timeout",
+	[PE_SESSION_BUSY] = "session_busy", [PE_FRAME_TIMEOUT] = "frame_timeout", [PE_CANCELLED] = "cancelled",
 };
 
 const char *
@@ -524,10 +525,26 @@ get_choices(const msgpack_object *m, struct proto_req *r, char *err)
 	return 0;
 }
 
+/* priority: "interactive" (the default) or "background". */
+static int
+get_priority(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	char *prio = NULL;
+	int rc;
+
+	if ((rc = get_str(m, "priority", 0, SIZE_MAX, &prio, err)) != 0 || prio == NULL)
+		return rc;
+	if (strcmp(prio, "background") == 0)
+		r->priority = PRIO_BACKGROUND;
+	else if (strcmp(prio, "interactive") != 0)
+		rc = err_set(err, PE_INVALID_PARAM, "priority must be \"interactive\" or \"background\"");
+	free(prio);
+	return rc;
+}
+
 static int
 decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 {
-	char *prio = NULL;
 	uint64_t top = 0;
 	int rc, found;
 
@@ -538,7 +555,6 @@ decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 	    (rc = get_str(m, "model", 0, PROTO_MAX_MODEL, &r->model, err)) ||
 	    (rc = get_sampling(m, r, err)) || (rc = get_stop(m, r, err)) ||
 	    (rc = get_bool(m, "stream", &r->stream, err)) || (rc = get_bool(m, "logprobs", &r->logprobs, err)) ||
-	    (rc = get_str(m, "priority", 0, SIZE_MAX, &prio, err)) ||
 	    (rc = get_str(m, "grammar", 0, PROTO_MAX_TEXT, &r->grammar, err)) ||
 	    (rc = get_str(m, "json_schema", 0, PROTO_MAX_TEXT, &r->json_schema, err)) ||
 	    (rc = get_bool(m, "json", &r->json, err)))
@@ -560,15 +576,8 @@ decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 	if (r->tools != NULL && r->prompt != NULL)
 		return err_set(err, PE_BAD_REQUEST, "tools are rendered by the chat template: give 'messages', "
 		    "not 'prompt'");
-	if (prio != NULL) {
-		if (strcmp(prio, "background") == 0)
-			r->priority = PRIO_BACKGROUND;
-		else if (strcmp(prio, "interactive") != 0)
-			rc = err_set(err, PE_INVALID_PARAM, "priority must be \"interactive\" or \"background\"");
-		free(prio);
-		if (rc != 0)
-			return rc;
-	}
+	if ((rc = get_priority(m, r, err)) != 0)
+		return rc;
 	if ((r->prompt != NULL) == (r->msgs != NULL))
 		return err_set(err, PE_BAD_REQUEST, "give exactly one of 'prompt' and 'messages'");
 	if (r->session != NULL && r->prompt != NULL)
@@ -619,26 +628,84 @@ decode_defaults(const msgpack_object *m, struct proto_req *r, char *err)
 	return 0;
 }
 
+/* An array of token ids (what names it in messages) into *ids, *n. */
+static int
+get_ids(const msgpack_object *a, const char *what, int32_t **ids, size_t *n, char *err)
+{
+	uint32_t i;
+
+	if (a == NULL || a->type != MSGPACK_OBJECT_ARRAY)
+		return err_set(err, PE_BAD_REQUEST, "%s must be an array of token ids", what);
+	if (a->via.array.size > PROTO_MAX_TOKENS)
+		return err_set(err, PE_INVALID_PARAM, "%s holds %u ids; at most %u are allowed", what,
+		    (unsigned)a->via.array.size, PROTO_MAX_TOKENS);
+	*ids = xmalloc((a->via.array.size ? a->via.array.size : 1) * sizeof **ids);
+	*n = a->via.array.size;
+	for (i = 0; i < a->via.array.size; i++) {
+		if (a->via.array.ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
+		    a->via.array.ptr[i].via.u64 > INT32_MAX)
+			return err_set(err, PE_INVALID_PARAM, "%s[%u] is not a token id", what, i);
+		(*ids)[i] = (int32_t)a->via.array.ptr[i].via.u64;
+	}
+	return 0;
+}
+
 /* tokens: [uint, ...] */
 static int
 get_tokens(const msgpack_object *m, struct proto_req *r, char *err)
 {
-	const msgpack_object *a = map_get(m, "tokens");
-	uint32_t i;
+	return get_ids(map_get(m, "tokens"), "tokens", &r->tokens, &r->n_tokens, err);
+}
 
-	if (a == NULL || a->type != MSGPACK_OBJECT_ARRAY)
-		return err_set(err, PE_BAD_REQUEST, "tokens must be an array of token ids");
-	if (a->via.array.size > PROTO_MAX_TOKENS)
-		return err_set(err, PE_INVALID_PARAM, "tokens holds %u ids; at most %u are allowed",
-		    (unsigned)a->via.array.size, PROTO_MAX_TOKENS);
-	r->tokens = xmalloc((a->via.array.size ? a->via.array.size : 1) * sizeof *r->tokens);
-	r->n_tokens = a->via.array.size;
-	for (i = 0; i < a->via.array.size; i++) {
-		if (a->via.array.ptr[i].type != MSGPACK_OBJECT_POSITIVE_INTEGER ||
-		    a->via.array.ptr[i].via.u64 > INT32_MAX)
-			return err_set(err, PE_INVALID_PARAM, "tokens[%u] is not a token id", i);
-		r->tokens[i] = (int32_t)a->via.array.ptr[i].via.u64;
+/* embed's input: a string, or an array of strings and arrays of token ids, none empty. */
+static int
+get_inputs(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	const msgpack_object *a = map_get(m, "input");
+	const msgpack_object *one;
+	uint32_t n, i;
+	char what[32];
+	int rc = 0;
+
+	if (a == NULL || (a->type != MSGPACK_OBJECT_ARRAY && a->type != MSGPACK_OBJECT_STR))
+		return err_set(err, PE_BAD_REQUEST, "field 'input' (a string, or an array of strings or token id arrays) "
+		    "is required");
+	n = a->type == MSGPACK_OBJECT_STR ? 1 : a->via.array.size;
+	if (n < 1 || n > PROTO_MAX_INPUTS)
+		return err_set(err, PE_INVALID_PARAM, "input holds %u inputs; 1..%u are allowed", n, PROTO_MAX_INPUTS);
+	r->inputs = xcalloc(n, sizeof *r->inputs);
+	for (i = 0; i < n && rc == 0; i++, r->n_inputs++) {
+		struct proto_input *in = &r->inputs[i];
+
+		one = a->type == MSGPACK_OBJECT_STR ? a : &a->via.array.ptr[i];
+		snprintf(what, sizeof what, "input[%u]", i);
+		if (one->type == MSGPACK_OBJECT_ARRAY)
+			rc = get_ids(one, what, &in->tokens, &in->n_tokens, err);
+		else
+			rc = get_str_obj(one, what, PROTO_MAX_TEXT, &in->text, err);
+		if (rc == 0 && (in->text ? in->text[0] == '\0' : in->n_tokens == 0))
+			rc = err_set(err, PE_INVALID_PARAM, "%s is empty", what);
 	}
+	return rc;
+}
+
+/* embed: input, dimensions, truncate, priority, keep_alive (model is every op's). */
+static int
+decode_embed(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	uint64_t u;
+	int rc, found;
+
+	if ((rc = get_inputs(m, r, err)) || (rc = get_bool(m, "truncate", &r->truncate, err)) ||
+	    (rc = get_priority(m, r, err)) ||
+	    (rc = get_uint(m, "dimensions", 1u << 20, &u, &found, err)))
+		return rc;
+	if (found && u == 0)
+		return err_set(err, PE_INVALID_PARAM, "dimensions must be at least 1");
+	r->dimensions = found ? (int32_t)u : 0;
+	if ((rc = get_float(m, "keep_alive", &r->keep_alive, &found, err)) != 0)
+		return rc;
+	r->set |= found ? SET_KEEP_ALIVE : 0;
 	return 0;
 }
 
@@ -680,6 +747,8 @@ decode_other(const msgpack_object *m, struct proto_req *r, char *err)
 		return get_str(m, "text", 1, PROTO_MAX_TEXT, &r->text, err);
 	case OP_DETOKENIZE:
 		return get_tokens(m, r, err);
+	case OP_EMBED:
+		return decode_embed(m, r, err);
 	default:
 		return 0;
 	}
@@ -751,6 +820,9 @@ proto_req_free(struct proto_req *r)
 		proto_msg_free(&r->msgs[i]);
 	for (i = 0; i < r->n_stop; i++)
 		free(r->stop[i]);
+	for (i = 0; i < r->n_inputs; i++)
+		free(r->inputs[i].text), free(r->inputs[i].tokens);
+	free(r->inputs);
 	free(r->msgs), free(r->client), free(r->prompt), free(r->session), free(r->model);
 	free(r->title), free(r->system), free(r->defaults), free(r->text), free(r->tokens);
 	free(r->grammar), free(r->json_schema), free(r->tools), free(r->tool_name);

@@ -34,13 +34,14 @@
 #define PROTO_MAX_CHOICES 8          /* a generate's n: choices of one prompt */
 #define PROTO_MAX_LIST 1000          /* session.list's limit */
 #define PROTO_MAX_INFLIGHT 1024      /* requests in flight on one connection */
+#define PROTO_MAX_INPUTS 2048        /* inputs of an embed */
 
 enum proto_op {
 	OP_HELLO, OP_GENERATE, OP_CANCEL,
 	OP_SESSION_NEW, OP_SESSION_LIST, OP_SESSION_GET, OP_SESSION_FORK, OP_SESSION_RENAME,
 	OP_SESSION_DELETE,
 	OP_MODEL_LIST, OP_MODEL_LOAD, OP_MODEL_UNLOAD, OP_MODEL_SHOW,
-	OP_TOKENIZE, OP_DETOKENIZE, OP_STATUS,
+	OP_TOKENIZE, OP_DETOKENIZE, OP_STATUS, OP_EMBED,
 	OP_COUNT_
 };
 
@@ -50,7 +51,7 @@ enum proto_err {
 	PE_BAD_FRAME, PE_FRAME_TOO_LARGE, PE_BAD_REQUEST, PE_UNKNOWN_OP, PE_INVALID_PARAM,
 	PE_INVALID_UTF8, PE_CONTEXT_EXCEEDED, PE_NOT_FOUND, PE_DUPLICATE_ID, PE_OVERLOADED,
 	PE_MODEL_ERROR, PE_SHUTTING_DOWN, PE_INTERNAL, PE_QUOTA_EXCEEDED, PE_STORAGE_FULL,
-	PE_SESSION_BUSY, PE_FRAME_TIMEOUT,
+	PE_SESSION_BUSY, PE_FRAME_TIMEOUT, PE_CANCELLED,
 	PE_COUNT_
 };
 
@@ -65,6 +66,13 @@ struct proto_msg {
 	int n_calls;
 	char *tool_call_id;     /* a tool message's: the call it answers; NULL: none given */
 	char *name;             /* a tool message's: the tool's name; NULL: none given */
+};
+
+/* One input of an embed: text, or token ids. */
+struct proto_input {
+	char *text;             /* NULL: tokens */
+	int32_t *tokens;
+	size_t n_tokens;
 };
 
 /* What a generate's tools may be used for (PROTOCOL.md, Tool calls). */
@@ -110,6 +118,11 @@ struct proto_req {
 	enum proto_tool_choice tool_choice;
 	char *tool_name;        /* with TOOLS_REQUIRED: the one tool to call; NULL: any of them */
 	enum chat_think think;  /* think: how much a reasoning model reasons first */
+	/* embed */
+	struct proto_input *inputs;
+	int n_inputs;
+	int32_t dimensions;     /* 0: the model's */
+	int truncate;           /* cut inputs longer than the context to it */
 	/* shared by several ops */
 	char *session;
 	char *model;

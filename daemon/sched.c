@@ -46,7 +46,7 @@ take_job(struct sched *s, struct sched_job *job)
 	struct gen *g, **pp;
 
 	switch (job->req.op) {
-	case OP_GENERATE:
+	case OP_GENERATE: case OP_EMBED:
 		if (s->n_queued >= (s->o.max_queue > 0 ? s->o.max_queue : 256)) {
 			sched_post_error(s, job, PE_OVERLOADED, "too many requests are waiting; try again later");
 			break;
@@ -152,9 +152,12 @@ take_io(struct sched *s)
 		else
 			kvdisk_job_free(j);
 	}
-	for (g = s->gens; g != NULL && any; g = g->next)
+	for (g = s->gens; g != NULL && any; g = g->next) {
 		for (i = 0; g->state == GEN_RUNNING && i < g->n_seqs; i++)
 			g->seqs[i]->wait_io = 0;
+		for (i = 0; g->emb != NULL && i < g->emb->n_running; i++)
+			g->emb->running[i]->wait_io = 0;
+	}
 }
 
 /*

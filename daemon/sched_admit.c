@@ -117,6 +117,10 @@ prep_run(struct work *w)
 	struct gen *g = (struct gen *)w;
 
 	g->prep_err[0] = '\0';
+	if (g->job->req.op == OP_EMBED) {
+		sched_embed_prep(g);
+		return;
+	}
 	g->prep_rc = sched_prompt_tokens(g->md, g->job, &g->ids, &g->n_ids, &g->prep_pe, g->prep_err);
 	if (g->prep_rc == 0 && (g->prep_rc = sched_prompt_grammar(g->slot->e, g->job, &g->gram, g->prep_err)) != 0)
 		g->prep_pe = PE_INVALID_PARAM;
@@ -130,16 +134,34 @@ constrained(const struct proto_req *r)
 }
 
 /*
- * Admits a queued generate: its model is loaded and the prompt goes to the
- * worker (GEN_PREP). 0, or -1 when it failed (the error is sent), or
- * SLOTS_WAIT when its model cannot be loaded until models in use give back
- * memory (it stays queued).
+ * Whether the model can serve the op: an embed wants an embedding model,
+ * and a model with bidirectional attention makes vectors, not text. 0, or
+ * -1 with the message.
+ */
+static int
+model_kind_error(const struct model_desc *md, enum proto_op op, char *err)
+{
+	if (op == OP_EMBED && md->embed.pool == POOL_NONE)
+		return err_set(err, -1, "model %s is not an embedding model (a GGUF file with a pooling type, or a "
+		    "sentence-transformers directory with a Pooling module)", md->name);
+	if (op == OP_GENERATE && md->embed.bidirectional)
+		return err_set(err, -1, "model %s is an embedding model with bidirectional attention: it makes vectors "
+		    "(embed), not text", md->name);
+	return 0;
+}
+
+/*
+ * Admits a queued generate or embed: its model is loaded and the prompt
+ * (an embed's inputs) goes to the worker (GEN_PREP). 0, or -1 when it
+ * failed (the error is sent), or SLOTS_WAIT when its model cannot be
+ * loaded until models in use give back memory (it stays queued).
  */
 static int
 admit(struct sched *s, struct gen *g)
 {
 	struct sched_job *job = g->job;
 	const char *want = job->req.model ? job->req.model : job->session_model;
+	uint64_t t0 = now_ns();
 	char err[ERR_LEN];
 	struct slot *m;
 	int rc;
@@ -150,6 +172,11 @@ admit(struct sched *s, struct gen *g)
 		if (rc != SLOTS_WAIT)
 			sched_post_error(s, job, PE_MODEL_ERROR, err);
 		return rc == SLOTS_WAIT ? SLOTS_WAIT : -1;
+	}
+	g->load_ns = now_ns() - t0;
+	if (model_kind_error(engine_model(m->e), job->req.op, err) != 0) {
+		sched_post_error(s, job, PE_INVALID_PARAM, err);
+		return -1;
 	}
 	slots_acquire(&s->slots, m);
 	g->slot = m;
@@ -191,6 +218,15 @@ prep_done(struct sched *s, struct gen *g)
 		if (!g->gone)
 			sched_post(s, sched_done_event(g));
 		sched_gen_free(s, g);
+		return;
+	}
+	if (job->req.op == OP_EMBED) {
+		if (rc == 0)
+			rc = sched_embed_start(g, &pe, err);
+		if (rc != 0) {
+			sched_post_error(s, job, pe, err);
+			sched_gen_free(s, g);
+		}
 		return;
 	}
 	/* PROTOCOL.md: max_tokens is 1..context (the default may exceed a small context) */
@@ -238,6 +274,16 @@ admit_one(struct sched *s, struct gen *g)
 	return ADMIT_FAILED;
 }
 
+/*
+ * The sequences a request counts for at admission: n for n choices; an
+ * embed one, since it starts its inputs a step's worth at a time.
+ */
+static int
+gen_seqs(const struct gen *g)
+{
+	return g->job->req.op == OP_EMBED ? 1 : g->job->req.n_choices;
+}
+
 /* Sequences the admitted requests run, or will once their prompt is back: n for n choices. */
 static int
 running_seqs(const struct sched *s)
@@ -246,7 +292,7 @@ running_seqs(const struct sched *s)
 	int n = 0;
 
 	for (g = s->gens; g != NULL; g = g->next)
-		n += g->state != GEN_QUEUED ? g->job->req.n_choices : 0;
+		n += g->state != GEN_QUEUED ? gen_seqs(g) : 0;
 	return n;
 }
 
@@ -257,7 +303,7 @@ running_seqs(const struct sched *s)
 static int
 fits(const struct sched *s, const struct gen *g, int running)
 {
-	return running == 0 || running + g->job->req.n_choices <= (s->o.max_seqs > 0 ? s->o.max_seqs : 64);
+	return running == 0 || running + gen_seqs(g) <= (s->o.max_seqs > 0 ? s->o.max_seqs : 64);
 }
 
 /* The next queued request to admit: interactive first, the first of the next connection after rr_conn. */
@@ -311,14 +357,14 @@ sched_admit_queued(struct sched *s)
 		 * opens the model, until then */
 		if (!sched_admit_ready(s))
 			return;
-		n = s->waiting->job->req.n_choices;
+		n = gen_seqs(s->waiting);
 		if ((rc = admit_one(s, s->waiting)) == ADMIT_WAITS)
 			return;
 		running += rc == ADMIT_RUNS ? n : 0;
 	}
 	while ((g = next_queued(s)) != NULL && fits(s, g, running)) {
 		s->rr_conn = g->job->conn;
-		n = g->job->req.n_choices;
+		n = gen_seqs(g);
 		if ((rc = admit_one(s, g)) == ADMIT_WAITS)
 			return;
 		running += rc == ADMIT_RUNS ? n : 0;

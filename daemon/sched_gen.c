@@ -371,18 +371,21 @@ pack_choices_done(struct sched_event *ev, struct gen *g)
 
 /*
  * The done reply (with the rows to commit for a completed session turn),
- * or the error of a choice that failed. A request cancelled while queued
- * has no sequence yet.
+ * or the error of a choice that failed; an embed's result or error. A
+ * request cancelled while queued has no sequence yet.
  */
 struct sched_event *
 sched_done_event(struct gen *g)
 {
 	const struct seq *q = choice_seq(g, 0), *failed = failed_choice(g);
-	struct sched_event *ev = sched_new_event(g->job->conn, g->job->req.id, 1);
 	int with_session = g->job->req.session != NULL;
+	struct sched_event *ev;
 	struct turn_calls tc;
 	msgpack_packer pk;
 
+	if (g->job->req.op == OP_EMBED)
+		return sched_embed_event(g);
+	ev = sched_new_event(g->job->conn, g->job->req.id, 1);
 	if (failed != NULL) {
 		proto_error(&ev->frame, 1, g->job->req.id, failed->req_error ? PE_INVALID_PARAM : PE_MODEL_ERROR,
 		    failed->error);
@@ -409,6 +412,7 @@ sched_done_event(struct gen *g)
 void
 sched_gen_finish(struct gen *g, enum finish_reason why, const char *error)
 {
+	sched_embed_end(g, why, error);
 	for (int i = 0; i < g->n_seqs; i++) {
 		if (g->seqs[i]->state == SEQ_DONE)
 			continue;
@@ -478,6 +482,7 @@ sched_gen_free(struct sched *s, struct gen *g)
 	} else {
 		for (i = 0; i < g->n_seqs; i++)
 			engine_seq_free(g->slot->e, g->seqs[i]);
+		sched_embed_free(g);
 	}
 	if (g->gram != NULL)
 		engine_grammar_put(g->slot->e, g->gram);

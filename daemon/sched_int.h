@@ -13,6 +13,7 @@
  *   sched_step.c       a model's step: its sequences, tokens out, cancels, faults
  *   sched_admit.c      queued requests to their models and to the prompt worker
  *   sched_gen.c        a generate's token and done replies, and its end
+ *   sched_embed.c      an embed's inputs: tokens, sequences, vectors, its reply
  *   sched_resident.c   a request's sequences: sessions' between turns, the prefix
  *                      cache, several choices forked from one prompt
  *   sched_prompt.c     messages through the chat template, to tokens
@@ -44,6 +45,10 @@
  * on; sched_gen_free (sched_gen.c) frees it, after a step (sched_step.c)
  * finished its sequences or sched_reap_cancelled ended it.
  *
+ * An embed request (sched_embed.c) moves through the same states: the
+ * worker tokenizes its inputs, and while it runs, its inputs are started a
+ * step's worth at a time, a sequence each (struct embed_run).
+ *
  * A request of n choices (PROTOCOL.md, Several choices) prefills one
  * sequence; once its prompt is in the KV cache, the n - 1 others are forked
  * from it (sched_fork_choices), sharing its blocks, and it ends when all of
@@ -52,6 +57,28 @@
  */
 
 enum gen_state { GEN_QUEUED, GEN_PREP, GEN_RUNNING };
+
+/*
+ * An embed request's inputs once admitted (sched_embed.c): their tokens
+ * (the prompt worker's), the sequences running, started a step's worth at
+ * a time and freed as each is done, and the vectors made.
+ */
+struct embed_run {
+	int n;                      /* inputs */
+	int32_t **ids;              /* each input's tokens */
+	int32_t *n_ids;
+	int truncated;              /* inputs cut to the context (truncate) */
+	int64_t n_tokens;           /* all inputs' tokens */
+	int32_t dims;               /* floats of each vector */
+	float *vecs;                /* n x dims */
+	int next;                   /* inputs started */
+	int done;                   /* inputs with their vector */
+	struct seq **running;       /* n_running sequences, input idx[i] each */
+	int *idx;
+	int n_running;
+	enum proto_err failed;      /* PE_NONE, or why it ended early (error says) */
+	char error[ERR_LEN];
+};
 
 /* A generate request inside the scheduler. */
 struct gen {
@@ -62,6 +89,8 @@ struct gen {
 	struct seq *seqs[PROTO_MAX_CHOICES]; /* choice i's sequence: the first from the prompt, the others forked */
 	int n_seqs;                 /* 0 until it starts, 1 while its prompt is prefilled, then n */
 	struct resident *res;       /* the session's cached sequence, while running */
+	struct embed_run *emb;      /* an embed's, once its inputs are tokenized */
+	uint64_t load_ns;           /* time its admission spent loading the model */
 	int cancelled, gone;
 	int32_t n_prompt;
 	uint64_t t_first;           /* first token */
@@ -155,6 +184,16 @@ void sched_gen_finish(struct gen *g, enum finish_reason why, const char *error);
 int sched_gen_over(struct gen *g);
 void sched_release_slot(struct sched *s, struct slot *m, double keep_alive);
 void sched_gen_free(struct sched *s, struct gen *g);
+
+/* sched_embed.c */
+void sched_embed_prep(struct gen *g);
+int sched_embed_start(struct gen *g, enum proto_err *pe, char *err);
+int sched_embed_pick(struct gen *g, struct seq **out, struct gen **gens, int n, int max, int32_t *need);
+int sched_embed_ready(const struct gen *g);
+int sched_embed_over(struct gen *g);
+void sched_embed_end(struct gen *g, enum finish_reason why, const char *error);
+struct sched_event *sched_embed_event(struct gen *g);
+void sched_embed_free(struct gen *g);
 
 /* sched_resident.c */
 void sched_free_resident(struct slot *m, struct resident *r);

@@ -125,6 +125,11 @@ pack_tensor_types(msgpack_packer *pk, const struct model_desc *md)
 	free(uses);
 }
 
+/* An embedding model's pooling as model.show names it ("": not an embedding model). */
+static const char *const pool_names[] = {
+	[POOL_NONE] = "", [POOL_MEAN] = "mean", [POOL_CLS] = "cls", [POOL_LAST] = "last",
+};
+
 /* model.show's `model`: the model map and what its description says. */
 static void
 fill_shown(struct sched *s, const struct sched_job *job, msgpack_packer *pk, const void *arg)
@@ -136,7 +141,7 @@ fill_shown(struct sched *s, const struct sched_job *job, msgpack_packer *pk, con
 
 	engine_mem_need(sh->e, &need, &want);
 	proto_pack_str(pk, "model");
-	pack_model(s, pk, sh->m, md, 17);
+	pack_model(s, pk, sh->m, md, 20);
 	proto_pack_kv_uint(pk, "parameters", model_n_params(md));
 	proto_pack_kv_str(pk, "quantization", model_quantization(md));
 	pack_tensor_types(pk, md);
@@ -154,6 +159,9 @@ fill_shown(struct sched *s, const struct sched_job *job, msgpack_packer *pk, con
 	proto_pack_kv_uint(pk, "sliding_window", (uint64_t)hp->sliding_window);
 	proto_pack_kv_uint(pk, "memory_bytes", sh->m->e ? engine_mem_bytes(sh->m->e) : 0);
 	proto_pack_kv_uint(pk, "need_bytes", need);
+	proto_pack_kv_str(pk, "pooling", pool_names[md->embed.pool]);
+	proto_pack_kv_uint(pk, "dimensions", md->embed.pool != POOL_NONE ? (uint64_t)md->embed.n_out : 0);
+	proto_pack_kv_bool(pk, "bidirectional", md->embed.bidirectional);
 }
 
 /*

@@ -31,6 +31,8 @@ seq_ready(const struct seq *q)
 int
 sched_gen_ready(const struct gen *g)
 {
+	if (g->emb != NULL)
+		return sched_embed_ready(g);
 	for (int i = 0; i < g->n_seqs; i++)
 		if (seq_ready(g->seqs[i]))
 			return 1;
@@ -40,7 +42,8 @@ sched_gen_ready(const struct gen *g)
 /*
  * The sequences of one model for the next step: decoding ones first, then
  * prefilling ones, interactive before background, in arrival order (a
- * request's choices together).
+ * request's choices together; an embed's inputs, started as the step has
+ * room for them).
  */
 static int
 pick(struct sched *s, struct slot *m, struct seq **out, struct gen **gens, int max)
@@ -55,6 +58,10 @@ pick(struct sched *s, struct slot *m, struct seq **out, struct gen **gens, int m
 			for (g = s->gens; g != NULL; g = g->next) {
 				if (g->state != GEN_RUNNING || g->slot != m || (int)g->job->req.priority != prio)
 					continue;
+				if (g->emb != NULL) {
+					n = pass == 1 ? sched_embed_pick(g, out, gens, n, max, &need) : n;
+					continue;
+				}
 				for (i = 0; i < g->n_seqs && n < max; i++) {
 					q = g->seqs[i];
 					if (!seq_ready(q) || (q->state == SEQ_DECODE) != (pass == 0))
@@ -141,8 +148,9 @@ model_fault(struct sched *s, struct slot *m, const char *what)
 
 /*
  * After a step of m: its requests whose prompt is now in the KV cache fork
- * their other choices (a fork that fails fails the request), and those that
- * have ended send their done and are freed.
+ * their other choices (a fork that fails fails the request), embeds take
+ * their inputs' vectors, and those that have ended send their done (an
+ * embed its result) and are freed.
  */
 static struct sched_event **
 step_ends(struct sched *s, struct slot *m, struct sched_event **tail)
@@ -154,12 +162,17 @@ step_ends(struct sched *s, struct slot *m, struct sched_event **tail)
 		next = g->next;
 		if (g->state != GEN_RUNNING || g->slot != m)
 			continue;
-		if (sched_fork_choices(s, g, err) != 0) {
-			snprintf(g->seqs[0]->error, sizeof g->seqs[0]->error, "%s", err);
-			engine_seq_finish(g->seqs[0], FINISH_ERROR);
+		if (g->emb != NULL) {
+			if (!sched_embed_over(g))
+				continue;
+		} else {
+			if (sched_fork_choices(s, g, err) != 0) {
+				snprintf(g->seqs[0]->error, sizeof g->seqs[0]->error, "%s", err);
+				engine_seq_finish(g->seqs[0], FINISH_ERROR);
+			}
+			if (!sched_gen_over(g))
+				continue;
 		}
-		if (!sched_gen_over(g))
-			continue;
 		tail = sched_chain(tail, sched_done_event(g));
 		sched_gen_free(s, g);
 	}

@@ -466,7 +466,8 @@ op_hello(struct conn *c, struct proto_req *r)
 	proto_pack_kv_uint(&pk, "max_frame", c->srv->o.max_frame);
 	proto_pack_kv_uint(&pk, "uid", c->uid);
 	proto_pack_str(&pk, "capabilities");
-	msgpack_pack_array(&pk, 0);
+	msgpack_pack_array(&pk, 1);
+	proto_pack_str(&pk, "embed");
 	proto_reply_end(&sb);
 	conn_send(c, &sb);
 	msgpack_sbuffer_destroy(&sb);

@@ -21,6 +21,11 @@ fwd_batch_check(const struct fwd_batch *batch, int32_t max_tokens, int64_t kv_bl
 		if (q->n_new < 1 || q->pos0 < 0 || q->logits < 0 || q->logits > q->n_new ||
 		    (q->logits != 0 && q->logits != 1 && q->logits != q->n_new))
 			return err_set(err, ERR_INVAL, "sequence %d: bad token or logit counts", s);
+		if (q->embd < 0 || q->embd > q->n_new || (q->embd != 0 && q->embd != 1 && q->embd != q->n_new) ||
+		    (q->embd != 0 && (q->logits != 0 || batch->embd == NULL)))
+			return err_set(err, ERR_INVAL, "sequence %d: bad hidden-state rows", s);
+		if (q->bidir && q->pos0 != 0)
+			return err_set(err, ERR_INVAL, "sequence %d: bidirectional attention over part of it", s);
 		if ((int64_t)q->n_blocks * KV_BLOCK_TOKENS < len)
 			return err_set(err, ERR_INVAL, "sequence %d: %d blocks cannot hold %lld positions",
 			    s, q->n_blocks, (long long)len);

@@ -38,6 +38,19 @@ struct fwd_seq {
 	const int32_t *block_table;  /* blocks covering positions 0 .. pos0 + n_new - 1 */
 	int32_t n_blocks;
 	int32_t logits;              /* rows of logits wanted: 0, 1 (the last token) or n_new */
+	/*
+	 * An embedding model's sequence: rows of final hidden states (after
+	 * the output norm) wanted instead of logits (logits is then 0): 0, 1
+	 * (the last token) or n_new, into fwd_batch.embd.
+	 */
+	int32_t embd;
+	/*
+	 * 1: its tokens attend to every position of the sequence, after them
+	 * too (a sliding-window layer to those at most half its window,
+	 * rounded down, away either side): bidirectional attention, for an
+	 * embedding model whose whole sequence is in this step (pos0 0).
+	 */
+	int32_t bidir;
 };
 
 /*
@@ -109,6 +122,8 @@ struct fwd_batch {
 	 */
 	int (*masks)(void *arg, struct fwd_masks *out, char *err);
 	void *masks_arg;
+	/* With sequences that want hidden states (fwd_seq.embd): their rows, n_embd floats each, in order. */
+	float *embd;
 };
 
 /*
@@ -120,10 +135,12 @@ int fwd_masks_get(const struct fwd_batch *batch, int32_t n_logits, struct fwd_ma
 void fwd_masks_apply(const struct fwd_masks *m, float *logits, int32_t n_vocab);
 
 /*
- * Checks a step against a backend's limits before any work: token and logit
- * counts, block tables inside the pool and long enough for their sequence,
- * token ids inside the vocabulary. *max_len gets the longest sequence,
- * *n_table the block-table entries the step covers. 0 or ERR_INVAL/ERR_RANGE.
+ * Checks a step against a backend's limits before any work: token, logit
+ * and hidden-state row counts (embd rows only with fwd_batch.embd, a
+ * bidirectional sequence whole), block tables inside the pool and long
+ * enough for their sequence, token ids inside the vocabulary. *max_len
+ * gets the longest sequence, *n_table the block-table entries the step
+ * covers. 0 or ERR_INVAL/ERR_RANGE.
  */
 int fwd_batch_check(const struct fwd_batch *batch, int32_t max_tokens, int64_t kv_blocks, int32_t n_vocab,
     int64_t *max_len, int64_t *n_table, char *err);

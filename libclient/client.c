@@ -929,6 +929,65 @@ rs_tokenize(rs_client *c, const char *model, const char *text, int flags, uint32
 }
 
 rs_status
+rs_embed(rs_client *c, const char *model, const char *const *texts, size_t n, unsigned dimensions,
+    float **vectors, size_t *dims, rs_value **out)
+{
+	rs_params *p = params_strs("model", model, NULL);
+	const rs_value *all, *one;
+	rs_value *v;
+	rs_status st;
+	size_t i, j, d;
+
+	*vectors = NULL;
+	*dims = 0;
+	if (out != NULL)
+		*out = NULL;
+	if (c == NULL || n == 0 || texts == NULL) {
+		rs_params_free(p);
+		return c == NULL ? RS_ERR_INVAL : fail(c, RS_ERR_INVAL, "embed: no texts given");
+	}
+	for (i = 0; p != NULL && i < n; i++)
+		if (texts[i] == NULL || rs_params_add_str(p, "input", texts[i]) != RS_OK) {
+			rs_params_free(p);
+			return texts[i] == NULL ? fail(c, RS_ERR_INVAL, "embed: text %zu is NULL", i) :
+			    fail(c, RS_ERR_NOMEM, "out of memory");
+		}
+	if (p != NULL && dimensions > 0 && rs_params_set_uint(p, "dimensions", dimensions) != RS_OK) {
+		rs_params_free(p);
+		p = NULL;
+	}
+	if ((st = call_owned(c, "embed", p, NULL, NULL, &v)) != RS_OK)
+		return st;
+	all = rs_get(v, "embeddings");
+	d = (size_t)rs_uint(rs_get(v, "dimensions"));
+	if (rs_len(all) != n) {
+		rs_value_free(v);
+		return fail(c, RS_ERR_PROTOCOL, "embed: %zu vectors for %zu texts", rs_len(all), n);
+	}
+	if ((*vectors = malloc((n * d > 0 ? n * d : 1) * sizeof **vectors)) == NULL) {
+		rs_value_free(v);
+		return fail(c, RS_ERR_NOMEM, "out of memory");
+	}
+	for (i = 0; i < n; i++) {
+		one = rs_at(all, i);
+		if (rs_len(one) != d) {
+			free(*vectors);
+			*vectors = NULL;
+			rs_value_free(v);
+			return fail(c, RS_ERR_PROTOCOL, "embed: vector %zu has %zu floats, not %zu", i, rs_len(one), d);
+		}
+		for (j = 0; j < d; j++)
+			(*vectors)[i * d + j] = (float)rs_float(rs_at(one, j));
+	}
+	*dims = d;
+	if (out != NULL)
+		*out = v;
+	else
+		rs_value_free(v);
+	return RS_OK;
+}
+
+rs_status
 rs_detokenize(rs_client *c, const char *model, const uint32_t *tokens, size_t n_tokens, int flags,
     char **text)
 {

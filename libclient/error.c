@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-/* The daemon's codes, in the order of rs_status 1..RS_ERR_FRAME_TIMEOUT. */
+/* The daemon's codes, in the order of rs_status 1..RS_ERR_CANCELLED. */
 static const char *const codes[] = {
 	[RS_ERR_BAD_FRAME] = "bad_frame",
 	[RS_ERR_FRAME_TOO_LARGE] = "frame_too_large",
@@ -26,6 +26,7 @@ static const char *const codes[] = {
 	[RS_ERR_STORAGE_FULL] = "storage_full",
 	[RS_ERR_SESSION_BUSY] = "session_busy",
 	[RS_ERR_FRAME_TIMEOUT] = "frame_timeout",
+	[RS_ERR_CANCELLED] = "cancelled",
 };
 
 #define N_CODES (sizeof codes / sizeof codes[0])
@@ -71,6 +72,7 @@ rs_strerror(rs_status st)
 	case RS_ERR_STORAGE_FULL: return "the daemon's database could not be written: no space left";
 	case RS_ERR_SESSION_BUSY: return "the session has another turn generating";
 	case RS_ERR_FRAME_TIMEOUT: return "a request stopped arriving midway and the daemon gave it up";
+	case RS_ERR_CANCELLED: return "the request was cancelled";
 	case RS_ERR_OTHER: return "an error this library does not know";
 	case RS_ERR_CONNECT: return "cannot connect to residentd";
 	case RS_ERR_IO: return "the connection to residentd failed";

@@ -311,6 +311,12 @@ rs_params_add_stop(rs_params *p, const char *stop)
 }
 
 rs_status
+rs_params_add_str(rs_params *p, const char *key, const char *value)
+{
+	return append_str(p, key, value);
+}
+
+rs_status
 params_set_uints(rs_params *p, const char *key, const uint32_t *v, size_t n)
 {
 	struct field *f;

@@ -66,6 +66,7 @@ typedef enum rs_status {
 	RS_ERR_STORAGE_FULL,          /* storage_full */
 	RS_ERR_SESSION_BUSY,          /* session_busy */
 	RS_ERR_FRAME_TIMEOUT,         /* frame_timeout */
+	RS_ERR_CANCELLED,             /* cancelled (an embed) */
 	RS_ERR_OTHER = 99,            /* a code this library does not know (a newer daemon) */
 	RS_ERR_CONNECT = 100,         /* cannot connect: residentd is not running, or no permission */
 	RS_ERR_IO,                    /* the connection failed or was closed */
@@ -153,6 +154,8 @@ rs_status rs_params_add_map(rs_params *p, const char *key, const rs_params *map)
 rs_status rs_params_add_call(rs_params *msg, const char *id, const char *name, const char *arguments);
 /* Appends a string to `stop`. */
 rs_status rs_params_add_stop(rs_params *p, const char *stop);
+/* Appends a string to the array of strings key (embed's `input`). */
+rs_status rs_params_add_str(rs_params *p, const char *key, const char *value);
 
 /* ---- reading values ---- */
 
@@ -293,6 +296,21 @@ rs_status rs_tokenize(rs_client *c, const char *model, const char *text, int fla
 /* detokenize: *text gets a malloc'd NUL-terminated string, which the caller frees with free(). */
 rs_status rs_detokenize(rs_client *c, const char *model, const uint32_t *tokens, size_t n_tokens,
     int flags, char **text);
+
+/*
+ * embed: the vectors of n texts (1..2048) by an embedding model (NULL: the
+ * default model), each cut to dimensions floats (0: the model's) and
+ * normalised as the model is (PROTOCOL.md, `embed`). *vectors gets a
+ * malloc'd array of n x *dims floats, text i's from i * *dims on, which
+ * the caller frees with free(); out (may be NULL) gets the whole result:
+ * `model`, `tokens` (each text's), `usage` (`prompt_tokens`, ...).
+ * RS_ERR_INVALID_PARAM for a model that is not an embedding model or
+ * dimensions larger than its vectors, RS_ERR_CONTEXT_EXCEEDED for a text
+ * longer than its context. For more fields (`truncate`, token id inputs)
+ * use rs_call with "embed".
+ */
+rs_status rs_embed(rs_client *c, const char *model, const char *const *texts, size_t n, unsigned dimensions,
+    float **vectors, size_t *dims, rs_value **out);
 
 /* status: out gets version, uptime_s, models, clients, steps, active, queued. */
 rs_status rs_server_status(rs_client *c, rs_value **out);

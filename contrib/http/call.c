@@ -83,6 +83,7 @@ struct call {
 	const char *const *ops;
 	size_t op;
 	json_t *results[CALL_MAX_OPS];
+	rs_params *params;            /* the ops' fields (call_ops_with), or NULL */
 	call_reply_fn reply;
 	void *reply_arg;
 	/* completions (of call_ops: the model, if any) */
@@ -122,6 +123,7 @@ call_free(struct call *c)
 	}
 	for (i = 0; i < CALL_MAX_OPS; i++)
 		json_decref(c->results[i]);
+	rs_params_free(c->params);
 	free(c);
 }
 
@@ -481,28 +483,38 @@ ops_result_cb(uint64_t id, const rs_value *result, void *arg)
 static void
 ops_next(struct call *c)
 {
-	rs_params *p = NULL;
-
 	if (c->op == CALL_MAX_OPS || c->ops[c->op] == NULL) {
 		ops_reply(c);
 		return;
 	}
 	c->state = CALL_OPS;
-	if ((c->r.model != NULL && ((p = rs_params_new()) == NULL ||
-	    rs_params_set_str(p, "model", c->r.model) != RS_OK)) ||
-	    rs_call_start(c->rc, c->ops[c->op], p, ops_result_cb, call_error_cb, c) == 0)
+	if (c->r.model != NULL && ((c->params == NULL && (c->params = rs_params_new()) == NULL) ||
+	    rs_params_set_str(c->params, "model", c->r.model) != RS_OK)) {
+		call_error_cb(0, RS_ERR_NOMEM, "out of memory", c);
+		return;
+	}
+	if (rs_call_start(c->rc, c->ops[c->op], c->params, ops_result_cb, call_error_cb, c) == 0)
 		call_start_failed(c);
-	rs_params_free(p);
 }
 
 void
 call_ops(struct oa *oa, struct evhttp_request *req, const char *path, enum api_dialect d, const char *model,
     const char *const *ops, call_reply_fn reply, void *arg)
 {
+	call_ops_with(oa, req, path, d, model, ops, NULL, reply, arg);
+}
+
+void
+call_ops_with(struct oa *oa, struct evhttp_request *req, const char *path, enum api_dialect d, const char *model,
+    const char *const *ops, rs_params *params, call_reply_fn reply, void *arg)
+{
 	struct call *c = call_open(oa, req, path);
 
-	if (c == NULL)
+	if (c == NULL) {
+		rs_params_free(params);
 		return;
+	}
+	c->params = params;
 	c->ops = ops;
 	c->reply = reply;
 	c->reply_arg = arg;

@@ -320,8 +320,9 @@ http_route_none(struct evhttp_request *req, const char *path, const char *allow)
 	} else {
 		api_error_set(&e, 404, "invalid_request_error", NULL, "unknown_url",
 		    "unknown request URL %s: resident-http serves OpenAI's GET /v1/models, "
-		    "POST /v1/chat/completions and POST /v1/completions, and Ollama's GET /api/version, "
-		    "/api/tags and /api/ps, POST /api/show, /api/chat and /api/generate", path);
+		    "POST /v1/chat/completions, /v1/completions and /v1/embeddings, and Ollama's GET /api/version, "
+		    "/api/tags and /api/ps, POST /api/show, /api/chat, /api/generate, /api/embed and /api/embeddings",
+		    path);
 	}
 	http_send_error(req, &e);
 }
@@ -342,6 +343,8 @@ http_request_cb(struct evhttp_request *req, void *arg)
 		    "a valid API key is needed: send \"Authorization: Bearer KEY\" with the key of "
 		    "resident-http's --api-key-file");
 		http_send_error(req, &e);
+	} else if (embed_route(oa, req, path)) {
+		/* answered there */
 	} else if (strcmp(path, "/v1/chat/completions") == 0) {
 		if (post)
 			route_completion(oa, req, API_CHAT);

@@ -14,6 +14,7 @@
  *   ollama.c      Ollama's routes: the replies of its model routes
  *   ollama_api.c  Ollama's JSON <-> resident's: its requests parsed into an
  *                 api_req, its model names, replies and errors; no I/O
+ *   embed.c       the embeddings routes, OpenAI's and Ollama's: their JSON <-> embed
  */
 #ifndef RESIDENT_OPENAI_H
 #define RESIDENT_OPENAI_H
@@ -425,9 +426,21 @@ typedef void (*call_reply_fn)(struct evhttp_request *req, const char *model, jso
 #define CALL_MAX_OPS 4
 void call_ops(struct oa *oa, struct evhttp_request *req, const char *path, enum api_dialect d,
     const char *model, const char *const *ops, call_reply_fn reply, void *arg);
+/* call_ops with more fields for its ops: params (taken) go with each op, the model's name set in them. */
+void call_ops_with(struct oa *oa, struct evhttp_request *req, const char *path, enum api_dialect d,
+    const char *model, const char *const *ops, rs_params *params, call_reply_fn reply, void *arg);
 /* A checked completion request; takes r. */
 void call_generate(struct oa *oa, struct evhttp_request *req, struct api_req *r);
 /* Ends every call (at exit): daemon connections closed, requests left to evhttp_free. */
 void call_free_all(struct oa *oa);
+
+/* ---- embed.c ---- */
+
+/*
+ * Routes the embeddings requests: POST /v1/embeddings (OpenAI's),
+ * /api/embed and /api/embeddings (Ollama's). Returns 1 if path is one of
+ * them (the request is then answered), else 0.
+ */
+int embed_route(struct oa *oa, struct evhttp_request *req, const char *path);
 
 #endif

@@ -231,7 +231,7 @@ forward_all(const struct model_desc *m, const struct engine_opts *eo, const int3
 	for (done = 0; done < n && rc == 0; done += b.n_tokens) {
 		b.n_tokens = MIN(chunk, n - done);
 		b.tokens = tok + done;
-		fs = (struct fwd_seq){ b.n_tokens, done, table, (int32_t)bo.kv_blocks, b.n_tokens };
+		fs = (struct fwd_seq){ b.n_tokens, done, table, (int32_t)bo.kv_blocks, b.n_tokens, 0, 0 };
 		rc = ops->forward(be, &b, logits + (size_t)done * (size_t)m->hp.n_vocab, err);
 	}
 	free(table);

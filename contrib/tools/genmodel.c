@@ -38,35 +38,58 @@ struct gen_shape {
 	int tied;
 	int32_t n_expert, n_expert_used, n_ff_exp; /* no experts: a dense feed-forward */
 	float yarn_factor;   /* YaRN over an original context of n_ctx / yarn_factor */
+	/* an embedding model: its pooling (sentence-transformers' modules, GGUF pooling_type), whether its
+	 * attention is bidirectional, and its two Dense modules' width (n_embd -> dense_ff -> n_embd; 0: none) */
+	enum pool_kind pool;
+	int bidir;
+	int32_t dense_ff;
 };
 
 static const struct gen_shape shapes[] = {
-	{ "tiny", ARCH_LLAMA, "llama3", 1024, 256, 2, 4, 2, 64, 512, 2048, 500000, 1e-5f, 0, 0, 0, 0, 0, 0 },
-	{ "tiny-qwen2", ARCH_QWEN2, "qwen2", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 1, 0, 0, 0, 0 },
-	{ "tiny-qwen3", ARCH_QWEN3, "qwen2", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 1, 0, 0, 0, 0 },
-	{ "tiny-gemma3", ARCH_GEMMA3, "gemma", 1024, 256, 6, 4, 1, 64, 512, 2048, 1e6f, 1e-6f, 16, 1, 0, 0, 0, 0 },
+	{ "tiny", ARCH_LLAMA, "llama3", 1024, 256, 2, 4, 2, 64, 512, 2048, 500000, 1e-5f, 0, 0, 0, 0, 0, 0,
+	    POOL_NONE, 0, 0 },
+	{ "tiny-qwen2", ARCH_QWEN2, "qwen2", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 1, 0, 0, 0, 0,
+	    POOL_NONE, 0, 0 },
+	{ "tiny-qwen3", ARCH_QWEN3, "qwen2", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 1, 0, 0, 0, 0,
+	    POOL_NONE, 0, 0 },
+	{ "tiny-gemma3", ARCH_GEMMA3, "gemma", 1024, 256, 6, 4, 1, 64, 512, 2048, 1e6f, 1e-6f, 16, 1, 0, 0, 0, 0,
+	    POOL_NONE, 0, 0 },
 	/*
 	 * Every layer slides (Gemma 3 makes one in 6 global), so that a prompt costs the same per
 	 * token at any length; the large vocabulary makes a generated token (its logits) cost
 	 * several times a prompt token, as in real models.
 	 */
-	{ "tiny-swa", ARCH_GEMMA3, "gemma", 65536, 256, 2, 4, 1, 64, 256, 65536, 1e6f, 1e-6f, 64, 1, 0, 0, 0, 0 },
-	{ "llama3-1b", ARCH_LLAMA, "llama3", 128256, 2048, 16, 32, 8, 64, 8192, 131072, 500000, 1e-5f, 0, 1, 0, 0, 0, 0 },
-	{ "llama3-8b", ARCH_LLAMA, "llama3", 128256, 4096, 32, 32, 8, 128, 14336, 131072, 500000, 1e-5f, 0, 0, 0, 0, 0, 0 },
-	{ "qwen2-0.5b", ARCH_QWEN2, "qwen2", 151936, 896, 24, 14, 2, 64, 4864, 32768, 1e6f, 1e-6f, 0, 1, 0, 0, 0, 0 },
-	{ "qwen3-0.6b", ARCH_QWEN3, "qwen2", 151936, 1024, 28, 16, 8, 128, 3072, 40960, 1e6f, 1e-6f, 0, 1, 0, 0, 0, 0 },
-	{ "gemma3-270m", ARCH_GEMMA3, "gemma", 262144, 640, 18, 4, 1, 256, 2048, 32768, 1e6f, 1e-6f, 512, 1, 0, 0, 0, 0 },
+	{ "tiny-swa", ARCH_GEMMA3, "gemma", 65536, 256, 2, 4, 1, 64, 256, 65536, 1e6f, 1e-6f, 64, 1, 0, 0, 0, 0,
+	    POOL_NONE, 0, 0 },
+	{ "llama3-1b", ARCH_LLAMA, "llama3", 128256, 2048, 16, 32, 8, 64, 8192, 131072, 500000, 1e-5f, 0, 1, 0, 0, 0, 0,
+	    POOL_NONE, 0, 0 },
+	{ "llama3-8b", ARCH_LLAMA, "llama3", 128256, 4096, 32, 32, 8, 128, 14336, 131072, 500000, 1e-5f, 0, 0, 0, 0, 0, 0,
+	    POOL_NONE, 0, 0 },
+	{ "qwen2-0.5b", ARCH_QWEN2, "qwen2", 151936, 896, 24, 14, 2, 64, 4864, 32768, 1e6f, 1e-6f, 0, 1, 0, 0, 0, 0,
+	    POOL_NONE, 0, 0 },
+	{ "qwen3-0.6b", ARCH_QWEN3, "qwen2", 151936, 1024, 28, 16, 8, 128, 3072, 40960, 1e6f, 1e-6f, 0, 1, 0, 0, 0, 0,
+	    POOL_NONE, 0, 0 },
+	{ "gemma3-270m", ARCH_GEMMA3, "gemma", 262144, 640, 18, 4, 1, 256, 2048, 32768, 1e6f, 1e-6f, 512, 1, 0, 0, 0, 0,
+	    POOL_NONE, 0, 0 },
 	/* mixtures of experts: small ones for tests, and the shapes of the models people run */
-	{ "tiny-qwen3moe", ARCH_QWEN3MOE, "qwen3", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 0, 8, 2, 128, 0 },
-	{ "tiny-mixtral", ARCH_LLAMA, "llama", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-5f, 0, 0, 4, 2, 512, 0 },
+	{ "tiny-qwen3moe", ARCH_QWEN3MOE, "qwen3", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 0, 8, 2, 128, 0,
+	    POOL_NONE, 0, 0 },
+	{ "tiny-mixtral", ARCH_LLAMA, "llama", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-5f, 0, 0, 4, 2, 512, 0,
+	    POOL_NONE, 0, 0 },
 	{ "tiny-gptoss", ARCH_GPTOSS, "harmony", 1024, 256, 2, 4, 2, 64, 256, 131072, 150000, 1e-5f, 16, 0, 8, 2,
-	    256, 32 },
+	    256, 32, POOL_NONE, 0, 0 },
 	{ "qwen3-30b-a3b", ARCH_QWEN3MOE, "qwen3", 151936, 2048, 48, 32, 4, 128, 6144, 40960, 1e6f, 1e-6f, 0, 0, 128,
-	    8, 768, 0 },
+	    8, 768, 0, POOL_NONE, 0, 0 },
 	{ "gpt-oss-20b", ARCH_GPTOSS, "harmony", 201088, 2880, 24, 64, 8, 64, 2880, 131072, 150000, 1e-5f, 128, 0, 32,
-	    4, 2880, 32 },
+	    4, 2880, 32, POOL_NONE, 0, 0 },
 	{ "mixtral-8x1b", ARCH_LLAMA, "llama", 32000, 2048, 16, 32, 8, 64, 4096, 32768, 1e6f, 1e-5f, 0, 0, 8, 2, 4096,
-	    0 },
+	    0, POOL_NONE, 0, 0 },
+	/* embedding models: Qwen3-Embedding's last-token pooling, EmbeddingGemma's bidirectional attention,
+	 * mean pooling and Dense modules (a window shorter than a test's inputs) */
+	{ "tiny-qwen3-embed", ARCH_QWEN3, "qwen2", 1024, 256, 2, 4, 2, 64, 512, 2048, 1e6f, 1e-6f, 0, 1, 0, 0, 0, 0,
+	    POOL_LAST, 0, 0 },
+	{ "tiny-gemma3-embed", ARCH_GEMMA3, "gemma", 1024, 256, 6, 4, 1, 64, 512, 1024, 1e6f, 1e-6f, 16, 1, 0, 0, 0, 0,
+	    POOL_MEAN, 1, 1024 },
 };
 
 /* What a tensor holds decides how its values are drawn, and routers stay float as llama.cpp keeps them. */
@@ -102,6 +125,8 @@ genmodel_list_shapes(void)
 		    s->n_head_kv, s->n_expert ? s->n_ff_exp : s->n_ff);
 		if (s->n_expert)
 			printf("  experts %d of %d", s->n_expert_used, s->n_expert);
+		if (s->pool != POOL_NONE)
+			printf("  embedding%s%s", s->bidir ? ", bidirectional" : "", s->dense_ff ? ", dense" : "");
 		printf("\n");
 	}
 }
@@ -349,6 +374,11 @@ build_tensors(struct gen_tensor *ts, const struct gen_shape *s, enum gen_type g,
 	add_tensor(ts, &n, "output_norm.weight", K_NORM, s->n_embd, 1, -1);
 	if (!s->tied)
 		add_tensor(ts, &n, "output.weight", K_LINEAR, s->n_embd, s->n_vocab, -1);
+	/* llama.cpp's names of EmbeddingGemma's 2_Dense and 3_Dense */
+	if (s->dense_ff > 0) {
+		add_tensor(ts, &n, "dense_2.weight", K_LINEAR, s->n_embd, s->dense_ff, -1);
+		add_tensor(ts, &n, "dense_3.weight", K_LINEAR, s->dense_ff, s->n_embd, -1);
+	}
 	for (i = 0; i < n; i++)
 		ts[i].type = plan_type(&ts[i], s, g);
 	return n;
@@ -419,13 +449,20 @@ gen_tensor_data(const struct gen_tensor *t, const struct gen_shape *s, uint64_t 
 
 /* ---- GGUF ---- */
 
+/* The GGUF architecture: llama.cpp's gemma-embedding for a bidirectional Gemma 3. */
+static const char *
+gguf_arch(const struct gen_shape *s)
+{
+	return s->bidir ? "gemma-embedding" : model_arch_name(s->arch);
+}
+
 /* Writes "<arch>.<key>". */
 static void
 w_hp_u32(struct gguf_writer *w, const struct gen_shape *s, const char *key, uint32_t v)
 {
 	char full[128];
 
-	snprintf(full, sizeof full, "%s.%s", model_arch_name(s->arch), key);
+	snprintf(full, sizeof full, "%s.%s", gguf_arch(s), key);
 	gguf_w_u32(w, full, v);
 }
 
@@ -434,7 +471,7 @@ w_hp_f32(struct gguf_writer *w, const struct gen_shape *s, const char *key, floa
 {
 	char full[128];
 
-	snprintf(full, sizeof full, "%s.%s", model_arch_name(s->arch), key);
+	snprintf(full, sizeof full, "%s.%s", gguf_arch(s), key);
 	gguf_w_f32(w, full, v);
 }
 
@@ -445,7 +482,7 @@ gguf_metadata(struct gguf_writer *w, const struct gen_shape *s, uint32_t file_ty
 	char name[96];
 
 	snprintf(name, sizeof name, "resident random %s", s->name);
-	gguf_w_str(w, "general.architecture", model_arch_name(s->arch));
+	gguf_w_str(w, "general.architecture", gguf_arch(s));
 	gguf_w_str(w, "general.name", name);
 	gguf_w_u32(w, "general.file_type", file_type);
 	gguf_w_u32(w, "general.quantization_version", 2);
@@ -462,6 +499,14 @@ gguf_metadata(struct gguf_writer *w, const struct gen_shape *s, uint32_t file_ty
 	w_hp_u32(w, s, "rope.dimension_count", (uint32_t)s->head_dim);
 	if (s->sliding_window > 0)
 		w_hp_u32(w, s, "attention.sliding_window", (uint32_t)s->sliding_window);
+	if (s->pool != POOL_NONE)
+		w_hp_u32(w, s, "pooling_type", (uint32_t)s->pool);
+	if (s->dense_ff > 0) {
+		w_hp_u32(w, s, "dense_2_feat_in", (uint32_t)s->n_embd);
+		w_hp_u32(w, s, "dense_2_feat_out", (uint32_t)s->dense_ff);
+		w_hp_u32(w, s, "dense_3_feat_in", (uint32_t)s->dense_ff);
+		w_hp_u32(w, s, "dense_3_feat_out", (uint32_t)s->n_embd);
+	}
 	if (s->n_expert > 0) {
 		w_hp_u32(w, s, "expert_count", (uint32_t)s->n_expert);
 		w_hp_u32(w, s, "expert_used_count", (uint32_t)s->n_expert_used);
@@ -582,6 +627,8 @@ write_config(const char *dir, const struct gen_shape *s, const char *dtype, char
 	if (s->arch == ARCH_LLAMA)
 		json_object_set_new(c, "attention_bias", json_false());
 	config_moe(c, s);
+	if (s->bidir)
+		json_object_set_new(c, "use_bidirectional_attention", json_true());
 	if (s->arch == ARCH_GEMMA3) {
 		json_object_set_new(c, "sliding_window", json_integer(s->sliding_window));
 		json_object_set_new(c, "sliding_window_pattern", json_integer(6));
@@ -684,6 +731,81 @@ st_gptoss_experts(struct st_writer *w, const struct gen_shape *s, int l, uint8_t
 	return rc;
 }
 
+/* Writes JSON into dir/sub/name (sub made); takes the reference. */
+static int
+write_json(const char *dir, const char *sub, const char *name, json_t *j, char *err)
+{
+	char path[4096];
+	int rc = 0;
+
+	snprintf(path, sizeof path, "%s/%s", dir, sub);
+	if (sub[0] != '\0' && mkdir(path, 0755) != 0 && errno != EEXIST)
+		rc = err_set(err, ERR_IO, "%s: %s", path, strerror(errno));
+	snprintf(path, sizeof path, "%s/%s%s%s", dir, sub, sub[0] ? "/" : "", name);
+	if (rc == 0 && json_dump_file(j, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
+		rc = err_set(err, ERR_IO, "%s: cannot write", path);
+	json_decref(j);
+	return rc;
+}
+
+/* One module of modules.json. */
+static json_t *
+st_module(int idx, const char *path, const char *kind)
+{
+	char type[96];
+
+	snprintf(type, sizeof type, "sentence_transformers.models.%s", kind);
+	return json_pack("{si ss ss ss}", "idx", idx, "name", path[0] ? path : "0", "path", path, "type", type);
+}
+
+/* A Dense module's directory: config.json and model.safetensors with linear.weight (the GGUF tensor's rows). */
+static int
+st_dense(const char *dir, const char *sub, const struct gen_tensor *t, const void *data, size_t bytes, char *err)
+{
+	struct st_writer *w;
+	char path[4096];
+	int rc;
+
+	if ((rc = write_json(dir, sub, "config.json", json_pack("{sI sI sb ss}", "in_features", (json_int_t)t->ne[0],
+	    "out_features", (json_int_t)t->ne[1], "bias", 0, "activation_function", "torch.nn.modules.linear.Identity"),
+	    err)) != 0)
+		return rc;
+	w = st_writer_new();
+	snprintf(path, sizeof path, "%s/%s/model.safetensors", dir, sub);
+	if ((rc = st_w_tensor(w, "linear.weight", t->type, 2, t->ne, data, bytes, err)) == 0)
+		rc = st_writer_save(w, path, err);
+	st_writer_free(w);
+	return rc;
+}
+
+/*
+ * An embedding model's sentence-transformers modules: modules.json, the
+ * Pooling's config, Normalize's (empty) one (its Dense modules are written
+ * with the tensors, st_dense).
+ */
+static int
+write_st_modules(const char *dir, const struct gen_shape *s, char *err)
+{
+	json_t *mods = json_array();
+	int i = 0, rc;
+
+	json_array_append_new(mods, st_module(i++, "", "Transformer"));
+	json_array_append_new(mods, st_module(i++, "1_Pooling", "Pooling"));
+	if (s->dense_ff > 0) {
+		json_array_append_new(mods, st_module(i++, "2_Dense", "Dense"));
+		json_array_append_new(mods, st_module(i++, "3_Dense", "Dense"));
+	}
+	json_array_append_new(mods, st_module(i, s->dense_ff > 0 ? "4_Normalize" : "2_Normalize", "Normalize"));
+	if ((rc = write_json(dir, "", "modules.json", mods, err)) != 0 ||
+	    (rc = write_json(dir, s->dense_ff > 0 ? "4_Normalize" : "2_Normalize", "config.json", json_object(), err)) != 0)
+		return rc;
+	return write_json(dir, "1_Pooling", "config.json", json_pack("{si sb sb sb sb sb sb}",
+	    "word_embedding_dimension", s->n_embd, "pooling_mode_cls_token", s->pool == POOL_CLS,
+	    "pooling_mode_mean_tokens", s->pool == POOL_MEAN, "pooling_mode_max_tokens", 0,
+	    "pooling_mode_mean_sqrt_len_tokens", 0, "pooling_mode_weightedmean_tokens", 0,
+	    "pooling_mode_lasttoken", s->pool == POOL_LAST), err);
+}
+
 /* Writes a Hugging Face directory: config, tokenizer, model.safetensors. */
 static int
 write_safetensors(const struct genmodel_opts *o, const struct gen_shape *s, const struct genvocab *v,
@@ -699,7 +821,8 @@ write_safetensors(const struct genmodel_opts *o, const struct gen_shape *s, cons
 	if (mkdir(o->out, 0755) != 0 && errno != EEXIST)
 		return err_set(err, ERR_IO, "%s: %s", o->out, strerror(errno));
 	if ((rc = write_config(o->out, s, o->type, err)) != 0 ||
-	    (rc = genvocab_write_json(v, o->out, err)) != 0)
+	    (rc = genvocab_write_json(v, o->out, err)) != 0 ||
+	    (s->pool != POOL_NONE && (rc = write_st_modules(o->out, s, err)) != 0))
 		return rc;
 	w = st_writer_new();
 	for (i = 0; i < n && rc == 0; i++) {
@@ -724,6 +847,8 @@ write_safetensors(const struct genmodel_opts *o, const struct gen_shape *s, cons
 			snprintf(name, sizeof name, "model.layers.%d.mlp.experts.down_proj", t->layer);
 			rc = st_w_tensor(w, name, t->type, 3, (int64_t[]){ t->ne[1], t->ne[0], t->ne[2] }, tr, bytes, err);
 			free(tr);
+		} else if (strncmp(t->name, "dense_", 6) == 0) {
+			rc = st_dense(o->out, t->name[6] == '2' ? "2_Dense" : "3_Dense", t, data, bytes, err);
 		} else if (t->ne[2] > 1) {
 			rc = st_per_expert(w, s, t, data, bytes, err);
 		} else {

@@ -10,6 +10,7 @@
  */
 #include "config.h"
 #include "engine.h"
+#include "embed.h"
 #include "grammar.h"
 #include "kernels.h"
 #include "kv.h"
@@ -63,6 +64,9 @@ struct engine {
 	struct cons *cons;      /* the model's grammars */
 	uint32_t *masks;        /* max_seqs masks of FWD_MASK_WORDS(n_vocab) words: the step's constrained rows */
 	int32_t *mask_rows;     /* max_seqs: their logits rows */
+	/* an embedding model's */
+	float *embd;            /* max_step_tokens rows of n_embd: the step's hidden states */
+	float *embd_tmp;        /* n_embd, then embed_finish's scratch */
 	/* the prefix cache and its tiers */
 	/*
 	 * What its K/V depend on besides the tokens: the model file (path, size,
@@ -119,6 +123,9 @@ resolve_opts(struct engine *e, const struct engine_opts *o)
 
 	e->n_ctx = o->n_ctx > 0 ? o->n_ctx : MIN(e->m->hp.n_ctx_train, DEFAULT_CTX_CAP);
 	e->max_step_tokens = o->max_step_tokens > 0 ? o->max_step_tokens : 512;
+	/* a bidirectional input is computed in one step, however long */
+	if (e->m->embed.bidirectional)
+		e->max_step_tokens = MAX(e->max_step_tokens, e->n_ctx);
 	e->max_seqs = o->max_seqs > 0 ? o->max_seqs : 64;
 	kv_tokens = o->kv_tokens > 0 ? o->kv_tokens : 4 * e->n_ctx;
 	kv_tokens = MAX(kv_tokens, e->n_ctx);
@@ -331,6 +338,11 @@ engine_load(struct engine *e, uint64_t limit, char *err)
 	e->masks = xcalloc((size_t)e->max_seqs * FWD_MASK_WORDS(e->m->hp.n_vocab), sizeof *e->masks);
 	e->mask_rows = xcalloc((size_t)e->max_seqs, sizeof *e->mask_rows);
 	e->cons = cons_new(e->m->tok, e->bo.n_threads);
+	if (e->m->embed.pool != POOL_NONE) {
+		e->embd = xmalloc((size_t)e->max_step_tokens * (size_t)e->m->hp.n_embd * sizeof *e->embd);
+		e->embd_tmp = xmalloc(((size_t)e->m->hp.n_embd + embed_scratch(&e->m->embed, e->m->hp.n_embd)) *
+		    sizeof *e->embd_tmp);
+	}
 	return 0;
 }
 
@@ -409,7 +421,7 @@ engine_close(struct engine *e)
 	free(e->identity_text);
 	free(e->fseqs), free(e->fseq_of), free(e->tokens), free(e->logits), free(e->argmax), free(e->pick);
 	free(e->pen_tok), free(e->pen_cnt), free(e->logprob), free(e->masks), free(e->mask_rows);
-	free(e->top_ids), free(e->top_lp);
+	free(e->top_ids), free(e->top_lp), free(e->embd), free(e->embd_tmp);
 	pthread_mutex_destroy(&e->copy_mu);
 	free(e);
 }
@@ -693,6 +705,43 @@ engine_seq_new(struct engine *e, const int32_t *prompt, int32_t n, const struct 
 	return 0;
 }
 
+int
+engine_seq_embed(struct engine *e, const int32_t *tokens, int32_t n, int32_t dims, struct seq **out, char *err)
+{
+	struct seq *s;
+
+	if (e->m->embed.pool == POOL_NONE)
+		return err_set(err, ERR_UNSUPPORTED, "%s is not an embedding model", e->m->name);
+	if (n < 1)
+		return err_set(err, ERR_INVAL, "an empty input");
+	if (n > e->n_ctx)
+		return err_set(err, ERR_RANGE, "an input of %d tokens does not fit the context of %d tokens", n, e->n_ctx);
+	if (dims < 0 || dims > e->m->embed.n_out)
+		return err_set(err, ERR_INVAL, "dimensions %d: the model's vectors have %d", dims, e->m->embed.n_out);
+	for (int32_t i = 0; i < n; i++)
+		if (tokens[i] < 0 || tokens[i] >= e->m->hp.n_vocab)
+			return err_set(err, ERR_INVAL, "token id %d is outside the vocabulary", tokens[i]);
+	s = xcalloc(1, sizeof *s);
+	s->new_token = -1;
+	s->embed = 1;
+	s->dims = dims;
+	s->pool = xcalloc((size_t)e->m->hp.n_embd, sizeof *s->pool);
+	seq_push_tokens(s, tokens, n);
+	s->n_prompt = n;
+	s->turn_start = n;
+	s->state = SEQ_PREFILL;
+	s->key = s->root = kv_root(e->identity, 0);
+	count_lookup(e, s);
+	*out = s;
+	return 0;
+}
+
+int32_t
+engine_embed_dims(const struct engine *e, int32_t dims)
+{
+	return dims > 0 ? MIN(dims, e->m->embed.n_out) : e->m->embed.n_out;
+}
+
 /* Lets go of the blocks from the nth on. */
 static void
 seq_drop_blocks(struct engine *e, struct seq *s, int32_t from)
@@ -840,7 +889,7 @@ engine_seq_free(struct engine *e, struct seq *s)
 	if (s->n_blocks > s->n_parked)
 		kv_release(&e->kv, s->blocks + s->n_parked, s->n_blocks - s->n_parked);
 	seq_clear_params(e, s);
-	free(s->blocks), free(s->tokens);
+	free(s->blocks), free(s->tokens), free(s->pool), free(s->vec);
 	free(s);
 }
 
@@ -1065,10 +1114,13 @@ plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *n_fseqs, int3
     char *err)
 {
 	int32_t take = MIN(s->n_tokens - s->n_cached, budget);
+	enum pool_kind pool = s->embed ? e->m->embed.pool : POOL_NONE;
+	int bidir = s->embed && e->m->embed.bidirectional;
 	struct fwd_seq *f;
 	int r;
 
-	if (take <= 0)
+	/* a bidirectional input waits for a step with room for all of it */
+	if (take <= 0 || (bidir && take < s->n_tokens - s->n_cached))
 		return 0;
 	if ((r = seq_reserve(e, s, s->n_cached + take, err)) != 0) {
 		if (r == ERR_RANGE && e->n_io > 0) {
@@ -1086,7 +1138,11 @@ plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *n_fseqs, int3
 	f->pos0 = s->n_cached;
 	f->block_table = s->blocks;
 	f->n_blocks = s->n_blocks;
-	f->logits = s->n_cached + take == s->n_tokens;
+	f->logits = !s->embed && s->n_cached + take == s->n_tokens;
+	/* mean: every row; last: the input's last; CLS: its first, in the first chunk's rows */
+	f->embd = pool == POOL_MEAN || (pool == POOL_CLS && s->n_cached == 0) ? take :
+	    pool == POOL_LAST && s->n_cached + take == s->n_tokens;
+	f->bidir = bidir;
 	memcpy(e->tokens + n_tok, s->tokens + s->n_cached, (size_t)take * sizeof *e->tokens);
 	e->fseq_of[(*n_fseqs)++] = s;
 	return take;
@@ -1212,11 +1268,38 @@ step_constrained(const struct engine *e)
 	return 0;
 }
 
-/* Samples for every sequence whose last token was in the step (picked already when the backend did). */
+/*
+ * An embedding sequence's hidden-state rows of the step (from row on in
+ * e->embd) into its pool; once its last token is in, its vector.
+ */
+static void
+embed_rows(struct engine *e, struct seq *s, const struct fwd_seq *f, int32_t row)
+{
+	const struct model_embed *me = &e->m->embed;
+	int32_t d = e->m->hp.n_embd, r, i;
+	const float *h = e->embd + (size_t)row * (size_t)d;
+
+	for (r = 0; r < f->embd; r++, h += d)
+		if (me->pool == POOL_MEAN || r == 0)
+			for (i = 0; i < d; i++)
+				s->pool[i] = me->pool == POOL_MEAN ? s->pool[i] + h[i] : h[i];
+	if (s->n_cached < s->n_tokens)
+		return;
+	for (i = 0; i < d; i++)
+		e->embd_tmp[i] = (float)(me->pool == POOL_MEAN ? s->pool[i] / s->n_tokens : s->pool[i]);
+	s->vec = xmalloc((size_t)engine_embed_dims(e, s->dims) * sizeof *s->vec);
+	embed_finish(me, e->embd_tmp, d, s->dims, s->vec, e->embd_tmp + d);
+	engine_seq_finish(s, FINISH_STOP);
+}
+
+/*
+ * Samples for every sequence whose last token was in the step (picked
+ * already when the backend did); embedding sequences take their rows.
+ */
 static void
 sample_step(struct engine *e, int32_t n_fseqs, int picked)
 {
-	int32_t i, row = 0;
+	int32_t i, row = 0, erow = 0;
 	float lp, *logits;
 	int32_t tok;
 
@@ -1225,6 +1308,11 @@ sample_step(struct engine *e, int32_t n_fseqs, int picked)
 
 		s->n_cached += e->fseqs[i].n_new;
 		seq_publish(e, s);
+		if (s->embed) {
+			embed_rows(e, s, &e->fseqs[i], erow);
+			erow += e->fseqs[i].embd;
+			continue;
+		}
 		if (!e->fseqs[i].logits)
 			continue;
 		s->state = SEQ_DECODE;
@@ -1285,6 +1373,7 @@ engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, cha
 	e->n_fseqs = n_fseqs;
 	batch.masks = step_constrained(e) ? step_masks : NULL;
 	batch.masks_arg = e;
+	batch.embd = e->embd;
 	picked = step_picks(e, n_fseqs, &batch);
 	if ((rc = e->ops->forward(e->be, &batch, picked ? NULL : e->logits, err)) != 0) {
 		for (i = 0; i < n_fseqs; i++) {

@@ -124,6 +124,11 @@ struct seq {
 	struct kvdisk_job *io;  /* its disk job in flight, or NULL */
 	int wait_io;            /* the pool was full while disk jobs held blocks: it waits for one to end
 	                           (the scheduler clears this when one does) */
+	/* an input of an embedding model (engine_seq_embed) */
+	int embed;
+	int32_t dims;           /* the floats its vector is cut to (0: all of them) */
+	double *pool;           /* n_embd: the sum of its hidden states (mean), or the one it pools */
+	float *vec;             /* once DONE with FINISH_STOP: its vector, engine_embed_dims floats */
 };
 
 struct backend_ops;
@@ -187,6 +192,23 @@ int32_t engine_step_tokens(const struct engine *e, int32_t n);
  */
 int engine_seq_new(struct engine *e, const int32_t *prompt, int32_t n, const struct seq_params *p,
     struct seq **out, char *err);
+
+/*
+ * A sequence that makes the vector of one input of n tokens (1..n_ctx) of
+ * an embedding model (model_desc.embed): prefilled, never sampled, its
+ * final hidden states pooled as the model says (with bidirectional
+ * attention its whole input goes into one step: the engine's step holds
+ * a context), its KV blocks its own (neither taken from the prefix cache
+ * nor given to it: a bidirectional model's K/V depend on what follows).
+ * Once its last token is computed it is DONE with FINISH_STOP and vec
+ * holds its vector, cut to dims floats (0: all; embed.h). 0, or
+ * ERR_UNSUPPORTED for a model that is not an embedding model, ERR_INVAL,
+ * ERR_RANGE as engine_seq_new.
+ */
+int engine_seq_embed(struct engine *e, const int32_t *tokens, int32_t n, int32_t dims, struct seq **out,
+    char *err);
+/* Floats of the vectors made with dims (the model's own with 0, else dims, at most that). */
+int32_t engine_embed_dims(const struct engine *e, int32_t dims);
 
 /*
  * Starts the next turn of a finished sequence: its history becomes tokens

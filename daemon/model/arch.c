@@ -9,6 +9,7 @@
 #include "config.h"
 #include "model.h"
 #include "convert.h"
+#include "embed.h"
 #include "gguf.h"
 #include "quant.h"
 #include "safetensors.h"
@@ -343,10 +344,9 @@ gguf_experts(const struct gguf_file *f, const char *a, struct model_hparams *hp,
 
 /* Hyperparameters from the <arch>.* keys. */
 static int
-gguf_hparams(const struct gguf_file *f, struct model_desc *m, char *err)
+gguf_hparams(const struct gguf_file *f, struct model_desc *m, const char *a, char *err)
 {
 	struct model_hparams *hp = &m->hp;
-	const char *a = arch_names[m->arch];
 	int rc;
 
 	arch_defaults(hp, m->arch);
@@ -431,7 +431,7 @@ open_gguf(struct model_desc *m, char *err)
 	struct gguf_str s;
 	char *arch, *tmpl = NULL;
 	uint32_t file_type;
-	int rc, a;
+	int rc, a, bidir;
 
 	if ((rc = gguf_open(m->path, &f, err)) != 0)
 		return rc;
@@ -440,20 +440,25 @@ open_gguf(struct model_desc *m, char *err)
 	if ((rc = gguf_get_str(f, "general.architecture", &s, err)) != 0)
 		return rc == ERR_NOTFOUND ? err_set(err, ERR_FORMAT, "general.architecture is missing") : rc;
 	arch = xstrndup(s.s, (size_t)s.n);
-	a = model_arch_from_name(arch);
+	/* EmbeddingGemma: Gemma 3 whose attention is bidirectional, its keys under its own name */
+	bidir = strcmp(arch, "gemma-embedding") == 0;
+	a = bidir ? ARCH_GEMMA3 : model_arch_from_name(arch);
 	if (a < 0) {
-		rc = err_set(err, ERR_UNSUPPORTED,
-		    "architecture '%.40s' is not supported (llama, qwen2, qwen3, gemma3, qwen3moe, gpt-oss are)", arch);
+		rc = err_set(err, ERR_UNSUPPORTED, "architecture '%.40s' is not supported (llama, qwen2, qwen3, gemma3, "
+		    "gemma-embedding, qwen3moe, gpt-oss are)", arch);
 		free(arch);
 		return rc;
 	}
-	free(arch);
 	m->arch = (enum model_arch)a;
 	if (gguf_get_str(f, "general.name", &s, NULL) == 0)
 		m->name = xstrndup(s.s, (size_t)s.n);
 	if (gguf_get_u32(f, "general.file_type", &file_type, NULL) == 0)
 		m->file_type = file_type;
-	if ((rc = gguf_hparams(f, m, err)) != 0)
+	rc = gguf_hparams(f, m, arch, err);
+	if (rc == 0)
+		rc = embed_open_gguf(m, f, arch, bidir, err);
+	free(arch);
+	if (rc != 0)
 		return rc;
 	gguf_tensors(f, m);
 	if ((rc = tok_load_gguf(f, &m->tok, err)) != 0)
@@ -835,6 +840,12 @@ translate_name(const char *name, enum model_arch a, int to_gguf)
 char *
 model_name_from_hf(const char *hf, enum model_arch a)
 {
+	char prefixed[256];
+
+	/* a base model's checkpoint (Qwen3Model, Gemma3TextModel: embedding models) has no "model." before its names */
+	if (strncmp(hf, "model.", 6) != 0 && strncmp(hf, "lm_head.", 8) != 0 &&
+	    (size_t)snprintf(prefixed, sizeof prefixed, "model.%s", hf) < sizeof prefixed)
+		return translate_name(prefixed, a, 1);
 	return translate_name(hf, a, 1);
 }
 
@@ -931,6 +942,8 @@ open_hf(struct model_desc *m, char *err)
 		return err_set(err, ERR_FORMAT, "%s: line %d: %s", path, jerr.line, jerr.text);
 	if ((rc = hf_arch(cfg, &m->arch, err)) == 0)
 		rc = hf_hparams(cfg, m, err);
+	if (rc == 0)
+		rc = embed_open_hf(m, cfg, err);
 	json_decref(cfg);
 	if (rc != 0)
 		return rc;
@@ -1249,6 +1262,7 @@ model_close(struct model_desc *m)
 		free(m->owned[i]);
 	free(m->owned);
 	free(m->layers);
+	embed_close(&m->embed);
 	tok_free(m->tok);
 	if (m->format == MODEL_GGUF)
 		gguf_close(m->file);

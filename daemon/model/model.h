@@ -120,6 +120,36 @@ struct model_layer {
 	const struct model_tensor *exp_down_b;            /* expert_bias: [n_embd, n_expert] */
 };
 
+/*
+ * How an embedding model makes one vector of a sequence's final hidden
+ * states (after the output norm), as sentence-transformers' modules do:
+ * Pooling, then each Dense, then Normalize. The values are llama.cpp's
+ * LLAMA_POOLING_TYPE (GGUF {arch}.pooling_type).
+ */
+enum pool_kind { POOL_NONE = 0, POOL_MEAN = 1, POOL_CLS = 2, POOL_LAST = 3 };
+
+/* A Dense module: y = act(W x + b), W n_out rows of n_in, in float (small, and run on the host). */
+struct model_dense {
+	int32_t n_in, n_out;
+	float *w;
+	float *b;                   /* NULL: no bias */
+	int tanh;                   /* the activation: tanh, else identity */
+};
+
+#define MODEL_MAX_DENSE 2
+
+struct model_embed {
+	enum pool_kind pool;        /* POOL_NONE: not an embedding model */
+	int bidirectional;          /* its sequences' tokens attend to every token of the sequence (a
+	                               sliding-window layer to those within half its window either side),
+	                               not to those before them alone: it cannot generate */
+	struct model_dense dense[MODEL_MAX_DENSE];
+	int n_dense;
+	int normalize;              /* L2-normalised (a Normalize module; always for a GGUF file, as
+	                               llama.cpp and Ollama do) */
+	int32_t n_out;              /* floats of its vectors: the last Dense's n_out, else n_embd */
+};
+
 struct model_desc {
 	enum model_arch arch;
 	enum model_format format;
@@ -135,6 +165,7 @@ struct model_desc {
 	char *chat_error;           /* why the file's chat template is not usable, or NULL */
 	size_t weight_bytes;        /* all tensors, as stored */
 	int64_t file_type;          /* GGUF general.file_type (quant_file_type_name), or -1 */
+	struct model_embed embed;   /* an embedding model's pooling (embed.h); pool POOL_NONE for others */
 	/* backing store */
 	struct model_tensor *tensors;
 	int64_t n_tensors;
@@ -163,8 +194,9 @@ char *model_file_name(const char *path);
 int model_arch_from_name(const char *s);
 /*
  * Weight names: model_name_from_hf("model.layers.3.mlp.up_proj.weight")
- * is "blk.3.ffn_up.weight", model_name_to_hf the inverse. malloc'd; NULL for
- * a name the family does not use.
+ * is "blk.3.ffn_up.weight" (so is "layers.3.mlp.up_proj.weight", a base
+ * model's name), model_name_to_hf the inverse. malloc'd; NULL for a name
+ * the family does not use.
  */
 char *model_name_from_hf(const char *hf, enum model_arch a);
 char *model_name_to_hf(const char *gguf, enum model_arch a);

@@ -369,6 +369,28 @@ qk_task(void *arg, int64_t t, int thread)
 }
 
 /*
+ * The positions [*p0, *last] a token at pos attends to in layer l: up to
+ * itself, or with bidir up to *last (the sequence's end); a sliding-window
+ * layer the last sliding_window of them, or with bidir those at most half
+ * the window away either side.
+ */
+static void
+attn_span(const struct model_hparams *hp, int l, int bidir, int64_t pos, int64_t *p0, int64_t *last)
+{
+	int64_t w = hp->sliding_window;
+
+	*p0 = 0;
+	if (!model_layer_is_swa(hp, l))
+		return;
+	if (bidir) {
+		*p0 = MAX(0, pos - w / 2);
+		*last = MIN(*last, pos + w / 2);
+	} else if (pos >= w) {
+		*p0 = pos - w + 1;
+	}
+}
+
+/*
  * Task (token, KV head): softmax(q.K / scale) V over the positions the
  * token sees, for each query head of the KV head's group; with attention
  * sinks, the head's sink logit joins the softmax and takes its share of
@@ -388,12 +410,12 @@ attn_task(void *arg, int64_t task, int thread)
 	size_t h0 = (size_t)t * hp->n_head + (size_t)kvh * group; /* the group's first head */
 	const float *qh = b->q + h0 * hd, *kv;
 	float *out = b->att + h0 * hd, *sc = b->scores + (size_t)thread * (size_t)b->scores_len, *sum, mx;
+	int64_t last = q->bidir ? q->pos0 + q->n_new - 1 : pos;
 
-	if (model_layer_is_swa(hp, st->l) && pos >= hp->sliding_window)
-		p0 = pos - hp->sliding_window + 1;
-	n = pos - p0 + 1;
+	attn_span(hp, st->l, q->bidir, pos, &p0, &last);
+	n = last - p0 + 1;
 	sum = sc + (size_t)group * n;
-	for (p = p0; p <= pos; p++) {
+	for (p = p0; p <= last; p++) {
 		kv = kv_slot(b, q, st->l, 0, p) + kvh * hd;
 		for (g = 0; g < group; g++)
 			sc[g * n + p - p0] = cpu_dot(qh + (size_t)g * hd, kv, hd) * hp->attn_scale;
@@ -408,7 +430,7 @@ attn_task(void *arg, int64_t task, int thread)
 			sum[g] += expf(sink[h0 % hp->n_head + g] - mx);
 	}
 	memset(out, 0, (size_t)group * hd * sizeof *out);
-	for (p = p0; p <= pos; p++) {
+	for (p = p0; p <= last; p++) {
 		kv = kv_slot(b, q, st->l, 1, p) + kvh * hd;
 		for (g = 0; g < group; g++)
 			cpu_axpy(out + (size_t)g * hd, sc[g * n + p - p0] / sum[g], kv, hd);
@@ -697,12 +719,16 @@ feed_forward(struct backend *b, int T, int l)
 	residual(b, b->ffn_out, b->layers[l].post_ffn_norm, T);
 }
 
-/* Final norm of the rows that want logits, then the output projection. Returns the number of rows. */
+/*
+ * Final norm of the rows that want logits, then the output projection;
+ * the rows that want hidden states normed into batch->embd. Returns the
+ * number of logits rows.
+ */
 static int32_t
 output(struct backend *b, const struct fwd_batch *batch, float *logits)
 {
 	const struct model_hparams *hp = &b->m->hp;
-	int32_t s, t = 0, n = 0, r;
+	int32_t s, t = 0, n = 0, ne = 0, r;
 
 	for (s = 0; s < batch->n_seqs; s++) {
 		const struct fwd_seq *q = &batch->seqs[s];
@@ -710,6 +736,9 @@ output(struct backend *b, const struct fwd_batch *batch, float *logits)
 		for (r = q->n_new - q->logits; r < q->n_new; r++, n++)
 			cpu_rmsnorm(b->x + (size_t)(t + r) * hp->n_embd, b->out_norm, hp->norm_offset,
 			    hp->norm_eps, hp->n_embd, b->h + (size_t)n * hp->n_embd);
+		for (r = q->n_new - q->embd; r < q->n_new; r++, ne++)
+			cpu_rmsnorm(b->x + (size_t)(t + r) * hp->n_embd, b->out_norm, hp->norm_offset,
+			    hp->norm_eps, hp->n_embd, batch->embd + (size_t)ne * hp->n_embd);
 		t += q->n_new;
 	}
 	if (n > 0) {

@@ -352,9 +352,12 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	int kvh = blockIdx.y / ngb, h0 = kvh * group + (blockIdx.y % ngb) * ATT_GROUP;
 	int ng = min(ATT_GROUP, (kvh + 1) * group - h0), nkv = hp.n_head_kv * D;
 	int fa = kv.fa_tok != NULL && kv.fa_tok[t]; /* the tensor-core kernel has this token */
-	int pos = kv.tok_pos[t], p0 = hp.window > 0 && pos >= hp.window ? pos - hp.window + 1 : 0;
-	int per = ((pos - p0 + 1 + n_split - 1) / n_split + TILE - 1) / TILE * TILE;
-	int lo = p0 + split * per, hi = min(lo + per, pos + 1);
+	int pos = kv.tok_pos[t], seq_end = kv.tok_end != NULL && kv.tok_end[t] >= 0 ? kv.tok_end[t] : -1;
+	int p0 = seq_end >= 0 ? (hp.window > 0 ? max(0, pos - hp.window / 2) : 0) :
+	    hp.window > 0 && pos >= hp.window ? pos - hp.window + 1 : 0;
+	int end = seq_end >= 0 ? (hp.window > 0 ? min(seq_end, pos + hp.window / 2) : seq_end) : pos;
+	int per = ((end - p0 + 1 + n_split - 1) / n_split + TILE - 1) / TILE * TILE;
+	int lo = p0 + split * per, hi = min(lo + per, end + 1);
 	const int32_t *tab = kv.tables + kv.tok_tab[t];
 	float m = -INFINITY, l = 0.0f, acc[ATT_GROUP][DPT];
 	/*
@@ -365,7 +368,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	 * step's staged copy, done before its first kernel); the rows of the
 	 * step's tokens are copied after it.
 	 */
-	int fresh = pos + 1 - (int)(gridDim.x / n_split), pre = fa || lo >= hi ? 0 : min(S, (hi - lo + TILE - 1) / TILE);
+	int fresh = max(pos, seq_end) + 1 - (int)(gridDim.x / n_split), pre = fa || lo >= hi ? 0 : min(S, (hi - lo + TILE - 1) / TILE);
 
 	for (int i = 0, c0 = lo; i < pre; i++, c0 += TILE)
 		attn_load_tile<D, T>(ks + i * TILE * RS, vs + i * TILE * RS, kv, tab, c0, 0,

@@ -42,6 +42,14 @@ struct cuda_kv {
 	 * shape, like fa_grid, so that a graph serves every step under it).
 	 */
 	int max_len;
+	/*
+	 * NULL, or for each token the last position of its sequence when it
+	 * attends bidirectionally (fwd_seq.bidir: every position of the
+	 * sequence, a sliding-window layer those at most window / 2 away
+	 * either side; the split kernel's, never a prefill tile's), -1 for a
+	 * causal one.
+	 */
+	const int32_t *tok_end;
 };
 
 /* Fewest positions in one piece of a split context, and most pieces. */

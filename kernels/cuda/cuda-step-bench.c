@@ -75,7 +75,7 @@ step(struct backend *be, const struct model_desc *m, int n_seqs, int pos0, int n
 	int s, i;
 
 	for (s = 0; s < n_seqs; s++) {
-		fs[s] = (struct fwd_seq){ n_new, pos0, tables + (size_t)s * nb, nb, want };
+		fs[s] = (struct fwd_seq){ n_new, pos0, tables + (size_t)s * nb, nb, want, 0, 0 };
 		for (i = 0; i < n_new; i++)
 			toks[s * n_new + i] = tok(s, pos0 + i, m->hp.n_vocab);
 	}

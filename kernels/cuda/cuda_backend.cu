@@ -203,16 +203,19 @@ step_ints(const struct backend *b, int32_t *base)
 {
 	size_t T = (size_t)b->max_tokens;
 	struct step_ints s = { base, base + T, base + 2 * T, base + 3 * T, base + 4 * T, base + 5 * T,
-		base + STEP_INTS(T) };
+		base + STEP_INTS(T), base + 6 * T + 1 };
 
 	return s;
 }
 
-/* A sequence's new tokens from token t of the step as prefill tiles, if it has enough of them. */
+/*
+ * A sequence's new tokens from token t of the step as prefill tiles, if it
+ * has enough of them and attends causally (the tiles' kernel masks so).
+ */
 static void
-stage_tiles(const struct backend *b, const struct step_ints *h, int32_t t, int32_t n_new)
+stage_tiles(const struct backend *b, const struct step_ints *h, int32_t t, int32_t n_new, int bidir)
 {
-	int on = b->flash_tokens > 0 && n_new >= FLASH_MIN_TOKENS;
+	int on = b->flash_tokens > 0 && n_new >= FLASH_MIN_TOKENS && !bidir;
 
 	for (int32_t i = 0; i < n_new; i++)
 		h->fa_tok[t + i] = on;
@@ -236,15 +239,17 @@ flash_grid(const struct backend *b, int T)
 }
 
 /*
- * Fills the staging area (tokens, positions, table offsets, logit rows,
- * prefill tiles, the block tables each token needs) and sends it. Returns
- * the logit rows.
+ * Fills the staging area (tokens, positions, table offsets, logit rows and
+ * then hidden-state rows, prefill tiles, each token's bidirectional end,
+ * the block tables each token needs) and sends it. Returns the logit rows,
+ * the hidden-state rows and whether a sequence attends bidirectionally.
  */
 static int
-stage_step(struct backend *b, const struct fwd_batch *batch, int64_t n_tab, int *n_logits, char *err)
+stage_step(struct backend *b, const struct fwd_batch *batch, int64_t n_tab, int *n_logits, int *n_embd,
+    int *bidir, char *err)
 {
 	struct step_ints h;
-	int32_t s, i, t = 0, tab = 0, nl = 0;
+	int32_t s, i, t = 0, tab = 0, nl = 0, ne = 0;
 	int rc;
 
 	if (n_tab > b->table_cap && (rc = cuda_alloc_staging(b, MAX(n_tab, 2 * b->table_cap), err)) != 0)
@@ -255,20 +260,27 @@ stage_step(struct backend *b, const struct fwd_batch *batch, int64_t n_tab, int 
 		const struct fwd_seq *q = &batch->seqs[s];
 		int32_t nb = (q->pos0 + q->n_new + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS;
 
-		stage_tiles(b, &h, t, q->n_new);
+		stage_tiles(b, &h, t, q->n_new, q->bidir);
 		memcpy(h.tables + tab, q->block_table, (size_t)nb * sizeof(int32_t));
+		*bidir |= q->bidir;
 		for (i = 0; i < q->n_new; i++, t++) {
 			h.tokens[t] = batch->tokens[t];
 			h.pos[t] = q->pos0 + i;
 			h.tab[t] = tab;
+			h.end[t] = q->bidir ? q->pos0 + q->n_new - 1 : -1;
 			if (i >= q->n_new - q->logits)
 				h.lrows[nl++] = t;
 		}
 		tab += nb;
 	}
+	/* the hidden-state rows after the logit rows, normed with them */
+	for (s = 0, t = 0; s < batch->n_seqs; t += batch->seqs[s++].n_new)
+		for (i = batch->seqs[s].n_new - batch->seqs[s].embd; i < batch->seqs[s].n_new; i++)
+			h.lrows[nl + ne++] = t + i;
 	CK(cudaMemcpyAsync(b->dev_ints, b->host_ints, (STEP_INTS(b->max_tokens) + (size_t)tab) * sizeof(int32_t),
 	    cudaMemcpyHostToDevice, b->stream));
 	*n_logits = nl;
+	*n_embd = ne;
 	return 0;
 }
 
@@ -369,7 +381,7 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	int fa = flash_grid(b, T);
 	struct cuda_kv kv = { b->kv, b->kv_stride, hp->n_layer, l, dev->pos, dev->tab, dev->tables,
 		b->att_part, b->att_part_rows, b->exact, fa ? dev->fa_tiles : NULL, fa ? dev->fa_tok : NULL, fa,
-		b->att_len };
+		b->att_len, b->step_bidir ? dev->end : NULL };
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
 	struct cuda_q8 q8 = { NULL, NULL };
 	struct cuda_h16 h16 = { NULL, NULL }, none = { NULL, NULL };
@@ -473,12 +485,13 @@ output_rows(struct backend *b, int r0, int nr, char *err)
 
 /*
  * Every kernel of a step, queued on the stream: the embeddings, the layers,
- * the final norm of the rows that want logits and the projection of the
- * first LOGIT_ROWS of them. Nothing here synchronises or touches host
- * memory, so that it can be captured into a graph.
+ * the final norm of the rows that want logits (and after them of the
+ * n_embd rows that want hidden states, left in h) and the projection of
+ * the first LOGIT_ROWS logit rows. Nothing here synchronises or touches
+ * host memory, so that it can be captured into a graph.
  */
 static int
-step_kernels(struct backend *b, int T, int n_logits, const struct step_ints *dev, char *err)
+step_kernels(struct backend *b, int T, int n_logits, int n_embd, const struct step_ints *dev, char *err)
 {
 	const struct model_hparams *hp = &b->m->hp;
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
@@ -494,12 +507,12 @@ step_kernels(struct backend *b, int T, int n_logits, const struct step_ints *dev
 		if ((rc = attention(b, T, l, dev, err)) != 0 || (rc = feed_forward(b, T, l, err)) != 0)
 			return rc;
 	prof_mark(b, PH_OUTPUT);
-	if (n_logits == 0)
+	if (n_logits + n_embd == 0)
 		return 0;
-	if ((rc = cuda_norm_rows(b->x, dev->lrows, b->out_norm, b->h, n_logits, hp->n_embd, nm,
+	if ((rc = cuda_norm_rows(b->x, dev->lrows, b->out_norm, b->h, n_logits + n_embd, hp->n_embd, nm,
 	    b->stream, err)) != 0)
 		return rc;
-	return output_rows(b, 0, MIN(n_logits, MIN(b->max_tokens, LOGIT_ROWS)), err);
+	return n_logits == 0 ? 0 : output_rows(b, 0, MIN(n_logits, MIN(b->max_tokens, LOGIT_ROWS)), err);
 }
 
 static int
@@ -560,14 +573,14 @@ graph_step(struct backend *b, int T, int n_logits, const struct step_ints *dev, 
 	cudaError_t e;
 
 	if (!hit && !steady)
-		return step_kernels(b, T, n_logits, dev, err);
+		return step_kernels(b, T, n_logits, 0, dev, err);
 	if (!hit) {
 		if (g->exec != NULL) {
 			cudaGraphExecDestroy(g->exec);
 			g->exec = NULL;
 		}
 		CK(cudaStreamBeginCapture(b->stream, cudaStreamCaptureModeThreadLocal));
-		rc = step_kernels(b, T, n_logits, dev, err);
+		rc = step_kernels(b, T, n_logits, 0, dev, err);
 		e = cudaStreamEndCapture(b->stream, &graph); /* always: the stream must leave capture */
 		if (rc != 0) {
 			if (graph != NULL)
@@ -686,7 +699,7 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 	size_t V = (size_t)b->m->hp.n_vocab;
 	struct step_ints dev;
 	int64_t n_tab = 0, max_len;
-	int T = batch->n_tokens, n_logits = 0, rows = MIN(b->max_tokens, LOGIT_ROWS), n_masks, rc;
+	int T = batch->n_tokens, n_logits = 0, n_embd = 0, bidir = 0, rows = MIN(b->max_tokens, LOGIT_ROWS), n_masks, rc;
 
 	if ((rc = fwd_batch_check(batch, b->max_tokens, b->kv_blocks, b->m->hp.n_vocab, &max_len, &n_tab,
 	    err)) != 0)
@@ -696,13 +709,17 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 	b->att_len = (int)MIN((max_len + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN, ATT_MAX_SPLITS) * ATT_SPLIT_MIN;
 	b->prof.n = 0;
 	prof_mark(b, PH_STAGE);
-	if ((rc = stage_step(b, batch, n_tab, &n_logits, err)) != 0 || (rc = stage_picks(b, batch, n_logits, err)) != 0)
+	if ((rc = stage_step(b, batch, n_tab, &n_logits, &n_embd, &bidir, err)) != 0 ||
+	    (rc = stage_picks(b, batch, n_logits, err)) != 0)
 		return rc;
 	dev = step_ints(b, b->dev_ints);
-	if (b->use_graphs && (!b->prof.on || b->prof.on == PROF_STEPS) && T <= GRAPH_MAX_TOKENS && n_logits <= rows)
+	b->step_bidir = bidir;
+	/* an embedding step (hidden states, bidirectional attention) is no graph's shape */
+	if (b->use_graphs && (!b->prof.on || b->prof.on == PROF_STEPS) && T <= GRAPH_MAX_TOKENS && n_logits <= rows &&
+	    n_embd == 0 && !bidir)
 		rc = graph_step(b, T, n_logits, &dev, err);
 	else
-		rc = step_kernels(b, T, n_logits, &dev, err);
+		rc = step_kernels(b, T, n_logits, n_embd, &dev, err);
 	if (rc != 0 || (rc = n_masks = stage_masks(b, batch, n_logits, err)) < 0)
 		return rc;
 	/* the logits (or their argmax), a buffer at a time; the kernels above did the first */
@@ -720,6 +737,10 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 			CK(cudaMemcpyAsync(logits + (size_t)r0 * V, b->logits, (size_t)nr * V * sizeof(float),
 			    cudaMemcpyDeviceToHost, b->stream));
 	}
+	/* the hidden states were normed after the logit rows, which a later pass of the loop above does not touch */
+	if (n_embd > 0)
+		CK(cudaMemcpyAsync(batch->embd, b->h + (size_t)n_logits * b->m->hp.n_embd,
+		    (size_t)n_embd * b->m->hp.n_embd * sizeof(float), cudaMemcpyDeviceToHost, b->stream));
 	if (batch->argmax != NULL && n_logits > 0)
 		CK(cudaMemcpyAsync(b->host_argmax, b->dev_argmax, (size_t)n_logits * sizeof(int32_t),
 		    cudaMemcpyDeviceToHost, b->stream));

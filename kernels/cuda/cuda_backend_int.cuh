@@ -81,15 +81,17 @@ struct graph {
 
 /*
  * The step's integer data, in the pinned staging area and its device twin:
- * max_tokens each of tokens, positions, table offsets, logit rows and
- * flags of the tokens in prefill tiles, max_tokens + 1 for the tiles
- * (their count first), then the block tables.
+ * max_tokens each of tokens, positions, table offsets, output rows (those
+ * that want logits, then those that want hidden states) and flags of the
+ * tokens in prefill tiles, max_tokens + 1 for the tiles (their count
+ * first), max_tokens of the last position each token attends to with
+ * bidirectional attention (-1: causal), then the block tables.
  */
 struct step_ints {
-	int32_t *tokens, *pos, *tab, *lrows, *fa_tok, *fa_tiles, *tables;
+	int32_t *tokens, *pos, *tab, *lrows, *fa_tok, *fa_tiles, *tables, *end;
 };
 /* int32 of the staging area before the tables. */
-#define STEP_INTS(T) (6 * (size_t)(T) + 1)
+#define STEP_INTS(T) (7 * (size_t)(T) + 1)
 
 struct backend {
 	const struct model_desc *m;
@@ -128,6 +130,7 @@ struct backend {
 	void *blas_ws;
 	/* staging: tokens, positions, table offsets, logit rows, then the tables */
 	int32_t *host_ints, *dev_ints;
+	int step_bidir;              /* this step has a sequence that attends bidirectionally (its ends staged) */
 	int64_t table_cap;
 	struct graph graphs[GRAPH_CACHE];
 	uint64_t graph_clock;

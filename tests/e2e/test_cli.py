@@ -210,7 +210,7 @@ def test_models():
 SHOW_KEYS = {"name", "path", "loaded", "default", "device", "arch", "size", "format", "parameters", "quantization",
              "tensor_types", "context", "context_train", "template", "template_error", "vocab", "layers",
              "embedding", "heads", "kv_heads", "head_dim", "feed_forward", "sliding_window", "memory_bytes",
-             "need_bytes"}
+             "need_bytes", "pooling", "dimensions", "bidirectional"}
 # the keys of a status model map, as `ps --json` prints those of the loaded models
 STATUS_MODEL_KEYS = {"name", "loaded", "device", "exact", "faults", "memory_bytes", "keep_alive_s", "expires_in_s",
                      "loads", "unloads", "weights_bytes", "kv_bytes", "kv_blocks", "kv_free_blocks", "kv_used_bytes",

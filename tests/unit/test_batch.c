@@ -6,7 +6,8 @@
  * whether it decodes alone or beside 15 other sequences (some prefilling,
  * some decoding). Models are generated into a temporary directory. Both
  * CPU modes: the default one (quantized weights meet 8-bit activations)
- * and the exact one (float activations).
+ * and the exact one (float activations). An embedding model's
+ * bidirectional sequence's hidden states likewise, beside others.
  */
 #include "config.h"
 #include "genmodel.h"
@@ -61,13 +62,14 @@ setup_shape(void **state, const char *shape, const char *type, int exact)
 	return 0;
 }
 
-/* The default mode (8-bit activations for quantized weights), and --exact. */
+/* The default mode (8-bit activations for quantized weights), and --exact; an embedding model. */
 static int setup_llama(void **s) { return setup_shape(s, "tiny", "q8_0", 0); }
 static int setup_qwen2(void **s) { return setup_shape(s, "tiny-qwen2", "f16", 0); }
 static int setup_qwen3(void **s) { return setup_shape(s, "tiny-qwen3", "q4_k_m", 0); }
 static int setup_gemma3(void **s) { return setup_shape(s, "tiny-gemma3", "q4_k_m", 0); }
 static int setup_llama_exact(void **s) { return setup_shape(s, "tiny", "q8_0", 1); }
 static int setup_gemma3_exact(void **s) { return setup_shape(s, "tiny-gemma3", "q4_k_m", 1); }
+static int setup_gemma3_embed(void **s) { return setup_shape(s, "tiny-gemma3-embed", "q8_0", 0); }
 
 static int
 teardown(void **state)
@@ -116,7 +118,7 @@ step(struct fixture *f, int n, const int *seq_id, const int *pos, const int *n_n
 	char err[ERR_LEN];
 
 	for (k = 0; k < n; k++) {
-		fs[k] = (struct fwd_seq){ n_new[k], pos[k], table_of(seq_id[k]), MAX_BLOCKS, n_new[k] };
+		fs[k] = (struct fwd_seq){ n_new[k], pos[k], table_of(seq_id[k]), MAX_BLOCKS, n_new[k], 0, 0 };
 		for (i = 0; i < n_new[k]; i++)
 			toks[t++] = tok(seq_id[k], pos[k] + i, f->n_vocab);
 	}
@@ -206,6 +208,67 @@ test_batched_with_others(void **state)
 	free(ref_dec);
 }
 
+/*
+ * The hidden states of sequence 0's PROMPT tokens (every row, after the
+ * output norm) with bidirectional attention (bidir) or causal, beside
+ * `others` causal sequences that want logits. Returns its rows (malloc'd).
+ */
+static float *
+hidden(struct fixture *f, int bidir, int others)
+{
+	struct fwd_seq fs[OTHERS + 1];
+	int32_t toks[256], d = f->m->hp.n_embd;
+	int k, i, t = 0, n;
+	float *rows = xmalloc((size_t)PROMPT * (size_t)d * sizeof *rows), *logits;
+	struct fwd_batch b = { .n_seqs = others + 1, .seqs = fs, .tokens = toks, .embd = rows };
+	char err[ERR_LEN];
+
+	for (k = 0; k <= others; k++) {
+		n = k == 0 ? PROMPT : 1 + (k * 5) % 13;
+		fs[k] = (struct fwd_seq){ n, 0, table_of(k), MAX_BLOCKS, k == 0 ? 0 : 1, k == 0 ? n : 0, k == 0 && bidir };
+		for (i = 0; i < n; i++)
+			toks[t++] = tok(k, i, f->n_vocab);
+	}
+	b.n_tokens = t;
+	logits = xmalloc((size_t)(others + 1) * (size_t)f->n_vocab * sizeof *logits);
+	if (cpu_backend.forward(f->be, &b, logits, err) != 0)
+		fail_msg("forward: %s", err);
+	free(logits);
+	return rows;
+}
+
+/*
+ * An embedding model's bidirectional sequence: its hidden states are the
+ * same beside 15 other sequences as alone; its first token's differs from
+ * the causal one's (it sees the tokens after it, the window's half of them
+ * in a sliding layer); and a step that asks for hidden states nowhere to go,
+ * or for bidirectional attention over part of a sequence, is refused.
+ */
+static void
+test_bidirectional(void **state)
+{
+	struct fixture *f = *state;
+	int32_t d = f->m->hp.n_embd, r, toks[PROMPT] = { 0 };
+	float *ref = hidden(f, 1, 0), *got = hidden(f, 1, OTHERS), *causal = hidden(f, 0, 0);
+	struct fwd_seq fs = { PROMPT, 0, table_of(0), MAX_BLOCKS, 0, PROMPT, 1 };
+	struct fwd_batch b = { .n_seqs = 1, .seqs = &fs, .n_tokens = PROMPT, .tokens = toks };
+	char err[ERR_LEN];
+	int64_t len, tab;
+
+	for (r = 0; r < PROMPT; r++)
+		if (rel_err(got + (size_t)r * d, ref + (size_t)r * d, d) > TOL)
+			fail_msg("bidirectional row %d differs in a batch of 16", r);
+	if (rel_err(causal, ref, d) < 1e-3)
+		fail_msg("the first token's hidden state is the same with and without bidirectional attention");
+	assert_int_equal(fwd_batch_check(&b, 256, (OTHERS + 1) * MAX_BLOCKS, f->n_vocab, &len, &tab, err), ERR_INVAL);
+	b.embd = ref;
+	fs.pos0 = 1;
+	assert_int_equal(fwd_batch_check(&b, 256, (OTHERS + 1) * MAX_BLOCKS, f->n_vocab, &len, &tab, err), ERR_INVAL);
+	fs.pos0 = 0;
+	assert_int_equal(fwd_batch_check(&b, 256, (OTHERS + 1) * MAX_BLOCKS, f->n_vocab, &len, &tab, err), 0);
+	free(ref), free(got), free(causal);
+}
+
 int
 main(void)
 {
@@ -222,6 +285,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_llama_exact, teardown),
 		cmocka_unit_test_setup_teardown(test_chunked_prefill, setup_gemma3_exact, teardown),
 		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_gemma3_exact, teardown),
+		cmocka_unit_test_setup_teardown(test_bidirectional, setup_gemma3_embed, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -965,6 +965,60 @@ test_tokens(void **state)
 	rs_value_free(req);
 }
 
+/*
+ * embed sends its texts as `input` and dimensions, and turns the vectors
+ * into one array of floats; a result whose vectors do not match the texts
+ * is a protocol error, and no texts a local one.
+ */
+static void
+test_embed(void **state)
+{
+	static const char *const texts[] = { "a", "bé" };
+	struct fake *f = *state;
+	struct frame fr;
+	float *v;
+	size_t d;
+	rs_value *req, *out;
+
+	for (int round = 0; round < 2; round++) {
+		/* a reply is read by the call that waits for it: sent before each */
+		open_frame(&fr, 4);
+		kv_uint(&fr, "id", (uint64_t)round + 1);
+		kv_str(&fr, "type", "result");
+		kv_uint(&fr, "dimensions", 3);
+		frame_pack_str(&fr.pk, "embeddings");
+		msgpack_pack_array(&fr.pk, round == 0 ? 2 : 1);
+		for (int i = 0; i < (round == 0 ? 2 : 1); i++) {
+			msgpack_pack_array(&fr.pk, 3);
+			for (int j = 0; j < 3; j++)
+				msgpack_pack_float(&fr.pk, (float)(i * 10 + j) + 0.5f);
+		}
+		fake_send(f, &fr);
+		if (round == 1) {
+			assert_int_equal(rs_embed(f->c, NULL, texts, 2, 0, &v, &d, NULL), RS_ERR_PROTOCOL);
+			assert_null(v);
+			break;
+		}
+		assert_int_equal(rs_embed(f->c, "m", texts, 2, 3, &v, &d, &out), RS_OK);
+		assert_int_equal(d, 3);
+		assert_true(v[0] == 0.5f && v[2] == 2.5f && v[3] == 10.5f && v[5] == 12.5f);
+		assert_int_equal(rs_uint(rs_get(out, "dimensions")), 3);
+		free(v);
+		rs_value_free(out);
+	}
+	assert_int_equal(rs_embed(f->c, NULL, texts, 0, 0, &v, &d, NULL), RS_ERR_INVAL);
+	req = recv_request(f);
+	assert_string_equal(rs_str(rs_get(req, "op")), "embed");
+	assert_string_equal(rs_str(rs_get(req, "model")), "m");
+	assert_int_equal(rs_len(rs_get(req, "input")), 2);
+	assert_string_equal(rs_str(rs_at(rs_get(req, "input"), 1)), "bé");
+	assert_int_equal(rs_uint(rs_get(req, "dimensions")), 3);
+	rs_value_free(req);
+	req = recv_request(f);
+	assert_null(rs_get(req, "dimensions"));
+	rs_value_free(req);
+}
+
 /* After hello the daemon's frame limit is known: a larger request is refused here. */
 static void
 test_max_frame(void **state)
@@ -1151,6 +1205,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_choices, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_progress, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_tokens, fake_setup, fake_teardown),
+		cmocka_unit_test_setup_teardown(test_embed, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_max_frame, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_connection_lost, fake_setup, fake_teardown),
 		cmocka_unit_test_setup_teardown(test_frame_too_large, fake_setup, fake_teardown),

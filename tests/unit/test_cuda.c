@@ -230,7 +230,7 @@ run_step(const struct backend_ops *ops, struct backend *be, const struct plan *p
 	char err[ERR_LEN];
 
 	for (k = 0; k < p->n; k++) {
-		fs[k] = (struct fwd_seq){ p->n_new[k], p->pos[k], tables[p->id[k]], MAX_BLOCKS, p->n_new[k] };
+		fs[k] = (struct fwd_seq){ p->n_new[k], p->pos[k], tables[p->id[k]], MAX_BLOCKS, p->n_new[k], 0, 0 };
 		for (i = 0; i < p->n_new[k]; i++)
 			toks[t++] = tok(p->id[k], p->pos[k] + i, n_vocab);
 	}

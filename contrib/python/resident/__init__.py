@@ -19,7 +19,7 @@ Errors are ResidentError subclasses carrying the protocol's error code
 from . import aio, errors
 from ._wire import PROTOCOL_VERSION, Choice, Done, Token, default_socket
 from .client import Client, Generation, connect
-from .errors import (BadFrame, BadRequest, ConnectError, ConnectionLost, ContextExceeded, DuplicateId,
+from .errors import (BadFrame, BadRequest, Cancelled, ConnectError, ConnectionLost, ContextExceeded, DuplicateId,
                      FrameTimeout, FrameTooLarge, InternalError, InvalidParam, InvalidUtf8, ModelError, NotFound,
                      Overloaded, ProtocolError, QuotaExceeded, ResidentError, SessionBusy, ShuttingDown,
                      StorageFull, UnknownOp)
@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "aio", "errors", "PROTOCOL_VERSION", "Choice", "Done", "Token", "default_socket", "Client", "Generation",
-    "connect", "BadFrame", "BadRequest", "ConnectError", "ConnectionLost", "ContextExceeded",
+    "connect", "BadFrame", "BadRequest", "Cancelled", "ConnectError", "ConnectionLost", "ContextExceeded",
     "DuplicateId", "FrameTimeout", "FrameTooLarge", "InternalError", "InvalidParam", "InvalidUtf8", "ModelError",
     "NotFound", "Overloaded", "ProtocolError", "QuotaExceeded", "ResidentError", "SessionBusy",
     "ShuttingDown", "StorageFull", "UnknownOp",

@@ -356,6 +356,17 @@ class Ops:
         """The text of token ids; special renders special tokens."""
         return self._op("detokenize", "text", tokens=list(tokens), model=model, special=special)
 
+    def embed(self, input, model=None, dimensions=None, truncate=None, keep_alive=None):
+        """Vectors of inputs (a str, or a list of str or of token id lists) by
+        an embedding model (None: the default one), cut to dimensions floats
+        (None: the model's); truncate cuts inputs longer than its context.
+        Returns {"embeddings": one list of floats an input, "dimensions",
+        "model", "tokens": each input's, "usage": {"prompt_tokens",
+        "truncated", "load_ms", "total_ms"}}."""
+        inputs = input if isinstance(input, str) else [x if isinstance(x, str) else list(x) for x in input]
+        return self._op("embed", None, input=inputs, model=model, dimensions=dimensions, truncate=truncate,
+                        keep_alive=keep_alive)
+
     def status(self):
         """version, uptime_s, models, clients, steps, active, queued."""
         return self._op("status", None)

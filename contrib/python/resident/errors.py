@@ -103,10 +103,14 @@ class FrameTimeout(ResidentError):
     code = "frame_timeout"
 
 
+class Cancelled(ResidentError):
+    code = "cancelled"
+
+
 _BY_CODE = {cls.code: cls for cls in (
     BadFrame, FrameTooLarge, BadRequest, UnknownOp, InvalidParam, InvalidUtf8, ContextExceeded,
     NotFound, DuplicateId, Overloaded, ModelError, ShuttingDown, InternalError, QuotaExceeded,
-    StorageFull, SessionBusy, FrameTimeout)}
+    StorageFull, SessionBusy, FrameTimeout, Cancelled)}
 
 
 def from_reply(reply):

@@ -1,0 +1,251 @@
+/*
+ * embed.c: the embeddings routes, each one `embed` of the daemon
+ * (call_ops_with, which resolves the model's name as the route's API
+ * names it and answers errors in its shape): OpenAI's POST /v1/embeddings
+ * (input a string or an array of strings; encoding_format float or
+ * base64; dimensions; usage), Ollama's POST /api/embed (input a string or
+ * an array of strings; truncate, true by default; dimensions; keep_alive;
+ * its durations in nanoseconds) and its older /api/embeddings (prompt ->
+ * embedding).
+ */
+#include "config.h"
+#include "openai.h"
+
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Which route a request came by, for its reply. */
+enum embed_api { EMBED_OPENAI, EMBED_OLLAMA, EMBED_OLLAMA_OLD };
+
+struct embed_ctx {
+	enum embed_api api;
+	int base64;                 /* OpenAI's encoding_format "base64" */
+};
+
+/* The replies' shapes: a request's is one of these (call_ops' arg outlives no call). */
+static const struct embed_ctx ctxs[] = {
+	{ EMBED_OPENAI, 0 }, { EMBED_OPENAI, 1 }, { EMBED_OLLAMA, 0 }, { EMBED_OLLAMA_OLD, 0 },
+};
+
+/* ---- requests ---- */
+
+/*
+ * input: a string or an array of strings. OpenAI's token id inputs are
+ * ids of OpenAI's tokenizer (tiktoken), which mean nothing to another
+ * model: refused, saying so.
+ */
+static int
+add_inputs(rs_params *p, const json_t *in, struct api_error *e)
+{
+	size_t i;
+
+	if (json_is_string(in))
+		return rs_params_add_str(p, "input", json_string_value(in)) == RS_OK ? 0 : api_nomem(e);
+	if (!json_is_array(in) || json_array_size(in) == 0)
+		return api_bad(e, "input", "input must be a string or a non-empty array of strings");
+	for (i = 0; i < json_array_size(in); i++) {
+		const json_t *v = json_array_get(in, i);
+
+		if (json_is_integer(v) || json_is_array(v))
+			return api_bad(e, "input", "input holds token ids, which are another tokenizer's (OpenAI's): send "
+			    "the text as strings (LangChain's OpenAIEmbeddings: check_embedding_ctx_length=False)");
+		if (!json_is_string(v))
+			return api_bad(e, "input", "input[%zu] is not a string", i);
+		if (rs_params_add_str(p, "input", json_string_value(v)) != RS_OK)
+			return api_nomem(e);
+	}
+	return 0;
+}
+
+/* dimensions: a positive integer, or absent. */
+static int
+set_dimensions(rs_params *p, const json_t *o, struct api_error *e)
+{
+	const json_t *d = api_field(o, "dimensions");
+
+	if (d == NULL)
+		return 0;
+	if (!json_is_integer(d) || json_integer_value(d) < 1 || json_integer_value(d) > (1 << 20))
+		return api_bad(e, "dimensions", "dimensions must be a positive integer");
+	return rs_params_set_uint(p, "dimensions", (uint64_t)json_integer_value(d)) == RS_OK ? 0 : api_nomem(e);
+}
+
+/* Ollama's keep_alive (ollama_keep_alive), if given. */
+static int
+set_keep_alive(rs_params *p, const json_t *o, struct api_error *e)
+{
+	const json_t *k = api_field(o, "keep_alive");
+	double secs;
+
+	if (k == NULL)
+		return 0;
+	if (ollama_keep_alive(k, &secs, e) != 0)
+		return -1;
+	return rs_params_set_float(p, "keep_alive", secs) == RS_OK ? 0 : api_nomem(e);
+}
+
+/* The embed fields of a body, by route. 0, or -1 with e. */
+static int
+embed_params(enum embed_api api, const json_t *o, rs_params *p, const struct embed_ctx **ctx, struct api_error *e)
+{
+	const json_t *fmt = api_field(o, "encoding_format"), *tr = api_field(o, "truncate");
+
+	*ctx = &ctxs[api == EMBED_OPENAI ? 0 : api == EMBED_OLLAMA ? 2 : 3];
+	switch (api) {
+	case EMBED_OPENAI:
+		if (fmt != NULL && (!json_is_string(fmt) || (strcmp(json_string_value(fmt), "float") != 0 &&
+		    strcmp(json_string_value(fmt), "base64") != 0)))
+			return api_bad(e, "encoding_format", "encoding_format must be \"float\" or \"base64\"");
+		if (fmt != NULL && strcmp(json_string_value(fmt), "base64") == 0)
+			*ctx = &ctxs[1];
+		return add_inputs(p, api_field(o, "input"), e) != 0 || set_dimensions(p, o, e) != 0 ? -1 : 0;
+	case EMBED_OLLAMA:
+		if (tr != NULL && !json_is_boolean(tr))
+			return api_bad(e, "truncate", "truncate must be true or false");
+		if (add_inputs(p, api_field(o, "input"), e) != 0 || set_dimensions(p, o, e) != 0 ||
+		    set_keep_alive(p, o, e) != 0)
+			return -1;
+		/* Ollama cuts inputs to the context unless told not to */
+		return rs_params_set_bool(p, "truncate", tr == NULL || json_is_true(tr)) == RS_OK ? 0 : api_nomem(e);
+	case EMBED_OLLAMA_OLD:
+		if (!json_is_string(api_field(o, "prompt")))
+			return api_bad(e, "prompt", "prompt (a string) is required");
+		if (rs_params_add_str(p, "input", json_string_value(api_field(o, "prompt"))) != RS_OK)
+			return api_nomem(e);
+		return set_keep_alive(p, o, e) != 0 || rs_params_set_bool(p, "truncate", 1) != RS_OK ? -1 : 0;
+	}
+	return -1;
+}
+
+/* ---- replies ---- */
+
+/* A vector as a JSON array of numbers (the daemon's float32 values, printed as such). */
+static json_t *
+vector_json(const json_t *v)
+{
+	json_t *a = json_array();
+	size_t i;
+
+	for (i = 0; a != NULL && i < json_array_size(v); i++)
+		json_array_append_new(a, json_real((float)json_number_value(json_array_get(v, i))));
+	return a;
+}
+
+/* A vector as base64 of its little-endian float32 bytes (OpenAI's encoding_format base64). */
+static json_t *
+vector_base64(const json_t *v)
+{
+	static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	size_t n = json_array_size(v) * 4, i, o = 0;
+	unsigned char *bytes = malloc(n ? n : 1);
+	char *text = malloc(4 * ((n + 2) / 3) + 1);
+	json_t *j = NULL;
+
+	for (i = 0; bytes != NULL && i < json_array_size(v); i++) {
+		float f = (float)json_number_value(json_array_get(v, i));
+		uint32_t u;
+
+		memcpy(&u, &f, 4);
+		for (int k = 0; k < 4; k++)
+			bytes[4 * i + k] = (unsigned char)(u >> (8 * k));
+	}
+	for (i = 0; bytes != NULL && text != NULL && i < n; i += 3) {
+		uint32_t w = (uint32_t)bytes[i] << 16 | (i + 1 < n ? (uint32_t)bytes[i + 1] << 8 : 0) |
+		    (i + 2 < n ? bytes[i + 2] : 0);
+
+		text[o++] = b64[w >> 18 & 63];
+		text[o++] = b64[w >> 12 & 63];
+		text[o++] = i + 1 < n ? b64[w >> 6 & 63] : '=';
+		text[o++] = i + 2 < n ? b64[w & 63] : '=';
+	}
+	if (bytes != NULL && text != NULL) {
+		text[o] = '\0';
+		j = json_string(text);
+	}
+	free(bytes), free(text);
+	return j;
+}
+
+/* The reply of an embed's result (results[0]), in the route's shape; model: the name as the request gave it. */
+static void
+embed_reply(struct evhttp_request *req, const char *model, json_t *const *results, void *arg)
+{
+	const struct embed_ctx *ctx = arg;
+	const json_t *all = json_object_get(results[0], "embeddings"), *usage = json_object_get(results[0], "usage");
+	json_int_t tokens = json_integer_value(json_object_get(usage, "prompt_tokens"));
+	json_t *data = json_array(), *body;
+	size_t i;
+
+	if (model == NULL) /* the daemon's default model */
+		model = json_string_value(json_object_get(results[0], "model"));
+	if (ctx->api == EMBED_OLLAMA_OLD) {
+		body = json_pack("{so}", "embedding", vector_json(json_array_get(all, 0)));
+	} else if (ctx->api == EMBED_OLLAMA) {
+		for (i = 0; i < json_array_size(all); i++)
+			json_array_append_new(data, vector_json(json_array_get(all, i)));
+		body = json_pack("{ss sO sI sI sI}", "model", model, "embeddings", data,
+		    "total_duration", (json_int_t)(json_number_value(json_object_get(usage, "total_ms")) * 1e6),
+		    "load_duration", (json_int_t)(json_number_value(json_object_get(usage, "load_ms")) * 1e6),
+		    "prompt_eval_count", tokens);
+	} else {
+		for (i = 0; i < json_array_size(all); i++)
+			json_array_append_new(data, json_pack("{ss sI so}", "object", "embedding", "index", (json_int_t)i,
+			    "embedding", ctx->base64 ? vector_base64(json_array_get(all, i)) :
+			    vector_json(json_array_get(all, i))));
+		body = json_pack("{ss sO ss s{sI sI}}", "object", "list", "data", data, "model", model,
+		    "usage", "prompt_tokens", tokens, "total_tokens", tokens);
+	}
+	json_decref(data);
+	http_send_json(req, 200, body);
+}
+
+int
+embed_route(struct oa *oa, struct evhttp_request *req, const char *path)
+{
+	static const struct { const char *path; enum embed_api api; } routes[] = {
+		{ "/v1/embeddings", EMBED_OPENAI }, { "/api/embed", EMBED_OLLAMA }, { "/api/embeddings", EMBED_OLLAMA_OLD },
+	};
+	static const char *const ops[] = { "embed", NULL };
+	struct evbuffer *in = evhttp_request_get_input_buffer(req);
+	size_t len = evbuffer_get_length(in), i;
+	const struct embed_ctx *ctx;
+	struct api_error e;
+	json_error_t jerr;
+	const json_t *model;
+	json_t *o = NULL;
+	rs_params *p;
+
+	for (i = 0; i < sizeof routes / sizeof routes[0] && strcmp(path, routes[i].path) != 0; i++)
+		;
+	if (i == sizeof routes / sizeof routes[0])
+		return 0;
+	if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
+		http_route_none(req, path, "POST");
+		return 1;
+	}
+	p = rs_params_new();
+	if (p == NULL) {
+		api_nomem(&e);
+	} else if ((o = json_loadb(len ? (const char *)evbuffer_pullup(in, -1) : "", len, 0, &jerr)) == NULL ||
+	    !json_is_object(o)) {
+		api_bad(&e, NULL, "the body must be a JSON object%s%s", o == NULL ? ": " : "", o == NULL ? jerr.text : "");
+	} else if ((model = api_field(o, "model")) != NULL && !json_is_string(model)) {
+		api_bad(&e, "model", "model must be a string");
+	} else if (embed_params(routes[i].api, o, p, &ctx, &e) != 0) {
+		/* e says why */
+	} else {
+		call_ops_with(oa, req, routes[i].path, routes[i].api == EMBED_OPENAI ? API_OPENAI : API_OLLAMA_CHAT,
+		    model ? json_string_value(model) : NULL, ops, p, embed_reply, (void *)ctx);
+		json_decref(o);
+		return 1;
+	}
+	http_send_error(req, &e);
+	json_decref(o);
+	rs_params_free(p);
+	return 1;
+}
