@@ -498,6 +498,84 @@ print_memory(const rs_value *s)
 		    cli_size(rs_uint(rs_get(kv, "disk_budget_bytes")), e));
 }
 
+/*
+ * The q-quantile (0..1) of a status histogram, interpolated in its bucket
+ * as Prometheus' histogram_quantile does (above the last bound: that
+ * bound); -1 when it has no values.
+ */
+static double
+hist_quantile(const rs_value *h, double q)
+{
+	const rs_value *bounds = rs_get(h, "bounds"), *counts = rs_get(h, "counts");
+	size_t i, n = rs_len(bounds);
+	uint64_t total = 0, below = 0, c;
+	double rank, lo;
+
+	if (n == 0 || rs_len(counts) != n + 1)
+		return -1;
+	for (i = 0; i <= n; i++)
+		total += rs_uint(rs_at(counts, i));
+	if (total == 0)
+		return -1;
+	rank = q * (double)total;
+	for (i = 0; i < n; i++) {
+		c = rs_uint(rs_at(counts, i));
+		if (c > 0 && (double)(below + c) >= rank) {
+			lo = i > 0 ? rs_float(rs_at(bounds, i - 1)) : 0;
+			return lo + (rs_float(rs_at(bounds, i)) - lo) * (rank - (double)below) / (double)c;
+		}
+		below += c;
+	}
+	return rs_float(rs_at(bounds, n - 1));
+}
+
+/* "120 ms / 340 ms": a latency histogram's median and 90th percentile; "-" when it has no values. */
+static const char *
+latency_text(const rs_value *h, char *buf, size_t len)
+{
+	double p50 = hist_quantile(h, 0.5), p90 = hist_quantile(h, 0.9);
+
+	if (p50 < 0)
+		snprintf(buf, len, "-");
+	else
+		snprintf(buf, len, "%.*f ms / %.*f ms", p50 < 0.01 ? 1 : 0, p50 * 1e3, p90 < 0.01 ? 1 : 0, p90 * 1e3);
+	return buf;
+}
+
+/* The requests ended, by how. */
+static void
+print_requests(const rs_value *s)
+{
+	const rs_value *r = rs_get(s, "requests");
+
+	if (r != NULL)
+		printf("requests   %llu stop, %llu length, %llu context, %llu cancelled, %llu failed\n",
+		    (unsigned long long)rs_uint(rs_get(r, "stop")), (unsigned long long)rs_uint(rs_get(r, "length")),
+		    (unsigned long long)rs_uint(rs_get(r, "context")), (unsigned long long)rs_uint(rs_get(r, "cancel")),
+		    (unsigned long long)rs_uint(rs_get(r, "error")));
+}
+
+/* Per model: its tokens in and out, and its latencies. */
+static void
+print_latency(const rs_value *models)
+{
+	struct table *t = table_new(5, "MODEL", "PROMPT TOKENS", "GENERATED", "FIRST TOKEN p50 / p90",
+	    "NEXT TOKEN p50 / p90");
+	char in[24], out[24], first[48], next[48];
+	size_t i;
+
+	for (i = 0; i < rs_len(models); i++) {
+		const rs_value *m = rs_at(models, i);
+
+		snprintf(in, sizeof in, "%llu", (unsigned long long)rs_uint(rs_get(m, "prompt_tokens")));
+		snprintf(out, sizeof out, "%llu", (unsigned long long)rs_uint(rs_get(m, "generated_tokens")));
+		table_add(t, cli_str(m, "name"), in, out, latency_text(rs_get(m, "ttft"), first, sizeof first),
+		    latency_text(rs_get(m, "itl"), next, sizeof next));
+	}
+	table_print(t, stdout);
+	table_free(t);
+}
+
 static void
 print_status(const rs_value *hello, const rs_value *s)
 {
@@ -513,6 +591,7 @@ print_status(const rs_value *hello, const rs_value *s)
 	printf("batches    %llu steps, %llu tokens, largest %llu sequences, mean %.2f\n",
 	    (unsigned long long)rs_uint(rs_get(steps, "count")), (unsigned long long)rs_uint(rs_get(steps, "tokens")),
 	    (unsigned long long)rs_uint(rs_get(steps, "max_batch")), rs_float(rs_get(steps, "mean_batch")));
+	print_requests(s);
 	print_memory(s);
 
 	printf("\n");
@@ -537,6 +616,9 @@ print_status(const rs_value *hello, const rs_value *s)
 	}
 	table_print(t, stdout);
 	table_free(t);
+
+	printf("\n");
+	print_latency(models);
 
 	printf("\n");
 	t = table_new(4, "PID", "UID", "CLIENT", "REQUESTS");

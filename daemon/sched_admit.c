@@ -244,7 +244,9 @@ prep_done(struct sched *s, struct gen *g)
 	if (rc != 0) {
 		sched_post_error(s, job, rc == ERR_INVAL && strstr(err, "UTF-8") ? PE_INVALID_UTF8 : pe, err);
 		sched_gen_free(s, g);
+		return;
 	}
+	g->slot->prompt_tokens += (uint64_t)g->n_prompt;
 }
 
 /* What admitting a queued request did. */

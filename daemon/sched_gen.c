@@ -440,6 +440,51 @@ sched_gen_over(struct gen *g)
 	return done == g->job->req.n_choices;
 }
 
+/*
+ * The times of a token of q, one of g's sequences, out of a step that
+ * ended at now: the request's first token (from its arrival, a queue and
+ * a load included) and the time since the sequence's token before. A
+ * choice forked after the first has no token before its first.
+ */
+void
+sched_gen_token_time(struct gen *g, const struct seq *q, uint64_t now)
+{
+	struct slot *m = g->slot;
+	int i = choice_of(g, q);
+
+	if (g->t_first == 0) {
+		g->t_first = now;
+		hist_add(&m->ttft, &hist_ttft, (now - g->job->t_submit) / 1000);
+	} else if (g->t_token[i] != 0) {
+		hist_add(&m->itl, &hist_itl, (now - g->t_token[i]) / 1000);
+	}
+	g->t_token[i] = now;
+	m->generated_tokens++;
+}
+
+/*
+ * How a request ended, for status's requests: error when it failed (before
+ * its sequence started, or one of its choices did), cancel when it was
+ * cancelled, its client left, or an unload or the daemon stopping ended a
+ * choice, else its first choice's finish.
+ */
+static enum finish_reason
+gen_outcome(const struct gen *g)
+{
+	int i;
+
+	if (failed_choice(g) != NULL)
+		return FINISH_ERROR;
+	if (g->cancelled || g->gone)
+		return FINISH_CANCEL;
+	if (g->n_seqs == 0)
+		return FINISH_ERROR;
+	for (i = 0; i < g->n_seqs; i++)
+		if (g->seqs[i]->finish == FINISH_CANCEL)
+			return FINISH_CANCEL;
+	return g->seqs[0]->finish;
+}
+
 /* The keep-alive a request leaves its model with. */
 static double
 job_keep_alive(const struct sched *s, const struct sched_job *job)
@@ -462,6 +507,7 @@ sched_gen_free(struct sched *s, struct gen *g)
 	struct gen **pp;
 	int i;
 
+	s->requests[gen_outcome(g)]++;
 	for (pp = &s->gens; *pp != g; pp = &(*pp)->next)
 		;
 	*pp = g->next;

@@ -94,6 +94,7 @@ struct gen {
 	int cancelled, gone;
 	int32_t n_prompt;
 	uint64_t t_first;           /* first token */
+	uint64_t t_token[PROTO_MAX_CHOICES]; /* each choice's last token, for the time between tokens */
 	/* GEN_PREP: the worker renders and tokenizes the prompt with the model's description */
 	const struct model_desc *md;
 	int32_t *ids;
@@ -150,6 +151,8 @@ struct sched {
 	uint64_t t_start;
 	uint64_t steps, step_tokens, step_seqs;
 	int max_batch;
+	struct hist batch;                    /* sequences a step (hist_batch) */
+	uint64_t requests[FINISH_ERROR + 1];  /* generate requests ended, by how (sched_gen.c: gen_outcome) */
 };
 
 /* Packs the n_fields fields of a result; arg is sched_post_result's. */
@@ -180,6 +183,7 @@ void sched_take_prep(struct sched *s, struct work *w);
 /* sched_gen.c */
 struct sched_event *sched_token_event(struct gen *g, const struct seq *q);
 struct sched_event *sched_done_event(struct gen *g);
+void sched_gen_token_time(struct gen *g, const struct seq *q, uint64_t now);
 void sched_gen_finish(struct gen *g, enum finish_reason why, const char *error);
 int sched_gen_over(struct gen *g);
 void sched_release_slot(struct sched *s, struct slot *m, double keep_alive);

@@ -1,11 +1,13 @@
 /*
  * sched_ops.c: the ops that the engine thread answers at once from the
  * models it keeps: model.list, model.load, model.unload, model.show, and
- * status, which also counts the requests and the KV cache of each model.
+ * status, which also counts the requests, tokens and KV cache of each
+ * model, with histograms of its latencies and of the steps' batches.
  */
 #include "config.h"
 #include "sched_int.h"
 #include "engine.h"
+#include "hist.h"
 #include "kvdisk.h"
 #include "model.h"
 #include "slots.h"
@@ -207,6 +209,37 @@ pack_kv_tiers(struct sched *s, msgpack_packer *pk, uint64_t device_bytes)
 	proto_pack_kv_uint(pk, "disk_budget_bytes", disk_budget);
 }
 
+/* A histogram as status has it: {bounds, counts, sum}, in the spec's unit (seconds for times). */
+static void
+pack_hist(msgpack_packer *pk, const char *key, const struct hist *h, const struct hist_spec *spec)
+{
+	int i;
+
+	proto_pack_str(pk, key);
+	msgpack_pack_map(pk, 3);
+	proto_pack_str(pk, "bounds");
+	msgpack_pack_array(pk, (uint32_t)spec->n);
+	for (i = 0; i < spec->n; i++)
+		msgpack_pack_double(pk, (double)spec->le[i] / spec->unit);
+	proto_pack_str(pk, "counts");
+	msgpack_pack_array(pk, (uint32_t)spec->n + 1);
+	for (i = 0; i <= spec->n; i++)
+		msgpack_pack_uint64(pk, h->count[i]);
+	proto_pack_kv_float(pk, "sum", (double)h->sum / spec->unit);
+}
+
+/* status.requests: the generate requests ended since the start, by how. */
+static void
+pack_requests(struct sched *s, msgpack_packer *pk)
+{
+	enum finish_reason f;
+
+	proto_pack_str(pk, "requests");
+	msgpack_pack_map(pk, FINISH_ERROR - FINISH_STOP + 1);
+	for (f = FINISH_STOP; f <= FINISH_ERROR; f++)
+		proto_pack_kv_uint(pk, engine_finish_name(f), s->requests[f]);
+}
+
 /*
  * Whether a request is for model m: the one it runs on, or for a queued
  * request, the one it names (a name or a path; none: the default model).
@@ -242,6 +275,7 @@ sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *
 	proto_pack_kv_float(pk, "uptime_s", (double)(now_ns() - s->t_start) / 1e9);
 	proto_pack_kv_uint(pk, "active", active);
 	proto_pack_kv_uint(pk, "queued", queued);
+	pack_requests(s, pk);
 	proto_pack_str(pk, "models");
 	msgpack_pack_array(pk, n_models);
 	for (m = s->slots.list; m != NULL; m = m->next) {
@@ -251,7 +285,7 @@ sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *
 		memset(&cs, 0, sizeof cs);
 		if (m->e != NULL)
 			engine_cache_stats(m->e, &cs);
-		msgpack_pack_map(pk, 21);
+		msgpack_pack_map(pk, 25);
 		proto_pack_kv_str(pk, "name", m->name);
 		proto_pack_kv_bool(pk, "loaded", m->e != NULL);
 		proto_pack_kv_uint(pk, "faults", m->faults);
@@ -273,6 +307,10 @@ sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *
 		proto_pack_kv_uint(pk, "cache_host_hit_tokens", cs.host_hit);
 		proto_pack_kv_uint(pk, "cache_disk_hit_tokens", cs.disk_hit);
 		proto_pack_kv_uint(pk, "kv_used_bytes", cs.used_bytes);
+		proto_pack_kv_uint(pk, "prompt_tokens", m->prompt_tokens);
+		proto_pack_kv_uint(pk, "generated_tokens", m->generated_tokens);
+		pack_hist(pk, "ttft", &m->ttft, &hist_ttft);
+		pack_hist(pk, "itl", &m->itl, &hist_itl);
 		device_bytes += cs.used_bytes;
 	}
 	pack_kv_tiers(s, pk, device_bytes);
@@ -292,9 +330,10 @@ sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *
 		proto_pack_kv_uint(pk, "requests", (uint64_t)job->clients[i].requests);
 	}
 	proto_pack_str(pk, "steps");
-	msgpack_pack_map(pk, 4);
+	msgpack_pack_map(pk, 5);
 	proto_pack_kv_uint(pk, "count", s->steps);
 	proto_pack_kv_uint(pk, "tokens", s->step_tokens);
 	proto_pack_kv_uint(pk, "max_batch", (uint64_t)s->max_batch);
 	proto_pack_kv_float(pk, "mean_batch", s->steps ? (double)s->step_seqs / (double)s->steps : 0);
+	pack_hist(pk, "batch", &s->batch, &hist_batch);
 }

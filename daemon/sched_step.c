@@ -189,7 +189,7 @@ sched_step_model(struct sched *s, struct slot *m)
 	struct gen **gens = xmalloc((size_t)cap * sizeof *gens);
 	struct sched_event *out = NULL, **tail = &out;
 	char err[ERR_LEN];
-	uint64_t t0;
+	uint64_t t0, t1 = 0;
 
 	n = pick(s, m, seqs, gens, MIN(cap, s->o.max_seqs > 0 ? s->o.max_seqs : 64));
 	for (i = 0; i < n; i++) {
@@ -202,7 +202,7 @@ sched_step_model(struct sched *s, struct slot *m)
 		budget = MAX(budget, engine_step_tokens(m->e, n_dec + budget) - n_dec);
 	t0 = now_ns();
 	if (n > 0 && (rc = engine_step(m->e, seqs, n, budget, err)) >= 0) {
-		double sec = (double)(now_ns() - t0) / 1e9;
+		double sec = (double)((t1 = now_ns()) - t0) / 1e9;
 
 		log_debug("step %s: %d decoding, %d prefilling, %d tokens, %.2f ms (chunk %d)",
 		    m->name, n_dec, n_pre, rc, sec * 1e3, (int)m->pace.chunk);
@@ -211,6 +211,7 @@ sched_step_model(struct sched *s, struct slot *m)
 		s->step_tokens += (uint64_t)rc;
 		s->step_seqs += (uint64_t)n;
 		s->max_batch = MAX(s->max_batch, n);
+		hist_add(&s->batch, &hist_batch, (uint64_t)n);
 	}
 	for (i = 0; i < n; i++) {
 		struct gen *g = gens[i];
@@ -218,8 +219,7 @@ sched_step_model(struct sched *s, struct slot *m)
 
 		if (q->new_token < 0)
 			continue;
-		if (g->t_first == 0)
-			g->t_first = now_ns();
+		sched_gen_token_time(g, q, t1);
 		if (g->job->req.stream && (gentext_piece_bytes(&q->out) > 0 || q->state != SEQ_DONE))
 			tail = sched_chain(tail, sched_token_event(g, q));
 	}

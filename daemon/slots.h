@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "engine.h"
+#include "hist.h"
 #include "pace.h"
 
 struct resident;
@@ -44,6 +45,9 @@ struct slot {
 	uint64_t last_used;           /* order of last use among the slots */
 	uint64_t loads, unloads;
 	struct pace pace;             /* its steps' prefill chunk (the scheduler's) */
+	/* the scheduler's figures for status, since the daemon started */
+	uint64_t prompt_tokens, generated_tokens;
+	struct hist ttft, itl;        /* time to first token, between tokens (hist_ttft, hist_itl) */
 	struct slot *next;
 };
 

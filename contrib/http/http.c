@@ -1,9 +1,9 @@
 /*
  * http.c: the HTTP side of the bridge. Routes requests, checks the API key,
- * sends JSON bodies and streams, and notices a client that leaves while its
- * reply is being made. A URL under /api/ is Ollama's API (ollama.c routes
- * it): its errors and streams are written in Ollama's shapes, the others'
- * in OpenAI's.
+ * sends JSON bodies, streams and the text of GET /metrics (metrics.c), and
+ * notices a client that leaves while its reply is being made. A URL under
+ * /api/ is Ollama's API (ollama.c routes it): its errors and streams are
+ * written in Ollama's shapes, the others' in OpenAI's.
  *
  * evhttp stops reading a connection while the application makes a reply,
  * so a client that closes its connection is seen only when a write to it
@@ -308,6 +308,28 @@ route_models(struct oa *oa, struct evhttp_request *req, const char *encoded)
 	free(name);
 }
 
+/* GET /metrics (results: status's). */
+static void
+metrics_reply(struct evhttp_request *req, const char *model, json_t *const *results, void *arg)
+{
+	struct evbuffer *buf;
+	struct api_error e;
+	size_t len;
+	char *text = metrics_text(results[0], &len);
+
+	if (text == NULL || (buf = evbuffer_new()) == NULL) {
+		free(text);
+		api_nomem(&e);
+		http_send_error(req, &e);
+		return;
+	}
+	evbuffer_add(buf, text, len);
+	free(text);
+	http_add_header(req, "Content-Type", METRICS_CONTENT_TYPE);
+	evhttp_send_reply(req, 200, "OK", buf);
+	evbuffer_free(buf);
+}
+
 void
 http_route_none(struct evhttp_request *req, const char *path, const char *allow)
 {
@@ -320,9 +342,9 @@ http_route_none(struct evhttp_request *req, const char *path, const char *allow)
 	} else {
 		api_error_set(&e, 404, "invalid_request_error", NULL, "unknown_url",
 		    "unknown request URL %s: resident-http serves OpenAI's GET /v1/models, "
-		    "POST /v1/chat/completions, /v1/completions and /v1/embeddings, and Ollama's GET /api/version, "
-		    "/api/tags and /api/ps, POST /api/show, /api/chat, /api/generate, /api/embed and /api/embeddings",
-		    path);
+		    "POST /v1/chat/completions, /v1/completions and /v1/embeddings, Ollama's GET /api/version, "
+		    "/api/tags and /api/ps, POST /api/show, /api/chat, /api/generate, /api/embed and /api/embeddings, "
+		    "and GET /metrics", path);
 	}
 	http_send_error(req, &e);
 }
@@ -362,6 +384,13 @@ http_request_cb(struct evhttp_request *req, void *arg)
 			route_models(oa, req, path[10] == '/' && path[11] != '\0' ? path + 11 : NULL);
 	} else if (strncmp(path, "/api/", 5) == 0) {
 		ollama_route(oa, req, path);
+	} else if (strcmp(path, "/metrics") == 0) {
+		static const char *const status[] = { "status", NULL };
+
+		if (get)
+			call_ops(oa, req, "GET /metrics", API_OPENAI, NULL, status, metrics_reply, NULL);
+		else
+			http_route_none(req, path, "GET");
 	} else {
 		http_route_none(req, path, NULL);
 	}

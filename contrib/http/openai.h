@@ -15,6 +15,7 @@
  *   ollama_api.c  Ollama's JSON <-> resident's: its requests parsed into an
  *                 api_req, its model names, replies and errors; no I/O
  *   embed.c       the embeddings routes, OpenAI's and Ollama's: their JSON <-> embed
+ *   metrics.c     GET /metrics: status in Prometheus' text format; no I/O
  */
 #ifndef RESIDENT_OPENAI_H
 #define RESIDENT_OPENAI_H
@@ -346,6 +347,13 @@ json_t *ollama_tag(const json_t *model, double mtime, uint64_t file_size);
 json_t *ollama_ps(const json_t *status, const json_t *list, double now);
 /* /api/show of model.show's model, its file's mtime (0: unknown). */
 json_t *ollama_show(const json_t *model, double mtime);
+
+/* ---- metrics.c ---- */
+
+/* The content type of Prometheus' text exposition format, which GET /metrics answers in. */
+#define METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
+/* A status result (api_value_json's) in that format: malloc'd, its length in *len; NULL: out of memory. */
+char *metrics_text(const json_t *status, size_t *len);
 
 /* ---- ollama.c ---- */
 

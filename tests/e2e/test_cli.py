@@ -165,7 +165,8 @@ def test_usage():
 def test_status():
     out, _, _ = resident("status")
     for word in ("residentd", "protocol 1", "tiny", "MODEL", "PID", "resident", "batches", "memory",
-                 "KV cache", "on disk", "KEEP-ALIVE", "5m 00s", "CACHE HIT / MISS"):
+                 "KV cache", "on disk", "KEEP-ALIVE", "5m 00s", "CACHE HIT / MISS", "requests", "cancelled",
+                 "PROMPT TOKENS", "FIRST TOKEN p50 / p90", "NEXT TOKEN p50 / p90"):
         check(word in out, f"status shows {word}", out)
     st = resident_json("status")
     check(st["version"] == 1 and st["uptime_s"] >= 0, "status version, uptime", st)
@@ -215,7 +216,7 @@ SHOW_KEYS = {"name", "path", "loaded", "default", "device", "arch", "size", "for
 STATUS_MODEL_KEYS = {"name", "loaded", "device", "exact", "faults", "memory_bytes", "keep_alive_s", "expires_in_s",
                      "loads", "unloads", "weights_bytes", "kv_bytes", "kv_blocks", "kv_free_blocks", "kv_used_bytes",
                      "active", "queued", "cache_hit_tokens", "cache_miss_tokens", "cache_host_hit_tokens",
-                     "cache_disk_hit_tokens"}
+                     "cache_disk_hit_tokens", "prompt_tokens", "generated_tokens", "ttft", "itl"}
 
 
 def ps_rows():
