@@ -27,8 +27,6 @@ Skips (77) without msgpack; the openai and ollama parts each skip alone
 """
 import json
 import os
-import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -39,6 +37,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
 from rsd import Checks, Daemon  # noqa: E402
+from test_openai import Bridge  # noqa: E402
 
 sys.path.insert(0, os.path.join(rsd.common.srcdir(), "contrib", "python"))
 import resident  # noqa: E402
@@ -219,37 +218,20 @@ def check_python(ck, d, m, ref):
         ck.raises(lambda: rc.embed(TEXTS), resident.InvalidParam, "the Python package: no embedding model")
 
 
-class Bridge:
-    """resident-http on a free port of 127.0.0.1, in front of socket."""
+def post(b, path, body):
+    """(status, JSON body) of a POST to the bridge b (test_openai's Bridge) at path."""
+    req = urllib.request.Request(base(b) + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
 
-    def __init__(self, socket_path):
-        self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen([rsd.tool("resident-http"), "--listen", "127.0.0.1:0", "-s", socket_path],
-                                     stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
-        while True:
-            self.log.seek(0)
-            mt = re.search(r"http://127\.0\.0\.1:(\d+)", self.log.read().decode("utf-8", "replace"))
-            if mt:
-                self.base = "http://127.0.0.1:%s" % mt.group(1)
-                return
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("resident-http did not start")
-            time.sleep(0.02)
 
-    def post(self, path, body):
-        """(status, JSON body) of a POST."""
-        req = urllib.request.Request(self.base + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=60) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"null")
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(10)
+def base(b):
+    """The bridge's address, without OpenAI's /v1."""
+    return "http://127.0.0.1:%d" % b.port
 
 
 def check_bridge(ck, c, d, m, ref):
@@ -257,25 +239,25 @@ def check_bridge(ck, c, d, m, ref):
     name = c.call("embed", input="x", model=g)["model"]
     b = Bridge(d.sock)
     try:
-        st, body = b.post("/v1/embeddings", {"model": name, "input": TEXTS, "encoding_format": "float"})
+        st, body = post(b, "/v1/embeddings", {"model": name, "input": TEXTS, "encoding_format": "float"})
         got = [x["embedding"] for x in body.get("data", [])] if st == 200 else [[0]]
         ck.ok(st == 200 and max_diff(got, ref) < 1e-6 and body["usage"]["prompt_tokens"] > 0 and
               body["object"] == "list" and body["model"] == name, "POST /v1/embeddings: %d %s" % (st, str(body)[:200]))
-        st, body = b.post("/v1/embeddings", {"model": name, "input": [[1, 2, 3]]})
+        st, body = post(b, "/v1/embeddings", {"model": name, "input": [[1, 2, 3]]})
         ck.ok(st == 400 and body["error"]["param"] == "input", "token id inputs (OpenAI's tokenizer's) are refused")
-        st, body = b.post("/v1/embeddings", {"model": "no-such-model", "input": "x"})
+        st, body = post(b, "/v1/embeddings", {"model": "no-such-model", "input": "x"})
         ck.eq(st, 404, "/v1/embeddings of a model residentd does not list")
-        st, body = b.post("/v1/embeddings", {"model": name, "input": "x", "dimensions": 999})
+        st, body = post(b, "/v1/embeddings", {"model": name, "input": "x", "dimensions": 999})
         ck.ok(st == 400 and "dimensions" in body["error"]["message"], "dimensions over the model's: 400")
-        st, body = b.post("/api/embed", {"model": name, "input": TEXTS, "keep_alive": "5m"})
+        st, body = post(b, "/api/embed", {"model": name, "input": TEXTS, "keep_alive": "5m"})
         ck.ok(st == 200 and max_diff(body.get("embeddings", [[0]]), ref) < 1e-6 and body["prompt_eval_count"] > 0 and
               body["total_duration"] > 0 and "load_duration" in body, "POST /api/embed: %d %s" % (st, str(body)[:200]))
-        st, body = b.post("/api/embed", {"model": name, "input": "word " * 1100, "truncate": False})
+        st, body = post(b, "/api/embed", {"model": name, "input": "word " * 1100, "truncate": False})
         ck.ok(st == 400 and isinstance(body.get("error"), str), "/api/embed truncate false over the context: 400 "
               "with Ollama's error shape (%s)" % body)
-        st, body = b.post("/api/embed", {"model": name, "input": "word " * 1100})
+        st, body = post(b, "/api/embed", {"model": name, "input": "word " * 1100})
         ck.ok(st == 200 and body["prompt_eval_count"] == 1024, "/api/embed cuts to the context by default")
-        st, body = b.post("/api/embeddings", {"model": name, "prompt": TEXTS[0]})
+        st, body = post(b, "/api/embeddings", {"model": name, "prompt": TEXTS[0]})
         ck.ok(st == 200 and max_diff(body.get("embedding", [0]), ref[0]) < 1e-6, "POST /api/embeddings (prompt)")
         check_openai(ck, b, name, ref)
         check_ollama(ck, b, name, ref)
@@ -289,7 +271,7 @@ def check_openai(ck, b, name, ref):
     except ImportError:
         print("SKIP part: the openai package is not installed")
         return
-    oc = openai.OpenAI(base_url=b.base + "/v1", api_key="none", max_retries=0, timeout=60)
+    oc = openai.OpenAI(base_url=base(b) + "/v1", api_key="none", max_retries=0, timeout=60)
     r = oc.embeddings.create(model=name, input=TEXTS)   # the package asks for base64 and decodes it
     ck.ok(max_diff([x.embedding for x in r.data], ref) < 1e-6 and r.usage.prompt_tokens > 0,
           "the openai package's embeddings.create (base64)")
@@ -305,7 +287,7 @@ def check_ollama(ck, b, name, ref):
     except ImportError:
         print("SKIP part: the ollama package is not installed")
         return
-    oc = ollama.Client(host=b.base)
+    oc = ollama.Client(host=base(b))
     r = oc.embed(model=name, input=TEXTS)
     ck.ok(max_diff(r.embeddings, ref) < 1e-6 and r.prompt_eval_count > 0, "the ollama package's embed")
     r = oc.embed(model=name, input=TEXTS[0], dimensions=32, keep_alive=-1)
