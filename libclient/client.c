@@ -961,8 +961,10 @@ rs_embed(rs_client *c, const char *model, const char *const *texts, size_t n, un
 	all = rs_get(v, "embeddings");
 	d = (size_t)rs_uint(rs_get(v, "dimensions"));
 	if (rs_len(all) != n) {
+		size_t got = rs_len(all);
+
 		rs_value_free(v);
-		return fail(c, RS_ERR_PROTOCOL, "embed: %zu vectors for %zu texts", rs_len(all), n);
+		return fail(c, RS_ERR_PROTOCOL, "embed: %zu vectors for %zu texts", got, n);
 	}
 	if ((*vectors = malloc((n * d > 0 ? n * d : 1) * sizeof **vectors)) == NULL) {
 		rs_value_free(v);
@@ -971,10 +973,12 @@ rs_embed(rs_client *c, const char *model, const char *const *texts, size_t n, un
 	for (i = 0; i < n; i++) {
 		one = rs_at(all, i);
 		if (rs_len(one) != d) {
+			size_t got = rs_len(one);
+
 			free(*vectors);
 			*vectors = NULL;
 			rs_value_free(v);
-			return fail(c, RS_ERR_PROTOCOL, "embed: vector %zu has %zu floats, not %zu", i, rs_len(one), d);
+			return fail(c, RS_ERR_PROTOCOL, "embed: vector %zu has %zu floats, not %zu", i, got, d);
 		}
 		for (j = 0; j < d; j++)
 			(*vectors)[i * d + j] = (float)rs_float(rs_at(one, j));
