@@ -209,29 +209,17 @@ embed_open_hf(struct model_desc *m, json_t *cfg, char *err)
 
 /* ---- GGUF ---- */
 
-/* "<prefix>.<key>" as a u32; absent keeps *v. */
-static int
-gguf_u32_key(const struct gguf_file *f, const char *prefix, const char *key, uint32_t *v, char *err)
-{
-	char full[128];
-	int rc;
-
-	snprintf(full, sizeof full, "%s.%s", prefix, key);
-	rc = gguf_get_u32(f, full, v, err);
-	return rc == ERR_NOTFOUND ? 0 : rc;
-}
-
 int
 embed_open_gguf(struct model_desc *m, const struct gguf_file *f, const char *prefix, int bidirectional, char *err)
 {
 	static const char *const dense[] = { "dense_2.weight", "dense_3.weight" };
-	uint32_t pool = bidirectional ? POOL_MEAN : POOL_NONE;
+	int32_t pool = bidirectional ? POOL_MEAN : POOL_NONE;
 	const struct gguf_tensor *t;
 	char key[128];
 	int causal = 1, rc;
 
 	snprintf(key, sizeof key, "%s.attention.causal", prefix);
-	if ((rc = gguf_u32_key(f, prefix, "pooling_type", &pool, err)) != 0 ||
+	if ((rc = gguf_hp_i32(f, prefix, "pooling_type", &pool, 0, err)) != 0 ||
 	    ((rc = gguf_get_bool(f, key, &causal, err)) != 0 && rc != ERR_NOTFOUND))
 		return rc;
 	m->embed.bidirectional = bidirectional || !causal;
@@ -239,8 +227,8 @@ embed_open_gguf(struct model_desc *m, const struct gguf_file *f, const char *pre
 		return m->embed.bidirectional ? err_set(err, ERR_UNSUPPORTED, "%s: bidirectional attention without a "
 		    "pooling type (%s.pooling_type) makes no vectors", m->path, prefix) : 0;
 	if (pool > POOL_LAST)
-		return err_set(err, ERR_UNSUPPORTED, "%s.pooling_type %u is not supported (1 mean, 2 cls, 3 last)", prefix,
-		    pool);
+		return err_set(err, ERR_UNSUPPORTED, "%s.pooling_type %d is not supported (1 mean, 2 cls, 3 last)", prefix,
+		    (int)pool);
 	m->embed.pool = (enum pool_kind)pool;
 	m->embed.normalize = 1;
 	for (size_t i = 0; i < ARRAY_LEN(dense); i++) {

@@ -767,6 +767,39 @@ gguf_get_f32(const struct gguf_file *f, const char *key, float *v, char *err)
 }
 
 int
+gguf_hp_i32(const struct gguf_file *f, const char *arch, const char *key, int32_t *v,
+    int required, char *err)
+{
+	char full[128];
+	int64_t x;
+	int rc;
+
+	snprintf(full, sizeof full, "%s.%s", arch, key);
+	rc = gguf_get_i64(f, full, &x, err);
+	if (rc == ERR_NOTFOUND && !required)
+		return 0;
+	if (rc == ERR_NOTFOUND)
+		return err_set(err, rc, "missing metadata key %s", full);
+	if (rc != 0)
+		return rc;
+	if (x < 0 || x > INT32_MAX)
+		return err_set(err, ERR_RANGE, "%s = %lld is out of range", full, (long long)x);
+	*v = (int32_t)x;
+	return 0;
+}
+
+int
+gguf_hp_f32(const struct gguf_file *f, const char *arch, const char *key, float *v, char *err)
+{
+	char full[128];
+	int rc;
+
+	snprintf(full, sizeof full, "%s.%s", arch, key);
+	rc = gguf_get_f32(f, full, v, err);
+	return rc == ERR_NOTFOUND ? 0 : rc;
+}
+
+int
 gguf_get_bool(const struct gguf_file *f, const char *key, int *v, char *err)
 {
 	int64_t i = typed_key(f, key, 1u << GGUF_BOOL, err);

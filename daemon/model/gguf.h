@@ -77,6 +77,14 @@ int gguf_get_u32(const struct gguf_file *f, const char *key, uint32_t *v, char *
 int gguf_get_f32(const struct gguf_file *f, const char *key, float *v, char *err);
 int gguf_get_bool(const struct gguf_file *f, const char *key, int *v, char *err);
 int gguf_get_str(const struct gguf_file *f, const char *key, struct gguf_str *v, char *err);
+/*
+ * "<prefix>.<key>" (an architecture's hyperparameter): as an int32 in
+ * 0..INT32_MAX, a missing key keeping *v unless required (then
+ * ERR_NOTFOUND naming it); as a float, a missing key keeping *v.
+ */
+int gguf_hp_i32(const struct gguf_file *f, const char *prefix, const char *key, int32_t *v, int required,
+    char *err);
+int gguf_hp_f32(const struct gguf_file *f, const char *prefix, const char *key, float *v, char *err);
 /* Scalar value i as double / int64 (for dumps); arrays and strings are not scalars. */
 double gguf_kv_f64(const struct gguf_file *f, int64_t i);
 int64_t gguf_kv_i64(const struct gguf_file *f, int64_t i);
