@@ -649,14 +649,21 @@ set_reasoning(json_t *msg, const char *reasoning)
 		json_object_set_new(msg, "reasoning_content", api_text_json(reasoning));
 }
 
-json_t *
-api_reply(const struct api_req *r, const struct api_meta *m, const struct api_usage *u)
+/* A reply of no choices yet, with its usage (a whole reply's start, or a stream's usage chunk). */
+static json_t *
+usage_reply(const struct api_meta *m, const char *object, const struct api_usage *u)
 {
-	json_t *o = reply_head(m, r->kind == API_CHAT ? "chat.completion" : "text_completion");
+	json_t *o = reply_head(m, object);
 
 	json_object_set_new(o, "choices", json_array());
 	json_object_set_new(o, "usage", usage_json(u));
 	return o;
+}
+
+json_t *
+api_reply(const struct api_req *r, const struct api_meta *m, const struct api_usage *u)
+{
+	return usage_reply(m, r->kind == API_CHAT ? "chat.completion" : "text_completion", u);
 }
 
 json_t *
@@ -707,11 +714,7 @@ api_chunk(const struct api_req *r, const struct api_meta *m, int index, const ch
 json_t *
 api_usage_chunk(const struct api_req *r, const struct api_meta *m, const struct api_usage *u)
 {
-	json_t *o = reply_head(m, r->kind == API_CHAT ? "chat.completion.chunk" : "text_completion");
-
-	json_object_set_new(o, "choices", json_array());
-	json_object_set_new(o, "usage", usage_json(u));
-	return o;
+	return usage_reply(m, r->kind == API_CHAT ? "chat.completion.chunk" : "text_completion", u);
 }
 
 json_t *

@@ -83,7 +83,7 @@ struct call {
 	const char *const *ops;
 	size_t op;
 	json_t *results[CALL_MAX_OPS];
-	rs_params *params;            /* the ops' fields (call_ops_with), or NULL */
+	rs_params *params;            /* the ops' fields (call_ops), or NULL */
 	call_reply_fn reply;
 	void *reply_arg;
 	/* completions (of call_ops: the model, if any) */
@@ -499,13 +499,6 @@ ops_next(struct call *c)
 
 void
 call_ops(struct oa *oa, struct evhttp_request *req, const char *path, enum api_dialect d, const char *model,
-    const char *const *ops, call_reply_fn reply, void *arg)
-{
-	call_ops_with(oa, req, path, d, model, ops, NULL, reply, arg);
-}
-
-void
-call_ops_with(struct oa *oa, struct evhttp_request *req, const char *path, enum api_dialect d, const char *model,
     const char *const *ops, rs_params *params, call_reply_fn reply, void *arg)
 {
 	struct call *c = call_open(oa, req, path);

@@ -1,6 +1,6 @@
 /*
  * embed.c: the embeddings routes, each one `embed` of the daemon
- * (call_ops_with, which resolves the model's name as the route's API
+ * (call_ops, which resolves the model's name as the route's API
  * names it and answers errors in its shape): OpenAI's POST /v1/embeddings
  * (input a string or an array of strings; encoding_format float or
  * base64; dimensions; usage), Ollama's POST /api/embed (input a string or
@@ -239,7 +239,7 @@ embed_route(struct oa *oa, struct evhttp_request *req, const char *path)
 	} else if (embed_params(routes[i].api, o, p, &ctx, &e) != 0) {
 		/* e says why */
 	} else {
-		call_ops_with(oa, req, routes[i].path, routes[i].api == EMBED_OPENAI ? API_OPENAI : API_OLLAMA_CHAT,
+		call_ops(oa, req, routes[i].path, routes[i].api == EMBED_OPENAI ? API_OPENAI : API_OLLAMA_CHAT,
 		    model ? json_string_value(model) : NULL, ops, p, embed_reply, (void *)ctx);
 		json_decref(o);
 		return 1;

@@ -304,7 +304,7 @@ route_models(struct oa *oa, struct evhttp_request *req, const char *encoded)
 		return;
 	}
 	call_ops(oa, req, name ? "GET /v1/models/NAME" : "GET /v1/models", API_OPENAI, name, name ? none : list,
-	    models_reply, NULL);
+	    NULL, models_reply, NULL);
 	free(name);
 }
 
@@ -388,7 +388,7 @@ http_request_cb(struct evhttp_request *req, void *arg)
 		static const char *const status[] = { "status", NULL };
 
 		if (get)
-			call_ops(oa, req, "GET /metrics", API_OPENAI, NULL, status, metrics_reply, NULL);
+			call_ops(oa, req, "GET /metrics", API_OPENAI, NULL, status, NULL, metrics_reply, NULL);
 		else
 			http_route_none(req, path, "GET");
 	} else {

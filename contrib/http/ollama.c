@@ -110,7 +110,7 @@ route_generate(struct oa *oa, struct evhttp_request *req, enum api_dialect d)
 	}
 	l = &loads[d == API_OLLAMA_GENERATE][action == OLLAMA_UNLOAD];
 	call_ops(oa, req, d == API_OLLAMA_CHAT ? "POST /api/chat" : "POST /api/generate", d, r.asked,
-	    action == OLLAMA_UNLOAD ? unload : load, load_reply, (void *)l);
+	    action == OLLAMA_UNLOAD ? unload : load, NULL, load_reply, (void *)l);
 	api_req_free(&r);
 }
 
@@ -128,7 +128,7 @@ route_show(struct oa *oa, struct evhttp_request *req)
 		http_send_error(req, &e);
 		return;
 	}
-	call_ops(oa, req, "POST /api/show", API_OLLAMA_CHAT, model, ops, show_reply, NULL);
+	call_ops(oa, req, "POST /api/show", API_OLLAMA_CHAT, model, ops, NULL, show_reply, NULL);
 	free(model);
 }
 
@@ -161,9 +161,9 @@ ollama_route(struct oa *oa, struct evhttp_request *req, const char *path)
 	else if (strcmp(path, "/api/version") == 0 && get)
 		http_send_json(req, 200, json_pack("{ss}", "version", OLLAMA_VERSION));
 	else if (strcmp(path, "/api/tags") == 0 && get)
-		call_ops(oa, req, "GET /api/tags", API_OLLAMA_CHAT, NULL, tags, tags_reply, NULL);
+		call_ops(oa, req, "GET /api/tags", API_OLLAMA_CHAT, NULL, tags, NULL, tags_reply, NULL);
 	else if (strcmp(path, "/api/ps") == 0 && get)
-		call_ops(oa, req, "GET /api/ps", API_OLLAMA_CHAT, NULL, ps, ps_reply, NULL);
+		call_ops(oa, req, "GET /api/ps", API_OLLAMA_CHAT, NULL, ps, NULL, ps_reply, NULL);
 	else if (strcmp(path, "/api/show") == 0 && post)
 		route_show(oa, req);
 	else if (strcmp(path, "/api/chat") == 0 && post)

@@ -424,8 +424,9 @@ void http_watch_drop(struct http_watch *w);
  * the model it names, if any, is checked first against residentd's models
  * (in the dialect's way: OpenAI's names as they are, Ollama's as
  * ollama_resolve finds them; 404 for one residentd does not have), then
- * each op of ops (NULL-terminated) is sent in turn, with that model's
- * daemon name as its `model`, and reply(req, model, results, arg) answers
+ * each op of ops (NULL-terminated) is sent in turn, with params' fields
+ * (taken; NULL: none) and that model's daemon name as its `model`, and
+ * reply(req, model, results, arg) answers
  * with their results (as JSON, one an op; borrowed) and the daemon's name.
  * An error of the daemon is answered as any call's.
  */
@@ -433,9 +434,6 @@ typedef void (*call_reply_fn)(struct evhttp_request *req, const char *model, jso
     void *arg);
 #define CALL_MAX_OPS 4
 void call_ops(struct oa *oa, struct evhttp_request *req, const char *path, enum api_dialect d,
-    const char *model, const char *const *ops, call_reply_fn reply, void *arg);
-/* call_ops with more fields for its ops: params (taken) go with each op, the model's name set in them. */
-void call_ops_with(struct oa *oa, struct evhttp_request *req, const char *path, enum api_dialect d,
     const char *model, const char *const *ops, rs_params *params, call_reply_fn reply, void *arg);
 /* A checked completion request; takes r. */
 void call_generate(struct oa *oa, struct evhttp_request *req, struct api_req *r);
