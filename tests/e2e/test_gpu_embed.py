@@ -38,7 +38,9 @@ LONG = "many words " * 240
 
 def start(tmp, device):
     """A daemon on device, or Skip when the build has no CUDA backend."""
-    d = Daemon(tmp=os.path.join(tmp, device), extra=["--device", device])
+    path = os.path.join(tmp, device)
+    os.makedirs(path, exist_ok=True)
+    d = Daemon(tmp=path, extra=["--device", device])
     try:
         d.start(timeout=300)
         return d
@@ -80,9 +82,11 @@ def main():
                 subprocess.run([rsd.tool("resident-model"), "gen", shape, p, "--type", qtype, "--quiet"], check=True,
                                stdout=subprocess.DEVNULL)
                 paths.append(p)
-        gpu = start(tmp, "cuda")
-        cpu = start(tmp, "cpu")
+        daemons = []
         try:
+            for device in ("cuda", "cpu"):
+                daemons.append(start(tmp, device))
+            gpu, cpu = daemons
             for p in paths:
                 name = os.path.basename(p)
                 with ck.section(name):
@@ -108,7 +112,7 @@ def main():
                     ck.ok(float(cos.min()) >= MIN_COS, "%s on the GPU against sentence-transformers: min cosine %.6f"
                           % (kind, float(cos.min())))
         finally:
-            for d in (gpu, cpu):
+            for d in daemons:
                 d.stop()
                 d.cleanup()
     finally:
