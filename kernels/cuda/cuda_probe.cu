@@ -682,6 +682,7 @@ heads_upload(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_head
 
 	struct model_hparams hp = {};
 
+	*ch = {}, *ck = {}; /* fields the probe does not set (a bidirectional step's ends) stay off */
 	hp.head_dim = hd->head_dim, hp.rope_theta = hp.rope_theta_local = hd->theta;
 	model_rope_freqs(&hp, 0, freq);
 	if ((rc = buf_opt(p, bs, hd->bq, qb, &d[0], err)) != 0 ||
