@@ -362,6 +362,7 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 	char rel[128], path[4096];
 	size_t head = 0, rec = rec_bytes(j->block_bytes);
 	uint8_t *buf = xmalloc(CHUNK * rec), *blocks = xmalloc(CHUNK * j->block_bytes);
+	void *dst[CHUNK];
 	int32_t i, k, c, have;
 	int fd, rc = 0;
 
@@ -388,8 +389,10 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 		c = MIN(CHUNK, j->n - i);
 		if (i > 0 && (rc = room_for(d, (uint64_t)c * rec, err)) != 0)
 			break;
+		for (k = 0; k < c; k++)
+			dst[k] = blocks + (size_t)k * j->block_bytes;
 		pthread_mutex_lock(j->copy_mu);
-		rc = j->ops->kv_read(j->be, j->blocks + i, c, blocks, err);
+		rc = j->ops->kv_read(j->be, j->blocks + i, c, dst, err);
 		pthread_mutex_unlock(j->copy_mu);
 		if (rc != 0)
 			break;
@@ -444,8 +447,10 @@ run_load(struct kvdisk *d, struct kvdisk_job *j, char *err)
 		if (pread(fd, buf, rec, (off_t)(head + (size_t)(j->first + i) * rec)) != (ssize_t)rec ||
 		    !rec_valid(j, j->first + i, buf))
 			break;
+		const void *src = buf + sizeof(struct rec_head);
+
 		pthread_mutex_lock(j->copy_mu);
-		rc = j->ops->kv_write(j->be, j->blocks + i, 1, buf + sizeof(struct rec_head), err);
+		rc = j->ops->kv_write(j->be, j->blocks + i, 1, &src, err);
 		pthread_mutex_unlock(j->copy_mu);
 		if (rc == 0)
 			j->done++;

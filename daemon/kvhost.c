@@ -21,12 +21,24 @@ kvhost_init(struct kvhost *h, uint64_t budget)
 	h->slots = xcalloc(h->mask + 1, sizeof *h->slots);
 }
 
-void
-kvhost_free(struct kvhost_block *b)
+/* Frees a block that no list holds, and its buffer. */
+static void
+block_free(struct kvhost_block *b)
 {
-	if (b != NULL)
-		free(b->data);
+	b->free_fn(b->data);
 	free(b);
+}
+
+/* Frees the first spare buffer. */
+static void
+spare_drop(struct kvhost *h)
+{
+	struct kvhost_spare *s = h->spare;
+
+	h->spare = s->next;
+	h->spare_bytes -= s->bytes;
+	s->free_fn(s->data);
+	free(s);
 }
 
 void
@@ -36,8 +48,10 @@ kvhost_destroy(struct kvhost *h)
 
 	for (b = h->oldest; b != NULL; b = next) {
 		next = b->newer;
-		kvhost_free(b);
+		block_free(b);
 	}
+	while (h->spare != NULL)
+		spare_drop(h);
 	free(h->slots);
 	memset(h, 0, sizeof *h);
 }
@@ -48,7 +62,7 @@ kvhost_fits(const struct kvhost *h, size_t bytes)
 	return bytes > 0 && bytes <= h->budget;
 }
 
-/* Unlinks b from its slot and the age list. */
+/* Unlinks b from its slot and the age list; its bytes stay counted. */
 static void
 unlink_block(struct kvhost *h, struct kvhost_block *b)
 {
@@ -65,7 +79,6 @@ unlink_block(struct kvhost *h, struct kvhost_block *b)
 		b->newer->older = b->older;
 	else
 		h->newest = b->older;
-	h->used -= b->bytes;
 	h->n--;
 }
 
@@ -85,24 +98,83 @@ grow(struct kvhost *h)
 	h->mask = mask;
 }
 
+/* A spare buffer of this size and kind, taken off the list, or NULL. */
+static void *
+spare_take(struct kvhost *h, size_t bytes, void (*free_fn)(void *))
+{
+	struct kvhost_spare **pp, *s;
+	void *data;
+
+	for (pp = &h->spare; (s = *pp) != NULL; pp = &s->next) {
+		if (s->bytes == bytes && s->free_fn == free_fn) {
+			*pp = s->next;
+			h->spare_bytes -= bytes;
+			data = s->data;
+			free(s);
+			return data;
+		}
+	}
+	return NULL;
+}
+
+void *
+kvhost_buffer(struct kvhost *h, size_t bytes, void *(*alloc)(size_t), void (*free_fn)(void *))
+{
+	struct kvhost_block *old;
+	void *data;
+
+	if (!kvhost_fits(h, bytes))
+		return NULL;
+	if ((data = spare_take(h, bytes, free_fn)) != NULL) {
+		h->used += bytes;
+		return data;
+	}
+	while (h->used + h->spare_bytes + bytes > h->budget) {
+		if (h->spare != NULL) {
+			spare_drop(h);
+			continue;
+		}
+		if ((old = h->oldest) == NULL)
+			return NULL;   /* the rest is taken out, being filled or copied */
+		unlink_block(h, old);
+		h->dropped++;
+		if (old->bytes == bytes && old->free_fn == free_fn) {
+			data = old->data;    /* counted as used already */
+			free(old);
+			return data;
+		}
+		h->used -= old->bytes;
+		block_free(old);
+	}
+	if ((data = alloc(bytes)) != NULL)
+		h->used += bytes;
+	return data;
+}
+
+void
+kvhost_release(struct kvhost *h, struct kvhost_block *b)
+{
+	struct kvhost_spare *s;
+
+	h->used -= b->bytes;
+	if (h->used + h->spare_bytes + b->bytes > h->budget) {
+		block_free(b);
+		return;
+	}
+	s = xmalloc(sizeof *s);
+	*s = (struct kvhost_spare){ b->data, b->bytes, b->free_fn, h->spare };
+	h->spare = s;
+	h->spare_bytes += b->bytes;
+	free(b);
+}
+
 void
 kvhost_put(struct kvhost *h, struct kvhost_block *b)
 {
 	struct kvhost_block *old;
 
-	if (!kvhost_fits(h, b->bytes)) {
-		kvhost_free(b);
-		h->dropped++;
-		return;
-	}
 	if ((old = kvhost_take(h, b->key, b->prev, b->root, b->depth, b->tokens)) != NULL)
-		kvhost_free(old);
-	while (h->used + b->bytes > h->budget) {
-		old = h->oldest;
-		unlink_block(h, old);
-		kvhost_free(old);
-		h->dropped++;
-	}
+		kvhost_release(h, old);
 	if ((uint64_t)h->n >= (uint64_t)h->mask + 1)
 		grow(h);
 	b->next_in_slot = h->slots[(uint32_t)b->key & h->mask];
@@ -114,7 +186,6 @@ kvhost_put(struct kvhost *h, struct kvhost_block *b)
 	else
 		h->oldest = b;
 	h->newest = b;
-	h->used += b->bytes;
 	h->n++;
 }
 

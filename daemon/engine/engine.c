@@ -30,6 +30,12 @@
 #include <xxhash.h>
 
 #define DEFAULT_CTX_CAP 8192
+/*
+ * Blocks a copy from the host tier moves: the pool blocks a run takes may
+ * push idle ones out to the host tier, into the buffers the run before gave
+ * back (pinning new ones costs the driver far more than the copy).
+ */
+#define HOST_RUN 32
 
 _Static_assert(FWD_TOP_LOGPROBS == SAMPLE_TOP, "the backends and the host sampler report as many likely tokens");
 
@@ -78,6 +84,15 @@ struct engine {
 	char *identity_text;
 	size_t block_bytes;     /* one block's K/V, as kv_read gives it */
 	struct kvhost *host;
+	/*
+	 * Blocks the pool gave up while a run came back from the host tier,
+	 * copied out together before the run is copied in (evict_flush): one
+	 * kv_read for all instead of one each.
+	 */
+	struct kvhost_block *evicted[HOST_RUN];
+	int32_t evicted_blk[HOST_RUN];
+	int32_t n_evicted;
+	int defer_evict;
 	struct kvdisk *disk;
 	struct engine_cache_stats st;
 };
@@ -225,34 +240,60 @@ make_identity(struct engine *e)
 	e->identity = XXH3_64bits(buf, strlen(buf));
 }
 
-/* kv.h's evict hook: a block the pool gives up is copied to the host tier if it fits. */
+/* Copies out the blocks evict_to_host held back, all in one kv_read, into the host tier. */
+static void
+evict_flush(struct engine *e)
+{
+	void *dst[HOST_RUN];
+	char err[ERR_LEN];
+	int32_t i, n = e->n_evicted;
+	int rc;
+
+	if (n == 0)
+		return;
+	for (i = 0; i < n; i++)
+		dst[i] = e->evicted[i]->data;
+	pthread_mutex_lock(&e->copy_mu);
+	rc = e->ops->kv_read(e->be, e->evicted_blk, n, dst, err);
+	pthread_mutex_unlock(&e->copy_mu);
+	for (i = 0; i < n; i++) {
+		if (rc != 0)
+			kvhost_release(e->host, e->evicted[i]);  /* the blocks are only lost from the cache */
+		else
+			kvhost_put(e->host, e->evicted[i]);
+	}
+	e->n_evicted = 0;
+}
+
+/*
+ * kv.h's evict hook: a block the pool gives up is copied to the host tier
+ * if it fits, at once or, while a run comes back from there
+ * (defer_evict), with the others by evict_flush before the run's copy
+ * overwrites them.
+ */
 static void
 evict_to_host(void *arg, const struct kv_pool *kv, int32_t blk)
 {
 	struct engine *e = arg;
 	const struct kv_block *k = &kv->b[blk];
 	struct kvhost_block *h;
-	char err[ERR_LEN];
-	int rc;
+	void *data;
 
-	if (!kvhost_fits(e->host, e->block_bytes))
+	if (e->n_evicted == HOST_RUN)
+		evict_flush(e);  /* room for more (a run takes at most HOST_RUN blocks, each giving up one) */
+	if ((data = kvhost_buffer(e->host, e->block_bytes, e->ops->host_alloc, e->ops->host_free)) == NULL)
 		return;
 	h = xcalloc(1, sizeof *h);
-	h->data = xmalloc(e->block_bytes);
-	pthread_mutex_lock(&e->copy_mu);
-	rc = e->ops->kv_read(e->be, &blk, 1, h->data, err);
-	pthread_mutex_unlock(&e->copy_mu);
-	if (rc != 0) {
-		kvhost_free(h);  /* the block is only lost from the cache */
-		return;
-	}
+	h->data = data, h->bytes = e->block_bytes, h->free_fn = e->ops->host_free;
 	h->key = k->key;
 	h->prev = k->parent == KV_NONE ? k->root : kv->b[k->parent].key;
 	h->root = k->root;
 	h->depth = k->depth;
 	memcpy(h->tokens, k->tokens, sizeof h->tokens);
-	h->bytes = e->block_bytes;
-	kvhost_put(e->host, h);
+	e->evicted[e->n_evicted] = h;
+	e->evicted_blk[e->n_evicted++] = blk;
+	if (!e->defer_evict)
+		evict_flush(e);
 }
 
 int
@@ -596,42 +637,77 @@ seq_key(const struct seq *s, int32_t n)
 	return key;
 }
 
+/* The host blocks that follow the sequence's own while they hold its tokens, up to upto tokens and n. */
+static int32_t
+host_run(struct engine *e, const struct seq *s, int32_t upto, struct kvhost_block **run, int32_t n)
+{
+	uint64_t key = s->key;
+	int32_t i = 0, depth;
+
+	for (depth = s->n_keyed; i < n && (depth + 1) * KV_BLOCK_TOKENS <= upto; depth++, i++) {
+		const int32_t *t = s->tokens + (size_t)depth * KV_BLOCK_TOKENS;
+		uint64_t next = kv_chain(key, t);
+
+		if ((run[i] = kvhost_take(e->host, next, key, s->root, depth, t)) == NULL)
+			break;
+		key = next;
+	}
+	return i;
+}
+
 /*
- * The block after the sequence's own, from the host tier: back into the
- * pool and the prefix cache, held. KV_NONE if the tier has none.
+ * The blocks after the sequence's own, from the host tier, as far as it
+ * has them in a row (up to upto tokens): pool blocks for all, one copy up
+ * (pinned memory crosses the bus directly, every block in flight at
+ * once), then into the prefix cache, held by the sequence. Returns how
+ * many blocks it took; those it could not place stay in host memory.
  */
 static int32_t
-from_host(struct engine *e, struct seq *s, uint64_t key, const int32_t *t)
+from_host(struct engine *e, struct seq *s, int32_t upto)
 {
-	struct kvhost_block *h;
+	struct kvhost_block *run[HOST_RUN];
+	const void *src[HOST_RUN];
+	int32_t blk[HOST_RUN], n, placed, i;
 	char err[ERR_LEN];
-	int32_t b;
-	int rc;
+	int rc = 0;
 
-	if (e->host == NULL || (h = kvhost_take(e->host, key, s->key, s->root, s->n_keyed, t)) == NULL)
-		return KV_NONE;
-	if ((b = kv_alloc(&e->kv)) >= 0) {
+	if (e->host == NULL || (n = host_run(e, s, upto, run, HOST_RUN)) == 0)
+		return 0;
+	e->defer_evict = 1;
+	for (placed = 0; placed < n && (blk[placed] = kv_alloc(&e->kv)) >= 0; placed++)
+		src[placed] = run[placed]->data;
+	e->defer_evict = 0;
+	evict_flush(e);
+	if (placed > 0) {
 		pthread_mutex_lock(&e->copy_mu);
-		rc = e->ops->kv_write(e->be, &b, 1, h->data, err);
+		rc = e->ops->kv_write(e->be, blk, placed, src, err);
 		pthread_mutex_unlock(&e->copy_mu);
-		if (rc != 0) {
-			kv_release(&e->kv, &b, 1);
-			b = -1;
+	}
+	if (rc != 0) {  /* a failed copy: the blocks stay in host memory */
+		kv_release(&e->kv, blk, placed);
+		placed = 0;
+	}
+	for (i = 0; i < n; i++) {
+		if (i >= placed) {
+			kvhost_put(e->host, run[i]);
+			continue;
 		}
+		seq_grow_blocks(s, s->n_blocks + 1);
+		s->blocks[s->n_blocks++] = kv_publish(&e->kv, blk[i], s->root, run[i]->key, s->n_keyed ?
+		    s->blocks[s->n_keyed - 1] : KV_NONE, s->n_keyed, run[i]->tokens);
+		s->n_keyed++;
+		s->key = run[i]->key;
+		kvhost_release(e->host, run[i]);
 	}
-	if (b < 0) {  /* no room or a failed copy: the block stays in host memory */
-		kvhost_put(e->host, h);
-		return KV_NONE;
-	}
-	kvhost_free(h);
-	e->st.host_hit += KV_BLOCK_TOKENS;
-	return kv_publish(&e->kv, b, s->root, key, s->n_keyed ? s->blocks[s->n_keyed - 1] : KV_NONE, s->n_keyed, t);
+	e->st.host_hit += (uint64_t)placed * KV_BLOCK_TOKENS;
+	return placed;
 }
 
 /*
  * Takes, from the prefix cache, the blocks that follow the sequence's own
  * (which must all be in the cache) while they hold its tokens, up to upto
- * tokens. Returns how many tokens its blocks then hold.
+ * tokens, then from the host tier. Returns how many tokens its blocks then
+ * hold.
  */
 static int32_t
 seq_match(struct engine *e, struct seq *s, int32_t upto)
@@ -642,10 +718,12 @@ seq_match(struct engine *e, struct seq *s, int32_t upto)
 		int32_t b = kv_find(&e->kv, s->root, key, s->n_keyed ? s->blocks[s->n_keyed - 1] : KV_NONE,
 		    s->n_keyed, t);
 
-		if (b != KV_NONE)
-			kv_ref(&e->kv, b);
-		else if ((b = from_host(e, s, key, t)) == KV_NONE)
-			break;
+		if (b == KV_NONE) {
+			if (from_host(e, s, upto) == 0)
+				break;
+			continue;
+		}
+		kv_ref(&e->kv, b);
 		seq_grow_blocks(s, s->n_blocks + 1);
 		s->blocks[s->n_blocks++] = b;
 		s->n_keyed++;

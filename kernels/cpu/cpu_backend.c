@@ -824,9 +824,9 @@ cpu_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char 
 	return 0;
 }
 
-/* Blocks between the pool and host memory (host: n blocks one after the other), to_host or back. */
+/* Blocks between the pool and host memory (block i at host[i]), to_host or back. */
 static int
-kv_blocks_io(struct backend *b, const int32_t *blocks, int32_t n, char *host, int to_host, char *err)
+kv_blocks_io(struct backend *b, const int32_t *blocks, int32_t n, char *const *host, int to_host, char *err)
 {
 	size_t per = (size_t)b->m->hp.n_layer * 2 * b->kv_stride * sizeof(float);
 	float *p;
@@ -835,23 +835,36 @@ kv_blocks_io(struct backend *b, const int32_t *blocks, int32_t n, char *host, in
 		if ((p = kv_block(b, blocks[i], err)) == NULL)
 			return ERR_INVAL;
 		if (to_host)
-			memcpy(host + (size_t)i * per, p, per);
+			memcpy(host[i], p, per);
 		else
-			memcpy(p, host + (size_t)i * per, per);
+			memcpy(p, host[i], per);
 	}
 	return 0;
 }
 
 static int
-cpu_kv_read(struct backend *b, const int32_t *blocks, int32_t n, void *dst, char *err)
+cpu_kv_read(struct backend *b, const int32_t *blocks, int32_t n, void *const *dst, char *err)
 {
-	return kv_blocks_io(b, blocks, n, dst, 1, err);
+	return kv_blocks_io(b, blocks, n, (char *const *)dst, 1, err);
 }
 
 static int
-cpu_kv_write(struct backend *b, const int32_t *blocks, int32_t n, const void *src, char *err)
+cpu_kv_write(struct backend *b, const int32_t *blocks, int32_t n, const void *const *src, char *err)
 {
-	return kv_blocks_io(b, blocks, n, (char *)src, 0, err);
+	return kv_blocks_io(b, blocks, n, (char *const *)src, 0, err);
+}
+
+/* Host memory is all the same to the CPU. */
+static void *
+cpu_host_alloc(size_t bytes)
+{
+	return malloc(bytes);
+}
+
+static void
+cpu_host_free(void *p)
+{
+	free(p);
 }
 
 /* The CPU pool is float in both modes. */
@@ -879,6 +892,8 @@ const struct backend_ops cpu_backend = {
 	.kv_copy = cpu_kv_copy,
 	.kv_read = cpu_kv_read,
 	.kv_write = cpu_kv_write,
+	.host_alloc = cpu_host_alloc,
+	.host_free = cpu_host_free,
 	.step_tokens = cpu_step_tokens,
 	.free = cpu_free,
 };

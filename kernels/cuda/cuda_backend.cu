@@ -790,45 +790,89 @@ cuda_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char
 }
 
 /*
- * Copies n blocks between the pool and host memory on the calling thread's
- * stream, through two pinned buffers of KV_STAGE_BYTES: a copy from or to
- * pageable memory runs at a fraction of the bus's speed (CUDA stages it
- * itself, one piece at a time, synchronously), and the host tier's and the
- * disk's blocks are pageable. While one piece crosses the bus the CPU
- * copies the other.
+ * Pieces of pageable host memory cross through two pinned buffers of
+ * KV_STAGE_BYTES: a copy from or to pageable memory runs at a fraction of
+ * the bus's speed (CUDA stages it itself, one piece at a time,
+ * synchronously). While one piece crosses the bus the CPU copies the
+ * other; a piece read from the device is copied out once the next one is
+ * on its way (prev).
+ */
+struct kv_stager {
+	cudaStream_t st;
+	int k;              /* the buffer the next piece takes */
+	char *prev;         /* where the piece in the other buffer goes (to the host), or NULL */
+	size_t prev_len;
+};
+
+static int
+stage_piece(struct backend *b, struct kv_stager *sg, char *dev, char *host, size_t len, int to_host, char *err)
+{
+	char *buf = b->stage + sg->k * KV_STAGE_BYTES;
+
+	CK(cudaEventSynchronize(b->stage_ev[sg->k]));
+	if (to_host) {
+		CK(cudaMemcpyAsync(buf, dev, len, cudaMemcpyDeviceToHost, sg->st));
+		CK(cudaEventRecord(b->stage_ev[sg->k], sg->st));
+		if (sg->prev != NULL) {
+			CK(cudaEventSynchronize(b->stage_ev[sg->k ^ 1]));
+			memcpy(sg->prev, b->stage + (sg->k ^ 1) * KV_STAGE_BYTES, sg->prev_len);
+		}
+		sg->prev = host, sg->prev_len = len;
+	} else {
+		memcpy(buf, host, len);
+		CK(cudaMemcpyAsync(dev, buf, len, cudaMemcpyHostToDevice, sg->st));
+		CK(cudaEventRecord(b->stage_ev[sg->k], sg->st));
+	}
+	sg->k ^= 1;
+	return 0;
+}
+
+/* 1 if p is host memory CUDA has pinned (host_alloc's), 0 if pageable, -1 on an error. */
+static int
+host_pinned(const void *p, char *err)
+{
+	struct cudaPointerAttributes at;
+
+	CK(cudaPointerGetAttributes(&at, p));
+	return at.type == cudaMemoryTypeHost;
+}
+
+/*
+ * Copies n blocks between the pool and host memory (block i at host[i]) on
+ * the calling thread's stream: pinned blocks straight across the bus, all
+ * in flight at once, pageable ones staged.
  */
 static int
-kv_staged(struct backend *b, const int32_t *blocks, int32_t n, size_t per, char *host, int to_host, char *err)
+kv_copy_blocks(struct backend *b, const int32_t *blocks, int32_t n, size_t per, char *const *host, int to_host,
+    char *err)
 {
-	cudaStream_t st = cudaStreamPerThread;
-	size_t total = (size_t)n * per, len, prev_len = 0;
-	char *kv = (char *)b->kv, *prev = NULL;
-	int k = 0;
+	struct kv_stager sg = { cudaStreamPerThread, 0, NULL, 0 };
+	char *kv = (char *)b->kv;
+	int pinned;
 
-	for (size_t at = 0; at < total; at += len, k ^= 1) {
-		char *dev = kv + (size_t)blocks[at / per] * per + at % per, *buf = b->stage + k * KV_STAGE_BYTES;
+	for (int32_t i = 0; i < n; i++) {
+		char *dev = kv + (size_t)blocks[i] * per;
 
-		len = MIN(KV_STAGE_BYTES, per - at % per);
-		CK(cudaEventSynchronize(b->stage_ev[k]));
-		if (to_host) {
-			CK(cudaMemcpyAsync(buf, dev, len, cudaMemcpyDeviceToHost, st));
-			CK(cudaEventRecord(b->stage_ev[k], st));
-			if (prev != NULL) {
-				CK(cudaEventSynchronize(b->stage_ev[k ^ 1]));
-				memcpy(prev, b->stage + (k ^ 1) * KV_STAGE_BYTES, prev_len);
-			}
-			prev = host + at, prev_len = len;
-		} else {
-			memcpy(buf, host + at, len);
-			CK(cudaMemcpyAsync(dev, buf, len, cudaMemcpyHostToDevice, st));
-			CK(cudaEventRecord(b->stage_ev[k], st));
+		if ((pinned = host_pinned(host[i], err)) < 0)
+			return pinned;
+		if (pinned) {
+			CK(cudaMemcpyAsync(to_host ? host[i] : dev, to_host ? dev : host[i], per,
+			    to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, sg.st));
+			continue;
+		}
+		for (size_t at = 0, len; at < per; at += len) {
+			int rc;
+
+			len = MIN(KV_STAGE_BYTES, per - at);
+			if ((rc = stage_piece(b, &sg, dev + at, host[i] + at, len, to_host, err)) != 0)
+				return rc;
 		}
 	}
-	if (prev != NULL) {
-		CK(cudaEventSynchronize(b->stage_ev[k ^ 1]));
-		memcpy(prev, b->stage + (k ^ 1) * KV_STAGE_BYTES, prev_len);
+	if (sg.prev != NULL) {
+		CK(cudaEventSynchronize(b->stage_ev[sg.k ^ 1]));
+		memcpy(sg.prev, b->stage + (sg.k ^ 1) * KV_STAGE_BYTES, sg.prev_len);
 	}
-	CK(cudaStreamSynchronize(st));
+	CK(cudaStreamSynchronize(sg.st));
 	return 0;
 }
 
@@ -850,7 +894,7 @@ kv_stage_ready(struct backend *b, char *err)
 
 /* Copies n blocks between the pool and host memory (one caller at a time: kernels.h). */
 static int
-kv_blocks_copy(struct backend *b, const int32_t *blocks, int32_t n, char *host, int to_host, char *err)
+kv_blocks_copy(struct backend *b, const int32_t *blocks, int32_t n, char *const *host, int to_host, char *err)
 {
 	size_t per = (size_t)b->m->hp.n_layer * 2 * b->kv_stride * (size_t)kv_elem_size(b);
 	int rc;
@@ -859,20 +903,44 @@ kv_blocks_copy(struct backend *b, const int32_t *blocks, int32_t n, char *host, 
 		if (blocks[i] < 0 || blocks[i] >= b->kv_blocks)
 			return err_set(err, ERR_INVAL, "KV block %d is outside the pool", blocks[i]);
 	if ((rc = kv_stage_ready(b, err)) == 0)
-		rc = kv_staged(b, blocks, n, per, host, to_host, err);
+		rc = kv_copy_blocks(b, blocks, n, per, host, to_host, err);
 	return rc;
 }
 
 static int
-cuda_kv_read(struct backend *b, const int32_t *blocks, int32_t n, void *dst, char *err)
+cuda_kv_read(struct backend *b, const int32_t *blocks, int32_t n, void *const *dst, char *err)
 {
-	return kv_blocks_copy(b, blocks, n, (char *)dst, 1, err);
+	return kv_blocks_copy(b, blocks, n, (char *const *)dst, 1, err);
 }
 
 static int
-cuda_kv_write(struct backend *b, const int32_t *blocks, int32_t n, const void *src, char *err)
+cuda_kv_write(struct backend *b, const int32_t *blocks, int32_t n, const void *const *src, char *err)
 {
-	return kv_blocks_copy(b, blocks, n, (char *)src, 0, err);
+	return kv_blocks_copy(b, blocks, n, (char *const *)src, 0, err);
+}
+
+/*
+ * Pinned host memory for the host tier (NULL where CUDA cannot pin it:
+ * the tier then keeps no block rather than slow ones). Pinning takes the
+ * driver a while, so the tier reuses what it got (kvhost.c).
+ */
+static void *
+cuda_host_alloc(size_t bytes)
+{
+	void *p = NULL;
+
+	if (cudaHostAlloc(&p, bytes, cudaHostAllocPortable) != cudaSuccess) {
+		cudaGetLastError(); /* clear it */
+		return NULL;
+	}
+	return p;
+}
+
+static void
+cuda_host_free(void *p)
+{
+	if (p != NULL)
+		cudaFreeHost(p);
 }
 
 extern "C" int
@@ -927,6 +995,8 @@ extern "C" const struct backend_ops cuda_backend = {
 	cuda_kv_copy,
 	cuda_kv_read,
 	cuda_kv_write,
+	cuda_host_alloc,
+	cuda_host_free,
 	cuda_step_tokens,
 	cuda_free,
 	1,

@@ -282,26 +282,39 @@ kv_copy_all(struct fixture *f, int32_t src, int32_t dst, int32_t n)
 			fail_msg("cuda kv_copy: %s", err);
 }
 
-/* Moves sequence s's first n blocks to the spare row's through host memory, on every backend. */
+/*
+ * Moves sequence s's first n blocks to the spare row's through host
+ * memory, on every backend: on CUDA every other block pinned (host_alloc:
+ * straight across) and the others pageable (staged).
+ */
 static void
 move_all(struct fixture *f, int s, int32_t n)
 {
 	const struct model_hparams *hp = &f->m->hp;
 	size_t per = (size_t)hp->n_layer * 2 * KV_BLOCK_TOKENS * (size_t)hp->n_head_kv * (size_t)hp->head_dim;
-	float *host = xmalloc((size_t)n * per * sizeof(float));
+	void **host = xcalloc((size_t)n, sizeof *host);
 	char err[ERR_LEN];
 	int32_t i;
 	int g;
 
+	for (i = 0; i < n; i++)
+		host[i] = i % 2 ? cuda_backend.host_alloc(per * sizeof(float)) : xmalloc(per * sizeof(float));
+	for (i = 0; i < n; i++)
+		assert_non_null(host[i]);
 	if (cpu_backend.kv_read(f->cpu, tables[s], n, host, err) != 0 ||
-	    cpu_backend.kv_write(f->cpu, tables[SEQS + 1], n, host, err) != 0)
+	    cpu_backend.kv_write(f->cpu, tables[SEQS + 1], n, (const void *const *)host, err) != 0)
 		fail_msg("cpu kv_read / kv_write: %s", err);
 	for (g = 0; g < N_GPU; g++)
 		if (cuda_backend.kv_read(f->gpu[g], tables[s], n, host, err) != 0 ||
-		    cuda_backend.kv_write(f->gpu[g], tables[SEQS + 1], n, host, err) != 0)
+		    cuda_backend.kv_write(f->gpu[g], tables[SEQS + 1], n, (const void *const *)host, err) != 0)
 			fail_msg("cuda kv_read / kv_write (%s): %s", gpu_names[g], err);
-	for (i = 0; i < n; i++)
+	for (i = 0; i < n; i++) {
 		tables[s][i] = tables[SEQS + 1][i];
+		if (i % 2)
+			cuda_backend.host_free(host[i]);
+		else
+			free(host[i]);
+	}
 	free(host);
 }
 

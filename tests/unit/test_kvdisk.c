@@ -30,18 +30,18 @@ struct backend {
 };
 
 static int
-fake_read(struct backend *b, const int32_t *blocks, int32_t n, void *dst, char *err)
+fake_read(struct backend *b, const int32_t *blocks, int32_t n, void *const *dst, char *err)
 {
 	for (int32_t i = 0; i < n; i++)
-		memcpy((uint8_t *)dst + (size_t)i * BLOCK, b->data[blocks[i]], BLOCK);
+		memcpy(dst[i], b->data[blocks[i]], BLOCK);
 	return 0;
 }
 
 static int
-fake_write(struct backend *b, const int32_t *blocks, int32_t n, const void *src, char *err)
+fake_write(struct backend *b, const int32_t *blocks, int32_t n, const void *const *src, char *err)
 {
 	for (int32_t i = 0; i < n; i++)
-		memcpy(b->data[blocks[i]], (const uint8_t *)src + (size_t)i * BLOCK, BLOCK);
+		memcpy(b->data[blocks[i]], src[i], BLOCK);
 	return 0;
 }
 
