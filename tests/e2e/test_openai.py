@@ -461,7 +461,7 @@ def check_disconnect(ck, b, dc, long_msgs):
     left = "the client left: generation cancelled"
     before = b.text().count(left)
     with socket.create_connection(("127.0.0.1", b.port)) as so:
-        so.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        so.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                    b"Content-Length: %d\r\n\r\n" % len(body) + body)
         time.sleep(0.05)
     ck.ok(rsd.wait_for(lambda: b.text().count(left) > before, timeout=20),
