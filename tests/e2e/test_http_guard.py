@@ -218,7 +218,7 @@ def check_allowed_origin(ck, d, tmp):
                            headers={"Origin": "http://evil.example", "Content-Type": "text/plain"})
         ck.eq(st, 415, "--allow-origin '*': text/plain is still refused")
     finally:
-        b.stop()
+        ck.eq(b.stop(), 0, "resident-http --allow-origin * stops with 0")
 
 
 def check_known_hosts(ck, b):
@@ -253,7 +253,7 @@ def check_flags(ck, d):
             st, _, _ = request(b, "GET", "/v1/models", host=host)
             ck.eq(st, want, "--allow-host: Host %s" % host)
     finally:
-        b.stop()
+        ck.eq(b.stop(), 0, "resident-http --allow-host stops with 0")
     b = Bridge(d.sock, ["--allow-host", "*"])
     try:
         st, _, _ = request(b, "GET", "/v1/models", host="evil.example")
@@ -261,7 +261,7 @@ def check_flags(ck, d):
         st, _, _ = request(b, "GET", "/v1/models", host="evil.example", headers={"Origin": "http://evil.example"})
         ck.eq(st, 200, "--allow-host '*': the page of that Host is its own origin")
     finally:
-        b.stop()
+        ck.eq(b.stop(), 0, "resident-http --allow-host * stops with 0")
     for flag, value in (("--allow-origin", "localhost:3000"), ("--allow-origin", "http://localhost:3000/app"),
                         ("--allow-origin", "http://"), ("--allow-host", "host:8080"),
                         ("--allow-host", "http://host"), ("--allow-host", "")):
