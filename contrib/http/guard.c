@@ -21,6 +21,9 @@
  *   body    a POST's Content-Type, when it has one, is application/json
  *           (every POST route takes JSON); else 415, which is what a
  *           page's form or text/plain request gets.
+ *
+ * A page's GET without Origin (an <img>, a no-cors fetch) is answered: no
+ * GET route changes anything, and the page cannot read the reply.
  */
 #include "config.h"
 #include "openai.h"
@@ -108,15 +111,31 @@ guard_allow_host(struct guard *g, const char *name, char *msg, size_t size)
 	return add_name(g->hosts, &g->n_hosts, name, msg, size);
 }
 
-void
-guard_warn(const struct oa *oa)
+/* Whether list (n entries) holds "*", which stands for any. */
+static int
+holds_any(const char *const *list, size_t n)
 {
 	size_t i;
 
-	for (i = 0; i < oa->guard.n_origins; i++)
-		if (strcmp(oa->guard.origins[i], "*") == 0 && oa->api_key == NULL)
-			log_warn("--allow-origin * without --api-key-file: every web page this user's browser opens "
-			    "can use residentd's models and this user's sessions");
+	for (i = 0; i < n; i++)
+		if (strcmp(list[i], "*") == 0)
+			return 1;
+	return 0;
+}
+
+void
+guard_warn(const struct oa *oa)
+{
+	const struct guard *g = &oa->guard;
+
+	if (oa->api_key != NULL)
+		return;
+	if (holds_any(g->origins, g->n_origins))
+		log_warn("--allow-origin * without --api-key-file: every web page this user's browser opens "
+		    "can use residentd's models and this user's sessions");
+	if (holds_any(g->hosts, g->n_hosts))
+		log_warn("--allow-host * without --api-key-file: a web page whose server name is pointed at this "
+		    "machine (DNS rebinding) can use residentd's models and this user's sessions");
 }
 
 /* ---- checks ---- */
@@ -127,11 +146,13 @@ listed(const char *const *list, size_t n, const char *s, size_t len)
 {
 	size_t i, l;
 
+	if (holds_any(list, n))
+		return 1;
 	for (i = 0; i < n; i++) {
 		l = strlen(list[i]);
 		if (l > 1 && list[i][l - 1] == '/')
 			l--;
-		if (strcmp(list[i], "*") == 0 || (l == len && strncasecmp(list[i], s, len) == 0))
+		if (l == len && strncasecmp(list[i], s, len) == 0)
 			return 1;
 	}
 	return 0;
@@ -190,7 +211,7 @@ refuse(struct evhttp_request *req, int status, const char *code, const char *mes
 	http_send_error(req, &e);
 }
 
-/* Whether header (len bytes, lowercase) is one of safe_headers. */
+/* Whether header (len bytes, in any case) is one of safe_headers. */
 static int
 safe_header(const char *h, size_t len)
 {

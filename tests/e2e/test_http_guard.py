@@ -256,6 +256,7 @@ def check_flags(ck, d):
         ck.eq(b.stop(), 0, "resident-http --allow-host stops with 0")
     b = Bridge(d.sock, ["--allow-host", "*"])
     try:
+        ck.ok(b.wait_log(r"--allow-host \* without --api-key-file"), "--allow-host '*' without a key warns")
         st, _, _ = request(b, "GET", "/v1/models", host="evil.example")
         ck.eq(st, 200, "--allow-host '*': any Host")
         st, _, _ = request(b, "GET", "/v1/models", host="evil.example", headers={"Origin": "http://evil.example"})
