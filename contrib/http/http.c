@@ -1,5 +1,6 @@
 /*
- * http.c: the HTTP side of the bridge. Routes requests, checks the API key,
+ * http.c: the HTTP side of the bridge. Routes requests (after guard.c's
+ * checks of Host, Origin and a body's type), checks the API key,
  * sends JSON bodies, streams and the text of GET /metrics (metrics.c), and
  * notices a client that leaves while its reply is being made. A URL under
  * /api/ is Ollama's API (ollama.c routes it): its errors and streams are
@@ -44,9 +45,11 @@ reason(int status)
 	case 200: return "OK";
 	case 400: return "Bad Request";
 	case 401: return "Unauthorized";
+	case 403: return "Forbidden";
 	case 404: return "Not Found";
 	case 405: return "Method Not Allowed";
 	case 413: return "Payload Too Large";
+	case 415: return "Unsupported Media Type";
 	case 429: return "Too Many Requests";
 	case 501: return "Not Implemented";
 	case 502: return "Bad Gateway";
@@ -360,11 +363,15 @@ http_request_cb(struct evhttp_request *req, void *arg)
 
 	if (path == NULL || path[0] == '\0')
 		path = "/";
+	if (!guard_request(oa, req))
+		return;                         /* refused, or a preflight answered */
 	if (!authorized(oa, req)) {
 		api_error_set(&e, 401, "invalid_request_error", NULL, "invalid_api_key",
 		    "a valid API key is needed: send \"Authorization: Bearer KEY\" with the key of "
 		    "resident-http's --api-key-file");
 		http_send_error(req, &e);
+	} else if (!guard_body(req)) {
+		/* a body not sent as JSON: answered 415 */
 	} else if (embed_route(oa, req, path)) {
 		/* answered there */
 	} else if (strcmp(path, "/v1/chat/completions") == 0) {

@@ -33,6 +33,7 @@ struct settings {
 	const char *listen, *socket, *api_key_file, *log_level;
 	int ollama;
 	unsigned long long max_body, max_unread;
+	struct guard *guard;        /* --allow-origin's and --allow-host's go there */
 };
 
 static void
@@ -52,6 +53,10 @@ usage(FILE *fp)
 	    "                           $XDG_RUNTIME_DIR/resident/socket, else /tmp/resident-UID/socket)\n"
 	    "      --api-key-file FILE  ask every request for \"Authorization: Bearer KEY\", KEY being\n"
 	    "                           the first line of FILE\n"
+	    "      --allow-origin ORIGIN  let web pages of ORIGIN (e.g. http://localhost:3000) use it,\n"
+	    "                           with CORS; * for any (repeatable; by default pages are refused)\n"
+	    "      --allow-host NAME    answer requests for Host NAME too (besides localhost, its IP\n"
+	    "                           addresses and its --listen name; * for any; repeatable)\n"
 	    "      --max-body BYTES     largest request body (default 16 MiB)\n"
 	    "      --max-unread BYTES   bytes of a stream a client may leave unread before it is\n"
 	    "                           dropped and its generation cancelled (default 1 MiB)\n"
@@ -77,15 +82,17 @@ parse_bytes(const char *s)
 static int
 parse_args(int argc, char **argv, struct settings *s)
 {
-	enum { O_LISTEN = 256, O_OLLAMA, O_KEY, O_BODY, O_UNREAD, O_VERSION };
+	enum { O_LISTEN = 256, O_OLLAMA, O_KEY, O_BODY, O_UNREAD, O_VERSION, O_ORIGIN, O_HOST };
 	static const struct option lo[] = {
 		{ "listen", required_argument, NULL, O_LISTEN }, { "ollama", no_argument, NULL, O_OLLAMA },
 		{ "socket", required_argument, NULL, 's' },
 		{ "api-key-file", required_argument, NULL, O_KEY }, { "max-body", required_argument, NULL, O_BODY },
 		{ "max-unread", required_argument, NULL, O_UNREAD }, { "log-level", required_argument, NULL, 'l' },
+		{ "allow-origin", required_argument, NULL, O_ORIGIN }, { "allow-host", required_argument, NULL, O_HOST },
 		{ "help", no_argument, NULL, 'h' }, { "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
 	};
+	char msg[256];
 	int c;
 
 	opterr = 0;
@@ -96,6 +103,14 @@ parse_args(int argc, char **argv, struct settings *s)
 		case 's': s->socket = optarg; break;
 		case O_KEY: s->api_key_file = optarg; break;
 		case 'l': s->log_level = optarg; break;
+		case O_ORIGIN:
+		case O_HOST:
+			if ((c == O_ORIGIN ? guard_allow_origin : guard_allow_host)(s->guard, optarg, msg, sizeof msg) != 0) {
+				fprintf(stderr, "resident-http: --%s %s: %s\n", c == O_ORIGIN ? "allow-origin" : "allow-host",
+				    optarg, msg);
+				return 2;
+			}
+			break;
 		case O_BODY:
 		case O_UNREAD:
 			if (parse_bytes(optarg) == 0) {
@@ -289,8 +304,8 @@ stop_cb(evutil_socket_t sig, short what, void *arg)
 int
 main(int argc, char **argv)
 {
-	struct settings s = { .max_body = DEFAULT_MAX_BODY, .max_unread = DEFAULT_MAX_UNREAD };
 	struct oa oa = { 0 };
+	struct settings s = { .max_body = DEFAULT_MAX_BODY, .max_unread = DEFAULT_MAX_UNREAD, .guard = &oa.guard };
 	struct evhttp_bound_socket *bound;
 	struct event *sigterm = NULL, *sigint = NULL;
 	char host[256];
@@ -307,6 +322,8 @@ main(int argc, char **argv)
 		    s.listen);
 		return 2;
 	}
+	if (s.listen != NULL)
+		oa.guard.listen_name = host;
 	if (s.api_key_file != NULL && (oa.api_key = read_api_key(s.api_key_file)) == NULL)
 		return 2;
 	oa.socket = s.socket;
@@ -318,10 +335,14 @@ main(int argc, char **argv)
 	}
 	evhttp_set_max_body_size(oa.http, (ev_ssize_t)s.max_body);
 	evhttp_set_max_headers_size(oa.http, MAX_HEADERS);
+	/* OPTIONS for CORS' preflights (guard.c), besides evhttp's default methods */
+	evhttp_set_allowed_methods(oa.http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
+	    EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS);
 	evhttp_set_gencb(oa.http, http_request_cb, &oa);
 	if ((bound = listen_on(&oa, &s)) == NULL)
 		goto out;
 	log_listening(&oa, bound);
+	guard_warn(&oa);
 	check_daemon(&oa);
 	sigterm = evsignal_new(oa.base, SIGTERM, stop_cb, oa.base);
 	sigint = evsignal_new(oa.base, SIGINT, stop_cb, oa.base);

@@ -16,6 +16,8 @@
  *                 api_req, its model names, replies and errors; no I/O
  *   embed.c       the embeddings routes, OpenAI's and Ollama's: their JSON <-> embed
  *   metrics.c     GET /metrics: status in Prometheus' text format; no I/O
+ *   guard.c       which requests are answered at all: Host, Origin and CORS,
+ *                 a POST body's Content-Type (web pages kept out)
  */
 #ifndef RESIDENT_OPENAI_H
 #define RESIDENT_OPENAI_H
@@ -360,6 +362,39 @@ char *metrics_text(const json_t *status, size_t *len);
 /* A request under /api/ (path, percent-encoded as it came). */
 void ollama_route(struct oa *oa, struct evhttp_request *req, const char *path);
 
+/* ---- guard.c ---- */
+
+#define GUARD_MAX_NAMES 32
+
+/*
+ * The names and web pages the bridge answers besides its own. The strings
+ * are the command line's (and main's), compared without regard to case.
+ */
+struct guard {
+	const char *origins[GUARD_MAX_NAMES];   /* --allow-origin's; "*": any */
+	size_t n_origins;
+	const char *hosts[GUARD_MAX_NAMES];     /* --allow-host's; "*": any */
+	size_t n_hosts;
+	const char *listen_name;    /* --listen's ADDR (a name or an address); NULL: none given */
+	int unix_listener;          /* listening on a Unix socket path: Host names no address there */
+};
+
+/* Adds an --allow-origin (SCHEME://HOST[:PORT], or "*"); kept, not copied. 0, or -1 with msg. */
+int guard_allow_origin(struct guard *g, const char *origin, char *msg, size_t size);
+/* Adds an --allow-host, a name Host may give ("*": any); kept, not copied. 0, or -1 with msg. */
+int guard_allow_host(struct guard *g, const char *name, char *msg, size_t size);
+/* Warns at start of settings that open the bridge to every web page. */
+void guard_warn(const struct oa *oa);
+/*
+ * Before the routes: refuses (403) a Host the bridge is not known by and a
+ * web page's Origin that is not allowed, answers an allowed origin's
+ * preflight (204), and adds CORS' headers for an allowed other origin.
+ * Returns 1 if the request goes on to its route, 0 if it was answered.
+ */
+int guard_request(struct oa *oa, struct evhttp_request *req);
+/* A POST whose Content-Type is not application/json is answered 415: returns 0; else 1. */
+int guard_body(struct evhttp_request *req);
+
 /* ---- http.c ---- */
 
 /* The bridge's settings and state, one per process. */
@@ -372,6 +407,7 @@ struct oa {
 	char **models;              /* the model names residentd listed (a cache) */
 	size_t n_models;
 	struct call *calls;         /* requests in progress */
+	struct guard guard;         /* what guard.c lets in */
 };
 
 /* The evhttp callback of every request. */

@@ -128,9 +128,38 @@ end
 
 local function chat_buffer()
   wait('the chat buffer', function()
-    return vim.b.resident_session ~= nil
+    return vim.startswith(vim.api.nvim_buf_get_name(0), 'resident://chat/')
   end)
   return vim.api.nvim_get_current_buf()
+end
+
+-- The ids of the daemon's sessions.
+local function sessions()
+  local ids
+  resident.conn():request({ op = 'session.list', limit = 1000 }, function(r)
+    ids = {}
+    for _, s in ipairs(r.sessions or {}) do
+      table.insert(ids, s.session)
+    end
+  end)
+  wait('session.list', function()
+    return ids ~= nil
+  end)
+  return ids
+end
+
+-- :ResidentChat opened and closed three times without a message.
+function steps.unused_chats()
+  resident.setup({ socket = cfg.socket, max_tokens = cfg.max_tokens, temperature = 0 })
+  local before = sessions()
+  local first
+  for _ = 1, 3 do
+    vim.cmd('ResidentChat')
+    local buf = chat_buffer()
+    first = first or { name = vim.api.nvim_buf_get_name(buf), lines = lines(buf) }
+    vim.cmd('bwipeout! ' .. buf)
+  end
+  out.unused_chats = { before = before, after = sessions(), first = first }
 end
 
 function steps.chat()
@@ -140,7 +169,8 @@ function steps.chat()
   send(buf, cfg.chat1)
   -- a round trip on the same connection: the session's new title is stored
   out.complete = require('resident.chat').complete('')
-  out.chat = { session = vim.b[buf].resident_session, lines = lines(buf), name = vim.api.nvim_buf_get_name(buf) }
+  out.chat = { session = vim.b[buf].resident_session, lines = lines(buf), name = vim.api.nvim_buf_get_name(buf),
+    buffers = vim.tbl_map(vim.api.nvim_buf_get_name, vim.api.nvim_list_bufs()) }
 end
 
 function steps.resume()

@@ -2,7 +2,8 @@
 its commands (tests/e2e/nvim_driver.lua) against a real residentd with a
 generated tiny model, and what its buffers show is checked against the
 daemon's own greedy replies to the same requests, made here with rsd.py:
-a streamed reply (of a chat message and of raw text), a selection as the prompt's context, a stopped reply, a
+a streamed reply (of a chat message and of raw text), a selection as the prompt's context, a stopped reply,
+chats opened and closed unused (which leave no session: one is made with the first message), a
 chat session written and sent in its buffer, then resumed in another nvim
 after a daemon restart (and after :bdelete of its buffer), the help file's
 tags, the messages a user gets when the daemon is not running or answers an
@@ -119,7 +120,7 @@ def test():
                    source=SOURCE, select_to="é", long_prompt=long_prompt, long_tokens=LONG,
                    chat1=CHAT1, chat2=CHAT2, help_tags=HELP_TAGS,
                    missing_socket=os.path.join(tmp, "nosuch", "socket"),
-                   steps=["help", "reply", "selection", "stop", "chat", "errors"])
+                   steps=["help", "reply", "selection", "stop", "unused_chats", "chat", "errors"])
         out = run_nvim(tmp, plugin, "first", cfg)
         ck.eq(out["errors"], [], "the driver's steps ran")
 
@@ -154,10 +155,18 @@ def test():
             ck(any("nothing is being generated" in m for m in st["idle"]),
                ":ResidentStop with nothing running says so: %r" % st["idle"])
 
+        with ck.section(":ResidentChat opened and left unused"):
+            u = out["unused_chats"]
+            ck.eq(u["after"], u["before"], "three chats opened and closed without a message leave no session")
+            ck.ok(u["first"]["name"].startswith("resident://chat/new-"), "a new chat's buffer: %r" % u["first"]["name"])
+            ck.eq(u["first"]["lines"], ["# new session (made when the first message is sent)", "model tiny", "",
+                                        "## user", ""], "a new chat's buffer, before its first message")
+
         with ck.section(":ResidentChat"):
             ch = out["chat"]
             uuid = ch["session"]
             ck.eq(ch["name"], "resident://chat/" + uuid, "the chat buffer's name")
+            ck.eq([n for n in ch["buffers"] if "/chat/new-" in n], [], "no buffer of the name before the session")
             s = c.call("session.get", session=uuid)
             turns = [(t["role"], t["content"]) for t in s["turns"]]
             ck.eq([t[0] for t in turns], ["user", "assistant"], "the session's turns")

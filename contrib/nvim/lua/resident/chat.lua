@@ -5,15 +5,25 @@
 -- extmark holds that line, so edits above do not move it) and sends with
 -- chat_send_key; the reply streams in below, then a new "## user" follows.
 -- The daemon keeps the history: only the new turn is sent, with the session.
+-- A new chat's session is made when its first message is sent, so that a
+-- chat opened and left unused leaves no empty session behind.
 local resident = require('resident')
 
 local M = {}
 
 local ns = vim.api.nvim_create_namespace('resident-chat')
-local chats = {} -- bufnr -> { session = uuid, mark = extmark of the pending "## user", gen = request id or nil }
+-- bufnr -> { session = uuid (nil until the first message), model, system, titled,
+--           mark = extmark of the pending "## user", gen = request id (or 'session.new') or nil }
+local chats = {}
+local new_chats = 0 -- names resident://chat/new-N apart until their sessions exist
 
 local function buf_name(uuid)
   return 'resident://chat/' .. uuid
+end
+
+-- The first line: the session's id, or for a new chat that it has none yet.
+local function heading(uuid)
+  return uuid and ('# session ' .. uuid) or '# new session (made when the first message is sent)'
 end
 
 local function split(text)
@@ -22,7 +32,7 @@ end
 
 -- Lines of the session's header and history, ending with the "## user" to write under.
 local function render(s, turns)
-  local lines = { '# session ' .. s.session, string.format('model %s%s', s.model,
+  local lines = { heading(s.session), string.format('model %s%s', s.model,
     s.title ~= '' and (', ' .. s.title) or ''), '' }
   local function section(role, content)
     table.insert(lines, '## ' .. role)
@@ -45,13 +55,18 @@ local function mark_pending(buf, state)
   state.mark = vim.api.nvim_buf_set_extmark(buf, ns, row, 0, { id = state.mark })
 end
 
--- Opens a chat buffer for session s (a session map) with its turns.
+-- Opens a chat buffer for session s (a session map; without its session, a new chat) with its turns.
 local function open_buffer(s, turns)
-  local buf = resident.scratch(buf_name(s.session), 'hide')
-  local state = { session = s.session, titled = s.title ~= '' }
+  if s.session == nil then
+    new_chats = new_chats + 1
+  end
+  local buf = resident.scratch(buf_name(s.session or ('new-' .. new_chats)), 'hide')
+  local state = { session = s.session, model = s.model, system = s.system, titled = s.title ~= '' }
   chats[buf] = state
   vim.api.nvim_buf_set_lines(buf, 0, -1, true, render(s, turns))
-  vim.api.nvim_buf_set_var(buf, 'resident_session', s.session)
+  if s.session ~= nil then
+    vim.api.nvim_buf_set_var(buf, 'resident_session', s.session)
+  end
   mark_pending(buf, state)
   local key = resident.options.chat_send_key
   if key then
@@ -82,6 +97,30 @@ local function title(state, text)
   end)
 end
 
+-- Makes a new chat's session (its model, its system prompt), then after() once the buffer holds it.
+local function make_session(buf, state, after)
+  state.gen = 'session.new' -- nothing else is sent meanwhile
+  resident.conn():request({ op = 'session.new', model = state.model, system = state.system }, function(r)
+    state.gen = nil
+    if r.type == 'error' then
+      return resident.error(r)
+    end
+    state.session = r.session.session
+    if vim.api.nvim_buf_is_valid(buf) then
+      local old = vim.api.nvim_buf_get_name(buf)
+      vim.api.nvim_buf_set_name(buf, buf_name(state.session))
+      -- renaming leaves a buffer of the old name behind (as :file does)
+      local left = vim.fn.bufnr('^' .. old .. '$')
+      if left > 0 and left ~= buf then
+        vim.api.nvim_buf_delete(left, { force = true })
+      end
+      vim.api.nvim_buf_set_var(buf, 'resident_session', state.session)
+      vim.api.nvim_buf_set_lines(buf, 0, 1, true, { heading(state.session) })
+      after()
+    end
+  end)
+end
+
 -- Sends what is written below the last "## user" as the next turn.
 function M.send(buf)
   buf = (buf == nil or buf == 0) and vim.api.nvim_get_current_buf() or buf
@@ -96,6 +135,11 @@ function M.send(buf)
   local text = vim.trim(table.concat(vim.api.nvim_buf_get_lines(buf, row + 1, -1, true), '\n'))
   if text == '' then
     return vim.notify('resident: write the message below the last "## user" first', vim.log.levels.WARN)
+  end
+  if state.session == nil then
+    return make_session(buf, state, function()
+      M.send(buf)
+    end)
   end
   local lines = split(text)
   vim.list_extend(lines, { '', '## assistant', '' })
@@ -139,17 +183,19 @@ local function resume(uuid)
   end)
 end
 
--- :ResidentChat [session]: a new session, or the one named.
+-- :ResidentChat [session]: a new chat, or the session named. A new chat's
+-- model is asked for first (model.show), so that an unknown one, or a
+-- daemon that is not running, is told at once and the buffer names it.
 function M.open(uuid)
   if uuid ~= nil and uuid ~= '' then
     return resume(uuid)
   end
   local o = resident.options
-  resident.conn():request({ op = 'session.new', model = o.model, system = o.system }, function(r)
+  resident.conn():request({ op = 'model.show', model = o.model }, function(r)
     if r.type == 'error' then
       return resident.error(r)
     end
-    open_buffer(r.session, {})
+    open_buffer({ model = r.model.name, system = o.system or '', title = '' }, {})
   end)
 end
 
