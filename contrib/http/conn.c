@@ -36,9 +36,10 @@
  * while the watch is edge-triggered, since epoll keeps one mode for a
  * socket. Once the reply begins (a stream) the watch leaves the socket to
  * evhttp, whose closing of the connection (a failed write) is the sign.
- * While it streams, evhttp reads the socket to see it close; what it reads
- * is bounded (a read watermark), so a client that sends while it is
- * streamed to fills its own socket buffers, not the bridge's memory.
+ * While a reply is sent, evhttp reads the socket to see it close; what it
+ * reads then is bounded (a read watermark, until the reply is taken), so a
+ * client that sends while it is streamed to fills its own socket buffers,
+ * not the bridge's memory.
  */
 #include "config.h"
 #include "openai.h"
@@ -61,8 +62,10 @@
 /* How long accepting pauses after accept() failed (descriptors ran out). */
 #define ACCEPT_PAUSE_MS 100
 /*
- * The most of a connection's input held at once: more than a request's
- * headers may take (evhttp refuses larger ones itself), less than a flood.
+ * The most of a connection's input read while its reply is sent (evhttp
+ * reads then only to see the connection close): a pipelined request's
+ * headers fit, a flood does not. Reading a request has no such bound: its
+ * body is held whole before evhttp passes it on (--max-body bounds it).
  */
 #define READ_HIGH (2 * HTTP_MAX_HEADERS)
 
@@ -127,6 +130,8 @@ conn_enter(struct conn *c, enum conn_state state, unsigned seconds)
 static void
 conn_await(struct conn *c)
 {
+	/* a request's body is held whole in the input before evhttp passes it on: no bound while reading */
+	bufferevent_setwatermark(c->bev, EV_READ, 0, 0);
 	if (evbuffer_get_length(bufferevent_get_input(c->bev)) > 0)
 		conn_enter(c, CONN_READING, c->oa->request_timeout);
 	else
@@ -195,7 +200,6 @@ conn_adopt(struct conn *c)
 	c->evcon = evcon;
 	bufferevent_decref(c->bev);
 	evhttp_connection_set_closecb(c->evcon, conn_close_cb, c);
-	bufferevent_setwatermark(c->bev, EV_READ, 0, READ_HIGH);
 	if (evbuffer_add_cb(bufferevent_get_input(c->bev), conn_input_cb, c) == NULL) {
 		evhttp_connection_free(c->evcon);
 		return;
@@ -333,13 +337,22 @@ conn_watch(struct oa *oa, struct evhttp_request *req, void (*gone)(void *), void
 	return c;
 }
 
-void
-conn_reply_begins(struct conn *c)
+/* The socket is evhttp's again, which reads it while it streams: bounded until the reply is taken. */
+static void
+conn_sock_release(struct conn *c)
 {
-	if (c != NULL && c->sock_ev != NULL) {
+	if (c->sock_ev != NULL) {
 		event_free(c->sock_ev);
 		c->sock_ev = NULL;
 	}
+	bufferevent_setwatermark(c->bev, EV_READ, 0, READ_HIGH);
+}
+
+void
+conn_reply_begins(struct conn *c)
+{
+	if (c != NULL)
+		conn_sock_release(c);
 }
 
 void
@@ -347,7 +360,7 @@ conn_unwatch(struct conn *c)
 {
 	if (c == NULL)
 		return;
-	conn_reply_begins(c);
+	conn_sock_release(c);
 	c->gone = NULL;
 	c->req = NULL;
 	conn_enter(c, CONN_SENDING, c->oa->request_timeout);
