@@ -284,9 +284,10 @@ conn_free_all(struct oa *oa)
 {
 	struct conn *c;
 
-	/* after evhttp_free: only connections it never wired up are left */
+	/* after evhttp_free: only connections not adopted yet are left, held by their reference */
 	while ((c = oa->conns) != NULL) {
-		bufferevent_decref(c->bev);
+		if (c->state == CONN_NEW)
+			bufferevent_decref(c->bev);
 		conn_free(c);
 	}
 }
