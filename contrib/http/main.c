@@ -282,26 +282,71 @@ listen_on(struct oa *oa, const struct settings *s)
 	return bound;
 }
 
-/* Says at start whether residentd answers, so that a wrong socket is seen at once. */
-static void
-check_daemon(const struct oa *oa)
-{
+/* The check at start that residentd answers (check_daemon). */
+struct check {
 	rs_client *c;
-	rs_error err;
-	rs_value *hello = NULL;
+	struct event *ev;
+};
 
-	if ((c = rs_connect(oa->socket, 0, &err)) == NULL) {
+static void
+check_result_cb(uint64_t id, const rs_value *hello, void *arg)
+{
+	if (rs_uint(rs_get(hello, "version")) != RS_PROTOCOL_VERSION)
+		log_warn("residentd speaks protocol %llu, resident-http %d",
+		    (unsigned long long)rs_uint(rs_get(hello, "version")), RS_PROTOCOL_VERSION);
+}
+
+static void
+check_error_cb(uint64_t id, rs_status code, const char *message, void *arg)
+{
+	log_warn("residentd did not answer hello: %s", message);
+}
+
+/* Frees the check (NULL members allowed). */
+static void
+check_end(struct check *k)
+{
+	if (k->ev != NULL)
+		event_free(k->ev);
+	rs_close(k->c);
+	k->ev = NULL;
+	k->c = NULL;
+}
+
+/* hello answered, or the connection ended: the check is over. */
+static void
+check_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct check *k = arg;
+
+	if (rs_process(k->c) != RS_OK || rs_pending(k->c) == 0)
+		check_end(k);
+}
+
+/*
+ * Says at start whether residentd answers, so that a wrong socket is seen
+ * at once. From the event loop, which waits for no daemon: a stopped one
+ * delays only the message.
+ */
+static void
+check_daemon(struct oa *oa, struct check *k)
+{
+	rs_error err;
+	rs_params *p;
+
+	if ((k->c = rs_connect(oa->socket, RS_NONBLOCK, &err)) == NULL) {
 		log_warn("%s; requests are answered 503 until it runs (start it with `residentd -m MODEL`)",
 		    err.message);
 		return;
 	}
-	if (rs_hello(c, "resident-http", &hello) != RS_OK)
-		log_warn("residentd did not answer hello: %s", rs_last_error(c));
-	else if (rs_uint(rs_get(hello, "version")) != RS_PROTOCOL_VERSION)
-		log_warn("residentd speaks protocol %llu, resident-http %d",
-		    (unsigned long long)rs_uint(rs_get(hello, "version")), RS_PROTOCOL_VERSION);
-	rs_value_free(hello);
-	rs_close(c);
+	/* a hello is a frame the socket of a new connection takes whole: nothing is left unsent */
+	if ((p = rs_params_new()) == NULL || rs_params_set_str(p, "client", "resident-http") != RS_OK ||
+	    rs_params_set_uint(p, "version", RS_PROTOCOL_VERSION) != RS_OK ||
+	    rs_call_start(k->c, "hello", p, check_result_cb, check_error_cb, k) == 0 ||
+	    (k->ev = event_new(oa->base, rs_fd(k->c), EV_READ | EV_PERSIST, check_cb, k)) == NULL ||
+	    event_add(k->ev, NULL) != 0)
+		check_end(k);
+	rs_params_free(p);
 }
 
 /* libevent's own messages (a failed getaddrinfo, ...): the bridge says what failed itself. */
@@ -326,6 +371,7 @@ main(int argc, char **argv)
 	struct oa oa = { 0 };
 	struct evhttp_bound_socket *bound;
 	struct event *sigterm = NULL, *sigint = NULL;
+	struct check check = { 0 };
 	char host[256];
 	unsigned port;
 	size_t i;
@@ -362,7 +408,7 @@ main(int argc, char **argv)
 		goto out;
 	}
 	log_listening(&oa, bound, s.listen);
-	check_daemon(&oa);
+	check_daemon(&oa, &check);
 	sigterm = evsignal_new(oa.base, SIGTERM, stop_cb, oa.base);
 	sigint = evsignal_new(oa.base, SIGINT, stop_cb, oa.base);
 	event_add(sigterm, NULL);
@@ -371,6 +417,7 @@ main(int argc, char **argv)
 	rc = 0;
 out:
 	call_free_all(&oa);
+	check_end(&check);
 	if (oa.http)
 		evhttp_free(oa.http);
 	conn_free_all(&oa);

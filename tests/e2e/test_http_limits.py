@@ -10,7 +10,8 @@ sockets so that each peer does exactly what it is written to:
   s), and a kept-alive one once idle; a reply that takes longer (its daemon
   stopped meanwhile) is not cut;
 - with residentd stopped (SIGSTOP) and a 2 MB request sent to it, other
-  clients are answered within a second and SIGTERM ends the bridge;
+  clients are answered within a second and SIGTERM ends the bridge; a bridge
+  started meanwhile serves too;
 - with the descriptors used up (RLIMIT_NOFILE lowered with prlimit) the
   bridge does not spin on accept() and keeps its listener: once the
   connections close, a request is answered;
@@ -255,17 +256,35 @@ def check_daemon_stopped(ck, d):
         t = time.monotonic() - t0
         ck.ok(st == 404 and t < 1, "with the daemon stopped and a 2 MB request to it, another client is "
               "answered within a second (%s in %.2f s)" % (st, t))
-        b.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = b.proc.wait(3)
-        except subprocess.TimeoutExpired:
-            rc = None
-        ck.eq(rc, 0, "with the daemon stopped, SIGTERM ends the bridge at once")
+        ck.eq(term(b), 0, "with the daemon stopped, SIGTERM ends the bridge at once")
         big.close()
+        # a bridge that starts while the daemon is stopped serves too (its check of the daemon waits alone)
+        b3 = Bridge(d.sock)
+        try:
+            t0 = time.monotonic()
+            try:
+                st = request(b3, b"GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n", timeout=5)[0]
+            except OSError as e:
+                st = repr(e)
+            t = time.monotonic() - t0
+            ck.ok(st == 404 and t < 1, "a bridge started while the daemon is stopped answers within a second "
+                  "(%s in %.2f s)" % (st, t))
+            ck.eq(term(b3), 0, "and SIGTERM ends it at once, with status 0")
+        finally:
+            b3.stop()
     finally:
         if stopped:
             os.kill(d.proc.pid, signal.SIGCONT)
         b.stop()
+
+
+def term(b):
+    """SIGTERM: the bridge's exit status within 3 s, or None."""
+    b.proc.send_signal(signal.SIGTERM)
+    try:
+        return b.proc.wait(3)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def check_descriptors(ck, d):
