@@ -11,8 +11,16 @@
  * nothing here holds a req pointer across a callback: it is looked up
  * again by id.
  *
- *   OPEN --(EOF, socket error, malformed reply)--> DEAD: every req fails
- *                                                   with on_error / its status
+ * Request frames go through an output queue. A client made without
+ * RS_NONBLOCK sends each one whole before the call returns (reading, not
+ * dispatching, while the socket is full); one made with it sends what the
+ * socket takes and leaves the rest for rs_process (or a blocking call) to
+ * send when it is writable. A write that fails there marks the client
+ * WRITE_FAILED; the next rs_process ends it, so that no callback runs
+ * inside a start function.
+ *
+ *   OPEN --(EOF, socket error, malformed reply)-----------------> DEAD: every req fails
+ *     \--(a queued write fails)--> WRITE_FAILED --(rs_process)--/   with on_error / its status
  */
 #include "internal.h"
 
@@ -30,6 +38,7 @@
 struct req {
 	uint64_t id;
 	int blocking;               /* a blocking call waits for it (the req is on its stack) */
+	int hello;                  /* a hello: its result says the daemon's max_frame */
 	int finished;               /* blocking: its last reply came */
 	int ignore;                 /* a cancel nobody waits for: replies are dropped */
 	int cancel_sent;
@@ -46,7 +55,9 @@ struct req {
 
 struct rs_client {
 	int fd;
+	int nonblock;               /* RS_NONBLOCK: starts leave what the socket won't take queued */
 	int dead;                   /* the connection is over */
+	int write_failed;           /* a queued write failed: the next rs_process ends the connection */
 	rs_status dead_status;
 	char dead_message[ERRMSG_LEN];
 	uint64_t next_id;
@@ -55,6 +66,9 @@ struct rs_client {
 	size_t n_async;             /* of those, started with rs_generate_start */
 	unsigned char *buf;         /* input: bytes [pos, len) are not yet dispatched */
 	size_t pos, len, cap;
+	char *out;                  /* output: bytes [out_pos, out_len) of request frames are not yet sent */
+	size_t out_pos, out_len, out_cap;
+	rs_status error_status;     /* rs_last_status */
 	char error[ERRMSG_LEN];     /* rs_last_error */
 };
 
@@ -69,6 +83,7 @@ fail(rs_client *c, rs_status st, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(c->error, sizeof c->error, fmt, ap);
 	va_end(ap);
+	c->error_status = st;
 	return st;
 }
 
@@ -106,6 +121,8 @@ static void
 finish_req(rs_client *c, struct req *r, rs_status st, const char *msg, rs_value *v)
 {
 	unlink_req(c, r);
+	if (r->hello && st == RS_OK)
+		c->max_frame = (size_t)rs_uint(rs_get(v, "max_frame"));
 	if (r->blocking) {
 		r->finished = 1;
 		r->status = st;
@@ -323,21 +340,20 @@ dispatch_all(rs_client *c)
 /* ---- output ---- */
 
 /*
- * A write failed: the daemon closed the connection. It may have said why
- * before it did (frame_too_large, sent as soon as it read a frame's length,
- * while the rest was still being written; overloaded, sent at once to a
- * client over the limit): that is then the reason, rather
- * than the write's error. Replies are read and looked at, not dispatched.
+ * Looks at the replies read and not yet dispatched for one that ends the
+ * connection without an id (frame_too_large, ...): the daemon may have
+ * said why before it closed (frame_too_large, sent as soon as it read a
+ * frame's length, while the rest was still being written; overloaded, sent
+ * at once to a client over the limit). That is then the reason, rather
+ * than a failed write or the end of file. Nothing is dispatched.
  */
 static void
-send_failed(rs_client *c, int e)
+find_end_reason(rs_client *c)
 {
 	char err[ERRMSG_LEN];
 	size_t body, off;
 	rs_value *v;
 
-	while (read_some(c) > 0)
-		;
 	for (off = c->pos; !ends_connection(c->dead_status) &&
 	    frame_check(c->buf + off, c->len - off, FRAME_MAX_REPLY, &body) == FRAME_OK; off += 4 + body) {
 		if (frame_decode((const char *)c->buf + off + 4, body, &v, err) != RS_OK)
@@ -346,6 +362,15 @@ send_failed(rs_client *c, int e)
 			dispatch_no_id(c, v);
 		rs_value_free(v);
 	}
+}
+
+/* A write failed: the daemon closed the connection. What it sent before is read for the reason. */
+static void
+send_failed(rs_client *c, int e)
+{
+	while (read_some(c) > 0)
+		;
+	find_end_reason(c);
 	if (c->dead_status == RS_OK) {
 		c->dead_status = RS_ERR_IO;
 		snprintf(c->dead_message, sizeof c->dead_message, "writing to residentd: %s", strerror(e));
@@ -353,35 +378,82 @@ send_failed(rs_client *c, int e)
 }
 
 /*
- * Writes a whole frame. While the socket is full it keeps reading (without
- * dispatching), so that the daemon is never blocked on us.
+ * Sends what the socket takes of the output queue without waiting.
+ * Returns 0 (all of it or as much as fit), or -1 when the write failed
+ * (the reason kept for conn_over).
  */
-static rs_status
-send_all(rs_client *c, const char *p, size_t n)
+static int
+flush_some(rs_client *c)
 {
-	struct pollfd pfd;
 	ssize_t k;
 
-	while (n > 0) {
-		k = send(c->fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+	while (c->out_pos < c->out_len) {
+		k = send(c->fd, c->out + c->out_pos, c->out_len - c->out_pos, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (k > 0) {
-			p += k, n -= (size_t)k;
+			c->out_pos += (size_t)k;
 			continue;
 		}
 		if (k < 0 && errno == EINTR)
 			continue;
-		if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-			send_failed(c, errno);
-			return RS_ERR_IO;
+		if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			return 0;
+		send_failed(c, k < 0 ? errno : EPIPE);
+		return -1;
+	}
+	c->out_pos = c->out_len = 0;
+	return 0;
+}
+
+/* Appends a frame to the output queue. */
+static rs_status
+queue_frame(rs_client *c, const char *p, size_t n)
+{
+	char *nb;
+
+	if (c->out_pos > 0 && c->out_pos == c->out_len)
+		c->out_pos = c->out_len = 0;
+	if (c->out_cap - c->out_len < n) {
+		if (c->out_pos > 0) {           /* room from what was sent first */
+			memmove(c->out, c->out + c->out_pos, c->out_len - c->out_pos);
+			c->out_len -= c->out_pos;
+			c->out_pos = 0;
 		}
+		if (c->out_cap - c->out_len < n) {
+			if ((nb = realloc(c->out, c->out_len + n)) == NULL)
+				return RS_ERR_NOMEM;
+			c->out = nb;
+			c->out_cap = c->out_len + n;
+		}
+	}
+	memcpy(c->out + c->out_len, p, n);
+	c->out_len += n;
+	return RS_OK;
+}
+
+/*
+ * Sends the whole output queue, waiting while the socket is full. While it
+ * waits it keeps reading (without dispatching), so that the daemon is
+ * never blocked on us.
+ */
+static rs_status
+flush_all(rs_client *c)
+{
+	struct pollfd pfd;
+
+	for (;;) {
+		if (flush_some(c) != 0)
+			return RS_ERR_IO;
+		if (c->out_pos == c->out_len)
+			return RS_OK;
 		pfd.fd = c->fd;
 		pfd.events = POLLIN | POLLOUT;
 		if (poll(&pfd, 1, -1) < 0 && errno != EINTR)
 			return RS_ERR_IO;
-		if ((pfd.revents & POLLIN) && read_some(c) < 0)
+		if ((pfd.revents & POLLIN) && read_some(c) < 0) {
+			find_end_reason(c);
 			return RS_ERR_IO;
+		}
 	}
-	return RS_OK;
 }
 
 /*
@@ -396,9 +468,10 @@ start_req(rs_client *c, struct req *r, const char *op, const rs_params *p, const
 	msgpack_packer pk;
 	rs_status st;
 
-	if (c->dead)
+	if (c->dead || c->write_failed)
 		return fail(c, c->dead_status, "%s", c->dead_message);
 	r->id = ++c->next_id;
+	r->hello = strcmp(op, "hello") == 0;
 	frame_begin(&sb, &pk, r->id, op, params_count(p) + params_count(extra));
 	params_pack(p, &pk);
 	params_pack(extra, &pk);
@@ -413,9 +486,15 @@ start_req(rs_client *c, struct req *r, const char *op, const rs_params *p, const
 		msgpack_sbuffer_destroy(&sb);
 		return st;
 	}
-	st = send_all(c, sb.data, sb.size);
+	st = queue_frame(c, sb.data, sb.size);
 	msgpack_sbuffer_destroy(&sb);
-	if (st != RS_OK) {
+	if (st != RS_OK)
+		return fail(c, st, "out of memory queueing a request");
+	if (c->nonblock) {
+		/* a failed write is reported by rs_process, where callbacks may run */
+		if (flush_some(c) != 0)
+			c->write_failed = 1;
+	} else if (flush_all(c) != RS_OK) {
 		conn_over(c, c->dead_status, c->dead_message);
 		return fail(c, c->dead_status, "%s", c->dead_message);
 	}
@@ -435,15 +514,17 @@ wait_req(rs_client *c, struct req *r, rs_value **out)
 		dispatch_all(c);
 		if (r->finished || c->dead)
 			break;
-		if ((n = read_some(c)) > 0)
+		if (!c->write_failed && c->out_pos < c->out_len && flush_some(c) != 0)
+			c->write_failed = 1;
+		if (!c->write_failed && (n = read_some(c)) > 0)
 			continue;
-		if (n < 0) {
+		if (c->write_failed || n < 0) {
 			dispatch_all(c);
 			conn_over(c, c->dead_status, c->dead_message);
 			break;
 		}
 		pfd.fd = c->fd;
-		pfd.events = POLLIN;
+		pfd.events = POLLIN | (c->out_pos < c->out_len ? POLLOUT : 0);
 		if (poll(&pfd, 1, -1) < 0 && errno != EINTR) {
 			conn_over(c, RS_ERR_IO, "poll failed");
 			break;
@@ -515,6 +596,7 @@ rs_connect(const char *socket_path, int flags, rs_error *err)
 		return NULL;
 	}
 	c->fd = fd;
+	c->nonblock = (flags & RS_NONBLOCK) != 0;
 	return c;
 }
 
@@ -532,6 +614,7 @@ rs_close(rs_client *c)
 	}
 	close(c->fd);
 	free(c->buf);
+	free(c->out);
 	free(c);
 }
 
@@ -541,10 +624,22 @@ rs_last_error(const rs_client *c)
 	return c ? c->error : "no client";
 }
 
+rs_status
+rs_last_status(const rs_client *c)
+{
+	return c ? c->error_status : RS_ERR_INVAL;
+}
+
 int
 rs_fd(const rs_client *c)
 {
 	return c ? c->fd : -1;
+}
+
+size_t
+rs_unsent(const rs_client *c)
+{
+	return c ? c->out_len - c->out_pos : 0;
 }
 
 size_t
@@ -558,8 +653,14 @@ rs_process(rs_client *c)
 {
 	if (c == NULL)
 		return RS_ERR_INVAL;
-	if (!c->dead)
+	if (!c->dead && !c->write_failed && c->out_pos < c->out_len && flush_some(c) != 0)
+		c->write_failed = 1;
+	if (!c->dead && c->write_failed) {
+		dispatch_all(c);        /* what came before the end is delivered */
+		conn_over(c, c->dead_status, c->dead_message);
+	} else if (!c->dead) {
 		pump(c);
+	}
 	if (c->dead)
 		return fail(c, c->dead_status, "%s", c->dead_message);
 	return RS_OK;
@@ -792,8 +893,7 @@ rs_hello(rs_client *c, const char *client_name, rs_value **out)
 		rs_params_free(p);
 		p = NULL;
 	}
-	if ((st = call_owned(c, "hello", p, NULL, NULL, &v)) == RS_OK)
-		c->max_frame = (size_t)rs_uint(rs_get(v, "max_frame"));
+	st = call_owned(c, "hello", p, NULL, NULL, &v);
 	if (out != NULL)
 		*out = v;
 	else

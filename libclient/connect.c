@@ -38,13 +38,17 @@ set_error(rs_error *err, rs_status code, const char *fmt, ...)
 	va_end(ap);
 }
 
-/* One connect attempt. Returns the fd, or -1 with errno set. */
+/*
+ * One connect attempt; nonblock: the socket is non-blocking, and a daemon
+ * whose queue of connections is full fails it with EAGAIN instead of
+ * making it wait. Returns the fd, or -1 with errno set.
+ */
 static int
-try_connect(const struct sockaddr_un *sa)
+try_connect(const struct sockaddr_un *sa, int nonblock)
 {
 	int fd, e;
 
-	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
+	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | (nonblock ? SOCK_NONBLOCK : 0), 0)) < 0)
 		return -1;
 	while (connect(fd, (const struct sockaddr *)sa, sizeof *sa) != 0) {
 		if (errno == EINTR)
@@ -157,7 +161,7 @@ wait_for_daemon(const struct sockaddr_un *sa, rs_error *err)
 	int fd;
 
 	for (;;) {
-		if ((fd = try_connect(sa)) >= 0)
+		if ((fd = try_connect(sa, 0)) >= 0)
 			return fd;
 		if (errno != ENOENT && errno != ECONNREFUSED)
 			break;
@@ -186,8 +190,17 @@ connect_socket(const char *path, int flags, rs_error *err)
 		return -1;
 	}
 	memcpy(sa.sun_path, path, strlen(path) + 1);
-	if ((fd = try_connect(&sa)) >= 0)
+	if ((flags & RS_START_DAEMON) && (flags & RS_NONBLOCK)) {
+		set_error(err, RS_ERR_INVAL, "RS_START_DAEMON waits for the daemon: it does not go with RS_NONBLOCK");
+		return -1;
+	}
+	if ((fd = try_connect(&sa, (flags & RS_NONBLOCK) != 0)) >= 0)
 		return fd;
+	if (errno == EAGAIN) {
+		set_error(err, RS_ERR_CONNECT, "residentd at %s takes no more connections now (its queue is full)",
+		    path);
+		return -1;
+	}
 	if (errno == ENOENT || errno == ECONNREFUSED) {
 		if (flags & RS_START_DAEMON)
 			return spawn_daemon(path, err) == 0 ? wait_for_daemon(&sa, err) : -1;

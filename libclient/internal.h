@@ -71,8 +71,8 @@ rs_status err_fmt(char *err, rs_status st, const char *fmt, ...)
 
 /*
  * Connects a stream socket to path; with RS_START_DAEMON starts residentd
- * when nobody listens. Returns the fd (blocking, close-on-exec) or -1 with
- * err filled.
+ * when nobody listens; with RS_NONBLOCK does not wait. Returns the fd
+ * (close-on-exec; non-blocking with RS_NONBLOCK) or -1 with err filled.
  */
 int connect_socket(const char *path, int flags, rs_error *err);
 

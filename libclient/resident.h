@@ -18,7 +18,8 @@
  *
  * Calls on a client return an rs_status: RS_OK, an error the daemon
  * answered (RS_ERR_NOT_FOUND, ...) or a local one (RS_ERR_IO, ...). The
- * message of the last failure is rs_last_error(client).
+ * message of the last failure is rs_last_error(client), its status
+ * rs_last_status(client).
  *
  * Callbacks run inside rs_process or inside any blocking call that waits
  * (also one made from a callback), in the order the replies arrive. An
@@ -92,6 +93,20 @@ rs_status rs_status_from_code(const char *code);
 
 /* rs_connect flags */
 #define RS_START_DAEMON 0x1   /* nobody listens: start residentd and wait for its socket */
+/*
+ * Never wait for the daemon outside a blocking call: the connect does not
+ * wait (a daemon whose queue of connections is full is RS_ERR_CONNECT), and
+ * rs_generate_start, rs_call_start and rs_cancel_start queue what the
+ * socket does not take at once instead of waiting for it to drain. While
+ * rs_unsent is not 0 the application also polls rs_fd for writability
+ * (POLLOUT) and calls rs_process when it is writable, which sends more.
+ * A start then fails only for reasons of this side (no memory, a request
+ * over max_frame, a connection already over); a write that fails ends the
+ * connection at the next rs_process, as a lost connection does. Blocking
+ * calls work as without the flag (they send their request while waiting
+ * for its reply). Not with RS_START_DAEMON, which waits for the daemon.
+ */
+#define RS_NONBLOCK 0x2
 
 /*
  * Writes the socket path used when none is given: $RESIDENT_SOCKET, else
@@ -105,18 +120,24 @@ int rs_default_socket(char *buf, size_t size);
  * RS_START_DAEMON, if nobody listens there, runs `residentd -s PATH`
  * (the program is $RESIDENT_DAEMON, else residentd from PATH) detached in
  * its own session, and waits up to 10 seconds for the socket to accept.
+ * With RS_NONBLOCK, the client never waits for the daemon (above).
  * Returns the client, to be closed with rs_close, or NULL with *err filled
  * (err may be NULL): RS_ERR_CONNECT when nobody listens (the message names
- * the socket), RS_ERR_INVAL for a path too long, RS_ERR_NOMEM.
+ * the socket), RS_ERR_INVAL for a path too long or RS_START_DAEMON with
+ * RS_NONBLOCK, RS_ERR_NOMEM.
  */
 rs_client *rs_connect(const char *socket_path, int flags, rs_error *err);
 
-/* Closes the connection and frees the client. Requests in flight are dropped
- * without calling their callbacks. NULL is allowed. */
+/* Closes the connection and frees the client. Requests in flight, and bytes
+ * of theirs not sent yet (RS_NONBLOCK), are dropped without calling their
+ * callbacks. NULL is allowed. */
 void rs_close(rs_client *c);
 
 /* The message of the client's last failed call ("" if none failed). Valid until the next call. */
 const char *rs_last_error(const rs_client *c);
+/* The status of the client's last failed call (RS_OK if none failed): what a start that
+ * returned 0 failed with. */
+rs_status rs_last_status(const rs_client *c);
 
 /* ---- request fields ---- */
 
@@ -240,7 +261,12 @@ typedef void (*rs_progress_cb)(uint64_t done, uint64_t total, void *user);
  * arguments may be NULL (the daemon's default).
  */
 
-/* hello: out gets version, server, max_frame, uid, capabilities. client_name shows in status. */
+/*
+ * hello: out gets version, server, max_frame, uid, capabilities. client_name
+ * shows in status. From its result on (also that of a hello started with
+ * rs_call_start), a request larger than max_frame is refused here with
+ * RS_ERR_FRAME_TOO_LARGE instead of being sent.
+ */
 rs_status rs_hello(rs_client *c, const char *client_name, rs_value **out);
 
 /*
@@ -326,8 +352,9 @@ rs_status rs_call(rs_client *c, const char *op, const rs_params *p, rs_value **o
  * or more on_token (not called for a non-streaming request), then exactly
  * one of on_done and on_error. Any callback may be NULL. The request is
  * written before returning (which can block only for a frame larger than
- * the socket's buffer). Returns the request id (> 0), or 0 on failure
- * (rs_last_error); after a failure no callback is called.
+ * the socket's buffer; with RS_NONBLOCK what the socket does not take is
+ * queued: rs_unsent). Returns the request id (> 0), or 0 on failure
+ * (rs_last_error, rs_last_status); after a failure no callback is called.
  */
 uint64_t rs_generate_start(rs_client *c, const rs_params *p, rs_token_cb on_token,
     rs_done_cb on_done, rs_error_cb on_error, void *user);
@@ -347,16 +374,21 @@ uint64_t rs_call_start(rs_client *c, const char *op, const rs_params *p, rs_done
  * arrives through rs_process. Returns RS_OK or an error sending it. */
 rs_status rs_cancel_start(rs_client *c, uint64_t target);
 
-/* The socket to poll for readability (POLLIN) in the application's loop. */
+/* The socket to poll for readability (POLLIN) in the application's loop; also for
+ * writability (POLLOUT) while rs_unsent is not 0. */
 int rs_fd(const rs_client *c);
 
 /*
- * Reads what the socket holds without blocking and calls the callbacks of
- * every complete reply. Returns RS_OK, or once the connection is over the
- * reason (RS_ERR_IO, RS_ERR_PROTOCOL, ...): then every request in flight
- * has had its on_error called, and the client can only be closed.
+ * Sends what is queued as far as the socket takes it, reads what the
+ * socket holds, both without blocking, and calls the callbacks of every
+ * complete reply. Returns RS_OK, or once the connection is over the reason
+ * (RS_ERR_IO, RS_ERR_PROTOCOL, ...): then every request in flight has had
+ * its on_error called, and the client can only be closed.
  */
 rs_status rs_process(rs_client *c);
+
+/* Bytes of requests queued and not yet sent (RS_NONBLOCK; always 0 without it). */
+size_t rs_unsent(const rs_client *c);
 
 /* Requests started with rs_generate_start or rs_call_start that have not ended yet. */
 size_t rs_pending(const rs_client *c);

@@ -49,15 +49,36 @@ api_error_set(struct api_error *e, int status, const char *type, const char *par
     const char *fmt, ...)
 {
 	va_list ap;
+	int n;
 
 	e->status = status;
 	e->type = type;
 	e->param = param;
 	e->code = code;
 	va_start(ap, fmt);
-	vsnprintf(e->message, sizeof e->message, fmt, ap);
+	n = vsnprintf(e->message, sizeof e->message, fmt, ap);
 	va_end(ap);
+	if (n >= (int)sizeof e->message)
+		api_utf8_cut(e->message);
 	return -1;
+}
+
+void
+api_utf8_cut(char *s)
+{
+	size_t n = strlen(s), lead = n;
+	unsigned char c;
+	size_t want;
+
+	/* the last character's lead byte, at most 3 continuation bytes back */
+	while (lead > 0 && n - lead < 4 && ((unsigned char)s[lead - 1] & 0xc0) == 0x80)
+		lead--;
+	if (lead == 0)
+		return;
+	c = (unsigned char)s[lead - 1];
+	want = c < 0x80 ? 1 : c >= 0xf0 ? 4 : c >= 0xe0 ? 3 : c >= 0xc0 ? 2 : 1;
+	if (n - (lead - 1) < want)
+		s[lead - 1] = '\0';
 }
 
 json_t *
@@ -971,6 +992,10 @@ static const struct {
 	{ RS_ERR_NOT_FOUND, 404, "invalid_request_error", NULL, NULL },
 	{ RS_ERR_FRAME_TOO_LARGE, 413, "invalid_request_error", NULL, "request_too_large" },
 	{ RS_ERR_OVERLOADED, 429, "rate_limit_error", NULL, NULL },
+	{ RS_ERR_SESSION_BUSY, 409, "invalid_request_error", "session", NULL },
+	{ RS_ERR_QUOTA_EXCEEDED, 429, "rate_limit_error", NULL, NULL },
+	{ RS_ERR_STORAGE_FULL, 507, "server_error", NULL, NULL },
+	{ RS_ERR_FRAME_TIMEOUT, 503, "server_error", NULL, NULL },
 	{ RS_ERR_SHUTTING_DOWN, 503, "server_error", NULL, NULL },
 	{ RS_ERR_CONNECT, 503, "server_error", NULL, "daemon_unavailable" },
 	{ RS_ERR_IO, 502, "server_error", NULL, "daemon_connection_lost" },

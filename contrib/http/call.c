@@ -8,13 +8,26 @@
  * connection adds a fraction of a millisecond (README, "OpenAI-compatible
  * endpoint").
  *
+ *   every request:   CALL_HELLO     hello, answered before anything else is sent: it says
+ *                                   the daemon's max_frame, over which a request is refused
+ *                                   here (413) rather than sent (the daemon would close the
+ *                                   connection, racing the write)
  *   a completion:    CALL_MODELS    only for a model not in the cache (404 if not listed)
  *                    CALL_SESSION   session.new, only for session "new"
  *                    CALL_GENERATE  --done or error--> reply, CALL_DONE
  *   ops (call_ops):  CALL_MODELS    as a completion's, for a request that names a model
  *                    CALL_OPS       each op in turn --the last result--> reply, CALL_DONE
  *   the client leaves: in CALL_GENERATE a cancel is sent --> CALL_CANCELLING --done--> CALL_DONE;
+ *                      in CALL_SESSION the session's result is waited for (to delete it);
  *                      in the other states the call ends at once.
+ *   a session "new" made for a request that ends before its client was told
+ *   its id (an error, the client left): CALL_CLEANUP, session.delete, then
+ *   CALL_DONE. No turn is stored then, so the session is empty, and no
+ *   client could name it.
+ *
+ * The daemon connection never blocks the event loop (RS_NONBLOCK): what
+ * the socket does not take of a request is queued and sent when it is
+ * writable, so a stopped or slow daemon holds up its own requests only.
  *
  * Model names are cached: the daemon only ever adds models, so a name in
  * the cache is a model, and a name not in it sends for a fresh list. A name
@@ -47,7 +60,9 @@
 
 #define SESSION_TITLE "resident-http"
 
-enum call_state { CALL_MODELS, CALL_SESSION, CALL_GENERATE, CALL_CANCELLING, CALL_OPS, CALL_DONE };
+enum call_state {
+	CALL_HELLO, CALL_MODELS, CALL_SESSION, CALL_GENERATE, CALL_CANCELLING, CALL_OPS, CALL_CLEANUP, CALL_DONE
+};
 
 /* What a completion keeps of one of its choices while the daemon generates it. */
 struct choice {
@@ -73,9 +88,9 @@ struct call {
 	enum call_state state;
 	struct oa *oa;
 	struct evhttp_request *req;   /* NULL once answered, or once the client left */
-	struct http_watch *watch;
+	struct conn *watch;
 	rs_client *rc;
-	struct event *rc_ev;
+	struct event *rc_ev, *wr_ev;  /* the daemon connection readable; writable (while requests are queued) */
 	int in_process;               /* inside rs_process: libresident's callbacks may run */
 	const char *path;             /* for the log */
 	struct timespec t0;
@@ -90,6 +105,7 @@ struct call {
 	struct api_req r;
 	struct api_meta meta;
 	char session[40];
+	int own_session;              /* session is one made for this request, not yet named to its client */
 	uint64_t gen_id;
 	int streaming;                /* the event stream has begun */
 	struct choice ch[API_MAX_CHOICES]; /* the request's r.n choices */
@@ -110,9 +126,11 @@ call_free(struct call *c)
 	for (pp = &c->oa->calls; *pp != c; pp = &(*pp)->next)
 		;
 	*pp = c->next;
-	http_watch_stop(c->watch);
+	conn_unwatch(c->watch);
 	if (c->rc_ev != NULL)
 		event_free(c->rc_ev);
+	if (c->wr_ev != NULL)
+		event_free(c->wr_ev);
 	rs_close(c->rc);
 	api_req_free(&c->r);
 	for (i = 0; i < API_MAX_CHOICES; i++) {
@@ -144,17 +162,65 @@ call_seconds(const struct call *c)
 static void
 call_unwatch(struct call *c)
 {
-	http_watch_stop(c->watch);
+	conn_unwatch(c->watch);
 	c->watch = NULL;
+}
+
+/* Writability is waited for while requests are queued for the daemon. */
+static void
+call_want_write(struct call *c)
+{
+	if (rs_unsent(c->rc) > 0)
+		event_add(c->wr_ev, NULL);
+	else
+		event_del(c->wr_ev);
+}
+
+static void call_end(struct call *c);
+
+/* The session was deleted (or could not be: the daemon is gone): the call ends. */
+static void
+cleanup_result_cb(uint64_t id, const rs_value *result, void *arg)
+{
+	call_end(arg);
+}
+
+static void
+cleanup_error_cb(uint64_t id, rs_status code, const char *message, void *arg)
+{
+	struct call *c = arg;
+
+	log_warn("%s: the session %s made for the request could not be deleted: %s", c->path, c->session, message);
+	call_end(c);
+}
+
+/* Deletes the session made for the request; 1 if the call waits for that. */
+static int
+call_cleanup(struct call *c)
+{
+	rs_params *p = rs_params_new();
+	int sent;
+
+	c->own_session = 0;
+	sent = p != NULL && rs_params_set_str(p, "session", c->session) == RS_OK &&
+	    rs_call_start(c->rc, "session.delete", p, cleanup_result_cb, cleanup_error_cb, c) != 0;
+	rs_params_free(p);
+	if (!sent)
+		return 0;
+	c->state = CALL_CLEANUP;
+	call_want_write(c);
+	return 1;
 }
 
 /* The call is over: its reply was sent, or its client left. Freed now or after rs_process. */
 static void
 call_end(struct call *c)
 {
-	c->state = CALL_DONE;
 	call_unwatch(c);
 	c->req = NULL;
+	if (c->own_session && call_cleanup(c))
+		return;
+	c->state = CALL_DONE;
 	if (!c->in_process)
 		call_free(c);
 }
@@ -185,15 +251,19 @@ call_gone_cb(void *arg)
 	c->req = NULL;
 	if (c->state == CALL_GENERATE && rs_cancel_start(c->rc, c->gen_id) == RS_OK) {
 		c->state = CALL_CANCELLING;
+		call_want_write(c);
 		return;
 	}
+	if (c->state == CALL_SESSION)
+		return;                 /* session_result_cb deletes the session made */
 	log_info("%s: the client left (%.3fs)", c->path, call_seconds(c));
 	call_end(c);
 }
 
-/* Replies of the daemon; a call that ended inside them is freed here. */
+/* The daemon connection is readable or writable: replies, and queued requests sent. A call that
+ * ended inside them is freed here. */
 static void
-call_read_cb(evutil_socket_t fd, short what, void *arg)
+call_io_cb(evutil_socket_t fd, short what, void *arg)
 {
 	struct call *c = arg;
 	struct api_error e;
@@ -209,21 +279,38 @@ call_read_cb(evutil_socket_t fd, short what, void *arg)
 	}
 	if (c->state == CALL_DONE)
 		call_free(c);
+	else
+		call_want_write(c);
 }
 
-/*
- * Names the connection for the daemon's status ("resident-http"). Nothing
- * waits for the answer: the requests that follow are read after it anyway.
- */
+static void call_check_model(struct call *c);
+static void call_error_cb(uint64_t id, rs_status code, const char *message, void *arg);
+
+/* hello answered: the daemon's max_frame is known to libresident; the request goes on. */
 static void
+hello_result_cb(uint64_t id, const rs_value *result, void *arg)
+{
+	struct call *c = arg;
+
+	if (c->req == NULL)
+		call_end(c);
+	else
+		call_check_model(c);
+}
+
+/* Names the connection for the daemon's status ("resident-http") and learns its max_frame. 0, or -1. */
+static int
 call_hello(struct call *c)
 {
 	rs_params *p = rs_params_new();
+	int sent;
 
-	if (p != NULL && rs_params_set_str(p, "client", "resident-http") == RS_OK &&
-	    rs_params_set_uint(p, "version", RS_PROTOCOL_VERSION) == RS_OK)
-		rs_call_start(c->rc, "hello", p, NULL, NULL, NULL);
+	c->state = CALL_HELLO;
+	sent = p != NULL && rs_params_set_str(p, "client", "resident-http") == RS_OK &&
+	    rs_params_set_uint(p, "version", RS_PROTOCOL_VERSION) == RS_OK &&
+	    rs_call_start(c->rc, "hello", p, hello_result_cb, call_error_cb, c) != 0;
 	rs_params_free(p);
+	return sent ? 0 : -1;
 }
 
 /* A call with its own daemon connection, or NULL after answering the error. */
@@ -245,19 +332,21 @@ call_open(struct oa *oa, struct evhttp_request *req, const char *path)
 	clock_gettime(CLOCK_MONOTONIC, &c->t0);
 	c->next = oa->calls;
 	oa->calls = c;
-	if ((c->rc = rs_connect(oa->socket, 0, &err)) == NULL) {
+	if ((c->rc = rs_connect(oa->socket, RS_NONBLOCK, &err)) == NULL) {
 		api_error_from_status(err.code, err.message, &e);
 		call_fail(c, &e);
 		return NULL;
 	}
-	call_hello(c);
-	c->rc_ev = event_new(oa->base, rs_fd(c->rc), EV_READ | EV_PERSIST, call_read_cb, c);
-	c->watch = http_watch_start(oa, req, call_gone_cb, c);
-	if (c->rc_ev == NULL || c->watch == NULL || event_add(c->rc_ev, NULL) != 0) {
+	c->rc_ev = event_new(oa->base, rs_fd(c->rc), EV_READ | EV_PERSIST, call_io_cb, c);
+	c->wr_ev = event_new(oa->base, rs_fd(c->rc), EV_WRITE | EV_PERSIST, call_io_cb, c);
+	c->watch = conn_watch(oa, req, call_gone_cb, c);
+	if (c->rc_ev == NULL || c->wr_ev == NULL || c->watch == NULL || event_add(c->rc_ev, NULL) != 0 ||
+	    call_hello(c) != 0) {
 		api_nomem(&e);
 		call_fail(c, &e);
 		return NULL;
 	}
+	call_want_write(c);
 	return c;
 }
 
@@ -289,22 +378,16 @@ call_error_cb(uint64_t id, rs_status code, const char *message, void *arg)
 }
 
 /*
- * A request could not be sent. libresident says why in a message; the
- * status is rs_process's, which once the connection is over returns the
- * reason (a frame_too_large the daemon sent before closing, a lost
- * connection), and otherwise leaves only running out of memory.
+ * A request could not be sent: one over the daemon's max_frame (a 413),
+ * a connection already over, no memory.
  */
 static void
 call_start_failed(struct call *c)
 {
 	char message[256];
-	rs_status st;
 
 	snprintf(message, sizeof message, "%s", rs_last_error(c->rc));
-	st = rs_process(c->rc);
-	if (st != RS_OK)
-		snprintf(message, sizeof message, "%s", rs_last_error(c->rc));
-	call_error_cb(0, st != RS_OK ? st : RS_ERR_NOMEM, message, c);
+	call_error_cb(0, rs_last_status(c->rc), message, c);
 }
 
 /* ---- models ---- */
@@ -513,11 +596,9 @@ call_ops(struct oa *oa, struct evhttp_request *req, const char *path, enum api_d
 	c->reply_arg = arg;
 	c->r.dialect = d;
 	if (model != NULL && ((c->r.model = strdup(model)) == NULL ||
-	    (d != API_OPENAI && (c->r.asked = strdup(model)) == NULL))) {
+	    (d != API_OPENAI && (c->r.asked = strdup(model)) == NULL)))
 		call_error_cb(0, RS_ERR_NOMEM, "out of memory", c);
-		return;
-	}
-	call_check_model(c);
+	/* else the model is checked once hello is answered */
 }
 
 /* ---- sessions ---- */
@@ -528,11 +609,13 @@ session_result_cb(uint64_t id, const rs_value *result, void *arg)
 	struct call *c = arg;
 	const char *uuid = rs_str(rs_get(rs_get(result, "session"), "session"));
 
+	snprintf(c->session, sizeof c->session, "%s", uuid ? uuid : "");
+	c->own_session = c->session[0] != '\0';
 	if (c->req == NULL) {
+		log_info("%s: the client left (%.3fs)", c->path, call_seconds(c));
 		call_end(c);
 		return;
 	}
-	snprintf(c->session, sizeof c->session, "%s", uuid ? uuid : "");
 	call_start_generate(c);
 }
 
@@ -546,8 +629,10 @@ stream_begin(struct call *c)
 	int i;
 
 	c->streaming = 1;
+	c->own_session = 0;         /* named to the client from here on */
 	if (c->session[0])
 		http_add_header(c->req, "X-Resident-Session", c->session);
+	conn_reply_begins(c->watch);
 	http_stream_start(c->req);
 	for (i = 0; c->r.kind == API_CHAT && c->r.dialect == API_OPENAI && i < c->r.n; i++)
 		http_stream_send(c->req, api_chunk(&c->r, &c->meta, i, "", NULL, 1, NULL, NULL));
@@ -743,7 +828,7 @@ token_cb(uint64_t id, const char *text, const rs_value *reply, void *arg)
 		http_stream_send(c->req, call_chunk(c, (int)i, text[0] != '\0' || lp != NULL ? text : NULL, reasoning, lp));
 	if (http_unsent(c->req) > c->oa->max_unread) {
 		log_warn("%s: the client left %zu bytes unread: dropped", c->path, http_unsent(c->req));
-		http_watch_drop(c->watch);      /* calls call_gone_cb: the generation is cancelled */
+		conn_drop(c->watch);            /* calls call_gone_cb: the generation is cancelled */
 	}
 	return 0;
 }
@@ -839,6 +924,7 @@ done_cb(uint64_t id, const rs_value *done, void *arg)
 		return;
 	}
 	call_unwatch(c);
+	c->own_session = 0;         /* its turn is stored, and the reply names it */
 	if (c->r.stream && !c->streaming)
 		stream_begin(c);
 	if (c->r.dialect == API_OPENAI)
@@ -887,5 +973,5 @@ call_generate(struct oa *oa, struct evhttp_request *req, struct api_req *r)
 	memset(r, 0, sizeof *r);
 	/* replies name the model as the request did: an Ollama name is resolved to another */
 	api_meta_init(&c->meta, c->r.kind, c->r.asked ? c->r.asked : c->r.model);
-	call_check_model(c);
+	/* the model is checked once hello is answered */
 }

@@ -255,7 +255,7 @@ guard_request(struct oa *oa, struct evhttp_request *req)
 	const char *host = evhttp_find_header(in, "Host"), *origin = evhttp_find_header(in, "Origin");
 	char msg[512];
 
-	if (host != NULL && !oa->guard.unix_listener && !host_known(&oa->guard, host)) {
+	if (host != NULL && !oa->unix_listener && !host_known(&oa->guard, host)) {
 		snprintf(msg, sizeof msg, "Host %.200s is not a name of resident-http: it answers localhost, *.localhost, "
 		    "its IP addresses and its --listen name, so that a web page whose server name was pointed at this "
 		    "machine (DNS rebinding) cannot use it; to be reached by another name, start it with --allow-host "

@@ -1,40 +1,21 @@
 /*
  * http.c: the HTTP side of the bridge. Routes requests (after guard.c's
- * checks of Host, Origin and a body's type), checks the API key,
- * sends JSON bodies, streams and the text of GET /metrics (metrics.c), and
- * notices a client that leaves while its reply is being made. A URL under
- * /api/ is Ollama's API (ollama.c routes it): its errors and streams are
- * written in Ollama's shapes, the others' in OpenAI's.
- *
- * evhttp stops reading a connection while the application makes a reply,
- * so a client that closes its connection is seen only when a write to it
- * fails, which for a reply that is not streamed is never before the
- * generation ends. A watch therefore waits for the connection's socket to
- * become readable itself: end of file (or an error) means the client left.
- * Bytes instead (a pipelined next request) end the watch; evhttp reads
- * them after the reply. evhttp's own close callback covers the other way
- * out, a failed write to a stream.
+ * checks of Host, Origin and a body's type), checks the API key, sends
+ * JSON bodies, streams and the text of GET /metrics (metrics.c). A URL
+ * under /api/ is Ollama's API (ollama.c routes it): its errors and streams
+ * are written in Ollama's shapes, the others' in OpenAI's. Connections,
+ * their deadlines and a client that leaves are conn.c's.
  */
 #include "config.h"
 #include "openai.h"
 
-#include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
-#include <event2/event.h>
 #include <event2/http.h>
+#include <event2/http_struct.h>
 #include <event2/keyvalq_struct.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-
-struct http_watch {
-	struct evhttp_request *req;
-	struct evhttp_connection *conn;
-	struct event *ev;
-	void (*gone)(void *);
-	void *arg;
-};
 
 /* ---- replies ---- */
 
@@ -48,12 +29,14 @@ reason(int status)
 	case 403: return "Forbidden";
 	case 404: return "Not Found";
 	case 405: return "Method Not Allowed";
+	case 409: return "Conflict";
 	case 413: return "Payload Too Large";
 	case 415: return "Unsupported Media Type";
 	case 429: return "Too Many Requests";
 	case 501: return "Not Implemented";
 	case 502: return "Bad Gateway";
 	case 503: return "Service Unavailable";
+	case 507: return "Insufficient Storage";
 	default: return "Internal Server Error";
 	}
 }
@@ -112,6 +95,12 @@ http_send_error(struct evhttp_request *req, const struct api_error *e)
 void
 http_stream_start(struct evhttp_request *req)
 {
+	/* HTTP/1.0 has no chunks (2.1's evhttp has no accessor of the version): the close ends the stream,
+	 * and without the client's keep-alive evhttp gives it no Content-Length and closes at the end */
+	if (req->major == 1 && req->minor == 0) {
+		evhttp_remove_header(evhttp_request_get_input_headers(req), "Connection");
+		http_add_header(req, "Connection", "close");
+	}
 	http_add_header(req, "Content-Type", ollama_url(req) ? "application/x-ndjson" : "text/event-stream");
 	http_add_header(req, "Cache-Control", "no-cache");
 	evhttp_send_reply_start(req, 200, "OK");
@@ -150,88 +139,6 @@ http_unsent(struct evhttp_request *req)
 	struct evhttp_connection *conn = evhttp_request_get_connection(req);
 
 	return conn ? evbuffer_get_length(bufferevent_get_output(evhttp_connection_get_bufferevent(conn))) : 0;
-}
-
-/* ---- a client that leaves ---- */
-
-/* The client is gone: req is released (with its connection, if evhttp still holds it), then gone(). */
-static void
-watch_fire(struct http_watch *w, int free_conn)
-{
-	void (*gone)(void *) = w->gone;
-	void *arg = w->arg;
-
-	event_free(w->ev);                      /* before its socket is closed */
-	evhttp_connection_set_closecb(w->conn, NULL, NULL);
-	if (free_conn)
-		evhttp_connection_free(w->conn);    /* frees req with it */
-	else if (evhttp_request_get_connection(w->req) == NULL)
-		evhttp_request_free(w->req);        /* evhttp let go of it: it is ours to free */
-	free(w);
-	gone(arg);
-}
-
-/* The socket is readable while the reply is being made: end of file, an error, or a next request. */
-static void
-watch_read_cb(evutil_socket_t fd, short what, void *arg)
-{
-	struct http_watch *w = arg;
-	ssize_t n;
-	char c;
-
-	n = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-		event_add(w->ev, NULL);
-		return;
-	}
-	if (n <= 0)
-		watch_fire(w, 1);
-	/* else: pipelined bytes; the watch stays off, the close callback stays on */
-}
-
-/* evhttp is freeing the connection: a write failed, or it timed out. */
-static void
-watch_close_cb(struct evhttp_connection *conn, void *arg)
-{
-	watch_fire(arg, 0);
-}
-
-struct http_watch *
-http_watch_start(struct oa *oa, struct evhttp_request *req, void (*gone)(void *), void *arg)
-{
-	struct http_watch *w = calloc(1, sizeof *w);
-	evutil_socket_t fd;
-
-	if (w == NULL)
-		return NULL;
-	w->req = req;
-	w->conn = evhttp_request_get_connection(req);
-	w->gone = gone;
-	w->arg = arg;
-	fd = bufferevent_getfd(evhttp_connection_get_bufferevent(w->conn));
-	if ((w->ev = event_new(oa->base, fd, EV_READ, watch_read_cb, w)) == NULL) {
-		free(w);
-		return NULL;
-	}
-	event_add(w->ev, NULL);
-	evhttp_connection_set_closecb(w->conn, watch_close_cb, w);
-	return w;
-}
-
-void
-http_watch_stop(struct http_watch *w)
-{
-	if (w == NULL)
-		return;
-	evhttp_connection_set_closecb(w->conn, NULL, NULL);
-	event_free(w->ev);
-	free(w);
-}
-
-void
-http_watch_drop(struct http_watch *w)
-{
-	watch_fire(w, 1);
 }
 
 /* ---- routing ---- */
@@ -361,6 +268,7 @@ http_request_cb(struct evhttp_request *req, void *arg)
 	int post = evhttp_request_get_command(req) == EVHTTP_REQ_POST;
 	struct api_error e;
 
+	conn_request(oa, req);
 	if (path == NULL || path[0] == '\0')
 		path = "/";
 	if (!guard_request(oa, req))

@@ -21,18 +21,21 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #define DEFAULT_LISTEN "127.0.0.1:8080"
 #define OLLAMA_LISTEN "127.0.0.1:11434"    /* Ollama's, where its clients look by default */
 #define DEFAULT_MAX_BODY (16u << 20)
 #define DEFAULT_MAX_UNREAD (1u << 20)
-#define MAX_HEADERS (64u << 10)
+#define DEFAULT_IDLE_TIMEOUT 15
+#define DEFAULT_REQUEST_TIMEOUT 30
+#define MAX_TIMEOUT 86400
 #define API_KEY_MAX 4096
 
 struct settings {
 	const char *listen, *socket, *api_key_file, *log_level;
 	int ollama;
-	unsigned long long max_body, max_unread;
+	unsigned long long max_body, max_unread, idle_timeout, request_timeout;
 	struct guard *guard;        /* --allow-origin's and --allow-host's go there */
 };
 
@@ -46,8 +49,9 @@ usage(FILE *fp)
 	    "models of residentd.\n"
 	    "\n"
 	    "      --listen ADDR:PORT   address to serve ([::1]:PORT for IPv6; port 0 takes a free one,\n"
-	    "                           printed at start); default: Ollama's " OLLAMA_LISTEN " when it\n"
-	    "                           is free, else " DEFAULT_LISTEN "\n"
+	    "                           printed at start), or unix:PATH (a Unix socket, mode 0600);\n"
+	    "                           default: Ollama's " OLLAMA_LISTEN " when it is free, else\n"
+	    "                           " DEFAULT_LISTEN "\n"
 	    "      --ollama             serve on " OLLAMA_LISTEN " or fail (where Ollama's clients look)\n"
 	    "  -s, --socket PATH        residentd's socket (default $RESIDENT_SOCKET, else\n"
 	    "                           $XDG_RUNTIME_DIR/resident/socket, else /tmp/resident-UID/socket)\n"
@@ -60,6 +64,11 @@ usage(FILE *fp)
 	    "      --max-body BYTES     largest request body (default 16 MiB)\n"
 	    "      --max-unread BYTES   bytes of a stream a client may leave unread before it is\n"
 	    "                           dropped and its generation cancelled (default 1 MiB)\n"
+	    "      --idle-timeout SECONDS     a connection without a request under way is closed\n"
+	    "                           after that (default 15)\n"
+	    "      --request-timeout SECONDS  a request must arrive whole (line, headers, body)\n"
+	    "                           within that of its first byte, and a reply be taken by its\n"
+	    "                           client within that (default 30)\n"
 	    "  -l, --log-level LEVEL    error, warn, info (default: a line per request), debug\n"
 	    "  -h, --help, --version\n");
 }
@@ -82,13 +91,15 @@ parse_bytes(const char *s)
 static int
 parse_args(int argc, char **argv, struct settings *s)
 {
-	enum { O_LISTEN = 256, O_OLLAMA, O_KEY, O_BODY, O_UNREAD, O_VERSION, O_ORIGIN, O_HOST };
+	enum { O_LISTEN = 256, O_OLLAMA, O_KEY, O_BODY, O_UNREAD, O_IDLE, O_REQUEST, O_VERSION, O_ORIGIN, O_HOST };
 	static const struct option lo[] = {
 		{ "listen", required_argument, NULL, O_LISTEN }, { "ollama", no_argument, NULL, O_OLLAMA },
 		{ "socket", required_argument, NULL, 's' },
 		{ "api-key-file", required_argument, NULL, O_KEY }, { "max-body", required_argument, NULL, O_BODY },
 		{ "max-unread", required_argument, NULL, O_UNREAD }, { "log-level", required_argument, NULL, 'l' },
 		{ "allow-origin", required_argument, NULL, O_ORIGIN }, { "allow-host", required_argument, NULL, O_HOST },
+		{ "idle-timeout", required_argument, NULL, O_IDLE },
+		{ "request-timeout", required_argument, NULL, O_REQUEST },
 		{ "help", no_argument, NULL, 'h' }, { "version", no_argument, NULL, O_VERSION },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -119,6 +130,15 @@ parse_args(int argc, char **argv, struct settings *s)
 				return 2;
 			}
 			*(c == O_BODY ? &s->max_body : &s->max_unread) = parse_bytes(optarg);
+			break;
+		case O_IDLE:
+		case O_REQUEST:
+			if (parse_bytes(optarg) == 0 || parse_bytes(optarg) > MAX_TIMEOUT) {
+				fprintf(stderr, "resident-http: --%s takes whole seconds, 1..%d, not '%s'\n",
+				    c == O_IDLE ? "idle-timeout" : "request-timeout", MAX_TIMEOUT, optarg);
+				return 2;
+			}
+			*(c == O_IDLE ? &s->idle_timeout : &s->request_timeout) = parse_bytes(optarg);
 			break;
 		case 'h': usage(stdout); return 1;
 		case O_VERSION: printf("resident-http %s\n", PACKAGE_VERSION); return 1;
@@ -206,21 +226,26 @@ read_api_key(const char *path)
 
 /* Logs where it listens; warns when that is more than this machine without a key. */
 static void
-log_listening(const struct oa *oa, struct evhttp_bound_socket *bound)
+log_listening(const struct oa *oa, struct evhttp_bound_socket *bound, const char *listen)
 {
 	struct sockaddr_storage ss;
 	socklen_t len = sizeof ss;
 	char host[NI_MAXHOST], port[NI_MAXSERV], sock[4096];
 	int v6, loopback;
 
-	if (getsockname(evhttp_bound_socket_get_fd(bound), (struct sockaddr *)&ss, &len) != 0 ||
-	    getnameinfo((struct sockaddr *)&ss, len, host, sizeof host, port, sizeof port,
-	    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-		snprintf(host, sizeof host, "?"), snprintf(port, sizeof port, "?");
 	if (oa->socket != NULL)
 		snprintf(sock, sizeof sock, "%s", oa->socket);
 	else if (rs_default_socket(sock, sizeof sock) != 0)
 		snprintf(sock, sizeof sock, "(the default)");
+	if (oa->unix_listener) {
+		log_info("resident-http %s listening on %s (OpenAI's API under /v1, Ollama's under /api), residentd at %s",
+		    PACKAGE_VERSION, listen, sock);
+		return;
+	}
+	if (getsockname(evhttp_bound_socket_get_fd(bound), (struct sockaddr *)&ss, &len) != 0 ||
+	    getnameinfo((struct sockaddr *)&ss, len, host, sizeof host, port, sizeof port,
+	    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+		snprintf(host, sizeof host, "?"), snprintf(port, sizeof port, "?");
 	v6 = ss.ss_family == AF_INET6;
 	log_info("resident-http %s listening on http://%s%s%s:%s/v1 (OpenAI's API) and /api (Ollama's), "
 	    "residentd at %s", PACKAGE_VERSION, v6 ? "[" : "", host, v6 ? "]" : "", port, sock);
@@ -253,8 +278,15 @@ static struct evhttp_bound_socket *
 listen_on(struct oa *oa, const struct settings *s)
 {
 	const char *addr = s->listen ? s->listen : OLLAMA_LISTEN;
-	struct evhttp_bound_socket *bound = bind_to(oa, addr);
+	struct evhttp_bound_socket *bound;
+	char err[256];
 
+	if (strncmp(addr, "unix:", 5) == 0) {
+		if ((bound = conn_listen_unix(oa, addr + 5, err, sizeof err)) == NULL)
+			fprintf(stderr, "resident-http: cannot listen on %s: %s\n", addr, err);
+		return bound;
+	}
+	bound = bind_to(oa, addr);
 	if (bound == NULL && errno == EADDRINUSE && s->listen == NULL && !s->ollama) {
 		log_info("%s is in use (by Ollama?): listening on %s instead", OLLAMA_LISTEN, DEFAULT_LISTEN);
 		bound = bind_to(oa, addr = DEFAULT_LISTEN);
@@ -265,26 +297,71 @@ listen_on(struct oa *oa, const struct settings *s)
 	return bound;
 }
 
-/* Says at start whether residentd answers, so that a wrong socket is seen at once. */
-static void
-check_daemon(const struct oa *oa)
-{
+/* The check at start that residentd answers (check_daemon). */
+struct check {
 	rs_client *c;
-	rs_error err;
-	rs_value *hello = NULL;
+	struct event *ev;
+};
 
-	if ((c = rs_connect(oa->socket, 0, &err)) == NULL) {
+static void
+check_result_cb(uint64_t id, const rs_value *hello, void *arg)
+{
+	if (rs_uint(rs_get(hello, "version")) != RS_PROTOCOL_VERSION)
+		log_warn("residentd speaks protocol %llu, resident-http %d",
+		    (unsigned long long)rs_uint(rs_get(hello, "version")), RS_PROTOCOL_VERSION);
+}
+
+static void
+check_error_cb(uint64_t id, rs_status code, const char *message, void *arg)
+{
+	log_warn("residentd did not answer hello: %s", message);
+}
+
+/* Frees the check (NULL members allowed). */
+static void
+check_end(struct check *k)
+{
+	if (k->ev != NULL)
+		event_free(k->ev);
+	rs_close(k->c);
+	k->ev = NULL;
+	k->c = NULL;
+}
+
+/* hello answered, or the connection ended: the check is over. */
+static void
+check_cb(evutil_socket_t fd, short what, void *arg)
+{
+	struct check *k = arg;
+
+	if (rs_process(k->c) != RS_OK || rs_pending(k->c) == 0)
+		check_end(k);
+}
+
+/*
+ * Says at start whether residentd answers, so that a wrong socket is seen
+ * at once. From the event loop, which waits for no daemon: a stopped one
+ * delays only the message.
+ */
+static void
+check_daemon(struct oa *oa, struct check *k)
+{
+	rs_error err;
+	rs_params *p;
+
+	if ((k->c = rs_connect(oa->socket, RS_NONBLOCK, &err)) == NULL) {
 		log_warn("%s; requests are answered 503 until it runs (start it with `residentd -m MODEL`)",
 		    err.message);
 		return;
 	}
-	if (rs_hello(c, "resident-http", &hello) != RS_OK)
-		log_warn("residentd did not answer hello: %s", rs_last_error(c));
-	else if (rs_uint(rs_get(hello, "version")) != RS_PROTOCOL_VERSION)
-		log_warn("residentd speaks protocol %llu, resident-http %d",
-		    (unsigned long long)rs_uint(rs_get(hello, "version")), RS_PROTOCOL_VERSION);
-	rs_value_free(hello);
-	rs_close(c);
+	/* a hello is a frame the socket of a new connection takes whole: nothing is left unsent */
+	if ((p = rs_params_new()) == NULL || rs_params_set_str(p, "client", "resident-http") != RS_OK ||
+	    rs_params_set_uint(p, "version", RS_PROTOCOL_VERSION) != RS_OK ||
+	    rs_call_start(k->c, "hello", p, check_result_cb, check_error_cb, k) == 0 ||
+	    (k->ev = event_new(oa->base, rs_fd(k->c), EV_READ | EV_PERSIST, check_cb, k)) == NULL ||
+	    event_add(k->ev, NULL) != 0)
+		check_end(k);
+	rs_params_free(p);
 }
 
 /* libevent's own messages (a failed getaddrinfo, ...): the bridge says what failed itself. */
@@ -305,9 +382,11 @@ int
 main(int argc, char **argv)
 {
 	struct oa oa = { 0 };
-	struct settings s = { .max_body = DEFAULT_MAX_BODY, .max_unread = DEFAULT_MAX_UNREAD, .guard = &oa.guard };
+	struct settings s = { .max_body = DEFAULT_MAX_BODY, .max_unread = DEFAULT_MAX_UNREAD,
+		.idle_timeout = DEFAULT_IDLE_TIMEOUT, .request_timeout = DEFAULT_REQUEST_TIMEOUT, .guard = &oa.guard };
 	struct evhttp_bound_socket *bound;
 	struct event *sigterm = NULL, *sigint = NULL;
+	struct check check = { 0 };
 	char host[256];
 	unsigned port;
 	size_t i;
@@ -317,33 +396,40 @@ main(int argc, char **argv)
 	event_set_log_callback(libevent_log_cb);
 	if ((rc = parse_args(argc, argv, &s)) != 0)
 		return rc == 1 ? 0 : 2;
-	if (s.listen != NULL && parse_listen(s.listen, host, sizeof host, &port) != 0) {
-		fprintf(stderr, "resident-http: --listen %s: give ADDR:PORT, e.g. 127.0.0.1:8080 or [::1]:8080\n",
-		    s.listen);
+	if (s.listen != NULL && strncmp(s.listen, "unix:", 5) != 0 &&
+	    parse_listen(s.listen, host, sizeof host, &port) != 0) {
+		fprintf(stderr, "resident-http: --listen %s: give ADDR:PORT, e.g. 127.0.0.1:8080 or [::1]:8080, "
+		    "or unix:PATH\n", s.listen);
 		return 2;
 	}
-	if (s.listen != NULL)
+	if (s.listen != NULL && strncmp(s.listen, "unix:", 5) != 0)
 		oa.guard.listen_name = host;
 	if (s.api_key_file != NULL && (oa.api_key = read_api_key(s.api_key_file)) == NULL)
 		return 2;
 	oa.socket = s.socket;
 	oa.max_unread = (size_t)s.max_unread;
+	oa.idle_timeout = (unsigned)s.idle_timeout;
+	oa.request_timeout = (unsigned)s.request_timeout;
 	rc = 1;
 	if ((oa.base = event_base_new()) == NULL || (oa.http = evhttp_new(oa.base)) == NULL) {
 		fprintf(stderr, "resident-http: cannot set up the event loop\n");
 		goto out;
 	}
 	evhttp_set_max_body_size(oa.http, (ev_ssize_t)s.max_body);
-	evhttp_set_max_headers_size(oa.http, MAX_HEADERS);
+	evhttp_set_max_headers_size(oa.http, HTTP_MAX_HEADERS);
 	/* OPTIONS for CORS' preflights (guard.c), besides evhttp's default methods */
 	evhttp_set_allowed_methods(oa.http, EVHTTP_REQ_GET | EVHTTP_REQ_POST | EVHTTP_REQ_HEAD | EVHTTP_REQ_PUT |
 	    EVHTTP_REQ_DELETE | EVHTTP_REQ_OPTIONS);
 	evhttp_set_gencb(oa.http, http_request_cb, &oa);
 	if ((bound = listen_on(&oa, &s)) == NULL)
 		goto out;
-	log_listening(&oa, bound);
+	if (conn_setup(&oa, bound) != 0) {
+		fprintf(stderr, "resident-http: out of memory\n");
+		goto out;
+	}
+	log_listening(&oa, bound, s.listen);
 	guard_warn(&oa);
-	check_daemon(&oa);
+	check_daemon(&oa, &check);
 	sigterm = evsignal_new(oa.base, SIGTERM, stop_cb, oa.base);
 	sigint = evsignal_new(oa.base, SIGINT, stop_cb, oa.base);
 	event_add(sigterm, NULL);
@@ -352,8 +438,14 @@ main(int argc, char **argv)
 	rc = 0;
 out:
 	call_free_all(&oa);
+	check_end(&check);
 	if (oa.http)
 		evhttp_free(oa.http);
+	conn_free_all(&oa);
+	if (oa.accept_ev)
+		event_free(oa.accept_ev);
+	if (oa.unix_listener)
+		unlink(s.listen + 5);
 	if (sigterm)
 		event_free(sigterm);
 	if (sigint)

@@ -6,7 +6,9 @@
  *
  *   main.c        flags, listening, signals
  *   http.c        routes, authentication, JSON, event-stream and NDJSON
- *                 replies, noticing a client that left
+ *                 replies
+ *   conn.c        connections: accepting them, their deadlines, bounding
+ *                 their input, noticing a client that left
  *   call.c        one request's life against the daemon (a state machine)
  *   api.c         OpenAI's JSON <-> resident's generate fields; no I/O
  *   tools.c       the tools parts of it: tools, tool_choice, tool messages and
@@ -23,15 +25,20 @@
 #define RESIDENT_OPENAI_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "resident.h"
 
+struct event;
 struct event_base;
+struct evconnlistener;
 struct evhttp;
+struct evhttp_bound_socket;
 struct evhttp_request;
 struct call;
+struct conn;
 struct oa;
 
 /* ---- api.c ---- */
@@ -234,9 +241,11 @@ void api_set_logprobs(json_t *choice, json_t *logprobs);
 
 /* Fills e with the HTTP status and OpenAI error for a libresident status and its message. */
 void api_error_from_status(rs_status st, const char *message, struct api_error *e);
-/* Fills e; returns -1 (for `return api_error_set(...)`). */
+/* Fills e, its message cut at a character boundary to fit; returns -1 (for `return api_error_set(...)`). */
 int api_error_set(struct api_error *e, int status, const char *type, const char *param,
     const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* Cuts a UTF-8 string cut short by its last bytes back to its last whole character. */
+void api_utf8_cut(char *s);
 /* A 400 about the field param; returns -1. */
 #define api_bad(e, param, ...) api_error_set(e, 400, "invalid_request_error", param, NULL, __VA_ARGS__)
 /* A 500: out of memory; returns -1. */
@@ -376,7 +385,6 @@ struct guard {
 	const char *hosts[GUARD_MAX_NAMES];     /* --allow-host's; "*": any */
 	size_t n_hosts;
 	const char *listen_name;    /* --listen's ADDR (a name or an address); NULL: none given */
-	int unix_listener;          /* listening on a Unix socket path: Host names no address there */
 };
 
 /* Adds an --allow-origin (SCHEME://HOST[:PORT], or "*"); kept, not copied. 0, or -1 with msg. */
@@ -397,17 +405,27 @@ int guard_body(struct evhttp_request *req);
 
 /* ---- http.c ---- */
 
+/* The largest request line and headers taken. */
+#define HTTP_MAX_HEADERS (64u << 10)
+
 /* The bridge's settings and state, one per process. */
 struct oa {
 	struct event_base *base;
 	struct evhttp *http;
+	bool unix_listener;         /* it listens on a Unix socket (--listen unix:PATH), not TCP */
 	const char *socket;         /* residentd's socket; NULL: rs_default_socket */
 	char *api_key;              /* NULL: requests need no key */
 	size_t max_unread;          /* bytes of a stream a client may leave unread */
+	unsigned idle_timeout;      /* seconds a connection may wait without a request under way */
+	unsigned request_timeout;   /* seconds for a request to arrive whole, and for its reply to be taken */
 	char **models;              /* the model names residentd listed (a cache) */
 	size_t n_models;
 	struct call *calls;         /* requests in progress */
 	struct guard guard;         /* what guard.c lets in */
+	struct conn *conns;         /* HTTP connections (conn.c) */
+	struct evconnlistener *listener;
+	struct event *accept_ev;    /* accepting again after accept() failed */
+	int accept_failing;         /* accept() failed since the last connection came (logged once) */
 };
 
 /* The evhttp callback of every request. */
@@ -427,7 +445,9 @@ void http_add_header(struct evhttp_request *req, const char *name, const char *v
 /*
  * A streamed reply, framed as the API of req's URL has it: OpenAI's
  * server-sent events ("data: JSON" each, "data: [DONE]" last), or under
- * /api/ Ollama's NDJSON (a JSON object a line).
+ * /api/ Ollama's NDJSON (a JSON object a line). HTTP/1.1 sends it chunked;
+ * HTTP/1.0 has no chunks: it is sent as it is and ended by closing the
+ * connection (also one the client asked to keep alive).
  */
 /* Starts the stream: 200, text/event-stream or application/x-ndjson. */
 void http_stream_start(struct evhttp_request *req);
@@ -438,20 +458,38 @@ void http_stream_end(struct evhttp_request *req);
 /* Bytes written to the request's client that it has not read yet. */
 size_t http_unsent(struct evhttp_request *req);
 
+/* ---- conn.c ---- */
+
 /*
- * Watches for the client of req leaving while its reply is being made
- * (evhttp itself reads nothing until the reply is sent). When it leaves,
- * or when http_watch_drop gives up on it, req is released and the watch
- * freed, then gone(arg) is called: neither may be used again.
- * http_watch_stop ends the watch (before the reply is sent) and frees it.
- * NULL when out of memory.
+ * Sets up the connections of the listener bound: evhttp's connections are
+ * taken up as they come, accepting pauses while descriptors run out.
+ * 0, or -1 when out of memory.
  */
-struct http_watch;
-struct http_watch *http_watch_start(struct oa *oa, struct evhttp_request *req,
-    void (*gone)(void *), void *arg);
-void http_watch_stop(struct http_watch *w);
+int conn_setup(struct oa *oa, struct evhttp_bound_socket *bound);
+/*
+ * Listens on a Unix socket at path, created 0600 (a socket file left
+ * there by a bridge that is gone is replaced). NULL with err (size bytes)
+ * saying why; sets oa->unix_listener.
+ */
+struct evhttp_bound_socket *conn_listen_unix(struct oa *oa, const char *path, char *err, size_t size);
+/* Frees what is left of the connections, after evhttp_free. */
+void conn_free_all(struct oa *oa);
+/* A request came whole (first thing in http_request_cb): its connection waits for its reply. */
+void conn_request(struct oa *oa, struct evhttp_request *req);
+/*
+ * Watches for the client of req leaving while its reply is being made,
+ * which has no deadline meanwhile. When it leaves, or when conn_drop gives
+ * up on it, req is released and the watch ended, then gone(arg) is called:
+ * neither may be used again. Returns the watch (the connection), or NULL
+ * when out of memory.
+ */
+struct conn *conn_watch(struct oa *oa, struct evhttp_request *req, void (*gone)(void *), void *arg);
+/* The reply begins to be sent (a stream's start): the client's leaving is seen when a write fails. NULL allowed. */
+void conn_reply_begins(struct conn *w);
+/* Ends the watch before the reply's end is sent; the client has request_timeout to take it. NULL allowed. */
+void conn_unwatch(struct conn *w);
 /* Closes the connection of a client that is not reading its stream, as if it had left. */
-void http_watch_drop(struct http_watch *w);
+void conn_drop(struct conn *w);
 
 /* ---- call.c ---- */
 

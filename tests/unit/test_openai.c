@@ -612,6 +612,9 @@ test_errors(void **state)
 		{ RS_ERR_OVERLOADED, 429, "overloaded" }, { RS_ERR_SHUTTING_DOWN, 503, "shutting_down" },
 		{ RS_ERR_CONNECT, 503, "daemon_unavailable" }, { RS_ERR_IO, 502, "daemon_connection_lost" },
 		{ RS_ERR_MODEL_ERROR, 500, "model_error" }, { RS_ERR_INTERNAL, 500, "internal" },
+		/* not 500s, which clients retry as the server's fault */
+		{ RS_ERR_SESSION_BUSY, 409, "session_busy" }, { RS_ERR_QUOTA_EXCEEDED, 429, "quota_exceeded" },
+		{ RS_ERR_STORAGE_FULL, 507, "storage_full" }, { RS_ERR_FRAME_TIMEOUT, 503, "frame_timeout" },
 	};
 	struct api_error e;
 	size_t i;
@@ -627,6 +630,43 @@ test_errors(void **state)
 	    "\"type\":\"invalid_request_error\"}}");
 	api_error_set(&e, 500, "server_error", NULL, NULL, "bad");
 	json_is(api_error_json(&e), "{\"error\":{\"code\":null,\"message\":\"bad\",\"param\":null,\"type\":\"server_error\"}}");
+}
+
+/* A message too long for its buffer is cut before a character it would split, in both APIs' shapes. */
+static void
+test_error_cut_utf8(void **state)
+{
+	static const char *const chars[] = { "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80" }; /* é € 😀 */
+	char text[1300];
+	struct api_error e;
+	size_t c, lead, n;
+	json_t *j;
+
+	for (c = 0; c < 3; c++)
+		for (lead = 0; lead < 4; lead++) {       /* every position of the cut within a character */
+			memset(text, 'a', lead);
+			text[lead] = '\0';
+			for (n = 0; n < 300; n++)
+				strcat(text, chars[c]);
+			api_error_set(&e, 404, "invalid_request_error", NULL, NULL, "%s", text);
+			n = strlen(e.message);
+			assert_true(n > sizeof e.message - 5 && n < sizeof e.message);
+			assert_int_equal((n - lead) % strlen(chars[c]), 0);
+			assert_memory_equal(e.message, text, n);
+			j = api_error_json(&e);
+			assert_int_equal(strlen(json_string_value(json_object_get(json_object_get(j, "error"), "message"))), n);
+			json_decref(j);
+			j = ollama_error_json(&e);
+			assert_int_equal(strlen(json_string_value(json_object_get(j, "error"))), n);
+			json_decref(j);
+		}
+	/* a message that fits is left whole, also one that ends the buffer exactly */
+	memset(text, 'b', sizeof e.message - 1);
+	text[sizeof e.message - 1] = '\0';
+	api_error_set(&e, 400, "invalid_request_error", NULL, NULL, "%s", text);
+	assert_string_equal(e.message, text);
+	api_error_set(&e, 400, "invalid_request_error", NULL, NULL, "%s", "\xc3\xa9t\xc3\xa9");
+	assert_string_equal(e.message, "\xc3\xa9t\xc3\xa9");
 }
 
 int
@@ -646,6 +686,7 @@ main(void)
 		cmocka_unit_test(test_logprobs_completion),
 		cmocka_unit_test(test_meta_ids),
 		cmocka_unit_test(test_errors),
+		cmocka_unit_test(test_error_cut_utf8),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
