@@ -392,7 +392,7 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 		for (k = 0; k < c; k++)
 			dst[k] = blocks + (size_t)k * j->block_bytes;
 		pthread_mutex_lock(j->copy_mu);
-		rc = j->ops->kv_read(j->be, j->blocks + i, c, dst, err);
+		rc = j->ops->kv_move(j->be, j->blocks + i, c, dst, NULL, err);
 		pthread_mutex_unlock(j->copy_mu);
 		if (rc != 0)
 			break;
@@ -450,7 +450,7 @@ run_load(struct kvdisk *d, struct kvdisk_job *j, char *err)
 		const void *src = buf + sizeof(struct rec_head);
 
 		pthread_mutex_lock(j->copy_mu);
-		rc = j->ops->kv_write(j->be, j->blocks + i, 1, &src, err);
+		rc = j->ops->kv_move(j->be, j->blocks + i, 1, NULL, &src, err);
 		pthread_mutex_unlock(j->copy_mu);
 		if (rc == 0)
 			j->done++;

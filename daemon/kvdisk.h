@@ -18,7 +18,7 @@
  * Reads and writes run on the tier's own thread (a worker.h worker), never
  * on the engine thread: a job names the blocks of the device pool to write
  * from or load into (their holder keeps them held until the job comes
- * back), and the thread copies them with the backend's kv_read / kv_write,
+ * back), and the thread copies them with the backend's kv_move,
  * which run on their own stream. Finished jobs queue up for the owner (kvdisk_take_done),
  * and the wake callback tells it there are some.
  *
@@ -55,7 +55,7 @@ struct kvdisk_job {
 	void *seq;                  /* the owner's: the sequence it is for, or NULL once that is gone */
 	const struct backend_ops *ops;
 	struct backend *be;
-	pthread_mutex_t *copy_mu;   /* the owner's: held around kv_read / kv_write (kernels.h) */
+	pthread_mutex_t *copy_mu;   /* the owner's: held around kv_move (kernels.h) */
 	uint64_t identity;
 	char *identity_text;        /* malloc'd */
 	size_t block_bytes;

@@ -152,6 +152,23 @@ kvhost_buffer(struct kvhost *h, size_t bytes, void *(*alloc)(size_t), void (*fre
 }
 
 void
+kvhost_reserve(struct kvhost *h, size_t bytes, int n, void *(*alloc)(size_t), void (*free_fn)(void *))
+{
+	struct kvhost_spare *s;
+	void *data;
+	int have = 0;
+
+	for (s = h->spare; s != NULL; s = s->next)
+		have += s->bytes == bytes && s->free_fn == free_fn;
+	for (; have < n && h->used + h->spare_bytes + bytes <= h->budget && (data = alloc(bytes)) != NULL; have++) {
+		s = xmalloc(sizeof *s);
+		*s = (struct kvhost_spare){ data, bytes, free_fn, h->spare };
+		h->spare = s;
+		h->spare_bytes += bytes;
+	}
+}
+
+void
 kvhost_release(struct kvhost *h, struct kvhost_block *b)
 {
 	struct kvhost_spare *s;

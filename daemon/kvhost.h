@@ -28,7 +28,7 @@ struct kvhost_block {
 	int32_t depth;
 	int32_t tokens[KV_BLOCK_TOKENS];
 	size_t bytes;
-	void *data;                 /* the block's K/V as the backend's kv_read wrote them (kvhost_buffer's) */
+	void *data;                 /* the block's K/V as the backend's kv_move wrote them (kvhost_buffer's) */
 	void (*free_fn)(void *);    /* gives data back (the backend's host_free) */
 	struct kvhost_block *older, *newer, *next_in_slot;
 };
@@ -65,6 +65,12 @@ int kvhost_fits(const struct kvhost *h, size_t bytes);
  * room. NULL when the budget cannot hold it or alloc fails.
  */
 void *kvhost_buffer(struct kvhost *h, size_t bytes, void *(*alloc)(size_t), void (*free_fn)(void *));
+/*
+ * Makes spare buffers of this size and kind until there are n or the
+ * budget has no room left without dropping a block, so that a run of
+ * blocks that come back finds buffers for those they push out.
+ */
+void kvhost_reserve(struct kvhost *h, size_t bytes, int n, void *(*alloc)(size_t), void (*free_fn)(void *));
 /*
  * Stores a block whose data, bytes and free_fn came from kvhost_buffer
  * (or kvhost_take). A block already there under the same key is replaced.

@@ -166,21 +166,22 @@ struct backend_ops {
 	/* Copies the first n_tokens positions of block src into block dst (copy on write). */
 	int (*kv_copy)(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char *err);
 	/*
-	 * Copies n whole blocks of the pool to host memory (kv_read, block
-	 * blocks[i] into dst[i]) or from it (kv_write, from src[i]), each every
-	 * layer's K and V as the pool holds them (kv_elem_bytes each). Host
-	 * memory from host_alloc crosses the bus directly, all blocks in
-	 * flight at once; other memory is staged. They run on their own stream
-	 * and may be called from another thread than forward's, at the same
-	 * time, for blocks that no step running meanwhile writes (kv_read) or
-	 * reads (kv_write); they return when the copy is done. Calls of the two
-	 * for one backend must not overlap (they share its staging buffers):
-	 * the engine serialises them.
+	 * Moves n whole blocks between the pool and host memory, each every
+	 * layer's K and V as the pool holds them (kv_elem_bytes each): block
+	 * blocks[i] out to out[i] (none where out or out[i] is NULL), then
+	 * in[i] into it (in NULL: none), so that blocks the pool gives up and
+	 * the ones that take their place cross the bus both ways at once. Host
+	 * memory from host_alloc crosses directly, every block in flight;
+	 * other memory is staged. It runs on its own streams and may be called
+	 * from another thread than forward's, at the same time, for blocks
+	 * that no step running meanwhile reads or writes; it returns when the
+	 * copies are done. Calls for one backend must not overlap (they share
+	 * its staging buffers): the engine serialises them.
 	 */
-	int (*kv_read)(struct backend *b, const int32_t *blocks, int32_t n, void *const *dst, char *err);
-	int (*kv_write)(struct backend *b, const int32_t *blocks, int32_t n, const void *const *src, char *err);
+	int (*kv_move)(struct backend *b, const int32_t *blocks, int32_t n, void *const *out, const void *const *in,
+	    char *err);
 	/*
-	 * Host memory that kv_read and kv_write copy at the bus's speed
+	 * Host memory that kv_move copies at the bus's speed
 	 * (CUDA: pinned), for the host tier; NULL when there is none left.
 	 * Not tied to a backend: what one allocates may outlive every backend
 	 * and is given back with host_free.

@@ -46,7 +46,7 @@ struct engine {
 	struct backend_opts bo;
 	uint64_t plan_fixed, plan_block; /* the backend's plan (engine_mem_need) */
 	int32_t n_io;       /* disk jobs in flight: they hold blocks of the pool */
-	pthread_mutex_t copy_mu; /* held around kv_read / kv_write, which the disk tier's thread calls too */
+	pthread_mutex_t copy_mu; /* held around kv_move, which the disk tier's thread calls too */
 	uint64_t mem_bytes;              /* what it holds on the device once loaded */
 	struct backend *be; /* NULL until engine_load */
 	struct kv_pool kv;
@@ -82,12 +82,12 @@ struct engine {
 	 */
 	uint64_t identity;
 	char *identity_text;
-	size_t block_bytes;     /* one block's K/V, as kv_read gives it */
+	size_t block_bytes;     /* one block's K/V, as kv_move gives it */
 	struct kvhost *host;
 	/*
-	 * Blocks the pool gave up while a run came back from the host tier,
-	 * copied out together before the run is copied in (evict_flush): one
-	 * kv_read for all instead of one each.
+	 * Blocks the pool gave up while a run came back from the host tier:
+	 * they go out in the copy that brings the run in (kv_move), each
+	 * before the block that takes its place.
 	 */
 	struct kvhost_block *evicted[HOST_RUN];
 	int32_t evicted_blk[HOST_RUN];
@@ -240,36 +240,44 @@ make_identity(struct engine *e)
 	e->identity = XXH3_64bits(buf, strlen(buf));
 }
 
-/* Copies out the blocks evict_to_host held back, all in one kv_read, into the host tier. */
+/*
+ * Into the host tier with the blocks evict_to_host held back, once their
+ * copy out (rc) is done: a failed copy only loses them from the cache.
+ */
 static void
-evict_flush(struct engine *e)
+evicted_done(struct engine *e, int rc)
 {
-	void *dst[HOST_RUN];
-	char err[ERR_LEN];
-	int32_t i, n = e->n_evicted;
-	int rc;
-
-	if (n == 0)
-		return;
-	for (i = 0; i < n; i++)
-		dst[i] = e->evicted[i]->data;
-	pthread_mutex_lock(&e->copy_mu);
-	rc = e->ops->kv_read(e->be, e->evicted_blk, n, dst, err);
-	pthread_mutex_unlock(&e->copy_mu);
-	for (i = 0; i < n; i++) {
+	for (int32_t i = 0; i < e->n_evicted; i++) {
 		if (rc != 0)
-			kvhost_release(e->host, e->evicted[i]);  /* the blocks are only lost from the cache */
+			kvhost_release(e->host, e->evicted[i]);
 		else
 			kvhost_put(e->host, e->evicted[i]);
 	}
 	e->n_evicted = 0;
 }
 
+/* Copies out the blocks evict_to_host held back, into the host tier. */
+static void
+evict_flush(struct engine *e)
+{
+	void *dst[HOST_RUN];
+	char err[ERR_LEN];
+	int rc;
+
+	if (e->n_evicted == 0)
+		return;
+	for (int32_t i = 0; i < e->n_evicted; i++)
+		dst[i] = e->evicted[i]->data;
+	pthread_mutex_lock(&e->copy_mu);
+	rc = e->ops->kv_move(e->be, e->evicted_blk, e->n_evicted, dst, NULL, err);
+	pthread_mutex_unlock(&e->copy_mu);
+	evicted_done(e, rc);
+}
+
 /*
  * kv.h's evict hook: a block the pool gives up is copied to the host tier
  * if it fits, at once or, while a run comes back from there
- * (defer_evict), with the others by evict_flush before the run's copy
- * overwrites them.
+ * (defer_evict), in the copy that brings the run in.
  */
 static void
 evict_to_host(void *arg, const struct kv_pool *kv, int32_t blk)
@@ -292,8 +300,11 @@ evict_to_host(void *arg, const struct kv_pool *kv, int32_t blk)
 	memcpy(h->tokens, k->tokens, sizeof h->tokens);
 	e->evicted[e->n_evicted] = h;
 	e->evicted_blk[e->n_evicted++] = blk;
-	if (!e->defer_evict)
-		evict_flush(e);
+	if (e->defer_evict)
+		return;
+	evict_flush(e);
+	/* buffers for the blocks a run that comes back pushes out: pinned now, not while a request waits */
+	kvhost_reserve(e->host, e->block_bytes, HOST_RUN, e->ops->host_alloc, e->ops->host_free);
 }
 
 int
@@ -667,7 +678,8 @@ from_host(struct engine *e, struct seq *s, int32_t upto)
 {
 	struct kvhost_block *run[HOST_RUN];
 	const void *src[HOST_RUN];
-	int32_t blk[HOST_RUN], n, placed, i;
+	void *out[HOST_RUN];
+	int32_t blk[HOST_RUN], n, placed, i, j;
 	char err[ERR_LEN];
 	int rc = 0;
 
@@ -677,12 +689,17 @@ from_host(struct engine *e, struct seq *s, int32_t upto)
 	for (placed = 0; placed < n && (blk[placed] = kv_alloc(&e->kv)) >= 0; placed++)
 		src[placed] = run[placed]->data;
 	e->defer_evict = 0;
-	evict_flush(e);
+	/* a block the pool gave up is the one kv_alloc returned: its old K/V go out as the run's come in */
+	for (i = 0; i < placed; i++)
+		for (out[i] = NULL, j = 0; j < e->n_evicted; j++)
+			if (e->evicted_blk[j] == blk[i])
+				out[i] = e->evicted[j]->data;
 	if (placed > 0) {
 		pthread_mutex_lock(&e->copy_mu);
-		rc = e->ops->kv_write(e->be, blk, placed, src, err);
+		rc = e->ops->kv_move(e->be, blk, placed, out, src, err);
 		pthread_mutex_unlock(&e->copy_mu);
 	}
+	evicted_done(e, rc);
 	if (rc != 0) {  /* a failed copy: the blocks stay in host memory */
 		kv_release(&e->kv, blk, placed);
 		placed = 0;

@@ -824,9 +824,9 @@ cpu_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char 
 	return 0;
 }
 
-/* Blocks between the pool and host memory (block i at host[i]), to_host or back. */
 static int
-kv_blocks_io(struct backend *b, const int32_t *blocks, int32_t n, char *const *host, int to_host, char *err)
+cpu_kv_move(struct backend *b, const int32_t *blocks, int32_t n, void *const *out, const void *const *in,
+    char *err)
 {
 	size_t per = (size_t)b->m->hp.n_layer * 2 * b->kv_stride * sizeof(float);
 	float *p;
@@ -834,24 +834,12 @@ kv_blocks_io(struct backend *b, const int32_t *blocks, int32_t n, char *const *h
 	for (int32_t i = 0; i < n; i++) {
 		if ((p = kv_block(b, blocks[i], err)) == NULL)
 			return ERR_INVAL;
-		if (to_host)
-			memcpy(host[i], p, per);
-		else
-			memcpy(p, host[i], per);
+		if (out != NULL && out[i] != NULL)
+			memcpy(out[i], p, per);
+		if (in != NULL)
+			memcpy(p, in[i], per);
 	}
 	return 0;
-}
-
-static int
-cpu_kv_read(struct backend *b, const int32_t *blocks, int32_t n, void *const *dst, char *err)
-{
-	return kv_blocks_io(b, blocks, n, (char *const *)dst, 1, err);
-}
-
-static int
-cpu_kv_write(struct backend *b, const int32_t *blocks, int32_t n, const void *const *src, char *err)
-{
-	return kv_blocks_io(b, blocks, n, (char *const *)src, 0, err);
 }
 
 /* Host memory is all the same to the CPU. */
@@ -890,8 +878,7 @@ const struct backend_ops cpu_backend = {
 	.load = cpu_load,
 	.forward = cpu_forward,
 	.kv_copy = cpu_kv_copy,
-	.kv_read = cpu_kv_read,
-	.kv_write = cpu_kv_write,
+	.kv_move = cpu_kv_move,
 	.host_alloc = cpu_host_alloc,
 	.host_free = cpu_host_free,
 	.step_tokens = cpu_step_tokens,

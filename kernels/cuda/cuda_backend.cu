@@ -12,10 +12,10 @@
  * - every CUDA call is checked: a failure is a negative return code with
  *   file, line and CUDA's message, never an abort.
  *
- * kv_read / kv_write copy whole blocks between the pool and host memory on
- * the calling thread's own stream (cudaStreamPerThread: the engine thread
- * and the KV disk thread each have theirs), never on the stream of the
- * steps: a copy never waits for a step, nor a step for a copy, and the
+ * kv_move copies whole blocks between the pool and host memory on two
+ * streams of its own (out and in, which the bus carries at once; the
+ * engine thread and the KV disk thread take turns), never on the stream of
+ * the steps: a copy never waits for a step, nor a step for a copy, and the
  * blocks copied are ones no step is using (kernels.h).
  */
 #include "attention.cuh"
@@ -795,7 +795,7 @@ cuda_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char
  * the bus's speed (CUDA stages it itself, one piece at a time,
  * synchronously). While one piece crosses the bus the CPU copies the
  * other; a piece read from the device is copied out once the next one is
- * on its way (prev).
+ * on its way (prev), or before a piece goes the other way.
  */
 struct kv_stager {
 	cudaStream_t st;
@@ -804,19 +804,32 @@ struct kv_stager {
 	size_t prev_len;
 };
 
+/* Copies the piece read last out of its buffer, if one is waiting. */
+static int
+stage_flush(struct backend *b, struct kv_stager *sg, char *err)
+{
+	if (sg->prev == NULL)
+		return 0;
+	CK(cudaEventSynchronize(b->stage_ev[sg->k ^ 1]));
+	memcpy(sg->prev, b->stage + (sg->k ^ 1) * KV_STAGE_BYTES, sg->prev_len);
+	sg->prev = NULL;
+	return 0;
+}
+
 static int
 stage_piece(struct backend *b, struct kv_stager *sg, char *dev, char *host, size_t len, int to_host, char *err)
 {
 	char *buf = b->stage + sg->k * KV_STAGE_BYTES;
+	int rc;
 
+	if (!to_host && (rc = stage_flush(b, sg, err)) != 0)
+		return rc;
 	CK(cudaEventSynchronize(b->stage_ev[sg->k]));
 	if (to_host) {
 		CK(cudaMemcpyAsync(buf, dev, len, cudaMemcpyDeviceToHost, sg->st));
 		CK(cudaEventRecord(b->stage_ev[sg->k], sg->st));
-		if (sg->prev != NULL) {
-			CK(cudaEventSynchronize(b->stage_ev[sg->k ^ 1]));
-			memcpy(sg->prev, b->stage + (sg->k ^ 1) * KV_STAGE_BYTES, sg->prev_len);
-		}
+		if ((rc = stage_flush(b, sg, err)) != 0)
+			return rc;
 		sg->prev = host, sg->prev_len = len;
 	} else {
 		memcpy(buf, host, len);
@@ -824,6 +837,20 @@ stage_piece(struct backend *b, struct kv_stager *sg, char *dev, char *host, size
 		CK(cudaEventRecord(b->stage_ev[sg->k], sg->st));
 	}
 	sg->k ^= 1;
+	return 0;
+}
+
+/* A block's bytes between dev and pageable host memory, through the staging buffers. */
+static int
+stage_block(struct backend *b, struct kv_stager *sg, char *dev, char *host, size_t per, int to_host, char *err)
+{
+	int rc;
+
+	for (size_t at = 0, len; at < per; at += len) {
+		len = MIN(KV_STAGE_BYTES, per - at);
+		if ((rc = stage_piece(b, sg, dev + at, host + at, len, to_host, err)) != 0)
+			return rc;
+	}
 	return 0;
 }
 
@@ -838,47 +865,40 @@ host_pinned(const void *p, char *err)
 }
 
 /*
- * Copies n blocks between the pool and host memory (block i at host[i]) on
- * the calling thread's stream: pinned blocks straight across the bus, all
- * in flight at once, pageable ones staged.
+ * Block i's copy out (if any), then its copy in (if any). Pinned blocks
+ * go straight across, out on move_out, in on move_in once its own copy
+ * out is done, so that one block's copy in overlaps the next one's copy
+ * out (the bus carries both ways at once); pageable ones are staged on
+ * move_out, in order.
  */
 static int
-kv_copy_blocks(struct backend *b, const int32_t *blocks, int32_t n, size_t per, char *const *host, int to_host,
-    char *err)
+move_block(struct backend *b, struct kv_stager *sg, char *dev, size_t per, char *out, const char *in, char *err)
 {
-	struct kv_stager sg = { cudaStreamPerThread, 0, NULL, 0 };
-	char *kv = (char *)b->kv;
-	int pinned;
+	int rc, pinned;
 
-	for (int32_t i = 0; i < n; i++) {
-		char *dev = kv + (size_t)blocks[i] * per;
-
-		if ((pinned = host_pinned(host[i], err)) < 0)
+	if (out != NULL) {
+		if ((pinned = host_pinned(out, err)) < 0)
 			return pinned;
-		if (pinned) {
-			CK(cudaMemcpyAsync(to_host ? host[i] : dev, to_host ? dev : host[i], per,
-			    to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, sg.st));
-			continue;
-		}
-		for (size_t at = 0, len; at < per; at += len) {
-			int rc;
-
-			len = MIN(KV_STAGE_BYTES, per - at);
-			if ((rc = stage_piece(b, &sg, dev + at, host[i] + at, len, to_host, err)) != 0)
-				return rc;
-		}
+		if (pinned)
+			CK(cudaMemcpyAsync(out, dev, per, cudaMemcpyDeviceToHost, b->move_out));
+		else if ((rc = stage_block(b, sg, dev, out, per, 1, err)) != 0)
+			return rc;
 	}
-	if (sg.prev != NULL) {
-		CK(cudaEventSynchronize(b->stage_ev[sg.k ^ 1]));
-		memcpy(sg.prev, b->stage + (sg.k ^ 1) * KV_STAGE_BYTES, sg.prev_len);
-	}
-	CK(cudaStreamSynchronize(sg.st));
+	if (in == NULL)
+		return 0;
+	if ((pinned = host_pinned(in, err)) < 0)
+		return pinned;
+	if (!pinned)
+		return stage_block(b, sg, dev, (char *)in, per, 0, err);
+	CK(cudaEventRecord(b->moved_out, b->move_out));
+	CK(cudaStreamWaitEvent(b->move_in, b->moved_out, 0));
+	CK(cudaMemcpyAsync(dev, in, per, cudaMemcpyHostToDevice, b->move_in));
 	return 0;
 }
 
 /*
- * The calling thread on b's device, and the staging buffers, made at the
- * first copy (most loads never copy a block out).
+ * The calling thread on b's device, and the staging buffers and streams,
+ * made at the first move (most loads never move a block).
  */
 static int
 kv_stage_ready(struct backend *b, char *err)
@@ -888,35 +908,37 @@ kv_stage_ready(struct backend *b, char *err)
 		return 0;
 	CK(cudaEventCreateWithFlags(&b->stage_ev[0], cudaEventDisableTiming));
 	CK(cudaEventCreateWithFlags(&b->stage_ev[1], cudaEventDisableTiming));
+	CK(cudaEventCreateWithFlags(&b->moved_out, cudaEventDisableTiming));
+	CK(cudaStreamCreateWithFlags(&b->move_out, cudaStreamNonBlocking));
+	CK(cudaStreamCreateWithFlags(&b->move_in, cudaStreamNonBlocking));
 	CK(cudaMallocHost((void **)&b->stage, 2 * KV_STAGE_BYTES));
 	return 0;
 }
 
-/* Copies n blocks between the pool and host memory (one caller at a time: kernels.h). */
+/* kernels.h: one caller at a time. */
 static int
-kv_blocks_copy(struct backend *b, const int32_t *blocks, int32_t n, char *const *host, int to_host, char *err)
+cuda_kv_move(struct backend *b, const int32_t *blocks, int32_t n, void *const *out, const void *const *in,
+    char *err)
 {
 	size_t per = (size_t)b->m->hp.n_layer * 2 * b->kv_stride * (size_t)kv_elem_size(b);
+	struct kv_stager sg;
 	int rc;
 
 	for (int32_t i = 0; i < n; i++)
 		if (blocks[i] < 0 || blocks[i] >= b->kv_blocks)
 			return err_set(err, ERR_INVAL, "KV block %d is outside the pool", blocks[i]);
-	if ((rc = kv_stage_ready(b, err)) == 0)
-		rc = kv_copy_blocks(b, blocks, n, per, host, to_host, err);
-	return rc;
-}
-
-static int
-cuda_kv_read(struct backend *b, const int32_t *blocks, int32_t n, void *const *dst, char *err)
-{
-	return kv_blocks_copy(b, blocks, n, (char *const *)dst, 1, err);
-}
-
-static int
-cuda_kv_write(struct backend *b, const int32_t *blocks, int32_t n, const void *const *src, char *err)
-{
-	return kv_blocks_copy(b, blocks, n, (char *const *)src, 0, err);
+	if ((rc = kv_stage_ready(b, err)) != 0)
+		return rc;
+	sg = (struct kv_stager){ b->move_out, 0, NULL, 0 };
+	for (int32_t i = 0; i < n; i++)
+		if ((rc = move_block(b, &sg, (char *)b->kv + (size_t)blocks[i] * per, per, out != NULL ? (char *)out[i] :
+		    NULL, in != NULL ? (const char *)in[i] : NULL, err)) != 0)
+			return rc;
+	if ((rc = stage_flush(b, &sg, err)) != 0)
+		return rc;
+	CK(cudaStreamSynchronize(b->move_out));
+	CK(cudaStreamSynchronize(b->move_in));
+	return 0;
 }
 
 /*
@@ -993,8 +1015,7 @@ extern "C" const struct backend_ops cuda_backend = {
 	cuda_load,
 	cuda_forward,
 	cuda_kv_copy,
-	cuda_kv_read,
-	cuda_kv_write,
+	cuda_kv_move,
 	cuda_host_alloc,
 	cuda_host_free,
 	cuda_step_tokens,

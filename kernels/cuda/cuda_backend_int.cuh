@@ -116,6 +116,8 @@ struct backend {
 	int32_t *dev_argmax, *host_argmax; /* the greedy picks of a step's logits rows (host: pinned) */
 	char *stage;                 /* 2 x KV_STAGE_BYTES, pinned; NULL until the first copy */
 	cudaEvent_t stage_ev[2];     /* the last copy through each */
+	cudaStream_t move_out, move_in; /* kv_move's two directions (made with the staging buffers) */
+	cudaEvent_t moved_out;       /* a block's copy out is done (its copy in waits for it) */
 	float2 *argmax_part;         /* their partial picks */
 	struct fwd_pick *dev_pick, *host_pick; /* how sampled rows are drawn (host: pinned) */
 	int32_t *dev_pen, *host_pen; /* their penalty windows: tokens, then counts (max_tokens * FWD_PICK_PENALTY_MAX each) */

@@ -812,6 +812,12 @@ cuda_free(struct backend *b)
 	for (int i = 0; i < 2; i++)
 		if (b->stage_ev[i] != NULL)
 			cudaEventDestroy(b->stage_ev[i]);
+	if (b->moved_out != NULL)
+		cudaEventDestroy(b->moved_out);
+	if (b->move_out != NULL)
+		cudaStreamDestroy(b->move_out);
+	if (b->move_in != NULL)
+		cudaStreamDestroy(b->move_in);
 	if (b->stream != NULL)
 		cudaStreamDestroy(b->stream);
 	free(b->layers);

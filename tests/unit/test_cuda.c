@@ -17,7 +17,7 @@
  * tokens of seven sequences in one step, reaches positions well past the
  * gemma sliding window (16), forks a sequence in the middle of a block
  * (kv_copy), moves a sequence's blocks to others through host memory
- * (kv_read, kv_write: what the KV tiers do) and ends with one-, two- and
+ * (kv_move: what the KV tiers do) and ends with one-, two- and
  * sixteen-token steps. Every logits row
  * must agree with the CPU's within a bound on max |gpu - cpu| / max |cpu|
  * per row:
@@ -282,40 +282,66 @@ kv_copy_all(struct fixture *f, int32_t src, int32_t dst, int32_t n)
 			fail_msg("cuda kv_copy: %s", err);
 }
 
+/* n host buffers of bytes each, every other one pinned (host_alloc: straight across) and the others pageable (staged). */
+static void **
+host_bufs(int32_t n, size_t bytes)
+{
+	void **h = xcalloc((size_t)n, sizeof *h);
+
+	for (int32_t i = 0; i < n; i++) {
+		h[i] = i % 2 ? cuda_backend.host_alloc(bytes) : xmalloc(bytes);
+		assert_non_null(h[i]);
+	}
+	return h;
+}
+
+static void
+host_bufs_free(void **h, int32_t n)
+{
+	for (int32_t i = 0; i < n; i++) {
+		if (i % 2)
+			cuda_backend.host_free(h[i]);
+		else
+			free(h[i]);
+	}
+	free(h);
+}
+
 /*
  * Moves sequence s's first n blocks to the spare row's through host
- * memory, on every backend: on CUDA every other block pinned (host_alloc:
- * straight across) and the others pageable (staged).
+ * memory, on every backend, as the host tier does: out alone, then the
+ * spare row's old K/V out and the moved ones in by one call, whose copy
+ * out must see each block before its copy in (checked against the old
+ * K/V read alone first).
  */
 static void
 move_all(struct fixture *f, int s, int32_t n)
 {
 	const struct model_hparams *hp = &f->m->hp;
 	size_t per = (size_t)hp->n_layer * 2 * KV_BLOCK_TOKENS * (size_t)hp->n_head_kv * (size_t)hp->head_dim;
-	void **host = xcalloc((size_t)n, sizeof *host);
+	size_t bytes = per * sizeof(float);
+	void **host = host_bufs(n, bytes), **old = host_bufs(n, bytes), **ref = host_bufs(n, bytes);
 	char err[ERR_LEN];
 	int32_t i;
 	int g;
 
-	for (i = 0; i < n; i++)
-		host[i] = i % 2 ? cuda_backend.host_alloc(per * sizeof(float)) : xmalloc(per * sizeof(float));
-	for (i = 0; i < n; i++)
-		assert_non_null(host[i]);
-	if (cpu_backend.kv_read(f->cpu, tables[s], n, host, err) != 0 ||
-	    cpu_backend.kv_write(f->cpu, tables[SEQS + 1], n, (const void *const *)host, err) != 0)
-		fail_msg("cpu kv_read / kv_write: %s", err);
-	for (g = 0; g < N_GPU; g++)
-		if (cuda_backend.kv_read(f->gpu[g], tables[s], n, host, err) != 0 ||
-		    cuda_backend.kv_write(f->gpu[g], tables[SEQS + 1], n, (const void *const *)host, err) != 0)
-			fail_msg("cuda kv_read / kv_write (%s): %s", gpu_names[g], err);
-	for (i = 0; i < n; i++) {
-		tables[s][i] = tables[SEQS + 1][i];
-		if (i % 2)
-			cuda_backend.host_free(host[i]);
-		else
-			free(host[i]);
+	if (cpu_backend.kv_move(f->cpu, tables[s], n, host, NULL, err) != 0 ||
+	    cpu_backend.kv_move(f->cpu, tables[SEQS + 1], n, NULL, (const void *const *)host, err) != 0)
+		fail_msg("cpu kv_move: %s", err);
+	for (g = 0; g < N_GPU; g++) {
+		size_t el = (size_t)cuda_backend.kv_elem_bytes(f->gpu[g]);
+
+		if (cuda_backend.kv_move(f->gpu[g], tables[s], n, host, NULL, err) != 0 ||
+		    cuda_backend.kv_move(f->gpu[g], tables[SEQS + 1], n, ref, NULL, err) != 0 ||
+		    cuda_backend.kv_move(f->gpu[g], tables[SEQS + 1], n, old, (const void *const *)host, err) != 0)
+			fail_msg("cuda kv_move (%s): %s", gpu_names[g], err);
+		for (i = 0; i < n; i++)
+			if (memcmp(old[i], ref[i], per * el) != 0)
+				fail_msg("cuda kv_move (%s): block %d's copy out did not come before its copy in", gpu_names[g], i);
 	}
-	free(host);
+	for (i = 0; i < n; i++)
+		tables[s][i] = tables[SEQS + 1][i];
+	host_bufs_free(host, n), host_bufs_free(old, n), host_bufs_free(ref, n);
 }
 
 /* Adds sequence s with n_new tokens to the plan. */

@@ -30,23 +30,19 @@ struct backend {
 };
 
 static int
-fake_read(struct backend *b, const int32_t *blocks, int32_t n, void *const *dst, char *err)
+fake_move(struct backend *b, const int32_t *blocks, int32_t n, void *const *out, const void *const *in, char *err)
 {
-	for (int32_t i = 0; i < n; i++)
-		memcpy(dst[i], b->data[blocks[i]], BLOCK);
-	return 0;
-}
-
-static int
-fake_write(struct backend *b, const int32_t *blocks, int32_t n, const void *const *src, char *err)
-{
-	for (int32_t i = 0; i < n; i++)
-		memcpy(b->data[blocks[i]], src[i], BLOCK);
+	for (int32_t i = 0; i < n; i++) {
+		if (out != NULL && out[i] != NULL)
+			memcpy(out[i], b->data[blocks[i]], BLOCK);
+		if (in != NULL)
+			memcpy(b->data[blocks[i]], in[i], BLOCK);
+	}
 	return 0;
 }
 
 static pthread_mutex_t copy_mu = PTHREAD_MUTEX_INITIALIZER;
-static const struct backend_ops fake_ops = { .name = "fake", .kv_read = fake_read, .kv_write = fake_write };
+static const struct backend_ops fake_ops = { .name = "fake", .kv_move = fake_move };
 static struct backend be;
 static char dir[64];
 static int wakes;

@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -150,6 +151,37 @@ test_put_back_and_sizes(void **state)
 }
 
 static void
+test_reserve(void **state)
+{
+	struct kvhost h;
+	struct kvhost_block *b;
+	void *data;
+
+	live = made = 0;
+	kvhost_init(&h, 450);
+	kvhost_put(&h, block(&h, 1, 0, 1));
+	for (int i = 0; i < 5; i++)
+		kvhost_reserve(&h, 100, 2, count_alloc, count_free);
+	assert_int_equal(h.spare_bytes, 200);               /* two, however often asked */
+	kvhost_put(&h, block(&h, 2, 0, 2));                 /* takes a spare */
+	assert_int_equal(made, 3);
+	assert_int_equal(h.spare_bytes, 100);
+	kvhost_reserve(&h, 100, 3, count_alloc, count_free);
+	assert_int_equal(h.spare_bytes, 200);               /* 200 used + 200 spare: 50 left, no drop */
+	assert_int_equal(h.n, 2);
+	kvhost_reserve(&h, 60, 1, count_alloc, count_free);
+	assert_int_equal(h.spare_bytes, 200);               /* 60 more would not fit: none made */
+	data = kvhost_buffer(&h, 60, count_alloc, count_free);
+	assert_non_null(data);                              /* a buffer of another size drops spares first */
+	assert_int_equal(h.n, 2);
+	b = xcalloc(1, sizeof *b);
+	b->data = data, b->bytes = 60, b->free_fn = count_free;
+	kvhost_release(&h, b);
+	kvhost_destroy(&h);
+	assert_int_equal(live, 0);
+}
+
+static void
 test_many_blocks_and_no_budget(void **state)
 {
 	struct kvhost h;
@@ -181,6 +213,7 @@ main(void)
 		cmocka_unit_test(test_take_matches_everything),
 		cmocka_unit_test(test_budget_drops_oldest),
 		cmocka_unit_test(test_put_back_and_sizes),
+		cmocka_unit_test(test_reserve),
 		cmocka_unit_test(test_many_blocks_and_no_budget),
 	};
 
