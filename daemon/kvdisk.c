@@ -3,11 +3,22 @@
  *
  * File layout (native byte order; the files never leave the machine):
  *
- *   header   "RSKVSES1", u32 header bytes, u32 0, u64 block bytes,
+ *   header   "RSKVSES2", u32 header bytes, u32 0, u64 block bytes,
  *            u64 identity, u64 checksum of the header with this field 0,
  *            the identity text (NUL-terminated, zero-padded to 64 bytes)
- *   record i "RKVB", u32 i, i32 tokens[16], K/V (block bytes),
+ *   record i "RKVB", u32 i, i32 tokens[16], u64 key, K/V (block bytes),
  *            u64 checksum (XXH3) of everything before it in the record
+ *
+ * A record's key is the prefix cache's chain (kv.h) over the session's
+ * blocks up to it, from kv_root(identity, 0): its K/V depend on every token
+ * before them, not only on its own 16, so a record written for a history
+ * that departed earlier (a turn never committed, a history rendered again)
+ * is not read as the one being loaded, wherever the load starts.
+ *
+ * The directory's first owner holds a lock on DIR/lock (flock) while it
+ * runs and writes its pid there: the budget is enforced over one index, so
+ * a second daemon on the directory stores nothing (it still removes a
+ * deleted session's files, which needs no index).
  *
  * A write first truncates the file after the records it keeps (so that
  * stale bytes never follow new ones), then appends. Nothing is fsync'd: a
@@ -20,6 +31,7 @@
  */
 #include "config.h"
 #include "kvdisk.h"
+#include "kv.h"
 #include "worker.h"
 
 #include <dirent.h>
@@ -29,12 +41,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 
-#define FILE_MAGIC "RSKVSES1"
+#define FILE_MAGIC "RSKVSES2"
 #define REC_MAGIC 0x42564b52u /* "RKVB" */
 #define HEAD_FIXED 40
 /* Records copied between the pool and the file at a time. */
@@ -55,7 +68,8 @@ struct kvfile {
 
 struct kvdisk {
 	char *dir;
-	uint64_t budget;
+	uint64_t budget;              /* 0: the tier stores nothing, it only removes */
+	int lock_fd;                  /* DIR/lock, held (flock) while the tier stores; -1 if not */
 	struct worker wk;             /* runs the jobs (worker.h) */
 	pthread_mutex_t mu;           /* the index, for kvdisk_records and kvdisk_usage */
 	/* the files (changed by the worker thread only) */
@@ -69,6 +83,7 @@ struct rec_head {
 	uint32_t magic;
 	uint32_t index;
 	int32_t tokens[KV_BLOCK_TOKENS];
+	uint64_t key;               /* the chain up to this block (above) */
 };
 
 /* ---- the file index and the budget ---- */
@@ -161,18 +176,37 @@ cmp_used(const void *a, const void *b)
 }
 
 /*
+ * 0 if the file at path is of another format than this one (an older
+ * version's, whose records this one cannot check) or its header is torn.
+ */
+static int
+current_format(const char *path)
+{
+	char magic[8];
+	int fd = open(path, O_RDONLY | O_CLOEXEC), ok;
+
+	if (fd < 0)
+		return 1;  /* left to the load, which refuses what it cannot read */
+	ok = read(fd, magic, sizeof magic) == (ssize_t)sizeof magic && memcmp(magic, FILE_MAGIC, 8) == 0;
+	close(fd);
+	return ok;
+}
+
+/*
  * Indexes the tier's files already there, oldest modification first, and
  * nothing else: the budget removes what is indexed, and the directory may
- * hold other files.
+ * hold other files. Files of another format go, and identity directories
+ * left empty.
  */
 static void
-scan(struct kvdisk *d)
+scan(struct kvdisk *d, char *note)
 {
 	DIR *top = opendir(d->dir), *sub;
 	struct dirent *a, *b;
 	struct kvfile *f;
 	struct stat st;
 	char path[4096], rel[512];
+	int stale = 0;
 
 	while (top != NULL && (a = readdir(top)) != NULL) {
 		snprintf(path, sizeof path, "%s/%s", d->dir, a->d_name);
@@ -184,15 +218,24 @@ scan(struct kvdisk *d)
 			if (!tier_name(b->d_name, 1) || strlen(rel) >= sizeof d->files[0].rel || stat(path, &st) != 0 ||
 			    !S_ISREG(st.st_mode))
 				continue;
+			if (!current_format(path)) {
+				stale += unlink(path) == 0;
+				continue;
+			}
 			f = file_add(d, rel);
 			f->bytes = (uint64_t)st.st_size;
 			f->used = (uint64_t)st.st_mtim.tv_sec;
 			d->bytes += f->bytes;
 		}
 		closedir(sub);
+		snprintf(path, sizeof path, "%s/%s", d->dir, a->d_name);
+		rmdir(path);  /* only if empty */
 	}
 	if (top != NULL)
 		closedir(top);
+	if (stale > 0)
+		snprintf(note, ERR_LEN, "KV disk tier: removed %d files of another format than %s (or with a torn "
+		    "header) from %.120s", stale, FILE_MAGIC, d->dir);
 	/* the uses in mtime order, before this run's */
 	if (d->n_files > 1)  /* files is NULL while the index is empty */
 		qsort(d->files, (size_t)d->n_files, sizeof *d->files, cmp_used);
@@ -246,9 +289,16 @@ header_matches(int fd, const uint8_t *h, size_t n)
 	return ok;
 }
 
-/* Checks record i (rec holds its bytes) against the job's tokens for it. */
+/* The job's tokens of record i. */
+static const int32_t *
+job_tokens(const struct kvdisk_job *j, int32_t i)
+{
+	return j->tokens + (size_t)(i - j->first) * KV_BLOCK_TOKENS;
+}
+
+/* Checks record i (rec holds its bytes) against the job's tokens for it and the chain's key up to it. */
 static int
-rec_valid(const struct kvdisk_job *j, int32_t i, const uint8_t *rec)
+rec_valid(const struct kvdisk_job *j, int32_t i, uint64_t key, const uint8_t *rec)
 {
 	struct rec_head h;
 	uint64_t sum;
@@ -256,9 +306,8 @@ rec_valid(const struct kvdisk_job *j, int32_t i, const uint8_t *rec)
 
 	memcpy(&h, rec, sizeof h);
 	memcpy(&sum, rec + body, sizeof sum);
-	return h.magic == REC_MAGIC && h.index == (uint32_t)i &&
-	    memcmp(h.tokens, j->tokens + (size_t)(i - j->first) * KV_BLOCK_TOKENS, sizeof h.tokens) == 0 &&
-	    XXH3_64bits(rec, body) == sum;
+	return h.magic == REC_MAGIC && h.index == (uint32_t)i && h.key == key &&
+	    memcmp(h.tokens, job_tokens(j, i), sizeof h.tokens) == 0 && XXH3_64bits(rec, body) == sum;
 }
 
 /* The name of a session's file relative to the tier. */
@@ -363,6 +412,7 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 	size_t head = 0, rec = rec_bytes(j->block_bytes);
 	uint8_t *buf = xmalloc(CHUNK * rec), *blocks = xmalloc(CHUNK * j->block_bytes);
 	void *dst[CHUNK];
+	uint64_t key = j->prev;
 	int32_t i, k, c, have;
 	int fd, rc = 0;
 
@@ -397,11 +447,12 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 		if (rc != 0)
 			break;
 		for (k = 0; k < c; k++) {
-			struct rec_head h = { REC_MAGIC, (uint32_t)(j->first + i + k), { 0 } };
+			struct rec_head h = { REC_MAGIC, (uint32_t)(j->first + i + k), { 0 }, 0 };
 			uint8_t *r = buf + (size_t)k * rec;
 			uint64_t sum;
 
-			memcpy(h.tokens, j->tokens + (size_t)(i + k) * KV_BLOCK_TOKENS, sizeof h.tokens);
+			memcpy(h.tokens, job_tokens(j, j->first + i + k), sizeof h.tokens);
+			h.key = key = kv_chain(key, h.tokens);
 			memcpy(r, &h, sizeof h);
 			memcpy(r + sizeof h, blocks + (size_t)k * j->block_bytes, j->block_bytes);
 			sum = XXH3_64bits(r, sizeof h + j->block_bytes);
@@ -433,19 +484,23 @@ run_load(struct kvdisk *d, struct kvdisk_job *j, char *err)
 	char rel[128], path[4096];
 	size_t head, rec = rec_bytes(j->block_bytes);
 	uint8_t *h, *buf;
+	uint64_t key = j->prev;
 	struct stat st;
 	int32_t i;
 	int fd, rc = 0;
 
 	job_paths(d, j, rel, sizeof rel, path, sizeof path);
 	j->done = 0;
-	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
-		return 0;  /* nothing stored */
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0) {
+		file_note(d, rel, 0, 0);  /* nothing stored: another daemon's session.delete may have removed it */
+		return 0;
+	}
 	head = header_make(j, &h);
 	buf = xmalloc(rec);
 	for (i = 0; i < j->n && rc == 0 && (i > 0 || header_matches(fd, h, head)); i++) {
+		key = kv_chain(key, job_tokens(j, j->first + i));
 		if (pread(fd, buf, rec, (off_t)(head + (size_t)(j->first + i) * rec)) != (ssize_t)rec ||
-		    !rec_valid(j, j->first + i, buf))
+		    !rec_valid(j, j->first + i, key, buf))
 			break;
 		const void *src = buf + sizeof(struct rec_head);
 
@@ -463,22 +518,25 @@ run_load(struct kvdisk *d, struct kvdisk_job *j, char *err)
 	return rc;
 }
 
-/* Removes the session's files, whatever their identity. */
+/*
+ * Removes the session's files, whatever their identity: every identity
+ * directory's, indexed or not (another daemon on the database may have
+ * written one, or this one may store nothing).
+ */
 static void
 run_remove(struct kvdisk *d, const struct kvdisk_job *j)
 {
-	char want[64];
-	const char *slash;
-	int i;
+	DIR *top = opendir(d->dir);
+	struct dirent *a;
+	char rel[128];
 
-	snprintf(want, sizeof want, "%s.kv", j->name);
-	for (i = 0; i < d->n_files;) {
-		slash = strchr(d->files[i].rel, '/');
-		if (slash != NULL && strcmp(slash + 1, want) == 0)
-			file_remove(d, d->files[i].rel);  /* moves the last entry here */
-		else
-			i++;
-	}
+	while (top != NULL && (a = readdir(top)) != NULL)
+		if (tier_name(a->d_name, 0)) {
+			snprintf(rel, sizeof rel, "%s/%s.kv", a->d_name, j->name);
+			file_remove(d, rel);
+		}
+	if (top != NULL)
+		closedir(top);
 }
 
 /* The worker's function: runs a job. */
@@ -498,22 +556,67 @@ run_job(struct work *w)
 
 /* ---- the interface ---- */
 
+/*
+ * Takes the directory for this process: 0 and *fd the lock file, held; 0
+ * and *fd -1 if another process holds it or it cannot be locked (note says
+ * so: then the tier stores nothing); an ERR_* code if the lock file cannot
+ * be opened.
+ */
+static int
+lock_dir(const char *dir, int *fd, char *note, char *err)
+{
+	char path[4096], pid[16];
+	ssize_t n;
+	int e;
+
+	snprintf(path, sizeof path, "%s/lock", dir);
+	if ((*fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600)) < 0)
+		return err_set(err, ERR_IO, "%s: %s", path, strerror(errno));
+	if (flock(*fd, LOCK_EX | LOCK_NB) == 0) {
+		/* for the message of a daemon that finds it held; the lock does not depend on it */
+		n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+		if (ftruncate(*fd, 0) != 0 || pwrite(*fd, pid, (size_t)n, 0) != n) {
+			/* then another daemon's message names no pid */
+		}
+		return 0;
+	}
+	e = errno;
+	n = e == EWOULDBLOCK ? pread(*fd, pid, sizeof pid - 1, 0) : -1;
+	pid[MAX(n, 0)] = '\0';
+	pid[strcspn(pid, "\n")] = '\0';
+	if (e == EWOULDBLOCK)
+		snprintf(note, ERR_LEN, "KV directory %.100s is in use by another residentd (pid %s): this daemon "
+		    "stores no KV there until restarted alone", dir, pid[0] != '\0' ? pid : "unknown");
+	else
+		snprintf(note, ERR_LEN, "%.100s: flock: %.80s: this daemon stores no KV on disk", path, strerror(e));
+	close(*fd);
+	*fd = -1;
+	return 0;
+}
+
 int
-kvdisk_open(const char *dir, uint64_t budget, void (*wake)(void *), void *arg, struct kvdisk **out, char *err)
+kvdisk_open(const char *dir, uint64_t budget, void (*wake)(void *), void *arg, struct kvdisk **out, char *note,
+    char *err)
 {
 	struct kvdisk *d;
 	const char *stall = getenv("RESIDENT_KV_WRITE_STALL");
-	int rc;
+	int rc, lock_fd = -1;
 
-	if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+	note[0] = '\0';
+	if (budget > 0 && mkdir(dir, 0700) != 0 && errno != EEXIST)
 		return err_set(err, ERR_IO, "%s: %s", dir, strerror(errno));
+	if (budget > 0 && (rc = lock_dir(dir, &lock_fd, note, err)) != 0)
+		return rc;
 	d = xcalloc(1, sizeof *d);
 	d->dir = xstrdup(dir);
-	d->budget = budget;
+	d->lock_fd = lock_fd;
+	d->budget = lock_fd >= 0 ? budget : 0;
 	d->stall_after = stall != NULL ? atol(stall) : -1;
 	pthread_mutex_init(&d->mu, NULL);
-	scan(d);
-	enforce_budget(d);
+	if (d->budget > 0) {
+		scan(d, note);
+		enforce_budget(d);
+	}
 	if ((rc = worker_start(&d->wk, wake, arg, err)) != 0) {
 		kvdisk_close(d);
 		return rc;
@@ -556,9 +659,17 @@ kvdisk_close(struct kvdisk *d)
 		kvdisk_job_free(j);
 	}
 	pthread_mutex_destroy(&d->mu);
+	if (d->lock_fd >= 0)
+		close(d->lock_fd);  /* lets the directory go */
 	free(d->files);
 	free(d->dir);
 	free(d);
+}
+
+int
+kvdisk_stores(const struct kvdisk *d)
+{
+	return d != NULL && d->budget > 0;
 }
 
 void

@@ -6,14 +6,17 @@
  * restart loads its blocks instead of computing them again.
  *
  * The file is a header (the identity, in full, and the block size) and one
- * record per block in prefix order: its index, its 16 token ids, its K/V
- * and a checksum of all three. A record is used only if the header matches
- * the engine exactly, every record before it was used, its index and tokens
- * are the session's at that place and its checksum holds; loading stops at
- * the first that fails, and the rest is computed. So a file cut short or
- * damaged anywhere (a kill -9 or a power loss in the middle of a write, a
- * disk error) or one left from another model file or numerics is never
- * used wrongly, and no other record of the state is needed.
+ * record per block in prefix order: its index, its 16 token ids, the
+ * prefix cache's chained key of the history up to it, its K/V and a
+ * checksum of all of them. A record is used only if the header matches the
+ * engine exactly, every record before it in the load was used, its index,
+ * tokens and key are the session's at that place (so the whole history
+ * before it is, not only its 16 tokens) and its checksum holds; loading
+ * stops at the first that fails, and the rest is computed. So a file cut
+ * short or damaged anywhere (a kill -9 or a power loss in the middle of a
+ * write, a disk error), one left from another model file or numerics, or
+ * one written for a history that was never committed is never used
+ * wrongly, and no other record of the state is needed.
  *
  * Reads and writes run on the tier's own thread (a worker.h worker), never
  * on the engine thread: a job names the blocks of the device pool to write
@@ -23,6 +26,8 @@
  * and the wake callback tells it there are some.
  *
  * The files share a byte budget: past it the least recently used files go.
+ * The budget is one process's: the first to open the directory holds it
+ * (a lock file), and another opening it meanwhile stores nothing.
  */
 #ifndef RESIDENT_KVDISK_H
 #define RESIDENT_KVDISK_H
@@ -42,7 +47,7 @@ struct backend_ops;
 enum kvdisk_op {
 	KVDISK_WRITE,   /* records [first, first + n) from blocks, after the first records of the file */
 	KVDISK_LOAD,    /* records [first, first + n) into blocks, while they check out */
-	KVDISK_REMOVE,  /* every file of the session (all identities) */
+	KVDISK_REMOVE,  /* every file of the session (all identities, indexed or not) */
 };
 
 struct kvdisk_job {
@@ -58,6 +63,7 @@ struct kvdisk_job {
 	pthread_mutex_t *copy_mu;   /* the owner's: held around kv_move (kernels.h) */
 	uint64_t identity;
 	char *identity_text;        /* malloc'd */
+	uint64_t prev;              /* the records' key before record first (kvdisk.c) */
 	size_t block_bytes;
 	int32_t first, n;
 	int32_t *tokens;            /* n * KV_BLOCK_TOKENS: each record's token ids (malloc'd) */
@@ -74,10 +80,17 @@ struct kvdisk_job {
 /*
  * Opens the tier in dir (created 0700 if missing; its files are counted
  * against the budget, in bytes) and starts its thread. wake(arg) is called
- * from that thread when a job has finished.
+ * from that thread when a job has finished. The tier stores nothing, and
+ * only removes sessions' files, with a budget of 0 or while another
+ * process has the directory (kvdisk_stores says which). note (ERR_LEN) is
+ * left empty, or says for the log what the owner should know: that
+ * another process has the directory, or that files of another format were
+ * removed.
  */
 int kvdisk_open(const char *dir, uint64_t budget, void (*wake)(void *), void *arg, struct kvdisk **out,
-    char *err);
+    char *note, char *err);
+/* 1 if the tier stores sessions' KV; 0 if it only removes them (NULL: 0). */
+int kvdisk_stores(const struct kvdisk *d);
 /* Finishes the queued jobs, stops the thread, frees the finished jobs nobody took; NULL is allowed. */
 void kvdisk_close(struct kvdisk *d);
 /* Queues a job; the tier owns it until kvdisk_take_done hands it back. */

@@ -255,7 +255,8 @@ start_slots(struct sched *s)
 
 	so.eo = (struct engine_opts){ .device = s->o.device, .n_threads = s->o.n_threads, .n_ctx = s->o.n_ctx,
 		.kv_tokens = s->o.kv_tokens, .max_step_tokens = s->o.max_step_tokens, .max_seqs = s->o.max_seqs,
-		.exact = s->o.exact, .host = &s->host, .disk = s->disk };
+		.exact = s->o.exact, .host = &s->host,
+		.disk = kvdisk_stores(s->disk) ? s->disk : NULL };
 	slots_init(&s->slots, &so);
 	s->slots_on = 1;
 }
@@ -266,6 +267,7 @@ sched_start(const struct sched_opts *o, void (*wake)(void *), void *wake_arg, st
 {
 	struct sched *s = xcalloc(1, sizeof *s);
 	pthread_condattr_t ca;
+	char note[ERR_LEN];
 	int rc;
 
 	s->o = *o;
@@ -282,11 +284,14 @@ sched_start(const struct sched_opts *o, void (*wake)(void *), void *wake_arg, st
 	pthread_cond_init(&s->cv, &ca);
 	pthread_condattr_destroy(&ca);
 	kvhost_init(&s->host, o->kv_host_bytes);
-	if (o->kv_dir != NULL && o->kv_disk_bytes > 0 &&
-	    (rc = kvdisk_open(o->kv_dir, o->kv_disk_bytes, io_wake, s, &s->disk, err)) != 0) {
+	/* with --kv-disk 0 too: session.delete removes the files that an earlier run stored */
+	if (o->kv_dir != NULL &&
+	    (rc = kvdisk_open(o->kv_dir, o->kv_disk_bytes, io_wake, s, &s->disk, note, err)) != 0) {
 		sched_stop(s);
 		return rc;
 	}
+	if (note[0] != '\0')
+		log_warn("%s", note);
 	start_slots(s);
 	if ((rc = worker_start(&s->prep, io_wake, s, err)) != 0 ||
 	    (rc = worker_start(&s->prep_gram, io_wake, s, err)) != 0) {

@@ -35,7 +35,7 @@ struct sched_opts {
 	int kv_share_users;         /* one prefix cache for every uid (else one per uid) */
 	uint64_t kv_host_bytes;     /* the host tier's budget (kvhost.h); 0: none */
 	const char *kv_dir;         /* the disk tier's directory (kvdisk.h) */
-	uint64_t kv_disk_bytes;     /* its budget; 0: no disk tier */
+	uint64_t kv_disk_bytes;     /* its budget; 0: none stored (deleted sessions' files are still removed) */
 	uint64_t device_memory;     /* bytes of device memory for every loaded model (slots.h) */
 	double keep_alive;          /* seconds a model stays loaded unused, unless requests say (< 0: forever) */
 };

@@ -133,7 +133,7 @@ struct sched {
 	void (*wake)(void *);
 	void *wake_arg;
 	int io_ready;                         /* the disk tier or the worker has finished something */
-	struct kvdisk *disk;                  /* NULL when --kv-disk is 0 */
+	struct kvdisk *disk;                  /* with --kv-disk 0 too, where it only removes (kvdisk_stores) */
 	/* engine thread only */
 	struct kvhost host;
 	struct worker prep;                   /* prompts are tokenized there (worker.h) */

@@ -22,11 +22,13 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #define DEFAULT_CTX_CAP 8192
@@ -76,9 +78,11 @@ struct engine {
 	/* the prefix cache and its tiers */
 	/*
 	 * What its K/V depend on besides the tokens: the model file (path, size,
-	 * modification time, a hash of its tensor directory, which holds the
+	 * modification time, a hash of each file's stat and sampled bytes
+	 * (files_hash) and one of its tensor directory, which holds the
 	 * quantization) and the numerics (backend, exact mode, KV element size);
-	 * the text for people (and the disk tier's file headers), its hash for keys.
+	 * the text for people (and the disk tier's file headers), its hash for
+	 * keys (the prefix cache's, so the host tier's, and the disk tier's).
 	 */
 	uint64_t identity;
 	char *identity_text;
@@ -156,19 +160,47 @@ resolve_opts(struct engine *e, const struct engine_opts *o)
 	e->disk = o->disk;
 }
 
-/* Adds a file's name, size and modification time to the identity. */
+/* A file's bytes hashed into the identity: ID_SAMPLES pieces of ID_SAMPLE_BYTES, evenly spread. */
+#define ID_SAMPLES 16
+#define ID_SAMPLE_BYTES ((int64_t)64 << 10)
+
+/*
+ * Adds a file to the identity: its name and what changes whenever its
+ * bytes do. Times can be put back (cp -p, rsync -a and tar x keep the
+ * modification time, and the size and layout may be the same), but not
+ * the change time, and a file written anew has another inode; the sampled
+ * bytes (1 MiB at most, read at fixed places) also tell apart files whose
+ * filesystem keeps coarse times or reuses inodes.
+ */
 static void
-hash_stat(XXH3_state_t *h, const char *name, const struct stat *st)
+hash_file(XXH3_state_t *h, const char *name, const char *path, const struct stat *st)
 {
-	int64_t v[3] = { (int64_t)st->st_size, (int64_t)st->st_mtim.tv_sec, (int64_t)st->st_mtim.tv_nsec };
+	int64_t v[7] = { (int64_t)st->st_size, (int64_t)st->st_mtim.tv_sec, (int64_t)st->st_mtim.tv_nsec,
+		(int64_t)st->st_ctim.tv_sec, (int64_t)st->st_ctim.tv_nsec, (int64_t)st->st_ino, (int64_t)st->st_dev };
+	int64_t i, off, size = (int64_t)st->st_size;
+	uint8_t *buf;
+	ssize_t n;
+	int fd;
 
 	XXH3_64bits_update(h, name, strlen(name) + 1);
 	XXH3_64bits_update(h, v, sizeof v);
+	if ((fd = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		return;  /* the model was read from it: the stat above still tells its changes */
+	buf = xmalloc((size_t)ID_SAMPLE_BYTES);
+	for (i = 0; i < ID_SAMPLES; i++) {
+		off = size <= ID_SAMPLE_BYTES ? 0 : (size - ID_SAMPLE_BYTES) * i / (ID_SAMPLES - 1);
+		if ((n = pread(fd, buf, (size_t)ID_SAMPLE_BYTES, (off_t)off)) > 0)
+			XXH3_64bits_update(h, buf, (size_t)n);
+		if (size <= ID_SAMPLE_BYTES)
+			break;
+	}
+	free(buf);
+	close(fd);
 }
 
 /*
- * The model file's size and modification time: of the file, or of every
- * file of a Hugging Face directory, hashed in name order.
+ * A hash of the model file (hash_file), or of every file of a Hugging Face
+ * directory in name order; its size and latest modification time too.
  */
 static uint64_t
 files_hash(const char *path, int64_t *size, int64_t *mtime)
@@ -183,13 +215,13 @@ files_hash(const char *path, int64_t *size, int64_t *mtime)
 	XXH3_64bits_reset(h);
 	*size = *mtime = 0;
 	if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
-		hash_stat(h, path, &st);
+		hash_file(h, path, path, &st);
 		*size = (int64_t)st.st_size, *mtime = (int64_t)st.st_mtim.tv_sec;
 	} else if ((n = scandir(path, &names, NULL, alphasort)) >= 0) {
 		for (i = 0; i < n; i++) {
 			snprintf(sub, sizeof sub, "%s/%s", path, names[i]->d_name);
 			if (stat(sub, &st) == 0 && S_ISREG(st.st_mode)) {
-				hash_stat(h, names[i]->d_name, &st);
+				hash_file(h, names[i]->d_name, sub, &st);
 				*size += (int64_t)st.st_size;
 				*mtime = MAX(*mtime, (int64_t)st.st_mtim.tv_sec);
 			}
@@ -1040,6 +1072,10 @@ disk_job(struct engine *e, struct seq *s, enum kvdisk_op op, const char *name, i
 	j->copy_mu = &e->copy_mu;
 	j->identity = e->identity;
 	j->identity_text = xstrdup(e->identity_text);
+	/* the uid's namespace is left out: K/V do not depend on who asked */
+	j->prev = kv_root(e->identity, 0);
+	for (int32_t i = 0; i < first; i++)
+		j->prev = kv_chain(j->prev, s->tokens + (size_t)i * KV_BLOCK_TOKENS);
 	j->block_bytes = e->block_bytes;
 	j->first = first;
 	j->n = n;

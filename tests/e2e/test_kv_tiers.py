@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
 from rsd import Checks, Daemon  # noqa: E402
 
+REC_HEAD = 80  # a record's magic, index, 16 token ids and key (daemon/kvdisk.c)
 QUESTIONS = ["Tell me about lighthouses.", "And the keepers?", "What did they eat?", "Who relieved them?",
              "How did the lamps work?", "Are any left today?"]
 
@@ -65,14 +66,14 @@ def records(path):
     if len(head) < 24:
         return 0
     hb, bb = struct.unpack("<I", head[8:12])[0], struct.unpack("<Q", head[16:24])[0]
-    return max(0, (os.path.getsize(path) - hb) // (72 + bb + 8))
+    return max(0, (os.path.getsize(path) - hb) // (REC_HEAD + bb + 8))
 
 
 def record_offset(path, i):
     with open(path, "rb") as f:
         head = f.read(24)
     hb, bb = struct.unpack("<I", head[8:12])[0], struct.unpack("<Q", head[16:24])[0]
-    return hb + i * (72 + bb + 8), 72 + bb + 8
+    return hb + i * (REC_HEAD + bb + 8), REC_HEAD + bb + 8
 
 
 def model_stats(c):
@@ -140,7 +141,7 @@ def damage_part(ck):
               "after a restart: %d of %d tokens loaded from disk" % (hits, g.usage["prompt_tokens"]))
         [path] = kv_files(d, sid)
         # 2. one byte changed in record 5's K/V: records 0-4 are used
-        g, _ = turn_after(d, sid, 2, lambda: flip_byte(path, record_offset(path, 5)[0] + 72 + 1000))
+        g, _ = turn_after(d, sid, 2, lambda: flip_byte(path, record_offset(path, 5)[0] + REC_HEAD + 1000))
         got.append(g.ids)
         ck.eq(g.usage["cached_tokens"], 5 * 16, "a damaged record 5: records 0-4 used")
         # 3. the file cut inside record 7 (the last turn rewrote it whole)

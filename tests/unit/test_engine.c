@@ -476,7 +476,7 @@ static void
 test_disk_tier(void **state)
 {
 	static const char *const name = "0badc0de-0000-4000-8000-00000000d15c";
-	char kvdir[64], err[ERR_LEN], cmd[128], *want;
+	char kvdir[64], err[ERR_LEN], note[ERR_LEN], cmd[128], *want;
 	struct engine_opts o = { .n_threads = 2, .n_ctx = 256, .kv_tokens = 256, .max_step_tokens = 64 };
 	struct engine *e;
 	struct seq_params p;
@@ -487,7 +487,7 @@ test_disk_tier(void **state)
 
 	snprintf(kvdir, sizeof kvdir, "/tmp/test_engine_kv_XXXXXX");
 	assert_non_null(mkdtemp(kvdir));
-	assert_int_equal(kvdisk_open(kvdir, 1 << 30, wake_nop, NULL, &d, err), 0);
+	assert_int_equal(kvdisk_open(kvdir, 1 << 30, wake_nop, NULL, &d, note, err), 0);
 	o.disk = d;
 	if (engine_open(tiny_path, &o, &e, err) != 0)
 		fail_msg("%s", err);
