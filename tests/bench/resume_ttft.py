@@ -15,7 +15,8 @@ time after putting its KV in one place:
   host     after a prompt as long as the pool has pushed its blocks out to
            host memory (the pool holds one context: --kv-tokens);
   disk     after a restart of residentd (its KV file was written when its
-           last turn ended);
+           last turn ended; with --drop-caches the page cache is emptied
+           first, where this runs as root, so that the file comes from the disk);
   compute  after a restart with its KV file removed.
 
 Each resume's first token is timed by the daemon (usage.ttft_ms, from the
@@ -74,10 +75,25 @@ def resume(c, sid, i):
     return r["usage"]["ttft_ms"], first * 1e3, r["usage"], after[1] - before[1], after[2] - before[2]
 
 
-def restart(d, drop_kv=False):
+def drop_page_cache():
+    """Empties the kernel's page cache (root only); says whether it could."""
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def restart(d, drop_kv=False, drop_cache=False):
+    """residentd again; drop_cache: the page cache emptied while it is down (False if it could not be)."""
     d.stop()
     if drop_kv:
         shutil.rmtree(os.path.join(d.tmp, "kv"), ignore_errors=True)
+    dropped = drop_cache and drop_page_cache()
+    if drop_cache and not dropped:
+        print("the page cache could not be dropped (not root?): the disk row reads it", flush=True)
     d.start(timeout=600)
     c = d.client(timeout=600)
     c.call("status")  # answered once the model is loaded
@@ -90,6 +106,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=8000, help="tokens of the session's history (8000)")
     ap.add_argument("--repeat", type=int, default=1, help="rounds; the table has their medians (1)")
     ap.add_argument("--daemon", help="residentd to run (else RESIDENT_BUILDDIR's)")
+    ap.add_argument("--drop-caches", action="store_true",
+                    help="empty the page cache before the disk row's resume (root), so its KV file is read from disk")
     ap.add_argument("flags", nargs="*", help="residentd flags (after --)")
     a = ap.parse_args()
     if a.daemon:
@@ -118,7 +136,7 @@ def main():
                 c.generate(prompt="%d %s" % (r, filler), max_tokens=1, temperature=0)
                 rows["host"].append(resume(c, sid, 4 * r + 1))
                 c.close()
-                c = restart(d)
+                c = restart(d, drop_cache=a.drop_caches)
                 rows["disk"].append(resume(c, sid, 4 * r + 2))
                 c.close()
                 c = restart(d, drop_kv=True)

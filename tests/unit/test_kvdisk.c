@@ -47,7 +47,14 @@ fake_move(struct backend *b, const int32_t *blocks, int32_t n, void *const *out,
 }
 
 static pthread_mutex_t copy_mu = PTHREAD_MUTEX_INITIALIZER;
-static const struct backend_ops fake_ops = { .name = "fake", .kv_move = fake_move };
+static void *
+fake_host_alloc(size_t bytes)
+{
+	return xmalloc(bytes);
+}
+
+static const struct backend_ops fake_ops = { .name = "fake", .kv_move = fake_move, .host_alloc = fake_host_alloc,
+	.host_free = free };
 static struct backend be;
 static char dir[64];
 static int wakes;
