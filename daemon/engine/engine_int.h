@@ -1,0 +1,103 @@
+/*
+ * engine_int.h: the engine's state, shared by engine.c (sequences and
+ * steps) and engine_tier.c (what its K/V depend on, and blocks to and from
+ * the host and disk tiers). Not for other parts of the daemon: engine.h is
+ * their interface.
+ */
+#ifndef RESIDENT_ENGINE_INT_H
+#define RESIDENT_ENGINE_INT_H
+
+#include "engine.h"
+#include "kernels.h"
+#include "kv.h"
+#include "kvhost.h"
+
+#include <pthread.h>
+
+/*
+ * Blocks a copy from the host tier moves: the pool blocks a run takes may
+ * push idle ones out to the host tier, into the buffers the run before gave
+ * back (pinning new ones costs the driver far more than the copy).
+ */
+#define HOST_RUN 32
+
+struct engine {
+	struct model_desc *m;
+	const struct backend_ops *ops;
+	int exact;          /* the backend runs its exact numerics (engine_opts) */
+	struct backend_opts bo;
+	uint64_t plan_fixed, plan_block; /* the backend's plan (engine_mem_need) */
+	int32_t n_io;       /* disk jobs in flight: they hold blocks of the pool */
+	pthread_mutex_t copy_mu; /* held around kv_move, which the disk tier's thread calls too */
+	uint64_t mem_bytes;              /* what it holds on the device once loaded */
+	struct backend *be; /* NULL until engine_load */
+	struct kv_pool kv;
+	int32_t n_ctx;
+	int32_t max_step_tokens;
+	int32_t max_seqs;
+	/* step buffers */
+	struct fwd_seq *fseqs;
+	struct seq **fseq_of;   /* the sequence of each fwd_seq */
+	int32_t *tokens;
+	float *logits;          /* max_seqs rows */
+	int32_t *argmax;        /* max_seqs: the picks, when the backend makes them */
+	struct fwd_pick *pick;  /* max_seqs: how it draws them, when a row samples */
+	int32_t *pen_tok, *pen_cnt; /* max_seqs * FWD_PICK_PENALTY_MAX: the rows' penalty windows */
+	float *logprob;         /* max_seqs: the picks' log-probabilities */
+	int32_t *top_ids;       /* max_seqs * FWD_TOP_LOGPROBS: the rows' most likely tokens */
+	float *top_lp;          /* and theirs */
+	int host_picks;         /* RESIDENT_HOST_SAMPLING=1: sample.c picks every token (to compare) */
+	int32_t n_fseqs;        /* the step's */
+	/* constrained decoding */
+	struct cons *cons;      /* the model's grammars */
+	uint32_t *masks;        /* max_seqs masks of FWD_MASK_WORDS(n_vocab) words: the step's constrained rows */
+	int32_t *mask_rows;     /* max_seqs: their logits rows */
+	/* an embedding model's */
+	float *embd;            /* max_step_tokens rows of n_embd: the step's hidden states */
+	float *embd_tmp;        /* n_embd, then embed_finish's scratch */
+	/* the prefix cache and its tiers */
+	/*
+	 * What its K/V depend on besides the tokens: the model file (path, size,
+	 * modification time, a hash of each file's stat and sampled bytes
+	 * (files_hash) and one of its tensor directory, which holds the
+	 * quantization) and the numerics (backend, exact mode, KV element size);
+	 * the text for people (and the disk tier's file headers), its hash for
+	 * keys (the prefix cache's, so the host tier's, and the disk tier's).
+	 */
+	uint64_t identity;
+	char *identity_text;
+	size_t block_bytes;     /* one block's K/V, as kv_move gives it */
+	struct kvhost *host;
+	/*
+	 * Blocks the pool gave up while a run came back from the host tier:
+	 * they go out in the copy that brings the run in (kv_move), each
+	 * before the block that takes its place.
+	 */
+	struct kvhost_block *evicted[HOST_RUN];
+	int32_t evicted_blk[HOST_RUN];
+	int32_t n_evicted;
+	int defer_evict;
+	struct kvdisk *disk;
+	struct engine_cache_stats st;
+};
+
+/* ---- engine.c ---- */
+
+/* Makes room for n entries in the block table. */
+void seq_grow_blocks(struct seq *s, int32_t n);
+/* Enters the blocks the last step filled into the prefix cache. */
+void seq_publish(struct engine *e, struct seq *s);
+
+/* ---- engine_tier.c ---- */
+
+/* The engine's identity (engine.identity, identity_text), once its backend is loaded. */
+void tier_identity(struct engine *e);
+/* kv.h's evict hook (arg: the engine): a block the pool gives up goes to the host tier. */
+void tier_evict(void *arg, const struct kv_pool *kv, int32_t blk);
+/*
+ * Blocks after the sequence's own from the host tier, up to upto tokens,
+ * into the pool and the prefix cache; returns how many it took.
+ */
+int32_t tier_from_host(struct engine *e, struct seq *s, int32_t upto);
+
+#endif
