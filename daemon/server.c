@@ -32,6 +32,7 @@
  */
 #include "config.h"
 #include "server.h"
+#include "accept_pause.h"
 #include "chat_tools.h"
 #include "log.h"
 #include "proto.h"
@@ -59,8 +60,6 @@
 #endif
 
 enum conn_state { CONN_OPEN, CONN_CLOSING, CONN_DEAD };
-
-#define ACCEPT_PAUSE_US 100000
 
 /* A request not finished; session turns are known by their session, one at a time. */
 struct inflight {
@@ -92,8 +91,7 @@ struct server {
 	int owns_path;              /* residentd made the socket file (not systemd): it removes it */
 	char *default_model;
 	struct evconnlistener *listener;
-	struct event *resume_ev;    /* accepting again after a failed accept */
-	int accept_failing;         /* accept failed since the last success (logged once) */
+	struct accept_pause pause;  /* accepting paused after accept() failed */
 	struct event *wake_ev;
 	struct store *store;
 	struct sched *sched;
@@ -876,42 +874,13 @@ accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int
 	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
 	c->next = srv->conns;
 	srv->conns = c;
-	srv->accept_failing = 0;
+	accept_pause_ok(&srv->pause);
 	if (++srv->n_conns > srv->o.max_clients) {
 		conn_refuse(c);
 		return;
 	}
 	srv->refusing = 0;
 	log_debug("client %llu: pid %d uid %u", (unsigned long long)c->id, (int)c->pid, (unsigned)c->uid);
-}
-
-/*
- * accept() failed, mostly for want of descriptors (EMFILE, ENFILE): the
- * pending connection keeps the socket readable, and the loop would spin on
- * it. Accepting pauses for ACCEPT_PAUSE; open connections go on meanwhile.
- */
-static void
-accept_error_cb(struct evconnlistener *l, void *arg)
-{
-	static const struct timeval pause = { 0, ACCEPT_PAUSE_US };
-	struct server *srv = arg;
-	int e = EVUTIL_SOCKET_ERROR();
-
-	if (!srv->accept_failing)
-		log_warn("cannot accept a client: %s; trying again every %d ms", evutil_socket_error_to_string(e),
-		    ACCEPT_PAUSE_US / 1000);
-	srv->accept_failing = 1;
-	evconnlistener_disable(l);
-	evtimer_add(srv->resume_ev, &pause);
-}
-
-static void
-resume_accept_cb(evutil_socket_t fd, short what, void *arg)
-{
-	struct server *srv = arg;
-
-	if (srv->listener != NULL && !srv->shutting_down)
-		evconnlistener_enable(srv->listener);
 }
 
 /* ---- events from the scheduler ---- */
@@ -1218,8 +1187,10 @@ server_start(struct event_base *base, const struct server_opts *o, struct store 
 		return rc;
 	}
 	srv->wake_ev = event_new(base, -1, 0, wake_cb, srv);
-	srv->resume_ev = evtimer_new(base, resume_accept_cb, srv);
-	evconnlistener_set_error_cb(srv->listener, accept_error_cb);
+	if (accept_pause_init(&srv->pause, base, srv->listener, "a client") != 0) {
+		server_free(srv);
+		return err_set(err, ERR_NOMEM, "out of memory");
+	}
 	*out = srv;
 	return 0;
 }
@@ -1242,6 +1213,7 @@ close_listener(struct server *srv)
 {
 	if (srv->listener == NULL)
 		return;
+	accept_pause_free(&srv->pause);
 	evconnlistener_free(srv->listener);
 	srv->listener = NULL;
 	if (srv->owns_path)
@@ -1277,8 +1249,6 @@ server_free(struct server *srv)
 	close_listener(srv);
 	if (srv->wake_ev != NULL)
 		event_free(srv->wake_ev);
-	if (srv->resume_ev != NULL)
-		event_free(srv->resume_ev);
 	free(srv->socket_path);
 	free(srv->default_model);
 	free(srv);

@@ -59,8 +59,6 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-/* How long accepting pauses after accept() failed (descriptors ran out). */
-#define ACCEPT_PAUSE_MS 100
 /*
  * The most of a connection's input read while its reply is sent (evhttp
  * reads then only to see the connection close): a pipelined request's
@@ -228,7 +226,7 @@ conn_new_cb(struct event_base *base, void *arg)
 	struct oa *oa = arg;
 	struct conn *c = calloc(1, sizeof *c);
 
-	oa->accept_failing = 0;
+	accept_pause_ok(&oa->pause);
 	if (c == NULL)
 		return NULL;                    /* evhttp makes its own bufferevent: a connection without deadlines */
 	c->oa = oa;
@@ -375,46 +373,11 @@ conn_drop(struct conn *c)
 
 /* ---- accepting ---- */
 
-/* The bridge whose listener fails: evhttp has the listener's own argument. */
-static struct oa *accepting;
-
-/*
- * accept() failed, mostly for want of descriptors (EMFILE, ENFILE): the
- * waiting connection keeps the socket readable, and the loop would spin on
- * it. Accepting pauses for ACCEPT_PAUSE_MS; open connections go on, and
- * their deadlines free descriptors meanwhile.
- */
-static void
-accept_error_cb(struct evconnlistener *l, void *arg)
-{
-	static const struct timeval pause = { 0, ACCEPT_PAUSE_MS * 1000 };
-	struct oa *oa = accepting;
-	int e = EVUTIL_SOCKET_ERROR();
-
-	if (!oa->accept_failing)
-		log_warn("cannot accept a connection: %s; trying again every %d ms", evutil_socket_error_to_string(e),
-		    ACCEPT_PAUSE_MS);
-	oa->accept_failing = 1;
-	evconnlistener_disable(l);
-	evtimer_add(oa->accept_ev, &pause);
-}
-
-static void
-accept_resume_cb(evutil_socket_t fd, short what, void *arg)
-{
-	struct oa *oa = arg;
-
-	evconnlistener_enable(oa->listener);
-}
-
 int
 conn_setup(struct oa *oa, struct evhttp_bound_socket *bound)
 {
-	accepting = oa;
-	oa->listener = evhttp_bound_socket_get_listener(bound);
-	if ((oa->accept_ev = evtimer_new(oa->base, accept_resume_cb, oa)) == NULL)
+	if (accept_pause_init(&oa->pause, oa->base, evhttp_bound_socket_get_listener(bound), "a connection") != 0)
 		return -1;
-	evconnlistener_set_error_cb(oa->listener, accept_error_cb);
 	evhttp_set_bevcb(oa->http, conn_new_cb, oa);
 	return 0;
 }

@@ -442,8 +442,7 @@ out:
 	if (oa.http)
 		evhttp_free(oa.http);
 	conn_free_all(&oa);
-	if (oa.accept_ev)
-		event_free(oa.accept_ev);
+	accept_pause_free(&oa.pause);
 	if (oa.unix_listener)
 		unlink(s.listen + 5);
 	if (sigterm)

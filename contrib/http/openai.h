@@ -29,6 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "accept_pause.h"
 #include "resident.h"
 
 struct event;
@@ -423,9 +424,7 @@ struct oa {
 	struct call *calls;         /* requests in progress */
 	struct guard guard;         /* what guard.c lets in */
 	struct conn *conns;         /* HTTP connections (conn.c) */
-	struct evconnlistener *listener;
-	struct event *accept_ev;    /* accepting again after accept() failed */
-	int accept_failing;         /* accept() failed since the last connection came (logged once) */
+	struct accept_pause pause;  /* accepting paused after accept() failed (conn.c) */
 };
 
 /* The evhttp callback of every request. */
