@@ -427,7 +427,7 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 {
 	char rel[128], path[4096];
 	size_t head = 0, rec = rec_bytes(j->block_bytes);
-	uint8_t *buf = xmalloc(CHUNK * rec), *blocks = xmalloc(CHUNK * j->block_bytes);
+	uint8_t *buf = xmalloc(CHUNK * rec);
 	void *dst[CHUNK];
 	uint64_t key = j->prev;
 	int32_t i, k, c, have;
@@ -437,7 +437,7 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 	j->done = 0;
 	if ((rc = room_for(d, (uint64_t)MIN(CHUNK, j->n) * rec, err)) != 0 ||
 	    (fd = write_open(d, j, rel, path, &head, err)) < 0) {
-		free(buf), free(blocks);
+		free(buf);
 		return rc != 0 ? rc : fd;
 	}
 	if ((have = records_present(fd, head, rec, j->first)) < j->first) {
@@ -456,8 +456,8 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 		c = MIN(CHUNK, j->n - i);
 		if (i > 0 && (rc = room_for(d, (uint64_t)c * rec, err)) != 0)
 			break;
-		for (k = 0; k < c; k++)
-			dst[k] = blocks + (size_t)k * j->block_bytes;
+		for (k = 0; k < c; k++) /* each block straight into its record */
+			dst[k] = buf + (size_t)k * rec + sizeof(struct rec_head);
 		pthread_mutex_lock(j->copy_mu);
 		rc = j->ops->kv_move(j->be, j->blocks + i, c, dst, NULL, err);
 		pthread_mutex_unlock(j->copy_mu);
@@ -471,7 +471,6 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 			memcpy(h.tokens, job_tokens(j, j->first + i + k), sizeof h.tokens);
 			h.key = key = kv_chain(key, h.tokens);
 			memcpy(r, &h, sizeof h);
-			memcpy(r + sizeof h, blocks + (size_t)k * j->block_bytes, j->block_bytes);
 			sum = XXH3_64bits(r, sizeof h + j->block_bytes);
 			memcpy(r + sizeof h + j->block_bytes, &sum, sizeof sum);
 		}
@@ -489,7 +488,7 @@ run_write(struct kvdisk *d, struct kvdisk_job *j, char *err)
 out:
 	file_note(d, rel, head + (size_t)j->done * rec, 1);
 	close(fd);
-	free(buf), free(blocks);
+	free(buf);
 	enforce_budget(d);
 	return rc;
 }

@@ -21,6 +21,8 @@ kvhost_init(struct kvhost *h, uint64_t budget)
 	h->slots = xcalloc(h->mask + 1, sizeof *h->slots);
 }
 
+static void pins_collect(struct kvhost *h, int wait);
+
 /* Frees a block that no list holds, and its buffer. */
 static void
 block_free(struct kvhost_block *b)
@@ -46,6 +48,8 @@ kvhost_destroy(struct kvhost *h)
 {
 	struct kvhost_block *b, *next;
 
+	worker_stop(&h->pinner);    /* what it was making becomes spares, freed below */
+	pins_collect(h, 0);
 	for (b = h->oldest; b != NULL; b = next) {
 		next = b->newer;
 		block_free(b);
@@ -125,6 +129,7 @@ kvhost_buffer(struct kvhost *h, size_t bytes, void *(*alloc)(size_t), void (*fre
 
 	if (!kvhost_fits(h, bytes))
 		return NULL;
+	pins_collect(h, 0);
 	if ((data = spare_take(h, bytes, free_fn)) != NULL) {
 		h->used += bytes;
 		return data;
@@ -151,37 +156,86 @@ kvhost_buffer(struct kvhost *h, size_t bytes, void *(*alloc)(size_t), void (*fre
 	return data;
 }
 
+/* Adds a buffer to the spares (its bytes already counted in spare_bytes or freed from used by the caller). */
+static void
+spare_push(struct kvhost *h, void *data, size_t bytes, void (*free_fn)(void *))
+{
+	struct kvhost_spare *s = xmalloc(sizeof *s);
+
+	*s = (struct kvhost_spare){ data, bytes, free_fn, h->spare };
+	h->spare = s;
+}
+
+static void
+pin_run(struct work *w)
+{
+	struct kvhost_pin *p = (struct kvhost_pin *)w;
+
+	p->data = p->alloc(p->bytes);
+}
+
+/* The pins the thread has made (all of them, with wait), as spares; a failed one gives its bytes back. */
+static void
+pins_collect(struct kvhost *h, int wait)
+{
+	struct work *w, *next;
+
+	if (h->n_pinning == 0)
+		return;  /* the thread has nothing of ours (it may never have started) */
+	for (w = wait ? worker_drain(&h->pinner, h) : worker_take_done(&h->pinner); w != NULL; w = next) {
+		struct kvhost_pin *p = (struct kvhost_pin *)w;
+
+		next = w->next;
+		h->n_pinning--;
+		if (p->data != NULL)
+			spare_push(h, p->data, p->bytes, p->free_fn);
+		else
+			h->spare_bytes -= p->bytes;
+		free(p);
+	}
+}
+
+static void
+pin_woken(void *arg)
+{
+	(void)arg; /* the engine thread takes the pins when it next needs a buffer */
+}
+
 void
 kvhost_reserve(struct kvhost *h, size_t bytes, int n, void *(*alloc)(size_t), void (*free_fn)(void *))
 {
 	struct kvhost_spare *s;
-	void *data;
-	int have = 0;
+	char err[ERR_LEN];
+	int have;
 
-	for (s = h->spare; s != NULL; s = s->next)
+	pins_collect(h, 0);
+	if (!h->pinner.started && worker_start(&h->pinner, pin_woken, h, err) != 0)
+		return;
+	for (have = h->n_pinning, s = h->spare; s != NULL; s = s->next) /* pins under way: of this kind alone */
 		have += s->bytes == bytes && s->free_fn == free_fn;
-	for (; have < n && h->used + h->spare_bytes + bytes <= h->budget && (data = alloc(bytes)) != NULL; have++) {
-		s = xmalloc(sizeof *s);
-		*s = (struct kvhost_spare){ data, bytes, free_fn, h->spare };
-		h->spare = s;
+	for (; have < n && h->used + h->spare_bytes + bytes <= h->budget; have++) {
+		struct kvhost_pin *p = xcalloc(1, sizeof *p);
+
+		*p = (struct kvhost_pin){ { pin_run, h, 0, NULL }, bytes, alloc, free_fn, NULL };
 		h->spare_bytes += bytes;
+		h->n_pinning++;
+		worker_submit(&h->pinner, &p->w);
 	}
+}
+
+void
+kvhost_pins_wait(struct kvhost *h)
+{
+	pins_collect(h, 1);
 }
 
 void
 kvhost_release(struct kvhost *h, struct kvhost_block *b)
 {
-	struct kvhost_spare *s;
-
+	/* used + spare_bytes never passes the budget, so the buffer always fits as a spare */
 	h->used -= b->bytes;
-	if (h->used + h->spare_bytes + b->bytes > h->budget) {
-		block_free(b);
-		return;
-	}
-	s = xmalloc(sizeof *s);
-	*s = (struct kvhost_spare){ b->data, b->bytes, b->free_fn, h->spare };
-	h->spare = s;
 	h->spare_bytes += b->bytes;
+	spare_push(h, b->data, b->bytes, b->free_fn);
 	free(b);
 }
 

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
+#include "worker.h"
 
 struct kvhost_block {
 	uint64_t key, prev, root;   /* prev: the key of the block before (the root at depth 0) */
@@ -41,20 +42,36 @@ struct kvhost_spare {
 	struct kvhost_spare *next;
 };
 
+/* A spare buffer being made on the pinning thread (kvhost_reserve). */
+struct kvhost_pin {
+	struct work w;
+	size_t bytes;
+	void *(*alloc)(size_t);
+	void (*free_fn)(void *);
+	void *data;                 /* NULL if alloc failed */
+};
+
 struct kvhost {
 	uint64_t budget;
 	uint64_t used;              /* bytes of the blocks stored, taken out or being filled */
-	uint64_t spare_bytes;       /* of spare: used + spare_bytes <= budget */
+	uint64_t spare_bytes;       /* of spare and of the pins under way: used + spare_bytes <= budget */
 	struct kvhost_block *oldest, *newest;
 	struct kvhost_block **slots;
 	uint32_t mask;
 	int64_t n;
 	uint64_t dropped;           /* blocks that left for lack of room */
 	struct kvhost_spare *spare;
+	/*
+	 * Where spare buffers are made (pinning costs the driver about 1 ms a
+	 * 2 MiB buffer), so that the engine thread does not wait for it;
+	 * started by the first kvhost_reserve.
+	 */
+	struct worker pinner;
+	int n_pinning;              /* pins submitted, not yet taken back */
 };
 
 void kvhost_init(struct kvhost *h, uint64_t budget);
-/* Frees every block and spare buffer. */
+/* Frees every block and spare buffer (the pinning thread stopped first). */
 void kvhost_destroy(struct kvhost *h);
 /* Whether a block of this many bytes may be stored at all (the budget is not 0 and holds it). */
 int kvhost_fits(const struct kvhost *h, size_t bytes);
@@ -66,11 +83,14 @@ int kvhost_fits(const struct kvhost *h, size_t bytes);
  */
 void *kvhost_buffer(struct kvhost *h, size_t bytes, void *(*alloc)(size_t), void (*free_fn)(void *));
 /*
- * Makes spare buffers of this size and kind until there are n or the
- * budget has no room left without dropping a block, so that a run of
- * blocks that come back finds buffers for those they push out.
+ * Has spare buffers of this size and kind made, on a thread of the tier's,
+ * until there are n (with those under way) or the budget has no room left
+ * without dropping a block, so that the blocks the pool gives up, and
+ * those a run that comes back pushes out, find buffers ready.
  */
 void kvhost_reserve(struct kvhost *h, size_t bytes, int n, void *(*alloc)(size_t), void (*free_fn)(void *));
+/* Waits for the spare buffers being made, and takes them. */
+void kvhost_pins_wait(struct kvhost *h);
 /*
  * Stores a block whose data, bytes and free_fn came from kvhost_buffer
  * (or kvhost_take). A block already there under the same key is replaced.

@@ -168,8 +168,8 @@ struct backend_ops {
 	/*
 	 * Moves n whole blocks between the pool and host memory, each every
 	 * layer's K and V as the pool holds them (kv_elem_bytes each): block
-	 * blocks[i] out to out[i] (none where out or out[i] is NULL), then
-	 * in[i] into it (in NULL: none), so that blocks the pool gives up and
+	 * blocks[i] out to out[i], then in[i] into it (none where the array
+	 * or its entry is NULL), so that blocks the pool gives up and
 	 * the ones that take their place cross the bus both ways at once. Host
 	 * memory from host_alloc crosses directly, every block in flight;
 	 * other memory is staged. It runs on its own streams and may be called

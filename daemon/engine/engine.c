@@ -244,8 +244,10 @@ engine_close(struct engine *e)
 		next = j->next;
 		engine_io_done(e, j);
 	}
-	if (e->be != NULL)
+	if (e->be != NULL) {
+		tier_evict_flush(e);  /* the blocks given up last still go to the host tier */
 		e->ops->free(e->be);
+	}
 	kv_destroy(&e->kv);
 	cons_free(e->cons);
 	model_close(e->m);
@@ -715,6 +717,7 @@ seq_reserve(struct engine *e, struct seq *s, int32_t n, char *err)
 			continue;
 		if ((b = kv_alloc(&e->kv)) < 0)
 			return err_set(err, ERR_RANGE, "the KV cache is full");
+		tier_evict_flush(e);  /* b may have been given up: its K/V out before the copy writes it */
 		if ((rc = e->ops->kv_copy(e->be, s->blocks[i], b, KV_BLOCK_TOKENS, err)) != 0) {
 			kv_release(&e->kv, &b, 1);
 			return err_prefix(err, rc, "copying a KV block");
@@ -1044,6 +1047,7 @@ engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, cha
 	batch.masks_arg = e;
 	batch.embd = e->embd;
 	picked = step_picks(e, n_fseqs, &batch);
+	tier_evict_flush(e);  /* the blocks the step's sequences took, given up by others, out before it writes them */
 	if ((rc = e->ops->forward(e->be, &batch, picked ? NULL : e->logits, err)) != 0) {
 		for (i = 0; i < n_fseqs; i++) {
 			snprintf(e->fseq_of[i]->error, sizeof e->fseq_of[i]->error, "%s", err);

@@ -69,14 +69,13 @@ struct engine {
 	size_t block_bytes;     /* one block's K/V, as kv_move gives it */
 	struct kvhost *host;
 	/*
-	 * Blocks the pool gave up while a run came back from the host tier:
-	 * they go out in the copy that brings the run in (kv_move), each
-	 * before the block that takes its place.
+	 * Blocks the pool gave up for the host tier, their copies out waiting
+	 * (tier_evict) to go together, before anything writes into the pool,
+	 * or in the copy that brings a run from the host tier in.
 	 */
 	struct kvhost_block *evicted[HOST_RUN];
 	int32_t evicted_blk[HOST_RUN];
 	int32_t n_evicted;
-	int defer_evict;
 	struct kvdisk *disk;
 	struct engine_cache_stats st;
 };
@@ -92,8 +91,13 @@ void seq_publish(struct engine *e, struct seq *s);
 
 /* The engine's identity (engine.identity, identity_text), once its backend is loaded. */
 void tier_identity(struct engine *e);
-/* kv.h's evict hook (arg: the engine): a block the pool gives up goes to the host tier. */
+/*
+ * kv.h's evict hook (arg: the engine): a block the pool gives up goes to
+ * the host tier, copied out by tier_evict_flush, which whatever writes
+ * into pool blocks (a step, a copy on write, a load) calls first.
+ */
 void tier_evict(void *arg, const struct kv_pool *kv, int32_t blk);
+void tier_evict_flush(struct engine *e);
 /*
  * Blocks after the sequence's own from the host tier, up to upto tokens,
  * into the pool and the prefix cache; returns how many it took.

@@ -149,9 +149,13 @@ evicted_done(struct engine *e, int rc)
 	e->n_evicted = 0;
 }
 
-/* Copies out the blocks tier_evict held back, into the host tier. */
-static void
-evict_flush(struct engine *e)
+/*
+ * Copies out the blocks tier_evict held back, into the host tier; then
+ * has spare buffers made ahead, for the next ones and for a run that
+ * comes back (kvhost_reserve: on the tier's thread).
+ */
+void
+tier_evict_flush(struct engine *e)
 {
 	void *dst[HOST_RUN];
 	char err[ERR_LEN];
@@ -165,12 +169,14 @@ evict_flush(struct engine *e)
 	rc = e->ops->kv_move(e->be, e->evicted_blk, e->n_evicted, dst, NULL, err);
 	pthread_mutex_unlock(&e->copy_mu);
 	evicted_done(e, rc);
+	kvhost_reserve(e->host, e->block_bytes, HOST_RUN, e->ops->host_alloc, e->ops->host_free);
 }
 
 /*
- * kv.h's evict hook: a block the pool gives up is copied to the host tier
- * if it fits, at once or, while a run comes back from there
- * (defer_evict), in the copy that brings the run in.
+ * kv.h's evict hook: a block the pool gives up goes to the host tier if it
+ * fits. Its copy waits, with up to HOST_RUN others, for the first thing
+ * that writes into the pool (tier_evict_flush), or for the copy that
+ * brings a run in from the host tier in its place.
  */
 void
 tier_evict(void *arg, const struct kv_pool *kv, int32_t blk)
@@ -181,7 +187,7 @@ tier_evict(void *arg, const struct kv_pool *kv, int32_t blk)
 	void *data;
 
 	if (e->n_evicted == HOST_RUN)
-		evict_flush(e);  /* room for more (a run takes at most HOST_RUN blocks, each giving up one) */
+		tier_evict_flush(e);  /* nothing has written into those yet */
 	if ((data = kvhost_buffer(e->host, e->block_bytes, e->ops->host_alloc, e->ops->host_free)) == NULL)
 		return;
 	h = xcalloc(1, sizeof *h);
@@ -193,11 +199,6 @@ tier_evict(void *arg, const struct kv_pool *kv, int32_t blk)
 	memcpy(h->tokens, k->tokens, sizeof h->tokens);
 	e->evicted[e->n_evicted] = h;
 	e->evicted_blk[e->n_evicted++] = blk;
-	if (e->defer_evict)
-		return;
-	evict_flush(e);
-	/* buffers for the blocks a run that comes back pushes out: pinned now, not while a request waits */
-	kvhost_reserve(e->host, e->block_bytes, HOST_RUN, e->ops->host_alloc, e->ops->host_free);
 }
 
 /* The host blocks that follow the sequence's own while they hold its tokens, up to upto tokens and n. */
@@ -231,21 +232,22 @@ tier_from_host(struct engine *e, struct seq *s, int32_t upto)
 	struct kvhost_block *run[HOST_RUN];
 	const void *src[HOST_RUN];
 	void *out[HOST_RUN];
-	int32_t blk[HOST_RUN], n, placed, i, j;
+	int32_t blk[HOST_RUN], n, placed, i;
 	char err[ERR_LEN];
 	int rc = 0;
 
 	if (e->host == NULL || (n = host_run(e, s, upto, run, HOST_RUN)) == 0)
 		return 0;
-	e->defer_evict = 1;
-	for (placed = 0; placed < n && (blk[placed] = kv_alloc(&e->kv)) >= 0; placed++)
+	tier_evict_flush(e);  /* the run's blocks give up at most HOST_RUN: each one's copy out goes with its copy in */
+	for (placed = 0; placed < n; placed++) {
+		int32_t had = e->n_evicted;
+
+		if ((blk[placed] = kv_alloc(&e->kv)) < 0)
+			break;
 		src[placed] = run[placed]->data;
-	e->defer_evict = 0;
-	/* a block the pool gave up is the one kv_alloc returned: its old K/V go out as the run's come in */
-	for (i = 0; i < placed; i++)
-		for (out[i] = NULL, j = 0; j < e->n_evicted; j++)
-			if (e->evicted_blk[j] == blk[i])
-				out[i] = e->evicted[j]->data;
+		/* a block the pool gave up is the one kv_alloc returned: its old K/V go out as the run's come in */
+		out[placed] = e->n_evicted > had ? e->evicted[had]->data : NULL;
+	}
 	if (placed > 0) {
 		pthread_mutex_lock(&e->copy_mu);
 		rc = e->ops->kv_move(e->be, blk, placed, out, src, err);
@@ -327,6 +329,7 @@ engine_seq_load(struct engine *e, struct seq *s, const char *name, int32_t upto)
 	s->io = j;
 	s->state = SEQ_LOAD;
 	e->n_io++;
+	tier_evict_flush(e);  /* before the load writes into the blocks they gave up */
 	kvdisk_submit(e->disk, j);
 	return 1;
 }

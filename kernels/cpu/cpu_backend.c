@@ -836,7 +836,7 @@ cpu_kv_move(struct backend *b, const int32_t *blocks, int32_t n, void *const *ou
 			return ERR_INVAL;
 		if (out != NULL && out[i] != NULL)
 			memcpy(out[i], p, per);
-		if (in != NULL)
+		if (in != NULL && in[i] != NULL)
 			memcpy(p, in[i], per);
 	}
 	return 0;

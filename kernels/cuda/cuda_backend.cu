@@ -906,11 +906,17 @@ kv_stage_ready(struct backend *b, char *err)
 	CK(cudaSetDevice(b->device));
 	if (b->stage != NULL)
 		return 0;
-	CK(cudaEventCreateWithFlags(&b->stage_ev[0], cudaEventDisableTiming));
-	CK(cudaEventCreateWithFlags(&b->stage_ev[1], cudaEventDisableTiming));
-	CK(cudaEventCreateWithFlags(&b->moved_out, cudaEventDisableTiming));
-	CK(cudaStreamCreateWithFlags(&b->move_out, cudaStreamNonBlocking));
-	CK(cudaStreamCreateWithFlags(&b->move_in, cudaStreamNonBlocking));
+	/* each made once: a call after one failed goes on from there (cuda_free frees what there is) */
+	if (b->stage_ev[0] == NULL)
+		CK(cudaEventCreateWithFlags(&b->stage_ev[0], cudaEventDisableTiming));
+	if (b->stage_ev[1] == NULL)
+		CK(cudaEventCreateWithFlags(&b->stage_ev[1], cudaEventDisableTiming));
+	if (b->moved_out == NULL)
+		CK(cudaEventCreateWithFlags(&b->moved_out, cudaEventDisableTiming));
+	if (b->move_out == NULL)
+		CK(cudaStreamCreateWithFlags(&b->move_out, cudaStreamNonBlocking));
+	if (b->move_in == NULL)
+		CK(cudaStreamCreateWithFlags(&b->move_in, cudaStreamNonBlocking));
 	CK(cudaMallocHost((void **)&b->stage, 2 * KV_STAGE_BYTES));
 	return 0;
 }
@@ -930,12 +936,17 @@ cuda_kv_move(struct backend *b, const int32_t *blocks, int32_t n, void *const *o
 	if ((rc = kv_stage_ready(b, err)) != 0)
 		return rc;
 	sg = (struct kv_stager){ b->move_out, 0, NULL, 0 };
-	for (int32_t i = 0; i < n; i++)
-		if ((rc = move_block(b, &sg, (char *)b->kv + (size_t)blocks[i] * per, per, out != NULL ? (char *)out[i] :
-		    NULL, in != NULL ? (const char *)in[i] : NULL, err)) != 0)
-			return rc;
-	if ((rc = stage_flush(b, &sg, err)) != 0)
+	for (int32_t i = 0; i < n && rc == 0; i++)
+		rc = move_block(b, &sg, (char *)b->kv + (size_t)blocks[i] * per, per, out != NULL ? (char *)out[i] : NULL,
+		    in != NULL ? (const char *)in[i] : NULL, err);
+	if (rc == 0)
+		rc = stage_flush(b, &sg, err);
+	if (rc != 0) { /* the copies under way end before the caller reuses their blocks and buffers */
+		cudaStreamSynchronize(b->move_out);
+		cudaStreamSynchronize(b->move_in);
+		cudaGetLastError();
 		return rc;
+	}
 	CK(cudaStreamSynchronize(b->move_out));
 	CK(cudaStreamSynchronize(b->move_in));
 	return 0;
