@@ -72,6 +72,14 @@ kv_chain(uint64_t prev, const int32_t *tokens)
 	return XXH3_64bits_withSeed(tokens, KV_BLOCK_TOKENS * sizeof *tokens, prev);
 }
 
+uint64_t
+kv_chain_n(uint64_t key, const int32_t *tokens, int32_t n)
+{
+	for (int32_t i = 0; i < n; i++)
+		key = kv_chain(key, tokens + (size_t)i * KV_BLOCK_TOKENS);
+	return key;
+}
+
 /* ---- the idle heap ---- */
 
 /* 1 if block a leaves before block b. */

@@ -68,6 +68,8 @@ void kv_destroy(struct kv_pool *kv);
 uint64_t kv_root(uint64_t identity, uint64_t ns);
 /* The key of a block: its tokens chained onto the key of the block before (or the root). */
 uint64_t kv_chain(uint64_t prev, const int32_t *tokens);
+/* The key of the n-th block of tokens (n blocks chained onto key; n 0: key itself). */
+uint64_t kv_chain_n(uint64_t key, const int32_t *tokens, int32_t n);
 
 /*
  * A block with one holder: a free one, else the least recently released

@@ -413,6 +413,18 @@ get_stop(const msgpack_object *m, struct proto_req *r, char *err)
 	return 0;
 }
 
+/* keep_alive: seconds the model stays loaded once unused (set only where given). */
+static int
+get_keep_alive(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	int rc, found;
+
+	if ((rc = get_float(m, "keep_alive", &r->keep_alive, &found, err)) != 0)
+		return rc;
+	r->set |= found ? SET_KEEP_ALIVE : 0;
+	return 0;
+}
+
 /* The sampling fields; each one given is marked in r->set. */
 static int
 get_sampling(const msgpack_object *m, struct proto_req *r, char *err)
@@ -448,10 +460,7 @@ get_sampling(const msgpack_object *m, struct proto_req *r, char *err)
 		return err_set(err, PE_INVALID_PARAM, "max_tokens must be at least 1");
 	if (found)
 		r->max_tokens = (int32_t)u, r->set |= SET_MAX_TOKENS;
-	if ((rc = get_float(m, "keep_alive", &r->keep_alive, &found, err)) != 0)
-		return rc;
-	r->set |= found ? SET_KEEP_ALIVE : 0;
-	return 0;
+	return get_keep_alive(m, r, err);
 }
 
 /* tools (JSON text), tool_choice ("auto", "none", "required") and tool_name. */
@@ -703,10 +712,7 @@ decode_embed(const msgpack_object *m, struct proto_req *r, char *err)
 	if (found && u == 0)
 		return err_set(err, PE_INVALID_PARAM, "dimensions must be at least 1");
 	r->dimensions = found ? (int32_t)u : 0;
-	if ((rc = get_float(m, "keep_alive", &r->keep_alive, &found, err)) != 0)
-		return rc;
-	r->set |= found ? SET_KEEP_ALIVE : 0;
-	return 0;
+	return get_keep_alive(m, r, err);
 }
 
 /* The fields of every op but generate. */

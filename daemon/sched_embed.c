@@ -92,13 +92,6 @@ sched_embed_start(struct gen *g, enum proto_err *pe, char *err)
 	return 0;
 }
 
-/* 1 if a running sequence can go into a step (not done, not waiting for blocks a disk write holds). */
-static int
-runnable(const struct seq *q)
-{
-	return q->state == SEQ_PREFILL && !q->wait_io;
-}
-
 /* Tokens its running sequences have yet to compute (those waiting for blocks too). */
 static int32_t
 pending(const struct embed_run *e)
@@ -125,7 +118,7 @@ sched_embed_ready(const struct gen *g)
 	const struct embed_run *e = g->emb;
 
 	for (int i = 0; i < e->n_running; i++)
-		if (runnable(e->running[i]))
+		if (sched_seq_ready(e->running[i]))
 			return 1;
 	return can_start(g);
 }
@@ -146,9 +139,9 @@ sched_embed_pick(struct gen *g, struct seq **out, struct gen **gens, int n, int 
 
 	for (i = 0; i < e->n_running && n < max; i++) {
 		q = e->running[i];
-		if (!runnable(q))
+		if (!sched_seq_ready(q))
 			continue;
-		*need += (q->n_tokens - q->n_cached + 15) / 16 + 1;
+		*need += sched_seq_blocks(q);
 		gens[n] = g;
 		out[n++] = q;
 	}
@@ -159,7 +152,7 @@ sched_embed_pick(struct gen *g, struct seq **out, struct gen **gens, int n, int 
 		}
 		e->idx[e->n_running] = e->next++;
 		e->running[e->n_running++] = q;
-		*need += (q->n_tokens + 15) / 16 + 1;
+		*need += sched_seq_blocks(q);
 		gens[n] = g;
 		out[n++] = q;
 	}

@@ -194,6 +194,10 @@ void sched_embed_prep(struct gen *g);
 int sched_embed_start(struct gen *g, enum proto_err *pe, char *err);
 int sched_embed_pick(struct gen *g, struct seq **out, struct gen **gens, int n, int max, int32_t *need);
 int sched_embed_ready(const struct gen *g);
+/* 1 if a sequence can go into a step: not done, not waiting for blocks a disk write holds (sched_step.c). */
+int sched_seq_ready(const struct seq *q);
+/* The blocks a step may take for a sequence: its tokens not in the cache, and one to copy on write. */
+int32_t sched_seq_blocks(const struct seq *q);
 int sched_embed_over(struct gen *g);
 void sched_embed_end(struct gen *g, enum finish_reason why, const char *error);
 struct sched_event *sched_embed_event(struct gen *g);

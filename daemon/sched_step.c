@@ -20,11 +20,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-/* 1 if a sequence can go into a step: not done, not waiting for the disk. */
-static int
-seq_ready(const struct seq *q)
+int
+sched_seq_ready(const struct seq *q)
 {
 	return (q->state == SEQ_PREFILL || q->state == SEQ_DECODE) && !q->wait_io;
+}
+
+int32_t
+sched_seq_blocks(const struct seq *q)
+{
+	return (q->n_tokens - q->n_cached + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS + 1;
 }
 
 /* 1 if a running request has a sequence a step can take. */
@@ -34,7 +39,7 @@ sched_gen_ready(const struct gen *g)
 	if (g->emb != NULL)
 		return sched_embed_ready(g);
 	for (int i = 0; i < g->n_seqs; i++)
-		if (seq_ready(g->seqs[i]))
+		if (sched_seq_ready(g->seqs[i]))
 			return 1;
 	return 0;
 }
@@ -64,11 +69,11 @@ pick(struct sched *s, struct slot *m, struct seq **out, struct gen **gens, int m
 				}
 				for (i = 0; i < g->n_seqs && n < max; i++) {
 					q = g->seqs[i];
-					if (!seq_ready(q) || (q->state == SEQ_DECODE) != (pass == 0))
+					if (!sched_seq_ready(q) || (q->state == SEQ_DECODE) != (pass == 0))
 						continue;
 					gens[n] = g;
 					out[n++] = q;
-					need += (q->n_tokens - q->n_cached + 15) / 16 + 1;
+					need += sched_seq_blocks(q);
 				}
 			}
 	sched_make_room(m, need);

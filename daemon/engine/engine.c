@@ -390,21 +390,28 @@ seq_set_params(struct engine *e, struct seq *s, const struct seq_params *p, char
 	return 0;
 }
 
-/* Checks token ids and the context before a sequence takes them. */
+/* Checks that every token id is inside the vocabulary. */
+static int
+check_ids(const struct engine *e, const int32_t *t, int32_t n, char *err)
+{
+	for (int32_t i = 0; i < n; i++)
+		if (t[i] < 0 || t[i] >= e->m->hp.n_vocab)
+			return err_set(err, ERR_INVAL, "token id %d is outside the vocabulary", t[i]);
+	return 0;
+}
+
+/* Checks token ids and the context (with a token to generate) before a sequence takes them. */
 static int
 check_tokens(const struct engine *e, const struct seq *s, const int32_t *t, int32_t n, char *err)
 {
-	int32_t i, have = s ? s->n_tokens : 0;
+	int32_t have = s ? s->n_tokens : 0;
 
 	if (n < 1)
 		return err_set(err, ERR_INVAL, "empty prompt");
 	if (have + (int64_t)n >= e->n_ctx)
 		return err_set(err, ERR_RANGE, "%d tokens do not fit the context of %d tokens",
 		    have + n, e->n_ctx);
-	for (i = 0; i < n; i++)
-		if (t[i] < 0 || t[i] >= e->m->hp.n_vocab)
-			return err_set(err, ERR_INVAL, "token id %d is outside the vocabulary", t[i]);
-	return 0;
+	return check_ids(e, t, n, err);
 }
 
 /* Makes room for n entries in the block table. */
@@ -415,18 +422,6 @@ seq_grow_blocks(struct seq *s, int32_t n)
 		s->cap_blocks = MAX(n, s->cap_blocks * 2);
 		s->blocks = xrealloc(s->blocks, (size_t)s->cap_blocks * sizeof *s->blocks);
 	}
-}
-
-/* The key of the first n blocks of the sequence's tokens. */
-static uint64_t
-seq_key(const struct seq *s, int32_t n)
-{
-	uint64_t key = s->root;
-	int32_t i;
-
-	for (i = 0; i < n; i++)
-		key = kv_chain(key, s->tokens + (size_t)i * KV_BLOCK_TOKENS);
-	return key;
 }
 
 /*
@@ -513,6 +508,7 @@ int
 engine_seq_embed(struct engine *e, const int32_t *tokens, int32_t n, int32_t dims, struct seq **out, char *err)
 {
 	struct seq *s;
+	int rc;
 
 	if (e->m->embed.pool == POOL_NONE)
 		return err_set(err, ERR_UNSUPPORTED, "%s is not an embedding model", e->m->name);
@@ -522,9 +518,8 @@ engine_seq_embed(struct engine *e, const int32_t *tokens, int32_t n, int32_t dim
 		return err_set(err, ERR_RANGE, "an input of %d tokens does not fit the context of %d tokens", n, e->n_ctx);
 	if (dims < 0 || dims > e->m->embed.n_out)
 		return err_set(err, ERR_INVAL, "dimensions %d: the model's vectors have %d", dims, e->m->embed.n_out);
-	for (int32_t i = 0; i < n; i++)
-		if (tokens[i] < 0 || tokens[i] >= e->m->hp.n_vocab)
-			return err_set(err, ERR_INVAL, "token id %d is outside the vocabulary", tokens[i]);
+	if ((rc = check_ids(e, tokens, n, err)) != 0)
+		return rc;
 	s = xcalloc(1, sizeof *s);
 	s->new_token = -1;
 	s->embed = 1;
@@ -533,9 +528,7 @@ engine_seq_embed(struct engine *e, const int32_t *tokens, int32_t n, int32_t dim
 	seq_push_tokens(s, tokens, n);
 	s->n_prompt = n;
 	s->turn_start = n;
-	s->state = SEQ_PREFILL;
-	s->key = s->root = kv_root(e->identity, 0);
-	count_lookup(e, s);
+	s->state = SEQ_PREFILL;  /* no prefix cache, and no cache figures: an input's K/V are its own */
 	*out = s;
 	return 0;
 }
@@ -556,7 +549,7 @@ seq_drop_blocks(struct engine *e, struct seq *s, int32_t from)
 	s->n_blocks = from;
 	if (s->n_keyed > from) {
 		s->n_keyed = from;
-		s->key = seq_key(s, from);
+		s->key = kv_chain_n(s->root, s->tokens, from);
 	}
 	s->n_saved = MIN(s->n_saved, s->n_keyed);
 }
@@ -606,7 +599,7 @@ engine_seq_reuse(struct engine *e, struct seq *s, const int32_t *tokens, int32_t
 	/* a block the new tokens depart in is no longer the cache's (it is copied before the write) */
 	if (s->n_keyed > keep / KV_BLOCK_TOKENS) {
 		s->n_keyed = keep / KV_BLOCK_TOKENS;
-		s->key = seq_key(s, s->n_keyed);
+		s->key = kv_chain_n(s->root, s->tokens, s->n_keyed);
 		s->n_saved = MIN(s->n_saved, s->n_keyed);
 	}
 	s->n_cached = keep % KV_BLOCK_TOKENS == 0 ? seq_match(e, s, n - 1) : keep;

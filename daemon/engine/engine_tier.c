@@ -292,9 +292,7 @@ disk_job(struct engine *e, struct seq *s, enum kvdisk_op op, const char *name, i
 	j->identity = e->identity;
 	j->identity_text = xstrdup(e->identity_text);
 	/* the uid's namespace is left out: K/V do not depend on who asked */
-	j->prev = kv_root(e->identity, 0);
-	for (int32_t i = 0; i < first; i++)
-		j->prev = kv_chain(j->prev, s->tokens + (size_t)i * KV_BLOCK_TOKENS);
+	j->prev = kv_chain_n(kv_root(e->identity, 0), s->tokens, first);
 	j->block_bytes = e->block_bytes;
 	j->first = first;
 	j->n = n;
