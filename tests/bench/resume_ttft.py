@@ -117,6 +117,7 @@ def main():
     # a pool of one context: a prompt as long pushes every other block out
     extra = ["--ctx", str(ctx), "--kv-tokens", str(ctx)] + a.flags
     rows = {p: [] for p in PATHS}
+    fills = []  # (seconds, tokens) of the prompt that pushes the session's blocks out to host memory
     try:
         with rsd.Daemon(model=os.path.abspath(a.model), tmp=tmp, extra=extra) as d:
             c = d.client(timeout=600)
@@ -133,7 +134,9 @@ def main():
             for r in range(a.repeat):
                 rows["device"].append(resume(c, sid, 4 * r))
                 # a prompt as long as the pool: the session's idle blocks go to host memory
-                c.generate(prompt="%d %s" % (r, filler), max_tokens=1, temperature=0)
+                t0 = time.monotonic()
+                g = c.generate(prompt="%d %s" % (r, filler), max_tokens=1, temperature=0)
+                fills.append((time.monotonic() - t0, g.usage["prompt_tokens"]))
                 rows["host"].append(resume(c, sid, 4 * r + 1))
                 c.close()
                 c = restart(d, drop_cache=a.drop_caches)
@@ -144,6 +147,8 @@ def main():
             c.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    print("the prompt that pushed the session out (its blocks copied to host memory as it ran): %s"
+          % ", ".join("%d tokens in %.0f ms" % (n, t * 1e3) for t, n in fills))
     print("\n| KV from | ttft ms (daemon) | ttft ms (client) | prompt tokens | cached | from host | from disk |")
     print("|---------|-----------------:|-----------------:|--------------:|-------:|----------:|----------:|")
     for p in PATHS:
