@@ -236,6 +236,16 @@ def check_timeouts(ck, d, long_msgs):
         ck.eq(b.stop(), 0, "timeouts: resident-http stops on SIGTERM with status 0")
 
 
+def timed_404(b):
+    """(status or the error, seconds) of a GET of a route that does not exist."""
+    t0 = time.monotonic()
+    try:
+        st = request(b, b"GET /nothing HTTP/1.1\r\nHost: localhost\r\n\r\n", timeout=5)[0]
+    except OSError as e:
+        st = repr(e)
+    return st, time.monotonic() - t0
+
+
 def check_daemon_stopped(ck, d):
     """A stopped daemon holds up its own requests only."""
     b = Bridge(d.sock)
@@ -248,12 +258,7 @@ def check_daemon_stopped(ck, d):
         threading.Thread(target=lambda: big.sendall(post("/v1/chat/completions", chat("x" * (2 << 20)))),
                          daemon=True).start()
         time.sleep(0.5)
-        t0 = time.monotonic()
-        try:
-            st = request(b, b"GET /nothing HTTP/1.1\r\nHost: localhost\r\n\r\n", timeout=5)[0]
-        except OSError as e:
-            st = repr(e)
-        t = time.monotonic() - t0
+        st, t = timed_404(b)
         ck.ok(st == 404 and t < 1, "with the daemon stopped and a 2 MB request to it, another client is "
               "answered within a second (%s in %.2f s)" % (st, t))
         ck.eq(term(b), 0, "with the daemon stopped, SIGTERM ends the bridge at once")
@@ -261,12 +266,7 @@ def check_daemon_stopped(ck, d):
         # a bridge that starts while the daemon is stopped serves too (its check of the daemon waits alone)
         b3 = Bridge(d.sock)
         try:
-            t0 = time.monotonic()
-            try:
-                st = request(b3, b"GET /nothing HTTP/1.1\r\nHost: localhost\r\n\r\n", timeout=5)[0]
-            except OSError as e:
-                st = repr(e)
-            t = time.monotonic() - t0
+            st, t = timed_404(b3)
             ck.ok(st == 404 and t < 1, "a bridge started while the daemon is stopped answers within a second "
                   "(%s in %.2f s)" % (st, t))
             ck.eq(term(b3), 0, "and SIGTERM ends it at once, with status 0")
