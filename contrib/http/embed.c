@@ -124,18 +124,6 @@ embed_params(enum embed_api api, const json_t *o, rs_params *p, const struct emb
 
 /* ---- replies ---- */
 
-/* A vector as a JSON array of numbers (the daemon's float32 values, printed as such). */
-static json_t *
-vector_json(const json_t *v)
-{
-	json_t *a = json_array();
-	size_t i;
-
-	for (i = 0; a != NULL && i < json_array_size(v); i++)
-		json_array_append_new(a, json_real((float)json_number_value(json_array_get(v, i))));
-	return a;
-}
-
 /* A vector as base64 of its little-endian float32 bytes (OpenAI's encoding_format base64). */
 static json_t *
 vector_base64(const json_t *v)
@@ -171,37 +159,41 @@ vector_base64(const json_t *v)
 	return j;
 }
 
-/* The reply of an embed's result (results[0]), in the route's shape; model: the name as the request gave it. */
+/*
+ * The reply of an embed's result (results[0]), in the route's shape; model:
+ * the name as the request gave it. The vectors are the result's own arrays,
+ * referenced, not copied: call_ops converted them once, each float32 as the
+ * double that holds it exactly, and http_send_vectors prints each in the
+ * 9 digits that give that float32 back.
+ */
 static void
 embed_reply(struct evhttp_request *req, const char *model, json_t *const *results, void *arg)
 {
 	const struct embed_ctx *ctx = arg;
-	const json_t *all = json_object_get(results[0], "embeddings"), *usage = json_object_get(results[0], "usage");
+	json_t *all = json_object_get(results[0], "embeddings"), *usage = json_object_get(results[0], "usage");
 	json_int_t tokens = json_integer_value(json_object_get(usage, "prompt_tokens"));
-	json_t *data = json_array(), *body;
+	json_t *data, *v, *body;
 	size_t i;
 
 	if (model == NULL) /* the daemon's default model */
 		model = json_string_value(json_object_get(results[0], "model"));
 	if (ctx->api == EMBED_OLLAMA_OLD) {
-		body = json_pack("{so}", "embedding", vector_json(json_array_get(all, 0)));
+		body = json_pack("{sO}", "embedding", json_array_get(all, 0));
 	} else if (ctx->api == EMBED_OLLAMA) {
-		for (i = 0; i < json_array_size(all); i++)
-			json_array_append_new(data, vector_json(json_array_get(all, i)));
-		body = json_pack("{ss sO sI sI sI}", "model", model, "embeddings", data,
+		body = json_pack("{ss sO sI sI sI}", "model", model, "embeddings", all,
 		    "total_duration", (json_int_t)(json_number_value(json_object_get(usage, "total_ms")) * 1e6),
 		    "load_duration", (json_int_t)(json_number_value(json_object_get(usage, "load_ms")) * 1e6),
 		    "prompt_eval_count", tokens);
 	} else {
-		for (i = 0; i < json_array_size(all); i++)
+		data = json_array();
+		json_array_foreach(all, i, v)
 			json_array_append_new(data, json_pack("{ss sI so}", "object", "embedding", "index", (json_int_t)i,
-			    "embedding", ctx->base64 ? vector_base64(json_array_get(all, i)) :
-			    vector_json(json_array_get(all, i))));
+			    "embedding", ctx->base64 ? vector_base64(v) : json_incref(v)));
 		body = json_pack("{ss sO ss s{sI sI}}", "object", "list", "data", data, "model", model,
 		    "usage", "prompt_tokens", tokens, "total_tokens", tokens);
+		json_decref(data);
 	}
-	json_decref(data);
-	http_send_json(req, 200, body);
+	http_send_vectors(req, body);
 }
 
 int

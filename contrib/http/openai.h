@@ -433,6 +433,9 @@ void http_request_cb(struct evhttp_request *req, void *arg);
 const char *http_body(struct evhttp_request *req, size_t *len);
 /* Sends a JSON body with status; takes the reference. */
 void http_send_json(struct evhttp_request *req, int status, json_t *body);
+/* Sends a 200 JSON body whose reals are float32s (embeddings), each in the 9 significant digits
+ * that give it back; takes the reference. */
+void http_send_vectors(struct evhttp_request *req, json_t *body);
 /* Sends e with its status, in the shape of the API of req's URL (http_error_json). */
 void http_send_error(struct evhttp_request *req, const struct api_error *e);
 /* e's body in the API of req's URL: Ollama's {"error": message} under /api/, else OpenAI's. */

@@ -19,7 +19,8 @@ inputs equal their text; an input over the context is context_exceeded, or
 cut with truncate; a model that is no embedding model, a generate on a
 bidirectional one, empty inputs, too many, ids outside the vocabulary are
 refused with clear errors, and a client that leaves with a large request
-in flight does not stop the daemon. 256 inputs in one request must take
+in flight does not stop the daemon; the bridge's replies print each float32
+in the 9 significant digits that give it back. 256 inputs in one request must take
 less time than 256 requests one after the other (the figures are printed).
 
 Skips (77) without msgpack; the openai and ollama parts each skip alone
@@ -229,6 +230,21 @@ def post(b, path, body):
         return e.code, json.loads(e.read() or b"null")
 
 
+def post_reals(b, path, body):
+    """The JSON body of a 200 POST to the bridge b, its reals kept as the text it printed."""
+    req = urllib.request.Request(base(b) + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read(), parse_float=str)
+
+
+def float32_text(texts, ref):
+    """Whether each real's text has at most 9 significant digits and is ref's float32."""
+    digits = [len(t.lstrip("-").split("e")[0].split("E")[0].replace(".", "").strip("0")) for t in texts]
+    return len(texts) == len(ref) and max(digits) <= 9 and \
+        bool(np.all(np.array([float(t) for t in texts], dtype=np.float32) == np.array(ref, dtype=np.float32)))
+
+
 def base(b):
     """The bridge's address, without OpenAI's /v1."""
     return "http://127.0.0.1:%d" % b.port
@@ -243,6 +259,11 @@ def check_bridge(ck, c, d, m, ref):
         got = [x["embedding"] for x in body.get("data", [])] if st == 200 else [[0]]
         ck.ok(st == 200 and max_diff(got, ref) < 1e-6 and body["usage"]["prompt_tokens"] > 0 and
               body["object"] == "list" and body["model"] == name, "POST /v1/embeddings: %d %s" % (st, str(body)[:200]))
+        body = post_reals(b, "/v1/embeddings", {"model": name, "input": TEXTS[:1], "encoding_format": "float"})
+        ck.ok(float32_text(body["data"][0]["embedding"], ref[0]),
+              "/v1/embeddings: each float in the 9 digits that give the daemon's float32 back")
+        body = post_reals(b, "/api/embed", {"model": name, "input": TEXTS[1]})
+        ck.ok(float32_text(body["embeddings"][0], ref[1]), "/api/embed: floats in 9 digits, the daemon's float32s")
         st, body = post(b, "/v1/embeddings", {"model": name, "input": [[1, 2, 3]]})
         ck.ok(st == 400 and body["error"]["param"] == "input", "token id inputs (OpenAI's tokenizer's) are refused")
         st, body = post(b, "/v1/embeddings", {"model": "no-such-model", "input": "x"})
