@@ -11,9 +11,7 @@
 #include "config.h"
 #include "openai.h"
 
-#include <event2/buffer.h>
 #include <event2/http.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -203,14 +201,13 @@ embed_route(struct oa *oa, struct evhttp_request *req, const char *path)
 		{ "/v1/embeddings", EMBED_OPENAI }, { "/api/embed", EMBED_OLLAMA }, { "/api/embeddings", EMBED_OLLAMA_OLD },
 	};
 	static const char *const ops[] = { "embed", NULL };
-	struct evbuffer *in = evhttp_request_get_input_buffer(req);
-	size_t len = evbuffer_get_length(in), i;
 	const struct embed_ctx *ctx;
 	struct api_error e;
-	json_error_t jerr;
 	const json_t *model;
+	const char *body;
 	json_t *o = NULL;
 	rs_params *p;
+	size_t len, i;
 
 	for (i = 0; i < sizeof routes / sizeof routes[0] && strcmp(path, routes[i].path) != 0; i++)
 		;
@@ -220,12 +217,11 @@ embed_route(struct oa *oa, struct evhttp_request *req, const char *path)
 		http_route_none(req, path, "POST");
 		return 1;
 	}
-	p = rs_params_new();
-	if (p == NULL) {
+	body = http_body(req, &len);
+	if ((p = rs_params_new()) == NULL) {
 		api_nomem(&e);
-	} else if ((o = json_loadb(len ? (const char *)evbuffer_pullup(in, -1) : "", len, 0, &jerr)) == NULL ||
-	    !json_is_object(o)) {
-		api_bad(&e, NULL, "the body must be a JSON object%s%s", o == NULL ? ": " : "", o == NULL ? jerr.text : "");
+	} else if ((o = api_body(body, len, &e)) == NULL) {
+		/* e says why */
 	} else if ((model = api_field(o, "model")) != NULL && !json_is_string(model)) {
 		api_bad(&e, "model", "model must be a string");
 	} else if (embed_params(routes[i].api, o, p, &ctx, &e) != 0) {

@@ -13,15 +13,16 @@ dense_3) and as a sentence-transformers directory (modules.json, 1_Pooling,
 
 Checked: the two files of a shape give the same vectors; vectors are unit
 length; dimensions cuts and normalises again, and more than the model's is
-refused; an input's vector does not depend on what else is in the request
-or on where its chunks fall (a causal input longer than a step); token id
-inputs equal their text; an input over the context is context_exceeded, or
-cut with truncate; a model that is no embedding model, a generate on a
-bidirectional one, empty inputs, too many, ids outside the vocabulary are
-refused with clear errors, and a client that leaves with a large request
-in flight does not stop the daemon; the bridge's replies print each float32
-in the 9 significant digits that give it back. 256 inputs in one request must take
-less time than 256 requests one after the other (the figures are printed).
+refused; an input's vector does not depend on what else is in the request or
+on where its chunks fall (a causal input longer than a step); token id inputs
+equal their text; an input over the context is context_exceeded, or cut with
+truncate; a model that is no embedding model, a generate on a bidirectional
+one, empty inputs, too many, ids outside the vocabulary are refused with clear
+errors (the bridge's: a body with a key twice too), and a client that leaves
+with a large request in flight does not stop the daemon; the bridge's replies
+print each float32 in the 9 significant digits that give it back. 256 inputs
+in one request must take less time than 256 requests one after the other (the
+figures are printed).
 
 Skips (77) without msgpack; the openai and ollama parts each skip alone
 (saying so) when their package is missing.
@@ -221,8 +222,12 @@ def check_python(ck, d, m, ref):
 
 def post(b, path, body):
     """(status, JSON body) of a POST to the bridge b (test_openai's Bridge) at path."""
-    req = urllib.request.Request(base(b) + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    return post_text(b, path, json.dumps(body))
+
+
+def post_text(b, path, text):
+    """(status, JSON body) of a POST of the JSON text to the bridge b at path."""
+    req = urllib.request.Request(base(b) + path, data=text.encode(), headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
@@ -264,6 +269,11 @@ def check_bridge(ck, c, d, m, ref):
               "/v1/embeddings: each float in the 9 digits that give the daemon's float32 back")
         body = post_reals(b, "/api/embed", {"model": name, "input": TEXTS[1]})
         ck.ok(float32_text(body["embeddings"][0], ref[1]), "/api/embed: floats in 9 digits, the daemon's float32s")
+        for path in ("/v1/embeddings", "/api/embed"):
+            st, body = post_text(b, path, '{"model": "%s", "input": "x", "input": "y"}' % name)
+            msg = str(body.get("error")) if isinstance(body, dict) else ""
+            ck.ok(st == 400 and "duplicate" in msg and "at byte" in msg,
+                  "%s: a body with a key twice is refused, saying where (%d %s)" % (path, st, msg[:200]))
         st, body = post(b, "/v1/embeddings", {"model": name, "input": [[1, 2, 3]]})
         ck.ok(st == 400 and body["error"]["param"] == "input", "token id inputs (OpenAI's tokenizer's) are refused")
         st, body = post(b, "/v1/embeddings", {"model": "no-such-model", "input": "x"})
