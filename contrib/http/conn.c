@@ -398,8 +398,8 @@ unix_in_use(const struct sockaddr_un *sa)
 struct evhttp_bound_socket *
 conn_listen_unix(struct oa *oa, const char *path, char *err, size_t size)
 {
-	struct evhttp_bound_socket *bound;
-	struct evconnlistener *l;
+	struct evhttp_bound_socket *bound = NULL;
+	struct evconnlistener *l = NULL;
 	struct sockaddr_un sa;
 	struct stat st;
 	mode_t old;
@@ -428,21 +428,24 @@ conn_listen_unix(struct oa *oa, const char *path, char *err, size_t size)
 	old = umask(0177);                  /* 0600: the user's alone, as residentd's socket */
 	rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
 	umask(old);
-	if (rc != 0 || listen(fd, 128) != 0) {
+	if (rc != 0) {
 		snprintf(err, size, "%s", strerror(errno));
 		close(fd);
 		return NULL;
 	}
-	if ((l = evconnlistener_new(oa->base, NULL, NULL, LEV_OPT_CLOSE_ON_FREE, -1, fd)) == NULL) {
-		close(fd);
-		unlink(path);
+	/* from here the socket file is this bridge's: removed again if listening fails */
+	if (listen(fd, 128) != 0)
+		snprintf(err, size, "listen: %s", strerror(errno));
+	else if ((l = evconnlistener_new(oa->base, NULL, NULL, LEV_OPT_CLOSE_ON_FREE, 0, fd)) == NULL)
+		snprintf(err, size, "out of memory");  /* backlog 0: the socket listens already */
+	else if ((bound = evhttp_bind_listener(oa->http, l)) == NULL)
 		snprintf(err, size, "out of memory");
-		return NULL;
-	}
-	if ((bound = evhttp_bind_listener(oa->http, l)) == NULL) {
-		evconnlistener_free(l);
+	if (bound == NULL) {
+		if (l != NULL)
+			evconnlistener_free(l);     /* closes fd */
+		else
+			close(fd);
 		unlink(path);
-		snprintf(err, size, "out of memory");
 		return NULL;
 	}
 	oa->unix_listener = true;
