@@ -1072,18 +1072,33 @@ rs_tokenize(rs_client *c, const char *model, const char *text, int flags, uint32
 	return RS_OK;
 }
 
+/* The result's vectors as one array of n x d floats, vector i's from i * d on; NULL when out of memory. */
+static float *
+embed_floats(const rs_value *all, size_t n, size_t d)
+{
+	float *f = malloc((n * d > 0 ? n * d : 1) * sizeof *f);
+	size_t i, j;
+
+	for (i = 0; f != NULL && i < n; i++)
+		for (j = 0; j < d; j++)
+			f[i * d + j] = (float)rs_float(rs_at(rs_at(all, i), j));
+	return f;
+}
+
 rs_status
 rs_embed(rs_client *c, const char *model, const char *const *texts, size_t n, unsigned dimensions,
     float **vectors, size_t *dims, rs_value **out)
 {
 	rs_params *p = params_strs("model", model, NULL);
-	const rs_value *all, *one;
+	const rs_value *all;
 	rs_value *v;
 	rs_status st;
-	size_t i, j, d;
+	size_t i, d;
 
-	*vectors = NULL;
-	*dims = 0;
+	if (vectors != NULL)
+		*vectors = NULL;
+	if (dims != NULL)
+		*dims = 0;
 	if (out != NULL)
 		*out = NULL;
 	if (c == NULL || n == 0 || texts == NULL) {
@@ -1104,30 +1119,18 @@ rs_embed(rs_client *c, const char *model, const char *const *texts, size_t n, un
 		return st;
 	all = rs_get(v, "embeddings");
 	d = (size_t)rs_uint(rs_get(v, "dimensions"));
-	if (rs_len(all) != n) {
-		size_t got = rs_len(all);
-
+	st = rs_len(all) != n ? fail(c, RS_ERR_PROTOCOL, "embed: %zu vectors for %zu texts", rs_len(all), n) : RS_OK;
+	for (i = 0; st == RS_OK && i < n; i++)
+		if (rs_len(rs_at(all, i)) != d)
+			st = fail(c, RS_ERR_PROTOCOL, "embed: vector %zu has %zu floats, not %zu", i, rs_len(rs_at(all, i)), d);
+	if (st == RS_OK && vectors != NULL && (*vectors = embed_floats(all, n, d)) == NULL)
+		st = fail(c, RS_ERR_NOMEM, "out of memory");
+	if (st != RS_OK) {
 		rs_value_free(v);
-		return fail(c, RS_ERR_PROTOCOL, "embed: %zu vectors for %zu texts", got, n);
+		return st;
 	}
-	if ((*vectors = malloc((n * d > 0 ? n * d : 1) * sizeof **vectors)) == NULL) {
-		rs_value_free(v);
-		return fail(c, RS_ERR_NOMEM, "out of memory");
-	}
-	for (i = 0; i < n; i++) {
-		one = rs_at(all, i);
-		if (rs_len(one) != d) {
-			size_t got = rs_len(one);
-
-			free(*vectors);
-			*vectors = NULL;
-			rs_value_free(v);
-			return fail(c, RS_ERR_PROTOCOL, "embed: vector %zu has %zu floats, not %zu", i, got, d);
-		}
-		for (j = 0; j < d; j++)
-			(*vectors)[i * d + j] = (float)rs_float(rs_at(one, j));
-	}
-	*dims = d;
+	if (dims != NULL)
+		*dims = d;
 	if (out != NULL)
 		*out = v;
 	else

@@ -205,6 +205,16 @@ def check_cli(ck, d, m, ref):
     out = json.loads(p.stdout) if p.returncode == 0 else {}
     ck.ok(p.returncode == 0 and out.get("dimensions") == 32 and len(out.get("embeddings", [])) == len(TEXTS),
           "resident embed --dimensions 32 reads a text a line from stdin (%s)" % p.stderr.strip())
+    fd = os.open(d.tmp, os.O_RDONLY)   # a directory: reading it fails
+    try:
+        p = subprocess.run(cli + ["-m", g], stdin=fd, capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(fd)
+    ck.ok(p.returncode == 2 and "reading standard input: Is a directory" in p.stderr,
+          "resident embed: stdin that cannot be read: exit 2, saying why (%d %r)" % (p.returncode, p.stderr.strip()))
+    p = subprocess.run(cli + ["-m", g], input="\n\n", capture_output=True, text=True, timeout=60)
+    ck.ok(p.returncode == 2 and "no text" in p.stderr, "resident embed: stdin without text: exit 2, saying so (%d %r)" %
+          (p.returncode, p.stderr.strip()))
     p = subprocess.run(cli + ["hello"], capture_output=True, text=True, timeout=60)
     ck.ok(p.returncode == 1 and "not an embedding model" in p.stderr,
           "resident embed on a model that is none: exit 1, saying so (%r)" % p.stderr.strip())
