@@ -253,6 +253,11 @@ void api_utf8_cut(char *s);
 #define api_nomem(e) api_error_set(e, 500, "server_error", NULL, NULL, "out of memory")
 /* A field's value; absent and null are the same: not given (NULL). */
 json_t *api_field(const json_t *o, const char *key);
+/*
+ * The daemon's think for v, a string of an API's levels: names holds n
+ * pairs {the API's name, the daemon's think}. NULL when v is none of them.
+ */
+const char *api_think(const json_t *v, const char *const names[][2], size_t n);
 /* A JSON string of daemon text (always UTF-8; NULL: ""); "" if it were not. */
 json_t *api_text_json(const char *s);
 /* {"error": {...}} */
