@@ -50,6 +50,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <event2/http_struct.h>
 #include <event2/listener.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -248,19 +249,6 @@ conn_new_cb(struct event_base *base, void *arg)
 	return c->bev;
 }
 
-/* The bridge's connection of a request; NULL when it has none (out of memory when it came). */
-static struct conn *
-conn_of(struct oa *oa, struct evhttp_request *req)
-{
-	struct evhttp_connection *evcon = evhttp_request_get_connection(req);
-	struct conn *c;
-
-	for (c = oa->conns; c != NULL && evcon != NULL; c = c->next)
-		if (c->evcon == evcon)
-			return c;
-	return NULL;
-}
-
 /* The reply was taken by the client: the next request may come. */
 static void
 conn_complete_cb(struct evhttp_request *req, void *arg)
@@ -271,10 +259,26 @@ conn_complete_cb(struct evhttp_request *req, void *arg)
 void
 conn_request(struct oa *oa, struct evhttp_request *req)
 {
-	struct conn *c = conn_of(oa, req);
+	struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+	struct conn *c;
 
-	if (c != NULL)
-		evhttp_request_set_on_complete_cb(req, conn_complete_cb, c);
+	for (c = oa->conns; c != NULL && evcon != NULL; c = c->next)
+		if (c->evcon == evcon) {
+			evhttp_request_set_on_complete_cb(req, conn_complete_cb, c);
+			return;
+		}
+}
+
+/*
+ * The bridge's connection of a request, as conn_request found it: the
+ * argument of its on_complete callback (evhttp has no accessor of it but
+ * http_struct.h's), so that no request looks for it twice. NULL when it
+ * has none (out of memory when it came).
+ */
+static struct conn *
+conn_of(struct evhttp_request *req)
+{
+	return req->on_complete_cb == conn_complete_cb ? req->on_complete_cb_arg : NULL;
 }
 
 void
@@ -316,7 +320,7 @@ conn_sock_cb(evutil_socket_t fd, short what, void *arg)
 struct conn *
 conn_watch(struct oa *oa, struct evhttp_request *req, void (*gone)(void *), void *arg)
 {
-	struct conn *c = conn_of(oa, req);
+	struct conn *c = conn_of(req);
 	evutil_socket_t fd;
 
 	if (c == NULL || c->gone != NULL)
