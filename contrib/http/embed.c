@@ -17,17 +17,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Which route a request came by, for its reply. */
-enum embed_api { EMBED_OPENAI, EMBED_OLLAMA, EMBED_OLLAMA_OLD };
+/* The shape of a reply: the route's, OpenAI's in two encodings. */
+enum embed_shape { EMBED_OPENAI, EMBED_OPENAI_BASE64, EMBED_OLLAMA, EMBED_OLLAMA_OLD };
 
-struct embed_ctx {
-	enum embed_api api;
-	int base64;                 /* OpenAI's encoding_format "base64" */
-};
-
-/* The replies' shapes: a request's is one of these (call_ops' arg outlives no call). */
-static const struct embed_ctx ctxs[] = {
-	{ EMBED_OPENAI, 0 }, { EMBED_OPENAI, 1 }, { EMBED_OLLAMA, 0 }, { EMBED_OLLAMA_OLD, 0 },
+/* Each shape at its own index: a request's is passed by address (call_ops' arg outlives no call). */
+static const enum embed_shape shapes[] = {
+	[EMBED_OPENAI] = EMBED_OPENAI, [EMBED_OPENAI_BASE64] = EMBED_OPENAI_BASE64,
+	[EMBED_OLLAMA] = EMBED_OLLAMA, [EMBED_OLLAMA_OLD] = EMBED_OLLAMA_OLD,
 };
 
 /* ---- requests ---- */
@@ -87,20 +83,21 @@ set_keep_alive(rs_params *p, const json_t *o, struct api_error *e)
 	return rs_params_set_float(p, "keep_alive", secs) == RS_OK ? 0 : api_nomem(e);
 }
 
-/* The embed fields of a body, by route. 0, or -1 with e. */
+/* The embed fields of a body, by route (its shape); its reply's shape in *shape. 0, or -1 with e. */
 static int
-embed_params(enum embed_api api, const json_t *o, rs_params *p, const struct embed_ctx **ctx, struct api_error *e)
+embed_params(enum embed_shape route, const json_t *o, rs_params *p, enum embed_shape *shape, struct api_error *e)
 {
 	const json_t *fmt = api_field(o, "encoding_format"), *tr = api_field(o, "truncate");
 
-	*ctx = &ctxs[api == EMBED_OPENAI ? 0 : api == EMBED_OLLAMA ? 2 : 3];
-	switch (api) {
+	*shape = route;
+	switch (route) {
 	case EMBED_OPENAI:
+	case EMBED_OPENAI_BASE64:
 		if (fmt != NULL && (!json_is_string(fmt) || (strcmp(json_string_value(fmt), "float") != 0 &&
 		    strcmp(json_string_value(fmt), "base64") != 0)))
 			return api_bad(e, "encoding_format", "encoding_format must be \"float\" or \"base64\"");
 		if (fmt != NULL && strcmp(json_string_value(fmt), "base64") == 0)
-			*ctx = &ctxs[1];
+			*shape = EMBED_OPENAI_BASE64;
 		return add_inputs(p, api_field(o, "input"), e) != 0 || set_dimensions(p, o, e) != 0 ? -1 : 0;
 	case EMBED_OLLAMA:
 		if (tr != NULL && !json_is_boolean(tr))
@@ -167,7 +164,7 @@ vector_base64(const json_t *v)
 static void
 embed_reply(struct evhttp_request *req, const char *model, json_t *const *results, void *arg)
 {
-	const struct embed_ctx *ctx = arg;
+	enum embed_shape shape = *(const enum embed_shape *)arg;
 	json_t *all = json_object_get(results[0], "embeddings"), *usage = json_object_get(results[0], "usage");
 	json_int_t tokens = json_integer_value(json_object_get(usage, "prompt_tokens"));
 	json_t *data, *v, *body;
@@ -175,9 +172,9 @@ embed_reply(struct evhttp_request *req, const char *model, json_t *const *result
 
 	if (model == NULL) /* the daemon's default model */
 		model = json_string_value(json_object_get(results[0], "model"));
-	if (ctx->api == EMBED_OLLAMA_OLD) {
+	if (shape == EMBED_OLLAMA_OLD) {
 		body = json_pack("{sO}", "embedding", json_array_get(all, 0));
-	} else if (ctx->api == EMBED_OLLAMA) {
+	} else if (shape == EMBED_OLLAMA) {
 		body = json_pack("{ss sO sI sI sI}", "model", model, "embeddings", all,
 		    "total_duration", (json_int_t)(json_number_value(json_object_get(usage, "total_ms")) * 1e6),
 		    "load_duration", (json_int_t)(json_number_value(json_object_get(usage, "load_ms")) * 1e6),
@@ -186,7 +183,7 @@ embed_reply(struct evhttp_request *req, const char *model, json_t *const *result
 		data = json_array();
 		json_array_foreach(all, i, v)
 			json_array_append_new(data, json_pack("{ss sI so}", "object", "embedding", "index", (json_int_t)i,
-			    "embedding", ctx->base64 ? vector_base64(v) : json_incref(v)));
+			    "embedding", shape == EMBED_OPENAI_BASE64 ? vector_base64(v) : json_incref(v)));
 		body = json_pack("{ss sO ss s{sI sI}}", "object", "list", "data", data, "model", model,
 		    "usage", "prompt_tokens", tokens, "total_tokens", tokens);
 		json_decref(data);
@@ -197,11 +194,11 @@ embed_reply(struct evhttp_request *req, const char *model, json_t *const *result
 int
 embed_route(struct oa *oa, struct evhttp_request *req, const char *path)
 {
-	static const struct { const char *path; enum embed_api api; } routes[] = {
+	static const struct { const char *path; enum embed_shape shape; } routes[] = {
 		{ "/v1/embeddings", EMBED_OPENAI }, { "/api/embed", EMBED_OLLAMA }, { "/api/embeddings", EMBED_OLLAMA_OLD },
 	};
 	static const char *const ops[] = { "embed", NULL };
-	const struct embed_ctx *ctx;
+	enum embed_shape shape;
 	struct api_error e;
 	const json_t *model;
 	const char *body;
@@ -224,11 +221,11 @@ embed_route(struct oa *oa, struct evhttp_request *req, const char *path)
 		/* e says why */
 	} else if ((model = api_field(o, "model")) != NULL && !json_is_string(model)) {
 		api_bad(&e, "model", "model must be a string");
-	} else if (embed_params(routes[i].api, o, p, &ctx, &e) != 0) {
+	} else if (embed_params(routes[i].shape, o, p, &shape, &e) != 0) {
 		/* e says why */
 	} else {
-		call_ops(oa, req, routes[i].path, routes[i].api == EMBED_OPENAI ? API_OPENAI : API_OLLAMA_CHAT,
-		    model ? json_string_value(model) : NULL, ops, p, embed_reply, (void *)ctx);
+		call_ops(oa, req, routes[i].path, routes[i].shape == EMBED_OPENAI ? API_OPENAI : API_OLLAMA_CHAT,
+		    model ? json_string_value(model) : NULL, ops, p, embed_reply, (void *)&shapes[shape]);
 		json_decref(o);
 		return 1;
 	}
