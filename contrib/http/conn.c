@@ -229,7 +229,7 @@ conn_new_cb(struct event_base *base, void *arg)
 
 	accept_pause_ok(&oa->pause);
 	if (c == NULL)
-		return NULL;                    /* evhttp makes its own bufferevent: a connection without deadlines */
+		return NULL;                    /* evhttp makes its own bufferevent: conn_request closes it */
 	c->oa = oa;
 	c->state = CONN_NEW;
 	c->bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
@@ -256,24 +256,33 @@ conn_complete_cb(struct evhttp_request *req, void *arg)
 	conn_await(arg);
 }
 
-void
+int
 conn_request(struct oa *oa, struct evhttp_request *req)
 {
 	struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+	struct api_error e;
 	struct conn *c;
 
 	for (c = oa->conns; c != NULL && evcon != NULL; c = c->next)
 		if (c->evcon == evcon) {
 			evhttp_request_set_on_complete_cb(req, conn_complete_cb, c);
-			return;
+			return 1;
 		}
+	/*
+	 * A connection that came while memory ran out has no conn: no
+	 * deadlines, and no watch, without which every call fails. It is
+	 * answered and closed, so that the client's next one is whole.
+	 */
+	api_nomem(&e);
+	http_add_header(req, "Connection", "close");
+	http_send_error(req, &e);
+	return 0;
 }
 
 /*
  * The bridge's connection of a request, as conn_request found it: the
  * argument of its on_complete callback (evhttp has no accessor of it but
- * http_struct.h's), so that no request looks for it twice. NULL when it
- * has none (out of memory when it came).
+ * http_struct.h's), so that no request looks for it twice.
  */
 static struct conn *
 conn_of(struct evhttp_request *req)

@@ -281,7 +281,8 @@ http_request_cb(struct evhttp_request *req, void *arg)
 	int post = evhttp_request_get_command(req) == EVHTTP_REQ_POST;
 	struct api_error e;
 
-	conn_request(oa, req);
+	if (!conn_request(oa, req))
+		return;                         /* answered, and the connection closed */
 	if (path == NULL || path[0] == '\0')
 		path = "/";
 	if (!guard_request(oa, req))

@@ -481,8 +481,13 @@ int conn_setup(struct oa *oa, struct evhttp_bound_socket *bound);
 struct evhttp_bound_socket *conn_listen_unix(struct oa *oa, const char *path, char *err, size_t size);
 /* Frees what is left of the connections, after evhttp_free. */
 void conn_free_all(struct oa *oa);
-/* A request came whole (first thing in http_request_cb): its connection waits for its reply. */
-void conn_request(struct oa *oa, struct evhttp_request *req);
+/*
+ * A request came whole (first thing in http_request_cb): its connection
+ * waits for its reply. 1; or 0 when the connection has none of the
+ * bridge's state (out of memory when it came): the request is then
+ * answered 500 and the connection closed.
+ */
+int conn_request(struct oa *oa, struct evhttp_request *req);
 /*
  * Watches for the client of req leaving while its reply is being made,
  * which has no deadline meanwhile. When it leaves, or when conn_drop gives
