@@ -9,6 +9,7 @@
 #include "config.h"
 #include "cli.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -16,29 +17,42 @@
 
 enum { O_JSON = 256, O_SOCKET, O_DIMS };
 
-/* The lines of stdin that are not empty, into *texts (malloc'd, each too). Returns their count, or -1. */
+/*
+ * The lines of stdin that are not empty, into *texts (malloc'd, each too).
+ * Returns their count, or -1 after saying why (nothing is left to free).
+ */
 static ssize_t
 read_lines(char ***texts)
 {
 	char *line = NULL, **v = NULL, **grown;
-	size_t cap = 0, n = 0;
+	size_t cap = 0, n = 0, i;
 	ssize_t len;
+	int nomem = 0, err;
 
-	while ((len = getline(&line, &cap, stdin)) >= 0) {
+	*texts = NULL;
+	while (!nomem && (len = getline(&line, &cap, stdin)) >= 0) {
 		while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
 			line[--len] = '\0';
 		if (len == 0)
 			continue;
-		if ((grown = realloc(v, (n + 1) * sizeof *v)) == NULL || (grown[n] = strdup(line)) == NULL) {
-			v = grown ? grown : v;
-			break;
-		}
-		v = grown;
-		n++;
+		if ((grown = realloc(v, (n + 1) * sizeof *v)) != NULL)
+			v = grown;
+		if (grown == NULL || (v[n] = strdup(line)) == NULL)
+			nomem = 1;
+		else
+			n++;
 	}
+	err = nomem ? ENOMEM : ferror(stdin) || !feof(stdin) ? (errno != 0 ? errno : EIO) : 0;
 	free(line);
+	if (err != 0) {
+		fprintf(stderr, "resident: embed: reading standard input: %s\n", strerror(err));
+		for (i = 0; i < n; i++)
+			free(v[i]);
+		free(v);
+		return -1;
+	}
 	*texts = v;
-	return ferror(stdin) || !feof(stdin) ? -1 : (ssize_t)n;
+	return (ssize_t)n;
 }
 
 int
@@ -53,8 +67,7 @@ cmd_embed(struct cli *cli, int argc, char **argv)
 	char path[PATH_MAX], **lines = NULL;
 	uint64_t dims = 0;
 	ssize_t n_lines = 0;
-	size_t n, i, d;
-	float *vecs = NULL;
+	size_t n, i;
 	rs_value *out = NULL;
 	rs_status st;
 	int c, rc;
@@ -67,21 +80,20 @@ cmd_embed(struct cli *cli, int argc, char **argv)
 			if (cli_parse_uint(optarg, &dims) != 0 || dims == 0 || dims > UINT_MAX)
 				return cli_usage_error("embed: bad --dimensions '%s'", optarg);
 			break;
-		case O_JSON: cli->json = 1; break;
+		case O_JSON: cli->json = 1; break;     /* accepted as by every command: the output is JSON anyway */
 		case O_SOCKET: cli->socket = optarg; break;
 		default: return cli_usage_error("embed: unknown option");
 		}
 	}
-	if (optind == argc && (n_lines = read_lines(&lines)) <= 0) {
-		for (ssize_t k = 0; k < n_lines; k++)
-			free(lines[k]);
-		free(lines);
+	if (optind == argc && (n_lines = read_lines(&lines)) < 0)
+		return EXIT_USAGE;
+	if (optind == argc && n_lines == 0)
 		return cli_usage_error("embed: no text (give TEXT arguments, or lines on standard input)");
-	}
 	n = optind < argc ? (size_t)(argc - optind) : (size_t)n_lines;
 	if ((rc = cli_connect(cli)) == EXIT_OK) {
+		/* the result is printed as it came: its vectors are not copied out as floats */
 		st = rs_embed(cli->c, model, (const char *const *)(optind < argc ? argv + optind : lines), n,
-		    (unsigned)dims, &vecs, &d, &out);
+		    (unsigned)dims, NULL, NULL, &out);
 		rc = st == RS_OK ? EXIT_OK : cli_fail(cli, st, "embed");
 		if (st == RS_OK)
 			cli_print_json(out);
@@ -89,7 +101,6 @@ cmd_embed(struct cli *cli, int argc, char **argv)
 	for (i = 0; i < (size_t)n_lines; i++)
 		free(lines[i]);
 	free(lines);
-	free(vecs);
 	rs_value_free(out);
 	return rc;
 }

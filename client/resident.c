@@ -42,7 +42,7 @@ usage(FILE *fp)
 	    "  status                         models, memory, sequences, clients, batches\n"
 	    "  embed [-m MODEL] [--dimensions N] [TEXT...]\n"
 	    "                                 vectors of TEXTs (or of each line of stdin) by an\n"
-	    "                                 embedding model, as JSON\n"
+	    "                                 embedding model, as JSON (with or without --json)\n"
 	    "\n"
 	    "options of run and chat:\n"
 	    "  -m, --model NAME           model (default: the session's, else the daemon's)\n"

@@ -11,11 +11,12 @@
  * nothing here holds a req pointer across a callback: it is looked up
  * again by id.
  *
- * Request frames go through an output queue. A client made without
- * RS_NONBLOCK sends each one whole before the call returns (reading, not
- * dispatching, while the socket is full); one made with it sends what the
- * socket takes and leaves the rest for rs_process (or a blocking call) to
- * send when it is writable. A write that fails there marks the client
+ * A request frame is sent straight from where it was built while nothing
+ * is queued before it; what the socket does not take goes to an output
+ * queue. A client made without RS_NONBLOCK sends each frame whole before
+ * the call returns (reading, not dispatching, while the socket is full);
+ * one made with it leaves the rest queued for rs_process (or a blocking
+ * call) to send when it is writable. A write that fails there marks the client
  * WRITE_FAILED; the next rs_process ends it, so that no callback runs
  * inside a start function.
  *
@@ -378,55 +379,69 @@ send_failed(rs_client *c, int e)
 }
 
 /*
- * Sends what the socket takes of the output queue without waiting.
- * Returns 0 (all of it or as much as fit), or -1 when the write failed
- * (the reason kept for conn_over).
+ * Sends what the socket takes of p (n bytes) without waiting. Returns the
+ * bytes sent, or -1 when the write failed (the reason kept for conn_over).
  */
-static int
-flush_some(rs_client *c)
+static ssize_t
+send_some(rs_client *c, const char *p, size_t n)
 {
+	size_t done = 0;
 	ssize_t k;
 
-	while (c->out_pos < c->out_len) {
-		k = send(c->fd, c->out + c->out_pos, c->out_len - c->out_pos, MSG_DONTWAIT | MSG_NOSIGNAL);
+	while (done < n) {
+		k = send(c->fd, p + done, n - done, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (k > 0) {
-			c->out_pos += (size_t)k;
+			done += (size_t)k;
 			continue;
 		}
 		if (k < 0 && errno == EINTR)
 			continue;
 		if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-			return 0;
+			break;
 		send_failed(c, k < 0 ? errno : EPIPE);
 		return -1;
 	}
-	c->out_pos = c->out_len = 0;
+	return (ssize_t)done;
+}
+
+/* Sends what the socket takes of the output queue without waiting. 0, or -1 when the write failed. */
+static int
+flush_some(rs_client *c)
+{
+	ssize_t k = send_some(c, c->out + c->out_pos, c->out_len - c->out_pos);
+
+	if (k < 0)
+		return -1;
+	c->out_pos += (size_t)k;
+	if (c->out_pos == c->out_len)
+		c->out_pos = c->out_len = 0;
 	return 0;
 }
 
-/* Appends a frame to the output queue. */
+/* Makes room for n more bytes in the output queue, growing it by doubling. */
 static rs_status
-queue_frame(rs_client *c, const char *p, size_t n)
+queue_reserve(rs_client *c, size_t n)
 {
+	size_t cap;
 	char *nb;
 
-	if (c->out_pos > 0 && c->out_pos == c->out_len)
-		c->out_pos = c->out_len = 0;
-	if (c->out_cap - c->out_len < n) {
-		if (c->out_pos > 0) {           /* room from what was sent first */
-			memmove(c->out, c->out + c->out_pos, c->out_len - c->out_pos);
-			c->out_len -= c->out_pos;
-			c->out_pos = 0;
-		}
-		if (c->out_cap - c->out_len < n) {
-			if ((nb = realloc(c->out, c->out_len + n)) == NULL)
-				return RS_ERR_NOMEM;
-			c->out = nb;
-			c->out_cap = c->out_len + n;
-		}
+	if (c->out_cap - c->out_len >= n)
+		return RS_OK;
+	if (c->out_pos > 0) {               /* room from what was sent first */
+		memmove(c->out, c->out + c->out_pos, c->out_len - c->out_pos);
+		c->out_len -= c->out_pos;
+		c->out_pos = 0;
+		if (c->out_cap - c->out_len >= n)
+			return RS_OK;
 	}
-	memcpy(c->out + c->out_len, p, n);
-	c->out_len += n;
+	if (n > SIZE_MAX / 2 - c->out_len)
+		return RS_ERR_NOMEM;
+	for (cap = c->out_cap ? c->out_cap : 4096; cap < c->out_len + n; cap *= 2)
+		;
+	if ((nb = realloc(c->out, cap)) == NULL)
+		return RS_ERR_NOMEM;
+	c->out = nb;
+	c->out_cap = cap;
 	return RS_OK;
 }
 
@@ -454,6 +469,43 @@ flush_all(rs_client *c)
 			return RS_ERR_IO;
 		}
 	}
+}
+
+/*
+ * Sends a request frame (n bytes at p): straight from p while nothing is
+ * queued before it, what the socket does not take through the output
+ * queue; a client without RS_NONBLOCK then waits until all of it is sent.
+ * Room for the whole frame is made in the queue first, so that running out
+ * of memory never leaves part of a frame sent. RS_OK, or an error with the
+ * client's message set.
+ */
+static rs_status
+send_frame(rs_client *c, const char *p, size_t n)
+{
+	int behind = c->out_pos < c->out_len;
+	ssize_t sent = 0;
+
+	if (queue_reserve(c, n) != RS_OK)
+		return fail(c, RS_ERR_NOMEM, "out of memory queueing a request");
+	if (!behind)
+		sent = send_some(c, p, n);
+	if (sent >= 0) {
+		memcpy(c->out + c->out_len, p + sent, n - (size_t)sent);
+		c->out_len += n - (size_t)sent;
+	}
+	if (sent >= 0 && behind && c->nonblock)
+		sent = flush_some(c);
+	if (c->nonblock) {
+		/* a failed write is reported by rs_process, where callbacks may run */
+		if (sent < 0)
+			c->write_failed = 1;
+		return RS_OK;
+	}
+	if (sent < 0 || flush_all(c) != RS_OK) {
+		conn_over(c, c->dead_status, c->dead_message);
+		return fail(c, c->dead_status, "%s", c->dead_message);
+	}
+	return RS_OK;
 }
 
 /*
@@ -486,18 +538,10 @@ start_req(rs_client *c, struct req *r, const char *op, const rs_params *p, const
 		msgpack_sbuffer_destroy(&sb);
 		return st;
 	}
-	st = queue_frame(c, sb.data, sb.size);
+	st = send_frame(c, sb.data, sb.size);
 	msgpack_sbuffer_destroy(&sb);
 	if (st != RS_OK)
-		return fail(c, st, "out of memory queueing a request");
-	if (c->nonblock) {
-		/* a failed write is reported by rs_process, where callbacks may run */
-		if (flush_some(c) != 0)
-			c->write_failed = 1;
-	} else if (flush_all(c) != RS_OK) {
-		conn_over(c, c->dead_status, c->dead_message);
-		return fail(c, c->dead_status, "%s", c->dead_message);
-	}
+		return st;
 	r->next = c->reqs;
 	c->reqs = r;
 	return RS_OK;
@@ -1028,18 +1072,33 @@ rs_tokenize(rs_client *c, const char *model, const char *text, int flags, uint32
 	return RS_OK;
 }
 
+/* The result's vectors as one array of n x d floats, vector i's from i * d on; NULL when out of memory. */
+static float *
+embed_floats(const rs_value *all, size_t n, size_t d)
+{
+	float *f = malloc((n * d > 0 ? n * d : 1) * sizeof *f);
+	size_t i, j;
+
+	for (i = 0; f != NULL && i < n; i++)
+		for (j = 0; j < d; j++)
+			f[i * d + j] = (float)rs_float(rs_at(rs_at(all, i), j));
+	return f;
+}
+
 rs_status
 rs_embed(rs_client *c, const char *model, const char *const *texts, size_t n, unsigned dimensions,
     float **vectors, size_t *dims, rs_value **out)
 {
 	rs_params *p = params_strs("model", model, NULL);
-	const rs_value *all, *one;
+	const rs_value *all;
 	rs_value *v;
 	rs_status st;
-	size_t i, j, d;
+	size_t i, d;
 
-	*vectors = NULL;
-	*dims = 0;
+	if (vectors != NULL)
+		*vectors = NULL;
+	if (dims != NULL)
+		*dims = 0;
 	if (out != NULL)
 		*out = NULL;
 	if (c == NULL || n == 0 || texts == NULL) {
@@ -1060,30 +1119,18 @@ rs_embed(rs_client *c, const char *model, const char *const *texts, size_t n, un
 		return st;
 	all = rs_get(v, "embeddings");
 	d = (size_t)rs_uint(rs_get(v, "dimensions"));
-	if (rs_len(all) != n) {
-		size_t got = rs_len(all);
-
+	st = rs_len(all) != n ? fail(c, RS_ERR_PROTOCOL, "embed: %zu vectors for %zu texts", rs_len(all), n) : RS_OK;
+	for (i = 0; st == RS_OK && i < n; i++)
+		if (rs_len(rs_at(all, i)) != d)
+			st = fail(c, RS_ERR_PROTOCOL, "embed: vector %zu has %zu floats, not %zu", i, rs_len(rs_at(all, i)), d);
+	if (st == RS_OK && vectors != NULL && (*vectors = embed_floats(all, n, d)) == NULL)
+		st = fail(c, RS_ERR_NOMEM, "out of memory");
+	if (st != RS_OK) {
 		rs_value_free(v);
-		return fail(c, RS_ERR_PROTOCOL, "embed: %zu vectors for %zu texts", got, n);
+		return st;
 	}
-	if ((*vectors = malloc((n * d > 0 ? n * d : 1) * sizeof **vectors)) == NULL) {
-		rs_value_free(v);
-		return fail(c, RS_ERR_NOMEM, "out of memory");
-	}
-	for (i = 0; i < n; i++) {
-		one = rs_at(all, i);
-		if (rs_len(one) != d) {
-			size_t got = rs_len(one);
-
-			free(*vectors);
-			*vectors = NULL;
-			rs_value_free(v);
-			return fail(c, RS_ERR_PROTOCOL, "embed: vector %zu has %zu floats, not %zu", i, got, d);
-		}
-		for (j = 0; j < d; j++)
-			(*vectors)[i * d + j] = (float)rs_float(rs_at(one, j));
-	}
-	*dims = d;
+	if (dims != NULL)
+		*dims = d;
 	if (out != NULL)
 		*out = v;
 	else

@@ -329,7 +329,10 @@ rs_status rs_detokenize(rs_client *c, const char *model, const uint32_t *tokens,
  * normalised as the model is (PROTOCOL.md, `embed`). *vectors gets a
  * malloc'd array of n x *dims floats, text i's from i * *dims on, which
  * the caller frees with free(); out (may be NULL) gets the whole result:
- * `model`, `tokens` (each text's), `usage` (`prompt_tokens`, ...).
+ * `model`, `tokens` (each text's), `usage` (`prompt_tokens`, ...). vectors
+ * and dims may be NULL: the floats are then not copied out (out holds
+ * them, as `embeddings` and `dimensions`, for a caller that reads them
+ * there).
  * RS_ERR_INVALID_PARAM for a model that is not an embedding model or
  * dimensions larger than its vectors, RS_ERR_CONTEXT_EXCEEDED for a text
  * longer than its context. For more fields (`truncate`, token id inputs)

@@ -91,6 +91,17 @@ api_field(const json_t *o, const char *key)
 
 /* ---- parsing ---- */
 
+const char *
+api_think(const json_t *v, const char *const names[][2], size_t n)
+{
+	size_t i;
+
+	for (i = 0; json_is_string(v) && i < n; i++)
+		if (strcmp(json_string_value(v), names[i][0]) == 0)
+			return names[i][1];
+	return NULL;
+}
+
 int
 api_parse_nums(const json_t *o, const struct api_num_field *fields, size_t n_fields, struct api_req *r,
     struct api_error *e)
@@ -208,15 +219,9 @@ parse_effort(const json_t *o, struct api_req *r, struct api_error *e)
 	static const char *const names[][2] = { { "none", "off" }, { "minimal", "low" }, { "low", "low" },
 		{ "medium", "medium" }, { "high", "high" } };
 	json_t *v = api_field(o, "reasoning_effort");
-	size_t i;
 
-	if (v == NULL)
+	if (v == NULL || (r->think = api_think(v, names, sizeof names / sizeof names[0])) != NULL)
 		return 0;
-	for (i = 0; json_is_string(v) && i < sizeof names / sizeof names[0]; i++)
-		if (strcmp(json_string_value(v), names[i][0]) == 0) {
-			r->think = names[i][1];
-			return 0;
-		}
 	return api_bad(e, "reasoning_effort", "reasoning_effort must be \"none\", \"minimal\", \"low\", \"medium\" or "
 	    "\"high\"");
 }

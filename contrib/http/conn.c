@@ -50,6 +50,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <event2/http_struct.h>
 #include <event2/listener.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -228,7 +229,7 @@ conn_new_cb(struct event_base *base, void *arg)
 
 	accept_pause_ok(&oa->pause);
 	if (c == NULL)
-		return NULL;                    /* evhttp makes its own bufferevent: a connection without deadlines */
+		return NULL;                    /* evhttp makes its own bufferevent: conn_request closes it */
 	c->oa = oa;
 	c->state = CONN_NEW;
 	c->bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
@@ -248,19 +249,6 @@ conn_new_cb(struct event_base *base, void *arg)
 	return c->bev;
 }
 
-/* The bridge's connection of a request; NULL when it has none (out of memory when it came). */
-static struct conn *
-conn_of(struct oa *oa, struct evhttp_request *req)
-{
-	struct evhttp_connection *evcon = evhttp_request_get_connection(req);
-	struct conn *c;
-
-	for (c = oa->conns; c != NULL && evcon != NULL; c = c->next)
-		if (c->evcon == evcon)
-			return c;
-	return NULL;
-}
-
 /* The reply was taken by the client: the next request may come. */
 static void
 conn_complete_cb(struct evhttp_request *req, void *arg)
@@ -268,13 +256,38 @@ conn_complete_cb(struct evhttp_request *req, void *arg)
 	conn_await(arg);
 }
 
-void
+int
 conn_request(struct oa *oa, struct evhttp_request *req)
 {
-	struct conn *c = conn_of(oa, req);
+	struct evhttp_connection *evcon = evhttp_request_get_connection(req);
+	struct api_error e;
+	struct conn *c;
 
-	if (c != NULL)
-		evhttp_request_set_on_complete_cb(req, conn_complete_cb, c);
+	for (c = oa->conns; c != NULL && evcon != NULL; c = c->next)
+		if (c->evcon == evcon) {
+			evhttp_request_set_on_complete_cb(req, conn_complete_cb, c);
+			return 1;
+		}
+	/*
+	 * A connection that came while memory ran out has no conn: no
+	 * deadlines, and no watch, without which every call fails. It is
+	 * answered and closed, so that the client's next one is whole.
+	 */
+	api_nomem(&e);
+	http_add_header(req, "Connection", "close");
+	http_send_error(req, &e);
+	return 0;
+}
+
+/*
+ * The bridge's connection of a request, as conn_request found it: the
+ * argument of its on_complete callback (evhttp has no accessor of it but
+ * http_struct.h's), so that no request looks for it twice.
+ */
+static struct conn *
+conn_of(struct evhttp_request *req)
+{
+	return req->on_complete_cb == conn_complete_cb ? req->on_complete_cb_arg : NULL;
 }
 
 void
@@ -316,7 +329,7 @@ conn_sock_cb(evutil_socket_t fd, short what, void *arg)
 struct conn *
 conn_watch(struct oa *oa, struct evhttp_request *req, void (*gone)(void *), void *arg)
 {
-	struct conn *c = conn_of(oa, req);
+	struct conn *c = conn_of(req);
 	evutil_socket_t fd;
 
 	if (c == NULL || c->gone != NULL)
@@ -398,8 +411,8 @@ unix_in_use(const struct sockaddr_un *sa)
 struct evhttp_bound_socket *
 conn_listen_unix(struct oa *oa, const char *path, char *err, size_t size)
 {
-	struct evhttp_bound_socket *bound;
-	struct evconnlistener *l;
+	struct evhttp_bound_socket *bound = NULL;
+	struct evconnlistener *l = NULL;
 	struct sockaddr_un sa;
 	struct stat st;
 	mode_t old;
@@ -428,21 +441,24 @@ conn_listen_unix(struct oa *oa, const char *path, char *err, size_t size)
 	old = umask(0177);                  /* 0600: the user's alone, as residentd's socket */
 	rc = bind(fd, (struct sockaddr *)&sa, sizeof sa);
 	umask(old);
-	if (rc != 0 || listen(fd, 128) != 0) {
+	if (rc != 0) {
 		snprintf(err, size, "%s", strerror(errno));
 		close(fd);
 		return NULL;
 	}
-	if ((l = evconnlistener_new(oa->base, NULL, NULL, LEV_OPT_CLOSE_ON_FREE, -1, fd)) == NULL) {
-		close(fd);
-		unlink(path);
+	/* from here the socket file is this bridge's: removed again if listening fails */
+	if (listen(fd, 128) != 0)
+		snprintf(err, size, "listen: %s", strerror(errno));
+	else if ((l = evconnlistener_new(oa->base, NULL, NULL, LEV_OPT_CLOSE_ON_FREE, 0, fd)) == NULL)
+		snprintf(err, size, "out of memory");  /* backlog 0: the socket listens already */
+	else if ((bound = evhttp_bind_listener(oa->http, l)) == NULL)
 		snprintf(err, size, "out of memory");
-		return NULL;
-	}
-	if ((bound = evhttp_bind_listener(oa->http, l)) == NULL) {
-		evconnlistener_free(l);
+	if (bound == NULL) {
+		if (l != NULL)
+			evconnlistener_free(l);     /* closes fd */
+		else
+			close(fd);
 		unlink(path);
-		snprintf(err, size, "out of memory");
 		return NULL;
 	}
 	oa->unix_listener = true;

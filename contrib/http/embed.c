@@ -11,25 +11,19 @@
 #include "config.h"
 #include "openai.h"
 
-#include <event2/buffer.h>
 #include <event2/http.h>
-#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Which route a request came by, for its reply. */
-enum embed_api { EMBED_OPENAI, EMBED_OLLAMA, EMBED_OLLAMA_OLD };
+/* The shape of a reply: the route's, OpenAI's in two encodings. */
+enum embed_shape { EMBED_OPENAI, EMBED_OPENAI_BASE64, EMBED_OLLAMA, EMBED_OLLAMA_OLD };
 
-struct embed_ctx {
-	enum embed_api api;
-	int base64;                 /* OpenAI's encoding_format "base64" */
-};
-
-/* The replies' shapes: a request's is one of these (call_ops' arg outlives no call). */
-static const struct embed_ctx ctxs[] = {
-	{ EMBED_OPENAI, 0 }, { EMBED_OPENAI, 1 }, { EMBED_OLLAMA, 0 }, { EMBED_OLLAMA_OLD, 0 },
+/* Each shape at its own index: a request's is passed by address (call_ops' arg outlives no call). */
+static const enum embed_shape shapes[] = {
+	[EMBED_OPENAI] = EMBED_OPENAI, [EMBED_OPENAI_BASE64] = EMBED_OPENAI_BASE64,
+	[EMBED_OLLAMA] = EMBED_OLLAMA, [EMBED_OLLAMA_OLD] = EMBED_OLLAMA_OLD,
 };
 
 /* ---- requests ---- */
@@ -89,20 +83,21 @@ set_keep_alive(rs_params *p, const json_t *o, struct api_error *e)
 	return rs_params_set_float(p, "keep_alive", secs) == RS_OK ? 0 : api_nomem(e);
 }
 
-/* The embed fields of a body, by route. 0, or -1 with e. */
+/* The embed fields of a body, by route (its shape); its reply's shape in *shape. 0, or -1 with e. */
 static int
-embed_params(enum embed_api api, const json_t *o, rs_params *p, const struct embed_ctx **ctx, struct api_error *e)
+embed_params(enum embed_shape route, const json_t *o, rs_params *p, enum embed_shape *shape, struct api_error *e)
 {
 	const json_t *fmt = api_field(o, "encoding_format"), *tr = api_field(o, "truncate");
 
-	*ctx = &ctxs[api == EMBED_OPENAI ? 0 : api == EMBED_OLLAMA ? 2 : 3];
-	switch (api) {
+	*shape = route;
+	switch (route) {
 	case EMBED_OPENAI:
+	case EMBED_OPENAI_BASE64:
 		if (fmt != NULL && (!json_is_string(fmt) || (strcmp(json_string_value(fmt), "float") != 0 &&
 		    strcmp(json_string_value(fmt), "base64") != 0)))
 			return api_bad(e, "encoding_format", "encoding_format must be \"float\" or \"base64\"");
 		if (fmt != NULL && strcmp(json_string_value(fmt), "base64") == 0)
-			*ctx = &ctxs[1];
+			*shape = EMBED_OPENAI_BASE64;
 		return add_inputs(p, api_field(o, "input"), e) != 0 || set_dimensions(p, o, e) != 0 ? -1 : 0;
 	case EMBED_OLLAMA:
 		if (tr != NULL && !json_is_boolean(tr))
@@ -123,18 +118,6 @@ embed_params(enum embed_api api, const json_t *o, rs_params *p, const struct emb
 }
 
 /* ---- replies ---- */
-
-/* A vector as a JSON array of numbers (the daemon's float32 values, printed as such). */
-static json_t *
-vector_json(const json_t *v)
-{
-	json_t *a = json_array();
-	size_t i;
-
-	for (i = 0; a != NULL && i < json_array_size(v); i++)
-		json_array_append_new(a, json_real((float)json_number_value(json_array_get(v, i))));
-	return a;
-}
 
 /* A vector as base64 of its little-endian float32 bytes (OpenAI's encoding_format base64). */
 static json_t *
@@ -171,54 +154,57 @@ vector_base64(const json_t *v)
 	return j;
 }
 
-/* The reply of an embed's result (results[0]), in the route's shape; model: the name as the request gave it. */
+/*
+ * The reply of an embed's result (results[0]), in the route's shape; model:
+ * the name as the request gave it. The vectors are the result's own arrays,
+ * referenced, not copied: call_ops converted them once, each float32 as the
+ * double that holds it exactly, and http_send_vectors prints each in the
+ * 9 digits that give that float32 back.
+ */
 static void
 embed_reply(struct evhttp_request *req, const char *model, json_t *const *results, void *arg)
 {
-	const struct embed_ctx *ctx = arg;
-	const json_t *all = json_object_get(results[0], "embeddings"), *usage = json_object_get(results[0], "usage");
+	enum embed_shape shape = *(const enum embed_shape *)arg;
+	json_t *all = json_object_get(results[0], "embeddings"), *usage = json_object_get(results[0], "usage");
 	json_int_t tokens = json_integer_value(json_object_get(usage, "prompt_tokens"));
-	json_t *data = json_array(), *body;
+	json_t *data, *v, *body;
 	size_t i;
 
 	if (model == NULL) /* the daemon's default model */
 		model = json_string_value(json_object_get(results[0], "model"));
-	if (ctx->api == EMBED_OLLAMA_OLD) {
-		body = json_pack("{so}", "embedding", vector_json(json_array_get(all, 0)));
-	} else if (ctx->api == EMBED_OLLAMA) {
-		for (i = 0; i < json_array_size(all); i++)
-			json_array_append_new(data, vector_json(json_array_get(all, i)));
-		body = json_pack("{ss sO sI sI sI}", "model", model, "embeddings", data,
+	if (shape == EMBED_OLLAMA_OLD) {
+		body = json_pack("{sO}", "embedding", json_array_get(all, 0));
+	} else if (shape == EMBED_OLLAMA) {
+		body = json_pack("{ss sO sI sI sI}", "model", model, "embeddings", all,
 		    "total_duration", (json_int_t)(json_number_value(json_object_get(usage, "total_ms")) * 1e6),
 		    "load_duration", (json_int_t)(json_number_value(json_object_get(usage, "load_ms")) * 1e6),
 		    "prompt_eval_count", tokens);
 	} else {
-		for (i = 0; i < json_array_size(all); i++)
+		data = json_array();
+		json_array_foreach(all, i, v)
 			json_array_append_new(data, json_pack("{ss sI so}", "object", "embedding", "index", (json_int_t)i,
-			    "embedding", ctx->base64 ? vector_base64(json_array_get(all, i)) :
-			    vector_json(json_array_get(all, i))));
+			    "embedding", shape == EMBED_OPENAI_BASE64 ? vector_base64(v) : json_incref(v)));
 		body = json_pack("{ss sO ss s{sI sI}}", "object", "list", "data", data, "model", model,
 		    "usage", "prompt_tokens", tokens, "total_tokens", tokens);
+		json_decref(data);
 	}
-	json_decref(data);
-	http_send_json(req, 200, body);
+	http_send_vectors(req, body);
 }
 
 int
 embed_route(struct oa *oa, struct evhttp_request *req, const char *path)
 {
-	static const struct { const char *path; enum embed_api api; } routes[] = {
+	static const struct { const char *path; enum embed_shape shape; } routes[] = {
 		{ "/v1/embeddings", EMBED_OPENAI }, { "/api/embed", EMBED_OLLAMA }, { "/api/embeddings", EMBED_OLLAMA_OLD },
 	};
 	static const char *const ops[] = { "embed", NULL };
-	struct evbuffer *in = evhttp_request_get_input_buffer(req);
-	size_t len = evbuffer_get_length(in), i;
-	const struct embed_ctx *ctx;
+	enum embed_shape shape;
 	struct api_error e;
-	json_error_t jerr;
 	const json_t *model;
+	const char *body;
 	json_t *o = NULL;
 	rs_params *p;
+	size_t len, i;
 
 	for (i = 0; i < sizeof routes / sizeof routes[0] && strcmp(path, routes[i].path) != 0; i++)
 		;
@@ -228,19 +214,18 @@ embed_route(struct oa *oa, struct evhttp_request *req, const char *path)
 		http_route_none(req, path, "POST");
 		return 1;
 	}
-	p = rs_params_new();
-	if (p == NULL) {
+	body = http_body(req, &len);
+	if ((p = rs_params_new()) == NULL) {
 		api_nomem(&e);
-	} else if ((o = json_loadb(len ? (const char *)evbuffer_pullup(in, -1) : "", len, 0, &jerr)) == NULL ||
-	    !json_is_object(o)) {
-		api_bad(&e, NULL, "the body must be a JSON object%s%s", o == NULL ? ": " : "", o == NULL ? jerr.text : "");
+	} else if ((o = api_body(body, len, &e)) == NULL) {
+		/* e says why */
 	} else if ((model = api_field(o, "model")) != NULL && !json_is_string(model)) {
 		api_bad(&e, "model", "model must be a string");
-	} else if (embed_params(routes[i].api, o, p, &ctx, &e) != 0) {
+	} else if (embed_params(routes[i].shape, o, p, &shape, &e) != 0) {
 		/* e says why */
 	} else {
-		call_ops(oa, req, routes[i].path, routes[i].api == EMBED_OPENAI ? API_OPENAI : API_OLLAMA_CHAT,
-		    model ? json_string_value(model) : NULL, ops, p, embed_reply, (void *)ctx);
+		call_ops(oa, req, routes[i].path, routes[i].shape == EMBED_OPENAI ? API_OPENAI : API_OLLAMA_CHAT,
+		    model ? json_string_value(model) : NULL, ops, p, embed_reply, (void *)&shapes[shape]);
 		json_decref(o);
 		return 1;
 	}

@@ -146,9 +146,9 @@ listed(const char *const *list, size_t n, const char *s, size_t len)
 {
 	size_t i, l;
 
-	if (holds_any(list, n))
-		return 1;
 	for (i = 0; i < n; i++) {
+		if (strcmp(list[i], "*") == 0)
+			return 1;
 		l = strlen(list[i]);
 		if (l > 1 && list[i][l - 1] == '/')
 			l--;

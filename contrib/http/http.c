@@ -47,11 +47,11 @@ http_add_header(struct evhttp_request *req, const char *name, const char *value)
 	evhttp_add_header(evhttp_request_get_output_headers(req), name, value);
 }
 
-/* Appends JSON text to buf; takes the reference. */
+/* Appends JSON text to buf, dumped with flags (jansson's); takes the reference. */
 static void
-add_json(struct evbuffer *buf, json_t *j)
+add_json(struct evbuffer *buf, json_t *j, size_t flags)
 {
-	char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	char *s = j ? json_dumps(j, flags) : NULL;
 
 	evbuffer_add_printf(buf, "%s", s ? s : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
 	    "\"param\":null,\"code\":null}}");
@@ -59,16 +59,29 @@ add_json(struct evbuffer *buf, json_t *j)
 	json_decref(j);
 }
 
-void
-http_send_json(struct evhttp_request *req, int status, json_t *body)
+static void
+send_json(struct evhttp_request *req, int status, json_t *body, size_t flags)
 {
 	struct evbuffer *buf = evbuffer_new();
 
-	add_json(buf, body);
+	add_json(buf, body, flags);
 	evbuffer_add(buf, "\n", 1);
 	http_add_header(req, "Content-Type", "application/json");
 	evhttp_send_reply(req, status, reason(status), buf);
 	evbuffer_free(buf);
+}
+
+void
+http_send_json(struct evhttp_request *req, int status, json_t *body)
+{
+	send_json(req, status, body, JSON_COMPACT);
+}
+
+void
+http_send_vectors(struct evhttp_request *req, json_t *body)
+{
+	/* 9 significant digits give any float32 back; a double's 17 would add only the float32's noise */
+	send_json(req, 200, body, JSON_COMPACT | JSON_REAL_PRECISION(9));
 }
 
 /* Whether req's URL is one of Ollama's API. */
@@ -114,7 +127,7 @@ http_stream_send(struct evhttp_request *req, json_t *data)
 
 	if (!ndjson)
 		evbuffer_add(buf, "data: ", 6);
-	add_json(buf, data);
+	add_json(buf, data, JSON_COMPACT);
 	evbuffer_add(buf, "\n\n", ndjson ? 1 : 2);
 	evhttp_send_reply_chunk(req, buf);
 	evbuffer_free(buf);
@@ -268,7 +281,8 @@ http_request_cb(struct evhttp_request *req, void *arg)
 	int post = evhttp_request_get_command(req) == EVHTTP_REQ_POST;
 	struct api_error e;
 
-	conn_request(oa, req);
+	if (!conn_request(oa, req))
+		return;                         /* answered, and the connection closed */
 	if (path == NULL || path[0] == '\0')
 		path = "/";
 	if (!guard_request(oa, req))

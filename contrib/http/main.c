@@ -34,6 +34,7 @@
 
 struct settings {
 	const char *listen, *socket, *api_key_file, *log_level;
+	const char *unix_path;      /* --listen unix:PATH's PATH; NULL for an address */
 	int ollama;
 	unsigned long long max_body, max_unread, idle_timeout, request_timeout;
 	struct guard *guard;        /* --allow-origin's and --allow-host's go there */
@@ -109,7 +110,10 @@ parse_args(int argc, char **argv, struct settings *s)
 	opterr = 0;
 	while ((c = getopt_long(argc, argv, ":s:l:h", lo, NULL)) != -1) {
 		switch (c) {
-		case O_LISTEN: s->listen = optarg; break;
+		case O_LISTEN:
+			s->listen = optarg;
+			s->unix_path = strncmp(optarg, "unix:", 5) == 0 ? optarg + 5 : NULL;
+			break;
 		case O_OLLAMA: s->ollama = 1; break;
 		case 's': s->socket = optarg; break;
 		case O_KEY: s->api_key_file = optarg; break;
@@ -281,8 +285,8 @@ listen_on(struct oa *oa, const struct settings *s)
 	struct evhttp_bound_socket *bound;
 	char err[256];
 
-	if (strncmp(addr, "unix:", 5) == 0) {
-		if ((bound = conn_listen_unix(oa, addr + 5, err, sizeof err)) == NULL)
+	if (s->unix_path != NULL) {
+		if ((bound = conn_listen_unix(oa, s->unix_path, err, sizeof err)) == NULL)
 			fprintf(stderr, "resident-http: cannot listen on %s: %s\n", addr, err);
 		return bound;
 	}
@@ -396,14 +400,14 @@ main(int argc, char **argv)
 	event_set_log_callback(libevent_log_cb);
 	if ((rc = parse_args(argc, argv, &s)) != 0)
 		return rc == 1 ? 0 : 2;
-	if (s.listen != NULL && strncmp(s.listen, "unix:", 5) != 0 &&
-	    parse_listen(s.listen, host, sizeof host, &port) != 0) {
-		fprintf(stderr, "resident-http: --listen %s: give ADDR:PORT, e.g. 127.0.0.1:8080 or [::1]:8080, "
-		    "or unix:PATH\n", s.listen);
-		return 2;
-	}
-	if (s.listen != NULL && strncmp(s.listen, "unix:", 5) != 0)
+	if (s.listen != NULL && s.unix_path == NULL) {
+		if (parse_listen(s.listen, host, sizeof host, &port) != 0) {
+			fprintf(stderr, "resident-http: --listen %s: give ADDR:PORT, e.g. 127.0.0.1:8080 or [::1]:8080, "
+			    "or unix:PATH\n", s.listen);
+			return 2;
+		}
 		oa.guard.listen_name = host;
+	}
 	if (s.api_key_file != NULL && (oa.api_key = read_api_key(s.api_key_file)) == NULL)
 		return 2;
 	oa.socket = s.socket;
@@ -444,7 +448,7 @@ out:
 	conn_free_all(&oa);
 	accept_pause_free(&oa.pause);
 	if (oa.unix_listener)
-		unlink(s.listen + 5);
+		unlink(s.unix_path);
 	if (sigterm)
 		event_free(sigterm);
 	if (sigint)

@@ -274,7 +274,6 @@ parse_think(const json_t *o, struct api_req *r, struct api_error *e)
 	static const char *const levels[][2] = { { "low", "low" }, { "medium", "medium" }, { "high", "high" },
 		{ "max", "high" } };
 	json_t *v = api_field(o, "think");
-	size_t i;
 
 	if (v == NULL || json_is_true(v))
 		return 0;
@@ -283,11 +282,8 @@ parse_think(const json_t *o, struct api_req *r, struct api_error *e)
 		r->think = "off";
 		return 0;
 	}
-	for (i = 0; json_is_string(v) && i < COUNT(levels); i++)
-		if (strcmp(json_string_value(v), levels[i][0]) == 0) {
-			r->think = levels[i][1];
-			return 0;
-		}
+	if ((r->think = api_think(v, levels, COUNT(levels))) != NULL)
+		return 0;
 	return api_bad(e, "think", "think must be true, false, \"low\", \"medium\", \"high\" or \"max\"");
 }
 

@@ -253,6 +253,11 @@ void api_utf8_cut(char *s);
 #define api_nomem(e) api_error_set(e, 500, "server_error", NULL, NULL, "out of memory")
 /* A field's value; absent and null are the same: not given (NULL). */
 json_t *api_field(const json_t *o, const char *key);
+/*
+ * The daemon's think for v, a string of an API's levels: names holds n
+ * pairs {the API's name, the daemon's think}. NULL when v is none of them.
+ */
+const char *api_think(const json_t *v, const char *const names[][2], size_t n);
 /* A JSON string of daemon text (always UTF-8; NULL: ""); "" if it were not. */
 json_t *api_text_json(const char *s);
 /* {"error": {...}} */
@@ -433,6 +438,9 @@ void http_request_cb(struct evhttp_request *req, void *arg);
 const char *http_body(struct evhttp_request *req, size_t *len);
 /* Sends a JSON body with status; takes the reference. */
 void http_send_json(struct evhttp_request *req, int status, json_t *body);
+/* Sends a 200 JSON body whose reals are float32s (embeddings), each in the 9 significant digits
+ * that give it back; takes the reference. */
+void http_send_vectors(struct evhttp_request *req, json_t *body);
 /* Sends e with its status, in the shape of the API of req's URL (http_error_json). */
 void http_send_error(struct evhttp_request *req, const struct api_error *e);
 /* e's body in the API of req's URL: Ollama's {"error": message} under /api/, else OpenAI's. */
@@ -473,8 +481,13 @@ int conn_setup(struct oa *oa, struct evhttp_bound_socket *bound);
 struct evhttp_bound_socket *conn_listen_unix(struct oa *oa, const char *path, char *err, size_t size);
 /* Frees what is left of the connections, after evhttp_free. */
 void conn_free_all(struct oa *oa);
-/* A request came whole (first thing in http_request_cb): its connection waits for its reply. */
-void conn_request(struct oa *oa, struct evhttp_request *req);
+/*
+ * A request came whole (first thing in http_request_cb): its connection
+ * waits for its reply. 1; or 0 when the connection has none of the
+ * bridge's state (out of memory when it came): the request is then
+ * answered 500 and the connection closed.
+ */
+int conn_request(struct oa *oa, struct evhttp_request *req);
 /*
  * Watches for the client of req leaving while its reply is being made,
  * which has no deadline meanwhile. When it leaves, or when conn_drop gives

@@ -13,14 +13,16 @@ dense_3) and as a sentence-transformers directory (modules.json, 1_Pooling,
 
 Checked: the two files of a shape give the same vectors; vectors are unit
 length; dimensions cuts and normalises again, and more than the model's is
-refused; an input's vector does not depend on what else is in the request
-or on where its chunks fall (a causal input longer than a step); token id
-inputs equal their text; an input over the context is context_exceeded, or
-cut with truncate; a model that is no embedding model, a generate on a
-bidirectional one, empty inputs, too many, ids outside the vocabulary are
-refused with clear errors, and a client that leaves with a large request
-in flight does not stop the daemon. 256 inputs in one request must take
-less time than 256 requests one after the other (the figures are printed).
+refused; an input's vector does not depend on what else is in the request or
+on where its chunks fall (a causal input longer than a step); token id inputs
+equal their text; an input over the context is context_exceeded, or cut with
+truncate; a model that is no embedding model, a generate on a bidirectional
+one, empty inputs, too many, ids outside the vocabulary are refused with clear
+errors (the bridge's: a body with a key twice too), and a client that leaves
+with a large request in flight does not stop the daemon; the bridge's replies
+print each float32 in the 9 significant digits that give it back. 256 inputs
+in one request must take less time than 256 requests one after the other (the
+figures are printed).
 
 Skips (77) without msgpack; the openai and ollama parts each skip alone
 (saying so) when their package is missing.
@@ -203,6 +205,16 @@ def check_cli(ck, d, m, ref):
     out = json.loads(p.stdout) if p.returncode == 0 else {}
     ck.ok(p.returncode == 0 and out.get("dimensions") == 32 and len(out.get("embeddings", [])) == len(TEXTS),
           "resident embed --dimensions 32 reads a text a line from stdin (%s)" % p.stderr.strip())
+    fd = os.open(d.tmp, os.O_RDONLY)   # a directory: reading it fails
+    try:
+        p = subprocess.run(cli + ["-m", g], stdin=fd, capture_output=True, text=True, timeout=60)
+    finally:
+        os.close(fd)
+    ck.ok(p.returncode == 2 and "reading standard input: Is a directory" in p.stderr,
+          "resident embed: stdin that cannot be read: exit 2, saying why (%d %r)" % (p.returncode, p.stderr.strip()))
+    p = subprocess.run(cli + ["-m", g], input="\n\n", capture_output=True, text=True, timeout=60)
+    ck.ok(p.returncode == 2 and "no text" in p.stderr, "resident embed: stdin without text: exit 2, saying so (%d %r)" %
+          (p.returncode, p.stderr.strip()))
     p = subprocess.run(cli + ["hello"], capture_output=True, text=True, timeout=60)
     ck.ok(p.returncode == 1 and "not an embedding model" in p.stderr,
           "resident embed on a model that is none: exit 1, saying so (%r)" % p.stderr.strip())
@@ -220,13 +232,32 @@ def check_python(ck, d, m, ref):
 
 def post(b, path, body):
     """(status, JSON body) of a POST to the bridge b (test_openai's Bridge) at path."""
-    req = urllib.request.Request(base(b) + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    return post_text(b, path, json.dumps(body))
+
+
+def post_text(b, path, text):
+    """(status, JSON body) of a POST of the JSON text to the bridge b at path."""
+    req = urllib.request.Request(base(b) + path, data=text.encode(), headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=60) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read() or b"null")
+
+
+def post_reals(b, path, body):
+    """The JSON body of a 200 POST to the bridge b, its reals kept as the text it printed."""
+    req = urllib.request.Request(base(b) + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read(), parse_float=str)
+
+
+def float32_text(texts, ref):
+    """Whether each real's text has at most 9 significant digits and is ref's float32."""
+    digits = [len(t.lstrip("-").split("e")[0].split("E")[0].replace(".", "").strip("0")) for t in texts]
+    return len(texts) == len(ref) and max(digits) <= 9 and \
+        bool(np.all(np.array([float(t) for t in texts], dtype=np.float32) == np.array(ref, dtype=np.float32)))
 
 
 def base(b):
@@ -243,6 +274,16 @@ def check_bridge(ck, c, d, m, ref):
         got = [x["embedding"] for x in body.get("data", [])] if st == 200 else [[0]]
         ck.ok(st == 200 and max_diff(got, ref) < 1e-6 and body["usage"]["prompt_tokens"] > 0 and
               body["object"] == "list" and body["model"] == name, "POST /v1/embeddings: %d %s" % (st, str(body)[:200]))
+        body = post_reals(b, "/v1/embeddings", {"model": name, "input": TEXTS[:1], "encoding_format": "float"})
+        ck.ok(float32_text(body["data"][0]["embedding"], ref[0]),
+              "/v1/embeddings: each float in the 9 digits that give the daemon's float32 back")
+        body = post_reals(b, "/api/embed", {"model": name, "input": TEXTS[1]})
+        ck.ok(float32_text(body["embeddings"][0], ref[1]), "/api/embed: floats in 9 digits, the daemon's float32s")
+        for path in ("/v1/embeddings", "/api/embed"):
+            st, body = post_text(b, path, '{"model": "%s", "input": "x", "input": "y"}' % name)
+            msg = str(body.get("error")) if isinstance(body, dict) else ""
+            ck.ok(st == 400 and "duplicate" in msg and "at byte" in msg,
+                  "%s: a body with a key twice is refused, saying where (%d %s)" % (path, st, msg[:200]))
         st, body = post(b, "/v1/embeddings", {"model": name, "input": [[1, 2, 3]]})
         ck.ok(st == 400 and body["error"]["param"] == "input", "token id inputs (OpenAI's tokenizer's) are refused")
         st, body = post(b, "/v1/embeddings", {"model": "no-such-model", "input": "x"})

@@ -25,7 +25,9 @@ sockets so that each peer does exactly what it is written to:
   retry);
 - an error message cut to fit in the middle of a UTF-8 character comes back
   cut before it, not empty;
-- --listen unix:PATH serves on a socket of mode 0600, removed at exit.
+- --listen unix:PATH serves on a socket of mode 0600, removed at exit; it
+  takes over a socket file nobody listens on, and refuses one in use and a
+  file that is not a socket.
 
 Needs no PyPI package but msgpack (rsd.py).
 """
@@ -424,14 +426,39 @@ def check_utf8_cut(ck, b):
     ck.ok(st == 404 and len(msg.encode()) >= 500, "Ollama's API: the same (%d, %d bytes)" % (st, len(msg.encode())))
 
 
+def unix_listens(path):
+    """Whether something accepts on the Unix socket path."""
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(path)
+            return True
+        except OSError:
+            return False
+
+
+def unix_refused(ck, d, path, why, what):
+    """A bridge on path exits 1 at once, saying why."""
+    p = subprocess.run([rsd.tool("resident-http"), "--listen", "unix:" + path, "-s", d.sock],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10)
+    ck.ok(p.returncode == 1 and why in p.stderr, "%s: refused (%d %s)" % (what, p.returncode, p.stderr.strip()))
+
+
 def check_unix(ck, d):
-    """--listen unix:PATH: a socket of mode 0600 that serves, removed at exit."""
+    """--listen unix:PATH: a socket of mode 0600 that serves, removed at exit; a stale socket file is
+    taken over, one in use and a file that is no socket are not."""
     path = os.path.join(d.tmp, "http.sock")
+    with socket.socket(socket.AF_UNIX) as stale:
+        stale.bind(path)                # closed without unlinking: a socket file nobody listens on
+    other = os.path.join(d.tmp, "http.file")
+    with open(other, "w") as f:
+        f.write("not a socket")
+    unix_refused(ck, d, other, "a file that is not a socket is there", "a regular file at the path")
+    ck.ok(os.path.exists(other), "the regular file is left as it was")
     log = tempfile.TemporaryFile()
     p = subprocess.Popen([rsd.tool("resident-http"), "--listen", "unix:" + path, "-s", d.sock],
                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     try:
-        ok = rsd.wait_for(lambda: os.path.exists(path) or p.poll() is not None, timeout=10) and p.poll() is None
+        ok = rsd.wait_for(lambda: unix_listens(path) or p.poll() is not None, timeout=10) and p.poll() is None
         log.seek(0)
         ck.ok(ok, "--listen unix:PATH: it listens (%s)" % log.read().decode(errors="replace").strip()[-300:])
         if not ok:
@@ -445,6 +472,8 @@ def check_unix(ck, d):
             s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n")
             code, _, body = read_reply(s)
         ck.ok(code == 200 and json.loads(body)["data"][0]["id"] == MODEL, "a request over it is served (%d)" % code)
+        unix_refused(ck, d, path, "another program listens there", "a second bridge on the socket in use")
+        ck.ok(os.path.exists(path), "the socket in use is left to its bridge")
         p.send_signal(signal.SIGTERM)
         ck.eq(p.wait(10), 0, "it stops on SIGTERM with status 0")
         ck.ok(not os.path.exists(path), "the socket is removed at exit")

@@ -738,8 +738,9 @@ test_tokens(void **state)
 
 /*
  * embed sends its texts as `input` and dimensions, and turns the vectors
- * into one array of floats; a result whose vectors do not match the texts
- * is a protocol error, and no texts a local one.
+ * into one array of floats, or leaves them in the result when vectors and
+ * dims are NULL; a result whose vectors do not match the texts is a
+ * protocol error, and no texts a local one.
  */
 static void
 test_embed(void **state)
@@ -751,24 +752,30 @@ test_embed(void **state)
 	size_t d;
 	rs_value *req, *out;
 
-	for (int round = 0; round < 2; round++) {
+	for (int round = 0; round < 3; round++) {
 		/* a reply is read by the call that waits for it: sent before each */
 		open_frame(&fr, 4);
 		kv_uint(&fr, "id", (uint64_t)round + 1);
 		kv_str(&fr, "type", "result");
 		kv_uint(&fr, "dimensions", 3);
 		frame_pack_str(&fr.pk, "embeddings");
-		msgpack_pack_array(&fr.pk, round == 0 ? 2 : 1);
-		for (int i = 0; i < (round == 0 ? 2 : 1); i++) {
+		msgpack_pack_array(&fr.pk, round == 2 ? 1 : 2);
+		for (int i = 0; i < (round == 2 ? 1 : 2); i++) {
 			msgpack_pack_array(&fr.pk, 3);
 			for (int j = 0; j < 3; j++)
 				msgpack_pack_float(&fr.pk, (float)(i * 10 + j) + 0.5f);
 		}
 		fake_send(f, &fr);
-		if (round == 1) {
+		if (round == 2) {
 			assert_int_equal(rs_embed(f->c, NULL, texts, 2, 0, &v, &d, NULL), RS_ERR_PROTOCOL);
 			assert_null(v);
 			break;
+		}
+		if (round == 1) {           /* the vectors left in the result */
+			assert_int_equal(rs_embed(f->c, NULL, texts, 2, 0, NULL, NULL, &out), RS_OK);
+			assert_true(rs_float(rs_at(rs_at(rs_get(out, "embeddings"), 1), 2)) == 12.5);
+			rs_value_free(out);
+			continue;
 		}
 		assert_int_equal(rs_embed(f->c, "m", texts, 2, 3, &v, &d, &out), RS_OK);
 		assert_int_equal(d, 3);
@@ -785,9 +792,11 @@ test_embed(void **state)
 	assert_string_equal(rs_str(rs_at(rs_get(req, "input"), 1)), "bé");
 	assert_int_equal(rs_uint(rs_get(req, "dimensions")), 3);
 	rs_value_free(req);
-	req = recv_request(f);
-	assert_null(rs_get(req, "dimensions"));
-	rs_value_free(req);
+	for (int i = 0; i < 2; i++) {
+		req = recv_request(f);
+		assert_null(rs_get(req, "dimensions"));
+		rs_value_free(req);
+	}
 }
 
 

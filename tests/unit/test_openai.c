@@ -59,6 +59,9 @@ num(const struct api_req *r, const char *key)
 	return NULL;
 }
 
+/* A chat request with one user message and these fields after it. */
+#define CHAT(rest) "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]" rest "}"
+
 static void
 test_chat_request(void **state)
 {
@@ -89,6 +92,14 @@ test_chat_request(void **state)
 	assert_null(num(&r, "frequency_penalty"));       /* null is not given */
 	assert_int_equal(r.n_stop, 1);
 	assert_string_equal(r.stop[0], "END");
+	assert_null(r.think);                           /* no reasoning_effort: the daemon's default */
+	api_req_free(&r);
+	/* reasoning_effort: the daemon's think */
+	parse_ok(API_CHAT, CHAT(", \"reasoning_effort\": \"minimal\""), NULL, &r);
+	assert_string_equal(r.think, "low");
+	api_req_free(&r);
+	parse_ok(API_CHAT, CHAT(", \"reasoning_effort\": \"none\""), NULL, &r);
+	assert_string_equal(r.think, "off");
 	api_req_free(&r);
 }
 
@@ -107,9 +118,6 @@ test_completion_request(void **state)
 	assert_string_equal(r.stop[1], "b");
 	api_req_free(&r);
 }
-
-/* A chat request with one user message and these fields after it. */
-#define CHAT(rest) "{\"model\": \"m\", \"messages\": [{\"role\": \"user\", \"content\": \"x\"}]" rest "}"
 
 static void
 test_bad_requests(void **state)
@@ -133,6 +141,7 @@ test_bad_requests(void **state)
 		{ API_CHAT, CHAT(", \"max_tokens\": 0"), "max_tokens", "at least 1" },
 		{ API_CHAT, CHAT(", \"seed\": -1"), "seed", "at least 0" },
 		{ API_CHAT, CHAT(", \"stop\": [1]"), "stop", "array of strings" },
+		{ API_CHAT, CHAT(", \"reasoning_effort\": \"hard\""), "reasoning_effort", "must be \"none\"" },
 		{ API_CHAT, CHAT(", \"n\": 9"), "n", "from 1 to 8" },
 		{ API_CHAT, CHAT(", \"n\": 0"), "n", "from 1 to 8" },
 		{ API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"n\": \"2\"}", "n", "from 1 to 8" },
