@@ -463,13 +463,14 @@ print_calls(const struct gen *g)
 
 /* ---- run ---- */
 
-/* Reads all of stdin into a string (NULL on error). */
+/* Reads all of stdin into a string; NULL on an error, said on stderr. */
 static char *
 read_all_stdin(void)
 {
 	size_t len = 0, cap = 4096;
 	char *buf = malloc(cap), *nb;
 	ssize_t n;
+	int err = ENOMEM;
 
 	while (buf != NULL) {
 		if (cap - len < 2) {
@@ -481,24 +482,35 @@ read_all_stdin(void)
 			buf[len] = '\0';
 			return buf;
 		}
-		if (n < 0 && errno != EINTR)
+		if (n < 0 && errno != EINTR) {
+			err = errno;
 			break;
+		}
 		len += n > 0 ? (size_t)n : 0;
 	}
 	free(buf);
+	fprintf(stderr, "resident: run: reading standard input: %s\n", strerror(err));
 	return NULL;
 }
 
-/* The prompt: the arguments joined with spaces, or stdin for none or "-". */
+/*
+ * The prompt: the arguments joined with spaces, or stdin for none or "-".
+ * NULL: none given, or (*failed set, said on stderr) stdin could not be read.
+ */
 static char *
-run_prompt(int argc, char **argv)
+run_prompt(int argc, char **argv, int *failed)
 {
 	size_t len = 0;
 	char *s;
 	int i;
 
-	if (optind >= argc || (optind == argc - 1 && strcmp(argv[optind], "-") == 0))
-		return isatty(0) && optind >= argc ? NULL : read_all_stdin();
+	*failed = 0;
+	if (optind >= argc || (optind == argc - 1 && strcmp(argv[optind], "-") == 0)) {
+		if (isatty(0) && optind >= argc)
+			return NULL;
+		*failed = (s = read_all_stdin()) == NULL;
+		return s;
+	}
 	for (i = optind; i < argc; i++)
 		len += strlen(argv[i]) + 1;
 	if ((s = malloc(len)) == NULL)
@@ -519,7 +531,7 @@ cmd_run(struct cli *cli, int argc, char **argv)
 	struct gen g = { 0 };
 	rs_params *p = rs_params_new();
 	char *prompt = NULL;
-	int rc;
+	int rc, failed;
 
 	if (p == NULL)
 		return EXIT_DAEMON;
@@ -529,8 +541,8 @@ cmd_run(struct cli *cli, int argc, char **argv)
 		rc = cli_usage_error("run: --raw sends the prompt as is: no --session or --system with it");
 		goto out;
 	}
-	if ((prompt = run_prompt(argc, argv)) == NULL) {
-		rc = cli_usage_error("run: no prompt (give it as arguments, or on stdin)");
+	if ((prompt = run_prompt(argc, argv, &failed)) == NULL) {
+		rc = failed ? EXIT_USAGE : cli_usage_error("run: no prompt (give it as arguments, or on stdin)");
 		goto out;
 	}
 	if ((o.tools != NULL || o.tool_choice != NULL) && o.raw) {

@@ -552,7 +552,7 @@ static rs_status
 wait_req(rs_client *c, struct req *r, rs_value **out)
 {
 	struct pollfd pfd;
-	int n;
+	int n = 0;
 
 	while (!r->finished) {
 		dispatch_all(c);

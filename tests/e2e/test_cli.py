@@ -325,6 +325,15 @@ def test_run():
     b = resident_json("run", "--seed", "42", "-n", "8", "--top-k", "20", "--top-p", "0.9", "--min-p", "0.01",
                       "--repeat-penalty", "1.1", stdin="tell me something")
     check(a["text"] == b["text"] and a["usage"]["generated_tokens"] <= 8, "seeded run", (a, b))
+    # a stdin that cannot be read is said so, not taken for no prompt
+    fd = os.open(os.path.dirname(SOCK), os.O_RDONLY)   # a directory: reading it fails
+    try:
+        r = subprocess.run([binary("resident"), "--socket", SOCK, "run", "-"], stdin=fd, capture_output=True,
+                           text=True, timeout=TIMEOUT)
+    finally:
+        os.close(fd)
+    check(r.returncode == 2 and "reading standard input: Is a directory" in r.stderr,
+          "run: stdin that cannot be read: exit 2, saying why", (r.returncode, r.stderr.strip()))
     # --stop: cut a known greedy output before a piece of it
     long = resident_json("run", "--raw", "-t", "0", "-n", "40", "1 2 3")["text"]
     m = re.search(r"[a-z]{3}", long[2:])
