@@ -32,7 +32,7 @@
  */
 #include "config.h"
 #include "server.h"
-#include "accept_pause.h"
+#include "listener.h"
 #include "chat_tools.h"
 #include "log.h"
 #include "proto.h"
@@ -91,7 +91,7 @@ struct server {
 	int owns_path;              /* residentd made the socket file (not systemd): it removes it */
 	char *default_model;
 	struct evconnlistener *listener;
-	struct accept_pause pause;  /* accepting paused after accept() failed */
+	struct listener_pause pause;  /* accepting paused after accept() failed */
 	struct event *wake_ev;
 	struct store *store;
 	struct sched *sched;
@@ -874,7 +874,7 @@ accept_cb(struct evconnlistener *l, evutil_socket_t fd, struct sockaddr *sa, int
 	bufferevent_enable(c->bev, EV_READ | EV_WRITE);
 	c->next = srv->conns;
 	srv->conns = c;
-	accept_pause_ok(&srv->pause);
+	listener_pause_ok(&srv->pause);
 	if (++srv->n_conns > srv->o.max_clients) {
 		conn_refuse(c);
 		return;
@@ -943,26 +943,14 @@ server_wake(void *arg)
 
 /* ---- the socket ---- */
 
-/* Refuses to replace a socket another daemon answers on; removes a stale one. */
+/* Refuses to replace a socket another program answers on, or another file; removes a stale socket. */
 static int
 claim_path(const char *path, char *err)
 {
-	struct sockaddr_un sa;
-	int fd, rc;
+	char msg[256];
 
-	if (access(path, F_OK) != 0)
-		return 0;
-	memset(&sa, 0, sizeof sa);
-	sa.sun_family = AF_UNIX;
-	snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0)
-		return err_set(err, ERR_IO, "socket: %s", strerror(errno));
-	rc = connect(fd, (struct sockaddr *)&sa, sizeof sa);
-	close(fd);
-	if (rc == 0)
-		return err_set(err, ERR_IO, "%s: another residentd is already running there", path);
-	if (unlink(path) != 0)
-		return err_set(err, ERR_IO, "%s: cannot remove the stale socket: %s", path, strerror(errno));
+	if (listener_claim_path(path, msg, sizeof msg) != 0)
+		return err_set(err, ERR_IO, "%s: %s", path, msg);
 	return 0;
 }
 
@@ -1187,7 +1175,7 @@ server_start(struct event_base *base, const struct server_opts *o, struct store 
 		return rc;
 	}
 	srv->wake_ev = event_new(base, -1, 0, wake_cb, srv);
-	if (accept_pause_init(&srv->pause, base, srv->listener, "a client") != 0) {
+	if (listener_pause_init(&srv->pause, base, srv->listener, "a client") != 0) {
 		server_free(srv);
 		return err_set(err, ERR_NOMEM, "out of memory");
 	}
@@ -1213,7 +1201,7 @@ close_listener(struct server *srv)
 {
 	if (srv->listener == NULL)
 		return;
-	accept_pause_free(&srv->pause);
+	listener_pause_free(&srv->pause);
 	evconnlistener_free(srv->listener);
 	srv->listener = NULL;
 	if (srv->owns_path)

@@ -227,7 +227,7 @@ conn_new_cb(struct event_base *base, void *arg)
 	struct oa *oa = arg;
 	struct conn *c = calloc(1, sizeof *c);
 
-	accept_pause_ok(&oa->pause);
+	listener_pause_ok(&oa->pause);
 	if (c == NULL)
 		return NULL;                    /* evhttp makes its own bufferevent: conn_request closes it */
 	c->oa = oa;
@@ -389,23 +389,10 @@ conn_drop(struct conn *c)
 int
 conn_setup(struct oa *oa, struct evhttp_bound_socket *bound)
 {
-	if (accept_pause_init(&oa->pause, oa->base, evhttp_bound_socket_get_listener(bound), "a connection") != 0)
+	if (listener_pause_init(&oa->pause, oa->base, evhttp_bound_socket_get_listener(bound), "a connection") != 0)
 		return -1;
 	evhttp_set_bevcb(oa->http, conn_new_cb, oa);
 	return 0;
-}
-
-/* Whether a socket file at path has a listener (connect succeeds). */
-static int
-unix_in_use(const struct sockaddr_un *sa)
-{
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0), rc;
-
-	if (fd < 0)
-		return 1;
-	rc = connect(fd, (const struct sockaddr *)sa, sizeof *sa) == 0 || errno != ECONNREFUSED;
-	close(fd);
-	return rc;
 }
 
 struct evhttp_bound_socket *
@@ -414,7 +401,6 @@ conn_listen_unix(struct oa *oa, const char *path, char *err, size_t size)
 	struct evhttp_bound_socket *bound = NULL;
 	struct evconnlistener *l = NULL;
 	struct sockaddr_un sa;
-	struct stat st;
 	mode_t old;
 	int fd, rc;
 
@@ -426,14 +412,8 @@ conn_listen_unix(struct oa *oa, const char *path, char *err, size_t size)
 	}
 	memcpy(sa.sun_path, path, strlen(path) + 1);
 	/* a socket left by a bridge that is gone is taken over; one in use, or another file, is not */
-	if (lstat(path, &st) == 0) {
-		if (!S_ISSOCK(st.st_mode) || unix_in_use(&sa)) {
-			snprintf(err, size, S_ISSOCK(st.st_mode) ? "another program listens there" :
-			    "a file that is not a socket is there");
-			return NULL;
-		}
-		unlink(path);
-	}
+	if (listener_claim_path(path, err, size) != 0)
+		return NULL;
 	if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0)) < 0) {
 		snprintf(err, size, "socket: %s", strerror(errno));
 		return NULL;

@@ -446,7 +446,7 @@ out:
 	if (oa.http)
 		evhttp_free(oa.http);
 	conn_free_all(&oa);
-	accept_pause_free(&oa.pause);
+	listener_pause_free(&oa.pause);
 	if (oa.unix_listener)
 		unlink(s.unix_path);
 	if (sigterm)

@@ -29,7 +29,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "accept_pause.h"
+#include "listener.h"
 #include "resident.h"
 
 struct event;
@@ -429,7 +429,7 @@ struct oa {
 	struct call *calls;         /* requests in progress */
 	struct guard guard;         /* what guard.c lets in */
 	struct conn *conns;         /* HTTP connections (conn.c) */
-	struct accept_pause pause;  /* accepting paused after accept() failed (conn.c) */
+	struct listener_pause pause;  /* accepting paused after accept() failed (conn.c) */
 };
 
 /* The evhttp callback of every request. */

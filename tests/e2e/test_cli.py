@@ -515,6 +515,22 @@ def test_stop(daemon):
     ok("SIGTERM stops residentd with status 0")
 
 
+def test_socket_path_taken():
+    """residentd refuses a socket path another daemon answers on, or a file that is no socket (left as it was)."""
+    for path, says in ((SOCK, "another program listens there"), (os.path.join(tmp, "plain"),
+                                                                  "a file that is not a socket is there")):
+        if path != SOCK:
+            with open(path, "w") as f:
+                f.write("not a socket")
+        r = subprocess.run([binary("residentd"), "-m", MODEL, "-s", path, "--db", os.path.join(tmp, "db3.sqlite"),
+                            "-t", "1"], capture_output=True, text=True, timeout=TIMEOUT)
+        check(r.returncode != 0 and says in r.stderr, f"residentd on {path}: refused, saying {says!r}",
+              (r.returncode, r.stderr[-500:]))
+        check(os.path.exists(path), f"{path} is still there")
+    check(open(os.path.join(tmp, "plain")).read() == "not a socket", "the plain file is untouched")
+    ok("residentd refuses a socket in use and a file that is no socket")
+
+
 def main():
     for shape, path, qtype in (("tiny", MODEL, "q8_0"), ("tiny", OTHER, "q4_k_m"), ("tiny-swa", SLOW, "q8_0")):
         r = subprocess.run([binary("resident-model"), "gen", shape, path, "--type", qtype, "--quiet"],
@@ -528,6 +544,7 @@ def main():
     daemons.append(daemon)
     wait_for_socket(SOCK, daemon, "residentd")
     test_status()
+    test_socket_path_taken()
     test_models()
     test_run()
     test_run_cancel()
