@@ -301,7 +301,7 @@ static void
 print_model_info(const rs_value *m)
 {
 	const rs_value *types = rs_get(m, "tensor_types");
-	char a[32];
+	char a[32], w[32];
 	size_t i;
 
 	printf("name          %s%s\n", cli_str(m, "name"), rs_bool(rs_get(m, "default")) ? " (the default model)" : "");
@@ -336,6 +336,10 @@ print_model_info(const rs_value *m)
 		printf("loaded        on %s, holding %s\n", cli_str(m, "device"), cli_size(rs_uint(rs_get(m, "memory_bytes")), a));
 	else
 		printf("loaded        no (loading takes %s at least)\n", cli_size(rs_uint(rs_get(m, "need_bytes")), a));
+	if (rs_uint(rs_get(m, "host_layers")) > 0)
+		printf("host memory   %s: the feed-forward of %llu of %llu layers, computed there (all on the device takes %s)\n",
+		    cli_size(rs_uint(rs_get(m, "host_bytes")), a), (unsigned long long)rs_uint(rs_get(m, "host_layers")),
+		    (unsigned long long)rs_uint(rs_get(m, "layers")), cli_size(rs_uint(rs_get(m, "whole_bytes")), w));
 }
 
 /* A model.unload result: what was unloaded, and the requests that ended. */
@@ -686,13 +690,26 @@ keep_left_text(const rs_value *m, char *buf, size_t len)
 	return buf;
 }
 
+/* Where a loaded model's layers are: "-" on the device alone, else its host memory and layers there. */
+static const char *
+host_text(const rs_value *m, char *buf, size_t len)
+{
+	char sz[32];
+
+	if (rs_uint(rs_get(m, "host_layers")) == 0)
+		return "-";
+	snprintf(buf, len, "%s (%llu layers)", cli_size(rs_uint(rs_get(m, "host_bytes")), sz),
+	    (unsigned long long)rs_uint(rs_get(m, "host_layers")));
+	return buf;
+}
+
 /* The loaded models of a status result, a line each. */
 static void
 print_ps(const rs_value *hello, const rs_value *s)
 {
 	const rs_value *models = rs_get(s, "models");
-	struct table *t = table_new(6, "NAME", "DEVICE", "MEMORY", "RUNNING", "QUEUED", "KEEP-ALIVE");
-	char mem[32], a[24], q[24], keep[48];
+	struct table *t = table_new(7, "NAME", "DEVICE", "MEMORY", "HOST", "RUNNING", "QUEUED", "KEEP-ALIVE");
+	char mem[32], host[64], a[24], q[24], keep[48];
 	size_t i;
 
 	for (i = 0; i < rs_len(models); i++) {
@@ -703,7 +720,7 @@ print_ps(const rs_value *hello, const rs_value *s)
 		snprintf(a, sizeof a, "%llu", (unsigned long long)rs_uint(rs_get(m, "active")));
 		snprintf(q, sizeof q, "%llu", (unsigned long long)rs_uint(rs_get(m, "queued")));
 		table_add(t, cli_str(m, "name"), cli_str(m, "device"), cli_size(rs_uint(rs_get(m, "memory_bytes")), mem),
-		    a, q, keep_left_text(m, keep, sizeof keep));
+		    host_text(m, host, sizeof host), a, q, keep_left_text(m, keep, sizeof keep));
 	}
 	table_print(t, stdout);
 	table_free(t);

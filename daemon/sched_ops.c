@@ -139,11 +139,12 @@ fill_shown(struct sched *s, const struct sched_job *job, msgpack_packer *pk, con
 	const struct shown *sh = arg;
 	const struct model_desc *md = engine_model(sh->e);
 	const struct model_hparams *hp = &md->hp;
-	uint64_t need, want;
+	uint64_t need, whole, want, host_bytes = 0;
+	int32_t host_layers = sh->m->e != NULL ? engine_host_layers(sh->m->e, &host_bytes) : 0;
 
-	engine_mem_need(sh->e, &need, &want);
+	engine_mem_need(sh->e, &need, &whole, &want);
 	proto_pack_str(pk, "model");
-	pack_model(s, pk, sh->m, md, 20);
+	pack_model(s, pk, sh->m, md, 23);
 	proto_pack_kv_uint(pk, "parameters", model_n_params(md));
 	proto_pack_kv_str(pk, "quantization", model_quantization(md));
 	pack_tensor_types(pk, md);
@@ -161,6 +162,9 @@ fill_shown(struct sched *s, const struct sched_job *job, msgpack_packer *pk, con
 	proto_pack_kv_uint(pk, "sliding_window", (uint64_t)hp->sliding_window);
 	proto_pack_kv_uint(pk, "memory_bytes", sh->m->e ? engine_mem_bytes(sh->m->e) : 0);
 	proto_pack_kv_uint(pk, "need_bytes", need);
+	proto_pack_kv_uint(pk, "whole_bytes", whole);
+	proto_pack_kv_uint(pk, "host_layers", (uint64_t)host_layers);
+	proto_pack_kv_uint(pk, "host_bytes", host_bytes);
 	proto_pack_kv_str(pk, "pooling", pool_names[md->embed.pool]);
 	proto_pack_kv_uint(pk, "dimensions", md->embed.pool != POOL_NONE ? (uint64_t)md->embed.n_out : 0);
 	proto_pack_kv_bool(pk, "bidirectional", md->embed.bidirectional);
@@ -264,7 +268,8 @@ sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *
 	const struct gen *g;
 	uint32_t n_models = 0, active = 0, queued = 0, ma, mq;
 	struct engine_cache_stats cs;
-	uint64_t device_bytes = 0;
+	uint64_t device_bytes = 0, host_bytes = 0;
+	int32_t host_layers;
 	int i;
 
 	for (m = s->slots.list; m != NULL; m = m->next)
@@ -285,7 +290,8 @@ sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *
 		memset(&cs, 0, sizeof cs);
 		if (m->e != NULL)
 			engine_cache_stats(m->e, &cs);
-		msgpack_pack_map(pk, 25);
+		host_layers = m->e != NULL ? engine_host_layers(m->e, &host_bytes) : 0;
+		msgpack_pack_map(pk, 27);
 		proto_pack_kv_str(pk, "name", m->name);
 		proto_pack_kv_bool(pk, "loaded", m->e != NULL);
 		proto_pack_kv_uint(pk, "faults", m->faults);
@@ -297,6 +303,8 @@ sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *
 		proto_pack_kv_str(pk, "device", m->e ? engine_device(m->e) : "");
 		proto_pack_kv_bool(pk, "exact", m->e != NULL && engine_exact(m->e));
 		proto_pack_kv_uint(pk, "weights_bytes", m->e ? engine_model(m->e)->weight_bytes : 0);
+		proto_pack_kv_uint(pk, "host_layers", (uint64_t)host_layers);
+		proto_pack_kv_uint(pk, "host_bytes", m->e ? host_bytes : 0);
 		proto_pack_kv_uint(pk, "kv_bytes", m->e ? engine_kv_bytes(m->e) : 0);
 		proto_pack_kv_uint(pk, "kv_blocks", m->e ? (uint64_t)engine_kv_blocks(m->e) : 0);
 		proto_pack_kv_uint(pk, "kv_free_blocks", m->e ? (uint64_t)engine_free_blocks(m->e) : 0);

@@ -195,7 +195,7 @@ slots_prepare(struct slots *sl, struct slot *m, struct engine **out, char *err)
 int
 slots_load(struct slots *sl, struct slot *m, void (*progress)(void *, uint64_t, uint64_t), void *arg, char *err)
 {
-	uint64_t min, want, left, total;
+	uint64_t min, whole, want, left, total;
 	struct engine *e;
 	struct stat st;
 	int rc;
@@ -204,7 +204,7 @@ slots_load(struct slots *sl, struct slot *m, void (*progress)(void *, uint64_t, 
 		return 0;
 	if ((rc = slots_prepare(sl, m, &e, err)) != 0)
 		return rc;
-	engine_mem_need(e, &min, &want);
+	engine_mem_need(e, &min, &whole, &want);
 	if (min > sl->o.budget) {
 		rc = err_set(err, ERR_NOMEM, "%s needs %.0f MiB of device memory at least; the budget is %.0f MiB "
 		    "(residentd --device-memory)", m->name, min / 1048576.0, sl->o.budget / 1048576.0);
@@ -212,7 +212,8 @@ slots_load(struct slots *sl, struct slot *m, void (*progress)(void *, uint64_t, 
 		forget_new(sl, m);
 		return rc;
 	}
-	make_room(sl, m, min);
+	/* unused models give way before any of this one's layers is kept in host memory */
+	make_room(sl, m, MIN(whole, sl->o.budget));
 	left = sl->o.budget - MIN(sl->used, sl->o.budget);
 	if (left < min) {
 		engine_close(e);

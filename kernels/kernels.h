@@ -29,6 +29,28 @@ struct backend_opts {
 	                      else quantized weights meet 8-bit activations.
 	                      CUDA: an fp32 KV pool and fp32 activations in every
 	                      product (else fp16 KV, fp16 activations for cuBLAS) */
+	/*
+	 * NULL, or one flag a layer: 1 where the layer's feed-forward (dense,
+	 * or its router and experts) stays in host memory and runs on the
+	 * host's threads (n_threads) inside each step, for a model larger
+	 * than the device's share of memory. Only where plan reported the
+	 * layer's ffn bytes (CUDA); ignored by a backend that computes on the
+	 * host anyway (CPU).
+	 */
+	const uint8_t *host_ffn;
+};
+
+/*
+ * What a load would take (plan), for backend_opts' placement: device
+ * memory besides the KV pool, one block of the pool, host memory of the
+ * feed-forwards kept there (their weights as stored, the host's buffers),
+ * and, when ffn is not NULL (n_layer entries, given by the caller), the
+ * device bytes each layer's feed-forward takes there: what keeping it in
+ * host memory would free (0 for every layer of a backend that cannot).
+ */
+struct backend_plan {
+	uint64_t fixed, kv_block, host;
+	uint64_t *ffn;
 };
 
 /* One sequence's part of a step: n_new tokens at positions pos0.. */
@@ -151,13 +173,8 @@ struct backend_ops {
 	const char *name;
 	/* Bytes of one K or V element in b's pool (the mode b was loaded in may change it). */
 	int (*kv_elem_bytes)(const struct backend *b);
-	/*
-	 * The memory load would take on the device: *fixed for everything but
-	 * the KV pool (weights, activations, scratch), *kv_block for each block
-	 * of the pool. It allocates nothing.
-	 */
-	int (*plan)(const struct model_desc *m, const struct backend_opts *o, uint64_t *fixed, uint64_t *kv_block,
-	    char *err);
+	/* The memory load would take (struct backend_plan); it allocates nothing. */
+	int (*plan)(const struct model_desc *m, const struct backend_opts *o, struct backend_plan *p, char *err);
 	/* Uploads / prepares the weights and allocates the KV pool. */
 	int (*load)(const struct model_desc *m, const struct backend_opts *o,
 	    struct backend **out, char *err);

@@ -86,6 +86,36 @@ resolve_opts(struct engine *e, const struct engine_opts *o)
 	e->disk = o->disk;
 }
 
+/*
+ * The backend's plan with every layer on the device, each feed-forward's
+ * device bytes, and fixed_min: the plan with every one that can in host
+ * memory.
+ */
+static int
+plan_placement(struct engine *e, char *err)
+{
+	struct backend_plan low = { 0 };
+	int n = e->m->hp.n_layer, any = 0, rc;
+
+	e->ffn = xcalloc((size_t)n, sizeof *e->ffn);
+	e->host_ffn = xcalloc((size_t)n, sizeof *e->host_ffn);
+	e->plan.ffn = e->ffn;
+	if ((rc = e->ops->plan(e->m, &e->bo, &e->plan, err)) != 0)
+		return rc;
+	e->plan.ffn = NULL;
+	e->fixed_min = e->fixed_whole = e->plan.fixed;
+	for (int l = 0; l < n; l++)
+		any |= e->host_ffn[l] = e->ffn[l] > 0;
+	if (any) {
+		e->bo.host_ffn = e->host_ffn;
+		rc = e->ops->plan(e->m, &e->bo, &low, err);
+		e->fixed_min = low.fixed;
+		e->bo.host_ffn = NULL;
+		memset(e->host_ffn, 0, (size_t)n);
+	}
+	return rc;
+}
+
 int
 engine_prepare(const char *model_path, const struct engine_opts *o, struct engine **out, char *err)
 {
@@ -100,7 +130,7 @@ engine_prepare(const char *model_path, const struct engine_opts *o, struct engin
 		return rc;
 	}
 	resolve_opts(e, o);
-	if ((rc = e->ops->plan(e->m, &e->bo, &e->plan_fixed, &e->plan_block, err)) != 0) {
+	if ((rc = plan_placement(e, err)) != 0) {
 		err_prefix(err, rc, "%s backend", e->ops->name);
 		engine_close(e);
 		return rc;
@@ -109,28 +139,66 @@ engine_prepare(const char *model_path, const struct engine_opts *o, struct engin
 	return 0;
 }
 
-void
-engine_mem_need(const struct engine *e, uint64_t *min, uint64_t *want)
+/* Bytes of a KV cache of one context. */
+static uint64_t
+ctx_kv_bytes(const struct engine *e)
 {
-	*min = e->plan_fixed + (uint64_t)((e->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS) * e->plan_block;
-	*want = e->plan_fixed + (uint64_t)e->bo.kv_blocks * e->plan_block;
+	return (uint64_t)((e->n_ctx + KV_BLOCK_TOKENS - 1) / KV_BLOCK_TOKENS) * e->plan.kv_block;
 }
 
-/* Sizes the KV pool to what limit leaves after the rest (0: no limit), at least one context. */
+void
+engine_mem_need(const struct engine *e, uint64_t *min, uint64_t *whole, uint64_t *want)
+{
+	*min = e->fixed_min + ctx_kv_bytes(e);
+	*whole = e->fixed_whole + ctx_kv_bytes(e);
+	*want = e->fixed_whole + (uint64_t)e->bo.kv_blocks * e->plan.kv_block;
+}
+
+/*
+ * Keeps the feed-forwards of the first layers that can move in host
+ * memory, one more at a time, until the rest and a KV cache of one
+ * context fit limit (engine_mem_need's min has said that they can).
+ */
+static int
+place_layers(struct engine *e, uint64_t limit, char *err)
+{
+	int rc;
+
+	for (int l = 0; l < e->m->hp.n_layer && e->plan.fixed + ctx_kv_bytes(e) > limit; l++) {
+		if (e->ffn[l] == 0)
+			continue;
+		e->host_ffn[l] = 1;
+		e->host_layers++;
+		e->bo.host_ffn = e->host_ffn;
+		if ((rc = e->ops->plan(e->m, &e->bo, &e->plan, err)) != 0)
+			return err_prefix(err, rc, "%s backend", e->ops->name);
+	}
+	return 0;
+}
+
+/*
+ * Sizes the KV pool to what limit leaves after the rest (0: no limit), at
+ * least one context; where the weights and one context do not fit on the
+ * device, the first layers' feed-forwards stay in host memory.
+ */
 static int
 size_pool(struct engine *e, uint64_t limit, char *err)
 {
-	uint64_t min, want, fit;
+	uint64_t min, whole, want, fit;
+	int rc;
 
 	if (limit == 0)
 		return 0;
-	engine_mem_need(e, &min, &want);
+	engine_mem_need(e, &min, &whole, &want);
 	if (limit < min)
-		return err_set(err, ERR_NOMEM, "%s needs %.0f MiB of %s memory (weights and scratch %.0f MiB, "
+		return err_set(err, ERR_NOMEM, "%s needs %.0f MiB of %s memory (weights and scratch %.0f MiB%s, "
 		    "a KV cache of one context of %d tokens %.0f MiB); %.0f MiB are left of the budget",
-		    e->m->name, min / 1048576.0, e->ops->name, e->plan_fixed / 1048576.0, e->n_ctx,
-		    (min - e->plan_fixed) / 1048576.0, limit / 1048576.0);
-	fit = (limit - e->plan_fixed) / e->plan_block;
+		    e->m->name, min / 1048576.0, e->ops->name, e->fixed_min / 1048576.0,
+		    e->fixed_min < e->fixed_whole ? " with every feed-forward in host memory" : "", e->n_ctx,
+		    ctx_kv_bytes(e) / 1048576.0, limit / 1048576.0);
+	if ((rc = place_layers(e, limit, err)) != 0)
+		return rc;
+	fit = (limit - e->plan.fixed) / e->plan.kv_block;
 	e->bo.kv_blocks = (int64_t)MIN(fit, (uint64_t)e->bo.kv_blocks);
 	return 0;
 }
@@ -149,7 +217,7 @@ engine_load(struct engine *e, uint64_t limit, char *err)
 	kv_init(&e->kv, (int32_t)e->bo.kv_blocks);
 	tier_identity(e);
 	e->block_bytes = engine_kv_bytes(e) / (uint64_t)e->bo.kv_blocks;
-	e->mem_bytes = e->plan_fixed + (uint64_t)e->bo.kv_blocks * e->plan_block;
+	e->mem_bytes = e->plan.fixed + (uint64_t)e->bo.kv_blocks * e->plan.kv_block;
 	if (e->host != NULL) {
 		e->kv.evict = tier_evict;
 		e->kv.evict_arg = e;
@@ -195,6 +263,13 @@ uint64_t
 engine_mem_bytes(const struct engine *e)
 {
 	return e->be != NULL ? e->mem_bytes : 0;
+}
+
+int32_t
+engine_host_layers(const struct engine *e, uint64_t *host_bytes)
+{
+	*host_bytes = e->be != NULL ? e->plan.host : 0;
+	return e->be != NULL ? e->host_layers : 0;
 }
 
 /* MemAvailable and MemTotal of /proc/meminfo. */
@@ -254,7 +329,7 @@ engine_close(struct engine *e)
 	free(e->identity_text);
 	free(e->fseqs), free(e->fseq_of), free(e->tokens), free(e->logits), free(e->argmax), free(e->pick);
 	free(e->pen_tok), free(e->pen_cnt), free(e->logprob), free(e->masks), free(e->mask_rows);
-	free(e->top_ids), free(e->top_lp), free(e->embd), free(e->embd_tmp);
+	free(e->top_ids), free(e->top_lp), free(e->embd), free(e->embd_tmp), free(e->ffn), free(e->host_ffn);
 	pthread_mutex_destroy(&e->copy_mu);
 	free(e);
 }

@@ -142,16 +142,24 @@ int engine_open(const char *model_path, const struct engine_opts *o, struct engi
  * engine_open in two steps, so that the memory can be found first:
  * engine_prepare opens the model file and plans what loading it takes
  * (engine_mem_need: at least *min bytes of device memory, with a KV cache
- * of one context; *want with the KV cache of engine_opts.kv_tokens), and
- * engine_load loads it within limit bytes (0: no limit), its KV cache
- * taking what the rest leaves, up to kv_tokens. A prepared engine that is
- * not loaded is only closed (engine_close).
+ * of one context and every feed-forward the backend can keep in host
+ * memory there; *whole with every layer on the device; *want with the KV
+ * cache of engine_opts.kv_tokens too), and engine_load loads it within
+ * limit bytes (0: no limit): the first layers' feed-forwards in host
+ * memory until the rest and one context fit, then the KV cache taking
+ * what is left, up to kv_tokens. A prepared engine that is not loaded is
+ * only closed (engine_close).
  */
 int engine_prepare(const char *model_path, const struct engine_opts *o, struct engine **out, char *err);
-void engine_mem_need(const struct engine *e, uint64_t *min, uint64_t *want);
+void engine_mem_need(const struct engine *e, uint64_t *min, uint64_t *whole, uint64_t *want);
 int engine_load(struct engine *e, uint64_t limit, char *err);
 /* Device memory the loaded engine holds (weights, scratch, KV pool), as planned. */
 uint64_t engine_mem_bytes(const struct engine *e);
+/*
+ * Where the loaded engine's layers are: how many keep their feed-forward
+ * in host memory (computed there), and the host bytes that takes.
+ */
+int32_t engine_host_layers(const struct engine *e, uint64_t *host_bytes);
 /*
  * Memory of the device a backend would run on (engine_pick_backend): the
  * GPU's for CUDA, the machine's for the CPU (MemAvailable, MemTotal).

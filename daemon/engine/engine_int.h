@@ -26,7 +26,18 @@ struct engine {
 	const struct backend_ops *ops;
 	int exact;          /* the backend runs its exact numerics (engine_opts) */
 	struct backend_opts bo;
-	uint64_t plan_fixed, plan_block; /* the backend's plan (engine_mem_need) */
+	/*
+	 * The backend's plan for the placement chosen (engine_mem_need): every
+	 * layer on the device until engine_load keeps the feed-forwards of
+	 * host_layers layers (those host_ffn marks, from the first on) in host
+	 * memory to fit its limit; fixed_min is plan.fixed with every one that
+	 * can move there, fixed_whole with none, ffn each layer's device bytes.
+	 */
+	struct backend_plan plan;
+	uint64_t fixed_min, fixed_whole;
+	uint64_t *ffn;
+	uint8_t *host_ffn;
+	int32_t host_layers;
 	int32_t n_io;       /* disk jobs in flight: they hold blocks of the pool */
 	pthread_mutex_t copy_mu; /* held around kv_move, which the disk tier's thread calls too */
 	uint64_t mem_bytes;              /* what it holds on the device once loaded */

@@ -6,6 +6,7 @@
  */
 #include "config.h"
 #include "kernels.h"
+#include "cpu_ffn.h"
 #include "cpu_ops.h"
 #include "cpu_pool.h"
 #include "fault.h"
@@ -17,27 +18,10 @@
 #include <string.h>
 #include <unistd.h>
 
-/* 1-D weights (and the experts' biases) as float, converted once at load. */
+/* 1-D weights as float, converted once at load (the feed-forward's are cpu_ffn's). */
 struct cpu_layer {
 	float *attn_norm, *ffn_norm, *post_attn_norm, *post_ffn_norm;
 	float *q_norm, *k_norm, *bq, *bk, *bv, *bo, *sinks;
-	float *router_b, *exp_gate_b, *exp_up_b, *exp_down_b;
-};
-
-/*
- * A step's expert routing: each token's n_expert_used choices (slot j of
- * token t is t * used + j, in router order) and their weights; the rows
- * of the experts' products, grouped by expert (expert e's are first[e] ..
- * first[e + 1] - 1, its tokens in step order), and the row each slot took.
- */
-struct cpu_route {
-	float *logit;       /* max_tokens x n_expert */
-	int32_t *expert;    /* per slot */
-	float *weight;      /* per slot */
-	int32_t *row;       /* per slot: its row of the grouped products */
-	int32_t *token;     /* per row: its token */
-	int32_t *first;     /* n_expert + 1 */
-	float *x, *gate, *up, *down; /* per row: input, gate and up (n_ff_exp), down (n_embd) */
 };
 
 struct backend {
@@ -46,7 +30,7 @@ struct backend {
 	struct cpu_layer *layers;
 	float *out_norm;
 	float *freq[2];     /* RoPE frequencies of global and sliding layers (model_rope_freqs) */
-	struct cpu_route route; /* models with experts */
+	struct cpu_ffn *ffn;    /* every layer's feed-forward */
 	int max_tokens;
 	int exact;          /* float activations everywhere: the reference mode */
 	/* KV pool: [block][layer][K|V][KV_BLOCK_TOKENS][n_head_kv * head_dim] */
@@ -54,7 +38,7 @@ struct backend {
 	int64_t kv_blocks;
 	size_t kv_stride;   /* floats of one block's K (or V) of one layer */
 	/* activations, max_tokens rows each */
-	float *x, *h, *q, *k, *v, *att, *gate, *up, *ffn_out;
+	float *x, *h, *q, *k, *v, *att, *ffn_out;
 	float *mm_scratch;
 	uint8_t *q8[2];     /* 8-bit copies of a product's input (fast mode); NULL: exact mode */
 	float *scores;      /* per thread: the attention scores of one task (attn_task) */
@@ -92,10 +76,6 @@ load_layer(const struct model_layer *L, struct cpu_layer *c)
 	c->bv = to_float(L->bv);
 	c->bo = to_float(L->bo);
 	c->sinks = to_float(L->sinks);
-	c->router_b = to_float(L->router_b);
-	c->exp_gate_b = to_float(L->exp_gate_b);
-	c->exp_up_b = to_float(L->exp_up_b);
-	c->exp_down_b = to_float(L->exp_down_b);
 }
 
 static void
@@ -103,7 +83,6 @@ free_layer(struct cpu_layer *c)
 {
 	free(c->attn_norm), free(c->ffn_norm), free(c->post_attn_norm), free(c->post_ffn_norm);
 	free(c->q_norm), free(c->k_norm), free(c->bq), free(c->bk), free(c->bv), free(c->bo), free(c->sinks);
-	free(c->router_b), free(c->exp_gate_b), free(c->exp_up_b), free(c->exp_down_b);
 }
 
 /* Allocates a zeroed array of n floats, refusing sizes that overflow. */
@@ -130,43 +109,27 @@ struct cpu_buf {
 	size_t rows, cols;
 };
 
-/* The width of a feed-forward's hidden rows: the experts' or the dense one's. */
-static size_t
-ffn_width(const struct model_hparams *hp)
-{
-	return (size_t)(hp->n_expert > 0 ? hp->n_ff_exp : hp->n_ff);
-}
-
-/* The widest row a product takes as input. */
+/* The widest row an attention or output product takes as input (the feed-forward's are cpu_ffn's). */
 static size_t
 widest_input(const struct model_hparams *hp)
 {
-	return MAX(MAX((size_t)hp->n_embd, ffn_width(hp)), (size_t)hp->n_head * hp->head_dim);
-}
-
-/* Rows of the experts' products in a step of max_tokens: every token's choices. */
-static size_t
-expert_rows(const struct backend *b)
-{
-	return (size_t)b->max_tokens * (size_t)b->m->hp.n_expert_used;
+	return MAX((size_t)hp->n_embd, (size_t)hp->n_head * hp->head_dim);
 }
 
 /* Most buffers cpu_bufs names. */
-#define CPU_BUFS 17
+#define CPU_BUFS 10
 
 /*
- * The float buffers: the KV pool, the activations for max_tokens rows,
+ * The float buffers: the KV pool, the activations for max_tokens rows and
  * the products' scratch (b->pool is NULL when only planning: threads is
- * then given), and the experts' routing and rows. Returns how many.
+ * then given). Returns how many.
  */
 static int
 cpu_bufs(struct backend *b, int threads, struct cpu_buf *out)
 {
 	const struct model_hparams *hp = &b->m->hp;
 	size_t T = (size_t)b->max_tokens, nq = (size_t)hp->n_head * hp->head_dim;
-	size_t nkv = (size_t)hp->n_head_kv * hp->head_dim, dense = hp->n_expert > 0 ? 0 : (size_t)hp->n_ff;
-	size_t widest = widest_input(hp), R = expert_rows(b), F = (size_t)hp->n_ff_exp, D = (size_t)hp->n_embd;
-	struct cpu_route *r = &b->route;
+	size_t nkv = (size_t)hp->n_head_kv * hp->head_dim, widest = widest_input(hp), D = (size_t)hp->n_embd;
 	int n = 0;
 
 	b->kv_stride = KV_BLOCK_TOKENS * nkv;
@@ -177,47 +140,35 @@ cpu_bufs(struct backend *b, int threads, struct cpu_buf *out)
 	out[n++] = (struct cpu_buf){ &b->k, T, nkv };
 	out[n++] = (struct cpu_buf){ &b->v, T, nkv };
 	out[n++] = (struct cpu_buf){ &b->att, T, nq };
-	out[n++] = (struct cpu_buf){ &b->gate, T, dense };
-	out[n++] = (struct cpu_buf){ &b->up, T, dense };
 	out[n++] = (struct cpu_buf){ &b->ffn_out, T, D };
 	out[n++] = (struct cpu_buf){ &b->mm_scratch, (size_t)threads * CPU_MM_ROWS, widest };
-	out[n++] = (struct cpu_buf){ &r->logit, T, (size_t)hp->n_expert };
-	out[n++] = (struct cpu_buf){ &r->weight, R, 1 };
-	out[n++] = (struct cpu_buf){ &r->x, R, D };
-	out[n++] = (struct cpu_buf){ &r->gate, R, F };
-	out[n++] = (struct cpu_buf){ &r->up, R, F };
-	out[n++] = (struct cpu_buf){ &r->down, R, D };
 	return n;
 }
 
-/* Bytes of the 8-bit copies of a product's input (fast mode), each of the two: the experts' rows the most. */
+/* Bytes of the 8-bit copies of an attention or output product's input (fast mode), each of the two. */
 static size_t
 q8_bytes(const struct backend *b)
 {
-	return b->exact ? 0 : cpu_act_bytes((int64_t)widest_input(&b->m->hp),
-	    (int64_t)MAX((size_t)b->max_tokens, expert_rows(b)));
+	return b->exact ? 0 : cpu_act_bytes((int64_t)widest_input(&b->m->hp), b->max_tokens);
 }
 
-/* Allocates the buffers (cpu_bufs) and the 8-bit copies. */
+/* Allocates the buffers (cpu_bufs), the 8-bit copies and the feed-forward's runner. */
 static int
 alloc_buffers(struct backend *b, char *err)
 {
 	struct cpu_buf bufs[CPU_BUFS];
 	int n = cpu_bufs(b, cpu_pool_threads(b->pool), bufs), rc = 0;
-	size_t R = expert_rows(b);
 
 	for (int i = 0; i < n; i++)
 		*bufs[i].p = alloc_floats(bufs[i].rows, bufs[i].cols, err, &rc);
-	b->route.expert = xcalloc(R + 1, sizeof *b->route.expert);
-	b->route.row = xcalloc(R + 1, sizeof *b->route.row);
-	b->route.token = xcalloc(R + 1, sizeof *b->route.token);
-	b->route.first = xcalloc((size_t)b->m->hp.n_expert + 1, sizeof *b->route.first);
 	if (!b->exact)
 		for (int k = 0; k < 2; k++)
 			if ((b->q8[k] = malloc(q8_bytes(b))) == NULL)
 				rc = err_set(err, ERR_NOMEM, "out of memory for 8-bit activations");
 	b->tok_seq = xcalloc((size_t)b->max_tokens, sizeof *b->tok_seq);
 	b->tok_pos = xcalloc((size_t)b->max_tokens, sizeof *b->tok_pos);
+	if (rc == 0 && (b->ffn = cpu_ffn_new(b->m, NULL, b->max_tokens, b->exact, b->pool, err)) == NULL)
+		rc = ERR_NOMEM;
 	return rc;
 }
 
@@ -231,18 +182,23 @@ cpu_threads(const struct backend_opts *o)
 /*
  * What load takes besides the KV pool: the weights (mapped from the file,
  * in memory once used), the activations and scratch; and one KV block.
+ * Every feed-forward is computed where it is: none moves.
  */
 static int
-cpu_plan(const struct model_desc *m, const struct backend_opts *o, uint64_t *fixed, uint64_t *kv_block, char *err)
+cpu_plan(const struct model_desc *m, const struct backend_opts *o, struct backend_plan *p, char *err)
 {
 	struct backend b = { .m = m, .max_tokens = o->max_tokens, .kv_blocks = 1, .exact = o->exact };
 	struct cpu_buf bufs[CPU_BUFS];
 	int n = cpu_bufs(&b, cpu_threads(o), bufs);
 
-	*kv_block = bufs[0].rows * bufs[0].cols * sizeof(float);
-	*fixed = m->weight_bytes + 2 * q8_bytes(&b) + 3 * expert_rows(&b) * sizeof(int32_t);
+	(void)err;
+	p->kv_block = bufs[0].rows * bufs[0].cols * sizeof(float);
+	p->fixed = m->weight_bytes + 2 * q8_bytes(&b) + cpu_ffn_bytes(m, o->max_tokens, o->exact, cpu_threads(o));
 	for (int i = 1; i < n; i++)
-		*fixed += bufs[i].rows * bufs[i].cols * sizeof(float);
+		p->fixed += bufs[i].rows * bufs[i].cols * sizeof(float);
+	p->host = 0;
+	if (p->ffn != NULL)
+		memset(p->ffn, 0, (size_t)m->hp.n_layer * sizeof *p->ffn);
 	return 0;
 }
 
@@ -294,9 +250,8 @@ cpu_free(struct backend *b)
 	free(b->layers);
 	free(b->out_norm), free(b->freq[0]), free(b->freq[1]);
 	free(b->kv), free(b->x), free(b->h), free(b->q), free(b->k), free(b->v), free(b->att);
-	free(b->gate), free(b->up), free(b->ffn_out), free(b->mm_scratch), free(b->scores);
-	free(b->route.logit), free(b->route.weight), free(b->route.x), free(b->route.gate), free(b->route.up);
-	free(b->route.down), free(b->route.expert), free(b->route.row), free(b->route.token), free(b->route.first);
+	free(b->ffn_out), free(b->mm_scratch), free(b->scores);
+	cpu_ffn_free(b->ffn);
 	free(b->q8[0]), free(b->q8[1]);
 	free(b->tok_seq), free(b->tok_pos);
 	cpu_pool_free(b->pool);
@@ -505,217 +460,12 @@ attention(struct backend *b, const struct fwd_batch *batch, int l)
 	residual(b, b->ffn_out, b->layers[l].post_attn_norm, T);
 }
 
-/* The dense feed-forward of layer l, on the normed rows in h. */
-static void
-dense_ffn(struct backend *b, int T, int l)
-{
-	const struct model_hparams *hp = &b->m->hp;
-	const struct model_layer *L = &b->m->layers[l];
-	struct cpu_act in;
-
-	input(b, &in, b->h, hp->n_embd, T);
-	cpu_matmul(b->pool, &in, 2, (const struct model_tensor *[]){ L->w_gate, L->w_up },
-	    (float *[]){ b->gate, b->up }, (int64_t[]){ hp->n_ff, hp->n_ff }, b->mm_scratch);
-	cpu_glu(b->gate, b->up, (int64_t)T * hp->n_ff, hp->act == ACT_GELU);
-	input(b, &in, b->gate, hp->n_ff, T);
-	cpu_matmul(b->pool, &in, 1, &L->w_down, &b->ffn_out, (int64_t[]){ hp->n_embd }, b->mm_scratch);
-}
-
-struct moe_step {
-	struct backend *b;
-	int l;
-};
-
-/*
- * Task t: token t's experts, those of the largest router logits (the
- * lowest index first among equals, largest first), and their weights: a
- * softmax over the chosen logits (expert_norm) or over all of them.
- */
-static void
-route_task(void *arg, int64_t t, int thread)
-{
-	const struct moe_step *ms = arg;
-	const struct model_hparams *hp = &ms->b->m->hp;
-	struct cpu_route *r = &ms->b->route;
-	const float *bias = ms->b->layers[ms->l].router_b;
-	int E = hp->n_expert, k = hp->n_expert_used, j, e, i;
-	float *lg = r->logit + t * E, *w = r->weight + t * k, sum = 0;
-	int32_t *ex = r->expert + t * k;
-
-	for (e = 0; bias != NULL && e < E; e++)
-		lg[e] += bias[e];
-	for (j = 0; j < k; j++) {
-		for (ex[j] = -1, e = 0; e < E; e++) {
-			for (i = 0; i < j && ex[i] != e; i++)
-				;
-			if (i == j && (ex[j] < 0 || lg[e] > lg[ex[j]]))
-				ex[j] = e;
-		}
-	}
-	for (j = 0; j < k; j++)
-		sum += w[j] = expf(lg[ex[j]] - lg[ex[0]]);
-	if (!hp->expert_norm)
-		for (sum = 0, e = 0; e < E; e++)
-			sum += expf(lg[e] - lg[ex[0]]);
-	for (j = 0; j < k; j++)
-		w[j] /= sum;
-}
-
-/*
- * Gives every slot its row of the grouped products: the rows of expert e
- * are first[e] .. first[e + 1] - 1, its tokens in step order.
- */
-static void
-group_rows(struct cpu_route *r, int E, int64_t slots, int k)
-{
-	memset(r->first, 0, (size_t)(E + 1) * sizeof *r->first);
-	for (int64_t s = 0; s < slots; s++)
-		r->first[r->expert[s] + 1]++;
-	for (int e = 0; e < E; e++)
-		r->first[e + 1] += r->first[e];
-	/* first[e] walks from expert e's start to its end, which is where e + 1 starts */
-	for (int64_t s = 0; s < slots; s++) {
-		r->row[s] = r->first[r->expert[s]]++;
-		r->token[r->row[s]] = (int32_t)(s / k);
-	}
-	memmove(r->first + 1, r->first, (size_t)E * sizeof *r->first);
-	r->first[0] = 0;
-}
-
-/* The expert whose rows hold row. */
-static int
-expert_of(const struct cpu_route *r, int E, int32_t row)
-{
-	int lo = 0, hi = E - 1, mid;
-
-	while (lo < hi) {
-		mid = (lo + hi + 1) / 2;
-		if (r->first[mid] <= row)
-			lo = mid;
-		else
-			hi = mid - 1;
-	}
-	return lo;
-}
-
-/* Task row: its token's normed input into the grouped rows. */
-static void
-gather_task(void *arg, int64_t row, int thread)
-{
-	const struct moe_step *ms = arg;
-	int64_t D = ms->b->m->hp.n_embd;
-
-	memcpy(ms->b->route.x + row * D, ms->b->h + (int64_t)ms->b->route.token[row] * D, (size_t)D * sizeof(float));
-}
-
-/* Task row: its expert's gate and up biases, then the gate. */
-static void
-act_task(void *arg, int64_t row, int thread)
-{
-	const struct moe_step *ms = arg;
-	const struct model_hparams *hp = &ms->b->m->hp;
-	const struct cpu_layer *c = &ms->b->layers[ms->l];
-	int64_t F = hp->n_ff_exp, e = expert_of(&ms->b->route, hp->n_expert, (int32_t)row);
-	float *g = ms->b->route.gate + row * F, *u = ms->b->route.up + row * F;
-
-	if (c->exp_gate_b != NULL) {
-		cpu_add(g, c->exp_gate_b + e * F, F);
-		cpu_add(u, c->exp_up_b + e * F, F);
-	}
-	if (hp->act == ACT_SWIGLU_OAI)
-		cpu_glu_oai(g, u, F, hp->glu_alpha, hp->glu_limit);
-	else
-		cpu_glu(g, u, F, hp->act == ACT_GELU);
-}
-
-/* Task t: token t's experts' outputs (with their biases) weighted into its row of ffn_out, largest first. */
-static void
-combine_task(void *arg, int64_t t, int thread)
-{
-	const struct moe_step *ms = arg;
-	const struct model_hparams *hp = &ms->b->m->hp;
-	const struct cpu_route *r = &ms->b->route;
-	const float *bias = ms->b->layers[ms->l].exp_down_b;
-	int64_t D = hp->n_embd, s;
-	float *out = ms->b->ffn_out + t * D, *d;
-
-	memset(out, 0, (size_t)D * sizeof *out);
-	for (s = t * hp->n_expert_used; s < (t + 1) * hp->n_expert_used; s++) {
-		d = r->down + (int64_t)r->row[s] * D;
-		if (bias != NULL)
-			cpu_add(d, bias + (int64_t)r->expert[s] * D, D);
-		cpu_axpy(out, r->weight[s], d, D);
-	}
-}
-
-/*
- * One product for each expert that has rows: w[e] over its rows of in
- * (width n), into its rows of out[0] (and out[1] with w2). Returns how
- * many products it made.
- */
-static int
-expert_products(struct backend *b, const struct model_tensor *w, const struct model_tensor *w2, const float *in,
-    int64_t n, float *const *out, int64_t ldy, struct cpu_mm *mm, struct cpu_act *acts, uint8_t *(*slices)[2])
-{
-	const struct cpu_route *r = &b->route;
-	int n_mm = 0;
-
-	for (int e = 0; e < b->m->hp.n_expert; e++) {
-		int32_t rows = r->first[e + 1] - r->first[e];
-
-		if (rows == 0)
-			continue;
-		cpu_act_rows(&acts[e], in, n, r->first[e], rows, n, b->exact ? NULL : b->q8, slices[e]);
-		mm[n_mm++] = (struct cpu_mm){ &acts[e], &w[e], out[0] + r->first[e] * ldy, ldy };
-		if (w2 != NULL)
-			mm[n_mm++] = (struct cpu_mm){ &acts[e], &w2[e], out[1] + r->first[e] * ldy, ldy };
-	}
-	return n_mm;
-}
-
-/*
- * Layer l's experts on the normed rows in h: the router picks each
- * token's experts, the tokens are grouped by expert, each expert's gate
- * and up run over its own rows (all experts in one pool run), then its
- * down, and each token sums its experts' rows by their weights.
- */
-static void
-moe_ffn(struct backend *b, int T, int l)
-{
-	const struct model_hparams *hp = &b->m->hp;
-	const struct model_layer *L = &b->m->layers[l];
-	struct cpu_route *r = &b->route;
-	struct moe_step ms = { b, l };
-	int E = hp->n_expert, n_mm;
-	int64_t rows = (int64_t)T * hp->n_expert_used;
-	struct cpu_mm *mm = xmalloc(2 * (size_t)E * sizeof *mm);
-	struct cpu_act *acts = xmalloc((size_t)E * sizeof *acts), in;
-	uint8_t *(*slices)[2] = xmalloc((size_t)E * sizeof *slices);
-
-	input(b, &in, b->h, hp->n_embd, T);
-	cpu_matmul(b->pool, &in, 1, &L->router, &r->logit, (int64_t[]){ E }, b->mm_scratch);
-	cpu_pool_run(b->pool, T, route_task, &ms);
-	group_rows(r, E, rows, hp->n_expert_used);
-	cpu_pool_run(b->pool, rows, gather_task, &ms);
-	n_mm = expert_products(b, L->exp_gate, L->exp_up, r->x, hp->n_embd, (float *[]){ r->gate, r->up },
-	    hp->n_ff_exp, mm, acts, slices);
-	cpu_matmul_set(b->pool, n_mm, mm, b->mm_scratch);
-	cpu_pool_run(b->pool, rows, act_task, &ms);
-	n_mm = expert_products(b, L->exp_down, NULL, r->gate, hp->n_ff_exp, &r->down, hp->n_embd, mm, acts, slices);
-	cpu_matmul_set(b->pool, n_mm, mm, b->mm_scratch);
-	cpu_pool_run(b->pool, T, combine_task, &ms);
-	free(mm), free(acts), free(slices);
-}
-
 /* The feed-forward half of layer l: dense or experts. */
 static void
 feed_forward(struct backend *b, int T, int l)
 {
 	norm_rows(b, b->x, b->layers[l].ffn_norm, b->h, T);
-	if (b->m->hp.n_expert > 0)
-		moe_ffn(b, T, l);
-	else
-		dense_ffn(b, T, l);
+	cpu_ffn_run(b->ffn, l, b->h, T, b->ffn_out);
 	residual(b, b->ffn_out, b->layers[l].post_ffn_norm, T);
 }
 

@@ -357,6 +357,13 @@ q8_of_experts(const struct backend *b, int T, int l)
 	return q;
 }
 
+/* 1 if layer l's feed-forward is kept in host memory and computed there. */
+static int
+ffn_on_host(const struct backend *b, int l)
+{
+	return b->host_ffn != NULL && b->host_ffn[l];
+}
+
 /*
  * 1 if layer l's residual norm before its experts runs in their router's
  * launch for T tokens (cuda_moe_fuses_norm; no post-attention norm), the
@@ -367,7 +374,7 @@ moe_norm_fused(const struct backend *b, int T, int l)
 {
 	const struct cuda_layer *c = &b->layers[l];
 
-	return b->m->hp.n_expert > 0 && c->post_attn_norm == NULL && c->post_ffn_norm == NULL &&
+	return b->m->hp.n_expert > 0 && !ffn_on_host(b, l) && c->post_attn_norm == NULL && c->post_ffn_norm == NULL &&
 	    cuda_moe_fuses_norm(&b->mm, &c->moe, T);
 }
 
@@ -383,7 +390,7 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 		b->att_part, b->att_part_rows, b->exact, fa ? dev->fa_tiles : NULL, fa ? dev->fa_tok : NULL, fa,
 		b->att_len, b->step_bidir ? dev->end : NULL };
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
-	struct cuda_q8 q8 = { NULL, NULL };
+	struct cuda_q8 q8 = { NULL, NULL }, no_q8 = { NULL, NULL };
 	struct cuda_h16 h16 = { NULL, NULL }, none = { NULL, NULL };
 	struct cuda_rmix bias = { c->bo, 0, NULL, NULL, NULL, NULL };
 	int embd = hp->n_embd, nq = hp->n_head * hp->head_dim, nkv = hp->n_head_kv * hp->head_dim, rc, fused;
@@ -412,9 +419,9 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	prof_mark(b, PH_NORM);
 	if (moe_norm_fused(b, T, l))
 		return 0;
-	if (hp->n_expert > 0) /* the router and the gathering read the float rows */
+	if (hp->n_expert > 0 || ffn_on_host(b, l)) /* the router, the gathering or the host read the float rows */
 		return cuda_residual_norm(b->x, b->ffn_out, &bias, c->post_attn_norm, c->ffn_norm, b->h, none,
-		    q8_of_experts(b, T, l), T, embd, nm, b->stream, err);
+		    ffn_on_host(b, l) ? no_q8 : q8_of_experts(b, T, l), T, embd, nm, b->stream, err);
 	return cuda_residual_norm(b->x, b->ffn_out, &bias, c->post_attn_norm, c->ffn_norm, b->h, h16_of(b, T),
 	    q8_of(b, T, &c->w_gate), T, embd, nm, b->stream, err);
 }
@@ -440,10 +447,38 @@ dense_ffn(struct backend *b, int T, int l, char *err)
 	return cuda_matmul(&b->mm, &c->w_down, b->gate, ff, T, b->ffn_out, embd, formed(b, T, &c->w_down), err);
 }
 
+/* A feed-forward kept in host memory: the stream's host function between its rows' copies. */
+static void CUDART_CB
+host_ffn(void *arg)
+{
+	const struct host_call *c = (const struct host_call *)arg;
+	struct backend *b = c->b;
+
+	cpu_ffn_run(b->host_run, c->l, b->host_h, b->step_T, b->host_out);
+}
+
+/*
+ * Layer l's feed-forward on the host, into ffn_out: its normed rows (float,
+ * in h) down, the host's threads on them while the stream waits, the rows
+ * up. The copies and the host function are part of a captured graph like
+ * any kernel; the function reads the token count of the step under way.
+ */
+static int
+host_feed_forward(struct backend *b, int T, int l, char *err)
+{
+	size_t bytes = (size_t)T * (size_t)b->m->hp.n_embd * sizeof(float);
+
+	CK(cudaMemcpyAsync(b->host_h, b->h, bytes, cudaMemcpyDeviceToHost, b->stream));
+	CK(cudaLaunchHostFunc(b->stream, host_ffn, &b->host_calls[l]));
+	CK(cudaMemcpyAsync(b->ffn_out, b->host_out, bytes, cudaMemcpyHostToDevice, b->stream));
+	return 0;
+}
+
 /*
  * The feed-forward half of layer l; ends with the next layer's input norm
  * in h. A layer's experts leave each of their rows in moe.down, and the
- * residual adds each token's up by the router's weights (mix).
+ * residual adds each token's up by the router's weights (mix); a host
+ * layer's come back summed, as a dense one's.
  */
 static int
 feed_forward(struct backend *b, int T, int l, char *err)
@@ -457,7 +492,9 @@ feed_forward(struct backend *b, int T, int l, char *err)
 	int rc;
 
 	prof_mark(b, PH_MATMUL);
-	if (hp->n_expert > 0) {
+	if (ffn_on_host(b, l)) {
+		rc = host_feed_forward(b, T, l, err);
+	} else if (hp->n_expert > 0) {
 		struct cuda_moe_pre pre = { b->x, b->ffn_out, c->bo, c->ffn_norm, nm, q8_of_experts(b, T, l) };
 
 		rc = cuda_moe_ffn(&b->mm, &c->moe, &b->moe, b->h, hp->n_embd, T, pre.q8.q != NULL,
@@ -714,6 +751,7 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 		return rc;
 	dev = step_ints(b, b->dev_ints);
 	b->step_bidir = bidir;
+	b->step_T = T;
 	/* an embedding step (hidden states, bidirectional attention) is no graph's shape */
 	if (b->use_graphs && (!b->prof.on || b->prof.on == PROF_STEPS) && T <= GRAPH_MAX_TOKENS && n_logits <= rows &&
 	    n_embd == 0 && !bidir)

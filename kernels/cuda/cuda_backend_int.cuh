@@ -18,6 +18,12 @@
 #include "matmul.cuh"
 #include "moe.cuh"
 
+extern "C" {
+#include "cpu/cpu_ffn.h"
+#include "cpu/cpu_ops.h"
+#include "cpu/cpu_pool.h"
+}
+
 /* Logit rows computed per pass of the output matrix. */
 #define LOGIT_ROWS 64
 /* Ints of the staged penalty windows of T logit rows: their tokens, then their counts. */
@@ -93,6 +99,12 @@ struct step_ints {
 /* int32 of the staging area before the tables. */
 #define STEP_INTS(T) (7 * (size_t)(T) + 1)
 
+/* The argument of layer l's host function (a feed-forward kept in host memory). */
+struct host_call {
+	struct backend *b;
+	int l;
+};
+
 struct backend {
 	const struct model_desc *m;
 	int device;
@@ -143,13 +155,24 @@ struct backend {
 	int att_len;                 /* this step's longest sequence, rounded up to split pieces (cuda_kv.max_len) */
 	int cluster_sms;             /* multiprocessors where the device launches clusters (sm_90), else 0 */
 	struct prof prof;
+	/*
+	 * The feed-forwards kept in host memory (backend_opts.host_ffn): a
+	 * step copies such a layer's normed rows down to host_h, a host
+	 * function of the stream runs host_run's layer on them into host_out
+	 * (step_T rows), and the rows go back up, all inside the step's graph.
+	 */
+	uint8_t *host_ffn;           /* n_layer flags; NULL: every layer on the device */
+	struct cpu_pool *host_pool;
+	struct cpu_ffn *host_run;
+	float *host_h, *host_out;    /* pinned, max_tokens rows of n_embd */
+	struct host_call *host_calls;/* n_layer */
+	int step_T;                  /* the tokens of the step under way */
 };
 
 /* ---- load (cuda_load.cu) ---- */
 
 /* The backend_ops entries of load, plan and free (the ops table is cuda_backend.cu's). */
-int cuda_plan(const struct model_desc *m, const struct backend_opts *o, uint64_t *fixed, uint64_t *kv_block,
-    char *err);
+int cuda_plan(const struct model_desc *m, const struct backend_opts *o, struct backend_plan *p, char *err);
 int cuda_load(const struct model_desc *m, const struct backend_opts *o, struct backend **out, char *err);
 void cuda_free(struct backend *b);
 

@@ -11,7 +11,9 @@
  * scratch of the tensor-core path and a pinned staging area for each
  * step's token data; nothing is allocated per step (the block-table area
  * only grows, if a step ever needs more). The total is checked against
- * the device's free memory before any of it is allocated.
+ * the device's free memory before any of it is allocated. The layers whose
+ * feed-forward a placement keeps in host memory (backend_opts.host_ffn)
+ * upload their attention only; the host computes the rest (cpu_ffn.h).
  */
 #include "attention.cuh"
 #include "cuda_backend_int.cuh"
@@ -24,6 +26,7 @@
 
 #include <limits.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 /* cuBLAS workspace (what it wants on Hopper). */
 #define BLAS_WORKSPACE ((size_t)32 << 20)
@@ -145,17 +148,37 @@ layer_matrix_count(const struct model_hparams *hp)
 	return hp->n_expert > 0 ? 5 + 3 * hp->n_expert : 7;
 }
 
-/* The matrices of the model, tok_embd first; the output only when not tied. */
+/* 1 if layer l's feed-forward stays in host memory (backend_opts.host_ffn). */
 static int
-list_matrices(const struct model_desc *m, const struct model_tensor **out)
+ffn_on_host(const struct backend_opts *o, int l)
+{
+	return o->host_ffn != NULL && o->host_ffn[l];
+}
+
+/* Of a layer's matrices (layer_matrices), those of its feed-forward start here: after Q, K, V and O. */
+#define LAYER_FFN_FIRST 4
+
+/*
+ * The matrices of the model, tok_embd first; the output only when not
+ * tied. host[i] is 1 for those that stay in host memory (the host_ffn
+ * layers' feed-forwards), which the device does not hold.
+ */
+static int
+list_matrices(const struct model_desc *m, const struct backend_opts *o, const struct model_tensor **out,
+    uint8_t *host)
 {
 	int n = 0;
 
 	out[n++] = m->tok_embd;
 	if (m->output != m->tok_embd)
 		out[n++] = m->output;
-	for (int l = 0; l < m->hp.n_layer; l++)
-		n += layer_matrices(&m->layers[l], m->hp.n_expert, out + n);
+	for (int l = 0; l < m->hp.n_layer; l++) {
+		int k = layer_matrices(&m->layers[l], m->hp.n_expert, out + n);
+
+		for (int i = LAYER_FFN_FIRST; i < k; i++)
+			host[n + i] = (uint8_t)ffn_on_host(o, l);
+		n += k;
+	}
 	return n;
 }
 
@@ -326,29 +349,34 @@ gpu_bytes(const struct model_tensor *t)
 }
 
 /*
- * Where each matrix goes in the weights allocation; returns the total. A
- * matrix of the same type and width as the one before it starts right
- * where that one ends, so that Q/K/V and gate/up can run as one product
- * (cuda_matmul_multi); the others start aligned.
+ * Where each matrix the device holds (host[i] 0) goes in the weights
+ * allocation; returns the total. A matrix of the same type and width as
+ * the one before it starts right where that one ends, so that Q/K/V and
+ * gate/up can run as one product (cuda_matmul_multi); the others start
+ * aligned.
  */
 static size_t
-matrix_offsets(const struct model_tensor **mats, int n, size_t *off)
+matrix_offsets(const struct model_tensor **mats, const uint8_t *host, int n, size_t *off)
 {
+	const struct model_tensor *prev = NULL;
 	size_t end = 0;
 
 	for (int i = 0; i < n; i++) {
-		int follows = i > 0 && mats[i]->type == mats[i - 1]->type && mats[i]->ne[0] == mats[i - 1]->ne[0];
+		int follows = prev != NULL && mats[i]->type == prev->type && mats[i]->ne[0] == prev->ne[0];
 
+		if (host[i])
+			continue;
 		off[i] = follows ? end : align_up(end);
 		end = off[i] + gpu_bytes(mats[i]);
+		prev = mats[i];
 	}
 	return align_up(end);
 }
 
-/* Uploads the matrices into one allocation at their offsets. */
+/* Uploads the matrices the device holds into one allocation at their offsets. */
 static int
-upload_matrices(struct backend *b, const struct model_tensor **mats, int n, const size_t *off, size_t total,
-    char *err)
+upload_matrices(struct backend *b, const struct model_tensor **mats, const uint8_t *host, int n, const size_t *off,
+    size_t total, char *err)
 {
 	int rc;
 
@@ -357,7 +385,8 @@ upload_matrices(struct backend *b, const struct model_tensor **mats, int n, cons
 	for (int i = 0; i < n && rc == 0; i++) {
 		struct cuda_weight w = form_of(mats[i]);
 
-		rc = cuda_weight_upload(&w, mats[i]->data, b->weights + off[i], b->stream, err);
+		if (!host[i])
+			rc = cuda_weight_upload(&w, mats[i]->data, b->weights + off[i], b->stream, err);
 	}
 	return rc;
 }
@@ -603,23 +632,34 @@ struct sizes {
 	int64_t part_elems;          /* floats of qgemm's split sums */
 };
 
-/* The sizes of a load, and where each matrix goes (off). Refuses what the kernels do not handle. */
+/*
+ * The matrices of a load: the model's (list_matrices), where each the
+ * device holds goes in the weights allocation, and which stay in host
+ * memory.
+ */
+struct mats {
+	const struct model_tensor **t;
+	size_t *off;
+	uint8_t *host;
+	int n;
+};
+
+/* The sizes of a load, and where each matrix goes (x->off). Refuses what the kernels do not handle. */
 static int
-plan_sizes(const struct model_desc *m, const struct backend_opts *o, const struct model_tensor **mats, int n,
-    size_t *off, struct sizes *z, char *err)
+plan_sizes(const struct model_desc *m, const struct backend_opts *o, struct mats *x, struct sizes *z, char *err)
 {
 	struct dims d = model_dims(&m->hp, o);
 	int rc, sms = 0;
 
-	if ((rc = check_model(m, mats, n, err)) != 0)
+	if ((rc = check_model(m, x->t, x->n, err)) != 0)
 		return rc;
 	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o->device));
-	z->weights = matrix_offsets(mats, n, off);
+	z->weights = matrix_offsets(x->t, x->host, x->n, x->off);
 	z->wh = 1;
-	for (int i = 0; i < n; i++) {
-		struct cuda_weight w = form_of(mats[i]);
+	for (int i = 0; i < x->n; i++) {
+		struct cuda_weight w = form_of(x->t[i]);
 
-		if (is_product(m, mats[i]))
+		if (!x->host[i] && is_product(m, x->t[i]))
 			z->wh = MAX(z->wh, cuda_matmul_tile_elems(&w));
 	}
 	z->part_elems = o->exact ? 0 : cuda_qgemm_part_elems(sms);
@@ -629,30 +669,84 @@ plan_sizes(const struct model_desc *m, const struct backend_opts *o, const struc
 	return 0;
 }
 
-/* The matrices of a model and room for their offsets (free both). */
-static int
-matrices(const struct model_desc *m, const struct model_tensor ***mats, size_t **off)
+/* The matrices of a model for o's placement, room for their offsets (mats_free). */
+static void
+mats_list(const struct model_desc *m, const struct backend_opts *o, struct mats *x)
 {
 	size_t cap = 2 + (size_t)layer_matrix_count(&m->hp) * (size_t)m->hp.n_layer;
 
-	*mats = (const struct model_tensor **)xcalloc(cap, sizeof **mats);
-	*off = (size_t *)xcalloc(cap, sizeof **off);
-	return list_matrices(m, *mats);
+	x->t = (const struct model_tensor **)xcalloc(cap, sizeof *x->t);
+	x->off = (size_t *)xcalloc(cap, sizeof *x->off);
+	x->host = (uint8_t *)xcalloc(cap, sizeof *x->host);
+	x->n = list_matrices(m, o, x->t, x->host);
+}
+
+static void
+mats_free(struct mats *x)
+{
+	free(x->t), free(x->off), free(x->host);
+}
+
+/* Threads of the host's feed-forwards. */
+static int
+host_threads(const struct backend_opts *o)
+{
+	return o->n_threads > 0 ? o->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+/* Bytes of the pinned rows a host feed-forward's input and output cross the bus in (each). */
+static size_t
+host_rows_bytes(const struct model_desc *m, int max_tokens)
+{
+	return (size_t)max_tokens * (size_t)m->hp.n_embd * sizeof(float);
+}
+
+/*
+ * Host memory of o's placement: the host layers' feed-forward weights as
+ * stored, the host's buffers and the pinned rows; 0 without any.
+ */
+static uint64_t
+host_bytes(const struct model_desc *m, const struct backend_opts *o, const struct mats *x)
+{
+	uint64_t bytes = 0;
+
+	for (int i = 0; i < x->n; i++)
+		if (x->host[i])
+			bytes += x->t[i]->bytes;
+	if (bytes == 0)
+		return 0;
+	return bytes + cpu_ffn_bytes(m, o->max_tokens, o->exact, host_threads(o)) + 2 * host_rows_bytes(m, o->max_tokens);
+}
+
+/* Device bytes of each layer's feed-forward matrices (what keeping them in host memory frees), into ffn. */
+static void
+ffn_bytes(const struct model_desc *m, const struct mats *x, uint64_t *ffn)
+{
+	int per = layer_matrix_count(&m->hp), first = m->output != m->tok_embd ? 2 : 1;
+
+	for (int l = 0; l < m->hp.n_layer; l++) {
+		ffn[l] = 0;
+		for (int i = LAYER_FFN_FIRST; i < per; i++)
+			ffn[l] += align_up(gpu_bytes(x->t[first + l * per + i]));
+	}
 }
 
 int
-cuda_plan(const struct model_desc *m, const struct backend_opts *o, uint64_t *fixed, uint64_t *kv_block, char *err)
+cuda_plan(const struct model_desc *m, const struct backend_opts *o, struct backend_plan *p, char *err)
 {
-	const struct model_tensor **mats;
-	size_t *off;
+	struct mats x;
 	struct sizes z;
-	int n = matrices(m, &mats, &off), rc;
+	int rc;
 
-	if ((rc = plan_sizes(m, o, mats, n, off, &z, err)) == 0) {
-		*fixed = z.weights + z.act;
-		*kv_block = z.kv_block;
+	mats_list(m, o, &x);
+	if ((rc = plan_sizes(m, o, &x, &z, err)) == 0) {
+		p->fixed = z.weights + z.act;
+		p->kv_block = z.kv_block;
+		p->host = host_bytes(m, o, &x);
+		if (p->ffn != NULL)
+			ffn_bytes(m, &x, p->ffn);
 	}
-	free(mats), free(off);
+	mats_free(&x);
 	return rc;
 }
 
@@ -668,7 +762,8 @@ uploaded(const struct backend *b, const struct model_tensor **mats, const size_t
 
 /*
  * Layer l's weights where the upload put them (its matrices, in
- * layer_matrices' order, from mats and off). Experts are multiplied as one
+ * layer_matrices' order, from mats and off; not its feed-forward's when
+ * the host keeps them). Experts are multiplied as one
  * weight whose experts are evenly strided: each expert's gate and up one
  * run, every expert alike. ERR_UNSUPPORTED for experts that are not.
  */
@@ -680,6 +775,8 @@ layer_weights(struct backend *b, int l, const struct model_tensor **mats, const 
 
 	c->wq = uploaded(b, mats, off, 0), c->wk = uploaded(b, mats, off, 1);
 	c->wv = uploaded(b, mats, off, 2), c->wo = uploaded(b, mats, off, 3);
+	if (b->host_ffn != NULL && b->host_ffn[l])
+		return 0;
 	if (E == 0) {
 		c->w_gate = uploaded(b, mats, off, 4), c->w_up = uploaded(b, mats, off, 5);
 		c->w_down = uploaded(b, mats, off, 6);
@@ -715,18 +812,57 @@ layer_weights(struct backend *b, int l, const struct model_tensor **mats, const 
 	return 0;
 }
 
+/*
+ * The feed-forwards o keeps in host memory: their runner on a pool of the
+ * host's threads, the pinned rows their input and output cross the bus
+ * in, each layer's host function's argument. Their weights stay in the
+ * mapped file, read once here so that the first step does not wait for
+ * the disk. Nothing without any.
+ */
+static int
+open_host_ffn(struct backend *b, const struct backend_opts *o, const struct mats *x, char *err)
+{
+	const struct model_desc *m = b->m;
+	size_t rows = host_rows_bytes(m, b->max_tokens);
+	volatile uint8_t sink = 0;
+	int n = m->hp.n_layer, any = 0;
+
+	for (int l = 0; l < n; l++)
+		any |= ffn_on_host(o, l);
+	if (!any)
+		return 0;
+	b->host_ffn = (uint8_t *)xmalloc((size_t)n);
+	for (int l = 0; l < n; l++)
+		b->host_ffn[l] = (uint8_t)ffn_on_host(o, l);
+	for (int i = 0; i < x->n; i++)
+		for (size_t at = 0; x->host[i] && at < x->t[i]->bytes; at += 4096)
+			sink ^= ((const uint8_t *)x->t[i]->data)[at];
+	(void)sink;
+	cpu_ops_init();
+	b->host_pool = cpu_pool_new(host_threads(o));
+	if ((b->host_run = cpu_ffn_new(m, b->host_ffn, b->max_tokens, b->exact, b->host_pool, err)) == NULL)
+		return ERR_NOMEM;
+	CK(cudaHostAlloc((void **)&b->host_h, rows, cudaHostAllocDefault));
+	CK(cudaHostAlloc((void **)&b->host_out, rows, cudaHostAllocDefault));
+	b->host_calls = (struct host_call *)xcalloc((size_t)n, sizeof *b->host_calls);
+	for (int l = 0; l < n; l++)
+		b->host_calls[l].b = b, b->host_calls[l].l = l;
+	return 0;
+}
+
 /* Everything load does, in order; on failure the caller frees what was made. */
 static int
 load_all(struct backend *b, const struct backend_opts *o, char *err)
 {
 	const struct model_desc *m = b->m;
-	const struct model_tensor **mats;
-	size_t *off, kv_bytes;
+	size_t kv_bytes;
 	struct dims d = model_dims(&m->hp, o);
 	struct sizes z;
-	int n = matrices(m, &mats, &off), rc;
+	struct mats x;
+	int rc;
 
-	if ((rc = plan_sizes(m, o, mats, n, off, &z, err)) != 0 || (rc = open_device(b, o->device, err)) != 0 ||
+	mats_list(m, o, &x);
+	if ((rc = plan_sizes(m, o, &x, &z, err)) != 0 || (rc = open_device(b, o->device, err)) != 0 ||
 	    (rc = cuda_attention_setup(m->hp.head_dim, err)) != 0 || (rc = cuda_qgemm_setup(err)) != 0)
 		goto out;
 	b->exact = o->exact != 0;
@@ -734,16 +870,17 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	b->kv_stride = KV_BLOCK_TOKENS * d.nkv;
 	kv_bytes = (size_t)o->kv_blocks * z.kv_block;
 	if ((rc = check_memory(z.weights + kv_bytes + z.act, z.weights, kv_bytes, z.act, err)) != 0 ||
-	    (rc = upload_matrices(b, mats, n, off, z.weights, err)) != 0 ||
+	    (rc = upload_matrices(b, x.t, x.host, x.n, x.off, z.weights, err)) != 0 ||
 	    (rc = upload_smalls(b, err)) != 0 ||
 	    (rc = alloc_buffers(b, &d, kv_bytes, z.wh, err)) != 0 ||
 	    (rc = cuda_alloc_staging(b, MIN((int64_t)d.S * o->kv_blocks, (int64_t)TABLE_CAP0), err)) != 0 ||
-	    (rc = open_blas(b, err)) != 0 || (rc = cuda_prof_open(&b->prof, err)) != 0)
+	    (rc = open_blas(b, err)) != 0 || (rc = cuda_prof_open(&b->prof, err)) != 0 ||
+	    (rc = open_host_ffn(b, o, &x, err)) != 0)
 		goto out;
-	b->tok_embd = weight_of(b, mats, n, off, m->tok_embd);
-	b->output = weight_of(b, mats, n, off, m->output);
+	b->tok_embd = weight_of(b, x.t, x.n, x.off, m->tok_embd);
+	b->output = weight_of(b, x.t, x.n, x.off, m->output);
 	for (int l = 0, i = m->output != m->tok_embd ? 2 : 1; l < m->hp.n_layer; l++, i += layer_matrix_count(&m->hp))
-		if ((rc = layer_weights(b, l, mats + i, off + i, err)) != 0)
+		if ((rc = layer_weights(b, l, x.t + i, x.off + i, err)) != 0)
 			goto out;
 	b->mm.mmv_max = mmv_max(b->exact);
 	b->mm.mmt_max = MIN(env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS), MMT_MAX_TOKENS);
@@ -751,8 +888,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	b->flash_tokens = flash_tokens(&m->hp, b->exact);
 	rc = 0;
 out:
-	free(mats);
-	free(off);
+	mats_free(&x);
 	return rc;
 }
 
@@ -804,7 +940,7 @@ cuda_free(struct backend *b)
 	cudaFree(b->moe.route.row), cudaFree(b->moe.route.row_expert), cudaFree(b->moe.route.row_slot);
 	cudaFree(b->moe.route.tiles), cudaFree(b->moe.down);
 	void *pinned[] = { b->host_argmax, b->host_pick, b->host_pen, b->host_lp, b->host_top_ids, b->host_top_lp,
-		b->host_mask_rows, b->host_mask_bits, b->stage, b->host_ints };
+		b->host_mask_rows, b->host_mask_bits, b->stage, b->host_ints, b->host_h, b->host_out };
 
 	for (size_t i = 0; i < ARRAY_LEN(pinned); i++)
 		if (pinned[i] != NULL)
@@ -820,6 +956,10 @@ cuda_free(struct backend *b)
 		cudaStreamDestroy(b->move_in);
 	if (b->stream != NULL)
 		cudaStreamDestroy(b->stream);
+	cpu_ffn_free(b->host_run);
+	if (b->host_pool != NULL)
+		cpu_pool_free(b->host_pool);
+	free(b->host_ffn), free(b->host_calls);
 	free(b->layers);
 	free(b);
 }

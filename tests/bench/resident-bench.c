@@ -59,6 +59,7 @@ struct bench_opts {
 	int chat;               /* tg rows sample as a chat does by default, not greedily */
 	const char *grammar_file, *schema_file; /* tg rows are repeated constrained by it */
 	struct cons_gram *grammar;
+	uint64_t device_memory;  /* bytes the engine may take on the device; 0: no limit */
 };
 
 /* The device the engine runs on: its name and measured read bandwidth. */
@@ -73,6 +74,18 @@ struct bench_time {
 	double dt, ttft;
 	double tokens;          /* made in dt: a sampled sequence can end early */
 };
+
+/* Parses a size with an M or G suffix ("2560M", "8G") into bytes; 0 if it is none. */
+static uint64_t
+parse_mib(const char *s)
+{
+	char *end;
+	double v = strtod(s, &end);
+
+	if (end == s || v <= 0 || (end[0] != 'M' && end[0] != 'G') || end[1] != '\0')
+		return 0;
+	return (uint64_t)(v * (end[0] == 'G' ? 1073741824.0 : 1048576.0));
+}
 
 /* Parses "1,4,16" into out. Returns the count, or -1. */
 static int
@@ -267,9 +280,16 @@ print_memory(const struct engine *e)
 {
 	double mib = 1 << 20, all = (double)engine_mem_bytes(e), kv = (double)engine_kv_bytes(e);
 	double w = (double)engine_model(e)->weight_bytes;
+	uint64_t host;
+	int32_t layers = engine_host_layers(e, &host);
 
-	printf("memory: %.1f MiB held (weights as stored %.1f, KV pool %.1f, activations, scratch and padding %.1f)\n\n",
-	    all / mib, w / mib, kv / mib, (all - w - kv) / mib);
+	if (layers > 0)
+		printf("memory: %.1f MiB held on the device (KV pool %.1f); %.1f MiB in host memory, the feed-forwards of "
+		    "%d of %d layers (weights as stored %.1f MiB in all)\n\n", all / mib, kv / mib, host / mib, layers,
+		    engine_model(e)->hp.n_layer, w / mib);
+	else
+		printf("memory: %.1f MiB held (weights as stored %.1f, KV pool %.1f, activations, scratch and padding "
+		    "%.1f)\n\n", all / mib, w / mib, kv / mib, (all - w - kv) / mib);
 }
 
 /* Prints the table's head. */
@@ -443,6 +463,8 @@ usage(FILE *fp)
 	    "      --grammar FILE   each tg row again with every sequence constrained by the grammar\n"
 	    "                       in FILE (test 'tgN c'; a sequence stops where its grammar ends)\n"
 	    "      --json-schema FILE  the same with the grammar of a JSON Schema\n"
+	    "      --device-memory M  the device memory the model may take (a size: 8G, 2560M); what does\n"
+	    "                       not fit keeps feed-forwards in host memory, computed there\n"
 	    "      --exact          float activations in every product (default: 8-bit ones for\n"
 	    "                       quantized weights on the CPU; on CUDA fp16 ones for long\n"
 	    "                       prompts and an fp16 KV cache, here fp32)\n"
@@ -458,7 +480,8 @@ parse_opts(int argc, char **argv, struct bench_opts *o)
 	static const struct option lo[] = { { "device", required_argument, NULL, 'D' },
 		{ "exact", no_argument, NULL, 'E' }, { "sample", no_argument, NULL, 's' },
 		{ "grammar", required_argument, NULL, 'G' }, { "json-schema", required_argument, NULL, 'J' },
-		{ "help", no_argument, NULL, 'h' }, { NULL, 0, NULL, 0 } };
+		{ "device-memory", required_argument, NULL, 'M' }, { "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 } };
 	int c;
 
 	memset(o, 0, sizeof *o);
@@ -479,6 +502,7 @@ parse_opts(int argc, char **argv, struct bench_opts *o)
 		case 'c': o->eng.n_ctx = atoi(optarg); break;
 		case 'D': o->eng.device = optarg; break;
 		case 'E': o->eng.exact = 1; break;
+		case 'M': if ((o->device_memory = parse_mib(optarg)) == 0) return -1; break;
 		case 'G': o->grammar_file = optarg; break;
 		case 'J': o->schema_file = optarg; break;
 		case 's': o->chat = 1; break;
@@ -601,10 +625,12 @@ main(int argc, char **argv)
 		return rc > 0 ? 0 : 2;
 	}
 	size_engine(&o);
-	if (engine_open(o.model, &o.eng, &e, err) != 0) {
+	if (engine_prepare(o.model, &o.eng, &e, err) != 0) {
 		fprintf(stderr, "resident-bench: %s\n", err);
 		return 1;
 	}
+	if ((rc = engine_load(e, o.device_memory, err)) != 0)
+		goto out;
 	if ((rc = measure_device(e, &o, &dev, err)) != 0 || (rc = warm_up(e, err)) != 0 ||
 	    (rc = load_grammar(e, &o, err)) != 0)
 		goto out;
