@@ -244,6 +244,17 @@ flash_grid(const struct backend *b, int T)
  * the block tables each token needs) and sends it. Returns the logit rows,
  * the hidden-state rows and whether a sequence attends bidirectionally.
  */
+/* Token tok's embedding, scaled, looked up by the host (the token embeddings kept in host memory). */
+static void
+embed_row(const struct backend *b, int32_t tok, float *x)
+{
+	const struct model_hparams *hp = &b->m->hp;
+
+	cpu_get_row(b->m->tok_embd, tok, x);
+	for (int i = 0; hp->embd_scale != 1.0f && i < hp->n_embd; i++)
+		x[i] *= hp->embd_scale;
+}
+
 static int
 stage_step(struct backend *b, const struct fwd_batch *batch, int64_t n_tab, int *n_logits, int *n_embd,
     int *bidir, char *err)
@@ -273,6 +284,8 @@ stage_step(struct backend *b, const struct fwd_batch *batch, int64_t n_tab, int 
 		}
 		tab += nb;
 	}
+	for (t = 0; b->host_x != NULL && t < batch->n_tokens; t++)
+		embed_row(b, batch->tokens[t], b->host_x + (size_t)t * b->m->hp.n_embd);
 	/* the hidden-state rows after the logit rows, normed with them */
 	for (s = 0, t = 0; s < batch->n_seqs; t += batch->seqs[s++].n_new)
 		for (i = batch->seqs[s].n_new - batch->seqs[s].embd; i < batch->seqs[s].n_new; i++)
@@ -426,18 +439,20 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	    q8_of(b, T, &c->w_gate), T, embd, nm, b->stream, err);
 }
 
-/* The dense feed-forward of layer l on the normed rows in h (or their forms), into ffn_out. */
+/*
+ * The dense feed-forward of layer c on the normed rows in h (or their
+ * forms: formed, see formed()), into ffn_out.
+ */
 static int
-dense_ffn(struct backend *b, int T, int l, char *err)
+dense_ffn(struct backend *b, int T, const struct cuda_layer *c, int formed_in, char *err)
 {
 	const struct model_hparams *hp = &b->m->hp;
-	const struct cuda_layer *c = &b->layers[l];
 	int embd = hp->n_embd, ff = hp->n_ff, rc, ld[2] = { ff, ff };
 	const struct cuda_weight *wgu[2] = { &c->w_gate, &c->w_up };
 	float *gu[2] = { b->gate, b->up };
 
 	prof_mark(b, PH_MATMUL);
-	if ((rc = cuda_matmul_multi(&b->mm, wgu, 2, b->h, embd, T, gu, ld, formed(b, T, &c->w_gate), err)) != 0)
+	if ((rc = cuda_matmul_multi(&b->mm, wgu, 2, b->h, embd, T, gu, ld, formed_in, err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);
 	if ((rc = cuda_glu(b->gate, b->up, T, ff, hp->act == ACT_GELU, h16_of(b, T), q8_of(b, T, &c->w_down),
@@ -474,6 +489,45 @@ host_feed_forward(struct backend *b, int T, int l, char *err)
 	return 0;
 }
 
+/* 1 if a step of T tokens brings the host layers' feed-forwards up (open_streaming) instead. */
+static int
+streams(const struct backend *b, int T)
+{
+	return b->streamed != NULL && T >= b->stream_min;
+}
+
+/*
+ * Host layer l's feed-forward on the device, its weights brought up into
+ * its stage buffer on up_stream once the layer before it in that buffer
+ * is done with it (w_free), the step's stream waiting for them (w_ready).
+ * The copies of the next layers run on while this one computes: the bus,
+ * not the host, bounds such a step. The rows stay float (its norm wrote
+ * no int8 or fp16 form). Its experts leave their rows and mixture as a
+ * device layer's do.
+ */
+static int
+streamed_ffn(struct backend *b, int T, int l, struct cuda_rmix *mix, const float **r, char *err)
+{
+	const struct cuda_layer *c = &b->streamed[l];
+	int k = b->stream_slot[l], rc;
+
+	CK(cudaStreamWaitEvent(b->up_stream, b->w_free[k], 0));
+	CK(cudaMemcpyAsync(b->stage_w[k], b->host_form[l], b->host_form_bytes[l], cudaMemcpyHostToDevice,
+	    b->up_stream));
+	CK(cudaEventRecord(b->w_ready[k], b->up_stream));
+	CK(cudaStreamWaitEvent(b->stream, b->w_ready[k], 0));
+	if (b->m->hp.n_expert > 0) {
+		rc = cuda_moe_ffn(&b->mm, &c->moe, &b->moe, b->h, b->m->hp.n_embd, T, 0, NULL, mix, err);
+		*r = b->moe.down;
+	} else {
+		rc = dense_ffn(b, T, c, 0, err);
+	}
+	if (rc != 0)
+		return rc;
+	CK(cudaEventRecord(b->w_free[k], b->stream));
+	return 0;
+}
+
 /*
  * The feed-forward half of layer l; ends with the next layer's input norm
  * in h. A layer's experts leave each of their rows in moe.down, and the
@@ -492,7 +546,9 @@ feed_forward(struct backend *b, int T, int l, char *err)
 	int rc;
 
 	prof_mark(b, PH_MATMUL);
-	if (ffn_on_host(b, l)) {
+	if (ffn_on_host(b, l) && streams(b, T)) {
+		rc = streamed_ffn(b, T, l, &mix, &r, err);
+	} else if (ffn_on_host(b, l)) {
 		rc = host_feed_forward(b, T, l, err);
 	} else if (hp->n_expert > 0) {
 		struct cuda_moe_pre pre = { b->x, b->ffn_out, c->bo, c->ffn_norm, nm, q8_of_experts(b, T, l) };
@@ -501,7 +557,7 @@ feed_forward(struct backend *b, int T, int l, char *err)
 		    moe_norm_fused(b, T, l) ? &pre : NULL, &mix, err);
 		r = b->moe.down;
 	} else {
-		rc = dense_ffn(b, T, l, err);
+		rc = dense_ffn(b, T, c, formed(b, T, &c->w_gate), err);
 	}
 	if (rc != 0)
 		return rc;
@@ -524,8 +580,11 @@ output_rows(struct backend *b, int r0, int nr, char *err)
  * Every kernel of a step, queued on the stream: the embeddings, the layers,
  * the final norm of the rows that want logits (and after them of the
  * n_embd rows that want hidden states, left in h) and the projection of
- * the first LOGIT_ROWS logit rows. Nothing here synchronises or touches
- * host memory, so that it can be captured into a graph.
+ * the first LOGIT_ROWS logit rows. Nothing here synchronises, and host
+ * memory is touched only by copies from and to the pinned buffers that
+ * every step of a shape uses alike (the embeddings the host looked up,
+ * the rows of its feed-forwards) and by the host functions that read
+ * them, so that it can be captured into a graph.
  */
 static int
 step_kernels(struct backend *b, int T, int n_logits, int n_embd, const struct step_ints *dev, char *err)
@@ -535,10 +594,13 @@ step_kernels(struct backend *b, int T, int n_logits, int n_embd, const struct st
 	int rc;
 
 	prof_mark(b, PH_NORM);
-	if ((rc = cuda_embed(&b->tok_embd, dev->tokens, T, hp->embd_scale, b->x, b->stream, err)) != 0 ||
-	    (rc = cuda_residual_norm(b->x, NULL, NULL, NULL, b->layers[0].attn_norm, b->h, h16_of(b, T),
-	    q8_of(b, T, &b->layers[0].wq), T,
-	    hp->n_embd, nm, b->stream, err)) != 0)
+	if (b->host_x != NULL)
+		CK(cudaMemcpyAsync(b->x, b->host_x, (size_t)T * hp->n_embd * sizeof(float), cudaMemcpyHostToDevice,
+		    b->stream));
+	else if ((rc = cuda_embed(&b->tok_embd, dev->tokens, T, hp->embd_scale, b->x, b->stream, err)) != 0)
+		return rc;
+	if ((rc = cuda_residual_norm(b->x, NULL, NULL, NULL, b->layers[0].attn_norm, b->h, h16_of(b, T),
+	    q8_of(b, T, &b->layers[0].wq), T, hp->n_embd, nm, b->stream, err)) != 0)
 		return rc;
 	for (int l = 0; l < hp->n_layer; l++)
 		if ((rc = attention(b, T, l, dev, err)) != 0 || (rc = feed_forward(b, T, l, err)) != 0)
@@ -752,9 +814,12 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 	dev = step_ints(b, b->dev_ints);
 	b->step_bidir = bidir;
 	b->step_T = T;
-	/* an embedding step (hidden states, bidirectional attention) is no graph's shape */
+	/*
+	 * an embedding step (hidden states, bidirectional attention) is no graph's shape, nor is one that brings
+	 * weights up on a second stream (its events would join the capture from outside it)
+	 */
 	if (b->use_graphs && (!b->prof.on || b->prof.on == PROF_STEPS) && T <= GRAPH_MAX_TOKENS && n_logits <= rows &&
-	    n_embd == 0 && !bidir)
+	    n_embd == 0 && !bidir && !streams(b, T))
 		rc = graph_step(b, T, n_logits, &dev, err);
 	else
 		rc = step_kernels(b, T, n_logits, n_embd, &dev, err);

@@ -165,8 +165,25 @@ struct backend {
 	struct cpu_pool *host_pool;
 	struct cpu_ffn *host_run;
 	float *host_h, *host_out;    /* pinned, max_tokens rows of n_embd */
+	float *host_x;               /* pinned: the step's embeddings, looked up by the host when the token
+	                                embeddings stay there (cuda_load's embd_on_host); NULL: on the device */
 	struct host_call *host_calls;/* n_layer */
 	int step_T;                  /* the tokens of the step under way */
+	/*
+	 * A step of stream_min tokens or more brings each host layer's weights
+	 * up instead (host_form, pinned, in the GPU's form) into its stage
+	 * buffer (stream_slot: the two alternate) on up_stream, while the layers
+	 * before it compute, and runs it on the device as streamed[l] (its
+	 * weights in that buffer). NULL without host layers.
+	 */
+	uint8_t **host_form;         /* n_layer: NULL for device layers */
+	size_t *host_form_bytes;
+	int *stream_slot;
+	struct cuda_layer *streamed;
+	uint8_t *stage_w[2];
+	cudaStream_t up_stream;
+	cudaEvent_t w_ready[2], w_free[2];
+	int stream_min;
 };
 
 /* ---- load (cuda_load.cu) ---- */

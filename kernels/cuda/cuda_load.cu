@@ -34,6 +34,11 @@
 #define DEV_ALIGN 256
 /* First size of the block-table area, in entries, unless the pool needs less. */
 #define TABLE_CAP0 (1 << 20)
+/*
+ * Default least tokens of a step that brings the host layers' feed-forwards
+ * up rather than computing them on the host.
+ */
+#define STREAM_MIN_DEFAULT 8
 /* Default largest token count for the matrix-vector kernels. */
 #define MMV_MAX_DEFAULT 1 /* measured: 2 tokens and more faster on the tensor cores (mmt.cu, qgemm.cu) */
 
@@ -158,10 +163,32 @@ ffn_on_host(const struct backend_opts *o, int l)
 /* Of a layer's matrices (layer_matrices), those of its feed-forward start here: after Q, K, V and O. */
 #define LAYER_FFN_FIRST 4
 
+/* 1 if o keeps any layer's feed-forward in host memory. */
+static int
+any_on_host(const struct model_desc *m, const struct backend_opts *o)
+{
+	for (int l = 0; l < m->hp.n_layer; l++)
+		if (ffn_on_host(o, l))
+			return 1;
+	return 0;
+}
+
+/*
+ * 1 if the token embeddings stay in host memory: with any layer there (a
+ * step reads only its tokens' rows, which the host looks up), unless
+ * they are the output's too.
+ */
+static int
+embd_on_host(const struct model_desc *m, const struct backend_opts *o)
+{
+	return m->output != m->tok_embd && any_on_host(m, o);
+}
+
 /*
  * The matrices of the model, tok_embd first; the output only when not
  * tied. host[i] is 1 for those that stay in host memory (the host_ffn
- * layers' feed-forwards), which the device does not hold.
+ * layers' feed-forwards, and then the token embeddings), which the device
+ * does not hold.
  */
 static int
 list_matrices(const struct model_desc *m, const struct backend_opts *o, const struct model_tensor **out,
@@ -169,6 +196,7 @@ list_matrices(const struct model_desc *m, const struct backend_opts *o, const st
 {
 	int n = 0;
 
+	host[n] = (uint8_t)embd_on_host(m, o);
 	out[n++] = m->tok_embd;
 	if (m->output != m->tok_embd)
 		out[n++] = m->output;
@@ -353,22 +381,26 @@ gpu_bytes(const struct model_tensor *t)
  * allocation; returns the total. A matrix of the same type and width as
  * the one before it starts right where that one ends, so that Q/K/V and
  * gate/up can run as one product (cuda_matmul_multi); the others start
- * aligned.
+ * aligned. The matrices of a feed-forward kept in host memory get offsets
+ * from their run's start, laid out alike: where a step that brings them
+ * up puts them (their host form, one copy).
  */
 static size_t
 matrix_offsets(const struct model_tensor **mats, const uint8_t *host, int n, size_t *off)
 {
-	const struct model_tensor *prev = NULL;
-	size_t end = 0;
+	const struct model_tensor *prev = NULL, *hprev = NULL;
+	size_t end = 0, hend = 0;
 
 	for (int i = 0; i < n; i++) {
-		int follows = prev != NULL && mats[i]->type == prev->type && mats[i]->ne[0] == prev->ne[0];
+		const struct model_tensor *p = host[i] ? hprev : prev;
+		int follows = p != NULL && mats[i]->type == p->type && mats[i]->ne[0] == p->ne[0];
+		size_t *e = host[i] ? &hend : &end;
 
-		if (host[i])
-			continue;
-		off[i] = follows ? end : align_up(end);
-		end = off[i] + gpu_bytes(mats[i]);
-		prev = mats[i];
+		if (host[i] && (i == 0 || !host[i - 1]))
+			hend = 0, hprev = NULL, follows = 0;
+		off[i] = follows ? *e : align_up(*e);
+		*e = off[i] + gpu_bytes(mats[i]);
+		*(host[i] ? &hprev : &prev) = mats[i];
 	}
 	return align_up(end);
 }
@@ -628,6 +660,7 @@ flash_tokens(const struct model_hparams *hp, int exact)
 /* What load allocates: weights, activations and scratch, one KV block. */
 struct sizes {
 	size_t weights, act, kv_block;
+	size_t stage;                /* the two buffers a host layer's feed-forward is brought up in */
 	int64_t wh;                  /* elements of the fp16 tile scratch */
 	int64_t part_elems;          /* floats of qgemm's split sums */
 };
@@ -643,6 +676,25 @@ struct mats {
 	uint8_t *host;
 	int n;
 };
+
+/* The first of layer l's matrices in a list_matrices list. */
+static int
+layer_first(const struct model_desc *m, int l)
+{
+	return (m->output != m->tok_embd ? 2 : 1) + l * layer_matrix_count(&m->hp);
+}
+
+/*
+ * Bytes of layer l's feed-forward in the GPU's form, laid out as
+ * matrix_offsets puts a host layer's (from its first matrix on).
+ */
+static size_t
+form_bytes(const struct model_desc *m, const struct mats *x, int l)
+{
+	int last = layer_first(m, l) + layer_matrix_count(&m->hp) - 1;
+
+	return align_up(x->off[last] + gpu_bytes(x->t[last]));
+}
 
 /* The sizes of a load, and where each matrix goes (x->off). Refuses what the kernels do not handle. */
 static int
@@ -662,6 +714,10 @@ plan_sizes(const struct model_desc *m, const struct backend_opts *o, struct mats
 		if (!x->host[i] && is_product(m, x->t[i]))
 			z->wh = MAX(z->wh, cuda_matmul_tile_elems(&w));
 	}
+	z->stage = 0;
+	for (int l = 0; l < m->hp.n_layer; l++)
+		if (ffn_on_host(o, l))
+			z->stage = MAX(z->stage, 2 * form_bytes(m, x, l));
 	z->part_elems = o->exact ? 0 : cuda_qgemm_part_elems(sms);
 	z->kv_block = (size_t)m->hp.n_layer * 2 * KV_BLOCK_TOKENS * d.nkv * (o->exact ? sizeof(float) : sizeof(__half));
 	z->act = activation_bytes(&d) + (size_t)z->wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(o->device, &m->hp) +
@@ -703,7 +759,8 @@ host_rows_bytes(const struct model_desc *m, int max_tokens)
 
 /*
  * Host memory of o's placement: the host layers' feed-forward weights as
- * stored, the host's buffers and the pinned rows; 0 without any.
+ * stored and in the GPU's form (pinned, for the steps that bring them
+ * up), the host's buffers and the pinned rows; 0 without any.
  */
 static uint64_t
 host_bytes(const struct model_desc *m, const struct backend_opts *o, const struct mats *x)
@@ -715,19 +772,22 @@ host_bytes(const struct model_desc *m, const struct backend_opts *o, const struc
 			bytes += x->t[i]->bytes;
 	if (bytes == 0)
 		return 0;
-	return bytes + cpu_ffn_bytes(m, o->max_tokens, o->exact, host_threads(o)) + 2 * host_rows_bytes(m, o->max_tokens);
+	for (int l = 0; l < m->hp.n_layer; l++)
+		if (ffn_on_host(o, l))
+			bytes += form_bytes(m, x, l);
+	return bytes + cpu_ffn_bytes(m, o->max_tokens, o->exact, host_threads(o)) + 3 * host_rows_bytes(m, o->max_tokens);
 }
 
 /* Device bytes of each layer's feed-forward matrices (what keeping them in host memory frees), into ffn. */
 static void
 ffn_bytes(const struct model_desc *m, const struct mats *x, uint64_t *ffn)
 {
-	int per = layer_matrix_count(&m->hp), first = m->output != m->tok_embd ? 2 : 1;
+	int per = layer_matrix_count(&m->hp);
 
 	for (int l = 0; l < m->hp.n_layer; l++) {
 		ffn[l] = 0;
 		for (int i = LAYER_FFN_FIRST; i < per; i++)
-			ffn[l] += align_up(gpu_bytes(x->t[first + l * per + i]));
+			ffn[l] += align_up(gpu_bytes(x->t[layer_first(m, l) + i]));
 	}
 }
 
@@ -740,7 +800,7 @@ cuda_plan(const struct model_desc *m, const struct backend_opts *o, struct backe
 
 	mats_list(m, o, &x);
 	if ((rc = plan_sizes(m, o, &x, &z, err)) == 0) {
-		p->fixed = z.weights + z.act;
+		p->fixed = z.weights + z.act + z.stage;
 		p->kv_block = z.kv_block;
 		p->host = host_bytes(m, o, &x);
 		if (p->ffn != NULL)
@@ -750,46 +810,47 @@ cuda_plan(const struct model_desc *m, const struct backend_opts *o, struct backe
 	return rc;
 }
 
-/* Matrix i of a layer's (mats, off from its first) as uploaded. */
+/* Matrix i of a layer's (mats, off from its first) where base + its offset puts it. */
 static struct cuda_weight
-uploaded(const struct backend *b, const struct model_tensor **mats, const size_t *off, int i)
+placed(uint8_t *base, const struct model_tensor **mats, const size_t *off, int i)
 {
 	struct cuda_weight w = form_of(mats[i]);
 
-	w.d = b->weights + off[i];
+	w.d = base + off[i];
 	return w;
 }
 
 /*
- * Layer l's weights where the upload put them (its matrices, in
- * layer_matrices' order, from mats and off; not its feed-forward's when
- * the host keeps them). Experts are multiplied as one
+ * Layer l's weights into c: its attention where the upload put them (its
+ * matrices, in layer_matrices' order, from mats and off), its feed-forward
+ * from ffn (the weights allocation; a stage buffer for one kept in host
+ * memory; NULL: none). Experts are multiplied as one
  * weight whose experts are evenly strided: each expert's gate and up one
  * run, every expert alike. ERR_UNSUPPORTED for experts that are not.
  */
 static int
-layer_weights(struct backend *b, int l, const struct model_tensor **mats, const size_t *off, char *err)
+layer_weights(struct backend *b, struct cuda_layer *c, int l, const struct model_tensor **mats, const size_t *off,
+    uint8_t *ffn, char *err)
 {
-	struct cuda_layer *c = &b->layers[l];
 	int E = b->m->hp.n_expert, ok = 1;
 
-	c->wq = uploaded(b, mats, off, 0), c->wk = uploaded(b, mats, off, 1);
-	c->wv = uploaded(b, mats, off, 2), c->wo = uploaded(b, mats, off, 3);
-	if (b->host_ffn != NULL && b->host_ffn[l])
+	c->wq = placed(b->weights, mats, off, 0), c->wk = placed(b->weights, mats, off, 1);
+	c->wv = placed(b->weights, mats, off, 2), c->wo = placed(b->weights, mats, off, 3);
+	if (ffn == NULL)
 		return 0;
 	if (E == 0) {
-		c->w_gate = uploaded(b, mats, off, 4), c->w_up = uploaded(b, mats, off, 5);
-		c->w_down = uploaded(b, mats, off, 6);
+		c->w_gate = placed(ffn, mats, off, 4), c->w_up = placed(ffn, mats, off, 5);
+		c->w_down = placed(ffn, mats, off, 6);
 		return 0;
 	}
-	c->moe.router = uploaded(b, mats, off, 4);
-	c->moe.gu = uploaded(b, mats, off, 5);
-	c->moe.down = uploaded(b, mats, off, 5 + 2 * E);
+	c->moe.router = placed(ffn, mats, off, 4);
+	c->moe.gu = placed(ffn, mats, off, 5);
+	c->moe.down = placed(ffn, mats, off, 5 + 2 * E);
 	c->moe.gu_stride = 2 * (size_t)c->moe.gu.n * c->moe.gu.row_bytes;
 	c->moe.down_stride = (size_t)c->moe.down.n * c->moe.down.row_bytes;
 	for (int e = 0; e < E; e++) {
-		struct cuda_weight g = uploaded(b, mats, off, 5 + 2 * e), u = uploaded(b, mats, off, 6 + 2 * e);
-		struct cuda_weight d = uploaded(b, mats, off, 5 + 2 * E + e);
+		struct cuda_weight g = placed(ffn, mats, off, 5 + 2 * e), u = placed(ffn, mats, off, 6 + 2 * e);
+		struct cuda_weight d = placed(ffn, mats, off, 5 + 2 * E + e);
 
 		ok &= cuda_weight_follows(&g, &u) && g.type == c->moe.gu.type && g.n == c->moe.gu.n &&
 		    g.d == c->moe.gu.d + (size_t)e * c->moe.gu_stride && d.type == c->moe.down.type &&
@@ -819,18 +880,21 @@ layer_weights(struct backend *b, int l, const struct model_tensor **mats, const 
  * mapped file, read once here so that the first step does not wait for
  * the disk. Nothing without any.
  */
+static int open_streaming(struct backend *b, const struct backend_opts *o, const struct mats *x, size_t stage,
+    char *err);
+
 static int
-open_host_ffn(struct backend *b, const struct backend_opts *o, const struct mats *x, char *err)
+open_host_ffn(struct backend *b, const struct backend_opts *o, const struct mats *x, size_t stage, char *err)
 {
 	const struct model_desc *m = b->m;
 	size_t rows = host_rows_bytes(m, b->max_tokens);
 	volatile uint8_t sink = 0;
-	int n = m->hp.n_layer, any = 0;
+	int n = m->hp.n_layer;
 
-	for (int l = 0; l < n; l++)
-		any |= ffn_on_host(o, l);
-	if (!any)
+	if (!any_on_host(m, o))
 		return 0;
+	if (embd_on_host(m, o))
+		CK(cudaHostAlloc((void **)&b->host_x, rows, cudaHostAllocDefault));
 	b->host_ffn = (uint8_t *)xmalloc((size_t)n);
 	for (int l = 0; l < n; l++)
 		b->host_ffn[l] = (uint8_t)ffn_on_host(o, l);
@@ -847,6 +911,48 @@ open_host_ffn(struct backend *b, const struct backend_opts *o, const struct mats
 	b->host_calls = (struct host_call *)xcalloc((size_t)n, sizeof *b->host_calls);
 	for (int l = 0; l < n; l++)
 		b->host_calls[l].b = b, b->host_calls[l].l = l;
+	return open_streaming(b, o, x, stage, err);
+}
+
+/*
+ * What the steps of many tokens need to bring the host layers'
+ * feed-forwards up instead of computing them on the host: each one's
+ * weights in the GPU's form in pinned memory (one copy a layer), two
+ * device buffers of stage bytes they take turns in, a stream for the
+ * copies and the events that order them with the step's stream.
+ * RESIDENT_CUDA_STREAM_MIN: the least tokens of such a step.
+ */
+static int
+open_streaming(struct backend *b, const struct backend_opts *o, const struct mats *x, size_t stage, char *err)
+{
+	const struct model_desc *m = b->m;
+	int n = m->hp.n_layer, k = 0, rc;
+
+	b->host_form = (uint8_t **)xcalloc((size_t)n, sizeof *b->host_form);
+	b->host_form_bytes = (size_t *)xcalloc((size_t)n, sizeof *b->host_form_bytes);
+	b->stream_slot = (int *)xcalloc((size_t)n, sizeof *b->stream_slot);
+	b->streamed = (struct cuda_layer *)xcalloc((size_t)n, sizeof *b->streamed);
+	for (int l = 0; l < n; l++) {
+		if (!ffn_on_host(o, l))
+			continue;
+		b->host_form_bytes[l] = form_bytes(m, x, l);
+		CK(cudaHostAlloc((void **)&b->host_form[l], b->host_form_bytes[l], cudaHostAllocWriteCombined));
+		for (int i = layer_first(m, l) + LAYER_FFN_FIRST; i < layer_first(m, l) + layer_matrix_count(&m->hp); i++) {
+			struct cuda_weight w = form_of(x->t[i]);
+
+			cuda_weight_to_host(&w, x->t[i]->data, b->host_form[l] + x->off[i]);
+		}
+		b->stream_slot[l] = k++ % 2;
+	}
+	for (int i = 0; i < 2; i++)
+		if ((rc = dev_alloc((void **)&b->stage_w[i], stage, "a host layer's weights brought up", err)) != 0)
+			return rc;
+	CK(cudaStreamCreateWithFlags(&b->up_stream, cudaStreamNonBlocking));
+	for (int i = 0; i < 2; i++) {
+		CK(cudaEventCreateWithFlags(&b->w_ready[i], cudaEventDisableTiming));
+		CK(cudaEventCreateWithFlags(&b->w_free[i], cudaEventDisableTiming));
+	}
+	b->stream_min = env_int("RESIDENT_CUDA_STREAM_MIN", STREAM_MIN_DEFAULT);
 	return 0;
 }
 
@@ -869,19 +975,28 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	b->mm.part_elems = z.part_elems;
 	b->kv_stride = KV_BLOCK_TOKENS * d.nkv;
 	kv_bytes = (size_t)o->kv_blocks * z.kv_block;
-	if ((rc = check_memory(z.weights + kv_bytes + z.act, z.weights, kv_bytes, z.act, err)) != 0 ||
+	if ((rc = check_memory(z.weights + kv_bytes + z.act + z.stage, z.weights, kv_bytes, z.act + z.stage, err)) != 0 ||
 	    (rc = upload_matrices(b, x.t, x.host, x.n, x.off, z.weights, err)) != 0 ||
 	    (rc = upload_smalls(b, err)) != 0 ||
 	    (rc = alloc_buffers(b, &d, kv_bytes, z.wh, err)) != 0 ||
 	    (rc = cuda_alloc_staging(b, MIN((int64_t)d.S * o->kv_blocks, (int64_t)TABLE_CAP0), err)) != 0 ||
 	    (rc = open_blas(b, err)) != 0 || (rc = cuda_prof_open(&b->prof, err)) != 0 ||
-	    (rc = open_host_ffn(b, o, &x, err)) != 0)
+	    (rc = open_host_ffn(b, o, &x, z.stage / 2, err)) != 0)
 		goto out;
 	b->tok_embd = weight_of(b, x.t, x.n, x.off, m->tok_embd);
 	b->output = weight_of(b, x.t, x.n, x.off, m->output);
-	for (int l = 0, i = m->output != m->tok_embd ? 2 : 1; l < m->hp.n_layer; l++, i += layer_matrix_count(&m->hp))
-		if ((rc = layer_weights(b, l, x.t + i, x.off + i, err)) != 0)
+	for (int l = 0; l < m->hp.n_layer; l++) {
+		int i = layer_first(m, l), host = ffn_on_host(o, l);
+
+		if ((rc = layer_weights(b, &b->layers[l], l, x.t + i, x.off + i, host ? NULL : b->weights, err)) != 0)
 			goto out;
+		if (!host || b->streamed == NULL)
+			continue;
+		b->streamed[l] = b->layers[l]; /* its norms and biases */
+		if ((rc = layer_weights(b, &b->streamed[l], l, x.t + i, x.off + i, b->stage_w[b->stream_slot[l]],
+		    err)) != 0)
+			goto out;
+	}
 	b->mm.mmv_max = mmv_max(b->exact);
 	b->mm.mmt_max = MIN(env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS), MMT_MAX_TOKENS);
 	b->use_graphs = env_int("RESIDENT_CUDA_GRAPHS", 1) != 0;
@@ -940,7 +1055,7 @@ cuda_free(struct backend *b)
 	cudaFree(b->moe.route.row), cudaFree(b->moe.route.row_expert), cudaFree(b->moe.route.row_slot);
 	cudaFree(b->moe.route.tiles), cudaFree(b->moe.down);
 	void *pinned[] = { b->host_argmax, b->host_pick, b->host_pen, b->host_lp, b->host_top_ids, b->host_top_lp,
-		b->host_mask_rows, b->host_mask_bits, b->stage, b->host_ints, b->host_h, b->host_out };
+		b->host_mask_rows, b->host_mask_bits, b->stage, b->host_ints, b->host_h, b->host_out, b->host_x };
 
 	for (size_t i = 0; i < ARRAY_LEN(pinned); i++)
 		if (pinned[i] != NULL)
@@ -956,6 +1071,19 @@ cuda_free(struct backend *b)
 		cudaStreamDestroy(b->move_in);
 	if (b->stream != NULL)
 		cudaStreamDestroy(b->stream);
+	for (int l = 0; b->host_form != NULL && l < b->m->hp.n_layer; l++)
+		if (b->host_form[l] != NULL)
+			cudaFreeHost(b->host_form[l]);
+	for (int i = 0; i < 2; i++) {
+		cudaFree(b->stage_w[i]);
+		if (b->w_ready[i] != NULL)
+			cudaEventDestroy(b->w_ready[i]);
+		if (b->w_free[i] != NULL)
+			cudaEventDestroy(b->w_free[i]);
+	}
+	if (b->up_stream != NULL)
+		cudaStreamDestroy(b->up_stream);
+	free(b->host_form), free(b->host_form_bytes), free(b->stream_slot), free(b->streamed);
 	cpu_ffn_free(b->host_run);
 	if (b->host_pool != NULL)
 		cpu_pool_free(b->host_pool);

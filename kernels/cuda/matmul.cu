@@ -1150,6 +1150,28 @@ mx4g_row(const uint8_t *src, int64_t nb, uint8_t *dst)
 /* Host bytes a Q6_K matrix passes through, regrouped, on its way up. */
 #define UPLOAD_STAGE ((size_t)16 << 20)
 
+/* nr rows of w as stored (src, src_row bytes apart) in the GPU's form at dst. */
+static void
+form_rows(const struct cuda_weight *w, const uint8_t *src, size_t src_row, int64_t nr, uint8_t *dst)
+{
+	for (int64_t i = 0; i < nr; i++)
+		if (w->type == TT_Q6_KG)
+			q6g_row(src + (size_t)i * src_row, w->k / 256, dst + (size_t)i * w->row_bytes);
+		else if (w->type == TT_MXFP4G)
+			mx4g_row(src + (size_t)i * src_row, w->k / 32, dst + (size_t)i * w->row_bytes);
+		else
+			memcpy(dst + (size_t)i * w->row_bytes, src + (size_t)i * src_row, w->row_bytes);
+}
+
+void
+cuda_weight_to_host(const struct cuda_weight *w, const void *src, uint8_t *dst)
+{
+	size_t src_row = 0;
+
+	quant_row_bytes(w->type & 0xff, w->k, &src_row);
+	form_rows(w, (const uint8_t *)src, src_row, w->n, dst);
+}
+
 /* w's rows as stored (src, src_row bytes apart) regrouped in stage, run rows at a time, and copied to dev. */
 static int
 upload_regrouped(const struct cuda_weight *w, const uint8_t *src, size_t src_row, uint8_t *dev, uint8_t *stage,
@@ -1158,11 +1180,7 @@ upload_regrouped(const struct cuda_weight *w, const uint8_t *src, size_t src_row
 	for (int64_t r = 0; r < w->n; r += run) {
 		int64_t nr = MIN(run, w->n - r);
 
-		for (int64_t i = 0; i < nr; i++)
-			if (w->type == TT_Q6_KG)
-				q6g_row(src + (size_t)(r + i) * src_row, w->k / 256, stage + (size_t)i * w->row_bytes);
-			else
-				mx4g_row(src + (size_t)(r + i) * src_row, w->k / 32, stage + (size_t)i * w->row_bytes);
+		form_rows(w, src + (size_t)r * src_row, src_row, nr, stage);
 		CK(cudaMemcpyAsync(dev + (size_t)r * w->row_bytes, stage, (size_t)nr * w->row_bytes,
 		    cudaMemcpyHostToDevice, st));
 		CK(cudaStreamSynchronize(st)); /* before the stage is filled again */

@@ -239,6 +239,8 @@ int cuda_weight_form(uint32_t type, int64_t k, int64_t n, struct cuda_weight *w)
  * and waits for the copies. Returns 0 or ERR_DEVICE with a message.
  */
 int cuda_weight_upload(const struct cuda_weight *w, const void *src, uint8_t *dev, cudaStream_t st, char *err);
+/* w's rows as stored at src, in the form the GPU reads them (cuda_weight_upload's), into host memory at dst. */
+void cuda_weight_to_host(const struct cuda_weight *w, const void *src, uint8_t *dst);
 
 /* 1 if b's rows start where a's end, with the same type and width. */
 int cuda_weight_follows(const struct cuda_weight *a, const struct cuda_weight *b);
