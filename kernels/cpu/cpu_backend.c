@@ -221,7 +221,7 @@ cpu_load(const struct model_desc *m, const struct backend_opts *o, struct backen
 	b->max_tokens = o->max_tokens;
 	b->kv_blocks = o->kv_blocks;
 	b->exact = o->exact;
-	b->pool = cpu_pool_new(threads);
+	b->pool = cpu_pool_new(threads, CPU_POOL_SPIN);
 	b->layers = xcalloc((size_t)m->hp.n_layer, sizeof *b->layers);
 	for (l = 0; l < m->hp.n_layer; l++)
 		load_layer(&m->layers[l], &b->layers[l]);

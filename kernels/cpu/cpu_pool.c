@@ -14,10 +14,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 
-#define SPIN_ROUNDS 20000
-
 struct cpu_pool {
 	int n_threads;
+	int spin;               /* rounds a worker spins before it sleeps */
 	pthread_t *tid;
 	pthread_mutex_t mu;
 	pthread_cond_t wake;
@@ -53,7 +52,7 @@ wait_gen(struct cpu_pool *p, unsigned seen)
 	unsigned g;
 	int i;
 
-	for (i = 0; i < SPIN_ROUNDS; i++)
+	for (i = 0; i < p->spin; i++)
 		if ((g = atomic_load(&p->gen)) != seen)
 			return g;
 	pthread_mutex_lock(&p->mu);
@@ -82,13 +81,14 @@ worker_main(void *arg)
 }
 
 struct cpu_pool *
-cpu_pool_new(int n_threads)
+cpu_pool_new(int n_threads, int spin)
 {
 	struct cpu_pool *p = xcalloc(1, sizeof *p);
 	struct worker_arg *w;
 	int i;
 
 	p->n_threads = n_threads < 1 ? 1 : n_threads;
+	p->spin = spin;
 	p->tid = xcalloc((size_t)p->n_threads, sizeof *p->tid);
 	pthread_mutex_init(&p->mu, NULL);
 	pthread_cond_init(&p->wake, NULL);

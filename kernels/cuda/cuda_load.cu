@@ -36,9 +36,16 @@
 #define TABLE_CAP0 (1 << 20)
 /*
  * Default least tokens of a step that brings the host layers' feed-forwards
- * up rather than computing them on the host.
+ * up rather than computing them on the host: the bus carries a dense
+ * layer's weights in about the time the host takes for 8 tokens
+ * (llama3-8b Q4_K_M under 2.5 GiB, H200 machine: 16 sequences 339 t/s
+ * brought up, 75 on the host); a layer of experts is brought up whole,
+ * while the host reads only the experts its tokens chose, so experts wait
+ * for more (qwen3-30b-a3b under 8 GiB: 16 sequences 127 t/s on the host,
+ * 79 brought up; 64: 178 against 200; a prompt of 64: 227 against 316).
  */
-#define STREAM_MIN_DEFAULT 8
+#define STREAM_MIN_DENSE 8
+#define STREAM_MIN_EXPERTS 32
 /* Default largest token count for the matrix-vector kernels. */
 #define MMV_MAX_DEFAULT 1 /* measured: 2 tokens and more faster on the tensor cores (mmt.cu, qgemm.cu) */
 
@@ -743,11 +750,19 @@ mats_free(struct mats *x)
 	free(x->t), free(x->off), free(x->host);
 }
 
-/* Threads of the host's feed-forwards. */
+/*
+ * Threads of the host's feed-forwards: n_threads, or all cores but two:
+ * the engine thread spins on the step's stream and CUDA's callback thread
+ * runs the pool's first share, so a pool of every core oversubscribes
+ * them (qwen3-30b-a3b cut to 12 layers, 11 on the host, one token, 16
+ * cores of an H200 machine: 150 t/s with 16 threads, 182 with 15, 173
+ * with 14; 201 with 14 and CPU_POOL_SPIN_LONG, whose spinning workers
+ * make oversubscription far worse: about 85 with 16).
+ */
 static int
 host_threads(const struct backend_opts *o)
 {
-	return o->n_threads > 0 ? o->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+	return o->n_threads > 0 ? o->n_threads : MAX(1, (int)sysconf(_SC_NPROCESSORS_ONLN) - 2);
 }
 
 /* Bytes of the pinned rows a host feed-forward's input and output cross the bus in (each). */
@@ -903,7 +918,7 @@ open_host_ffn(struct backend *b, const struct backend_opts *o, const struct mats
 			sink ^= ((const uint8_t *)x->t[i]->data)[at];
 	(void)sink;
 	cpu_ops_init();
-	b->host_pool = cpu_pool_new(host_threads(o));
+	b->host_pool = cpu_pool_new(host_threads(o), CPU_POOL_SPIN_LONG);
 	if ((b->host_run = cpu_ffn_new(m, b->host_ffn, b->max_tokens, b->exact, b->host_pool, err)) == NULL)
 		return ERR_NOMEM;
 	CK(cudaHostAlloc((void **)&b->host_h, rows, cudaHostAllocDefault));
@@ -952,7 +967,7 @@ open_streaming(struct backend *b, const struct backend_opts *o, const struct mat
 		CK(cudaEventCreateWithFlags(&b->w_ready[i], cudaEventDisableTiming));
 		CK(cudaEventCreateWithFlags(&b->w_free[i], cudaEventDisableTiming));
 	}
-	b->stream_min = env_int("RESIDENT_CUDA_STREAM_MIN", STREAM_MIN_DEFAULT);
+	b->stream_min = env_int("RESIDENT_CUDA_STREAM_MIN", m->hp.n_expert > 0 ? STREAM_MIN_EXPERTS : STREAM_MIN_DENSE);
 	return 0;
 }
 

@@ -338,7 +338,7 @@ group_setup(void **state)
 		return -1;
 	}
 	cpu_ops_init();
-	pool = cpu_pool_new(CPU_THREADS);
+	pool = cpu_pool_new(CPU_THREADS, CPU_POOL_SPIN);
 	return 0;
 }
 
