@@ -27,7 +27,10 @@
  *
  * RESIDENT_KV_WRITE_STALL=N (tests only): the thread stops for an hour
  * after writing N records of a job, so that a test can kill the daemon in
- * the middle of a write.
+ * the middle of a write. RESIDENT_KV_MOVE_STALL=N (tests only, read by
+ * the engine, carried by the job): a load copies the first block of its
+ * first piece up alone and stops for N ms before the rest, so that a test
+ * can kill the daemon in the middle of the copy up.
  */
 #include "config.h"
 #include "kvdisk.h"
@@ -44,6 +47,7 @@
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -552,15 +556,22 @@ load_piece(struct load *L, uint8_t *buf, int32_t i, int32_t c)
 	const void *src[LOAD_RECORDS];
 	char err[ERR_LEN];
 	ssize_t got = pread(L->fd, buf, (size_t)c * L->rec, (off_t)(L->head + (size_t)(j->first + i) * L->rec));
-	int32_t k, have = got > 0 ? (int32_t)MIN((size_t)c, (size_t)got / L->rec) : 0;  /* whole records only */
+	int32_t k, first, have = got > 0 ? (int32_t)MIN((size_t)c, (size_t)got / L->rec) : 0;  /* whole records only */
+	long stall;
 	int rc;
 
 	for (k = 0; k < have && rec_valid(j, j->first + i + k, L->keys[i + k], buf + (size_t)k * L->rec); k++)
 		src[k] = buf + (size_t)k * L->rec + sizeof(struct rec_head);
 	if (k == 0)
 		return 0;
+	stall = i == 0 ? j->move_stall_ms : 0;
+	first = stall > 0 ? 1 : k;  /* the test hook's split (above) */
 	pthread_mutex_lock(j->copy_mu);
-	rc = j->ops->kv_move(j->be, j->blocks + i, k, NULL, src, err);
+	rc = j->ops->kv_move(j->be, j->blocks + i, first, NULL, src, err);
+	if (rc == 0 && stall > 0)
+		kvdisk_move_stall(stall, "disk", j->n);
+	if (rc == 0 && first < k)
+		rc = j->ops->kv_move(j->be, j->blocks + i + first, k - first, NULL, src + first, err);
 	pthread_mutex_unlock(j->copy_mu);
 	if (rc != 0) {
 		load_fail(L, i, rc, err);
@@ -841,6 +852,17 @@ kvdisk_records(struct kvdisk *d, uint64_t identity, const char *identity_text, s
 			bytes = d->files[i].bytes;
 	pthread_mutex_unlock(&d->mu);
 	return bytes > head ? (int32_t)MIN((bytes - head) / rec, (uint64_t)INT32_MAX) : 0;
+}
+
+void
+kvdisk_move_stall(long ms, const char *from, int32_t n)
+{
+	struct timespec t = { (time_t)(ms / 1000), (ms % 1000) * 1000000L };
+
+	fprintf(stderr, "RESIDENT_KV_MOVE_STALL: a move of %d blocks in from %s has copied its first; "
+	    "the rest in %ld ms\n", (int)n, from, ms);
+	while (nanosleep(&t, &t) != 0 && errno == EINTR)
+		continue;
 }
 
 void

@@ -65,6 +65,7 @@ struct kvdisk_job {
 	char *identity_text;        /* malloc'd */
 	uint64_t prev;              /* the records' key before record first (kvdisk.c) */
 	size_t block_bytes;
+	long move_stall_ms;         /* LOAD: the test hook RESIDENT_KV_MOVE_STALL's stall (kvdisk_move_stall), or 0 */
 	int32_t first, n;
 	int32_t *tokens;            /* n * KV_BLOCK_TOKENS: each record's token ids (malloc'd) */
 	int32_t *blocks;            /* n device blocks (malloc'd), or a part of hold */
@@ -112,5 +113,11 @@ int32_t kvdisk_records(struct kvdisk *d, uint64_t identity, const char *identity
     const char *name);
 /* Bytes of the files, and the budget. Thread-safe. */
 void kvdisk_usage(struct kvdisk *d, uint64_t *bytes, uint64_t *budget);
+/*
+ * The test hook RESIDENT_KV_MOVE_STALL (engine_tier.c): a move of n blocks
+ * into the pool from `from` has copied its first; says so on stderr, for
+ * the test to see, and waits ms milliseconds before it goes on.
+ */
+void kvdisk_move_stall(long ms, const char *from, int32_t n);
 
 #endif

@@ -63,7 +63,7 @@ engine_pick_backend(const char *device, const struct backend_ops **ops, char *er
 static void
 resolve_opts(struct engine *e, const struct engine_opts *o)
 {
-	const char *host_picks;
+	const char *host_picks, *stall;
 	int32_t kv_tokens;
 
 	e->n_ctx = o->n_ctx > 0 ? o->n_ctx : MIN(e->m->hp.n_ctx_train, DEFAULT_CTX_CAP);
@@ -82,6 +82,8 @@ resolve_opts(struct engine *e, const struct engine_opts *o)
 	e->exact = o->exact != 0;
 	host_picks = getenv("RESIDENT_HOST_SAMPLING");
 	e->host_picks = host_picks != NULL && atoi(host_picks) != 0;
+	stall = getenv("RESIDENT_KV_MOVE_STALL");
+	e->move_stall_ms = stall != NULL ? MAX(atol(stall), 0) : 0;
 	e->host = o->host;
 	e->disk = o->disk;
 }

@@ -88,6 +88,7 @@ struct engine {
 	int32_t evicted_blk[HOST_RUN];
 	int32_t n_evicted;
 	struct kvdisk *disk;
+	long move_stall_ms;     /* RESIDENT_KV_MOVE_STALL (tests only, engine_tier.c), or 0 */
 	struct engine_cache_stats st;
 };
 

@@ -5,6 +5,12 @@
  * blocks the pool gives up copied to the host tier, and runs of them
  * brought back, both ways in one copy (kv_move); and the disk tier's jobs
  * for a session's blocks, run on kvdisk.c's thread.
+ *
+ * RESIDENT_KV_MOVE_STALL=N (tests only; engine.c reads it when the engine
+ * is made): a run that comes back from the host tier, and a disk load (its
+ * job carries N), copies its first block alone, stops for N ms
+ * (kvdisk_move_stall says so on stderr) and then copies the rest, so that a
+ * test can kill the daemon in the middle of a move into the pool.
  */
 #include "config.h"
 #include "engine_int.h"
@@ -249,8 +255,14 @@ tier_from_host(struct engine *e, struct seq *s, int32_t upto)
 		out[placed] = e->n_evicted > had ? e->evicted[had]->data : NULL;
 	}
 	if (placed > 0) {
+		int32_t first = e->move_stall_ms > 0 ? 1 : placed;  /* the test hook's split (above) */
+
 		pthread_mutex_lock(&e->copy_mu);
-		rc = e->ops->kv_move(e->be, blk, placed, out, src, err);
+		rc = e->ops->kv_move(e->be, blk, first, out, src, err);
+		if (rc == 0 && e->move_stall_ms > 0)
+			kvdisk_move_stall(e->move_stall_ms, "host memory", placed);
+		if (rc == 0 && first < placed)
+			rc = e->ops->kv_move(e->be, blk + first, placed - first, out + first, src + first, err);
 		pthread_mutex_unlock(&e->copy_mu);
 	}
 	evicted_done(e, rc);
@@ -294,6 +306,7 @@ disk_job(struct engine *e, struct seq *s, enum kvdisk_op op, const char *name, i
 	/* the uid's namespace is left out: K/V do not depend on who asked */
 	j->prev = kv_chain_n(kv_root(e->identity, 0), s->tokens, first);
 	j->block_bytes = e->block_bytes;
+	j->move_stall_ms = e->move_stall_ms;
 	j->first = first;
 	j->n = n;
 	j->tokens = xmalloc((size_t)n * KV_BLOCK_TOKENS * sizeof *j->tokens);
