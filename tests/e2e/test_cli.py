@@ -211,24 +211,25 @@ def test_models():
 SHOW_KEYS = {"name", "path", "loaded", "default", "device", "arch", "size", "format", "parameters", "quantization",
              "tensor_types", "context", "context_train", "template", "template_error", "vocab", "layers",
              "embedding", "heads", "kv_heads", "head_dim", "feed_forward", "sliding_window", "memory_bytes",
-             "need_bytes", "pooling", "dimensions", "bidirectional"}
+             "need_bytes", "whole_bytes", "host_layers", "host_bytes", "pooling", "dimensions", "bidirectional"}
 # the keys of a status model map, as `ps --json` prints those of the loaded models
 STATUS_MODEL_KEYS = {"name", "loaded", "device", "exact", "faults", "memory_bytes", "keep_alive_s", "expires_in_s",
-                     "loads", "unloads", "weights_bytes", "kv_bytes", "kv_blocks", "kv_free_blocks", "kv_used_bytes",
+                     "loads", "unloads", "weights_bytes", "host_layers", "host_bytes", "kv_bytes", "kv_blocks", "kv_free_blocks", "kv_used_bytes",
                      "active", "queued", "cache_hit_tokens", "cache_miss_tokens", "cache_host_hit_tokens",
                      "cache_disk_hit_tokens", "prompt_tokens", "generated_tokens", "ttft", "itl"}
 
 
 def ps_rows():
-    """`resident ps` as {name: [device, memory, running, queued, keep-alive]}, its header checked."""
+    """`resident ps` as {name: [device, memory, running, queued, keep-alive]}, its header checked, and its
+    HOST column "-" (the CPU keeps no layer apart)."""
     out, _, _ = resident("ps")
     lines = out.splitlines()
-    check(lines and lines[0].split() == ["NAME", "DEVICE", "MEMORY", "RUNNING", "QUEUED", "KEEP-ALIVE"],
+    check(lines and lines[0].split() == ["NAME", "DEVICE", "MEMORY", "HOST", "RUNNING", "QUEUED", "KEEP-ALIVE"],
           "ps header", out)
     rows = {}
     for line in lines[1:]:
-        m = re.fullmatch(r"(\S+)\s+(\S+)\s+(\d+\.\d [KMG]iB)\s+(\d+)\s+(\d+)\s+(.+)", line)
-        check(m, "a ps line", line)
+        m = re.fullmatch(r"(\S+)\s+(\S+)\s+(\d+\.\d [KMG]iB)\s+-\s+(\d+)\s+(\d+)\s+(.+)", line)
+        check(m, "a ps line (no host layers)", line)
         rows[m.group(1)] = list(m.groups()[1:])
     return rows
 
@@ -244,6 +245,9 @@ def test_show():
           "show: quantization and tensor types", out)
     m = resident_json("show", "tiny")["model"]
     check(set(m) == SHOW_KEYS, "show --json keys", sorted(set(m) ^ SHOW_KEYS))
+    # the CPU computes every layer where its weights are: nothing to place, the least it needs is all of it
+    check(m["host_layers"] == 0 and m["host_bytes"] == 0 and m["whole_bytes"] == m["need_bytes"],
+          "show --json: no host layers on the CPU", m)
     check(m["loaded"] and m["quantization"] == "Q8_0" and m["memory_bytes"] >= m["need_bytes"] > 0
           and m["context"] == 2048 and m["template_error"] == "", "show --json of the loaded model", m)
     check(resident_json("models", "show", "tiny") == {"model": m}, "models show is show")
