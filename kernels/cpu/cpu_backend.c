@@ -47,35 +47,21 @@ struct backend {
 	int32_t *tok_seq, *tok_pos;
 };
 
-/* Converts a 1-D weight (or each row of a 2-D one) to a malloc'd float array (NULL stays NULL). */
-static float *
-to_float(const struct model_tensor *t)
-{
-	float *f;
-
-	if (t == NULL)
-		return NULL;
-	f = xmalloc((size_t)t->ne[0] * (size_t)t->ne[1] * sizeof *f);
-	for (int64_t r = 0; r < t->ne[1]; r++)
-		cpu_get_row(t, r, f + r * t->ne[0]);
-	return f;
-}
-
 /* The float copies of one layer's small weights. */
 static void
 load_layer(const struct model_layer *L, struct cpu_layer *c)
 {
-	c->attn_norm = to_float(L->attn_norm);
-	c->ffn_norm = to_float(L->ffn_norm);
-	c->post_attn_norm = to_float(L->post_attn_norm);
-	c->post_ffn_norm = to_float(L->post_ffn_norm);
-	c->q_norm = to_float(L->q_norm);
-	c->k_norm = to_float(L->k_norm);
-	c->bq = to_float(L->bq);
-	c->bk = to_float(L->bk);
-	c->bv = to_float(L->bv);
-	c->bo = to_float(L->bo);
-	c->sinks = to_float(L->sinks);
+	c->attn_norm = cpu_to_float(L->attn_norm);
+	c->ffn_norm = cpu_to_float(L->ffn_norm);
+	c->post_attn_norm = cpu_to_float(L->post_attn_norm);
+	c->post_ffn_norm = cpu_to_float(L->post_ffn_norm);
+	c->q_norm = cpu_to_float(L->q_norm);
+	c->k_norm = cpu_to_float(L->k_norm);
+	c->bq = cpu_to_float(L->bq);
+	c->bk = cpu_to_float(L->bk);
+	c->bv = cpu_to_float(L->bv);
+	c->bo = cpu_to_float(L->bo);
+	c->sinks = cpu_to_float(L->sinks);
 }
 
 static void
@@ -225,7 +211,7 @@ cpu_load(const struct model_desc *m, const struct backend_opts *o, struct backen
 	b->layers = xcalloc((size_t)m->hp.n_layer, sizeof *b->layers);
 	for (l = 0; l < m->hp.n_layer; l++)
 		load_layer(&m->layers[l], &b->layers[l]);
-	b->out_norm = to_float(m->out_norm);
+	b->out_norm = cpu_to_float(m->out_norm);
 	for (int swa = 0; swa < 2; swa++) {
 		b->freq[swa] = xmalloc((size_t)m->hp.head_dim / 2 * sizeof(float));
 		model_rope_freqs(&m->hp, swa, b->freq[swa]);

@@ -127,20 +127,6 @@ cpu_ffn_bytes(const struct model_desc *m, int max_tokens, int exact, int threads
 	return bytes;
 }
 
-/* A 1-D weight (or each row of a 2-D one) as a malloc'd float array; NULL stays NULL. */
-static float *
-to_float(const struct model_tensor *t)
-{
-	float *f;
-
-	if (t == NULL)
-		return NULL;
-	f = xmalloc((size_t)t->ne[0] * (size_t)t->ne[1] * sizeof *f);
-	for (int64_t r = 0; r < t->ne[1]; r++)
-		cpu_get_row(t, r, f + r * t->ne[0]);
-	return f;
-}
-
 struct cpu_ffn *
 cpu_ffn_new(const struct model_desc *m, const uint8_t *use_layer, int max_tokens, int exact, struct cpu_pool *pool,
     char *err)
@@ -175,10 +161,10 @@ cpu_ffn_new(const struct model_desc *m, const uint8_t *use_layer, int max_tokens
 
 		if (use_layer != NULL && !use_layer[l])
 			continue;
-		c->router_b = to_float(L->router_b);
-		c->gate_b = to_float(L->exp_gate_b);
-		c->up_b = to_float(L->exp_up_b);
-		c->down_b = to_float(L->exp_down_b);
+		c->router_b = cpu_to_float(L->router_b);
+		c->gate_b = cpu_to_float(L->exp_gate_b);
+		c->up_b = cpu_to_float(L->exp_up_b);
+		c->down_b = cpu_to_float(L->exp_down_b);
 	}
 	return f;
 }

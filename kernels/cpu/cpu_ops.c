@@ -979,6 +979,19 @@ cpu_get_row(const struct model_tensor *w, int64_t r, float *out)
 	dequantize(w->type, (const uint8_t *)w->data + (size_t)r * row_bytes, out, w->ne[0]);
 }
 
+float *
+cpu_to_float(const struct model_tensor *t)
+{
+	float *f;
+
+	if (t == NULL)
+		return NULL;
+	f = xmalloc((size_t)t->ne[0] * (size_t)t->ne[1] * sizeof *f);
+	for (int64_t r = 0; r < t->ne[1]; r++)
+		cpu_get_row(t, r, f + r * t->ne[0]);
+	return f;
+}
+
 void
 cpu_rmsnorm(const float *x, const float *w, float w_offset, float eps, int64_t n, float *out)
 {

@@ -91,6 +91,9 @@ void cpu_matmul_set(struct cpu_pool *pool, int n, const struct cpu_mm *mm, float
 /* Dequantizes row r of a weight (an embedding lookup). */
 void cpu_get_row(const struct model_tensor *w, int64_t r, float *out);
 
+/* A 1-D weight (or each row of a 2-D one) as a malloc'd float array, for small weights converted once; NULL stays NULL. */
+float *cpu_to_float(const struct model_tensor *t);
+
 /* out = x / rms(x) * (w + w_offset), n elements; out may be x. */
 void cpu_rmsnorm(const float *x, const float *w, float w_offset, float eps, int64_t n, float *out);
 

