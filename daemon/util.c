@@ -287,3 +287,23 @@ now_ns(void)
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
+
+int
+host_memory(uint64_t *free_b, uint64_t *total, char *err)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[256];
+	unsigned long long kb;
+
+	*free_b = *total = 0;
+	if (f == NULL)
+		return err_set(err, ERR_IO, "/proc/meminfo: %s", strerror(errno));
+	while (fgets(line, sizeof line, f) != NULL) {
+		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+			*free_b = (uint64_t)kb << 10;
+		else if (sscanf(line, "MemTotal: %llu kB", &kb) == 1)
+			*total = (uint64_t)kb << 10;
+	}
+	fclose(f);
+	return *free_b > 0 ? 0 : err_set(err, ERR_IO, "/proc/meminfo has no MemAvailable");
+}

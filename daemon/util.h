@@ -83,6 +83,9 @@ int utf8_encode(uint32_t cp, unsigned char out[4]);
 /* Monotonic time in nanoseconds. */
 uint64_t now_ns(void);
 
+/* The host's memory: MemAvailable and MemTotal of /proc/meminfo. 0 or ERR_IO. */
+int host_memory(uint64_t *free_b, uint64_t *total, char *err);
+
 #define ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 #define MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -930,12 +930,52 @@ open_host_ffn(struct backend *b, const struct backend_opts *o, const struct mats
 }
 
 /*
+ * The host layers' weights in the GPU's form, pinned, one copy a layer;
+ * 0 and none where half the host's available memory does not hold them
+ * or pinning fails: the pinned copies double a host layer's host memory,
+ * and the host can compute every step without them, only slower.
+ */
+static int
+pin_forms(struct backend *b, const struct backend_opts *o, const struct mats *x)
+{
+	const struct model_desc *m = b->m;
+	uint64_t avail = 0, total = 0, forms = 0;
+	char err[ERR_LEN];
+	int n = m->hp.n_layer;
+
+	for (int l = 0; l < n; l++)
+		forms += ffn_on_host(o, l) ? form_bytes(m, x, l) : 0;
+	if (host_memory(&avail, &total, err) != 0 || forms > avail / 2)
+		return 0;
+	b->host_form = (uint8_t **)xcalloc((size_t)n, sizeof *b->host_form);
+	b->host_form_bytes = (size_t *)xcalloc((size_t)n, sizeof *b->host_form_bytes);
+	for (int l = 0; l < n; l++) {
+		if (!ffn_on_host(o, l))
+			continue;
+		b->host_form_bytes[l] = form_bytes(m, x, l);
+		if (cudaHostAlloc((void **)&b->host_form[l], b->host_form_bytes[l], cudaHostAllocWriteCombined) !=
+		    cudaSuccess) {
+			b->host_form[l] = NULL;
+			(void)cudaGetLastError();
+			return 0;
+		}
+		for (int i = layer_first(m, l) + LAYER_FFN_FIRST; i < layer_first(m, l) + layer_matrix_count(&m->hp); i++) {
+			struct cuda_weight w = form_of(x->t[i]);
+
+			cuda_weight_to_host(&w, x->t[i]->data, b->host_form[l] + x->off[i]);
+		}
+	}
+	return 1;
+}
+
+/*
  * What the steps of many tokens need to bring the host layers'
  * feed-forwards up instead of computing them on the host: each one's
- * weights in the GPU's form in pinned memory (one copy a layer), two
- * device buffers of stage bytes they take turns in, a stream for the
- * copies and the events that order them with the step's stream.
- * RESIDENT_CUDA_STREAM_MIN: the least tokens of such a step.
+ * weights pinned in the GPU's form (pin_forms; without them every step
+ * computes on the host), two device buffers of stage bytes they take
+ * turns in, a stream for the copies and the events that order them with
+ * the step's stream. RESIDENT_CUDA_STREAM_MIN: the least tokens of such a
+ * step.
  */
 static int
 open_streaming(struct backend *b, const struct backend_opts *o, const struct mats *x, size_t stage, char *err)
@@ -943,22 +983,12 @@ open_streaming(struct backend *b, const struct backend_opts *o, const struct mat
 	const struct model_desc *m = b->m;
 	int n = m->hp.n_layer, k = 0, rc;
 
-	b->host_form = (uint8_t **)xcalloc((size_t)n, sizeof *b->host_form);
-	b->host_form_bytes = (size_t *)xcalloc((size_t)n, sizeof *b->host_form_bytes);
+	if (!pin_forms(b, o, x))
+		return 0;
 	b->stream_slot = (int *)xcalloc((size_t)n, sizeof *b->stream_slot);
-	b->streamed = (struct cuda_layer *)xcalloc((size_t)n, sizeof *b->streamed);
-	for (int l = 0; l < n; l++) {
-		if (!ffn_on_host(o, l))
-			continue;
-		b->host_form_bytes[l] = form_bytes(m, x, l);
-		CK(cudaHostAlloc((void **)&b->host_form[l], b->host_form_bytes[l], cudaHostAllocWriteCombined));
-		for (int i = layer_first(m, l) + LAYER_FFN_FIRST; i < layer_first(m, l) + layer_matrix_count(&m->hp); i++) {
-			struct cuda_weight w = form_of(x->t[i]);
-
-			cuda_weight_to_host(&w, x->t[i]->data, b->host_form[l] + x->off[i]);
-		}
-		b->stream_slot[l] = k++ % 2;
-	}
+	for (int l = 0; l < n; l++)
+		if (ffn_on_host(o, l))
+			b->stream_slot[l] = k++ % 2;
 	for (int i = 0; i < 2; i++)
 		if ((rc = dev_alloc((void **)&b->stage_w[i], stage, "a host layer's weights brought up", err)) != 0)
 			return rc;
@@ -968,6 +998,7 @@ open_streaming(struct backend *b, const struct backend_opts *o, const struct mat
 		CK(cudaEventCreateWithFlags(&b->w_free[i], cudaEventDisableTiming));
 	}
 	b->stream_min = env_int("RESIDENT_CUDA_STREAM_MIN", m->hp.n_expert > 0 ? STREAM_MIN_EXPERTS : STREAM_MIN_DENSE);
+	b->streamed = (struct cuda_layer *)xcalloc((size_t)n, sizeof *b->streamed);
 	return 0;
 }
 
