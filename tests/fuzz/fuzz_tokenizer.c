@@ -1,6 +1,6 @@
 /*
  * fuzz_tokenizer.c: libFuzzer target for the tokenizer.json loader and the
- * tokenizer it builds (daemon/model/tokenizer.c).
+ * tokenizer it builds (daemon/model/tokenizer_load.c).
  *
  * Input: NUL-separated parts: tokenizer.json, then a text to encode, then
  * tokenizer_config.json (each optional after the first; JSON text holds
