@@ -892,8 +892,9 @@ layer_weights(struct backend *b, struct cuda_layer *c, int l, const struct model
  * The feed-forwards o keeps in host memory: their runner on a pool of the
  * host's threads, the pinned rows their input and output cross the bus
  * in, each layer's host function's argument. Their weights stay in the
- * mapped file, read once here so that the first step does not wait for
- * the disk. Nothing without any.
+ * mapped file, read once here (by pinning their GPU form, else page by
+ * page) so that the first step does not wait for the disk. Nothing without
+ * any.
  */
 static int open_streaming(struct backend *b, const struct backend_opts *o, const struct mats *x, size_t stage,
     char *err);
@@ -904,7 +905,7 @@ open_host_ffn(struct backend *b, const struct backend_opts *o, const struct mats
 	const struct model_desc *m = b->m;
 	size_t rows = host_rows_bytes(m, b->max_tokens);
 	volatile uint8_t sink = 0;
-	int n = m->hp.n_layer;
+	int n = m->hp.n_layer, rc;
 
 	if (!any_on_host(m, o))
 		return 0;
@@ -913,10 +914,6 @@ open_host_ffn(struct backend *b, const struct backend_opts *o, const struct mats
 	b->host_ffn = (uint8_t *)xmalloc((size_t)n);
 	for (int l = 0; l < n; l++)
 		b->host_ffn[l] = (uint8_t)ffn_on_host(o, l);
-	for (int i = 0; i < x->n; i++)
-		for (size_t at = 0; x->host[i] && at < x->t[i]->bytes; at += 4096)
-			sink ^= ((const uint8_t *)x->t[i]->data)[at];
-	(void)sink;
 	cpu_ops_init();
 	b->host_pool = cpu_pool_new(host_threads(o), CPU_POOL_SPIN_LONG);
 	if ((b->host_run = cpu_ffn_new(m, b->host_ffn, b->max_tokens, b->exact, b->host_pool, err)) == NULL)
@@ -926,7 +923,13 @@ open_host_ffn(struct backend *b, const struct backend_opts *o, const struct mats
 	b->host_calls = (struct host_call *)xcalloc((size_t)n, sizeof *b->host_calls);
 	for (int l = 0; l < n; l++)
 		b->host_calls[l].b = b, b->host_calls[l].l = l;
-	return open_streaming(b, o, x, stage, err);
+	if ((rc = open_streaming(b, o, x, stage, err)) != 0 || b->streamed != NULL)
+		return rc; /* pinning the GPU's form read every page already */
+	for (int i = 1; i < x->n; i++) /* not the embeddings (i 0): a step reads only its tokens' rows */
+		for (size_t at = 0; x->host[i] && at < x->t[i]->bytes; at += 4096)
+			sink ^= ((const uint8_t *)x->t[i]->data)[at];
+	(void)sink;
+	return 0;
 }
 
 /*
@@ -955,8 +958,12 @@ pin_forms(struct backend *b, const struct backend_opts *o, const struct mats *x)
 		b->host_form_bytes[l] = form_bytes(m, x, l);
 		if (cudaHostAlloc((void **)&b->host_form[l], b->host_form_bytes[l], cudaHostAllocWriteCombined) !=
 		    cudaSuccess) {
-			b->host_form[l] = NULL;
 			(void)cudaGetLastError();
+			for (int k = 0; k < l; k++)
+				if (b->host_form[k] != NULL)
+					cudaFreeHost(b->host_form[k]);
+			free(b->host_form), free(b->host_form_bytes);
+			b->host_form = NULL, b->host_form_bytes = NULL;
 			return 0;
 		}
 		for (int i = layer_first(m, l) + LAYER_FFN_FIRST; i < layer_first(m, l) + layer_matrix_count(&m->hp); i++) {
