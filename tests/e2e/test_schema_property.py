@@ -88,9 +88,16 @@ class Pat:
 
     SYNTAX = "^$\\.*+?()[]{}|"
 
+    # Copies of a counted group are positions of their own, so nested counts
+    # multiply the positions the daemon prepares (PROTOCOL.md refuses past
+    # 1,048,576). Each atom is made with the product of the counts around
+    # it at most this: a quantifier that would pass it is left out.
+    MAX_COPIES = 64
+
     def __init__(self, r):
         self.r = r
         self.groups = 0
+        self.copies = 1
 
     def atom(self):
         """(ecma, python, nullable)"""
@@ -162,9 +169,16 @@ class Pat:
         return "[%s%s]" % ("^" if neg else "", "".join(ee)), "[%s%s]" % ("^" if neg else "", "".join(pp)), False
 
     def piece(self):
-        e, p, nul = self.atom()
         r = self.r
         k = r.random()
+        # the most copies each choice of k can give (a nullable atom falls
+        # through * + and {n,} to the counts below them)
+        most = 1 if k < 0.65 else 4 if k < 0.88 else 7
+        if self.copies * most > self.MAX_COPIES:
+            k, most = 0.0, 1
+        self.copies *= most
+        e, p, nul = self.atom()
+        self.copies //= most
         if k < 0.55:
             return e, p, nul
         lazy = "?" if r.random() < 0.15 else ""
