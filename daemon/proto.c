@@ -551,6 +551,24 @@ get_priority(const msgpack_object *m, struct proto_req *r, char *err)
 	return rc;
 }
 
+/* speculative: "auto" (the default) or "off". */
+static int
+get_speculative(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	char *v = NULL;
+	int rc;
+
+	r->speculative = 1;
+	if ((rc = get_str(m, "speculative", 0, SIZE_MAX, &v, err)) != 0 || v == NULL)
+		return rc;
+	if (strcmp(v, "off") == 0)
+		r->speculative = 0;
+	else if (strcmp(v, "auto") != 0)
+		rc = err_set(err, PE_INVALID_PARAM, "speculative must be \"auto\" or \"off\"");
+	free(v);
+	return rc;
+}
+
 static int
 decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 {
@@ -585,7 +603,7 @@ decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 	if (r->tools != NULL && r->prompt != NULL)
 		return err_set(err, PE_BAD_REQUEST, "tools are rendered by the chat template: give 'messages', "
 		    "not 'prompt'");
-	if ((rc = get_priority(m, r, err)) != 0)
+	if ((rc = get_priority(m, r, err)) != 0 || (rc = get_speculative(m, r, err)) != 0)
 		return rc;
 	if ((r->prompt != NULL) == (r->msgs != NULL))
 		return err_set(err, PE_BAD_REQUEST, "give exactly one of 'prompt' and 'messages'");

@@ -118,6 +118,7 @@ struct proto_req {
 	enum proto_tool_choice tool_choice;
 	char *tool_name;        /* with TOOLS_REQUIRED: the one tool to call; NULL: any of them */
 	enum chat_think think;  /* think: how much a reasoning model reasons first */
+	int speculative;        /* 1: "auto" (the default), guessed tokens checked in a step; 0: "off" */
 	/* embed */
 	struct proto_input *inputs;
 	int n_inputs;

@@ -305,23 +305,28 @@ pack_choice(msgpack_packer *pk, const struct gen *g, const struct seq *q, const 
 
 /*
  * The usage of a done: the prompt once (its choices share its KV: it was
- * computed once), the tokens every choice generated, and their rate after
- * the first token.
+ * computed once), the tokens every choice generated, guessed and had
+ * accepted, and their rate after the first token.
  */
 static void
 pack_usage(msgpack_packer *pk, const struct gen *g)
 {
 	double gen_s = g->t_first ? (double)(now_ns() - g->t_first) / 1e9 : 0;
-	int32_t generated = 0;
+	int32_t generated = 0, drafted = 0, accepted = 0;
 	int i;
 
-	for (i = 0; i < g->n_seqs; i++)
+	for (i = 0; i < g->n_seqs; i++) {
 		generated += g->seqs[i]->n_generated;
+		drafted += g->seqs[i]->n_drafted;
+		accepted += g->seqs[i]->n_accepted;
+	}
 	proto_pack_str(pk, "usage");
-	msgpack_pack_map(pk, 5);
+	msgpack_pack_map(pk, 7);
 	proto_pack_kv_uint(pk, "prompt_tokens", (uint64_t)g->n_prompt);
 	proto_pack_kv_uint(pk, "cached_tokens", (uint64_t)(g->n_seqs > 0 ? g->seqs[0]->n_hit : 0));
 	proto_pack_kv_uint(pk, "generated_tokens", (uint64_t)generated);
+	proto_pack_kv_uint(pk, "drafted_tokens", (uint64_t)drafted);
+	proto_pack_kv_uint(pk, "accepted_tokens", (uint64_t)accepted);
 	proto_pack_kv_float(pk, "ttft_ms", g->t_first ? (double)(g->t_first - g->job->t_submit) / 1e6 : 0);
 	proto_pack_kv_float(pk, "tokens_per_s", gen_s > 0 ? (generated - 1) / gen_s : 0);
 }

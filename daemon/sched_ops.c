@@ -268,7 +268,7 @@ sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *
 	const struct gen *g;
 	uint32_t n_models = 0, active = 0, queued = 0, ma, mq;
 	struct engine_cache_stats cs;
-	uint64_t device_bytes = 0, host_bytes = 0;
+	uint64_t device_bytes = 0, host_bytes = 0, drafted = 0, accepted = 0;
 	int32_t host_layers;
 	int i;
 
@@ -291,7 +291,9 @@ sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *
 		if (m->e != NULL)
 			engine_cache_stats(m->e, &cs);
 		host_layers = m->e != NULL ? engine_host_layers(m->e, &host_bytes) : 0;
-		msgpack_pack_map(pk, 27);
+		if (m->e != NULL)
+			engine_spec_stats(m->e, &drafted, &accepted);
+		msgpack_pack_map(pk, 29);
 		proto_pack_kv_str(pk, "name", m->name);
 		proto_pack_kv_bool(pk, "loaded", m->e != NULL);
 		proto_pack_kv_uint(pk, "faults", m->faults);
@@ -317,6 +319,8 @@ sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *
 		proto_pack_kv_uint(pk, "kv_used_bytes", cs.used_bytes);
 		proto_pack_kv_uint(pk, "prompt_tokens", m->prompt_tokens);
 		proto_pack_kv_uint(pk, "generated_tokens", m->generated_tokens);
+		proto_pack_kv_uint(pk, "drafted_tokens", m->e ? drafted : 0);
+		proto_pack_kv_uint(pk, "accepted_tokens", m->e ? accepted : 0);
 		pack_hist(pk, "ttft", &m->ttft, &hist_ttft);
 		pack_hist(pk, "itl", &m->itl, &hist_itl);
 		device_bytes += cs.used_bytes;

@@ -72,6 +72,7 @@ job_params(const struct sched *s, const struct gen *g, struct seq_params *p)
 	p->logprobs = job->req.logprobs;
 	p->top_logprobs = job->req.top_logprobs;
 	p->grammar = g->gram;
+	p->speculative = job->req.speculative;
 }
 
 /* The cached sequence of a session on a model, or NULL. */

@@ -224,9 +224,12 @@ sched_step_model(struct sched *s, struct slot *m)
 
 		if (q->new_token < 0)
 			continue;
-		sched_gen_token_time(g, q, t1);
-		if (g->job->req.stream && (gentext_piece_bytes(&q->out) > 0 || q->state != SEQ_DONE))
-			tail = sched_chain(tail, sched_token_event(g, q));
+		/* a speculative step settles several tokens: a reply each, in order */
+		do {
+			sched_gen_token_time(g, q, t1);
+			if (g->job->req.stream && (gentext_piece_bytes(&q->out) > 0 || q->state != SEQ_DONE))
+				tail = sched_chain(tail, sched_token_event(g, q));
+		} while (engine_seq_more(m->e, q));
 	}
 	tail = step_ends(s, m, tail);
 	sched_post_chain(s, out, tail);

@@ -18,6 +18,7 @@
 #include "util.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,17 +228,18 @@ engine_load(struct engine *e, uint64_t limit, char *err)
 	e->fseqs = xcalloc((size_t)e->max_seqs, sizeof *e->fseqs);
 	e->fseq_of = xcalloc((size_t)e->max_seqs, sizeof *e->fseq_of);
 	e->tokens = xcalloc((size_t)e->max_step_tokens, sizeof *e->tokens);
-	e->logits = xmalloc((size_t)e->max_seqs * (size_t)e->m->hp.n_vocab * sizeof *e->logits);
-	e->argmax = xcalloc((size_t)e->max_seqs, sizeof *e->argmax);
-	e->pick = xcalloc((size_t)e->max_seqs, sizeof *e->pick);
-	e->pen_tok = xcalloc((size_t)e->max_seqs * FWD_PICK_PENALTY_MAX, sizeof *e->pen_tok);
-	e->pen_cnt = xcalloc((size_t)e->max_seqs * FWD_PICK_PENALTY_MAX, sizeof *e->pen_cnt);
-	e->logprob = xcalloc((size_t)e->max_seqs, sizeof *e->logprob);
-	e->top_ids = xcalloc((size_t)e->max_seqs * FWD_TOP_LOGPROBS, sizeof *e->top_ids);
-	e->top_lp = xcalloc((size_t)e->max_seqs * FWD_TOP_LOGPROBS, sizeof *e->top_lp);
+	e->max_rows = MIN(MAX(e->max_seqs, ENGINE_DRAFT_MAX + 1), e->max_step_tokens);
+	e->logits = xmalloc((size_t)e->max_rows * (size_t)e->m->hp.n_vocab * sizeof *e->logits);
+	e->argmax = xcalloc((size_t)e->max_rows, sizeof *e->argmax);
+	e->pick = xcalloc((size_t)e->max_rows, sizeof *e->pick);
+	e->pen_tok = xcalloc((size_t)e->max_rows * FWD_PICK_PENALTY_MAX, sizeof *e->pen_tok);
+	e->pen_cnt = xcalloc((size_t)e->max_rows * FWD_PICK_PENALTY_MAX, sizeof *e->pen_cnt);
+	e->logprob = xcalloc((size_t)e->max_rows, sizeof *e->logprob);
+	e->top_ids = xcalloc((size_t)e->max_rows * FWD_TOP_LOGPROBS, sizeof *e->top_ids);
+	e->top_lp = xcalloc((size_t)e->max_rows * FWD_TOP_LOGPROBS, sizeof *e->top_lp);
 	/* zeroed: words past the tokenizer's tokens (a padded output) allow nothing, and gram_mask never writes them */
-	e->masks = xcalloc((size_t)e->max_seqs * FWD_MASK_WORDS(e->m->hp.n_vocab), sizeof *e->masks);
-	e->mask_rows = xcalloc((size_t)e->max_seqs, sizeof *e->mask_rows);
+	e->masks = xcalloc((size_t)e->max_rows * FWD_MASK_WORDS(e->m->hp.n_vocab), sizeof *e->masks);
+	e->mask_rows = xcalloc((size_t)e->max_rows, sizeof *e->mask_rows);
 	e->cons = cons_new(e->m->tok, e->bo.n_threads);
 	if (e->m->embed.pool != POOL_NONE) {
 		e->embd = xmalloc((size_t)e->max_step_tokens * (size_t)e->m->hp.n_embd * sizeof *e->embd);
@@ -443,6 +445,12 @@ seq_set_params(struct engine *e, struct seq *s, const struct seq_params *p, char
 	s->n_generated = 0;
 	s->finish = FINISH_NONE;
 	s->error[0] = '\0';
+	/* the tokens may have changed; a grammar's masks and logprobs' lists are one a step */
+	draft_reset(&s->draft);
+	s->params.speculative = p->speculative && p->grammar == NULL && !p->logprobs;
+	s->n_draft = s->n_given = s->n_spec = s->spec_next = s->spec_kv = 0;
+	s->spec_rate = 1;
+	s->n_drafted = s->n_accepted = 0;
 	return 0;
 }
 
@@ -742,6 +750,7 @@ engine_seq_free(struct engine *e, struct seq *s)
 	if (s->n_blocks > s->n_parked)
 		kv_release(&e->kv, s->blocks + s->n_parked, s->n_blocks - s->n_parked);
 	seq_clear_params(e, s);
+	draft_free(&s->draft);
 	free(s->blocks), free(s->tokens), free(s->pool), free(s->vec);
 	free(s);
 }
@@ -823,6 +832,96 @@ seq_accept(struct engine *e, struct seq *s, int32_t tok)
 	gentext_emit(&s->out, s->state == SEQ_DONE);
 }
 
+/* ---- speculative decoding ---- */
+
+/*
+ * How many tokens s guesses, with room rows of the step to spare: all it
+ * may (ENGINE_DRAFT_MAX) at a rate of 1 (its guesses accepted), fewer as
+ * the rate falls, none below one in 2 * ENGINE_DRAFT_MAX (a guess that
+ * fails costs a row; settle raises the rate again a little each step
+ * without guesses, so that lookup tries again), none past max_tokens or
+ * the context.
+ */
+static int32_t
+draft_len(const struct engine *e, const struct seq *s, int32_t room, float rate)
+{
+	int32_t k = (int32_t)lrintf(rate * (float)MIN(ENGINE_DRAFT_MAX, room));
+
+	if (s->params.max_tokens > 0)
+		k = MIN(k, s->params.max_tokens - s->n_generated - 1);
+	return MIN(k, e->n_ctx - 1 - s->n_tokens);
+}
+
+/* Puts s's guesses for this step after its last token (n_draft of them): those given, else lookup's. */
+static void
+seq_guess(struct engine *e, struct seq *s, int32_t room)
+{
+	int32_t k, g[ENGINE_DRAFT_MAX];
+
+	if (s->n_given > 0) {
+		/* their source chose how many (lookup's rate is lookup's) */
+		s->n_draft = MAX(0, MIN(draft_len(e, s, room, 1), s->n_given));
+		memcpy(g, s->given, (size_t)s->n_draft * sizeof *g);
+	} else {
+		k = draft_len(e, s, room, s->spec_rate);
+		s->n_draft = k > 0 ? draft_guess(&s->draft, s->tokens, s->n_tokens, k, g) : 0;
+	}
+	s->n_given = 0;
+	seq_push_tokens(s, g, s->n_draft);
+}
+
+void
+engine_seq_guess(struct seq *s, const int32_t *tokens, int32_t n)
+{
+	s->n_given = MIN(n, ENGINE_DRAFT_MAX);
+	memcpy(s->given, tokens, (size_t)s->n_given * sizeof *tokens);
+}
+
+/* Takes s's guesses back (it is not in the step). */
+static void
+seq_unguess(struct seq *s)
+{
+	s->n_tokens -= s->n_draft;
+	s->n_draft = 0;
+}
+
+/*
+ * Takes the next token the step settled for s (seq_accept): a guess that
+ * was accepted has its K/V in the pool already, so that it counts as
+ * cached at once. Returns 0 when none is left or s has ended.
+ */
+static int
+seq_take(struct engine *e, struct seq *s)
+{
+	int32_t i = s->spec_next;
+
+	if (i >= s->n_spec || s->state == SEQ_DONE) {
+		s->n_spec = s->spec_next = s->spec_kv = 0;
+		return 0;
+	}
+	s->spec_next++;
+	s->new_logprob = 0, s->n_top = 0;
+	seq_accept(e, s, s->spec[i]);
+	if (i < s->spec_kv) {
+		s->n_cached = s->n_tokens;
+		seq_publish(e, s);
+	}
+	return 1;
+}
+
+int
+engine_seq_more(struct engine *e, struct seq *s)
+{
+	return s->spec_next > 0 && seq_take(e, s);
+}
+
+void
+engine_spec_stats(const struct engine *e, uint64_t *drafted, uint64_t *accepted)
+{
+	*drafted = e->drafted;
+	*accepted = e->accepted;
+}
+
 /* ---- steps ---- */
 
 /*
@@ -831,19 +930,23 @@ seq_accept(struct engine *e, struct seq *s, int32_t tok)
  * the backend failed to copy one, *rc gets its error too.
  */
 static int32_t
-plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *n_fseqs, int32_t n_tok, int *rc,
-    char *err)
+plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *room, int32_t *n_fseqs, int32_t n_tok,
+    int *rc, char *err)
 {
-	int32_t take = MIN(s->n_tokens - s->n_cached, budget);
+	int32_t take;
 	enum pool_kind pool = s->embed ? e->m->embed.pool : POOL_NONE;
 	int bidir = s->embed && e->m->embed.bidirectional;
 	struct fwd_seq *f;
 	int r;
 
+	if (s->params.speculative && s->state == SEQ_DECODE && *room > 0 && budget > 1)
+		seq_guess(e, s, MIN(*room, budget - 1));
+	take = MIN(s->n_tokens - s->n_cached, budget);
 	/* a bidirectional input waits for a step with room for all of it */
 	if (take <= 0 || (bidir && take < s->n_tokens - s->n_cached))
 		return 0;
 	if ((r = seq_reserve(e, s, s->n_cached + take, err)) != 0) {
+		seq_unguess(s);
 		if (r == ERR_RANGE && e->n_io > 0) {
 			/* blocks a disk write holds come back when it ends: wait for it, not fail */
 			s->wait_io = 1;
@@ -854,12 +957,13 @@ plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *n_fseqs, int3
 		*rc = r == ERR_RANGE ? 0 : r;
 		return 0;
 	}
+	*room -= s->n_draft;
 	f = &e->fseqs[*n_fseqs];
 	f->n_new = take;
 	f->pos0 = s->n_cached;
 	f->block_table = s->blocks;
 	f->n_blocks = s->n_blocks;
-	f->logits = !s->embed && s->n_cached + take == s->n_tokens;
+	f->logits = !s->embed && s->n_cached + take == s->n_tokens ? 1 + s->n_draft : 0;
 	/* mean: every row; last: the input's last; CLS: its first, in the first chunk's rows */
 	f->embd = pool == POOL_MEAN || (pool == POOL_CLS && s->n_cached == 0) ? take :
 	    pool == POOL_LAST && s->n_cached + take == s->n_tokens;
@@ -881,14 +985,17 @@ pickable(const struct engine *e, const struct seq *s)
 	    (p->temperature == 0 || (p->top_k >= 1 && p->top_k <= FWD_PICK_TOP_K));
 }
 
-/* Row row's penalty window into the step's pairs from *n_pen on; 0, or -1 if it is too wide for the backend. */
+/*
+ * Row row's penalty window (after the first n tokens of s) into the step's
+ * pairs from *n_pen on; 0, or -1 if it is too wide for the backend.
+ */
 static int
-pick_window(struct engine *e, struct seq *s, int32_t row, int32_t *n_pen)
+pick_window(struct engine *e, struct seq *s, int32_t row, int32_t n, int32_t *n_pen)
 {
 	struct fwd_pick *f = &e->pick[row];
 	int32_t m = 0;
 
-	if (sampler_penalized(&s->sampler) && (m = sampler_window(&s->sampler, s->tokens, (size_t)s->n_tokens,
+	if (sampler_penalized(&s->sampler) && (m = sampler_window(&s->sampler, s->tokens, (size_t)n,
 	    e->pen_tok + *n_pen, e->pen_cnt + *n_pen, FWD_PICK_PENALTY_MAX)) < 0)
 		return -1;
 	f->pen0 = *n_pen, f->n_pen = m;
@@ -896,17 +1003,41 @@ pick_window(struct engine *e, struct seq *s, int32_t row, int32_t *n_pen)
 	return 0;
 }
 
+/* How the backend draws a row of s (its window set already); 1 if that is more than the argmax. */
+static int
+pick_params(struct seq *s, struct fwd_pick *f)
+{
+	struct sampler *sm = &s->sampler;
+
+	f->u = sm->p.temperature > 0 ? sampler_draw(sm) : 0;
+	f->temperature = sm->p.temperature, f->top_p = sm->p.top_p, f->min_p = sm->p.min_p;
+	f->top_k = sm->p.top_k;
+	f->repeat_penalty = sm->p.repeat_penalty, f->presence_penalty = sm->p.presence_penalty;
+	f->frequency_penalty = sm->p.frequency_penalty;
+	f->logprob = s->params.logprobs;
+	f->top = s->params.top_logprobs;
+	return f->temperature > 0 || f->n_pen > 0 || f->logprob;
+}
+
+/* The tokens before a sequence's first logits row of the step (its guesses follow them). */
+static int32_t
+rows_history(const struct seq *s)
+{
+	return s->n_tokens - s->n_draft;
+}
+
 /*
  * 1 if the backend picks every token this step samples (each sequence
  * pickable, each penalty window narrow enough): then the logits need not
  * leave it. batch gets the argmax buffer and, unless every row is a plain
- * argmax, how each row is drawn: the windows, then each sampling sequence's
- * generator drawing its u here, as sampler_pick would.
+ * argmax, how each row is drawn: the windows (a guess's row's with the
+ * guesses before it), then each sampling sequence's generator drawing
+ * each row's u here, as sampler_pick would.
  */
 static int
 step_picks(struct engine *e, int32_t n_fseqs, struct fwd_batch *b)
 {
-	int32_t i, row = 0, n_pen = 0, drawn = 0;
+	int32_t i, r, row = 0, n_pen = 0, drawn = 0;
 
 	b->argmax = NULL, b->pick = NULL;
 	b->pen_tok = e->pen_tok, b->pen_cnt = e->pen_cnt, b->logprob = e->logprob;
@@ -914,29 +1045,18 @@ step_picks(struct engine *e, int32_t n_fseqs, struct fwd_batch *b)
 	if (!e->ops->has_argmax || e->host_picks)
 		return 0;
 	for (i = 0; i < n_fseqs; i++)
-		if (e->fseqs[i].logits && (!pickable(e, e->fseq_of[i]) || pick_window(e, e->fseq_of[i], row++, &n_pen) < 0))
-			return 0; /* before any draw: the host's sampler draws the same */
-	for (i = 0, row = 0; i < n_fseqs; i++) {
-		const struct seq *s = e->fseq_of[i];
-		struct sampler *sm = &e->fseq_of[i]->sampler;
-		struct fwd_pick *f = &e->pick[row];
-
-		if (!e->fseqs[i].logits)
-			continue;
-		f->u = sm->p.temperature > 0 ? sampler_draw(sm) : 0;
-		f->temperature = sm->p.temperature, f->top_p = sm->p.top_p, f->min_p = sm->p.min_p;
-		f->top_k = sm->p.top_k;
-		f->repeat_penalty = sm->p.repeat_penalty, f->presence_penalty = sm->p.presence_penalty;
-		f->frequency_penalty = sm->p.frequency_penalty;
-		f->logprob = s->params.logprobs;
-		f->top = s->params.top_logprobs;
-		drawn |= f->temperature > 0 || f->n_pen > 0 || f->logprob;
-		row++;
-	}
+		for (r = 0; r < e->fseqs[i].logits; r++)
+			if (!pickable(e, e->fseq_of[i]) ||
+			    pick_window(e, e->fseq_of[i], row++, rows_history(e->fseq_of[i]) + r, &n_pen) < 0)
+				return 0; /* before any draw: the host's sampler draws the same */
+	for (i = 0, row = 0; i < n_fseqs; i++)
+		for (r = 0; r < e->fseqs[i].logits; r++)
+			drawn |= pick_params(e->fseq_of[i], &e->pick[row++]);
 	b->argmax = e->argmax;
 	b->pick = drawn ? e->pick : NULL;
 	return 1;
 }
+
 
 /* A constrained sequence whose grammar left no token (rc 0) or failed (rc < 0, s->error says why): it ends. */
 static void
@@ -973,7 +1093,7 @@ step_masks(void *arg, struct fwd_masks *m, char *err)
 			else
 				gram_dead_end(s, rc);
 		}
-		row++;
+		row += e->fseqs[i].logits;
 	}
 	m->n = n, m->rows = e->mask_rows, m->bits = e->masks;
 	return 0;
@@ -1014,20 +1134,80 @@ embed_rows(struct engine *e, struct seq *s, const struct fwd_seq *f, int32_t row
 }
 
 /*
+ * The token of logits row row, the r-th of s's (after its first n
+ * tokens): the backend's pick, or sample.c's draw, with the
+ * log-probability and the most likely tokens where s asks for them.
+ */
+static int32_t
+row_token(struct engine *e, struct seq *s, int32_t row, int32_t n, int picked)
+{
+	float lp = 0, *logits;
+	int32_t tok;
+
+	s->n_top = s->params.top_logprobs;
+	if (picked) {
+		s->new_logprob = s->params.logprobs ? e->logprob[row] : 0;
+		memcpy(s->top_ids, e->top_ids + (size_t)row * FWD_TOP_LOGPROBS, (size_t)s->n_top * sizeof *s->top_ids);
+		memcpy(s->top_lp, e->top_lp + (size_t)row * FWD_TOP_LOGPROBS, (size_t)s->n_top * sizeof *s->top_lp);
+		return e->argmax[row];
+	}
+	logits = e->logits + (size_t)row * (size_t)e->m->hp.n_vocab;
+	tok = sampler_pick(&s->sampler, logits, s->tokens, (size_t)n, s->params.logprobs && s->n_top == 0 ? &lp : NULL);
+	if (s->n_top > 0)
+		s->n_top = sampler_top(&s->sampler, logits, s->n_top, tok, s->top_ids, s->top_lp, &lp);
+	s->new_logprob = s->params.logprobs ? lp : 0;
+	return tok;
+}
+
+/*
+ * The tokens s's rows settle, from row on, into spec: each row's token in
+ * turn while it is the guess that follows (the standard rule for a guess
+ * of one token: drawn from the model's own distribution, so that the
+ * output has exactly that distribution, and greedy output is decoding's
+ * without guesses), then the first that is not, or the one after the
+ * last guess. The guesses leave tokens[] (seq_take puts the accepted ones
+ * back); the rows not used still draw their u on the host, as the
+ * backend's picks draw every row's, so that both give the same tokens.
+ */
+static void
+settle(struct engine *e, struct seq *s, int32_t row, int picked)
+{
+	int32_t k = s->n_draft, n = rows_history(s), a = 0, tok;
+
+	s->n_tokens = n;
+	for (;;) {
+		tok = row_token(e, s, row + a, n + a, picked);
+		if (a == k || tok != s->tokens[n + a])
+			break;
+		s->spec[a++] = tok;
+	}
+	s->spec[a] = tok;
+	for (int32_t r = a + 1; !picked && r <= k && s->sampler.p.temperature > 0; r++)
+		(void)sampler_draw(&s->sampler);
+	s->n_spec = a + 1, s->spec_kv = a, s->spec_next = 0, s->n_draft = 0;
+	if (k > 0) {
+		s->spec_rate = 0.7f * s->spec_rate + 0.3f * (float)a / (float)k;
+		s->n_drafted += k, s->n_accepted += a;
+		e->drafted += (uint64_t)k, e->accepted += (uint64_t)a;
+	} else if (s->params.speculative) {
+		s->spec_rate = MIN(1.0f, s->spec_rate + 0.02f);
+	}
+}
+
+/*
  * Samples for every sequence whose last token was in the step (picked
- * already when the backend did); embedding sequences take their rows.
+ * already when the backend did), taking each one's first token settled;
+ * embedding sequences take their rows.
  */
 static void
 sample_step(struct engine *e, int32_t n_fseqs, int picked)
 {
 	int32_t i, row = 0, erow = 0;
-	float lp, *logits;
-	int32_t tok;
 
 	for (i = 0; i < n_fseqs; i++) {
 		struct seq *s = e->fseq_of[i];
 
-		s->n_cached += e->fseqs[i].n_new;
+		s->n_cached += e->fseqs[i].n_new - s->n_draft;
 		seq_publish(e, s);
 		if (s->embed) {
 			embed_rows(e, s, &e->fseqs[i], erow);
@@ -1042,21 +1222,9 @@ sample_step(struct engine *e, int32_t n_fseqs, int picked)
 			row++;
 			continue;
 		}
-		s->n_top = s->params.top_logprobs;
-		if (picked) {
-			s->new_logprob = s->params.logprobs ? e->logprob[row] : 0;
-			memcpy(s->top_ids, e->top_ids + (size_t)row * FWD_TOP_LOGPROBS, (size_t)s->n_top * sizeof *s->top_ids);
-			memcpy(s->top_lp, e->top_lp + (size_t)row * FWD_TOP_LOGPROBS, (size_t)s->n_top * sizeof *s->top_lp);
-			tok = e->argmax[row++];
-		} else {
-			logits = e->logits + (size_t)row++ * (size_t)e->m->hp.n_vocab;
-			tok = sampler_pick(&s->sampler, logits, s->tokens, (size_t)s->n_tokens,
-			    s->params.logprobs && s->n_top == 0 ? &lp : NULL);
-			if (s->n_top > 0)
-				s->n_top = sampler_top(&s->sampler, logits, s->n_top, tok, s->top_ids, s->top_lp, &lp);
-			s->new_logprob = s->params.logprobs ? lp : 0;
-		}
-		seq_accept(e, s, tok);
+		settle(e, s, row, picked);
+		row += e->fseqs[i].logits;
+		seq_take(e, s);
 	}
 }
 
@@ -1064,27 +1232,34 @@ int
 engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, char *err)
 {
 	struct fwd_batch batch;
-	int32_t n_fseqs = 0, n_tok = 0, n_prefill = 0, i, budget, took;
+	int32_t n_fseqs = 0, n_tok = 0, n_prefill = 0, i, budget, took, room;
 	int rc = 0, picked;
 
 	if (max_prefill < 0)
 		max_prefill = e->max_step_tokens;
 	for (i = 0; i < n; i++) {
+		while (engine_seq_more(e, seqs[i]))
+			;
 		seqs[i]->new_token = -1;
 		gentext_no_piece(&seqs[i]->out);
 	}
+	/* the rows the step's sequences leave are its guesses' (one a sequence at least) */
+	room = e->max_rows - MIN(n, e->max_seqs);
 	for (i = 0; i < n && n_fseqs < e->max_seqs && n_tok < e->max_step_tokens && rc == 0; i++) {
 		budget = e->max_step_tokens - n_tok;
 		if (seqs[i]->state == SEQ_PREFILL)
 			budget = MIN(budget, max_prefill - n_prefill);
 		if (budget <= 0 || (seqs[i]->state != SEQ_PREFILL && seqs[i]->state != SEQ_DECODE))
 			continue;
-		took = plan_seq(e, seqs[i], budget, &n_fseqs, n_tok, &rc, err);
+		took = plan_seq(e, seqs[i], budget, &room, &n_fseqs, n_tok, &rc, err);
 		n_prefill += seqs[i]->state == SEQ_PREFILL ? took : 0;
 		n_tok += took;
 	}
-	if (rc != 0)
+	if (rc != 0) {
+		for (i = 0; i < n_fseqs; i++)
+			seq_unguess(e->fseq_of[i]);
 		return rc;
+	}
 	if (n_tok == 0)
 		return 0;
 	batch.n_seqs = n_fseqs;
@@ -1100,6 +1275,7 @@ engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, cha
 	if ((rc = e->ops->forward(e->be, &batch, picked ? NULL : e->logits, err)) != 0) {
 		for (i = 0; i < n_fseqs; i++) {
 			snprintf(e->fseq_of[i]->error, sizeof e->fseq_of[i]->error, "%s", err);
+			seq_unguess(e->fseq_of[i]);
 			engine_seq_finish(e->fseq_of[i], FINISH_ERROR);
 		}
 		return rc;

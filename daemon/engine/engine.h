@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "constrain.h"
+#include "draft.h"
 #include "gentext.h"
 #include "sample.h"
 #include "tokenizer.h"
@@ -86,7 +87,12 @@ struct seq_params {
 	struct cons_gram *grammar; /* NULL, or what this turn's output must match (engine_grammar): the
 	                           sequence holds it while it lives; an end token only where the grammar's
 	                           root is complete, and the turn ends once nothing more may follow */
+	int speculative;        /* 1: guess the next tokens from the text (draft.h) and check them in the
+	                           step with its own (engine_step); not with a grammar or logprobs */
 };
+
+/* The most tokens a sequence guesses for one step. */
+#define ENGINE_DRAFT_MAX 7
 
 struct seq {
 	enum seq_state state;
@@ -100,7 +106,7 @@ struct seq {
 	int32_t n_generated;    /* this turn */
 	int32_t *blocks;        /* block table */
 	int32_t n_blocks, cap_blocks;
-	/* output of the last step: at most one token, and the text it completed (out's pieces) */
+	/* output of the last step (or engine_seq_more): at most one token, and the text it completed (out's pieces) */
 	int32_t new_token;      /* -1 if none this step */
 	float new_logprob;
 	int32_t n_top;          /* params.top_logprobs: the step's most likely tokens, best first, and theirs */
@@ -124,6 +130,20 @@ struct seq {
 	struct kvdisk_job *io;  /* its disk job in flight, or NULL */
 	int wait_io;            /* the pool was full while disk jobs held blocks: it waits for one to end
 	                           (the scheduler clears this when one does) */
+	/*
+	 * Speculative decoding (params.speculative): a step checks n_draft
+	 * guessed tokens (put after the last in tokens[] for it) with a logits
+	 * row each and settles up to n_draft + 1 tokens; the first is taken
+	 * as any step's, the others wait in spec[] for engine_seq_more.
+	 */
+	struct draft_index draft;
+	int32_t given[ENGINE_DRAFT_MAX], n_given; /* engine_seq_guess's, for the next step */
+	int32_t n_draft;
+	int32_t spec[ENGINE_DRAFT_MAX + 1];
+	int32_t n_spec, spec_next; /* settled tokens after the first, and the next to take */
+	int32_t spec_kv;        /* of those, the first spec_kv are guesses whose K/V the step wrote */
+	float spec_rate;        /* the share of guesses accepted lately (a moving average) */
+	int32_t n_drafted, n_accepted; /* this turn's guesses, and those accepted */
 	/* an input of an embedding model (engine_seq_embed) */
 	int embed;
 	int32_t dims;           /* the floats its vector is cut to (0: all of them) */
@@ -288,6 +308,25 @@ void engine_seq_free(struct engine *e, struct seq *s);
  * others are untouched).
  */
 int engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, char *err);
+
+/*
+ * Takes the next token the last step settled for s beyond its first (a
+ * speculative step's accepted guesses and the token after them): new_token,
+ * out's pieces and the state as after a step. Returns 1, or 0 when none is
+ * left (or s ended). engine_step takes any not taken before its own.
+ */
+int engine_seq_more(struct engine *e, struct seq *s);
+
+/*
+ * Guesses of the n tokens that follow s now (at most ENGINE_DRAFT_MAX),
+ * from elsewhere than its text (a draft model), for its next step in
+ * place of lookup's: checked as those are, so that its output stays what
+ * it would be without them. Only for a sequence that speculates.
+ */
+void engine_seq_guess(struct seq *s, const int32_t *tokens, int32_t n);
+
+/* Tokens the engine's sequences guessed since it opened, and of those, the tokens accepted. */
+void engine_spec_stats(const struct engine *e, uint64_t *drafted, uint64_t *accepted);
 
 /* Text of a finish reason: "stop", "length", "context", "cancel", "error". */
 const char *engine_finish_name(enum finish_reason r);

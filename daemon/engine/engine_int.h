@@ -50,19 +50,26 @@ struct engine {
 	struct fwd_seq *fseqs;
 	struct seq **fseq_of;   /* the sequence of each fwd_seq */
 	int32_t *tokens;
-	float *logits;          /* max_seqs rows */
-	int32_t *argmax;        /* max_seqs: the picks, when the backend makes them */
-	struct fwd_pick *pick;  /* max_seqs: how it draws them, when a row samples */
-	int32_t *pen_tok, *pen_cnt; /* max_seqs * FWD_PICK_PENALTY_MAX: the rows' penalty windows */
-	float *logprob;         /* max_seqs: the picks' log-probabilities */
-	int32_t *top_ids;       /* max_seqs * FWD_TOP_LOGPROBS: the rows' most likely tokens */
+	/*
+	 * A step's logits rows: one for each sequence that samples, and one
+	 * for each guess checked (speculative decoding takes the rows the
+	 * step's sequences leave, so large batches guess less).
+	 */
+	int32_t max_rows;       /* max_seqs, at least ENGINE_DRAFT_MAX + 1 (a sequence alone guesses fully) */
+	float *logits;          /* max_rows rows */
+	int32_t *argmax;        /* max_rows: the picks, when the backend makes them */
+	struct fwd_pick *pick;  /* max_rows: how it draws them, when a row samples */
+	int32_t *pen_tok, *pen_cnt; /* max_rows * FWD_PICK_PENALTY_MAX: the rows' penalty windows */
+	float *logprob;         /* max_rows: the picks' log-probabilities */
+	int32_t *top_ids;       /* max_rows * FWD_TOP_LOGPROBS: the rows' most likely tokens */
 	float *top_lp;          /* and theirs */
 	int host_picks;         /* RESIDENT_HOST_SAMPLING=1: sample.c picks every token (to compare) */
 	int32_t n_fseqs;        /* the step's */
 	/* constrained decoding */
 	struct cons *cons;      /* the model's grammars */
-	uint32_t *masks;        /* max_seqs masks of FWD_MASK_WORDS(n_vocab) words: the step's constrained rows */
-	int32_t *mask_rows;     /* max_seqs: their logits rows */
+	uint32_t *masks;        /* max_rows masks of FWD_MASK_WORDS(n_vocab) words: the step's constrained rows */
+	int32_t *mask_rows;     /* max_rows: their logits rows */
+	uint64_t drafted, accepted; /* guesses checked since the engine opened, and those accepted */
 	/* an embedding model's */
 	float *embd;            /* max_step_tokens rows of n_embd: the step's hidden states */
 	float *embd_tmp;        /* n_embd, then embed_finish's scratch */

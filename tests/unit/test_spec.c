@@ -1,0 +1,459 @@
+/*
+ * test_spec.c: speculative decoding on the CPU backend, on a generated
+ * model. The lookup index (draft.h) finds the latest earlier occurrence of
+ * the longest run the text ends with, grows, and forgets. Through the
+ * engine, greedy output with guesses is decoding's without them, token for
+ * token and piece for piece: alone and sixteen at once, with stop strings,
+ * every max_tokens up to the length, at the end of the context and with a
+ * step cut off between the tokens it settled; the guesses are accepted
+ * often enough that these tests check something. Sampled output keeps the
+ * model's distribution: the frequencies of the second and third tokens
+ * drawn (the first ones guesses decide) over 2,000 seeds at temperature 1
+ * match those without guesses within a chi-square bound.
+ */
+#include "config.h"
+#include "draft.h"
+#include "engine.h"
+#include "model.h"
+#include "util.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tiny_model.h"
+
+/* ---- the index ---- */
+
+static void
+test_index(void **state)
+{
+	struct draft_index x = { 0 };
+	int32_t t[4096], g[8], n;
+
+	(void)state;
+	/* 10 20 30 40 50 ... 10 20 30: the run 10 20 30 continues with 40 50 60 */
+	for (int i = 0; i < 6; i++)
+		t[i] = 10 * (i + 1);
+	t[6] = 7, t[7] = 10, t[8] = 20, t[9] = 30;
+	n = draft_guess(&x, t, 10, 3, g);
+	assert_int_equal(n, 3);
+	assert_int_equal(g[0], 40), assert_int_equal(g[1], 50), assert_int_equal(g[2], 60);
+	/* the last run never occurred before: no guess (a single token is no run) */
+	t[10] = 8;
+	assert_int_equal(draft_guess(&x, t, 11, 3, g), 0);
+	/* the latest occurrence wins: 8 99 5 first, 8 99 6 later, then 8 99 again */
+	t[11] = 99, t[12] = 5, t[13] = 8, t[14] = 99, t[15] = 6, t[16] = 2, t[17] = 8, t[18] = 99;
+	assert_int_equal(draft_guess(&x, t, 19, 2, g), 2);
+	assert_int_equal(g[0], 6), assert_int_equal(g[1], 2);
+	/* the longest run wins (8 99 6, not 99 6), and a guess stops at the end of the text */
+	t[19] = 6;
+	assert_int_equal(draft_guess(&x, t, 20, 8, g), 4);
+	assert_int_equal(g[0], 2), assert_int_equal(g[1], 8), assert_int_equal(g[2], 99), assert_int_equal(g[3], 6);
+	/* a longer text than the table first held: it grows, and still finds the earliest run's follower */
+	for (int i = 0; i < 4000; i++)
+		t[i] = 1000 + i;
+	t[4000] = 1000, t[4001] = 1001, t[4002] = 1002;
+	draft_reset(&x);
+	assert_int_equal(draft_guess(&x, t, 4003, 4, g), 4);
+	assert_int_equal(g[0], 1003), assert_int_equal(g[3], 1006);
+	/* a text shorter than what was indexed (other tokens): forgotten, nothing false found */
+	t[0] = 1, t[1] = 2;
+	assert_int_equal(draft_guess(&x, t, 2, 4, g), 0);
+	draft_free(&x);
+}
+
+/* ---- through the engine ---- */
+
+static struct engine *
+open_engine(int32_t n_ctx)
+{
+	struct engine_opts o = { .n_threads = 2, .n_ctx = n_ctx, .kv_tokens = 4096, .max_step_tokens = 64 };
+	struct engine *e;
+	char err[ERR_LEN];
+
+	if (engine_open(tiny_path, &o, &e, err) != 0)
+		fail_msg("%s", err);
+	return e;
+}
+
+static void
+params(struct seq_params *p, int max_tokens, int speculative)
+{
+	memset(p, 0, sizeof *p);
+	sample_params_default(&p->sample);
+	p->max_tokens = max_tokens;
+	p->speculative = speculative;
+}
+
+/* A turn's output: its tokens, and its pieces joined as a client gets them. */
+struct run {
+	int32_t tok[512];
+	int32_t n;
+	char text[8192];
+	size_t len;
+	enum finish_reason finish;
+	int32_t drafted, accepted;
+};
+
+static void
+take_piece(struct run *r, const struct seq *s)
+{
+	const struct gentext_part *a = &s->out.part[CHAT_PART_ANSWER];
+
+	if (s->new_token >= 0 && r->n < (int32_t)ARRAY_LEN(r->tok))
+		r->tok[r->n++] = s->new_token;
+	assert_true(r->len + a->piece_len < sizeof r->text);
+	memcpy(r->text + r->len, a->piece, a->piece_len);
+	r->len += a->piece_len;
+	r->text[r->len] = '\0';
+}
+
+/*
+ * An oracle's guesses for s: the next tokens of want, the output without
+ * guesses, every fifth (by position, from the fourth) made wrong, so that
+ * steps accept all, some and none of theirs.
+ */
+static void
+oracle(struct seq *s, const struct run *want)
+{
+	int32_t at = s->n_generated, g[ENGINE_DRAFT_MAX], n = 0;
+
+	if (s->state != SEQ_DECODE)
+		return;
+	for (; n < ENGINE_DRAFT_MAX && at + n < want->n; n++)
+		g[n] = (at + n) % 5 == 3 ? (want->tok[at + n] + 1) % 1000 : want->tok[at + n];
+	engine_seq_guess(s, g, n);
+}
+
+/*
+ * Steps sequences s[0..n) to their ends, each token's piece taken as the
+ * scheduler takes them (engine_seq_more after a step); with want, the
+ * oracle guesses for each. With cut, the second sequence's settled tokens
+ * are left to the next step, which takes them itself: its pieces are not
+ * seen then, only its tokens and whole answer (r gets those).
+ */
+static void
+run_all(struct engine *e, struct seq **s, int n, struct run *r, const struct run *want, int cut)
+{
+	char err[ERR_LEN];
+	int live = 1;
+
+	memset(r, 0, (size_t)n * sizeof *r);
+	while (live) {
+		for (int i = 0; want != NULL && i < n; i++)
+			oracle(s[i], &want[i]);
+		if (engine_step(e, s, n, -1, err) < 0)
+			fail_msg("step: %s", err);
+		live = 0;
+		for (int i = 0; i < n; i++) {
+			if (s[i]->new_token >= 0)
+				take_piece(&r[i], s[i]);
+			while (!(cut && i == 1) && engine_seq_more(e, s[i]))
+				take_piece(&r[i], s[i]);
+			live |= s[i]->state != SEQ_DONE;
+		}
+	}
+	for (int i = 0; i < n; i++) {
+		const struct gentext_part *a = &s[i]->out.part[CHAT_PART_ANSWER];
+
+		r[i].finish = s[i]->finish;
+		r[i].drafted = s[i]->n_drafted, r[i].accepted = s[i]->n_accepted;
+		assert_true(r[i].accepted <= r[i].drafted);
+		if (cut && i == 1) {
+			r[i].n = s[i]->n_generated;
+			memcpy(r[i].tok, s[i]->tokens + s[i]->turn_start, (size_t)r[i].n * sizeof *r[i].tok);
+			r[i].len = a->len;
+			memcpy(r[i].text, a->text, a->len + 1);
+		}
+	}
+}
+
+/* One sequence over prompt to its end (the oracle guessing want, if not NULL). */
+static void
+run_one(struct engine *e, const int32_t *t, int32_t n, const struct seq_params *p, struct run *r,
+    const struct run *want)
+{
+	struct seq *s;
+	char err[ERR_LEN];
+
+	if (engine_seq_new(e, t, n, p, &s, err) != 0)
+		fail_msg("%s", err);
+	run_all(e, &s, 1, r, want, 0);
+	engine_seq_free(e, s);
+}
+
+static void
+assert_same(const struct run *a, const struct run *b)
+{
+	assert_int_equal(a->n, b->n);
+	assert_memory_equal(a->tok, b->tok, (size_t)a->n * sizeof *a->tok);
+	assert_string_equal(a->text, b->text);
+	assert_int_equal(a->finish, b->finish);
+}
+
+/* Prompt i of the suite: a few ids, some of them repeated so that lookup finds runs. */
+static int32_t
+suite_prompt(int i, int32_t *t)
+{
+	int32_t n = 0;
+
+	for (int j = 0; j < 6 + i % 5; j++)
+		t[n++] = (i * 131 + j * 17) % 900 + 3;
+	if (i % 2 == 0)
+		for (int j = 0; j < 6; j++)
+			t[n++] = t[j];
+	return n;
+}
+
+/* Lookup's guesses: the same output; a random model repeats itself little, but some are accepted. */
+static void
+test_lookup_same(void **state)
+{
+	struct engine *e = open_engine(256);
+	struct seq_params p;
+	struct run off, on;
+	int32_t t[64], n, drafted = 0, accepted = 0;
+
+	(void)state;
+	for (int i = 0; i < 12; i++) {
+		n = suite_prompt(i, t);
+		params(&p, 120, 0);
+		run_one(e, t, n, &p, &off, NULL);
+		assert_int_equal(off.drafted, 0);
+		params(&p, 120, 1);
+		run_one(e, t, n, &p, &on, NULL);
+		assert_same(&off, &on);
+		drafted += on.drafted, accepted += on.accepted;
+	}
+	print_message("lookup: %d of %d guesses accepted\n", accepted, drafted);
+	assert_true(accepted > 0);
+	engine_close(e);
+}
+
+/* Given guesses, right and wrong: the same output, at every max_tokens too. */
+static void
+test_given_same(void **state)
+{
+	struct engine *e = open_engine(256);
+	struct seq_params p;
+	struct run off, on, cut;
+	int32_t t[64], n, drafted = 0, accepted = 0;
+
+	(void)state;
+	for (int i = 0; i < 8; i++) {
+		n = suite_prompt(i, t);
+		params(&p, 100, 0);
+		run_one(e, t, n, &p, &off, NULL);
+		params(&p, 100, 1);
+		run_one(e, t, n, &p, &on, &off);
+		assert_same(&off, &on);
+		drafted += on.drafted, accepted += on.accepted;
+		for (int m = 1; i < 2 && m <= off.n; m += 1 + m / 8) {
+			params(&p, m, 1);
+			run_one(e, t, n, &p, &cut, &off);
+			assert_int_equal(cut.n, m);
+			assert_memory_equal(cut.tok, off.tok, (size_t)m * sizeof *cut.tok);
+			assert_int_equal(cut.finish, FINISH_LENGTH);
+		}
+	}
+	/* four of five right: most accepted, none after a wrong one in its step */
+	print_message("given: %d of %d guesses accepted\n", accepted, drafted);
+	assert_true(accepted > drafted / 3 && accepted < drafted);
+	engine_close(e);
+}
+
+static void
+test_stop_and_context(void **state)
+{
+	struct engine *e = open_engine(96);
+	struct seq_params p;
+	struct run off, on;
+	int32_t t[64], n = suite_prompt(4, t);
+	char stop[8];
+	const char *stops[1] = { stop };
+	size_t at;
+
+	(void)state;
+	/* to the end of a context of 96 */
+	params(&p, 0, 0);
+	run_one(e, t, n, &p, &off, NULL);
+	assert_int_equal(off.finish, FINISH_CONTEXT);
+	params(&p, 0, 1);
+	run_one(e, t, n, &p, &on, &off);
+	assert_true(on.accepted > 10);
+	assert_same(&off, &on);
+	/* a stop string from the middle of the output ends both at the same place */
+	at = off.len / 2;
+	while (at > 0 && ((unsigned char)off.text[at] & 0xc0) == 0x80)
+		at--;
+	memcpy(stop, off.text + at, 3);
+	stop[3] = '\0';
+	while (!utf8_valid(stop, strlen(stop)))
+		stop[strlen(stop) - 1] = '\0';
+	params(&p, 0, 0);
+	p.stop = stops, p.n_stop = 1;
+	run_one(e, t, n, &p, &on, &off);
+	assert_int_equal(on.finish, FINISH_STOP);
+	p.speculative = 1;
+	run_one(e, t, n, &p, &off, &on);
+	assert_true(off.accepted > 0);
+	assert_same(&on, &off);
+	engine_close(e);
+}
+
+static void
+test_many_and_cut(void **state)
+{
+	struct engine *e = open_engine(256);
+	struct seq_params p;
+	struct seq *s[16];
+	struct run *alone = xcalloc(16, sizeof *alone), *all = xcalloc(16, sizeof *all);
+	int32_t t[16][64], n[16];
+	char err[ERR_LEN];
+
+	(void)state;
+	for (int i = 0; i < 16; i++) {
+		n[i] = suite_prompt(i, t[i]);
+		params(&p, 60, 0);
+		run_one(e, t[i], n[i], &p, &alone[i], NULL);
+	}
+	for (int cut = 0; cut < 2; cut++) {
+		for (int i = 0; i < 16; i++) {
+			params(&p, 60, 1);
+			assert_int_equal(engine_seq_new(e, t[i], n[i], &p, &s[i], err), 0);
+		}
+		run_all(e, s, 16, all, alone, cut);
+		for (int i = 0; i < 16; i++) {
+			assert_true(all[i].accepted > 0);
+			assert_same(&alone[i], &all[i]);
+			engine_seq_free(e, s[i]);
+		}
+	}
+	free(alone), free(all);
+	assert_int_equal(engine_free_blocks(e), 4096 / 16);
+	engine_close(e);
+}
+
+/* ---- the distribution ---- */
+
+#define DRAWS 2000
+#define TOP_K 4
+
+/*
+ * Two-sample chi-square of counts a and b (DRAWS each) over n categories:
+ * sum (a - b)^2 / (a + b), categories with fewer than 10 together pooled.
+ * Returns the statistic; *df gets its degrees of freedom.
+ */
+static double
+chi2(const int *a, const int *b, int n, int *df)
+{
+	double x = 0;
+	int pa = 0, pb = 0, k = 0;
+
+	for (int i = 0; i < n; i++) {
+		if (a[i] + b[i] < 10) {
+			pa += a[i], pb += b[i];
+			continue;
+		}
+		x += (double)(a[i] - b[i]) * (a[i] - b[i]) / (a[i] + b[i]);
+		k++;
+	}
+	if (pa + pb > 0)
+		x += (double)(pa - pb) * (pa - pb) / (pa + pb), k++;
+	*df = k - 1;
+	return x;
+}
+
+/* Chi-square's 0.999 quantile for df degrees of freedom (Wilson-Hilferty), so the bound fails 1 in 1,000 by chance. */
+static double
+chi2_bound(int df)
+{
+	double z = 3.090, h = 2.0 / (9.0 * df), c = 1 - h + z * sqrt(h);
+
+	return df * c * c * c;
+}
+
+/*
+ * Counts of the tokens drawn at positions 2 and 3 over DRAWS seeds, with or
+ * without guesses (want's, the greedy output), by id modulo 64.
+ */
+static void
+draw_counts(struct engine *e, const int32_t *t, int32_t n, const struct run *want, int (*cnt)[64], int32_t *accepted)
+{
+	struct seq_params p;
+	struct run r;
+
+	*accepted = 0;
+	for (int d = 0; d < DRAWS; d++) {
+		params(&p, 4, want != NULL);
+		p.sample.temperature = 1;
+		p.sample.top_k = TOP_K;
+		p.sample.seed = 1000 + (uint64_t)d;
+		run_one(e, t, n, &p, &r, want);
+		*accepted += r.accepted;
+		assert_int_equal(r.n, 4);
+		cnt[0][r.tok[1] % 64]++;
+		cnt[1][r.tok[2] % 64]++;
+	}
+}
+
+/*
+ * The first token is the prompt's and no guess's; the second and third
+ * are guessed as greedy decoding would write them (the likeliest, so often
+ * accepted). Accepting a guess more often than the model draws it (or a
+ * wrong residual after a rejection) moves their frequencies far past the
+ * bound: it is chi-square's 0.999 quantile.
+ */
+static void
+test_distribution(void **state)
+{
+	struct engine *e = open_engine(256);
+	struct seq_params p;
+	struct run g;
+	int32_t t[16], n = 8, acc_on, acc_off;
+	int (*off)[64] = xcalloc(2, sizeof *off), (*on)[64] = xcalloc(2, sizeof *on), df;
+
+	(void)state;
+	for (int j = 0; j < n; j++)
+		t[j] = (j * 97) % 800 + 5;
+	params(&p, 4, 0);
+	run_one(e, t, n, &p, &g, NULL);
+	draw_counts(e, t, n, NULL, off, &acc_off);
+	draw_counts(e, t, n, &g, on, &acc_on);
+	assert_int_equal(acc_off, 0);
+	print_message("distribution: %d tokens of %d draws came from accepted guesses\n", acc_on, DRAWS);
+	assert_true(acc_on > DRAWS / 8);
+	for (int k = 0; k < 2; k++) {
+		double x = chi2(off[k], on[k], 64, &df);
+
+		print_message("token %d: chi-square %.1f, df %d, bound %.1f\n", k + 2, x, df, chi2_bound(df));
+		assert_true(df >= 1);
+		assert_true(x < chi2_bound(df));
+	}
+	free(off), free(on);
+	engine_close(e);
+}
+
+int
+main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_index),
+		cmocka_unit_test(test_lookup_same),
+		cmocka_unit_test(test_given_same),
+		cmocka_unit_test(test_stop_and_context),
+		cmocka_unit_test(test_many_and_cut),
+		cmocka_unit_test(test_distribution),
+	};
+
+	return cmocka_run_group_tests(tests, tiny_model_setup, tiny_model_teardown);
+}
