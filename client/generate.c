@@ -46,6 +46,7 @@ struct gen_opts {
 	char *tools;                /* run --tools: the file's text (JSON of the tools) */
 	const char *tool_choice;    /* run --tool-choice: auto, none, required, or a tool's name */
 	const char *think;          /* --think: on, off, low, medium, high */
+	const char *speculative;    /* --speculative: auto, off */
 };
 
 /* What a generation printed last. */
@@ -224,12 +225,18 @@ print_usage(const struct gen *g)
 {
 	json_t *u = json_object_get(g->done, "usage");
 
+	json_int_t drafted = json_integer_value(json_object_get(u, "drafted_tokens"));
+
 	fprintf(stderr, "[%s] %lld prompt tokens (%lld cached), %lld generated, first token after %.1f ms, "
-	    "%.1f tokens/s\n", gen_finish(g),
+	    "%.1f tokens/s", gen_finish(g),
 	    (long long)json_integer_value(json_object_get(u, "prompt_tokens")),
 	    (long long)json_integer_value(json_object_get(u, "cached_tokens")),
 	    (long long)json_integer_value(json_object_get(u, "generated_tokens")),
 	    json_number_value(json_object_get(u, "ttft_ms")), json_number_value(json_object_get(u, "tokens_per_s")));
+	if (drafted > 0)
+		fprintf(stderr, ", %lld of %lld guessed tokens accepted",
+		    (long long)json_integer_value(json_object_get(u, "accepted_tokens")), (long long)drafted);
+	fputc('\n', stderr);
 }
 
 /* Reports a failed generation; returns the exit status. */
@@ -249,7 +256,7 @@ gen_failed(const struct gen *g)
 
 enum {
 	O_SYSTEM = 256, O_RAW, O_TOP_K, O_TOP_P, O_MIN_P, O_REPEAT, O_SEED, O_STOP, O_JSON, O_SOCKET,
-	O_HIDE_REASONING, O_GRAMMAR, O_JSON_SCHEMA, O_JSON_OBJECT, O_TOOLS, O_TOOL_CHOICE, O_THINK,
+	O_HIDE_REASONING, O_GRAMMAR, O_JSON_SCHEMA, O_JSON_OBJECT, O_TOOLS, O_TOOL_CHOICE, O_THINK, O_SPECULATIVE,
 };
 
 /* A sampling option: its protocol field and whether it is an integer. */
@@ -339,6 +346,7 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 		{ "json-object", no_argument, NULL, O_JSON_OBJECT },
 		{ "tools", required_argument, NULL, O_TOOLS },
 		{ "tool-choice", required_argument, NULL, O_TOOL_CHOICE }, { "think", required_argument, NULL, O_THINK },
+		{ "speculative", required_argument, NULL, O_SPECULATIVE },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *key;
@@ -388,6 +396,11 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 				    optarg);
 			o->think = optarg;
 			break;
+		case O_SPECULATIVE:
+			if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "off") != 0)
+				return cli_usage_error("%s: --speculative wants auto or off, not '%s'", argv[0], optarg);
+			o->speculative = optarg;
+			break;
 		default: return cli_usage_error("%s: unknown option", argv[0]);
 		}
 	}
@@ -408,6 +421,8 @@ apply_sampling(const struct gen_opts *o, rs_params *p, int with_stop)
 	}
 	for (i = 0; with_stop && i < o->n_stop; i++)
 		rs_params_add_stop(p, o->stop[i]);
+	if (o->speculative != NULL)
+		rs_params_set_str(p, "speculative", o->speculative);
 }
 
 /* Sets the output's constraint, if one was given: a request's own, never a session's default. */

@@ -56,6 +56,8 @@ usage(FILE *fp)
 	    "      --hide-reasoning       do not print the model's reasoning (shown faint before\n"
 	    "                             its answer)\n"
 	    "      --think WHEN           on (default), off, or gpt-oss's effort: low, medium, high\n"
+	    "      --speculative WHEN     auto (default): guess tokens from the text and check them\n"
+	    "                             in one step (the same output, faster where it repeats); off\n"
 	    "      --grammar FILE         the reply must match the grammar in FILE (GBNF-like,\n"
 	    "                             libclient/PROTOCOL.md)\n"
 	    "      --json-schema FILE     the reply must be JSON valid against the schema in FILE\n"

@@ -900,7 +900,8 @@ seq_take(struct engine *e, struct seq *s)
 		return 0;
 	}
 	s->spec_next++;
-	s->new_logprob = 0, s->n_top = 0;
+	if (i > 0) /* a guess's: its sequence reports no logprobs (the first's are row_token's) */
+		s->new_logprob = 0, s->n_top = 0;
 	seq_accept(e, s, s->spec[i]);
 	if (i < s->spec_kv) {
 		s->n_cached = s->n_tokens;

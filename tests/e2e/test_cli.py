@@ -216,7 +216,8 @@ SHOW_KEYS = {"name", "path", "loaded", "default", "device", "arch", "size", "for
 STATUS_MODEL_KEYS = {"name", "loaded", "device", "exact", "faults", "memory_bytes", "keep_alive_s", "expires_in_s",
                      "loads", "unloads", "weights_bytes", "host_layers", "host_bytes", "kv_bytes", "kv_blocks", "kv_free_blocks", "kv_used_bytes",
                      "active", "queued", "cache_hit_tokens", "cache_miss_tokens", "cache_host_hit_tokens",
-                     "cache_disk_hit_tokens", "prompt_tokens", "generated_tokens", "ttft", "itl"}
+                     "cache_disk_hit_tokens", "prompt_tokens", "generated_tokens", "drafted_tokens", "accepted_tokens",
+                     "ttft", "itl"}
 
 
 def ps_rows():

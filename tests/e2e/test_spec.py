@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""test_spec.py: speculative decoding (generate's `speculative`,
+libclient/PROTOCOL.md) through the daemon, on a generated model and the
+CPU backend.
+
+1. Greedy output with `speculative` "auto" (the default) is the output with
+   "off", token for token, streamed and not, over prompts that repeat
+   themselves (so that lookup guesses): a token reply per token however
+   many a step settled; usage's drafted_tokens and accepted_tokens (0 with
+   "off", accepted at most drafted, some guessed over the suite), and the
+   model's status counts them.
+2. Sixteen streams at once, each the output it has alone; a cancel in the
+   middle of one leaves the others' outputs and the KV pool whole.
+3. `resident run -v` prints how many guessed tokens were accepted;
+   `--speculative off` none; a bad --speculative is refused.
+4. Errors: speculative "maybe", 1, true.
+"""
+import os
+import subprocess
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import rsd  # noqa: E402
+from rsd import Checks, Daemon, ProtoError  # noqa: E402
+
+CPU = ["--device", "cpu"]
+TIMEOUT = 120
+PROMPTS = ["one two three four five one two three four five one two three",
+           "the cat sat on the mat and the cat sat on the",
+           "def f(x):\n    return x + 1\n\ndef f(x):\n    return",
+           "a b a b a b a b a b",
+           "red green blue red green blue red",
+           "1, 2, 3, 4, 1, 2, 3, 4, 1, 2",
+           "hello world hello world hello world",
+           "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [1, 2,"]
+
+
+def model_status(c):
+    return next(m for m in c.call("status")["models"] if m["loaded"])
+
+
+def check_same(ck, c):
+    """Section 1."""
+    drafted = accepted = 0
+    s0 = model_status(c)
+    for i, p in enumerate(PROMPTS):
+        stream = i % 3 != 2
+        off = c.generate(prompt=p, max_tokens=80, temperature=0, speculative="off", stream=stream)
+        on = c.generate(prompt=p, max_tokens=80, temperature=0, stream=stream)
+        what = "prompt %d (stream %s)" % (i, stream)
+        ck.eq(on.text, off.text, what + ": the same text with guesses")
+        ck.eq(on.finish, off.finish, what + ": the same finish")
+        ck.eq(on.usage["generated_tokens"], off.usage["generated_tokens"], what + ": the same token count")
+        if stream:
+            ck.eq(on.ids, off.ids, what + ": the same token ids")
+            ck.eq(len(on.tokens), len(off.tokens), what + ": a token reply per token (an ending one "
+                  "without text has none)")
+        ck.eq((off.usage["drafted_tokens"], off.usage["accepted_tokens"]), (0, 0), what + ": off guesses nothing")
+        ck.ok(on.usage["accepted_tokens"] <= on.usage["drafted_tokens"], what + ": accepted at most drafted")
+        drafted += on.usage["drafted_tokens"]
+        accepted += on.usage["accepted_tokens"]
+    print("   %d of %d guessed tokens accepted" % (accepted, drafted))
+    ck.ok(drafted > 0, "lookup guessed over the suite")
+    s1 = model_status(c)
+    ck.eq((s1["drafted_tokens"] - s0["drafted_tokens"], s1["accepted_tokens"] - s0["accepted_tokens"]),
+          (drafted, accepted), "status counts the usage's guesses")
+
+
+def check_many(ck, d, c):
+    """Section 2."""
+    alone = [c.generate(prompt=p, max_tokens=60, temperature=0, speculative="off").ids for p in PROMPTS * 2]
+    free0 = model_status(c)["kv_free_blocks"]
+    clients = [d.client(timeout=TIMEOUT) for _ in range(16)]
+    out = [None] * 16
+    victim = [None]
+
+    def one(i):
+        w = clients[i]
+        rid = w.start_generate(prompt=PROMPTS[i % len(PROMPTS)], max_tokens=60, temperature=0)
+        if i == 5:
+            w.next(rid, TIMEOUT)
+            w.request("cancel", target=rid)
+            victim[0] = w.collect(rid, TIMEOUT)
+            return
+        out[i] = w.collect(rid, TIMEOUT)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT)
+    for i in range(16):
+        if i != 5:
+            ck.eq(out[i].ids if out[i] else None, alone[i], "stream %d: its output alone" % i)
+    ck.eq(victim[0].finish if victim[0] else None, "cancel", "the cancelled stream ends so")
+    ck.ok(rsd.wait_for(lambda: model_status(c)["kv_free_blocks"] == free0 and model_status(c)["active"] == 0),
+          "every block back once all end")
+    for w in clients:
+        w.close()
+
+
+def resident(d, *args):
+    return subprocess.run([rsd.tool("resident"), "--socket", d.sock, *args], capture_output=True, text=True,
+                          timeout=TIMEOUT)
+
+
+def check_cli(ck, d):
+    """Section 3."""
+    prompt = PROMPTS[0]
+    on = resident(d, "run", "--raw", "-v", "-t", "0", "-n", "80", prompt)
+    off = resident(d, "run", "--raw", "-v", "-t", "0", "-n", "80", "--speculative", "off", prompt)
+    ck.eq((on.returncode, off.returncode), (0, 0), "run -v exits 0: %s %s" % (on.stderr, off.stderr))
+    ck.eq(on.stdout, off.stdout, "run prints the same reply either way")
+    ck.ok("guessed tokens accepted" in on.stderr, "run -v says how many guesses were accepted: %r" % on.stderr)
+    ck.ok("guessed" not in off.stderr, "--speculative off: no guesses to report: %r" % off.stderr)
+    bad = resident(d, "run", "--speculative", "sometimes", "hi")
+    ck.ok(bad.returncode != 0 and "--speculative wants auto or off" in bad.stderr,
+          "a bad --speculative is refused: %r" % bad.stderr)
+
+
+def check_errors(ck, c):
+    """Section 4."""
+    for v in ("maybe", 1, True):
+        try:
+            c.generate(prompt="hi", max_tokens=2, speculative=v)
+            ck.ok(False, "speculative %r is refused" % (v,))
+        except ProtoError as e:
+            ck.eq(e.code, "invalid_param" if v == "maybe" else "bad_request", "speculative %r: %s" % (v, e))
+    g = c.generate(prompt="hi", max_tokens=2, temperature=0)
+    ck.eq(g.finish, "length", "the daemon goes on")
+
+
+def main():
+    ck = Checks()
+    with Daemon(extra=CPU) as d:
+        c = d.client(timeout=TIMEOUT)
+        for title, fn in (("1. the same output, usage and status", lambda: check_same(ck, c)),
+                          ("2. sixteen at once, a cancel", lambda: check_many(ck, d, c)),
+                          ("3. resident run", lambda: check_cli(ck, d)),
+                          ("4. errors", lambda: check_errors(ck, c))):
+            with ck.section(title):
+                fn()
+    return ck
+
+
+if __name__ == "__main__":
+    rsd.main(main)
