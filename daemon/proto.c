@@ -603,7 +603,8 @@ decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 	if (r->tools != NULL && r->prompt != NULL)
 		return err_set(err, PE_BAD_REQUEST, "tools are rendered by the chat template: give 'messages', "
 		    "not 'prompt'");
-	if ((rc = get_priority(m, r, err)) != 0 || (rc = get_speculative(m, r, err)) != 0)
+	if ((rc = get_priority(m, r, err)) != 0 || (rc = get_speculative(m, r, err)) != 0 ||
+	    (rc = get_str(m, "draft", 0, PROTO_MAX_MODEL, &r->draft, err)) != 0)
 		return rc;
 	if ((r->prompt != NULL) == (r->msgs != NULL))
 		return err_set(err, PE_BAD_REQUEST, "give exactly one of 'prompt' and 'messages'");
@@ -849,7 +850,7 @@ proto_req_free(struct proto_req *r)
 	free(r->inputs);
 	free(r->msgs), free(r->client), free(r->prompt), free(r->session), free(r->model);
 	free(r->title), free(r->system), free(r->defaults), free(r->text), free(r->tokens);
-	free(r->grammar), free(r->json_schema), free(r->tools), free(r->tool_name);
+	free(r->grammar), free(r->json_schema), free(r->tools), free(r->tool_name), free(r->draft);
 	memset(r, 0, sizeof *r);
 }
 

@@ -119,6 +119,7 @@ struct proto_req {
 	char *tool_name;        /* with TOOLS_REQUIRED: the one tool to call; NULL: any of them */
 	enum chat_think think;  /* think: how much a reasoning model reasons first */
 	int speculative;        /* 1: "auto" (the default), guessed tokens checked in a step; 0: "off" */
+	char *draft;            /* the draft model that guesses (a name or path), or NULL: lookup's guesses */
 	/* embed */
 	struct proto_input *inputs;
 	int n_inputs;

@@ -246,12 +246,20 @@ io_wake(void *arg)
 	pthread_mutex_unlock(&s->mu);
 }
 
+/* slots_opts.unloading: what refers to a model's engine lets go of it (drafts, then parked sessions). */
+static void
+slot_unloading(void *arg, struct slot *m)
+{
+	sched_draft_unload(arg, m);
+	sched_drop_residents(arg, m);
+}
+
 /* The model slots, with the engine options and the memory budget. */
 static void
 start_slots(struct sched *s)
 {
 	struct slots_opts so = { .budget = s->o.device_memory, .keep_alive = s->o.keep_alive,
-		.unloading = sched_drop_residents, .arg = s };
+		.unloading = slot_unloading, .arg = s };
 
 	so.eo = (struct engine_opts){ .device = s->o.device, .n_threads = s->o.n_threads, .n_ctx = s->o.n_ctx,
 		.kv_tokens = s->o.kv_tokens, .max_step_tokens = s->o.max_step_tokens, .max_seqs = s->o.max_seqs,

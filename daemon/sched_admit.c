@@ -151,10 +151,39 @@ model_kind_error(const struct model_desc *md, enum proto_op op, char *err)
 }
 
 /*
- * Admits a queued generate or embed: its model is loaded and the prompt
- * (an embed's inputs) goes to the worker (GEN_PREP). 0, or -1 when it
- * failed (the error is sent), or SLOTS_WAIT when its model cannot be
- * loaded until models in use give back memory (it stays queued).
+ * The draft model a generate names, loaded beside its model (held, so
+ * that the draft's load does not unload it): 0, -1 when it failed (the
+ * error is sent) or SLOTS_WAIT.
+ */
+static int
+admit_draft(struct sched *s, struct gen *g)
+{
+	struct sched_job *job = g->job;
+	char err[ERR_LEN];
+	struct slot *d;
+	int rc;
+
+	if ((d = sched_job_model(s, job, job->req.draft)) == NULL)
+		return -1;
+	if ((rc = load_model(s, job, d, err)) == SLOTS_WAIT)
+		return SLOTS_WAIT;
+	if (rc != 0) {
+		sched_post_error(s, job, PE_MODEL_ERROR, err);
+		return -1;
+	}
+	if (model_kind_error(engine_model(d->e), OP_GENERATE, err) != 0 || sched_draft_use(s, g, d, err) != 0) {
+		sched_post_error(s, job, PE_INVALID_PARAM, err);
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * Admits a queued generate or embed: its model (and a generate's draft
+ * model) is loaded and the prompt (an embed's inputs) goes to the worker
+ * (GEN_PREP). 0, or -1 when it failed (the error is sent), or SLOTS_WAIT
+ * when a model cannot be loaded until models in use give back memory (it
+ * stays queued, holding none).
  */
 static int
 admit(struct sched *s, struct gen *g)
@@ -181,6 +210,13 @@ admit(struct sched *s, struct gen *g)
 	slots_acquire(&s->slots, m);
 	g->slot = m;
 	g->md = engine_model(m->e);
+	if (job->req.draft != NULL && job->req.speculative && (rc = admit_draft(s, g)) != 0) {
+		if (rc == SLOTS_WAIT) {
+			sched_release_slot(s, m, m->keep_alive);
+			g->slot = NULL, g->md = NULL;
+		}
+		return rc;
+	}
 	g->prep.fn = prep_run;
 	g->prep.owner = m;
 	g->prep.key = job->conn;

@@ -490,21 +490,6 @@ gen_outcome(const struct gen *g)
 	return g->seqs[0]->finish;
 }
 
-/* The keep-alive a request leaves its model with. */
-static double
-job_keep_alive(const struct sched *s, const struct sched_job *job)
-{
-	return job->req.set & SET_KEEP_ALIVE ? job->req.keep_alive : s->o.keep_alive;
-}
-
-/* A request is done with its model; a generate waiting for memory may be admitted once nobody uses it. */
-void
-sched_release_slot(struct sched *s, struct slot *m, double keep_alive)
-{
-	slots_release(&s->slots, m, keep_alive);
-	s->retry |= m->users == 0;
-}
-
 /* Unlinks a gen and frees it; a session keeps its sequence. */
 void
 sched_gen_free(struct sched *s, struct gen *g)
@@ -537,8 +522,9 @@ sched_gen_free(struct sched *s, struct gen *g)
 	}
 	if (g->gram != NULL)
 		engine_grammar_put(g->slot->e, g->gram);
+	sched_draft_drop(s, g);
 	if (g->slot != NULL)
-		sched_release_slot(s, g->slot, job_keep_alive(s, g->job));
+		sched_release_slot(s, g->slot, sched_job_keep_alive(s, g->job));
 	free(g->ids);  /* a prompt cancelled while the worker tokenized it */
 	sched_job_free(g->job);
 	free(g);

@@ -13,9 +13,11 @@
  *   sched_step.c       a model's step: its sequences, tokens out, cancels, faults
  *   sched_admit.c      queued requests to their models and to the prompt worker
  *   sched_gen.c        a generate's token and done replies, and its end
+ *   sched_draft.c      a request's draft model: its guesses before each step
  *   sched_embed.c      an embed's inputs: tokens, sequences, vectors, its reply
  *   sched_resident.c   a request's sequences: sessions' between turns, the prefix
- *                      cache, several choices forked from one prompt
+ *                      cache, several choices forked from one prompt; its models
+ *                      released
  *   sched_prompt.c     messages through the chat template, to tokens
  *   sched_event.c      replies queued for the loop thread
  */
@@ -86,6 +88,8 @@ struct gen {
 	struct sched_job *job;
 	enum gen_state state;
 	struct slot *slot;          /* its model, once admitted (it is then one of its users) */
+	struct slot *draft;         /* its draft model (sched_draft.c), held as slot is, or NULL */
+	struct seq *dseqs[PROTO_MAX_CHOICES]; /* choice i's sequence on the draft's engine, or NULL */
 	struct seq *seqs[PROTO_MAX_CHOICES]; /* choice i's sequence: the first from the prompt, the others forked */
 	int n_seqs;                 /* 0 until it starts, 1 while its prompt is prefilled, then n */
 	struct resident *res;       /* the session's cached sequence, while running */
@@ -186,8 +190,24 @@ struct sched_event *sched_done_event(struct gen *g);
 void sched_gen_token_time(struct gen *g, const struct seq *q, uint64_t now);
 void sched_gen_finish(struct gen *g, enum finish_reason why, const char *error);
 int sched_gen_over(struct gen *g);
-void sched_release_slot(struct sched *s, struct slot *m, double keep_alive);
 void sched_gen_free(struct sched *s, struct gen *g);
+
+/* sched_draft.c */
+/*
+ * Gives g the draft model d (loaded): its vocabulary must be the target's.
+ * 0 (g holds d as one of its users), or ERR_INVAL with the message.
+ */
+int sched_draft_use(struct sched *s, struct gen *g, struct slot *d, char *err);
+/* g lets go of its draft model and the draft's sequences. */
+void sched_draft_drop(struct sched *s, struct gen *g);
+/* Every request lets go of draft model d (before it is unloaded). */
+void sched_draft_unload(struct sched *s, struct slot *d);
+/*
+ * Before a step of seqs[0..n) (gens[]' sequences): the draft models of the
+ * decoding ones guess their next tokens. Returns NULL, or the draft model
+ * whose backend failed (err says how).
+ */
+struct slot *sched_draft_guess(struct sched *s, struct seq **seqs, struct gen **gens, int n, char *err);
 
 /* sched_embed.c */
 void sched_embed_prep(struct gen *g);
@@ -204,6 +224,10 @@ struct sched_event *sched_embed_event(struct gen *g);
 void sched_embed_free(struct gen *g);
 
 /* sched_resident.c */
+/* The keep-alive a request leaves its models with. */
+double sched_job_keep_alive(const struct sched *s, const struct sched_job *job);
+/* A request is done with model m; a generate waiting for memory may be admitted once nobody uses it. */
+void sched_release_slot(struct sched *s, struct slot *m, double keep_alive);
 void sched_free_resident(struct slot *m, struct resident *r);
 void sched_drop_residents(void *arg, struct slot *m);
 int sched_start_seq(struct sched *s, struct gen *g, const int32_t *ids, size_t n, char *err);

@@ -9,7 +9,9 @@
  * sequence parked (sched_gen_free); its blocks stay in the prefix cache
  * (kv.h) until the pool needs them, then go to the host tier, and each
  * turn's KV is written to disk. A fork shares the parent's blocks; a deleted
- * session loses its sequences, its turn in flight and its KV file.
+ * session loses its sequences, its turn in flight and its KV file. A request
+ * done with its models releases them here (sched_release_slot), whatever
+ * file it ends in.
  */
 #include "config.h"
 #include "sched_int.h"
@@ -23,6 +25,21 @@
 #include <string.h>
 
 /* Unlinks a session's cached sequence and frees it. */
+/* ---- a request's models ---- */
+
+double
+sched_job_keep_alive(const struct sched *s, const struct sched_job *job)
+{
+	return job->req.set & SET_KEEP_ALIVE ? job->req.keep_alive : s->o.keep_alive;
+}
+
+void
+sched_release_slot(struct sched *s, struct slot *m, double keep_alive)
+{
+	slots_release(&s->slots, m, keep_alive);
+	s->retry |= m->users == 0;
+}
+
 void
 sched_free_resident(struct slot *m, struct resident *r)
 {

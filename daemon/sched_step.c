@@ -193,6 +193,7 @@ sched_step_model(struct sched *s, struct slot *m)
 	struct seq **seqs = xmalloc((size_t)cap * sizeof *seqs);
 	struct gen **gens = xmalloc((size_t)cap * sizeof *gens);
 	struct sched_event *out = NULL, **tail = &out;
+	struct slot *bad;
 	char err[ERR_LEN];
 	uint64_t t0, t1 = 0;
 
@@ -205,6 +206,14 @@ sched_step_model(struct sched *s, struct slot *m)
 	dec_tokens = engine_step_tokens(m->e, n_dec);
 	if ((budget = pace_budget(&m->pace, n_dec, dec_tokens, n_pre)) > 0)
 		budget = MAX(budget, engine_step_tokens(m->e, n_dec + budget) - n_dec);
+	if (n > 0 && (bad = sched_draft_guess(s, seqs, gens, n, err)) != NULL) {
+		model_fault(s, bad, err);
+		if (bad == m) { /* its own draft: the step's sequences ended with it */
+			free(seqs);
+			free(gens);
+			return;
+		}
+	}
 	t0 = now_ns();
 	if (n > 0 && (rc = engine_step(m->e, seqs, n, budget, err)) >= 0) {
 		double sec = (double)((t1 = now_ns()) - t0) / 1e9;

@@ -642,17 +642,17 @@ seq_unpark(struct engine *e, struct seq *s, int32_t keep)
 	return keep;
 }
 
-int
-engine_seq_reuse(struct engine *e, struct seq *s, const int32_t *tokens, int32_t n,
-    const struct seq_params *p, char *err)
+/*
+ * The sequence's history becomes tokens (n, checked): the longest common
+ * prefix with what it held stays in the KV cache (all but the last token
+ * at most), a caching sequence looks for more in the prefix cache, and it
+ * is to prefill the rest.
+ */
+static void
+seq_retoken(struct engine *e, struct seq *s, const int32_t *tokens, int32_t n)
 {
 	int32_t keep = 0;
-	int rc;
 
-	if (s->state != SEQ_DONE)
-		return err_set(err, ERR_INVAL, "the sequence is still generating");
-	if ((rc = check_tokens(e, NULL, tokens, n, err)) != 0 || (rc = seq_set_params(e, s, p, err)) != 0)
-		return rc;
 	while (keep < n - 1 && keep < s->n_cached && s->tokens[keep] == tokens[keep])
 		keep++;
 	if (s->n_parked > 0)
@@ -668,10 +668,37 @@ engine_seq_reuse(struct engine *e, struct seq *s, const int32_t *tokens, int32_t
 	}
 	s->n_cached = keep % KV_BLOCK_TOKENS == 0 ? seq_match(e, s, n - 1) : keep;
 	s->n_cached = MAX(s->n_cached, keep);
+	s->state = SEQ_PREFILL;
+	s->finish = FINISH_NONE;
+}
+
+int
+engine_seq_reuse(struct engine *e, struct seq *s, const int32_t *tokens, int32_t n,
+    const struct seq_params *p, char *err)
+{
+	int rc;
+
+	if (s->state != SEQ_DONE)
+		return err_set(err, ERR_INVAL, "the sequence is still generating");
+	if ((rc = check_tokens(e, NULL, tokens, n, err)) != 0 || (rc = seq_set_params(e, s, p, err)) != 0)
+		return rc;
+	seq_retoken(e, s, tokens, n);
 	s->n_prompt = n;
 	s->turn_start = n;
-	s->state = SEQ_PREFILL;
 	count_lookup(e, s);
+	return s->n_cached;
+}
+
+int
+engine_seq_follow(struct engine *e, struct seq *s, const int32_t *tokens, int32_t n, char *err)
+{
+	int rc;
+
+	if (s->state == SEQ_LOAD || s->io != NULL || s->n_spec > s->spec_next)
+		return err_set(err, ERR_BUSY, "the sequence is loading or has tokens not taken");
+	if ((rc = check_tokens(e, NULL, tokens, n, err)) != 0)
+		return rc;
+	seq_retoken(e, s, tokens, n);
 	return s->n_cached;
 }
 

@@ -248,6 +248,13 @@ int32_t engine_embed_dims(const struct engine *e, int32_t dims);
  */
 int engine_seq_reuse(struct engine *e, struct seq *s, const int32_t *tokens, int32_t n,
     const struct seq_params *p, char *err);
+/*
+ * The same within a turn, its parameters and text kept: a draft model's
+ * sequence follows its target's history (tokens), keeping the common
+ * prefix, whatever state it is in (not loading). Returns the number of
+ * cached tokens, or a negative code.
+ */
+int engine_seq_follow(struct engine *e, struct seq *s, const int32_t *tokens, int32_t n, char *err);
 
 /* Appends tokens to a finished sequence's history (not computed until its next turn). */
 void engine_seq_append(struct seq *s, const int32_t *tokens, int32_t n);

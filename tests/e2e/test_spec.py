@@ -14,10 +14,19 @@ CPU backend.
 3. `resident run -v` prints how many guessed tokens were accepted;
    `--speculative off` none; a bad --speculative is refused.
 4. Errors: speculative "maybe", 1, true.
+5. A draft model (generate's `draft`): the model itself as its own draft
+   (on the CPU a token's logits do not depend on the step: every guess is
+   accepted), the same model cut to its first layer (the same vocabulary;
+   greedy output unchanged, sixteen streams at once too), a draft of another vocabulary
+   (invalid_param), one that does not exist (not_found); unloading the
+   draft while a request uses it leaves the request going without guesses;
+   status lists the draft as loaded and in use while it runs.
 """
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -131,16 +140,70 @@ def check_errors(ck, c):
     ck.eq(g.finish, "length", "the daemon goes on")
 
 
+def check_draft(ck, d, c, tmp):
+    """Section 5."""
+    own = d.model
+    # the daemon's model cut to its first layer: the same vocabulary, a smaller model that often agrees
+    other = os.path.join(tmp, "other.gguf")
+    subprocess.run([rsd.tool("resident-model"), "gen", "tiny", other, "--type", "q8_0", "--quiet", "--seed", "1",
+                    "--layers", "1"], check=True, stdout=subprocess.DEVNULL)
+    qwen = rsd.gen_model(os.path.join(tmp, "tiny-qwen3.gguf"), shape="tiny-qwen3")
+    for p in PROMPTS[:4]:
+        off = c.generate(prompt=p, max_tokens=60, temperature=0, speculative="off")
+        mine = c.generate(prompt=p, max_tokens=60, temperature=0, draft=own)
+        ck.eq(mine.ids, off.ids, "its own draft: the same tokens")
+        u = mine.usage
+        ck.ok(u["drafted_tokens"] > 0 and u["accepted_tokens"] == u["drafted_tokens"],
+              "its own draft: every guess accepted (%d of %d)" % (u["accepted_tokens"], u["drafted_tokens"]))
+        theirs = c.generate(prompt=p, max_tokens=60, temperature=0, draft=other)
+        ck.eq(theirs.ids, off.ids, "another model's draft: the same tokens")
+        ck.ok(theirs.usage["drafted_tokens"] > 0, "another model's draft guessed")
+    clients = [d.client(timeout=TIMEOUT) for _ in range(16)]
+    alone = [c.generate(prompt=PROMPTS[i % len(PROMPTS)], max_tokens=40, temperature=0, speculative="off").ids
+             for i in range(16)]
+    rids = [w.start_generate(prompt=PROMPTS[i % len(PROMPTS)], max_tokens=40, temperature=0, draft=other)
+            for i, w in enumerate(clients)]
+    got = [w.collect(rid, TIMEOUT).ids for w, rid in zip(clients, rids)]
+    ck.eq(got, alone, "sixteen streams with a draft: each its output alone")
+    for w in clients:
+        w.close()
+    for bad, code in ((qwen, "invalid_param"), (os.path.join(tmp, "none.gguf"), "not_found")):
+        try:
+            c.generate(prompt="hi", max_tokens=4, draft=bad)
+            ck.ok(False, "draft %s is refused" % bad)
+        except ProtoError as e:
+            ck.eq(e.code, code, "draft %s: %s" % (os.path.basename(bad), e))
+    # the draft unloaded mid-request: the request goes on, without guesses from then on
+    w = d.client(timeout=TIMEOUT)
+    rid = w.start_generate(prompt=PROMPTS[0], max_tokens=200, temperature=0, draft=other)
+    w.next(rid, TIMEOUT)
+    st = c.call("status")["models"]
+    ck.ok(any(m["name"] == "other" and m["loaded"] and m["expires_in_s"] == -1 for m in st),
+          "status: the draft is loaded and in use: %r" % [(m["name"], m["loaded"]) for m in st])
+    c.call("model.unload", model=other)
+    g = w.collect(rid, TIMEOUT)
+    off = c.generate(prompt=PROMPTS[0], max_tokens=200, temperature=0, speculative="off")
+    ck.eq(g.ids, off.ids[1:len(g.ids) + 1], "the request goes on after its draft is unloaded (its first token "
+          "read before)")
+    ck.eq(g.finish, off.finish, "and ends as without it")
+    w.close()
+
+
 def main():
     ck = Checks()
-    with Daemon(extra=CPU) as d:
-        c = d.client(timeout=TIMEOUT)
-        for title, fn in (("1. the same output, usage and status", lambda: check_same(ck, c)),
-                          ("2. sixteen at once, a cancel", lambda: check_many(ck, d, c)),
-                          ("3. resident run", lambda: check_cli(ck, d)),
-                          ("4. errors", lambda: check_errors(ck, c))):
-            with ck.section(title):
-                fn()
+    tmp = tempfile.mkdtemp(prefix="rsd-spec-")
+    try:
+        with Daemon(extra=CPU) as d:
+            c = d.client(timeout=TIMEOUT)
+            for title, fn in (("1. the same output, usage and status", lambda: check_same(ck, c)),
+                              ("2. sixteen at once, a cancel", lambda: check_many(ck, d, c)),
+                              ("3. resident run", lambda: check_cli(ck, d)),
+                              ("4. errors", lambda: check_errors(ck, c)),
+                              ("5. a draft model", lambda: check_draft(ck, d, c, tmp))):
+                with ck.section(title):
+                    fn()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return ck
 
 

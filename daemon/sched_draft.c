@@ -1,0 +1,190 @@
+/*
+ * sched_draft.c: a request's draft model (generate's `draft`). A small model
+ * with the target's vocabulary writes, greedily, the tokens it expects next;
+ * the target checks them in its next step (engine_seq_guess: speculative
+ * decoding, engine.c), so that its output is what it would be without them.
+ *
+ * The draft is a model slot like any, loaded under the same memory budget
+ * and held by the request while it runs. Each choice of the request has a
+ * sequence on the draft's engine that follows its target's history
+ * (engine_seq_follow: the common prefix stays in the draft's KV cache, so a
+ * round computes only the tokens the target settled that the draft had not
+ * written) and then runs as many draft steps as the choice guesses, all the
+ * choices on that draft batched in each step. A draft sequence that is
+ * still prefilling a long prompt takes one chunk a round and guesses once
+ * it is in. A draft model that fails or is unloaded is dropped: the
+ * requests go on without guesses (sched_draft_unload).
+ */
+#include "config.h"
+#include "sched_int.h"
+#include "engine.h"
+#include "log.h"
+#include "model.h"
+#include "slots.h"
+#include "tokenizer.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* 1 if the two vocabularies give every id the same bytes. */
+static int
+same_vocab(const struct tokenizer *a, const struct tokenizer *b)
+{
+	int32_t n = tok_n_vocab(a);
+
+	if (n != tok_n_vocab(b))
+		return 0;
+	for (int32_t i = 0; i < n; i++) {
+		size_t la = 0, lb = 0;
+		const char *x = tok_bytes(a, i, &la), *y = tok_bytes(b, i, &lb);
+
+		if (la != lb || memcmp(x, y, la) != 0)
+			return 0;
+	}
+	return 1;
+}
+
+int
+sched_draft_use(struct sched *s, struct gen *g, struct slot *d, char *err)
+{
+	const struct model_desc *t = g->md, *dm = engine_model(d->e);
+
+	if (engine_model(g->slot->e)->hp.n_vocab != dm->hp.n_vocab || !same_vocab(t->tok, dm->tok))
+		return err_set(err, ERR_INVAL, "draft model %s has another vocabulary than %s: a draft's tokens must "
+		    "be the target's", d->name, g->slot->name);
+	slots_acquire(&s->slots, d);
+	g->draft = d;
+	return 0;
+}
+
+void
+sched_draft_drop(struct sched *s, struct gen *g)
+{
+	if (g->draft == NULL)
+		return;
+	for (int i = 0; i < PROTO_MAX_CHOICES; i++) {
+		engine_seq_free(g->draft->e, g->dseqs[i]);
+		g->dseqs[i] = NULL;
+	}
+	sched_release_slot(s, g->draft, sched_job_keep_alive(s, g->job));
+	g->draft = NULL;
+}
+
+void
+sched_draft_unload(struct sched *s, struct slot *d)
+{
+	for (struct gen *g = s->gens; g != NULL; g = g->next)
+		if (g->draft == d) {
+			log_warn("draft model %s unloaded: request %llu goes on without its guesses", d->name,
+			    (unsigned long long)g->job->req.id);
+			sched_draft_drop(s, g);
+		}
+}
+
+/* A draft sequence's parameters: greedy, in the request's namespace of the prefix cache. */
+static void
+draft_params(const struct sched *s, const struct gen *g, struct seq_params *p)
+{
+	memset(p, 0, sizeof *p);
+	sample_params_default(&p->sample);
+	p->cache = 1;
+	p->cache_ns = s->o.kv_share_users ? 0 : (uint64_t)g->job->uid + 1;
+	p->split = CHAT_RAW;
+}
+
+/*
+ * Choice i's draft sequence, made or brought to its target q's history;
+ * NULL when that fails (the choice guesses nothing this round).
+ */
+static struct seq *
+follow(struct sched *s, struct gen *g, int i, const struct seq *q)
+{
+	struct engine *e = g->draft->e;
+	struct seq_params p;
+	char err[ERR_LEN];
+
+	if (g->dseqs[i] == NULL) {
+		draft_params(s, g, &p);
+		if (engine_seq_new(e, q->tokens, q->n_tokens, &p, &g->dseqs[i], err) != 0) {
+			log_debug("draft %s: %s", g->draft->name, err);
+			g->dseqs[i] = NULL;
+		}
+		return g->dseqs[i];
+	}
+	return engine_seq_follow(e, g->dseqs[i], q->tokens, q->n_tokens, err) >= 0 ? g->dseqs[i] : NULL;
+}
+
+/* One draft's round for the targets q[0..n) (their gens g[], choices ch[]); rc < 0 if its backend failed. */
+static int
+draft_round(struct sched *s, struct slot *d, struct seq **q, struct gen **g, const int *ch, int n, char *err)
+{
+	struct seq **ds = xcalloc((size_t)n, sizeof *ds), **run = xcalloc((size_t)n, sizeof *run);
+	int32_t (*guess)[ENGINE_DRAFT_MAX] = xcalloc((size_t)n, sizeof *guess);
+	int *want = xcalloc((size_t)n, sizeof *want), *got = xcalloc((size_t)n, sizeof *got);
+	int32_t need = 0;
+	int i, m, rc = 0, k;
+
+	for (i = 0; i < n; i++) {
+		want[i] = (int)lrintf(q[i]->spec_rate * ENGINE_DRAFT_MAX);
+		if (want[i] > 0 && (ds[i] = follow(s, g[i], ch[i], q[i])) != NULL)
+			need += sched_seq_blocks(ds[i]) + want[i] / KV_BLOCK_TOKENS + 1;
+	}
+	sched_make_room(d, need);
+	for (k = 0; k < ENGINE_DRAFT_MAX && rc >= 0; k++) {
+		for (i = m = 0; i < n; i++)
+			if (ds[i] != NULL && got[i] < want[i] && sched_seq_ready(ds[i]) && (k == 0 || got[i] == k))
+				run[m++] = ds[i];
+		if (m == 0)
+			break;
+		rc = engine_step(d->e, run, m, -1, err);
+		for (i = 0; i < n; i++)
+			if (ds[i] != NULL && ds[i]->new_token >= 0 && got[i] < want[i])
+				guess[i][got[i]++] = ds[i]->new_token;
+	}
+	for (i = 0; i < n && rc >= 0; i++)
+		if (got[i] > 0)
+			engine_seq_guess(q[i], guess[i], got[i]);
+	free(ds), free(run), free(guess), free(want), free(got);
+	return rc < 0 ? rc : 0;
+}
+
+/* The draft model that guesses for q, one of g's sequences, this step, or NULL. */
+static struct slot *
+drafting(const struct gen *g, const struct seq *q)
+{
+	return q->state == SEQ_DECODE && q->params.speculative ? g->draft : NULL;
+}
+
+struct slot *
+sched_draft_guess(struct sched *s, struct seq **seqs, struct gen **gens, int n, char *err)
+{
+	struct seq **q = xmalloc((size_t)n * sizeof *q);
+	struct gen **g = xmalloc((size_t)n * sizeof *g);
+	int *ch = xmalloc((size_t)n * sizeof *ch), i, j, k;
+	struct slot *d, *failed = NULL;
+
+	/* each draft model once, with all the step's decoding sequences that use it */
+	for (i = 0; i < n && failed == NULL; i++) {
+		if ((d = drafting(gens[i], seqs[i])) == NULL)
+			continue;
+		for (j = 0; j < i && drafting(gens[j], seqs[j]) != d; j++)
+			;
+		if (j < i)
+			continue;
+		for (j = i, k = 0; j < n; j++) {
+			if (drafting(gens[j], seqs[j]) != d)
+				continue;
+			q[k] = seqs[j], g[k] = gens[j];
+			for (ch[k] = 0; gens[j]->seqs[ch[k]] != seqs[j]; ch[k]++)
+				;
+			k++;
+		}
+		if (draft_round(s, d, q, g, ch, k, err) < 0)
+			failed = d;
+	}
+	free(q), free(g), free(ch);
+	return failed;
+}
