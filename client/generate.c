@@ -47,6 +47,8 @@ struct gen_opts {
 	const char *tool_choice;    /* run --tool-choice: auto, none, required, or a tool's name */
 	const char *think;          /* --think: on, off, low, medium, high */
 	const char *speculative;    /* --speculative: auto, off */
+	const char *draft;          /* --draft: the draft model's name or path */
+	char draft_path[PATH_MAX];
 };
 
 /* What a generation printed last. */
@@ -257,6 +259,7 @@ gen_failed(const struct gen *g)
 enum {
 	O_SYSTEM = 256, O_RAW, O_TOP_K, O_TOP_P, O_MIN_P, O_REPEAT, O_SEED, O_STOP, O_JSON, O_SOCKET,
 	O_HIDE_REASONING, O_GRAMMAR, O_JSON_SCHEMA, O_JSON_OBJECT, O_TOOLS, O_TOOL_CHOICE, O_THINK, O_SPECULATIVE,
+	O_DRAFT,
 };
 
 /* A sampling option: its protocol field and whether it is an integer. */
@@ -346,7 +349,7 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 		{ "json-object", no_argument, NULL, O_JSON_OBJECT },
 		{ "tools", required_argument, NULL, O_TOOLS },
 		{ "tool-choice", required_argument, NULL, O_TOOL_CHOICE }, { "think", required_argument, NULL, O_THINK },
-		{ "speculative", required_argument, NULL, O_SPECULATIVE },
+		{ "speculative", required_argument, NULL, O_SPECULATIVE }, { "draft", required_argument, NULL, O_DRAFT },
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *key;
@@ -401,6 +404,7 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 				return cli_usage_error("%s: --speculative wants auto or off, not '%s'", argv[0], optarg);
 			o->speculative = optarg;
 			break;
+		case O_DRAFT: o->draft = cli_model_arg(optarg, o->draft_path); break;
 		default: return cli_usage_error("%s: unknown option", argv[0]);
 		}
 	}
@@ -423,6 +427,8 @@ apply_sampling(const struct gen_opts *o, rs_params *p, int with_stop)
 		rs_params_add_stop(p, o->stop[i]);
 	if (o->speculative != NULL)
 		rs_params_set_str(p, "speculative", o->speculative);
+	if (o->draft != NULL)
+		rs_params_set_str(p, "draft", o->draft);
 }
 
 /* Sets the output's constraint, if one was given: a request's own, never a session's default. */

@@ -58,6 +58,7 @@ usage(FILE *fp)
 	    "      --think WHEN           on (default), off, or gpt-oss's effort: low, medium, high\n"
 	    "      --speculative WHEN     auto (default): guess tokens from the text and check them\n"
 	    "                             in one step (the same output, faster where it repeats); off\n"
+	    "      --draft MODEL          a smaller model of the same vocabulary guesses instead\n"
 	    "      --grammar FILE         the reply must match the grammar in FILE (GBNF-like,\n"
 	    "                             libclient/PROTOCOL.md)\n"
 	    "      --json-schema FILE     the reply must be JSON valid against the schema in FILE\n"

@@ -37,7 +37,7 @@
 #include <unistd.h>
 
 struct settings {
-	char *socket_path, *db_path, *model, *device, *group, *log_level, *config, *device_fault;
+	char *socket_path, *db_path, *model, *draft, *device, *group, *log_level, *config, *device_fault;
 	int threads, ctx, kv_tokens, max_seqs, max_queue, max_step_tokens, exact;
 	int max_sessions;     /* per uid; 0: the store's default */
 	int kv_share_users;
@@ -58,6 +58,10 @@ usage(FILE *fp)
 	fprintf(fp,
 	    "usage: residentd [options]\n"
 	    "  -m, --model PATH        default model (.gguf file or Hugging Face directory)\n"
+	    "      --draft PATH        a smaller model of the default model's vocabulary that guesses\n"
+	    "                          its next tokens for requests that name no draft (speculative\n"
+	    "                          decoding: the same output, faster; it loads beside the model,\n"
+	    "                          and requests go on without it where it does not fit)\n"
 	    "  -s, --socket PATH       socket (default $RESIDENT_SOCKET, else\n"
 	    "                          $XDG_RUNTIME_DIR/resident/socket, else /tmp/resident-UID/socket;\n"
 	    "                          started by systemd's socket activation, its socket instead)\n"
@@ -233,7 +237,7 @@ read_config(struct settings *s, char *err)
 	    (rc = cfg_bool(cfg, "kv_share_users", &s->kv_share_users, err)) ||
 	    (rc = cfg_str(cfg, "kv_host", &s->kv_host, err)) || (rc = cfg_str(cfg, "kv_disk", &s->kv_disk, err)) ||
 	    (rc = cfg_str(cfg, "device_memory", &s->device_memory, err)) ||
-	    (rc = cfg_str(cfg, "keep_alive", &s->keep_alive, err)))
+	    (rc = cfg_str(cfg, "keep_alive", &s->keep_alive, err)) || (rc = cfg_str(cfg, "draft", &s->draft, err)))
 		err_prefix(err, rc, "%s", path);
 	json_decref(cfg);
 	free(path);
@@ -244,7 +248,7 @@ static int
 parse_args(int argc, char **argv, struct settings *s)
 {
 	enum { O_GROUP = 256, O_DB, O_DEVICE, O_CTX, O_KV, O_SEQS, O_QUEUE, O_FRAME, O_EXACT, O_SESSIONS, O_FAULT,
-		O_SHARE, O_KV_HOST, O_KV_DISK, O_DEVMEM, O_KEEP, O_CLIENTS, O_FRAME_TIMEOUT };
+		O_SHARE, O_KV_HOST, O_KV_DISK, O_DEVMEM, O_KEEP, O_CLIENTS, O_FRAME_TIMEOUT, O_DRAFT };
 	static const struct option lo[] = {
 		{ "model", required_argument, NULL, 'm' }, { "socket", required_argument, NULL, 's' },
 		{ "group", required_argument, NULL, O_GROUP }, { "db", required_argument, NULL, O_DB },
@@ -261,6 +265,7 @@ parse_args(int argc, char **argv, struct settings *s)
 		{ "keep-alive", required_argument, NULL, O_KEEP },
 		{ "max-clients", required_argument, NULL, O_CLIENTS },
 		{ "frame-timeout", required_argument, NULL, O_FRAME_TIMEOUT },
+		{ "draft", required_argument, NULL, O_DRAFT },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -290,6 +295,7 @@ parse_args(int argc, char **argv, struct settings *s)
 		case O_KEEP: s->keep_alive = xstrdup(optarg); break;
 		case O_CLIENTS: s->max_clients = atoi(optarg); break;
 		case O_FRAME_TIMEOUT: s->frame_timeout = atoi(optarg); break;
+		case O_DRAFT: s->draft = xstrdup(optarg); break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
 		}
@@ -395,8 +401,11 @@ finish_settings(struct settings *s, gid_t *gid, enum sched_fault_policy *fault, 
 	}
 	/* the default path given with -s (libresident starts residentd so) gets the default's checks too */
 	s->socket_private = has_default && strcmp(s->socket_path, buf) == 0;
-	if (s->model != NULL && resolve_model(&s->model, err) != 0)
+	if ((s->model != NULL && resolve_model(&s->model, err) != 0) ||
+	    (s->draft != NULL && resolve_model(&s->draft, err) != 0))
 		return ERR_NOTFOUND;
+	if (s->draft != NULL && s->model == NULL)
+		return err_set(err, ERR_INVAL, "--draft guesses for the default model: give it with -m too");
 	if (s->db_path == NULL)
 		s->db_path = xdg_path("XDG_DATA_HOME", ".local/share", "resident/resident.db");
 	s->kv_dir = kv_dir_of(s->db_path);
@@ -509,7 +518,7 @@ main(int argc, char **argv)
 	vo.default_model = s.model ? model_file_name(s.model) : NULL;
 	so = (struct sched_opts){ s.model, s.device, s.threads, s.ctx, s.kv_tokens, s.max_step_tokens,
 		s.max_seqs, s.max_queue, s.exact, fault, s.kv_share_users, s.kv_host_bytes, s.kv_dir,
-		s.kv_disk_bytes, s.device_bytes, s.keep_alive_s };
+		s.kv_disk_bytes, s.device_bytes, s.keep_alive_s, s.draft };
 	if (store_open(s.db_path, &st, err) == 0 && s.max_sessions > 0)
 		store_set_max_sessions(st, s.max_sessions);
 	if (st == NULL || server_start(base, &vo, st, &srv, err) != 0 ||
@@ -537,6 +546,7 @@ out:
 	free((char *)vo.default_model);
 	free(s.socket_path), free(s.db_path), free(s.model), free(s.device), free(s.group);
 	free(s.log_level), free(s.config), free(s.device_fault), free(s.kv_host), free(s.kv_disk), free(s.kv_dir);
+	free(s.draft);
 	free(s.device_memory), free(s.keep_alive);
 	log_info("stopped");
 	return rc;

@@ -17,6 +17,7 @@
 #include "config.h"
 #include "sched_int.h"
 #include "engine.h"
+#include "log.h"
 #include "model.h"
 #include "slots.h"
 #include "tokenizer.h"
@@ -179,6 +180,23 @@ admit_draft(struct sched *s, struct gen *g)
 }
 
 /*
+ * The daemon's draft for its default model (--draft), for a request on it
+ * that names none: where it cannot be had now (not loadable, no memory
+ * free, another vocabulary), the request runs without it.
+ */
+static void
+default_draft(struct sched *s, struct gen *g)
+{
+	char err[ERR_LEN];
+	struct slot *d;
+
+	if (slots_find(&s->slots, s->o.default_draft, &d, err) != 0 ||
+	    slots_load(&s->slots, d, NULL, NULL, err) != 0 ||
+	    model_kind_error(engine_model(d->e), OP_GENERATE, err) != 0 || sched_draft_use(s, g, d, err) != 0)
+		log_debug("request %llu: no draft: %s", (unsigned long long)g->job->req.id, err);
+}
+
+/*
  * Admits a queued generate or embed: its model (and a generate's draft
  * model) is loaded and the prompt (an embed's inputs) goes to the worker
  * (GEN_PREP). 0, or -1 when it failed (the error is sent), or SLOTS_WAIT
@@ -217,6 +235,9 @@ admit(struct sched *s, struct gen *g)
 		}
 		return rc;
 	}
+	if (job->req.draft == NULL && job->req.speculative && job->req.op == OP_GENERATE && m == s->default_model &&
+	    s->o.default_draft != NULL)
+		default_draft(s, g);
 	g->prep.fn = prep_run;
 	g->prep.owner = m;
 	g->prep.key = job->conn;

@@ -20,7 +20,11 @@ CPU backend.
    greedy output unchanged, sixteen streams at once too), a draft of another vocabulary
    (invalid_param), one that does not exist (not_found); unloading the
    draft while a request uses it leaves the request going without guesses;
-   status lists the draft as loaded and in use while it runs.
+   status lists the draft as loaded and in use while it runs; `resident run
+   --draft` prints the draft's accepted guesses.
+6. residentd --draft: requests on the default model that name no draft use
+   it (the same output, guesses made), those with speculative "off" do
+   not; a --draft of another vocabulary leaves requests running without it.
 """
 import os
 import shutil
@@ -187,6 +191,26 @@ def check_draft(ck, d, c, tmp):
           "read before)")
     ck.eq(g.finish, off.finish, "and ends as without it")
     w.close()
+    r = resident(d, "run", "--raw", "-v", "-t", "0", "-n", "40", "--draft", other, PROMPTS[1])
+    ck.ok(r.returncode == 0 and "guessed tokens accepted" in r.stderr, "run --draft -v: %r" % r.stderr)
+
+
+def check_daemon_draft(ck, tmp):
+    """Section 6."""
+    other = os.path.join(tmp, "other.gguf")
+    qwen = os.path.join(tmp, "tiny-qwen3.gguf")
+    with Daemon(extra=CPU + ["--draft", other]) as d:
+        c = d.client(timeout=TIMEOUT)
+        for p in PROMPTS[:3]:
+            off = c.generate(prompt=p, max_tokens=50, temperature=0, speculative="off")
+            on = c.generate(prompt=p, max_tokens=50, temperature=0)
+            ck.eq(on.ids, off.ids, "--draft: the same tokens")
+            ck.ok(on.usage["drafted_tokens"] > 0, "--draft: the default model's requests use it")
+            ck.eq(off.usage["drafted_tokens"], 0, "--draft: speculative off guesses nothing")
+    with Daemon(extra=CPU + ["--draft", qwen]) as d:
+        c = d.client(timeout=TIMEOUT)
+        g = c.generate(prompt=PROMPTS[0], max_tokens=30, temperature=0)
+        ck.eq(g.finish, "length", "a --draft of another vocabulary: requests run without it")
 
 
 def main():
@@ -202,6 +226,8 @@ def main():
                               ("5. a draft model", lambda: check_draft(ck, d, c, tmp))):
                 with ck.section(title):
                     fn()
+        with ck.section("6. residentd --draft"):
+            check_daemon_draft(ck, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return ck
