@@ -398,6 +398,16 @@ seq_push_tokens(struct seq *s, const int32_t *t, int32_t n)
 	s->n_tokens += n;
 }
 
+/* Frees a constrained sequence's grammars after its guesses. */
+static void
+free_gspec(struct seq *s)
+{
+	for (int32_t i = 0; i < ENGINE_DRAFT_MAX && s->gspec[i] != NULL; i++) {
+		gram_state_free(s->gspec[i]);
+		s->gspec[i] = NULL;
+	}
+}
+
 /* Frees the parameters a turn copied, and its text. */
 static void
 seq_clear_params(struct engine *e, struct seq *s)
@@ -405,6 +415,7 @@ seq_clear_params(struct engine *e, struct seq *s)
 	gentext_free(&s->out);
 	sampler_free(&s->sampler);
 	gram_state_free(s->gstate);
+	free_gspec(s);
 	cons_put(e->cons, s->gram);
 	s->gstate = NULL, s->gram = NULL;
 }
@@ -445,9 +456,9 @@ seq_set_params(struct engine *e, struct seq *s, const struct seq_params *p, char
 	s->n_generated = 0;
 	s->finish = FINISH_NONE;
 	s->error[0] = '\0';
-	/* the tokens may have changed; a grammar's masks and logprobs' lists are one a step */
+	/* the tokens may have changed; logprobs' lists are one a step */
 	draft_reset(&s->draft);
-	s->params.speculative = p->speculative && p->grammar == NULL && !p->logprobs;
+	s->params.speculative = p->speculative && !p->logprobs;
 	s->n_draft = s->n_given = s->n_spec = s->spec_next = s->spec_kv = 0;
 	s->spec_rate = 1;
 	s->n_drafted = s->n_accepted = 0;
@@ -837,6 +848,16 @@ gram_step(struct engine *e, struct seq *s, int32_t tok)
 	return gram_finished(s->gstate);
 }
 
+/* A constrained sequence whose grammar left no token (rc 0) or failed (rc < 0, s->error says why): it ends. */
+static void
+gram_dead_end(struct seq *s, int rc)
+{
+	if (rc == 0)
+		snprintf(s->error, sizeof s->error, "the grammar allows no token of the model's vocabulary after "
+		    "%d generated tokens", s->n_generated);
+	s->req_error = 1;
+}
+
 /* Accepts a sampled token: its text (gentext.h), the end of generation, the grammar, stop strings, limits. */
 static void
 seq_accept(struct engine *e, struct seq *s, int32_t tok)
@@ -879,12 +900,43 @@ draft_len(const struct engine *e, const struct seq *s, int32_t room, float rate)
 	return MIN(k, e->n_ctx - 1 - s->n_tokens);
 }
 
-/* Puts s's guesses for this step after its last token (n_draft of them): those given, else lookup's. */
+/*
+ * Of a constrained sequence's k guesses g, those its grammar allows in
+ * turn, each with the grammar after it (gspec); none that ends the turn
+ * (an end token, or one after the grammar's end). Returns how many.
+ */
+static int32_t
+gram_guesses(struct engine *e, struct seq *s, const int32_t *g, int32_t k)
+{
+	const struct gram_state *at = s->gstate;
+	char err[ERR_LEN];
+	int32_t i;
+
+	for (i = 0; i < k && !gram_finished(at) && !tok_is_eog(e->m->tok, g[i]); i++) {
+		if (gram_state_clone(at, &s->gspec[i], err) != 0)
+			break;
+		if (cons_accept(e->cons, s->gspec[i], g[i], err) != 0) {
+			gram_state_free(s->gspec[i]);
+			s->gspec[i] = NULL;
+			break;
+		}
+		at = s->gspec[i];
+	}
+	return i;
+}
+
+/*
+ * Puts s's guesses for this step after its last token (n_draft of them):
+ * those given, else lookup's; a constrained sequence's only as far as its
+ * grammar allows them, and within mask_room more masks.
+ */
 static void
-seq_guess(struct engine *e, struct seq *s, int32_t room)
+seq_guess(struct engine *e, struct seq *s, int32_t room, int32_t *mask_room)
 {
 	int32_t k, g[ENGINE_DRAFT_MAX];
 
+	if (s->gstate != NULL)
+		room = MIN(room, *mask_room);
 	if (s->n_given > 0) {
 		/* their source chose how many (lookup's rate is lookup's) */
 		s->n_draft = MAX(0, MIN(draft_len(e, s, room, 1), s->n_given));
@@ -894,6 +946,11 @@ seq_guess(struct engine *e, struct seq *s, int32_t room)
 		s->n_draft = k > 0 ? draft_guess(&s->draft, s->tokens, s->n_tokens, k, g) : 0;
 	}
 	s->n_given = 0;
+	if (s->gstate != NULL) {
+		s->n_draft = gram_guesses(e, s, g, s->n_draft);
+		*mask_room -= s->n_draft;
+	}
+	s->spec_live = s->n_draft + 1;
 	seq_push_tokens(s, g, s->n_draft);
 }
 
@@ -910,6 +967,7 @@ seq_unguess(struct seq *s)
 {
 	s->n_tokens -= s->n_draft;
 	s->n_draft = 0;
+	free_gspec(s);
 }
 
 /*
@@ -933,6 +991,11 @@ seq_take(struct engine *e, struct seq *s)
 	if (i < s->spec_kv) {
 		s->n_cached = s->n_tokens;
 		seq_publish(e, s);
+	}
+	if (i == s->n_spec - 1 && s->spec_live <= s->spec_kv && s->state != SEQ_DONE) {
+		/* its accepted guesses led where its grammar allows nothing: the next step would say so */
+		gram_dead_end(s, 0);
+		engine_seq_finish(s, FINISH_ERROR);
 	}
 	return 1;
 }
@@ -958,8 +1021,8 @@ engine_spec_stats(const struct engine *e, uint64_t *drafted, uint64_t *accepted)
  * the backend failed to copy one, *rc gets its error too.
  */
 static int32_t
-plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *room, int32_t *n_fseqs, int32_t n_tok,
-    int *rc, char *err)
+plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *room, int32_t *mask_room, int32_t *n_fseqs,
+    int32_t n_tok, int *rc, char *err)
 {
 	int32_t take;
 	enum pool_kind pool = s->embed ? e->m->embed.pool : POOL_NONE;
@@ -968,7 +1031,8 @@ plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *room, int32_t
 	int r;
 
 	if (s->params.speculative && s->state == SEQ_DECODE && *room > 0 && budget > 1)
-		seq_guess(e, s, MIN(*room, budget - 1));
+		seq_guess(e, s, MIN(*room, budget - 1), mask_room);
+	s->spec_live = s->n_draft + 1;
 	take = MIN(s->n_tokens - s->n_cached, budget);
 	/* a bidirectional input waits for a step with room for all of it */
 	if (take <= 0 || (bidir && take < s->n_tokens - s->n_cached))
@@ -1086,16 +1150,6 @@ step_picks(struct engine *e, int32_t n_fseqs, struct fwd_batch *b)
 }
 
 
-/* A constrained sequence whose grammar left no token (rc 0) or failed (rc < 0, s->error says why): it ends. */
-static void
-gram_dead_end(struct seq *s, int rc)
-{
-	if (rc == 0)
-		snprintf(s->error, sizeof s->error, "the grammar allows no token of the model's vocabulary after "
-		    "%d generated tokens", s->n_generated);
-	s->req_error = 1;
-}
-
 /*
  * The step's constrained rows (fwd_batch.masks): called by the backend
  * while the device runs the step. A sequence whose grammar leaves no token
@@ -1115,11 +1169,18 @@ step_masks(void *arg, struct fwd_masks *m, char *err)
 
 		if (!e->fseqs[i].logits)
 			continue;
-		if (s->gstate != NULL) {
-			if ((rc = gram_mask(s->gstate, cons_index(s->gram), e->masks + (size_t)n * words, s->error)) > 0)
-				e->mask_rows[n++] = row;
-			else
+		/* a guess's row: the grammar after the guesses before it; past a dead end, no row is reached */
+		for (int32_t r = 0; s->gstate != NULL && r < e->fseqs[i].logits; r++) {
+			const struct gram_state *at = r == 0 ? s->gstate : s->gspec[r - 1];
+
+			if ((rc = gram_mask(at, cons_index(s->gram), e->masks + (size_t)n * words, s->error)) > 0) {
+				e->mask_rows[n++] = row + r;
+				continue;
+			}
+			if (r == 0)
 				gram_dead_end(s, rc);
+			s->spec_live = r;
+			break;
 		}
 		row += e->fseqs[i].logits;
 	}
@@ -1200,19 +1261,22 @@ row_token(struct engine *e, struct seq *s, int32_t row, int32_t n, int picked)
 static void
 settle(struct engine *e, struct seq *s, int32_t row, int picked)
 {
-	int32_t k = s->n_draft, n = rows_history(s), a = 0, tok;
+	int32_t k = s->n_draft, n = rows_history(s), a = 0, drawn, tok = -1;
 
 	s->n_tokens = n;
-	for (;;) {
+	while (a < s->spec_live) {
 		tok = row_token(e, s, row + a, n + a, picked);
 		if (a == k || tok != s->tokens[n + a])
 			break;
 		s->spec[a++] = tok;
 	}
+	/* a == spec_live: the guesses were accepted up to a row whose grammar allows nothing (seq_take ends it) */
+	drawn = a < s->spec_live ? a + 1 : a;
 	s->spec[a] = tok;
-	for (int32_t r = a + 1; !picked && r <= k && s->sampler.p.temperature > 0; r++)
+	for (int32_t r = drawn; !picked && r <= k && s->sampler.p.temperature > 0; r++)
 		(void)sampler_draw(&s->sampler);
-	s->n_spec = a + 1, s->spec_kv = a, s->spec_next = 0, s->n_draft = 0;
+	s->n_spec = drawn, s->spec_kv = a, s->spec_next = 0, s->n_draft = 0;
+	free_gspec(s);
 	if (k > 0) {
 		s->spec_rate = 0.7f * s->spec_rate + 0.3f * (float)a / (float)k;
 		s->n_drafted += k, s->n_accepted += a;
@@ -1260,7 +1324,7 @@ int
 engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, char *err)
 {
 	struct fwd_batch batch;
-	int32_t n_fseqs = 0, n_tok = 0, n_prefill = 0, i, budget, took, room;
+	int32_t n_fseqs = 0, n_tok = 0, n_prefill = 0, i, budget, took, room, mask_room;
 	int rc = 0, picked;
 
 	if (max_prefill < 0)
@@ -1271,15 +1335,18 @@ engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, cha
 		seqs[i]->new_token = -1;
 		gentext_no_piece(&seqs[i]->out);
 	}
-	/* the rows the step's sequences leave are its guesses' (one a sequence at least) */
+	/* the rows the step's sequences leave are its guesses' (one a sequence at least), and the masks the
+	   backend takes (max_seqs) those of constrained ones */
 	room = e->max_rows - MIN(n, e->max_seqs);
+	for (i = 0, mask_room = e->max_seqs; i < n; i++)
+		mask_room -= seqs[i]->gstate != NULL;
 	for (i = 0; i < n && n_fseqs < e->max_seqs && n_tok < e->max_step_tokens && rc == 0; i++) {
 		budget = e->max_step_tokens - n_tok;
 		if (seqs[i]->state == SEQ_PREFILL)
 			budget = MIN(budget, max_prefill - n_prefill);
 		if (budget <= 0 || (seqs[i]->state != SEQ_PREFILL && seqs[i]->state != SEQ_DECODE))
 			continue;
-		took = plan_seq(e, seqs[i], budget, &room, &n_fseqs, n_tok, &rc, err);
+		took = plan_seq(e, seqs[i], budget, &room, &mask_room, &n_fseqs, n_tok, &rc, err);
 		n_prefill += seqs[i]->state == SEQ_PREFILL ? took : 0;
 		n_tok += took;
 	}

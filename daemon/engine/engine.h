@@ -88,7 +88,8 @@ struct seq_params {
 	                           sequence holds it while it lives; an end token only where the grammar's
 	                           root is complete, and the turn ends once nothing more may follow */
 	int speculative;        /* 1: guess the next tokens from the text (draft.h) and check them in the
-	                           step with its own (engine_step); not with a grammar or logprobs */
+	                           step with its own (engine_step); not with logprobs; with a grammar,
+	                           only the guesses it allows */
 };
 
 /* The most tokens a sequence guesses for one step. */
@@ -143,6 +144,13 @@ struct seq {
 	int32_t n_spec, spec_next; /* settled tokens after the first, and the next to take */
 	int32_t spec_kv;        /* of those, the first spec_kv are guesses whose K/V the step wrote */
 	float spec_rate;        /* the share of guesses accepted lately (a moving average) */
+	/*
+	 * A constrained sequence's grammar after each of its guesses (gspec[i]
+	 * after guess i), for their rows' masks; spec_live: its rows whose
+	 * grammar allows a token (the rest would be a dead end once reached).
+	 */
+	struct gram_state *gspec[ENGINE_DRAFT_MAX];
+	int32_t spec_live;
 	int32_t n_drafted, n_accepted; /* this turn's guesses, and those accepted */
 	/* an input of an embedding model (engine_seq_embed) */
 	int embed;

@@ -4,9 +4,11 @@
  * the longest run the text ends with, grows, and forgets. Through the
  * engine, greedy output with guesses is decoding's without them, token for
  * token and piece for piece: alone and sixteen at once, with stop strings,
- * every max_tokens up to the length, at the end of the context and with a
- * step cut off between the tokens it settled; the guesses are accepted
- * often enough that these tests check something. Sampled output keeps the
+ * every max_tokens up to the length, at the end of the context, with a
+ * step cut off between the tokens it settled, and under a grammar (guesses
+ * cut where it does not allow them, each row masked by the grammar after
+ * the guesses before it); the guesses are accepted often enough that these
+ * tests check something. Sampled output keeps the
  * model's distribution: the frequencies of the second and third tokens
  * drawn (the first ones guesses decide) over 2,000 seeds at temperature 1
  * match those without guesses within a chi-square bound.
@@ -18,6 +20,7 @@
 #include "util.h"
 
 #include <math.h>
+#include <regex.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -343,6 +346,77 @@ test_many_and_cut(void **state)
 	engine_close(e);
 }
 
+/* ---- under a grammar ---- */
+
+#define LIST "root ::= \"[\" [a-z]{1,3} (\",\" [a-z]{1,3}){0,30} \"]\""
+#define LIST_RE "^\\[[a-z]{1,3}(,[a-z]{1,3}){0,30}\\]$"
+
+static struct cons_gram *
+grammar(struct engine *e, const char *text)
+{
+	struct cons_gram *g;
+	char err[ERR_LEN];
+
+	if (engine_grammar(e, text, strlen(text), &g, err) != 0)
+		fail_msg("%s: %s", text, err);
+	return g;
+}
+
+/*
+ * Constrained sequences guess only what their grammar allows (the oracle's
+ * wrong guesses are cut there), each guess's row masked by the grammar
+ * after the guesses before it: greedy output is the same, sampled output
+ * matches the grammar; accepted guesses that lead where the grammar allows
+ * nothing end the sequence as the next step would have.
+ */
+static void
+test_constrained(void **state)
+{
+	struct engine *e = open_engine(256);
+	struct cons_gram *g = grammar(e, LIST), *dead = grammar(e, "root ::= \"abc\" [^\\x00-\\U0010FFFF]");
+	struct seq_params p;
+	struct run off, on;
+	int32_t t[64], n, accepted = 0;
+	regex_t re;
+
+	(void)state;
+	assert_int_equal(regcomp(&re, LIST_RE, REG_EXTENDED | REG_NOSUB), 0);
+	for (int i = 0; i < 6; i++) {
+		n = suite_prompt(i, t);
+		params(&p, 120, 0);
+		p.grammar = g;
+		run_one(e, t, n, &p, &off, NULL);
+		assert_int_equal(off.finish, FINISH_STOP);
+		assert_int_equal(regexec(&re, off.text, 0, NULL, 0), 0);
+		p.speculative = 1;
+		run_one(e, t, n, &p, &on, &off);
+		assert_same(&off, &on);
+		accepted += on.accepted;
+		/* sampled with lookup's guesses: still the grammar's */
+		params(&p, 120, 1);
+		p.grammar = g;
+		p.sample.temperature = 1;
+		p.sample.seed = (uint64_t)i;
+		run_one(e, t, n, &p, &on, NULL);
+		assert_int_equal(on.finish, FINISH_STOP);
+		assert_int_equal(regexec(&re, on.text, 0, NULL, 0), 0);
+	}
+	print_message("constrained: %d guesses accepted\n", accepted);
+	assert_true(accepted > 20);
+	params(&p, 20, 0);
+	p.grammar = dead;
+	run_one(e, t, n, &p, &off, NULL);
+	p.speculative = 1;
+	run_one(e, t, n, &p, &on, &off);
+	assert_int_equal(off.finish, FINISH_ERROR);
+	assert_true(on.accepted > 0);
+	assert_same(&off, &on);
+	regfree(&re);
+	engine_grammar_put(e, g);
+	engine_grammar_put(e, dead);
+	engine_close(e);
+}
+
 /* ---- the distribution ---- */
 
 #define DRAWS 2000
@@ -452,6 +526,7 @@ main(void)
 		cmocka_unit_test(test_given_same),
 		cmocka_unit_test(test_stop_and_context),
 		cmocka_unit_test(test_many_and_cut),
+		cmocka_unit_test(test_constrained),
 		cmocka_unit_test(test_distribution),
 	};
 
