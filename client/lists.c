@@ -559,21 +559,27 @@ print_requests(const rs_value *s)
 		    (unsigned long long)rs_uint(rs_get(r, "error")));
 }
 
-/* Per model: its tokens in and out, and its latencies. */
+/* Per model: its tokens in and out, its guesses accepted (speculative decoding), and its latencies. */
 static void
 print_latency(const rs_value *models)
 {
-	struct table *t = table_new(5, "MODEL", "PROMPT TOKENS", "GENERATED", "FIRST TOKEN p50 / p90",
-	    "NEXT TOKEN p50 / p90");
-	char in[24], out[24], first[48], next[48];
+	struct table *t = table_new(6, "MODEL", "PROMPT TOKENS", "GENERATED", "GUESSES ACCEPTED",
+	    "FIRST TOKEN p50 / p90", "NEXT TOKEN p50 / p90");
+	char in[24], out[24], guess[48], first[48], next[48];
 	size_t i;
 
 	for (i = 0; i < rs_len(models); i++) {
 		const rs_value *m = rs_at(models, i);
+		unsigned long long drafted = rs_uint(rs_get(m, "drafted_tokens"));
 
 		snprintf(in, sizeof in, "%llu", (unsigned long long)rs_uint(rs_get(m, "prompt_tokens")));
 		snprintf(out, sizeof out, "%llu", (unsigned long long)rs_uint(rs_get(m, "generated_tokens")));
-		table_add(t, cli_str(m, "name"), in, out, latency_text(rs_get(m, "ttft"), first, sizeof first),
+		if (drafted > 0)
+			snprintf(guess, sizeof guess, "%llu of %llu", (unsigned long long)rs_uint(rs_get(m, "accepted_tokens")),
+			    drafted);
+		else
+			snprintf(guess, sizeof guess, "-");
+		table_add(t, cli_str(m, "name"), in, out, guess, latency_text(rs_get(m, "ttft"), first, sizeof first),
 		    latency_text(rs_get(m, "itl"), next, sizeof next));
 	}
 	table_print(t, stdout);

@@ -166,7 +166,7 @@ def test_status():
     out, _, _ = resident("status")
     for word in ("residentd", "protocol 1", "tiny", "MODEL", "PID", "resident", "batches", "memory",
                  "KV cache", "on disk", "KEEP-ALIVE", "5m 00s", "CACHE HIT / MISS", "requests", "cancelled",
-                 "PROMPT TOKENS", "FIRST TOKEN p50 / p90", "NEXT TOKEN p50 / p90"):
+                 "PROMPT TOKENS", "GUESSES ACCEPTED", "FIRST TOKEN p50 / p90", "NEXT TOKEN p50 / p90"):
         check(word in out, f"status shows {word}", out)
     st = resident_json("status")
     check(st["version"] == 1 and st["uptime_s"] >= 0, "status version, uptime", st)
