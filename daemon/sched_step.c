@@ -189,7 +189,7 @@ void
 sched_step_model(struct sched *s, struct slot *m)
 {
 	int cap = engine_max_step_tokens(m->e), n, i, rc = 0, n_dec = 0, n_pre = 0;
-	int32_t budget, dec_tokens;
+	int32_t budget, dec_tokens, guesses;
 	struct seq **seqs = xmalloc((size_t)cap * sizeof *seqs);
 	struct gen **gens = xmalloc((size_t)cap * sizeof *gens);
 	struct sched_event *out = NULL, **tail = &out;
@@ -220,7 +220,11 @@ sched_step_model(struct sched *s, struct slot *m)
 
 		log_debug("step %s: %d decoding, %d prefilling, %d tokens, %.2f ms (chunk %d)",
 		    m->name, n_dec, n_pre, rc, sec * 1e3, (int)m->pace.chunk);
-		pace_done(&m->pace, n_dec, dec_tokens, n_pre, MAX(rc - n_dec, 0), sec, cap);
+		/* the decoders' guesses ran with them: their tokens, not the prompts' */
+		guesses = engine_step_guesses(m->e);
+		if (guesses > 0)
+			dec_tokens = engine_step_tokens(m->e, n_dec + guesses);
+		pace_done(&m->pace, n_dec, dec_tokens, n_pre, MAX(rc - n_dec - guesses, 0), sec, cap);
 		s->steps++;
 		s->step_tokens += (uint64_t)rc;
 		s->step_seqs += (uint64_t)n;

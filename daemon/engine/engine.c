@@ -1006,6 +1006,12 @@ engine_seq_more(struct engine *e, struct seq *s)
 	return s->spec_next > 0 && seq_take(e, s);
 }
 
+int32_t
+engine_step_guesses(const struct engine *e)
+{
+	return e->step_guesses;
+}
+
 void
 engine_spec_stats(const struct engine *e, uint64_t *drafted, uint64_t *accepted)
 {
@@ -1050,6 +1056,7 @@ plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *room, int32_t
 		return 0;
 	}
 	*room -= s->n_draft;
+	e->step_guesses += s->n_draft;
 	f = &e->fseqs[*n_fseqs];
 	f->n_new = take;
 	f->pos0 = s->n_cached;
@@ -1338,6 +1345,7 @@ engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, cha
 	/* the rows the step's sequences leave are its guesses' (one a sequence at least), and the masks the
 	   backend takes (max_seqs) those of constrained ones */
 	room = e->max_rows - MIN(n, e->max_seqs);
+	e->step_guesses = 0;
 	for (i = 0, mask_room = e->max_seqs; i < n; i++)
 		mask_room -= seqs[i]->gstate != NULL;
 	for (i = 0; i < n && n_fseqs < e->max_seqs && n_tok < e->max_step_tokens && rc == 0; i++) {

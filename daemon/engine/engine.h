@@ -340,6 +340,9 @@ int engine_seq_more(struct engine *e, struct seq *s);
  */
 void engine_seq_guess(struct seq *s, const int32_t *tokens, int32_t n);
 
+/* Guessed tokens the last engine_step checked (of the tokens it returned). */
+int32_t engine_step_guesses(const struct engine *e);
+
 /* Tokens the engine's sequences guessed since it opened, and of those, the tokens accepted. */
 void engine_spec_stats(const struct engine *e, uint64_t *drafted, uint64_t *accepted);
 

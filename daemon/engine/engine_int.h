@@ -70,6 +70,7 @@ struct engine {
 	uint32_t *masks;        /* max_rows masks of FWD_MASK_WORDS(n_vocab) words: the step's constrained rows */
 	int32_t *mask_rows;     /* max_rows: their logits rows */
 	uint64_t drafted, accepted; /* guesses checked since the engine opened, and those accepted */
+	int32_t step_guesses;   /* the last step's */
 	/* an embedding model's */
 	float *embd;            /* max_step_tokens rows of n_embd: the step's hidden states */
 	float *embd_tmp;        /* n_embd, then embed_finish's scratch */
