@@ -184,18 +184,77 @@ step_ends(struct sched *s, struct slot *m, struct sched_event **tail)
 	return tail;
 }
 
+/*
+ * Before a step of m: whether it guesses ahead (guess.h), and if so its
+ * draft models' guesses. Returns -1 when m itself failed as a draft (the
+ * step's sequences ended with it), else 0.
+ */
+static int
+guess_first(struct sched *s, struct slot *m, struct seq **seqs, struct gen **gens, int n, int n_dec)
+{
+	struct slot *bad;
+	char err[ERR_LEN];
+	int allow = n_dec == 0 || guess_allow(&m->guess, n_dec);
+
+	engine_guess_room(m->e, allow ? -1 : 0);
+	if (!allow || (bad = sched_draft_guess(s, seqs, gens, n, err)) == NULL)
+		return 0;
+	model_fault(s, bad, err);
+	return bad == m ? -1 : 0;
+}
+
+/* The token replies of a step's sequences (each settled token its own, in order), counted in *produced. */
+static struct sched_event **
+send_tokens(struct slot *m, struct seq **seqs, struct gen **gens, int n, uint64_t now, int32_t *produced,
+    struct sched_event **tail)
+{
+	for (int i = 0; i < n; i++) {
+		struct gen *g = gens[i];
+		struct seq *q = seqs[i];
+
+		if (q->new_token < 0)
+			continue;
+		do {
+			(*produced)++;
+			sched_gen_token_time(g, q, now);
+			if (g->job->req.stream && (gentext_piece_bytes(&q->out) > 0 || q->state != SEQ_DONE))
+				tail = sched_chain(tail, sched_token_event(g, q));
+		} while (engine_seq_more(m->e, q));
+	}
+	return tail;
+}
+
+/* The step's figures: the pacer's, the guesses' (a decode-only step's, from tg, before its draft work), status'. */
+static void
+step_figures(struct sched *s, struct slot *m, int n, int n_dec, int n_pre, int32_t tokens, int32_t dec_tokens,
+    double sec, int cap)
+{
+	/* the decoders' guesses ran with them: their tokens, not the prompts' */
+	int32_t guesses = engine_step_guesses(m->e);
+
+	log_debug("step %s: %d decoding, %d prefilling, %d tokens (%d guessed), %.2f ms (chunk %d)",
+	    m->name, n_dec, n_pre, tokens, guesses, sec * 1e3, (int)m->pace.chunk);
+	if (guesses > 0)
+		dec_tokens = engine_step_tokens(m->e, n_dec + guesses);
+	pace_done(&m->pace, n_dec, dec_tokens, n_pre, MAX(tokens - n_dec - guesses, 0), sec, cap);
+	s->steps++;
+	s->step_tokens += (uint64_t)tokens;
+	s->step_seqs += (uint64_t)n;
+	s->max_batch = MAX(s->max_batch, n);
+	hist_add(&s->batch, &hist_batch, (uint64_t)n);
+}
+
 /* Runs one step of a model and sends what it produced. */
 void
 sched_step_model(struct sched *s, struct slot *m)
 {
 	int cap = engine_max_step_tokens(m->e), n, i, rc = 0, n_dec = 0, n_pre = 0;
-	int32_t budget, dec_tokens, guesses;
+	int32_t budget, dec_tokens, produced = 0;
 	struct seq **seqs = xmalloc((size_t)cap * sizeof *seqs);
 	struct gen **gens = xmalloc((size_t)cap * sizeof *gens);
 	struct sched_event *out = NULL, **tail = &out;
-	struct slot *bad;
 	char err[ERR_LEN];
-	uint64_t t0, t1 = 0;
+	uint64_t tg, t0, t1 = 0;
 
 	n = pick(s, m, seqs, gens, MIN(cap, s->o.max_seqs > 0 ? s->o.max_seqs : 64));
 	for (i = 0; i < n; i++) {
@@ -206,44 +265,18 @@ sched_step_model(struct sched *s, struct slot *m)
 	dec_tokens = engine_step_tokens(m->e, n_dec);
 	if ((budget = pace_budget(&m->pace, n_dec, dec_tokens, n_pre)) > 0)
 		budget = MAX(budget, engine_step_tokens(m->e, n_dec + budget) - n_dec);
-	if (n > 0 && (bad = sched_draft_guess(s, seqs, gens, n, err)) != NULL) {
-		model_fault(s, bad, err);
-		if (bad == m) { /* its own draft: the step's sequences ended with it */
-			free(seqs);
-			free(gens);
-			return;
-		}
+	tg = now_ns();
+	if (n > 0 && guess_first(s, m, seqs, gens, n, n_dec) < 0) {
+		free(seqs);
+		free(gens);
+		return;
 	}
 	t0 = now_ns();
-	if (n > 0 && (rc = engine_step(m->e, seqs, n, budget, err)) >= 0) {
-		double sec = (double)((t1 = now_ns()) - t0) / 1e9;
-
-		log_debug("step %s: %d decoding, %d prefilling, %d tokens, %.2f ms (chunk %d)",
-		    m->name, n_dec, n_pre, rc, sec * 1e3, (int)m->pace.chunk);
-		/* the decoders' guesses ran with them: their tokens, not the prompts' */
-		guesses = engine_step_guesses(m->e);
-		if (guesses > 0)
-			dec_tokens = engine_step_tokens(m->e, n_dec + guesses);
-		pace_done(&m->pace, n_dec, dec_tokens, n_pre, MAX(rc - n_dec - guesses, 0), sec, cap);
-		s->steps++;
-		s->step_tokens += (uint64_t)rc;
-		s->step_seqs += (uint64_t)n;
-		s->max_batch = MAX(s->max_batch, n);
-		hist_add(&s->batch, &hist_batch, (uint64_t)n);
-	}
-	for (i = 0; i < n; i++) {
-		struct gen *g = gens[i];
-		struct seq *q = seqs[i];
-
-		if (q->new_token < 0)
-			continue;
-		/* a speculative step settles several tokens: a reply each, in order */
-		do {
-			sched_gen_token_time(g, q, t1);
-			if (g->job->req.stream && (gentext_piece_bytes(&q->out) > 0 || q->state != SEQ_DONE))
-				tail = sched_chain(tail, sched_token_event(g, q));
-		} while (engine_seq_more(m->e, q));
-	}
+	if (n > 0 && (rc = engine_step(m->e, seqs, n, budget, err)) >= 0)
+		step_figures(s, m, n, n_dec, n_pre, rc, dec_tokens, (double)((t1 = now_ns()) - t0) / 1e9, cap);
+	tail = send_tokens(m, seqs, gens, n, t1, &produced, tail);
+	if (rc >= 0 && n_dec > 0 && n_pre == 0)
+		guess_done(&m->guess, n_dec, engine_step_guesses(m->e) > 0, produced, (double)(t1 - tg) / 1e9);
 	tail = step_ends(s, m, tail);
 	sched_post_chain(s, out, tail);
 	free(seqs);

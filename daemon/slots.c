@@ -231,6 +231,7 @@ slots_load(struct slots *sl, struct slot *m, void (*progress)(void *, uint64_t, 
 		progress(arg, total, total);
 	m->e = e;
 	memset(&m->pace, 0, sizeof m->pace);
+	memset(&m->guess, 0, sizeof m->guess);
 	sl->used += engine_mem_bytes(e);
 	m->loads++;
 	sl->loads++;

@@ -29,6 +29,7 @@
 
 #include "engine.h"
 #include "hist.h"
+#include "guess.h"
 #include "pace.h"
 
 struct resident;
@@ -45,6 +46,7 @@ struct slot {
 	uint64_t last_used;           /* order of last use among the slots */
 	uint64_t loads, unloads;
 	struct pace pace;             /* its steps' prefill chunk (the scheduler's) */
+	struct guess guess;           /* whether its decode steps guess ahead (the scheduler's) */
 	/* the scheduler's figures for status, since the daemon started */
 	uint64_t prompt_tokens, generated_tokens;
 	struct hist ttft, itl;        /* time to first token, between tokens (hist_ttft, hist_itl) */

@@ -229,6 +229,7 @@ engine_load(struct engine *e, uint64_t limit, char *err)
 	e->fseq_of = xcalloc((size_t)e->max_seqs, sizeof *e->fseq_of);
 	e->tokens = xcalloc((size_t)e->max_step_tokens, sizeof *e->tokens);
 	e->max_rows = MIN(MAX(e->max_seqs, ENGINE_DRAFT_MAX + 1), e->max_step_tokens);
+	e->guess_room = -1;
 	e->logits = xmalloc((size_t)e->max_rows * (size_t)e->m->hp.n_vocab * sizeof *e->logits);
 	e->argmax = xcalloc((size_t)e->max_rows, sizeof *e->argmax);
 	e->pick = xcalloc((size_t)e->max_rows, sizeof *e->pick);
@@ -1006,6 +1007,12 @@ engine_seq_more(struct engine *e, struct seq *s)
 	return s->spec_next > 0 && seq_take(e, s);
 }
 
+void
+engine_guess_room(struct engine *e, int32_t rows)
+{
+	e->guess_room = rows;
+}
+
 int32_t
 engine_step_guesses(const struct engine *e)
 {
@@ -1345,6 +1352,8 @@ engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, cha
 	/* the rows the step's sequences leave are its guesses' (one a sequence at least), and the masks the
 	   backend takes (max_seqs) those of constrained ones */
 	room = e->max_rows - MIN(n, e->max_seqs);
+	if (e->guess_room >= 0)
+		room = MIN(room, e->guess_room);
 	e->step_guesses = 0;
 	for (i = 0, mask_room = e->max_seqs; i < n; i++)
 		mask_room -= seqs[i]->gstate != NULL;

@@ -340,6 +340,12 @@ int engine_seq_more(struct engine *e, struct seq *s);
  */
 void engine_seq_guess(struct seq *s, const int32_t *tokens, int32_t n);
 
+/*
+ * The logits rows the next steps may give to guesses (speculative
+ * decoding): rows, or -1 (the default) for all that their sequences leave.
+ */
+void engine_guess_room(struct engine *e, int32_t rows);
+
 /* Guessed tokens the last engine_step checked (of the tokens it returned). */
 int32_t engine_step_guesses(const struct engine *e);
 

@@ -1,0 +1,38 @@
+/*
+ * guess.h: whether a model's decode steps guess tokens ahead (speculative
+ * decoding, engine.c), decided by what it measured.
+ *
+ * Checking guesses is nearly free where a step reads the weights once for
+ * all its tokens (a GPU, few sequences) and costs about as much as the
+ * tokens it accepts where the step is compute-bound (a CPU with several
+ * sequences, a GPU with many): whether it pays depends on the device, the
+ * model, the batch and how often the requests' guesses are accepted, so
+ * it is measured, not modelled. For each batch size (in powers of two) the
+ * tokens a decode-only step produced per second are kept with guesses and
+ * without (a moving average each); a step guesses when that is the faster
+ * of the two, or has no measure yet, and every GUESS_EXPLORE steps of a
+ * batch size the other way is tried again, since the requests change.
+ */
+#ifndef RESIDENT_GUESS_H
+#define RESIDENT_GUESS_H
+
+#include <stdint.h>
+
+#define GUESS_BUCKETS 8     /* batch sizes 1, 2-3, 4-7, ... 128 and more */
+#define GUESS_EXPLORE 16
+
+struct guess {
+	double rate[2][GUESS_BUCKETS];  /* tokens a second of decode-only steps without [0] and with [1] guesses */
+	int steps[GUESS_BUCKETS];       /* decode-only steps of that batch size */
+};
+
+/* 1 if the next decode step of n_dec sequences may guess. */
+int guess_allow(struct guess *g, int n_dec);
+/*
+ * What that step did: whether it checked guesses (a step that was allowed
+ * to but had none counts as one without), the tokens its sequences took
+ * and its seconds (a draft model's work included).
+ */
+void guess_done(struct guess *g, int n_dec, int guessed, int32_t produced, double seconds);
+
+#endif
