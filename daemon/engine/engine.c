@@ -946,7 +946,6 @@ seq_guess(struct engine *e, struct seq *s, int32_t room, int32_t *mask_room)
 		k = draft_len(e, s, room, s->spec_rate);
 		s->n_draft = k > 0 ? draft_guess(&s->draft, s->tokens, s->n_tokens, k, g) : 0;
 	}
-	s->n_given = 0;
 	if (s->gstate != NULL) {
 		s->n_draft = gram_guesses(e, s, g, s->n_draft);
 		*mask_room -= s->n_draft;
@@ -1045,6 +1044,8 @@ plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *room, int32_t
 
 	if (s->params.speculative && s->state == SEQ_DECODE && *room > 0 && budget > 1)
 		seq_guess(e, s, MIN(*room, budget - 1), mask_room);
+	/* a draft's guesses follow the tokens of this step: in a later one they would be stale */
+	s->n_given = 0;
 	s->spec_live = s->n_draft + 1;
 	take = MIN(s->n_tokens - s->n_cached, budget);
 	/* a bidirectional input waits for a step with room for all of it */
@@ -1324,8 +1325,9 @@ sample_step(struct engine *e, int32_t n_fseqs, int picked)
 			continue;
 		s->state = SEQ_DECODE;
 		if (s->req_error) {
+			row += e->fseqs[i].logits;
+			seq_unguess(s);
 			engine_seq_finish(s, FINISH_ERROR);
-			row++;
 			continue;
 		}
 		settle(e, s, row, picked);

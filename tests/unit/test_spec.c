@@ -274,6 +274,43 @@ test_given_same(void **state)
 	engine_close(e);
 }
 
+/*
+ * A step that left its guesses unchecked (no rows to spare: a scheduler
+ * that chose not to guess, engine_guess_room 0) lets them go: a later
+ * step checks no stale guesses from an earlier position, only lookup's, as
+ * the same sequence never given any does.
+ */
+static void
+test_given_stale(void **state)
+{
+	struct engine *e = open_engine(256);
+	struct seq_params p;
+	struct seq *s[2];
+	int32_t t[64], n = suite_prompt(1, t), wrong[ENGINE_DRAFT_MAX];
+	char err[ERR_LEN];
+
+	(void)state;
+	params(&p, 40, 1);
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(engine_seq_new(e, t, n, &p, &s[i], err), 0);
+	assert_true(engine_step(e, s, 2, -1, err) > 0);
+	assert_int_equal(s[0]->state, SEQ_DECODE);
+	for (int k = 0; k < ENGINE_DRAFT_MAX; k++)
+		wrong[k] = (s[0]->new_token + 1 + k) % 900 + 3;
+	engine_seq_guess(s[0], wrong, ENGINE_DRAFT_MAX);
+	engine_guess_room(e, 0);
+	assert_true(engine_step(e, s, 2, -1, err) > 0);
+	assert_int_equal(s[0]->n_drafted, 0);
+	engine_guess_room(e, -1);
+	for (int k = 0; k < 3; k++)
+		assert_true(engine_step(e, s, 2, -1, err) > 0);
+	assert_int_equal(s[0]->n_drafted, s[1]->n_drafted);
+	assert_int_equal(s[0]->n_accepted, s[1]->n_accepted);
+	for (int i = 0; i < 2; i++)
+		engine_seq_free(e, s[i]);
+	engine_close(e);
+}
+
 static void
 test_stop_and_context(void **state)
 {
@@ -524,6 +561,7 @@ main(void)
 		cmocka_unit_test(test_index),
 		cmocka_unit_test(test_lookup_same),
 		cmocka_unit_test(test_given_same),
+		cmocka_unit_test(test_given_stale),
 		cmocka_unit_test(test_stop_and_context),
 		cmocka_unit_test(test_many_and_cut),
 		cmocka_unit_test(test_constrained),
