@@ -460,7 +460,7 @@ seq_set_params(struct engine *e, struct seq *s, const struct seq_params *p, char
 	/* the tokens may have changed; logprobs' lists are one a step */
 	draft_reset(&s->draft);
 	s->params.speculative = p->speculative && !p->logprobs;
-	s->n_draft = s->n_given = s->n_spec = s->spec_next = s->spec_kv = 0;
+	s->n_draft = s->n_given = s->n_cut = s->n_spec = s->spec_next = s->spec_kv = 0;
 	s->spec_rate = 1;
 	s->n_drafted = s->n_accepted = 0;
 	return 0;
@@ -947,7 +947,9 @@ seq_guess(struct engine *e, struct seq *s, int32_t room, int32_t *mask_room)
 		s->n_draft = k > 0 ? draft_guess(&s->draft, s->tokens, s->n_tokens, k, g) : 0;
 	}
 	if (s->gstate != NULL) {
-		s->n_draft = gram_guesses(e, s, g, s->n_draft);
+		k = s->n_draft;
+		s->n_draft = gram_guesses(e, s, g, k);
+		s->n_cut = k - s->n_draft;
 		*mask_room -= s->n_draft;
 	}
 	s->spec_live = s->n_draft + 1;
@@ -966,7 +968,7 @@ static void
 seq_unguess(struct seq *s)
 {
 	s->n_tokens -= s->n_draft;
-	s->n_draft = 0;
+	s->n_draft = s->n_cut = 0;
 	free_gspec(s);
 }
 
@@ -1292,12 +1294,16 @@ settle(struct engine *e, struct seq *s, int32_t row, int picked)
 		(void)sampler_draw(&s->sampler);
 	s->n_spec = drawn, s->spec_kv = a, s->spec_next = 0, s->n_draft = 0;
 	free_gspec(s);
+	/* a guess its grammar cut is one not accepted: a draft model whose guesses the grammar never allows
+	   stops drafting (its steps are not free) */
+	if (k + s->n_cut > 0)
+		s->spec_rate = 0.7f * s->spec_rate + 0.3f * (float)a / (float)(k + s->n_cut);
+	else if (s->params.speculative)
+		s->spec_rate = MIN(1.0f, s->spec_rate + 0.02f);
+	s->n_cut = 0;
 	if (k > 0) {
-		s->spec_rate = 0.7f * s->spec_rate + 0.3f * (float)a / (float)k;
 		s->n_drafted += k, s->n_accepted += a;
 		e->drafted += (uint64_t)k, e->accepted += (uint64_t)a;
-	} else if (s->params.speculative) {
-		s->spec_rate = MIN(1.0f, s->spec_rate + 0.02f);
 	}
 }
 
