@@ -151,10 +151,22 @@ model_kind_error(const struct model_desc *md, enum proto_op op, char *err)
 	return 0;
 }
 
+/* 1 if a loaded model other than m is in use: the memory it holds comes free when its requests end. */
+static int
+others_in_use(const struct sched *s, const struct slot *m)
+{
+	for (const struct slot *o = s->slots.list; o != NULL; o = o->next)
+		if (o != m && o->e != NULL && o->users > 0)
+			return 1;
+	return 0;
+}
+
 /*
  * The draft model a generate names, loaded beside its model (held, so
  * that the draft's load does not unload it): 0, -1 when it failed (the
- * error is sent) or SLOTS_WAIT.
+ * error is sent) or SLOTS_WAIT. A draft that does not fit while only its
+ * own model is in use never will (that model is loaded first again at the
+ * next try): an error, not a wait that would hold every later request back.
  */
 static int
 admit_draft(struct sched *s, struct gen *g)
@@ -166,8 +178,13 @@ admit_draft(struct sched *s, struct gen *g)
 
 	if ((d = sched_job_model(s, job, job->req.draft)) == NULL)
 		return -1;
-	if ((rc = load_model(s, job, d, err)) == SLOTS_WAIT)
-		return SLOTS_WAIT;
+	if ((rc = load_model(s, job, d, err)) == SLOTS_WAIT) {
+		if (others_in_use(s, g->slot))
+			return SLOTS_WAIT;
+		rc = err_set(err, ERR_NOMEM, "draft model %s does not fit beside %s (%.0f MiB) in the device memory "
+		    "budget of %.0f MiB (residentd --device-memory)", d->name, g->slot->name,
+		    engine_mem_bytes(g->slot->e) / 1048576.0, s->slots.o.budget / 1048576.0);
+	}
 	if (rc != 0) {
 		sched_post_error(s, job, PE_MODEL_ERROR, err);
 		return -1;

@@ -124,8 +124,9 @@ draft_round(struct sched *s, struct slot *d, struct seq **q, struct gen **g, con
 	struct seq **ds = xcalloc((size_t)n, sizeof *ds), **run = xcalloc((size_t)n, sizeof *run);
 	int32_t (*guess)[ENGINE_DRAFT_MAX] = xcalloc((size_t)n, sizeof *guess);
 	int *want = xcalloc((size_t)n, sizeof *want), *got = xcalloc((size_t)n, sizeof *got);
+	int *of = xcalloc((size_t)n, sizeof *of);
 	int32_t need = 0;
-	int i, m, rc = 0, k;
+	int i, j, m, rc = 0, k;
 
 	for (i = 0; i < n; i++) {
 		want[i] = (int)lrintf(q[i]->spec_rate * ENGINE_DRAFT_MAX);
@@ -135,19 +136,22 @@ draft_round(struct sched *s, struct slot *d, struct seq **q, struct gen **g, con
 	sched_make_room(d, need);
 	for (k = 0; k < ENGINE_DRAFT_MAX && rc >= 0; k++) {
 		for (i = m = 0; i < n; i++)
-			if (ds[i] != NULL && got[i] < want[i] && sched_seq_ready(ds[i]) && (k == 0 || got[i] == k))
+			if (ds[i] != NULL && got[i] < want[i] && sched_seq_ready(ds[i]) && (k == 0 || got[i] == k)) {
+				of[m] = i;
 				run[m++] = ds[i];
+			}
 		if (m == 0)
 			break;
 		rc = engine_step(d->e, run, m, -1, err);
-		for (i = 0; i < n; i++)
-			if (ds[i] != NULL && ds[i]->new_token >= 0 && got[i] < want[i])
-				guess[i][got[i]++] = ds[i]->new_token;
+		/* only the step's own: a draft that ended (an end token) keeps its last token, no guess again */
+		for (j = 0; j < m; j++)
+			if (run[j]->new_token >= 0)
+				guess[of[j]][got[of[j]]++] = run[j]->new_token;
 	}
 	for (i = 0; i < n && rc >= 0; i++)
 		if (got[i] > 0)
 			engine_seq_guess(q[i], guess[i], got[i]);
-	free(ds), free(run), free(guess), free(want), free(got);
+	free(ds), free(run), free(guess), free(want), free(got), free(of);
 	return rc < 0 ? rc : 0;
 }
 

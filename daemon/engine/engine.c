@@ -460,7 +460,7 @@ seq_set_params(struct engine *e, struct seq *s, const struct seq_params *p, char
 	/* the tokens may have changed; logprobs' lists are one a step */
 	draft_reset(&s->draft);
 	s->params.speculative = p->speculative && !p->logprobs;
-	s->n_draft = s->n_given = s->n_spec = s->spec_next = s->spec_kv = 0;
+	s->n_draft = s->n_given = s->n_cut = s->n_spec = s->spec_next = s->spec_kv = 0;
 	s->spec_rate = 1;
 	s->n_drafted = s->n_accepted = 0;
 	return 0;
@@ -946,9 +946,10 @@ seq_guess(struct engine *e, struct seq *s, int32_t room, int32_t *mask_room)
 		k = draft_len(e, s, room, s->spec_rate);
 		s->n_draft = k > 0 ? draft_guess(&s->draft, s->tokens, s->n_tokens, k, g) : 0;
 	}
-	s->n_given = 0;
 	if (s->gstate != NULL) {
-		s->n_draft = gram_guesses(e, s, g, s->n_draft);
+		k = s->n_draft;
+		s->n_draft = gram_guesses(e, s, g, k);
+		s->n_cut = k - s->n_draft;
 		*mask_room -= s->n_draft;
 	}
 	s->spec_live = s->n_draft + 1;
@@ -967,7 +968,7 @@ static void
 seq_unguess(struct seq *s)
 {
 	s->n_tokens -= s->n_draft;
-	s->n_draft = 0;
+	s->n_draft = s->n_cut = 0;
 	free_gspec(s);
 }
 
@@ -1045,6 +1046,8 @@ plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *room, int32_t
 
 	if (s->params.speculative && s->state == SEQ_DECODE && *room > 0 && budget > 1)
 		seq_guess(e, s, MIN(*room, budget - 1), mask_room);
+	/* a draft's guesses follow the tokens of this step: in a later one they would be stale */
+	s->n_given = 0;
 	s->spec_live = s->n_draft + 1;
 	take = MIN(s->n_tokens - s->n_cached, budget);
 	/* a bidirectional input waits for a step with room for all of it */
@@ -1291,12 +1294,16 @@ settle(struct engine *e, struct seq *s, int32_t row, int picked)
 		(void)sampler_draw(&s->sampler);
 	s->n_spec = drawn, s->spec_kv = a, s->spec_next = 0, s->n_draft = 0;
 	free_gspec(s);
+	/* a guess its grammar cut is one not accepted: a draft model whose guesses the grammar never allows
+	   stops drafting (its steps are not free) */
+	if (k + s->n_cut > 0)
+		s->spec_rate = 0.7f * s->spec_rate + 0.3f * (float)a / (float)(k + s->n_cut);
+	else if (s->params.speculative)
+		s->spec_rate = MIN(1.0f, s->spec_rate + 0.02f);
+	s->n_cut = 0;
 	if (k > 0) {
-		s->spec_rate = 0.7f * s->spec_rate + 0.3f * (float)a / (float)k;
 		s->n_drafted += k, s->n_accepted += a;
 		e->drafted += (uint64_t)k, e->accepted += (uint64_t)a;
-	} else if (s->params.speculative) {
-		s->spec_rate = MIN(1.0f, s->spec_rate + 0.02f);
 	}
 }
 
@@ -1324,8 +1331,9 @@ sample_step(struct engine *e, int32_t n_fseqs, int picked)
 			continue;
 		s->state = SEQ_DECODE;
 		if (s->req_error) {
+			row += e->fseqs[i].logits;
+			seq_unguess(s);
 			engine_seq_finish(s, FINISH_ERROR);
-			row++;
 			continue;
 		}
 		settle(e, s, row, picked);

@@ -7,8 +7,10 @@
  * every max_tokens up to the length, at the end of the context, with a
  * step cut off between the tokens it settled, and under a grammar (guesses
  * cut where it does not allow them, each row masked by the grammar after
- * the guesses before it); the guesses are accepted often enough that these
- * tests check something. Sampled output keeps the
+ * the guesses before it, and cut guesses lowering the rate so that a draft
+ * the grammar never allows is seldom asked); guesses given for a step that
+ * did not check them are not checked later; the guesses are accepted
+ * often enough that these tests check something. Sampled output keeps the
  * model's distribution: the frequencies of the second and third tokens
  * drawn (the first ones guesses decide) over 2,000 seeds at temperature 1
  * match those without guesses within a chi-square bound.
@@ -17,6 +19,7 @@
 #include "draft.h"
 #include "engine.h"
 #include "model.h"
+#include "tokenizer.h"
 #include "util.h"
 
 #include <math.h>
@@ -274,6 +277,43 @@ test_given_same(void **state)
 	engine_close(e);
 }
 
+/*
+ * A step that left its guesses unchecked (no rows to spare: a scheduler
+ * that chose not to guess, engine_guess_room 0) lets them go: a later
+ * step checks no stale guesses from an earlier position, only lookup's, as
+ * the same sequence never given any does.
+ */
+static void
+test_given_stale(void **state)
+{
+	struct engine *e = open_engine(256);
+	struct seq_params p;
+	struct seq *s[2];
+	int32_t t[64], n = suite_prompt(1, t), wrong[ENGINE_DRAFT_MAX];
+	char err[ERR_LEN];
+
+	(void)state;
+	params(&p, 40, 1);
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(engine_seq_new(e, t, n, &p, &s[i], err), 0);
+	assert_true(engine_step(e, s, 2, -1, err) > 0);
+	assert_int_equal(s[0]->state, SEQ_DECODE);
+	for (int k = 0; k < ENGINE_DRAFT_MAX; k++)
+		wrong[k] = (s[0]->new_token + 1 + k) % 900 + 3;
+	engine_seq_guess(s[0], wrong, ENGINE_DRAFT_MAX);
+	engine_guess_room(e, 0);
+	assert_true(engine_step(e, s, 2, -1, err) > 0);
+	assert_int_equal(s[0]->n_drafted, 0);
+	engine_guess_room(e, -1);
+	for (int k = 0; k < 3; k++)
+		assert_true(engine_step(e, s, 2, -1, err) > 0);
+	assert_int_equal(s[0]->n_drafted, s[1]->n_drafted);
+	assert_int_equal(s[0]->n_accepted, s[1]->n_accepted);
+	for (int i = 0; i < 2; i++)
+		engine_seq_free(e, s[i]);
+	engine_close(e);
+}
+
 static void
 test_stop_and_context(void **state)
 {
@@ -349,6 +389,8 @@ test_many_and_cut(void **state)
 /* ---- under a grammar ---- */
 
 #define LIST "root ::= \"[\" [a-z]{1,3} (\",\" [a-z]{1,3}){0,30} \"]\""
+/* a list of forty: a sequence that decodes long enough to see its guesses' rate fall */
+#define LONG_LIST "root ::= \"[\" [a-z]{1,3} (\",\" [a-z]{1,3}){40} \"]\""
 #define LIST_RE "^\\[[a-z]{1,3}(,[a-z]{1,3}){0,30}\\]$"
 
 static struct cons_gram *
@@ -414,6 +456,56 @@ test_constrained(void **state)
 	regfree(&re);
 	engine_grammar_put(e, g);
 	engine_grammar_put(e, dead);
+	engine_close(e);
+}
+
+/*
+ * Guesses its grammar does not allow count as guesses not accepted: a
+ * draft model whose guesses the grammar always cuts is soon asked for fewer
+ * than one token a step (the scheduler drafts lrintf(spec_rate *
+ * ENGINE_DRAFT_MAX), each a step of the draft), not seven for nothing.
+ */
+static void
+test_cut_rate(void **state)
+{
+	struct engine *e = open_engine(256);
+	struct cons_gram *g = grammar(e, LONG_LIST);
+	const struct tokenizer *tk = engine_model(e)->tok;
+	struct seq_params p;
+	struct seq *s;
+	int32_t t[64], n, bad = -1, guesses[ENGINE_DRAFT_MAX];
+	int asked = 0, decoding = 0, want;
+	char err[ERR_LEN];
+	size_t len;
+
+	(void)state;
+	/* a digit: never in the list's text */
+	for (int32_t i = 0; i < tok_n_vocab(tk) && bad < 0; i++)
+		if (tok_bytes(tk, i, &len)[0] == '7' && len == 1)
+			bad = i;
+	assert_true(bad >= 0);
+	for (int k = 0; k < ENGINE_DRAFT_MAX; k++)
+		guesses[k] = bad;
+	n = suite_prompt(0, t);
+	params(&p, 100, 1);
+	p.grammar = g;
+	assert_int_equal(engine_seq_new(e, t, n, &p, &s, err), 0);
+	while (s->state != SEQ_DONE) {
+		if (s->state == SEQ_DECODE) {
+			decoding++;
+			want = (int)lrintf(s->spec_rate * ENGINE_DRAFT_MAX);
+			engine_seq_guess(s, guesses, want);
+			asked += want;
+		}
+		assert_true(engine_step(e, &s, 1, -1, err) > 0);
+		while (engine_seq_more(e, s))
+			;
+	}
+	engine_seq_free(e, s);
+	print_message("cut guesses: %d draft tokens asked for in %d steps\n", asked, decoding);
+	assert_true(decoding >= 40);
+	assert_true(asked < decoding);
+	engine_grammar_put(e, g);
 	engine_close(e);
 }
 
@@ -524,9 +616,11 @@ main(void)
 		cmocka_unit_test(test_index),
 		cmocka_unit_test(test_lookup_same),
 		cmocka_unit_test(test_given_same),
+		cmocka_unit_test(test_given_stale),
 		cmocka_unit_test(test_stop_and_context),
 		cmocka_unit_test(test_many_and_cut),
 		cmocka_unit_test(test_constrained),
+		cmocka_unit_test(test_cut_rate),
 		cmocka_unit_test(test_distribution),
 	};
 
