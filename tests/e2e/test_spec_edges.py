@@ -237,6 +237,8 @@ def long_prompts(c, n, tag):
 
 
 def words(n):
+    """A prompt of about 4n tokens (LONG // 5 words: a prompt longer than a step's 512 tokens, the draft's
+    catching up a chunk a round, where the daemon is fast enough)."""
     return " ".join("w%d" % i for i in range(n))
 
 
@@ -258,7 +260,7 @@ def check_cancel(ck, d, c, own, other):
                 out[i] = w.generate(prompt=prompts[i], max_tokens=100, temperature=0, draft=other)
                 return
             # a long prompt's draft sequence prefills a chunk a round: cancelled while it catches up
-            prompt = words(350) if i == 6 else prompts[i]
+            prompt = words(LONG // 5) if i == 6 else prompts[i]
             rid = w.start_generate(prompt=prompt, max_tokens=LONG, temperature=0, draft=own if i == 5 else other)
             w.next(rid, TIMEOUT)
             if i == 5:
@@ -281,7 +283,7 @@ def check_cancel(ck, d, c, own, other):
         ck.eq(out[i].finish if out[i] else None, "cancel", "cancelled stream %d ends so" % i)
     # cancelled at once: before its prompt is in, or its draft's
     w = d.client(timeout=TIMEOUT)
-    rid = w.start_generate(prompt=words(350), max_tokens=100, temperature=0, draft=other)
+    rid = w.start_generate(prompt=words(LONG // 5), max_tokens=100, temperature=0, draft=other)
     w.request("cancel", target=rid)
     ck.eq(w.collect(rid, TIMEOUT).finish, "cancel", "a cancel before the first token")
     w.close()
@@ -289,8 +291,8 @@ def check_cancel(ck, d, c, own, other):
           "every block of the model and of the draft back: %r, before %r" % (blocks(c, names), free0))
     g = c.generate(prompt=prompts[1], max_tokens=100, temperature=0, draft=other)
     ck.eq(g.ids, alone[1], "the daemon goes on with the draft")
-    off = c.generate(prompt=words(350), max_tokens=100, temperature=0, speculative="off")
-    same(ck, c.generate(prompt=words(350), max_tokens=100, temperature=0, draft=other), off,
+    off = c.generate(prompt=words(LONG // 5), max_tokens=100, temperature=0, speculative="off")
+    same(ck, c.generate(prompt=words(LONG // 5), max_tokens=100, temperature=0, draft=other), off,
          "a long prompt with a draft")
     for w in clients:
         w.close()
