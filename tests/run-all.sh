@@ -1,9 +1,9 @@
 #!/bin/sh
 # The whole test suite: a normal build and an ASan+UBSan build, each with
 # `make check` (unit tests, end-to-end tests, comparisons with independent
-# implementations), then, with the normal build, the fairness test alone
-# (make check-fairness: it times the gaps between tokens, which tests run
-# beside it would stretch) and end-to-end tests with residentd under
+# implementations), then, with the normal build, the tests judged on time
+# alone (make check-fairness: the gaps between tokens, a grammar's preparation,
+# which tests run beside them would stretch) and end-to-end tests with residentd under
 # valgrind (tests/valgrind.sh). GPU tests run too where a GPU is present, and say they
 # are skipped where not. Socket activation is tested both ways: the release
 # build takes sd_listen_fds from libsystemd where it is installed, the ASan
@@ -29,7 +29,7 @@ for variant in release asan; do
 		exit 1
 	fi
 	if [ "$variant" = release ]; then
-		echo "== release: fairness, alone"
+		echo "== release: fairness and grammar edges, alone"
 		make -s check-fairness
 		echo "== release: residentd under valgrind"
 		sh "$top/tests/valgrind.sh" "$dir"

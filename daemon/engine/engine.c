@@ -1158,9 +1158,12 @@ step_picks(struct engine *e, int32_t n_fseqs, struct fwd_batch *b)
 			if (!pickable(e, e->fseq_of[i]) ||
 			    pick_window(e, e->fseq_of[i], row++, rows_history(e->fseq_of[i]) + r, &n_pen) < 0)
 				return 0; /* before any draw: the host's sampler draws the same */
-	for (i = 0, row = 0; i < n_fseqs; i++)
+	for (i = 0, row = 0; i < n_fseqs; i++) {
+		if (e->fseqs[i].logits > 0)
+			memcpy(e->fseq_of[i]->rng_mark, e->fseq_of[i]->sampler.rng, sizeof e->fseq_of[i]->rng_mark);
 		for (r = 0; r < e->fseqs[i].logits; r++)
 			drawn |= pick_params(e->fseq_of[i], &e->pick[row++]);
+	}
 	b->argmax = e->argmax;
 	b->pick = drawn ? e->pick : NULL;
 	return 1;
@@ -1272,8 +1275,12 @@ row_token(struct engine *e, struct seq *s, int32_t row, int32_t n, int picked)
  * output has exactly that distribution, and greedy output is decoding's
  * without guesses), then the first that is not, or the one after the
  * last guess. The guesses leave tokens[] (seq_take puts the accepted ones
- * back); the rows not used still draw their u on the host, as the
- * backend's picks draw every row's, so that both give the same tokens.
+ * back). Whatever the rows drew (the backend's picks draw every row's u),
+ * the generator is left one draw past where it was per token taken, as
+ * decoding without guesses leaves it: token j is drawn with the j-th
+ * uniform either way, so a seed gives the same tokens with guesses as
+ * without (where the logits are the same) and whatever the scheduler
+ * chose to guess.
  */
 static void
 settle(struct engine *e, struct seq *s, int32_t row, int picked)
@@ -1281,6 +1288,8 @@ settle(struct engine *e, struct seq *s, int32_t row, int picked)
 	int32_t k = s->n_draft, n = rows_history(s), a = 0, drawn, tok = -1;
 
 	s->n_tokens = n;
+	if (!picked)
+		memcpy(s->rng_mark, s->sampler.rng, sizeof s->rng_mark);
 	while (a < s->spec_live) {
 		tok = row_token(e, s, row + a, n + a, picked);
 		if (a == k || tok != s->tokens[n + a])
@@ -1290,8 +1299,12 @@ settle(struct engine *e, struct seq *s, int32_t row, int picked)
 	/* a == spec_live: the guesses were accepted up to a row whose grammar allows nothing (seq_take ends it) */
 	drawn = a < s->spec_live ? a + 1 : a;
 	s->spec[a] = tok;
-	for (int32_t r = drawn; !picked && r <= k && s->sampler.p.temperature > 0; r++)
-		(void)sampler_draw(&s->sampler);
+	/* one draw a token taken, whatever the rows drew: a seed gives the tokens it gives without guesses */
+	if (s->sampler.p.temperature > 0) {
+		memcpy(s->sampler.rng, s->rng_mark, sizeof s->rng_mark);
+		for (int32_t r = 0; r < drawn; r++)
+			(void)sampler_draw(&s->sampler);
+	}
 	s->n_spec = drawn, s->spec_kv = a, s->spec_next = 0, s->n_draft = 0;
 	free_gspec(s);
 	/* a guess its grammar cut is one not accepted: a draft model whose guesses the grammar never allows

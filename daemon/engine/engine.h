@@ -144,6 +144,8 @@ struct seq {
 	int32_t n_spec, spec_next; /* settled tokens after the first, and the next to take */
 	int32_t spec_kv;        /* of those, the first spec_kv are guesses whose K/V the step wrote */
 	float spec_rate;        /* the share of guesses accepted lately (a moving average) */
+	uint64_t rng_mark[4];   /* the sampler's generator before the step's rows drew: settle leaves it
+	                           one draw past it per token taken, as decoding without guesses would */
 	int32_t n_cut;          /* this step's guesses its grammar did not allow (counted as not accepted) */
 	/*
 	 * A constrained sequence's grammar after each of its guesses (gspec[i]
