@@ -14,7 +14,9 @@ same per token as a short one and fits the time of a test.
 2. 64 clients start streams together (the same length): each one's
    tokens/s, from its first token to its last, is within 10 % of every
    other's (the slowest at least 90 % of the fastest).
-Skipped in an instrumented build (rsd.instrumented): it times steps, which
+The streams decode a token a step (speculative "off"): guessed tokens come
+several at once, with no gap between them, and this test is about the
+scheduler's steps. Skipped in an instrumented build (rsd.instrumented): it times steps, which
 the instrumentation slows several times over; the pacer and the worker
 thread run in every other test there.
 """
@@ -79,7 +81,7 @@ def long_prompt_run(d, c, stream_prompt, run):
     text, _ = long_text(c, LONG, "run %d:" % run)
     st = Streams(d, 16)
     for i in range(16):
-        st.start(i, prompt=stream_prompt, max_tokens=30000, temperature=0)
+        st.start(i, prompt=stream_prompt, max_tokens=30000, temperature=0, speculative="off")
     st.pump(lambda: min(len(t) for t in st.times) >= CONTROL)  # the control: streams alone
     control = max(ratio(st.gaps(i)[20:]) for i in range(16))
     t0 = time.monotonic()
@@ -145,7 +147,7 @@ def many_part(ck, d):
     prompt = rsd.long_prompt(c, n=300, tag="many")
     st = Streams(d, MANY)
     for i in range(MANY):
-        st.start(i, prompt=prompt, max_tokens=300, temperature=0)
+        st.start(i, prompt=prompt, max_tokens=300, temperature=0, speculative="off")
     st.pump(lambda: all(x is not None for x in st.done))
     rates = [(len(t) - 1) / (t[-1] - t[0]) for t in st.times]
     lo, hi = min(rates), max(rates)
