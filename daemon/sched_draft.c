@@ -24,7 +24,6 @@
 #include "tokenizer.h"
 #include "util.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,7 +128,7 @@ draft_round(struct sched *s, struct slot *d, struct seq **q, struct gen **g, con
 	int i, j, m, rc = 0, k;
 
 	for (i = 0; i < n; i++) {
-		want[i] = (int)lrintf(q[i]->spec_rate * ENGINE_DRAFT_MAX);
+		want[i] = engine_seq_draft_len(g[i]->slot->e, q[i]);
 		if (want[i] > 0 && (ds[i] = follow(s, g[i], ch[i], q[i])) != NULL)
 			need += sched_seq_blocks(ds[i]) + want[i] / KV_BLOCK_TOKENS + 1;
 	}

@@ -952,8 +952,13 @@ seq_guess(struct engine *e, struct seq *s, int32_t room, int32_t *mask_room)
 		s->n_cut = k - s->n_draft;
 		*mask_room -= s->n_draft;
 	}
-	s->spec_live = s->n_draft + 1;
 	seq_push_tokens(s, g, s->n_draft);
+}
+
+int32_t
+engine_seq_draft_len(const struct engine *e, const struct seq *s)
+{
+	return MAX(0, draft_len(e, s, ENGINE_DRAFT_MAX, s->spec_rate));
 }
 
 void
@@ -1049,6 +1054,8 @@ plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *room, int32_t
 	/* a draft's guesses follow the tokens of this step: in a later one they would be stale */
 	s->n_given = 0;
 	s->spec_live = s->n_draft + 1;
+	/* before any row of the step draws (step_picks, or settle on the host) */
+	memcpy(s->rng_mark, s->sampler.rng, sizeof s->rng_mark);
 	take = MIN(s->n_tokens - s->n_cached, budget);
 	/* a bidirectional input waits for a step with room for all of it */
 	if (take <= 0 || (bidir && take < s->n_tokens - s->n_cached))
@@ -1158,12 +1165,9 @@ step_picks(struct engine *e, int32_t n_fseqs, struct fwd_batch *b)
 			if (!pickable(e, e->fseq_of[i]) ||
 			    pick_window(e, e->fseq_of[i], row++, rows_history(e->fseq_of[i]) + r, &n_pen) < 0)
 				return 0; /* before any draw: the host's sampler draws the same */
-	for (i = 0, row = 0; i < n_fseqs; i++) {
-		if (e->fseqs[i].logits > 0)
-			memcpy(e->fseq_of[i]->rng_mark, e->fseq_of[i]->sampler.rng, sizeof e->fseq_of[i]->rng_mark);
+	for (i = 0, row = 0; i < n_fseqs; i++)
 		for (r = 0; r < e->fseqs[i].logits; r++)
 			drawn |= pick_params(e->fseq_of[i], &e->pick[row++]);
-	}
 	b->argmax = e->argmax;
 	b->pick = drawn ? e->pick : NULL;
 	return 1;
@@ -1288,8 +1292,6 @@ settle(struct engine *e, struct seq *s, int32_t row, int picked)
 	int32_t k = s->n_draft, n = rows_history(s), a = 0, drawn, tok = -1;
 
 	s->n_tokens = n;
-	if (!picked)
-		memcpy(s->rng_mark, s->sampler.rng, sizeof s->rng_mark);
 	while (a < s->spec_live) {
 		tok = row_token(e, s, row + a, n + a, picked);
 		if (a == k || tok != s->tokens[n + a])

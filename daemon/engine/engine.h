@@ -342,6 +342,12 @@ int engine_seq_more(struct engine *e, struct seq *s);
  * it would be without them. Only for a sequence that speculates.
  */
 void engine_seq_guess(struct seq *s, const int32_t *tokens, int32_t n);
+/*
+ * How many tokens s would check now, as lookup's guesses are sized: by
+ * its recent acceptance, within max_tokens and the context (a draft model
+ * writes no more than that).
+ */
+int32_t engine_seq_draft_len(const struct engine *e, const struct seq *s);
 
 /*
  * The logits rows the next steps may give to guesses (speculative
