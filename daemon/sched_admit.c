@@ -162,55 +162,65 @@ others_in_use(const struct sched *s, const struct slot *m)
 }
 
 /*
- * The draft model a generate names, loaded beside its model (held, so
- * that the draft's load does not unload it): 0, -1 when it failed (the
- * error is sent) or SLOTS_WAIT. A draft that does not fit while only its
- * own model is in use never will (that model is loaded first again at the
+ * Loads the draft model name beside g's model (held, so that the draft's
+ * load does not unload it) and gives it to g: 0, SLOTS_WAIT, or an error
+ * in err with its code in *pe.
+ */
+static int
+load_draft(struct sched *s, struct gen *g, const char *name, enum proto_err *pe, char *err)
+{
+	struct slot *d;
+	int rc;
+
+	*pe = PE_NOT_FOUND;
+	if ((rc = sched_find_model(s, name, &d, err)) != 0)
+		return rc;
+	*pe = PE_MODEL_ERROR;
+	if ((rc = load_model(s, g->job, d, err)) != 0)
+		return rc;
+	*pe = PE_INVALID_PARAM;
+	if (model_kind_error(engine_model(d->e), OP_GENERATE, err) != 0)
+		return ERR_INVAL;
+	return sched_draft_use(s, g, d, err);
+}
+
+/*
+ * g's draft model: the one it names (0, -1 when it failed: the error is
+ * sent, or SLOTS_WAIT), or for a request on the default model that names
+ * none the daemon's --draft, where it can be had at once (else the request
+ * runs without it: 0). A named draft that does not fit while only its own
+ * model is in use never will (that model is loaded first again at the
  * next try): an error, not a wait that would hold every later request back.
  */
 static int
 admit_draft(struct sched *s, struct gen *g)
 {
-	struct sched_job *job = g->job;
+	const struct proto_req *r = &g->job->req;
+	enum proto_err pe;
 	char err[ERR_LEN];
-	struct slot *d;
 	int rc;
 
-	if ((d = sched_job_model(s, job, job->req.draft)) == NULL)
-		return -1;
-	if ((rc = load_model(s, job, d, err)) == SLOTS_WAIT) {
+	if (r->op != OP_GENERATE || !r->speculative)
+		return 0;
+	if (r->draft == NULL) {
+		if (g->slot == s->default_model && s->o.default_draft != NULL &&
+		    (rc = load_draft(s, g, s->o.default_draft, &pe, err)) != 0)
+			log_debug("request %llu: no draft: %s", (unsigned long long)r->id,
+			    rc == SLOTS_WAIT ? "the memory it needs is held by models in use" : err);
+		return 0;
+	}
+	if ((rc = load_draft(s, g, r->draft, &pe, err)) == SLOTS_WAIT) {
 		if (others_in_use(s, g->slot))
 			return SLOTS_WAIT;
 		rc = err_set(err, ERR_NOMEM, "draft model %s does not fit beside %s (%.0f MiB) in the device memory "
-		    "budget of %.0f MiB (residentd --device-memory)", d->name, g->slot->name,
+		    "budget of %.0f MiB (residentd --device-memory)", r->draft, g->slot->name,
 		    engine_mem_bytes(g->slot->e) / 1048576.0, s->slots.o.budget / 1048576.0);
 	}
 	if (rc != 0) {
-		sched_post_error(s, job, PE_MODEL_ERROR, err);
-		return -1;
-	}
-	if (model_kind_error(engine_model(d->e), OP_GENERATE, err) != 0 || sched_draft_use(s, g, d, err) != 0) {
-		sched_post_error(s, job, PE_INVALID_PARAM, err);
+		sched_post_error(s, g->job, pe, err);
 		return -1;
 	}
 	return 0;
-}
-
-/*
- * The daemon's draft for its default model (--draft), for a request on it
- * that names none: where it cannot be had now (not loadable, no memory
- * free, another vocabulary), the request runs without it.
- */
-static void
-default_draft(struct sched *s, struct gen *g)
-{
-	char err[ERR_LEN];
-	struct slot *d;
-
-	if (slots_find(&s->slots, s->o.default_draft, &d, err) != 0 ||
-	    slots_load(&s->slots, d, NULL, NULL, err) != 0 ||
-	    model_kind_error(engine_model(d->e), OP_GENERATE, err) != 0 || sched_draft_use(s, g, d, err) != 0)
-		log_debug("request %llu: no draft: %s", (unsigned long long)g->job->req.id, err);
 }
 
 /*
@@ -245,16 +255,13 @@ admit(struct sched *s, struct gen *g)
 	slots_acquire(&s->slots, m);
 	g->slot = m;
 	g->md = engine_model(m->e);
-	if (job->req.draft != NULL && job->req.speculative && (rc = admit_draft(s, g)) != 0) {
+	if ((rc = admit_draft(s, g)) != 0) {
 		if (rc == SLOTS_WAIT) {
 			sched_release_slot(s, m, m->keep_alive);
 			g->slot = NULL, g->md = NULL;
 		}
 		return rc;
 	}
-	if (job->req.draft == NULL && job->req.speculative && job->req.op == OP_GENERATE && m == s->default_model &&
-	    s->o.default_draft != NULL)
-		default_draft(s, g);
 	g->prep.fn = prep_run;
 	g->prep.owner = m;
 	g->prep.key = job->conn;

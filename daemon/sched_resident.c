@@ -24,7 +24,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Unlinks a session's cached sequence and frees it. */
 /* ---- a request's models ---- */
 
 double
@@ -40,6 +39,9 @@ sched_release_slot(struct sched *s, struct slot *m, double keep_alive)
 	s->retry |= m->users == 0;
 }
 
+/* ---- sessions' sequences ---- */
+
+/* Unlinks a session's cached sequence and frees it. */
 void
 sched_free_resident(struct slot *m, struct resident *r)
 {
