@@ -226,7 +226,6 @@ static void
 print_usage(const struct gen *g)
 {
 	json_t *u = json_object_get(g->done, "usage");
-
 	json_int_t drafted = json_integer_value(json_object_get(u, "drafted_tokens"));
 
 	fprintf(stderr, "[%s] %lld prompt tokens (%lld cached), %lld generated, first token after %.1f ms, "

@@ -534,38 +534,34 @@ get_choices(const msgpack_object *m, struct proto_req *r, char *err)
 	return 0;
 }
 
-/* priority: "interactive" (the default) or "background". */
+/*
+ * A field that is one of two words: *second 1 for the second, 0 for the
+ * first, left as it is when the field is absent.
+ */
 static int
-get_priority(const msgpack_object *m, struct proto_req *r, char *err)
-{
-	char *prio = NULL;
-	int rc;
-
-	if ((rc = get_str(m, "priority", 0, SIZE_MAX, &prio, err)) != 0 || prio == NULL)
-		return rc;
-	if (strcmp(prio, "background") == 0)
-		r->priority = PRIO_BACKGROUND;
-	else if (strcmp(prio, "interactive") != 0)
-		rc = err_set(err, PE_INVALID_PARAM, "priority must be \"interactive\" or \"background\"");
-	free(prio);
-	return rc;
-}
-
-/* speculative: "auto" (the default) or "off". */
-static int
-get_speculative(const msgpack_object *m, struct proto_req *r, char *err)
+get_either(const msgpack_object *m, const char *key, const char *first, const char *second, int *is_second,
+    char *err)
 {
 	char *v = NULL;
 	int rc;
 
-	r->speculative = 1;
-	if ((rc = get_str(m, "speculative", 0, SIZE_MAX, &v, err)) != 0 || v == NULL)
+	if ((rc = get_str(m, key, 0, SIZE_MAX, &v, err)) != 0 || v == NULL)
 		return rc;
-	if (strcmp(v, "off") == 0)
-		r->speculative = 0;
-	else if (strcmp(v, "auto") != 0)
-		rc = err_set(err, PE_INVALID_PARAM, "speculative must be \"auto\" or \"off\"");
+	if (strcmp(v, first) == 0 || strcmp(v, second) == 0)
+		*is_second = strcmp(v, second) == 0;
+	else
+		rc = err_set(err, PE_INVALID_PARAM, "%s must be \"%s\" or \"%s\"", key, first, second);
 	free(v);
+	return rc;
+}
+
+/* priority: "interactive" (the default) or "background". */
+static int
+get_priority(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	int background = 0, rc = get_either(m, "priority", "interactive", "background", &background, err);
+
+	r->priority = background ? PRIO_BACKGROUND : PRIO_INTERACTIVE;
 	return rc;
 }
 
@@ -573,7 +569,7 @@ static int
 decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 {
 	uint64_t top = 0;
-	int rc, found;
+	int rc, found, off = 0;
 
 	proto_sample_defaults(r);
 	r->stream = 1;
@@ -603,9 +599,10 @@ decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 	if (r->tools != NULL && r->prompt != NULL)
 		return err_set(err, PE_BAD_REQUEST, "tools are rendered by the chat template: give 'messages', "
 		    "not 'prompt'");
-	if ((rc = get_priority(m, r, err)) != 0 || (rc = get_speculative(m, r, err)) != 0 ||
+	if ((rc = get_priority(m, r, err)) != 0 || (rc = get_either(m, "speculative", "auto", "off", &off, err)) != 0 ||
 	    (rc = get_str(m, "draft", 0, PROTO_MAX_MODEL, &r->draft, err)) != 0)
 		return rc;
+	r->speculative = !off;
 	if ((r->prompt != NULL) == (r->msgs != NULL))
 		return err_set(err, PE_BAD_REQUEST, "give exactly one of 'prompt' and 'messages'");
 	if (r->session != NULL && r->prompt != NULL)
