@@ -242,6 +242,13 @@ class Gen:
     def ids(self):
         return [t["token"] for t in self.tokens]
 
+    def by_choice(self, n):
+        """The token replies of each of n choices (a request's `n`)."""
+        out = [[] for _ in range(n)]
+        for t in self.tokens:
+            out[t["choice"]].append(t)
+        return out
+
     @property
     def finish(self):
         return self.done["finish"]
@@ -328,9 +335,11 @@ def timed_section(ck, title, part):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def gen_model(path, seed=1, shape="tiny", qtype="q8_0"):
+def gen_model(path, seed=1, shape="tiny", qtype="q8_0", layers=None):
+    """A generated model at path; with layers, only the shape's first ones (the same vocabulary: a draft)."""
     subprocess.run([tool("resident-model"), "gen", shape, path, "--type", qtype, "--quiet",
-                    "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)
+                    "--seed", str(seed)] + (["--layers", str(layers)] if layers else []),
+                   check=True, stdout=subprocess.DEVNULL)
     return path
 
 

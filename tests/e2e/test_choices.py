@@ -69,19 +69,11 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                            "parameters": WEATHER}}]
 
 
-def by_choice(g, n):
-    """A generation's token replies split by their choice."""
-    out = [[] for _ in range(n)]
-    for t in g.tokens:
-        out[t["choice"]].append(t)
-    return out
-
-
 def texts(g, n):
     """Each choice's answer: done's texts without streaming, else its token replies' text joined."""
     if g.done["choices"][0].get("text") is not None:
         return [ch["text"] for ch in g.done["choices"]]
-    return ["".join(t["text"] for t in toks) for toks in by_choice(g, n)]
+    return ["".join(t["text"] for t in toks) for toks in g.by_choice(n)]
 
 
 def check_shape(ck, c):
@@ -103,7 +95,7 @@ def check_shape(ck, c):
         ck.eq(u["prompt_tokens"], one.usage["prompt_tokens"], what + ": prompt_tokens counted once")
         ck.eq(u["generated_tokens"], 36, what + ": generated_tokens of the three together")
         if stream:
-            toks = by_choice(g, 3)
+            toks = g.by_choice(3)
             ck.eq([len(t) for t in toks], [12] * 3, what + ": token replies of each choice")
             ck.ok(all("logprob" in t and len(t["top_logprobs"]) == 2 for t in g.tokens),
                   what + ": each token reply has its logprobs")
@@ -187,7 +179,7 @@ def check_constraints(ck, c, qwen):
                   (i, args))
     ck.ok(len({x["id"] for ch in g.done["choices"] for x in ch.get("tool_calls", [])}) >= 2,
           "tools: each choice's calls have their own ids")
-    tool_text = ["".join(t.get("tool", "") for t in toks) for toks in by_choice(g, 2)]
+    tool_text = ["".join(t.get("tool", "") for t in toks) for toks in g.by_choice(2)]
     ck.ok(all("<tool_call>" in t for t in tool_text), "tools: each choice's call came as its tool text")
 
 

@@ -152,9 +152,7 @@ def check_draft(ck, d, c, tmp):
     """Section 5."""
     own = d.model
     # the daemon's model cut to its first layer: the same vocabulary, a smaller model that often agrees
-    other = os.path.join(tmp, "other.gguf")
-    subprocess.run([rsd.tool("resident-model"), "gen", "tiny", other, "--type", "q8_0", "--quiet", "--seed", "1",
-                    "--layers", "1"], check=True, stdout=subprocess.DEVNULL)
+    other = rsd.gen_model(os.path.join(tmp, "other.gguf"), seed=1, layers=1)
     qwen = rsd.gen_model(os.path.join(tmp, "tiny-qwen3.gguf"), shape="tiny-qwen3")
     for p in PROMPTS[:4]:
         off = c.generate(prompt=p, max_tokens=60, temperature=0, speculative="off")

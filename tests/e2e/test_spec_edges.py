@@ -41,7 +41,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -61,10 +60,7 @@ PROMPTS = ["one two three four five one two three four five one two three",
 def first_layer(tmp):
     """The tiny model cut to its first layer: the same vocabulary, a draft that often disagrees."""
     path = os.path.join(tmp, "other.gguf")
-    if not os.path.exists(path):
-        subprocess.run([rsd.tool("resident-model"), "gen", "tiny", path, "--type", "q8_0", "--quiet", "--seed", "1",
-                        "--layers", "1"], check=True, stdout=subprocess.DEVNULL)
-    return path
+    return path if os.path.exists(path) else rsd.gen_model(path, seed=1, layers=1)
 
 
 def model(c, name):
@@ -146,18 +142,11 @@ def check_sessions(ck, tmp):
 
 # ---- 2. several choices
 
-def by_choice(g, n):
-    out = [[] for _ in range(n)]
-    for t in g.tokens:
-        out[t["choice"]].append(t)
-    return out
-
-
 def choice_outputs(g, n, stream):
     """Each choice's (text, ids or None, finish, generated_tokens)."""
     chs = g.done["choices"]
     if stream:
-        toks = by_choice(g, n)
+        toks = g.by_choice(n)
         return [("".join(t["text"] for t in toks[i]), [t["token"] for t in toks[i]], chs[i]["finish"],
                  chs[i]["generated_tokens"]) for i in range(n)]
     return [(ch["text"], None, ch["finish"], ch["generated_tokens"]) for ch in chs]

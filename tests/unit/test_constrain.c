@@ -109,17 +109,6 @@ raw_output(struct engine *e, const struct seq *s)
 	return raw_tokens(e, s, s->n_generated);
 }
 
-static struct cons_gram *
-grammar(struct engine *e, const char *text)
-{
-	struct cons_gram *g;
-	char err[ERR_LEN];
-
-	if (engine_grammar(e, text, strlen(text), &g, err) != 0)
-		fail_msg("%s: %s", text, err);
-	return g;
-}
-
 #define RECORD "root ::= \"{\\\"n\\\": \" [1-9] [0-9]{0,2} \", \\\"s\\\": \\\"\" [a-z]{1,6} \"\\\"}\""
 #define RECORD_RE "^\\{\"n\": [1-9][0-9]{0,2}, \"s\": \"[a-z]{1,6}\"\\}$"
 
@@ -136,7 +125,7 @@ test_sampled_matches(void **state)
 
 		if (e == NULL)
 			continue;
-		g = grammar(e, RECORD);
+		g = tiny_grammar(e, RECORD);
 		for (uint64_t seed = 1; seed <= 12; seed++) {
 			struct seq_params p;
 			struct seq *s[4];
@@ -226,7 +215,7 @@ test_greedy_unchanged(void **state)
 		engine_seq_free(e, s[0]);
 
 		lit = literal_grammar(free_text);
-		g = grammar(e, lit);
+		g = tiny_grammar(e, lit);
 		params(&p, 0, 0, 40, g);
 		assert_int_equal(engine_seq_new(e, pr, NP, &p, &s[0], err), 0);
 		params(&p, 0, 0, n_free, NULL);
@@ -264,7 +253,7 @@ test_no_token_left(void **state)
 
 		if (e == NULL)
 			continue;
-		g = grammar(e, "root ::= \"a\" [^\\x00-\\U0010FFFF]");
+		g = tiny_grammar(e, "root ::= \"a\" [^\\x00-\\U0010FFFF]");
 		params(&p, 0.7f, 3, 20, g);
 		assert_int_equal(engine_seq_new(e, prompt, NP, &p, &s[0], err), 0);
 		params(&p, 0, 0, 8, NULL);
@@ -305,7 +294,7 @@ test_logprobs_masked(void **state)
 		if (e == NULL)
 			continue;
 		t = engine_model(e)->tok;
-		g = grammar(e, RECORD);
+		g = tiny_grammar(e, RECORD);
 		params(&p, 0, 0, 30, g);
 		p.logprobs = 1, p.top_logprobs = 20;
 		assert_int_equal(engine_seq_new(e, prompt, NP, &p, &s, err), 0);
@@ -347,9 +336,9 @@ test_shared_by_text(void **state)
 	struct cons_gram *a, *b, *c;
 	char err[ERR_LEN];
 
-	a = grammar(e, RECORD);
-	b = grammar(e, RECORD);
-	c = grammar(e, "root ::= [0-9]+");
+	a = tiny_grammar(e, RECORD);
+	b = tiny_grammar(e, RECORD);
+	c = tiny_grammar(e, "root ::= [0-9]+");
 	assert_ptr_equal(a, b);
 	assert_ptr_not_equal(a, c);
 	engine_grammar_put(e, c);

@@ -27,19 +27,6 @@
 
 #include "tiny_model.h"
 
-/* An engine on the model with a small pool. */
-static struct engine *
-open_engine(int32_t kv_tokens)
-{
-	struct engine_opts o = { .n_threads = 2, .n_ctx = 256, .kv_tokens = kv_tokens, .max_step_tokens = 64 };
-	struct engine *e;
-	char err[ERR_LEN];
-
-	if (engine_open(tiny_path, &o, &e, err) != 0)
-		fail_msg("%s", err);
-	return e;
-}
-
 static void
 greedy(struct seq_params *p, int max_tokens)
 {
@@ -77,7 +64,7 @@ static const int32_t prompt[] = { 5, 77, 300, 12, 901, 44, 3 };
 static void
 test_stream_and_length(void **state)
 {
-	struct engine *e = open_engine(1024);
+	struct engine *e = tiny_engine(256, 1024);
 	struct seq_params p;
 	struct seq *s;
 	char err[ERR_LEN], *text;
@@ -97,7 +84,7 @@ test_stream_and_length(void **state)
 static void
 test_stop_string(void **state)
 {
-	struct engine *e = open_engine(1024);
+	struct engine *e = tiny_engine(256, 1024);
 	struct seq_params p;
 	struct seq *s;
 	char err[ERR_LEN], stop[8], *full, *text;
@@ -143,7 +130,7 @@ fresh(struct engine *e, const int32_t *t, int32_t n, const struct seq_params *p,
 static void
 test_next_turn_reuses_cache(void **state)
 {
-	struct engine *e = open_engine(1024);
+	struct engine *e = tiny_engine(256, 1024);
 	struct seq_params p;
 	struct seq *a, *b;
 	char err[ERR_LEN], *ta, *tb;
@@ -178,7 +165,7 @@ test_next_turn_reuses_cache(void **state)
 static void
 test_fork_shares_blocks(void **state)
 {
-	struct engine *e = open_engine(1024);
+	struct engine *e = tiny_engine(256, 1024);
 	struct seq_params p;
 	struct seq *a, *c, *x, *y;
 	char err[ERR_LEN], *tc, *tx, *ta, *ty;
@@ -222,7 +209,7 @@ static void
 test_fork_after_prefill(void **state)
 {
 	static const int32_t lens[] = { 40, 32, 33 };
-	struct engine *e = open_engine(1024);
+	struct engine *e = tiny_engine(256, 1024);
 	struct engine_cache_stats st0, st1;
 	struct seq_params p;
 	struct seq *a, *c, *both[2];
@@ -258,7 +245,7 @@ test_fork_after_prefill(void **state)
 static void
 test_many_at_once(void **state)
 {
-	struct engine *e = open_engine(2048);
+	struct engine *e = tiny_engine(256, 2048);
 	struct seq_params p;
 	struct seq *s[16], *one;
 	char err[ERR_LEN], *alone[16];
@@ -309,7 +296,7 @@ shared_prompt(int32_t *t, int32_t n, int variant)
 static char *
 uncached_text(const int32_t *t, int32_t n, int max_tokens)
 {
-	struct engine *e = open_engine(1024);
+	struct engine *e = tiny_engine(256, 1024);
 	struct seq_params p;
 	struct seq *s;
 	char *text;
@@ -324,7 +311,7 @@ uncached_text(const int32_t *t, int32_t n, int max_tokens)
 static void
 test_prefix_shared_within_namespace(void **state)
 {
-	struct engine *e = open_engine(1024);
+	struct engine *e = tiny_engine(256, 1024);
 	struct seq_params p;
 	struct seq *a, *b, *c, *d;
 	char err[ERR_LEN], *ta, *tb, *tc, *want;
@@ -374,7 +361,7 @@ test_prefix_shared_within_namespace(void **state)
 static void
 test_cached_block_copied_on_write(void **state)
 {
-	struct engine *e = open_engine(1024);
+	struct engine *e = tiny_engine(256, 1024);
 	struct seq_params p;
 	struct seq *a, *b;
 	char err[ERR_LEN], *ta, *tb, *want;
@@ -406,7 +393,7 @@ test_cached_block_copied_on_write(void **state)
 static void
 test_parked_sequence(void **state)
 {
-	struct engine *e = open_engine(1024);
+	struct engine *e = tiny_engine(256, 1024);
 	struct seq_params p;
 	struct seq *a, *x;
 	char err[ERR_LEN], *want;
@@ -545,7 +532,7 @@ test_disk_tier(void **state)
 static void
 test_bad_input_and_full_pool(void **state)
 {
-	struct engine *e = open_engine(256);
+	struct engine *e = tiny_engine(256, 256);
 	struct seq_params p;
 	struct seq *s, *t;
 	char err[ERR_LEN];

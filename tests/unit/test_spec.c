@@ -79,18 +79,6 @@ test_index(void **state)
 
 /* ---- through the engine ---- */
 
-static struct engine *
-open_engine(int32_t n_ctx)
-{
-	struct engine_opts o = { .n_threads = 2, .n_ctx = n_ctx, .kv_tokens = 4096, .max_step_tokens = 64 };
-	struct engine *e;
-	char err[ERR_LEN];
-
-	if (engine_open(tiny_path, &o, &e, err) != 0)
-		fail_msg("%s", err);
-	return e;
-}
-
 static void
 params(struct seq_params *p, int max_tokens, int speculative)
 {
@@ -224,7 +212,7 @@ suite_prompt(int i, int32_t *t)
 static void
 test_lookup_same(void **state)
 {
-	struct engine *e = open_engine(256);
+	struct engine *e = tiny_engine(256, 4096);
 	struct seq_params p;
 	struct run off, on;
 	int32_t t[64], n, drafted = 0, accepted = 0;
@@ -249,7 +237,7 @@ test_lookup_same(void **state)
 static void
 test_given_same(void **state)
 {
-	struct engine *e = open_engine(256);
+	struct engine *e = tiny_engine(256, 4096);
 	struct seq_params p;
 	struct run off, on, cut;
 	int32_t t[64], n, drafted = 0, accepted = 0;
@@ -286,7 +274,7 @@ test_given_same(void **state)
 static void
 test_given_stale(void **state)
 {
-	struct engine *e = open_engine(256);
+	struct engine *e = tiny_engine(256, 4096);
 	struct seq_params p;
 	struct seq *s[2];
 	int32_t t[64], n = suite_prompt(1, t), wrong[ENGINE_DRAFT_MAX];
@@ -317,7 +305,7 @@ test_given_stale(void **state)
 static void
 test_stop_and_context(void **state)
 {
-	struct engine *e = open_engine(96);
+	struct engine *e = tiny_engine(96, 4096);
 	struct seq_params p;
 	struct run off, on;
 	int32_t t[64], n = suite_prompt(4, t);
@@ -356,7 +344,7 @@ test_stop_and_context(void **state)
 static void
 test_many_and_cut(void **state)
 {
-	struct engine *e = open_engine(256);
+	struct engine *e = tiny_engine(256, 4096);
 	struct seq_params p;
 	struct seq *s[16];
 	struct run *alone = xcalloc(16, sizeof *alone), *all = xcalloc(16, sizeof *all);
@@ -393,17 +381,6 @@ test_many_and_cut(void **state)
 #define LONG_LIST "root ::= \"[\" [a-z]{1,3} (\",\" [a-z]{1,3}){40} \"]\""
 #define LIST_RE "^\\[[a-z]{1,3}(,[a-z]{1,3}){0,30}\\]$"
 
-static struct cons_gram *
-grammar(struct engine *e, const char *text)
-{
-	struct cons_gram *g;
-	char err[ERR_LEN];
-
-	if (engine_grammar(e, text, strlen(text), &g, err) != 0)
-		fail_msg("%s: %s", text, err);
-	return g;
-}
-
 /*
  * Constrained sequences guess only what their grammar allows (the oracle's
  * wrong guesses are cut there), each guess's row masked by the grammar
@@ -414,8 +391,8 @@ grammar(struct engine *e, const char *text)
 static void
 test_constrained(void **state)
 {
-	struct engine *e = open_engine(256);
-	struct cons_gram *g = grammar(e, LIST), *dead = grammar(e, "root ::= \"abc\" [^\\x00-\\U0010FFFF]");
+	struct engine *e = tiny_engine(256, 4096);
+	struct cons_gram *g = tiny_grammar(e, LIST), *dead = tiny_grammar(e, "root ::= \"abc\" [^\\x00-\\U0010FFFF]");
 	struct seq_params p;
 	struct run off, on;
 	int32_t t[64], n, accepted = 0;
@@ -468,8 +445,8 @@ test_constrained(void **state)
 static void
 test_cut_rate(void **state)
 {
-	struct engine *e = open_engine(256);
-	struct cons_gram *g = grammar(e, LONG_LIST);
+	struct engine *e = tiny_engine(256, 4096);
+	struct cons_gram *g = tiny_grammar(e, LONG_LIST);
 	const struct tokenizer *tk = engine_model(e)->tok;
 	struct seq_params p;
 	struct seq *s;
@@ -582,7 +559,7 @@ draw_counts(struct engine *e, const int32_t *t, int32_t n, const struct run *wan
 static void
 test_distribution(void **state)
 {
-	struct engine *e = open_engine(256);
+	struct engine *e = tiny_engine(256, 4096);
 	struct seq_params p;
 	struct run g;
 	int32_t t[16], n = 8, acc_on, acc_off;

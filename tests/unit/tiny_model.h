@@ -1,13 +1,17 @@
 /*
  * tiny_model.h: the generated model that the engine's tests run on (the
  * "tiny" llama3 shape, Q8_0, seed 5), made in a fresh temporary directory
- * by a test group's setup and removed by its teardown. Included by one
- * test file each: the tests that share it share one fixture.
+ * by a test group's setup and removed by its teardown, and the engines and
+ * grammars the tests make on it. Included by one test file each: the tests
+ * that share it share one fixture.
  */
 #ifndef RESIDENT_TINY_MODEL_H
 #define RESIDENT_TINY_MODEL_H
 
+#include "engine.h"
 #include "genmodel.h"
+
+#include <string.h>
 
 static char tiny_dir[64], tiny_path[128];
 
@@ -34,6 +38,34 @@ tiny_model_teardown(void **state)
 	unlink(tiny_path);
 	rmdir(tiny_dir);
 	return 0;
+}
+
+/*
+ * An engine on the tiny model: a context of n_ctx, a pool of kv_tokens,
+ * steps of 64 tokens, 2 threads (the tests' shared shape).
+ */
+static inline struct engine *
+tiny_engine(int32_t n_ctx, int32_t kv_tokens)
+{
+	struct engine_opts o = { .n_threads = 2, .n_ctx = n_ctx, .kv_tokens = kv_tokens, .max_step_tokens = 64 };
+	struct engine *e;
+	char err[ERR_LEN];
+
+	if (engine_open(tiny_path, &o, &e, err) != 0)
+		fail_msg("%s", err);
+	return e;
+}
+
+/* The grammar of text over e's vocabulary, held (engine_grammar_put); the test fails if it does not compile. */
+static inline struct cons_gram *
+tiny_grammar(struct engine *e, const char *text)
+{
+	struct cons_gram *g;
+	char err[ERR_LEN];
+
+	if (engine_grammar(e, text, strlen(text), &g, err) != 0)
+		fail_msg("%s: %s", text, err);
+	return g;
 }
 
 #endif
