@@ -215,6 +215,8 @@ struct backend_ops {
 	void (*free)(struct backend *b);
 	int has_argmax;     /* forward fills fwd_batch.argmax on the device (only ids cross to the host),
 	                       drawn as fwd_batch.pick says when it is set */
+	int step_align;     /* steps of more tokens than this run fastest at a multiple of it (CUDA
+	                       replays a captured graph per step shape); 0: any count */
 };
 
 extern const struct backend_ops cpu_backend;

@@ -1357,6 +1357,49 @@ sample_step(struct engine *e, int32_t n_fseqs, int picked)
 	}
 }
 
+/* Drops the last of s's guesses in the step (fseq f). */
+static void
+drop_guess(struct engine *e, struct seq *s, struct fwd_seq *f)
+{
+	s->n_draft--, s->n_tokens--, s->spec_live--;
+	f->n_new--, f->logits--;
+	e->step_guesses--;
+	if (s->gspec[s->n_draft] != NULL) {
+		gram_state_free(s->gspec[s->n_draft]);
+		s->gspec[s->n_draft] = NULL;
+	}
+}
+
+/*
+ * Drops guesses, the last of the longest runs first, until the step's
+ * n_tok tokens are a multiple of the backend's step_align (when there are
+ * more than that), if the guesses alone can bring them there: a backend
+ * that replays a captured graph per step shape (CUDA) launches each kernel
+ * of a step of a shape it has not seen often by itself, and guesses would
+ * vary the shape by a token or two every step (on a small model, launching
+ * is most of a step). Returns the step's tokens.
+ */
+static int32_t
+trim_guesses(struct engine *e, int32_t n_fseqs, int32_t n_tok)
+{
+	int32_t a = e->ops->step_align, cut, i, at, most;
+
+	if (a <= 0 || n_tok <= a || (cut = n_tok % a) == 0 || cut > e->step_guesses)
+		return n_tok;
+	for (; cut > 0; cut--) {
+		for (i = 0, most = 0; i < n_fseqs; i++)
+			if (e->fseq_of[i]->n_draft > e->fseq_of[most]->n_draft)
+				most = i;
+		drop_guess(e, e->fseq_of[most], &e->fseqs[most]);
+	}
+	for (i = 0, at = 0; i < n_fseqs; i++) {
+		memcpy(e->tokens + at, e->fseq_of[i]->tokens + e->fseqs[i].pos0,
+		    (size_t)e->fseqs[i].n_new * sizeof *e->tokens);
+		at += e->fseqs[i].n_new;
+	}
+	return at;
+}
+
 int
 engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, char *err)
 {
@@ -1397,6 +1440,7 @@ engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, cha
 	}
 	if (n_tok == 0)
 		return 0;
+	n_tok = trim_guesses(e, n_fseqs, n_tok);
 	batch.n_seqs = n_fseqs;
 	batch.seqs = e->fseqs;
 	batch.n_tokens = n_tok;

@@ -32,7 +32,7 @@
 
 /* Steps of up to this many tokens replay a captured CUDA graph. */
 #define GRAPH_MAX_TOKENS 64
-/* Steps of one shape in a row, the last of them captured (see shape_steady). */
+/* Steps of one shape among the last GRAPH_RECENT + 1, the last of them captured (see shape_steady). */
 #define GRAPH_AFTER 3
 /* Each of the two pinned buffers that KV blocks cross to and from host memory through. */
 #define KV_STAGE_BYTES ((size_t)1 << 20)
@@ -641,19 +641,24 @@ find_graph(struct backend *b, const struct step_shape *sh, int *hit)
 }
 
 /*
- * Counts this step's shape; 1 if it is the GRAPH_AFTER-th of that shape in
- * a row. A capture and instantiation cost about half a step (2.5-9 ms
- * beside steps of 4.5-7.5 ms, llama3-8b on an H100) and a step without a
- * graph ~5 % more than with one (programmatic launch hides most launch
- * gaps), so only a shape that lasts pays for one; requests that arrive or
- * end one by one change the token count every step or two.
+ * Counts this step's shape; 1 if it is the GRAPH_AFTER-th of that shape
+ * among the last GRAPH_RECENT + 1 steps. A capture and instantiation cost
+ * about half a step (2.5-9 ms beside steps of 4.5-7.5 ms, llama3-8b on an
+ * H100) and a step without a graph ~5 % more than with one (programmatic
+ * launch hides most launch gaps; on a small model, several times more), so
+ * only a shape that recurs pays for one: requests that arrive or end one
+ * by one change the token count every step or two, but speculative steps
+ * come back to a few sizes (engine.c's trim_guesses) in turn, not in a row.
  */
 static int
 shape_steady(struct backend *b, const struct step_shape *sh)
 {
-	b->last_runs = shape_eq(&b->last, sh) ? b->last_runs + 1 : 1;
-	b->last = *sh;
-	return b->last_runs >= GRAPH_AFTER;
+	int seen = 0, n = (int)MIN(b->n_recent, (uint64_t)GRAPH_RECENT);
+
+	for (int i = 0; i < n; i++)
+		seen += shape_eq(&b->recent[i], sh);
+	b->recent[b->n_recent++ % GRAPH_RECENT] = *sh;
+	return seen + 1 >= GRAPH_AFTER;
 }
 
 /*
@@ -1135,4 +1140,5 @@ extern "C" const struct backend_ops cuda_backend = {
 	cuda_step_tokens,
 	cuda_free,
 	1,
+	8,
 };

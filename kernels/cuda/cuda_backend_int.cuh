@@ -30,6 +30,8 @@ extern "C" {
 #define PEN_INTS(T) ((size_t)(T) * FWD_PICK_PENALTY_MAX * 2)
 /* Graphs kept, one per (tokens, logit rows) shape, least recently used replaced. */
 #define GRAPH_CACHE 32
+/* The last steps' shapes a shape is counted among before it is captured. */
+#define GRAPH_RECENT 16
 /* Most phase marks timed in one step (RESIDENT_CUDA_TIMING). */
 #define PROF_EVENTS 1024
 
@@ -148,8 +150,8 @@ struct backend {
 	int64_t table_cap;
 	struct graph graphs[GRAPH_CACHE];
 	uint64_t graph_clock;
-	struct step_shape last;      /* the last step's shape */
-	int last_runs;               /* steps in a row of that shape */
+	struct step_shape recent[GRAPH_RECENT]; /* the last steps' shapes, a ring */
+	uint64_t n_recent;           /* steps put in it */
 	int use_graphs;              /* RESIDENT_CUDA_GRAPHS=0 turns them off */
 	int flash_tokens;            /* tokens of a prefill tile of flash.cu's kernel; 0: not used */
 	int att_len;                 /* this step's longest sequence, rounded up to split pieces (cuda_kv.max_len) */

@@ -19,7 +19,7 @@ rewrite prompts renaming different identifiers), --repeat times per mode;
 the table has, per mode, the median aggregate rate: every request's tokens
 after its first over the time from the first request's first token to the
 last request's end; the guesses drafted and accepted; and "same" when every
-request's text equals its "off" text.
+request's text equals its "off" text (else how many do).
 """
 import argparse
 import os
@@ -122,7 +122,8 @@ def main():
                     rounds = [run_round(d, reqs, mode, a.tokens, a.draft) for _ in range(a.repeat)]
                     rate[mode] = (statistics.median(r[0] for r in rounds), rounds[-1])
                 off, auto = rate["off"], rate["auto"]
-                same = "same" if off[1][3] == auto[1][3] else "DIFFERS"
+                same = sum(a == b for a, b in zip(off[1][3], auto[1][3]))
+                same = "same" if same == n else "%d of %d same" % (same, n)
                 print("| %d | %.1f | %.1f | %.2fx | %d | %d | %s |" % (n, off[0], auto[0], auto[0] / off[0],
                       auto[1][1], auto[1][2], same), flush=True)
     finally:

@@ -5,7 +5,8 @@ is PyPI msgpack.
 
 Environment: RESIDENT_BUILDDIR (where residentd and resident-model are),
 RESIDENT_DAEMON (another residentd, e.g. an ASan build), RESIDENT_E2E_VERBOSE
-(print the daemon's log at the end).
+(print the daemon's log at the end), RESIDENT_E2E_DEVICE (the backend of the
+tests that can run on either: cpu, the default, or cuda).
 """
 import array
 import collections
@@ -292,6 +293,25 @@ def require_gpu():
     if r.returncode != 0 or "GPU" not in r.stdout:
         raise Skip("no CUDA device: nvidia-smi -L exited %d: %s" %
                    (r.returncode, (r.stdout + r.stderr).strip()))
+def test_device():
+    """residentd's device flags for a test that runs on either backend:
+    --device cpu, or with RESIDENT_E2E_DEVICE=cuda --device cuda --exact
+    (test_gpu_spec.py sets it where there is a GPU). Exact mode, because the GPU's default numerics round
+    a step of several tokens otherwise than one of one (other kernels), so
+    outputs that must be equal token for token are equal only in float32."""
+    dev = os.environ.get("RESIDENT_E2E_DEVICE", "cpu")
+    if dev == "cpu":
+        return ["--device", "cpu"]
+    return ["--device", dev, "--exact"]
+
+
+def check_device(ck, c, flags):
+    """The daemon's loaded models run on the device flags name (a daemon that
+    ignored --device must not pass by running on the CPU)."""
+    devs = {m["device"] for m in c.call("status")["models"] if m["loaded"]}
+    ck.eq(devs, {flags[1]}, "the daemon's models run on %s" % flags[1])
+
+
 def instrumented():
     """Whether the daemon is an instrumented build (ASan: it links libasan),
     several times slower: tests that need a long prompt to time something

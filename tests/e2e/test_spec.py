@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """test_spec.py: speculative decoding (generate's `speculative`,
 libclient/PROTOCOL.md) through the daemon, on a generated model and the
-CPU backend.
+CPU backend (the GPU's, in exact mode: test_gpu_spec.py).
 
 1. Greedy output with `speculative` "auto" (the default) is the output with
    "off", token for token, streamed and not, over prompts that repeat
@@ -15,8 +15,8 @@ CPU backend.
    `--speculative off` none; a bad --speculative is refused.
 4. Errors: speculative "maybe", 1, true.
 5. A draft model (generate's `draft`): the model itself as its own draft
-   (on the CPU a token's logits do not depend on the step: every guess is
-   accepted), the same model cut to its first layer (the same vocabulary;
+   (on the CPU, and the GPU in exact mode, a token's logits do not depend on
+   the step: every guess is accepted), the same model cut to its first layer (the same vocabulary;
    greedy output unchanged, sixteen streams at once too), a draft of another vocabulary
    (invalid_param), one that does not exist (not_found); unloading the
    draft while a request uses it leaves the request going without guesses;
@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
 from rsd import Checks, Daemon, ProtoError  # noqa: E402
 
-CPU = ["--device", "cpu"]
+DEVICE = rsd.test_device()
 TIMEOUT = 120
 PROMPTS = ["one two three four five one two three four five one two three",
            "the cat sat on the mat and the cat sat on the",
@@ -181,14 +181,15 @@ def check_draft(ck, d, c, tmp):
             ck.eq(e.code, code, "draft %s: %s" % (os.path.basename(bad), e))
     # the draft unloaded mid-request: the request goes on, without guesses from then on
     w = d.client(timeout=TIMEOUT)
-    rid = w.start_generate(prompt=PROMPTS[0], max_tokens=200, temperature=0, draft=other)
+    # long enough to be running still when status is asked, on a GPU too
+    rid = w.start_generate(prompt=PROMPTS[0], max_tokens=1000, temperature=0, draft=other)
     w.next(rid, TIMEOUT)
     st = c.call("status")["models"]
     ck.ok(any(m["name"] == "other" and m["loaded"] and m["expires_in_s"] == -1 for m in st),
           "status: the draft is loaded and in use: %r" % [(m["name"], m["loaded"]) for m in st])
     c.call("model.unload", model=other)
     g = w.collect(rid, TIMEOUT)
-    off = c.generate(prompt=PROMPTS[0], max_tokens=200, temperature=0, speculative="off")
+    off = c.generate(prompt=PROMPTS[0], max_tokens=1000, temperature=0, speculative="off")
     ck.eq(g.ids, off.ids[1:len(g.ids) + 1], "the request goes on after its draft is unloaded (its first token "
           "read before)")
     ck.eq(g.finish, off.finish, "and ends as without it")
@@ -202,7 +203,7 @@ def check_daemon_draft(ck, tmp):
     """Section 6."""
     other = os.path.join(tmp, "other.gguf")
     qwen = os.path.join(tmp, "tiny-qwen3.gguf")
-    with Daemon(extra=CPU + ["--draft", other]) as d:
+    with Daemon(extra=DEVICE + ["--draft", other]) as d:
         c = d.client(timeout=TIMEOUT)
         for p in PROMPTS[:3]:
             off = c.generate(prompt=p, max_tokens=50, temperature=0, speculative="off")
@@ -210,7 +211,7 @@ def check_daemon_draft(ck, tmp):
             ck.eq(on.ids, off.ids, "--draft: the same tokens")
             ck.ok(on.usage["drafted_tokens"] > 0, "--draft: the default model's requests use it")
             ck.eq(off.usage["drafted_tokens"], 0, "--draft: speculative off guesses nothing")
-    with Daemon(extra=CPU + ["--draft", qwen]) as d:
+    with Daemon(extra=DEVICE + ["--draft", qwen]) as d:
         c = d.client(timeout=TIMEOUT)
         g = c.generate(prompt=PROMPTS[0], max_tokens=30, temperature=0)
         ck.eq(g.finish, "length", "a --draft of another vocabulary: requests run without it")
@@ -220,8 +221,9 @@ def main():
     ck = Checks()
     tmp = tempfile.mkdtemp(prefix="rsd-spec-")
     try:
-        with Daemon(extra=CPU) as d:
+        with Daemon(extra=DEVICE) as d:
             c = d.client(timeout=TIMEOUT)
+            rsd.check_device(ck, c, DEVICE)
             for title, fn in (("1. the same output, usage and status", lambda: check_same(ck, c)),
                               ("2. sixteen at once, a cancel", lambda: check_many(ck, d, c)),
                               ("3. resident run", lambda: check_cli(ck, d)),

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """test_spec_edges.py: speculative decoding at its edges, through the daemon
-on the CPU backend with generated models. Each output with guesses (lookup,
-`speculative` "auto", or a draft model, generate's `draft`) is compared with
-the same request with `speculative` "off": greedy output must be the same
-token ids, text, finish and count (libclient/PROTOCOL.md, "Speculative
-decoding"). The drafts: the daemon's model itself (on the CPU a token's
+on the CPU backend (the GPU's, in exact mode: test_gpu_spec.py) with
+generated models. Each output with guesses (lookup, `speculative` "auto", or
+a draft model, generate's `draft`) is compared with the same request with
+`speculative` "off": greedy output must be the same token ids, text, finish
+and count (libclient/PROTOCOL.md, "Speculative decoding"). The drafts: the
+daemon's model itself (on the CPU, and the GPU in exact mode, a token's
 logits do not depend on the step, so every guess is accepted: runs of 8
 tokens a step) and the same model cut to its first layer (same vocabulary,
 guesses that often fail).
@@ -49,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
 from rsd import Checks, Daemon, ProtoError  # noqa: E402
 
-CPU = ["--device", "cpu"]
+DEVICE = rsd.test_device()
 TIMEOUT = 120
 PROMPTS = ["one two three four five one two three four five one two three",
            "the cat sat on the mat and the cat sat on the",
@@ -101,7 +102,7 @@ def check_sessions(ck, tmp):
     os.makedirs(home)
     own = os.path.join(tmp, "tiny.gguf")
     kinds = [("off", {"speculative": "off"}), ("lookup", {}), ("draft", {"draft": other}), ("own", {"draft": own})]
-    with Daemon(tmp=home, model=own, extra=CPU) as d:
+    with Daemon(tmp=home, model=own, extra=DEVICE) as d:
         c = d.client(timeout=TIMEOUT)
         sids = {k: c.call("session.new", title=k, system="You repeat things.")["session"]["session"]
                 for k, _ in kinds}
@@ -360,7 +361,7 @@ def sizes(tmp, a, b):
     """Two models' memory, loaded without a budget."""
     home = os.path.join(tmp, "probe")
     os.makedirs(home)
-    with Daemon(tmp=home, model=a, extra=CPU + ["--ctx", "2048", "--kv-tokens", "4096"]) as d:
+    with Daemon(tmp=home, model=a, extra=DEVICE + ["--ctx", "2048", "--kv-tokens", "4096"]) as d:
         c = d.client(timeout=TIMEOUT)
         c.call("model.load", model=b)
         st = {m["name"]: m["memory_bytes"] for m in c.call("status")["models"] if m["loaded"]}
@@ -374,7 +375,7 @@ def check_budget(ck, tmp):
     third = os.path.join(tmp, "third.gguf")
     shutil.copyfile(other, third)
     sa, so = sizes(tmp, a, other)
-    args = CPU + ["--ctx", "2048", "--kv-tokens", "4096"]
+    args = DEVICE + ["--ctx", "2048", "--kv-tokens", "4096"]
     home = os.path.join(tmp, "budget")
     os.makedirs(home)
     # the model fits, the model and its draft do not, with nothing else loaded
@@ -488,8 +489,9 @@ def main():
             check_sessions(ck, tmp)
         home = os.path.join(tmp, "main")
         os.makedirs(home)
-        with Daemon(tmp=home, model=own, extra=CPU) as d:
+        with Daemon(tmp=home, model=own, extra=DEVICE) as d:
             c = d.client(timeout=TIMEOUT)
+            rsd.check_device(ck, c, DEVICE)
             set_long(c)
             for title, fn in (("2. several choices", lambda: check_choices(ck, c, own, other)),
                               ("3. stop strings and max_tokens inside a run", lambda: check_stops(ck, c, own, other)),

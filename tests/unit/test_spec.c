@@ -9,7 +9,9 @@
  * cut where it does not allow them, each row masked by the grammar after
  * the guesses before it, and cut guesses lowering the rate so that a draft
  * the grammar never allows is seldom asked); guesses given for a step that
- * did not check them are not checked later; the guesses are accepted
+ * did not check them are not checked later; on a backend whose steps run
+ * fastest at a multiple of some tokens, steps are made so by dropping
+ * guesses, the output unchanged; the guesses are accepted
  * often enough that these tests check something. Sampled output keeps the
  * model's distribution: the frequencies of the second and third tokens
  * drawn (the first ones guesses decide) over 2,000 seeds at temperature 1
@@ -18,6 +20,7 @@
 #include "config.h"
 #include "draft.h"
 #include "engine.h"
+#include "engine_int.h"
 #include "model.h"
 #include "tokenizer.h"
 #include "util.h"
@@ -128,6 +131,19 @@ oracle(struct seq *s, const struct run *want)
 	engine_seq_guess(s, g, n);
 }
 
+/* The step alignment a test gave its engine's backend (0: none), and the steps with guesses found aligned. */
+static int32_t align_to, aligned_steps;
+
+/* A step of t tokens is a multiple of align_to unless its guesses alone could not make it one (trim_guesses). */
+static void
+check_aligned(const struct engine *e, int32_t t)
+{
+	if (align_to == 0 || t <= align_to)
+		return;
+	assert_true(t % align_to == 0 || engine_step_guesses(e) < t % align_to);
+	aligned_steps += t % align_to == 0 && engine_step_guesses(e) > 0;
+}
+
 /*
  * Steps sequences s[0..n) to their ends, each token's piece taken as the
  * scheduler takes them (engine_seq_more after a step); with want, the
@@ -140,13 +156,15 @@ run_all(struct engine *e, struct seq **s, int n, struct run *r, const struct run
 {
 	char err[ERR_LEN];
 	int live = 1;
+	int32_t t;
 
 	memset(r, 0, (size_t)n * sizeof *r);
 	while (live) {
 		for (int i = 0; want != NULL && i < n; i++)
 			oracle(s[i], &want[i]);
-		if (engine_step(e, s, n, -1, err) < 0)
+		if ((t = engine_step(e, s, n, -1, err)) < 0)
 			fail_msg("step: %s", err);
+		check_aligned(e, t);
 		live = 0;
 		for (int i = 0; i < n; i++) {
 			if (s[i]->new_token >= 0)
@@ -374,6 +392,51 @@ test_many_and_cut(void **state)
 	engine_close(e);
 }
 
+/*
+ * A backend whose steps run fastest at a multiple of 4 tokens (CUDA's: of
+ * 8): sixteen sequences with the oracle's guesses, every step of more than
+ * 4 tokens a multiple of 4 where dropping guesses can make it one, and the
+ * output each sequence's alone.
+ */
+static void
+test_step_align(void **state)
+{
+	struct engine *e = tiny_engine(256, 4096);
+	const struct backend_ops *cpu = e->ops;
+	struct backend_ops ops = *cpu;
+	struct seq_params p;
+	struct seq *s[16];
+	struct run *alone = xcalloc(16, sizeof *alone), *all = xcalloc(16, sizeof *all);
+	int32_t t[16][64], n[16];
+	char err[ERR_LEN];
+
+	(void)state;
+	for (int i = 0; i < 16; i++) {
+		n[i] = suite_prompt(i, t[i]);
+		params(&p, 60, 0);
+		run_one(e, t[i], n[i], &p, &alone[i], NULL);
+	}
+	ops.step_align = 4;
+	e->ops = &ops;
+	align_to = 4, aligned_steps = 0;
+	for (int i = 0; i < 16; i++) {
+		params(&p, 60, 1);
+		assert_int_equal(engine_seq_new(e, t[i], n[i], &p, &s[i], err), 0);
+	}
+	run_all(e, s, 16, all, alone, 0);
+	for (int i = 0; i < 16; i++) {
+		assert_true(all[i].accepted > 0);
+		assert_same(&alone[i], &all[i]);
+		engine_seq_free(e, s[i]);
+	}
+	print_message("%d steps with guesses made a multiple of 4\n", aligned_steps);
+	assert_true(aligned_steps > 0);
+	align_to = 0, e->ops = cpu;
+	free(alone), free(all);
+	assert_int_equal(engine_free_blocks(e), 4096 / 16);
+	engine_close(e);
+}
+
 /* ---- under a grammar ---- */
 
 #define LIST "root ::= \"[\" [a-z]{1,3} (\",\" [a-z]{1,3}){0,30} \"]\""
@@ -596,6 +659,7 @@ main(void)
 		cmocka_unit_test(test_given_stale),
 		cmocka_unit_test(test_stop_and_context),
 		cmocka_unit_test(test_many_and_cut),
+		cmocka_unit_test(test_step_align),
 		cmocka_unit_test(test_constrained),
 		cmocka_unit_test(test_cut_rate),
 		cmocka_unit_test(test_distribution),
