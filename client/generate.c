@@ -46,7 +46,7 @@ struct gen_opts {
 	char *tools;                /* run --tools: the file's text (JSON of the tools) */
 	const char *tool_choice;    /* run --tool-choice: auto, none, required, or a tool's name */
 	const char *think;          /* --think: on, off, low, medium, high */
-	const char *speculative;    /* --speculative: auto, off */
+	const char *speculative;    /* --speculative: auto, on, off */
 	const char *draft;          /* --draft: the draft model's name or path */
 	char draft_path[PATH_MAX];
 };
@@ -399,8 +399,9 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 			o->think = optarg;
 			break;
 		case O_SPECULATIVE:
-			if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "off") != 0)
-				return cli_usage_error("%s: --speculative wants auto or off, not '%s'", argv[0], optarg);
+			if (strcmp(optarg, "auto") != 0 && strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0)
+				return cli_usage_error("%s: --speculative wants auto, on or off, not '%s'", argv[0],
+				    optarg);
 			o->speculative = optarg;
 			break;
 		case O_DRAFT: o->draft = cli_model_arg(optarg, o->draft_path); break;

@@ -1,6 +1,7 @@
 /* guess.c: whether a model's decode steps guess, from measured rates (guess.h). */
 #include "config.h"
 #include "guess.h"
+#include "util.h"
 
 static int
 bucket(int n_dec)
@@ -15,28 +16,35 @@ bucket(int n_dec)
 int
 guess_allow(struct guess *g, int n_dec)
 {
-	int b = bucket(n_dec), way;
+	int b = bucket(n_dec), wait = g->wait[b] > 0 ? g->wait[b] : GUESS_EXPLORE;
 
-	if (g->rate[1][b] <= 0)
-		way = 1;
-	else if (g->rate[0][b] <= 0)
-		way = 0;
-	else
-		way = g->rate[1][b] >= g->rate[0][b];
-	if (g->steps[b] % GUESS_EXPLORE == GUESS_EXPLORE - 1)
-		way = !way;
-	return way;
+	if (g->rate[1][b] <= 0 || g->rate[0][b] <= 0) {
+		/* measure the way with guesses first, then the way without */
+		g->trying[b] = 0;
+		return g->rate[1][b] <= 0;
+	}
+	g->best[b] = g->rate[1][b] >= g->rate[0][b];
+	g->trying[b] = g->steps[b] >= wait - 1;
+	return g->trying[b] ? !g->best[b] : g->best[b];
 }
 
 void
 guess_done(struct guess *g, int n_dec, int guessed, int32_t produced, double seconds)
 {
-	int b = bucket(n_dec);
+	int b = bucket(n_dec), wait = g->wait[b] > 0 ? g->wait[b] : GUESS_EXPLORE;
 	double r, *m = &g->rate[guessed != 0][b];
 
 	if (seconds <= 0 || produced <= 0)
 		return;
 	r = produced / seconds;
-	*m = *m > 0 ? 0.75 * *m + 0.25 * r : r;
-	g->steps[b]++;
+	/* a try's measure weighs more: the way's average is as old as the wait */
+	*m = *m <= 0 ? r : g->trying[b] ? 0.5 * *m + 0.5 * r : 0.75 * *m + 0.25 * r;
+	if (!g->trying[b]) {
+		g->steps[b]++;
+		return;
+	}
+	/* a try that lost again waits twice as long for the next; one that turned the choice, as at first */
+	g->trying[b] = 0;
+	g->steps[b] = 0;
+	g->wait[b] = (g->rate[1][b] >= g->rate[0][b]) == g->best[b] ? MIN(2 * wait, GUESS_EXPLORE_MAX) : GUESS_EXPLORE;
 }

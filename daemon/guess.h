@@ -10,8 +10,12 @@
  * it is measured, not modelled. For each batch size (in powers of two) the
  * tokens a decode-only step produced per second are kept with guesses and
  * without (a moving average each); a step guesses when that is the faster
- * of the two, or has no measure yet, and every GUESS_EXPLORE steps of a
- * batch size the other way is tried again, since the requests change.
+ * of the two, or has no measure yet, and the other way is tried again
+ * after GUESS_EXPLORE steps of that batch size, since the requests change.
+ * Each try that loses again doubles that wait, up to GUESS_EXPLORE_MAX: a
+ * try of a draft model that seldom pays costs its draft steps as well (on
+ * a GPU a 1B draft's 7 steps and the check cost about two of an 8B
+ * model's), which a try in every 16 steps made a tenth of the time.
  */
 #ifndef RESIDENT_GUESS_H
 #define RESIDENT_GUESS_H
@@ -20,10 +24,14 @@
 
 #define GUESS_BUCKETS 8     /* batch sizes 1, 2-3, 4-7, ... 128 and more */
 #define GUESS_EXPLORE 16
+#define GUESS_EXPLORE_MAX 256
 
 struct guess {
 	double rate[2][GUESS_BUCKETS];  /* tokens a second of decode-only steps without [0] and with [1] guesses */
-	int steps[GUESS_BUCKETS];       /* decode-only steps of that batch size */
+	int steps[GUESS_BUCKETS];       /* decode-only steps of that batch size since the other way was tried */
+	int wait[GUESS_BUCKETS];        /* steps between tries of the other way (0: GUESS_EXPLORE) */
+	int8_t trying[GUESS_BUCKETS];   /* the step allowed last tries the slower way */
+	int8_t best[GUESS_BUCKETS];     /* the faster way then */
 };
 
 /* 1 if the next decode step of n_dec sequences may guess. */

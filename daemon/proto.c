@@ -535,33 +535,49 @@ get_choices(const msgpack_object *m, struct proto_req *r, char *err)
 }
 
 /*
- * A field that is one of two words: *second 1 for the second, 0 for the
- * first, left as it is when the field is absent.
+ * A field that is one of n words: *which gets its index, left as it is
+ * when the field is absent.
  */
 static int
-get_either(const msgpack_object *m, const char *key, const char *first, const char *second, int *is_second,
-    char *err)
+get_word(const msgpack_object *m, const char *key, const char *const *words, int n, int *which, char *err)
 {
-	char *v = NULL;
-	int rc;
+	char *v = NULL, list[128] = "";
+	int rc, i;
 
 	if ((rc = get_str(m, key, 0, SIZE_MAX, &v, err)) != 0 || v == NULL)
 		return rc;
-	if (strcmp(v, first) == 0 || strcmp(v, second) == 0)
-		*is_second = strcmp(v, second) == 0;
-	else
-		rc = err_set(err, PE_INVALID_PARAM, "%s must be \"%s\" or \"%s\"", key, first, second);
+	for (i = 0; i < n && strcmp(v, words[i]) != 0; i++)
+		;
+	if (i < n)
+		*which = i;
 	free(v);
-	return rc;
+	if (i < n)
+		return 0;
+	for (i = 0; i < n; i++)
+		snprintf(list + strlen(list), sizeof list - strlen(list), "%s\"%s\"", i == 0 ? "" : i < n - 1 ? ", " :
+		    " or ", words[i]);
+	return err_set(err, PE_INVALID_PARAM, "%s must be %s", key, list);
 }
 
 /* priority: "interactive" (the default) or "background". */
 static int
 get_priority(const msgpack_object *m, struct proto_req *r, char *err)
 {
-	int background = 0, rc = get_either(m, "priority", "interactive", "background", &background, err);
+	static const char *const words[] = { "interactive", "background" };
+	int background = 0, rc = get_word(m, "priority", words, 2, &background, err);
 
 	r->priority = background ? PRIO_BACKGROUND : PRIO_INTERACTIVE;
+	return rc;
+}
+
+/* speculative: "auto" (the default), "on" or "off" (enum spec_mode's order). */
+static int
+get_speculative(const msgpack_object *m, struct proto_req *r, char *err)
+{
+	static const char *const words[] = { "off", "auto", "on" };
+	int mode = SPEC_AUTO, rc = get_word(m, "speculative", words, 3, &mode, err);
+
+	r->speculative = (enum spec_mode)mode;
 	return rc;
 }
 
@@ -569,7 +585,7 @@ static int
 decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 {
 	uint64_t top = 0;
-	int rc, found, off = 0;
+	int rc, found;
 
 	proto_sample_defaults(r);
 	r->stream = 1;
@@ -599,10 +615,9 @@ decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 	if (r->tools != NULL && r->prompt != NULL)
 		return err_set(err, PE_BAD_REQUEST, "tools are rendered by the chat template: give 'messages', "
 		    "not 'prompt'");
-	if ((rc = get_priority(m, r, err)) != 0 || (rc = get_either(m, "speculative", "auto", "off", &off, err)) != 0 ||
+	if ((rc = get_priority(m, r, err)) != 0 || (rc = get_speculative(m, r, err)) != 0 ||
 	    (rc = get_str(m, "draft", 0, PROTO_MAX_MODEL, &r->draft, err)) != 0)
 		return rc;
-	r->speculative = !off;
 	if ((r->prompt != NULL) == (r->msgs != NULL))
 		return err_set(err, PE_BAD_REQUEST, "give exactly one of 'prompt' and 'messages'");
 	if (r->session != NULL && r->prompt != NULL)

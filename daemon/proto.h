@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "chat.h"
+#include "draft.h"
 #include "sample.h"
 
 #define PROTO_VERSION 1
@@ -118,7 +119,7 @@ struct proto_req {
 	enum proto_tool_choice tool_choice;
 	char *tool_name;        /* with TOOLS_REQUIRED: the one tool to call; NULL: any of them */
 	enum chat_think think;  /* think: how much a reasoning model reasons first */
-	int speculative;        /* 1: "auto" (the default), guessed tokens checked in a step; 0: "off" */
+	enum spec_mode speculative; /* "auto" (the default), "on" or "off" */
 	char *draft;            /* the draft model that guesses (a name or path), or NULL: lookup's guesses */
 	/* embed */
 	struct proto_input *inputs;

@@ -200,7 +200,7 @@ admit_draft(struct sched *s, struct gen *g)
 	char err[ERR_LEN];
 	int rc;
 
-	if (r->op != OP_GENERATE || !r->speculative)
+	if (r->op != OP_GENERATE || r->speculative == SPEC_OFF)
 		return 0;
 	if (r->draft == NULL) {
 		if (g->slot == s->default_model && s->o.default_draft != NULL &&

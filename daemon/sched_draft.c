@@ -154,15 +154,17 @@ draft_round(struct sched *s, struct slot *d, struct seq **q, struct gen **g, con
 	return rc < 0 ? rc : 0;
 }
 
-/* The draft model that guesses for q, one of g's sequences, this step, or NULL. */
+/* The draft model that guesses for q, one of g's sequences, this step (auto: whether SPEC_AUTO's do), or NULL. */
 static struct slot *
-drafting(const struct gen *g, const struct seq *q)
+drafting(const struct gen *g, const struct seq *q, int auto_guess)
 {
-	return q->state == SEQ_DECODE && q->params.speculative ? g->draft : NULL;
+	enum spec_mode sp = q->params.speculative;
+
+	return q->state == SEQ_DECODE && (sp == SPEC_ON || (sp == SPEC_AUTO && auto_guess)) ? g->draft : NULL;
 }
 
 struct slot *
-sched_draft_guess(struct sched *s, struct seq **seqs, struct gen **gens, int n, char *err)
+sched_draft_guess(struct sched *s, struct seq **seqs, struct gen **gens, int n, int auto_guess, char *err)
 {
 	struct seq **q = xmalloc((size_t)n * sizeof *q);
 	struct gen **g = xmalloc((size_t)n * sizeof *g);
@@ -171,14 +173,14 @@ sched_draft_guess(struct sched *s, struct seq **seqs, struct gen **gens, int n, 
 
 	/* each draft model once, with all the step's decoding sequences that use it */
 	for (i = 0; i < n && failed == NULL; i++) {
-		if ((d = drafting(gens[i], seqs[i])) == NULL)
+		if ((d = drafting(gens[i], seqs[i], auto_guess)) == NULL)
 			continue;
-		for (j = 0; j < i && drafting(gens[j], seqs[j]) != d; j++)
+		for (j = 0; j < i && drafting(gens[j], seqs[j], auto_guess) != d; j++)
 			;
 		if (j < i)
 			continue;
 		for (j = i, k = 0; j < n; j++) {
-			if (drafting(gens[j], seqs[j]) != d)
+			if (drafting(gens[j], seqs[j], auto_guess) != d)
 				continue;
 			q[k] = seqs[j], g[k] = gens[j];
 			for (ch[k] = 0; gens[j]->seqs[ch[k]] != seqs[j]; ch[k]++)

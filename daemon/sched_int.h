@@ -204,10 +204,12 @@ void sched_draft_drop(struct sched *s, struct gen *g);
 void sched_draft_unload(struct sched *s, struct slot *d);
 /*
  * Before a step of seqs[0..n) (gens[]' sequences): the draft models of the
- * decoding ones guess their next tokens. Returns NULL, or the draft model
+ * decoding ones that guess this step (speculative "on", or "auto" with
+ * auto_guess) guess their next tokens. Returns NULL, or the draft model
  * whose backend failed (err says how).
  */
-struct slot *sched_draft_guess(struct sched *s, struct seq **seqs, struct gen **gens, int n, char *err);
+struct slot *sched_draft_guess(struct sched *s, struct seq **seqs, struct gen **gens, int n, int auto_guess,
+    char *err);
 
 /* sched_embed.c */
 void sched_embed_prep(struct gen *g);

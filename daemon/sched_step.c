@@ -196,8 +196,8 @@ guess_first(struct sched *s, struct slot *m, struct seq **seqs, struct gen **gen
 	char err[ERR_LEN];
 	int allow = n_dec == 0 || guess_allow(&m->guess, n_dec);
 
-	engine_guess_room(m->e, allow ? -1 : 0);
-	if (!allow || (bad = sched_draft_guess(s, seqs, gens, n, err)) == NULL)
+	engine_auto_guess(m->e, allow);
+	if ((bad = sched_draft_guess(s, seqs, gens, n, allow, err)) == NULL)
 		return 0;
 	model_fault(s, bad, err);
 	return bad == m ? -1 : 0;

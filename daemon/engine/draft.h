@@ -18,6 +18,13 @@
 #define DRAFT_NGRAM_MIN 2
 #define DRAFT_NGRAM_MAX 4
 
+/* Whether a request's sequences guess (its `speculative`). */
+enum spec_mode {
+	SPEC_OFF,
+	SPEC_AUTO,          /* where the daemon measured that guessing pays (guess.h) */
+	SPEC_ON,            /* in every step that has rows for guesses */
+};
+
 struct draft_index {
 	uint32_t *key;      /* a run's hash (0: an empty slot) */
 	int32_t *end;       /* the index of its last token where it last occurred */

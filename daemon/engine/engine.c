@@ -229,7 +229,7 @@ engine_load(struct engine *e, uint64_t limit, char *err)
 	e->fseq_of = xcalloc((size_t)e->max_seqs, sizeof *e->fseq_of);
 	e->tokens = xcalloc((size_t)e->max_step_tokens, sizeof *e->tokens);
 	e->max_rows = MIN(MAX(e->max_seqs, ENGINE_DRAFT_MAX + 1), e->max_step_tokens);
-	e->guess_room = -1;
+	e->auto_guess = 1;
 	e->logits = xmalloc((size_t)e->max_rows * (size_t)e->m->hp.n_vocab * sizeof *e->logits);
 	e->argmax = xcalloc((size_t)e->max_rows, sizeof *e->argmax);
 	e->pick = xcalloc((size_t)e->max_rows, sizeof *e->pick);
@@ -459,7 +459,7 @@ seq_set_params(struct engine *e, struct seq *s, const struct seq_params *p, char
 	s->error[0] = '\0';
 	/* the tokens may have changed; logprobs' lists are one a step */
 	draft_reset(&s->draft);
-	s->params.speculative = p->speculative && !p->logprobs;
+	s->params.speculative = p->logprobs ? SPEC_OFF : p->speculative;
 	s->n_draft = s->n_given = s->n_cut = s->n_spec = s->spec_next = s->spec_kv = 0;
 	s->spec_rate = 1;
 	s->n_drafted = s->n_accepted = 0;
@@ -1014,9 +1014,9 @@ engine_seq_more(struct engine *e, struct seq *s)
 }
 
 void
-engine_guess_room(struct engine *e, int32_t rows)
+engine_auto_guess(struct engine *e, int allow)
 {
-	e->guess_room = rows;
+	e->auto_guess = allow;
 }
 
 int32_t
@@ -1049,7 +1049,8 @@ plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *room, int32_t
 	struct fwd_seq *f;
 	int r;
 
-	if (s->params.speculative && s->state == SEQ_DECODE && *room > 0 && budget > 1)
+	if ((s->params.speculative == SPEC_ON || (s->params.speculative == SPEC_AUTO && e->auto_guess)) &&
+	    s->state == SEQ_DECODE && *room > 0 && budget > 1)
 		seq_guess(e, s, MIN(*room, budget - 1), mask_room);
 	/* a draft's guesses follow the tokens of this step: in a later one they would be stale */
 	s->n_given = 0;
@@ -1313,7 +1314,7 @@ settle(struct engine *e, struct seq *s, int32_t row, int picked)
 	   stops drafting (its steps are not free) */
 	if (k + s->n_cut > 0)
 		s->spec_rate = 0.7f * s->spec_rate + 0.3f * (float)a / (float)(k + s->n_cut);
-	else if (s->params.speculative)
+	else if (s->params.speculative != SPEC_OFF)
 		s->spec_rate = MIN(1.0f, s->spec_rate + 0.02f);
 	s->n_cut = 0;
 	if (k > 0) {
@@ -1418,8 +1419,6 @@ engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, cha
 	/* the rows the step's sequences leave are its guesses' (one a sequence at least), and the masks the
 	   backend takes (max_seqs) those of constrained ones */
 	room = e->max_rows - MIN(n, e->max_seqs);
-	if (e->guess_room >= 0)
-		room = MIN(room, e->guess_room);
 	e->step_guesses = 0;
 	for (i = 0, mask_room = e->max_seqs; i < n; i++)
 		mask_room -= seqs[i]->gstate != NULL;

@@ -87,9 +87,9 @@ struct seq_params {
 	struct cons_gram *grammar; /* NULL, or what this turn's output must match (engine_grammar): the
 	                           sequence holds it while it lives; an end token only where the grammar's
 	                           root is complete, and the turn ends once nothing more may follow */
-	int speculative;        /* 1: guess the next tokens from the text (draft.h) and check them in the
-	                           step with its own (engine_step); not with logprobs; with a grammar,
-	                           only the guesses it allows */
+	enum spec_mode speculative; /* guess the next tokens (from the text, draft.h, or given) and check
+	                           them in the step with its own (engine_step); not with logprobs; with a
+	                           grammar, only the guesses it allows */
 };
 
 /* The most tokens a sequence guesses for one step. */
@@ -350,10 +350,10 @@ void engine_seq_guess(struct seq *s, const int32_t *tokens, int32_t n);
 int32_t engine_seq_draft_len(const struct engine *e, const struct seq *s);
 
 /*
- * The logits rows the next steps may give to guesses (speculative
- * decoding): rows, or -1 (the default) for all that their sequences leave.
+ * Whether the next steps' sequences with speculative SPEC_AUTO guess (1,
+ * the default) or not; those with SPEC_ON guess either way.
  */
-void engine_guess_room(struct engine *e, int32_t rows);
+void engine_auto_guess(struct engine *e, int allow);
 
 /* Guessed tokens the last engine_step checked (of the tokens it returned). */
 int32_t engine_step_guesses(const struct engine *e);

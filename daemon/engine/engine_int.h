@@ -71,7 +71,7 @@ struct engine {
 	int32_t *mask_rows;     /* max_rows: their logits rows */
 	uint64_t drafted, accepted; /* guesses checked since the engine opened, and those accepted */
 	int32_t step_guesses;   /* the last step's */
-	int32_t guess_room;     /* engine_guess_room's, or -1 */
+	int auto_guess;         /* engine_auto_guess's (initially 1) */
 	/* an embedding model's */
 	float *embd;            /* max_step_tokens rows of n_embd: the step's hidden states */
 	float *embd_tmp;        /* n_embd, then embed_finish's scratch */

@@ -3,21 +3,24 @@
 libclient/PROTOCOL.md) through the daemon, on a generated model and the
 CPU backend (the GPU's, in exact mode: test_gpu_spec.py).
 
-1. Greedy output with `speculative` "auto" (the default) is the output with
-   "off", token for token, streamed and not, over prompts that repeat
-   themselves (so that lookup guesses): a token reply per token however
-   many a step settled; usage's drafted_tokens and accepted_tokens (0 with
-   "off", accepted at most drafted, some guessed over the suite), and the
-   model's status counts them.
+1. Greedy output with `speculative` "auto" (the default: guesses where the
+   daemon measured that they pay) and "on" (every step guesses) is the
+   output with "off", token for token, streamed and not, over prompts that
+   repeat themselves (so that lookup guesses): a token reply per token
+   however many a step settled; usage's drafted_tokens and accepted_tokens
+   (0 with "off", accepted at most drafted, some guessed over the suite
+   with "on"), and the model's status counts them.
 2. Sixteen streams at once, each the output it has alone; a cancel in the
    middle of one leaves the others' outputs and the KV pool whole.
 3. `resident run -v` prints how many guessed tokens were accepted;
-   `--speculative off` none; a bad --speculative is refused.
-4. Errors: speculative "maybe", 1, true.
-5. A draft model (generate's `draft`): the model itself as its own draft
-   (on the CPU, and the GPU in exact mode, a token's logits do not depend on
-   the step: every guess is accepted), the same model cut to its first layer (the same vocabulary;
-   greedy output unchanged, sixteen streams at once too), a draft of another vocabulary
+   `--speculative on` the same reply with some, `--speculative off` none; a
+   bad --speculative is refused.
+4. Errors: speculative "maybe", 1, true; "auto", "on" and "off" taken.
+5. A draft model (generate's `draft`, with speculative "on"): the model
+   itself as its own draft (on the CPU, and the GPU in exact mode, a token's
+   logits do not depend on the step: every guess is accepted), the same
+   model cut to its first layer (the same vocabulary; greedy output
+   unchanged, sixteen streams at once too), a draft of another vocabulary
    (invalid_param), one that does not exist (not_found); unloading the
    draft while a request uses it leaves the request going without guesses;
    status lists the draft as loaded and in use while it runs; `resident run
@@ -56,13 +59,15 @@ def model_status(c):
 
 def check_same(ck, c):
     """Section 1."""
-    drafted = accepted = 0
+    drafted = accepted = guessed_on = 0
     s0 = model_status(c)
     for i, p in enumerate(PROMPTS):
         stream = i % 3 != 2
         off = c.generate(prompt=p, max_tokens=80, temperature=0, speculative="off", stream=stream)
-        on = c.generate(prompt=p, max_tokens=80, temperature=0, stream=stream)
+        auto = c.generate(prompt=p, max_tokens=80, temperature=0, stream=stream)
+        on = c.generate(prompt=p, max_tokens=80, temperature=0, speculative="on", stream=stream)
         what = "prompt %d (stream %s)" % (i, stream)
+        ck.eq((auto.text, auto.ids), (off.text, off.ids), what + ": the same output with the measured choice")
         ck.eq(on.text, off.text, what + ": the same text with guesses")
         ck.eq(on.finish, off.finish, what + ": the same finish")
         ck.eq(on.usage["generated_tokens"], off.usage["generated_tokens"], what + ": the same token count")
@@ -72,10 +77,11 @@ def check_same(ck, c):
                   "without text has none)")
         ck.eq((off.usage["drafted_tokens"], off.usage["accepted_tokens"]), (0, 0), what + ": off guesses nothing")
         ck.ok(on.usage["accepted_tokens"] <= on.usage["drafted_tokens"], what + ": accepted at most drafted")
-        drafted += on.usage["drafted_tokens"]
-        accepted += on.usage["accepted_tokens"]
+        drafted += on.usage["drafted_tokens"] + auto.usage["drafted_tokens"]
+        accepted += on.usage["accepted_tokens"] + auto.usage["accepted_tokens"]
+        guessed_on += on.usage["drafted_tokens"]
     print("   %d of %d guessed tokens accepted" % (accepted, drafted))
-    ck.ok(drafted > 0, "lookup guessed over the suite")
+    ck.ok(guessed_on > 0, "lookup guessed over the suite with speculative on")
     s1 = model_status(c)
     ck.eq((s1["drafted_tokens"] - s0["drafted_tokens"], s1["accepted_tokens"] - s0["accepted_tokens"]),
           (drafted, accepted), "status counts the usage's guesses")
@@ -130,9 +136,13 @@ def check_cli(ck, d):
     # whether a step guesses is the daemon's measured choice: the line says so exactly when it did
     ck.eq("guessed tokens accepted" in on.stderr, don["usage"]["drafted_tokens"] > 0,
           "run -v says how many guesses were accepted when there were some: %r %r" % (on.stderr, don["usage"]))
+    always = resident(d, "run", "--raw", "--json", "-v", "-t", "0", "-n", "80", "--speculative", "on", prompt)
+    ck.ok(always.returncode == 0 and json.loads(always.stdout)["text"] == doff["text"] and
+          "guessed tokens accepted" in always.stderr, "--speculative on: the same reply, guesses made: %r" %
+          always.stderr)
     ck.ok("guessed" not in off.stderr, "--speculative off: no guesses to report: %r" % off.stderr)
     bad = resident(d, "run", "--speculative", "sometimes", "hi")
-    ck.ok(bad.returncode != 0 and "--speculative wants auto or off" in bad.stderr,
+    ck.ok(bad.returncode != 0 and "--speculative wants auto, on or off" in bad.stderr,
           "a bad --speculative is refused: %r" % bad.stderr)
 
 
@@ -144,8 +154,9 @@ def check_errors(ck, c):
             ck.ok(False, "speculative %r is refused" % (v,))
         except ProtoError as e:
             ck.eq(e.code, "invalid_param" if v == "maybe" else "bad_request", "speculative %r: %s" % (v, e))
-    g = c.generate(prompt="hi", max_tokens=2, temperature=0)
-    ck.eq(g.finish, "length", "the daemon goes on")
+    for v in ("auto", "on", "off"):
+        g = c.generate(prompt="hi", max_tokens=2, temperature=0, speculative=v)
+        ck.eq(g.finish, "length", "speculative %r is taken, and the daemon goes on" % v)
 
 
 def check_draft(ck, d, c, tmp):
@@ -156,18 +167,19 @@ def check_draft(ck, d, c, tmp):
     qwen = rsd.gen_model(os.path.join(tmp, "tiny-qwen3.gguf"), shape="tiny-qwen3")
     for p in PROMPTS[:4]:
         off = c.generate(prompt=p, max_tokens=60, temperature=0, speculative="off")
-        mine = c.generate(prompt=p, max_tokens=60, temperature=0, draft=own)
+        mine = c.generate(prompt=p, max_tokens=60, temperature=0, speculative="on", draft=own)
         ck.eq(mine.ids, off.ids, "its own draft: the same tokens")
         u = mine.usage
         ck.ok(u["drafted_tokens"] > 0 and u["accepted_tokens"] == u["drafted_tokens"],
               "its own draft: every guess accepted (%d of %d)" % (u["accepted_tokens"], u["drafted_tokens"]))
-        theirs = c.generate(prompt=p, max_tokens=60, temperature=0, draft=other)
+        theirs = c.generate(prompt=p, max_tokens=60, temperature=0, speculative="on", draft=other)
         ck.eq(theirs.ids, off.ids, "another model's draft: the same tokens")
         ck.ok(theirs.usage["drafted_tokens"] > 0, "another model's draft guessed")
     clients = [d.client(timeout=TIMEOUT) for _ in range(16)]
     alone = [c.generate(prompt=PROMPTS[i % len(PROMPTS)], max_tokens=40, temperature=0, speculative="off").ids
              for i in range(16)]
-    rids = [w.start_generate(prompt=PROMPTS[i % len(PROMPTS)], max_tokens=40, temperature=0, draft=other)
+    rids = [w.start_generate(prompt=PROMPTS[i % len(PROMPTS)], max_tokens=40, temperature=0, speculative="on",
+                             draft=other)
             for i, w in enumerate(clients)]
     got = [w.collect(rid, TIMEOUT).ids for w, rid in zip(clients, rids)]
     ck.eq(got, alone, "sixteen streams with a draft: each its output alone")
@@ -182,7 +194,7 @@ def check_draft(ck, d, c, tmp):
     # the draft unloaded mid-request: the request goes on, without guesses from then on
     w = d.client(timeout=TIMEOUT)
     # long enough to be running still when status is asked, on a GPU too
-    rid = w.start_generate(prompt=PROMPTS[0], max_tokens=1000, temperature=0, draft=other)
+    rid = w.start_generate(prompt=PROMPTS[0], max_tokens=1000, temperature=0, speculative="on", draft=other)
     w.next(rid, TIMEOUT)
     st = c.call("status")["models"]
     ck.ok(any(m["name"] == "other" and m["loaded"] and m["expires_in_s"] == -1 for m in st),
@@ -194,7 +206,8 @@ def check_draft(ck, d, c, tmp):
           "read before)")
     ck.eq(g.finish, off.finish, "and ends as without it")
     w.close()
-    r = resident(d, "run", "--raw", "--json", "-v", "-t", "0", "-n", "40", "--draft", other, PROMPTS[1])
+    r = resident(d, "run", "--raw", "--json", "-v", "-t", "0", "-n", "40", "--speculative", "on", "--draft", other,
+                 PROMPTS[1])
     ck.ok(r.returncode == 0 and ("guessed tokens accepted" in r.stderr) ==
           (json.loads(r.stdout)["usage"]["drafted_tokens"] > 0), "run --draft -v: %r" % r.stderr)
 
@@ -207,7 +220,7 @@ def check_daemon_draft(ck, tmp):
         c = d.client(timeout=TIMEOUT)
         for p in PROMPTS[:3]:
             off = c.generate(prompt=p, max_tokens=50, temperature=0, speculative="off")
-            on = c.generate(prompt=p, max_tokens=50, temperature=0)
+            on = c.generate(prompt=p, max_tokens=50, temperature=0, speculative="on")
             ck.eq(on.ids, off.ids, "--draft: the same tokens")
             ck.ok(on.usage["drafted_tokens"] > 0, "--draft: the default model's requests use it")
             ck.eq(off.usage["drafted_tokens"], 0, "--draft: speculative off guesses nothing")

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """test_spec_edges.py: speculative decoding at its edges, through the daemon
 on the CPU backend (the GPU's, in exact mode: test_gpu_spec.py) with
-generated models. Each output with guesses (lookup, `speculative` "auto", or
-a draft model, generate's `draft`) is compared with the same request with
-`speculative` "off": greedy output must be the same token ids, text, finish
+generated models. Each output with guesses (lookup, or a draft model,
+generate's `draft`; `speculative` "on", so that every step guesses) is
+compared with the same request with `speculative` "off": greedy output must be the same token ids, text, finish
 and count (libclient/PROTOCOL.md, "Speculative decoding"). The drafts: the
 daemon's model itself (on the CPU, and the GPU in exact mode, a token's
 logits do not depend on the step, so every guess is accepted: runs of 8
@@ -52,6 +52,8 @@ from rsd import Checks, Daemon, ProtoError  # noqa: E402
 
 DEVICE = rsd.test_device()
 TIMEOUT = 120
+# every step guesses: these are the mechanism's edges, not the measured choice of when to guess (guess.h)
+ON = {"speculative": "on"}
 PROMPTS = ["one two three four five one two three four five one two three",
            "the cat sat on the mat and the cat sat on the",
            "def f(x):\n    return x + 1\n\ndef f(x):\n    return",
@@ -80,7 +82,7 @@ def same(ck, on, off, what, ids=True):
 
 def modes(own, other):
     """The ways a request guesses, each with the fields that ask for it."""
-    return [("lookup", {}), ("own draft", {"draft": own}), ("other draft", {"draft": other})]
+    return [("lookup", ON), ("own draft", dict(ON, draft=own)), ("other draft", dict(ON, draft=other))]
 
 
 # ---- 1. sessions
@@ -101,7 +103,8 @@ def check_sessions(ck, tmp):
     home = os.path.join(tmp, "sessions")
     os.makedirs(home)
     own = os.path.join(tmp, "tiny.gguf")
-    kinds = [("off", {"speculative": "off"}), ("lookup", {}), ("draft", {"draft": other}), ("own", {"draft": own})]
+    kinds = [("off", {"speculative": "off"}), ("lookup", ON), ("draft", dict(ON, draft=other)),
+             ("own", dict(ON, draft=own))]
     with Daemon(tmp=home, model=own, extra=DEVICE) as d:
         c = d.client(timeout=TIMEOUT)
         sids = {k: c.call("session.new", title=k, system="You repeat things.")["session"]["session"]
@@ -213,12 +216,14 @@ def blocks(c, names):
 LONG = 1800  # a reply this long is still running when the test acts on it (set_long)
 
 
-def set_long(c):
-    """LONG: the tokens the daemon makes in about half a second (200..1800): still running when the test
-    acts on it, and not minutes of a daemon under valgrind (tests/valgrind.sh)."""
+def set_long(c, own):
+    """LONG: the tokens the daemon makes in about half a second (200..1800) at its fastest (the model as its
+    own draft, every guess accepted): still running when the test acts on it, and not minutes of a daemon
+    under valgrind (tests/valgrind.sh)."""
     global LONG
-    g = c.generate(prompt=PROMPTS[0], max_tokens=200, temperature=0, speculative="off")
-    LONG = int(min(1800, max(200, g.usage["tokens_per_s"] * 0.5)))
+    rate = max(c.generate(prompt=PROMPTS[0], max_tokens=200, temperature=0, **kw).usage["tokens_per_s"]
+               for kw in ({"speculative": "off"}, dict(ON, draft=own)))
+    LONG = int(min(1800, max(200, rate * 0.5)))
 
 
 def long_prompts(c, n, tag):
@@ -247,11 +252,13 @@ def check_cancel(ck, d, c, own, other):
         w = clients[i]
         try:
             if i < 4:
-                out[i] = w.generate(prompt=prompts[i], max_tokens=100, temperature=0, draft=other)
+                out[i] = w.generate(prompt=prompts[i], max_tokens=100, temperature=0, speculative="on",
+                                    draft=other)
                 return
             # a long prompt's draft sequence prefills a chunk a round: cancelled while it catches up
             prompt = words(LONG // 5) if i == 6 else prompts[i]
-            rid = w.start_generate(prompt=prompt, max_tokens=LONG, temperature=0, draft=own if i == 5 else other)
+            rid = w.start_generate(prompt=prompt, max_tokens=LONG, temperature=0, speculative="on",
+                                   draft=own if i == 5 else other)
             w.next(rid, TIMEOUT)
             if i == 5:
                 w.close()  # hangs up mid-stream
@@ -273,16 +280,16 @@ def check_cancel(ck, d, c, own, other):
         ck.eq(out[i].finish if out[i] else None, "cancel", "cancelled stream %d ends so" % i)
     # cancelled at once: before its prompt is in, or its draft's
     w = d.client(timeout=TIMEOUT)
-    rid = w.start_generate(prompt=words(LONG // 5), max_tokens=100, temperature=0, draft=other)
+    rid = w.start_generate(prompt=words(LONG // 5), max_tokens=100, temperature=0, speculative="on", draft=other)
     w.request("cancel", target=rid)
     ck.eq(w.collect(rid, TIMEOUT).finish, "cancel", "a cancel before the first token")
     w.close()
     ck.ok(rsd.wait_for(lambda: blocks(c, names) == free0, timeout=10),
           "every block of the model and of the draft back: %r, before %r" % (blocks(c, names), free0))
-    g = c.generate(prompt=prompts[1], max_tokens=100, temperature=0, draft=other)
+    g = c.generate(prompt=prompts[1], max_tokens=100, temperature=0, speculative="on", draft=other)
     ck.eq(g.ids, alone[1], "the daemon goes on with the draft")
     off = c.generate(prompt=words(LONG // 5), max_tokens=100, temperature=0, speculative="off")
-    same(ck, c.generate(prompt=words(LONG // 5), max_tokens=100, temperature=0, draft=other), off,
+    same(ck, c.generate(prompt=words(LONG // 5), max_tokens=100, temperature=0, speculative="on", draft=other), off,
          "a long prompt with a draft")
     for w in clients:
         w.close()
@@ -309,7 +316,7 @@ def check_own(ck, d, c, own, other):
     n = 8
     prompts = [PROMPTS[i % len(PROMPTS)] + " (%d)" % i for i in range(n - 2)] + short_prompts(c, 2)
     alone = [c.generate(prompt=p, max_tokens=60, temperature=0, speculative="off").ids for p in prompts]
-    kws = [{"draft": own}] * 5 + [{}, {"draft": own}, {"draft": other}]
+    kws = [dict(ON, draft=own)] * 5 + [ON, dict(ON, draft=own), dict(ON, draft=other)]
     drafted = 0
     for burst in range(3):
         clients = [d.client(timeout=TIMEOUT) for _ in range(n)]
@@ -336,7 +343,7 @@ def check_unload(ck, d, c, own, other):
     prompts = long_prompts(c, 2, "unload")
     c.call("model.load", model=other)
     free_other = model(c, "other")["kv_free_blocks"]
-    kws = [{"draft": other}, {"draft": own}, {"draft": other}, {"draft": own}]
+    kws = [dict(ON, draft=other), dict(ON, draft=own), dict(ON, draft=other), dict(ON, draft=own)]
     clients = [d.client(timeout=TIMEOUT) for _ in kws]
     rids = [w.start_generate(prompt=prompts[i % 2], max_tokens=LONG, temperature=0, **kw)
             for i, (w, kw) in enumerate(zip(clients, kws))]
@@ -382,7 +389,8 @@ def check_budget(ck, tmp):
     with Daemon(tmp=home, model=a, extra=args + ["--device-memory", str(sa + so // 2)]) as d:
         c = d.client(timeout=30)
         try:
-            g = c.generate(prompt=PROMPTS[0], max_tokens=8, temperature=0, draft=other, timeout=30)
+            g = c.generate(prompt=PROMPTS[0], max_tokens=8, temperature=0, speculative="on", draft=other,
+                           timeout=30)
             ck.ok(False, "a draft that cannot fit beside its model: expected an error, got %r" % g.done)
         except ProtoError as e:
             ck.eq(e.code, "model_error", "a draft that cannot fit beside its model: %s" % e)
@@ -400,7 +408,7 @@ def check_budget(ck, tmp):
         busy = rsd.long_prompt(c, n=LONG, model=third, tag="busy")
         rb = c.start_generate(prompt=busy, model=third, max_tokens=LONG, temperature=0)
         ck.eq(c.next(rb)["type"], "token", "the third model runs")
-        ra = c.start_generate(prompt=PROMPTS[1], max_tokens=30, temperature=0, draft=other)
+        ra = c.start_generate(prompt=PROMPTS[1], max_tokens=30, temperature=0, speculative="on", draft=other)
         frames = []  # both requests' replies, in the order they came
         while sum(f["type"] in ("done", "error") for f in frames) < 2:
             frames.append(c.any())
@@ -445,7 +453,7 @@ def check_constrained(ck, c, own, other):
                 g = c.generate(**req, **kw)
                 same(ck, g, off, "%s prompt %d %s" % (field, p, name))
                 drafted += g.usage["drafted_tokens"]
-            g = c.generate(n=2, draft=other, **req)
+            g = c.generate(n=2, speculative="on", draft=other, **req)
             ck.eq([ch[0] for ch in choice_outputs(g, 2, True)], [off.text] * 2,
                   "%s prompt %d n=2 with a draft: each choice its off output" % (field, p))
     print("   %d tokens guessed" % drafted)
@@ -492,7 +500,7 @@ def main():
         with Daemon(tmp=home, model=own, extra=DEVICE) as d:
             c = d.client(timeout=TIMEOUT)
             rsd.check_device(ck, c, DEVICE)
-            set_long(c)
+            set_long(c, own)
             for title, fn in (("2. several choices", lambda: check_choices(ck, c, own, other)),
                               ("3. stop strings and max_tokens inside a run", lambda: check_stops(ck, c, own, other)),
                               ("4. cancel and hang-up with a draft", lambda: check_cancel(ck, d, c, own, other)),

@@ -464,7 +464,7 @@ test_disk_tier(void **state)
 {
 	static const char *const name = "0badc0de-0000-4000-8000-00000000d15c";
 	char kvdir[64], err[ERR_LEN], note[ERR_LEN], cmd[128], *want;
-	struct engine_opts o = { .n_threads = 2, .n_ctx = 256, .kv_tokens = 256, .max_step_tokens = 64 };
+	struct engine_opts o = { .device = "cpu", .n_threads = 2, .n_ctx = 256, .kv_tokens = 256, .max_step_tokens = 64 };
 	struct engine *e;
 	struct seq_params p;
 	struct seq *a, *x;

@@ -1,9 +1,10 @@
 /*
  * test_guess.c: whether decode steps guess (guess.h): a batch size with no
  * measure guesses first, then measures the way without; the faster way
- * wins afterwards; every GUESS_EXPLORE steps the other way is tried again,
- * so that a change of the requests turns the choice; batch sizes in
- * different powers of two are kept apart.
+ * wins afterwards; after GUESS_EXPLORE steps the other way is tried again,
+ * so that a change of the requests turns the choice, and each try that
+ * loses doubles the wait for the next, up to GUESS_EXPLORE_MAX; batch
+ * sizes in different powers of two are kept apart.
  */
 #include "config.h"
 #include "guess.h"
@@ -40,15 +41,19 @@ test_choice(void **state)
 	guess_done(&g, 1, 1, 100, 1.0);               /* 100 t/s with guesses */
 	assert_int_equal(guess_allow(&g, 1), 0);     /* then the way without */
 	guess_done(&g, 1, 0, 100, 2.0);               /* 50 t/s */
-	/* guessing is faster at one sequence: it guesses, but for one step in GUESS_EXPLORE */
-	assert_int_equal(run(&g, 1, 10 * GUESS_EXPLORE, 100, 50), 10 * (GUESS_EXPLORE - 1));
+	/* guessing is faster at one sequence: it guesses, but for a try without after 16, 32, 64, ... steps */
+	assert_int_equal(run(&g, 1, 16 + 32 + 64 + 128, 100, 50), 16 + 32 + 64 + 128 - 4);
+	assert_int_equal(run(&g, 1, 4 * GUESS_EXPLORE_MAX, 100, 50), 4 * GUESS_EXPLORE_MAX - 4);
 	/* sixteen sequences are a batch size of their own: no measure, guess first */
 	assert_int_equal(guess_allow(&g, 16), 1);
-	/* there guessing is slower: after its first measures it mostly does not */
-	assert_true(run(&g, 16, 10 * GUESS_EXPLORE, 100, 130) <= 10 + 2);
-	/* the requests change (their guesses are accepted now): the exploring steps turn it */
-	run(&g, 16, 4 * GUESS_EXPLORE, 200, 130);
-	assert_true(run(&g, 16, 10 * GUESS_EXPLORE, 200, 130) >= 10 * (GUESS_EXPLORE - 1));
+	/* there guessing is slower: after its first measures it seldom does (tries after 16, 32, ... 256) */
+	assert_int_equal(run(&g, 16, 2 + 16 + 32 + 64 + 128 + 256, 100, 130), 1 + 5);
+	/* the requests change (their guesses are accepted now): the next try turns it, and it stays */
+	run(&g, 16, GUESS_EXPLORE_MAX, 200, 130);
+	assert_true(run(&g, 16, 10 * GUESS_EXPLORE, 200, 130) >= 10 * GUESS_EXPLORE - 3);
+	/* and change back: the way taken, measured every step, falls behind the other within a few */
+	assert_true(run(&g, 16, GUESS_EXPLORE_MAX, 100, 130) <= 8);
+	assert_int_equal(run(&g, 16, 2 * GUESS_EXPLORE, 100, 130), 0);
 	/* a step allowed to guess that had none counts as one without */
 	struct guess h = { 0 };
 	guess_done(&h, 4, 0, 100, 1.0);

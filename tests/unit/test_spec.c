@@ -83,7 +83,7 @@ test_index(void **state)
 /* ---- through the engine ---- */
 
 static void
-params(struct seq_params *p, int max_tokens, int speculative)
+params(struct seq_params *p, int max_tokens, enum spec_mode speculative)
 {
 	memset(p, 0, sizeof *p);
 	sample_params_default(&p->sample);
@@ -131,17 +131,23 @@ oracle(struct seq *s, const struct run *want)
 	engine_seq_guess(s, g, n);
 }
 
-/* The step alignment a test gave its engine's backend (0: none), and the steps with guesses found aligned. */
-static int32_t align_to, aligned_steps;
+/* Steps with guesses found a multiple of their backend's step_align. */
+static int32_t aligned_steps;
 
-/* A step of t tokens is a multiple of align_to unless its guesses alone could not make it one (trim_guesses). */
+/*
+ * A step of t tokens is a multiple of the backend's step_align (when it
+ * has one and more tokens) unless its guesses alone could not make it one
+ * (trim_guesses).
+ */
 static void
 check_aligned(const struct engine *e, int32_t t)
 {
-	if (align_to == 0 || t <= align_to)
+	int32_t a = e->ops->step_align;
+
+	if (a == 0 || t <= a)
 		return;
-	assert_true(t % align_to == 0 || engine_step_guesses(e) < t % align_to);
-	aligned_steps += t % align_to == 0 && engine_step_guesses(e) > 0;
+	assert_true(t % a == 0 || engine_step_guesses(e) < t % a);
+	aligned_steps += t % a == 0 && engine_step_guesses(e) > 0;
 }
 
 /*
@@ -238,10 +244,10 @@ test_lookup_same(void **state)
 	(void)state;
 	for (int i = 0; i < 12; i++) {
 		n = suite_prompt(i, t);
-		params(&p, 120, 0);
+		params(&p, 120, SPEC_OFF);
 		run_one(e, t, n, &p, &off, NULL);
 		assert_int_equal(off.drafted, 0);
-		params(&p, 120, 1);
+		params(&p, 120, SPEC_AUTO);
 		run_one(e, t, n, &p, &on, NULL);
 		assert_same(&off, &on);
 		drafted += on.drafted, accepted += on.accepted;
@@ -263,14 +269,14 @@ test_given_same(void **state)
 	(void)state;
 	for (int i = 0; i < 8; i++) {
 		n = suite_prompt(i, t);
-		params(&p, 100, 0);
+		params(&p, 100, SPEC_OFF);
 		run_one(e, t, n, &p, &off, NULL);
-		params(&p, 100, 1);
+		params(&p, 100, SPEC_AUTO);
 		run_one(e, t, n, &p, &on, &off);
 		assert_same(&off, &on);
 		drafted += on.drafted, accepted += on.accepted;
 		for (int m = 1; i < 2 && m <= off.n; m += 1 + m / 8) {
-			params(&p, m, 1);
+			params(&p, m, SPEC_AUTO);
 			run_one(e, t, n, &p, &cut, &off);
 			assert_int_equal(cut.n, m);
 			assert_memory_equal(cut.tok, off.tok, (size_t)m * sizeof *cut.tok);
@@ -285,7 +291,7 @@ test_given_same(void **state)
 
 /*
  * A step that left its guesses unchecked (no rows to spare: a scheduler
- * that chose not to guess, engine_guess_room 0) lets them go: a later
+ * that chose not to guess, engine_auto_guess 0) lets them go: a later
  * step checks no stale guesses from an earlier position, only lookup's, as
  * the same sequence never given any does.
  */
@@ -299,7 +305,7 @@ test_given_stale(void **state)
 	char err[ERR_LEN];
 
 	(void)state;
-	params(&p, 40, 1);
+	params(&p, 40, SPEC_AUTO);
 	for (int i = 0; i < 2; i++)
 		assert_int_equal(engine_seq_new(e, t, n, &p, &s[i], err), 0);
 	assert_true(engine_step(e, s, 2, -1, err) > 0);
@@ -307,10 +313,10 @@ test_given_stale(void **state)
 	for (int k = 0; k < ENGINE_DRAFT_MAX; k++)
 		wrong[k] = (s[0]->new_token + 1 + k) % 900 + 3;
 	engine_seq_guess(s[0], wrong, ENGINE_DRAFT_MAX);
-	engine_guess_room(e, 0);
+	engine_auto_guess(e, 0);
 	assert_true(engine_step(e, s, 2, -1, err) > 0);
 	assert_int_equal(s[0]->n_drafted, 0);
-	engine_guess_room(e, -1);
+	engine_auto_guess(e, 1);
 	for (int k = 0; k < 3; k++)
 		assert_true(engine_step(e, s, 2, -1, err) > 0);
 	assert_int_equal(s[0]->n_drafted, s[1]->n_drafted);
@@ -333,10 +339,10 @@ test_stop_and_context(void **state)
 
 	(void)state;
 	/* to the end of a context of 96 */
-	params(&p, 0, 0);
+	params(&p, 0, SPEC_OFF);
 	run_one(e, t, n, &p, &off, NULL);
 	assert_int_equal(off.finish, FINISH_CONTEXT);
-	params(&p, 0, 1);
+	params(&p, 0, SPEC_AUTO);
 	run_one(e, t, n, &p, &on, &off);
 	assert_true(on.accepted > 10);
 	assert_same(&off, &on);
@@ -348,11 +354,11 @@ test_stop_and_context(void **state)
 	stop[3] = '\0';
 	while (!utf8_valid(stop, strlen(stop)))
 		stop[strlen(stop) - 1] = '\0';
-	params(&p, 0, 0);
+	params(&p, 0, SPEC_OFF);
 	p.stop = stops, p.n_stop = 1;
 	run_one(e, t, n, &p, &on, &off);
 	assert_int_equal(on.finish, FINISH_STOP);
-	p.speculative = 1;
+	p.speculative = SPEC_AUTO;
 	run_one(e, t, n, &p, &off, &on);
 	assert_true(off.accepted > 0);
 	assert_same(&on, &off);
@@ -372,12 +378,12 @@ test_many_and_cut(void **state)
 	(void)state;
 	for (int i = 0; i < 16; i++) {
 		n[i] = suite_prompt(i, t[i]);
-		params(&p, 60, 0);
+		params(&p, 60, SPEC_OFF);
 		run_one(e, t[i], n[i], &p, &alone[i], NULL);
 	}
 	for (int cut = 0; cut < 2; cut++) {
 		for (int i = 0; i < 16; i++) {
-			params(&p, 60, 1);
+			params(&p, 60, SPEC_AUTO);
 			assert_int_equal(engine_seq_new(e, t[i], n[i], &p, &s[i], err), 0);
 		}
 		run_all(e, s, 16, all, alone, cut);
@@ -413,14 +419,14 @@ test_step_align(void **state)
 	(void)state;
 	for (int i = 0; i < 16; i++) {
 		n[i] = suite_prompt(i, t[i]);
-		params(&p, 60, 0);
+		params(&p, 60, SPEC_OFF);
 		run_one(e, t[i], n[i], &p, &alone[i], NULL);
 	}
 	ops.step_align = 4;
 	e->ops = &ops;
-	align_to = 4, aligned_steps = 0;
+	aligned_steps = 0;
 	for (int i = 0; i < 16; i++) {
-		params(&p, 60, 1);
+		params(&p, 60, SPEC_AUTO);
 		assert_int_equal(engine_seq_new(e, t[i], n[i], &p, &s[i], err), 0);
 	}
 	run_all(e, s, 16, all, alone, 0);
@@ -431,7 +437,7 @@ test_step_align(void **state)
 	}
 	print_message("%d steps with guesses made a multiple of 4\n", aligned_steps);
 	assert_true(aligned_steps > 0);
-	align_to = 0, e->ops = cpu;
+	e->ops = cpu;
 	free(alone), free(all);
 	assert_int_equal(engine_free_blocks(e), 4096 / 16);
 	engine_close(e);
@@ -465,17 +471,17 @@ test_constrained(void **state)
 	assert_int_equal(regcomp(&re, LIST_RE, REG_EXTENDED | REG_NOSUB), 0);
 	for (int i = 0; i < 6; i++) {
 		n = suite_prompt(i, t);
-		params(&p, 120, 0);
+		params(&p, 120, SPEC_OFF);
 		p.grammar = g;
 		run_one(e, t, n, &p, &off, NULL);
 		assert_int_equal(off.finish, FINISH_STOP);
 		assert_int_equal(regexec(&re, off.text, 0, NULL, 0), 0);
-		p.speculative = 1;
+		p.speculative = SPEC_AUTO;
 		run_one(e, t, n, &p, &on, &off);
 		assert_same(&off, &on);
 		accepted += on.accepted;
 		/* sampled with lookup's guesses: still the grammar's */
-		params(&p, 120, 1);
+		params(&p, 120, SPEC_AUTO);
 		p.grammar = g;
 		p.sample.temperature = 1;
 		p.sample.seed = (uint64_t)i;
@@ -485,10 +491,10 @@ test_constrained(void **state)
 	}
 	print_message("constrained: %d guesses accepted\n", accepted);
 	assert_true(accepted > 20);
-	params(&p, 20, 0);
+	params(&p, 20, SPEC_OFF);
 	p.grammar = dead;
 	run_one(e, t, n, &p, &off, NULL);
-	p.speculative = 1;
+	p.speculative = SPEC_AUTO;
 	run_one(e, t, n, &p, &on, &off);
 	assert_int_equal(off.finish, FINISH_ERROR);
 	assert_true(on.accepted > 0);
@@ -527,7 +533,7 @@ test_cut_rate(void **state)
 	for (int k = 0; k < ENGINE_DRAFT_MAX; k++)
 		guesses[k] = bad;
 	n = suite_prompt(0, t);
-	params(&p, 100, 1);
+	params(&p, 100, SPEC_AUTO);
 	p.grammar = g;
 	assert_int_equal(engine_seq_new(e, t, n, &p, &s, err), 0);
 	while (s->state != SEQ_DONE) {
@@ -600,7 +606,7 @@ draw_counts(struct engine *e, const int32_t *t, int32_t n, const struct run *wan
 
 	*accepted = 0;
 	for (int d = 0; d < DRAWS; d++) {
-		params(&p, 4, want != NULL);
+		params(&p, 4, want != NULL ? SPEC_AUTO : SPEC_OFF);
 		p.sample.temperature = 1;
 		p.sample.top_k = TOP_K;
 		p.sample.seed = 1000 + (uint64_t)d;
@@ -631,7 +637,7 @@ test_distribution(void **state)
 	(void)state;
 	for (int j = 0; j < n; j++)
 		t[j] = (j * 97) % 800 + 5;
-	params(&p, 4, 0);
+	params(&p, 4, SPEC_OFF);
 	run_one(e, t, n, &p, &g, NULL);
 	draw_counts(e, t, n, NULL, off, &acc_off);
 	draw_counts(e, t, n, &g, on, &acc_on);

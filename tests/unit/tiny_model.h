@@ -41,13 +41,15 @@ tiny_model_teardown(void **state)
 }
 
 /*
- * An engine on the tiny model: a context of n_ctx, a pool of kv_tokens,
- * steps of 64 tokens, 2 threads (the tests' shared shape).
+ * An engine on the tiny model, on the CPU backend (on a machine with a GPU
+ * too): a context of n_ctx, a pool of kv_tokens, steps of 64 tokens, 2
+ * threads (the tests' shared shape).
  */
 static inline struct engine *
 tiny_engine(int32_t n_ctx, int32_t kv_tokens)
 {
-	struct engine_opts o = { .n_threads = 2, .n_ctx = n_ctx, .kv_tokens = kv_tokens, .max_step_tokens = 64 };
+	struct engine_opts o = { .device = "cpu", .n_threads = 2, .n_ctx = n_ctx, .kv_tokens = kv_tokens,
+				 .max_step_tokens = 64 };
 	struct engine *e;
 	char err[ERR_LEN];
 
