@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """spec_bench.py: speculative decoding through the daemon: tokens/s with
-`speculative` "off" and "auto" (lookup guesses, or a --draft model's), the
-same greedy requests, and whether their texts are the same.
+`speculative` "off" and "auto" (or "on": --mode) (lookup guesses, or a
+--draft model's), the same greedy requests, and whether their texts are the
+same.
 
     tests/bench/spec_bench.py -m MODEL [--draft DRAFT] [--task rewrite|free] [--seqs 1,16]
-                              [--tokens 256] [--repeat 2] [--stream] [-- RESIDENTD_FLAGS...]
+                              [--tokens 256] [--repeat 2] [--mode auto|on] [--stream]
+                              [-- RESIDENTD_FLAGS...]
 
 Tasks:
   rewrite  a chat request: a C source file (--file, default
@@ -58,7 +60,7 @@ def run_round(d, reqs, mode, tokens, draft, stream):
     clients = [d.client(timeout=1200) for _ in reqs]
     res = [None] * len(reqs)
     first = [None] * len(reqs)
-    extra = {"speculative": "off"} if mode == "off" else ({"draft": draft} if draft else {})
+    extra = dict({"speculative": mode}, **({"draft": draft} if draft and mode != "off" else {}))
 
     def one(i):
         c = clients[i]
@@ -96,13 +98,15 @@ def run_round(d, reqs, mode, tokens, draft, stream):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("-m", "--model", required=True)
-    ap.add_argument("--draft", help="a draft model for the auto rows (else lookup's guesses)")
+    ap.add_argument("--draft", help="a draft model for the guessing rows (else lookup's guesses)")
     ap.add_argument("--task", choices=("rewrite", "free"), default="rewrite")
     ap.add_argument("--file", default=os.path.join(SRC, "daemon", "engine", "draft.c"),
                     help="the rewrite task's source file")
     ap.add_argument("--seqs", default="1,16", help="requests at once, comma-separated (1,16)")
     ap.add_argument("--tokens", type=int, default=256, help="max_tokens of each request (256)")
     ap.add_argument("--repeat", type=int, default=2, help="rounds per mode; the median is shown (2)")
+    ap.add_argument("--mode", choices=("auto", "on"), default="auto",
+                    help="the speculative mode compared with off (auto: where the daemon measured it pays)")
     ap.add_argument("--stream", action="store_true", help="stream the replies (a Python client reading a frame "
                     "a token can then be what bounds many requests' rate)")
     ap.add_argument("--daemon", help="residentd to run (else RESIDENT_BUILDDIR's)")
@@ -118,18 +122,18 @@ def main():
             st = c.call("status")["models"][0]
             print("model %s on %s; task %s; draft %s; residentd %s" % (st["name"], st["device"], a.task,
                   a.draft or "lookup", " ".join(a.flags)), flush=True)
-            print("| seqs | off t/s | auto t/s | speed-up | drafted | accepted | text |")
+            print("| seqs | off t/s | %s t/s | speed-up | drafted | accepted | text |" % a.mode)
             print("|---:|---:|---:|---:|---:|---:|---|")
             for n in (int(x) for x in a.seqs.split(",")):
                 reqs = requests(a.task, n, text)
                 run_round(d, reqs, "off", 8, a.draft, a.stream)  # warm: the prompts in the prefix cache, the draft loaded
-                run_round(d, reqs, "auto", 8, a.draft, a.stream)
+                run_round(d, reqs, a.mode, 8, a.draft, a.stream)
                 rate = {}
-                for mode in ("off", "auto"):
+                for mode in ("off", a.mode):
                     rounds = [run_round(d, reqs, mode, a.tokens, a.draft, a.stream) for _ in range(a.repeat)]
                     rate[mode] = (statistics.median(r[0] for r in rounds), rounds[-1])
-                off, auto = rate["off"], rate["auto"]
-                same = sum(a == b for a, b in zip(off[1][3], auto[1][3]))
+                off, auto = rate["off"], rate[a.mode]
+                same = sum(x == y for x, y in zip(off[1][3], auto[1][3]))
                 same = "same" if same == n else "%d of %d same" % (same, n)
                 print("| %d | %.1f | %.1f | %.2fx | %d | %d | %s |" % (n, off[0], auto[0], auto[0] / off[0],
                       auto[1][1], auto[1][2], same), flush=True)
