@@ -224,18 +224,21 @@ send_tokens(struct slot *m, struct seq **seqs, struct gen **gens, int n, uint64_
 	return tail;
 }
 
-/* The step's figures: the pacer's, the guesses' (a decode-only step's, from tg, before its draft work), status'. */
+/*
+ * The step's figures: the pacer's, the guesses' (a decode-only step's, from tg, before its draft work), status'.
+ * dec_tokens is what the pacer was asked with before the step: the decoders' guesses are theirs, not
+ * prompt tokens, and their steps are measured as the decoders' (had they counted as more decode tokens,
+ * no step measured would be comparable to the next one asked about, and prompts waiting beside a sequence
+ * that guesses would get no tokens until it ended).
+ */
 static void
 step_figures(struct sched *s, struct slot *m, int n, int n_dec, int n_pre, int32_t tokens, int32_t dec_tokens,
     double sec, int cap)
 {
-	/* the decoders' guesses ran with them: their tokens, not the prompts' */
 	int32_t guesses = engine_step_guesses(m->e);
 
 	log_debug("step %s: %d decoding, %d prefilling, %d tokens (%d guessed), %.2f ms (chunk %d)",
 	    m->name, n_dec, n_pre, tokens, guesses, sec * 1e3, (int)m->pace.chunk);
-	if (guesses > 0)
-		dec_tokens = engine_step_tokens(m->e, n_dec + guesses);
 	pace_done(&m->pace, n_dec, dec_tokens, n_pre, MAX(tokens - n_dec - guesses, 0), sec, cap);
 	s->steps++;
 	s->step_tokens += (uint64_t)tokens;

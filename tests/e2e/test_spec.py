@@ -28,6 +28,9 @@ CPU backend (the GPU's, in exact mode: test_gpu_spec.py).
 6. residentd --draft: requests on the default model that name no draft use
    it (the same output, guesses made), those with speculative "off" do
    not; a --draft of another vocabulary leaves requests running without it.
+7. A request whose prompt arrives while another streams with a guess in
+   every step is prefilled beside that stream, not held back until it
+   ends (the pacer measures a guessing step as its decoders').
 """
 import json
 import os
@@ -36,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import rsd  # noqa: E402
@@ -118,6 +122,37 @@ def check_many(ck, d, c):
           "every block back once all end")
     for w in clients:
         w.close()
+
+
+def check_beside(ck, d, c):
+    """Section 7."""
+    # a stream whose grammar holds it to one phrase, over and over: lookup's guesses are all accepted, and
+    # steps of 8 tokens run it to max_tokens (about 250 steps)
+    req = dict(prompt="one two one two", grammar='root ::= ("one two "){1000}', max_tokens=2000, temperature=0,
+               speculative="on")
+    w1, w2 = d.client(timeout=TIMEOUT), d.client(timeout=TIMEOUT)
+    ends = {}
+    rid = w1.start_generate(**req)
+    ck.eq(w1.next(rid, TIMEOUT)["type"], "token", "the guessing stream runs")
+
+    def stream():
+        g = w1.collect(rid, TIMEOUT)
+        ends["stream"] = (time.monotonic(), g)
+
+    t = threading.Thread(target=stream)
+    t.start()
+    # a prompt of many of the pacer's chunks (a few dozen steps beside the stream)
+    late = w2.generate(prompt=" ".join("word%d" % (i % 97) for i in range(600)), max_tokens=4, temperature=0,
+                       timeout=TIMEOUT)
+    ends["late"] = time.monotonic()
+    t.join(TIMEOUT)
+    g = ends["stream"][1]
+    ck.eq((late.finish, g.finish), ("length", "length"), "both end")
+    ck.ok(g.usage["accepted_tokens"] > g.usage["generated_tokens"] // 2,
+          "the stream settled several tokens a step: %r" % g.usage)
+    ck.ok(ends["late"] < ends["stream"][0], "the later request's prompt was computed beside the guessing stream, "
+          "not after it: it ended %.3f s before the stream" % (ends["stream"][0] - ends["late"]))
+    w1.close(), w2.close()
 
 
 def resident(d, *args):
@@ -241,7 +276,8 @@ def main():
                               ("2. sixteen at once, a cancel", lambda: check_many(ck, d, c)),
                               ("3. resident run", lambda: check_cli(ck, d)),
                               ("4. errors", lambda: check_errors(ck, c)),
-                              ("5. a draft model", lambda: check_draft(ck, d, c, tmp))):
+                              ("5. a draft model", lambda: check_draft(ck, d, c, tmp)),
+                              ("7. a prompt beside a stream that guesses", lambda: check_beside(ck, d, c))):
                 with ck.section(title):
                     fn()
         with ck.section("6. residentd --draft"):
