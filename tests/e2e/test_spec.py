@@ -47,6 +47,8 @@ from rsd import Checks, Daemon, ProtoError  # noqa: E402
 
 DEVICE = rsd.test_device()
 TIMEOUT = 120
+# a reply its grammar holds to one phrase, over and over (no end token): lookup's guesses are all accepted
+REPEAT = dict(prompt="one two one two", grammar='root ::= ("one two "){1000}', max_tokens=2000, temperature=0)
 PROMPTS = ["one two three four five one two three four five one two three",
            "the cat sat on the mat and the cat sat on the",
            "def f(x):\n    return x + 1\n\ndef f(x):\n    return",
@@ -84,6 +86,13 @@ def check_same(ck, c):
         drafted += on.usage["drafted_tokens"] + auto.usage["drafted_tokens"]
         accepted += on.usage["accepted_tokens"] + auto.usage["accepted_tokens"]
         guessed_on += on.usage["drafted_tokens"]
+    # the context's end inside a run of accepted guesses
+    n_ctx = 2048 - 1
+    off = c.generate(**dict(REPEAT, max_tokens=n_ctx), speculative="off")
+    on = c.generate(**dict(REPEAT, max_tokens=n_ctx), speculative="on")
+    ck.eq((on.finish, on.ids), ("context", off.ids), "the context's end inside a run of guesses: as without them")
+    drafted += on.usage["drafted_tokens"]
+    accepted += on.usage["accepted_tokens"]
     print("   %d of %d guessed tokens accepted" % (accepted, drafted))
     ck.ok(guessed_on > 0, "lookup guessed over the suite with speculative on")
     s1 = model_status(c)
@@ -126,10 +135,8 @@ def check_many(ck, d, c):
 
 def check_beside(ck, d, c):
     """Section 7."""
-    # a stream whose grammar holds it to one phrase, over and over: lookup's guesses are all accepted, and
-    # steps of 8 tokens run it to max_tokens (about 250 steps)
-    req = dict(prompt="one two one two", grammar='root ::= ("one two "){1000}', max_tokens=2000, temperature=0,
-               speculative="on")
+    # steps of 8 tokens run REPEAT to max_tokens (about 250 steps)
+    req = dict(REPEAT, speculative="on")
     w1, w2 = d.client(timeout=TIMEOUT), d.client(timeout=TIMEOUT)
     ends = {}
     rid = w1.start_generate(**req)
@@ -141,8 +148,9 @@ def check_beside(ck, d, c):
 
     t = threading.Thread(target=stream)
     t.start()
-    # a prompt of many of the pacer's chunks (a few dozen steps beside the stream)
-    late = w2.generate(prompt=" ".join("word%d" % (i % 97) for i in range(600)), max_tokens=4, temperature=0,
+    # a prompt of a few hundred tokens: on a CPU the pacer keeps a step with a prompt beside one stream to
+    # 2.5 decode-only ones, a few tokens a step beside the stream's guesses; held back, none until it ends
+    late = w2.generate(prompt=" ".join("word%d" % (i % 97) for i in range(100)), max_tokens=4, temperature=0,
                        timeout=TIMEOUT)
     ends["late"] = time.monotonic()
     t.join(TIMEOUT)
@@ -150,6 +158,7 @@ def check_beside(ck, d, c):
     ck.eq((late.finish, g.finish), ("length", "length"), "both end")
     ck.ok(g.usage["accepted_tokens"] > g.usage["generated_tokens"] // 2,
           "the stream settled several tokens a step: %r" % g.usage)
+    print("   the later request ended %.3f s before the stream" % (ends["stream"][0] - ends["late"]))
     ck.ok(ends["late"] < ends["stream"][0], "the later request's prompt was computed beside the guessing stream, "
           "not after it: it ended %.3f s before the stream" % (ends["stream"][0] - ends["late"]))
     w1.close(), w2.close()
@@ -228,15 +237,15 @@ def check_draft(ck, d, c, tmp):
             ck.eq(e.code, code, "draft %s: %s" % (os.path.basename(bad), e))
     # the draft unloaded mid-request: the request goes on, without guesses from then on
     w = d.client(timeout=TIMEOUT)
-    # long enough to be running still when status is asked, on a GPU too
-    rid = w.start_generate(prompt=PROMPTS[0], max_tokens=1000, temperature=0, speculative="on", draft=other)
+    # held by its grammar from an end token, long enough to be running still when status is asked, on a GPU too
+    rid = w.start_generate(**REPEAT, speculative="on", draft=other)
     w.next(rid, TIMEOUT)
     st = c.call("status")["models"]
     ck.ok(any(m["name"] == "other" and m["loaded"] and m["expires_in_s"] == -1 for m in st),
           "status: the draft is loaded and in use: %r" % [(m["name"], m["loaded"]) for m in st])
     c.call("model.unload", model=other)
     g = w.collect(rid, TIMEOUT)
-    off = c.generate(prompt=PROMPTS[0], max_tokens=1000, temperature=0, speculative="off")
+    off = c.generate(**REPEAT, speculative="off")
     ck.eq(g.ids, off.ids[1:len(g.ids) + 1], "the request goes on after its draft is unloaded (its first token "
           "read before)")
     ck.eq(g.finish, off.finish, "and ends as without it")
