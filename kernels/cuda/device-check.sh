@@ -5,7 +5,8 @@
 # (test_cuda_ops, test_cuda_attn, test_cuda_moe, test_cuda), logits
 # against transformers (test_hf.py),
 # the daemon on the GPU and on the CPU (test_gpu_cpu.py), the GPU's sampled
-# draws against the host sampler's (test_gpu_sample.py), the daemon
+# draws against the host sampler's (test_gpu_sample.py), speculative
+# decoding's tests on CUDA in exact mode (test_gpu_spec.py), the daemon
 # under injected CUDA faults (test_gpu_faults.py), compute-sanitizer's
 # memcheck and racecheck, then on a generated llama3-8b Q4_K_M the time to
 # first token of a resumed 8000-token session (tests/bench/resume_ttft.py)
@@ -14,17 +15,18 @@
 #   kernels/cuda/device-check.sh BINDIR OUTDIR
 #
 # Run from the source tree (the Python tests are read from it). BINDIR holds
-# residentd, resident-model, resident-bench, test_cuda, test_cuda_ops,
+# residentd, resident, resident-model, resident-bench, test_cuda, test_cuda_ops,
 # test_cuda_attn and test_cuda_moe,
 # and in BINDIR/lib the shared libraries the GPU machine lacks. Built here:
 #
 #   CUDA_ARCH="-gencode arch=compute_90a,code=sm_90a" ../configure && make &&
 #   make tests/unit/test_cuda tests/unit/test_cuda_ops tests/unit/test_cuda_attn tests/unit/test_cuda_moe
-#   mkdir -p ../.carry/b/lib && cp residentd resident-model resident-bench \
+#   mkdir -p ../.carry/b/lib && cp residentd .libs/resident resident-model resident-bench \
 #     tests/unit/test_cuda tests/unit/test_cuda_ops tests/unit/test_cuda_attn \
 #     tests/unit/test_cuda_moe ../.carry/b &&
 #   strip ../.carry/b/* ;
 #   cp -L $(ldd residentd tests/unit/test_cuda | grep -oE '/[^ ]*lib(cmocka|jansson|pcre2-8|event[a-z_]*-2[^ ]*|msgpackc|sqlite3)\.so[^ ]*' | sort -u) ../.carry/b/lib
+#   cp -P .libs/libresident.so* ../.carry/b/lib   # the CLI's (test_gpu_spec.py runs it)
 #
 # and this runs with .carry/b carried. A resident-bench-old in BINDIR (a
 # build of an earlier commit) is benchmarked too, in the same run, so that
@@ -34,7 +36,7 @@
 # them in the last call and name the file in RESIDENT_GEMMA (test_cuda and
 # test_gpu_cpu.py and test_gpu_sample.py use it; without it they say what they skipped).
 #
-# DEVICE_CHECK_STEPS (default "ops cuda hf gpu_cpu gpu_sample faults memcheck
+# DEVICE_CHECK_STEPS (default "ops cuda hf gpu_cpu gpu_sample gpu_spec faults memcheck
 # resume bench") picks
 # the steps; DEVICE_CHECK_BENCH (default below) the bench's rows.
 set -u
@@ -43,7 +45,7 @@ out=$2
 mkdir -p "$out"
 export LD_LIBRARY_PATH="$bin/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export RESIDENT_BUILDDIR="$bin" PYTHONUNBUFFERED=1
-steps=${DEVICE_CHECK_STEPS:-ops cuda hf gpu_cpu gpu_sample faults memcheck resume bench}
+steps=${DEVICE_CHECK_STEPS:-ops cuda hf gpu_cpu gpu_sample gpu_spec faults memcheck resume bench}
 bench_rows=${DEVICE_CHECK_BENCH:--p 512,4096 -n 128 -b 1,4,16,32,64 -r 2}
 model=/tmp/l8.gguf
 
@@ -79,6 +81,7 @@ has cuda && run test_cuda 300 "$bin/test_cuda"
 has hf && run test_hf 300 python3 tests/cuda/test_hf.py
 has gpu_cpu && run test_gpu_cpu 300 python3 tests/e2e/test_gpu_cpu.py
 has gpu_sample && run test_gpu_sample 300 python3 tests/e2e/test_gpu_sample.py
+has gpu_spec && run test_gpu_spec 400 python3 tests/e2e/test_gpu_spec.py
 has faults && run test_gpu_faults 400 python3 tests/e2e/test_gpu_faults.py
 if has memcheck; then
 	for t in ops attn moe; do
