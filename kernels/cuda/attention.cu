@@ -12,7 +12,9 @@
  * block table (a sequence's blocks need not be contiguous); each K and V
  * row is read from memory once for all the heads of its group. Prefill
  * tiles (kv->fa_tiles) go to flash.cu's tensor-core kernel first; the
- * kernels here leave their tokens out.
+ * kernels here leave their tokens out. A step of one token has no qk
+ * launch where the product cannot do its work: the attention blocks do it
+ * (attn_new_token).
  */
 #include "attention.cuh"
 #include "tc.cuh"
@@ -52,24 +54,19 @@ kv_elem(float x)
 		return __float2half_rn(x);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(QK_WARPS * WARP)
-qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict__ v,
-    struct cuda_heads hp, struct cuda_kv kv)
+/*
+ * The calling lane's rotation pairs of one head of vec (head_dim wide):
+ * its bias added (bias: the head's, or NULL), RMS-normed by nw (NULL:
+ * not), rotated to position pos; pair u is dimensions ia[u] and ib[u]
+ * (those of u past head_dim / 2 are left 0). The whole warp calls it.
+ */
+static __device__ __forceinline__ void
+qk_head(const float *vec, const float *bias, const float *nw, const struct cuda_heads &hp, float pos, float *a,
+    float *b, int *ia, int *ib)
 {
-	pdl_wait();
-	pdl_trigger();
-	T *pool = (T *)kv.pool;
-	int t = blockIdx.x, j = blockIdx.y * QK_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP;
-	int d = hp.head_dim, half = d / 2, nkv = hp.n_head_kv * d;
-	int isq = j < hp.n_head, head = isq ? j : j - hp.n_head;
-	float *vec = isq ? q + ((size_t)t * hp.n_head + head) * d : k + (size_t)t * nkv + (size_t)head * d;
-	const float *bias = isq ? hp.bq : hp.bk, *nw = isq ? hp.q_norm : hp.k_norm;
-	float a[MAX_PAIRS], b[MAX_PAIRS], ss = 0.0f, pos;
-	int ia[MAX_PAIRS], ib[MAX_PAIRS];
+	int d = hp.head_dim, half = d / 2, lane = threadIdx.x % WARP;
+	float ss = 0.0f;
 
-	if (j >= hp.n_head + hp.n_head_kv)
-		return;
 #pragma unroll
 	for (int u = 0; u < MAX_PAIRS; u++) {
 		int i = lane + WARP * u;
@@ -82,8 +79,8 @@ qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict_
 		a[u] = vec[ia[u]];
 		b[u] = vec[ib[u]];
 		if (bias != NULL) {
-			a[u] += bias[(size_t)head * d + ia[u]];
-			b[u] += bias[(size_t)head * d + ib[u]];
+			a[u] += bias[ia[u]];
+			b[u] += bias[ib[u]];
 		}
 		ss += a[u] * a[u] + b[u] * b[u];
 	}
@@ -98,16 +95,38 @@ qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict_
 			b[u] = b[u] * sc * (nw[ib[u]] + hp.nm.offset);
 		}
 	}
-	pos = (float)kv.tok_pos[t] / hp.pos_div;
+#pragma unroll
+	for (int u = 0; u < MAX_PAIRS; u++)
+		if (lane + WARP * u < half)
+			rope_pair(a[u], b[u], pos * hp.inv_freq[lane + WARP * u]);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(QK_WARPS * WARP)
+qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict__ v,
+    struct cuda_heads hp, struct cuda_kv kv)
+{
+	pdl_wait();
+	pdl_trigger();
+	T *pool = (T *)kv.pool;
+	int t = blockIdx.x, j = blockIdx.y * QK_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP;
+	int d = hp.head_dim, half = d / 2, nkv = hp.n_head_kv * d;
+	int isq = j < hp.n_head, head = isq ? j : j - hp.n_head;
+	float *vec = isq ? q + ((size_t)t * hp.n_head + head) * d : k + (size_t)t * nkv + (size_t)head * d;
+	const float *bias = isq ? hp.bq : hp.bk;
+	float a[MAX_PAIRS], b[MAX_PAIRS];
+	int ia[MAX_PAIRS], ib[MAX_PAIRS];
+
+	if (j >= hp.n_head + hp.n_head_kv)
+		return;
+	qk_head(vec, bias != NULL ? bias + (size_t)head * d : NULL, isq ? hp.q_norm : hp.k_norm, hp,
+	    (float)kv.tok_pos[t] / hp.pos_div, a, b, ia, ib);
 	const int32_t *tab = kv.tables + kv.tok_tab[t];
 	size_t ko = isq ? 0 : kv_index(kv, tab, kv.tok_pos[t], 0, nkv, head * d);
 #pragma unroll
 	for (int u = 0; u < MAX_PAIRS; u++) {
-		int i = lane + WARP * u;
-
-		if (i >= half)
+		if (lane + WARP * u >= half)
 			continue;
-		rope_pair(a[u], b[u], pos * hp.inv_freq[i]);
 		if (isq) {
 			vec[ia[u]] = a[u];
 			vec[ib[u]] = b[u];
@@ -198,25 +217,28 @@ att_stages(int w)
 /*
  * Shared memory of attn_kernel for head_dim d and w warps: the stages of K
  * and V tiles, the queries, a tile's scores (then weights) of every head,
- * and each head's correction (then its max and sum).
+ * each head's correction (then its max and sum), and the step's new K and
+ * V rows (cuda_kv.k_new).
  */
 template <typename T>
 static size_t
 attn_smem_bytes(int d, int w)
 {
 	return (size_t)att_stages(w) * 2 * att_tile(w) * (d + kv_pad<T>()) * sizeof(T) +
-	    (size_t)(ATT_GROUP * d + ATT_GROUP * att_tile(w) + 2 * ATT_GROUP) * sizeof(float);
+	    (size_t)(ATT_GROUP * d + ATT_GROUP * att_tile(w) + 2 * ATT_GROUP + 2 * d) * sizeof(float);
 }
 
 /*
  * Copies the K and V rows r0 .. r1 - 1 (< the tile's positions) of the tile of
  * positions from c0, KV head offset koff, into a stage: every thread of the
- * block issues its share of 16-byte copies, all in flight at once.
+ * block issues its share of 16-byte copies, all in flight at once. The row
+ * of position np (-1: none) is not in the pool yet: it is stored from kn
+ * (its K, then its V, as floats) instead.
  */
 template <int D, typename T>
 static __device__ __forceinline__ void
 attn_load_tile(T *ks, T *vs, const struct cuda_kv &kv, const int32_t *tab, int c0, int r0, int r1,
-    int nkv, int koff)
+    int nkv, int koff, int np = -1, const float *kn = NULL)
 {
 	constexpr int PER = 16 / (int)sizeof(T), PIECES = D / PER, RS = D + kv_pad<T>();
 	const T *pool = (const T *)kv.pool;
@@ -225,6 +247,12 @@ attn_load_tile(T *ks, T *vs, const struct cuda_kv &kv, const int32_t *tab, int c
 		int r = r0 + i / PIECES, c = (i % PIECES) * PER;
 		size_t ko = kv_index(kv, tab, c0 + r, 0, nkv, koff + c);
 
+		if (c0 + r == np) {
+#pragma unroll
+			for (int e = 0; e < PER; e++)
+				ks[r * RS + c + e] = kv_elem<T>(kn[c + e]), vs[r * RS + c + e] = kv_elem<T>(kn[D + c + e]);
+			continue;
+		}
 		cp_async16(ks + r * RS + c, pool + ko);
 		cp_async16(vs + r * RS + c, pool + ko + kv.kv_stride);
 	}
@@ -313,6 +341,56 @@ attn_softmax(float *ws, float *cs, int g, int live, int nv, float *m, float *l)
 }
 
 /*
+ * cuda_qk's work for a step of one token, in the attention block of that
+ * token's KV head kvh (cuda_kv.k_new): warp g rotates query head h0 + g
+ * (of ng) from q into qs, scaled, or zeroes it past ng; one warp rotates
+ * the new K row and every thread adds the new V row's bias, into kn (K then
+ * V, as floats) for the tile that holds the token's position; the block of
+ * the first query group whose share holds that position (own) stores both
+ * into the pool for the steps after. The same arithmetic as qk_kernel's,
+ * so the pool and the scores are the same as with it.
+ */
+template <int D, typename T, int W>
+static __device__ void
+attn_new_token(const float *q, float *qs, float *kn, const struct cuda_heads &hp, const struct cuda_kv &kv,
+    const int32_t *tab, int h0, int ng, int kvh, int own)
+{
+	int g = threadIdx.x / WARP, lane = threadIdx.x % WARP, pos = kv.tok_pos[0], nkv = hp.n_head_kv * D;
+	int kw = W > ATT_GROUP ? ATT_GROUP : 0; /* the warp of K: a free one if there is */
+	float a[MAX_PAIRS], b[MAX_PAIRS], fp = (float)pos / hp.pos_div;
+	int ia[MAX_PAIRS], ib[MAX_PAIRS];
+
+	if (g < ATT_GROUP && g < ng) {
+		qk_head(q + (size_t)(h0 + g) * D, hp.bq != NULL ? hp.bq + (size_t)(h0 + g) * D : NULL, hp.q_norm, hp,
+		    fp, a, b, ia, ib);
+#pragma unroll
+		for (int u = 0; u < MAX_PAIRS; u++)
+			if (lane + WARP * u < D / 2)
+				qs[g * D + ia[u]] = a[u] * hp.scale, qs[g * D + ib[u]] = b[u] * hp.scale;
+	} else if (g < ATT_GROUP) {
+		for (int i = lane; i < D; i += WARP)
+			qs[g * D + i] = 0.0f;
+	}
+	if (g == kw) {
+		qk_head(kv.k_new + (size_t)kvh * D, hp.bk != NULL ? hp.bk + (size_t)kvh * D : NULL, hp.k_norm, hp, fp, a,
+		    b, ia, ib);
+#pragma unroll
+		for (int u = 0; u < MAX_PAIRS; u++)
+			if (lane + WARP * u < D / 2)
+				kn[ia[u]] = a[u], kn[ib[u]] = b[u];
+	}
+	for (int i = threadIdx.x; i < D; i += W * WARP)
+		kn[D + i] = kv.v_new[(size_t)kvh * D + i] + (hp.bv != NULL ? hp.bv[(size_t)kvh * D + i] : 0.0f);
+	__syncthreads();
+	if (!own)
+		return;
+	size_t ko = kv_index(kv, tab, pos, 0, nkv, kvh * D), vo = kv_index(kv, tab, pos, 1, nkv, kvh * D);
+
+	for (int i = threadIdx.x; i < D; i += W * WARP)
+		((T *)kv.pool)[ko + i] = kv_elem<T>(kn[i]), ((T *)kv.pool)[vo + i] = kv_elem<T>(kn[D + i]);
+}
+
+/*
  * Flash decoding over the paged pool. Block (token t, split s) of
  * blockIdx.x, and a group of up to ATT_GROUP query heads sharing one KV
  * head (blockIdx.y), W warps: the block walks its share of the token's
@@ -346,6 +424,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	extern __shared__ __align__(16) unsigned char smem[];
 	T *ks = (T *)smem, *vs = ks + S * TILE * RS;
 	float *qs = (float *)(vs + S * TILE * RS), *ws = qs + ATT_GROUP * D, *cs = ws + ATT_GROUP * TILE;
+	float *kn = cs + 2 * ATT_GROUP;
 	int t = blockIdx.x / n_split, split = blockIdx.x % n_split;
 	int g = threadIdx.x / WARP, lane = threadIdx.x % WARP, pg = threadIdx.x / TG, di = threadIdx.x % TG;
 	int group = hp.n_head / hp.n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP;
@@ -359,6 +438,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	int per = ((end - p0 + 1 + n_split - 1) / n_split + TILE - 1) / TILE * TILE;
 	int lo = p0 + split * per, hi = min(lo + per, end + 1);
 	const int32_t *tab = kv.tables + kv.tok_tab[t];
+	int np = kv.k_new != NULL ? pos : -1; /* the row attn_new_token makes */
 	float m = -INFINITY, l = 0.0f, acc[ATT_GROUP][DPT];
 	/*
 	 * The first S tiles fill the stages. Their rows older than every
@@ -381,8 +461,11 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	 */
 	if (fa)
 		return;
-	for (int i = threadIdx.x; i < ATT_GROUP * D; i += NT)
-		qs[i] = i / D < ng ? q[((size_t)t * hp.n_head + h0) * D + i] * hp.scale : 0.0f;
+	if (kv.k_new != NULL)
+		attn_new_token<D, T, W>(q, qs, kn, hp, kv, tab, h0, ng, kvh, blockIdx.y % ngb == 0 && lo <= pos && pos < hi);
+	else
+		for (int i = threadIdx.x; i < ATT_GROUP * D; i += NT)
+			qs[i] = i / D < ng ? q[((size_t)t * hp.n_head + h0) * D + i] * hp.scale : 0.0f;
 #pragma unroll
 	for (int h = 0; h < ATT_GROUP; h++)
 #pragma unroll
@@ -392,7 +475,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 		int nv = min(TILE, hi - c0);
 
 		attn_load_tile<D, T>(ks + i * TILE * RS, vs + i * TILE * RS, kv, tab, c0,
-		    max(0, min(nv, fresh - c0)), nv, nkv, kvh * D);
+		    max(0, min(nv, fresh - c0)), nv, nkv, kvh * D, np, kn);
 	}
 	/*
 	 * One group for the first tiles, then S - 1 empty ones, then one a
@@ -436,7 +519,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 		__syncthreads(); /* the stage and the weights are refilled next */
 		if (c0 + S * TILE < hi)
 			attn_load_tile<D, T>(ks + st * TILE * RS, vs + st * TILE * RS, kv, tab, c0 + S * TILE, 0,
-			    min(TILE, hi - c0 - S * TILE), nkv, kvh * D);
+			    min(TILE, hi - c0 - S * TILE), nkv, kvh * D, np, kn);
 		cp_async_commit();
 	}
 	cp_async_wait<0>();

@@ -421,7 +421,9 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	if (rc != 0)
 		return rc;
 	prof_mark(b, PH_ATTN);
-	if (!fused && (rc = cuda_qk(b->q, b->k, b->v, T, &hd, &kv, b->stream, err)) != 0)
+	if (!fused && T == 1 && !fa && !b->step_bidir) /* the attention kernel does qk's work */
+		kv.k_new = b->k, kv.v_new = b->v;
+	else if (!fused && (rc = cuda_qk(b->q, b->k, b->v, T, &hd, &kv, b->stream, err)) != 0)
 		return rc;
 	if ((rc = cuda_attention(b->q, b->att, q8, h16, T, &hd, &kv, b->stream, err)) != 0)
 		return rc;
