@@ -13,10 +13,17 @@ bucket(int n_dec)
 	return b;
 }
 
+/* Bucket b's steps between tries of the other way (a wait not set yet is the first one). */
+static int
+bucket_wait(const struct guess *g, int b)
+{
+	return g->wait[b] > 0 ? g->wait[b] : GUESS_EXPLORE;
+}
+
 int
 guess_allow(struct guess *g, int n_dec)
 {
-	int b = bucket(n_dec), wait = g->wait[b] > 0 ? g->wait[b] : GUESS_EXPLORE;
+	int b = bucket(n_dec);
 
 	if (g->rate[1][b] <= 0 || g->rate[0][b] <= 0) {
 		/* measure the way with guesses first, then the way without */
@@ -24,14 +31,14 @@ guess_allow(struct guess *g, int n_dec)
 		return g->rate[1][b] <= 0;
 	}
 	g->best[b] = g->rate[1][b] >= g->rate[0][b];
-	g->trying[b] = g->steps[b] >= wait - 1;
+	g->trying[b] = g->steps[b] >= bucket_wait(g, b) - 1;
 	return g->trying[b] ? !g->best[b] : g->best[b];
 }
 
 void
 guess_done(struct guess *g, int n_dec, int guessed, int32_t produced, double seconds)
 {
-	int b = bucket(n_dec), wait = g->wait[b] > 0 ? g->wait[b] : GUESS_EXPLORE;
+	int b = bucket(n_dec), wait = bucket_wait(g, b);
 	double r, *m = &g->rate[guessed != 0][b];
 
 	if (seconds <= 0 || produced <= 0)

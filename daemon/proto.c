@@ -618,6 +618,9 @@ decode_generate(const msgpack_object *m, struct proto_req *r, char *err)
 	if ((rc = get_priority(m, r, err)) != 0 || (rc = get_speculative(m, r, err)) != 0 ||
 	    (rc = get_str(m, "draft", 0, PROTO_MAX_MODEL, &r->draft, err)) != 0)
 		return rc;
+	/* else looked for as a model (a file '' in residentd's directory) and not found; "off" ignores any draft */
+	if (r->draft != NULL && r->draft[0] == '\0' && r->speculative != SPEC_OFF)
+		return err_set(err, PE_INVALID_PARAM, "draft is empty: give a model's name or path, or no draft");
 	if ((r->prompt != NULL) == (r->msgs != NULL))
 		return err_set(err, PE_BAD_REQUEST, "give exactly one of 'prompt' and 'messages'");
 	if (r->session != NULL && r->prompt != NULL)

@@ -18,7 +18,8 @@ guesses that often fail).
    repeat penalty too: each choice is its `off` output, and all are equal.
 3. Stop strings that end inside a run of accepted guesses (one token's text,
    two tokens' across their boundary), and max_tokens at the ends of runs
-   and inside them: the same text, ids and finish.
+   and inside them: the same text, ids and finish, and no guess drafted past
+   max_tokens.
 4. A request with a draft cancelled before its first token and after it, a
    client that hangs up mid-stream with a draft: the others' outputs are
    their own, the daemon goes on, and every KV block of the model and of the
@@ -34,9 +35,10 @@ guesses that often fail).
    request waits for it, then runs.
 7. json_schema and grammar requests with guesses (lookup, draft, n = 2):
    valid output, the same as `off`, guesses made.
-8. Bad drafts: an empty name, a directory, a file that is no model, a cut
-   GGUF file, a path that does not exist: each a clear error (and ignored
-   with speculative "off"); none is left in status.
+8. Bad drafts: an empty name (invalid_param, naming the parameter), a
+   directory, a file that is no model, a cut GGUF file, a path that does not
+   exist: each a clear error (and ignored with speculative "off"); none is
+   left in status.
 """
 import json
 import os
@@ -199,8 +201,12 @@ def check_stops(ck, c, own, other):
         for mt in (1, 2, 5, 8, 9, 10, 13, 17, 20):
             off = c.generate(prompt=prompt, max_tokens=mt, temperature=0, speculative="off")
             for name, kw in modes(own, other):
-                same(ck, c.generate(prompt=prompt, max_tokens=mt, temperature=0, **kw), off,
-                     "prompt %d max_tokens %d %s" % (p, mt, name))
+                g = c.generate(prompt=prompt, max_tokens=mt, temperature=0, **kw)
+                same(ck, g, off, "prompt %d max_tokens %d %s" % (p, mt, name))
+                # every own guess is accepted, and each step settles one more than it guessed after the
+                # prompt's: more drafted than mt - 2 were guesses past max_tokens, drafted for nothing
+                ck.ok(name != "own draft" or g.usage["drafted_tokens"] <= max(0, mt - 2),
+                      "prompt %d max_tokens %d own draft: no guess past max_tokens: %r" % (p, mt, g.usage))
     print("   %d stopped by a stop string, %d of them inside a run of the own draft's guesses" % (n_stop, n_mid))
     ck.ok(n_stop > 0 and n_mid > 0, "stop strings ended generations, inside runs of guesses (%d, %d)" %
           (n_stop, n_mid))
@@ -473,8 +479,8 @@ def check_bad(ck, c, tmp):
     empty_dir = os.path.join(tmp, "emptydir")
     os.makedirs(empty_dir)
     before = sorted(m["name"] for m in c.call("status")["models"])
-    for bad, code in (("", "not_found"), (empty_dir, "model_error"), (junk, "model_error"), (cut, "model_error"),
-                      (os.path.join(tmp, "none.gguf"), "not_found")):
+    for bad, code in (("", "invalid_param"), (empty_dir, "model_error"), (junk, "model_error"),
+                      (cut, "model_error"), (os.path.join(tmp, "none.gguf"), "not_found")):
         what = "draft %r" % bad
         try:
             g = c.generate(prompt="hi", max_tokens=4, draft=bad)
@@ -482,6 +488,9 @@ def check_bad(ck, c, tmp):
         except ProtoError as e:
             ck.eq(e.code, code, what + ": " + str(e))
             ck.ok(len(e.reply.get("message", "")) > 10, what + ": a message says why")
+            # an empty name is a bad parameter, not a model looked for (no file '' in residentd's directory)
+            ck.ok(bad != "" or e.reply.get("message", "").startswith("draft "),
+                  what + ": the message names the parameter: %r" % e.reply.get("message"))
         g = c.generate(prompt="hi", max_tokens=4, draft=bad, speculative="off")
         ck.eq(g.finish, "length", what + " with speculative off: ignored")
     ck.eq(sorted(m["name"] for m in c.call("status")["models"]), before, "no bad draft is left in status")

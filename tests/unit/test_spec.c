@@ -4,10 +4,11 @@
  * the longest run the text ends with, grows, and forgets. Through the
  * engine, greedy output with guesses is decoding's without them, token for
  * token and piece for piece: alone and sixteen at once, with stop strings,
- * every max_tokens up to the length, at the end of the context, with a
- * step cut off between the tokens it settled, and under a grammar (guesses
- * cut where it does not allow them, each row masked by the grammar after
- * the guesses before it, and cut guesses lowering the rate so that a draft
+ * every max_tokens up to the length (no guess asked for or checked past
+ * it), at the end of the context, with a step cut off between the tokens
+ * it settled, and under a grammar (guesses cut where it does not allow
+ * them, each row masked by the grammar after the guesses before it, and
+ * cut guesses lowering the rate so that a draft
  * the grammar never allows is seldom asked); guesses given for a step that
  * did not check them are not checked later; on a backend whose steps run
  * fastest at a multiple of some tokens, steps are made so by dropping
@@ -286,6 +287,50 @@ test_given_same(void **state)
 	/* four of five right: most accepted, none after a wrong one in its step */
 	print_message("given: %d of %d guesses accepted\n", accepted, drafted);
 	assert_true(accepted > drafted / 3 && accepted < drafted);
+	engine_close(e);
+}
+
+/*
+ * Guesses past max_tokens could never be taken, and the last token needs
+ * none after it: at every max_tokens, a draft model is asked for (and a
+ * step checks, the oracle's or lookup's) at most the tokens left but one,
+ * and none once the last is taken, though the oracle offers seven.
+ */
+static void
+test_max_tokens_cap(void **state)
+{
+	struct engine *e = tiny_engine(256, 4096);
+	struct seq_params p;
+	struct run off;
+	struct seq *s;
+	int32_t t[64], n = suite_prompt(0, t), left, capped = 0;
+	char err[ERR_LEN];
+
+	(void)state;
+	params(&p, 40, SPEC_OFF);
+	run_one(e, t, n, &p, &off, NULL);
+	assert_int_equal(off.n, 40);
+	for (int m = 1; m <= 2 * ENGINE_DRAFT_MAX; m++)
+		for (int given = 0; given < 2; given++) {
+			params(&p, m, SPEC_ON);
+			assert_int_equal(engine_seq_new(e, t, n, &p, &s, err), 0);
+			while (s->state != SEQ_DONE) {
+				left = m - s->n_generated;
+				if (given)
+					oracle(s, &off);
+				if (s->state == SEQ_DECODE)
+					assert_true(engine_seq_draft_len(e, s) <= left - 1);
+				capped += given && s->state == SEQ_DECODE && left - 1 < ENGINE_DRAFT_MAX;
+				assert_true(engine_step(e, &s, 1, -1, err) > 0);
+				assert_true(engine_step_guesses(e) <= MAX(left - 1, 0));
+				while (engine_seq_more(e, s))
+					;
+			}
+			assert_int_equal(s->n_generated, m);
+			assert_int_equal(engine_seq_draft_len(e, s), 0);
+			engine_seq_free(e, s);
+		}
+	assert_true(capped > 0);
 	engine_close(e);
 }
 
@@ -632,6 +677,7 @@ main(void)
 		cmocka_unit_test(test_index),
 		cmocka_unit_test(test_lookup_same),
 		cmocka_unit_test(test_given_same),
+		cmocka_unit_test(test_max_tokens_cap),
 		cmocka_unit_test(test_given_stale),
 		cmocka_unit_test(test_stop_and_context),
 		cmocka_unit_test(test_many_and_cut),
