@@ -917,6 +917,53 @@ cuda_probe_attention(struct cuda_probe *p, const struct cuda_probe_heads *hd, co
 }
 
 static int
+attention_new_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_heads *hd,
+    struct cuda_probe_kv *kv, const float *q, const float *k, const float *v, float *out, char *err)
+{
+	size_t qb = (size_t)hd->n_head * (size_t)hd->head_dim * sizeof(float);
+	size_t kb = (size_t)hd->n_head_kv * (size_t)hd->head_dim * sizeof(float);
+	struct cuda_heads ch;
+	struct cuda_kv ck;
+	struct cuda_q8 no_q8 = { NULL, NULL };
+	struct cuda_h16 no_h16 = { NULL, NULL };
+	void *dq, *dk, *dv, *dout;
+	int rc;
+
+	if ((rc = check_heads(hd, kv, 1, err)) != 0 ||
+	    (rc = heads_upload(p, bs, hd, kv, 1, 1, &ch, &ck, err)) != 0 ||
+	    (rc = buf_new(p, bs, q, qb, 0, &dq, err)) != 0 ||
+	    (rc = buf_new(p, bs, k, kb, 0, &dk, err)) != 0 ||
+	    (rc = buf_new(p, bs, v, kb, 0, &dv, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, qb, 1, &dout, err)) != 0)
+		return rc;
+	if (kv->split) {
+		void *part;
+
+		ck.part_rows = cuda_attention_part_rows(0);
+		if ((rc = buf_new(p, bs, NULL, (size_t)ck.part_rows * (size_t)(hd->head_dim + 2) * sizeof(float), 1,
+		    &part, err)) != 0)
+			return rc;
+		ck.part = (float *)part;
+	}
+	ck.k_new = (const float *)dk, ck.v_new = (const float *)dv;
+	if ((rc = cuda_attention((const float *)dq, (float *)dout, no_q8, no_h16, 1, &ch, &ck, p->stream, err)) != 0 ||
+	    (rc = finish(p, bs, "cuda_attention (new token)", err)) != 0 || (rc = fetch(p, out, dout, qb, err)) != 0)
+		return rc;
+	return fetch(p, kv->pool, ck.pool, pool_bytes(hd, kv), err);
+}
+
+extern "C" int
+cuda_probe_attention_new(struct cuda_probe *p, const struct cuda_probe_heads *hd, struct cuda_probe_kv *kv,
+    const float *q, const float *k, const float *v, float *out, char *err)
+{
+	struct bufs bs = {};
+	int rc = attention_new_run(p, &bs, hd, kv, q, k, v, out, err);
+
+	bufs_free(&bs);
+	return rc;
+}
+
+static int
 argmax_run(struct cuda_probe *p, struct bufs *bs, const float *x, int n_rows, int n, int32_t *ids, char *err)
 {
 	size_t ib = (size_t)n_rows * sizeof(int32_t);

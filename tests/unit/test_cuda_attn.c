@@ -3,8 +3,8 @@
  * kernels/cuda/cuda_probe.h: RoPE with the KV write (cuda_qk), the same
  * fused into the Q/K/V product (cuda_matmul_qkv) and its refusals, and
  * attention (one piece, split and merged, prefill tiles on the tensor
- * cores) over fp16 and fp32 pools, against the CPU backend's or a float64
- * reference. The inputs, tolerances and the skip without a GPU are
+ * cores, and for one token with qk's work in it) over fp16 and fp32 pools,
+ * against the CPU backend's, a float64 reference or qk then attention. The inputs, tolerances and the skip without a GPU are
  * cuda_ops_common.h's.
  */
 #include "config.h"
@@ -605,6 +605,86 @@ test_attention(void **state)
 		}
 }
 
+/*
+ * A step of one token at position len - 1 whose attention kernel does qk's
+ * work (cuda_kv.k_new), against cuda_qk then cuda_attention on the same
+ * raw q, k and v: the output within TOL_F32 of the row's largest value and
+ * the whole pool the same but for fp16's rounding (the same arithmetic, so
+ * in practice equal). Returns the worst output error.
+ */
+static double
+attention_new_case(size_t c, int len, int f32, int split, float *bq, float *bk, float *bv, float *qn, float *kn)
+{
+	struct seq_spec one = { len, 1 };
+	struct place pl;
+	struct cuda_probe_heads hd = heads_cfg(c, bq, bk, bv, qn, kn);
+	int d = hd.head_dim, nq = hd.n_head * d, nkv = hd.n_head_kv * d;
+	struct kv_pool kp, kpr;
+	char err[ERR_LEN], what[128];
+	float *q, *k, *v, *qr, *out, *outr;
+	double worst;
+	size_t np;
+
+	place_seqs(&pl, &one, 1);
+	snprintf(what, sizeof what, "attention with qk's work, head_dim %d, %d/%d heads, %s pool, split %d, position %d",
+	    d, hd.n_head, hd.n_head_kv, f32 ? "fp32" : "fp16", split, len - 1);
+	np = pool_len(&hd, &pl);
+	kp = pool_new(np, f32), kpr = pool_new(np, f32);
+	for (int p = 0; p < len - 1; p++)
+		for (int kvs = 0; kvs < 2; kvs++)
+			for (int h = 0; h < hd.n_head_kv; h++)
+				for (int i = 0; i < d; i++)
+					pool_set(&kp, pool_at(&hd, &pl, 0, p, kvs, h, i), unif(-1, 1));
+	memcpy(kpr.data, kp.data, np * (f32 ? 4 : 2));
+	q = rand_floats((size_t)nq, -4, 4), k = rand_floats((size_t)nkv, -2, 2), v = rand_floats((size_t)nkv, -1, 1);
+	qr = xmalloc((size_t)nq * sizeof *qr);
+	memcpy(qr, q, (size_t)nq * sizeof *qr);
+	out = nan_floats((size_t)nq), outr = nan_floats((size_t)nq);
+	struct cuda_probe_kv kv = probe_kv(&pl, &kp, split, 0), kvr = probe_kv(&pl, &kpr, split, 0);
+	if (cuda_probe_attention_new(probe, &hd, &kv, q, k, v, out, err) != 0)
+		fail_msg("%s: %s", what, err);
+	if (cuda_probe_qk(probe, &hd, &kvr, qr, k, v, 1, err) != 0 ||
+	    cuda_probe_attention(probe, &hd, &kvr, qr, 1, outr, NULL, NULL, NULL, NULL, err) != 0)
+		fail_msg("%s: qk, then attention: %s", what, err);
+	worst = check_rows(what, out, outr, hd.n_head, d);
+	for (size_t i = 0; i < np; i++) {
+		double g = pool_get(&kp, i), r = pool_get(&kpr, i);
+
+		if (pool_poisoned(&kpr, i) != pool_poisoned(&kp, i) ||
+		    (!pool_poisoned(&kpr, i) && !(fabs(g - r) <= ldexp(fabs(r), -10) + TOL_F32)))
+			fail_msg("%s: pool element %zu: %g, qk's %g", what, i, g, r);
+	}
+	free(q), free(k), free(v), free(qr), free(out), free(outr), free(kp.data), free(kpr.data);
+	return worst;
+}
+
+/*
+ * The attention kernel doing qk's work for a step of one token, as the
+ * backend asks it where the product cannot (QK norms, neox pairs): every
+ * head shape (biases, norms with and without an offset, windows, a RoPE
+ * position divisor), fp16 and fp32 pools, one piece and split, at the
+ * first position, inside the first block, and past several blocks.
+ */
+static void
+test_attention_new(void **state)
+{
+	static const int lens[] = { 1, 17, 130, 700 };
+	float *bq = rand_floats(8 * 256, -0.5f, 0.5f), *bk = rand_floats(8 * 256, -0.5f, 0.5f);
+	float *bv = rand_floats(8 * 256, -0.5f, 0.5f), *qn = rand_floats(256, 0.5f, 1.5f);
+	float *kn = rand_floats(256, 0.5f, 1.5f);
+	double worst = 0;
+
+	(void)state;
+	for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++)
+		for (int f32 = 0; f32 < 2; f32++)
+			for (int split = 0; split < 2; split++)
+				for (size_t i = 0; i < ARRAY_LEN(lens); i++)
+					worst = fmax(worst, attention_new_case(c, lens[i], f32, split, bq, bk, bv, qn, kn));
+	print_message("attention with qk's work for one token: max error / head max %.2e against qk, then "
+	    "attention (bound %.0e)\n", worst, TOL_F32);
+	free(bq), free(bk), free(bv), free(qn), free(kn);
+}
+
 /* Prefill chunks long enough for the tensor-core kernel (one past a window, one exactly the minimum) beside decodes. */
 static const struct seq_spec prefill_seqs[] = { { 300, 100 }, { 70, 17 }, { 16, 16 }, { 1, 1 }, { 40, 3 } };
 
@@ -632,6 +712,7 @@ main(void)
 		cmocka_unit_test(test_qk),
 		cmocka_unit_test(test_qkv),
 		cmocka_unit_test(test_attention),
+		cmocka_unit_test(test_attention_new),
 		cmocka_unit_test(test_flash),
 	};
 
