@@ -249,8 +249,10 @@ attn_load_tile(T *ks, T *vs, const struct cuda_kv &kv, const int32_t *tab, int c
 
 		if (c0 + r == np) {
 #pragma unroll
-			for (int e = 0; e < PER; e++)
-				ks[r * RS + c + e] = kv_elem<T>(kn[c + e]), vs[r * RS + c + e] = kv_elem<T>(kn[D + c + e]);
+			for (int e = 0; e < PER; e++) {
+				ks[r * RS + c + e] = kv_elem<T>(kn[c + e]);
+				vs[r * RS + c + e] = kv_elem<T>(kn[D + c + e]);
+			}
 			continue;
 		}
 		cp_async16(ks + r * RS + c, pool + ko);
@@ -372,8 +374,8 @@ attn_new_token(const float *q, float *qs, float *kn, const struct cuda_heads &hp
 			qs[g * D + i] = 0.0f;
 	}
 	if (g == kw) {
-		qk_head(kv.k_new + (size_t)kvh * D, hp.bk != NULL ? hp.bk + (size_t)kvh * D : NULL, hp.k_norm, hp, fp, a,
-		    b, ia, ib);
+		qk_head(kv.k_new + (size_t)kvh * D, hp.bk != NULL ? hp.bk + (size_t)kvh * D : NULL, hp.k_norm, hp, fp,
+		    a, b, ia, ib);
 #pragma unroll
 		for (int u = 0; u < MAX_PAIRS; u++)
 			if (lane + WARP * u < D / 2)
@@ -461,8 +463,9 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	 */
 	if (fa)
 		return;
-	if (kv.k_new != NULL)
-		attn_new_token<D, T, W>(q, qs, kn, hp, kv, tab, h0, ng, kvh, blockIdx.y % ngb == 0 && lo <= pos && pos < hi);
+	if (kv.k_new != NULL) /* the pool's row is stored by one block of the KV head's: the share that holds it */
+		attn_new_token<D, T, W>(q, qs, kn, hp, kv, tab, h0, ng, kvh,
+		    blockIdx.y % ngb == 0 && lo <= pos && pos < hi);
 	else
 		for (int i = threadIdx.x; i < ATT_GROUP * D; i += NT)
 			qs[i] = i / D < ng ? q[((size_t)t * hp.n_head + h0) * D + i] * hp.scale : 0.0f;
