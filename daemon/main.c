@@ -50,6 +50,9 @@ struct settings {
 	int socket_private;   /* the default path: its directory must be ours alone */
 	long max_frame;
 	int max_clients, frame_timeout;   /* 0: the server's defaults */
+	/* --model-draft or the config's "model_drafts": n_drafts pairs of a model (as requests name it) and its draft */
+	char **drafts;
+	int n_drafts;
 };
 
 static void
@@ -62,6 +65,8 @@ usage(FILE *fp)
 	    "                          its next tokens for requests that name no draft (speculative\n"
 	    "                          decoding: the same output, faster; it loads beside the model,\n"
 	    "                          and requests go on without it where it does not fit)\n"
+	    "      --model-draft MODEL=PATH  the same for requests on MODEL (a name or path, as requests\n"
+	    "                          give it); repeatable\n"
 	    "  -s, --socket PATH       socket (default $RESIDENT_SOCKET, else\n"
 	    "                          $XDG_RUNTIME_DIR/resident/socket, else /tmp/resident-UID/socket;\n"
 	    "                          started by systemd's socket activation, its socket instead)\n"
@@ -204,6 +209,49 @@ cfg_int(json_t *cfg, const char *key, int *dst, char *err)
 	return 0;
 }
 
+/* Adds the pair model, draft to s's drafts. */
+static void
+add_draft(struct settings *s, const char *model, size_t model_len, const char *draft)
+{
+	s->drafts = xrealloc(s->drafts, (size_t)(s->n_drafts + 1) * 2 * sizeof *s->drafts);
+	s->drafts[2 * s->n_drafts] = xstrndup(model, model_len);
+	s->drafts[2 * s->n_drafts + 1] = xstrdup(draft);
+	s->n_drafts++;
+}
+
+/* --model-draft MODEL=PATH. */
+static int
+parse_model_draft(struct settings *s, const char *arg)
+{
+	const char *eq = strchr(arg, '=');
+
+	if (eq == NULL || eq == arg || eq[1] == '\0') {
+		fprintf(stderr, "residentd: --model-draft takes MODEL=PATH (a model and its draft), not '%s'\n", arg);
+		return -1;
+	}
+	add_draft(s, arg, (size_t)(eq - arg), eq + 1);
+	return 0;
+}
+
+/* The config's "model_drafts" (an object: a model's name or path to its draft's), unless flags gave some. */
+static int
+cfg_drafts(json_t *cfg, struct settings *s, char *err)
+{
+	json_t *v = json_object_get(cfg, "model_drafts"), *d;
+	const char *model;
+
+	if (v == NULL || s->n_drafts > 0)
+		return 0;
+	if (!json_is_object(v))
+		return err_set(err, ERR_INVAL, "config: model_drafts must be an object of a model to its draft");
+	json_object_foreach(v, model, d) {
+		if (!json_is_string(d) || model[0] == '\0' || json_string_value(d)[0] == '\0')
+			return err_set(err, ERR_INVAL, "config: model_drafts: '%s' must name a draft model's path", model);
+		add_draft(s, model, strlen(model), json_string_value(d));
+	}
+	return 0;
+}
+
 /* Reads the config file; a missing default file is fine, a missing named one is not. */
 static int
 read_config(struct settings *s, char *err)
@@ -237,7 +285,8 @@ read_config(struct settings *s, char *err)
 	    (rc = cfg_bool(cfg, "kv_share_users", &s->kv_share_users, err)) ||
 	    (rc = cfg_str(cfg, "kv_host", &s->kv_host, err)) || (rc = cfg_str(cfg, "kv_disk", &s->kv_disk, err)) ||
 	    (rc = cfg_str(cfg, "device_memory", &s->device_memory, err)) ||
-	    (rc = cfg_str(cfg, "keep_alive", &s->keep_alive, err)) || (rc = cfg_str(cfg, "draft", &s->draft, err)))
+	    (rc = cfg_str(cfg, "keep_alive", &s->keep_alive, err)) || (rc = cfg_str(cfg, "draft", &s->draft, err)) ||
+	    (rc = cfg_drafts(cfg, s, err)))
 		err_prefix(err, rc, "%s", path);
 	json_decref(cfg);
 	free(path);
@@ -248,7 +297,7 @@ static int
 parse_args(int argc, char **argv, struct settings *s)
 {
 	enum { O_GROUP = 256, O_DB, O_DEVICE, O_CTX, O_KV, O_SEQS, O_QUEUE, O_FRAME, O_EXACT, O_SESSIONS, O_FAULT,
-		O_SHARE, O_KV_HOST, O_KV_DISK, O_DEVMEM, O_KEEP, O_CLIENTS, O_FRAME_TIMEOUT, O_DRAFT };
+		O_SHARE, O_KV_HOST, O_KV_DISK, O_DEVMEM, O_KEEP, O_CLIENTS, O_FRAME_TIMEOUT, O_DRAFT, O_MODEL_DRAFT };
 	static const struct option lo[] = {
 		{ "model", required_argument, NULL, 'm' }, { "socket", required_argument, NULL, 's' },
 		{ "group", required_argument, NULL, O_GROUP }, { "db", required_argument, NULL, O_DB },
@@ -266,6 +315,7 @@ parse_args(int argc, char **argv, struct settings *s)
 		{ "max-clients", required_argument, NULL, O_CLIENTS },
 		{ "frame-timeout", required_argument, NULL, O_FRAME_TIMEOUT },
 		{ "draft", required_argument, NULL, O_DRAFT },
+		{ "model-draft", required_argument, NULL, O_MODEL_DRAFT },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -296,6 +346,10 @@ parse_args(int argc, char **argv, struct settings *s)
 		case O_CLIENTS: s->max_clients = atoi(optarg); break;
 		case O_FRAME_TIMEOUT: s->frame_timeout = atoi(optarg); break;
 		case O_DRAFT: s->draft = xstrdup(optarg); break;
+		case O_MODEL_DRAFT:
+			if (parse_model_draft(s, optarg) != 0)
+				return -1;
+			break;
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
 		}
@@ -406,6 +460,16 @@ finish_settings(struct settings *s, gid_t *gid, enum sched_fault_policy *fault, 
 		return ERR_NOTFOUND;
 	if (s->draft != NULL && s->model == NULL)
 		return err_set(err, ERR_INVAL, "--draft guesses for the default model: give it with -m too");
+	for (int i = 0; i < s->n_drafts; i++)
+		if (resolve_model(&s->drafts[2 * i + 1], err) != 0)
+			return err_prefix(err, ERR_NOTFOUND, "--model-draft %s", s->drafts[2 * i]);
+	if (s->draft != NULL) { /* --draft is the default model's --model-draft, before the others: the first serves */
+		add_draft(s, s->model, strlen(s->model), s->draft);
+		char *m = s->drafts[2 * s->n_drafts - 2], *d = s->drafts[2 * s->n_drafts - 1];
+
+		memmove(s->drafts + 2, s->drafts, (size_t)(s->n_drafts - 1) * 2 * sizeof *s->drafts);
+		s->drafts[0] = m, s->drafts[1] = d;
+	}
 	if (s->db_path == NULL)
 		s->db_path = xdg_path("XDG_DATA_HOME", ".local/share", "resident/resident.db");
 	s->kv_dir = kv_dir_of(s->db_path);
@@ -518,7 +582,7 @@ main(int argc, char **argv)
 	vo.default_model = s.model ? model_file_name(s.model) : NULL;
 	so = (struct sched_opts){ s.model, s.device, s.threads, s.ctx, s.kv_tokens, s.max_step_tokens,
 		s.max_seqs, s.max_queue, s.exact, fault, s.kv_share_users, s.kv_host_bytes, s.kv_dir,
-		s.kv_disk_bytes, s.device_bytes, s.keep_alive_s, s.draft };
+		s.kv_disk_bytes, s.device_bytes, s.keep_alive_s, (const char *const *)s.drafts, s.n_drafts };
 	if (store_open(s.db_path, &st, err) == 0 && s.max_sessions > 0)
 		store_set_max_sessions(st, s.max_sessions);
 	if (st == NULL || server_start(base, &vo, st, &srv, err) != 0 ||
@@ -547,6 +611,9 @@ out:
 	free(s.socket_path), free(s.db_path), free(s.model), free(s.device), free(s.group);
 	free(s.log_level), free(s.config), free(s.device_fault), free(s.kv_host), free(s.kv_disk), free(s.kv_dir);
 	free(s.draft);
+	for (int i = 0; i < 2 * s.n_drafts; i++)
+		free(s.drafts[i]);
+	free(s.drafts);
 	free(s.device_memory), free(s.keep_alive);
 	log_info("stopped");
 	return rc;

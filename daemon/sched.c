@@ -313,6 +313,13 @@ sched_start(const struct sched_opts *o, void (*wake)(void *), void *wake_arg, st
 			return ERR_NOTFOUND;
 		}
 	}
+	s->draft_for = xcalloc((size_t)MAX(o->n_drafts, 1), sizeof *s->draft_for);
+	for (int i = 0; i < o->n_drafts; i++)
+		if ((rc = sched_find_model(s, o->drafts[2 * i], &s->draft_for[i], err)) != 0) {
+			err_prefix(err, rc, "--model-draft");
+			sched_stop(s);
+			return ERR_NOTFOUND;
+		}
 	if (pthread_create(&s->thread, NULL, sched_main, s) != 0) {
 		sched_stop(s);
 		return err_set(err, ERR_NOMEM, "cannot start the engine thread");
@@ -367,6 +374,7 @@ sched_stop(struct sched *s)
 	pthread_mutex_destroy(&s->mu);
 	pthread_cond_destroy(&s->cv);
 	free(s->device);
+	free(s->draft_for);
 	free(s);
 }
 

@@ -38,7 +38,13 @@ struct sched_opts {
 	uint64_t kv_disk_bytes;     /* its budget; 0: none stored (deleted sessions' files are still removed) */
 	uint64_t device_memory;     /* bytes of device memory for every loaded model (slots.h) */
 	double keep_alive;          /* seconds a model stays loaded unused, unless requests say (< 0: forever) */
-	const char *default_draft;  /* the draft model of default_model's requests that name none, or NULL */
+	/*
+	 * n_drafts pairs of a model (a name or path, as requests give it) and
+	 * the draft model of its requests that name none; the first pair of a
+	 * model serves.
+	 */
+	const char *const *drafts;
+	int n_drafts;
 };
 
 /* What a client looks like in `status`. */

@@ -186,11 +186,12 @@ load_draft(struct sched *s, struct gen *g, const char *name, enum proto_err *pe,
 
 /*
  * g's draft model: the one it names (0, -1 when it failed: the error is
- * sent, or SLOTS_WAIT), or for a request on the default model that names
- * none the daemon's --draft, where it can be had at once (else the request
- * runs without it: 0). A named draft that does not fit while only its own
- * model is in use never will (that model is loaded first again at the
- * next try): an error, not a wait that would hold every later request back.
+ * sent, or SLOTS_WAIT), or for a request that names none the daemon's for
+ * its model (--draft, --model-draft), where it can be had at once (else the
+ * request runs without it: 0). A named draft that does not fit while only
+ * its own model is in use never will (that model is loaded first again at
+ * the next try): an error, not a wait that would hold every later request
+ * back.
  */
 static int
 admit_draft(struct sched *s, struct gen *g)
@@ -203,10 +204,13 @@ admit_draft(struct sched *s, struct gen *g)
 	if (r->op != OP_GENERATE || r->speculative == SPEC_OFF)
 		return 0;
 	if (r->draft == NULL) {
-		if (g->slot == s->default_model && s->o.default_draft != NULL &&
-		    (rc = load_draft(s, g, s->o.default_draft, &pe, err)) != 0)
-			log_debug("request %llu: no draft: %s", (unsigned long long)r->id,
-			    rc == SLOTS_WAIT ? "the memory it needs is held by models in use" : err);
+		for (int i = 0; i < s->o.n_drafts; i++)
+			if (s->draft_for[i] == g->slot) {
+				if ((rc = load_draft(s, g, s->o.drafts[2 * i + 1], &pe, err)) != 0)
+					log_debug("request %llu: no draft: %s", (unsigned long long)r->id,
+					    rc == SLOTS_WAIT ? "the memory it needs is held by models in use" : err);
+				break;
+			}
 		return 0;
 	}
 	if ((rc = load_draft(s, g, r->draft, &pe, err)) == SLOTS_WAIT) {

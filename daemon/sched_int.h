@@ -146,6 +146,7 @@ struct sched {
 	struct slots slots;
 	int slots_on;                         /* slots_init was done */
 	struct slot *default_model;
+	struct slot **draft_for;              /* o.n_drafts: the model of each of o.drafts' pairs */
 	struct gen *gens;                     /* queued and running, in arrival order */
 	struct gen *waiting;                  /* queued until models in use give back memory */
 	int retry;                            /* a model fell out of use since waiting was last tried */

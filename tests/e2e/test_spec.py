@@ -28,6 +28,12 @@ CPU backend (the GPU's, in exact mode: test_gpu_spec.py).
 6. residentd --draft: requests on the default model that name no draft use
    it (the same output, guesses made), those with speculative "off" do
    not; a --draft of another vocabulary leaves requests running without it.
+   --model-draft MODEL=PATH: requests on another model that name no draft
+   guess as they do naming that draft (tokens, drafted and accepted the
+   same; lookup alone guesses otherwise), and the default model's do not;
+   the config's model_drafts the same; a malformed pair or config value, a
+   model or a draft that does not exist stop residentd at its start,
+   saying so.
 7. A request whose prompt arrives while another streams with a guess in
    every step is prefilled beside that stream, not held back until it
    ends (the pacer measures a guessing step as its decoders').
@@ -274,6 +280,46 @@ def check_daemon_draft(ck, tmp):
         ck.eq(g.finish, "length", "a --draft of another vocabulary: requests run without it")
 
 
+def check_model_draft(ck, tmp):
+    """Section 6, --model-draft."""
+    other = os.path.join(tmp, "other.gguf")
+    with Daemon(extra=DEVICE) as d:
+        c = d.client(timeout=TIMEOUT)
+        named = [c.generate(model=other, prompt=p, max_tokens=50, temperature=0, speculative="on", draft=other)
+                 for p in PROMPTS[:3]]
+        lookup = [c.generate(model=other, prompt=p, max_tokens=50, temperature=0, speculative="on")
+                  for p in PROMPTS[:3]]
+        plain = c.generate(prompt=PROMPTS[0], max_tokens=50, temperature=0, speculative="on")
+    usage = lambda g: (g.usage["drafted_tokens"], g.usage["accepted_tokens"])  # noqa: E731
+    ck.ok([usage(g) for g in named] != [usage(g) for g in lookup],
+          "lookup alone guesses otherwise than the draft (so the checks below tell them apart)")
+    config = os.path.join(tmp, "drafts.json")
+    with open(config, "w") as f:
+        json.dump({"model_drafts": {other: other}}, f)
+    for how, flags in (("--model-draft", ["--model-draft", "%s=%s" % (other, other)]),
+                       ("the config's model_drafts", ["-c", config])):
+        with Daemon(extra=DEVICE + flags) as d:
+            c = d.client(timeout=TIMEOUT)
+            for p, n in zip(PROMPTS[:3], named):
+                g = c.generate(model=other, prompt=p, max_tokens=50, temperature=0, speculative="on")
+                ck.eq(g.ids, n.ids, how + ": the same tokens")
+                ck.eq(usage(g), usage(n), how + ": the model's requests guess as naming its draft do")
+            g = c.generate(prompt=PROMPTS[0], max_tokens=50, temperature=0, speculative="on")
+            ck.eq(usage(g), usage(plain), how + ": the default model's requests have no draft")
+    bad = os.path.join(tmp, "bad-drafts.json")
+    with open(bad, "w") as f:
+        json.dump({"model_drafts": other}, f)
+    daemon = rsd.daemon_path()
+    for flags, says in ((["--model-draft", "noequals"], "MODEL=PATH"),
+                        (["--model-draft", "nosuch.gguf=" + other], "--model-draft"),
+                        (["--model-draft", other + "=" + os.path.join(tmp, "none.gguf")], "--model-draft"),
+                        (["-c", bad], "model_drafts")):
+        r = subprocess.run([daemon, "-s", os.path.join(tmp, "md.sock"), "--db", os.path.join(tmp, "md.db")] + flags +
+                           DEVICE, capture_output=True, text=True, timeout=TIMEOUT)
+        ck.ok(r.returncode != 0 and says in r.stderr, "%s: refused at the start, saying %r: exit %d, %s"
+              % (" ".join(flags), says, r.returncode, r.stderr.strip()[-300:]))
+
+
 def main():
     ck = Checks()
     tmp = tempfile.mkdtemp(prefix="rsd-spec-")
@@ -289,8 +335,9 @@ def main():
                               ("7. a prompt beside a stream that guesses", lambda: check_beside(ck, d, c))):
                 with ck.section(title):
                     fn()
-        with ck.section("6. residentd --draft"):
+        with ck.section("6. residentd --draft, --model-draft"):
             check_daemon_draft(ck, tmp)
+            check_model_draft(ck, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return ck
