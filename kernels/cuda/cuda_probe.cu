@@ -857,6 +857,21 @@ cuda_probe_qkv(struct cuda_probe *p, const struct cuda_probe_weight *w, const st
 	return rc;
 }
 
+/* The scratch of split attention, as many rows as the backend gives it, into ck. */
+static int
+split_scratch(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_heads *hd, struct cuda_kv *ck, char *err)
+{
+	void *part;
+	int rc;
+
+	ck->part_rows = cuda_attention_part_rows(0);
+	if ((rc = buf_new(p, bs, NULL, (size_t)ck->part_rows * (size_t)(hd->head_dim + 2) * sizeof(float), 1, &part,
+	    err)) != 0)
+		return rc;
+	ck->part = (float *)part;
+	return 0;
+}
+
 static int
 attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_heads *hd,
     const struct cuda_probe_kv *kv, const float *q, int n_tok, float *out, int8_t *q8, float *q8d, uint16_t *h16,
@@ -882,15 +897,8 @@ attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_hea
 		return rc;
 	dq8.q = (int8_t *)d8, dq8.d = (float2 *)d8d;
 	dh16.h = (__half *)dh, dh16.scale = (float *)dhs;
-	if (kv->split) {
-		void *part;
-
-		ck.part_rows = cuda_attention_part_rows(0);
-		if ((rc = buf_new(p, bs, NULL, (size_t)ck.part_rows * (size_t)(hd->head_dim + 2) * sizeof(float), 1,
-		    &part, err)) != 0)
-			return rc;
-		ck.part = (float *)part;
-	}
+	if (kv->split && (rc = split_scratch(p, bs, hd, &ck, err)) != 0)
+		return rc;
 	if ((rc = flash_tiles(p, bs, &ch, kv, n_tok, &ck, err)) != 0)
 		return rc;
 	if ((rc = cuda_attention((const float *)dq, (float *)dout, dq8, dh16, n_tok, &ch, &ck, p->stream, err)) != 0 ||
@@ -936,15 +944,8 @@ attention_new_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe
 	    (rc = buf_new(p, bs, v, kb, 0, &dv, err)) != 0 ||
 	    (rc = buf_new(p, bs, NULL, qb, 1, &dout, err)) != 0)
 		return rc;
-	if (kv->split) {
-		void *part;
-
-		ck.part_rows = cuda_attention_part_rows(0);
-		if ((rc = buf_new(p, bs, NULL, (size_t)ck.part_rows * (size_t)(hd->head_dim + 2) * sizeof(float), 1,
-		    &part, err)) != 0)
-			return rc;
-		ck.part = (float *)part;
-	}
+	if (kv->split && (rc = split_scratch(p, bs, hd, &ck, err)) != 0)
+		return rc;
 	ck.k_new = (const float *)dk, ck.v_new = (const float *)dv;
 	if ((rc = cuda_attention((const float *)dq, (float *)dout, no_q8, no_h16, 1, &ch, &ck, p->stream, err)) != 0 ||
 	    (rc = finish(p, bs, "cuda_attention (new token)", err)) != 0 || (rc = fetch(p, out, dout, qb, err)) != 0)
