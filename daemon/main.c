@@ -463,13 +463,8 @@ finish_settings(struct settings *s, gid_t *gid, enum sched_fault_policy *fault, 
 	for (int i = 0; i < s->n_drafts; i++)
 		if (resolve_model(&s->drafts[2 * i + 1], err) != 0)
 			return err_prefix(err, ERR_NOTFOUND, "--model-draft %s", s->drafts[2 * i]);
-	if (s->draft != NULL) { /* --draft is the default model's --model-draft, before the others: the first serves */
+	if (s->draft != NULL) /* the default model's --model-draft, given last: a later pair replaces an earlier */
 		add_draft(s, s->model, strlen(s->model), s->draft);
-		char *m = s->drafts[2 * s->n_drafts - 2], *d = s->drafts[2 * s->n_drafts - 1];
-
-		memmove(s->drafts + 2, s->drafts, (size_t)(s->n_drafts - 1) * 2 * sizeof *s->drafts);
-		s->drafts[0] = m, s->drafts[1] = d;
-	}
 	if (s->db_path == NULL)
 		s->db_path = xdg_path("XDG_DATA_HOME", ".local/share", "resident/resident.db");
 	s->kv_dir = kv_dir_of(s->db_path);

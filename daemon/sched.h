@@ -40,8 +40,8 @@ struct sched_opts {
 	double keep_alive;          /* seconds a model stays loaded unused, unless requests say (< 0: forever) */
 	/*
 	 * n_drafts pairs of a model (a name or path, as requests give it) and
-	 * the draft model of its requests that name none; the first pair of a
-	 * model serves.
+	 * the draft model of its requests that name none; a later pair of a
+	 * model replaces an earlier one.
 	 */
 	const char *const *drafts;
 	int n_drafts;

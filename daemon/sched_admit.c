@@ -204,7 +204,7 @@ admit_draft(struct sched *s, struct gen *g)
 	if (r->op != OP_GENERATE || r->speculative == SPEC_OFF)
 		return 0;
 	if (r->draft == NULL) {
-		for (int i = 0; i < s->o.n_drafts; i++)
+		for (int i = s->o.n_drafts - 1; i >= 0; i--)
 			if (s->draft_for[i] == g->slot) {
 				if ((rc = load_draft(s, g, s->o.drafts[2 * i + 1], &pe, err)) != 0)
 					log_debug("request %llu: no draft: %s", (unsigned long long)r->id,

@@ -28,8 +28,8 @@ CPU backend (the GPU's, in exact mode: test_gpu_spec.py).
 6. residentd --draft: requests on the default model that name no draft use
    it (the same output, guesses made), those with speculative "off" do
    not; a --draft of another vocabulary leaves requests running without it.
-   --model-draft MODEL=PATH: requests on another model that name no draft
-   guess as they do naming that draft (tokens, drafted and accepted the
+   --model-draft MODEL=PATH (the later of two for a model): requests on
+   another model that name no draft guess as they do naming that draft (tokens, drafted and accepted the
    same; lookup alone guesses otherwise), and the default model's do not;
    the config's model_drafts the same; a malformed pair or config value, a
    model or a draft that does not exist stop residentd at its start,
@@ -296,7 +296,9 @@ def check_model_draft(ck, tmp):
     config = os.path.join(tmp, "drafts.json")
     with open(config, "w") as f:
         json.dump({"model_drafts": {other: other}}, f)
-    for how, flags in (("--model-draft", ["--model-draft", "%s=%s" % (other, other)]),
+    qwen = os.path.join(tmp, "tiny-qwen3.gguf")  # another vocabulary: were it the model's draft, no draft at all
+    for how, flags in (("--model-draft, the later of two", ["--model-draft", "%s=%s" % (other, qwen),
+                                                           "--model-draft", "%s=%s" % (other, other)]),
                        ("the config's model_drafts", ["-c", config])):
         with Daemon(extra=DEVICE + flags) as d:
             c = d.client(timeout=TIMEOUT)
