@@ -872,21 +872,28 @@ split_scratch(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_hea
 	return 0;
 }
 
+/*
+ * cuda_attention of q over kv's pool; with k (and v) a step of one token
+ * whose K and V rows are given raw (cuda_kv.k_new), the pool copied back.
+ */
 static int
 attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_heads *hd,
-    const struct cuda_probe_kv *kv, const float *q, int n_tok, float *out, int8_t *q8, float *q8d, uint16_t *h16,
-    float *h16s, char *err)
+    const struct cuda_probe_kv *kv, const float *q, const float *k, const float *v, int n_tok, float *out,
+    int8_t *q8, float *q8d, uint16_t *h16, float *h16s, char *err)
 {
 	size_t n = (size_t)n_tok * (size_t)hd->n_head * (size_t)hd->head_dim, qb = n * sizeof(float);
+	size_t kb = (size_t)hd->n_head_kv * (size_t)hd->head_dim * sizeof(float);
 	struct cuda_heads ch;
 	struct cuda_kv ck;
 	struct cuda_q8 dq8 = { NULL, NULL };
 	struct cuda_h16 dh16 = { NULL, NULL };
-	void *dq, *dout, *d8 = NULL, *d8d = NULL, *dh = NULL, *dhs = NULL;
+	void *dq, *dout, *d8 = NULL, *d8d = NULL, *dh = NULL, *dhs = NULL, *dk, *dv;
 	int rc;
 
+	if (k != NULL && n_tok != 1)
+		return err_set(err, ERR_INVAL, "cuda_probe: raw K and V rows are a step of one token's");
 	if ((rc = check_heads(hd, kv, n_tok, err)) != 0 ||
-	    (rc = heads_upload(p, bs, hd, kv, n_tok, 0, &ch, &ck, err)) != 0 ||
+	    (rc = heads_upload(p, bs, hd, kv, n_tok, k != NULL, &ch, &ck, err)) != 0 ||
 	    (rc = buf_new(p, bs, q, qb, 0, &dq, err)) != 0 ||
 	    (rc = buf_new(p, bs, NULL, qb, 1, &dout, err)) != 0 ||
 	    (q8 != NULL && ((rc = buf_new(p, bs, NULL, 2 * n, 1, &d8, err)) != 0 ||
@@ -895,6 +902,11 @@ attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_hea
 	if (h16 != NULL && ((rc = buf_new(p, bs, NULL, n * sizeof(uint16_t), 1, &dh, err)) != 0 ||
 	    (rc = buf_new(p, bs, NULL, (size_t)n_tok * sizeof(float), 1, &dhs, err)) != 0))
 		return rc;
+	if (k != NULL) {
+		if ((rc = buf_new(p, bs, k, kb, 0, &dk, err)) != 0 || (rc = buf_new(p, bs, v, kb, 0, &dv, err)) != 0)
+			return rc;
+		ck.k_new = (const float *)dk, ck.v_new = (const float *)dv;
+	}
 	dq8.q = (int8_t *)d8, dq8.d = (float2 *)d8d;
 	dh16.h = (__half *)dh, dh16.scale = (float *)dhs;
 	if (kv->split && (rc = split_scratch(p, bs, hd, &ck, err)) != 0)
@@ -910,6 +922,8 @@ attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_hea
 	if (h16 != NULL && ((rc = fetch(p, h16, dh, n * sizeof(uint16_t), err)) != 0 ||
 	    (rc = fetch(p, h16s, dhs, (size_t)n_tok * sizeof(float), err)) != 0))
 		return rc;
+	if (k != NULL && (rc = fetch(p, kv->pool, ck.pool, pool_bytes(hd, kv), err)) != 0)
+		return rc;
 	return fetch(p, out, dout, qb, err);
 }
 
@@ -918,39 +932,10 @@ cuda_probe_attention(struct cuda_probe *p, const struct cuda_probe_heads *hd, co
     const float *q, int n_tok, float *out, int8_t *q8, float *q8d, uint16_t *h16, float *h16s, char *err)
 {
 	struct bufs bs = {};
-	int rc = attention_run(p, &bs, hd, kv, q, n_tok, out, q8, q8d, h16, h16s, err);
+	int rc = attention_run(p, &bs, hd, kv, q, NULL, NULL, n_tok, out, q8, q8d, h16, h16s, err);
 
 	bufs_free(&bs);
 	return rc;
-}
-
-static int
-attention_new_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_heads *hd,
-    struct cuda_probe_kv *kv, const float *q, const float *k, const float *v, float *out, char *err)
-{
-	size_t qb = (size_t)hd->n_head * (size_t)hd->head_dim * sizeof(float);
-	size_t kb = (size_t)hd->n_head_kv * (size_t)hd->head_dim * sizeof(float);
-	struct cuda_heads ch;
-	struct cuda_kv ck;
-	struct cuda_q8 no_q8 = { NULL, NULL };
-	struct cuda_h16 no_h16 = { NULL, NULL };
-	void *dq, *dk, *dv, *dout;
-	int rc;
-
-	if ((rc = check_heads(hd, kv, 1, err)) != 0 ||
-	    (rc = heads_upload(p, bs, hd, kv, 1, 1, &ch, &ck, err)) != 0 ||
-	    (rc = buf_new(p, bs, q, qb, 0, &dq, err)) != 0 ||
-	    (rc = buf_new(p, bs, k, kb, 0, &dk, err)) != 0 ||
-	    (rc = buf_new(p, bs, v, kb, 0, &dv, err)) != 0 ||
-	    (rc = buf_new(p, bs, NULL, qb, 1, &dout, err)) != 0)
-		return rc;
-	if (kv->split && (rc = split_scratch(p, bs, hd, &ck, err)) != 0)
-		return rc;
-	ck.k_new = (const float *)dk, ck.v_new = (const float *)dv;
-	if ((rc = cuda_attention((const float *)dq, (float *)dout, no_q8, no_h16, 1, &ch, &ck, p->stream, err)) != 0 ||
-	    (rc = finish(p, bs, "cuda_attention (new token)", err)) != 0 || (rc = fetch(p, out, dout, qb, err)) != 0)
-		return rc;
-	return fetch(p, kv->pool, ck.pool, pool_bytes(hd, kv), err);
 }
 
 extern "C" int
@@ -958,7 +943,7 @@ cuda_probe_attention_new(struct cuda_probe *p, const struct cuda_probe_heads *hd
     const float *q, const float *k, const float *v, float *out, char *err)
 {
 	struct bufs bs = {};
-	int rc = attention_new_run(p, &bs, hd, kv, q, k, v, out, err);
+	int rc = attention_run(p, &bs, hd, kv, q, k, v, 1, out, NULL, NULL, NULL, NULL, err);
 
 	bufs_free(&bs);
 	return rc;
