@@ -56,6 +56,18 @@ struct settings {
 };
 
 static void
+settings_free(struct settings *s)
+{
+	free(s->socket_path), free(s->db_path), free(s->model), free(s->device), free(s->group);
+	free(s->log_level), free(s->config), free(s->device_fault), free(s->kv_host), free(s->kv_disk), free(s->kv_dir);
+	free(s->draft);
+	for (int i = 0; i < 2 * s->n_drafts; i++)
+		free(s->drafts[i]);
+	free(s->drafts);
+	free(s->device_memory), free(s->keep_alive);
+}
+
+static void
 usage(FILE *fp)
 {
 	fprintf(fp,
@@ -293,6 +305,15 @@ read_config(struct settings *s, char *err)
 	return rc;
 }
 
+/* A string setting given again: the last one counts. */
+static void
+set_str(char **dst, const char *v)
+{
+	free(*dst);
+	*dst = xstrdup(v);
+}
+
+/* 0; 1 where --help printed the usage; -1 on a bad argument (the usage printed to stderr). */
 static int
 parse_args(int argc, char **argv, struct settings *s)
 {
@@ -322,14 +343,14 @@ parse_args(int argc, char **argv, struct settings *s)
 
 	while ((c = getopt_long(argc, argv, "m:s:c:t:l:h", lo, NULL)) != -1) {
 		switch (c) {
-		case 'm': s->model = xstrdup(optarg); break;
-		case 's': s->socket_path = xstrdup(optarg); break;
-		case 'c': s->config = xstrdup(optarg); break;
+		case 'm': set_str(&s->model, optarg); break;
+		case 's': set_str(&s->socket_path, optarg); break;
+		case 'c': set_str(&s->config, optarg); break;
 		case 't': s->threads = atoi(optarg); break;
-		case 'l': s->log_level = xstrdup(optarg); break;
-		case O_GROUP: s->group = xstrdup(optarg); break;
-		case O_DB: s->db_path = xstrdup(optarg); break;
-		case O_DEVICE: s->device = xstrdup(optarg); break;
+		case 'l': set_str(&s->log_level, optarg); break;
+		case O_GROUP: set_str(&s->group, optarg); break;
+		case O_DB: set_str(&s->db_path, optarg); break;
+		case O_DEVICE: set_str(&s->device, optarg); break;
 		case O_CTX: s->ctx = atoi(optarg); break;
 		case O_KV: s->kv_tokens = atoi(optarg); break;
 		case O_SEQS: s->max_seqs = atoi(optarg); break;
@@ -337,20 +358,20 @@ parse_args(int argc, char **argv, struct settings *s)
 		case O_FRAME: s->max_frame = atol(optarg); break;
 		case O_EXACT: s->exact = 1; break;
 		case O_SESSIONS: s->max_sessions = atoi(optarg); break;
-		case O_FAULT: s->device_fault = xstrdup(optarg); break;
+		case O_FAULT: set_str(&s->device_fault, optarg); break;
 		case O_SHARE: s->kv_share_users = 1; break;
-		case O_KV_HOST: s->kv_host = xstrdup(optarg); break;
-		case O_KV_DISK: s->kv_disk = xstrdup(optarg); break;
-		case O_DEVMEM: s->device_memory = xstrdup(optarg); break;
-		case O_KEEP: s->keep_alive = xstrdup(optarg); break;
+		case O_KV_HOST: set_str(&s->kv_host, optarg); break;
+		case O_KV_DISK: set_str(&s->kv_disk, optarg); break;
+		case O_DEVMEM: set_str(&s->device_memory, optarg); break;
+		case O_KEEP: set_str(&s->keep_alive, optarg); break;
 		case O_CLIENTS: s->max_clients = atoi(optarg); break;
 		case O_FRAME_TIMEOUT: s->frame_timeout = atoi(optarg); break;
-		case O_DRAFT: s->draft = xstrdup(optarg); break;
+		case O_DRAFT: set_str(&s->draft, optarg); break;
 		case O_MODEL_DRAFT:
 			if (parse_model_draft(s, optarg) != 0)
 				return -1;
 			break;
-		case 'h': usage(stdout); exit(0);
+		case 'h': usage(stdout); return 1;
 		default: usage(stderr); return -1;
 		}
 	}
@@ -550,10 +571,14 @@ main(int argc, char **argv)
 	 * RSS 7.0 -> 43.4 MB and staying without this, 7.0 -> 8.1 MB with it.
 	 */
 	mallopt(M_MMAP_THRESHOLD, 128 << 10);
-	if (parse_args(argc, argv, &s) != 0)
-		return 2;
+	if ((rc = parse_args(argc, argv, &s)) != 0) {
+		settings_free(&s);
+		return rc > 0 ? 0 : 2;
+	}
+	rc = 1;
 	if (read_config(&s, err) != 0 || finish_settings(&s, &vo.group, &fault, err) != 0) {
 		fprintf(stderr, "residentd: %s\n", err);
+		settings_free(&s);
 		return 2;
 	}
 	/* before anything opens a file: systemd's socket is fd 3 */
@@ -603,13 +628,7 @@ out:
 	if (base)
 		event_base_free(base);
 	free((char *)vo.default_model);
-	free(s.socket_path), free(s.db_path), free(s.model), free(s.device), free(s.group);
-	free(s.log_level), free(s.config), free(s.device_fault), free(s.kv_host), free(s.kv_disk), free(s.kv_dir);
-	free(s.draft);
-	for (int i = 0; i < 2 * s.n_drafts; i++)
-		free(s.drafts[i]);
-	free(s.drafts);
-	free(s.device_memory), free(s.keep_alive);
+	settings_free(&s);
 	log_info("stopped");
 	return rc;
 }

@@ -19,10 +19,15 @@ GPU. A scenario:
     every session takes another turn.
 
 Also: a fault on every step from the Nth on (the daemon keeps answering and
-counts them), and a malformed RESIDENT_CPU_FAULT (refused at start).
+counts them), a malformed RESIDENT_CPU_FAULT (refused at start), and bad
+arguments and settings (refused before the start, with nothing leaked under
+tests/valgrind.sh).
 """
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -143,8 +148,33 @@ def refused(ck, name, env, want):
             d.cleanup()
 
 
+def bad_settings(ck):
+    """Arguments and settings residentd refuses before it starts: exit status 2
+    and what was wrong (under tests/valgrind.sh: nothing leaked on the way
+    out); --help prints the usage and exits 0."""
+    with ck.section("refused settings"):
+        tmp = tempfile.mkdtemp(prefix="resident-bad-")
+        try:
+            cfg = os.path.join(tmp, "residentd.json")
+            with open(cfg, "w") as f:
+                f.write('{"threads": "many"}')
+            base = [rsd.daemon_path(), "-s", os.path.join(tmp, "s"), "--db", os.path.join(tmp, "db")]
+            cases = [(["-m", "a.gguf", "-m", "b.gguf", "-c", cfg], 2, "threads must be"),
+                     (["--model-draft", "nodraft"], 2, "MODEL=PATH"),
+                     (["--no-such-flag"], 2, "usage: residentd"),
+                     (["--help"], 0, "usage: residentd")]
+            for args, want_rc, says in cases:
+                r = subprocess.run(base + args, capture_output=True, text=True, timeout=120)
+                ck.eq(r.returncode, want_rc, "residentd %s: exit status" % " ".join(args))
+                ck.ok(says in r.stdout + r.stderr, "residentd %s: says %r (%s)"
+                      % (" ".join(args), says, (r.stdout + r.stderr).strip()[-200:]))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     ck = Checks()
+    bad_settings(ck)
     scenario(ck, "cpu step fault, reload", "cpu", {"RESIDENT_CPU_FAULT": "step:60"}, "reload", "cpu")
     scenario(ck, "cpu KV copy fault, reload", "cpu", {"RESIDENT_CPU_FAULT": "copy:1"}, "reload", "cpu")
     scenario(ck, "cpu step fault, --device-fault cpu", "cpu", {"RESIDENT_CPU_FAULT": "step:60"}, "cpu", "cpu")
