@@ -55,6 +55,7 @@ struct settings {
 	int n_drafts;
 };
 
+/* What the arguments, the config file and finish_settings allocated, on every way out of main. */
 static void
 settings_free(struct settings *s)
 {
