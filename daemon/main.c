@@ -558,7 +558,7 @@ main(int argc, char **argv)
 	struct server_opts vo = { 0 };
 	enum sched_fault_policy fault;
 	char err[ERR_LEN];
-	int rc = 1;
+	int rc = 1, parsed;
 
 	signal(SIGPIPE, SIG_IGN);
 	/* over a file size limit (RLIMIT_FSIZE), a write fails with EFBIG: the
@@ -572,11 +572,10 @@ main(int argc, char **argv)
 	 * RSS 7.0 -> 43.4 MB and staying without this, 7.0 -> 8.1 MB with it.
 	 */
 	mallopt(M_MMAP_THRESHOLD, 128 << 10);
-	if ((rc = parse_args(argc, argv, &s)) != 0) {
+	if ((parsed = parse_args(argc, argv, &s)) != 0) {
 		settings_free(&s);
-		return rc > 0 ? 0 : 2;
+		return parsed > 0 ? 0 : 2;
 	}
-	rc = 1;
 	if (read_config(&s, err) != 0 || finish_settings(&s, &vo.group, &fault, err) != 0) {
 		fprintf(stderr, "residentd: %s\n", err);
 		settings_free(&s);

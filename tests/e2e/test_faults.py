@@ -159,8 +159,9 @@ def bad_settings(ck):
             with open(cfg, "w") as f:
                 f.write('{"threads": "many"}')
             base = [rsd.daemon_path(), "-s", os.path.join(tmp, "s"), "--db", os.path.join(tmp, "db")]
+            # test_spec.py checks what each --model-draft refusal says; here, one after a pair was kept
             cases = [(["-m", "a.gguf", "-m", "b.gguf", "-c", cfg], 2, "threads must be"),
-                     (["--model-draft", "nodraft"], 2, "MODEL=PATH"),
+                     (["--model-draft", "a.gguf=b.gguf", "--model-draft", "nodraft"], 2, "MODEL=PATH"),
                      (["--no-such-flag"], 2, "usage: residentd"),
                      (["--help"], 0, "usage: residentd")]
             for args, want_rc, says in cases:
