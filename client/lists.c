@@ -340,6 +340,9 @@ print_model_info(const rs_value *m)
 		printf("host memory   %s: the feed-forward of %llu of %llu layers, computed there (all on the device takes %s)\n",
 		    cli_size(rs_uint(rs_get(m, "host_bytes")), a), (unsigned long long)rs_uint(rs_get(m, "host_layers")),
 		    (unsigned long long)rs_uint(rs_get(m, "layers")), cli_size(rs_uint(rs_get(m, "whole_bytes")), w));
+	if (rs_uint(rs_get(m, "hot_experts")) > 0)
+		printf("hot experts   %llu of each host layer also on the device, the most chosen\n",
+		    (unsigned long long)rs_uint(rs_get(m, "hot_experts")));
 }
 
 /* A model.unload result: what was unloaded, and the requests that ended. */
@@ -704,8 +707,12 @@ host_text(const rs_value *m, char *buf, size_t len)
 
 	if (rs_uint(rs_get(m, "host_layers")) == 0)
 		return "-";
-	snprintf(buf, len, "%s (%llu layers)", cli_size(rs_uint(rs_get(m, "host_bytes")), sz),
-	    (unsigned long long)rs_uint(rs_get(m, "host_layers")));
+	if (rs_uint(rs_get(m, "hot_experts")) > 0)
+		snprintf(buf, len, "%s (%llu layers, %llu hot experts each)", cli_size(rs_uint(rs_get(m, "host_bytes")), sz),
+		    (unsigned long long)rs_uint(rs_get(m, "host_layers")), (unsigned long long)rs_uint(rs_get(m, "hot_experts")));
+	else
+		snprintf(buf, len, "%s (%llu layers)", cli_size(rs_uint(rs_get(m, "host_bytes")), sz),
+		    (unsigned long long)rs_uint(rs_get(m, "host_layers")));
 	return buf;
 }
 

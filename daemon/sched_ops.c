@@ -141,10 +141,12 @@ fill_shown(struct sched *s, const struct sched_job *job, msgpack_packer *pk, con
 	const struct model_hparams *hp = &md->hp;
 	uint64_t need, whole, want, host_bytes = 0;
 	int32_t host_layers = sh->m->e != NULL ? engine_host_layers(sh->m->e, &host_bytes) : 0;
+	int64_t moves;
+	int hot = sh->m->e != NULL ? engine_hot_experts(sh->m->e, &moves) : 0;
 
 	engine_mem_need(sh->e, &need, &whole, &want);
 	proto_pack_str(pk, "model");
-	pack_model(s, pk, sh->m, md, 23);
+	pack_model(s, pk, sh->m, md, 24);
 	proto_pack_kv_uint(pk, "parameters", model_n_params(md));
 	proto_pack_kv_str(pk, "quantization", model_quantization(md));
 	pack_tensor_types(pk, md);
@@ -165,6 +167,7 @@ fill_shown(struct sched *s, const struct sched_job *job, msgpack_packer *pk, con
 	proto_pack_kv_uint(pk, "whole_bytes", whole);
 	proto_pack_kv_uint(pk, "host_layers", (uint64_t)host_layers);
 	proto_pack_kv_uint(pk, "host_bytes", host_bytes);
+	proto_pack_kv_uint(pk, "hot_experts", (uint64_t)hot);
 	proto_pack_kv_str(pk, "pooling", pool_names[md->embed.pool]);
 	proto_pack_kv_uint(pk, "dimensions", md->embed.pool != POOL_NONE ? (uint64_t)md->embed.n_out : 0);
 	proto_pack_kv_bool(pk, "bidirectional", md->embed.bidirectional);
@@ -270,7 +273,8 @@ sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *
 	struct engine_cache_stats cs;
 	uint64_t device_bytes = 0, host_bytes = 0, drafted = 0, accepted = 0;
 	int32_t host_layers;
-	int i;
+	int64_t moves = 0;
+	int hot, i;
 
 	for (m = s->slots.list; m != NULL; m = m->next)
 		n_models++;
@@ -291,9 +295,10 @@ sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *
 		if (m->e != NULL)
 			engine_cache_stats(m->e, &cs);
 		host_layers = m->e != NULL ? engine_host_layers(m->e, &host_bytes) : 0;
+		hot = m->e != NULL ? engine_hot_experts(m->e, &moves) : 0;
 		if (m->e != NULL)
 			engine_spec_stats(m->e, &drafted, &accepted);
-		msgpack_pack_map(pk, 29);
+		msgpack_pack_map(pk, 31);
 		proto_pack_kv_str(pk, "name", m->name);
 		proto_pack_kv_bool(pk, "loaded", m->e != NULL);
 		proto_pack_kv_uint(pk, "faults", m->faults);
@@ -307,6 +312,8 @@ sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *
 		proto_pack_kv_uint(pk, "weights_bytes", m->e ? engine_model(m->e)->weight_bytes : 0);
 		proto_pack_kv_uint(pk, "host_layers", (uint64_t)host_layers);
 		proto_pack_kv_uint(pk, "host_bytes", m->e ? host_bytes : 0);
+		proto_pack_kv_uint(pk, "hot_experts", (uint64_t)hot);
+		proto_pack_kv_uint(pk, "expert_moves", (uint64_t)moves);
 		proto_pack_kv_uint(pk, "kv_bytes", m->e ? engine_kv_bytes(m->e) : 0);
 		proto_pack_kv_uint(pk, "kv_blocks", m->e ? (uint64_t)engine_kv_blocks(m->e) : 0);
 		proto_pack_kv_uint(pk, "kv_free_blocks", m->e ? (uint64_t)engine_free_blocks(m->e) : 0);

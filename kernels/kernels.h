@@ -38,6 +38,14 @@ struct backend_opts {
 	 * host anyway (CPU).
 	 */
 	const uint8_t *host_ffn;
+	/*
+	 * Experts of each host_ffn layer of experts held on the device as
+	 * well (CUDA; 0: none): a step of a few tokens runs the chosen ones
+	 * held there while the host computes the others, and the most chosen
+	 * experts move into the place of the least chosen as the routing
+	 * changes (backend_plan.expert: the device bytes of one).
+	 */
+	int hot_experts;
 };
 
 /*
@@ -51,6 +59,7 @@ struct backend_opts {
 struct backend_plan {
 	uint64_t fixed, kv_block, host;
 	uint64_t *ffn;
+	uint64_t expert;   /* device bytes of one expert (backend_opts.hot_experts); 0: the backend holds none apart */
 };
 
 /* One sequence's part of a step: n_new tokens at positions pos0.. */
@@ -212,6 +221,12 @@ struct backend_ops {
 	 * returns n.
 	 */
 	int (*step_tokens)(const struct backend *b, int n);
+	/*
+	 * The experts each host layer holds on the device (backend_opts.
+	 * hot_experts; 0: none) and how many have moved there since the
+	 * load; NULL for a backend without them.
+	 */
+	int (*hot_experts)(const struct backend *b, int64_t *moves);
 	void (*free)(struct backend *b);
 	int has_argmax;     /* forward fills fwd_batch.argmax on the device (only ids cross to the host),
 	                       drawn as fwd_batch.pick says when it is set */

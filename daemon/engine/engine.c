@@ -25,6 +25,11 @@
 #include <string.h>
 
 #define DEFAULT_CTX_CAP 8192
+/*
+ * A host layer of experts keeps this share of them on the device as well
+ * (1 / HOT_SHARE; RESIDENT_HOT_EXPERTS sets the count, 0 none).
+ */
+#define HOT_SHARE 8
 
 _Static_assert(FWD_TOP_LOGPROBS == SAMPLE_TOP, "the backends and the host sampler report as many likely tokens");
 
@@ -64,7 +69,7 @@ engine_pick_backend(const char *device, const struct backend_ops **ops, char *er
 static void
 resolve_opts(struct engine *e, const struct engine_opts *o)
 {
-	const char *host_picks, *stall;
+	const char *host_picks, *stall, *hot;
 	int32_t kv_tokens;
 
 	e->n_ctx = o->n_ctx > 0 ? o->n_ctx : MIN(e->m->hp.n_ctx_train, DEFAULT_CTX_CAP);
@@ -85,6 +90,8 @@ resolve_opts(struct engine *e, const struct engine_opts *o)
 	e->host_picks = host_picks != NULL && atoi(host_picks) != 0;
 	stall = getenv("RESIDENT_KV_MOVE_STALL");
 	e->move_stall_ms = stall != NULL ? MAX(atol(stall), 0) : 0;
+	hot = getenv("RESIDENT_HOT_EXPERTS");
+	e->hot_experts = hot != NULL && *hot != '\0' ? MAX(atoi(hot), 0) : e->m->hp.n_expert / HOT_SHARE;
 	e->host = o->host;
 	e->disk = o->disk;
 }
@@ -160,19 +167,30 @@ engine_mem_need(const struct engine *e, uint64_t *min, uint64_t *whole, uint64_t
 /*
  * Keeps the feed-forwards of the first layers that can move in host
  * memory, one more at a time, until the rest and a KV cache of one
- * context fit limit (engine_mem_need's min has said that they can).
+ * context fit limit (engine_mem_need's min has said that they can). A
+ * host layer of experts keeps its most chosen ones on the device too
+ * (hot_experts of them, where the backend can): the device's share of
+ * the experts is then spread over every layer, where it follows what the
+ * tokens choose and computes beside the host, rather than held by whole
+ * layers. Should the hot experts themselves not fit, fewer are kept.
  */
 static int
 place_layers(struct engine *e, uint64_t limit, char *err)
 {
 	int rc;
 
+	e->bo.hot_experts = e->plan.expert > 0 ? e->hot_experts : 0;
 	for (int l = 0; l < e->m->hp.n_layer && e->plan.fixed + ctx_kv_bytes(e) > limit; l++) {
 		if (e->ffn[l] == 0)
 			continue;
 		e->host_ffn[l] = 1;
 		e->host_layers++;
 		e->bo.host_ffn = e->host_ffn;
+		if ((rc = e->ops->plan(e->m, &e->bo, &e->plan, err)) != 0)
+			return err_prefix(err, rc, "%s backend", e->ops->name);
+	}
+	while (e->bo.hot_experts > 0 && e->plan.fixed + ctx_kv_bytes(e) > limit) {
+		e->bo.hot_experts = e->bo.hot_experts / 2;
 		if ((rc = e->ops->plan(e->m, &e->bo, &e->plan, err)) != 0)
 			return err_prefix(err, rc, "%s backend", e->ops->name);
 	}
@@ -275,6 +293,13 @@ engine_host_layers(const struct engine *e, uint64_t *host_bytes)
 {
 	*host_bytes = e->be != NULL ? e->plan.host : 0;
 	return e->be != NULL ? e->host_layers : 0;
+}
+
+int
+engine_hot_experts(const struct engine *e, int64_t *moves)
+{
+	*moves = 0;
+	return e->be != NULL && e->ops->hot_experts != NULL ? e->ops->hot_experts(e->be, moves) : 0;
 }
 
 int

@@ -192,6 +192,11 @@ uint64_t engine_mem_bytes(const struct engine *e);
  */
 int32_t engine_host_layers(const struct engine *e, uint64_t *host_bytes);
 /*
+ * The experts each host layer keeps on the device as well (its most
+ * chosen; 0: none) and how many have moved there since the load.
+ */
+int engine_hot_experts(const struct engine *e, int64_t *moves);
+/*
  * Memory of the device a backend would run on (engine_pick_backend): the
  * GPU's for CUDA, the machine's for the CPU (MemAvailable, MemTotal).
  */

@@ -38,6 +38,7 @@ struct engine {
 	uint64_t *ffn;
 	uint8_t *host_ffn;
 	int32_t host_layers;
+	int hot_experts;    /* what a host layer of experts keeps on the device (RESIDENT_HOT_EXPERTS, else n_expert / HOT_SHARE) */
 	int32_t n_io;       /* disk jobs in flight: they hold blocks of the pool */
 	pthread_mutex_t copy_mu; /* held around kv_move, which the disk tier's thread calls too */
 	uint64_t mem_bytes;              /* what it holds on the device once loaded */

@@ -47,10 +47,12 @@ struct cpu_ffn {
 	float *scratch;     /* cpu_matmul's */
 	uint8_t *q8[2];     /* 8-bit copies of a product's input; NULL: exact */
 	struct cpu_route route;
+	float *chosen;      /* n_layer x n_expert: cpu_ffn_chosen's counts */
 	/* the call under way */
 	int l;
 	const float *h;
 	float *out;
+	const int32_t *on_dev; /* cpu_ffn_run_routed's: experts computed elsewhere (>= 0), or NULL */
 };
 
 /* The width of a feed-forward's hidden rows: the experts' or the dense one's. */
@@ -155,6 +157,8 @@ cpu_ffn_new(const struct model_desc *m, const uint8_t *use_layer, int max_tokens
 		return NULL;
 	}
 	f->layers = xcalloc((size_t)m->hp.n_layer, sizeof *f->layers);
+	if (m->hp.n_expert > 0)
+		f->chosen = xcalloc((size_t)m->hp.n_layer * (size_t)m->hp.n_expert, sizeof *f->chosen);
 	for (int l = 0; l < m->hp.n_layer; l++) {
 		const struct model_layer *L = &m->layers[l];
 		struct ffn_layer *c = &f->layers[l];
@@ -182,7 +186,7 @@ cpu_ffn_free(struct cpu_ffn *f)
 
 		free(c->router_b), free(c->gate_b), free(c->up_b), free(c->down_b);
 	}
-	free(f->layers);
+	free(f->layers), free(f->chosen);
 	free(f->gate), free(f->up), free(f->scratch), free(f->q8[0]), free(f->q8[1]);
 	free(r->logit), free(r->weight), free(r->x), free(r->gate), free(r->up), free(r->down);
 	free(r->expert), free(r->row), free(r->token), free(r->first);
@@ -284,6 +288,13 @@ expert_of(const struct cpu_route *r, int E, int32_t row)
 	return lo;
 }
 
+/* 1 if the call's expert e is computed elsewhere (cpu_ffn_run_routed's on_dev). */
+static int
+on_device(const struct cpu_ffn *f, int e)
+{
+	return f->on_dev != NULL && f->on_dev[e] >= 0;
+}
+
 /* Task row: its token's normed input into the grouped rows. */
 static void
 gather_task(void *arg, int64_t row, int thread)
@@ -304,6 +315,8 @@ act_task(void *arg, int64_t row, int thread)
 	int64_t F = hp->n_ff_exp, e = expert_of(&f->route, hp->n_expert, (int32_t)row);
 	float *g = f->route.gate + row * F, *u = f->route.up + row * F;
 
+	if (on_device(f, (int)e))
+		return;
 	if (c->gate_b != NULL) {
 		cpu_add(g, c->gate_b + e * F, F);
 		cpu_add(u, c->up_b + e * F, F);
@@ -327,6 +340,8 @@ combine_task(void *arg, int64_t t, int thread)
 
 	memset(out, 0, (size_t)D * sizeof *out);
 	for (s = t * hp->n_expert_used; s < (t + 1) * hp->n_expert_used; s++) {
+		if (on_device(f, r->expert[s]))
+			continue;
 		d = r->down + (int64_t)r->row[s] * D;
 		if (bias != NULL)
 			cpu_add(d, bias + (int64_t)r->expert[s] * D, D);
@@ -349,7 +364,7 @@ expert_products(struct cpu_ffn *f, const struct model_tensor *w, const struct mo
 	for (int e = 0; e < f->m->hp.n_expert; e++) {
 		int32_t rows = r->first[e + 1] - r->first[e];
 
-		if (rows == 0)
+		if (rows == 0 || on_device(f, e))
 			continue;
 		cpu_act_rows(&acts[e], in, n, r->first[e], rows, n, f->exact ? NULL : f->q8, slices[e]);
 		mm[n_mm++] = (struct cpu_mm){ &acts[e], &w[e], out[0] + r->first[e] * ldy, ldy };
@@ -359,14 +374,25 @@ expert_products(struct cpu_ffn *f, const struct model_tensor *w, const struct mo
 	return n_mm;
 }
 
+/* Counts the call's choices (cpu_ffn_chosen). */
+static void
+count_chosen(struct cpu_ffn *f, int64_t slots)
+{
+	float *c = f->chosen + (size_t)f->l * (size_t)f->m->hp.n_expert;
+
+	for (int64_t s = 0; s < slots; s++)
+		c[f->route.expert[s]] += 1.0f;
+}
+
 /*
- * The call's layer of experts: the router picks each token's experts, the
- * tokens are grouped by expert, each expert's gate and up run over its own
- * rows (all experts in one pool run), then its down, and each token sums
- * its experts' rows by their weights.
+ * The call's layer of experts, routed (f->route's experts and weights for
+ * every slot): the tokens are grouped by expert, each expert's gate and up
+ * run over its own rows (all experts in one pool run), then its down, and
+ * each token sums its experts' rows by their weights. Experts computed
+ * elsewhere (on_dev) are left out throughout.
  */
 static void
-moe_ffn(struct cpu_ffn *f, int T)
+moe_experts(struct cpu_ffn *f, int T)
 {
 	const struct model_hparams *hp = &f->m->hp;
 	const struct model_layer *L = &f->m->layers[f->l];
@@ -374,12 +400,10 @@ moe_ffn(struct cpu_ffn *f, int T)
 	int E = hp->n_expert, n_mm;
 	int64_t rows = (int64_t)T * hp->n_expert_used;
 	struct cpu_mm *mm = xmalloc(2 * (size_t)E * sizeof *mm);
-	struct cpu_act *acts = xmalloc((size_t)E * sizeof *acts), in;
+	struct cpu_act *acts = xmalloc((size_t)E * sizeof *acts);
 	uint8_t *(*slices)[2] = xmalloc((size_t)E * sizeof *slices);
 
-	input(f, &in, f->h, hp->n_embd, T);
-	cpu_matmul(f->pool, &in, 1, &L->router, &r->logit, (int64_t[]){ E }, f->scratch);
-	cpu_pool_run(f->pool, T, route_task, f);
+	count_chosen(f, rows);
 	group_rows(r, E, rows, hp->n_expert_used);
 	cpu_pool_run(f->pool, rows, gather_task, f);
 	n_mm = expert_products(f, L->exp_gate, L->exp_up, r->x, hp->n_embd, (float *[]){ r->gate, r->up },
@@ -392,12 +416,45 @@ moe_ffn(struct cpu_ffn *f, int T)
 	free(mm), free(acts), free(slices);
 }
 
+/* The call's layer of experts: the router picks each token's experts, then moe_experts. */
+static void
+moe_ffn(struct cpu_ffn *f, int T)
+{
+	const struct model_hparams *hp = &f->m->hp;
+	const struct model_layer *L = &f->m->layers[f->l];
+	struct cpu_act in;
+
+	input(f, &in, f->h, hp->n_embd, T);
+	cpu_matmul(f->pool, &in, 1, &L->router, &f->route.logit, (int64_t[]){ hp->n_expert }, f->scratch);
+	cpu_pool_run(f->pool, T, route_task, f);
+	moe_experts(f, T);
+}
+
 void
 cpu_ffn_run(struct cpu_ffn *f, int l, const float *h, int T, float *out)
 {
-	f->l = l, f->h = h, f->out = out;
+	f->l = l, f->h = h, f->out = out, f->on_dev = NULL;
 	if (f->m->hp.n_expert > 0)
 		moe_ffn(f, T);
 	else
 		dense_ffn(f, T);
+}
+
+void
+cpu_ffn_run_routed(struct cpu_ffn *f, int l, const float *h, int T, const int32_t *expert, const float *weight,
+    const int32_t *on_dev, float *out)
+{
+	size_t slots = (size_t)T * (size_t)f->m->hp.n_expert_used;
+
+	f->l = l, f->h = h, f->out = out, f->on_dev = on_dev;
+	memcpy(f->route.expert, expert, slots * sizeof *expert);
+	memcpy(f->route.weight, weight, slots * sizeof *weight);
+	moe_experts(f, T);
+	f->on_dev = NULL;
+}
+
+float *
+cpu_ffn_chosen(struct cpu_ffn *f, int l)
+{
+	return f->chosen != NULL && l >= 0 && l < f->m->hp.n_layer ? f->chosen + (size_t)l * f->m->hp.n_expert : NULL;
 }

@@ -37,4 +37,22 @@ void cpu_ffn_free(struct cpu_ffn *f);
  */
 void cpu_ffn_run(struct cpu_ffn *f, int l, const float *h, int T, float *out);
 
+/*
+ * cpu_ffn_run for a layer of experts whose routing was made elsewhere (the
+ * GPU's): token t's choices are expert[t k + j] with weights weight[t k +
+ * j] (k the experts a token uses), and only the choices of experts e
+ * whose on_dev[e] is negative are computed here, each with its down
+ * bias; the others (computed on the device) add nothing to out.
+ */
+void cpu_ffn_run_routed(struct cpu_ffn *f, int l, const float *h, int T, const int32_t *expert, const float *weight,
+    const int32_t *on_dev, float *out);
+
+/*
+ * Layer l's count of choices of each of its experts (n_expert floats), one
+ * added for every token that chose it in cpu_ffn_run or cpu_ffn_run_routed;
+ * the caller may scale them (to let old choices fade). NULL for a model
+ * without experts.
+ */
+float *cpu_ffn_chosen(struct cpu_ffn *f, int l);
+
 #endif

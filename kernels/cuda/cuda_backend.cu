@@ -464,14 +464,36 @@ dense_ffn(struct backend *b, int T, const struct cuda_layer *c, int formed_in, c
 	return cuda_matmul(&b->mm, &c->w_down, b->gate, ff, T, b->ffn_out, embd, formed(b, T, &c->w_down), err);
 }
 
-/* A feed-forward kept in host memory: the stream's host function between its rows' copies. */
+/* 1 if a step of T tokens brings the host layers' feed-forwards up (open_streaming) instead. */
+static int
+streams(const struct backend *b, int T)
+{
+	return b->streamed != NULL && T >= b->stream_min;
+}
+
+/* 1 if a step of T tokens splits host layer l's experts between the device's hot ones and the host. */
+static int
+hot_split(const struct backend *b, int T, int l)
+{
+	return b->hot != NULL && ffn_on_host(b, l) && !streams(b, T);
+}
+
+/*
+ * A feed-forward kept in host memory: the stream's host function between
+ * its rows' copies; with hot experts, the experts the device does not
+ * hold, by the device's routing.
+ */
 static void CUDART_CB
 host_ffn(void *arg)
 {
 	const struct host_call *c = (const struct host_call *)arg;
 	struct backend *b = c->b;
 
-	cpu_ffn_run(b->host_run, c->l, b->host_h, b->step_T, b->host_out);
+	if (hot_split(b, b->step_T, c->l))
+		cpu_ffn_run_routed(b->host_run, c->l, b->host_h, b->step_T, b->host_ids, b->host_wt,
+		    b->slot_of + (size_t)c->l * b->m->hp.n_expert, b->host_out);
+	else
+		cpu_ffn_run(b->host_run, c->l, b->host_h, b->step_T, b->host_out);
 }
 
 /*
@@ -491,11 +513,35 @@ host_feed_forward(struct backend *b, int T, int l, char *err)
 	return 0;
 }
 
-/* 1 if a step of T tokens brings the host layers' feed-forwards up (open_streaming) instead. */
+
+/*
+ * Host layer l's experts split (hot_split): the device routes the tokens
+ * and runs the chosen experts it holds (hot[l]); once the routing is made
+ * the side stream takes the rows and the routing down, the host's threads
+ * compute the other chosen experts into host_out and the sum comes up
+ * into ffn_out, which the mixture adds (cuda_rmix.pre) beside the
+ * device's rows, after the step's stream has waited for it.
+ */
 static int
-streams(const struct backend *b, int T)
+hot_feed_forward(struct backend *b, int T, int l, struct cuda_rmix *mix, const float **r, char *err)
 {
-	return b->streamed != NULL && T >= b->stream_min;
+	const struct model_hparams *hp = &b->m->hp;
+	size_t rows = (size_t)T * hp->n_embd * sizeof(float), slots = (size_t)T * hp->n_expert_used;
+	int rc;
+
+	if ((rc = cuda_moe_ffn(&b->mm, &b->hot[l].moe, &b->moe, b->h, hp->n_embd, T, 0, NULL, mix, err)) != 0)
+		return rc;
+	CK(cudaStreamWaitEvent(b->side, b->routed, 0));
+	CK(cudaMemcpyAsync(b->host_h, b->h, rows, cudaMemcpyDeviceToHost, b->side));
+	CK(cudaMemcpyAsync(b->host_ids, b->moe.route.expert, slots * sizeof(int32_t), cudaMemcpyDeviceToHost, b->side));
+	CK(cudaMemcpyAsync(b->host_wt, b->moe.route.weight, slots * sizeof(float), cudaMemcpyDeviceToHost, b->side));
+	CK(cudaLaunchHostFunc(b->side, host_ffn, &b->host_calls[l]));
+	CK(cudaMemcpyAsync(b->ffn_out, b->host_out, rows, cudaMemcpyHostToDevice, b->side));
+	CK(cudaEventRecord(b->host_done, b->side));
+	CK(cudaStreamWaitEvent(b->stream, b->host_done, 0));
+	mix->pre = b->ffn_out;
+	*r = b->moe.down;
+	return 0;
 }
 
 /*
@@ -550,6 +596,8 @@ feed_forward(struct backend *b, int T, int l, char *err)
 	prof_mark(b, PH_MATMUL);
 	if (ffn_on_host(b, l) && streams(b, T)) {
 		rc = streamed_ffn(b, T, l, &mix, &r, err);
+	} else if (hot_split(b, T, l)) {
+		rc = hot_feed_forward(b, T, l, &mix, &r, err);
 	} else if (ffn_on_host(b, l)) {
 		rc = host_feed_forward(b, T, l, err);
 	} else if (hp->n_expert > 0) {
@@ -799,6 +847,130 @@ pick_rows(struct backend *b, const struct fwd_batch *batch, int r0, int nr, char
 	    b->stream, err);
 }
 
+/*
+ * How the hot experts follow the routing: every step a choice's count
+ * fades by HOT_FADE (about a hundred steps' memory), and an expert moves
+ * into the slot of its layer's least chosen one once it has been chosen
+ * HOT_MARGIN times as often and HOT_LEAD times more, so that two experts
+ * chosen about as often do not trade places back and forth.
+ */
+#define HOT_FADE 0.99f
+#define HOT_MARGIN 1.5f
+#define HOT_LEAD 2.0f
+
+/* Host layer l's best move into its hot slots (the gain in counts, 0: none), into *mv. */
+static float
+hot_candidate(const struct backend *b, int l, struct hot_move *mv)
+{
+	int E = b->m->hp.n_expert, H = b->n_hot, in = -1, out = -1;
+	const float *c = cpu_ffn_chosen(b->host_run, l);
+	const int32_t *at = b->slot_of + (size_t)l * E, *held = b->hot_expert + (size_t)l * H;
+	float lo = 0, hi = 0;
+
+	for (int s = 0; s < H; s++) { /* an empty slot (a move that failed) is the least chosen */
+		float v = held[s] < 0 ? -1.0f : c[held[s]];
+
+		if (out < 0 || v < lo)
+			out = s, lo = v;
+	}
+	for (int e = 0; e < E; e++)
+		if (at[e] < 0 && (in < 0 || c[e] > hi))
+			in = e, hi = c[e];
+	if (in < 0 || out < 0 || hi <= lo * HOT_MARGIN + HOT_LEAD)
+		return 0;
+	*mv = (struct hot_move){ l, in, out };
+	return hi - lo;
+}
+
+/*
+ * Up to HOT_MOVES moves, the best gains first, each slot taken out of the
+ * table before its copy begins on up_stream (the next steps compute its
+ * old expert on the host until the move is done).
+ */
+static int
+hot_start(struct backend *b, char *err)
+{
+	int n = b->m->hp.n_layer, E = b->m->hp.n_expert, H = b->n_hot, nb = 0, at;
+	struct hot_move mv;
+	float gain[HOT_MOVES], g;
+
+	for (int l = 0; l < n; l++) {
+		if (!ffn_on_host(b, l) || (g = hot_candidate(b, l, &mv)) <= 0 || (nb == HOT_MOVES && g <= gain[nb - 1]))
+			continue;
+		for (at = nb < HOT_MOVES ? nb++ : HOT_MOVES - 1; at > 0 && gain[at - 1] < g; at--)
+			b->moves[at] = b->moves[at - 1], gain[at] = gain[at - 1];
+		b->moves[at] = mv, gain[at] = g;
+	}
+	for (int i = 0; i < nb; i++) {
+		const struct hot_move *m = &b->moves[i];
+		int32_t *held = &b->hot_expert[(size_t)m->l * H + m->slot];
+		const struct cuda_moe *e = &b->hot[m->l].moe;
+		const uint8_t *src = b->host_form[m->l];
+		size_t gu = e->gu_stride, down = e->down_stride;
+
+		if (*held >= 0)
+			b->slot_of[(size_t)m->l * E + *held] = -1;
+		*held = -1;
+		CK(cudaMemcpyAsync((uint8_t *)e->gu.d + (size_t)m->slot * gu, src + b->hot_gu_off + (size_t)m->e * gu, gu,
+		    cudaMemcpyHostToDevice, b->up_stream));
+		CK(cudaMemcpyAsync((uint8_t *)e->down.d + (size_t)m->slot * down, src + b->hot_down_off +
+		    (size_t)m->e * down, down, cudaMemcpyHostToDevice, b->up_stream));
+	}
+	if (nb > 0) {
+		CK(cudaEventRecord(b->moved, b->up_stream));
+		b->hot_pending = nb, b->hot_dirty = 1;
+	}
+	return 0;
+}
+
+/*
+ * Between steps: the counts fade; a finished batch of moves enters the
+ * table, or, with none in flight, the next batch starts (hot_start). The
+ * table's device copy is made on the step's stream, before the step
+ * reads it.
+ */
+static int
+hot_settle(struct backend *b, char *err)
+{
+	int n = b->m->hp.n_layer, E = b->m->hp.n_expert, H = b->n_hot, rc;
+	cudaError_t done = b->hot_pending > 0 ? cudaEventQuery(b->moved) : cudaSuccess;
+
+	if (done == cudaErrorNotReady)
+		(void)cudaGetLastError(); /* not an error: the copies go on */
+	else
+		CK(done);
+	for (int l = 0; l < n; l++) {
+		float *c = ffn_on_host(b, l) ? cpu_ffn_chosen(b->host_run, l) : NULL;
+
+		for (int e = 0; c != NULL && e < E; e++)
+			c[e] *= HOT_FADE;
+	}
+	if (b->hot_pending > 0 && done == cudaSuccess) {
+		for (int i = 0; i < b->hot_pending; i++) {
+			const struct hot_move *m = &b->moves[i];
+
+			b->slot_of[(size_t)m->l * E + m->e] = m->slot;
+			b->hot_expert[(size_t)m->l * H + m->slot] = m->e;
+		}
+		b->hot_moved += b->hot_pending;
+		b->hot_pending = 0, b->hot_dirty = 1;
+	} else if (b->hot_pending == 0 && (rc = hot_start(b, err)) != 0) {
+		return rc;
+	}
+	if (b->hot_dirty)
+		CK(cudaMemcpyAsync(b->dev_slot_of, b->slot_of, (size_t)n * E * sizeof(int32_t), cudaMemcpyHostToDevice,
+		    b->stream));
+	b->hot_dirty = 0;
+	return 0;
+}
+
+static int
+cuda_hot_experts(const struct backend *b, int64_t *moves)
+{
+	*moves = b->hot_moved;
+	return b->n_hot;
+}
+
 static int
 cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, char *err)
 {
@@ -811,6 +983,8 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 	    err)) != 0)
 		return rc;
 	CK(cudaSetDevice(b->device));
+	if (b->hot != NULL && (rc = hot_settle(b, err)) != 0)
+		return rc;
 	/* pieces of split attention grow with the context; past the most pieces, one shape serves all */
 	b->att_len = (int)MIN((max_len + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN, ATT_MAX_SPLITS) * ATT_SPLIT_MIN;
 	b->prof.n = 0;
@@ -1140,6 +1314,7 @@ extern "C" const struct backend_ops cuda_backend = {
 	cuda_host_alloc,
 	cuda_host_free,
 	cuda_step_tokens,
+	cuda_hot_experts,
 	cuda_free,
 	1,
 	8,

@@ -101,6 +101,14 @@ struct step_ints {
 /* int32 of the staging area before the tables. */
 #define STEP_INTS(T) (7 * (size_t)(T) + 1)
 
+/* Most experts hot_settle moves into the device's slots at once (one a layer at most). */
+#define HOT_MOVES 8
+
+/* An expert on its way into a slot of its layer's hot experts. */
+struct hot_move {
+	int l, e, slot;
+};
+
 /* The argument of layer l's host function (a feed-forward kept in host memory). */
 struct host_call {
 	struct backend *b;
@@ -186,6 +194,33 @@ struct backend {
 	cudaStream_t up_stream;
 	cudaEvent_t w_ready[2], w_free[2];
 	int stream_min;
+	/*
+	 * Hot experts (backend_opts.hot_experts): each host layer of experts
+	 * holds n_hot of them on the device too, in hot[l]'s slots (its router
+	 * there as well). A step of fewer than stream_min tokens routes such a
+	 * layer on the device; the side stream copies the routing and the
+	 * rows to the host, whose threads compute the chosen experts the
+	 * device does not hold while the device computes the ones it does,
+	 * and the mixture adds both. Between steps hot_settle moves the most
+	 * chosen experts (cpu_ffn_chosen's counts, fading) into the slots of
+	 * the least chosen, copied from host_form on up_stream while steps run.
+	 * hot NULL: none.
+	 */
+	struct cuda_layer *hot;      /* n_layer (host layers only) */
+	int n_hot;
+	uint8_t *hot_w;              /* device: the host layers' routers and slots */
+	int32_t *slot_of;            /* pinned, n_layer x n_expert: each expert's slot, -1: on the host only */
+	int32_t *dev_slot_of;        /* its device copy, which the step reads */
+	int32_t *hot_expert;         /* n_layer x n_hot: the expert in each slot, -1: none */
+	int32_t *host_ids;           /* pinned, max_tokens x n_expert_used: the step's routing */
+	float *host_wt;
+	size_t hot_gu_off, hot_down_off; /* expert 0's gate/up and down in a host layer's host_form */
+	cudaStream_t side;
+	cudaEvent_t routed, host_done, moved;
+	struct hot_move moves[HOT_MOVES];
+	int hot_pending;             /* moves in flight (their copies end at moved) */
+	int hot_dirty;               /* slot_of changed since the device copy was made */
+	int64_t hot_moved;           /* moves done since the load */
 };
 
 /* ---- load (cuda_load.cu) ---- */

@@ -668,6 +668,7 @@ flash_tokens(const struct model_hparams *hp, int exact)
 struct sizes {
 	size_t weights, act, kv_block;
 	size_t stage;                /* the two buffers a host layer's feed-forward is brought up in */
+	size_t hot;                  /* the host layers' hot experts and their table (hot_bytes) */
 	int64_t wh;                  /* elements of the fp16 tile scratch */
 	int64_t part_elems;          /* floats of qgemm's split sums */
 };
@@ -703,6 +704,49 @@ form_bytes(const struct model_desc *m, const struct mats *x, int l)
 	return align_up(x->off[last] + gpu_bytes(x->t[last]));
 }
 
+/* Bytes of each of layer l's experts on the device: its gate and up (one run), its down. */
+static void
+expert_strides(const struct model_desc *m, const struct mats *x, int l, size_t *gu, size_t *down)
+{
+	int i = layer_first(m, l) + LAYER_FFN_FIRST;
+
+	*gu = gpu_bytes(x->t[i + 1]) + gpu_bytes(x->t[i + 2]);
+	*down = gpu_bytes(x->t[i + 1 + 2 * m->hp.n_expert]);
+}
+
+/* Device bytes of host layer l's hot experts (n of them) and its router, each part aligned. */
+static size_t
+hot_layer_bytes(const struct model_desc *m, const struct mats *x, int l, int n)
+{
+	size_t gu, down;
+
+	expert_strides(m, x, l, &gu, &down);
+	return align_up(gpu_bytes(x->t[layer_first(m, l) + LAYER_FFN_FIRST])) + align_up((size_t)n * gu) +
+	    align_up((size_t)n * down);
+}
+
+/* The hot experts a load of o keeps a host layer (backend_opts.hot_experts, at most every one); 0: none. */
+static int
+hot_count(const struct model_desc *m, const struct backend_opts *o)
+{
+	return m->hp.n_expert > 0 && any_on_host(m, o) ? MIN(MAX(o->hot_experts, 0), m->hp.n_expert) : 0;
+}
+
+/* Device bytes of o's hot experts: every host layer's, and the table of where each expert is. */
+static size_t
+hot_bytes(const struct model_desc *m, const struct backend_opts *o, const struct mats *x)
+{
+	size_t bytes = 0;
+	int n = hot_count(m, o);
+
+	if (n == 0)
+		return 0;
+	for (int l = 0; l < m->hp.n_layer; l++)
+		if (ffn_on_host(o, l))
+			bytes += hot_layer_bytes(m, x, l, n);
+	return bytes + align_up((size_t)m->hp.n_layer * (size_t)m->hp.n_expert * sizeof(int32_t));
+}
+
 /* The sizes of a load, and where each matrix goes (x->off). Refuses what the kernels do not handle. */
 static int
 plan_sizes(const struct model_desc *m, const struct backend_opts *o, struct mats *x, struct sizes *z, char *err)
@@ -725,6 +769,7 @@ plan_sizes(const struct model_desc *m, const struct backend_opts *o, struct mats
 	for (int l = 0; l < m->hp.n_layer; l++)
 		if (ffn_on_host(o, l))
 			z->stage = MAX(z->stage, 2 * form_bytes(m, x, l));
+	z->hot = hot_bytes(m, o, x);
 	z->part_elems = o->exact ? 0 : cuda_qgemm_part_elems(sms);
 	z->kv_block = (size_t)m->hp.n_layer * 2 * KV_BLOCK_TOKENS * d.nkv * (o->exact ? sizeof(float) : sizeof(__half));
 	z->act = activation_bytes(&d) + (size_t)z->wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(o->device, &m->hp) +
@@ -815,9 +860,16 @@ cuda_plan(const struct model_desc *m, const struct backend_opts *o, struct backe
 
 	mats_list(m, o, &x);
 	if ((rc = plan_sizes(m, o, &x, &z, err)) == 0) {
-		p->fixed = z.weights + z.act + z.stage;
+		size_t gu, down;
+
+		p->fixed = z.weights + z.act + z.stage + z.hot;
 		p->kv_block = z.kv_block;
 		p->host = host_bytes(m, o, &x);
+		p->expert = 0;
+		if (m->hp.n_expert > 0) {
+			expert_strides(m, &x, 0, &gu, &down);
+			p->expert = gu + down;
+		}
 		if (p->ffn != NULL)
 			ffn_bytes(m, &x, p->ffn);
 	}
@@ -1009,6 +1061,84 @@ open_streaming(struct backend *b, const struct backend_opts *o, const struct mat
 	return 0;
 }
 
+/*
+ * Host layer l's hot experts in hot[l], from base (hot_layer_bytes of
+ * them): its router, then n_hot slots of gate/up and of down, holding
+ * experts 0 .. n_hot - 1 to begin with, copied from its pinned GPU form.
+ */
+static int
+hot_layer(struct backend *b, const struct mats *x, int l, uint8_t *base, char *err)
+{
+	const struct model_desc *m = b->m;
+	int i = layer_first(m, l), E = m->hp.n_expert, H = b->n_hot, rc;
+	struct cuda_layer *c = &b->hot[l];
+	size_t router = gpu_bytes(x->t[i + LAYER_FFN_FIRST]), gu, down;
+
+	*c = b->layers[l]; /* its norms and biases */
+	if ((rc = layer_weights(b, c, l, x->t + i, x->off + i, b->host_form[l], err)) != 0)
+		return rc;
+	expert_strides(m, x, l, &gu, &down);
+	b->hot_gu_off = (size_t)(c->moe.gu.d - b->host_form[l]);
+	b->hot_down_off = (size_t)(c->moe.down.d - b->host_form[l]);
+	CK(cudaMemcpy(base, c->moe.router.d, router, cudaMemcpyHostToDevice));
+	c->moe.router.d = base;
+	c->moe.gu.d = base + align_up(router);
+	c->moe.down.d = c->moe.gu.d + align_up((size_t)H * gu);
+	CK(cudaMemcpy((void *)c->moe.gu.d, b->host_form[l] + b->hot_gu_off, (size_t)H * gu, cudaMemcpyHostToDevice));
+	CK(cudaMemcpy((void *)c->moe.down.d, b->host_form[l] + b->hot_down_off, (size_t)H * down, cudaMemcpyHostToDevice));
+	c->moe.slot_of = b->dev_slot_of + (size_t)l * E;
+	c->moe.routed = b->routed;
+	for (int e = 0; e < E; e++)
+		b->slot_of[(size_t)l * E + e] = e < H ? e : -1;
+	for (int s = 0; s < H; s++)
+		b->hot_expert[(size_t)l * H + s] = s;
+	return 0;
+}
+
+/*
+ * The hot experts of o's host layers (struct backend's hot): their device
+ * memory, the pinned routing the host reads, the side stream and its
+ * events. None where o asks for none or the host layers' GPU forms are
+ * not pinned (the slots are filled from them).
+ */
+static int
+open_hot(struct backend *b, const struct backend_opts *o, const struct mats *x, char *err)
+{
+	const struct model_desc *m = b->m;
+	int n = m->hp.n_layer, E = m->hp.n_expert, H = hot_count(m, o), rc;
+	size_t slots = (size_t)b->max_tokens * (size_t)m->hp.n_expert_used, at = 0;
+	uint8_t *base;
+
+	if (H == 0 || b->host_form == NULL)
+		return 0;
+	if ((rc = dev_alloc((void **)&b->hot_w, hot_bytes(m, o, x), "hot experts", err)) != 0)
+		return rc;
+	b->n_hot = H;
+	b->dev_slot_of = (int32_t *)(b->hot_w + hot_bytes(m, o, x) -
+	    align_up((size_t)n * (size_t)E * sizeof(int32_t)));
+	CK(cudaHostAlloc((void **)&b->slot_of, (size_t)n * E * sizeof(int32_t), cudaHostAllocDefault));
+	CK(cudaHostAlloc((void **)&b->host_ids, slots * sizeof(int32_t), cudaHostAllocDefault));
+	CK(cudaHostAlloc((void **)&b->host_wt, slots * sizeof(float), cudaHostAllocDefault));
+	CK(cudaStreamCreateWithFlags(&b->side, cudaStreamNonBlocking));
+	CK(cudaEventCreateWithFlags(&b->routed, cudaEventDisableTiming));
+	CK(cudaEventCreateWithFlags(&b->host_done, cudaEventDisableTiming));
+	CK(cudaEventCreateWithFlags(&b->moved, cudaEventDisableTiming));
+	b->hot_expert = (int32_t *)xmalloc((size_t)n * H * sizeof(int32_t));
+	b->hot = (struct cuda_layer *)xcalloc((size_t)n, sizeof *b->hot);
+	for (int l = 0; l < n; l++) {
+		if (!ffn_on_host(o, l))
+			continue;
+		for (int e = 0; e < E; e++)
+			b->slot_of[(size_t)l * E + e] = -1;
+		base = b->hot_w + at;
+		at += hot_layer_bytes(m, x, l, H);
+		if ((rc = hot_layer(b, x, l, base, err)) != 0)
+			return rc;
+	}
+	CK(cudaMemcpy(b->dev_slot_of, b->slot_of, (size_t)n * E * sizeof(int32_t), cudaMemcpyHostToDevice));
+	return 0;
+}
+
 /* Everything load does, in order; on failure the caller frees what was made. */
 static int
 load_all(struct backend *b, const struct backend_opts *o, char *err)
@@ -1028,7 +1158,8 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	b->mm.part_elems = z.part_elems;
 	b->kv_stride = KV_BLOCK_TOKENS * d.nkv;
 	kv_bytes = (size_t)o->kv_blocks * z.kv_block;
-	if ((rc = check_memory(z.weights + kv_bytes + z.act + z.stage, z.weights, kv_bytes, z.act + z.stage, err)) != 0 ||
+	if ((rc = check_memory(z.weights + kv_bytes + z.act + z.stage + z.hot, z.weights, kv_bytes, z.act + z.stage + z.hot,
+	    err)) != 0 ||
 	    (rc = upload_matrices(b, x.t, x.host, x.n, x.off, z.weights, err)) != 0 ||
 	    (rc = upload_smalls(b, err)) != 0 ||
 	    (rc = alloc_buffers(b, &d, kv_bytes, z.wh, err)) != 0 ||
@@ -1050,6 +1181,8 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 		    err)) != 0)
 			goto out;
 	}
+	if ((rc = open_hot(b, o, &x, err)) != 0)
+		goto out;
 	b->mm.mmv_max = mmv_max(b->exact);
 	b->mm.mmt_max = MIN(env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS), MMT_MAX_TOKENS);
 	b->use_graphs = env_int("RESIDENT_CUDA_GRAPHS", 1) != 0;
@@ -1092,6 +1225,8 @@ cuda_free(struct backend *b)
 	cudaSetDevice(b->device);
 	if (b->stream != NULL)
 		cudaStreamSynchronize(b->stream);
+	if (b->up_stream != NULL) /* the hot experts' moves */
+		cudaStreamSynchronize(b->up_stream);
 	cuda_prof_close(&b->prof);
 	cuda_drop_graphs(b);
 	if (b->mm.blas != NULL)
@@ -1106,9 +1241,11 @@ cuda_free(struct backend *b)
 	cudaFree(b->dev_mask_rows), cudaFree(b->dev_mask_bits), cudaFree(b->dev_top_ids), cudaFree(b->dev_top_lp);
 	cudaFree(b->moe.route.logit), cudaFree(b->moe.route.expert), cudaFree(b->moe.route.weight);
 	cudaFree(b->moe.route.row), cudaFree(b->moe.route.row_expert), cudaFree(b->moe.route.row_slot);
-	cudaFree(b->moe.route.tiles), cudaFree(b->moe.down);
+	cudaFree(b->moe.route.tiles), cudaFree(b->moe.down), cudaFree(b->hot_w);
 	void *pinned[] = { b->host_argmax, b->host_pick, b->host_pen, b->host_lp, b->host_top_ids, b->host_top_lp,
-		b->host_mask_rows, b->host_mask_bits, b->stage, b->host_ints, b->host_h, b->host_out, b->host_x };
+		b->host_mask_rows, b->host_mask_bits, b->stage, b->host_ints, b->host_h, b->host_out, b->host_x,
+		b->slot_of, b->host_ids, b->host_wt };
+	cudaEvent_t events[] = { b->routed, b->host_done, b->moved };
 
 	for (size_t i = 0; i < ARRAY_LEN(pinned); i++)
 		if (pinned[i] != NULL)
@@ -1136,6 +1273,12 @@ cuda_free(struct backend *b)
 	}
 	if (b->up_stream != NULL)
 		cudaStreamDestroy(b->up_stream);
+	if (b->side != NULL)
+		cudaStreamDestroy(b->side);
+	for (size_t i = 0; i < ARRAY_LEN(events); i++)
+		if (events[i] != NULL)
+			cudaEventDestroy(events[i]);
+	free(b->hot), free(b->hot_expert);
 	free(b->host_form), free(b->host_form_bytes), free(b->stream_slot), free(b->streamed);
 	cpu_ffn_free(b->host_run);
 	if (b->host_pool != NULL)

@@ -154,6 +154,13 @@ slot_expert(const struct mm_slots &sl, int s)
 	return ex[j];
 }
 
+/* Where expert ex's rows are, in strides from the weight's start (mm_slots.slot_of); negative: not here. */
+static __device__ __forceinline__ int
+slot_at(const struct mm_slots &sl, int ex)
+{
+	return sl.slot_of != NULL ? sl.slot_of[ex] : ex;
+}
+
 /*
  * The matrix-vector kernel over expert slots (cuda_matmul_slots): block
  * (x, s) takes rows of the expert slot s chose, by its input row.
@@ -165,10 +172,12 @@ mmv_slot_kernel(const uint8_t *w, size_t row_bytes, int k, int n, const float *x
 {
 	pdl_wait();
 	pdl_trigger();
-	int s = blockIdx.y;
+	int s = blockIdx.y, at = slot_at(sl, slot_expert(sl, s));
 
-	mmv_block<TY, 1>(w + (size_t)slot_expert(sl, s) * sl.stride, row_bytes, k, n, x + (size_t)(s / sl.in_div) * ldx,
-	    ldx, slot_out(out, s));
+	if (at < 0)
+		return;
+	mmv_block<TY, 1>(w + (size_t)at * sl.stride, row_bytes, k, n, x + (size_t)(s / sl.in_div) * ldx, ldx,
+	    slot_out(out, s));
 }
 
 /* N little-endian words from a 2-byte aligned address: N + 1 aligned loads, funnel-shifted. */
@@ -651,9 +660,11 @@ mmq_slot_kernel(struct mm_seg a, int k, const int8_t *__restrict__ xq, const flo
 {
 	pdl_wait();
 	pdl_trigger();
-	int s = blockIdx.y, in = s / sl.in_div, ex = slot_expert(sl, s);
+	int s = blockIdx.y, in = s / sl.in_div, ex = slot_expert(sl, s), at = slot_at(sl, ex);
 
-	a.w += (size_t)ex * sl.stride;
+	if (at < 0)
+		return;
+	a.w += (size_t)at * sl.stride;
 	mmq_block<TY, 1, R, KS, false, LS, U, GLU>(a, blockIdx.x, k, xq + (size_t)in * 2 * k,
 	    xd + (size_t)in * (k / 32), slot_out(out, s), mm_e<false>{}, 1, sl.glu, ex);
 }

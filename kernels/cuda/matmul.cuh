@@ -199,6 +199,13 @@ struct mm_slots {
 	float *weight;
 	int n_expert, norm;
 	struct mm_glu glu;
+	/*
+	 * NULL, or where each expert's rows are: expert e's at slot_of[e]
+	 * strides from w, and a slot whose expert's entry is negative is
+	 * left out (its expert is computed elsewhere; its outputs' rows are
+	 * not written). Not with logit (the routing is made before).
+	 */
+	const int32_t *slot_of;
 };
 
 /*

@@ -198,7 +198,7 @@ int_bn(const struct cuda_mm *m, const struct cuda_moe *e, int n_tok)
 int
 cuda_moe_grouped(const struct cuda_mm *m, const struct cuda_moe *e, int n_tok)
 {
-	return n_tok > e->slots_max && ((m->xh != NULL && cuda_qgemm_type(&e->gu) && cuda_qgemm_type(&e->down)) ||
+	return e->slot_of == NULL && n_tok > e->slots_max && ((m->xh != NULL && cuda_qgemm_type(&e->gu) && cuda_qgemm_type(&e->down)) ||
 	    int_bn(m, e, n_tok) > 0);
 }
 
@@ -227,8 +227,8 @@ moe_slots(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch *
 	struct mm_out act = { { s->gate }, { F }, { 0, F }, 1 };
 	struct mm_out dn = { { s->down }, { n_embd }, { 0, n_embd }, 1 };
 	struct mm_slots sl_gu = { r->expert, e->gu_stride, k, self_route ? r->logit : NULL, r->bias, r->weight,
-		r->n_expert, r->norm, { e->gate_b, e->up_b, e->act, fused } };
-	struct mm_slots sl_dn = { r->expert, e->down_stride, 1, NULL, NULL, NULL, 0, 0, {} };
+		r->n_expert, r->norm, { e->gate_b, e->up_b, e->act, fused }, e->slot_of };
+	struct mm_slots sl_dn = { r->expert, e->down_stride, 1, NULL, NULL, NULL, 0, 0, {}, e->slot_of };
 
 	if (fused) { /* down's int8 form of the activation (if it reads one) made by its own launch */
 		if ((rc = cuda_matmul_slots(m, &e->gu, h, n_embd, n_tok, R, &sl_gu, &act, h_q8, err)) != 0)
@@ -286,7 +286,7 @@ cuda_moe_ffn(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratc
 	int R = n_tok * e->n_used, grouped = cuda_moe_grouped(m, e, n_tok), rc;
 	struct mm_out lg = { { r->logit }, { e->n_expert }, { 0, e->n_expert }, 1 };
 	struct mm_slots tok = { NULL, 0, 1, NULL, NULL, NULL, 0, 0 };
-	int few = n_tok <= FUSED_TOKENS, self_route = few && !grouped, ib = grouped ? int_bn(m, e, n_tok) : 0;
+	int few = n_tok <= FUSED_TOKENS, self_route = few && !grouped && e->slot_of == NULL, ib = grouped ? int_bn(m, e, n_tok) : 0;
 
 	r->bias = e->router_b, r->n_tok = n_tok, r->n_expert = e->n_expert, r->n_used = e->n_used, r->norm = e->norm;
 	r->bn = !grouped ? 0 : ib > 0 ? ib : cuda_qgemm_grouped_bn(R, MIN(e->n_expert, R));
@@ -303,10 +303,12 @@ cuda_moe_ffn(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratc
 	}
 	if (rc == 0 && !self_route)
 		rc = route_step(r, m->stream, err);
+	if (rc == 0 && e->routed != NULL)
+		CK(cudaEventRecord(e->routed, m->stream));
 	if (rc != 0 || (rc = grouped ? moe_grouped(m, e, s, h, n_embd, n_tok, ib > 0, err) :
 	    moe_slots(m, e, s, h, n_embd, n_tok, h_q8, self_route, err)) != 0)
 		return rc;
 	*mix = (struct cuda_rmix){ pre != NULL ? pre->bias : NULL, e->n_used, r->weight, grouped ? r->row : NULL, r->expert,
-		e->down_b, pre != NULL ? pre->r : NULL };
+		e->down_b, pre != NULL ? pre->r : NULL, e->slot_of };
 	return 0;
 }

@@ -51,6 +51,17 @@ struct cuda_moe {
 	int n_expert, n_used, norm;
 	int slots_max;          /* up to this many tokens run as slots (cuda_moe_ffn), more are grouped */
 	int int_max;            /* grouped, up to this many on the integer kernel (int8 types), more on the tensor cores */
+	/*
+	 * NULL, or a layer that holds some of its experts only (the others
+	 * are computed elsewhere): expert e's gate/up and down are at slot
+	 * slot_of[e] of gu and down (their strides apart), none where it is
+	 * negative. Such a layer runs every token count as slots, leaves the
+	 * experts it does not hold out of its rows and its mixture, and
+	 * records routed on the stream once the step's routing is made (for
+	 * the work elsewhere that reads it).
+	 */
+	const int32_t *slot_of;
+	cudaEvent_t routed;
 };
 
 /*

@@ -250,6 +250,8 @@ residual_row(const float *__restrict__ r, const struct cuda_rmix &mix, int n4, f
 		for (int j = 0; j < V; j++)
 			rv[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 		for (int s = blockIdx.x * mix.k; s < (int)(blockIdx.x + 1) * mix.k; s++) {
+			if (mix.slot_of != NULL && mix.slot_of[mix.expert[s]] < 0)
+				continue;
 			row_load<V>(r + (size_t)(mix.row != NULL ? mix.row[s] : s) * 4 * n4, n4, u);
 			if (mix.row_b != NULL) {
 				row_load<V>(mix.row_b + (size_t)mix.expert[s] * 4 * n4, n4, b);

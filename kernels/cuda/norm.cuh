@@ -108,6 +108,7 @@ struct cuda_rmix {
 	const int32_t *row, *expert;
 	const float *row_b;
 	const float *pre;
+	const int32_t *slot_of;       /* NULL, or slots whose expert's entry is negative add nothing (mm_slots.slot_of) */
 };
 
 /*

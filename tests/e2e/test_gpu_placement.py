@@ -18,6 +18,15 @@
    models in turn are all answered: each load unloads the other (idle)
    model first, status counts the loads and unloads and shows the host
    layers of the model that has them.
+4. Hot experts follow the routing: the Mixtral-shaped model under its
+   budget keeps some experts of each host layer on the GPU (status:
+   hot_experts). Requests on one text, then on another whose tokens
+   choose other experts: during the second, experts move to the device
+   (status: expert_moves grows), every request answered. The daemon is
+   then killed (SIGKILL) in the middle of a request while experts move;
+   started again, it answers the first text with the same greedy tokens
+   as before, or parts only at a near tie as above (nothing of the moves
+   outlives the process).
 
 Skips (77) without a GPU or without the CUDA backend.
 """
@@ -149,6 +158,54 @@ def in_turn(ck, tmp, moe, dense, budget):
         d.cleanup()
 
 
+# two texts whose tokens choose other experts (a generated model's routing: any two unlike texts)
+TEXT_A = "1 2 3 4 5 6 7 8 9 10 11 12"
+TEXT_B = "Zebras graze quietly while storms gather over"
+ROUNDS = 8
+
+
+def moves(c, name):
+    m = models(c.call("status"))[name]
+    return m["hot_experts"], m["expert_moves"]
+
+
+def round_of(ck, c, text, what):
+    out = []
+    for i in range(ROUNDS):
+        g = c.generate(prompt=text, max_tokens=MAX_TOKENS, temperature=0)
+        ck.ok(g.finish in ("stop", "length") and g.usage["generated_tokens"] > 0, "%s: request %d answered" % (what, i))
+        out.append(g.ids)
+    return out
+
+
+def hot_follow(ck, tmp, model, budget):
+    d = start(tmp, "hot", model, "cuda", budget)
+    try:
+        with d.client(timeout=600) as c:
+            name = list(models(c.call("status")))[0]
+            hot, m0 = moves(c, name)
+            ck.ok(hot > 0, "%s under the budget keeps %d experts of each host layer on the GPU" % (name, hot))
+            first = round_of(ck, c, TEXT_A, "text A")
+            _, ma = moves(c, name)
+            round_of(ck, c, TEXT_B, "text B")
+            _, mb = moves(c, name)
+            ck.ok(mb > ma, "experts moved to the GPU while text B ran: %d moves before it, %d after (%d at the "
+                  "load)" % (ma, mb, m0))
+            print("hot experts: %d a host layer; moves %d after text A, %d after text B" % (hot, ma, mb))
+            rid = c.start_generate(prompt=TEXT_A, max_tokens=MAX_TOKENS, temperature=0)
+            c.next(rid, 600)  # its first token: the request is under way, the counts turn back to text A
+            d.kill9()
+        d.start(timeout=600)
+        with d.client(timeout=600) as c:
+            g = c.generate(prompt=TEXT_A, max_tokens=MAX_TOKENS, temperature=0)
+            ids = c.call("tokenize", text=TEXT_A)["tokens"]
+            agree(ck, "after a SIGKILL in the middle of a request, text A against before", model, tmp, [ids],
+                  [first[0]], [g.ids])
+            ck.eq(moves(c, name)[0], hot, "started again: the same hot experts a layer")
+    finally:
+        d.cleanup()
+
+
 def main():
     ck = Checks()
     rsd.require_gpu()
@@ -169,6 +226,8 @@ def main():
             dense_budget, _, _ = larger_than_budget(ck, tmp, dense, "llama3-1b", None)
         with ck.section("two models in turn under the budget"):
             in_turn(ck, tmp, moe, dense, max(budget, dense_budget))
+        with ck.section("hot experts follow the routing; a SIGKILL while they move"):
+            hot_follow(ck, tmp, moe, budget * 3 // 2)  # room for them: at a third every layer is on the host
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return ck

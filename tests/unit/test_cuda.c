@@ -16,7 +16,10 @@
  * which it must override); and the default and the exact mode again with
  * the even layers' feed-forwards kept in host memory (backend_opts.host_ffn:
  * computed by the host inside the step, as a model larger than the device
- * budget runs). The schedule mixes prefill chunks and decode
+ * budget runs), the exact one with half of each host layer's experts kept
+ * on the device as well (backend_opts.hot_experts: every step of fewer
+ * than stream_min tokens splits those layers' experts between the device
+ * and the host). The schedule mixes prefill chunks and decode
  * tokens of seven sequences in one step, reaches positions well past the
  * gemma sliding window (16), forks a sequence in the middle of a block
  * (kv_copy), moves a sequence's blocks to others through host memory
@@ -82,6 +85,8 @@ static const char *const gpu_mmv[N_GPU] = { "0", "1000000", "", "0", "", "" };
 static const int gpu_exact[N_GPU] = { 0, 0, 0, 1, 0, 1 };
 /* 1: the even layers' feed-forwards kept in host memory (backend_opts.host_ffn) */
 static const int gpu_host[N_GPU] = { 0, 0, 0, 0, 1, 1 };
+/* 1: half of each host layer's experts kept on the device too (backend_opts.hot_experts) */
+static const int gpu_hot[N_GPU] = { 0, 0, 0, 0, 0, 1 };
 static const double gpu_tol[N_GPU] = { TOL, TOL, TOL, TOL_EXACT, TOL_HOST, TOL_EXACT };
 
 struct fixture {
@@ -128,6 +133,7 @@ load_all(struct fixture *f)
 	for (g = 0; g < N_GPU; g++) {
 		bo.exact = gpu_exact[g];
 		bo.host_ffn = gpu_host[g] ? even : NULL;
+		bo.hot_experts = gpu_hot[g] ? f->m->hp.n_expert / 2 : 0;
 		if (*gpu_mmv[g] != '\0')
 			setenv("RESIDENT_CUDA_MMV_MAX", gpu_mmv[g], 1);
 		else
