@@ -464,18 +464,29 @@ dense_ffn(struct backend *b, int T, const struct cuda_layer *c, int formed_in, c
 	return cuda_matmul(&b->mm, &c->w_down, b->gate, ff, T, b->ffn_out, embd, formed(b, T, &c->w_down), err);
 }
 
-/* 1 if a step of T tokens brings the host layers' feed-forwards up (open_streaming) instead. */
+/*
+ * 1 if a step of T tokens brings host layer l's feed-forward up
+ * (open_streaming) instead of computing it on the host: every host layer
+ * from stream_min tokens, the bus layers at any count.
+ */
 static int
-streams(const struct backend *b, int T)
+streams(const struct backend *b, int T, int l)
 {
-	return b->streamed != NULL && T >= b->stream_min;
+	return b->streamed != NULL && (T >= b->stream_min || (b->bus_layer != NULL && b->bus_layer[l]));
+}
+
+/* 1 if a step of T tokens brings any host layer up (it then runs outside a graph). */
+static int
+streams_any(const struct backend *b, int T)
+{
+	return b->streamed != NULL && (T >= b->stream_min || b->bus_layer != NULL);
 }
 
 /* 1 if a step of T tokens splits host layer l's experts between the device's hot ones and the host. */
 static int
 hot_split(const struct backend *b, int T, int l)
 {
-	return b->hot != NULL && ffn_on_host(b, l) && !streams(b, T);
+	return b->hot != NULL && ffn_on_host(b, l) && !streams(b, T, l);
 }
 
 /*
@@ -594,7 +605,7 @@ feed_forward(struct backend *b, int T, int l, char *err)
 	int rc;
 
 	prof_mark(b, PH_MATMUL);
-	if (ffn_on_host(b, l) && streams(b, T)) {
+	if (ffn_on_host(b, l) && streams(b, T, l)) {
 		rc = streamed_ffn(b, T, l, &mix, &r, err);
 	} else if (hot_split(b, T, l)) {
 		rc = hot_feed_forward(b, T, l, &mix, &r, err);
@@ -1000,7 +1011,7 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 	 * weights up on a second stream (its events would join the capture from outside it)
 	 */
 	if (b->use_graphs && (!b->prof.on || b->prof.on == PROF_STEPS) && T <= GRAPH_MAX_TOKENS && n_logits <= rows &&
-	    n_embd == 0 && !bidir && !streams(b, T))
+	    n_embd == 0 && !bidir && !streams_any(b, T))
 		rc = graph_step(b, T, n_logits, &dev, err);
 	else
 		rc = step_kernels(b, T, n_logits, n_embd, &dev, err);

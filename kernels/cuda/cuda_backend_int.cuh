@@ -195,6 +195,12 @@ struct backend {
 	cudaEvent_t w_ready[2], w_free[2];
 	int stream_min;
 	/*
+	 * A dense model's bus layers (n_layer flags; NULL: none): host layers
+	 * brought up at every token count, every other one, so that the bus
+	 * carries one's weights while the host computes the one before it.
+	 */
+	uint8_t *bus_layer;
+	/*
 	 * Hot experts (backend_opts.hot_experts): each host layer of experts
 	 * holds n_hot of them on the device too, in hot[l]'s slots (its router
 	 * there as well). A step of fewer than stream_min tokens routes such a

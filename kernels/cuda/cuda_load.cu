@@ -46,6 +46,8 @@
  */
 #define STREAM_MIN_DENSE 8
 #define STREAM_MIN_EXPERTS 32
+/* A dense model's bus layers: one host layer in this many (open_bus). */
+#define BUS_EVERY 2
 /* Default largest token count for the matrix-vector kernels. */
 #define MMV_MAX_DEFAULT 1 /* measured: 2 tokens and more faster on the tensor cores (mmt.cu, qgemm.cu) */
 
@@ -1028,6 +1030,28 @@ pin_forms(struct backend *b, const struct backend_opts *o, const struct mats *x)
 }
 
 /*
+ * A dense model's bus layers (struct backend's bus_layer): of its host
+ * layers, the last of every BUS_EVERY (RESIDENT_CUDA_BUS_EVERY, 0: none).
+ * A step of a few tokens computes a host layer on the host at the host's
+ * memory bandwidth while the bus stands idle; bringing every other one up
+ * instead, its copy runs while the host computes the layer before it. Not
+ * for experts: the host reads only a layer's chosen ones, the bus would
+ * carry them all.
+ */
+static void
+open_bus(struct backend *b, const struct backend_opts *o)
+{
+	int n = b->m->hp.n_layer, every = env_int("RESIDENT_CUDA_BUS_EVERY", BUS_EVERY), j = 0;
+
+	if (b->m->hp.n_expert > 0 || every <= 0)
+		return;
+	b->bus_layer = (uint8_t *)xcalloc((size_t)n, 1);
+	for (int l = 0; l < n; l++)
+		if (ffn_on_host(o, l))
+			b->bus_layer[l] = (uint8_t)(++j % every == 0);
+}
+
+/*
  * What the steps of many tokens need to bring the host layers'
  * feed-forwards up instead of computing them on the host: each one's
  * weights pinned in the GPU's form (pin_forms; without them every step
@@ -1058,6 +1082,7 @@ open_streaming(struct backend *b, const struct backend_opts *o, const struct mat
 	}
 	b->stream_min = env_int("RESIDENT_CUDA_STREAM_MIN", m->hp.n_expert > 0 ? STREAM_MIN_EXPERTS : STREAM_MIN_DENSE);
 	b->streamed = (struct cuda_layer *)xcalloc((size_t)n, sizeof *b->streamed);
+	open_bus(b, o);
 	return 0;
 }
 
@@ -1279,7 +1304,7 @@ cuda_free(struct backend *b)
 		if (events[i] != NULL)
 			cudaEventDestroy(events[i]);
 	free(b->hot), free(b->hot_expert);
-	free(b->host_form), free(b->host_form_bytes), free(b->stream_slot), free(b->streamed);
+	free(b->host_form), free(b->host_form_bytes), free(b->stream_slot), free(b->streamed), free(b->bus_layer);
 	cpu_ffn_free(b->host_run);
 	if (b->host_pool != NULL)
 		cpu_pool_free(b->host_pool);
