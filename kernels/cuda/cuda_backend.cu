@@ -524,7 +524,6 @@ host_feed_forward(struct backend *b, int T, int l, char *err)
 	return 0;
 }
 
-
 /*
  * Host layer l's experts split (hot_split): the device routes the tokens
  * and runs the chosen experts it holds (hot[l]); once the routing is made
@@ -861,9 +860,11 @@ pick_rows(struct backend *b, const struct fwd_batch *batch, int r0, int nr, char
 /*
  * How the hot experts follow the routing: every step a choice's count
  * fades by HOT_FADE (about a hundred steps' memory), and an expert moves
- * into the slot of its layer's least chosen one once it has been chosen
- * HOT_MARGIN times as often and HOT_LEAD times more, so that two experts
- * chosen about as often do not trade places back and forth.
+ * into the slot of its layer's least chosen one once its count is
+ * HOT_MARGIN times that one's and HOT_LEAD more, so that two experts
+ * chosen about as often do not trade places back and forth. Only the steps
+ * the host computes count (cpu_ffn_chosen): a prompt brought up over the
+ * bus does not.
  */
 #define HOT_FADE 0.99f
 #define HOT_MARGIN 1.5f

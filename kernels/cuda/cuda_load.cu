@@ -1113,10 +1113,8 @@ hot_layer(struct backend *b, const struct mats *x, int l, uint8_t *base, char *e
 	CK(cudaMemcpy((void *)c->moe.down.d, b->host_form[l] + b->hot_down_off, (size_t)H * down, cudaMemcpyHostToDevice));
 	c->moe.slot_of = b->dev_slot_of + (size_t)l * E;
 	c->moe.routed = b->routed;
-	for (int e = 0; e < E; e++)
-		b->slot_of[(size_t)l * E + e] = e < H ? e : -1;
 	for (int s = 0; s < H; s++)
-		b->hot_expert[(size_t)l * H + s] = s;
+		b->slot_of[(size_t)l * E + s] = s, b->hot_expert[(size_t)l * H + s] = s;
 	return 0;
 }
 
@@ -1150,11 +1148,11 @@ open_hot(struct backend *b, const struct backend_opts *o, const struct mats *x, 
 	CK(cudaEventCreateWithFlags(&b->moved, cudaEventDisableTiming));
 	b->hot_expert = (int32_t *)xmalloc((size_t)n * H * sizeof(int32_t));
 	b->hot = (struct cuda_layer *)xcalloc((size_t)n, sizeof *b->hot);
+	for (size_t i = 0; i < (size_t)n * E; i++)
+		b->slot_of[i] = -1;
 	for (int l = 0; l < n; l++) {
 		if (!ffn_on_host(o, l))
 			continue;
-		for (int e = 0; e < E; e++)
-			b->slot_of[(size_t)l * E + e] = -1;
 		base = b->hot_w + at;
 		at += hot_layer_bytes(m, x, l, H);
 		if ((rc = hot_layer(b, x, l, base, err)) != 0)
