@@ -450,7 +450,6 @@ cpu_ffn_run_routed(struct cpu_ffn *f, int l, const float *h, int T, const int32_
 	memcpy(f->route.expert, expert, slots * sizeof *expert);
 	memcpy(f->route.weight, weight, slots * sizeof *weight);
 	moe_experts(f, T);
-	f->on_dev = NULL;
 }
 
 float *

@@ -508,19 +508,26 @@ host_ffn(void *arg)
 }
 
 /*
- * Layer l's feed-forward on the host, into ffn_out: its normed rows (float,
- * in h) down, the host's threads on them while the stream waits, the rows
- * up. The copies and the host function are part of a captured graph like
- * any kernel; the function reads the token count of the step under way.
+ * Layer l's feed-forward on the host, into ffn_out, on stream st: its
+ * normed rows (float, in h) down, with the device's routing where its
+ * experts are split (hot_split), the host's threads on them while the
+ * stream waits, the rows up. The copies and the host function are part of
+ * a captured graph like any kernel; the function reads the token count of
+ * the step under way.
  */
 static int
-host_feed_forward(struct backend *b, int T, int l, char *err)
+host_feed_forward(struct backend *b, int T, int l, cudaStream_t st, char *err)
 {
-	size_t bytes = (size_t)T * (size_t)b->m->hp.n_embd * sizeof(float);
+	const struct model_hparams *hp = &b->m->hp;
+	size_t bytes = (size_t)T * (size_t)hp->n_embd * sizeof(float), slots = (size_t)T * hp->n_expert_used;
 
-	CK(cudaMemcpyAsync(b->host_h, b->h, bytes, cudaMemcpyDeviceToHost, b->stream));
-	CK(cudaLaunchHostFunc(b->stream, host_ffn, &b->host_calls[l]));
-	CK(cudaMemcpyAsync(b->ffn_out, b->host_out, bytes, cudaMemcpyHostToDevice, b->stream));
+	CK(cudaMemcpyAsync(b->host_h, b->h, bytes, cudaMemcpyDeviceToHost, st));
+	if (hot_split(b, T, l)) {
+		CK(cudaMemcpyAsync(b->host_ids, b->moe.route.expert, slots * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+		CK(cudaMemcpyAsync(b->host_wt, b->moe.route.weight, slots * sizeof(float), cudaMemcpyDeviceToHost, st));
+	}
+	CK(cudaLaunchHostFunc(st, host_ffn, &b->host_calls[l]));
+	CK(cudaMemcpyAsync(b->ffn_out, b->host_out, bytes, cudaMemcpyHostToDevice, st));
 	return 0;
 }
 
@@ -535,18 +542,13 @@ host_feed_forward(struct backend *b, int T, int l, char *err)
 static int
 hot_feed_forward(struct backend *b, int T, int l, struct cuda_rmix *mix, const float **r, char *err)
 {
-	const struct model_hparams *hp = &b->m->hp;
-	size_t rows = (size_t)T * hp->n_embd * sizeof(float), slots = (size_t)T * hp->n_expert_used;
 	int rc;
 
-	if ((rc = cuda_moe_ffn(&b->mm, &b->hot[l].moe, &b->moe, b->h, hp->n_embd, T, 0, NULL, mix, err)) != 0)
+	if ((rc = cuda_moe_ffn(&b->mm, &b->hot[l].moe, &b->moe, b->h, b->m->hp.n_embd, T, 0, NULL, mix, err)) != 0)
 		return rc;
 	CK(cudaStreamWaitEvent(b->side, b->routed, 0));
-	CK(cudaMemcpyAsync(b->host_h, b->h, rows, cudaMemcpyDeviceToHost, b->side));
-	CK(cudaMemcpyAsync(b->host_ids, b->moe.route.expert, slots * sizeof(int32_t), cudaMemcpyDeviceToHost, b->side));
-	CK(cudaMemcpyAsync(b->host_wt, b->moe.route.weight, slots * sizeof(float), cudaMemcpyDeviceToHost, b->side));
-	CK(cudaLaunchHostFunc(b->side, host_ffn, &b->host_calls[l]));
-	CK(cudaMemcpyAsync(b->ffn_out, b->host_out, rows, cudaMemcpyHostToDevice, b->side));
+	if ((rc = host_feed_forward(b, T, l, b->side, err)) != 0)
+		return rc;
 	CK(cudaEventRecord(b->host_done, b->side));
 	CK(cudaStreamWaitEvent(b->stream, b->host_done, 0));
 	mix->pre = b->ffn_out;
@@ -609,7 +611,7 @@ feed_forward(struct backend *b, int T, int l, char *err)
 	} else if (hot_split(b, T, l)) {
 		rc = hot_feed_forward(b, T, l, &mix, &r, err);
 	} else if (ffn_on_host(b, l)) {
-		rc = host_feed_forward(b, T, l, err);
+		rc = host_feed_forward(b, T, l, b->stream, err);
 	} else if (hp->n_expert > 0) {
 		struct cuda_moe_pre pre = { b->x, b->ffn_out, c->bo, c->ffn_norm, nm, q8_of_experts(b, T, l) };
 

@@ -1129,16 +1129,15 @@ open_hot(struct backend *b, const struct backend_opts *o, const struct mats *x, 
 {
 	const struct model_desc *m = b->m;
 	int n = m->hp.n_layer, E = m->hp.n_expert, H = hot_count(m, o), rc;
-	size_t slots = (size_t)b->max_tokens * (size_t)m->hp.n_expert_used, at = 0;
+	size_t slots = (size_t)b->max_tokens * (size_t)m->hp.n_expert_used, at = 0, bytes = hot_bytes(m, o, x);
 	uint8_t *base;
 
 	if (H == 0 || b->host_form == NULL)
 		return 0;
-	if ((rc = dev_alloc((void **)&b->hot_w, hot_bytes(m, o, x), "hot experts", err)) != 0)
+	if ((rc = dev_alloc((void **)&b->hot_w, bytes, "hot experts", err)) != 0)
 		return rc;
 	b->n_hot = H;
-	b->dev_slot_of = (int32_t *)(b->hot_w + hot_bytes(m, o, x) -
-	    align_up((size_t)n * (size_t)E * sizeof(int32_t)));
+	b->dev_slot_of = (int32_t *)(b->hot_w + bytes - align_up((size_t)n * (size_t)E * sizeof(int32_t)));
 	CK(cudaHostAlloc((void **)&b->slot_of, (size_t)n * E * sizeof(int32_t), cudaHostAllocDefault));
 	CK(cudaHostAlloc((void **)&b->host_ids, slots * sizeof(int32_t), cudaHostAllocDefault));
 	CK(cudaHostAlloc((void **)&b->host_wt, slots * sizeof(float), cudaHostAllocDefault));
