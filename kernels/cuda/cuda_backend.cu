@@ -492,7 +492,8 @@ hot_split(const struct backend *b, int T, int l)
 /*
  * A feed-forward kept in host memory: the stream's host function between
  * its rows' copies; with hot experts, the experts the device does not
- * hold, by the device's routing.
+ * compute, by the device's routing (and the step's table, where some are
+ * brought up over the bus).
  */
 static void CUDART_CB
 host_ffn(void *arg)
@@ -502,7 +503,7 @@ host_ffn(void *arg)
 
 	if (hot_split(b, b->step_T, c->l))
 		cpu_ffn_run_routed(b->host_run, c->l, b->host_h, b->step_T, b->host_ids, b->host_wt,
-		    b->slot_of + (size_t)c->l * b->m->hp.n_expert, b->host_out);
+		    b->bus != NULL ? b->host_step_of : b->slot_of + (size_t)c->l * b->m->hp.n_expert, b->host_out);
 	else
 		cpu_ffn_run(b->host_run, c->l, b->host_h, b->step_T, b->host_out);
 }
@@ -526,6 +527,9 @@ host_feed_forward(struct backend *b, int T, int l, cudaStream_t st, char *err)
 		CK(cudaMemcpyAsync(b->host_ids, b->moe.route.expert, slots * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
 		CK(cudaMemcpyAsync(b->host_wt, b->moe.route.weight, slots * sizeof(float), cudaMemcpyDeviceToHost, st));
 	}
+	if (hot_split(b, T, l) && b->bus != NULL)
+		CK(cudaMemcpyAsync(b->host_step_of, b->bus[l].step_of, (size_t)hp->n_expert * sizeof(int32_t),
+		    cudaMemcpyDeviceToHost, st));
 	CK(cudaLaunchHostFunc(st, host_ffn, &b->host_calls[l]));
 	CK(cudaMemcpyAsync(b->ffn_out, b->host_out, bytes, cudaMemcpyHostToDevice, st));
 	return 0;
@@ -937,6 +941,67 @@ hot_start(struct backend *b, char *err)
 	return 0;
 }
 
+/* Every BUS_RETRY-th step of a token count tries a share next to its best; a new time counts BUS_FADE. */
+#define BUS_RETRY 16
+#define BUS_FADE 0.25
+
+/*
+ * The bus's share for a step of T tokens (struct backend's bus): the one
+ * that took the least time. Each token count keeps a fading step time for
+ * each share (bus_tally); a step takes the best one, or a share next to it
+ * that it has not timed yet, and every BUS_RETRY-th step of that count the
+ * one on either side in turn, so that the choice follows what the host and
+ * the bus really do (the host's caches, the memory both read, the hot
+ * experts moving in) rather than a model of them. Its device copy is made
+ * on the step's stream when it changes.
+ */
+static int
+bus_choose(struct backend *b, int T, char *err)
+{
+	struct bus_tally *c = &b->bus_tally[T];
+	int k = c->best, lo = MAX(k - 1, 0), hi = MIN(k + 1, BUS_SHARES - 1);
+	float f;
+
+	c->steps++;
+	if (c->t[lo] == 0)
+		k = lo;
+	else if (c->t[hi] == 0)
+		k = hi;
+	else if (c->steps % BUS_RETRY == 0)
+		k = c->steps / BUS_RETRY % 2 ? lo : hi;
+	c->now = k;
+	f = (float)k / (BUS_SHARES - 1);
+	if (f != *b->bus_share) {
+		*b->bus_share = f;
+		CK(cudaMemcpyAsync(b->dev_bus_share, b->bus_share, sizeof *b->bus_share, cudaMemcpyHostToDevice, b->stream));
+	}
+	return 0;
+}
+
+/* 1 if a step of T tokens chooses its share of the bus (bus_choose) and is timed for it. */
+static int
+bus_tallied(const struct backend *b, int T)
+{
+	return b->bus != NULL && !b->bus_fixed && T < b->stream_min;
+}
+
+/*
+ * A step of T tokens took s seconds at the share bus_choose gave it. The
+ * best share's time fades; another's is its latest, since its earlier
+ * ones are many steps old (the hot experts were not where they are now).
+ */
+static void
+bus_timed(struct backend *b, int T, double s)
+{
+	struct bus_tally *c = &b->bus_tally[T];
+	double *t = &c->t[c->now];
+
+	*t = *t > 0 && c->now == c->best ? *t + (s - *t) * BUS_FADE : s;
+	for (int k = 0; k < BUS_SHARES; k++)
+		if (c->t[k] > 0 && c->t[k] < c->t[c->best])
+			c->best = k;
+}
+
 /*
  * Between steps: the counts fade; a finished batch of moves enters the
  * table, or, with none in flight, the next batch starts (hot_start). The
@@ -992,12 +1057,15 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 	struct step_ints dev;
 	int64_t n_tab = 0, max_len;
 	int T = batch->n_tokens, n_logits = 0, n_embd = 0, bidir = 0, rows = MIN(b->max_tokens, LOGIT_ROWS), n_masks, rc;
+	uint64_t t0 = now_ns();
 
 	if ((rc = fwd_batch_check(batch, b->max_tokens, b->kv_blocks, b->m->hp.n_vocab, &max_len, &n_tab,
 	    err)) != 0)
 		return rc;
 	CK(cudaSetDevice(b->device));
 	if (b->hot != NULL && (rc = hot_settle(b, err)) != 0)
+		return rc;
+	if (bus_tallied(b, T) && (rc = bus_choose(b, T, err)) != 0)
 		return rc;
 	/* pieces of split attention grow with the context; past the most pieces, one shape serves all */
 	b->att_len = (int)MIN((max_len + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN, ATT_MAX_SPLITS) * ATT_SPLIT_MIN;
@@ -1053,6 +1121,8 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 	}
 	prof_mark(b, PH_END);
 	CK(cudaStreamSynchronize(b->stream));
+	if (bus_tallied(b, T))
+		bus_timed(b, T, (double)(now_ns() - t0) / 1e9);
 	if (batch->argmax != NULL)
 		memcpy(batch->argmax, b->host_argmax, (size_t)n_logits * sizeof(int32_t));
 	for (int r = 0; batch->pick != NULL && r < n_logits; r++) {

@@ -110,6 +110,18 @@ struct hot_move {
 };
 
 /* The argument of layer l's host function (a feed-forward kept in host memory). */
+/*
+ * The steps of one token count under each share of the bus, k / (BUS_SHARES
+ * - 1) for k = 0 .. BUS_SHARES - 1: their fading time (0: none yet), the
+ * fastest, the share of the step under way.
+ */
+#define BUS_SHARES 5
+struct bus_tally {
+	double t[BUS_SHARES];
+	int64_t steps;
+	int best, now;
+};
+
 struct host_call {
 	struct backend *b;
 	int l;
@@ -191,6 +203,7 @@ struct backend {
 	int *stream_slot;
 	struct cuda_layer *streamed;
 	uint8_t *stage_w[2];
+	size_t stage_bytes;          /* of each */
 	cudaStream_t up_stream;
 	cudaEvent_t w_ready[2], w_free[2];
 	int stream_min;
@@ -227,6 +240,19 @@ struct backend {
 	int hot_pending;             /* moves in flight (their copies end at moved) */
 	int hot_dirty;               /* slot_of changed since the device copy was made */
 	int64_t hot_moved;           /* moves done since the load */
+	/*
+	 * Experts brought up over the bus (cuda_bus; bus NULL: none): of the
+	 * chosen experts a hot layer does not hold, a step shares those it
+	 * computes between the host and the bus by bus_share, the bus's part
+	 * copied into stage_w[0] (which no layer is brought up into in a step
+	 * of fewer than stream_min tokens). Each token count chooses its share
+	 * by the times its steps took (bus_tally, stream_min of them).
+	 */
+	struct cuda_bus *bus;        /* n_layer (host layers only) */
+	float *bus_share, *dev_bus_share; /* pinned, and the device copy the step reads (bus[l].share) */
+	int32_t *host_step_of;       /* pinned, n_expert: the step's table of the layer the host computes */
+	struct bus_tally *bus_tally;
+	int bus_fixed;               /* the share stays as RESIDENT_CUDA_BUS_SHARE set it */
 };
 
 /* ---- load (cuda_load.cu) ---- */

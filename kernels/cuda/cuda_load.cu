@@ -734,7 +734,18 @@ hot_count(const struct model_desc *m, const struct backend_opts *o)
 	return m->hp.n_expert > 0 && any_on_host(m, o) ? MIN(MAX(o->hot_experts, 0), m->hp.n_expert) : 0;
 }
 
-/* Device bytes of o's hot experts: every host layer's, and the table of where each expert is. */
+/*
+ * 4-byte entries of the hot experts' tables on the device: where each
+ * expert of each layer is (dev_slot_of), the step's table, list and share
+ * of the experts brought up (cuda_bus).
+ */
+static size_t
+hot_table_entries(const struct model_desc *m)
+{
+	return ((size_t)m->hp.n_layer + 2) * (size_t)m->hp.n_expert + 2;
+}
+
+/* Device bytes of o's hot experts: every host layer's, and their tables (hot_table_entries). */
 static size_t
 hot_bytes(const struct model_desc *m, const struct backend_opts *o, const struct mats *x)
 {
@@ -746,7 +757,7 @@ hot_bytes(const struct model_desc *m, const struct backend_opts *o, const struct
 	for (int l = 0; l < m->hp.n_layer; l++)
 		if (ffn_on_host(o, l))
 			bytes += hot_layer_bytes(m, x, l, n);
-	return bytes + align_up((size_t)m->hp.n_layer * (size_t)m->hp.n_expert * sizeof(int32_t));
+	return bytes + align_up(hot_table_entries(m) * sizeof(int32_t));
 }
 
 /* The sizes of a load, and where each matrix goes (x->off). Refuses what the kernels do not handle. */
@@ -1075,6 +1086,7 @@ open_streaming(struct backend *b, const struct backend_opts *o, const struct mat
 	for (int i = 0; i < 2; i++)
 		if ((rc = dev_alloc((void **)&b->stage_w[i], stage, "a host layer's weights brought up", err)) != 0)
 			return rc;
+	b->stage_bytes = stage;
 	CK(cudaStreamCreateWithFlags(&b->up_stream, cudaStreamNonBlocking));
 	for (int i = 0; i < 2; i++) {
 		CK(cudaEventCreateWithFlags(&b->w_ready[i], cudaEventDisableTiming));
@@ -1119,6 +1131,61 @@ hot_layer(struct backend *b, const struct mats *x, int l, uint8_t *base, char *e
 }
 
 /*
+ * The experts a step of a hot layer brings up over the bus (struct
+ * backend's bus): their slots in stage_w[0], as many as it holds of the
+ * largest experts, the tables at the end of hot_w, none brought up to
+ * begin with (RESIDENT_CUDA_BUS_SHARE: a share fixed at that fraction
+ * instead, 0: never any). None either where no layer is brought up (no
+ * stage_w) or an expert's rows are not 16-byte aligned in host memory
+ * (the copying kernel's loads).
+ */
+static int
+open_bus_experts(struct backend *b, char *err)
+{
+	const struct model_desc *m = b->m;
+	const char *fixed = getenv("RESIDENT_CUDA_BUS_SHARE");
+	double share = fixed != NULL && *fixed != '\0' ? strtod(fixed, NULL) : -1;
+	int n = m->hp.n_layer, E = m->hp.n_expert, max;
+	size_t gu = 0, down = 0, at;
+	int32_t *tab = b->dev_slot_of + (size_t)n * E;
+
+	if (share == 0 || b->stage_w[0] == NULL)
+		return 0;
+	for (int l = 0; l < n; l++) {
+		const struct cuda_moe *e = &b->hot[l].moe;
+
+		if (e->slot_of == NULL)
+			continue;
+		if (e->gu_stride % 16 || e->down_stride % 16 ||
+		    (uintptr_t)(b->host_form[l] + b->hot_gu_off) % 16 || (uintptr_t)(b->host_form[l] + b->hot_down_off) % 16)
+			return 0;
+		gu = MAX(gu, e->gu_stride), down = MAX(down, e->down_stride);
+	}
+	max = gu == 0 ? 0 : MIN(E, (int)((b->stage_bytes - MIN(b->stage_bytes, (size_t)DEV_ALIGN)) / (gu + down)));
+	if (max == 0)
+		return 0;
+	at = align_up((size_t)max * gu);
+	CK(cudaHostAlloc((void **)&b->bus_share, sizeof *b->bus_share, cudaHostAllocDefault));
+	CK(cudaHostAlloc((void **)&b->host_step_of, (size_t)E * sizeof *b->host_step_of, cudaHostAllocDefault));
+	*b->bus_share = share > 0 ? (float)MIN(share, 1.0) : 0.0f;
+	b->bus_fixed = share > 0;
+	b->dev_bus_share = (float *)(tab + 2 * E + 1);
+	CK(cudaMemcpy(b->dev_bus_share, b->bus_share, sizeof *b->bus_share, cudaMemcpyHostToDevice));
+	b->bus = (struct cuda_bus *)xcalloc((size_t)n, sizeof *b->bus);
+	for (int l = 0; l < n; l++) {
+		struct cuda_bus *bus = &b->bus[l];
+
+		if (b->hot[l].moe.slot_of == NULL)
+			continue;
+		*bus = (struct cuda_bus){ b->host_form[l] + b->hot_gu_off, b->host_form[l] + b->hot_down_off, b->stage_w[0],
+			b->stage_w[0] + at, tab, tab + E, b->dev_bus_share, b->n_hot, max };
+		b->hot[l].moe.bus = bus;
+	}
+	b->bus_tally = (struct bus_tally *)xcalloc((size_t)b->stream_min, sizeof *b->bus_tally);
+	return 0;
+}
+
+/*
  * The hot experts of o's host layers (struct backend's hot): their device
  * memory, the pinned routing the host reads, the side stream and its
  * events. None where o asks for none or the host layers' GPU forms are
@@ -1137,7 +1204,7 @@ open_hot(struct backend *b, const struct backend_opts *o, const struct mats *x, 
 	if ((rc = dev_alloc((void **)&b->hot_w, bytes, "hot experts", err)) != 0)
 		return rc;
 	b->n_hot = H;
-	b->dev_slot_of = (int32_t *)(b->hot_w + bytes - align_up((size_t)n * (size_t)E * sizeof(int32_t)));
+	b->dev_slot_of = (int32_t *)(b->hot_w + bytes - align_up(hot_table_entries(m) * sizeof(int32_t)));
 	CK(cudaHostAlloc((void **)&b->slot_of, (size_t)n * E * sizeof(int32_t), cudaHostAllocDefault));
 	CK(cudaHostAlloc((void **)&b->host_ids, slots * sizeof(int32_t), cudaHostAllocDefault));
 	CK(cudaHostAlloc((void **)&b->host_wt, slots * sizeof(float), cudaHostAllocDefault));
@@ -1158,7 +1225,7 @@ open_hot(struct backend *b, const struct backend_opts *o, const struct mats *x, 
 			return rc;
 	}
 	CK(cudaMemcpy(b->dev_slot_of, b->slot_of, (size_t)n * E * sizeof(int32_t), cudaMemcpyHostToDevice));
-	return 0;
+	return open_bus_experts(b, err);
 }
 
 /* Everything load does, in order; on failure the caller frees what was made. */
@@ -1266,7 +1333,7 @@ cuda_free(struct backend *b)
 	cudaFree(b->moe.route.tiles), cudaFree(b->moe.down), cudaFree(b->hot_w);
 	void *pinned[] = { b->host_argmax, b->host_pick, b->host_pen, b->host_lp, b->host_top_ids, b->host_top_lp,
 		b->host_mask_rows, b->host_mask_bits, b->stage, b->host_ints, b->host_h, b->host_out, b->host_x,
-		b->slot_of, b->host_ids, b->host_wt };
+		b->slot_of, b->host_ids, b->host_wt, b->bus_share, b->host_step_of };
 	cudaEvent_t events[] = { b->routed, b->host_done, b->moved };
 
 	for (size_t i = 0; i < ARRAY_LEN(pinned); i++)
@@ -1300,7 +1367,7 @@ cuda_free(struct backend *b)
 	for (size_t i = 0; i < ARRAY_LEN(events); i++)
 		if (events[i] != NULL)
 			cudaEventDestroy(events[i]);
-	free(b->hot), free(b->hot_expert);
+	free(b->hot), free(b->hot_expert), free(b->bus), free(b->bus_tally);
 	free(b->host_form), free(b->host_form_bytes), free(b->stream_slot), free(b->streamed), free(b->bus_layer);
 	cpu_ffn_free(b->host_run);
 	if (b->host_pool != NULL)

@@ -161,6 +161,14 @@ slot_at(const struct mm_slots &sl, int ex)
 	return sl.slot_of != NULL ? sl.slot_of[ex] : ex;
 }
 
+/* The rows of slot at (slot_at's, not negative) of weight w: there, or brought up for the step (mm_slots.away). */
+static __device__ __forceinline__ const uint8_t *
+slot_w(const struct mm_slots &sl, const uint8_t *w, int at)
+{
+	return sl.away != NULL && at >= sl.n_home ? sl.away + (size_t)(at - sl.n_home) * sl.stride :
+						     w + (size_t)at * sl.stride;
+}
+
 /*
  * The matrix-vector kernel over expert slots (cuda_matmul_slots): block
  * (x, s) takes rows of the expert slot s chose, by its input row.
@@ -176,7 +184,7 @@ mmv_slot_kernel(const uint8_t *w, size_t row_bytes, int k, int n, const float *x
 
 	if (at < 0)
 		return;
-	mmv_block<TY, 1>(w + (size_t)at * sl.stride, row_bytes, k, n, x + (size_t)(s / sl.in_div) * ldx, ldx,
+	mmv_block<TY, 1>(slot_w(sl, w, at), row_bytes, k, n, x + (size_t)(s / sl.in_div) * ldx, ldx,
 	    slot_out(out, s));
 }
 
@@ -664,7 +672,7 @@ mmq_slot_kernel(struct mm_seg a, int k, const int8_t *__restrict__ xq, const flo
 
 	if (at < 0)
 		return;
-	a.w += (size_t)at * sl.stride;
+	a.w = slot_w(sl, a.w, at);
 	mmq_block<TY, 1, R, KS, false, LS, U, GLU>(a, blockIdx.x, k, xq + (size_t)in * 2 * k,
 	    xd + (size_t)in * (k / 32), slot_out(out, s), mm_e<false>{}, 1, sl.glu, ex);
 }

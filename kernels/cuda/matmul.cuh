@@ -206,6 +206,13 @@ struct mm_slots {
 	 * not written). Not with logit (the routing is made before).
 	 */
 	const int32_t *slot_of;
+	/*
+	 * NULL, or where the slots from n_home on are: slot s >= n_home at
+	 * (s - n_home) strides from away (experts brought up for the step,
+	 * cuda_bus), not from w.
+	 */
+	const uint8_t *away;
+	int n_home;
 };
 
 /*

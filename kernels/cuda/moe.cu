@@ -144,6 +144,98 @@ router_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, const floa
 	}
 }
 
+#define BUS_THREADS 256
+/* Bytes a thread of bus_gather_kernel has in flight: the bus's latency is hidden by many loads at once. */
+#define BUS_LOADS 4
+
+/*
+ * The step's table of a layer whose experts are split (cuda_bus): the
+ * chosen experts it does not hold counted by their slots, ranked (more
+ * slots first, then the lower index), and the first share of them given
+ * the bus's slots. One block; a few thousand slots at most.
+ */
+__global__ void __launch_bounds__(BUS_THREADS)
+bus_pick_kernel(const int32_t *__restrict__ expert, int slots, const int32_t *__restrict__ home, int n_expert,
+    struct cuda_bus bus)
+{
+	__shared__ int count[MOE_MAX_EXPERTS];
+	__shared__ int n_cand;
+
+	pdl_wait();
+	pdl_trigger();
+	for (int e = threadIdx.x; e < n_expert; e += blockDim.x)
+		count[e] = 0;
+	if (threadIdx.x == 0)
+		n_cand = 0;
+	__syncthreads();
+	for (int s = threadIdx.x; s < slots; s += blockDim.x)
+		if (home[expert[s]] < 0 && atomicAdd(&count[expert[s]], 1) == 0)
+			atomicAdd(&n_cand, 1);
+	__syncthreads();
+	int n_bus = min(bus.max, (int)(*bus.share * (float)n_cand + 0.5f));
+
+	for (int e = threadIdx.x; e < n_expert; e += blockDim.x) {
+		int at = home[e], rank = 0;
+
+		if (at < 0 && count[e] > 0) {
+			for (int o = 0; o < n_expert; o++)
+				rank += count[o] > count[e] || (count[o] == count[e] && o < e);
+			if (rank < n_bus)
+				at = bus.n_home + rank, bus.list[1 + rank] = e;
+		}
+		bus.step_of[e] = at;
+	}
+	if (threadIdx.x == 0)
+		bus.list[0] = n_bus;
+}
+
+/*
+ * The listed experts' gate/up and down from host memory into the bus's
+ * slots, 16 bytes a load, BUS_LOADS loads of each thread in flight over
+ * the whole list (a grid of a few blocks a multiprocessor keeps the bus
+ * full: 51 GB/s on an H200's, as cudaMemcpy).
+ */
+__global__ void __launch_bounds__(BUS_THREADS)
+bus_gather_kernel(struct cuda_bus bus, size_t gu16, size_t down16)
+{
+	pdl_wait();
+	pdl_trigger();
+	size_t per = gu16 + down16, n = (size_t)bus.list[0] * per, step = (size_t)gridDim.x * blockDim.x;
+
+	for (size_t i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i0 < n; i0 += step * BUS_LOADS) {
+		uint4 v[BUS_LOADS];
+		uint4 *to[BUS_LOADS];
+
+#pragma unroll
+		for (int u = 0; u < BUS_LOADS; u++) {
+			size_t i = i0 + (size_t)u * step, j = i / per, o = i % per, e;
+
+			if (i >= n)
+				break;
+			e = (size_t)bus.list[1 + j];
+			if (o < gu16) {
+				v[u] = __ldcs((const uint4 *)bus.gu_host + e * gu16 + o);
+				to[u] = (uint4 *)bus.gu + j * gu16 + o;
+			} else {
+				v[u] = __ldcs((const uint4 *)bus.down_host + e * down16 + o - gu16);
+				to[u] = (uint4 *)bus.down + j * down16 + o - gu16;
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < BUS_LOADS; u++)
+			if (i0 + (size_t)u * step < n)
+				*to[u] = v[u];
+	}
+}
+
+int
+cuda_bus_gather(const struct cuda_bus *bus, size_t gu_stride, size_t down_stride, int sms, cudaStream_t st, char *err)
+{
+	CK(cuda_launch(bus_gather_kernel, dim3((unsigned)sms), dim3(BUS_THREADS), 0, st, *bus, gu_stride / 16,
+	    down_stride / 16));
+	return 0;
+}
+
 int
 cuda_moe_max_tiles(int n_rows, int n_expert, int bn)
 {
@@ -226,9 +318,13 @@ moe_slots(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch *
 	struct mm_out gu = { { s->gate, s->up }, { F, F }, { 0, F, 2 * F }, 2 };
 	struct mm_out act = { { s->gate }, { F }, { 0, F }, 1 };
 	struct mm_out dn = { { s->down }, { n_embd }, { 0, n_embd }, 1 };
+	const struct cuda_bus *bus = e->bus;
+	const int32_t *at = bus != NULL ? bus->step_of : e->slot_of;
+	int home = bus != NULL ? bus->n_home : 0;
 	struct mm_slots sl_gu = { r->expert, e->gu_stride, k, self_route ? r->logit : NULL, r->bias, r->weight,
-		r->n_expert, r->norm, { e->gate_b, e->up_b, e->act, fused }, e->slot_of };
-	struct mm_slots sl_dn = { r->expert, e->down_stride, 1, NULL, NULL, NULL, 0, 0, {}, e->slot_of };
+		r->n_expert, r->norm, { e->gate_b, e->up_b, e->act, fused }, at, bus != NULL ? bus->gu : NULL, home };
+	struct mm_slots sl_dn = { r->expert, e->down_stride, 1, NULL, NULL, NULL, 0, 0, {}, at,
+		bus != NULL ? bus->down : NULL, home };
 
 	if (fused) { /* down's int8 form of the activation (if it reads one) made by its own launch */
 		if ((rc = cuda_matmul_slots(m, &e->gu, h, n_embd, n_tok, R, &sl_gu, &act, h_q8, err)) != 0)
@@ -303,12 +399,17 @@ cuda_moe_ffn(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratc
 	}
 	if (rc == 0 && !self_route)
 		rc = route_step(r, m->stream, err);
+	if (rc == 0 && e->bus != NULL)
+		CK(cuda_launch(bus_pick_kernel, dim3(1), dim3(BUS_THREADS), 0, m->stream, (const int32_t *)r->expert, R,
+		    e->slot_of, e->n_expert, *e->bus));
 	if (rc == 0 && e->routed != NULL)
 		CK(cudaEventRecord(e->routed, m->stream));
+	if (rc == 0 && e->bus != NULL)
+		rc = cuda_bus_gather(e->bus, e->gu_stride, e->down_stride, m->sms, m->stream, err);
 	if (rc != 0 || (rc = grouped ? moe_grouped(m, e, s, h, n_embd, n_tok, ib > 0, err) :
 	    moe_slots(m, e, s, h, n_embd, n_tok, h_q8, self_route, err)) != 0)
 		return rc;
 	*mix = (struct cuda_rmix){ pre != NULL ? pre->bias : NULL, e->n_used, r->weight, grouped ? r->row : NULL, r->expert,
-		e->down_b, pre != NULL ? pre->r : NULL, e->slot_of };
+		e->down_b, pre != NULL ? pre->r : NULL, e->bus != NULL ? e->bus->step_of : e->slot_of };
 	return 0;
 }

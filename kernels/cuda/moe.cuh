@@ -38,6 +38,34 @@ int cuda_moe_max_tiles(int n_rows, int n_expert, int bn);
 #define MOE_MIN_TILE_ROWS 2
 
 /*
+ * Experts brought up over the bus for a step, beside the ones a layer
+ * holds (cuda_moe.slot_of): of the chosen experts it does not hold, the
+ * share *share (the most chosen first, at most max) are copied by a kernel
+ * from host memory (pinned and mapped: expert e's gate/up at gu_host + e
+ * gate/up strides, its down at down_host + e down strides) into the slots
+ * gu and down, while the host computes the others. step_of (n_expert) is
+ * the step's table, which the experts' kernels, the mixture and the host
+ * read: the layer's slot_of, and each expert brought up at n_home + its
+ * rank; list[0] is their count, list[1 + j] the expert in slot j.
+ */
+struct cuda_bus {
+	const uint8_t *gu_host, *down_host;
+	uint8_t *gu, *down;
+	int32_t *step_of, *list;
+	const float *share;
+	int n_home, max;
+};
+
+/*
+ * Copies the list's experts (list[0] of them, cuda_bus; both strides
+ * multiples of 16 bytes) from host memory into the bus's slots, on st, a
+ * block a multiprocessor (sms): how the step brings them up, and how the
+ * load measures the bus.
+ */
+int cuda_bus_gather(const struct cuda_bus *bus, size_t gu_stride, size_t down_stride, int sms, cudaStream_t st,
+    char *err);
+
+/*
  * A layer's experts on the GPU: the router (n_expert rows), expert 0's
  * gate and up stored one after the other (gu: 2 n_ff_exp rows, gate
  * first) and its down; expert e's are e strides after them. Biases and
@@ -62,6 +90,7 @@ struct cuda_moe {
 	 */
 	const int32_t *slot_of;
 	cudaEvent_t routed;
+	const struct cuda_bus *bus; /* NULL, or with slot_of: the chosen experts it does not hold, some brought up */
 };
 
 /*

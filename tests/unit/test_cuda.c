@@ -19,7 +19,8 @@
  * budget runs), the exact one with half of each host layer's experts kept
  * on the device as well (backend_opts.hot_experts: every step of fewer
  * than stream_min tokens splits those layers' experts between the device
- * and the host). The schedule mixes prefill chunks and decode
+ * and the host) and half of the chosen others brought up over the bus
+ * (RESIDENT_CUDA_BUS_SHARE). The schedule mixes prefill chunks and decode
  * tokens of seven sequences in one step, reaches positions well past the
  * gemma sliding window (16), forks a sequence in the middle of a block
  * (kv_copy), moves a sequence's blocks to others through host memory
@@ -134,6 +135,8 @@ load_all(struct fixture *f)
 		bo.exact = gpu_exact[g];
 		bo.host_ffn = gpu_host[g] ? even : NULL;
 		bo.hot_experts = gpu_hot[g] ? f->m->hp.n_expert / 2 : 0;
+		/* the hot variant's steps bring half the chosen experts it does not hold up over the bus */
+		setenv("RESIDENT_CUDA_BUS_SHARE", gpu_hot[g] ? "0.5" : "", 1);
 		if (*gpu_mmv[g] != '\0')
 			setenv("RESIDENT_CUDA_MMV_MAX", gpu_mmv[g], 1);
 		else
@@ -144,6 +147,7 @@ load_all(struct fixture *f)
 		assert_int_equal(cuda_backend.kv_elem_bytes(f->gpu[g]), gpu_exact[g] ? 4 : 2);
 	}
 	unsetenv("RESIDENT_CUDA_MMV_MAX");
+	unsetenv("RESIDENT_CUDA_BUS_SHARE");
 	free(even); /* load copies the flags */
 	f->n_vocab = f->m->hp.n_vocab;
 }
