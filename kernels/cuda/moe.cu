@@ -145,7 +145,7 @@ router_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, const floa
 }
 
 #define BUS_THREADS 256
-/* Bytes a thread of bus_gather_kernel has in flight: the bus's latency is hidden by many loads at once. */
+/* Loads (16 bytes each) a thread of bus_gather_kernel has in flight: many at once hide the bus's latency. */
 #define BUS_LOADS 4
 
 /*
@@ -228,8 +228,13 @@ bus_gather_kernel(struct cuda_bus bus, size_t gu16, size_t down16)
 	}
 }
 
-int
-cuda_bus_gather(const struct cuda_bus *bus, size_t gu_stride, size_t down_stride, int sms, cudaStream_t st, char *err)
+/*
+ * Copies the list's experts (list[0] of them; both strides multiples of
+ * 16 bytes, see open_bus_experts) from host memory into the bus's slots,
+ * on st, a block a multiprocessor (sms).
+ */
+static int
+bus_gather(const struct cuda_bus *bus, size_t gu_stride, size_t down_stride, int sms, cudaStream_t st, char *err)
 {
 	CK(cuda_launch(bus_gather_kernel, dim3((unsigned)sms), dim3(BUS_THREADS), 0, st, *bus, gu_stride / 16,
 	    down_stride / 16));
@@ -405,7 +410,7 @@ cuda_moe_ffn(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratc
 	if (rc == 0 && e->routed != NULL)
 		CK(cudaEventRecord(e->routed, m->stream));
 	if (rc == 0 && e->bus != NULL)
-		rc = cuda_bus_gather(e->bus, e->gu_stride, e->down_stride, m->sms, m->stream, err);
+		rc = bus_gather(e->bus, e->gu_stride, e->down_stride, m->sms, m->stream, err);
 	if (rc != 0 || (rc = grouped ? moe_grouped(m, e, s, h, n_embd, n_tok, ib > 0, err) :
 	    moe_slots(m, e, s, h, n_embd, n_tok, h_q8, self_route, err)) != 0)
 		return rc;

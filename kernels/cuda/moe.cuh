@@ -57,15 +57,6 @@ struct cuda_bus {
 };
 
 /*
- * Copies the list's experts (list[0] of them, cuda_bus; both strides
- * multiples of 16 bytes) from host memory into the bus's slots, on st, a
- * block a multiprocessor (sms): how the step brings them up, and how the
- * load measures the bus.
- */
-int cuda_bus_gather(const struct cuda_bus *bus, size_t gu_stride, size_t down_stride, int sms, cudaStream_t st,
-    char *err);
-
-/*
  * A layer's experts on the GPU: the router (n_expert rows), expert 0's
  * gate and up stored one after the other (gu: 2 n_ff_exp rows, gate
  * first) and its down; expert e's are e strides after them. Biases and
