@@ -526,10 +526,10 @@ host_feed_forward(struct backend *b, int T, int l, cudaStream_t st, char *err)
 	if (hot_split(b, T, l)) {
 		CK(cudaMemcpyAsync(b->host_ids, b->moe.route.expert, slots * sizeof(int32_t), cudaMemcpyDeviceToHost, st));
 		CK(cudaMemcpyAsync(b->host_wt, b->moe.route.weight, slots * sizeof(float), cudaMemcpyDeviceToHost, st));
+		if (b->bus != NULL)
+			CK(cudaMemcpyAsync(b->host_step_of, b->bus[l].step_of, (size_t)hp->n_expert * sizeof(int32_t),
+			    cudaMemcpyDeviceToHost, st));
 	}
-	if (hot_split(b, T, l) && b->bus != NULL)
-		CK(cudaMemcpyAsync(b->host_step_of, b->bus[l].step_of, (size_t)hp->n_expert * sizeof(int32_t),
-		    cudaMemcpyDeviceToHost, st));
 	CK(cudaLaunchHostFunc(st, host_ffn, &b->host_calls[l]));
 	CK(cudaMemcpyAsync(b->ffn_out, b->host_out, bytes, cudaMemcpyHostToDevice, st));
 	return 0;

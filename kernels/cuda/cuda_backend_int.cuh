@@ -109,7 +109,6 @@ struct hot_move {
 	int l, e, slot;
 };
 
-/* The argument of layer l's host function (a feed-forward kept in host memory). */
 /*
  * The steps of one token count under each share of the bus, k / (BUS_SHARES
  * - 1) for k = 0 .. BUS_SHARES - 1: their fading time (0: none yet), the
@@ -122,6 +121,7 @@ struct bus_tally {
 	int best, now;
 };
 
+/* The argument of layer l's host function (a feed-forward kept in host memory). */
 struct host_call {
 	struct backend *b;
 	int l;

@@ -1169,17 +1169,17 @@ open_bus_experts(struct backend *b, char *err)
 	CK(cudaHostAlloc((void **)&b->host_step_of, (size_t)E * sizeof *b->host_step_of, cudaHostAllocDefault));
 	*b->bus_share = share > 0 ? (float)MIN(share, 1.0) : 0.0f;
 	b->bus_fixed = share > 0;
-	b->dev_bus_share = (float *)(tab + 2 * E + 1);
+	b->dev_bus_share = (float *)(tab + 2 * E + 1); /* after step_of (E) and list (1 + E): hot_table_entries */
 	CK(cudaMemcpy(b->dev_bus_share, b->bus_share, sizeof *b->bus_share, cudaMemcpyHostToDevice));
 	b->bus = (struct cuda_bus *)xcalloc((size_t)n, sizeof *b->bus);
 	for (int l = 0; l < n; l++) {
-		struct cuda_bus *bus = &b->bus[l];
+		struct cuda_moe *e = &b->hot[l].moe;
 
-		if (b->hot[l].moe.slot_of == NULL)
+		if (e->slot_of == NULL)
 			continue;
-		*bus = (struct cuda_bus){ b->host_form[l] + b->hot_gu_off, b->host_form[l] + b->hot_down_off, b->stage_w[0],
-			b->stage_w[0] + at, tab, tab + E, b->dev_bus_share, b->n_hot, max };
-		b->hot[l].moe.bus = bus;
+		b->bus[l] = (struct cuda_bus){ b->host_form[l] + b->hot_gu_off, b->host_form[l] + b->hot_down_off,
+			b->stage_w[0], b->stage_w[0] + at, tab, tab + E, b->dev_bus_share, b->n_hot, max };
+		e->bus = &b->bus[l];
 	}
 	b->bus_tally = (struct bus_tally *)xcalloc((size_t)b->stream_min, sizeof *b->bus_tally);
 	return 0;
