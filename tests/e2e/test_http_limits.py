@@ -362,16 +362,19 @@ def check_http10(ck, b):
             ck.ok(whole, "%s: the body is the whole stream (%r)" % (what, body[-80:]))
 
 
-def check_pipelined_leave(ck, b, long_msgs):
+def check_pipelined_leave(ck, b, dc, long_msgs):
     """A client that leaves behind a pipelined request, before its reply (not streamed): its generation stops."""
     pat = r"the client left: generation cancelled after (\d+) tokens"
     before = len(re.findall(pat, b.text()))
     with connect(b) as s:
         s.sendall(post("/v1/chat/completions", {"model": MODEL, "messages": long_msgs, "max_tokens": LONG,
                                                 "temperature": 0}))
-        time.sleep(0.2)         # the request is read; the next comes while its reply is made
+        # the next request comes while the reply is made: once the daemon runs the generation, which on
+        # a fast machine ends within a quarter of a second (a fixed sleep raced it)
+        ck.ok(rsd.wait_for(lambda: dc.call("status")["active"] > 0, timeout=10, step=0.002),
+              "the pipelined request's first runs in the daemon")
         s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        time.sleep(0.1)
+        time.sleep(0.02)
     ok = rsd.wait_for(lambda: len(re.findall(pat, b.text())) > before, timeout=20)
     n = [int(x) for x in re.findall(pat, b.text())][before:] if ok else []
     ck.ok(n and n[0] < LONG, "a client gone behind a pipelined request: its generation is cancelled (%s of %d "
@@ -498,7 +501,7 @@ def run():
                              ("descriptors", lambda: check_descriptors(ck, d)),
                              ("max_frame", lambda: check_max_frame(ck, d2)),
                              ("HTTP/1.0", lambda: check_http10(ck, b)),
-                             ("pipelined", lambda: check_pipelined_leave(ck, b, long_msgs)),
+                             ("pipelined", lambda: check_pipelined_leave(ck, b, dc, long_msgs)),
                              ("session new", lambda: check_failed_session_new(ck, b, dc)),
                              ("error codes", lambda: check_error_mapping(ck, b, b2, dc, dc2, long_msgs)),
                              ("UTF-8", lambda: check_utf8_cut(ck, b)),
