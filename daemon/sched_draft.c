@@ -1,8 +1,12 @@
 /*
  * sched_draft.c: a request's draft model (generate's `draft`). A small model
- * with the target's vocabulary writes, greedily, the tokens it expects next;
- * the target checks them in its next step (engine_seq_guess: speculative
+ * with the target's vocabulary writes the tokens it expects next; the
+ * target checks them in its next step (engine_seq_guess: speculative
  * decoding, engine.c), so that its output is what it would be without them.
+ * The draft samples as its target does, with the target's own generator
+ * (engine_seq_couple): greedy for a greedy request, and for a sampled one
+ * each guess drawn with the uniform the target's token will take, so that
+ * a draft that agrees with the target guesses the very tokens a seed gives.
  *
  * The draft is a model slot like any, loaded under the same memory budget
  * and held by the request while it runs. Each choice of the request has a
@@ -83,7 +87,7 @@ sched_draft_unload(struct sched *s, struct slot *d)
 		}
 }
 
-/* A draft sequence's parameters: greedy, in the request's namespace of the prefix cache. */
+/* A draft sequence's parameters: in the request's namespace of the prefix cache (it samples as its target, follow). */
 static void
 draft_params(const struct sched *s, const struct gen *g, struct seq_params *p)
 {
@@ -95,8 +99,8 @@ draft_params(const struct sched *s, const struct gen *g, struct seq_params *p)
 }
 
 /*
- * Choice i's draft sequence, made or brought to its target q's history;
- * NULL when that fails (the choice guesses nothing this round).
+ * Choice i's draft sequence, made or brought to its target q's history and
+ * drawing as q will; NULL when that fails (the choice guesses nothing this round).
  */
 static struct seq *
 follow(struct sched *s, struct gen *g, int i, const struct seq *q)
@@ -111,9 +115,11 @@ follow(struct sched *s, struct gen *g, int i, const struct seq *q)
 			log_debug("draft %s: %s", g->draft->name, err);
 			g->dseqs[i] = NULL;
 		}
-		return g->dseqs[i];
-	}
-	return engine_seq_follow(e, g->dseqs[i], q->tokens, q->n_tokens, err) >= 0 ? g->dseqs[i] : NULL;
+	} else if (engine_seq_follow(e, g->dseqs[i], q->tokens, q->n_tokens, err) < 0)
+		return NULL;
+	if (g->dseqs[i] != NULL)
+		engine_seq_couple(g->dseqs[i], q);
+	return g->dseqs[i];
 }
 
 /* One draft's round for the targets q[0..n) (their gens g[], choices ch[]); rc < 0 if its backend failed. */

@@ -12,6 +12,7 @@
 #ifndef RESIDENT_KERNELS_H
 #define RESIDENT_KERNELS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -87,13 +88,13 @@ struct fwd_seq {
 /*
  * How a backend with has_argmax draws a logits row's token itself
  * (fwd_batch.pick): as the host sampler (daemon/engine/sample.c) draws with
- * these parameters, u for its uniform draw, after the penalties of the
- * row's window (its n_pen tokens and counts from pen0 on in
- * fwd_batch.pen_tok and pen_cnt), so that the same logits and u give the
+ * these parameters, key for its draw (fwd_race_uniform), after the penalties
+ * of the row's window (its n_pen tokens and counts from pen0 on in
+ * fwd_batch.pen_tok and pen_cnt), so that the same logits and key give the
  * same token. Temperature 0 is greedy.
  */
 struct fwd_pick {
-	double u;                    /* in [0, 1) */
+	uint64_t key;                /* the generator's draw for the row's token */
 	float temperature, top_p, min_p;
 	int32_t top_k;               /* 1 .. FWD_PICK_TOP_K, unless greedy */
 	float repeat_penalty, presence_penalty, frequency_penalty;
@@ -104,6 +105,36 @@ struct fwd_pick {
 };
 
 #define FWD_PICK_TOP_K 64
+
+#ifdef __CUDACC__
+#define FWD_HOST_DEVICE __host__ __device__
+#else
+#define FWD_HOST_DEVICE
+#endif
+
+/*
+ * A sampled token is the first of the kept candidates to arrive in a race:
+ * token id sets off after an exponential time, -log u of this uniform u in
+ * (0, 1] hashed from the row's key and id (splitmix64's finalizer), and
+ * runs at its probability p, arriving at -log(u) / p: the first to arrive
+ * (the first in the candidates' order on a tie) is drawn with probability
+ * p / sum(p) (Gumbel-max, in exponential form).
+ * Unlike a uniform against the cumulative probabilities, every token's
+ * chance comes from its own variate, not from where it falls in an order:
+ * a draft model that draws with the key its target's token will take
+ * (engine_seq_couple) guesses that token with a probability near the two
+ * distributions' overlap. The host and the device compute it alike.
+ */
+static inline FWD_HOST_DEVICE double
+fwd_race_uniform(uint64_t key, int32_t id)
+{
+	uint64_t z = key ^ ((uint64_t)(uint32_t)id * 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	z ^= z >> 31;
+	return (double)((z >> 11) + 1) * (1.0 / 9007199254740992.0);
+}
 #define FWD_PICK_MAX_VOCAB 262144    /* larger vocabularies are sampled on the host */
 #define FWD_PICK_PENALTY_MAX 256     /* distinct tokens of a row's penalty window */
 #define FWD_TOP_LOGPROBS 20          /* most likely tokens a row reports at most */

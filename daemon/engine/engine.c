@@ -993,6 +993,13 @@ engine_seq_guess(struct seq *s, const int32_t *tokens, int32_t n)
 	memcpy(s->given, tokens, (size_t)s->n_given * sizeof *tokens);
 }
 
+void
+engine_seq_couple(struct seq *d, const struct seq *s)
+{
+	d->sampler.p = s->sampler.p;
+	memcpy(d->sampler.rng, s->sampler.rng, sizeof d->sampler.rng);
+}
+
 /* Takes s's guesses back (it is not in the step). */
 static void
 seq_unguess(struct seq *s)
@@ -1151,7 +1158,7 @@ pick_params(struct seq *s, struct fwd_pick *f)
 {
 	struct sampler *sm = &s->sampler;
 
-	f->u = sm->p.temperature > 0 ? sampler_draw(sm) : 0;
+	f->key = sm->p.temperature > 0 ? sampler_key(sm) : 0;
 	f->temperature = sm->p.temperature, f->top_p = sm->p.top_p, f->min_p = sm->p.min_p;
 	f->top_k = sm->p.top_k;
 	f->repeat_penalty = sm->p.repeat_penalty, f->presence_penalty = sm->p.presence_penalty;
@@ -1174,7 +1181,7 @@ rows_history(const struct seq *s)
  * leave it. batch gets the argmax buffer and, unless every row is a plain
  * argmax, how each row is drawn: the windows (a guess's row's with the
  * guesses before it), then each sampling sequence's generator drawing
- * each row's u here, as sampler_pick would.
+ * each row's key here, as sampler_pick would.
  */
 static int
 step_picks(struct engine *e, int32_t n_fseqs, struct fwd_batch *b)
@@ -1305,10 +1312,10 @@ row_token(struct engine *e, struct seq *s, int32_t row, int32_t n, int picked)
  * output has exactly that distribution, and greedy output is decoding's
  * without guesses), then the first that is not, or the one after the
  * last guess. The guesses leave tokens[] (seq_take puts the accepted ones
- * back). Whatever the rows drew (the backend's picks draw every row's u),
+ * back). Whatever the rows drew (the backend's picks draw every row's key),
  * the generator is left one draw past where it was per token taken, as
  * decoding without guesses leaves it: token j is drawn with the j-th
- * uniform either way, so a seed gives the same tokens with guesses as
+ * key either way, so a seed gives the same tokens with guesses as
  * without (where the logits are the same) and whatever the scheduler
  * chose to guess.
  */
@@ -1331,7 +1338,7 @@ settle(struct engine *e, struct seq *s, int32_t row, int picked)
 	if (s->sampler.p.temperature > 0) {
 		memcpy(s->sampler.rng, s->rng_mark, sizeof s->rng_mark);
 		for (int32_t r = 0; r < drawn; r++)
-			(void)sampler_draw(&s->sampler);
+			(void)sampler_key(&s->sampler);
 	}
 	s->n_spec = drawn, s->spec_kv = a, s->spec_next = 0, s->n_draft = 0;
 	free_gspec(s);

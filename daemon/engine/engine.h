@@ -348,6 +348,15 @@ int engine_seq_more(struct engine *e, struct seq *s);
  */
 void engine_seq_guess(struct seq *s, const int32_t *tokens, int32_t n);
 /*
+ * Makes draft d draw its next tokens as target s will draw its own: with
+ * s's sampling parameters and a copy of s's generator, so that the draft's
+ * k-th guess takes the uniform s's k-th next token will take. A draft that
+ * agrees with s then guesses s's very tokens, sampled as well as greedy:
+ * its guesses are accepted by the rule that keeps a seed's output (settle,
+ * engine.c), at a rate near the two distributions' overlap.
+ */
+void engine_seq_couple(struct seq *d, const struct seq *s);
+/*
  * How many tokens s would check now, as lookup's guesses are sized: by
  * its recent acceptance, within max_tokens and the context (a draft model
  * writes no more than that).

@@ -2,10 +2,12 @@
  * sample.c: penalties, then temperature, top-k, top-p and min-p, then a draw.
  * The order is llama.cpp's default chain, so that users' habits carry over.
  * The generator is xoshiro256**, seeded from the request, so a seeded
- * request repeats exactly.
+ * request repeats exactly; its one draw a token keys a race among the kept
+ * candidates (fwd_race_uniform, kernels.h), which the GPU's picks run alike.
  */
 #include "config.h"
 #include "sample.h"
+#include "kernels.h"
 #include "util.h"
 
 #include <math.h>
@@ -69,17 +71,10 @@ rng_next(uint64_t s[4])
 	return r;
 }
 
-/* A uniform double in [0, 1). */
-static double
-rng_uniform(uint64_t s[4])
+uint64_t
+sampler_key(struct sampler *s)
 {
-	return (double)(rng_next(s) >> 11) * (1.0 / 9007199254740992.0);
-}
-
-double
-sampler_draw(struct sampler *s)
-{
-	return rng_uniform(s->rng);
+	return rng_next(s->rng);
 }
 
 void
@@ -376,7 +371,8 @@ sampler_pick(struct sampler *s, float *logits, const int32_t *history, size_t n_
     float *logprob)
 {
 	int32_t n, i, pick;
-	double r, sum = 0;
+	uint64_t key;
+	double t, best;
 	float mx;
 
 	apply_penalties(s, logits, history, n_history);
@@ -394,15 +390,16 @@ sampler_pick(struct sampler *s, float *logits, const int32_t *history, size_t n_
 		n = all_candidates(s, logits, mx);
 	}
 	n = cut_candidates(s, logits, n, mx);
-	for (i = 0; i < n; i++)
-		sum += s->prob[i];
-	r = sampler_draw(s) * sum;
-	for (i = 0; i < n - 1; i++) {
-		r -= s->prob[i];
-		if (r < 0)
-			break;
+	key = sampler_key(s);
+	for (i = 0, pick = s->idx[0], best = INFINITY; i < n; i++) {
+		double u = fwd_race_uniform(key, s->idx[i]), p = s->prob[i];
+
+		/* -log u >= 1 - u: most of a wide row cannot arrive first, seen without a log (a margin for rounding) */
+		if (1 - u > best * p * (1 + 1e-9))
+			continue;
+		if ((t = -log(u) / p) < best)
+			best = t, pick = s->idx[i];
 	}
-	pick = s->idx[i];
 	if (logprob != NULL)
 		*logprob = log_softmax_at(logits, s->n_vocab, pick, s->p.temperature, mx);
 	return pick;

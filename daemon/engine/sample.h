@@ -61,8 +61,8 @@ float sample_penalize(const struct sample_params *p, float l, int32_t count);
 int32_t sampler_top(const struct sampler *s, const float *logits, int32_t k, int32_t pick, int32_t *ids, float *lps,
     float *pick_lp);
 
-/* The generator's next uniform draw in [0, 1), which sampler_pick would take (for a backend that draws). */
-double sampler_draw(struct sampler *s);
+/* The generator's next draw, the key of the race sampler_pick would run (for a backend that draws). */
+uint64_t sampler_key(struct sampler *s);
 
 /*
  * Picks a token from logits (n_vocab, modified in place by the penalties)

@@ -9,9 +9,10 @@
  * FWD_PICK_TOP_K: the row's best top_k are among them. The second selects
  * the best of those, sorts them, and runs the host's arithmetic over the
  * best top_k: the e^-40 floor, the softmax at the temperature, the min-p
- * and top-p cuts and the draw u, in the same float and double operations,
- * so that the same logits and u pick the same token (up to the last bit of
- * expf, which may differ from the C library's).
+ * and top-p cuts and the race the key starts (fwd_race_uniform), in the same
+ * float and double operations, so that the same logits and key pick the
+ * same token (up to the last bit of expf and log, which may differ from
+ * the C library's).
  */
 #include "pick.cuh"
 
@@ -269,14 +270,14 @@ pick_draw_kernel(const uint64_t *__restrict__ best, const float2 *__restrict__ s
 	__shared__ struct pick_sel sm;
 	__shared__ uint64_t top[FWD_PICK_TOP_K];
 	__shared__ float e[FWD_PICK_TOP_K], prob[FWD_PICK_TOP_K];
-	__shared__ double sum;
+	__shared__ double sum, arrive[FWD_PICK_TOP_K];
 	__shared__ float2 lse;
 	const struct fwd_pick h = how[blockIdx.x];
-	int m = slices * FWD_PICK_TOP_K, nc, i, keep = 0;
+	int m = slices * FWD_PICK_TOP_K, nc, i, keep = 0, first = 0;
 	const uint64_t *b = best + (size_t)blockIdx.x * m;
 	uint64_t key[PICK_PER_THREAD];
 	float t = h.temperature, mx, floor;
-	double cum = 0, r;
+	double cum = 0, soonest;
 
 #pragma unroll
 	for (int j = 0; j < PICK_PER_THREAD; j++) {
@@ -317,8 +318,10 @@ pick_draw_kernel(const uint64_t *__restrict__ best, const float2 *__restrict__ s
 		sum = s;
 	}
 	__syncthreads();
-	if (threadIdx.x < nc)
+	if (threadIdx.x < nc) {
 		prob[threadIdx.x] = (float)(e[threadIdx.x] / sum);
+		arrive[threadIdx.x] = -log(fwd_race_uniform(h.key, key_id(top[threadIdx.x]))) / (double)prob[threadIdx.x];
+	}
 	__syncthreads();
 	if (threadIdx.x != 0)
 		return;
@@ -332,15 +335,10 @@ pick_draw_kernel(const uint64_t *__restrict__ best, const float2 *__restrict__ s
 		if (h.top_p < 1 && cum >= h.top_p)
 			break;
 	}
-	for (i = 0, cum = 0; i < keep; i++)
-		cum += prob[i];
-	r = __dmul_rn(h.u, cum); /* rounded before the subtractions, as the host does: not fused */
-	for (i = 0; i < keep - 1; i++) {
-		r = __dsub_rn(r, prob[i]);
-		if (r < 0)
-			break;
-	}
-	pick_store(top[i], h, stats + (size_t)blockIdx.x * slices, slices, ids, logprob);
+	for (i = 0, soonest = INFINITY; i < keep; i++)
+		if (arrive[i] < soonest)
+			soonest = arrive[i], first = i;
+	pick_store(top[first], h, stats + (size_t)blockIdx.x * slices, slices, ids, logprob);
 }
 
 int

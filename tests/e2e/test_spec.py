@@ -18,7 +18,9 @@ CPU backend (the GPU's, in exact mode: test_gpu_spec.py).
 4. Errors: speculative "maybe", 1, true; "auto", "on" and "off" taken.
 5. A draft model (generate's `draft`, with speculative "on"): the model
    itself as its own draft (on the CPU, and the GPU in exact mode, a token's
-   logits do not depend on the step: every guess is accepted), the same
+   logits do not depend on the step: every guess is accepted, greedy and
+   sampled at temperature 1 and at the chat defaults, since the draft draws
+   with the request's generator; a seed's tokens unchanged), the same
    model cut to its first layer (the same vocabulary; greedy output
    unchanged, sixteen streams at once too), a draft of another vocabulary
    (invalid_param), one that does not exist (not_found); unloading the
@@ -225,6 +227,16 @@ def check_draft(ck, d, c, tmp):
         theirs = c.generate(prompt=p, max_tokens=60, temperature=0, speculative="on", draft=other)
         ck.eq(theirs.ids, off.ids, "another model's draft: the same tokens")
         ck.ok(theirs.usage["drafted_tokens"] > 0, "another model's draft guessed")
+    # sampled: the draft draws with the request's own generator, so its own guesses are the seed's tokens
+    for i, kw in enumerate((dict(temperature=1.0), dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05))):
+        off = c.generate(prompt=PROMPTS[i], max_tokens=60, seed=5 + i, speculative="off", **kw)
+        mine = c.generate(prompt=PROMPTS[i], max_tokens=60, seed=5 + i, speculative="on", draft=own, **kw)
+        ck.eq(mine.ids, off.ids, "its own draft, sampled at %r: the seed's tokens" % kw)
+        u = mine.usage
+        ck.ok(u["drafted_tokens"] > 0 and u["accepted_tokens"] == u["drafted_tokens"],
+              "its own draft, sampled: every guess accepted (%d of %d)" % (u["accepted_tokens"], u["drafted_tokens"]))
+        theirs = c.generate(prompt=PROMPTS[i], max_tokens=60, seed=5 + i, speculative="on", draft=other, **kw)
+        ck.eq(theirs.ids, off.ids, "another model's draft, sampled: the seed's tokens")
     clients = [d.client(timeout=TIMEOUT) for _ in range(16)]
     alone = [c.generate(prompt=PROMPTS[i % len(PROMPTS)], max_tokens=40, temperature=0, speculative="off").ids
              for i in range(16)]

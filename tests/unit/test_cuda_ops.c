@@ -630,14 +630,14 @@ pick_row(int r, int d, int n, struct sampler *sm, struct fwd_pick *fp, int32_t *
 	m = sampler_penalized(sm) ? sampler_window(sm, pick_hist, ARRAY_LEN(pick_hist), tok + *np, cnt + *np,
 	    FWD_PICK_PENALTY_MAX) : 0;
 	copy = *sm;
-	*fp = (struct fwd_pick){ p.temperature > 0 ? sampler_draw(&copy) : 0, p.temperature, p.top_p, p.min_p, p.top_k,
+	*fp = (struct fwd_pick){ p.temperature > 0 ? sampler_key(&copy) : 0, p.temperature, p.top_p, p.min_p, p.top_k,
 		p.repeat_penalty, p.presence_penalty, p.frequency_penalty, *np, m, pick_cases[r].logprob,
 		pick_cases[r].logprob ? 3 + 17 * (r & 1) : 0 };
 	*np += m;
 }
 
 /*
- * Draws on the GPU against the host sampler's draws with the same u, over
+ * Draws on the GPU against the host sampler's draws with the same key, over
  * rows whose best logits tie (the lower id first; -0 with +0), with and without
  * penalties and log-probabilities, vocabularies narrower than top_k and
  * Gemma 3's 262,144: the same token every time, the same log-probability
@@ -683,8 +683,8 @@ test_pick(void **state)
 				memcpy(row, x + (size_t)r * n, (size_t)n * sizeof *row);
 				host = sampler_pick(&sm[r], row, pick_hist, ARRAY_LEN(pick_hist), &host_lp);
 				if (ids[r] != host)
-					fail_msg("pick of row %d of %d (t %g, k %d, u %.9f): gpu %d (%g), cpu %d (%g)", r, n,
-					    (double)fp[r].temperature, fp[r].top_k, fp[r].u, ids[r], row[ids[r]], host, row[host]);
+					fail_msg("pick of row %d of %d (t %g, k %d, key %016llx): gpu %d (%g), cpu %d (%g)", r, n,
+					    (double)fp[r].temperature, fp[r].top_k, (unsigned long long)fp[r].key, ids[r], row[ids[r]], host, row[host]);
 				if (fp[r].logprob && !(fabs(lp[r] - host_lp) <= 1e-5 + 1e-6 * fabs(host_lp)))
 					fail_msg("log-probability of row %d of %d: gpu %.7g, cpu %.7g", r, n, lp[r], host_lp);
 				if (fp[r].logprob)

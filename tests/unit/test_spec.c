@@ -670,6 +670,88 @@ test_distribution(void **state)
 	engine_close(e);
 }
 
+/*
+ * Target q's draft d (on e, the target's own model) brought to q's text and
+ * drawing as q will (engine_seq_couple, as sched_draft.c does), then k draft
+ * steps: their tokens become q's guesses.
+ */
+static void
+draft_for(struct engine *e, struct seq *q, struct seq **d, int32_t k)
+{
+	struct seq_params p;
+	int32_t g[ENGINE_DRAFT_MAX], n = 0;
+	char err[ERR_LEN];
+
+	if (q->state != SEQ_DECODE)
+		return;
+	params(&p, 0, SPEC_OFF);
+	if (*d == NULL ? engine_seq_new(e, q->tokens, q->n_tokens, &p, d, err) != 0 :
+	    engine_seq_follow(e, *d, q->tokens, q->n_tokens, err) < 0)
+		fail_msg("draft: %s", err);
+	engine_seq_couple(*d, q);
+	while (n < k && (*d)->state != SEQ_DONE) {
+		if (engine_step(e, d, 1, -1, err) < 0)
+			fail_msg("draft step: %s", err);
+		if ((*d)->new_token >= 0)
+			g[n++] = (*d)->new_token;
+	}
+	engine_seq_guess(q, g, n);
+}
+
+/*
+ * A draft that samples with its target's generator (engine_seq_couple):
+ * the model as its own draft, at temperature 1 and at the chat defaults,
+ * over seeds. Its guesses are the very tokens each seed gives, so every
+ * one is accepted and the output is the seed's without guesses. A greedy
+ * draft of a sampled target is accepted only where the seed draws its
+ * likeliest token: the rate this test asks for shows the coupling.
+ */
+static void
+test_coupled_draft(void **state)
+{
+	struct engine *e = tiny_engine(256, 4096);
+	struct seq_params p;
+	struct run off, on;
+	int32_t t[64], n, drafted = 0, accepted = 0;
+	char err[ERR_LEN];
+
+	(void)state;
+	for (int i = 0; i < 8; i++) {
+		struct seq *q, *d = NULL;
+
+		n = suite_prompt(i, t);
+		params(&p, 40, SPEC_OFF);
+		if (i % 2)
+			sample_params_chat(&p.sample);
+		else
+			p.sample.temperature = 1;
+		p.sample.seed = 77 + (uint64_t)i;
+		run_one(e, t, n, &p, &off, NULL);
+		p.speculative = SPEC_ON;
+		if (engine_seq_new(e, t, n, &p, &q, err) != 0)
+			fail_msg("%s", err);
+		memset(&on, 0, sizeof on);
+		while (q->state != SEQ_DONE) {
+			draft_for(e, q, &d, 1 + i % ENGINE_DRAFT_MAX);
+			if (engine_step(e, &q, 1, -1, err) < 0)
+				fail_msg("step: %s", err);
+			if (q->new_token >= 0)
+				take_piece(&on, q);
+			while (engine_seq_more(e, q))
+				take_piece(&on, q);
+		}
+		on.finish = q->finish;
+		assert_same(&off, &on);
+		drafted += q->n_drafted, accepted += q->n_accepted;
+		engine_seq_free(e, d);
+		engine_seq_free(e, q);
+	}
+	print_message("a coupled draft of the model itself: %d of %d guesses accepted\n", accepted, drafted);
+	assert_true(drafted > 100);
+	assert_int_equal(accepted, drafted);
+	engine_close(e);
+}
+
 int
 main(void)
 {
@@ -684,6 +766,7 @@ main(void)
 		cmocka_unit_test(test_constrained),
 		cmocka_unit_test(test_cut_rate),
 		cmocka_unit_test(test_distribution),
+		cmocka_unit_test(test_coupled_draft),
 	};
 
 	return cmocka_run_group_tests(tests, tiny_model_setup, tiny_model_teardown);
