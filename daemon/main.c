@@ -42,6 +42,8 @@ struct settings {
 	int max_sessions;     /* per uid; 0: the store's default */
 	int kv_share_users;
 	char *kv_host, *kv_disk;     /* sizes as given */
+	char *kv_type_text;          /* --kv-type as given */
+	enum kv_type kv_type;
 	uint64_t kv_host_bytes, kv_disk_bytes;
 	char *device_memory, *keep_alive;
 	uint64_t device_bytes;
@@ -61,6 +63,7 @@ settings_free(struct settings *s)
 {
 	free(s->socket_path), free(s->db_path), free(s->model), free(s->device), free(s->group);
 	free(s->log_level), free(s->config), free(s->device_fault), free(s->kv_host), free(s->kv_disk), free(s->kv_dir);
+	free(s->kv_type_text);
 	free(s->draft);
 	for (int i = 0; i < 2 * s->n_drafts; i++)
 		free(s->drafts[i]);
@@ -101,6 +104,10 @@ usage(FILE *fp)
 	    "                          0 (unload at once), -1 (until its memory is needed)\n"
 	    "      --ctx N             context length (default: the model's, at most 8192)\n"
 	    "      --kv-tokens N       KV cache size in tokens (default: 4 x context)\n"
+	    "      --kv-type f16|q8_0  how the KV cache holds keys and values: floats (default;\n"
+	    "                          fp16 on the GPU, fp32 on the CPU) or 8 bits and a scale\n"
+	    "                          for each 32 (q8_0: about twice the context in the memory\n"
+	    "                          of fp16, 3.6 times fp32's; the CPU backend only so far)\n"
 	    "      --kv-share-users    one prefix cache for all users (lets a user time\n"
 	    "                          another's prompts; default: one per user)\n"
 	    "      --kv-host SIZE      host memory for KV blocks the device gives up (default 4G)\n"
@@ -297,6 +304,7 @@ read_config(struct settings *s, char *err)
 	    (rc = cfg_int(cfg, "frame_timeout", &s->frame_timeout, err)) ||
 	    (rc = cfg_bool(cfg, "kv_share_users", &s->kv_share_users, err)) ||
 	    (rc = cfg_str(cfg, "kv_host", &s->kv_host, err)) || (rc = cfg_str(cfg, "kv_disk", &s->kv_disk, err)) ||
+	    (rc = cfg_str(cfg, "kv_type", &s->kv_type_text, err)) ||
 	    (rc = cfg_str(cfg, "device_memory", &s->device_memory, err)) ||
 	    (rc = cfg_str(cfg, "keep_alive", &s->keep_alive, err)) || (rc = cfg_str(cfg, "draft", &s->draft, err)) ||
 	    (rc = cfg_drafts(cfg, s, err)))
@@ -319,7 +327,7 @@ static int
 parse_args(int argc, char **argv, struct settings *s)
 {
 	enum { O_GROUP = 256, O_DB, O_DEVICE, O_CTX, O_KV, O_SEQS, O_QUEUE, O_FRAME, O_EXACT, O_SESSIONS, O_FAULT,
-		O_SHARE, O_KV_HOST, O_KV_DISK, O_DEVMEM, O_KEEP, O_CLIENTS, O_FRAME_TIMEOUT, O_DRAFT, O_MODEL_DRAFT };
+		O_SHARE, O_KV_HOST, O_KV_DISK, O_DEVMEM, O_KEEP, O_CLIENTS, O_FRAME_TIMEOUT, O_DRAFT, O_MODEL_DRAFT, O_KV_TYPE };
 	static const struct option lo[] = {
 		{ "model", required_argument, NULL, 'm' }, { "socket", required_argument, NULL, 's' },
 		{ "group", required_argument, NULL, O_GROUP }, { "db", required_argument, NULL, O_DB },
@@ -331,7 +339,7 @@ parse_args(int argc, char **argv, struct settings *s)
 		{ "help", no_argument, NULL, 'h' }, { "max-sessions", required_argument, NULL, O_SESSIONS },
 		{ "device-fault", required_argument, NULL, O_FAULT },
 		{ "kv-share-users", no_argument, NULL, O_SHARE }, { "kv-host", required_argument, NULL, O_KV_HOST },
-		{ "kv-disk", required_argument, NULL, O_KV_DISK },
+		{ "kv-disk", required_argument, NULL, O_KV_DISK }, { "kv-type", required_argument, NULL, O_KV_TYPE },
 		{ "device-memory", required_argument, NULL, O_DEVMEM },
 		{ "keep-alive", required_argument, NULL, O_KEEP },
 		{ "max-clients", required_argument, NULL, O_CLIENTS },
@@ -363,6 +371,7 @@ parse_args(int argc, char **argv, struct settings *s)
 		case O_SHARE: s->kv_share_users = 1; break;
 		case O_KV_HOST: set_str(&s->kv_host, optarg); break;
 		case O_KV_DISK: set_str(&s->kv_disk, optarg); break;
+		case O_KV_TYPE: set_str(&s->kv_type_text, optarg); break;
 		case O_DEVMEM: set_str(&s->device_memory, optarg); break;
 		case O_KEEP: set_str(&s->keep_alive, optarg); break;
 		case O_CLIENTS: s->max_clients = atoi(optarg); break;
@@ -466,6 +475,7 @@ kv_dir_of(const char *db)
 static int
 finish_settings(struct settings *s, gid_t *gid, enum sched_fault_policy *fault, char *err)
 {
+	const struct backend_ops *ops;
 	struct group *g;
 	char buf[PATH_MAX];
 	int lvl, has_default = rs_default_socket(buf, sizeof buf) == 0;
@@ -495,6 +505,11 @@ finish_settings(struct settings *s, gid_t *gid, enum sched_fault_policy *fault, 
 	    parse_duration(s->keep_alive ? s->keep_alive : "5m", &s->keep_alive_s, err) != 0 ||
 	    device_budget(s, &s->device_bytes, err) != 0)
 		return ERR_INVAL;
+	if (kv_type_parse(s->kv_type_text ? s->kv_type_text : "f16", &s->kv_type, err) != 0)
+		return err_prefix(err, ERR_INVAL, "--kv-type");
+	if (s->kv_type != KV_F16 && engine_pick_backend(s->device, &ops, err) == 0 && strcmp(ops->name, "cpu") != 0)
+		return err_set(err, ERR_UNSUPPORTED, "--kv-type %s: the CPU backend holds it, the %s one not yet: give "
+		    "--device cpu, or --kv-type f16", kv_type_name(s->kv_type), ops->name);
 	if (s->max_frame == 0)
 		s->max_frame = PROTO_MAX_FRAME_DEFAULT;
 	if (s->max_frame < 64 || s->max_frame > (1L << 30))
@@ -602,7 +617,7 @@ main(int argc, char **argv)
 	vo.default_model = s.model ? model_file_name(s.model) : NULL;
 	so = (struct sched_opts){ s.model, s.device, s.threads, s.ctx, s.kv_tokens, s.max_step_tokens,
 		s.max_seqs, s.max_queue, s.exact, fault, s.kv_share_users, s.kv_host_bytes, s.kv_dir,
-		s.kv_disk_bytes, s.device_bytes, s.keep_alive_s, (const char *const *)s.drafts, s.n_drafts };
+		s.kv_disk_bytes, s.device_bytes, s.keep_alive_s, (const char *const *)s.drafts, s.n_drafts, s.kv_type };
 	if (store_open(s.db_path, &st, err) == 0 && s.max_sessions > 0)
 		store_set_max_sessions(st, s.max_sessions);
 	if (st == NULL || server_start(base, &vo, st, &srv, err) != 0 ||

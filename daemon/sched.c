@@ -263,7 +263,7 @@ start_slots(struct sched *s)
 
 	so.eo = (struct engine_opts){ .device = s->o.device, .n_threads = s->o.n_threads, .n_ctx = s->o.n_ctx,
 		.kv_tokens = s->o.kv_tokens, .max_step_tokens = s->o.max_step_tokens, .max_seqs = s->o.max_seqs,
-		.exact = s->o.exact, .host = &s->host,
+		.exact = s->o.exact, .kv_type = s->o.kv_type, .host = &s->host,
 		.disk = kvdisk_stores(s->disk) ? s->disk : NULL };
 	slots_init(&s->slots, &so);
 	s->slots_on = 1;

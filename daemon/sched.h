@@ -13,6 +13,7 @@
 #include <msgpack.h>
 #include <stdint.h>
 
+#include "kernels.h"
 #include "proto.h"
 
 struct sched;
@@ -45,6 +46,7 @@ struct sched_opts {
 	 */
 	const char *const *drafts;
 	int n_drafts;
+	enum kv_type kv_type;       /* how every model's KV pool holds K and V (engine_opts) */
 };
 
 /* What a client looks like in `status`. */

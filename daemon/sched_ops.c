@@ -298,7 +298,7 @@ sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *
 		hot = m->e != NULL ? engine_hot_experts(m->e, &moves) : 0;
 		if (m->e != NULL)
 			engine_spec_stats(m->e, &drafted, &accepted);
-		msgpack_pack_map(pk, 31);
+		msgpack_pack_map(pk, 32);
 		proto_pack_kv_str(pk, "name", m->name);
 		proto_pack_kv_bool(pk, "loaded", m->e != NULL);
 		proto_pack_kv_uint(pk, "faults", m->faults);
@@ -314,6 +314,7 @@ sched_fill_status(struct sched *s, const struct sched_job *job, msgpack_packer *
 		proto_pack_kv_uint(pk, "host_bytes", m->e ? host_bytes : 0);
 		proto_pack_kv_uint(pk, "hot_experts", (uint64_t)hot);
 		proto_pack_kv_uint(pk, "expert_moves", (uint64_t)moves);
+		proto_pack_kv_str(pk, "kv_type", m->e ? kv_type_name(s->o.kv_type) : "");
 		proto_pack_kv_uint(pk, "kv_bytes", m->e ? engine_kv_bytes(m->e) : 0);
 		proto_pack_kv_uint(pk, "kv_blocks", m->e ? (uint64_t)engine_kv_blocks(m->e) : 0);
 		proto_pack_kv_uint(pk, "kv_free_blocks", m->e ? (uint64_t)engine_free_blocks(m->e) : 0);

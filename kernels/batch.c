@@ -1,9 +1,29 @@
-/* batch.c: what every backend checks of a step before it runs it. */
+/* batch.c: what every backend checks of a step before it runs it; the KV types' names. */
 #include "config.h"
 #include "kernels.h"
 #include "util.h"
 
 #include <math.h>
+#include <string.h>
+
+static const char *const kv_type_names[] = { [KV_F16] = "f16", [KV_Q8_0] = "q8_0" };
+
+int
+kv_type_parse(const char *s, enum kv_type *t, char *err)
+{
+	for (size_t i = 0; i < ARRAY_LEN(kv_type_names); i++)
+		if (strcmp(s, kv_type_names[i]) == 0) {
+			*t = (enum kv_type)i;
+			return 0;
+		}
+	return err_set(err, ERR_INVAL, "KV type '%s': f16 or q8_0", s);
+}
+
+const char *
+kv_type_name(enum kv_type t)
+{
+	return (size_t)t < ARRAY_LEN(kv_type_names) ? kv_type_names[t] : "?";
+}
 
 int
 fwd_batch_check(const struct fwd_batch *batch, int32_t max_tokens, int64_t kv_blocks, int32_t n_vocab,

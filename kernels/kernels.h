@@ -20,8 +20,20 @@ struct model_desc;
 
 #define KV_BLOCK_TOKENS 16
 
+/* How a KV pool holds K and V (backend_opts.kv_type; residentd --kv-type). */
+enum kv_type {
+	KV_F16,            /* floats: fp16 on CUDA (fp32 in its exact mode), fp32 on the CPU */
+	KV_Q8_0,           /* blocks of 32 values of 8 bits, a float scale each (struct q8_act32,
+	                      kernels/cpu/cpu_q8.h): a head's row is whole blocks (head_dim % 32 == 0) */
+};
+
+/* "f16" or "q8_0" into *t; ERR_INVAL with a message naming the choices otherwise. */
+int kv_type_parse(const char *s, enum kv_type *t, char *err);
+const char *kv_type_name(enum kv_type t);
+
 struct backend_opts {
 	int n_threads;     /* CPU: worker threads (0: all cores) */
+	enum kv_type kv_type;
 	int64_t kv_blocks; /* blocks in the KV pool */
 	int max_tokens;    /* most tokens one forward step may carry */
 	int max_seqs;      /* most sequences one step may carry */
@@ -211,8 +223,8 @@ struct backend;
 
 struct backend_ops {
 	const char *name;
-	/* Bytes of one K or V element in b's pool (the mode b was loaded in may change it). */
-	int (*kv_elem_bytes)(const struct backend *b);
+	/* Bytes of one token's K (or V) of one layer in b's pool (its mode and kv_type set it). */
+	size_t (*kv_row_bytes)(const struct backend *b);
 	/* The memory load would take (struct backend_plan); it allocates nothing. */
 	int (*plan)(const struct model_desc *m, const struct backend_opts *o, struct backend_plan *p, char *err);
 	/* Uploads / prepares the weights and allocates the KV pool. */
@@ -224,7 +236,7 @@ struct backend_ops {
 	int (*kv_copy)(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char *err);
 	/*
 	 * Moves n whole blocks between the pool and host memory, each every
-	 * layer's K and V as the pool holds them (kv_elem_bytes each): block
+	 * layer's K and V as the pool holds them (kv_row_bytes a token each): block
 	 * blocks[i] out to out[i], then in[i] into it (none where the array
 	 * or its entry is NULL), so that blocks the pool gives up and
 	 * the ones that take their place cross the bus both ways at once. Host

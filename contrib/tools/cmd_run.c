@@ -33,7 +33,7 @@ struct run_opts {
 
 enum { OPT_TEMP = 256, OPT_TOPK, OPT_TOPP, OPT_MINP, OPT_REP, OPT_PRES, OPT_FREQ, OPT_SEED,
 	OPT_MAXTOK, OPT_STOP, OPT_CHAT, OPT_IDS, OPT_CHUNK, OPT_THREADS, OPT_DEVICE, OPT_CTX,
-	OPT_OUT, OPT_SPECIAL, OPT_EXACT, OPT_PROMPT_IDS };
+	OPT_OUT, OPT_SPECIAL, OPT_EXACT, OPT_PROMPT_IDS, OPT_KV_TYPE };
 
 static const struct option run_longopts[] = {
 	{ "temp", required_argument, NULL, OPT_TEMP }, { "top-k", required_argument, NULL, OPT_TOPK },
@@ -48,6 +48,7 @@ static const struct option run_longopts[] = {
 	{ "threads", required_argument, NULL, OPT_THREADS }, { "device", required_argument, NULL, OPT_DEVICE },
 	{ "ctx", required_argument, NULL, OPT_CTX }, { "out", required_argument, NULL, OPT_OUT },
 	{ "special", no_argument, NULL, OPT_SPECIAL }, { "exact", no_argument, NULL, OPT_EXACT },
+	{ "kv-type", required_argument, NULL, OPT_KV_TYPE },
 	{ NULL, 0, NULL, 0 },
 };
 
@@ -55,6 +56,7 @@ static const struct option run_longopts[] = {
 static int
 parse_run_opts(int argc, char **argv, struct run_opts *o)
 {
+	char err[ERR_LEN];
 	int c;
 
 	memset(o, 0, sizeof *o);
@@ -87,6 +89,12 @@ parse_run_opts(int argc, char **argv, struct run_opts *o)
 		case OPT_OUT: o->out = optarg; break;
 		case OPT_SPECIAL: o->special = 1; break;
 		case OPT_EXACT: o->eng.exact = 1; break;
+		case OPT_KV_TYPE:
+			if (kv_type_parse(optarg, &o->eng.kv_type, err) != 0) {
+				fprintf(stderr, "--kv-type: %s\n", err);
+				return -1;
+			}
+			break;
 		default: return -1;
 		}
 	}
@@ -168,7 +176,7 @@ cmd_run(int argc, char **argv)
 	if (i < 0 || argc - i != 2) {
 		fprintf(stderr, "usage: resident-model run MODEL PROMPT [--chat] [--max-tokens N] [--temp T] "
 		    "[--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] [--seed S] [--stop STR]... "
-		    "[--ids] [--prompt-ids] [--threads N] [--ctx N] [--device cpu|cuda] [--exact]\n");
+		    "[--ids] [--prompt-ids] [--threads N] [--ctx N] [--device cpu|cuda] [--exact] [--kv-type f16|q8_0]\n");
 		return 2;
 	}
 	t0 = now_ns();
@@ -210,7 +218,8 @@ static int
 forward_all(const struct model_desc *m, const struct engine_opts *eo, const int32_t *tok, int32_t n,
     int32_t chunk, float *logits, char *err)
 {
-	struct backend_opts bo = { .n_threads = eo->n_threads, .max_seqs = 1, .exact = eo->exact };
+	struct backend_opts bo = { .n_threads = eo->n_threads, .max_seqs = 1, .exact = eo->exact,
+		.kv_type = eo->kv_type };
 	const struct backend_ops *ops;
 	struct backend *be;
 	struct fwd_seq fs;
@@ -266,7 +275,7 @@ cmd_logits(int argc, char **argv)
 
 	if (i < 0 || argc - i < 2 || o.out == NULL) {
 		fprintf(stderr, "usage: resident-model logits MODEL --out FILE.f32 [--chunk N] [--threads N] "
-		    "[--device cpu|cuda] [--exact] ID...\n");
+		    "[--device cpu|cuda] [--exact] [--kv-type f16|q8_0] ID...\n");
 		return 2;
 	}
 	if (model_open(argv[i], &m, err) != 0) {
@@ -320,8 +329,8 @@ cmd_perplexity(int argc, char **argv)
 	int i = parse_run_opts(argc, argv, &o), rc;
 
 	if (i < 0 || argc - i != 2) {
-		fprintf(stderr, "usage: resident-model perplexity MODEL TEXTFILE [--threads N] "
-		    "[--device cpu|cuda] [--exact]\n");
+		fprintf(stderr, "usage: resident-model perplexity MODEL TEXTFILE [--threads N] [--chunk N] "
+		    "[--device cpu|cuda] [--exact] [--kv-type f16|q8_0]\n");
 		return 2;
 	}
 	if ((rc = model_open(argv[i], &m, err)) != 0) {

@@ -12,7 +12,7 @@
  *   resident-model vocab FLAVOUR N SEED OUTDIR
  *   resident-model run MODEL PROMPT [options]
  *   resident-model logits MODEL --out FILE.f32 [--chunk N] [--device cpu|cuda] ID...
- *   resident-model perplexity MODEL TEXTFILE
+ *   resident-model perplexity MODEL TEXTFILE [--chunk N] [--kv-type f16|q8_0]
  */
 #include "config.h"
 #include "cmds.h"
@@ -52,7 +52,7 @@ static const struct {
 	{ "run", cmd_run, "run MODEL PROMPT [--chat] [--max-tokens N] [--temp T] [--top-k K] [--top-p P] "
 	    "[--min-p P] [--repeat-penalty R] [--seed S] [--stop STR]... [--ids] [--prompt-ids] [--threads N]" },
 	{ "logits", cmd_logits, "logits MODEL --out FILE.f32 [--chunk N] [--device cpu|cuda] ID..." },
-	{ "perplexity", cmd_perplexity, "perplexity MODEL TEXTFILE" },
+	{ "perplexity", cmd_perplexity, "perplexity MODEL TEXTFILE [--chunk N] [--kv-type f16|q8_0]" },
 };
 
 /* Prints every subcommand's usage. */

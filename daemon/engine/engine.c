@@ -85,6 +85,7 @@ resolve_opts(struct engine *e, const struct engine_opts *o)
 	e->bo.max_tokens = e->max_step_tokens;
 	e->bo.max_seqs = e->max_seqs;
 	e->bo.exact = o->exact;
+	e->bo.kv_type = o->kv_type;
 	e->exact = o->exact != 0;
 	host_picks = getenv("RESIDENT_HOST_SAMPLING");
 	e->host_picks = host_picks != NULL && atoi(host_picks) != 0;
@@ -395,7 +396,7 @@ engine_kv_bytes(const struct engine *e)
 	const struct model_hparams *hp = &e->m->hp;
 
 	return (uint64_t)e->kv.n_blocks * KV_BLOCK_TOKENS * (uint64_t)hp->n_layer * 2u *
-	    (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim * (uint64_t)e->ops->kv_elem_bytes(e->be);
+	    (uint64_t)e->ops->kv_row_bytes(e->be);
 }
 
 int32_t

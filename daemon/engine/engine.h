@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "constrain.h"
+#include "kernels.h"
 #include "draft.h"
 #include "gentext.h"
 #include "sample.h"
@@ -57,6 +58,7 @@ struct engine_opts {
 	int32_t max_seqs;       /* sequences per step; 0: 64 */
 	int exact;              /* CPU: float activations in every product, the reference
 	                           numerics; else quantized weights meet 8-bit activations */
+	enum kv_type kv_type;   /* how the KV pool holds K and V (kernels.h) */
 	struct kvhost *host;    /* where blocks the pool gives up go, or NULL (kvhost.h) */
 	struct kvdisk *disk;    /* where sessions' blocks are stored, or NULL (kvdisk.h) */
 };

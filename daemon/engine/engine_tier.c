@@ -131,10 +131,10 @@ tier_identity(struct engine *e)
 	uint64_t files = files_hash(e->m->path, &size, &mtime);
 	char buf[4096 + 256];
 
-	snprintf(buf, sizeof buf, "model %s size %lld mtime %lld files %016llx tensors %016llx; %s%s, kv %d bytes",
-	    e->m->path, (long long)size, (long long)mtime, (unsigned long long)files,
+	snprintf(buf, sizeof buf, "model %s size %lld mtime %lld files %016llx tensors %016llx; %s%s, kv %s, %zu bytes "
+	    "a row", e->m->path, (long long)size, (long long)mtime, (unsigned long long)files,
 	    (unsigned long long)tensors_hash(e->m), e->ops->name, e->exact ? " exact" : "",
-	    e->ops->kv_elem_bytes(e->be));
+	    kv_type_name(e->bo.kv_type), e->ops->kv_row_bytes(e->be));
 	e->identity_text = xstrdup(buf);
 	e->identity = XXH3_64bits(buf, strlen(buf));
 }

@@ -9,6 +9,7 @@
 #include "cpu_ffn.h"
 #include "cpu_ops.h"
 #include "cpu_pool.h"
+#include "cpu_q8.h"
 #include "fault.h"
 #include "model.h"
 #include "util.h"
@@ -33,10 +34,16 @@ struct backend {
 	struct cpu_ffn *ffn;    /* every layer's feed-forward */
 	int max_tokens;
 	int exact;          /* float activations everywhere: the reference mode */
-	/* KV pool: [block][layer][K|V][KV_BLOCK_TOKENS][n_head_kv * head_dim] */
+	/*
+	 * KV pool: [block][layer][K|V][KV_BLOCK_TOKENS][n_head_kv * head_dim],
+	 * each token's row floats or, with KV_Q8_0, q8_act32 blocks of 32
+	 * (allocated as floats, addressed in bytes)
+	 */
 	float *kv;
+	enum kv_type kv_type;
 	int64_t kv_blocks;
-	size_t kv_stride;   /* floats of one block's K (or V) of one layer */
+	size_t kv_row;      /* bytes of one token's K (or V) of one layer */
+	size_t kv_stride;   /* bytes of one block's K (or V) of one layer */
 	/* activations, max_tokens rows each */
 	float *x, *h, *q, *k, *v, *att, *ffn_out;
 	float *mm_scratch;
@@ -118,8 +125,10 @@ cpu_bufs(struct backend *b, int threads, struct cpu_buf *out)
 	size_t nkv = (size_t)hp->n_head_kv * hp->head_dim, widest = widest_input(hp), D = (size_t)hp->n_embd;
 	int n = 0;
 
-	b->kv_stride = KV_BLOCK_TOKENS * nkv;
-	out[n++] = (struct cpu_buf){ &b->kv, (size_t)b->kv_blocks * (size_t)hp->n_layer * 2, b->kv_stride };
+	b->kv_row = b->kv_type == KV_Q8_0 ? nkv / 32 * sizeof(struct q8_act32) : nkv * sizeof(float);
+	b->kv_stride = KV_BLOCK_TOKENS * b->kv_row;
+	out[n++] = (struct cpu_buf){ &b->kv, (size_t)b->kv_blocks * (size_t)hp->n_layer * 2,
+		b->kv_stride / sizeof(float) };
 	out[n++] = (struct cpu_buf){ &b->x, T, D };
 	out[n++] = (struct cpu_buf){ &b->h, T, widest };
 	out[n++] = (struct cpu_buf){ &b->q, T, nq };
@@ -158,6 +167,16 @@ alloc_buffers(struct backend *b, char *err)
 	return rc;
 }
 
+/* 0, or ERR_UNSUPPORTED where a head's row is not whole q8_0 blocks. */
+static int
+check_kv_type(const struct model_desc *m, enum kv_type t, char *err)
+{
+	if (t == KV_Q8_0 && m->hp.head_dim % 32 != 0)
+		return err_set(err, ERR_UNSUPPORTED, "a q8_0 KV cache needs heads of a multiple of 32 values (this "
+		    "model's have %d): use --kv-type f16", m->hp.head_dim);
+	return 0;
+}
+
 /* Worker threads for the options. */
 static int
 cpu_threads(const struct backend_opts *o)
@@ -173,11 +192,14 @@ cpu_threads(const struct backend_opts *o)
 static int
 cpu_plan(const struct model_desc *m, const struct backend_opts *o, struct backend_plan *p, char *err)
 {
-	struct backend b = { .m = m, .max_tokens = o->max_tokens, .kv_blocks = 1, .exact = o->exact };
+	struct backend b = { .m = m, .max_tokens = o->max_tokens, .kv_blocks = 1, .exact = o->exact,
+		.kv_type = o->kv_type };
 	struct cpu_buf bufs[CPU_BUFS];
-	int n = cpu_bufs(&b, cpu_threads(o), bufs);
+	int n, rc;
 
-	(void)err;
+	if ((rc = check_kv_type(m, o->kv_type, err)) != 0)
+		return rc;
+	n = cpu_bufs(&b, cpu_threads(o), bufs);
 	p->kv_block = bufs[0].rows * bufs[0].cols * sizeof(float);
 	p->fixed = m->weight_bytes + 2 * q8_bytes(&b) + cpu_ffn_bytes(m, o->max_tokens, o->exact, cpu_threads(o));
 	for (int i = 1; i < n; i++)
@@ -198,6 +220,10 @@ cpu_load(const struct model_desc *m, const struct backend_opts *o, struct backen
 		free(b);
 		return err_set(err, ERR_INVAL, "max_tokens and kv_blocks must be positive");
 	}
+	if ((rc = check_kv_type(m, o->kv_type, err)) != 0) {
+		free(b);
+		return rc;
+	}
 	if ((rc = fault_init(FAULT_CPU, err)) != 0) {
 		free(b);
 		return rc;
@@ -207,6 +233,7 @@ cpu_load(const struct model_desc *m, const struct backend_opts *o, struct backen
 	b->max_tokens = o->max_tokens;
 	b->kv_blocks = o->kv_blocks;
 	b->exact = o->exact;
+	b->kv_type = o->kv_type;
 	b->pool = cpu_pool_new(threads, CPU_POOL_SPIN);
 	b->layers = xcalloc((size_t)m->hp.n_layer, sizeof *b->layers);
 	for (l = 0; l < m->hp.n_layer; l++)
@@ -245,14 +272,48 @@ cpu_free(struct backend *b)
 }
 
 /* Where position pos of a sequence keeps its K (kv = 0) or V (kv = 1) at layer l. */
-static float *
+static uint8_t *
 kv_slot(const struct backend *b, const struct fwd_seq *q, int l, int kv, int64_t pos)
 {
 	int64_t block = q->block_table[pos / KV_BLOCK_TOKENS];
-	size_t nkv = (size_t)b->m->hp.n_head_kv * (size_t)b->m->hp.head_dim;
 
-	return b->kv + (((size_t)block * (size_t)b->m->hp.n_layer + (size_t)l) * 2 + (size_t)kv) *
-	    b->kv_stride + (size_t)(pos % KV_BLOCK_TOKENS) * nkv;
+	return (uint8_t *)b->kv + (((size_t)block * (size_t)b->m->hp.n_layer + (size_t)l) * 2 + (size_t)kv) *
+	    b->kv_stride + (size_t)(pos % KV_BLOCK_TOKENS) * b->kv_row;
+}
+
+/* A token's K or V row x (nkv floats) into its slot, as the pool holds it. */
+static void
+kv_store(const struct backend *b, uint8_t *slot, const float *x, size_t nkv)
+{
+	struct q8_act32 *y = (struct q8_act32 *)slot;
+
+	if (b->kv_type == KV_F16) {
+		memcpy(slot, x, nkv * sizeof *x);
+		return;
+	}
+	/* a value that is not finite: the row reads back as NaN, as a float pool's would spread it */
+	if (cpu_q8_quantize(Q8_ACT_32, x, (int64_t)nkv, slot) != 0)
+		for (size_t i = 0; i < nkv / 32; i++)
+			y[i].d = NAN;
+}
+
+/* The dot of x with head h's part of a K row (hd values). */
+static float
+kv_dot(const struct backend *b, const float *x, const uint8_t *row, int64_t h, int hd)
+{
+	if (b->kv_type == KV_Q8_0)
+		return cpu_q8_dot32(x, (const struct q8_act32 *)row + h * (hd / 32), hd / 32);
+	return cpu_dot(x, (const float *)row + h * hd, hd);
+}
+
+/* y += a * head h's part of a V row (hd values). */
+static void
+kv_axpy(const struct backend *b, float *y, float a, const uint8_t *row, int64_t h, int hd)
+{
+	if (b->kv_type == KV_Q8_0)
+		cpu_q8_axpy32(y, a, (const struct q8_act32 *)row + h * (hd / 32), hd / 32);
+	else
+		cpu_axpy(y, a, (const float *)row + h * hd, hd);
 }
 
 struct step {
@@ -305,8 +366,8 @@ qk_task(void *arg, int64_t t, int thread)
 		cpu_rmsnorm(kt + h * hd, c->k_norm, hp->norm_offset, hp->norm_eps, hd, kt + h * hd);
 	cpu_rope(qt, hp->n_head, hd, pos, b->freq[swa], hp->rope == ROPE_NEOX);
 	cpu_rope(kt, hp->n_head_kv, hd, pos, b->freq[swa], hp->rope == ROPE_NEOX);
-	memcpy(kv_slot(b, q, st->l, 0, b->tok_pos[t]), kt, nkv * sizeof(float));
-	memcpy(kv_slot(b, q, st->l, 1, b->tok_pos[t]), vt, nkv * sizeof(float));
+	kv_store(b, kv_slot(b, q, st->l, 0, b->tok_pos[t]), kt, nkv);
+	kv_store(b, kv_slot(b, q, st->l, 1, b->tok_pos[t]), vt, nkv);
 }
 
 /*
@@ -349,7 +410,8 @@ attn_task(void *arg, int64_t task, int thread)
 	const struct fwd_seq *q = &st->batch->seqs[b->tok_seq[t]];
 	int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, g;
 	size_t h0 = (size_t)t * hp->n_head + (size_t)kvh * group; /* the group's first head */
-	const float *qh = b->q + h0 * hd, *kv;
+	const float *qh = b->q + h0 * hd;
+	const uint8_t *kv;
 	float *out = b->att + h0 * hd, *sc = b->scores + (size_t)thread * (size_t)b->scores_len, *sum, mx;
 	int64_t last = q->bidir ? q->pos0 + q->n_new - 1 : pos;
 
@@ -357,9 +419,9 @@ attn_task(void *arg, int64_t task, int thread)
 	n = last - p0 + 1;
 	sum = sc + (size_t)group * n;
 	for (p = p0; p <= last; p++) {
-		kv = kv_slot(b, q, st->l, 0, p) + kvh * hd;
+		kv = kv_slot(b, q, st->l, 0, p);
 		for (g = 0; g < group; g++)
-			sc[g * n + p - p0] = cpu_dot(qh + (size_t)g * hd, kv, hd) * hp->attn_scale;
+			sc[g * n + p - p0] = kv_dot(b, qh + (size_t)g * hd, kv, kvh, hd) * hp->attn_scale;
 	}
 	for (g = 0; g < group; g++) {
 		const float *sink = b->layers[st->l].sinks;
@@ -372,9 +434,9 @@ attn_task(void *arg, int64_t task, int thread)
 	}
 	memset(out, 0, (size_t)group * hd * sizeof *out);
 	for (p = p0; p <= last; p++) {
-		kv = kv_slot(b, q, st->l, 1, p) + kvh * hd;
+		kv = kv_slot(b, q, st->l, 1, p);
 		for (g = 0; g < group; g++)
-			cpu_axpy(out + (size_t)g * hd, sc[g * n + p - p0] / sum[g], kv, hd);
+			kv_axpy(b, out + (size_t)g * hd, sc[g * n + p - p0] / sum[g], kv, kvh, hd);
 	}
 }
 
@@ -531,23 +593,23 @@ cpu_forward(struct backend *b, const struct fwd_batch *batch, float *logits, cha
 	return rc;
 }
 
-/* The floats of block blk in the pool, or NULL (with err) if it is not one. */
-static float *
+/* Block blk in the pool, or NULL (with err) if it is not one. */
+static uint8_t *
 kv_block(struct backend *b, int32_t blk, char *err)
 {
 	if (blk < 0 || blk >= b->kv_blocks) {
 		err_set(err, ERR_INVAL, "KV block %d is outside the pool", blk);
 		return NULL;
 	}
-	return b->kv + (size_t)blk * (size_t)b->m->hp.n_layer * 2 * b->kv_stride;
+	return (uint8_t *)b->kv + (size_t)blk * (size_t)b->m->hp.n_layer * 2 * b->kv_stride;
 }
 
 static int
 cpu_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char *err)
 {
-	size_t nkv = (size_t)b->m->hp.n_head_kv * (size_t)b->m->hp.head_dim, i;
-	const float *s;
-	float *d;
+	const uint8_t *s;
+	uint8_t *d;
+	size_t i;
 
 	if (n_tokens < 0 || n_tokens > KV_BLOCK_TOKENS)
 		return err_set(err, ERR_INVAL, "kv_copy of %d tokens: out of range", n_tokens);
@@ -556,7 +618,7 @@ cpu_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char 
 	if (fault_hit(FAULT_CPU, FAULT_COPY))
 		return err_set(err, ERR_DEVICE, "cpu kv_copy: %s", fault_message(FAULT_CPU));
 	for (i = 0; i < (size_t)b->m->hp.n_layer * 2; i++)
-		memcpy(d + i * b->kv_stride, s + i * b->kv_stride, (size_t)n_tokens * nkv * sizeof(float));
+		memcpy(d + i * b->kv_stride, s + i * b->kv_stride, (size_t)n_tokens * b->kv_row);
 	return 0;
 }
 
@@ -564,8 +626,8 @@ static int
 cpu_kv_move(struct backend *b, const int32_t *blocks, int32_t n, void *const *out, const void *const *in,
     char *err)
 {
-	size_t per = (size_t)b->m->hp.n_layer * 2 * b->kv_stride * sizeof(float);
-	float *p;
+	size_t per = (size_t)b->m->hp.n_layer * 2 * b->kv_stride;
+	uint8_t *p;
 
 	for (int32_t i = 0; i < n; i++) {
 		if ((p = kv_block(b, blocks[i], err)) == NULL)
@@ -591,12 +653,11 @@ cpu_host_free(void *p)
 	free(p);
 }
 
-/* The CPU pool is float in both modes. */
-static int
-cpu_kv_elem_bytes(const struct backend *b)
+/* The CPU's float pool is fp32 in both modes. */
+static size_t
+cpu_kv_row_bytes(const struct backend *b)
 {
-	(void)b;
-	return (int)sizeof(float);
+	return b->kv_row;
 }
 
 /* A CPU pays by the token. */
@@ -609,7 +670,7 @@ cpu_step_tokens(const struct backend *b, int n)
 
 const struct backend_ops cpu_backend = {
 	.name = "cpu",
-	.kv_elem_bytes = cpu_kv_elem_bytes,
+	.kv_row_bytes = cpu_kv_row_bytes,
 	.plan = cpu_plan,
 	.load = cpu_load,
 	.forward = cpu_forward,

@@ -195,6 +195,12 @@ kv_elem_size(const struct backend *b)
 	return b->exact ? (int)sizeof(float) : (int)sizeof(__half);
 }
 
+static size_t
+kv_row_bytes(const struct backend *b)
+{
+	return (size_t)b->m->hp.n_head_kv * (size_t)b->m->hp.head_dim * (size_t)kv_elem_size(b);
+}
+
 /* ---- forward ---- */
 
 /* Where each part of the staging area starts, host or device. */
@@ -1389,7 +1395,7 @@ cuda_step_tokens(const struct backend *b, int n)
 
 extern "C" const struct backend_ops cuda_backend = {
 	"cuda",
-	kv_elem_size,
+	kv_row_bytes,
 	cuda_plan,
 	cuda_load,
 	cuda_forward,

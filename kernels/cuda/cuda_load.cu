@@ -767,6 +767,9 @@ plan_sizes(const struct model_desc *m, const struct backend_opts *o, struct mats
 	struct dims d = model_dims(&m->hp, o);
 	int rc, sms = 0;
 
+	if (o->kv_type != KV_F16)
+		return err_set(err, ERR_UNSUPPORTED, "a %s KV cache is held by the CPU backend only so far: use "
+		    "--kv-type f16 on the GPU", kv_type_name(o->kv_type));
 	if ((rc = check_model(m, x->t, x->n, err)) != 0)
 		return rc;
 	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o->device));

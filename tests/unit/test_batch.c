@@ -6,8 +6,10 @@
  * whether it decodes alone or beside 15 other sequences (some prefilling,
  * some decoding). Models are generated into a temporary directory. Both
  * CPU modes: the default one (quantized weights meet 8-bit activations)
- * and the exact one (float activations). An embedding model's
- * bidirectional sequence's hidden states likewise, beside others.
+ * and the exact one (float activations), with a float KV cache and a q8_0
+ * one. An embedding model's bidirectional sequence's hidden states
+ * likewise, beside others. A q8_0 cache's logits stay near the float
+ * cache's, and its blocks copy and move whole.
  */
 #include "config.h"
 #include "genmodel.h"
@@ -40,14 +42,21 @@ struct fixture {
 	int32_t n_vocab;
 };
 
-/* Generates SHAPE as GGUF q8_0 and loads it on the CPU backend. */
+/* The backend's options: a pool for every sequence of the tests. */
+static struct backend_opts
+opts(int exact, enum kv_type kv)
+{
+	return (struct backend_opts){ .n_threads = 2, .kv_type = kv, .kv_blocks = (OTHERS + 1) * MAX_BLOCKS,
+		.max_tokens = 256, .max_seqs = OTHERS + 1, .exact = exact };
+}
+
+/* Generates SHAPE as GGUF of type and loads it on the CPU backend. */
 static int
-setup_shape(void **state, const char *shape, const char *type, int exact)
+setup_kv(void **state, const char *shape, const char *type, int exact, enum kv_type kv)
 {
 	struct fixture *f = xcalloc(1, sizeof *f);
 	struct genmodel_opts o = { .shape = shape, .format = "gguf", .type = type, .seed = 3, .threads = 2 };
-	struct backend_opts bo = { .n_threads = 2, .kv_blocks = (OTHERS + 1) * MAX_BLOCKS,
-		.max_tokens = 256, .max_seqs = OTHERS + 1, .exact = exact };
+	struct backend_opts bo = opts(exact, kv);
 	char err[ERR_LEN];
 
 	snprintf(f->dir, sizeof f->dir, "/tmp/test_batch_XXXXXX");
@@ -62,7 +71,13 @@ setup_shape(void **state, const char *shape, const char *type, int exact)
 	return 0;
 }
 
-/* The default mode (8-bit activations for quantized weights), and --exact; an embedding model. */
+static int
+setup_shape(void **state, const char *shape, const char *type, int exact)
+{
+	return setup_kv(state, shape, type, exact, KV_F16);
+}
+
+/* The default mode (8-bit activations for quantized weights), and --exact; an embedding model; q8_0 KV. */
 static int setup_llama(void **s) { return setup_shape(s, "tiny", "q8_0", 0); }
 static int setup_qwen2(void **s) { return setup_shape(s, "tiny-qwen2", "f16", 0); }
 static int setup_qwen3(void **s) { return setup_shape(s, "tiny-qwen3", "q4_k_m", 0); }
@@ -70,6 +85,9 @@ static int setup_gemma3(void **s) { return setup_shape(s, "tiny-gemma3", "q4_k_m
 static int setup_llama_exact(void **s) { return setup_shape(s, "tiny", "q8_0", 1); }
 static int setup_gemma3_exact(void **s) { return setup_shape(s, "tiny-gemma3", "q4_k_m", 1); }
 static int setup_gemma3_embed(void **s) { return setup_shape(s, "tiny-gemma3-embed", "q8_0", 0); }
+static int setup_llama_q8kv(void **s) { return setup_kv(s, "tiny", "q8_0", 0, KV_Q8_0); }
+static int setup_gemma3_q8kv(void **s) { return setup_kv(s, "tiny-gemma3", "q4_k_m", 0, KV_Q8_0); }
+static int setup_gemma3_exact_q8kv(void **s) { return setup_kv(s, "tiny-gemma3", "q4_k_m", 1, KV_Q8_0); }
 
 static int
 teardown(void **state)
@@ -269,6 +287,71 @@ test_bidirectional(void **state)
 	free(ref), free(got), free(causal);
 }
 
+/*
+ * A q8_0 cache (the fixture's) against a float one on the same model: its
+ * rows take 36 bytes a 32 values; the same logits within Q8KV_TOL, though
+ * not the same (the cache is quantized); a block copied and moved out and
+ * back whole, bytes and logits.
+ */
+#define Q8KV_TOL 0.05
+static void
+test_q8kv(void **state)
+{
+	struct fixture *f = *state;
+	const struct model_hparams *hp = &f->m->hp;
+	struct backend_opts bo = opts(0, KV_F16);
+	struct backend *fb;
+	float *p8, *d8, *pf, *df, *d2;
+	size_t per = (size_t)hp->n_layer * 2 * KV_BLOCK_TOKENS * cpu_backend.kv_row_bytes(f->be);
+	uint8_t *out = xmalloc(per), *back = xmalloc(per);
+	int32_t blk = 0, spare = MAX_BLOCKS - 1;
+	int id = 0, pos = PROMPT, one = 1;
+	char err[ERR_LEN];
+	double e;
+
+	assert_int_equal(cpu_backend.kv_row_bytes(f->be), (size_t)hp->n_head_kv * hp->head_dim / 32 * 36);
+	if (cpu_backend.load(f->m, &bo, &fb, err) != 0)
+		fail_msg("%s", err);
+	p8 = alone(f, &d8);
+	{
+		struct fixture g = *f;
+
+		g.be = fb;
+		pf = alone(&g, &df);
+	}
+	e = rel_err(d8, df, f->n_vocab);
+	print_message("q8_0 KV against float KV: relative error %.2e\n", e);
+	assert_true(e > 0 && e < Q8KV_TOL);
+	/* block 0 out, copied into the spare, the spare moved in: the decode step reads the same */
+	if (cpu_backend.kv_move(f->be, &blk, 1, (void *const[]){ out }, NULL, err) != 0 ||
+	    cpu_backend.kv_copy(f->be, blk, spare, KV_BLOCK_TOKENS, err) != 0 ||
+	    cpu_backend.kv_move(f->be, &spare, 1, (void *const[]){ back }, NULL, err) != 0)
+		fail_msg("%s", err);
+	assert_memory_equal(out, back, per);
+	if (cpu_backend.kv_move(f->be, &blk, 1, NULL, (const void *const[]){ back }, err) != 0)
+		fail_msg("%s", err);
+	d2 = step(f, 1, &id, &pos, &one);
+	assert_memory_equal(d2, d8, (size_t)f->n_vocab * sizeof *d2);
+	cpu_backend.free(fb);
+	free(p8), free(d8), free(pf), free(df), free(d2), free(out), free(back);
+}
+
+/* A model whose heads are not whole q8_0 blocks: refused, saying why. */
+static void
+test_q8kv_refused(void **state)
+{
+	struct fixture *f = *state;
+	struct model_desc m = *f->m;
+	struct backend_opts bo = opts(0, KV_Q8_0);
+	struct backend *be = NULL;
+	char err[ERR_LEN] = "";
+
+	m.hp.head_dim = 48;
+	assert_int_equal(cpu_backend.load(&m, &bo, &be, err), ERR_UNSUPPORTED);
+	assert_null(be);
+	assert_non_null(strstr(err, "q8_0 KV cache"));
+}
+
 int
 main(void)
 {
@@ -286,6 +369,14 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_chunked_prefill, setup_gemma3_exact, teardown),
 		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_gemma3_exact, teardown),
 		cmocka_unit_test_setup_teardown(test_bidirectional, setup_gemma3_embed, teardown),
+		cmocka_unit_test_setup_teardown(test_chunked_prefill, setup_llama_q8kv, teardown),
+		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_llama_q8kv, teardown),
+		cmocka_unit_test_setup_teardown(test_chunked_prefill, setup_gemma3_q8kv, teardown),
+		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_gemma3_q8kv, teardown),
+		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_gemma3_exact_q8kv, teardown),
+		cmocka_unit_test_setup_teardown(test_q8kv, setup_gemma3_q8kv, teardown),
+		cmocka_unit_test_setup_teardown(test_q8kv, setup_llama_q8kv, teardown),
+		cmocka_unit_test_setup_teardown(test_q8kv_refused, setup_llama_q8kv, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -144,7 +144,8 @@ load_all(struct fixture *f)
 		if (cuda_backend.load(f->m, &bo, &f->gpu[g], err) != 0)
 			fail_msg("cuda load (%s): %s", gpu_names[g], err);
 		/* the exact mode's pool is fp32, the others' fp16 */
-		assert_int_equal(cuda_backend.kv_elem_bytes(f->gpu[g]), gpu_exact[g] ? 4 : 2);
+		assert_int_equal(cuda_backend.kv_row_bytes(f->gpu[g]),
+		    (size_t)f->m->hp.n_head_kv * (size_t)f->m->hp.head_dim * (gpu_exact[g] ? 4 : 2));
 	}
 	unsetenv("RESIDENT_CUDA_MMV_MAX");
 	unsetenv("RESIDENT_CUDA_BUS_SHARE");
@@ -357,7 +358,7 @@ move_all(struct fixture *f, int s, int32_t n)
 	    cpu_backend.kv_move(f->cpu, tables[SEQS + 1], n, NULL, (const void *const *)host, err) != 0)
 		fail_msg("cpu kv_move: %s", err);
 	for (g = 0; g < N_GPU; g++) {
-		size_t el = (size_t)cuda_backend.kv_elem_bytes(f->gpu[g]);
+		size_t el = cuda_backend.kv_row_bytes(f->gpu[g]) / ((size_t)hp->n_head_kv * (size_t)hp->head_dim);
 
 		if (cuda_backend.kv_move(f->gpu[g], tables[s], n, host, NULL, err) != 0 ||
 		    cuda_backend.kv_move(f->gpu[g], tables[SEQS + 1], n, ref, NULL, err) != 0 ||
