@@ -297,23 +297,18 @@ kv_store(const struct backend *b, uint8_t *slot, const float *x, size_t nkv)
 			y[i].d = NAN;
 }
 
-/* The dot of x with head h's part of a K row (hd values). */
-static float
-kv_dot(const struct backend *b, const float *x, const uint8_t *row, int64_t h, int hd)
+/*
+ * Head h's part (hd values) of a K or V row as floats: the float pool's
+ * own, or a q8_0 row's dequantized into buf; the float kernels take it
+ * from there.
+ */
+static const float *
+kv_head(const struct backend *b, const uint8_t *row, int64_t h, int hd, float *buf)
 {
-	if (b->kv_type == KV_Q8_0)
-		return cpu_q8_dot32(x, (const struct q8_act32 *)row + h * (hd / 32), hd / 32);
-	return cpu_dot(x, (const float *)row + h * hd, hd);
-}
-
-/* y += a * head h's part of a V row (hd values). */
-static void
-kv_axpy(const struct backend *b, float *y, float a, const uint8_t *row, int64_t h, int hd)
-{
-	if (b->kv_type == KV_Q8_0)
-		cpu_q8_axpy32(y, a, (const struct q8_act32 *)row + h * (hd / 32), hd / 32);
-	else
-		cpu_axpy(y, a, (const float *)row + h * hd, hd);
+	if (b->kv_type == KV_F16)
+		return (const float *)row + h * hd;
+	cpu_q8_dequant32((const struct q8_act32 *)row + h * (hd / 32), hd / 32, buf);
+	return buf;
 }
 
 struct step {
@@ -410,18 +405,18 @@ attn_task(void *arg, int64_t task, int thread)
 	const struct fwd_seq *q = &st->batch->seqs[b->tok_seq[t]];
 	int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, g;
 	size_t h0 = (size_t)t * hp->n_head + (size_t)kvh * group; /* the group's first head */
-	const float *qh = b->q + h0 * hd;
-	const uint8_t *kv;
+	const float *qh = b->q + h0 * hd, *kv;
 	float *out = b->att + h0 * hd, *sc = b->scores + (size_t)thread * (size_t)b->scores_len, *sum, mx;
+	float *buf = sc + b->scores_len - hd;
 	int64_t last = q->bidir ? q->pos0 + q->n_new - 1 : pos;
 
 	attn_span(hp, st->l, q->bidir, pos, &p0, &last);
 	n = last - p0 + 1;
 	sum = sc + (size_t)group * n;
 	for (p = p0; p <= last; p++) {
-		kv = kv_slot(b, q, st->l, 0, p);
+		kv = kv_head(b, kv_slot(b, q, st->l, 0, p), kvh, hd, buf);
 		for (g = 0; g < group; g++)
-			sc[g * n + p - p0] = kv_dot(b, qh + (size_t)g * hd, kv, kvh, hd) * hp->attn_scale;
+			sc[g * n + p - p0] = cpu_dot(qh + (size_t)g * hd, kv, hd) * hp->attn_scale;
 	}
 	for (g = 0; g < group; g++) {
 		const float *sink = b->layers[st->l].sinks;
@@ -434,9 +429,9 @@ attn_task(void *arg, int64_t task, int thread)
 	}
 	memset(out, 0, (size_t)group * hd * sizeof *out);
 	for (p = p0; p <= last; p++) {
-		kv = kv_slot(b, q, st->l, 1, p);
+		kv = kv_head(b, kv_slot(b, q, st->l, 1, p), kvh, hd, buf);
 		for (g = 0; g < group; g++)
-			kv_axpy(b, out + (size_t)g * hd, sc[g * n + p - p0] / sum[g], kv, kvh, hd);
+			cpu_axpy(out + (size_t)g * hd, sc[g * n + p - p0] / sum[g], kv, hd);
 	}
 }
 
@@ -560,8 +555,8 @@ place_tokens(struct backend *b, const struct fwd_batch *batch, int64_t max_len)
 			b->tok_seq[t] = s;
 			b->tok_pos[t] = batch->seqs[s].pos0 + i;
 		}
-	/* per thread: the scores of a KV head's group of query heads, then their sums */
-	need = (int64_t)(b->m->hp.n_head / b->m->hp.n_head_kv) * (max_len + 1);
+	/* per thread: the scores of a KV head's group of query heads, their sums, a K or V head's floats */
+	need = (int64_t)(b->m->hp.n_head / b->m->hp.n_head_kv) * (max_len + 1) + b->m->hp.head_dim;
 	if (need > b->scores_len) {
 		b->scores_len = need;
 		free(b->scores);

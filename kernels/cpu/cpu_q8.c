@@ -610,30 +610,12 @@ cpu_q8_quantize(int act, const float *x, int64_t n, void *dst)
 
 /* ---- a q8_0 KV cache's rows ---- */
 
-float
-cpu_q8_dot32(const float *x, const struct q8_act32 *y, int64_t nb)
-{
-	float s = 0;
-
-	for (int64_t i = 0; i < nb; i++, x += 32) {
-		float t = 0;
-
-		for (int j = 0; j < 32; j++)
-			t += x[j] * (float)y[i].qs[j];
-		s += y[i].d * t;
-	}
-	return s;
-}
-
 void
-cpu_q8_axpy32(float *y, float a, const struct q8_act32 *x, int64_t nb)
+cpu_q8_dequant32(const struct q8_act32 *x, int64_t nb, float *y)
 {
-	for (int64_t i = 0; i < nb; i++, y += 32) {
-		float ad = a * x[i].d;
-
+	for (int64_t i = 0; i < nb; i++, y += 32)
 		for (int j = 0; j < 32; j++)
-			y[j] += ad * (float)x[i].qs[j];
-	}
+			y[j] = x[i].d * (float)x[i].qs[j];
 }
 
 /* ---- choice ---- */

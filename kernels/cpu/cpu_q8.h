@@ -42,10 +42,8 @@ size_t cpu_q8_act_bytes(int act, int64_t n);
  */
 int cpu_q8_quantize(int act, const float *x, int64_t n, void *dst);
 
-/* The dot of x (nb * 32 floats) with nb q8_act32 blocks (a q8_0 KV cache's row). */
-float cpu_q8_dot32(const float *x, const struct q8_act32 *y, int64_t nb);
-/* y (nb * 32 floats) += a * the nb q8_act32 blocks x. */
-void cpu_q8_axpy32(float *y, float a, const struct q8_act32 *x, int64_t nb);
+/* nb q8_act32 blocks (a q8_0 KV cache's row) as floats, d * qs[i], into y. */
+void cpu_q8_dequant32(const struct q8_act32 *x, int64_t nb, float *y);
 
 /* The kernel for a weight type, AVX2 or portable as cpu_q8_init chose; or NULL. */
 cpu_q8_mm_fn cpu_q8_mm(uint32_t wtype);

@@ -468,6 +468,8 @@ usage(FILE *fp)
 	    "      --exact          float activations in every product (default: 8-bit ones for\n"
 	    "                       quantized weights on the CPU; on CUDA fp16 ones for long\n"
 	    "                       prompts and an fp16 KV cache, here fp32)\n"
+	    "      --kv-type f16|q8_0  how the KV cache holds keys and values (default f16; q8_0: the\n"
+	    "                       CPU backend only so far)\n"
 	    "  -h, --help\n"
 	    "A header line names the device and its measured read bandwidth; tg rows show the\n"
 	    "bytes a decode step reads (weights + KV) per second, and that as %% of the bandwidth.\n");
@@ -481,7 +483,9 @@ parse_opts(int argc, char **argv, struct bench_opts *o)
 		{ "exact", no_argument, NULL, 'E' }, { "sample", no_argument, NULL, 's' },
 		{ "grammar", required_argument, NULL, 'G' }, { "json-schema", required_argument, NULL, 'J' },
 		{ "device-memory", required_argument, NULL, 'M' }, { "help", no_argument, NULL, 'h' },
+		{ "kv-type", required_argument, NULL, 'K' },
 		{ NULL, 0, NULL, 0 } };
+	char err[ERR_LEN];
 	int c;
 
 	memset(o, 0, sizeof *o);
@@ -502,6 +506,12 @@ parse_opts(int argc, char **argv, struct bench_opts *o)
 		case 'c': o->eng.n_ctx = atoi(optarg); break;
 		case 'D': o->eng.device = optarg; break;
 		case 'E': o->eng.exact = 1; break;
+		case 'K':
+			if (kv_type_parse(optarg, &o->eng.kv_type, err) != 0) {
+				fprintf(stderr, "--kv-type: %s\n", err);
+				return -1;
+			}
+			break;
 		case 'M': if ((o->device_memory = parse_mib(optarg)) == 0) return -1; break;
 		case 'G': o->grammar_file = optarg; break;
 		case 'J': o->schema_file = optarg; break;
