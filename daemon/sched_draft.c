@@ -5,7 +5,7 @@
  * decoding, engine.c), so that its output is what it would be without them.
  * The draft samples as its target does, with the target's own generator
  * (engine_seq_couple): greedy for a greedy request, and for a sampled one
- * each guess drawn with the uniform the target's token will take, so that
+ * each guess drawn with the key the target's token will take, so that
  * a draft that agrees with the target guesses the very tokens a seed gives.
  *
  * The draft is a model slot like any, loaded under the same memory budget

@@ -352,7 +352,7 @@ void engine_seq_guess(struct seq *s, const int32_t *tokens, int32_t n);
 /*
  * Makes draft d draw its next tokens as target s will draw its own: with
  * s's sampling parameters and a copy of s's generator, so that the draft's
- * k-th guess takes the uniform s's k-th next token will take. A draft that
+ * k-th guess is raced with the key s's k-th next token will take. A draft that
  * agrees with s then guesses s's very tokens, sampled as well as greedy:
  * its guesses are accepted by the rule that keeps a seed's output (settle,
  * engine.c), at a rate near the two distributions' overlap.
