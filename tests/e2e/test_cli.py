@@ -214,7 +214,7 @@ SHOW_KEYS = {"name", "path", "loaded", "default", "device", "arch", "size", "for
              "need_bytes", "whole_bytes", "host_layers", "host_bytes", "hot_experts", "pooling", "dimensions", "bidirectional"}
 # the keys of a status model map, as `ps --json` prints those of the loaded models
 STATUS_MODEL_KEYS = {"name", "loaded", "device", "exact", "faults", "memory_bytes", "keep_alive_s", "expires_in_s",
-                     "loads", "unloads", "weights_bytes", "host_layers", "host_bytes", "hot_experts", "expert_moves", "kv_bytes", "kv_blocks", "kv_free_blocks", "kv_used_bytes",
+                     "loads", "unloads", "weights_bytes", "host_layers", "host_bytes", "hot_experts", "expert_moves", "kv_type", "kv_bytes", "kv_blocks", "kv_free_blocks", "kv_used_bytes",
                      "active", "queued", "cache_hit_tokens", "cache_miss_tokens", "cache_host_hit_tokens",
                      "cache_disk_hit_tokens", "prompt_tokens", "generated_tokens", "drafted_tokens", "accepted_tokens",
                      "ttft", "itl"}
