@@ -627,7 +627,8 @@ load_session(struct conn *c, struct sched_job *job)
 	job->history_ids = xmalloc((size_t)MAX(total, 1) * sizeof *job->history_ids);
 	for (i = 0; i < n; i++) {
 		history_msg(&job->history[i], &t[i]);
-		memcpy(job->history_ids + job->history_tokens, t[i].tokens, (size_t)t[i].n_tokens * sizeof(int32_t));
+		if (t[i].n_tokens > 0) /* a turn stored without tokens (a system message's) has none to copy: NULL */
+			memcpy(job->history_ids + job->history_tokens, t[i].tokens, (size_t)t[i].n_tokens * sizeof(int32_t));
 		job->history_tokens += t[i].n_tokens;
 	}
 	job->n_history = n;
