@@ -101,14 +101,30 @@ qk_head(const float *vec, const float *bias, const float *nw, const struct cuda_
 			rope_pair(a[u], b[u], pos * hp.inv_freq[lane + WARP * u]);
 }
 
-template <typename T>
+/*
+ * Stores one head's row of a q8 pool (the K or V row kvsel of position pos),
+ * the warp's lanes reading x (head_dim floats) 32 apart.
+ */
+static __device__ __forceinline__ void
+kv_q8_row(const float *x, const struct cuda_kv &kv, const int32_t *tab, int pos, int kvsel, int nkv, int off, int d)
+{
+	int8_t *pool = (int8_t *)kv.pool;
+	size_t qo = kv_index(kv, tab, pos, kvsel, nkv, off), so = kv_scale_index(kv, tab, pos, kvsel, nkv, off);
+
+	for (int g = 0; g < d; g += WARP)
+		kv_q8_put(x[g + threadIdx.x % WARP], pool + qo + g + threadIdx.x % WARP,
+		    (float *)(pool + so) + g / WARP);
+}
+
+/* P: the pool's element type (int8_t: q8 rows, attention.cuh). */
+template <typename P>
 __global__ void __launch_bounds__(QK_WARPS * WARP)
 qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict__ v,
     struct cuda_heads hp, struct cuda_kv kv)
 {
 	pdl_wait();
 	pdl_trigger();
-	T *pool = (T *)kv.pool;
+	P *pool = (P *)kv.pool;
 	int t = blockIdx.x, j = blockIdx.y * QK_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP;
 	int d = hp.head_dim, half = d / 2, nkv = hp.n_head_kv * d;
 	int isq = j < hp.n_head, head = isq ? j : j - hp.n_head;
@@ -116,6 +132,7 @@ qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict_
 	const float *bias = isq ? hp.bq : hp.bk;
 	float a[MAX_PAIRS], b[MAX_PAIRS];
 	int ia[MAX_PAIRS], ib[MAX_PAIRS];
+	constexpr bool Q8 = sizeof(P) == 1;
 
 	if (j >= hp.n_head + hp.n_head_kv)
 		return;
@@ -127,21 +144,31 @@ qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict_
 	for (int u = 0; u < MAX_PAIRS; u++) {
 		if (lane + WARP * u >= half)
 			continue;
-		if (isq) {
+		if (isq || Q8) { /* a q8 row is quantized from vec, by groups of lanes */
 			vec[ia[u]] = a[u];
 			vec[ib[u]] = b[u];
 		} else {
-			pool[ko + ia[u]] = kv_elem<T>(a[u]);
-			pool[ko + ib[u]] = kv_elem<T>(b[u]);
+			pool[ko + ia[u]] = kv_elem<P>(a[u]);
+			pool[ko + ib[u]] = kv_elem<P>(b[u]);
 		}
 	}
 	if (isq)
 		return;
 	/* the value head rides with its key head */
 	const float *vr = v + (size_t)t * nkv + (size_t)head * d;
+	const float *bv = hp.bv != NULL ? hp.bv + (size_t)head * d : NULL;
+	if constexpr (Q8) {
+		__syncwarp();
+		kv_q8_row(vec, kv, tab, kv.tok_pos[t], 0, nkv, head * d, d);
+		for (int g = 0; g < d; g += WARP) /* the biased V row, through vec (K's is stored) */
+			vec[g + lane] = vr[g + lane] + (bv != NULL ? bv[g + lane] : 0.0f);
+		__syncwarp();
+		kv_q8_row(vec, kv, tab, kv.tok_pos[t], 1, nkv, head * d, d);
+		return;
+	}
 	size_t vo = kv_index(kv, tab, kv.tok_pos[t], 1, nkv, head * d);
 	for (int i = lane; i < d; i += WARP)
-		pool[vo + i] = kv_elem<T>(vr[i] + (hp.bv != NULL ? hp.bv[(size_t)head * d + i] : 0.0f));
+		pool[vo + i] = kv_elem<P>(vr[i] + (bv != NULL ? bv[i] : 0.0f));
 }
 
 /* E consecutive pool elements at p as floats. */
@@ -214,18 +241,30 @@ att_stages(int w)
 	return w > ATT_WARPS ? 1 : 2;
 }
 
+/* Bytes after each q8 row of a stage (int8), and of a stage's K (or V) rows with their scales. */
+#define Q8_PAD 16
+
+static constexpr __host__ __device__ int
+q8_stage_bytes(int d, int w)
+{
+	return att_tile(w) * (d + Q8_PAD + d / 32 * (int)sizeof(float));
+}
+
 /*
  * Shared memory of attn_kernel for head_dim d and w warps: the stages of K
- * and V tiles, the queries, a tile's scores (then weights) of every head,
- * each head's correction (then its max and sum), and the step's new K and
- * V rows (cuda_kv.k_new).
+ * and V tiles (of a q8 pool (P int8_t): the stages of its rows as they are,
+ * then one tile of K and of V widened), the queries, a tile's scores (then
+ * weights) of every head, each head's correction (then its max and sum),
+ * and the step's new K and V rows (cuda_kv.k_new).
  */
-template <typename T>
+template <typename P, typename T>
 static size_t
 attn_smem_bytes(int d, int w)
 {
-	return (size_t)att_stages(w) * 2 * att_tile(w) * (d + kv_pad<T>()) * sizeof(T) +
-	    (size_t)(ATT_GROUP * d + ATT_GROUP * att_tile(w) + 2 * ATT_GROUP + 2 * d) * sizeof(float);
+	size_t tiles = (size_t)2 * att_tile(w) * (d + kv_pad<T>()) * sizeof(T);
+
+	tiles = sizeof(P) == 1 ? tiles + (size_t)att_stages(w) * 2 * q8_stage_bytes(d, w) : att_stages(w) * tiles;
+	return tiles + (size_t)(ATT_GROUP * d + ATT_GROUP * att_tile(w) + 2 * ATT_GROUP + 2 * d) * sizeof(float);
 }
 
 /*
@@ -257,6 +296,97 @@ attn_load_tile(T *ks, T *vs, const struct cuda_kv &kv, const int32_t *tab, int c
 		}
 		cp_async16(ks + r * RS + c, pool + ko);
 		cp_async16(vs + r * RS + c, pool + ko + kv.kv_stride);
+	}
+}
+
+/*
+ * attn_load_tile for a q8 pool: the rows as they are into stage st (its
+ * K rows, V rows, K scales, V scales), the new token's (np) left out:
+ * attn_widen takes it from kn.
+ */
+template <int D>
+static __device__ __forceinline__ void
+attn_load_q8(int8_t *st, const struct cuda_kv &kv, const int32_t *tab, int c0, int r0, int r1, int nkv, int koff,
+    int tile, int np = -1)
+{
+	constexpr int RQ = D + Q8_PAD, G = D / 32;
+	const int8_t *pool = (const int8_t *)kv.pool;
+	int8_t *vs = st + tile * RQ;
+	float *ksc = (float *)(vs + tile * RQ), *vsc = ksc + tile * G;
+
+	for (int i = threadIdx.x; i < (r1 - r0) * (D / 16); i += blockDim.x) {
+		int r = r0 + i / (D / 16), c = (i % (D / 16)) * 16;
+		size_t ko = kv_index(kv, tab, c0 + r, 0, nkv, koff + c);
+
+		if (c0 + r == np)
+			continue;
+		cp_async16(st + r * RQ + c, pool + ko);
+		cp_async16(vs + r * RQ + c, pool + ko + kv.kv_stride);
+	}
+	for (int i = threadIdx.x; i < (r1 - r0) * G; i += blockDim.x) {
+		int r = r0 + i / G, g = i % G;
+		size_t so = kv_scale_index(kv, tab, c0 + r, 0, nkv, koff + 32 * g);
+
+		if (c0 + r == np)
+			continue;
+		cp_async4(ksc + r * G + g, pool + so);
+		cp_async4(vsc + r * G + g, pool + so + kv.kv_stride);
+	}
+}
+
+/* 8 floats as tile elements, in 16-byte stores (p 16-byte aligned). */
+static __device__ __forceinline__ void
+kv_store8(__half *p, const float *x)
+{
+	uint4 u;
+	__half2 *h = (__half2 *)&u;
+
+#pragma unroll
+	for (int e = 0; e < 4; e++)
+		h[e] = __floats2half2_rn(x[2 * e], x[2 * e + 1]);
+	*(uint4 *)p = u;
+}
+
+static __device__ __forceinline__ void
+kv_store8(float *p, const float *x)
+{
+	*(float4 *)p = make_float4(x[0], x[1], x[2], x[3]);
+	*(float4 *)(p + 4) = make_float4(x[4], x[5], x[6], x[7]);
+}
+
+/*
+ * The first nv rows of q8 stage st (attn_load_q8's, positions from c0)
+ * widened into the K and V tiles ks and vs of element type T; the row of
+ * position np from kn (its K, then its V: attn_new_token left the values
+ * the pool gives back). The whole block calls it.
+ */
+template <int D, typename T>
+static __device__ __forceinline__ void
+attn_widen(T *ks, T *vs, const int8_t *st, int tile, int c0, int nv, int np, const float *kn)
+{
+	constexpr int RQ = D + Q8_PAD, G = D / 32, RS = D + kv_pad<T>();
+	const int8_t *vq = st + tile * RQ;
+	const float *ksc = (const float *)(vq + tile * RQ), *vsc = ksc + tile * G;
+
+	for (int i = threadIdx.x; i < nv * (D / 8); i += blockDim.x) {
+		int r = i / (D / 8), c = (i % (D / 8)) * 8;
+		float kf[8], vf[8];
+
+		if (c0 + r == np) {
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				kf[e] = kn[c + e], vf[e] = kn[D + c + e];
+		} else {
+			uint2 a = *(const uint2 *)(st + r * RQ + c), b = *(const uint2 *)(vq + r * RQ + c);
+			const int8_t *qa = (const int8_t *)&a, *qb = (const int8_t *)&b;
+			float da = ksc[r * G + c / 32], db = vsc[r * G + c / 32];
+
+#pragma unroll
+			for (int e = 0; e < 8; e++)
+				kf[e] = (float)qa[e] * da, vf[e] = (float)qb[e] * db;
+		}
+		kv_store8(ks + r * RS + c, kf);
+		kv_store8(vs + r * RS + c, vf);
 	}
 }
 
@@ -350,9 +480,10 @@ attn_softmax(float *ws, float *cs, int g, int live, int nv, float *m, float *l)
  * V, as floats) for the tile that holds the token's position; the block of
  * the first query group whose share holds that position (own) stores both
  * into the pool for the steps after. The same arithmetic as qk_kernel's,
- * so the pool and the scores are the same as with it.
+ * so the pool and the scores are the same as with it: with a q8 pool (P
+ * int8_t) every block quantizes kn and keeps what the pool gives back.
  */
-template <int D, typename T, int W>
+template <int D, typename P, int W>
 static __device__ void
 attn_new_token(const float *q, float *qs, float *kn, const struct cuda_heads &hp, const struct cuda_kv &kv,
     const int32_t *tab, int h0, int ng, int kvh, int own)
@@ -384,12 +515,47 @@ attn_new_token(const float *q, float *qs, float *kn, const struct cuda_heads &hp
 	for (int i = threadIdx.x; i < D; i += W * WARP)
 		kn[D + i] = kv.v_new[(size_t)kvh * D + i] + (hp.bv != NULL ? hp.bv[(size_t)kvh * D + i] : 0.0f);
 	__syncthreads();
+	if constexpr (sizeof(P) == 1) {
+		/* warp g a group of 32 at a time: K's groups, then V's */
+		int8_t q, *pool = (int8_t *)kv.pool;
+		float d;
+
+		for (int i = g * WARP; i < 2 * D; i += W * WARP) {
+			int sel = i >= D, c = kvh * D + i - sel * D;
+
+			kn[i + lane] = kv_q8_put(kn[i + lane], &q, &d);
+			if (own) {
+				pool[kv_index(kv, tab, pos, sel, nkv, c + lane)] = q;
+				if (lane == 0)
+					*(float *)(pool + kv_scale_index(kv, tab, pos, sel, nkv, c)) = d;
+			}
+		}
+		__syncthreads();
+		return;
+	}
 	if (!own)
 		return;
 	size_t ko = kv_index(kv, tab, pos, 0, nkv, kvh * D), vo = kv_index(kv, tab, pos, 1, nkv, kvh * D);
 
 	for (int i = threadIdx.x; i < D; i += W * WARP)
-		((T *)kv.pool)[ko + i] = kv_elem<T>(kn[i]), ((T *)kv.pool)[vo + i] = kv_elem<T>(kn[D + i]);
+		((P *)kv.pool)[ko + i] = kv_elem<P>(kn[i]), ((P *)kv.pool)[vo + i] = kv_elem<P>(kn[D + i]);
+}
+
+/*
+ * attn_load_tile into stage st of attn_kernel<E, P, T, W>'s shared memory
+ * smem, whichever the pool (a q8 pool's stages come first, as they are).
+ */
+template <int D, typename P, typename T, int W>
+static __device__ __forceinline__ void
+attn_fill(unsigned char *smem, T *ks, T *vs, int st, const struct cuda_kv &kv, const int32_t *tab, int c0, int r0,
+    int r1, int nkv, int koff, int np = -1, const float *kn = NULL)
+{
+	constexpr int TILE = att_tile(W), RS = D + kv_pad<T>();
+
+	if constexpr (sizeof(P) == 1)
+		attn_load_q8<D>((int8_t *)smem + st * 2 * q8_stage_bytes(D, W), kv, tab, c0, r0, r1, nkv, koff, TILE, np);
+	else
+		attn_load_tile<D, T>(ks + st * TILE * RS, vs + st * TILE * RS, kv, tab, c0, r0, r1, nkv, koff, np, kn);
 }
 
 /*
@@ -412,8 +578,10 @@ attn_new_token(const float *q, float *qs, float *kn, const struct cuda_heads &hp
  * (and its int8 form written to q8 if q8.q, its fp16 form to h16 if h16.h,
  * for the output product); else
  * the piece (weighted values, max, sum) goes to part for attn_merge.
+ * P is the pool's element type, T the tiles': a q8 pool's (P int8_t)
+ * stages hold its rows as they are, widened into one tile of T when used.
  */
-template <int E, typename T, int W>
+template <int E, typename P, typename T, int W>
 __global__ void __launch_bounds__(W * WARP)
 attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q8, struct cuda_h16 h16,
     float *__restrict__ part,
@@ -421,11 +589,15 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 {
 	constexpr int D = WARP * E, RS = D + kv_pad<T>(), NT = W * WARP, TILE = att_tile(W), S = att_stages(W);
 	constexpr int NPG = D < NT ? NT / D : 1, TG = NT / NPG, DPT = (D + TG - 1) / TG;
+	constexpr bool Q8 = sizeof(P) == 1;
+	/* elements of T from one stage to the next (of the tiles themselves, or of a q8 pool's rows) */
+	constexpr int SS = Q8 ? 2 * q8_stage_bytes(D, W) / (int)sizeof(T) : TILE * RS;
 	static_assert(ATT_GROUP == 4 && W >= ATT_GROUP, "four lanes a position, one head each");
 	static_assert(TG % WARP == 0, "a warp's threads hold 32 dimensions of a row");
+	static_assert(!Q8 || 2 * q8_stage_bytes(D, W) % 16 == 0, "q8 stages of whole 16 bytes");
 	extern __shared__ __align__(16) unsigned char smem[];
-	T *ks = (T *)smem, *vs = ks + S * TILE * RS;
-	float *qs = (float *)(vs + S * TILE * RS), *ws = qs + ATT_GROUP * D, *cs = ws + ATT_GROUP * TILE;
+	T *ks = (T *)smem + (Q8 ? S * SS : 0), *vs = ks + (Q8 ? 1 : S) * TILE * RS;
+	float *qs = (float *)(vs + (Q8 ? 1 : S) * TILE * RS), *ws = qs + ATT_GROUP * D, *cs = ws + ATT_GROUP * TILE;
 	float *kn = cs + 2 * ATT_GROUP;
 	int t = blockIdx.x / n_split, split = blockIdx.x % n_split;
 	int g = threadIdx.x / WARP, lane = threadIdx.x % WARP, pg = threadIdx.x / TG, di = threadIdx.x % TG;
@@ -453,8 +625,8 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	int fresh = max(pos, seq_end) + 1 - (int)(gridDim.x / n_split), pre = fa || lo >= hi ? 0 : min(S, (hi - lo + TILE - 1) / TILE);
 
 	for (int i = 0, c0 = lo; i < pre; i++, c0 += TILE)
-		attn_load_tile<D, T>(ks + i * TILE * RS, vs + i * TILE * RS, kv, tab, c0, 0,
-		    max(0, min(min(TILE, hi - c0), fresh - c0)), nkv, kvh * D);
+		attn_fill<D, P, T, W>(smem, ks, vs, i, kv, tab, c0, 0, max(0, min(min(TILE, hi - c0), fresh - c0)), nkv,
+		    kvh * D);
 	pdl_wait();
 	pdl_trigger();
 	/*
@@ -464,7 +636,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	if (fa)
 		return;
 	if (kv.k_new != NULL) /* the pool's row is stored by one block of the KV head's: the share that holds it */
-		attn_new_token<D, T, W>(q, qs, kn, hp, kv, tab, h0, ng, kvh,
+		attn_new_token<D, P, W>(q, qs, kn, hp, kv, tab, h0, ng, kvh,
 		    blockIdx.y % ngb == 0 && lo <= pos && pos < hi);
 	else
 		for (int i = threadIdx.x; i < ATT_GROUP * D; i += NT)
@@ -477,8 +649,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	for (int i = 0, c0 = lo; i < pre; i++, c0 += TILE) {
 		int nv = min(TILE, hi - c0);
 
-		attn_load_tile<D, T>(ks + i * TILE * RS, vs + i * TILE * RS, kv, tab, c0,
-		    max(0, min(nv, fresh - c0)), nv, nkv, kvh * D, np, kn);
+		attn_fill<D, P, T, W>(smem, ks, vs, i, kv, tab, c0, max(0, min(nv, fresh - c0)), nv, nkv, kvh * D, np, kn);
 	}
 	/*
 	 * One group for the first tiles, then S - 1 empty ones, then one a
@@ -490,10 +661,14 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 		cp_async_commit();
 	for (int c0 = lo, st = 0; c0 < hi; c0 += TILE, st = st + 1 < S ? st + 1 : 0) {
 		int nv = min(TILE, hi - c0), j = 8 * g + lane % 8;
-		const T *kt = ks + st * TILE * RS, *vt = vs + st * TILE * RS;
+		const T *kt = ks + (Q8 ? 0 : st) * TILE * RS, *vt = vs + (Q8 ? 0 : st) * TILE * RS;
 
 		cp_async_wait<S - 1>();
 		__syncthreads();
+		if constexpr (Q8) {
+			attn_widen<D, T>(ks, vs, (const int8_t *)smem + st * 2 * q8_stage_bytes(D, W), TILE, c0, nv, np, kn);
+			__syncthreads();
+		}
 		ws[j * ATT_GROUP + lane / 8] = attn_scores<D, T>(kt, qs, j, nv, lane / 8);
 		__syncthreads();
 		if (g < ATT_GROUP)
@@ -521,8 +696,8 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 		}
 		__syncthreads(); /* the stage and the weights are refilled next */
 		if (c0 + S * TILE < hi)
-			attn_load_tile<D, T>(ks + st * TILE * RS, vs + st * TILE * RS, kv, tab, c0 + S * TILE, 0,
-			    min(TILE, hi - c0 - S * TILE), nkv, kvh * D, np, kn);
+			attn_fill<D, P, T, W>(smem, ks, vs, st, kv, tab, c0 + S * TILE, 0, min(TILE, hi - c0 - S * TILE), nkv,
+			    kvh * D, np, kn);
 		cp_async_commit();
 	}
 	cp_async_wait<0>();
@@ -621,7 +796,9 @@ cuda_qk(float *q, float *k, const float *v, int n_tok, const struct cuda_heads *
 {
 	dim3 grid((unsigned)n_tok, (unsigned)((hd->n_head + hd->n_head_kv + QK_WARPS - 1) / QK_WARPS));
 
-	if (kv->f32)
+	if (kv->q8)
+		CK(cuda_launch(qk_kernel<int8_t>, dim3(grid), dim3(QK_WARPS * WARP), 0, st, q, k, v, *hd, *kv));
+	else if (kv->f32)
 		CK(cuda_launch(qk_kernel<float>, dim3(grid), dim3(QK_WARPS * WARP), 0, st, q, k, v, *hd, *kv));
 	else
 		CK(cuda_launch(qk_kernel<__half>, dim3(grid), dim3(QK_WARPS * WARP), 0, st, q, k, v, *hd, *kv));
@@ -646,54 +823,56 @@ cuda_attention_part_rows(int device)
 template <int E>
 static constexpr bool attn_wide_splits = (ATT_WIDE_WARPS * WARP) % (WARP * E) == 0;
 
-template <int E, typename T>
+template <int E, typename P, typename T>
 static int
 attn_wide_fits(int dev, char *err)
 {
 	int most = 0;
 
 	CK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-	return attn_smem_bytes<T>(WARP * E, ATT_WIDE_WARPS) <= (size_t)most;
+	return attn_smem_bytes<P, T>(WARP * E, ATT_WIDE_WARPS) <= (size_t)most;
 }
 
-/* Lets attn_kernel<E, T, W> have its shared memory on the current device (past 48 KB it must be asked for). */
-template <int E, typename T, int W>
+/* Lets attn_kernel<E, P, T, W> have its shared memory on the current device (past 48 KB it must be asked for). */
+template <int E, typename P, typename T, int W>
 static int
 attn_smem_limit(char *err)
 {
-	size_t smem = attn_smem_bytes<T>(WARP * E, W);
+	size_t smem = attn_smem_bytes<P, T>(WARP * E, W);
 
 	if (smem > 48 * 1024)
-		CK(cudaFuncSetAttribute(attn_kernel<E, T, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		CK(cudaFuncSetAttribute(attn_kernel<E, P, T, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 	return 0;
 }
 
 /* Both widths, the wide one where it serves (launches never raise the limit: see cuda_attention_setup). */
-template <int E, typename T>
+template <int E, typename P, typename T>
 static int
 attn_smem_limits_t(char *err)
 {
-	int rc = attn_smem_limit<E, T, ATT_WARPS>(err), wide, dev;
+	int rc = attn_smem_limit<E, P, T, ATT_WARPS>(err), wide, dev;
 
 	if constexpr (attn_wide_splits<E>) {
 		if (rc != 0)
 			return rc;
 		CK(cudaGetDevice(&dev));
-		if ((wide = attn_wide_fits<E, T>(dev, err)) <= 0)
+		if ((wide = attn_wide_fits<E, P, T>(dev, err)) <= 0)
 			return wide;
-		return attn_smem_limit<E, T, ATT_WIDE_WARPS>(err);
+		return attn_smem_limit<E, P, T, ATT_WIDE_WARPS>(err);
 	}
 	return rc;
 }
 
-/* Both pool element types. */
+/* Every pool: fp16, fp32 (exact), q8 widened to fp16 or (exact) to fp32. */
 template <int E>
 static int
 attn_smem_limits(char *err)
 {
-	int rc = attn_smem_limits_t<E, __half>(err);
+	int rc = attn_smem_limits_t<E, __half, __half>(err);
 
-	return rc != 0 ? rc : attn_smem_limits_t<E, float>(err);
+	rc = rc != 0 ? rc : attn_smem_limits_t<E, float, float>(err);
+	rc = rc != 0 ? rc : attn_smem_limits_t<E, int8_t, __half>(err);
+	return rc != 0 ? rc : attn_smem_limits_t<E, int8_t, float>(err);
 }
 
 int
@@ -713,48 +892,52 @@ cuda_attention_setup(int head_dim, char *err)
 }
 
 /*
- * Launches attn_kernel<E, T, W> with its shared memory (cuda_attention_setup
+ * Launches attn_kernel<E, P, T, W> with its shared memory (cuda_attention_setup
  * raised the limit): ATT_WIDE_WARPS where that width serves the head_dim
  * and the grid is one wave of it (at most ATT_WIDE_PER_SM blocks a
  * multiprocessor, as many as fit), else ATT_WARPS.
  */
-template <int E, typename T>
+template <int E, typename P, typename T>
 static int
 attn_launch_t(dim3 grid, int dev, int sms, const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16,
     float *part, int n_split,
     const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
 	if constexpr (attn_wide_splits<E>) {
-		size_t smem = attn_smem_bytes<T>(WARP * E, ATT_WIDE_WARPS);
+		size_t smem = attn_smem_bytes<P, T>(WARP * E, ATT_WIDE_WARPS);
 		int64_t blocks = (int64_t)grid.x * grid.y;
 		int per = 0, wide = 0;
 
-		if (blocks <= (int64_t)ATT_WIDE_PER_SM * sms && (wide = attn_wide_fits<E, T>(dev, err)) < 0)
+		if (blocks <= (int64_t)ATT_WIDE_PER_SM * sms && (wide = attn_wide_fits<E, P, T>(dev, err)) < 0)
 			return wide;
 		if (wide)
-			CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attn_kernel<E, T, ATT_WIDE_WARPS>,
+			CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attn_kernel<E, P, T, ATT_WIDE_WARPS>,
 			    ATT_WIDE_WARPS * WARP, smem));
 		if (wide && blocks <= (int64_t)MIN(per, ATT_WIDE_PER_SM) * sms) {
-			CK(cuda_launch(attn_kernel<E, T, ATT_WIDE_WARPS>, grid, dim3(ATT_WIDE_WARPS * WARP), smem, st, q,
+			CK(cuda_launch(attn_kernel<E, P, T, ATT_WIDE_WARPS>, grid, dim3(ATT_WIDE_WARPS * WARP), smem, st, q,
 			    out, q8, h16, part, n_split, *hd, *kv));
 			return 0;
 		}
 	}
-	CK(cuda_launch(attn_kernel<E, T, ATT_WARPS>, grid, dim3(ATT_WARPS * WARP), attn_smem_bytes<T>(WARP * E, ATT_WARPS),
-	    st, q, out, q8, h16, part, n_split, *hd, *kv));
+	CK(cuda_launch(attn_kernel<E, P, T, ATT_WARPS>, grid, dim3(ATT_WARPS * WARP),
+	    attn_smem_bytes<P, T>(WARP * E, ATT_WARPS), st, q, out, q8, h16, part, n_split, *hd, *kv));
 	return 0;
 }
 
-/* attn_launch_t for the pool's element type. */
+/* attn_launch_t for the pool's element type and the tiles'. */
 template <int E>
 static int
 attn_launch(dim3 grid, int dev, int sms, const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16,
     float *part, int n_split,
     const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
+	if (kv->q8 && kv->f32)
+		return attn_launch_t<E, int8_t, float>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
+	if (kv->q8)
+		return attn_launch_t<E, int8_t, __half>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
 	if (kv->f32)
-		return attn_launch_t<E, float>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
-	return attn_launch_t<E, __half>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
+		return attn_launch_t<E, float, float>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
+	return attn_launch_t<E, __half, __half>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
 }
 
 int

@@ -14,10 +14,18 @@
  * [block][layer][K|V][KV_BLOCK_TOKENS][n_head_kv * head_dim], and where
  * this step's tokens sit in it: token t is at position tok_pos[t] of the
  * sequence whose block table starts at tables + tok_tab[t].
+ *
+ * With q8 (KV_Q8_0) a block's K (or V) of one layer is KV_BLOCK_TOKENS
+ * rows of n_head_kv * head_dim int8, then as many rows of a float scale
+ * for each 32 of them (a head's row is whole groups): a value is q * d,
+ * d = max |x| / 127 of its group, as the CPU's q8_0 cache. The kernels
+ * copy such rows into shared memory as they are and widen them there to
+ * the tiles' fp16 (fp32 with f32) before use, so that the arithmetic after
+ * is the unquantized pool's.
  */
 struct cuda_kv {
-	void *pool;        /* __half, or float with f32 */
-	size_t kv_stride;  /* elements of one block's K (or V) of one layer */
+	void *pool;        /* __half, float with f32, int8 and scales with q8 */
+	size_t kv_stride;  /* elements of one block's K (or V) of one layer; bytes with q8 */
 	int n_layer, layer;
 	const int32_t *tok_pos, *tok_tab, *tables;
 	/*
@@ -26,7 +34,8 @@ struct cuda_kv {
 	 */
 	float *part;
 	int64_t part_rows;
-	int f32;           /* the pool holds floats */
+	int f32;           /* exact mode: floats in the pool (unless q8) and in the tiles */
+	int q8;            /* the pool holds q8_0 rows (above) */
 	/*
 	 * Prefill on the tensor cores (flash.cu): fa_tiles[0] tiles follow,
 	 * each FLASH_TILE(first token, tokens) of one sequence's new tokens,
@@ -59,6 +68,16 @@ struct cuda_kv {
 	const float *k_new, *v_new;
 };
 
+/*
+ * Bytes of one token's K (or V) row of every KV head (nkv values) in the
+ * pool: fp16, fp32 in exact mode, with q8 int8 and a float scale a 32.
+ */
+static inline size_t
+kv_row_size(size_t nkv, int exact, int q8)
+{
+	return q8 ? nkv + nkv / 32 * sizeof(float) : nkv * (exact ? sizeof(float) : sizeof(__half));
+}
+
 /* Fewest positions in one piece of a split context, and most pieces. */
 #define ATT_SPLIT_MIN 128
 #define ATT_MAX_SPLITS 64
@@ -80,6 +99,33 @@ kv_index(const struct cuda_kv &kv, const int32_t *tab, int p, int kvsel, int nkv
 
 	return ((block * (size_t)kv.n_layer + (size_t)kv.layer) * 2 + (size_t)kvsel) * kv.kv_stride +
 	    (size_t)(p % KV_BLOCK_TOKENS) * (size_t)nkv + (size_t)head_off;
+}
+
+/* A q8 pool's byte offset of the scale of element head_off of position p (a multiple of 32: its group's first). */
+static __device__ __forceinline__ size_t
+kv_scale_index(const struct cuda_kv &kv, const int32_t *tab, int p, int kvsel, int nkv, int head_off)
+{
+	return kv_index(kv, tab, p - p % KV_BLOCK_TOKENS, kvsel, nkv, 0) + (size_t)KV_BLOCK_TOKENS * (size_t)nkv +
+	    ((size_t)(p % KV_BLOCK_TOKENS) * (size_t)(nkv / 32) + (size_t)(head_off / 32)) * sizeof(float);
+}
+
+/*
+ * A warp's 32 values of one q8 group (lane's x) quantized as the CPU's
+ * q8_0 cache does (cpu_q8.c's quantize32): lane's level into *q, the
+ * scale into *d by lane 0. Returns x as the pool gives it back (q * d);
+ * a group with a value that is not finite reads back as NaN.
+ */
+static __device__ __forceinline__ float
+kv_q8_put(float x, int8_t *q, float *d)
+{
+	float amax = warp_max(fabsf(x)), s = amax / 127.0f, id = s != 0.0f ? 1.0f / s : 0.0f, r = rintf(x * id);
+
+	if (__any_sync(FULL_MASK, !isfinite(x)))
+		s = __int_as_float(0x7fc00000), r = 0.0f;
+	*q = (int8_t)r;
+	if (threadIdx.x % WARP == 0)
+		*d = s;
+	return r * s;
 }
 
 /* One layer's heads. */

@@ -188,17 +188,17 @@ cuda_drop_graphs(struct backend *b)
 		}
 }
 
-/* Bytes of one K or V element of the pool. */
+/* Bytes of one element of the pool's kind (cuda_kv.kv_stride's unit). */
 static int
 kv_elem_size(const struct backend *b)
 {
-	return b->exact ? (int)sizeof(float) : (int)sizeof(__half);
+	return b->kv_q8 ? 1 : b->exact ? (int)sizeof(float) : (int)sizeof(__half);
 }
 
 static size_t
 kv_row_bytes(const struct backend *b)
 {
-	return (size_t)b->m->hp.n_head_kv * (size_t)b->m->hp.head_dim * (size_t)kv_elem_size(b);
+	return kv_row_size((size_t)b->m->hp.n_head_kv * (size_t)b->m->hp.head_dim, b->exact, b->kv_q8);
 }
 
 /* ---- forward ---- */
@@ -406,7 +406,7 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	struct cuda_heads hd = heads_of(b, l);
 	int fa = flash_grid(b, T);
 	struct cuda_kv kv = { b->kv, b->kv_stride, hp->n_layer, l, dev->pos, dev->tab, dev->tables,
-		b->att_part, b->att_part_rows, b->exact, fa ? dev->fa_tiles : NULL, fa ? dev->fa_tok : NULL, fa,
+		b->att_part, b->att_part_rows, b->exact, b->kv_q8, fa ? dev->fa_tiles : NULL, fa ? dev->fa_tok : NULL, fa,
 		b->att_len, b->step_bidir ? dev->end : NULL };
 	struct cuda_norm nm = { hp->norm_offset, hp->norm_eps };
 	struct cuda_q8 q8 = { NULL, NULL }, no_q8 = { NULL, NULL };
@@ -1146,9 +1146,9 @@ static int
 cuda_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char *err)
 {
 	size_t nkv = (size_t)b->m->hp.n_head_kv * (size_t)b->m->hp.head_dim;
-	size_t el = (size_t)kv_elem_size(b), pitch = b->kv_stride * el;
-	size_t per_block = (size_t)b->m->hp.n_layer * 2 * pitch;
-	char *kv = (char *)b->kv;
+	size_t pitch = b->kv_stride * (size_t)kv_elem_size(b), per_block = (size_t)b->m->hp.n_layer * 2 * pitch;
+	size_t rows = (size_t)n_tokens * (b->kv_q8 ? nkv : kv_row_bytes(b));
+	char *kv = (char *)b->kv, *src_at, *dst_at;
 
 	if (src < 0 || src >= b->kv_blocks || dst < 0 || dst >= b->kv_blocks ||
 	    n_tokens < 0 || n_tokens > KV_BLOCK_TOKENS)
@@ -1157,9 +1157,13 @@ cuda_kv_copy(struct backend *b, int32_t src, int32_t dst, int32_t n_tokens, char
 		return 0;
 	CK(cudaSetDevice(b->device));
 	/* the block's K and V of every layer: 2 * n_layer rows of n_tokens positions, a pitch apart */
-	CK(cudaMemcpy2DAsync(kv + (size_t)dst * per_block, pitch, kv + (size_t)src * per_block, pitch,
-	    (size_t)n_tokens * nkv * el, (size_t)b->m->hp.n_layer * 2,
-	    cudaMemcpyDeviceToDevice, b->stream));
+	src_at = kv + (size_t)src * per_block, dst_at = kv + (size_t)dst * per_block;
+	CK(cudaMemcpy2DAsync(dst_at, pitch, src_at, pitch, rows, (size_t)b->m->hp.n_layer * 2, cudaMemcpyDeviceToDevice,
+	    b->stream));
+	if (b->kv_q8) /* and their scales, after the block's int8 rows */
+		CK(cudaMemcpy2DAsync(dst_at + KV_BLOCK_TOKENS * nkv, pitch, src_at + KV_BLOCK_TOKENS * nkv, pitch,
+		    (size_t)n_tokens * (nkv / 32) * sizeof(float), (size_t)b->m->hp.n_layer * 2, cudaMemcpyDeviceToDevice,
+		    b->stream));
 	return 0;
 }
 

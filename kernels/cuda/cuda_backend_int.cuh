@@ -4,7 +4,9 @@
  * fills once and every step reads, and the few functions each half calls in
  * the other. Internal to those two files; kernels.h is the backend's face.
  *
- * KV pool: [block][layer][K|V][KV_BLOCK_TOKENS][n_head_kv * head_dim], fp16.
+ * KV pool: [block][layer][K|V][KV_BLOCK_TOKENS][n_head_kv * head_dim], fp16;
+ * with a q8_0 cache (--kv-type q8_0) int8 rows and their scales (the
+ * layout is attention.cuh's struct cuda_kv's).
  *
  * Exact mode (backend_opts.exact): the pool holds fp32 and every product
  * takes the fp32 matrix-vector path whatever the token count (never the
@@ -138,10 +140,11 @@ struct backend {
 	struct cuda_weight tok_embd, output;
 	float *out_norm;
 	float *inv_freq[2];          /* RoPE of full-attention and of sliding-window layers */
-	void *kv;                    /* __half, or float in exact mode */
-	int exact;                   /* backend_opts.exact: fp32 pool, fp32 products only */
+	void *kv;                    /* __half, or float in exact mode, or q8 rows (kv_q8) */
+	int exact;                   /* backend_opts.exact: fp32 pool (unless kv_q8), fp32 products only */
+	int kv_q8;                   /* backend_opts.kv_type KV_Q8_0 */
 	int64_t kv_blocks;
-	size_t kv_stride;            /* elements of one block's K (or V) of one layer */
+	size_t kv_stride;            /* elements of one block's K (or V) of one layer; bytes with kv_q8 */
 	int max_tokens;
 	/* activations, max_tokens rows each (logits: LOGIT_ROWS) */
 	float *x, *h, *q, *k, *v, *att, *gate, *up, *ffn_out, *logits;

@@ -767,9 +767,9 @@ plan_sizes(const struct model_desc *m, const struct backend_opts *o, struct mats
 	struct dims d = model_dims(&m->hp, o);
 	int rc, sms = 0;
 
-	if (o->kv_type != KV_F16)
-		return err_set(err, ERR_UNSUPPORTED, "a %s KV cache is held by the CPU backend only so far: use "
-		    "--kv-type f16 on the GPU", kv_type_name(o->kv_type));
+	if (o->kv_type == KV_Q8_0 && m->hp.head_dim % 32 != 0)
+		return err_set(err, ERR_UNSUPPORTED, "a q8_0 KV cache needs heads of a multiple of 32 values (this "
+		    "model's have %d): use --kv-type f16", m->hp.head_dim);
 	if ((rc = check_model(m, x->t, x->n, err)) != 0)
 		return rc;
 	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o->device));
@@ -787,7 +787,7 @@ plan_sizes(const struct model_desc *m, const struct backend_opts *o, struct mats
 			z->stage = MAX(z->stage, 2 * form_bytes(m, x, l));
 	z->hot = hot_bytes(m, o, x);
 	z->part_elems = o->exact ? 0 : cuda_qgemm_part_elems(sms);
-	z->kv_block = (size_t)m->hp.n_layer * 2 * KV_BLOCK_TOKENS * d.nkv * (o->exact ? sizeof(float) : sizeof(__half));
+	z->kv_block = (size_t)m->hp.n_layer * 2 * KV_BLOCK_TOKENS * kv_row_size(d.nkv, o->exact, o->kv_type == KV_Q8_0);
 	z->act = activation_bytes(&d) + (size_t)z->wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(o->device, &m->hp) +
 	    floats_bytes(small_floats(m)) + floats_bytes((size_t)z->part_elems);
 	return 0;
@@ -1247,8 +1247,10 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	    (rc = cuda_attention_setup(m->hp.head_dim, err)) != 0 || (rc = cuda_qgemm_setup(err)) != 0)
 		goto out;
 	b->exact = o->exact != 0;
+	b->kv_q8 = o->kv_type == KV_Q8_0;
 	b->mm.part_elems = z.part_elems;
-	b->kv_stride = KV_BLOCK_TOKENS * d.nkv;
+	/* in elements of the pool's kind: bytes with q8 */
+	b->kv_stride = KV_BLOCK_TOKENS * (b->kv_q8 ? kv_row_size(d.nkv, b->exact, 1) : d.nkv);
 	kv_bytes = (size_t)o->kv_blocks * z.kv_block;
 	if ((rc = check_memory(z.weights + kv_bytes + z.act + z.stage + z.hot, z.weights, kv_bytes, z.act + z.stage + z.hot,
 	    err)) != 0 ||

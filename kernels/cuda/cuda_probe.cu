@@ -638,8 +638,8 @@ cuda_probe_glu(struct cuda_probe *p, float *a, const float *b, int n_rows, int n
 static size_t
 pool_bytes(const struct cuda_probe_heads *hd, const struct cuda_probe_kv *kv)
 {
-	return (size_t)kv->n_blocks * (size_t)kv->n_layer * 2 * KV_BLOCK_TOKENS * (size_t)hd->n_head_kv *
-	    (size_t)hd->head_dim * (kv->f32 ? sizeof(float) : sizeof(__half));
+	return (size_t)kv->n_blocks * (size_t)kv->n_layer * 2 * KV_BLOCK_TOKENS *
+	    kv_row_size((size_t)hd->n_head_kv * (size_t)hd->head_dim, kv->f32, kv->q8);
 }
 
 /* Refuses heads and token placements that would send a kernel outside its buffers. */
@@ -705,9 +705,11 @@ heads_upload(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_head
 	ch->sinks = NULL;
 	ck->pool = d[6];
 	ck->f32 = kv->f32;
+	ck->q8 = kv->q8;
 	ck->part = NULL;
 	ck->part_rows = 0;
-	ck->kv_stride = KV_BLOCK_TOKENS * (size_t)hd->n_head_kv * (size_t)hd->head_dim;
+	ck->kv_stride = KV_BLOCK_TOKENS * (kv->q8 ? kv_row_size((size_t)hd->n_head_kv * (size_t)hd->head_dim, 0, 1) :
+	    (size_t)hd->n_head_kv * (size_t)hd->head_dim);
 	ck->n_layer = kv->n_layer, ck->layer = kv->layer;
 	ck->tok_pos = (const int32_t *)d[7], ck->tok_tab = (const int32_t *)d[8];
 	ck->tables = (const int32_t *)d[9];

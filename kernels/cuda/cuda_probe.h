@@ -172,7 +172,7 @@ struct cuda_probe_heads {
  * (token, head) in one piece. flash: the tokens of sequences with at
  * least FLASH_MIN_TOKENS (attention.cuh) new ones go to the tensor-core
  * prefill kernel in tiles, as the backend sends them, where it serves the
- * heads (fp16 pool, a group of query heads that divides a tile); the
+ * heads (fp16 or q8 pool, a group of query heads that divides a tile); the
  * launch has a few blocks more than tiles, as a step's fixed launch has.
  * Tokens of one sequence are consecutive, with one table and consecutive
  * positions.
@@ -185,6 +185,7 @@ struct cuda_probe_kv {
 	int f32;
 	int split;
 	int flash;
+	int q8;     /* the pool holds q8 rows (attention.cuh), widened to fp32 tiles with f32 */
 };
 
 /*

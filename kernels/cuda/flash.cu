@@ -14,6 +14,11 @@
  * A fragments of P V in registers. Causal and sliding-window masks are
  * applied per row; positions past the tile's last token are zeros.
  *
+ * A q8 pool's rows (attention.cuh) come into two stages as they are, and
+ * the stage in use is widened into one fp16 stage of K and V before its
+ * products: the copies stay a tile ahead, and the products are the fp16
+ * pool's.
+ *
  * Tiles come from the host per step (kv->fa_tiles); the blocks of a launch
  * beyond their count return at once, so that one launch shape (one graph)
  * serves every step of a token count. Tiles run longest context first.
@@ -26,11 +31,84 @@
 #define FA_PAD 8     /* fp16 after each shared-memory row: ldmatrix meets no bank conflicts */
 #define LOG2E 1.4426950408889634f
 
-/* Shared memory of fa_kernel<D>: the queries, two stages of K and of V. */
-static constexpr size_t
-fa_smem_bytes(int d)
+#define FA_Q8_PAD 16 /* bytes after each int8 row of a q8 stage */
+
+/* Bytes of a q8 stage: K's rows, V's, K's scales, V's. */
+static constexpr __host__ __device__ size_t
+fa_q8_stage(int d)
 {
-	return (size_t)(FLASH_ROWS + 4 * FA_KV) * (size_t)(d + FA_PAD) * sizeof(__half);
+	return (size_t)2 * FA_KV * (size_t)(d + FA_Q8_PAD + d / 32 * (int)sizeof(float));
+}
+
+/* Shared memory of fa_kernel<D, Q8>: the queries, two stages of K and of V (q8: one, and two q8 stages). */
+static constexpr size_t
+fa_smem_bytes(int d, bool q8)
+{
+	return (size_t)(FLASH_ROWS + (q8 ? 2 : 4) * FA_KV) * (size_t)(d + FA_PAD) * sizeof(__half) +
+	    (q8 ? 2 * fa_q8_stage(d) : 0);
+}
+
+/* fa_load_kv for a q8 pool: the rows as they are into stage st; those past last get scales of 0. */
+template <int D>
+static __device__ __forceinline__ void
+fa_load_q8(int8_t *st, const struct cuda_kv &kv, const int32_t *tab, int c0, int last, int nkv, int koff)
+{
+	constexpr int RQ = D + FA_Q8_PAD, G = D / 32;
+	const int8_t *pool = (const int8_t *)kv.pool;
+	int8_t *vs = st + FA_KV * RQ;
+	float *ksc = (float *)(vs + FA_KV * RQ), *vsc = ksc + FA_KV * G;
+
+	for (int i = threadIdx.x; i < FA_KV * (D / 16); i += FA_WARPS * WARP) {
+		int r = i / (D / 16), c = (i % (D / 16)) * 16, p = c0 + r;
+
+		if (p <= last) {
+			size_t ko = kv_index(kv, tab, p, 0, nkv, koff + c);
+
+			cp_async16(st + r * RQ + c, pool + ko);
+			cp_async16(vs + r * RQ + c, pool + ko + kv.kv_stride);
+		}
+	}
+	for (int i = threadIdx.x; i < FA_KV * G; i += FA_WARPS * WARP) {
+		int r = i / G, g = i % G, p = c0 + r;
+
+		if (p <= last) {
+			size_t so = kv_scale_index(kv, tab, p, 0, nkv, koff + 32 * g);
+
+			cp_async4(ksc + i, pool + so);
+			cp_async4(vsc + i, pool + so + kv.kv_stride);
+		} else {
+			ksc[i] = vsc[i] = 0.0f;
+		}
+	}
+}
+
+/*
+ * q8 stage st widened into the fp16 stage ks, vs. Rows past the context
+ * have scales of 0 and read as zeros (their int8 bytes are whatever the
+ * stage held), as fa_load_kv leaves them.
+ */
+template <int D>
+static __device__ __forceinline__ void
+fa_widen(__half *ks, __half *vs, const int8_t *st)
+{
+	constexpr int LD = D + FA_PAD, RQ = D + FA_Q8_PAD, G = D / 32;
+	const int8_t *vq = st + FA_KV * RQ;
+	const float *ksc = (const float *)(vq + FA_KV * RQ), *vsc = ksc + FA_KV * G;
+
+	for (int i = threadIdx.x; i < FA_KV * (D / 8); i += FA_WARPS * WARP) {
+		int r = i / (D / 8), c = (i % (D / 8)) * 8;
+		uint2 a = *(const uint2 *)(st + r * RQ + c), b = *(const uint2 *)(vq + r * RQ + c);
+		const int8_t *qa = (const int8_t *)&a, *qb = (const int8_t *)&b;
+		float da = ksc[r * G + c / 32], db = vsc[r * G + c / 32];
+		uint4 ka, va;
+
+		ka.x = pack_half2(qa[0] * da, qa[1] * da), ka.y = pack_half2(qa[2] * da, qa[3] * da);
+		ka.z = pack_half2(qa[4] * da, qa[5] * da), ka.w = pack_half2(qa[6] * da, qa[7] * da);
+		va.x = pack_half2(qb[0] * db, qb[1] * db), va.y = pack_half2(qb[2] * db, qb[3] * db);
+		va.z = pack_half2(qb[4] * db, qb[5] * db), va.w = pack_half2(qb[6] * db, qb[7] * db);
+		*(uint4 *)(ks + r * LD + c) = ka;
+		*(uint4 *)(vs + r * LD + c) = va;
+	}
 }
 
 /* Copies the K and V rows of positions c0 .. c0 + FA_KV - 1 into a stage; those past last are zeros. */
@@ -189,16 +267,29 @@ fa_values(const __half *vs, const float (&s)[8][4], int lane, float (&o)[D / 8][
 	}
 }
 
+/* Fills stage st of fa_kernel<D, Q8>'s shared memory (its fp16 stages ks, vs, or its q8 ones, q8s). */
+template <int D, bool Q8>
+static __device__ __forceinline__ void
+fa_fill(__half *ks, __half *vs, int8_t *q8s, int st, const struct cuda_kv &kv, const int32_t *tab, int c0, int last,
+    int nkv, int koff)
+{
+	if constexpr (Q8)
+		fa_load_q8<D>(q8s + st * fa_q8_stage(D), kv, tab, c0, last, nkv, koff);
+	else
+		fa_load_kv<D>(ks + st * FA_KV * (D + FA_PAD), vs + st * FA_KV * (D + FA_PAD), kv, tab, c0, last, nkv, koff);
+}
+
 /* Block (tile blockIdx.x counted from the last, KV head blockIdx.y). */
-template <int D>
+template <int D, bool Q8>
 __global__ void __launch_bounds__(FA_WARPS * WARP)
 fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_heads hp, struct cuda_kv kv)
 {
 	pdl_wait();
 	pdl_trigger();
-	constexpr int LD = D + FA_PAD;
+	constexpr int LD = D + FA_PAD, NS = Q8 ? 1 : 2; /* fp16 stages */
 	extern __shared__ __align__(16) unsigned char smem[];
-	__half *qs = (__half *)smem, *ks = qs + FLASH_ROWS * LD, *vs = ks + 2 * FA_KV * LD;
+	__half *qs = (__half *)smem, *ks = qs + FLASH_ROWS * LD, *vs = ks + NS * FA_KV * LD;
+	int8_t *q8s = (int8_t *)(vs + NS * FA_KV * LD);
 	int n_tiles = kv.fa_tiles[0];
 
 	if ((int)blockIdx.x >= n_tiles)
@@ -225,18 +316,22 @@ fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_head
 	for (int j = 0; j < D / 8; j++)
 		o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 	fa_load_q<D>(qs, q, hp, t0, nt, kvh, group);
-	fa_load_kv<D>(ks, vs, kv, tab, c_begin, last, nkv, kvh * D);
+	fa_fill<D, Q8>(ks, vs, q8s, 0, kv, tab, c_begin, last, nkv, kvh * D);
 	cp_async_commit();
 	for (int c0 = c_begin, st = 0; c0 <= last; c0 += FA_KV, st ^= 1) {
 		float s[8][4], corr[2];
+		int at = Q8 ? 0 : st; /* the fp16 stage in use */
 
 		if (c0 + FA_KV <= last)
-			fa_load_kv<D>(ks + (st ^ 1) * FA_KV * LD, vs + (st ^ 1) * FA_KV * LD, kv, tab, c0 + FA_KV, last,
-			    nkv, kvh * D);
+			fa_fill<D, Q8>(ks, vs, q8s, st ^ 1, kv, tab, c0 + FA_KV, last, nkv, kvh * D);
 		cp_async_commit();
 		cp_async_wait<1>();
 		__syncthreads();
-		fa_scores<D>(qs, ks + st * FA_KV * LD, warp, lane, s);
+		if constexpr (Q8) {
+			fa_widen<D>(ks, vs, q8s + st * fa_q8_stage(D));
+			__syncthreads();
+		}
+		fa_scores<D>(qs, ks + at * FA_KV * LD, warp, lane, s);
 		corr[0] = fa_softmax_row(rows[0], s, 0, c0, lane);
 		corr[1] = fa_softmax_row(rows[1], s, 1, c0, lane);
 #pragma unroll
@@ -244,7 +339,7 @@ fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_head
 			o[j][0] *= corr[0], o[j][1] *= corr[0];
 			o[j][2] *= corr[1], o[j][3] *= corr[1];
 		}
-		fa_values<D>(vs + st * FA_KV * LD, s, lane, o);
+		fa_values<D>(vs + at * FA_KV * LD, s, lane, o);
 		__syncthreads(); /* the stage is refilled next */
 	}
 	cp_async_wait<0>();
@@ -273,7 +368,7 @@ cuda_flash_usable(const struct cuda_heads *hd, int f32, int *tile_tokens)
 	return 1;
 }
 
-/* Launches fa_kernel<D>, whose shared-memory limit cuda_flash_setup raised. */
+/* Launches fa_kernel<D, Q8> for the pool, whose shared-memory limit cuda_flash_setup raised. */
 template <int D>
 static int
 fa_launch(const float *q, float *out, const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st,
@@ -281,7 +376,12 @@ fa_launch(const float *q, float *out, const struct cuda_heads *hd, const struct 
 {
 	dim3 grid((unsigned)kv->fa_grid, (unsigned)hd->n_head_kv);
 
-	CK(cuda_launch(fa_kernel<D>, dim3(grid), dim3(FA_WARPS * WARP), fa_smem_bytes(D), st, q, out, *hd, *kv));
+	if (kv->q8)
+		CK(cuda_launch(fa_kernel<D, true>, dim3(grid), dim3(FA_WARPS * WARP), fa_smem_bytes(D, true), st, q, out,
+		    *hd, *kv));
+	else
+		CK(cuda_launch(fa_kernel<D, false>, dim3(grid), dim3(FA_WARPS * WARP), fa_smem_bytes(D, false), st, q,
+		    out, *hd, *kv));
 	return 0;
 }
 
@@ -306,8 +406,10 @@ cuda_flash_setup(int head_dim, char *err)
 	switch (head_dim) {
 #define D_CASE(D) \
 	case D: \
-		CK(cudaFuncSetAttribute(fa_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-		    (int)fa_smem_bytes(D))); \
+		CK(cudaFuncSetAttribute(fa_kernel<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+		    (int)fa_smem_bytes(D, false))); \
+		CK(cudaFuncSetAttribute(fa_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+		    (int)fa_smem_bytes(D, true))); \
 		return 0;
 	D_CASE(32) D_CASE(64) D_CASE(96) D_CASE(128) D_CASE(160) D_CASE(192) D_CASE(224) D_CASE(256)
 #undef D_CASE

@@ -1353,7 +1353,7 @@ cuda_matmul_qkv_fits(const struct cuda_mm *m, const struct cuda_weight *const *w
 	int shape = w[0]->n == nq && w[1]->n == nkv && w[2]->n == nkv;
 
 	return n_tok >= 1 && types && one_launch && shape && !hd->neox && hd->q_norm == NULL && hd->k_norm == NULL &&
-	    !kv->f32;
+	    !kv->f32 && !kv->q8;
 }
 
 int

@@ -25,6 +25,15 @@ cp_async16(void *smem, const void *gmem)
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
 }
 
+/* 4 bytes likewise, through L1 (the 16-byte form alone may skip it). */
+static __device__ __forceinline__ void
+cp_async4(void *smem, const void *gmem)
+{
+	unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+
+	asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(gmem));
+}
+
 /* As cp_async16, but only the first n (0 or 16) bytes are read; the rest of the 16 are zeros. */
 static __device__ __forceinline__ void
 cp_async16_zfill(void *smem, const void *gmem, int n)

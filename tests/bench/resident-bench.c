@@ -468,8 +468,8 @@ usage(FILE *fp)
 	    "      --exact          float activations in every product (default: 8-bit ones for\n"
 	    "                       quantized weights on the CPU; on CUDA fp16 ones for long\n"
 	    "                       prompts and an fp16 KV cache, here fp32)\n"
-	    "      --kv-type f16|q8_0  how the KV cache holds keys and values (default f16; q8_0: the\n"
-	    "                       CPU backend only so far)\n"
+	    "      --kv-type f16|q8_0  how the KV cache holds keys and values (default f16; q8_0: 8 bits\n"
+	    "                       and a scale for each 32)\n"
 	    "  -h, --help\n"
 	    "A header line names the device and its measured read bandwidth; tg rows show the\n"
 	    "bytes a decode step reads (weights + KV) per second, and that as %% of the bandwidth.\n");

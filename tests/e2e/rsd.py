@@ -410,10 +410,10 @@ def as_uid(uid, gid, fn):
     return out["value"]
 
 
-def cpu_logits_row(model, ids, tmp):
-    """The CPU backend's logits after ids (the last row of `resident-model logits`)."""
+def cpu_logits_row(model, ids, tmp, extra=()):
+    """The CPU backend's logits after ids (the last row of `resident-model logits`, with extra flags)."""
     out = os.path.join(tmp, "logits.f32")
-    subprocess.run([tool("resident-model"), "logits", model, "--exact", "--out", out] +
+    subprocess.run([tool("resident-model"), "logits", model, "--exact", "--out", out] + list(extra) +
                    [str(t) for t in ids],
                    check=True, stdout=subprocess.DEVNULL)
     with open(out, "rb") as f:

@@ -3,9 +3,10 @@
  * kernels/cuda/cuda_probe.h: RoPE with the KV write (cuda_qk), the same
  * fused into the Q/K/V product (cuda_matmul_qkv) and its refusals, and
  * attention (one piece, split and merged, prefill tiles on the tensor
- * cores, and for one token with qk's work in it) over fp16 and fp32 pools,
- * against the CPU backend's, a float64 reference or qk then attention. The inputs, tolerances and the skip without a GPU are
- * cuda_ops_common.h's.
+ * cores, and for one token with qk's work in it) over fp16 and fp32 pools
+ * and q8_0 ones (widened to fp16 tiles, or to fp32 in exact mode), against
+ * the CPU backend's, a float64 reference or qk then attention. The inputs,
+ * tolerances and the skip without a GPU are cuda_ops_common.h's.
  */
 #include "config.h"
 #include "cpu_ops.h"
@@ -32,7 +33,13 @@
 #define MAX_TAB 128
 #define N_LAYER 3       /* layers of the KV pool; the heads use the middle one */
 #define POISON16 0xffff /* an fp16 NaN: what the pool holds where nothing was written */
-#define POISON32 0xffffffffu /* the same in an fp32 pool */
+#define POISON32 0xffffffffu /* the same in an fp32 pool, and a q8 pool's scale */
+#define POISON8 (-128)       /* a q8 pool's level that no quantization makes */
+/* The pools tried: fp16, fp32 (exact), q8 widened to fp16 tiles, q8 widened to fp32 tiles (exact). */
+#define N_KINDS 4
+#define KIND_F32(k) ((k) & 1)
+#define KIND_Q8(k) ((k) >> 1)
+static const char *const kind_names[N_KINDS] = { "fp16", "fp32", "q8 (fp16 tiles)", "q8 (fp32 tiles)" };
 
 /* ---- heads: RoPE, the KV write, attention ---- */
 
@@ -100,54 +107,112 @@ pool_len(const struct cuda_probe_heads *hd, const struct place *pl)
 	    (size_t)hd->head_dim;
 }
 
-/* A KV pool on the host: fp16 bits, or floats (f32) as the exact mode keeps them. */
+/*
+ * A KV pool on the host: fp16 bits, or floats (f32) as the exact mode keeps
+ * them, or q8 rows (kernels/cuda/attention.cuh: a block's K of one layer is
+ * its int8 rows, then a float scale for each 32 of them), n elements of
+ * nkv a row, indexed as pool_at counts them.
+ */
 struct kv_pool {
 	void *data;
-	size_t n;
-	int f32;
+	size_t n, nkv;
+	int f32, q8;
 };
 
-/* n elements, all poison. */
-static struct kv_pool
-pool_new(size_t n, int f32)
+static size_t
+pool_bytes(const struct kv_pool *kp)
 {
-	struct kv_pool kp = { xmalloc(n * (f32 ? 4 : 2)), n, f32 };
+	return kp->q8 ? kp->n + kp->n / 32 * sizeof(float) : kp->n * (kp->f32 ? 4 : 2);
+}
 
+/* A q8 pool's level and scale of element i. */
+static int8_t *
+q8_level(const struct kv_pool *kp, size_t i)
+{
+	size_t region = (size_t)KV_BLOCK_TOKENS * kp->nkv;
+
+	return (int8_t *)kp->data + i / region * (region + region / 32 * sizeof(float)) + i % region;
+}
+
+static float *
+q8_scale(const struct kv_pool *kp, size_t i)
+{
+	size_t region = (size_t)KV_BLOCK_TOKENS * kp->nkv;
+
+	return (float *)((char *)kp->data + i / region * (region + region / 32 * sizeof(float)) + region +
+	    i % region / 32 * sizeof(float));
+}
+
+/* n elements of rows of nkv, all poison. */
+static struct kv_pool
+pool_new(size_t n, size_t nkv, int kind)
+{
+	struct kv_pool kp = { NULL, n, nkv, KIND_F32(kind), KIND_Q8(kind) };
+
+	kp.data = xmalloc(pool_bytes(&kp));
 	for (size_t i = 0; i < n; i++)
-		if (f32)
+		if (kp.q8) {
+			*q8_level(&kp, i) = POISON8;
+			memcpy(q8_scale(&kp, i), &(uint32_t){ POISON32 }, sizeof(float));
+		} else if (kp.f32) {
 			((uint32_t *)kp.data)[i] = POISON32;
-		else
+		} else {
 			((uint16_t *)kp.data)[i] = POISON16;
+		}
 	return kp;
 }
 
+/* Element i as the attention kernels use it: a q8 pool's q * d in float, then in fp16 unless f32 (the tiles'). */
 static double
 pool_get(const struct kv_pool *kp, size_t i)
 {
+	if (kp->q8) {
+		float x = (float)*q8_level(kp, i) * *q8_scale(kp, i);
+
+		return kp->f32 ? x : fp16_to_fp32(fp32_to_fp16(x));
+	}
 	return kp->f32 ? (double)((const float *)kp->data)[i] : fp16_to_fp32(((const uint16_t *)kp->data)[i]);
 }
 
-/* Stores x as the pool's type holds it. */
+/* Elements i .. i + d - 1 (a head's row) random in [-1, 1]: a q8 pool's levels and scales themselves. */
 static void
-pool_set(struct kv_pool *kp, size_t i, float x)
+pool_fill(struct kv_pool *kp, size_t i, int d)
 {
-	if (kp->f32)
-		((float *)kp->data)[i] = x;
-	else
-		((uint16_t *)kp->data)[i] = fp32_to_fp16(x);
+	for (int j = 0; j < d; j++)
+		if (kp->q8) {
+			*q8_level(kp, i + j) = (int8_t)((int)(rnd() % 255) - 127);
+			if (j % 32 == 0)
+				*q8_scale(kp, i + j) = unif(0.5f, 1.0f) / 127;
+		} else if (kp->f32) {
+			((float *)kp->data)[i + j] = unif(-1, 1);
+		} else {
+			((uint16_t *)kp->data)[i + j] = fp32_to_fp16(unif(-1, 1));
+		}
 }
 
 static int
 pool_poisoned(const struct kv_pool *kp, size_t i)
 {
+	uint32_t sb;
+
+	if (kp->q8) {
+		memcpy(&sb, q8_scale(kp, i), sizeof sb);
+		return *q8_level(kp, i) == POISON8 && sb == POISON32;
+	}
 	return kp->f32 ? ((const uint32_t *)kp->data)[i] == POISON32 : ((const uint16_t *)kp->data)[i] == POISON16;
+}
+
+static const char *
+pool_name(const struct kv_pool *kp)
+{
+	return kind_names[kp->q8 * 2 + kp->f32];
 }
 
 static struct cuda_probe_kv
 probe_kv(struct place *pl, struct kv_pool *kp, int split, int flash)
 {
 	struct cuda_probe_kv kv = { kp->data, pl->n_blocks, N_LAYER, 1, pl->tok_pos, pl->tok_tab, pl->tables,
-		pl->n_tables, kp->f32, split, flash };
+		pl->n_tables, kp->f32, split, flash, kp->q8 };
 
 	return kv;
 }
@@ -204,7 +269,8 @@ cpu_head(float *x, const float *bias, const float *nw, const struct cuda_probe_h
 
 /*
  * Checks one K or V head in the pool against its reference (fp16 rounding
- * allowed in an fp16 pool); marks it written.
+ * allowed in an fp16 pool or tile, half a q8 level in a q8 pool: the
+ * largest of its group over 254); marks it written.
  */
 static double
 check_pool_head(const char *what, const struct kv_pool *kp, uint8_t *written, const float *ref,
@@ -217,6 +283,9 @@ check_pool_head(const char *what, const struct kv_pool *kp, uint8_t *written, co
 		double g = pool_get(kp, at);
 		double bound = (kp->f32 ? 0 : ldexp(fabs((double)ref[i]), -11)) + TOL_F32 * m;
 
+		if (kp->q8)
+			bound += max_abs(ref + i / 32 * 32, 32) / 254 + TOL_F32 * m;
+
 		if (!(fabs(g - ref[i]) <= bound))
 			fail_msg("%s: token %d %s head %d element %d: gpu %g cpu %g", what, t, kv ? "V" : "K",
 			    h, i, g, ref[i]);
@@ -228,7 +297,7 @@ check_pool_head(const char *what, const struct kv_pool *kp, uint8_t *written, co
 
 /* One head configuration of cuda_qk: q in place, K and V in the pool, nothing else written. */
 static double
-qk_case(size_t c, int f32)
+qk_case(size_t c, int kind)
 {
 	struct place pl;
 	float *bq = rand_floats(8 * 256, -0.5f, 0.5f), *bk = rand_floats(8 * 256, -0.5f, 0.5f);
@@ -253,11 +322,11 @@ qk_case(size_t c, int f32)
 	v = rand_floats((size_t)pl.n_tok * nkv, -2, 2);
 	qr = xmalloc((size_t)pl.n_tok * nq * sizeof *qr);
 	memcpy(qr, q, (size_t)pl.n_tok * nq * sizeof *q);
-	kp = pool_new(np, f32);
+	kp = pool_new(np, (size_t)nkv, kind);
 	written = xcalloc(np, 1);
 	kv = probe_kv(&pl, &kp, 0, 0);
 	snprintf(what, sizeof what, "qk head_dim %d, %d/%d heads, neox %d, bias %d, qk_norm %d, %s pool", d,
-	    hd.n_head, hd.n_head_kv, hd.neox, hd.bq != NULL, hd.q_norm != NULL, f32 ? "fp32" : "fp16");
+	    hd.n_head, hd.n_head_kv, hd.neox, hd.bq != NULL, hd.q_norm != NULL, pool_name(&kp));
 	if (cuda_probe_qk(probe, &hd, &kv, q, k, v, pl.n_tok, err) != 0)
 		fail_msg("%s: %s", what, err);
 	for (int t = 0; t < pl.n_tok; t++) {
@@ -288,13 +357,13 @@ static void
 test_qk(void **state)
 {
 	(void)state;
-	for (int f32 = 0; f32 < 2; f32++) {
+	for (int kind = 0; kind < N_KINDS; kind++) {
 		double worst = 0;
 
 		for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++)
-			worst = fmax(worst, qk_case(c, f32));
-		print_message("qk, %s pool: max error / head max %.2e (bound %.0e%s)\n", f32 ? "fp32" : "fp16",
-		    worst, TOL_F32, f32 ? "" : ", plus fp16 rounding in the pool");
+			worst = fmax(worst, qk_case(c, kind));
+		print_message("qk, %s pool: max error / head max %.2e (bound %.0e%s%s)\n", kind_names[kind], worst, TOL_F32,
+		    KIND_F32(kind) ? "" : ", plus fp16 rounding", KIND_Q8(kind) ? ", plus half a level" : "");
 	}
 }
 
@@ -335,7 +404,7 @@ qkv_case(const struct cuda_probe_heads *hd, uint32_t a, uint32_t b, const struct
 	qr = xmalloc((size_t)pl.n_tok * nq * sizeof *qr), kr = xmalloc((size_t)pl.n_tok * nkv * sizeof *kr);
 	vr = xmalloc((size_t)pl.n_tok * nkv * sizeof *vr);
 	np = pool_len(hd, &pl);
-	kp = pool_new(np, 0), kpr = pool_new(np, 0);
+	kp = pool_new(np, (size_t)nkv, 0), kpr = pool_new(np, (size_t)nkv, 0);
 	kv = probe_kv(&pl, &kp, 0, 0), kvr = probe_kv(&pl, &kpr, 0, 0);
 	if (cuda_probe_qkv(probe, &w, same ? NULL : &w2, x, pl.n_tok, path, hd, &kv, q, err) != 0)
 		fail_msg("%s: %s", what, err);
@@ -364,9 +433,9 @@ qkv_case(const struct cuda_probe_heads *hd, uint32_t a, uint32_t b, const struct
 	return worst;
 }
 
-/* cuda_matmul_qkv must refuse these heads, this pool (fp32 if f32) or this many tokens on a path, and write nothing. */
+/* cuda_matmul_qkv must refuse these heads, this pool (of a kind) or this many tokens on a path, and write nothing. */
 static void
-qkv_refused(const struct cuda_probe_heads *hd, const struct seq_spec *seqs, int n_seqs, int f32,
+qkv_refused(const struct cuda_probe_heads *hd, const struct seq_spec *seqs, int n_seqs, int kind,
     enum cuda_probe_path path)
 {
 	int nq = hd->n_head * hd->head_dim;
@@ -382,7 +451,7 @@ qkv_refused(const struct cuda_probe_heads *hd, const struct seq_spec *seqs, int 
 	t = random_weight(TT_Q4_K, 512, nq + 2 * hd->n_head_kv * hd->head_dim, &wf);
 	w = probe_weight(&t);
 	x = rand_floats((size_t)pl.n_tok * 512, -1, 1), q = nan_floats((size_t)pl.n_tok * nq);
-	kp = pool_new(pool_len(hd, &pl), f32);
+	kp = pool_new(pool_len(hd, &pl), (size_t)hd->n_head_kv * (size_t)hd->head_dim, kind);
 	kv = probe_kv(&pl, &kp, 0, 0);
 	assert_int_equal(cuda_probe_qkv(probe, &w, NULL, x, pl.n_tok, path, hd, &kv, q, err), ERR_UNSUPPORTED);
 	for (size_t i = 0; i < (size_t)pl.n_tok * nq; i++)
@@ -462,8 +531,10 @@ test_qkv(void **state)
 			qkv_refused(&hd, two, 2, 0, CUDA_PROBE_FEW);
 			continue;
 		}
-		qkv_refused(&hd, one, 1, 1, CUDA_PROBE_INT8);
-		qkv_refused(&hd, two, 2, 1, CUDA_PROBE_FEW);
+		for (int kind = 1; kind < N_KINDS; kind++) { /* fp32 and q8 pools: qk_kernel stores them */
+			qkv_refused(&hd, one, 1, kind, CUDA_PROBE_INT8);
+			qkv_refused(&hd, two, 2, kind, CUDA_PROBE_FEW);
+		}
 		qkv_refused(&hd, three, 1, 0, CUDA_PROBE_INT8);
 		qkv_refused(&hd, nine, 2, 0, CUDA_PROBE_FEW);
 		for (int v = 0; v < 8; v++) {
@@ -527,7 +598,7 @@ ref_attention(const float *qh, const struct kv_pool *kp, const struct cuda_probe
  * against the floats the kernel wrote.
  */
 static double
-attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int split, int flash)
+attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int kind, int split, int flash)
 {
 	struct place pl;
 	struct cuda_probe_heads hd = heads_cfg(c, NULL, NULL, NULL, NULL, NULL);
@@ -540,13 +611,12 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int s
 	double worst = 0, vmax;
 
 	place_seqs(&pl, seqs, n_seqs);
-	kp = pool_new(pool_len(&hd, &pl), f32);
+	kp = pool_new(pool_len(&hd, &pl), (size_t)hd.n_head_kv * d, kind);
 	for (int s = 0; s < pl.n_seqs; s++)
 		for (int p = 0; p < pl.len[s]; p++)
 			for (int kvs = 0; kvs < 2; kvs++)
 				for (int h = 0; h < hd.n_head_kv; h++)
-					for (int i = 0; i < d; i++)
-						pool_set(&kp, pool_at(&hd, &pl, pl.tab0[s], p, kvs, h, i), unif(-1, 1));
+					pool_fill(&kp, pool_at(&hd, &pl, pl.tab0[s], p, kvs, h, 0), d);
 	/* queries large enough that the softmax is far from uniform */
 	q = rand_floats((size_t)pl.n_tok * nq, -4, 4);
 	out = nan_floats((size_t)pl.n_tok * nq);
@@ -554,11 +624,10 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int s
 	double tol = flash ? TOL_FLASH : TOL_ATTN;
 	if (!flash)
 		q8 = xmalloc((size_t)pl.n_tok * 2 * nq), q8d = nan_floats((size_t)pl.n_tok * nq / 16);
-	if (!flash && !f32)
+	if (!flash && !kp.f32)
 		h16 = xmalloc((size_t)pl.n_tok * nq * sizeof *h16), h16s = nan_floats((size_t)pl.n_tok);
 	if (cuda_probe_attention(probe, &hd, &kv, q, pl.n_tok, out, q8, q8d, h16, h16s, err) != 0)
-		fail_msg("attention head_dim %d, %s pool, split %d, flash %d: %s", d, f32 ? "fp32" : "fp16", split,
-		    flash, err);
+		fail_msg("attention head_dim %d, %s pool, split %d, flash %d: %s", d, pool_name(&kp), split, flash, err);
 	if (q8 != NULL) /* fails on any element outside its bound; the floats' error is what this case reports */
 		(void)check_rows_q8("attention output", q8, q8d, out, pl.n_tok, nq);
 	if (h16 != NULL)
@@ -575,7 +644,7 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int f32, int s
 				if (!(e <= tol))
 					fail_msg("attention head_dim %d, %d/%d heads, window %d, %s pool, split %d, flash %d: "
 					    "token %d (position %d) head %d element %d: gpu %g reference %g", d, hd.n_head,
-					    hd.n_head_kv, hd.window, f32 ? "fp32" : "fp16", split, flash, t, pl.tok_pos[t], h,
+					    hd.n_head_kv, hd.window, pool_name(&kp), split, flash, t, pl.tok_pos[t], h,
 					    i, got[i], ref[i]);
 				worst = fmax(worst, e);
 			}
@@ -591,17 +660,17 @@ static void
 test_attention(void **state)
 {
 	(void)state;
-	for (int f32 = 0; f32 < 2; f32++)
+	for (int kind = 0; kind < N_KINDS; kind++)
 		for (int split = 0; split < 2; split++) {
 			double worst = 0;
 
 			for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++) {
-				worst = fmax(worst, attention_case(c, step_seqs, (int)ARRAY_LEN(step_seqs), f32, split, 0));
-				worst = fmax(worst, attention_case(c, decode_seqs, (int)ARRAY_LEN(decode_seqs), f32,
+				worst = fmax(worst, attention_case(c, step_seqs, (int)ARRAY_LEN(step_seqs), kind, split, 0));
+				worst = fmax(worst, attention_case(c, decode_seqs, (int)ARRAY_LEN(decode_seqs), kind,
 				    split, 0));
 			}
 			print_message("attention, %s pool, %s: max error / max |V| %.2e (bound %.0e)\n",
-			    f32 ? "fp32" : "fp16", split ? "split and merged" : "one piece", worst, TOL_ATTN);
+			    kind_names[kind], split ? "split and merged" : "one piece", worst, TOL_ATTN);
 		}
 }
 
@@ -613,7 +682,7 @@ test_attention(void **state)
  * in practice equal). Returns the worst output error.
  */
 static double
-attention_new_case(size_t c, int len, int f32, int split, float *bq, float *bk, float *bv, float *qn, float *kn)
+attention_new_case(size_t c, int len, int kind, int split, float *bq, float *bk, float *bv, float *qn, float *kn)
 {
 	struct seq_spec one = { len, 1 };
 	struct place pl;
@@ -627,15 +696,14 @@ attention_new_case(size_t c, int len, int f32, int split, float *bq, float *bk, 
 
 	place_seqs(&pl, &one, 1);
 	snprintf(what, sizeof what, "attention with qk's work, head_dim %d, %d/%d heads, %s pool, split %d, position %d",
-	    d, hd.n_head, hd.n_head_kv, f32 ? "fp32" : "fp16", split, len - 1);
+	    d, hd.n_head, hd.n_head_kv, kind_names[kind], split, len - 1);
 	np = pool_len(&hd, &pl);
-	kp = pool_new(np, f32), kpr = pool_new(np, f32);
+	kp = pool_new(np, (size_t)nkv, kind), kpr = pool_new(np, (size_t)nkv, kind);
 	for (int p = 0; p < len - 1; p++)
 		for (int kvs = 0; kvs < 2; kvs++)
 			for (int h = 0; h < hd.n_head_kv; h++)
-				for (int i = 0; i < d; i++)
-					pool_set(&kp, pool_at(&hd, &pl, 0, p, kvs, h, i), unif(-1, 1));
-	memcpy(kpr.data, kp.data, np * (f32 ? 4 : 2));
+				pool_fill(&kp, pool_at(&hd, &pl, 0, p, kvs, h, 0), d);
+	memcpy(kpr.data, kp.data, pool_bytes(&kp));
 	q = rand_floats((size_t)nq, -4, 4), k = rand_floats((size_t)nkv, -2, 2), v = rand_floats((size_t)nkv, -1, 1);
 	qr = xmalloc((size_t)nq * sizeof *qr);
 	memcpy(qr, q, (size_t)nq * sizeof *qr);
@@ -662,7 +730,7 @@ attention_new_case(size_t c, int len, int f32, int split, float *bq, float *bk, 
  * The attention kernel doing qk's work for a step of one token, as the
  * backend asks it where the product cannot (QK norms, neox pairs): every
  * head shape (biases, norms with and without an offset, windows, a RoPE
- * position divisor), fp16 and fp32 pools, one piece and split, at the
+ * position divisor), every kind of pool, one piece and split, at the
  * first position, inside the first block, and past several blocks.
  */
 static void
@@ -676,10 +744,10 @@ test_attention_new(void **state)
 
 	(void)state;
 	for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++)
-		for (int f32 = 0; f32 < 2; f32++)
+		for (int kind = 0; kind < N_KINDS; kind++)
 			for (int split = 0; split < 2; split++)
 				for (size_t i = 0; i < ARRAY_LEN(lens); i++)
-					worst = fmax(worst, attention_new_case(c, lens[i], f32, split, bq, bk, bv, qn, kn));
+					worst = fmax(worst, attention_new_case(c, lens[i], kind, split, bq, bk, bv, qn, kn));
 	print_message("attention with qk's work for one token: max error / head max %.2e against qk, then "
 	    "attention (bound %.0e)\n", worst, TOL_F32);
 	free(bq), free(bk), free(bv), free(qn), free(kn);
@@ -688,21 +756,30 @@ test_attention_new(void **state)
 /* Prefill chunks long enough for the tensor-core kernel (one past a window, one exactly the minimum) beside decodes. */
 static const struct seq_spec prefill_seqs[] = { { 300, 100 }, { 70, 17 }, { 16, 16 }, { 1, 1 }, { 40, 3 } };
 
-/* The tensor-core prefill kernel (fp16 pool only) beside the split kernel, which takes the other tokens. */
+/*
+ * The tensor-core prefill kernel (fp16 and q8 pools; not in exact mode)
+ * beside the split kernel, which takes the other tokens.
+ */
 static void
 test_flash(void **state)
 {
-	(void)state;
-	for (int split = 0; split < 2; split++) {
-		double worst = 0;
+	static const int kinds[] = { 0, 2 };
 
-		for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++) {
-			worst = fmax(worst, attention_case(c, prefill_seqs, (int)ARRAY_LEN(prefill_seqs), 0, split, 1));
-			worst = fmax(worst, attention_case(c, step_seqs, (int)ARRAY_LEN(step_seqs), 0, split, 1));
+	(void)state;
+	for (size_t k = 0; k < ARRAY_LEN(kinds); k++)
+		for (int split = 0; split < 2; split++) {
+			double worst = 0;
+
+			for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++) {
+				worst = fmax(worst, attention_case(c, prefill_seqs, (int)ARRAY_LEN(prefill_seqs), kinds[k],
+				    split, 1));
+				worst = fmax(worst, attention_case(c, step_seqs, (int)ARRAY_LEN(step_seqs), kinds[k], split,
+				    1));
+			}
+			print_message("attention, %s pool, prefill on the tensor cores, %s: max error / max |V| %.2e "
+			    "(bound %.0e)\n", kind_names[kinds[k]], split ? "decodes split and merged" :
+			    "decodes in one piece", worst, TOL_FLASH);
 		}
-		print_message("attention, fp16 pool, prefill on the tensor cores, %s: max error / max |V| %.2e "
-		    "(bound %.0e)\n", split ? "decodes split and merged" : "decodes in one piece", worst, TOL_FLASH);
-	}
 }
 
 int
