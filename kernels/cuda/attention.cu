@@ -116,15 +116,15 @@ kv_q8_row(const float *x, const struct cuda_kv &kv, const int32_t *tab, int pos,
 		    (float *)(pool + so) + g / WARP);
 }
 
-/* P: the pool's element type (int8_t: q8 rows, attention.cuh). */
-template <typename P>
+/* T: the pool's element type (int8_t: q8 rows, attention.cuh). */
+template <typename T>
 __global__ void __launch_bounds__(QK_WARPS * WARP)
 qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict__ v,
     struct cuda_heads hp, struct cuda_kv kv)
 {
 	pdl_wait();
 	pdl_trigger();
-	P *pool = (P *)kv.pool;
+	T *pool = (T *)kv.pool;
 	int t = blockIdx.x, j = blockIdx.y * QK_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP;
 	int d = hp.head_dim, half = d / 2, nkv = hp.n_head_kv * d;
 	int isq = j < hp.n_head, head = isq ? j : j - hp.n_head;
@@ -132,7 +132,7 @@ qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict_
 	const float *bias = isq ? hp.bq : hp.bk;
 	float a[MAX_PAIRS], b[MAX_PAIRS];
 	int ia[MAX_PAIRS], ib[MAX_PAIRS];
-	constexpr bool Q8 = sizeof(P) == 1;
+	constexpr bool Q8 = sizeof(T) == 1;
 
 	if (j >= hp.n_head + hp.n_head_kv)
 		return;
@@ -144,13 +144,15 @@ qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict_
 	for (int u = 0; u < MAX_PAIRS; u++) {
 		if (lane + WARP * u >= half)
 			continue;
-		if (isq || Q8) { /* a q8 row is quantized from vec, by groups of lanes */
-			vec[ia[u]] = a[u];
-			vec[ib[u]] = b[u];
-		} else {
-			pool[ko + ia[u]] = kv_elem<P>(a[u]);
-			pool[ko + ib[u]] = kv_elem<P>(b[u]);
+		if constexpr (!Q8) {
+			if (!isq) {
+				pool[ko + ia[u]] = kv_elem<T>(a[u]);
+				pool[ko + ib[u]] = kv_elem<T>(b[u]);
+				continue;
+			}
 		}
+		vec[ia[u]] = a[u]; /* q, or a q8 row, which is quantized from vec by groups of lanes */
+		vec[ib[u]] = b[u];
 	}
 	if (isq)
 		return;
@@ -164,11 +166,12 @@ qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict_
 			vec[g + lane] = vr[g + lane] + (bv != NULL ? bv[g + lane] : 0.0f);
 		__syncwarp();
 		kv_q8_row(vec, kv, tab, kv.tok_pos[t], 1, nkv, head * d, d);
-		return;
+	} else {
+		size_t vo = kv_index(kv, tab, kv.tok_pos[t], 1, nkv, head * d);
+
+		for (int i = lane; i < d; i += WARP)
+			pool[vo + i] = kv_elem<T>(vr[i] + (bv != NULL ? bv[i] : 0.0f));
 	}
-	size_t vo = kv_index(kv, tab, kv.tok_pos[t], 1, nkv, head * d);
-	for (int i = lane; i < d; i += WARP)
-		pool[vo + i] = kv_elem<P>(vr[i] + (bv != NULL ? bv[i] : 0.0f));
 }
 
 /* E consecutive pool elements at p as floats. */
@@ -235,51 +238,61 @@ att_tile(int w)
 	return 8 * w;
 }
 
+/*
+ * A q8 pool's (T int8_t) four: its tiles are half an fp16 tile's bytes, and
+ * with two stages its blocks kept half the bytes in flight, and a step of
+ * one sequence at depth 16,384 read 1.4 TB/s where fp16's read 1.9 (H200).
+ */
+template <typename T>
 static constexpr __host__ __device__ int
 att_stages(int w)
 {
-	return w > ATT_WARPS ? 1 : 2;
+	return w > ATT_WARPS ? 1 : sizeof(T) == 1 ? 4 : 2;
 }
 
-/* Bytes after each q8 row of a stage (int8), and of a stage's K (or V) rows with their scales. */
-#define Q8_PAD 16
-
+/* Scales of a q8 (T int8_t) row of head_dim d in a tile: one float a 32; none for other tiles. */
+template <typename T>
 static constexpr __host__ __device__ int
-q8_stage_bytes(int d, int w)
+kv_groups(int d)
 {
-	return att_tile(w) * (d + Q8_PAD + d / 32 * (int)sizeof(float));
+	return sizeof(T) == 1 ? d / 32 : 0;
 }
 
 /*
  * Shared memory of attn_kernel for head_dim d and w warps: the stages of K
- * and V tiles (of a q8 pool (P int8_t): the stages of its rows as they are,
- * then one tile of K and of V widened), the queries, a tile's scores (then
- * weights) of every head, each head's correction (then its max and sum),
- * and the step's new K and V rows (cuda_kv.k_new).
+ * and V tiles (with a q8 pool, T int8_t, its rows as they are, then their
+ * scales), the queries, a tile's scores (then weights, and with q8 the
+ * weights scaled for each group) of every head, each head's correction
+ * (then its max and sum), the step's new K and V rows (cuda_kv.k_new) and
+ * with q8 their levels and scales.
  */
-template <typename P, typename T>
+template <typename T>
 static size_t
 attn_smem_bytes(int d, int w)
 {
-	size_t tiles = (size_t)2 * att_tile(w) * (d + kv_pad<T>()) * sizeof(T);
+	size_t tiles = (size_t)att_stages<T>(w) * 2 * att_tile(w) *
+	    ((d + kv_pad<T>()) * sizeof(T) + kv_groups<T>(d) * sizeof(float));
 
-	tiles = sizeof(P) == 1 ? tiles + (size_t)att_stages(w) * 2 * q8_stage_bytes(d, w) : att_stages(w) * tiles;
-	return tiles + (size_t)(ATT_GROUP * d + ATT_GROUP * att_tile(w) + 2 * ATT_GROUP + 2 * d) * sizeof(float);
+	return tiles + (size_t)(ATT_GROUP * d + ATT_GROUP * att_tile(w) * (1 + kv_groups<T>(d)) + 2 * ATT_GROUP + 2 * d) *
+	    sizeof(float) +
+	    (sizeof(T) == 1 ? 2 * (size_t)d + 2 * kv_groups<T>(d) * sizeof(float) : 0);
 }
 
 /*
  * Copies the K and V rows r0 .. r1 - 1 (< the tile's positions) of the tile of
  * positions from c0, KV head offset koff, into a stage: every thread of the
- * block issues its share of 16-byte copies, all in flight at once. The row
- * of position np (-1: none) is not in the pool yet: it is stored from kn
- * (its K, then its V, as floats) instead.
+ * block issues its share of 16-byte copies, all in flight at once; a q8
+ * pool's rows as they are, and their scales into ksc and vsc. The row of
+ * position np (-1: none) is not in the pool yet: it is stored from kn (its
+ * K, then its V, as floats) instead, or with q8 from kq (its K levels, V
+ * levels, K scales, V scales, as attn_new_token quantized kn).
  */
 template <int D, typename T>
 static __device__ __forceinline__ void
-attn_load_tile(T *ks, T *vs, const struct cuda_kv &kv, const int32_t *tab, int c0, int r0, int r1,
-    int nkv, int koff, int np = -1, const float *kn = NULL)
+attn_load_tile(T *ks, T *vs, float *ksc, float *vsc, const struct cuda_kv &kv, const int32_t *tab, int c0, int r0,
+    int r1, int nkv, int koff, int np = -1, const float *kn = NULL, const int8_t *kq = NULL)
 {
-	constexpr int PER = 16 / (int)sizeof(T), PIECES = D / PER, RS = D + kv_pad<T>();
+	constexpr int PER = 16 / (int)sizeof(T), PIECES = D / PER, RS = D + kv_pad<T>(), G = kv_groups<T>(D);
 	const T *pool = (const T *)kv.pool;
 
 	for (int i = threadIdx.x; i < (r1 - r0) * PIECES; i += blockDim.x) {
@@ -287,107 +300,77 @@ attn_load_tile(T *ks, T *vs, const struct cuda_kv &kv, const int32_t *tab, int c
 		size_t ko = kv_index(kv, tab, c0 + r, 0, nkv, koff + c);
 
 		if (c0 + r == np) {
+			if constexpr (G > 0) {
+				*(uint4 *)(ks + r * RS + c) = *(const uint4 *)(kq + c);
+				*(uint4 *)(vs + r * RS + c) = *(const uint4 *)(kq + D + c);
+			} else {
 #pragma unroll
-			for (int e = 0; e < PER; e++) {
-				ks[r * RS + c + e] = kv_elem<T>(kn[c + e]);
-				vs[r * RS + c + e] = kv_elem<T>(kn[D + c + e]);
+				for (int e = 0; e < PER; e++) {
+					ks[r * RS + c + e] = kv_elem<T>(kn[c + e]);
+					vs[r * RS + c + e] = kv_elem<T>(kn[D + c + e]);
+				}
 			}
 			continue;
 		}
 		cp_async16(ks + r * RS + c, pool + ko);
 		cp_async16(vs + r * RS + c, pool + ko + kv.kv_stride);
 	}
+	if constexpr (G > 0)
+		for (int i = threadIdx.x; i < (r1 - r0) * G; i += blockDim.x) {
+			int r = r0 + i / G, g = i % G;
+			size_t so = kv_scale_index(kv, tab, c0 + r, 0, nkv, koff + 32 * g);
+
+			if (c0 + r == np) {
+				ksc[r * G + g] = ((const float *)(kq + 2 * D))[g];
+				vsc[r * G + g] = ((const float *)(kq + 2 * D))[G + g];
+				continue;
+			}
+			cp_async4(ksc + r * G + g, (const int8_t *)pool + so);
+			cp_async4(vsc + r * G + g, (const int8_t *)pool + so + kv.kv_stride);
+		}
 }
 
 /*
- * attn_load_tile for a q8 pool: the rows as they are into stage st (its
- * K rows, V rows, K scales, V scales), the new token's (np) left out:
- * attn_widen takes it from kn.
+ * attn_scores on a q8 stage's K rows kt and scales ksc: each lane's eight
+ * levels at a time dotted with the queries, the sums scaled by their
+ * group's scale (a quarter of a row is whole groups, or half of one).
  */
 template <int D>
-static __device__ __forceinline__ void
-attn_load_q8(int8_t *st, const struct cuda_kv &kv, const int32_t *tab, int c0, int r0, int r1, int nkv, int koff,
-    int tile, int np = -1)
+static __device__ __forceinline__ float
+attn_scores_q8(const int8_t *kt, const float *ksc, const float *qs, int j, int nv, int qq)
 {
-	constexpr int RQ = D + Q8_PAD, G = D / 32;
-	const int8_t *pool = (const int8_t *)kv.pool;
-	int8_t *vs = st + tile * RQ;
-	float *ksc = (float *)(vs + tile * RQ), *vsc = ksc + tile * G;
-
-	for (int i = threadIdx.x; i < (r1 - r0) * (D / 16); i += blockDim.x) {
-		int r = r0 + i / (D / 16), c = (i % (D / 16)) * 16;
-		size_t ko = kv_index(kv, tab, c0 + r, 0, nkv, koff + c);
-
-		if (c0 + r == np)
-			continue;
-		cp_async16(st + r * RQ + c, pool + ko);
-		cp_async16(vs + r * RQ + c, pool + ko + kv.kv_stride);
-	}
-	for (int i = threadIdx.x; i < (r1 - r0) * G; i += blockDim.x) {
-		int r = r0 + i / G, g = i % G;
-		size_t so = kv_scale_index(kv, tab, c0 + r, 0, nkv, koff + 32 * g);
-
-		if (c0 + r == np)
-			continue;
-		cp_async4(ksc + r * G + g, pool + so);
-		cp_async4(vsc + r * G + g, pool + so + kv.kv_stride);
-	}
-}
-
-/* 8 floats as tile elements, in 16-byte stores (p 16-byte aligned). */
-static __device__ __forceinline__ void
-kv_store8(__half *p, const float *x)
-{
-	uint4 u;
-	__half2 *h = (__half2 *)&u;
+	constexpr int QD = D / 4, RQ = D + kv_pad<int8_t>(), G = D / 32;
+	float sc[ATT_GROUP], v;
 
 #pragma unroll
-	for (int e = 0; e < 4; e++)
-		h[e] = __floats2half2_rn(x[2 * e], x[2 * e + 1]);
-	*(uint4 *)p = u;
-}
+	for (int h = 0; h < ATT_GROUP; h++)
+		sc[h] = 0.0f;
+	if (j < nv) {
+#pragma unroll 2
+		for (int i = 0; i < QD; i += 8) {
+			uint2 u = *(const uint2 *)(kt + j * RQ + qq * QD + i);
+			float kf[8], d = ksc[j * G + (qq * QD + i) / 32];
 
-static __device__ __forceinline__ void
-kv_store8(float *p, const float *x)
-{
-	*(float4 *)p = make_float4(x[0], x[1], x[2], x[3]);
-	*(float4 *)(p + 4) = make_float4(x[4], x[5], x[6], x[7]);
-}
-
-/*
- * The first nv rows of q8 stage st (attn_load_q8's, positions from c0)
- * widened into the K and V tiles ks and vs of element type T; the row of
- * position np from kn (its K, then its V: attn_new_token left the values
- * the pool gives back). The whole block calls it.
- */
-template <int D, typename T>
-static __device__ __forceinline__ void
-attn_widen(T *ks, T *vs, const int8_t *st, int tile, int c0, int nv, int np, const float *kn)
-{
-	constexpr int RQ = D + Q8_PAD, G = D / 32, RS = D + kv_pad<T>();
-	const int8_t *vq = st + tile * RQ;
-	const float *ksc = (const float *)(vq + tile * RQ), *vsc = ksc + tile * G;
-
-	for (int i = threadIdx.x; i < nv * (D / 8); i += blockDim.x) {
-		int r = i / (D / 8), c = (i % (D / 8)) * 8;
-		float kf[8], vf[8];
-
-		if (c0 + r == np) {
+			i8x4_float(u.x, kf);
+			i8x4_float(u.y, kf + 4);
 #pragma unroll
-			for (int e = 0; e < 8; e++)
-				kf[e] = kn[c + e], vf[e] = kn[D + c + e];
-		} else {
-			uint2 a = *(const uint2 *)(st + r * RQ + c), b = *(const uint2 *)(vq + r * RQ + c);
-			const int8_t *qa = (const int8_t *)&a, *qb = (const int8_t *)&b;
-			float da = ksc[r * G + c / 32], db = vsc[r * G + c / 32];
+			for (int h = 0; h < ATT_GROUP; h++) {
+				const float *qh = qs + h * D + qq * QD + i;
+				float4 qa = *(const float4 *)qh, qb = *(const float4 *)(qh + 4);
 
-#pragma unroll
-			for (int e = 0; e < 8; e++)
-				kf[e] = (float)qa[e] * da, vf[e] = (float)qb[e] * db;
+				sc[h] += d * (qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
+				    qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7]);
+			}
 		}
-		kv_store8(ks + r * RS + c, kf);
-		kv_store8(vs + r * RS + c, vf);
 	}
+	v = sc[0];
+#pragma unroll
+	for (int h = 0; h < ATT_GROUP; h++) {
+		sc[h] += __shfl_xor_sync(FULL_MASK, sc[h], 8);
+		sc[h] += __shfl_xor_sync(FULL_MASK, sc[h], 16);
+		v = qq == h ? sc[h] : v;
+	}
+	return j < nv ? v : -INFINITY;
 }
 
 /*
@@ -437,19 +420,25 @@ attn_scores(const T *kt, const float *qs, int j, int nv, int qq)
  * Warp g's part of a tile's softmax (TILE positions, nv of them there):
  * for head g if it has one (live), its scores in ws folded into its
  * running max *m and sum *l and left as weights, its correction in cs[g];
- * else weights and correction 0 (nothing to weigh).
+ * else weights and correction 0 (nothing to weigh). With a q8 pool's G
+ * groups a row, the weights times each group's V scale (vst) follow, a
+ * TILE of weights a group: a value is then its level times its weight.
  */
-template <int TILE>
+template <int TILE, int G>
 static __device__ __forceinline__ void
-attn_softmax(float *ws, float *cs, int g, int live, int nv, float *m, float *l)
+attn_softmax(float *ws, float *cs, int g, int live, int nv, float *m, float *l, const float *vst)
 {
 	int lane = threadIdx.x % WARP;
 	float s[TILE / WARP], mx = -INFINITY, sum = 0.0f, mn, corr;
 
 	if (!live) {
 #pragma unroll
-		for (int k = 0; k < TILE / WARP; k++)
+		for (int k = 0; k < TILE / WARP; k++) {
 			ws[(lane + WARP * k) * ATT_GROUP + g] = 0.0f;
+#pragma unroll
+			for (int gg = 0; gg < G; gg++)
+				ws[((1 + gg) * TILE + lane + WARP * k) * ATT_GROUP + g] = 0.0f;
+		}
 		if (lane == 0)
 			cs[g] = 0.0f;
 		return;
@@ -461,9 +450,13 @@ attn_softmax(float *ws, float *cs, int g, int live, int nv, float *m, float *l)
 	corr = expf(*m - mn);
 #pragma unroll
 	for (int k = 0; k < TILE / WARP; k++) {
-		float p = lane + WARP * k < nv ? expf(s[k] - mn) : 0.0f;
+		int j = lane + WARP * k;
+		float p = j < nv ? expf(s[k] - mn) : 0.0f;
 
-		ws[(lane + WARP * k) * ATT_GROUP + g] = p;
+		ws[j * ATT_GROUP + g] = p;
+#pragma unroll
+		for (int gg = 0; gg < G; gg++) /* past nv the scales are whatever the stage held */
+			ws[((1 + gg) * TILE + j) * ATT_GROUP + g] = j < nv ? p * vst[j * G + gg] : 0.0f;
 		sum += p;
 	}
 	*l = *l * corr + warp_sum(sum);
@@ -480,13 +473,13 @@ attn_softmax(float *ws, float *cs, int g, int live, int nv, float *m, float *l)
  * V, as floats) for the tile that holds the token's position; the block of
  * the first query group whose share holds that position (own) stores both
  * into the pool for the steps after. The same arithmetic as qk_kernel's,
- * so the pool and the scores are the same as with it: with a q8 pool (P
- * int8_t) every block quantizes kn and keeps what the pool gives back.
+ * so the pool and the scores are the same as with it: with a q8 pool (T
+ * int8_t) every block quantizes kn into kq (attn_load_tile's form of it).
  */
-template <int D, typename P, int W>
+template <int D, typename T, int W>
 static __device__ void
-attn_new_token(const float *q, float *qs, float *kn, const struct cuda_heads &hp, const struct cuda_kv &kv,
-    const int32_t *tab, int h0, int ng, int kvh, int own)
+attn_new_token(const float *q, float *qs, float *kn, int8_t *kq, const struct cuda_heads &hp,
+    const struct cuda_kv &kv, const int32_t *tab, int h0, int ng, int kvh, int own)
 {
 	int g = threadIdx.x / WARP, lane = threadIdx.x % WARP, pos = kv.tok_pos[0], nkv = hp.n_head_kv * D;
 	int kw = W > ATT_GROUP ? ATT_GROUP : 0; /* the warp of K: a free one if there is */
@@ -515,19 +508,19 @@ attn_new_token(const float *q, float *qs, float *kn, const struct cuda_heads &hp
 	for (int i = threadIdx.x; i < D; i += W * WARP)
 		kn[D + i] = kv.v_new[(size_t)kvh * D + i] + (hp.bv != NULL ? hp.bv[(size_t)kvh * D + i] : 0.0f);
 	__syncthreads();
-	if constexpr (sizeof(P) == 1) {
+	if constexpr (sizeof(T) == 1) {
 		/* warp g a group of 32 at a time: K's groups, then V's */
-		int8_t q, *pool = (int8_t *)kv.pool;
-		float d;
+		int8_t *pool = (int8_t *)kv.pool;
+		float *sc = (float *)(kq + 2 * D);
 
 		for (int i = g * WARP; i < 2 * D; i += W * WARP) {
 			int sel = i >= D, c = kvh * D + i - sel * D;
 
-			kn[i + lane] = kv_q8_put(kn[i + lane], &q, &d);
+			kv_q8_put(kn[i + lane], kq + i + lane, sc + i / WARP);
 			if (own) {
-				pool[kv_index(kv, tab, pos, sel, nkv, c + lane)] = q;
+				pool[kv_index(kv, tab, pos, sel, nkv, c + lane)] = kq[i + lane];
 				if (lane == 0)
-					*(float *)(pool + kv_scale_index(kv, tab, pos, sel, nkv, c)) = d;
+					*(float *)(pool + kv_scale_index(kv, tab, pos, sel, nkv, c)) = sc[i / WARP];
 			}
 		}
 		__syncthreads();
@@ -538,24 +531,7 @@ attn_new_token(const float *q, float *qs, float *kn, const struct cuda_heads &hp
 	size_t ko = kv_index(kv, tab, pos, 0, nkv, kvh * D), vo = kv_index(kv, tab, pos, 1, nkv, kvh * D);
 
 	for (int i = threadIdx.x; i < D; i += W * WARP)
-		((P *)kv.pool)[ko + i] = kv_elem<P>(kn[i]), ((P *)kv.pool)[vo + i] = kv_elem<P>(kn[D + i]);
-}
-
-/*
- * attn_load_tile into stage st of attn_kernel<E, P, T, W>'s shared memory
- * smem, whichever the pool (a q8 pool's stages come first, as they are).
- */
-template <int D, typename P, typename T, int W>
-static __device__ __forceinline__ void
-attn_fill(unsigned char *smem, T *ks, T *vs, int st, const struct cuda_kv &kv, const int32_t *tab, int c0, int r0,
-    int r1, int nkv, int koff, int np = -1, const float *kn = NULL)
-{
-	constexpr int TILE = att_tile(W), RS = D + kv_pad<T>();
-
-	if constexpr (sizeof(P) == 1)
-		attn_load_q8<D>((int8_t *)smem + st * 2 * q8_stage_bytes(D, W), kv, tab, c0, r0, r1, nkv, koff, TILE, np);
-	else
-		attn_load_tile<D, T>(ks + st * TILE * RS, vs + st * TILE * RS, kv, tab, c0, r0, r1, nkv, koff, np, kn);
+		((T *)kv.pool)[ko + i] = kv_elem<T>(kn[i]), ((T *)kv.pool)[vo + i] = kv_elem<T>(kn[D + i]);
 }
 
 /*
@@ -563,7 +539,8 @@ attn_fill(unsigned char *smem, T *ks, T *vs, int st, const struct cuda_kv &kv, c
  * blockIdx.x, and a group of up to ATT_GROUP query heads sharing one KV
  * head (blockIdx.y), W warps: the block walks its share of the token's
  * visible positions 8 W at a time, the tiles copied into shared memory
- * asynchronously, with 4 warps one ahead of their use (two stages), with
+ * asynchronously, with 4 warps one ahead of their use (two stages; a q8
+ * pool's three ahead), with
  * more one at a time (one stage: a short context's share is one tile).
  * Each K and V element is read and converted once for all the heads (with
  * a warp a head, each was four times, and the kernel issue-bound: at depth
@@ -578,27 +555,28 @@ attn_fill(unsigned char *smem, T *ks, T *vs, int st, const struct cuda_kv &kv, c
  * (and its int8 form written to q8 if q8.q, its fp16 form to h16 if h16.h,
  * for the output product); else
  * the piece (weighted values, max, sum) goes to part for attn_merge.
- * P is the pool's element type, T the tiles': a q8 pool's (P int8_t)
- * stages hold its rows as they are, widened into one tile of T when used.
+ * A q8 pool's tiles (T int8_t) are its levels as they are, with their
+ * scales beside them: a score is the dot of the levels with the queries
+ * times the group's scale, a value a level times its scale; a level
+ * becomes a float by a byte permute and an add (i8x4_float).
  */
-template <int E, typename P, typename T, int W>
+template <int E, typename T, int W>
 __global__ void __launch_bounds__(W * WARP)
 attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q8, struct cuda_h16 h16,
     float *__restrict__ part,
     int n_split, struct cuda_heads hp, struct cuda_kv kv)
 {
-	constexpr int D = WARP * E, RS = D + kv_pad<T>(), NT = W * WARP, TILE = att_tile(W), S = att_stages(W);
-	constexpr int NPG = D < NT ? NT / D : 1, TG = NT / NPG, DPT = (D + TG - 1) / TG;
-	constexpr bool Q8 = sizeof(P) == 1;
-	/* elements of T from one stage to the next (of the tiles themselves, or of a q8 pool's rows) */
-	constexpr int SS = Q8 ? 2 * q8_stage_bytes(D, W) / (int)sizeof(T) : TILE * RS;
+	constexpr int D = WARP * E, RS = D + kv_pad<T>(), NT = W * WARP, TILE = att_tile(W), S = att_stages<T>(W);
+	constexpr int NPG = D < NT ? NT / D : 1, TG = NT / NPG, DPT = (D + TG - 1) / TG, G = kv_groups<T>(D);
 	static_assert(ATT_GROUP == 4 && W >= ATT_GROUP, "four lanes a position, one head each");
 	static_assert(TG % WARP == 0, "a warp's threads hold 32 dimensions of a row");
-	static_assert(!Q8 || 2 * q8_stage_bytes(D, W) % 16 == 0, "q8 stages of whole 16 bytes");
+	static_assert(TILE * RS * sizeof(T) % 16 == 0, "stages of whole 16 bytes");
 	extern __shared__ __align__(16) unsigned char smem[];
-	T *ks = (T *)smem + (Q8 ? S * SS : 0), *vs = ks + (Q8 ? 1 : S) * TILE * RS;
-	float *qs = (float *)(vs + (Q8 ? 1 : S) * TILE * RS), *ws = qs + ATT_GROUP * D, *cs = ws + ATT_GROUP * TILE;
+	T *ks = (T *)smem, *vs = ks + S * TILE * RS;
+	float *ksc = (float *)(vs + S * TILE * RS), *vsc = ksc + S * TILE * G; /* q8 scales */
+	float *qs = vsc + S * TILE * G, *ws = qs + ATT_GROUP * D, *cs = ws + ATT_GROUP * TILE * (1 + G);
 	float *kn = cs + 2 * ATT_GROUP;
+	int8_t *kq = (int8_t *)(kn + 2 * D); /* with q8: kn's levels, then scales */
 	int t = blockIdx.x / n_split, split = blockIdx.x % n_split;
 	int g = threadIdx.x / WARP, lane = threadIdx.x % WARP, pg = threadIdx.x / TG, di = threadIdx.x % TG;
 	int group = hp.n_head / hp.n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP;
@@ -625,8 +603,8 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	int fresh = max(pos, seq_end) + 1 - (int)(gridDim.x / n_split), pre = fa || lo >= hi ? 0 : min(S, (hi - lo + TILE - 1) / TILE);
 
 	for (int i = 0, c0 = lo; i < pre; i++, c0 += TILE)
-		attn_fill<D, P, T, W>(smem, ks, vs, i, kv, tab, c0, 0, max(0, min(min(TILE, hi - c0), fresh - c0)), nkv,
-		    kvh * D);
+		attn_load_tile<D, T>(ks + i * TILE * RS, vs + i * TILE * RS, ksc + i * TILE * G, vsc + i * TILE * G, kv,
+		    tab, c0, 0, max(0, min(min(TILE, hi - c0), fresh - c0)), nkv, kvh * D);
 	pdl_wait();
 	pdl_trigger();
 	/*
@@ -636,7 +614,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	if (fa)
 		return;
 	if (kv.k_new != NULL) /* the pool's row is stored by one block of the KV head's: the share that holds it */
-		attn_new_token<D, P, W>(q, qs, kn, hp, kv, tab, h0, ng, kvh,
+		attn_new_token<D, T, W>(q, qs, kn, kq, hp, kv, tab, h0, ng, kvh,
 		    blockIdx.y % ngb == 0 && lo <= pos && pos < hi);
 	else
 		for (int i = threadIdx.x; i < ATT_GROUP * D; i += NT)
@@ -649,7 +627,8 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	for (int i = 0, c0 = lo; i < pre; i++, c0 += TILE) {
 		int nv = min(TILE, hi - c0);
 
-		attn_fill<D, P, T, W>(smem, ks, vs, i, kv, tab, c0, max(0, min(nv, fresh - c0)), nv, nkv, kvh * D, np, kn);
+		attn_load_tile<D, T>(ks + i * TILE * RS, vs + i * TILE * RS, ksc + i * TILE * G, vsc + i * TILE * G, kv,
+		    tab, c0, max(0, min(nv, fresh - c0)), nv, nkv, kvh * D, np, kn, kq);
 	}
 	/*
 	 * One group for the first tiles, then S - 1 empty ones, then one a
@@ -661,18 +640,18 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 		cp_async_commit();
 	for (int c0 = lo, st = 0; c0 < hi; c0 += TILE, st = st + 1 < S ? st + 1 : 0) {
 		int nv = min(TILE, hi - c0), j = 8 * g + lane % 8;
-		const T *kt = ks + (Q8 ? 0 : st) * TILE * RS, *vt = vs + (Q8 ? 0 : st) * TILE * RS;
+		const T *kt = ks + st * TILE * RS, *vt = vs + st * TILE * RS;
+		const float *kst = ksc + st * TILE * G, *vst = vsc + st * TILE * G;
 
 		cp_async_wait<S - 1>();
 		__syncthreads();
-		if constexpr (Q8) {
-			attn_widen<D, T>(ks, vs, (const int8_t *)smem + st * 2 * q8_stage_bytes(D, W), TILE, c0, nv, np, kn);
-			__syncthreads();
-		}
-		ws[j * ATT_GROUP + lane / 8] = attn_scores<D, T>(kt, qs, j, nv, lane / 8);
+		if constexpr (G > 0)
+			ws[j * ATT_GROUP + lane / 8] = attn_scores_q8<D>(kt, kst, qs, j, nv, lane / 8);
+		else
+			ws[j * ATT_GROUP + lane / 8] = attn_scores<D, T>(kt, qs, j, nv, lane / 8);
 		__syncthreads();
 		if (g < ATT_GROUP)
-			attn_softmax<TILE>(ws, cs, g, g < ng, nv, &m, &l);
+			attn_softmax<TILE, G>(ws, cs, g, g < ng, nv, &m, &l, vst);
 		__syncthreads();
 #pragma unroll
 		for (int h = 0; h < ATT_GROUP; h++)
@@ -690,14 +669,19 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 
 				if (d >= D)
 					break;
-				load_kv<1>(vt + jj * RS + d, &v);
+				if constexpr (G > 0) { /* a warp's 32 dimensions are one group: its weights, scaled */
+					w = *(const float4 *)(ws + ((1 + d / 32) * TILE + jj) * ATT_GROUP);
+					v = __int_as_float(0x4B000000 | ((uint8_t)vt[jj * RS + d] ^ 0x80)) - 8388736.0f;
+				} else {
+					load_kv<1>(vt + jj * RS + d, &v);
+				}
 				acc[0][k] += w.x * v, acc[1][k] += w.y * v, acc[2][k] += w.z * v, acc[3][k] += w.w * v;
 			}
 		}
 		__syncthreads(); /* the stage and the weights are refilled next */
 		if (c0 + S * TILE < hi)
-			attn_fill<D, P, T, W>(smem, ks, vs, st, kv, tab, c0 + S * TILE, 0, min(TILE, hi - c0 - S * TILE), nkv,
-			    kvh * D, np, kn);
+			attn_load_tile<D, T>(ks + st * TILE * RS, vs + st * TILE * RS, ksc + st * TILE * G, vsc + st * TILE * G,
+			    kv, tab, c0 + S * TILE, 0, min(TILE, hi - c0 - S * TILE), nkv, kvh * D, np, kn, kq);
 		cp_async_commit();
 	}
 	cp_async_wait<0>();
@@ -823,56 +807,55 @@ cuda_attention_part_rows(int device)
 template <int E>
 static constexpr bool attn_wide_splits = (ATT_WIDE_WARPS * WARP) % (WARP * E) == 0;
 
-template <int E, typename P, typename T>
+template <int E, typename T>
 static int
 attn_wide_fits(int dev, char *err)
 {
 	int most = 0;
 
 	CK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-	return attn_smem_bytes<P, T>(WARP * E, ATT_WIDE_WARPS) <= (size_t)most;
+	return attn_smem_bytes<T>(WARP * E, ATT_WIDE_WARPS) <= (size_t)most;
 }
 
-/* Lets attn_kernel<E, P, T, W> have its shared memory on the current device (past 48 KB it must be asked for). */
-template <int E, typename P, typename T, int W>
+/* Lets attn_kernel<E, T, W> have its shared memory on the current device (past 48 KB it must be asked for). */
+template <int E, typename T, int W>
 static int
 attn_smem_limit(char *err)
 {
-	size_t smem = attn_smem_bytes<P, T>(WARP * E, W);
+	size_t smem = attn_smem_bytes<T>(WARP * E, W);
 
 	if (smem > 48 * 1024)
-		CK(cudaFuncSetAttribute(attn_kernel<E, P, T, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+		CK(cudaFuncSetAttribute(attn_kernel<E, T, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 	return 0;
 }
 
 /* Both widths, the wide one where it serves (launches never raise the limit: see cuda_attention_setup). */
-template <int E, typename P, typename T>
+template <int E, typename T>
 static int
 attn_smem_limits_t(char *err)
 {
-	int rc = attn_smem_limit<E, P, T, ATT_WARPS>(err), wide, dev;
+	int rc = attn_smem_limit<E, T, ATT_WARPS>(err), wide, dev;
 
 	if constexpr (attn_wide_splits<E>) {
 		if (rc != 0)
 			return rc;
 		CK(cudaGetDevice(&dev));
-		if ((wide = attn_wide_fits<E, P, T>(dev, err)) <= 0)
+		if ((wide = attn_wide_fits<E, T>(dev, err)) <= 0)
 			return wide;
-		return attn_smem_limit<E, P, T, ATT_WIDE_WARPS>(err);
+		return attn_smem_limit<E, T, ATT_WIDE_WARPS>(err);
 	}
 	return rc;
 }
 
-/* Every pool: fp16, fp32 (exact), q8 widened to fp16 or (exact) to fp32. */
+/* Every pool: fp16, fp32 (exact), q8. */
 template <int E>
 static int
 attn_smem_limits(char *err)
 {
-	int rc = attn_smem_limits_t<E, __half, __half>(err);
+	int rc = attn_smem_limits_t<E, __half>(err);
 
-	rc = rc != 0 ? rc : attn_smem_limits_t<E, float, float>(err);
-	rc = rc != 0 ? rc : attn_smem_limits_t<E, int8_t, __half>(err);
-	return rc != 0 ? rc : attn_smem_limits_t<E, int8_t, float>(err);
+	rc = rc != 0 ? rc : attn_smem_limits_t<E, float>(err);
+	return rc != 0 ? rc : attn_smem_limits_t<E, int8_t>(err);
 }
 
 int
@@ -892,52 +875,50 @@ cuda_attention_setup(int head_dim, char *err)
 }
 
 /*
- * Launches attn_kernel<E, P, T, W> with its shared memory (cuda_attention_setup
+ * Launches attn_kernel<E, T, W> with its shared memory (cuda_attention_setup
  * raised the limit): ATT_WIDE_WARPS where that width serves the head_dim
  * and the grid is one wave of it (at most ATT_WIDE_PER_SM blocks a
  * multiprocessor, as many as fit), else ATT_WARPS.
  */
-template <int E, typename P, typename T>
+template <int E, typename T>
 static int
 attn_launch_t(dim3 grid, int dev, int sms, const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16,
     float *part, int n_split,
     const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
 	if constexpr (attn_wide_splits<E>) {
-		size_t smem = attn_smem_bytes<P, T>(WARP * E, ATT_WIDE_WARPS);
+		size_t smem = attn_smem_bytes<T>(WARP * E, ATT_WIDE_WARPS);
 		int64_t blocks = (int64_t)grid.x * grid.y;
 		int per = 0, wide = 0;
 
-		if (blocks <= (int64_t)ATT_WIDE_PER_SM * sms && (wide = attn_wide_fits<E, P, T>(dev, err)) < 0)
+		if (blocks <= (int64_t)ATT_WIDE_PER_SM * sms && (wide = attn_wide_fits<E, T>(dev, err)) < 0)
 			return wide;
 		if (wide)
-			CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attn_kernel<E, P, T, ATT_WIDE_WARPS>,
+			CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attn_kernel<E, T, ATT_WIDE_WARPS>,
 			    ATT_WIDE_WARPS * WARP, smem));
 		if (wide && blocks <= (int64_t)MIN(per, ATT_WIDE_PER_SM) * sms) {
-			CK(cuda_launch(attn_kernel<E, P, T, ATT_WIDE_WARPS>, grid, dim3(ATT_WIDE_WARPS * WARP), smem, st, q,
+			CK(cuda_launch(attn_kernel<E, T, ATT_WIDE_WARPS>, grid, dim3(ATT_WIDE_WARPS * WARP), smem, st, q,
 			    out, q8, h16, part, n_split, *hd, *kv));
 			return 0;
 		}
 	}
-	CK(cuda_launch(attn_kernel<E, P, T, ATT_WARPS>, grid, dim3(ATT_WARPS * WARP),
-	    attn_smem_bytes<P, T>(WARP * E, ATT_WARPS), st, q, out, q8, h16, part, n_split, *hd, *kv));
+	CK(cuda_launch(attn_kernel<E, T, ATT_WARPS>, grid, dim3(ATT_WARPS * WARP), attn_smem_bytes<T>(WARP * E, ATT_WARPS),
+	    st, q, out, q8, h16, part, n_split, *hd, *kv));
 	return 0;
 }
 
-/* attn_launch_t for the pool's element type and the tiles'. */
+/* attn_launch_t for the pool's element type (a q8 pool's levels, whatever the mode: the sums are float's). */
 template <int E>
 static int
 attn_launch(dim3 grid, int dev, int sms, const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16,
     float *part, int n_split,
     const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
-	if (kv->q8 && kv->f32)
-		return attn_launch_t<E, int8_t, float>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
 	if (kv->q8)
-		return attn_launch_t<E, int8_t, __half>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
+		return attn_launch_t<E, int8_t>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
 	if (kv->f32)
-		return attn_launch_t<E, float, float>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
-	return attn_launch_t<E, __half, __half>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
+		return attn_launch_t<E, float>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
+	return attn_launch_t<E, __half>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
 }
 
 int

@@ -19,9 +19,9 @@
  * rows of n_head_kv * head_dim int8, then as many rows of a float scale
  * for each 32 of them (a head's row is whole groups): a value is q * d,
  * d = max |x| / 127 of its group, as the CPU's q8_0 cache. The kernels
- * copy such rows into shared memory as they are and widen them there to
- * the tiles' fp16 (fp32 with f32) before use, so that the arithmetic after
- * is the unquantized pool's.
+ * copy such rows into shared memory as they are; the decode kernel reads
+ * the levels there, the prefill kernel widens them to fp16 for its
+ * tensor cores.
  */
 struct cuda_kv {
 	void *pool;        /* __half, float with f32, int8 and scales with q8 */
@@ -107,6 +107,22 @@ kv_scale_index(const struct cuda_kv &kv, const int32_t *tab, int p, int kvsel, i
 {
 	return kv_index(kv, tab, p - p % KV_BLOCK_TOKENS, kvsel, nkv, 0) + (size_t)KV_BLOCK_TOKENS * (size_t)nkv +
 	    ((size_t)(p % KV_BLOCK_TOKENS) * (size_t)(nkv / 32) + (size_t)(head_off / 32)) * sizeof(float);
+}
+
+/*
+ * The four signed bytes of w (a q8 pool's levels, lowest first) as floats:
+ * each byte, biased by 128, in the low bits of the float 2^23, less
+ * 2^23 + 128 (a byte permute and an add, where the conversion instruction
+ * runs at an eighth of the adds' rate).
+ */
+static __device__ __forceinline__ void
+i8x4_float(uint32_t w, float *f)
+{
+	uint32_t u = w ^ 0x80808080u;
+
+#pragma unroll
+	for (int k = 0; k < 4; k++)
+		f[k] = __int_as_float((int)__byte_perm(u, 0x4B000000u, 0x7650u | (unsigned)k)) - 8388736.0f;
 }
 
 /*

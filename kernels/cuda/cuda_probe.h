@@ -185,7 +185,7 @@ struct cuda_probe_kv {
 	int f32;
 	int split;
 	int flash;
-	int q8;     /* the pool holds q8 rows (attention.cuh), widened to fp32 tiles with f32 */
+	int q8;     /* the pool holds q8 rows (attention.cuh) */
 };
 
 /*

@@ -98,10 +98,10 @@ fa_widen(__half *ks, __half *vs, const int8_t *st)
 	for (int i = threadIdx.x; i < FA_KV * (D / 8); i += FA_WARPS * WARP) {
 		int r = i / (D / 8), c = (i % (D / 8)) * 8;
 		uint2 a = *(const uint2 *)(st + r * RQ + c), b = *(const uint2 *)(vq + r * RQ + c);
-		const int8_t *qa = (const int8_t *)&a, *qb = (const int8_t *)&b;
-		float da = ksc[r * G + c / 32], db = vsc[r * G + c / 32];
+		float da = ksc[r * G + c / 32], db = vsc[r * G + c / 32], qa[8], qb[8];
 		uint4 ka, va;
 
+		i8x4_float(a.x, qa), i8x4_float(a.y, qa + 4), i8x4_float(b.x, qb), i8x4_float(b.y, qb + 4);
 		ka.x = pack_half2(qa[0] * da, qa[1] * da), ka.y = pack_half2(qa[2] * da, qa[3] * da);
 		ka.z = pack_half2(qa[4] * da, qa[5] * da), ka.w = pack_half2(qa[6] * da, qa[7] * da);
 		va.x = pack_half2(qb[0] * db, qb[1] * db), va.y = pack_half2(qb[2] * db, qb[3] * db);

@@ -4,7 +4,7 @@
  * fused into the Q/K/V product (cuda_matmul_qkv) and its refusals, and
  * attention (one piece, split and merged, prefill tiles on the tensor
  * cores, and for one token with qk's work in it) over fp16 and fp32 pools
- * and q8_0 ones (widened to fp16 tiles, or to fp32 in exact mode), against
+ * and q8_0 ones (the prefill kernel widens their tiles to fp16), against
  * the CPU backend's, a float64 reference or qk then attention. The inputs,
  * tolerances and the skip without a GPU are cuda_ops_common.h's.
  */
@@ -35,11 +35,11 @@
 #define POISON16 0xffff /* an fp16 NaN: what the pool holds where nothing was written */
 #define POISON32 0xffffffffu /* the same in an fp32 pool, and a q8 pool's scale */
 #define POISON8 (-128)       /* a q8 pool's level that no quantization makes */
-/* The pools tried: fp16, fp32 (exact), q8 widened to fp16 tiles, q8 widened to fp32 tiles (exact). */
-#define N_KINDS 4
-#define KIND_F32(k) ((k) & 1)
-#define KIND_Q8(k) ((k) >> 1)
-static const char *const kind_names[N_KINDS] = { "fp16", "fp32", "q8 (fp16 tiles)", "q8 (fp32 tiles)" };
+/* The pools tried: fp16, fp32 (exact mode's), q8 (either mode's: the same kernels). */
+#define N_KINDS 3
+#define KIND_F32(k) ((k) == 1)
+#define KIND_Q8(k) ((k) == 2)
+static const char *const kind_names[N_KINDS] = { "fp16", "fp32", "q8" };
 
 /* ---- heads: RoPE, the KV write, attention ---- */
 
@@ -162,15 +162,12 @@ pool_new(size_t n, size_t nkv, int kind)
 	return kp;
 }
 
-/* Element i as the attention kernels use it: a q8 pool's q * d in float, then in fp16 unless f32 (the tiles'). */
+/* Element i as the decode kernel uses it: a q8 pool's q * d in float (the prefill kernel's fp16 of it is within TOL_FLASH). */
 static double
 pool_get(const struct kv_pool *kp, size_t i)
 {
-	if (kp->q8) {
-		float x = (float)*q8_level(kp, i) * *q8_scale(kp, i);
-
-		return kp->f32 ? x : fp16_to_fp32(fp32_to_fp16(x));
-	}
+	if (kp->q8)
+		return (float)*q8_level(kp, i) * *q8_scale(kp, i);
 	return kp->f32 ? (double)((const float *)kp->data)[i] : fp16_to_fp32(((const uint16_t *)kp->data)[i]);
 }
 
@@ -205,7 +202,7 @@ pool_poisoned(const struct kv_pool *kp, size_t i)
 static const char *
 pool_name(const struct kv_pool *kp)
 {
-	return kind_names[kp->q8 * 2 + kp->f32];
+	return kind_names[kp->q8 ? 2 : kp->f32];
 }
 
 static struct cuda_probe_kv
@@ -269,7 +266,7 @@ cpu_head(float *x, const float *bias, const float *nw, const struct cuda_probe_h
 
 /*
  * Checks one K or V head in the pool against its reference (fp16 rounding
- * allowed in an fp16 pool or tile, half a q8 level in a q8 pool: the
+ * allowed in an fp16 pool, half a q8 level in a q8 pool: the
  * largest of its group over 254); marks it written.
  */
 static double
@@ -281,7 +278,7 @@ check_pool_head(const char *what, const struct kv_pool *kp, uint8_t *written, co
 	for (int i = 0; i < hd->head_dim; i++) {
 		size_t at = pool_at(hd, pl, pl->tok_tab[t], pl->tok_pos[t], kv, h, i);
 		double g = pool_get(kp, at);
-		double bound = (kp->f32 ? 0 : ldexp(fabs((double)ref[i]), -11)) + TOL_F32 * m;
+		double bound = (kp->f32 || kp->q8 ? 0 : ldexp(fabs((double)ref[i]), -11)) + TOL_F32 * m;
 
 		if (kp->q8)
 			bound += max_abs(ref + i / 32 * 32, 32) / 254 + TOL_F32 * m;
@@ -363,7 +360,7 @@ test_qk(void **state)
 		for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++)
 			worst = fmax(worst, qk_case(c, kind));
 		print_message("qk, %s pool: max error / head max %.2e (bound %.0e%s%s)\n", kind_names[kind], worst, TOL_F32,
-		    KIND_F32(kind) ? "" : ", plus fp16 rounding", KIND_Q8(kind) ? ", plus half a level" : "");
+		    kind == 0 ? ", plus fp16 rounding" : "", KIND_Q8(kind) ? ", plus half a level" : "");
 	}
 }
 
