@@ -331,60 +331,20 @@ attn_load_tile(T *ks, T *vs, float *ksc, float *vsc, const struct cuda_kv &kv, c
 }
 
 /*
- * attn_scores on a q8 stage's K rows kt and scales ksc: each lane's eight
- * levels at a time dotted with the queries, the sums scaled by their
- * group's scale (a quarter of a row is whole groups, or half of one).
- */
-template <int D>
-static __device__ __forceinline__ float
-attn_scores_q8(const int8_t *kt, const float *ksc, const float *qs, int j, int nv, int qq)
-{
-	constexpr int QD = D / 4, RQ = D + kv_pad<int8_t>(), G = D / 32;
-	float sc[ATT_GROUP], v;
-
-#pragma unroll
-	for (int h = 0; h < ATT_GROUP; h++)
-		sc[h] = 0.0f;
-	if (j < nv) {
-#pragma unroll 2
-		for (int i = 0; i < QD; i += 8) {
-			uint2 u = *(const uint2 *)(kt + j * RQ + qq * QD + i);
-			float kf[8], d = ksc[j * G + (qq * QD + i) / 32];
-
-			i8x4_float(u.x, kf);
-			i8x4_float(u.y, kf + 4);
-#pragma unroll
-			for (int h = 0; h < ATT_GROUP; h++) {
-				const float *qh = qs + h * D + qq * QD + i;
-				float4 qa = *(const float4 *)qh, qb = *(const float4 *)(qh + 4);
-
-				sc[h] += d * (qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
-				    qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7]);
-			}
-		}
-	}
-	v = sc[0];
-#pragma unroll
-	for (int h = 0; h < ATT_GROUP; h++) {
-		sc[h] += __shfl_xor_sync(FULL_MASK, sc[h], 8);
-		sc[h] += __shfl_xor_sync(FULL_MASK, sc[h], 16);
-		v = qq == h ? sc[h] : v;
-	}
-	return j < nv ? v : -INFINITY;
-}
-
-/*
  * The scores of position j of a tile against every head of the block: the
  * four lanes of the position (qq = 0..3, 8 lanes apart, so that the 8
  * lanes of a shared-memory phase read 8 rows' same quarter, in distinct
  * banks, against one broadcast query quarter) each dot a quarter of its
- * dimensions, then sum their parts. Lane qq returns head qq's.
+ * dimensions, then sum their parts. Lane qq returns head qq's. A q8
+ * tile's (T int8_t) eight levels at a time are dotted with the queries and
+ * the sum scaled by their group's scale in ksc (a quarter of a row is
+ * whole groups, or half of one).
  */
 template <int D, typename T>
 static __device__ __forceinline__ float
-attn_scores(const T *kt, const float *qs, int j, int nv, int qq)
+attn_scores(const T *kt, const float *ksc, const float *qs, int j, int nv, int qq)
 {
-	constexpr int QD = D / 4, RS = D + kv_pad<T>();
+	constexpr int QD = D / 4, RS = D + kv_pad<T>(), G = kv_groups<T>(D);
 	float sc[ATT_GROUP], v;
 
 #pragma unroll
@@ -393,16 +353,25 @@ attn_scores(const T *kt, const float *qs, int j, int nv, int qq)
 	if (j < nv) {
 #pragma unroll 2
 		for (int i = 0; i < QD; i += 8) {
-			float kf[8];
+			float kf[8], d = 1.0f;
 
-			load_kv<8>(kt + j * RS + qq * QD + i, kf);
+			if constexpr (G > 0) {
+				uint2 u = *(const uint2 *)(kt + j * RS + qq * QD + i);
+
+				d = ksc[j * G + (qq * QD + i) / 32];
+				i8x4_float(u.x, kf);
+				i8x4_float(u.y, kf + 4);
+			} else {
+				load_kv<8>(kt + j * RS + qq * QD + i, kf);
+			}
 #pragma unroll
 			for (int h = 0; h < ATT_GROUP; h++) {
 				const float *qh = qs + h * D + qq * QD + i;
 				float4 qa = *(const float4 *)qh, qb = *(const float4 *)(qh + 4);
-
-				sc[h] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
+				float part = qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
 				    qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
+
+				sc[h] += G > 0 ? d * part : part;
 			}
 		}
 	}
@@ -645,10 +614,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 
 		cp_async_wait<S - 1>();
 		__syncthreads();
-		if constexpr (G > 0)
-			ws[j * ATT_GROUP + lane / 8] = attn_scores_q8<D>(kt, kst, qs, j, nv, lane / 8);
-		else
-			ws[j * ATT_GROUP + lane / 8] = attn_scores<D, T>(kt, qs, j, nv, lane / 8);
+		ws[j * ATT_GROUP + lane / 8] = attn_scores<D, T>(kt, kst, qs, j, nv, lane / 8);
 		__syncthreads();
 		if (g < ATT_GROUP)
 			attn_softmax<TILE, G>(ws, cs, g, g < ng, nv, &m, &l, vst);

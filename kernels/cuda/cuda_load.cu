@@ -787,7 +787,8 @@ plan_sizes(const struct model_desc *m, const struct backend_opts *o, struct mats
 			z->stage = MAX(z->stage, 2 * form_bytes(m, x, l));
 	z->hot = hot_bytes(m, o, x);
 	z->part_elems = o->exact ? 0 : cuda_qgemm_part_elems(sms);
-	z->kv_block = (size_t)m->hp.n_layer * 2 * KV_BLOCK_TOKENS * kv_row_size(d.nkv, o->exact, o->kv_type == KV_Q8_0);
+	z->kv_block = (size_t)m->hp.n_layer * 2 * KV_BLOCK_TOKENS *
+	    kv_row_size(d.nkv, o->exact, o->kv_type == KV_Q8_0);
 	z->act = activation_bytes(&d) + (size_t)z->wh * sizeof(__half) + BLAS_WORKSPACE + part_bytes(o->device, &m->hp) +
 	    floats_bytes(small_floats(m)) + floats_bytes((size_t)z->part_elems);
 	return 0;

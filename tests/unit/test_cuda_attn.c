@@ -162,7 +162,7 @@ pool_new(size_t n, size_t nkv, int kind)
 	return kp;
 }
 
-/* Element i as the decode kernel uses it: a q8 pool's q * d in float (the prefill kernel's fp16 of it is within TOL_FLASH). */
+/* Element i as the decode kernel uses it: a q8 pool's q * d in float (the prefill kernel's fp16 is within TOL_FLASH). */
 static double
 pool_get(const struct kv_pool *kp, size_t i)
 {
