@@ -26,6 +26,15 @@ kv_type_name(enum kv_type t)
 }
 
 int
+kv_type_check(enum kv_type t, int head_dim, char *err)
+{
+	if (t == KV_Q8_0 && head_dim % 32 != 0)
+		return err_set(err, ERR_UNSUPPORTED, "a q8_0 KV cache needs heads of a multiple of 32 values (this "
+		    "model's have %d): use --kv-type f16", head_dim);
+	return 0;
+}
+
+int
 fwd_batch_check(const struct fwd_batch *batch, int32_t max_tokens, int64_t kv_blocks, int32_t n_vocab,
     int64_t *max_len, int64_t *n_table, char *err)
 {

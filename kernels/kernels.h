@@ -12,7 +12,6 @@
 #ifndef RESIDENT_KERNELS_H
 #define RESIDENT_KERNELS_H
 
-#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,13 +22,16 @@ struct model_desc;
 /* How a KV pool holds K and V (backend_opts.kv_type; residentd --kv-type). */
 enum kv_type {
 	KV_F16,            /* floats: fp16 on CUDA (fp32 in its exact mode), fp32 on the CPU */
-	KV_Q8_0,           /* blocks of 32 values of 8 bits, a float scale each (struct q8_act32,
-	                      kernels/cpu/cpu_q8.h): a head's row is whole blocks (head_dim % 32 == 0) */
+	KV_Q8_0,           /* groups of 32 values of 8 bits and a float scale (d = max |x| / 127), laid out
+	                      as each backend reads them (the CPU: struct q8_act32, kernels/cpu/cpu_q8.h;
+	                      CUDA: kernels/cuda/attention.cuh); a head's row is whole groups */
 };
 
 /* "f16" or "q8_0" into *t; ERR_INVAL with a message naming the choices otherwise. */
 int kv_type_parse(const char *s, enum kv_type *t, char *err);
 const char *kv_type_name(enum kv_type t);
+/* 0, or ERR_UNSUPPORTED with a message where heads of head_dim cannot take t (q8_0: whole groups of 32). */
+int kv_type_check(enum kv_type t, int head_dim, char *err);
 
 struct backend_opts {
 	int n_threads;     /* CPU: worker threads (0: all cores) */

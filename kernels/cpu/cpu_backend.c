@@ -167,16 +167,6 @@ alloc_buffers(struct backend *b, char *err)
 	return rc;
 }
 
-/* 0, or ERR_UNSUPPORTED where a head's row is not whole q8_0 blocks. */
-static int
-check_kv_type(const struct model_desc *m, enum kv_type t, char *err)
-{
-	if (t == KV_Q8_0 && m->hp.head_dim % 32 != 0)
-		return err_set(err, ERR_UNSUPPORTED, "a q8_0 KV cache needs heads of a multiple of 32 values (this "
-		    "model's have %d): use --kv-type f16", m->hp.head_dim);
-	return 0;
-}
-
 /* Worker threads for the options. */
 static int
 cpu_threads(const struct backend_opts *o)
@@ -197,7 +187,7 @@ cpu_plan(const struct model_desc *m, const struct backend_opts *o, struct backen
 	struct cpu_buf bufs[CPU_BUFS];
 	int n, rc;
 
-	if ((rc = check_kv_type(m, o->kv_type, err)) != 0)
+	if ((rc = kv_type_check(o->kv_type, m->hp.head_dim, err)) != 0)
 		return rc;
 	n = cpu_bufs(&b, cpu_threads(o), bufs);
 	p->kv_block = bufs[0].rows * bufs[0].cols * sizeof(float);
@@ -220,7 +210,7 @@ cpu_load(const struct model_desc *m, const struct backend_opts *o, struct backen
 		free(b);
 		return err_set(err, ERR_INVAL, "max_tokens and kv_blocks must be positive");
 	}
-	if ((rc = check_kv_type(m, o->kv_type, err)) != 0) {
+	if ((rc = kv_type_check(o->kv_type, m->hp.head_dim, err)) != 0) {
 		free(b);
 		return rc;
 	}
@@ -648,7 +638,7 @@ cpu_host_free(void *p)
 	free(p);
 }
 
-/* The CPU's float pool is fp32 in both modes. */
+/* A token's row: fp32 in both modes, or q8_act32 blocks. */
 static size_t
 cpu_kv_row_bytes(const struct backend *b)
 {

@@ -767,10 +767,7 @@ plan_sizes(const struct model_desc *m, const struct backend_opts *o, struct mats
 	struct dims d = model_dims(&m->hp, o);
 	int rc, sms = 0;
 
-	if (o->kv_type == KV_Q8_0 && m->hp.head_dim % 32 != 0)
-		return err_set(err, ERR_UNSUPPORTED, "a q8_0 KV cache needs heads of a multiple of 32 values (this "
-		    "model's have %d): use --kv-type f16", m->hp.head_dim);
-	if ((rc = check_model(m, x->t, x->n, err)) != 0)
+	if ((rc = kv_type_check(o->kv_type, m->hp.head_dim, err)) != 0 || (rc = check_model(m, x->t, x->n, err)) != 0)
 		return rc;
 	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o->device));
 	z->weights = matrix_offsets(x->t, x->host, x->n, x->off);
