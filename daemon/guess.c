@@ -39,7 +39,7 @@ void
 guess_done(struct guess *g, int n_dec, int guessed, int32_t produced, double seconds)
 {
 	int b = bucket(n_dec), wait = bucket_wait(g, b);
-	double r, *m = &g->rate[guessed != 0][b];
+	double r, *m = &g->rate[guessed != 0][b], other = g->rate[guessed == 0][b], lost;
 
 	if (seconds <= 0 || produced <= 0)
 		return;
@@ -50,8 +50,16 @@ guess_done(struct guess *g, int n_dec, int guessed, int32_t produced, double sec
 		g->steps[b]++;
 		return;
 	}
-	/* a try that lost again waits twice as long for the next; one that turned the choice, as at first */
+	/*
+	 * a try that lost again waits twice as long for the next, and long enough that what it lost (the steps
+	 * of the other way its tokens would have taken less) is a small share; one that turned the choice, as at first
+	 */
 	g->trying[b] = 0;
 	g->steps[b] = 0;
-	g->wait[b] = (g->rate[1][b] >= g->rate[0][b]) == g->best[b] ? MIN(2 * wait, GUESS_EXPLORE_MAX) : GUESS_EXPLORE;
+	if ((g->rate[1][b] >= g->rate[0][b]) != g->best[b]) {
+		g->wait[b] = GUESS_EXPLORE;
+		return;
+	}
+	lost = other > r ? MIN(other / r - 1, (double)GUESS_COSTLY_MAX) : 0;
+	g->wait[b] = MAX(MIN(2 * wait, GUESS_EXPLORE_MAX), (int)MIN(lost * GUESS_TRY_SHARE, (double)GUESS_COSTLY_MAX));
 }

@@ -12,10 +12,12 @@
  * without (a moving average each); a step guesses when that is the faster
  * of the two, or has no measure yet, and the other way is tried again
  * after GUESS_EXPLORE steps of that batch size, since the requests change.
- * Each try that loses again doubles that wait, up to GUESS_EXPLORE_MAX: a
- * try of a draft model that seldom pays costs its draft steps as well (on
- * a GPU a 1B draft's 7 steps and the check cost about two of an 8B
- * model's), which a try in every 16 steps made a tenth of the time.
+ * Each try that loses again doubles that wait, up to GUESS_EXPLORE_MAX,
+ * and makes it at least GUESS_TRY_SHARE times what the try lost (in steps
+ * of the faster way), up to GUESS_COSTLY_MAX: a try of a draft model that
+ * seldom pays costs its draft steps as well (on a GPU a 1B draft's 7 steps
+ * and the check cost about two of an 8B model's at one sequence, four at
+ * sixteen), which a try in every 16 steps made a tenth of the time.
  */
 #ifndef RESIDENT_GUESS_H
 #define RESIDENT_GUESS_H
@@ -25,6 +27,8 @@
 #define GUESS_BUCKETS 8     /* batch sizes 1, 2-3, 4-7, ... 128 and more */
 #define GUESS_EXPLORE 16
 #define GUESS_EXPLORE_MAX 256
+#define GUESS_COSTLY_MAX 1024
+#define GUESS_TRY_SHARE 64  /* a losing try costs at most 1/64 of the steps until the next */
 
 struct guess {
 	double rate[2][GUESS_BUCKETS];  /* tokens a second of decode-only steps without [0] and with [1] guesses */

@@ -32,30 +32,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* 1 if the two vocabularies give every id the same bytes. */
-static int
-same_vocab(const struct tokenizer *a, const struct tokenizer *b)
-{
-	int32_t n = tok_n_vocab(a);
-
-	if (n != tok_n_vocab(b))
-		return 0;
-	for (int32_t i = 0; i < n; i++) {
-		size_t la = 0, lb = 0;
-		const char *x = tok_bytes(a, i, &la), *y = tok_bytes(b, i, &lb);
-
-		if (la != lb || memcmp(x, y, la) != 0)
-			return 0;
-	}
-	return 1;
-}
-
 int
 sched_draft_use(struct sched *s, struct gen *g, struct slot *d, char *err)
 {
 	const struct model_desc *t = g->md, *dm = engine_model(d->e);
 
-	if (engine_model(g->slot->e)->hp.n_vocab != dm->hp.n_vocab || !same_vocab(t->tok, dm->tok))
+	/* the hash was made at load: comparing 128k tokens here took ~1.5 ms a request (16 requests: 3 % of a round) */
+	if (engine_model(g->slot->e)->hp.n_vocab != dm->hp.n_vocab || tok_n_vocab(t->tok) != tok_n_vocab(dm->tok) ||
+	    tok_bytes_hash(t->tok) != tok_bytes_hash(dm->tok))
 		return err_set(err, ERR_INVAL, "draft model %s has another vocabulary than %s: a draft's tokens must "
 		    "be the target's", d->name, g->slot->name);
 	slots_acquire(&s->slots, d);

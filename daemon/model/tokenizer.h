@@ -71,6 +71,13 @@ const char *tok_piece(const struct tokenizer *t, int32_t id);
  * is out of range.
  */
 const char *tok_bytes(const struct tokenizer *t, int32_t id, size_t *len);
+/*
+ * A 64-bit hash of every id's tok_bytes (their lengths and bytes, in id
+ * order), made at load: two vocabularies of one size with the same hash
+ * spell every id alike, as far as a draft model's check needs (a
+ * collision would cost guesses, never output: the target checks them).
+ */
+uint64_t tok_bytes_hash(const struct tokenizer *t);
 /* The type of a token, or 0 if id is out of range. */
 enum tok_type tok_type(const struct tokenizer *t, int32_t id);
 

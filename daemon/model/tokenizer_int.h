@@ -89,6 +89,7 @@ struct tokenizer {
 	int n_re;
 	struct trie added;
 	uint32_t max_dec;
+	uint64_t dec_hash;    /* of every id's tok_bytes, in order (tok_bytes_hash) */
 };
 
 /* A string that is not NUL-terminated. */

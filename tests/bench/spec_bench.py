@@ -5,7 +5,7 @@
 same.
 
     tests/bench/spec_bench.py -m MODEL [--draft DRAFT] [--task rewrite|free] [--seqs 1,16]
-                              [--tokens 256] [--repeat 2] [--mode auto|on] [--stream]
+                              [--tokens 256] [--repeat 2] [--mode auto|on] [--stream] [--log FILE]
                               [-- RESIDENTD_FLAGS...]
 
 Tasks:
@@ -110,6 +110,7 @@ def main():
     ap.add_argument("--stream", action="store_true", help="stream the replies (a Python client reading a frame "
                     "a token can then be what bounds many requests' rate)")
     ap.add_argument("--daemon", help="residentd to run (else RESIDENT_BUILDDIR's)")
+    ap.add_argument("--log", help="keep the daemon's log there (with -- --log-level debug: each step's tokens and time)")
     ap.add_argument("flags", nargs="*", help="residentd flags (after --)")
     a = ap.parse_args()
     if a.daemon:
@@ -138,6 +139,9 @@ def main():
                 print("| %d | %.1f | %.1f | %.2fx | %d | %d | %s |" % (n, off[0], auto[0], auto[0] / off[0],
                       auto[1][1], auto[1][2], same), flush=True)
     finally:
+        if a.log:
+            for f in sorted(x for x in os.listdir(tmp) if x.startswith("daemon.")):
+                rsd.shutil.copyfile(os.path.join(tmp, f), a.log)
         rsd.shutil.rmtree(tmp, ignore_errors=True)
 
 

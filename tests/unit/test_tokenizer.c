@@ -351,6 +351,21 @@ test_gguf_equals_json(void **state)
 	}
 }
 
+/*
+ * tok_bytes_hash, a draft model's vocabulary check: one vocabulary's GGUF
+ * and tokenizer.json spell every id alike and hash alike; no two flavours do.
+ */
+static void
+test_bytes_hash(void **state)
+{
+	(void)state;
+	for (int i = 0; i < N_FLAVOURS; i++) {
+		assert_true(tok_bytes_hash(fx[i].gguf) == tok_bytes_hash(fx[i].json));
+		for (int j = 0; j < i; j++)
+			assert_true(tok_bytes_hash(fx[i].gguf) != tok_bytes_hash(fx[j].gguf));
+	}
+}
+
 /* Streaming whole encodings, and random id sequences, hands out whole UTF-8 only. */
 static void
 test_stream(void **state)
@@ -680,6 +695,7 @@ main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_roundtrip),
 		cmocka_unit_test(test_gguf_equals_json),
+		cmocka_unit_test(test_bytes_hash),
 		cmocka_unit_test(test_stream),
 		cmocka_unit_test(test_stream_bytes),
 		cmocka_unit_test(test_invalid_utf8),
