@@ -709,7 +709,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
  */
 __global__ void
 attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, struct cuda_q8 q8, struct cuda_h16 h16,
-    int n_split, int d, int n_head, const int32_t *__restrict__ fa_tok, const float *__restrict__ sinks)
+    int n_split, int d, int n_head, const float *__restrict__ sinks)
 {
 	pdl_wait();
 	pdl_trigger();
@@ -717,8 +717,6 @@ attn_merge_kernel(const float *__restrict__ part, float *__restrict__ out, struc
 	const float *pr = part + (size_t)blockIdx.x * n_split * (d + 2);
 	float mx = -INFINITY, l = 0.0f, acc = 0.0f;
 
-	if (fa_tok != NULL && fa_tok[blockIdx.x / n_head])
-		return;
 	for (int s = threadIdx.x; s < n_split; s += blockDim.x)
 		wm[s] = pr[s * (d + 2) + d], wl[s] = pr[s * (d + 2) + d + 1];
 	__syncthreads();
@@ -894,12 +892,10 @@ cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h1
 	int group = hd->n_head / hd->n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP, dev, sms = 0, rc;
 	int64_t base = (int64_t)n_tok * hd->n_head_kv * ngb, n_split = 1, target;
 
-	if ((q8.q != NULL || h16.h != NULL) && kv->fa_tiles != NULL)
-		return err_set(err, ERR_INVAL, "cuda_attention: an int8 or fp16 form of the prefill tiles' rows");
+	if (q8.q != NULL && kv->fa_tiles != NULL)
+		return err_set(err, ERR_INVAL, "cuda_attention: an int8 form of the prefill tiles' rows");
 	if (h16.h != NULL && kv->f32)
 		return err_set(err, ERR_INVAL, "cuda_attention: an fp16 form of values from an fp32 pool");
-	if (kv->fa_tiles != NULL && (rc = cuda_flash(q, out, hd, kv, st, err)) != 0)
-		return rc;
 	CK(cudaGetDevice(&dev));
 	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
 	target = (int64_t)ATT_WAVES * sms; /* blocks that keep the device busy */
@@ -907,6 +903,9 @@ cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h1
 		n_split = MIN(MIN(target / base, (int64_t)ATT_MAX_SPLITS), kv->part_rows / ((int64_t)n_tok * hd->n_head));
 	n_split = MIN(n_split, ((int64_t)kv->max_len + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN);
 	n_split = MAX(n_split, 1);
+	/* the tiles split as the other tokens do: one merge then serves every row */
+	if (kv->fa_tiles != NULL && (rc = cuda_flash(q, out, h16, (int)n_split, hd, kv, st, err)) != 0)
+		return rc;
 	dim3 grid((unsigned)(n_tok * n_split), (unsigned)(hd->n_head_kv * ngb));
 
 	switch (hd->head_dim / WARP) {
@@ -923,6 +922,6 @@ cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h1
 	if (rc != 0 || n_split == 1)
 		return rc;
 	CK(cuda_launch(attn_merge_kernel, dim3((unsigned)(n_tok * hd->n_head)), dim3(hd->head_dim), 0, st, kv->part,
-	    out, q8, h16, (int)n_split, hd->head_dim, hd->n_head, kv->fa_tok, hd->sinks));
+	    out, q8, h16, (int)n_split, hd->head_dim, hd->n_head, hd->sinks));
 	return 0;
 }

@@ -88,7 +88,14 @@ kv_row_size(size_t nkv, int exact, int q8)
 #define FLASH_N(x) ((x) & 127)
 /* Query rows of one tile: its tokens times the query heads of a KV head. */
 #define FLASH_ROWS 64
-/* Sequences with at least this many new tokens in a step go to the tensor-core kernel. */
+/*
+ * Sequences with at least this many new tokens in a step go to the
+ * tensor-core kernel. Fewer were tried (2: a sequence's guesses, its K and
+ * V rows read once for all of them): sixteen Gemma 3 270M sequences of 4
+ * guesses at depth ~1,700 took 1.88 ms a step where they took 1.97, but
+ * one sequence of 7 took 1.09 ms where it took 0.98 (its one tile in 14
+ * pieces against the split kernel's 112 blocks), H200.
+ */
 #define FLASH_MIN_TOKENS 16
 
 /* Element e of position p's K (kvsel 0) or V (kvsel 1) in the pool, head offset head_off. */
@@ -250,8 +257,8 @@ int cuda_qk(float *q, float *k, const float *v, int n_tok, const struct cuda_hea
  * (cuda_q8, rows of n_head * head_dim) goes there too, for the integer
  * kernels of the output product; with h16.h its fp16 form (cuda_h16, each
  * row's divisor 1: a mean of the fp16 pool's values never overflows fp16;
- * not from an fp32 pool), for the tensor-core ones. Neither with prefill
- * tiles (kv->fa_tiles).
+ * not from an fp32 pool), for the tensor-core ones. No int8 form with
+ * prefill tiles (kv->fa_tiles), whose kernel splits as the other tokens'.
  */
 int cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16, int n_tok,
     const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err);
@@ -274,9 +281,13 @@ int64_t cuda_attention_part_rows(int device);
  */
 int cuda_flash_usable(const struct cuda_heads *hd, int f32, int *tile_tokens);
 
-/* The prefill tiles of kv (fa_tiles), on st; cuda_attention calls it. */
-int cuda_flash(const float *q, float *out, const struct cuda_heads *hd, const struct cuda_kv *kv,
-    cudaStream_t st, char *err);
+/*
+ * The prefill tiles of kv (fa_tiles), on st, each in n_split pieces (> 1:
+ * into kv->part for attn_merge_kernel, else into out and h16's fp16 form
+ * if h16.h); cuda_attention calls it.
+ */
+int cuda_flash(const float *q, float *out, struct cuda_h16 h16, int n_split, const struct cuda_heads *hd,
+    const struct cuda_kv *kv, cudaStream_t st, char *err);
 
 /* Readies cuda_flash for head_dim on the current device (cuda_attention_setup calls it). */
 int cuda_flash_setup(int head_dim, char *err);

@@ -234,14 +234,15 @@ stage_tiles(const struct backend *b, const struct step_ints *h, int32_t t, int32
 /*
  * The bound on a step's prefill tiles, by its token count alone (one graph
  * serves every step of a count): whole tiles, plus a part-tile for each
- * sequence long enough to have one; 0 when no sequence can be.
+ * sequence long enough to have one (no more than a step's sequences); 0
+ * when no sequence can be.
  */
 static int
 flash_grid(const struct backend *b, int T)
 {
 	if (b->flash_tokens == 0 || T < FLASH_MIN_TOKENS)
 		return 0;
-	return T / b->flash_tokens + T / FLASH_MIN_TOKENS + 1;
+	return T / b->flash_tokens + MIN(T / FLASH_MIN_TOKENS, b->max_seqs) + 1;
 }
 
 /*
@@ -417,9 +418,10 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	float *qkv[3] = { b->q, b->k, b->v };
 	int ld[3] = { nq, nkv, nkv };
 
-	/* the attention kernels write the output product's input form (the prefill tiles' kernel does not) */
+	/* the attention kernels write the output product's input form (the prefill tiles' kernel its fp16 one) */
+	h16 = h16_of(b, T);
 	if (!fa)
-		q8 = q8_of(b, T, &c->wo), h16 = h16_of(b, T);
+		q8 = q8_of(b, T, &c->wo);
 	prof_mark(b, PH_MATMUL);
 	fused = cuda_matmul_qkv_fits(&b->mm, wqkv, T, &hd, &kv); /* the product does qk's work too */
 	rc = fused ? cuda_matmul_qkv(&b->mm, wqkv, b->h, embd, T, b->q, &hd, &kv, formed(b, T, &c->wq), err) :
@@ -843,8 +845,8 @@ stage_masks(struct backend *b, const struct fwd_batch *batch, int n_logits, char
 
 	if ((rc = fwd_masks_get(batch, n_logits, &mk, err)) != 0 || mk.n == 0)
 		return rc;
-	if (mk.n > b->max_masks)
-		return err_set(err, ERR_INVAL, "%d constrained rows (at most %d)", mk.n, b->max_masks);
+	if (mk.n > b->max_seqs)
+		return err_set(err, ERR_INVAL, "%d constrained rows (at most %d)", mk.n, b->max_seqs);
 	memcpy(b->host_mask_rows, mk.rows, (size_t)mk.n * sizeof *mk.rows);
 	memcpy(b->host_mask_bits, mk.bits, (size_t)mk.n * words * sizeof *mk.bits);
 	CK(cudaMemcpyAsync(b->dev_mask_rows, b->host_mask_rows, (size_t)mk.n * sizeof *mk.rows, cudaMemcpyHostToDevice,

@@ -164,7 +164,7 @@ struct backend {
 	uint64_t *pick_part;         /* cuda_pick's scratch; NULL past FWD_PICK_MAX_VOCAB */
 	int32_t *dev_mask_rows, *host_mask_rows; /* a step's constrained rows (fwd_masks), max_seqs (host: pinned) */
 	uint32_t *dev_mask_bits, *host_mask_bits;
-	int max_masks;               /* max_seqs */
+	int max_seqs;                /* sequences a step may carry (and its most constrained rows) */
 	int64_t att_part_rows;
 	void *blas_ws;
 	/* staging: tokens, positions, table offsets, logit rows, then the tables */

@@ -594,7 +594,7 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 		CK(cudaMallocHost((void **)&b->host_top_lp, T * FWD_TOP_LOGPROBS * sizeof(float)));
 		CK(cudaMallocHost((void **)&b->host_mask_rows, d->S * sizeof(int32_t)));
 		CK(cudaMallocHost((void **)&b->host_mask_bits, d->S * FWD_MASK_WORDS(d->vocab) * sizeof(uint32_t)));
-		b->max_masks = (int)d->S;
+		b->max_seqs = (int)d->S;
 	}
 	b->mm.wh_elems = wh_elems;
 	return rc;

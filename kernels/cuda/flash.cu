@@ -22,6 +22,14 @@
  * Tiles come from the host per step (kv->fa_tiles); the blocks of a launch
  * beyond their count return at once, so that one launch shape (one graph)
  * serves every step of a token count. Tiles run longest context first.
+ *
+ * A tile of a few tokens (a sequence's guesses, a short chunk) beside a
+ * long context would leave the GPU idle in one block: like the split
+ * kernel (attention.cu), a launch of n_split > 1 cuts each tile's
+ * positions into n_split pieces of whole K/V tiles (blockIdx.z), each
+ * leaving its rows' weighted values, max and sum in kv->part for
+ * attn_merge_kernel. The tile's K and V rows are read once for all its
+ * tokens, where the split kernel reads them once for each token.
  */
 #include "attention.cuh"
 #include "tc.cuh"
@@ -30,6 +38,7 @@
 #define FA_KV 64     /* positions per K/V tile */
 #define FA_PAD 8     /* fp16 after each shared-memory row: ldmatrix meets no bank conflicts */
 #define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
 
 #define FA_Q8_PAD 16 /* bytes after each int8 row of a q8 stage */
 
@@ -279,10 +288,56 @@ fa_fill(__half *ks, __half *vs, int8_t *q8s, int st, const struct cuda_kv &kv, c
 		fa_load_kv<D>(ks + st * FA_KV * (D + FA_PAD), vs + st * FA_KV * (D + FA_PAD), kv, tab, c0, last, nkv, koff);
 }
 
-/* Block (tile blockIdx.x counted from the last, KV head blockIdx.y). */
+/*
+ * The rows of a thread's tile once its positions are done: normalized into
+ * out (and their fp16 form into h16 if h16.h), or with n_split > 1 as
+ * piece `split` of each row in part (its max in natural log, as
+ * attn_kernel leaves it).
+ */
+template <int D>
+static __device__ __forceinline__ void
+fa_store(float *__restrict__ out, struct cuda_h16 h16, float *__restrict__ part, int n_split, int split,
+    const struct cuda_heads &hp, const struct fa_row (&rows)[2], const float (&o)[D / 8][4], int t0, int kvh,
+    int group)
+{
+	int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, col = 2 * (lane % 4);
+
+#pragma unroll
+	for (int i = 0; i < 2; i++) { /* unrolled: o stays in registers */
+		int r = 16 * warp + lane / 4 + 8 * i, tok = r / group, h = kvh * group + r % group;
+		size_t row = (size_t)(t0 + tok) * hp.n_head + h;
+		float l = quad_sum(rows[i].l);
+
+		if (!rows[i].live)
+			continue;
+		if (n_split > 1) {
+			float *pr = part + (row * n_split + split) * (D + 2);
+#pragma unroll
+			for (int j = 0; j < D / 8; j++)
+				*(float2 *)(pr + 8 * j + col) = make_float2(o[j][2 * i], o[j][2 * i + 1]);
+			if (col == 0)
+				pr[D] = rows[i].m * LN2, pr[D + 1] = l;
+			continue;
+		}
+		float f = softmax_norm(rows[i].m, l, hp.sinks, h, true);
+#pragma unroll
+		for (int j = 0; j < D / 8; j++) {
+			float a = o[j][2 * i] * f, b = o[j][2 * i + 1] * f;
+
+			*(float2 *)(out + row * D + 8 * j + col) = make_float2(a, b);
+			if (h16.h != NULL)
+				*(__half2 *)(h16.h + row * D + 8 * j + col) = __floats2half2_rn(a, b);
+		}
+		if (h16.h != NULL && h == 0 && col == 0)
+			h16.scale[t0 + tok] = 1.0f;
+	}
+}
+
+/* Block (tile blockIdx.x counted from the last, KV head blockIdx.y, piece blockIdx.z of n_split). */
 template <int D, bool Q8>
 __global__ void __launch_bounds__(FA_WARPS * WARP)
-fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_heads hp, struct cuda_kv kv)
+fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_h16 h16, float *__restrict__ part,
+    int n_split, struct cuda_heads hp, struct cuda_kv kv)
 {
 	pdl_wait();
 	pdl_trigger();
@@ -299,6 +354,9 @@ fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_head
 	int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
 	int p0 = kv.tok_pos[t0], last = p0 + nt - 1, nkv = hp.n_head_kv * D;
 	int lo = hp.window > 0 ? max(0, p0 - hp.window + 1) : 0, c_begin = lo / FA_KV * FA_KV;
+	/* this piece's whole K/V tiles: c_lo .. c_end (none past last; a piece may be empty) */
+	int per = ((last - c_begin + n_split) / n_split + FA_KV - 1) / FA_KV * FA_KV;
+	int c_lo = c_begin + (int)blockIdx.z * per, c_end = min(last, c_lo + per - 1);
 	const int32_t *tab = kv.tables + kv.tok_tab[t0];
 	struct fa_row rows[2];
 	float o[D / 8][4];
@@ -316,14 +374,15 @@ fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_head
 	for (int j = 0; j < D / 8; j++)
 		o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 	fa_load_q<D>(qs, q, hp, t0, nt, kvh, group);
-	fa_fill<D, Q8>(ks, vs, q8s, 0, kv, tab, c_begin, last, nkv, kvh * D);
+	if (c_lo <= c_end)
+		fa_fill<D, Q8>(ks, vs, q8s, 0, kv, tab, c_lo, c_end, nkv, kvh * D);
 	cp_async_commit();
-	for (int c0 = c_begin, st = 0; c0 <= last; c0 += FA_KV, st ^= 1) {
+	for (int c0 = c_lo, st = 0; c0 <= c_end; c0 += FA_KV, st ^= 1) {
 		float s[8][4], corr[2];
 		int at = Q8 ? 0 : st; /* the fp16 stage in use */
 
-		if (c0 + FA_KV <= last)
-			fa_fill<D, Q8>(ks, vs, q8s, st ^ 1, kv, tab, c0 + FA_KV, last, nkv, kvh * D);
+		if (c0 + FA_KV <= c_end)
+			fa_fill<D, Q8>(ks, vs, q8s, st ^ 1, kv, tab, c0 + FA_KV, c_end, nkv, kvh * D);
 		cp_async_commit();
 		cp_async_wait<1>();
 		__syncthreads();
@@ -343,18 +402,7 @@ fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_head
 		__syncthreads(); /* the stage is refilled next */
 	}
 	cp_async_wait<0>();
-	for (int i = 0; i < 2; i++) {
-		int r = 16 * warp + lane / 4 + 8 * i, tok = r / group, h = kvh * group + r % group;
-		float l = quad_sum(rows[i].l);
-
-		if (!rows[i].live)
-			continue;
-		float f = softmax_norm(rows[i].m, l, hp.sinks, h, true);
-		float *dst = out + ((size_t)(t0 + tok) * hp.n_head + h) * D + 2 * (lane % 4);
-#pragma unroll
-		for (int j = 0; j < D / 8; j++)
-			*(float2 *)(dst + 8 * j) = make_float2(o[j][2 * i] * f, o[j][2 * i + 1] * f);
-	}
+	fa_store<D>(out, h16, part, n_split, (int)blockIdx.z, hp, rows, o, t0, kvh, group);
 }
 
 int
@@ -371,28 +419,30 @@ cuda_flash_usable(const struct cuda_heads *hd, int f32, int *tile_tokens)
 /* Launches fa_kernel<D, Q8> for the pool, whose shared-memory limit cuda_flash_setup raised. */
 template <int D>
 static int
-fa_launch(const float *q, float *out, const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st,
-    char *err)
+fa_launch(const float *q, float *out, struct cuda_h16 h16, int n_split, const struct cuda_heads *hd,
+    const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
-	dim3 grid((unsigned)kv->fa_grid, (unsigned)hd->n_head_kv);
+	dim3 grid((unsigned)kv->fa_grid, (unsigned)hd->n_head_kv, (unsigned)n_split);
 
 	if (kv->q8)
 		CK(cuda_launch(fa_kernel<D, true>, dim3(grid), dim3(FA_WARPS * WARP), fa_smem_bytes(D, true), st, q, out,
-		    *hd, *kv));
+		    h16, kv->part, n_split, *hd, *kv));
 	else
 		CK(cuda_launch(fa_kernel<D, false>, dim3(grid), dim3(FA_WARPS * WARP), fa_smem_bytes(D, false), st, q,
-		    out, *hd, *kv));
+		    out, h16, kv->part, n_split, *hd, *kv));
 	return 0;
 }
 
 int
-cuda_flash(const float *q, float *out, const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st,
-    char *err)
+cuda_flash(const float *q, float *out, struct cuda_h16 h16, int n_split, const struct cuda_heads *hd,
+    const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
 	if (kv->fa_grid < 1)
 		return 0;
+	if (n_split > 1 && kv->part == NULL)
+		return err_set(err, ERR_INVAL, "cuda_flash: %d pieces and no scratch for them", n_split);
 	switch (hd->head_dim) {
-#define D_CASE(D) case D: return fa_launch<D>(q, out, hd, kv, st, err);
+#define D_CASE(D) case D: return fa_launch<D>(q, out, h16, n_split, hd, kv, st, err);
 	D_CASE(32) D_CASE(64) D_CASE(96) D_CASE(128) D_CASE(160) D_CASE(192) D_CASE(224) D_CASE(256)
 #undef D_CASE
 	default:

@@ -590,9 +590,9 @@ ref_attention(const float *qh, const struct kv_pool *kp, const struct cuda_probe
 /*
  * One head configuration of cuda_attention over a pool of random K/V (NaN
  * where no position is) for a step of sequences; split: with the scratch
- * of split attention. Without prefill tiles the output's int8 form is
- * asked for too (and from an fp16 pool its fp16 form), and checked
- * against the floats the kernel wrote.
+ * of split attention. The output's fp16 form is asked for too (not from an
+ * fp32 pool), and without prefill tiles its int8 form, both checked
+ * against the floats the kernels wrote.
  */
 static double
 attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int kind, int split, int flash)
@@ -621,7 +621,7 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int kind, int 
 	double tol = flash ? TOL_FLASH : TOL_ATTN;
 	if (!flash)
 		q8 = xmalloc((size_t)pl.n_tok * 2 * nq), q8d = nan_floats((size_t)pl.n_tok * nq / 16);
-	if (!flash && !kp.f32)
+	if (!kp.f32)
 		h16 = xmalloc((size_t)pl.n_tok * nq * sizeof *h16), h16s = nan_floats((size_t)pl.n_tok);
 	if (cuda_probe_attention(probe, &hd, &kv, q, pl.n_tok, out, q8, q8d, h16, h16s, err) != 0)
 		fail_msg("attention head_dim %d, %s pool, split %d, flash %d: %s", d, pool_name(&kp), split, flash, err);
@@ -750,8 +750,13 @@ test_attention_new(void **state)
 	free(bq), free(bk), free(bv), free(qn), free(kn);
 }
 
-/* Prefill chunks long enough for the tensor-core kernel (one past a window, one exactly the minimum) beside decodes. */
-static const struct seq_spec prefill_seqs[] = { { 300, 100 }, { 70, 17 }, { 16, 16 }, { 1, 1 }, { 40, 3 } };
+/*
+ * Chunks for the tensor-core kernel (one past a window, one exactly the
+ * minimum) beside tokens for the split kernel: a decode, and 3, 2 and 4
+ * new tokens of a sequence (the last over a long context, as its guesses).
+ */
+static const struct seq_spec prefill_seqs[] = { { 300, 100 }, { 70, 17 }, { 16, 16 }, { 1, 1 }, { 40, 3 },
+	{ 50, 2 }, { 900, 4 } };
 
 /*
  * The tensor-core prefill kernel (fp16 and q8 pools; not in exact mode)
@@ -774,8 +779,8 @@ test_flash(void **state)
 				    1));
 			}
 			print_message("attention, %s pool, prefill on the tensor cores, %s: max error / max |V| %.2e "
-			    "(bound %.0e)\n", kind_names[kinds[k]], split ? "decodes split and merged" :
-			    "decodes in one piece", worst, TOL_FLASH);
+			    "(bound %.0e)\n", kind_names[kinds[k]], split ? "split and merged" :
+			    "one piece", worst, TOL_FLASH);
 		}
 }
 
