@@ -575,7 +575,6 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 		attn_load_tile<D, T>(ks + i * TILE * RS, vs + i * TILE * RS, ksc + i * TILE * G, vsc + i * TILE * G, kv,
 		    tab, c0, 0, max(0, min(min(TILE, hi - c0), fresh - c0)), nkv, kvh * D);
 	pdl_wait();
-	pdl_trigger();
 	/*
 	 * Only after the wait: the kernel after this one waits for it alone, and
 	 * reads what the tensor-core kernel before it wrote.
@@ -651,6 +650,12 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 		cp_async_commit();
 	}
 	cp_async_wait<0>();
+	/*
+	 * Only now may the next kernel launch: launched at the start, the output
+	 * product's blocks waited beside this grid's later waves with their
+	 * shared memory taken (llama3-8b at 64 sequences 3 % slower, H200).
+	 */
+	pdl_trigger();
 	if (g < ng && lane == 0)
 		cs[g] = m, cs[ATT_GROUP + g] = l;
 	if constexpr (NPG > 1) {
