@@ -170,7 +170,9 @@ def check_batching(ck, c, m):
     """N_BATCH inputs in one request against N_BATCH requests one after the other, each timed twice
     in turn (the best of each counts: make check runs other tests beside this one), for short
     inputs (what each request costs besides its tokens shows) and for longer ones (on a model this
-    small a step's cost is mostly per token, so batching saves less)."""
+    small a step's cost is mostly per token, so batching saves less). An instrumented build's times
+    are not judged: there compute is most of either way, and one request's lead was 0.8x-1.1x."""
+    timed = not rsd.instrumented()
     for shape in SHAPES:
         g = m[shape][0]
         for kind, fmt in (("short", "item %d"), ("longer", "the %d-th sentence of the batch, about something else")):
@@ -187,7 +189,7 @@ def check_batching(ck, c, m):
             what = "%s, %d %s inputs (%d tokens)" % (shape, N_BATCH, kind, one["usage"]["prompt_tokens"])
             print("%s: in one request %.3f s, in %d requests %.3f s (%.1fx)" % (what, t_one, N_BATCH, t_each,
                                                                              t_each / t_one))
-            if kind == "short":
+            if kind == "short" and timed:
                 ck.ok(t_one < t_each, "%s: one request (%.3f s) costs less than %d requests (%.3f s)" %
                       (what, t_one, N_BATCH, t_each))
             ck.ok(max_diff(vecs(one), each) < 1e-6, "%s: both give the same vectors" % what)
