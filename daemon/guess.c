@@ -60,6 +60,6 @@ guess_done(struct guess *g, int n_dec, int guessed, int32_t produced, double sec
 		g->wait[b] = GUESS_EXPLORE;
 		return;
 	}
-	lost = other > r ? MIN(other / r - 1, (double)GUESS_COSTLY_MAX) : 0;
+	lost = other > r ? other / r - 1 : 0;
 	g->wait[b] = MAX(MIN(2 * wait, GUESS_EXPLORE_MAX), (int)MIN(lost * GUESS_TRY_SHARE, (double)GUESS_COSTLY_MAX));
 }

@@ -119,6 +119,14 @@ xgrow(void *p, uint32_t *cap, uint32_t need, size_t size)
 	return xrealloc(p, (size_t)*cap * size);
 }
 
+uint64_t
+hash64(uint64_t h, const void *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ ((const unsigned char *)p)[i]) * 0x100000001b3ull;
+	return h;
+}
+
 uint32_t
 hash32(const void *p, size_t n)
 {

@@ -52,6 +52,9 @@ void *xgrow(void *p, uint32_t *cap, uint32_t need, size_t size);
 
 /* FNV-1a of n bytes: a small table's hash (keys of rules, names, texts). */
 uint32_t hash32(const void *p, size_t n);
+/* FNV-1a, 64 bits, of n more bytes after h (HASH64_START before the first). */
+#define HASH64_START 0xcbf29ce484222325ull
+uint64_t hash64(uint64_t h, const void *p, size_t n);
 
 /* A growing NUL-terminated string; zeroed, it is empty (s NULL until it first grows). */
 struct strbuf {

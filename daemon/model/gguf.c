@@ -79,18 +79,6 @@ static const char *const vtype_name[GGUF_VTYPE_COUNT_] = {
 	"array", "u64", "i64", "f64",
 };
 
-/* FNV-1a over the name's bytes. */
-static uint64_t
-name_hash(const char *s, uint64_t n)
-{
-	uint64_t h = 1469598103934665603ull;
-	uint64_t i;
-
-	for (i = 0; i < n; i++)
-		h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
-	return h;
-}
-
 /* Sizes the table for n names (at most half full). */
 static void
 index_init(struct name_index *ix, int64_t n)
@@ -116,7 +104,7 @@ index_find(const struct name_index *ix, const struct gguf_str *(*name_of)(const 
 
 	if (ix->slot == NULL)
 		return -1;
-	for (h = name_hash(s, n) & ix->mask;; h = (h + 1) & ix->mask) {
+	for (h = hash64(HASH64_START, s, (size_t)n) & ix->mask;; h = (h + 1) & ix->mask) {
 		if (ix->slot[h] == 0) {
 			if (slot_out != NULL)
 				*slot_out = h;
@@ -286,7 +274,7 @@ parse_kvs(struct gguf_file *f, struct cursor *c, uint64_t n_kv)
 	index_init(&f->kv_index, (int64_t)n_kv);
 	for (i = 0; i < (int64_t)n_kv; i++) {
 		struct gguf_kv *kv = &f->kv[i];
-		size_t slot;
+		size_t slot = 0; /* set by index_find: the table exists here */
 
 		f->n_kv = i + 1; /* so that gguf_close frees what was allocated */
 		if ((rc = cur_str(c, &kv->key, GGUF_MAX_NAME, "key")) != 0 ||
@@ -352,7 +340,7 @@ static int
 parse_tensors(struct gguf_file *f, struct cursor *c, uint64_t n)
 {
 	int64_t i;
-	size_t slot;
+	size_t slot = 0; /* set by index_find: the table exists here */
 	int rc;
 
 	/* name length + n_dims + one dim + type + offset: 32 bytes at least */

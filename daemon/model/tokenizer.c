@@ -88,24 +88,10 @@ tok_utf8_cp(const unsigned char *s, int l)
 
 /* ---- hash maps ---- */
 
-/* FNV-1a, 64 bits, of n more bytes after h (FNV_START before the first). */
-#define FNV_START 0xcbf29ce484222325ull
-static uint64_t
-hash_more(uint64_t h, const void *p, size_t n)
-{
-	const unsigned char *s = p;
-
-	for (size_t i = 0; i < n; i++) {
-		h ^= s[i];
-		h *= 0x100000001b3ull;
-	}
-	return h;
-}
-
 static uint64_t
 hash_bytes(const char *s, size_t n)
 {
-	return hash_more(FNV_START, s, n);
+	return hash64(HASH64_START, s, n);
 }
 
 /* Table size: a power of two at least twice n. */
@@ -487,15 +473,15 @@ set_decoded(struct tokenizer *t)
 	int32_t i;
 
 	tok_buf_put(&d, "", 0);
-	t->dec_hash = FNV_START;
+	t->dec_hash = HASH64_START;
 	for (i = 0; i < t->n; i++) {
 		t->e[i].doff = (uint32_t)d.n;
 		put_decoded(t, &t->e[i], &d);
 		t->e[i].dlen = (uint32_t)(d.n - t->e[i].doff);
 		if (t->e[i].dlen > t->max_dec)
 			t->max_dec = t->e[i].dlen;
-		t->dec_hash = hash_more(t->dec_hash, &t->e[i].dlen, sizeof t->e[i].dlen);
-		t->dec_hash = hash_more(t->dec_hash, d.p + t->e[i].doff, t->e[i].dlen);
+		t->dec_hash = hash64(t->dec_hash, &t->e[i].dlen, sizeof t->e[i].dlen);
+		t->dec_hash = hash64(t->dec_hash, d.p + t->e[i].doff, t->e[i].dlen);
 	}
 	t->dec = d.p;
 }
