@@ -953,9 +953,10 @@ gram_guesses(struct engine *e, struct seq *s, const int32_t *g, int32_t k)
 }
 
 /*
- * Puts s's guesses for this step after its last token (n_draft of them):
- * those given, else lookup's; a constrained sequence's only as far as its
- * grammar allows them, and within mask_room more masks.
+ * Puts s's guesses for this step after its last token (n_draft of them, at
+ * most its guess_cap): those given, else lookup's; a constrained
+ * sequence's only as far as its grammar allows them, and within mask_room
+ * more masks.
  */
 static void
 seq_guess(struct engine *e, struct seq *s, int32_t room, int32_t *mask_room)
@@ -966,10 +967,10 @@ seq_guess(struct engine *e, struct seq *s, int32_t room, int32_t *mask_room)
 		room = MIN(room, *mask_room);
 	if (s->n_given > 0) {
 		/* their source chose how many (lookup's rate is lookup's) */
-		s->n_draft = MAX(0, MIN(draft_len(e, s, room, 1), s->n_given));
+		s->n_draft = MAX(0, MIN(MIN(draft_len(e, s, room, 1), s->n_given), s->guess_cap));
 		memcpy(g, s->given, (size_t)s->n_draft * sizeof *g);
 	} else {
-		k = draft_len(e, s, room, s->spec_rate);
+		k = MIN(draft_len(e, s, room, s->spec_rate), s->guess_cap);
 		s->n_draft = k > 0 ? draft_guess(&s->draft, s->tokens, s->n_tokens, k, g) : 0;
 	}
 	if (s->gstate != NULL) {
@@ -979,6 +980,61 @@ seq_guess(struct engine *e, struct seq *s, int32_t room, int32_t *mask_room)
 		*mask_room -= s->n_draft;
 	}
 	seq_push_tokens(s, g, s->n_draft);
+}
+
+/* Whether s guesses in a step (its request's choice, and auto's for the step). */
+static int
+seq_guesses(const struct engine *e, const struct seq *s)
+{
+	return (s->params.speculative == SPEC_ON || (s->params.speculative == SPEC_AUTO && e->auto_guess)) &&
+	    s->state == SEQ_DECODE;
+}
+
+/* The guesses s would make with rows to spare: seq_guess's, before its grammar's cut. */
+static int32_t
+guess_want(struct engine *e, struct seq *s)
+{
+	int32_t g[ENGINE_DRAFT_MAX], k;
+
+	if (s->n_given > 0)
+		return MAX(0, MIN(draft_len(e, s, ENGINE_DRAFT_MAX, 1), s->n_given));
+	k = draft_len(e, s, ENGINE_DRAFT_MAX, s->spec_rate);
+	return k > 0 ? draft_guess(&s->draft, s->tokens, s->n_tokens, k, g) : 0;
+}
+
+/*
+ * Shares the step's rows for guesses (room) among the first max_seqs of
+ * seqs (their guess_cap; the others get none): each what it wants up to a level that all of
+ * them share, the rows left over one each to those that want more, from a
+ * place that moves on every step. A guess is kept only if every one
+ * before it in its run is, so the deeper a guess the less it is worth:
+ * spread, the rows settle more tokens a step, and a request's speed does
+ * not depend on its place in the queue (first come, first served, the
+ * first six of sixteen rewrites took all the rows, seven each).
+ */
+static void
+share_guesses(struct engine *e, struct seq **seqs, int n, int32_t room)
+{
+	int32_t level, used, i, j;
+
+	for (i = 0; i < n; i++)
+		seqs[i]->guess_cap = i < e->max_seqs && seq_guesses(e, seqs[i]) ? guess_want(e, seqs[i]) : 0;
+	n = MIN(n, e->max_seqs);
+	for (level = ENGINE_DRAFT_MAX;; level--) { /* at 0 none are used: room is never negative */
+		for (i = 0, used = 0; i < n; i++)
+			used += MIN(seqs[i]->guess_cap, level);
+		if (used <= room)
+			break;
+	}
+	for (j = 0; j < n; j++) {
+		struct seq *s = seqs[(e->share_turn + (uint32_t)j) % (uint32_t)n];
+
+		if (s->guess_cap > level && used < room)
+			s->guess_cap = level + 1, used++;
+		else
+			s->guess_cap = MIN(s->guess_cap, level);
+	}
+	e->share_turn++;
 }
 
 int32_t
@@ -1082,8 +1138,7 @@ plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *room, int32_t
 	struct fwd_seq *f;
 	int r;
 
-	if ((s->params.speculative == SPEC_ON || (s->params.speculative == SPEC_AUTO && e->auto_guess)) &&
-	    s->state == SEQ_DECODE && *room > 0 && budget > 1)
+	if (seq_guesses(e, s) && *room > 0 && budget > 1)
 		seq_guess(e, s, MIN(*room, budget - 1), mask_room);
 	/* a draft's guesses follow the tokens of this step: in a later one they would be stale */
 	s->n_given = 0;
@@ -1452,6 +1507,7 @@ engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, cha
 	/* the rows the step's sequences leave are its guesses' (one a sequence at least), and the masks the
 	   backend takes (max_seqs) those of constrained ones */
 	room = e->max_rows - MIN(n, e->max_seqs);
+	share_guesses(e, seqs, n, room);
 	e->step_guesses = 0;
 	for (i = 0, mask_room = e->max_seqs; i < n; i++)
 		mask_room -= seqs[i]->gstate != NULL;

@@ -142,6 +142,7 @@ struct seq {
 	struct draft_index draft;
 	int32_t given[ENGINE_DRAFT_MAX], n_given; /* engine_seq_guess's, for the next step */
 	int32_t n_draft;
+	int32_t guess_cap;      /* the most it may guess in the step being planned (share_guesses) */
 	int32_t spec[ENGINE_DRAFT_MAX + 1];
 	int32_t n_spec, spec_next; /* settled tokens after the first, and the next to take */
 	int32_t spec_kv;        /* of those, the first spec_kv are guesses whose K/V the step wrote */

@@ -12,7 +12,9 @@
  * the grammar never allows is seldom asked); guesses given for a step that
  * did not check them are not checked later; on a backend whose steps run
  * fastest at a multiple of some tokens, steps are made so by dropping
- * guesses, the output unchanged; the guesses are accepted
+ * guesses, the output unchanged; sixteen guessing sequences share a
+ * step's rows for guesses evenly, and one alone guesses as many as its
+ * rate asks; the guesses are accepted
  * often enough that these tests check something. Sampled output keeps the
  * model's distribution: the frequencies of the second and third tokens
  * drawn (the first ones guesses decide) over 2,000 seeds at temperature 1
@@ -458,6 +460,94 @@ test_many_and_cut(void **state)
 	engine_close(e);
 }
 
+/*
+ * Sixteen sequences that all guess share the step's 48 rows for guesses
+ * evenly (three each, not seven for the first six and none for the rest);
+ * where half of them offer one guess, the rest take five each.
+ */
+static void
+test_shared_rows(void **state)
+{
+	struct engine *e = tiny_engine(256, 4096);
+	struct seq_params p;
+	struct seq *s[16];
+	struct run *alone = xcalloc(16, sizeof *alone);
+	int32_t t[16][64], n[16], before[16], g[ENGINE_DRAFT_MAX];
+	char err[ERR_LEN];
+	int decoding = 0;
+
+	(void)state;
+	assert_int_equal(e->max_rows - 16, 48);
+	for (int i = 0; i < 16; i++) {
+		n[i] = suite_prompt(i, t[i]);
+		params(&p, 60, SPEC_OFF);
+		run_one(e, t[i], n[i], &p, &alone[i], NULL);
+		params(&p, 60, SPEC_ON);
+		assert_int_equal(engine_seq_new(e, t[i], n[i], &p, &s[i], err), 0);
+	}
+	while (!decoding) {
+		assert_true(engine_step(e, s, 16, -1, err) >= 0);
+		decoding = 1;
+		for (int i = 0; i < 16; i++)
+			decoding &= s[i]->state == SEQ_DECODE;
+	}
+	for (int round = 0; round < 2; round++) {
+		for (int i = 0; i < 16; i++) {
+			while (engine_seq_more(e, s[i]))
+				;
+			before[i] = s[i]->n_drafted;
+			oracle(s[i], &alone[i]);
+			if (round == 1 && i % 2 == 1) { /* one guess, the oracle's first */
+				memcpy(g, s[i]->given, sizeof g);
+				engine_seq_guess(s[i], g, 1);
+			}
+		}
+		assert_int_equal(engine_step(e, s, 16, -1, err), 64);
+		for (int i = 0; i < 16; i++)
+			assert_int_equal(s[i]->n_drafted - before[i], round == 0 ? 3 : i % 2 == 1 ? 1 : 5);
+	}
+	for (int i = 0; i < 16; i++)
+		engine_seq_free(e, s[i]);
+	free(alone);
+	engine_close(e);
+}
+
+/*
+ * A sequence alone guesses what it would with every row to spare: as many
+ * as lookup finds of its rate's share of seven (the share applied once,
+ * not again to a cap made from it).
+ */
+static void
+test_lone_rate(void **state)
+{
+	struct engine *e = tiny_engine(256, 4096);
+	struct seq_params p;
+	struct seq *s;
+	int32_t t[64], n = suite_prompt(0, t), g[ENGINE_DRAFT_MAX], want, before, guessed = 0;
+	char err[ERR_LEN];
+
+	(void)state;
+	params(&p, 150, SPEC_AUTO);
+	assert_int_equal(engine_seq_new(e, t, n, &p, &s, err), 0);
+	while (s->state != SEQ_DONE) {
+		while (engine_seq_more(e, s))
+			;
+		if (s->state == SEQ_DONE)
+			break;
+		s->spec_rate = 0.6f;
+		want = s->state == SEQ_DECODE && engine_seq_draft_len(e, s) > 0 ?
+		    draft_guess(&s->draft, s->tokens, s->n_tokens, engine_seq_draft_len(e, s), g) : 0;
+		before = s->n_drafted;
+		assert_true(engine_step(e, &s, 1, -1, err) >= 0);
+		assert_int_equal(s->n_drafted - before, want);
+		guessed += want >= 3;
+	}
+	print_message("%d steps of three guesses or more at a rate of 0.6\n", guessed);
+	assert_true(guessed > 0);
+	engine_seq_free(e, s);
+	engine_close(e);
+}
+
 /* ---- under a grammar ---- */
 
 #define LIST "root ::= \"[\" [a-z]{1,3} (\",\" [a-z]{1,3}){0,30} \"]\""
@@ -763,6 +853,8 @@ main(void)
 		cmocka_unit_test(test_given_stale),
 		cmocka_unit_test(test_stop_and_context),
 		cmocka_unit_test(test_many_and_cut),
+		cmocka_unit_test(test_shared_rows),
+		cmocka_unit_test(test_lone_rate),
 		cmocka_unit_test(test_constrained),
 		cmocka_unit_test(test_cut_rate),
 		cmocka_unit_test(test_distribution),
