@@ -13,7 +13,8 @@
  * sequence on the draft's engine that follows its target's history
  * (engine_seq_follow: the common prefix stays in the draft's KV cache, so a
  * round computes only the tokens the target settled that the draft had not
- * written) and then runs as many draft steps as the choice guesses, all the
+ * written) and then runs as many draft steps as the choice guesses (its
+ * share of the target step's rows for guesses, engine_draft_shares), all the
  * choices on that draft batched in each step. A draft sequence that is
  * still prefilling a long prompt takes one chunk a round and guesses once
  * it is in. A draft model that fails or is unloaded is dropped: the
@@ -106,19 +107,22 @@ follow(struct sched *s, struct gen *g, int i, const struct seq *q)
 	return g->dseqs[i];
 }
 
-/* One draft's round for the targets q[0..n) (their gens g[], choices ch[]); rc < 0 if its backend failed. */
+/*
+ * One draft's round for the targets q[0..n) (their gens g[], choices ch[]),
+ * want[i] guesses each at most; rc < 0 if its backend failed.
+ */
 static int
-draft_round(struct sched *s, struct slot *d, struct seq **q, struct gen **g, const int *ch, int n, char *err)
+draft_round(struct sched *s, struct slot *d, struct seq **q, struct gen **g, const int *ch, const int32_t *want,
+    int n, char *err)
 {
 	struct seq **ds = xcalloc((size_t)n, sizeof *ds), **run = xcalloc((size_t)n, sizeof *run);
 	int32_t (*guess)[ENGINE_DRAFT_MAX] = xcalloc((size_t)n, sizeof *guess);
-	int *want = xcalloc((size_t)n, sizeof *want), *got = xcalloc((size_t)n, sizeof *got);
+	int *got = xcalloc((size_t)n, sizeof *got);
 	int *of = xcalloc((size_t)n, sizeof *of);
 	int32_t need = 0;
 	int i, j, m, rc = 0, k;
 
 	for (i = 0; i < n; i++) {
-		want[i] = engine_seq_draft_len(g[i]->slot->e, q[i]);
 		if (want[i] > 0 && (ds[i] = follow(s, g[i], ch[i], q[i])) != NULL)
 			need += sched_seq_blocks(ds[i]) + want[i] / KV_BLOCK_TOKENS + 1;
 	}
@@ -140,7 +144,7 @@ draft_round(struct sched *s, struct slot *d, struct seq **q, struct gen **g, con
 	for (i = 0; i < n && rc >= 0; i++)
 		if (got[i] > 0)
 			engine_seq_guess(q[i], guess[i], got[i]);
-	free(ds), free(run), free(guess), free(want), free(got), free(of);
+	free(ds), free(run), free(guess), free(got), free(of);
 	return rc < 0 ? rc : 0;
 }
 
@@ -158,9 +162,15 @@ sched_draft_guess(struct sched *s, struct seq **seqs, struct gen **gens, int n, 
 {
 	struct seq **q = xmalloc((size_t)n * sizeof *q);
 	struct gen **g = xmalloc((size_t)n * sizeof *g);
-	int *ch = xmalloc((size_t)n * sizeof *ch), i, j, k;
+	int *ch = xmalloc((size_t)n * sizeof *ch), *drafted = xcalloc((size_t)n, sizeof *drafted), i, j, k, any = 0;
+	int32_t *share = xcalloc((size_t)n, sizeof *share), *want = xcalloc((size_t)n, sizeof *want);
 	struct slot *d, *failed = NULL;
 
+	for (i = 0; i < n; i++)
+		any |= drafted[i] = drafting(gens[i], seqs[i], auto_guess) != NULL;
+	/* a draft writes only what the step will check: its share of the rows for guesses */
+	if (any)
+		engine_draft_shares(gens[0]->slot->e, seqs, n, drafted, share);
 	/* each draft model once, with all the step's decoding sequences that use it */
 	for (i = 0; i < n && failed == NULL; i++) {
 		if ((d = drafting(gens[i], seqs[i], auto_guess)) == NULL)
@@ -172,14 +182,14 @@ sched_draft_guess(struct sched *s, struct seq **seqs, struct gen **gens, int n, 
 		for (j = i, k = 0; j < n; j++) {
 			if (drafting(gens[j], seqs[j], auto_guess) != d)
 				continue;
-			q[k] = seqs[j], g[k] = gens[j];
+			q[k] = seqs[j], g[k] = gens[j], want[k] = share[j];
 			for (ch[k] = 0; gens[j]->seqs[ch[k]] != seqs[j]; ch[k]++)
 				;
 			k++;
 		}
-		if (draft_round(s, d, q, g, ch, k, err) < 0)
+		if (draft_round(s, d, q, g, ch, want, k, err) < 0)
 			failed = d;
 	}
-	free(q), free(g), free(ch);
+	free(q), free(g), free(ch), free(drafted), free(share), free(want);
 	return failed;
 }

@@ -990,12 +990,17 @@ seq_guesses(const struct engine *e, const struct seq *s)
 	    s->state == SEQ_DECODE;
 }
 
-/* The guesses s would make with rows to spare: seq_guess's, before its grammar's cut. */
+/*
+ * The guesses s would make with rows to spare: seq_guess's, before its
+ * grammar's cut; with drafted, what its draft model is to be asked for.
+ */
 static int32_t
-guess_want(struct engine *e, struct seq *s)
+guess_want(struct engine *e, struct seq *s, int drafted)
 {
 	int32_t g[ENGINE_DRAFT_MAX], k;
 
+	if (drafted)
+		return MAX(0, draft_len(e, s, ENGINE_DRAFT_MAX, s->spec_rate));
 	if (s->n_given > 0)
 		return MAX(0, MIN(draft_len(e, s, ENGINE_DRAFT_MAX, 1), s->n_given));
 	k = draft_len(e, s, ENGINE_DRAFT_MAX, s->spec_rate);
@@ -1003,22 +1008,25 @@ guess_want(struct engine *e, struct seq *s)
 }
 
 /*
- * Shares the step's rows for guesses (room) among the first max_seqs of
- * seqs (their guess_cap; the others get none): each what it wants up to a level that all of
- * them share, the rows left over one each to those that want more, from a
- * place that moves on every step. A guess is kept only if every one
- * before it in its run is, so the deeper a guess the less it is worth:
- * spread, the rows settle more tokens a step, and a request's speed does
- * not depend on its place in the queue (first come, first served, the
- * first six of sixteen rewrites took all the rows, seven each).
+ * Shares the rows a step of seqs[0..n) leaves for guesses (returned) among
+ * its first max_seqs sequences (their guess_cap; the others get none;
+ * drafted, if not NULL, marks those a draft model is yet to guess for):
+ * each what it wants up to a level that all of them share, the rows left
+ * over one each to those that want more, from share_turn on (engine_step
+ * moves it on every step). A guess is kept only if every one before it in
+ * its run is, so the deeper a guess the less it is worth: spread, the
+ * rows settle more tokens a step, and a request's speed does not depend on
+ * its place in the queue (first come, first served, the first six of
+ * sixteen rewrites took all the rows, seven each).
  */
-static void
-share_guesses(struct engine *e, struct seq **seqs, int n, int32_t room)
+static int32_t
+share_guesses(struct engine *e, struct seq **seqs, int n, const int *drafted)
 {
-	int32_t level, used, i, j;
+	int32_t room = e->max_rows - MIN(n, e->max_seqs), level, used, i, j;
 
 	for (i = 0; i < n; i++)
-		seqs[i]->guess_cap = i < e->max_seqs && seq_guesses(e, seqs[i]) ? guess_want(e, seqs[i]) : 0;
+		seqs[i]->guess_cap = i < e->max_seqs && seq_guesses(e, seqs[i]) ?
+		    guess_want(e, seqs[i], drafted != NULL && drafted[i]) : 0;
 	n = MIN(n, e->max_seqs);
 	for (level = ENGINE_DRAFT_MAX;; level--) { /* at 0 none are used: room is never negative */
 		for (i = 0, used = 0; i < n; i++)
@@ -1034,13 +1042,15 @@ share_guesses(struct engine *e, struct seq **seqs, int n, int32_t room)
 		else
 			s->guess_cap = MIN(s->guess_cap, level);
 	}
-	e->share_turn++;
+	return room;
 }
 
-int32_t
-engine_seq_draft_len(const struct engine *e, const struct seq *s)
+void
+engine_draft_shares(struct engine *e, struct seq **seqs, int n, const int *drafted, int32_t *want)
 {
-	return MAX(0, draft_len(e, s, ENGINE_DRAFT_MAX, s->spec_rate));
+	share_guesses(e, seqs, n, drafted);
+	for (int i = 0; i < n; i++)
+		want[i] = drafted[i] ? seqs[i]->guess_cap : 0;
 }
 
 void
@@ -1506,8 +1516,8 @@ engine_step(struct engine *e, struct seq **seqs, int n, int32_t max_prefill, cha
 	}
 	/* the rows the step's sequences leave are its guesses' (one a sequence at least), and the masks the
 	   backend takes (max_seqs) those of constrained ones */
-	room = e->max_rows - MIN(n, e->max_seqs);
-	share_guesses(e, seqs, n, room);
+	room = share_guesses(e, seqs, n, NULL);
+	e->share_turn++;
 	e->step_guesses = 0;
 	for (i = 0, mask_room = e->max_seqs; i < n; i++)
 		mask_room -= seqs[i]->gstate != NULL;

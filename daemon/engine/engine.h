@@ -360,11 +360,15 @@ void engine_seq_guess(struct seq *s, const int32_t *tokens, int32_t n);
  */
 void engine_seq_couple(struct seq *d, const struct seq *s);
 /*
- * How many tokens s would check now, as lookup's guesses are sized: by
- * its recent acceptance, within max_tokens and the context (a draft model
- * writes no more than that).
+ * Before a step of seqs[0..n) (as engine_step will get them), for those a
+ * draft model guesses for (drafted[i] set): how many tokens to ask it for,
+ * into want[i] (0 for the others). That is what the step will check of
+ * them: as many as the sequence's recent acceptance allows, within
+ * max_tokens and the context, and within its share of the step's rows for
+ * guesses, shared evenly among the step's guessing sequences as
+ * engine_step shares them (each what it wants up to a common level).
  */
-int32_t engine_seq_draft_len(const struct engine *e, const struct seq *s);
+void engine_draft_shares(struct engine *e, struct seq **seqs, int n, const int *drafted, int32_t *want);
 
 /*
  * Whether the next steps' sequences with speculative SPEC_AUTO guess (1,

@@ -73,7 +73,7 @@ struct engine {
 	uint64_t drafted, accepted; /* guesses checked since the engine opened, and those accepted */
 	int32_t step_guesses;   /* the last step's */
 	int auto_guess;         /* engine_auto_guess's (initially 1) */
-	uint32_t share_turn;    /* where share_guesses starts giving the odd rows (one on each step) */
+	uint32_t share_turn;    /* where share_guesses starts giving the odd rows (engine_step moves it on) */
 	/* an embedding model's */
 	float *embd;            /* max_step_tokens rows of n_embd: the step's hidden states */
 	float *embd_tmp;        /* n_embd, then embed_finish's scratch */

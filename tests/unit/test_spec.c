@@ -292,6 +292,17 @@ test_given_same(void **state)
 	engine_close(e);
 }
 
+/* How many guesses a draft model would be asked for, for s alone in a step. */
+static int32_t
+draft_want(struct engine *e, struct seq *s)
+{
+	int drafted = 1;
+	int32_t want;
+
+	engine_draft_shares(e, &s, 1, &drafted, &want);
+	return want;
+}
+
 /*
  * Guesses past max_tokens could never be taken, and the last token needs
  * none after it: at every max_tokens, a draft model is asked for (and a
@@ -321,7 +332,7 @@ test_max_tokens_cap(void **state)
 				if (given)
 					oracle(s, &off);
 				if (s->state == SEQ_DECODE)
-					assert_true(engine_seq_draft_len(e, s) <= left - 1);
+					assert_true(draft_want(e, s) <= left - 1);
 				capped += given && s->state == SEQ_DECODE && left - 1 < ENGINE_DRAFT_MAX;
 				assert_true(engine_step(e, &s, 1, -1, err) > 0);
 				assert_true(engine_step_guesses(e) <= MAX(left - 1, 0));
@@ -329,7 +340,7 @@ test_max_tokens_cap(void **state)
 					;
 			}
 			assert_int_equal(s->n_generated, m);
-			assert_int_equal(engine_seq_draft_len(e, s), 0);
+			assert_int_equal(draft_want(e, s), 0);
 			engine_seq_free(e, s);
 		}
 	assert_true(capped > 0);
@@ -463,7 +474,10 @@ test_many_and_cut(void **state)
 /*
  * Sixteen sequences that all guess share the step's 48 rows for guesses
  * evenly (three each, not seven for the first six and none for the rest);
- * where half of them offer one guess, the rest take five each.
+ * where half of them offer one guess, the rest take five each. Draft
+ * models are asked for as many as the step will check: three each of
+ * sixteen, seven of one alone, and with eight drafted and eight given
+ * one guess, the step's level for the drafted (five).
  */
 static void
 test_shared_rows(void **state)
@@ -472,9 +486,9 @@ test_shared_rows(void **state)
 	struct seq_params p;
 	struct seq *s[16];
 	struct run *alone = xcalloc(16, sizeof *alone);
-	int32_t t[16][64], n[16], before[16], g[ENGINE_DRAFT_MAX];
+	int32_t t[16][64], n[16], before[16], g[ENGINE_DRAFT_MAX], want[16];
 	char err[ERR_LEN];
-	int decoding = 0;
+	int decoding = 0, drafted[16];
 
 	(void)state;
 	assert_int_equal(e->max_rows - 16, 48);
@@ -491,6 +505,23 @@ test_shared_rows(void **state)
 		for (int i = 0; i < 16; i++)
 			decoding &= s[i]->state == SEQ_DECODE;
 	}
+	for (int i = 0; i < 16; i++) {
+		drafted[i] = 1;
+		s[i]->spec_rate = 1;
+	}
+	engine_draft_shares(e, s, 16, drafted, want);
+	for (int i = 0; i < 16; i++)
+		assert_int_equal(want[i], 3);
+	engine_draft_shares(e, s, 1, drafted, want);
+	assert_int_equal(want[0], ENGINE_DRAFT_MAX);
+	for (int i = 0; i < 16; i++) {
+		drafted[i] = i % 2 == 0;
+		if (i % 2 == 1)
+			engine_seq_guess(s[i], alone[i].tok, 1);
+	}
+	engine_draft_shares(e, s, 16, drafted, want);
+	for (int i = 0; i < 16; i++)
+		assert_int_equal(want[i], i % 2 == 0 ? 5 : 0);
 	for (int round = 0; round < 2; round++) {
 		for (int i = 0; i < 16; i++) {
 			while (engine_seq_more(e, s[i]))
@@ -535,8 +566,8 @@ test_lone_rate(void **state)
 		if (s->state == SEQ_DONE)
 			break;
 		s->spec_rate = 0.6f;
-		want = s->state == SEQ_DECODE && engine_seq_draft_len(e, s) > 0 ?
-		    draft_guess(&s->draft, s->tokens, s->n_tokens, engine_seq_draft_len(e, s), g) : 0;
+		want = s->state == SEQ_DECODE && draft_want(e, s) > 0 ?
+		    draft_guess(&s->draft, s->tokens, s->n_tokens, draft_want(e, s), g) : 0;
 		before = s->n_drafted;
 		assert_true(engine_step(e, &s, 1, -1, err) >= 0);
 		assert_int_equal(s->n_drafted - before, want);
