@@ -910,17 +910,16 @@ seq_accept(struct engine *e, struct seq *s, int32_t tok)
 /* ---- speculative decoding ---- */
 
 /*
- * How many tokens s guesses, with room rows of the step to spare: all it
- * may (ENGINE_DRAFT_MAX) at a rate of 1 (its guesses accepted), fewer as
- * the rate falls, none below one in 2 * ENGINE_DRAFT_MAX (a guess that
- * fails costs a row; settle raises the rate again a little each step
- * without guesses, so that lookup tries again), none past max_tokens or
- * the context.
+ * How many tokens s guesses at most, at rate: all it may (ENGINE_DRAFT_MAX)
+ * at a rate of 1 (its guesses accepted), fewer as the rate falls, none
+ * below one in 2 * ENGINE_DRAFT_MAX (a guess that fails costs a row;
+ * settle raises the rate again a little each step without guesses, so
+ * that lookup tries again), none past max_tokens or the context.
  */
 static int32_t
-draft_len(const struct engine *e, const struct seq *s, int32_t room, float rate)
+draft_len(const struct engine *e, const struct seq *s, float rate)
 {
-	int32_t k = (int32_t)lrintf(rate * (float)MIN(ENGINE_DRAFT_MAX, room));
+	int32_t k = (int32_t)lrintf(rate * (float)ENGINE_DRAFT_MAX);
 
 	if (s->params.max_tokens > 0)
 		k = MIN(k, s->params.max_tokens - s->n_generated - 1);
@@ -953,24 +952,22 @@ gram_guesses(struct engine *e, struct seq *s, const int32_t *g, int32_t k)
 }
 
 /*
- * Puts s's guesses for this step after its last token (n_draft of them, at
- * most its guess_cap): those given, else lookup's; a constrained
- * sequence's only as far as its grammar allows them, and within mask_room
- * more masks.
+ * Puts s's guesses for this step after its last token (n_draft of them: its
+ * share, share_guesses' guess_cap, within room rows): those given, else
+ * lookup's; a constrained sequence's only as far as its grammar allows
+ * them, and within mask_room more masks.
  */
 static void
 seq_guess(struct engine *e, struct seq *s, int32_t room, int32_t *mask_room)
 {
-	int32_t k, g[ENGINE_DRAFT_MAX];
+	int32_t k = MIN(s->guess_cap, room), g[ENGINE_DRAFT_MAX];
 
 	if (s->gstate != NULL)
-		room = MIN(room, *mask_room);
+		k = MIN(k, *mask_room);
 	if (s->n_given > 0) {
-		/* their source chose how many (lookup's rate is lookup's) */
-		s->n_draft = MAX(0, MIN(MIN(draft_len(e, s, room, 1), s->n_given), s->guess_cap));
-		memcpy(g, s->given, (size_t)s->n_draft * sizeof *g);
+		s->n_draft = k;
+		memcpy(g, s->given, (size_t)k * sizeof *g);
 	} else {
-		k = MIN(draft_len(e, s, room, s->spec_rate), s->guess_cap);
 		s->n_draft = k > 0 ? draft_guess(&s->draft, s->tokens, s->n_tokens, k, g) : 0;
 	}
 	if (s->gstate != NULL) {
@@ -991,8 +988,9 @@ seq_guesses(const struct engine *e, const struct seq *s)
 }
 
 /*
- * The guesses s would make with rows to spare: seq_guess's, before its
- * grammar's cut; with drafted, what its draft model is to be asked for.
+ * The guesses s would make with rows to spare, before its grammar's cut:
+ * those given (their source chose how many: lookup's rate is lookup's),
+ * else lookup's; with drafted, what its draft model is to be asked for.
  */
 static int32_t
 guess_want(struct engine *e, struct seq *s, int drafted)
@@ -1000,10 +998,10 @@ guess_want(struct engine *e, struct seq *s, int drafted)
 	int32_t g[ENGINE_DRAFT_MAX], k;
 
 	if (drafted)
-		return MAX(0, draft_len(e, s, ENGINE_DRAFT_MAX, s->spec_rate));
+		return MAX(0, draft_len(e, s, s->spec_rate));
 	if (s->n_given > 0)
-		return MAX(0, MIN(draft_len(e, s, ENGINE_DRAFT_MAX, 1), s->n_given));
-	k = draft_len(e, s, ENGINE_DRAFT_MAX, s->spec_rate);
+		return MAX(0, MIN(draft_len(e, s, 1), s->n_given));
+	k = draft_len(e, s, s->spec_rate);
 	return k > 0 ? draft_guess(&s->draft, s->tokens, s->n_tokens, k, g) : 0;
 }
 
