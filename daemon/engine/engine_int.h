@@ -109,6 +109,33 @@ struct engine {
 void seq_grow_blocks(struct seq *s, int32_t n);
 /* Enters the blocks the last step filled into the prefix cache. */
 void seq_publish(struct engine *e, struct seq *s);
+/* Appends tokens to a sequence's history. */
+void seq_push_tokens(struct seq *s, const int32_t *t, int32_t n);
+/* Frees a constrained sequence's grammars after its guesses. */
+void free_gspec(struct seq *s);
+/* Accepts a sampled token: its text (gentext.h), the end of generation, the grammar, stop strings, limits. */
+void seq_accept(struct engine *e, struct seq *s, int32_t tok);
+/* A constrained sequence whose grammar left no token (rc 0) or failed (rc < 0, s->error says why): it ends. */
+void gram_dead_end(struct seq *s, int rc);
+
+/* ---- engine_spec.c ---- */
+
+/* Whether s guesses in a step (its request's choice, and auto's for the step). */
+int seq_guesses(const struct engine *e, const struct seq *s);
+/*
+ * Shares the rows a step of seqs[0..n) leaves for guesses (returned) among
+ * them (their guess_cap); drafted, if not NULL, marks those a draft model
+ * is yet to guess for.
+ */
+int32_t share_guesses(struct engine *e, struct seq **seqs, int n, const int *drafted);
+/* Puts s's guesses (its share, within room rows and mask_room masks) after its last token. */
+void seq_guess(struct engine *e, struct seq *s, int32_t room, int32_t *mask_room);
+/* Takes s's guesses back (it is not in the step). */
+void seq_unguess(struct seq *s);
+/* Takes the next token the step settled for s; 0 when none is left or s has ended. */
+int seq_take(struct engine *e, struct seq *s);
+/* Drops guesses until the step's n_tok tokens suit the backend's step_align; returns the step's tokens. */
+int32_t trim_guesses(struct engine *e, int32_t n_fseqs, int32_t n_tok);
 
 /* ---- engine_tier.c ---- */
 
