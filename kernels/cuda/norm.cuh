@@ -201,8 +201,14 @@ int cuda_moe_glu(float *gate, const float *up, int n_rows, int n, const int32_t 
 
 
 
-/* Blocks sharing one row's argmax (a vocabulary row is read by many multiprocessors at once). */
-#define ARGMAX_PARTS 32
+/*
+ * Blocks sharing one row's argmax (a vocabulary row is read by many
+ * multiprocessors at once): a thread's few elements of its share are
+ * loads in flight together, where with 32 parts each thread walked ~19 of
+ * a 151,936-wide row one L2 round trip at a time (the part kernel 13.9 ->
+ * 3.4 us, a one-token step of Gemma 3 270M 2 % faster; H200).
+ */
+#define ARGMAX_PARTS 256
 /* Scratch of cuda_argmax, in float2, for n_rows rows. */
 #define CUDA_ARGMAX_PARTS(n_rows) ((size_t)(n_rows) * ARGMAX_PARTS)
 
