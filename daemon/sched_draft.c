@@ -148,39 +148,33 @@ draft_round(struct sched *s, struct slot *d, struct seq **q, struct gen **g, con
 	return rc < 0 ? rc : 0;
 }
 
-/* The draft model that guesses for q, one of g's sequences, this step (auto: whether SPEC_AUTO's do), or NULL. */
-static struct slot *
-drafting(const struct gen *g, const struct seq *q, int auto_guess)
-{
-	enum spec_mode sp = q->params.speculative;
-
-	return q->state == SEQ_DECODE && (sp == SPEC_ON || (sp == SPEC_AUTO && auto_guess)) ? g->draft : NULL;
-}
-
 struct slot *
-sched_draft_guess(struct sched *s, struct seq **seqs, struct gen **gens, int n, int auto_guess, char *err)
+sched_draft_guess(struct sched *s, struct seq **seqs, struct gen **gens, int n, char *err)
 {
 	struct seq **q = xmalloc((size_t)n * sizeof *q);
 	struct gen **g = xmalloc((size_t)n * sizeof *g);
+	struct slot **dr = xcalloc((size_t)n, sizeof *dr), *d, *failed = NULL;
 	int *ch = xmalloc((size_t)n * sizeof *ch), *drafted = xcalloc((size_t)n, sizeof *drafted), i, j, k, any = 0;
 	int32_t *share = xcalloc((size_t)n, sizeof *share), *want = xcalloc((size_t)n, sizeof *want);
-	struct slot *d, *failed = NULL;
 
-	for (i = 0; i < n; i++)
-		any |= drafted[i] = drafting(gens[i], seqs[i], auto_guess) != NULL;
+	/* the draft model that guesses for each sequence this step, or NULL */
+	for (i = 0; i < n; i++) {
+		dr[i] = engine_seq_guesses(gens[i]->slot->e, seqs[i]) ? gens[i]->draft : NULL;
+		any |= drafted[i] = dr[i] != NULL;
+	}
 	/* a draft writes only what the step will check: its share of the rows for guesses */
 	if (any)
 		engine_draft_shares(gens[0]->slot->e, seqs, n, drafted, share);
 	/* each draft model once, with all the step's decoding sequences that use it */
 	for (i = 0; i < n && failed == NULL; i++) {
-		if ((d = drafting(gens[i], seqs[i], auto_guess)) == NULL)
+		if ((d = dr[i]) == NULL)
 			continue;
-		for (j = 0; j < i && drafting(gens[j], seqs[j], auto_guess) != d; j++)
+		for (j = 0; j < i && dr[j] != d; j++)
 			;
 		if (j < i)
 			continue;
 		for (j = i, k = 0; j < n; j++) {
-			if (drafting(gens[j], seqs[j], auto_guess) != d)
+			if (dr[j] != d)
 				continue;
 			q[k] = seqs[j], g[k] = gens[j], want[k] = share[j];
 			for (ch[k] = 0; gens[j]->seqs[ch[k]] != seqs[j]; ch[k]++)
@@ -190,6 +184,6 @@ sched_draft_guess(struct sched *s, struct seq **seqs, struct gen **gens, int n, 
 		if (draft_round(s, d, q, g, ch, want, k, err) < 0)
 			failed = d;
 	}
-	free(q), free(g), free(ch), free(drafted), free(share), free(want);
+	free(q), free(g), free(dr), free(ch), free(drafted), free(share), free(want);
 	return failed;
 }

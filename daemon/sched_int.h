@@ -204,12 +204,12 @@ void sched_draft_drop(struct sched *s, struct gen *g);
 /* Every request lets go of draft model d (before it is unloaded). */
 void sched_draft_unload(struct sched *s, struct slot *d);
 /*
- * Before a step of seqs[0..n) (gens[]' sequences): the draft models of the
- * decoding ones that guess this step (speculative "on", or "auto" with
- * auto_guess) guess their next tokens. Returns NULL, or the draft model
- * whose backend failed (err says how).
+ * Before a step of seqs[0..n) (gens[]' sequences): the draft models of
+ * those that guess this step (engine_seq_guesses, after the step's
+ * engine_auto_guess) guess their next tokens. Returns NULL, or the draft
+ * model whose backend failed (err says how).
  */
-struct slot *sched_draft_guess(struct sched *s, struct seq **seqs, struct gen **gens, int n, int auto_guess,
+struct slot *sched_draft_guess(struct sched *s, struct seq **seqs, struct gen **gens, int n,
     char *err);
 
 /* sched_embed.c */

@@ -197,7 +197,7 @@ guess_first(struct sched *s, struct slot *m, struct seq **seqs, struct gen **gen
 	int allow = n_dec == 0 || guess_allow(&m->guess, n_dec);
 
 	engine_auto_guess(m->e, allow);
-	if ((bad = sched_draft_guess(s, seqs, gens, n, allow, err)) == NULL)
+	if ((bad = sched_draft_guess(s, seqs, gens, n, err)) == NULL)
 		return 0;
 	model_fault(s, bad, err);
 	return bad == m ? -1 : 0;

@@ -926,7 +926,7 @@ plan_seq(struct engine *e, struct seq *s, int32_t budget, int32_t *room, int32_t
 	struct fwd_seq *f;
 	int r;
 
-	if (seq_guesses(e, s) && *room > 0 && budget > 1)
+	if (engine_seq_guesses(e, s) && *room > 0 && budget > 1)
 		seq_guess(e, s, MIN(*room, budget - 1), mask_room);
 	/* a draft's guesses follow the tokens of this step: in a later one they would be stale */
 	s->n_given = 0;

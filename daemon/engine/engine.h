@@ -375,6 +375,8 @@ void engine_draft_shares(struct engine *e, struct seq **seqs, int n, const int *
  * the default) or not; those with SPEC_ON guess either way.
  */
 void engine_auto_guess(struct engine *e, int allow);
+/* Whether s guesses in the next step: decoding, and its request's choice with engine_auto_guess's. */
+int engine_seq_guesses(const struct engine *e, const struct seq *s);
 
 /* Guessed tokens the last engine_step checked (of the tokens it returned). */
 int32_t engine_step_guesses(const struct engine *e);

@@ -120,8 +120,6 @@ void gram_dead_end(struct seq *s, int rc);
 
 /* ---- engine_spec.c ---- */
 
-/* Whether s guesses in a step (its request's choice, and auto's for the step). */
-int seq_guesses(const struct engine *e, const struct seq *s);
 /*
  * Shares the rows a step of seqs[0..n) leaves for guesses (returned) among
  * them (their guess_cap); drafted, if not NULL, marks those a draft model

@@ -90,9 +90,8 @@ seq_guess(struct engine *e, struct seq *s, int32_t room, int32_t *mask_room)
 	seq_push_tokens(s, g, s->n_draft);
 }
 
-/* Whether s guesses in a step (its request's choice, and auto's for the step). */
 int
-seq_guesses(const struct engine *e, const struct seq *s)
+engine_seq_guesses(const struct engine *e, const struct seq *s)
 {
 	return (s->params.speculative == SPEC_ON || (s->params.speculative == SPEC_AUTO && e->auto_guess)) &&
 	    s->state == SEQ_DECODE;
@@ -134,7 +133,7 @@ share_guesses(struct engine *e, struct seq **seqs, int n, const int *drafted)
 	int32_t room = e->max_rows - MIN(n, e->max_seqs), level, used, i, j;
 
 	for (i = 0; i < n; i++)
-		seqs[i]->guess_cap = i < e->max_seqs && seq_guesses(e, seqs[i]) ?
+		seqs[i]->guess_cap = i < e->max_seqs && engine_seq_guesses(e, seqs[i]) ?
 		    guess_want(e, seqs[i], drafted != NULL && drafted[i]) : 0;
 	n = MIN(n, e->max_seqs);
 	for (level = ENGINE_DRAFT_MAX;; level--) { /* at 0 none are used: room is never negative */
