@@ -38,11 +38,6 @@
 #define ATT_WIDE_PER_SM 2
 #define MAX_PAIRS 4 /* head_dim <= 256: at most 4 rotation pairs per lane */
 
-/*
- * Warp j of the grid's y dimension: head j of token blockIdx.x, a query
- * head for j < n_head, else key head j - n_head (whose value head is stored
- * with it). Lane l rotates pairs l, l + 32, ...
- */
 /* x as a pool element of type T. */
 template <typename T>
 static __device__ __forceinline__ T
@@ -55,50 +50,81 @@ kv_elem(float x)
 }
 
 /*
- * The calling lane's rotation pairs of one head of vec (head_dim wide):
- * its bias added (bias: the head's, or NULL), RMS-normed by nw (NULL:
- * not), rotated to position pos; pair u is dimensions ia[u] and ib[u]
- * (those of u past head_dim / 2 are left 0). The whole warp calls it.
+ * What a lane of a warp that rotates one head reads besides the head
+ * itself, for its NP rotation pairs u (dimensions ia[u] and ib[u]; those
+ * past head_dim / 2 unused): the bias, the norm weights plus the norm's
+ * offset, the frequencies. They are weights, so kernels load them before
+ * pdl_wait: a layer's norm weights are no longer in L2 a token later, and
+ * their latency, paid after the wait, was a third of the one-token
+ * attention kernel's time after the Q/K/V product (H100).
  */
+template <int NP>
+struct qk_lane {
+	float ba[NP], bb[NP], na[NP], nb[NP], fr[NP];
+	int ia[NP], ib[NP];
+	bool biased, normed;
+};
+
+/* The calling lane's qk_lane of a head with bias (or NULL) and norm weights nw (or NULL). */
+template <int NP>
 static __device__ __forceinline__ void
-qk_head(const float *vec, const float *bias, const float *nw, const struct cuda_heads &hp, float pos, float *a,
-    float *b, int *ia, int *ib)
+qk_lane_load(qk_lane<NP> &c, const float *bias, const float *nw, const struct cuda_heads &hp)
 {
-	int d = hp.head_dim, half = d / 2, lane = threadIdx.x % WARP;
+	int half = hp.head_dim / 2, lane = threadIdx.x % WARP;
+
+	c.biased = bias != NULL, c.normed = nw != NULL;
+#pragma unroll
+	for (int u = 0; u < NP; u++) {
+		int i = lane + WARP * u;
+
+		c.ia[u] = hp.neox ? i : 2 * i;
+		c.ib[u] = hp.neox ? i + half : 2 * i + 1;
+		c.ba[u] = c.bb[u] = c.na[u] = c.nb[u] = c.fr[u] = 0.0f;
+		if (i >= half)
+			continue;
+		if (bias != NULL)
+			c.ba[u] = bias[c.ia[u]], c.bb[u] = bias[c.ib[u]];
+		if (nw != NULL)
+			c.na[u] = nw[c.ia[u]] + hp.nm.offset, c.nb[u] = nw[c.ib[u]] + hp.nm.offset;
+		c.fr[u] = hp.inv_freq[i];
+	}
+}
+
+/*
+ * The calling lane's rotation pairs of one head of vec (head_dim wide),
+ * with c's bias added, RMS-normed by c's weights if it has them, rotated
+ * to position pos: pair u into a[u] and b[u] (those past head_dim / 2 are
+ * left 0). The whole warp calls it.
+ */
+template <int NP>
+static __device__ __forceinline__ void
+qk_head(const float *vec, const qk_lane<NP> &c, const struct cuda_heads &hp, float pos, float *a, float *b)
+{
+	int half = hp.head_dim / 2, lane = threadIdx.x % WARP;
 	float ss = 0.0f;
 
 #pragma unroll
-	for (int u = 0; u < MAX_PAIRS; u++) {
-		int i = lane + WARP * u;
-
-		ia[u] = hp.neox ? i : 2 * i;
-		ib[u] = hp.neox ? i + half : 2 * i + 1;
+	for (int u = 0; u < NP; u++) {
 		a[u] = b[u] = 0.0f;
-		if (i >= half)
+		if (lane + WARP * u >= half)
 			continue;
-		a[u] = vec[ia[u]];
-		b[u] = vec[ib[u]];
-		if (bias != NULL) {
-			a[u] += bias[ia[u]];
-			b[u] += bias[ib[u]];
-		}
+		a[u] = vec[c.ia[u]];
+		b[u] = vec[c.ib[u]];
+		if (c.biased)
+			a[u] += c.ba[u], b[u] += c.bb[u];
 		ss += a[u] * a[u] + b[u] * b[u];
 	}
-	if (nw != NULL) {
-		float sc = 1.0f / sqrtf(warp_sum(ss) / (float)d + hp.nm.eps);
+	if (c.normed) {
+		float sc = 1.0f / sqrtf(warp_sum(ss) / (float)hp.head_dim + hp.nm.eps);
 
 #pragma unroll
-		for (int u = 0; u < MAX_PAIRS; u++) {
-			if (lane + WARP * u >= half)
-				continue;
-			a[u] = a[u] * sc * (nw[ia[u]] + hp.nm.offset);
-			b[u] = b[u] * sc * (nw[ib[u]] + hp.nm.offset);
-		}
+		for (int u = 0; u < NP; u++)
+			a[u] = a[u] * sc * c.na[u], b[u] = b[u] * sc * c.nb[u];
 	}
 #pragma unroll
-	for (int u = 0; u < MAX_PAIRS; u++)
+	for (int u = 0; u < NP; u++)
 		if (lane + WARP * u < half)
-			rope_pair(a[u], b[u], pos * hp.inv_freq[lane + WARP * u]);
+			rope_pair(a[u], b[u], pos * c.fr[u]);
 }
 
 /*
@@ -116,43 +142,53 @@ kv_q8_row(const float *x, const struct cuda_kv &kv, const int32_t *tab, int pos,
 		    (float *)(pool + so) + g / WARP);
 }
 
-/* T: the pool's element type (int8_t: q8 rows, attention.cuh). */
+/*
+ * Warp j of the grid's y dimension: head j of token blockIdx.x, a query
+ * head for j < n_head, else key head j - n_head (whose value head is stored
+ * with it). T: the pool's element type (int8_t: q8 rows, attention.cuh).
+ */
 template <typename T>
 __global__ void __launch_bounds__(QK_WARPS * WARP)
 qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict__ v,
     struct cuda_heads hp, struct cuda_kv kv)
 {
-	pdl_wait();
-	pdl_trigger();
 	T *pool = (T *)kv.pool;
 	int t = blockIdx.x, j = blockIdx.y * QK_WARPS + threadIdx.x / WARP, lane = threadIdx.x % WARP;
 	int d = hp.head_dim, half = d / 2, nkv = hp.n_head_kv * d;
-	int isq = j < hp.n_head, head = isq ? j : j - hp.n_head;
+	int isq = j < hp.n_head, head = isq ? j : j - hp.n_head, live = j < hp.n_head + hp.n_head_kv;
 	float *vec = isq ? q + ((size_t)t * hp.n_head + head) * d : k + (size_t)t * nkv + (size_t)head * d;
 	const float *bias = isq ? hp.bq : hp.bk;
 	float a[MAX_PAIRS], b[MAX_PAIRS];
-	int ia[MAX_PAIRS], ib[MAX_PAIRS];
+	qk_lane<MAX_PAIRS> c;
 	constexpr bool Q8 = sizeof(T) == 1;
 
-	if (j >= hp.n_head + hp.n_head_kv)
-		return;
-	qk_head(vec, bias != NULL ? bias + (size_t)head * d : NULL, isq ? hp.q_norm : hp.k_norm, hp,
-	    (float)kv.tok_pos[t] / hp.pos_div, a, b, ia, ib);
+	int pos = kv.tok_pos[t];
 	const int32_t *tab = kv.tables + kv.tok_tab[t];
-	size_t ko = isq ? 0 : kv_index(kv, tab, kv.tok_pos[t], 0, nkv, head * d);
+	size_t blk = 0;
+
+	if (live) { /* weights, positions and tables: none is written by the kernel before */
+		qk_lane_load(c, bias != NULL ? bias + (size_t)head * d : NULL, isq ? hp.q_norm : hp.k_norm, hp);
+		blk = isq ? 0 : (size_t)tab[pos / KV_BLOCK_TOKENS];
+	}
+	pdl_wait();
+	pdl_trigger();
+	if (!live)
+		return;
+	qk_head(vec, c, hp, (float)pos / hp.pos_div, a, b);
+	size_t ko = isq ? 0 : kv_at(kv, blk, pos, 0, nkv, head * d);
 #pragma unroll
 	for (int u = 0; u < MAX_PAIRS; u++) {
 		if (lane + WARP * u >= half)
 			continue;
 		if constexpr (!Q8) {
 			if (!isq) {
-				pool[ko + ia[u]] = kv_elem<T>(a[u]);
-				pool[ko + ib[u]] = kv_elem<T>(b[u]);
+				pool[ko + c.ia[u]] = kv_elem<T>(a[u]);
+				pool[ko + c.ib[u]] = kv_elem<T>(b[u]);
 				continue;
 			}
 		}
-		vec[ia[u]] = a[u]; /* q, or a q8 row, which is quantized from vec by groups of lanes */
-		vec[ib[u]] = b[u];
+		vec[c.ia[u]] = a[u]; /* q, or a q8 row, which is quantized from vec by groups of lanes */
+		vec[c.ib[u]] = b[u];
 	}
 	if (isq)
 		return;
@@ -161,13 +197,13 @@ qk_kernel(float *__restrict__ q, float *__restrict__ k, const float *__restrict_
 	const float *bv = hp.bv != NULL ? hp.bv + (size_t)head * d : NULL;
 	if constexpr (Q8) {
 		__syncwarp();
-		kv_q8_row(vec, kv, tab, kv.tok_pos[t], 0, nkv, head * d, d);
+		kv_q8_row(vec, kv, tab, pos, 0, nkv, head * d, d);
 		for (int g = 0; g < d; g += WARP) /* the biased V row, through vec (K's is stored) */
 			vec[g + lane] = vr[g + lane] + (bv != NULL ? bv[g + lane] : 0.0f);
 		__syncwarp();
-		kv_q8_row(vec, kv, tab, kv.tok_pos[t], 1, nkv, head * d, d);
+		kv_q8_row(vec, kv, tab, pos, 1, nkv, head * d, d);
 	} else {
-		size_t vo = kv_index(kv, tab, kv.tok_pos[t], 1, nkv, head * d);
+		size_t vo = kv_at(kv, blk, pos, 1, nkv, head * d);
 
 		for (int i = lane; i < d; i += WARP)
 			pool[vo + i] = kv_elem<T>(vr[i] + (bv != NULL ? bv[i] : 0.0f));
@@ -297,9 +333,9 @@ attn_load_tile(T *ks, T *vs, float *ksc, float *vsc, const struct cuda_kv &kv, c
 
 	for (int i = threadIdx.x; i < (r1 - r0) * PIECES; i += blockDim.x) {
 		int r = r0 + i / PIECES, c = (i % PIECES) * PER;
-		size_t ko = kv_index(kv, tab, c0 + r, 0, nkv, koff + c);
+		size_t ko;
 
-		if (c0 + r == np) {
+		if (c0 + r == np) { /* no block table read: after pdl_wait it would be one more round trip */
 			if constexpr (G > 0) {
 				*(uint4 *)(ks + r * RS + c) = *(const uint4 *)(kq + c);
 				*(uint4 *)(vs + r * RS + c) = *(const uint4 *)(kq + D + c);
@@ -312,19 +348,21 @@ attn_load_tile(T *ks, T *vs, float *ksc, float *vsc, const struct cuda_kv &kv, c
 			}
 			continue;
 		}
+		ko = kv_index(kv, tab, c0 + r, 0, nkv, koff + c);
 		cp_async16(ks + r * RS + c, pool + ko);
 		cp_async16(vs + r * RS + c, pool + ko + kv.kv_stride);
 	}
 	if constexpr (G > 0)
 		for (int i = threadIdx.x; i < (r1 - r0) * G; i += blockDim.x) {
 			int r = r0 + i / G, g = i % G;
-			size_t so = kv_scale_index(kv, tab, c0 + r, 0, nkv, koff + 32 * g);
+			size_t so;
 
 			if (c0 + r == np) {
 				ksc[r * G + g] = ((const float *)(kq + 2 * D))[g];
 				vsc[r * G + g] = ((const float *)(kq + 2 * D))[G + g];
 				continue;
 			}
+			so = kv_scale_index(kv, tab, c0 + r, 0, nkv, koff + 32 * g);
 			cp_async4(ksc + r * G + g, (const int8_t *)pool + so);
 			cp_async4(vsc + r * G + g, (const int8_t *)pool + so + kv.kv_stride);
 		}
@@ -434,48 +472,61 @@ attn_softmax(float *ws, float *cs, int g, int live, int nv, float *m, float *l, 
 		cs[g] = corr;
 }
 
+/* The warp of an attention block of W warps that rotates the new K row: a free one if there is. */
+template <int W>
+static constexpr __host__ __device__ int
+attn_k_warp(void)
+{
+	return W > ATT_GROUP ? ATT_GROUP : 0;
+}
+
 /*
  * cuda_qk's work for a step of one token, in the attention block of that
- * token's KV head kvh (cuda_kv.k_new): warp g rotates query head h0 + g
- * (of ng) from q into qs, scaled, or zeroes it past ng; one warp rotates
- * the new K row and every thread adds the new V row's bias, into kn (K then
- * V, as floats) for the tile that holds the token's position; the block of
- * the first query group whose share holds that position (own) stores both
- * into the pool for the steps after. The same arithmetic as qk_kernel's,
- * so the pool and the scores are the same as with it: with a q8 pool (T
- * int8_t) every block quantizes kn into kq (attn_load_tile's form of it).
+ * token's KV head kvh (cuda_kv.k_new) at position pos, in pool block blk
+ * (both read before pdl_wait): warp g rotates query head h0 + g
+ * (of ng) from q into qs, scaled, by cq (its qk_lane), or zeroes it past
+ * ng; warp attn_k_warp rotates the new K row by ck and every thread adds
+ * the new V row's bias (vb, its dimensions threadIdx.x + i W 32), into kn
+ * (K then V, as floats) for the tile that holds the token's position; the
+ * block of the first query group whose share holds that position (own)
+ * stores both into the pool for the steps after. The same arithmetic as
+ * qk_kernel's, so the pool and the scores are the same as with it: with a
+ * q8 pool (T int8_t) every block quantizes kn into kq (attn_load_tile's
+ * form of it).
  */
-template <int D, typename T, int W>
+template <int D, typename T, int W, int NP, int NV>
 static __device__ void
 attn_new_token(const float *q, float *qs, float *kn, int8_t *kq, const struct cuda_heads &hp,
-    const struct cuda_kv &kv, const int32_t *tab, int h0, int ng, int kvh, int own)
+    const struct cuda_kv &kv, int pos, size_t blk, int h0, int ng, int kvh, int own, const qk_lane<NP> &cq,
+    const qk_lane<NP> &ck, const float (&vb)[NV])
 {
-	int g = threadIdx.x / WARP, lane = threadIdx.x % WARP, pos = kv.tok_pos[0], nkv = hp.n_head_kv * D;
-	int kw = W > ATT_GROUP ? ATT_GROUP : 0; /* the warp of K: a free one if there is */
-	float a[MAX_PAIRS], b[MAX_PAIRS], fp = (float)pos / hp.pos_div;
-	int ia[MAX_PAIRS], ib[MAX_PAIRS];
+	int g = threadIdx.x / WARP, lane = threadIdx.x % WARP, nkv = hp.n_head_kv * D;
+	float a[NP], b[NP], fp = (float)pos / hp.pos_div;
 
 	if (g < ATT_GROUP && g < ng) {
-		qk_head(q + (size_t)(h0 + g) * D, hp.bq != NULL ? hp.bq + (size_t)(h0 + g) * D : NULL, hp.q_norm, hp,
-		    fp, a, b, ia, ib);
+		qk_head(q + (size_t)(h0 + g) * D, cq, hp, fp, a, b);
 #pragma unroll
-		for (int u = 0; u < MAX_PAIRS; u++)
+		for (int u = 0; u < NP; u++)
 			if (lane + WARP * u < D / 2)
-				qs[g * D + ia[u]] = a[u] * hp.scale, qs[g * D + ib[u]] = b[u] * hp.scale;
+				qs[g * D + cq.ia[u]] = a[u] * hp.scale, qs[g * D + cq.ib[u]] = b[u] * hp.scale;
 	} else if (g < ATT_GROUP) {
 		for (int i = lane; i < D; i += WARP)
 			qs[g * D + i] = 0.0f;
 	}
-	if (g == kw) {
-		qk_head(kv.k_new + (size_t)kvh * D, hp.bk != NULL ? hp.bk + (size_t)kvh * D : NULL, hp.k_norm, hp, fp,
-		    a, b, ia, ib);
+	if (g == attn_k_warp<W>()) {
+		qk_head(kv.k_new + (size_t)kvh * D, ck, hp, fp, a, b);
 #pragma unroll
-		for (int u = 0; u < MAX_PAIRS; u++)
+		for (int u = 0; u < NP; u++)
 			if (lane + WARP * u < D / 2)
-				kn[ia[u]] = a[u], kn[ib[u]] = b[u];
+				kn[ck.ia[u]] = a[u], kn[ck.ib[u]] = b[u];
 	}
-	for (int i = threadIdx.x; i < D; i += W * WARP)
-		kn[D + i] = kv.v_new[(size_t)kvh * D + i] + (hp.bv != NULL ? hp.bv[(size_t)kvh * D + i] : 0.0f);
+#pragma unroll
+	for (int i = 0; i < NV; i++) {
+		int d = threadIdx.x + i * W * WARP;
+
+		if (d < D)
+			kn[D + d] = kv.v_new[(size_t)kvh * D + d] + vb[i];
+	}
 	__syncthreads();
 	if constexpr (sizeof(T) == 1) {
 		/* warp g a group of 32 at a time: K's groups, then V's */
@@ -487,9 +538,9 @@ attn_new_token(const float *q, float *qs, float *kn, int8_t *kq, const struct cu
 
 			kv_q8_put(kn[i + lane], kq + i + lane, sc + i / WARP);
 			if (own) {
-				pool[kv_index(kv, tab, pos, sel, nkv, c + lane)] = kq[i + lane];
+				pool[kv_at(kv, blk, pos, sel, nkv, c + lane)] = kq[i + lane];
 				if (lane == 0)
-					*(float *)(pool + kv_scale_index(kv, tab, pos, sel, nkv, c)) = sc[i / WARP];
+					*(float *)(pool + kv_scale_at(kv, blk, pos, sel, nkv, c)) = sc[i / WARP];
 			}
 		}
 		__syncthreads();
@@ -497,10 +548,40 @@ attn_new_token(const float *q, float *qs, float *kn, int8_t *kq, const struct cu
 	}
 	if (!own)
 		return;
-	size_t ko = kv_index(kv, tab, pos, 0, nkv, kvh * D), vo = kv_index(kv, tab, pos, 1, nkv, kvh * D);
+	size_t ko = kv_at(kv, blk, pos, 0, nkv, kvh * D), vo = kv_at(kv, blk, pos, 1, nkv, kvh * D);
 
 	for (int i = threadIdx.x; i < D; i += W * WARP)
 		((T *)kv.pool)[ko + i] = kv_elem<T>(kn[i]), ((T *)kv.pool)[vo + i] = kv_elem<T>(kn[D + i]);
+}
+
+/*
+ * Dimension d of head h0 + h of token t, o its weighted values (cs: each
+ * head's max, then each head's sum): normalized into out, with its int8
+ * form into q8 if q8.q and its fp16 form into h16 if h16.h; or, with
+ * n_split pieces, into split's piece in part, with the head's max and sum
+ * beside it. Whole warps call it, 32 dimensions of one head a warp.
+ */
+template <int D>
+static __device__ __forceinline__ void
+attn_out(float o, int t, int h, int d, int h0, int split, int n_split, const float *cs, const struct cuda_heads &hp,
+    float *out, struct cuda_q8 q8, struct cuda_h16 h16, float *part)
+{
+	size_t row = (size_t)t * hp.n_head + h0 + h;
+
+	if (n_split > 1) {
+		float *pr = part + (row * n_split + split) * (D + 2);
+
+		pr[d] = o;
+		if (d == 0)
+			pr[D] = cs[h], pr[D + 1] = cs[ATT_GROUP + h];
+		return;
+	}
+	o *= softmax_norm(cs[h], cs[ATT_GROUP + h], hp.sinks, h0 + h);
+	out[row * D + d] = o;
+	if (q8.q != NULL)
+		q8_store1(q8, t, hp.n_head * D, (h0 + h) * D + d, o);
+	if (h16.h != NULL)
+		f16_store1(h16, t, row * D + d, h0 + h + d == 0, o);
 }
 
 /*
@@ -570,7 +651,24 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	 * step's tokens are copied after it.
 	 */
 	int fresh = max(pos, seq_end) + 1 - (int)(gridDim.x / n_split), pre = fa || lo >= hi ? 0 : min(S, (hi - lo + TILE - 1) / TILE);
+	constexpr int NP = (D / 2 + WARP - 1) / WARP, NV = (D + NT - 1) / NT;
+	qk_lane<NP> cq = {}, ck = {};
+	float vb[NV] = {};
+	size_t blk = 0;
 
+	if (kv.k_new != NULL) { /* attn_new_token's weights, and where its row goes */
+		blk = (size_t)tab[pos / KV_BLOCK_TOKENS];
+		if (g < ATT_GROUP && g < ng)
+			qk_lane_load(cq, hp.bq != NULL ? hp.bq + (size_t)(h0 + g) * D : NULL, hp.q_norm, hp);
+		if (g == attn_k_warp<W>())
+			qk_lane_load(ck, hp.bk != NULL ? hp.bk + (size_t)kvh * D : NULL, hp.k_norm, hp);
+#pragma unroll
+		for (int i = 0; i < NV; i++) {
+			int d = threadIdx.x + i * NT;
+
+			vb[i] = hp.bv != NULL && d < D ? hp.bv[(size_t)kvh * D + d] : 0.0f;
+		}
+	}
 	for (int i = 0, c0 = lo; i < pre; i++, c0 += TILE)
 		attn_load_tile<D, T>(ks + i * TILE * RS, vs + i * TILE * RS, ksc + i * TILE * G, vsc + i * TILE * G, kv,
 		    tab, c0, 0, max(0, min(min(TILE, hi - c0), fresh - c0)), nkv, kvh * D);
@@ -582,8 +680,8 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	if (fa)
 		return;
 	if (kv.k_new != NULL) /* the pool's row is stored by one block of the KV head's: the share that holds it */
-		attn_new_token<D, T, W>(q, qs, kn, kq, hp, kv, tab, h0, ng, kvh,
-		    blockIdx.y % ngb == 0 && lo <= pos && pos < hi);
+		attn_new_token<D, T, W>(q, qs, kn, kq, hp, kv, pos, blk, h0, ng, kvh,
+		    blockIdx.y % ngb == 0 && lo <= pos && pos < hi, cq, ck, vb);
 	else
 		for (int i = threadIdx.x; i < ATT_GROUP * D; i += NT)
 			qs[i] = i / D < ng ? q[((size_t)t * hp.n_head + h0) * D + i] * hp.scale : 0.0f;
@@ -659,7 +757,12 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	if (g < ng && lane == 0)
 		cs[g] = m, cs[ATT_GROUP + g] = l;
 	if constexpr (NPG > 1) {
-		/* the position groups' sums, through the stages' memory (free now) */
+		/*
+		 * The position groups' sums, through the stages' memory (free
+		 * now), then a warp for each 32 dimensions of a head: left to
+		 * the first group's threads, the sums and stores of four heads
+		 * one after another were a quarter of the one-token kernel (H100).
+		 */
 		float *red = (float *)smem;
 
 		__syncthreads();
@@ -667,41 +770,23 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 		for (int h = 0; h < ATT_GROUP; h++)
 			red[h * NT + threadIdx.x] = acc[h][0];
 		__syncthreads();
-		if (pg != 0)
-			return;
-		for (int r = 1; r < NPG; r++)
-#pragma unroll
-			for (int h = 0; h < ATT_GROUP; h++)
-				acc[h][0] += red[h * NT + r * TG + di];
-	} else {
-		__syncthreads();
-	}
-	for (int h = 0; h < ng; h++) {
-		size_t row = (size_t)t * hp.n_head + h0 + h;
-		/* part is NULL where the context is one piece: only an offset of 0 then */
-		float *pr = part + (n_split > 1 ? (row * n_split + split) * (D + 2) : 0);
+		for (int e = threadIdx.x; e < ng * D; e += NT) {
+			int h = e / D, d = e % D;
+			float o = red[h * NT + d];
 
 #pragma unroll
-		for (int k = 0; k < DPT; k++) {
-			int d = di + k * TG;
-
-			if (d >= D)
-				break;
-			if (n_split > 1) {
-				pr[d] = acc[h][k];
-				continue;
-			}
-			float o = acc[h][k] * softmax_norm(cs[h], cs[ATT_GROUP + h], hp.sinks, h0 + h);
-
-			out[row * D + d] = o;
-			if (q8.q != NULL) /* a warp holds 32 dimensions in a row: TG and D are multiples of 32 */
-				q8_store1(q8, t, hp.n_head * D, (h0 + h) * D + d, o);
-			if (h16.h != NULL)
-				f16_store1(h16, t, row * D + d, h0 + h + d == 0, o);
+			for (int r = 1; r < NPG; r++)
+				o += red[h * NT + r * TG + d];
+			attn_out<D>(o, t, h, d, h0, split, n_split, cs, hp, out, q8, h16, part);
 		}
-		if (n_split > 1 && threadIdx.x == 0)
-			pr[D] = cs[h], pr[D + 1] = cs[ATT_GROUP + h];
+		return;
 	}
+	__syncthreads();
+	for (int h = 0; h < ng; h++)
+#pragma unroll
+		for (int k = 0; k < DPT; k++)
+			if (di + k * TG < D)
+				attn_out<D>(acc[h][k], t, h, di + k * TG, h0, split, n_split, cs, hp, out, q8, h16, part);
 }
 
 /*

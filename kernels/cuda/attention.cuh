@@ -98,22 +98,34 @@ kv_row_size(size_t nkv, int exact, int q8)
  */
 #define FLASH_MIN_TOKENS 16
 
-/* Element e of position p's K (kvsel 0) or V (kvsel 1) in the pool, head offset head_off. */
+/* Element e of position p's K (kvsel 0) or V (kvsel 1) in the pool, head offset head_off, p in pool block blk. */
 static __device__ __forceinline__ size_t
-kv_index(const struct cuda_kv &kv, const int32_t *tab, int p, int kvsel, int nkv, int head_off)
+kv_at(const struct cuda_kv &kv, size_t blk, int p, int kvsel, int nkv, int head_off)
 {
-	size_t block = (size_t)tab[p / KV_BLOCK_TOKENS];
-
-	return ((block * (size_t)kv.n_layer + (size_t)kv.layer) * 2 + (size_t)kvsel) * kv.kv_stride +
+	return ((blk * (size_t)kv.n_layer + (size_t)kv.layer) * 2 + (size_t)kvsel) * kv.kv_stride +
 	    (size_t)(p % KV_BLOCK_TOKENS) * (size_t)nkv + (size_t)head_off;
 }
 
-/* A q8 pool's byte offset of the scale of element head_off of position p (a multiple of 32: its group's first). */
+/* kv_at for the pool block the sequence's block table tab gives position p. */
+static __device__ __forceinline__ size_t
+kv_index(const struct cuda_kv &kv, const int32_t *tab, int p, int kvsel, int nkv, int head_off)
+{
+	return kv_at(kv, (size_t)tab[p / KV_BLOCK_TOKENS], p, kvsel, nkv, head_off);
+}
+
+/* A q8 pool's byte offset of the scale of element head_off of position p (a multiple of 32: its group's first), p in block blk. */
+static __device__ __forceinline__ size_t
+kv_scale_at(const struct cuda_kv &kv, size_t blk, int p, int kvsel, int nkv, int head_off)
+{
+	return kv_at(kv, blk, p - p % KV_BLOCK_TOKENS, kvsel, nkv, 0) + (size_t)KV_BLOCK_TOKENS * (size_t)nkv +
+	    ((size_t)(p % KV_BLOCK_TOKENS) * (size_t)(nkv / 32) + (size_t)(head_off / 32)) * sizeof(float);
+}
+
+/* kv_scale_at for the pool block the sequence's block table tab gives position p. */
 static __device__ __forceinline__ size_t
 kv_scale_index(const struct cuda_kv &kv, const int32_t *tab, int p, int kvsel, int nkv, int head_off)
 {
-	return kv_index(kv, tab, p - p % KV_BLOCK_TOKENS, kvsel, nkv, 0) + (size_t)KV_BLOCK_TOKENS * (size_t)nkv +
-	    ((size_t)(p % KV_BLOCK_TOKENS) * (size_t)(nkv / 32) + (size_t)(head_off / 32)) * sizeof(float);
+	return kv_scale_at(kv, (size_t)tab[p / KV_BLOCK_TOKENS], p, kvsel, nkv, head_off);
 }
 
 /*
