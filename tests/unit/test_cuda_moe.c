@@ -234,7 +234,7 @@ moe_check(const struct moe_case *c, int n_tok, enum cuda_probe_path path, double
  * kernels on the gemm path and the grouped integer kernel on the few
  * path; float experts stay slots on every path. qwen3-30b-a3b's widths
  * (rows of 2,048 and 768, down in Q4_K or Q6_K) take the slot shapes
- * tuned for them.
+ * tuned for them; gpt-oss-20b's (2,880) is one of the MXFP4 layers.
  */
 static void
 test_moe(void **state)
@@ -246,6 +246,7 @@ test_moe(void **state)
 		{ 8, 3, 128, 96, TT_F16, TT_BF16, ACT_SILU, 0 },
 		{ 16, 8, 2048, 768, TT_Q4_K, TT_Q4_K, ACT_SILU, 1 },
 		{ 16, 8, 2048, 768, TT_Q4_K, TT_Q6_K, ACT_SILU, 1 },
+		{ 8, 4, 2880, 256, TT_MXFP4, TT_MXFP4, ACT_SWIGLU_OAI, 1 },
 	};
 	static const int toks[] = { 1, 2, 5, 8, 9, 37 };
 	static const struct { enum cuda_probe_path path; double tol; } paths[] = {

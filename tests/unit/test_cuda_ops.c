@@ -385,8 +385,8 @@ test_residual_norm(void **state)
 	static const struct { int r, post, w; } variants[] = {
 		{ 0, 0, 1 }, { 1, 0, 1 }, { 1, 1, 1 }, { 1, 1, 0 }, { 1, 0, 0 },
 	};
-	/* widths in float4s not multiples of a warp, up to rows kept in 16 float4s a thread */
-	static const int widths[] = { 4, 252, 1000, 1056, 2308, 14336, 32768 };
+	/* widths in float4s not multiples of a warp, up to rows kept in 16 float4s a thread; qwen3's and gpt-oss's */
+	static const int widths[] = { 4, 252, 1000, 1056, 2048, 2308, 2880, 14336, 32768 };
 	const int n_rows = 5;
 	char err[ERR_LEN], what[128];
 	double worst = 0, worst16 = 0, worst8 = 0;
