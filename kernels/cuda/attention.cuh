@@ -113,7 +113,10 @@ kv_index(const struct cuda_kv &kv, const int32_t *tab, int p, int kvsel, int nkv
 	return kv_at(kv, (size_t)tab[p / KV_BLOCK_TOKENS], p, kvsel, nkv, head_off);
 }
 
-/* A q8 pool's byte offset of the scale of element head_off of position p (a multiple of 32: its group's first), p in block blk. */
+/*
+ * A q8 pool's byte offset of the scale of element head_off of position p
+ * (a multiple of 32: its group's first), p in pool block blk.
+ */
 static __device__ __forceinline__ size_t
 kv_scale_at(const struct cuda_kv &kv, size_t blk, int p, int kvsel, int nkv, int head_off)
 {
