@@ -56,9 +56,11 @@ int cuda_fault_kind(const char *call);
  * writes are visible, then pdl_trigger() lets the next one launch. What a
  * kernel does before pdl_wait() may only read what no kernel of the step
  * writes: the weights, the step's staged inputs (copied before its first
- * kernel) and the KV pool's positions of earlier steps. Every block of a
- * kernel passes pdl_wait() before it exits: the kernel after it waits for
- * it alone, not for the ones before. The launch latency between kernels, a
+ * kernel) and the KV pool's positions of earlier steps; or what a kernel
+ * two or more launches before it wrote, since every kernel calls
+ * pdl_trigger() only after its own pdl_wait() (mm_slots.early), read past
+ * L1 (__ldcg). Every block of a kernel passes pdl_wait() before it exits:
+ * the kernel after it waits for it alone, not for the ones before. The launch latency between kernels, a
  * few microseconds each on a step of hundreds, is hidden.
  */
 extern int cuda_pdl;

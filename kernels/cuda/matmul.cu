@@ -507,8 +507,12 @@ run_sum(float v)
  * GLU (R even, one token) takes the weight's rows 2 i and 2 i + 1 as its
  * rows i and n / 2 + i (an expert's gate and up) and stores their
  * activation (mm_glu, expert ex's biases) as row i of out's first output.
+ *
+ * WAIT: the caller has not passed pdl_wait; each thread does once its
+ * first chunks of the weight are asked for, before it reads x, so that
+ * those loads are in flight while the kernel before ends.
  */
-template <int TY, int NT, int R, int KS, bool QKV, int LS = WARP, int U = 1, bool GLU = false>
+template <int TY, int NT, int R, int KS, bool QKV, int LS = WARP, int U = 1, bool GLU = false, bool WAIT = false>
 static __device__ __forceinline__ void
 mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq,
     const float2 *__restrict__ xd, const struct mm_out &out, const mm_e<QKV> &e, int nt,
@@ -523,8 +527,11 @@ mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq
 	float acc[R][NT];
 	struct qkv_pair pe[QKV ? R / 2 : 1][NT];
 
-	if (warp_row0 >= n) /* a run past the last row still takes part in its warp's sums */
+	if (warp_row0 >= n) { /* a run past the last row still takes part in its warp's sums */
+		if constexpr (WAIT)
+			pdl_wait(), pdl_trigger();
 		return;
+	}
 	if constexpr (QKV) {
 #pragma unroll
 		for (int i = 0; i < R; i += 2)
@@ -552,6 +559,8 @@ mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq
 			gb[i / 2] = glu.gate_b != NULL ? glu.gate_b[b] : 0.0f;
 			ub[i / 2] = glu.up_b != NULL ? glu.up_b[b] : 0.0f;
 		}
+	bool waited = !WAIT;
+
 	for (int c0 = lane % LS + part * LS; c0 < nc; c0 += U * KS * LS) {
 		typename Q::W wc[U][R];
 
@@ -560,6 +569,8 @@ mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq
 #pragma unroll
 			for (int i = 0; i < R; i++)
 				Q::load(r[i], min(c0 + u * KS * LS, nc - 1), wc[u][i]);
+		if (!waited)
+			pdl_wait(), pdl_trigger(), waited = true;
 #pragma unroll
 		for (int u = 0; u < U; u++) {
 			int c = c0 + u * KS * LS;
@@ -579,6 +590,8 @@ mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq
 			}
 		}
 	}
+	if (!waited)
+		pdl_wait(), pdl_trigger();
 #pragma unroll
 	for (int i = 0; i < R; i++)
 #pragma unroll
@@ -659,21 +672,27 @@ mmq_kernel(struct mm_seg a, struct mm_seg b, int nb_a, int k, const int8_t *__re
  * takes rows of the expert slot s chose, by the int8 form of its input
  * row, R rows a group of KS warps as the one-token kernel, or R rows a run
  * of LS lanes, U chunks a lane in flight, for short rows; GLU:
- * mm_slots.glu.
+ * mm_slots.glu. EARLY (mm_slots.early): the slot's expert and its first
+ * rows are read before pdl_wait.
  */
-template <int TY, int R, int KS, int LS = WARP, int U = 1, bool GLU = false>
+template <int TY, int R, int KS, int LS = WARP, int U = 1, bool GLU = false, bool EARLY = false>
 __global__ void __launch_bounds__(MMQ_WARPS * WARP, KS > 1 ? 4 : 1)
 mmq_slot_kernel(struct mm_seg a, int k, const int8_t *__restrict__ xq, const float2 *__restrict__ xd,
     struct mm_out out, struct mm_slots sl)
 {
-	pdl_wait();
-	pdl_trigger();
-	int s = blockIdx.y, in = s / sl.in_div, ex = slot_expert(sl, s), at = slot_at(sl, ex);
+	int s = blockIdx.y, in = s / sl.in_div, ex, at;
 
-	if (at < 0)
+	if constexpr (!EARLY)
+		pdl_wait(), pdl_trigger();
+	ex = EARLY ? __ldcg(sl.expert + s) : slot_expert(sl, s);
+	at = EARLY && sl.slot_of != NULL ? __ldcg(sl.slot_of + ex) : slot_at(sl, ex);
+	if (at < 0) {
+		if constexpr (EARLY)
+			pdl_wait(), pdl_trigger();
 		return;
+	}
 	a.w = slot_w(sl, a.w, at);
-	mmq_block<TY, 1, R, KS, false, LS, U, GLU>(a, blockIdx.x, k, xq + (size_t)in * 2 * k,
+	mmq_block<TY, 1, R, KS, false, LS, U, GLU, EARLY>(a, blockIdx.x, k, xq + (size_t)in * 2 * k,
 	    xd + (size_t)in * (k / 32), slot_out(out, s), mm_e<false>{}, 1, sl.glu, ex);
 }
 
@@ -953,6 +972,9 @@ mmq_slot_go(cudaStream_t st, const struct cuda_weight *w, int n_slots, const int
 		if (sl.glu.on)
 			return cuda_launch(mmq_slot_kernel<TY, R, KS, LS, U, true>, grid, block, 0, st, a, k, xq, xd, *out,
 			    sl);
+	if (sl.early)
+		return cuda_launch(mmq_slot_kernel<TY, R, KS, LS, U, false, true>, grid, block, 0, st, a, k, xq, xd, *out,
+		    sl);
 	return cuda_launch(mmq_slot_kernel<TY, R, KS, LS, U>, grid, block, 0, st, a, k, xq, xd, *out, sl);
 }
 

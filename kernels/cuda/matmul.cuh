@@ -213,6 +213,14 @@ struct mm_slots {
 	 */
 	const uint8_t *away;
 	int n_home;
+	/*
+	 * 1: expert (and slot_of) were written two or more launches before
+	 * this one, so the integer kernel reads them, and its first rows,
+	 * before pdl_wait: every launch waits for the one before it before it
+	 * lets the next one start, so the launch that wrote them has ended.
+	 * Not with logit.
+	 */
+	int early;
 };
 
 /*

@@ -329,7 +329,7 @@ moe_slots(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch *
 	struct mm_slots sl_gu = { r->expert, e->gu_stride, k, self_route ? r->logit : NULL, r->bias, r->weight,
 		r->n_expert, r->norm, { e->gate_b, e->up_b, e->act, fused }, at, bus != NULL ? bus->gu : NULL, home };
 	struct mm_slots sl_dn = { r->expert, e->down_stride, 1, NULL, NULL, NULL, 0, 0, {}, at,
-		bus != NULL ? bus->down : NULL, home };
+		bus != NULL ? bus->down : NULL, home, 1 }; /* gate/up and the activation's launch came after the routing */
 
 	if (fused) { /* down's int8 form of the activation (if it reads one) made by its own launch */
 		if ((rc = cuda_matmul_slots(m, &e->gu, h, n_embd, n_tok, R, &sl_gu, &act, h_q8, err)) != 0)
