@@ -24,11 +24,29 @@ route_better(float v, int i, float bv, int bi)
 	return v > bv || (v == bv && i < bi);
 }
 
+/* An unsigned integer in the order of the floats (not NaN; -0 as +0), and back. */
+static __device__ __forceinline__ unsigned
+route_key(float v)
+{
+	unsigned u = __float_as_uint(v + 0.0f);
+
+	return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+static __device__ __forceinline__ float
+route_unkey(unsigned k)
+{
+	return __uint_as_float(k & 0x80000000u ? k & 0x7fffffffu : ~k);
+}
+
 /*
  * route_token with NL logits a lane: lane l holds those of experts l, l +
  * 32, ... in registers, each read once (with its bias), and round j takes
- * the best not yet taken by a butterfly over the warp, so every lane knows
- * each choice; lane j keeps the j-th.
+ * the best not yet taken, so every lane knows each choice; lane j keeps
+ * the j-th. A round is two warp reductions (sm_80): the largest value, as
+ * an integer of the same order, then the lowest index among the lanes
+ * that hold it; a butterfly of (value, index) pairs took ten shuffles a
+ * round.
  */
 template <int NL>
 static __device__ __forceinline__ void
@@ -58,14 +76,10 @@ route_token_n(const float *lg, const float *bias, int n_expert, int n_used, int 
 		for (int i = 0; i < NL; i++)
 			if (!(taken >> i & 1) && lane + WARP * i < n_expert && route_better(v[i], lane + WARP * i, bv, bi))
 				bv = v[i], bi = lane + WARP * i;
-#pragma unroll
-		for (int o = 16; o > 0; o >>= 1) {
-			float ov = __shfl_xor_sync(FULL_MASK, bv, o);
-			int oi = __shfl_xor_sync(FULL_MASK, bi, o);
+		unsigned key = route_key(bv), top_key = __reduce_max_sync(FULL_MASK, key);
 
-			if (route_better(ov, oi, bv, bi))
-				bv = ov, bi = oi;
-		}
+		bi = __reduce_min_sync(FULL_MASK, key == top_key ? bi : INT_MAX);
+		bv = route_unkey(top_key);
 		if (bi % WARP == lane)
 			taken |= 1u << (bi / WARP);
 		if (j == 0)
