@@ -60,8 +60,9 @@ int cuda_fault_kind(const char *call);
  * two or more launches before it wrote, since every kernel calls
  * pdl_trigger() only after its own pdl_wait() (mm_slots.early), read past
  * L1 (__ldcg). Every block of a kernel passes pdl_wait() before it exits:
- * the kernel after it waits for it alone, not for the ones before. The launch latency between kernels, a
- * few microseconds each on a step of hundreds, is hidden.
+ * the kernel after it waits for it alone, not for the ones before. The
+ * launch latency between kernels, a few microseconds each on a step of
+ * hundreds, is hidden.
  */
 extern int cuda_pdl;
 
