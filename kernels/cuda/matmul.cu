@@ -135,7 +135,9 @@ slot_out(struct mm_out out, int s)
  * The expert of slot s, for the whole calling block: sl.expert[s], or
  * (sl.logit set) its token's routing, by the block's first warp; block
  * (0, the token's first slot) stores the token's routing for the kernels
- * after this one (each block reads its own from shared memory).
+ * after this one (each block reads its own from shared memory). Stored
+ * choices are read past L1 (as slot_at's table is), so that a launch that
+ * reads them before pdl_wait (mm_slots.early) sees what was stored.
  */
 static __device__ __forceinline__ int
 slot_expert(const struct mm_slots &sl, int s)
@@ -145,7 +147,7 @@ slot_expert(const struct mm_slots &sl, int s)
 	int t = s / sl.in_div, j = s % sl.in_div;
 
 	if (sl.logit == NULL)
-		return sl.expert != NULL ? sl.expert[s] : 0;
+		return sl.expert != NULL ? __ldcg(sl.expert + s) : 0;
 	if (threadIdx.x < WARP)
 		route_token(sl.logit + (size_t)t * sl.n_expert, sl.bias, sl.n_expert, sl.in_div, sl.norm, ex, wt);
 	__syncthreads();
@@ -158,7 +160,7 @@ slot_expert(const struct mm_slots &sl, int s)
 static __device__ __forceinline__ int
 slot_at(const struct mm_slots &sl, int ex)
 {
-	return sl.slot_of != NULL ? sl.slot_of[ex] : ex;
+	return sl.slot_of != NULL ? __ldcg(sl.slot_of + ex) : ex;
 }
 
 /* The rows of slot at (slot_at's, not negative) of weight w: there, or brought up for the step (mm_slots.away). */
@@ -684,8 +686,7 @@ mmq_slot_kernel(struct mm_seg a, int k, const int8_t *__restrict__ xq, const flo
 
 	if constexpr (!EARLY)
 		pdl_wait(), pdl_trigger();
-	ex = EARLY ? __ldcg(sl.expert + s) : slot_expert(sl, s);
-	at = EARLY && sl.slot_of != NULL ? __ldcg(sl.slot_of + ex) : slot_at(sl, ex);
+	ex = slot_expert(sl, s), at = slot_at(sl, ex);
 	if (at < 0) {
 		if constexpr (EARLY)
 			pdl_wait(), pdl_trigger();
