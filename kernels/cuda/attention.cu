@@ -555,36 +555,6 @@ attn_new_token(const float *q, float *qs, float *kn, int8_t *kq, const struct cu
 }
 
 /*
- * Dimension d of head h0 + h of token t, o its weighted values (cs: each
- * head's max, then each head's sum): normalized into out, with its int8
- * form into q8 if q8.q and its fp16 form into h16 if h16.h; or, with
- * n_split pieces, into split's piece in part, with the head's max and sum
- * beside it. Whole warps call it, 32 dimensions of one head a warp.
- */
-template <int D>
-static __device__ __forceinline__ void
-attn_out(float o, int t, int h, int d, int h0, int split, int n_split, const float *cs, const struct cuda_heads &hp,
-    float *out, struct cuda_q8 q8, struct cuda_h16 h16, float *part)
-{
-	size_t row = (size_t)t * hp.n_head + h0 + h;
-
-	if (n_split > 1) {
-		float *pr = part + (row * n_split + split) * (D + 2);
-
-		pr[d] = o;
-		if (d == 0)
-			pr[D] = cs[h], pr[D + 1] = cs[ATT_GROUP + h];
-		return;
-	}
-	o *= softmax_norm(cs[h], cs[ATT_GROUP + h], hp.sinks, h0 + h);
-	out[row * D + d] = o;
-	if (q8.q != NULL)
-		q8_store1(q8, t, hp.n_head * D, (h0 + h) * D + d, o);
-	if (h16.h != NULL)
-		f16_store1(h16, t, row * D + d, h0 + h + d == 0, o);
-}
-
-/*
  * Flash decoding over the paged pool. Block (token t, split s) of
  * blockIdx.x, and a group of up to ATT_GROUP query heads sharing one KV
  * head (blockIdx.y), W warps: the block walks its share of the token's
@@ -777,7 +747,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 #pragma unroll
 			for (int r = 1; r < NPG; r++)
 				o += red[h * NT + r * TG + d];
-			attn_out<D>(o, t, h, d, h0, split, n_split, cs, hp, out, q8, h16, part);
+			attn_out<D>(o, t, h0 + h, d, split, n_split, cs[h], cs[ATT_GROUP + h], hp, out, q8, h16, part);
 		}
 		return;
 	}
@@ -786,7 +756,8 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 #pragma unroll
 		for (int k = 0; k < DPT; k++)
 			if (di + k * TG < D)
-				attn_out<D>(acc[h][k], t, h, di + k * TG, h0, split, n_split, cs, hp, out, q8, h16, part);
+				attn_out<D>(acc[h][k], t, h0 + h, di + k * TG, split, n_split, cs[h], cs[ATT_GROUP + h], hp,
+				    out, q8, h16, part);
 }
 
 /*
@@ -989,6 +960,14 @@ cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h1
 	CK(cudaGetDevice(&dev));
 	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
 	target = (int64_t)ATT_WAVES * sms; /* blocks that keep the device busy */
+	if (kv->dec_tc) { /* one wave of the tensor-core kernel's blocks: each piece a block's whole work */
+		int per_sm = 0;
+
+		if ((rc = cuda_flash_decode_blocks(hd->head_dim, kv->q8, &per_sm, err)) != 0)
+			return rc;
+		base = (int64_t)n_tok * hd->n_head_kv * ((group + FD_ROWS - 1) / FD_ROWS);
+		target = (int64_t)MAX(per_sm, 1) * sms;
+	}
 	if (kv->part != NULL && base < target)
 		n_split = MIN(MIN(target / base, (int64_t)ATT_MAX_SPLITS), kv->part_rows / ((int64_t)n_tok * hd->n_head));
 	n_split = MIN(n_split, ((int64_t)kv->max_len + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN);
@@ -998,16 +977,20 @@ cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h1
 		return rc;
 	dim3 grid((unsigned)(n_tok * n_split), (unsigned)(hd->n_head_kv * ngb));
 
-	switch (hd->head_dim / WARP) {
+	if (kv->dec_tc) {
+		rc = cuda_flash_decode(q, out, q8, h16, n_tok, (int)n_split, hd, kv, st, err);
+	} else {
+		switch (hd->head_dim / WARP) {
 #define E_CASE(E) \
 	case E: \
 		rc = attn_launch<E>(grid, dev, sms, q, out, q8, h16, kv->part, (int)n_split, hd, kv, st, err); \
 		break;
-	E_CASE(1) E_CASE(2) E_CASE(3) E_CASE(4) E_CASE(5) E_CASE(6) E_CASE(7) E_CASE(8)
+		E_CASE(1) E_CASE(2) E_CASE(3) E_CASE(4) E_CASE(5) E_CASE(6) E_CASE(7) E_CASE(8)
 #undef E_CASE
-	default:
-		return err_set(err, ERR_UNSUPPORTED, "head_dim %d (a multiple of 32 up to 256 only)",
-		    hd->head_dim);
+		default:
+			return err_set(err, ERR_UNSUPPORTED, "head_dim %d (a multiple of 32 up to 256 only)",
+			    hd->head_dim);
+		}
 	}
 	if (rc != 0 || n_split == 1)
 		return rc;

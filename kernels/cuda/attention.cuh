@@ -66,6 +66,13 @@ struct cuda_kv {
 	 * and the K/V write; one launch a layer less) and cuda_qk is not run.
 	 */
 	const float *k_new, *v_new;
+	/*
+	 * The tokens the prefill tiles leave go to flash.cu's decode kernel
+	 * (the query heads of a KV head as the rows of the tensor cores'
+	 * tiles) instead of the split kernel: fp16 or q8 pool, not exact
+	 * mode, no k_new, no tok_end.
+	 */
+	int dec_tc;
 };
 
 /*
@@ -97,6 +104,8 @@ kv_row_size(size_t nkv, int exact, int q8)
  * pieces against the split kernel's 112 blocks), H200.
  */
 #define FLASH_MIN_TOKENS 16
+/* Query rows of a block of the tensor-core decode kernel: query heads of one KV head. */
+#define FD_ROWS 16
 
 /* Element e of position p's K (kvsel 0) or V (kvsel 1) in the pool, head offset head_off, p in pool block blk. */
 static __device__ __forceinline__ size_t
@@ -196,6 +205,37 @@ softmax_norm(float m, float l, const float *sinks, int h, bool base2 = false)
 	s = base2 ? sinks[h] * 1.4426950408889634f : sinks[h], top = fmaxf(m, s);
 	f = base2 ? exp2f(m - top) : expf(m - top);
 	return f / (l * f + (base2 ? exp2f(s - top) : expf(s - top)));
+}
+
+/*
+ * Dimension d of head h of token t, o its weighted values, m and l its
+ * softmax's max (natural log) and sum: normalized into out, with its int8
+ * form into q8 if q8.q and its fp16 form into h16 if h16.h; or, with
+ * n_split pieces, into split's piece in part, m and l beside it (what
+ * attn_merge_kernel reads). Whole warps call it, 32 dimensions of one head
+ * a warp.
+ */
+template <int D>
+static __device__ __forceinline__ void
+attn_out(float o, int t, int h, int d, int split, int n_split, float m, float l, const struct cuda_heads &hp,
+    float *out, struct cuda_q8 q8, struct cuda_h16 h16, float *part)
+{
+	size_t row = (size_t)t * hp.n_head + h;
+
+	if (n_split > 1) {
+		float *pr = part + (row * n_split + split) * (D + 2);
+
+		pr[d] = o;
+		if (d == 0)
+			pr[D] = m, pr[D + 1] = l;
+		return;
+	}
+	o *= softmax_norm(m, l, hp.sinks, h);
+	out[row * D + d] = o;
+	if (q8.q != NULL)
+		q8_store1(q8, t, hp.n_head * D, h * D + d, o);
+	if (h16.h != NULL)
+		f16_store1(h16, t, row * D + d, h + d == 0, o);
 }
 
 /* Dimension pair (a, b) rotated by ang, the position times the pair's frequency (RoPE). */
@@ -304,7 +344,17 @@ int cuda_flash_usable(const struct cuda_heads *hd, int f32, int *tile_tokens);
 int cuda_flash(const float *q, float *out, struct cuda_h16 h16, int n_split, const struct cuda_heads *hd,
     const struct cuda_kv *kv, cudaStream_t st, char *err);
 
-/* Readies cuda_flash for head_dim on the current device (cuda_attention_setup calls it). */
+/*
+ * The tokens that are not in prefill tiles (kv->dec_tc), on st, each in
+ * n_split pieces, as the split kernel would do them; cuda_attention calls
+ * it. cuda_flash_decode_blocks: how many of its blocks a multiprocessor
+ * holds at once (for cuda_attention's pieces).
+ */
+int cuda_flash_decode(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16, int n_tok, int n_split,
+    const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err);
+int cuda_flash_decode_blocks(int head_dim, int q8, int *per_sm, char *err);
+
+/* Readies cuda_flash and cuda_flash_decode for head_dim on the current device (cuda_attention_setup calls it). */
 int cuda_flash_setup(int head_dim, char *err);
 
 #endif

@@ -178,6 +178,7 @@ struct backend {
 	int use_graphs;              /* RESIDENT_CUDA_GRAPHS=0 turns them off */
 	int flash_tokens;            /* tokens of a prefill tile of flash.cu's kernel; 0: not used */
 	int att_len;                 /* this step's longest sequence, rounded up to split pieces (cuda_kv.max_len) */
+	int tc_decode_len;           /* att_len from which decode tokens take the tensor cores (cuda_kv.dec_tc); 0: never */
 	int cluster_sms;             /* multiprocessors where the device launches clusters (sm_90), else 0 */
 	struct prof prof;
 	/*

@@ -50,6 +50,7 @@
 #define BUS_EVERY 2
 /* Default largest token count for the matrix-vector kernels. */
 #define MMV_MAX_DEFAULT 1 /* measured: 2 tokens and more faster on the tensor cores (mmt.cu, qgemm.cu) */
+#define TC_DECODE_LEN 2048 /* contexts from which decode attention takes the tensor cores */
 
 /* Rounds n up to DEV_ALIGN. */
 static size_t
@@ -666,6 +667,19 @@ flash_tokens(const struct model_hparams *hp, int exact)
 	return n;
 }
 
+/*
+ * The context (cuda_kv.max_len) from which decode tokens take flash.cu's
+ * tensor-core kernel (RESIDENT_CUDA_TC_DECODE, 0: never); never in exact
+ * mode or for heads it cannot serve.
+ */
+static int
+tc_decode_len(const struct model_hparams *hp, int exact)
+{
+	if (exact || hp->head_dim % 32 != 0 || hp->head_dim > 256)
+		return 0;
+	return MAX(env_int("RESIDENT_CUDA_TC_DECODE", TC_DECODE_LEN), 0);
+}
+
 /* What load allocates: weights, activations and scratch, one KV block. */
 struct sizes {
 	size_t weights, act, kv_block;
@@ -1279,6 +1293,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	b->mm.mmt_max = MIN(env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS), MMT_MAX_TOKENS);
 	b->use_graphs = env_int("RESIDENT_CUDA_GRAPHS", 1) != 0;
 	b->flash_tokens = flash_tokens(&m->hp, b->exact);
+	b->tc_decode_len = tc_decode_len(&m->hp, b->exact);
 	rc = 0;
 out:
 	mats_free(&x);

@@ -715,6 +715,7 @@ heads_upload(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_head
 	ck->tables = (const int32_t *)d[9];
 	ck->fa_tiles = ck->fa_tok = NULL;
 	ck->fa_grid = 0;
+	ck->dec_tc = kv->dec_tc;
 	ck->max_len = 0;
 	for (int t = 0; t < n_tok; t++)
 		ck->max_len = MAX(ck->max_len, kv->tok_pos[t] + 1);

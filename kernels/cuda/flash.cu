@@ -60,15 +60,16 @@ fa_smem_bytes(int d, bool q8)
 /* fa_load_kv for a q8 pool: the rows as they are into stage st; those past last get scales of 0. */
 template <int D>
 static __device__ __forceinline__ void
-fa_load_q8(int8_t *st, const struct cuda_kv &kv, const int32_t *tab, int c0, int last, int nkv, int koff)
+fa_load_q8(int8_t *st, const struct cuda_kv &kv, const int32_t *tab, int c0, int last, int r0, int r1, int nkv,
+    int koff)
 {
 	constexpr int RQ = D + FA_Q8_PAD, G = D / 32;
 	const int8_t *pool = (const int8_t *)kv.pool;
 	int8_t *vs = st + FA_KV * RQ;
 	float *ksc = (float *)(vs + FA_KV * RQ), *vsc = ksc + FA_KV * G;
 
-	for (int i = threadIdx.x; i < FA_KV * (D / 16); i += FA_WARPS * WARP) {
-		int r = i / (D / 16), c = (i % (D / 16)) * 16, p = c0 + r;
+	for (int i = threadIdx.x; i < (r1 - r0) * (D / 16); i += FA_WARPS * WARP) {
+		int r = r0 + i / (D / 16), c = (i % (D / 16)) * 16, p = c0 + r;
 
 		if (p <= last) {
 			size_t ko = kv_index(kv, tab, p, 0, nkv, koff + c);
@@ -77,16 +78,16 @@ fa_load_q8(int8_t *st, const struct cuda_kv &kv, const int32_t *tab, int c0, int
 			cp_async16(vs + r * RQ + c, pool + ko + kv.kv_stride);
 		}
 	}
-	for (int i = threadIdx.x; i < FA_KV * G; i += FA_WARPS * WARP) {
-		int r = i / G, g = i % G, p = c0 + r;
+	for (int i = threadIdx.x; i < (r1 - r0) * G; i += FA_WARPS * WARP) {
+		int r = r0 + i / G, g = i % G, p = c0 + r;
 
 		if (p <= last) {
 			size_t so = kv_scale_index(kv, tab, p, 0, nkv, koff + 32 * g);
 
-			cp_async4(ksc + i, pool + so);
-			cp_async4(vsc + i, pool + so + kv.kv_stride);
+			cp_async4(ksc + r * G + g, pool + so);
+			cp_async4(vsc + r * G + g, pool + so + kv.kv_stride);
 		} else {
-			ksc[i] = vsc[i] = 0.0f;
+			ksc[r * G + g] = vsc[r * G + g] = 0.0f;
 		}
 	}
 }
@@ -120,17 +121,20 @@ fa_widen(__half *ks, __half *vs, const int8_t *st)
 	}
 }
 
-/* Copies the K and V rows of positions c0 .. c0 + FA_KV - 1 into a stage; those past last are zeros. */
+/*
+ * Copies the K and V rows r0 .. r1 - 1 of the tile of positions c0 .. c0 +
+ * FA_KV - 1 into a stage; those past last are zeros.
+ */
 template <int D>
 static __device__ __forceinline__ void
-fa_load_kv(__half *ks, __half *vs, const struct cuda_kv &kv, const int32_t *tab, int c0, int last, int nkv,
-    int koff)
+fa_load_kv(__half *ks, __half *vs, const struct cuda_kv &kv, const int32_t *tab, int c0, int last, int r0, int r1,
+    int nkv, int koff)
 {
 	constexpr int LD = D + FA_PAD, PIECES = D / 8;
 	const __half *pool = (const __half *)kv.pool;
 
-	for (int i = threadIdx.x; i < FA_KV * PIECES; i += FA_WARPS * WARP) {
-		int r = i / PIECES, c = (i % PIECES) * 8, p = c0 + r;
+	for (int i = threadIdx.x; i < (r1 - r0) * PIECES; i += FA_WARPS * WARP) {
+		int r = r0 + i / PIECES, c = (i % PIECES) * 8, p = c0 + r;
 
 		if (p <= last) {
 			size_t ko = kv_index(kv, tab, p, 0, nkv, koff + c);
@@ -144,27 +148,39 @@ fa_load_kv(__half *ks, __half *vs, const struct cuda_kv &kv, const int32_t *tab,
 	}
 }
 
-/* The tile's queries as fp16 rows, times the score scale and log2(e); rows past its tokens are zeros. */
-template <int D>
+/*
+ * ROWS query rows as fp16, times the score scale and log2(e): row r is
+ * head h0 + r % per of token t0 + r / per, zeros past nt tokens or ng heads.
+ * With PERM each 16 dimensions in the order of fd_scores_q8's K fragments
+ * (tc.cuh's quants' order: dimensions 4t .. 4t+3 in slots 2t, 2t+1, 2t+8,
+ * 2t+9).
+ */
+template <int D, int ROWS, bool PERM = false>
 static __device__ __forceinline__ void
-fa_load_q(__half *qs, const float *__restrict__ q, const struct cuda_heads &hp, int t0, int nt, int kvh,
-    int group)
+fa_load_q(__half *qs, const float *__restrict__ q, const struct cuda_heads &hp, int t0, int nt, int h0, int per,
+    int ng)
 {
 	constexpr int LD = D + FA_PAD;
 	float sc = hp.scale * LOG2E;
 
-	for (int i = threadIdx.x; i < FLASH_ROWS * D / 8; i += FA_WARPS * WARP) {
-		int r = i / (D / 8), c = (i % (D / 8)) * 8, tok = r / group, h = kvh * group + r % group;
+	for (int i = threadIdx.x; i < ROWS * D / 8; i += FA_WARPS * WARP) {
+		int r = i / (D / 8), c = (i % (D / 8)) * 8, tok = r / per, h = r % per;
 		uint4 v = make_uint4(0, 0, 0, 0);
 
-		if (tok < nt) {
-			const float4 *src = (const float4 *)(q + ((size_t)(t0 + tok) * hp.n_head + h) * D + c);
+		if (tok < nt && h < ng) {
+			const float4 *src = (const float4 *)(q + ((size_t)(t0 + tok) * hp.n_head + h0 + h) * D + c);
 			float4 a = src[0], b = src[1];
 
 			v.x = pack_half2(a.x * sc, a.y * sc), v.y = pack_half2(a.z * sc, a.w * sc);
 			v.z = pack_half2(b.x * sc, b.y * sc), v.w = pack_half2(b.z * sc, b.w * sc);
 		}
-		*(uint4 *)(qs + r * LD + c) = v;
+		if constexpr (PERM) { /* dimensions c .. c + 7: pairs into slots (c % 16) / 2 + 0, 8, 2, 10 */
+			uint32_t *row = (uint32_t *)(qs + r * LD + (c & ~15)) + (c % 16) / 4;
+
+			row[0] = v.x, row[4] = v.y, row[1] = v.z, row[5] = v.w;
+		} else {
+			*(uint4 *)(qs + r * LD + c) = v;
+		}
 	}
 }
 
@@ -192,14 +208,15 @@ struct fa_row {
 	float m, l;        /* running max (base 2) and this thread's share of the sum */
 };
 
-/* Masks one row's scores of a tile and folds them into the running max; returns the correction of the old terms. */
+/* Masks one row's scores of NJ n8 tiles from position c0 and folds them into the running max; returns the correction of the old terms. */
+template <int NJ>
 static __device__ __forceinline__ float
-fa_softmax_row(struct fa_row &r, float (&s)[8][4], int half, int c0, int lane)
+fa_softmax_row(struct fa_row &r, float (&s)[NJ][4], int half, int c0, int lane)
 {
 	float mx = -INFINITY, mn, corr;
 
 #pragma unroll
-	for (int j = 0; j < 8; j++)
+	for (int j = 0; j < NJ; j++)
 #pragma unroll
 		for (int e = 0; e < 2; e++) {
 			int col = c0 + 8 * j + 2 * (lane % 4) + e;
@@ -214,7 +231,7 @@ fa_softmax_row(struct fa_row &r, float (&s)[8][4], int half, int c0, int lane)
 	corr = mn == -INFINITY ? 1.0f : exp2f(r.m - mn);
 	r.l *= corr;
 #pragma unroll
-	for (int j = 0; j < 8; j++)
+	for (int j = 0; j < NJ; j++)
 #pragma unroll
 		for (int e = 0; e < 2; e++) {
 			float &v = s[j][2 * half + e];
@@ -226,41 +243,41 @@ fa_softmax_row(struct fa_row &r, float (&s)[8][4], int half, int c0, int lane)
 	return corr;
 }
 
-/* S = Q K^T for the warp's 16 rows and a stage's 64 positions. */
-template <int D>
+/* S = Q K^T for 16 query rows (qw, the warp's) and the 8 NJ positions from kb. */
+template <int D, int NJ>
 static __device__ __forceinline__ void
-fa_scores(const __half *qs, const __half *ks, int warp, int lane, float (&s)[8][4])
+fa_scores(const __half *qw, const __half *kb, int lane, float (&s)[NJ][4])
 {
 	constexpr int LD = D + FA_PAD;
 
 #pragma unroll
-	for (int j = 0; j < 8; j++)
+	for (int j = 0; j < NJ; j++)
 		s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
 	for (int kk = 0; kk < D; kk += 16) {
 		uint32_t a[4];
 
-		ldmatrix_x4(a, qs + (16 * warp + lane % 16) * LD + kk + (lane / 16) * 8);
+		ldmatrix_x4(a, qw + (lane % 16) * LD + kk + (lane / 16) * 8);
 #pragma unroll
-		for (int j = 0; j < 4; j++) {
+		for (int j = 0; j < NJ / 2; j++) {
 			uint32_t b[4];
 
-			ldmatrix_x4(b, ks + (16 * j + lane % 8 + (lane / 16) * 8) * LD + kk + ((lane / 8) % 2) * 8);
+			ldmatrix_x4(b, kb + (16 * j + lane % 8 + (lane / 16) * 8) * LD + kk + ((lane / 8) % 2) * 8);
 			mma16816(s[2 * j], a, b);
 			mma16816(s[2 * j + 1], a, b + 2);
 		}
 	}
 }
 
-/* O += P V for the warp's rows, P the softmaxed scores of a stage. */
-template <int D>
+/* O += P V for the warp's rows, P the softmaxed scores of the 8 NJ positions from vb. */
+template <int D, int NJ>
 static __device__ __forceinline__ void
-fa_values(const __half *vs, const float (&s)[8][4], int lane, float (&o)[D / 8][4])
+fa_values(const __half *vb, const float (&s)[NJ][4], int lane, float (&o)[D / 8][4])
 {
 	constexpr int LD = D + FA_PAD;
 
 #pragma unroll
-	for (int kk = 0; kk < 4; kk++) {
+	for (int kk = 0; kk < NJ / 2; kk++) {
 		/* the accumulators of two n8 tiles of S are the A fragment of one k16 step of P V */
 		uint32_t a[4] = { pack_half2(s[2 * kk][0], s[2 * kk][1]), pack_half2(s[2 * kk][2], s[2 * kk][3]),
 			pack_half2(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack_half2(s[2 * kk + 1][2], s[2 * kk + 1][3]) };
@@ -269,23 +286,27 @@ fa_values(const __half *vs, const float (&s)[8][4], int lane, float (&o)[D / 8][
 		for (int j = 0; j < D / 16; j++) {
 			uint32_t b[4];
 
-			ldmatrix_x4_trans(b, vs + (16 * kk + ((lane / 8) % 2) * 8 + lane % 8) * LD + 16 * j + (lane / 16) * 8);
+			ldmatrix_x4_trans(b, vb + (16 * kk + ((lane / 8) % 2) * 8 + lane % 8) * LD + 16 * j + (lane / 16) * 8);
 			mma16816(o[2 * j], a, b);
 			mma16816(o[2 * j + 1], a, b + 2);
 		}
 	}
 }
 
-/* Fills stage st of fa_kernel<D, Q8>'s shared memory (its fp16 stages ks, vs, or its q8 ones, q8s). */
+/*
+ * Fills rows r0 .. r1 - 1 of stage st of fa_kernel<D, Q8>'s (or
+ * fd_kernel's) shared memory (its fp16 stages ks, vs, or its q8 ones, q8s).
+ */
 template <int D, bool Q8>
 static __device__ __forceinline__ void
 fa_fill(__half *ks, __half *vs, int8_t *q8s, int st, const struct cuda_kv &kv, const int32_t *tab, int c0, int last,
-    int nkv, int koff)
+    int nkv, int koff, int r0 = 0, int r1 = FA_KV)
 {
 	if constexpr (Q8)
-		fa_load_q8<D>(q8s + st * fa_q8_stage(D), kv, tab, c0, last, nkv, koff);
+		fa_load_q8<D>(q8s + st * fa_q8_stage(D), kv, tab, c0, last, r0, r1, nkv, koff);
 	else
-		fa_load_kv<D>(ks + st * FA_KV * (D + FA_PAD), vs + st * FA_KV * (D + FA_PAD), kv, tab, c0, last, nkv, koff);
+		fa_load_kv<D>(ks + st * FA_KV * (D + FA_PAD), vs + st * FA_KV * (D + FA_PAD), kv, tab, c0, last, r0, r1,
+		    nkv, koff);
 }
 
 /*
@@ -373,7 +394,7 @@ fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_h16 
 #pragma unroll
 	for (int j = 0; j < D / 8; j++)
 		o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-	fa_load_q<D>(qs, q, hp, t0, nt, kvh, group);
+	fa_load_q<D, FLASH_ROWS>(qs, q, hp, t0, nt, kvh * group, group, group);
 	if (c_lo <= c_end)
 		fa_fill<D, Q8>(ks, vs, q8s, 0, kv, tab, c_lo, c_end, nkv, kvh * D);
 	cp_async_commit();
@@ -390,19 +411,265 @@ fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_h16 
 			fa_widen<D>(ks, vs, q8s + st * fa_q8_stage(D));
 			__syncthreads();
 		}
-		fa_scores<D>(qs, ks + at * FA_KV * LD, warp, lane, s);
-		corr[0] = fa_softmax_row(rows[0], s, 0, c0, lane);
-		corr[1] = fa_softmax_row(rows[1], s, 1, c0, lane);
+		fa_scores<D, 8>(qs + 16 * warp * LD, ks + at * FA_KV * LD, lane, s);
+		corr[0] = fa_softmax_row<8>(rows[0], s, 0, c0, lane);
+		corr[1] = fa_softmax_row<8>(rows[1], s, 1, c0, lane);
 #pragma unroll
 		for (int j = 0; j < D / 8; j++) {
 			o[j][0] *= corr[0], o[j][1] *= corr[0];
 			o[j][2] *= corr[1], o[j][3] *= corr[1];
 		}
-		fa_values<D>(vs + at * FA_KV * LD, s, lane, o);
+		fa_values<D, 8>(vs + at * FA_KV * LD, s, lane, o);
 		__syncthreads(); /* the stage is refilled next */
 	}
 	cp_async_wait<0>();
 	fa_store<D>(out, h16, part, n_split, (int)blockIdx.z, hp, rows, o, t0, kvh, group);
+}
+
+/*
+ * Stages of fd_kernel<D, Q8>, S - 1 tiles copied ahead of the one in use:
+ * with one ahead (two stages) a block waited a whole memory latency a
+ * tile, and a q8 step at depth 16,384 read its cache at 1.3 TB/s (fp16's
+ * 2.9, H200).
+ */
+static constexpr __host__ __device__ int
+fd_stages(bool q8)
+{
+	return q8 ? 4 : 3;
+}
+
+/* Shared memory of fd_kernel<D, Q8>: FD_ROWS query rows, then its stages of K and V (fp16 or q8). */
+static constexpr size_t
+fd_smem_bytes(int d, bool q8)
+{
+	return (size_t)(FD_ROWS + (q8 ? 0 : 2 * fd_stages(false)) * FA_KV) * (size_t)(d + FA_PAD) * sizeof(__half) +
+	    (q8 ? fd_stages(true) * fa_q8_stage(d) : 0);
+}
+
+/*
+ * S = Q K^T for 16 query rows (qw, in fa_load_q's PERM order) and the 16
+ * positions of a q8 stage from kb (their scales from ksc): a lane's K
+ * fragment of position lane / 4 is one 4-byte load of levels, widened and
+ * scaled in fp16 (h2_pairs), where fa_widen would store and load them.
+ */
+template <int D>
+static __device__ __forceinline__ void
+fd_scores_q8(const __half *qw, const int8_t *kb, const float *ksc, int lane, float (&s)[2][4])
+{
+	constexpr int LD = D + FA_PAD, RQ = D + FA_Q8_PAD, G = D / 32;
+	const __half2 zero = __float2half2_rn(0.0f);
+
+#pragma unroll
+	for (int j = 0; j < 2; j++)
+		s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+	for (int kk = 0; kk < D; kk += 16) {
+		uint32_t a[4];
+
+		ldmatrix_x4(a, qw + (lane % 16) * LD + kk + (lane / 16) * 8);
+#pragma unroll
+		for (int j = 0; j < 2; j++) {
+			int p = 8 * j + lane / 4;
+			uint32_t b[2], w = *(const uint32_t *)(kb + p * RQ + kk + 4 * (lane % 4));
+
+			h2_pairs(w ^ 0x80808080u, H_1152, __float2half2_rn(ksc[p * G + kk / 32]), zero, b);
+			mma16816(s[j], a, b);
+		}
+	}
+}
+
+/*
+ * O += P V for the warp's rows, P the softmaxed scores of the 16 positions
+ * of a q8 stage from vb (their scales from vsc). V's B fragment holds
+ * two positions of one dimension a register, which a load of the rows
+ * cannot give: a lane loads 4 levels of its position (lane / 4, and + 8)
+ * from each 16 dimensions, widens them to two fp16 pairs (h2_pairs) and
+ * movmatrix transposes each 8 x 8 of them. So n8 tile 2c + m of o holds
+ * dimensions 16c + 4t + 2m and + 1 in its columns 2t, 2t + 1 (fd_dim).
+ */
+template <int D>
+static __device__ __forceinline__ void
+fd_values_q8(const int8_t *vb, const float *vsc, const float (&s)[2][4], int lane, float (&o)[D / 8][4])
+{
+	constexpr int RQ = D + FA_Q8_PAD, G = D / 32;
+	const __half2 zero = __float2half2_rn(0.0f);
+	uint32_t a[4] = { pack_half2(s[0][0], s[0][1]), pack_half2(s[0][2], s[0][3]), pack_half2(s[1][0], s[1][1]),
+		pack_half2(s[1][2], s[1][3]) };
+
+#pragma unroll
+	for (int c = 0; c < D / 16; c++) {
+		uint32_t x[2][2];
+
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			int p = lane / 4 + 8 * h;
+			uint32_t w = *(const uint32_t *)(vb + p * RQ + 16 * c + 4 * (lane % 4));
+
+			h2_pairs(w ^ 0x80808080u, H_1152, __float2half2_rn(vsc[p * G + c / 2]), zero, x[h]);
+		}
+#pragma unroll
+		for (int m = 0; m < 2; m++) {
+			uint32_t b[2] = { movmatrix_trans(x[0][m]), movmatrix_trans(x[1][m]) };
+
+			mma16816(o[2 * c + m], a, b);
+		}
+	}
+}
+
+/* The first of the two dimensions in columns 2t, 2t + 1 (t = lane % 4) of n8 tile j of fd_kernel's o. */
+template <bool Q8>
+static __device__ __forceinline__ int
+fd_dim(int j, int lane)
+{
+	return Q8 ? 16 * (j / 2) + 4 * (lane % 4) + 2 * (j % 2) : 8 * j + 2 * (lane % 4);
+}
+
+/*
+ * The rows of a warp's softmax over its positions (max m in base 2, sums
+ * l, weighted values o) added to the other warps' in shared memory
+ * (free once the stages are read), each head's row then normalized or
+ * stored as a piece by attn_out. Rows of heads past ng are not stored.
+ */
+template <int D, bool Q8>
+static __device__ __forceinline__ void
+fd_store(float *red, const struct fa_row (&rows)[2], const float (&o)[D / 8][4], int ng, int t, int h0, int split,
+    int n_split, const struct cuda_heads &hp, float *out, struct cuda_q8 q8, struct cuda_h16 h16, float *part)
+{
+	int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, col = 2 * (lane % 4);
+	float *ml = red + FA_WARPS * FD_ROWS * D; /* each warp's max, then sum, of each row */
+
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		int r = lane / 4 + 8 * i;
+		float l = quad_sum(rows[i].l);
+
+		if (r >= ng)
+			continue;
+#pragma unroll
+		for (int j = 0; j < D / 8; j++)
+			*(float2 *)(red + (warp * FD_ROWS + r) * D + fd_dim<Q8>(j, lane)) = make_float2(o[j][2 * i],
+			    o[j][2 * i + 1]);
+		if (col == 0)
+			ml[warp * FD_ROWS + r] = rows[i].m, ml[(FA_WARPS + warp) * FD_ROWS + r] = l;
+	}
+	__syncthreads();
+	for (int e = threadIdx.x; e < ng * D; e += FA_WARPS * WARP) {
+		int r = e / D, d = e % D;
+		float m = -INFINITY, l = 0.0f, v = 0.0f;
+
+#pragma unroll
+		for (int w = 0; w < FA_WARPS; w++)
+			m = fmaxf(m, ml[w * FD_ROWS + r]);
+#pragma unroll
+		for (int w = 0; w < FA_WARPS; w++) {
+			float mw = ml[w * FD_ROWS + r], f = mw == -INFINITY ? 0.0f : exp2f(mw - m);
+
+			l += f * ml[(FA_WARPS + w) * FD_ROWS + r];
+			v += f * red[(w * FD_ROWS + r) * D + d];
+		}
+		attn_out<D>(v, t, h0 + r, d, split, n_split, m * LN2, l, hp, out, q8, h16, part);
+	}
+}
+
+/*
+ * Decode tokens on the tensor cores. Block (token, piece of n_split)
+ * blockIdx.x, (KV head, group of up to FD_ROWS of its query heads)
+ * blockIdx.y: the heads are the rows of one m16 tile (zeros past them),
+ * and the block walks its piece of the token's positions FA_KV at a time,
+ * copied as fa_kernel's, S - 1 stages ahead (the first stages' rows that
+ * earlier steps wrote before pdl_wait), each warp taking 16 of a stage's
+ * positions with a softmax of its own; fd_store adds the four. A q8
+ * stage's levels are read as they are (fd_scores_q8, fd_values_q8), each
+ * warp its own rows. The split kernel converts and multiplies each K and
+ * V element on the CUDA cores for every head, and at depth was bound by
+ * issuing those instructions.
+ */
+template <int D, bool Q8>
+__global__ void __launch_bounds__(FA_WARPS * WARP)
+fd_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q8, struct cuda_h16 h16,
+    float *__restrict__ part, int n_split, struct cuda_heads hp, struct cuda_kv kv)
+{
+	constexpr int LD = D + FA_PAD, RQ = D + FA_Q8_PAD, G = D / 32, S = fd_stages(Q8);
+	extern __shared__ __align__(16) unsigned char smem[];
+	__half *qs = (__half *)smem, *ks = qs + FD_ROWS * LD, *vs = ks + S * FA_KV * LD;
+	int8_t *q8s = (int8_t *)ks; /* q8 stages instead of fp16 ones */
+	int t = blockIdx.x / n_split, split = blockIdx.x % n_split;
+	int group = hp.n_head / hp.n_head_kv, ngb = (group + FD_ROWS - 1) / FD_ROWS;
+	int kvh = blockIdx.y / ngb, h0 = kvh * group + (int)(blockIdx.y % ngb) * FD_ROWS;
+	int ng = min(FD_ROWS, (kvh + 1) * group - h0), nkv = hp.n_head_kv * D;
+	int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, w0 = 16 * warp;
+	int pos = kv.tok_pos[t], p0 = hp.window > 0 && pos >= hp.window ? pos - hp.window + 1 : 0;
+	int per = ((pos - p0 + n_split) / n_split + FA_KV - 1) / FA_KV * FA_KV;
+	int lo = p0 + split * per, hi = min(lo + per, pos + 1), mine = !(kv.fa_tok != NULL && kv.fa_tok[t]);
+	/* the first position of this step's tokens (a sequence has at most gridDim.x / n_split) */
+	int fresh = pos + 1 - (int)(gridDim.x / n_split);
+	const int32_t *tab = kv.tables + kv.tok_tab[t];
+	struct fa_row rows[2];
+	float o[D / 8][4];
+
+	/* the first S - 1 stages' rows that earlier steps wrote, before the wait */
+	for (int i = 0, c0 = lo; mine && i < S - 1 && c0 < hi; i++, c0 += FA_KV)
+		fa_fill<D, Q8>(ks, vs, q8s, i, kv, tab, c0, hi - 1, nkv, kvh * D, 0, max(0, min(FA_KV, fresh - c0)));
+	pdl_wait();
+	if (!mine) { /* a prefill tile's token: fa_kernel has it */
+		pdl_trigger();
+		return;
+	}
+	for (int i = 0; i < 2; i++) {
+		rows[i].pos = pos;
+		rows[i].first = p0;
+		rows[i].live = lane / 4 + 8 * i < ng;
+		rows[i].m = -INFINITY;
+		rows[i].l = 0.0f;
+	}
+#pragma unroll
+	for (int j = 0; j < D / 8; j++)
+		o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+	fa_load_q<D, FD_ROWS, Q8>(qs, q, hp, t, 1, h0, FD_ROWS, ng);
+	/* one group of copies for each of the first S - 1 stages, empty past the piece */
+	for (int i = 0, c0 = lo; i < S - 1; i++, c0 += FA_KV) {
+		if (c0 < hi)
+			fa_fill<D, Q8>(ks, vs, q8s, i, kv, tab, c0, hi - 1, nkv, kvh * D, max(0, min(FA_KV, fresh - c0)),
+			    FA_KV);
+		cp_async_commit();
+	}
+	for (int c0 = lo, st = 0; c0 < hi; c0 += FA_KV, st = st + 1 < S ? st + 1 : 0) {
+		int ahead = st == 0 ? S - 1 : st - 1; /* the stage used last, refilled with the tile S - 1 ahead */
+		float s[2][4], corr[2];
+
+		if (c0 + (S - 1) * FA_KV < hi)
+			fa_fill<D, Q8>(ks, vs, q8s, ahead, kv, tab, c0 + (S - 1) * FA_KV, hi - 1, nkv, kvh * D);
+		cp_async_commit();
+		cp_async_wait<S - 1>();
+		__syncthreads();
+		if (c0 + w0 < hi) {
+			/* a q8 stage: K's rows, V's, K's scales, V's (fa_load_q8) */
+			const int8_t *kq = q8s + st * fa_q8_stage(D), *vq = kq + FA_KV * RQ;
+			const float *ksc = (const float *)(vq + FA_KV * RQ), *vsc = ksc + FA_KV * G;
+
+			if constexpr (Q8)
+				fd_scores_q8<D>(qs, kq + w0 * RQ, ksc + w0 * G, lane, s);
+			else
+				fa_scores<D, 2>(qs, ks + (st * FA_KV + w0) * LD, lane, s);
+			corr[0] = fa_softmax_row<2>(rows[0], s, 0, c0 + w0, lane);
+			corr[1] = fa_softmax_row<2>(rows[1], s, 1, c0 + w0, lane);
+#pragma unroll
+			for (int j = 0; j < D / 8; j++) {
+				o[j][0] *= corr[0], o[j][1] *= corr[0];
+				o[j][2] *= corr[1], o[j][3] *= corr[1];
+			}
+			if constexpr (Q8)
+				fd_values_q8<D>(vq + w0 * RQ, vsc + w0 * G, s, lane, o);
+			else
+				fa_values<D, 2>(vs + (st * FA_KV + w0) * LD, s, lane, o);
+		}
+		__syncthreads(); /* the stage is refilled next */
+	}
+	cp_async_wait<0>();
+	/* only now: the output product's blocks waiting beside this grid would hold back its later blocks */
+	pdl_trigger();
+	__syncthreads();
+	fd_store<D, Q8>((float *)smem, rows, o, ng, t, h0, split, n_split, hp, out, q8, h16, part);
 }
 
 int
@@ -450,17 +717,85 @@ cuda_flash(const float *q, float *out, struct cuda_h16 h16, int n_split, const s
 	}
 }
 
+/* Launches fd_kernel<D, Q8> for the pool, whose shared-memory limit cuda_flash_setup raised. */
+template <int D>
+static int
+fd_launch(dim3 grid, const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16, int n_split,
+    const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
+{
+	if (kv->q8)
+		CK(cuda_launch(fd_kernel<D, true>, grid, dim3(FA_WARPS * WARP), fd_smem_bytes(D, true), st, q, out, q8, h16,
+		    kv->part, n_split, *hd, *kv));
+	else
+		CK(cuda_launch(fd_kernel<D, false>, grid, dim3(FA_WARPS * WARP), fd_smem_bytes(D, false), st, q, out, q8,
+		    h16, kv->part, n_split, *hd, *kv));
+	return 0;
+}
+
 int
-cuda_flash_setup(int head_dim, char *err)
+cuda_flash_decode(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16, int n_tok, int n_split,
+    const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
+{
+	int group = hd->n_head / hd->n_head_kv;
+	dim3 grid((unsigned)(n_tok * n_split), (unsigned)(hd->n_head_kv * ((group + FD_ROWS - 1) / FD_ROWS)));
+
+	if (kv->f32 || kv->k_new != NULL || kv->tok_end != NULL)
+		return err_set(err, ERR_INVAL, "cuda_flash_decode: an fp32 pool, a new token's raw rows or "
+		    "bidirectional tokens");
+	switch (hd->head_dim) {
+#define D_CASE(D) case D: return fd_launch<D>(grid, q, out, q8, h16, n_split, hd, kv, st, err);
+	D_CASE(32) D_CASE(64) D_CASE(96) D_CASE(128) D_CASE(160) D_CASE(192) D_CASE(224) D_CASE(256)
+#undef D_CASE
+	default:
+		return err_set(err, ERR_UNSUPPORTED, "decode attention on the tensor cores: head_dim %d", hd->head_dim);
+	}
+}
+
+int
+cuda_flash_decode_blocks(int head_dim, int q8, int *per_sm, char *err)
 {
 	switch (head_dim) {
 #define D_CASE(D) \
 	case D: \
-		CK(cudaFuncSetAttribute(fa_kernel<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-		    (int)fa_smem_bytes(D, false))); \
-		CK(cudaFuncSetAttribute(fa_kernel<D, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-		    (int)fa_smem_bytes(D, true))); \
+		if (q8) \
+			CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, fd_kernel<D, true>, FA_WARPS * WARP, \
+			    fd_smem_bytes(D, true))); \
+		else \
+			CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, fd_kernel<D, false>, FA_WARPS * WARP, \
+			    fd_smem_bytes(D, false))); \
 		return 0;
+	D_CASE(32) D_CASE(64) D_CASE(96) D_CASE(128) D_CASE(160) D_CASE(192) D_CASE(224) D_CASE(256)
+#undef D_CASE
+	default:
+		return err_set(err, ERR_UNSUPPORTED, "decode attention on the tensor cores: head_dim %d", head_dim);
+	}
+}
+
+/* Raises kernel k's shared-memory limit to bytes. */
+template <typename K>
+static int
+fa_smem_limit(K k, size_t bytes, char *err)
+{
+	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+	return 0;
+}
+
+template <int D>
+static int
+fa_setup(char *err)
+{
+	int rc = fa_smem_limit(fa_kernel<D, false>, fa_smem_bytes(D, false), err);
+
+	rc = rc != 0 ? rc : fa_smem_limit(fa_kernel<D, true>, fa_smem_bytes(D, true), err);
+	rc = rc != 0 ? rc : fa_smem_limit(fd_kernel<D, false>, fd_smem_bytes(D, false), err);
+	return rc != 0 ? rc : fa_smem_limit(fd_kernel<D, true>, fd_smem_bytes(D, true), err);
+}
+
+int
+cuda_flash_setup(int head_dim, char *err)
+{
+	switch (head_dim) {
+#define D_CASE(D) case D: return fa_setup<D>(err);
 	D_CASE(32) D_CASE(64) D_CASE(96) D_CASE(128) D_CASE(160) D_CASE(192) D_CASE(224) D_CASE(256)
 #undef D_CASE
 	default:

@@ -77,6 +77,19 @@ ldmatrix_x4_trans(uint32_t r[4], const void *smem)
 	    : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(sa));
 }
 
+/*
+ * An 8 x 8 matrix of 16-bit elements held as a fragment (lane l: row l / 4,
+ * columns 2 (l % 4) and + 1), transposed in registers.
+ */
+static __device__ __forceinline__ uint32_t
+movmatrix_trans(uint32_t x)
+{
+	uint32_t y;
+
+	asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+	return y;
+}
+
 /* d += a b: one m16n8k16 product of fp16 fragments, accumulated in float. */
 static __device__ __forceinline__ void
 mma16816(float d[4], const uint32_t a[4], const uint32_t b[2])

@@ -209,7 +209,7 @@ static struct cuda_probe_kv
 probe_kv(struct place *pl, struct kv_pool *kp, int split, int flash)
 {
 	struct cuda_probe_kv kv = { kp->data, pl->n_blocks, N_LAYER, 1, pl->tok_pos, pl->tok_tab, pl->tables,
-		pl->n_tables, kp->f32, split, flash, kp->q8 };
+		pl->n_tables, kp->f32, split, flash, kp->q8, 0 };
 
 	return kv;
 }
@@ -227,7 +227,12 @@ static const struct {
 	{ 32, 5, 1, 1, 0, 0, 0.0f, 10000.0f, 1.0f, 5 },
 	/* a second dimension a thread for one warp of the decode kernel only */
 	{ 160, 4, 2, 1, 0, 0, 0.0f, 10000.0f, 1.0f, 0 },
+	/* more query heads to a KV head than a block of the tensor-core decode kernel has rows */
+	{ 64, 20, 1, 0, 0, 0, 0.0f, 10000.0f, 1.0f, 0 },
 };
+
+/* Floats of a test's biases: at least any case's heads times head_dim (test_qkv's 128 too). */
+#define BIAS_FLOATS (32 * 256)
 
 /* A step of several sequences: a prefill chunk, a first token, decodes, a whole prompt. */
 static const struct seq_spec step_seqs[] = { { 45, 13 }, { 1, 1 }, { 100, 1 }, { 33, 33 }, { 17, 2 } };
@@ -297,8 +302,8 @@ static double
 qk_case(size_t c, int kind)
 {
 	struct place pl;
-	float *bq = rand_floats(8 * 256, -0.5f, 0.5f), *bk = rand_floats(8 * 256, -0.5f, 0.5f);
-	float *bv = rand_floats(8 * 256, -0.5f, 0.5f), *qn = rand_floats(256, 0.5f, 1.5f);
+	float *bq = rand_floats(BIAS_FLOATS, -0.5f, 0.5f), *bk = rand_floats(BIAS_FLOATS, -0.5f, 0.5f);
+	float *bv = rand_floats(BIAS_FLOATS, -0.5f, 0.5f), *qn = rand_floats(256, 0.5f, 1.5f);
 	float *kn = rand_floats(256, 0.5f, 1.5f);
 	struct cuda_probe_heads hd = heads_cfg(c, bq, bk, bv, qn, kn);
 	int d = hd.head_dim, nq, nkv;
@@ -514,8 +519,8 @@ test_qkv(void **state)
 		ARRAY_LEN(few_seqs) };
 	/* llama3-8b's heads: 384 blocks of 16 rows, one wave of mmt.cu's 5-warp blocks on 132 multiprocessors */
 	static const struct qkv_grid few_8b = { CUDA_PROBE_FEW, few_pairs, 2, few_seqs, 1 };
-	float *bq = rand_floats(8 * 256, -0.5f, 0.5f), *bk = rand_floats(8 * 256, -0.5f, 0.5f);
-	float *bv = rand_floats(8 * 256, -0.5f, 0.5f), *qn = rand_floats(256, 0.5f, 1.5f);
+	float *bq = rand_floats(BIAS_FLOATS, -0.5f, 0.5f), *bk = rand_floats(BIAS_FLOATS, -0.5f, 0.5f);
+	float *bv = rand_floats(BIAS_FLOATS, -0.5f, 0.5f), *qn = rand_floats(256, 0.5f, 1.5f);
 	float *kn = rand_floats(256, 0.5f, 1.5f);
 	double worst = 0, worst_few = 0;
 
@@ -590,12 +595,13 @@ ref_attention(const float *qh, const struct kv_pool *kp, const struct cuda_probe
 /*
  * One head configuration of cuda_attention over a pool of random K/V (NaN
  * where no position is) for a step of sequences; split: with the scratch
- * of split attention. The output's fp16 form is asked for too (not from an
- * fp32 pool), and without prefill tiles its int8 form, both checked
- * against the floats the kernels wrote.
+ * of split attention; flash: prefill tiles on the tensor cores; dec: the
+ * other tokens on the tensor-core decode kernel. The output's fp16 form
+ * is asked for too (not from an fp32 pool), and without prefill tiles its
+ * int8 form, both checked against the floats the kernels wrote.
  */
 static double
-attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int kind, int split, int flash)
+attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int kind, int split, int flash, int dec)
 {
 	struct place pl;
 	struct cuda_probe_heads hd = heads_cfg(c, NULL, NULL, NULL, NULL, NULL);
@@ -618,13 +624,15 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int kind, int 
 	q = rand_floats((size_t)pl.n_tok * nq, -4, 4);
 	out = nan_floats((size_t)pl.n_tok * nq);
 	struct cuda_probe_kv kv = probe_kv(&pl, &kp, split, flash);
-	double tol = flash ? TOL_FLASH : TOL_ATTN;
+	double tol = flash || dec ? TOL_FLASH : TOL_ATTN;
+	kv.dec_tc = dec;
 	if (!flash)
 		q8 = xmalloc((size_t)pl.n_tok * 2 * nq), q8d = nan_floats((size_t)pl.n_tok * nq / 16);
 	if (!kp.f32)
 		h16 = xmalloc((size_t)pl.n_tok * nq * sizeof *h16), h16s = nan_floats((size_t)pl.n_tok);
 	if (cuda_probe_attention(probe, &hd, &kv, q, pl.n_tok, out, q8, q8d, h16, h16s, err) != 0)
-		fail_msg("attention head_dim %d, %s pool, split %d, flash %d: %s", d, pool_name(&kp), split, flash, err);
+		fail_msg("attention head_dim %d, %s pool, split %d, flash %d, dec %d: %s", d, pool_name(&kp), split, flash,
+		    dec, err);
 	if (q8 != NULL) /* fails on any element outside its bound; the floats' error is what this case reports */
 		(void)check_rows_q8("attention output", q8, q8d, out, pl.n_tok, nq);
 	if (h16 != NULL)
@@ -639,10 +647,10 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int kind, int 
 				double e = fabs((double)got[i] - ref[i]) / vmax;
 
 				if (!(e <= tol))
-					fail_msg("attention head_dim %d, %d/%d heads, window %d, %s pool, split %d, flash %d: "
-					    "token %d (position %d) head %d element %d: gpu %g reference %g", d, hd.n_head,
-					    hd.n_head_kv, hd.window, pool_name(&kp), split, flash, t, pl.tok_pos[t], h,
-					    i, got[i], ref[i]);
+					fail_msg("attention head_dim %d, %d/%d heads, window %d, %s pool, split %d, flash %d, "
+					    "dec %d: token %d (position %d) head %d element %d: gpu %g reference %g", d,
+					    hd.n_head, hd.n_head_kv, hd.window, pool_name(&kp), split, flash, dec, t,
+					    pl.tok_pos[t], h, i, got[i], ref[i]);
 				worst = fmax(worst, e);
 			}
 		}
@@ -662,9 +670,10 @@ test_attention(void **state)
 			double worst = 0;
 
 			for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++) {
-				worst = fmax(worst, attention_case(c, step_seqs, (int)ARRAY_LEN(step_seqs), kind, split, 0));
+				worst = fmax(worst, attention_case(c, step_seqs, (int)ARRAY_LEN(step_seqs), kind, split, 0,
+				    0));
 				worst = fmax(worst, attention_case(c, decode_seqs, (int)ARRAY_LEN(decode_seqs), kind,
-				    split, 0));
+				    split, 0, 0));
 			}
 			print_message("attention, %s pool, %s: max error / max |V| %.2e (bound %.0e)\n",
 			    kind_names[kind], split ? "split and merged" : "one piece", worst, TOL_ATTN);
@@ -734,8 +743,8 @@ static void
 test_attention_new(void **state)
 {
 	static const int lens[] = { 1, 17, 130, 700 };
-	float *bq = rand_floats(8 * 256, -0.5f, 0.5f), *bk = rand_floats(8 * 256, -0.5f, 0.5f);
-	float *bv = rand_floats(8 * 256, -0.5f, 0.5f), *qn = rand_floats(256, 0.5f, 1.5f);
+	float *bq = rand_floats(BIAS_FLOATS, -0.5f, 0.5f), *bk = rand_floats(BIAS_FLOATS, -0.5f, 0.5f);
+	float *bv = rand_floats(BIAS_FLOATS, -0.5f, 0.5f), *qn = rand_floats(256, 0.5f, 1.5f);
 	float *kn = rand_floats(256, 0.5f, 1.5f);
 	double worst = 0;
 
@@ -774,13 +783,42 @@ test_flash(void **state)
 
 			for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++) {
 				worst = fmax(worst, attention_case(c, prefill_seqs, (int)ARRAY_LEN(prefill_seqs), kinds[k],
-				    split, 1));
+				    split, 1, 0));
 				worst = fmax(worst, attention_case(c, step_seqs, (int)ARRAY_LEN(step_seqs), kinds[k], split,
-				    1));
+				    1, 0));
 			}
 			print_message("attention, %s pool, prefill on the tensor cores, %s: max error / max |V| %.2e "
 			    "(bound %.0e)\n", kind_names[kinds[k]], split ? "split and merged" :
 			    "one piece", worst, TOL_FLASH);
+		}
+}
+
+/*
+ * Decode tokens on the tensor cores (cuda_kv.dec_tc; fp16 and q8 pools):
+ * alone over long contexts, beside other tokens of a step, and beside
+ * prefill tiles.
+ */
+static void
+test_decode_tc(void **state)
+{
+	static const int kinds[] = { 0, 2 };
+
+	(void)state;
+	for (size_t k = 0; k < ARRAY_LEN(kinds); k++)
+		for (int split = 0; split < 2; split++) {
+			double worst = 0;
+
+			for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++) {
+				worst = fmax(worst, attention_case(c, decode_seqs, (int)ARRAY_LEN(decode_seqs), kinds[k],
+				    split, 0, 1));
+				worst = fmax(worst, attention_case(c, step_seqs, (int)ARRAY_LEN(step_seqs), kinds[k], split,
+				    0, 1));
+				worst = fmax(worst, attention_case(c, prefill_seqs, (int)ARRAY_LEN(prefill_seqs), kinds[k],
+				    split, 1, 1));
+			}
+			print_message("attention, %s pool, decode on the tensor cores, %s: max error / max |V| %.2e "
+			    "(bound %.0e)\n", kind_names[kinds[k]], split ? "split and merged" : "one piece", worst,
+			    TOL_FLASH);
 		}
 }
 
@@ -793,6 +831,7 @@ main(void)
 		cmocka_unit_test(test_attention),
 		cmocka_unit_test(test_attention_new),
 		cmocka_unit_test(test_flash),
+		cmocka_unit_test(test_decode_tc),
 	};
 
 	return cuda_ops_run("test_cuda_attn", tests, ARRAY_LEN(tests));
