@@ -208,10 +208,14 @@ struct fa_row {
 	float m, l;        /* running max (base 2) and this thread's share of the sum */
 };
 
-/* Masks one row's scores of NJ n8 tiles from position c0 and folds them into the running max; returns the correction of the old terms. */
+/*
+ * Masks one row's scores of NJ n8 tiles from position c0 (only where
+ * edge: tiles wholly inside every row's window need none) and folds them
+ * into the running max; returns the correction of the old terms.
+ */
 template <int NJ>
 static __device__ __forceinline__ float
-fa_softmax_row(struct fa_row &r, float (&s)[NJ][4], int half, int c0, int lane)
+fa_softmax_row(struct fa_row &r, float (&s)[NJ][4], int half, int c0, int lane, bool edge = true)
 {
 	float mx = -INFINITY, mn, corr;
 
@@ -222,7 +226,7 @@ fa_softmax_row(struct fa_row &r, float (&s)[NJ][4], int half, int c0, int lane)
 			int col = c0 + 8 * j + 2 * (lane % 4) + e;
 			float &v = s[j][2 * half + e];
 
-			if (!r.live || col > r.pos || col < r.first)
+			if (!r.live || (edge && (col > r.pos || col < r.first)))
 				v = -INFINITY;
 			mx = fmaxf(mx, v);
 		}
@@ -427,23 +431,20 @@ fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_h16 
 }
 
 /*
- * Stages of fd_kernel<D, Q8>, S - 1 tiles copied ahead of the one in use:
+ * Stages of fd_kernel, FD_STAGES - 1 tiles copied ahead of the one in use:
  * with one ahead (two stages) a block waited a whole memory latency a
- * tile, and a q8 step at depth 16,384 read its cache at 1.3 TB/s (fp16's
- * 2.9, H200).
+ * tile. Three leave room for two blocks a multiprocessor (fp16, head_dim
+ * 128) or three (q8): the kernel is bound by its warps' latencies, and
+ * more of them hide more.
  */
-static constexpr __host__ __device__ int
-fd_stages(bool q8)
-{
-	return q8 ? 4 : 3;
-}
+#define FD_STAGES 3
 
 /* Shared memory of fd_kernel<D, Q8>: FD_ROWS query rows, then its stages of K and V (fp16 or q8). */
 static constexpr size_t
 fd_smem_bytes(int d, bool q8)
 {
-	return (size_t)(FD_ROWS + (q8 ? 0 : 2 * fd_stages(false)) * FA_KV) * (size_t)(d + FA_PAD) * sizeof(__half) +
-	    (q8 ? fd_stages(true) * fa_q8_stage(d) : 0);
+	return (size_t)(FD_ROWS + (q8 ? 0 : 2 * FD_STAGES) * FA_KV) * (size_t)(d + FA_PAD) * sizeof(__half) +
+	    (q8 ? FD_STAGES * fa_q8_stage(d) : 0);
 }
 
 /*
@@ -589,7 +590,7 @@ __global__ void __launch_bounds__(FA_WARPS * WARP)
 fd_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q8, struct cuda_h16 h16,
     float *__restrict__ part, int n_split, struct cuda_heads hp, struct cuda_kv kv)
 {
-	constexpr int LD = D + FA_PAD, RQ = D + FA_Q8_PAD, G = D / 32, S = fd_stages(Q8);
+	constexpr int LD = D + FA_PAD, RQ = D + FA_Q8_PAD, G = D / 32, S = FD_STAGES;
 	extern __shared__ __align__(16) unsigned char smem[];
 	__half *qs = (__half *)smem, *ks = qs + FD_ROWS * LD, *vs = ks + S * FA_KV * LD;
 	int8_t *q8s = (int8_t *)ks; /* q8 stages instead of fp16 ones */
@@ -643,6 +644,7 @@ fd_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q
 		cp_async_wait<S - 1>();
 		__syncthreads();
 		if (c0 + w0 < hi) {
+			bool edge = c0 + w0 < p0 || c0 + w0 + 15 > pos; /* a position of the warp's outside the window */
 			/* a q8 stage: K's rows, V's, K's scales, V's (fa_load_q8) */
 			const int8_t *kq = q8s + st * fa_q8_stage(D), *vq = kq + FA_KV * RQ;
 			const float *ksc = (const float *)(vq + FA_KV * RQ), *vsc = ksc + FA_KV * G;
@@ -651,12 +653,16 @@ fd_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q
 				fd_scores_q8<D>(qs, kq + w0 * RQ, ksc + w0 * G, lane, s);
 			else
 				fa_scores<D, 2>(qs, ks + (st * FA_KV + w0) * LD, lane, s);
-			corr[0] = fa_softmax_row<2>(rows[0], s, 0, c0 + w0, lane);
-			corr[1] = fa_softmax_row<2>(rows[1], s, 1, c0 + w0, lane);
+			/* rows past ng (zero queries, zero scores) stay out of the softmax: P's rows of them stay 0 */
+			corr[0] = fa_softmax_row<2>(rows[0], s, 0, c0 + w0, lane, edge);
 #pragma unroll
-			for (int j = 0; j < D / 8; j++) {
+			for (int j = 0; j < D / 8; j++)
 				o[j][0] *= corr[0], o[j][1] *= corr[0];
-				o[j][2] *= corr[1], o[j][3] *= corr[1];
+			if (ng > 8) {
+				corr[1] = fa_softmax_row<2>(rows[1], s, 1, c0 + w0, lane, edge);
+#pragma unroll
+				for (int j = 0; j < D / 8; j++)
+					o[j][2] *= corr[1], o[j][3] *= corr[1];
 			}
 			if constexpr (Q8)
 				fd_values_q8<D>(vq + w0 * RQ, vsc + w0 * G, s, lane, o);
