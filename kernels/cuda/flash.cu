@@ -151,7 +151,7 @@ fa_load_kv(__half *ks, __half *vs, const struct cuda_kv &kv, const int32_t *tab,
 /*
  * ROWS query rows as fp16, times the score scale and log2(e): row r is
  * head h0 + r % per of token t0 + r / per, zeros past nt tokens or ng heads.
- * With PERM each 16 dimensions in the order of fd_scores_q8's K fragments
+ * With PERM each 16 dimensions in the order of fd_kq8's K fragments
  * (tc.cuh's quants' order: dimensions 4t .. 4t+3 in slots 2t, 2t+1, 2t+8,
  * 2t+9).
  */
@@ -247,10 +247,25 @@ fa_softmax_row(struct fa_row &r, float (&s)[NJ][4], int half, int c0, int lane, 
 	return corr;
 }
 
-/* S = Q K^T for 16 query rows (qw, the warp's) and the 8 NJ positions from kb. */
-template <int D, int NJ>
+/* K's B fragments from an fp16 stage: n8 tiles 2 jj and 2 jj + 1 of the positions from kb, dimensions kk .. kk + 15. */
+template <int D>
+struct fa_kf16 {
+	const __half *kb;
+
+	__device__ __forceinline__ void
+	operator()(int kk, int jj, int lane, uint32_t b[4]) const
+	{
+		ldmatrix_x4(b, kb + (16 * jj + lane % 8 + (lane / 16) * 8) * (D + FA_PAD) + kk + ((lane / 8) % 2) * 8);
+	}
+};
+
+/*
+ * S = Q K^T for 16 query rows (qw, the warp's) and the 8 NJ positions
+ * whose K fragments kf gives (fa_kf16, fd_kq8).
+ */
+template <int D, int NJ, typename KF>
 static __device__ __forceinline__ void
-fa_scores(const __half *qw, const __half *kb, int lane, float (&s)[NJ][4])
+fa_scores(const __half *qw, const KF &kf, int lane, float (&s)[NJ][4])
 {
 	constexpr int LD = D + FA_PAD;
 
@@ -263,12 +278,12 @@ fa_scores(const __half *qw, const __half *kb, int lane, float (&s)[NJ][4])
 
 		ldmatrix_x4(a, qw + (lane % 16) * LD + kk + (lane / 16) * 8);
 #pragma unroll
-		for (int j = 0; j < NJ / 2; j++) {
+		for (int jj = 0; jj < NJ / 2; jj++) {
 			uint32_t b[4];
 
-			ldmatrix_x4(b, kb + (16 * j + lane % 8 + (lane / 16) * 8) * LD + kk + ((lane / 8) % 2) * 8);
-			mma16816(s[2 * j], a, b);
-			mma16816(s[2 * j + 1], a, b + 2);
+			kf(kk, jj, lane, b);
+			mma16816(s[2 * jj], a, b);
+			mma16816(s[2 * jj + 1], a, b + 2);
 		}
 	}
 }
@@ -415,7 +430,7 @@ fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_h16 
 			fa_widen<D>(ks, vs, q8s + st * fa_q8_stage(D));
 			__syncthreads();
 		}
-		fa_scores<D, 8>(qs + 16 * warp * LD, ks + at * FA_KV * LD, lane, s);
+		fa_scores<D, 8>(qs + 16 * warp * LD, fa_kf16<D>{ ks + at * FA_KV * LD }, lane, s);
 		corr[0] = fa_softmax_row<8>(rows[0], s, 0, c0, lane);
 		corr[1] = fa_softmax_row<8>(rows[1], s, 1, c0, lane);
 #pragma unroll
@@ -448,36 +463,31 @@ fd_smem_bytes(int d, bool q8)
 }
 
 /*
- * S = Q K^T for 16 query rows (qw, in fa_load_q's PERM order) and the 16
- * positions of a q8 stage from kb (their scales from ksc): a lane's K
- * fragment of position lane / 4 is one 4-byte load of levels, widened and
- * scaled in fp16 (h2_pairs), where fa_widen would store and load them.
+ * K's B fragments from a q8 stage (fa_scores with queries in fa_load_q's
+ * PERM order): a lane's fragment of position lane / 4 (and + 8) is one
+ * 4-byte load of levels, widened and scaled in fp16 (h2_pairs) by the
+ * scale in ksc, where fa_widen would store and load them.
  */
 template <int D>
-static __device__ __forceinline__ void
-fd_scores_q8(const __half *qw, const int8_t *kb, const float *ksc, int lane, float (&s)[2][4])
-{
-	constexpr int LD = D + FA_PAD, RQ = D + FA_Q8_PAD, G = D / 32;
-	const __half2 zero = __float2half2_rn(0.0f);
+struct fd_kq8 {
+	const int8_t *kb;
+	const float *ksc;
+
+	__device__ __forceinline__ void
+	operator()(int kk, int jj, int lane, uint32_t b[4]) const
+	{
+		constexpr int RQ = D + FA_Q8_PAD, G = D / 32;
+		const __half2 zero = __float2half2_rn(0.0f);
 
 #pragma unroll
-	for (int j = 0; j < 2; j++)
-		s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
-#pragma unroll
-	for (int kk = 0; kk < D; kk += 16) {
-		uint32_t a[4];
+		for (int h = 0; h < 2; h++) {
+			int p = 16 * jj + 8 * h + lane / 4;
+			uint32_t w = *(const uint32_t *)(kb + p * RQ + kk + 4 * (lane % 4));
 
-		ldmatrix_x4(a, qw + (lane % 16) * LD + kk + (lane / 16) * 8);
-#pragma unroll
-		for (int j = 0; j < 2; j++) {
-			int p = 8 * j + lane / 4;
-			uint32_t b[2], w = *(const uint32_t *)(kb + p * RQ + kk + 4 * (lane % 4));
-
-			h2_pairs(w ^ 0x80808080u, H_1152, __float2half2_rn(ksc[p * G + kk / 32]), zero, b);
-			mma16816(s[j], a, b);
+			h2_pairs(w ^ 0x80808080u, H_1152, __float2half2_rn(ksc[p * G + kk / 32]), zero, b + 2 * h);
 		}
 	}
-}
+};
 
 /*
  * O += P V for the warp's rows, P the softmaxed scores of the 16 positions
@@ -580,7 +590,7 @@ fd_store(float *red, const struct fa_row (&rows)[2], const float (&o)[D / 8][4],
  * copied as fa_kernel's, S - 1 stages ahead (the first stages' rows that
  * earlier steps wrote before pdl_wait), each warp taking 16 of a stage's
  * positions with a softmax of its own; fd_store adds the four. A q8
- * stage's levels are read as they are (fd_scores_q8, fd_values_q8), each
+ * stage's levels are read as they are (fd_kq8, fd_values_q8), each
  * warp its own rows. The split kernel converts and multiplies each K and
  * V element on the CUDA cores for every head, and at depth was bound by
  * issuing those instructions.
@@ -650,9 +660,9 @@ fd_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q
 			const float *ksc = (const float *)(vq + FA_KV * RQ), *vsc = ksc + FA_KV * G;
 
 			if constexpr (Q8)
-				fd_scores_q8<D>(qs, kq + w0 * RQ, ksc + w0 * G, lane, s);
+				fa_scores<D, 2>(qs, fd_kq8<D>{ kq + w0 * RQ, ksc + w0 * G }, lane, s);
 			else
-				fa_scores<D, 2>(qs, ks + (st * FA_KV + w0) * LD, lane, s);
+				fa_scores<D, 2>(qs, fa_kf16<D>{ ks + (st * FA_KV + w0) * LD }, lane, s);
 			/* rows past ng (zero queries, zero scores) stay out of the softmax: P's rows of them stay 0 */
 			corr[0] = fa_softmax_row<2>(rows[0], s, 0, c0 + w0, lane, edge);
 #pragma unroll

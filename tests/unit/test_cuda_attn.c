@@ -661,23 +661,33 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int kind, int 
 /* Decodes only: one token each over long contexts, where split attention cuts them into many pieces. */
 static const struct seq_spec decode_seqs[] = { { 700, 1 }, { 1, 1 }, { 130, 1 } };
 
+/*
+ * The worst attention_case over every head shape and the n placements of
+ * sets (flash, dec as attention_case's), printed as what's error on a
+ * pool of kind, in one piece or split.
+ */
+static void
+attention_sweep(const char *what, const struct seq_set *sets, size_t n, int kind, int split, int flash, int dec)
+{
+	double worst = 0;
+
+	for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++)
+		for (size_t i = 0; i < n; i++)
+			worst = fmax(worst, attention_case(c, sets[i].s, sets[i].n, kind, split, flash, dec));
+	print_message("attention, %s pool, %s%s: max error / max |V| %.2e (bound %.0e)\n", kind_names[kind], what,
+	    split ? "split and merged" : "one piece", worst, flash || dec ? TOL_FLASH : TOL_ATTN);
+}
+
 static void
 test_attention(void **state)
 {
+	static const struct seq_set sets[] = { { step_seqs, ARRAY_LEN(step_seqs) },
+		{ decode_seqs, ARRAY_LEN(decode_seqs) } };
+
 	(void)state;
 	for (int kind = 0; kind < N_KINDS; kind++)
-		for (int split = 0; split < 2; split++) {
-			double worst = 0;
-
-			for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++) {
-				worst = fmax(worst, attention_case(c, step_seqs, (int)ARRAY_LEN(step_seqs), kind, split, 0,
-				    0));
-				worst = fmax(worst, attention_case(c, decode_seqs, (int)ARRAY_LEN(decode_seqs), kind,
-				    split, 0, 0));
-			}
-			print_message("attention, %s pool, %s: max error / max |V| %.2e (bound %.0e)\n",
-			    kind_names[kind], split ? "split and merged" : "one piece", worst, TOL_ATTN);
-		}
+		for (int split = 0; split < 2; split++)
+			attention_sweep("", sets, ARRAY_LEN(sets), kind, split, 0, 0);
 }
 
 /*
@@ -774,23 +784,14 @@ static const struct seq_spec prefill_seqs[] = { { 300, 100 }, { 70, 17 }, { 16, 
 static void
 test_flash(void **state)
 {
+	static const struct seq_set sets[] = { { prefill_seqs, ARRAY_LEN(prefill_seqs) },
+		{ step_seqs, ARRAY_LEN(step_seqs) } };
 	static const int kinds[] = { 0, 2 };
 
 	(void)state;
 	for (size_t k = 0; k < ARRAY_LEN(kinds); k++)
-		for (int split = 0; split < 2; split++) {
-			double worst = 0;
-
-			for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++) {
-				worst = fmax(worst, attention_case(c, prefill_seqs, (int)ARRAY_LEN(prefill_seqs), kinds[k],
-				    split, 1, 0));
-				worst = fmax(worst, attention_case(c, step_seqs, (int)ARRAY_LEN(step_seqs), kinds[k], split,
-				    1, 0));
-			}
-			print_message("attention, %s pool, prefill on the tensor cores, %s: max error / max |V| %.2e "
-			    "(bound %.0e)\n", kind_names[kinds[k]], split ? "split and merged" :
-			    "one piece", worst, TOL_FLASH);
-		}
+		for (int split = 0; split < 2; split++)
+			attention_sweep("prefill on the tensor cores, ", sets, ARRAY_LEN(sets), kinds[k], split, 1, 0);
 }
 
 /*
@@ -801,24 +802,16 @@ test_flash(void **state)
 static void
 test_decode_tc(void **state)
 {
+	static const struct seq_set sets[] = { { decode_seqs, ARRAY_LEN(decode_seqs) },
+		{ step_seqs, ARRAY_LEN(step_seqs) } }, tiles[] = { { prefill_seqs, ARRAY_LEN(prefill_seqs) } };
 	static const int kinds[] = { 0, 2 };
 
 	(void)state;
 	for (size_t k = 0; k < ARRAY_LEN(kinds); k++)
 		for (int split = 0; split < 2; split++) {
-			double worst = 0;
-
-			for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++) {
-				worst = fmax(worst, attention_case(c, decode_seqs, (int)ARRAY_LEN(decode_seqs), kinds[k],
-				    split, 0, 1));
-				worst = fmax(worst, attention_case(c, step_seqs, (int)ARRAY_LEN(step_seqs), kinds[k], split,
-				    0, 1));
-				worst = fmax(worst, attention_case(c, prefill_seqs, (int)ARRAY_LEN(prefill_seqs), kinds[k],
-				    split, 1, 1));
-			}
-			print_message("attention, %s pool, decode on the tensor cores, %s: max error / max |V| %.2e "
-			    "(bound %.0e)\n", kind_names[kinds[k]], split ? "split and merged" : "one piece", worst,
-			    TOL_FLASH);
+			attention_sweep("decode on the tensor cores, ", sets, ARRAY_LEN(sets), kinds[k], split, 0, 1);
+			attention_sweep("decode on the tensor cores beside prefill tiles, ", tiles, ARRAY_LEN(tiles),
+			    kinds[k], split, 1, 1);
 		}
 }
 
