@@ -22,7 +22,10 @@
  * and the host) and half of the chosen others brought up over the bus
  * (RESIDENT_CUDA_BUS_SHARE); and the default and the exact mode with a
  * q8_0 KV cache (backend_opts.kv_type), against a CPU backend with one
- * (its exact mode too). The schedule mixes prefill chunks and decode
+ * (its exact mode too); and the default with each pool again with every
+ * decode token on the tensor-core decode kernel (RESIDENT_CUDA_TC_DECODE=1:
+ * the backend takes it only from contexts of 2,048 positions, which the
+ * schedule does not reach). The schedule mixes prefill chunks and decode
  * tokens of seven sequences in one step, reaches positions well past the
  * gemma sliding window (16), forks a sequence in the middle of a block
  * (kv_copy), moves a sequence's blocks to others through host memory
@@ -56,7 +59,9 @@
  *   1.3e-2 (default) on these models, measured on an H200; the bounds are
  *   about four times those. A wrong scale or a row of another position
  *   moves rows by the order of the logits themselves, and test_cuda_attn
- *   checks each kernel against a float64 reference on the pool's values.
+ *   checks each kernel against a float64 reference on the pool's values;
+ * - tc and q8-tc, TOL and TOL_Q8: the decode kernel's queries and softmax
+ *   weights are fp16, as the prefill tiles' kernel's are in the default.
  *
  * The real Gemma 3 270M file runs too when RESIDENT_GEMMA names it.
  * Without a CUDA device the program says so and exits 77 (a skip).
@@ -91,20 +96,23 @@
 #define TOL_HOST 4e-2
 #define TOL_Q8 5e-2
 #define TOL_Q8_EXACT 1.5e-2
-#define N_GPU 8         /* the CUDA variants */
+#define N_GPU 10        /* the CUDA variants */
 
 /* RESIDENT_CUDA_MMV_MAX of each ("": unset, the default) */
 static const char *const gpu_names[N_GPU] = { "gemm", "matvec", "default", "exact", "host", "host-exact", "q8",
-	"q8-exact" };
-static const char *const gpu_mmv[N_GPU] = { "0", "1000000", "", "0", "", "", "", "" };
-static const int gpu_exact[N_GPU] = { 0, 0, 0, 1, 0, 1, 0, 1 };
+	"q8-exact", "tc", "q8-tc" };
+static const char *const gpu_mmv[N_GPU] = { "0", "1000000", "", "0", "", "", "", "", "", "" };
+static const int gpu_exact[N_GPU] = { 0, 0, 0, 1, 0, 1, 0, 1, 0, 0 };
 /* 1: the even layers' feed-forwards kept in host memory (backend_opts.host_ffn) */
-static const int gpu_host[N_GPU] = { 0, 0, 0, 0, 1, 1, 0, 0 };
+static const int gpu_host[N_GPU] = { 0, 0, 0, 0, 1, 1, 0, 0, 0, 0 };
 /* 1: half of each host layer's experts kept on the device too (backend_opts.hot_experts) */
-static const int gpu_hot[N_GPU] = { 0, 0, 0, 0, 0, 1, 0, 0 };
+static const int gpu_hot[N_GPU] = { 0, 0, 0, 0, 0, 1, 0, 0, 0, 0 };
 /* 1: a q8_0 KV cache, against the CPU's */
-static const int gpu_q8[N_GPU] = { 0, 0, 0, 0, 0, 0, 1, 1 };
-static const double gpu_tol[N_GPU] = { TOL, TOL, TOL, TOL_EXACT, TOL_HOST, TOL_EXACT, TOL_Q8, TOL_Q8_EXACT };
+static const int gpu_q8[N_GPU] = { 0, 0, 0, 0, 0, 0, 1, 1, 0, 1 };
+/* 1: every decode token on the tensor-core decode kernel (RESIDENT_CUDA_TC_DECODE=1) */
+static const int gpu_tc[N_GPU] = { 0, 0, 0, 0, 0, 0, 0, 0, 1, 1 };
+static const double gpu_tol[N_GPU] = { TOL, TOL, TOL, TOL_EXACT, TOL_HOST, TOL_EXACT, TOL_Q8, TOL_Q8_EXACT, TOL,
+	TOL_Q8 };
 /*
  * The real Gemma 3 270M's: its activations have outliers that move it
  * further where values are rounded. Measured on an H200: the CPU's 8-bit
@@ -112,7 +120,7 @@ static const double gpu_tol[N_GPU] = { TOL, TOL, TOL, TOL_EXACT, TOL_HOST, TOL_E
  * moved by the float order 3.1e-2 (exact) and with fp16 activations
  * 8.2e-2; the bounds are 2.5-3 times those.
  */
-static const double gemma_tol[N_GPU] = { TOL, TOL, TOL, TOL_EXACT, 0.25, TOL_EXACT, 0.25, 0.1 };
+static const double gemma_tol[N_GPU] = { TOL, TOL, TOL, TOL_EXACT, 0.25, TOL_EXACT, 0.25, 0.1, TOL, 0.25 };
 
 struct fixture {
 	char dir[64];
@@ -171,6 +179,10 @@ load_all(struct fixture *f)
 			setenv("RESIDENT_CUDA_MMV_MAX", gpu_mmv[g], 1);
 		else
 			unsetenv("RESIDENT_CUDA_MMV_MAX");
+		if (gpu_tc[g])
+			setenv("RESIDENT_CUDA_TC_DECODE", "1", 1);
+		else
+			unsetenv("RESIDENT_CUDA_TC_DECODE");
 		if (cuda_backend.load(f->m, &bo, &f->gpu[g], err) != 0)
 			fail_msg("cuda load (%s): %s", gpu_names[g], err);
 		/* the exact mode's pool is fp32, the others' fp16; a q8 row 36 bytes a 32 */
@@ -179,6 +191,7 @@ load_all(struct fixture *f)
 	}
 	unsetenv("RESIDENT_CUDA_MMV_MAX");
 	unsetenv("RESIDENT_CUDA_BUS_SHARE");
+	unsetenv("RESIDENT_CUDA_TC_DECODE");
 	free(even); /* load copies the flags */
 	f->n_vocab = f->m->hp.n_vocab;
 }
@@ -491,9 +504,9 @@ test_model(void **state)
 	if (!f->rows)
 		run_schedule(f);
 	print_message("%-12s %-5s embd %-5s: %4d rows, max relative error: gemm %.2e, matvec %.2e, default %.2e, "
-	    "exact %.2e, host %.2e, host-exact %.2e, q8 %.2e, q8-exact %.2e\n", f->m->name, model_arch_name(f->m->arch),
-	    qt ? qt->name : "?", f->rows, f->worst[0], f->worst[1], f->worst[2], f->worst[3], f->worst[4], f->worst[5],
-	    f->worst[6], f->worst[7]);
+	    "exact %.2e, host %.2e, host-exact %.2e, q8 %.2e, q8-exact %.2e, tc %.2e, q8-tc %.2e\n", f->m->name,
+	    model_arch_name(f->m->arch), qt ? qt->name : "?", f->rows, f->worst[0], f->worst[1], f->worst[2], f->worst[3],
+	    f->worst[4], f->worst[5], f->worst[6], f->worst[7], f->worst[8], f->worst[9]);
 	for (int g = 0; g < N_GPU; g++)
 		if (f->bad[g][0] != '\0')
 			fail_msg("%s", f->bad[g]);
