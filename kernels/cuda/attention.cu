@@ -965,8 +965,11 @@ cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h1
 
 		if ((rc = cuda_flash_decode_blocks(hd->head_dim, kv->q8, &per_sm, err)) != 0)
 			return rc;
+		if (per_sm < 1)
+			return err_set(err, ERR_UNSUPPORTED, "decode attention on the tensor cores: head_dim %d%s does not "
+			    "fit this device", hd->head_dim, kv->q8 ? " with a q8 pool" : "");
 		base = (int64_t)n_tok * hd->n_head_kv * ((group + FD_ROWS - 1) / FD_ROWS);
-		target = (int64_t)MAX(per_sm, 1) * sms;
+		target = (int64_t)per_sm * sms;
 	}
 	if (kv->part != NULL && base < target)
 		n_split = MIN(MIN(target / base, (int64_t)ATT_MAX_SPLITS), kv->part_rows / ((int64_t)n_tok * hd->n_head));

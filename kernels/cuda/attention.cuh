@@ -348,7 +348,9 @@ int cuda_flash(const float *q, float *out, struct cuda_h16 h16, int n_split, con
  * The tokens that are not in prefill tiles (kv->dec_tc), on st, each in
  * n_split pieces, as the split kernel would do them; cuda_attention calls
  * it. cuda_flash_decode_blocks: how many of its blocks a multiprocessor
- * holds at once (for cuda_attention's pieces).
+ * of the current device holds at once (for cuda_attention's pieces), 0
+ * where its shared memory does not fit the device or head_dim is not one
+ * it serves: it must not be used then.
  */
 int cuda_flash_decode(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16, int n_tok, int n_split,
     const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err);

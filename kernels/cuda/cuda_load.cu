@@ -669,15 +669,23 @@ flash_tokens(const struct model_hparams *hp, int exact)
 
 /*
  * The context (cuda_kv.max_len) from which decode tokens take flash.cu's
- * tensor-core kernel (RESIDENT_CUDA_TC_DECODE, 0: never); never in exact
- * mode or for heads it cannot serve.
+ * tensor-core kernel into *len (RESIDENT_CUDA_TC_DECODE, 0: never); never
+ * in exact mode, nor where the kernel does not serve the heads or its
+ * shared memory does not fit the device.
  */
 static int
-tc_decode_len(const struct model_hparams *hp, int exact)
+tc_decode_len(const struct model_hparams *hp, int exact, int q8, int *len, char *err)
 {
-	if (exact || hp->head_dim % 32 != 0 || hp->head_dim > 256)
+	int per_sm = 0, rc;
+
+	*len = 0;
+	if (exact)
 		return 0;
-	return MAX(env_int("RESIDENT_CUDA_TC_DECODE", TC_DECODE_LEN), 0);
+	if ((rc = cuda_flash_decode_blocks(hp->head_dim, q8, &per_sm, err)) != 0)
+		return rc;
+	if (per_sm > 0)
+		*len = MAX(env_int("RESIDENT_CUDA_TC_DECODE", TC_DECODE_LEN), 0);
+	return 0;
 }
 
 /* What load allocates: weights, activations and scratch, one KV block. */
@@ -1293,8 +1301,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	b->mm.mmt_max = MIN(env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS), MMT_MAX_TOKENS);
 	b->use_graphs = env_int("RESIDENT_CUDA_GRAPHS", 1) != 0;
 	b->flash_tokens = flash_tokens(&m->hp, b->exact);
-	b->tc_decode_len = tc_decode_len(&m->hp, b->exact);
-	rc = 0;
+	rc = tc_decode_len(&m->hp, b->exact, b->kv_q8, &b->tc_decode_len, err);
 out:
 	mats_free(&x);
 	return rc;

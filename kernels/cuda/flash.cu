@@ -767,23 +767,43 @@ cuda_flash_decode(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16
 	}
 }
 
+/* *fits: 1 if fd_kernel<D, Q8>'s shared memory fits a block of the current device (sm_86 and sm_89 have 99 KB). */
+template <int D, bool Q8>
+static int
+fd_fits(int *fits, char *err)
+{
+	int dev, most = 0;
+
+	CK(cudaGetDevice(&dev));
+	CK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+	*fits = fd_smem_bytes(D, Q8) <= (size_t)most;
+	return 0;
+}
+
+/* cuda_flash_decode_blocks for one head_dim and pool. */
+template <int D, bool Q8>
+static int
+fd_blocks(int *per_sm, char *err)
+{
+	int fits = 0, rc = fd_fits<D, Q8>(&fits, err);
+
+	*per_sm = 0;
+	if (rc != 0 || !fits)
+		return rc;
+	CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, fd_kernel<D, Q8>, FA_WARPS * WARP, fd_smem_bytes(D, Q8)));
+	return 0;
+}
+
 int
 cuda_flash_decode_blocks(int head_dim, int q8, int *per_sm, char *err)
 {
 	switch (head_dim) {
-#define D_CASE(D) \
-	case D: \
-		if (q8) \
-			CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, fd_kernel<D, true>, FA_WARPS * WARP, \
-			    fd_smem_bytes(D, true))); \
-		else \
-			CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, fd_kernel<D, false>, FA_WARPS * WARP, \
-			    fd_smem_bytes(D, false))); \
-		return 0;
+#define D_CASE(D) case D: return q8 ? fd_blocks<D, true>(per_sm, err) : fd_blocks<D, false>(per_sm, err);
 	D_CASE(32) D_CASE(64) D_CASE(96) D_CASE(128) D_CASE(160) D_CASE(192) D_CASE(224) D_CASE(256)
 #undef D_CASE
 	default:
-		return err_set(err, ERR_UNSUPPORTED, "decode attention on the tensor cores: head_dim %d", head_dim);
+		*per_sm = 0;
+		return 0;
 	}
 }
 
@@ -796,6 +816,16 @@ fa_smem_limit(K k, size_t bytes, char *err)
 	return 0;
 }
 
+/* The decode kernel's limit for one pool, where its shared memory fits the device (else it is not used). */
+template <int D, bool Q8>
+static int
+fd_setup(char *err)
+{
+	int fits = 0, rc = fd_fits<D, Q8>(&fits, err);
+
+	return rc != 0 || !fits ? rc : fa_smem_limit(fd_kernel<D, Q8>, fd_smem_bytes(D, Q8), err);
+}
+
 template <int D>
 static int
 fa_setup(char *err)
@@ -803,8 +833,8 @@ fa_setup(char *err)
 	int rc = fa_smem_limit(fa_kernel<D, false>, fa_smem_bytes(D, false), err);
 
 	rc = rc != 0 ? rc : fa_smem_limit(fa_kernel<D, true>, fa_smem_bytes(D, true), err);
-	rc = rc != 0 ? rc : fa_smem_limit(fd_kernel<D, false>, fd_smem_bytes(D, false), err);
-	return rc != 0 ? rc : fa_smem_limit(fd_kernel<D, true>, fd_smem_bytes(D, true), err);
+	rc = rc != 0 ? rc : fd_setup<D, false>(err);
+	return rc != 0 ? rc : fd_setup<D, true>(err);
 }
 
 int

@@ -612,6 +612,7 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int kind, int 
 	struct kv_pool kp;
 	char err[ERR_LEN];
 	double worst = 0, vmax;
+	int rc;
 
 	place_seqs(&pl, seqs, n_seqs);
 	kp = pool_new(pool_len(&hd, &pl), (size_t)hd.n_head_kv * d, kind);
@@ -630,14 +631,18 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int kind, int 
 		q8 = xmalloc((size_t)pl.n_tok * 2 * nq), q8d = nan_floats((size_t)pl.n_tok * nq / 16);
 	if (!kp.f32)
 		h16 = xmalloc((size_t)pl.n_tok * nq * sizeof *h16), h16s = nan_floats((size_t)pl.n_tok);
-	if (cuda_probe_attention(probe, &hd, &kv, q, pl.n_tok, out, q8, q8d, h16, h16s, err) != 0)
+	rc = cuda_probe_attention(probe, &hd, &kv, q, pl.n_tok, out, q8, q8d, h16, h16s, err);
+	if (rc == ERR_UNSUPPORTED && dec) /* the decode kernel's shared memory does not fit this device */
+		print_message("attention head_dim %d, %s pool: %s: not checked here\n", d, pool_name(&kp), err);
+	else if (rc != 0)
 		fail_msg("attention head_dim %d, %s pool, split %d, flash %d, dec %d: %s", d, pool_name(&kp), split, flash,
 		    dec, err);
-	if (q8 != NULL) /* fails on any element outside its bound; the floats' error is what this case reports */
+	/* fails on any element outside its bound; the floats' error is what this case reports */
+	if (rc == 0 && q8 != NULL)
 		(void)check_rows_q8("attention output", q8, q8d, out, pl.n_tok, nq);
-	if (h16 != NULL)
+	if (rc == 0 && h16 != NULL)
 		(void)check_rows_f16("attention output", h16, h16s, out, pl.n_tok, nq);
-	for (int t = 0; t < pl.n_tok; t++)
+	for (int t = 0; t < pl.n_tok && rc == 0; t++)
 		for (int h = 0; h < hd.n_head; h++) {
 			const float *got = out + ((size_t)t * hd.n_head + h) * d;
 
