@@ -836,22 +836,15 @@ template <int E, typename T>
 static int
 attn_wide_fits(int dev, char *err)
 {
-	int most = 0;
-
-	CK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-	return attn_smem_bytes<T>(WARP * E, ATT_WIDE_WARPS) <= (size_t)most;
+	return cuda_smem_fits(attn_smem_bytes<T>(WARP * E, ATT_WIDE_WARPS), dev, err);
 }
 
-/* Lets attn_kernel<E, T, W> have its shared memory on the current device (past 48 KB it must be asked for). */
+/* Lets attn_kernel<E, T, W> have its shared memory on the current device. */
 template <int E, typename T, int W>
 static int
 attn_smem_limit(char *err)
 {
-	size_t smem = attn_smem_bytes<T>(WARP * E, W);
-
-	if (smem > 48 * 1024)
-		CK(cudaFuncSetAttribute(attn_kernel<E, T, W>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-	return 0;
+	return cuda_smem_limit(attn_kernel<E, T, W>, attn_smem_bytes<T>(WARP * E, W), err);
 }
 
 /* Both widths, the wide one where it serves (launches never raise the limit: see cuda_attention_setup). */
@@ -960,16 +953,9 @@ cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h1
 	CK(cudaGetDevice(&dev));
 	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
 	target = (int64_t)ATT_WAVES * sms; /* blocks that keep the device busy */
-	if (kv->dec_tc) { /* one wave of the tensor-core kernel's blocks: each piece a block's whole work */
-		int per_sm = 0;
-
-		if ((rc = cuda_flash_decode_blocks(hd->head_dim, kv->q8, &per_sm, err)) != 0)
-			return rc;
-		if (per_sm < 1)
-			return err_set(err, ERR_UNSUPPORTED, "decode attention on the tensor cores: head_dim %d%s does not "
-			    "fit this device", hd->head_dim, kv->q8 ? " with a q8 pool" : "");
+	if (kv->dec_tc > 0) { /* one wave of the tensor-core kernel's blocks: each piece a block's whole work */
 		base = (int64_t)n_tok * hd->n_head_kv * ((group + FD_ROWS - 1) / FD_ROWS);
-		target = (int64_t)per_sm * sms;
+		target = (int64_t)kv->dec_tc * sms;
 	}
 	if (kv->part != NULL && base < target)
 		n_split = MIN(MIN(target / base, (int64_t)ATT_MAX_SPLITS), kv->part_rows / ((int64_t)n_tok * hd->n_head));
@@ -980,7 +966,7 @@ cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h1
 		return rc;
 	dim3 grid((unsigned)(n_tok * n_split), (unsigned)(hd->n_head_kv * ngb));
 
-	if (kv->dec_tc) {
+	if (kv->dec_tc > 0) {
 		rc = cuda_flash_decode(q, out, q8, h16, n_tok, (int)n_split, hd, kv, st, err);
 	} else {
 		switch (hd->head_dim / WARP) {

@@ -67,10 +67,11 @@ struct cuda_kv {
 	 */
 	const float *k_new, *v_new;
 	/*
-	 * The tokens the prefill tiles leave go to flash.cu's decode kernel
-	 * (the query heads of a KV head as the rows of the tensor cores'
-	 * tiles) instead of the split kernel: fp16 or q8 pool, not exact
-	 * mode, no k_new, no tok_end.
+	 * > 0: the tokens the prefill tiles leave go to flash.cu's decode
+	 * kernel (the query heads of a KV head as the rows of the tensor
+	 * cores' tiles) instead of the split kernel, and dec_tc is how many of
+	 * its blocks a multiprocessor holds (cuda_flash_decode_blocks, worked
+	 * out once): fp16 or q8 pool, not exact mode, no k_new, no tok_end.
 	 */
 	int dec_tc;
 };
@@ -348,13 +349,36 @@ int cuda_flash(const float *q, float *out, struct cuda_h16 h16, int n_split, con
  * The tokens that are not in prefill tiles (kv->dec_tc), on st, each in
  * n_split pieces, as the split kernel would do them; cuda_attention calls
  * it. cuda_flash_decode_blocks: how many of its blocks a multiprocessor
- * of the current device holds at once (for cuda_attention's pieces), 0
- * where its shared memory does not fit the device or head_dim is not one
- * it serves: it must not be used then.
+ * of the current device holds at once (cuda_kv.dec_tc), 0 where its
+ * shared memory does not fit the device or head_dim is not one it serves:
+ * it must not be used then.
  */
 int cuda_flash_decode(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16, int n_tok, int n_split,
     const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err);
 int cuda_flash_decode_blocks(int head_dim, int q8, int *per_sm, char *err);
+
+/*
+ * 1 if bytes of dynamic shared memory fit a block of device dev (sm_86 and
+ * sm_89: 99 KB), 0 if not, < 0 on a CUDA error.
+ */
+static inline int
+cuda_smem_fits(size_t bytes, int dev, char *err)
+{
+	int most = 0;
+
+	CK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+	return bytes <= (size_t)most;
+}
+
+/* Lets kernel k have bytes of dynamic shared memory on the current device (past 48 KB it must be asked for). */
+template <typename K>
+static int
+cuda_smem_limit(K k, size_t bytes, char *err)
+{
+	if (bytes > 48 * 1024)
+		CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+	return 0;
+}
 
 /* Readies cuda_flash and cuda_flash_decode for head_dim on the current device (cuda_attention_setup calls it). */
 int cuda_flash_setup(int head_dim, char *err);

@@ -669,22 +669,23 @@ flash_tokens(const struct model_hparams *hp, int exact)
 
 /*
  * The context (cuda_kv.max_len) from which decode tokens take flash.cu's
- * tensor-core kernel into *len (RESIDENT_CUDA_TC_DECODE, 0: never); never
- * in exact mode, nor where the kernel does not serve the heads or its
- * shared memory does not fit the device.
+ * tensor-core kernel (b->tc_decode_len, RESIDENT_CUDA_TC_DECODE, 0: never)
+ * and its blocks a multiprocessor (b->tc_blocks); never in exact mode, nor
+ * where the kernel does not serve the heads or its shared memory does not
+ * fit the device.
  */
 static int
-tc_decode_len(const struct model_hparams *hp, int exact, int q8, int *len, char *err)
+tc_decode(struct backend *b, const struct model_hparams *hp, char *err)
 {
-	int per_sm = 0, rc;
+	int rc;
 
-	*len = 0;
-	if (exact)
+	b->tc_decode_len = b->tc_blocks = 0;
+	if (b->exact)
 		return 0;
-	if ((rc = cuda_flash_decode_blocks(hp->head_dim, q8, &per_sm, err)) != 0)
+	if ((rc = cuda_flash_decode_blocks(hp->head_dim, b->kv_q8, &b->tc_blocks, err)) != 0)
 		return rc;
-	if (per_sm > 0)
-		*len = MAX(env_int("RESIDENT_CUDA_TC_DECODE", TC_DECODE_LEN), 0);
+	if (b->tc_blocks > 0)
+		b->tc_decode_len = MAX(env_int("RESIDENT_CUDA_TC_DECODE", TC_DECODE_LEN), 0);
 	return 0;
 }
 
@@ -1301,7 +1302,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	b->mm.mmt_max = MIN(env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS), MMT_MAX_TOKENS);
 	b->use_graphs = env_int("RESIDENT_CUDA_GRAPHS", 1) != 0;
 	b->flash_tokens = flash_tokens(&m->hp, b->exact);
-	rc = tc_decode_len(&m->hp, b->exact, b->kv_q8, &b->tc_decode_len, err);
+	rc = tc_decode(b, &m->hp, err);
 out:
 	mats_free(&x);
 	return rc;

@@ -715,7 +715,7 @@ heads_upload(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_head
 	ck->tables = (const int32_t *)d[9];
 	ck->fa_tiles = ck->fa_tok = NULL;
 	ck->fa_grid = 0;
-	ck->dec_tc = kv->dec_tc;
+	ck->dec_tc = 0;
 	ck->max_len = 0;
 	for (int t = 0; t < n_tok; t++)
 		ck->max_len = MAX(ck->max_len, kv->tok_pos[t] + 1);
@@ -914,6 +914,11 @@ attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_hea
 	dh16.h = (__half *)dh, dh16.scale = (float *)dhs;
 	if (kv->split && (rc = split_scratch(p, bs, hd, &ck, err)) != 0)
 		return rc;
+	if (kv->dec_tc && (rc = cuda_flash_decode_blocks(hd->head_dim, kv->q8, &ck.dec_tc, err)) != 0)
+		return rc;
+	if (kv->dec_tc && ck.dec_tc < 1)
+		return err_set(err, ERR_UNSUPPORTED, "decode attention on the tensor cores: head_dim %d%s does not fit "
+		    "this device", hd->head_dim, kv->q8 ? " with a q8 pool" : "");
 	if ((rc = flash_tiles(p, bs, &ch, kv, n_tok, &ck, err)) != 0)
 		return rc;
 	if ((rc = cuda_attention((const float *)dq, (float *)dout, dq8, dh16, n_tok, &ch, &ck, p->stream, err)) != 0 ||

@@ -186,7 +186,8 @@ struct cuda_probe_kv {
 	int split;
 	int flash;
 	int q8;     /* the pool holds q8 rows (attention.cuh) */
-	int dec_tc; /* the other tokens go to the tensor-core decode kernel (cuda_kv.dec_tc) */
+	/* the other tokens go to the tensor-core decode kernel (cuda_kv.dec_tc; ERR_UNSUPPORTED where it does not fit) */
+	int dec_tc;
 };
 
 /*

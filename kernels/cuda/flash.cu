@@ -767,17 +767,15 @@ cuda_flash_decode(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16
 	}
 }
 
-/* *fits: 1 if fd_kernel<D, Q8>'s shared memory fits a block of the current device (sm_86 and sm_89 have 99 KB). */
+/* 1 if fd_kernel<D, Q8>'s shared memory fits a block of the current device, 0 if not, < 0 on a CUDA error. */
 template <int D, bool Q8>
 static int
-fd_fits(int *fits, char *err)
+fd_fits(char *err)
 {
-	int dev, most = 0;
+	int dev;
 
 	CK(cudaGetDevice(&dev));
-	CK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-	*fits = fd_smem_bytes(D, Q8) <= (size_t)most;
-	return 0;
+	return cuda_smem_fits(fd_smem_bytes(D, Q8), dev, err);
 }
 
 /* cuda_flash_decode_blocks for one head_dim and pool. */
@@ -785,11 +783,11 @@ template <int D, bool Q8>
 static int
 fd_blocks(int *per_sm, char *err)
 {
-	int fits = 0, rc = fd_fits<D, Q8>(&fits, err);
+	int fits = fd_fits<D, Q8>(err);
 
 	*per_sm = 0;
-	if (rc != 0 || !fits)
-		return rc;
+	if (fits <= 0)
+		return fits;
 	CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, fd_kernel<D, Q8>, FA_WARPS * WARP, fd_smem_bytes(D, Q8)));
 	return 0;
 }
@@ -807,32 +805,23 @@ cuda_flash_decode_blocks(int head_dim, int q8, int *per_sm, char *err)
 	}
 }
 
-/* Raises kernel k's shared-memory limit to bytes. */
-template <typename K>
-static int
-fa_smem_limit(K k, size_t bytes, char *err)
-{
-	CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-	return 0;
-}
-
 /* The decode kernel's limit for one pool, where its shared memory fits the device (else it is not used). */
 template <int D, bool Q8>
 static int
 fd_setup(char *err)
 {
-	int fits = 0, rc = fd_fits<D, Q8>(&fits, err);
+	int fits = fd_fits<D, Q8>(err);
 
-	return rc != 0 || !fits ? rc : fa_smem_limit(fd_kernel<D, Q8>, fd_smem_bytes(D, Q8), err);
+	return fits <= 0 ? fits : cuda_smem_limit(fd_kernel<D, Q8>, fd_smem_bytes(D, Q8), err);
 }
 
 template <int D>
 static int
 fa_setup(char *err)
 {
-	int rc = fa_smem_limit(fa_kernel<D, false>, fa_smem_bytes(D, false), err);
+	int rc = cuda_smem_limit(fa_kernel<D, false>, fa_smem_bytes(D, false), err);
 
-	rc = rc != 0 ? rc : fa_smem_limit(fa_kernel<D, true>, fa_smem_bytes(D, true), err);
+	rc = rc != 0 ? rc : cuda_smem_limit(fa_kernel<D, true>, fa_smem_bytes(D, true), err);
 	rc = rc != 0 ? rc : fd_setup<D, false>(err);
 	return rc != 0 ? rc : fd_setup<D, true>(err);
 }

@@ -632,17 +632,19 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int kind, int 
 	if (!kp.f32)
 		h16 = xmalloc((size_t)pl.n_tok * nq * sizeof *h16), h16s = nan_floats((size_t)pl.n_tok);
 	rc = cuda_probe_attention(probe, &hd, &kv, q, pl.n_tok, out, q8, q8d, h16, h16s, err);
-	if (rc == ERR_UNSUPPORTED && dec) /* the decode kernel's shared memory does not fit this device */
+	if (rc == ERR_UNSUPPORTED && dec) { /* the decode kernel's shared memory does not fit this device */
 		print_message("attention head_dim %d, %s pool: %s: not checked here\n", d, pool_name(&kp), err);
-	else if (rc != 0)
+		goto out;
+	}
+	if (rc != 0)
 		fail_msg("attention head_dim %d, %s pool, split %d, flash %d, dec %d: %s", d, pool_name(&kp), split, flash,
 		    dec, err);
 	/* fails on any element outside its bound; the floats' error is what this case reports */
-	if (rc == 0 && q8 != NULL)
+	if (q8 != NULL)
 		(void)check_rows_q8("attention output", q8, q8d, out, pl.n_tok, nq);
-	if (rc == 0 && h16 != NULL)
+	if (h16 != NULL)
 		(void)check_rows_f16("attention output", h16, h16s, out, pl.n_tok, nq);
-	for (int t = 0; t < pl.n_tok && rc == 0; t++)
+	for (int t = 0; t < pl.n_tok; t++)
 		for (int h = 0; h < hd.n_head; h++) {
 			const float *got = out + ((size_t)t * hd.n_head + h) * d;
 
@@ -659,6 +661,7 @@ attention_case(size_t c, const struct seq_spec *seqs, int n_seqs, int kind, int 
 				worst = fmax(worst, e);
 			}
 		}
+out:
 	free(q), free(out), free(q8), free(q8d), free(h16), free(h16s), free(ref), free(kp.data);
 	return worst;
 }
