@@ -65,21 +65,32 @@ struct mm_out {
 	int n;
 };
 
-/* Stores token t's value of row o. */
-static __device__ __forceinline__ void
-mm_store(const struct mm_out &out, int o, int t, float v)
+/* Where token 0's value of row o goes; token t's is t * *ld floats on. */
+static __device__ __forceinline__ float *
+mm_row(const struct mm_out &out, int o, int *ld)
 {
 	float *y = out.y[0];
-	int ld = out.ldy[0], r = o;
+	int r = o;
 
+	*ld = out.ldy[0];
 #pragma unroll
 	for (int j = 1; j < MM_MAX_OUT; j++) /* constant indices: the struct stays in registers */
 		if (j < out.n && o >= out.start[j]) {
 			y = out.y[j];
-			ld = out.ldy[j];
+			*ld = out.ldy[j];
 			r = o - out.start[j];
 		}
-	y[(size_t)t * ld + r] = v;
+	return y + r;
+}
+
+/* Stores token t's value of row o. */
+static __device__ __forceinline__ void
+mm_store(const struct mm_out &out, int o, int t, float v)
+{
+	int ld;
+	float *y = mm_row(out, o, &ld);
+
+	y[(size_t)t * ld] = v;
 }
 
 

@@ -374,22 +374,25 @@ struct qg_args {
 
 /*
  * What a thread copies, decodes and tabulates, worked out once: the
- * source, destination and size of its token-tile copies; the rows and
- * 16-byte words of its raw copies; the shared-memory rows (and their
- * global alignment) of its fragments and table entries.
+ * source (at the block's first sub-step), shared-memory destination (in
+ * the rings' first slot) and size of its token-tile copies; the rows,
+ * destinations and 16-byte words of its raw copies; the shared-memory
+ * rows (and their global alignment) of its fragments and table entries.
  */
 template <int TY, class C>
 struct qg_plan {
 	using L = qg_smem<TY, C>;
 	const __half *xsrc[L::XC];
-	int xdst[L::XC], xbytes[L::XC];
+	uint32_t xdst[L::XC];
+	int xbytes[L::XC];
 	const uint8_t *wrow[L::WC]; /* Q6_KG: where the copy reads in the row's first group */
-	int wdst[L::WC];
+	uint32_t wdst[L::WC];
+	int wword[L::WC];           /* the copy's word in its row's slot; -1: no copy */
 	int frow[C::MT][2], f15[C::MT][2];
 	int trow[L::TC], t15[L::TC];
 
 	__device__ __forceinline__ void
-	init(const struct qg_args &a, int m0, int n0, int wm0)
+	init(const struct qg_args &a, uint32_t sbase, int m0, int n0, int wm0, int s0)
 	{
 		int lane = threadIdx.x % WARP;
 
@@ -397,22 +400,21 @@ struct qg_plan {
 		for (int j = 0; j < L::XC; j++) {
 			int i = threadIdx.x + j * C::THREADS, r = (i / 8) % C::BN, c = i % 8;
 
-			xsrc[j] = a.xh + (size_t)min(n0 + r, a.n_tok - 1) * a.k + 8 * c;
-			xdst[j] = r * QG_LDB + 8 * c;
+			xsrc[j] = a.xh + (size_t)min(n0 + r, a.n_tok - 1) * a.k + (size_t)s0 * 64 + 8 * c;
+			xdst[j] = sbase + L::B_OFF + (uint32_t)(r * QG_LDB + 8 * c) * sizeof(__half);
 			xbytes[j] = i < C::BN * 8 && n0 + r < a.n_tok ? 16 : 0;
-			if (i >= C::BN * 8)
-				xdst[j] = -1;
 		}
 #pragma unroll
 		for (int j = 0; j < L::WC; j++) {
 			int i = threadIdx.x + j * C::THREADS, r = (i / L::CH) % C::BM;
 
 			wrow[j] = a.w + (size_t)min(m0 + r, a.n_rows - 1) * a.row_bytes;
-			wdst[j] = i < C::BM * L::CH ? r * L::RAW + 16 * (i % L::CH) : -1;
+			wdst[j] = sbase + L::R_OFF + (uint32_t)(r * L::RAW + 16 * (i % L::CH));
+			wword[j] = i < C::BM * L::CH ? 16 * (i % L::CH) : -1;
 			if constexpr (TY == TT_Q6_KG) /* body words from the row's first body, word Q6G_BODY its d's */
-				wrow[j] += wdst[j] % L::RAW < Q6G_BODY ? 16 + wdst[j] % L::RAW : 0;
+				wrow[j] += wword[j] >= 0 && wword[j] < Q6G_BODY ? 16 + wword[j] : 0;
 			if constexpr (TY == TT_MXFP4G) /* quant words from the row's first quants, word 32 its scales */
-				wrow[j] += wdst[j] % L::RAW < 32 ? 16 + wdst[j] % L::RAW : 0;
+				wrow[j] += wword[j] >= 0 && wword[j] < 32 ? 16 + wword[j] : 0;
 		}
 #pragma unroll
 		for (int mt = 0; mt < C::MT; mt++)
@@ -436,17 +438,17 @@ struct qg_plan {
 /* Queues the copy of the tokens' fp16 tile of sub-step g of this block's K range (g < S). */
 template <int TY, class C>
 static __device__ __forceinline__ void
-qg_issue_x(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g, int S)
+qg_issue_x(const qg_plan<TY, C> &pl, int g, int S)
 {
 	using L = qg_smem<TY, C>;
-	__half *bs = (__half *)(smem + L::B_OFF) + (size_t)(g % L::BR) * C::BN * QG_LDB;
+	uint32_t slot = (uint32_t)(g % L::BR) * C::BN * QG_LDB * sizeof(__half);
 
 	if (g >= S)
 		return;
 #pragma unroll
 	for (int j = 0; j < L::XC; j++)
-		if (pl.xdst[j] >= 0)
-			cp_async16_zfill(bs + pl.xdst[j], pl.xsrc[j] + (size_t)(s0 + g) * 64, pl.xbytes[j]);
+		if (L::XC * C::THREADS == C::BN * 8 || threadIdx.x + j * C::THREADS < C::BN * 8)
+			cp_async16_zfill_at(pl.xdst[j] + slot, pl.xsrc[j] + (size_t)g * 64, pl.xbytes[j]);
 }
 
 /*
@@ -457,34 +459,35 @@ qg_issue_x(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g, int S)
  */
 template <int TY, class C>
 static __device__ __forceinline__ void
-qg_issue_w(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g, int S)
+qg_issue_w(const qg_plan<TY, C> &pl, int s0, int g, int S)
 {
 	using L = qg_smem<TY, C>;
-	uint8_t *raw = smem + L::R_OFF + (size_t)((g / L::SUB) % L::RR) * C::BM * L::RAW;
+	uint32_t slot = (uint32_t)((g / L::SUB) % L::RR) * C::BM * L::RAW;
 	size_t unit = (size_t)((s0 + g) / L::SUB) * L::T::BYTES;
 
 	if (g >= S || g % L::SUB != 0)
 		return;
 #pragma unroll
 	for (int j = 0; j < L::WC; j++) {
-		if constexpr (TY == TT_Q6_KG) {
-			int u = (s0 + g) / L::SUB, word = pl.wdst[j] % L::RAW;
+		int word = pl.wword[j];
 
-			if (pl.wdst[j] >= 0 && word <= Q6G_BODY)
-				cp_async16(raw + pl.wdst[j],
+		if constexpr (TY == TT_Q6_KG) {
+			int u = (s0 + g) / L::SUB;
+
+			if (word >= 0 && word <= Q6G_BODY)
+				cp_async16_at(pl.wdst[j] + slot,
 				    pl.wrow[j] + (size_t)(u >> 3) * Q6G_GROUP + (word < Q6G_BODY ? Q6G_BODY * (u & 7) : 0));
 		} else if constexpr (TY == TT_MXFP4G) {
-			int u = (s0 + g) / L::SUB, word = pl.wdst[j] % L::RAW;
+			int u = (s0 + g) / L::SUB;
 
-			if (pl.wdst[j] >= 0 && word <= 32)
-				cp_async16(raw + pl.wdst[j],
+			if (word >= 0 && word <= 32)
+				cp_async16_at(pl.wdst[j] + slot,
 				    pl.wrow[j] + (size_t)(u >> 2) * MX4G_GROUP + (word < 32 ? 32 * (u & 3) : 0));
 		} else {
 			uintptr_t p = (uintptr_t)(pl.wrow[j] + unit);
-			int word = pl.wdst[j] % L::RAW;
 
-			if (pl.wdst[j] >= 0 && word < (int)(p & 15) + L::T::BYTES)
-				cp_async16(raw + pl.wdst[j], (const void *)((p & ~(uintptr_t)15) + word));
+			if (word >= 0 && word < (int)(p & 15) + L::T::BYTES)
+				cp_async16_at(pl.wdst[j] + slot, (const void *)((p & ~(uintptr_t)15) + word));
 		}
 	}
 }
@@ -554,6 +557,49 @@ qg_step(const qg_plan<TY, C> &pl, unsigned char *smem, int s0, int g, int wn0, f
 }
 
 /*
+ * A warp's sums into the outputs (scaled back by each token's scale) or,
+ * for split z of a split K, into the partial sums. Each row's destination
+ * is worked out once, not at every token: the per-value form was an
+ * eighth of the prefill launch's stall samples (ncu, H200).
+ */
+template <class C>
+static __device__ __forceinline__ void
+qg_store(const struct qg_args &a, const float (&acc)[C::MT][C::NT][4], int r0, int t0, int z)
+{
+	int lane = threadIdx.x % WARP, gq = lane / 4, tq = 2 * (lane % 4);
+	float sc[C::NT][2];
+
+#pragma unroll
+	for (int nt = 0; nt < C::NT; nt++)
+#pragma unroll
+		for (int j = 0; j < 2; j++) {
+			int tok = t0 + 8 * nt + tq + j;
+
+			sc[nt][j] = a.part == NULL && tok < a.n_tok ? a.xscale[tok] : 1.0f;
+		}
+#pragma unroll
+	for (int mt = 0; mt < C::MT; mt++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			int row = r0 + 16 * mt + gq + 8 * h, ld = a.n_rows;
+			float *y;
+
+			if (row >= a.n_rows)
+				continue;
+			y = a.part != NULL ? a.part + (size_t)z * a.n_tok * a.n_rows + row : mm_row(a.out, row, &ld);
+#pragma unroll
+			for (int nt = 0; nt < C::NT; nt++)
+#pragma unroll
+				for (int j = 0; j < 2; j++) {
+					int tok = t0 + 8 * nt + tq + j;
+
+					if (tok < a.n_tok)
+						y[(size_t)tok * ld] = acc[mt][nt][2 * h + j] * sc[nt][j];
+				}
+		}
+}
+
+/*
  * One block's tile: rows m0.., tokens n0.., split z of nz of K's units.
  * Pipeline, per sub-step g: wait for token tile g (the raw unit of g + 1
  * was queued earlier still) and the barrier; queue token tile g + QG_AHEAD
@@ -571,12 +617,12 @@ qgemm_tile(const struct qg_args &a, int m0, int n0, int z, int nz)
 	int u0 = (int)((int64_t)units * z / nz);
 	int u1 = (int)((int64_t)units * (z + 1) / nz);
 	int s0 = u0 * L::SUB, S = (u1 - u0) * L::SUB;
-	int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+	int warp = threadIdx.x / WARP;
 	int wm0 = (warp / C::WN) * (C::BM / C::WM), wn0 = (warp % C::WN) * (C::BN / C::WN);
 	qg_plan<TY, C> pl;
 	float acc[C::MT][C::NT][4];
 
-	pl.init(a, m0, n0, wm0);
+	pl.init(a, smem_addr(smem), m0, n0, wm0, s0);
 #pragma unroll
 	for (int mt = 0; mt < C::MT; mt++)
 #pragma unroll
@@ -588,11 +634,11 @@ qgemm_tile(const struct qg_args &a, int m0, int n0, int z, int nz)
 	 * output: their copies start while that kernel ends (pdl_wait).
 	 */
 	for (int g = 0; g < C::RAW_AHEAD; g++)
-		qg_issue_w<TY, C>(pl, smem, s0, g, S);
+		qg_issue_w<TY, C>(pl, s0, g, S);
 	pdl_wait();
 	pdl_trigger();
 	for (int g = 0; g < QG_AHEAD; g++) {
-		qg_issue_x<TY, C>(pl, smem, s0, g, S);
+		qg_issue_x<TY, C>(pl, g, S);
 		cp_async_commit();
 	}
 	cp_async_wait<QG_AHEAD - 1>();
@@ -603,8 +649,8 @@ qgemm_tile(const struct qg_args &a, int m0, int n0, int z, int nz)
 		/* token tile g (queued QG_AHEAD iterations ago) and the raw unit of g + 1 (earlier) are in */
 		cp_async_wait<QG_AHEAD - 1>();
 		__syncthreads();
-		qg_issue_x<TY, C>(pl, smem, s0, g + QG_AHEAD, S);
-		qg_issue_w<TY, C>(pl, smem, s0, g + C::RAW_AHEAD, S);
+		qg_issue_x<TY, C>(pl, g + QG_AHEAD, S);
+		qg_issue_w<TY, C>(pl, s0, g + C::RAW_AHEAD, S);
 		cp_async_commit();
 		if (g + 1 < S && (g + 1) % L::SUB == 0)
 			qg_table<TY, C>(pl, smem, s0, g + 1);
@@ -612,23 +658,7 @@ qgemm_tile(const struct qg_args &a, int m0, int n0, int z, int nz)
 	}
 	cp_async_wait<0>();
 
-	int gq = lane / 4, tq = 2 * (lane % 4);
-#pragma unroll
-	for (int mt = 0; mt < C::MT; mt++)
-#pragma unroll
-		for (int nt = 0; nt < C::NT; nt++)
-#pragma unroll
-			for (int i = 0; i < 4; i++) {
-				int row = m0 + wm0 + 16 * mt + gq + (i >= 2 ? 8 : 0);
-				int tok = n0 + wn0 + 8 * nt + tq + (i & 1);
-
-				if (row >= a.n_rows || tok >= a.n_tok)
-					continue;
-				if (a.part != NULL)
-					a.part[((size_t)z * a.n_tok + tok) * a.n_rows + row] = acc[mt][nt][i];
-				else
-					mm_store(a.out, row, tok, acc[mt][nt][i] * a.xscale[tok]);
-			}
+	qg_store<C>(a, acc, m0 + wm0, n0 + wn0, z);
 }
 
 /* Block (blockIdx.x: 128 rows, blockIdx.y: BN tokens, blockIdx.z: a split of K's units). */

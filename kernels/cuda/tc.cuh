@@ -16,13 +16,40 @@
 
 #include <string.h>
 
+/*
+ * A shared-memory address as the copies take it, kept in a register: the
+ * conversion from a generic pointer reads the block's cluster rank
+ * (S2R), and ptxas redid it at every copy of qgemm's loop, each a
+ * variable-latency wait (ncu: a fifth of that loop's stall samples).
+ */
+static __device__ __forceinline__ uint32_t
+smem_addr(const void *smem)
+{
+	uint32_t sa;
+
+	asm volatile("mov.u32 %0, %1;" : "=r"(sa) : "r"((uint32_t)__cvta_generic_to_shared(smem)));
+	return sa;
+}
+
+/* 16 bytes from global memory to shared address sa without passing through registers. */
+static __device__ __forceinline__ void
+cp_async16_at(uint32_t sa, const void *gmem)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
+}
+
+/* As cp_async16_at, but only the first n (0 or 16) bytes are read; the rest of the 16 are zeros. */
+static __device__ __forceinline__ void
+cp_async16_zfill_at(uint32_t sa, const void *gmem, int n)
+{
+	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(n));
+}
+
 /* 16 bytes from global to shared memory without passing through registers. */
 static __device__ __forceinline__ void
 cp_async16(void *smem, const void *gmem)
 {
-	unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
+	cp_async16_at((uint32_t)__cvta_generic_to_shared(smem), gmem);
 }
 
 /* 4 bytes likewise, through L1 (the 16-byte form alone may skip it). */
@@ -32,15 +59,6 @@ cp_async4(void *smem, const void *gmem)
 	unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
 
 	asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(sa), "l"(gmem));
-}
-
-/* As cp_async16, but only the first n (0 or 16) bytes are read; the rest of the 16 are zeros. */
-static __device__ __forceinline__ void
-cp_async16_zfill(void *smem, const void *gmem, int n)
-{
-	unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(n));
 }
 
 static __device__ __forceinline__ void
