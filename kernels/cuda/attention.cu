@@ -892,31 +892,56 @@ cuda_attention_setup(int head_dim, char *err)
 	}
 }
 
+/* cuda_attention_wide_blocks for pool type T. */
+template <int E, typename T>
+static int
+attn_wide_blocks_t(int *per_sm, char *err)
+{
+	*per_sm = 0;
+	if constexpr (attn_wide_splits<E>) {
+		int dev, fits;
+
+		CK(cudaGetDevice(&dev));
+		if ((fits = attn_wide_fits<E, T>(dev, err)) <= 0)
+			return fits;
+		CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(per_sm, attn_kernel<E, T, ATT_WIDE_WARPS>,
+		    ATT_WIDE_WARPS * WARP, attn_smem_bytes<T>(WARP * E, ATT_WIDE_WARPS)));
+		*per_sm = MIN(*per_sm, ATT_WIDE_PER_SM);
+	}
+	return 0;
+}
+
+int
+cuda_attention_wide_blocks(int head_dim, int q8, int f32, int *per_sm, char *err)
+{
+	switch (head_dim / WARP) {
+#define E_CASE(E) \
+	case E: \
+		return q8 ? attn_wide_blocks_t<E, int8_t>(per_sm, err) : \
+		    f32 ? attn_wide_blocks_t<E, float>(per_sm, err) : attn_wide_blocks_t<E, __half>(per_sm, err);
+		E_CASE(1) E_CASE(2) E_CASE(3) E_CASE(4) E_CASE(5) E_CASE(6) E_CASE(7) E_CASE(8)
+#undef E_CASE
+	default:
+		*per_sm = 0;
+		return 0;
+	}
+}
+
 /*
  * Launches attn_kernel<E, T, W> with its shared memory (cuda_attention_setup
  * raised the limit): ATT_WIDE_WARPS where that width serves the head_dim
- * and the grid is one wave of it (at most ATT_WIDE_PER_SM blocks a
- * multiprocessor, as many as fit), else ATT_WARPS.
+ * and the grid is one wave of it (kv->wide blocks a multiprocessor), else
+ * ATT_WARPS.
  */
 template <int E, typename T>
 static int
-attn_launch_t(dim3 grid, int dev, int sms, const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16,
-    float *part, int n_split,
-    const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
+attn_launch_t(dim3 grid, const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16, float *part,
+    int n_split, const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
 	if constexpr (attn_wide_splits<E>) {
-		size_t smem = attn_smem_bytes<T>(WARP * E, ATT_WIDE_WARPS);
-		int64_t blocks = (int64_t)grid.x * grid.y;
-		int per = 0, wide = 0;
-
-		if (blocks <= (int64_t)ATT_WIDE_PER_SM * sms && (wide = attn_wide_fits<E, T>(dev, err)) < 0)
-			return wide;
-		if (wide)
-			CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, attn_kernel<E, T, ATT_WIDE_WARPS>,
-			    ATT_WIDE_WARPS * WARP, smem));
-		if (wide && blocks <= (int64_t)MIN(per, ATT_WIDE_PER_SM) * sms) {
-			CK(cuda_launch(attn_kernel<E, T, ATT_WIDE_WARPS>, grid, dim3(ATT_WIDE_WARPS * WARP), smem, st, q,
-			    out, q8, h16, part, n_split, *hd, *kv));
+		if (kv->wide > 0 && (int64_t)grid.x * grid.y <= (int64_t)kv->wide * kv->sms) {
+			CK(cuda_launch(attn_kernel<E, T, ATT_WIDE_WARPS>, grid, dim3(ATT_WIDE_WARPS * WARP),
+			    attn_smem_bytes<T>(WARP * E, ATT_WIDE_WARPS), st, q, out, q8, h16, part, n_split, *hd, *kv));
 			return 0;
 		}
 	}
@@ -928,34 +953,33 @@ attn_launch_t(dim3 grid, int dev, int sms, const float *q, float *out, struct cu
 /* attn_launch_t for the pool's element type (a q8 pool's levels, whatever the mode: the sums are float's). */
 template <int E>
 static int
-attn_launch(dim3 grid, int dev, int sms, const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16,
-    float *part, int n_split,
-    const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
+attn_launch(dim3 grid, const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16, float *part,
+    int n_split, const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
 	if (kv->q8)
-		return attn_launch_t<E, int8_t>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
+		return attn_launch_t<E, int8_t>(grid, q, out, q8, h16, part, n_split, hd, kv, st, err);
 	if (kv->f32)
-		return attn_launch_t<E, float>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
-	return attn_launch_t<E, __half>(grid, dev, sms, q, out, q8, h16, part, n_split, hd, kv, st, err);
+		return attn_launch_t<E, float>(grid, q, out, q8, h16, part, n_split, hd, kv, st, err);
+	return attn_launch_t<E, __half>(grid, q, out, q8, h16, part, n_split, hd, kv, st, err);
 }
 
 int
 cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16, int n_tok,
     const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
-	int group = hd->n_head / hd->n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP, dev, sms = 0, rc;
+	int group = hd->n_head / hd->n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP, rc;
 	int64_t base = (int64_t)n_tok * hd->n_head_kv * ngb, n_split = 1, target;
 
 	if (q8.q != NULL && kv->fa_tiles != NULL)
 		return err_set(err, ERR_INVAL, "cuda_attention: an int8 form of the prefill tiles' rows");
 	if (h16.h != NULL && kv->f32)
 		return err_set(err, ERR_INVAL, "cuda_attention: an fp16 form of values from an fp32 pool");
-	CK(cudaGetDevice(&dev));
-	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-	target = (int64_t)ATT_WAVES * sms; /* blocks that keep the device busy */
+	if (kv->sms < 1)
+		return err_set(err, ERR_INVAL, "cuda_attention: the device's multiprocessors are not set");
+	target = (int64_t)ATT_WAVES * kv->sms; /* blocks that keep the device busy */
 	if (kv->dec_tc > 0) { /* one wave of the tensor-core kernel's blocks: each piece a block's whole work */
 		base = (int64_t)n_tok * hd->n_head_kv * ((group + FD_ROWS - 1) / FD_ROWS);
-		target = (int64_t)kv->dec_tc * sms;
+		target = (int64_t)kv->dec_tc * kv->sms;
 	}
 	if (kv->part != NULL && base < target)
 		n_split = MIN(MIN(target / base, (int64_t)ATT_MAX_SPLITS), kv->part_rows / ((int64_t)n_tok * hd->n_head));
@@ -972,7 +996,7 @@ cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h1
 		switch (hd->head_dim / WARP) {
 #define E_CASE(E) \
 	case E: \
-		rc = attn_launch<E>(grid, dev, sms, q, out, q8, h16, kv->part, (int)n_split, hd, kv, st, err); \
+		rc = attn_launch<E>(grid, q, out, q8, h16, kv->part, (int)n_split, hd, kv, st, err); \
 		break;
 		E_CASE(1) E_CASE(2) E_CASE(3) E_CASE(4) E_CASE(5) E_CASE(6) E_CASE(7) E_CASE(8)
 #undef E_CASE

@@ -74,6 +74,13 @@ struct cuda_kv {
 	 * out once): fp16 or q8 pool, not exact mode, no k_new, no tok_end.
 	 */
 	int dec_tc;
+	/*
+	 * The device's multiprocessors, and how many blocks of the split
+	 * kernel's wide form a multiprocessor holds (cuda_attention_wide_blocks;
+	 * 0: that form does not serve the heads or does not fit): worked out
+	 * once, not asked of the driver at every launch.
+	 */
+	int sms, wide;
 };
 
 /*
@@ -326,6 +333,14 @@ int cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h1
  * must not meet one).
  */
 int cuda_attention_setup(int head_dim, char *err);
+
+/*
+ * How many blocks of the split kernel's wide form (16 warps) for head_dim
+ * and the pool (q8, else f32, else fp16) a multiprocessor of the current
+ * device holds, at most the two it is launched for; 0 where that form
+ * does not serve head_dim or its shared memory does not fit (cuda_kv.wide).
+ */
+int cuda_attention_wide_blocks(int head_dim, int q8, int f32, int *per_sm, char *err);
 
 /* Rows of kv->part that let cuda_attention split as much as it wants on this device. */
 int64_t cuda_attention_part_rows(int device);

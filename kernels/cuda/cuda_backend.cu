@@ -429,6 +429,7 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	if (rc != 0)
 		return rc;
 	prof_mark(b, PH_ATTN);
+	kv.sms = b->mm.sms, kv.wide = b->att_wide;
 	kv.dec_tc = b->tc_decode_len > 0 && b->att_len >= b->tc_decode_len && !b->step_bidir ? b->tc_blocks : 0;
 	if (!fused && T == 1 && !fa && !b->step_bidir && !kv.dec_tc) /* the attention kernel does qk's work */
 		kv.k_new = b->k, kv.v_new = b->v;

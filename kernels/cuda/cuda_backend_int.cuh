@@ -180,6 +180,7 @@ struct backend {
 	int att_len;                 /* this step's longest sequence, rounded up to split pieces (cuda_kv.max_len) */
 	int tc_decode_len;           /* att_len from which decode tokens take the tensor cores (cuda_kv.dec_tc); 0: never */
 	int tc_blocks;               /* then cuda_kv.dec_tc: the decode kernel's blocks a multiprocessor */
+	int att_wide;                /* cuda_kv.wide: the split kernel's wide blocks a multiprocessor */
 	int cluster_sms;             /* multiprocessors where the device launches clusters (sm_90), else 0 */
 	struct prof prof;
 	/*

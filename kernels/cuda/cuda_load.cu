@@ -668,7 +668,8 @@ flash_tokens(const struct model_hparams *hp, int exact)
 }
 
 /*
- * The context (cuda_kv.max_len) from which decode tokens take flash.cu's
+ * The split kernel's wide blocks a multiprocessor (b->att_wide); the
+ * context (cuda_kv.max_len) from which decode tokens take flash.cu's
  * tensor-core kernel (b->tc_decode_len, RESIDENT_CUDA_TC_DECODE, 0: never)
  * and its blocks a multiprocessor (b->tc_blocks); never in exact mode, nor
  * where the kernel does not serve the heads or its shared memory does not
@@ -680,6 +681,8 @@ tc_decode(struct backend *b, const struct model_hparams *hp, char *err)
 	int rc;
 
 	b->tc_decode_len = b->tc_blocks = 0;
+	if ((rc = cuda_attention_wide_blocks(hp->head_dim, b->kv_q8, b->exact, &b->att_wide, err)) != 0)
+		return rc;
 	if (b->exact)
 		return 0;
 	if ((rc = cuda_flash_decode_blocks(hp->head_dim, b->kv_q8, &b->tc_blocks, err)) != 0)

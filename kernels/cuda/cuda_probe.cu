@@ -716,10 +716,11 @@ heads_upload(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_head
 	ck->fa_tiles = ck->fa_tok = NULL;
 	ck->fa_grid = 0;
 	ck->dec_tc = 0;
+	ck->sms = p->sms;
 	ck->max_len = 0;
 	for (int t = 0; t < n_tok; t++)
 		ck->max_len = MAX(ck->max_len, kv->tok_pos[t] + 1);
-	return 0;
+	return cuda_attention_wide_blocks(hd->head_dim, kv->q8, kv->f32, &ck->wide, err);
 }
 
 /*
