@@ -20,7 +20,7 @@
  * A shared-memory address as the copies take it, kept in a register: the
  * conversion from a generic pointer reads the block's cluster rank
  * (S2R), and ptxas redid it at every copy of qgemm's loop, each a
- * variable-latency wait (ncu: a fifth of that loop's stall samples).
+ * variable-latency wait (ncu: a quarter of that loop's stall samples).
  */
 static __device__ __forceinline__ uint32_t
 smem_addr(const void *smem)
