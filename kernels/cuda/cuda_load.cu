@@ -676,7 +676,7 @@ flash_tokens(const struct model_hparams *hp, int exact)
  * fit the device.
  */
 static int
-tc_decode(struct backend *b, const struct model_hparams *hp, char *err)
+attention_counts(struct backend *b, const struct model_hparams *hp, char *err)
 {
 	int rc;
 
@@ -1305,7 +1305,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	b->mm.mmt_max = MIN(env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS), MMT_MAX_TOKENS);
 	b->use_graphs = env_int("RESIDENT_CUDA_GRAPHS", 1) != 0;
 	b->flash_tokens = flash_tokens(&m->hp, b->exact);
-	rc = tc_decode(b, &m->hp, err);
+	rc = attention_counts(b, &m->hp, err);
 out:
 	mats_free(&x);
 	return rc;
