@@ -115,12 +115,26 @@ kv_row_size(size_t nkv, int exact, int q8)
 /* Query rows of a block of the tensor-core decode kernel: query heads of one KV head. */
 #define FD_ROWS 16
 
+/* Elements (bytes in a q8 pool) from one pool block to the next. */
+static __device__ __forceinline__ size_t
+kv_block_stride(const struct cuda_kv &kv)
+{
+	return (size_t)kv.n_layer * 2 * kv.kv_stride;
+}
+
+/* Position p's row within its pool block, from the block's row 0 of its layer's K or V. */
+static __device__ __forceinline__ size_t
+kv_in_block(int p, int nkv)
+{
+	return (size_t)(p % KV_BLOCK_TOKENS) * (size_t)nkv;
+}
+
 /* Element e of position p's K (kvsel 0) or V (kvsel 1) in the pool, head offset head_off, p in pool block blk. */
 static __device__ __forceinline__ size_t
 kv_at(const struct cuda_kv &kv, size_t blk, int p, int kvsel, int nkv, int head_off)
 {
-	return ((blk * (size_t)kv.n_layer + (size_t)kv.layer) * 2 + (size_t)kvsel) * kv.kv_stride +
-	    (size_t)(p % KV_BLOCK_TOKENS) * (size_t)nkv + (size_t)head_off;
+	return blk * kv_block_stride(kv) + ((size_t)kv.layer * 2 + (size_t)kvsel) * kv.kv_stride + kv_in_block(p, nkv) +
+	    (size_t)head_off;
 }
 
 /* kv_at for the pool block the sequence's block table tab gives position p. */
@@ -130,6 +144,13 @@ kv_index(const struct cuda_kv &kv, const int32_t *tab, int p, int kvsel, int nkv
 	return kv_at(kv, (size_t)tab[p / KV_BLOCK_TOKENS], p, kvsel, nkv, head_off);
 }
 
+/* Position p's scales within its pool block, from the block's first scale of its layer's K or V. */
+static __device__ __forceinline__ size_t
+kv_scale_in_block(int p, int nkv)
+{
+	return (size_t)(p % KV_BLOCK_TOKENS) * (size_t)(nkv / 32) * sizeof(float);
+}
+
 /*
  * A q8 pool's byte offset of the scale of element head_off of position p
  * (a multiple of 32: its group's first), p in pool block blk.
@@ -137,8 +158,8 @@ kv_index(const struct cuda_kv &kv, const int32_t *tab, int p, int kvsel, int nkv
 static __device__ __forceinline__ size_t
 kv_scale_at(const struct cuda_kv &kv, size_t blk, int p, int kvsel, int nkv, int head_off)
 {
-	return kv_at(kv, blk, p - p % KV_BLOCK_TOKENS, kvsel, nkv, 0) + (size_t)KV_BLOCK_TOKENS * (size_t)nkv +
-	    ((size_t)(p % KV_BLOCK_TOKENS) * (size_t)(nkv / 32) + (size_t)(head_off / 32)) * sizeof(float);
+	return kv_at(kv, blk, 0, kvsel, nkv, 0) + (size_t)KV_BLOCK_TOKENS * (size_t)nkv + kv_scale_in_block(p, nkv) +
+	    (size_t)(head_off / 32) * sizeof(float);
 }
 
 /* kv_scale_at for the pool block the sequence's block table tab gives position p. */

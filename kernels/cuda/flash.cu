@@ -57,38 +57,72 @@ fa_smem_bytes(int d, bool q8)
 	    (q8 ? 2 * fa_q8_stage(d) : 0);
 }
 
-/* fa_load_kv for a q8 pool: the rows as they are into stage st; those past last get scales of 0. */
+/*
+ * The 16-byte columns a row's copies take, rounded up to a power of two
+ * (at most a block's threads), so that each thread keeps one column for
+ * all its rows; the columns past the row's have no copies.
+ */
+static constexpr __host__ __device__ int
+fa_pow2(int n)
+{
+	return n <= 1 ? 1 : 2 * fa_pow2((n + 1) / 2);
+}
+
+/*
+ * The pool blocks of positions p, p + STEP, ... (N of them) from the block
+ * table, all asked for before the first is used; a position past last
+ * takes last's block (its copy reads nothing).
+ */
+template <int N, int STEP>
+static __device__ __forceinline__ void
+fa_blocks(uint32_t (&blk)[N], const int32_t *tab, int p, int last)
+{
+#pragma unroll
+	for (int k = 0; k < N; k++)
+		blk[k] = (uint32_t)tab[min(p + k * STEP, last) / KV_BLOCK_TOKENS];
+}
+
+/*
+ * fa_load_kv for a q8 pool: the rows as they are into the stage at shared
+ * address st (K's levels, V's, K's scales, V's); those past last get
+ * scales of 0 (and levels of 0).
+ */
 template <int D>
 static __device__ __forceinline__ void
-fa_load_q8(int8_t *st, const struct cuda_kv &kv, const int32_t *tab, int c0, int last, int r0, int r1, int nkv,
+fa_load_q8(uint32_t st, const struct cuda_kv &kv, const int32_t *tab, int c0, int last, int r0, int r1, int nkv,
     int koff)
 {
-	constexpr int RQ = D + FA_Q8_PAD, G = D / 32;
+	constexpr int RQ = D + FA_Q8_PAD, G = D / 32, PIECES = fa_pow2(D / 16), STEP = FA_WARPS * WARP / PIECES;
+	/* a row's scales in the largest copies that divide them (a head's start is a multiple of 4 G bytes) */
+	constexpr int SB = 4 * G % 16 == 0 ? 16 : 4 * G % 8 == 0 ? 8 : 4, SP = 4 * G / SB;
 	const int8_t *pool = (const int8_t *)kv.pool;
-	int8_t *vs = st + FA_KV * RQ;
-	float *ksc = (float *)(vs + FA_KV * RQ), *vsc = ksc + FA_KV * G;
+	size_t bs = kv_block_stride(kv);
+	int c = threadIdx.x % PIECES * 16, r = c < D ? r0 + threadIdx.x / PIECES : r1;
+	const int8_t *lv = pool + kv_at(kv, 0, 0, 0, nkv, koff + c);
+	uint32_t vs = st + FA_KV * RQ, ksc = vs + FA_KV * RQ, vsc = ksc + FA_KV * G * (int)sizeof(float);
 
-	for (int i = threadIdx.x; i < (r1 - r0) * (D / 16); i += FA_WARPS * WARP) {
-		int r = r0 + i / (D / 16), c = (i % (D / 16)) * 16, p = c0 + r;
+	uint32_t blk[FA_KV / STEP];
 
-		if (p <= last) {
-			size_t ko = kv_index(kv, tab, p, 0, nkv, koff + c);
+	fa_blocks<FA_KV / STEP, STEP>(blk, tab, c0 + r, last);
+#pragma unroll
+	for (int k = 0; k < FA_KV / STEP; k++, r += STEP) {
+		int p = c0 + r, n = p <= last ? 16 : 0;
+		const int8_t *src = lv + blk[k] * bs + kv_in_block(p, nkv);
 
-			cp_async16(st + r * RQ + c, pool + ko);
-			cp_async16(vs + r * RQ + c, pool + ko + kv.kv_stride);
+		if (r < r1) {
+			cp_async_zfill_at<16>(st + r * RQ + c, src, n);
+			cp_async_zfill_at<16>(vs + r * RQ + c, src + kv.kv_stride, n);
 		}
 	}
-	for (int i = threadIdx.x; i < (r1 - r0) * G; i += FA_WARPS * WARP) {
-		int r = r0 + i / G, g = i % G, p = c0 + r;
+	const int8_t *sc = pool + kv_scale_at(kv, 0, 0, 0, nkv, koff);
 
-		if (p <= last) {
-			size_t so = kv_scale_index(kv, tab, p, 0, nkv, koff + 32 * g);
+	for (int i = threadIdx.x; i < (r1 - r0) * SP; i += FA_WARPS * WARP) {
+		int r = r0 + i / SP, b = i % SP * SB, p = c0 + r, n = p <= last ? SB : 0;
+		const int8_t *src = sc + (size_t)tab[min(p, last) / KV_BLOCK_TOKENS] * bs + kv_scale_in_block(p, nkv) + b;
+		uint32_t o = r * G * (int)sizeof(float) + b;
 
-			cp_async4(ksc + r * G + g, pool + so);
-			cp_async4(vsc + r * G + g, pool + so + kv.kv_stride);
-		} else {
-			ksc[r * G + g] = vsc[r * G + g] = 0.0f;
-		}
+		cp_async_zfill_at<SB>(ksc + o, src, n);
+		cp_async_zfill_at<SB>(vsc + o, src + kv.kv_stride, n);
 	}
 }
 
@@ -123,27 +157,34 @@ fa_widen(__half *ks, __half *vs, const int8_t *st)
 
 /*
  * Copies the K and V rows r0 .. r1 - 1 of the tile of positions c0 .. c0 +
- * FA_KV - 1 into a stage; those past last are zeros.
+ * FA_KV - 1 into the stage at shared addresses ks, vs; those past last are
+ * zeros. A thread keeps one 16-byte column for all its rows, so their pool
+ * offsets differ only by the row's block and place in it, and it asks for
+ * all its rows' block-table entries at once (one after another, each
+ * copy waited for its entry).
  */
 template <int D>
 static __device__ __forceinline__ void
-fa_load_kv(__half *ks, __half *vs, const struct cuda_kv &kv, const int32_t *tab, int c0, int last, int r0, int r1,
+fa_load_kv(uint32_t ks, uint32_t vs, const struct cuda_kv &kv, const int32_t *tab, int c0, int last, int r0, int r1,
     int nkv, int koff)
 {
-	constexpr int LD = D + FA_PAD, PIECES = D / 8;
-	const __half *pool = (const __half *)kv.pool;
+	constexpr int LD = D + FA_PAD, PIECES = fa_pow2(D / 8), STEP = FA_WARPS * WARP / PIECES;
+	size_t bs = kv_block_stride(kv);
+	int c = threadIdx.x % PIECES * 8, r = c < D ? r0 + threadIdx.x / PIECES : r1;
+	const __half *col = (const __half *)kv.pool + kv_at(kv, 0, 0, 0, nkv, koff + c);
 
-	for (int i = threadIdx.x; i < (r1 - r0) * PIECES; i += FA_WARPS * WARP) {
-		int r = r0 + i / PIECES, c = (i % PIECES) * 8, p = c0 + r;
+	uint32_t blk[FA_KV / STEP];
 
-		if (p <= last) {
-			size_t ko = kv_index(kv, tab, p, 0, nkv, koff + c);
+	fa_blocks<FA_KV / STEP, STEP>(blk, tab, c0 + r, last);
+#pragma unroll
+	for (int k = 0; k < FA_KV / STEP; k++, r += STEP) {
+		int p = c0 + r, n = p <= last ? 16 : 0;
+		const __half *src = col + blk[k] * bs + kv_in_block(p, nkv);
+		uint32_t o = (uint32_t)(r * LD + c) * (uint32_t)sizeof(__half);
 
-			cp_async16(ks + r * LD + c, pool + ko);
-			cp_async16(vs + r * LD + c, pool + ko + kv.kv_stride);
-		} else {
-			*(uint4 *)(ks + r * LD + c) = make_uint4(0, 0, 0, 0);
-			*(uint4 *)(vs + r * LD + c) = make_uint4(0, 0, 0, 0);
+		if (r < r1) {
+			cp_async_zfill_at<16>(ks + o, src, n);
+			cp_async_zfill_at<16>(vs + o, src + kv.kv_stride, n);
 		}
 	}
 }
@@ -182,6 +223,20 @@ fa_load_q(__half *qs, const float *__restrict__ q, const struct cuda_heads &hp, 
 			*(uint4 *)(qs + r * LD + c) = v;
 		}
 	}
+}
+
+/*
+ * 2^x in one instruction; exp2f adds a rescaling for results under 2^-126,
+ * which a softmax weight that small (against its row's largest, 1) does
+ * not need: they become 0.
+ */
+static __device__ __forceinline__ float
+exp2_ftz(float x)
+{
+	float y;
+
+	asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+	return y;
 }
 
 /* Max and sum over the four lanes that share a row of an mma fragment. */
@@ -232,7 +287,7 @@ fa_softmax_row(struct fa_row &r, float (&s)[NJ][4], int half, int c0, int lane, 
 		}
 	mn = fmaxf(r.m, quad_max(mx));
 	/* a row that has seen nothing yet keeps max -inf: nothing to correct, nothing to add */
-	corr = mn == -INFINITY ? 1.0f : exp2f(r.m - mn);
+	corr = mn == -INFINITY ? 1.0f : exp2_ftz(r.m - mn);
 	r.l *= corr;
 #pragma unroll
 	for (int j = 0; j < NJ; j++)
@@ -240,7 +295,7 @@ fa_softmax_row(struct fa_row &r, float (&s)[NJ][4], int half, int c0, int lane, 
 		for (int e = 0; e < 2; e++) {
 			float &v = s[j][2 * half + e];
 
-			v = mn == -INFINITY ? 0.0f : exp2f(v - mn);
+			v = mn == -INFINITY ? 0.0f : exp2_ftz(v - mn);
 			r.l += v;
 		}
 	r.m = mn;
@@ -259,33 +314,37 @@ struct fa_kf16 {
 	}
 };
 
+/* The A fragments of 16 query rows (qw, the warp's) for every 16 dimensions. */
+template <int D>
+static __device__ __forceinline__ void
+fa_q_frags(const __half *qw, int lane, uint32_t (&a)[D / 16][4])
+{
+#pragma unroll
+	for (int kk = 0; kk < D / 16; kk++)
+		ldmatrix_x4(a[kk], qw + (lane % 16) * (D + FA_PAD) + 16 * kk + (lane / 16) * 8);
+}
+
 /*
- * S = Q K^T for 16 query rows (qw, the warp's) and the 8 NJ positions
- * whose K fragments kf gives (fa_kf16, fd_kq8).
+ * S = Q K^T for 16 query rows (their A fragments qa) and the 8 NJ
+ * positions whose K fragments kf gives (fa_kf16, fd_kq8).
  */
 template <int D, int NJ, typename KF>
 static __device__ __forceinline__ void
-fa_scores(const __half *qw, const KF &kf, int lane, float (&s)[NJ][4])
+fa_scores(const uint32_t (&qa)[D / 16][4], const KF &kf, int lane, float (&s)[NJ][4])
 {
-	constexpr int LD = D + FA_PAD;
-
 #pragma unroll
 	for (int j = 0; j < NJ; j++)
 		s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-	for (int kk = 0; kk < D; kk += 16) {
-		uint32_t a[4];
-
-		ldmatrix_x4(a, qw + (lane % 16) * LD + kk + (lane / 16) * 8);
+	for (int kk = 0; kk < D; kk += 16)
 #pragma unroll
 		for (int jj = 0; jj < NJ / 2; jj++) {
 			uint32_t b[4];
 
 			kf(kk, jj, lane, b);
-			mma16816(s[2 * jj], a, b);
-			mma16816(s[2 * jj + 1], a, b + 2);
+			mma16816(s[2 * jj], qa[kk / 16], b);
+			mma16816(s[2 * jj + 1], qa[kk / 16], b + 2);
 		}
-	}
 }
 
 /* O += P V for the warp's rows, P the softmaxed scores of the 8 NJ positions from vb. */
@@ -322,10 +381,10 @@ fa_fill(__half *ks, __half *vs, int8_t *q8s, int st, const struct cuda_kv &kv, c
     int nkv, int koff, int r0 = 0, int r1 = FA_KV)
 {
 	if constexpr (Q8)
-		fa_load_q8<D>(q8s + st * fa_q8_stage(D), kv, tab, c0, last, r0, r1, nkv, koff);
+		fa_load_q8<D>(smem_addr(q8s + st * fa_q8_stage(D)), kv, tab, c0, last, r0, r1, nkv, koff);
 	else
-		fa_load_kv<D>(ks + st * FA_KV * (D + FA_PAD), vs + st * FA_KV * (D + FA_PAD), kv, tab, c0, last, r0, r1,
-		    nkv, koff);
+		fa_load_kv<D>(smem_addr(ks + st * FA_KV * (D + FA_PAD)), smem_addr(vs + st * FA_KV * (D + FA_PAD)), kv,
+		    tab, c0, last, r0, r1, nkv, koff);
 }
 
 /*
@@ -417,9 +476,19 @@ fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_h16 
 	if (c_lo <= c_end)
 		fa_fill<D, Q8>(ks, vs, q8s, 0, kv, tab, c_lo, c_end, nkv, kvh * D);
 	cp_async_commit();
+	__syncthreads();
+	uint32_t qa[D / 16][4];
+
+	fa_q_frags<D>(qs + 16 * warp * LD, lane, qa);
 	for (int c0 = c_lo, st = 0; c0 <= c_end; c0 += FA_KV, st ^= 1) {
 		float s[8][4], corr[2];
 		int at = Q8 ? 0 : st; /* the fp16 stage in use */
+		/*
+		 * Only tiles past the first token's position or before the last
+		 * one's window need masks: the others are seen whole by every row
+		 * (rows past the tile's tokens are never stored).
+		 */
+		bool edge = c0 + FA_KV - 1 > p0 || (hp.window > 0 && c0 < last - hp.window + 1);
 
 		if (c0 + FA_KV <= c_end)
 			fa_fill<D, Q8>(ks, vs, q8s, st ^ 1, kv, tab, c0 + FA_KV, c_end, nkv, kvh * D);
@@ -430,9 +499,14 @@ fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_h16 
 			fa_widen<D>(ks, vs, q8s + st * fa_q8_stage(D));
 			__syncthreads();
 		}
-		fa_scores<D, 8>(qs + 16 * warp * LD, fa_kf16<D>{ ks + at * FA_KV * LD }, lane, s);
-		corr[0] = fa_softmax_row<8>(rows[0], s, 0, c0, lane);
-		corr[1] = fa_softmax_row<8>(rows[1], s, 1, c0, lane);
+		fa_scores<D, 8>(qa, fa_kf16<D>{ ks + at * FA_KV * LD }, lane, s);
+		if (edge) { /* two copies of the softmax: ptxas would compute every mask and select */
+			corr[0] = fa_softmax_row<8>(rows[0], s, 0, c0, lane, true);
+			corr[1] = fa_softmax_row<8>(rows[1], s, 1, c0, lane, true);
+		} else {
+			corr[0] = fa_softmax_row<8>(rows[0], s, 0, c0, lane, false);
+			corr[1] = fa_softmax_row<8>(rows[1], s, 1, c0, lane, false);
+		}
 #pragma unroll
 		for (int j = 0; j < D / 8; j++) {
 			o[j][0] *= corr[0], o[j][1] *= corr[0];
@@ -659,17 +733,26 @@ fd_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q
 			const int8_t *kq = q8s + st * fa_q8_stage(D), *vq = kq + FA_KV * RQ;
 			const float *ksc = (const float *)(vq + FA_KV * RQ), *vsc = ksc + FA_KV * G;
 
+			uint32_t qa[D / 16][4];
+
+			fa_q_frags<D>(qs, lane, qa);
 			if constexpr (Q8)
-				fa_scores<D, 2>(qs, fd_kq8<D>{ kq + w0 * RQ, ksc + w0 * G }, lane, s);
+				fa_scores<D, 2>(qa, fd_kq8<D>{ kq + w0 * RQ, ksc + w0 * G }, lane, s);
 			else
-				fa_scores<D, 2>(qs, fa_kf16<D>{ ks + (st * FA_KV + w0) * LD }, lane, s);
+				fa_scores<D, 2>(qa, fa_kf16<D>{ ks + (st * FA_KV + w0) * LD }, lane, s);
 			/* rows past ng (zero queries, zero scores) stay out of the softmax: P's rows of them stay 0 */
-			corr[0] = fa_softmax_row<2>(rows[0], s, 0, c0 + w0, lane, edge);
+			if (edge) /* two copies, as in fa_kernel */
+				corr[0] = fa_softmax_row<2>(rows[0], s, 0, c0 + w0, lane, true);
+			else
+				corr[0] = fa_softmax_row<2>(rows[0], s, 0, c0 + w0, lane, false);
 #pragma unroll
 			for (int j = 0; j < D / 8; j++)
 				o[j][0] *= corr[0], o[j][1] *= corr[0];
 			if (ng > 8) {
-				corr[1] = fa_softmax_row<2>(rows[1], s, 1, c0 + w0, lane, edge);
+				if (edge)
+					corr[1] = fa_softmax_row<2>(rows[1], s, 1, c0 + w0, lane, true);
+				else
+					corr[1] = fa_softmax_row<2>(rows[1], s, 1, c0 + w0, lane, false);
 #pragma unroll
 				for (int j = 0; j < D / 8; j++)
 					o[j][2] *= corr[1], o[j][3] *= corr[1];

@@ -448,7 +448,7 @@ qg_issue_x(const qg_plan<TY, C> &pl, int g, int S)
 #pragma unroll
 	for (int j = 0; j < L::XC; j++)
 		if (L::XC * C::THREADS == C::BN * 8 || threadIdx.x + j * C::THREADS < C::BN * 8)
-			cp_async16_zfill_at(pl.xdst[j] + slot, pl.xsrc[j] + (size_t)g * 64, pl.xbytes[j]);
+			cp_async_zfill_at<16>(pl.xdst[j] + slot, pl.xsrc[j] + (size_t)g * 64, pl.xbytes[j]);
 }
 
 /*

@@ -38,11 +38,19 @@ cp_async16_at(uint32_t sa, const void *gmem)
 	asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(sa), "l"(gmem));
 }
 
-/* As cp_async16_at, but only the first n (0 or 16) bytes are read; the rest of the 16 are zeros. */
+/*
+ * N (4, 8 or 16) bytes to shared address sa, of which only the first n
+ * (0 or N) are read from gmem; the rest are zeros. 16 bytes skip L1.
+ */
+template <int N>
 static __device__ __forceinline__ void
-cp_async16_zfill_at(uint32_t sa, const void *gmem, int n)
+cp_async_zfill_at(uint32_t sa, const void *gmem, int n)
 {
-	asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(n));
+	static_assert(N == 4 || N == 8 || N == 16, "cp.async copies 4, 8 or 16 bytes");
+	if constexpr (N == 16)
+		asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(sa), "l"(gmem), "r"(n));
+	else
+		asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(sa), "l"(gmem), "n"(N), "r"(n));
 }
 
 /* 16 bytes from global to shared memory without passing through registers. */
