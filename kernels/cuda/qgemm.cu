@@ -5,7 +5,7 @@
  * (matmul.cu's to_f16_kernel: each token's row divided by a power of two
  * when it would overflow fp16; the product is multiplied back here).
  *
- * A block computes a tile of 128 weight rows by BN tokens. It walks K 64
+ * A block computes a tile of BM weight rows by BN tokens. It walks K 64
  * elements at a time (a sub-step). The raw blocks of the weight (a whole
  * super-block of 256 for the K types, two blocks of 32 for the others: a
  * unit) and the tokens' fp16 tile are copied into shared memory with
@@ -26,8 +26,9 @@
  * fp16 rounding of the value and of its scale (d * sc for the K types), a
  * few parts in 2^11.
  *
- * Tile shapes follow the token count: 16, 32 or 64 tokens (four warps of
- * 32 rows), or 128 for prefill (eight warps of 32 rows by 64 tokens). When
+ * Tile shapes follow the token count: 16, 32 or 64 tokens (128 rows, four
+ * warps of 32), or 128 for prefill (256 rows, eight warps of 32 rows by all
+ * 128 tokens). When
  * the tiles do not fill the GPU the K range is split: each split writes its
  * partial sums and a second kernel adds them in a fixed order (the result
  * does not depend on timing). A prefill product of more than one wave of
@@ -44,16 +45,16 @@
 #define QG_AHEAD 2
 /* Most splits of K. */
 #define QG_MAX_SPLIT 8
-/* Weight rows of a block. */
+/* Weight rows of a block of the decode shapes. */
 #define QG_BM 128
 
 /*
- * A tile shape: BN tokens against QG_BM rows, warps WM x WN, raw units
+ * A tile shape: BN tokens against BM rows, warps WM x WN, raw units
  * copied RAW_AHEAD sub-steps ahead.
  */
-template <int BN_, int WM_, int WN_, int RAW_AHEAD_>
+template <int BN_, int WM_, int WN_, int RAW_AHEAD_, int BM_ = QG_BM>
 struct qg_cfg {
-	static constexpr int BM = QG_BM, BN = BN_, WM = WM_, WN = WN_, RAW_AHEAD = RAW_AHEAD_;
+	static constexpr int BM = BM_, BN = BN_, WM = WM_, WN = WN_, RAW_AHEAD = RAW_AHEAD_;
 	static constexpr int THREADS = WM * WN * WARP;
 	static constexpr int MT = BM / WM / 16; /* m16 tiles of a warp */
 	static constexpr int NT = BN / WN / 8;  /* n8 tiles of a warp */
@@ -66,14 +67,17 @@ struct qg_cfg {
  * serves two row tiles and a block needs less shared memory than eight
  * warps of 16 rows with units 8 sub-steps ahead, whose issue was active
  * under half the time (ncu: 43-49 %) and which this beat at 16, 32 and 64
- * tokens on the H100 (tests/bench/RESULTS.md). Prefill's is bound by the
- * tensor cores: its warps take 32 rows by 64 tokens (each row decoded by
- * two warps) and it keeps its shared memory for token tiles.
+ * tokens on the H100 (tests/bench/RESULTS.md). Prefill's warps take 32
+ * rows by all 128 tokens, so each row is decoded once for twice the mma
+ * of 32 rows by 64 tokens (each row decoded by two warps, 128 rows a
+ * block: the loop issued 8 instructions an mma, now 5.3; pp512 +8.6 %,
+ * 256 sequences +7.3 %, H200); 128 accumulators a thread, 227-255
+ * registers, one block of 256 rows a multiprocessor.
  */
 using qg_c16 = qg_cfg<16, 4, 1, 4>;
 using qg_c32 = qg_cfg<32, 4, 1, 4>;
 using qg_c64 = qg_cfg<64, 4, 1, 4>;
-using qg_c128 = qg_cfg<128, 4, 2, 4>;
+using qg_c128 = qg_cfg<128, 8, 1, 4, 2 * QG_BM>;
 
 /* Four bytes at a 2-byte aligned shared address, as one word. */
 static __device__ __forceinline__ uint32_t
@@ -661,7 +665,7 @@ qgemm_tile(const struct qg_args &a, int m0, int n0, int z, int nz)
 	qg_store<C>(a, acc, m0 + wm0, n0 + wn0, z);
 }
 
-/* Block (blockIdx.x: 128 rows, blockIdx.y: BN tokens, blockIdx.z: a split of K's units). */
+/* Block (blockIdx.x: BM rows, blockIdx.y: BN tokens, blockIdx.z: a split of K's units). */
 template <int TY, class C>
 __global__ void __launch_bounds__(C::THREADS)
 qgemm_kernel(struct qg_args a)
@@ -670,7 +674,7 @@ qgemm_kernel(struct qg_args a)
 }
 
 /*
- * Block (blockIdx.x: 128 rows, blockIdx.y: tile) of the grouped products
+ * Block (blockIdx.x: BM rows, blockIdx.y: tile) of the grouped products
  * (cuda_qgemm_grouped): the tile's expert's rows by its rows of the
  * grouped tokens, into the same rows of the outputs. The tiles are the
  * step's routing: read after pdl_wait, so the weights' first copies wait
@@ -791,8 +795,8 @@ qg_rows_from(const struct mm_out &out, int row0)
 /*
  * A product of shape C for type TY. When a prefill product's tiles take
  * more than one wave of the GPU's slots and leave a last wave under half
- * full (Q/K at 512 tokens: 160 tiles on 132 slots, two waves' time for 1.2
- * of work), the tiles of its last rows, enough to hold that remainder, go
+ * full (llama3-8b's gate/up at 512 tokens: 448 tiles on 132 slots, four
+ * waves' time for 3.4 of work), the tiles of its last rows, enough to hold that remainder, go
  * to a second launch, which splits their K to fill the GPU; the first
  * launch is at most whole waves. The decode shapes keep one launch: that is
  * what was measured for them (forms that split their last wave cost
@@ -965,6 +969,6 @@ cuda_qgemm_setup(char *err)
 int64_t
 cuda_qgemm_part_elems(int sms)
 {
-	/* a split grid has at most a multiprocessor's worth of tiles per multiprocessor: 128 x 128 of sums */
+	/* a split grid has at most a multiprocessor's worth of tiles per multiprocessor: BM x 128 of sums */
 	return (int64_t)sms * qg_c128::BM * qg_c128::BN;
 }
