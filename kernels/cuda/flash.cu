@@ -83,7 +83,41 @@ fa_blocks(uint32_t (&blk)[N], const int32_t *tab, int p, int last)
 }
 
 /*
- * fa_load_kv for a q8 pool: the rows as they are into the stage at shared
+ * Copies the K and V rows r0 .. r1 - 1 of the tile of positions c0 .. c0 +
+ * FA_KV - 1 (D elements of T each) to the stage rows at shared addresses
+ * ks, vs, ROWB bytes apart; those past last are zeros. A thread keeps one
+ * 16-byte column for all its rows, so their pool offsets differ only by
+ * the row's block and place in it, and it asks for all its rows'
+ * block-table entries at once (one after another, each copy waited for
+ * its entry).
+ */
+template <int D, typename T, int ROWB>
+static __device__ __forceinline__ void
+fa_copy_rows(uint32_t ks, uint32_t vs, const struct cuda_kv &kv, const int32_t *tab, int c0, int last, int r0,
+    int r1, int nkv, int koff)
+{
+	constexpr int PER = 16 / (int)sizeof(T), PIECES = fa_pow2(D / PER), STEP = FA_WARPS * WARP / PIECES;
+	size_t bs = kv_block_stride(kv);
+	int c = threadIdx.x % PIECES * PER, r = c < D ? r0 + threadIdx.x / PIECES : r1;
+	const T *col = (const T *)kv.pool + kv_at(kv, 0, 0, 0, nkv, koff + c);
+	uint32_t blk[FA_KV / STEP];
+
+	fa_blocks<FA_KV / STEP, STEP>(blk, tab, c0 + r, last);
+#pragma unroll
+	for (int k = 0; k < FA_KV / STEP; k++, r += STEP) {
+		int p = c0 + r, n = p <= last ? 16 : 0;
+		const T *src = col + blk[k] * bs + kv_in_block(p, nkv);
+		uint32_t o = (uint32_t)(r * ROWB) + (uint32_t)(c * (int)sizeof(T));
+
+		if (r < r1) {
+			cp_async_zfill_at<16>(ks + o, src, n);
+			cp_async_zfill_at<16>(vs + o, src + kv.kv_stride, n);
+		}
+	}
+}
+
+/*
+ * The rows of a tile from a q8 pool as they are, into the stage at shared
  * address st (K's levels, V's, K's scales, V's); those past last get
  * scales of 0 (and levels of 0).
  */
@@ -92,28 +126,14 @@ static __device__ __forceinline__ void
 fa_load_q8(uint32_t st, const struct cuda_kv &kv, const int32_t *tab, int c0, int last, int r0, int r1, int nkv,
     int koff)
 {
-	constexpr int RQ = D + FA_Q8_PAD, G = D / 32, PIECES = fa_pow2(D / 16), STEP = FA_WARPS * WARP / PIECES;
+	constexpr int RQ = D + FA_Q8_PAD, G = D / 32;
 	/* a row's scales in the largest copies that divide them (a head's start is a multiple of 4 G bytes) */
 	constexpr int SB = 4 * G % 16 == 0 ? 16 : 4 * G % 8 == 0 ? 8 : 4, SP = 4 * G / SB;
 	const int8_t *pool = (const int8_t *)kv.pool;
 	size_t bs = kv_block_stride(kv);
-	int c = threadIdx.x % PIECES * 16, r = c < D ? r0 + threadIdx.x / PIECES : r1;
-	const int8_t *lv = pool + kv_at(kv, 0, 0, 0, nkv, koff + c);
-	uint32_t vs = st + FA_KV * RQ, ksc = vs + FA_KV * RQ, vsc = ksc + FA_KV * G * (int)sizeof(float);
+	uint32_t ksc = st + 2 * FA_KV * RQ, vsc = ksc + FA_KV * G * (int)sizeof(float);
 
-	uint32_t blk[FA_KV / STEP];
-
-	fa_blocks<FA_KV / STEP, STEP>(blk, tab, c0 + r, last);
-#pragma unroll
-	for (int k = 0; k < FA_KV / STEP; k++, r += STEP) {
-		int p = c0 + r, n = p <= last ? 16 : 0;
-		const int8_t *src = lv + blk[k] * bs + kv_in_block(p, nkv);
-
-		if (r < r1) {
-			cp_async_zfill_at<16>(st + r * RQ + c, src, n);
-			cp_async_zfill_at<16>(vs + r * RQ + c, src + kv.kv_stride, n);
-		}
-	}
+	fa_copy_rows<D, int8_t, RQ>(st, st + FA_KV * RQ, kv, tab, c0, last, r0, r1, nkv, koff);
 	const int8_t *sc = pool + kv_scale_at(kv, 0, 0, 0, nkv, koff);
 
 	for (int i = threadIdx.x; i < (r1 - r0) * SP; i += FA_WARPS * WARP) {
@@ -128,8 +148,7 @@ fa_load_q8(uint32_t st, const struct cuda_kv &kv, const int32_t *tab, int c0, in
 
 /*
  * q8 stage st widened into the fp16 stage ks, vs. Rows past the context
- * have scales of 0 and read as zeros (their int8 bytes are whatever the
- * stage held), as fa_load_kv leaves them.
+ * have levels and scales of 0 (fa_load_q8) and read as zeros.
  */
 template <int D>
 static __device__ __forceinline__ void
@@ -152,40 +171,6 @@ fa_widen(__half *ks, __half *vs, const int8_t *st)
 		va.z = pack_half2(qb[4] * db, qb[5] * db), va.w = pack_half2(qb[6] * db, qb[7] * db);
 		*(uint4 *)(ks + r * LD + c) = ka;
 		*(uint4 *)(vs + r * LD + c) = va;
-	}
-}
-
-/*
- * Copies the K and V rows r0 .. r1 - 1 of the tile of positions c0 .. c0 +
- * FA_KV - 1 into the stage at shared addresses ks, vs; those past last are
- * zeros. A thread keeps one 16-byte column for all its rows, so their pool
- * offsets differ only by the row's block and place in it, and it asks for
- * all its rows' block-table entries at once (one after another, each
- * copy waited for its entry).
- */
-template <int D>
-static __device__ __forceinline__ void
-fa_load_kv(uint32_t ks, uint32_t vs, const struct cuda_kv &kv, const int32_t *tab, int c0, int last, int r0, int r1,
-    int nkv, int koff)
-{
-	constexpr int LD = D + FA_PAD, PIECES = fa_pow2(D / 8), STEP = FA_WARPS * WARP / PIECES;
-	size_t bs = kv_block_stride(kv);
-	int c = threadIdx.x % PIECES * 8, r = c < D ? r0 + threadIdx.x / PIECES : r1;
-	const __half *col = (const __half *)kv.pool + kv_at(kv, 0, 0, 0, nkv, koff + c);
-
-	uint32_t blk[FA_KV / STEP];
-
-	fa_blocks<FA_KV / STEP, STEP>(blk, tab, c0 + r, last);
-#pragma unroll
-	for (int k = 0; k < FA_KV / STEP; k++, r += STEP) {
-		int p = c0 + r, n = p <= last ? 16 : 0;
-		const __half *src = col + blk[k] * bs + kv_in_block(p, nkv);
-		uint32_t o = (uint32_t)(r * LD + c) * (uint32_t)sizeof(__half);
-
-		if (r < r1) {
-			cp_async_zfill_at<16>(ks + o, src, n);
-			cp_async_zfill_at<16>(vs + o, src + kv.kv_stride, n);
-		}
 	}
 }
 
@@ -380,11 +365,13 @@ static __device__ __forceinline__ void
 fa_fill(__half *ks, __half *vs, int8_t *q8s, int st, const struct cuda_kv &kv, const int32_t *tab, int c0, int last,
     int nkv, int koff, int r0 = 0, int r1 = FA_KV)
 {
+	constexpr int LD = D + FA_PAD;
+
 	if constexpr (Q8)
 		fa_load_q8<D>(smem_addr(q8s + st * fa_q8_stage(D)), kv, tab, c0, last, r0, r1, nkv, koff);
 	else
-		fa_load_kv<D>(smem_addr(ks + st * FA_KV * (D + FA_PAD)), smem_addr(vs + st * FA_KV * (D + FA_PAD)), kv,
-		    tab, c0, last, r0, r1, nkv, koff);
+		fa_copy_rows<D, __half, LD * (int)sizeof(__half)>(smem_addr(ks + st * FA_KV * LD),
+		    smem_addr(vs + st * FA_KV * LD), kv, tab, c0, last, r0, r1, nkv, koff);
 }
 
 /*
