@@ -249,13 +249,13 @@ struct fa_row {
 };
 
 /*
- * Masks one row's scores of NJ n8 tiles from position c0 (only where
- * edge: tiles wholly inside every row's window need none) and folds them
+ * Masks one row's scores of NJ n8 tiles from position c0 (only with
+ * EDGE: tiles wholly inside every row's window need none) and folds them
  * into the running max; returns the correction of the old terms.
  */
-template <int NJ>
+template <int NJ, bool EDGE>
 static __device__ __forceinline__ float
-fa_softmax_row(struct fa_row &r, float (&s)[NJ][4], int half, int c0, int lane, bool edge = true)
+fa_softmax_row_t(struct fa_row &r, float (&s)[NJ][4], int half, int c0, int lane)
 {
 	float mx = -INFINITY, mn, corr;
 
@@ -266,7 +266,7 @@ fa_softmax_row(struct fa_row &r, float (&s)[NJ][4], int half, int c0, int lane, 
 			int col = c0 + 8 * j + 2 * (lane % 4) + e;
 			float &v = s[j][2 * half + e];
 
-			if (!r.live || (edge && (col > r.pos || col < r.first)))
+			if (!r.live || (EDGE && (col > r.pos || col < r.first)))
 				v = -INFINITY;
 			mx = fmaxf(mx, v);
 		}
@@ -285,6 +285,19 @@ fa_softmax_row(struct fa_row &r, float (&s)[NJ][4], int half, int c0, int lane, 
 		}
 	r.m = mn;
 	return corr;
+}
+
+/*
+ * fa_softmax_row_t for a tile that needs masks (edge) or not, as two
+ * copies: with one, ptxas computed every mask and selected.
+ */
+template <int NJ>
+static __device__ __forceinline__ float
+fa_softmax_row(struct fa_row &r, float (&s)[NJ][4], int half, int c0, int lane, bool edge)
+{
+	if (edge)
+		return fa_softmax_row_t<NJ, true>(r, s, half, c0, lane);
+	return fa_softmax_row_t<NJ, false>(r, s, half, c0, lane);
 }
 
 /* K's B fragments from an fp16 stage: n8 tiles 2 jj and 2 jj + 1 of the positions from kb, dimensions kk .. kk + 15. */
@@ -487,13 +500,8 @@ fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_h16 
 			__syncthreads();
 		}
 		fa_scores<D, 8>(qa, fa_kf16<D>{ ks + at * FA_KV * LD }, lane, s);
-		if (edge) { /* two copies of the softmax: ptxas would compute every mask and select */
-			corr[0] = fa_softmax_row<8>(rows[0], s, 0, c0, lane, true);
-			corr[1] = fa_softmax_row<8>(rows[1], s, 1, c0, lane, true);
-		} else {
-			corr[0] = fa_softmax_row<8>(rows[0], s, 0, c0, lane, false);
-			corr[1] = fa_softmax_row<8>(rows[1], s, 1, c0, lane, false);
-		}
+		corr[0] = fa_softmax_row<8>(rows[0], s, 0, c0, lane, edge);
+		corr[1] = fa_softmax_row<8>(rows[1], s, 1, c0, lane, edge);
 #pragma unroll
 		for (int j = 0; j < D / 8; j++) {
 			o[j][0] *= corr[0], o[j][1] *= corr[0];
@@ -728,18 +736,12 @@ fd_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q
 			else
 				fa_scores<D, 2>(qa, fa_kf16<D>{ ks + (st * FA_KV + w0) * LD }, lane, s);
 			/* rows past ng (zero queries, zero scores) stay out of the softmax: P's rows of them stay 0 */
-			if (edge) /* two copies, as in fa_kernel */
-				corr[0] = fa_softmax_row<2>(rows[0], s, 0, c0 + w0, lane, true);
-			else
-				corr[0] = fa_softmax_row<2>(rows[0], s, 0, c0 + w0, lane, false);
+			corr[0] = fa_softmax_row<2>(rows[0], s, 0, c0 + w0, lane, edge);
 #pragma unroll
 			for (int j = 0; j < D / 8; j++)
 				o[j][0] *= corr[0], o[j][1] *= corr[0];
 			if (ng > 8) {
-				if (edge)
-					corr[1] = fa_softmax_row<2>(rows[1], s, 1, c0 + w0, lane, true);
-				else
-					corr[1] = fa_softmax_row<2>(rows[1], s, 1, c0 + w0, lane, false);
+				corr[1] = fa_softmax_row<2>(rows[1], s, 1, c0 + w0, lane, edge);
 #pragma unroll
 				for (int j = 0; j < D / 8; j++)
 					o[j][2] *= corr[1], o[j][3] *= corr[1];

@@ -796,8 +796,9 @@ qg_rows_from(const struct mm_out &out, int row0)
  * A product of shape C for type TY. When a prefill product's tiles take
  * more than one wave of the GPU's slots and leave a last wave under half
  * full (llama3-8b's gate/up at 512 tokens: 448 tiles on 132 slots, four
- * waves' time for 3.4 of work), the tiles of its last rows, enough to hold that remainder, go
- * to a second launch, which splits their K to fill the GPU; the first
+ * waves' time for 3.4 of work), the tiles of its last rows, enough to
+ * hold that remainder, go to a second launch, which splits their K to
+ * fill the GPU; the first
  * launch is at most whole waves. The decode shapes keep one launch: that is
  * what was measured for them (forms that split their last wave cost
  * batched decoding 1-3 %, tests/bench/RESULTS.md).
