@@ -255,7 +255,7 @@ struct fa_row {
  */
 template <int NJ, bool EDGE>
 static __device__ __forceinline__ float
-fa_softmax_row_t(struct fa_row &r, float (&s)[NJ][4], int half, int c0, int lane)
+fa_softmax_row(struct fa_row &r, float (&s)[NJ][4], int half, int c0, int lane)
 {
 	float mx = -INFINITY, mn, corr;
 
@@ -288,16 +288,27 @@ fa_softmax_row_t(struct fa_row &r, float (&s)[NJ][4], int half, int c0, int lane
 }
 
 /*
- * fa_softmax_row_t for a tile that needs masks (edge) or not, as two
- * copies: with one, ptxas computed every mask and selected.
+ * The softmax of a tile's first nr rows (of NR), corr[i] row i's
+ * correction: one branch a tile between the copies with and without
+ * masks (edge), taken outside the rows. With one copy ptxas computed
+ * every mask and selected; with the branch a row, prefill ran 1.2 %
+ * slower (H200, tests/bench/RESULTS.md).
  */
-template <int NJ>
-static __device__ __forceinline__ float
-fa_softmax_row(struct fa_row &r, float (&s)[NJ][4], int half, int c0, int lane, bool edge)
+template <int NJ, int NR>
+static __device__ __forceinline__ void
+fa_softmax(struct fa_row (&r)[NR], float (&s)[NJ][4], int c0, int lane, bool edge, int nr, float (&corr)[NR])
 {
-	if (edge)
-		return fa_softmax_row_t<NJ, true>(r, s, half, c0, lane);
-	return fa_softmax_row_t<NJ, false>(r, s, half, c0, lane);
+	if (edge) {
+#pragma unroll
+		for (int i = 0; i < NR; i++)
+			if (i < nr)
+				corr[i] = fa_softmax_row<NJ, true>(r[i], s, i, c0, lane);
+	} else {
+#pragma unroll
+		for (int i = 0; i < NR; i++)
+			if (i < nr)
+				corr[i] = fa_softmax_row<NJ, false>(r[i], s, i, c0, lane);
+	}
 }
 
 /* K's B fragments from an fp16 stage: n8 tiles 2 jj and 2 jj + 1 of the positions from kb, dimensions kk .. kk + 15. */
@@ -500,8 +511,7 @@ fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_h16 
 			__syncthreads();
 		}
 		fa_scores<D, 8>(qa, fa_kf16<D>{ ks + at * FA_KV * LD }, lane, s);
-		corr[0] = fa_softmax_row<8>(rows[0], s, 0, c0, lane, edge);
-		corr[1] = fa_softmax_row<8>(rows[1], s, 1, c0, lane, edge);
+		fa_softmax<8>(rows, s, c0, lane, edge, 2, corr);
 #pragma unroll
 		for (int j = 0; j < D / 8; j++) {
 			o[j][0] *= corr[0], o[j][1] *= corr[0];
@@ -736,14 +746,11 @@ fd_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q
 			else
 				fa_scores<D, 2>(qa, fa_kf16<D>{ ks + (st * FA_KV + w0) * LD }, lane, s);
 			/* rows past ng (zero queries, zero scores) stay out of the softmax: P's rows of them stay 0 */
-			corr[0] = fa_softmax_row<2>(rows[0], s, 0, c0 + w0, lane, edge);
+			fa_softmax<2>(rows, s, c0 + w0, lane, edge, ng > 8 ? 2 : 1, corr);
 #pragma unroll
-			for (int j = 0; j < D / 8; j++)
+			for (int j = 0; j < D / 8; j++) {
 				o[j][0] *= corr[0], o[j][1] *= corr[0];
-			if (ng > 8) {
-				corr[1] = fa_softmax_row<2>(rows[1], s, 1, c0 + w0, lane, edge);
-#pragma unroll
-				for (int j = 0; j < D / 8; j++)
+				if (ng > 8)
 					o[j][2] *= corr[1], o[j][3] *= corr[1];
 			}
 			if constexpr (Q8)
