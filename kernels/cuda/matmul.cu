@@ -25,6 +25,7 @@
 #include "dequant.cuh"
 #include "norm.cuh"
 #include "route.cuh"
+#include "tc.cuh"
 
 #include <string.h>
 
@@ -226,9 +227,52 @@ dot2(const int *w, const uint4 *hi, const uint4 *lo, int n4)
 }
 
 /*
+ * A block's copy of one token's int8 form in shared memory (XS kernels):
+ * the hi and lo rows in 16-byte units, unit u stored at mmq_xs_unit(u),
+ * then the scales (cuda_q8.d) as they are. The slots of Q4_K rows in
+ * runs of lanes (qwen3-30b-a3b's experts) read x from it: there every run
+ * of a warp read x again, a chunk of 64 elements a lane at a stride of 64
+ * bytes (32 sectors a 16-byte load, half of each used), twice the bytes
+ * of the weights it was multiplied with. The swizzle spreads 8 lanes
+ * reading piece i of chunks c .. c + 7 over distinct banks. The dense
+ * one-token products (one row a whole warp) halved their L1 throughput
+ * the same way but ran 1-5 % slower (ncu, H200, tests/bench/RESULTS.md):
+ * the copy delays the first weight loads, and asking for them before it
+ * held their decoded values across the barrier (twice the registers).
+ */
+static __device__ __forceinline__ int
+mmq_xs_unit(int u)
+{
+	return u ^ ((u >> 3) & 3);
+}
+
+/* 16-byte units of one token's copy (k wide): hi, lo, the scales. */
+static __host__ __device__ __forceinline__ int
+mmq_xs_units(int k)
+{
+	return k / 8 + k / 64;
+}
+
+/* One token's int8 form from xq, xd into xs by the whole block; every thread waits for it. */
+static __device__ __forceinline__ void
+mmq_stage_x(uint4 *xs, const int8_t *__restrict__ xq, const float2 *__restrict__ xd, int k)
+{
+	uint32_t sa = (uint32_t)__cvta_generic_to_shared(xs);
+	int nq = k / 8;
+
+	for (int u = threadIdx.x; u < mmq_xs_units(k); u += blockDim.x)
+		cp_async16_at(sa + 16 * (u < nq ? mmq_xs_unit(u) : u),
+		    u < nq ? (const void *)(xq + 16 * u) : (const void *)(xd + 2 * (u - nq)));
+	cp_async_commit();
+	cp_async_wait<0>();
+	__syncthreads();
+}
+
+/*
  * A type's integer kernel, a chunk of n elements at a time: load() reads
  * chunk c of a row and decodes it to integers and scales (W), loadx() reads
- * the same chunk of token t's activations (X), dot() is their product.
+ * the same chunk of token t's activations (X), loadxs() (Q4_K) from the
+ * block's copy, dot() is their product.
  */
 template <int TY> struct qt;
 
@@ -276,6 +320,17 @@ template <> struct qt<TT_Q4_K> {
 			x.h[i] = __ldg(xh + i), x.l[i] = __ldg(xl + i);
 		x.d0 = __ldg(xd + (size_t)t * (k / 32) + 2 * c);
 		x.d1 = __ldg(xd + (size_t)t * (k / 32) + 2 * c + 1);
+	}
+	static __device__ __forceinline__ void
+	loadxs(const uint4 *xs, int k, int c, X &x)
+	{
+		int sh = (c >> 1) & 3, lo = k / 16 + 4 * c, sl = (lo >> 3) & 3;
+		float4 d = ((const float4 *)xs)[k / 8 + c];
+
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			x.h[i] = xs[4 * c + (i ^ sh)], x.l[i] = xs[lo + (i ^ sl)];
+		x.d0 = make_float2(d.x, d.y), x.d1 = make_float2(d.z, d.w);
 	}
 	static __device__ __forceinline__ float
 	dot(const W &w, const X &x)
@@ -490,6 +545,17 @@ run_sum(float v)
 	return v;
 }
 
+/* Lines first, first + step, ... of 128 bytes of R rows of bytes each into L1. */
+template <int R>
+static __device__ __forceinline__ void
+mmq_prefetch_rows(const uint8_t *const (&r)[R], size_t bytes, int first, int step)
+{
+#pragma unroll
+	for (int i = 0; i < R; i++)
+		for (size_t o = 128 * (size_t)first; o < bytes; o += 128 * (size_t)step)
+			asm volatile("prefetch.global.L1 [%0];" ::"l"(r[i] + o));
+}
+
 /*
  * One block of the integer matrix-vector kernel: its warps in groups of
  * KS, group g taking R rows of the weight from (blk * MMQ_WARPS / KS + g)
@@ -513,8 +579,13 @@ run_sum(float v)
  * WAIT: the caller has not passed pdl_wait; each thread does once its
  * first chunks of the weight are asked for, before it reads x, so that
  * those loads are in flight while the kernel before ends.
+ *
+ * XS (Q4_K, one token): the block copies x into shared memory
+ * (mmq_stage_x; mmq_xs_units(k) units of dynamic shared memory) after
+ * pdl_wait, before its first weight loads, and every warp reads it there.
  */
-template <int TY, int NT, int R, int KS, bool QKV, int LS = WARP, int U = 1, bool GLU = false, bool WAIT = false>
+template <int TY, int NT, int R, int KS, bool QKV, int LS = WARP, int U = 1, bool GLU = false, bool WAIT = false,
+    bool XS = false>
 static __device__ __forceinline__ void
 mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq,
     const float2 *__restrict__ xd, const struct mm_out &out, const mm_e<QKV> &e, int nt,
@@ -525,11 +596,13 @@ mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq
 	constexpr int RUNS = WARP / LS;
 	int w = threadIdx.x / WARP, g = w / KS, part = w % KS, lane = threadIdx.x % WARP, nc = k / Q::n;
 	int warp_row0 = (blk * (MMQ_WARPS / KS) + g) * RUNS * R, row0 = warp_row0 + lane / LS * R, n = sg.n;
+	bool rows = warp_row0 < n; /* a run past the last row still takes part in its warp's sums */
 	const uint8_t *r[R];
 	float acc[R][NT];
 	struct qkv_pair pe[QKV ? R / 2 : 1][NT];
 
-	if (warp_row0 >= n) { /* a run past the last row still takes part in its warp's sums */
+	static_assert(!XS || (TY == TT_Q4_K && NT == 1), "a copy of x is Q4_K's, of one token");
+	if (!XS && !rows) { /* with XS, a warp without rows still copies x */
 		if constexpr (WAIT)
 			pdl_wait(), pdl_trigger();
 		return;
@@ -562,7 +635,18 @@ mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq
 			ub[i / 2] = glu.up_b != NULL ? glu.up_b[b] : 0.0f;
 		}
 	bool waited = !WAIT;
+	extern __shared__ uint4 mmq_xs[];
 
+	if constexpr (XS) {
+		if constexpr (WAIT) /* the first loads came before pdl_wait: the rows go to L1 there instead */
+			if (rows)
+				mmq_prefetch_rows<R>(r, sg.row_bytes, lane % LS, LS);
+		if (!waited)
+			pdl_wait(), pdl_trigger(), waited = true;
+		mmq_stage_x(mmq_xs, xq, xd, k);
+		if (!rows)
+			return;
+	}
 	for (int c0 = lane % LS + part * LS; c0 < nc; c0 += U * KS * LS) {
 		typename Q::W wc[U][R];
 
@@ -585,7 +669,10 @@ mmq_block(const struct mm_seg &sg, int blk, int k, const int8_t *__restrict__ xq
 
 				if (t >= nt)
 					break;
-				Q::loadx(xq, xd, k, t, c, x);
+				if constexpr (XS)
+					Q::loadxs(mmq_xs, k, c, x);
+				else
+					Q::loadx(xq, xd, k, t, c, x);
 #pragma unroll
 				for (int i = 0; i < R; i++)
 					acc[i][t] += Q::dot(wc[u][i], x);
@@ -677,7 +764,7 @@ mmq_kernel(struct mm_seg a, struct mm_seg b, int nb_a, int k, const int8_t *__re
  * mm_slots.glu. EARLY (mm_slots.early): the slot's expert and its first
  * rows are read before pdl_wait.
  */
-template <int TY, int R, int KS, int LS = WARP, int U = 1, bool GLU = false, bool EARLY = false>
+template <int TY, int R, int KS, int LS = WARP, int U = 1, bool GLU = false, bool EARLY = false, bool XS = false>
 __global__ void __launch_bounds__(MMQ_WARPS * WARP, KS > 1 ? 4 : 1)
 mmq_slot_kernel(struct mm_seg a, int k, const int8_t *__restrict__ xq, const float2 *__restrict__ xd,
     struct mm_out out, struct mm_slots sl)
@@ -693,7 +780,7 @@ mmq_slot_kernel(struct mm_seg a, int k, const int8_t *__restrict__ xq, const flo
 		return;
 	}
 	a.w = slot_w(sl, a.w, at);
-	mmq_block<TY, 1, R, KS, false, LS, U, GLU, EARLY>(a, blockIdx.x, k, xq + (size_t)in * 2 * k,
+	mmq_block<TY, 1, R, KS, false, LS, U, GLU, EARLY, XS>(a, blockIdx.x, k, xq + (size_t)in * 2 * k,
 	    xd + (size_t)in * (k / 32), slot_out(out, s), mm_e<false>{}, 1, sl.glu, ex);
 }
 
@@ -952,6 +1039,23 @@ matvec(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weight 
 	return 0;
 }
 
+/* The slot kernel as sl asks (GLU, EARLY), XS with xs bytes of shared memory. */
+template <int TY, int R, int KS, int LS, int U, bool XS>
+static cudaError_t
+mmq_slot_go_xs(cudaStream_t st, dim3 grid, dim3 block, size_t xs, struct mm_seg a, int k, const int8_t *xq,
+    const float2 *xd, const struct mm_out *out, const struct mm_slots &sl)
+{
+	if constexpr (R % 2 == 0)
+		if (sl.glu.on)
+			return cuda_launch(mmq_slot_kernel<TY, R, KS, LS, U, true, false, XS>, grid, block, xs, st, a, k, xq,
+			    xd, *out, sl);
+	if (sl.early)
+		return cuda_launch(mmq_slot_kernel<TY, R, KS, LS, U, false, true, XS>, grid, block, xs, st, a, k, xq, xd,
+		    *out, sl);
+	return cuda_launch(mmq_slot_kernel<TY, R, KS, LS, U, false, false, XS>, grid, block, xs, st, a, k, xq, xd, *out,
+	    sl);
+}
+
 /*
  * The slot kernel of the integer type TY, shaped as the one-token kernel
  * for rows of k, except Q4_K rows of up to 32 chunks: runs of 4 or 8 lanes,
@@ -969,14 +1073,11 @@ mmq_slot_go(cudaStream_t st, const struct cuda_weight *w, int n_slots, const int
 	dim3 grid((unsigned)mmq_blocks(w->n, R, KS, LS), (unsigned)n_slots), block(MMQ_WARPS * WARP);
 	int k = (int)w->k;
 
-	if constexpr (R % 2 == 0)
-		if (sl.glu.on)
-			return cuda_launch(mmq_slot_kernel<TY, R, KS, LS, U, true>, grid, block, 0, st, a, k, xq, xd, *out,
-			    sl);
-	if (sl.early)
-		return cuda_launch(mmq_slot_kernel<TY, R, KS, LS, U, false, true>, grid, block, 0, st, a, k, xq, xd, *out,
-		    sl);
-	return cuda_launch(mmq_slot_kernel<TY, R, KS, LS, U>, grid, block, 0, st, a, k, xq, xd, *out, sl);
+	if constexpr (TY == TT_Q4_K && LS < WARP) /* rows of 256 to 2,048: a copy of at most 4.5 KB */
+		return mmq_slot_go_xs<TY, R, KS, LS, U, true>(st, grid, block, (size_t)mmq_xs_units(k) * 16, a, k, xq,
+		    xd, out, sl);
+	else
+		return mmq_slot_go_xs<TY, R, KS, LS, U, false>(st, grid, block, 0, a, k, xq, xd, out, sl);
 }
 
 template <int TY>
