@@ -12,6 +12,13 @@ set -eu
 top=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc 2>/dev/null || echo 2)
 cd "$top"
+# Without a GPU the CUDA code only has to compile, and its two code paths
+# (sm_80's and sm_90a's: __CUDA_ARCH__ >= 900) do that at half the build time
+# of configure's four targets. A CUDA_ARCH given here is kept.
+if ! nvidia-smi -L >/dev/null 2>&1; then
+	: "${CUDA_ARCH:=-gencode arch=compute_80,code=sm_80 -gencode arch=compute_90a,code=sm_90a}"
+	export CUDA_ARCH
+fi
 [ -x configure ] || autoreconf -fi >/dev/null 2>&1
 for variant in release asan; do
 	dir="$top/build/$variant"

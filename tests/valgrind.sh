@@ -27,8 +27,8 @@ chmod +x "$tmp/residentd"
 rc=0
 for t in "$@"; do
 	echo "== $t, residentd under valgrind"
-	RESIDENT_DAEMON="$tmp/residentd" RESIDENT_BUILDDIR="$build" RESIDENT_SRCDIR="$top" \
-	    python3 "$top/tests/e2e/$t" > "$tmp/$t.out" 2>&1 || { rc=1; tail -n 30 "$tmp/$t.out"; }
+	RESIDENT_DAEMON="$tmp/residentd" RESIDENT_INSTRUMENTED=valgrind RESIDENT_BUILDDIR="$build" \
+	    RESIDENT_SRCDIR="$top" python3 "$top/tests/e2e/$t" > "$tmp/$t.out" 2>&1 || { rc=1; tail -n 30 "$tmp/$t.out"; }
 	tail -n 1 "$tmp/$t.out"
 done
 for log in "$tmp"/log.*; do

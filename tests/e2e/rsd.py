@@ -6,10 +6,14 @@ is PyPI msgpack.
 Environment: RESIDENT_BUILDDIR (where residentd and resident-model are),
 RESIDENT_DAEMON (another residentd, e.g. an ASan build), RESIDENT_E2E_VERBOSE
 (print the daemon's log at the end), RESIDENT_E2E_DEVICE (the backend of the
-tests that can run on either: cpu, the default, or cuda).
+tests that can run on either: cpu, the default, or cuda), RESIDENT_INSTRUMENTED
+(set by tests/valgrind.sh: the daemon runs under a checker, as slow as an ASan
+build), RESIDENT_TEST_DEADLINE (seconds a test may take; see main).
 """
 import array
 import collections
+import faulthandler
+import functools
 import grp
 import json
 import os
@@ -39,6 +43,11 @@ SKIP = common.SKIP
 
 class Skip(Exception):
     """Raised to skip a test (exit 77) with a reason."""
+
+
+class Deadline(BaseException):
+    """The test ran past its deadline (see main). A BaseException, so that no
+    section or handler of a test takes it for one failed check and goes on."""
 
 
 class ProtoError(Exception):
@@ -312,10 +321,14 @@ def check_device(ck, c, flags):
     ck.eq(devs, {flags[1]}, "the daemon's models run on %s" % flags[1])
 
 
+@functools.lru_cache(maxsize=None)
 def instrumented():
-    """Whether the daemon is an instrumented build (ASan: it links libasan),
-    several times slower: tests that need a long prompt to time something
-    run a shorter one there, the same checks at a smaller size."""
+    """Whether the daemon is an instrumented build (ASan: it links libasan) or
+    runs under valgrind (RESIDENT_INSTRUMENTED), several times slower: tests
+    that need a long prompt to time something run a shorter one there, the
+    same checks at a smaller size."""
+    if os.environ.get("RESIDENT_INSTRUMENTED"):
+        return True
     r = subprocess.run(["ldd", daemon_path()], capture_output=True, text=True)
     return "libasan" in r.stdout
 
@@ -664,7 +677,7 @@ class _Section:
     def __exit__(self, et, ev, tb):
         if et is None:
             return False
-        if et is Skip:
+        if et is Skip or issubclass(et, Deadline):
             return False
         self.c.failed.append("%s: %s: %s" % (self.name, et.__name__, ev))
         print("FAIL: %s raised:" % self.name, flush=True)
@@ -672,13 +685,39 @@ class _Section:
         return True
 
 
+DEADLINE_S = 600
+
+
+def deadline_s():
+    """RESIDENT_TEST_DEADLINE, else DEADLINE_S (the slowest test takes about a
+    seventh of it on a 2-core machine), three times that for an instrumented daemon."""
+    v = os.environ.get("RESIDENT_TEST_DEADLINE")
+    return int(v) if v else DEADLINE_S * (3 if instrumented() else 1)
+
+
+def _on_deadline(signum, frame):
+    """Says where the test stood (every thread's stack, the end of each live
+    daemon's log), then raises Deadline in the main thread: a stalled test
+    fails with the reason instead of holding make check until CI gives up."""
+    print("FAIL: the test ran past its deadline of %d s (RESIDENT_TEST_DEADLINE); "
+          "where each thread stood:" % deadline_s(), flush=True)
+    faulthandler.dump_traceback(file=sys.stdout, all_threads=True)
+    for d in list(_live):
+        print("---- the end of %s" % (d.logs[-1] if d.logs else "a daemon's log"))
+        print("\n".join(d.log_text().splitlines()[-40:]), flush=True)
+    raise Deadline("past the deadline of %d s" % deadline_s())
+
+
 def main(fn):
     """Runs fn(); exits 0 pass, 77 skip (with the reason), 1 fail. fn may
-    return a Checks; daemons left running are killed in any case."""
+    return a Checks; daemons left running are killed in any case. A test
+    running past deadline_s() fails, saying where it stood."""
     t0 = time.monotonic()
     try:
         if msgpack is None:
             raise Skip("PyPI msgpack is not installed")
+        signal.signal(signal.SIGALRM, _on_deadline)
+        signal.alarm(deadline_s())
         r = fn()
         if isinstance(r, Checks) and r.failed:
             print("%d of %d checks failed:" % (len(r.failed), r.n))
@@ -696,6 +735,7 @@ def main(fn):
         print("FAIL")
         rc = 1
     finally:
+        signal.alarm(0)
         _kill_all()
     sys.stdout.flush()
     sys.exit(rc)
