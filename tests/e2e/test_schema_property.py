@@ -19,8 +19,10 @@
    Where jsonschema's Python reading of a keyword differs from ECMA-262 and
    from PROTOCOL.md, the check follows PROTOCOL.md: a pattern is checked as
    the ECMA-262 regex it is (\\d \\w ASCII, \\s ECMA's white space, `.` no
-   line terminator, `$` the very end), translated to Python's syntax from
-   the generator's tree; the formats date, time, date-time (RFC 3339) and
+   line terminator, `$` the very end), matched by an automaton built here
+   from the generator's tree (Nfa: Python's backtracking re takes time
+   exponential in the text on nested quantifiers such as (?:x+)+, and one
+   such schema held make check for an hour); the formats date, time, date-time (RFC 3339) and
    uuid by checkers here (jsonschema's need optional packages); enum and
    const compare numbers as the doubles JSON parsers read (the daemon spells
    0.1 as jansson does, 0.10000000000000001).
@@ -82,9 +84,17 @@ def pchar(cp):
     return re.escape(chr(cp))
 
 
+def one(ptext):
+    """A tree leaf: one code point that the Python regex ptext (a character,
+    an escape or a class) matches."""
+    return ("ch", re.compile(ptext))
+
+
 class Pat:
-    """A pattern as a tree, written out twice: the ECMA-262 text sent in the
-    schema and the Python regex that checks it with the same meaning."""
+    """A random pattern, made twice: the ECMA-262 text sent in the schema and
+    a tree with its meaning, matched by Nfa. A tree is ("ch", regex of one
+    code point), ("cat", [trees]), ("alt", [trees]), ("rep", tree, lo, hi or
+    None) or ("bol",) / ("eol",), the anchors."""
 
     SYNTAX = "^$\\.*+?()[]{}|"
 
@@ -100,15 +110,15 @@ class Pat:
         self.copies = 1
 
     def atom(self):
-        """(ecma, python, nullable)"""
+        """(ecma, tree, nullable)"""
         r = self.r
         k = r.random()
         if k < 0.35:
             c = r.choice("abcxyz019_-:@ /")
-            return c, re.escape(c), False
+            return c, one(re.escape(c)), False
         if k < 0.42:
             c = r.choice(".*+?()[]{}|$^/\\")  # \\/ is an identity escape of ECMA's u mode too
-            return "\\" + c, re.escape(c), False
+            return "\\" + c, one(re.escape(c)), False
         if k < 0.50:
             c = r.choice(["é", "中", "\U0001F600", "ß"])
             cp = ord(c)
@@ -119,25 +129,24 @@ class Pat:
                 e = "\\u%04x" % cp
             else:
                 e = c
-            return e, pchar(cp), False
+            return e, one(pchar(cp)), False
         if k < 0.55:
             e, p = r.choice([("\\t", "\\t"), ("\\n", "\\n"), ("\\x41", "A"), ("\\u00e9", "é"), ("\\r", "\\r")])
-            return e, p, False
+            return e, one(p), False
         if k < 0.63:
             e, p = r.choice([("\\d", "[0-9]"), ("\\w", "[0-9A-Za-z_]"), ("\\D", "[^0-9]"),
                              ("\\W", "[^0-9A-Za-z_]"), ("\\s", "[%s]" % re.escape(ECMA_WS)),
                              ("\\S", "[^%s]" % re.escape(ECMA_WS))])
-            return e, p, False
+            return e, one(p), False
         if k < 0.68:
-            return ".", "[^%s]" % re.escape(LINE_TERM), False
+            return ".", one("[^%s]" % re.escape(LINE_TERM)), False
         if k < 0.85:
             return self.cls()
         # a group
         e, p, nul = self.alts(depth=1)
         self.groups += 1
         kind = r.choice(["(", "(?:", "(?<g%d>" % self.groups])
-        pk = kind.replace("(?<", "(?P<")
-        return kind + e + ")", pk + p + ")", nul
+        return kind + e + ")", p, nul
 
     def cls(self):
         r = self.r
@@ -166,7 +175,7 @@ class Pat:
                 c = r.choice("_@.*+ ,")
                 ee.append(c)
                 pp.append(re.escape(c))
-        return "[%s%s]" % ("^" if neg else "", "".join(ee)), "[%s%s]" % ("^" if neg else "", "".join(pp)), False
+        return "[%s%s]" % ("^" if neg else "", "".join(ee)), one("[%s%s]" % ("^" if neg else "", "".join(pp))), False
 
     def piece(self):
         r = self.r
@@ -183,31 +192,26 @@ class Pat:
             return e, p, nul
         lazy = "?" if r.random() < 0.15 else ""
         if k < 0.65:
-            q = "?"
-            nul = True
+            q, lo, hi = "?", 0, 1
         elif k < 0.73 and not nul:
-            q = "*"
-            nul = True
+            q, lo, hi = "*", 0, None
         elif k < 0.8 and not nul:
-            q = "+"
+            q, lo, hi = "+", 1, None
         elif k < 0.88:
-            n = r.randint(0, 4)
-            q = "{%d}" % n
-            nul = nul or n == 0
+            lo = hi = r.randint(0, 4)
+            q = "{%d}" % lo
         elif k < 0.93 and not nul:
-            n = r.randint(0, 3)
-            q = "{%d,}" % n
-            nul = nul or n == 0
+            lo, hi = r.randint(0, 3), None
+            q = "{%d,}" % lo
         else:
-            n = r.randint(0, 3)
-            m = n + r.randint(0, 4)
-            q = "{%d,%d}" % (n, m)
-            nul = nul or n == 0
-        return e + q + lazy, p + q + lazy, nul
+            lo = r.randint(0, 3)
+            hi = lo + r.randint(0, 4)
+            q = "{%d,%d}" % (lo, hi)
+        return e + q + lazy, ("rep", p, lo, hi), nul or lo == 0
 
     def seq(self):
         parts = [self.piece() for _ in range(self.r.randint(1, 4))]
-        return "".join(a for a, _, _ in parts), "".join(b for _, b, _ in parts), all(c for _, _, c in parts)
+        return "".join(a for a, _, _ in parts), ("cat", [b for _, b, _ in parts]), all(c for _, _, c in parts)
 
     def alts(self, depth=0):
         n = 1 if depth > 1 or self.r.random() < 0.7 else self.r.randint(2, 3)
@@ -215,21 +219,95 @@ class Pat:
         for _ in range(n):
             if depth < 2 and self.r.random() < 0.25:
                 e, p, nul = self.alts(depth + 1)
-                e, p = "(?:%s)" % e, "(?:%s)" % p
+                e = "(?:%s)" % e
             else:
                 e, p, nul = self.seq()
             parts.append((e, p, nul))
-        return "|".join(a for a, _, _ in parts), "|".join(b for _, b, _ in parts), any(c for _, _, c in parts)
+        return "|".join(a for a, _, _ in parts), ("alt", [b for _, b, _ in parts]), any(c for _, _, c in parts)
 
     def top(self):
-        """A whole pattern: top-level alternatives, each anchored or not."""
+        """A whole pattern: top-level alternatives, each anchored or not;
+        (ECMA text, its Nfa)."""
         parts = []
         for _ in range(1 if self.r.random() < 0.75 else 2):
             e, p, _ = self.seq()
             a, z = self.r.random() < 0.85, self.r.random() < 0.85
             parts.append((("^" if a else "") + e + ("$" if z else ""),
-                          ("\\A" if a else "") + "(?:" + p + ")" + ("\\Z" if z else "")))
-        return "|".join(e for e, _ in parts), "|".join(p for _, p in parts)
+                          ("cat", [("bol",)] * a + [p] + [("eol",)] * z)))
+        return "|".join(e for e, _ in parts), Nfa(("alt", [p for _, p in parts]))
+
+
+class Nfa:
+    """A pattern tree (Pat) as a Thompson automaton, run over the text with a
+    set of states a position: time linear in the text whatever the pattern.
+    search(text) is ECMA's test(): a match anywhere, ^ and $ at the ends."""
+
+    def __init__(self, tree):
+        self.eps = []       # state -> states reached without a code point
+        self.gate = {}      # state -> "bol" / "eol": passable only at that end
+        self.char = {}      # state -> (regex of one code point, next state)
+        self.start = self._state()
+        self.final = self._build(tree, self.start)
+
+    def _state(self):
+        self.eps.append([])
+        return len(self.eps) - 1
+
+    def _build(self, t, s):
+        """Adds tree t after state s; returns the state where it ends."""
+        kind = t[0]
+        if kind in ("ch", "bol", "eol"):
+            a, e = self._state(), self._state()
+            self.eps[s].append(a)
+            if kind == "ch":
+                self.char[a] = (t[1], e)
+            else:
+                self.gate[a] = kind
+                self.eps[a].append(e)
+            return e
+        if kind == "cat":
+            for x in t[1]:
+                s = self._build(x, s)
+            return s
+        if kind == "alt":
+            e = self._state()
+            for x in t[1]:
+                self.eps[self._build(x, s)].append(e)
+            return e
+        _, x, lo, hi = t
+        for _ in range(lo):
+            s = self._build(x, s)
+        if hi is None:
+            loop = self._state()
+            self.eps[s].append(loop)
+            self.eps[self._build(x, loop)].append(loop)
+            return loop
+        e = self._state()
+        for _ in range(hi - lo):
+            self.eps[s].append(e)
+            s = self._build(x, s)
+        self.eps[s].append(e)
+        return e
+
+    def _closure(self, states, pos, n):
+        seen, todo = set(), list(states)
+        while todo:
+            q = todo.pop()
+            if q in seen or self.gate.get(q) == "bol" and pos != 0 or self.gate.get(q) == "eol" and pos != n:
+                continue
+            seen.add(q)
+            todo.extend(self.eps[q])
+        return seen
+
+    def search(self, text):
+        cur = set()
+        for pos in range(len(text) + 1):
+            cur = self._closure(cur | {self.start}, pos, len(text))
+            if self.final in cur:
+                return True
+            if pos < len(text):
+                cur = {self.char[q][1] for q in cur if q in self.char and self.char[q][0].fullmatch(text[pos])}
+        return False
 
 
 def rand_string(r):
@@ -297,7 +375,7 @@ class SchemaGen:
         self.r = r
         self.draft4 = draft4
         self.defs = {}
-        self.pats = {}          # ECMA text -> Python regex
+        self.pats = {}          # ECMA text -> its Nfa
         self.defs_key = "definitions" if draft4 else "$defs"
         self.making = set()     # definitions being made (no $ref to them yet: it could consume nothing)
 
@@ -398,8 +476,8 @@ class SchemaGen:
                 s["maxLength"] = hi
             return s
         if k < 0.85:
-            e, p = Pat(r).top()
-            self.pats[e] = p
+            e, nfa = Pat(r).top()
+            self.pats[e] = nfa
             s["pattern"] = e
             return s
         s["format"] = r.choice(["date", "time", "date-time", "uuid"])
@@ -668,7 +746,7 @@ def to_float(v):
 
 def make_validator(schema, pats):
     """The validator for schema ($schema picks draft 4), with the checks
-    above: patterns as ECMA-262 (pats: their Python translations), our
+    above: patterns as ECMA-262 (pats: their automata), our
     formats, enum and const read as doubles, integers by value."""
     base = jvalidators.validator_for(schema, default=jvalidators.Draft202012Validator)
     fc = jsonschema.FormatChecker(formats=())
@@ -676,7 +754,7 @@ def make_validator(schema, pats):
         fc.checks(name)(lambda v, fn=fn: not isinstance(v, str) or fn(v))
 
     def pattern(validator, patrn, instance, sch):
-        if validator.is_type(instance, "string") and re.search(pats[patrn], instance) is None:
+        if validator.is_type(instance, "string") and not pats[patrn].search(instance):
             yield jsonschema.ValidationError("%r does not match the ECMA-262 pattern %r" % (instance, patrn))
 
     orig_enum, orig_const = base.VALIDATORS["enum"], base.VALIDATORS.get("const")
