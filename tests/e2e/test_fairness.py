@@ -6,11 +6,18 @@ same per token as a short one and fits the time of a test.
 
 1. 16 clients stream; then a client sends a 32,000-token prompt. Over each
    stream's whole life (100 tokens before that prompt, while it is
-   prefilled, 100 after), no gap between two of its tokens, as the client
-   receives them, exceeds twice the median of its gaps; and the median gap
-   while the prompt is prefilled is at most twice the one before (a
-   scheduler that let the prompt take whole steps of 512 tokens would make
-   it 2.3 times here).
+   prefilled, 100 after), 99 % of the gaps between two of its tokens, as
+   the client receives them, are at most twice the median of its gaps, and
+   none is over four times it (a step that carried 512 of the prompt's
+   tokens would be about eight); and the median gap while the prompt is
+   prefilled is at most twice the one before (a scheduler that let the
+   prompt take whole steps of 512 tokens would make it 2.3 times here).
+   The tail is a quantile, not the largest gap alone: on a shared 2-core
+   machine the streams' own steps, with nothing else in the daemon, vary
+   by up to 1.5-1.9 times now and then, and the pacer's steps beside a
+   prompt are 1.25-1.4 times a decode-only one by design, so the single
+   largest gap of 900 reached 2.0-2.4 times the median in runs where the
+   streams alone had been even (2026-11-28).
 2. 64 clients start streams together (the same length): each one's
    tokens/s, from its first token to its last, is within 10 % of every
    other's (the slowest at least 90 % of the fastest).
@@ -32,7 +39,9 @@ import rsd  # noqa: E402
 from rsd import Checks, Daemon, Streams  # noqa: E402
 
 LONG = 32000
-RUNS = 3
+RUNS = 5
+TAIL = 0.99       # the share of a stream's gaps within twice its median
+MOST = 4          # and no gap over this many times its median
 CONTROL = 300     # tokens each stream makes alone first
 MANY = 64
 
@@ -69,21 +78,30 @@ def wait_long(c, rid):
     return ended
 
 
-def ratio(gaps):
-    return max(gaps) / statistics.median(gaps)
+def spread(gaps):
+    """(the TAIL quantile of gaps, the largest) over their median."""
+    s = sorted(gaps)
+    med = statistics.median(s)
+    return s[int(TAIL * (len(s) - 1))] / med, s[-1] / med
+
+
+def uneven(gaps):
+    """Whether gaps break the bounds of part 1 (see the file's comment)."""
+    q, top = spread(gaps)
+    return q > 2 or top > MOST
 
 
 def long_prompt_run(d, c, stream_prompt, run):
-    """One run of part 1. Returns (the largest gaps over twice their median,
-    the other checks, the control's largest gap / median, the figures as
-    text)."""
+    """One run of part 1. Returns (the streams whose gaps were uneven, the
+    other checks, whether the streams alone, before the prompt and after it,
+    were even, the figures as text)."""
     strict, other = [], Checks()
     text, _ = long_text(c, LONG, "run %d:" % run)
     st = Streams(d, 16)
     for i in range(16):
         st.start(i, prompt=stream_prompt, max_tokens=30000, temperature=0, speculative="off")
     st.pump(lambda: min(len(t) for t in st.times) >= CONTROL)  # the control: streams alone
-    control = max(ratio(st.gaps(i)[20:]) for i in range(16))
+    control = [st.gaps(i)[20:] for i in range(16)]
     t0 = time.monotonic()
     st.pump(wait_long(c, c.start_generate(prompt=text, max_tokens=1, temperature=0)))
     t_long, r = c.ended
@@ -92,14 +110,15 @@ def long_prompt_run(d, c, stream_prompt, run):
     st.pump(lambda: min(len(t) for t in st.times) >= max(counts) + 100)  # and after it
     other.eq(r["type"], "done", "the long prompt is answered")
     other.eq([x for x in st.done if x is not None], [], "the streams ran through")
+    alone = control + [[b - a for a, b in zip(t, t[1:]) if a > t_long] for t in st.times]
     worst, slowed = (0, 0, 0, 0), 0
     for i in range(16):
         g, t = st.gaps(i), st.times[i]
-        med, top = statistics.median(g), max(g)
-        worst = max(worst, (top / med, i, med, top))
-        if top > 2 * med:
-            strict.append("stream %d: largest gap %.1f ms, over twice the median %.1f ms (%.2fx), %d tokens"
-                          % (i, top * 1e3, med * 1e3, top / med, len(t)))
+        med, (q, top) = statistics.median(g), spread(g)
+        worst = max(worst, (q, top, i, med))
+        if uneven(g):
+            strict.append("stream %d: 99th percentile of its gaps %.2fx the median %.1f ms (at most 2x), the "
+                          "largest %.2fx (at most %dx), %d tokens" % (i, q, med * 1e3, top, MOST, len(t)))
         before = statistics.median(b - a for a, b in zip(t, t[1:]) if b < t0)
         during = statistics.median(b - a for a, b in zip(t, t[1:]) if a > t0 and b < t_long)
         slowed = max(slowed, during / before)
@@ -107,38 +126,46 @@ def long_prompt_run(d, c, stream_prompt, run):
                  "before" % (i, during * 1e3, before * 1e3))
     figures = ["the %s-token prompt: first token after %.1f s" % (r.get("usage", {}).get("prompt_tokens"),
                                                                   t_long - t0),
-               "worst stream %d: largest gap %.1f ms, median %.1f ms: %.2fx (the streams alone before: up to "
-               "%.2fx); median gap while the prompt is prefilled up to %.2fx the one before"
-               % (worst[1], worst[3] * 1e3, worst[2] * 1e3, worst[0], control, slowed)]
+               "worst stream %d: median gap %.1f ms, 99th percentile %.2fx it, largest %.2fx (the streams "
+               "alone, before and after: up to %.2fx and %.2fx); median gap while the prompt is prefilled up "
+               "to %.2fx the one before" % (worst[2], worst[3] * 1e3, worst[0], worst[1],
+                                           max(spread(g)[0] for g in alone), max(spread(g)[1] for g in alone),
+                                           slowed)]
     st.close()
-    return strict, other, control, figures
+    return strict, other, not any(uneven(g) for g in alone), figures
 
 
 def long_prompt_part(ck, d):
     """Part 1, up to RUNS times. Gaps are wall-clock time, and a machine busy
     with other work holds the daemon up now and then for a step's time or
     more (seen on a shared 2-core machine: single steps of 300 ms among ones
-    of 25 ms), which no scheduling prevents. So each run first watches the
-    streams alone (CONTROL tokens): a run whose streams had gaps over twice
-    their median even then, and only those, cannot judge the largest gaps.
-    A run that passes ends it; a scheduler that stalls the streams fails
-    every run, and the medians besides."""
+    of 25 ms), which no scheduling prevents. So each run also watches the
+    streams alone, before the prompt (CONTROL tokens) and after it: a run
+    whose streams were uneven even then cannot judge the gaps, and says so.
+    A run that passes ends it; the gaps fail the test when no run passed
+    and one that could judge them failed. A scheduler that stalls the
+    streams fails every run, and the medians besides (those are judged in
+    every run)."""
     c = d.client(timeout=600)
     stream_prompt = rsd.long_prompt(c, n=1500, tag="fair")
-    judged = False
+    judged = None
     for run in range(RUNS):
-        strict, other, control, figures = long_prompt_run(d, c, stream_prompt, run)
+        strict, other, even, figures = long_prompt_run(d, c, stream_prompt, run)
         for f in figures:
             print("   run %d: %s" % (run + 1, f))
-        judged |= control <= 2
-        if (not strict and not other.failed) or other.failed or run == RUNS - 1:
+        if other.failed or not strict:
             break
         print("   run %d: %s" % (run + 1, strict[0]))
-    ck.failed += other.failed + (strict if judged else [])
+        if even:
+            judged = strict
+        else:
+            print("   run %d: not judged: the streams alone were uneven too (this machine, not the scheduler)"
+                  % (run + 1))
+    ck.failed += other.failed + (judged if strict and judged else [])
     ck.n += other.n + 16
     if strict and not judged:
-        print("   NOT JUDGED: the largest gaps (%d runs, the streams alone already had gaps over twice their "
-              "median: this machine is too busy to tell)" % RUNS)
+        print("   NOT JUDGED: the gaps (%d runs, in each the streams alone were uneven too: this machine is "
+              "too busy to tell)" % RUNS)
     c.close()
 
 
