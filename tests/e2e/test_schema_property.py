@@ -22,8 +22,8 @@
    line terminator, `$` the very end), matched by an automaton built here
    from the generator's tree (Nfa: Python's backtracking re takes time
    exponential in the text on nested quantifiers such as (?:x+)+, and one
-   such schema held make check for an hour); the formats date, time, date-time (RFC 3339) and
-   uuid by checkers here (jsonschema's need optional packages); enum and
+   such schema held make check for an hour); the formats date, time,
+   date-time (RFC 3339) and uuid by checkers here (jsonschema's need optional packages); enum and
    const compare numbers as the doubles JSON parsers read (the daemon spells
    0.1 as jansson does, 0.10000000000000001).
 
@@ -79,11 +79,6 @@ NAMES = ["a", "b", "id", "name", "x y", "ключ", "引用", 'q"t', "b\\s", "ta
 DEF_NAMES = ["a", "node", "x/y", "t~i", "sp ace", "d%", "b1", "item", "Q"]
 
 
-def pchar(cp):
-    """Python regex text for code point cp, taken literally."""
-    return re.escape(chr(cp))
-
-
 def one(ptext):
     """A tree leaf: one code point that the Python regex ptext (a character,
     an escape or a class) matches."""
@@ -95,8 +90,6 @@ class Pat:
     a tree with its meaning, matched by Nfa. A tree is ("ch", regex of one
     code point), ("cat", [trees]), ("alt", [trees]), ("rep", tree, lo, hi or
     None) or ("bol",) / ("eol",), the anchors."""
-
-    SYNTAX = "^$\\.*+?()[]{}|"
 
     # Copies of a counted group are positions of their own, so nested counts
     # multiply the positions the daemon prepares (PROTOCOL.md refuses past
@@ -129,7 +122,7 @@ class Pat:
                 e = "\\u%04x" % cp
             else:
                 e = c
-            return e, one(pchar(cp)), False
+            return e, one(re.escape(c)), False
         if k < 0.55:
             e, p = r.choice([("\\t", "\\t"), ("\\n", "\\n"), ("\\x41", "A"), ("\\u00e9", "é"), ("\\r", "\\r")])
             return e, one(p), False
@@ -293,7 +286,7 @@ class Nfa:
         seen, todo = set(), list(states)
         while todo:
             q = todo.pop()
-            if q in seen or self.gate.get(q) == "bol" and pos != 0 or self.gate.get(q) == "eol" and pos != n:
+            if q in seen or {"bol": 0, "eol": n}.get(self.gate.get(q), pos) != pos:
                 continue
             seen.add(q)
             todo.extend(self.eps[q])
