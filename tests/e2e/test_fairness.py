@@ -85,15 +85,15 @@ def between(t, lo, hi):
 
 
 def spread(gaps):
-    """(the TAIL quantile of gaps, the largest) over their median."""
+    """(the TAIL quantile of gaps, the largest) over their median, and the median."""
     s = sorted(gaps)
     med = statistics.median(s)
-    return s[int(TAIL * (len(s) - 1))] / med, s[-1] / med
+    return s[int(TAIL * (len(s) - 1))] / med, s[-1] / med, med
 
 
-def uneven(q, top):
+def uneven(sp):
     """Whether a spread breaks the bounds of part 1 (see the file's comment)."""
-    return q > 2 or top > MOST
+    return sp[0] > 2 or sp[1] > MOST
 
 
 def long_prompt_run(d, c, stream_prompt, run):
@@ -118,10 +118,10 @@ def long_prompt_run(d, c, stream_prompt, run):
     alone = [spread(g) for g in control + [between(t, t_long, float("inf")) for t in st.times]]
     worst, slowed = (0, 0, 0, 0), 0
     for i in range(16):
-        g, t = st.gaps(i), st.times[i]
-        med, (q, top) = statistics.median(g), spread(g)
+        t = st.times[i]
+        q, top, med = sp = spread(st.gaps(i))
         worst = max(worst, (q, top, i, med))
-        if uneven(q, top):
+        if uneven(sp):
             strict.append("stream %d: 99th percentile of its gaps %.2fx the median %.1f ms (at most 2x), the "
                           "largest %.2fx (at most %dx), %d tokens" % (i, q, med * 1e3, top, MOST, len(t)))
         before = statistics.median(between(t, float("-inf"), t0))
@@ -134,9 +134,9 @@ def long_prompt_run(d, c, stream_prompt, run):
                "worst stream %d: median gap %.1f ms, 99th percentile %.2fx it, largest %.2fx (the streams "
                "alone, before and after: up to %.2fx and %.2fx); median gap while the prompt is prefilled up "
                "to %.2fx the one before" % (worst[2], worst[3] * 1e3, worst[0], worst[1],
-                                           max(q for q, _ in alone), max(top for _, top in alone), slowed)]
+                                           max(a[0] for a in alone), max(a[1] for a in alone), slowed)]
     st.close()
-    return strict, other, not any(uneven(*a) for a in alone), figures
+    return strict, other, not any(uneven(a) for a in alone), figures
 
 
 def long_prompt_part(ck, d):

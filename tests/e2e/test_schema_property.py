@@ -23,9 +23,10 @@
    from the generator's tree (Nfa: Python's backtracking re takes time
    exponential in the text on nested quantifiers such as (?:x+)+, and one
    such schema held make check for an hour); the formats date, time,
-   date-time (RFC 3339) and uuid by checkers here (jsonschema's need optional packages); enum and
-   const compare numbers as the doubles JSON parsers read (the daemon spells
-   0.1 as jansson does, 0.10000000000000001).
+   date-time (RFC 3339) and uuid by checkers here (jsonschema's need
+   optional packages); enum and const compare numbers as the doubles JSON
+   parsers read (the daemon spells 0.1 as jansson does,
+   0.10000000000000001).
 
 2. Greedy agreement, on the real Gemma 3 270M (skipped, saying so, when it
    is not installed): prompts whose unconstrained greedy reply is already a
@@ -283,10 +284,10 @@ class Nfa:
         return e
 
     def _closure(self, states, pos, n):
-        seen, todo = set(), list(states)
+        seen, todo, at = set(), list(states), {"bol": 0, "eol": n}  # where each anchor's gate is open
         while todo:
             q = todo.pop()
-            if q in seen or {"bol": 0, "eol": n}.get(self.gate.get(q), pos) != pos:
+            if q in seen or at.get(self.gate.get(q), pos) != pos:
                 continue
             seen.add(q)
             todo.extend(self.eps[q])
