@@ -777,9 +777,10 @@ class Streams:
                     elif r["type"] in ("done", "error"):
                         self.done[i] = r
 
-    def gaps(self, i):
+    def gaps(self, i, lo=float("-inf"), hi=float("inf")):
+        """Stream i's gaps between two arrivals, those that begin after lo and end before hi."""
         t = self.times[i]
-        return [b - a for a, b in zip(t, t[1:])]
+        return [b - a for a, b in zip(t, t[1:]) if a > lo and b < hi]
 
     def close(self):
         for c in self.clients:

@@ -79,11 +79,6 @@ def wait_long(c, rid):
     return ended
 
 
-def between(t, lo, hi):
-    """The gaps between arrival times t that begin after lo and end before hi."""
-    return [b - a for a, b in zip(t, t[1:]) if a > lo and b < hi]
-
-
 def spread(gaps):
     """(the TAIL quantile of gaps, the largest) over their median, and the median."""
     s = sorted(gaps)
@@ -115,17 +110,17 @@ def long_prompt_run(d, c, stream_prompt, run):
     st.pump(lambda: min(len(t) for t in st.times) >= max(counts) + 100)  # and after it
     other.eq(r["type"], "done", "the long prompt is answered")
     other.eq([x for x in st.done if x is not None], [], "the streams ran through")
-    alone = [spread(g) for g in control + [between(t, t_long, float("inf")) for t in st.times]]
+    alone = [spread(g) for g in control + [st.gaps(i, lo=t_long) for i in range(16)]]
     worst, slowed = (0, 0, 0, 0), 0
     for i in range(16):
-        t = st.times[i]
         q, top, med = sp = spread(st.gaps(i))
         worst = max(worst, (q, top, i, med))
         if uneven(sp):
             strict.append("stream %d: 99th percentile of its gaps %.2fx the median %.1f ms (at most 2x), the "
-                          "largest %.2fx (at most %dx), %d tokens" % (i, q, med * 1e3, top, MOST, len(t)))
-        before = statistics.median(between(t, float("-inf"), t0))
-        during = statistics.median(between(t, t0, t_long))
+                          "largest %.2fx (at most %dx), %d tokens"
+                          % (i, q, med * 1e3, top, MOST, len(st.times[i])))
+        before = statistics.median(st.gaps(i, hi=t0))
+        during = statistics.median(st.gaps(i, t0, t_long))
         slowed = max(slowed, during / before)
         other.ok(during <= 2 * before, "stream %d: median gap %.1f ms while the prompt is prefilled, %.1f ms "
                  "before" % (i, during * 1e3, before * 1e3))
