@@ -284,8 +284,10 @@ int8_scratch(struct cuda_probe *p, enum cuda_probe_path path, int64_t k, int n_t
 static void
 probe_path(struct cuda_probe *p, enum cuda_probe_path path)
 {
-	p->mm.mmv_max = path == CUDA_PROBE_GEMM || path == CUDA_PROBE_GEMM_WHOLE || path == CUDA_PROBE_FEW ? 0 : INT_MAX;
+	p->mm.mmv_max = path == CUDA_PROBE_GEMM || path == CUDA_PROBE_GEMM_WHOLE || path == CUDA_PROBE_FEW ||
+	    path == CUDA_PROBE_BLAS ? 0 : INT_MAX;
 	p->mm.mmt_max = path == CUDA_PROBE_FEW ? MMT_MAX_TOKENS : 0;
+	p->mm.blas_min = path == CUDA_PROBE_BLAS ? 1 : INT_MAX;
 	p->mm.sms = path == CUDA_PROBE_GEMM_WHOLE ? 0 : p->sms; /* no multiprocessors to fill: no split */
 }
 
@@ -343,9 +345,9 @@ matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight
 		return rc;
 	if (w2 != NULL && (rc = buf_new(p, bs, NULL, ybytes2, 1, &dy2, err)) != 0)
 		return rc;
-	tile = tile_rows > 0 ? tile_rows * w->k : cuda_matmul_tile_elems(&cw);
+	tile = tile_rows > 0 ? tile_rows * w->k : cuda_matmul_tile_elems(&cw, path == CUDA_PROBE_BLAS);
 	if (w2 != NULL)
-		tile = MAX(tile, cuda_matmul_tile_elems(&cw2));
+		tile = MAX(tile, cuda_matmul_tile_elems(&cw2, path == CUDA_PROBE_BLAS));
 	if ((rc = mm_scratch(p, w->k, n_tok, tile, reuse_x, err)) != 0)
 		return rc;
 	p->x_valid = 0;

@@ -47,6 +47,9 @@ enum cuda_probe_path {
 	                      an integer kernel (Q4_K, Q6_K, Q8_0; the others stay fp32) */
 	CUDA_PROBE_FEW,    /* as CUDA_PROBE_GEMM, but up to MMT_MAX_TOKENS tokens of Q4_K and Q6_K
 	                      on mmt.cu's kernel */
+	CUDA_PROBE_BLAS,   /* as CUDA_PROBE_GEMM, but every weight on cuBLAS, the quantized ones
+	                      dequantized into fp16 tiles (the backend's path from cuda_mm.blas_min
+	                      tokens) */
 };
 
 /*

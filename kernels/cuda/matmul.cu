@@ -19,13 +19,21 @@
  * overflow fp16, and multiplied back afterwards). Quantized weights go to
  * the tensor-core kernel of qgemm.cu, which decodes their blocks in shared
  * memory; float weights to cuBLAS, BF16 and F32 ones converted to fp16 a
- * tile of rows at a time, all with float32 accumulation.
+ * tile of rows at a time, all with float32 accumulation. From
+ * cuda_mm.blas_min tokens (a prefill chunk, the largest batches) the
+ * quantized weights take cuBLAS too, each dequantized into the fp16 tile
+ * first: qgemm decodes every weight once per 128 tokens, inside the loop
+ * that feeds the tensor cores, where cuBLAS's products run at ~700
+ * TFLOP/s against qgemm's ~300, and the decoding, once a step, is a
+ * stream of the weights' bytes in and twice as many out (H200:
+ * tests/bench/RESULTS.md, 2026-11-29).
  */
 #include "matmul.cuh"
 #include "dequant.cuh"
 #include "norm.cuh"
 #include "mmq.cuh"
 #include "route.cuh"
+#include "tc.cuh"
 
 #include <string.h>
 
@@ -35,8 +43,13 @@
 #define MMQ_PAIR_TOKENS 2 /* up to this many tokens, weights of two types can share a launch */
 #define Q8_WARPS 8  /* groups of 32 (a warp each) per block of the quantizing kernel */
 #define ROW_THREADS 256
-/* fp16 scratch for one tile of a dequantized weight: 64 MiB. */
-#define WTILE_ELEMS ((int64_t)32 << 20)
+/*
+ * fp16 scratch for one tile of a dequantized weight: 128 MiB, a whole
+ * product of an 8B model (llama3-8b's gate, 14,336 x 4,096): tiles of half
+ * that made prefill 18 % slower (its down projection in tiles of 2,340
+ * rows; H200).
+ */
+#define WTILE_ELEMS ((int64_t)64 << 20)
 
 /* Runs a cuBLAS call (a launch, for RESIDENT_CUDA_FAULT); on failure returns from the calling function. */
 #define CKB(call) \
@@ -571,6 +584,50 @@ deq_f16_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int64_t n
 	((uint4 *)out)[idx] = *(const uint4 *)h;
 }
 
+/*
+ * Q4_K rows (nb blocks each) to fp16, 32 elements a thread (n_units
+ * threads, 8 a block), decoded as qgemm decodes them (tc.cuh's h2_pairs:
+ * 1024 + q in fp16, less 1024, times d sc, less dmin m). Thread t of a
+ * block writes the 8 elements at 8 (t + 8 i) for i < 4, so that each store
+ * of a warp fills 128 contiguous bytes of each of its 4 blocks; they are
+ * the low (t < 4) or high nibbles of quant bytes 32 i + 8 (t % 4) .. + 7,
+ * of sub-block 2 i + t / 4.
+ */
+__global__ void
+deq_f16_q4k_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int nb, int64_t n_units,
+    __half *__restrict__ out)
+{
+	pdl_wait();
+	pdl_trigger();
+	int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, blk = idx >> 3, row = blk / nb;
+	int bi = (int)(blk % nb), t = (int)idx & 7, sh = 4 * (t >> 2);
+	const uint8_t *b = w + (size_t)row * row_bytes + (size_t)bi * 144;
+
+	if (idx >= n_units)
+		return;
+	uint4 hd = __ldg((const uint4 *)b);
+	uint2 q[4];
+	uint32_t sc[2], m[2];
+	float d = __low2float(as_h2(hd.x)), dmin = __high2float(as_h2(hd.x));
+	uint4 *o = (uint4 *)(out + (size_t)row * nb * 256 + (size_t)bi * 256) + t;
+
+#pragma unroll
+	for (int i = 0; i < 4; i++)
+		q[i] = __ldg((const uint2 *)(b + 16 + 32 * i + 8 * (t & 3)));
+	k4_unpack(hd.y, hd.z, hd.w, sc, m);
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		int at = 8 * ((2 * i) & 3) + 2 * sh; /* sub-block 2 i + t / 4's byte of sc[i / 2] and m[i / 2] */
+		__half2 dl = __float2half2_rn(d * (float)((sc[i >> 1] >> at) & 0xff));
+		__half2 ml = __float2half2_rn(-dmin * (float)((m[i >> 1] >> at) & 0xff));
+		uint32_t v[4];
+
+		h2_pairs((q[i].x >> sh) & 0x0f0f0f0fu, H_1024, dl, ml, &v[0]);
+		h2_pairs((q[i].y >> sh) & 0x0f0f0f0fu, H_1024, dl, ml, &v[2]);
+		o[8 * i] = make_uint4(v[0], v[1], v[2], v[3]);
+	}
+}
+
 /* out[t] = scale * row tokens[t] of the matrix. */
 template <int TY>
 __global__ void
@@ -869,6 +926,13 @@ dequant_rows(const struct cuda_weight *w, int64_t r0, int64_t nr, __half *out, c
 	unsigned blocks = (unsigned)((chunks + ROW_THREADS - 1) / ROW_THREADS);
 	const uint8_t *src = w->d + (size_t)r0 * w->row_bytes;
 
+	if (w->type == TT_Q4_K) {
+		int64_t units = nr * (w->k / 32);
+
+		CK(cuda_launch(deq_f16_q4k_kernel, dim3((unsigned)((units + ROW_THREADS - 1) / ROW_THREADS)),
+		    dim3(ROW_THREADS), 0, st, src, w->row_bytes, (int)(w->k / 256), units, out));
+		return 0;
+	}
 	switch (w->type) {
 #define TY_CASE(TY) \
 	case TY: \
@@ -901,7 +965,7 @@ tensor_path(const struct cuda_weight *w)
 
 /*
  * cuBLAS on fp16 tokens (m->xh, made by to_f16) and fp16 weights (the
- * matrix itself, or tiles of a BF16 or F32 one converted into m->wh),
+ * matrix itself, or tiles of any other type converted into m->wh),
  * float32 out.
  */
 static int
@@ -1118,7 +1182,7 @@ products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const f
 		if (many && !have_h && (rc = to_f16(m, x, ldx, (int)w[i]->k, n_tok, err)) != 0)
 			return rc;
 		have_h |= many;
-		if (many && !tensor_path(w[i])) {
+		if (many && (!tensor_path(w[i]) || n_tok >= m->blas_min)) {
 			if ((rc = gemm(m, w[i], n_tok, y[i], ldy[i], err)) != 0)
 				return rc;
 			i++;
@@ -1172,7 +1236,7 @@ cuda_matmul_qkv_fits(const struct cuda_mm *m, const struct cuda_weight *const *w
 	/* qkv_pair_of finds q, k and v by their row counts: any other shape would store outside them */
 	int shape = w[0]->n == nq && w[1]->n == nkv && w[2]->n == nkv;
 
-	return n_tok >= 1 && types && one_launch && shape && !hd->neox && hd->q_norm == NULL && hd->k_norm == NULL &&
+	return n_tok >= 1 && n_tok < m->blas_min && types && one_launch && shape && !hd->neox && hd->q_norm == NULL && hd->k_norm == NULL &&
 	    !kv->f32 && !kv->q8;
 }
 
@@ -1208,8 +1272,8 @@ cuda_embed(const struct cuda_weight *w, const int32_t *tokens, int n_tok, float 
 }
 
 int64_t
-cuda_matmul_tile_elems(const struct cuda_weight *w)
+cuda_matmul_tile_elems(const struct cuda_weight *w, int blas)
 {
-	return w->type == TT_F16 || tensor_path(w) ? 0 : MIN(w->n * w->k, MAX(WTILE_ELEMS, w->k));
+	return w->type == TT_F16 || (tensor_path(w) && !blas) ? 0 : MIN(w->n * w->k, MAX(WTILE_ELEMS, w->k));
 }
 

@@ -37,6 +37,7 @@ struct cuda_mm {
 	int64_t wh_elems;
 	int mmv_max;       /* up to this many tokens: matrix-vector kernels; above: the tensor cores, cuBLAS */
 	int mmt_max;       /* above mmv_max and up to this many (at most MMT_MAX_TOKENS): mmt.cu where it takes the type */
+	int blas_min;      /* from this many (above mmv_max): quantized weights too on cuBLAS, dequantized into wh */
 	/*
 	 * The activations as two int8 rows (max_tokens x 2 x widest input)
 	 * with a scale and a sum per 32 (max_tokens x widest / 32), for the
@@ -172,7 +173,8 @@ int cuda_matmul_qkv(struct cuda_mm *m, const struct cuda_weight *const *w, const
 /*
  * 1 if cuda_matmul_qkv serves n_tok tokens of these weights, heads and
  * pool: one launch of the integer kernel (n_tok up to m->mmv_max and 2) or
- * of mmt.cu's (more, up to m->mmt_max; Q4_K and Q6_K); Q and K of one
+ * of mmt.cu's (more, up to m->mmt_max and below m->blas_min, from which
+ * cuBLAS multiplies them; Q4_K and Q6_K); Q and K of one
  * type, stored one after the other, V after them or of another type; RoPE
  * on neighbouring dimensions, no QK norm, fp16 pool.
  */
@@ -322,8 +324,12 @@ int cuda_qgemm_setup(char *err);
 /* Floats of split sums cuda_qgemm wants on a device of sms multiprocessors (cuda_mm.part). */
 int64_t cuda_qgemm_part_elems(int sms);
 
-/* Elements of fp16 scratch cuBLAS wants for rows of this weight converted a tile at a time (BF16, F32). */
-int64_t cuda_matmul_tile_elems(const struct cuda_weight *w);
+/*
+ * Elements of fp16 scratch (cuda_mm.wh) cuBLAS wants for rows of this
+ * weight converted a tile at a time: BF16 and F32 weights, and with blas
+ * (steps reach cuda_mm.blas_min tokens) the quantized ones too.
+ */
+int64_t cuda_matmul_tile_elems(const struct cuda_weight *w, int blas);
 
 /* ---- mmt.cu: a few tokens on the tensor cores, each warp streaming its own rows ---- */
 

@@ -25,7 +25,10 @@
  * (its exact mode too); and the default with each pool again with every
  * decode token on the tensor-core decode kernel (RESIDENT_CUDA_TC_DECODE=1:
  * the backend takes it only from contexts of 2,048 positions, which the
- * schedule does not reach). The schedule mixes prefill chunks and decode
+ * schedule does not reach); and the first variant again with the quantized
+ * weights dequantized for cuBLAS (RESIDENT_CUDA_BLAS_MIN=1: the backend
+ * does so only from 256 tokens, which the schedule's steps do not reach).
+ * The schedule mixes prefill chunks and decode
  * tokens of seven sequences in one step, reaches positions well past the
  * gemma sliding window (16), forks a sequence in the middle of a block
  * (kv_copy), moves a sequence's blocks to others through host memory
@@ -33,7 +36,7 @@
  * sixteen-token steps. Every logits row
  * must agree with the CPU's within a bound on max |gpu - cpu| / max |cpu|
  * per row:
- * - gemm and matvec, TOL: the KV pool is fp16 (2^-11 of every K and V
+ * - gemm, matvec and blas, TOL: the KV pool is fp16 (2^-11 of every K and V
  *   element; the real Gemma's logits move by up to 2.4e-3 of their
  *   largest on the matrix-vector path) and the tensor-core path rounds its
  *   inputs to fp16 too (4.5e-3), the rest is float32;
@@ -96,23 +99,25 @@
 #define TOL_HOST 4e-2
 #define TOL_Q8 5e-2
 #define TOL_Q8_EXACT 1.5e-2
-#define N_GPU 10        /* the CUDA variants */
+#define N_GPU 11        /* the CUDA variants */
 
 /* RESIDENT_CUDA_MMV_MAX of each ("": unset, the default) */
 static const char *const gpu_names[N_GPU] = { "gemm", "matvec", "default", "exact", "host", "host-exact", "q8",
-	"q8-exact", "tc", "q8-tc" };
-static const char *const gpu_mmv[N_GPU] = { "0", "1000000", "", "0", "", "", "", "", "", "" };
-static const int gpu_exact[N_GPU] = { 0, 0, 0, 1, 0, 1, 0, 1, 0, 0 };
+	"q8-exact", "tc", "q8-tc", "blas" };
+static const char *const gpu_mmv[N_GPU] = { "0", "1000000", "", "0", "", "", "", "", "", "", "0" };
+static const int gpu_exact[N_GPU] = { 0, 0, 0, 1, 0, 1, 0, 1, 0, 0, 0 };
 /* 1: the even layers' feed-forwards kept in host memory (backend_opts.host_ffn) */
-static const int gpu_host[N_GPU] = { 0, 0, 0, 0, 1, 1, 0, 0, 0, 0 };
+static const int gpu_host[N_GPU] = { 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0 };
 /* 1: half of each host layer's experts kept on the device too (backend_opts.hot_experts) */
-static const int gpu_hot[N_GPU] = { 0, 0, 0, 0, 0, 1, 0, 0, 0, 0 };
+static const int gpu_hot[N_GPU] = { 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0 };
 /* 1: a q8_0 KV cache, against the CPU's */
-static const int gpu_q8[N_GPU] = { 0, 0, 0, 0, 0, 0, 1, 1, 0, 1 };
+static const int gpu_q8[N_GPU] = { 0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0 };
 /* 1: every decode token on the tensor-core decode kernel (RESIDENT_CUDA_TC_DECODE=1) */
-static const int gpu_tc[N_GPU] = { 0, 0, 0, 0, 0, 0, 0, 0, 1, 1 };
+static const int gpu_tc[N_GPU] = { 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0 };
+/* 1: the many-token products of quantized weights on cuBLAS, dequantized (RESIDENT_CUDA_BLAS_MIN=1) */
+static const int gpu_blas[N_GPU] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1 };
 static const double gpu_tol[N_GPU] = { TOL, TOL, TOL, TOL_EXACT, TOL_HOST, TOL_EXACT, TOL_Q8, TOL_Q8_EXACT, TOL,
-	TOL_Q8 };
+	TOL_Q8, TOL };
 /*
  * The real Gemma 3 270M's: its activations have outliers that move it
  * further where values are rounded. Measured on an H200: the CPU's 8-bit
@@ -120,7 +125,7 @@ static const double gpu_tol[N_GPU] = { TOL, TOL, TOL, TOL_EXACT, TOL_HOST, TOL_E
  * moved by the float order 3.1e-2 (exact) and with fp16 activations
  * 8.2e-2; the bounds are 2.5-3 times those.
  */
-static const double gemma_tol[N_GPU] = { TOL, TOL, TOL, TOL_EXACT, 0.25, TOL_EXACT, 0.25, 0.1, TOL, 0.25 };
+static const double gemma_tol[N_GPU] = { TOL, TOL, TOL, TOL_EXACT, 0.25, TOL_EXACT, 0.25, 0.1, TOL, 0.25, TOL };
 
 struct fixture {
 	char dir[64];
@@ -183,6 +188,10 @@ load_all(struct fixture *f)
 			setenv("RESIDENT_CUDA_TC_DECODE", "1", 1);
 		else
 			unsetenv("RESIDENT_CUDA_TC_DECODE");
+		if (gpu_blas[g])
+			setenv("RESIDENT_CUDA_BLAS_MIN", "1", 1);
+		else
+			unsetenv("RESIDENT_CUDA_BLAS_MIN");
 		if (cuda_backend.load(f->m, &bo, &f->gpu[g], err) != 0)
 			fail_msg("cuda load (%s): %s", gpu_names[g], err);
 		/* the exact mode's pool is fp32, the others' fp16; a q8 row 36 bytes a 32 */
@@ -192,6 +201,7 @@ load_all(struct fixture *f)
 	unsetenv("RESIDENT_CUDA_MMV_MAX");
 	unsetenv("RESIDENT_CUDA_BUS_SHARE");
 	unsetenv("RESIDENT_CUDA_TC_DECODE");
+	unsetenv("RESIDENT_CUDA_BLAS_MIN");
 	free(even); /* load copies the flags */
 	f->n_vocab = f->m->hp.n_vocab;
 }

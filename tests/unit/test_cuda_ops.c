@@ -1,7 +1,7 @@
 /*
  * test_cuda_ops.c: the CUDA backend's embedding rows, products (every
  * path: matrix-vector, integer, tensor cores, mmt.cu's few tokens, two
- * types in one launch), row kernels (the residual norm, the norm with the
+ * types in one launch, cuBLAS on dequantized tiles), row kernels (the residual norm, the norm with the
  * router, norms of chosen rows, GLU, argmax) and sampled picks, one at a
  * time against the CPU backend's or a plain reference, through
  * kernels/cuda/cuda_probe.h. Attention is test_cuda_attn.c's, experts
@@ -276,6 +276,14 @@ test_gemm_waves(void **state)
 			    path_tol(CUDA_PROBE_GEMM));
 			free((void *)t.data), free(wf), free(x);
 		}
+}
+
+/* Every type dequantized for cuBLAS: whole, and (the shapes' tile rows) in tiles that cut the rows unevenly. */
+static void
+test_blas(void **state)
+{
+	(void)state;
+	matmul_path(CUDA_PROBE_BLAS);
 }
 
 static void
@@ -721,6 +729,7 @@ main(void)
 		cmocka_unit_test(test_gemm),
 		cmocka_unit_test(test_gemm_waves),
 		cmocka_unit_test(test_gemm_whole),
+		cmocka_unit_test(test_blas),
 		cmocka_unit_test(test_few),
 		cmocka_unit_test(test_int8),
 		cmocka_unit_test(test_two_types),
