@@ -817,8 +817,12 @@ plan_sizes(const struct model_desc *m, const struct backend_opts *o, struct mats
 	z->wh = 1;
 	for (int i = 0; i < x->n; i++) {
 		struct cuda_weight w = form_of(x->t[i]);
-		/* experts (3-D) take the grouped kernels, whatever the step */
-		int blas = o->max_tokens >= blas_min(o->exact) && x->t[i]->n_dims < 3;
+		/*
+		 * experts (3-D) take the grouped kernels, whatever the step; the output, which a step
+		 * multiplies by as many tokens only when it wants every row's logits, takes what tiles
+		 * the layers' products leave it (a 128k vocabulary would take the whole 128 MiB)
+		 */
+		int blas = o->max_tokens >= blas_min(o->exact) && x->t[i]->n_dims < 3 && x->t[i] != m->output;
 
 		if (!x->host[i] && is_product(m, x->t[i]))
 			z->wh = MAX(z->wh, cuda_matmul_tile_elems(&w, blas));
