@@ -546,14 +546,19 @@ size_engine(struct bench_opts *o)
 	o->eng.max_seqs = MAX(64, bmax);
 }
 
-/* Untimed: the first steps pay for one-off set-up (cuBLAS handles, graph captures, page faults). */
+/*
+ * Untimed: the first steps pay for one-off set-up (cuBLAS handles and the
+ * kernels it loads on their first call, about 65 ms for a full step of
+ * llama3-8b on an H200; graph captures, page faults), so the warm-up
+ * prefills a full step where the context allows.
+ */
 static int
 warm_up(struct engine *e, char *err)
 {
 	struct bench_time t;
 	int rc;
 
-	if ((rc = run_pp(e, 32, &t, err)) != 0)
+	if ((rc = run_pp(e, MAX(32, MIN(engine_max_step_tokens(e), engine_n_ctx(e) - 2)), &t, err)) != 0)
 		return rc;
 	return run_tg(e, 4, 1, 1, 0, NULL, &t, err);
 }
