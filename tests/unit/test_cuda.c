@@ -507,16 +507,18 @@ test_model(void **state)
 {
 	struct fixture *f = *state;
 	const struct quant_traits *qt;
+	char errs[N_GPU * 32]; /* "name 1.23e-04, " each */
 
 	if (f == NULL)
 		skip();
 	qt = quant_traits(f->m->tok_embd->type);
 	if (!f->rows)
 		run_schedule(f);
-	print_message("%-12s %-5s embd %-5s: %4d rows, max relative error: gemm %.2e, matvec %.2e, default %.2e, "
-	    "exact %.2e, host %.2e, host-exact %.2e, q8 %.2e, q8-exact %.2e, tc %.2e, q8-tc %.2e\n", f->m->name,
-	    model_arch_name(f->m->arch), qt ? qt->name : "?", f->rows, f->worst[0], f->worst[1], f->worst[2], f->worst[3],
-	    f->worst[4], f->worst[5], f->worst[6], f->worst[7], f->worst[8], f->worst[9]);
+	for (int g = 0, at = 0; g < N_GPU; g++)
+		at += snprintf(errs + at, sizeof errs - (size_t)at, "%s%s %.2e", g > 0 ? ", " : "", gpu_names[g],
+		    f->worst[g]);
+	print_message("%-12s %-5s embd %-5s: %4d rows, max relative error: %s\n", f->m->name,
+	    model_arch_name(f->m->arch), qt ? qt->name : "?", f->rows, errs);
 	for (int g = 0; g < N_GPU; g++)
 		if (f->bad[g][0] != '\0')
 			fail_msg("%s", f->bad[g]);
