@@ -177,6 +177,7 @@ cuda_probe_open(struct cuda_probe **out, char *err)
 		return err_set(err, ERR_DEVICE, "cuBLAS setup: %s", cublasGetStatusString(s));
 	}
 	p->mm.stream = p->stream;
+	p->mm.blas_min = INT_MAX; /* until a path says otherwise (probe_path) */
 	if (cudaDeviceGetAttribute(&p->sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess ||
 	    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) {
 		cuda_probe_close(p);

@@ -600,11 +600,11 @@ deq_f16_q4k_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int nb, int6
 	pdl_wait();
 	pdl_trigger();
 	int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, blk = idx >> 3, row = blk / nb;
-	int bi = (int)(blk % nb), t = (int)idx & 7, sh = 4 * (t >> 2);
-	const uint8_t *b = w + (size_t)row * row_bytes + (size_t)bi * 144;
 
 	if (idx >= n_units)
 		return;
+	int bi = (int)(blk % nb), t = (int)idx & 7, sh = 4 * (t >> 2);
+	const uint8_t *b = w + (size_t)row * row_bytes + (size_t)bi * 144;
 	uint4 hd = __ldg((const uint4 *)b);
 	uint2 q[4];
 	uint32_t sc[2], m[2];
@@ -1236,8 +1236,8 @@ cuda_matmul_qkv_fits(const struct cuda_mm *m, const struct cuda_weight *const *w
 	/* qkv_pair_of finds q, k and v by their row counts: any other shape would store outside them */
 	int shape = w[0]->n == nq && w[1]->n == nkv && w[2]->n == nkv;
 
-	return n_tok >= 1 && n_tok < m->blas_min && types && one_launch && shape && !hd->neox && hd->q_norm == NULL && hd->k_norm == NULL &&
-	    !kv->f32 && !kv->q8;
+	return n_tok >= 1 && n_tok < m->blas_min && types && one_launch && shape && !hd->neox && hd->q_norm == NULL &&
+	    hd->k_norm == NULL && !kv->f32 && !kv->q8;
 }
 
 int
