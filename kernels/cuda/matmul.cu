@@ -628,6 +628,52 @@ deq_f16_q4k_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int nb, int6
 	}
 }
 
+/*
+ * Q6_K rows as the GPU holds them (TT_Q6_KG, nb blocks each) to fp16, as
+ * deq_f16_q4k_kernel does Q4_K: thread t of a block writes the 8 elements
+ * at 8 (t + 8 i) for i < 4, of half i / 2 of the block and its quarter
+ * 2 (i % 2) + t / 4, decoded as qgemm decodes them (1024 + q, less 1056,
+ * times d sc). Two 8-byte loads of ql and two of qh serve all four (ql's
+ * nibble and qh's bit pair picked by i), one 16-byte load the scales.
+ */
+__global__ void
+deq_f16_q6kg_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int nb, int64_t n_units,
+    __half *__restrict__ out)
+{
+	pdl_wait();
+	pdl_trigger();
+	int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, blk = idx >> 3, row = blk / nb;
+
+	if (idx >= n_units)
+		return;
+	int bi = (int)(blk % nb), t = (int)idx & 7, l0 = 8 * (t & 3);
+	const uint8_t *r = w + (size_t)row * row_bytes, *b = q6g_body(r, bi);
+	float d = q6g_d(r, bi);
+	uint4 scv = __ldg((const uint4 *)(b + 192));
+	uint32_t sw[4] = { scv.x, scv.y, scv.z, scv.w };
+	uint2 ql[2], qh[2];
+	uint4 *o = (uint4 *)(out + (size_t)row * nb * 256 + (size_t)bi * 256) + t;
+
+#pragma unroll
+	for (int j = 0; j < 2; j++) {
+		ql[j] = __ldg((const uint2 *)(b + 64 * j + 32 * (t >> 2) + l0));
+		qh[j] = __ldg((const uint2 *)(b + 128 + 32 * j + l0));
+	}
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		int j = i >> 1, lsh = 4 * (i & 1), hsh = 2 * (2 * (i & 1) + (t >> 2));
+		/* scale t / 2 + 4 i: byte t / 2 of word i */
+		__half2 dl = __float2half2_rn(d * (float)(int8_t)(sw[i] >> (8 * (t >> 1))));
+		uint32_t x0 = ((ql[j].x >> lsh) & 0x0f0f0f0fu) | (((qh[j].x >> hsh) & 0x03030303u) << 4);
+		uint32_t x1 = ((ql[j].y >> lsh) & 0x0f0f0f0fu) | (((qh[j].y >> hsh) & 0x03030303u) << 4);
+		uint32_t v[4];
+
+		h2_pairs(x0, H_1056, dl, as_h2(0u), &v[0]);
+		h2_pairs(x1, H_1056, dl, as_h2(0u), &v[2]);
+		o[8 * i] = make_uint4(v[0], v[1], v[2], v[3]);
+	}
+}
+
 /* out[t] = scale * row tokens[t] of the matrix. */
 template <int TY>
 __global__ void
@@ -926,11 +972,12 @@ dequant_rows(const struct cuda_weight *w, int64_t r0, int64_t nr, __half *out, c
 	unsigned blocks = (unsigned)((chunks + ROW_THREADS - 1) / ROW_THREADS);
 	const uint8_t *src = w->d + (size_t)r0 * w->row_bytes;
 
-	if (w->type == TT_Q4_K) {
+	if (w->type == TT_Q4_K || w->type == TT_Q6_KG) { /* 32 elements a thread */
 		int64_t units = nr * (w->k / 32);
 
-		CK(cuda_launch(deq_f16_q4k_kernel, dim3((unsigned)((units + ROW_THREADS - 1) / ROW_THREADS)),
-		    dim3(ROW_THREADS), 0, st, src, w->row_bytes, (int)(w->k / 256), units, out));
+		CK(cuda_launch(w->type == TT_Q4_K ? deq_f16_q4k_kernel : deq_f16_q6kg_kernel,
+		    dim3((unsigned)((units + ROW_THREADS - 1) / ROW_THREADS)), dim3(ROW_THREADS), 0, st, src, w->row_bytes,
+		    (int)(w->k / 256), units, out));
 		return 0;
 	}
 	switch (w->type) {
