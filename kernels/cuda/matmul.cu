@@ -585,31 +585,29 @@ deq_f16_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int k, int64_t n
 }
 
 /*
- * Q4_K rows (nb blocks each) to fp16, 32 elements a thread (n_units
- * threads, 8 a block), decoded as qgemm decodes them (tc.cuh's h2_pairs:
- * 1024 + q in fp16, less 1024, times d sc, less dmin m). Thread t of a
- * block writes the 8 elements at 8 (t + 8 i) for i < 4, so that each store
- * of a warp fills 128 contiguous bytes of each of its 4 blocks; they are
- * the low (t < 4) or high nibbles of quant bytes 32 i + 8 (t % 4) .. + 7,
- * of sub-block 2 i + t / 4.
+ * The 32 elements thread t (of 8) of a block of 256 writes when block bi
+ * of row r is dequantized to fp16 for cuBLAS: the 8 at 8 (t + 8 i), as
+ * o[8 i], for i < 4, so that each store of a warp fills 128 contiguous
+ * bytes of each of its 4 blocks. Decoded as qgemm decodes them (tc.cuh's
+ * h2_pairs: 1024 + q in fp16, less the type's offset, times the scale,
+ * plus the K types' - dmin m).
+ *
+ * Q4_K: the low (t < 4) or high nibbles of quant bytes 32 i + 8 (t % 4) ..
+ * + 7, of sub-block 2 i + t / 4; the header and the quants in one 16-byte
+ * and four 8-byte loads, where deq8 makes five loads for 8 elements.
  */
-__global__ void
-deq_f16_q4k_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int nb, int64_t n_units,
-    __half *__restrict__ out)
-{
-	pdl_wait();
-	pdl_trigger();
-	int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, blk = idx >> 3, row = blk / nb;
+template <int TY> static __device__ __forceinline__ void deq32(const uint8_t *r, int bi, int t, uint4 *o);
 
-	if (idx >= n_units)
-		return;
-	int bi = (int)(blk % nb), t = (int)idx & 7, sh = 4 * (t >> 2);
-	const uint8_t *b = w + (size_t)row * row_bytes + (size_t)bi * 144;
+template <>
+__device__ __forceinline__ void
+deq32<TT_Q4_K>(const uint8_t *r, int bi, int t, uint4 *o)
+{
+	const uint8_t *b = r + (size_t)bi * 144;
+	int sh = 4 * (t >> 2);
 	uint4 hd = __ldg((const uint4 *)b);
 	uint2 q[4];
 	uint32_t sc[2], m[2];
 	float d = __low2float(as_h2(hd.x)), dmin = __high2float(as_h2(hd.x));
-	uint4 *o = (uint4 *)(out + (size_t)row * nb * 256 + (size_t)bi * 256) + t;
 
 #pragma unroll
 	for (int i = 0; i < 4; i++)
@@ -629,30 +627,21 @@ deq_f16_q4k_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int nb, int6
 }
 
 /*
- * Q6_K rows as the GPU holds them (TT_Q6_KG, nb blocks each) to fp16, as
- * deq_f16_q4k_kernel does Q4_K: thread t of a block writes the 8 elements
- * at 8 (t + 8 i) for i < 4, of half i / 2 of the block and its quarter
- * 2 (i % 2) + t / 4, decoded as qgemm decodes them (1024 + q, less 1056,
- * times d sc). Two 8-byte loads of ql and two of qh serve all four (ql's
- * nibble and qh's bit pair picked by i), one 16-byte load the scales.
+ * Q6_K as the GPU holds it (TT_Q6_KG): piece i is of half i / 2 of the
+ * block and its quarter 2 (i % 2) + t / 4. Two 8-byte loads of ql and two
+ * of qh serve all four (ql's nibble and qh's bit pair picked by i), one
+ * 16-byte load the scales.
  */
-__global__ void
-deq_f16_q6kg_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int nb, int64_t n_units,
-    __half *__restrict__ out)
+template <>
+__device__ __forceinline__ void
+deq32<TT_Q6_KG>(const uint8_t *r, int bi, int t, uint4 *o)
 {
-	pdl_wait();
-	pdl_trigger();
-	int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, blk = idx >> 3, row = blk / nb;
-
-	if (idx >= n_units)
-		return;
-	int bi = (int)(blk % nb), t = (int)idx & 7, l0 = 8 * (t & 3);
-	const uint8_t *r = w + (size_t)row * row_bytes, *b = q6g_body(r, bi);
+	const uint8_t *b = q6g_body(r, bi);
+	int l0 = 8 * (t & 3);
 	float d = q6g_d(r, bi);
 	uint4 scv = __ldg((const uint4 *)(b + 192));
 	uint32_t sw[4] = { scv.x, scv.y, scv.z, scv.w };
 	uint2 ql[2], qh[2];
-	uint4 *o = (uint4 *)(out + (size_t)row * nb * 256 + (size_t)bi * 256) + t;
 
 #pragma unroll
 	for (int j = 0; j < 2; j++) {
@@ -672,6 +661,22 @@ deq_f16_q6kg_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int nb, int
 		h2_pairs(x1, H_1056, dl, as_h2(0u), &v[2]);
 		o[8 * i] = make_uint4(v[0], v[1], v[2], v[3]);
 	}
+}
+
+/* Rows of nb blocks of 256 (TY: Q4_K, Q6_KG) to fp16, by deq32: n_units threads, 8 a block. */
+template <int TY>
+__global__ void
+deq32_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int nb, int64_t n_units, __half *__restrict__ out)
+{
+	pdl_wait();
+	pdl_trigger();
+	int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, blk = idx >> 3, row = blk / nb;
+
+	if (idx >= n_units)
+		return;
+	int bi = (int)(blk % nb), t = (int)idx & 7;
+
+	deq32<TY>(w + (size_t)row * row_bytes, bi, t, (uint4 *)(out + (size_t)row * nb * 256 + (size_t)bi * 256) + t);
 }
 
 /* out[t] = scale * row tokens[t] of the matrix. */
@@ -975,7 +980,7 @@ dequant_rows(const struct cuda_weight *w, int64_t r0, int64_t nr, __half *out, c
 	if (w->type == TT_Q4_K || w->type == TT_Q6_KG) { /* 32 elements a thread */
 		int64_t units = nr * (w->k / 32);
 
-		CK(cuda_launch(w->type == TT_Q4_K ? deq_f16_q4k_kernel : deq_f16_q6kg_kernel,
+		CK(cuda_launch(w->type == TT_Q4_K ? deq32_kernel<TT_Q4_K> : deq32_kernel<TT_Q6_KG>,
 		    dim3((unsigned)((units + ROW_THREADS - 1) / ROW_THREADS)), dim3(ROW_THREADS), 0, st, src, w->row_bytes,
 		    (int)(w->k / 256), units, out));
 		return 0;
