@@ -808,13 +808,14 @@ static int
 plan_sizes(const struct model_desc *m, const struct backend_opts *o, struct mats *x, struct sizes *z, char *err)
 {
 	struct dims d = model_dims(&m->hp, o);
-	int rc, sms = 0;
+	int rc, sms = 0, steps_blas;
 
 	if ((rc = kv_type_check(o->kv_type, m->hp.head_dim, err)) != 0 || (rc = check_model(m, x->t, x->n, err)) != 0)
 		return rc;
 	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o->device));
 	z->weights = matrix_offsets(x->t, x->host, x->n, x->off);
 	z->wh = 1;
+	steps_blas = o->max_tokens >= blas_min(o->exact);
 	for (int i = 0; i < x->n; i++) {
 		struct cuda_weight w = form_of(x->t[i]);
 		/*
@@ -822,7 +823,7 @@ plan_sizes(const struct model_desc *m, const struct backend_opts *o, struct mats
 		 * multiplies by as many tokens only when it wants every row's logits, takes what tiles
 		 * the layers' products leave it (a 128k vocabulary would take the whole 128 MiB)
 		 */
-		int blas = o->max_tokens >= blas_min(o->exact) && x->t[i]->n_dims < 3 && x->t[i] != m->output;
+		int blas = steps_blas && x->t[i]->n_dims < 3 && x->t[i] != m->output;
 
 		if (!x->host[i] && is_product(m, x->t[i]))
 			z->wh = MAX(z->wh, cuda_matmul_tile_elems(&w, blas));

@@ -969,27 +969,34 @@ cuda_matmul_grouped_int8(struct cuda_mm *m, const struct cuda_weight *w, size_t 
 	return 0;
 }
 
+/* nr rows of w (of type TY) from src into out as fp16, on st: by deq32 where the type has one, else deq8. */
+template <int TY>
+static cudaError_t
+dequant_launch(const struct cuda_weight *w, const uint8_t *src, int64_t nr, __half *out, cudaStream_t st)
+{
+	if constexpr (TY == TT_Q4_K || TY == TT_Q6_KG) {
+		int64_t units = nr * (w->k / 32);
+
+		return cuda_launch(deq32_kernel<TY>, dim3((unsigned)((units + ROW_THREADS - 1) / ROW_THREADS)),
+		    dim3(ROW_THREADS), 0, st, src, w->row_bytes, (int)(w->k / 256), units, out);
+	} else {
+		int64_t chunks = nr * (w->k / 8);
+
+		return cuda_launch(deq_f16_kernel<TY>, dim3((unsigned)((chunks + ROW_THREADS - 1) / ROW_THREADS)),
+		    dim3(ROW_THREADS), 0, st, src, w->row_bytes, (int)w->k, chunks, out);
+	}
+}
+
 /* Rows [r0, r0 + nr) of w into out as fp16, on st. */
 static int
 dequant_rows(const struct cuda_weight *w, int64_t r0, int64_t nr, __half *out, cudaStream_t st, char *err)
 {
-	int64_t chunks = nr * (w->k / 8);
-	unsigned blocks = (unsigned)((chunks + ROW_THREADS - 1) / ROW_THREADS);
 	const uint8_t *src = w->d + (size_t)r0 * w->row_bytes;
 
-	if (w->type == TT_Q4_K || w->type == TT_Q6_KG) { /* 32 elements a thread */
-		int64_t units = nr * (w->k / 32);
-
-		CK(cuda_launch(w->type == TT_Q4_K ? deq32_kernel<TT_Q4_K> : deq32_kernel<TT_Q6_KG>,
-		    dim3((unsigned)((units + ROW_THREADS - 1) / ROW_THREADS)), dim3(ROW_THREADS), 0, st, src, w->row_bytes,
-		    (int)(w->k / 256), units, out));
-		return 0;
-	}
 	switch (w->type) {
 #define TY_CASE(TY) \
 	case TY: \
-		CK(cuda_launch(deq_f16_kernel<TY>, dim3(blocks), dim3(ROW_THREADS), 0, st, src, w->row_bytes, \
-		    (int)w->k, chunks, out)); \
+		CK(dequant_launch<TY>(w, src, nr, out, st)); \
 		break;
 	DEQ_TYPES(TY_CASE)
 #undef TY_CASE
@@ -1008,11 +1015,15 @@ to_f16(struct cuda_mm *m, const float *x, int ldx, int k, int n_tok, char *err)
 	return cuda_to_f16(x, ldx, k, n_tok, h16, m->stream, err);
 }
 
-/* 1 if the quantized tensor-core kernel multiplies by w (else cuBLAS does). */
+/*
+ * 1 if cuBLAS multiplies w by a step's n_tok tokens (above m->mmv_max):
+ * float weights, and quantized ones from m->blas_min tokens; else the
+ * tensor-core kernels (qgemm.cu, mmt.cu) do.
+ */
 static int
-tensor_path(const struct cuda_weight *w)
+blas_takes(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok)
 {
-	return cuda_qgemm_type(w);
+	return !cuda_qgemm_type(w) || n_tok >= m->blas_min;
 }
 
 /*
@@ -1173,19 +1184,19 @@ cuda_weight_follows(const struct cuda_weight *a, const struct cuda_weight *b)
 
 /*
  * Weights [i, j) of w that the kernel of one launch multiplies together
- * (w[i] and those stored right after it; on the tensor-core path only
- * those it takes), as one weight in *all, their outputs appended to out;
- * returns j.
+ * (w[i] and those stored right after it, of its type and width, so that
+ * whichever kernel takes w[i] takes them), as one weight in *all, their
+ * outputs appended to out; returns j.
  */
 static int
-run_of(const struct cuda_weight *const *w, int n_w, int i, int many, float *const *y, const int *ldy,
-    struct mm_out *out, struct cuda_weight *all)
+run_of(const struct cuda_weight *const *w, int n_w, int i, float *const *y, const int *ldy, struct mm_out *out,
+    struct cuda_weight *all)
 {
 	int j = i, rows = out->start[out->n];
 
 	*all = *w[i];
 	all->n = 0;
-	for (; j < n_w && (j == i || (cuda_weight_follows(w[j - 1], w[j]) && (!many || tensor_path(w[j])))); j++) {
+	for (; j < n_w && (j == i || cuda_weight_follows(w[j - 1], w[j])); j++) {
 		out->y[out->n] = y[j];
 		out->ldy[out->n] = ldy[j];
 		out->start[out->n++] = rows;
@@ -1234,15 +1245,15 @@ products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const f
 		if (many && !have_h && (rc = to_f16(m, x, ldx, (int)w[i]->k, n_tok, err)) != 0)
 			return rc;
 		have_h |= many;
-		if (many && (!tensor_path(w[i]) || n_tok >= m->blas_min)) {
+		if (many && blas_takes(m, w[i], n_tok)) {
 			if ((rc = gemm(m, w[i], n_tok, y[i], ldy[i], err)) != 0)
 				return rc;
 			i++;
 			continue;
 		}
-		j = run_of(w, n_w, i, many, y, ldy, &out, &all);
+		j = run_of(w, n_w, i, y, ldy, &out, &all);
 		if (j < n_w && w[j]->type != w[i]->type && pairs(m, &all, w[j], n_tok)) {
-			j = run_of(w, n_w, j, many, y, ldy, &out, &second);
+			j = run_of(w, n_w, j, y, ldy, &out, &second);
 			w2 = &second;
 		}
 		if (many)
@@ -1326,6 +1337,6 @@ cuda_embed(const struct cuda_weight *w, const int32_t *tokens, int n_tok, float 
 int64_t
 cuda_matmul_tile_elems(const struct cuda_weight *w, int blas)
 {
-	return w->type == TT_F16 || (tensor_path(w) && !blas) ? 0 : MIN(w->n * w->k, MAX(WTILE_ELEMS, w->k));
+	return w->type == TT_F16 || (cuda_qgemm_type(w) && !blas) ? 0 : MIN(w->n * w->k, MAX(WTILE_ELEMS, w->k));
 }
 

@@ -157,6 +157,16 @@ opts(void)
 	return bo;
 }
 
+/* Sets name to value, or unsets it where value is "" (the backend's default). */
+static void
+env_or_unset(const char *name, const char *value)
+{
+	if (*value != '\0')
+		setenv(name, value, 1);
+	else
+		unsetenv(name);
+}
+
 /* Loads m on the CPU and on every CUDA variant. */
 static void
 load_all(struct fixture *f)
@@ -180,18 +190,9 @@ load_all(struct fixture *f)
 		bo.hot_experts = gpu_hot[g] ? f->m->hp.n_expert / 2 : 0;
 		/* the hot variant's steps bring half the chosen experts it does not hold up over the bus */
 		setenv("RESIDENT_CUDA_BUS_SHARE", gpu_hot[g] ? "0.5" : "", 1);
-		if (*gpu_mmv[g] != '\0')
-			setenv("RESIDENT_CUDA_MMV_MAX", gpu_mmv[g], 1);
-		else
-			unsetenv("RESIDENT_CUDA_MMV_MAX");
-		if (gpu_tc[g])
-			setenv("RESIDENT_CUDA_TC_DECODE", "1", 1);
-		else
-			unsetenv("RESIDENT_CUDA_TC_DECODE");
-		if (gpu_blas[g])
-			setenv("RESIDENT_CUDA_BLAS_MIN", "1", 1);
-		else
-			unsetenv("RESIDENT_CUDA_BLAS_MIN");
+		env_or_unset("RESIDENT_CUDA_MMV_MAX", gpu_mmv[g]);
+		env_or_unset("RESIDENT_CUDA_TC_DECODE", gpu_tc[g] ? "1" : "");
+		env_or_unset("RESIDENT_CUDA_BLAS_MIN", gpu_blas[g] ? "1" : "");
 		if (cuda_backend.load(f->m, &bo, &f->gpu[g], err) != 0)
 			fail_msg("cuda load (%s): %s", gpu_names[g], err);
 		/* the exact mode's pool is fp32, the others' fp16; a q8 row 36 bytes a 32 */
