@@ -1328,6 +1328,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	b->mm.mmv_max = mmv_max(b->exact);
 	b->mm.mmt_max = MIN(env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS), MMT_MAX_TOKENS);
 	b->mm.blas_min = blas_min(b->exact);
+	b->mm.wg_min = b->exact ? INT_MAX : env_int("RESIDENT_CUDA_WG_MIN", INT_MAX);
 	b->use_graphs = env_int("RESIDENT_CUDA_GRAPHS", 1) != 0;
 	b->flash_tokens = flash_tokens(&m->hp, b->exact);
 	rc = attention_counts(b, &m->hp, err);

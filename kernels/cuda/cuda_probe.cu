@@ -178,6 +178,7 @@ cuda_probe_open(struct cuda_probe **out, char *err)
 	}
 	p->mm.stream = p->stream;
 	p->mm.blas_min = INT_MAX; /* until a path says otherwise (probe_path) */
+	p->mm.wg_min = INT_MAX;
 	if (cudaDeviceGetAttribute(&p->sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess ||
 	    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess) {
 		cuda_probe_close(p);
@@ -289,6 +290,7 @@ probe_path(struct cuda_probe *p, enum cuda_probe_path path)
 	    path == CUDA_PROBE_BLAS ? 0 : INT_MAX;
 	p->mm.mmt_max = path == CUDA_PROBE_FEW ? MMT_MAX_TOKENS : 0;
 	p->mm.blas_min = path == CUDA_PROBE_BLAS ? 1 : INT_MAX;
+	p->mm.wg_min = getenv("RESIDENT_CUDA_WG_MIN") != NULL ? atoi(getenv("RESIDENT_CUDA_WG_MIN")) : INT_MAX;
 	p->mm.sms = path == CUDA_PROBE_GEMM_WHOLE ? 0 : p->sms; /* no multiprocessors to fill: no split */
 }
 

@@ -38,6 +38,10 @@
 #include "dequant.cuh"
 #include "matmul.cuh"
 #include "tc.cuh"
+#include "wg.cuh"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #include <string.h>
 
@@ -84,6 +88,26 @@ static __device__ __forceinline__ uint32_t
 qg_word2(const uint8_t *p)
 {
 	return (uint32_t)*(const uint16_t *)p | (uint32_t)*(const uint16_t *)(p + 2) << 16;
+}
+
+/*
+ * Lane t's four bytes of a k16 step's 16: in mma.sync's form bytes 4t to
+ * 4t + 3 (the token fragments are loaded in the same order), p + QG_LANE
+ * pointing at them; in the wgmma form (WG) bytes 2t, 2t + 1, 2t + 8 and
+ * 2t + 9 of the 16 at p (its tensor cores read the token tile in k order,
+ * so the A fragments must hold k order).
+ */
+#define QG_LANE(WG, t) ((WG) ? 0 : 4 * (t))
+
+template <bool WG>
+static __device__ __forceinline__ uint32_t
+qg_quad(const uint8_t *p, int t)
+{
+	if constexpr (WG)
+		return __byte_perm(*(const uint32_t *)(p + 4 * (t / 2)), *(const uint32_t *)(p + 8 + 4 * (t / 2)),
+		    0x5410u + 0x2222u * (t & 1));
+	else
+		return *(const uint32_t *)p;
 }
 
 /* An fp16 scalar at a 2-byte aligned shared address, in both halves of a pair. */
@@ -147,15 +171,16 @@ template <> struct qg_type<TT_Q4_K> {
 	{
 		k4_table(b, tab);
 	}
+	template <bool WG = false>
 	static __device__ __forceinline__ void
 	frags(const uint8_t *b, const uint32_t *tab, int part, int t, uint32_t a[4][2])
 	{
-		const uint8_t *q = b + 16 + 32 * part + 4 * t;
+		const uint8_t *q = b + 16 + 32 * part + QG_LANE(WG, t);
 
 #pragma unroll
 		for (int kk = 0; kk < 4; kk++) {
 			int g = 2 * part + kk / 2;
-			uint32_t x = (*(const uint32_t *)(q + 16 * (kk & 1)) >> (4 * (kk / 2))) & 0x0f0f0f0fu;
+			uint32_t x = (qg_quad<WG>(q + 16 * (kk & 1), t) >> (4 * (kk / 2))) & 0x0f0f0f0fu;
 
 			h2_pairs(x, H_1024, as_h2(tab[2 * g]), as_h2(tab[2 * g + 1]), a[kk]);
 		}
@@ -201,7 +226,13 @@ template <> struct qg_type<TT_Q6_KG> {
 	static __device__ __forceinline__ void
 	table(const uint8_t *b, int u, uint32_t *tab)
 	{
-		__half2 d = smem_f16x2(b + Q6G_BODY + 2 * (u & 7));
+		table_d(b, b + Q6G_BODY + 2 * (u & 7), tab);
+	}
+	/* the same with the unit's d at dp */
+	static __device__ __forceinline__ void
+	table_d(const uint8_t *b, const uint8_t *dp, uint32_t *tab)
+	{
+		__half2 d = smem_f16x2(dp);
 
 #pragma unroll
 		for (int j = 0; j < 16; j += 4) {
@@ -213,6 +244,7 @@ template <> struct qg_type<TT_Q6_KG> {
 				    as_h2(H_1152))));
 		}
 	}
+	template <bool WG = false>
 	static __device__ __forceinline__ void
 	frags(const uint8_t *b, const uint32_t *tab, int part, int t, uint32_t a[4][2])
 	{
@@ -220,9 +252,9 @@ template <> struct qg_type<TT_Q6_KG> {
 
 #pragma unroll
 		for (int kk = 0; kk < 4; kk++) {
-			int s = 2 * (part & 1) + kk / 2, l = 16 * (kk & 1) + 4 * t;
-			uint32_t x = ((*(const uint32_t *)(b + 64 * h + 32 * (kk / 2) + l) >> (4 * (part & 1))) & 0x0f0f0f0fu) |
-			    ((*(const uint32_t *)(b + 128 + 32 * h + l) >> (2 * s)) & 0x03030303u) << 4;
+			int s = 2 * (part & 1) + kk / 2, l = 16 * (kk & 1) + QG_LANE(WG, t);
+			uint32_t x = ((qg_quad<WG>(b + 64 * h + 32 * (kk / 2) + l, t) >> (4 * (part & 1))) & 0x0f0f0f0fu) |
+			    ((qg_quad<WG>(b + 128 + 32 * h + l, t) >> (2 * s)) & 0x03030303u) << 4;
 
 			h2_pairs(x, H_1056, as_h2(tab[4 * part + kk]), as_h2(0u), a[kk]);
 		}
@@ -721,6 +753,218 @@ qg_reduce_kernel(const float *__restrict__ part, int n_split, int n_tok, int n_r
 	mm_store(out, row, tok, s * xscale[tok]);
 }
 
+/*
+ * The wgmma form (sm_90a), for the types in QW_TYPES: a block of BM = 128
+ * rows by BN tokens as two consumer warpgroups of 64 rows and two producer
+ * warps. The producers' copy engine brings each unit of the block's rows
+ * (a box of the weight's bytes) and each sub-step's token tile (a box of
+ * the fp16 tokens, swizzled as wgmma reads it) into rings of shared
+ * memory, each slot completing on an mbarrier; a consumer warp decodes
+ * its 16 rows' A fragments from the unit (qg_type's frags, as the
+ * mma.sync form) into registers and its warpgroup multiplies them with
+ * the tile by wgmma, the tensor cores reading the tile themselves. The
+ * operands arrive through the asynchronous proxy, so no proxy fence sits
+ * in the loop (the fence that sank the 2026-11-28 wgmma forms, which
+ * copied by cp.async). Each warpgroup waits for its own products before
+ * decoding the next sub-step; the other warpgroup's products fill that
+ * time. Accumulators are mma.sync's C fragments, so qg_store and the split
+ * sums serve both forms.
+ */
+#define QW_TYPES(X) X(TT_Q4_K) X(TT_Q6_KG)
+
+/*
+ * A unit as the copy engine brings it: a box of BODY bytes a row from
+ * column body(u) of the weight's bytes and, for Q6_KG, a box of the 16
+ * bytes of its group's d's from head(u), stored after the bodies.
+ */
+template <int TY>
+struct qw_unit {
+	static constexpr int BODY = qg_type<TY>::BYTES, HEAD = 0;
+	static __device__ __forceinline__ int body(int u) { return u * BODY; }
+	static __device__ __forceinline__ int head(int) { return 0; }
+	static __device__ __forceinline__ void
+	table(const uint8_t *b, const uint8_t *, int u, uint32_t *tab)
+	{
+		qg_type<TY>::table(b, u, tab);
+	}
+};
+
+template <>
+struct qw_unit<TT_Q6_KG> {
+	static constexpr int BODY = Q6G_BODY, HEAD = 16;
+	static __device__ __forceinline__ int body(int u) { return (u >> 3) * Q6G_GROUP + 16 + Q6G_BODY * (u & 7); }
+	static __device__ __forceinline__ int head(int u) { return (u >> 3) * Q6G_GROUP; }
+	static __device__ __forceinline__ void
+	table(const uint8_t *b, const uint8_t *hd, int u, uint32_t *tab)
+	{
+		qg_type<TT_Q6_KG>::table_d(b, hd + 2 * (u & 7), tab);
+	}
+};
+
+template <int BN_>
+struct qw_cfg {
+	static constexpr int BM = 128, BN = BN_, MT = 1, NT = BN / 8;
+	static constexpr int XS = 4;               /* token tiles in the ring */
+	static constexpr int WS = 3;               /* weight units in the ring */
+	static constexpr int THREADS = 10 * WARP;  /* warpgroups 0 and 1 consume, warps 8 and 9 produce */
+};
+
+/* Shared memory of type TY, shape C: the token ring (1024-byte aligned slots), the unit ring, the barriers. */
+template <int TY, class C>
+struct qw_smem {
+	static constexpr int X_BYTES = C::BN * 64 * (int)sizeof(__half);
+	static constexpr int W_BODY = C::BM * qw_unit<TY>::BODY;
+	static constexpr int W_BYTES = W_BODY + C::BM * qw_unit<TY>::HEAD;
+	static constexpr int W_OFF = C::XS * X_BYTES;
+	static constexpr int BAR_OFF = (W_OFF + C::WS * W_BYTES + 7) & ~7;
+	static constexpr int BYTES = BAR_OFF + 16 * (C::XS + C::WS) + 1024; /* + the base's alignment */
+	static_assert(X_BYTES % 1024 == 0 && W_BODY % 128 == 0 && W_BYTES % 128 == 0,
+	    "copy-engine boxes keep their slots' alignment");
+};
+
+/* Barriers: full and empty for each token slot, then for each unit slot. */
+struct qw_bars {
+	uint32_t xfull, xempty, wfull, wempty;
+};
+
+/*
+ * The producers, one lane each, so that neither ring waits on the other:
+ * warp 9 the weights' units (the first before pdl_wait: no kernel of the
+ * step writes them), warp 8 the token tiles.
+ */
+template <int TY, class C>
+static __device__ __forceinline__ void
+qw_produce_w(const CUtensorMap *wmap, const CUtensorMap *hmap, uint32_t base, qw_bars br, int u0, int U, int m0)
+{
+	using L = qw_smem<TY, C>;
+	using W = qw_unit<TY>;
+
+	for (int u = 0; u < U; u++) {
+		int ws = u % C::WS;
+		uint32_t slot = base + L::W_OFF + ws * L::W_BYTES;
+
+		if (u >= C::WS)
+			mbar_wait(br.wempty + 8 * ws, ((u / C::WS) & 1) ^ 1);
+		mbar_expect(br.wfull + 8 * ws, L::W_BYTES);
+		tma_2d(slot, wmap, W::body(u0 + u), m0, br.wfull + 8 * ws);
+		if constexpr (W::HEAD > 0)
+			tma_2d(slot + L::W_BODY, hmap, W::head(u0 + u), m0, br.wfull + 8 * ws);
+	}
+}
+
+template <int TY, class C>
+static __device__ __forceinline__ void
+qw_produce_x(const CUtensorMap *xmap, uint32_t base, qw_bars br, int u0, int U, int n0)
+{
+	using L = qw_smem<TY, C>;
+	constexpr int SUB = qg_type<TY>::UNIT / 64;
+
+	for (int g = 0; g < U * SUB; g++) {
+		int s = g % C::XS;
+
+		mbar_wait(br.xempty + 8 * s, ((g / C::XS) & 1) ^ 1);
+		mbar_expect(br.xfull + 8 * s, L::X_BYTES);
+		tma_2d(base + s * L::X_BYTES, xmap, (u0 * SUB + g) * 64, n0, br.xfull + 8 * s);
+	}
+}
+
+/* A consumer warp: its 16 rows (rows rr and rr + 8 for its lane) by the block's tokens, over units u0.. */
+template <int TY, class C>
+static __device__ __forceinline__ void
+qw_consume(const unsigned char *smem, uint32_t base, qw_bars br, int u0, int U, int rr, float (&acc)[1][C::NT][4])
+{
+	using L = qw_smem<TY, C>;
+	using T = qg_type<TY>;
+	using W = qw_unit<TY>;
+	constexpr int SUB = T::UNIT / 64, TN = T::TAB > 0 ? T::TAB : 1;
+	int lane = threadIdx.x % WARP, t = lane % 4;
+
+	for (int u = 0; u < U; u++) {
+		int ws = u % C::WS;
+		const uint8_t *b0 = smem + L::W_OFF + ws * L::W_BYTES + rr * W::BODY, *b1 = b0 + 8 * W::BODY;
+		const uint8_t *h0 = smem + L::W_OFF + ws * L::W_BYTES + L::W_BODY + rr * W::HEAD, *h1 = h0 + 8 * W::HEAD;
+		uint32_t tab0[TN], tab1[TN];
+
+		mbar_wait(br.wfull + 8 * ws, (u / C::WS) & 1);
+		W::table(b0, h0, u0 + u, tab0);
+		W::table(b1, h1, u0 + u, tab1);
+#pragma unroll
+		for (int p = 0; p < SUB; p++) {
+			int g = u * SUB + p, s = g % C::XS;
+			uint32_t f0[4][2], f1[4][2];
+
+			T::template frags<true>(b0, tab0, p, t, f0);
+			T::template frags<true>(b1, tab1, p, t, f1);
+			mbar_wait(br.xfull + 8 * s, (g / C::XS) & 1);
+			wg_hold(acc[0]);
+			wg_fence();
+#pragma unroll
+			for (int kk = 0; kk < 4; kk++) {
+				uint32_t a[4] = { f0[kk][0], f1[kk][0], f0[kk][1], f1[kk][1] };
+
+				wg_mma(acc[0], a, wg_desc_sw128(base + s * L::X_BYTES + 32 * kk));
+			}
+			wg_commit();
+			wg_wait<0>();
+			wg_hold(acc[0]);
+			__syncwarp();
+			if (lane == 0)
+				mbar_arrive(br.xempty + 8 * s);
+		}
+		__syncwarp();
+		if (lane == 0)
+			mbar_arrive(br.wempty + 8 * ws);
+	}
+}
+
+/* Block (blockIdx.x: BM rows, blockIdx.y: BN tokens, blockIdx.z: a split of K's units). */
+template <int TY, class C>
+__global__ void __launch_bounds__(C::THREADS, 1)
+qw_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
+    const __grid_constant__ CUtensorMap hmap, struct qg_args a)
+{
+#if WG_ARCH
+	using L = qw_smem<TY, C>;
+	extern __shared__ __align__(16) unsigned char qw_raw[];
+	uint32_t raw = smem_addr(qw_raw), base = (raw + 1023) & ~1023u;
+	const unsigned char *smem = qw_raw + (base - raw);
+	int warp = threadIdx.x / WARP, units = a.k / qg_type<TY>::UNIT, z = blockIdx.z, nz = gridDim.z;
+	int u0 = (int)((int64_t)units * z / nz), U = (int)((int64_t)units * (z + 1) / nz) - u0;
+	int m0 = blockIdx.x * C::BM, n0 = blockIdx.y * C::BN;
+	qw_bars br;
+
+	br.xfull = base + L::BAR_OFF, br.xempty = br.xfull + 8 * C::XS;
+	br.wfull = br.xempty + 8 * C::XS, br.wempty = br.wfull + 8 * C::WS;
+	if (threadIdx.x == 0) {
+		for (int i = 0; i < C::XS; i++)
+			mbar_init(br.xfull + 8 * i, 1), mbar_init(br.xempty + 8 * i, 8);
+		for (int i = 0; i < C::WS; i++)
+			mbar_init(br.wfull + 8 * i, 1), mbar_init(br.wempty + 8 * i, 8);
+		mbar_init_fence();
+	}
+	__syncthreads();
+	if (warp >= 8) {
+		if (warp == 9 && threadIdx.x % WARP == 0)
+			qw_produce_w<TY, C>(&wmap, &hmap, base, br, u0, U, m0);
+		pdl_wait();
+		pdl_trigger();
+		if (warp == 8 && threadIdx.x % WARP == 0)
+			qw_produce_x<TY, C>(&xmap, base, br, u0, U, n0);
+		return;
+	}
+	float acc[1][C::NT][4];
+	int rr = 64 * (warp / 4) + 16 * (warp % 4);
+
+#pragma unroll
+	for (int j = 0; j < C::NT; j++)
+		acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;
+	pdl_wait();
+	pdl_trigger();
+	qw_consume<TY, C>(smem, base, br, u0, U, rr + (threadIdx.x % WARP) / 4, acc);
+	qg_store<C>(a, acc, m0 + rr, n0, z);
+#endif
+}
+
 /* Blocks of one shape that fit on a multiprocessor at once, by shared memory (at least 1). */
 template <int TY, class C>
 static int
@@ -773,6 +1017,107 @@ qg_grid(struct cuda_mm *m, struct qg_args a, int split, char *err)
 	CK(cuda_launch(qg_reduce_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, m->stream, m->part,
 	    split, a.n_tok, a.n_rows, a.xscale, a.out));
 	return 0;
+}
+
+/* 1 in the sm_90a code, where qw_kernel is built; 0 in the others. */
+__device__ int qw_built = WG_ARCH;
+
+/* The driver's tensor-map encoder, found at setup; NULL: the wgmma form is not used. */
+static PFN_cuTensorMapEncodeTiled_v12000 qw_encode;
+
+/* A 2-D tensor map: rows of `inner` elements `stride` bytes apart, boxes of box0 x box1. */
+static int
+qw_map(CUtensorMap *map, CUtensorMapDataType ty, const void *p, uint64_t inner, uint64_t rows, uint64_t stride,
+    uint32_t box0, uint32_t box1, CUtensorMapSwizzle sw, char *err)
+{
+	cuuint64_t dim[2] = { inner, rows }, str[1] = { stride };
+	cuuint32_t box[2] = { box0, box1 }, es[2] = { 1, 1 };
+	CUresult r = qw_encode(map, ty, 2, (void *)p, dim, str, box, es, CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
+	    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+
+	return r == CUDA_SUCCESS ? 0 : err_set(err, ERR_DEVICE, "tensor map of %llu x %llu: driver error %d",
+	    (unsigned long long)inner, (unsigned long long)rows, (int)r);
+}
+
+/* One wgmma launch of shape C for type TY, K split in `split` (and the reduction of the splits). */
+template <int TY, class C>
+static int
+qw_grid(struct cuda_mm *m, struct qg_args a, char *err)
+{
+	int64_t tiles = (int64_t)((a.n_rows + C::BM - 1) / C::BM) * ((a.n_tok + C::BN - 1) / C::BN);
+	int split = qg_splits(m, tiles, 1, a.k / qg_type<TY>::UNIT, (int64_t)a.n_tok * a.n_rows), rc;
+	dim3 grid((unsigned)((a.n_rows + C::BM - 1) / C::BM), (unsigned)((a.n_tok + C::BN - 1) / C::BN),
+	    (unsigned)split);
+	CUtensorMap xmap, wmap, hmap = {};
+
+	if ((rc = qw_map(&xmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a.xh, (uint64_t)a.k, (uint64_t)a.n_tok,
+	    (uint64_t)a.k * sizeof(__half), 64, C::BN, CU_TENSOR_MAP_SWIZZLE_128B, err)) != 0 ||
+	    (rc = qw_map(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.row_bytes, (uint64_t)a.n_rows, a.row_bytes,
+	    qw_unit<TY>::BODY, C::BM, CU_TENSOR_MAP_SWIZZLE_NONE, err)) != 0 ||
+	    (qw_unit<TY>::HEAD > 0 && (rc = qw_map(&hmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.row_bytes,
+	    (uint64_t)a.n_rows, a.row_bytes, qw_unit<TY>::HEAD, C::BM, CU_TENSOR_MAP_SWIZZLE_NONE, err)) != 0))
+		return rc;
+	a.part = split > 1 ? m->part : NULL;
+	CK(cuda_launch(qw_kernel<TY, C>, grid, dim3(C::THREADS), qw_smem<TY, C>::BYTES, m->stream, xmap, wmap, hmap,
+	    a));
+	if (split == 1)
+		return 0;
+	int64_t n = (int64_t)a.n_tok * a.n_rows;
+	CK(cuda_launch(qg_reduce_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, m->stream, m->part,
+	    split, a.n_tok, a.n_rows, a.xscale, a.out));
+	return 0;
+}
+
+/* The wgmma shape for a.n_tok tokens. */
+template <int TY>
+static int
+qw_dispatch(struct cuda_mm *m, const struct qg_args &a, char *err)
+{
+	return a.n_tok <= 64 ? qw_grid<TY, qw_cfg<64>>(m, a, err) : qw_grid<TY, qw_cfg<128>>(m, a, err);
+}
+
+/* 1 if the wgmma form multiplies weights of this type (and the device runs it). */
+static int
+qw_takes(uint32_t type)
+{
+	if (qw_encode == NULL)
+		return 0;
+	switch (type) {
+#define QW_CASE(TY) case TY: return 1;
+	QW_TYPES(QW_CASE)
+#undef QW_CASE
+	default:
+		return 0;
+	}
+}
+
+/* The wgmma form's shared-memory limits, its kernel's presence on this device, the driver's encoder. */
+static int
+qw_setup(char *err)
+{
+	int built = 0;
+	cudaDriverEntryPointQueryResult q;
+	void *fn = NULL;
+
+#define QW_CASE(TY) \
+	CK(cudaFuncSetAttribute(qw_kernel<TY, qw_cfg<64>>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+	    (int)qw_smem<TY, qw_cfg<64>>::BYTES)); \
+	CK(cudaFuncSetAttribute(qw_kernel<TY, qw_cfg<128>>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+	    (int)qw_smem<TY, qw_cfg<128>>::BYTES));
+	QW_TYPES(QW_CASE)
+#undef QW_CASE
+	CK(cudaMemcpyFromSymbol(&built, qw_built, sizeof built));
+	qw_encode = NULL;
+	if (built && cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
+	    cudaSuccess && q == cudaDriverEntryPointSuccess)
+		qw_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+	return 0;
+}
+
+int
+cuda_qgemm_wg_ready(void)
+{
+	return qw_encode != NULL;
 }
 
 /* The outputs of rows row0 and on of out, as rows from 0. */
@@ -875,6 +1220,12 @@ cuda_qgemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const stru
 {
 	struct qg_args a = { w->d, w->row_bytes, (int)w->k, (int)w->n, n_tok, m->xh, m->xscale, *out, NULL };
 
+	if (n_tok >= m->wg_min && qw_takes(w->type))
+		switch (w->type) {
+#define QW_CASE(TY) case TY: return qw_dispatch<TY>(m, a, err);
+		QW_TYPES(QW_CASE)
+#undef QW_CASE
+		}
 	switch (w->type) {
 #define QT_CASE(TY) case TY: return qg_dispatch<TY>(m, a, err);
 	QG_TYPES(QT_CASE)
@@ -964,7 +1315,7 @@ cuda_qgemm_setup(char *err)
 #define QT_CASE(TY) if (rc == 0) rc = qg_setup_type<TY>(err);
 	QG_TYPES(QT_CASE)
 #undef QT_CASE
-	return rc;
+	return rc != 0 ? rc : qw_setup(err);
 }
 
 int64_t
