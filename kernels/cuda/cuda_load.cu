@@ -61,6 +61,22 @@
  * and 128 31 % slower.
  */
 #define BLAS_MIN_DEFAULT 256
+/*
+ * Default token count from which the types qgemm's wgmma form takes (Q4_K,
+ * Q6_K on sm_90a) go to it, before cuBLAS too: measured on an H200
+ * (llama3-8b Q4_K_M) against mma.sync and cuBLAS, 64 sequences +15 %, 128
+ * +45 %, 256 +30 %, a 512-token prefill chunk +9 %; at 16 and 32 tokens
+ * its tiles of 64 lose to mma.sync's of 16 and 32.
+ */
+#define WG_MIN_DEFAULT 33
+/*
+ * Weights (rows x K) from which the wgmma form takes a product: below,
+ * its launch's fixed costs (the tensor maps, filling the rings) outweigh
+ * its speed. gemma3-270m's down projection (640 x 2,048) on it made the
+ * whole model 8 % slower in prefill and 12 % at 256 sequences (H200);
+ * qwen3-0.6b's products of 2M weights gained 6-21 %.
+ */
+#define WG_ELEMS_DEFAULT (1 << 21)
 
 /* Rounds n up to DEV_ALIGN. */
 static size_t
@@ -668,6 +684,24 @@ blas_min(int exact)
 }
 
 /*
+ * The token count from which qgemm's wgmma form takes its types
+ * (RESIDENT_CUDA_WG_MIN); never in exact mode or where it is not built
+ * (after cuda_qgemm_setup).
+ */
+static int
+wg_min(int exact)
+{
+	return exact || !cuda_qgemm_wg_ready() ? INT_MAX : MAX(1, env_int("RESIDENT_CUDA_WG_MIN", WG_MIN_DEFAULT));
+}
+
+/* ... for weights of this many elements and more (RESIDENT_CUDA_WG_ELEMS). */
+static int64_t
+wg_elems(void)
+{
+	return MAX(0, env_int("RESIDENT_CUDA_WG_ELEMS", WG_ELEMS_DEFAULT));
+}
+
+/*
  * Tokens of a prefill tile of the tensor-core attention kernel for these
  * heads; 0 when it cannot serve them (exact mode's fp32 pool, groups of
  * query heads that do not divide a tile) or RESIDENT_CUDA_FLASH=0.
@@ -808,7 +842,7 @@ static int
 plan_sizes(const struct model_desc *m, const struct backend_opts *o, struct mats *x, struct sizes *z, char *err)
 {
 	struct dims d = model_dims(&m->hp, o);
-	int rc, sms = 0, steps_blas;
+	int rc, sms = 0, steps_blas, wg_first;
 
 	if ((rc = kv_type_check(o->kv_type, m->hp.head_dim, err)) != 0 || (rc = check_model(m, x->t, x->n, err)) != 0)
 		return rc;
@@ -816,17 +850,25 @@ plan_sizes(const struct model_desc *m, const struct backend_opts *o, struct mats
 	z->weights = matrix_offsets(x->t, x->host, x->n, x->off);
 	z->wh = 1;
 	steps_blas = o->max_tokens >= blas_min(o->exact);
+	wg_first = wg_min(o->exact) <= blas_min(o->exact);
 	for (int i = 0; i < x->n; i++) {
 		struct cuda_weight w = form_of(x->t[i]);
 		/*
-		 * experts (3-D) take the grouped kernels, whatever the step; the output, which a step
-		 * multiplies by as many tokens only when it wants every row's logits, takes what tiles
-		 * the layers' products leave it (a 128k vocabulary would take the whole 128 MiB)
+		 * experts (3-D) take the grouped kernels, whatever the step, and the wgmma form's
+		 * types never reach cuBLAS when it starts first; the output, which a step multiplies
+		 * by as many tokens only when it wants every row's logits, takes what tiles the
+		 * layers' products leave it (a 128k vocabulary would take the whole 128 MiB), at
+		 * least 256 of its rows
 		 */
-		int blas = steps_blas && x->t[i]->n_dims < 3 && x->t[i] != m->output;
+		int blas = steps_blas && x->t[i]->n_dims < 3 &&
+		    !(wg_first && w.n * w.k >= wg_elems() && cuda_qgemm_wg_type(&w));
+		int out = x->t[i] == m->output;
 
-		if (!x->host[i] && is_product(m, x->t[i]))
-			z->wh = MAX(z->wh, cuda_matmul_tile_elems(&w, blas));
+		if (x->host[i] || !is_product(m, x->t[i]))
+			continue;
+		z->wh = MAX(z->wh, cuda_matmul_tile_elems(&w, blas && !out));
+		if (out)
+			z->wh = MAX(z->wh, MIN(cuda_matmul_tile_elems(&w, blas), 256 * w.k));
 	}
 	z->stage = 0;
 	for (int l = 0; l < m->hp.n_layer; l++)
@@ -923,7 +965,10 @@ cuda_plan(const struct model_desc *m, const struct backend_opts *o, struct backe
 	int rc;
 
 	mats_list(m, o, &x);
-	if ((rc = plan_sizes(m, o, &x, &z, err)) == 0) {
+	/* the kernels set up first, as a load does: which forms the device runs changes the scratch */
+	if (cudaSetDevice(o->device) != cudaSuccess)
+		rc = err_set(err, ERR_DEVICE, "CUDA device %d cannot be used", o->device);
+	else if ((rc = cuda_qgemm_setup(err)) == 0 && (rc = plan_sizes(m, o, &x, &z, err)) == 0) {
 		size_t gu, down;
 
 		p->fixed = z.weights + z.act + z.stage + z.hot;
@@ -1291,8 +1336,9 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	int rc;
 
 	mats_list(m, o, &x);
-	if ((rc = plan_sizes(m, o, &x, &z, err)) != 0 || (rc = open_device(b, o->device, err)) != 0 ||
-	    (rc = cuda_attention_setup(m->hp.head_dim, err)) != 0 || (rc = cuda_qgemm_setup(err)) != 0)
+	/* the kernels first: the wgmma form, if the device runs it, changes the scratch wanted */
+	if ((rc = open_device(b, o->device, err)) != 0 || (rc = cuda_attention_setup(m->hp.head_dim, err)) != 0 ||
+	    (rc = cuda_qgemm_setup(err)) != 0 || (rc = plan_sizes(m, o, &x, &z, err)) != 0)
 		goto out;
 	b->exact = o->exact != 0;
 	b->kv_q8 = o->kv_type == KV_Q8_0;
@@ -1328,7 +1374,8 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	b->mm.mmv_max = mmv_max(b->exact);
 	b->mm.mmt_max = MIN(env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS), MMT_MAX_TOKENS);
 	b->mm.blas_min = blas_min(b->exact);
-	b->mm.wg_min = b->exact ? INT_MAX : env_int("RESIDENT_CUDA_WG_MIN", INT_MAX);
+	b->mm.wg_min = wg_min(b->exact);
+	b->mm.wg_elems = wg_elems();
 	b->use_graphs = env_int("RESIDENT_CUDA_GRAPHS", 1) != 0;
 	b->flash_tokens = flash_tokens(&m->hp, b->exact);
 	rc = attention_counts(b, &m->hp, err);

@@ -287,11 +287,19 @@ static void
 probe_path(struct cuda_probe *p, enum cuda_probe_path path)
 {
 	p->mm.mmv_max = path == CUDA_PROBE_GEMM || path == CUDA_PROBE_GEMM_WHOLE || path == CUDA_PROBE_FEW ||
-	    path == CUDA_PROBE_BLAS ? 0 : INT_MAX;
+	    path == CUDA_PROBE_BLAS || path == CUDA_PROBE_WG ? 0 : INT_MAX;
 	p->mm.mmt_max = path == CUDA_PROBE_FEW ? MMT_MAX_TOKENS : 0;
 	p->mm.blas_min = path == CUDA_PROBE_BLAS ? 1 : INT_MAX;
-	p->mm.wg_min = getenv("RESIDENT_CUDA_WG_MIN") != NULL ? atoi(getenv("RESIDENT_CUDA_WG_MIN")) : INT_MAX;
+	p->mm.wg_min = path == CUDA_PROBE_WG ? 1 : INT_MAX;
+	p->mm.wg_elems = 0; /* every shape the checks try */
 	p->mm.sms = path == CUDA_PROBE_GEMM_WHOLE ? 0 : p->sms; /* no multiprocessors to fill: no split */
+}
+
+int
+cuda_probe_wg(const struct cuda_probe *p)
+{
+	(void)p;
+	return cuda_qgemm_wg_ready();
 }
 
 /*

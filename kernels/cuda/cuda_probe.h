@@ -50,7 +50,12 @@ enum cuda_probe_path {
 	CUDA_PROBE_BLAS,   /* as CUDA_PROBE_GEMM, but every weight on cuBLAS, the quantized ones
 	                      dequantized into fp16 tiles (the backend's path from cuda_mm.blas_min
 	                      tokens) */
+	CUDA_PROBE_WG,     /* as CUDA_PROBE_GEMM, but the types qgemm's wgmma form takes on it (the
+	                      backend's path from cuda_mm.wg_min tokens; where cuda_probe_wg) */
 };
+
+/* 1 if the device runs qgemm's wgmma form (sm_90a, built for it). */
+int cuda_probe_wg(const struct cuda_probe *p);
 
 /*
  * y[t * n + o] = W[o] . x[t * k ..] for t < n_tok (x: n_tok x k, y: n_tok

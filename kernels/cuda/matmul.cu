@@ -1017,13 +1017,13 @@ to_f16(struct cuda_mm *m, const float *x, int ldx, int k, int n_tok, char *err)
 
 /*
  * 1 if cuBLAS multiplies w by a step's n_tok tokens (above m->mmv_max):
- * float weights, and quantized ones from m->blas_min tokens; else the
- * tensor-core kernels (qgemm.cu, mmt.cu) do.
+ * float weights, and quantized ones from m->blas_min tokens unless qgemm's
+ * wgmma form takes them; else the tensor-core kernels (qgemm.cu, mmt.cu) do.
  */
 static int
 blas_takes(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok)
 {
-	return !cuda_qgemm_type(w) || n_tok >= m->blas_min;
+	return !cuda_qgemm_type(w) || (n_tok >= m->blas_min && !cuda_qgemm_wg(m, w, n_tok));
 }
 
 /*

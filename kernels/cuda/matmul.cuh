@@ -38,7 +38,8 @@ struct cuda_mm {
 	int mmv_max;       /* up to this many tokens: matrix-vector kernels; above: the tensor cores, cuBLAS */
 	int mmt_max;       /* above mmv_max and up to this many (at most MMT_MAX_TOKENS): mmt.cu where it takes the type */
 	int blas_min;      /* from this many (above mmv_max): quantized weights too on cuBLAS, dequantized into wh */
-	int wg_min;        /* from this many (above mmt_max): qgemm's wgmma form where it takes the type (sm_90a) */
+	int wg_min;        /* from this many (above mmt_max): qgemm's wgmma form where it takes the type (sm_90a), before cuBLAS */
+	int64_t wg_elems;  /* ... for weights of this many elements (rows x K) and more */
 	/*
 	 * The activations as two int8 rows (max_tokens x 2 x widest input)
 	 * with a scale and a sum per 32 (max_tokens x widest / 32), for the
@@ -324,6 +325,12 @@ int cuda_qgemm_setup(char *err);
 
 /* 1 if qgemm's wgmma form runs on the current device (set up by cuda_qgemm_setup). */
 int cuda_qgemm_wg_ready(void);
+
+/* 1 if qgemm's wgmma form multiplies weights of w's type and width on the current device. */
+int cuda_qgemm_wg_type(const struct cuda_weight *w);
+
+/* 1 if qgemm's wgmma form multiplies w by n_tok tokens (cuda_mm.wg_min, wg_elems). */
+int cuda_qgemm_wg(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok);
 
 /* Floats of split sums cuda_qgemm wants on a device of sms multiprocessors (cuda_mm.part). */
 int64_t cuda_qgemm_part_elems(int sms);

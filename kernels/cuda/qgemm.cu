@@ -805,7 +805,7 @@ template <int BN_>
 struct qw_cfg {
 	static constexpr int BM = 128, BN = BN_, MT = 1, NT = BN / 8;
 	static constexpr int XS = 4;               /* token tiles in the ring */
-	static constexpr int WS = 3;               /* weight units in the ring */
+	static constexpr int WS = 4;               /* weight units in the ring */
 	static constexpr int THREADS = 10 * WARP;  /* warpgroups 0 and 1 consume, warps 8 and 9 produce */
 };
 
@@ -868,52 +868,103 @@ qw_produce_x(const CUtensorMap *xmap, uint32_t base, qw_bars br, int u0, int U, 
 	}
 }
 
-/* A consumer warp: its 16 rows (rows rr and rr + 8 for its lane) by the block's tokens, over units u0.. */
+/* A consumer warp's view of one unit in its slot: its two rows' bytes and their tables of scales. */
+template <int TY, class C>
+struct qw_rows {
+	using L = qw_smem<TY, C>;
+	using W = qw_unit<TY>;
+	static constexpr int TN = qg_type<TY>::TAB > 0 ? qg_type<TY>::TAB : 1;
+	const uint8_t *b0, *b1;
+	uint32_t tab0[TN], tab1[TN];
+
+	/* Waits for unit u (of the split's U) in its slot and tabulates its scales. */
+	__device__ __forceinline__ void
+	load(const unsigned char *smem, qw_bars br, int u0, int u, int rr)
+	{
+		int ws = u % C::WS;
+		const uint8_t *h0 = smem + L::W_OFF + ws * L::W_BYTES + L::W_BODY + rr * W::HEAD;
+
+		b0 = smem + L::W_OFF + ws * L::W_BYTES + rr * W::BODY, b1 = b0 + 8 * W::BODY;
+		mbar_wait(br.wfull + 8 * ws, (u / C::WS) & 1);
+		W::table(b0, h0, u0 + u, tab0);
+		W::table(b1, h0 + 8 * W::HEAD, u0 + u, tab1);
+	}
+
+	/* The A fragments (wgmma's register order) of sub-step p of the unit. */
+	__device__ __forceinline__ void
+	decode(int p, int t, uint32_t (&fa)[4][4]) const
+	{
+		uint32_t f0[4][2], f1[4][2];
+
+		qg_type<TY>::template frags<true>(b0, tab0, p, t, f0);
+		qg_type<TY>::template frags<true>(b1, tab1, p, t, f1);
+#pragma unroll
+		for (int kk = 0; kk < 4; kk++)
+			fa[kk][0] = f0[kk][0], fa[kk][1] = f1[kk][0], fa[kk][2] = f0[kk][1], fa[kk][3] = f1[kk][1];
+	}
+};
+
+/* Keeps A fragments alive (their registers unreused) until here: wgmma reads them after it is issued. */
+static __device__ __forceinline__ void
+wg_hold_a(uint32_t (&fa)[4][4])
+{
+#pragma unroll
+	for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			asm volatile("" : "+r"(fa[kk][i])::"memory");
+}
+
+/*
+ * A consumer warp: its 16 rows (rows rr and rr + 8 for its lane) by the
+ * block's tokens, over units u0... The next sub-step's fragments are
+ * decoded into the other of two register sets while the tensor cores
+ * multiply this one's; a unit's slot is freed once its last sub-step is
+ * decoded.
+ */
 template <int TY, class C>
 static __device__ __forceinline__ void
 qw_consume(const unsigned char *smem, uint32_t base, qw_bars br, int u0, int U, int rr, float (&acc)[1][C::NT][4])
 {
 	using L = qw_smem<TY, C>;
-	using T = qg_type<TY>;
-	using W = qw_unit<TY>;
-	constexpr int SUB = T::UNIT / 64, TN = T::TAB > 0 ? T::TAB : 1;
+	constexpr int SUB = qg_type<TY>::UNIT / 64;
+	static_assert(SUB % 2 == 0, "a unit's sub-steps alternate the two register sets");
 	int lane = threadIdx.x % WARP, t = lane % 4;
+	qw_rows<TY, C> rw;
+	uint32_t fa[2][4][4];
 
+	rw.load(smem, br, u0, 0, rr);
+	rw.decode(0, t, fa[0]);
 	for (int u = 0; u < U; u++) {
-		int ws = u % C::WS;
-		const uint8_t *b0 = smem + L::W_OFF + ws * L::W_BYTES + rr * W::BODY, *b1 = b0 + 8 * W::BODY;
-		const uint8_t *h0 = smem + L::W_OFF + ws * L::W_BYTES + L::W_BODY + rr * W::HEAD, *h1 = h0 + 8 * W::HEAD;
-		uint32_t tab0[TN], tab1[TN];
-
-		mbar_wait(br.wfull + 8 * ws, (u / C::WS) & 1);
-		W::table(b0, h0, u0 + u, tab0);
-		W::table(b1, h1, u0 + u, tab1);
 #pragma unroll
 		for (int p = 0; p < SUB; p++) {
 			int g = u * SUB + p, s = g % C::XS;
-			uint32_t f0[4][2], f1[4][2];
 
-			T::template frags<true>(b0, tab0, p, t, f0);
-			T::template frags<true>(b1, tab1, p, t, f1);
 			mbar_wait(br.xfull + 8 * s, (g / C::XS) & 1);
 			wg_hold(acc[0]);
 			wg_fence();
 #pragma unroll
-			for (int kk = 0; kk < 4; kk++) {
-				uint32_t a[4] = { f0[kk][0], f1[kk][0], f0[kk][1], f1[kk][1] };
-
-				wg_mma(acc[0], a, wg_desc_sw128(base + s * L::X_BYTES + 32 * kk));
-			}
+			for (int kk = 0; kk < 4; kk++)
+				wg_mma(acc[0], fa[p & 1][kk], wg_desc_sw128(base + s * L::X_BYTES + 32 * kk));
 			wg_commit();
+			if (p + 1 < SUB) {
+				rw.decode(p + 1, t, fa[(p + 1) & 1]);
+			} else {
+				__syncwarp();
+				if (lane == 0)
+					mbar_arrive(br.wempty + 8 * (u % C::WS));
+				if (u + 1 < U) {
+					rw.load(smem, br, u0, u + 1, rr);
+					rw.decode(0, t, fa[0]);
+				}
+			}
 			wg_wait<0>();
 			wg_hold(acc[0]);
+			wg_hold_a(fa[p & 1]);
 			__syncwarp();
 			if (lane == 0)
 				mbar_arrive(br.xempty + 8 * s);
 		}
-		__syncwarp();
-		if (lane == 0)
-			mbar_arrive(br.wempty + 8 * ws);
 	}
 }
 
@@ -991,28 +1042,54 @@ qg_splits(const struct cuda_mm *m, int64_t blocks, int per_sm, int units, int64_
 	return (int)MAX(s, (int64_t)1);
 }
 
-/* The splits of K of a's grid of shape C. */
+/*
+ * A form of qgemm at one shape: its configuration (Cfg), its blocks a
+ * multiprocessor, its launch of a grid, and whether a product's last
+ * partial wave may go to a second, split launch (qg_launch). This one is
+ * the mma.sync form; qw_form (below) the wgmma form.
+ */
 template <int TY, class C>
+struct qg_sync {
+	using Cfg = C;
+	/* the decode shapes keep one launch: forms that split their last wave cost batched decoding 1-3 % */
+	static constexpr bool SPLIT_REST = C::BN == qg_c128::BN;
+	static int
+	per_sm(void)
+	{
+		return qg_per_sm<TY, C>();
+	}
+	static int
+	launch(struct cuda_mm *m, dim3 grid, const struct qg_args &a, char *err)
+	{
+		CK(cuda_launch(qgemm_kernel<TY, C>, grid, dim3(C::THREADS), qg_smem<TY, C>::BYTES, m->stream, a));
+		return 0;
+	}
+};
+
+/* The splits of K of a's grid in form F. */
+template <int TY, class F>
 static int
 qg_split_of(const struct cuda_mm *m, const struct qg_args &a)
 {
+	using C = typename F::Cfg;
 	int64_t tiles = (int64_t)((a.n_rows + C::BM - 1) / C::BM) * ((a.n_tok + C::BN - 1) / C::BN);
 
-	return qg_splits(m, tiles, qg_per_sm<TY, C>(), a.k / qg_type<TY>::UNIT, (int64_t)a.n_tok * a.n_rows);
+	return qg_splits(m, tiles, F::per_sm(), a.k / qg_type<TY>::UNIT, (int64_t)a.n_tok * a.n_rows);
 }
 
-/* One launch of shape C for type TY, K split in `split` (and the reduction of the splits). */
-template <int TY, class C>
+/* One launch in form F, K split in `split`, and the reduction of the splits. */
+template <class F>
 static int
 qg_grid(struct cuda_mm *m, struct qg_args a, int split, char *err)
 {
+	using C = typename F::Cfg;
 	dim3 grid((unsigned)((a.n_rows + C::BM - 1) / C::BM), (unsigned)((a.n_tok + C::BN - 1) / C::BN),
 	    (unsigned)split);
+	int rc;
 
 	a.part = split > 1 ? m->part : NULL;
-	CK(cuda_launch(qgemm_kernel<TY, C>, dim3(grid), dim3(C::THREADS), qg_smem<TY, C>::BYTES, m->stream, a));
-	if (split == 1)
-		return 0;
+	if ((rc = F::launch(m, grid, a, err)) != 0 || split == 1)
+		return rc;
 	int64_t n = (int64_t)a.n_tok * a.n_rows;
 	CK(cuda_launch(qg_reduce_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, m->stream, m->part,
 	    split, a.n_tok, a.n_rows, a.xscale, a.out));
@@ -1039,51 +1116,42 @@ qw_map(CUtensorMap *map, CUtensorMapDataType ty, const void *p, uint64_t inner, 
 	    (unsigned long long)inner, (unsigned long long)rows, (int)r);
 }
 
-/* One wgmma launch of shape C for type TY, K split in `split` (and the reduction of the splits). */
+/* The wgmma form of shape C: one block a multiprocessor; each launch makes its operands' tensor maps. */
 template <int TY, class C>
-static int
-qw_grid(struct cuda_mm *m, struct qg_args a, char *err)
-{
-	int64_t tiles = (int64_t)((a.n_rows + C::BM - 1) / C::BM) * ((a.n_tok + C::BN - 1) / C::BN);
-	int split = qg_splits(m, tiles, 1, a.k / qg_type<TY>::UNIT, (int64_t)a.n_tok * a.n_rows), rc;
-	dim3 grid((unsigned)((a.n_rows + C::BM - 1) / C::BM), (unsigned)((a.n_tok + C::BN - 1) / C::BN),
-	    (unsigned)split);
-	CUtensorMap xmap, wmap, hmap = {};
+struct qw_form {
+	using Cfg = C;
+	static constexpr bool SPLIT_REST = C::BN == 128;
+	static int
+	per_sm(void)
+	{
+		return 1;
+	}
+	static int
+	launch(struct cuda_mm *m, dim3 grid, const struct qg_args &a, char *err)
+	{
+		CUtensorMap xmap, wmap, hmap = {};
+		int rc;
 
-	if ((rc = qw_map(&xmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a.xh, (uint64_t)a.k, (uint64_t)a.n_tok,
-	    (uint64_t)a.k * sizeof(__half), 64, C::BN, CU_TENSOR_MAP_SWIZZLE_128B, err)) != 0 ||
-	    (rc = qw_map(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.row_bytes, (uint64_t)a.n_rows, a.row_bytes,
-	    qw_unit<TY>::BODY, C::BM, CU_TENSOR_MAP_SWIZZLE_NONE, err)) != 0 ||
-	    (qw_unit<TY>::HEAD > 0 && (rc = qw_map(&hmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.row_bytes,
-	    (uint64_t)a.n_rows, a.row_bytes, qw_unit<TY>::HEAD, C::BM, CU_TENSOR_MAP_SWIZZLE_NONE, err)) != 0))
-		return rc;
-	a.part = split > 1 ? m->part : NULL;
-	CK(cuda_launch(qw_kernel<TY, C>, grid, dim3(C::THREADS), qw_smem<TY, C>::BYTES, m->stream, xmap, wmap, hmap,
-	    a));
-	if (split == 1)
+		if ((rc = qw_map(&xmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a.xh, (uint64_t)a.k, (uint64_t)a.n_tok,
+		    (uint64_t)a.k * sizeof(__half), 64, C::BN, CU_TENSOR_MAP_SWIZZLE_128B, err)) != 0 ||
+		    (rc = qw_map(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.row_bytes, (uint64_t)a.n_rows, a.row_bytes,
+		    qw_unit<TY>::BODY, C::BM, CU_TENSOR_MAP_SWIZZLE_NONE, err)) != 0 ||
+		    (qw_unit<TY>::HEAD > 0 && (rc = qw_map(&hmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.row_bytes,
+		    (uint64_t)a.n_rows, a.row_bytes, qw_unit<TY>::HEAD, C::BM, CU_TENSOR_MAP_SWIZZLE_NONE, err)) != 0))
+			return rc;
+		CK(cuda_launch(qw_kernel<TY, C>, grid, dim3(C::THREADS), qw_smem<TY, C>::BYTES, m->stream, xmap, wmap,
+		    hmap, a));
 		return 0;
-	int64_t n = (int64_t)a.n_tok * a.n_rows;
-	CK(cuda_launch(qg_reduce_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, m->stream, m->part,
-	    split, a.n_tok, a.n_rows, a.xscale, a.out));
-	return 0;
-}
+	}
+};
 
-/* The wgmma shape for a.n_tok tokens. */
-template <int TY>
-static int
-qw_dispatch(struct cuda_mm *m, const struct qg_args &a, char *err)
-{
-	return a.n_tok <= 64 ? qw_grid<TY, qw_cfg<64>>(m, a, err) : qw_grid<TY, qw_cfg<128>>(m, a, err);
-}
-
-/* 1 if the wgmma form multiplies weights of this type (and the device runs it). */
-static int
-qw_takes(uint32_t type)
+int
+cuda_qgemm_wg_type(const struct cuda_weight *w)
 {
 	if (qw_encode == NULL)
 		return 0;
-	switch (type) {
-#define QW_CASE(TY) case TY: return 1;
+	switch (w->type) {
+#define QW_CASE(TY) case TY: return w->k % qg_type<TY>::UNIT == 0;
 	QW_TYPES(QW_CASE)
 #undef QW_CASE
 	default:
@@ -1115,6 +1183,12 @@ qw_setup(char *err)
 }
 
 int
+cuda_qgemm_wg(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok)
+{
+	return n_tok >= m->wg_min && w->n * w->k >= m->wg_elems && cuda_qgemm_wg_type(w);
+}
+
+int
 cuda_qgemm_wg_ready(void)
 {
 	return qw_encode != NULL;
@@ -1138,40 +1212,47 @@ qg_rows_from(const struct mm_out &out, int row0)
 }
 
 /*
- * A product of shape C for type TY. When a prefill product's tiles take
- * more than one wave of the GPU's slots and leave a last wave under half
- * full (llama3-8b's gate/up at 512 tokens: 448 tiles on 132 slots, four
- * waves' time for 3.4 of work), the tiles of its last rows, enough to
- * hold that remainder, go to a second launch, which splits their K to
- * fill the GPU; the first
- * launch is at most whole waves. The decode shapes keep one launch: that is
- * what was measured for them (forms that split their last wave cost
- * batched decoding 1-3 %, tests/bench/RESULTS.md).
+ * A product in form F. When a prefill product's tiles take more than one
+ * wave of the GPU's slots and leave a last wave under half full
+ * (llama3-8b's gate/up at 512 tokens: 448 tiles on 132 slots, four waves'
+ * time for 3.4 of work), the tiles of its last rows, enough to hold that
+ * remainder, go to a second launch, which splits their K to fill the GPU;
+ * the first launch is at most whole waves. Only where F::SPLIT_REST.
  */
-template <int TY, class C>
+template <int TY, class F>
 static int
 qg_launch(struct cuda_mm *m, struct qg_args a, char *err)
 {
+	using C = typename F::Cfg;
 	int64_t gx = (a.n_rows + C::BM - 1) / C::BM, gy = (a.n_tok + C::BN - 1) / C::BN;
-	int64_t slots = (int64_t)m->sms * qg_per_sm<TY, C>(), left = slots > 0 ? gx * gy % slots : 0;
+	int64_t slots = (int64_t)m->sms * F::per_sm(), left = slots > 0 ? gx * gy % slots : 0;
 	int64_t r = (left + gy - 1) / gy; /* row tiles of the remainder: 0 for none, gx for a single wave */
 	int split, rc;
 
-	if (C::BN == qg_c128::BN && r > 0 && r < gx && 2 * left <= slots) {
+	if (F::SPLIT_REST && r > 0 && r < gx && 2 * left <= slots) {
 		struct qg_args rest = a;
 		int row0 = (int)(gx - r) * C::BM;
 
 		rest.w += (size_t)row0 * rest.row_bytes;
 		rest.n_rows -= row0;
 		rest.out = qg_rows_from(rest.out, row0);
-		if ((split = qg_split_of<TY, C>(m, rest)) > 1) {
+		if ((split = qg_split_of<TY, F>(m, rest)) > 1) {
 			a.n_rows = row0;
-			if ((rc = qg_grid<TY, C>(m, a, qg_split_of<TY, C>(m, a), err)) != 0)
+			if ((rc = qg_grid<F>(m, a, qg_split_of<TY, F>(m, a), err)) != 0)
 				return rc;
-			return qg_grid<TY, C>(m, rest, split, err);
+			return qg_grid<F>(m, rest, split, err);
 		}
 	}
-	return qg_grid<TY, C>(m, a, qg_split_of<TY, C>(m, a), err);
+	return qg_grid<F>(m, a, qg_split_of<TY, F>(m, a), err);
+}
+
+/* The wgmma shape for a.n_tok tokens. */
+template <int TY>
+static int
+qw_dispatch(struct cuda_mm *m, const struct qg_args &a, char *err)
+{
+	return a.n_tok <= 64 ? qg_launch<TY, qw_form<TY, qw_cfg<64>>>(m, a, err) :
+	    qg_launch<TY, qw_form<TY, qw_cfg<128>>>(m, a, err);
 }
 
 /* The tokens of one tile of the shape for n_tok tokens. */
@@ -1188,10 +1269,10 @@ static int
 qg_dispatch(struct cuda_mm *m, const struct qg_args &a, char *err)
 {
 	switch (qg_bn(a.n_tok)) {
-	case qg_c16::BN: return qg_launch<TY, qg_c16>(m, a, err);
-	case qg_c32::BN: return qg_launch<TY, qg_c32>(m, a, err);
-	case qg_c64::BN: return qg_launch<TY, qg_c64>(m, a, err);
-	default: return qg_launch<TY, qg_c128>(m, a, err);
+	case qg_c16::BN: return qg_launch<TY, qg_sync<TY, qg_c16>>(m, a, err);
+	case qg_c32::BN: return qg_launch<TY, qg_sync<TY, qg_c32>>(m, a, err);
+	case qg_c64::BN: return qg_launch<TY, qg_sync<TY, qg_c64>>(m, a, err);
+	default: return qg_launch<TY, qg_sync<TY, qg_c128>>(m, a, err);
 	}
 }
 
@@ -1220,7 +1301,7 @@ cuda_qgemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const stru
 {
 	struct qg_args a = { w->d, w->row_bytes, (int)w->k, (int)w->n, n_tok, m->xh, m->xscale, *out, NULL };
 
-	if (n_tok >= m->wg_min && qw_takes(w->type))
+	if (cuda_qgemm_wg(m, w, n_tok))
 		switch (w->type) {
 #define QW_CASE(TY) case TY: return qw_dispatch<TY>(m, a, err);
 		QW_TYPES(QW_CASE)

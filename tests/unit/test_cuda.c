@@ -27,7 +27,13 @@
  * the backend takes it only from contexts of 2,048 positions, which the
  * schedule does not reach); and the first variant again with the quantized
  * weights dequantized for cuBLAS (RESIDENT_CUDA_BLAS_MIN=1: the backend
- * does so only from 256 tokens, which the schedule's steps do not reach).
+ * does so only from 256 tokens, which the schedule's steps do not reach),
+ * and with every many-token product of Q4_K and Q6_K weights on qgemm's
+ * wgmma form (RESIDENT_CUDA_WG_MIN=1 and RESIDENT_CUDA_WG_ELEMS=0, where
+ * the device runs it: sm_90a; elsewhere that variant repeats gemm). gemm
+ * and blas keep to their paths (RESIDENT_CUDA_WG_MIN off); the default
+ * takes the wgmma form from 33 tokens for weights of 2M elements, more
+ * than the generated test models have.
  * The schedule mixes prefill chunks and decode
  * tokens of seven sequences in one step, reaches positions well past the
  * gemma sliding window (16), forks a sequence in the middle of a block
@@ -99,25 +105,31 @@
 #define TOL_HOST 4e-2
 #define TOL_Q8 5e-2
 #define TOL_Q8_EXACT 1.5e-2
-#define N_GPU 11        /* the CUDA variants */
+#define N_GPU 12        /* the CUDA variants */
 
 /* RESIDENT_CUDA_MMV_MAX of each ("": unset, the default) */
 static const char *const gpu_names[N_GPU] = { "gemm", "matvec", "default", "exact", "host", "host-exact", "q8",
-	"q8-exact", "tc", "q8-tc", "blas" };
-static const char *const gpu_mmv[N_GPU] = { "0", "1000000", "", "0", "", "", "", "", "", "", "0" };
-static const int gpu_exact[N_GPU] = { 0, 0, 0, 1, 0, 1, 0, 1, 0, 0, 0 };
+	"q8-exact", "tc", "q8-tc", "blas", "wgmma" };
+static const char *const gpu_mmv[N_GPU] = { "0", "1000000", "", "0", "", "", "", "", "", "", "0", "0" };
+static const int gpu_exact[N_GPU] = { 0, 0, 0, 1, 0, 1, 0, 1, 0, 0, 0, 0 };
 /* 1: the even layers' feed-forwards kept in host memory (backend_opts.host_ffn) */
-static const int gpu_host[N_GPU] = { 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0 };
+static const int gpu_host[N_GPU] = { 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0 };
 /* 1: half of each host layer's experts kept on the device too (backend_opts.hot_experts) */
-static const int gpu_hot[N_GPU] = { 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0 };
+static const int gpu_hot[N_GPU] = { 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0 };
 /* 1: a q8_0 KV cache, against the CPU's */
-static const int gpu_q8[N_GPU] = { 0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0 };
+static const int gpu_q8[N_GPU] = { 0, 0, 0, 0, 0, 0, 1, 1, 0, 1, 0, 0 };
 /* 1: every decode token on the tensor-core decode kernel (RESIDENT_CUDA_TC_DECODE=1) */
-static const int gpu_tc[N_GPU] = { 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0 };
+static const int gpu_tc[N_GPU] = { 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0 };
 /* 1: the many-token products of quantized weights on cuBLAS, dequantized (RESIDENT_CUDA_BLAS_MIN=1) */
-static const int gpu_blas[N_GPU] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1 };
+static const int gpu_blas[N_GPU] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0 };
+/*
+ * RESIDENT_CUDA_WG_MIN ("": the default): gemm and blas keep their paths
+ * off qgemm's wgmma form (sm_90a), wgmma sends it every many-token
+ * product of the types it takes
+ */
+static const char *const gpu_wg[N_GPU] = { "1000000", "", "", "", "", "", "", "", "", "", "1000000", "1" };
 static const double gpu_tol[N_GPU] = { TOL, TOL, TOL, TOL_EXACT, TOL_HOST, TOL_EXACT, TOL_Q8, TOL_Q8_EXACT, TOL,
-	TOL_Q8, TOL };
+	TOL_Q8, TOL, TOL };
 /*
  * The real Gemma 3 270M's: its activations have outliers that move it
  * further where values are rounded. Measured on an H200: the CPU's 8-bit
@@ -125,7 +137,8 @@ static const double gpu_tol[N_GPU] = { TOL, TOL, TOL, TOL_EXACT, TOL_HOST, TOL_E
  * moved by the float order 3.1e-2 (exact) and with fp16 activations
  * 8.2e-2; the bounds are 2.5-3 times those.
  */
-static const double gemma_tol[N_GPU] = { TOL, TOL, TOL, TOL_EXACT, 0.25, TOL_EXACT, 0.25, 0.1, TOL, 0.25, TOL };
+static const double gemma_tol[N_GPU] = { TOL, TOL, TOL, TOL_EXACT, 0.25, TOL_EXACT, 0.25, 0.1, TOL, 0.25, TOL,
+	TOL };
 
 struct fixture {
 	char dir[64];
@@ -193,6 +206,8 @@ load_all(struct fixture *f)
 		env_or_unset("RESIDENT_CUDA_MMV_MAX", gpu_mmv[g]);
 		env_or_unset("RESIDENT_CUDA_TC_DECODE", gpu_tc[g] ? "1" : "");
 		env_or_unset("RESIDENT_CUDA_BLAS_MIN", gpu_blas[g] ? "1" : "");
+		env_or_unset("RESIDENT_CUDA_WG_MIN", gpu_wg[g]);
+		env_or_unset("RESIDENT_CUDA_WG_ELEMS", strcmp(gpu_wg[g], "1") == 0 ? "0" : "");
 		if (cuda_backend.load(f->m, &bo, &f->gpu[g], err) != 0)
 			fail_msg("cuda load (%s): %s", gpu_names[g], err);
 		/* the exact mode's pool is fp32, the others' fp16; a q8 row 36 bytes a 32 */
@@ -203,6 +218,8 @@ load_all(struct fixture *f)
 	unsetenv("RESIDENT_CUDA_BUS_SHARE");
 	unsetenv("RESIDENT_CUDA_TC_DECODE");
 	unsetenv("RESIDENT_CUDA_BLAS_MIN");
+	unsetenv("RESIDENT_CUDA_WG_MIN");
+	unsetenv("RESIDENT_CUDA_WG_ELEMS");
 	free(even); /* load copies the flags */
 	f->n_vocab = f->m->hp.n_vocab;
 }

@@ -261,21 +261,23 @@ test_gemm_waves(void **state)
 {
 	static const uint32_t types[] = { TT_Q4_K, TT_Q5_K, TT_Q6_K, TT_Q8_0 };
 	static const int shapes[][2] = { { 4100, 520 }, { 4200, 700 } };
+	/* and on the wgmma form, where the device runs it: grids of many tiles, each K whole */
+	enum cuda_probe_path paths[2] = { CUDA_PROBE_GEMM, CUDA_PROBE_WG };
 
 	(void)state;
-	for (size_t ti = 0; ti < ARRAY_LEN(types); ti++)
-		for (size_t si = 0; si < ARRAY_LEN(shapes); si++) {
-			int n = shapes[si][0], n_tok = shapes[si][1];
-			int64_t k = 2 * MAX(quant_traits(types[ti])->block_elems, 64); /* two of qgemm's units */
-			float *wf, *x = rand_floats((size_t)n_tok * (size_t)k, -1, 1);
-			struct model_tensor t = random_weight(types[ti], k, n, &wf);
-			double worst = check_matmul(&t, wf, x, n_tok, CUDA_PROBE_GEMM, 0, 0, 3);
+	for (int pi = 0; pi < (cuda_probe_wg(probe) ? 2 : 1); pi++)
+		for (size_t ti = 0; ti < ARRAY_LEN(types); ti++)
+			for (size_t si = 0; si < ARRAY_LEN(shapes); si++) {
+				int n = shapes[si][0], n_tok = shapes[si][1];
+				int64_t k = 2 * MAX(quant_traits(types[ti])->block_elems, 64); /* two of qgemm's units */
+				float *wf, *x = rand_floats((size_t)n_tok * (size_t)k, -1, 1);
+				struct model_tensor t = random_weight(types[ti], k, n, &wf);
+				double worst = check_matmul(&t, wf, x, n_tok, paths[pi], 0, 0, 3);
 
-			print_message("matmul %-10s %-5s %d x %d: max error / sum |w x| %.2e (bound %.0e)\n",
-			    path_name(CUDA_PROBE_GEMM), quant_traits(types[ti])->name, n, n_tok, worst,
-			    path_tol(CUDA_PROBE_GEMM));
-			free((void *)t.data), free(wf), free(x);
-		}
+				print_message("matmul %-10s %-5s %d x %d: max error / sum |w x| %.2e (bound %.0e)\n",
+				    path_name(paths[pi]), quant_traits(types[ti])->name, n, n_tok, worst, path_tol(paths[pi]));
+				free((void *)t.data), free(wf), free(x);
+			}
 }
 
 /* Every type dequantized for cuBLAS: whole, and (the shapes' tile rows) in tiles that cut the rows unevenly. */
@@ -284,6 +286,18 @@ test_blas(void **state)
 {
 	(void)state;
 	matmul_path(CUDA_PROBE_BLAS);
+}
+
+/* qgemm's wgmma form (sm_90a) on every type: the types it takes on it, the others as on gemm. */
+static void
+test_wg(void **state)
+{
+	(void)state;
+	if (!cuda_probe_wg(probe)) {
+		print_message("skipped: this device or build does not run qgemm's wgmma form (sm_90a)\n");
+		skip();
+	}
+	matmul_path(CUDA_PROBE_WG);
 }
 
 static void
@@ -730,6 +744,7 @@ main(void)
 		cmocka_unit_test(test_gemm_waves),
 		cmocka_unit_test(test_gemm_whole),
 		cmocka_unit_test(test_blas),
+		cmocka_unit_test(test_wg),
 		cmocka_unit_test(test_few),
 		cmocka_unit_test(test_int8),
 		cmocka_unit_test(test_two_types),
