@@ -34,6 +34,13 @@
  * does not depend on timing). A prefill product of more than one wave of
  * tiles whose last wave would be under half full runs that remainder's rows
  * as a second, split launch.
+ *
+ * That is the mma.sync form, for every device from sm_80. On sm_90a the
+ * wgmma form (qw_kernel, below) takes Q4_K and Q6_K from cuda_mm.wg_min
+ * tokens: the copy engine brings the units and token tiles, two
+ * warpgroups decode the same fragments (in k order) into registers and
+ * multiply them by wgmma, which reads the token tile itself. Both forms
+ * share the types' decoding, the stores and the split sums.
  */
 #include "dequant.cuh"
 #include "matmul.cuh"
