@@ -911,17 +911,6 @@ struct qw_rows {
 	}
 };
 
-/* Keeps A fragments alive (their registers unreused) until here: wgmma reads them after it is issued. */
-static __device__ __forceinline__ void
-wg_hold_a(uint32_t (&fa)[4][4])
-{
-#pragma unroll
-	for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-		for (int i = 0; i < 4; i++)
-			asm volatile("" : "+r"(fa[kk][i])::"memory");
-}
-
 /*
  * A consumer warp: its 16 rows (rows rr and rr + 8 for its lane) by the
  * block's tokens, over units u0... The next sub-step's fragments are

@@ -156,6 +156,21 @@ wg_mma_n128(float (&d)[16][4], const uint32_t a[4], uint64_t desc)
 	    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
 }
 
+/*
+ * Keeps A fragments (KK k16 steps' registers) alive until here, their
+ * registers not reused: wgmma reads them after it is issued.
+ */
+template <int KK>
+static __device__ __forceinline__ void
+wg_hold_a(uint32_t (&fa)[KK][4])
+{
+#pragma unroll
+	for (int kk = 0; kk < KK; kk++)
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			asm volatile("" : "+r"(fa[kk][i])::"memory");
+}
+
 /* The m64nNk16 product for N = 8 NT. */
 template <int NT>
 static __device__ __forceinline__ void
