@@ -38,7 +38,7 @@ struct cuda_mm {
 	int mmv_max;       /* up to this many tokens: matrix-vector kernels; above: the tensor cores, cuBLAS */
 	int mmt_max;       /* above mmv_max and up to this many (at most MMT_MAX_TOKENS): mmt.cu where it takes the type */
 	int blas_min;      /* from this many (above mmv_max): quantized weights too on cuBLAS, dequantized into wh */
-	int wg_min;        /* from this many (above mmt_max): qgemm's wgmma form where it takes the type (sm_90a), before cuBLAS */
+	int wg_min;        /* from this many (above mmt_max): qgemm's wgmma form where it takes the weight (sm_90a) */
 	int64_t wg_elems;  /* ... for weights of this many elements (rows x K) and more */
 	/*
 	 * The activations as two int8 rows (max_tokens x 2 x widest input)
