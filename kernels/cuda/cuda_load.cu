@@ -685,13 +685,13 @@ blas_min(int exact)
 
 /*
  * The token count from which qgemm's wgmma form takes its types
- * (RESIDENT_CUDA_WG_MIN); never in exact mode or where it is not built
- * (after cuda_qgemm_setup).
+ * (RESIDENT_CUDA_WG_MIN); never in exact mode or where the device does not
+ * run it (wg: cuda_qgemm_setup's answer).
  */
 static int
-wg_min(int exact)
+wg_min(int exact, int wg)
 {
-	return exact || !cuda_qgemm_wg_ready() ? INT_MAX : MAX(1, env_int("RESIDENT_CUDA_WG_MIN", WG_MIN_DEFAULT));
+	return exact || !wg ? INT_MAX : MAX(1, env_int("RESIDENT_CUDA_WG_MIN", WG_MIN_DEFAULT));
 }
 
 /* ... for weights of this many elements and more (RESIDENT_CUDA_WG_ELEMS). */
@@ -839,7 +839,8 @@ hot_bytes(const struct model_desc *m, const struct backend_opts *o, const struct
 
 /* The sizes of a load, and where each matrix goes (x->off). Refuses what the kernels do not handle. */
 static int
-plan_sizes(const struct model_desc *m, const struct backend_opts *o, struct mats *x, struct sizes *z, char *err)
+plan_sizes(const struct model_desc *m, const struct backend_opts *o, int wg, struct mats *x, struct sizes *z,
+    char *err)
 {
 	struct dims d = model_dims(&m->hp, o);
 	int rc, sms = 0, steps_blas, wg_first;
@@ -850,7 +851,7 @@ plan_sizes(const struct model_desc *m, const struct backend_opts *o, struct mats
 	z->weights = matrix_offsets(x->t, x->host, x->n, x->off);
 	z->wh = 1;
 	steps_blas = o->max_tokens >= blas_min(o->exact);
-	wg_first = wg_min(o->exact) <= blas_min(o->exact);
+	wg_first = wg_min(o->exact, wg) <= blas_min(o->exact);
 	for (int i = 0; i < x->n; i++) {
 		struct cuda_weight w = form_of(x->t[i]);
 		/*
@@ -962,13 +963,13 @@ cuda_plan(const struct model_desc *m, const struct backend_opts *o, struct backe
 {
 	struct mats x;
 	struct sizes z;
-	int rc;
+	int rc, wg = 0;
 
 	mats_list(m, o, &x);
 	/* the kernels set up first, as a load does: which forms the device runs changes the scratch */
 	if (cudaSetDevice(o->device) != cudaSuccess)
 		rc = err_set(err, ERR_DEVICE, "CUDA device %d cannot be used", o->device);
-	else if ((rc = cuda_qgemm_setup(err)) == 0 && (rc = plan_sizes(m, o, &x, &z, err)) == 0) {
+	else if ((rc = cuda_qgemm_setup(&wg, err)) == 0 && (rc = plan_sizes(m, o, wg, &x, &z, err)) == 0) {
 		size_t gu, down;
 
 		p->fixed = z.weights + z.act + z.stage + z.hot;
@@ -1333,12 +1334,12 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	struct dims d = model_dims(&m->hp, o);
 	struct sizes z;
 	struct mats x;
-	int rc;
+	int rc, wg = 0;
 
 	mats_list(m, o, &x);
 	/* the kernels first: the wgmma form, if the device runs it, changes the scratch wanted */
 	if ((rc = open_device(b, o->device, err)) != 0 || (rc = cuda_attention_setup(m->hp.head_dim, err)) != 0 ||
-	    (rc = cuda_qgemm_setup(err)) != 0 || (rc = plan_sizes(m, o, &x, &z, err)) != 0)
+	    (rc = cuda_qgemm_setup(&wg, err)) != 0 || (rc = plan_sizes(m, o, wg, &x, &z, err)) != 0)
 		goto out;
 	b->exact = o->exact != 0;
 	b->kv_q8 = o->kv_type == KV_Q8_0;
@@ -1374,7 +1375,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	b->mm.mmv_max = mmv_max(b->exact);
 	b->mm.mmt_max = MIN(env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS), MMT_MAX_TOKENS);
 	b->mm.blas_min = blas_min(b->exact);
-	b->mm.wg_min = wg_min(b->exact);
+	b->mm.wg_min = wg_min(b->exact, wg);
 	b->mm.wg_elems = wg_elems();
 	b->use_graphs = env_int("RESIDENT_CUDA_GRAPHS", 1) != 0;
 	b->flash_tokens = flash_tokens(&m->hp, b->exact);

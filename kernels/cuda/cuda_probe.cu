@@ -48,6 +48,7 @@ struct cuda_probe {
 	struct dbuf part;            /* the tensor-core kernel's split sums */
 	int sms;                     /* the device's multiprocessors */
 	int cluster_sms;             /* sms where the device launches clusters (sm_90), else 0 */
+	int wg;                      /* the device runs qgemm's wgmma form (cuda_qgemm_setup) */
 	int x_valid;                 /* xh holds the fp16 copy of an x of x_k x x_tok */
 	int64_t x_k;
 	int x_tok;
@@ -188,7 +189,7 @@ cuda_probe_open(struct cuda_probe **out, char *err)
 	/* every head size the attention kernels take, since the checks try many */
 	for (int d = WARP; rc == 0 && d <= 8 * WARP; d += WARP)
 		rc = cuda_attention_setup(d, err);
-	if (rc != 0 || (rc = cuda_qgemm_setup(err)) != 0) {
+	if (rc != 0 || (rc = cuda_qgemm_setup(&p->wg, err)) != 0) {
 		cuda_probe_close(p);
 		return rc;
 	}
@@ -298,8 +299,7 @@ probe_path(struct cuda_probe *p, enum cuda_probe_path path)
 int
 cuda_probe_wg(const struct cuda_probe *p)
 {
-	(void)p;
-	return cuda_qgemm_wg_ready();
+	return p->wg;
 }
 
 /*

@@ -320,13 +320,13 @@ int cuda_qgemm_grouped(struct cuda_mm *m, const struct cuda_weight *w, size_t st
 /* Tokens of a grouped product's tiles for n_rows rows over about n_groups experts: a tile shape's. */
 int cuda_qgemm_grouped_bn(int n_rows, int n_groups);
 
-/* Readies the kernels' shared memory on the current device: once, before any graph capture. */
-int cuda_qgemm_setup(char *err);
+/*
+ * Readies the kernels' shared memory on the current device: once, before
+ * any graph capture. *wg = 1 if the device runs qgemm's wgmma form.
+ */
+int cuda_qgemm_setup(int *wg, char *err);
 
-/* 1 if qgemm's wgmma form runs on the current device (set up by cuda_qgemm_setup). */
-int cuda_qgemm_wg_ready(void);
-
-/* 1 if qgemm's wgmma form multiplies weights of w's type and width on the current device. */
+/* 1 if qgemm's wgmma form multiplies weights of w's type and width (where a device runs it). */
 int cuda_qgemm_wg_type(const struct cuda_weight *w);
 
 /* 1 if qgemm's wgmma form multiplies w by n_tok tokens (cuda_mm.wg_min, wg_elems). */

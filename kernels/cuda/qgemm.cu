@@ -1155,9 +1155,14 @@ cuda_qgemm_wg_type(const struct cuda_weight *w)
 	}
 }
 
-/* The wgmma form's shared-memory limits, its kernel's presence on this device, the driver's encoder. */
+/*
+ * The wgmma form's shared-memory limits; *wg = 1 if the current device runs
+ * it (its sm_90a code loaded, the driver's encoder found). The encoder,
+ * once found, stays: a load on another device does not take it from an
+ * engine that routes to the form (cuda_mm.wg_min says which do).
+ */
 static int
-qw_setup(char *err)
+qw_setup(int *wg, char *err)
 {
 	int built = 0;
 	cudaDriverEntryPointQueryResult q;
@@ -1171,10 +1176,11 @@ qw_setup(char *err)
 	QW_TYPES(QW_CASE)
 #undef QW_CASE
 	CK(cudaMemcpyFromSymbol(&built, qw_built, sizeof built));
-	qw_encode = NULL;
-	if (built && cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
-	    cudaSuccess && q == cudaDriverEntryPointSuccess)
+	if (built && qw_encode == NULL &&
+	    cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+	    q == cudaDriverEntryPointSuccess)
 		qw_encode = (PFN_cuTensorMapEncodeTiled_v12000)fn;
+	*wg = built && qw_encode != NULL;
 	return 0;
 }
 
@@ -1182,12 +1188,6 @@ int
 cuda_qgemm_wg(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok)
 {
 	return n_tok >= m->wg_min && w->n * w->k >= m->wg_elems && cuda_qgemm_wg_type(w);
-}
-
-int
-cuda_qgemm_wg_ready(void)
-{
-	return qw_encode != NULL;
 }
 
 /* The outputs of rows row0 and on of out, as rows from 0. */
@@ -1385,14 +1385,15 @@ qg_setup_type(char *err)
 }
 
 int
-cuda_qgemm_setup(char *err)
+cuda_qgemm_setup(int *wg, char *err)
 {
 	int rc = 0;
 
+	*wg = 0;
 #define QT_CASE(TY) if (rc == 0) rc = qg_setup_type<TY>(err);
 	QG_TYPES(QT_CASE)
 #undef QT_CASE
-	return rc != 0 ? rc : qw_setup(err);
+	return rc != 0 ? rc : qw_setup(wg, err);
 }
 
 int64_t
