@@ -772,10 +772,11 @@ qg_reduce_kernel(const float *__restrict__ part, int n_split, int n_tok, int n_r
  * the tile by wgmma, the tensor cores reading the tile themselves. The
  * operands arrive through the asynchronous proxy, so no proxy fence sits
  * in the loop (the fence that sank the 2026-11-28 wgmma forms, which
- * copied by cp.async). Each warpgroup waits for its own products before
- * decoding the next sub-step; the other warpgroup's products fill that
- * time. Accumulators are mma.sync's C fragments, so qg_store and the split
- * sums serve both forms.
+ * copied by cp.async). A warpgroup decodes the next sub-step while the
+ * tensor cores multiply this one, and waits for its products before the
+ * token slot is freed; the other warpgroup's products fill that wait.
+ * Accumulators are mma.sync's C fragments, so qg_store and the split sums
+ * serve both forms.
  */
 #define QW_TYPES(X) X(TT_Q4_K) X(TT_Q6_KG)
 
