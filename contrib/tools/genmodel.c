@@ -105,11 +105,11 @@ struct gen_tensor {
 	uint32_t type;
 };
 
-enum gen_type { G_F32, G_F16, G_BF16, G_Q8_0, G_Q4_K_M, G_MXFP4 };
+enum gen_type { G_F32, G_F16, G_BF16, G_Q8_0, G_Q4_K_M, G_Q5_K_M, G_MXFP4 };
 
 static const struct { const char *name; enum gen_type t; uint32_t file_type; } gen_types[] = {
 	{ "f32", G_F32, 0 }, { "f16", G_F16, 1 }, { "bf16", G_BF16, 32 },
-	{ "q8_0", G_Q8_0, 7 }, { "q4_k_m", G_Q4_K_M, 15 }, { "mxfp4", G_MXFP4, 38 },
+	{ "q8_0", G_Q8_0, 7 }, { "q4_k_m", G_Q4_K_M, 15 }, { "q5_k_m", G_Q5_K_M, 17 }, { "mxfp4", G_MXFP4, 38 },
 };
 
 void
@@ -334,21 +334,22 @@ moe_attn_type(const struct gen_tensor *t, const struct gen_shape *s, uint32_t ty
 
 /*
  * The storage type of a tensor under a plan: llama.cpp's choices for
- * Q4_K_M, and for MXFP4_MOE (experts MXFP4, the other matrices Q8_0). The
- * routers and every vector stay F32, as llama.cpp keeps them.
+ * Q4_K_M and Q5_K_M (Q5_K where Q4_K_M has Q4_K), and for MXFP4_MOE
+ * (experts MXFP4, the other matrices Q8_0). The routers and every vector
+ * stay F32, as llama.cpp keeps them.
  */
 static uint32_t
 plan_type(const struct gen_tensor *t, const struct gen_shape *s, enum gen_type g)
 {
 	static const uint32_t dense[] = { [G_F32] = TT_F32, [G_F16] = TT_F16, [G_BF16] = TT_BF16,
 		[G_Q8_0] = TT_Q8_0 };
-	uint32_t type = TT_Q4_K;
+	uint32_t type = g == G_Q5_K_M ? TT_Q5_K : TT_Q4_K;
 
 	if (t->n_dims == 1 || t->kind == K_BIAS || (t->kind == K_ROUTER && g > G_BF16))
 		return TT_F32;
 	if (g == G_MXFP4)
 		return t->ne[2] > 1 ? TT_MXFP4 : TT_Q8_0;
-	if (g != G_Q4_K_M)
+	if (g != G_Q4_K_M && g != G_Q5_K_M)
 		return dense[g];
 	if (strcmp(t->name, "output.weight") == 0 || (s->tied && t->kind == K_EMBD))
 		type = TT_Q6_K;
@@ -356,7 +357,7 @@ plan_type(const struct gen_tensor *t, const struct gen_shape *s, enum gen_type g
 	    more_bits(t->layer, s->n_layer))
 		type = TT_Q6_K;
 	type = moe_attn_type(t, s, type);
-	/* rows that K-quant blocks do not divide fall back as llama.cpp does */
+	/* rows that K-quant blocks do not divide fall back as llama.cpp does (Q5_K to Q5_0, not its Q5_1) */
 	if (t->ne[0] % QK_K != 0 && type != TT_Q8_0)
 		type = type == TT_Q6_K ? TT_Q8_0 : TT_Q5_0;
 	return type;
@@ -901,7 +902,8 @@ genmodel_run(const struct genmodel_opts *o, char *err)
 	for (ti = 0; ti < ARRAY_LEN(gen_types) && strcmp(gen_types[ti].name, o->type) != 0; ti++)
 		;
 	if (ti == ARRAY_LEN(gen_types))
-		return err_set(err, ERR_INVAL, "unknown type '%s' (f32, f16, bf16, q8_0, q4_k_m, mxfp4)", o->type);
+		return err_set(err, ERR_INVAL, "unknown type '%s' (f32, f16, bf16, q8_0, q4_k_m, q5_k_m, mxfp4)",
+		    o->type);
 	if (strcmp(o->format, "gguf") != 0 && strcmp(o->format, "safetensors") != 0)
 		return err_set(err, ERR_INVAL, "unknown format '%s' (gguf, safetensors)", o->format);
 	gguf = strcmp(o->format, "gguf") == 0;

@@ -7,7 +7,7 @@
 struct genmodel_opts {
 	const char *shape;  /* "tiny", "llama3-8b", ... (genmodel_shapes lists them) */
 	const char *format; /* "gguf" or "safetensors" */
-	const char *type;   /* "f32", "f16", "bf16", "q8_0", "q4_k_m" (GGUF only for the last two) */
+	const char *type;   /* "f32", "f16", "bf16", "q8_0", "q4_k_m", "q5_k_m", "mxfp4" (GGUF only for the last four) */
 	uint64_t seed;
 	const char *out;    /* a .gguf file, or a directory for safetensors */
 	int threads;        /* 0: all cores */

@@ -40,7 +40,7 @@ static const struct {
 	const char *usage;
 } cmds[] = {
 	{ "shapes", cmd_shapes, "shapes" },
-	{ "gen", cmd_gen, "gen SHAPE OUT [--format gguf|safetensors] [--type f32|f16|bf16|q8_0|q4_k_m|mxfp4] "
+	{ "gen", cmd_gen, "gen SHAPE OUT [--format gguf|safetensors] [--type f32|f16|bf16|q8_0|q4_k_m|q5_k_m|mxfp4] "
 	    "[--seed N] [--threads N] [--layers N] [--quiet]" },
 	{ "info", cmd_info, "info FILE.gguf [--json]" },
 	{ "show", cmd_show, "show MODEL (a .gguf file or a Hugging Face directory)" },

@@ -63,9 +63,9 @@
 #define BLAS_MIN_DEFAULT 256
 /*
  * Default token count from which the types qgemm's wgmma form takes (Q4_K,
- * Q6_K on sm_90a) go to it, before cuBLAS too: measured on an H200
- * (llama3-8b Q4_K_M) against mma.sync and cuBLAS, 64 sequences +15 %, 128
- * +45 %, 256 +30 %, a 512-token prefill chunk +9 %; at 16 and 32 tokens
+ * Q5_K, Q6_K on sm_90a) go to it, before cuBLAS too: measured on an H200
+ * (llama3-8b Q4_K_M) against mma.sync and cuBLAS, 64 sequences +21 %, 128
+ * +39 %, 256 +30 %, a 512-token prefill chunk +9 %; at 16 and 32 tokens
  * its tiles of 64 lose to mma.sync's of 16 and 32.
  */
 #define WG_MIN_DEFAULT 33

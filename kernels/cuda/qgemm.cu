@@ -36,7 +36,7 @@
  * as a second, split launch.
  *
  * That is the mma.sync form, for every device from sm_80. On sm_90a the
- * wgmma form (qw_kernel, below) takes Q4_K and Q6_K from cuda_mm.wg_min
+ * wgmma form (qw_kernel, below) takes Q4_K, Q5_K and Q6_K from cuda_mm.wg_min
  * tokens: the copy engine brings the units and token tiles, two
  * warpgroups decode the same fragments (in k order) into registers and
  * multiply them by wgmma, which reads the token tile itself. Both forms
@@ -202,17 +202,18 @@ template <> struct qg_type<TT_Q5_K> {
 	{
 		k4_table(b, tab);
 	}
+	template <bool WG = false>
 	static __device__ __forceinline__ void
 	frags(const uint8_t *b, const uint32_t *tab, int part, int t, uint32_t a[4][2])
 	{
-		const uint8_t *q = b + 48 + 32 * part + 4 * t, *qh = b + 16 + 4 * t;
+		const uint8_t *q = b + 48 + 32 * part + QG_LANE(WG, t), *qh = b + 16 + QG_LANE(WG, t);
 
 #pragma unroll
 		for (int kk = 0; kk < 4; kk++) {
 			int g = 2 * part + kk / 2;
-			uint32_t x = (*(const uint32_t *)(q + 16 * (kk & 1)) >> (4 * (kk / 2))) & 0x0f0f0f0fu;
+			uint32_t x = (qg_quad<WG>(q + 16 * (kk & 1), t) >> (4 * (kk / 2))) & 0x0f0f0f0fu;
 
-			x |= ((*(const uint32_t *)(qh + 16 * (kk & 1)) >> g) & 0x01010101u) << 4;
+			x |= ((qg_quad<WG>(qh + 16 * (kk & 1), t) >> g) & 0x01010101u) << 4;
 			h2_pairs(x, H_1024, as_h2(tab[2 * g]), as_h2(tab[2 * g + 1]), a[kk]);
 		}
 	}
@@ -778,7 +779,7 @@ qg_reduce_kernel(const float *__restrict__ part, int n_split, int n_tok, int n_r
  * Accumulators are mma.sync's C fragments, so qg_store and the split sums
  * serve both forms.
  */
-#define QW_TYPES(X) X(TT_Q4_K) X(TT_Q6_KG)
+#define QW_TYPES(X) X(TT_Q4_K) X(TT_Q5_K) X(TT_Q6_KG)
 
 /*
  * A unit as the copy engine brings it: a box of BODY bytes a row from

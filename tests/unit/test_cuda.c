@@ -28,7 +28,7 @@
  * schedule does not reach); and the first variant again with the quantized
  * weights dequantized for cuBLAS (RESIDENT_CUDA_BLAS_MIN=1: the backend
  * does so only from 256 tokens, which the schedule's steps do not reach),
- * and with every many-token product of Q4_K and Q6_K weights on qgemm's
+ * and with every many-token product of Q4_K, Q5_K and Q6_K weights on qgemm's
  * wgmma form (RESIDENT_CUDA_WG_MIN=1 and RESIDENT_CUDA_WG_ELEMS=0, where
  * the device runs it: sm_90a; elsewhere that variant repeats gemm). gemm
  * and blas keep to their paths (RESIDENT_CUDA_WG_MIN off); the default
@@ -583,6 +583,7 @@ static int setup_qwen2_f16(void **s) { return setup_model(s, "tiny-qwen2", "f16"
 static int setup_qwen2_q4km(void **s) { return setup_model(s, "tiny-qwen2", "q4_k_m"); }
 static int setup_qwen3_q8(void **s) { return setup_model(s, "tiny-qwen3", "q8_0"); }
 static int setup_qwen3_q4km(void **s) { return setup_model(s, "tiny-qwen3", "q4_k_m"); }
+static int setup_qwen3_q5km(void **s) { return setup_model(s, "tiny-qwen3", "q5_k_m"); }
 static int setup_gemma3_f32(void **s) { return setup_model(s, "tiny-gemma3", "f32"); }
 static int setup_gemma3_q4km(void **s) { return setup_model(s, "tiny-gemma3", "q4_k_m"); }
 static int setup_qwen3moe_f16(void **s) { return setup_model(s, "tiny-qwen3moe", "f16"); }
@@ -604,6 +605,7 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_model, setup_qwen2_q4km, teardown),
 		cmocka_unit_test_setup_teardown(test_model, setup_qwen3_q8, teardown),
 		cmocka_unit_test_setup_teardown(test_model, setup_qwen3_q4km, teardown),
+		cmocka_unit_test_setup_teardown(test_model, setup_qwen3_q5km, teardown),
 		cmocka_unit_test_setup_teardown(test_model, setup_gemma3_f32, teardown),
 		cmocka_unit_test_setup_teardown(test_model, setup_gemma3_q4km, teardown),
 		cmocka_unit_test_setup_teardown(test_model, setup_qwen3moe_f16, teardown),
