@@ -81,6 +81,7 @@ setup_shape(void **state, const char *shape, const char *type, int exact)
 static int setup_llama(void **s) { return setup_shape(s, "tiny", "q8_0", 0); }
 static int setup_qwen2(void **s) { return setup_shape(s, "tiny-qwen2", "f16", 0); }
 static int setup_qwen3(void **s) { return setup_shape(s, "tiny-qwen3", "q4_k_m", 0); }
+static int setup_qwen3_q5km(void **s) { return setup_shape(s, "tiny-qwen3", "q5_k_m", 0); }
 static int setup_gemma3(void **s) { return setup_shape(s, "tiny-gemma3", "q4_k_m", 0); }
 static int setup_llama_exact(void **s) { return setup_shape(s, "tiny", "q8_0", 1); }
 static int setup_gemma3_exact(void **s) { return setup_shape(s, "tiny-gemma3", "q4_k_m", 1); }
@@ -362,6 +363,8 @@ main(void)
 		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_qwen2, teardown),
 		cmocka_unit_test_setup_teardown(test_chunked_prefill, setup_qwen3, teardown),
 		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_qwen3, teardown),
+		cmocka_unit_test_setup_teardown(test_chunked_prefill, setup_qwen3_q5km, teardown),
+		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_qwen3_q5km, teardown),
 		cmocka_unit_test_setup_teardown(test_chunked_prefill, setup_gemma3, teardown),
 		cmocka_unit_test_setup_teardown(test_batched_with_others, setup_gemma3, teardown),
 		cmocka_unit_test_setup_teardown(test_chunked_prefill, setup_llama_exact, teardown),
