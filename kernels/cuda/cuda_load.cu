@@ -684,21 +684,20 @@ blas_min(int exact)
 }
 
 /*
- * The token count from which qgemm's wgmma form takes its types
- * (RESIDENT_CUDA_WG_MIN); never in exact mode or where the device does not
- * run it (wg: cuda_qgemm_setup's answer).
+ * Which kernel takes a product of how many tokens, into mm: the matrix-
+ * vector kernels, mmt.cu, qgemm, its wgmma form (RESIDENT_CUDA_WG_MIN and
+ * _WG_ELEMS; never in exact mode or where the device does not run it: wg,
+ * cuda_qgemm_wg_device's answer) and cuBLAS. The plan and the load read it
+ * here alike, so that the scratch planned is the scratch the steps use.
  */
-static int
-wg_min(int exact, int wg)
+static void
+mm_routing(struct cuda_mm *mm, int exact, int wg)
 {
-	return exact || !wg ? INT_MAX : MAX(1, env_int("RESIDENT_CUDA_WG_MIN", WG_MIN_DEFAULT));
-}
-
-/* ... for weights of this many elements and more (RESIDENT_CUDA_WG_ELEMS). */
-static int64_t
-wg_elems(void)
-{
-	return MAX(0, env_int("RESIDENT_CUDA_WG_ELEMS", WG_ELEMS_DEFAULT));
+	mm->mmv_max = mmv_max(exact);
+	mm->mmt_max = MIN(env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS), MMT_MAX_TOKENS);
+	mm->blas_min = blas_min(exact);
+	mm->wg_min = exact || !wg ? INT_MAX : MAX(1, env_int("RESIDENT_CUDA_WG_MIN", WG_MIN_DEFAULT));
+	mm->wg_elems = MAX(0, env_int("RESIDENT_CUDA_WG_ELEMS", WG_ELEMS_DEFAULT));
 }
 
 /*
@@ -843,33 +842,30 @@ plan_sizes(const struct model_desc *m, const struct backend_opts *o, int wg, str
     char *err)
 {
 	struct dims d = model_dims(&m->hp, o);
-	int rc, sms = 0, steps_blas, wg_first;
+	struct cuda_mm mm = {};
+	int rc, sms = 0;
 
 	if ((rc = kv_type_check(o->kv_type, m->hp.head_dim, err)) != 0 || (rc = check_model(m, x->t, x->n, err)) != 0)
 		return rc;
 	CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o->device));
 	z->weights = matrix_offsets(x->t, x->host, x->n, x->off);
 	z->wh = 1;
-	steps_blas = o->max_tokens >= blas_min(o->exact);
-	wg_first = wg_min(o->exact, wg) <= blas_min(o->exact);
+	mm_routing(&mm, o->exact, wg);
 	for (int i = 0; i < x->n; i++) {
 		struct cuda_weight w = form_of(x->t[i]);
 		/*
-		 * experts (3-D) take the grouped kernels, whatever the step, and the wgmma form's
-		 * types never reach cuBLAS when it starts first; the output, which a step multiplies
-		 * by as many tokens only when it wants every row's logits, takes what tiles the
-		 * layers' products leave it (a 128k vocabulary would take the whole 128 MiB), at
-		 * least 256 of its rows
+		 * quantized experts (3-D) take the grouped kernels, whatever the step; a quantized
+		 * output, which a step multiplies by as many tokens only when it wants every row's
+		 * logits, takes what tiles the layers' products leave it (a 128k vocabulary would take
+		 * the whole 128 MiB), at least 256 of its rows
 		 */
-		int blas = steps_blas && x->t[i]->n_dims < 3 &&
-		    !(wg_first && w.n * w.k >= wg_elems() && cuda_qgemm_wg_type(&w));
-		int out = x->t[i] == m->output;
+		int quant = cuda_qgemm_type(&w);
+		int64_t e;
 
-		if (x->host[i] || !is_product(m, x->t[i]))
+		if (x->host[i] || !is_product(m, x->t[i]) || (quant && x->t[i]->n_dims == 3))
 			continue;
-		z->wh = MAX(z->wh, cuda_matmul_tile_elems(&w, blas && !out));
-		if (out)
-			z->wh = MAX(z->wh, MIN(cuda_matmul_tile_elems(&w, blas), 256 * w.k));
+		e = cuda_matmul_tile_elems(&mm, &w, o->max_tokens);
+		z->wh = MAX(z->wh, quant && x->t[i] == m->output ? MIN(e, 256 * w.k) : e);
 	}
 	z->stage = 0;
 	for (int l = 0; l < m->hp.n_layer; l++)
@@ -966,10 +962,10 @@ cuda_plan(const struct model_desc *m, const struct backend_opts *o, struct backe
 	int rc, wg = 0;
 
 	mats_list(m, o, &x);
-	/* the kernels set up first, as a load does: which forms the device runs changes the scratch */
+	/* which forms the device runs changes the scratch */
 	if (cudaSetDevice(o->device) != cudaSuccess)
 		rc = err_set(err, ERR_DEVICE, "CUDA device %d cannot be used", o->device);
-	else if ((rc = cuda_qgemm_setup(&wg, err)) == 0 && (rc = plan_sizes(m, o, wg, &x, &z, err)) == 0) {
+	else if ((rc = cuda_qgemm_wg_device(&wg, err)) == 0 && (rc = plan_sizes(m, o, wg, &x, &z, err)) == 0) {
 		size_t gu, down;
 
 		p->fixed = z.weights + z.act + z.stage + z.hot;
@@ -1339,7 +1335,8 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	mats_list(m, o, &x);
 	/* the kernels first: the wgmma form, if the device runs it, changes the scratch wanted */
 	if ((rc = open_device(b, o->device, err)) != 0 || (rc = cuda_attention_setup(m->hp.head_dim, err)) != 0 ||
-	    (rc = cuda_qgemm_setup(&wg, err)) != 0 || (rc = plan_sizes(m, o, wg, &x, &z, err)) != 0)
+	    (rc = cuda_qgemm_setup(err)) != 0 || (rc = cuda_qgemm_wg_device(&wg, err)) != 0 ||
+	    (rc = plan_sizes(m, o, wg, &x, &z, err)) != 0)
 		goto out;
 	b->exact = o->exact != 0;
 	b->kv_q8 = o->kv_type == KV_Q8_0;
@@ -1372,11 +1369,7 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	}
 	if ((rc = open_hot(b, o, &x, err)) != 0)
 		goto out;
-	b->mm.mmv_max = mmv_max(b->exact);
-	b->mm.mmt_max = MIN(env_int("RESIDENT_CUDA_MMT_MAX", MMT_MAX_TOKENS), MMT_MAX_TOKENS);
-	b->mm.blas_min = blas_min(b->exact);
-	b->mm.wg_min = wg_min(b->exact, wg);
-	b->mm.wg_elems = wg_elems();
+	mm_routing(&b->mm, b->exact, wg);
 	b->use_graphs = env_int("RESIDENT_CUDA_GRAPHS", 1) != 0;
 	b->flash_tokens = flash_tokens(&m->hp, b->exact);
 	rc = attention_counts(b, &m->hp, err);

@@ -48,7 +48,7 @@ struct cuda_probe {
 	struct dbuf part;            /* the tensor-core kernel's split sums */
 	int sms;                     /* the device's multiprocessors */
 	int cluster_sms;             /* sms where the device launches clusters (sm_90), else 0 */
-	int wg;                      /* the device runs qgemm's wgmma form (cuda_qgemm_setup) */
+	int wg;                      /* the device runs qgemm's wgmma form (cuda_qgemm_wg_device) */
 	int x_valid;                 /* xh holds the fp16 copy of an x of x_k x x_tok */
 	int64_t x_k;
 	int x_tok;
@@ -189,7 +189,7 @@ cuda_probe_open(struct cuda_probe **out, char *err)
 	/* every head size the attention kernels take, since the checks try many */
 	for (int d = WARP; rc == 0 && d <= 8 * WARP; d += WARP)
 		rc = cuda_attention_setup(d, err);
-	if (rc != 0 || (rc = cuda_qgemm_setup(&p->wg, err)) != 0) {
+	if (rc != 0 || (rc = cuda_qgemm_setup(err)) != 0 || (rc = cuda_qgemm_wg_device(&p->wg, err)) != 0) {
 		cuda_probe_close(p);
 		return rc;
 	}
@@ -356,13 +356,13 @@ matmul_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight
 		return rc;
 	if (w2 != NULL && (rc = buf_new(p, bs, NULL, ybytes2, 1, &dy2, err)) != 0)
 		return rc;
-	tile = tile_rows > 0 ? tile_rows * w->k : cuda_matmul_tile_elems(&cw, path == CUDA_PROBE_BLAS);
+	probe_path(p, path);
+	tile = tile_rows > 0 ? tile_rows * w->k : cuda_matmul_tile_elems(&p->mm, &cw, n_tok);
 	if (w2 != NULL)
-		tile = MAX(tile, cuda_matmul_tile_elems(&cw2, path == CUDA_PROBE_BLAS));
+		tile = MAX(tile, cuda_matmul_tile_elems(&p->mm, &cw2, n_tok));
 	if ((rc = mm_scratch(p, w->k, n_tok, tile, reuse_x, err)) != 0)
 		return rc;
 	p->x_valid = 0;
-	probe_path(p, path);
 	if ((rc = int8_scratch(p, path, w->k, n_tok, err)) != 0)
 		return rc;
 	if ((rc = matmul_parts(p, &cw, n_parts, w2 != NULL ? &cw2 : NULL, (const float *)dx, n_tok, (float *)dy,

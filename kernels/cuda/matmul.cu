@@ -1335,8 +1335,11 @@ cuda_embed(const struct cuda_weight *w, const int32_t *tokens, int n_tok, float 
 }
 
 int64_t
-cuda_matmul_tile_elems(const struct cuda_weight *w, int blas)
+cuda_matmul_tile_elems(const struct cuda_mm *m, const struct cuda_weight *w, int max_tokens)
 {
-	return w->type == TT_F16 || (cuda_qgemm_type(w) && !blas) ? 0 : MIN(w->n * w->k, MAX(WTILE_ELEMS, w->k));
+	/* quantized weights first reach cuBLAS at blas_min tokens, if at all: the routing decides from there on */
+	int blas = cuda_qgemm_type(w) ? max_tokens >= m->blas_min && blas_takes(m, w, m->blas_min) : w->type != TT_F16;
+
+	return blas ? MIN(w->n * w->k, MAX(WTILE_ELEMS, w->k)) : 0;
 }
 

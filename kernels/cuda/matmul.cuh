@@ -320,11 +320,11 @@ int cuda_qgemm_grouped(struct cuda_mm *m, const struct cuda_weight *w, size_t st
 /* Tokens of a grouped product's tiles for n_rows rows over about n_groups experts: a tile shape's. */
 int cuda_qgemm_grouped_bn(int n_rows, int n_groups);
 
-/*
- * Readies the kernels' shared memory on the current device: once, before
- * any graph capture. *wg = 1 if the device runs qgemm's wgmma form.
- */
-int cuda_qgemm_setup(int *wg, char *err);
+/* Readies the kernels' shared memory on the current device: once, before any graph capture. */
+int cuda_qgemm_setup(char *err);
+
+/* *wg = 1 if the current device runs qgemm's wgmma form (its sm_90a code, the driver's tensor-map encoder). */
+int cuda_qgemm_wg_device(int *wg, char *err);
 
 /* 1 if qgemm's wgmma form multiplies weights of w's type and width (where a device runs it). */
 int cuda_qgemm_wg_type(const struct cuda_weight *w);
@@ -337,10 +337,12 @@ int64_t cuda_qgemm_part_elems(int sms);
 
 /*
  * Elements of fp16 scratch (cuda_mm.wh) cuBLAS wants for rows of this
- * weight converted a tile at a time: BF16 and F32 weights, and with blas
- * (steps reach cuda_mm.blas_min tokens) the quantized ones too.
+ * weight converted a tile at a time, under m's thresholds, in steps of up
+ * to max_tokens: BF16 and F32 weights, and the quantized ones that such
+ * steps send to cuBLAS (from cuda_mm.blas_min, where the wgmma form does
+ * not take them).
  */
-int64_t cuda_matmul_tile_elems(const struct cuda_weight *w, int blas);
+int64_t cuda_matmul_tile_elems(const struct cuda_mm *m, const struct cuda_weight *w, int max_tokens);
 
 /* ---- mmt.cu: a few tokens on the tensor cores, each warp streaming its own rows ---- */
 

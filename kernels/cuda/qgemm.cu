@@ -781,6 +781,15 @@ qg_reduce_kernel(const float *__restrict__ part, int n_split, int n_tok, int n_r
  */
 #define QW_TYPES(X) X(TT_Q4_K) X(TT_Q5_K) X(TT_Q6_KG)
 
+/* qw_has<TY>::value: the wgmma form is built for type TY (units of a K-type super-block, 256). */
+template <int TY> struct qw_has : std::false_type {};
+#define QW_HAS(TY) \
+	template <> struct qw_has<TY> : std::true_type { \
+		static_assert(qg_type<TY>::UNIT == 256, "the form's types share one unit"); \
+	};
+QW_TYPES(QW_HAS)
+#undef QW_HAS
+
 /*
  * A unit as the copy engine brings it: a box of BODY bytes a row from
  * column body(u) of the weight's bytes and, for Q6_KG, a box of the 16
@@ -958,7 +967,7 @@ qw_consume(const unsigned char *smem, uint32_t base, qw_bars br, int u0, int U, 
 			}
 			wg_wait<0>();
 			wg_hold(acc[0]);
-			wg_hold_a(fa[p & 1]);
+			wg_hold(fa[p & 1]);
 			__syncwarp();
 			if (lane == 0)
 				mbar_arrive(br.xempty + 8 * s);
@@ -1097,7 +1106,7 @@ qg_grid(struct cuda_mm *m, struct qg_args a, int split, char *err)
 /* 1 in the sm_90a code, where qw_kernel is built; 0 in the others. */
 __device__ int qw_built = WG_ARCH;
 
-/* The driver's tensor-map encoder, found at setup; NULL: the wgmma form is not used. */
+/* The driver's tensor-map encoder, found by cuda_qgemm_wg_device; NULL: the wgmma form is not used. */
 static PFN_cuTensorMapEncodeTiled_v12000 qw_encode;
 
 /* A 2-D tensor map: rows of `inner` elements `stride` bytes apart, boxes of box0 x box1. */
@@ -1146,30 +1155,15 @@ struct qw_form {
 int
 cuda_qgemm_wg_type(const struct cuda_weight *w)
 {
-	if (qw_encode == NULL)
-		return 0;
-	switch (w->type) {
-#define QW_CASE(TY) case TY: return w->k % qg_type<TY>::UNIT == 0;
-	QW_TYPES(QW_CASE)
-#undef QW_CASE
-	default:
-		return 0;
-	}
+#define QW_IS(TY) w->type == TY ||
+	return qw_encode != NULL && (QW_TYPES(QW_IS) false) && w->k % 256 == 0;
+#undef QW_IS
 }
 
-/*
- * The wgmma form's shared-memory limits; *wg = 1 if the current device runs
- * it (its sm_90a code loaded, the driver's encoder found). The encoder,
- * once found, stays: a load on another device does not take it from an
- * engine that routes to the form (cuda_mm.wg_min says which do).
- */
+/* The wgmma form's shared-memory limits. */
 static int
-qw_setup(int *wg, char *err)
+qw_setup(char *err)
 {
-	int built = 0;
-	cudaDriverEntryPointQueryResult q;
-	void *fn = NULL;
-
 #define QW_CASE(TY) \
 	CK(cudaFuncSetAttribute(qw_kernel<TY, qw_cfg<64>>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
 	    (int)qw_smem<TY, qw_cfg<64>>::BYTES)); \
@@ -1177,6 +1171,20 @@ qw_setup(int *wg, char *err)
 	    (int)qw_smem<TY, qw_cfg<128>>::BYTES));
 	QW_TYPES(QW_CASE)
 #undef QW_CASE
+	return 0;
+}
+
+/*
+ * The encoder, once found, stays: a load on another device does not take
+ * it from an engine that routes to the form (cuda_mm.wg_min says which do).
+ */
+int
+cuda_qgemm_wg_device(int *wg, char *err)
+{
+	int built = 0;
+	cudaDriverEntryPointQueryResult q;
+	void *fn = NULL;
+
 	CK(cudaMemcpyFromSymbol(&built, qw_built, sizeof built));
 	if (built && qw_encode == NULL &&
 	    cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) == cudaSuccess &&
@@ -1274,6 +1282,17 @@ qg_dispatch(struct cuda_mm *m, const struct qg_args &a, char *err)
 	}
 }
 
+/* A product of type TY: on the wgmma form where it takes w at this count, else the mma.sync form. */
+template <int TY>
+static int
+qg_product(struct cuda_mm *m, const struct cuda_weight *w, const struct qg_args &a, char *err)
+{
+	if constexpr (qw_has<TY>::value)
+		if (cuda_qgemm_wg(m, w, a.n_tok))
+			return qw_dispatch<TY>(m, a, err);
+	return qg_dispatch<TY>(m, a, err);
+}
+
 int
 cuda_qgemm_tokens(int n_tok)
 {
@@ -1299,14 +1318,8 @@ cuda_qgemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const stru
 {
 	struct qg_args a = { w->d, w->row_bytes, (int)w->k, (int)w->n, n_tok, m->xh, m->xscale, *out, NULL };
 
-	if (cuda_qgemm_wg(m, w, n_tok))
-		switch (w->type) {
-#define QW_CASE(TY) case TY: return qw_dispatch<TY>(m, a, err);
-		QW_TYPES(QW_CASE)
-#undef QW_CASE
-		}
 	switch (w->type) {
-#define QT_CASE(TY) case TY: return qg_dispatch<TY>(m, a, err);
+#define QT_CASE(TY) case TY: return qg_product<TY>(m, w, a, err);
 	QG_TYPES(QT_CASE)
 #undef QT_CASE
 	default:
@@ -1387,15 +1400,14 @@ qg_setup_type(char *err)
 }
 
 int
-cuda_qgemm_setup(int *wg, char *err)
+cuda_qgemm_setup(char *err)
 {
 	int rc = 0;
 
-	*wg = 0;
 #define QT_CASE(TY) if (rc == 0) rc = qg_setup_type<TY>(err);
 	QG_TYPES(QT_CASE)
 #undef QT_CASE
-	return rc != 0 ? rc : qw_setup(wg, err);
+	return rc != 0 ? rc : qw_setup(err);
 }
 
 int64_t

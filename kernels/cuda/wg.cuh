@@ -15,6 +15,8 @@
 
 #include "cuda_common.cuh"
 
+#include <type_traits>
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define WG_ARCH 1
 #else
@@ -94,93 +96,59 @@ wg_wait(void)
 	asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
-/* Keeps the compiler from moving accesses of the accumulators across the asynchronous products. */
-template <int NT>
+/*
+ * Holds the registers of an operand of the asynchronous products (the
+ * accumulators, floats; A's fragments, words) here: the compiler neither
+ * moves their accesses across this point nor reuses them before it, since
+ * wgmma reads them after it is issued.
+ */
+template <typename T, int N>
 static __device__ __forceinline__ void
-wg_hold(float (&d)[NT][4])
+wg_hold(T (&r)[N][4])
 {
 #pragma unroll
-	for (int j = 0; j < NT; j++)
+	for (int j = 0; j < N; j++)
 #pragma unroll
 		for (int i = 0; i < 4; i++)
-			asm volatile("" : "+f"(d[j][i])::"memory");
+			if constexpr (std::is_same<T, float>::value)
+				asm volatile("" : "+f"(r[j][i])::"memory");
+			else
+				asm volatile("" : "+r"(r[j][i])::"memory");
 }
 
-/* d (64 x 64, the warpgroup's C layout) += a (64 x 16 from registers) b (16 x 64 at desc). */
-static __device__ __forceinline__ void
-wg_mma_n64(float (&d)[8][4], const uint32_t a[4], uint64_t desc)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-	    "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
-	    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-	    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
-	    "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
-	    : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-	      "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-	      "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-	      "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-	      "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-	      "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-	      "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-	      "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
-	    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
-
-/* d (64 x 128, the warpgroup's C layout) += a (64 x 16 from registers) b (16 x 128 at desc). */
-static __device__ __forceinline__ void
-wg_mma_n128(float (&d)[16][4], const uint32_t a[4], uint64_t desc)
-{
-	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-	    "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
-	    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-	    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-	    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-	    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
-	    "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
-	    : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]),
-	      "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-	      "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
-	      "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-	      "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]),
-	      "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-	      "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]),
-	      "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-	      "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
-	      "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-	      "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]),
-	      "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-	      "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]),
-	      "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-	      "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]),
-	      "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
-	    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
-}
+/* The accumulator operands of n8 tiles o to o + 7, and the placeholders of 32 and 64 of them. */
+#define WG_D4(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define WG_D32(d, o) \
+	WG_D4(d, o), WG_D4(d, o + 1), WG_D4(d, o + 2), WG_D4(d, o + 3), WG_D4(d, o + 4), WG_D4(d, o + 5), \
+	    WG_D4(d, o + 6), WG_D4(d, o + 7)
+#define WG_P32 \
+	"%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+	"%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define WG_P64 \
+	WG_P32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+	"%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 
 /*
- * Keeps A fragments (KK k16 steps' registers) alive until here, their
- * registers not reused: wgmma reads them after it is issued.
+ * wgmma.m64nNk16 (N a string): d (64 x N, the warpgroup's C layout: the
+ * operands after the colon, placeholders DP) += a (64 x 16 from registers,
+ * placeholders in AD with desc's) b (16 x N at desc); SC the placeholder
+ * of the constant 1 that turns scale-d on.
  */
-template <int KK>
-static __device__ __forceinline__ void
-wg_hold_a(uint32_t (&fa)[KK][4])
-{
-#pragma unroll
-	for (int kk = 0; kk < KK; kk++)
-#pragma unroll
-		for (int i = 0; i < 4; i++)
-			asm volatile("" : "+r"(fa[kk][i])::"memory");
-}
+#define WG_MMA(N, DP, AD, SC, a, desc, ...) \
+	asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " SC ", 0;\n" \
+	    "wgmma.mma_async.sync.aligned.m64n" N "k16.f32.f16.f16 {" DP "}, " AD ", p, 1, 1, 0;\n}\n" \
+	    : __VA_ARGS__ : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1))
 
-/* The m64nNk16 product for N = 8 NT. */
+/* d += a b: the m64nNk16 product for N = 8 NT. */
 template <int NT>
 static __device__ __forceinline__ void
 wg_mma(float (&d)[NT][4], const uint32_t a[4], uint64_t desc)
 {
 	static_assert(NT == 8 || NT == 16, "wgmma shapes of 64 and 128 columns");
 	if constexpr (NT == 8)
-		wg_mma_n64(d, a, desc);
+		WG_MMA("64", WG_P32, "{%32, %33, %34, %35}, %36", "%37", a, desc, WG_D32(d, 0));
 	else
-		wg_mma_n128(d, a, desc);
+		WG_MMA("128", WG_P64, "{%64, %65, %66, %67}, %68", "%69", a, desc, WG_D32(d, 0), WG_D32(d, 8));
 }
 
 #endif

@@ -123,11 +123,11 @@ static const int gpu_tc[N_GPU] = { 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0 };
 /* 1: the many-token products of quantized weights on cuBLAS, dequantized (RESIDENT_CUDA_BLAS_MIN=1) */
 static const int gpu_blas[N_GPU] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0 };
 /*
- * RESIDENT_CUDA_WG_MIN ("": the default): gemm and blas keep their paths
- * off qgemm's wgmma form (sm_90a), wgmma sends it every many-token
- * product of the types it takes
+ * qgemm's wgmma form (sm_90a): -1 off (gemm and blas keep their paths), 0
+ * the default, 1 every many-token product of the types it takes
+ * (RESIDENT_CUDA_WG_MIN=1, RESIDENT_CUDA_WG_ELEMS=0)
  */
-static const char *const gpu_wg[N_GPU] = { "1000000", "", "", "", "", "", "", "", "", "", "1000000", "1" };
+static const int gpu_wg[N_GPU] = { -1, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1, 1 };
 static const double gpu_tol[N_GPU] = { TOL, TOL, TOL, TOL_EXACT, TOL_HOST, TOL_EXACT, TOL_Q8, TOL_Q8_EXACT, TOL,
 	TOL_Q8, TOL, TOL };
 /*
@@ -206,8 +206,8 @@ load_all(struct fixture *f)
 		env_or_unset("RESIDENT_CUDA_MMV_MAX", gpu_mmv[g]);
 		env_or_unset("RESIDENT_CUDA_TC_DECODE", gpu_tc[g] ? "1" : "");
 		env_or_unset("RESIDENT_CUDA_BLAS_MIN", gpu_blas[g] ? "1" : "");
-		env_or_unset("RESIDENT_CUDA_WG_MIN", gpu_wg[g]);
-		env_or_unset("RESIDENT_CUDA_WG_ELEMS", strcmp(gpu_wg[g], "1") == 0 ? "0" : "");
+		env_or_unset("RESIDENT_CUDA_WG_MIN", gpu_wg[g] < 0 ? "1000000" : gpu_wg[g] > 0 ? "1" : "");
+		env_or_unset("RESIDENT_CUDA_WG_ELEMS", gpu_wg[g] > 0 ? "0" : "");
 		if (cuda_backend.load(f->m, &bo, &f->gpu[g], err) != 0)
 			fail_msg("cuda load (%s): %s", gpu_names[g], err);
 		/* the exact mode's pool is fp32, the others' fp16; a q8 row 36 bytes a 32 */
