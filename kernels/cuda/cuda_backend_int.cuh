@@ -26,8 +26,12 @@ extern "C" {
 #include "cpu/cpu_pool.h"
 }
 
-/* Logit rows computed per pass of the output matrix. */
-#define LOGIT_ROWS 64
+/*
+ * Logit rows computed per pass of the output matrix: 128, the wgmma form's
+ * widest tile (a pass of 64 rows ran its output product in the 64-token
+ * shape at about half the rate, four passes a 256-sequence step).
+ */
+#define LOGIT_ROWS 128
 /* Ints of the staged penalty windows of T logit rows: their tokens, then their counts. */
 #define PEN_INTS(T) ((size_t)(T) * FWD_PICK_PENALTY_MAX * 2)
 /* Graphs kept, one per (tokens, logit rows) shape, least recently used replaced. */

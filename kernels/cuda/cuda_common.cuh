@@ -82,13 +82,62 @@ pdl_trigger(void)
 #endif
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/* This block's rank in its cluster. */
+static __device__ __forceinline__ unsigned
+cluster_rank(void)
+{
+	unsigned r;
+
+	asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+	return r;
+}
+
+/* A barrier of the whole cluster; shared-memory writes before it are seen by every block after it. */
+static __device__ __forceinline__ void
+cluster_sync(void)
+{
+	asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+/* The address of this block's shared p in the shared memory of the cluster's block rank. */
+static __device__ __forceinline__ unsigned
+cluster_map(const void *p, unsigned rank)
+{
+	unsigned r;
+
+	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"((unsigned)__cvta_generic_to_shared(p)),
+	    "r"(rank));
+	return r;
+}
+
+static __device__ __forceinline__ float
+cluster_ld(const float *p, unsigned rank)
+{
+	float v;
+
+	asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_map(p, rank)) : "memory");
+	return v;
+}
+
+static __device__ __forceinline__ float4
+cluster_ld4(const float4 *p, unsigned rank)
+{
+	float4 v;
+
+	asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+	    : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(cluster_map(p, rank)) : "memory");
+	return v;
+}
+#endif
+
 /*
  * Launches kernel on st, early when cuda_pdl allows it (see pdl_wait), in
- * clusters of cluster_x blocks (sm_90; 1: none).
+ * clusters of cluster blocks (sm_90; 1 x 1 x 1: none).
  */
 template <typename... P, typename... A>
 static cudaError_t
-cuda_launch_ex(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, unsigned cluster_x, cudaStream_t st,
+cuda_launch_ex(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, dim3 cluster, cudaStream_t st,
     A &&...args)
 {
 	cudaLaunchConfig_t cfg = {};
@@ -100,9 +149,9 @@ cuda_launch_ex(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, unsigne
 		at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
 		at[n++].val.programmaticStreamSerializationAllowed = 1;
 	}
-	if (cluster_x > 1) {
+	if (cluster.x * cluster.y * cluster.z > 1) {
 		at[n].id = cudaLaunchAttributeClusterDimension;
-		at[n].val.clusterDim.x = cluster_x, at[n].val.clusterDim.y = 1, at[n++].val.clusterDim.z = 1;
+		at[n].val.clusterDim.x = cluster.x, at[n].val.clusterDim.y = cluster.y, at[n++].val.clusterDim.z = cluster.z;
 	}
 	cfg.attrs = at;
 	cfg.numAttrs = n;
@@ -114,7 +163,7 @@ template <typename... P, typename... A>
 static cudaError_t
 cuda_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A &&...args)
 {
-	return cuda_launch_ex(kernel, grid, block, smem, 1u, st, static_cast<A &&>(args)...);
+	return cuda_launch_ex(kernel, grid, block, smem, dim3(1), st, static_cast<A &&>(args)...);
 }
 
 /* Sum over the 32 lanes of a warp; every lane gets it. */

@@ -77,6 +77,8 @@
  * qwen3-0.6b's products of 2M weights gained 6-21 %.
  */
 #define WG_ELEMS_DEFAULT (1 << 21)
+/* The wgmma form's most splits of a tile added in a cluster (RESIDENT_CUDA_WG_CLUSTER). */
+#define WG_CLUSTER_DEFAULT QG_MAX_SPLIT
 
 /* Rounds n up to DEV_ALIGN. */
 static size_t
@@ -687,7 +689,8 @@ blas_min(int exact)
  * Which kernel takes a product of how many tokens, into mm: the matrix-
  * vector kernels, mmt.cu, qgemm, its wgmma form (RESIDENT_CUDA_WG_MIN and
  * _WG_ELEMS; never in exact mode or where the device does not run it: wg,
- * cuda_qgemm_wg_device's answer) and cuBLAS. The plan and the load read it
+ * cuda_qgemm_wg_device's answer; its splits summed in a cluster up to
+ * _WG_CLUSTER) and cuBLAS. The plan and the load read it
  * here alike, so that the scratch planned is the scratch the steps use.
  */
 static void
@@ -698,6 +701,7 @@ mm_routing(struct cuda_mm *mm, int exact, int wg)
 	mm->blas_min = blas_min(exact);
 	mm->wg_min = exact || !wg ? INT_MAX : MAX(1, env_int("RESIDENT_CUDA_WG_MIN", WG_MIN_DEFAULT));
 	mm->wg_elems = MAX(0, env_int("RESIDENT_CUDA_WG_ELEMS", WG_ELEMS_DEFAULT));
+	mm->wg_cluster = env_int("RESIDENT_CUDA_WG_CLUSTER", WG_CLUSTER_DEFAULT);
 }
 
 /*
@@ -1370,6 +1374,8 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	if ((rc = open_hot(b, o, &x, err)) != 0)
 		goto out;
 	mm_routing(&b->mm, b->exact, wg);
+	if (wg && (rc = cuda_qgemm_wg_fit(&b->mm, err)) != 0)
+		goto out;
 	b->use_graphs = env_int("RESIDENT_CUDA_GRAPHS", 1) != 0;
 	b->flash_tokens = flash_tokens(&m->hp, b->exact);
 	rc = attention_counts(b, &m->hp, err);

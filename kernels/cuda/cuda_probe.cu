@@ -189,7 +189,8 @@ cuda_probe_open(struct cuda_probe **out, char *err)
 	/* every head size the attention kernels take, since the checks try many */
 	for (int d = WARP; rc == 0 && d <= 8 * WARP; d += WARP)
 		rc = cuda_attention_setup(d, err);
-	if (rc != 0 || (rc = cuda_qgemm_setup(err)) != 0 || (rc = cuda_qgemm_wg_device(&p->wg, err)) != 0) {
+	if (rc != 0 || (rc = cuda_qgemm_setup(err)) != 0 || (rc = cuda_qgemm_wg_device(&p->wg, err)) != 0 ||
+	    (p->wg && (rc = cuda_qgemm_wg_fit(&p->mm, err)) != 0)) {
 		cuda_probe_close(p);
 		return rc;
 	}
@@ -293,6 +294,7 @@ probe_path(struct cuda_probe *p, enum cuda_probe_path path)
 	p->mm.blas_min = path == CUDA_PROBE_BLAS ? 1 : INT_MAX;
 	p->mm.wg_min = path == CUDA_PROBE_WG ? 1 : INT_MAX;
 	p->mm.wg_elems = 0; /* every shape the checks try */
+	p->mm.wg_cluster = QG_MAX_SPLIT; /* every split summed in its cluster */
 	p->mm.sms = path == CUDA_PROBE_GEMM_WHOLE ? 0 : p->sms; /* no multiprocessors to fill: no split */
 }
 

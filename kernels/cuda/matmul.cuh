@@ -15,6 +15,9 @@
 /* Tokens one matrix-vector kernel carries; more go in groups of this. */
 #define MMV_TOKENS 8
 
+/* qgemm's most splits of K: 8, the most blocks a cluster holds portably (the wgmma form's splits may be one). */
+#define QG_MAX_SPLIT 8
+
 /* A weight on the GPU: n rows of k elements, row_bytes apart. */
 struct cuda_weight {
 	const uint8_t *d;
@@ -40,6 +43,8 @@ struct cuda_mm {
 	int blas_min;      /* from this many (above mmv_max): quantized weights too on cuBLAS, dequantized into wh */
 	int wg_min;        /* from this many (above mmt_max): qgemm's wgmma form where it takes the weight (sm_90a) */
 	int64_t wg_elems;  /* ... for weights of this many elements (rows x K) and more */
+	int wg_cluster;    /* the wgmma form adds up to this many splits of a tile in one cluster; more go through part */
+	int wg_fit[2][QG_MAX_SPLIT + 1]; /* its clusters of each size the device runs at once, 64- and 128-token tiles */
 	/*
 	 * The activations as two int8 rows (max_tokens x 2 x widest input)
 	 * with a scale and a sum per 32 (max_tokens x widest / 32), for the
@@ -325,6 +330,13 @@ int cuda_qgemm_setup(char *err);
 
 /* *wg = 1 if the current device runs qgemm's wgmma form (its sm_90a code, the driver's tensor-map encoder). */
 int cuda_qgemm_wg_device(int *wg, char *err);
+
+/*
+ * Fills m->wg_fit on the current device (after cuda_qgemm_setup): a tile's
+ * splits are summed in one cluster only where all of a launch's clusters
+ * run at once (1 block a multiprocessor; a cluster within a GPC).
+ */
+int cuda_qgemm_wg_fit(struct cuda_mm *m, char *err);
 
 /* 1 if qgemm's wgmma form multiplies weights of w's type and width (where a device runs it). */
 int cuda_qgemm_wg_type(const struct cuda_weight *w);

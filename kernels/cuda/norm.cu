@@ -434,37 +434,6 @@ glu_kernel(float *__restrict__ a, const float *__restrict__ b, int64_t all4, int
 		q8_store4(v, (int)(i - row * n4), n4, i < all4, q8.q + row * 8 * n4, q8.d + row * n4 / 8);
 }
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-/* This block's rank in its cluster. */
-static __device__ __forceinline__ unsigned
-cluster_rank(void)
-{
-	unsigned r;
-
-	asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-	return r;
-}
-
-/* A barrier of the whole cluster; shared-memory writes before it are seen by every block after it. */
-static __device__ __forceinline__ void
-cluster_sync(void)
-{
-	asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-/* The float at p in the shared memory of the cluster's block rank. */
-static __device__ __forceinline__ float
-cluster_ld(const float *p, unsigned rank)
-{
-	unsigned a = (unsigned)__cvta_generic_to_shared(p), r;
-	float v;
-
-	asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-	asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
-	return v;
-}
-#endif
-
 /* v = act(v) * u, element by element. */
 template <int V>
 static __device__ __forceinline__ void

@@ -50,12 +50,11 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <limits.h>
 #include <string.h>
 
 /* Sub-steps of token-tile copies in flight ahead of the one being multiplied. */
 #define QG_AHEAD 2
-/* Most splits of K. */
-#define QG_MAX_SPLIT 8
 /* Weight rows of a block of the decode shapes. */
 #define QG_BM 128
 
@@ -825,6 +824,7 @@ struct qw_cfg {
 	static constexpr int XS = 4;               /* token tiles in the ring */
 	static constexpr int WS = 4;               /* weight units in the ring */
 	static constexpr int THREADS = 10 * WARP;  /* warpgroups 0 and 1 consume, warps 8 and 9 produce */
+	static constexpr int LDT = BM + 4;         /* floats from a token's row to the next in a split's sums */
 };
 
 /* Shared memory of type TY, shape C: the token ring (1024-byte aligned slots), the unit ring, the barriers. */
@@ -975,7 +975,67 @@ qw_consume(const unsigned char *smem, uint32_t base, qw_bars br, int u0, int U, 
 	}
 }
 
-/* Block (blockIdx.x: BM rows, blockIdx.y: BN tokens, blockIdx.z: a split of K's units). */
+#if WG_ARCH
+/* A consumer warp's sums (rows rr.. of the tile) into the split's tile t. */
+template <class C>
+static __device__ __forceinline__ void
+qw_part(float *t, const float (&acc)[1][C::NT][4], int rr)
+{
+	int lane = threadIdx.x % WARP, row = rr + lane / 4, tq = 2 * (lane % 4);
+
+#pragma unroll
+	for (int nt = 0; nt < C::NT; nt++)
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			t[(8 * nt + tq + i % 2) * C::LDT + row + 8 * (i / 2)] = acc[0][nt][i];
+}
+
+/*
+ * The tile's sums over the cluster's nz splits (blockIdx.z, the block's
+ * rank in its cluster), read from each block's shared memory in split
+ * order, scaled back and stored: block c the c-th nz-th of the tile's
+ * groups of four rows. The same sums, bit for bit, as qg_reduce_kernel's,
+ * with no launch and no trip through L2.
+ */
+template <class C>
+static __device__ __forceinline__ void
+qw_cluster_sum(const struct qg_args &a, const float *t, int m0, int n0, int nz)
+{
+	constexpr int G = C::BN * C::BM / 4;
+	int c = (int)cluster_rank();
+
+	cluster_sync();
+	for (int g = G * c / nz + threadIdx.x; g < G * (c + 1) / nz; g += C::THREADS) {
+		int tok = g / (C::BM / 4), r = 4 * (g % (C::BM / 4));
+		const float4 *p = (const float4 *)(t + tok * C::LDT + r);
+		float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f), v[QG_MAX_SPLIT];
+
+		if (n0 + tok >= a.n_tok)
+			continue;
+#pragma unroll
+		for (int z = 0; z < QG_MAX_SPLIT; z++) /* every split's load in flight before the first sum */
+			if (z < nz)
+				v[z] = cluster_ld4(p, (unsigned)z);
+#pragma unroll
+		for (int z = 0; z < QG_MAX_SPLIT; z++)
+			if (z < nz)
+				s.x += v[z].x, s.y += v[z].y, s.z += v[z].z, s.w += v[z].w;
+		float sc = a.xscale[n0 + tok], f[4] = { s.x, s.y, s.z, s.w };
+
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			if (m0 + r + i < a.n_rows)
+				mm_store(a.out, m0 + r + i, n0 + tok, f[i] * sc);
+	}
+	cluster_sync(); /* no block leaves while another may still read its sums */
+}
+#endif
+
+/*
+ * Block (blockIdx.x: BM rows, blockIdx.y: BN tokens, blockIdx.z: a split
+ * of K's units). A split launch whose tiles are clusters (a.part NULL)
+ * adds each tile's splits in the cluster; otherwise they go to a.part.
+ */
 template <int TY, class C>
 __global__ void __launch_bounds__(C::THREADS, 1)
 qw_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
@@ -983,6 +1043,7 @@ qw_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUte
 {
 #if WG_ARCH
 	using L = qw_smem<TY, C>;
+	static_assert(C::BN * C::LDT * sizeof(float) <= L::BAR_OFF, "a split's sums fit below the barriers");
 	extern __shared__ __align__(16) unsigned char qw_raw[];
 	uint32_t raw = smem_addr(qw_raw), base = (raw + 1023) & ~1023u;
 	const unsigned char *smem = qw_raw + (base - raw);
@@ -1008,18 +1069,27 @@ qw_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUte
 		pdl_trigger();
 		if (warp == 8 && threadIdx.x % WARP == 0)
 			qw_produce_x<TY, C>(&xmap, base, br, u0, U, n0);
-		return;
-	}
-	float acc[1][C::NT][4];
-	int rr = 64 * (warp / 4) + 16 * (warp % 4);
+		if (nz == 1 || a.part != NULL)
+			return;
+	} else {
+		float acc[1][C::NT][4];
+		int rr = 64 * (warp / 4) + 16 * (warp % 4);
 
 #pragma unroll
-	for (int j = 0; j < C::NT; j++)
-		acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;
-	pdl_wait();
-	pdl_trigger();
-	qw_consume<TY, C>(smem, base, br, u0, U, rr + (threadIdx.x % WARP) / 4, acc);
-	qg_store<C>(a, acc, m0 + rr, n0, z);
+		for (int j = 0; j < C::NT; j++)
+			acc[0][j][0] = acc[0][j][1] = acc[0][j][2] = acc[0][j][3] = 0.0f;
+		pdl_wait();
+		pdl_trigger();
+		qw_consume<TY, C>(smem, base, br, u0, U, rr + (threadIdx.x % WARP) / 4, acc);
+		if (nz == 1 || a.part != NULL) {
+			qg_store<C>(a, acc, m0 + rr, n0, z);
+			return;
+		}
+		/* the rings are done with once every consumer is: the split's sums go where they were */
+		asm volatile("bar.sync 1, 256;" ::: "memory");
+		qw_part<C>((float *)smem, acc, rr);
+	}
+	qw_cluster_sum<C>(a, (const float *)smem, m0, n0, nz);
 #endif
 }
 
@@ -1060,6 +1130,12 @@ struct qg_sync {
 	using Cfg = C;
 	/* the decode shapes keep one launch: forms that split their last wave cost batched decoding 1-3 % */
 	static constexpr bool SPLIT_REST = C::BN == qg_c128::BN;
+	/* split sums go through m->part and qg_reduce_kernel */
+	static int
+	cluster_sum(const struct cuda_mm *, dim3)
+	{
+		return 0;
+	}
 	static int
 	per_sm(void)
 	{
@@ -1094,8 +1170,8 @@ qg_grid(struct cuda_mm *m, struct qg_args a, int split, char *err)
 	    (unsigned)split);
 	int rc;
 
-	a.part = split > 1 ? m->part : NULL;
-	if ((rc = F::launch(m, grid, a, err)) != 0 || split == 1)
+	a.part = split > 1 && !F::cluster_sum(m, grid) ? m->part : NULL;
+	if ((rc = F::launch(m, grid, a, err)) != 0 || a.part == NULL)
 		return rc;
 	int64_t n = (int64_t)a.n_tok * a.n_rows;
 	CK(cuda_launch(qg_reduce_kernel, dim3((unsigned)((n + 255) / 256)), dim3(256), 0, m->stream, m->part,
@@ -1123,11 +1199,20 @@ qw_map(CUtensorMap *map, CUtensorMapDataType ty, const void *p, uint64_t inner, 
 	    (unsigned long long)inner, (unsigned long long)rows, (int)r);
 }
 
-/* The wgmma form of shape C: one block a multiprocessor; each launch makes its operands' tensor maps. */
+/*
+ * The wgmma form of shape C: one block a multiprocessor, a tile's splits
+ * one cluster; each launch makes its operands' tensor maps.
+ */
 template <int TY, class C>
 struct qw_form {
 	using Cfg = C;
 	static constexpr bool SPLIT_REST = C::BN == 128;
+	/* where a launch's clusters all run at once: a second wave of them costs more than the reduction's launch */
+	static int
+	cluster_sum(const struct cuda_mm *m, dim3 grid)
+	{
+		return (int)grid.z <= m->wg_cluster && (int)(grid.x * grid.y) <= m->wg_fit[C::BN == 128][grid.z];
+	}
 	static int
 	per_sm(void)
 	{
@@ -1146,8 +1231,8 @@ struct qw_form {
 		    (qw_unit<TY>::HEAD > 0 && (rc = qw_map(&hmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.row_bytes,
 		    (uint64_t)a.n_rows, a.row_bytes, qw_unit<TY>::HEAD, C::BM, CU_TENSOR_MAP_SWIZZLE_NONE, err)) != 0))
 			return rc;
-		CK(cuda_launch(qw_kernel<TY, C>, grid, dim3(C::THREADS), qw_smem<TY, C>::BYTES, m->stream, xmap, wmap,
-		    hmap, a));
+		CK(cuda_launch_ex(qw_kernel<TY, C>, grid, dim3(C::THREADS), qw_smem<TY, C>::BYTES, dim3(1, 1, a.part == NULL ? grid.z : 1),
+		    m->stream, xmap, wmap, hmap, a));
 		return 0;
 	}
 };
@@ -1171,6 +1256,39 @@ qw_setup(char *err)
 	    (int)qw_smem<TY, qw_cfg<128>>::BYTES));
 	QW_TYPES(QW_CASE)
 #undef QW_CASE
+	return 0;
+}
+
+/* The clusters of `size` blocks of qw_kernel<TY, C> the device runs at once. */
+template <int TY, class C>
+static int
+qw_fit(int size, int *n, char *err)
+{
+	cudaLaunchConfig_t cfg = {};
+	cudaLaunchAttribute at;
+
+	at.id = cudaLaunchAttributeClusterDimension;
+	at.val.clusterDim.x = 1, at.val.clusterDim.y = 1, at.val.clusterDim.z = (unsigned)size;
+	cfg.gridDim = dim3(1, 1, (unsigned)size), cfg.blockDim = dim3(C::THREADS);
+	cfg.dynamicSmemBytes = qw_smem<TY, C>::BYTES, cfg.attrs = &at, cfg.numAttrs = 1;
+	CK(cudaOccupancyMaxActiveClusters(n, qw_kernel<TY, C>, &cfg));
+	return 0;
+}
+
+/* The fewest over the form's types, which all run a block a multiprocessor. */
+int
+cuda_qgemm_wg_fit(struct cuda_mm *m, char *err)
+{
+	int n, rc;
+
+	for (int z = 0; z <= QG_MAX_SPLIT; z++) {
+		m->wg_fit[0][z] = m->wg_fit[1][z] = INT_MAX;
+		if (z < 2)
+			continue;
+#define QW_FIT(TY) 		if ((rc = qw_fit<TY, qw_cfg<64>>(z, &n, err)) != 0) 			return rc; 		m->wg_fit[0][z] = MIN(m->wg_fit[0][z], n); 		if ((rc = qw_fit<TY, qw_cfg<128>>(z, &n, err)) != 0) 			return rc; 		m->wg_fit[1][z] = MIN(m->wg_fit[1][z], n);
+		QW_TYPES(QW_FIT)
+#undef QW_FIT
+	}
 	return 0;
 }
 
