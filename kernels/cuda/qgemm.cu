@@ -1071,6 +1071,7 @@ qw_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUte
 			qw_produce_x<TY, C>(&xmap, base, br, u0, U, n0);
 		if (nz == 1 || a.part != NULL)
 			return;
+		__syncwarp(); /* the producing lane rejoins its warp before the cluster's aligned barriers */
 	} else {
 		float acc[1][C::NT][4];
 		int rr = 64 * (warp / 4) + 16 * (warp % 4);
