@@ -1232,8 +1232,8 @@ struct qw_form {
 		    (qw_unit<TY>::HEAD > 0 && (rc = qw_map(&hmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.row_bytes,
 		    (uint64_t)a.n_rows, a.row_bytes, qw_unit<TY>::HEAD, C::BM, CU_TENSOR_MAP_SWIZZLE_NONE, err)) != 0))
 			return rc;
-		CK(cuda_launch_ex(qw_kernel<TY, C>, grid, dim3(C::THREADS), qw_smem<TY, C>::BYTES, dim3(1, 1, a.part == NULL ? grid.z : 1),
-		    m->stream, xmap, wmap, hmap, a));
+		CK(cuda_launch_ex(qw_kernel<TY, C>, grid, dim3(C::THREADS), qw_smem<TY, C>::BYTES,
+		    dim3(1, 1, a.part == NULL ? grid.z : 1), m->stream, xmap, wmap, hmap, a));
 		return 0;
 	}
 };
@@ -1286,7 +1286,13 @@ cuda_qgemm_wg_fit(struct cuda_mm *m, char *err)
 		m->wg_fit[0][z] = m->wg_fit[1][z] = INT_MAX;
 		if (z < 2)
 			continue;
-#define QW_FIT(TY) 		if ((rc = qw_fit<TY, qw_cfg<64>>(z, &n, err)) != 0) 			return rc; 		m->wg_fit[0][z] = MIN(m->wg_fit[0][z], n); 		if ((rc = qw_fit<TY, qw_cfg<128>>(z, &n, err)) != 0) 			return rc; 		m->wg_fit[1][z] = MIN(m->wg_fit[1][z], n);
+#define QW_FIT(TY) \
+		if ((rc = qw_fit<TY, qw_cfg<64>>(z, &n, err)) != 0) \
+			return rc; \
+		m->wg_fit[0][z] = MIN(m->wg_fit[0][z], n); \
+		if ((rc = qw_fit<TY, qw_cfg<128>>(z, &n, err)) != 0) \
+			return rc; \
+		m->wg_fit[1][z] = MIN(m->wg_fit[1][z], n);
 		QW_TYPES(QW_FIT)
 #undef QW_FIT
 	}
