@@ -925,9 +925,10 @@ struct qw_rows {
 /*
  * A consumer warp: its 16 rows (rows rr and rr + 8 for its lane) by the
  * block's tokens, over units u0... The next sub-step's fragments are
- * decoded into the other of two register sets while the tensor cores
- * multiply this one's; a unit's slot is freed once its last sub-step is
- * decoded.
+ * decoded into the other of two register sets once this one's products
+ * are issued (ptxas keeps only the decoding's loads ahead of the wait for
+ * them; the rest ahead too measured no faster, RESULTS 2026-11-29); a
+ * unit's slot is freed once its last sub-step is decoded.
  */
 template <int TY, class C>
 static __device__ __forceinline__ void
