@@ -772,9 +772,10 @@ qg_reduce_kernel(const float *__restrict__ part, int n_split, int n_tok, int n_r
  * the tile by wgmma, the tensor cores reading the tile themselves. The
  * operands arrive through the asynchronous proxy, so no proxy fence sits
  * in the loop (the fence that sank the 2026-11-28 wgmma forms, which
- * copied by cp.async). A warpgroup decodes the next sub-step while the
- * tensor cores multiply this one, and waits for its products before the
- * token slot is freed; the other warpgroup's products fill that wait.
+ * copied by cp.async). A warpgroup issues a sub-step's products, decodes
+ * the next one into a second register set and waits for the products
+ * before the token slot is freed; the other warpgroup's products fill
+ * that time (ptxas orders most of the decoding after the wait).
  * Accumulators are mma.sync's C fragments, so qg_store and the split sums
  * serve both forms.
  */
