@@ -41,7 +41,9 @@ def units(path):
     with open(path, newline="") as f:
         lines = [l for l in f if l.startswith('"')]
     rd = csv.DictReader(lines)
-    u = next(rd)
+    u = next(rd, None)
+    if u is None:
+        sys.exit(f"{path}: no kernels (did ncu run to the end?)")
     return u["gpu__time_duration.sum"], u["dram__bytes_read.sum"]
 
 
