@@ -295,6 +295,7 @@ probe_path(struct cuda_probe *p, enum cuda_probe_path path)
 	p->mm.wg_min = path == CUDA_PROBE_WG ? 1 : INT_MAX;
 	p->mm.wg_elems = 0; /* every shape the checks try */
 	p->mm.wg_cluster = QG_MAX_SPLIT; /* every split summed in its cluster */
+	p->mm.wg_wide = WG_WIDE_TOKENS;
 	p->mm.sms = path == CUDA_PROBE_GEMM_WHOLE ? 0 : p->sms; /* no multiprocessors to fill: no split */
 }
 

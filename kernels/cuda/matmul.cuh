@@ -18,6 +18,10 @@
 /* qgemm's most splits of K: 8, the most blocks a cluster holds portably (the wgmma form's splits may be one). */
 #define QG_MAX_SPLIT 8
 
+/* The wgmma form's tile shapes (64, 128 and 256 tokens), and the tokens above which it takes 256 (RESIDENT_CUDA_WG_WIDE). */
+#define QW_SHAPES 3
+#define WG_WIDE_TOKENS 128
+
 /* A weight on the GPU: n rows of k elements, row_bytes apart. */
 struct cuda_weight {
 	const uint8_t *d;
@@ -44,7 +48,8 @@ struct cuda_mm {
 	int wg_min;        /* from this many (above mmt_max): qgemm's wgmma form where it takes the weight (sm_90a) */
 	int64_t wg_elems;  /* ... for weights of this many elements (rows x K) and more */
 	int wg_cluster;    /* the wgmma form adds up to this many splits of a tile in one cluster; more go through part */
-	int wg_fit[2][QG_MAX_SPLIT + 1]; /* its clusters of each size the device runs at once, 64- and 128-token tiles */
+	int wg_wide;       /* ... in tiles of 256 tokens from more than this many, of 128 from 65 */
+	int wg_fit[QW_SHAPES][QG_MAX_SPLIT + 1]; /* its clusters of each size the device runs at once, a row a tile shape */
 	/*
 	 * The activations as two int8 rows (max_tokens x 2 x widest input)
 	 * with a scale and a sum per 32 (max_tokens x widest / 32), for the

@@ -329,6 +329,7 @@ static __device__ __forceinline__ void
 qg_store(const struct qg_args &a, const float (&acc)[C::MT][C::NT][4], int r0, int t0, int z)
 {
 	int lane = threadIdx.x % WARP, gq = lane / 4, tq = 2 * (lane % 4);
+
 	float sc[C::NT][2];
 
 #pragma unroll
@@ -358,6 +359,48 @@ qg_store(const struct qg_args &a, const float (&acc)[C::MT][C::NT][4], int r0, i
 					if (tok < a.n_tok)
 						y[(size_t)tok * ld] = acc[mt][nt][2 * h + j] * sc[nt][j];
 				}
+		}
+}
+
+/*
+ * qg_store for tiles of many tokens (the wgmma form's 256): the scales of
+ * a thread's 64 tokens do not fit in registers beside its sums, so each
+ * is loaded once, in turn, and every row's destination worked out first.
+ */
+template <class C>
+static __device__ __forceinline__ void
+qg_store_wide(const struct qg_args &a, const float (&acc)[C::MT][C::NT][4], int r0, int t0, int z)
+{
+	int lane = threadIdx.x % WARP, gq = lane / 4, tq = 2 * (lane % 4);
+	float *y[C::MT][2];
+	int ld[C::MT][2];
+
+#pragma unroll
+	for (int mt = 0; mt < C::MT; mt++)
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			int row = r0 + 16 * mt + gq + 8 * h;
+
+			ld[mt][h] = a.n_rows;
+			y[mt][h] = row >= a.n_rows ? NULL : a.part != NULL ?
+			    a.part + (size_t)z * a.n_tok * a.n_rows + row : mm_row(a.out, row, &ld[mt][h]);
+		}
+#pragma unroll
+	for (int nt = 0; nt < C::NT; nt++)
+#pragma unroll
+		for (int j = 0; j < 2; j++) {
+			int tok = t0 + 8 * nt + tq + j;
+			float sc;
+
+			if (tok >= a.n_tok)
+				continue;
+			sc = a.part == NULL ? a.xscale[tok] : 1.0f;
+#pragma unroll
+			for (int mt = 0; mt < C::MT; mt++)
+#pragma unroll
+				for (int h = 0; h < 2; h++)
+					if (y[mt][h] != NULL)
+						y[mt][h][(size_t)tok * ld[mt][h]] = acc[mt][nt][2 * h + j] * sc;
 		}
 }
 

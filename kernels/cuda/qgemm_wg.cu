@@ -71,13 +71,25 @@ struct qw_unit<TT_Q6_KG> {
 	}
 };
 
+/*
+ * A tile of 256 tokens holds 128 accumulators a consumer thread, more than
+ * 320 threads' even share of the registers leaves: its block is three
+ * warpgroups, the producers' (warps 8 to 11) gives back all but PREGS a
+ * thread and the consumers' take CREGS, within the 168 a thread the
+ * launch gives 384 threads.
+ */
 template <int BN_>
 struct qw_cfg {
 	static constexpr int BM = 128, BN = BN_, MT = 1, NT = BN / 8;
-	static constexpr int XS = 4;               /* token tiles in the ring */
+	static constexpr bool WIDE = BN == 256;
+	static constexpr int XS = WIDE ? 3 : 4;   /* token tiles in the ring */
 	static constexpr int WS = 4;               /* weight units in the ring */
-	static constexpr int THREADS = 10 * WARP;  /* warpgroups 0 and 1 consume, warps 8 and 9 produce */
+	static constexpr int THREADS = (WIDE ? 12 : 10) * WARP; /* warpgroups 0 and 1 consume, warps 8 and 9 produce */
+	static constexpr int CREGS = 216, PREGS = 72;
 	static constexpr int LDT = BM + 4;         /* floats from a token's row to the next in a split's sums */
+	static constexpr int FIT = BN == 64 ? 0 : BN == 128 ? 1 : 2; /* its row of cuda_mm.wg_fit */
+	static_assert(!WIDE || 2 * 128 * CREGS + 128 * PREGS <= 65536 / THREADS / 8 * 8 * THREADS,
+	    "the consumers take no more than the producers give back");
 };
 
 /* Shared memory of type TY, shape C: the token ring (1024-byte aligned slots), the unit ring, the barriers. */
@@ -316,6 +328,12 @@ qw_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUte
 		mbar_init_fence();
 	}
 	__syncthreads();
+	if constexpr (C::WIDE) {
+		if (warp >= 8)
+			wg_regs_dec<C::PREGS>();
+		else
+			wg_regs_inc<C::CREGS>();
+	}
 	if (warp >= 8) {
 		if (warp == 9 && threadIdx.x % WARP == 0)
 			qw_produce_w<TY, C>(&wmap, &hmap, base, br, u0, U, m0);
@@ -337,7 +355,10 @@ qw_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUte
 		pdl_trigger();
 		qw_consume<TY, C>(smem, base, br, u0, U, rr + (threadIdx.x % WARP) / 4, acc);
 		if (nz == 1 || a.part != NULL) {
-			qg_store<C>(a, acc, m0 + rr, n0, z);
+			if constexpr (C::WIDE)
+				qg_store_wide<C>(a, acc, m0 + rr, n0, z);
+			else
+				qg_store<C>(a, acc, m0 + rr, n0, z);
 			return;
 		}
 		/* the rings are done with once every consumer is: the split's sums go where they were */
@@ -375,12 +396,12 @@ qw_map(CUtensorMap *map, CUtensorMapDataType ty, const void *p, uint64_t inner, 
 template <int TY, class C>
 struct qw_form {
 	using Cfg = C;
-	static constexpr bool SPLIT_REST = C::BN == 128;
+	static constexpr bool SPLIT_REST = C::BN >= 128;
 	/* where a launch's clusters all run at once: a second wave of them costs more than the reduction's launch */
 	static int
 	cluster_sum(const struct cuda_mm *m, dim3 grid)
 	{
-		return (int)grid.z <= m->wg_cluster && (int)(grid.x * grid.y) <= m->wg_fit[C::BN == 128][grid.z];
+		return (int)grid.z <= m->wg_cluster && (int)(grid.x * grid.y) <= m->wg_fit[C::FIT][grid.z];
 	}
 	static int
 	per_sm(void)
@@ -421,7 +442,9 @@ qw_setup(char *err)
 	CK(cudaFuncSetAttribute(qw_kernel<TY, qw_cfg<64>>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
 	    (int)qw_smem<TY, qw_cfg<64>>::BYTES)); \
 	CK(cudaFuncSetAttribute(qw_kernel<TY, qw_cfg<128>>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-	    (int)qw_smem<TY, qw_cfg<128>>::BYTES));
+	    (int)qw_smem<TY, qw_cfg<128>>::BYTES)); \
+	CK(cudaFuncSetAttribute(qw_kernel<TY, qw_cfg<256>>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+	    (int)qw_smem<TY, qw_cfg<256>>::BYTES));
 	QW_TYPES(QW_CASE)
 #undef QW_CASE
 	return 0;
@@ -450,18 +473,18 @@ cuda_qgemm_wg_fit(struct cuda_mm *m, char *err)
 	int n, rc;
 
 	for (int z = 0; z <= QG_MAX_SPLIT; z++) {
-		m->wg_fit[0][z] = m->wg_fit[1][z] = INT_MAX;
+		for (int c = 0; c < QW_SHAPES; c++)
+			m->wg_fit[c][z] = INT_MAX;
 		if (z < 2)
 			continue;
-#define QW_FIT(TY) \
-		if ((rc = qw_fit<TY, qw_cfg<64>>(z, &n, err)) != 0) \
+#define QW_FIT1(TY, C) \
+		if ((rc = qw_fit<TY, C>(z, &n, err)) != 0) \
 			return rc; \
-		m->wg_fit[0][z] = MIN(m->wg_fit[0][z], n); \
-		if ((rc = qw_fit<TY, qw_cfg<128>>(z, &n, err)) != 0) \
-			return rc; \
-		m->wg_fit[1][z] = MIN(m->wg_fit[1][z], n);
+		m->wg_fit[C::FIT][z] = MIN(m->wg_fit[C::FIT][z], n);
+#define QW_FIT(TY) QW_FIT1(TY, qw_cfg<64>) QW_FIT1(TY, qw_cfg<128>) QW_FIT1(TY, qw_cfg<256>)
 		QW_TYPES(QW_FIT)
 #undef QW_FIT
+#undef QW_FIT1
 	}
 	return 0;
 }
@@ -497,8 +520,11 @@ template <int TY>
 static int
 qw_dispatch(struct cuda_mm *m, const struct qg_args &a, char *err)
 {
-	return a.n_tok <= 64 ? qg_launch<TY, qw_form<TY, qw_cfg<64>>>(m, a, err) :
-	    qg_launch<TY, qw_form<TY, qw_cfg<128>>>(m, a, err);
+	if (a.n_tok <= 64)
+		return qg_launch<TY, qw_form<TY, qw_cfg<64>>>(m, a, err);
+	if (a.n_tok <= m->wg_wide)
+		return qg_launch<TY, qw_form<TY, qw_cfg<128>>>(m, a, err);
+	return qg_launch<TY, qw_form<TY, qw_cfg<256>>>(m, a, err);
 }
 
 int

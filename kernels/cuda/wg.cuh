@@ -127,6 +127,11 @@ wg_hold(T (&r)[N][4])
 #define WG_P64 \
 	WG_P32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
 	"%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define WG_P128 \
+	WG_P64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+	"%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+	"%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+	"%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 
 /*
  * wgmma.m64nNk16 (N a string): d (64 x N, the warpgroup's C layout: the
@@ -144,11 +149,33 @@ template <int NT>
 static __device__ __forceinline__ void
 wg_mma(float (&d)[NT][4], const uint32_t a[4], uint64_t desc)
 {
-	static_assert(NT == 8 || NT == 16, "wgmma shapes of 64 and 128 columns");
+	static_assert(NT == 8 || NT == 16 || NT == 32, "wgmma shapes of 64, 128 and 256 columns");
 	if constexpr (NT == 8)
 		WG_MMA("64", WG_P32, "{%32, %33, %34, %35}, %36", "%37", a, desc, WG_D32(d, 0));
-	else
+	else if constexpr (NT == 16)
 		WG_MMA("128", WG_P64, "{%64, %65, %66, %67}, %68", "%69", a, desc, WG_D32(d, 0), WG_D32(d, 8));
+	else
+		WG_MMA("256", WG_P128, "{%128, %129, %130, %131}, %132", "%133", a, desc, WG_D32(d, 0), WG_D32(d, 8),
+		    WG_D32(d, 16), WG_D32(d, 24));
+}
+
+/*
+ * A warpgroup's registers a thread from here on (a multiple of 8, 24 to
+ * 256): the producers give theirs back so that the consumers can hold
+ * wider accumulators than the launch's even share allows.
+ */
+template <int N>
+static __device__ __forceinline__ void
+wg_regs_dec(void)
+{
+	asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+template <int N>
+static __device__ __forceinline__ void
+wg_regs_inc(void)
+{
+	asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
 #endif
