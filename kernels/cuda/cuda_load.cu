@@ -703,6 +703,7 @@ mm_routing(struct cuda_mm *mm, int exact, int wg)
 	mm->wg_elems = MAX(0, env_int("RESIDENT_CUDA_WG_ELEMS", WG_ELEMS_DEFAULT));
 	mm->wg_cluster = env_int("RESIDENT_CUDA_WG_CLUSTER", WG_CLUSTER_DEFAULT);
 	mm->wg_wide = MAX(64, env_int("RESIDENT_CUDA_WG_WIDE", WG_WIDE_TOKENS));
+	mm->wg_wide_units = WG_WIDE_UNITS;
 }
 
 /*

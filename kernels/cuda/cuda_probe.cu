@@ -296,6 +296,7 @@ probe_path(struct cuda_probe *p, enum cuda_probe_path path)
 	p->mm.wg_elems = 0; /* every shape the checks try */
 	p->mm.wg_cluster = QG_MAX_SPLIT; /* every split summed in its cluster */
 	p->mm.wg_wide = WG_WIDE_TOKENS;
+	p->mm.wg_wide_units = 0; /* the 256-token tiles on every shape the checks try past it */
 	p->mm.sms = path == CUDA_PROBE_GEMM_WHOLE ? 0 : p->sms; /* no multiprocessors to fill: no split */
 }
 

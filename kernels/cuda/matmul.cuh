@@ -21,6 +21,14 @@
 /* The wgmma form's tile shapes (64, 128 and 256 tokens), and the tokens above which it takes 256 (RESIDENT_CUDA_WG_WIDE). */
 #define QW_SHAPES 3
 #define WG_WIDE_TOKENS 128
+/*
+ * Units of K a block of a 256-token tile must still run after the split
+ * its grid takes, for that tile to pay: with fewer, filling and draining
+ * its rings outweighs decoding each unit once for 256 tokens. qwen3-0.6b
+ * (K of 1,024 to 3,072: 1 to 4 units a block) ran 9 % slower at 256
+ * sequences in 256-token tiles, llama3-8b (8 to 56) 5 % faster (H200).
+ */
+#define WG_WIDE_UNITS 8
 
 /* A weight on the GPU: n rows of k elements, row_bytes apart. */
 struct cuda_weight {
@@ -49,6 +57,7 @@ struct cuda_mm {
 	int64_t wg_elems;  /* ... for weights of this many elements (rows x K) and more */
 	int wg_cluster;    /* the wgmma form adds up to this many splits of a tile in one cluster; more go through part */
 	int wg_wide;       /* ... in tiles of 256 tokens from more than this many, of 128 from 65 */
+	int wg_wide_units; /* ... where each block of 256 tokens still runs this many units of K */
 	int wg_fit[QW_SHAPES][QG_MAX_SPLIT + 1]; /* its clusters of each size the device runs at once, a row a tile shape */
 	/*
 	 * The activations as two int8 rows (max_tokens x 2 x widest input)

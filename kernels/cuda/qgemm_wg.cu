@@ -520,11 +520,13 @@ template <int TY>
 static int
 qw_dispatch(struct cuda_mm *m, const struct qg_args &a, char *err)
 {
+	using Wide = qw_form<TY, qw_cfg<256>>;
+
 	if (a.n_tok <= 64)
 		return qg_launch<TY, qw_form<TY, qw_cfg<64>>>(m, a, err);
-	if (a.n_tok <= m->wg_wide)
-		return qg_launch<TY, qw_form<TY, qw_cfg<128>>>(m, a, err);
-	return qg_launch<TY, qw_form<TY, qw_cfg<256>>>(m, a, err);
+	if (a.n_tok > m->wg_wide && a.k / qg_type<TY>::UNIT >= m->wg_wide_units * qg_split_of<TY, Wide>(m, a))
+		return qg_launch<TY, Wide>(m, a, err);
+	return qg_launch<TY, qw_form<TY, qw_cfg<128>>>(m, a, err);
 }
 
 int
