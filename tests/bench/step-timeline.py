@@ -77,9 +77,13 @@ def main():
     bscale = {"byte": 1.0, "Kbyte": 1e3, "KB": 1e3, "Mbyte": 1e6, "MB": 1e6, "Gbyte": 1e9, "GB": 1e9}.get(bu)
     if tscale is None or bscale is None:
         sys.exit(f"unknown units {tu} / {bu}")
-    st = steps(rows(sys.argv[1]), batch)[2:]
+    ks = rows(sys.argv[1])
+    st = steps(ks, batch)[2:]
     if not st:
-        sys.exit("no complete decode step in the CSV")
+        seen = sorted({k[1] for k in ks if short(k[0]).startswith("embed_kernel")})
+        sys.exit(f"no complete decode step of {batch} tokens after the first two in the CSV"
+                 + (f" (its gathers are of {', '.join(map(str, seen))} tokens: the capture ends before the"
+                    " batch's steps; a larger --launch-skip or --launch-count reaches them)" if seen else ""))
     cls = defaultdict(lambda: [0, 0.0, 0.0])
     for s in st:
         for name, grid, us, by in s:
