@@ -96,9 +96,14 @@ spread4(uint32_t b)
  */
 template <int TY> struct qg_type;
 
-/* Q4_K: sub-block g's 32 quants are the low (g even) or high nibbles of 32 bytes at 16 + 32 (g / 2). */
-template <> struct qg_type<TT_Q4_K> {
-	static constexpr int UNIT = 256, BYTES = 144, TAB = 16;
+/*
+ * Q4_K and Q5_K: sub-block g's 32 quants are the low (g even) or high
+ * nibbles of 32 bytes at Q + 32 (g / 2); Q5_K (HI) adds bit g of byte l
+ * of the 32 at 16 as the fifth bit. Both scale by k4_table's (d sc, dmin m).
+ */
+template <int Q, bool HI>
+struct qg_k4 {
+	static constexpr int UNIT = 256, TAB = 16;
 	static __device__ __forceinline__ void
 	table(const uint8_t *b, int, uint32_t *tab)
 	{
@@ -108,41 +113,26 @@ template <> struct qg_type<TT_Q4_K> {
 	static __device__ __forceinline__ void
 	frags(const uint8_t *b, const uint32_t *tab, int part, int t, uint32_t a[4][2])
 	{
-		const uint8_t *q = b + 16 + 32 * part + QG_LANE(WG, t);
+		const uint8_t *q = b + Q + 32 * part + QG_LANE(WG, t), *qh = b + 16 + QG_LANE(WG, t);
 
 #pragma unroll
 		for (int kk = 0; kk < 4; kk++) {
 			int g = 2 * part + kk / 2;
 			uint32_t x = (qg_quad<WG>(q + 16 * (kk & 1), t) >> (4 * (kk / 2))) & 0x0f0f0f0fu;
 
+			if constexpr (HI)
+				x |= ((qg_quad<WG>(qh + 16 * (kk & 1), t) >> g) & 0x01010101u) << 4;
 			h2_pairs(x, H_1024, as_h2(tab[2 * g]), as_h2(tab[2 * g + 1]), a[kk]);
 		}
 	}
 };
 
-/* Q5_K: Q4_K's nibbles at 48 + 32 (g / 2), plus bit g of byte l of the 32 at 16. */
-template <> struct qg_type<TT_Q5_K> {
-	static constexpr int UNIT = 256, BYTES = 176, TAB = 16;
-	static __device__ __forceinline__ void
-	table(const uint8_t *b, int, uint32_t *tab)
-	{
-		k4_table(b, tab);
-	}
-	template <bool WG = false>
-	static __device__ __forceinline__ void
-	frags(const uint8_t *b, const uint32_t *tab, int part, int t, uint32_t a[4][2])
-	{
-		const uint8_t *q = b + 48 + 32 * part + QG_LANE(WG, t), *qh = b + 16 + QG_LANE(WG, t);
+template <> struct qg_type<TT_Q4_K> : qg_k4<16, false> {
+	static constexpr int BYTES = 144;
+};
 
-#pragma unroll
-		for (int kk = 0; kk < 4; kk++) {
-			int g = 2 * part + kk / 2;
-			uint32_t x = (qg_quad<WG>(q + 16 * (kk & 1), t) >> (4 * (kk / 2))) & 0x0f0f0f0fu;
-
-			x |= ((qg_quad<WG>(qh + 16 * (kk & 1), t) >> g) & 0x01010101u) << 4;
-			h2_pairs(x, H_1024, as_h2(tab[2 * g]), as_h2(tab[2 * g + 1]), a[kk]);
-		}
-	}
+template <> struct qg_type<TT_Q5_K> : qg_k4<48, true> {
+	static constexpr int BYTES = 176;
 };
 
 /*
@@ -195,9 +185,14 @@ template <> struct qg_type<TT_Q6_KG> {
 	}
 };
 
-/* Q8_0: two 34-byte blocks, d then 32 signed bytes. Only 2-byte aligned. */
-template <> struct qg_type<TT_Q8_0> {
-	static constexpr int UNIT = 64, BYTES = 68, TAB = 0;
+/*
+ * The types of 32-element blocks that carry their own d (Q8_0, Q4_0,
+ * Q5_0): a unit is two blocks, no table; k16 step kk reads block kk / 2,
+ * whose half kk & 1 Q::word gives as biased bytes (Q::BIAS) for lane t.
+ */
+template <class Q>
+struct qg_blocks {
+	static constexpr int UNIT = 64, TAB = 0;
 	static __device__ __forceinline__ void
 	table(const uint8_t *, int, uint32_t *)
 	{
@@ -207,52 +202,45 @@ template <> struct qg_type<TT_Q8_0> {
 	{
 #pragma unroll
 		for (int kk = 0; kk < 4; kk++) {
-			const uint8_t *blk = b + 34 * (kk / 2);
+			const uint8_t *blk = b + Q::BLOCK * (kk / 2);
 
-			h2_pairs(qg_word2(blk + 2 + 16 * (kk & 1) + 4 * t) ^ 0x80808080u, H_1152, smem_f16x2(blk), as_h2(0u),
-			    a[kk]);
+			h2_pairs(Q::word(blk, kk & 1, t), Q::BIAS, smem_f16x2(blk), as_h2(0u), a[kk]);
 		}
+	}
+};
+
+/* Q8_0: two 34-byte blocks, d then 32 signed bytes. Only 2-byte aligned. */
+template <> struct qg_type<TT_Q8_0> : qg_blocks<qg_type<TT_Q8_0>> {
+	static constexpr int BYTES = 68, BLOCK = 34;
+	static constexpr uint32_t BIAS = H_1152;
+	static __device__ __forceinline__ uint32_t
+	word(const uint8_t *blk, int half, int t)
+	{
+		return qg_word2(blk + 2 + 16 * half + 4 * t) ^ 0x80808080u;
 	}
 };
 
 /* Q4_0: two 18-byte blocks, d then 16 bytes: elements 0..15 the low nibbles, 16..31 the high ones. */
-template <> struct qg_type<TT_Q4_0> {
-	static constexpr int UNIT = 64, BYTES = 36, TAB = 0;
-	static __device__ __forceinline__ void
-	table(const uint8_t *, int, uint32_t *)
+template <> struct qg_type<TT_Q4_0> : qg_blocks<qg_type<TT_Q4_0>> {
+	static constexpr int BYTES = 36, BLOCK = 18;
+	static constexpr uint32_t BIAS = H_1032;
+	static __device__ __forceinline__ uint32_t
+	word(const uint8_t *blk, int half, int t)
 	{
-	}
-	static __device__ __forceinline__ void
-	frags(const uint8_t *b, const uint32_t *, int, int t, uint32_t a[4][2])
-	{
-#pragma unroll
-		for (int kk = 0; kk < 4; kk++) {
-			const uint8_t *blk = b + 18 * (kk / 2);
-
-			h2_pairs((qg_word2(blk + 2 + 4 * t) >> (4 * (kk & 1))) & 0x0f0f0f0fu, H_1032, smem_f16x2(blk),
-			    as_h2(0u), a[kk]);
-		}
+		return (qg_word2(blk + 2 + 4 * t) >> (4 * half)) & 0x0f0f0f0fu;
 	}
 };
 
 /* Q5_0: two 22-byte blocks, d, 32 high bits, then Q4_0's nibbles. */
-template <> struct qg_type<TT_Q5_0> {
-	static constexpr int UNIT = 64, BYTES = 44, TAB = 0;
-	static __device__ __forceinline__ void
-	table(const uint8_t *, int, uint32_t *)
+template <> struct qg_type<TT_Q5_0> : qg_blocks<qg_type<TT_Q5_0>> {
+	static constexpr int BYTES = 44, BLOCK = 22;
+	static constexpr uint32_t BIAS = H_1040;
+	static __device__ __forceinline__ uint32_t
+	word(const uint8_t *blk, int half, int t)
 	{
-	}
-	static __device__ __forceinline__ void
-	frags(const uint8_t *b, const uint32_t *, int, int t, uint32_t a[4][2])
-	{
-#pragma unroll
-		for (int kk = 0; kk < 4; kk++) {
-			const uint8_t *blk = b + 22 * (kk / 2);
-			uint32_t qh = qg_word2(blk + 2) >> (16 * (kk & 1) + 4 * t);
-			uint32_t x = ((qg_word2(blk + 6 + 4 * t) >> (4 * (kk & 1))) & 0x0f0f0f0fu) | spread4(qh);
+		uint32_t qh = qg_word2(blk + 2) >> (16 * half + 4 * t);
 
-			h2_pairs(x, H_1040, smem_f16x2(blk), as_h2(0u), a[kk]);
-		}
+		return ((qg_word2(blk + 6 + 4 * t) >> (4 * half)) & 0x0f0f0f0fu) | spread4(qh);
 	}
 };
 
