@@ -79,7 +79,7 @@ fa_blocks(uint32_t (&blk)[N], const int32_t *tab, int p, int last)
 {
 #pragma unroll
 	for (int k = 0; k < N; k++)
-		blk[k] = (uint32_t)tab[min(p + k * STEP, last) / KV_BLOCK_TOKENS];
+		blk[k] = (uint32_t)tab[(uint32_t)min(p + k * STEP, last) / KV_BLOCK_TOKENS];
 }
 
 /*
@@ -89,29 +89,48 @@ fa_blocks(uint32_t (&blk)[N], const int32_t *tab, int p, int last)
  * 16-byte column for all its rows, so their pool offsets differ only by
  * the row's block and place in it, and it asks for all its rows'
  * block-table entries at once (one after another, each copy waited for
- * its entry).
+ * its entry). With SB > 0 (a q8 pool) the threads of a row's first
+ * columns also copy its scales, SB bytes each, to ksc and vsc (D / 32
+ * floats a row), from the block entries they hold. Offsets within the
+ * pool are worked out in 32 bits but for the block's (the load checks
+ * that they fit): in 64 bits, with the scales' own entries, the copies'
+ * arithmetic was 40 % of a q8 decode tile's instructions.
  */
-template <int D, typename T, int ROWB>
+template <int D, typename T, int ROWB, int SB = 0>
 static __device__ __forceinline__ void
 fa_copy_rows(uint32_t ks, uint32_t vs, const struct cuda_kv &kv, const int32_t *tab, int c0, int last, int r0,
-    int r1, int nkv, int koff)
+    int r1, int nkv, int koff, uint32_t ksc = 0, uint32_t vsc = 0)
 {
 	constexpr int PER = 16 / (int)sizeof(T), PIECES = fa_pow2(D / PER), STEP = FA_WARPS * WARP / PIECES;
-	size_t bs = kv_block_stride(kv);
-	int c = threadIdx.x % PIECES * PER, r = c < D ? r0 + threadIdx.x / PIECES : r1;
-	const T *col = (const T *)kv.pool + kv_at(kv, 0, 0, 0, nkv, koff + c);
+	constexpr int G = D / 32, SP = SB > 0 ? 4 * G / SB : 0; /* a row's pieces of scales */
+	static_assert(SP <= PIECES, "a row's scales go with its first columns");
+	uint32_t bs = (uint32_t)kv_block_stride(kv), ci = threadIdx.x % PIECES, c = ci * PER, srow = nkv / 32 * 4;
+	int r = (int)c < D ? r0 + (int)(threadIdx.x / PIECES) : r1;
+	const T *col = (const T *)kv.pool + kv_at(kv, 0, 0, 0, nkv, koff + (int)c);
+	const int8_t *scol = (const int8_t *)kv.pool + (SB > 0 ? kv_scale_at(kv, 0, 0, 0, nkv, koff) + ci * SB : 0);
 	uint32_t blk[FA_KV / STEP];
 
 	fa_blocks<FA_KV / STEP, STEP>(blk, tab, c0 + r, last);
 #pragma unroll
 	for (int k = 0; k < FA_KV / STEP; k++, r += STEP) {
 		int p = c0 + r, n = p <= last ? 16 : 0;
-		const T *src = col + blk[k] * bs + kv_in_block(p, nkv);
-		uint32_t o = (uint32_t)(r * ROWB) + (uint32_t)(c * (int)sizeof(T));
+		uint32_t in = (uint32_t)p % KV_BLOCK_TOKENS;
+		uint64_t at = (uint64_t)blk[k] * bs;
+		const T *src = col + at + in * (uint32_t)nkv;
+		uint32_t o = (uint32_t)(r * ROWB) + c * (uint32_t)sizeof(T);
 
-		if (r < r1) {
-			cp_async_zfill_at<16>(ks + o, src, n);
-			cp_async_zfill_at<16>(vs + o, src + kv.kv_stride, n);
+		if (r >= r1)
+			continue;
+		cp_async_zfill_at<16>(ks + o, src, n);
+		cp_async_zfill_at<16>(vs + o, src + kv.kv_stride, n);
+		if constexpr (SB > 0) {
+			const int8_t *ss = scol + at + in * srow;
+			uint32_t so = (uint32_t)r * G * (uint32_t)sizeof(float) + ci * SB;
+
+			if ((int)ci < SP) {
+				cp_async_zfill_at<SB>(ksc + so, ss, n > 0 ? SB : 0);
+				cp_async_zfill_at<SB>(vsc + so, ss + kv.kv_stride, n > 0 ? SB : 0);
+			}
 		}
 	}
 }
@@ -128,22 +147,10 @@ fa_load_q8(uint32_t st, const struct cuda_kv &kv, const int32_t *tab, int c0, in
 {
 	constexpr int RQ = D + FA_Q8_PAD, G = D / 32;
 	/* a row's scales in the largest copies that divide them (a head's start is a multiple of 4 G bytes) */
-	constexpr int SB = 4 * G % 16 == 0 ? 16 : 4 * G % 8 == 0 ? 8 : 4, SP = 4 * G / SB;
-	const int8_t *pool = (const int8_t *)kv.pool;
-	size_t bs = kv_block_stride(kv);
+	constexpr int SB = 4 * G % 16 == 0 ? 16 : 4 * G % 8 == 0 ? 8 : 4;
 	uint32_t ksc = st + 2 * FA_KV * RQ, vsc = ksc + FA_KV * G * (int)sizeof(float);
 
-	fa_copy_rows<D, int8_t, RQ>(st, st + FA_KV * RQ, kv, tab, c0, last, r0, r1, nkv, koff);
-	const int8_t *sc = pool + kv_scale_at(kv, 0, 0, 0, nkv, koff);
-
-	for (int i = threadIdx.x; i < (r1 - r0) * SP; i += FA_WARPS * WARP) {
-		int r = r0 + i / SP, b = i % SP * SB, p = c0 + r, n = p <= last ? SB : 0;
-		const int8_t *src = sc + (size_t)tab[min(p, last) / KV_BLOCK_TOKENS] * bs + kv_scale_in_block(p, nkv) + b;
-		uint32_t o = r * G * (int)sizeof(float) + b;
-
-		cp_async_zfill_at<SB>(ksc + o, src, n);
-		cp_async_zfill_at<SB>(vsc + o, src + kv.kv_stride, n);
-	}
+	fa_copy_rows<D, int8_t, RQ, SB>(st, st + FA_KV * RQ, kv, tab, c0, last, r0, r1, nkv, koff, ksc, vsc);
 }
 
 /*
@@ -723,6 +730,10 @@ fd_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q
 			    FA_KV);
 		cp_async_commit();
 	}
+	__syncthreads(); /* the queries, read by every warp */
+	uint32_t qa[D / 16][4];
+
+	fa_q_frags<D>(qs, lane, qa);
 	for (int c0 = lo, st = 0; c0 < hi; c0 += FA_KV, st = st + 1 < S ? st + 1 : 0) {
 		int ahead = st == 0 ? S - 1 : st - 1; /* the stage used last, refilled with the tile S - 1 ahead */
 		float s[2][4], corr[2];
@@ -738,20 +749,20 @@ fd_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q
 			const int8_t *kq = q8s + st * fa_q8_stage(D), *vq = kq + FA_KV * RQ;
 			const float *ksc = (const float *)(vq + FA_KV * RQ), *vsc = ksc + FA_KV * G;
 
-			uint32_t qa[D / 16][4];
-
-			fa_q_frags<D>(qs, lane, qa);
 			if constexpr (Q8)
 				fa_scores<D, 2>(qa, fd_kq8<D>{ kq + w0 * RQ, ksc + w0 * G }, lane, s);
 			else
 				fa_scores<D, 2>(qa, fa_kf16<D>{ ks + (st * FA_KV + w0) * LD }, lane, s);
 			/* rows past ng (zero queries, zero scores) stay out of the softmax: P's rows of them stay 0 */
 			fa_softmax<2>(rows, s, c0 + w0, lane, edge, ng > 8 ? 2 : 1, corr);
+			/* deep in a context a row's max seldom moves: most tiles correct nothing */
+			if (__any_sync(FULL_MASK, corr[0] != 1.0f || (ng > 8 && corr[1] != 1.0f))) {
 #pragma unroll
-			for (int j = 0; j < D / 8; j++) {
-				o[j][0] *= corr[0], o[j][1] *= corr[0];
-				if (ng > 8)
-					o[j][2] *= corr[1], o[j][3] *= corr[1];
+				for (int j = 0; j < D / 8; j++) {
+					o[j][0] *= corr[0], o[j][1] *= corr[0];
+					if (ng > 8)
+						o[j][2] *= corr[1], o[j][3] *= corr[1];
+				}
 			}
 			if constexpr (Q8)
 				fd_values_q8<D>(vq + w0 * RQ, vsc + w0 * G, s, lane, o);
