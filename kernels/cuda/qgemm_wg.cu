@@ -83,6 +83,7 @@ struct qw_cfg {
 	static constexpr int BM = 128, BN = BN_, MT = 1, NT = BN / 8;
 	static constexpr bool WIDE = BN == 256;
 	static constexpr int XS = WIDE ? 3 : 4;   /* token tiles in the ring */
+	static constexpr int KS = BN == 64 ? 2 : 1; /* boxes of 64 of K a sub-step (its token tile) */
 	static constexpr int WS = 4;               /* weight units in the ring */
 	static constexpr int THREADS = (WIDE ? 12 : 10) * WARP; /* warpgroups 0 and 1 consume, warps 8 and 9 produce */
 	static constexpr int CREGS = 216, PREGS = 72;
@@ -95,7 +96,7 @@ struct qw_cfg {
 /* Shared memory of type TY, shape C: the token ring (1024-byte aligned slots), the unit ring, the barriers. */
 template <int TY, class C>
 struct qw_smem {
-	static constexpr int X_BYTES = C::BN * 64 * (int)sizeof(__half);
+	static constexpr int X_BOX = C::BN * 64 * (int)sizeof(__half), X_BYTES = C::KS * X_BOX;
 	static constexpr int W_BODY = C::BM * qw_unit<TY>::BODY;
 	static constexpr int W_BYTES = W_BODY + C::BM * qw_unit<TY>::HEAD;
 	static constexpr int W_OFF = C::XS * X_BYTES;
@@ -140,14 +141,17 @@ static __device__ __forceinline__ void
 qw_produce_x(const CUtensorMap *xmap, uint32_t base, qw_bars br, int u0, int U, int n0)
 {
 	using L = qw_smem<TY, C>;
-	constexpr int SUB = qg_type<TY>::UNIT / 64;
+	constexpr int SUB = qg_type<TY>::UNIT / (64 * C::KS);
 
 	for (int g = 0; g < U * SUB; g++) {
 		int s = g % C::XS;
 
 		mbar_wait(br.xempty + 8 * s, ((g / C::XS) & 1) ^ 1);
 		mbar_expect(br.xfull + 8 * s, L::X_BYTES);
-		tma_2d(base + s * L::X_BYTES, xmap, (u0 * SUB + g) * 64, n0, br.xfull + 8 * s);
+#pragma unroll
+		for (int b = 0; b < C::KS; b++)
+			tma_2d(base + s * L::X_BYTES + b * L::X_BOX, xmap, ((u0 * SUB + g) * C::KS + b) * 64, n0,
+			    br.xfull + 8 * s);
 	}
 }
 
@@ -173,17 +177,26 @@ struct qw_rows {
 		W::table(b1, h0 + 8 * W::HEAD, u0 + u, tab1);
 	}
 
-	/* The A fragments (wgmma's register order) of sub-step p of the unit. */
+	/* The A fragments (wgmma's register order) of quarter q of the unit (64 of K). */
 	__device__ __forceinline__ void
-	decode(int p, int t, uint32_t (&fa)[4][4]) const
+	quarter(int q, int t, uint32_t (&fa)[4][4]) const
 	{
 		uint32_t f0[4][2], f1[4][2];
 
-		qg_type<TY>::template frags<true>(b0, tab0, p, t, f0);
-		qg_type<TY>::template frags<true>(b1, tab1, p, t, f1);
+		qg_type<TY>::template frags<true>(b0, tab0, q, t, f0);
+		qg_type<TY>::template frags<true>(b1, tab1, q, t, f1);
 #pragma unroll
 		for (int kk = 0; kk < 4; kk++)
 			fa[kk][0] = f0[kk][0], fa[kk][1] = f1[kk][0], fa[kk][2] = f0[kk][1], fa[kk][3] = f1[kk][1];
+	}
+
+	/* Those of sub-step p of the unit: its KS quarters. */
+	__device__ __forceinline__ void
+	decode(int p, int t, uint32_t (&fa)[C::KS][4][4]) const
+	{
+#pragma unroll
+		for (int b = 0; b < C::KS; b++)
+			quarter(C::KS * p + b, t, fa[b]);
 	}
 };
 
@@ -200,11 +213,11 @@ static __device__ __forceinline__ void
 qw_consume(const unsigned char *smem, uint32_t base, qw_bars br, int u0, int U, int rr, float (&acc)[1][C::NT][4])
 {
 	using L = qw_smem<TY, C>;
-	constexpr int SUB = qg_type<TY>::UNIT / 64;
+	constexpr int SUB = qg_type<TY>::UNIT / (64 * C::KS);
 	static_assert(SUB % 2 == 0, "a unit's sub-steps alternate the two register sets");
 	int lane = threadIdx.x % WARP, t = lane % 4;
 	qw_rows<TY, C> rw;
-	uint32_t fa[2][4][4];
+	uint32_t fa[2][C::KS][4][4];
 
 	rw.load(smem, br, u0, 0, rr);
 	rw.decode(0, t, fa[0]);
@@ -217,8 +230,9 @@ qw_consume(const unsigned char *smem, uint32_t base, qw_bars br, int u0, int U, 
 			wg_hold(acc[0]);
 			wg_fence();
 #pragma unroll
-			for (int kk = 0; kk < 4; kk++)
-				wg_mma(acc[0], fa[p & 1][kk], wg_desc_sw128(base + s * L::X_BYTES + 32 * kk));
+			for (int kk = 0; kk < 4 * C::KS; kk++)
+				wg_mma(acc[0], fa[p & 1][kk / 4][kk % 4],
+				    wg_desc_sw128(base + s * L::X_BYTES + kk / 4 * L::X_BOX + 32 * (kk % 4)));
 			wg_commit();
 			if (p + 1 < SUB) {
 				rw.decode(p + 1, t, fa[(p + 1) & 1]);
@@ -233,7 +247,9 @@ qw_consume(const unsigned char *smem, uint32_t base, qw_bars br, int u0, int U, 
 			}
 			wg_wait<0>();
 			wg_hold(acc[0]);
-			wg_hold(fa[p & 1]);
+#pragma unroll
+			for (int b = 0; b < C::KS; b++)
+				wg_hold(fa[p & 1][b]);
 			__syncwarp();
 			if (lane == 0)
 				mbar_arrive(br.xempty + 8 * s);
