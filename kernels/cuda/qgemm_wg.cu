@@ -83,7 +83,13 @@ struct qw_cfg {
 	static constexpr int BM = 128, BN = BN_, MT = 1, NT = BN / 8;
 	static constexpr bool WIDE = BN == 256;
 	static constexpr int XS = WIDE ? 3 : 4;   /* token tiles in the ring */
-	static constexpr int KS = BN == 64 ? 2 : 1; /* boxes of 64 of K a sub-step (its token tile) */
+	/*
+	 * Boxes of 64 of K a sub-step (its token tile): a 64-token sub-step is
+	 * held by its waits and round trips more than by its work, and one of
+	 * 128 halves them; the 128-token tiles measured even with it, and the
+	 * 256-token ones have no registers for it (RESULTS, 2026-11-29).
+	 */
+	static constexpr int KS = BN == 64 ? 2 : 1;
 	static constexpr int WS = 4;               /* weight units in the ring */
 	static constexpr int THREADS = (WIDE ? 12 : 10) * WARP; /* warpgroups 0 and 1 consume, warps 8 and 9 produce */
 	static constexpr int CREGS = 216, PREGS = 72;
