@@ -1351,8 +1351,8 @@ load_all(struct backend *b, const struct backend_opts *o, char *err)
 	b->kv_stride = KV_BLOCK_TOKENS * (b->kv_q8 ? kv_row_size(d.nkv, b->exact, 1) : d.nkv);
 	/* the attention kernels work out offsets within the pool in 32 bits but for the block's */
 	if ((uint64_t)m->hp.n_layer * 2 * b->kv_stride > UINT32_MAX) {
-		rc = err_set(err, ERR_UNSUPPORTED, "load: a KV block of %d layers of %zu elements is too large for "
-		    "the GPU kernels", m->hp.n_layer, b->kv_stride);
+		rc = err_set(err, ERR_UNSUPPORTED, "load: a KV pool block (%d layers' K and V of %zu elements each) "
+		    "is past the GPU kernels' 32-bit offsets", m->hp.n_layer, b->kv_stride);
 		goto out;
 	}
 	kv_bytes = (size_t)o->kv_blocks * z.kv_block;
