@@ -122,11 +122,16 @@ kv_block_stride(const struct cuda_kv &kv)
 	return (size_t)kv.n_layer * 2 * kv.kv_stride;
 }
 
-/* Position p's row within its pool block, from the block's row 0 of its layer's K or V. */
-static __device__ __forceinline__ size_t
+/*
+ * Position p's row within its pool block, from the block's row 0 of its
+ * layer's K or V: in 32 bits, since load refuses a pool block of more
+ * than 2^32 elements, and a 64-bit offset costs a tile's copies twice
+ * the instructions.
+ */
+static __device__ __forceinline__ uint32_t
 kv_in_block(int p, int nkv)
 {
-	return (size_t)(p % KV_BLOCK_TOKENS) * (size_t)nkv;
+	return (uint32_t)p % KV_BLOCK_TOKENS * (uint32_t)nkv;
 }
 
 /* Element e of position p's K (kvsel 0) or V (kvsel 1) in the pool, head offset head_off, p in pool block blk. */
@@ -144,11 +149,11 @@ kv_index(const struct cuda_kv &kv, const int32_t *tab, int p, int kvsel, int nkv
 	return kv_at(kv, (size_t)tab[p / KV_BLOCK_TOKENS], p, kvsel, nkv, head_off);
 }
 
-/* Position p's scales within its pool block, from the block's first scale of its layer's K or V. */
-static __device__ __forceinline__ size_t
+/* Position p's scales within its pool block, from the block's first scale of its layer's K or V (32 bits, as kv_in_block). */
+static __device__ __forceinline__ uint32_t
 kv_scale_in_block(int p, int nkv)
 {
-	return (size_t)(p % KV_BLOCK_TOKENS) * (size_t)(nkv / 32) * sizeof(float);
+	return (uint32_t)p % KV_BLOCK_TOKENS * ((uint32_t)nkv / 32 * (uint32_t)sizeof(float));
 }
 
 /*

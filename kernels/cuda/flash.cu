@@ -104,7 +104,7 @@ fa_copy_rows(uint32_t ks, uint32_t vs, const struct cuda_kv &kv, const int32_t *
 	constexpr int PER = 16 / (int)sizeof(T), PIECES = fa_pow2(D / PER), STEP = FA_WARPS * WARP / PIECES;
 	constexpr int G = D / 32, SP = SB > 0 ? 4 * G / SB : 0; /* a row's pieces of scales */
 	static_assert(SP <= PIECES, "a row's scales go with its first columns");
-	uint32_t bs = (uint32_t)kv_block_stride(kv), ci = threadIdx.x % PIECES, c = ci * PER, srow = nkv / 32 * 4;
+	uint32_t bs = (uint32_t)kv_block_stride(kv), ci = threadIdx.x % PIECES, c = ci * PER;
 	int r = (int)c < D ? r0 + (int)(threadIdx.x / PIECES) : r1;
 	const T *col = (const T *)kv.pool + kv_at(kv, 0, 0, 0, nkv, koff + (int)c);
 	const int8_t *scol = (const int8_t *)kv.pool + (SB > 0 ? kv_scale_at(kv, 0, 0, 0, nkv, koff) + ci * SB : 0);
@@ -114,9 +114,8 @@ fa_copy_rows(uint32_t ks, uint32_t vs, const struct cuda_kv &kv, const int32_t *
 #pragma unroll
 	for (int k = 0; k < FA_KV / STEP; k++, r += STEP) {
 		int p = c0 + r, n = p <= last ? 16 : 0;
-		uint32_t in = (uint32_t)p % KV_BLOCK_TOKENS;
 		uint64_t at = (uint64_t)blk[k] * bs;
-		const T *src = col + at + in * (uint32_t)nkv;
+		const T *src = col + at + kv_in_block(p, nkv);
 		uint32_t o = (uint32_t)(r * ROWB) + c * (uint32_t)sizeof(T);
 
 		if (r >= r1)
@@ -124,7 +123,7 @@ fa_copy_rows(uint32_t ks, uint32_t vs, const struct cuda_kv &kv, const int32_t *
 		cp_async_zfill_at<16>(ks + o, src, n);
 		cp_async_zfill_at<16>(vs + o, src + kv.kv_stride, n);
 		if constexpr (SB > 0) {
-			const int8_t *ss = scol + at + in * srow;
+			const int8_t *ss = scol + at + kv_scale_in_block(p, nkv);
 			uint32_t so = (uint32_t)r * G * (uint32_t)sizeof(float) + ci * SB;
 
 			if ((int)ci < SP) {
