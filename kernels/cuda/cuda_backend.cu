@@ -464,6 +464,15 @@ dense_ffn(struct backend *b, int T, const struct cuda_layer *c, int formed_in, c
 	float *gu[2] = { b->gate, b->up };
 
 	prof_mark(b, PH_MATMUL);
+	if (cuda_matmul_glu_fits(&b->mm, &c->w_gate, &c->w_up, T)) { /* the GLU made by gate/up's launch */
+		struct cuda_glu16 g = { (__half *)b->gate, b->up, b->glu_scale, b->glu_big, ff, hp->act == ACT_GELU };
+		struct cuda_h16 in = { g.h, g.scale };
+
+		if ((rc = cuda_matmul_glu(&b->mm, &c->w_gate, &c->w_up, b->h, embd, T, &g, formed_in, err)) != 0 ||
+		    (rc = cuda_glu_fix(&g, T, b->stream, err)) != 0)
+			return rc;
+		return cuda_matmul_h16(&b->mm, &c->w_down, in, T, b->ffn_out, embd, err);
+	}
 	if ((rc = cuda_matmul_multi(&b->mm, wgu, 2, b->h, embd, T, gu, ld, formed_in, err)) != 0)
 		return rc;
 	prof_mark(b, PH_NORM);

@@ -152,6 +152,8 @@ struct backend {
 	int max_tokens;
 	/* activations, max_tokens rows each (logits: LOGIT_ROWS) */
 	float *x, *h, *q, *k, *v, *att, *gate, *up, *ffn_out, *logits;
+	float *glu_scale;            /* the GLU form's divisors (cuda_glu16; its rows in gate, its floats in up) */
+	int *glu_big;                /* ... and its flags, zero between steps */
 	float *att_part;             /* the pieces of split attention */
 	struct cuda_moe_scratch moe; /* experts: the routing and rows of a step (max_tokens x n_expert_used) */
 	int32_t *dev_argmax, *host_argmax; /* the greedy picks of a step's logits rows (host: pinned) */

@@ -154,7 +154,8 @@ activation_bytes(const struct dims *d)
 	    align_up(d->forms * sizeof(__half)) + floats_bytes(d->scales) +
 	    align_up(d->forms * 2) + align_up(d->forms / 32 * sizeof(float2)) +
 	    align_up(CUDA_ARGMAX_PARTS(logit_rows) * sizeof(float2)) + align_up(d->T * sizeof(struct fwd_pick)) +
-	    align_up(PEN_INTS(d->T) * sizeof(int32_t)) + floats_bytes(d->T) + route_bytes(d) +
+	    align_up(PEN_INTS(d->T) * sizeof(int32_t)) + floats_bytes(d->T) * 2 + align_up(d->T * sizeof(int)) +
+	    route_bytes(d) +
 	    align_up(d->S * sizeof(int32_t)) + align_up(d->S * FWD_MASK_WORDS(d->vocab) * sizeof(uint32_t)) +
 	    align_up(d->T * FWD_TOP_LOGPROBS * sizeof(int32_t)) + floats_bytes(d->T * FWD_TOP_LOGPROBS) +
 	    (d->vocab <= FWD_PICK_MAX_VOCAB ? align_up(CUDA_PICK_SCRATCH(logit_rows, d->vocab) * sizeof(uint64_t)) : 0);
@@ -585,6 +586,8 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    (rc = dev_alloc((void **)&b->v, floats_bytes(T * d->nkv), "activations", err)) ||
 	    (rc = dev_alloc((void **)&b->gate, floats_bytes(d->ffn), "activations", err)) ||
 	    (rc = dev_alloc((void **)&b->up, floats_bytes(d->ffn), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->glu_scale, floats_bytes(T), "activations", err)) ||
+	    (rc = dev_alloc((void **)&b->glu_big, T * sizeof(int), "activations", err)) ||
 	    (rc = dev_alloc((void **)&b->ffn_out, floats_bytes(T * d->embd), "activations", err)) ||
 	    (rc = dev_alloc((void **)&b->logits, floats_bytes(MIN(T, (size_t)LOGIT_ROWS) * d->vocab),
 	    "logits", err)) ||
@@ -615,6 +618,7 @@ alloc_buffers(struct backend *b, const struct dims *d, size_t kv_bytes, int64_t 
 	    (!b->exact && (rc = dev_alloc((void **)&b->mm.part, (size_t)b->mm.part_elems * sizeof(float),
 	    "split sums", err))));
 	if (rc == 0) {
+		CK(cudaMemset(b->glu_big, 0, T * sizeof(int)));
 		CK(cudaMallocHost((void **)&b->host_argmax, T * sizeof(int32_t)));
 		CK(cudaMallocHost((void **)&b->host_pick, T * sizeof(struct fwd_pick)));
 		CK(cudaMallocHost((void **)&b->host_pen, PEN_INTS(T) * sizeof(int32_t)));
@@ -1433,6 +1437,7 @@ cuda_free(struct backend *b)
 	cudaFree(b->weights), cudaFree(b->smalls), cudaFree(b->kv);
 	cudaFree(b->x), cudaFree(b->h), cudaFree(b->q), cudaFree(b->k), cudaFree(b->v);
 	cudaFree(b->att), cudaFree(b->gate), cudaFree(b->up), cudaFree(b->ffn_out), cudaFree(b->logits);
+	cudaFree(b->glu_scale), cudaFree(b->glu_big);
 	cudaFree(b->mm.xh), cudaFree(b->mm.xscale), cudaFree(b->mm.wh), cudaFree(b->blas_ws);
 	cudaFree(b->mm.xq), cudaFree(b->mm.xd), cudaFree(b->mm.part);
 	cudaFree(b->dev_ints), cudaFree(b->att_part), cudaFree(b->dev_argmax), cudaFree(b->argmax_part);

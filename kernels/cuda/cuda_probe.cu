@@ -288,16 +288,19 @@ int8_scratch(struct cuda_probe *p, enum cuda_probe_path path, int64_t k, int n_t
 static void
 probe_path(struct cuda_probe *p, enum cuda_probe_path path)
 {
+	int wg = path == CUDA_PROBE_WG || path == CUDA_PROBE_WG_WHOLE;
+
 	p->mm.mmv_max = path == CUDA_PROBE_GEMM || path == CUDA_PROBE_GEMM_WHOLE || path == CUDA_PROBE_FEW ||
-	    path == CUDA_PROBE_BLAS || path == CUDA_PROBE_WG ? 0 : INT_MAX;
+	    path == CUDA_PROBE_BLAS || wg ? 0 : INT_MAX;
 	p->mm.mmt_max = path == CUDA_PROBE_FEW ? MMT_MAX_TOKENS : 0;
 	p->mm.blas_min = path == CUDA_PROBE_BLAS ? 1 : INT_MAX;
-	p->mm.wg_min = path == CUDA_PROBE_WG ? 1 : INT_MAX;
+	p->mm.wg_min = wg ? 1 : INT_MAX;
 	p->mm.wg_elems = 0; /* every shape the checks try */
 	p->mm.wg_cluster = QG_MAX_SPLIT; /* every split summed in its cluster */
 	p->mm.wg_wide = WG_WIDE_TOKENS;
 	p->mm.wg_wide_units = 0; /* the 256-token tiles on every shape the checks try past it */
-	p->mm.sms = path == CUDA_PROBE_GEMM_WHOLE ? 0 : p->sms; /* no multiprocessors to fill: no split */
+	/* no multiprocessors to fill: no split */
+	p->mm.sms = path == CUDA_PROBE_GEMM_WHOLE || path == CUDA_PROBE_WG_WHOLE ? 0 : p->sms;
 }
 
 int
@@ -615,6 +618,104 @@ cuda_probe_norm_rows(struct cuda_probe *p, const float *x, int n_x, const int32_
 	struct bufs bs = {};
 	struct cuda_norm nm = { offset, eps };
 	int rc = norm_rows_run(p, &bs, x, n_x, rows, n_rows, n, w, nm, h, err);
+
+	bufs_free(&bs);
+	return rc;
+}
+
+/* The fp16 rows, divisors and cleared flags of a GLU form (g, n_rows rows) back; an error if a flag is left. */
+static int
+glu16_fetch(struct cuda_probe *p, const struct cuda_glu16 *g, uint16_t *hh, float *hscale, int *big, int n_rows,
+    char *err)
+{
+	struct cuda_h16 h16 = { g->h, g->scale };
+	int rc;
+
+	if ((rc = h16_fetch(p, &h16, hh, hscale, n_rows, g->ff, err)) != 0 ||
+	    (rc = fetch(p, big, g->big, (size_t)n_rows * sizeof(int), err)) != 0)
+		return rc;
+	for (int r = 0; r < n_rows; r++)
+		if (big[r] != 0)
+			return err_set(err, ERR_DEVICE, "cuda_glu_fix: row %d's flag left %d", r, big[r]);
+	return 0;
+}
+
+static int
+matmul_glu_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_weight *w, const float *x, int n_tok,
+    int gelu, uint16_t *hh, float *hscale, int *big, char *err)
+{
+	struct cuda_weight cw, gate, up;
+	struct cuda_glu16 g = {};
+	int ff = (int)(w->n / 2), rc;
+	void *dx;
+
+	if (n_tok < 1 || w->n % 2 != 0)
+		return err_set(err, ERR_INVAL, "cuda_probe: a GLU form of %lld rows, %d tokens", (long long)w->n, n_tok);
+	if ((rc = weight_up(p, bs, w, &cw, err)) != 0 ||
+	    (rc = buf_new(p, bs, x, (size_t)n_tok * (size_t)w->k * sizeof(float), 0, &dx, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, (size_t)n_tok * ff * sizeof(__half), 1, (void **)&g.h, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, (size_t)n_tok * ff * sizeof(float), 1, (void **)&g.f, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, (size_t)n_tok * sizeof(float), 1, (void **)&g.scale, err)) != 0 ||
+	    (rc = buf_new(p, bs, NULL, (size_t)n_tok * sizeof(int), 1, (void **)&g.big, err)) != 0)
+		return rc;
+	CK(cudaMemsetAsync(g.big, 0, (size_t)n_tok * sizeof(int), p->stream)); /* clear between steps, as at load */
+	probe_path(p, CUDA_PROBE_WG_WHOLE);
+	if ((rc = mm_scratch(p, w->k, n_tok, 1, 0, err)) != 0 ||
+	    (rc = int8_scratch(p, CUDA_PROBE_WG_WHOLE, w->k, n_tok, err)) != 0)
+		return rc;
+	p->x_valid = 0;
+	gate = cw, up = cw;
+	gate.n = up.n = ff;
+	up.d = cw.d + (size_t)ff * cw.row_bytes;
+	g.ff = ff, g.gelu = gelu;
+	if ((rc = cuda_matmul_glu(&p->mm, &gate, &up, (const float *)dx, (int)w->k, n_tok, &g, 0, err)) != 0 ||
+	    (rc = cuda_glu_fix(&g, n_tok, p->stream, err)) != 0 ||
+	    (rc = finish(p, bs, "cuda_matmul_glu", err)) != 0 ||
+	    (rc = guard_check(p, &p->xh, "cuda_matmul_glu fp16 activations", err)) != 0 ||
+	    (rc = guard_check(p, &p->xscale, "cuda_matmul_glu row scales", err)) != 0 ||
+	    (rc = guard_check(p, &p->part, "cuda_matmul_glu split sums", err)) != 0)
+		return rc;
+	return glu16_fetch(p, &g, hh, hscale, big, n_tok, err);
+}
+
+extern "C" int
+cuda_probe_matmul_glu(struct cuda_probe *p, const struct cuda_probe_weight *w, const float *x, int n_tok,
+    int gelu, uint16_t *hh, float *hscale, char *err)
+{
+	struct bufs bs = {};
+	int *big = (int *)malloc((size_t)MAX(n_tok, 1) * sizeof(int));
+	int rc = big == NULL ? err_set(err, ERR_NOMEM, "cuda_probe: %d flags", n_tok) :
+			       matmul_glu_run(p, &bs, w, x, n_tok, gelu, hh, hscale, big, err);
+
+	free(big);
+	bufs_free(&bs);
+	return rc;
+}
+
+static int
+glu_fix_run(struct cuda_probe *p, struct bufs *bs, uint16_t *hh, const float *f, int *big, float *hscale,
+    int n_rows, int n, char *err)
+{
+	struct cuda_glu16 g = {};
+	int rc;
+
+	if ((rc = buf_new(p, bs, hh, (size_t)n_rows * n * sizeof(__half), 1, (void **)&g.h, err)) != 0 ||
+	    (rc = buf_new(p, bs, f, (size_t)n_rows * n * sizeof(float), 0, (void **)&g.f, err)) != 0 ||
+	    (rc = buf_new(p, bs, hscale, (size_t)n_rows * sizeof(float), 1, (void **)&g.scale, err)) != 0 ||
+	    (rc = buf_new(p, bs, big, (size_t)n_rows * sizeof(int), 1, (void **)&g.big, err)) != 0)
+		return rc;
+	g.ff = n;
+	if ((rc = cuda_glu_fix(&g, n_rows, p->stream, err)) != 0 || (rc = finish(p, bs, "cuda_glu_fix", err)) != 0)
+		return rc;
+	return glu16_fetch(p, &g, hh, hscale, big, n_rows, err);
+}
+
+extern "C" int
+cuda_probe_glu_fix(struct cuda_probe *p, uint16_t *hh, const float *f, int *big, float *hscale, int n_rows, int n,
+    char *err)
+{
+	struct bufs bs = {};
+	int rc = glu_fix_run(p, &bs, hh, f, big, hscale, n_rows, n, err);
 
 	bufs_free(&bs);
 	return rc;

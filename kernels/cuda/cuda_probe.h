@@ -52,6 +52,7 @@ enum cuda_probe_path {
 	                      tokens) */
 	CUDA_PROBE_WG,     /* as CUDA_PROBE_GEMM, but the types qgemm's wgmma form takes on it (the
 	                      backend's path from cuda_mm.wg_min tokens; where cuda_probe_wg) */
+	CUDA_PROBE_WG_WHOLE, /* as CUDA_PROBE_WG, K never split */
 };
 
 /* 1 if the device runs qgemm's wgmma form (sm_90a, built for it). */
@@ -131,6 +132,26 @@ int cuda_probe_norm_rows(struct cuda_probe *p, const float *x, int n_x, const in
  */
 int cuda_probe_glu(struct cuda_probe *p, float *a, const float *b, int n_rows, int n, int gelu, uint16_t *hh,
     float *hscale, int8_t *q, float *qd, char *err);
+
+/*
+ * The dense feed-forward's gate and up as one launch of the wgmma form's
+ * GLU form (cuda_matmul_glu, K whole), then cuda_glu_fix, as the backend
+ * runs them: w's first n / 2 rows are gate's, the rest up's; hh gets
+ * act(gate x) * (up x) for each of x's n_tok rows (k wide) as fp16 rows of
+ * n / 2 (raw bits, each divided by hscale[t]). Fails if a flag is left
+ * set. ERR_UNSUPPORTED where cuda_matmul_glu_fits says no (where
+ * cuda_probe_wg says the form does not run, or for other types).
+ */
+int cuda_probe_matmul_glu(struct cuda_probe *p, const struct cuda_probe_weight *w, const float *x, int n_tok,
+    int gelu, uint16_t *hh, float *hscale, char *err);
+
+/*
+ * cuda_glu_fix on n_rows rows of n: hh (fp16 bits, an infinity wherever
+ * the row's float in f stands for it), hscale and big (the flags) are
+ * updated in place.
+ */
+int cuda_probe_glu_fix(struct cuda_probe *p, uint16_t *hh, const float *f, int *big, float *hscale, int n_rows,
+    int n, char *err);
 
 /* A layer's experts as stored, for cuda_probe_moe. */
 struct cuda_probe_moe {

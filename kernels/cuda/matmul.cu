@@ -1288,6 +1288,57 @@ cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w
 	return products(m, w, n_w, x, ldx, n_tok, y, ldy, reuse_x, no_qkv, err);
 }
 
+/* gate's and up's rows as one weight, where they are stored one after the other. */
+static int
+glu_weight(const struct cuda_weight *gate, const struct cuda_weight *up, struct cuda_weight *all)
+{
+	if (!cuda_weight_follows(gate, up) || gate->n != up->n)
+		return 0;
+	*all = *gate;
+	all->n = gate->n + up->n;
+	return 1;
+}
+
+int
+cuda_matmul_glu_fits(const struct cuda_mm *m, const struct cuda_weight *gate, const struct cuda_weight *up,
+    int n_tok)
+{
+	struct cuda_weight all;
+
+	/* the route products() would take: not cuBLAS, not mmt.cu's, the wgmma form */
+	return n_tok > m->mmv_max && glu_weight(gate, up, &all) && !blas_takes(m, &all, n_tok) &&
+	    !cuda_mmt_fits(m, &all, n_tok) && cuda_qgemm_glu_whole(m, &all, n_tok);
+}
+
+int
+cuda_matmul_glu(struct cuda_mm *m, const struct cuda_weight *gate, const struct cuda_weight *up, const float *x,
+    int ldx, int n_tok, const struct cuda_glu16 *g, int reuse_x, char *err)
+{
+	struct cuda_weight all;
+	int rc;
+
+	if (!cuda_matmul_glu_fits(m, gate, up, n_tok) || !glu_weight(gate, up, &all))
+		return err_set(err, ERR_UNSUPPORTED, "cuda_matmul_glu: weights or a token count it does not serve");
+	if (!reuse_x && (rc = to_f16(m, x, ldx, (int)gate->k, n_tok, err)) != 0)
+		return rc;
+	return cuda_qgemm_glu(m, &all, n_tok, g, err);
+}
+
+int
+cuda_matmul_h16(struct cuda_mm *m, const struct cuda_weight *w, struct cuda_h16 in, int n_tok, float *y, int ldy,
+    char *err)
+{
+	struct cuda_h16 keep = { m->xh, m->xscale };
+	int rc;
+
+	if (n_tok <= m->mmv_max)
+		return err_set(err, ERR_INVAL, "cuda_matmul_h16: %d tokens take the matrix-vector kernels", n_tok);
+	m->xh = in.h, m->xscale = in.scale;
+	rc = cuda_matmul(m, w, NULL, (int)w->k, n_tok, y, ldy, 1, err);
+	m->xh = keep.h, m->xscale = keep.scale;
+	return rc;
+}
+
 int
 cuda_matmul_qkv_fits(const struct cuda_mm *m, const struct cuda_weight *const *w, int n_tok,
     const struct cuda_heads *hd, const struct cuda_kv *kv)

@@ -180,6 +180,31 @@ int cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int
     int ldx, int n_tok, float *const *y, const int *ldy, int reuse_x, char *err);
 
 /*
+ * The dense feed-forward's gate and up (stored one after the other) times
+ * n_tok tokens, and act(gate) * up, as one launch of qgemm's wgmma form,
+ * into g (see cuda_glu16): the rows of neither product nor the GLU's
+ * launch pass through memory. ERR_UNSUPPORTED, with nothing done, where
+ * cuda_matmul_glu_fits says no. reuse_x as cuda_matmul.
+ */
+int cuda_matmul_glu(struct cuda_mm *m, const struct cuda_weight *gate, const struct cuda_weight *up, const float *x,
+    int ldx, int n_tok, const struct cuda_glu16 *g, int reuse_x, char *err);
+
+/*
+ * 1 if cuda_matmul_glu serves these weights at n_tok tokens: where their
+ * product would be one launch of the wgmma form, K unsplit, and gate's
+ * rows are whole tiles of 64.
+ */
+int cuda_matmul_glu_fits(const struct cuda_mm *m, const struct cuda_weight *gate, const struct cuda_weight *up,
+    int n_tok);
+
+/*
+ * cuda_matmul of n_tok tokens (more than m->mmv_max) whose fp16 form is
+ * in[] instead of m->xh, m->xscale: the down product after cuda_matmul_glu.
+ */
+int cuda_matmul_h16(struct cuda_mm *m, const struct cuda_weight *w, struct cuda_h16 in, int n_tok, float *y, int ldy,
+    char *err);
+
+/*
  * Q, K and V (w[0..2], of one input) times n_tok tokens, with cuda_qk's
  * work done as the product's kernel (the integer one, or mmt.cu's) stores
  * each pair of rows: q rotated into
@@ -357,6 +382,16 @@ int cuda_qgemm_wg_type(const struct cuda_weight *w);
 
 /* 1 if qgemm's wgmma form multiplies w by n_tok tokens (cuda_mm.wg_min, wg_elems). */
 int cuda_qgemm_wg(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok);
+
+/*
+ * 1 if the wgmma form's plan for w (gate's rows, then up's as many, a
+ * multiple of 128) at n_tok tokens is one launch of whole tiles, K unsplit:
+ * what its GLU form (cuda_qgemm_glu) runs as.
+ */
+int cuda_qgemm_glu_whole(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok);
+
+/* The wgmma form's GLU form: w (gate, then up; g->ff rows each) times the n_tok tokens in m->xh, into g. */
+int cuda_qgemm_glu(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct cuda_glu16 *g, char *err);
 
 /* Floats of split sums cuda_qgemm wants on a device of sms multiprocessors (cuda_mm.part). */
 int64_t cuda_qgemm_part_elems(int sms);

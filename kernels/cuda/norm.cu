@@ -11,8 +11,6 @@
 
 #define ROW_THREADS_MAX 512
 #define ARGMAX_THREADS 256
-/* Rows whose largest magnitude is above this are divided by a power of two for fp16. */
-#define F16_SAFE 32768.0f
 /* Blocks (one cluster) of a row of the fp16 GLU when its rows are few; the most clusters allow portably. */
 #define GLU_SPLIT 8
 
@@ -732,6 +730,42 @@ cuda_glu(float *a, const float *b, int n_rows, int n, int gelu, struct cuda_h16 
 	}
 	CK(cuda_launch(glu_kernel, dim3((unsigned)((all4 + 255) / 256)), dim3(256), 0, st, a, b, all4, n / 4, gelu,
 	    q8));
+	return 0;
+}
+
+/* A value of a GLU form's row: its float where a tile left one (fp16 infinity), else its fp16. */
+static __device__ __forceinline__ float
+glu16_at(const __half *h, const float *f, int i)
+{
+	return __hisinf(h[i]) ? f[i] : __half2float(h[i]);
+}
+
+/* Row blockIdx.x of g, where flagged: divided as row_store_f16 divides a row (see cuda_glu16). */
+__global__ void __launch_bounds__(ROW_THREADS_MAX)
+glu_fix_kernel(struct cuda_glu16 g)
+{
+	__shared__ float red[WARP];
+	__half *h = g.h + (size_t)blockIdx.x * g.ff;
+	const float *f = g.f + (size_t)blockIdx.x * g.ff;
+	float mx = 0.0f, s;
+
+	pdl_wait();
+	pdl_trigger();
+	if (g.big[blockIdx.x] == 0)
+		return;
+	for (int i = threadIdx.x; i < g.ff; i += blockDim.x)
+		mx = fmaxf(mx, fabsf(glu16_at(h, f, i)));
+	s = f16_divisor(block_max(mx, red));
+	for (int i = threadIdx.x; i < g.ff; i += blockDim.x)
+		h[i] = __float2half_rn(glu16_at(h, f, i) / s);
+	if (threadIdx.x == 0)
+		g.scale[blockIdx.x] = s, g.big[blockIdx.x] = 0;
+}
+
+int
+cuda_glu_fix(const struct cuda_glu16 *g, int n_rows, cudaStream_t st, char *err)
+{
+	CK(cuda_launch(glu_fix_kernel, dim3((unsigned)n_rows), dim3(ROW_THREADS_MAX), 0, st, *g));
 	return 0;
 }
 

@@ -24,6 +24,24 @@ struct cuda_h16 {
 	float *scale;
 };
 
+/* Rows whose largest magnitude is above this are divided by a power of two for fp16. */
+#define F16_SAFE 32768.0f
+
+/*
+ * The GLU of a gate/up product made by the product itself (the wgmma
+ * form's GLU form, cuda_matmul_glu): act(gate) * up as fp16 rows of ff in
+ * h, undivided, scale[row] 1; but where a group of 8 of a row met a
+ * value past F16_SAFE (or not finite), that group's values are floats in f
+ * (row t at t * ff), infinities in their places in h, and big[row] is set,
+ * until cuda_glu_fix divides the row as cuda_glu would and clears it.
+ */
+struct cuda_glu16 {
+	__half *h;
+	float *f, *scale;
+	int *big;
+	int ff, gelu;
+};
+
 /*
  * The int8 form of rows that the integer matrix-vector kernels read
  * (cuda_mm.xq, .xd): row t of k as two int8 rows, hi at q + 2 t k and lo k
@@ -153,6 +171,15 @@ int cuda_norm_router(const float *x, const float *r, const float *bias, const fl
  */
 int cuda_glu(float *a, const float *b, int n_rows, int n, int gelu, struct cuda_h16 h16, struct cuda_q8 q8,
     int cluster_sms, cudaStream_t st, char *err);
+
+/*
+ * The rows of g (n_rows) that are flagged, divided by a power of two as
+ * cuda_glu's fp16 form is, their flags cleared; the others untouched.
+ * Where a row's fp16 value was not past F16_SAFE, it is divided as fp16,
+ * so a quotient below fp16's normal range may round one step (2^-24 of
+ * the divisor) from cuda_glu's.
+ */
+int cuda_glu_fix(const struct cuda_glu16 *g, int n_rows, cudaStream_t st, char *err);
 
 /* n_rows rows of x (k wide, ldx apart) in fp16 form. */
 int cuda_to_f16(const float *x, int ldx, int k, int n_rows, struct cuda_h16 h16, cudaStream_t st, char *err);

@@ -5,9 +5,12 @@
  * memory, two warpgroups decode the units into the same A fragments as
  * the mma.sync form (qgemm.cu), in k order, and multiply them by wgmma,
  * which reads the token tile itself; a tile's splits of K add their sums
- * in their cluster's shared memory where the launch's clusters fit. The
- * types' decoding, the stores and the plan of launches are qgemm.cuh's.
+ * in their cluster's shared memory where the launch's clusters fit. Its
+ * GLU form multiplies gate and up in one tile and stores the down
+ * product's input. The types' decoding, the stores and the plan of
+ * launches are qgemm.cuh's.
  */
+#include "norm.cuh"
 #include "qgemm.cuh"
 #include "wg.cuh"
 
@@ -120,14 +123,19 @@ struct qw_bars {
 /*
  * The producers, one lane each, so that neither ring waits on the other:
  * warp 9 the weights' units (the first before pdl_wait: no kernel of the
- * step writes them), warp 8 the token tiles.
+ * step writes them), warp 8 the token tiles. A unit's rows come as NH
+ * boxes of BM / NH rows, box h from row m[h] of the weight (the GLU form:
+ * 64 of gate, then the same 64 of up).
  */
-template <int TY, class C>
+template <int TY, class C, int NH>
 static __device__ __forceinline__ void
-qw_produce_w(const CUtensorMap *wmap, const CUtensorMap *hmap, uint32_t base, qw_bars br, int u0, int U, int m0)
+qw_produce_w(const CUtensorMap *wmap, const CUtensorMap *hmap, uint32_t base, qw_bars br, int u0, int U,
+    const int (&m)[NH])
 {
 	using L = qw_smem<TY, C>;
 	using W = qw_unit<TY>;
+	constexpr int R = C::BM / NH;
+	static_assert(R * W::BODY % 128 == 0 && R * W::HEAD % 16 == 0, "each box lands where the copy engine can put it");
 
 	for (int u = 0; u < U; u++) {
 		int ws = u % C::WS;
@@ -136,9 +144,12 @@ qw_produce_w(const CUtensorMap *wmap, const CUtensorMap *hmap, uint32_t base, qw
 		if (u >= C::WS)
 			mbar_wait(br.wempty + 8 * ws, ((u / C::WS) & 1) ^ 1);
 		mbar_expect(br.wfull + 8 * ws, L::W_BYTES);
-		tma_2d(slot, wmap, W::body(u0 + u), m0, br.wfull + 8 * ws);
-		if constexpr (W::HEAD > 0)
-			tma_2d(slot + L::W_BODY, hmap, W::head(u0 + u), m0, br.wfull + 8 * ws);
+#pragma unroll
+		for (int h = 0; h < NH; h++) {
+			tma_2d(slot + h * R * W::BODY, wmap, W::body(u0 + u), m[h], br.wfull + 8 * ws);
+			if constexpr (W::HEAD > 0)
+				tma_2d(slot + L::W_BODY + h * R * W::HEAD, hmap, W::head(u0 + u), m[h], br.wfull + 8 * ws);
+		}
 	}
 }
 
@@ -317,17 +328,77 @@ qw_cluster_sum(const struct qg_args &a, const float *t, int m0, int n0, int nz)
 	}
 	cluster_sync(); /* no block leaves while another may still read its sums */
 }
+
+/*
+ * The GLU form's epilogue, after every consumer is done with the rings:
+ * the sums go through shared memory (gate's rows, then up's), and each
+ * thread in turn takes a token's 8 rows: act(gate) * up, stored as fp16,
+ * undivided, in one 16-byte store. Where one of the 8 passes F16_SAFE or
+ * is not finite, they go to g.f as floats instead, infinities in their
+ * fp16 places, and the token is flagged in g.big for cuda_glu_fix, which
+ * divides its row as cuda_glu would. A rolled loop: unrolled over the
+ * accumulators, the 256-token tile's epilogue was 17,000 instructions,
+ * slower than its products from the instruction cache alone (H200). The
+ * first row tile sets every token's divisor to 1 (the fix's come later).
+ */
+template <class C>
+static __device__ __forceinline__ void
+qw_glu_store(const struct qg_args &a, const struct cuda_glu16 &g, const float (&acc)[1][C::NT][4], float *t,
+    int warp, int n0)
+{
+	int r0 = (int)blockIdx.x * C::BM / 2;
+
+	asm volatile("bar.sync 1, 256;" ::: "memory");
+	qw_part<C>(t, acc, 64 * (warp / 4) + 16 * (warp % 4));
+	asm volatile("bar.sync 1, 256;" ::: "memory");
+	for (int i = threadIdx.x; i < C::BN * 8 && n0 + i / 8 < a.n_tok; i += 256) {
+		int tok = i / 8, r = 8 * (i % 8), big = 0;
+		const float4 *gt = (const float4 *)(t + tok * C::LDT + r), *ut = (const float4 *)(t + tok * C::LDT + 64 + r);
+		float sc = a.xscale[n0 + tok], v[8];
+		size_t o = (size_t)(n0 + tok) * g.ff + r0 + r;
+		uint32_t q[4];
+
+#pragma unroll
+		for (int h = 0; h < 2; h++) {
+			float4 x = gt[h], y = ut[h];
+			float gx[4] = { x.x, x.y, x.z, x.w }, uy[4] = { y.x, y.y, y.z, y.w };
+
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				v[4 * h + e] = act(gx[e] * sc, g.gelu) * (uy[e] * sc);
+				big |= !(fabsf(v[4 * h + e]) <= F16_SAFE);
+			}
+		}
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			__half2 p = big ? __floats2half2_rn(INFINITY, INFINITY) : __floats2half2_rn(v[2 * e], v[2 * e + 1]);
+
+			memcpy(&q[e], &p, 4);
+		}
+		*(uint4 *)(g.h + o) = make_uint4(q[0], q[1], q[2], q[3]);
+		if (big) {
+			((float4 *)(g.f + o))[0] = make_float4(v[0], v[1], v[2], v[3]);
+			((float4 *)(g.f + o))[1] = make_float4(v[4], v[5], v[6], v[7]);
+			g.big[n0 + tok] = 1;
+		}
+		if (blockIdx.x == 0 && r == 0)
+			g.scale[n0 + tok] = 1.0f;
+	}
+}
 #endif
 
 /*
  * Block (blockIdx.x: BM rows, blockIdx.y: BN tokens, blockIdx.z: a split
  * of K's units). A split launch whose tiles are clusters (a.part NULL)
  * adds each tile's splits in the cluster; otherwise they go to a.part.
+ * The GLU form (never split): rows BM / 2 blockIdx.x.. of gate (a.w's
+ * first g.ff rows) and the same of up (the next g.ff), stored by
+ * qw_glu_store.
  */
-template <int TY, class C>
+template <int TY, class C, bool GLU = false>
 __global__ void __launch_bounds__(C::THREADS, 1)
 qw_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUtensorMap wmap,
-    const __grid_constant__ CUtensorMap hmap, struct qg_args a)
+    const __grid_constant__ CUtensorMap hmap, struct qg_args a, struct cuda_glu16 g)
 {
 #if WG_ARCH
 	using L = qw_smem<TY, C>;
@@ -357,8 +428,17 @@ qw_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUte
 			wg_regs_inc<C::CREGS>();
 	}
 	if (warp >= 8) {
-		if (warp == 9 && threadIdx.x % WARP == 0)
-			qw_produce_w<TY, C>(&wmap, &hmap, base, br, u0, U, m0);
+		if constexpr (GLU) {
+			int m[2] = { m0 / 2, g.ff + m0 / 2 };
+
+			if (warp == 9 && threadIdx.x % WARP == 0)
+				qw_produce_w<TY, C, 2>(&wmap, &hmap, base, br, u0, U, m);
+		} else {
+			int m[1] = { m0 };
+
+			if (warp == 9 && threadIdx.x % WARP == 0)
+				qw_produce_w<TY, C, 1>(&wmap, &hmap, base, br, u0, U, m);
+		}
 		pdl_wait();
 		pdl_trigger();
 		if (warp == 8 && threadIdx.x % WARP == 0)
@@ -376,6 +456,10 @@ qw_kernel(const __grid_constant__ CUtensorMap xmap, const __grid_constant__ CUte
 		pdl_wait();
 		pdl_trigger();
 		qw_consume<TY, C>(smem, base, br, u0, U, rr + (threadIdx.x % WARP) / 4, acc);
+		if constexpr (GLU) {
+			qw_glu_store<C>(a, g, acc, (float *)smem, warp, n0);
+			return;
+		}
 		if (nz == 1 || a.part != NULL) {
 			if constexpr (C::WIDE)
 				qg_store_wide<C>(a, acc, m0 + rr, n0, z);
@@ -411,6 +495,24 @@ qw_map(CUtensorMap *map, CUtensorMapDataType ty, const void *p, uint64_t inner, 
 	    (unsigned long long)inner, (unsigned long long)rows, (int)r);
 }
 
+/* A launch's tensor maps: the tokens, the weight's units in boxes of `rows` rows and (Q6_K) its groups' d's. */
+template <int TY, class C>
+static int
+qw_maps(const struct qg_args &a, int rows, CUtensorMap *xmap, CUtensorMap *wmap, CUtensorMap *hmap, char *err)
+{
+	int rc;
+
+	if ((rc = qw_map(xmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a.xh, (uint64_t)a.k, (uint64_t)a.n_tok,
+	    (uint64_t)a.k * sizeof(__half), 64, C::BN, CU_TENSOR_MAP_SWIZZLE_128B, err)) != 0 ||
+	    (rc = qw_map(wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.row_bytes, (uint64_t)a.n_rows, a.row_bytes,
+	    qw_unit<TY>::BODY, (uint32_t)rows, CU_TENSOR_MAP_SWIZZLE_NONE, err)) != 0)
+		return rc;
+	if (qw_unit<TY>::HEAD > 0)
+		return qw_map(hmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.row_bytes, (uint64_t)a.n_rows, a.row_bytes,
+		    qw_unit<TY>::HEAD, (uint32_t)rows, CU_TENSOR_MAP_SWIZZLE_NONE, err);
+	return 0;
+}
+
 /*
  * The wgmma form of shape C: one block a multiprocessor, a tile's splits
  * one cluster; each launch makes its operands' tensor maps.
@@ -434,18 +536,39 @@ struct qw_form {
 	launch(struct cuda_mm *m, dim3 grid, const struct qg_args &a, char *err)
 	{
 		CUtensorMap xmap, wmap, hmap = {};
+		struct cuda_glu16 none = {};
 		int rc;
 
-		if ((rc = qw_map(&xmap, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, a.xh, (uint64_t)a.k, (uint64_t)a.n_tok,
-		    (uint64_t)a.k * sizeof(__half), 64, C::BN, CU_TENSOR_MAP_SWIZZLE_128B, err)) != 0 ||
-		    (rc = qw_map(&wmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.row_bytes, (uint64_t)a.n_rows, a.row_bytes,
-		    qw_unit<TY>::BODY, C::BM, CU_TENSOR_MAP_SWIZZLE_NONE, err)) != 0 ||
-		    (qw_unit<TY>::HEAD > 0 && (rc = qw_map(&hmap, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.row_bytes,
-		    (uint64_t)a.n_rows, a.row_bytes, qw_unit<TY>::HEAD, C::BM, CU_TENSOR_MAP_SWIZZLE_NONE, err)) != 0))
+		if ((rc = qw_maps<TY, C>(a, C::BM, &xmap, &wmap, &hmap, err)) != 0)
 			return rc;
 		CK(cuda_launch_ex(qw_kernel<TY, C>, grid, dim3(C::THREADS), qw_smem<TY, C>::BYTES,
-		    dim3(1, 1, a.part == NULL ? grid.z : 1), m->stream, xmap, wmap, hmap, a));
+		    dim3(1, 1, a.part == NULL ? grid.z : 1), m->stream, xmap, wmap, hmap, a, none));
 		return 0;
+	}
+	/* The GLU form (qw_kernel's GLU) of a's rows: g.ff of gate, then as many of up; one tile a block, K whole. */
+	static int
+	launch_glu(struct cuda_mm *m, const struct qg_args &a, const struct cuda_glu16 &g, char *err)
+	{
+		CUtensorMap xmap, wmap, hmap = {};
+		dim3 grid((unsigned)(g.ff / (C::BM / 2)), (unsigned)((a.n_tok + C::BN - 1) / C::BN));
+		int rc;
+
+		if ((rc = qw_maps<TY, C>(a, C::BM / 2, &xmap, &wmap, &hmap, err)) != 0)
+			return rc;
+		CK(cuda_launch(qw_kernel<TY, C, true>, grid, dim3(C::THREADS), qw_smem<TY, C>::BYTES, m->stream, xmap, wmap,
+		    hmap, a, g));
+		return 0;
+	}
+	/* 1 if the plan of a's product (gate and up as one weight) is one launch of whole tiles, K unsplit. */
+	static int
+	whole(const struct cuda_mm *m, const struct qg_args &a)
+	{
+		int64_t gx = (a.n_rows + C::BM - 1) / C::BM, gy = (a.n_tok + C::BN - 1) / C::BN;
+		int64_t slots = (int64_t)m->sms, left = slots > 0 ? gx * gy % slots : 0;
+
+		if (SPLIT_REST && left > 0 && (left + gy - 1) / gy < gx && 2 * left <= slots)
+			return 0;
+		return qg_split_of<TY, qw_form>(m, a) == 1;
 	}
 };
 
@@ -466,6 +589,12 @@ qw_setup(char *err)
 	CK(cudaFuncSetAttribute(qw_kernel<TY, qw_cfg<128>>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
 	    (int)qw_smem<TY, qw_cfg<128>>::BYTES)); \
 	CK(cudaFuncSetAttribute(qw_kernel<TY, qw_cfg<256>>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+	    (int)qw_smem<TY, qw_cfg<256>>::BYTES)); \
+	CK(cudaFuncSetAttribute(qw_kernel<TY, qw_cfg<64>, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+	    (int)qw_smem<TY, qw_cfg<64>>::BYTES)); \
+	CK(cudaFuncSetAttribute(qw_kernel<TY, qw_cfg<128>, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
+	    (int)qw_smem<TY, qw_cfg<128>>::BYTES)); \
+	CK(cudaFuncSetAttribute(qw_kernel<TY, qw_cfg<256>, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, \
 	    (int)qw_smem<TY, qw_cfg<256>>::BYTES));
 	QW_TYPES(QW_CASE)
 #undef QW_CASE
@@ -537,18 +666,25 @@ cuda_qgemm_wg(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok)
 	return n_tok >= m->wg_min && w->n * w->k >= m->wg_elems && cuda_qgemm_wg_type(w);
 }
 
-/* The wgmma shape for a.n_tok tokens. */
-template <int TY>
+/* fn(F) for F the wgmma form of the shape for a.n_tok tokens. */
+template <int TY, class Fn>
 static int
-qw_dispatch(struct cuda_mm *m, const struct qg_args &a, char *err)
+qw_shape(const struct cuda_mm *m, const struct qg_args &a, Fn &&fn)
 {
 	using Wide = qw_form<TY, qw_cfg<256>>;
 
 	if (a.n_tok <= 64)
-		return qg_launch<TY, qw_form<TY, qw_cfg<64>>>(m, a, err);
+		return fn(qw_form<TY, qw_cfg<64>>());
 	if (a.n_tok > m->wg_wide && a.k / qg_type<TY>::UNIT >= m->wg_wide_units * qg_split_of<TY, Wide>(m, a))
-		return qg_launch<TY, Wide>(m, a, err);
-	return qg_launch<TY, qw_form<TY, qw_cfg<128>>>(m, a, err);
+		return fn(Wide());
+	return fn(qw_form<TY, qw_cfg<128>>());
+}
+
+template <int TY>
+static int
+qw_dispatch(struct cuda_mm *m, const struct qg_args &a, char *err)
+{
+	return qw_shape<TY>(m, a, [&](auto f) { return qg_launch<TY, decltype(f)>(m, a, err); });
 }
 
 int
@@ -560,5 +696,46 @@ qw_product(struct cuda_mm *m, uint32_t type, const struct qg_args &a, char *err)
 #undef QW_CASE
 	default:
 		return err_set(err, ERR_UNSUPPORTED, "no wgmma kernel for weight type %u", type);
+	}
+}
+
+/* w's product with the tokens in m->xh, into no outputs (the GLU form's stores are its own). */
+static struct qg_args
+qw_args(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok)
+{
+	struct mm_out none = { { NULL }, { 0 }, { 0 }, 0 };
+
+	return { w->d, w->row_bytes, (int)w->k, (int)w->n, n_tok, m->xh, m->xscale, none, NULL };
+}
+
+int
+cuda_qgemm_glu_whole(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok)
+{
+	struct qg_args a = qw_args(m, w, n_tok);
+
+	if (!cuda_qgemm_wg(m, w, n_tok) || w->n % 128 != 0)
+		return 0;
+	switch (w->type) {
+#define QW_CASE(TY) case TY: return qw_shape<TY>(m, a, [&](auto f) { return decltype(f)::whole(m, a); });
+	QW_TYPES(QW_CASE)
+#undef QW_CASE
+	default:
+		return 0;
+	}
+}
+
+int
+cuda_qgemm_glu(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct cuda_glu16 *g, char *err)
+{
+	struct qg_args a = qw_args(m, w, n_tok);
+
+	if (!cuda_qgemm_glu_whole(m, w, n_tok) || 2 * (int64_t)g->ff != w->n)
+		return err_set(err, ERR_UNSUPPORTED, "no GLU form for %lld rows at %d tokens", (long long)w->n, n_tok);
+	switch (w->type) {
+#define QW_CASE(TY) case TY: return qw_shape<TY>(m, a, [&](auto f) { return decltype(f)::launch_glu(m, a, *g, err); });
+	QW_TYPES(QW_CASE)
+#undef QW_CASE
+	default:
+		return err_set(err, ERR_UNSUPPORTED, "no wgmma kernel for weight type %u", w->type);
 	}
 }

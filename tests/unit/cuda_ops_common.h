@@ -226,7 +226,7 @@ path_name(enum cuda_probe_path path)
 {
 	return path == CUDA_PROBE_MATVEC ? "matvec" : path == CUDA_PROBE_INT8 ? "int8" :
 	    path == CUDA_PROBE_GEMM ? "gemm" : path == CUDA_PROBE_FEW ? "few" : path == CUDA_PROBE_BLAS ? "blas" :
-	    path == CUDA_PROBE_WG ? "wgmma" : "gemm-whole";
+	    path == CUDA_PROBE_WG ? "wgmma" : path == CUDA_PROBE_WG_WHOLE ? "wgmma-whole" : "gemm-whole";
 }
 
 /*

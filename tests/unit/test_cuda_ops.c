@@ -581,6 +581,133 @@ test_glu(void **state)
 	}
 }
 
+/*
+ * The GLU form (gate and up in one wgmma launch that stores act(gate) *
+ * up as fp16, then cuda_glu_fix): the same rows and divisors, bit for
+ * bit, as the two products on the wgmma form (K whole, as the form runs)
+ * followed by cuda_glu, on each tile shape's token counts (a partial last
+ * tile of tokens too), silu and gelu, with a last token whose row passes
+ * fp16's range (there, a quotient below fp16's normal range one rounding
+ * step away at most: cuda_glu_fix's).
+ */
+static void
+test_glu_form(void **state)
+{
+	static const uint32_t types[] = { TT_Q4_K, TT_Q5_K, TT_Q6_K };
+	static const int toks[] = { 45, 64, 100, 200, 300 };
+	const int ff = 320, k = 512; /* five tiles of 64 rows; two units of K */
+	char err[ERR_LEN];
+
+	(void)state;
+	if (!cuda_probe_wg(probe)) {
+		print_message("skipped: this device or build does not run qgemm's wgmma form (sm_90a)\n");
+		skip();
+	}
+	for (size_t ti = 0; ti < ARRAY_LEN(types); ti++)
+		for (size_t si = 0; si < ARRAY_LEN(toks); si++) {
+			int n_tok = toks[si], gelu = (int)(si % 2), flagged = 0;
+			size_t all = (size_t)n_tok * ff;
+			float *wf, *x = rand_floats((size_t)n_tok * k, -1, 1), *y = nan_floats(2 * all);
+			float *g = xmalloc(all * sizeof *g), *u = xmalloc(all * sizeof *u);
+			float *hs = nan_floats((size_t)n_tok), *rs = nan_floats((size_t)n_tok);
+			uint16_t *hh = xmalloc(all * sizeof *hh), *rh = xmalloc(all * sizeof *rh);
+			struct model_tensor t = random_weight(types[ti], k, 2 * ff, &wf);
+			struct cuda_probe_weight w = probe_weight(&t);
+
+			for (int i = 0; i < k; i++)
+				x[(size_t)(n_tok - 1) * k + i] *= 1e3f;
+			if (cuda_probe_matmul_glu(probe, &w, x, n_tok, gelu, hh, hs, err) != 0)
+				fail_msg("GLU form %s, %d tokens: %s", quant_traits(types[ti])->name, n_tok, err);
+			if (cuda_probe_matmul(probe, &w, 1, x, n_tok, CUDA_PROBE_WG_WHOLE, 0, 0, y, err) != 0)
+				fail_msg("matmul wgmma-whole: %s", err);
+			for (int r = 0; r < n_tok; r++) {
+				memcpy(g + (size_t)r * ff, y + (size_t)r * 2 * ff, ff * sizeof *g);
+				memcpy(u + (size_t)r * ff, y + (size_t)r * 2 * ff + ff, ff * sizeof *u);
+			}
+			if (cuda_probe_glu(probe, g, u, n_tok, ff, gelu, rh, rs, NULL, NULL, err) != 0)
+				fail_msg("glu: %s", err);
+			for (int r = 0; r < n_tok; r++) {
+				if (hs[r] != rs[r])
+					fail_msg("GLU form %s, %d tokens: row %d's divisor %g, the GLU's %g",
+					    quant_traits(types[ti])->name, n_tok, r, hs[r], rs[r]);
+				flagged += rs[r] != 1;
+			}
+			for (size_t i = 0; i < all; i++) {
+				double s = rs[i / ff], d = fabs((double)fp16_to_fp32(hh[i]) - fp16_to_fp32(rh[i])) * s;
+
+				if (hh[i] != rh[i] && !(s != 1 && d <= ldexp(s, -24)))
+					fail_msg("GLU form %s, %d tokens: row %zu element %zu: %#06x, the GLU's %#06x",
+					    quant_traits(types[ti])->name, n_tok, i / ff, i % ff, hh[i], rh[i]);
+			}
+			if (flagged != 1)
+				fail_msg("GLU form: %d rows divided, 1 meant", flagged);
+			print_message("GLU form %-5s %3d tokens %s: the products and cuda_glu's, bit for bit\n",
+			    quant_traits(types[ti])->name, n_tok, gelu ? "gelu" : "silu");
+			free((void *)t.data), free(wf), free(x), free(y), free(g), free(u), free(hs), free(rs), free(hh), free(rh);
+		}
+}
+
+/*
+ * cuda_glu_fix alone, on rows of 320: a row where one run of 64 passed
+ * fp16's range (its floats apart, infinities in their places) and the
+ * rest is fp16, one with a non-finite value, and one not flagged (left as
+ * it is). Each flagged row must come out as fp16(v / s), v the
+ * row's values as the form left them, s the power of two cuda_glu divides
+ * by, and every flag cleared.
+ */
+static void
+test_glu_fix(void **state)
+{
+	const int n = 320, n_rows = 3;
+	size_t all = (size_t)n_rows * n;
+	float *v = rand_floats(all, -100, 100), *f = nan_floats(all), hs[3] = { 1, 1, 1 };
+	uint16_t *hh = xmalloc(all * sizeof *hh), *want = xmalloc(all * sizeof *want);
+	int big[3] = { 1, 1, 0 };
+	char err[ERR_LEN];
+
+	(void)state;
+	v[2 * 64 + 7] = 2.5e5f;              /* row 0, tile 2 */
+	v[n + 4 * 64 + 1] = INFINITY;        /* row 1, tile 4 */
+	v[2 * n + 9] = 1e5f;                 /* row 2: not flagged, left as fp16 of it (an infinity) */
+	for (size_t i = 0; i < all; i++) {
+		int r = (int)(i / n), tile = (int)(i % n) / 64;
+		int flagged = (r == 0 && tile == 2) || (r == 1 && tile == 4);
+
+		hh[i] = flagged ? fp32_to_fp16(INFINITY) : fp32_to_fp16(v[i]);
+		if (flagged)
+			f[i] = v[i];
+	}
+	for (int r = 0; r < n_rows; r++) {
+		double m = 0, s;
+
+		for (int i = 0; i < n; i++) {
+			size_t j = (size_t)r * n + i;
+			float x = hh[j] == fp32_to_fp16(INFINITY) ? f[j] : fp16_to_fp32(hh[j]);
+
+			m = isfinite(x) ? fmax(m, fabs(x)) : m;
+		}
+		s = r == 2 || !(m > 32768) ? 1 : exp2(ceil(log2(m / 32768)));
+		for (int i = 0; i < n; i++) {
+			size_t j = (size_t)r * n + i;
+			float x = hh[j] == fp32_to_fp16(INFINITY) && r != 2 ? f[j] : fp16_to_fp32(hh[j]);
+
+			want[j] = r == 2 ? hh[j] : fp32_to_fp16((float)(x / s));
+		}
+		if (r == 0 && s != 8)
+			fail_msg("glu fix: the test's row 0 wants divisor 8, got %g", s);
+	}
+	if (cuda_probe_glu_fix(probe, hh, f, big, hs, n_rows, n, err) != 0)
+		fail_msg("glu fix: %s", err);
+	if (hs[0] != 8 || hs[1] != 1 || hs[2] != 1)
+		fail_msg("glu fix: divisors %g %g %g, want 8 1 1", hs[0], hs[1], hs[2]);
+	for (size_t i = 0; i < all; i++)
+		if (hh[i] != want[i] && !(isnan(fp16_to_fp32(hh[i])) && isnan(fp16_to_fp32(want[i]))))
+			fail_msg("glu fix: row %zu element %zu: %#06x, want %#06x", i / n, i % n, hh[i], want[i]);
+	print_message("glu fix: a row with one tile past fp16's range divided by 8, a non-finite one by 1, an "
+	    "unflagged one left\n");
+	free(v), free(f), free(hh), free(want);
+}
+
 /* ---- greedy argmax ---- */
 
 static void
@@ -752,6 +879,8 @@ main(void)
 		cmocka_unit_test(test_norm_rows),
 		cmocka_unit_test(test_norm_router),
 		cmocka_unit_test(test_glu),
+		cmocka_unit_test(test_glu_form),
+		cmocka_unit_test(test_glu_fix),
 		cmocka_unit_test(test_argmax),
 		cmocka_unit_test(test_pick),
 	};
