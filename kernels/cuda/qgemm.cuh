@@ -454,39 +454,54 @@ qg_rows_from(const struct mm_out &out, int row0)
 	return s;
 }
 
+/* a's product for its rows row0 and on, as rows from 0. */
+static inline struct qg_args
+qg_rows_of(struct qg_args a, int row0)
+{
+	a.w += (size_t)row0 * a.row_bytes;
+	a.n_rows -= row0;
+	a.out = qg_rows_from(a.out, row0);
+	return a;
+}
+
 /*
- * A product in form F. When a prefill product's tiles take more than one
- * wave of the GPU's slots and leave a last wave under half full
- * (llama3-8b's gate/up at 512 tokens: 448 tiles on 132 slots, four waves'
- * time for 3.4 of work), the tiles of its last rows, enough to hold that
- * remainder, go to a second launch, which splits their K to fill the GPU;
- * the first launch is at most whole waves. Only where F::SPLIT_REST.
+ * Where a product in form F starts its second launch (0: it makes one).
+ * When a prefill product's tiles take more than one wave of the GPU's
+ * slots and leave a last wave under half full (llama3-8b's gate/up at 512
+ * tokens: 448 tiles on 132 slots, four waves' time for 3.4 of work), the
+ * tiles of its last rows, enough to hold that remainder, go to a second
+ * launch, which splits their K to fill the GPU; the first launch is at
+ * most whole waves. Only where F::SPLIT_REST, and where that K splits.
  */
 template <int TY, class F>
 static int
-qg_launch(struct cuda_mm *m, struct qg_args a, char *err)
+qg_rest_row(const struct cuda_mm *m, const struct qg_args &a)
 {
 	using C = typename F::Cfg;
 	int64_t gx = (a.n_rows + C::BM - 1) / C::BM, gy = (a.n_tok + C::BN - 1) / C::BN;
 	int64_t slots = (int64_t)m->sms * F::per_sm(), left = slots > 0 ? gx * gy % slots : 0;
 	int64_t r = (left + gy - 1) / gy; /* row tiles of the remainder: 0 for none, gx for a single wave */
-	int split, rc;
+	int row0 = (int)(gx - r) * C::BM;
 
-	if (F::SPLIT_REST && r > 0 && r < gx && 2 * left <= slots) {
-		struct qg_args rest = a;
-		int row0 = (int)(gx - r) * C::BM;
+	if (!F::SPLIT_REST || r == 0 || r >= gx || 2 * left > slots)
+		return 0;
+	return qg_split_of<TY, F>(m, qg_rows_of(a, row0)) > 1 ? row0 : 0;
+}
 
-		rest.w += (size_t)row0 * rest.row_bytes;
-		rest.n_rows -= row0;
-		rest.out = qg_rows_from(rest.out, row0);
-		if ((split = qg_split_of<TY, F>(m, rest)) > 1) {
-			a.n_rows = row0;
-			if ((rc = qg_grid<F>(m, a, qg_split_of<TY, F>(m, a), err)) != 0)
-				return rc;
-			return qg_grid<F>(m, rest, split, err);
-		}
-	}
-	return qg_grid<F>(m, a, qg_split_of<TY, F>(m, a), err);
+/* A product in form F: one launch, or two where qg_rest_row says. */
+template <int TY, class F>
+static int
+qg_launch(struct cuda_mm *m, struct qg_args a, char *err)
+{
+	int row0 = qg_rest_row<TY, F>(m, a), rc;
+	struct qg_args rest = qg_rows_of(a, row0);
+
+	if (row0 == 0)
+		return qg_grid<F>(m, a, qg_split_of<TY, F>(m, a), err);
+	a.n_rows = row0;
+	if ((rc = qg_grid<F>(m, a, qg_split_of<TY, F>(m, a), err)) != 0)
+		return rc;
+	return qg_grid<F>(m, rest, qg_split_of<TY, F>(m, rest), err);
 }
 
 #endif

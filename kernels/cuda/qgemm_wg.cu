@@ -563,12 +563,7 @@ struct qw_form {
 	static int
 	whole(const struct cuda_mm *m, const struct qg_args &a)
 	{
-		int64_t gx = (a.n_rows + C::BM - 1) / C::BM, gy = (a.n_tok + C::BN - 1) / C::BN;
-		int64_t slots = (int64_t)m->sms, left = slots > 0 ? gx * gy % slots : 0;
-
-		if (SPLIT_REST && left > 0 && (left + gy - 1) / gy < gx && 2 * left <= slots)
-			return 0;
-		return qg_split_of<TY, qw_form>(m, a) == 1;
+		return qg_rest_row<TY, qw_form>(m, a) == 0 && qg_split_of<TY, qw_form>(m, a) == 1;
 	}
 };
 
