@@ -733,7 +733,7 @@ cuda_glu(float *a, const float *b, int n_rows, int n, int gelu, struct cuda_h16 
 	return 0;
 }
 
-/* A value of a GLU form's row: its float where a tile left one (fp16 infinity), else its fp16. */
+/* A value of a GLU form's row: its float where its group left one (an fp16 infinity), else its fp16. */
 static __device__ __forceinline__ float
 glu16_at(const __half *h, const float *f, int i)
 {

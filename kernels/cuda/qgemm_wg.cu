@@ -337,8 +337,8 @@ qw_cluster_sum(const struct qg_args &a, const float *t, int m0, int n0, int nz)
  * is not finite, they go to g.f as floats instead, infinities in their
  * fp16 places, and the token is flagged in g.big for cuda_glu_fix, which
  * divides its row as cuda_glu would. A rolled loop: unrolled over the
- * accumulators, the 256-token tile's epilogue was 17,000 instructions,
- * slower than its products from the instruction cache alone (H200). The
+ * accumulators, the 256-token tile's epilogue was 17,000 instructions and
+ * its launch took 252 us against the plain products' 151 (H200). The
  * first row tile sets every token's divisor to 1 (the fix's come later).
  */
 template <class C>
