@@ -1288,15 +1288,21 @@ cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w
 	return products(m, w, n_w, x, ldx, n_tok, y, ldy, reuse_x, no_qkv, err);
 }
 
-/* gate's and up's rows as one weight, where they are stored one after the other. */
+/*
+ * 1 if products() would give gate and up (stored one after the other, as
+ * one weight: all) at n_tok tokens to one whole launch of the wgmma form:
+ * not cuBLAS, not mmt.cu's, K unsplit.
+ */
 static int
-glu_weight(const struct cuda_weight *gate, const struct cuda_weight *up, struct cuda_weight *all)
+glu_route(const struct cuda_mm *m, const struct cuda_weight *gate, const struct cuda_weight *up, int n_tok,
+    struct cuda_weight *all)
 {
 	if (!cuda_weight_follows(gate, up) || gate->n != up->n)
 		return 0;
 	*all = *gate;
 	all->n = gate->n + up->n;
-	return 1;
+	return n_tok > m->mmv_max && !blas_takes(m, all, n_tok) && !cuda_mmt_fits(m, all, n_tok) &&
+	    cuda_qgemm_glu_whole(m, all, n_tok);
 }
 
 int
@@ -1305,9 +1311,7 @@ cuda_matmul_glu_fits(const struct cuda_mm *m, const struct cuda_weight *gate, co
 {
 	struct cuda_weight all;
 
-	/* the route products() would take: not cuBLAS, not mmt.cu's, the wgmma form */
-	return n_tok > m->mmv_max && glu_weight(gate, up, &all) && !blas_takes(m, &all, n_tok) &&
-	    !cuda_mmt_fits(m, &all, n_tok) && cuda_qgemm_glu_whole(m, &all, n_tok);
+	return glu_route(m, gate, up, n_tok, &all);
 }
 
 int
@@ -1317,7 +1321,7 @@ cuda_matmul_glu(struct cuda_mm *m, const struct cuda_weight *gate, const struct 
 	struct cuda_weight all;
 	int rc;
 
-	if (!cuda_matmul_glu_fits(m, gate, up, n_tok) || !glu_weight(gate, up, &all))
+	if (!glu_route(m, gate, up, n_tok, &all))
 		return err_set(err, ERR_UNSUPPORTED, "cuda_matmul_glu: weights or a token count it does not serve");
 	if (!reuse_x && (rc = to_f16(m, x, ldx, (int)gate->k, n_tok, err)) != 0)
 		return rc;

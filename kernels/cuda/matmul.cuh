@@ -390,7 +390,12 @@ int cuda_qgemm_wg(const struct cuda_mm *m, const struct cuda_weight *w, int n_to
  */
 int cuda_qgemm_glu_whole(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok);
 
-/* The wgmma form's GLU form: w (gate, then up; g->ff rows each) times the n_tok tokens in m->xh, into g. */
+/*
+ * The wgmma form's GLU form: w (gate, then up; g->ff rows each) times the
+ * n_tok tokens in m->xh, into g. Right for any w the form takes whose rows
+ * are a multiple of 128; as fast as the two products only where
+ * cuda_qgemm_glu_whole says so, which the caller checks.
+ */
 int cuda_qgemm_glu(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct cuda_glu16 *g, char *err);
 
 /* Floats of split sums cuda_qgemm wants on a device of sms multiprocessors (cuda_mm.part). */

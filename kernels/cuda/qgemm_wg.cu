@@ -520,6 +520,7 @@ qw_maps(const struct qg_args &a, int rows, CUtensorMap *xmap, CUtensorMap *wmap,
 template <int TY, class C>
 struct qw_form {
 	using Cfg = C;
+	static constexpr int TYPE = TY;
 	static constexpr bool SPLIT_REST = C::BN >= 128;
 	/* where a launch's clusters all run at once: a second wave of them costs more than the reduction's launch */
 	static int
@@ -567,12 +568,19 @@ struct qw_form {
 	}
 };
 
+/* 1 if the form has kernels for weights of this type. */
+static int
+qw_type(uint32_t type)
+{
+#define QW_IS(TY) type == TY ||
+	return QW_TYPES(QW_IS) false;
+#undef QW_IS
+}
+
 int
 cuda_qgemm_wg_type(const struct cuda_weight *w)
 {
-#define QW_IS(TY) w->type == TY ||
-	return qw_encode != NULL && (QW_TYPES(QW_IS) false) && w->k % 256 == 0;
-#undef QW_IS
+	return qw_encode != NULL && qw_type(w->type) && w->k % 256 == 0;
 }
 
 int
@@ -675,23 +683,26 @@ qw_shape(const struct cuda_mm *m, const struct qg_args &a, Fn &&fn)
 	return fn(qw_form<TY, qw_cfg<128>>());
 }
 
-template <int TY>
+/* fn(F) for F the wgmma form of `type` (one qw_type takes) in the shape for a.n_tok tokens. */
+template <class Fn>
 static int
-qw_dispatch(struct cuda_mm *m, const struct qg_args &a, char *err)
+qw_form_of(const struct cuda_mm *m, uint32_t type, const struct qg_args &a, Fn &&fn)
 {
-	return qw_shape<TY>(m, a, [&](auto f) { return qg_launch<TY, decltype(f)>(m, a, err); });
+	switch (type) {
+#define QW_CASE(TY) case TY: return qw_shape<TY>(m, a, fn);
+	QW_TYPES(QW_CASE)
+#undef QW_CASE
+	default:
+		return ERR_UNSUPPORTED;
+	}
 }
 
 int
 qw_product(struct cuda_mm *m, uint32_t type, const struct qg_args &a, char *err)
 {
-	switch (type) {
-#define QW_CASE(TY) case TY: return qw_dispatch<TY>(m, a, err);
-	QW_TYPES(QW_CASE)
-#undef QW_CASE
-	default:
+	if (!qw_type(type))
 		return err_set(err, ERR_UNSUPPORTED, "no wgmma kernel for weight type %u", type);
-	}
+	return qw_form_of(m, type, a, [&](auto f) { return qg_launch<decltype(f)::TYPE, decltype(f)>(m, a, err); });
 }
 
 /* w's product with the tokens in m->xh, into no outputs (the GLU form's stores are its own). */
@@ -708,15 +719,8 @@ cuda_qgemm_glu_whole(const struct cuda_mm *m, const struct cuda_weight *w, int n
 {
 	struct qg_args a = qw_args(m, w, n_tok);
 
-	if (!cuda_qgemm_wg(m, w, n_tok) || w->n % 128 != 0)
-		return 0;
-	switch (w->type) {
-#define QW_CASE(TY) case TY: return qw_shape<TY>(m, a, [&](auto f) { return decltype(f)::whole(m, a); });
-	QW_TYPES(QW_CASE)
-#undef QW_CASE
-	default:
-		return 0;
-	}
+	return cuda_qgemm_wg(m, w, n_tok) && w->n % 128 == 0 &&
+	    qw_form_of(m, w->type, a, [&](auto f) { return decltype(f)::whole(m, a); }) == 1;
 }
 
 int
@@ -724,13 +728,7 @@ cuda_qgemm_glu(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const 
 {
 	struct qg_args a = qw_args(m, w, n_tok);
 
-	if (!cuda_qgemm_glu_whole(m, w, n_tok) || 2 * (int64_t)g->ff != w->n)
-		return err_set(err, ERR_UNSUPPORTED, "no GLU form for %lld rows at %d tokens", (long long)w->n, n_tok);
-	switch (w->type) {
-#define QW_CASE(TY) case TY: return qw_shape<TY>(m, a, [&](auto f) { return decltype(f)::launch_glu(m, a, *g, err); });
-	QW_TYPES(QW_CASE)
-#undef QW_CASE
-	default:
-		return err_set(err, ERR_UNSUPPORTED, "no wgmma kernel for weight type %u", w->type);
-	}
+	if (!cuda_qgemm_wg_type(w) || w->n % 128 != 0 || 2 * (int64_t)g->ff != w->n)
+		return err_set(err, ERR_UNSUPPORTED, "no GLU form for %lld rows of type %u", (long long)w->n, w->type);
+	return qw_form_of(m, w->type, a, [&](auto f) { return decltype(f)::launch_glu(m, a, *g, err); });
 }
