@@ -1006,13 +1006,30 @@ dequant_rows(const struct cuda_weight *w, int64_t r0, int64_t nr, __half *out, c
 	return 0;
 }
 
-/* The n_tok rows of x (k wide) as fp16 rows in m->xh, with their scales in m->xscale. */
-static int
-to_f16(struct cuda_mm *m, const float *x, int ldx, int k, int n_tok, char *err)
-{
-	struct cuda_h16 h16 = { m->xh, m->xscale };
+/*
+ * A product's input: x's float rows, ldx apart, and the fp16 form h that
+ * the products of many tokens read. ready: that form (for few tokens, the
+ * int8 form in m->xq) is made already.
+ */
+struct mm_in {
+	const float *x;
+	int ldx;
+	struct cuda_h16 h;
+	int ready;
+};
 
-	return cuda_to_f16(x, ldx, k, n_tok, h16, m->stream, err);
+/* x as a product's input, its fp16 form made into m's scratch (m->xh, m->xscale) unless ready. */
+static struct mm_in
+mm_in_of(const struct cuda_mm *m, const float *x, int ldx, int ready)
+{
+	return { x, ldx, { m->xh, m->xscale }, ready };
+}
+
+/* in.h from the n_tok rows of in.x (k wide), unless it is ready. */
+static int
+in_f16(struct cuda_mm *m, const struct mm_in &in, int k, int n_tok, char *err)
+{
+	return in.ready ? 0 : cuda_to_f16(in.x, in.ldx, k, n_tok, in.h, m->stream, err);
 }
 
 /*
@@ -1027,12 +1044,11 @@ blas_takes(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok)
 }
 
 /*
- * cuBLAS on fp16 tokens (m->xh, made by to_f16) and fp16 weights (the
- * matrix itself, or tiles of any other type converted into m->wh),
- * float32 out.
+ * cuBLAS on fp16 tokens (in) and fp16 weights (the matrix itself, or
+ * tiles of any other type converted into m->wh), float32 out.
  */
 static int
-gemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, float *y, int ldy, char *err)
+gemm(struct cuda_mm *m, const struct cuda_weight *w, struct cuda_h16 in, int n_tok, float *y, int ldy, char *err)
 {
 	const float one = 1.0f, zero = 0.0f;
 	const __half *whole = w->type == TT_F16 ? (const __half *)w->d : NULL;
@@ -1051,10 +1067,10 @@ gemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, float *y, int ld
 			return rc;
 		/* column-major: y^T (nr x n_tok) = (w tile, k x nr)^T . (x^T, k x n_tok) */
 		CKB(cublasGemmEx(m->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, n_tok, k, &one, a, CUDA_R_16F,
-		    k, m->xh, CUDA_R_16F, k, &zero, y + r0, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
+		    k, in.h, CUDA_R_16F, k, &zero, y + r0, CUDA_R_32F, ldy, CUBLAS_COMPUTE_32F,
 		    CUBLAS_GEMM_DEFAULT));
 	}
-	CK(cuda_launch(unscale_kernel, dim3(n_tok), dim3(ROW_THREADS), 0, m->stream, y, ldy, (int)w->n, m->xscale));
+	CK(cuda_launch(unscale_kernel, dim3(n_tok), dim3(ROW_THREADS), 0, m->stream, y, ldy, (int)w->n, in.scale));
 	return 0;
 }
 
@@ -1221,8 +1237,7 @@ pairs(const struct cuda_mm *m, const struct cuda_weight *a, const struct cuda_we
 }
 
 /*
- * The products of n_w weights of one input (with reuse_x, its fp16 form
- * for many tokens or int8 form for few is made already): runs of weights
+ * The products of n_w weights of one input: runs of weights
  * stored one after the other go to one kernel on the matrix-vector and
  * tensor-core paths, and on the integer path, for up to MMQ_PAIR_TOKENS
  * tokens, and on mmt.cu's, two runs of different types to one launch; the
@@ -1230,23 +1245,23 @@ pairs(const struct cuda_mm *m, const struct cuda_weight *a, const struct cuda_we
  * where e.q is set.
  */
 static int
-products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const float *x, int ldx, int n_tok,
-    float *const *y, const int *ldy, int reuse_x, const struct mm_qkv &e, char *err)
+products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, struct mm_in in, int n_tok,
+    float *const *y, const int *ldy, const struct mm_qkv &e, char *err)
 {
-	int many = n_tok > m->mmv_max, have_h = reuse_x, rc;
+	int many = n_tok > m->mmv_max, rc;
 
-	m->xq_ready = reuse_x && !many;
+	m->xq_ready = in.ready && !many;
 	for (int i = 0; i < n_w;) {
 		struct mm_out out = { { NULL }, { 0 }, { 0 }, 0 };
 		struct cuda_weight all, second;
 		const struct cuda_weight *w2 = NULL; /* &second when a run of another type shares the launch */
 		int j;
 
-		if (many && !have_h && (rc = to_f16(m, x, ldx, (int)w[i]->k, n_tok, err)) != 0)
+		if (many && (rc = in_f16(m, in, (int)w[i]->k, n_tok, err)) != 0)
 			return rc;
-		have_h |= many;
+		in.ready |= many;
 		if (many && blas_takes(m, w[i], n_tok)) {
-			if ((rc = gemm(m, w[i], n_tok, y[i], ldy[i], err)) != 0)
+			if ((rc = gemm(m, w[i], in.h, n_tok, y[i], ldy[i], err)) != 0)
 				return rc;
 			i++;
 			continue;
@@ -1257,10 +1272,10 @@ products(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w, const f
 			w2 = &second;
 		}
 		if (many)
-			rc = cuda_mmt_fits(m, &all, n_tok) ? cuda_mmt(m, &all, w2, n_tok, &out, e, err) :
-							    cuda_qgemm(m, &all, n_tok, &out, err);
+			rc = cuda_mmt_fits(m, &all, n_tok) ? cuda_mmt(m, &all, w2, in.h, n_tok, &out, e, err) :
+							    cuda_qgemm(m, &all, in.h, n_tok, &out, err);
 		else
-			rc = matvec(m, &all, w2, x, ldx, n_tok, &out, e, err);
+			rc = matvec(m, &all, w2, in.x, in.ldx, n_tok, &out, e, err);
 		if (rc != 0)
 			return rc;
 		i = j;
@@ -1275,7 +1290,7 @@ cuda_matmul(struct cuda_mm *m, const struct cuda_weight *w, const float *x, int 
 	const struct cuda_weight *ws[1] = { w };
 	float *ys[1] = { y };
 
-	return products(m, ws, 1, x, ldx, n_tok, ys, &ldy, reuse_x, no_qkv, err);
+	return products(m, ws, 1, mm_in_of(m, x, ldx, reuse_x), n_tok, ys, &ldy, no_qkv, err);
 }
 
 int
@@ -1285,7 +1300,7 @@ cuda_matmul_multi(struct cuda_mm *m, const struct cuda_weight *const *w, int n_w
 
 	if (n_w < 1 || n_w > MM_MAX_OUT)
 		return err_set(err, ERR_INVAL, "%d weights in one product (1..%d)", n_w, MM_MAX_OUT);
-	return products(m, w, n_w, x, ldx, n_tok, y, ldy, reuse_x, no_qkv, err);
+	return products(m, w, n_w, mm_in_of(m, x, ldx, reuse_x), n_tok, y, ldy, no_qkv, err);
 }
 
 /*
@@ -1318,29 +1333,28 @@ int
 cuda_matmul_glu(struct cuda_mm *m, const struct cuda_weight *gate, const struct cuda_weight *up, const float *x,
     int ldx, int n_tok, const struct cuda_glu16 *g, int reuse_x, char *err)
 {
+	struct mm_in in = mm_in_of(m, x, ldx, reuse_x);
 	struct cuda_weight all;
 	int rc;
 
 	if (!glu_route(m, gate, up, n_tok, &all))
 		return err_set(err, ERR_UNSUPPORTED, "cuda_matmul_glu: weights or a token count it does not serve");
-	if (!reuse_x && (rc = to_f16(m, x, ldx, (int)gate->k, n_tok, err)) != 0)
+	if ((rc = in_f16(m, in, (int)gate->k, n_tok, err)) != 0)
 		return rc;
-	return cuda_qgemm_glu(m, &all, n_tok, g, err);
+	return cuda_qgemm_glu(m, &all, in.h, n_tok, g, err);
 }
 
 int
-cuda_matmul_h16(struct cuda_mm *m, const struct cuda_weight *w, struct cuda_h16 in, int n_tok, float *y, int ldy,
+cuda_matmul_h16(struct cuda_mm *m, const struct cuda_weight *w, struct cuda_h16 h, int n_tok, float *y, int ldy,
     char *err)
 {
-	struct cuda_h16 keep = { m->xh, m->xscale };
-	int rc;
+	const struct cuda_weight *ws[1] = { w };
+	float *ys[1] = { y };
+	struct mm_in in = { NULL, (int)w->k, h, 1 };
 
 	if (n_tok <= m->mmv_max)
 		return err_set(err, ERR_INVAL, "cuda_matmul_h16: %d tokens take the matrix-vector kernels", n_tok);
-	m->xh = in.h, m->xscale = in.scale;
-	rc = cuda_matmul(m, w, NULL, (int)w->k, n_tok, y, ldy, 1, err);
-	m->xh = keep.h, m->xscale = keep.scale;
-	return rc;
+	return products(m, ws, 1, in, n_tok, ys, &ldy, no_qkv, err);
 }
 
 int
@@ -1368,7 +1382,7 @@ cuda_matmul_qkv(struct cuda_mm *m, const struct cuda_weight *const *w, const flo
 
 	if (!cuda_matmul_qkv_fits(m, w, n_tok, hd, kv))
 		return err_set(err, ERR_UNSUPPORTED, "cuda_matmul_qkv: weights, heads or pool it does not serve");
-	return products(m, w, 3, x, ldx, n_tok, y, ld, reuse_x, e, err);
+	return products(m, w, 3, mm_in_of(m, x, ldx, reuse_x), n_tok, y, ld, e, err);
 }
 
 int

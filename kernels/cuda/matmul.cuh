@@ -46,7 +46,7 @@ struct cuda_weight {
 struct cuda_mm {
 	cublasHandle_t blas;
 	cudaStream_t stream;
-	__half *xh;        /* max_tokens x widest input */
+	__half *xh;        /* max_tokens x widest input: the fp16 form products make of their float input */
 	float *xscale;     /* max_tokens: the power of two each row of xh was divided by */
 	__half *wh;        /* wh_elems: rows of a weight, dequantized */
 	int64_t wh_elems;
@@ -199,9 +199,9 @@ int cuda_matmul_glu_fits(const struct cuda_mm *m, const struct cuda_weight *gate
 
 /*
  * cuda_matmul of n_tok tokens (more than m->mmv_max) whose fp16 form is
- * in[] instead of m->xh, m->xscale: the down product after cuda_matmul_glu.
+ * h, made by another kernel (the down product after cuda_matmul_glu).
  */
-int cuda_matmul_h16(struct cuda_mm *m, const struct cuda_weight *w, struct cuda_h16 in, int n_tok, float *y, int ldy,
+int cuda_matmul_h16(struct cuda_mm *m, const struct cuda_weight *w, struct cuda_h16 h, int n_tok, float *y, int ldy,
     char *err);
 
 /*
@@ -337,10 +337,11 @@ int cuda_qgemm_type(const struct cuda_weight *w);
 
 /*
  * The rows of w (every output of out, stored one after the other) times
- * n_tok tokens whose fp16 rows are in m->xh (k apart, divided by
- * m->xscale[t]), into out; on m->stream, using m->part for split sums.
+ * n_tok tokens whose fp16 rows are in in.h (k apart, divided by
+ * in.scale[t]), into out; on m->stream, using m->part for split sums.
  */
-int cuda_qgemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct mm_out *out, char *err);
+int cuda_qgemm(struct cuda_mm *m, const struct cuda_weight *w, struct cuda_h16 in, int n_tok, const struct mm_out *out,
+    char *err);
 
 /*
  * The tokens of the tiles cuda_qgemm computes for n_tok tokens (at least
@@ -353,13 +354,13 @@ int cuda_qgemm_tokens(int n_tok);
  * The grouped products of a mixture of experts: tiles[0] tiles (at most
  * max_tiles), each three ints (expert e, first row r0, rows n <= bn): the
  * rows of expert e's weight (expert 0's is w, e's stride bytes after it)
- * times rows r0 .. r0 + n - 1 of the fp16 tokens in m->xh (k apart,
- * divided by m->xscale[row]), into the same rows of out. A weight is read
+ * times rows r0 .. r0 + n - 1 of the fp16 tokens in in.h (k apart,
+ * divided by in.scale[row]), into the same rows of out. A weight is read
  * once per tile of its rows, however many tokens chose it. One launch; the
  * tiles come from the device (no host round trip): the grid is max_tiles.
  */
-int cuda_qgemm_grouped(struct cuda_mm *m, const struct cuda_weight *w, size_t stride, int n_rows, const int32_t *tiles,
-    int max_tiles, int bn, const struct mm_out *out, char *err);
+int cuda_qgemm_grouped(struct cuda_mm *m, const struct cuda_weight *w, size_t stride, struct cuda_h16 in, int n_rows,
+    const int32_t *tiles, int max_tiles, int bn, const struct mm_out *out, char *err);
 
 /* Tokens of a grouped product's tiles for n_rows rows over about n_groups experts: a tile shape's. */
 int cuda_qgemm_grouped_bn(int n_rows, int n_groups);
@@ -392,11 +393,12 @@ int cuda_qgemm_glu_whole(const struct cuda_mm *m, const struct cuda_weight *w, i
 
 /*
  * The wgmma form's GLU form: w (gate, then up; g->ff rows each) times the
- * n_tok tokens in m->xh, into g. Right for any w the form takes whose rows
+ * n_tok tokens in in, into g. Right for any w the form takes whose rows
  * are a multiple of 128; as fast as the two products only where
  * cuda_qgemm_glu_whole says so, which the caller checks.
  */
-int cuda_qgemm_glu(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct cuda_glu16 *g, char *err);
+int cuda_qgemm_glu(struct cuda_mm *m, const struct cuda_weight *w, struct cuda_h16 in, int n_tok,
+    const struct cuda_glu16 *g, char *err);
 
 /* Floats of split sums cuda_qgemm wants on a device of sms multiprocessors (cuda_mm.part). */
 int64_t cuda_qgemm_part_elems(int sms);
@@ -424,7 +426,7 @@ int cuda_mmt_fits(const struct cuda_mm *m, const struct cuda_weight *w, int n_to
  * the other type, same input), one launch; no split sums. Where e.q is set
  * the rows go to e (cuda_matmul_qkv), else to out.
  */
-int cuda_mmt(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weight *w2, int n_tok,
+int cuda_mmt(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weight *w2, struct cuda_h16 in, int n_tok,
     const struct mm_out *out, const struct mm_qkv &e, char *err);
 
 #endif

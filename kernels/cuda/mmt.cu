@@ -339,23 +339,23 @@ cuda_mmt_fits(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok)
 
 template <int TY, int TY2, int W, bool QKV>
 static int
-mmt_launch(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, int nb_a, int k, int n_tok,
-    const struct mm_out *out, const struct mm_qkv &e, unsigned grid, char *err)
+mmt_launch(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, int nb_a, int k, struct cuda_h16 in,
+    int n_tok, const struct mm_out *out, const struct mm_qkv &e, unsigned grid, char *err)
 {
 	CK(cuda_launch(mmt_kernel<TY, TY2, W, QKV>, dim3(grid), dim3(W * WARP), 0, m->stream, a, b, nb_a, k, n_tok,
-	    (const __half *)m->xh, (const float *)m->xscale, *out, mm_e_of<QKV>(e)));
+	    (const __half *)in.h, (const float *)in.scale, *out, mm_e_of<QKV>(e)));
 	return 0;
 }
 
 /* The kernel of a's and b's types in blocks of W warps, storing to e where e.q is set. */
 template <int TY, int TY2, int W>
 static int
-mmt_go(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, int nb_a, int k, int n_tok,
-    const struct mm_out *out, const struct mm_qkv &e, unsigned grid, char *err)
+mmt_go(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, int nb_a, int k, struct cuda_h16 in,
+    int n_tok, const struct mm_out *out, const struct mm_qkv &e, unsigned grid, char *err)
 {
 	if (e.q != NULL)
-		return mmt_launch<TY, TY2, W, true>(m, a, b, nb_a, k, n_tok, out, e, grid, err);
-	return mmt_launch<TY, TY2, W, false>(m, a, b, nb_a, k, n_tok, out, e, grid, err);
+		return mmt_launch<TY, TY2, W, true>(m, a, b, nb_a, k, in, n_tok, out, e, grid, err);
+	return mmt_launch<TY, TY2, W, false>(m, a, b, nb_a, k, in, n_tok, out, e, grid, err);
 }
 
 /*
@@ -366,41 +366,41 @@ mmt_go(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, int nb
  */
 template <int TY, int TY2>
 static int
-mmt_types(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, int k, int n_tok,
+mmt_types(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, int k, struct cuda_h16 in, int n_tok,
     const struct mm_out *out, const struct mm_qkv &e, char *err)
 {
 	int nb_a = (a.n + MMT_ROWS - 1) / MMT_ROWS;
 	unsigned grid = (unsigned)(nb_a + (b.n + MMT_ROWS - 1) / MMT_ROWS);
 
 	if (grid > (unsigned)(2 * m->sms) && grid <= (unsigned)(3 * m->sms))
-		return mmt_go<TY, TY2, MMT_THIRD>(m, a, b, nb_a, k, n_tok, out, e, grid, err);
+		return mmt_go<TY, TY2, MMT_THIRD>(m, a, b, nb_a, k, in, n_tok, out, e, grid, err);
 	if (grid < (unsigned)(MMT_WIDE_PER_SM * m->sms))
-		return mmt_go<TY, TY2, MMT_WIDE>(m, a, b, nb_a, k, n_tok, out, e, grid, err);
-	return mmt_go<TY, TY2, MMT_WARPS>(m, a, b, nb_a, k, n_tok, out, e, grid, err);
+		return mmt_go<TY, TY2, MMT_WIDE>(m, a, b, nb_a, k, in, n_tok, out, e, grid, err);
+	return mmt_go<TY, TY2, MMT_WARPS>(m, a, b, nb_a, k, in, n_tok, out, e, grid, err);
 }
 
 /* As mmt_types<TY, TY2>, TY2 the type of b's rows (none: 0). */
 template <int TY>
 static int
-mmt_second(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, uint32_t type2, int k, int n_tok,
-    const struct mm_out *out, const struct mm_qkv &e, char *err)
+mmt_second(struct cuda_mm *m, const struct mm_seg &a, const struct mm_seg &b, uint32_t type2, int k,
+    struct cuda_h16 in, int n_tok, const struct mm_out *out, const struct mm_qkv &e, char *err)
 {
 	switch (type2) {
-	case 0: return mmt_types<TY, 0>(m, a, b, k, n_tok, out, e, err);
+	case 0: return mmt_types<TY, 0>(m, a, b, k, in, n_tok, out, e, err);
 	case TT_Q4_K:
 		if constexpr (TY != TT_Q4_K)
-			return mmt_types<TY, TT_Q4_K>(m, a, b, k, n_tok, out, e, err);
+			return mmt_types<TY, TT_Q4_K>(m, a, b, k, in, n_tok, out, e, err);
 		break;
 	case TT_Q6_KG:
 		if constexpr (TY != TT_Q6_KG)
-			return mmt_types<TY, TT_Q6_KG>(m, a, b, k, n_tok, out, e, err);
+			return mmt_types<TY, TT_Q6_KG>(m, a, b, k, in, n_tok, out, e, err);
 		break;
 	}
 	return err_set(err, ERR_UNSUPPORTED, "no few-token tensor-core kernel for types %u and %u", TY, type2);
 }
 
 int
-cuda_mmt(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weight *w2, int n_tok,
+cuda_mmt(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weight *w2, struct cuda_h16 in, int n_tok,
     const struct mm_out *out, const struct mm_qkv &e, char *err)
 {
 	struct mm_seg a, b;
@@ -410,6 +410,6 @@ cuda_mmt(struct cuda_mm *m, const struct cuda_weight *w, const struct cuda_weigh
 		    n_tok);
 	mm_segs(w, w2, &a, &b);
 	if (w->type == TT_Q4_K)
-		return mmt_second<TT_Q4_K>(m, a, b, w2 != NULL ? w2->type : 0, (int)w->k, n_tok, out, e, err);
-	return mmt_second<TT_Q6_KG>(m, a, b, w2 != NULL ? w2->type : 0, (int)w->k, n_tok, out, e, err);
+		return mmt_second<TT_Q4_K>(m, a, b, w2 != NULL ? w2->type : 0, (int)w->k, in, n_tok, out, e, err);
+	return mmt_second<TT_Q6_KG>(m, a, b, w2 != NULL ? w2->type : 0, (int)w->k, in, n_tok, out, e, err);
 }

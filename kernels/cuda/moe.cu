@@ -364,12 +364,12 @@ moe_grouped(struct cuda_mm *m, const struct cuda_moe *e, struct cuda_moe_scratch
 	rc = q ? cuda_quant_rows(m, h, n_embd, n_embd, r->row_slot, k, R, err) :
 		 cuda_to_f16_rows(h, n_embd, n_embd, r->row_slot, k, R, xh, m->stream, err);
 	if (rc != 0 || (rc = q ? cuda_matmul_grouped_int8(m, &e->gu, e->gu_stride, r->tiles, max_tiles, r->bn, &gu, err) :
-	    cuda_qgemm_grouped(m, &e->gu, e->gu_stride, R, r->tiles, max_tiles, r->bn, &gu, err)) != 0 ||
+	    cuda_qgemm_grouped(m, &e->gu, e->gu_stride, xh, R, r->tiles, max_tiles, r->bn, &gu, err)) != 0 ||
 	    (rc = cuda_moe_glu(s->gate, s->up, R, F, r->row_expert, e->gate_b, e->up_b, e->act, q ? no_h16 : xh,
 	    q ? q8 : no_q8, m->stream, err)) != 0)
 		return rc;
 	return q ? cuda_matmul_grouped_int8(m, &e->down, e->down_stride, r->tiles, max_tiles, r->bn, &dn, err) :
-		   cuda_qgemm_grouped(m, &e->down, e->down_stride, R, r->tiles, max_tiles, r->bn, &dn, err);
+		   cuda_qgemm_grouped(m, &e->down, e->down_stride, xh, R, r->tiles, max_tiles, r->bn, &dn, err);
 }
 
 int

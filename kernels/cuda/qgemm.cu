@@ -508,9 +508,10 @@ cuda_qgemm_type(const struct cuda_weight *w)
 }
 
 int
-cuda_qgemm(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct mm_out *out, char *err)
+cuda_qgemm(struct cuda_mm *m, const struct cuda_weight *w, struct cuda_h16 in, int n_tok, const struct mm_out *out,
+    char *err)
 {
-	struct qg_args a = { w->d, w->row_bytes, (int)w->k, (int)w->n, n_tok, m->xh, m->xscale, *out, NULL };
+	struct qg_args a = { w->d, w->row_bytes, (int)w->k, (int)w->n, n_tok, in.h, in.scale, *out, NULL };
 
 	if (cuda_qgemm_wg(m, w, n_tok))
 		return qw_product(m, w->type, a, err);
@@ -557,10 +558,10 @@ cuda_qgemm_grouped_bn(int n_rows, int n_groups)
 }
 
 int
-cuda_qgemm_grouped(struct cuda_mm *m, const struct cuda_weight *w, size_t stride, int n_rows, const int32_t *tiles,
-    int max_tiles, int bn, const struct mm_out *out, char *err)
+cuda_qgemm_grouped(struct cuda_mm *m, const struct cuda_weight *w, size_t stride, struct cuda_h16 in, int n_rows,
+    const int32_t *tiles, int max_tiles, int bn, const struct mm_out *out, char *err)
 {
-	struct qg_args a = { w->d, w->row_bytes, (int)w->k, (int)w->n, n_rows, m->xh, m->xscale, *out, NULL };
+	struct qg_args a = { w->d, w->row_bytes, (int)w->k, (int)w->n, n_rows, in.h, in.scale, *out, NULL };
 
 	switch (w->type) {
 #define QT_CASE(TY) case TY: return qg_grouped_dispatch<TY>(m, a, tiles, max_tiles, bn, stride, err);

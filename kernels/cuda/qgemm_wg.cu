@@ -705,28 +705,29 @@ qw_product(struct cuda_mm *m, uint32_t type, const struct qg_args &a, char *err)
 	return qw_form_of(m, type, a, [&](auto f) { return qg_launch<decltype(f)::TYPE, decltype(f)>(m, a, err); });
 }
 
-/* w's product with the tokens in m->xh, into no outputs (the GLU form's stores are its own). */
+/* w's product with the tokens in, into no outputs (the GLU form's stores are its own). */
 static struct qg_args
-qw_args(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok)
+qw_args(const struct cuda_weight *w, struct cuda_h16 in, int n_tok)
 {
 	struct mm_out none = { { NULL }, { 0 }, { 0 }, 0 };
 
-	return { w->d, w->row_bytes, (int)w->k, (int)w->n, n_tok, m->xh, m->xscale, none, NULL };
+	return { w->d, w->row_bytes, (int)w->k, (int)w->n, n_tok, in.h, in.scale, none, NULL };
 }
 
 int
 cuda_qgemm_glu_whole(const struct cuda_mm *m, const struct cuda_weight *w, int n_tok)
 {
-	struct qg_args a = qw_args(m, w, n_tok);
+	struct qg_args a = qw_args(w, { NULL, NULL }, n_tok); /* the plan reads only the shapes */
 
 	return cuda_qgemm_wg(m, w, n_tok) && w->n % 128 == 0 &&
 	    qw_form_of(m, w->type, a, [&](auto f) { return decltype(f)::whole(m, a); }) == 1;
 }
 
 int
-cuda_qgemm_glu(struct cuda_mm *m, const struct cuda_weight *w, int n_tok, const struct cuda_glu16 *g, char *err)
+cuda_qgemm_glu(struct cuda_mm *m, const struct cuda_weight *w, struct cuda_h16 in, int n_tok,
+    const struct cuda_glu16 *g, char *err)
 {
-	struct qg_args a = qw_args(m, w, n_tok);
+	struct qg_args a = qw_args(w, in, n_tok);
 
 	if (!cuda_qgemm_wg_type(w) || w->n % 128 != 0 || 2 * (int64_t)g->ff != w->n)
 		return err_set(err, ERR_UNSUPPORTED, "no GLU form for %lld rows of type %u", (long long)w->n, w->type);
