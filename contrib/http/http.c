@@ -253,6 +253,29 @@ metrics_reply(struct evhttp_request *req, const char *model, json_t *const *resu
 	evbuffer_free(buf);
 }
 
+/*
+ * GET / (and HEAD): what Ollama answers there, since its clients take a 200
+ * at the root for a server that is up (its Go client's Heartbeat is a HEAD /,
+ * and apps probe with a GET and look for the text).
+ */
+static void
+route_root(struct evhttp_request *req)
+{
+	static const char text[] = "Ollama is running";
+	struct evbuffer *buf = evbuffer_new();
+	struct api_error e;
+
+	if (buf == NULL) {
+		api_nomem(&e);
+		http_send_error(req, &e);
+		return;
+	}
+	evbuffer_add(buf, text, sizeof text - 1);
+	http_add_header(req, "Content-Type", "text/plain; charset=utf-8");
+	evhttp_send_reply(req, 200, "OK", buf);
+	evbuffer_free(buf);
+}
+
 void
 http_route_none(struct evhttp_request *req, const char *path, const char *allow)
 {
@@ -267,7 +290,7 @@ http_route_none(struct evhttp_request *req, const char *path, const char *allow)
 		    "unknown request URL %s: resident-http serves OpenAI's GET /v1/models, "
 		    "POST /v1/chat/completions, /v1/completions and /v1/embeddings, Ollama's GET /api/version, "
 		    "/api/tags and /api/ps, POST /api/show, /api/chat, /api/generate, /api/embed and /api/embeddings, "
-		    "and GET /metrics", path);
+		    "GET / (Ollama's \"Ollama is running\") and GET /metrics", path);
 	}
 	http_send_error(req, &e);
 }
@@ -279,6 +302,7 @@ http_request_cb(struct evhttp_request *req, void *arg)
 	const char *path = evhttp_uri_get_path(evhttp_request_get_evhttp_uri(req));
 	int get = evhttp_request_get_command(req) == EVHTTP_REQ_GET;
 	int post = evhttp_request_get_command(req) == EVHTTP_REQ_POST;
+	int head = evhttp_request_get_command(req) == EVHTTP_REQ_HEAD;
 	struct api_error e;
 
 	if (!conn_request(oa, req))
@@ -320,6 +344,11 @@ http_request_cb(struct evhttp_request *req, void *arg)
 			call_ops(oa, req, "GET /metrics", API_OPENAI, NULL, status, NULL, metrics_reply, NULL);
 		else
 			http_route_none(req, path, "GET");
+	} else if (strcmp(path, "/") == 0) {
+		if (get || head)
+			route_root(req);
+		else
+			http_route_none(req, path, "GET, HEAD");
 	} else {
 		http_route_none(req, path, NULL);
 	}

@@ -175,6 +175,10 @@ def check_models(ck, b, d, dc):
     r = httpx.get(b.http + "/api/version")
     ck.ok(r.status_code == 200 and re.fullmatch(r"\d+\.\d+\.\d+", r.json()["version"]), "version: %r" % r.text)
     ck.eq(httpx.head(b.http + "/api/version").status_code, 200, "version: HEAD")
+    # the root is where Ollama's clients look for a server: its Go client's Heartbeat (HEAD), apps' probes (GET)
+    r = httpx.get(b.http + "/")
+    ck.eq((r.status_code, r.text), (200, "Ollama is running"), "GET /: Ollama's answer")
+    ck.eq(httpx.head(b.http + "/").status_code, 200, "HEAD /: Ollama's heartbeat")
 
     for bad in ("nope", "nope:latest", name + ":7b", name.upper()):
         error(ck, lambda: cl.chat(model=bad, messages=ASK), 404, "chat with %r" % bad, "model '%s' not found" % bad)
