@@ -726,14 +726,19 @@ info_uint(json_t *info, const char *prefix, const char *name, const json_t *mode
 	json_object_set_new(info, key, json_integer(json_integer_value(v)));
 }
 
-/* What a family of templates renders: tool calls, reasoning apart (PROTOCOL.md, Tool calls and Reasoning). */
+/*
+ * What a model serves: "embedding" for a model that pools (Ollama's test is
+ * a pooling type), else "completion", as Ollama has it one or the other (its
+ * clients pick embedding models by it); then what its family of templates
+ * renders: tool calls, reasoning apart (PROTOCOL.md, Tool calls and Reasoning).
+ */
 static json_t *
 capabilities(const json_t *model)
 {
 	static const char *const tools[] = { "llama3", "chatml", "qwen3", "mistral", "harmony", "gemma" };
 	static const char *const thinking[] = { "qwen3", "harmony" };
 	const char *t = str(model, "template");
-	json_t *a = json_pack("[s]", "completion");
+	json_t *a = json_pack("[s]", str(model, "pooling")[0] != '\0' ? "embedding" : "completion");
 	size_t i;
 
 	if (str(model, "template_error")[0] != '\0')

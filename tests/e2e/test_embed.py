@@ -340,6 +340,9 @@ def check_ollama(ck, b, name, ref):
     ck.eq(len(r.embeddings[0]), 32, "the ollama package's embed, dimensions 32, keep_alive -1")
     r = oc.embeddings(model=name, prompt=TEXTS[0])
     ck.ok(max_diff(r.embedding, ref[0]) < 1e-6, "the ollama package's embeddings (the older route)")
+    caps = oc.show(name).capabilities or []
+    ck.ok("embedding" in caps and "completion" not in caps,
+          "the ollama package's show: an embedding model's capabilities are embedding, not completion: %r" % caps)
     ck.raises(lambda: oc.embed(model=name, input="word " * 1100, truncate=False), ollama.ResponseError,
               "the ollama package: an input over the context with truncate false")
 

@@ -525,6 +525,11 @@ test_model_routes(void **state)
 	assert_string_equal(json_string_value(json_object_get(json_object_get(o, "details"), "parameter_size")), "7B");
 	assert_json(json_object_get(o, "capabilities"), "[\"completion\", \"tools\"]");
 	json_decref(o);
+	/* an embedding model (one that pools) is Ollama's "embedding" in place of "completion" */
+	json_object_set_new(shown, "pooling", json_string("last"));
+	o = ollama_show(shown, 0);
+	assert_json(json_object_get(o, "capabilities"), "[\"embedding\", \"tools\"]");
+	json_decref(o);
 	json_decref(list), json_decref(status), json_decref(shown);
 }
 
