@@ -28,7 +28,7 @@ static const struct api_num_field num_fields[] = {
 	{ "max_tokens", "max_tokens", API_NUM_POSITIVE },
 	{ "temperature", "temperature", API_NUM_FLOAT },
 	{ "top_p", "top_p", API_NUM_FLOAT },
-	{ "seed", "seed", API_NUM_UINT },
+	{ "seed", "seed", API_NUM_SEED },
 	{ "presence_penalty", "presence_penalty", API_NUM_FLOAT },
 	{ "frequency_penalty", "frequency_penalty", API_NUM_FLOAT },
 	/* not OpenAI's: resident's own sampling fields, for extra_body */
@@ -102,11 +102,33 @@ api_think(const json_t *v, const char *const names[][2], size_t n)
 	return NULL;
 }
 
+/* The value v of field f into *n, checked for its kind. 0, or -1 with *e. */
+static int
+num_value(const json_t *v, const struct api_num_field *f, struct api_num *n, struct api_error *e)
+{
+	int least = f->kind == API_NUM_POSITIVE;
+
+	n->key = f->key;
+	if (f->kind == API_NUM_FLOAT) {
+		if (!json_is_number(v))
+			return api_bad(e, f->field, "%s must be a number", f->field);
+		n->f = json_number_value(v);
+		return 0;
+	}
+	if (!json_is_integer(v))
+		return api_bad(e, f->field, "%s must be an integer", f->field);
+	/* a negative seed stays a seed of its own: same seed, same output, as OpenAI's API has it */
+	if (f->kind != API_NUM_SEED && json_integer_value(v) < least)
+		return api_bad(e, f->field, "%s must be an integer of at least %d", f->field, least);
+	n->is_uint = 1;
+	n->u = (uint64_t)json_integer_value(v);
+	return 0;
+}
+
 int
 api_parse_nums(const json_t *o, const struct api_num_field *fields, size_t n_fields, struct api_req *r,
     struct api_error *e)
 {
-	struct api_num *n;
 	json_t *v;
 	size_t i;
 	int j, dup;
@@ -118,19 +140,8 @@ api_parse_nums(const json_t *o, const struct api_num_field *fields, size_t n_fie
 			dup |= strcmp(r->nums[j].key, fields[i].key) == 0;
 		if (dup)
 			continue;
-		n = &r->nums[r->n_nums];
-		n->key = fields[i].key;
-		if (fields[i].kind == API_NUM_FLOAT) {
-			if (!json_is_number(v))
-				return api_bad(e, fields[i].field, "%s must be a number", fields[i].field);
-			n->f = json_number_value(v);
-		} else {
-			if (!json_is_integer(v) || json_integer_value(v) < (fields[i].kind == API_NUM_POSITIVE))
-				return api_bad(e, fields[i].field, "%s must be an integer of at least %d",
-				    fields[i].field, fields[i].kind == API_NUM_POSITIVE);
-			n->is_uint = 1;
-			n->u = (uint64_t)json_integer_value(v);
-		}
+		if (num_value(v, &fields[i], &r->nums[r->n_nums], e) != 0)
+			return -1;
 		r->n_nums++;
 	}
 	return 0;

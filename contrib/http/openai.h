@@ -61,8 +61,12 @@ struct api_error {
 	char message[512];
 };
 
-/* A numeric field of a request's JSON and the generate field it sets. */
-enum api_num_kind { API_NUM_FLOAT, API_NUM_UINT, API_NUM_POSITIVE };
+/*
+ * A numeric field of a request's JSON and the generate field it sets.
+ * API_NUM_SEED: any int64 (OpenAI's seed), a negative one sent as the uint
+ * of the same 64 bits.
+ */
+enum api_num_kind { API_NUM_FLOAT, API_NUM_UINT, API_NUM_POSITIVE, API_NUM_SEED };
 struct api_num_field {
 	const char *field, *key;
 	enum api_num_kind kind;

@@ -189,6 +189,11 @@ def check_sampling(ck, oc, dc):
     want = daemon_gen(dc, messages=msgs, max_tokens=30, temperature=1.5, seed=7).text
     ck.ok(a == b == want, "seed: the same seed gives the daemon's text again")
     ck.ok(a != c, "seed: another seed gives another text")
+    # OpenAI's seed is any int64: a negative one is the daemon's seed of the same 64 bits
+    neg = [oc.chat.completions.create(model=MODEL, messages=msgs, max_tokens=30, temperature=1.5, seed=-7)
+           .choices[0].message.content for _ in range(2)]
+    want = daemon_gen(dc, messages=msgs, max_tokens=30, temperature=1.5, seed=2**64 - 7).text
+    ck.ok(neg[0] == neg[1] == want, "seed -7: taken, the daemon's seed 2**64-7, the same text again")
     r = oc.chat.completions.create(model=MODEL, messages=msgs, max_completion_tokens=3)
     ck.eq(r.usage.completion_tokens, 3, "max_completion_tokens")
 

@@ -101,6 +101,13 @@ test_chat_request(void **state)
 	parse_ok(API_CHAT, CHAT(", \"reasoning_effort\": \"none\""), NULL, &r);
 	assert_string_equal(r.think, "off");
 	api_req_free(&r);
+	/* OpenAI's seed is any int64: a negative one is the daemon's seed of the same 64 bits */
+	parse_ok(API_CHAT, CHAT(", \"seed\": -1"), NULL, &r);
+	assert_true(num(&r, "seed")->is_uint && num(&r, "seed")->u == UINT64_MAX);
+	api_req_free(&r);
+	parse_ok(API_COMPLETION, "{\"model\": \"m\", \"prompt\": \"x\", \"seed\": -9223372036854775808}", NULL, &r);
+	assert_true(num(&r, "seed")->u == UINT64_C(1) << 63);
+	api_req_free(&r);
 }
 
 static void
@@ -139,7 +146,7 @@ test_bad_requests(void **state)
 		  "[{\"type\": \"image_url\", \"image_url\": {}}]}]}", "messages", "only text parts" },
 		{ API_CHAT, CHAT(", \"temperature\": \"hot\""), "temperature", "must be a number" },
 		{ API_CHAT, CHAT(", \"max_tokens\": 0"), "max_tokens", "at least 1" },
-		{ API_CHAT, CHAT(", \"seed\": -1"), "seed", "at least 0" },
+		{ API_CHAT, CHAT(", \"seed\": 1.5"), "seed", "must be an integer" },
 		{ API_CHAT, CHAT(", \"stop\": [1]"), "stop", "array of strings" },
 		{ API_CHAT, CHAT(", \"reasoning_effort\": \"hard\""), "reasoning_effort", "must be \"none\"" },
 		{ API_CHAT, CHAT(", \"n\": 9"), "n", "from 1 to 8" },
