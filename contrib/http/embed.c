@@ -6,7 +6,7 @@
  * base64; dimensions; usage), Ollama's POST /api/embed (input a string or
  * an array of strings; truncate, true by default; dimensions; keep_alive;
  * its durations in nanoseconds) and its older /api/embeddings (prompt ->
- * embedding).
+ * embedding). An Ollama request of no input is a model.load, as Ollama's.
  */
 #include "config.h"
 #include "openai.h"
@@ -191,13 +191,39 @@ embed_reply(struct evhttp_request *req, const char *model, json_t *const *result
 	http_send_vectors(req, body);
 }
 
+/*
+ * Whether an Ollama body that names a model asks for no vectors (input
+ * absent, "" or [], prompt absent or ""): Ollama then loads the model and
+ * answers none, which its clients send to load an embedding model ahead.
+ */
+static int
+embed_empty(enum embed_shape route, const json_t *o)
+{
+	const json_t *in = api_field(o, route == EMBED_OLLAMA_OLD ? "prompt" : "input");
+
+	if (route == EMBED_OPENAI || !json_is_string(api_field(o, "model")))
+		return 0;
+	return in == NULL || (json_is_string(in) && json_string_length(in) == 0) ||
+	    (json_is_array(in) && json_array_size(in) == 0);
+}
+
+/* The reply of an empty request once model.load answered: Ollama's, with no vectors. */
+static void
+loaded_reply(struct evhttp_request *req, const char *model, json_t *const *results, void *arg)
+{
+	if (*(const enum embed_shape *)arg == EMBED_OLLAMA_OLD)
+		http_send_json(req, 200, json_pack("{s[]}", "embedding"));
+	else
+		http_send_json(req, 200, json_pack("{ss s[]}", "model", model, "embeddings"));
+}
+
 int
 embed_route(struct oa *oa, struct evhttp_request *req, const char *path)
 {
 	static const struct { const char *path; enum embed_shape shape; } routes[] = {
 		{ "/v1/embeddings", EMBED_OPENAI }, { "/api/embed", EMBED_OLLAMA }, { "/api/embeddings", EMBED_OLLAMA_OLD },
 	};
-	static const char *const ops[] = { "embed", NULL };
+	static const char *const ops[] = { "embed", NULL }, *const load[] = { "model.load", NULL };
 	enum embed_shape shape;
 	struct api_error e;
 	const json_t *model;
@@ -221,6 +247,12 @@ embed_route(struct oa *oa, struct evhttp_request *req, const char *path)
 		/* e says why */
 	} else if ((model = api_field(o, "model")) != NULL && !json_is_string(model)) {
 		api_bad(&e, "model", "model must be a string");
+	} else if (embed_empty(routes[i].shape, o)) {
+		call_ops(oa, req, routes[i].path, API_OLLAMA_CHAT, json_string_value(model), load, NULL, loaded_reply,
+		    (void *)&shapes[routes[i].shape]);
+		json_decref(o);
+		rs_params_free(p);
+		return 1;
 	} else if (embed_params(routes[i].shape, o, p, &shape, &e) != 0) {
 		/* e says why */
 	} else {

@@ -305,7 +305,16 @@ def check_bridge(ck, c, d, m, ref):
         ck.ok(st == 200 and body["prompt_eval_count"] == 1024, "/api/embed cuts to the context by default")
         st, body = post(b, "/api/embeddings", {"model": name, "prompt": TEXTS[0]})
         ck.ok(st == 200 and max_diff(body.get("embedding", [0]), ref[0]) < 1e-6, "POST /api/embeddings (prompt)")
-        check_openai(ck, b, name, ref)
+        # no input: Ollama loads the model and answers no vectors (its clients' way to load one ahead)
+        loaded = lambda: next(m for m in c.call("model.list")["models"] if m["name"] == name)["loaded"]
+        for path, empty, want in (("/api/embed", {"input": []}, {"model": name, "embeddings": []}),
+                                  ("/api/embed", {"input": ""}, {"model": name, "embeddings": []}),
+                                  ("/api/embeddings", {"prompt": ""}, {"embedding": []}),
+                                  ("/api/embeddings", {}, {"embedding": []})):
+            c.call("model.unload", model=name)
+            st, body = post(b, path, dict(model=name, **empty))
+            ck.ok((st, body, loaded()) == (200, want, True), "%s %s: the model loaded, no vectors: %d %s" %
+                  (path, empty, st, body))
         check_ollama(ck, b, name, ref)
     finally:
         ck.eq(b.stop(), 0, "resident-http exits 0 on SIGTERM")
