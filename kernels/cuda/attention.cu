@@ -12,9 +12,9 @@
  * block table (a sequence's blocks need not be contiguous); each K and V
  * row is read from memory once for all the heads of its group. Prefill
  * tiles (kv->fa_tiles) go to flash.cu's tensor-core kernel first; the
- * kernels here leave their tokens out. A step of one token has no qk
- * launch where the product cannot do its work: the attention blocks do it
- * (attn_new_token).
+ * kernels here leave their tokens out. A decode step (each token its
+ * sequence's only one) has no qk launch where the product cannot do its
+ * work: the attention blocks do it (attn_new_token).
  */
 #include "attention.cuh"
 #include "tc.cuh"
@@ -299,7 +299,7 @@ kv_groups(int d)
  * and V tiles (with a q8 pool, T int8_t, its rows as they are, then their
  * scales), the queries, a tile's scores (then weights, and with q8 the
  * weights scaled for each group) of every head, each head's correction
- * (then its max and sum), the step's new K and V rows (cuda_kv.k_new) and
+ * (then its max and sum), the token's new K and V rows (cuda_kv.k_new) and
  * with q8 their levels and scales.
  */
 template <typename T>
@@ -481,8 +481,9 @@ attn_k_warp(void)
 }
 
 /*
- * cuda_qk's work for a step of one token, in the attention block of that
- * token's KV head kvh (cuda_kv.k_new) at position pos, in pool block blk
+ * cuda_qk's work for token t of a decode step (each token its sequence's
+ * only one), in the attention block of that token's KV head kvh
+ * (cuda_kv.k_new) at position pos, in pool block blk
  * (both read before pdl_wait): warp g rotates query head h0 + g
  * (of ng) from q into qs, scaled, by cq (its qk_lane), or zeroes it past
  * ng; warp attn_k_warp rotates the new K row by ck and every thread adds
@@ -497,14 +498,15 @@ attn_k_warp(void)
 template <int D, typename T, int W, int NP, int NV>
 static __device__ void
 attn_new_token(const float *q, float *qs, float *kn, int8_t *kq, const struct cuda_heads &hp,
-    const struct cuda_kv &kv, int pos, size_t blk, int h0, int ng, int kvh, int own, const qk_lane<NP> &cq,
+    const struct cuda_kv &kv, int t, int pos, size_t blk, int h0, int ng, int kvh, int own, const qk_lane<NP> &cq,
     const qk_lane<NP> &ck, const float (&vb)[NV])
 {
 	int g = threadIdx.x / WARP, lane = threadIdx.x % WARP, nkv = hp.n_head_kv * D;
+	size_t kr = (size_t)t * nkv + (size_t)kvh * D; /* the token's K and V rows of this head */
 	float a[NP], b[NP], fp = (float)pos / hp.pos_div;
 
 	if (g < ATT_GROUP && g < ng) {
-		qk_head(q + (size_t)(h0 + g) * D, cq, hp, fp, a, b);
+		qk_head(q + ((size_t)t * hp.n_head + h0 + g) * D, cq, hp, fp, a, b);
 #pragma unroll
 		for (int u = 0; u < NP; u++)
 			if (lane + WARP * u < D / 2)
@@ -514,7 +516,7 @@ attn_new_token(const float *q, float *qs, float *kn, int8_t *kq, const struct cu
 			qs[g * D + i] = 0.0f;
 	}
 	if (g == attn_k_warp<W>()) {
-		qk_head(kv.k_new + (size_t)kvh * D, ck, hp, fp, a, b);
+		qk_head(kv.k_new + kr, ck, hp, fp, a, b);
 #pragma unroll
 		for (int u = 0; u < NP; u++)
 			if (lane + WARP * u < D / 2)
@@ -525,7 +527,7 @@ attn_new_token(const float *q, float *qs, float *kn, int8_t *kq, const struct cu
 		int d = threadIdx.x + i * W * WARP;
 
 		if (d < D)
-			kn[D + d] = kv.v_new[(size_t)kvh * D + d] + vb[i];
+			kn[D + d] = kv.v_new[kr + d] + vb[i];
 	}
 	__syncthreads();
 	if constexpr (sizeof(T) == 1) {
@@ -618,9 +620,11 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	 * them) were written by earlier steps: their copies start before
 	 * pdl_wait, under the kernel before (the positions and tables are the
 	 * step's staged copy, done before its first kernel); the rows of the
-	 * step's tokens are copied after it.
+	 * step's tokens are copied after it. With k_new every token is its
+	 * sequence's only one, so only its own row is new.
 	 */
-	int fresh = max(pos, seq_end) + 1 - (int)(gridDim.x / n_split), pre = fa || lo >= hi ? 0 : min(S, (hi - lo + TILE - 1) / TILE);
+	int fresh = kv.k_new != NULL ? pos : max(pos, seq_end) + 1 - (int)(gridDim.x / n_split);
+	int pre = fa || lo >= hi ? 0 : min(S, (hi - lo + TILE - 1) / TILE);
 	constexpr int NP = (D / 2 + WARP - 1) / WARP, NV = (D + NT - 1) / NT;
 	qk_lane<NP> cq = {}, ck = {};
 	float vb[NV] = {};
@@ -650,7 +654,7 @@ attn_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8
 	if (fa)
 		return;
 	if (kv.k_new != NULL) /* the pool's row is stored by one block of the KV head's: the share that holds it */
-		attn_new_token<D, T, W>(q, qs, kn, kq, hp, kv, pos, blk, h0, ng, kvh,
+		attn_new_token<D, T, W>(q, qs, kn, kq, hp, kv, t, pos, blk, h0, ng, kvh,
 		    blockIdx.y % ngb == 0 && lo <= pos && pos < hi, cq, ck, vb);
 	else
 		for (int i = threadIdx.x; i < ATT_GROUP * D; i += NT)

@@ -60,10 +60,11 @@ struct cuda_kv {
 	 */
 	const int32_t *tok_end;
 	/*
-	 * NULL, or for a step of one token its K and V rows as the product
-	 * left them (n_head_kv heads each), its q likewise: cuda_attention
-	 * does cuda_qk's work itself (the biases, the QK norm, the rotation
-	 * and the K/V write; one launch a layer less) and cuda_qk is not run.
+	 * NULL, or for a decode step (each token its sequence's only one, no
+	 * prefill tiles) its tokens' K and V rows as the product left them
+	 * (n_head_kv heads a token), their q likewise: cuda_attention does
+	 * cuda_qk's work itself (the biases, the QK norm, the rotation and the
+	 * K/V write; one launch a layer less) and cuda_qk is not run.
 	 */
 	const float *k_new, *v_new;
 	/*

@@ -431,7 +431,7 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	prof_mark(b, PH_ATTN);
 	kv.sms = b->mm.sms, kv.wide = b->att_wide;
 	kv.dec_tc = b->tc_decode_len > 0 && b->att_len >= b->tc_decode_len && !b->step_bidir ? b->tc_blocks : 0;
-	if (!fused && T == 1 && !fa && !b->step_bidir && !kv.dec_tc) /* the attention kernel does qk's work */
+	if (!fused && b->step_decode && !b->step_bidir && !kv.dec_tc) /* the attention kernel does qk's work */
 		kv.k_new = b->k, kv.v_new = b->v;
 	else if (!fused && (rc = cuda_qk(b->q, b->k, b->v, T, &hd, &kv, b->stream, err)) != 0)
 		return rc;
@@ -702,7 +702,7 @@ step_kernels(struct backend *b, int T, int n_logits, int n_embd, const struct st
 static int
 shape_eq(const struct step_shape *a, const struct step_shape *b)
 {
-	return a->n_tok == b->n_tok && a->n_logits == b->n_logits && a->att_len == b->att_len;
+	return a->n_tok == b->n_tok && a->n_logits == b->n_logits && a->att_len == b->att_len && a->decode == b->decode;
 }
 
 /* The cached graph of this shape, or a slot to capture it in (the least recently used). */
@@ -755,7 +755,7 @@ shape_steady(struct backend *b, const struct step_shape *sh)
 static int
 graph_step(struct backend *b, int T, int n_logits, const struct step_ints *dev, char *err)
 {
-	struct step_shape sh = { T, n_logits, b->att_len };
+	struct step_shape sh = { T, n_logits, b->att_len, b->step_decode };
 	int steady = shape_steady(b, &sh), hit, rc;
 	struct graph *g = find_graph(b, &sh, &hit);
 	cudaGraph_t graph = NULL;
@@ -1095,6 +1095,7 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 		return rc;
 	dev = step_ints(b, b->dev_ints);
 	b->step_bidir = bidir;
+	b->step_decode = batch->n_seqs == T;
 	b->step_T = T;
 	/*
 	 * an embedding step (hidden states, bidirectional attention) is no graph's shape, nor is one that brings

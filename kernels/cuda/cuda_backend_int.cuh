@@ -84,7 +84,7 @@ struct cuda_layer {
  * so one graph serves every step of the same token and logit-row counts.
  */
 struct step_shape {
-	int n_tok, n_logits, att_len;
+	int n_tok, n_logits, att_len, decode;
 };
 
 struct graph {
@@ -176,6 +176,7 @@ struct backend {
 	/* staging: tokens, positions, table offsets, logit rows, then the tables */
 	int32_t *host_ints, *dev_ints;
 	int step_bidir;              /* this step has a sequence that attends bidirectionally (its ends staged) */
+	int step_decode;             /* every token of this step is its sequence's only one (no prefill tiles) */
 	int64_t table_cap;
 	struct graph graphs[GRAPH_CACHE];
 	uint64_t graph_clock;

@@ -995,8 +995,8 @@ split_scratch(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_hea
 }
 
 /*
- * cuda_attention of q over kv's pool; with k (and v) a step of one token
- * whose K and V rows are given raw (cuda_kv.k_new), the pool copied back.
+ * cuda_attention of q over kv's pool; with k (and v) a decode step whose
+ * K and V rows are given raw (cuda_kv.k_new), the pool copied back.
  */
 static int
 attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_heads *hd,
@@ -1004,7 +1004,7 @@ attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_hea
     int8_t *q8, float *q8d, uint16_t *h16, float *h16s, char *err)
 {
 	size_t n = (size_t)n_tok * (size_t)hd->n_head * (size_t)hd->head_dim, qb = n * sizeof(float);
-	size_t kb = (size_t)hd->n_head_kv * (size_t)hd->head_dim * sizeof(float);
+	size_t kb = (size_t)n_tok * (size_t)hd->n_head_kv * (size_t)hd->head_dim * sizeof(float);
 	struct cuda_heads ch;
 	struct cuda_kv ck;
 	struct cuda_q8 dq8 = { NULL, NULL };
@@ -1012,8 +1012,10 @@ attention_run(struct cuda_probe *p, struct bufs *bs, const struct cuda_probe_hea
 	void *dq, *dout, *d8 = NULL, *d8d = NULL, *dh = NULL, *dhs = NULL, *dk, *dv;
 	int rc;
 
-	if (k != NULL && n_tok != 1)
-		return err_set(err, ERR_INVAL, "cuda_probe: raw K and V rows are a step of one token's");
+	for (int t = 1; k != NULL && t < n_tok; t++)
+		if (kv->tok_tab[t] == kv->tok_tab[t - 1])
+			return err_set(err, ERR_INVAL, "cuda_probe: raw K and V rows are a decode step's, one token a "
+			    "sequence");
 	if ((rc = check_heads(hd, kv, n_tok, err)) != 0 ||
 	    (rc = heads_upload(p, bs, hd, kv, n_tok, k != NULL, &ch, &ck, err)) != 0 ||
 	    (rc = buf_new(p, bs, q, qb, 0, &dq, err)) != 0 ||
@@ -1067,10 +1069,10 @@ cuda_probe_attention(struct cuda_probe *p, const struct cuda_probe_heads *hd, co
 
 extern "C" int
 cuda_probe_attention_new(struct cuda_probe *p, const struct cuda_probe_heads *hd, struct cuda_probe_kv *kv,
-    const float *q, const float *k, const float *v, float *out, char *err)
+    const float *q, const float *k, const float *v, int n_tok, float *out, char *err)
 {
 	struct bufs bs = {};
-	int rc = attention_run(p, &bs, hd, kv, q, k, v, 1, out, NULL, NULL, NULL, NULL, err);
+	int rc = attention_run(p, &bs, hd, kv, q, k, v, n_tok, out, NULL, NULL, NULL, NULL, err);
 
 	bufs_free(&bs);
 	return rc;

@@ -252,15 +252,16 @@ int cuda_probe_attention(struct cuda_probe *p, const struct cuda_probe_heads *hd
     float *h16s, char *err);
 
 /*
- * cuda_attention for a step of one token that does cuda_qk's work itself
- * (cuda_kv.k_new): q, k and v as the product left them (biases, norms and
- * rotation not applied; q n_head x head_dim, k and v n_head_kv x head_dim),
- * the token at kv->tok_pos[0]; out as cuda_probe_attention's, and the pool
- * (copied back whole) with the token's K and V stored as cuda_probe_qk
- * stores them. q, k and v are not written.
+ * cuda_attention for a decode step of n_tok tokens, each its sequence's
+ * only one, that does cuda_qk's work itself (cuda_kv.k_new): q, k and v
+ * as the product left them (biases, norms and rotation not applied; q
+ * n_tok x n_head x head_dim, k and v n_tok x n_head_kv x head_dim); out as
+ * cuda_probe_attention's, and the pool (copied back whole) with the
+ * tokens' K and V stored as cuda_probe_qk stores them. q, k and v are not
+ * written.
  */
 int cuda_probe_attention_new(struct cuda_probe *p, const struct cuda_probe_heads *hd, struct cuda_probe_kv *kv,
-    const float *q, const float *k, const float *v, float *out, char *err);
+    const float *q, const float *k, const float *v, int n_tok, float *out, char *err);
 
 #ifdef __cplusplus
 }

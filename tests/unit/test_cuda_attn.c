@@ -699,46 +699,54 @@ test_attention(void **state)
 }
 
 /*
- * A step of one token at position len - 1 whose attention kernel does qk's
- * work (cuda_kv.k_new), against cuda_qk then cuda_attention on the same
- * raw q, k and v: the output within TOL_F32 of the row's largest value and
- * the whole pool the same but for fp16's rounding (the same arithmetic, so
- * in practice equal). Returns the worst output error.
+ * A decode step of one token a sequence, at positions lens[i] - 1, whose
+ * attention kernel does qk's work (cuda_kv.k_new), against cuda_qk then
+ * cuda_attention on the same raw q, k and v: the output within TOL_F32 of
+ * the row's largest value and the whole pool the same but for fp16's
+ * rounding (the same arithmetic, so in practice equal). Returns the worst
+ * output error.
  */
 static double
-attention_new_case(size_t c, int len, int kind, int split, float *bq, float *bk, float *bv, float *qn, float *kn)
+attention_new_case(size_t c, const int *lens, int n_tok, int kind, int split, float *bq, float *bk, float *bv,
+    float *qn, float *kn)
 {
-	struct seq_spec one = { len, 1 };
+	struct seq_spec seqs[MAX_SEQS];
 	struct place pl;
 	struct cuda_probe_heads hd = heads_cfg(c, bq, bk, bv, qn, kn);
 	int d = hd.head_dim, nq = hd.n_head * d, nkv = hd.n_head_kv * d;
 	struct kv_pool kp, kpr;
-	char err[ERR_LEN], what[128];
+	char err[ERR_LEN], what[160];
 	float *q, *k, *v, *qr, *out, *outr;
 	double worst;
 	size_t np;
 
-	place_seqs(&pl, &one, 1);
-	snprintf(what, sizeof what, "attention with qk's work, head_dim %d, %d/%d heads, %s pool, split %d, position %d",
-	    d, hd.n_head, hd.n_head_kv, kind_names[kind], split, len - 1);
+	assert_true(n_tok <= MAX_SEQS);
+	for (int s = 0; s < n_tok; s++)
+		seqs[s] = (struct seq_spec){ lens[s], 1 };
+	place_seqs(&pl, seqs, n_tok);
+	snprintf(what, sizeof what, "attention with qk's work, head_dim %d, %d/%d heads, %s pool, split %d, %d "
+	    "sequence(s), the first at position %d", d, hd.n_head, hd.n_head_kv, kind_names[kind], split, n_tok,
+	    lens[0] - 1);
 	np = pool_len(&hd, &pl);
 	kp = pool_new(np, (size_t)nkv, kind), kpr = pool_new(np, (size_t)nkv, kind);
-	for (int p = 0; p < len - 1; p++)
-		for (int kvs = 0; kvs < 2; kvs++)
-			for (int h = 0; h < hd.n_head_kv; h++)
-				pool_fill(&kp, pool_at(&hd, &pl, 0, p, kvs, h, 0), d);
+	for (int s = 0; s < n_tok; s++)
+		for (int p = 0; p < lens[s] - 1; p++)
+			for (int kvs = 0; kvs < 2; kvs++)
+				for (int h = 0; h < hd.n_head_kv; h++)
+					pool_fill(&kp, pool_at(&hd, &pl, pl.tab0[s], p, kvs, h, 0), d);
 	memcpy(kpr.data, kp.data, pool_bytes(&kp));
-	q = rand_floats((size_t)nq, -4, 4), k = rand_floats((size_t)nkv, -2, 2), v = rand_floats((size_t)nkv, -1, 1);
-	qr = xmalloc((size_t)nq * sizeof *qr);
-	memcpy(qr, q, (size_t)nq * sizeof *qr);
-	out = nan_floats((size_t)nq), outr = nan_floats((size_t)nq);
+	q = rand_floats((size_t)n_tok * nq, -4, 4), k = rand_floats((size_t)n_tok * nkv, -2, 2);
+	v = rand_floats((size_t)n_tok * nkv, -1, 1);
+	qr = xmalloc((size_t)n_tok * nq * sizeof *qr);
+	memcpy(qr, q, (size_t)n_tok * nq * sizeof *qr);
+	out = nan_floats((size_t)n_tok * nq), outr = nan_floats((size_t)n_tok * nq);
 	struct cuda_probe_kv kv = probe_kv(&pl, &kp, split, 0), kvr = probe_kv(&pl, &kpr, split, 0);
-	if (cuda_probe_attention_new(probe, &hd, &kv, q, k, v, out, err) != 0)
+	if (cuda_probe_attention_new(probe, &hd, &kv, q, k, v, n_tok, out, err) != 0)
 		fail_msg("%s: %s", what, err);
-	if (cuda_probe_qk(probe, &hd, &kvr, qr, k, v, 1, err) != 0 ||
-	    cuda_probe_attention(probe, &hd, &kvr, qr, 1, outr, NULL, NULL, NULL, NULL, err) != 0)
+	if (cuda_probe_qk(probe, &hd, &kvr, qr, k, v, n_tok, err) != 0 ||
+	    cuda_probe_attention(probe, &hd, &kvr, qr, n_tok, outr, NULL, NULL, NULL, NULL, err) != 0)
 		fail_msg("%s: qk, then attention: %s", what, err);
-	worst = check_rows(what, out, outr, hd.n_head, d);
+	worst = check_rows(what, out, outr, n_tok * hd.n_head, d);
 	for (size_t i = 0; i < np; i++) {
 		double g = pool_get(&kp, i), r = pool_get(&kpr, i);
 
@@ -751,11 +759,12 @@ attention_new_case(size_t c, int len, int kind, int split, float *bq, float *bk,
 }
 
 /*
- * The attention kernel doing qk's work for a step of one token, as the
- * backend asks it where the product cannot (QK norms, neox pairs): every
- * head shape (biases, norms with and without an offset, windows, a RoPE
- * position divisor), every kind of pool, one piece and split, at the
- * first position, inside the first block, and past several blocks.
+ * The attention kernel doing qk's work for a decode step, as the backend
+ * asks it where the product cannot (QK norms, neox pairs): every head
+ * shape (biases, norms with and without an offset, windows, a RoPE
+ * position divisor), every kind of pool, one piece and split, one token
+ * at the first position, inside the first block and past several blocks,
+ * and a step of those four sequences' tokens at once.
  */
 static void
 test_attention_new(void **state)
@@ -770,9 +779,11 @@ test_attention_new(void **state)
 	for (size_t c = 0; c < ARRAY_LEN(head_cfgs); c++)
 		for (int kind = 0; kind < N_KINDS; kind++)
 			for (int split = 0; split < 2; split++)
-				for (size_t i = 0; i < ARRAY_LEN(lens); i++)
-					worst = fmax(worst, attention_new_case(c, lens[i], kind, split, bq, bk, bv, qn, kn));
-	print_message("attention with qk's work for one token: max error / head max %.2e against qk, then "
+				for (size_t i = 0; i <= ARRAY_LEN(lens); i++) /* each alone, then all at once */
+					worst = fmax(worst, i < ARRAY_LEN(lens) ?
+					    attention_new_case(c, lens + i, 1, kind, split, bq, bk, bv, qn, kn) :
+					    attention_new_case(c, lens, ARRAY_LEN(lens), kind, split, bq, bk, bv, qn, kn));
+	print_message("attention with qk's work for a decode step: max error / head max %.2e against qk, then "
 	    "attention (bound %.0e)\n", worst, TOL_F32);
 	free(bq), free(bk), free(bv), free(qn), free(kn);
 }
