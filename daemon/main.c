@@ -322,7 +322,40 @@ set_str(char **dst, const char *v)
 	*dst = xstrdup(v);
 }
 
-/* 0; 1 where --help printed the usage; -1 on a bad argument (the usage printed to stderr). */
+/*
+ * A numeric option's value: a whole decimal number, all of it ("12abc" or
+ * "many" is refused, where atoi took them for 12 and 0, the default);
+ * negative ones are left for finish_settings to refuse by name. -1, said on
+ * stderr, for anything else.
+ */
+static int
+opt_long(const char *opt, const char *arg, long max, long *out)
+{
+	char *end;
+	long v;
+
+	errno = 0;
+	v = strtol(arg, &end, 10);
+	if (end == arg || *end != '\0' || errno != 0 || v > max || v < -max) {
+		fprintf(stderr, "residentd: --%s wants a whole number, not '%s'\n", opt, arg);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+static int
+opt_int(const char *opt, const char *arg, int *out)
+{
+	long v;
+
+	if (opt_long(opt, arg, INT_MAX, &v) != 0)
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+/* 0; 1 where --help printed the usage; -1 on a bad argument (the usage, or what is wrong, printed to stderr). */
 static int
 parse_args(int argc, char **argv, struct settings *s)
 {
@@ -348,25 +381,25 @@ parse_args(int argc, char **argv, struct settings *s)
 		{ "model-draft", required_argument, NULL, O_MODEL_DRAFT },
 		{ NULL, 0, NULL, 0 },
 	};
-	int c;
+	int c, bad = 0;
 
 	while ((c = getopt_long(argc, argv, "m:s:c:t:l:h", lo, NULL)) != -1) {
 		switch (c) {
 		case 'm': set_str(&s->model, optarg); break;
 		case 's': set_str(&s->socket_path, optarg); break;
 		case 'c': set_str(&s->config, optarg); break;
-		case 't': s->threads = atoi(optarg); break;
+		case 't': bad = opt_int("threads", optarg, &s->threads); break;
 		case 'l': set_str(&s->log_level, optarg); break;
 		case O_GROUP: set_str(&s->group, optarg); break;
 		case O_DB: set_str(&s->db_path, optarg); break;
 		case O_DEVICE: set_str(&s->device, optarg); break;
-		case O_CTX: s->ctx = atoi(optarg); break;
-		case O_KV: s->kv_tokens = atoi(optarg); break;
-		case O_SEQS: s->max_seqs = atoi(optarg); break;
-		case O_QUEUE: s->max_queue = atoi(optarg); break;
-		case O_FRAME: s->max_frame = atol(optarg); break;
+		case O_CTX: bad = opt_int("ctx", optarg, &s->ctx); break;
+		case O_KV: bad = opt_int("kv-tokens", optarg, &s->kv_tokens); break;
+		case O_SEQS: bad = opt_int("max-seqs", optarg, &s->max_seqs); break;
+		case O_QUEUE: bad = opt_int("max-queue", optarg, &s->max_queue); break;
+		case O_FRAME: bad = opt_long("max-frame", optarg, LONG_MAX, &s->max_frame); break;
 		case O_EXACT: s->exact = 1; break;
-		case O_SESSIONS: s->max_sessions = atoi(optarg); break;
+		case O_SESSIONS: bad = opt_int("max-sessions", optarg, &s->max_sessions); break;
 		case O_FAULT: set_str(&s->device_fault, optarg); break;
 		case O_SHARE: s->kv_share_users = 1; break;
 		case O_KV_HOST: set_str(&s->kv_host, optarg); break;
@@ -374,8 +407,8 @@ parse_args(int argc, char **argv, struct settings *s)
 		case O_KV_TYPE: set_str(&s->kv_type_text, optarg); break;
 		case O_DEVMEM: set_str(&s->device_memory, optarg); break;
 		case O_KEEP: set_str(&s->keep_alive, optarg); break;
-		case O_CLIENTS: s->max_clients = atoi(optarg); break;
-		case O_FRAME_TIMEOUT: s->frame_timeout = atoi(optarg); break;
+		case O_CLIENTS: bad = opt_int("max-clients", optarg, &s->max_clients); break;
+		case O_FRAME_TIMEOUT: bad = opt_int("frame-timeout", optarg, &s->frame_timeout); break;
 		case O_DRAFT: set_str(&s->draft, optarg); break;
 		case O_MODEL_DRAFT:
 			if (parse_model_draft(s, optarg) != 0)
@@ -384,6 +417,8 @@ parse_args(int argc, char **argv, struct settings *s)
 		case 'h': usage(stdout); return 1;
 		default: usage(stderr); return -1;
 		}
+		if (bad)
+			return -1;
 	}
 	if (optind != argc) {
 		usage(stderr);
@@ -475,6 +510,7 @@ kv_dir_of(const char *db)
 static int
 finish_settings(struct settings *s, gid_t *gid, enum sched_fault_policy *fault, char *err)
 {
+	const struct backend_ops *ops;
 	struct group *g;
 	char buf[PATH_MAX];
 	int lvl, has_default = rs_default_socket(buf, sizeof buf) == 0;
@@ -499,6 +535,9 @@ finish_settings(struct settings *s, gid_t *gid, enum sched_fault_policy *fault, 
 	if (s->db_path == NULL)
 		s->db_path = xdg_path("XDG_DATA_HOME", ".local/share", "resident/resident.db");
 	s->kv_dir = kv_dir_of(s->db_path);
+	/* before --device-memory, whose fraction asks the device, so that a bad name is said as --device's */
+	if (engine_pick_backend(s->device, &ops, err) != 0)
+		return err_prefix(err, ERR_INVAL, "--device");
 	if (parse_size(s->kv_host ? s->kv_host : "4G", "--kv-host", &s->kv_host_bytes, err) != 0 ||
 	    parse_size(s->kv_disk ? s->kv_disk : "16G", "--kv-disk", &s->kv_disk_bytes, err) != 0 ||
 	    parse_duration(s->keep_alive ? s->keep_alive : "5m", &s->keep_alive_s, err) != 0 ||

@@ -162,6 +162,27 @@ def test_usage():
     ok("usage errors: exit 2")
 
 
+def test_daemon_bad_options():
+    """residentd refuses a numeric option that is not a whole number, and a device it does not
+    have, with exit status 2 and a message naming the option (residentd(8), EXIT STATUS), instead
+    of taking "many" for 0 (the default) and starting."""
+    for args, says in ((["--threads", "many"], "--threads wants a whole number, not 'many'"),
+                       (["--ctx", "12abc"], "--ctx wants a whole number, not '12abc'"),
+                       (["--max-seqs", "x"], "--max-seqs wants a whole number, not 'x'"),
+                       (["--max-frame", "16M"], "--max-frame wants a whole number, not '16M'"),
+                       (["--device", "gpu"], "residentd: --device: unknown device 'gpu' (cpu, cuda)")):
+        sock = os.path.join(tmp, "bad-option.sock")
+        argv = [binary("residentd"), "-m", MODEL, "-s", sock, "--db", os.path.join(tmp, "db4.sqlite"), *args]
+        try:
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            fail(f"residentd {' '.join(args)} started instead of refusing the value")
+        check(r.returncode == 2 and says in r.stderr, f"residentd {' '.join(args)}: exit 2 saying {says!r}",
+              (r.returncode, r.stderr[-500:]))
+        check(not os.path.exists(sock), f"residentd {' '.join(args)} made no socket")
+    ok("residentd: bad option values refused with exit 2")
+
+
 def test_status():
     out, _, _ = resident("status")
     for word in ("residentd", "protocol 1", "tiny", "MODEL", "PID", "resident", "batches", "memory",
@@ -543,6 +564,7 @@ def main():
         check(r.returncode == 0, f"generating the {shape} model {path}", r.stderr)
     test_not_running()
     test_usage()
+    test_daemon_bad_options()
     with open(LOG, "w") as log:
         daemon = subprocess.Popen([binary("residentd"), "-m", MODEL, "-s", SOCK, "--db", DB, "-t", "2"],
                                   stdout=log, stderr=subprocess.STDOUT)
