@@ -279,7 +279,7 @@ read_config(struct settings *s, char *err)
 	char *path = s->config ? xstrdup(s->config) : xdg_path("XDG_CONFIG_HOME", ".config", "resident/residentd.json");
 	json_error_t jerr;
 	json_t *cfg;
-	int rc = 0;
+	int rc = 0, max_frame = 0;
 
 	if (access(path, F_OK) != 0) {
 		rc = s->config ? err_set(err, ERR_NOTFOUND, "%s: no such config file", path) : 0;
@@ -302,6 +302,7 @@ read_config(struct settings *s, char *err)
 	    (rc = cfg_int(cfg, "max_sessions", &s->max_sessions, err)) ||
 	    (rc = cfg_int(cfg, "max_clients", &s->max_clients, err)) ||
 	    (rc = cfg_int(cfg, "frame_timeout", &s->frame_timeout, err)) ||
+	    (rc = cfg_int(cfg, "max_frame", &max_frame, err)) ||
 	    (rc = cfg_bool(cfg, "kv_share_users", &s->kv_share_users, err)) ||
 	    (rc = cfg_str(cfg, "kv_host", &s->kv_host, err)) || (rc = cfg_str(cfg, "kv_disk", &s->kv_disk, err)) ||
 	    (rc = cfg_str(cfg, "kv_type", &s->kv_type_text, err)) ||
@@ -309,6 +310,8 @@ read_config(struct settings *s, char *err)
 	    (rc = cfg_str(cfg, "keep_alive", &s->keep_alive, err)) || (rc = cfg_str(cfg, "draft", &s->draft, err)) ||
 	    (rc = cfg_drafts(cfg, s, err)))
 		err_prefix(err, rc, "%s", path);
+	if (s->max_frame == 0)      /* a long, which cfg_int does not set; --max-frame overrides it */
+		s->max_frame = max_frame;
 	json_decref(cfg);
 	free(path);
 	return rc;

@@ -528,6 +528,28 @@ def test_start_daemon():
     ok("--start launches residentd")
 
 
+def test_config_max_frame():
+    """The configuration file's keys are the long options with underscores (residentd(8)):
+    max_frame sets the frame limit, which hello states, and --max-frame overrides it."""
+    cfg, sock = os.path.join(tmp, "residentd.json"), os.path.join(tmp, "sock-cfg")
+    with open(cfg, "w") as f:
+        json.dump({"max_frame": 1000}, f)
+    for extra, want in (([], 1000), (["--max-frame", "2000"], 2000)):
+        with open(LOG, "a") as log:
+            d = subprocess.Popen([binary("residentd"), "-m", MODEL, "-s", sock, "-c", cfg, "--db",
+                                  os.path.join(tmp, "db5.sqlite"), "-t", "1", *extra],
+                                 stdout=log, stderr=subprocess.STDOUT)
+        daemons.append(d)
+        wait_for_socket(sock, d, "residentd -c")
+        with rsd.Client(sock) as c:
+            got = c.call("hello", client="test_cli", version=1)["max_frame"]
+        d.send_signal(signal.SIGTERM)
+        d.wait(15)
+        check(got == want, f"max_frame of the config file {'with ' + ' '.join(extra) if extra else 'alone'}",
+              got)
+    ok("the config file's max_frame, and --max-frame over it")
+
+
 def test_stop(daemon):
     daemon.send_signal(signal.SIGTERM)
     try:
@@ -582,6 +604,7 @@ def main():
     test_ps_stop()
     test_json_documented()
     test_start_daemon()
+    test_config_max_frame()
     test_stop(daemon)
 
 
