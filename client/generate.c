@@ -261,20 +261,25 @@ enum {
 	O_DRAFT,
 };
 
-/* A sampling option: its protocol field and whether it is an integer. */
+/*
+ * A sampling option: its protocol field, its name on the command line
+ * (errors name the option the user typed, not the field) and whether it is
+ * an integer.
+ */
 static int
-sampling_opt(int c, const char **key, int *is_int)
+sampling_opt(int c, const char **key, const char **name, int *is_int)
 {
-	static const struct { int c; const char *key; int is_int; } map[] = {
-		{ 'n', "max_tokens", 1 }, { 't', "temperature", 0 }, { O_TOP_K, "top_k", 1 },
-		{ O_TOP_P, "top_p", 0 }, { O_MIN_P, "min_p", 0 }, { O_REPEAT, "repeat_penalty", 0 },
-		{ O_SEED, "seed", 1 },
+	static const struct { int c; const char *key, *name; int is_int; } map[] = {
+		{ 'n', "max_tokens", "max-tokens", 1 }, { 't', "temperature", "temperature", 0 },
+		{ O_TOP_K, "top_k", "top-k", 1 }, { O_TOP_P, "top_p", "top-p", 0 }, { O_MIN_P, "min_p", "min-p", 0 },
+		{ O_REPEAT, "repeat_penalty", "repeat-penalty", 0 }, { O_SEED, "seed", "seed", 1 },
 	};
 	size_t i;
 
 	for (i = 0; i < sizeof map / sizeof map[0]; i++)
 		if (map[i].c == c) {
 			*key = map[i].key;
+			*name = map[i].name;
 			*is_int = map[i].is_int;
 			return 1;
 		}
@@ -351,21 +356,21 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 		{ "speculative", required_argument, NULL, O_SPECULATIVE }, { "draft", required_argument, NULL, O_DRAFT },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *key;
+	const char *key, *name;
 	int c, is_int, k, rc;
 
 	if ((o->stop = calloc((size_t)argc, sizeof *o->stop)) == NULL)
 		return EXIT_DAEMON;
 	optind = 0;
 	while ((c = getopt_long(argc, argv, "m:s:n:t:v", lo, NULL)) != -1) {
-		if (sampling_opt(c, &key, &is_int)) {
+		if (sampling_opt(c, &key, &name, &is_int)) {
 			if (o->n_samp == MAX_SAMPLING)
 				return cli_usage_error("%s: too many options", argv[0]);
 			k = o->n_samp++;
 			o->samp[k].key = key;
 			o->samp[k].is_int = is_int;
 			if (is_int ? cli_parse_uint(optarg, &o->samp[k].u) != 0 : cli_parse_float(optarg, &o->samp[k].f) != 0)
-				return cli_usage_error("%s: --%s wants %s, not '%s'", argv[0], key,
+				return cli_usage_error("%s: --%s wants %s, not '%s'", argv[0], name,
 				    is_int ? "a whole number" : "a number", optarg);
 			continue;
 		}

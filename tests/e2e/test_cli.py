@@ -159,6 +159,13 @@ def test_usage():
         check(err.startswith("resident: "), f"usage error message of {args}", err)
     r = subprocess.run([binary("resident")], capture_output=True, timeout=TIMEOUT)
     check(r.returncode == 2, "no command: exit 2", r)
+    # a bad value is said as the option typed, not as the protocol's field (--max_tokens is no option)
+    for args, says in ((["-n", "-5"], "run: --max-tokens wants a whole number, not '-5'"),
+                       (["--top-k", "many"], "run: --top-k wants a whole number, not 'many'"),
+                       (["--min-p", "x"], "run: --min-p wants a number, not 'x'"),
+                       (["--repeat-penalty", "x"], "run: --repeat-penalty wants a number, not 'x'")):
+        _, err, _ = resident("run", *args, "hi", rc=2)
+        check(says in err, f"the bad value of {args} named as its option", err)
     ok("usage errors: exit 2")
 
 
