@@ -378,6 +378,23 @@ def test_run():
     # -v prints the usage on stderr; --system with a chat message
     _, err, _ = resident("run", "-v", "-n", "3", "--system", "be brief", "hi")
     check(re.search(r"\[(stop|length)\] \d+ prompt tokens \(\d+ cached\), \d+ generated", err), "-v", err)
+    # --tools: a required call, held to a schema of one value, is --json's tool_calls (and, as the
+    # llama3 template has the calls written as the answer, calls_in_text) and a line of the text output
+    tools = os.path.join(tmp, "tools.json")
+    with open(tools, "w") as f:
+        json.dump([{"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"enum": ["Paris"]}}, "required": ["city"],
+            "additionalProperties": False}}}], f)
+    d = resident_json("run", "--tools", tools, "--tool-choice", "required", "-n", "400", "--seed", "1",
+                      "Weather in Paris?")
+    calls = d.get("tool_calls", [])
+    check(d["finish"] == "stop" and [c["name"] for c in calls] == ["get_weather"]
+          and json.loads(calls[0]["arguments"]) == {"city": "Paris"} and d.get("calls_in_text") is True,
+          "run --tools --json: tool_calls", d)
+    out, _, _ = resident("run", "--tools", tools, "--tool-choice", "get_weather", "-n", "400", "--seed", "1",
+                         "Weather in Paris?")
+    check(re.search(r'^tool call: get_weather \{"city": "Paris"\} \(call_\w{16}\)$', out, re.M),
+          "run --tools prints the call", out)
     # the daemon refuses bad values: exit 1 with its code
     _, err, _ = resident("run", "--top-p", "5", "hi", rc=1)
     check("invalid_param" in err, "invalid top_p", err)
