@@ -215,10 +215,11 @@ class Choice:
 
 class Done(Choice):
     """The end of a generation: usage (a dict: prompt_tokens, cached_tokens,
-    generated_tokens, ttft_ms, tokens_per_s; the prompt counted once for
-    all choices), session (its uuid, or None), choices (a Choice for each of
-    the n asked for, in order) and, as its own fields, the first choice's
-    (finish, text, ...: the whole output when n is 1)."""
+    generated_tokens, drafted_tokens, accepted_tokens, ttft_ms, tokens_per_s;
+    the prompt counted once for all choices), session (its uuid, or None),
+    choices (a Choice for each of the n asked for, in order) and, as its own
+    fields, the first choice's (finish, text, ...: the whole output when n
+    is 1)."""
 
     __slots__ = ("usage", "session", "choices")
 
@@ -368,5 +369,6 @@ class Ops:
                         keep_alive=keep_alive)
 
     def status(self):
-        """version, uptime_s, models, clients, steps, active, queued."""
+        """version, uptime_s, models, clients, steps, active, queued,
+        requests, kv, memory."""
         return self._op("status", None)
