@@ -72,7 +72,8 @@ struct cuda_kv {
 	 * kernel (the query heads of a KV head as the rows of the tensor
 	 * cores' tiles) instead of the split kernel, and dec_tc is how many of
 	 * its blocks a multiprocessor holds (cuda_flash_decode_blocks, worked
-	 * out once): fp16 or q8 pool, not exact mode, no k_new, no tok_end.
+	 * out once): fp16 or q8 pool, not exact mode, no tok_end, k_new only
+	 * where a KV head's query heads fit one block's FD_ROWS rows.
 	 */
 	int dec_tc;
 	/*
@@ -281,6 +282,99 @@ rope_pair(float &a, float &b, float ang)
 
 	b = a * s + b * c;
 	a = x0;
+}
+
+/*
+ * What a lane of a warp that rotates one head reads besides the head
+ * itself, for its NP rotation pairs u (dimensions ia[u] and ib[u]; those
+ * past head_dim / 2 unused): the bias, the norm weights plus the norm's
+ * offset, the frequencies. They are weights, so kernels load them before
+ * pdl_wait: a layer's norm weights are no longer in L2 a token later, and
+ * read after the wait they held the one-token attention kernel's new-token
+ * phase at 6,571 cycles (3,027 read before it; H100).
+ */
+template <int NP>
+struct qk_lane {
+	float ba[NP], bb[NP], na[NP], nb[NP], fr[NP];
+	int ia[NP], ib[NP];
+	bool biased, normed;
+};
+
+/* The calling lane's qk_lane of a head with bias (or NULL) and norm weights nw (or NULL). */
+template <int NP>
+static __device__ __forceinline__ void
+qk_lane_load(qk_lane<NP> &c, const float *bias, const float *nw, const struct cuda_heads &hp)
+{
+	int half = hp.head_dim / 2, lane = threadIdx.x % WARP;
+
+	c.biased = bias != NULL, c.normed = nw != NULL;
+#pragma unroll
+	for (int u = 0; u < NP; u++) {
+		int i = lane + WARP * u;
+
+		c.ia[u] = hp.neox ? i : 2 * i;
+		c.ib[u] = hp.neox ? i + half : 2 * i + 1;
+		c.ba[u] = c.bb[u] = c.na[u] = c.nb[u] = c.fr[u] = 0.0f;
+		if (i >= half)
+			continue;
+		if (bias != NULL)
+			c.ba[u] = bias[c.ia[u]], c.bb[u] = bias[c.ib[u]];
+		if (nw != NULL)
+			c.na[u] = nw[c.ia[u]] + hp.nm.offset, c.nb[u] = nw[c.ib[u]] + hp.nm.offset;
+		c.fr[u] = hp.inv_freq[i];
+	}
+}
+
+/*
+ * The calling lane's rotation pairs of one head of vec (head_dim wide),
+ * with c's bias added, RMS-normed by c's weights if it has them, rotated
+ * to position pos: pair u into a[u] and b[u] (those past head_dim / 2 are
+ * left 0). The whole warp calls it.
+ */
+template <int NP>
+static __device__ __forceinline__ void
+qk_head(const float *vec, const qk_lane<NP> &c, const struct cuda_heads &hp, float pos, float *a, float *b)
+{
+	int half = hp.head_dim / 2, lane = threadIdx.x % WARP;
+	float ss = 0.0f;
+
+#pragma unroll
+	for (int u = 0; u < NP; u++) {
+		a[u] = b[u] = 0.0f;
+		if (lane + WARP * u >= half)
+			continue;
+		a[u] = vec[c.ia[u]];
+		b[u] = vec[c.ib[u]];
+		if (c.biased)
+			a[u] += c.ba[u], b[u] += c.bb[u];
+		ss += a[u] * a[u] + b[u] * b[u];
+	}
+	if (c.normed) {
+		float sc = 1.0f / sqrtf(warp_sum(ss) / (float)hp.head_dim + hp.nm.eps);
+
+#pragma unroll
+		for (int u = 0; u < NP; u++)
+			a[u] = a[u] * sc * c.na[u], b[u] = b[u] * sc * c.nb[u];
+	}
+#pragma unroll
+	for (int u = 0; u < NP; u++)
+		if (lane + WARP * u < half)
+			rope_pair(a[u], b[u], pos * c.fr[u]);
+}
+
+/*
+ * Stores one head's row of a q8 pool (the K or V row kvsel of position pos),
+ * the warp's lanes reading x (head_dim floats) 32 apart.
+ */
+static __device__ __forceinline__ void
+kv_q8_row(const float *x, const struct cuda_kv &kv, const int32_t *tab, int pos, int kvsel, int nkv, int off, int d)
+{
+	int8_t *pool = (int8_t *)kv.pool;
+	size_t qo = kv_index(kv, tab, pos, kvsel, nkv, off), so = kv_scale_index(kv, tab, pos, kvsel, nkv, off);
+
+	for (int g = 0; g < d; g += WARP)
+		kv_q8_put(x[g + threadIdx.x % WARP], pool + qo + g + threadIdx.x % WARP,
+		    (float *)(pool + so) + g / WARP);
 }
 
 /*

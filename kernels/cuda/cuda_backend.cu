@@ -431,7 +431,8 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 	prof_mark(b, PH_ATTN);
 	kv.sms = b->mm.sms, kv.wide = b->att_wide;
 	kv.dec_tc = b->tc_decode_len > 0 && b->att_len >= b->tc_decode_len && !b->step_bidir ? b->tc_blocks : 0;
-	if (!fused && b->step_decode && !b->step_bidir && !kv.dec_tc) /* the attention kernel does qk's work */
+	/* the attention kernel does qk's work (the tensor-core one where a block holds a KV head's query heads) */
+	if (!fused && b->step_decode && !b->step_bidir && (!kv.dec_tc || hd.n_head / hd.n_head_kv <= FD_ROWS))
 		kv.k_new = b->k, kv.v_new = b->v;
 	else if (!fused && (rc = cuda_qk(b->q, b->k, b->v, T, &hd, &kv, b->stream, err)) != 0)
 		return rc;

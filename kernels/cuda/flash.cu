@@ -539,12 +539,21 @@ fa_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_h16 
  */
 #define FD_STAGES 3
 
-/* Shared memory of fd_kernel<D, Q8>: FD_ROWS query rows, then its stages of K and V (fp16 or q8). */
-static constexpr size_t
-fd_smem_bytes(int d, bool q8)
+/*
+ * Shared memory of fd_kernel<D, Q8>: FD_ROWS query rows, then its stages of
+ * K and V (fp16 or q8), then a decode step's new K and V rows (fd_new_token).
+ */
+static constexpr __host__ __device__ size_t
+fd_smem_new(int d, bool q8)
 {
 	return (size_t)(FD_ROWS + (q8 ? 0 : 2 * FD_STAGES) * FA_KV) * (size_t)(d + FA_PAD) * sizeof(__half) +
 	    (q8 ? FD_STAGES * fa_q8_stage(d) : 0);
+}
+
+static constexpr size_t
+fd_smem_bytes(int d, bool q8)
+{
+	return fd_smem_new(d, q8) + 2 * (size_t)d * sizeof(float);
 }
 
 /*
@@ -609,6 +618,100 @@ fd_values_q8(const int8_t *vb, const float *vsc, const float (&s)[2][4], int lan
 
 			mma16816(o[2 * c + m], a, b);
 		}
+	}
+}
+
+/* Where fa_load_q<D, ROWS, PERM> puts dimension d of a query row. */
+template <bool PERM>
+static __device__ __forceinline__ int
+fa_q_slot(int d)
+{
+	int p = d % 16 / 2; /* the pair within its 16: slots 0, 4, 1, 5, 2, 6, 3, 7 */
+
+	return PERM ? (d & ~15) + 2 * (p / 2 + 4 * (p % 2)) + d % 2 : d;
+}
+
+/*
+ * cuda_qk's work for token t of a decode step (cuda_kv.k_new: each token
+ * its sequence's only one), after pdl_wait, in fd_kernel's block of KV
+ * head kvh and query heads h0 .. h0 + ng - 1: warp w rotates heads w,
+ * w + FA_WARPS, ... into qs as fa_load_q lays them out (zeros past ng);
+ * where own (the block whose piece holds pos), warp 0 rotates the new K
+ * row and the block adds V's bias, into kn, and both go to the pool as
+ * cuda_qk stores them, before the block copies that row. The same
+ * arithmetic as qk_kernel and fa_load_q, so scores and pool are theirs
+ * (but for the contraction of a multiply-add: within fp16's rounding of
+ * q). lq and lk hold the lanes of each warp's first head and of K,
+ * loaded before pdl_wait (fd_new_lanes).
+ */
+template <int NP>
+struct fd_lanes {
+	qk_lane<NP> q, k;
+};
+
+/* A warp's fd_lanes: its first query head's (of h0 .. h0 + ng - 1) and warp 0's K head's where own. */
+template <int NP>
+static __device__ __forceinline__ void
+fd_new_lanes(fd_lanes<NP> &l, const struct cuda_heads &hp, int h0, int ng, int kvh, int own)
+{
+	int warp = threadIdx.x / WARP, D = hp.head_dim;
+
+	if (warp < ng)
+		qk_lane_load(l.q, hp.bq != NULL ? hp.bq + (size_t)(h0 + warp) * D : NULL, hp.q_norm, hp);
+	if (own && warp == 0)
+		qk_lane_load(l.k, hp.bk != NULL ? hp.bk + (size_t)kvh * D : NULL, hp.k_norm, hp);
+}
+
+template <int D, bool Q8, int NP>
+static __device__ __forceinline__ void
+fd_new_token(__half *qs, float *kn, const float *q, const struct cuda_heads &hp, const struct cuda_kv &kv, int t,
+    int pos, const int32_t *tab, int h0, int ng, int kvh, int own, const fd_lanes<NP> &l)
+{
+	constexpr int LD = D + FA_PAD;
+	int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nkv = hp.n_head_kv * D;
+	size_t kr = (size_t)t * nkv + (size_t)kvh * D; /* the token's K and V rows of this head */
+	float a[NP], b[NP], fp = (float)pos / hp.pos_div, sc = hp.scale * LOG2E;
+	qk_lane<NP> c;
+
+	for (int h = warp; h < FD_ROWS; h += FA_WARPS) {
+		if (h >= ng) {
+			for (int i = lane; i < D; i += WARP)
+				qs[h * LD + i] = __float2half_rn(0.0f);
+			continue;
+		}
+		if (h == warp)
+			c = l.q;
+		else
+			qk_lane_load(c, hp.bq != NULL ? hp.bq + (size_t)(h0 + h) * D : NULL, hp.q_norm, hp);
+		qk_head(q + ((size_t)t * hp.n_head + h0 + h) * D, c, hp, fp, a, b);
+#pragma unroll
+		for (int u = 0; u < NP; u++)
+			if (lane + WARP * u < D / 2) {
+				qs[h * LD + fa_q_slot<Q8>(c.ia[u])] = __float2half_rn(a[u] * sc);
+				qs[h * LD + fa_q_slot<Q8>(c.ib[u])] = __float2half_rn(b[u] * sc);
+			}
+	}
+	if (!own)
+		return;
+	if (warp == 0) {
+		qk_head(kv.k_new + kr, l.k, hp, fp, a, b);
+#pragma unroll
+		for (int u = 0; u < NP; u++)
+			if (lane + WARP * u < D / 2)
+				kn[l.k.ia[u]] = a[u], kn[l.k.ib[u]] = b[u];
+	}
+	for (int i = threadIdx.x; i < D; i += FA_WARPS * WARP)
+		kn[D + i] = kv.v_new[kr + i] + (hp.bv != NULL ? hp.bv[(size_t)kvh * D + i] : 0.0f);
+	__syncthreads();
+	if constexpr (Q8) {
+		if (warp < 2)
+			kv_q8_row(kn + warp * D, kv, tab, pos, warp, nkv, kvh * D, D);
+	} else {
+		__half *pool = (__half *)kv.pool;
+		size_t ko = kv_index(kv, tab, pos, 0, nkv, kvh * D), vo = kv_index(kv, tab, pos, 1, nkv, kvh * D);
+
+		for (int i = threadIdx.x; i < D; i += FA_WARPS * WARP)
+			pool[ko + i] = __float2half_rn(kn[i]), pool[vo + i] = __float2half_rn(kn[D + i]);
 	}
 }
 
@@ -697,15 +800,19 @@ fd_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q
 	int pos = kv.tok_pos[t], p0 = hp.window > 0 && pos >= hp.window ? pos - hp.window + 1 : 0;
 	int per = ((pos - p0 + n_split) / n_split + FA_KV - 1) / FA_KV * FA_KV;
 	int lo = p0 + split * per, hi = min(lo + per, pos + 1), mine = !(kv.fa_tok != NULL && kv.fa_tok[t]);
-	/* the first position of this step's tokens (a sequence has at most gridDim.x / n_split) */
-	int fresh = pos + 1 - (int)(gridDim.x / n_split);
+	/* the first position of this step's tokens (a sequence has at most gridDim.x / n_split; with k_new, one) */
+	int fresh = kv.k_new != NULL ? pos : pos + 1 - (int)(gridDim.x / n_split);
 	const int32_t *tab = kv.tables + kv.tok_tab[t];
+	int own = blockIdx.y % ngb == 0 && lo <= pos && pos < hi; /* with k_new: the block that stores the new row */
 	struct fa_row rows[2];
 	float o[D / 8][4];
+	fd_lanes<(D / 2 + WARP - 1) / WARP> nl;
 
 	/* the first S - 1 stages' rows that earlier steps wrote, before the wait */
 	for (int i = 0, c0 = lo; mine && i < S - 1 && c0 < hi; i++, c0 += FA_KV)
 		fa_fill<D, Q8>(ks, vs, q8s, i, kv, tab, c0, hi - 1, nkv, kvh * D, 0, max(0, min(FA_KV, fresh - c0)));
+	if (kv.k_new != NULL)
+		fd_new_lanes(nl, hp, h0, ng, kvh, own);
 	pdl_wait();
 	if (!mine) { /* a prefill tile's token: fa_kernel has it */
 		pdl_trigger();
@@ -721,7 +828,14 @@ fd_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q
 #pragma unroll
 	for (int j = 0; j < D / 8; j++)
 		o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-	fa_load_q<D, FD_ROWS, Q8>(qs, q, hp, t, 1, h0, FD_ROWS, ng);
+	if (kv.k_new != NULL) { /* the new row is in the pool before any copy of it */
+		fd_new_token<D, Q8>(qs, (float *)(smem + fd_smem_new(D, Q8)), q, hp, kv, t, pos, tab, h0, ng, kvh, own,
+		    nl);
+		__threadfence_block();
+		__syncthreads();
+	} else {
+		fa_load_q<D, FD_ROWS, Q8>(qs, q, hp, t, 1, h0, FD_ROWS, ng);
+	}
 	/* one group of copies for each of the first S - 1 stages, empty past the piece */
 	for (int i = 0, c0 = lo; i < S - 1; i++, c0 += FA_KV) {
 		if (c0 < hi)
@@ -844,9 +958,11 @@ cuda_flash_decode(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16
 	int group = hd->n_head / hd->n_head_kv;
 	dim3 grid((unsigned)(n_tok * n_split), (unsigned)(hd->n_head_kv * ((group + FD_ROWS - 1) / FD_ROWS)));
 
-	if (kv->f32 || kv->k_new != NULL || kv->tok_end != NULL)
-		return err_set(err, ERR_INVAL, "cuda_flash_decode: an fp32 pool, a new token's raw rows or "
-		    "bidirectional tokens");
+	if (kv->f32 || kv->tok_end != NULL)
+		return err_set(err, ERR_INVAL, "cuda_flash_decode: an fp32 pool or bidirectional tokens");
+	if (kv->k_new != NULL && group > FD_ROWS)
+		return err_set(err, ERR_UNSUPPORTED, "cuda_flash_decode: new tokens' raw rows for %d query heads a KV head "
+		    "(a block's %d at most)", group, FD_ROWS);
 	switch (hd->head_dim) {
 #define D_CASE(D) case D: return fd_launch<D>(grid, q, out, q8, h16, n_split, hd, kv, st, err);
 	D_CASE(32) D_CASE(64) D_CASE(96) D_CASE(128) D_CASE(160) D_CASE(192) D_CASE(224) D_CASE(256)

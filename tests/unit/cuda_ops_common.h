@@ -236,9 +236,9 @@ path_name(enum cuda_probe_path path)
  * function draws no warning.
  */
 
-/* Fails unless every row of got is within TOL_F32 of ref, relative to the row's largest value. */
+/* Fails unless every row of got is within tol of ref, relative to the row's largest value. */
 static inline double
-check_rows(const char *what, const float *got, const float *ref, int n_rows, int n)
+check_rows_tol(const char *what, const float *got, const float *ref, int n_rows, int n, double tol)
 {
 	double worst = 0;
 
@@ -248,13 +248,20 @@ check_rows(const char *what, const float *got, const float *ref, int n_rows, int
 		for (int i = 0; i < n; i++) {
 			double e = fabs((double)got[(size_t)r * n + i] - ref[(size_t)r * n + i]) / m;
 
-			if (!(e <= TOL_F32))
+			if (!(e <= tol))
 				fail_msg("%s: row %d element %d: gpu %g cpu %g", what, r, i, got[(size_t)r * n + i],
 				    ref[(size_t)r * n + i]);
 			worst = fmax(worst, e);
 		}
 	}
 	return worst;
+}
+
+/* check_rows_tol within TOL_F32. */
+static inline double
+check_rows(const char *what, const float *got, const float *ref, int n_rows, int n)
+{
+	return check_rows_tol(what, got, ref, n_rows, n, TOL_F32);
 }
 
 /*
