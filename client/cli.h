@@ -17,7 +17,8 @@ enum {
 	EXIT_DAEMON = 1,        /* the daemon answered an error, or the connection was lost */
 	EXIT_USAGE = 2,
 	EXIT_CONNECT = 3,       /* cannot connect: residentd is not running */
-	EXIT_INTERRUPTED = 130  /* `run` cancelled with Ctrl-C */
+	EXIT_INTERRUPTED = 130, /* `run` cancelled with Ctrl-C */
+	EXIT_HELP = -1          /* not an exit status: a command printed the usage for -h; main exits 0 */
 };
 
 /* Settings shared by every command. */
@@ -38,6 +39,17 @@ typedef int (*cli_cmd_fn)(struct cli *cli, int argc, char **argv);
 int cli_connect(struct cli *cli);
 /* Prints the client's last error for a failed call and returns the exit status for st. */
 int cli_fail(struct cli *cli, rs_status st, const char *what);
+/*
+ * -h and --help after a command. Every command's getopt table has
+ * CLI_HELP_OPTION and "h" in its short options, and answers 'h' with
+ * `return cli_help();`: the usage on stdout, then EXIT_HELP, which the
+ * command passes up as it passes up a usage error. The command's own
+ * getopt finds it rather than main looking first, as only the command's
+ * table knows which options take an argument (`run --stop -h` stops at
+ * "-h") and where its options end (`run -- --help` is a prompt).
+ */
+#define CLI_HELP_OPTION { "help", no_argument, NULL, 'h' }
+int cli_help(void);
 /* Prints a usage error for a command and returns EXIT_USAGE. */
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Parses a whole unsigned decimal / a float into *out; 0, or -1 if malformed. */

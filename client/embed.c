@@ -61,7 +61,7 @@ cmd_embed(struct cli *cli, int argc, char **argv)
 	static const struct option lo[] = {
 		{ "model", required_argument, NULL, 'm' }, { "dimensions", required_argument, NULL, O_DIMS },
 		{ "json", no_argument, NULL, O_JSON }, { "socket", required_argument, NULL, O_SOCKET },
-		{ NULL, 0, NULL, 0 },
+		CLI_HELP_OPTION, { NULL, 0, NULL, 0 },
 	};
 	const char *model = NULL;
 	char path[PATH_MAX], **lines = NULL;
@@ -73,7 +73,7 @@ cmd_embed(struct cli *cli, int argc, char **argv)
 	int c, rc;
 
 	optind = 0;
-	while ((c = getopt_long(argc, argv, "m:", lo, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:h", lo, NULL)) != -1) {
 		switch (c) {
 		case 'm': model = cli_model_arg(optarg, path); break;
 		case O_DIMS:
@@ -82,6 +82,7 @@ cmd_embed(struct cli *cli, int argc, char **argv)
 			break;
 		case O_JSON: cli->json = 1; break;     /* accepted as by every command: the output is JSON anyway */
 		case O_SOCKET: cli->socket = optarg; break;
+		case 'h': return cli_help();
 		default: return cli_usage_error("embed: unknown option");
 		}
 	}

@@ -354,7 +354,7 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 		{ "tools", required_argument, NULL, O_TOOLS },
 		{ "tool-choice", required_argument, NULL, O_TOOL_CHOICE }, { "think", required_argument, NULL, O_THINK },
 		{ "speculative", required_argument, NULL, O_SPECULATIVE }, { "draft", required_argument, NULL, O_DRAFT },
-		{ NULL, 0, NULL, 0 },
+		CLI_HELP_OPTION, { NULL, 0, NULL, 0 },
 	};
 	const char *key, *name;
 	int c, is_int, k, rc;
@@ -362,7 +362,7 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 	if ((o->stop = calloc((size_t)argc, sizeof *o->stop)) == NULL)
 		return EXIT_DAEMON;
 	optind = 0;
-	while ((c = getopt_long(argc, argv, "m:s:n:t:v", lo, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:s:n:t:vh", lo, NULL)) != -1) {
 		if (sampling_opt(c, &key, &name, &is_int)) {
 			if (o->n_samp == MAX_SAMPLING)
 				return cli_usage_error("%s: too many options", argv[0]);
@@ -410,6 +410,7 @@ gen_parse(struct cli *cli, int argc, char **argv, struct gen_opts *o)
 			o->speculative = optarg;
 			break;
 		case O_DRAFT: o->draft = cli_model_arg(optarg, o->draft_path); break;
+		case 'h': return cli_help();
 		default: return cli_usage_error("%s: unknown option", argv[0]);
 		}
 	}

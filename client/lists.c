@@ -24,12 +24,12 @@ list_opts(struct cli *cli, int argc, char **argv, uint64_t *limit, uint64_t *off
 	static const struct option lo[] = {
 		{ "json", no_argument, NULL, O_JSON }, { "socket", required_argument, NULL, O_SOCKET },
 		{ "limit", required_argument, NULL, O_LIMIT }, { "offset", required_argument, NULL, O_OFFSET },
-		{ NULL, 0, NULL, 0 },
+		CLI_HELP_OPTION, { NULL, 0, NULL, 0 },
 	};
 	int c;
 
 	optind = 0;
-	while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
 		switch (c) {
 		case O_JSON: cli->json = 1; break;
 		case O_SOCKET: cli->socket = optarg; break;
@@ -38,6 +38,7 @@ list_opts(struct cli *cli, int argc, char **argv, uint64_t *limit, uint64_t *off
 			if (limit == NULL || cli_parse_uint(optarg, c == O_LIMIT ? limit : offset) != 0)
 				return cli_usage_error("%s: bad --%s", argv[0], c == O_LIMIT ? "limit" : "offset");
 			break;
+		case 'h': return cli_help();
 		default:
 			return cli_usage_error("%s: unknown option", argv[0]);
 		}

@@ -4,7 +4,7 @@
  *   resident [--socket PATH] [--start] [--json] COMMAND [ARGS]
  *
  * Global options come before the command; each command parses its own
- * (and accepts --json and --socket too). Exit statuses are in cli.h.
+ * (and accepts --json, --socket and -h/--help too). Exit statuses are in cli.h.
  */
 #include "config.h"
 #include "cli.h"
@@ -76,10 +76,18 @@ usage(FILE *fp)
 	    "                             else /tmp/resident-UID/socket)\n"
 	    "      --start                start residentd if it is not running\n"
 	    "      --json                 machine-readable output (run: one object at the end)\n"
-	    "  -h, --help, --version\n"
+	    "  -h, --help                 this summary (after a command's name too: run --help)\n"
+	    "      --version\n"
 	    "\n"
 	    "exit status: 0 ok, 1 the daemon answered an error, 2 usage, 3 cannot connect,\n"
 	    "130 run interrupted\n");
+}
+
+int
+cli_help(void)
+{
+	usage(stdout);
+	return EXIT_HELP;
 }
 
 int
@@ -229,7 +237,7 @@ main(int argc, char **argv)
 		rc = commands[i].fn(&cli, argc - optind, argv + optind);
 		rs_value_free(cli.hello);
 		rs_close(cli.c);
-		return rc;
+		return rc == EXIT_HELP ? EXIT_OK : rc;
 	}
 	return cli_usage_error("unknown command '%s'", argv[optind]);
 }

@@ -169,6 +169,25 @@ def test_usage():
     ok("usage errors: exit 2")
 
 
+def test_command_help():
+    """-h and --help after any command print the usage on stdout and exit 0, whatever else the
+    command line holds; after "--", or as an option's value, "--help" is an argument like others
+    (here a prompt, sent to a daemon that is not running: exit 3)."""
+    usage, _, _ = resident("--help")
+    for args in (["run", "--help"], ["run", "-h"], ["run", "-n", "3", "hi", "--help"], ["chat", "--help"],
+                 ["sessions", "--help"], ["sessions", "rm", "-h"], ["session", "list", "--help"],
+                 ["models", "--help"], ["models", "load", "-h"], ["show", "--help"], ["stop", "-h"],
+                 ["ps", "--help"], ["status", "-h"], ["embed", "-h"], ["embed", "-m", "x", "--help", "text"]):
+        out, err, _ = resident(*args)
+        check(out == usage and err == "", f"`resident {' '.join(args)}` prints the usage", (out[:200], err))
+    for args in (["run", "--", "--help"], ["run", "--stop", "-h", "hi"], ["run", "--system", "--help", "hi"],
+                 ["embed", "--", "-h"]):
+        out, err, _ = resident(*args, rc=3)
+        check(out == "" and "residentd is not running" in err, f"`resident {' '.join(args)}`: an argument",
+              (out[:200], err))
+    ok("-h / --help after every command: the usage, exit 0; after -- or as a value: an argument")
+
+
 def test_daemon_bad_options():
     """residentd refuses a numeric option that is not a whole number, and a device it does not
     have, with exit status 2 and a message naming the option (residentd(8), EXIT STATUS), instead
@@ -610,6 +629,7 @@ def main():
         check(r.returncode == 0, f"generating the {shape} model {path}", r.stderr)
     test_not_running()
     test_usage()
+    test_command_help()
     test_daemon_bad_options()
     with open(LOG, "w") as log:
         daemon = subprocess.Popen([binary("residentd"), "-m", MODEL, "-s", SOCK, "--db", DB, "-t", "2"],
