@@ -189,11 +189,45 @@ resolve_model(char **model, char *err)
 	    *model);
 }
 
+/*
+ * The config file's object, and the keys the cfg_* readers asked it for.
+ * What is left over is a key residentd does not know (a typo such as
+ * "kv_hosts"): the keys known are the keys read, so there is no second
+ * list of them to fall out of step with read_config.
+ */
+struct config {
+	json_t *obj, *read;
+};
+
+/* The value of key in the config, or NULL; notes key as known. */
+static json_t *
+cfg_get(struct config *cfg, const char *key)
+{
+	json_object_set_new(cfg->read, key, json_true());
+	return json_object_get(cfg->obj, key);
+}
+
+/*
+ * Warns about each key of the config that no cfg_* reader asked for.
+ * Only a warning: a config that worked before (with a key of a later
+ * version, or a note of the user's) keeps working.
+ */
+static void
+cfg_warn_unknown(const struct config *cfg, const char *path)
+{
+	const char *key;
+	json_t *v;
+
+	json_object_foreach(cfg->obj, key, v)
+		if (json_object_get(cfg->read, key) == NULL)
+			log_warn("%s: unknown key '%s' ignored", path, key);
+}
+
 /* Sets *dst from a string field of the config unless a flag already did. */
 static int
-cfg_str(json_t *cfg, const char *key, char **dst, char *err)
+cfg_str(struct config *cfg, const char *key, char **dst, char *err)
 {
-	json_t *v = json_object_get(cfg, key);
+	json_t *v = cfg_get(cfg, key);
 
 	if (v == NULL || *dst != NULL)
 		return 0;
@@ -204,9 +238,9 @@ cfg_str(json_t *cfg, const char *key, char **dst, char *err)
 }
 
 static int
-cfg_bool(json_t *cfg, const char *key, int *dst, char *err)
+cfg_bool(struct config *cfg, const char *key, int *dst, char *err)
 {
-	json_t *v = json_object_get(cfg, key);
+	json_t *v = cfg_get(cfg, key);
 
 	if (v == NULL || *dst != 0)
 		return 0;
@@ -217,9 +251,9 @@ cfg_bool(json_t *cfg, const char *key, int *dst, char *err)
 }
 
 static int
-cfg_int(json_t *cfg, const char *key, int *dst, char *err)
+cfg_int(struct config *cfg, const char *key, int *dst, char *err)
 {
-	json_t *v = json_object_get(cfg, key);
+	json_t *v = cfg_get(cfg, key);
 
 	if (v == NULL || *dst != 0)
 		return 0;
@@ -255,9 +289,9 @@ parse_model_draft(struct settings *s, const char *arg)
 
 /* The config's "model_drafts" (an object: a model's name or path to its draft's), unless flags gave some. */
 static int
-cfg_drafts(json_t *cfg, struct settings *s, char *err)
+cfg_drafts(struct config *cfg, struct settings *s, char *err)
 {
-	json_t *v = json_object_get(cfg, "model_drafts"), *d;
+	json_t *v = cfg_get(cfg, "model_drafts"), *d;
 	const char *model;
 
 	if (v == NULL || s->n_drafts > 0)
@@ -278,7 +312,7 @@ read_config(struct settings *s, char *err)
 {
 	char *path = s->config ? xstrdup(s->config) : xdg_path("XDG_CONFIG_HOME", ".config", "resident/residentd.json");
 	json_error_t jerr;
-	json_t *cfg;
+	struct config c = { NULL, NULL }, *cfg = &c;
 	int rc = 0, max_frame = 0;
 
 	if (access(path, F_OK) != 0) {
@@ -286,9 +320,15 @@ read_config(struct settings *s, char *err)
 		free(path);
 		return rc;
 	}
-	if ((cfg = json_load_file(path, 0, &jerr)) == NULL || !json_is_object(cfg)) {
-		rc = err_set(err, ERR_FORMAT, "%s: line %d: %s", path, jerr.line, cfg ? "not an object" : jerr.text);
-		json_decref(cfg);
+	if ((c.obj = json_load_file(path, 0, &jerr)) == NULL || !json_is_object(c.obj)) {
+		rc = err_set(err, ERR_FORMAT, "%s: line %d: %s", path, jerr.line, c.obj ? "not an object" : jerr.text);
+		json_decref(c.obj);
+		free(path);
+		return rc;
+	}
+	if ((c.read = json_object()) == NULL) {
+		rc = err_set(err, ERR_NOMEM, "%s: out of memory", path);
+		json_decref(c.obj);
 		free(path);
 		return rc;
 	}
@@ -310,9 +350,12 @@ read_config(struct settings *s, char *err)
 	    (rc = cfg_str(cfg, "keep_alive", &s->keep_alive, err)) || (rc = cfg_str(cfg, "draft", &s->draft, err)) ||
 	    (rc = cfg_drafts(cfg, s, err)))
 		err_prefix(err, rc, "%s", path);
+	else
+		cfg_warn_unknown(cfg, path);
 	if (s->max_frame == 0)      /* a long, which cfg_int does not set; --max-frame overrides it */
 		s->max_frame = max_frame;
-	json_decref(cfg);
+	json_decref(c.read);
+	json_decref(c.obj);
 	free(path);
 	return rc;
 }

@@ -593,6 +593,25 @@ def test_config_max_frame():
     ok("the config file's max_frame, and --max-frame over it")
 
 
+def test_config_unknown_key():
+    """A key of the config file that residentd does not read (a typo) is named in a warning at
+    startup, and the daemon starts all the same; the keys it reads are not named."""
+    cfg, sock, log = (os.path.join(tmp, n) for n in ("residentd-typo.json", "sock-typo", "residentd-typo.log"))
+    with open(cfg, "w") as f:
+        json.dump({"kv_hosts": "1G", "max_frame": 100000, "threads": 1, "model_drafts": {}}, f)
+    with open(log, "w") as out:
+        d = subprocess.Popen([binary("residentd"), "-m", MODEL, "-s", sock, "-c", cfg, "--db",
+                              os.path.join(tmp, "db6.sqlite")], stdout=out, stderr=subprocess.STDOUT)
+    daemons.append(d)
+    wait_for_socket(sock, d, "residentd -c with an unknown key")
+    d.send_signal(signal.SIGTERM)
+    check(d.wait(15) == 0, "residentd with an unknown config key exits 0 on SIGTERM", open(log).read()[-2000:])
+    text = open(log).read()
+    check(f"{cfg}: unknown key 'kv_hosts' ignored" in text, "the unknown key is named with its file", text)
+    check(text.count("unknown key") == 1, "the known keys are not warned about", text)
+    ok("an unknown config key: a warning naming it, and the daemon starts")
+
+
 def test_stop(daemon):
     daemon.send_signal(signal.SIGTERM)
     try:
@@ -649,6 +668,7 @@ def main():
     test_json_documented()
     test_start_daemon()
     test_config_max_frame()
+    test_config_unknown_key()
     test_stop(daemon)
 
 
