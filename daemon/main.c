@@ -250,17 +250,28 @@ cfg_bool(struct config *cfg, const char *key, int *dst, char *err)
 	return 0;
 }
 
+/* Sets *dst from an integer field of the config, 0 .. max, unless a flag already did. */
 static int
-cfg_int(struct config *cfg, const char *key, int *dst, char *err)
+cfg_long(struct config *cfg, const char *key, long max, long *dst, char *err)
 {
 	json_t *v = cfg_get(cfg, key);
 
 	if (v == NULL || *dst != 0)
 		return 0;
-	if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT_MAX)
+	if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > max)
 		return err_set(err, ERR_INVAL, "config: %s must be a non-negative integer", key);
-	*dst = (int)json_integer_value(v);
+	*dst = (long)json_integer_value(v);
 	return 0;
+}
+
+static int
+cfg_int(struct config *cfg, const char *key, int *dst, char *err)
+{
+	long v = *dst;
+	int rc = cfg_long(cfg, key, INT_MAX, &v, err);
+
+	*dst = (int)v;
+	return rc;
 }
 
 /* Adds the pair model, draft to s's drafts. */
@@ -313,7 +324,7 @@ read_config(struct settings *s, char *err)
 	char *path = s->config ? xstrdup(s->config) : xdg_path("XDG_CONFIG_HOME", ".config", "resident/residentd.json");
 	json_error_t jerr;
 	struct config c = { NULL, NULL }, *cfg = &c;
-	int rc = 0, max_frame = 0;
+	int rc = 0;
 
 	if (access(path, F_OK) != 0) {
 		rc = s->config ? err_set(err, ERR_NOTFOUND, "%s: no such config file", path) : 0;
@@ -342,7 +353,7 @@ read_config(struct settings *s, char *err)
 	    (rc = cfg_int(cfg, "max_sessions", &s->max_sessions, err)) ||
 	    (rc = cfg_int(cfg, "max_clients", &s->max_clients, err)) ||
 	    (rc = cfg_int(cfg, "frame_timeout", &s->frame_timeout, err)) ||
-	    (rc = cfg_int(cfg, "max_frame", &max_frame, err)) ||
+	    (rc = cfg_long(cfg, "max_frame", LONG_MAX, &s->max_frame, err)) ||
 	    (rc = cfg_bool(cfg, "kv_share_users", &s->kv_share_users, err)) ||
 	    (rc = cfg_str(cfg, "kv_host", &s->kv_host, err)) || (rc = cfg_str(cfg, "kv_disk", &s->kv_disk, err)) ||
 	    (rc = cfg_str(cfg, "kv_type", &s->kv_type_text, err)) ||
@@ -352,8 +363,6 @@ read_config(struct settings *s, char *err)
 		err_prefix(err, rc, "%s", path);
 	else
 		cfg_warn_unknown(cfg, path);
-	if (s->max_frame == 0)      /* a long, which cfg_int does not set; --max-frame overrides it */
-		s->max_frame = max_frame;
 	json_decref(c.read);
 	json_decref(c.obj);
 	free(path);

@@ -231,26 +231,33 @@ route_models(struct oa *oa, struct evhttp_request *req, const char *encoded)
 	free(name);
 }
 
-/* GET /metrics (results: status's). */
+/* A 200 of len bytes of text (NULL: out of memory, answered as such) as content type ctype. */
 static void
-metrics_reply(struct evhttp_request *req, const char *model, json_t *const *results, void *arg)
+send_text(struct evhttp_request *req, const char *ctype, const char *text, size_t len)
 {
-	struct evbuffer *buf;
+	struct evbuffer *buf = text != NULL ? evbuffer_new() : NULL;
 	struct api_error e;
-	size_t len;
-	char *text = metrics_text(results[0], &len);
 
-	if (text == NULL || (buf = evbuffer_new()) == NULL) {
-		free(text);
+	if (buf == NULL) {
 		api_nomem(&e);
 		http_send_error(req, &e);
 		return;
 	}
 	evbuffer_add(buf, text, len);
-	free(text);
-	http_add_header(req, "Content-Type", METRICS_CONTENT_TYPE);
+	http_add_header(req, "Content-Type", ctype);
 	evhttp_send_reply(req, 200, "OK", buf);
 	evbuffer_free(buf);
+}
+
+/* GET /metrics (results: status's). */
+static void
+metrics_reply(struct evhttp_request *req, const char *model, json_t *const *results, void *arg)
+{
+	size_t len = 0;
+	char *text = metrics_text(results[0], &len);
+
+	send_text(req, METRICS_CONTENT_TYPE, text, len);
+	free(text);
 }
 
 /*
@@ -262,18 +269,8 @@ static void
 route_root(struct evhttp_request *req)
 {
 	static const char text[] = "Ollama is running";
-	struct evbuffer *buf = evbuffer_new();
-	struct api_error e;
 
-	if (buf == NULL) {
-		api_nomem(&e);
-		http_send_error(req, &e);
-		return;
-	}
-	evbuffer_add(buf, text, sizeof text - 1);
-	http_add_header(req, "Content-Type", "text/plain; charset=utf-8");
-	evhttp_send_reply(req, 200, "OK", buf);
-	evbuffer_free(buf);
+	send_text(req, "text/plain; charset=utf-8", text, sizeof text - 1);
 }
 
 void
