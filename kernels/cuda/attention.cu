@@ -422,13 +422,8 @@ attn_new_token(const float *q, float *qs, float *kn, int8_t *kq, const struct cu
 		for (int i = lane; i < D; i += WARP)
 			qs[g * D + i] = 0.0f;
 	}
-	if (g == attn_k_warp<W>()) {
-		qk_head(kv.k_new + kr, ck, hp, fp, a, b);
-#pragma unroll
-		for (int u = 0; u < NP; u++)
-			if (lane + WARP * u < D / 2)
-				kn[ck.ia[u]] = a[u], kn[ck.ib[u]] = b[u];
-	}
+	if (g == attn_k_warp<W>())
+		qk_new_k<D>(kn, kv.k_new + kr, ck, hp, fp);
 #pragma unroll
 	for (int i = 0; i < NV; i++) {
 		int d = threadIdx.x + i * W * WARP;

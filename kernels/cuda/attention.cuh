@@ -363,6 +363,26 @@ qk_head(const float *vec, const qk_lane<NP> &c, const struct cuda_heads &hp, flo
 }
 
 /*
+ * The new K row of a head (k_row) with c's bias, normed and rotated to pos
+ * as qk_head does, into kn as D floats: the new row that the attention
+ * kernels take into their tile and store in the pool. The whole warp
+ * calls it.
+ */
+template <int D, int NP>
+static __device__ __forceinline__ void
+qk_new_k(float *kn, const float *k_row, const qk_lane<NP> &c, const struct cuda_heads &hp, float pos)
+{
+	int lane = threadIdx.x % WARP;
+	float a[NP], b[NP];
+
+	qk_head(k_row, c, hp, pos, a, b);
+#pragma unroll
+	for (int u = 0; u < NP; u++)
+		if (lane + WARP * u < D / 2)
+			kn[c.ia[u]] = a[u], kn[c.ib[u]] = b[u];
+}
+
+/*
  * Stores one head's row of a q8 pool (the K or V row kvsel of position pos),
  * the warp's lanes reading x (head_dim floats) 32 apart.
  */

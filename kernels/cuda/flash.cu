@@ -693,13 +693,8 @@ fd_new_token(__half *qs, float *kn, const float *q, const struct cuda_heads &hp,
 	}
 	if (!own)
 		return;
-	if (warp == 0) {
-		qk_head(kv.k_new + kr, l.k, hp, fp, a, b);
-#pragma unroll
-		for (int u = 0; u < NP; u++)
-			if (lane + WARP * u < D / 2)
-				kn[l.k.ia[u]] = a[u], kn[l.k.ib[u]] = b[u];
-	}
+	if (warp == 0)
+		qk_new_k<D>(kn, kv.k_new + kr, l.k, hp, fp);
 	for (int i = threadIdx.x; i < D; i += FA_WARPS * WARP)
 		kn[D + i] = kv.v_new[kr + i] + (hp.bv != NULL ? hp.bv[(size_t)kvh * D + i] : 0.0f);
 	__syncthreads();
