@@ -870,11 +870,26 @@ attn_launch(dim3 grid, const float *q, float *out, struct cuda_q8 q8, struct cud
 }
 
 int
+cuda_attention_splits(int n_tok, const struct cuda_heads *hd, const struct cuda_kv *kv)
+{
+	int group = hd->n_head / hd->n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP;
+	int64_t base = (int64_t)n_tok * hd->n_head_kv * ngb, target = (int64_t)ATT_WAVES * kv->sms; /* a busy device */
+
+	if (kv->dec_tc > 0) { /* one wave of the tensor-core kernel's blocks: each piece a block's whole work */
+		base = (int64_t)n_tok * hd->n_head_kv * ((group + FD_ROWS - 1) / FD_ROWS);
+		target = (int64_t)kv->dec_tc * kv->sms;
+	}
+	if (kv->part == NULL || base >= target)
+		return 1;
+	return (int)MAX(1, MIN(MIN(target / base, (int64_t)ATT_MAX_SPLITS), kv->part_rows / ((int64_t)n_tok * hd->n_head)));
+}
+
+int
 cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h16, int n_tok,
     const struct cuda_heads *hd, const struct cuda_kv *kv, cudaStream_t st, char *err)
 {
 	int group = hd->n_head / hd->n_head_kv, ngb = (group + ATT_GROUP - 1) / ATT_GROUP, rc;
-	int64_t base = (int64_t)n_tok * hd->n_head_kv * ngb, n_split = 1, target;
+	int64_t n_split;
 
 	if (q8.q != NULL && kv->fa_tiles != NULL)
 		return err_set(err, ERR_INVAL, "cuda_attention: an int8 form of the prefill tiles' rows");
@@ -882,14 +897,7 @@ cuda_attention(const float *q, float *out, struct cuda_q8 q8, struct cuda_h16 h1
 		return err_set(err, ERR_INVAL, "cuda_attention: an fp16 form of values from an fp32 pool");
 	if (kv->sms < 1)
 		return err_set(err, ERR_INVAL, "cuda_attention: the device's multiprocessors are not set");
-	target = (int64_t)ATT_WAVES * kv->sms; /* blocks that keep the device busy */
-	if (kv->dec_tc > 0) { /* one wave of the tensor-core kernel's blocks: each piece a block's whole work */
-		base = (int64_t)n_tok * hd->n_head_kv * ((group + FD_ROWS - 1) / FD_ROWS);
-		target = (int64_t)kv->dec_tc * kv->sms;
-	}
-	if (kv->part != NULL && base < target)
-		n_split = MIN(MIN(target / base, (int64_t)ATT_MAX_SPLITS), kv->part_rows / ((int64_t)n_tok * hd->n_head));
-	n_split = MIN(n_split, ((int64_t)kv->max_len + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN);
+	n_split = MIN(cuda_attention_splits(n_tok, hd, kv), ((int64_t)kv->max_len + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN);
 	n_split = MAX(n_split, 1);
 	/* the tiles split as the other tokens do: one merge then serves every row */
 	if (kv->fa_tiles != NULL && (rc = cuda_flash(q, out, h16, (int)n_split, hd, kv, st, err)) != 0)

@@ -483,6 +483,14 @@ int cuda_attention_setup(int head_dim, char *err);
  */
 int cuda_attention_wide_blocks(int head_dim, int q8, int f32, int *per_sm, char *err);
 
+/*
+ * The most pieces cuda_attention splits a context into for a step of
+ * n_tok tokens of these heads (kv's sms, part, part_rows and dec_tc),
+ * however long the context: it takes fewer only where kv->max_len has
+ * fewer pieces of ATT_SPLIT_MIN.
+ */
+int cuda_attention_splits(int n_tok, const struct cuda_heads *hd, const struct cuda_kv *kv);
+
 /* Rows of kv->part that let cuda_attention split as much as it wants on this device. */
 int64_t cuda_attention_part_rows(int device);
 

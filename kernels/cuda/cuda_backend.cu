@@ -430,7 +430,7 @@ attention(struct backend *b, int T, int l, const struct step_ints *dev, char *er
 		return rc;
 	prof_mark(b, PH_ATTN);
 	kv.sms = b->mm.sms, kv.wide = b->att_wide;
-	kv.dec_tc = b->tc_decode_len > 0 && b->att_len >= b->tc_decode_len && !b->step_bidir ? b->tc_blocks : 0;
+	kv.dec_tc = b->att_tc;
 	/* the attention kernel does qk's work (the tensor-core one where a block holds a KV head's query heads) */
 	if (!fused && b->step_decode && !b->step_bidir && (!kv.dec_tc || hd.n_head / hd.n_head_kv <= FD_ROWS))
 		kv.k_new = b->k, kv.v_new = b->v;
@@ -703,7 +703,8 @@ step_kernels(struct backend *b, int T, int n_logits, int n_embd, const struct st
 static int
 shape_eq(const struct step_shape *a, const struct step_shape *b)
 {
-	return a->n_tok == b->n_tok && a->n_logits == b->n_logits && a->att_len == b->att_len && a->decode == b->decode;
+	return a->n_tok == b->n_tok && a->n_logits == b->n_logits && a->att_len == b->att_len && a->att_tc == b->att_tc &&
+	    a->decode == b->decode;
 }
 
 /* The cached graph of this shape, or a slot to capture it in (the least recently used). */
@@ -756,7 +757,7 @@ shape_steady(struct backend *b, const struct step_shape *sh)
 static int
 graph_step(struct backend *b, int T, int n_logits, const struct step_ints *dev, char *err)
 {
-	struct step_shape sh = { T, n_logits, b->att_len, b->step_decode };
+	struct step_shape sh = { T, n_logits, b->att_len, b->att_tc, b->step_decode };
 	int steady = shape_steady(b, &sh), hit, rc;
 	struct graph *g = find_graph(b, &sh, &hit);
 	cudaGraph_t graph = NULL;
@@ -1070,6 +1071,28 @@ cuda_hot_experts(const struct backend *b, int64_t *moves)
 	return b->n_hot;
 }
 
+/*
+ * Pieces of split attention grow with the context, up to the most a step
+ * of T tokens splits into (cuda_attention_splits); past that one shape,
+ * and one graph, serves every longer context (before, a graph was made
+ * again every ATT_SPLIT_MIN positions up to ATT_MAX_SPLITS pieces, for
+ * nothing past the split's count). Whether decode tokens take the tensor
+ * cores follows the unbounded length.
+ */
+static void
+step_split(struct backend *b, int T, int64_t max_len)
+{
+	struct cuda_heads hd = heads_of(b, 0); /* every layer has the same head counts */
+	struct cuda_kv kv;
+	int64_t pieces = MIN((max_len + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN, ATT_MAX_SPLITS);
+
+	b->att_tc = b->tc_decode_len > 0 && pieces * ATT_SPLIT_MIN >= b->tc_decode_len && !b->step_bidir ?
+	    b->tc_blocks : 0;
+	memset(&kv, 0, sizeof(kv));
+	kv.sms = b->mm.sms, kv.part = b->att_part, kv.part_rows = b->att_part_rows, kv.dec_tc = b->att_tc;
+	b->att_len = (int)MIN(pieces, (int64_t)cuda_attention_splits(T, &hd, &kv)) * ATT_SPLIT_MIN;
+}
+
 static int
 cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, char *err)
 {
@@ -1087,8 +1110,6 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 		return rc;
 	if (bus_tallied(b, T) && (rc = bus_choose(b, T, err)) != 0)
 		return rc;
-	/* pieces of split attention grow with the context; past the most pieces, one shape serves all */
-	b->att_len = (int)MIN((max_len + ATT_SPLIT_MIN - 1) / ATT_SPLIT_MIN, ATT_MAX_SPLITS) * ATT_SPLIT_MIN;
 	b->prof.n = 0;
 	prof_mark(b, PH_STAGE);
 	if ((rc = stage_step(b, batch, n_tab, &n_logits, &n_embd, &bidir, err)) != 0 ||
@@ -1098,6 +1119,7 @@ cuda_forward(struct backend *b, const struct fwd_batch *batch, float *logits, ch
 	b->step_bidir = bidir;
 	b->step_decode = batch->n_seqs == T;
 	b->step_T = T;
+	step_split(b, T, max_len);
 	/*
 	 * an embedding step (hidden states, bidirectional attention) is no graph's shape, nor is one that brings
 	 * weights up on a second stream (its events would join the capture from outside it)

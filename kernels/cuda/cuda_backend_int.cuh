@@ -84,7 +84,7 @@ struct cuda_layer {
  * so one graph serves every step of the same token and logit-row counts.
  */
 struct step_shape {
-	int n_tok, n_logits, att_len, decode;
+	int n_tok, n_logits, att_len, att_tc, decode;
 };
 
 struct graph {
@@ -184,8 +184,13 @@ struct backend {
 	uint64_t n_recent;           /* steps put in it */
 	int use_graphs;              /* RESIDENT_CUDA_GRAPHS=0 turns them off */
 	int flash_tokens;            /* tokens of a prefill tile of flash.cu's kernel; 0: not used */
-	int att_len;                 /* this step's longest sequence, rounded up to split pieces (cuda_kv.max_len) */
-	int tc_decode_len;           /* att_len from which decode tokens take the tensor cores (cuda_kv.dec_tc); 0: never */
+	/*
+	 * This step's longest sequence rounded up to split pieces, but no more
+	 * pieces than its attention splits into (cuda_kv.max_len, step_split)
+	 */
+	int att_len;
+	int att_tc;                  /* this step's cuda_kv.dec_tc: tc_blocks from tc_decode_len on, else 0 */
+	int tc_decode_len;           /* a sequence's length from which decode tokens take the tensor cores; 0: never */
 	int tc_blocks;               /* then cuda_kv.dec_tc: the decode kernel's blocks a multiprocessor */
 	int att_wide;                /* cuda_kv.wide: the split kernel's wide blocks a multiprocessor */
 	int cluster_sms;             /* multiprocessors where the device launches clusters (sm_90), else 0 */
