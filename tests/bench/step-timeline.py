@@ -12,9 +12,22 @@ block a token) to the next; the first two are left out (warm-up).
       --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size \\
       --csv --page raw resident-bench -m MODEL --device cuda -p 16 -n 8 -b 1 -r 1 > ncu.csv
   tests/bench/step-timeline.py ncu.csv [BATCH]
+
+Or reads the trace of kernels/cuda/kernel-trace.so (graphs on, each
+kernel's start and end as the step ran them, launched early by
+programmatic dependent launch or not) and prints the decode steps' kernels
+in order: how long each ran, how long before the previous one's end it
+started, and what it added to the step (from the previous one's end to its
+own): the step's critical path, kernel by kernel.
+
+  KERNEL_TRACE=trace.txt CUDA_INJECTION64_PATH=kernels/cuda/kernel-trace.so \\
+      resident-bench -m MODEL --device cuda -p '' -n 32 -b 1 -r 1
+  tests/bench/step-timeline.py trace.txt [BATCH]
 """
 import csv
 import re
+import statistics
+import subprocess
 import sys
 from collections import defaultdict
 
@@ -68,10 +81,62 @@ def steps(ks, batch):
     return [ks[a:b] for a, b in zip(starts, starts[1:]) if ks[a][1] == batch]
 
 
+def trace_rows(path):
+    """The kernels of a kernel-trace.so file in start order: (name, grid, start ns, end ns)."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            p = line.split(None, 4)
+            if len(p) == 5:
+                out.append((p[4].strip(), int(p[2]), int(p[0]), int(p[1])))
+    names = demangle(sorted({k[0] for k in out}))
+    return sorted(((names[k[0]],) + k[1:] for k in out), key=lambda k: k[2])
+
+
+def is_trace(path):
+    with open(path) as f:
+        return re.match(r"\d+ \d+ \d+ \d+ \S", f.readline()) is not None
+
+
+def demangle(names):
+    """Readable names (c++filt where there is one, else the mangled ones)."""
+    try:
+        r = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True)
+        return dict(zip(names, r.stdout.splitlines()))
+    except (OSError, subprocess.CalledProcessError):
+        return {n: n for n in names}
+
+
+def timeline(path, batch):
+    """The table of a trace: each position of the steps of batch tokens, medians over the later steps."""
+    st = steps(trace_rows(path), batch)
+    if not st:
+        sys.exit(f"{path}: no complete decode step of {batch} tokens")
+    n = statistics.mode(len(s) for s in st)
+    st = [s for s in st if len(s) == n]
+    st = st[len(st) // 3:]  # the first steps capture their graphs
+
+    def med(f):
+        return statistics.median(f(s) for s in st) / 1e3
+
+    print(f"{len(st)} decode steps of {n} kernels; a step {med(lambda s: s[-1][3] - s[0][2]):.1f} us "
+          f"(first start to last end)\n")
+    print("| # | kernel (grid) | us | started before the previous end | added to the step |")
+    print("|---:|---|---:|---:|---:|")
+    for i in range(n):
+        run = med(lambda s: s[i][3] - s[i][2])
+        early = med(lambda s: s[i - 1][3] - s[i][2]) if i else 0.0
+        added = med(lambda s: s[i][3] - s[i - 1][3]) if i else run
+        print(f"| {i} | {short(st[0][i][0])} ({st[0][i][1]}) | {run:.2f} | {early:.2f} | {added:.2f} |")
+
+
 def main():
     if len(sys.argv) not in (2, 3):
-        sys.exit("usage: step-timeline.py NCU.csv [BATCH]")
+        sys.exit("usage: step-timeline.py NCU.csv|TRACE [BATCH]")
     batch = int(sys.argv[2]) if len(sys.argv) == 3 else 1
+    if is_trace(sys.argv[1]):
+        timeline(sys.argv[1], batch)
+        return
     tu, bu = units(sys.argv[1])
     tscale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}.get(tu)
     bscale = {"byte": 1.0, "Kbyte": 1e3, "KB": 1e3, "Mbyte": 1e6, "MB": 1e6, "Gbyte": 1e9, "GB": 1e9}.get(bu)
