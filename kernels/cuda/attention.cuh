@@ -274,13 +274,18 @@ attn_out(float o, int t, int h, int d, int split, int n_split, float m, float l,
 		f16_store1(h16, t, row * D + d, h + d == 0, o);
 }
 
-/* Dimension pair (a, b) rotated by ang, the position times the pair's frequency (RoPE). */
+/*
+ * Dimension pair (a, b) rotated (RoPE) by the angle whose cosine and sine
+ * are co and si: the position times the pair's frequency. Callers work
+ * them out before they wait, since positions are staged before a step's
+ * first kernel: the sine and cosine are a chain of dependent instructions.
+ */
 static __device__ __forceinline__ void
-rope_pair(float &a, float &b, float ang)
+rope_pair(float &a, float &b, float co, float si)
 {
-	float c = cosf(ang), s = sinf(ang), x0 = a * c - b * s;
+	float x0 = a * co - b * si;
 
-	b = a * s + b * c;
+	b = a * si + b * co;
 	a = x0;
 }
 
@@ -288,22 +293,27 @@ rope_pair(float &a, float &b, float ang)
  * What a lane of a warp that rotates one head reads besides the head
  * itself, for its NP rotation pairs u (dimensions ia[u] and ib[u]; those
  * past head_dim / 2 unused): the bias, the norm weights plus the norm's
- * offset, the frequencies. They are weights, so kernels load them before
- * pdl_wait: a layer's norm weights are no longer in L2 a token later, and
- * read after the wait they held the one-token attention kernel's new-token
- * phase at 6,571 cycles (3,027 read before it; H100).
+ * offset, the rotation's cosine and sine at the token's position. They
+ * are weights and positions, so kernels load them before pdl_wait: a
+ * layer's norm weights are no longer in L2 a token later, and read after
+ * the wait they held the one-token attention kernel's new-token phase at
+ * 6,571 cycles (3,027 read before it; H100).
  */
 template <int NP>
 struct qk_lane {
-	float ba[NP], bb[NP], na[NP], nb[NP], fr[NP];
+	float ba[NP], bb[NP], na[NP], nb[NP], co[NP], si[NP];
 	int ia[NP], ib[NP];
 	bool biased, normed;
 };
 
-/* The calling lane's qk_lane of a head with bias (or NULL) and norm weights nw (or NULL). */
+/*
+ * The calling lane's qk_lane of a head with bias (or NULL) and norm
+ * weights nw (or NULL), rotated to position pos (a token's position over
+ * cuda_heads.pos_div).
+ */
 template <int NP>
 static __device__ __forceinline__ void
-qk_lane_load(qk_lane<NP> &c, const float *bias, const float *nw, const struct cuda_heads &hp)
+qk_lane_load(qk_lane<NP> &c, const float *bias, const float *nw, const struct cuda_heads &hp, float pos)
 {
 	int half = hp.head_dim / 2, lane = threadIdx.x % WARP;
 
@@ -314,26 +324,26 @@ qk_lane_load(qk_lane<NP> &c, const float *bias, const float *nw, const struct cu
 
 		c.ia[u] = hp.neox ? i : 2 * i;
 		c.ib[u] = hp.neox ? i + half : 2 * i + 1;
-		c.ba[u] = c.bb[u] = c.na[u] = c.nb[u] = c.fr[u] = 0.0f;
+		c.ba[u] = c.bb[u] = c.na[u] = c.nb[u] = c.si[u] = 0.0f, c.co[u] = 1.0f;
 		if (i >= half)
 			continue;
 		if (bias != NULL)
 			c.ba[u] = bias[c.ia[u]], c.bb[u] = bias[c.ib[u]];
 		if (nw != NULL)
 			c.na[u] = nw[c.ia[u]] + hp.nm.offset, c.nb[u] = nw[c.ib[u]] + hp.nm.offset;
-		c.fr[u] = hp.inv_freq[i];
+		c.co[u] = cosf(pos * hp.inv_freq[i]), c.si[u] = sinf(pos * hp.inv_freq[i]);
 	}
 }
 
 /*
  * The calling lane's rotation pairs of one head of vec (head_dim wide),
  * with c's bias added, RMS-normed by c's weights if it has them, rotated
- * to position pos: pair u into a[u] and b[u] (those past head_dim / 2 are
+ * to c's position: pair u into a[u] and b[u] (those past head_dim / 2 are
  * left 0). The whole warp calls it.
  */
 template <int NP>
 static __device__ __forceinline__ void
-qk_head(const float *vec, const qk_lane<NP> &c, const struct cuda_heads &hp, float pos, float *a, float *b)
+qk_head(const float *vec, const qk_lane<NP> &c, const struct cuda_heads &hp, float *a, float *b)
 {
 	int half = hp.head_dim / 2, lane = threadIdx.x % WARP;
 	float ss = 0.0f;
@@ -359,23 +369,23 @@ qk_head(const float *vec, const qk_lane<NP> &c, const struct cuda_heads &hp, flo
 #pragma unroll
 	for (int u = 0; u < NP; u++)
 		if (lane + WARP * u < half)
-			rope_pair(a[u], b[u], pos * c.fr[u]);
+			rope_pair(a[u], b[u], c.co[u], c.si[u]);
 }
 
 /*
- * The new K row of a head (k_row) with c's bias, normed and rotated to pos
- * as qk_head does, into kn as D floats: the new row that the attention
+ * The new K row of a head (k_row) with c's bias, normed and rotated as
+ * qk_head does, into kn as D floats: the new row that the attention
  * kernels take into their tile and store in the pool. The whole warp
  * calls it.
  */
 template <int D, int NP>
 static __device__ __forceinline__ void
-qk_new_k(float *kn, const float *k_row, const qk_lane<NP> &c, const struct cuda_heads &hp, float pos)
+qk_new_k(float *kn, const float *k_row, const qk_lane<NP> &c, const struct cuda_heads &hp)
 {
 	int lane = threadIdx.x % WARP;
 	float a[NP], b[NP];
 
-	qk_head(k_row, c, hp, pos, a, b);
+	qk_head(k_row, c, hp, a, b);
 #pragma unroll
 	for (int u = 0; u < NP; u++)
 		if (lane + WARP * u < D / 2)
@@ -409,7 +419,7 @@ kv_q8_row(const float *x, const struct cuda_kv &kv, const int32_t *tab, int pos,
  */
 struct qkv_pair {
 	void *dst;            /* two floats of q, or two fp16 of the pool */
-	float ang, ba, bb;    /* the rotation's angle, the rows' biases (0: none) */
+	float co, si, ba, bb; /* the rotation's cosine and sine, the rows' biases (0: none) */
 	int kind;             /* 0 q, 1 k, 2 v */
 };
 
@@ -424,7 +434,12 @@ qkv_pair_of(const struct cuda_heads &hp, const struct cuda_kv &kv, float *q, int
 	e.kind = kind;
 	e.ba = bias != NULL ? bias[r] : 0.0f;
 	e.bb = bias != NULL ? bias[r + 1] : 0.0f;
-	e.ang = kind < 2 ? (float)p / hp.pos_div * hp.inv_freq[r % d / 2] : 0.0f;
+	e.co = 1.0f, e.si = 0.0f;
+	if (kind < 2) {
+		float ang = (float)p / hp.pos_div * hp.inv_freq[r % d / 2];
+
+		e.co = cosf(ang), e.si = sinf(ang);
+	}
 	if (kind == 0)
 		e.dst = q + (size_t)t * nq + r;
 	else
@@ -438,7 +453,7 @@ qkv_pair_store(const struct qkv_pair &e, float a, float b)
 {
 	a += e.ba, b += e.bb;
 	if (e.kind < 2)
-		rope_pair(a, b, e.ang);
+		rope_pair(a, b, e.co, e.si);
 	if (e.kind == 0)
 		*(float2 *)e.dst = make_float2(a, b);
 	else

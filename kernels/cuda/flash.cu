@@ -641,25 +641,26 @@ fa_q_slot(int d)
  * cuda_qk stores them, before the block copies that row. The same
  * arithmetic as qk_kernel and fa_load_q, so scores and pool are theirs
  * (but for the contraction of a multiply-add: within fp16's rounding of
- * q). lq and lk hold the lanes of each warp's first head and of K,
- * loaded before pdl_wait (fd_new_lanes).
+ * q). l.q and l.k hold the lanes of each warp's first head and of K,
+ * rotated to pos, loaded before pdl_wait (fd_new_lanes).
  */
 template <int NP>
 struct fd_lanes {
 	qk_lane<NP> q, k;
 };
 
-/* A warp's fd_lanes: its first query head's (of h0 .. h0 + ng - 1) and warp 0's K head's where own. */
+/* A warp's fd_lanes at position pos: its first query head's (of h0 .. h0 + ng - 1) and warp 0's K head's where own. */
 template <int NP>
 static __device__ __forceinline__ void
-fd_new_lanes(fd_lanes<NP> &l, const struct cuda_heads &hp, int h0, int ng, int kvh, int own)
+fd_new_lanes(fd_lanes<NP> &l, const struct cuda_heads &hp, int h0, int ng, int kvh, int own, int pos)
 {
 	int warp = threadIdx.x / WARP, D = hp.head_dim;
+	float fp = (float)pos / hp.pos_div;
 
 	if (warp < ng)
-		qk_lane_load(l.q, hp.bq != NULL ? hp.bq + (size_t)(h0 + warp) * D : NULL, hp.q_norm, hp);
+		qk_lane_load(l.q, hp.bq != NULL ? hp.bq + (size_t)(h0 + warp) * D : NULL, hp.q_norm, hp, fp);
 	if (own && warp == 0)
-		qk_lane_load(l.k, hp.bk != NULL ? hp.bk + (size_t)kvh * D : NULL, hp.k_norm, hp);
+		qk_lane_load(l.k, hp.bk != NULL ? hp.bk + (size_t)kvh * D : NULL, hp.k_norm, hp, fp);
 }
 
 template <int D, bool Q8, int NP>
@@ -670,7 +671,7 @@ fd_new_token(__half *qs, float *kn, const float *q, const struct cuda_heads &hp,
 	constexpr int LD = D + FA_PAD;
 	int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP, nkv = hp.n_head_kv * D;
 	size_t kr = (size_t)t * nkv + (size_t)kvh * D; /* the token's K and V rows of this head */
-	float a[NP], b[NP], fp = (float)pos / hp.pos_div, sc = hp.scale * LOG2E;
+	float a[NP], b[NP], sc = hp.scale * LOG2E;
 	qk_lane<NP> c;
 
 	for (int h = warp; h < FD_ROWS; h += FA_WARPS) {
@@ -682,8 +683,9 @@ fd_new_token(__half *qs, float *kn, const float *q, const struct cuda_heads &hp,
 		if (h == warp)
 			c = l.q;
 		else
-			qk_lane_load(c, hp.bq != NULL ? hp.bq + (size_t)(h0 + h) * D : NULL, hp.q_norm, hp);
-		qk_head(q + ((size_t)t * hp.n_head + h0 + h) * D, c, hp, fp, a, b);
+			qk_lane_load(c, hp.bq != NULL ? hp.bq + (size_t)(h0 + h) * D : NULL, hp.q_norm, hp,
+			    (float)pos / hp.pos_div);
+		qk_head(q + ((size_t)t * hp.n_head + h0 + h) * D, c, hp, a, b);
 #pragma unroll
 		for (int u = 0; u < NP; u++)
 			if (lane + WARP * u < D / 2) {
@@ -694,7 +696,7 @@ fd_new_token(__half *qs, float *kn, const float *q, const struct cuda_heads &hp,
 	if (!own)
 		return;
 	if (warp == 0)
-		qk_new_k<D>(kn, kv.k_new + kr, l.k, hp, fp);
+		qk_new_k<D>(kn, kv.k_new + kr, l.k, hp);
 	for (int i = threadIdx.x; i < D; i += FA_WARPS * WARP)
 		kn[D + i] = kv.v_new[kr + i] + (hp.bv != NULL ? hp.bv[(size_t)kvh * D + i] : 0.0f);
 	__syncthreads();
@@ -807,7 +809,7 @@ fd_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q
 	for (int i = 0, c0 = lo; mine && i < S - 1 && c0 < hi; i++, c0 += FA_KV)
 		fa_fill<D, Q8>(ks, vs, q8s, i, kv, tab, c0, hi - 1, nkv, kvh * D, 0, max(0, min(FA_KV, fresh - c0)));
 	if (kv.k_new != NULL)
-		fd_new_lanes(nl, hp, h0, ng, kvh, own);
+		fd_new_lanes(nl, hp, h0, ng, kvh, own, pos);
 	pdl_wait();
 	if (!mine) { /* a prefill tile's token: fa_kernel has it */
 		pdl_trigger();
