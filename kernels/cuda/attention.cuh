@@ -46,9 +46,11 @@ struct cuda_kv {
 	const int32_t *fa_tiles, *fa_tok;
 	int fa_grid;
 	/*
-	 * At least the longest sequence of the step: a context is split in
-	 * pieces of no fewer than ATT_SPLIT_MIN positions (fixed for a step's
-	 * shape, like fa_grid, so that a graph serves every step under it).
+	 * Bounds the pieces a context is split in (no fewer than
+	 * ATT_SPLIT_MIN positions each): at least the step's longest sequence,
+	 * or no less than the pieces cuda_attention_splits allows times
+	 * ATT_SPLIT_MIN. Fixed for a step's shape, like fa_grid, so that a
+	 * graph serves every step under it.
 	 */
 	int max_len;
 	/*
