@@ -1073,11 +1073,10 @@ cuda_hot_experts(const struct backend *b, int64_t *moves)
 
 /*
  * Pieces of split attention grow with the context, up to the most a step
- * of T tokens splits into (cuda_attention_splits); past that one shape,
- * and one graph, serves every longer context (before, a graph was made
- * again every ATT_SPLIT_MIN positions up to ATT_MAX_SPLITS pieces, for
- * nothing past the split's count). Whether decode tokens take the tensor
- * cores follows the unbounded length.
+ * of T tokens splits into (cuda_attention_splits): the length is bounded
+ * there, so that past it one shape, and one graph, serves every longer
+ * context. Whether decode tokens take the tensor cores follows the
+ * unbounded length.
  */
 static void
 step_split(struct backend *b, int T, int64_t max_len)

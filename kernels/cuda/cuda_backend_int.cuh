@@ -81,7 +81,9 @@ struct cuda_layer {
 /*
  * A step's kernels captured once for its shape: the buffers are fixed and
  * the positions, tokens and block tables are read from the staging area,
- * so one graph serves every step of the same token and logit-row counts.
+ * so one graph serves every step of the same token and logit-row counts,
+ * attention pieces (att_len, step_split), decode kernel (att_tc) and
+ * decode-or-not.
  */
 struct step_shape {
 	int n_tok, n_logits, att_len, att_tc, decode;
