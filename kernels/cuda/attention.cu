@@ -38,17 +38,6 @@
 #define ATT_WIDE_PER_SM 2
 #define MAX_PAIRS 4 /* head_dim <= 256: at most 4 rotation pairs per lane */
 
-/* x as a pool element of type T. */
-template <typename T>
-static __device__ __forceinline__ T
-kv_elem(float x)
-{
-	if constexpr (sizeof(T) == sizeof(float))
-		return x;
-	else
-		return __float2half_rn(x);
-}
-
 /*
  * Warp j of the grid's y dimension: head j of token blockIdx.x, a query
  * head for j < n_head, else key head j - n_head (whose value head is stored
@@ -460,10 +449,8 @@ attn_new_token(const float *q, float *qs, float *kn, int8_t *kq, const struct cu
 	}
 	if (!own)
 		return;
-	size_t ko = kv_at(kv, blk, pos, 0, nkv, kvh * D), vo = kv_at(kv, blk, pos, 1, nkv, kvh * D);
-
-	for (int i = threadIdx.x; i < D; i += W * WARP)
-		((T *)kv.pool)[ko + i] = kv_elem<T>(kn[i]), ((T *)kv.pool)[vo + i] = kv_elem<T>(kn[D + i]);
+	kv_put_rows((T *)kv.pool, kv_at(kv, blk, pos, 0, nkv, kvh * D), kv_at(kv, blk, pos, 1, nkv, kvh * D), kn, D,
+	    W * WARP);
 }
 
 /*

@@ -394,6 +394,29 @@ qk_new_k(float *kn, const float *k_row, const qk_lane<NP> &c, const struct cuda_
 			kn[c.ia[u]] = a[u], kn[c.ib[u]] = b[u];
 }
 
+/* x as a pool element of type T. */
+template <typename T>
+static __device__ __forceinline__ T
+kv_elem(float x)
+{
+	if constexpr (sizeof(T) == sizeof(float))
+		return x;
+	else
+		return __float2half_rn(x);
+}
+
+/*
+ * Stores one head's new K and V rows (kn: K, then V, d floats each) into a
+ * pool of T at ko and vo, the block's threads step apart.
+ */
+template <typename T>
+static __device__ __forceinline__ void
+kv_put_rows(T *pool, size_t ko, size_t vo, const float *kn, int d, int step)
+{
+	for (int i = threadIdx.x; i < d; i += step)
+		pool[ko + i] = kv_elem<T>(kn[i]), pool[vo + i] = kv_elem<T>(kn[d + i]);
+}
+
 /*
  * Stores one head's row of a q8 pool (the K or V row kvsel of position pos),
  * the warp's lanes reading x (head_dim floats) 32 apart.

@@ -704,11 +704,8 @@ fd_new_token(__half *qs, float *kn, const float *q, const struct cuda_heads &hp,
 		if (warp < 2)
 			kv_q8_row(kn + warp * D, kv, tab, pos, warp, nkv, kvh * D, D);
 	} else {
-		__half *pool = (__half *)kv.pool;
-		size_t ko = kv_index(kv, tab, pos, 0, nkv, kvh * D), vo = kv_index(kv, tab, pos, 1, nkv, kvh * D);
-
-		for (int i = threadIdx.x; i < D; i += FA_WARPS * WARP)
-			pool[ko + i] = __float2half_rn(kn[i]), pool[vo + i] = __float2half_rn(kn[D + i]);
+		kv_put_rows((__half *)kv.pool, kv_index(kv, tab, pos, 0, nkv, kvh * D), kv_index(kv, tab, pos, 1, nkv, kvh * D),
+		    kn, D, FA_WARPS * WARP);
 	}
 }
 
@@ -828,7 +825,6 @@ fd_kernel(const float *__restrict__ q, float *__restrict__ out, struct cuda_q8 q
 	if (kv.k_new != NULL) { /* the new row is in the pool before any copy of it */
 		fd_new_token<D, Q8>(qs, (float *)(smem + fd_smem_new(D, Q8)), q, hp, kv, t, pos, tab, h0, ng, kvh, own,
 		    nl);
-		__threadfence_block();
 		__syncthreads();
 	} else {
 		fa_load_q<D, FD_ROWS, Q8>(qs, q, hp, t, 1, h0, FD_ROWS, ng);
