@@ -274,29 +274,63 @@ mx4g_d(const uint8_t *row, int b)
 }
 
 /*
- * The eight e2m1 codes of a word (two a byte) as the signed bytes of their
- * doubled values (kvalues_mxfp4): x those of the low nibbles (bytes 0-3 in
- * order), y those of the high ones. Byte permutes look each code's
- * magnitude up among the positive values and among the negative ones, and
- * a third takes one or the other by the sign bit: fewer instructions than
- * masking, looking up and negating four at a time, which counts where the
- * experts' integer kernel is bound by its instruction issue (RESULTS.md).
+ * The permute instruction itself: __byte_perm clears bit 3 of each
+ * selector (which the instruction reads as "replicate the byte's sign"),
+ * with a logic operation wherever the selector is not known at compile
+ * time. Callers give selectors whose bit 3 is clear.
  */
+static __device__ __forceinline__ uint32_t
+prmt(uint32_t a, uint32_t b, uint32_t sel)
+{
+	uint32_t d;
+
+	asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+	return d;
+}
+
+/*
+ * mx4_codes8's tables of the positive and negative values of codes 0-3,
+ * read from memory: as constants, each permute was given its own copy of
+ * them from a uniform register (53 of the gate/up slots' 462 instructions
+ * a chunk; RESULTS.md 2026-11-30), as a load they are read once a kernel
+ * and stay in registers.
+ */
+static __device__ uint32_t mx4_tab[2] = { 0x03020100u, 0xfdfeff00u };
+
+/*
+ * The eight e2m1 codes of a word (two a byte) as the signed bytes of their
+ * doubled values (kvalues_mxfp4), in the word's nibble order: x the codes
+ * of bytes 0 and 1 (low, high, low, high), y those of bytes 2 and 3. Byte
+ * permutes look each code's magnitude up among the positive values and
+ * among the negative ones, and a third takes one or the other by the sign
+ * bit: fewer instructions than masking, looking up and negating four at a
+ * time, which counts where the experts' integer kernel is bound by its
+ * instruction issue (RESULTS.md).
+ */
+static __device__ __forceinline__ uint2
+mx4_codes8(uint32_t codes)
+{
+	/* the magnitude alone selects: the code's sign, as a selector's bit 3, would replicate the byte's sign */
+	uint32_t mag = codes & 0x77777777u, pick = 0x32103210u | (codes & 0x88888888u) >> 1;
+	uint32_t v[2], t0 = __ldg(&mx4_tab[0]), t1 = __ldg(&mx4_tab[1]);
+
+#pragma unroll
+	for (int i = 0; i < 2; i++) {
+		uint32_t pos = prmt(t0, 0x0c080604u, mag >> 16 * i);
+		uint32_t neg = prmt(t1, 0xf4f8fafcu, mag >> 16 * i);
+
+		v[i] = prmt(pos, neg, pick >> 16 * i);
+	}
+	return make_uint2(v[0], v[1]);
+}
+
+/* mx4_codes8's values sorted: x those of the low nibbles (bytes 0-3 in order), y those of the high ones. */
 static __device__ __forceinline__ uint2
 mx4_decode8(uint32_t codes)
 {
-	/* a selector's bit 3 would replicate the byte's sign: the magnitude alone selects */
-	uint32_t mag = codes & 0x77777777u, pick = 0x32103210u | (codes & 0x88888888u) >> 1;
-	uint32_t v[2];
+	uint2 v = mx4_codes8(codes);
 
-#pragma unroll
-	for (int i = 0; i < 2; i++) { /* codes 4i..4i+3: the low and high nibbles of bytes 2i and 2i+1 */
-		uint32_t pos = __byte_perm(0x03020100u, 0x0c080604u, mag >> 16 * i);
-		uint32_t neg = __byte_perm(0xfdfeff00u, 0xf4f8fafcu, mag >> 16 * i);
-
-		v[i] = __byte_perm(pos, neg, pick >> 16 * i);
-	}
-	return make_uint2(__byte_perm(v[0], v[1], 0x6420), __byte_perm(v[0], v[1], 0x7531));
+	return make_uint2(prmt(v.x, v.y, 0x6420), prmt(v.x, v.y, 0x7531));
 }
 
 /* MXFP4G: chunk c is the low (c % 4 < 2) or high nibbles of 8 quant bytes, times the block's scale. */

@@ -280,7 +280,13 @@ template <> struct qt<TT_Q8_0> {
 	}
 };
 
-/* MXFP4G: one block, the doubled e2m1 values as int8 (dp4a takes them), times its halved scale. */
+/*
+ * MXFP4G: one block, the doubled e2m1 values as int8 (dp4a takes them),
+ * times its halved scale. A word of codes is left in its nibble order
+ * (mx4_codes8: elements 4i, 16 + 4i, 4i + 1, 17 + 4i, then 4i + 2, ...)
+ * and x's chunk is put in that order once for all of a warp's rows: two
+ * permutes a word of x instead of two a word of codes of every row.
+ */
 template <> struct qt<TT_MXFP4G> {
 	static constexpr int n = 32;
 	struct W {
@@ -296,17 +302,32 @@ template <> struct qt<TT_MXFP4G> {
 
 		o.d = mx4g_d(row, c);
 #pragma unroll
-		for (int i = 0; i < 4; i++) { /* elements 4i.. in the low nibbles, 16 + 4i.. in the high ones */
-			uint2 v = mx4_decode8(w[i]);
+		for (int i = 0; i < 4; i++) {
+			uint2 v = mx4_codes8(w[i]);
 
-			o.q[i] = (int)v.x;
-			o.q[4 + i] = (int)v.y;
+			o.q[2 * i] = (int)v.x;
+			o.q[2 * i + 1] = (int)v.y;
 		}
+	}
+	/* 32 int8 of x (words 0-7 in v) in mx4_codes8's order */
+	static __device__ __forceinline__ void
+	nibble_order(uint4 (&v)[2])
+	{
+		const uint32_t a[4] = { v[0].x, v[0].y, v[0].z, v[0].w }, b[4] = { v[1].x, v[1].y, v[1].z, v[1].w };
+		uint32_t o[8];
+
+#pragma unroll
+		for (int i = 0; i < 4; i++)
+			o[2 * i] = prmt(a[i], b[i], 0x5140), o[2 * i + 1] = prmt(a[i], b[i], 0x7362);
+		v[0] = make_uint4(o[0], o[1], o[2], o[3]);
+		v[1] = make_uint4(o[4], o[5], o[6], o[7]);
 	}
 	static __device__ __forceinline__ void
 	loadx(const int8_t *__restrict__ xq, const float2 *__restrict__ xd, int k, int t, int c, X &x)
 	{
 		qt<TT_Q8_0>::loadx(xq, xd, k, t, c, x);
+		nibble_order(x.h);
+		nibble_order(x.l);
 	}
 	static __device__ __forceinline__ float
 	dot(const W &w, const X &x)
