@@ -285,8 +285,9 @@ template <> struct qt<TT_Q8_0> {
  * MXFP4G: one block, the doubled e2m1 values as int8 (dp4a takes them),
  * times its halved scale. A word of codes is left in its nibble order
  * (mx4_codes8: elements 4i, 16 + 4i, 4i + 1, 17 + 4i, then 4i + 2, ...)
- * and x's chunk is put in that order once for all of a warp's rows: two
- * permutes a word of x instead of two a word of codes of every row.
+ * and x's chunk is put in that order once for all of a warp's rows: 16
+ * permutes a chunk (x's hi and lo rows) where sorting the codes took 8 a
+ * row.
  */
 template <> struct qt<TT_MXFP4G> {
 	static constexpr int n = 32;
